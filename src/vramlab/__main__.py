@@ -1,0 +1,3 @@
+from vramlab.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,103 @@
+"""The capacity model's free constants: a default, a band, and where the default comes from.
+
+Everything the model cannot derive from shapes is one of these. `vramlab calibrate` fits them
+per engine (and version range) and writes a profile; `Constants.with_overrides` applies it, and
+the components that used a fitted value say "calibrated".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Constant:
+    value: float
+    rel_band: float  # +/- relative uncertainty of the default
+    source: str
+    calibrated: bool = False
+
+
+_DEFAULTS: dict[str, Constant] = {
+    # vLLM V1 profiles the sampler on max_num_seqs dummy sequences: fp32 logits and a few
+    # same-sized temporaries (probs, logprobs, sort buffers) over the whole vocabulary.
+    # Fitted on vLLM 0.19 H100 rows where the sampler dominates (Llama/Qwen/Gemma): 14.8-16.6.
+    "sampler_bytes_per_seq_vocab": Constant(15.6, 0.08, "vLLM 0.19 torch peak increase vs max_num_seqs x vocab"),
+    # V0 runs the sampler on max_num_seqs logits in fp32 with fewer temporaries.
+    "v0_sampler_bytes_per_seq_vocab": Constant(12.0, 0.35, "vLLM V0 (0.7-0.9) activation peaks, Unsloth notebooks"),
+    # Forward pass of one dense layer at the profile batch: ~2 copies of the gated MLP
+    # intermediate and ~8 hidden-sized tensors (residual, norms, qkv, attention out), bf16.
+    "forward_intermediate_copies": Constant(2.0, 0.25, "vLLM 0.19 PP rank-0 / small-vocab activation peaks"),
+    "forward_hidden_copies": Constant(8.0, 0.25, "vLLM 0.19 PP rank-0 / small-vocab activation peaks"),
+    # Fused-MoE workspace: tokens x top-k x (gate_up + down + hidden) elements, kept alongside
+    # the sampler peak in V1.
+    "moe_workspace_copies": Constant(1.0, 0.30, "vLLM 0.19 MoE rows (Qwen3-30B-A3B, DeepSeek-V2-Lite, Mixtral)"),
+    # Non-torch memory that grows during the profile run (cuBLAS workspaces, Triton), TP=1.
+    "non_torch_forward_bytes": Constant(0.25 * GIB, 0.5, "vLLM 0.19 'non-torch forward increase' at TP=1: 0.24-0.46 GiB"),
+    # ... with TP>1: custom all-reduce and NCCL buffers allocated on first use.
+    "non_torch_forward_tp_bytes": Constant(2.1 * GIB, 0.15, "vLLM 0.19 'non-torch forward increase' at TP>=2: 2.06-2.21 GiB"),
+    # ... with PP>1 and TP=1 (no custom all-reduce).
+    "non_torch_forward_pp_bytes": Constant(0.07 * GIB, 1.0, "vLLM 0.19 PP=2/4 rows: 0.07 GiB"),
+    # V0 era non-torch memory (CUDA context excluded, NCCL inside the window at TP>1).
+    "v0_non_torch_bytes": Constant(0.06 * GIB, 1.0, "vLLM V0 log 'non_torch_memory takes' 0.03-0.09 GiB at TP=1"),
+    "v0_non_torch_tp_bytes": Constant(1.2 * GIB, 0.6, "NCCL init inside the V0 profiling window"),
+    # CUDA context + cuBLAS handles before the engine measures anything.
+    "cuda_context_bytes": Constant(0.51 * GIB, 0.3, "vLLM 0.19 worker init snapshot non_torch_memory=0.51GiB; PyTorch #107667"),
+    # NCCL communicators created at init for TP/PP > 1 (outside vLLM V1's budget).
+    "nccl_init_bytes": Constant(1.0 * GIB, 0.5, "vLLM 0.19 init non-torch 1.43-2.05 GiB at TP/PP>1 less the context"),
+    # CUDA graphs (vLLM): a shared mempool; grows with layers and the number of captured sizes.
+    "cuda_graph_base_bytes": Constant(0.35 * GIB, 0.5, "vLLM 0.19 'Graph capturing finished ... took' 0.49-1.61 GiB"),
+    "cuda_graph_per_layer_bytes": Constant(0.016 * GIB, 0.5, "same; fitted against num_layers"),
+    # vLLM >= 0.21 estimates graph memory during profiling and reports a multiple of actual.
+    "cuda_graph_estimate_ratio": Constant(1.0, 0.6, "vLLM CUDA graph pool 'actual vs estimated' lines: 0.5x-2x"),
+    # SGLang decode graphs: ~2 MiB x max batch size in its own reservation heuristic.
+    "sglang_graph_bytes_per_bs": Constant(2 * MIB, 0.6, "SGLang server_args reservation heuristic (PR #10975)"),
+    # TGI warm-up prefill peak per prefill token (logits + forward, bf16), per hidden unit.
+    "tgi_prefill_bytes_per_token_hidden": Constant(16.0, 0.5, "TGI warmup peak, FlashCausalLM.warmup"),
+    # llama.cpp compute buffer: logits for n_ubatch tokens plus graph scratch.
+    "llamacpp_compute_scratch_bytes": Constant(64 * MIB, 0.8, "llama.cpp 'compute buffer size' lines 105-300 MiB"),
+    # transformers: eager forward at prefill keeps several hidden-sized activations per token.
+    "hf_activation_hidden_copies": Constant(12.0, 0.5, "transformers generate() peak beyond weights and cache"),
+    # Allocator fragmentation and slack once the pool is full (used by the safe point only).
+    "fragmentation_fraction": Constant(0.02, 1.0, "PyTorch caching allocator; vLLM's 150 MiB profiling redundancy"),
+}
+
+
+@dataclass(frozen=True)
+class Constants:
+    values: dict[str, Constant]
+    profile: str = "defaults"
+
+    @classmethod
+    def defaults(cls) -> Constants:
+        return cls(dict(_DEFAULTS))
+
+    def __getitem__(self, name: str) -> float:
+        return self.values[name].value
+
+    def get(self, name: str) -> Constant:
+        return self.values[name]
+
+    def provenance(self, *names: str) -> str:
+        """'calibrated' if any of the constants behind a component was fitted, else 'default'."""
+        return "calibrated" if any(self.values[n].calibrated for n in names) else "default"
+
+    def band(self, *names: str) -> float:
+        """Relative band of a component built from these constants (the widest one)."""
+        return max(self.values[n].rel_band for n in names)
+
+    def with_overrides(self, overrides: dict[str, tuple[float, float, str]], profile: str) -> Constants:
+        """Apply fitted values: name -> (value, relative band, source)."""
+        vals = dict(self.values)
+        for name, (value, rel, source) in overrides.items():
+            if name not in vals:
+                raise KeyError(name)
+            vals[name] = replace(vals[name], value=value, rel_band=rel, source=source, calibrated=True)
+        return Constants(vals, profile)
+
+
+def names() -> list[str]:
+    return sorted(_DEFAULTS)

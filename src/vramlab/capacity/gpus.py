@@ -1,0 +1,96 @@
+"""GPU catalog: memory as the framework sees it, plus bandwidth and FLOP/s for timing models.
+
+`memory_gib` is `torch.cuda.mem_get_info()[1]` / vLLM's `total_gpu_memory`, not the marketing
+number: an "80 GB" H100 shows 79.19 GiB. Planners that use the nominal figure over-predict
+KV cache by util x the difference on every row (research/llm-d-planner-anchor.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramlab.errors import unknown
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_gib: float  # as the framework reports it (GiB, 2^30 bytes)
+    nominal_gb: float  # the marketing figure
+    bandwidth_gbps: float  # HBM/GDDR bandwidth, GB/s (1e9)
+    bf16_tflops: float  # dense bf16/fp16 tensor throughput, TFLOP/s (no sparsity)
+    vendor: str = "nvidia"
+    arch: str = ""
+    fp8: bool = False
+    memory_source: str = ""  # where memory_gib was observed
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * GIB)
+
+    @property
+    def is_a100(self) -> bool:
+        return self.name.startswith("a100")
+
+
+_OBS_VLLM = "vLLM total_gpu_memory in published start-up logs"
+_EST = "estimated: nominal capacity less the driver reservation seen on sibling cards"
+
+GPUS: tuple[GPU, ...] = (
+    GPU("t4", 14.74, 16, 320, 65, arch="turing", memory_source=_OBS_VLLM, aliases=("tesla-t4",)),
+    GPU("v100-16gb", 15.77, 16, 900, 125, arch="volta", memory_source=_EST, aliases=("v100",)),
+    GPU("v100-32gb", 31.74, 32, 900, 125, arch="volta", memory_source=_EST),
+    GPU("l4", 22.49, 24, 300, 121, arch="ada", fp8=True, memory_source="kvplan / vLLM logs on L4"),
+    GPU("a10g", 22.19, 24, 600, 70, arch="ampere", memory_source="PyTorch OOM messages on A10G", aliases=("a10",)),
+    GPU("rtx-3090", 23.69, 24, 936, 71, arch="ampere", memory_source=_EST, aliases=("3090",)),
+    GPU("rtx-4090", 23.63, 24, 1008, 165, arch="ada", fp8=True, memory_source=_OBS_VLLM, aliases=("4090",)),
+    GPU("rtx-5090", 31.36, 32, 1792, 209, arch="blackwell", fp8=True, memory_source=_EST, aliases=("5090",)),
+    GPU("rtx-a6000", 47.50, 48, 768, 155, arch="ampere", memory_source=_OBS_VLLM, aliases=("a6000",)),
+    GPU("rtx-6000-ada", 47.50, 48, 960, 364, arch="ada", fp8=True, memory_source=_OBS_VLLM, aliases=("6000-ada",)),
+    GPU("l40s", 44.39, 48, 864, 362, arch="ada", fp8=True, memory_source=_EST, aliases=("l40",)),
+    GPU("a100-40gb", 39.56, 40, 1555, 312, arch="ampere", memory_source=_OBS_VLLM, aliases=("a100-40g", "a100-sxm4-40gb")),
+    GPU("a100-80gb", 79.15, 80, 2039, 312, arch="ampere", memory_source=_OBS_VLLM, aliases=("a100", "a100-80g", "a100-sxm4-80gb")),
+    GPU("h100-80gb", 79.19, 80, 3350, 989, arch="hopper", fp8=True, memory_source=_OBS_VLLM, aliases=("h100", "h100-sxm", "h100-80g")),
+    GPU("h100-pcie", 79.19, 80, 2000, 756, arch="hopper", fp8=True, memory_source=_EST),
+    GPU("h100-nvl", 93.10, 94, 3900, 835, arch="hopper", fp8=True, memory_source=_EST),
+    GPU("h200", 139.81, 141, 4800, 989, arch="hopper", fp8=True, memory_source=_EST, aliases=("h200-141gb",)),
+    GPU("b200", 178.36, 192, 8000, 2250, arch="blackwell", fp8=True, memory_source="vLLM PR #21489 log", aliases=("b200-180gb",)),
+    GPU("mi300x", 191.69, 192, 5300, 1307, vendor="amd", arch="cdna3", fp8=True, memory_source=_EST),
+)
+
+_BY_NAME: dict[str, GPU] = {}
+for _g in GPUS:
+    _BY_NAME[_g.name] = _g
+    for _a in _g.aliases:
+        _BY_NAME[_a] = _g
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-").removeprefix("nvidia-")
+
+
+def get_gpu(name: str) -> GPU:
+    """Look up a card by catalog name or alias ('h100', 'H100-80GB', 'nvidia_a100')."""
+    key = _norm(name)
+    if key in _BY_NAME:
+        return _BY_NAME[key]
+    raise unknown("GPU", name, [g.name for g in GPUS])
+
+
+def custom_gpu(memory_gib: float, like: GPU | None = None) -> GPU:
+    """A card of a given usable memory, borrowing timing figures from *like* if given."""
+    base = like or GPU("custom", memory_gib, memory_gib, 1000, 100)
+    return GPU(
+        name=f"{base.name}" if like else f"custom-{memory_gib:g}gib",
+        memory_gib=memory_gib,
+        nominal_gb=base.nominal_gb if like else memory_gib,
+        bandwidth_gbps=base.bandwidth_gbps,
+        bf16_tflops=base.bf16_tflops,
+        vendor=base.vendor,
+        arch=base.arch,
+        fp8=base.fp8,
+        memory_source="--gpu-memory-gib",
+    )

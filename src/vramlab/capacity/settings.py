@@ -1,0 +1,85 @@
+"""Engine settings with the engines' own flag names. `None` means "the engine's default"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers")
+
+# The release assumed when --engine-version is left out: the newest each policy was checked against.
+DEFAULT_VERSIONS = {
+    "vllm": "0.29.0",
+    "sglang": "0.5.6",
+    "tgi": "3.3.6",
+    "llama.cpp": "b7000",
+    "transformers": "4.57.0",
+}
+
+
+def parse_version(text: str | None) -> tuple[int, ...]:
+    """'0.8.5.post1' -> (0, 8, 5); 'b4567' -> (4567,); '0.16.1rc1.dev206+g0' -> (0, 16, 1)."""
+    if not text:
+        return ()
+    out: list[int] = []
+    for part in text.strip().lstrip("vb").split("."):
+        digits = ""
+        for ch in part:
+            if ch.isdigit():
+                digits += ch
+            else:
+                break
+        if not digits:
+            break
+        out.append(int(digits))
+        if len(digits) != len(part):
+            break
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    engine: str = "vllm"
+    engine_version: str | None = None
+    vllm_engine: str | None = None  # "v0" | "v1"; None = the release's own default
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    quantization: str | None = None
+    enforce_eager: bool = False
+    block_size: int | None = None
+    kv_cache_memory_bytes: int | None = None  # vLLM --kv-cache-memory
+    mem_fraction_static: float | None = None  # SGLang
+    chunked_prefill_size: int | None = None  # SGLang
+    cuda_graph_max_bs: int | None = None  # SGLang
+    max_batch_prefill_tokens: int | None = None  # TGI
+    ctx_size: int | None = None  # llama.cpp -c (total over all slots)
+    parallel: int | None = None  # llama.cpp -np
+    n_ubatch: int | None = None  # llama.cpp -ub
+    flash_attn: bool | None = None  # llama.cpp -fa
+    api_server: bool = True  # vLLM: `vllm serve` defaults, not the LLM class
+    other_processes_bytes: int = 0  # memory other processes already hold on each card
+
+    def with_(self, **changes: object) -> EngineSettings:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    @property
+    def version(self) -> tuple[int, ...]:
+        return parse_version(self.engine_version or DEFAULT_VERSIONS.get(self.engine))
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def explicit(self) -> dict[str, object]:
+        """Settings the user gave (not defaults), for reports."""
+        base = EngineSettings()
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(base, f.name)
+        }

@@ -1,0 +1,131 @@
+"""The `vramlab` command: a table of subcommands, each loaded only when it runs.
+
+Every subcommand lives in its own module under `vramlab.cli` and exposes
+`add_arguments(parser)` and `run(args) -> int | None`. Nothing heavy is imported here,
+so `vramlab --help` and `vramlab plan` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from vramlab import __version__
+
+# name -> (module, one-line help). Keep the order: it is the order of --help.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("vramlab.cli.plan", "predict the VRAM breakdown and capacity of a model on a GPU under an engine"),
+    "models": ("vramlab.cli.models", "list the bundled model catalog"),
+    "gpus": ("vramlab.cli.gpus", "list the GPU catalog"),
+    "check-log": ("vramlab.cli.check_log", "compare an engine start-up log with the prediction"),
+    "calibrate": ("vramlab.cli.calibrate", "fit the model's constants to logs and measurements"),
+    "sim": ("vramlab.cli.sim", "rehearsal GPU inference server, simulated card, balloon"),
+    "run": ("vramlab.cli.run", "run a controlled experiment plan against an endpoint"),
+    "runs": ("vramlab.cli.runs", "list stored runs"),
+    "report": ("vramlab.cli.report", "render a stored run as Markdown, HTML or JSON"),
+    "compare": ("vramlab.cli.compare", "compare two stored runs"),
+    "demo": ("vramlab.cli.demo", "start the rehearsal server, run a small plan, write a report"),
+    "drill": ("vramlab.cli.drill", "run an OOM drill and write the incident report"),
+    "note": ("vramlab.cli.note", "add an operator note to a run's timeline"),
+    "alerts": ("vramlab.cli.alerts", "write Prometheus alerting rules for a plan"),
+    "pack": ("vramlab.cli.pack", "place several models on shared GPUs and simulate residency"),
+}
+
+
+def _available() -> dict[str, tuple[str, str]]:
+    """Commands whose module exists (so a half-built tree still has a working --help)."""
+    import importlib.util
+
+    return {n: v for n, v in COMMANDS.items() if importlib.util.find_spec(v[0]) is not None}
+
+
+def _print_help() -> None:
+    cmds = _available()
+    width = max(len(n) for n in cmds) if cmds else 8
+    lines = [
+        "usage: vramlab COMMAND [options]",
+        "",
+        "Plan GPU memory for LLM serving, run controlled experiments and OOM drills.",
+        "",
+        "commands:",
+    ]
+    lines += [f"  {n.ljust(width)}  {h}" for n, (_, h) in cmds.items()]
+    lines += [
+        "",
+        "options:",
+        "  -h, --help     show this help",
+        "  --version      show the version",
+        "",
+        "Run `vramlab COMMAND --help` for a command's options. Byte figures print in GiB (2^30 bytes).",
+    ]
+    print("\n".join(lines))
+
+
+def build_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
+    """The parser of one subcommand and its module."""
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(
+        prog=f"vramlab {name}",
+        description=(getattr(module, "__doc__", None) or help_text).strip().splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    module.add_arguments(parser)  # type: ignore[attr-defined]
+    return parser, module
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        _print_help()
+        return 0
+    if argv[0] == "--version":
+        print(f"vramlab {__version__}")
+        return 0
+    name = argv[0]
+    if name not in _available():
+        from vramlab.errors import near_matches
+
+        hint = near_matches(name, list(_available()))
+        extra = f"; did you mean {', '.join(hint)}?" if hint else ""
+        print(f"vramlab: error: unknown command {name!r}{extra} (see `vramlab --help`)", file=sys.stderr)
+        return 2
+    parser, module = build_parser(name)
+    args = parser.parse_args(argv[1:])
+    return _run(name, module, args)
+
+
+def _run(name: str, module: object, args: argparse.Namespace) -> int:
+    from vramlab.errors import VramlabError
+
+    try:
+        code = module.run(args)  # type: ignore[attr-defined]
+        return int(code or 0)
+    except VramlabError as exc:
+        print(f"vramlab {name}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"vramlab {name}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `vramlab models | head`: the reader went away; that is not an error.
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        except OSError:
+            pass
+        return 0
+    except Exception as exc:  # the last line of defence: never a traceback for users
+        if os.environ.get("VRAMLAB_DEBUG"):
+            raise
+        print(
+            f"vramlab {name}: internal error: {type(exc).__name__}: {exc} "
+            "(set VRAMLAB_DEBUG=1 to see the traceback)",
+            file=sys.stderr,
+        )
+        return 70
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
