@@ -1,0 +1,36 @@
+"""Write Prometheus alerting rules for a drill or experiment plan's `alerts:` section.
+
+Each rule gets `labels.severity`, `labels.owner` and `annotations.action` (and `runbook_url`
+when given). A rule without an owner or an action is refused: a threshold nobody acts on is
+analysis, not alerting. Check the output with `promtool check rules FILE`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("plan", help="plan file (YAML) with an alerts: section")
+    parser.add_argument("--engine", help="engine whose metric names to use (default: the plan's target.engine)")
+    parser.add_argument("--group", help="rule group name (default: vramlab-<plan name>)")
+    parser.add_argument("-o", "--output", help="write here instead of stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    from vramlab.alerts.rules import build_rule_groups, to_yaml
+    from vramlab.drill.plan import load_plan
+
+    plan = load_plan(args.plan)
+    engine = args.engine or plan.target.engine
+    if engine == "sim":
+        engine = plan.target.sim.engine if plan.target.sim else "vllm"
+    doc = build_rule_groups(plan.alerts, engine, args.group or f"vramlab-{plan.name}")
+    text = to_yaml(doc)
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,184 @@
+"""Targets the drill runs itself: a local process it spawns, and the rehearsal server `vramlab sim`.
+
+Both keep their port across restarts, so load generators and probes keep one URL, as a real
+service behind a fixed address does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from vramlab.drill.target import (
+    CommandTarget,
+    Target,
+    TargetCommandError,
+    TargetSpec,
+    TargetStatus,
+    _read_new_lines,
+    render,
+)
+from vramlab.errors import ConfigError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ProcessTarget:
+    """A command the drill spawns in its own process group; its output goes to a log file."""
+
+    def __init__(self, spec: TargetSpec, workdir: Path):
+        self.spec = spec
+        self._log_offset = 0
+        self.log_path = Path(spec.log_file) if spec.log_file else workdir / "target.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        assert self.spec.base_url
+        return self.spec.base_url
+
+    def start(self) -> None:
+        assert self.spec.command
+        cmd = render(self.spec.command, {"port": _port_of(self.spec.base_url)})
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self._proc = subprocess.Popen(
+                ["/bin/sh", "-c", cmd], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        self.starts += 1
+
+    def stop(self) -> None:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=self.spec.timeout_for("stop"))
+        except subprocess.TimeoutExpired:
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def status(self) -> TargetStatus:
+        if self._proc is None:
+            return TargetStatus(False, "not started")
+        code = self._proc.poll()
+        return TargetStatus(code is None, f"pid {self._proc.pid}", code)
+
+    def logs(self, since_epoch: float) -> list[str]:
+        return _read_new_lines(self, str(self.log_path))
+
+    def close(self) -> None:
+        self.stop()
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _port_of(url: str | None) -> int | None:
+    from urllib.parse import urlparse
+
+    return urlparse(url).port if url else None
+
+
+class SimTarget:
+    """`vramlab sim serve` in its own process (the sim's `start_sim`), or an already running sim
+    at `base_url` (then the drill can load and probe it but not restart it)."""
+
+    def __init__(self, spec: TargetSpec, workdir: Path):
+        from vramlab.drill.target import SimSettings
+
+        self.spec = spec
+        self.settings = spec.sim or SimSettings()
+        self.workdir = workdir
+        self.device = self.settings.device or str(workdir / "sim-gpu0.ledger")
+        self._log_offset = 0
+        self._proc: Any = None
+        self._port = _port_of(spec.base_url) or free_port()
+        self.attached = spec.base_url is not None and spec.sim is None
+        self.starts = 0
+        self.last_exit_code: int | None = None
+
+    @property
+    def url(self) -> str:
+        return self.spec.base_url if self.attached and self.spec.base_url else f"http://127.0.0.1:{self._port}"
+
+    @property
+    def log_path(self) -> str | None:
+        return str(self._proc.log_path) if self._proc is not None else None
+
+    def start(self, wait_ready: bool = True) -> None:
+        if self.attached:
+            return
+        from vramlab.sim.launch import SimStartError, start_sim
+
+        args = self.settings.argv() + ["--allow-fault-injection"]
+        try:
+            self._proc = start_sim(args, device=self.device, port=self._port, wait_ready=wait_ready)
+        except SimStartError as exc:
+            self.last_exit_code = getattr(exc, "exit_code", None)
+            tail = (getattr(exc, "log_tail", "") or "").strip().splitlines()[-1:] or [""]
+            raise TargetCommandError(f"sim did not start (exit {self.last_exit_code}): {tail[0][:200]}") from None
+        self._log_offset = 0
+        self.starts += 1
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self.last_exit_code = self._proc.stop()
+
+    def restart(self) -> None:
+        if self.attached:
+            raise TargetCommandError("the drill attached to a running sim (target.base_url) and cannot restart it")
+        self.stop()
+        self.start(wait_ready=False)
+
+    def status(self) -> TargetStatus:
+        if self.attached:
+            return TargetStatus(True, "attached; not managed by the drill")
+        if self._proc is None:
+            return TargetStatus(False, "not started")
+        code = self._proc.poll()
+        if code is not None:
+            self.last_exit_code = code
+        return TargetStatus(code is None, f"pid {self._proc.pid}", code)
+
+    def logs(self, since_epoch: float) -> list[str]:
+        path = self.log_path
+        return _read_new_lines(self, path) if path else []
+
+    def close(self) -> None:
+        self.stop()
+        time.sleep(0)  # nothing else to undo: the ledger entry goes with the process
+
+
+def open_target(spec: TargetSpec, workdir: Path) -> Target:
+    if spec.kind == "sim":
+        return SimTarget(spec, workdir)
+    if spec.kind == "process":
+        return ProcessTarget(spec, workdir)
+    if spec.kind in ("command", "systemd", "docker", "kubectl"):
+        return CommandTarget(spec)
+    raise ConfigError(f"unknown target kind {spec.kind!r}")
+
+
+__all__ = ["ProcessTarget", "SimTarget", "free_port", "open_target"]
