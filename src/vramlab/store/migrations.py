@@ -1,0 +1,52 @@
+"""Schema migrations: numbered functions applied in order, each in its own transaction.
+
+`schema_version` holds one row per applied migration. A database written by a newer vramlab
+(a version above the last one known here) is refused rather than guessed at.
+
+Adding a migration: append a function that takes a Connection and changes the schema from the
+previous version (ALTER TABLE ..., new tables); never edit an applied one. Migration 1 creates
+the version-1 tables from `schema.py`; when a later migration changes a table, freeze the
+version-1 definition here first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import sqlalchemy as sa
+
+from vramlab.errors import VramlabError
+from vramlab.store import schema
+
+
+def _m1_initial(conn: sa.Connection) -> None:
+    schema.metadata.create_all(conn, tables=[schema.runs, *schema.RUN_TABLES])
+
+
+MIGRATIONS: list[Callable[[sa.Connection], None]] = [_m1_initial]
+LATEST = len(MIGRATIONS)
+
+
+def current_version(conn: sa.Connection) -> int:
+    row = conn.execute(sa.select(sa.func.max(schema.schema_version.c.version))).scalar()
+    return int(row or 0)
+
+
+def migrate(engine: sa.Engine) -> int:
+    """Bring the database to LATEST; returns the version it was at before."""
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            # Two processes opening a fresh database at once must not both create the tables.
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(7261001)"))
+        schema.metadata.create_all(conn, tables=[schema.schema_version])
+        before = current_version(conn)
+        if before > LATEST:
+            raise VramlabError(
+                f"the store is at schema version {before}, newer than this vramlab knows ({LATEST}); "
+                "upgrade vramlab to read it"
+            )
+        for version in range(before + 1, LATEST + 1):
+            MIGRATIONS[version - 1](conn)
+            conn.execute(sa.insert(schema.schema_version).values(version=version, applied_at=time.time()))
+    return before

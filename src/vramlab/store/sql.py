@@ -1,0 +1,160 @@
+"""The run store on SQLAlchemy Core: one class, the same code for SQLite and PostgreSQL.
+
+Every `add_*` call is one transaction, committed before it returns, so a crash (even SIGKILL)
+loses only the batch being written. SQLite runs in WAL mode so a report can read while the
+runner writes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from vramlab.errors import NotFoundError, VramlabError
+from vramlab.experiment.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.store import schema
+from vramlab.store.migrations import migrate
+from vramlab.store.url import describe_url
+
+_HEX = re.compile(r"^[0-9a-f]+$")
+_RUN_FIELDS = set(RunRecord.model_fields) - {"run_id"}
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    # NORMAL in WAL mode: a process crash loses nothing committed; only a power cut can drop the tail.
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def make_engine(url: str) -> sa.Engine:
+    if url.startswith("sqlite"):
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
+        sa.event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True)
+
+
+class Store:
+    """Runs and their requests, samples and events. Use `vramlab.store.open_store` to get one."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        try:
+            migrate(self.engine)
+        except sa.exc.OperationalError as exc:
+            self.engine.dispose()
+            reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+            raise VramlabError(f"cannot open the store at {describe_url(url)}: {reason}") from None
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def create_run(self, run: RunRecord) -> RunRecord:
+        with self.engine.begin() as conn:
+            exists = conn.execute(sa.select(schema.runs.c.run_id).where(schema.runs.c.run_id == run.run_id))
+            if exists.first() is not None:
+                raise VramlabError(f"run {run.run_id} already exists in the store")
+            conn.execute(sa.insert(schema.runs).values(**run.model_dump()))
+        return run
+
+    def update_run(self, run_id: str, **fields: Any) -> RunRecord:
+        """Change some fields of a run (status, ended_at, stop_reason, notes, ...); validated first."""
+        unknown = set(fields) - _RUN_FIELDS
+        if unknown:
+            raise ValueError(f"update_run: unknown or read-only fields {sorted(unknown)}")
+        current = self.get_run(run_id, exact=True)
+        updated = RunRecord.model_validate({**current.model_dump(), **fields})
+        values = {k: getattr(updated, k) for k in fields}
+        with self.engine.begin() as conn:
+            conn.execute(sa.update(schema.runs).where(schema.runs.c.run_id == run_id).values(**values))
+        return updated
+
+    def add_requests(self, run_id: str, records: Sequence[RequestRecord]) -> int:
+        return self._add(schema.requests, run_id, records)
+
+    def add_samples(self, run_id: str, records: Sequence[SampleRecord]) -> int:
+        return self._add(schema.samples, run_id, records)
+
+    def add_events(self, run_id: str, records: Sequence[EventRecord]) -> int:
+        return self._add(schema.events, run_id, records)
+
+    def _add(self, table: sa.Table, run_id: str, records: Sequence[Any]) -> int:
+        if not records:
+            return 0
+        rows = []
+        for rec in records:
+            if rec.run_id != run_id:
+                raise ValueError(f"record for run {rec.run_id} passed to run {run_id}")
+            rows.append(rec.model_dump())
+        with self.engine.begin() as conn:
+            conn.execute(sa.insert(table), rows)
+        return len(rows)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def get_run(self, id_or_prefix: str, *, exact: bool = False) -> RunRecord:
+        """The run whose id is, or uniquely starts with, *id_or_prefix*."""
+        key = id_or_prefix.strip().lower()
+        if not key or not _HEX.match(key):
+            raise NotFoundError(f"no run {id_or_prefix!r}: run ids are hex, like 7f3a91bc (see `vramlab runs`)")
+        col = schema.runs.c.run_id
+        cond = col == key if exact else col.like(key + "%")
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(schema.runs).where(cond).order_by(col).limit(6)).mappings().all()
+        if not rows:
+            raise NotFoundError(f"no run {id_or_prefix!r} in {describe_url(self.url)} (see `vramlab runs`)")
+        if len(rows) > 1:
+            exact_hit = [r for r in rows if r["run_id"] == key]
+            if exact_hit:
+                return RunRecord.model_validate(dict(exact_hit[0]))
+            ids = ", ".join(r["run_id"] for r in rows[:5])
+            more = ", ..." if len(rows) > 5 else ""
+            raise NotFoundError(f"run id prefix {id_or_prefix!r} is ambiguous: {ids}{more}; give more characters")
+        return RunRecord.model_validate(dict(rows[0]))
+
+    def list_runs(self, limit: int = 50, kind: str | None = None) -> list[RunRecord]:
+        """Runs, newest first."""
+        q = sa.select(schema.runs).order_by(schema.runs.c.started_at.desc(), schema.runs.c.run_id)
+        if kind is not None:
+            q = q.where(schema.runs.c.kind == kind)
+        if limit:
+            q = q.limit(limit)
+        with self.engine.connect() as conn:
+            return [RunRecord.model_validate(dict(r)) for r in conn.execute(q).mappings()]
+
+    def requests(self, run_id: str) -> list[RequestRecord]:
+        return self._read(schema.requests, RequestRecord, run_id, order=[schema.requests.c.seq])
+
+    def samples(self, run_id: str, source: str | None = None) -> list[SampleRecord]:
+        t = schema.samples
+        extra = [t.c.source == source] if source is not None else []
+        return self._read(t, SampleRecord, run_id, order=[t.c.t_s, t.c.seq], where=extra)
+
+    def events(self, run_id: str) -> list[EventRecord]:
+        t = schema.events
+        return self._read(t, EventRecord, run_id, order=[t.c.t_s, t.c.seq])
+
+    def _read(
+        self, table: sa.Table, model: Any, run_id: str, order: Iterable[Any], where: Iterable[Any] = ()
+    ) -> list[Any]:
+        cols = [c for c in table.c if c.name != "seq"]
+        q = sa.select(*cols).where(table.c.run_id == run_id, *where).order_by(*order)
+        with self.engine.connect() as conn:
+            # model_construct: rows were validated on the way in; re-validating 100k rows is slow.
+            return [model.model_construct(**r) for r in conn.execute(q).mappings()]
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
