@@ -1,0 +1,126 @@
+"""OpenAI-compatible request checks and response shapes, as vLLM words and shapes them. Pure.
+
+Errors use vLLM's status codes and messages (400 for a prompt beyond max_model_len, 404 for
+an unknown model, 500 once the engine is dead); releases from 0.10 wrap the error object in
+`{"error": {...}}`, older ones answered it at the top level with `"object": "error"`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from vramlab.sim.tokenizer import count_chat_tokens, count_tokens, prompt_key
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "BadRequestError", param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param = status, message, type_, param
+
+
+def error_body(err: ApiError, engine: str, version: tuple[int, ...]) -> dict[str, Any]:
+    if engine == "tgi":
+        return {"error": err.message, "error_type": err.type}
+    inner = {"message": err.message, "type": err.type, "param": err.param, "code": err.status}
+    if engine == "vllm" and version < (0, 10):
+        return {"object": "error", **inner}
+    return {"error": inner}
+
+
+@dataclass(frozen=True)
+class Parsed:
+    chat: bool
+    prompt_tokens: int
+    max_tokens: int
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool
+    key: str  # what the generated text derives from
+
+
+def parse_request(body: Any, chat: bool, model: str, max_model_len: int) -> Parsed:
+    if not isinstance(body, dict):
+        raise ApiError(400, "Request body must be a JSON object.")
+    if body.get("model") not in (None, model):
+        raise ApiError(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError", "model")
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise ApiError(400, "'messages' must be a non-empty list of message objects.", param="messages")
+        n_prompt = count_chat_tokens(messages)
+        key = prompt_key(repr([(m.get("role"), m.get("content")) for m in messages]))
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            n_prompt, key = count_tokens(prompt), prompt_key(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            n_prompt, key = len(prompt), prompt_key(repr(prompt))
+        else:
+            raise ApiError(400, "'prompt' must be a string, a list with one string, or a list of token ids.",
+                           param="prompt")
+    n_prompt = max(1, n_prompt)
+    if n_prompt >= max_model_len:
+        raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens. However, your request "
+                            f"has {n_prompt} input tokens. Please reduce the length of the input messages.",
+                       param="input_tokens")
+    raw = body.get("max_completion_tokens") if chat and body.get("max_completion_tokens") is not None \
+        else body.get("max_tokens")
+    if raw is None:
+        max_tokens = max_model_len - n_prompt  # vLLM's default: the rest of the context
+    elif isinstance(raw, bool) or not isinstance(raw, int):
+        raise ApiError(400, f"max_tokens must be an integer, got {raw!r}.", param="max_tokens")
+    elif raw < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {raw}.", param="max_tokens")
+    elif n_prompt + raw > max_model_len:
+        raise ApiError(400, f"'max_tokens' or 'max_completion_tokens' is too large: {raw}. This model's maximum "
+                            f"context length is {max_model_len} tokens and your request has {n_prompt} input tokens "
+                            f"({raw} > {max_model_len} - {n_prompt}).", param="max_tokens")
+    else:
+        max_tokens = raw
+    temperature = body.get("temperature")
+    if temperature is not None and (not isinstance(temperature, (int, float)) or temperature < 0):
+        raise ApiError(400, f"temperature must be non-negative, got {temperature!r}.", param="temperature")
+    opts = body.get("stream_options") or {}
+    return Parsed(chat, n_prompt, max_tokens, bool(body.get("ignore_eos", False)), bool(body.get("stream", False)),
+                  bool(isinstance(opts, dict) and opts.get("include_usage")), key)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def chunk(rid: str, model: str, chat: bool, text: str | None, finish: str | None, first: bool = False) -> dict:
+    created = int(time.time())
+    if chat:
+        delta: dict[str, Any] = {}
+        if first:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
+    choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish, "stop_reason": None}
+    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
+
+
+def usage_chunk(rid: str, model: str, chat: bool, prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def full_response(rid: str, model: str, chat: bool, text: str, finish: str, prompt_tokens: int,
+                  completion_tokens: int) -> dict:
+    if chat:
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                  "logprobs": None, "finish_reason": finish}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice],
+            "usage": usage(prompt_tokens, completion_tokens)}

@@ -1,0 +1,144 @@
+"""What one sim server is asked to be: the engine, its settings, the card, and the knobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from vramlab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from vramlab.capacity.estimate import Estimate
+
+SIM_ENGINES = ("vllm", "sglang", "tgi", "llama.cpp")
+FAULT_KINDS = ("hang", "slow", "crash", "oom")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault armed at start-up: *kind* after *after_s* seconds of serving (sim time is not scaled)."""
+
+    kind: str
+    after_s: float = 0.0
+    factor: float = 10.0  # for "slow": steps take this many times longer
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        """'hang', 'crash@2.5', 'slow@1:20' (kind[@after_s][:factor])."""
+        kind, _, rest = text.partition("@")
+        after, _, factor = rest.partition(":")
+        if kind not in FAULT_KINDS:
+            raise ConfigError(f"unknown fault {kind!r}; choose from {', '.join(FAULT_KINDS)}")
+        try:
+            return cls(kind, float(after or 0), float(factor or 10))
+        except ValueError:
+            raise ConfigError(f"bad fault {text!r}; write KIND[@AFTER_S][:FACTOR], e.g. crash@5") from None
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    model: str = "llama-3.1-8b-instruct"
+    gpu: str = "h100-80gb"
+    engine: str = "vllm"
+    engine_version: str | None = None
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    host: str = "127.0.0.1"
+    port: int = 0
+    device: str | None = None  # ledger file; None = a private card in a temp dir
+    speed: float = 1.0  # sim time runs this many times faster than the roofline says
+    seed: int = 0
+    faults: tuple[Fault, ...] = ()
+    allow_fault_injection: bool = False
+    log_file: str | None = None
+    max_concurrent_requests: int = 128  # TGI's --max-concurrent-requests (429 beyond it)
+    load_gbps: float = 2.0  # weight loading bandwidth
+    served_model_name: str | None = None
+    watchdog_s: float = 5.0  # vLLM's VLLM_WATCHDOG_TIME_S: from engine death to exit (wall clock, not scaled)
+    log_stats_interval_s: float = 5.0  # the engine's periodic stats line (wall clock)
+    estimate: Estimate | None = field(default=None, compare=False)  # serve this instead of computing
+
+    def __post_init__(self) -> None:
+        if self.engine not in SIM_ENGINES:
+            from vramlab.errors import unknown
+
+            raise unknown("engine", self.engine, list(SIM_ENGINES))
+        if self.speed <= 0:
+            raise ConfigError("--speed must be positive")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError("--gpu-memory-utilization must be in (0, 1]")
+
+    def with_(self, **changes: object) -> SimConfig:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+    @property
+    def version(self) -> tuple[int, ...]:
+        from vramlab.capacity.settings import DEFAULT_VERSIONS, parse_version
+
+        return parse_version(self.engine_version or DEFAULT_VERSIONS[self.engine])
+
+    @property
+    def version_text(self) -> str:
+        from vramlab.capacity.settings import DEFAULT_VERSIONS
+
+        return self.engine_version or DEFAULT_VERSIONS[self.engine]
+
+
+def compute_estimate(cfg: SimConfig) -> Estimate:
+    """The capacity model's answer for this config (or the one the config carries)."""
+    if cfg.estimate is not None:
+        return cfg.estimate
+    try:
+        from vramlab.capacity import estimate  # type: ignore[attr-defined]
+        from vramlab.capacity.settings import EngineSettings
+        from vramlab.sources import resolve_model  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise ConfigError(f"the capacity model is not available ({exc}); pass --plan FILE") from None
+    from vramlab.capacity.gpus import get_gpu
+
+    settings = EngineSettings(
+        engine=cfg.engine, engine_version=cfg.engine_version,
+        gpu_memory_utilization=cfg.gpu_memory_utilization, max_model_len=cfg.max_model_len,
+        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+        kv_cache_dtype=cfg.kv_cache_dtype, tensor_parallel_size=cfg.tensor_parallel_size,
+    )
+    spec = resolve_model(cfg.model)
+    try:
+        return estimate(spec, get_gpu(cfg.gpu), settings)
+    except ImportError as exc:  # an engine policy not written yet
+        raise ConfigError(f"the capacity model has no {cfg.engine} policy yet ({exc}); pass --plan FILE") from None
+
+
+def estimate_from_json(data: dict) -> Estimate:
+    """Rebuild an `Estimate` from `vramlab plan --json` output."""
+    from vramlab.capacity.estimate import Component, Estimate, Limits
+
+    try:
+        comps = tuple(Component(**c) for c in data["components"])
+        lims = {k: Limits(**{f: data[k][f] for f in ("kv_cache_bytes", "kv_cache_tokens", "num_blocks",
+                                                      "max_concurrency")})
+                for k in ("pessimistic", "optimistic") if k in data}
+        return Estimate(
+            model=data["model"], gpu=data["gpu"], engine=data["engine"], engine_version=data["engine_version"],
+            gpu_memory_bytes=int(data["gpu_memory_bytes"]), settings=dict(data.get("settings", {})),
+            components=comps, kv_bytes_per_token=int(data["kv_bytes_per_token"]),
+            block_size=int(data["block_size"]), num_blocks=int(data["num_blocks"]),
+            kv_cache_bytes=int(data["kv_cache_bytes"]), kv_cache_tokens=int(data["kv_cache_tokens"]),
+            max_concurrency=float(data["max_concurrency"]), max_model_len=int(data["max_model_len"]),
+            budget_bytes=int(data["budget_bytes"]), used_bytes=int(data["used_bytes"]),
+            headroom_bytes=int(data["headroom_bytes"]), fits=bool(data["fits"]),
+            reasons=tuple(data.get("reasons", ())), suggestions=tuple(data.get("suggestions", ())),
+            notes=tuple(data.get("notes", ())), pessimistic=lims.get("pessimistic"),
+            optimistic=lims.get("optimistic"),
+            per_sequence_state_bytes=int(data.get("per_sequence_state_bytes", 0)),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"not a `vramlab plan --json` object: {type(exc).__name__}: {exc}") from None

@@ -1,0 +1,300 @@
+"""The sim's HTTP server (aiohttp): OpenAI-compatible API, /health, /version, /metrics, faults.
+
+`SimServer` runs inside the caller's event loop (tests, `vramlab demo`); `vramlab sim serve`
+runs one in its own process and exits with the engine's exit code when the engine dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import itertools
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from vramlab.sim.api import ApiError, Parsed, chunk, error_body, full_response, parse_request, usage_chunk
+from vramlab.sim.config import SimConfig, compute_estimate
+from vramlab.sim.engine import SimEngine, StartupRefused
+from vramlab.sim.faults import arm
+from vramlab.sim.ledger import DeviceLedger
+from vramlab.sim.metrics import EngineCollector, Gauges, render
+from vramlab.sim.startup_log import EngineLog
+from vramlab.sim.tokenizer import token_text
+
+__all__ = ["SimServer", "StartupRefused"]
+
+
+class SimServer:
+    def __init__(self, cfg: SimConfig, log_stream: IO[str] | None = None):
+        self.cfg = cfg
+        self._log_stream = log_stream
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._runner: Any = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._ids = itertools.count(1)
+        self._in_flight = 0
+        self.port = cfg.port
+        self.engine: SimEngine
+        self.log: EngineLog
+
+    # --- lifecycle ----------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://{self.cfg.host}:{self.port}"
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.engine.exit_code
+
+    async def start(self) -> None:
+        """Start the engine (raises StartupRefused), then listen."""
+        from aiohttp import web
+
+        cfg = self.cfg
+        device = cfg.device
+        if device is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="vramlab-sim-")
+            device = str(Path(self._tmp.name) / "gpu0.ledger")
+        self.log = EngineLog(cfg.engine, self._log_stream, cfg.log_file)
+        est = compute_estimate(cfg)
+        ledger = DeviceLedger(device, gpu=cfg.gpu)
+        self.engine = SimEngine(cfg, est, ledger, self.log)
+        app = web.Application(client_max_size=64 << 20)
+        app.add_routes([
+            web.get("/health", self._health), web.get("/version", self._version), web.get("/v1/models", self._models),
+            web.get("/metrics", self._metrics), web.post("/v1/completions", self._completions),
+            web.post("/v1/chat/completions", self._chat), web.post("/sim/fault", self._fault),
+            web.get("/sim/state", self._state),
+        ])
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        listen_first = cfg.engine == "llama.cpp"  # llama-server answers 503 "Loading model" while loading
+        if listen_first:
+            await self._listen()
+        try:
+            await self.engine.startup()
+        except BaseException:
+            await self._runner.cleanup()
+            self.log.close()
+            raise
+        if not listen_first:
+            await self._listen()
+        self._tasks = [asyncio.create_task(self.engine.run()), asyncio.create_task(self._log_stats())]
+        if cfg.faults:
+            self._tasks.append(asyncio.create_task(arm(self.engine.faults, cfg.faults, self.engine._wake)))
+
+    async def _listen(self) -> None:
+        from aiohttp import web
+
+        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, reuse_address=True)
+        await site.start()
+        sock = site._server.sockets[0]  # type: ignore[union-attr]
+        self.port = sock.getsockname()[1]
+        if self.cfg.engine == "vllm":
+            self.log.info(f"Starting vLLM API server 0 on {self.url}", "api")
+        elif self.cfg.engine == "llama.cpp":
+            self.log.info(f"main: server is listening on {self.url} - starting the main loop")
+        if self.cfg.engine in ("vllm", "sglang"):
+            self.log.raw(f"INFO:     Uvicorn running on {self.url} (Press CTRL+C to quit)")
+        elif self.cfg.engine == "tgi":
+            self.log.info("Connected")
+            self.log.info(f"Listening on {self.url}")
+
+    async def wait_exit(self) -> int:
+        """Wait until the engine dies and its watchdog ends the server; the exit code."""
+        await self.engine.exited.wait()
+        return self.engine.exit_code or 0
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self.engine.release_all()
+        self.log.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    async def __aenter__(self) -> SimServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _log_stats(self) -> None:
+        eng, last_p, last_g = self.engine, 0, 0
+        interval = self.cfg.log_stats_interval_s
+        while not eng.dead:
+            await asyncio.sleep(interval)
+            s, sched = eng.stats, eng.sched
+            assert sched is not None
+            p, g = s.prompt_tokens - last_p, s.generation_tokens - last_g
+            last_p, last_g = s.prompt_tokens, s.generation_tokens
+            if self.cfg.engine == "vllm":
+                self.log.info(f"Engine 000: Avg prompt throughput: {p / interval:.1f} tokens/s, Avg generation "
+                              f"throughput: {g / interval:.1f} tokens/s, Running: {len(sched.running)} reqs, Waiting: "
+                              f"{len(sched.waiting)} reqs, GPU KV cache usage: {sched.kv_cache_usage * 100:.1f}%, "
+                              "Prefix cache hit rate: 0.0%", "stats")
+            elif self.cfg.engine == "sglang":
+                self.log.info(f"Decode batch, #running-req: {len(sched.running)}, #token: {sched.used_tokens}, "
+                              f"token usage: {sched.kv_cache_usage:.2f}, gen throughput (token/s): "
+                              f"{g / interval:.2f}, #queue-req: {len(sched.waiting)}")
+
+    # --- plain endpoints ----------------------------------------------------------------
+    def _json(self, data: Any, status: int = 200) -> Any:
+        from aiohttp import web
+
+        return web.json_response(data, status=status)
+
+    def _error(self, err: ApiError) -> Any:
+        return self._json(error_body(err, self.cfg.engine, self.engine.version), err.status)
+
+    async def _health(self, request: Any) -> Any:
+        from aiohttp import web
+
+        eng = self.engine
+        if self.cfg.engine == "llama.cpp":
+            if not eng.ready:
+                return self._json({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}, 503)
+            return self._json({"status": "ok"}, 503 if eng.dead else 200)
+        if eng.dead:
+            if self.cfg.engine == "tgi":
+                return self._json({"error": "unhealthy", "error_type": "healthcheck"}, 503)
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def _version(self, request: Any) -> Any:
+        return self._json({"version": self.cfg.version_text})
+
+    async def _models(self, request: Any) -> Any:
+        owner = {"vllm": "vllm", "sglang": "sglang", "tgi": "tgi", "llama.cpp": "llamacpp"}[self.cfg.engine]
+        return self._json({"object": "list", "data": [{
+            "id": self.cfg.model_name, "object": "model", "created": int(time.time()), "owned_by": owner,
+            "root": self.cfg.model, "parent": None, "max_model_len": self.engine.max_model_len}]})
+
+    async def _metrics(self, request: Any) -> Any:
+        from aiohttp import web
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        eng = self.engine
+        sched = eng.sched
+        assert sched is not None
+        settings = {"block_size": str(eng.est.block_size), "gpu_memory_utilization": str(eng.util),
+                    "num_gpu_blocks": str(sched.num_blocks), "cache_dtype": self.cfg.kv_cache_dtype,
+                    "engine": "0"}
+        gauges = Gauges(lambda: len(sched.running), lambda: len(sched.waiting), lambda: sched.kv_cache_usage,
+                        lambda: sched.used_tokens, sched.num_blocks * sched.block_size, settings)
+        body = render(EngineCollector(self.cfg.engine, eng.version, self.cfg.model_name, eng.stats, gauges))
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _state(self, request: Any) -> Any:
+        eng, sched = self.engine, self.engine.sched
+        assert sched is not None
+        return self._json({"ready": eng.ready, "dead": eng.dead, "running": len(sched.running),
+                           "waiting": len(sched.waiting), "num_blocks": sched.num_blocks,
+                           "free_blocks": sched.free_blocks, "preemptions": eng.stats.preemptions,
+                           "faults": eng.faults.history, "max_model_len": eng.max_model_len})
+
+    async def _fault(self, request: Any) -> Any:
+        from aiohttp import web
+
+        peer = (request.transport.get_extra_info("peername") or ("0.0.0.0",))[0] if request.transport else "0.0.0.0"
+        if not self.cfg.allow_fault_injection or not ipaddress.ip_address(peer).is_loopback:
+            raise web.HTTPNotFound()
+        try:
+            body = await request.json()
+            kind = str(body["kind"])
+            self.engine.faults.apply(kind, float(body.get("factor", 10.0)))
+        except Exception as exc:  # a bad fault request is the caller's problem, not the engine's
+            return self._json({"error": f"bad fault request: {exc}"}, 400)
+        self.engine._wake.set()
+        self.log.warning(f"sim: fault injected: {kind}")
+        return self._json({"ok": True, "faults": self.engine.faults.history})
+
+    # --- generation ---------------------------------------------------------------------
+    async def _completions(self, request: Any) -> Any:
+        return await self._generate(request, chat=False)
+
+    async def _chat(self, request: Any) -> Any:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: Any, chat: bool) -> Any:
+        eng = self.engine
+        try:
+            try:
+                body = json.loads(await request.read())
+            except ValueError as exc:
+                raise ApiError(400, f"JSON decode error: {exc}") from None
+            parsed = parse_request(body, chat, self.cfg.model_name, eng.max_model_len)
+            if eng.dead:
+                self.log.info(f'{request.remote}:0 - "POST {request.path} HTTP/1.1" 500 Internal Server Error')
+                raise ApiError(500, "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                               "InternalServerError")
+            if self.cfg.engine == "tgi" and self._in_flight >= self.cfg.max_concurrent_requests:
+                eng.stats.failures["overloaded"] += 1
+                raise ApiError(429, "Model is overloaded", "overloaded")
+        except ApiError as err:
+            if err.status == 400 and self.cfg.engine == "tgi":
+                eng.stats.failures["validation"] += 1
+            return self._error(err)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{self.cfg.seed:x}{next(self._ids):015x}"
+        sink: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._in_flight += 1
+        req = eng.submit(rid, parsed.prompt_tokens, parsed.max_tokens, parsed.ignore_eos, parsed.key, sink)
+        try:
+            if parsed.stream:
+                return await self._stream(request, rid, parsed, sink)
+            return await self._collect(rid, parsed, sink)
+        finally:
+            self._in_flight -= 1
+            eng.abort(req)  # a no-op when finished; frees the blocks of a client that went away
+
+    async def _collect(self, rid: str, p: Parsed, sink: asyncio.Queue) -> Any:
+        parts: list[str] = []
+        while True:
+            kind, value = await sink.get()
+            if kind == "token":
+                parts.append(token_text(self.cfg.seed, p.key, value))
+            elif kind == "done":
+                return self._json(full_response(rid, self.cfg.model_name, p.chat, "".join(parts), value,
+                                                p.prompt_tokens, len(parts)))
+            else:
+                return self._error(ApiError(500, value, "InternalServerError"))
+
+    async def _stream(self, request: Any, rid: str, p: Parsed, sink: asyncio.Queue) -> Any:
+        from aiohttp import web
+
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        model, n = self.cfg.model_name, 0
+
+        async def send(obj: Any) -> None:
+            await resp.write(b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n")
+
+        if p.chat:
+            await send(chunk(rid, model, True, "", None, first=True))
+        while True:
+            kind, value = await sink.get()
+            if kind == "token":
+                n += 1
+                await send(chunk(rid, model, p.chat, token_text(self.cfg.seed, p.key, value), None))
+            elif kind == "done":
+                await send(chunk(rid, model, p.chat, None if p.chat else "", value))
+                if p.include_usage:
+                    await send(usage_chunk(rid, model, p.chat, p.prompt_tokens, n))
+                break
+            else:  # the status is already 200: the error travels as the next chunk (vLLM launcher.py)
+                await send(error_body(ApiError(500, value, "InternalServerError"), self.cfg.engine,
+                                      self.engine.version))
+                break
+        await send(b"[DONE]")
+        await resp.write_eof()
+        return resp
