@@ -1,0 +1,164 @@
+"""One stored run -> everything a report shows. Pure: records in, frozen dataclasses out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from vramlab.analysis.rounds import (
+    Recovery,
+    RoundComparison,
+    Stability,
+    compare_phases,
+    returned_to_baseline,
+    stability,
+)
+from vramlab.analysis.stats import RequestSummary, Slo, request_span, summarize_requests
+from vramlab.analysis.windows import WindowResult, find_windows, summarize_window
+from vramlab.experiment.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+
+# The client fell behind its schedule when dispatch lag P99 passes this: latencies from the
+# actual send then understate what users would see (coordinated omission).
+DISPATCH_LAG_WARN_MS = 10.0
+MIN_ROUNDS = 3
+# Series drawn over time in reports, when present.
+TIMELINE_SERIES = ("gpu.memory_used_bytes", "engine.kv_cache_usage_perc", "engine.num_requests_waiting")
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One step of the changed variable in one round, for the latency/error-rate chart."""
+
+    round: int
+    phase: str
+    step: int
+    step_value: float | None
+    e2e_p95_ms: float | None
+    ttft_p95_ms: float | None
+    error_rate: float
+
+
+@dataclass(frozen=True)
+class Band:
+    """Range over rounds of a reference phase's P95 and error rate (drawn as a band)."""
+
+    phase: str
+    e2e_p95_ms: tuple[float, float] | None
+    error_rate: tuple[float, float]
+
+
+@dataclass(frozen=True)
+class RunAnalysis:
+    run: RunRecord
+    complete: bool
+    duration_s: float
+    totals: RequestSummary
+    steps: list[WindowResult]
+    phases: list[WindowResult]
+    comparisons: list[RoundComparison]
+    stability: list[Stability]
+    recovery: list[Recovery]
+    step_points: list[StepPoint]
+    bands: list[Band]
+    timeline: dict[str, list[tuple[float, float]]]  # sample name -> (t_s, value), max over labels
+    events: list[EventRecord]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def rounds(self) -> list[int]:
+        return sorted({w.window.round for w in self.phases})
+
+
+def _timeline(samples: Sequence[SampleRecord]) -> dict[str, list[tuple[float, float]]]:
+    out: dict[str, dict[float, float]] = {}
+    for s in samples:
+        if s.name in TIMELINE_SERIES:
+            series = out.setdefault(s.name, {})
+            # several GPUs: the fullest one is the one that runs out first
+            series[s.t_s] = max(series.get(s.t_s, s.value), s.value)
+    return {name: sorted(points.items()) for name, points in sorted(out.items())}
+
+
+def _bands(phases: Sequence[WindowResult]) -> list[Band]:
+    out = []
+    for name in ("baseline", "recovery"):
+        rs = [p.requests for p in phases if p.window.phase == name]
+        if not rs:
+            continue
+        p95s = [r.e2e.p95 for r in rs if r.e2e is not None]
+        errs = [r.error_rate for r in rs]
+        out.append(Band(name, (min(p95s), max(p95s)) if p95s else None, (min(errs), max(errs))))
+    return out
+
+
+def _warnings(run: RunRecord, complete: bool, steps: Sequence[WindowResult], rounds: int) -> list[str]:
+    out = []
+    if not complete:
+        out.append(
+            f"incomplete run (status {run.status}): it was interrupted or is still running; "
+            "figures cover what was stored"
+        )
+    if 0 < rounds < MIN_ROUNDS:
+        out.append(f"only {rounds} round(s): at least {MIN_ROUNDS} are needed to tell a trend from a one-off")
+    for res in steps:
+        lag = res.requests.dispatch_lag
+        if lag is not None and lag.p99 > DISPATCH_LAG_WARN_MS:
+            w = res.window
+            out.append(
+                f"client fell behind in round {w.round} {w.phase} step {w.step}: dispatch lag P99 "
+                f"{lag.p99:.1f} ms (max {lag.max:.1f} ms); trust the from-scheduled latencies"
+            )
+    return out
+
+
+def analyze_run(
+    run: RunRecord,
+    requests: Sequence[RequestRecord],
+    samples: Sequence[SampleRecord],
+    events: Sequence[EventRecord],
+    slo: Slo | None = None,
+) -> RunAnalysis:
+    step_windows, phase_windows = find_windows(requests, events)
+    steps = [summarize_window(w, requests, samples, slo) for w in step_windows]
+    phases = [summarize_window(w, requests, samples, slo) for w in phase_windows]
+    by_key = {(p.window.round, p.window.phase): p for p in phases}
+    recovery = []
+    for (rnd, phase), res in sorted(by_key.items()):
+        base = by_key.get((rnd, "baseline"))
+        if phase == "recovery" and base is not None:
+            rec_reqs = [r for r in requests if r.round == rnd and r.phase == "recovery"]
+            recovery.append(returned_to_baseline(base, res, rec_reqs))
+    span = request_span(requests)
+    t_ends = [s.t_s for s in samples] + [e.t_s for e in events] + ([span[1]] if span else [])
+    if run.ended_at is not None:
+        duration = max(run.ended_at - run.started_at, 0.0)
+    else:
+        duration = max(t_ends, default=0.0)
+    complete = run.status != "running" and run.ended_at is not None and run.status != "interrupted"
+    rounds = len({p.window.round for p in phases})
+    step_points = [
+        StepPoint(
+            s.window.round, s.window.phase, s.window.step or 0, s.window.step_value,
+            s.requests.e2e.p95 if s.requests.e2e else None,
+            s.requests.ttft.p95 if s.requests.ttft else None,
+            s.requests.error_rate,
+        )
+        for s in steps
+        if s.window.phase in ("treatment", "ramp")
+    ]
+    return RunAnalysis(
+        run=run,
+        complete=complete,
+        duration_s=duration,
+        totals=summarize_requests(requests, (span[1] - span[0]) if span else 0.0, slo),
+        steps=steps,
+        phases=phases,
+        comparisons=compare_phases(phases),
+        stability=stability(steps),
+        recovery=recovery,
+        step_points=step_points,
+        bands=_bands(phases),
+        timeline=_timeline(samples),
+        events=sorted(events, key=lambda e: e.t_s),
+        warnings=_warnings(run, complete, steps, rounds),
+    )

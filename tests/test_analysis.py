@@ -1,0 +1,140 @@
+"""Analysis: the percentile method, per-window summaries, phase comparison, stability, recovery."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import _synthetic_run as synth
+from vramlab.analysis.run import analyze_run
+from vramlab.analysis.stats import Distribution, Slo, percentile, summarize_requests
+from vramlab.experiment.records import RequestRecord
+
+finite = st.floats(min_value=-1e12, max_value=1e12, allow_nan=False, allow_infinity=False)
+
+
+def test_percentile_type7_known_values():
+    xs = [15.0, 20.0, 35.0, 40.0, 50.0]
+    assert percentile(xs, 0) == 15.0
+    assert percentile(xs, 100) == 50.0
+    assert percentile(xs, 50) == 35.0
+    assert percentile(xs, 40) == pytest.approx(29.0)  # h = 1.6: 20 + 0.6 * 15
+    assert percentile(xs, 95) == pytest.approx(48.0)  # h = 3.8: 40 + 0.8 * 10
+    assert percentile([7.0], 99) == 7.0
+    assert percentile(list(range(101)), 99) == 99.0
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(finite, min_size=1, max_size=60), st.floats(0, 100), st.floats(0, 100))
+def test_percentile_monotone_and_bounded(xs, p, q):
+    lo, hi = sorted((p, q))
+    a, b = percentile(xs, lo), percentile(xs, hi)
+    assert min(xs) <= a <= b <= max(xs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(finite, min_size=1, max_size=60), st.randoms(use_true_random=False))
+def test_percentile_ignores_order(xs, rnd):
+    shuffled = list(xs)
+    rnd.shuffle(shuffled)
+    for p in (50, 95, 99):
+        assert percentile(xs, p) == percentile(shuffled, p)
+
+
+def _req(i: int, e2e: float, ok: bool, tokens: int) -> RequestRecord:
+    return RequestRecord(run_id="00000000", round=0, phase="baseline", request_id=str(i), sent_s=float(i),
+                         end_s=i + e2e / 1000, e2e_ms=e2e, ttft_ms=e2e / 3, output_tokens=tokens if ok else 0,
+                         status_code=200 if ok else 0, error_class=None if ok else "timeout")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.1, 1e5), st.booleans(), st.integers(0, 4096)), min_size=1, max_size=40),
+       st.randoms(use_true_random=False))
+def test_request_summary_invariant_to_order(rows, rnd):
+    reqs = [_req(i, *row) for i, row in enumerate(rows)]
+    shuffled = list(reqs)
+    rnd.shuffle(shuffled)
+    assert summarize_requests(reqs, 10.0) == summarize_requests(shuffled, 10.0)
+
+
+def test_request_summary_numbers():
+    reqs = [_req(i, 100.0 + 10 * i, ok=i % 5 != 0, tokens=50) for i in range(20)]
+    s = summarize_requests(reqs, duration_s=4.0, slo=Slo(e2e_ms=200.0))
+    assert (s.count, s.ok, s.errors, s.errors_by_class) == (20, 16, 4, {"timeout": 4})
+    assert s.error_rate == 0.2
+    assert s.throughput_rps == 4.0 and s.output_tok_s == 200.0
+    assert s.goodput_rps == 8 / 4.0  # ok and e2e <= 200 ms: i in 1..10 minus i=5, 10
+    assert s.e2e == Distribution.of(r.e2e_ms for r in reqs if r.error_class is None)
+    assert s.e2e.max == 290.0 and s.e2e.count == 16
+
+
+def test_analysis_of_synthetic_run():
+    a = analyze_run(*synth.build())
+    assert a.complete and a.warnings == [] and a.rounds == [0, 1, 2]
+    # one window per (round, phase, step): 3 rounds x (baseline + 3 steps + recovery)
+    assert len(a.steps) == 15 and len(a.phases) == 9
+    step8 = [s for s in a.steps if s.window.step_value == 8.0]
+    # 800 + 190; round 1 lost its 5 fastest to 503s: 16 left, h = 14.25 -> 990 + 0.25 * 10
+    assert [s.requests.e2e.p95 for s in step8] == [990.0, 992.5, 990.0]
+    assert [s.requests.errors for s in step8] == [0, 5, 0]
+    assert step8[1].requests.errors_by_class == {"http_5xx": 5}
+    assert step8[0].resources.worst["engine.kv_cache_usage_perc"] == 0.8
+    assert step8[0].resources.worst["gpu.memory_used_bytes"] == 70 * synth.GIB + 2 * synth.GIB
+    base = a.phases[0]
+    assert base.window.phase == "baseline" and base.requests.e2e.p50 == 200.0 and base.requests.e2e.p99 == 298.0
+    assert base.requests.e2e_sched.p95 == 292.0  # from scheduled: 2 ms earlier
+    # comparison: treatment vs baseline in round 0
+    d = a.comparisons[0].deltas["treatment"]["e2e_p95_ms"]
+    assert d.baseline == 290.0 and d.value > 900 and d.delta == d.value - 290.0
+    # stability: the 503s of round 1 are a one-off; round 2's slow recovery too
+    spikes = {(s.phase, s.step, s.metric): s.spikes for s in a.stability if s.spikes}
+    assert spikes[("treatment", 2, "error_rate")] == [1]
+    assert spikes[("recovery", 0, "e2e_p95_ms")] == [2]
+    assert not any(m == "e2e_p95_ms" and ph == "treatment" for ph, _, m in spikes)
+    # recovery: rounds 0 and 1 back at once; round 2 only after its slow first seconds
+    rec = {r.round: r for r in a.recovery}
+    assert rec[0].returned and rec[0].after_s == 0.0
+    assert rec[2].returned and 4.0 < rec[2].after_s < 6.5 and rec[2].recovery_e2e_p95_ms > 1000
+    assert [b.phase for b in a.bands] == ["baseline", "recovery"] and a.bands[0].e2e_p95_ms == (290.0, 290.0)
+    assert [p.step_value for p in a.step_points[:3]] == [2.0, 4.0, 8.0]
+    assert set(a.timeline) == {"gpu.memory_used_bytes", "engine.kv_cache_usage_perc"}
+
+
+def test_analysis_invariant_to_record_order():
+    run, reqs, samples, events = synth.build()
+    rnd = random.Random(7)
+    for xs in (reqs, samples, events):
+        rnd.shuffle(xs)
+    a, b = analyze_run(*synth.build()), analyze_run(run, reqs, samples, events)
+    assert a.steps == b.steps and a.phases == b.phases and a.stability == b.stability
+    assert a.recovery == b.recovery and a.totals == b.totals
+
+
+def test_recovery_not_returned_and_warnings():
+    run, reqs, samples, events = synth.build(status="running")
+    # round 0 recovery: errors all the way to the end
+    reqs = [r.model_copy(update={"status_code": 0, "error_class": "connect"})
+            if r.round == 0 and r.phase == "recovery" and r.request_id.endswith(("-18", "-19", "-20")) else r
+            for r in reqs]
+    reqs = [r.model_copy(update={"dispatch_lag_ms": 40.0}) if r.round == 2 and r.step == 1 else r for r in reqs]
+    a = analyze_run(run, reqs, samples, events)
+    rec = {r.round: r for r in a.recovery}
+    assert not rec[0].returned and rec[0].after_s is None and "error rate" in rec[0].reason
+    assert not a.complete
+    assert any(w.startswith("incomplete run") for w in a.warnings)
+    assert any("client fell behind in round 2 treatment step 1" in w and "40.0 ms" in w for w in a.warnings)
+
+
+def test_fewer_rounds_warns():
+    run, reqs, samples, events = synth.build()
+    keep = [r for r in reqs if r.round == 0]
+    a = analyze_run(run, keep, [s for s in samples if s.t_s < 60], [e for e in events if e.round in (0, None)])
+    assert any("only 1 round" in w for w in a.warnings)
+    assert all(not s.spikes for s in a.stability)
