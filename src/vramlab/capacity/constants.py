@@ -26,8 +26,12 @@ _DEFAULTS: dict[str, Constant] = {
     # same-sized temporaries (probs, logprobs, sort buffers) over the whole vocabulary.
     # Fitted on vLLM 0.19 H100 rows where the sampler dominates (Llama/Qwen/Gemma): 14.8-16.6.
     "sampler_bytes_per_seq_vocab": Constant(15.6, 0.08, "vLLM 0.19 torch peak increase vs max_num_seqs x vocab"),
-    # V0 runs the sampler on max_num_seqs logits in fp32 with fewer temporaries.
-    "v0_sampler_bytes_per_seq_vocab": Constant(12.0, 0.35, "vLLM V0 (0.7-0.9) activation peaks, Unsloth notebooks"),
+    # Before 0.17 (V0, and V1 0.15-0.16) the sampler kept ~10 fp32 vocab-sized temporaries
+    # (sort, cumsum, probs, logprobs): 38.6-41 B per sequence per vocab entry on every V0 row
+    # (Unsloth notebooks, 0.7-0.9) and on 0.15/0.16 (llm-d version sweep); 0.17 cut it by ~60%.
+    "legacy_sampler_bytes_per_seq_vocab": Constant(39.0, 0.10, "vLLM V0 0.7-0.9 and V1 0.15-0.16 activation peaks"),
+    # V1 0.9-0.14: measured low (0.10.1 A100 rows, 0.11.0 Mistral-Small, 0.11.2 L4), spread wide.
+    "early_v1_sampler_bytes_per_seq_vocab": Constant(15.0, 0.6, "vLLM V1 0.10-0.11 rows: 8-17 B"),
     # Forward pass of one dense layer at the profile batch: ~2 copies of the gated MLP
     # intermediate and ~8 hidden-sized tensors (residual, norms, qkv, attention out), bf16.
     "forward_intermediate_copies": Constant(2.0, 0.25, "vLLM 0.19 PP rank-0 / small-vocab activation peaks"),
@@ -37,8 +41,11 @@ _DEFAULTS: dict[str, Constant] = {
     "moe_workspace_copies": Constant(1.0, 0.30, "vLLM 0.19 MoE rows (Qwen3-30B-A3B, DeepSeek-V2-Lite, Mixtral)"),
     # Non-torch memory that grows during the profile run (cuBLAS workspaces, Triton), TP=1.
     "non_torch_forward_bytes": Constant(0.25 * GIB, 0.5, "vLLM 0.19 'non-torch forward increase' at TP=1: 0.24-0.46 GiB"),
-    # ... with TP>1: custom all-reduce and NCCL buffers allocated on first use.
-    "non_torch_forward_tp_bytes": Constant(2.1 * GIB, 0.15, "vLLM 0.19 'non-torch forward increase' at TP>=2: 2.06-2.21 GiB"),
+    # ... with TP>1 on NVLink-SHARP systems (H100/H200/B200 SXM): NCCL NVLS buffers allocated
+    # at the first all-reduce.
+    "non_torch_forward_tp_bytes": Constant(2.1 * GIB, 0.15, "vLLM 0.19 'non-torch forward increase' at TP>=2 on H100: 2.06-2.21 GiB"),
+    # ... with TP>1 elsewhere (A100, PCIe, Ada): ordinary NCCL ring buffers.
+    "non_torch_forward_tp_nonvls_bytes": Constant(0.15 * GIB, 1.0, "vLLM 0.10 TP=2/4 A100 rows: remainder after the sampler 0.05-0.1 GiB"),
     # ... with PP>1 and TP=1 (no custom all-reduce).
     "non_torch_forward_pp_bytes": Constant(0.07 * GIB, 1.0, "vLLM 0.19 PP=2/4 rows: 0.07 GiB"),
     # V0 era non-torch memory (CUDA context excluded, NCCL inside the window at TP>1).

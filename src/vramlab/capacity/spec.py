@@ -69,7 +69,7 @@ class ModelSpec:
     head_dim: int
     vocab_size: int
     intermediate_size: int = 0
-    max_position_embeddings: int = 4096
+    max_position_embeddings: int = 0  # 0 = unknown: the user must give a context length
     torch_dtype: str = "bfloat16"
     tie_word_embeddings: bool = False
     architecture: str = ""

@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""Score the capacity model on real start-up measurements, beside two baselines.
+
+    python benchmarks/accuracy.py                      # ../shared/data (the development split)
+    python benchmarks/accuracy.py --data DIR --rows    # another split, with a per-row table
+    python benchmarks/accuracy.py --json
+
+DIR holds `observed_memory.jsonl` (one measurement per line, fields in its README) and
+`model_configs.json` (hf id -> config.json fields). Rows whose model or card cannot be resolved
+are counted and listed, never silently dropped. Nothing here is tuned per row: every row goes
+through the same `vramlab.capacity.estimate` a user's `vramlab plan` calls.
+
+Baselines, scored on the same rows in the same run:
+- naive: KV = utilization x nominal card size - weights; tokens at 2 x layers x kv_heads x head_dim x 2 B.
+- weights+KV: KV = utilization x framework-visible memory - weights (no activation, non-torch or
+  graphs); per-token bytes GQA-aware but blind to MLA, sliding windows and TP replication.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from vramlab.capacity import GIB, EngineSettings, custom_gpu, estimate, get_gpu  # noqa: E402
+from vramlab.capacity.spec import ModelSpec  # noqa: E402
+from vramlab.errors import VramlabError  # noqa: E402
+from vramlab.sources.hf_config import spec_from_config  # noqa: E402
+
+METRICS = ("weights", "kv_cache_gib", "kv_cache_tokens", "max_concurrency")
+
+
+def default_data_dir() -> Path:
+    for cand in (ROOT.parent / "shared" / "data", ROOT / ".." / "shared" / "data"):
+        if (cand / "observed_memory.jsonl").exists():
+            return cand
+    return ROOT.parent / "shared" / "data"
+
+
+def quant_from_row(row: dict[str, Any], spec: ModelSpec) -> str | None:
+    """The engine's quantization for a row; the scheme from the checkpoint name when the config lacks it."""
+    q = (row.get("quantization") or "").lower() or None
+    if q is None or spec.quant is not None:
+        return q
+    name = (row.get("model") or row.get("model_hf_id") or "").lower()
+    if "w4a16" in name or "int4" in name or "4bit" in name or "awq" in name:
+        return "w4a16" if "awq" not in name else "awq"
+    if "w8a8" in name or "int8" in name:
+        return "w8a8"
+    if "fp8" in name:
+        return "fp8"
+    if q in ("gptq_marlin", "gptq"):
+        return "gptq"
+    return q
+
+
+def model_for(row: dict[str, Any], configs: dict[str, Any]) -> ModelSpec | str:
+    """What `vramlab plan --model HF_ID --offline` would use: the bundled catalog when it knows the id,
+    else the config shipped with the data (partial copies included)."""
+    hf_id = row.get("model_hf_id") or row.get("model")
+    cfg = configs.get(hf_id)
+    errors = []
+    try:
+        from vramlab.sources import resolve_model
+
+        try:
+            return resolve_model(str(hf_id), offline=True)
+        except VramlabError as exc:
+            errors.append(str(exc))
+    except ImportError:
+        pass
+    if isinstance(cfg, dict) and cfg.get("source") is not None:
+        try:
+            return spec_from_config(cfg, hf_id, str(cfg.get("source")), hf_id=hf_id)
+        except VramlabError as exc:
+            errors.append(str(exc))
+    return "; ".join(errors) or "no config"
+
+
+def gpu_for(row: dict[str, Any]):
+    name = row.get("gpu_model")
+    if name:
+        try:
+            return get_gpu(name)
+        except VramlabError:
+            pass
+    total = row.get("total_gpu_memory_gib")
+    return custom_gpu(float(total)) if total else None
+
+
+def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
+    version_text = str(row.get("engine_version") or "")
+    version = re.match(r"[vb]?[0-9][0-9a-z.+]*", version_text.strip())
+    mode = "v0" if "V0" in version_text else ("v1" if "V1" in version_text else None)
+    dtype = str(row.get("dtype") or "auto").replace("torch.", "")
+    api_server = row.get("collection_group", "").startswith("unsloth") is False
+    kwargs: dict[str, Any] = dict(
+        engine=row.get("engine") or "vllm",
+        engine_version=version.group(0) if version else None,
+        vllm_engine=mode,
+        gpu_memory_utilization=row.get("gpu_memory_utilization"),
+        max_model_len=row.get("max_model_len"),
+        max_num_seqs=row.get("max_num_seqs"),
+        max_num_batched_tokens=row.get("max_num_batched_tokens"),
+        tensor_parallel_size=int(row.get("tensor_parallel") or 1),
+        pipeline_parallel_size=int(row.get("pipeline_parallel") or 1),
+        dtype=dtype,
+        kv_cache_dtype=row.get("kv_cache_dtype") or "auto",
+        quantization=quant_from_row(row, spec),
+        enforce_eager=bool(row.get("enforce_eager")),
+        block_size=row.get("block_size"),
+        api_server=api_server,
+    )
+    if kwargs["engine"] == "sglang":
+        kwargs["mem_fraction_static"] = kwargs.pop("gpu_memory_utilization")
+        kwargs["chunked_prefill_size"] = kwargs.pop("max_num_batched_tokens")
+    elif kwargs["engine"] == "llama.cpp":
+        kwargs["ctx_size"] = row.get("n_ctx")
+        kwargs["parallel"] = row.get("n_parallel")
+    if kwargs["engine"] == "vllm" and kwargs["gpu_memory_utilization"] is None:
+        kwargs["gpu_memory_utilization"] = None
+    return EngineSettings(**kwargs)
+
+
+def observed(row: dict[str, Any]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {
+        "weights": row.get("weights_gib"),
+        "kv_cache_gib": row.get("kv_cache_gib"),
+        "kv_cache_tokens": row.get("kv_cache_tokens"),
+        "max_concurrency": row.get("max_concurrency"),
+    }
+    if row.get("engine") == "llama.cpp":
+        mib = 1 / 1024
+        out["weights"] = (row.get("llamacpp_model_buffer_mib") or 0) * mib or None
+        out["kv_cache_gib"] = (row.get("llamacpp_kv_buffer_mib") or 0) * mib or None
+    return out
+
+
+def predicted(row: dict[str, Any], spec: ModelSpec, gpu, s: EngineSettings) -> dict[str, dict[str, float]]:
+    conc_len = row.get("max_concurrency_tokens_per_request") or row.get("max_model_len")
+    est = estimate(spec, gpu, s if not conc_len or s.engine != "vllm" else s.with_(max_model_len=conc_len))
+    ours = {
+        "weights": est.weights_bytes / GIB,
+        "kv_cache_gib": est.kv_cache_bytes / GIB,
+        "kv_cache_tokens": float(est.kv_cache_tokens),
+        "max_concurrency": est.max_concurrency,
+    }
+    util = s.gpu_memory_utilization or s.mem_fraction_static or 0.9
+    w = est.weights_bytes
+    length = conc_len or est.max_model_len
+    naive_per_tok = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 2 / max(1, s.tensor_parallel_size)
+    naive_kv = util * gpu.nominal_gb * GIB - w
+    gqa_per_tok = 2 * spec.num_layers * max(1, spec.num_kv_heads // s.tensor_parallel_size) * spec.head_dim * (
+        1 if "fp8" in (s.kv_cache_dtype or "") else 2) / s.pipeline_parallel_size
+    wkv_kv = util * gpu.memory_bytes - w
+    base = {}
+    for name, kv, per in (("naive", naive_kv, naive_per_tok), ("weights+kv", wkv_kv, gqa_per_tok)):
+        toks = max(0.0, kv) / per
+        base[name] = {"weights": w / GIB, "kv_cache_gib": kv / GIB, "kv_cache_tokens": toks,
+                      "max_concurrency": toks / length}
+    return {"vramlab": ours, **base}
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    k = (len(xs) - 1) * p
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=default_data_dir())
+    ap.add_argument("--rows", action="store_true", help="print every row")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    rows_path = args.data / "observed_memory.jsonl"
+    if not rows_path.exists():
+        print(f"accuracy: no {rows_path}", file=sys.stderr)
+        return 2
+    configs = json.loads((args.data / "model_configs.json").read_text()) if (args.data / "model_configs.json").exists() else {}
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
+    errs: dict[str, dict[str, list[tuple[dict[str, Any], float]]]] = {}
+    skipped: list[tuple[str, str]] = []
+    per_row = []
+    for row in rows:
+        spec = model_for(row, configs)
+        if isinstance(spec, str):
+            skipped.append((row["row_id"], f"model: {spec}"))
+            continue
+        gpu = gpu_for(row)
+        if gpu is None:
+            skipped.append((row["row_id"], "no GPU named and no total memory"))
+            continue
+        try:
+            s = settings_for(row, spec)
+            preds = predicted(row, spec, gpu, s)
+        except VramlabError as exc:
+            skipped.append((row["row_id"], str(exc)))
+            continue
+        obs = observed(row)
+        line = {"row": row["row_id"], "group": row.get("collection_group"), "model": row.get("model_hf_id"),
+                "version": row.get("engine_version"), "engine": row.get("engine")}
+        for who, pred in preds.items():
+            for metric in METRICS:
+                o = obs.get(metric)
+                if o in (None, 0):
+                    continue
+                e = (pred[metric] - float(o)) / float(o) * 100
+                errs.setdefault(who, {}).setdefault(metric, []).append((row, e))
+                if who == "vramlab":
+                    line[metric] = (round(pred[metric], 2), o, round(e, 1))
+        per_row.append(line)
+
+    summary = summarize(errs)
+    if args.json:
+        print(json.dumps({"summary": summary, "rows": per_row, "skipped": skipped}, indent=1, default=str))
+        return 0
+    if args.rows:
+        for line in per_row:
+            cells = [f"{line['row']} {str(line['model'])[:34]:34} {str(line['version'])[:10]:10}"]
+            for metric in METRICS:
+                if metric in line:
+                    p, o, e = line[metric]
+                    cells.append(f"{metric[:6]} {p:>9g}/{o:<9g} {e:+6.1f}%")
+            print("  ".join(cells))
+        print()
+    print_summary(summary, len(rows), skipped)
+    return 0
+
+
+def summarize(errs: dict[str, dict[str, list[tuple[dict[str, Any], float]]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for who, metrics in errs.items():
+        out[who] = {}
+        for metric, items in metrics.items():
+            ape = [abs(e) for _, e in items]
+            by_group: dict[str, list[float]] = {}
+            by_version: dict[str, list[float]] = {}
+            for row, e in items:
+                by_group.setdefault(str(row.get("collection_group")), []).append(abs(e))
+                key = f"{row.get('engine')} {str(row.get('engine_version')).split(' ')[0]}"
+                by_version.setdefault(key, []).append(abs(e))
+            out[who][metric] = {
+                "n": len(ape), "median": statistics.median(ape), "p90": pct(ape, 0.9), "max": max(ape),
+                "signed_median": statistics.median([e for _, e in items]),
+                "by_group": {g: (len(v), statistics.median(v), pct(v, 0.9)) for g, v in by_group.items()},
+                "by_version": {g: (len(v), statistics.median(v)) for g, v in sorted(by_version.items())},
+            }
+    return out
+
+
+def print_summary(summary: dict[str, Any], n_rows: int, skipped: list[tuple[str, str]]) -> None:
+    ours = summary.get("vramlab", {})
+    print("Per collection group (vramlab, |error| median / p90, %):")
+    groups = sorted({g for m in ours.values() for g in m["by_group"]})
+    for g in groups:
+        cells = []
+        for metric in METRICS:
+            if metric in ours and g in ours[metric]["by_group"]:
+                n, med, p90 = ours[metric]["by_group"][g]
+                cells.append(f"{metric} {med:5.1f}/{p90:5.1f} (n={n})")
+        print(f"  {g:32} " + "  ".join(cells))
+    print("Per engine version (vramlab, KV GiB |error| median %):")
+    for key, (n, med) in ours.get("kv_cache_gib", {}).get("by_version", {}).items():
+        print(f"  {key:24} n={n:3}  {med:5.1f}")
+    if skipped:
+        print(f"Skipped {len(skipped)} of {n_rows} rows:")
+        for rid, why in skipped:
+            print(f"  {rid}: {why[:120]}")
+    print()
+    print(f"{'predictor':12} {'metric':16} {'n':>4} {'median%':>8} {'p90%':>8} {'max%':>8} {'signed%':>8}")
+    for who in ("naive", "weights+kv", "vramlab"):
+        for metric in METRICS:
+            st = summary.get(who, {}).get(metric)
+            if st:
+                print(f"{who:12} {metric:16} {st['n']:4} {st['median']:8.2f} {st['p90']:8.2f} {st['max']:8.1f} "
+                      f"{st['signed_median']:+8.2f}")
+    print("targets: weights median <= 2%; KV bytes median <= 3%, p90 <= 8%; concurrency median <= 3%")
+    if ours:
+        kv = ours.get("kv_cache_gib", {})
+        w = ours.get("weights", {})
+        conc = ours.get("max_concurrency", {})
+        print(f"vramlab: weights median {w.get('median', math.nan):.2f}% | KV median {kv.get('median', math.nan):.2f}% "
+              f"p90 {kv.get('p90', math.nan):.2f}% | concurrency median {conc.get('median', math.nan):.2f}% "
+              f"p90 {conc.get('p90', math.nan):.2f}%")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,111 @@
+"""What every engine policy shares: the resolved context and the policy's result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from vramlab.capacity import kv as kvmod
+from vramlab.capacity import weights as wmod
+from vramlab.capacity.constants import Constants
+from vramlab.capacity.estimate import EXACT, FORMULA, Component, Limits, band
+from vramlab.capacity.gpus import GPU
+from vramlab.capacity.settings import EngineSettings
+from vramlab.capacity.spec import ModelSpec, QuantSpec
+from vramlab.errors import ConfigError
+
+
+@dataclass
+class Context:
+    model: ModelSpec
+    gpu: GPU
+    s: EngineSettings
+    c: Constants
+
+    def __post_init__(self) -> None:
+        self.tp = max(1, self.s.tensor_parallel_size)
+        self.pp = max(1, self.s.pipeline_parallel_size)
+        if self.pp > self.model.num_layers:
+            raise ConfigError(f"--pipeline-parallel-size {self.pp} exceeds the model's {self.model.num_layers} layers")
+        self.version = self.s.version
+        self.quant: QuantSpec | None = wmod.effective_quant(self.model, self.s.quantization)
+        self.dtype = wmod.resolve_dtype(self.model, self.s.dtype, self.quant)
+        self.total = self.gpu.memory_bytes
+        self.other = max(0, self.s.other_processes_bytes)
+
+    def layer_range(self, stage: int = 0) -> range:
+        split = wmod.pp_layer_split(self.model.num_layers, self.pp)
+        start = sum(split[:stage])
+        return range(start, start + split[stage])
+
+    def weights(self, stage: int = 0) -> tuple[int, str]:
+        return wmod.weight_bytes(self.model, self.s.dtype, self.s.quantization, self.tp, self.pp, stage)
+
+    def weights_component(self, stage: int = 0) -> Component:
+        value, how = self.weights(stage)
+        if how == "exact":
+            return band("weights", value, 0.005, 0.01, EXACT,
+                        "bytes from the weight files' headers; load-time buffers add a little")
+        q = self.quant
+        note = "computed from the architecture"
+        rel = 0.02
+        if q is not None:
+            note += f" and {q.method} {q.bits:g}-bit storage (scales, zeros, unquantized layers)"
+            rel = 0.06
+        if self.model.vision_params:
+            note += "; vision tower from its config"
+            rel = max(rel, 0.05)
+        return band("weights", value, rel, rel, FORMULA, note)
+
+    def kv_shapes(self, stage: int = 0) -> list[kvmod.KVShape]:
+        return kvmod.kv_shapes(self.model, self.s.kv_cache_dtype, self.dtype, self.tp, self.layer_range(stage))
+
+    def kv_bytes_per_token(self, stage: int = 0) -> int:
+        return kvmod.kv_bytes_per_token(self.model, self.s.kv_cache_dtype, self.dtype, self.tp, self.layer_range(stage))
+
+    def state_bytes_per_seq(self, stage: int = 0) -> int:
+        return kvmod.state_bytes_per_sequence(self.model, self.dtype, self.tp, self.layer_range(stage))
+
+    @cached_property
+    def model_max_len(self) -> int:
+        return self.model.max_position_embeddings
+
+    def check_tp(self, engine: str) -> None:
+        m = self.model
+        if m.num_attention_heads % self.tp:
+            raise ConfigError(
+                f"{engine}: total number of attention heads ({m.num_attention_heads}) must be divisible by "
+                f"tensor parallel size ({self.tp})")
+
+
+@dataclass
+class PolicyResult:
+    """An engine's answer before the generic bookkeeping (limits at the band ends, verdict)."""
+
+    components: list[Component]  # everything but the KV cache
+    budget_bytes: int
+    kv_rule: Callable[[list[Component], str], int]  # KV bytes given components at band point "mid|low|high"
+    limits: Callable[[int], Limits]  # blocks, tokens and concurrency for a KV size
+    max_model_len: int
+    block_size: int
+    kv_bytes_per_token: int
+    settings: dict[str, object]
+    kv_provenance: str
+    kv_note: str
+    kv_fixed: bool = False  # KV sized by settings (llama.cpp, transformers), not a leftover
+    per_sequence_state_bytes: int = 0
+    reasons: list[str] = field(default_factory=list)  # why it does not fit / would refuse to start
+    notes: list[str] = field(default_factory=list)
+    min_blocks_needed: int = 1  # blocks one max_model_len request needs
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def pick(components: list[Component], point: str, names: tuple[str, ...] | None = None) -> int:
+    """Sum of in-budget components at a band point: 'mid' (expected), 'low' or 'high'."""
+    total = 0
+    for comp in components:
+        if not comp.in_budget or (names is not None and comp.name not in names):
+            continue
+        total += {"mid": comp.bytes, "low": comp.low_bytes, "high": comp.high_bytes}[point]
+    return total

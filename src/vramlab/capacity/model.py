@@ -1,0 +1,237 @@
+"""`estimate()`: one engine policy plus the bookkeeping every engine shares.
+
+The policy says which components exist and how the engine turns them into a KV pool; this
+module evaluates that at the expected point and at both ends of the bands, and decides the
+verdict, the headroom and what to change when it does not fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from importlib import import_module
+
+from vramlab.capacity.constants import Constants
+from vramlab.capacity.engines.common import Context, PolicyResult
+from vramlab.capacity.estimate import GIB, Component, Estimate
+from vramlab.capacity.gpus import GPU
+from vramlab.capacity.settings import DEFAULT_VERSIONS, ENGINES, EngineSettings
+from vramlab.capacity.spec import ModelSpec
+from vramlab.errors import ConfigError
+
+_POLICIES = {
+    "vllm": "vramlab.capacity.engines.vllm",
+    "sglang": "vramlab.capacity.engines.sglang",
+    "tgi": "vramlab.capacity.engines.tgi",
+    "llama.cpp": "vramlab.capacity.engines.llamacpp",
+    "transformers": "vramlab.capacity.engines.transformers",
+}
+_DEFAULT_CONSTANTS: Constants | None = None
+
+
+def _constants(c: Constants | None) -> Constants:
+    global _DEFAULT_CONSTANTS
+    if c is not None:
+        return c
+    if _DEFAULT_CONSTANTS is None:
+        _DEFAULT_CONSTANTS = Constants.defaults()
+    return _DEFAULT_CONSTANTS
+
+
+def run_policy(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Constants | None = None
+               ) -> tuple[Context, PolicyResult]:
+    engine = settings.engine
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
+    if settings.tensor_parallel_size < 1 or settings.pipeline_parallel_size < 1:
+        raise ConfigError("tensor and pipeline parallel sizes must be at least 1")
+    ctx = Context(model, gpu, settings, _constants(constants))
+    policy = import_module(_POLICIES[engine])
+    return ctx, policy.plan(ctx)
+
+
+def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Constants | None = None) -> Estimate:
+    """Predict one GPU's memory for *model* served by *settings.engine* on *gpu*."""
+    ctx, r = run_policy(model, gpu, settings, constants)
+    comps = r.components
+    kv_mid = r.kv_rule(comps, "mid")
+    kv_low = r.kv_rule(comps, "high")  # pessimistic: every in-budget component at its high end
+    kv_high = r.kv_rule(comps, "low")
+    if r.kv_fixed:
+        kv_low, kv_high = kv_mid, kv_mid
+    kv_comp = Component("kv_cache", max(0, kv_mid), max(0, min(kv_low, kv_mid)), max(0, kv_high, kv_mid),
+                        r.kv_provenance, r.kv_note, in_budget=True)
+    lim = r.limits(max(0, kv_mid))
+    pess = r.limits(max(0, kv_low))
+    opt = r.limits(max(0, kv_high))
+    all_comps = tuple(comps) + (kv_comp,)
+    used = sum(c.bytes for c in all_comps) if r.kv_fixed else _used(comps, kv_comp, r)
+    headroom = ctx.total - ctx.other - used
+    reasons = list(r.reasons)
+    if kv_mid <= 0 and not r.kv_fixed:
+        reasons.append("No available memory for the cache blocks: the non-KV components exceed the budget")
+    elif lim.num_blocks < r.min_blocks_needed and not r.kv_fixed:
+        need = r.min_blocks_needed * (kv_mid / max(1, lim.num_blocks)) if lim.num_blocks else 0
+        reasons.append(
+            f"To serve at least one request with the model's max seq len ({r.max_model_len}), "
+            f"{need / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({kv_mid / GIB:.2f} GiB)" if need else
+            f"the KV cache cannot hold one request of max_model_len {r.max_model_len}")
+    if headroom < 0:
+        reasons.append(f"the process needs {used / GIB:.2f} GiB but the card has "
+                       f"{(ctx.total - ctx.other) / GIB:.2f} GiB free ({-headroom / GIB:.2f} GiB short)")
+    fits = not reasons
+    est = Estimate(
+        model=model.name,
+        gpu=gpu.name,
+        engine=settings.engine,
+        engine_version=settings.engine_version or DEFAULT_VERSIONS[settings.engine],
+        gpu_memory_bytes=ctx.total,
+        settings=r.settings,
+        components=all_comps,
+        kv_bytes_per_token=r.kv_bytes_per_token,
+        block_size=r.block_size,
+        num_blocks=lim.num_blocks,
+        kv_cache_bytes=max(0, kv_mid),
+        kv_cache_tokens=lim.kv_cache_tokens,
+        max_concurrency=lim.max_concurrency,
+        max_model_len=r.max_model_len,
+        budget_bytes=r.budget_bytes,
+        used_bytes=used,
+        headroom_bytes=headroom,
+        fits=fits,
+        reasons=tuple(reasons),
+        notes=tuple(r.notes),
+        pessimistic=pess,
+        optimistic=opt,
+        per_sequence_state_bytes=r.per_sequence_state_bytes,
+        extra=dict(r.extra),
+    )
+    if not fits:
+        est = replace(est, suggestions=tuple(suggest(model, gpu, settings, constants, est)))
+    return est
+
+
+def _used(comps: list[Component], kv: Component, r: PolicyResult) -> int:
+    """Memory the process holds at steady state: the budget's contents plus what sits outside it."""
+    inside = sum(c.bytes for c in comps if c.in_budget) + kv.bytes
+    outside = sum(c.bytes for c in comps if not c.in_budget)
+    return max(inside, 0) + outside
+
+
+def suggest(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None, est: Estimate) -> list[str]:
+    """Changes that make it fit, each checked by re-running the model (not guessed)."""
+    out: list[str] = []
+
+    def ok(**changes: object) -> Estimate | None:
+        try:
+            e = estimate_quiet(model, gpu, s.with_(**changes), constants)
+        except ConfigError:
+            return None
+        return e if e.fits else None
+
+    length = est.max_model_len
+    longest = max_len_that_fits(model, gpu, s, constants)
+    if longest and longest < length:
+        out.append(f"lower --max-model-len to {longest} (the largest that fits)")
+    if s.engine == "vllm" and (s.max_num_seqs or 0) > 16 and ok(max_num_seqs=max(16, (s.max_num_seqs or 256) // 4)):
+        out.append(f"lower --max-num-seqs to {max(16, (s.max_num_seqs or 256) // 4)}")
+    if s.kv_cache_dtype in ("auto", "bfloat16", "float16") and ok(kv_cache_dtype="fp8"):
+        out.append("use --kv-cache-dtype fp8 (halves KV bytes per token)")
+    if s.engine == "vllm" and (est.settings.get("gpu_memory_utilization") or 0) < 0.95:
+        for util in (0.95, 0.98):
+            if ok(gpu_memory_utilization=util):
+                out.append(f"raise --gpu-memory-utilization to {util} (check the headroom for CUDA graphs)")
+                break
+    for tp in (2, 4, 8):
+        if tp > s.tensor_parallel_size and model.num_attention_heads % tp == 0 and ok(tensor_parallel_size=tp):
+            out.append(f"use -tp {tp} ({tp} GPUs)")
+            break
+    if model.quant is None:
+        for q, label in (("fp8", "an FP8 checkpoint or --quantization fp8"), ("awq", "a 4-bit AWQ/GPTQ checkpoint")):
+            if ok(quantization=q):
+                out.append(f"use {label}")
+                break
+    if not out:
+        out.append("no single change fits on this card: use a larger GPU or more GPUs")
+    return out
+
+
+def estimate_quiet(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None) -> Estimate:
+    """An estimate without suggestions (used inside searches)."""
+    ctx, r = run_policy(model, gpu, s, constants)
+    kv = max(0, r.kv_rule(r.components, "mid"))
+    lim = r.limits(kv)
+    used = sum(c.bytes for c in r.components) + kv
+    fits = (not r.reasons and (r.kv_fixed or (kv > 0 and lim.num_blocks >= r.min_blocks_needed))
+            and ctx.total - ctx.other - (used if r.kv_fixed else _used(r.components, Component(
+                "kv_cache", kv, kv, kv, "x"), r)) >= 0)
+    return Estimate(model.name, gpu.name, s.engine, s.engine_version or "", ctx.total, r.settings,
+                    tuple(r.components), r.kv_bytes_per_token, r.block_size, lim.num_blocks, kv,
+                    lim.kv_cache_tokens, lim.max_concurrency, r.max_model_len, r.budget_bytes, used, 0, fits)
+
+
+def max_len_that_fits(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None = None,
+                      concurrency: float = 1.0, point: str = "mid", margin: float = 0.0) -> int:
+    """The largest max_model_len whose pool still holds *concurrency* requests (0 if none does)."""
+    hi = model.max_position_embeddings or (1 << 20)
+
+    def holds(length: int) -> bool:
+        try:
+            e = limits_at(model, gpu, s.with_(max_model_len=length), constants, point, margin)
+        except ConfigError:
+            return False
+        return e[0] and e[1] >= concurrency
+
+    if holds(hi):
+        return hi
+    lo = 0
+    while hi - lo > 16 if hi > 4096 else hi - lo > 1:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo - lo % 16 if lo > 4096 else lo
+
+
+def limits_at(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None, point: str,
+              margin: float) -> tuple[bool, float]:
+    """(fits, max concurrency) with every in-budget component at *point* and *margin* of the pool held back."""
+    ctx, r = run_policy(model, gpu, s, constants)
+    band_point = {"mid": "mid", "pessimistic": "high", "optimistic": "low"}[point]
+    kv = r.kv_rule(r.components, band_point)
+    if r.kv_fixed:
+        # Fixed pools (llama.cpp, transformers): the card must hold everything at this band point.
+        comps = r.components
+        total = sum({"mid": c.bytes, "high": c.high_bytes, "low": c.low_bytes}[band_point] for c in comps) + kv
+        free = (ctx.total - ctx.other) * (1 - margin)
+        return (not r.reasons and total <= free), r.limits(kv).max_concurrency
+    kv = int(kv * (1 - margin))
+    if kv <= 0 or r.reasons:
+        return False, 0.0
+    lim = r.limits(kv)
+    outside = sum({"mid": c.bytes, "high": c.high_bytes, "low": c.low_bytes}[band_point]
+                  for c in r.components if not c.in_budget)
+    inside = r.budget_bytes if s.engine == "vllm" and not s.kv_cache_memory_bytes else \
+        sum(c.bytes for c in r.components if c.in_budget) + kv
+    fits = lim.num_blocks >= r.min_blocks_needed and inside + outside <= ctx.total - ctx.other
+    return fits, lim.max_concurrency
+
+
+def safe_operating_point(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None = None,
+                         margin: float = 0.10, concurrency: int | None = None) -> dict[str, object]:
+    """The largest concurrency at max_model_len, and context at a concurrency, that still fit with
+    *margin* of the KV pool held back and every component at the pessimistic end of its band."""
+    if not 0 <= margin < 1:
+        raise ConfigError(f"--margin must be in [0, 1), got {margin}")
+    fits, conc = limits_at(model, gpu, s, constants, "pessimistic", margin)
+    out: dict[str, object] = {
+        "margin": margin,
+        "max_concurrency": math.floor(conc) if fits else 0,
+        "max_model_len": s.max_model_len or model.max_position_embeddings or None,
+    }
+    want = concurrency or max(1, math.floor(conc) if fits else 1)
+    out["concurrency"] = want
+    out["max_model_len_at_concurrency"] = max_len_that_fits(model, gpu, s, constants, want, "pessimistic", margin)
+    return out

@@ -1,0 +1,238 @@
+"""Weight bytes per GPU, from exact file facts when known, else from the architecture.
+
+Per-rank accounting mirrors vLLM's parallel layers: column/row-parallel linears split by TP,
+K/V projections replicated when TP exceeds the KV heads, vocabulary padded to a multiple of 64
+and split by TP, norms and routers replicated, MLA's low-rank A projections replicated. PP
+splits the layers evenly; the first stage holds the embedding, the last the final norm and LM
+head. Loading also keeps the rotary cos/sin cache (max_position x rotary_dim in the model dtype).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vramlab.capacity.spec import ModelSpec, QuantSpec, dtype_bytes
+
+VOCAB_PADDING = 64  # vLLM DEFAULT_VOCAB_PADDING_SIZE
+
+
+@dataclass(frozen=True)
+class WeightBreakdown:
+    """Parameters on one rank, split by how they are stored."""
+
+    linear_params: int  # quantizable matrices (attention, MLP)
+    expert_params: int  # MoE expert matrices (quantized separately by mxfp4)
+    embedding_params: int
+    lm_head_params: int
+    other_params: int  # norms, routers, biases: kept in the model dtype
+    vision_params: int
+    rope_cache_elems: int
+
+    @property
+    def total_params(self) -> int:
+        return (self.linear_params + self.expert_params + self.embedding_params + self.lm_head_params
+                + self.other_params + self.vision_params)
+
+
+def pp_layer_split(num_layers: int, pp: int) -> list[int]:
+    """Layers per pipeline stage; the remainder goes to the last stages (vLLM get_pp_indices)."""
+    base, rem = divmod(num_layers, pp)
+    return [base + (1 if i >= pp - rem else 0) for i in range(pp)]
+
+
+def _attention_params(m: ModelSpec, tp: int, kind: str) -> tuple[int, int]:
+    """(linear, other) params of one attention layer on one TP rank."""
+    h = m.hidden_size
+    if m.is_mla:
+        rope = m.qk_rope_head_dim or 64
+        nope = m.qk_nope_head_dim or 128
+        v = m.mla_v_head_dim or 128
+        r = m.kv_lora_rank or 512
+        heads = m.num_attention_heads / tp
+        if m.q_lora_rank:
+            q = h * m.q_lora_rank + m.q_lora_rank * heads * (nope + rope)  # q_a replicated, q_b split
+            other = m.q_lora_rank
+        else:
+            q, other = h * heads * (nope + rope), 0
+        kv_a = h * (r + rope)  # replicated
+        kv_b = r * heads * (nope + v)
+        o = heads * v * h
+        return int(q + kv_a + kv_b + o), other + r + h
+    kv_heads = m.num_kv_heads
+    head_dim = m.head_dim
+    if kind == "full" and m.global_num_kv_heads:
+        kv_heads = m.global_num_kv_heads
+        head_dim = m.global_head_dim or head_dim
+    q_dim = m.num_attention_heads * head_dim / tp
+    kv_local = max(1, kv_heads // tp) if kv_heads >= tp else 1
+    kv_dim = kv_local * head_dim
+    linear = h * q_dim + 2 * h * kv_dim + q_dim * h
+    bias = (q_dim + 2 * kv_dim) if m.attention_bias else 0
+    return int(linear), int(bias + 2 * h)  # + input/post-attention norms
+
+
+def _ssm_params(m: ModelSpec, tp: int, kind: str) -> int:
+    """Params of a Mamba-2 or linear-attention mixer on one TP rank."""
+    h = m.hidden_size
+    if kind == "linear" and m.linear_num_value_heads:
+        k = m.linear_num_key_heads * m.linear_key_head_dim
+        v = m.linear_num_value_heads * m.linear_value_head_dim
+        proj = h * (2 * k + 2 * v + 2 * m.linear_num_value_heads) + v * h
+        return int(proj / tp)
+    inner = m.mamba_n_heads * m.mamba_head_dim or m.mamba_expand * h
+    d_state = m.mamba_d_state or 128
+    in_proj = h * (2 * inner + 2 * m.mamba_n_groups * d_state + max(1, m.mamba_n_heads))
+    return int((in_proj + inner * h) / tp)
+
+
+def _mlp_params(m: ModelSpec, inter: int, tp: int) -> int:
+    mats = 3 if m.gated_mlp else 2
+    return int(mats * m.hidden_size * inter / tp)
+
+
+def breakdown(m: ModelSpec, tp: int = 1, pp: int = 1, rank_pp: int = 0) -> WeightBreakdown:
+    """Parameters held by one GPU (TP rank 0 of pipeline stage *rank_pp*)."""
+    split = pp_layer_split(m.num_layers, pp)
+    start = sum(split[:rank_pp])
+    layers = range(start, start + split[rank_pp])
+    moe_layers = set(m.moe_layer_indices())
+    kinds = m.kinds
+    linear = experts = other = 0
+    for i in layers:
+        kind = kinds[i] if i < len(kinds) else "full"
+        if kind in ("mamba", "linear"):
+            linear += _ssm_params(m, tp, kind)
+            other += 2 * m.hidden_size
+        else:
+            lin, oth = _attention_params(m, tp, kind)
+            linear += lin
+            other += oth
+        if i in moe_layers:
+            experts += m.num_experts * _mlp_params(m, m.moe_intermediate_size, tp)
+            other += m.num_experts * m.hidden_size  # router, replicated
+            if m.num_shared_experts and m.shared_expert_intermediate_size:
+                linear += _mlp_params(m, m.shared_expert_intermediate_size, tp)
+        elif m.intermediate_size:
+            linear += _mlp_params(m, m.intermediate_size, tp)
+    vocab_local = math.ceil(m.vocab_size / VOCAB_PADDING) * VOCAB_PADDING // tp
+    first, last = rank_pp == 0, rank_pp == pp - 1
+    embedding = vocab_local * m.hidden_size if first else 0
+    lm_head = vocab_local * m.hidden_size if last and not (m.tie_word_embeddings and first) else 0
+    if last:
+        other += m.hidden_size  # final norm
+    rotary_dim = (m.qk_rope_head_dim or m.head_dim) if m.attention_layers else 0
+    rope = m.max_position_embeddings * rotary_dim  # Llama 4 Scout: 10.5M positions -> ~2.5 GiB
+    return WeightBreakdown(
+        linear_params=linear,
+        expert_params=experts,
+        embedding_params=embedding,
+        lm_head_params=lm_head,
+        other_params=other,
+        vision_params=m.vision_params // tp if first else 0,
+        rope_cache_elems=rope,
+    )
+
+
+def _quant_bytes_per_param(q: QuantSpec) -> float:
+    """Stored bytes per quantized weight, scales and zeros included."""
+    b = q.bits / 8
+    method = q.method
+    if method in ("awq", "gptq") or (method.startswith("compressed-tensors") and q.group_size):
+        g = q.group_size or 4096  # per channel ~ one scale per column
+        scale = 2 / g  # fp16 scale per group
+        zeros = (q.bits / 8) / g if q.has_zeros else 0.0
+        return b + scale + zeros
+    if method == "bitsandbytes":
+        return b + (4 / 64 if q.bits == 4 else 4 / 4096)  # fp32 absmax per 64-block (4-bit) / per row (8-bit)
+    if method in ("fp8", "compressed-tensors-fp8", "compressed-tensors"):
+        return b + 4 / 4096  # per-channel fp32 scales
+    return b
+
+
+def weight_bytes(m: ModelSpec, dtype: str = "auto", quantization: str | None = None,
+                 tp: int = 1, pp: int = 1, rank_pp: int = 0) -> tuple[int, str]:
+    """Bytes of weights on one GPU, and how they were obtained ("exact" or "formula")."""
+    q = effective_quant(m, quantization)
+    model_dtype = resolve_dtype(m, dtype, q)
+    if m.weights_bytes_exact and pp == 1 and q == m.quant:
+        # Headers give the checkpoint's bytes; TP splits nearly all of it.
+        wb = breakdown(m, tp, pp, rank_pp)
+        rope = wb.rope_cache_elems * dtype_bytes(model_dtype)
+        exact = m.weights_bytes_exact
+        if m.quant is None and model_dtype != m.torch_dtype:  # cast at load (e.g. --dtype float32)
+            exact = int(exact * dtype_bytes(model_dtype) / dtype_bytes(m.torch_dtype))
+        return int(exact / tp + rope), "exact"
+    wb = breakdown(m, tp, pp, rank_pp)
+    full = dtype_bytes(model_dtype)
+    unq = full if q is None else dtype_bytes(q.unquantized_dtype if model_dtype == "float32" else model_dtype)
+    if q is None:
+        total = wb.total_params * full
+    else:
+        per = _quant_bytes_per_param(q)
+        if q.method == "mxfp4" or q.quantize_experts_only:
+            total = wb.expert_params * mxfp4_padding(m, tp) * per + (wb.linear_params + wb.other_params) * unq
+        else:
+            total = (wb.linear_params + wb.expert_params) * per + wb.other_params * unq
+        total += wb.embedding_params * (per if q.quantize_embedding else unq)
+        total += wb.lm_head_params * (per if q.quantize_lm_head else unq)
+        total += wb.vision_params * unq
+    total += wb.rope_cache_elems * full
+    return int(total), "formula"
+
+
+def _pad(x: float, to: int) -> float:
+    return math.ceil(x / to) * to
+
+
+def mxfp4_padding(m: ModelSpec, tp: int) -> float:
+    """vLLM's MXFP4 MoE kernels pad the hidden size and each rank's expert width to multiples of 256
+    (gpt-oss: 2880 -> 3072): the stored experts grow by that ratio."""
+    if not m.moe_intermediate_size:
+        return 1.0
+    inter = m.moe_intermediate_size / tp
+    return (_pad(m.hidden_size, 256) * _pad(inter, 256)) / (m.hidden_size * inter)
+
+
+def effective_quant(m: ModelSpec, quantization: str | None) -> QuantSpec | None:
+    """The checkpoint's quantization, or the one asked for at load time (`--quantization fp8`)."""
+    if quantization in (None, "", "none", "auto"):
+        return m.quant
+    qn = quantization.lower()
+    if m.quant is not None and (qn == m.quant.method or qn.startswith(m.quant.method.split("-")[0])
+                                or m.quant.method.startswith(qn.split("_")[0])):
+        return m.quant
+    if qn in ("fp8", "fbgemm_fp8", "ptpc_fp8"):
+        return QuantSpec("fp8", 8.0, unquantized_dtype=m.torch_dtype)
+    if qn in ("awq", "awq_marlin"):
+        return QuantSpec("awq", 4.0, group_size=128, unquantized_dtype="float16")
+    if qn in ("gptq", "gptq_marlin"):
+        return QuantSpec("gptq", 4.0, group_size=128, has_g_idx=True, unquantized_dtype="float16")
+    if qn in ("bitsandbytes", "bnb", "bnb-4bit"):
+        return QuantSpec("bitsandbytes", 4.0, group_size=64, unquantized_dtype=m.torch_dtype)
+    if qn in ("mxfp4",):
+        return QuantSpec("mxfp4", 4.25, quantize_experts_only=True, unquantized_dtype=m.torch_dtype)
+    if qn in ("int8", "w8a8", "compressed-tensors-w8a8", "bnb-8bit"):
+        return QuantSpec("compressed-tensors", 8.0, unquantized_dtype=m.torch_dtype)
+    if qn in ("w4a16", "int4", "compressed-tensors-w4a16"):
+        return QuantSpec("compressed-tensors", 4.0, group_size=128, has_zeros=False, unquantized_dtype=m.torch_dtype)
+    if qn in ("nvfp4", "modelopt_fp4"):
+        return QuantSpec("nvfp4", 4.5, unquantized_dtype=m.torch_dtype)
+    if qn == "compressed-tensors":
+        return m.quant or QuantSpec("compressed-tensors", 8.0, unquantized_dtype=m.torch_dtype)
+    return QuantSpec(qn, 8.0, unquantized_dtype=m.torch_dtype)
+
+
+def resolve_dtype(m: ModelSpec, dtype: str, q: QuantSpec | None = None) -> str:
+    """The activation/weight dtype the engine runs: --dtype, else the config's (fp32 checkpoints -> bf16).
+
+    AWQ/GPTQ kernels run in float16 when --dtype is auto.
+    """
+    d = (dtype or "auto").replace("torch.", "")
+    aliases = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32", "fp32": "float32"}
+    d = aliases.get(d, d)
+    if d != "auto":
+        return d
+    if q is not None and q.method in ("awq", "gptq"):
+        return "float16"
+    return m.torch_dtype if m.torch_dtype in ("bfloat16", "float16") else "bfloat16"

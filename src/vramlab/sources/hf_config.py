@@ -1,0 +1,301 @@
+"""Turn a Hugging Face `config.json` dict into a `ModelSpec`.
+
+Handles the shapes that trip estimators up (research/capacity-anchors.md §5 and the
+llm-d-planner anchor): explicit `head_dim` (Qwen3, Gemma), `text_config` of vision-language
+models (MLA hiding inside Kimi-VL's text config), layer patterns of sliding-window models,
+MoE field spellings, MLA, Mamba/linear-attention hybrids and `quantization_config`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vramlab.capacity.spec import ModelSpec, QuantSpec
+from vramlab.errors import ConfigError
+
+# Families whose `sliding_window` applies to every layer when no per-layer pattern is given.
+_ALL_LAYERS_SLIDING = {"mistral", "starcoder2", "mixtral"}
+# Families where the field exists but is off unless `use_sliding_window` is true.
+_OPT_IN_SLIDING = {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen2_vl", "qwen2_5_vl"}
+# MLP without a gate projection (two matrices instead of three).
+_UNGATED = {"phi", "phi-msft", "gpt2", "gpt_bigcode", "starcoder2", "falcon", "gpt_neox", "opt", "bloom"}
+
+_LAYER_TYPE_NAMES = {
+    "full_attention": "full", "attention": "full", "global": "full", "full": "full",
+    "sliding_attention": "sliding", "sliding": "sliding", "local": "sliding",
+    "chunked_attention": "chunked",
+    "mamba": "mamba", "mamba2": "mamba", "ssm": "mamba",
+    "linear_attention": "linear", "linear": "linear",
+}
+
+
+# Vision towers that load with the language model, for configs that describe only the text part
+# (hidden, layers, MLP width, gated): the published encoders of these architectures.
+_DEFAULT_VISION = {
+    "Gemma3ForConditionalGeneration": {"hidden_size": 1152, "num_hidden_layers": 27, "intermediate_size": 4304},
+    "PixtralForConditionalGeneration": {"hidden_size": 1024, "num_hidden_layers": 24, "intermediate_size": 4096,
+                                        "hidden_act": "silu"},
+    "Mistral3ForConditionalGeneration": {"hidden_size": 1024, "num_hidden_layers": 24, "intermediate_size": 4096,
+                                         "hidden_act": "silu"},
+    "Llama4ForConditionalGeneration": {"hidden_size": 1408, "num_hidden_layers": 34, "intermediate_size": 5632},
+    "Qwen2_5_VLForConditionalGeneration": {"hidden_size": 1280, "num_hidden_layers": 32, "intermediate_size": 3420,
+                                           "hidden_act": "silu"},
+}
+
+
+def _merged(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's fields: `text_config` (or `llm_config`) over the top level."""
+    for key in ("text_config", "llm_config", "language_config"):
+        sub = config.get(key)
+        if isinstance(sub, dict) and sub:
+            merged = {k: v for k, v in config.items() if k != key}
+            merged.update({k: v for k, v in sub.items() if v is not None})
+            merged.setdefault("_vision", config.get("vision_config"))
+            if "architectures" in config:
+                merged["architectures"] = config["architectures"]
+            if "quantization_config" in config and "quantization_config" not in sub:
+                merged["quantization_config"] = config["quantization_config"]
+            return merged
+    out = dict(config)
+    out.setdefault("_vision", config.get("vision_config"))
+    return out
+
+
+def _first(c: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        v = c.get(k)
+        if v is not None:
+            return v
+    return default
+
+
+def _need(c: dict[str, Any], name: str, *keys: str) -> int:
+    v = _first(c, *keys)
+    if v is None:
+        raise ConfigError(f"{name}: config is missing {keys[0]!r} (needed for the capacity model)")
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: config field {keys[0]!r} is not a number: {v!r}") from None
+
+
+def _layer_kinds(c: dict[str, Any], n: int, model_type: str) -> tuple[str, ...] | None:
+    types = c.get("layer_types")
+    if isinstance(types, list) and types:
+        kinds = tuple(_LAYER_TYPE_NAMES.get(str(t).lower(), "full") for t in types)
+        return kinds[:n] if len(kinds) >= n else kinds + ("full",) * (n - len(kinds))
+    summary = c.get("layer_types_summary")
+    if isinstance(summary, dict) and summary:
+        n_sliding = int(summary.get("sliding_attention", 0))
+        n_linear = int(summary.get("linear_attention", 0))
+        if n_sliding and n_sliding * 2 == n:  # alternating, sliding first (gpt-oss)
+            return tuple("sliding" if i % 2 == 0 else "full" for i in range(n))
+        kinds = ["full"] * n
+        for i in range(min(n_sliding + n_linear, n)):
+            kinds[i] = "sliding" if i < n_sliding else "linear"
+        return tuple(kinds)
+    pattern = c.get("hybrid_override_pattern")  # Nemotron-H: M = mamba, * = attention, - = MLP
+    if isinstance(pattern, str) and pattern:
+        return tuple("mamba" if ch == "M" else "full" for ch in pattern if ch in "M*")
+    if model_type == "jamba" and c.get("attn_layer_period"):
+        period, offset = int(c["attn_layer_period"]), int(c.get("attn_layer_offset", 0))
+        return tuple("full" if i % period == offset else "mamba" for i in range(n))
+    window = c.get("sliding_window")
+    if model_type == "gemma2" and window:
+        return tuple("sliding" if i % 2 == 0 else "full" for i in range(n))
+    swp = c.get("sliding_window_pattern") or c.get("_sliding_window_pattern")
+    if window and isinstance(swp, int) and swp > 1:  # Gemma 3, Cohere2: every swp-th layer is global
+        return tuple("full" if (i + 1) % swp == 0 else "sliding" for i in range(n))
+    chunk = c.get("attention_chunk_size")
+    if chunk:  # Llama 4: NoPE layers (every 4th) are global, the rest chunked local
+        nope = c.get("no_rope_layers")
+        if isinstance(nope, list) and len(nope) >= n:
+            return tuple("chunked" if nope[i] else "full" for i in range(n))
+        interval = int(c.get("nope_layer_interval") or 4)
+        return tuple("full" if (i + 1) % interval == 0 else "chunked" for i in range(n))
+    if window and (model_type in _ALL_LAYERS_SLIDING or
+                   (model_type in _OPT_IN_SLIDING and c.get("use_sliding_window"))):
+        return ("sliding",) * n
+    return None
+
+
+def _quant(c: dict[str, Any], torch_dtype: str) -> QuantSpec | None:
+    q = c.get("quantization_config")
+    if not isinstance(q, dict):
+        return None
+    method = str(q.get("quant_method", "")).lower()
+    unq = torch_dtype if torch_dtype in ("bfloat16", "float16") else "bfloat16"
+    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "auto-round", "autoround"):
+        g = q.get("group_size", 128)
+        return QuantSpec(
+            method="gptq" if "gptq" in method or "round" in method else "awq",
+            bits=float(q.get("bits", q.get("w_bit", 4))),
+            group_size=None if g in (None, -1) else int(g),
+            has_zeros=bool(q.get("zero_point", not q.get("sym", False))) if "awq" in method else not q.get("sym", True),
+            has_g_idx="gptq" in method or "round" in method,
+            quantize_lm_head=bool(q.get("lm_head", False)),
+            unquantized_dtype="float16",
+        )
+    if method == "fp8":
+        return QuantSpec("fp8", 8.0, unquantized_dtype=unq)
+    if method == "mxfp4":
+        return QuantSpec("mxfp4", 4.25, quantize_experts_only=True, unquantized_dtype=unq)
+    if method == "bitsandbytes":
+        bits = 4.0 if q.get("load_in_4bit", True) and not q.get("load_in_8bit") else 8.0
+        return QuantSpec("bitsandbytes", bits, group_size=64 if bits == 4 else None, unquantized_dtype=unq)
+    if method == "compressed-tensors":
+        return _compressed_tensors(q, unq)
+    if method in ("modelopt", "nvfp4", "modelopt_fp4"):
+        algo = str(q.get("quant_algo", "")).upper()
+        return QuantSpec("nvfp4" if "FP4" in algo or method != "modelopt" else "fp8",
+                         4.5 if "FP4" in algo or method != "modelopt" else 8.0, unquantized_dtype=unq)
+    if method:
+        bits = q.get("bits")
+        return QuantSpec(method, float(bits) if bits else 8.0, unquantized_dtype=unq)
+    return None
+
+
+def _compressed_tensors(q: dict[str, Any], unq: str) -> QuantSpec:
+    """compressed-tensors: read the weight scheme of the first config group."""
+    bits, group, method = 8.0, None, "compressed-tensors"
+    groups = q.get("config_groups") or {}
+    for grp in groups.values():
+        w = (grp or {}).get("weights") or {}
+        bits = float(w.get("num_bits", 8))
+        if w.get("type") == "float" and bits == 8:
+            method = "compressed-tensors-fp8"
+        elif bits == 4 and w.get("type") == "float":
+            method = "compressed-tensors-nvfp4"
+        if w.get("strategy") == "group":
+            group = int(w.get("group_size") or 128)
+        break
+    return QuantSpec(method, bits, group_size=group, has_zeros=False, unquantized_dtype=unq)
+
+
+def spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str | None = None) -> ModelSpec:
+    """A `ModelSpec` from a config.json dict; a missing essential field raises ConfigError naming it."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"{name}: config is not a JSON object")
+    c = _merged(config)
+    archs = c.get("architectures") or [""]
+    arch = str(archs[0]) if isinstance(archs, list) and archs else str(archs)
+    model_type = str(c.get("model_type") or "").lower() or arch.lower().replace("forcausallm", "")
+
+    hidden = _need(c, name, "hidden_size", "d_model", "n_embd", "dim")
+    layers = _need(c, name, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    heads = _first(c, "num_attention_heads", "n_head", "n_heads")
+    head_dim = _first(c, "head_dim", "attention_head_size")
+    kv = _first(c, "num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+    if heads is None and c.get("q_proj_out_features"):  # a module print, not a config
+        head_dim = int(head_dim or 128)
+        heads = int(c["q_proj_out_features"]) // head_dim
+        kv = int(c.get("k_proj_out_features", heads * head_dim)) // head_dim
+    if heads is None:
+        raise ConfigError(f"{name}: config is missing 'num_attention_heads' (needed for the capacity model)")
+    heads = int(heads)
+    if kv is None:
+        kv = 1 if c.get("multi_query") else heads
+    head_dim = int(head_dim) if head_dim else hidden // heads
+    vocab = _need(c, name, "vocab_size", "padded_vocab_size", "n_vocab")
+    torch_dtype = str(_first(c, "torch_dtype", "dtype", default="bfloat16")).replace("torch.", "")
+    if torch_dtype not in ("bfloat16", "float16", "float32"):
+        torch_dtype = "bfloat16"
+
+    inter = int(_first(c, "intermediate_size_mlp", "intermediate_size", "ffn_hidden_size", "n_inner",
+                       default=4 * hidden))
+    kinds = _layer_kinds(c, layers, model_type)
+
+    n_experts = int(_first(c, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts",
+                           default=0) or 0)
+    moe_inter = int(_first(c, "moe_intermediate_size", default=0) or 0)
+    if n_experts and not moe_inter:
+        moe_inter = int(c.get("intermediate_size") or inter)
+    if model_type.startswith("llama4") and n_experts:
+        moe_inter = int(c.get("intermediate_size") or moe_inter)
+        inter = int(c.get("intermediate_size_mlp") or 2 * moe_inter)
+    shared_inter = int(c.get("shared_expert_intermediate_size") or 0)
+    n_shared = int(_first(c, "n_shared_experts", "num_shared_experts", default=0) or 0)
+    if shared_inter and not n_shared:
+        n_shared = 1
+    elif n_shared and not shared_inter:
+        shared_inter = moe_inter * n_shared if model_type.startswith("deepseek") or "kimi" in model_type \
+            else moe_inter
+        if model_type.startswith("deepseek") or "kimi" in model_type:
+            n_shared = 1
+    first_dense = int(_first(c, "first_k_dense_replace", default=0) or 0)
+    freq = int(_first(c, "interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq", default=1) or 1)
+
+    vision = c.get("_vision") or _DEFAULT_VISION.get(arch)
+    vision_params = _vision_params(vision) if isinstance(vision, dict) else 0
+    if not vision_params and c.get("vision_depth") and c.get("vision_hidden_size"):
+        vision_params = _vision_params({"depth": c["vision_depth"], "hidden_size": c["vision_hidden_size"],
+                                        "intermediate_size": c.get("vision_intermediate_size")})
+
+    mamba_heads = int(_first(c, "mamba_n_heads", "mamba_num_heads", default=0) or 0)
+    spec = ModelSpec(
+        name=name,
+        hf_id=hf_id,
+        source=source,
+        architecture=arch,
+        model_type=model_type,
+        num_layers=layers,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_attention_heads=heads,
+        num_kv_heads=int(kv),
+        head_dim=head_dim,
+        v_head_dim=None,
+        vocab_size=vocab,
+        max_position_embeddings=int(_first(c, "max_position_embeddings", "n_positions", "seq_length",
+                                           "max_sequence_length", default=0)),
+        torch_dtype=torch_dtype,
+        tie_word_embeddings=bool(c.get("tie_word_embeddings", model_type.startswith("gemma"))),
+        layer_kinds=kinds,
+        sliding_window=int(c["sliding_window"]) if c.get("sliding_window") and kinds and "sliding" in kinds else None,
+        attention_chunk_size=int(c["attention_chunk_size"]) if c.get("attention_chunk_size") else None,
+        global_num_kv_heads=c.get("num_global_key_value_heads"),
+        global_head_dim=c.get("global_head_dim"),
+        kv_lora_rank=c.get("kv_lora_rank"),
+        q_lora_rank=c.get("q_lora_rank"),
+        qk_rope_head_dim=c.get("qk_rope_head_dim"),
+        qk_nope_head_dim=c.get("qk_nope_head_dim"),
+        mla_v_head_dim=c.get("v_head_dim") if c.get("kv_lora_rank") else None,
+        gated_mlp=model_type not in _UNGATED,
+        num_experts=n_experts,
+        num_experts_per_tok=int(_first(c, "num_experts_per_tok", "experts_per_token", "moe_topk", default=0) or 0),
+        moe_intermediate_size=moe_inter,
+        num_shared_experts=n_shared,
+        shared_expert_intermediate_size=shared_inter,
+        first_k_dense_layers=first_dense,
+        moe_layer_freq=freq,
+        attention_bias=bool(c.get("attention_bias", model_type in ("qwen2", "qwen2_moe", "qwen2_5_vl", "phi"))),
+        mamba_d_state=int(_first(c, "mamba_d_state", "ssm_state_size", "state_size", default=0) or 0),
+        mamba_d_conv=int(_first(c, "mamba_d_conv", "conv_kernel", default=4) or 4),
+        mamba_expand=int(_first(c, "mamba_expand", "expand", default=2) or 2),
+        mamba_n_heads=mamba_heads,
+        mamba_head_dim=int(_first(c, "mamba_d_head", "mamba_head_dim", default=0) or 0),
+        mamba_n_groups=int(_first(c, "mamba_n_groups", "n_groups", default=1) or 1),
+        linear_num_key_heads=int(c.get("linear_num_key_heads") or 0),
+        linear_num_value_heads=int(c.get("linear_num_value_heads") or 0),
+        linear_key_head_dim=int(c.get("linear_key_head_dim") or 0),
+        linear_value_head_dim=int(c.get("linear_value_head_dim") or 0),
+        linear_conv_kernel_dim=int(c.get("linear_conv_kernel_dim") or 4),
+        vision_params=vision_params,
+        quant=_quant(c, torch_dtype),
+    )
+    if spec.num_kv_heads <= 0 or spec.num_attention_heads <= 0 or spec.head_dim <= 0:
+        raise ConfigError(f"{name}: attention heads and head_dim must be positive")
+    return spec
+
+
+def _vision_params(v: dict[str, Any]) -> int:
+    """A ViT tower's parameters: ~ (4 + 2 x mlp_ratio) x hidden^2 per block (qkv, out, MLP)."""
+    hidden = int(_first(v, "hidden_size", "embed_dim", "width", default=0) or 0)
+    depth = int(_first(v, "num_hidden_layers", "depth", "layers", default=0) or 0)
+    if not hidden or not depth:
+        return 0
+    inter = int(_first(v, "intermediate_size", default=4 * hidden) or 4 * hidden)
+    per_block = 4 * hidden * hidden + 2 * hidden * inter
+    if v.get("hidden_act") in ("silu", "swiglu") or v.get("model_type", "").startswith("qwen2_5"):
+        per_block += hidden * inter  # gated MLP
+    return depth * per_block
