@@ -1,0 +1,267 @@
+"""The machinery every engine parser shares: line prefixes, units, and grouping by rank.
+
+An engine parser is a list of `Rule`s. Each rule is a regular expression searched in the
+message part of a line and a function that turns the match into fields of an `Observation`
+(`weights_bytes`, `settings.max_model_len`, ...). `parse_lines` feeds every line to every rule,
+groups what it finds by worker rank and by start-up, and returns observations. A line no rule
+matches is skipped; a rule that cannot read its match (a garbled number) is skipped too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+# Fields that carry memory figures: an observation needs one of them to be worth reporting.
+MEMORY_FIELDS = (
+    "weights_bytes", "kv_cache_bytes", "kv_cache_tokens", "activation_peak_bytes",
+    "non_torch_bytes", "cuda_graph_bytes", "gpu_blocks",
+)
+# The engine's KV decision: without it a start-up is incomplete (a truncated log).
+COMPLETE_FIELDS = ("kv_cache_bytes", "kv_cache_tokens", "gpu_blocks")
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# vLLM worker prefixes: (VllmWorker rank=1 pid=..), (VllmWorker TP1 pid=..), (Worker_TP1 pid=..),
+# (VllmWorkerProcess pid=..), (RayWorkerWrapper pid=.., ip=..), (EngineCore_DP0 pid=..).
+_PAREN_PREFIX = re.compile(r"^\s*\((?P<who>[A-Za-z_][\w-]*)(?P<args>[^()]*)\)\s*")
+# SGLang: [2025-01-01 12:00:00 TP1] or [2025-01-01 12:00:00 DP0 TP1] or [gpu_id=1].
+_BRACKET_PREFIX = re.compile(r"^\s*\[(?P<inside>[^\]]*?(?:\bTP\d+|gpu_id=\d+)[^\]]*)\]\s*")
+_ENGINE_LEVEL = ("EngineCore", "APIServer", "LLMEngine", "AsyncLLM", "MQLLMEngine")
+
+
+def gib(text: str) -> int:
+    """'12.56' GiB -> bytes. vLLM and SGLang print 'GB' for GiB too (they divide by 2^30)."""
+    return int(round(float(text.replace(",", "")) * GIB))
+
+
+def mib(text: str) -> int:
+    return int(round(float(text.replace(",", "")) * MIB))
+
+
+_UNIT = {"b": 1, "kib": 1 << 10, "kb": 1 << 10, "mib": MIB, "mb": MIB, "gib": GIB, "gb": GIB, "tib": 1 << 40}
+
+
+def sized(number: str, unit: str) -> int:
+    """'6.5', 'GiB' -> bytes. Engines that print 'GB' mean GiB (2^30) in every case we read."""
+    return int(round(float(number.replace(",", "")) * _UNIT[unit.lower()]))
+
+
+def integer(text: str) -> int:
+    """'1,505,552' -> 1505552 (vLLM groups thousands with commas since V1)."""
+    return int(text.replace(",", "").replace("_", ""))
+
+
+@dataclass(frozen=True)
+class Line:
+    number: int  # 1-based line number in the log
+    raw: str  # the line as read (newline removed)
+    message: str  # the line without ANSI colours and worker prefix
+    rank_key: str | None  # which worker printed it, None when the log does not say
+
+
+def split_prefix(raw: str) -> tuple[str | None, str]:
+    """Separate a worker prefix from the message: ('rank=1', 'INFO ... Available KV ...')."""
+    text = _ANSI.sub("", raw).rstrip("\r\n")
+    m = _PAREN_PREFIX.match(text)
+    if m:
+        who, args = m.group("who"), m.group("args")
+        rest = text[m.end():]
+        if who.startswith(_ENGINE_LEVEL):
+            return None, rest
+        r = re.search(r"rank=(\d+)", args) or re.search(r"\bTP(\d+)", args) or re.search(r"_TP(\d+)$", who)
+        if r:
+            return f"rank={r.group(1)}", rest
+        p = re.search(r"pid=(\d+)", args)
+        if p:
+            return f"pid={p.group(1)}", rest
+        return None, rest
+    m = _BRACKET_PREFIX.match(text)
+    if m:
+        inside = m.group("inside")
+        r = re.search(r"\bTP(\d+)", inside) or re.search(r"gpu_id=(\d+)", inside)
+        return (f"rank={r.group(1)}" if r else None), text[m.end():]
+    return None, text
+
+
+Extract = Callable[[re.Match[str]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One kind of log line and what it tells.
+
+    `starts`: the line opens a new start-up (a version banner, the engine's arguments).
+    `once`: the line is printed once per worker per start-up, so seeing it again for the same
+    worker means the engine started again. `shared`: the figure is engine-wide, not per rank.
+    `accumulate`: figures of repeated lines add up (llama.cpp prints one KV buffer per cache).
+    """
+
+    name: str
+    pattern: re.Pattern[str]
+    extract: Extract
+    starts: bool = False
+    once: bool = False
+    shared: bool = False
+    accumulate: bool = False
+
+
+def rule(name: str, pattern: str, extract: Extract, **flags: bool) -> Rule:
+    return Rule(name, re.compile(pattern), extract, **flags)
+
+
+@dataclass
+class _Group:
+    fields: dict[str, Any] = field(default_factory=dict)
+    lines: list[tuple[int, str]] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+
+    def put(self, values: dict[str, Any], accumulate: bool) -> None:
+        for k, v in values.items():
+            if v is None:
+                continue
+            # Only byte figures add up; counts (cells, seqs) of a repeated line are the same thing.
+            if accumulate and k.endswith("_bytes") and isinstance(self.fields.get(k), int):
+                self.fields[k] += v
+            else:
+                self.fields.setdefault(k, v)  # the first (most precise, earliest) value wins
+
+
+@dataclass
+class StartUp:
+    """What one engine start-up printed: engine-wide fields and fields per worker rank."""
+
+    shared: _Group = field(default_factory=_Group)
+    ranks: dict[str | None, _Group] = field(default_factory=dict)
+
+    def has_memory(self) -> bool:
+        groups = [self.shared, *self.ranks.values()]
+        return any(k in g.fields for g in groups for k in MEMORY_FIELDS)
+
+    def per_rank(self) -> list[tuple[int | None, dict[str, Any], list[tuple[int, str]]]]:
+        """(rank, fields, lines) per worker that printed memory figures; shared fields merged."""
+        keys = [k for k, g in self.ranks.items() if any(not f.startswith(("settings.", "extra.")) for f in g.fields)]
+        if not keys:
+            keys = [None] if None in self.ranks else []
+        if not keys:
+            return [(None, dict(self.shared.fields), list(self.shared.lines))]
+        out = []
+        numbered = _rank_numbers(keys)
+        for key in keys:
+            g = self.ranks[key]
+            merged = dict(self.shared.fields) | g.fields
+            lines = sorted(set(self.shared.lines) | set(g.lines))
+            out.append((numbered[key] if len(keys) > 1 or key is not None else None, merged, lines))
+        return sorted(out, key=lambda t: -1 if t[0] is None else t[0])
+
+
+def _rank_numbers(keys: list[str | None]) -> dict[str | None, int]:
+    """rank=N keeps N; a worker named only by pid gets the next free number in order of
+    appearance; the unprefixed driver (V0 prints rank 0 without a prefix) is rank 0."""
+    taken = {int(k.split("=")[1]) for k in keys if k and k.startswith("rank=")}
+    out: dict[str | None, int] = {}
+    nxt = 0
+    for k in keys:
+        if k and k.startswith("rank="):
+            out[k] = int(k.split("=")[1])
+            continue
+        while nxt in taken:
+            nxt += 1
+        out[k] = nxt
+        taken.add(nxt)
+    return out
+
+
+def iter_lines(source: Iterable[str]) -> Iterable[Line]:
+    for i, raw in enumerate(source, start=1):
+        raw = raw.rstrip("\r\n")
+        if len(raw) > 20000:  # a binary blob or a pasted tensor: nothing for us there
+            continue
+        key, msg = split_prefix(raw)
+        yield Line(i, raw, msg, key)
+
+
+def parse_lines(source: Iterable[str], rules: list[Rule]) -> tuple[list[StartUp], int]:
+    """Run the rules over a log. Returns the start-ups found and how many lines matched."""
+    startups: list[StartUp] = [StartUp()]
+    matched = 0
+    for line in iter_lines(source):
+        hits: list[tuple[Rule, dict[str, Any]]] = []
+        for r in rules:
+            m = r.pattern.search(line.message)
+            if not m:
+                continue
+            try:
+                values = r.extract(m)
+            except (ValueError, KeyError, IndexError, OverflowError):
+                continue  # garbled numbers: skip the line, keep going
+            if values is not None:
+                hits.append((r, values))
+        if not hits:
+            continue
+        matched += 1
+        cur = startups[-1]
+        key = line.rank_key
+        for r, values in hits:
+            values = dict(values)
+            rk = values.pop("_rank", key)
+            if r.starts and cur.has_memory():
+                cur = StartUp()
+                startups.append(cur)
+            group = cur.shared if r.shared else cur.ranks.setdefault(rk, _Group())
+            if r.once and r.name in group.seen:
+                cur = StartUp()
+                startups.append(cur)
+                group = cur.shared if r.shared else cur.ranks.setdefault(rk, _Group())
+            group.seen.add(r.name)
+            group.put(values, r.accumulate)
+            if (line.number, line.raw) not in group.lines:
+                group.lines.append((line.number, line.raw))
+    return [s for s in startups if s.shared.fields or s.ranks], matched
+
+
+def assemble(
+    engine: str,
+    startups: list[StartUp],
+    finish: Callable[[dict[str, Any]], None] | None = None,
+) -> list[Any]:
+    """Turn start-ups into `Observation`s (one per rank), complete ones flagged as such.
+
+    `finish` lets an engine derive what its log implies (SGLang weights from two 'avail mem'
+    figures, TGI tokens from blocks) on the merged fields before they are validated.
+    """
+    from vramlab.logs.observation import SETTINGS_KEYS, Observation, SourceLine
+
+    out = []
+    for su in startups:
+        if not su.has_memory():
+            continue
+        for rank, fields, lines in su.per_rank():
+            fields = dict(fields)
+            if finish is not None:
+                finish(fields)
+            settings = {k.split(".", 1)[1]: fields.pop(k) for k in list(fields) if k.startswith("settings.")}
+            extra = {k.split(".", 1)[1]: fields.pop(k) for k in list(fields) if k.startswith("extra.")}
+            settings = {k: v for k, v in settings.items() if k in SETTINGS_KEYS}
+            if "max_model_len" not in fields and settings.get("max_model_len") is not None:
+                fields["max_model_len"] = settings["max_model_len"]
+            if "gpu_memory_utilization" not in fields and settings.get("gpu_memory_utilization") is not None:
+                fields["gpu_memory_utilization"] = settings["gpu_memory_utilization"]
+            if fields.get("engine_version"):
+                settings.setdefault("engine_version", fields["engine_version"])
+            known = {k: v for k, v in fields.items() if k in Observation.model_fields}
+            obs = Observation(
+                engine=engine,
+                rank=rank,
+                settings=settings,
+                extra=extra,
+                source_lines=[SourceLine(line=n, text=t) for n, t in lines],
+                complete=any(known.get(k) is not None for k in COMPLETE_FIELDS),
+                **known,
+            )
+            out.append(obs)
+    return out

@@ -1,0 +1,93 @@
+"""llama.cpp logs (research/capacity-anchors.md section 3), old and new prefixes.
+
+Per device (`CUDA0`, `ROCm1`, `Vulkan0`, `Metal`): model buffer (weights), KV buffer (summed
+when an iSWA model prints one per cache), compute buffer (the graph's activation peak). Host
+buffers (`CPU`, `CPU_Mapped`, `CUDA_Host`) are not GPU memory and are kept in `extra` only.
+The `--fit` dry run's projection is an estimate and kept in `extra`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from vramlab.logs.base import Rule, assemble, mib, parse_lines, rule
+
+ENGINE = "llama.cpp"
+_DEV = r"(?P<dev>(?:CUDA|ROCm|Vulkan|SYCL|MUSA|CANN)\d+|Metal|MTL\d*)"
+
+
+def _rank(dev: str) -> int:
+    m = re.search(r"(\d+)$", dev)
+    return int(m.group(1)) if m else 0
+
+
+def _device_buffer(field: str):  # noqa: ANN202 - a small factory of extractors
+    def extract(m: re.Match[str]) -> dict[str, Any]:
+        return {field: mib(m.group("size")), "_rank": f"rank={_rank(m.group('dev'))}"}
+    return extract
+
+
+def _kv_summary(m: re.Match[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"extra.kv_total_bytes": mib(m.group("size")),
+                           "settings.kv_cache_dtype": m.group("ktype")}
+    if m.group("cells"):
+        out["kv_cache_tokens"] = int(m.group("cells"))
+    if m.group("seqs"):
+        out["settings.parallel"] = int(m.group("seqs"))
+    return out
+
+
+RULES: list[Rule] = [
+    rule("build", r"^(?:main: )?build(?: info)?: (\d+) \(", lambda m: {"engine_version": f"b{m.group(1)}"},
+         starts=True, shared=True),
+    rule("device_free", rf"using device {_DEV} \((?P<name>[^)]*)\).*? - (?P<free>\d+) MiB free",
+         lambda m: {"free_gpu_memory_bytes": mib(m.group("free")), "gpu": m.group("name"),
+                    "_rank": f"rank={_rank(m.group('dev'))}"}),
+    rule("cuda_device", r"^\s*Device (\d+): ([^,]+), compute capability",
+         lambda m: {"gpu": m.group(2).strip(), "_rank": f"rank={m.group(1)}"}),
+    rule("model_name", r"general\.name\s+(?:str\s+)?=\s+(.+?)\s*$", lambda m: {"model": m.group(1)}, shared=True),
+    rule("model_path", r"loaded meta data with \d+ key-value pairs and \d+ tensors from (\S+)",
+         lambda m: {"extra.model_path": m.group(1)}, shared=True),
+    rule("model_buffer", rf"(?:llm_)?load_tensors:\s+{_DEV} (?:model )?buffer size\s*=\s*(?P<size>[\d.]+) MiB",
+         _device_buffer("weights_bytes"), once=True),
+    rule("kv_buffer", rf"llama_kv_cache\w*:\s+{_DEV} KV buffer size\s*=\s*(?P<size>[\d.]+) MiB",
+         _device_buffer("kv_cache_bytes"), accumulate=True),
+    rule("kv_summary",
+         r"(?:KV self size|llama_kv_cache\w*: size)\s*=\s*(?P<size>[\d.]+) MiB"
+         r"(?: \(\s*(?P<cells>\d+) cells,\s*\d+ layers,\s*(?:\d+/)?(?P<seqs>\d+) seqs\))?, K \((?P<ktype>\w+)\)",
+         _kv_summary, shared=True, accumulate=True),
+    rule("compute_buffer", rf"(?:llama_new_context_with_model|llama_init_from_model|llama_context|graph_reserve):"
+         rf"\s+{_DEV} compute buffer size\s*=\s*(?P<size>[\d.]+) MiB",
+         _device_buffer("activation_peak_bytes"), accumulate=True),
+    rule("n_ctx", r"(?:llama_new_context_with_model|llama_context|llama_init_from_model): n_ctx\s*=\s*(\d+)",
+         lambda m: {"settings.ctx_size": int(m.group(1))}, shared=True),
+    rule("n_ctx_seq", r": n_ctx_(?:per_)?seq\s*(?:\(\d+\))?\s*=\s*(\d+)", lambda m: {"max_model_len": int(m.group(1))},
+         shared=True),
+    rule("n_seq_max", r": n_seq_max\s*=\s*(\d+)", lambda m: {"settings.parallel": int(m.group(1))}, shared=True),
+    rule("n_ubatch", r": n_ubatch\s*=\s*(\d+)", lambda m: {"settings.n_ubatch": int(m.group(1))}, shared=True),
+    rule("flash_attn", r": flash_attn\s*=\s*(\w+)",  # 'auto' leaves the choice to llama.cpp: not a setting
+         lambda m: {"settings.flash_attn": None if m.group(1) == "auto" else m.group(1) in ("1", "enabled", "true", "on")},
+         shared=True),
+    rule("fit", r"projected to use (\d+) MiB of device memory vs\. (\d+) MiB of free device memory",
+         lambda m: {"extra.fit_projected_bytes": mib(m.group(1)), "extra.fit_free_bytes": mib(m.group(2))},
+         shared=True),
+    rule("offloaded", r"offloaded (\d+)/(\d+) layers to GPU",
+         lambda m: {"extra.layers_offloaded": int(m.group(1)), "extra.layers_total": int(m.group(2))}, shared=True),
+]
+
+
+def parse(lines: Iterable[str]) -> list[Any]:
+    startups, _ = parse_lines(lines, RULES)
+    return assemble(ENGINE, startups, finish)
+
+
+def finish(fields: dict[str, Any]) -> None:
+    # A 2024 log with a single device printed the total KV (`KV self size`) but maybe no
+    # per-device line; with one device they are the same memory.
+    if fields.get("kv_cache_bytes") is None and fields.get("extra.kv_total_bytes") is not None:
+        if fields.get("extra.layers_offloaded") in (None, fields.get("extra.layers_total")):
+            fields["kv_cache_bytes"] = fields["extra.kv_total_bytes"]
+    if fields.get("max_model_len") is None and fields.get("settings.ctx_size") and fields.get("settings.parallel"):
+        fields["max_model_len"] = fields["settings.ctx_size"] // fields["settings.parallel"]

@@ -1,0 +1,64 @@
+"""Hugging Face text-generation-inference logs (research/capacity-anchors.md section 4).
+
+TGI prints token capacities, not bytes: the router's `Setting max batch total tokens to N`
+(the KV pool in tokens) and the server's `KV-cache blocks: B, size: S`. Settings come from
+the launcher's `Args { ... }` line (Rust debug format: `key: Some(v)`, `key: None`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from vramlab.logs.base import Rule, assemble, parse_lines, rule
+
+ENGINE = "tgi"
+
+_ARGS = {
+    "model_id": ("model", str), "num_shard": ("settings.tensor_parallel_size", int),
+    "quantize": ("settings.quantization", lambda v: v.lower()), "dtype": ("settings.dtype", lambda v: v.lower()),
+    "kv_cache_dtype": ("settings.kv_cache_dtype", lambda v: v.lower()),
+    "max_total_tokens": ("settings.max_model_len", int),
+    "max_batch_prefill_tokens": ("settings.max_batch_prefill_tokens", int),
+    "cuda_memory_fraction": ("settings.gpu_memory_utilization", float),
+}
+
+
+def _args(m: re.Match[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for km in re.finditer(r"(\w+): (Some\(\"?([^\")]*)\"?\)|\"([^\"]*)\"|None|[\w.-]+)", m.group(1)):
+        key = km.group(1)
+        if key not in _ARGS or km.group(2) == "None":
+            continue
+        raw = km.group(3) if km.group(3) is not None else km.group(4) if km.group(4) is not None else km.group(2)
+        name, conv = _ARGS[key]
+        try:
+            out.setdefault(name, conv(raw))
+        except ValueError:
+            continue
+    return out
+
+
+RULES: list[Rule] = [
+    rule("args", r"Args \{(.*)", _args, starts=True, shared=True),
+    rule("version", r"text-generation-launcher (\d+\.\d+\.\d+)", lambda m: {"engine_version": m.group(1)}, shared=True),
+    rule("shards", r"Sharding model on (\d+) processes", lambda m: {"settings.tensor_parallel_size": int(m.group(1))},
+         shared=True),
+    rule("max_total", r"(?:Setting|Inferred) max batch total tokens(?: to|:) (\d+)",
+         lambda m: {"kv_cache_tokens": int(m.group(1))}, shared=True),
+    rule("blocks", r"KV-cache blocks: (\d+), size: (\d+)",
+         lambda m: {"gpu_blocks": int(m.group(1)), "block_size": int(m.group(2))}, shared=True),
+    rule("graphs", r"Cuda Graphs are enabled for sizes \[([\d, ]*)\]",
+         lambda m: {"extra.cuda_graph_sizes": [int(x) for x in m.group(1).split(",") if x.strip()]}, shared=True),
+]
+
+
+def parse(lines: Iterable[str]) -> list[Any]:
+    startups, _ = parse_lines(lines, RULES)
+    return assemble(ENGINE, startups, _finish)
+
+
+def _finish(fields: dict[str, Any]) -> None:
+    if fields.get("kv_cache_tokens") is None and fields.get("gpu_blocks") and fields.get("block_size"):
+        fields["kv_cache_tokens"] = fields["gpu_blocks"] * fields["block_size"]

@@ -1,0 +1,200 @@
+"""vLLM start-up logs, every era of wording (research/capacity-anchors.md section 1.6).
+
+V0 (0.6.4-0.10) prints a three-line profiling summary whose figures can be negative, and
+`# GPU blocks` / `# cuda blocks`. V1 prints `Model loading took`, `Available KV cache memory`,
+`GPU KV cache size: N tokens` (comma-grouped), `Maximum concurrency for L tokens per request`,
+CUDA graph lines, and at DEBUG the profiling result and the worker's memory snapshot. vLLM
+prints "GB" on some lines but divides by 2^30 everywhere, so every figure here is GiB.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from vramlab.logs.base import Rule, assemble, gib, integer, parse_lines, rule
+
+ENGINE = "vllm"
+N = r"-?\d+(?:\.\d+)?"  # vLLM prints negative figures when another process freed memory
+
+_ARG_KEYS = {
+    "model": "model", "max_model_len": "settings.max_model_len",
+    "gpu_memory_utilization": "settings.gpu_memory_utilization",
+    "tensor_parallel_size": "settings.tensor_parallel_size",
+    "pipeline_parallel_size": "settings.pipeline_parallel_size",
+    "dtype": "settings.dtype", "kv_cache_dtype": "settings.kv_cache_dtype",
+    "quantization": "settings.quantization", "max_num_seqs": "settings.max_num_seqs",
+    "max_num_batched_tokens": "settings.max_num_batched_tokens",
+    "enforce_eager": "settings.enforce_eager", "block_size": "settings.block_size",
+    "kv_cache_memory_bytes": "settings.kv_cache_memory_bytes",
+    # The engine config line names max_model_len `max_seq_len`.
+    "max_seq_len": "settings.max_model_len",
+}
+_INT_KEYS = {"max_model_len", "max_seq_len", "tensor_parallel_size", "pipeline_parallel_size",
+             "max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory_bytes"}
+
+
+def _value(key: str, raw: str) -> Any:
+    v = raw.strip().strip("'\"")
+    if v in ("None", ""):
+        return None
+    if key in _INT_KEYS:
+        return int(v)
+    if key == "gpu_memory_utilization":
+        return float(v)
+    if key == "enforce_eager":
+        return v == "True"
+    if key == "dtype":
+        return v.replace("torch.", "")
+    return v
+
+
+def _pairs(text: str, sep: str) -> dict[str, Any]:
+    """Pick known keys out of `{'k': v, ...}` (sep ':') or `k=v, ...` (sep '='), tolerating
+    truncated lines and values that are not Python literals (`torch.bfloat16`)."""
+    out: dict[str, Any] = {}
+    pat = re.compile(r"['\"]?(\w+)['\"]?\s*" + re.escape(sep) + r"\s*('[^']*'|\"[^\"]*\"|[^,{}()\s]+)")
+    for m in pat.finditer(text):
+        key = m.group(1)
+        if key in _ARG_KEYS and _ARG_KEYS[key] not in out:
+            try:
+                val = _value(key, m.group(2))
+            except ValueError:
+                continue
+            if val is not None:
+                out[_ARG_KEYS[key]] = val
+    return out
+
+
+def _engine_config(m: re.Match[str]) -> dict[str, Any]:
+    out = _pairs(m.group("config") or "", "=")
+    out["engine_version"] = m.group("version")
+    if m.group("era"):
+        out["settings.vllm_engine"] = m.group("era").lower()
+    return out
+
+
+def _v0_budget(m: re.Match[str]) -> dict[str, Any]:
+    return {
+        "total_gpu_memory_bytes": gib(m.group(1)),
+        "settings.gpu_memory_utilization": float(m.group(2)),
+        "budget_bytes": gib(m.group(3)) if m.group(3) else None,
+        "settings.vllm_engine": "v0",
+    }
+
+
+def _v0_split(m: re.Match[str]) -> dict[str, Any]:
+    return {
+        "weights_bytes": gib(m.group(1)),
+        "non_torch_bytes": gib(m.group(2)),
+        "activation_peak_bytes": gib(m.group(3)),
+        "kv_cache_bytes": gib(m.group(4)),
+        "settings.vllm_engine": "v0",
+    }
+
+
+def _v1_profile(m: re.Match[str]) -> dict[str, Any]:
+    out = {"non_kv_cache_bytes": gib(m.group("non_kv")), "activation_peak_bytes": gib(m.group("peak")),
+           "weights_bytes": gib(m.group("weights"))}
+    if m.group("non_torch") is not None:
+        out["non_torch_bytes"] = gib(m.group("non_torch"))
+    if m.group("consumed") is not None:
+        out["extra.total_consumed_bytes"] = gib(m.group("consumed"))
+    return out
+
+
+def _snapshot(m: re.Match[str]) -> dict[str, Any]:
+    text = m.group(0)
+    out: dict[str, Any] = {}
+    for key, field in (("free_memory", "free_gpu_memory_bytes"), ("total_memory", "total_gpu_memory_bytes"),
+                       ("non_torch_memory", "init_non_torch_bytes")):
+        f = re.search(rf"\b{key}=({N})GiB", text)
+        if f:
+            out[field] = gib(f.group(1))
+    return out
+
+
+def _suggestion(m: re.Match[str]) -> dict[str, Any]:
+    out = {"free_gpu_memory_bytes": gib(m.group("free")), "total_gpu_memory_bytes": gib(m.group("total")),
+           "settings.gpu_memory_utilization": float(m.group("util"))}
+    if m.group("budget"):
+        out["budget_bytes"] = gib(m.group("budget"))
+    return out
+
+
+def _actual_usage(m: re.Match[str]) -> dict[str, Any]:
+    return {"weights_bytes": gib(m.group(1)), "activation_peak_bytes": gib(m.group(2)),
+            "non_torch_bytes": gib(m.group(3)), "cuda_graph_bytes": gib(m.group(4))}
+
+
+RULES: list[Rule] = [
+    rule("version", r"vLLM API server version (\S+)",
+         lambda m: {"engine_version": m.group(1), "settings.api_server": True}, starts=True, shared=True),
+    rule("args", r"non-default args: (\{.*)", lambda m: _pairs(m.group(1), ":"), starts=True, shared=True),
+    rule("engine_config",
+         r"Initializing an? (?:(?P<era>V[01]) )?LLM engine \(v(?P<version>[^)\s]+)\)(?: with config: (?P<config>.*))?",
+         _engine_config, starts=True, shared=True),
+    rule("chunked", r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)",
+         lambda m: {"settings.max_num_batched_tokens": int(m.group(1))}, shared=True),
+    rule("weights", rf"(?:Loading model weights|Model loading) took ({N}) ?(?:GiB|GB)",
+         lambda m: {"weights_bytes": gib(m.group(1))}, once=True),
+    rule("v0_budget",
+         rf"total_gpu_memory \(({N}) ?GiB\) x gpu_memory_utilization \(({N})\)(?: = ({N}) ?GiB)?", _v0_budget),
+    rule("v0_split",
+         rf"model weights take ({N}) ?GiB; non_torch_memory takes ({N}) ?GiB; PyTorch activation peak memory "
+         rf"takes ({N}) ?GiB; the rest of the memory reserved for KV Cache is ({N}) ?GiB", _v0_split, once=True),
+    rule("v1_profile",
+         rf"Total non KV cache memory: (?P<non_kv>{N}) ?GiB; torch peak memory increase: (?P<peak>{N}) ?GiB; "
+         rf"(?:non-torch forward increase memory: (?P<non_torch>{N}) ?GiB; )?"
+         rf"(?:total consumed \(from mem_get_info\): (?P<consumed>{N}) ?GiB; )?weights memory: (?P<weights>{N}) ?GiB",
+         _v1_profile),
+    rule("snapshot", r"worker init memory snapshot: .*total_memory=.*", _snapshot),
+    rule("requested", rf"Initial free memory: ({N}) ?GiB; Requested memory: ({N}) \(util\), ({N}) ?GiB",
+         lambda m: {"free_gpu_memory_bytes": gib(m.group(1)),
+                    "settings.gpu_memory_utilization": float(m.group(2)), "budget_bytes": gib(m.group(3))}),
+    rule("free_on_device",
+         rf"Free memory on device(?: \S+)? \((?P<free>{N})/(?P<total>{N}) ?GiB\) on startup"
+         rf"(?:.*?utilization (?:is )?\((?P<util>{N}), (?P<budget>{N}) ?GiB\))?",
+         lambda m: _suggestion(m) if m.group("util") else {
+             "free_gpu_memory_bytes": gib(m.group("free")), "total_gpu_memory_bytes": gib(m.group("total"))}),
+    rule("actual_usage",
+         rf"Actual usage is ({N}) ?GiB for weight, ({N}) ?GiB for peak activation, ({N}) ?GiB for non-torch "
+         rf"memory, and ({N}) ?GiB for CUDAGraph memory", _actual_usage),
+    rule("kv_memory", rf"Available KV cache memory: ({N}) ?GiB", lambda m: {"kv_cache_bytes": gib(m.group(1))},
+         once=True),
+    rule("kv_tokens", r"GPU KV cache size: ([\d,]+) tokens",
+         lambda m: {"kv_cache_tokens": integer(m.group(1)), "settings.vllm_engine": "v1"}, shared=True),
+    rule("concurrency", r"Maximum concurrency for ([\d,]+) tokens per request: (\d+(?:\.\d+)?) ?x",
+         lambda m: {"max_concurrency": float(m.group(2)), "max_model_len": integer(m.group(1))}, shared=True),
+    rule("v0_blocks", r"# (?:GPU|cuda|CUDA|npu|xpu|hpu) blocks: (\d+), # CPU blocks: (\d+)",
+         lambda m: {"gpu_blocks": int(m.group(1)), "extra.cpu_blocks": int(m.group(2)),
+                    "settings.vllm_engine": "v0"}, shared=True),
+    rule("v1_blocks", r"num_gpu_blocks is: (\d+)", lambda m: {"gpu_blocks": int(m.group(1))}, shared=True),
+    rule("block_size_override", r"Setting attention block size to (\d+) tokens",
+         lambda m: {"block_size": int(m.group(1))}, shared=True),
+    rule("graphs", rf"Graph capturing finished in \d+ secs?, took ({N}) ?GiB",
+         lambda m: {"cuda_graph_bytes": gib(m.group(1))}),
+    rule("graph_estimate", rf"Estimated CUDA graph memory: ({N}) ?GiB",
+         lambda m: {"cuda_graph_estimate_bytes": gib(m.group(1))}),
+    rule("graph_pool", rf"CUDA graph pool memory: ({N}) ?GiB \(actual\), ({N}) ?GiB \(estimated\)",
+         lambda m: {"cuda_graph_bytes": gib(m.group(1)), "cuda_graph_estimate_bytes": gib(m.group(2))}),
+]
+
+
+def parse(lines: Iterable[str]) -> list[Any]:
+    """Observations (one per rank and start-up) from a vLLM log."""
+    startups, _ = parse_lines(lines, RULES)
+    return assemble(ENGINE, startups, _finish)
+
+
+def _finish(fields: dict[str, Any]) -> None:
+    if fields.get("budget_bytes") is None:
+        fields.pop("budget_bytes", None)
+    # V1 sizes the KV pool in blocks of 16 tokens by default; a log that prints both blocks and
+    # tokens tells the block size the engine used (hybrid models print derived tokens: skip).
+    blocks, tokens = fields.get("gpu_blocks"), fields.get("kv_cache_tokens")
+    if fields.get("block_size") is None and blocks and tokens and tokens % blocks == 0 and tokens // blocks in (
+        16, 32, 64, 128, 256,
+    ):
+        fields["block_size"] = tokens // blocks
