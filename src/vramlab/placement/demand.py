@@ -19,6 +19,7 @@ from vramlab.placement.inputs import Card, Instance
 # The engine knob that sizes its memory, by engine. Others size from explicit settings.
 KNOBS = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static"}
 KNOB_STEP = 0.001  # the knob is emitted with 3 decimals, rounded up
+KNOB_MAX = {"gpu_memory_utilization": 1.0, "mem_fraction_static": 0.999}  # SGLang wants it below 1
 
 
 @dataclass(frozen=True)
@@ -125,9 +126,13 @@ class CapacityDemand:
             self._cache[key] = self._demand(inst, card, tp, other_processes_bytes)
         return self._cache[key]
 
-    def _ok(self, inst: Instance, est: Any) -> bool:
+    def _enough(self, inst: Instance, est: Any) -> bool:
+        """The KV pool holds the guaranteed sequences (monotone in the knob, unlike `fits`)."""
         lim = est.pessimistic or est
-        return bool(est.fits) and lim.max_concurrency >= inst.concurrency and est.max_model_len >= inst.context_tokens
+        return lim.max_concurrency >= inst.concurrency and est.max_model_len >= inst.context_tokens
+
+    def _ok(self, inst: Instance, est: Any) -> bool:
+        return bool(est.fits) and self._enough(inst, est)
 
     def _demand(self, inst: Instance, card: Card, tp: int, other: int) -> Demand:
         knob = KNOBS.get(inst.engine)
@@ -135,19 +140,20 @@ class CapacityDemand:
             # No knob to solve (llama.cpp sizes per slot; the user pinned it): take the settings as given.
             est = self.estimate(inst, card, tp, other)
             return self._to_demand(inst, card, tp, est, {}, self._ok(inst, est))
-        lo, hi = 0, int(round(1 / KNOB_STEP))  # knob = n x KNOB_STEP; find the smallest n that is ok
-        top = self.estimate(inst, card, tp, other, **{knob: hi * KNOB_STEP})
-        if not self._ok(inst, top):
-            return self._to_demand(inst, card, tp, top, {knob: 1.0}, False)
-        best = top
+        # The smallest knob (n x KNOB_STEP) whose pool holds the guaranteed sequences; then the
+        # capacity model says whether the process fits the card at that value.
+        lo, hi = 0, int(round(KNOB_MAX[knob] / KNOB_STEP))
+        best = self.estimate(inst, card, tp, other, **{knob: hi * KNOB_STEP})
+        if not self._enough(inst, best):
+            return self._to_demand(inst, card, tp, best, {knob: KNOB_MAX[knob]}, False)
         while hi - lo > 1:
             mid = (lo + hi) // 2
             est = self.estimate(inst, card, tp, other, **{knob: mid * KNOB_STEP})
-            if self._ok(inst, est):
+            if self._enough(inst, est):
                 hi, best = mid, est
             else:
                 lo = mid
-        return self._to_demand(inst, card, tp, best, {knob: round(hi * KNOB_STEP, 3)}, True)
+        return self._to_demand(inst, card, tp, best, {knob: round(hi * KNOB_STEP, 3)}, bool(best.fits))
 
     def _to_demand(self, inst: Instance, card: Card, tp: int, est: Any, knobs: dict[str, Any],
                    ok: bool) -> Demand:
