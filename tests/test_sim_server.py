@@ -98,7 +98,8 @@ def test_raw_sse_ends_with_done_and_metrics_parse(tmp_path):
                 assert (await s.get(srv.url + "/health")).status == 200
                 assert (await (await s.get(srv.url + "/version")).json())["version"]
         assert m["vllm:generation_tokens_total"] == 5 and m["vllm:prompt_tokens_total"] == 2
-        assert m['vllm:request_success_total{"engine": "0", "finished_reason": "length", "model_name": "%s"}' % MODEL] == 1
+        labels = json.dumps({"engine": "0", "finished_reason": "length", "model_name": MODEL}, sort_keys=True)
+        assert m["vllm:request_success_total" + labels] == 1
         assert m["vllm:time_to_first_token_seconds_count"] == 1
         assert m["vllm:inter_token_latency_seconds_count"] == 4
         assert m["vllm:e2e_request_latency_seconds_count"] == 1
