@@ -50,8 +50,13 @@ def run_policy(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: 
     return ctx, policy.plan(ctx)
 
 
-def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Constants | None = None) -> Estimate:
-    """Predict one GPU's memory for *model* served by *settings.engine* on *gpu*."""
+def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Constants | None = None,
+             with_suggestions: bool = True) -> Estimate:
+    """Predict one GPU's memory for *model* served by *settings.engine* on *gpu*.
+
+    When it does not fit, `suggestions` lists changes that do (each checked by re-running the
+    model); sweeps turn that off for speed.
+    """
     ctx, r = run_policy(model, gpu, settings, constants)
     comps = r.components
     kv_mid = r.kv_rule(comps, "mid")
@@ -107,7 +112,7 @@ def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Co
         per_sequence_state_bytes=r.per_sequence_state_bytes,
         extra=dict(r.extra),
     )
-    if not fits:
+    if not fits and with_suggestions:
         est = replace(est, suggestions=tuple(suggest(model, gpu, settings, constants, est)))
     return est
 

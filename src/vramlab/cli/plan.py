@@ -1,0 +1,157 @@
+"""Predict the VRAM breakdown and capacity of a model on a GPU under a serving engine.
+
+examples:
+  vramlab plan --model llama-3.1-8b-instruct --gpu h100-80gb --max-model-len 8192
+  vramlab plan --model ./my-model/ --gpu l4 --engine vllm --gpu-memory-utilization 0.9 --json
+  vramlab plan --model qwen2.5-72b-instruct-awq --gpu a100-80gb -tp 2 --engine sglang
+  vramlab plan --model ./model.gguf --gpu rtx-4090 --engine llama.cpp --ctx-size 32768 --parallel 4
+  vramlab plan --model deepseek-v3 --gpu h200 -tp 8 --kv-cache-dtype fp8
+  vramlab plan --model qwen3-8b --gpu l4 --sweep max-model-len=2k,8k,32k --sweep max-num-seqs=16,64,256 --plot grid.png
+
+Settings left out take the engine's own defaults for that version and GPU. Byte figures print
+in GiB (2^30 bytes); --json prints integers in bytes (docs/plan-json.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = __doc__.split("\n", 2)[2] if __doc__ else None
+    m = p.add_argument_group("model and card")
+    m.add_argument("--model", required=True, help="catalog name, Hugging Face id, directory, config.json or .gguf")
+    m.add_argument("--revision", help="Hub revision for a Hub id")
+    m.add_argument("--offline", action="store_true", help="never touch the network (cache and catalog only)")
+    m.add_argument("--gpu", help="catalog GPU name (see `vramlab gpus`)")
+    m.add_argument("--gpu-memory-gib", type=float, help="usable memory per GPU for a card not in the catalog")
+    m.add_argument("--other-processes-gib", type=float, default=0.0, help="memory other processes hold per GPU")
+    e = p.add_argument_group("engine settings (the engines' own names and meanings)")
+    e.add_argument("--engine", choices=ENGINES, default="vllm")
+    e.add_argument("--engine-version", help="engine release, e.g. 0.8.5 (default: the newest modelled)")
+    e.add_argument("--vllm-engine", choices=("v0", "v1"), help="vLLM engine generation (default: the release's own)")
+    e.add_argument("--gpu-memory-utilization", type=float)
+    e.add_argument("--max-model-len", help="context length per request (accepts 8k, 128k)")
+    e.add_argument("--max-num-seqs", help="vLLM max_num_seqs / SGLang max_running_requests / batch size")
+    e.add_argument("--max-num-batched-tokens")
+    e.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
+    e.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1)
+    e.add_argument("--dtype", default="auto")
+    e.add_argument("--kv-cache-dtype", default="auto")
+    e.add_argument("--quantization", help="load-time quantization (fp8, awq, gptq, bitsandbytes, ...)")
+    e.add_argument("--enforce-eager", action="store_true")
+    e.add_argument("--block-size", type=int)
+    e.add_argument("--kv-cache-memory", help="vLLM --kv-cache-memory (bytes, or e.g. 20GiB)")
+    e.add_argument("--mem-fraction-static", type=float, help="SGLang")
+    e.add_argument("--chunked-prefill-size", type=int, help="SGLang")
+    e.add_argument("--max-batch-prefill-tokens", type=int, help="TGI")
+    e.add_argument("--ctx-size", "-c", help="llama.cpp n_ctx over all slots (accepts 32k)")
+    e.add_argument("--parallel", "-np", type=int, help="llama.cpp slots")
+    e.add_argument("--llm-class", action="store_true", help="vLLM: defaults of the offline LLM class, not `vllm serve`")
+    o = p.add_argument_group("questions and output")
+    o.add_argument("--concurrency", type=int, help="also report the largest max_model_len for this many sequences")
+    o.add_argument("--margin", type=float, default=0.10, help="safety margin of the KV pool (default 0.10)")
+    o.add_argument("--calibration", help="a calibration profile from `vramlab calibrate`")
+    o.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
+                   help="sweep a setting (repeat for a grid), e.g. max-model-len=2k,8k,32k")
+    o.add_argument("--plot", help="with --sweep: write a PNG of the grid")
+    o.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _settings(args: argparse.Namespace):
+    from vramlab.capacity import EngineSettings
+    from vramlab.capacity.planning import parse_bytes, parse_count
+
+    def count(v: str | None) -> int | None:
+        return parse_count(v) if v is not None else None
+
+    return EngineSettings(
+        engine=args.engine,
+        engine_version=args.engine_version,
+        vllm_engine=args.vllm_engine,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=count(args.max_model_len),
+        max_num_seqs=count(args.max_num_seqs),
+        max_num_batched_tokens=count(args.max_num_batched_tokens),
+        tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        quantization=args.quantization,
+        enforce_eager=args.enforce_eager,
+        block_size=args.block_size,
+        kv_cache_memory_bytes=parse_bytes(args.kv_cache_memory) if args.kv_cache_memory else None,
+        mem_fraction_static=args.mem_fraction_static,
+        chunked_prefill_size=args.chunked_prefill_size,
+        max_batch_prefill_tokens=args.max_batch_prefill_tokens,
+        ctx_size=count(args.ctx_size),
+        parallel=args.parallel,
+        api_server=not args.llm_class,
+        other_processes_bytes=int(args.other_processes_gib * (1 << 30)),
+    )
+
+
+def _gpu(args: argparse.Namespace):
+    from vramlab.capacity import custom_gpu, get_gpu
+    from vramlab.errors import ConfigError
+
+    if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
+        raise ConfigError(f"--gpu-memory-gib must be positive, got {args.gpu_memory_gib}")
+    if args.gpu and args.gpu_memory_gib:
+        return custom_gpu(args.gpu_memory_gib, like=get_gpu(args.gpu))
+    if args.gpu:
+        return get_gpu(args.gpu)
+    if args.gpu_memory_gib:
+        return custom_gpu(args.gpu_memory_gib)
+    raise ConfigError("name a card with --gpu (see `vramlab gpus`) or give --gpu-memory-gib")
+
+
+def run(args: argparse.Namespace) -> int:
+    from vramlab.capacity.planning import make_plan, parse_sweep, sweep
+    from vramlab.sources import resolve_model
+
+    settings = _settings(args)
+    gpu = _gpu(args)
+    axes = [parse_sweep(s) for s in args.sweep]
+    if args.plot and not axes:
+        from vramlab.errors import ConfigError
+
+        raise ConfigError("--plot draws a --sweep grid: add --sweep KEY=V1,V2")
+    constants = _constants(args) if args.calibration else None
+    model = resolve_model(args.model, offline=args.offline, revision=args.revision)
+    from vramlab.report import plan_text
+
+    if axes:
+        result = sweep(model, gpu, settings, axes, constants)
+        if args.plot:
+            plan_text.plot_sweep(result, args.plot, title=f"{model.name} on {gpu.name} ({settings.engine})")
+        if args.json:
+            print(json.dumps({"model": model.name, "gpu": gpu.name, "engine": settings.engine,
+                              "axes": [[n, v] for n, v in result.axes], "rows": result.rows}, indent=1))
+        else:
+            print(plan_text.render_sweep(result, model.name, gpu))
+            if args.plot:
+                print(f"plot written to {args.plot}")
+        return 0
+    plan = make_plan(model, gpu, settings, constants, margin=args.margin, concurrency=args.concurrency)
+    if args.json:
+        print(json.dumps(plan.to_json(), indent=1))
+    else:
+        print(plan_text.render_plan(plan, model, gpu))
+    return 0 if plan.estimate.fits else 1
+
+
+def _constants(args: argparse.Namespace):
+    from vramlab.capacity import Constants
+    from vramlab.capacity.calibration import apply_profile, load_profile
+
+    profile = load_profile(args.calibration)
+    return apply_profile(Constants.defaults(), profile, args.engine, args.engine_version)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(1)

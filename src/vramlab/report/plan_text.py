@@ -1,0 +1,131 @@
+"""Terminal rendering of `vramlab plan`: the component table, limits, safe point and verdict.
+
+Plain aligned text (no rich): `plan` runs in loops and scripts and must start fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vramlab.capacity.estimate import GIB
+from vramlab.capacity.gpus import GPU
+from vramlab.capacity.planning import Plan, SweepResult
+from vramlab.capacity.spec import ModelSpec
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    out = []
+    for r in [header, *rows]:
+        cells = [str(c).rjust(widths[i]) if i in right else str(c).ljust(widths[i]) for i, c in enumerate(r)]
+        out.append("  ".join(cells).rstrip())
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return out
+
+
+def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
+    e = plan.estimate
+    s = e.settings
+    lines = [
+        f"{model.name} on {gpu.name} ({gib(e.gpu_memory_bytes)} GiB usable per GPU) with {e.engine} {e.engine_version}"
+        + (f" [{s['engine_mode']}]" if "engine_mode" in s else ""),
+        "settings: " + ", ".join(f"{k}={v}" for k, v in s.items() if v is not None and k != "engine_mode"),
+        f"model facts: {model.source or 'given'}" + (f"; weights from {model.weights_source}" if model.weights_source else ""),
+    ]
+    if plan.calibration:
+        lines.append(f"calibration: {plan.calibration}")
+    lines.append("")
+    rows = []
+    for c in e.components:
+        rows.append([c.name, gib(c.bytes), f"{gib(c.low_bytes)}-{gib(c.high_bytes)}",
+                     "yes" if c.in_budget else "no", c.provenance, c.note])
+    rows.append(["total used", gib(e.used_bytes), "", "", "", "per GPU at steady state"])
+    rows.append(["headroom", gib(e.headroom_bytes), "", "", "", "left on the card"])
+    lines += _table(["component", "GiB", "band GiB", "budget", "provenance", "where the error comes from"],
+                    rows, {1, 2})
+    lines.append("")
+    lines.append(f"KV pool: {gib(e.kv_cache_bytes)} GiB = {e.kv_cache_tokens:,} tokens"
+                 + (f" ({e.num_blocks:,} blocks of {e.block_size})" if e.block_size > 1 and e.engine == "vllm" else "")
+                 + f"; {e.kv_bytes_per_token:,} B per token on this GPU")
+    if e.per_sequence_state_bytes:
+        lines.append(f"recurrent state: {e.per_sequence_state_bytes / (1 << 20):.1f} MiB per sequence")
+    conc = f"max concurrency at {e.max_model_len:,} tokens: {e.max_concurrency:.2f}"
+    if e.pessimistic and e.optimistic and e.engine not in ("llama.cpp",):
+        conc += f" (band {e.pessimistic.max_concurrency:.2f}-{e.optimistic.max_concurrency:.2f})"
+    lines.append(conc)
+    if plan.concurrency is not None:
+        longest = plan.max_model_len_at_concurrency
+        lines.append(f"largest max_model_len for {plan.concurrency} concurrent sequences: "
+                     + (f"{longest:,}" if longest else "none fits"))
+    safe = plan.safe
+    lines.append(
+        f"safe operating point ({safe['margin']:.0%} margin, every band at its pessimistic end): "
+        f"{safe['max_concurrency']} sequences at {safe['max_model_len']:,} tokens; "
+        f"{safe['concurrency']} sequences up to {safe['max_model_len_at_concurrency']:,} tokens")
+    for note in e.notes:
+        lines.append(f"note: {note}")
+    lines.append("")
+    if e.fits:
+        lines.append(f"verdict: FITS with {gib(e.headroom_bytes)} GiB headroom")
+    else:
+        lines.append("verdict: DOES NOT FIT")
+        lines += [f"  why: {r}" for r in e.reasons]
+        lines += [f"  try: {t}" for t in e.suggestions]
+    return "\n".join(lines)
+
+
+def render_sweep(result: SweepResult, model_name: str, gpu: GPU) -> str:
+    names = [n for n, _ in result.axes]
+    header = names + ["KV GiB", "KV tokens", "max conc", "headroom GiB", "fits"]
+    rows = []
+    for r in result.rows:
+        if "kv_cache_bytes" in r:
+            rows.append([str(r[n]) for n in names] + [gib(r["kv_cache_bytes"]), f"{r['kv_cache_tokens']:,}",
+                                                      f"{r['max_concurrency']:.2f}", gib(r["headroom_bytes"]),
+                                                      "yes" if r["fits"] else "no"])
+        else:
+            rows.append([str(r[n]) for n in names] + ["-", "-", "-", "-", "no: " + str(r.get("error"))[:60]])
+    lines = [f"{model_name} on {gpu.name}: {len(result.rows)} configurations", ""]
+    lines += _table(header, rows, set(range(len(names), len(header) - 1)))
+    return "\n".join(lines)
+
+
+def plot_sweep(result: SweepResult, path: str, title: str = "") -> None:
+    """1 axis: max concurrency per value; 2 axes: a heat map of max concurrency (blank = does not fit)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    axes = result.axes
+    value = {tuple(r[n] for n, _ in axes): (r.get("max_concurrency") if r.get("fits") else None)
+             for r in result.rows}
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    if len(axes) == 1:
+        (name, xs), = axes
+        ys = [value[(x,)] or 0 for x in xs]
+        ax.bar([str(x) for x in xs], ys, color=["#4c72b0" if value[(x,)] else "#c44e52" for x in xs])
+        ax.set_xlabel(name)
+        ax.set_ylabel("max concurrency")
+    else:
+        (yname, ys), (xname, xs) = axes[0], axes[1]
+        grid: list[list[Any]] = [[value.get((y, x) + tuple(v[0] for _, v in axes[2:])) for x in xs] for y in ys]
+        data = [[float("nan") if c is None else c for c in row] for row in grid]
+        im = ax.imshow(data, cmap="viridis", aspect="auto", origin="lower")
+        ax.set_xticks(range(len(xs)), [str(x) for x in xs])
+        ax.set_yticks(range(len(ys)), [str(y) for y in ys])
+        ax.set_xlabel(xname)
+        ax.set_ylabel(yname)
+        for i, row in enumerate(grid):
+            for j, c in enumerate(row):
+                ax.text(j, i, "no fit" if c is None else f"{c:.1f}", ha="center", va="center",
+                        color="white" if c is None or c < 1 else "black", fontsize=8)
+        fig.colorbar(im, ax=ax, label="max concurrency at max_model_len")
+    ax.set_title(title or "vramlab plan sweep")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
