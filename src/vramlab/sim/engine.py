@@ -163,6 +163,9 @@ class SimEngine:
     async def _start_vllm(self) -> None:
         v = self.version
         self.log.info(f"vLLM API server version {self.cfg.version_text}", "api")
+        args = {"model": self.cfg.model, "max_model_len": self.max_model_len, "gpu_memory_utilization": self.util,
+                "max_num_seqs": self.max_num_seqs, "tensor_parallel_size": self.cfg.tensor_parallel_size}
+        self.log.info(f"non-default args: {args}", "utils.py:326")
         self._alloc_context()
         total, used_snapshot, free = self.ledger.memory_info()
         if free < self.util * total:
