@@ -33,6 +33,7 @@ from vramlab.sources.safetensors import (
     parse_header_length,
     shard_names_from_index,
     summarize,
+    with_weights,
 )
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -247,17 +248,6 @@ class HubClient:
         if weights is None:
             return spec
         return with_weights(spec, weights, source + " + safetensors headers")
-
-
-def with_weights(spec: ModelSpec, w: WeightsSummary, source: str | None = None) -> ModelSpec:
-    """Attach exact weights read from safetensors headers to a spec."""
-    return spec.with_(
-        weights_bytes_exact=w.total_bytes,
-        weights_bytes_by_dtype=dict(w.bytes_by_dtype),
-        param_count_exact=w.param_count,
-        weights_source="safetensors headers",
-        **({"source": source} if source else {}),
-    )
 
 
 def _check_ids(repo: str, revision: str) -> None:

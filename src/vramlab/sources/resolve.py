@@ -102,8 +102,7 @@ def _spec_from_directory(d: Path) -> ModelSpec:
         hint = f" ({len(ggufs)} .gguf files: name one)" if ggufs else ""
         raise ConfigError(f"{d}: no config.json in this directory{hint}")
     spec = _spec_from_config_file(config, name=d.resolve().name)
-    from vramlab.sources.hub import with_weights
-    from vramlab.sources.safetensors import read_directory_weights
+    from vramlab.sources.safetensors import read_directory_weights, with_weights
 
     weights = read_directory_weights(d)
     if weights is None:

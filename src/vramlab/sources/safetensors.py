@@ -17,9 +17,12 @@ import math
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramlab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from vramlab.capacity.spec import ModelSpec
 
 # The safetensors reference implementation refuses headers over 100 MB; so do we, so that a
 # corrupt length never makes us allocate or download gigabytes.
@@ -226,3 +229,14 @@ def read_directory_weights(directory: str | Path) -> WeightsSummary | None:
     if not files:
         return None
     return summarize([(f.name, read_safetensors_header(f)) for f in files])
+
+
+def with_weights(spec: ModelSpec, w: WeightsSummary, source: str | None = None) -> ModelSpec:
+    """Attach exact weights read from safetensors headers to a spec."""
+    return spec.with_(
+        weights_bytes_exact=w.total_bytes,
+        weights_bytes_by_dtype=dict(w.bytes_by_dtype),
+        param_count_exact=w.param_count,
+        weights_source="safetensors headers",
+        **({"source": source} if source else {}),
+    )
