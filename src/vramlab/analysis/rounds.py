@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from vramlab.analysis.stats import is_ok, percentile
-from vramlab.analysis.windows import WindowResult
+from vramlab.analysis.windows import PHASE_ORDER, WindowResult
 from vramlab.experiment.records import RequestRecord
 
 # Metrics compared between phases and checked for stability, in report order.
@@ -103,7 +103,9 @@ def stability(results: Sequence[WindowResult], rel_tol: float = 0.3) -> list[Sta
         w = res.window
         cells.setdefault((w.phase, w.step), {})[w.round] = res.metrics()
     out = []
-    for (phase, step), rounds in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1] or -1)):
+    order = sorted(cells, key=lambda k: (PHASE_ORDER.get(k[0], 9), k[0], -1 if k[1] is None else k[1]))
+    for phase, step in order:
+        rounds = cells[(phase, step)]
         for metric in KEY_METRICS:
             by_round = {r: m[metric] for r, m in sorted(rounds.items()) if metric in m}
             if len(by_round) < 2:

@@ -74,6 +74,9 @@ class Window:
     start_s: float
     end_s: float
     step_value: float | None = None
+    # Samples are read up to here: the next window's start when requests of this one drain into
+    # it, so a step's resource maxima are not the next (heavier) step's.
+    samples_end_s: float | None = None
 
     @property
     def duration_s(self) -> float:

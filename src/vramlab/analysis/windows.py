@@ -3,6 +3,7 @@ resource layers side by side."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -94,7 +95,17 @@ def find_windows(
         bounds = bounded((rnd, phase, None), span)
         if bounds is not None:
             phases.append(Window(rnd, phase, None, bounds[0], bounds[1]))
-    return sorted(steps, key=_sort_key), sorted(phases, key=_sort_key)
+    return _clip_samples(sorted(steps, key=_sort_key)), _clip_samples(sorted(phases, key=_sort_key))
+
+
+def _clip_samples(windows: list[Window]) -> list[Window]:
+    starts = sorted({w.start_s for w in windows})
+    out = []
+    for w in windows:
+        later = [s for s in starts if s > w.start_s]
+        end = min(w.end_s, later[0]) if later else w.end_s
+        out.append(dataclasses.replace(w, samples_end_s=end))
+    return out
 
 
 def summarize_window(
@@ -110,5 +121,7 @@ def summarize_window(
     return WindowResult(
         window=window,
         requests=summarize_requests(mine, window.duration_s, slo),
-        resources=summarize_samples(samples, window.start_s, window.end_s),
+        resources=summarize_samples(
+            samples, window.start_s, window.end_s if window.samples_end_s is None else window.samples_end_s
+        ),
     )

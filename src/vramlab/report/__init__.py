@@ -1,0 +1,44 @@
+"""Reports rendered from the store alone: Markdown, self-contained HTML, JSON.
+
+    from vramlab.report import load_context, render
+    with open_store(url) as store:
+        text = render(load_context(store, "7f3a"), "html")
+
+Sections come from a registry (`vramlab.report.sections.register`), so other packages (the
+drill) add their own without touching the renderers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vramlab.report.sections import ReportContext
+    from vramlab.store.sql import Store
+
+FORMATS = ("md", "html", "json")
+
+
+def load_context(store: Store, run_id_or_prefix: str) -> ReportContext:
+    """Read one run and everything stored with it, and analyse it. Reads only; runs nothing."""
+    from vramlab.report.sections import ReportContext
+
+    run = store.get_run(run_id_or_prefix)
+    return ReportContext.build(run, store.requests(run.run_id), store.samples(run.run_id), store.events(run.run_id))
+
+
+def render(ctx: ReportContext, fmt: str = "md") -> str:
+    from vramlab.report import html, markdown
+    from vramlab.report import json as json_report
+    from vramlab.report.sections import build_document
+
+    if fmt not in FORMATS:
+        from vramlab.errors import ConfigError
+
+        raise ConfigError(f"unknown report format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    doc = build_document(ctx)
+    if fmt == "md":
+        return markdown.render(doc)
+    if fmt == "html":
+        return html.render(doc)
+    return json_report.render(ctx, doc)

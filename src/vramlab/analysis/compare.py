@@ -1,0 +1,90 @@
+"""Two runs side by side: are they comparable (same fixed part), and what moved."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from vramlab.analysis.rounds import KEY_METRICS
+from vramlab.analysis.run import RunAnalysis
+from vramlab.analysis.windows import PHASE_ORDER
+
+# Fixed-part fields that make two runs different experiments when they differ.
+FIXED_KEYS = ("engine", "engine_version", "model", "gpu_name")
+
+
+@dataclass(frozen=True)
+class MetricDelta:
+    phase: str
+    step: str  # the changed variable's value (or step index), "" for a whole phase
+    metric: str
+    a: float
+    b: float
+
+    @property
+    def delta(self) -> float:
+        return self.b - self.a
+
+    @property
+    def rel(self) -> float | None:
+        return (self.b - self.a) / abs(self.a) if self.a else None
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    a_id: str
+    b_id: str
+    differences: list[str]  # why the fixed parts differ; empty when comparable
+    deltas: list[MetricDelta] = field(default_factory=list)
+
+    @property
+    def comparable(self) -> bool:
+        return not self.differences
+
+
+def fixed_differences(a: RunAnalysis, b: RunAnalysis) -> list[str]:
+    out = []
+    if a.run.plan_hash != b.run.plan_hash:
+        out.append(f"plan_hash {a.run.plan_hash[:12] or '-'} vs {b.run.plan_hash[:12] or '-'}")
+    for key in FIXED_KEYS:
+        va, vb = a.run.fixed.get(key), b.run.fixed.get(key)
+        if va != vb:
+            out.append(f"{key} {va!r} vs {vb!r}")
+    return out
+
+
+def _cells(an: RunAnalysis) -> dict[tuple[str, str], dict[str, float]]:
+    """(phase, step label) -> metric -> median over rounds."""
+    per: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for res in an.steps:
+        w = res.window
+        label = f"{w.step_value:g}" if w.step_value is not None else ("" if w.phase != "treatment" else str(w.step))
+        cell = per.setdefault((w.phase, label), {})
+        for k, v in res.metrics().items():
+            if k in KEY_METRICS:
+                cell.setdefault(k, []).append(v)
+    return {key: {m: statistics.median(vs) for m, vs in ms.items()} for key, ms in per.items()}
+
+
+def compare_runs(a: RunAnalysis, b: RunAnalysis) -> RunComparison:
+    ca, cb = _cells(a), _cells(b)
+    deltas = []
+    keys = sorted(set(ca) & set(cb), key=lambda k: (PHASE_ORDER.get(k[0], 9), _num(k[1]), k[1]))
+    for key in keys:
+        for metric in KEY_METRICS:
+            if metric in ca[key] and metric in cb[key]:
+                deltas.append(MetricDelta(key[0], key[1], metric, ca[key][metric], cb[key][metric]))
+    for metric, va, vb in (
+        ("all.error_rate", a.totals.error_rate, b.totals.error_rate),
+        ("all.e2e_p95_ms", a.totals.e2e.p95 if a.totals.e2e else None, b.totals.e2e.p95 if b.totals.e2e else None),
+    ):
+        if va is not None and vb is not None:
+            deltas.append(MetricDelta("all", "", metric.split(".", 1)[1], va, vb))
+    return RunComparison(a.run.run_id, b.run.run_id, fixed_differences(a, b), deltas)
+
+
+def _num(label: str) -> float:
+    try:
+        return float(label)
+    except ValueError:
+        return -1.0

@@ -1,0 +1,73 @@
+"""List stored runs, newest first.
+
+Reads the store given by --db (default: $VRAMLAB_DB, else ./vramlab.db). With --json, prints a
+list of objects with at least id, name, kind ("run" or "drill"), status and started_at.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_db_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", metavar="URL", default=None,
+                        help="store: a SQLite path or postgresql://... (default: $VRAMLAB_DB, else ./vramlab.db)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--limit", type=int, default=50, metavar="N", help="at most N runs (default 50; 0 = all)")
+    parser.add_argument("--kind", choices=["run", "experiment", "drill"], default=None,
+                        help="only runs of this kind (run and experiment are the same)")
+    add_db_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from vramlab.errors import ConfigError
+    from vramlab.store import open_store
+
+    if args.limit < 0:
+        raise ConfigError("--limit must be 0 (all) or more")
+    kind = {"run": "experiment"}.get(args.kind, args.kind)
+    with open_store(args.db) as store:
+        runs = store.list_runs(limit=args.limit, kind=kind)
+    if args.json:
+        print(json.dumps([_row(r) for r in runs], indent=2))
+        return 0
+    if not runs:
+        print("no runs stored yet (start one with `vramlab run PLAN` or `vramlab demo`)")
+        return 0
+    from vramlab.report.fmt import utc
+
+    table = [["ID", "KIND", "STATUS", "STARTED", "DURATION", "NAME", "MODEL"]]
+    for r in runs:
+        dur = "–" if r.ended_at is None else f"{r.ended_at - r.started_at:.0f} s"
+        table.append([r.run_id, _public_kind(r.kind), r.status, utc(r.started_at), dur, r.name,
+                      str(r.fixed.get("model", "–"))])
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _public_kind(kind: str) -> str:
+    # The CLI contract names experiments "run"; the record keeps "experiment".
+    return "run" if kind == "experiment" else kind
+
+
+def _row(r) -> dict:
+    return {
+        "id": r.run_id,
+        "name": r.name,
+        "kind": _public_kind(r.kind),
+        "status": r.status,
+        "started_at": r.started_at,
+        "ended_at": r.ended_at,
+        "stop_reason": r.stop_reason,
+        "plan_hash": r.plan_hash,
+        "model": r.fixed.get("model"),
+        "engine": r.fixed.get("engine"),
+        "gpu_name": r.fixed.get("gpu_name"),
+    }

@@ -1,0 +1,213 @@
+"""The built-in report sections, in report order. Each turns the context into blocks."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from vramlab.analysis.windows import PHASE_ORDER, WindowResult
+from vramlab.report import fmt
+from vramlab.report.blocks import Band, Block, Bullets, Chart, Marker, Series, Shade, Table, Text
+from vramlab.report.sections import ReportContext, Section, register
+
+# Events that the tables already tell (windows); the rest form the timeline.
+QUIET_EVENTS = ("phase_start", "phase_end", "step", "run_start", "run_end")
+MARKED_EVENTS = ("stop_condition", "rollback", "oom", "alert", "recovered", "error")
+STABILITY_METRICS = ("e2e_p95_ms", "ttft_p95_ms", "error_rate", "throughput_rps")
+
+
+def _where(w: Any) -> str:
+    step = "" if w.step is None else f" step {w.step}"
+    value = "" if getattr(w, "step_value", None) is None else f" ({fmt.num(w.step_value)})"
+    return f"round {w.round} {w.phase}{step}{value}"
+
+
+def summary(ctx: ReportContext) -> list[Block]:
+    a, run = ctx.analysis, ctx.run
+    t = a.totals
+    items = [
+        f"Run `{run.run_id}` ({run.kind}) `{run.name}`: status **{run.status}**"
+        + ("" if a.complete else " — incomplete: interrupted or still running; figures cover what was stored"),
+        f"Started {fmt.utc(run.started_at)}, lasted {fmt.seconds(a.duration_s)}",
+        f"{t.count} requests, {t.errors} errors ({fmt.pct(t.error_rate)}), "
+        f"E2E P95 {fmt.ms(t.e2e.p95 if t.e2e else None)} ms, TTFT P95 {fmt.ms(t.ttft.p95 if t.ttft else None)} ms",
+    ]
+    if run.stop_reason:
+        items.append(f"Stopped: {run.stop_reason}")
+    hyp = run.plan.get("hypothesis")
+    if hyp:
+        items.append(f"Hypothesis: {hyp}")
+    for rec in a.recovery:
+        when = "" if rec.after_s is None else (" at once" if rec.after_s == 0 else f" after {rec.after_s:.1f} s")
+        items.append(f"Round {rec.round} returned to baseline: {'yes' + when if rec.returned else 'no'}")
+    spikes = [s for s in a.stability if s.spikes and s.metric in STABILITY_METRICS]
+    for s in spikes:
+        items.append(f"One-off in round {', '.join(map(str, s.spikes))}: {s.metric} of {s.phase}"
+                     + ("" if s.step is None else f" step {s.step}"))
+    return [Bullets(items)]
+
+
+def plan(ctx: ReportContext) -> list[Block]:
+    run, p = ctx.run, ctx.run.plan
+    rows = []
+    change = run.change or p.get("change")
+    if change:
+        rows.append(["change", _compact(change)])
+    for key in ("hypothesis", "rounds", "phases", "metrics", "stop_conditions", "rollback"):
+        if key in p:
+            rows.append([key, _compact(p[key])])
+    rows.append(["plan hash", run.plan_hash or "–"])
+    return [Table(["item", "value"], rows)]
+
+
+def _compact(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
+
+
+def environment(ctx: ReportContext) -> list[Block]:
+    rows = [[k, _compact(v)] for k, v in ctx.run.fixed.items()]
+    rows += [[f"target.{k}", _compact(v)] for k, v in ctx.run.target.items()]
+    return [Table(["item", "value"], rows)] if rows else []
+
+
+def warnings(ctx: ReportContext) -> list[Block]:
+    items = list(ctx.analysis.warnings)
+    items += [f"{e.t_s:.1f} s: {e.message}" for e in ctx.analysis.events if e.kind == "warning"]
+    return [Bullets(items)] if items else []
+
+
+_LAYERS = ["requests", "err %", "req/s", "out tok/s", "TTFT P95 ms", "E2E P50 ms", "E2E P95 ms",
+           "E2E P99 ms", "E2E max ms", "E2E P95 from sched. ms", "waiting max", "KV max", "GPU mem max GiB"]
+
+
+def _layer_row(res: WindowResult) -> list[str]:
+    r, worst = res.requests, res.resources.worst
+    e2e = r.e2e
+    return [
+        str(r.count), fmt.pct(r.error_rate), fmt.rate(r.throughput_rps), fmt.rate(r.output_tok_s),
+        fmt.ms(r.ttft.p95 if r.ttft else None), fmt.ms(e2e.p50 if e2e else None), fmt.ms(e2e.p95 if e2e else None),
+        fmt.ms(e2e.p99 if e2e else None), fmt.ms(e2e.max if e2e else None),
+        fmt.ms(r.e2e_sched.p95 if r.e2e_sched else None),
+        fmt.num(worst.get("engine.num_requests_waiting")), fmt.pct(worst.get("engine.kv_cache_usage_perc")),
+        fmt.gib(worst.get("gpu.memory_used_bytes")),
+    ]
+
+
+def phases(ctx: ReportContext) -> list[Block]:
+    a = ctx.analysis
+    if not a.phases:
+        return [Text("No requests were stored for this run.")]
+    rows = []
+    for comp in a.comparisons:
+        for name, res in sorted(comp.phases.items(), key=lambda kv: (PHASE_ORDER.get(kv[0], 9), kv[0])):
+            d = comp.deltas.get(name, {}).get("e2e_p95_ms")
+            rows.append([str(comp.round), name, *_layer_row(res), fmt.delta_ms(d.delta if d else None)])
+    return [
+        Text("User layer (requests, errors, latency), service layer (queue, KV cache) and resource layer "
+             "(GPU memory) side by side, one row per round and phase. Latencies are of successful requests."),
+        Table(["round", "phase", *_LAYERS, "Δ E2E P95 vs baseline ms"], rows),
+    ]
+
+
+def steps(ctx: ReportContext) -> list[Block]:
+    a = ctx.analysis
+    var = ctx.run.change.get("variable", "value")
+    rows = [[str(s.window.round), s.window.phase, str(s.window.step), fmt.num(s.window.step_value),
+             *_layer_row(s)] for s in a.steps]
+    return [Table(["round", "phase", "step", var, *_LAYERS], rows)] if rows else []
+
+
+def charts(ctx: ReportContext) -> list[Block]:
+    a = ctx.analysis
+    var = ctx.run.change.get("variable", "step")
+    out: list[Block] = []
+    if a.step_points:
+        def x(p: Any) -> float:
+            return p.step_value if p.step_value is not None else float(p.step)
+
+        lat, err = [], []
+        for rnd in a.rounds:
+            pts = [p for p in a.step_points if p.round == rnd]
+            lat.append(Series(f"round {rnd} E2E P95", [(x(p), p.e2e_p95_ms) for p in pts if p.e2e_p95_ms is not None]))
+            err.append(Series(f"round {rnd} error %", [(x(p), p.error_rate * 100) for p in pts]))
+        lat_bands = [Band(f"{b.phase} P95 range", *b.e2e_p95_ms) for b in a.bands if b.e2e_p95_ms]
+        err_bands = [Band(f"{b.phase} error range", b.error_rate[0] * 100, b.error_rate[1] * 100) for b in a.bands]
+        out.append(Chart(f"E2E latency P95 per {var}", var, "ms", lat, bands=lat_bands))
+        out.append(Chart(f"Error rate per {var}", var, "%", err, bands=err_bands))
+    shades = [Shade(f"r{p.window.round} {p.window.phase}", p.window.start_s, p.window.end_s) for p in a.phases]
+    markers = [Marker(e.t_s, f"{e.kind}: {e.message}") for e in a.events if e.kind in MARKED_EVENTS]
+    gpu = a.timeline.get("gpu.memory_used_bytes")
+    if gpu:
+        out.append(Chart("GPU memory used over time (fullest GPU)", "seconds from start", "GiB",
+                         [Series("GPU memory used", [(t, v / fmt.GIB) for t, v in gpu])],
+                         shades=shades, markers=markers, y_min_zero=False))
+    kv = a.timeline.get("engine.kv_cache_usage_perc")
+    if kv:
+        out.append(Chart("KV cache usage over time", "seconds from start", "%",
+                         [Series("KV cache usage", [(t, v * 100) for t, v in kv])], shades=shades, markers=markers))
+    if out:
+        out.insert(0, Text("Shaded: baseline (blue), treatment (red), recovery (green). Dashed lines: "
+                           "stop conditions, rollbacks, OOMs, alerts."))
+    return out
+
+
+def stability(ctx: ReportContext) -> list[Block]:
+    a = ctx.analysis
+    rows = []
+    for s in a.stability:
+        if s.metric not in STABILITY_METRICS and not s.spikes:
+            continue
+        is_rate = s.metric == "error_rate"
+        show = fmt.pct if is_rate else fmt.num
+        rows.append([s.phase, "–" if s.step is None else str(s.step), s.metric,
+                     ", ".join(f"r{r}: {show(round(v, 3) if not is_rate else v)}" for r, v in s.by_round.items()),
+                     show(s.spread if is_rate else round(s.spread, 3)),
+                     "–" if s.rel_spread is None else fmt.pct(s.rel_spread),
+                     "round " + ", ".join(map(str, s.spikes)) if s.spikes else "no"])
+    if not rows:
+        return []
+    return [Text("Spread across rounds; a one-off spike is a round far (over 30% or a floor) from the others "
+                 "while they agree."), Table(["phase", "step", "metric", "by round", "spread", "spread/median",
+                                              "one-off spike"], rows)]
+
+
+def recovery(ctx: ReportContext) -> list[Block]:
+    rows = [[str(r.round), "yes" if r.returned else "no", fmt.seconds(r.after_s), fmt.ms(r.baseline_e2e_p95_ms),
+             fmt.ms(r.recovery_e2e_p95_ms), fmt.pct(r.baseline_error_rate), fmt.pct(r.recovery_error_rate), r.reason]
+            for r in ctx.analysis.recovery]
+    if not rows:
+        return []
+    return [Table(["round", "returned", "when (into recovery)", "baseline E2E P95 ms", "recovery E2E P95 ms",
+                   "baseline err", "recovery err", "why"], rows)]
+
+
+def events(ctx: ReportContext) -> list[Block]:
+    rows = []
+    for e in ctx.analysis.events:
+        if e.kind in QUIET_EVENTS or e.kind in ("note", "warning"):
+            continue
+        where = "" if e.round is None else _where(e)
+        rows.append([f"{e.t_s:.1f}", e.kind, where, e.message])
+    return [Table(["t (s)", "event", "where", "message"], rows)] if rows else []
+
+
+def notes(ctx: ReportContext) -> list[Block]:
+    items = list(ctx.run.notes) + [f"{e.t_s:.1f} s: {e.message}" for e in ctx.analysis.events if e.kind == "note"]
+    return [Bullets(items)] if items else []
+
+
+for _section in (
+    Section("summary", "Summary", summary, order=10),
+    Section("plan", "Plan", plan, order=20),
+    Section("environment", "Environment", environment, order=30),
+    Section("warnings", "Warnings", warnings, order=40),
+    Section("phases", "Baseline, treatment and recovery by round", phases, order=50),
+    Section("steps", "Per step", steps, order=55),
+    Section("charts", "Charts", charts, order=60),
+    Section("stability", "Stability across rounds", stability, order=70),
+    Section("recovery", "Return to baseline", recovery, order=80),
+    Section("events", "Stops, rollbacks and other events", events, order=90),
+    Section("notes", "Notes", notes, order=95),
+):
+    register(_section)
+

@@ -1,0 +1,121 @@
+"""The section registry: what a report contains, in order, and for which runs.
+
+A section is a function from the report context to blocks (and optionally to JSON data). The
+built-in ones live in `core_sections.py`; other packages add their own with `register`, e.g. the
+drill's incident sections for runs of kind "drill":
+
+    from vramlab.report.sections import Section, register
+    register(Section("incident", "Incident", order=25, applies=lambda ctx: ctx.run.kind == "drill",
+                     build=my_blocks, data=my_json))
+
+Modules named in PLUGIN_MODULES are imported (when installed) before a report is built, so
+their `register` calls run without the report package importing them by name elsewhere.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vramlab.analysis.run import RunAnalysis, analyze_run
+from vramlab.experiment.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.report.blocks import Block
+
+PLUGIN_MODULES = ("vramlab.drill.report_sections",)
+
+
+@dataclass(frozen=True)
+class ReportContext:
+    """Everything stored about one run, plus its analysis. Sections read only this."""
+
+    run: RunRecord
+    requests: Sequence[RequestRecord]
+    samples: Sequence[SampleRecord]
+    events: Sequence[EventRecord]
+    analysis: RunAnalysis
+
+    @classmethod
+    def build(cls, run: RunRecord, requests: Sequence[RequestRecord], samples: Sequence[SampleRecord],
+              events: Sequence[EventRecord]) -> ReportContext:
+        return cls(run, requests, samples, events, analyze_run(run, requests, samples, events))
+
+
+def _always(_ctx: ReportContext) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Section:
+    id: str
+    title: str
+    build: Callable[[ReportContext], list[Block]]
+    order: float = 100
+    applies: Callable[[ReportContext], bool] = _always
+    data: Callable[[ReportContext], Any] | None = None  # JSON-ready; None: the JSON report skips it
+
+
+@dataclass(frozen=True)
+class RenderedSection:
+    id: str
+    title: str
+    blocks: list[Block]
+    data: Any = None
+
+
+@dataclass(frozen=True)
+class Document:
+    title: str
+    subtitle: str
+    sections: list[RenderedSection] = field(default_factory=list)
+
+
+_REGISTRY: dict[str, Section] = {}
+_plugins_loaded = False
+
+
+def register(section: Section) -> Section:
+    """Add (or replace, by id) a section."""
+    _REGISTRY[section.id] = section
+    return section
+
+
+def registered() -> list[Section]:
+    _load_plugins()
+    return sorted(_REGISTRY.values(), key=lambda s: (s.order, s.id))
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    import vramlab.report.core_sections  # noqa: F401  (registers the built-in sections)
+
+    for name in PLUGIN_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:
+            found = False
+        if found:
+            importlib.import_module(name)
+
+
+def build_document(ctx: ReportContext) -> Document:
+    run = ctx.run
+    state = "" if ctx.analysis.complete else " (incomplete)"
+    doc = Document(
+        title=f"vramlab {run.kind} {run.run_id}: {run.name}",
+        subtitle=f"status {run.status}{state}",
+    )
+    for section in registered():
+        if not section.applies(ctx):
+            continue
+        blocks = section.build(ctx)
+        if not blocks:
+            continue
+        data = section.data(ctx) if section.data is not None else None
+        doc.sections.append(RenderedSection(section.id, section.title, blocks, data))
+    return doc

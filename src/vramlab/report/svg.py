@@ -1,0 +1,115 @@
+"""Line charts as inline SVG: no plotting library, so the HTML report is one small file."""
+
+from __future__ import annotations
+
+import math
+from html import escape
+
+from vramlab.report.blocks import Chart
+
+WIDTH, HEIGHT = 760, 300
+LEFT, RIGHT, TOP, BOTTOM = 70, 170, 30, 45
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f")
+SHADES = {"baseline": "#e8f1fb", "treatment": "#fdecea", "ramp": "#fdecea", "recovery": "#eaf7ea"}
+
+
+def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """About n round tick values covering lo..hi."""
+    if hi <= lo:
+        hi = lo + 1.0
+    raw = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.floor(lo / step) * step
+    ticks = []
+    t = first
+    while t <= hi + step * 1e-9:
+        if t >= lo - step * 1e-9:
+            ticks.append(round(t, 10))
+        t += step
+    return ticks
+
+
+def fmt_tick(v: float) -> str:
+    if v == 0:
+        return "0"
+    if abs(v) >= 1e4 or abs(v) < 1e-2:
+        return f"{v:.3g}"
+    return f"{v:g}"
+
+
+def render_svg(chart: Chart) -> str:
+    xs = [x for s in chart.series for x, _ in s.points] + [m.x for m in chart.markers]
+    xs += [v for sh in chart.shades for v in (sh.start, sh.end)]
+    ys = [y for s in chart.series for _, y in s.points] + [v for b in chart.bands for v in (b.lo, b.hi)]
+    if not xs or not ys:
+        return f'<p class="empty">{escape(chart.title)}: no data</p>'
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = (0.0 if chart.y_min_zero else min(ys)), max(ys)
+    if x1 == x0:
+        x0, x1 = x0 - 1, x1 + 1
+    if y1 <= y0:
+        y1 = y0 + 1
+    y1 += (y1 - y0) * 0.05
+    pw, ph = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def px(x: float) -> float:
+        return LEFT + (x - x0) / (x1 - x0) * pw
+
+    def py(y: float) -> float:
+        return TOP + ph - (y - y0) / (y1 - y0) * ph
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" '
+        f'height="{HEIGHT}" role="img" aria-label="{escape(chart.title)}">',
+        f"<title>{escape(chart.title)}</title>",
+        f'<text x="{LEFT}" y="18" class="ct">{escape(chart.title)}</text>',
+    ]
+    for sh in chart.shades:
+        a, b = px(sh.start), px(sh.end)
+        color = SHADES.get(sh.label.split()[-1], "#f3f3f3")
+        out.append(f'<rect x="{a:.1f}" y="{TOP}" width="{max(b - a, 0.5):.1f}" height="{ph}" fill="{color}">'
+                   f"<title>{escape(sh.label)}</title></rect>")
+    for i, band in enumerate(chart.bands):
+        top, bot = py(band.hi), py(band.lo)
+        color = PALETTE[(i + 2) % len(PALETTE)]
+        out.append(f'<rect x="{LEFT}" y="{top:.1f}" width="{pw}" height="{max(bot - top, 1.5):.1f}" '
+                   f'fill="{color}" fill-opacity="0.18"><title>{escape(band.label)}</title></rect>')
+    for t in nice_ticks(y0, y1):
+        y = py(t)
+        out.append(f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" class="tk">{fmt_tick(t)}</text>')
+    for t in nice_ticks(x0, x1, 8):
+        x = px(t)
+        out.append(f'<text x="{x:.1f}" y="{TOP + ph + 16}" text-anchor="middle" class="tk">{fmt_tick(t)}</text>')
+    out.append(f'<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
+    out.append(f'<text x="{LEFT + pw / 2:.1f}" y="{HEIGHT - 6}" text-anchor="middle" class="al">'
+               f"{escape(chart.x_label)}</text>")
+    out.append(f'<text x="14" y="{TOP + ph / 2:.1f}" text-anchor="middle" class="al" '
+               f'transform="rotate(-90 14 {TOP + ph / 2:.1f})">{escape(chart.y_label)}</text>')
+    for m in chart.markers:
+        x = px(m.x)
+        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + ph}" stroke="#555" '
+                   f'stroke-dasharray="3,3"><title>{escape(m.label)}</title></line>')
+    legend_y = TOP + 8
+    for i, s in enumerate(chart.series):
+        color = PALETTE[i % len(PALETTE)]
+        pts = sorted(s.points)
+        dash = ' stroke-dasharray="6,4"' if s.dashed else ""
+        path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="1.8"{dash}>'
+                   f"<title>{escape(s.name)}</title></polyline>")
+        if len(pts) <= 40:
+            out += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="{color}"/>' for x, y in pts]
+        out.append(f'<line x1="{LEFT + pw + 10}" x2="{LEFT + pw + 28}" y1="{legend_y}" y2="{legend_y}" '
+                   f'stroke="{color}" stroke-width="2"{dash}/>')
+        out.append(f'<text x="{LEFT + pw + 32}" y="{legend_y + 4}" class="lg">{escape(s.name)}</text>')
+        legend_y += 16
+    for i, band in enumerate(chart.bands):
+        color = PALETTE[(i + 2) % len(PALETTE)]
+        out.append(f'<rect x="{LEFT + pw + 10}" y="{legend_y - 5}" width="18" height="10" fill="{color}" '
+                   f'fill-opacity="0.3"/><text x="{LEFT + pw + 32}" y="{legend_y + 4}" class="lg">'
+                   f"{escape(band.label)}</text>")
+        legend_y += 16
+    out.append("</svg>")
+    return "\n".join(out)

@@ -1,0 +1,135 @@
+"""Reports rendered from a stored synthetic run: the numbers that must appear, every section,
+HTML that parses and stands alone, JSON that round-trips, and the section registry."""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+
+import pytest
+
+import _synthetic_run as synth
+from _store_backends import store_url_fixture  # noqa: F401
+from vramlab.report import load_context, render
+from vramlab.report.blocks import Text
+from vramlab.report.sections import _REGISTRY, ReportContext, Section, register
+from vramlab.store import open_store
+
+
+@pytest.fixture(scope="module")
+def ctx() -> ReportContext:
+    return ReportContext.build(*synth.build())
+
+
+class _Collector(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.ids: list[str] = []
+        self.refs: list[str] = []
+        self.text: list[str] = []
+        self.stack: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        a = dict(attrs)
+        if "id" in a:
+            self.ids.append(a["id"])
+        self.refs += [v for k, v in attrs if k in ("src", "href") and v]
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_markdown_from_the_store(store_url):
+    with open_store(store_url) as store:
+        synth.insert(store)
+        md = render(load_context(store, "7f3a"), "md")
+    for heading in ("# vramlab experiment 7f3a91bc: concurrency-ramp", "## Summary", "## Plan", "## Environment",
+                    "## Baseline, treatment and recovery by round", "## Per step", "## Charts",
+                    "## Stability across rounds", "## Return to baseline", "## Stops, rollbacks and other events",
+                    "## Notes"):
+        assert heading in md
+    # baseline P50/P95/P99 (200/290/298), the concurrency-8 step P95, the 503 step's error rate
+    assert "| 0 | baseline | 21 | 0.0% | 2.00 | 128.00 | 72.5 | 200.0 | 290.0 | 298.0 | 300.0 | 292.0 |" in md
+    assert "| 1 | treatment | 2 | 8 | 21 | 23.8% |" in md and "992.5" in md
+    assert "| 2 | yes | 5.2 s | 290.0 | 1,060.0 |" in md
+    assert "| treatment | 2 | error_rate | r0: 0.0%, r1: 23.8%, r2: 0.0% | 23.8% | – | round 1 |" in md
+    assert "Round 2 returned to baseline: yes after 5.2 s" in md
+    assert "| 95.0 | stop_condition | round 1 treatment step 2 | error rate 23.8% > 20% for 5 s |" in md
+    assert "rollback: curl -X POST http://127.0.0.1:8000/reset" in md
+    assert "| gpu_name | NVIDIA H100 80GB HBM3 |" in md and "| target.environment | test |" in md
+    assert "Hypothesis: P95 end-to-end latency stays under 2 s up to concurrency 8" in md
+    assert "- prometheus source not configured: no engine histograms" in md
+    assert "- 120.0 s: engine /metrics scrape took 1.2 s" in md
+    assert "72.00" in md  # GPU memory max at concurrency 8: 70 + 8/4 GiB
+
+
+def test_html_is_self_contained_and_parses(ctx):
+    page = render(ctx, "html")
+    p = _Collector()
+    p.feed(page)
+    p.close()
+    assert p.tags.count("svg") == 4 and "script" not in p.tags
+    assert p.refs == []  # nothing fetched from elsewhere
+    for sid in ("summary", "plan", "environment", "phases", "steps", "charts", "stability", "recovery", "events"):
+        assert sid in p.ids
+    text = " ".join(p.text)
+    assert "E2E latency P95 per concurrency" in text and "KV cache usage over time" in text
+    assert "992.5" in text and "round 1 E2E P95" in text and "baseline P95 range" in text
+
+
+def test_html_escapes_stored_text():
+    run, reqs, samples, events = synth.build()
+    run = run.model_copy(update={"name": "<script>alert(1)</script>", "notes": ["a <b>note</b> & more"]})
+    page = render(ReportContext.build(run, reqs, samples, events), "html")
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "a &lt;b&gt;note&lt;/b&gt; &amp; more" in page
+
+
+def test_json_report(ctx):
+    data = json.loads(render(ctx, "json"))
+    assert data["schema"] == "vramlab.report/1" and data["run"]["run_id"] == "7f3a91bc"
+    assert data["complete"] is True and len(data["phases"]) == 9 and len(data["steps"]) == 15
+    base = data["phases"][0]
+    assert (base["phase"], base["requests"]["e2e"]["p95"], base["requests"]["count"]) == ("baseline", 290.0, 21)
+    rec2 = [r for r in data["recovery"] if r["round"] == 2][0]
+    assert rec2["returned"] is True and 4.0 < rec2["after_s"] < 6.5
+    spike = [s for s in data["stability"] if s["spikes"] and s["metric"] == "error_rate"][0]
+    assert spike["spikes"] == [1] and spike["by_round"]["1"] == pytest.approx(5 / 21)
+    d = data["comparisons"][0]["deltas"]["treatment"]["e2e_p95_ms"]
+    assert d["baseline"] == 290.0 and d["delta"] == pytest.approx(d["value"] - 290.0)
+    assert [e["kind"] for e in data["events"]].count("stop_condition") == 1
+
+
+def test_incomplete_run_is_marked():
+    run, reqs, samples, events = synth.build(status="running")
+    cut = [r for r in reqs if (r.end_s or 0) < 100]  # killed at 100 s
+    md = render(ReportContext.build(run, cut, [s for s in samples if s.t_s < 100],
+                                    [e for e in events if e.t_s < 100]), "md")
+    assert "_status running (incomplete)_" in md
+    assert "incomplete run (status running)" in md
+    assert "| 1 | treatment | 2 |" in md  # what was stored before the kill is reported
+
+
+def test_run_without_requests_renders():
+    run, _, _, events = synth.build()
+    md = render(ReportContext.build(run, [], [], events[:1]), "md")
+    assert "No requests were stored for this run." in md and "## Charts" not in md
+
+
+def test_registry_adds_sections_for_drills_only():
+    def build(ctx):
+        return [Text(f"incident for {ctx.run.run_id}: {len(ctx.requests)} requests")]
+
+    register(Section("test-incident", "Test incident", build, order=15, applies=lambda c: c.run.kind == "drill"))
+    try:
+        run, reqs, samples, events = synth.build()
+        md_exp = render(ReportContext.build(run, reqs, samples, events), "md")
+        drill = run.model_copy(update={"kind": "drill"})
+        md_drill = render(ReportContext.build(drill, reqs, samples, events), "md")
+    finally:
+        _REGISTRY.pop("test-incident")
+    assert "Test incident" not in md_exp
+    assert "## Test incident\n\nincident for 7f3a91bc: 315 requests" in md_drill
+    assert md_drill.index("## Summary") < md_drill.index("## Test incident") < md_drill.index("## Plan")
