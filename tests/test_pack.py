@@ -113,7 +113,7 @@ def test_one_more_card_is_suggested_only_when_it_is_the_fix() -> None:
     assert [n for n, _ in r.unplaced] == ["y"]
     changes = explain(insts, f, TableDemand(table), r)
     assert [c.kind for c in changes] == ["add_card"]
-    assert changes[0].description == "add one more l4 to a"
+    assert changes[0].description == "add one more l4 to a" and changes[0].value == {"node": "a", "cards": 1}
 
 
 def test_on_demand_instances_share_the_room_left_by_residents() -> None:

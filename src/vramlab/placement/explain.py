@@ -15,6 +15,7 @@ from vramlab.placement.inputs import TP_CHOICES, Fleet, Instance
 from vramlab.placement.pack import PackResult, pack
 
 LEN_STEP = 256  # max_model_len suggestions are multiples of this
+MAX_EXTRA_CARDS = 8  # a node rarely takes more; beyond this the answer is a different fleet
 
 
 @dataclass(frozen=True)
@@ -115,12 +116,22 @@ def explain(instances: tuple[Instance, ...] | list[Instance], fleet: Fleet, dema
         if r is not None:
             out.append(Change("quantization", targets, text.format(names=names), method_name, len(r.cards_used)))
             break
-    # 6. hardware: one more card on a node
+    # 6. hardware: the fewest extra cards of one node's kind (one card first)
+    best: tuple[int, str, PackResult] | None = None
     for node in fleet.nodes:
-        bigger = fleet.with_extra_card(node)
-        r = pack(base, bigger, demand_fn, method=method, residency=residency)
-        if r.feasible:
-            gpu = fleet.node_cards(node)[0].gpu_name
-            out.append(Change("add_card", targets, f"add one more {gpu} to {node}", node, len(r.cards_used)))
-            break
+        bigger = fleet
+        for n in range(1, MAX_EXTRA_CARDS + 1):
+            if best is not None and n >= best[0]:
+                break
+            bigger = bigger.with_extra_card(node)
+            r = pack(base, bigger, demand_fn, method=method, residency=residency)
+            if r.feasible:
+                best = (n, node, r)
+                break
+    if best is not None:
+        n, node, r = best
+        gpu = fleet.node_cards(node)[0].gpu_name
+        what = f"one more {gpu}" if n == 1 else f"{n} more {gpu} cards"
+        out.append(Change("add_card", targets, f"add {what} to {node}", {"node": node, "cards": n},
+                          len(r.cards_used)))
     return out
