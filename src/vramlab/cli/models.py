@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", nargs="?", help="show one model's facts (catalog name, Hub id, directory, config.json, .gguf)")
     parser.add_argument("--online", action="store_true", help="with NAME: allow reading a Hub id that is not in the catalog")
     parser.add_argument("--revision", help="with NAME and --online: a Hub branch, tag or commit")
-    parser.add_argument("--family", help="only this family (llama, qwen, mistral, gemma, phi, deepseek, gpt-oss)")
+    parser.add_argument("--family", help="only this family (llama, qwen, mistral, gemma, phi, deepseek, gpt-oss, granite)")
     parser.add_argument("--search", metavar="TEXT", help="only entries whose name, Hub id or alias contains TEXT")
     parser.add_argument("--min-params", type=float, metavar="B", help="at least B billion parameters")
     parser.add_argument("--max-params", type=float, metavar="B", help="at most B billion parameters")
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def render_table(rows: list[tuple[str, ...]], right_aligned: frozenset[int] | set[int] = frozenset()) -> str:
+def render_table(rows: Sequence[Sequence[str]], right_aligned: frozenset[int] | set[int] = frozenset()) -> str:
     """Plain aligned columns (no rich: this command must start fast)."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
