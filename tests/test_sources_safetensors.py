@@ -162,7 +162,7 @@ tensor_like = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(st.dictionaries(st.text(max_size=12), tensor_like | json_values, max_size=5))
 def test_structured_junk_headers_raise_only_config_error(obj):
     try:
