@@ -53,7 +53,7 @@ def kv_heads_local(total_kv_heads: int, tp: int) -> int:
 
 def bytes_per_token_layer(m: ModelSpec, kind: str, kv_cache_dtype: str, model_dtype: str, tp: int) -> int:
     """KV bytes one token adds in one attention layer of *kind* on one GPU."""
-    if kind in ("mamba", "linear"):
+    if kind in ("mamba", "linear", "mlp"):
         return 0
     if m.is_mla:
         if (kv_cache_dtype or "").lower() == "fp8_ds_mla":
@@ -78,7 +78,7 @@ def kv_shapes(m: ModelSpec, kv_cache_dtype: str, model_dtype: str, tp: int, laye
     kinds = m.kinds
     for i in layer_range:
         k = kinds[i] if i < len(kinds) else "full"
-        if k in ("mamba", "linear"):
+        if k in ("mamba", "linear", "mlp"):
             continue
         counts[k] = counts.get(k, 0) + 1
     return [KVShape(k, n, bytes_per_token_layer(m, k, kv_cache_dtype, model_dtype, tp)) for k, n in counts.items()]

@@ -141,22 +141,34 @@ def suggest(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants 
         out.append(f"lower --max-model-len to {longest} (the largest that fits)")
     if s.engine == "vllm" and (s.max_num_seqs or 0) > 16 and ok(max_num_seqs=max(16, (s.max_num_seqs or 256) // 4)):
         out.append(f"lower --max-num-seqs to {max(16, (s.max_num_seqs or 256) // 4)}")
-    if s.kv_cache_dtype in ("auto", "bfloat16", "float16") and ok(kv_cache_dtype="fp8"):
-        out.append("use --kv-cache-dtype fp8 (halves KV bytes per token)")
+    candidates: list[tuple[str, dict[str, object]]] = []
+    if s.kv_cache_dtype in ("auto", "bfloat16", "float16"):
+        candidates.append(("use --kv-cache-dtype fp8 (halves KV bytes per token)", {"kv_cache_dtype": "fp8"}))
     if s.engine == "vllm" and (est.settings.get("gpu_memory_utilization") or 0) < 0.95:
-        for util in (0.95, 0.98):
-            if ok(gpu_memory_utilization=util):
-                out.append(f"raise --gpu-memory-utilization to {util} (check the headroom for CUDA graphs)")
-                break
+        candidates.append(("raise --gpu-memory-utilization to 0.95 (check the headroom for CUDA graphs)",
+                           {"gpu_memory_utilization": 0.95}))
     for tp in (2, 4, 8):
-        if tp > s.tensor_parallel_size and model.num_attention_heads % tp == 0 and ok(tensor_parallel_size=tp):
-            out.append(f"use -tp {tp} ({tp} GPUs)")
-            break
+        if tp > s.tensor_parallel_size and model.num_attention_heads % tp == 0:
+            candidates.append((f"use -tp {tp} ({tp} GPUs)", {"tensor_parallel_size": tp}))
     if model.quant is None:
-        for q, label in (("fp8", "an FP8 checkpoint or --quantization fp8"), ("awq", "a 4-bit AWQ/GPTQ checkpoint")):
-            if ok(quantization=q):
-                out.append(f"use {label}")
-                break
+        candidates.append(("use an FP8 checkpoint or --quantization fp8", {"quantization": "fp8"}))
+        candidates.append(("use a 4-bit AWQ/GPTQ checkpoint", {"quantization": "awq"}))
+    partial: list[str] = []
+    for text, change in candidates:
+        if "tensor_parallel_size" in change and any(o.startswith("use -tp") for o in out + partial):
+            continue  # the smallest TP that helps is enough
+        if ok(**change):
+            out.append(text)
+        elif len(partial) < 2:
+            # Not enough alone: how long a context would it allow?
+            try:
+                longer = max_len_that_fits(model, gpu, s.with_(**change), constants)
+            except ConfigError:
+                longer = 0
+            if longer >= min(1024, length):
+                partial.append(f"{text} with --max-model-len {longer}")
+    if len(out) < 3:
+        out.extend(partial[: 3 - len(out)])
     if not out:
         out.append("no single change fits on this card: use a larger GPU or more GPUs")
     return out

@@ -24,7 +24,8 @@ DTYPE_BYTES: dict[str, float] = {
 # Per-layer kinds. "full" = global attention, "sliding" = sliding-window attention,
 # "chunked" = chunked local attention (Llama 4), "mamba" = SSM state, "linear" = linear attention
 # (gated delta-net and friends; a fixed-size state per sequence like mamba).
-LAYER_KINDS = ("full", "sliding", "chunked", "mamba", "linear")
+# "mlp" = a block with no mixer (Nemotron-H's "-"): in such block-typed models mixers carry no MLP.
+LAYER_KINDS = ("full", "sliding", "chunked", "mamba", "linear", "mlp")
 
 
 def dtype_bytes(name: str) -> float:
@@ -102,6 +103,7 @@ class ModelSpec:
     shared_expert_intermediate_size: int = 0
     first_k_dense_layers: int = 0  # DeepSeek first_k_dense_replace
     moe_layer_freq: int = 1  # every n-th layer is MoE (Llama 4 interleave, Qwen decoder_sparse_step)
+    moe_layer_offset: int | None = None  # MoE where i % freq == offset (Jamba); None = freq - 1
     attention_bias: bool = False
     mlp_bias: bool = False
 
@@ -153,6 +155,11 @@ class ModelSpec:
         return sum(1 for k in self.kinds if k in ("full", "sliding", "chunked"))
 
     @property
+    def block_typed(self) -> bool:
+        """Each layer is either a mixer or an MLP (Nemotron-H), not both."""
+        return "mlp" in self.kinds
+
+    @property
     def is_hybrid(self) -> bool:
         return len(set(self.kinds)) > 1
 
@@ -164,7 +171,8 @@ class ModelSpec:
         if not self.is_moe:
             return []
         freq = max(1, self.moe_layer_freq)
+        offset = freq - 1 if self.moe_layer_offset is None else self.moe_layer_offset
         return [
             i for i in range(self.num_layers)
-            if i >= self.first_k_dense_layers and (i + 1) % freq == 0
+            if i >= self.first_k_dense_layers and i % freq == offset
         ]

@@ -98,16 +98,19 @@ def breakdown(m: ModelSpec, tp: int = 1, pp: int = 1, rank_pp: int = 0) -> Weigh
     layers = range(start, start + split[rank_pp])
     moe_layers = set(m.moe_layer_indices())
     kinds = m.kinds
+    typed = m.block_typed
     linear = experts = other = 0
     for i in layers:
         kind = kinds[i] if i < len(kinds) else "full"
         if kind in ("mamba", "linear"):
             linear += _ssm_params(m, tp, kind)
             other += 2 * m.hidden_size
-        else:
+        elif kind != "mlp":
             lin, oth = _attention_params(m, tp, kind)
             linear += lin
             other += oth
+        if typed and kind != "mlp":
+            continue
         if i in moe_layers:
             experts += m.num_experts * _mlp_params(m, m.moe_intermediate_size, tp)
             other += m.num_experts * m.hidden_size  # router, replicated

@@ -62,10 +62,14 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
         lines.append(f"largest max_model_len for {plan.concurrency} concurrent sequences: "
                      + (f"{longest:,}" if longest else "none fits"))
     safe = plan.safe
-    lines.append(
-        f"safe operating point ({safe['margin']:.0%} margin, every band at its pessimistic end): "
-        f"{safe['max_concurrency']} sequences at {safe['max_model_len']:,} tokens; "
-        f"{safe['concurrency']} sequences up to {safe['max_model_len_at_concurrency']:,} tokens")
+    head = f"safe operating point ({safe['margin']:.0%} margin, every band at its pessimistic end): "
+    if not safe["max_concurrency"] and not safe["max_model_len_at_concurrency"]:
+        lines.append(head + "none: it does not fit even one sequence")
+    else:
+        at_len = (f"{safe['max_concurrency']} sequences at {safe['max_model_len']:,} tokens"
+                  if safe["max_concurrency"] else f"not one sequence at {safe['max_model_len']:,} tokens")
+        lines.append(head + at_len + f"; {safe['concurrency']} sequences up to "
+                     f"{safe['max_model_len_at_concurrency']:,} tokens")
     for note in e.notes:
         lines.append(f"note: {note}")
     lines.append("")

@@ -96,7 +96,11 @@ def _layer_kinds(c: dict[str, Any], n: int, model_type: str) -> tuple[str, ...] 
         return tuple(kinds)
     pattern = c.get("hybrid_override_pattern")  # Nemotron-H: M = mamba, * = attention, - = MLP
     if isinstance(pattern, str) and pattern:
-        return tuple("mamba" if ch == "M" else "full" for ch in pattern if ch in "M*")
+        kinds = {"M": "mamba", "*": "full", "-": "mlp", "E": "mlp"}
+        return tuple(kinds[ch] for ch in pattern if ch in kinds)
+    interval = c.get("full_attention_interval")  # Qwen3-Next: every n-th layer full, the rest gated delta-net
+    if isinstance(interval, int) and interval > 0 and model_type.startswith("qwen3_next"):
+        return tuple("full" if (i + 1) % interval == 0 else "linear" for i in range(n))
     if model_type == "jamba" and c.get("attn_layer_period"):
         period, offset = int(c["attn_layer_period"]), int(c.get("attn_layer_offset", 0))
         return tuple("full" if i % period == offset else "mamba" for i in range(n))
@@ -183,6 +187,8 @@ def spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str 
 
     hidden = _need(c, name, "hidden_size", "d_model", "n_embd", "dim")
     layers = _need(c, name, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    if isinstance(c.get("hybrid_override_pattern"), str):  # Nemotron-H: one block per character
+        layers = len(c["hybrid_override_pattern"])
     heads = _first(c, "num_attention_heads", "n_head", "n_heads")
     head_dim = _first(c, "head_dim", "attention_head_size")
     kv = _first(c, "num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
@@ -213,6 +219,7 @@ def spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str 
     if model_type.startswith("llama4") and n_experts:
         moe_inter = int(c.get("intermediate_size") or moe_inter)
         inter = int(c.get("intermediate_size_mlp") or 2 * moe_inter)
+        c = {**c, "n_shared_experts": c.get("n_shared_experts") or 1}  # every Llama 4 MoE layer has one shared expert
     shared_inter = int(c.get("shared_expert_intermediate_size") or 0)
     n_shared = int(_first(c, "n_shared_experts", "num_shared_experts", default=0) or 0)
     if shared_inter and not n_shared:
@@ -223,7 +230,9 @@ def spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str 
         if model_type.startswith("deepseek") or "kimi" in model_type:
             n_shared = 1
     first_dense = int(_first(c, "first_k_dense_replace", default=0) or 0)
-    freq = int(_first(c, "interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq", default=1) or 1)
+    freq = int(_first(c, "interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq", "expert_layer_period",
+                      default=1) or 1)
+    offset = c.get("expert_layer_offset")  # Jamba: MoE where i % period == offset
 
     vision = c.get("_vision") or _DEFAULT_VISION.get(arch)
     vision_params = _vision_params(vision) if isinstance(vision, dict) else 0
@@ -268,6 +277,7 @@ def spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str 
         shared_expert_intermediate_size=shared_inter,
         first_k_dense_layers=first_dense,
         moe_layer_freq=freq,
+        moe_layer_offset=int(offset) if offset is not None else None,
         attention_bias=bool(c.get("attention_bias", model_type in ("qwen2", "qwen2_moe", "qwen2_5_vl", "phi"))),
         mamba_d_state=int(_first(c, "mamba_d_state", "ssm_state_size", "state_size", default=0) or 0),
         mamba_d_conv=int(_first(c, "mamba_d_conv", "conv_kernel", default=4) or 4),

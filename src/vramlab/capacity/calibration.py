@@ -1,0 +1,431 @@
+"""Fit the capacity model's free constants to observations, and apply a fitted profile.
+
+Pure maths: no file I/O (profiles are read and written by `vramlab.logs.profile`).
+
+The fit never re-implements a formula. For each constant it asks `estimate` how the component
+the constant drives (`FIT_TARGETS`) moves when the constant moves, then solves a robust
+(Huber, ridge-anchored to the default) least-squares problem in *relative* units, so a
+7B model and a 70B model weigh the same. Two Gauss-Newton passes take care of the mild
+non-linearity (max(forward, sampler), block rounding). A constant too few observations
+depend on is refused and reported, not guessed. Leave-one-out errors per component show
+what the fit buys on data it did not see.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vramlab.capacity.constants import Constants
+from vramlab.capacity.estimate import Estimate
+from vramlab.capacity.gpus import GPU
+from vramlab.capacity.settings import DEFAULT_VERSIONS, EngineSettings, parse_version
+from vramlab.capacity.spec import ModelSpec
+from vramlab.errors import ConfigError, VramlabError
+
+# Constant -> the observed field (plan-JSON name) it is fitted against.
+FIT_TARGETS: dict[str, str] = {
+    "sampler_bytes_per_seq_vocab": "activation_peak_bytes",
+    "v0_sampler_bytes_per_seq_vocab": "activation_peak_bytes",
+    "forward_intermediate_copies": "activation_peak_bytes",
+    "forward_hidden_copies": "activation_peak_bytes",
+    "moe_workspace_copies": "activation_peak_bytes",
+    "tgi_prefill_bytes_per_token_hidden": "activation_peak_bytes",
+    "llamacpp_compute_scratch_bytes": "activation_peak_bytes",
+    "hf_activation_hidden_copies": "activation_peak_bytes",
+    "non_torch_forward_bytes": "non_torch_bytes",
+    "non_torch_forward_tp_bytes": "non_torch_bytes",
+    "non_torch_forward_pp_bytes": "non_torch_bytes",
+    "v0_non_torch_bytes": "non_torch_bytes",
+    "v0_non_torch_tp_bytes": "non_torch_bytes",
+    "cuda_graph_base_bytes": "cuda_graph_bytes",
+    "cuda_graph_per_layer_bytes": "cuda_graph_bytes",
+    "sglang_graph_bytes_per_bs": "cuda_graph_bytes",
+    "cuda_context_bytes": "init_non_torch_bytes",
+    "nccl_init_bytes": "init_non_torch_bytes",
+}
+# Estimate component -> observed field.
+COMPONENT_FIELDS = {
+    "weights": "weights_bytes", "activation_peak": "activation_peak_bytes", "non_torch": "non_torch_bytes",
+    "cuda_graphs": "cuda_graph_bytes",
+}
+SCORED_FIELDS = ("weights_bytes", "activation_peak_bytes", "non_torch_bytes", "cuda_graph_bytes",
+                 "init_non_torch_bytes", "kv_cache_bytes", "kv_cache_tokens", "max_concurrency")
+
+_STEP = 0.05  # relative step for the finite-difference sensitivity
+_RIDGE = 0.01  # pull toward the default in relative units; only matters where data say nothing
+_HUBER_K = 1.345
+
+
+@dataclass(frozen=True)
+class Case:
+    """One observation, ready for the model: what was run and what the engine printed."""
+
+    label: str
+    model: ModelSpec
+    gpu: GPU
+    settings: EngineSettings
+    observed: Mapping[str, float]  # plan-JSON field -> value
+
+
+@dataclass(frozen=True)
+class FittedConstant:
+    name: str
+    target: str
+    value: float
+    default: float
+    rel_band: float
+    n_points: int
+    source: str
+
+
+@dataclass(frozen=True)
+class Refusal:
+    name: str
+    target: str
+    n_points: int
+    needed: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ComponentError:
+    """Leave-one-out |relative error| of one field, with the defaults and with the fit."""
+
+    field: str
+    n: int
+    median_before: float
+    median_after: float
+    p90_before: float
+    p90_after: float
+
+
+@dataclass(frozen=True)
+class Fit:
+    engine: str
+    version_min: str | None
+    version_max: str | None
+    n_cases: int
+    fitted: tuple[FittedConstant, ...]
+    refused: tuple[Refusal, ...]
+    loo: tuple[ComponentError, ...]
+    skipped: tuple[tuple[str, str], ...] = ()  # (case, why the model could not predict it)
+    residuals: dict[str, list[float]] = field(default_factory=dict, compare=False)  # after the fit
+
+    def overrides(self) -> dict[str, tuple[float, float, str]]:
+        return {f.name: (f.value, f.rel_band, f.source) for f in self.fitted}
+
+
+def predicted_fields(est: Estimate) -> dict[str, float]:
+    out: dict[str, float] = {
+        "kv_cache_bytes": est.kv_cache_bytes, "kv_cache_tokens": est.kv_cache_tokens,
+        "max_concurrency": est.max_concurrency,
+    }
+    init = 0
+    for c in est.components:
+        if c.name in COMPONENT_FIELDS:
+            out[COMPONENT_FIELDS[c.name]] = c.bytes
+        if c.name in ("cuda_context", "nccl"):
+            init += c.bytes
+    if init:
+        out["init_non_torch_bytes"] = init
+    return out
+
+
+Estimator = Callable[[ModelSpec, GPU, EngineSettings, Constants], Estimate]
+
+
+def _default_estimator() -> Estimator:
+    from vramlab.capacity import estimate
+
+    return estimate
+
+
+def _with(constants: Constants, values: Mapping[str, float]) -> Constants:
+    return constants.with_overrides({k: (v, constants.get(k).rel_band, "fit") for k, v in values.items()},
+                                    constants.profile)
+
+
+def _rel_err(pred: float | None, obs: float | None) -> float | None:
+    if pred is None or obs is None or obs == 0:
+        return None
+    return (pred - obs) / abs(obs)
+
+
+class _Model:
+    """Predictions of every case at given constant values, cached; failures remembered."""
+
+    def __init__(self, cases: Sequence[Case], base: Constants, est: Estimator):
+        self.cases, self.base, self.est = cases, base, est
+        self.failed: dict[int, str] = {}
+
+    def predict(self, i: int, values: Mapping[str, float]) -> dict[str, float] | None:
+        c = self.cases[i]
+        try:
+            return predicted_fields(self.est(c.model, c.gpu, c.settings, _with(self.base, values)))
+        except (VramlabError, ValueError, ZeroDivisionError, ImportError, NotImplementedError) as exc:
+            self.failed[i] = f"{type(exc).__name__}: {exc}"
+            return None
+
+
+def _huber_ridge(J: Any, b: Any, lam: float) -> Any:
+    """argmin sum huber(b - J theta) + lam |theta - 1|^2, by iteratively reweighted least squares."""
+    import numpy as np
+
+    n, k = J.shape
+    w = np.ones(n)
+    theta = np.ones(k)
+    for _ in range(30):
+        M = J.T @ (w[:, None] * J) + lam * np.eye(k)
+        v = J.T @ (w * b) + lam * np.ones(k)
+        theta = np.linalg.solve(M, v)
+        e = b - J @ theta
+        s = max(1.4826 * float(np.median(np.abs(e - np.median(e)))), 1e-4)
+        w_new = np.minimum(1.0, _HUBER_K * s / np.maximum(np.abs(e), 1e-12))
+        if np.allclose(w_new, w, atol=1e-6):
+            break
+        w = w_new
+    return np.maximum(theta, 0.05)  # a memory constant is positive
+
+
+@dataclass
+class _Linear:
+    """The target field's residuals and sensitivities at one point, relative to the observation."""
+
+    rows: list[int]  # case indices with an observation of the target
+    names: list[str]  # active constants
+    J: Any  # (rows, names): d(pred / obs) / d(value / default)
+    b: Any  # obs/obs - pred/obs + J @ theta0  (so that b ~ J @ theta)
+
+
+def _linearize(model: _Model, target: str, names: list[str], values: dict[str, float],
+               defaults: dict[str, float], rows: list[int]) -> tuple[_Linear, dict[str, int]]:
+    import numpy as np
+
+    J = np.zeros((len(rows), len(names)))
+    b = np.zeros(len(rows))
+    theta0 = np.array([values[n] / defaults[n] for n in names])
+    keep = []
+    for r, i in enumerate(rows):
+        obs = float(model.cases[i].observed[target])
+        base = model.predict(i, values)
+        if base is None or target not in base:
+            continue
+        keep.append(r)
+        for j, name in enumerate(names):
+            bumped = dict(values)
+            bumped[name] = values[name] * (1 + _STEP)
+            p = model.predict(i, bumped)
+            if p is not None and target in p:
+                J[r, j] = (p[target] - base[target]) / (_STEP * theta0[j]) / abs(obs)
+        b[r] = (obs - base[target]) / abs(obs) + J[r] @ theta0
+    J, b = J[keep], b[keep]
+    rows = [rows[r] for r in keep]
+    active = {name: int(np.sum(np.abs(J[:, j]) > 1e-4)) for j, name in enumerate(names)}
+    return _Linear(rows, names, J, b), active
+
+
+def fit(cases: Sequence[Case], engine: str, constants: Constants | None = None, min_points: int = 3,
+        estimator: Estimator | None = None, leave_one_out: bool = True) -> Fit:
+    """Fit the constants `FIT_TARGETS` names to the cases of one engine."""
+    import numpy as np
+
+    base = constants or Constants.defaults()
+    est = estimator or _default_estimator()
+    model = _Model(cases, base, est)
+    defaults = {n: base[n] for n in FIT_TARGETS if n in base.values}
+    values = dict(defaults)
+    fitted: list[FittedConstant] = []
+    refused: list[Refusal] = []
+    linear: dict[str, _Linear] = {}
+    for target in dict.fromkeys(FIT_TARGETS.values()):
+        names = [n for n in FIT_TARGETS if FIT_TARGETS[n] == target and n in defaults]
+        rows = [i for i, c in enumerate(cases) if (c.observed.get(target) or 0) > 0]  # V0 can print negatives
+        if not rows:
+            continue
+        lin, active = _linearize(model, target, names, values, defaults, rows)
+        use = [n for n in names if active[n] >= min_points]
+        for n in names:
+            if 0 < active[n] < min_points:
+                refused.append(Refusal(n, target, active[n], min_points,
+                                       f"only {active[n]} observation(s) of {target} depend on it; {min_points} needed"))
+        if not use:
+            continue
+        for _ in range(2):  # Gauss-Newton: re-linearize at the fitted point once
+            lin, _active = _linearize(model, target, use, values, defaults, rows)
+            theta = _huber_ridge(lin.J, lin.b, _RIDGE)
+            values.update({n: defaults[n] * float(t) for n, t in zip(use, theta)})
+        lin, _active = _linearize(model, target, use, values, defaults, rows)
+        linear[target] = lin
+        theta = np.array([values[n] / defaults[n] for n in use])
+        resid = lin.b - lin.J @ theta
+        spread = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
+        for j, n in enumerate(use):
+            n_pts = int(np.sum(np.abs(lin.J[:, j]) > 1e-4))
+            fitted.append(FittedConstant(
+                n, target, values[n], defaults[n], round(max(0.02, spread), 4), n_pts,
+                f"calibrated on {n_pts} {engine} observations of {target}"))
+    residuals = {}
+    for target, lin in linear.items():
+        theta = np.array([values[n] / defaults[n] for n in lin.names])
+        residuals[target] = [float(x) for x in (lin.b - lin.J @ theta)]
+    loo = _leave_one_out(model, linear, values, defaults) if leave_one_out and fitted else ()
+    versions = sorted({c.settings.engine_version for c in cases if c.settings.engine_version},
+                      key=parse_version)
+    skipped = tuple((cases[i].label, why) for i, why in sorted(model.failed.items()))
+    return Fit(engine, versions[0] if versions else None, versions[-1] if versions else None, len(cases),
+               tuple(fitted), tuple(refused), tuple(loo), skipped, residuals)
+
+
+def _leave_one_out(model: _Model, linear: dict[str, _Linear], values: dict[str, float],
+                   defaults: dict[str, float]) -> list[ComponentError]:
+    """Refit without each case (on the linearization at the full fit) and predict that case."""
+
+    before: dict[str, list[float]] = {f: [] for f in SCORED_FIELDS}
+    after: dict[str, list[float]] = {f: [] for f in SCORED_FIELDS}
+    involved = sorted({i for lin in linear.values() for i in lin.rows})
+    for i in involved:
+        held = dict(values)
+        for lin in linear.values():
+            keep = [r for r, row in enumerate(lin.rows) if row != i]
+            if len(keep) < 2:
+                continue
+            theta = _huber_ridge(lin.J[keep], lin.b[keep], _RIDGE)
+            held.update({n: defaults[n] * float(t) for n, t in zip(lin.names, theta)})
+        p0 = model.predict(i, defaults)
+        p1 = model.predict(i, held)
+        if p0 is None or p1 is None:
+            continue
+        for f in SCORED_FIELDS:
+            e0, e1 = _rel_err(p0.get(f), model.cases[i].observed.get(f)), _rel_err(p1.get(f), model.cases[i].observed.get(f))
+            if e0 is not None and e1 is not None:
+                before[f].append(abs(e0))
+                after[f].append(abs(e1))
+    out = []
+    for f in SCORED_FIELDS:
+        if before[f]:
+            out.append(ComponentError(f, len(before[f]), statistics.median(before[f]), statistics.median(after[f]),
+                                      _p90(before[f]), _p90(after[f])))
+    return out
+
+
+def _p90(xs: list[float]) -> float:
+    s = sorted(xs)
+    k = (len(s) - 1) * 0.9
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+# --- profiles --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Section:
+    engine: str
+    version_min: str | None
+    version_max: str | None
+    constants: dict[str, dict[str, Any]]  # name -> {value, rel_band, source, n_points, default}
+    loo: dict[str, dict[str, float]] = field(default_factory=dict)
+    n_observations: int = 0
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    sections: tuple[Section, ...]
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def profile_from_fits(name: str, fits: Sequence[Fit], provenance: Mapping[str, Any]) -> Profile:
+    sections = []
+    for f in fits:
+        consts = {c.name: {"value": c.value, "rel_band": c.rel_band, "source": c.source, "n_points": c.n_points,
+                           "default": c.default, "target": c.target} for c in f.fitted}
+        loo = {e.field: {"n": e.n, "median_before": round(e.median_before, 5), "median_after": round(e.median_after, 5),
+                         "p90_before": round(e.p90_before, 5), "p90_after": round(e.p90_after, 5)} for e in f.loo}
+        sections.append(Section(f.engine, f.version_min, f.version_max, consts, loo, f.n_cases))
+    return Profile(name, tuple(sections), dict(provenance))
+
+
+def profile_from_dict(data: Mapping[str, Any], name: str) -> Profile:
+    """A profile from parsed TOML; a malformed one raises ConfigError naming the problem."""
+    if data.get("format") != 1:
+        raise ConfigError(f"{name}: not a vramlab calibration profile (format = 1 missing)")
+    sections = []
+    for k, sec in enumerate(data.get("section") or []):
+        try:
+            consts = {n: dict(v) for n, v in (sec.get("constants") or {}).items()}
+            for n, v in consts.items():
+                float(v["value"]), float(v["rel_band"]), str(v["source"])  # noqa: B018 - validate
+            sections.append(Section(str(sec["engine"]), sec.get("version_min"), sec.get("version_max"), consts,
+                                    dict(sec.get("loo") or {}), int(sec.get("n_observations", 0))))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{name}: section {k + 1} is malformed ({exc})") from None
+    if not sections:
+        raise ConfigError(f"{name}: the profile has no [[section]]")
+    return Profile(name, tuple(sections), dict(data.get("provenance") or {}))
+
+
+def _pad(v: tuple[int, ...], n: int = 4) -> tuple[int, ...]:
+    return v + (0,) * (n - len(v))
+
+
+def select_section(profile: Profile, engine: str, version: str | None) -> Section:
+    """The section fitted on this engine and a version range holding `version`; else ConfigError."""
+    version = version or DEFAULT_VERSIONS.get(engine)
+    mine = [s for s in profile.sections if s.engine == engine]
+    if not mine:
+        have = ", ".join(sorted({s.engine for s in profile.sections}))
+        raise ConfigError(f"calibration profile {profile.name} was fitted on {have}, not {engine}")
+    v = _pad(parse_version(version))
+    for s in mine:
+        lo = _pad(parse_version(s.version_min)) if s.version_min else None
+        hi = _pad(parse_version(s.version_max)) if s.version_max else None
+        if (lo is None or v >= lo) and (hi is None or v <= hi):
+            return s
+    ranges = "; ".join(f"{s.version_min or '?'}..{s.version_max or '?'}" for s in mine)
+    raise ConfigError(f"calibration profile {profile.name} was fitted on {engine} {ranges}, not {engine} {version} "
+                      "(refit on logs of that version, or widen the range with `vramlab calibrate --versions`)")
+
+
+def apply_profile(constants: Constants, profile: Profile, engine: str, version: str | None) -> Constants:
+    """Constants with the profile's fitted values for this engine and version (provenance 'calibrated')."""
+    section = select_section(profile, engine, version)
+    known = {k: v for k, v in section.constants.items() if k in constants.values}
+    overrides = {k: (float(v["value"]), float(v["rel_band"]), str(v["source"])) for k, v in known.items()}
+    return constants.with_overrides(overrides, profile.name)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else '"nan"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    s = str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{s}"'
+
+
+def profile_to_toml(profile: Profile) -> str:
+    """The profile as TOML (written by hand: the structure is small and fixed)."""
+    out = ["# vramlab calibration profile: fitted constants per engine and version range.",
+           "# Apply with `vramlab plan --calibration FILE`; see docs/logs-and-calibration.md.",
+           "format = 1", f"name = {_toml_value(profile.name)}", "", "[provenance]"]
+    out += [f"{k} = {_toml_value(v)}" for k, v in profile.provenance.items()]
+    for s in profile.sections:
+        out += ["", "[[section]]", f"engine = {_toml_value(s.engine)}"]
+        if s.version_min:
+            out.append(f"version_min = {_toml_value(s.version_min)}")
+        if s.version_max:
+            out.append(f"version_max = {_toml_value(s.version_max)}")
+        out.append(f"n_observations = {s.n_observations}")
+        for name, c in s.constants.items():
+            out += ["", f"[section.constants.{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in c.items()]
+        for fld, e in s.loo.items():
+            out += ["", f"[section.loo.{fld}]"] + [f"{k} = {_toml_value(v)}" for k, v in e.items()]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,98 @@
+"""SGLang, TGI, llama.cpp and transformers policies."""
+
+from __future__ import annotations
+
+import pytest
+
+from capacity_models import GEMMA3_4B, LLAMA_31_8B, QWEN3_8B, spec
+from vramlab.capacity import GIB, Constants, EngineSettings, estimate, get_gpu
+from vramlab.capacity.engines.common import Context
+from vramlab.capacity.engines.sglang import default_fraction, gpu_defaults
+
+H100, L4, RTX4090 = get_gpu("h100-80gb"), get_gpu("l4"), get_gpu("rtx-4090")
+QWEN3_235B_FP8 = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 4096, "intermediate_size": 12288,
+    "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128, "num_hidden_layers": 94,
+    "vocab_size": 151936, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1536,
+    "max_position_embeddings": 40960, "torch_dtype": "bfloat16",
+    "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+}
+
+
+def test_sglang_pool_matches_published_qwen3_235b():
+    # vllm issue #21348: SGLang --mem-fraction-static 0.93, TP4 H100: #tokens 367,404, K size 8.23 GB (GiB).
+    est = estimate(spec(QWEN3_235B_FP8), H100, EngineSettings(engine="sglang", tensor_parallel_size=4,
+                                                              mem_fraction_static=0.93, max_model_len=32768))
+    assert est.kv_cache_tokens == pytest.approx(367_404, rel=0.05)
+    assert est.kv_bytes_per_token == 94 * 1 * 128 * 2 * 2
+
+
+def test_sglang_default_fraction_heuristics():
+    ctx = Context(spec(LLAMA_31_8B), H100, EngineSettings(engine="sglang", engine_version="0.5.6"), Constants.defaults())
+    chunk, bs = gpu_defaults(ctx)
+    assert (chunk, bs) == (8192, 256)
+    # 512 + 8192 x 1.5 + 256 x 2 + 1/8 x 1024 MiB = 13.125 GiB reserved on 79.19 GiB.
+    assert default_fraction(ctx, chunk, bs) == round((79.19 - 13.125) / 79.19, 3)
+    old = Context(spec(LLAMA_31_8B), H100, EngineSettings(engine="sglang", engine_version="0.4.6"), Constants.defaults())
+    assert default_fraction(old, chunk, bs) == round((79.19 - 10.0) / 79.19, 3)  # 9.5 + tp/2
+
+
+def test_sglang_activation_beyond_the_reservation_does_not_fit():
+    est = estimate(spec(LLAMA_31_8B), H100, EngineSettings(engine="sglang", mem_fraction_static=0.99,
+                                                           max_model_len=8192))
+    assert not est.fits and "mem_fraction_static" in est.reasons[0]
+
+
+def test_tgi_keeps_ten_percent_of_the_card():
+    m = spec(LLAMA_31_8B)
+    est = estimate(m, H100, EngineSettings(engine="tgi", max_model_len=8192))
+    non_kv = sum(c.bytes for c in est.components if c.in_budget and c.name != "kv_cache")
+    assert est.kv_cache_bytes == pytest.approx(H100.memory_bytes * 0.9 - non_kv, abs=2)
+    assert est.kv_cache_tokens == est.kv_cache_bytes // 131_072  # flashinfer blocks of one token
+
+
+def test_llamacpp_kv_is_fixed_by_ctx_size_and_padded():
+    m = spec(LLAMA_31_8B)
+    est = estimate(m, RTX4090, EngineSettings(engine="llama.cpp", ctx_size=32768, parallel=4))
+    # llama.cpp prints "KV self size = 4096.00 MiB" for an 8B Llama at n_ctx 32768 in f16.
+    assert est.kv_cache_bytes == 4096 << 20
+    assert est.max_concurrency == 4 and est.max_model_len == 8192
+    odd = estimate(m, RTX4090, EngineSettings(engine="llama.cpp", ctx_size=1000))
+    assert odd.kv_cache_bytes == 1024 * 131_072  # padded to 256 cells
+    q8 = estimate(m, RTX4090, EngineSettings(engine="llama.cpp", ctx_size=32768, kv_cache_dtype="q8_0"))
+    assert q8.kv_cache_bytes == pytest.approx(est.kv_cache_bytes * 34 / 64, rel=1e-6)
+
+
+def test_llamacpp_sliding_layers_hold_the_window_only():
+    g = spec(GEMMA3_4B)
+    full = estimate(g, RTX4090, EngineSettings(engine="llama.cpp", ctx_size=32768))
+    per_layer_token = 2 * 4 * 256 * 2
+    # 5 global layers x 32768 cells + 29 sliding layers x pad(1024 + 512, 256) cells.
+    assert full.kv_cache_bytes == per_layer_token * (5 * 32768 + 29 * 1536)
+
+
+def test_llamacpp_out_of_memory_names_cudamalloc():
+    est = estimate(spec(QWEN3_8B), L4, EngineSettings(engine="llama.cpp", ctx_size=40960, parallel=1,
+                                                      dtype="float32"))
+    assert not est.fits and "cudaMalloc" in est.reasons[0]
+
+
+def test_transformers_memory_grows_with_batch_times_length():
+    m = spec(LLAMA_31_8B)
+    one = estimate(m, H100, EngineSettings(engine="transformers", max_model_len=4096, max_num_seqs=1))
+    four = estimate(m, H100, EngineSettings(engine="transformers", max_model_len=4096, max_num_seqs=4))
+    assert four.kv_cache_bytes == 4 * one.kv_cache_bytes == 4 * 4096 * 131_072
+    assert four.used_bytes > one.used_bytes
+    # (79 - 15.5 GiB) / (0.5 GiB KV + ~0.6 GiB prefill activations) per 4k-token sequence
+    assert 45 < one.max_concurrency < 75
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "tgi", "llama.cpp", "transformers"])
+def test_every_engine_reports_the_contract_fields(engine):
+    est = estimate(spec(QWEN3_8B), H100, EngineSettings(engine=engine, max_model_len=8192))
+    j = est.to_json()
+    for key in ("weights_bytes", "kv_cache_bytes", "kv_cache_tokens", "kv_bytes_per_token", "activation_peak_bytes",
+                "non_torch_bytes", "cuda_graph_bytes", "headroom_bytes"):
+        assert isinstance(j[key], int), key
+    assert isinstance(j["fits"], bool) and j["components"]
+    assert j["weights_bytes"] / GIB == pytest.approx(15.27, rel=0.02)  # Qwen3-8B loads as 15.27 GiB (r053)

@@ -1,0 +1,125 @@
+"""`vramlab plan` as a user runs it: the installed command in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+VRAMLAB = shutil.which("vramlab", path=str(Path(sys.executable).parent)) or "vramlab"
+CONTRACT = ("weights_bytes", "kv_cache_bytes", "kv_cache_tokens", "kv_bytes_per_token", "activation_peak_bytes",
+            "non_torch_bytes", "cuda_graph_bytes", "max_concurrency", "max_model_len", "fits", "headroom_bytes",
+            "components")
+
+
+def vramlab(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([VRAMLAB, *args], capture_output=True, text=True, timeout=60, cwd=cwd, env=env)
+
+
+def test_plan_prints_every_component_and_a_verdict():
+    r = vramlab("plan", "--model", "llama-3.1-8b-instruct", "--gpu", "h100-80gb", "--max-model-len", "8192")
+    assert r.returncode == 0, r.stderr
+    for name in ("weights", "kv_cache", "activation_peak", "non_torch", "cuda_graphs", "cuda_context", "headroom"):
+        assert name in r.stdout
+    assert "verdict: FITS" in r.stdout
+    assert "safe operating point (10% margin" in r.stdout
+
+
+def test_plan_json_contract():
+    r = vramlab("plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100", "--json",
+                "--gpu-memory-utilization", "0.9", "--concurrency", "32")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    for key in CONTRACT:
+        assert key in j, key
+    for key in CONTRACT:
+        if key.endswith("_bytes") or key in ("kv_cache_tokens", "max_model_len"):
+            assert isinstance(j[key], int), key
+    assert {c["provenance"] for c in j["components"]} <= {"exact", "formula", "engine-policy", "default", "calibrated"}
+    for c in j["components"]:
+        assert c["low_bytes"] <= c["bytes"] <= c["high_bytes"]
+    assert j["max_model_len_at_concurrency"] > 8192
+    assert j["settings"]["gpu_memory_utilization"] == 0.9
+
+
+@pytest.mark.parametrize("engine,extra", [
+    ("sglang", ["-tp", "2"]),
+    ("tgi", []),
+    ("llama.cpp", ["--ctx-size", "32k", "--parallel", "4"]),
+    ("transformers", ["--max-num-seqs", "4", "--max-model-len", "4096"]),
+])
+def test_plan_other_engines(engine, extra):
+    r = vramlab("plan", "--model", "qwen2.5-7b-instruct", "--gpu", "a100-80gb", "--engine", engine, "--json", *extra)
+    assert r.returncode in (0, 1), r.stderr
+    j = json.loads(r.stdout)
+    assert j["engine"] == engine and j["kv_cache_bytes"] > 0
+
+
+def test_does_not_fit_exits_1_with_checked_suggestions():
+    r = vramlab("plan", "--model", "llama-3.1-8b-instruct", "--gpu", "l4", "--max-model-len", "128k")
+    assert r.returncode == 1
+    assert "DOES NOT FIT" in r.stdout and "try: lower --max-model-len to" in r.stdout
+    length = int(r.stdout.split("try: lower --max-model-len to ")[1].split()[0])
+    ok = vramlab("plan", "--model", "llama-3.1-8b-instruct", "--gpu", "l4", "--max-model-len", str(length))
+    assert ok.returncode == 0, ok.stdout
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--model", "llama-3.1-8b-instruc", "--gpu", "h100"], "did you mean 'llama-3.1-8b-instruct'"),
+    (["--model", "llama-3.1-8b-instruct", "--gpu", "h101"], "unknown GPU 'h101'"),
+    (["--model", "llama-3.1-8b-instruct", "--gpu", "h100", "--gpu-memory-utilization", "1.5"], "(0, 1]"),
+    (["--model", "llama-3.1-8b-instruct", "--gpu", "h100", "-tp", "3"], "divisible"),
+    (["--model", "llama-3.1-8b-instruct", "--gpu", "h100", "--max-model-len", "1m"], "greater than"),
+    (["--model", "llama-3.1-8b-instruct", "--gpu", "h100", "--sweep", "foo=1"], "unknown key"),
+    (["--model", "llama-3.1-8b-instruct"], "--gpu"),
+    (["--model", "/no/such/dir", "--gpu", "h100"], "no such file"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, fragment):
+    r = vramlab("plan", *args)
+    assert r.returncode == 2
+    assert fragment in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in r.stderr
+
+
+def test_config_json_and_directory(tmp_path):
+    cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
+           "intermediate_size": 3072, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+           "num_hidden_layers": 28, "vocab_size": 151936, "max_position_embeddings": 40960,
+           "torch_dtype": "bfloat16", "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    for target in (tmp_path, tmp_path / "config.json"):
+        r = vramlab("plan", "--model", str(target), "--gpu", "l4", "--json", "--max-model-len", "8k")
+        assert r.returncode == 0, r.stderr
+        j = json.loads(r.stdout)
+        assert j["kv_bytes_per_token"] == 28 * 8 * 128 * 2 * 2
+    bad = dict(cfg)
+    del bad["num_hidden_layers"]
+    (tmp_path / "config.json").write_text(json.dumps(bad))
+    r = vramlab("plan", "--model", str(tmp_path), "--gpu", "l4")
+    assert r.returncode == 2 and "num_hidden_layers" in r.stderr
+
+
+def test_sweep_grid_and_plot(tmp_path):
+    png = tmp_path / "grid.png"
+    r = vramlab("plan", "--model", "qwen3-8b", "--gpu", "l4", "--sweep", "max-model-len=2k,8k,32k",
+                "--sweep", "max-num-seqs=16,64", "--plot", str(png), "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert len(j["rows"]) == 6
+    conc = {(row["max_model_len"], row["max_num_seqs"]): row["max_concurrency"] for row in j["rows"] if row["fits"]}
+    assert conc[(2048, 16)] > conc[(8192, 16)]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_help_is_fast_and_lists_every_command():
+    r = vramlab("--help")
+    assert r.returncode == 0
+    for cmd in ("plan", "models", "gpus"):
+        assert f"  {cmd}" in r.stdout
