@@ -143,14 +143,14 @@ def _line_of(loc: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> int | N
     return None
 
 
-def _validate(cls: Any, path: Path) -> Any:
+def _validate(cls: Any, path: Path, data: Any, lines: dict[tuple[Any, ...], int]) -> Any:
+    """The validated document, or a ConfigError naming the file, line and key of the first problem."""
     from pydantic import ValidationError
 
-    data, lines = _load_yaml(path)
     if data is None:
         raise ConfigError(f"{path}: the file is empty")
     try:
-        return cls.model_validate(data), lines
+        return cls.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])
@@ -263,7 +263,7 @@ def _schemas() -> tuple[Any, Any]:
         policy: PolicyIn = Field(default_factory=PolicyIn)
         models: list[ModelIn] = Field(min_length=1)
 
-    return FleetIn, (ModelsIn, ModelIn, PolicyIn)
+    return FleetIn, ModelsIn
 
 
 def load_fleet(path: str | Path) -> Fleet:
@@ -271,7 +271,8 @@ def load_fleet(path: str | Path) -> Fleet:
 
     path = Path(path)
     fleet_cls, _ = _schemas()
-    doc, lines = _validate(fleet_cls, path)
+    data, lines = _load_yaml(path)
+    doc = _validate(fleet_cls, path, data, lines)
     if doc.nodes and doc.gpu:
         raise ConfigError(f"{path}: give either 'nodes' or the one-node shorthand 'gpu', not both")
     if not doc.nodes and not doc.gpu:
@@ -299,7 +300,7 @@ def load_models(path: str | Path) -> tuple[tuple[Instance, ...], Policy]:
     from vramlab.capacity.gpus import GIB
 
     path = Path(path)
-    _, (models_cls, model_cls, _policy_cls) = _schemas()
+    _, models_cls = _schemas()
     data, lines = _load_yaml(path)
     # `defaults:` fills every model's missing keys before validation, so errors still point at lines.
     if isinstance(data, dict) and isinstance(data.get("defaults"), dict) and isinstance(data.get("models"), list):
@@ -307,19 +308,7 @@ def load_models(path: str | Path) -> tuple[tuple[Instance, ...], Policy]:
             if isinstance(m, dict):
                 for k, v in data["defaults"].items():
                     m.setdefault(k, v)
-    from pydantic import ValidationError
-
-    try:
-        doc = models_cls.model_validate(data) if data is not None else None
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = tuple(err["loc"])
-        line = _line_of(loc, lines)
-        dotted = ".".join(str(p) for p in loc) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        raise ConfigError(f"{path}{':' + str(line) if line else ''}: {dotted}: {msg}") from None
-    if doc is None:
-        raise ConfigError(f"{path}: the file is empty")
+    doc = _validate(models_cls, path, data, lines)
     out: list[Instance] = []
     names: set[str] = set()
     for i, m in enumerate(doc.models):
