@@ -105,3 +105,18 @@ def test_infeasible_long_context_gets_a_shorter_max_model_len_that_really_fits()
     shorter = [insts[0].with_(context_tokens=x)]
     assert pack(shorter, one, DEMAND).feasible
     assert not pack([insts[0].with_(context_tokens=x + 256)], one, DEMAND).feasible
+
+
+def test_sglang_fraction_counts_what_started_before_it() -> None:
+    card = fleet(("n", "a100-80gb", 1, 79.15))
+    big = Instance(name="big", model="llama-3.1-8b-instruct", concurrency=16, context_tokens=8192, tp_options=(1,))
+    sg = Instance(name="sg", model="qwen2.5-3b-instruct", engine="sglang", concurrency=4, context_tokens=4096,
+                  tp_options=(1,))
+    alone = engine_settings(pack([sg], card, DEMAND), [sg], DEMAND, Policy())[0][0]
+    out, (check,) = engine_settings(pack([big, sg], card, DEMAND), [big, sg], DEMAND, Policy())
+    first, second = sorted(out, key=lambda s: s.start_order)
+    assert (first.instance, second.instance) == ("big", "sg") and check.fits
+    # SGLang's share covers the card's memory already in use, so started second it must be larger
+    frac = second.flags["--mem-fraction-static"]
+    assert frac > alone.flags["--mem-fraction-static"]
+    assert frac * card.cards[0].memory_bytes >= second.other_processes_bytes + second.demand.weights_bytes
