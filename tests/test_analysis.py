@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import _synthetic_run as synth
 from vramlab.analysis.run import analyze_run
 from vramlab.analysis.stats import Distribution, Slo, percentile, summarize_requests
-from vramlab.experiment.records import RequestRecord
+from vramlab.experiment.records import EventRecord, RequestRecord
 
 finite = st.floats(min_value=-1e12, max_value=1e12, allow_nan=False, allow_infinity=False)
 
@@ -138,3 +138,12 @@ def test_fewer_rounds_warns():
     a = analyze_run(run, keep, [s for s in samples if s.t_s < 60], [e for e in events if e.round in (0, None)])
     assert any("only 1 round" in w for w in a.warnings)
     assert all(not s.spikes for s in a.stability)
+
+
+def test_lag_warning_not_repeated_when_the_runner_already_warned():
+    run, reqs, samples, events = synth.build()
+    reqs = [r.model_copy(update={"dispatch_lag_ms": 40.0}) if r.round in (0, 2) and r.step == 1 else r for r in reqs]
+    events.append(EventRecord(run_id=run.run_id, t_s=30.0, kind="warning", round=0, phase="treatment", step=1,
+                              message="the load generator fell behind", data={"dispatch_lag_p99_ms": 40.0}))
+    lag = [w for w in analyze_run(run, reqs, samples, events).warnings if "fell behind" in w]
+    assert len(lag) == 1 and "round 2 treatment step 1" in lag[0]

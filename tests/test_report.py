@@ -133,3 +133,15 @@ def test_registry_adds_sections_for_drills_only():
     assert "Test incident" not in md_exp
     assert "## Test incident\n\nincident for 7f3a91bc: 315 requests" in md_drill
     assert md_drill.index("## Summary") < md_drill.index("## Test incident") < md_drill.index("## Plan")
+
+
+def test_notes_said_once_and_warnings_kept_apart():
+    from vramlab.experiment.records import EventRecord
+
+    run, reqs, samples, events = synth.build()
+    run = run.model_copy(update={"notes": ["no NVML: GPU samples missing", "engine /metrics scrape took 1.2 s"]})
+    events.append(EventRecord(run_id=run.run_id, t_s=0.2, kind="note", message="no NVML: GPU samples missing"))
+    md = render(ReportContext.build(run, reqs, samples, events), "md")
+    notes = md.split("## Notes", 1)[1]
+    assert notes.count("no NVML") == 1 and "- 0.2 s: no NVML: GPU samples missing" in notes
+    assert "scrape took" not in notes and md.count("engine /metrics scrape took 1.2 s") == 1

@@ -91,7 +91,8 @@ def _bands(phases: Sequence[WindowResult]) -> list[Band]:
     return out
 
 
-def _warnings(run: RunRecord, complete: bool, steps: Sequence[WindowResult], rounds: int) -> list[str]:
+def _warnings(run: RunRecord, complete: bool, steps: Sequence[WindowResult], rounds: int,
+              events: Sequence[EventRecord]) -> list[str]:
     out = []
     if not complete:
         out.append(
@@ -100,10 +101,12 @@ def _warnings(run: RunRecord, complete: bool, steps: Sequence[WindowResult], rou
         )
     if 0 < rounds < MIN_ROUNDS:
         out.append(f"only {rounds} round(s): at least {MIN_ROUNDS} are needed to tell a trend from a one-off")
+    # The runner warns about lag itself (with the plan's threshold); don't say it twice.
+    told = {(e.round, e.phase, e.step) for e in events if e.kind == "warning" and "dispatch_lag_p99_ms" in e.data}
     for res in steps:
         lag = res.requests.dispatch_lag
-        if lag is not None and lag.p99 > DISPATCH_LAG_WARN_MS:
-            w = res.window
+        w = res.window
+        if lag is not None and lag.p99 > DISPATCH_LAG_WARN_MS and (w.round, w.phase, w.step) not in told:
             out.append(
                 f"client fell behind in round {w.round} {w.phase} step {w.step}: dispatch lag P99 "
                 f"{lag.p99:.1f} ms (max {lag.max:.1f} ms); trust the from-scheduled latencies"
@@ -160,5 +163,5 @@ def analyze_run(
         bands=_bands(phases),
         timeline=_timeline(samples),
         events=sorted(events, key=lambda e: e.t_s),
-        warnings=_warnings(run, complete, steps, rounds),
+        warnings=_warnings(run, complete, steps, rounds, events),
     )

@@ -192,7 +192,16 @@ def events(ctx: ReportContext) -> list[Block]:
 
 
 def notes(ctx: ReportContext) -> list[Block]:
-    items = list(ctx.run.notes) + [f"{e.t_s:.1f} s: {e.message}" for e in ctx.analysis.events if e.kind == "note"]
+    # The runner keeps notes (and warnings) both on the run row and as timeline events: say each once,
+    # with its time when the timeline has it, and leave warnings to their own section.
+    warned = {e.message for e in ctx.analysis.events if e.kind == "warning"}
+    timed = {e.message: e.t_s for e in ctx.analysis.events if e.kind == "note"}
+    items, seen = [], set()
+    for msg in [*ctx.run.notes, *timed]:
+        if msg in seen or msg in warned:
+            continue
+        seen.add(msg)
+        items.append(f"{timed[msg]:.1f} s: {msg}" if msg in timed else msg)
     return [Bullets(items)] if items else []
 
 
