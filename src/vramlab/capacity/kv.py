@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from vramlab.capacity.spec import ModelSpec, dtype_bytes
 from vramlab.errors import ConfigError
@@ -72,7 +73,8 @@ def bytes_per_token_layer(m: ModelSpec, kind: str, kv_cache_dtype: str, model_dt
     return int(per)
 
 
-def kv_shapes(m: ModelSpec, kv_cache_dtype: str, model_dtype: str, tp: int, layer_range: range) -> list[KVShape]:
+@lru_cache(maxsize=512)
+def kv_shapes(m: ModelSpec, kv_cache_dtype: str, model_dtype: str, tp: int, layer_range: range) -> tuple[KVShape, ...]:
     """Attention layer groups on one GPU (for the layers of one pipeline stage)."""
     counts: dict[str, int] = {}
     kinds = m.kinds
@@ -81,9 +83,10 @@ def kv_shapes(m: ModelSpec, kv_cache_dtype: str, model_dtype: str, tp: int, laye
         if k in ("mamba", "linear", "mlp"):
             continue
         counts[k] = counts.get(k, 0) + 1
-    return [KVShape(k, n, bytes_per_token_layer(m, k, kv_cache_dtype, model_dtype, tp)) for k, n in counts.items()]
+    return tuple(KVShape(k, n, bytes_per_token_layer(m, k, kv_cache_dtype, model_dtype, tp)) for k, n in counts.items())
 
 
+@lru_cache(maxsize=512)
 def state_bytes_per_sequence(m: ModelSpec, model_dtype: str, tp: int, layer_range: range) -> int:
     """Mamba-2 / gated-delta-net state one sequence holds on one GPU (conv + SSM/recurrent)."""
     kinds = m.kinds

@@ -35,7 +35,7 @@ class PoolLayout:
         return sum(n for _, n in self.groups)
 
 
-def layout(shapes: list[KVShape], block_size: int, mamba_layers: int = 0, state_bytes_per_layer: int = 0,
+def layout(shapes: tuple[KVShape, ...] | list[KVShape], block_size: int, mamba_layers: int = 0, state_bytes_per_layer: int = 0,
            hybrid_manager: bool = True) -> PoolLayout:
     """How the pool is laid out on one GPU."""
     shapes = [s for s in shapes if s.layers > 0]

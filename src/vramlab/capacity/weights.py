@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from vramlab.capacity.spec import ModelSpec, QuantSpec, dtype_bytes
 
@@ -153,6 +154,7 @@ def _quant_bytes_per_param(q: QuantSpec) -> float:
     return b
 
 
+@lru_cache(maxsize=512)  # pure in hashable inputs; sweeps ask the same question many times
 def weight_bytes(m: ModelSpec, dtype: str = "auto", quantization: str | None = None,
                  tp: int = 1, pp: int = 1, rank_pp: int = 0) -> tuple[int, str]:
     """Bytes of weights on one GPU, and how they were obtained ("exact" or "formula")."""

@@ -58,7 +58,7 @@ class Context:
             rel = max(rel, 0.05)
         return band("weights", value, rel, rel, FORMULA, note)
 
-    def kv_shapes(self, stage: int = 0) -> list[kvmod.KVShape]:
+    def kv_shapes(self, stage: int = 0) -> tuple[kvmod.KVShape, ...]:
         return kvmod.kv_shapes(self.model, self.s.kv_cache_dtype, self.dtype, self.tp, self.layer_range(stage))
 
     def kv_bytes_per_token(self, stage: int = 0) -> int:
