@@ -28,6 +28,7 @@ def run_record(run_id: str = RUN_ID, *, status: str = "completed", model: str = 
             "name": "concurrency-ramp",
             "hypothesis": "P95 end-to-end latency stays under 2 s up to concurrency 8",
             "rounds": ROUNDS,
+            "metrics": {"p95_e2e_ms": 950.0, "error_rate": 0.05},
             "change": {"variable": "concurrency", "steps": list(STEPS)},
             "target": {"base_url": "http://127.0.0.1:8000/v1", "api_key_env": "OPENAI_API_KEY"},
         },

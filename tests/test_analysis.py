@@ -147,3 +147,38 @@ def test_lag_warning_not_repeated_when_the_runner_already_warned():
                               message="the load generator fell behind", data={"dispatch_lag_p99_ms": 40.0}))
     lag = [w for w in analyze_run(run, reqs, samples, events).warnings if "fell behind" in w]
     assert len(lag) == 1 and "round 2 treatment step 1" in lag[0]
+
+
+def test_thresholds_from_the_plan():
+    a = analyze_run(*synth.build())  # plan metrics: p95_e2e_ms <= 950, error_rate <= 5%
+    assert len(a.thresholds) == 15 * 2
+    breaches = {(c.round, c.step_value, c.metric) for c in a.thresholds if c.passed is False}
+    assert breaches == {(0, 8.0, "p95_e2e_ms"), (1, 8.0, "p95_e2e_ms"), (2, 8.0, "p95_e2e_ms"),
+                        (1, 8.0, "error_rate"), (2, None, "p95_e2e_ms")}
+    assert a.highest_passing_value == 4.0
+    # goodput uses the e2e limit as the per-request SLO: at concurrency 8 (e2e 800..1000 ms)
+    # the 16 requests at or under 950 ms are good in round 0
+    step8 = next(s for s in a.steps if s.window.round == 0 and s.window.step_value == 8.0)
+    assert step8.requests.goodput_rps == pytest.approx(16 / step8.window.duration_s)
+
+
+def test_threshold_names_and_limits():
+    from vramlab.analysis.thresholds import check_thresholds, highest_passing_value, slo_from_metrics
+
+    assert slo_from_metrics({"p95_ttft_ms": 500, "p99_ttft_ms": 800, "error_rate": 0.01}) == Slo(ttft_ms=500.0)
+    assert slo_from_metrics({"error_rate": 0.01}) is None
+    a = analyze_run(*synth.build())
+    checks = check_thresholds({"p90_itl_ms": 4.0, "min_goodput_rps": 1.0, "max_tpot_ms": 5.0}, a.steps[:2])
+    got = {(c.metric, c.phase): (c.value, c.passed) for c in checks}
+    assert [s.window.phase for s in a.steps[:2]] == ["baseline", "treatment"]
+    assert got[("p90_itl_ms", "baseline")] == (5.0, False)  # every inter-token latency is 5 ms
+    assert got[("max_tpot_ms", "treatment")] == (5.0, True)
+    # goodput under the plan's SLO (e2e <= 950 ms): all 21 baseline requests are good
+    assert got[("min_goodput_rps", "baseline")] == (pytest.approx(21 / a.steps[0].window.duration_s), True)
+    plain = analyze_run(*synth.build(), slo=None)
+    assert plain.steps[0].requests.goodput_rps is not None  # the plan's metrics still give the SLO
+    bare_run = synth.run_record().model_copy(update={"plan": {}})
+    _, reqs, samples, events = synth.build()
+    bare = analyze_run(bare_run, reqs, samples, events)
+    assert bare.thresholds == [] and bare.steps[0].requests.goodput_rps is None
+    assert highest_passing_value([]) is None

@@ -63,6 +63,9 @@ def test_markdown_from_the_store(store_url):
     assert "- prometheus source not configured: no engine histograms" in md
     assert "- 120.0 s: engine /metrics scrape took 1.2 s" in md
     assert "72.00" in md  # GPU memory max at concurrency 8: 70 + 8/4 GiB
+    assert "## Thresholds" in md and "| 1 | treatment | 2 | 8 | 23.8% BREACH | 992.5 ms BREACH |" in md
+    assert ("Thresholds held in every round up to: concurrency 4; first breach: round 0 treatment at "
+            "concurrency 8, p95_e2e_ms 990.0 ms vs limit 950.0 ms") in md
 
 
 def test_html_is_self_contained_and_parses(ctx):
@@ -100,6 +103,7 @@ def test_json_report(ctx):
     d = data["comparisons"][0]["deltas"]["treatment"]["e2e_p95_ms"]
     assert d["baseline"] == 290.0 and d["delta"] == pytest.approx(d["value"] - 290.0)
     assert [e["kind"] for e in data["events"]].count("stop_condition") == 1
+    assert data["highest_passing_value"] == 4.0 and len(data["thresholds"]) == 30
 
 
 def test_incomplete_run_is_marked():

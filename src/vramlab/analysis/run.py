@@ -14,6 +14,12 @@ from vramlab.analysis.rounds import (
     stability,
 )
 from vramlab.analysis.stats import RequestSummary, Slo, request_span, summarize_requests
+from vramlab.analysis.thresholds import (
+    ThresholdCheck,
+    check_thresholds,
+    highest_passing_value,
+    slo_from_metrics,
+)
 from vramlab.analysis.windows import WindowResult, find_windows, summarize_window
 from vramlab.experiment.records import EventRecord, RequestRecord, RunRecord, SampleRecord
 
@@ -63,6 +69,8 @@ class RunAnalysis:
     timeline: dict[str, list[tuple[float, float]]]  # sample name -> (t_s, value), max over labels
     events: list[EventRecord]
     warnings: list[str] = field(default_factory=list)
+    thresholds: list[ThresholdCheck] = field(default_factory=list)  # per step window, from plan.metrics
+    highest_passing_value: float | None = None  # the changed variable's observed limit
 
     @property
     def rounds(self) -> list[int]:
@@ -121,6 +129,9 @@ def analyze_run(
     events: Sequence[EventRecord],
     slo: Slo | None = None,
 ) -> RunAnalysis:
+    limits = {k: float(v) for k, v in (run.plan.get("metrics") or {}).items() if isinstance(v, (int, float))}
+    if slo is None:
+        slo = slo_from_metrics(limits)
     step_windows, phase_windows = find_windows(requests, events)
     steps = [summarize_window(w, requests, samples, slo) for w in step_windows]
     phases = [summarize_window(w, requests, samples, slo) for w in phase_windows]
@@ -149,6 +160,7 @@ def analyze_run(
         for s in steps
         if s.window.phase in ("treatment", "ramp")
     ]
+    checks = check_thresholds(limits, steps)
     return RunAnalysis(
         run=run,
         complete=complete,
@@ -164,4 +176,6 @@ def analyze_run(
         timeline=_timeline(samples),
         events=sorted(events, key=lambda e: e.t_s),
         warnings=_warnings(run, complete, steps, rounds, events),
+        thresholds=checks,
+        highest_passing_value=highest_passing_value(checks),
     )

@@ -40,10 +40,11 @@ def percentile(values: Sequence[float], p: float, *, is_sorted: bool = False) ->
 
 @dataclass(frozen=True)
 class Distribution:
-    """P50/P95/P99/max/mean of one latency in milliseconds over a set of requests."""
+    """P50/P90/P95/P99/max/mean of one latency in milliseconds over a set of requests."""
 
     count: int
     p50: float
+    p90: float
     p95: float
     p99: float
     max: float
@@ -57,6 +58,7 @@ class Distribution:
         return cls(
             count=len(xs),
             p50=percentile(xs, 50, is_sorted=True),
+            p90=percentile(xs, 90, is_sorted=True),
             p95=percentile(xs, 95, is_sorted=True),
             p99=percentile(xs, 99, is_sorted=True),
             max=xs[-1],
@@ -105,6 +107,7 @@ class RequestSummary:
     goodput_rps: float | None
     ttft: Distribution | None
     tpot: Distribution | None
+    itl: Distribution | None
     e2e: Distribution | None
     ttft_sched: Distribution | None
     e2e_sched: Distribution | None
@@ -165,6 +168,7 @@ def summarize_requests(
         goodput_rps=good,
         ttft=Distribution.of(r.ttft_ms for r in ok),
         tpot=Distribution.of(r.tpot_ms for r in ok),
+        itl=Distribution.of(x for r in ok for x in r.itl_ms),
         e2e=Distribution.of(r.e2e_ms for r in ok),
         ttft_sched=Distribution.of(r.ttft_from_scheduled_ms for r in ok),
         e2e_sched=Distribution.of(r.e2e_from_scheduled_ms for r in ok),

@@ -40,6 +40,17 @@ def summary(ctx: ReportContext) -> list[Block]:
     for rec in a.recovery:
         when = "" if rec.after_s is None else (" at once" if rec.after_s == 0 else f" after {rec.after_s:.1f} s")
         items.append(f"Round {rec.round} returned to baseline: {'yes' + when if rec.returned else 'no'}")
+    if a.thresholds:
+        var = run.change.get("variable", "the changed variable")
+        first = next((c for c in a.thresholds if c.passed is False), None)
+        limit = ("no step" if a.highest_passing_value is None else f"{var} {fmt.num(a.highest_passing_value)}")
+        line = f"Thresholds held in every round up to: {limit}"
+        if first is not None:
+            line += (f"; first breach: round {first.round} {first.phase}"
+                     + ("" if first.step_value is None else f" at {var} {fmt.num(first.step_value)}")
+                     + f", {first.metric} {_threshold_value(first.metric, first.value)} vs limit "
+                     f"{_threshold_value(first.metric, first.limit)}")
+        items.append(line)
     spikes = [s for s in a.stability if s.spikes and s.metric in STABILITY_METRICS]
     for s in spikes:
         items.append(f"One-off in round {', '.join(map(str, s.spikes))}: {s.metric} of {s.phase}"
@@ -151,6 +162,33 @@ def charts(ctx: ReportContext) -> list[Block]:
     return out
 
 
+def _threshold_value(metric: str, v: float | None) -> str:
+    if v is None:
+        return "–"
+    if metric == "error_rate":
+        return fmt.pct(v)
+    return f"{v:,.2f} req/s" if metric.endswith("_rps") else f"{v:,.1f} ms"
+
+
+def thresholds(ctx: ReportContext) -> list[Block]:
+    checks = ctx.analysis.thresholds
+    if not checks:
+        return []
+    metrics = sorted({c.metric for c in checks})
+    limits = {c.metric: c.limit for c in checks}
+    rows: dict[tuple[int, str, int | None, float | None], dict[str, str]] = {}
+    for c in checks:
+        mark = {True: "ok", False: "BREACH", None: "n/a"}[c.passed]
+        rows.setdefault((c.round, c.phase, c.step, c.step_value), {})[c.metric] = (
+            f"{_threshold_value(c.metric, c.value)} {mark}")
+    headers = ["round", "phase", "step", ctx.run.change.get("variable", "value")]
+    headers += [f"{m} ({'≥' if m.startswith('min_') else '≤'} {_threshold_value(m, limits[m])})" for m in metrics]
+    body = [[str(k[0]), k[1], "–" if k[2] is None else str(k[2]), fmt.num(k[3]), *(v.get(m, "–") for m in metrics)]
+            for k, v in rows.items()]
+    return [Text("The plan's thresholds, window by window (latency limits are also the per-request SLO for goodput)."),
+            Table(headers, body)]
+
+
 def stability(ctx: ReportContext) -> list[Block]:
     a = ctx.analysis
     rows = []
@@ -211,6 +249,7 @@ for _section in (
     Section("environment", "Environment", environment, order=30),
     Section("warnings", "Warnings", warnings, order=40),
     Section("phases", "Baseline, treatment and recovery by round", phases, order=50),
+    Section("thresholds", "Thresholds", thresholds, order=52),
     Section("steps", "Per step", steps, order=55),
     Section("charts", "Charts", charts, order=60),
     Section("stability", "Stability across rounds", stability, order=70),

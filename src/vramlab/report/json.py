@@ -63,6 +63,8 @@ def report_data(ctx: ReportContext, doc: Document) -> dict[str, Any]:
         ],
         "stability": [dataclasses.asdict(s) for s in a.stability],
         "recovery": [dataclasses.asdict(r) for r in a.recovery],
+        "thresholds": [dataclasses.asdict(c) for c in a.thresholds],
+        "highest_passing_value": a.highest_passing_value,
         "events": [e.model_dump() for e in a.events],
         "sections": {s.id: s.data for s in doc.sections if s.data is not None},
     })
