@@ -4,8 +4,9 @@ Pure maths: no file I/O (profiles are read and written by `vramlab.logs.profile`
 
 The fit never re-implements a formula. For each constant it asks `estimate` how the component
 the constant drives (`FIT_TARGETS`) moves when the constant moves, then solves a robust
-(Huber, ridge-anchored to the default) least-squares problem in *relative* units, so a
-7B model and a 70B model weigh the same. Two Gauss-Newton passes take care of the mild
+(Huber then Tukey bisquare, ridge-anchored to the default) least-squares problem on
+log(observed / predicted): a 7B and a 70B model weigh the same, and a row the model is far
+off on (a trainer sharing the card) cannot lever the fit. Two Gauss-Newton passes take care of the mild
 non-linearity (max(forward, sampler), block rounding). A constant too few observations
 depend on is refused and reported, not guessed. Leave-one-out errors per component show
 what the fit buys on data it did not see.
@@ -58,6 +59,8 @@ SCORED_FIELDS = ("weights_bytes", "activation_peak_bytes", "non_torch_bytes", "c
 _STEP = 0.05  # relative step for the finite-difference sensitivity
 _RIDGE = 0.01  # pull toward the default in relative units; only matters where data say nothing
 _HUBER_K = 1.345
+_TUKEY_C = 4.685
+_SCALE_FLOOR = 0.02
 
 
 @dataclass(frozen=True)
@@ -171,20 +174,46 @@ class _Model:
             return None
 
 
-def _huber_ridge(J: Any, b: Any, lam: float) -> Any:
-    """argmin sum huber(b - J theta) + lam |theta - 1|^2, by iteratively reweighted least squares."""
+def _robust_ridge(J: Any, b: Any, lam: float) -> Any:
+    """argmin sum rho(b - J theta) + lam |theta - 1|^2 by iteratively reweighted least squares.
+
+    Huber first (convex, so it finds the basin), then Tukey's bisquare from there with the
+    scale fixed: observations far off the model (a trainer sharing the card, another
+    engine's graph sizes) get zero weight instead of pulling every constant their way.
+    """
     import numpy as np
 
     n, k = J.shape
+
+    informative = np.any(np.abs(J) > 1e-4, axis=1)  # rows no fitted constant moves say nothing
+    J, b = J[informative], b[informative]
+    n = len(b)
+
+    def solve(w: Any) -> Any:
+        reg = lam * max(float(w.sum()), 1e-9) / max(n, 1)  # the anchor keeps its weight as rows are downweighted
+        M = J.T @ (w[:, None] * J) + reg * np.eye(k)
+        return np.linalg.solve(M, J.T @ (w * b) + reg * np.ones(k))
+
+    def scale(e: Any) -> float:
+        # Engines print 2 decimals of GiB: a few per cent of a small component is rounding, not signal.
+        return max(1.4826 * float(np.median(np.abs(e - np.median(e)))), _SCALE_FLOOR)
+
     w = np.ones(n)
-    theta = np.ones(k)
-    for _ in range(30):
-        M = J.T @ (w[:, None] * J) + lam * np.eye(k)
-        v = J.T @ (w * b) + lam * np.ones(k)
-        theta = np.linalg.solve(M, v)
+    theta = solve(w)
+    for _ in range(30):  # Huber
         e = b - J @ theta
-        s = max(1.4826 * float(np.median(np.abs(e - np.median(e)))), 1e-4)
-        w_new = np.minimum(1.0, _HUBER_K * s / np.maximum(np.abs(e), 1e-12))
+        w_new = np.minimum(1.0, _HUBER_K * scale(e) / np.maximum(np.abs(e), 1e-12))
+        theta = solve(w_new)
+        if np.allclose(w_new, w, atol=1e-6):
+            break
+        w = w_new
+    s = scale(b - J @ theta)
+    for _ in range(30):  # bisquare, scale held
+        u = (b - J @ theta) / (_TUKEY_C * s)
+        w_new = np.where(np.abs(u) < 1, (1 - u**2) ** 2, 0.0)
+        if w_new.sum() < k + 1:  # too few points left to trust: keep the last answer
+            break
+        theta = solve(w_new)
         if np.allclose(w_new, w, atol=1e-6):
             break
         w = w_new
@@ -197,8 +226,8 @@ class _Linear:
 
     rows: list[int]  # case indices with an observation of the target
     names: list[str]  # active constants
-    J: Any  # (rows, names): d(pred / obs) / d(value / default)
-    b: Any  # obs/obs - pred/obs + J @ theta0  (so that b ~ J @ theta)
+    J: Any  # (rows, names): d log(pred) / d(value / default)
+    b: Any  # log(obs / pred) + J @ theta0  (so that b ~ J @ theta)
 
 
 def _linearize(model: _Model, target: str, names: list[str], values: dict[str, float],
@@ -212,16 +241,16 @@ def _linearize(model: _Model, target: str, names: list[str], values: dict[str, f
     for r, i in enumerate(rows):
         obs = float(model.cases[i].observed[target])
         base = model.predict(i, values)
-        if base is None or target not in base:
+        if base is None or (base.get(target) or 0) <= 0:
             continue
         keep.append(r)
         for j, name in enumerate(names):
             bumped = dict(values)
             bumped[name] = values[name] * (1 + _STEP)
             p = model.predict(i, bumped)
-            if p is not None and target in p:
-                J[r, j] = (p[target] - base[target]) / (_STEP * theta0[j]) / abs(obs)
-        b[r] = (obs - base[target]) / abs(obs) + J[r] @ theta0
+            if p is not None and (p.get(target) or 0) > 0:
+                J[r, j] = math.log(p[target] / base[target]) / (_STEP * theta0[j])
+        b[r] = math.log(obs / base[target]) + J[r] @ theta0
     J, b = J[keep], b[keep]
     rows = [rows[r] for r in keep]
     active = {name: int(np.sum(np.abs(J[:, j]) > 1e-4)) for j, name in enumerate(names)}
@@ -256,8 +285,8 @@ def fit(cases: Sequence[Case], engine: str, constants: Constants | None = None, 
             continue
         for _ in range(2):  # Gauss-Newton: re-linearize at the fitted point once
             lin, _active = _linearize(model, target, use, values, defaults, rows)
-            theta = _huber_ridge(lin.J, lin.b, _RIDGE)
-            values.update({n: defaults[n] * float(t) for n, t in zip(use, theta)})
+            theta = _robust_ridge(lin.J, lin.b, _RIDGE)
+            values.update({n: defaults[n] * float(t) for n, t in zip(use, theta, strict=True)})
         lin, _active = _linearize(model, target, use, values, defaults, rows)
         linear[target] = lin
         theta = np.array([values[n] / defaults[n] for n in use])
@@ -293,8 +322,8 @@ def _leave_one_out(model: _Model, linear: dict[str, _Linear], values: dict[str, 
             keep = [r for r, row in enumerate(lin.rows) if row != i]
             if len(keep) < 2:
                 continue
-            theta = _huber_ridge(lin.J[keep], lin.b[keep], _RIDGE)
-            held.update({n: defaults[n] * float(t) for n, t in zip(lin.names, theta)})
+            theta = _robust_ridge(lin.J[keep], lin.b[keep], _RIDGE)
+            held.update({n: defaults[n] * float(t) for n, t in zip(lin.names, theta, strict=True)})
         p0 = model.predict(i, defaults)
         p1 = model.predict(i, held)
         if p0 is None or p1 is None:
@@ -357,7 +386,7 @@ def profile_from_dict(data: Mapping[str, Any], name: str) -> Profile:
     for k, sec in enumerate(data.get("section") or []):
         try:
             consts = {n: dict(v) for n, v in (sec.get("constants") or {}).items()}
-            for n, v in consts.items():
+            for v in consts.values():
                 float(v["value"]), float(v["rel_band"]), str(v["source"])  # noqa: B018 - validate
             sections.append(Section(str(sec["engine"]), sec.get("version_min"), sec.get("version_max"), consts,
                                     dict(sec.get("loo") or {}), int(sec.get("n_observations", 0))))

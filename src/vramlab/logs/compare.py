@@ -1,0 +1,223 @@
+"""An observation beside the prediction for the same settings, and where the difference comes from.
+
+The engines size the KV pool as *budget minus the other in-budget components*, so every GiB
+a component is mispredicted by moves the KV prediction by the same GiB the other way. The
+component with the largest such contribution "explains" the KV difference.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, fields
+from typing import Any
+
+from vramlab.capacity.estimate import Estimate
+from vramlab.capacity.gpus import GPU, GPUS, custom_gpu, get_gpu
+from vramlab.capacity.settings import EngineSettings
+from vramlab.errors import ConfigError, VramlabError
+from vramlab.logs.observation import Observation
+
+GIB = 1 << 30
+
+# Estimate component name -> Observation field.
+COMPONENT_FIELD = {
+    "weights": "weights_bytes",
+    "activation_peak": "activation_peak_bytes",
+    "non_torch": "non_torch_bytes",
+    "cuda_graphs": "cuda_graph_bytes",
+    "kv_cache": "kv_cache_bytes",
+}
+ROWS = ("weights_bytes", "activation_peak_bytes", "non_torch_bytes", "cuda_graph_bytes", "kv_cache_bytes",
+        "kv_cache_tokens", "max_concurrency")
+# The engine the capacity model has a policy for, per log engine (Ollama runs llama.cpp).
+MODEL_ENGINE = {"ollama": "llama.cpp"}
+_SETTING_FIELDS = {f.name for f in fields(EngineSettings)}
+
+
+def settings_for(obs: Observation, **overrides: Any) -> EngineSettings:
+    """The engine settings the observation printed; the rest stay at the engine's defaults."""
+    engine = MODEL_ENGINE.get(obs.engine, obs.engine)
+    values: dict[str, Any] = {k: v for k, v in obs.settings.items() if k in _SETTING_FIELDS and v is not None}
+    values.pop("engine", None)
+    if obs.engine == "ollama":
+        values.pop("engine_version", None)  # Ollama's release number is not llama.cpp's build
+    if obs.max_model_len and engine in ("vllm", "tgi") and "max_model_len" not in values:
+        values["max_model_len"] = obs.max_model_len
+    if obs.engine_version and obs.engine != "ollama":
+        values.setdefault("engine_version", obs.engine_version)
+    if engine == "sglang" and values.get("gpu_memory_utilization") is not None:
+        values.setdefault("mem_fraction_static", values.pop("gpu_memory_utilization"))
+    if engine == "tgi":
+        values.pop("gpu_memory_utilization", None)  # TGI's cuda_memory_fraction is not vLLM's budget
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return EngineSettings(engine=engine, **values)
+    except TypeError as exc:
+        raise ConfigError(f"settings from the log do not fit: {exc}") from None
+
+
+def _catalog_card(name: str) -> GPU | None:
+    base = name.strip().lower().replace("nvidia", "").replace("geforce", "").replace("tesla", "").strip()
+    for cand in (name, base, base.replace(" ", "-"), base.split()[-1] if base.split() else base):
+        try:
+            return get_gpu(cand)
+        except VramlabError:
+            continue
+    return None
+
+
+def gpu_for(obs: Observation, gpu: str | None = None) -> tuple[GPU, str]:
+    """The card to predict for, and why: --gpu, else the log's total memory (the closest catalog
+    card within 1 %, with the log's exact figure), else the card the log names."""
+    if gpu:
+        card = get_gpu(gpu)
+        return card, f"{card.name} (--gpu)"
+    if obs.total_gpu_memory_bytes:
+        total_gib = obs.total_gpu_memory_bytes / GIB
+        close = min(GPUS, key=lambda g: abs(g.memory_gib - total_gib))
+        if abs(close.memory_gib - total_gib) <= 0.01 * total_gib:
+            return custom_gpu(total_gib, like=close), f"{close.name} (closest to the log's {total_gib:.2f} GiB total)"
+        return custom_gpu(total_gib), f"a {total_gib:.2f} GiB card (the log's total memory)"
+    if obs.gpu:
+        card = _catalog_card(obs.gpu)
+        if card is not None:
+            return card, f"{card.name} (named in the log)"
+    raise ConfigError("the log does not print the GPU's total memory or a known card; pass --gpu")
+
+
+@dataclass(frozen=True)
+class Row:
+    field: str
+    observed: float | None
+    predicted: float | None
+
+    @property
+    def difference(self) -> float | None:
+        if self.observed is None or self.predicted is None:
+            return None
+        return self.predicted - self.observed
+
+    @property
+    def relative(self) -> float | None:
+        d = self.difference
+        if d is None or not self.observed:
+            return None
+        return d / abs(self.observed)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    observation: Observation
+    estimate: Estimate
+    gpu_reason: str
+    rows: tuple[Row, ...]
+    contributions: dict[str, float]  # component -> bytes it moves the KV prediction by
+    explains: str | None  # the component with the largest contribution
+
+    def to_json(self) -> dict[str, Any]:
+        pred = self.estimate.to_json()
+        pred["difference"] = {r.field: r.difference for r in self.rows if r.difference is not None}
+        pred["relative_difference"] = {r.field: round(r.relative, 5) for r in self.rows if r.relative is not None}
+        pred["kv_difference_by_component"] = {k: int(v) for k, v in self.contributions.items()}
+        pred["explained_by"] = self.explains
+        pred["gpu_choice"] = self.gpu_reason
+        return pred
+
+
+def predicted_value(est: Estimate, field: str) -> float | None:
+    if field == "kv_cache_bytes":
+        return est.kv_cache_bytes
+    if field == "kv_cache_tokens":
+        return est.kv_cache_tokens
+    if field == "max_concurrency":
+        return est.max_concurrency
+    name = next((k for k, v in COMPONENT_FIELD.items() if v == field), None)
+    comp = est.component(name) if name else None
+    return comp.bytes if comp is not None else None
+
+
+def compare(obs: Observation, est: Estimate, gpu_reason: str = "") -> Comparison:
+    rows = tuple(Row(f, getattr(obs, f), predicted_value(est, f)) for f in ROWS)
+    contributions: dict[str, float] = {}
+    for comp in est.components:
+        field = COMPONENT_FIELD.get(comp.name)
+        if not comp.in_budget or field is None or field == "kv_cache_bytes":
+            continue
+        seen = getattr(obs, field)
+        if seen is not None:
+            # Predicting a component X bytes too high predicts the KV pool X bytes too low.
+            contributions[comp.name] = -(comp.bytes - seen)
+    if obs.budget_bytes is not None or (obs.total_gpu_memory_bytes and obs.gpu_memory_utilization):
+        seen_budget = obs.budget_bytes or obs.total_gpu_memory_bytes * obs.gpu_memory_utilization
+        contributions["budget"] = est.budget_bytes - seen_budget
+    kv = next(r for r in rows if r.field == "kv_cache_bytes").difference
+    if kv is not None and contributions:
+        contributions["unexplained"] = kv - sum(contributions.values())
+    # "unexplained" wins when the printed components do not account for the KV difference:
+    # the budget or a component the log does not print is off.
+    explains = max(contributions, key=lambda k: abs(contributions[k])) if contributions else None
+    return Comparison(obs, est, gpu_reason, rows, contributions, explains)
+
+
+@dataclass(frozen=True)
+class Attribution:
+    group: str
+    n: int
+    median_kv_error: float  # relative, |error|
+    main_component: str | None
+    share: float  # that component's share of the summed |contributions|
+
+
+def _tags(c: Comparison) -> list[str]:
+    s = c.estimate.settings
+    m_tags = ["all"]
+    if c.estimate.extra.get("vision") or any("multimodal" in comp.note for comp in c.estimate.components):
+        m_tags.append("models with vision encoders")
+    if int(s.get("tensor_parallel_size") or 1) > 1:
+        m_tags.append("tensor parallel > 1")
+    if int(s.get("pipeline_parallel_size") or 1) > 1:
+        m_tags.append("pipeline parallel > 1")
+    if "fp8" in str(s.get("kv_cache_dtype") or ""):
+        m_tags.append("fp8 KV cache")
+    if s.get("quantization"):
+        m_tags.append("quantized weights")
+    if any("MoE" in comp.note for comp in c.estimate.components):
+        m_tags.append("MoE models")
+    mode = s.get("engine_mode")
+    if mode:
+        m_tags.append(f"{c.estimate.engine} {mode}")
+    return m_tags
+
+
+def attribute(comparisons: list[Comparison]) -> list[Attribution]:
+    """Over a set: per group of observations, which component most of the KV error comes from."""
+    groups: dict[str, list[Comparison]] = {}
+    for c in comparisons:
+        for tag in _tags(c):
+            groups.setdefault(tag, []).append(c)
+    out = []
+    for tag, items in groups.items():
+        totals: dict[str, float] = {}
+        errors = []
+        for c in items:
+            for k, v in c.contributions.items():
+                totals[k] = totals.get(k, 0.0) + abs(v)
+            rel = next(r for r in c.rows if r.field == "kv_cache_bytes").relative
+            if rel is not None:
+                errors.append(abs(rel))
+        whole = sum(totals.values())
+        main = max(totals, key=lambda k: totals[k]) if totals else None
+        out.append(Attribution(tag, len(items), statistics.median(errors) if errors else float("nan"), main,
+                               (totals[main] / whole) if main and whole else 0.0))
+    return out
+
+
+def attribution_sentences(attrs: list[Attribution]) -> list[str]:
+    lines = []
+    for a in attrs:
+        if a.main_component is None or a.n == 0:
+            continue
+        where = "" if a.group == "all" else f" on {a.group}"
+        lines.append(f"most KV error{where} comes from {a.main_component} "
+                     f"({a.share:.0%} of it; n={a.n}, median |KV error| {a.median_kv_error:.1%})")
+    return lines
