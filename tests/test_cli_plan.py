@@ -123,3 +123,23 @@ def test_help_is_fast_and_lists_every_command():
     assert r.returncode == 0
     for cmd in ("plan", "models", "gpus"):
         assert f"  {cmd}" in r.stdout
+
+
+def test_gguf_file_weights_are_exact_for_llamacpp(tmp_path):
+    from _sources_files import write_gguf
+
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, layers=2, kv=2, quant_type="Q8_0")
+    from vramlab.sources import resolve_model
+
+    spec = resolve_model(str(path))
+    r = vramlab("plan", "--model", str(path), "--gpu", "rtx-4090", "--engine", "llama.cpp", "--ctx-size", "4096",
+                "--parallel", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    weights = next(c for c in j["components"] if c["name"] == "weights")
+    assert weights["provenance"] == "exact"
+    assert weights["bytes"] == spec.weights_bytes_exact
+    # 2 layers x 2 KV heads x 64 x (K + V) x f16 x 4096 cells.
+    assert j["kv_cache_bytes"] == 2 * 2 * 64 * 2 * 2 * 4096
+    assert j["max_concurrency"] == 2 and j["max_model_len"] == 2048

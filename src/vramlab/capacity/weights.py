@@ -156,14 +156,17 @@ def _quant_bytes_per_param(q: QuantSpec) -> float:
 
 @lru_cache(maxsize=512)  # pure in hashable inputs; sweeps ask the same question many times
 def weight_bytes(m: ModelSpec, dtype: str = "auto", quantization: str | None = None,
-                 tp: int = 1, pp: int = 1, rank_pp: int = 0) -> tuple[int, str]:
-    """Bytes of weights on one GPU, and how they were obtained ("exact" or "formula")."""
+                 tp: int = 1, pp: int = 1, rank_pp: int = 0, rope_cache: bool = True) -> tuple[int, str]:
+    """Bytes of weights on one GPU, and how they were obtained ("exact" or "formula").
+
+    *rope_cache*: add the rotary cos/sin cache vLLM and SGLang build at load time.
+    """
     q = effective_quant(m, quantization)
     model_dtype = resolve_dtype(m, dtype, q)
     if m.weights_bytes_exact and pp == 1 and q == m.quant:
         # Headers give the checkpoint's bytes; TP splits nearly all of it.
         wb = breakdown(m, tp, pp, rank_pp)
-        rope = wb.rope_cache_elems * dtype_bytes(model_dtype)
+        rope = wb.rope_cache_elems * dtype_bytes(model_dtype) if rope_cache else 0
         exact = m.weights_bytes_exact
         if m.quant is None and model_dtype != m.torch_dtype:  # cast at load (e.g. --dtype float32)
             exact = int(exact * dtype_bytes(model_dtype) / dtype_bytes(m.torch_dtype))
@@ -182,7 +185,8 @@ def weight_bytes(m: ModelSpec, dtype: str = "auto", quantization: str | None = N
         total += wb.embedding_params * (per if q.quantize_embedding else unq)
         total += wb.lm_head_params * (per if q.quantize_lm_head else unq)
         total += wb.vision_params * unq
-    total += wb.rope_cache_elems * full
+    if rope_cache:
+        total += wb.rope_cache_elems * full
     return int(total), "formula"
 
 

@@ -40,7 +40,8 @@ class Context:
         return range(start, start + split[stage])
 
     def weights(self, stage: int = 0) -> tuple[int, str]:
-        return wmod.weight_bytes(self.model, self.s.dtype, self.s.quantization, self.tp, self.pp, stage)
+        return wmod.weight_bytes(self.model, self.s.dtype, self.s.quantization, self.tp, self.pp, stage,
+                                 rope_cache=self.s.engine in ("vllm", "sglang"))
 
     def weights_component(self, stage: int = 0) -> Component:
         value, how = self.weights(stage)
