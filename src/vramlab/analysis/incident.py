@@ -142,6 +142,8 @@ def analyse(
     round: int | None = None,
 ) -> Incident:
     """Analyse one round of a drill (or the whole run when `round` is None)."""
+    # requests the drill itself cancelled (end of a window) say nothing about the target
+    requests = [r for r in requests if r.error_class != "cancelled"]
     if round is not None:
         requests = [r for r in requests if r.round == round]
         events = [e for e in events if e.round in (round, None)]
@@ -173,6 +175,8 @@ def analyse(
     ]
     firing = [a for a in alerts if a["state"] == "firing" and (t0 is None or a["t_s"] >= t0)]
     mitigated = _first(events, "mitigation", after=t0 or -math.inf) if failed else None
+    # the drill settles the mode after recovery, when it knows more (exit, refusal on restart)
+    settled = next((e for e in reversed(events) if e.kind == "failure_mode"), None) if failed else None
 
     recovery = _recovery(requests, samples, events, t0, baseline_start, p95_tolerance, window_s)
     rec_end = (t0 + recovery.time_to_recover_s) if (t0 is not None and recovery.time_to_recover_s is not None) else end_s
@@ -192,10 +196,10 @@ def analyse(
         treatment_start_s=treatment_start,
         t0_s=t0,
         failed=failed,
-        failure_mode=str(fault.data.get("mode", "crash_after_oom")) if fault else "none",
+        failure_mode=str((settled or fault).data.get("mode", "unknown")) if fault else "none",
         failure_step=failure_step,
         last_safe_value=last_safe,
-        signature=fault.data.get("signature") if fault else None,
+        signature=((settled and settled.data.get("signature")) or fault.data.get("signature")) if fault else None,
         detected_s=detected.t_s if detected else None,
         time_to_detect_s=_since(detected.t_s if detected else None, t0),
         alerts=alerts,
@@ -215,7 +219,7 @@ def analyse(
 def _recovery(requests, samples, events, t0, baseline_start, tol, window_s) -> Recovery:
     if t0 is None:
         return Recovery(None, None, None, False, None, False)
-    health = _samples(samples, "target.health_ok")
+    health = _samples(samples, "health.up")
     fail_t = next((t for t, v in health if t >= t0 and v < 0.5), None)
     health_ok = next((t for t, v in health if fail_t is not None and t > fail_t and v >= 0.5), None)
     first_err = next((r.end_s or r.sent_s for r in requests if not r.ok and (r.end_s or r.sent_s or 0) >= t0), None)
@@ -279,7 +283,7 @@ def _signals(requests, samples, events, start, end, window_s) -> list[Signal]:
     lat = [(r.end_s, r.e2e_ms) for r in requests if r.ok and r.end_s is not None and r.e2e_ms is not None]
     out.append(Signal("user.e2e_p95_ms", "user", windowed(lat, start, end + window_s, window_s, "p95"),
                       SignalRule(rel=1.0, k_sigma=4.0), "ms"))
-    out.append(Signal("service.health_ok", "service", tuple(_samples(samples, "target.health_ok")),
+    out.append(Signal("service.health_ok", "service", tuple(_samples(samples, "health.up")),
                       SignalRule(direction="down", threshold=0.5, deviation=False)))
     for name, rule in (
         ("engine.kv_cache_usage_perc", SignalRule(threshold=0.9, rel=0.5, min_delta=0.2)),

@@ -5,9 +5,12 @@
     load                               the steady client traffic the ramp rides on
     ramp                               the one knob that rises, step by step, to a ceiling
     stop                               hard limits, armed from the first request to the last
+                                       (the experiment's StopConditions, with a drill's defaults)
     recovery                           auto | scripted | manual, and the limit to wait
     neighbours                         other endpoints on the same GPU, probed throughout
-    clients                            the retry policy the load's clients follow
+    clients                            the retry policy the load's clients follow (experiment Retry)
+    cotenant                           memory a neighbour holds for the whole drill
+    rollback                           shell commands run after the drill however it ended
     alerts                             Prometheus rules with owner and action (vramlab alerts)
 
 The document is loaded once and never mutated; the runner works on copies.
@@ -18,12 +21,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vramlab.alerts.rules import AlertRuleSpec, check_actionable
 from vramlab.drill.ramp import RampSpec
 from vramlab.drill.target import TargetSpec
 from vramlab.errors import ConfigError
+from vramlab.experiment.plan import Retry, RollbackCommand, StopConditions
 
 
 class _Strict(BaseModel):
@@ -38,14 +42,34 @@ class LoadSpec(_Strict):
     think_time_s: float = Field(0.0, ge=0)  # pause between a client's requests
 
 
-class StopSpec(_Strict):
-    """Hard limits. They always hold: a plan cannot switch them all off."""
+def _drill_stop_defaults() -> StopConditions:
+    # A drill breaks things quickly; its windows are seconds, not the experiment's ten.
+    return StopConditions(error_rate=0.5, window_s=3.0, min_requests=3, oom_seen=True, wall_clock_s=300.0)
 
-    on_oom: bool = True  # OOM detected (response body, log signature, process exit after OOM)
-    error_rate: float = Field(0.5, gt=0, le=1)  # above this share of failed requests ...
-    error_window_s: float = Field(5.0, gt=0)  # ... over this many seconds
-    max_wall_s: float = Field(300.0, gt=0)  # the whole drill, recovery included
-    max_gpu_memory_share: float = Field(0.995, gt=0, le=1)  # of the card, from GPU samples
+
+class CotenantSpec(_Strict):
+    """A co-tenant that holds GPU memory for the whole drill (a neighbour that took the card's
+    headroom): on the sim a ledger balloon, on a real GPU a PyTorch/CuPy balloon process."""
+
+    hold_gib: float | None = Field(None, gt=0)
+    hold_free_share: float | None = Field(None, gt=0, le=1)  # of the memory free once the target is up
+    leave_gib: float | None = Field(None, ge=0)  # take all free memory but this much
+
+    @model_validator(mode="after")
+    def _one(self) -> CotenantSpec:
+        if sum(x is not None for x in (self.hold_gib, self.hold_free_share, self.leave_gib)) != 1:
+            raise ValueError("cotenant: give exactly one of hold_gib, hold_free_share or leave_gib")
+        return self
+
+    def bytes_to_hold(self, free_bytes: int | None) -> int:
+        gib = 1 << 30
+        if self.hold_gib is not None:
+            return int(self.hold_gib * gib)
+        if free_bytes is None:
+            raise ConfigError("cotenant: free GPU memory is unknown here; give hold_gib instead")
+        if self.leave_gib is not None:
+            return max(0, free_bytes - int(self.leave_gib * gib))
+        return int(free_bytes * (self.hold_free_share or 0.0))
 
 
 class RecoverySpec(_Strict):
@@ -76,30 +100,40 @@ class NeighbourSpec(_Strict):
     timeout_s: float = Field(2.0, gt=0)
 
 
-class ClientSpec(_Strict):
-    retry: Literal["none", "immediate", "backoff"] = "none"
-    max_retries: int = Field(3, ge=0, le=20)
-    base_delay_s: float = Field(0.2, ge=0)
-    max_delay_s: float = Field(5.0, ge=0)
-    jitter: bool = True
-
-
 class DrillPlan(_Strict):
     name: str
     description: str = ""
+    hypothesis: str = ""
     rounds: int = Field(1, ge=1, le=10)
     baseline_s: float = Field(5.0, gt=0)
     target: TargetSpec
     load: LoadSpec = Field(default_factory=LoadSpec)
     ramp: RampSpec
-    stop: StopSpec = Field(default_factory=StopSpec)
+    stop: StopConditions = Field(default_factory=_drill_stop_defaults)
     recovery: RecoverySpec = Field(default_factory=RecoverySpec)
     neighbours: list[NeighbourSpec] = Field(default_factory=list)
-    clients: ClientSpec = Field(default_factory=ClientSpec)
+    clients: Retry = Field(default_factory=Retry)  # the load's retry policy (none | immediate | exponential)
+    cotenant: CotenantSpec | None = None
+    rollback: list[RollbackCommand] = Field(default_factory=list)
     alerts: list[AlertRuleSpec] = Field(default_factory=list)
     prometheus_url: str | None = None  # alert pending/firing times from its HTTP API
     sample_interval_s: float = Field(0.25, gt=0)
     store: str | None = None  # store URL; default: the user's store
+
+    @field_validator("rollback", mode="before")
+    @classmethod
+    def _rollback_strings(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [{"run": x} if isinstance(x, str) else x for x in v]
+        return v
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_defaults(cls, v: Any) -> Any:
+        # Fields the plan leaves out take the drill's defaults, not the experiment's.
+        if isinstance(v, dict):
+            return {**_drill_stop_defaults().model_dump(), **v}
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> DrillPlan:
@@ -143,12 +177,11 @@ def parse_plan(doc: Any, origin: str = "plan") -> DrillPlan:
 
 
 __all__ = [
-    "ClientSpec",
+    "CotenantSpec",
     "DrillPlan",
     "LoadSpec",
     "NeighbourSpec",
     "RecoverySpec",
-    "StopSpec",
     "load_plan",
     "parse_plan",
 ]

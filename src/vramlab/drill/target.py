@@ -67,6 +67,7 @@ class SimSettings(BaseModel):
     max_model_len: int | None = None
     max_num_seqs: int | None = None
     speed: float = 50.0
+    watchdog_s: float | None = None  # vLLM exits ~5 s after engine death; a rehearsal may shorten it
     device: str | None = None  # ledger file; default: one in the drill's work dir
     extra_args: list[str] = Field(default_factory=list)
 
@@ -78,6 +79,8 @@ class SimSettings(BaseModel):
             out += ["--max-model-len", str(self.max_model_len)]
         if self.max_num_seqs is not None:
             out += ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.watchdog_s is not None:
+            out += ["--watchdog-s", f"{self.watchdog_s:g}"]
         return out + list(self.extra_args)
 
 

@@ -1,0 +1,61 @@
+"""Run an OOM drill: ramp until the target fails (or the ceiling), detect, recover, write the incident report.
+
+The target must be declared `environment: test`; anything else is refused unless
+--i-understand-this-is-not-a-test-environment is given. Stop conditions are always armed, and
+the drill undoes what it changed (balloon released, co-loaded models and the sim it started
+stopped, the plan's rollback commands run) on completion, on stop, on errors and on Ctrl-C.
+Everything goes to the store (kind "drill"); `vramlab report ID` renders it again later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from vramlab.drill.target import OVERRIDE_FLAG
+
+    parser.add_argument("plan", help="drill plan (YAML), e.g. examples/oom-drill.yaml")
+    parser.add_argument("--db", help="store: a SQLite path or postgresql:// URL (default: $VRAMLAB_DB or ./vramlab.db)")
+    parser.add_argument("-o", "--output", help="incident report file (default: incident-RUN_ID.md; .html for HTML)")
+    parser.add_argument("--json", action="store_true", help="print the incident figures as JSON")
+    parser.add_argument(OVERRIDE_FLAG, dest="not_test", action="store_true",
+                        help="act on a target that is not declared environment: test (you are breaking it on purpose)")
+    parser.add_argument("--url", help="attach to an already running target at this URL instead of starting one")
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from vramlab.drill.plan import load_plan
+    from vramlab.drill.runner import DrillRunner
+    from vramlab.drill.target import check_environment
+    from vramlab.report import load_context, render
+    from vramlab.report.incident import incident_json, summary_line
+    from vramlab.store import open_store
+
+    plan = load_plan(args.plan)
+    if args.url:
+        plan = plan.model_copy(update={"target": plan.target.model_copy(update={"base_url": args.url, "sim": None})})
+    check_environment(plan.target, args.not_test)  # refuse before the store or the target is touched
+    store = open_store(args.db or plan.store)
+    runner = DrillRunner(plan, store, override_env=args.not_test)
+    print(f"drill {plan.name}: run {runner.run_id} (stop with Ctrl-C; the rollback still runs)", file=sys.stderr)
+    try:
+        result = asyncio.run(runner.run())
+    except KeyboardInterrupt:
+        print(f"vramlab drill: interrupted; rollback done; partial run {runner.run_id} is in the store", file=sys.stderr)
+        return 130
+    ctx = load_context(store, result.run_id)
+    out = args.output or f"incident-{result.run_id}.md"
+    with open(out, "w") as fh:
+        fh.write(render(ctx, "html" if out.endswith((".html", ".htm")) else "md"))
+    if args.json:
+        import json
+
+        print(json.dumps(incident_json(ctx), indent=2, default=str))
+    else:
+        print(f"{result.run_id}: {summary_line(ctx)}")
+        print(f"incident report: {out}   (again: vramlab report {result.run_id} --format html -o incident.html)")
+    return 0 if result.status == "completed" else 1

@@ -1,0 +1,490 @@
+"""The drill: baseline, ramp until the target fails (or the ceiling), detect, recover, observe,
+roll back; every request, sample and event into the store as it happens (kind "drill").
+
+Rounds repeat the whole cycle. Stop conditions are armed from the first request to the last.
+Rollback (balloon released, co-loaded models stopped, the sim the drill started stopped, the
+plan's rollback commands) runs however the drill ends: completion, stop, error or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vramlab.drill.cotenant import GIB, CoLoaded, LedgerBalloon, ProcessBalloon
+from vramlab.drill.detect import Detector, Finding
+from vramlab.drill.herd import HerdMonitor
+from vramlab.drill.local_targets import SimTarget, open_target
+from vramlab.drill.plan import DrillPlan
+from vramlab.drill.ramp import ramp_values
+from vramlab.drill.recovery import LiveState, recover
+from vramlab.drill.target import check_environment
+from vramlab.experiment.events import Event, EventHook
+from vramlab.experiment.records import RequestRecord, RunRecord, SampleRecord, canonical_sha256, new_run_id
+
+FINDING_EVENTS = {"oom": "oom", "engine_death": "oom", "startup_refusal": "startup_refusal", "xid": "xid",
+                  "preemption": "preemption", "overload": "overload", "process_exit": "process_exit",
+                  "health_fail": "health_fail"}
+
+
+@dataclass
+class DrillResult:
+    run_id: str
+    status: str
+    stop_reason: str | None
+    failed_rounds: list[int] = field(default_factory=list)
+    workdir: str = ""
+
+
+class DrillRunner:
+    def __init__(self, plan: DrillPlan, store: Any, *, override_env: bool = False, workdir: str | None = None,
+                 run_id: str | None = None, hook: EventHook | None = None):
+        self.plan = plan
+        self.store = store
+        self.warning = check_environment(plan.target, override_env)  # refuses before anything is touched
+        self.run_id = run_id or new_run_id()
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"vramlab-drill-{self.run_id}-"))
+        self.hook = hook or EventHook()
+        self.target = open_target(plan.target, self.workdir)
+        self._t0 = time.perf_counter()
+        self._round: int | None = None
+        self._phase: str | None = None
+        self._step: int | None = None
+        self._balloon: Any = None
+        self._cotenant: Any = None
+        self._coloaded: CoLoaded | None = None
+        self._started_target = False
+        self.state = LiveState()
+        self.detector = Detector(plan.stop, engine=self._engine())
+        self.herd = HerdMonitor()
+        self._last_health: bool | None = None
+        self._step_started_s = 0.0
+        self._last_log_event: dict[str, float] = {}
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _engine(self) -> str:
+        t = self.plan.target
+        return t.sim.engine if (t.kind == "sim" and t.sim) else t.engine
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def emit(self, kind: str, message: str = "", payload: Any = None, **data: Any) -> None:
+        self.hook.fire(Event(kind, self.now(), self._round, self._phase, self._step, message, data, payload))
+
+    @property
+    def device(self) -> str | None:
+        return self.target.device if isinstance(self.target, SimTarget) else None
+
+    # -- the run ----------------------------------------------------------------------------
+    async def run(self) -> DrillResult:
+        from vramlab.experiment.recorder import StoreRecorder
+
+        self.hook.add(StoreRecorder(self.store, flush_s=0.25))
+        plan = self.plan
+        values = ramp_values(plan.ramp)
+        self._t0 = time.perf_counter()  # t_s = 0 is started_at: `vramlab note` stamps its notes the same way
+        run = RunRecord(
+            run_id=self.run_id, kind="drill", name=plan.name, plan=plan.model_dump(mode="json", by_alias=True),
+            plan_hash=canonical_sha256(plan.model_dump(mode="json", by_alias=True)),
+            fixed={"engine": self._engine(), "vramlab_version": _version(), "host": os.uname().nodename,
+                   **({"model": plan.target.sim.model, "gpu_name": plan.target.sim.gpu} if plan.target.sim else {})},
+            target={"kind": plan.target.kind, "environment": plan.target.environment,
+                    "base_url": plan.target.base_url},
+            change={"variable": plan.ramp.knob, "unit": plan.ramp.unit, "steps": values, "mode": plan.ramp.mode},
+            started_at=time.time(), notes=[self.warning] if self.warning else [],
+        )
+        self.emit("run_start", f"drill {plan.name} ({self.run_id})", payload=run)
+        if self.warning:
+            self.emit("warning", self.warning)
+        if plan.rounds < 3:
+            self.emit("warning", f"rounds: {plan.rounds} is fewer than 3; a one-off cannot be told from a trend")
+        status, reason = "completed", None
+        failed_rounds: list[int] = []
+        try:
+            await self._bring_up()
+            for r in range(plan.rounds):
+                self._round = r
+                if await self._one_round(values):
+                    failed_rounds.append(r)
+                if self.detector.stopped is not None and self.detector.stopped.kind == "wall_clock":
+                    status, reason = "stopped", self.detector.stopped.message
+                    break
+            if not plan.prometheus_url:
+                self._evaluate_alerts()
+        except asyncio.CancelledError:
+            status, reason = "interrupted", "interrupted (Ctrl-C)"
+            raise
+        except Exception as exc:
+            status, reason = "failed", f"{type(exc).__name__}: {exc}"[:300]
+            raise
+        finally:
+            self._phase, self._step = "rollback", None
+            await self._rollback(status, reason)
+            self.emit("run_end", reason or status, status=status, ended_at=time.time(), stop_reason=reason)
+        return DrillResult(self.run_id, status, reason, failed_rounds, str(self.workdir))
+
+    async def _bring_up(self) -> None:
+        self._phase = "setup"
+        st = await asyncio.to_thread(self.target.status)
+        if not st.running:
+            self.emit("target_start", f"starting the target ({self.plan.target.kind})")
+            await asyncio.to_thread(self.target.start)
+            self._started_target = True
+        if not await self._wait_health(30.0):
+            from vramlab.errors import VramlabError
+
+            raise VramlabError(f"the target at {self.target.url} did not answer its health check within 30 s")
+        if self.plan.cotenant is not None:
+            self._cotenant = self._make_balloon()
+            nbytes = self.plan.cotenant.bytes_to_hold(self._cotenant.free_bytes())
+            await asyncio.to_thread(self._cotenant.set_bytes, nbytes)
+            self.emit("cotenant", f"co-tenant holds {nbytes / GIB:.2f} GiB", bytes=nbytes)
+
+    def _make_balloon(self) -> Any:
+        return LedgerBalloon(self.device) if self.device else ProcessBalloon()
+
+    async def _wait_health(self, limit_s: float) -> bool:
+        import aiohttp
+
+        url = self.target.url.rstrip("/") + self.plan.target.health_path
+        deadline = self.now() + limit_s
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
+            while self.now() < deadline:
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                    async with s.get(url) as resp:
+                        if resp.status == 200:
+                            return True
+                await asyncio.sleep(0.1)
+        return False
+
+    async def _one_round(self, values: list[float]) -> bool:
+        """One baseline, ramp, recovery cycle; True when the target failed in it."""
+        from vramlab.load.client import OpenAIClient
+
+        plan = self.plan
+        self.state = LiveState()
+        self.detector = Detector(plan.stop, engine=self._engine())
+        served = plan.target.model or (plan.target.sim.model if plan.target.sim else "default")
+        conns = max(64, int(max(values)) + 8 if plan.ramp.knob in ("concurrency", "batch") else 64)
+        async with OpenAIClient(self.target.url, served, api="openai-completions", max_connections=conns,
+                                timeout_s=plan.load.request_timeout_s) as client:
+            watchers = [asyncio.ensure_future(c) for c in self._watchers()]
+            try:
+                self._phase, self._step = "baseline", None
+                self.emit("phase_start", "baseline", phase="baseline")
+                await self._window(client, None, plan.baseline_s, 0)
+                self.emit("phase_end", "baseline")
+                failure = await self._ramp(client, values)
+                if failure is None:
+                    self.emit("ceiling", f"no OOM up to {values[-1]:g} {plan.ramp.unit}", value=values[-1],
+                              unit=plan.ramp.unit)
+                    return False
+                await self._recover(client, failure, values)
+                return True
+            finally:
+                for w in watchers:
+                    w.cancel()
+                await asyncio.gather(*watchers, return_exceptions=True)
+
+    async def _ramp(self, client: Any, values: list[float]) -> Finding | None:
+        plan = self.plan
+        self._phase = "ramp"
+        for i, v in enumerate(values):
+            self._step = i
+            self._step_started_s = self.now()
+            self.emit("step", f"{plan.ramp.knob} = {v:g} {plan.ramp.unit}", step=i, value=v, knob=plan.ramp.knob)
+            await self._apply(v)
+            task = asyncio.ensure_future(self._window(client, v, plan.ramp.step_s, i))
+            while not task.done():
+                failure = self.detector.failure()
+                if failure is not None:
+                    self._on_failure(failure, i, v, values[i - 1] if i else None)
+                    # the load goes on (clients keep sending and retrying): cut the step window short
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    return failure
+                await asyncio.sleep(0.02)
+            await task
+            failure = self.detector.failure()
+            if failure is not None:
+                self._on_failure(failure, i, v, values[i - 1] if i else None)
+                return failure
+        return None
+
+    def _on_failure(self, f: Finding, step: int, value: float, last_safe: float | None) -> None:
+        self.state.failed_at_s = self.state.failed_at_s or f.t_s
+        if f.kind in ("wall_clock", "gpu_memory", "error_rate", "kv_usage"):
+            self.emit("stop_condition", f.message, condition=f.kind)
+        self.emit("detect", f"detected: {f.message}", condition=f.kind, source=f.source)
+        self.emit("fault", f"failed at {self.plan.ramp.knob} = {value:g} {self.plan.ramp.unit}", step=step,
+                  value=value, knob=self.plan.ramp.knob, unit=self.plan.ramp.unit, step_started_s=self._step_started_s,
+                  last_safe_value=last_safe, mode=self.detector.failure_mode(), signature=self.detector.signature())
+
+    async def _recover(self, client: Any, failure: Finding, values: list[float]) -> None:
+        plan = self.plan
+        self._phase = "recovery"
+        step = self._step or 0
+        safe = values[step - 1] if step > 0 else None
+        if plan.recovery.undo_ramp:
+            await self._apply(safe)
+            self.emit("ramp_undone", f"ramp back to {'the baseline' if safe is None else f'{safe:g} {plan.ramp.unit}'}",
+                      value=safe)
+        load = asyncio.ensure_future(self._window(client, safe, plan.recovery.limit_s + plan.recovery.observe_s + 5, step))
+        try:
+            out = await recover(plan.recovery, self.target, self.state, self.now, self.emit,
+                                operator_notes=self._notes_since,
+                                supervised_by_drill=plan.target.kind in ("sim", "process"))
+            if out.recovered:
+                self.emit("recovered", f"serving again {out.served_again_s - (failure.t_s or 0):.2f} s after detection",
+                          served_again_s=out.served_again_s)
+                await asyncio.sleep(plan.recovery.observe_s)
+            else:
+                self.emit("not_recovered", out.reason, limit_s=plan.recovery.limit_s)
+        finally:
+            load.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await load
+            # settle the fault's mode now that recovery showed more (a refusal on restart, ...)
+            self.emit("failure_mode", self.detector.failure_mode(), mode=self.detector.failure_mode(),
+                      signature=self.detector.signature())
+            self.emit("phase_end", "recovery")
+
+    def _notes_since(self, t_s: float) -> list[str]:
+        evs = self.store.events(self.run_id)
+        return [e.message for e in evs if e.kind == "note" and e.t_s >= t_s]
+
+    async def _apply(self, value: float | None) -> None:
+        """Turn the ramp's knob to *value* (None: back to the plan's own load)."""
+        knob = self.plan.ramp.knob
+        if knob == "balloon":
+            if self._balloon is None:
+                self._balloon = self._make_balloon()
+            await asyncio.to_thread(self._balloon.set_bytes, int((value or 0) * GIB))
+        elif knob == "coloaded_model":
+            if self.device is None or not self.plan.target.sim:
+                from vramlab.errors import ConfigError
+
+                raise ConfigError("ramp.knob coloaded_model needs a sim target (real co-loading: use target commands)")
+            if self._coloaded is None:
+                settings = self.plan.target.sim.model_copy(update={"model": self.plan.ramp.model or self.plan.target.sim.model})
+                self._coloaded = CoLoaded(self.device, settings, self.workdir)
+            if value is not None:
+                await asyncio.to_thread(self._coloaded.set_count, int(value))
+
+    # -- load -------------------------------------------------------------------------------
+    async def _window(self, client: Any, value: float | None, duration_s: float, step: int) -> None:
+        from vramlab.load.driver import LoadShape, Window, drive
+        from vramlab.load.prompts import cycle, synthetic_prompts
+        from vramlab.load.retry import RetryPolicy
+
+        plan, knob = self.plan, self.plan.ramp.knob
+        prompt_tokens = int(value) if (knob == "context" and value) else plan.load.prompt_tokens
+        users = int(value) if (knob == "concurrency" and value) else plan.load.concurrency
+        phase, rnd = self._phase or "ramp", self._round or 0
+        prompts = synthetic_prompts(prompt_tokens, plan.load.max_tokens, 64, seed=rnd * 1000 + step)
+        retry = RetryPolicy(**plan.clients.model_dump())
+        window = Window(duration_s=duration_s, drain_s=min(1.0, plan.load.request_timeout_s))
+
+        def record(res: Any, user: int) -> None:
+            self._on_result(res, phase, rnd, step, value, user)
+
+        tag = "b" if phase == "baseline" else ("r" if phase == "recovery" else "s")
+        drives = [drive(client, cycle(prompts), LoadShape(mode="closed", concurrency=1, max_tokens=plan.load.max_tokens,
+                                                          seed=u), window, lambda r, u=u: record(r, u), retry,
+                        id_prefix=f"u{u}:{rnd}{tag}{step}-") for u in range(users)]
+        if knob == "batch" and value and phase == "ramp":
+            # a burst of `value` simultaneous requests at the start of the step, on top of the steady users
+            burst = Window(requests=int(value), max_s=duration_s, drain_s=window.drain_s)
+            drives.append(drive(client, cycle(prompts), LoadShape(mode="closed", concurrency=int(value),
+                                max_tokens=plan.load.max_tokens), burst, lambda r: record(r, 10_000), retry,
+                                id_prefix=f"burst:{rnd}{step}-"))
+        await asyncio.gather(*drives)
+
+    def _on_result(self, res: Any, phase: str, rnd: int, step: int, value: float | None, user: int) -> None:
+        t0 = self._t0
+        rec = RequestRecord(
+            run_id=self.run_id, round=rnd, phase=phase if phase in ("baseline", "recovery") else "ramp",  # type: ignore[arg-type]
+            step=step, step_value=value, request_id=res.request_id, attempt=res.attempt,
+            scheduled_s=res.scheduled_at - t0, sent_s=res.sent_at - t0, end_s=res.end_at - t0,
+            first_token_s=None if res.first_token_at is None else res.first_token_at - t0,
+            ttft_ms=res.ttft_ms, tpot_ms=res.tpot_ms, e2e_ms=res.e2e_ms, e2e_from_scheduled_ms=res.e2e_from_scheduled_ms,
+            ttft_from_scheduled_ms=res.ttft_from_scheduled_ms, dispatch_lag_ms=res.dispatch_lag_ms,
+            itl_ms=res.itl_ms, prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens,
+            status_code=res.status_code, error_class=res.error_class, error=res.error,
+        )
+        self.emit("request", payload=rec)
+        end = rec.end_s or self.now()
+        if res.error_class == "cancelled":
+            return
+        if rec.ok:
+            self.state.last_success_s = end
+        self.detector.on_result(end, rec.ok, rec.status_code, rec.error_class, rec.error)
+        amp = self.herd.on_attempt(rec.sent_s or end, phase)
+        if amp is not None:
+            self.emit("retry_storm", f"request rate {amp:.1f}x the baseline during recovery", amplification=amp)
+
+    # -- watchers ---------------------------------------------------------------------------
+    def _watchers(self) -> list[Any]:
+        return [self._sample_loop(), self._log_loop(), self._process_loop(), self._clock_loop(),
+                *[self._neighbour_loop(n) for n in self.plan.neighbours],
+                *([self._prometheus_loop(self.plan.prometheus_url)] if self.plan.prometheus_url else [])]
+
+    async def _prometheus_loop(self, url: str) -> None:
+        from vramlab.drill.alerting import watch_prometheus
+
+        def changed(name: str, state: str, labels: dict[str, Any]) -> None:
+            self.emit("alert", f"{name} {state}", name=name, state=state, source="prometheus",
+                      severity=labels.get("severity"), owner=labels.get("owner"))
+
+        await watch_prometheus(url, changed)
+
+    async def _sample_loop(self) -> None:
+        from vramlab.observe.base import SamplerSet
+        from vramlab.observe.health import HealthSampler
+        from vramlab.observe.prom_text import PromTextSampler
+
+        root = self.target.url.rstrip("/")
+        samplers: list[Any] = [HealthSampler(root + self.plan.target.health_path, timeout_s=1.0),
+                               PromTextSampler(root + self.plan.target.metrics_path, timeout_s=1.0)]
+        if self.device:
+            from vramlab.observe.ledger import LedgerSampler
+
+            samplers.append(LedgerSampler(self.device))
+        else:
+            from vramlab.observe.nvml import GpuSampler
+
+            samplers.append(GpuSampler())
+        sset = SamplerSet(samplers, self.plan.sample_interval_s, self._on_samples,
+                          lambda note: self.emit("warning", note))
+        await sset.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await sset.stop()
+
+    def _on_samples(self, samples: list[Any]) -> None:
+        recs = []
+        total = next((s.value for s in samples if s.name == "gpu.memory_total_bytes"), None)
+        for s in samples:
+            t = s.t - self._t0
+            recs.append(SampleRecord(run_id=self.run_id, t_s=t, source=s.source, name=s.name, value=s.value,
+                                     labels=dict(s.labels)))
+            if s.name == "health.up":
+                self._on_health(t, s.value >= 0.5)
+            else:
+                self.detector.on_sample(t, s.name, s.value, total)
+        self.emit("samples", payload=recs)
+
+    def _on_health(self, t: float, up: bool) -> None:
+        self.detector.on_health(t, up, 0 if not up else 200)
+        if up != self._last_health and self._last_health is not None:
+            self.emit("health", "health OK again" if up else "health check failing", ok=up)
+        if not up:
+            self.state.health_ever_failed = self.state.health_ever_failed or self.state.failed_at_s is not None
+            if self.state.health_down_since_s is None:
+                self.state.health_down_since_s = t
+        else:
+            self.state.health_down_since_s = None
+        self.state.health_up = up
+        self._last_health = up
+
+    async def _log_loop(self) -> None:
+        since = time.time()
+        while True:
+            lines = await asyncio.to_thread(self.target.logs, since) if self.plan.target.kind not in ("sim", "process") \
+                else self.target.logs(since)
+            since = time.time()
+            for line in lines:
+                t = self.now()
+                f = self.detector.on_log_line(t, line)
+                if f is not None and f.kind in FINDING_EVENTS:
+                    # one timeline row per burst: an engine death logs a line per failed request
+                    kind = FINDING_EVENTS[f.kind]
+                    if t - self._last_log_event.get(kind, -1e9) > 2.0:
+                        self.emit(kind, f.message[:300], **f.data)
+                    self._last_log_event[kind] = t
+            await asyncio.sleep(0.1 if self.plan.target.kind in ("sim", "process") else 1.0)
+
+    async def _process_loop(self) -> None:
+        local = self.plan.target.kind in ("sim", "process")
+        while True:
+            st = self.target.status() if local else await asyncio.to_thread(self.target.status)
+            if self.state.running and not st.running:
+                self.detector.on_process(self.now(), False, st.exit_code)
+                self.emit("process_exit", f"target exited with code {st.exit_code}", exit_code=st.exit_code)
+            self.state.running = st.running
+            await asyncio.sleep(0.05 if local else 1.0)
+
+    async def _clock_loop(self) -> None:
+        while True:
+            self.detector.on_clock(self.now(), self.now())
+            await asyncio.sleep(0.2)
+
+    async def _neighbour_loop(self, n: Any) -> None:
+        from vramlab.observe.health import HealthSampler
+
+        path = n.path or "/health"
+        probe = HealthSampler(n.url.rstrip("/") + path, timeout_s=n.timeout_s)
+        await probe.open()
+        try:
+            while True:
+                got = {s.name: s for s in await probe.sample()}
+                t = got["health.up"].t - self._t0
+                self.emit("samples", payload=[
+                    SampleRecord(run_id=self.run_id, t_s=t, source="health", name=f"neighbour.{n.name}.ok",
+                                 value=got["health.up"].value),
+                    SampleRecord(run_id=self.run_id, t_s=t, source="health", name=f"neighbour.{n.name}.latency_ms",
+                                 value=got["health.latency_ms"].value)])
+                await asyncio.sleep(n.interval_s)
+        finally:
+            await probe.close()
+
+    # -- alerts evaluated on the drill's own samples ----------------------------------------
+    def _evaluate_alerts(self) -> None:
+        from vramlab.drill.alerting import evaluate_rules
+
+        samples = self.store.samples(self.run_id)
+        requests = self.store.requests(self.run_id)
+        for ev in evaluate_rules(self.plan.alerts, samples, requests):
+            self.hook.fire(Event("alert", ev["t_s"], None, None, None, f"{ev['name']} {ev['state']}", ev))
+
+    # -- rollback ---------------------------------------------------------------------------
+    async def _rollback(self, status: str, reason: str | None) -> None:
+        actions: list[tuple[str, Any]] = []
+        if self._balloon is not None:
+            actions.append(("release the ramp's balloon", self._balloon.release))
+        if self._cotenant is not None:
+            actions.append(("release the co-tenant", self._cotenant.release))
+        if self._coloaded is not None:
+            actions.append(("stop co-loaded models", self._coloaded.release))
+        if self._started_target or isinstance(self.target, SimTarget):
+            actions.append(("stop the target the drill started", self.target.close))
+        for what, fn in actions:
+            try:
+                await asyncio.shield(asyncio.to_thread(fn))
+                self.emit("rollback", what, ok=True)
+            except Exception as exc:  # every rollback gets its chance; a failure is recorded, not raised
+                self.emit("rollback", f"{what}: failed: {exc}"[:300], ok=False)
+        if self.plan.rollback:
+            from vramlab.experiment.rollback import run_rollbacks
+
+            env = {"VRAMLAB_RUN_ID": self.run_id, "VRAMLAB_RUN_STATUS": status, "VRAMLAB_STOP_REASON": reason or ""}
+            for res in await run_rollbacks(self.plan.rollback, env):
+                self.emit("rollback", f"{res.command}: exit {res.exit_code}", ok=res.ok, command=res.command)
+
+
+def _version() -> str:
+    from vramlab import __version__
+
+    return __version__
+
+
+__all__ = ["DrillResult", "DrillRunner"]

@@ -1,0 +1,335 @@
+"""Incident report sections for drill runs, in the blameless postmortem shape (Google SRE example
+postmortem + PagerDuty's exact-number impact table; research/drill-anchors.md §5):
+
+summary · impact · timeline · detection (first abnormal signal, alerts) · root cause and trigger ·
+resolution and recovery (with the T-boundaries used) · blast radius · retry storm ·
+lessons (went well / went wrong / got lucky) · action items · rounds compared.
+
+Registered with the report's section registry for runs of kind "drill"; pure renderers over the
+stored records (via `vramlab.analysis.incident.analyse`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vramlab.analysis.incident import Incident, analyse
+from vramlab.report import fmt
+from vramlab.report.blocks import Block, Bullets, Table, Text
+from vramlab.report.sections import ReportContext, Section, register
+
+EDIT = "_(derived from the data; operator: edit)_"
+TIMELINE_KINDS = ("step", "oom", "startup_refusal", "process_exit", "health", "detect", "stop_condition", "fault",
+                  "alert", "mitigation", "ramp_undone", "recovered", "not_recovered", "note", "retry_storm",
+                  "waiting_for_operator", "recovery_command", "xid", "overload", "preemption", "ceiling", "rollback",
+                  "cotenant", "warning")
+
+
+def _is_drill(ctx: ReportContext) -> bool:
+    return ctx.run.kind == "drill"
+
+
+_CACHE: dict[int, tuple[ReportContext, tuple[Incident, list[Incident]]]] = {}
+
+
+def _compute(ctx: ReportContext) -> tuple[Incident, list[Incident]]:
+    tol = float((ctx.run.plan.get("recovery") or {}).get("p95_tolerance", 0.5))
+    rounds = sorted({r.round for r in ctx.requests}) or [0]
+    per_round = [analyse(ctx.requests, ctx.samples, ctx.events, tol, round=r) for r in rounds]
+    first = next((i for i in per_round if i.failed), per_round[0])
+    return first, per_round
+
+
+def incident_of(ctx: ReportContext) -> tuple[Incident, list[Incident]]:
+    """The headline incident (the first round that failed) and every round's."""
+    hit = _CACHE.get(id(ctx))
+    if hit is not None and hit[0] is ctx:
+        return hit[1]
+    if len(_CACHE) > 8:
+        _CACHE.clear()
+    out = _compute(ctx)
+    _CACHE[id(ctx)] = (ctx, out)  # the context is kept, so its id cannot be reused while cached
+    return out
+
+
+def _s(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f} s"
+
+
+def _unit(ctx: ReportContext) -> str:
+    return str((ctx.run.change or {}).get("unit", ""))
+
+
+def summary_line(ctx: ReportContext) -> str:
+    inc, _ = incident_of(ctx)
+    unit = _unit(ctx)
+    if not inc.failed:
+        top = (inc.ceiling or {}).get("value")
+        return f"no OOM up to {fmt.num(top)} {unit}: the target held at the ceiling"
+    step = inc.failure_step or {}
+    rec = inc.recovery
+    rec_txt = f"recovered in {_s(rec.time_to_recover_s)}" if rec.recovered else "NOT recovered within the limit"
+    first = inc.signals.first
+    return (f"{inc.failure_mode} at {fmt.num(step.get('value'))} {unit} (last safe {fmt.num(inc.last_safe_value)}); "
+            f"detected in {_s(inc.time_to_detect_s)}; first abnormal signal {first.name if first else '–'}; "
+            f"{inc.impact.failed} failed requests; {rec_txt}")
+
+
+def s_summary(ctx: ReportContext) -> list[Block]:
+    inc, rounds = incident_of(ctx)
+    items = [f"**{summary_line(ctx)}**",
+             f"Drill `{ctx.run.run_id}` status {ctx.run.status}; {len(rounds)} round(s); "
+             f"{sum(1 for r in rounds if r.failed)} failed",
+             "Status: draft postmortem — action items below need an owner's confirmation"]
+    if ctx.run.stop_reason:
+        items.append(f"Ended by: {ctx.run.stop_reason}")
+    return [Bullets(items)]
+
+
+def s_impact(ctx: ReportContext) -> list[Block]:
+    inc, _ = incident_of(ctx)
+    i = inc.impact
+    rows = [
+        ["requests sent from T0 until recovery", str(i.requests_during)],
+        ["failed attempts", str(i.failed)],
+        ["in-flight requests lost at the failure", str(i.in_flight_lost)],
+        ["requests that never succeeded (after retries)", str(i.failed_logical)],
+        ["affected clients", str(i.affected_clients)],
+        ["errors by class", ", ".join(f"{k} {v}" for k, v in sorted(i.error_classes.items())) or "–"],
+        ["E2E P95 baseline / incident / after (ms)",
+         f"{fmt.ms(i.baseline_p95_ms)} / {fmt.ms(i.incident_p95_ms)} / {fmt.ms(i.after_p95_ms)}"],
+    ]
+    return [Table(["impact", "value"], rows)]
+
+
+def s_timeline(ctx: ReportContext) -> list[Block]:
+    inc, _ = incident_of(ctx)
+    t0 = inc.t0_s
+    rows = []
+    for e in ctx.events:
+        if e.kind not in TIMELINE_KINDS:
+            continue
+        if e.kind == "alert" and e.data.get("state") not in ("pending", "firing"):
+            continue
+        rel = "–" if t0 is None else f"{e.t_s - t0:+.2f}"
+        who = "operator" if e.kind == "note" else ("alert" if e.kind == "alert" else "drill")
+        rows.append([f"{e.t_s:.2f}", rel, e.kind, who, e.message[:160]])
+    return [Text("Times in seconds from the drill's start, and from T0 (the fault step began). "
+                 "Operator notes come from `vramlab note`."),
+            Table(["t (s)", "T0 + (s)", "event", "by", "what"], rows)]
+
+
+def s_detection(ctx: ReportContext) -> list[Block]:
+    inc, _ = incident_of(ctx)
+    sig = inc.signals
+    blocks: list[Block] = []
+    if sig.first is None:
+        blocks.append(Text("No signal left its baseline band after the treatment started."))
+    else:
+        f = sig.first
+        blocks.append(Text(f"**First abnormal signal:** `{f.name}` ({f.layer} layer) at {f.t_s:.2f} s "
+                           f"({'' if inc.t0_s is None else f'{f.t_s - inc.t0_s:+.2f} s from T0; '}"
+                           f"{f.describe()})."))
+    rows = [[o.name, o.layer, f"{o.t_s:.2f}", "–" if inc.t0_s is None else f"{o.t_s - inc.t0_s:+.2f}", o.reason,
+             f"{o.value:.4g}", "–" if o.baseline_mean is None else f"{o.baseline_mean:.4g}"] for o in sig.order]
+    if rows:
+        blocks.append(Table(["signal", "layer", "onset (s)", "T0 + (s)", "judged by", "value", "baseline mean"], rows,
+                            caption="Order in which signals went abnormal (judged against the baseline phase)"))
+    if sig.quiet:
+        blocks.append(Text("Stayed normal: " + ", ".join(f"`{q}`" for q in sig.quiet)))
+    if sig.noisy:
+        blocks.append(Text("Already past a fixed threshold in the baseline (not counted as causes): "
+                           + ", ".join(f"`{q}`" for q in sig.noisy)))
+    blocks.append(Text(f"Time to detect (T0 → the drill's first detection): **{_s(inc.time_to_detect_s)}**."))
+    alert_rows = [[a["name"], a["state"], f"{a['t_s']:.2f}", _s(a["since_t0_s"]), a.get("source") or "–"]
+                  for a in inc.alerts if a["state"] in ("pending", "firing")]
+    if alert_rows:
+        blocks.append(Table(["alert", "state", "t (s)", "since T0", "source"], alert_rows))
+    blocks.append(Text(f"Time to alert (T0 → first alert firing): **{_s(inc.time_to_alert_s)}**"
+                       + ("" if inc.time_to_alert_s is not None else
+                          " — no alert fired during the drill (a `for:` longer than the incident never fires)")))
+    return blocks
+
+
+def s_cause(ctx: ReportContext) -> list[Block]:
+    inc, _ = incident_of(ctx)
+    unit = _unit(ctx)
+    if not inc.failed:
+        top = (inc.ceiling or {}).get("value")
+        return [Text(f"No failure: no OOM up to {fmt.num(top)} {unit}. The ramp reached its ceiling with the stop "
+                     "conditions armed; raise the ceiling to find the boundary.")]
+    step = inc.failure_step or {}
+    items = [f"**Failure mode:** {inc.failure_mode}",
+             f"**Trigger:** ramp step {step.get('step')} — {step.get('knob')} = {fmt.num(step.get('value'))} {unit} "
+             f"(last safe step: {fmt.num(inc.last_safe_value)} {unit})"]
+    sig = inc.signature or {}
+    if sig.get("line"):
+        items.append(f"**Matched failure signature:** `{sig.get('signature') or sig.get('class')}` — "
+                     f"`{str(sig['line'])[:240]}`")
+    cap = next((e for e in ctx.events if e.kind == "capacity"), None)
+    if cap is not None:
+        d = cap.data
+        items.append(f"**Capacity model's account:** {cap.message}")
+        if d.get("predicted_limit") is not None:
+            items.append(f"Predicted limit {fmt.num(d['predicted_limit'])} {unit} vs observed failure at "
+                         f"{fmt.num(step.get('value'))} (last safe {fmt.num(inc.last_safe_value)})")
+    return [Bullets(items)]
+
+
+def s_recovery(ctx: ReportContext) -> list[Block]:
+    inc, _ = incident_of(ctx)
+    if not inc.failed:
+        return []
+    r = inc.recovery
+    rows = [
+        ["T0", "the fault step began", "0.00 s"],
+        ["time to detect", "T0 → first detection by the drill", _s(inc.time_to_detect_s)],
+        ["time to alert", "T0 → first alert firing", _s(inc.time_to_alert_s)],
+        ["time to mitigate", "T0 → first corrective action (restart, script, operator)", _s(inc.time_to_mitigate_s)],
+        ["health 200 again", "T0 → health OK after it failed" if r.health_failed else "health never failed",
+         _s(r.health_ok_s)],
+        ["first successful generation", "T0 → first 2xx request after the failure", _s(r.first_success_s)],
+        ["P95 back within tolerance", "T0 → end of the first window with P95 ≤ (1+tol) × baseline P95", _s(r.p95_ok_s)],
+        ["time to recover", "T0 → the latest of the three clocks above", _s(r.time_to_recover_s)],
+    ]
+    verdict = "Recovered." if r.recovered else "**Not recovered** within the recovery limit; the rollback still ran."
+    return [Text(verdict), Table(["figure", "boundary", "value"], rows)]
+
+
+def s_blast(ctx: ReportContext) -> list[Block]:
+    inc, _ = incident_of(ctx)
+    if not inc.neighbours:
+        return [Text("No neighbours declared in the plan: blast radius not measured.")]
+    rows = [[n.name, fmt.pct(n.baseline_error_rate), fmt.pct(n.incident_error_rate), fmt.ms(n.baseline_p95_ms),
+             fmt.ms(n.incident_p95_ms), str(n.probes_during), "yes" if n.affected else "no"] for n in inc.neighbours]
+    return [Table(["neighbour", "error rate baseline", "error rate incident", "P95 ms baseline", "P95 ms incident",
+                   "probes", "affected"], rows)]
+
+
+def s_storm(ctx: ReportContext) -> list[Block]:
+    inc, _ = incident_of(ctx)
+    s = inc.retry_storm
+    policy = (ctx.run.plan.get("clients") or {}).get("policy", "none")
+    rows = [["client retry policy", str(policy)],
+            ["baseline request rate", f"{fmt.rate(s.baseline_rate_rps)} /s"],
+            ["request rate during recovery", f"{fmt.rate(s.recovery_rate_rps)} /s"],
+            ["amplification", "–" if s.amplification is None else f"{s.amplification:.2f}×"],
+            ["retries sent from T0", str(s.retries)],
+            ["second OOM after recovery", "yes" if s.second_oom else "no"],
+            ["preemptions during recovery", fmt.num(s.preemptions_during_recovery)]]
+    return [Table(["retry storm", "value"], rows)]
+
+
+def lessons(inc: Incident) -> tuple[list[str], list[str], list[str]]:
+    well, wrong, lucky = [], [], []
+    if inc.failed:
+        if inc.time_to_detect_s is not None and inc.time_to_detect_s <= 5:
+            well.append(f"The failure was detected {inc.time_to_detect_s:.2f} s after the fault step began")
+        if inc.signature:
+            well.append("The engine log carried a recognisable failure signature (the cause is observable)")
+        if inc.recovery.recovered:
+            well.append(f"Service recovered in {inc.recovery.time_to_recover_s:.2f} s")
+        else:
+            wrong.append("The target did not serve again within the recovery limit")
+        if inc.time_to_alert_s is None:
+            wrong.append("No alert fired during the incident: users saw errors before any page")
+        if inc.impact.in_flight_lost:
+            wrong.append(f"{inc.impact.in_flight_lost} in-flight requests were lost at the failure")
+    for n in inc.neighbours:
+        (wrong if n.affected else well).append(
+            f"Neighbour {n.name} {'was' if n.affected else 'was not'} affected (blast radius)")
+    st = inc.retry_storm
+    if st.second_oom:
+        wrong.append("Recovery set off a second OOM")
+    if st.amplification is not None and st.amplification >= 2:
+        wrong.append(f"Recovery drew {st.amplification:.1f}× the baseline request rate (retry storm)")
+    elif st.amplification is not None and inc.failed:
+        well.append(f"No retry storm: recovery traffic {st.amplification:.1f}× the baseline")
+    if inc.failed and not inc.neighbours:
+        lucky.append("No neighbour shared the card in this drill; the blast radius is untested")
+    if inc.failed and inc.recovery.recovered and not st.second_oom and st.retries:
+        lucky.append("The retry wave did not push the restarted target over again this time")
+    return well, wrong, lucky
+
+
+def s_lessons(ctx: ReportContext) -> list[Block]:
+    inc, _ = incident_of(ctx)
+    well, wrong, lucky = lessons(inc)
+    out: list[Block] = [Text(EDIT)]
+    for title, items in (("What went well", well), ("What went wrong", wrong), ("Where we got lucky", lucky)):
+        out += [Text(f"**{title}**"), Bullets(items or ["(nothing derived; operator: add)"])]
+    return out
+
+
+def _owner(ctx: ReportContext, prefer: tuple[str, ...] = ("page", "critical")) -> str:
+    rules = ctx.run.plan.get("alerts") or []
+    for sev in (*prefer, "warning", "info"):
+        for r in rules:
+            if r.get("severity") == sev and r.get("owner"):
+                return str(r["owner"])
+    return "unassigned"
+
+
+def action_items(ctx: ReportContext, inc: Incident) -> list[list[str]]:
+    unit, owner = _unit(ctx), _owner(ctx)
+    rows: list[list[str]] = []
+    if inc.failed and inc.last_safe_value is not None:
+        knob = (inc.failure_step or {}).get("knob")
+        rows.append([f"cap {knob} at {fmt.num(inc.last_safe_value)} {unit} (failed at "
+                     f"{fmt.num((inc.failure_step or {}).get('value'))}); keep a margin below it", "prevent", owner])
+    if inc.failed and inc.time_to_alert_s is None:
+        rows.append(["add or shorten an alert that fires within the incident (error rate, target down)", "process",
+                     owner])
+    if not inc.recovery.recovered and inc.failed:
+        rows.append(["make the supervisor restart the target, and check the restart fits the card", "mitigate", owner])
+    st = inc.retry_storm
+    if st.amplification is not None and st.amplification >= 2:
+        rows.append(["clients: exponential back-off with jitter and a retry cap", "mitigate", owner])
+    for n in inc.neighbours:
+        if n.affected:
+            rows.append([f"isolate neighbour {n.name} (separate card, MIG, or memory limits)", "prevent", owner])
+    return rows
+
+
+def s_actions(ctx: ReportContext) -> list[Block]:
+    inc, _ = incident_of(ctx)
+    rows = action_items(ctx, inc)
+    if not rows:
+        return [Text("No action items derived. " + EDIT)]
+    return [Table(["action", "type", "owner"], rows, caption="Owners come from the plan's alert rules")]
+
+
+def s_rounds(ctx: ReportContext) -> list[Block]:
+    _, rounds = incident_of(ctx)
+    rows = [[str(r.round), r.failure_mode, fmt.num((r.failure_step or {}).get("value")), _s(r.time_to_detect_s),
+             _s(r.recovery.time_to_recover_s), str(r.impact.failed)] for r in rounds]
+    vals = {(r.failure_step or {}).get("value") for r in rounds}
+    ttrs = [r.recovery.time_to_recover_s for r in rounds if r.recovery.time_to_recover_s is not None]
+    stable = len(rounds) >= 2 and len(vals) == 1 and (not ttrs or max(ttrs) <= 1.5 * min(ttrs) + 0.5)
+    verdict = ("Only one round: stability across rounds is not known (the method asks for three)." if len(rounds) < 2
+               else ("Stable: same failing step and similar recovery in every round." if stable
+                     else "Not stable: the rounds differ; treat single figures with care."))
+    return [Text(verdict), Table(["round", "failure mode", "failing value", "TTD", "TTR", "failed"], rows)]
+
+
+def incident_json(ctx: ReportContext) -> Any:
+    inc, rounds = incident_of(ctx)
+    return {"headline": inc.to_json(), "rounds": [r.to_json() for r in rounds], "summary": summary_line(ctx)}
+
+
+for _sec in (
+    Section("incident", "Incident summary", s_summary, order=11, applies=_is_drill, data=incident_json),
+    Section("incident-impact", "Impact", s_impact, order=12, applies=_is_drill),
+    Section("incident-timeline", "Timeline", s_timeline, order=13, applies=_is_drill),
+    Section("incident-detection", "Detection: first abnormal signal and alerts", s_detection, order=14, applies=_is_drill),
+    Section("incident-cause", "Root cause and trigger", s_cause, order=15, applies=_is_drill),
+    Section("incident-recovery", "Resolution and recovery", s_recovery, order=16, applies=_is_drill),
+    Section("incident-blast", "Blast radius", s_blast, order=17, applies=_is_drill),
+    Section("incident-storm", "Retry storm", s_storm, order=18, applies=_is_drill),
+    Section("incident-lessons", "Lessons learned", s_lessons, order=19, applies=_is_drill),
+    Section("incident-actions", "Action items", s_actions, order=19.5, applies=_is_drill),  # type: ignore[arg-type]
+    Section("incident-rounds", "Rounds compared", s_rounds, order=19.7, applies=_is_drill),  # type: ignore[arg-type]
+):
+    register(_sec)
+
+__all__ = ["action_items", "incident_json", "incident_of", "lessons", "summary_line"]
