@@ -182,3 +182,11 @@ def test_threshold_names_and_limits():
     bare = analyze_run(bare_run, reqs, samples, events)
     assert bare.thresholds == [] and bare.steps[0].requests.goodput_rps is None
     assert highest_passing_value([]) is None
+
+
+def test_cancelled_requests_are_counted_apart():
+    reqs = [_req(i, 100.0, ok=True, tokens=10) for i in range(8)]
+    cut = [r.model_copy(update={"error_class": "cancelled", "status_code": 0, "request_id": f"c{i}"})
+           for i, r in enumerate(reqs[:2])]
+    s = summarize_requests(reqs + cut, 4.0)
+    assert (s.count, s.errors, s.error_rate, s.cancelled) == (8, 0, 0.0, 2)

@@ -175,6 +175,8 @@ def returned_to_baseline(
     n_bins = max(1, math.ceil(length / bin_s)) if length > 0 else 1
     buckets: list[list[RequestRecord]] = [[] for _ in range(n_bins)]
     for q in recovery_requests:
+        if q.error_class == "cancelled":
+            continue
         t = q.end_s if q.end_s is not None else q.sent_s
         if t is None:
             continue

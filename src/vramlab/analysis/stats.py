@@ -112,6 +112,7 @@ class RequestSummary:
     ttft_sched: Distribution | None
     e2e_sched: Distribution | None
     dispatch_lag: Distribution | None
+    cancelled: int = 0  # cut off by the end of the window (or Ctrl-C): left out of every figure above
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,12 @@ def is_ok(r: RequestRecord) -> bool:
 def summarize_requests(
     reqs: Sequence[RequestRecord], duration_s: float, slo: Slo | None = None
 ) -> RequestSummary:
-    """Summary of the requests of one window lasting *duration_s* seconds (every attempt counts)."""
+    """Summary of the requests of one window lasting *duration_s* seconds (every attempt counts).
+
+    Requests the client itself cancelled say nothing about the target, so they are only counted.
+    """
+    cancelled = sum(1 for r in reqs if r.error_class == "cancelled")
+    reqs = [r for r in reqs if r.error_class != "cancelled"]
     ok = [r for r in reqs if is_ok(r)]
     by_class: dict[str, int] = {}
     for r in reqs:
@@ -173,6 +179,7 @@ def summarize_requests(
         ttft_sched=Distribution.of(r.ttft_from_scheduled_ms for r in ok),
         e2e_sched=Distribution.of(r.e2e_from_scheduled_ms for r in ok),
         dispatch_lag=Distribution.of(r.dispatch_lag_ms for r in reqs),
+        cancelled=cancelled,
     )
 
 
