@@ -53,7 +53,8 @@ class Context:
         rel = 0.02
         if q is not None:
             note += f" and {q.method} {q.bits:g}-bit storage (scales, zeros, unquantized layers)"
-            rel = 0.06
+            # FP8 stores one byte and a scale; group quantizers vary with skipped modules; bnb most of all.
+            rel = 0.02 if "fp8" in q.method else 0.08 if q.method == "bitsandbytes" else 0.05
         if self.model.vision_params:
             note += "; vision tower from its config"
             rel = max(rel, 0.05)
