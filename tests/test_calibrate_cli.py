@@ -1,0 +1,111 @@
+"""`vramlab calibrate` through the installed command: synthetic measurements with a known
+constant, the refusal path, a profile that check-log applies, and logs as inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import tomllib
+
+from vramlab.capacity import Constants, EngineSettings, estimate, get_gpu
+from vramlab.logs.observation import Observation, write_observations
+from vramlab.sources import resolve_model
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+GIB = 1 << 30
+TRUE_NON_TORCH = 0.43 * GIB
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "vramlab", *args], capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+def measurements(path: Path, tp2: int) -> None:
+    """What a fleet's logs would have said if non-torch memory were 0.43 GiB (2 decimals, as printed)."""
+    truth = Constants.defaults().with_overrides({"non_torch_forward_bytes": (TRUE_NON_TORCH, 0, "t")}, "t")
+    gpu = get_gpu("h100-80gb")
+    out = []
+    names = ["llama-3.1-8b-instruct", "qwen2.5-7b-instruct", "qwen3-8b", "mistral-7b-instruct-v0.3", "qwen3-4b"]
+    for i, name in enumerate(names + names[:tp2]):
+        tp = 2 if i >= len(names) else 1
+        s = EngineSettings(engine="vllm", engine_version="0.19.0", max_model_len=8192, gpu_memory_utilization=0.9,
+                           tensor_parallel_size=tp)
+        est = estimate(resolve_model(name), gpu, s, truth)
+        printed = lambda b: int(round(round(b / GIB, 2) * GIB))  # noqa: E731
+        out.append(Observation(
+            engine="vllm", engine_version="0.19.0", model=name, rank=0,
+            weights_bytes=printed(est.weights_bytes), activation_peak_bytes=printed(est.activation_peak_bytes),
+            non_torch_bytes=printed(est.non_torch_bytes), kv_cache_bytes=printed(est.kv_cache_bytes),
+            kv_cache_tokens=est.kv_cache_tokens, max_model_len=8192,
+            total_gpu_memory_bytes=int(round(gpu.memory_gib * GIB)), gpu_memory_utilization=0.9,
+            settings={"max_model_len": 8192, "gpu_memory_utilization": 0.9, "tensor_parallel_size": tp},
+        ))
+    write_observations(path, out)
+
+
+def test_calibrate_recovers_the_constant_and_refuses_thin_ones(tmp_path):
+    data = tmp_path / "fleet.jsonl"
+    measurements(data, tp2=2)
+    profile = tmp_path / "fleet.calibration.toml"
+    r = cli("calibrate", str(data), "-o", str(profile), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    (f,) = out["fits"]
+    fitted = {c["name"]: c for c in f["fitted"]}
+    assert abs(fitted["non_torch_forward_bytes"]["value"] - TRUE_NON_TORCH) / TRUE_NON_TORCH < 0.02
+    refused = {c["name"]: c for c in f["refused"]}
+    assert refused["non_torch_forward_tp_bytes"]["n_points"] == 2
+    loo = {e["field"]: e for e in f["loo"]}
+    assert loo["non_torch_bytes"]["median_after"] < loo["non_torch_bytes"]["median_before"]
+    doc = tomllib.loads(profile.read_text())
+    sec = doc["section"][0]
+    assert sec["engine"] == "vllm" and sec["version_min"] == "0.19.0"
+    c = sec["constants"]["non_torch_forward_bytes"]
+    assert {"value", "rel_band", "source", "n_points"} <= set(c)
+    assert doc["provenance"]["inputs"] == [str(data)]
+
+
+def test_text_report_and_profile_used_by_check_log(tmp_path):
+    data = tmp_path / "fleet.jsonl"
+    measurements(data, tp2=0)
+    profile = tmp_path / "p.toml"
+    r = cli("calibrate", str(data), "-o", str(profile))
+    assert r.returncode == 0, r.stderr
+    assert "non_torch_forward_bytes" in r.stdout and "leave-one-out" in r.stdout and f"wrote {profile}" in r.stdout
+    r = cli("check-log", str(LOGS / "vllm-v1-0.19-debug.log"), "--calibration", str(profile), "--json")
+    assert r.returncode == 0, r.stderr
+    comps = {c["name"]: c for c in json.loads(r.stdout)["observations"][0]["prediction"]["components"]}
+    assert comps["non_torch"]["provenance"] == "calibrated"
+    assert abs(comps["non_torch"]["bytes"] - TRUE_NON_TORCH) / TRUE_NON_TORCH < 0.03
+    # a profile from another version is refused with the reason
+    r = cli("check-log", str(LOGS / "vllm-v1-tp2-0.10.log"), "--calibration", str(profile), "--gpu", "a100-80gb",
+            "--model", "qwen2-7b-instruct")
+    assert r.returncode == 2 and "fitted on vllm 0.19.0..0.19.0, not vllm 0.10.1.1" in r.stderr
+
+
+def test_calibrate_reads_logs_and_reports_skips(tmp_path):
+    r = cli("calibrate", str(LOGS / "vllm-v1-0.19-debug.log"), str(LOGS / "vllm-truncated.log"),
+            str(LOGS / "tgi.log"), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    reasons = " ".join(s["reason"] for s in out["skipped"])
+    assert "incomplete start-up" in reasons
+    assert "not in the bundled catalog" in reasons  # the TGI log's model
+    (f,) = out["fits"]
+    # one observation: every constant is refused, none guessed
+    assert f["fitted"] == [] and all(c["n_points"] < 3 for c in f["refused"])
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"engine": "vllm", "kv_cache_bytes": "many"}\n')
+    r = cli("calibrate", str(bad))
+    assert r.returncode == 2 and f"{bad}:1" in r.stderr and r.stderr.count("\n") == 1
+    r = cli("calibrate", str(LOGS / "vllm-v1-0.19-debug.log"), "--min-points", "1")
+    assert r.returncode == 2 and "--min-points" in r.stderr

@@ -1,0 +1,108 @@
+"""`vramlab check-log` through the installed command, on fixture logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vramlab.logs.check import check_log
+from vramlab.logs.compare import compare, gpu_for, settings_for
+from vramlab.logs.detect import parse_log
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+GIB = 1 << 30
+VRAMLAB = [sys.executable, "-m", "vramlab"]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([*VRAMLAB, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_json_contract_on_a_vllm_log_with_no_flags():
+    r = cli("check-log", str(LOGS / "vllm-v1-0.19-debug.log"), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    (o,) = out["observations"]
+    for key in ("engine", "engine_version", "model", "weights_bytes", "activation_peak_bytes", "non_torch_bytes",
+                "cuda_graph_bytes", "kv_cache_bytes", "kv_cache_tokens", "gpu_blocks", "block_size",
+                "max_concurrency", "max_model_len", "total_gpu_memory_bytes", "gpu_memory_utilization",
+                "source_lines"):
+        assert key in o, key
+    assert o["kv_cache_bytes"] == int(round(61.66 * GIB)) and isinstance(o["weights_bytes"], int)
+    pred = o["prediction"]
+    assert pred["engine"] == "vllm" and pred["engine_version"] == "0.19.0"
+    # the card is the log's: 79.19 GiB as vLLM saw it, not the 80 GB label
+    assert abs(pred["gpu_memory_bytes"] - 79.19 * GIB) < 2
+    assert set(pred["difference"]) >= {"weights_bytes", "activation_peak_bytes", "kv_cache_bytes", "kv_cache_tokens"}
+    assert pred["difference"]["kv_cache_bytes"] == pred["kv_cache_bytes"] - o["kv_cache_bytes"]
+    assert pred["explained_by"] in pred["kv_difference_by_component"]
+
+
+def test_text_table_names_the_component_that_explains_most():
+    r = cli("check-log", str(LOGS / "vllm-v1-0.19-debug.log"))
+    assert r.returncode == 0, r.stderr
+    assert "component" in r.stdout and "kv_cache" in r.stdout and "61.66 GiB" in r.stdout
+    assert "most of the KV difference" in r.stdout
+
+
+def test_flags_fill_what_the_log_does_not_say():
+    r = cli("check-log", str(LOGS / "sglang-tp4.log"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "pass --gpu" in r.stderr and "Traceback" not in r.stderr
+    r = cli("check-log", str(LOGS / "sglang-tp4.log"), "--gpu", "h100-80gb", "--json")
+    assert r.returncode == 0, r.stderr
+    obs = json.loads(r.stdout)["observations"]
+    assert [o["rank"] for o in obs] == [0, 1, 2, 3]
+    assert obs[0]["prediction"]["engine"] == "sglang"
+
+
+@pytest.mark.parametrize("content,match", [
+    ("hello\nthis is not a log\n", "no line of a known engine"),
+    (b"\x00\xff\xfe binary \x89PNG\r\n", "no line of a known engine"),
+])
+def test_nothing_recognizable_exits_nonzero_with_one_line(tmp_path, content, match):
+    p = tmp_path / "junk.log"
+    p.write_bytes(content if isinstance(content, bytes) else content.encode())
+    r = cli("check-log", str(p))
+    assert r.returncode == 2 and match in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_truncated_log_says_it_is_incomplete():
+    r = cli("check-log", str(LOGS / "vllm-truncated.log"))
+    assert r.returncode == 2 and "no complete start-up" in r.stderr
+
+
+def test_missing_file():
+    r = cli("check-log", "/nonexistent/vllm.log")
+    assert r.returncode == 2 and "cannot read" in r.stderr
+
+
+def test_tp_ranks_and_attribution_in_library():
+    report = check_log(LOGS / "vllm-v1-tp2-0.10.log", gpu="a100-80gb", model="qwen2-7b-instruct")
+    assert [it.observation.rank for it in report.items] == [0, 1]
+    item = report.items[0]
+    assert item.settings_used["tensor_parallel_size"] == 2
+    cmp = item.comparison
+    # no budget line and no activation line printed: the KV difference is left unexplained
+    assert cmp.explains == "unexplained"
+    assert report.to_json()["observations"][1]["prediction"]["settings"]["tensor_parallel_size"] == 2
+
+
+def test_contributions_add_up_to_the_kv_difference():
+    obs = parse_log(LOGS / "vllm-v1-0.19-debug.log").observations[0]
+    from vramlab.capacity import estimate
+    from vramlab.sources import resolve_model
+
+    card, _ = gpu_for(obs)
+    est = estimate(resolve_model(obs.model), card, settings_for(obs))
+    cmp = compare(obs, est)
+    kv = next(r for r in cmp.rows if r.field == "kv_cache_bytes").difference
+    assert sum(cmp.contributions.values()) == pytest.approx(kv, abs=2)
+    weights_row = next(r for r in cmp.rows if r.field == "weights_bytes")
+    assert cmp.contributions["weights"] == pytest.approx(-weights_row.difference)
