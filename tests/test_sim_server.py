@@ -267,3 +267,25 @@ def test_fault_endpoint_is_off_unless_allowed(tmp_path):
                 return (await s.post(srv.url + "/sim/fault", json={"kind": "crash"})).status, srv.engine.dead
 
     assert run(go()) == (404, False)
+
+
+@pytest.mark.parametrize("engine,version,line", [
+    ("sglang", None, "Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio:"),
+    ("llama.cpp", None, "update_slots: failed to find free space in the KV cache, retrying with smaller batch size"),
+    ("vllm", "0.6.3", "is preempted by PreemptionMode.RECOMPUTE mode because there is not enough KV cache space."),
+])
+def test_kv_pressure_log_lines_per_engine(tmp_path, engine, version, line):
+    async def go():
+        cfg = _cfg(tmp_path, engine=engine, engine_version=version, kv_cache_gib=0.05, max_model_len=256, speed=500)
+        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:  # noqa: SIM115
+            async with aiohttp.ClientSession() as s:
+                async def one(i):
+                    r = await s.post(srv.url + "/v1/completions", json={
+                        "prompt": f"request {i} " + "tok " * 30, "max_tokens": 40, "ignore_eos": True})
+                    return r.status
+                statuses = await asyncio.gather(*(one(i) for i in range(16)))
+            return statuses, "\n".join(srv.log.lines), srv.engine.stats.preemptions
+
+    statuses, log, preemptions = run(go())
+    assert statuses == [200] * 16 and preemptions > 0
+    assert line in log

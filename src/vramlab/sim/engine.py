@@ -350,8 +350,8 @@ class SimEngine:
             if req.generated == 1:
                 s.ttft_s.observe(now - req.arrival_s)
                 s.queue_s.observe((req.first_scheduled_s or now) - req.arrival_s)
-            else:
-                s.itl_s.observe(step_wall_s)
+            elif req.prev_token_s is not None:
+                s.itl_s.observe(now - req.prev_token_s)
             idx = req.generated - 1
             if req.sink is not None:
                 req.sink.put_nowait(("token", idx))

@@ -35,6 +35,7 @@ class Request:
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     last_token_s: float | None = None
+    prev_token_s: float | None = None  # the token before the last: inter-token latency includes preemption gaps
     finished_reason: str | None = None
 
     @property
@@ -164,7 +165,7 @@ class Scheduler:
             req.generated += 1
             if req.first_token_s is None:
                 req.first_token_s = now_s
-            req.last_token_s = now_s
+            req.prev_token_s, req.last_token_s = req.last_token_s, now_s
             done = None
             if req.generated >= req.stop_at:
                 done = "stop" if req.stop_at < req.max_tokens else "length"

@@ -70,7 +70,7 @@ class SimServer:
             web.post("/v1/chat/completions", self._chat), web.post("/sim/fault", self._fault),
             web.get("/sim/state", self._state),
         ])
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await self._runner.setup()
         listen_first = cfg.engine == "llama.cpp"  # llama-server answers 503 "Loading model" while loading
         if listen_first:
@@ -110,6 +110,12 @@ class SimServer:
         return self.engine.exit_code or 0
 
     async def stop(self) -> None:
+        # Handlers waiting on tokens (a hang, a queue) would hold the runner's shutdown open.
+        sched = self.engine.sched if hasattr(self, "engine") else None
+        if sched is not None:
+            for req in [*sched.running, *sched.waiting]:
+                if req.sink is not None:
+                    req.sink.put_nowait(("error", "the server is shutting down"))
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -117,8 +123,9 @@ class SimServer:
                 await t
         if self._runner is not None:
             await self._runner.cleanup()
-        self.engine.release_all()
-        self.log.close()
+        if hasattr(self, "engine"):
+            self.engine.release_all()
+            self.log.close()
         if self._tmp is not None:
             self._tmp.cleanup()
 
