@@ -128,3 +128,9 @@ def test_used_never_exceeds_total_and_matches_holdings(tmp_path_factory, ops):
             del held[handle]
         total, used, free = dev.memory_info()
         assert used == sum(held.values()) <= total and free == total - used
+
+
+def test_reading_a_missing_device_does_not_create_it(tmp_path):
+    with pytest.raises(ConfigError, match="no simulated device at"):
+        DeviceLedger(tmp_path / "none.ledger")
+    assert not (tmp_path / "none.ledger").exists()

@@ -75,6 +75,9 @@ class DeviceLedger:
         self.path = Path(path)
         self._pid = os.getpid()
         self._start = _start_time(self._pid) or 0.0
+        if gpu is None and not self.path.exists():
+            raise ConfigError(f"no simulated device at {self.path} (`vramlab sim serve` or `sim balloon --gpu` "
+                              "creates one)")
         with self._locked() as state:
             if gpu is not None:
                 from vramlab.capacity.gpus import get_gpu
@@ -85,7 +88,7 @@ class DeviceLedger:
                 elif state["gpu"] != card.name:
                     raise ConfigError(f"{self.path} simulates a {state['gpu']}, not a {card.name}")
             elif not state:
-                raise ConfigError(f"{self.path} is not a simulated device yet (give --gpu to create it)")
+                raise ConfigError(f"{self.path} is empty: not a simulated device")
             self.gpu = state["gpu"]
             self.total_bytes = int(state["total_bytes"])
 

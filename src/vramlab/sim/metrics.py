@@ -36,7 +36,8 @@ class Histogram:
         self.n += 1
 
     def cumulative(self) -> list[tuple[str, float]]:
-        out, acc = [], 0
+        out: list[tuple[str, float]] = []
+        acc = 0
         for bound, c in zip((*self.bounds, float("inf")), self.counts, strict=True):
             acc += c
             out.append(("+Inf" if bound == float("inf") else repr(bound), acc))
