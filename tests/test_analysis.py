@@ -190,3 +190,18 @@ def test_cancelled_requests_are_counted_apart():
            for i, r in enumerate(reqs[:2])]
     s = summarize_requests(reqs + cut, 4.0)
     assert (s.count, s.errors, s.error_rate, s.cancelled) == (8, 0, 0.0, 2)
+
+
+def test_two_loners_are_unstable_not_a_one_off():
+    # P95s in the proportion 75 : 88 : 45, each round alone against the median of the other two
+    run, reqs, samples, events = synth.build()
+    factor = {0: 1.0, 1: 88 / 75, 2: 45 / 75}
+    reqs = [r.model_copy(update={"e2e_ms": r.e2e_ms * factor[r.round]})
+            if r.phase == "treatment" and r.step == 0 else r for r in reqs]
+    cell = next(s for s in analyze_run(run, reqs, samples, events).stability
+                if (s.phase, s.step, s.metric) == ("treatment", 0, "e2e_p95_ms"))
+    assert cell.by_round == pytest.approx({0: 390.0, 1: 456.4, 2: 234.0})
+    assert cell.spikes == [] and cell.unstable
+    steady = next(s for s in analyze_run(*synth.build()).stability
+                  if (s.phase, s.step, s.metric) == ("treatment", 0, "e2e_p95_ms"))
+    assert not steady.unstable and steady.spikes == []

@@ -88,15 +88,21 @@ class Stability:
     median: float
     spread: float  # max - min
     rel_spread: float | None  # spread / |median|
-    spikes: list[int] = field(default_factory=list)  # rounds that deviate while the others agree
+    spikes: list[int] = field(default_factory=list)  # the one round that deviates while the others agree
+    rel_tol: float = 0.3
+
+    @property
+    def unstable(self) -> bool:
+        """Rounds disagree beyond tolerance with no single culprit."""
+        return not self.spikes and self.rel_spread is not None and self.rel_spread > self.rel_tol
 
 
 def stability(results: Sequence[WindowResult], rel_tol: float = 0.3) -> list[Stability]:
     """Per (phase, step) and key metric, how much rounds differ.
 
     A round is a one-off spike when it is further than max(rel_tol x median, floor) from the
-    median of the other rounds while those others all sit within that tolerance; it needs at
-    least three rounds to say so.
+    median of the other rounds while those others all sit within that tolerance, and it is the
+    only such round; it needs at least three rounds to say so.
     """
     cells: dict[tuple[str, int | None], dict[int, dict[str, float]]] = {}
     for res in results:
@@ -113,17 +119,21 @@ def stability(results: Sequence[WindowResult], rel_tol: float = 0.3) -> list[Sta
             vals = list(by_round.values())
             med = statistics.median(vals)
             spread = max(vals) - min(vals)
-            spikes = []
+            spikes: list[int] = []
             if len(vals) >= 3:
-                for rnd, v in by_round.items():
-                    others = [x for r, x in by_round.items() if r != rnd]
-                    m = statistics.median(others)
-                    tol = max(rel_tol * abs(m), abs_floor(metric))
-                    if abs(v - m) > tol and all(abs(x - m) <= tol for x in others):
-                        spikes.append(rnd)
+                lone = [r for r in by_round if _stands_alone(r, by_round, rel_tol, abs_floor(metric))]
+                # Two rounds "standing alone" means no two rounds agree: that is noise, not a one-off.
+                spikes = lone if len(lone) == 1 else []
             out.append(Stability(phase, step, metric, by_round, med, spread,
-                                 spread / abs(med) if med else None, spikes))
+                                 spread / abs(med) if med else None, spikes, rel_tol))
     return out
+
+
+def _stands_alone(rnd: int, by_round: dict[int, float], rel_tol: float, floor: float) -> bool:
+    others = [x for r, x in by_round.items() if r != rnd]
+    m = statistics.median(others)
+    tol = max(rel_tol * abs(m), floor)
+    return abs(by_round[rnd] - m) > tol and all(abs(x - m) <= tol for x in others)
 
 
 @dataclass(frozen=True)

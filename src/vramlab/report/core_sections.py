@@ -14,6 +14,7 @@ from vramlab.report.sections import ReportContext, Section, register
 QUIET_EVENTS = ("phase_start", "phase_end", "step", "run_start", "run_end")
 MARKED_EVENTS = ("stop_condition", "rollback", "oom", "alert", "recovered", "error")
 STABILITY_METRICS = ("e2e_p95_ms", "ttft_p95_ms", "error_rate", "throughput_rps")
+HEADLINE_METRICS = ("e2e_p95_ms", "error_rate")
 
 
 def _where(w: Any) -> str:
@@ -51,10 +52,15 @@ def summary(ctx: ReportContext) -> list[Block]:
                      + f", {first.metric} {_threshold_value(first.metric, first.value)} vs limit "
                      f"{_threshold_value(first.metric, first.limit)}")
         items.append(line)
-    spikes = [s for s in a.stability if s.spikes and s.metric in STABILITY_METRICS]
-    for s in spikes:
-        items.append(f"One-off in round {', '.join(map(str, s.spikes))}: {s.metric} of {s.phase}"
-                     + ("" if s.step is None else f" step {s.step}"))
+    headline = [s for s in a.stability if s.metric in HEADLINE_METRICS]
+    for s in headline:
+        if s.spikes:
+            items.append(f"One-off in round {s.spikes[0]}: {s.metric} of {s.phase}"
+                         + ("" if s.step is None else f" step {s.step}"))
+    unstable = [f"{s.metric} of {s.phase}" + ("" if s.step is None else f" step {s.step}")
+                for s in headline if s.unstable]
+    if unstable:
+        items.append("Rounds disagree (spread over 30% of the median, no single outlier): " + ", ".join(unstable))
     return [Bullets(items)]
 
 
@@ -76,7 +82,8 @@ def _compact(v: Any) -> str:
 
 
 def environment(ctx: ReportContext) -> list[Block]:
-    rows = [[k, _compact(v)] for k, v in ctx.run.fixed.items()]
+    rows = [[k, f"{fmt.gib(v)} GiB" if k.endswith("_bytes") and isinstance(v, (int, float)) else _compact(v)]
+            for k, v in ctx.run.fixed.items()]
     rows += [[f"target.{k}", _compact(v)] for k, v in ctx.run.target.items()]
     return [Table(["item", "value"], rows)] if rows else []
 
@@ -201,7 +208,7 @@ def stability(ctx: ReportContext) -> list[Block]:
                      ", ".join(f"r{r}: {show(round(v, 3) if not is_rate else v)}" for r, v in s.by_round.items()),
                      show(s.spread if is_rate else round(s.spread, 3)),
                      "–" if s.rel_spread is None else fmt.pct(s.rel_spread),
-                     "round " + ", ".join(map(str, s.spikes)) if s.spikes else "no"])
+                     f"round {s.spikes[0]}" if s.spikes else ("unstable" if s.unstable else "no")])
     if not rows:
         return []
     return [Text("Spread across rounds; a one-off spike is a round far (over 30% or a floor) from the others "
