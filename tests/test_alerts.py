@@ -90,7 +90,7 @@ def test_cli_output_is_promtool_valid_and_fires_in_unit_test(tmp_path):
     promtool = _promtool()
     rules_file = tmp_path / "rules.yml"
     res = subprocess.run(
-        [sys.executable, "-m", "vramlab", "alerts", str(EXAMPLE), "-o", str(rules_file)],
+        [sys.executable, "-m", "vramlab", "alerts", str(EXAMPLE), "-o", str(rules_file), "--engine", "vllm"],
         capture_output=True, text=True, cwd=tmp_path,
     )
     assert res.returncode == 0, res.stderr

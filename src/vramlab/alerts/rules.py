@@ -101,18 +101,17 @@ _VLLM = {
         "seconds",
         "P95 time to first token",
     ),
-    "error_rate": SignalDef(
-        'sum by (instance) (rate(http_requests_total{status=~"5..|429"{mc}}[1m]))'
-        " / sum by (instance) (rate(http_requests_total{m}[1m]))",
-        "ratio 0-1",
-        "share of HTTP requests answered 5xx or 429",
-    ),
 }
 _SGLANG = {
     "kv_cache_usage": SignalDef(
         "max by (instance) (sglang:token_usage{m})", "ratio 0-1", "KV-cache tokens in use"
     ),
     "queue_waiting": SignalDef("sum by (instance) (sglang:num_queue_reqs{m})", "requests", "queued requests"),
+    "preemption_rate": SignalDef(
+        'sum by (instance) (rate({__name__=~"sglang:num_retracted_reqs(_total)?"{mc}}[1m]))',
+        "per second",
+        "requests retracted because the KV cache was full",
+    ),
     "ttft_p95_s": SignalDef(
         "histogram_quantile(0.95, sum by (le, instance) (rate(sglang:time_to_first_token_seconds_bucket{m}[1m])))",
         "seconds",
@@ -155,6 +154,14 @@ _DCGM = {
 }
 _ANY = {
     "target_down": SignalDef("max by (instance, job) (1 - up{m})", "0/1", "the scrape target is down"),
+    # vLLM exports HTTP counters itself (prometheus_fastapi_instrumentator); for the other engines
+    # the same names come from the proxy or ingress in front of them.
+    "error_rate": SignalDef(
+        'sum by (instance) (rate(http_requests_total{status=~"5..|429"{mc}}[1m]))'
+        " / sum by (instance) (rate(http_requests_total{m}[1m]))",
+        "ratio 0-1",
+        "share of HTTP requests answered 5xx or 429",
+    ),
 }
 
 ENGINE_SIGNALS: dict[str, dict[str, SignalDef]] = {
@@ -170,7 +177,7 @@ def signals_for(engine: str) -> dict[str, SignalDef]:
         from vramlab.errors import unknown
 
         raise unknown("engine", engine, list(ENGINE_SIGNALS))
-    return {**ENGINE_SIGNALS[engine], **_DCGM, **_ANY}
+    return {**_DCGM, **_ANY, **ENGINE_SIGNALS[engine]}  # an engine's own metric wins (TGI's error rate)
 
 
 def _matchers(match: dict[str, str]) -> tuple[str, str]:

@@ -1,0 +1,143 @@
+"""End-to-end drills against the rehearsal server, through the installed CLI.
+
+Bounded: a small model on a simulated L4 whose headroom a co-tenant took, so the OOM comes at the
+fifth context step; --speed 200; each drill well under 30 s.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vramlab.store import open_store
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def _plan(tmp_path: Path, **changes) -> Path:
+    doc = yaml.safe_load((ROOT / "examples" / "oom-drill.yaml").read_text())
+    doc["target"]["sim"]["device"] = str(tmp_path / "gpu0.ledger")
+    for dotted, value in changes.items():
+        node = doc
+        keys = dotted.split("__")
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    p = tmp_path / "plan.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def _drill(tmp_path: Path, plan: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "vramlab", "drill", str(plan), "--db", str(tmp_path / "s.db"),
+                             "-o", str(tmp_path / "incident.md"), *extra],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "VRAMLAB_DB": str(tmp_path / "s.db")})
+
+
+def _wait_run(db: Path, timeout_s: float = 20.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if db.exists():
+            with open_store(str(db)) as store:
+                runs = store.list_runs(1)
+                if runs:
+                    return runs[0].run_id
+        time.sleep(0.1)
+    raise AssertionError("the drill never created its run")
+
+
+def _wait_event(db: Path, run_id: str, kind: str, timeout_s: float = 25.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open_store(str(db)) as store:
+            if any(e.kind == kind for e in store.events(run_id)):
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"no {kind} event within {timeout_s} s")
+
+
+def test_oom_drill_against_sim_ends_in_incident_report(tmp_path):
+    t = time.monotonic()
+    proc = _drill(tmp_path, _plan(tmp_path), "--json")
+    db = tmp_path / "s.db"
+    run_id = _wait_run(db)
+    # the operator adds a note from "another terminal" while the drill runs
+    _wait_event(db, run_id, "step")
+    note = subprocess.run([sys.executable, "-m", "vramlab", "note", run_id[:4], "watching the ramp", "--db", str(db)],
+                          capture_output=True, text=True, timeout=30)
+    assert note.returncode == 0, note.stderr
+    out, err = proc.communicate(timeout=60)
+    elapsed = time.monotonic() - t
+    assert proc.returncode == 0, err
+    assert elapsed < 30, f"the drill took {elapsed:.1f} s"
+
+    import json
+
+    doc = json.loads(out)
+    head = doc["headline"]
+    assert head["failed"] and head["failure_mode"].startswith("crash_after_oom")
+    assert head["failure_step"]["value"] == 4096 and head["last_safe_value"] == 2048
+    assert "CUDA out of memory" in head["signature"]["line"]
+    assert head["signals"]["first"] is not None
+    assert head["signals"]["first"]["t_s"] >= head["treatment_start_s"]
+    rec = head["recovery"]
+    assert rec["recovered"] and rec["time_to_recover_s"] > 0
+    assert head["time_to_detect_s"] is not None and head["time_to_detect_s"] < 5
+    assert head["time_to_mitigate_s"] is not None  # the supervisor restart
+    assert head["impact"]["failed"] > 0
+
+    with open_store(str(db)) as store:
+        run = store.get_run(run_id)
+        assert run.kind == "drill" and run.status == "completed"
+        kinds = [e.kind for e in store.events(run_id)]
+        assert {"fault", "detect", "mitigation", "recovered", "rollback", "note"} <= set(kinds)
+        assert store.requests(run_id) and store.samples(run_id)
+    md = (tmp_path / "incident.md").read_text()
+    for heading in ("Incident summary", "Impact", "Timeline", "Detection: first abnormal signal", "Root cause and trigger",
+                    "Resolution and recovery", "Retry storm", "Lessons learned", "Action items"):
+        assert f"## {heading}" in md
+    assert "watching the ramp" in md  # the operator's note is on the timeline
+    # the rollback restored the card: the co-tenant released, the sim stopped
+    from vramlab.sim.ledger import DeviceLedger
+
+    assert DeviceLedger(str(tmp_path / "gpu0.ledger")).memory_info(0)[1] == 0
+
+
+def test_drill_that_never_fails_says_no_oom_up_to_ceiling(tmp_path):
+    plan = _plan(tmp_path, cotenant=None, ramp__ceiling=1024, baseline_s=1)
+    proc = _drill(tmp_path, plan)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "no OOM up to 1024 prompt tokens" in out
+    assert "no OOM up to 1024 prompt tokens" in (tmp_path / "incident.md").read_text()
+
+
+def test_sigint_during_drill_runs_the_rollbacks(tmp_path):
+    marker = tmp_path / "rolled-back"
+    plan = _plan(tmp_path, rollback=[f"touch {marker}"], ramp__step_s=5)
+    proc = _drill(tmp_path, plan)
+    db = tmp_path / "s.db"
+    run_id = _wait_run(db)
+    _wait_event(db, run_id, "step")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "rollback done" in err
+    with open_store(str(db)) as store:
+        run = store.get_run(run_id)
+        assert run.status == "interrupted"
+        rollbacks = [e.message for e in store.events(run_id) if e.kind == "rollback"]
+    assert any("co-tenant" in m for m in rollbacks) and any("stop the target" in m for m in rollbacks)
+    assert marker.exists()
+    from vramlab.sim.ledger import DeviceLedger
+
+    assert DeviceLedger(str(tmp_path / "gpu0.ledger")).memory_info(0)[1] == 0

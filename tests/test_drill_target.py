@@ -1,0 +1,160 @@
+"""Target control with real subprocesses (timeouts included) and the environment gate."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vramlab.drill.local_targets import ProcessTarget
+from vramlab.drill.plan import parse_plan
+from vramlab.drill.ramp import RampSpec, ramp_values
+from vramlab.drill.target import (
+    OVERRIDE_FLAG,
+    CommandTarget,
+    TargetCommandError,
+    TargetSpec,
+    check_environment,
+    render,
+    run_command,
+)
+from vramlab.errors import ConfigError, VramlabError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_run_command_success_failure_and_output():
+    ok = run_command("echo hi; exit 0", 5)
+    assert ok.ok and ok.output.strip() == "hi"
+    bad = run_command("echo oops >&2; exit 3", 5)
+    assert bad.exit_code == 3 and "oops" in bad.output
+
+
+def test_run_command_timeout_kills_the_whole_group(tmp_path):
+    marker = tmp_path / "grandchild-survived"
+    t = time.monotonic()
+    with pytest.raises(TargetCommandError, match="overran its 0.5 s timeout"):
+        # the grandchild would write the marker after 1.5 s if it outlived the timeout
+        run_command(f"(sleep 1.5; touch {marker}) & sleep 30", 0.5)
+    assert time.monotonic() - t < 5
+    time.sleep(2.0)
+    assert not marker.exists()
+
+
+def test_templates_quote_values_against_injection():
+    cmd = render("systemctl restart {unit}", {"unit": "x; touch /tmp/pwned"})
+    assert cmd == "systemctl restart 'x; touch /tmp/pwned'"
+    with pytest.raises(ConfigError, match="does not set"):
+        render("docker restart {container}", {})
+
+
+@pytest.mark.parametrize("kind,field,value,expect", [
+    ("systemd", "unit", "vllm.service", "systemctl restart vllm.service"),
+    ("docker", "container", "vllm", "docker restart vllm"),
+    ("kubectl", "resource", "deployment/vllm", "kubectl -n default rollout restart deployment/vllm"),
+])
+def test_ready_made_forms(kind, field, value, expect):
+    spec = TargetSpec(kind=kind, environment="test", base_url="http://127.0.0.1:1", **{field: value})
+    target = CommandTarget(spec)
+    assert render(spec.templates()["restart"], target._values()) == expect
+    assert spec.templates()["status"] and spec.templates()["logs"]
+
+
+def test_command_target_runs_user_templates(tmp_path):
+    state = tmp_path / "running"
+    log = tmp_path / "target.log"
+    spec = TargetSpec(kind="command", environment="test", base_url="http://127.0.0.1:1", log_file=str(log),
+                      commands={"start": f"touch {state}; echo started >> {log}",
+                                "stop": f"rm -f {state}; echo stopped >> {log}",
+                                "status": f"test -f {state}",
+                                "logs": "true"},
+                      timeouts_s={"start": 5})
+    t = CommandTarget(spec)
+    assert not t.status().running
+    t.start()
+    assert t.status().running
+    t.restart()  # no restart template: stop, then start
+    assert t.status().running
+    assert t.logs(0) == ["started", "stopped", "started"]
+    assert t.logs(0) == []  # only new lines
+    t.stop()
+    assert not t.status().running
+    failing = CommandTarget(spec.model_copy(update={"commands": {"start": "exit 7"}}))
+    with pytest.raises(TargetCommandError, match="exit 7"):
+        failing.start()
+    slow = CommandTarget(spec.model_copy(update={"commands": {"start": "sleep 10"}, "timeouts_s": {"start": 0.3}}))
+    with pytest.raises(TargetCommandError, match="timeout"):
+        slow.start()
+
+
+def test_process_target_start_status_logs_stop(tmp_path):
+    code = "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    spec = TargetSpec(kind="process", environment="test", base_url="http://127.0.0.1:9",
+                      command=f"{sys.executable} -c \"{code}\"", timeouts_s={"stop": 0.5})
+    t = ProcessTarget(spec, tmp_path)
+    t.start()
+    deadline = time.monotonic() + 5
+    lines: list[str] = []
+    while time.monotonic() < deadline and not lines:
+        lines = t.logs(0)
+        time.sleep(0.05)
+    assert lines == ["ready"] and t.status().running
+    t0 = time.monotonic()
+    t.stop()  # ignores SIGTERM: killed after the stop timeout
+    assert time.monotonic() - t0 < 5
+    st = t.status()
+    assert not st.running and st.exit_code is not None
+
+
+def _plan_doc(environment: str) -> dict:
+    doc = yaml.safe_load((ROOT / "examples" / "oom-drill.yaml").read_text())
+    doc["target"]["environment"] = environment
+    return doc
+
+
+def test_environment_gate():
+    plan = parse_plan(_plan_doc("production"))
+    with pytest.raises(VramlabError, match=OVERRIDE_FLAG):
+        check_environment(plan.target, override=False)
+    warning = check_environment(plan.target, override=True)
+    assert warning and "production" in warning
+    assert check_environment(parse_plan(_plan_doc("test")).target, override=False) is None
+
+
+def test_cli_refuses_non_test_target_in_one_line_and_touches_nothing(tmp_path):
+    plan = tmp_path / "prod.yaml"
+    plan.write_text(yaml.safe_dump(_plan_doc("staging")))
+    db = tmp_path / "store.db"
+    res = subprocess.run([sys.executable, "-m", "vramlab", "drill", str(plan), "--db", str(db)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                         env={**os.environ, "VRAMLAB_DB": str(db)})
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1
+    assert OVERRIDE_FLAG in res.stderr and "staging" in res.stderr
+    assert not db.exists()  # refused before the store (or the target) was touched
+
+
+def test_ramp_values_geometric_linear_and_ceiling():
+    assert ramp_values(RampSpec(knob="context", start=1024, factor=2, ceiling=8192)) == [1024, 2048, 4096, 8192]
+    assert ramp_values(RampSpec(knob="context", start=1000, factor=3, ceiling=5000)) == [1000, 3000, 5000]
+    assert ramp_values(RampSpec(knob="balloon", mode="linear", start=0.5, step=0.5, ceiling=1.75)) == [0.5, 1.0, 1.5, 1.75]
+    with pytest.raises(ValueError, match="factor"):
+        RampSpec(start=1, factor=1.0, ceiling=2)
+    with pytest.raises(ValueError, match="more than"):
+        RampSpec(start=1, factor=1.0001, ceiling=1e9)
+
+
+def test_plan_errors_are_one_line():
+    doc = _plan_doc("test")
+    doc["recovery"] = {"mode": "scripted"}
+    with pytest.raises(ConfigError, match=r"recovery: .*needs recovery.command"):
+        parse_plan(doc)
+    doc = _plan_doc("test")
+    doc["stop"]["error_rat"] = 0.3
+    with pytest.raises(ConfigError, match=r"stop.error_rat"):
+        parse_plan(doc)
