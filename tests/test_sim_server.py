@@ -83,7 +83,8 @@ def test_openai_client_chat_and_completions_streaming_and_not(tmp_path):
 
 def test_raw_sse_ends_with_done_and_metrics_parse(tmp_path):
     async def go():
-        async with SimServer(_cfg(tmp_path), log_stream=open("/dev/null", "w")) as srv:  # noqa: SIM115
+        cfg = _cfg(tmp_path, log_stats_interval_s=0.1)
+        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:  # noqa: SIM115
             async with aiohttp.ClientSession() as s:
                 r = await s.post(srv.url + "/v1/completions", json={
                     "model": MODEL, "prompt": "hi you", "max_tokens": 5, "stream": True, "ignore_eos": True,
@@ -97,6 +98,8 @@ def test_raw_sse_ends_with_done_and_metrics_parse(tmp_path):
                 m = _metrics(await (await s.get(srv.url + "/metrics")).text())
                 assert (await s.get(srv.url + "/health")).status == 200
                 assert (await (await s.get(srv.url + "/version")).json())["version"]
+                await asyncio.sleep(0.25)
+                assert any("Running: 0 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.0%" in ln for ln in srv.log.lines)
         assert m["vllm:generation_tokens_total"] == 5 and m["vllm:prompt_tokens_total"] == 2
         labels = json.dumps({"engine": "0", "finished_reason": "length", "model_name": MODEL}, sort_keys=True)
         assert m["vllm:request_success_total" + labels] == 1
