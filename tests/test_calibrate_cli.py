@@ -109,3 +109,26 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     assert r.returncode == 2 and f"{bad}:1" in r.stderr and r.stderr.count("\n") == 1
     r = cli("calibrate", str(LOGS / "vllm-v1-0.19-debug.log"), "--min-points", "1")
     assert r.returncode == 2 and "--min-points" in r.stderr
+
+
+def test_versions_widen_the_profile_range(tmp_path):
+    data = tmp_path / "fleet.jsonl"
+    measurements(data, tp2=0)
+    profile = tmp_path / "wide.toml"
+    r = cli("calibrate", str(data), "-o", str(profile), "--versions", "0.10..0.29")
+    assert r.returncode == 0, r.stderr
+    sec = tomllib.loads(profile.read_text())["section"][0]
+    assert (sec["version_min"], sec["version_max"]) == ("0.10", "0.29")
+    r = cli("calibrate", str(data), "--versions", "0.10")
+    assert r.returncode == 2 and "MIN..MAX" in r.stderr
+
+
+def test_the_documented_observation_line_reads(tmp_path):
+    from vramlab.logs.observation import read_observations
+
+    doc = (Path(__file__).parents[1] / "docs" / "logs-and-calibration.md").read_text()
+    line = next(ln for ln in doc.splitlines() if ln.startswith('{"engine": "vllm"'))
+    p = tmp_path / "doc.jsonl"
+    p.write_text(line + "\n")
+    (o,) = read_observations(p)
+    assert o.model == "llama-3.1-8b-instruct" and o.settings["max_model_len"] == 8192

@@ -117,5 +117,7 @@ def check_log(path: str | Path, model: str | None = None, gpu: str | None = None
         # Nothing could be predicted: one line naming what is missing is all a user needs.
         raise ConfigError(f"{path}: {items[0].error}")
     summary = attribution_sentences(attribute([it.comparison for it in done if it.comparison]))
-    return CheckReport(str(path), parsed.engine, parsed.lines, items, parsed.incomplete, summary[:1] if len(done) == 1
-                       else summary)
+    # With one start-up the per-observation line already says it; the summary is for sets.
+    distinct = {repr(it.observation.measured()) for it in done}
+    return CheckReport(str(path), parsed.engine, parsed.lines, items, parsed.incomplete,
+                       summary if len(distinct) > 1 else [])
