@@ -121,3 +121,11 @@ def test_profile_refuses_other_engine_or_version(fitted):
 def test_malformed_profiles(data, match):
     with pytest.raises(ConfigError, match=match):
         profile_from_dict(data, "p.toml")
+
+
+def test_leave_one_out_predictions_per_case(fitted):
+    cases = synthetic_cases(tp2=2)
+    assert set(fitted.loo_predicted) <= {c.label for c in cases}
+    one = cases[0]
+    held_out = fitted.loo_predicted[one.label]
+    assert held_out["non_torch_bytes"] == pytest.approx(one.observed["non_torch_bytes"], rel=0.03)

@@ -118,6 +118,8 @@ class Fit:
     loo: tuple[ComponentError, ...]
     skipped: tuple[tuple[str, str], ...] = ()  # (case, why the model could not predict it)
     residuals: dict[str, list[float]] = field(default_factory=dict, compare=False)  # after the fit
+    # case label -> fields predicted by a fit that did not see that case (for per-row tables)
+    loo_predicted: dict[str, dict[str, float]] = field(default_factory=dict, compare=False)
 
     def overrides(self) -> dict[str, tuple[float, float, str]]:
         return {f.name: (f.value, f.rel_band, f.source) for f in self.fitted}
@@ -302,16 +304,17 @@ def fit(cases: Sequence[Case], engine: str, constants: Constants | None = None, 
     for target, lin in linear.items():
         theta = np.array([values[n] / defaults[n] for n in lin.names])
         residuals[target] = [float(x) for x in (lin.b - lin.J @ theta)]
-    loo = _leave_one_out(model, linear, values, defaults) if leave_one_out and fitted else ()
+    loo_predicted: dict[str, dict[str, float]] = {}
+    loo = _leave_one_out(model, linear, values, defaults, loo_predicted) if leave_one_out and fitted else []
     versions = sorted({c.settings.engine_version for c in cases if c.settings.engine_version},
                       key=parse_version)
     skipped = tuple((cases[i].label, why) for i, why in sorted(model.failed.items()))
     return Fit(engine, versions[0] if versions else None, versions[-1] if versions else None, len(cases),
-               tuple(fitted), tuple(refused), tuple(loo), skipped, residuals)
+               tuple(fitted), tuple(refused), tuple(loo), skipped, residuals, loo_predicted)
 
 
 def _leave_one_out(model: _Model, linear: dict[str, _Linear], values: dict[str, float],
-                   defaults: dict[str, float]) -> list[ComponentError]:
+                   defaults: dict[str, float], predicted: dict[str, dict[str, float]]) -> list[ComponentError]:
     """Refit without each case (on the linearization at the full fit) and predict that case."""
 
     before: dict[str, list[float]] = {f: [] for f in SCORED_FIELDS}
@@ -329,6 +332,7 @@ def _leave_one_out(model: _Model, linear: dict[str, _Linear], values: dict[str, 
         p1 = model.predict(i, held)
         if p0 is None or p1 is None:
             continue
+        predicted[model.cases[i].label] = p1
         for f in SCORED_FIELDS:
             e0, e1 = _rel_err(p0.get(f), model.cases[i].observed.get(f)), _rel_err(p1.get(f), model.cases[i].observed.get(f))
             if e0 is not None and e1 is not None:

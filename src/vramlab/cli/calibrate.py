@@ -58,7 +58,7 @@ def to_json(result: Any) -> dict[str, Any]:
     return {
         "observations": result.observations,
         "skipped": [{"source": s, "reason": r} for s, r in result.skipped],
-        "fits": [{k: v for k, v in asdict(f).items() if k != "residuals"} for f in result.fits],
+        "fits": [{k: v for k, v in asdict(f).items() if k not in ("residuals", "loo_predicted")} for f in result.fits],
         "attribution": result.attribution,
     }
 

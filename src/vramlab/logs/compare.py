@@ -78,10 +78,9 @@ def gpu_for(obs: Observation, gpu: str | None = None) -> tuple[GPU, str]:
         if abs(close.memory_gib - total_gib) <= 0.01 * total_gib:
             return custom_gpu(total_gib, like=close), f"{close.name} (closest to the log's {total_gib:.2f} GiB total)"
         return custom_gpu(total_gib), f"a {total_gib:.2f} GiB card (the log's total memory)"
-    if obs.gpu:
-        card = _catalog_card(obs.gpu)
-        if card is not None:
-            return card, f"{card.name} (named in the log)"
+    named = _catalog_card(obs.gpu) if obs.gpu else None
+    if named is not None:
+        return named, f"{named.name} (named in the log)"
     raise ConfigError("the log does not print the GPU's total memory or a known card; pass --gpu")
 
 
@@ -147,8 +146,10 @@ def compare(obs: Observation, est: Estimate, gpu_reason: str = "") -> Comparison
         if seen is not None:
             # Predicting a component X bytes too high predicts the KV pool X bytes too low.
             contributions[comp.name] = -(comp.bytes - seen)
-    if obs.budget_bytes is not None or (obs.total_gpu_memory_bytes and obs.gpu_memory_utilization):
-        seen_budget = obs.budget_bytes or obs.total_gpu_memory_bytes * obs.gpu_memory_utilization
+    seen_budget: float | None = obs.budget_bytes
+    if seen_budget is None and obs.total_gpu_memory_bytes and obs.gpu_memory_utilization:
+        seen_budget = obs.total_gpu_memory_bytes * obs.gpu_memory_utilization
+    if seen_budget is not None:
         contributions["budget"] = est.budget_bytes - seen_budget
     kv = next(r for r in rows if r.field == "kv_cache_bytes").difference
     if kv is not None and contributions:

@@ -8,7 +8,7 @@ separately; the observation's `kv_cache_bytes` is their sum.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from vramlab.logs.base import Rule, assemble, gib, parse_lines, rule
@@ -16,7 +16,7 @@ from vramlab.logs.base import Rule, assemble, gib, parse_lines, rule
 ENGINE = "sglang"
 N = r"-?\d+(?:\.\d+)?"
 
-_SERVER_ARGS = {
+_SERVER_ARGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "model_path": ("model", str), "context_length": ("settings.max_model_len", int),
     "mem_fraction_static": ("settings.mem_fraction_static", float), "tp_size": ("settings.tensor_parallel_size", int),
     "pp_size": ("settings.pipeline_parallel_size", int), "dtype": ("settings.dtype", str),

@@ -8,14 +8,14 @@ the launcher's `Args { ... }` line (Rust debug format: `key: Some(v)`, `key: Non
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from vramlab.logs.base import Rule, assemble, parse_lines, rule
 
 ENGINE = "tgi"
 
-_ARGS = {
+_ARGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "model_id": ("model", str), "num_shard": ("settings.tensor_parallel_size", int),
     "quantize": ("settings.quantization", lambda v: v.lower()), "dtype": ("settings.dtype", lambda v: v.lower()),
     "kv_cache_dtype": ("settings.kv_cache_dtype", lambda v: v.lower()),
