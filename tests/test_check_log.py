@@ -106,3 +106,8 @@ def test_contributions_add_up_to_the_kv_difference():
     assert sum(cmp.contributions.values()) == pytest.approx(kv, abs=2)
     weights_row = next(r for r in cmp.rows if r.field == "weights_bytes")
     assert cmp.contributions["weights"] == pytest.approx(-weights_row.difference)
+
+
+def test_a_log_of_failures_names_the_first_one():
+    r = cli("check-log", str(LOGS / "failures.log"))
+    assert r.returncode == 2 and "startup_refusal (vllm.no_kv_memory) at line 2" in r.stderr

@@ -263,3 +263,25 @@ def test_nothing_recognizable_is_a_clear_error(tmp_path):
 def test_parsers_expose_rules():
     for mod in (vllm, sglang, tgi, llamacpp, ollama):
         assert mod.RULES and callable(mod.parse)
+
+
+@pytest.mark.parametrize("raw,key", [
+    ("(VllmWorker rank=1 pid=4212) INFO x", "rank=1"),
+    ("(VllmWorker TP3 pid=4212) INFO x", "rank=3"),
+    ("(Worker_TP2 pid=77) INFO x", "rank=2"),
+    ("(RayWorkerWrapper pid=9123, ip=10.0.0.7) INFO x", "pid=9123"),
+    ("(VllmWorkerProcess pid=55) INFO x", "pid=55"),
+    ("(EngineCore_DP0 pid=2950) INFO x", None),
+    ("(APIServer pid=1) INFO x", None),
+    ("\x1b[1;36m(VllmWorker rank=0 pid=1)\x1b[0;0m INFO x", "rank=0"),
+    ("[2025-07-21 10:00:12 DP0 TP1] Load weight end.", "rank=1"),
+    ("[gpu_id=3] Load weight end.", "rank=3"),
+    ("[2025-07-21 10:00:12] server_args=...", None),
+    ("INFO 08-20 10:00:01 [api_server.py:1805] vLLM API server version 0.10.1.1", None),
+])
+def test_worker_prefixes(raw, key):
+    from vramlab.logs.base import split_prefix
+
+    got_key, message = split_prefix(raw)
+    assert got_key == key
+    assert "(" not in message[:1] and "\x1b" not in message

@@ -88,8 +88,10 @@ def parse_log(source: str | Path | Iterable[str], engine: str | None = None) -> 
     complete = [o for o in found if o.complete]
     incomplete = [o for o in found if not o.complete]
     if not found:
-        raise ConfigError(
-            f"{label or 'log'}: looks like {name}, but no start-up memory line was found "
-            "(the engine prints them while it loads the model; see docs/logs-and-calibration.md)"
-        )
+        from vramlab.logs.signatures import scan
+
+        failures = scan(lines, None if name == "ollama" else name)
+        why = (f"; it shows a failure: {failures[0].kind} ({failures[0].name}) at line {failures[0].line_number}"
+               if failures else " (the engine prints them while it loads the model; see docs/logs-and-calibration.md)")
+        raise ConfigError(f"{label or 'log'}: looks like {name}, but no start-up memory line was found{why}")
     return ParsedLog(name, complete, incomplete, len(lines), label)
