@@ -30,6 +30,10 @@ class Balloon(Protocol):
     def release(self) -> None: ...
 
 
+class CotenantOutOfMemory(Exception):
+    """The co-tenant itself could not get its memory: the card is full (the target held on)."""
+
+
 class LedgerBalloon:
     """Memory held on the sim's device ledger. Grows and shrinks in place."""
 
@@ -45,7 +49,6 @@ class LedgerBalloon:
 
     def set_bytes(self, nbytes: int) -> None:
         """Hold exactly *nbytes* (raises the ledger's SimOutOfMemory if the card has no room)."""
-        from vramlab.errors import VramlabError
         from vramlab.sim.ledger import SimOutOfMemory
 
         while self._handles and self.held_bytes > nbytes:
@@ -57,7 +60,7 @@ class LedgerBalloon:
             try:
                 h = self.ledger.allocate(extra, "balloon", "vramlab-drill-balloon")
             except SimOutOfMemory as exc:
-                raise VramlabError(f"balloon: {exc}") from None
+                raise CotenantOutOfMemory(f"balloon: {exc}") from None
             self._handles.append((h, extra))
             self.held_bytes += extra
 
@@ -182,4 +185,4 @@ def _wait_started(proc: Any, timeout_s: float) -> None:
         time.sleep(0.05)
 
 
-__all__ = ["GIB", "Balloon", "CoLoaded", "LedgerBalloon", "ProcessBalloon"]
+__all__ = ["GIB", "Balloon", "CoLoaded", "CotenantOutOfMemory", "LedgerBalloon", "ProcessBalloon"]

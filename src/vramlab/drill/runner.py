@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vramlab.drill.cotenant import GIB, CoLoaded, LedgerBalloon, ProcessBalloon
+from vramlab.drill.cotenant import GIB, CoLoaded, CotenantOutOfMemory, LedgerBalloon, ProcessBalloon
 from vramlab.drill.detect import Detector, Finding
 from vramlab.drill.herd import HerdMonitor
 from vramlab.drill.local_targets import SimTarget, open_target
@@ -66,6 +66,7 @@ class DrillRunner:
         self._last_health: bool | None = None
         self._step_started_s = 0.0
         self._last_log_event: dict[str, float] = {}
+        self._ceiling_value: float | None = None
 
     # -- plumbing ---------------------------------------------------------------------------
     def _engine(self) -> str:
@@ -146,6 +147,22 @@ class DrillRunner:
             nbytes = self.plan.cotenant.bytes_to_hold(self._cotenant.free_bytes())
             await asyncio.to_thread(self._cotenant.set_bytes, nbytes)
             self.emit("cotenant", f"co-tenant holds {nbytes / GIB:.2f} GiB", bytes=nbytes)
+        self._capacity_account()
+
+    def _capacity_account(self) -> None:
+        """What the capacity model predicts for this ramp, before it starts (sim targets)."""
+        if self.device is None:
+            return
+        from vramlab.drill.capacity_account import for_sim
+        from vramlab.sim.ledger import DeviceLedger
+
+        try:
+            acc = for_sim(self.plan, int(DeviceLedger(self.device).memory_info(0)[2]))
+        except Exception as exc:  # a model the catalog lacks must not stop the drill; the report says so
+            self.emit("warning", f"no capacity prediction: {type(exc).__name__}: {exc}"[:300])
+            return
+        if acc is not None:
+            self.emit("capacity", acc.message, predicted_limit=acc.predicted_limit, **acc.figures)
 
     def _make_balloon(self) -> Any:
         return LedgerBalloon(self.device) if self.device else ProcessBalloon()
@@ -169,6 +186,7 @@ class DrillRunner:
         from vramlab.load.client import OpenAIClient
 
         plan = self.plan
+        self._ceiling_value = None
         self.state = LiveState()
         self.detector = Detector(plan.stop, engine=self._engine())
         served = plan.target.model or (plan.target.sim.model if plan.target.sim else "default")
@@ -183,8 +201,9 @@ class DrillRunner:
                 self.emit("phase_end", "baseline")
                 failure = await self._ramp(client, values)
                 if failure is None:
-                    self.emit("ceiling", f"no OOM up to {values[-1]:g} {plan.ramp.unit}", value=values[-1],
-                              unit=plan.ramp.unit)
+                    top = values[-1] if self._ceiling_value is None else self._ceiling_value
+                    why = "" if self._ceiling_value is None else " (the card was full: the co-tenant could not grow)"
+                    self.emit("ceiling", f"no OOM up to {top:g} {plan.ramp.unit}{why}", value=top, unit=plan.ramp.unit)
                     return False
                 await self._recover(client, failure, values)
                 return True
@@ -200,7 +219,13 @@ class DrillRunner:
             self._step = i
             self._step_started_s = self.now()
             self.emit("step", f"{plan.ramp.knob} = {v:g} {plan.ramp.unit}", step=i, value=v, knob=plan.ramp.knob)
-            await self._apply(v)
+            try:
+                await self._apply(v)
+            except CotenantOutOfMemory as exc:
+                # the co-tenant, not the target, ran out: the card is full and the target held its memory
+                self.emit("cotenant_oom", f"the co-tenant could not grow to {v:g} {plan.ramp.unit}: {exc}", value=v)
+                self._ceiling_value = values[i - 1] if i else None
+                return None
             task = asyncio.ensure_future(self._window(client, v, plan.ramp.step_s, i))
             while not task.done():
                 failure = self.detector.failure()

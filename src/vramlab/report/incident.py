@@ -22,7 +22,7 @@ EDIT = "_(derived from the data; operator: edit)_"
 TIMELINE_KINDS = ("step", "oom", "startup_refusal", "process_exit", "health", "detect", "stop_condition", "fault",
                   "alert", "mitigation", "ramp_undone", "recovered", "not_recovered", "note", "retry_storm",
                   "waiting_for_operator", "recovery_command", "xid", "overload", "preemption", "ceiling", "rollback",
-                  "cotenant", "warning")
+                  "cotenant", "cotenant_oom", "capacity", "warning")
 
 
 def _is_drill(ctx: ReportContext) -> bool:
@@ -154,10 +154,14 @@ def s_detection(ctx: ReportContext) -> list[Block]:
 def s_cause(ctx: ReportContext) -> list[Block]:
     inc, _ = incident_of(ctx)
     unit = _unit(ctx)
+    cap = next((e for e in ctx.events if e.kind == "capacity"), None)
     if not inc.failed:
         top = (inc.ceiling or {}).get("value")
-        return [Text(f"No failure: no OOM up to {fmt.num(top)} {unit}. The ramp reached its ceiling with the stop "
-                     "conditions armed; raise the ceiling to find the boundary.")]
+        out: list[Block] = [Text(f"No failure: no OOM up to {fmt.num(top)} {unit}. The ramp ended with the stop "
+                                 "conditions armed; raise the ceiling to find the boundary.")]
+        if cap is not None:
+            out.append(Text(f"Capacity model's account: {cap.message}"))
+        return out
     step = inc.failure_step or {}
     items = [f"**Failure mode:** {inc.failure_mode}",
              f"**Trigger:** ramp step {step.get('step')} — {step.get('knob')} = {fmt.num(step.get('value'))} {unit} "
@@ -166,7 +170,6 @@ def s_cause(ctx: ReportContext) -> list[Block]:
     if sig.get("line"):
         items.append(f"**Matched failure signature:** `{sig.get('signature') or sig.get('class')}` — "
                      f"`{str(sig['line'])[:240]}`")
-    cap = next((e for e in ctx.events if e.kind == "capacity"), None)
     if cap is not None:
         d = cap.data
         items.append(f"**Capacity model's account:** {cap.message}")
