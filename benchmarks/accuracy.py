@@ -183,6 +183,7 @@ def main() -> int:
     ap.add_argument("--data", type=Path, default=default_data_dir())
     ap.add_argument("--rows", action="store_true", help="print every row")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-calibration", action="store_true", help="skip the leave-one-out calibration table")
     args = ap.parse_args()
     rows_path = args.data / "observed_memory.jsonl"
     if not rows_path.exists():
@@ -223,8 +224,10 @@ def main() -> int:
         per_row.append(line)
 
     summary = summarize(errs)
+    calibrated = [] if args.no_calibration else calibrated_loo(rows_path, configs)
     if args.json:
-        print(json.dumps({"summary": summary, "rows": per_row, "skipped": skipped}, indent=1, default=str))
+        print(json.dumps({"summary": summary, "rows": per_row, "skipped": skipped,
+                          "calibrated_loo": calibrated}, indent=1, default=str))
         return 0
     if args.rows:
         for line in per_row:
@@ -235,8 +238,28 @@ def main() -> int:
                     cells.append(f"{metric[:6]} {p:>9g}/{o:<9g} {e:+6.1f}%")
             print("  ".join(cells))
         print()
-    print_summary(summary, len(rows), skipped)
+    print_summary(summary, len(rows), skipped, calibrated)
     return 0
+
+
+def calibrated_loo(rows_path: Path, configs: dict[str, Any]) -> list[dict[str, Any]]:
+    """Leave-one-out error after `vramlab calibrate` fits the constants on the other rows (per engine)."""
+    from vramlab.capacity.calibration import fit
+    from vramlab.logs.cases import build_cases
+    from vramlab.logs.observation import read_observations
+
+    out = []
+    cases = build_cases(read_observations(rows_path), configs)
+    by_engine = cases[0] if isinstance(cases, tuple) else cases
+    for engine, engine_cases in sorted(by_engine.items()):
+        if len(engine_cases) < 5:
+            continue
+        result = fit(engine_cases, engine)
+        for e in result.loo:
+            out.append({"engine": engine, "field": e.field, "n": e.n, "median_before": 100 * e.median_before,
+                        "median_after": 100 * e.median_after, "p90_before": 100 * e.p90_before,
+                        "p90_after": 100 * e.p90_after})
+    return out
 
 
 def summarize(errs: dict[str, dict[str, list[tuple[dict[str, Any], float]]]]) -> dict[str, Any]:
@@ -260,7 +283,8 @@ def summarize(errs: dict[str, dict[str, list[tuple[dict[str, Any], float]]]]) ->
     return out
 
 
-def print_summary(summary: dict[str, Any], n_rows: int, skipped: list[tuple[str, str]]) -> None:
+def print_summary(summary: dict[str, Any], n_rows: int, skipped: list[tuple[str, str]],
+                  calibrated: list[dict[str, Any]]) -> None:
     ours = summary.get("vramlab", {})
     print("Per collection group (vramlab, |error| median / p90, %):")
     groups = sorted({g for m in ours.values() for g in m["by_group"]})
@@ -278,6 +302,12 @@ def print_summary(summary: dict[str, Any], n_rows: int, skipped: list[tuple[str,
         print(f"Skipped {len(skipped)} of {n_rows} rows:")
         for rid, why in skipped:
             print(f"  {rid}: {why[:120]}")
+    if calibrated:
+        print("Calibrated on the other rows (vramlab calibrate, leave-one-out), |error| %:")
+        print(f"  {'engine':8} {'field':24} {'n':>4} {'defaults med/p90':>18} {'calibrated med/p90':>20}")
+        for c in calibrated:
+            print(f"  {c['engine']:8} {c['field']:24} {c['n']:4} {c['median_before']:8.2f} /{c['p90_before']:7.2f}"
+                  f"   {c['median_after']:9.2f} /{c['p90_after']:7.2f}")
     print()
     print(f"{'predictor':12} {'metric':16} {'n':>4} {'median%':>8} {'p90%':>8} {'max%':>8} {'signed%':>8}")
     for who in ("naive", "weights+kv", "vramlab"):
