@@ -133,15 +133,20 @@ def analyze_run(
     if slo is None:
         slo = slo_from_metrics(limits)
     step_windows, phase_windows = find_windows(requests, events)
-    steps = [summarize_window(w, requests, samples, slo) for w in step_windows]
-    phases = [summarize_window(w, requests, samples, slo) for w in phase_windows]
+    by_step: dict[tuple[int, str, int], list[RequestRecord]] = {}
+    by_phase: dict[tuple[int, str], list[RequestRecord]] = {}
+    for r in requests:
+        by_step.setdefault((r.round, r.phase, r.step), []).append(r)
+        by_phase.setdefault((r.round, r.phase), []).append(r)
+    steps = [summarize_window(w, by_step.get((w.round, w.phase, w.step or 0), []), samples, slo)
+             for w in step_windows]
+    phases = [summarize_window(w, by_phase.get((w.round, w.phase), []), samples, slo) for w in phase_windows]
     by_key = {(p.window.round, p.window.phase): p for p in phases}
     recovery = []
     for (rnd, phase), res in sorted(by_key.items()):
         base = by_key.get((rnd, "baseline"))
         if phase == "recovery" and base is not None:
-            rec_reqs = [r for r in requests if r.round == rnd and r.phase == "recovery"]
-            recovery.append(returned_to_baseline(base, res, rec_reqs))
+            recovery.append(returned_to_baseline(base, res, by_phase.get((rnd, "recovery"), [])))
     span = request_span(requests)
     t_ends = [s.t_s for s in samples] + [e.t_s for e in events] + ([span[1]] if span else [])
     if run.ended_at is not None:

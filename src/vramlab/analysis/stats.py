@@ -52,7 +52,8 @@ class Distribution:
 
     @classmethod
     def of(cls, values: Iterable[float | None]) -> Distribution | None:
-        xs = sorted(v for v in values if v is not None and not math.isnan(v))
+        xs = [v for v in values if v is not None and v == v]  # v == v drops NaN
+        xs.sort()
         if not xs:
             return None
         return cls(
