@@ -114,6 +114,7 @@ def test_incomplete_run_is_marked():
     assert "_status running (incomplete)_" in md
     assert "incomplete run (status running)" in md
     assert "| 1 | treatment | 2 |" in md  # what was stored before the kill is reported
+    assert "only 2 round" not in md  # the run was cut short, not planned short
 
 
 def test_run_without_requests_renders():

@@ -107,7 +107,7 @@ def _warnings(run: RunRecord, complete: bool, steps: Sequence[WindowResult], rou
             f"incomplete run (status {run.status}): it was interrupted or is still running; "
             "figures cover what was stored"
         )
-    if 0 < rounds < MIN_ROUNDS:
+    if complete and 0 < rounds < MIN_ROUNDS:  # a cut-off run says so above already
         out.append(f"only {rounds} round(s): at least {MIN_ROUNDS} are needed to tell a trend from a one-off")
     # The runner warns about lag itself (with the plan's threshold); don't say it twice.
     told = {(e.round, e.phase, e.step) for e in events if e.kind == "warning" and "dispatch_lag_p99_ms" in e.data}
