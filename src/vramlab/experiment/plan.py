@@ -1,0 +1,362 @@
+"""The experiment plan: a YAML document, validated, never mutated.
+
+A plan fixes the inputs and the target, names the one variable that changes, and says how long
+each phase watches, how many rounds to repeat, what to stop on and how to roll back. Errors point
+at the file, line and field: ``plan.yaml:12: change.steps: ...``. The reference is
+docs/experiments.md.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from vramlab.errors import ConfigError
+
+Variable = Literal["concurrency", "request_rate", "prompt_tokens", "output_tokens"]
+SamplerSource = Literal["gpu", "ledger", "engine", "prometheus", "host", "health"]
+# Threshold names the analysis understands: a statistic of a per-request latency, or a rate.
+_METRIC_NAME = re.compile(r"^(p50|p90|p95|p99|max|mean)_(ttft|tpot|itl|e2e)_ms$|^error_rate$|^min_goodput_rps$")
+MAX_RAMP_STEPS = 64
+
+
+class _Model(BaseModel):
+    # frozen + forbid: a plan is a document; a typo must fail loudly, and nobody may edit it after loading.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Target(_Model):
+    base_url: str
+    api: Literal["openai-chat", "openai-completions"] = "openai-chat"
+    model: str
+    api_key_env: str | None = None
+    metrics_url: str | None = None
+    health_url: str | None = None
+    kind: Literal["vllm", "sglang", "tgi", "llama.cpp", "ollama", "sim", "other"] = "other"
+    environment: Literal["test", "staging", "production"] = "test"
+    pid: int | None = Field(default=None, description="the target process, for its RSS (same host only)")
+
+    @field_validator("base_url", "metrics_url", "health_url")
+    @classmethod
+    def _http(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
+        return v.rstrip("/") if v else v
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        # The plan names the variable; a value that looks like a key itself is refused so it is never stored.
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError("must be the NAME of an environment variable (the key itself never goes in a plan)")
+        return v
+
+
+class Synthetic(_Model):
+    prompt_tokens: int = Field(gt=0, le=1_000_000)
+    output_tokens: int = Field(gt=0, le=1_000_000)
+    seed: int = 0
+    count: int = Field(default=100, gt=0, le=1_000_000)
+
+
+class InputSet(_Model):
+    synthetic: Synthetic | None = None
+    jsonl: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> InputSet:
+        if (self.synthetic is None) == (self.jsonl is None):
+            raise ValueError("give exactly one of 'synthetic' or 'jsonl'")
+        return self
+
+
+class Fixed(_Model):
+    input: InputSet
+    ignore_eos: bool = Field(default=False, description="ask the engine to always generate output_tokens")
+
+
+class Ramp(_Model):
+    start: float = Field(gt=0)
+    factor: float = Field(gt=1)
+    max: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Ramp:
+        if self.max < self.start:
+            raise ValueError("max must be at least start")
+        if math.log(self.max / self.start, self.factor) > MAX_RAMP_STEPS:
+            raise ValueError(f"the ramp has more than {MAX_RAMP_STEPS} steps")
+        return self
+
+    def values(self) -> list[float]:
+        out, v = [], self.start
+        while v <= self.max * (1 + 1e-9):
+            out.append(v)
+            v *= self.factor
+        return out
+
+
+class Change(_Model):
+    variable: Variable
+    baseline: float | None = Field(default=None, gt=0, description="value in baseline and recovery; default: the load's own")
+    steps: list[float] | None = None
+    ramp: Ramp | None = None
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None:
+            if not v:
+                raise ValueError("needs at least one step")
+            if any(s <= 0 for s in v):
+                raise ValueError("every step must be greater than 0")
+        return v
+
+    @model_validator(mode="after")
+    def _one(self) -> Change:
+        if (self.steps is None) == (self.ramp is None):
+            raise ValueError("give exactly one of 'steps' or 'ramp'")
+        return self
+
+    def values(self) -> list[float]:
+        return list(self.steps) if self.steps is not None else self.ramp.values()  # type: ignore[union-attr]
+
+
+class Phases(_Model):
+    """One observation window, the same for baseline, every treatment step and recovery."""
+
+    duration_s: float | None = Field(default=None, gt=0)
+    requests: int | None = Field(default=None, gt=0)
+    drain_s: float = Field(default=5.0, ge=0, description="how long in-flight requests may finish after a window")
+
+    @model_validator(mode="after")
+    def _window(self) -> Phases:
+        if self.duration_s is None and self.requests is None:
+            raise ValueError("give duration_s, requests or both (the window ends at whichever comes first)")
+        return self
+
+
+class Retry(_Model):
+    policy: Literal["none", "immediate", "exponential"] = "none"
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    base_s: float = Field(default=0.5, ge=0)
+    max_s: float = Field(default=10.0, gt=0)
+    jitter: float = Field(default=1.0, ge=0, le=1, description="fraction of each delay drawn at random")
+
+
+class Load(_Model):
+    mode: Literal["closed", "open"] = "closed"
+    concurrency: int = Field(default=1, ge=1, le=100_000, description="closed loop: users")
+    request_rate: float | None = Field(default=None, gt=0, description="open loop: requests per second")
+    arrival: Literal["poisson", "gamma", "constant"] = "poisson"
+    burstiness: float = Field(default=1.0, gt=0, description="gamma shape: 1 = Poisson, <1 burstier")
+    max_concurrency: int = Field(default=256, ge=1, le=100_000)
+    request_timeout_s: float = Field(default=60.0, gt=0)
+    lag_warn_ms: float = Field(default=25.0, gt=0)
+    retry: Retry = Retry()
+
+
+class StopConditions(_Model):
+    """Always armed. Each condition is checked continuously over a sliding window."""
+
+    error_rate: float | None = Field(default=0.5, gt=0, le=1)
+    p95_ms: float | None = Field(default=None, gt=0, description="end-to-end P95 from the scheduled send")
+    kv_usage: float | None = Field(default=None, gt=0, le=1)
+    gpu_memory_share: float | None = Field(default=None, gt=0, le=1)
+    oom_seen: bool = True
+    wall_clock_s: float | None = Field(default=None, gt=0, description="default: twice the planned time + 60 s")
+    window_s: float = Field(default=10.0, gt=0)
+    min_requests: int = Field(default=10, ge=1)
+
+
+class RollbackCommand(_Model):
+    run: str = Field(min_length=1)
+    timeout_s: float = Field(default=30.0, gt=0)
+
+
+class Samplers(_Model):
+    interval_s: float = Field(default=1.0, gt=0, le=3600)
+    sources: list[SamplerSource] = ["gpu", "engine", "host", "health"]
+    ledger: str | None = Field(default=None, description="the sim's device ledger file")
+    prometheus_url: str | None = None
+    prometheus_queries: dict[str, str] = Field(default_factory=dict)
+
+
+class Plan(_Model):
+    name: str = Field(min_length=1, max_length=200)
+    hypothesis: str = ""
+    target: Target
+    fixed: Fixed
+    change: Change
+    phases: Phases
+    rounds: int = Field(default=3, ge=1, le=100)
+    load: Load = Load()
+    metrics: dict[str, float] = Field(default_factory=dict)
+    stop_conditions: StopConditions = StopConditions()
+    rollback: list[RollbackCommand] = Field(default_factory=list)
+    samplers: Samplers = Samplers()
+
+    @field_validator("rollback", mode="before")
+    @classmethod
+    def _rollback_strings(cls, v: Any) -> Any:
+        # A bare string is the common case; allow it beside {run, timeout_s}.
+        if isinstance(v, list):
+            return [{"run": x} if isinstance(x, str) else x for x in v]
+        return v
+
+    @field_validator("metrics")
+    @classmethod
+    def _metric_names(cls, v: dict[str, float]) -> dict[str, float]:
+        for k in v:
+            if not _METRIC_NAME.match(k):
+                raise ValueError(f"unknown metric {k!r}; use e.g. p95_ttft_ms, p99_e2e_ms, error_rate, min_goodput_rps")
+        return v
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Plan:
+        var, load = self.change.variable, self.load
+        if var == "request_rate" and load.mode != "open":
+            raise ValueError("@change.variable: request_rate needs load.mode: open")
+        if load.mode == "open" and load.request_rate is None and var != "request_rate":
+            raise ValueError("@load.mode: open needs load.request_rate")
+        if var == "concurrency" and any(v != int(v) for v in self.change.values()):
+            raise ValueError("@change: concurrency steps must be whole numbers")
+        if var == "prompt_tokens" and self.fixed.input.synthetic is None:
+            raise ValueError("@change.variable: prompt_tokens needs a synthetic input set")
+        if "ledger" in self.samplers.sources and not self.samplers.ledger:
+            raise ValueError("@samplers.sources: 'ledger' needs samplers.ledger (the sim's device file)")
+        if "prometheus" in self.samplers.sources and not self.samplers.prometheus_url:
+            raise ValueError("@samplers.sources: 'prometheus' needs samplers.prometheus_url")
+        return self
+
+    # -- derived, read-only views ------------------------------------------------------------
+    def baseline_value(self) -> float:
+        """The variable's value outside treatment: change.baseline, else the load's own setting."""
+        if self.change.baseline is not None:
+            return self.change.baseline
+        var, load, syn = self.change.variable, self.load, self.fixed.input.synthetic
+        if var == "concurrency":
+            return float(load.max_concurrency if load.mode == "open" else load.concurrency)
+        if var == "request_rate":
+            return load.request_rate if load.request_rate is not None else self.change.values()[0]
+        if var == "prompt_tokens":
+            return float(syn.prompt_tokens)  # type: ignore[union-attr]
+        return float(syn.output_tokens) if syn else 256.0
+
+    def planned_seconds(self) -> float | None:
+        """Planned time for all rounds, when the window is time-bound."""
+        if self.phases.duration_s is None:
+            return None
+        windows = self.rounds * (2 + len(self.change.values()))
+        return windows * (self.phases.duration_s + min(self.phases.drain_s, 1.0))
+
+    def wall_clock_s(self) -> float:
+        """The wall-clock stop: explicit, or twice the planned time + 60 s, or one hour."""
+        if self.stop_conditions.wall_clock_s is not None:
+            return self.stop_conditions.wall_clock_s
+        planned = self.planned_seconds()
+        return 2 * planned + 60 if planned is not None else 3600.0
+
+    def warnings(self) -> list[str]:
+        out = []
+        if self.rounds < 3:
+            out.append(f"rounds: {self.rounds} is fewer than 3; one-off spikes cannot be told from trends")
+        if self.target.environment == "staging":
+            out.append("target.environment is staging: make sure the people who share it know")
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading with line numbers
+
+
+def _node_at(node: Any, loc: tuple[Any, ...]) -> tuple[Any, Any]:
+    """The YAML node a pydantic error location points at (the deepest one that exists), and the
+    mapping key that led to it (a missing field is best shown at its parent's key line)."""
+    import yaml
+
+    cur, key = node, None
+    for part in loc:
+        nxt = None
+        if isinstance(cur, yaml.MappingNode):
+            for k, v in cur.value:
+                if k.value == str(part):
+                    nxt, key = v, k
+                    break
+        elif isinstance(cur, yaml.SequenceNode) and isinstance(part, int) and part < len(cur.value):
+            nxt = cur.value[part]
+        if nxt is None:
+            break
+        cur = nxt
+    return cur, key
+
+
+def _field_name(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for p in loc:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif str(p).startswith(("function-", "function_")):
+            continue  # pydantic's validator frames add nothing for a reader
+        else:
+            out += ("." if out else "") + str(p)
+    return out or "(plan)"
+
+
+def parse_plan(text: str, filename: str = "plan.yaml") -> Plan:
+    """Validate a plan document; raise ConfigError ``file:line: field: message``."""
+    import yaml
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{filename}:{line}: not valid YAML: {problem}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{filename}:1: a plan is a mapping (name:, target:, ...), got {type(data).__name__}")
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as exc:
+        errs = exc.errors(include_url=False)
+        first = errs[0]
+        loc = tuple(first["loc"])
+        msg = first["msg"].removeprefix("Value error, ")
+        if msg.startswith("@"):
+            # A cross-field check names the field it is about: "@change.variable: ...".
+            path, _, msg = msg[1:].partition(": ")
+            loc = loc + tuple(int(p) if p.isdigit() else p for p in path.split("."))
+        node, key = _node_at(root, loc)
+        if first["type"] == "missing" and key is not None:
+            node = key
+        line = node.start_mark.line + 1 if node is not None else 1
+        if first["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif first["type"] == "missing":
+            msg = "required field is missing"
+        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+        raise ConfigError(f"{filename}:{line}: {_field_name(loc)}: {msg}{more}") from None
+
+
+def load_plan(path: str | Path) -> Plan:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such plan file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read the plan: {exc}") from None
+    plan = parse_plan(text, str(p))
+    if plan.fixed.input.jsonl is not None:
+        jp = Path(plan.fixed.input.jsonl)
+        if not jp.is_absolute():
+            jp = p.parent / jp
+        if not jp.is_file():
+            raise ConfigError(f"{p}: fixed.input.jsonl: no such file {str(jp)!r}")
+    return plan
