@@ -101,10 +101,10 @@ class CapacityDemand:
             gpu = custom_gpu(card.memory_bytes / (1 << 30), like=gpu)
         return gpu
 
-    def settings(self, inst: Instance, tp: int, other_processes_bytes: int = 0, **knob: float) -> Any:
+    def settings(self, inst: Instance, tp: int, other_processes_bytes: int = 0, **knob: Any) -> Any:
         from vramlab.capacity.settings import EngineSettings
 
-        extra = inst.settings_dict()
+        extra: dict[str, Any] = dict(inst.settings_dict())
         if inst.engine == "llama.cpp":
             # llama.cpp splits -c across -np slots: each slot gets the full context.
             extra |= {"ctx_size": inst.context_tokens * inst.concurrency, "parallel": inst.concurrency}

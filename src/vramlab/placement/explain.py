@@ -7,6 +7,8 @@ capacity model decides), never a rule of thumb. They are listed from the least d
 
 from __future__ import annotations
 
+from typing import Any
+
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -92,7 +94,10 @@ def explain(instances: tuple[Instance, ...] | list[Instance], fleet: Fleet, dema
     for tp in TP_CHOICES[1:]:
         if all(tp in by_name[n].tp_options for n in targets):
             continue
-        r = attempt(lambda i, tp=tp: i.with_(tp_options=tuple(sorted({*i.tp_options, tp}))))
+        def widen(i: Any, tp: int = tp) -> Any:
+            return i.with_(tp_options=tuple(sorted({*i.tp_options, tp})))
+
+        r = attempt(widen)
         if r is not None:
             out.append(Change("tensor_parallel", targets, f"allow tensor parallel {tp} for {names}",
                               tp, len(r.cards_used)))

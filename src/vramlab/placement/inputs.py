@@ -202,10 +202,10 @@ def _schemas() -> tuple[Any, Any]:
         concurrency: int = Field(1, ge=1)
         context_tokens: int = Field(4096, ge=16)
         tp: Literal["auto"] | int | list[int] = "auto"
-        traffic: TrafficIn = Field(default_factory=TrafficIn)
+        traffic: TrafficIn = Field(default_factory=lambda: TrafficIn())
         slo: SloIn | None = None
         priority: int = 0
-        weights: WeightsIn = Field(default_factory=WeightsIn)
+        weights: WeightsIn = Field(default_factory=lambda: WeightsIn())
         engine_start_s: float = Field(20.0, ge=0)
         residency: Literal["resident", "on-demand", "auto"] = "auto"
         margin_gib: float = Field(0.0, ge=0)

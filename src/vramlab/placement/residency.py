@@ -385,8 +385,8 @@ def _report(sim: _Sim, requests: list[Request], policy: Policy, unknown: int, en
         models.append(ModelStats(
             name, e.m.priority, e.m.resident, len(waits), c["cold"], c["wake"],
             sum(1 for w in waits if w > 0), c["evict"], c["expire"],
-            *(round(percentile(waits, q) * 1000, 3) for q in (50, 95, 99)),
-            round(max(waits, default=0.0) * 1000, 3),
+            round(percentile(waits, 50) * 1000, 3), round(percentile(waits, 95) * 1000, 3),
+            round(percentile(waits, 99) * 1000, 3), round(max(waits, default=0.0) * 1000, 3),
         ))
     prios = [PriorityStats(p, len(w), sum(1 for x in w if x > 0), round(percentile(w, 95) * 1000, 3),
                            round(max(w) * 1000, 3), round(sum(w), 6))

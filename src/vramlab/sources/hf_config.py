@@ -90,14 +90,14 @@ def _layer_kinds(c: dict[str, Any], n: int, model_type: str) -> tuple[str, ...] 
         n_linear = int(summary.get("linear_attention", 0))
         if n_sliding and n_sliding * 2 == n:  # alternating, sliding first (gpt-oss)
             return tuple("sliding" if i % 2 == 0 else "full" for i in range(n))
-        kinds = ["full"] * n
+        listed = ["full"] * n
         for i in range(min(n_sliding + n_linear, n)):
-            kinds[i] = "sliding" if i < n_sliding else "linear"
-        return tuple(kinds)
+            listed[i] = "sliding" if i < n_sliding else "linear"
+        return tuple(listed)
     pattern = c.get("hybrid_override_pattern")  # Nemotron-H: M = mamba, * = attention, - = MLP
     if isinstance(pattern, str) and pattern:
-        kinds = {"M": "mamba", "*": "full", "-": "mlp", "E": "mlp"}
-        return tuple(kinds[ch] for ch in pattern if ch in kinds)
+        block = {"M": "mamba", "*": "full", "-": "mlp", "E": "mlp"}
+        return tuple(block[ch] for ch in pattern if ch in block)
     interval = c.get("full_attention_interval")  # Qwen3-Next: every n-th layer full, the rest gated delta-net
     if isinstance(interval, int) and interval > 0 and model_type.startswith("qwen3_next"):
         return tuple("full" if (i + 1) % interval == 0 else "linear" for i in range(n))
@@ -133,7 +133,7 @@ def _quant(c: dict[str, Any], torch_dtype: str) -> QuantSpec | None:
         g = q.get("group_size", 128)
         return QuantSpec(
             method="gptq" if "gptq" in method or "round" in method else "awq",
-            bits=float(q.get("bits", q.get("w_bit", 4))),
+            bits=float(q.get("bits") or q.get("w_bit") or 4),
             group_size=None if g in (None, -1) else int(g),
             has_zeros=bool(q.get("zero_point", not q.get("sym", False))) if "awq" in method else not q.get("sym", True),
             has_g_idx="gptq" in method or "round" in method,
@@ -154,14 +154,16 @@ def _quant(c: dict[str, Any], torch_dtype: str) -> QuantSpec | None:
         return QuantSpec("nvfp4" if "FP4" in algo or method != "modelopt" else "fp8",
                          4.5 if "FP4" in algo or method != "modelopt" else 8.0, unquantized_dtype=unq)
     if method:
-        bits = q.get("bits")
-        return QuantSpec(method, float(bits) if bits else 8.0, unquantized_dtype=unq)
+        width = q.get("bits")
+        return QuantSpec(method, float(width) if width else 8.0, unquantized_dtype=unq)
     return None
 
 
 def _compressed_tensors(q: dict[str, Any], unq: str) -> QuantSpec:
     """compressed-tensors: read the weight scheme of the first config group."""
-    bits, group, method = 8.0, None, "compressed-tensors"
+    bits: float = 8.0
+    group: int | None = None
+    method = "compressed-tensors"
     groups = q.get("config_groups") or {}
     for grp in groups.values():
         w = (grp or {}).get("weights") or {}
