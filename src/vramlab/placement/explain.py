@@ -7,10 +7,9 @@ capacity model decides), never a rule of thumb. They are listed from the least d
 
 from __future__ import annotations
 
-from typing import Any
-
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from vramlab.placement.demand import DemandFn
 from vramlab.placement.inputs import TP_CHOICES, Fleet, Instance
