@@ -150,3 +150,22 @@ def test_notes_said_once_and_warnings_kept_apart():
     notes = md.split("## Notes", 1)[1]
     assert notes.count("no NVML") == 1 and "- 0.2 s: no NVML: GPU samples missing" in notes
     assert "scrape took" not in notes and md.count("engine /metrics scrape took 1.2 s") == 1
+
+
+def test_prediction_beside_observed_queueing():
+    from vramlab.experiment.records import SampleRecord
+
+    run, reqs, samples, events = synth.build()
+    run = run.model_copy(update={"fixed": {**run.fixed, "predicted": {"max_concurrency": 6}}})
+    for r in reqs:
+        if r.request_id.endswith("-0"):  # one waiting sample per window, mid-window
+            waiting = {8.0: 5.0, 4.0: 0.0, 2.0: 0.0}.get(r.step_value or 0.0, 1.0 if r.phase == "baseline" else 0.0)
+            if r.step_value == 4.0 and r.round == 0:
+                waiting = 3.0  # one round only: not a majority
+            samples.append(SampleRecord(run_id=run.run_id, t_s=r.sent_s + 5, source="engine",
+                                        name="engine.num_requests_waiting", value=waiting))
+    ctx = ReportContext.build(run, reqs, samples, events)
+    assert ctx.analysis.queueing_from_value == 8.0
+    md = render(ctx, "md")
+    assert "Engine queue longer than in baseline from concurrency 8 (waiting max 5); longest: 5 at concurrency 8" in md
+    assert ("Capacity model predicted max concurrency 6; observed: thresholds held up to 4, queueing from 8") in md

@@ -71,6 +71,7 @@ class RunAnalysis:
     warnings: list[str] = field(default_factory=list)
     thresholds: list[ThresholdCheck] = field(default_factory=list)  # per step window, from plan.metrics
     highest_passing_value: float | None = None  # the changed variable's observed limit
+    queueing_from_value: float | None = None  # lowest step value where the engine queued requests
 
     @property
     def rounds(self) -> list[int]:
@@ -122,6 +123,19 @@ def _warnings(run: RunRecord, complete: bool, steps: Sequence[WindowResult], rou
     return out
 
 
+def _queueing_values(steps: Sequence[WindowResult]) -> list[float]:
+    """Step values at which the engine's queue ran longer than in that round's baseline, in most
+    rounds. (An engine shows a request or two waiting for a moment even when idle.)"""
+    waiting = "engine.num_requests_waiting"
+    base = {s.window.round: s.resources.worst.get(waiting, 0.0) for s in steps if s.window.phase == "baseline"}
+    votes: dict[float, list[bool]] = {}
+    for s in steps:
+        w = s.window
+        if w.phase in ("treatment", "ramp") and w.step_value is not None and waiting in s.resources.worst:
+            votes.setdefault(w.step_value, []).append(s.resources.worst[waiting] > base.get(w.round, 0.0))
+    return [v for v, vs in votes.items() if sum(vs) * 2 > len(vs)]
+
+
 def analyze_run(
     run: RunRecord,
     requests: Sequence[RequestRecord],
@@ -166,6 +180,7 @@ def analyze_run(
         if s.window.phase in ("treatment", "ramp")
     ]
     checks = check_thresholds(limits, steps)
+    queued = _queueing_values(steps)
     return RunAnalysis(
         run=run,
         complete=complete,
@@ -183,4 +198,5 @@ def analyze_run(
         warnings=_warnings(run, complete, steps, rounds, events),
         thresholds=checks,
         highest_passing_value=highest_passing_value(checks),
+        queueing_from_value=min(queued) if queued else None,
     )

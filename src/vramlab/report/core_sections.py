@@ -52,6 +52,7 @@ def summary(ctx: ReportContext) -> list[Block]:
                      + f", {first.metric} {_threshold_value(first.metric, first.value)} vs limit "
                      f"{_threshold_value(first.metric, first.limit)}")
         items.append(line)
+    items += _capacity_lines(ctx)
     headline = [s for s in a.stability if s.metric in HEADLINE_METRICS]
     for s in headline:
         if s.spikes:
@@ -62,6 +63,29 @@ def summary(ctx: ReportContext) -> list[Block]:
     if unstable:
         items.append("Rounds disagree (spread over 30% of the median, no single outlier): " + ", ".join(unstable))
     return [Bullets(items)]
+
+
+def _capacity_lines(ctx: ReportContext) -> list[str]:
+    """The capacity model's prediction (if the runner stored one in fixed.predicted) beside what
+    the run saw: where the engine started queueing and where thresholds last held."""
+    a, var = ctx.analysis, ctx.run.change.get("variable", "")
+    predicted = ctx.run.fixed.get("predicted") or {}
+    out = []
+    if a.queueing_from_value is not None:
+        waits = [(s.resources.worst.get("engine.num_requests_waiting", 0.0), s.window.step_value) for s in a.steps
+                 if s.window.phase in ("treatment", "ramp") and s.window.step_value is not None]
+        first = max(w for w, v in waits if v == a.queueing_from_value)
+        top, at = max(waits, key=lambda wv: (wv[0], -(wv[1] or 0)))
+        out.append(f"Engine queue longer than in baseline from {var} {fmt.num(a.queueing_from_value)} "
+                   f"(waiting max {fmt.num(first)}); longest: {fmt.num(top)} at {var} {fmt.num(at)}")
+    guess = predicted.get(f"max_{var}") if var else None
+    if isinstance(guess, (int, float)):
+        seen = [f"thresholds held up to {fmt.num(a.highest_passing_value)}" if a.highest_passing_value is not None
+                else "no step met the thresholds"]
+        if a.queueing_from_value is not None:
+            seen.append(f"queueing from {fmt.num(a.queueing_from_value)}")
+        out.append(f"Capacity model predicted max {var} {fmt.num(guess)}; observed: {', '.join(seen)}")
+    return out
 
 
 def plan(ctx: ReportContext) -> list[Block]:
