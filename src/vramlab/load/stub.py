@@ -1,0 +1,123 @@
+"""A tiny OpenAI-compatible streaming endpoint on loopback, for tests and the load-generator
+benchmark: it answers instantly or slowly, stalls, fails, or streams garbage on demand.
+Not a simulation (that is ``vramlab sim``): it has no memory model, only controllable behaviour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StubBehaviour:
+    """Mutable on purpose: a test changes it while the server runs."""
+
+    ttft_s: float = 0.0
+    token_s: float = 0.0
+    fail_status: int | None = None  # answer every request with this status
+    fail_body: str = '{"error": {"message": "boom"}}'
+    stall_until: float = 0.0  # time.monotonic() until which new requests wait before answering
+    midstream_error: str | None = None  # sent as an error event after the first token
+    garbage: bool = False
+    usage: bool = True
+    api_key: str | None = None
+    metrics_text: str = ""
+    health_status: int = 200
+    seen: list[dict[str, Any]] = field(default_factory=list)
+
+
+class StubServer:
+    def __init__(self, behaviour: StubBehaviour | None = None) -> None:
+        self.b = behaviour or StubBehaviour()
+        self.url = ""
+        self._runner: Any = None
+
+    async def __aenter__(self) -> StubServer:
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_post("/v1/completions", self._complete)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/version", self._version)
+        # Tests stop it with handlers still sleeping: do not wait for them.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._runner.cleanup()
+
+    def _auth_ok(self, request: Any) -> bool:
+        return self.b.api_key is None or request.headers.get("Authorization") == f"Bearer {self.b.api_key}"
+
+    async def _models(self, request: Any) -> Any:
+        from aiohttp import web
+
+        if not self._auth_ok(request):
+            return web.json_response({"error": {"message": "bad key"}}, status=401)
+        return web.json_response({"data": [{"id": "stub-model"}]})
+
+    async def _version(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.json_response({"version": "stub-1"})
+
+    async def _health(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.Response(status=self.b.health_status, text="ok")
+
+    async def _metrics(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.Response(text=self.b.metrics_text, content_type="text/plain")
+
+    async def _complete(self, request: Any) -> Any:
+        from aiohttp import web
+
+        b = self.b
+        body = await request.json()
+        b.seen.append(body)
+        wait = b.stall_until - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        if not self._auth_ok(request):
+            return web.json_response({"error": {"message": "bad key"}}, status=401)
+        if b.fail_status is not None:
+            return web.Response(status=b.fail_status, text=b.fail_body, content_type="application/json")
+        chat = request.path.endswith("/chat/completions")
+        n = int(body.get("max_tokens", 16))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        if b.ttft_s:
+            await asyncio.sleep(b.ttft_s)
+        if b.garbage:
+            await resp.write(b"data: this is not json\n\n")
+            await resp.write_eof()
+            return resp
+        for i in range(n):
+            if i and b.token_s:
+                await asyncio.sleep(b.token_s)
+            choice = {"index": 0, "delta": {"content": f" t{i}"}} if chat else {"index": 0, "text": f" t{i}"}
+            await resp.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
+            if i == 0 and b.midstream_error:
+                await resp.write(b"data: " + json.dumps({"error": {"message": b.midstream_error}}).encode() + b"\n\n")
+                await resp.write_eof()
+                return resp
+        if b.usage:
+            usage = {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": n + 5}
+            await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp

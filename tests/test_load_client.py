@@ -1,0 +1,136 @@
+"""The streaming client and the load driver against a real aiohttp SSE server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import statistics
+import time
+
+import pytest
+
+from vramlab.load.client import OpenAIClient, RequestResult
+from vramlab.load.driver import LoadShape, Window, drive
+from vramlab.load.prompts import Prompt, cycle
+from vramlab.load.retry import RetryPolicy
+from vramlab.load.stub import StubBehaviour, StubServer
+
+P = Prompt("hello there", 2, 8)
+
+
+async def _one(b: StubBehaviour, api: str = "openai-chat", key: str | None = None, timeout_s: float = 5.0,
+               max_tokens: int = 8) -> tuple[RequestResult, StubServer]:
+    async with StubServer(b) as srv, OpenAIClient(srv.url, "stub-model", api, key, timeout_s=timeout_s) as c:  # type: ignore[arg-type]
+        t = time.perf_counter()
+        return await c.send("x", P, max_tokens, t), srv
+
+
+def test_ttft_itl_tpot_and_usage() -> None:
+    res, srv = asyncio.run(_one(StubBehaviour(ttft_s=0.05, token_s=0.02), max_tokens=6))
+    assert res.ok and res.status_code == 200
+    assert 45 <= res.ttft_ms <= 150  # type: ignore[operator]
+    assert len(res.itl_ms) == 5 and all(15 <= x <= 80 for x in res.itl_ms)
+    assert res.output_tokens == 6 and res.prompt_tokens == 5  # from the usage chunk
+    assert res.tpot_ms == pytest.approx(statistics.fmean(res.itl_ms), rel=0.01)
+    assert res.e2e_ms >= res.ttft_ms + 4 * 15  # type: ignore[operator]
+    body = srv.b.seen[0]
+    assert body["stream"] is True and body["messages"][0]["content"] == "hello there" and body["max_tokens"] == 6
+
+
+def test_completions_api_and_counted_tokens_without_usage() -> None:
+    res, srv = asyncio.run(_one(StubBehaviour(usage=False), api="openai-completions", max_tokens=4))
+    assert res.ok and res.output_tokens == 4 and res.prompt_tokens == 2  # counted chunks; the prompt's own count
+    assert srv.b.seen[0]["prompt"] == "hello there"
+
+
+@pytest.mark.parametrize("behaviour,cls,status", [
+    (StubBehaviour(fail_status=500), "http_5xx", 500),
+    (StubBehaviour(fail_status=429), "http_4xx", 429),
+    (StubBehaviour(fail_status=500, fail_body='{"error":"CUDA out of memory. Tried to allocate"}'), "oom", 500),
+    (StubBehaviour(midstream_error="EngineDeadError: EngineCore encountered an issue"), "oom", 200),
+    (StubBehaviour(midstream_error="something else"), "stream_broken", 200),
+    (StubBehaviour(garbage=True), "stream_broken", 200),
+    (StubBehaviour(api_key="right"), "http_4xx", 401),
+])
+def test_errors_are_classified(behaviour: StubBehaviour, cls: str, status: int) -> None:
+    res, _ = asyncio.run(_one(behaviour, key="wrong"))
+    assert not res.ok and res.error_class == cls and res.status_code == status
+    assert res.error and "wrong" not in res.error  # the key never reaches a stored error
+
+
+def test_api_key_is_sent_as_bearer() -> None:
+    res, _ = asyncio.run(_one(StubBehaviour(api_key="right"), key="right"))
+    assert res.ok
+
+
+def test_timeout_and_refused_connection() -> None:
+    res, _ = asyncio.run(_one(StubBehaviour(ttft_s=2.0), timeout_s=0.3))
+    assert res.error_class == "timeout" and 250 <= res.e2e_ms <= 1500
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: nothing answers
+
+    async def go() -> RequestResult:
+        async with OpenAIClient(f"http://127.0.0.1:{port}", "m") as c:
+            return await c.send("x", P, 4, time.perf_counter())
+
+    assert asyncio.run(go()).error_class == "connect"
+
+
+def _drive(b: StubBehaviour, shape: LoadShape, window: Window, retry: RetryPolicy = RetryPolicy(),
+           during: float | None = None) -> tuple[list[RequestResult], object]:
+    out: list[RequestResult] = []
+
+    async def go() -> object:
+        async with StubServer(b) as srv, OpenAIClient(srv.url, "m", max_connections=64) as c:
+            task = asyncio.ensure_future(drive(c, cycle([P]), shape, window, out.append, retry))
+            if during is not None:
+                await asyncio.sleep(during)
+                task.cancel()
+                return await asyncio.gather(task, return_exceptions=True)
+            return await task
+
+    return out, asyncio.run(go())
+
+
+def test_open_loop_rate_is_bounded_by_count_and_time() -> None:
+    out, outcome = _drive(StubBehaviour(), LoadShape("open", 16, 200.0, "constant"), Window(duration_s=5, requests=40))
+    assert len(out) == 40 and outcome.sent == 40  # type: ignore[attr-defined]
+    span = max(r.scheduled_at for r in out) - min(r.scheduled_at for r in out)
+    assert span == pytest.approx(39 / 200, rel=0.01)  # the schedule, not the send times
+    out, outcome = _drive(StubBehaviour(), LoadShape("open", 16, 50.0, "poisson"), Window(duration_s=0.6))
+    assert 10 <= len(out) <= 60 and outcome.elapsed_s < 1.5  # type: ignore[attr-defined]
+
+
+def test_closed_loop_keeps_n_in_flight() -> None:
+    out, _ = _drive(StubBehaviour(ttft_s=0.05), LoadShape("closed", 4), Window(requests=12))
+    assert len(out) == 12
+    starts = sorted(r.sent_at for r in out)
+    assert starts[3] - starts[0] < 0.03  # four users start together
+
+
+def test_coordinated_omission_stall_shows_from_the_schedule() -> None:
+    """The server stalls 0.6 s; with one slot the requests scheduled meanwhile wait in the client.
+    Measured from the actual send they look fast; from the schedule they carry the stall."""
+    b = StubBehaviour()
+    b.stall_until = time.monotonic() + 0.6 + 0.2  # starts at once (server start is quick)
+    out, _ = _drive(b, LoadShape("open", 1, 40.0, "constant"), Window(duration_s=1.2, drain_s=2))
+    ok = [r for r in out if r.ok]
+    assert len(ok) >= 30
+    late = [r for r in ok[1:] if r.scheduled_at - ok[0].scheduled_at < 0.5]  # scheduled during the stall
+    assert late, "requests scheduled during the stall"
+    assert max(r.e2e_ms for r in late) < 100  # each one is quick once sent ...
+    assert min(r.e2e_from_scheduled_ms for r in late) > 200  # ... but waited behind the stall
+    assert max(r.dispatch_lag_ms for r in late) > 300
+
+
+def test_retries_are_separate_attempts_from_one_schedule() -> None:
+    out, _ = _drive(StubBehaviour(fail_status=503), LoadShape("closed", 1),
+                    Window(requests=2), RetryPolicy("immediate", max_attempts=3))
+    assert [(r.request_id, r.attempt) for r in out] == [("r0", 0), ("r0", 1), ("r0", 2), ("r1", 0), ("r1", 1), ("r1", 2)]
+    assert len({r.scheduled_at for r in out if r.request_id == "r0"}) == 1
+
+
+def test_cancelling_a_window_records_in_flight_requests() -> None:
+    out, _ = _drive(StubBehaviour(ttft_s=5.0), LoadShape("closed", 3), Window(duration_s=10), during=0.3)
+    assert len(out) == 3 and all(r.error_class == "cancelled" for r in out)
