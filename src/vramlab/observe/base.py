@@ -1,0 +1,112 @@
+"""One interface for every sampler (GPU, the sim's ledger, engine /metrics, Prometheus, host,
+health) and the loop that runs them side by side at a fixed interval.
+
+A sampler that cannot start raises ``SourceUnavailable`` from ``open()``: the run gets one line in
+its notes and goes on without it. A sampler that fails later is noted once, and keeps being tried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Sample:
+    source: str  # gpu | ledger | engine | prometheus | host | health
+    name: str  # "gpu.memory_used_bytes", "engine.kv_cache_usage_perc", ...
+    value: float
+    t: float  # time.perf_counter() when it was read
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+class SourceUnavailable(Exception):
+    """The source is not there (no driver, no endpoint, no file); worded for the run's notes."""
+
+
+class Sampler:
+    """Subclasses set ``source`` and implement ``sample``; ``open``/``close`` are optional."""
+
+    source: str = "?"
+
+    async def open(self) -> None:
+        return None
+
+    async def sample(self) -> list[Sample]:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        return None
+
+
+class FakeSampler(Sampler):
+    """Plays back a script of values; ``unavailable`` makes ``open`` fail like a missing source."""
+
+    def __init__(self, source: str, values: dict[str, Sequence[float]], unavailable: str | None = None) -> None:
+        self.source, self._values, self._unavailable = source, values, unavailable
+        self.calls = 0
+        self.closed = False
+
+    async def open(self) -> None:
+        if self._unavailable:
+            raise SourceUnavailable(self._unavailable)
+
+    async def sample(self) -> list[Sample]:
+        i, self.calls = self.calls, self.calls + 1
+        now = time.perf_counter()
+        return [Sample(self.source, name, float(vs[min(i, len(vs) - 1)]), now) for name, vs in self._values.items()]
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class SamplerSet:
+    """Runs samplers concurrently, each on its own tick, until ``stop()``."""
+
+    def __init__(self, samplers: Sequence[Sampler], interval_s: float,
+                 on_samples: Callable[[list[Sample]], None], on_note: Callable[[str], None]) -> None:
+        self.samplers, self.interval_s = list(samplers), interval_s
+        self._on_samples, self._on_note = on_samples, on_note
+        self._tasks: list[asyncio.Task[None]] = []
+        self.active: list[str] = []
+
+    async def start(self) -> None:
+        for s in self.samplers:
+            try:
+                await asyncio.wait_for(s.open(), timeout=max(2.0, self.interval_s))
+            except (SourceUnavailable, asyncio.TimeoutError, OSError) as exc:
+                self._on_note(f"sampler {s.source}: not used: {exc or type(exc).__name__}")
+                continue
+            self.active.append(s.source)
+            self._tasks.append(asyncio.ensure_future(self._loop(s)))
+
+    async def _loop(self, s: Sampler) -> None:
+        noted = False
+        next_t = time.perf_counter()
+        while True:
+            try:
+                samples = await asyncio.wait_for(s.sample(), timeout=max(1.0, 2 * self.interval_s))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a flaky source must not end the run; it is noted once
+                if not noted:
+                    self._on_note(f"sampler {s.source}: failing: {type(exc).__name__}: {exc}"[:300])
+                    noted = True
+            else:
+                if samples:
+                    self._on_samples(samples)
+            next_t += self.interval_s
+            await asyncio.sleep(max(0.0, next_t - time.perf_counter()))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        for s in self.samplers:
+            try:
+                await s.close()
+            except Exception:  # closing is best effort; the data is already out
+                pass

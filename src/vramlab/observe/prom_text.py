@@ -1,0 +1,101 @@
+"""Scrape an engine's Prometheus ``/metrics`` and map its names onto one vocabulary.
+
+Engines name the same signal differently, and vLLM renamed some between versions
+(``vllm:gpu_cache_usage_perc`` became ``vllm:kv_cache_usage_perc``; counters appear with or without
+``_total``). Each canonical name lists the spellings it accepts, first match wins per scrape.
+Sources: vLLM docs/design/metrics.md, SGLang production_metrics.md, TGI reference/metrics.md,
+llama.cpp tools/server/README.md (see docs/experiments.md).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vramlab.observe.base import Sample, Sampler, SourceUnavailable
+
+# canonical -> (spellings, how to combine label sets). Percentages are fractions 0..1 in every engine listed.
+ALIASES: dict[str, tuple[tuple[str, ...], str]] = {
+    "kv_cache_usage_perc": (("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
+                             "llamacpp:kv_cache_usage_ratio"), "max"),
+    "num_requests_running": (("vllm:num_requests_running", "sglang:num_running_reqs", "tgi_batch_current_size",
+                              "llamacpp:requests_processing"), "sum"),
+    "num_requests_waiting": (("vllm:num_requests_waiting", "sglang:num_queue_reqs", "tgi_queue_size",
+                              "llamacpp:requests_deferred"), "sum"),
+    "num_preemptions_total": (("vllm:num_preemptions", "vllm:num_preemptions_total"), "sum"),
+    "prompt_tokens_total": (("vllm:prompt_tokens", "sglang:prompt_tokens", "llamacpp:prompt_tokens"), "sum"),
+    "generation_tokens_total": (("vllm:generation_tokens", "sglang:generation_tokens", "llamacpp:tokens_predicted"), "sum"),
+    "kv_cache_tokens": (("sglang:num_used_tokens", "llamacpp:kv_cache_tokens"), "sum"),
+    "request_failures_total": (("tgi_request_failure",), "sum"),
+    "process_resident_memory_bytes": (("process_resident_memory_bytes",), "sum"),
+}
+
+
+def _base(name: str) -> str:
+    # Counters are exposed as NAME_total; families may be declared with or without it.
+    return name[:-6] if name.endswith("_total") else name
+
+
+_LOOKUP: dict[str, str] = {}
+for _canon, (_names, _how) in ALIASES.items():
+    for _n in _names:
+        _LOOKUP.setdefault(_base(_n), _canon)
+
+
+def parse_metrics(text: str, t: float | None = None, source: str = "engine") -> list[Sample]:
+    """Canonical samples from a Prometheus text exposition; unknown names are ignored."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    now = time.perf_counter() if t is None else t
+    found: dict[str, dict[str, list[float]]] = {}  # canonical -> spelling -> values
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name.endswith(("_created", "_bucket", "_count", "_sum")) and _base(s.name) not in _LOOKUP:
+                    continue
+                canon = _LOOKUP.get(_base(s.name))
+                if canon is not None:
+                    found.setdefault(canon, {}).setdefault(_base(s.name), []).append(float(s.value))
+    except ValueError as exc:
+        raise ValueError(f"not Prometheus text: {exc}") from None
+    out = []
+    for canon, by_name in found.items():
+        names, how = ALIASES[canon]
+        spelling = next(_base(n) for n in names if _base(n) in by_name)  # the preferred spelling present
+        vals = by_name[spelling]
+        value = max(vals) if how == "max" else sum(vals)
+        out.append(Sample(source, f"engine.{canon}", value, now, {"metric": spelling}))
+    return out
+
+
+class PromTextSampler(Sampler):
+    source = "engine"
+
+    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
+        self.url, self.timeout_s = url, timeout_s
+        self._session: Any = None
+
+    async def open(self) -> None:
+        import aiohttp
+
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        try:
+            samples = await self.sample()
+        except Exception as exc:
+            await self.close()
+            raise SourceUnavailable(f"{self.url}: {type(exc).__name__}: {exc}"[:200]) from None
+        if not samples:
+            await self.close()
+            raise SourceUnavailable(f"{self.url}: no metric vramlab knows (vLLM, SGLang, TGI, llama.cpp)")
+
+    async def sample(self) -> list[Sample]:
+        async with self._session.get(self.url) as resp:
+            if resp.status != 200:
+                raise ValueError(f"HTTP {resp.status}")
+            text = await resp.text()
+        return parse_metrics(text)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
