@@ -65,7 +65,8 @@ _DEFAULTS: dict[str, Constant] = {
     # TGI warm-up prefill peak per prefill token (logits + forward, bf16), per hidden unit.
     "tgi_prefill_bytes_per_token_hidden": Constant(16.0, 0.5, "TGI warmup peak, FlashCausalLM.warmup"),
     # llama.cpp compute buffer: logits for n_ubatch tokens plus graph scratch.
-    "llamacpp_compute_scratch_bytes": Constant(64 * MIB, 0.8, "llama.cpp 'compute buffer size' lines 105-300 MiB"),
+    # Beyond fp32 logits for one ubatch: 300.75 MiB on Llama 8B / Qwen3 (297 MiB of logits).
+    "llamacpp_compute_scratch_bytes": Constant(8 * MIB, 1.0, "llama.cpp 'compute buffer size' lines vs 4 x n_ubatch x vocab"),
     # transformers: eager forward at prefill keeps several hidden-sized activations per token.
     "hf_activation_hidden_copies": Constant(12.0, 0.5, "transformers generate() peak beyond weights and cache"),
     # Allocator fragmentation and slack once the pool is full (used by the safe point only).

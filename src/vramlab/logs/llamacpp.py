@@ -73,14 +73,36 @@ RULES: list[Rule] = [
     rule("fit", r"projected to use (\d+) MiB of device memory vs\. (\d+) MiB of free device memory",
          lambda m: {"extra.fit_projected_bytes": mib(m.group(1)), "extra.fit_free_bytes": mib(m.group(2))},
          shared=True),
+    rule("file_type", r"(?:file type|model ftype)\s*=\s*(?:all F32|mostly )?\s*(?P<t>[A-Z0-9_]+)(?: - (?P<size>\w+))?",
+         lambda m: {"settings.quantization": _ftype(m.group("t"), m.group("size"))}, shared=True),
     rule("offloaded", r"offloaded (\d+)/(\d+) layers to GPU",
          lambda m: {"extra.layers_offloaded": int(m.group(1)), "extra.layers_total": int(m.group(2))}, shared=True),
 ]
 
 
+_FILE_TYPE = re.compile(r"[-_.](I?Q[0-9]_[0-9A-Z]+(?:_[0-9A-Z]+)*|BF16|F16|F32|MXFP4)\.gguf$", re.IGNORECASE)
+
+
+def _ftype(name: str, size: str | None) -> str:
+    """'Q4_K' + 'Medium' -> 'Q4_K_M' (llama.cpp prints the file type that way)."""
+    if size and name.endswith("_K") and size[:1].upper() in "SML":
+        return f"{name}_{size[0].upper()}"
+    return name
+
+
 def parse(lines: Iterable[str]) -> list[Any]:
     startups, _ = parse_lines(lines, RULES)
-    return assemble(ENGINE, startups, finish)
+    observations = assemble(ENGINE, startups, finish)
+    devices = len({o.rank for o in observations})
+    for o in observations:
+        if devices > 1:  # --split-mode layer: each device holds a share of the layers
+            o.settings.setdefault("pipeline_parallel_size", devices)
+        path = o.extra.get("model_path")
+        if "quantization" not in o.settings and isinstance(path, str):
+            found = _FILE_TYPE.search(path.rsplit("/", 1)[-1])
+            if found:
+                o.settings["quantization"] = found.group(1).upper()
+    return observations
 
 
 def finish(fields: dict[str, Any]) -> None:

@@ -16,6 +16,12 @@ from vramlab.capacity.kv import bytes_per_token_layer
 from vramlab.errors import ConfigError
 
 FIT_MARGIN = 1024 << 20
+
+
+def _params(ctx: Context) -> int:
+    from vramlab.capacity.weights import breakdown
+
+    return breakdown(ctx.model, ctx.tp, ctx.pp, 0).total_params
 CTX_FROM_MODEL_FROM = (5000,)  # builds from b5000 take n_ctx from the model when -c is 0/absent
 FLASH_ATTN_AUTO_FROM = (6200,)
 KV_PAD = 256
@@ -39,8 +45,9 @@ def plan(ctx: Context) -> PolicyResult:
     ubatch = s.n_ubatch or 512
     flash = s.flash_attn if s.flash_attn is not None else (not v or v >= FLASH_ATTN_AUTO_FROM)
     kv_size = math.ceil(n_ctx / KV_PAD) * KV_PAD
-    kinds = m.kinds
-    kv_bytes = 0
+    # Several devices split the layers (--split-mode layer); this is device 0's share.
+    kinds = tuple(m.kinds[i] for i in ctx.layer_range(0))
+    kv_bytes: float = 0
     for kind in set(kinds):
         n = sum(1 for k in kinds if k == kind)
         per = bytes_per_token_layer(m, kind, kv_type, "float16", 1)
@@ -48,11 +55,19 @@ def plan(ctx: Context) -> PolicyResult:
         if kind == "sliding" and m.sliding_window:
             cells = min(kv_size, math.ceil((m.sliding_window * parallel + ubatch) / KV_PAD) * KV_PAD)
         kv_bytes += n * per * cells
-    kv_bytes += ctx.state_bytes_per_seq() * parallel
+    kv_bytes += ctx.state_bytes_per_seq(0) * parallel
+    kv_bytes = int(kv_bytes)
+    weights = ctx.weights_component()
+    if not m.tie_word_embeddings:
+        # The input embedding stays in host memory (the CPU_Mapped buffer): only a row lookup.
+        per_param = weights.bytes / max(1, _params(ctx))
+        host = int(m.vocab_size * m.hidden_size * per_param)
+        weights = band("weights", weights.bytes - host, 0.03, 0.03, weights.provenance,
+                       weights.note + "; token embedding kept in host memory as llama.cpp does")
     comps: list[Component] = [
         band("cuda_context", c["cuda_context_bytes"], c.band("cuda_context_bytes"), c.band("cuda_context_bytes"),
              c.provenance("cuda_context_bytes"), "CUDA context (not in llama.cpp's buffer lines)"),
-        ctx.weights_component(),
+        weights,
     ]
     compute = 4 * ubatch * (m.vocab_size + 4 * m.hidden_size) + c["llamacpp_compute_scratch_bytes"]
     if not flash:  # the KQ matrix of one layer: n_kv x n_ubatch x heads in f32
@@ -80,7 +95,8 @@ def plan(ctx: Context) -> PolicyResult:
         components=comps, budget_bytes=total - other, kv_rule=kv_rule, limits=limits, max_model_len=per_slot,
         block_size=KV_PAD, kv_bytes_per_token=int(kv_bytes / kv_size) if kv_size else 0,
         settings={"ctx_size": n_ctx, "parallel": parallel, "cache_type": kv_type, "n_ubatch": ubatch,
-                  "flash_attn": flash, "kv_size_padded": kv_size},
+                  "flash_attn": flash, "kv_size_padded": kv_size, "devices": ctx.pp,
+                  "quantization": ctx.quant.gguf_type or ctx.quant.method if ctx.quant else None},
         kv_provenance=FORMULA, kv_note=f"{kv_size} cells ({n_ctx} padded to {KV_PAD}) x layers x K+V in {kv_type}",
         kv_fixed=True, per_sequence_state_bytes=ctx.state_bytes_per_seq(), reasons=reasons, notes=notes,
     )
