@@ -161,6 +161,10 @@ def predicted(row: dict[str, Any], spec: ModelSpec, gpu, s: EngineSettings) -> d
     gqa_per_tok = 2 * spec.num_layers * max(1, spec.num_kv_heads // s.tensor_parallel_size) * spec.head_dim * (
         1 if "fp8" in (s.kv_cache_dtype or "") else 2) / s.pipeline_parallel_size
     wkv_kv = util * gpu.memory_bytes - w
+    if s.engine in ("llama.cpp", "transformers"):
+        # Fixed pools: a calculator sizes KV from the context it is given, not from a budget.
+        cells = est.kv_cache_tokens
+        naive_kv, wkv_kv = naive_per_tok * cells, gqa_per_tok * cells
     base = {}
     for name, kv, per in (("naive", naive_kv, naive_per_tok), ("weights+kv", wkv_kv, gqa_per_tok)):
         toks = max(0.0, kv) / per
