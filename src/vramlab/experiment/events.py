@@ -1,0 +1,56 @@
+"""One small event type and a hook that subscribers attach to (locust's EventHook).
+
+The runner emits; the terminal progress, the store writer and a drill's own logic subscribe.
+Timeline kinds (stored as EventRecord): run_start, phase_start, phase_end, step, stop_condition,
+rollback, note, warning, error, run_end. High-volume kinds (not timeline rows): ``request``
+(payload: RequestRecord) and ``samples`` (payload: list[SampleRecord]).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+DATA_KINDS = frozenset({"request", "samples"})
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    t_s: float  # seconds from the run's start
+    round: int | None = None
+    phase: str | None = None
+    step: int | None = None
+    message: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    payload: Any = None  # RunRecord for run_start, RequestRecord for request, list[SampleRecord] for samples
+
+
+Handler = Callable[[Event], None]
+
+
+class EventHook:
+    """Subscribers are called in order. A subscriber that raises is detached and its error kept,
+    so a broken progress display cannot end a run; the runner turns ``errors`` into notes."""
+
+    def __init__(self) -> None:
+        self._handlers: list[Handler] = []
+        self.errors: list[str] = []
+
+    def add(self, handler: Handler) -> Handler:
+        self._handlers.append(handler)
+        return handler
+
+    def remove(self, handler: Handler) -> None:
+        if handler in self._handlers:
+            self._handlers.remove(handler)
+
+    def fire(self, event: Event) -> None:
+        for h in list(self._handlers):
+            try:
+                h(event)
+            except Exception as exc:
+                self.remove(h)
+                name = getattr(h, "__qualname__", None) or type(h).__name__
+                self.errors.append(f"event subscriber {name} failed and was detached: {type(exc).__name__}: {exc}"[:300])

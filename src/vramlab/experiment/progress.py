@@ -1,0 +1,72 @@
+"""Terminal progress as an event subscriber: a live status line with rich on a terminal, plain
+lines otherwise (CI logs, pipes). Only phase ends, stops, warnings, notes and rollbacks print."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from vramlab.experiment.events import Event
+
+_LINE_KINDS = {"phase_end", "stop_condition", "warning", "note", "rollback", "error", "run_end", "step"}
+
+
+def _tag(ev: Event) -> str:
+    return {"stop_condition": "STOP ", "warning": "warn ", "error": "error", "note": "note ",
+            "rollback": "rollback"}.get(ev.kind, "")
+
+
+class PlainProgress:
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stdout
+
+    def __call__(self, ev: Event) -> None:
+        if ev.kind == "run_start":
+            print(f"[{ev.t_s:7.1f}s] {ev.message}", file=self.stream, flush=True)
+        elif ev.kind in _LINE_KINDS and ev.message:
+            tag = _tag(ev)
+            print(f"[{ev.t_s:7.1f}s] {tag + ': ' if tag else ''}{ev.message}", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        return None
+
+
+class RichProgress:
+    """Lines above, one live line below: the current window's requests, errors and elapsed time."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.console = Console(file=stream or sys.stdout)
+        self.live = Live("", console=self.console, refresh_per_second=4, transient=True)
+        self.live.start()
+        self.phase = ""
+        self.n = self.err = 0
+        self.started = 0.0
+
+    def __call__(self, ev: Event) -> None:
+        if ev.kind == "phase_start":
+            self.phase, self.n, self.err, self.started = ev.message, 0, 0, ev.t_s
+        elif ev.kind == "request":
+            rec: Any = ev.payload
+            if rec.error_class != "cancelled":
+                self.n += 1
+                self.err += 0 if rec.ok else 1
+            self.live.update(f"[bold]{self.phase}[/]  {ev.t_s - self.started:5.1f} s  "
+                             f"{self.n} requests  {self.err} errors")
+        if ev.kind == "run_start" or (ev.kind in _LINE_KINDS and ev.message):
+            tag = _tag(ev)
+            style = {"STOP ": "bold red", "warn ": "yellow", "error": "red"}.get(tag, "")
+            text = f"[{ev.t_s:7.1f}s] {tag + ': ' if tag else ''}{ev.message}"
+            self.console.print(text, style=style or None, markup=False, highlight=False)
+        if ev.kind == "run_end":
+            self.close()
+
+    def close(self) -> None:
+        self.live.stop()
+
+
+def make_progress(stream: TextIO | None = None) -> PlainProgress | RichProgress:
+    s = stream or sys.stdout
+    return RichProgress(s) if s.isatty() else PlainProgress(s)

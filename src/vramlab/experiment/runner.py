@@ -1,0 +1,346 @@
+"""The experiment runner: rounds of baseline -> treatment steps -> recovery, the same window each.
+
+It owns the clock, the stop conditions and the order of things; everything it learns goes out as
+events (see events.py) to whoever subscribes: the store writer, the terminal, a drill. Extension
+points for drills: a ``StepStrategy`` (fixed steps, or ramp until a stop condition), a
+``TargetControl`` called before every window and on the way out, and the event hook itself.
+
+However the run ends (completed, a stop condition, an error, Ctrl-C), the same ``finally`` stops
+the samplers, restores the target and runs the rollback commands, then emits ``run_end``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from vramlab.experiment.events import Event, EventHook
+from vramlab.experiment.plan import Plan
+from vramlab.experiment.records import RequestRecord, RunRecord, SampleRecord, canonical_sha256, new_run_id
+from vramlab.experiment.rollback import RollbackResult, run_rollbacks
+from vramlab.experiment.steps import FixedSteps, StepOutcome, StepStrategy
+from vramlab.experiment.stop import StopMonitor, StopReason
+from vramlab.experiment.wiring import (
+    max_connections,
+    prompts_for,
+    retry_for,
+    samplers_for,
+    shape_for,
+    window_for,
+)
+from vramlab.load.client import OpenAIClient, RequestResult
+from vramlab.load.driver import drive
+from vramlab.load.prompts import Prompt, cycle
+from vramlab.observe.base import Sample, Sampler, SamplerSet
+
+EXIT_CODES = {"completed": 0, "failed": 1, "stopped": 3, "interrupted": 130}
+_SOURCES = {"gpu", "ledger", "engine", "prometheus", "host", "health"}
+
+
+class TargetControl(Protocol):
+    """What a drill passes in to act on the target around each window (balloon, restart, ...)."""
+
+    async def apply(self, round: int, phase: str, step: int, value: float) -> None: ...
+
+    async def restore(self) -> None: ...
+
+
+@dataclass
+class RunOptions:
+    rounds: int | None = None
+    kind: str = "experiment"
+    base_dir: Path = Path(".")
+    api_key: str | None = None  # read from the environment by the caller; never stored
+    strategy: StepStrategy | None = None
+    control: TargetControl | None = None
+    samplers: list[Sampler] | None = None  # None: the plan's own
+    capture_environment: bool = True
+    run_id: str | None = None
+    extra_fixed: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: str
+    status: str
+    stop_reason: StopReason | None
+    notes: tuple[str, ...]
+    requests: int
+    errors: int
+    elapsed_s: float
+    rollbacks: tuple[RollbackResult, ...]
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.status]
+
+
+class _Stopped(Exception):
+    pass
+
+
+@dataclass
+class _WindowStats:
+    requests: int = 0
+    errors: int = 0
+    e2e: list[float] = field(default_factory=list)
+
+    def p(self, q: float) -> float | None:
+        if not self.e2e:
+            return None
+        s = sorted(self.e2e)
+        return s[max(0, math.ceil(q * len(s)) - 1)]
+
+
+class Runner:
+    def __init__(self, plan: Plan, hook: EventHook | None = None, options: RunOptions | None = None) -> None:
+        self.plan = plan
+        self.hook = hook or EventHook()
+        self.o = options or RunOptions()
+        self.rounds = self.o.rounds or plan.rounds
+        self.strategy = self.o.strategy or FixedSteps(plan.change.values())
+        self.monitor = StopMonitor(plan.stop_conditions, plan.wall_clock_s())
+        self.run_id = self.o.run_id or new_run_id()
+        self.stop: StopReason | None = None
+        self.notes: list[str] = []
+        self.t0 = time.perf_counter()
+        self._where: tuple[int | None, str | None, int | None] = (None, None, None)
+        self._window_task: asyncio.Future[Any] | None = None
+        self._prompts: dict[float, list[Prompt]] = {}
+        self._client: OpenAIClient | None = None
+        self._totals = [0, 0]
+
+    # -- events --------------------------------------------------------------------------------
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def emit(self, kind: str, message: str = "", data: dict[str, Any] | None = None, payload: Any = None) -> None:
+        r, ph, st = self._where
+        self.hook.fire(Event(kind, self.now(), r, ph, st, message, data or {}, payload))
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+        self.emit("note", message)
+
+    # -- the run -------------------------------------------------------------------------------
+    async def run(self) -> RunResult:
+        plan = self.plan
+        self.t0 = time.perf_counter()
+        started_at = time.time()
+        fixed, env_notes = await self._environment()
+        record = RunRecord(
+            run_id=self.run_id, kind=self.o.kind, name=plan.name, plan=plan.model_dump(mode="json"),
+            plan_hash=canonical_sha256({"fixed": plan.fixed.model_dump(mode="json"), "model": plan.target.model,
+                                        "api": plan.target.api, "load": plan.load.model_dump(mode="json"),
+                                        "phases": plan.phases.model_dump(mode="json")}),
+            fixed=fixed, target={"base_url": plan.target.base_url, "api": plan.target.api, "model": plan.target.model,
+                                 "kind": plan.target.kind, "environment": plan.target.environment},
+            change={"variable": plan.change.variable, "baseline": plan.baseline_value(),
+                    "steps": plan.change.values(), "rounds": self.rounds},
+            started_at=started_at)
+        self.emit("run_start", f"run {self.run_id} {plan.name!r}: {self.rounds} rounds", payload=record)
+        for n in [*plan.warnings(), *env_notes]:
+            self.note(n)
+        if self.o.rounds is not None and self.o.rounds < 3 and plan.rounds >= 3:
+            self.note(f"rounds: {self.o.rounds} (from --rounds) is fewer than 3")
+        status, reason_text = "failed", None
+        samplers = SamplerSet(self.o.samplers if self.o.samplers is not None else samplers_for(plan),
+                              plan.samplers.interval_s, self._on_samples, self.note)
+        ticker: asyncio.Task[None] | None = None
+        rollbacks: list[RollbackResult] = []
+        try:
+            async with OpenAIClient(plan.target.base_url, plan.target.model, plan.target.api, self.o.api_key,
+                                    max_connections=max_connections(plan, plan.change.values()),
+                                    timeout_s=plan.load.request_timeout_s,
+                                    ignore_eos=plan.fixed.ignore_eos) as client:
+                self._client = client
+                await samplers.start()
+                ticker = asyncio.ensure_future(self._tick())
+                await self._rounds()
+            status = "stopped" if self.stop is not None else "completed"
+        except _Stopped:
+            status = "stopped"
+        except asyncio.CancelledError:
+            status = "interrupted"
+            reason_text = "interrupted (Ctrl-C or SIGTERM)"
+        except Exception as exc:  # recorded on the run, then raised to the caller as a one-line error
+            status = "failed"
+            reason_text = f"{type(exc).__name__}: {exc}"[:300]
+            self._where = (None, None, None)
+            self.emit("error", reason_text)
+        finally:
+            self._where = (None, None, None)
+            if ticker is not None:
+                ticker.cancel()
+                await asyncio.gather(ticker, return_exceptions=True)
+            await samplers.stop()
+            if self.o.control is not None:
+                try:
+                    await self.o.control.restore()
+                except Exception as exc:  # a failed restore must not skip the rollback commands
+                    self.emit("error", f"target restore failed: {type(exc).__name__}: {exc}"[:300])
+            if self.stop is not None and reason_text is None:
+                reason_text = self.stop.message
+            rollbacks = await self._rollback(status, reason_text)
+            for err in self.hook.errors:
+                self.note(err)
+            self.hook.errors.clear()
+            self.emit("run_end", f"run {self.run_id} {status}" + (f": {reason_text}" if reason_text else ""),
+                      {"status": status, "ended_at": time.time(), "stop_reason": reason_text,
+                       "requests": self._totals[0], "errors": self._totals[1]})
+        return RunResult(self.run_id, status, self.stop, tuple(self.notes), self._totals[0], self._totals[1],
+                         self.now(), tuple(rollbacks))
+
+    async def _environment(self) -> tuple[dict[str, Any], list[str]]:
+        from vramlab.experiment.environment import engine_facts, gpu_facts, host_facts
+
+        fixed: dict[str, Any] = {"engine": self.plan.target.kind, "model": self.plan.target.model, **host_facts()}
+        notes: list[str] = []
+        if self.o.capture_environment:
+            fixed.update(await asyncio.to_thread(gpu_facts))
+            headers = {"Authorization": f"Bearer {self.o.api_key}"} if self.o.api_key else {}
+            facts, notes = await engine_facts(self.plan.target.base_url, headers, self.plan.target.model)
+            fixed.update(facts)
+        fixed.update(self.o.extra_fixed)
+        return fixed, notes
+
+    async def _rounds(self) -> None:
+        base = self.plan.baseline_value()
+        for r in range(1, self.rounds + 1):
+            await self._phase(r, "baseline", 0, base)
+            value, idx = self.strategy.first(), 1
+            while value is not None:
+                out = await self._phase(r, "treatment", idx, value)
+                if out.stopped is not None:
+                    if not self.strategy.absorbs_stops or out.stopped.condition == "wall_clock_s":
+                        raise _Stopped
+                    # The ramp found its limit: note it, forget the failing window, go to recovery.
+                    self.emit("step", f"ramp ended at {value:g}: {out.stopped.message}",
+                              {"value": value, "condition": out.stopped.condition})
+                    self.stop = None
+                    self.monitor.reset_requests()
+                value, idx = self.strategy.next(out), idx + 1
+            await self._phase(r, "recovery", 0, base)
+
+    async def _phase(self, rnd: int, phase: str, step: int, value: float) -> StepOutcome:
+        if self.stop is not None:
+            raise _Stopped
+        plan, var = self.plan, self.plan.change.variable
+        self._where = (rnd, phase, step)
+        if self.o.control is not None:
+            await self.o.control.apply(rnd, phase, step, value)
+        if value not in self._prompts:
+            self._prompts[value] = prompts_for(plan, value, self.o.base_dir)
+        seed = (plan.fixed.input.synthetic.seed if plan.fixed.input.synthetic else 0) * 1000 + step
+        shape = shape_for(plan, value, seed)
+        stats = _WindowStats()
+        self.emit("phase_start", f"round {rnd}/{self.rounds} {phase}" + (f" step {step}" if step else "")
+                  + f": {var} = {value:g}", {"variable": var, "value": value})
+
+        def on_result(res: RequestResult) -> None:
+            self._on_request(res, rnd, phase, step, value, stats)
+
+        assert self._client is not None
+        window = window_for(plan, self.monitor.wall_clock_s - self.now())
+        task = asyncio.ensure_future(drive(self._client, cycle(self._prompts[value]), shape, window, on_result,
+                                           retry_for(plan), id_prefix=f"{rnd}{phase[0]}{step}-"))
+        self._window_task = task
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            task.cancel()  # Ctrl-C: cancel the window so its in-flight requests are recorded
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+        finally:
+            self._window_task = None
+        lag_p99 = None
+        if not task.cancelled():
+            outcome = task.result()  # a bug in the driver surfaces here as a failed run
+            lag_p99 = outcome.lag_p99_ms
+        p50, p95 = stats.p(0.5), stats.p(0.95)
+        self.emit("phase_end", f"round {rnd}/{self.rounds} {phase}" + (f" step {step}" if step else "")
+                  + f": {stats.requests} requests, {stats.errors} errors"
+                  + (f", P95 {p95:.0f} ms" if p95 is not None else ""),
+                  {"variable": var, "value": value, "requests": stats.requests, "errors": stats.errors,
+                   "p50_e2e_ms": p50, "p95_e2e_ms": p95, "dispatch_lag_p99_ms": lag_p99})
+        if lag_p99 is not None and lag_p99 > plan.load.lag_warn_ms:
+            self.emit("warning", f"the load generator fell behind in round {rnd} {phase}: dispatch lag P99 "
+                      f"{lag_p99:.1f} ms > {plan.load.lag_warn_ms:g} ms (latencies from the scheduled time "
+                      "still count it; the offered load was lower than planned)", {"dispatch_lag_p99_ms": lag_p99})
+        return StepOutcome(step, value, stats.requests, stats.errors, p95, self.stop)
+
+    # -- inputs from the load and the samplers --------------------------------------------------
+    def _on_request(self, res: RequestResult, rnd: int, phase: str, step: int, value: float,
+                    stats: _WindowStats) -> None:
+        t0, ok = self.t0, res.ok
+        rec = RequestRecord(
+            run_id=self.run_id, round=rnd, phase=phase, step=step, step_value=value,  # type: ignore[arg-type]
+            request_id=res.request_id, attempt=res.attempt, scheduled_s=res.scheduled_at - t0,
+            sent_s=res.sent_at - t0, first_token_s=None if res.first_token_at is None else res.first_token_at - t0,
+            end_s=res.end_at - t0, ttft_ms=res.ttft_ms, tpot_ms=res.tpot_ms,
+            e2e_ms=res.e2e_ms if ok else None, e2e_from_scheduled_ms=res.e2e_from_scheduled_ms if ok else None,
+            ttft_from_scheduled_ms=res.ttft_from_scheduled_ms, dispatch_lag_ms=res.dispatch_lag_ms,
+            itl_ms=res.itl_ms, prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens,
+            status_code=res.status_code, error_class=res.error_class, error=res.error)
+        self.hook.fire(Event("request", rec.end_s or 0.0, rnd, phase, step, payload=rec))
+        if res.error_class != "cancelled":
+            stats.requests += 1
+            self._totals[0] += 1
+            if ok:
+                stats.e2e.append(res.e2e_from_scheduled_ms)
+            else:
+                stats.errors += 1
+                self._totals[1] += 1
+        self.monitor.on_request(res.end_at - t0, ok, res.error_class, res.e2e_from_scheduled_ms, res.error)
+        if not ok:
+            self._check()
+
+    def _on_samples(self, samples: list[Sample]) -> None:
+        recs = []
+        for s in samples:
+            self.monitor.on_sample(s.name, s.value, s.source + ":" + s.labels.get("gpu", ""))
+            if s.source in _SOURCES:
+                recs.append(SampleRecord(run_id=self.run_id, t_s=s.t - self.t0, source=s.source,  # type: ignore[arg-type]
+                                         name=s.name, value=s.value, labels=dict(s.labels)))
+        if recs:
+            self.hook.fire(Event("samples", recs[0].t_s, *self._where, payload=recs))
+        self._check()
+
+    def _check(self) -> None:
+        if self.stop is None:
+            reason = self.monitor.check(self.now())
+            if reason is not None:
+                self.fire_stop(reason)
+
+    def fire_stop(self, reason: StopReason) -> None:
+        """Stop now: record why and cancel the running window (drills call this for OOM too)."""
+        if self.stop is not None:
+            return
+        self.stop = reason
+        self.emit("stop_condition", reason.message,
+                  {"condition": reason.condition, "value": reason.value, "threshold": reason.threshold})
+        if self._window_task is not None:
+            self._window_task.cancel()
+
+    async def _tick(self) -> None:
+        # Sample-based and wall-clock conditions between requests: a hung target sends no results.
+        while True:
+            await asyncio.sleep(0.1)
+            self._check()
+
+    async def _rollback(self, status: str, reason: str | None) -> list[RollbackResult]:
+        if not self.plan.rollback:
+            return []
+        env = {"VRAMLAB_RUN_ID": self.run_id, "VRAMLAB_RUN_STATUS": status, "VRAMLAB_STOP_REASON": reason or ""}
+
+        def on_result(r: RollbackResult) -> None:
+            state = "ok" if r.ok else ("timed out" if r.exit_code is None else f"exit {r.exit_code}")
+            self.emit("rollback", f"rollback {r.command!r}: {state} in {r.duration_s:.1f} s",
+                      {"command": r.command, "exit_code": r.exit_code, "duration_s": r.duration_s,
+                       "output_tail": r.output_tail})
+
+        return await run_rollbacks(self.plan.rollback, env, on_result)

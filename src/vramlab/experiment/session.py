@@ -1,0 +1,112 @@
+"""Run a plan file end to end: checks, store, progress, signals. What ``vramlab run`` calls.
+
+Ctrl-C or SIGTERM cancels the runner once: the load stops, in-flight requests are recorded as
+cancelled, rollbacks run, the run is marked ``interrupted`` and everything collected is in the
+store. Further signals while rollbacks run are ignored (the rollbacks have their own timeouts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vramlab.errors import ConfigError, VramlabError
+from vramlab.experiment.events import Event, EventHook
+from vramlab.experiment.plan import Plan, load_plan
+from vramlab.experiment.runner import Runner, RunOptions, RunResult
+
+
+@dataclass(frozen=True)
+class SessionResult:
+    result: RunResult
+    store_url: str
+
+
+def api_key_for(plan: Plan) -> str | None:
+    name = plan.target.api_key_env
+    if name is None:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(f"target.api_key_env: the environment variable {name} is not set")
+    return value
+
+
+def check_target(plan: Plan, allow_production: bool) -> None:
+    if plan.target.environment == "production" and not allow_production:
+        raise ConfigError("target.environment is production: refusing to load it; pass "
+                          "--i-understand-this-is-production to run anyway")
+
+
+async def _run_with_signals(runner: Runner) -> RunResult:
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(runner.run())
+    seen = [0]
+
+    def on_signal() -> None:
+        seen[0] += 1
+        if seen[0] == 1:
+            print("vramlab: interrupted: stopping the load, running rollbacks ...", file=sys.stderr, flush=True)
+            task.cancel()
+
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, on_signal)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+            pass
+    try:
+        return await task
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None  # cancelled before the run was recorded
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+def run_plan(plan: Plan, *, plan_dir: Path, db: str | None = None, rounds: int | None = None,
+             allow_production: bool = False, subscribers: list[Callable[[Event], None]] | None = None,
+             options: RunOptions | None = None) -> SessionResult:
+    from vramlab.experiment.recorder import StoreRecorder
+    from vramlab.store import open_store
+
+    check_target(plan, allow_production)
+    opts = options or RunOptions()
+    opts.api_key = api_key_for(plan)
+    opts.rounds = rounds if rounds is not None else opts.rounds
+    opts.base_dir = plan_dir
+    if opts.rounds is not None and opts.rounds < 1:
+        raise ConfigError("--rounds must be at least 1")
+    store = open_store(db)
+    try:
+        hook = EventHook()
+        recorder = StoreRecorder(store)
+        hook.add(recorder)
+        for s in subscribers or ():
+            hook.add(s)
+        runner = Runner(plan, hook, opts)
+        try:
+            result = asyncio.run(_run_with_signals(runner))
+        finally:
+            if recorder.run_id is not None:
+                try:
+                    recorder.flush()
+                except Exception:  # the store went away; the run_end path already tried
+                    pass
+        if recorder.run_id is None:
+            raise VramlabError("the run did not start")
+        return SessionResult(result, store.url)
+    finally:
+        store.close()
+
+
+def run_plan_file(path: str | Path, **kw: Any) -> SessionResult:
+    plan = load_plan(path)
+    return run_plan(plan, plan_dir=Path(path).resolve().parent, **kw)

@@ -1,0 +1,101 @@
+"""Stop conditions: checked continuously, always armed, the wall clock one always on.
+
+Request conditions (error rate, P95) look at a sliding window of the last ``window_s`` seconds
+and wait for ``min_requests`` so one early failure cannot stop a run. Sample conditions (KV usage,
+GPU memory share) use the latest value from any source. OOM fires on the first sighting.
+Requests cancelled by the runner itself are not errors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from vramlab.experiment.plan import StopConditions
+
+
+@dataclass(frozen=True)
+class StopReason:
+    condition: str  # error_rate | p95_ms | kv_usage | gpu_memory_share | oom_seen | wall_clock_s
+    value: float
+    threshold: float
+    message: str
+
+
+def _p95(values: list[float]) -> float:
+    s = sorted(values)
+    return s[max(0, math.ceil(0.95 * len(s)) - 1)]
+
+
+class StopMonitor:
+    def __init__(self, conditions: StopConditions, wall_clock_s: float) -> None:
+        self.c, self.wall_clock_s = conditions, wall_clock_s
+        self._window: deque[tuple[float, bool, float | None]] = deque()  # (end_s, ok, e2e_from_scheduled_ms)
+        self._latest: dict[str, dict[str, float]] = {}  # name -> label key -> value
+        self._oom: str | None = None
+
+    def reset_requests(self) -> None:
+        """Forget the request window (a ramp that absorbed a stop starts recovery afresh)."""
+        self._window.clear()
+
+    def on_request(self, end_s: float, ok: bool, error_class: str | None, e2e_from_scheduled_ms: float | None,
+                   error: str | None = None) -> None:
+        if error_class == "cancelled":
+            return
+        if error_class == "oom" and self._oom is None:
+            self._oom = f"a request failed with an out-of-memory error: {error or ''}".strip()[:200]
+        self._window.append((end_s, ok, e2e_from_scheduled_ms if ok else None))
+
+    def on_sample(self, name: str, value: float, key: str = "") -> None:
+        self._latest.setdefault(name, {})[key] = value
+
+    def on_oom(self, message: str) -> None:
+        """An OOM seen elsewhere (engine log, the sim's ledger, a drill's detector)."""
+        if self._oom is None:
+            self._oom = message[:200]
+
+    def _prune(self, now_s: float) -> None:
+        cutoff = now_s - self.c.window_s
+        while self._window and self._window[0][0] < cutoff:
+            self._window.popleft()
+
+    def _max_latest(self, *names: str) -> float | None:
+        vals = [v for n in names for v in self._latest.get(n, {}).values()]
+        return max(vals) if vals else None
+
+    def check(self, now_s: float) -> StopReason | None:
+        c = self.c
+        if now_s >= self.wall_clock_s:
+            return StopReason("wall_clock_s", now_s, self.wall_clock_s,
+                              f"wall clock: {now_s:.0f} s reached the limit of {self.wall_clock_s:g} s")
+        if c.oom_seen and self._oom is not None:
+            return StopReason("oom_seen", 1.0, 1.0, f"OOM seen: {self._oom}")
+        self._prune(now_s)
+        n = len(self._window)
+        if n >= c.min_requests:
+            if c.error_rate is not None:
+                errors = sum(1 for _, ok, _ in self._window if not ok)
+                rate = errors / n
+                if rate > c.error_rate:
+                    return StopReason("error_rate", rate, c.error_rate,
+                                      f"error rate {rate:.0%} over the last {c.window_s:g} s "
+                                      f"({errors}/{n}) is above {c.error_rate:.0%}")
+            if c.p95_ms is not None:
+                lat = [e for _, ok, e in self._window if ok and e is not None]
+                if len(lat) >= c.min_requests:
+                    p95 = _p95(lat)
+                    if p95 > c.p95_ms:
+                        return StopReason("p95_ms", p95, c.p95_ms,
+                                          f"P95 end-to-end latency {p95:.0f} ms over the last {c.window_s:g} s "
+                                          f"is above {c.p95_ms:g} ms")
+        if c.kv_usage is not None:
+            kv = self._max_latest("engine.kv_cache_usage_perc")
+            if kv is not None and kv >= c.kv_usage:
+                return StopReason("kv_usage", kv, c.kv_usage, f"KV cache usage {kv:.1%} reached {c.kv_usage:.1%}")
+        if c.gpu_memory_share is not None:
+            share = self._max_latest("gpu.memory_share")
+            if share is not None and share >= c.gpu_memory_share:
+                return StopReason("gpu_memory_share", share, c.gpu_memory_share,
+                                  f"GPU memory {share:.1%} of the card reached {c.gpu_memory_share:.1%}")
+        return None
