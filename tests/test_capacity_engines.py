@@ -109,3 +109,15 @@ def test_llamacpp_gguf_file_types_and_layer_split():
     two = estimate(m, RTX4090, EngineSettings(engine="llama.cpp", ctx_size=8192, quantization="Q4_K_M",
                                               pipeline_parallel_size=2))
     assert two.kv_cache_bytes == q4.kv_cache_bytes // 2  # 36 layers split 18/18 over two devices
+
+
+def test_mxfp4_keeps_attention_and_embeddings_unquantized():
+    # llm-d r040: gpt-oss-20b at TP2 loads 7.01 GiB per GPU (MXFP4 experts padded to 256, bf16 elsewhere),
+    # whether the checkpoint's quantization_config or --quantization mxfp4 names it.
+    from capacity_models import GPT_OSS_20B
+
+    m = spec(GPT_OSS_20B)
+    for q in (None, "mxfp4"):
+        est = estimate(m, H100, EngineSettings(engine_version="0.19.0", tensor_parallel_size=2, max_model_len=8192,
+                                               quantization=q))
+        assert est.weights_bytes / GIB == pytest.approx(7.01, rel=0.02)

@@ -228,8 +228,8 @@ def effective_quant(m: ModelSpec, quantization: str | None) -> QuantSpec | None:
     qn = quantization.lower()
     if m.quant is not None and m.quant.method == "gguf":
         return m.quant  # the file's own tensor types are exact
-    gq = gguf_quant(qn)
-    if gq is not None and qn not in ("f16", "bf16", "f32"):
+    gq = gguf_quant(qn) if qn not in ("f16", "bf16", "f32", "mxfp4") else None
+    if gq is not None:
         return gq
     if m.quant is not None and (qn == m.quant.method or qn.startswith(m.quant.method.split("-")[0])
                                 or m.quant.method.startswith(qn.split("_")[0])):
