@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+from _store_backends import store_url_fixture  # noqa: F401
 from vramlab.store import open_store
 
 BATCH = 200
@@ -85,3 +86,22 @@ def test_sigkill_keeps_every_committed_batch(tmp_path):
         assert n % BATCH == 0
         assert n >= (acknowledged + 1) * BATCH
         assert len(store.samples("feed0001", source="host")) >= acknowledged + 1
+
+
+OPENER = r"""
+import sys
+from vramlab.store import open_store
+open_store(sys.argv[1]).close()
+"""
+
+
+def test_processes_opening_a_fresh_store_at_once(store_url):
+    procs = [subprocess.Popen([sys.executable, "-c", OPENER, store_url], stderr=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    for p in procs:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+    import sqlalchemy as sa
+
+    with open_store(store_url) as store, store.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT version FROM schema_version")).scalars().all() == [1]

@@ -7,8 +7,9 @@ runner writes.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -31,6 +32,30 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA busy_timeout=10000")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
+
+
+@contextlib.contextmanager
+def _sqlite_migration_lock(url: str) -> Iterator[None]:
+    """Serialise schema set-up between processes opening the same SQLite file at once.
+
+    pysqlite runs DDL outside transactions, so two processes could both see an empty file and
+    both create tables. flock on the database file itself does not touch SQLite's own (fcntl)
+    locks. PostgreSQL takes an advisory lock in `migrate` instead.
+    """
+    if not url.startswith("sqlite:///"):
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock, as before
+        yield
+        return
+    with open(url[len("sqlite:///"):], "ab") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def make_engine(url: str) -> sa.Engine:
@@ -66,7 +91,8 @@ class Store:
         self.url = url
         self.engine = make_engine(url)
         try:
-            migrate(self.engine)
+            with _sqlite_migration_lock(url):
+                migrate(self.engine)
         except sa.exc.OperationalError as exc:
             self.engine.dispose()
             reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
