@@ -60,6 +60,12 @@ class Context:
             rel = max(rel, 0.05)
         return band("weights", value, rel, rel, FORMULA, note)
 
+    def constant_component(self, name: str, key: str, note: str, in_budget: bool = True,
+                           extra_band: float = 0.0) -> Component:
+        """A component that is one calibratable constant, with its band and provenance."""
+        rel = self.c.band(key) + extra_band
+        return band(name, self.c[key], rel, rel, self.c.provenance(key), note, in_budget)
+
     def kv_shapes(self, stage: int = 0) -> tuple[kvmod.KVShape, ...]:
         return kvmod.kv_shapes(self.model, self.s.kv_cache_dtype, self.dtype, self.tp, self.layer_range(stage))
 

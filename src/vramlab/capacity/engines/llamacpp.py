@@ -65,8 +65,7 @@ def plan(ctx: Context) -> PolicyResult:
         weights = band("weights", weights.bytes - host, 0.03, 0.03, weights.provenance,
                        weights.note + "; token embedding kept in host memory as llama.cpp does")
     comps: list[Component] = [
-        band("cuda_context", c["cuda_context_bytes"], c.band("cuda_context_bytes"), c.band("cuda_context_bytes"),
-             c.provenance("cuda_context_bytes"), "CUDA context (not in llama.cpp's buffer lines)"),
+        ctx.constant_component("cuda_context", "cuda_context_bytes", "CUDA context (not in llama.cpp's buffer lines)"),
         weights,
     ]
     compute = 4 * ubatch * (m.vocab_size + 4 * m.hidden_size) + c["llamacpp_compute_scratch_bytes"]

@@ -62,12 +62,10 @@ def plan(ctx: Context) -> PolicyResult:
         raise ConfigError(f"the context length of {m.name} is unknown: pass --max-model-len (SGLang --context-length)")
     multi = ctx.tp * ctx.pp > 1
     comps: list[Component] = [
-        band("cuda_context", c["cuda_context_bytes"], c.band("cuda_context_bytes"), c.band("cuda_context_bytes"),
-             c.provenance("cuda_context_bytes"), "CUDA context and library handles"),
+        ctx.constant_component("cuda_context", "cuda_context_bytes", "CUDA context and library handles"),
     ]
     if multi:
-        comps.append(band("nccl", c["nccl_init_bytes"], c.band("nccl_init_bytes"), c.band("nccl_init_bytes"),
-                          c.provenance("nccl_init_bytes"), "NCCL communicators"))
+        comps.append(ctx.constant_component("nccl", "nccl_init_bytes", "NCCL communicators"))
     comps.append(ctx.weights_component())
     # Outside the static pool, inside the (1 - fraction) reservation.
     act = forward_peak_bytes(m, chunk, ctx.tp, ctx.dtype, c) + moe_workspace_bytes(m, chunk, ctx.tp, ctx.dtype, c) \

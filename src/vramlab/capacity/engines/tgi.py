@@ -27,12 +27,10 @@ def plan(ctx: Context) -> PolicyResult:
     util = s.gpu_memory_utilization or 1.0  # CUDA_MEMORY_FRACTION
     block = s.block_size or (1 if not ctx.version or ctx.version >= FLASHINFER_FROM else 16)
     comps: list[Component] = [
-        band("cuda_context", c["cuda_context_bytes"], c.band("cuda_context_bytes"), c.band("cuda_context_bytes"),
-             c.provenance("cuda_context_bytes"), "CUDA context and library handles"),
+        ctx.constant_component("cuda_context", "cuda_context_bytes", "CUDA context and library handles"),
     ]
     if ctx.tp > 1:
-        comps.append(band("nccl", c["nccl_init_bytes"], c.band("nccl_init_bytes"), c.band("nccl_init_bytes"),
-                          c.provenance("nccl_init_bytes"), "NCCL communicators"))
+        comps.append(ctx.constant_component("nccl", "nccl_init_bytes", "NCCL communicators"))
     comps.append(ctx.weights_component())
     per_tok = c["tgi_prefill_bytes_per_token_hidden"] * m.hidden_size
     act = max(forward_peak_bytes(m, prefill, ctx.tp, ctx.dtype, c), prefill * per_tok) \

@@ -25,8 +25,7 @@ def plan(ctx: Context) -> PolicyResult:
     state = ctx.state_bytes_per_seq()
     b = dtype_bytes(ctx.dtype)
     comps: list[Component] = [
-        band("cuda_context", c["cuda_context_bytes"], c.band("cuda_context_bytes"), c.band("cuda_context_bytes"),
-             c.provenance("cuda_context_bytes"), "CUDA context and cuBLAS"),
+        ctx.constant_component("cuda_context", "cuda_context_bytes", "CUDA context and cuBLAS"),
         ctx.weights_component(),
     ]
 

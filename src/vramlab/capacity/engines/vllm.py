@@ -101,13 +101,11 @@ def plan(ctx: Context) -> PolicyResult:
 
     def stage_components(stage: int) -> list[Component]:
         last = stage == ctx.pp - 1
-        comps = [band("cuda_context", c["cuda_context_bytes"], c.band("cuda_context_bytes"),
-                      c.band("cuda_context_bytes"), c.provenance("cuda_context_bytes"),
-                      "CUDA context and library handles, before vLLM's baseline snapshot", in_budget=False)]
+        comps = [ctx.constant_component("cuda_context", "cuda_context_bytes",
+                                        "CUDA context and library handles, before vLLM's baseline snapshot",
+                                        in_budget=False)]
         if multi:
-            comps.append(band("nccl", c["nccl_init_bytes"], c.band("nccl_init_bytes"), c.band("nccl_init_bytes"),
-                              c.provenance("nccl_init_bytes"),
-                              "NCCL communicators created at start-up"
+            comps.append(ctx.constant_component("nccl", "nccl_init_bytes", "NCCL communicators created at start-up"
                               + ("; outside the budget since V1 inits them before the snapshot"
                                  if nccl_outside else "; inside the profiling window"),
                               in_budget=not nccl_outside))
@@ -132,8 +130,8 @@ def plan(ctx: Context) -> PolicyResult:
             nt_key = "non_torch_forward_pp_bytes"
         else:
             nt_key = "non_torch_forward_bytes"
-        comps.append(band("non_torch", c[nt_key], c.band(nt_key), c.band(nt_key), c.provenance(nt_key),
-                          "memory outside PyTorch that grows during profiling"
+        comps.append(ctx.constant_component("non_torch", nt_key,
+                                            "memory outside PyTorch that grows during profiling"
                           + (" (custom all-reduce / NCCL buffers)" if ctx.tp > 1 else " (cuBLAS/Triton workspaces)")))
         if not s.enforce_eager:
             layers_local = len(ctx.layer_range(stage))
