@@ -33,13 +33,16 @@ def _quantization(obs: Observation, spec: ModelSpec) -> str | None:
 
 
 def resolve_spec(name: str, configs: Mapping[str, Any] | None, offline: bool) -> ModelSpec:
+    last: VramlabError | None = None
     if configs and isinstance(configs.get(name), dict) and configs[name].get("source") is not None:
         from vramlab.sources.hf_config import spec_from_config
 
-        return spec_from_config(configs[name], name, str(configs[name].get("source")), hf_id=name)
+        try:
+            return spec_from_config(configs[name], name, str(configs[name].get("source")), hf_id=name)
+        except VramlabError as exc:  # a partial copy: the catalog may know the model whole
+            last = exc
     from vramlab.sources import resolve_model
 
-    last: VramlabError | None = None
     alias = (configs or {}).get(name, {}).get("config_of") if isinstance((configs or {}).get(name), dict) else None
     for cand in dict.fromkeys(c for c in (name, alias, name.strip().lower().replace(" ", "-")) if c):
         try:
