@@ -7,6 +7,7 @@ fifth context step; --speed 200; each drill well under 30 s.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +26,8 @@ pytestmark = pytest.mark.slow
 def _plan(tmp_path: Path, **changes) -> Path:
     doc = yaml.safe_load((ROOT / "examples" / "oom-drill.yaml").read_text())
     doc["target"]["sim"]["device"] = str(tmp_path / "gpu0.ledger")
+    # shorter windows than the example: the same drill, sooner
+    doc["baseline_s"], doc["ramp"]["step_s"], doc["recovery"]["observe_s"] = 1.0, 0.7, 1.0
     for dotted, value in changes.items():
         node = doc
         keys = dotted.split("__")
@@ -43,16 +46,13 @@ def _drill(tmp_path: Path, plan: Path, *extra: str) -> subprocess.Popen[str]:
                             env={**os.environ, "VRAMLAB_DB": str(tmp_path / "s.db")})
 
 
-def _wait_run(db: Path, timeout_s: float = 20.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if db.exists():
-            with open_store(str(db)) as store:
-                runs = store.list_runs(1)
-                if runs:
-                    return runs[0].run_id
-        time.sleep(0.1)
-    raise AssertionError("the drill never created its run")
+def _run_id(proc: subprocess.Popen[str]) -> str:
+    """The drill's first stderr line names its run; by then its store is open (no migration race)."""
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    m = re.search(r"run ([0-9a-f]{8})", line)
+    assert m, line
+    return m.group(1)
 
 
 def _wait_event(db: Path, run_id: str, kind: str, timeout_s: float = 25.0) -> None:
@@ -69,9 +69,8 @@ def test_oom_drill_against_sim_ends_in_incident_report(tmp_path):
     t = time.monotonic()
     proc = _drill(tmp_path, _plan(tmp_path), "--json")
     db = tmp_path / "s.db"
-    run_id = _wait_run(db)
-    # the operator adds a note from "another terminal" while the drill runs
-    _wait_event(db, run_id, "step")
+    run_id = _run_id(proc)
+    # the operator adds a note from "another terminal"
     note = subprocess.run([sys.executable, "-m", "vramlab", "note", run_id[:4], "watching the ramp", "--db", str(db)],
                           capture_output=True, text=True, timeout=30)
     assert note.returncode == 0, note.stderr
@@ -105,7 +104,12 @@ def test_oom_drill_against_sim_ends_in_incident_report(tmp_path):
     for heading in ("Incident summary", "Impact", "Timeline", "Detection: first abnormal signal", "Root cause and trigger",
                     "Resolution and recovery", "Retry storm", "Lessons learned", "Action items"):
         assert f"## {heading}" in md
-    assert "watching the ramp" in md  # the operator's note is on the timeline
+    # the operator's note is on the timeline of the report rendered again from the store
+    again = subprocess.run([sys.executable, "-m", "vramlab", "report", run_id, "--db", str(db), "--format", "md"],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    timeline = again.stdout.split("## Timeline", 1)[1].split("\n## ", 1)[0]
+    assert "| note | operator | watching the ramp |" in timeline
     # the rollback restored the card: the co-tenant released, the sim stopped
     from vramlab.sim.ledger import DeviceLedger
 
@@ -126,12 +130,12 @@ def test_sigint_during_drill_runs_the_rollbacks(tmp_path):
     plan = _plan(tmp_path, rollback=[f"touch {marker}"], ramp__step_s=5)
     proc = _drill(tmp_path, plan)
     db = tmp_path / "s.db"
-    run_id = _wait_run(db)
+    run_id = _run_id(proc)
     _wait_event(db, run_id, "step")
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
-    assert "rollback done" in err
+    assert "rollback done" in err and "Traceback" not in err and "never retrieved" not in err
     with open_store(str(db)) as store:
         run = store.get_run(run_id)
         assert run.status == "interrupted"

@@ -227,17 +227,20 @@ class DrillRunner:
                 self._ceiling_value = values[i - 1] if i else None
                 return None
             task = asyncio.ensure_future(self._window(client, v, plan.ramp.step_s, i))
-            while not task.done():
-                failure = self.detector.failure()
-                if failure is not None:
-                    self._on_failure(failure, i, v, values[i - 1] if i else None)
-                    # the load goes on (clients keep sending and retrying): cut the step window short
+            try:
+                while not task.done():
+                    failure = self.detector.failure()
+                    if failure is not None:
+                        self._on_failure(failure, i, v, values[i - 1] if i else None)
+                        return failure  # the recovery phase's load takes over from here
+                    await asyncio.sleep(0.02)
+                await task
+            finally:
+                # on failure, stop or Ctrl-C the step's load ends here, before its client closes
+                if not task.done():
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-                    return failure
-                await asyncio.sleep(0.02)
-            await task
             failure = self.detector.failure()
             if failure is not None:
                 self._on_failure(failure, i, v, values[i - 1] if i else None)
