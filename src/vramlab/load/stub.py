@@ -96,6 +96,15 @@ class StubServer:
             return web.json_response({"error": {"message": "bad key"}}, status=401)
         if b.fail_status is not None:
             return web.Response(status=b.fail_status, text=b.fail_body, content_type="application/json")
+        try:
+            return await self._stream(request, body)
+        except ConnectionError:  # the client went away (a cancelled window); nothing to answer
+            return web.Response(status=499)
+
+    async def _stream(self, request: Any, body: dict[str, Any]) -> Any:
+        from aiohttp import web
+
+        b = self.b
         chat = request.path.endswith("/chat/completions")
         n = int(body.get("max_tokens", 16))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
