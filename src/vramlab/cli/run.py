@@ -14,6 +14,8 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("exit codes: 0 completed, 3 stopped by a stop condition, 130 interrupted (rollbacks ran), "
+                     "1 the run failed, 2 bad input. Plan reference: docs/experiments.md")
     parser.add_argument("plan", metavar="PLAN.yaml", help="the experiment plan")
     parser.add_argument("--db", metavar="URL", help="store: a file path, sqlite:///PATH or postgresql://... "
                         "(default $VRAMLAB_DB, else ./vramlab.db)")

@@ -303,7 +303,8 @@ def _field_name(loc: tuple[Any, ...]) -> str:
         elif str(p).startswith(("function-", "function_")):
             continue  # pydantic's validator frames add nothing for a reader
         else:
-            out += ("." if out else "") + str(p)
+            name = str(p) if str(p).isprintable() else repr(str(p))  # keep the error on one line
+            out += ("." if out else "") + name
     return out or "(plan)"
 
 
@@ -327,7 +328,7 @@ def parse_plan(text: str, filename: str = "plan.yaml") -> Plan:
         errs = exc.errors(include_url=False)
         first = errs[0]
         loc = tuple(first["loc"])
-        msg = first["msg"].removeprefix("Value error, ")
+        msg = " ".join(first["msg"].removeprefix("Value error, ").split())
         if msg.startswith("@"):
             # A cross-field check names the field it is about: "@change.variable: ...".
             path, _, msg = msg[1:].partition(": ")

@@ -1,0 +1,107 @@
+"""The demo: start a sim on a free loopback port, run a small plan against it with the ledger,
+engine-metrics, host and health samplers, and render the stored run as HTML. Under a minute.
+
+The plan is examples/demo.yaml (kept identical to ``DEMO_PLAN`` by a test) with the sim's URL and
+device file filled in. The sim is stopped however the demo ends.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from vramlab.experiment.events import Event
+from vramlab.experiment.plan import Plan, parse_plan
+from vramlab.experiment.runner import RunResult
+
+SIM_ARGS = ["--model", "llama-3.1-8b-instruct", "--gpu", "h100-80gb", "--engine", "vllm",
+            "--max-model-len", "4096", "--max-num-seqs", "8", "--speed", "10", "--seed", "7"]
+
+DEMO_PLAN = """\
+# The plan `vramlab demo` runs against its own sim: tiny windows, three rounds, under a minute.
+# base_url and samplers.ledger are filled in by `vramlab demo` (it starts the sim on a free port).
+name: demo-concurrency
+hypothesis: more concurrent streams than the engine's 8 sequences queue up and raise P95; recovery returns to baseline
+target:
+  base_url: http://127.0.0.1:8000
+  model: llama-3.1-8b-instruct
+  kind: sim
+  environment: test
+fixed:
+  input:
+    synthetic: {prompt_tokens: 256, output_tokens: 32, seed: 7, count: 50}
+  ignore_eos: true
+change:
+  variable: concurrency
+  baseline: 1
+  steps: [4, 16]
+phases:
+  duration_s: 2
+  drain_s: 2
+rounds: 3
+load:
+  mode: closed
+  concurrency: 1
+  request_timeout_s: 20
+metrics:
+  p95_ttft_ms: 1000
+  error_rate: 0.01
+stop_conditions:
+  error_rate: 0.5
+  wall_clock_s: 55
+samplers:
+  interval_s: 0.5
+  sources: [ledger, engine, host, health]
+  ledger: sim-gpu0.ledger
+"""
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    result: RunResult
+    store_url: str
+    report_path: Path
+    elapsed_s: float
+
+
+def demo_plan(base_url: str, ledger: str, pid: int | None = None, rounds: int | None = None,
+              duration_s: float | None = None) -> Plan:
+    """The demo plan pointed at a running sim (a new document: the template is not edited)."""
+    doc = parse_plan(DEMO_PLAN, "demo.yaml").model_dump(mode="json")
+    doc["target"]["base_url"] = base_url
+    doc["target"]["pid"] = pid
+    doc["samplers"]["ledger"] = ledger
+    if rounds is not None:
+        doc["rounds"] = rounds
+    if duration_s is not None:
+        doc["phases"]["duration_s"] = duration_s
+    return Plan.model_validate(doc)
+
+
+def run_demo(db: str | None, report_path: Path, subscribers: list[Callable[[Event], None]] | None = None,
+             on_sim: Callable[[str], None] | None = None, rounds: int | None = None,
+             duration_s: float | None = None) -> DemoResult:
+    from vramlab.experiment.session import run_plan
+    from vramlab.report import load_context, render
+    from vramlab.sim.launch import start_sim
+    from vramlab.store import open_store
+
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="vramlab-demo-") as tmp:
+        ledger = str(Path(tmp) / "sim-gpu0.ledger")
+        sim = start_sim(SIM_ARGS, device=ledger, log_path=str(Path(tmp) / "sim.log"), timeout_s=30)
+        try:
+            if on_sim is not None:
+                on_sim(sim.url)
+            plan = demo_plan(sim.url, ledger, sim.pid, rounds, duration_s)
+            out = run_plan(plan, plan_dir=Path.cwd(), db=db, subscribers=subscribers)
+        finally:
+            sim.stop()
+    with open_store(db) as store:
+        text = render(load_context(store, out.result.run_id), "html")
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(text, encoding="utf-8")
+    return DemoResult(out.result, out.store_url, report_path, time.monotonic() - t0)
