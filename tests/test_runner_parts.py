@@ -1,0 +1,195 @@
+"""Runner parts on their own: stop conditions, step strategies, rollbacks, the store writer,
+the client-fell-behind warning, and the store on PostgreSQL when one is there."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from vramlab.experiment.events import Event, EventHook
+from vramlab.experiment.plan import RollbackCommand, StopConditions, parse_plan
+from vramlab.experiment.recorder import StoreRecorder
+from vramlab.experiment.records import RequestRecord, RunRecord
+from vramlab.experiment.rollback import run_rollbacks
+from vramlab.experiment.runner import Runner, RunOptions
+from vramlab.experiment.steps import FixedSteps, RampUntilStop, StepOutcome
+from vramlab.experiment.stop import StopMonitor, StopReason
+from vramlab.load.stub import StubBehaviour, StubServer
+from vramlab.store import open_store
+
+
+def test_error_rate_needs_min_requests_and_slides() -> None:
+    m = StopMonitor(StopConditions(error_rate=0.5, min_requests=4, window_s=10), wall_clock_s=1000)
+    for t in range(3):
+        m.on_request(t, False, "http_5xx", None)
+    assert m.check(3) is None  # three failures are not yet enough to judge
+    m.on_request(3, False, "http_5xx", None)
+    r = m.check(4)
+    assert r is not None and r.condition == "error_rate" and r.value == 1.0 and "4/4" in r.message
+    assert m.check(30) is None  # the failures left the window
+
+
+def test_cancelled_requests_are_not_errors_and_p95_uses_the_schedule() -> None:
+    m = StopMonitor(StopConditions(error_rate=0.1, p95_ms=500, min_requests=5), wall_clock_s=1000)
+    for i in range(20):
+        m.on_request(i * 0.1, False, "cancelled", None)
+    assert m.check(2) is None
+    for i in range(20):
+        m.on_request(2 + i * 0.01, True, None, 100 if i < 19 else 900)
+    assert m.check(3) is None  # nearest rank: the 19th of 20 values, 100 ms: one slow request is a tail
+    m.on_request(3.1, True, None, 950)
+    m.on_request(3.1, True, None, 950)
+    r = m.check(3.2)
+    assert r is not None and r.condition == "p95_ms" and r.value == 950  # the 21st of 22
+
+
+def test_samples_oom_and_wall_clock() -> None:
+    m = StopMonitor(StopConditions(kv_usage=0.95, gpu_memory_share=0.9), wall_clock_s=60)
+    m.on_sample("engine.kv_cache_usage_perc", 0.5)
+    m.on_sample("gpu.memory_share", 0.5, "gpu:0")
+    m.on_sample("gpu.memory_share", 0.93, "gpu:1")
+    r = m.check(1)
+    assert r is not None and r.condition == "gpu_memory_share" and r.value == 0.93
+    m.on_sample("gpu.memory_share", 0.1, "gpu:1")
+    m.on_sample("engine.kv_cache_usage_perc", 0.96)
+    assert m.check(1).condition == "kv_usage"  # type: ignore[union-attr]
+    m2 = StopMonitor(StopConditions(), wall_clock_s=60)
+    m2.on_request(1, False, "oom", None, "CUDA out of memory. Tried to allocate 2 GiB")
+    assert m2.check(2).condition == "oom_seen" and "Tried to allocate" in m2.check(2).message  # type: ignore[union-attr]
+    assert m2.check(60).condition == "wall_clock_s"  # type: ignore[union-attr]
+    m3 = StopMonitor(StopConditions(oom_seen=False), wall_clock_s=60)
+    m3.on_oom("engine log: CUDA out of memory")
+    assert m3.check(1) is None
+
+
+def test_step_strategies() -> None:
+    f = FixedSteps([2, 4, 8])
+    out = lambda i, v, stop=None: StepOutcome(i, v, 10, 0, 1.0, stop)  # noqa: E731
+    assert f.first() == 2 and f.next(out(1, 2)) == 4 and f.next(out(3, 8)) is None
+    r = RampUntilStop(1, 1.5, 10)
+    seq = [r.first()]
+    while (n := r.next(out(len(seq), seq[-1]))) is not None:  # type: ignore[arg-type]
+        seq.append(n)
+    assert seq == [1, 2, 3, 4, 6, 9, 10]  # whole numbers, always moving, the ceiling tried last
+    assert r.next(out(2, 2, StopReason("error_rate", 1, 0.5, "x"))) is None
+    with pytest.raises(ValueError):
+        RampUntilStop(1, 1.0, 10)
+
+
+def test_rollback_timeout_kills_the_group(tmp_path: Path) -> None:
+    marker = tmp_path / "late"
+    cmds = [RollbackCommand(run=f"sleep 5 && touch {marker}", timeout_s=0.3), RollbackCommand(run="echo $X")]
+    t = time.monotonic()
+    res = asyncio.run(run_rollbacks(cmds, {"X": "next-one-ran"}))
+    assert time.monotonic() - t < 3
+    assert res[0].exit_code is None and not res[0].ok
+    assert res[1].ok and res[1].output_tail == "next-one-ran"
+    time.sleep(0.2)
+    assert not marker.exists()
+
+
+def _records(n: int, run_id: str) -> list[RequestRecord]:
+    return [RequestRecord(run_id=run_id, round=1, phase="baseline", request_id=f"r{i}", status_code=200,
+                          sent_s=i * 0.01, end_s=i * 0.01 + 0.005) for i in range(n)]
+
+
+def test_recorder_writes_in_batches_and_keeps_notes(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "v.db"))
+    rec = StoreRecorder(store, flush_s=3600, batch=50)
+    rec(Event("run_start", 0, payload=RunRecord(run_id="0123abcd", name="x", started_at=time.time())))
+    for r in _records(49, "0123abcd"):
+        rec(Event("request", r.end_s or 0, payload=r))
+    assert store.requests("0123abcd") == []  # not yet a batch
+    rec(Event("request", 1, payload=_records(50, "0123abcd")[-1]))
+    assert len(store.requests("0123abcd")) == 50
+    rec(Event("note", 1.1, message="sampler gpu: not used: no NVIDIA driver"))
+    assert store.get_run("0123abcd").notes == ["sampler gpu: not used: no NVIDIA driver"]
+    rec(Event("run_end", 2, data={"status": "stopped", "ended_at": time.time(), "stop_reason": "kv"}))
+    run = store.get_run("0123abcd")
+    assert (run.status, run.stop_reason) == ("stopped", "kv")
+    assert [e.kind for e in store.events("0123abcd")] == ["run_start", "note", "run_end"]
+    store.close()
+
+
+def test_client_falling_behind_gives_a_warning(tmp_path: Path) -> None:
+    """An open loop at 50/s into one slot on a 50 ms server: requests wait for the slot."""
+    async def go() -> list[Event]:
+        events: list[Event] = []
+        async with StubServer(StubBehaviour(ttft_s=0.05)) as srv:
+            plan = parse_plan(f"""
+name: lag
+target: {{base_url: "{srv.url}", model: m}}
+fixed: {{input: {{synthetic: {{prompt_tokens: 4, output_tokens: 1, count: 2}}}}}}
+change: {{variable: request_rate, steps: [50]}}
+phases: {{duration_s: 0.5, drain_s: 0.2}}
+rounds: 1
+load: {{mode: open, request_rate: 2, max_concurrency: 1, lag_warn_ms: 20}}
+""")
+            hook = EventHook()
+            hook.add(events.append)
+            res = await Runner(plan, hook, RunOptions(samplers=[], capture_environment=False)).run()
+            assert res.status == "completed"
+        return events
+
+    events = asyncio.run(go())
+    warns = [e for e in events if e.kind == "warning"]
+    assert len(warns) == 1 and warns[0].phase == "treatment" and "fell behind" in warns[0].message
+    reqs = [e.payload for e in events if e.kind == "request" and e.phase == "treatment" and e.payload.ok]
+    assert max(r.e2e_from_scheduled_ms - r.e2e_ms for r in reqs) > 100
+
+
+@pytest.fixture()
+def pg_url() -> str:
+    url = os.environ.get("VRAMLAB_TEST_PG_URL")
+    if not url:
+        if os.environ.get("VRAMLAB_REQUIRE_PG") == "1":
+            pytest.fail("VRAMLAB_REQUIRE_PG=1 but VRAMLAB_TEST_PG_URL is not set")
+        pytest.skip("no PostgreSQL (VRAMLAB_TEST_PG_URL unset)")
+    return url
+
+
+@pytest.mark.postgres
+def test_a_run_is_stored_in_postgresql(pg_url: str) -> None:
+    import threading
+
+    from vramlab.experiment.session import run_plan
+
+    box: dict[str, object] = {}
+    ready, done = threading.Event(), threading.Event()
+
+    def serve() -> None:
+        async def main() -> None:
+            async with StubServer(StubBehaviour()) as srv:
+                box["url"] = srv.url
+                ready.set()
+                while not done.is_set():
+                    await asyncio.sleep(0.05)
+
+        asyncio.run(main())
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    try:
+        plan = parse_plan(f"""
+name: pg
+target: {{base_url: "{box['url']}", model: m}}
+fixed: {{input: {{synthetic: {{prompt_tokens: 4, output_tokens: 2, count: 2}}}}}}
+change: {{variable: concurrency, steps: [2]}}
+phases: {{duration_s: 0.3}}
+rounds: 1
+samplers: {{sources: [host]}}
+""")
+        out = run_plan(plan, plan_dir=Path("."), db=pg_url)
+    finally:
+        done.set()
+        t.join(5)
+    assert out.result.status == "completed"
+    with open_store(pg_url) as store:
+        assert store.get_run(out.result.run_id).status == "completed"
+        assert len(store.requests(out.result.run_id)) == out.result.requests > 3
+        assert store.samples(out.result.run_id)
