@@ -96,7 +96,7 @@ def test_stop_condition_stops_the_run_and_rollbacks_run(tmp_path: Path) -> None:
     ctl = _Control(b, fail_from=3)
     extra = (f"rollback:\n  - 'echo \"$VRAMLAB_RUN_ID $VRAMLAB_RUN_STATUS $VRAMLAB_STOP_REASON\" > {marker}'\n"
              f"  - 'exit 4'\n  - 'echo second >> {marker}'\n"
-             "stop_conditions: {error_rate: 0.3, min_requests: 5, window_s: 5}")
+             "stop_conditions: {error_rate: 0.3, min_requests: 5, window_s: 0.5}")
     res, store, _ = _run(tmp_path, b, extra, RunOptions(control=ctl, samplers=[]), duration=1.0)
     assert res.status == "stopped" and res.exit_code == 3
     assert res.stop_reason is not None and res.stop_reason.condition == "error_rate"
@@ -132,7 +132,7 @@ def test_ramp_until_stop_absorbs_the_stop_and_recovers(tmp_path: Path) -> None:
     b = StubBehaviour()
     ctl = _Control(b, fail_from=4)
     opts = RunOptions(control=ctl, samplers=[], strategy=RampUntilStop(1, 2, 16), rounds=1)
-    res, store, events = _run(tmp_path, b, "stop_conditions: {error_rate: 0.3, min_requests: 4, window_s: 5}",
+    res, store, events = _run(tmp_path, b, "stop_conditions: {error_rate: 0.3, min_requests: 4, window_s: 0.3}",
                               opts, duration=0.6)
     assert res.status == "completed", res.notes
     phases = [(c[1], c[3]) for c in ctl.calls]

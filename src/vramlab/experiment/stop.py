@@ -34,10 +34,17 @@ class StopMonitor:
         self._window: deque[tuple[float, bool, float | None]] = deque()  # (end_s, ok, e2e_from_scheduled_ms)
         self._latest: dict[str, dict[str, float]] = {}  # name -> label key -> value
         self._oom: str | None = None
+        self._errors = 0  # failures now in the window, kept as requests enter and leave
+        self._p95_at = -1.0  # the P95 is re-sorted at most every P95_EVERY_S (it is O(n log n))
+        self._p95: float | None = None
+
+    P95_EVERY_S = 0.5
 
     def reset_requests(self) -> None:
         """Forget the request window (a ramp that absorbed a stop starts recovery afresh)."""
         self._window.clear()
+        self._errors = 0
+        self._p95_at, self._p95 = -1.0, None
 
     def on_request(self, end_s: float, ok: bool, error_class: str | None, e2e_from_scheduled_ms: float | None,
                    error: str | None = None) -> None:
@@ -46,6 +53,7 @@ class StopMonitor:
         if error_class == "oom" and self._oom is None:
             self._oom = f"a request failed with an out-of-memory error: {error or ''}".strip()[:200]
         self._window.append((end_s, ok, e2e_from_scheduled_ms if ok else None))
+        self._errors += 0 if ok else 1
 
     def on_sample(self, name: str, value: float, key: str = "") -> None:
         self._latest.setdefault(name, {})[key] = value
@@ -58,7 +66,8 @@ class StopMonitor:
     def _prune(self, now_s: float) -> None:
         cutoff = now_s - self.c.window_s
         while self._window and self._window[0][0] < cutoff:
-            self._window.popleft()
+            if not self._window.popleft()[1]:
+                self._errors -= 1
 
     def _max_latest(self, *names: str) -> float | None:
         vals = [v for n in names for v in self._latest.get(n, {}).values()]
@@ -75,16 +84,19 @@ class StopMonitor:
         n = len(self._window)
         if n >= c.min_requests:
             if c.error_rate is not None:
-                errors = sum(1 for _, ok, _ in self._window if not ok)
+                errors = self._errors
                 rate = errors / n
                 if rate > c.error_rate:
                     return StopReason("error_rate", rate, c.error_rate,
                                       f"error rate {rate:.0%} over the last {c.window_s:g} s "
                                       f"({errors}/{n}) is above {c.error_rate:.0%}")
             if c.p95_ms is not None:
-                lat = [e for _, ok, e in self._window if ok and e is not None]
-                if len(lat) >= c.min_requests:
-                    p95 = _p95(lat)
+                if now_s - self._p95_at >= self.P95_EVERY_S:
+                    lat = [e for _, ok, e in self._window if ok and e is not None]
+                    self._p95 = _p95(lat) if len(lat) >= c.min_requests else None
+                    self._p95_at = now_s
+                p95 = self._p95
+                if p95 is not None:
                     if p95 > c.p95_ms:
                         return StopReason("p95_ms", p95, c.p95_ms,
                                           f"P95 end-to-end latency {p95:.0f} ms over the last {c.window_s:g} s "
