@@ -194,3 +194,33 @@ samplers: {{sources: [host]}}
         assert store.get_run(out.result.run_id).status == "completed"
         assert len(store.requests(out.result.run_id)) == out.result.requests > 3
         assert store.samples(out.result.run_id)
+
+
+class _FlakyStore:
+    """A store whose writes fail twice, then work: rows wait for the next flush."""
+
+    def __init__(self, real: object) -> None:
+        self.real, self.fails = real, 2
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)
+
+    def add_requests(self, run_id: str, recs: list[RequestRecord]) -> int:
+        if self.fails:
+            self.fails -= 1
+            raise OSError("database is locked")
+        return self.real.add_requests(run_id, recs)  # type: ignore[attr-defined]
+
+
+def test_recorder_keeps_rows_when_the_store_fails(tmp_path: Path) -> None:
+    real = open_store(str(tmp_path / "v.db"))
+    rec = StoreRecorder(_FlakyStore(real), flush_s=3600, batch=10)
+    rec(Event("run_start", 0, payload=RunRecord(run_id="0123abce", name="x", started_at=time.time())))
+    for r in _records(25, "0123abce"):
+        rec(Event("request", r.end_s or 0, payload=r))
+    assert rec.store_errors == ["OSError: database is locked"] * 2
+    rec(Event("run_end", 2, data={"status": "completed", "ended_at": time.time()}))
+    run = real.get_run("0123abce")
+    assert len(real.requests("0123abce")) == 25 and run.status == "completed"
+    assert run.notes == ["store: 2 writes failed and were retried; first: OSError: database is locked"]
+    real.close()

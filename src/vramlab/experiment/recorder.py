@@ -23,6 +23,7 @@ class StoreRecorder:
         self._events: list[EventRecord] = []
         self._last = time.monotonic()
         self.written = {"requests": 0, "samples": 0, "events": 0}
+        self.store_errors: list[str] = []  # writes that failed and were retried
 
     def __call__(self, ev: Event) -> None:
         if ev.kind == "run_start":
@@ -45,7 +46,13 @@ class StoreRecorder:
             self.flush()
             self.store.update_run(self.run_id, notes=self.notes)
         elif ev.kind == "run_end":
-            self.flush()
+            for attempt in range(5):  # the last write matters most: a busy store gets a few chances
+                if self.flush():
+                    break
+                time.sleep(0.2 * (attempt + 1))
+            if self.store_errors:
+                self.notes.append(f"store: {len(self.store_errors)} writes failed and were retried; "
+                                  f"first: {self.store_errors[0]}")
             d = ev.data
             self.store.update_run(self.run_id, status=d["status"], ended_at=d["ended_at"],
                                   stop_reason=d.get("stop_reason"), notes=self.notes)
@@ -56,18 +63,24 @@ class StoreRecorder:
         pending = len(self._requests) + len(self._samples) + len(self._events)
         return pending >= self.batch or (pending and time.monotonic() - self._last >= self.flush_s)
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
+        """Write what is pending; on a store error keep it for the next try (the run goes on)."""
         assert self.run_id is not None
         self._last = time.monotonic()
-        if self._requests:
-            self.written["requests"] += self.store.add_requests(self.run_id, self._requests)
-            self._requests = []
-        if self._samples:
-            self.written["samples"] += self.store.add_samples(self.run_id, self._samples)
-            self._samples = []
-        if self._events:
-            self.written["events"] += self.store.add_events(self.run_id, self._events)
-            self._events = []
+        try:
+            if self._requests:
+                self.written["requests"] += self.store.add_requests(self.run_id, self._requests)
+                self._requests = []
+            if self._samples:
+                self.written["samples"] += self.store.add_samples(self.run_id, self._samples)
+                self._samples = []
+            if self._events:
+                self.written["events"] += self.store.add_events(self.run_id, self._events)
+                self._events = []
+        except Exception as exc:  # a locked or briefly unreachable store must not lose the rows
+            self.store_errors.append(f"{type(exc).__name__}: {exc}"[:300])
+            return False
+        return True
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
