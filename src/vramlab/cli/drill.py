@@ -23,6 +23,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(OVERRIDE_FLAG, dest="not_test", action="store_true",
                         help="act on a target that is not declared environment: test (you are breaking it on purpose)")
     parser.add_argument("--url", help="attach to an already running target at this URL instead of starting one")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+
+
+PROGRESS = ("step", "detect", "fault", "mitigation", "recovered", "not_recovered", "ceiling", "rollback",
+            "waiting_for_operator", "stop_condition", "retry_storm", "cotenant_oom")
+
+
+def _progress(ev: object) -> None:
+    """One line per timeline milestone, so an operator (or a test) can follow the drill live."""
+    kind = getattr(ev, "kind", "")
+    if kind in PROGRESS:
+        print(f"  {getattr(ev, 't_s', 0.0):7.2f} s  {kind:<20} {getattr(ev, 'message', '')[:120]}", file=sys.stderr,
+              flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +54,10 @@ def run(args: argparse.Namespace) -> int:
     check_environment(plan.target, args.not_test)  # refuse before the store or the target is touched
     store = open_store(args.db or plan.store)
     runner = DrillRunner(plan, store, override_env=args.not_test)
-    print(f"drill {plan.name}: run {runner.run_id} (stop with Ctrl-C; the rollback still runs)", file=sys.stderr)
+    print(f"drill {plan.name}: run {runner.run_id} (stop with Ctrl-C; the rollback still runs)", file=sys.stderr,
+          flush=True)
+    if not args.quiet:
+        runner.hook.add(_progress)
     try:
         result = asyncio.run(runner.run())
     except KeyboardInterrupt:
