@@ -79,6 +79,22 @@ class RunResult:
         return EXIT_CODES[self.status]
 
 
+def _request_record(**fields: Any) -> RequestRecord:
+    """A RequestRecord without validation or model_construct's bookkeeping: this is the hot path
+    (thousands a second), every field is set right here from typed values, and validating would
+    cost more than parsing the request's stream (as the store reads rows back, see store/sql.py)."""
+    assert fields.keys() == _REQUEST_FIELDS, fields.keys() ^ _REQUEST_FIELDS
+    obj = RequestRecord.__new__(RequestRecord)
+    object.__setattr__(obj, "__dict__", fields)
+    object.__setattr__(obj, "__pydantic_fields_set__", set(_REQUEST_FIELDS))
+    object.__setattr__(obj, "__pydantic_extra__", None)
+    object.__setattr__(obj, "__pydantic_private__", None)
+    return obj
+
+
+_REQUEST_FIELDS = set(RequestRecord.model_fields)
+
+
 class _Stopped(Exception):
     pass
 
@@ -277,8 +293,8 @@ class Runner:
     def _on_request(self, res: RequestResult, rnd: int, phase: str, step: int, value: float,
                     stats: _WindowStats) -> None:
         t0, ok = self.t0, res.ok
-        rec = RequestRecord(
-            run_id=self.run_id, round=rnd, phase=phase, step=step, step_value=value,  # type: ignore[arg-type]
+        rec = _request_record(
+            run_id=self.run_id, round=rnd, phase=phase, step=step, step_value=value,
             request_id=res.request_id, attempt=res.attempt, scheduled_s=res.scheduled_at - t0,
             sent_s=res.sent_at - t0, first_token_s=None if res.first_token_at is None else res.first_token_at - t0,
             end_s=res.end_at - t0, ttft_ms=res.ttft_ms, tpot_ms=res.tpot_ms,

@@ -118,6 +118,7 @@ class OpenAIClient:
         self._max_connections = max_connections
         self._session: Any = None
         self._timeout: Any = None
+        self._bodies: dict[tuple[int, int], bytes] = {}  # the input set is small and cycled: encode once
 
     async def __aenter__(self) -> OpenAIClient:
         import aiohttp
@@ -133,8 +134,13 @@ class OpenAIClient:
 
     async def __aexit__(self, *exc: object) -> None:
         if self._session is not None:
-            await self._session.close()
-            self._session = None
+            session, self._session = self._session, None
+            try:
+                # Seen once on aiohttp 3.14: close() waiting forever on a connection cancelled
+                # mid-stream. The run's end (rollbacks!) must not wait on a socket's goodbye.
+                await asyncio.wait_for(session.close(), timeout=2.0)
+            except asyncio.TimeoutError:
+                pass
 
     def body(self, prompt: Prompt, max_tokens: int) -> bytes:
         b: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "stream": True,
@@ -153,7 +159,10 @@ class OpenAIClient:
         import aiohttp
 
         assert self._session is not None, "use `async with OpenAIClient(...)`"
-        data = self.body(prompt, max_tokens)
+        key = (id(prompt), max_tokens)
+        data = self._bodies.get(key)
+        if data is None:
+            data = self._bodies[key] = self.body(prompt, max_tokens)
         pc = time.perf_counter
         sent = pc()
         st = _Stream()

@@ -107,6 +107,6 @@ class SamplerSet:
         self._tasks.clear()
         for s in self.samplers:
             try:
-                await s.close()
-            except Exception:  # closing is best effort; the data is already out
+                await asyncio.wait_for(s.close(), timeout=2.0)
+            except Exception:  # closing is best effort (and bounded); the data is already out
                 pass
