@@ -224,3 +224,62 @@ def test_recorder_keeps_rows_when_the_store_fails(tmp_path: Path) -> None:
     assert len(real.requests("0123abce")) == 25 and run.status == "completed"
     assert run.notes == ["store: 2 writes failed and were retried; first: OSError: database is locked"]
     real.close()
+
+
+def test_unreachable_target_is_noted_and_stopped_by_error_rate(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, never listening
+        plan = parse_plan(f"""
+name: down
+target: {{base_url: "{url}", model: m}}
+fixed: {{input: {{synthetic: {{prompt_tokens: 4, output_tokens: 1, count: 2}}}}}}
+change: {{variable: concurrency, steps: [2]}}
+phases: {{duration_s: 5}}
+stop_conditions: {{min_requests: 5}}
+""")
+        res = asyncio.run(Runner(plan, EventHook(), RunOptions(samplers=[])).run())
+    assert res.status == "stopped" and res.stop_reason.condition == "error_rate"  # type: ignore[union-attr]
+    assert res.elapsed_s < 4
+    assert any(n.startswith("target not reachable at") for n in res.notes)
+
+
+def test_progress_lines_plain_and_rich() -> None:
+    import io
+
+    from vramlab.experiment.progress import PlainProgress, RichProgress, make_progress
+
+    buf = io.StringIO()
+    p = make_progress(buf)
+    assert isinstance(p, PlainProgress)
+    rec = _records(1, "0123abcd")[0]
+    for ev in [Event("run_start", 0, message="run x"), Event("phase_start", 0.1, 1, "baseline", 0, "round 1/3 baseline"),
+               Event("request", 0.2, payload=rec), Event("phase_end", 1, 1, "baseline", 0, "round 1/3 baseline: 1 requests"),
+               Event("stop_condition", 1.5, message="error rate 90%"), Event("run_end", 2, message="run x stopped")]:
+        p(ev)
+    lines = buf.getvalue().splitlines()
+    assert lines == ["[    0.0s] run x", "[    1.0s] round 1/3 baseline: 1 requests", "[    1.5s] STOP : error rate 90%",
+                     "[    2.0s] run x stopped"]
+    buf = io.StringIO()
+    r = RichProgress(buf)
+    r(Event("phase_start", 0.1, message="round 1/3 baseline"))
+    r(Event("request", 0.2, payload=rec))
+    r(Event("run_end", 2, message="run x completed"))
+    assert "run x completed" in buf.getvalue()
+
+
+def test_environment_facts_from_a_fake_nvml() -> None:
+    from types import SimpleNamespace
+
+    from vramlab.experiment.environment import gpu_facts, host_facts
+
+    fake = SimpleNamespace(nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 2,
+                           nvmlSystemGetDriverVersion=lambda: b"550.54.15", nvmlDeviceGetHandleByIndex=lambda i: i,
+                           nvmlDeviceGetName=lambda h: "NVIDIA H200",
+                           nvmlDeviceGetMemoryInfo=lambda h, version=None: SimpleNamespace(total=141 * 2**30, used=0,
+                                                                                            free=141 * 2**30))
+    assert gpu_facts(fake) == {"gpu_count": 2, "driver": "550.54.15", "gpu_name": "NVIDIA H200",
+                               "gpu_memory_bytes": 141 * 2**30}
+    assert host_facts()["vramlab_version"]
