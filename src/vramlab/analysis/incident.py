@@ -251,14 +251,16 @@ def _impact(requests, t0, rec_end, baseline_start, treatment_start) -> Impact:
     if t0 is None:
         during: list[RequestRecord] = []
     else:
-        during = [r for r in requests if (r.sent_s or 0.0) >= t0 - 1e-9 and (r.sent_s or 0.0) <= rec_end]
-        during += [r for r in requests if (r.sent_s or 0.0) < t0 and (r.end_s or math.inf) >= t0 and r not in during]
+        # sent during the incident, or sent before T0 and still in flight at T0
+        during = [r for r in requests if ((r.sent_s or 0.0) >= t0 - 1e-9 and (r.sent_s or 0.0) <= rec_end)
+                  or ((r.sent_s or 0.0) < t0 and (r.end_s or math.inf) >= t0)]
     failed = [r for r in during if not r.ok]
     fail_t = min((r.end_s or math.inf for r in failed), default=None)
     lost = [r for r in failed if fail_t is not None and (r.sent_s or 0.0) <= fail_t and (r.end_s or math.inf) >= fail_t]
+    touched = {r.request_id for r in during}  # logical requests the incident touched, with all their attempts
     by_id: dict[str, bool] = {}
     for r in requests:
-        if r in during or r.request_id in by_id:
+        if r.request_id in touched:
             by_id[r.request_id] = by_id.get(r.request_id, False) or r.ok
     failed_ids = {i for i, ok in by_id.items() if not ok}
     after = [r for r in requests if r.phase == "recovery"]

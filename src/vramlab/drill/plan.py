@@ -81,7 +81,7 @@ class RecoverySpec(_Strict):
     limit_s: float = Field(60.0, gt=0)  # not serving again within this: "not recovered"
     observe_s: float = Field(5.0, ge=0)  # after recovery: watch for a second OOM and the retry storm
     p95_tolerance: float = Field(0.5, ge=0)  # P95 back within (1 + tolerance) x baseline counts as recovered
-    undo_ramp: bool = True  # recover at the last safe step, not the failing one
+    undo_ramp: bool = True  # recover at the baseline load; false keeps the failing step's load on
 
     @model_validator(mode="after")
     def _check(self) -> RecoverySpec:

@@ -260,12 +260,13 @@ class DrillRunner:
         plan = self.plan
         self._phase = "recovery"
         step = self._step or 0
-        safe = values[step - 1] if step > 0 else None
+        # undo: back to the baseline load (so "P95 back to baseline" compares like with like);
+        # otherwise the failing step's load stays on, which tests for a second OOM
+        value: float | None = None if plan.recovery.undo_ramp else values[step]
         if plan.recovery.undo_ramp:
-            await self._apply(safe)
-            self.emit("ramp_undone", f"ramp back to {'the baseline' if safe is None else f'{safe:g} {plan.ramp.unit}'}",
-                      value=safe)
-        load = asyncio.ensure_future(self._window(client, safe, plan.recovery.limit_s + plan.recovery.observe_s + 5, step))
+            await self._apply(None)
+            self.emit("ramp_undone", "load back to the baseline", value=None)
+        load = asyncio.ensure_future(self._window(client, value, plan.recovery.limit_s + plan.recovery.observe_s + 5, step))
         try:
             out = await recover(plan.recovery, self.target, self.state, self.now, self.emit,
                                 operator_notes=self._notes_since,
