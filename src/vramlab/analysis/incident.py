@@ -340,7 +340,8 @@ def _storm(requests, samples, events, baseline_start, treatment_start, t0, mitig
     rec_rate = amp = None
     start = mitigated.t_s if mitigated else t0
     if start is not None and rec_end > start:
-        window = [r for r in requests if r.sent_s is not None and start <= r.sent_s <= rec_end]
+        # the recovery phase's own traffic: the failing step's load is not a retry wave
+        window = [r for r in requests if r.sent_s is not None and start <= r.sent_s <= rec_end and r.phase == "recovery"]
         rec_rate = len(window) / (rec_end - start)
         amp = rec_rate / base_rate if base_rate else None
     retries = sum(1 for r in requests if r.attempt > 0 and t0 is not None and (r.sent_s or 0.0) >= t0)

@@ -137,8 +137,10 @@ class SimTarget:
             self._proc = start_sim(args, device=self.device, port=self._port, wait_ready=wait_ready)
         except SimStartError as exc:
             self.last_exit_code = getattr(exc, "exit_code", None)
-            tail = (getattr(exc, "log_tail", "") or "").strip().splitlines()[-1:] or [""]
-            raise TargetCommandError(f"sim did not start (exit {self.last_exit_code}): {tail[0][:200]}") from None
+            lines = (getattr(exc, "log_tail", "") or "").strip().splitlines() or [""]
+            # the root cause, not vLLM's generic wrapper line ("Engine core initialization failed")
+            cause = next((ln for ln in lines if "Error:" in ln and "initialization failed" not in ln), lines[-1])
+            raise TargetCommandError(f"sim did not start (exit {self.last_exit_code}): {cause.strip()[:240]}") from None
         self._log_offset = 0
         self.starts += 1
 
