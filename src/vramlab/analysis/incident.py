@@ -168,12 +168,12 @@ def analyse(
     end_s = max([e.t_s for e in events] + [r.end_s or 0.0 for r in requests] + [0.0])
 
     detected = _first(events, "detect", "stop_condition", after=t0 or -math.inf) if failed else None
-    alerts = [
-        {"name": e.data.get("name"), "state": e.data.get("state"), "t_s": e.t_s,
+    alerts: list[dict[str, Any]] = [
+        {"name": e.data.get("name"), "state": e.data.get("state"), "t_s": float(e.t_s),
          "source": e.data.get("source"), "since_t0_s": _since(e.t_s, t0)}
         for e in events if e.kind == "alert"
     ]
-    firing = [a for a in alerts if a["state"] == "firing" and (t0 is None or a["t_s"] >= t0)]
+    firing: list[float] = [a["t_s"] for a in alerts if a["state"] == "firing" and (t0 is None or a["t_s"] >= t0)]
     mitigated = _first(events, "mitigation", after=t0 or -math.inf) if failed else None
     # the drill settles the mode after recovery, when it knows more (exit, refusal on restart)
     settled = next((e for e in reversed(events) if e.kind == "failure_mode"), None) if failed else None
@@ -203,7 +203,7 @@ def analyse(
         detected_s=detected.t_s if detected else None,
         time_to_detect_s=_since(detected.t_s if detected else None, t0),
         alerts=alerts,
-        time_to_alert_s=_since(min(a["t_s"] for a in firing) if firing else None, t0),
+        time_to_alert_s=_since(min(firing) if firing else None, t0),
         mitigated_s=mitigated.t_s if mitigated else None,
         time_to_mitigate_s=_since(mitigated.t_s if mitigated else None, t0),
         recovery=recovery,

@@ -272,7 +272,8 @@ class DrillRunner:
                                 operator_notes=self._notes_since,
                                 supervised_by_drill=plan.target.kind in ("sim", "process"))
             if out.recovered:
-                self.emit("recovered", f"serving again {out.served_again_s - (failure.t_s or 0):.2f} s after detection",
+                after = (out.served_again_s or 0.0) - (failure.t_s or 0.0)
+                self.emit("recovered", f"serving again {after:.2f} s after detection",
                           served_again_s=out.served_again_s)
                 await asyncio.sleep(plan.recovery.observe_s)
             else:
@@ -325,9 +326,12 @@ class DrillRunner:
         def record(res: Any, user: int) -> None:
             self._on_result(res, phase, rnd, step, value, user)
 
+        def recorder_for(user: int) -> Any:
+            return lambda res: record(res, user)
+
         tag = "b" if phase == "baseline" else ("r" if phase == "recovery" else "s")
         drives = [drive(client, cycle(prompts), LoadShape(mode="closed", concurrency=1, max_tokens=plan.load.max_tokens,
-                                                          seed=u), window, lambda r, u=u: record(r, u), retry,
+                                                          seed=u), window, recorder_for(u), retry,
                         id_prefix=f"u{u}:{rnd}{tag}{step}-") for u in range(users)]
         if knob == "batch" and value and phase == "ramp":
             # a burst of `value` simultaneous requests at the start of the step, on top of the steady users
