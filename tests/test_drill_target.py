@@ -126,6 +126,17 @@ def test_environment_gate():
     assert check_environment(parse_plan(_plan_doc("test")).target, override=False) is None
 
 
+def test_cli_flag_is_the_library_flag_and_help_stays_light():
+    from vramlab.cli import drill as cli_drill
+
+    assert cli_drill.OVERRIDE_FLAG == OVERRIDE_FLAG
+    res = subprocess.run([sys.executable, "-c", "import sys, argparse; from vramlab.cli import drill, note, alerts; "
+                          "[m.add_arguments(argparse.ArgumentParser()) for m in (drill, note, alerts)]; "
+                          "print(sorted(m for m in ('pydantic', 'aiohttp', 'sqlalchemy') if m in sys.modules))"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
+
+
 def test_cli_refuses_non_test_target_in_one_line_and_touches_nothing(tmp_path):
     plan = tmp_path / "prod.yaml"
     plan.write_text(yaml.safe_dump(_plan_doc("staging")))

@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+# the same string as vramlab.drill.target.OVERRIDE_FLAG (a test keeps them equal); literal here so
+# `vramlab drill --help` does not import pydantic
+OVERRIDE_FLAG = "--i-understand-this-is-not-a-test-environment"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from vramlab.drill.target import OVERRIDE_FLAG
-
     parser.add_argument("plan", help="drill plan (YAML), e.g. examples/oom-drill.yaml")
     parser.add_argument("--db", help="store: a SQLite path or postgresql:// URL (default: $VRAMLAB_DB or ./vramlab.db)")
     parser.add_argument("-o", "--output", help="incident report file (default: incident-RUN_ID.md; .html for HTML)")
