@@ -32,7 +32,8 @@ def test_manual_recovery_waits_for_operator_note(tmp_path):
 
     db = str(tmp_path / "s.db")
     store = open_store(db)
-    runner = DrillRunner(_plan(tmp_path, mode="manual", limit_s=20, observe_s=0.5), store)
+    plan = _plan(tmp_path, mode="manual", limit_s=20, observe_s=0.5)
+    runner = DrillRunner(plan.model_copy(update={"clients": plan.clients.model_copy(update={"policy": "none"})}), store)
 
     async def operator() -> None:
         while True:
@@ -56,6 +57,7 @@ def test_manual_recovery_waits_for_operator_note(tmp_path):
     assert any(e.kind == "recovered" for e in events)
     note = next(e for e in events if e.kind == "note")
     assert note.t_s <= mitigations[0].t_s + 0.6  # seen within one poll of the store
+    assert all(r.attempt == 0 for r in store.requests(runner.run_id))  # clients: policy none
 
 
 def test_scripted_recovery_runs_command_after_delay(tmp_path):
@@ -110,6 +112,7 @@ def test_restart_refused_next_to_cotenant_is_not_recovered_and_rolled_back(tmp_p
     doc["target"]["engine"] = "vllm"
     doc["baseline_s"], doc["ramp"]["step_s"] = 1.0, 0.7
     doc["recovery"].update(limit_s=3, observe_s=0)
+    doc["clients"] = {"policy": "immediate", "max_attempts": 5}
     doc["alerts"] = []
     store = open_store(str(tmp_path / "s.db"))
     runner = DrillRunner(parse_plan(doc), store)
@@ -117,6 +120,14 @@ def test_restart_refused_next_to_cotenant_is_not_recovered_and_rolled_back(tmp_p
     assert result.status == "completed" and result.failed_rounds == [0]
     kinds = [e.kind for e in store.events(runner.run_id)]
     assert "not_recovered" in kinds and "startup_refusal" in kinds
+    # immediate retries: a request's attempts follow each other with no back-off
+    by_id: dict[str, list] = {}
+    for r in store.requests(runner.run_id):
+        by_id.setdefault(r.request_id, []).append(r)
+    chains = [sorted(v, key=lambda r: r.attempt) for v in by_id.values() if len(v) == 5]
+    assert chains, "no request used all 5 attempts against the dead target"
+    gaps = [b.sent_s - a.end_s for c in chains for a, b in zip(c, c[1:], strict=False)]
+    assert max(gaps) < 0.05
     assert kinds.count("rollback") >= 2
     mode = [e for e in store.events(runner.run_id) if e.kind == "failure_mode"][-1].data["mode"]
     assert mode == "crash_after_oom+startup_refusal_on_restart"
