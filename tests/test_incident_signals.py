@@ -111,7 +111,7 @@ def _timeline():
     # retry of 201 at 13.0 succeeds at 13.1; then a surge of retries and normal latency
     reqs += [_req(201, 13.0, 13.1, attempt=2, client="c1", e2e=100)]
     reqs += [_req(300 + i, 13.1 + i * 0.05, 13.2 + i * 0.05, phase="recovery", client="c0") for i in range(40)]
-    samples = [SampleRecord(run_id=RUN, t_s=t * 0.5, source="health", name="target.health_ok",
+    samples = [SampleRecord(run_id=RUN, t_s=t * 0.5, source="health", name="health.up",
                             value=0.0 if 21 <= t < 26 else 1.0) for t in range(40)]
     samples += [SampleRecord(run_id=RUN, t_s=t * 0.5, source="health", name="neighbour.emb.ok", value=1.0) for t in range(40)]
     samples += [SampleRecord(run_id=RUN, t_s=t * 0.5, source="health", name="neighbour.emb.latency_ms",
