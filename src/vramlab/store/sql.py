@@ -39,8 +39,10 @@ def _sqlite_migration_lock(url: str) -> Iterator[None]:
     """Serialise schema set-up between processes opening the same SQLite file at once.
 
     pysqlite runs DDL outside transactions, so two processes could both see an empty file and
-    both create tables. flock on the database file itself does not touch SQLite's own (fcntl)
-    locks. PostgreSQL takes an advisory lock in `migrate` instead.
+    both create tables. The lock is on a sidecar file, never the database: closing any descriptor
+    of the database file would drop every POSIX lock this process holds on it, SQLite's included,
+    and another process could then checkpoint and delete the WAL under a running writer (SQLite
+    "How To Corrupt", section 2.2). PostgreSQL takes an advisory lock in `migrate` instead.
     """
     if not url.startswith("sqlite:///"):
         yield
@@ -50,7 +52,7 @@ def _sqlite_migration_lock(url: str) -> Iterator[None]:
     except ImportError:  # not POSIX: no lock, as before
         yield
         return
-    with open(url[len("sqlite:///"):], "ab") as fh:
+    with open(url[len("sqlite:///"):] + ".lock", "ab") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
