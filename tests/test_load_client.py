@@ -58,9 +58,11 @@ def test_errors_are_classified(behaviour: StubBehaviour, cls: str, status: int) 
     assert res.error and "wrong" not in res.error  # the key never reaches a stored error
 
 
-def test_api_key_is_sent_as_bearer() -> None:
+def test_api_key_is_sent_as_bearer_and_never_echoed_into_errors() -> None:
     res, _ = asyncio.run(_one(StubBehaviour(api_key="right"), key="right"))
     assert res.ok
+    res, _ = asyncio.run(_one(StubBehaviour(fail_status=401, fail_body="bad key sk-live-123"), key="sk-live-123"))
+    assert res.error == "HTTP 401: bad key ***"
 
 
 def test_timeout_and_refused_connection() -> None:

@@ -11,6 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vramlab.experiment.runner import RunResult
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,17 +29,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="allow a plan whose target.environment is production")
 
 
-def summary(res: object, store_url: str) -> dict:
+def summary(r: RunResult, store_url: str) -> dict[str, Any]:
+    """The --json document: run_id, status, exit_code, stop_reason, stop_condition, requests,
+    errors, elapsed_s, notes, store (password hidden), rollbacks [{command, exit_code}]."""
     from vramlab.store import describe_url
 
-    r = res  # RunResult
     return {
-        "run_id": r.run_id, "status": r.status, "exit_code": r.exit_code,  # type: ignore[attr-defined]
-        "stop_reason": None if r.stop_reason is None else r.stop_reason.message,  # type: ignore[attr-defined]
-        "stop_condition": None if r.stop_reason is None else r.stop_reason.condition,  # type: ignore[attr-defined]
-        "requests": r.requests, "errors": r.errors, "elapsed_s": round(r.elapsed_s, 3),  # type: ignore[attr-defined]
-        "notes": list(r.notes), "store": describe_url(store_url),  # type: ignore[attr-defined]
-        "rollbacks": [{"command": b.command, "exit_code": b.exit_code} for b in r.rollbacks],  # type: ignore[attr-defined]
+        "run_id": r.run_id, "status": r.status, "exit_code": r.exit_code,
+        "stop_reason": None if r.stop_reason is None else r.stop_reason.message,
+        "stop_condition": None if r.stop_reason is None else r.stop_reason.condition,
+        "requests": r.requests, "errors": r.errors, "elapsed_s": round(r.elapsed_s, 3),
+        "notes": list(r.notes), "store": describe_url(store_url),
+        "rollbacks": [{"command": b.command, "exit_code": b.exit_code} for b in r.rollbacks],
     }
 
 

@@ -113,6 +113,7 @@ class OpenAIClient:
         self.url = base + ("/chat/completions" if api == "openai-chat" else "/completions")
         self.model, self.api, self.timeout_s, self.ignore_eos = model, api, timeout_s, ignore_eos
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        self._api_key = api_key
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._max_connections = max_connections
@@ -192,6 +193,8 @@ class OpenAIClient:
             err_class, err = "stream_broken", _short(f"{type(exc).__name__}: {exc}")
         except aiohttp.ClientError as exc:
             err_class, err = "connect" if status == 0 else "stream_broken", _short(f"{type(exc).__name__}: {exc}")
+        if err is not None and self._api_key:
+            err = err.replace(self._api_key, "***")  # a server may echo the key back; it is never stored
         end = st.times[-1] if (st.times and err_class is None) else pc()
         return RequestResult(
             request_id=request_id, attempt=attempt, scheduled_at=scheduled_at, sent_at=sent, end_at=end,
