@@ -61,7 +61,7 @@ class StoreRecorder:
 
     def _due(self) -> bool:
         pending = len(self._requests) + len(self._samples) + len(self._events)
-        return pending >= self.batch or (pending and time.monotonic() - self._last >= self.flush_s)
+        return pending >= self.batch or (pending > 0 and time.monotonic() - self._last >= self.flush_s)
 
     def flush(self) -> bool:
         """Write what is pending; on a store error keep it for the next try (the run goes on)."""

@@ -14,9 +14,9 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from vramlab.load.arrivals import Arrival, gaps
 from vramlab.load.client import RequestResult
@@ -103,8 +103,8 @@ async def drive(
                 await asyncio.sleep(delay)
             attempt += 1
 
-    def spawn(coro: object) -> asyncio.Task[None]:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def spawn(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
         inflight.add(task)
         task.add_done_callback(inflight.discard)
         return task

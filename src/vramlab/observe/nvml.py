@@ -30,9 +30,10 @@ class NvmlDevices:
     def __init__(self, nvml: Any = None) -> None:
         if nvml is None:
             try:
-                import pynvml as nvml
+                import pynvml
             except ImportError as exc:
                 raise SourceUnavailable("nvidia-ml-py is not installed") from exc
+            nvml = pynvml
         self.nvml = nvml
         try:
             nvml.nvmlInit()
@@ -90,7 +91,7 @@ class NvmlDevices:
                 self._events = n.nvmlEventSetCreate()
                 for i in range(self.device_count()):
                     n.nvmlDeviceRegisterEvents(self._h(i), n.nvmlEventTypeXidCriticalError, self._events)
-            out = []
+            out: list[tuple[int, int]] = []
             while True:
                 try:
                     data = n.nvmlEventSetWait_v2(self._events, 0)

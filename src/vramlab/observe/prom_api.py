@@ -20,7 +20,7 @@ def parse_query_result(name: str, doc: Any, t: float) -> list[Sample]:
         for series in result or ():
             labels = {str(k): str(v) for k, v in (series.get("metric") or {}).items()}
             out.append(Sample("prometheus", f"prometheus.{name}", float(series["value"][1]), t, labels))
-    elif rtype == "scalar":
+    elif rtype == "scalar" and result is not None:
         out.append(Sample("prometheus", f"prometheus.{name}", float(result[1]), t))
     return out
 
