@@ -157,3 +157,31 @@ def test_sigint_runs_rollbacks_and_marks_the_run_interrupted(tmp_path: Path,
         reqs = store.requests(run.run_id)
         assert len(reqs) > 3 and {r.phase for r in reqs} >= {"baseline"}
         assert [e.kind for e in store.events(run.run_id)][-1] == "run_end"
+
+
+def test_sigkill_leaves_a_partial_run_that_can_be_reported(tmp_path: Path, server: tuple[str, StubBehaviour]) -> None:
+    url, _ = server
+    db = tmp_path / "v.db"
+    plan = _plan(tmp_path, url, "rounds: 50\n", duration=0.3)
+    proc = subprocess.Popen([*VRAMLAB, "run", str(plan), "--db", str(db)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "round 1/50 treatment step 1:" in line:
+                break
+        time.sleep(0.7)  # more than one flush interval
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with open_store(str(db)) as store:
+        run = store.list_runs()[0]
+        assert run.status == "running" and run.ended_at is None
+        phases = {r.phase for r in store.requests(run.run_id)}
+        assert {"baseline", "treatment"} <= phases  # the last second at most is lost
+    p = subprocess.run([*VRAMLAB, "report", run.run_id, "--db", str(db), "--format", "md"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert run.run_id in p.stdout
