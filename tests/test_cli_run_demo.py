@@ -46,3 +46,25 @@ def test_run_and_demo_have_help() -> None:
         assert p.returncode == 0 and "usage: vramlab " + cmd in p.stdout
     p = subprocess.run([sys.executable, "-m", "vramlab", "run", "--help"], capture_output=True, text=True, timeout=30)
     assert "130 interrupted" in p.stdout
+
+
+def test_engine_kv_usage_from_the_sim_fires_a_stop_and_rollback_runs(tmp_path: Path) -> None:
+    from vramlab.experiment.demo import SIM_ARGS
+    from vramlab.experiment.plan import Plan
+    from vramlab.experiment.session import run_plan
+    from vramlab.sim.launch import start_sim
+
+    marker = tmp_path / "rolled"
+    sim = start_sim(SIM_ARGS, device=str(tmp_path / "gpu0.ledger"), timeout_s=30)
+    try:
+        doc = demo_plan(sim.url, str(tmp_path / "gpu0.ledger"), sim.pid, rounds=1, duration_s=3).model_dump(mode="json")
+        doc["stop_conditions"] = {"kv_usage": 0.001, "wall_clock_s": 20}
+        doc["samplers"]["interval_s"] = 0.2
+        doc["rollback"] = [{"run": f"echo $VRAMLAB_RUN_STATUS > {marker}"}]
+        out = run_plan(Plan.model_validate(doc), plan_dir=tmp_path, db=str(tmp_path / "v.db"))
+    finally:
+        sim.stop()
+    r = out.result
+    assert r.status == "stopped" and r.exit_code == 3
+    assert r.stop_reason is not None and r.stop_reason.condition == "kv_usage"
+    assert marker.read_text().strip() == "stopped"
