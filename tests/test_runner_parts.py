@@ -283,3 +283,31 @@ def test_environment_facts_from_a_fake_nvml() -> None:
     assert gpu_facts(fake) == {"gpu_count": 2, "driver": "550.54.15", "gpu_name": "NVIDIA H200",
                                "gpu_memory_bytes": 141 * 2**30}
     assert host_facts()["vramlab_version"]
+
+
+def test_a_store_that_refuses_the_run_stops_it_before_any_load(tmp_path: Path) -> None:
+    from vramlab.errors import VramlabError
+
+    class _NoStore:
+        def create_run(self, run: RunRecord) -> None:
+            raise VramlabError("cannot open the store: disk full")
+
+    b = StubBehaviour()
+
+    async def go() -> None:
+        async with StubServer(b) as srv:
+            hook = EventHook()
+            hook.add(StoreRecorder(_NoStore()), critical=True)
+            hook.add(lambda e: None)
+            plan = parse_plan(f"""
+name: x
+target: {{base_url: "{srv.url}", model: m}}
+fixed: {{input: {{synthetic: {{prompt_tokens: 4, output_tokens: 1, count: 2}}}}}}
+change: {{variable: concurrency, steps: [2]}}
+phases: {{duration_s: 1}}
+""")
+            await Runner(plan, hook, RunOptions(samplers=[], capture_environment=False)).run()
+
+    with pytest.raises(VramlabError, match="disk full"):
+        asyncio.run(go())
+    assert b.seen == []  # not one request was sent

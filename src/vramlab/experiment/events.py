@@ -32,14 +32,18 @@ Handler = Callable[[Event], None]
 
 class EventHook:
     """Subscribers are called in order. A subscriber that raises is detached and its error kept,
-    so a broken progress display cannot end a run; the runner turns ``errors`` into notes."""
+    so a broken progress display cannot end a run; the runner turns ``errors`` into notes. A
+    *critical* subscriber (the store writer) raises through: a run that cannot be stored stops."""
 
     def __init__(self) -> None:
         self._handlers: list[Handler] = []
+        self._critical: set[int] = set()
         self.errors: list[str] = []
 
-    def add(self, handler: Handler) -> Handler:
+    def add(self, handler: Handler, critical: bool = False) -> Handler:
         self._handlers.append(handler)
+        if critical:
+            self._critical.add(id(handler))
         return handler
 
     def remove(self, handler: Handler) -> None:
@@ -51,6 +55,8 @@ class EventHook:
             try:
                 h(event)
             except Exception as exc:
+                if id(h) in self._critical:
+                    raise
                 self.remove(h)
                 name = getattr(h, "__qualname__", None) or type(h).__name__
                 self.errors.append(f"event subscriber {name} failed and was detached: {type(exc).__name__}: {exc}"[:300])

@@ -28,9 +28,9 @@ class StoreRecorder:
     def __call__(self, ev: Event) -> None:
         if ev.kind == "run_start":
             run: RunRecord = ev.payload
-            self.run_id = run.run_id
             self.notes = list(run.notes)
             self.store.create_run(run)
+            self.run_id = run.run_id
         if self.run_id is None:
             return
         if ev.kind == "request":
@@ -44,7 +44,10 @@ class StoreRecorder:
         if ev.kind in ("note", "warning") and ev.message:
             self.notes.append(ev.message)
             self.flush()
-            self.store.update_run(self.run_id, notes=self.notes)
+            try:
+                self.store.update_run(self.run_id, notes=self.notes)
+            except Exception as exc:  # the notes go out again with the run's end
+                self.store_errors.append(f"{type(exc).__name__}: {exc}"[:300])
         elif ev.kind == "run_end":
             for attempt in range(5):  # the last write matters most: a busy store gets a few chances
                 if self.flush():

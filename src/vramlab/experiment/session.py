@@ -98,7 +98,7 @@ def run_plan(plan: Plan, *, plan_dir: Path, db: str | None = None, rounds: int |
     try:
         hook = EventHook()
         recorder = StoreRecorder(store)
-        hook.add(recorder)
+        hook.add(recorder, critical=True)  # a run that cannot be stored must not go on unrecorded
         for s in subscribers or ():
             hook.add(s)
         runner = Runner(plan, hook, opts)
