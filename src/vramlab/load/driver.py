@@ -2,7 +2,7 @@
 closed loop (N users), bounded by a request count and by time, always.
 
 Open loop is "sleep, then gate": each request has a scheduled send time from the arrival process;
-when the cap is full it waits for a slot and is sent late, never skipped or caught up, and its
+when the cap is full it waits for a slot and is sent late (never skipped; the schedule does not shift), and its
 latency still counts from the scheduled time (AIPerf's request-rate-with-max-concurrency). The
 wait is the request's dispatch lag. Cancelling the window (a stop condition, Ctrl-C) reports every
 in-flight request as ``cancelled`` before the cancellation propagates: nothing sent goes unrecorded.
