@@ -136,3 +136,10 @@ def test_retries_are_separate_attempts_from_one_schedule() -> None:
 def test_cancelling_a_window_records_in_flight_requests() -> None:
     out, _ = _drive(StubBehaviour(ttft_s=5.0), LoadShape("closed", 3), Window(duration_s=10), during=0.3)
     assert len(out) == 3 and all(r.error_class == "cancelled" for r in out)
+
+
+def test_a_full_cap_does_not_stretch_the_window() -> None:
+    out, outcome = _drive(StubBehaviour(ttft_s=3.0), LoadShape("open", 2, 20.0, "constant"),
+                          Window(duration_s=0.5, drain_s=0.2))
+    assert outcome.sent == 2 and outcome.elapsed_s < 1.2  # type: ignore[attr-defined]
+    assert [r.error_class for r in out] == ["cancelled", "cancelled"]

@@ -127,7 +127,14 @@ async def drive(
                 delay = next_t - pc()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                await sem.acquire()
+                if sem.locked():
+                    # The cap is full: wait for a slot, but not past the window's end.
+                    try:
+                        await asyncio.wait_for(sem.acquire(), timeout=max(0.0, deadline - pc()))
+                    except asyncio.TimeoutError:
+                        break
+                else:
+                    await sem.acquire()
                 lags.append((pc() - next_t) * 1000)
                 spawn(gated(f"{id_prefix}{sent}", next(prompts), next_t))
                 sent += 1
