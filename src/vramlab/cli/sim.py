@@ -42,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--watchdog-s", type=float, default=5.0, help="seconds from engine death to exit (vLLM: 5)")
     s.add_argument("--log-stats-interval-s", type=float, default=5.0)
     s.add_argument("--log-file", default=None, help="also write the engine log here")
+    s.add_argument("--start-barrier", default=None, metavar="FILE:N",
+                   help="rehearsal: N sims started at once meet before and after their memory snapshot")
     b = sub.add_parser("balloon", help="hold memory on a simulated card like a co-tenant process")
     b.add_argument("--device", required=True)
     b.add_argument("--gpu", default=None, help="card to create the ledger with, if it does not exist")
@@ -73,6 +75,13 @@ def _serve(args: argparse.Namespace) -> int:
             est = estimate_from_json(json.loads(Path(args.plan).read_text()))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot read plan {args.plan}: {exc}") from None
+    if args.start_barrier:
+        from vramlab.sim.barrier import StartBarrier
+
+        try:
+            StartBarrier.parse(args.start_barrier)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     cfg = SimConfig(
         model=args.model, gpu=args.gpu, engine=args.engine, engine_version=args.engine_version,
         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
@@ -82,7 +91,7 @@ def _serve(args: argparse.Namespace) -> int:
         faults=tuple(Fault.parse(f) for f in args.fault), allow_fault_injection=args.allow_fault_injection,
         log_file=args.log_file, max_concurrent_requests=args.max_concurrent_requests,
         served_model_name=args.served_model_name, watchdog_s=args.watchdog_s,
-        log_stats_interval_s=args.log_stats_interval_s, estimate=est,
+        log_stats_interval_s=args.log_stats_interval_s, estimate=est, start_barrier=args.start_barrier,
     )
     return asyncio.run(serve_forever(cfg))
 

@@ -60,6 +60,7 @@ class SimConfig:
     served_model_name: str | None = None
     watchdog_s: float = 5.0  # vLLM's VLLM_WATCHDOG_TIME_S: from engine death to exit (wall clock, not scaled)
     log_stats_interval_s: float = 5.0  # the engine's periodic stats line (wall clock)
+    start_barrier: str | None = None  # FILE:N: meet N sims at the start-up checkpoints (sim/barrier.py)
     estimate: Estimate | None = field(default=None, compare=False)  # serve this instead of computing
 
     def __post_init__(self) -> None:

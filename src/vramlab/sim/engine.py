@@ -102,6 +102,15 @@ class SimEngine:
         self._handles.clear()
         self._own_bytes = 0
 
+    async def _meet(self, stage: str) -> None:
+        """Wait for the other sims started at once (--start-barrier); a no-op without one."""
+        if not self.cfg.start_barrier:
+            return
+        from vramlab.sim.barrier import StartBarrier
+
+        if not await StartBarrier.parse(self.cfg.start_barrier).wait(stage):
+            self.log.warning(f"start barrier: not every peer reached {stage!r}; going on alone")
+
     async def _sleep_scaled(self, sim_s: float) -> None:
         await asyncio.sleep(sim_s / self.cfg.speed)
 
@@ -167,7 +176,9 @@ class SimEngine:
                 "max_num_seqs": self.max_num_seqs, "tensor_parallel_size": self.cfg.tensor_parallel_size}
         self.log.info(f"non-default args: {args}", "utils.py:326")
         self._alloc_context()
+        await self._meet("context")
         total, used_snapshot, free = self.ledger.memory_info()
+        await self._meet("snapshot")  # started at once: every sim looked at the card before anyone loads
         if free < self.util * total:
             self._refuse(L.vllm_free_memory_error(v, free, total, self.util))
         own_at_snapshot = self._own_bytes
@@ -199,7 +210,9 @@ class SimEngine:
     async def _start_from_free(self) -> tuple[int, int, int]:
         """SGLang/TGI: load, then size the pool from what is free now (co-tenants included)."""
         self._alloc_context()
+        await self._meet("context")
         _, _, avail_before = self.ledger.memory_info()
+        await self._meet("snapshot")
         await self._load_weights()
         _, _, avail_after_load = self.ledger.memory_info()
         await self._profile()

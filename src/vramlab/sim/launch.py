@@ -40,7 +40,7 @@ def config_args(cfg: SimConfig) -> list[str]:
            "--seed", str(cfg.seed), "--host", cfg.host, "--watchdog-s", str(cfg.watchdog_s)]
     opt = {"--engine-version": cfg.engine_version, "--gpu-memory-utilization": cfg.gpu_memory_utilization,
            "--max-model-len": cfg.max_model_len, "--max-num-seqs": cfg.max_num_seqs, "--device": cfg.device,
-           "--max-num-batched-tokens": cfg.max_num_batched_tokens}
+           "--max-num-batched-tokens": cfg.max_num_batched_tokens, "--start-barrier": cfg.start_barrier}
     for flag, value in opt.items():
         if value is not None:
             out += [flag, str(value)]
