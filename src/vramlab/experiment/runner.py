@@ -158,7 +158,7 @@ class Runner:
             change={"variable": plan.change.variable, "baseline": plan.baseline_value(),
                     "steps": plan.change.values(), "rounds": self.rounds},
             started_at=started_at)
-        self.emit("run_start", f"run {self.run_id} {plan.name!r}: {self.rounds} rounds", payload=record)
+        self.emit("run_start", f"run {self.run_id} {plan.name!r}: {self.rounds} round{'s' if self.rounds != 1 else ''}", payload=record)
         for n in [*plan.warnings(), *env_notes]:
             self.note(n)
         if self.o.rounds is not None and self.o.rounds < 3 and plan.rounds >= 3:
