@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 PROGRESS = ("step", "detect", "fault", "mitigation", "recovered", "not_recovered", "ceiling", "rollback",
-            "waiting_for_operator", "stop_condition", "retry_storm", "cotenant_oom")
+            "waiting_for_operator", "stop_condition", "retry_storm", "cotenant_oom", "engine", "race", "ledger")
 
 
 def _progress(ev: object) -> None:

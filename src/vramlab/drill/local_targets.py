@@ -127,12 +127,12 @@ class SimTarget:
     def log_path(self) -> str | None:
         return str(self._proc.log_path) if self._proc is not None else None
 
-    def start(self, wait_ready: bool = True) -> None:
+    def start(self, wait_ready: bool = True, extra_args: list[str] | None = None) -> None:
         if self.attached:
             return
         from vramlab.sim.launch import SimStartError, start_sim
 
-        args = self.settings.argv() + ["--allow-fault-injection"]
+        args = self.settings.argv() + ["--allow-fault-injection"] + (extra_args or [])
         try:
             self._proc = start_sim(args, device=self.device, port=self._port, wait_ready=wait_ready)
         except SimStartError as exc:

@@ -10,6 +10,7 @@
     neighbours                         other endpoints on the same GPU, probed throughout
     clients                            the retry policy the load's clients follow (experiment Retry)
     cotenant                           memory a neighbour holds for the whole drill
+    colocation                         engines sharing the target's simulated card (colocation.py)
     rollback                           shell commands run after the drill however it ended
     alerts                             Prometheus rules with owner and action (vramlab alerts)
 
@@ -24,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vramlab.alerts.rules import AlertRuleSpec, check_actionable
+from vramlab.drill.colocation import ColocationSpec
 from vramlab.drill.ramp import RampSpec
 from vramlab.drill.target import TargetSpec
 from vramlab.errors import ConfigError
@@ -114,6 +116,7 @@ class DrillPlan(_Strict):
     neighbours: list[NeighbourSpec] = Field(default_factory=list)
     clients: Retry = Field(default_factory=Retry)  # the load's retry policy (none | immediate | exponential)
     cotenant: CotenantSpec | None = None
+    colocation: ColocationSpec | None = None  # engines sharing the target's card (docs/pack.md)
     rollback: list[RollbackCommand] = Field(default_factory=list)
     alerts: list[AlertRuleSpec] = Field(default_factory=list)
     prometheus_url: str | None = None  # alert pending/firing times from its HTTP API
@@ -140,8 +143,12 @@ class DrillPlan(_Strict):
         for rule in self.alerts:
             check_actionable(rule)
         names = [n.name for n in self.neighbours]
+        if self.colocation is not None:
+            if self.target.kind != "sim" or self.target.sim is None:
+                raise ValueError("colocation needs a sim target with target.sim (the engines share its ledger)")
+            names += [e.name for e in self.colocation.engines]
         if len(set(names)) != len(names):
-            raise ValueError("neighbour names must be unique")
+            raise ValueError("neighbour names must be unique (colocation engines are probed as neighbours)")
         return self
 
 

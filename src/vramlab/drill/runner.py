@@ -67,6 +67,11 @@ class DrillRunner:
         self._step_started_s = 0.0
         self._last_log_event: dict[str, float] = {}
         self._ceiling_value: float | None = None
+        self._coloc: Any = None
+        if plan.colocation is not None and isinstance(self.target, SimTarget):
+            from vramlab.drill.colocation_run import ColocationRun
+
+            self._coloc = ColocationRun(self, plan.colocation)
 
     # -- plumbing ---------------------------------------------------------------------------
     def _engine(self) -> str:
@@ -133,6 +138,8 @@ class DrillRunner:
 
     async def _bring_up(self) -> None:
         self._phase = "setup"
+        if self._coloc is not None:
+            await self._coloc.bring_up()  # sequential start, the start-up race, everyone up in order again
         st = await asyncio.to_thread(self.target.status)
         if not st.running:
             self.emit("target_start", f"starting the target ({self.plan.target.kind})")
@@ -304,10 +311,14 @@ class DrillRunner:
 
                 raise ConfigError("ramp.knob coloaded_model needs a sim target (real co-loading: use target commands)")
             if self._coloaded is None:
-                settings = self.plan.target.sim.model_copy(update={"model": self.plan.ramp.model or self.plan.target.sim.model})
+                settings = (self._coloc and self._coloc.coloaded_settings()) or self.plan.target.sim.model_copy(
+                    update={"model": self.plan.ramp.model or self.plan.target.sim.model})
                 self._coloaded = CoLoaded(self.device, settings, self.workdir)
             if value is not None:
+                t = time.monotonic()
                 await asyncio.to_thread(self._coloaded.set_count, int(value))
+                if self._coloc is not None:
+                    self._coloc.report_coloaded(self._coloaded, time.monotonic() - t)
 
     # -- load -------------------------------------------------------------------------------
     async def _window(self, client: Any, value: float | None, duration_s: float, step: int) -> None:
@@ -368,6 +379,8 @@ class DrillRunner:
     def _watchers(self) -> list[Any]:
         return [self._sample_loop(), self._log_loop(), self._process_loop(), self._clock_loop(),
                 *[self._neighbour_loop(n) for n in self.plan.neighbours],
+                *([self._coloc.watch_exits(), *map(self._neighbour_loop, self._coloc.neighbours())]
+                  if self._coloc is not None else []),
                 *([self._prometheus_loop(self.plan.prometheus_url)] if self.plan.prometheus_url else [])]
 
     async def _prometheus_loop(self, url: str) -> None:
@@ -498,14 +511,20 @@ class DrillRunner:
             actions.append(("release the co-tenant", self._cotenant.release))
         if self._coloaded is not None:
             actions.append(("stop co-loaded models", self._coloaded.release))
+        if self._coloc is not None:
+            actions.append(("stop the co-located engines", self._coloc.release))
         if self._started_target or isinstance(self.target, SimTarget):
             actions.append(("stop the target the drill started", self.target.close))
+
         for what, fn in actions:
             try:
                 await asyncio.shield(asyncio.to_thread(fn))
                 self.emit("rollback", what, ok=True)
             except Exception as exc:  # every rollback gets its chance; a failure is recorded, not raised
                 self.emit("rollback", f"{what}: failed: {exc}"[:300], ok=False)
+        if self._coloc is not None:
+            with contextlib.suppress(Exception):  # a ledger that cannot be read is no reason to skip the rest
+                self._coloc.ledger_after()  # nothing the drill started may still hold memory
         if self.plan.rollback:
             from vramlab.experiment.rollback import run_rollbacks
 
