@@ -28,6 +28,9 @@ def _plan(tmp_path: Path, **changes) -> Path:
     doc["target"]["sim"]["device"] = str(tmp_path / "gpu0.ledger")
     # shorter windows than the example: the same drill, sooner
     doc["baseline_s"], doc["ramp"]["step_s"], doc["recovery"]["observe_s"] = 1.0, 0.7, 1.0
+    # A loaded 2-core CI box stretches latency after the restart: judge recovery on health and
+    # successful requests, with a P95 tolerance that does not depend on how busy the machine is.
+    doc["recovery"]["p95_tolerance"] = 4.0
     for dotted, value in changes.items():
         node = doc
         keys = dotted.split("__")
@@ -101,7 +104,7 @@ def _oom_drill_with_neighbour(tmp_path: Path, neighbour) -> None:
     assert head["signals"]["first"] is not None
     assert head["signals"]["first"]["t_s"] >= head["treatment_start_s"]
     rec = head["recovery"]
-    assert rec["recovered"] and rec["time_to_recover_s"] > 0
+    assert rec["recovered"] and rec["time_to_recover_s"] > 0, rec
     assert head["time_to_detect_s"] is not None and head["time_to_detect_s"] < 5
     assert head["time_to_mitigate_s"] is not None  # the supervisor restart
     assert head["impact"]["failed"] > 0

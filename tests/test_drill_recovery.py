@@ -127,7 +127,7 @@ def test_restart_refused_next_to_cotenant_is_not_recovered_and_rolled_back(tmp_p
     chains = [sorted(v, key=lambda r: r.attempt) for v in by_id.values() if len(v) == 5]
     assert chains, "no request used all 5 attempts against the dead target"
     gaps = [b.sent_s - a.end_s for c in chains for a, b in zip(c, c[1:], strict=False)]
-    assert max(gaps) < 0.05
+    assert max(gaps) < 0.25  # back-off would wait >= its base delay; scheduling on a busy box takes ~0.06 s
     assert kinds.count("rollback") >= 2
     mode = [e for e in store.events(runner.run_id) if e.kind == "failure_mode"][-1].data["mode"]
     assert mode == "crash_after_oom+startup_refusal_on_restart"
