@@ -53,6 +53,7 @@ class ColocationSpec(BaseModel):
     race: bool = True  # restart everyone at once and record the start-up race
     ready_timeout_s: float = Field(30.0, gt=0)  # per engine start
     probe_interval_s: float = Field(0.25, gt=0)  # neighbour probes of the engines besides the target
+    probe: Literal["generate", "health"] = "generate"  # generate: one token per probe (drill/probes.py)
     added: SimSettings | None = None  # what the coloaded_model ramp starts (default: ramp.model on target.sim)
 
     @model_validator(mode="after")

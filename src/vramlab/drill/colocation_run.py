@@ -55,6 +55,9 @@ class ColocationRun:
         self._up[name] = res.outcome == "started"
         return res
 
+    def _start_and_wait(self, name: str) -> StartResult:
+        return self._wait(name, *self._start(name))
+
     def _record(self, res: StartResult, phase: str) -> None:
         how = {"started": "up" if res.ready_s is None else f"up in {res.ready_s:.2f} s", "refused": f"refused (exit {res.exit_code}): {res.text}",
                "timeout": f"not ready in {self.spec.ready_timeout_s:g} s: {res.text}",
@@ -67,7 +70,7 @@ class ColocationRun:
         self.r.emit("phase_start", phase, phase=phase)
         out = []
         for name in start_sequence(self.spec):
-            res = await asyncio.to_thread(lambda n=name: self._wait(n, *self._start(n)))
+            res = await asyncio.to_thread(self._start_and_wait, name)
             self._record(res, phase)
             out.append(res)
         self.r.emit("phase_end", phase)
@@ -114,8 +117,8 @@ class ColocationRun:
 
     # -- while the drill runs -----------------------------------------------------------------
     def neighbours(self) -> list[NeighbourSpec]:
-        return [NeighbourSpec(name=e.name, url=self.engines.url(e.name), interval_s=self.spec.probe_interval_s,
-                              timeout_s=1.0) for e in self.spec.engines]
+        return [NeighbourSpec(name=e.name, url=self.engines.url(e.name), kind=self.spec.probe, model=e.sim.model,
+                              interval_s=self.spec.probe_interval_s, timeout_s=1.0) for e in self.spec.engines]
 
     async def watch_exits(self) -> None:
         """An engine besides the target that dies is a crash in the blast radius: recorded once."""

@@ -477,8 +477,13 @@ class DrillRunner:
     async def _neighbour_loop(self, n: Any) -> None:
         from vramlab.observe.health import HealthSampler
 
-        path = n.path or "/health"
-        probe = HealthSampler(n.url.rstrip("/") + path, timeout_s=n.timeout_s)
+        probe: Any
+        if n.kind == "generate":  # one token: an engine that cannot grow its memory fails here, not on /health
+            from vramlab.drill.probes import GenerateProbe
+
+            probe = GenerateProbe(n.url.rstrip("/") + (n.path or "/v1/completions"), n.model or "default", n.timeout_s)
+        else:
+            probe = HealthSampler(n.url.rstrip("/") + (n.path or "/health"), timeout_s=n.timeout_s)
         await probe.open()
         try:
             while True:
