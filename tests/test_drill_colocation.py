@@ -152,3 +152,40 @@ def test_colocation_drill_end_to_end_through_the_cli(tmp_path):
     html = subprocess.run([sys.executable, "-m", "vramlab", "report", run_id, "--db", db, "--format", "html"],
                           capture_output=True, text=True, timeout=30, env=env)
     assert html.returncode == 0 and "Co-location" in html.stdout and "Start-up race reproduced" in html.stdout
+
+
+def test_no_engine_starts_once_the_rollback_began(tmp_path, monkeypatch):
+    """Starts run in worker threads: a start that races a Ctrl-C rollback must not leave an engine behind."""
+    import threading
+    import time
+
+    from vramlab.drill import colocation
+    from vramlab.errors import VramlabError
+
+    started: list[str] = []
+
+    class FakeProc:
+        pid = 12345
+
+        def poll(self):
+            return None
+
+        def stop(self):
+            started.remove("small")
+
+    def slow_start(argv, **kw):  # a start in progress while the rollback arrives
+        time.sleep(0.3)
+        started.append("small")
+        return FakeProc()
+
+    monkeypatch.setattr("vramlab.sim.launch.start_sim", slow_start)
+    engines = colocation.ColocatedEngines(_spec(), str(tmp_path / "gpu0.ledger"), tmp_path)
+    t = threading.Thread(target=engines.start, args=("small",))
+    t.start()
+    time.sleep(0.05)
+    engines.release()  # waits for the start in progress, then stops what it started
+    t.join()
+    assert started == []
+    with pytest.raises(VramlabError, match="rolling back"):
+        engines.start("big")
+    assert started == []

@@ -18,9 +18,12 @@ Rollback stops every engine and reads the ledger back to show nothing the drill 
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vramlab.drill.target import SimSettings
+from vramlab.errors import VramlabError
 
 Outcome = Literal["started", "refused", "crashed", "timeout", "stopped"]
 
@@ -134,6 +138,18 @@ class ColocatedEngines:
         self.procs: dict[str, Any] = {}
         self.pids: set[int] = set()
         self._starts = 0
+        # Starts run in worker threads: after a Ctrl-C the rollback may run while one is still
+        # starting. Once released, no engine may start, so none outlives the rollback.
+        self._lock = threading.Lock()
+        self.released = False
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Hold while starting any engine (the target too); refuses once the rollback began."""
+        with self._lock:
+            if self.released:
+                raise VramlabError("the drill is rolling back: no engine may start now")
+            yield
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
@@ -141,12 +157,13 @@ class ColocatedEngines:
     def start(self, name: str, barrier: str | None = None) -> Any:
         from vramlab.sim.launch import start_sim
 
-        self._starts += 1
-        argv = self.settings[name].argv() + (["--start-barrier", barrier] if barrier else [])
-        proc = start_sim(argv, port=self.ports[name], device=self.device, wait_ready=False,
-                         log_path=str(self.workdir / f"{name}-{self._starts}.log"))
-        self.procs[name] = proc
-        self.pids.add(proc.pid)
+        with self.guard():
+            self._starts += 1
+            argv = self.settings[name].argv() + (["--start-barrier", barrier] if barrier else [])
+            proc = start_sim(argv, port=self.ports[name], device=self.device, wait_ready=False,
+                             log_path=str(self.workdir / f"{name}-{self._starts}.log"))
+            self.procs[name] = proc
+            self.pids.add(proc.pid)
         return proc
 
     def stop(self, name: str) -> None:
@@ -155,6 +172,8 @@ class ColocatedEngines:
             proc.stop()
 
     def release(self) -> None:
+        with self._lock:  # waits for a start in progress, then closes the door
+            self.released = True
         for name in list(self.procs):
             try:
                 self.stop(name)

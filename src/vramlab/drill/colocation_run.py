@@ -35,10 +35,11 @@ class ColocationRun:
     def _start(self, name: str, barrier: str | None = None) -> Any:
         """Start *name* without waiting; returns (url, poll, log_text) accessors."""
         if name == self.spec.target_name:
-            self.r.target.start(wait_ready=False, extra_args=["--start-barrier", barrier] if barrier else None)
-            self.r._started_target = True
-            proc = self.r.target._proc
-            self.engines.pids.add(proc.pid)
+            with self.engines.guard():
+                self.r.target.start(wait_ready=False, extra_args=["--start-barrier", barrier] if barrier else None)
+                self.r._started_target = True
+                proc = self.r.target._proc
+                self.engines.pids.add(proc.pid)
             return self.r.target.url, proc
         proc = self.engines.start(name, barrier)
         return self.engines.url(name), proc
