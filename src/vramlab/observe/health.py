@@ -19,6 +19,10 @@ class HealthSampler(Sampler):
         self.url, self.timeout_s = url, timeout_s
         self._session: Any = None
 
+    def _request(self) -> Any:
+        """The probe's request; a GET of the health URL (subclasses may POST instead)."""
+        return self._session.get(self.url)
+
     async def open(self) -> None:
         import aiohttp
 
@@ -30,7 +34,7 @@ class HealthSampler(Sampler):
         t0 = time.perf_counter()
         status = 0
         try:
-            async with self._session.get(self.url) as resp:
+            async with self._request() as resp:
                 status = resp.status
                 await resp.read()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
