@@ -1,7 +1,10 @@
-"""The demo against a real `vramlab sim` subprocess, shortened; and the CLI's help."""
+"""The demo against a real `vramlab sim` subprocess, shortened: the experiment, then the OOM drill
+and its incident report; and the CLI's help."""
 
 from __future__ import annotations
 
+import functools
+import re
 import socket
 import subprocess
 import sys
@@ -21,6 +24,74 @@ def test_example_file_is_the_demo_plan() -> None:
     assert plan.target.base_url == "http://127.0.0.1:1234" and plan.samplers.ledger == "/tmp/x.ledger"
     assert plan.rounds == 3 and plan.wall_clock_s() < 60
     assert load_plan(ROOT / "examples" / "demo.yaml").change.values() == plan.change.values()
+
+
+def test_example_drill_is_the_demo_drill_plan() -> None:
+    from vramlab.drill.demo import OOM_DRILL_PLAN, demo_drill_plan
+    from vramlab.drill.plan import load_plan as load_drill_plan
+
+    assert (ROOT / "examples" / "oom-drill.yaml").read_text() == OOM_DRILL_PLAN  # `demo` needs no examples dir
+    plan = demo_drill_plan("/tmp/x/sim-gpu0.ledger")
+    assert plan.target.sim is not None and plan.target.sim.device == "/tmp/x/sim-gpu0.ledger"
+    assert plan.target.base_url is None  # the drill picks a free port for its own sim
+    assert plan.target.environment == "test"
+    example = load_drill_plan(ROOT / "examples" / "oom-drill.yaml")
+    assert plan.model_dump(exclude={"target"}) == example.model_dump(exclude={"target"})
+
+
+def _shortened(monkeypatch) -> None:
+    """The demo's own code paths with shorter windows (the full demo takes ~40 s)."""
+    import vramlab.drill.demo
+    import vramlab.experiment.demo
+
+    monkeypatch.setattr(vramlab.experiment.demo, "run_demo",
+                        functools.partial(vramlab.experiment.demo.run_demo, rounds=1, duration_s=0.5))
+    monkeypatch.setattr(vramlab.drill.demo, "run_drill_demo",
+                        functools.partial(vramlab.drill.demo.run_drill_demo, baseline_s=1.0, step_s=0.7,
+                                          observe_s=1.0))
+
+
+def test_demo_cli_runs_the_experiment_then_the_oom_drill(tmp_path: Path, monkeypatch, capsys) -> None:
+    from vramlab.cli.main import main
+
+    _shortened(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    code = main(["demo", "--db", str(tmp_path / "v.db")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    demo_html, incident_html = tmp_path / "vramlab-demo.html", tmp_path / "vramlab-incident.html"
+    assert f"report:          {demo_html}" in out and f"incident report: {incident_html}" in out
+    text = incident_html.read_text()
+    assert text.lstrip().lower().startswith("<!doctype html")
+    # the incident report names how the service failed and how long it took to serve again
+    assert re.search(r"crash_after_oom at \d+ prompt tokens", text), text[:2000]
+    assert re.search(r"recovered in \d+(\.\d+)? s", text), text[:2000]
+    assert "time to recover" in text.lower()
+    drill_id = re.search(r"drill run ([0-9a-f]{8})", out).group(1)  # type: ignore[union-attr]
+    with open_store(str(tmp_path / "v.db")) as store:
+        runs = {r.run_id: r for r in store.list_runs()}
+        assert runs[drill_id].kind == "drill" and runs[drill_id].status == "completed"
+        assert len(runs) == 2 and [r.kind for r in runs.values()].count("drill") == 1  # the experiment, the drill
+        kinds = [e.kind for e in store.events(drill_id)]
+        assert {"fault", "detect", "mitigation", "recovered", "rollback"} <= set(kinds)
+    assert not list(tmp_path.glob("*.ledger"))  # the drill's card lived in a temp dir
+
+
+def test_demo_no_drill_skips_the_drill(tmp_path: Path, monkeypatch, capsys) -> None:
+    import vramlab.drill.demo
+    from vramlab.cli.main import main
+
+    _shortened(monkeypatch)
+
+    def must_not_run(*a, **k):
+        raise AssertionError("--no-drill ran the drill")
+
+    monkeypatch.setattr(vramlab.drill.demo, "run_drill_demo", must_not_run)
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--no-drill", "--db", str(tmp_path / "v.db")]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "vramlab-demo.html").exists() and not (tmp_path / "vramlab-incident.html").exists()
+    assert "incident report" not in out
 
 
 def test_demo_runs_against_the_sim_and_writes_a_report(tmp_path: Path) -> None:
