@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-from vramlab.experiment.demo import DEMO_PLAN, demo_plan, run_demo
+from vramlab.experiment.demo import demo_plan, demo_plan_text, run_demo
 from vramlab.experiment.plan import load_plan
 from vramlab.store import open_store
 
@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_example_file_is_the_demo_plan() -> None:
-    assert (ROOT / "examples" / "demo.yaml").read_text() == DEMO_PLAN
+    # the example is the packaged file (a link), so `demo` works from an installed package
+    assert (ROOT / "examples" / "demo.yaml").resolve() == (ROOT / "src/vramlab/data/examples/demo.yaml").resolve()
+    assert (ROOT / "examples" / "demo.yaml").read_text() == demo_plan_text()
     plan = demo_plan("http://127.0.0.1:1234", "/tmp/x.ledger")
     assert plan.target.base_url == "http://127.0.0.1:1234" and plan.samplers.ledger == "/tmp/x.ledger"
     assert plan.rounds == 3 and plan.wall_clock_s() < 60
@@ -27,10 +29,10 @@ def test_example_file_is_the_demo_plan() -> None:
 
 
 def test_example_drill_is_the_demo_drill_plan() -> None:
-    from vramlab.drill.demo import OOM_DRILL_PLAN, demo_drill_plan
+    from vramlab.drill.demo import demo_drill_plan, oom_drill_plan_text
     from vramlab.drill.plan import load_plan as load_drill_plan
 
-    assert (ROOT / "examples" / "oom-drill.yaml").read_text() == OOM_DRILL_PLAN  # `demo` needs no examples dir
+    assert (ROOT / "examples" / "oom-drill.yaml").read_text() == oom_drill_plan_text()  # `demo` needs no examples dir
     plan = demo_drill_plan("/tmp/x/sim-gpu0.ledger")
     assert plan.target.sim is not None and plan.target.sim.device == "/tmp/x/sim-gpu0.ledger"
     assert plan.target.base_url is None  # the drill picks a free port for its own sim

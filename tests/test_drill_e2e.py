@@ -90,7 +90,12 @@ def _oom_drill_with_neighbour(tmp_path: Path, neighbour) -> None:
     note = subprocess.run([sys.executable, "-m", "vramlab", "note", run_id[:4], "watching the ramp", "--db", str(db)],
                           capture_output=True, text=True, timeout=30)
     assert note.returncode == 0, note.stderr
-    out, err = proc.communicate(timeout=120)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"the drill did not end in 120 s; its stderr ends with:\n{err[-6000:]}") from None
     assert proc.returncode == 0, err
 
     import json

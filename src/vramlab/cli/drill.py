@@ -60,6 +60,12 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     if not args.quiet:
         runner.hook.add(_progress)
+    # The wall-clock stop condition runs on the event loop; if something ever blocks the loop past
+    # it, leave every thread's stack on stderr so the stall can be diagnosed (the drill goes on).
+    import faulthandler
+
+    wall = plan.stop.wall_clock_s if getattr(plan, "stop", None) and plan.stop.wall_clock_s else 300.0
+    faulthandler.dump_traceback_later(wall + 60, repeat=False, file=sys.stderr)
     try:
         result = asyncio.run(runner.run())
     except KeyboardInterrupt:

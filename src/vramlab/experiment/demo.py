@@ -1,8 +1,8 @@
 """The demo: start a sim on a free loopback port, run a small plan against it with the ledger,
 engine-metrics, host and health samplers, and render the stored run as HTML. Under a minute.
 
-The plan is examples/demo.yaml (kept identical to ``DEMO_PLAN`` by a test) with the sim's URL and
-device file filled in. The sim is stopped however the demo ends.
+The plan is examples/demo.yaml (a link to the packaged ``vramlab/data/examples/demo.yaml``, so an
+installed package needs no examples directory) with the sim's URL and device file filled in. The sim is stopped however the demo ends.
 """
 
 from __future__ import annotations
@@ -20,43 +20,11 @@ from vramlab.experiment.runner import RunResult
 SIM_ARGS = ["--model", "llama-3.1-8b-instruct", "--gpu", "h100-80gb", "--engine", "vllm",
             "--max-model-len", "4096", "--max-num-seqs", "8", "--speed", "10", "--seed", "7"]
 
-DEMO_PLAN = """\
-# The plan `vramlab demo` runs against its own sim: tiny windows, three rounds, under a minute.
-# base_url and samplers.ledger are filled in by `vramlab demo` (it starts the sim on a free port).
-name: demo-concurrency
-hypothesis: more concurrent streams than the engine's 8 sequences queue up and raise P95; recovery returns to baseline
-target:
-  base_url: http://127.0.0.1:8000
-  model: llama-3.1-8b-instruct
-  kind: sim
-  environment: test
-fixed:
-  input:
-    synthetic: {prompt_tokens: 256, output_tokens: 32, seed: 7, count: 50}
-  ignore_eos: true
-change:
-  variable: concurrency
-  baseline: 1
-  steps: [4, 16]
-phases:
-  duration_s: 2
-  drain_s: 2
-rounds: 3
-load:
-  mode: closed
-  concurrency: 1
-  request_timeout_s: 20
-metrics:
-  p95_ttft_ms: 1000
-  error_rate: 0.01
-stop_conditions:
-  error_rate: 0.5
-  wall_clock_s: 55
-samplers:
-  interval_s: 0.5
-  sources: [ledger, engine, host, health]
-  ledger: sim-gpu0.ledger
-"""
+def demo_plan_text() -> str:
+    """examples/demo.yaml, read from the installed package (the example is a link to it)."""
+    from importlib.resources import files
+
+    return files("vramlab").joinpath("data/examples/demo.yaml").read_text()
 
 
 @dataclass(frozen=True)
@@ -70,7 +38,7 @@ class DemoResult:
 def demo_plan(base_url: str, ledger: str, pid: int | None = None, rounds: int | None = None,
               duration_s: float | None = None) -> Plan:
     """The demo plan pointed at a running sim (a new document: the template is not edited)."""
-    doc = parse_plan(DEMO_PLAN, "demo.yaml").model_dump(mode="json")
+    doc = parse_plan(demo_plan_text(), "demo.yaml").model_dump(mode="json")
     doc["target"]["base_url"] = base_url
     doc["target"]["pid"] = pid
     doc["samplers"]["ledger"] = ledger
