@@ -90,6 +90,31 @@ def _classify_status(status: int, text: str) -> str:
     return "http_4xx" if 400 <= status < 500 else "http_5xx"
 
 
+def _token_piece(payload: bytes, key: bytes) -> bool | None:
+    """Does a plain token chunk carry text? None when it is not plain: then the caller parses it.
+
+    Parsing JSON for every token is most of the client's cost per token on long streams, and all a
+    token chunk tells us is "a token arrived now". A chunk is plain when it is one JSON object with
+    exactly one ``"content":`` (chat, in a delta) or ``"text":`` (completions) key and no usage or error: the
+    value right after the key is then the piece, a non-empty string unless it is ``""`` or ``null``.
+    Anything else (usage, errors, tool calls, several choices, garbage) takes the full parse.
+    """
+    if not (payload.startswith(b"{") and payload.endswith(b"}")):
+        return None
+    i = payload.find(key)
+    if i < 0 or payload.find(key, i + 1) >= 0 or b'"usage"' in payload or b'"error"' in payload:
+        return None
+    if key == b'"content":' and b'"delta"' not in payload:
+        return None  # chat text counts only inside a delta
+    j = i + len(key)
+    while payload[j:j + 1] == b" ":
+        j += 1
+    head = payload[j:j + 2]
+    if head[:1] == b'"':
+        return head != b'""'
+    return False if payload.startswith(b"null", j) else None
+
+
 def _short(text: str, n: int = 200) -> str:
     return " ".join(text.split())[:n]
 
@@ -120,6 +145,7 @@ class OpenAIClient:
         self._session: Any = None
         self._timeout: Any = None
         self._bodies: dict[tuple[int, int], bytes] = {}  # the input set is small and cycled: encode once
+        self._piece_key = b'"text":' if api == "openai-completions" else b'"content":'
 
     async def __aenter__(self) -> OpenAIClient:
         import aiohttp
@@ -233,6 +259,13 @@ class OpenAIClient:
             if payload == b"[DONE]":
                 st.done = True
                 return
+            has = _token_piece(payload, self._piece_key)
+            if has is not None:  # a plain token chunk, judged without parsing it (see _token_piece)
+                if has:
+                    if st.first is None:
+                        st.first = now
+                    st.times.append(now)
+                continue
             try:
                 obj = json.loads(payload)
             except ValueError:

@@ -1,0 +1,75 @@
+"""The client's token-chunk fast path must count exactly what a full JSON parse counts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vramlab.load import client as client_mod
+from vramlab.load.client import OpenAIClient, _Stream, _token_piece
+
+pieces = st.one_of(st.none(), st.just(""), st.text(max_size=12),
+                   st.sampled_from(['"', '\\', '"content": "x"', '"usage"', "null", '""', "}"]))
+
+
+@st.composite
+def chunks(draw: Any, chat: bool) -> dict[str, Any]:
+    choices = []
+    for _ in range(draw(st.integers(0, 2))):
+        ch: dict[str, Any] = {"index": 0}
+        piece = draw(pieces)
+        if chat:
+            delta: dict[str, Any] = {}
+            if draw(st.booleans()):
+                delta["role"] = "assistant"
+            if draw(st.booleans()) or piece:
+                delta["content"] = piece
+            if draw(st.booleans()):
+                delta["reasoning_content"] = draw(pieces)
+            ch["delta"] = delta
+        elif draw(st.booleans()) or piece:
+            ch["text"] = piece
+        if draw(st.booleans()):
+            ch["finish_reason"] = draw(st.sampled_from([None, "stop", "length"]))
+        choices.append(ch)
+    obj: dict[str, Any] = {"id": "c", "object": "x", "choices": choices}
+    if draw(st.booleans()):
+        obj["usage"] = draw(st.one_of(st.none(), st.just({"prompt_tokens": 3, "completion_tokens": 2})))
+    return obj
+
+
+def _count(c: OpenAIClient, payload: bytes, fast: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...]:
+    with monkeypatch.context() as m:
+        if not fast:
+            m.setattr(client_mod, "_token_piece", lambda payload, key: None)
+        s = _Stream()
+        c._event(b"data: " + payload, 1.0, s)
+    return s.first, tuple(s.times), s.usage_out, s.usage_in, s.error, s.done
+
+
+@pytest.mark.parametrize("api", ["openai-chat", "openai-completions"])
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_fast_path_counts_what_the_full_parse_counts(api: str, data: Any) -> None:
+    monkeypatch = pytest.MonkeyPatch()
+    c = OpenAIClient("http://127.0.0.1:1", "m", api)  # type: ignore[arg-type]
+    obj = data.draw(chunks(api == "openai-chat"))
+    sep = data.draw(st.sampled_from([(",", ":"), (", ", ": ")]))
+    payload = json.dumps(obj, separators=sep, ensure_ascii=data.draw(st.booleans())).encode()
+    assert _count(c, payload, True, monkeypatch) == _count(c, payload, False, monkeypatch)
+
+
+def test_plain_chunks_skip_the_parse_and_others_do_not() -> None:
+    chat = b'"content":'
+    assert _token_piece(b'{"choices":[{"index":0,"delta":{"content":"hi"}}]}', chat) is True
+    assert _token_piece(b'{"choices": [{"delta": {"role": "assistant", "content": ""}}]}', chat) is False
+    assert _token_piece(b'{"choices":[{"delta":{"content":null}}]}', chat) is False
+    assert _token_piece(b'{"choices":[],"usage":{"completion_tokens":3}}', chat) is None
+    assert _token_piece(b'{"error":{"message":"CUDA out of memory"}}', chat) is None
+    assert _token_piece(b'{"choices":[{"delta":{"content":"hi"', chat) is None  # truncated: parse, and fail
+    assert _token_piece(b'not json', chat) is None
+    assert _token_piece(b'{"choices":[{"text":" t1"}]}', b'"text":') is True
