@@ -1,0 +1,306 @@
+"""How fast one client core drives a trivial OpenAI-style endpoint: vramlab's load generator
+against locust FastHttpUser and a plain asyncio + aiohttp loop, in one run, side by side.
+
+    python benchmarks/loadgen.py                    # 3 interleaved repetitions, ~4 minutes
+    python benchmarks/loadgen.py --quick            # a few hundred requests, no locust if absent
+    python benchmarks/loadgen.py -o benchmarks/results/loadgen.txt
+
+The endpoint is a private nginx (Debian's ``nginx-light``: ``return`` for the immediate answer,
+the echo module's ``echo_sleep`` for a held stream) on 127.0.0.1, pinned to the last CPU; every
+client is pinned to the first (taskset), so "per core" means one core. Without nginx (or its
+echo module) the endpoint is ``vramlab.load.stub`` in its own process, and the output says so.
+
+Two measurements per tool, each in a fresh process, tools interleaved, medians of ``--reps``:
+  rate      closed loop, ``--conc`` workers, no think time: completed requests per second, and
+            per client CPU-second (the "per core" figure, robust to a neighbour stealing the core).
+  overhead  ``--streams`` streams held open against the hold endpoint (each answers after
+            ``--hold-s``; the users reopen them at once) while a Poisson open loop of probes at
+            ``--probe-rate`` hits the immediate endpoint; the P99 of the probes' latency, timed
+            from their *scheduled* send, is the client's overhead (nginx answers in microseconds).
+            Locust has no schedule: its latency is from the actual send, and rounded to 1 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+CHUNK = '{"id":"b","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"ok"}}]}'
+USAGE = '{"id":"b","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":1}}'
+SSE = f"data: {CHUNK}\\n\\ndata: {USAGE}\\n\\ndata: [DONE]\\n\\n"
+ECHO_MODULE = Path("/usr/lib/nginx/modules/ngx_http_echo_module.so")
+NAMES = {"vramlab": "vramlab (client + driver)", "locust": "locust FastHttpUser",
+         "aiohttp": "plain asyncio + aiohttp", "aiohttp-uvloop": "plain aiohttp on uvloop"}
+
+
+def _cpus() -> tuple[int | None, int | None]:
+    cpus = sorted(os.sched_getaffinity(0))
+    return (cpus[0], cpus[-1]) if len(cpus) >= 2 else (None, None)
+
+
+def _pinned(cmd: list[str], cpu: int | None) -> list[str]:
+    return (["taskset", "-c", str(cpu)] + cmd) if cpu is not None and shutil.which("taskset") else cmd
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Endpoint:
+    """nginx when installed (with the echo module), else the stub in its own process."""
+
+    def __init__(self, kind: str, hold_s: float, cpu: int | None, workdir: Path) -> None:
+        self.hold_s, self.cpu, self.dir = hold_s, cpu, workdir
+        nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+        self.kind = "nginx" if kind in ("auto", "nginx") and nginx and ECHO_MODULE.exists() else "stub"
+        if kind == "nginx" and self.kind != "nginx":
+            raise SystemExit("loadgen: --server nginx, but nginx or its echo module is missing "
+                             "(apt-get install -y nginx-light)")
+        self._nginx, self.proc, self.url, self.hold_url = nginx, None, "", ""
+        self.version = ""
+
+    def __enter__(self) -> Endpoint:
+        if self.kind == "nginx":
+            self._start_nginx()
+        else:
+            self._start_stub()
+        return self
+
+    def _start_nginx(self) -> None:
+        port = _free_port()
+        (self.dir / "tmp").mkdir(exist_ok=True)
+        conf = self.dir / "nginx.conf"
+        user = "user root;\n" if os.geteuid() == 0 else ""
+        conf.write_text(f"""load_module {ECHO_MODULE};
+{user}daemon off;
+worker_processes 1;
+pid {self.dir}/nginx.pid;
+error_log {self.dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {self.dir}/tmp/body;
+    proxy_temp_path {self.dir}/tmp/proxy;
+    fastcgi_temp_path {self.dir}/tmp/fastcgi;
+    uwsgi_temp_path {self.dir}/tmp/uwsgi;
+    scgi_temp_path {self.dir}/tmp/scgi;
+    keepalive_requests 100000000;
+    keepalive_timeout 75s;
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location = /v1/chat/completions {{
+            default_type text/event-stream;
+            return 200 '{SSE}';
+        }}
+        location = /hold/v1/chat/completions {{
+            default_type text/event-stream;
+            echo_read_request_body;
+            echo_sleep {self.hold_s};
+            echo -n '{SSE}';
+        }}
+    }}
+}}
+""")
+        out = subprocess.run([self._nginx or "nginx", "-v"], capture_output=True, text=True)
+        self.version = (out.stderr or out.stdout).strip().split(":")[-1].strip()
+        self.proc = subprocess.Popen(_pinned([self._nginx or "nginx", "-c", str(conf), "-p", str(self.dir)], self.cpu),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        self.url, self.hold_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/hold"
+        self._wait_up()
+
+    def _start_stub(self) -> None:
+        code = ("import asyncio, json, sys\n"
+                "from vramlab.load.stub import StubBehaviour, StubServer\n"
+                "class Drop(list):\n    def append(self, x): pass\n"
+                "async def main():\n"
+                "    fast = StubServer(StubBehaviour(seen=Drop()))\n"
+                f"    hold = StubServer(StubBehaviour(ttft_s={self.hold_s}, seen=Drop()))\n"
+                "    async with fast, hold:\n"
+                "        print(json.dumps([fast.url, hold.url]), flush=True)\n"
+                "        await asyncio.Event().wait()\n"
+                "asyncio.run(main())\n")
+        self.proc = subprocess.Popen(_pinned([sys.executable, "-c", code], self.cpu), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        assert self.proc.stdout is not None
+        self.url, self.hold_url = json.loads(self.proc.stdout.readline())
+        self.version = "vramlab.load.stub (aiohttp server)"
+
+    def _wait_up(self) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                req = urllib.request.Request(self.url + "/v1/chat/completions", data=b"{}", method="POST")
+                with urllib.request.urlopen(req, timeout=1) as r:
+                    if b"[DONE]" in r.read():
+                        return
+            except OSError:
+                if self.proc is not None and self.proc.poll() is not None or time.monotonic() > deadline:
+                    err = self.proc.stderr.read() if self.proc and self.proc.stderr else ""
+                    raise SystemExit(f"loadgen: the {self.kind} endpoint did not come up: {err!r}") from None
+                time.sleep(0.05)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # our own process (nginx master: its worker follows)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _run_one(tool: str, mode: str, ep: Endpoint, a: argparse.Namespace, cpu: int | None, tmp: Path) -> dict[str, Any]:
+    cfg = {"url": ep.url, "hold_url": ep.hold_url, "warmup_s": a.warmup_s, "measure_s": a.measure_s,
+           "conc": a.conc, "streams": a.streams, "hold_s": a.hold_s, "probe_rate": a.probe_rate,
+           "probe_cap": a.probe_cap}
+    bound = a.warmup_s + a.measure_s + 5 * a.hold_s + 30  # every run also stops by itself before this
+    if tool == "locust":
+        out = tmp / f"locust-{mode}-{time.monotonic_ns()}.json"
+        probe_users = max(1, min(100, int(a.probe_rate / 10)))
+        env = {**os.environ, "RESULT_JSON": str(out), "WARMUP_S": str(a.warmup_s), "MEASURE_S": str(a.measure_s),
+               "STREAMS": str(a.streams), "PROBE_USERS": str(probe_users), "PROBE_RATE": str(a.probe_rate),
+               "BASE_URL": ep.url, "HOLD_URL": ep.hold_url, "HOLD_S": str(a.hold_s), "MEASURE_NAME": "rate" if mode == "rate" else "probe"}
+        users, classes = (a.conc, ["RateUser"]) if mode == "rate" else (a.streams + probe_users,
+                                                                          ["HoldUser", "ProbeUser"])
+        cmd = [str(Path(sys.executable).with_name("locust")), "-f", str(HERE / "loadgen_locust.py"), "--headless",
+               "--only-summary", "--skip-log-setup", "-u", str(users), "-r", str(users),
+               "-t", f"{int(bound)}s", *classes]
+        proc = subprocess.run(_pinned(cmd, cpu), env=env, capture_output=True, text=True, timeout=bound + 15)
+        if not out.exists():
+            raise RuntimeError(f"locust {mode} wrote no result: {proc.stderr[-800:]}")
+        return dict(json.loads(out.read_text()))
+    cmd = [sys.executable, str(HERE / "loadgen_workers.py"), tool, mode, json.dumps(cfg)]
+    proc = subprocess.run(_pinned(cmd, cpu), capture_output=True, text=True, timeout=bound + 15)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{tool} {mode} failed: {proc.stderr[-800:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _table(results: dict[str, dict[str, list[dict[str, Any]]]], a: argparse.Namespace) -> list[str]:
+    def per_core(r: dict[str, Any]) -> float | None:
+        return r["ok"] / r["client_cpu_s"] if r.get("client_cpu_s") else None
+
+    summary = {}
+    for tool, modes in results.items():
+        if tool == "noise":
+            continue
+        rate = modes.get("rate", [])
+        for r in rate:
+            r["per_core"] = per_core(r)
+        summary[tool] = {"rps": _median(rate, "rps"), "per_core": _median(rate, "per_core"),
+                         "cpu": _median(rate, "client_cpu_pct"),
+                         "p99": _median(modes.get("overhead", []), "p99_ms"),
+                         "p50": _median(modes.get("overhead", []), "p50_ms"),
+                         "errors": sum(r["errors"] for m in modes.values() for r in m),
+                         "loop": (rate or modes.get("overhead") or [{}])[0].get("loop", "")}
+    ref = summary.get("locust", {}).get("per_core")
+    lines = [f"{'tool':<28} {'loop':<8} {'req/s':>8} {'req/s/core':>11} {'cpu %':>6} "
+             f"{'P50 ms':>7} {'P99 ms':>7} {'vs locust':>9} {'errors':>6}"]
+    for tool, s in summary.items():
+        def f(v: float | None, fmt: str) -> str:
+            return "-" if v is None else format(v, fmt)
+        ratio = f"{s['per_core'] / ref:.2f}x" if ref and s["per_core"] else "-"
+        lines.append(f"{NAMES[tool]:<28} {s['loop']:<8} {f(s['rps'], '.0f'):>8} {f(s['per_core'], '.0f'):>11} "
+                     f"{f(s['cpu'], '.0f'):>6} {f(s['p50'], '.2f'):>7} {f(s['p99'], '.2f'):>7} {ratio:>9} "
+                     f"{s['errors']:>6}")
+    noise = results.get("noise", {}).get("overhead", [])
+    if noise:
+        lines.append(f"floor: a bare process sleeping to the same probe schedule on the client core wakes late by "
+                     f"P50 {_median(noise, 'p50_ms'):.2f} ms, P99 {_median(noise, 'p99_ms'):.2f} ms "
+                     "(neighbours, hypervisor): no client's P99 beats that")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a tiny bounded run (a few hundred requests), 1 rep")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--warmup-s", type=float, default=2.0)
+    p.add_argument("--measure-s", type=float, default=8.0)
+    p.add_argument("--conc", type=int, default=100, help="closed-loop workers in the rate run")
+    p.add_argument("--streams", type=int, default=500, help="streams held open in the overhead run")
+    p.add_argument("--hold-s", type=float, default=1.0, help="how long the hold endpoint keeps a stream open")
+    p.add_argument("--probe-rate", type=float, default=500.0, help="probe requests per second (Poisson)")
+    p.add_argument("--probe-cap", type=int, default=100, help="in-flight cap on the probes")
+    p.add_argument("--server", choices=["auto", "nginx", "stub"], default="auto")
+    p.add_argument("--tools", default="vramlab,locust,aiohttp,aiohttp-uvloop")
+    p.add_argument("--json", action="store_true", help="print every run's raw result as JSON too")
+    p.add_argument("-o", "--output", help="also write the report to this file")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.reps, a.warmup_s, a.measure_s, a.conc = 1, 0.2, 0.5, 20
+        a.streams, a.hold_s, a.probe_rate, a.probe_cap = 50, 0.2, 200.0, 20
+    tools = [t.strip() for t in a.tools.split(",") if t.strip()]
+    notes = []
+    for t in tools:
+        if t not in NAMES:
+            p.error(f"unknown tool {t!r}; choose from {', '.join(NAMES)}")
+    if "locust" in tools and not Path(sys.executable).with_name("locust").exists():
+        tools.remove("locust")
+        notes.append("locust is not installed (pip install -e '.[bench]'): no locust row")
+    if "aiohttp-uvloop" in tools:
+        try:
+            import uvloop  # noqa: F401
+        except ImportError:
+            tools.remove("aiohttp-uvloop")
+            notes.append("uvloop is not installed: no uvloop row")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the endpoint is stopped on the way out
+    client_cpu, server_cpu = _cpus()
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {t: {"rate": [], "overhead": []} for t in tools + ["noise"]}
+    with tempfile.TemporaryDirectory(prefix="vramlab-loadgen-") as td, \
+            Endpoint(a.server, a.hold_s, server_cpu, Path(td)) as ep:
+        for rep in range(a.reps):
+            for mode in ("rate", "overhead"):
+                for tool in tools + (["noise"] if mode == "overhead" else []):  # interleaved: a noisy
+                    # neighbour hits every tool alike
+                    res = _run_one(tool, mode, ep, a, client_cpu, Path(td))
+                    results[tool][mode].append(res)
+                    print(f"rep {rep + 1}/{a.reps} {mode:<8} {tool:<15} {json.dumps(res)}", file=sys.stderr,
+                          flush=True)
+    import platform
+
+    head = [f"vramlab load-generator benchmark ({time.strftime('%Y-%m-%d %H:%M')}, {platform.node()})",
+            f"endpoint: {ep.kind} ({ep.version}) on 127.0.0.1, pinned to CPU {server_cpu}; clients pinned to CPU "
+            f"{client_cpu}" if client_cpu is not None else f"endpoint: {ep.kind} ({ep.version}); NOT pinned "
+            "(fewer than 2 CPUs)",
+            f"python {platform.python_version()}, {os.cpu_count()} CPUs; median of {a.reps} interleaved reps, "
+            f"{a.warmup_s:g} s warm-up + {a.measure_s:g} s measured each",
+            f"rate: closed loop, {a.conc} workers, 1-token SSE answer; req/s/core = completed / client CPU-s",
+            f"P50/P99: probe latency from the scheduled send, {a.probe_rate:g} req/s Poisson, while ~{a.streams} "
+            f"streams are held open ({a.hold_s:g} s each; vramlab opens them with its own Poisson open loop, the "
+            "others reopen them at once from random offsets); the endpoint answers at once, so latency = client "
+            "overhead (locust: from its actual send, whole ms)", ""]
+    lines = head + _table(results, a) + [f"note: {n}" for n in notes]
+    text = "\n".join(lines)
+    print(text)
+    if a.json:
+        print(json.dumps(results, indent=1))
+    if a.output:
+        Path(a.output).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
