@@ -31,6 +31,7 @@ def _plan(tmp_path: Path, **changes) -> Path:
     # A loaded 2-core CI box stretches latency after the restart: judge recovery on health and
     # successful requests, with a P95 tolerance that does not depend on how busy the machine is.
     doc["recovery"]["p95_tolerance"] = 4.0
+    doc.setdefault("stop", {})["wall_clock_s"] = 40  # the drill takes ~10 s; a stall dumps its stacks at 100 s
     for dotted, value in changes.items():
         node = doc
         keys = dotted.split("__")
@@ -93,6 +94,10 @@ def _oom_drill_with_neighbour(tmp_path: Path, neighbour) -> None:
     try:
         out, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
+        import signal
+
+        proc.send_signal(signal.SIGUSR1)  # the drill prints its asyncio tasks' stacks
+        time.sleep(2)
         proc.kill()
         out, err = proc.communicate()
         raise AssertionError(f"the drill did not end in 120 s; its stderr ends with:\n{err[-6000:]}") from None

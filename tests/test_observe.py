@@ -272,3 +272,37 @@ def test_prometheus_api_sampler_against_a_loopback_api() -> None:
             await runner.cleanup()
 
     assert _by_name(asyncio.run(go())) == {"prometheus.up": 1.0}
+
+
+@pytest.mark.timeout(20)  # the bug shows as a loop that never ends
+def test_sampler_set_stops_even_when_a_cancellation_is_lost(monkeypatch):
+    """asyncio.wait_for can swallow a cancel that lands as the sample completes (CPython gh-86296);
+    a drill then waited for its sampler loop forever. The time-limit helper is replaced by one that
+    loses the cancellation exactly that way: stop() must still end."""
+    import asyncio
+
+    from vramlab.observe import base
+    from vramlab.observe.base import Sampler, SamplerSet
+
+    async def loses_cancel(awaitable, timeout_s):
+        try:
+            return await awaitable
+        except asyncio.CancelledError:
+            return []  # what wait_for returns when the inner result wins the race
+
+    monkeypatch.setattr(base, "_bounded", loses_cancel)
+
+    class Slow(Sampler):
+        source = "slow"
+
+        async def sample(self):
+            await asyncio.sleep(0.5)
+            return []
+
+    async def go():
+        sset = SamplerSet([Slow()], 0.05, lambda s: None, lambda n: None)
+        await sset.start()
+        await asyncio.sleep(0.1)  # the loop is inside sample() when stop() cancels it
+        await asyncio.wait_for(sset.stop(), timeout=5)
+
+    asyncio.run(go())

@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class SamplerSet:
         self._on_samples, self._on_note = on_samples, on_note
         self._tasks: list[asyncio.Task[None]] = []
         self.active: list[str] = []
+        self._stopping = False
 
     async def start(self) -> None:
         for s in self.samplers:
@@ -85,9 +87,12 @@ class SamplerSet:
     async def _loop(self, s: Sampler) -> None:
         noted = False
         next_t = time.perf_counter()
-        while True:
+        # The flag, not only the cancel, ends the loop: asyncio.wait_for can swallow a cancellation
+        # that lands as the sample completes (CPython gh-86296, fixed in 3.12), and a drill then
+        # waited for this loop forever.
+        while not self._stopping:
             try:
-                samples = await asyncio.wait_for(s.sample(), timeout=max(1.0, 2 * self.interval_s))
+                samples = await _bounded(s.sample(), max(1.0, 2 * self.interval_s))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a flaky source must not end the run; it is noted once
@@ -101,12 +106,26 @@ class SamplerSet:
             await asyncio.sleep(max(0.0, next_t - time.perf_counter()))
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._stopping = True
+        pending = set(self._tasks)
+        for _ in range(3):  # a loop that lost its cancel ends on the flag by its next tick; cancel again
+            if not pending:
+                break
+            for t in pending:
+                t.cancel()
+            _, pending = await asyncio.wait(pending, timeout=max(1.0, 2 * self.interval_s))
         self._tasks.clear()
         for s in self.samplers:
             try:
                 await asyncio.wait_for(s.close(), timeout=2.0)
             except Exception:  # closing is best effort (and bounded); the data is already out
                 pass
+
+
+async def _bounded(awaitable: Any, timeout_s: float) -> Any:
+    """*awaitable* with a time limit that never swallows a cancellation (asyncio.timeout, 3.11+)."""
+    timeout = getattr(asyncio, "timeout", None)
+    if timeout is None:  # Python 3.10
+        return await asyncio.wait_for(awaitable, timeout=timeout_s)
+    async with timeout(timeout_s):
+        return await awaitable
