@@ -130,7 +130,7 @@ def suggest(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants 
 
     def ok(**changes: object) -> Estimate | None:
         try:
-            e = estimate_quiet(model, gpu, s.with_(**changes), constants)
+            e = estimate(model, gpu, s.with_(**changes), constants, with_suggestions=False)
         except ConfigError:
             return None
         return e if e.fits else None
@@ -172,20 +172,6 @@ def suggest(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants 
     if not out:
         out.append("no single change fits on this card: use a larger GPU or more GPUs")
     return out
-
-
-def estimate_quiet(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None) -> Estimate:
-    """An estimate without suggestions (used inside searches)."""
-    ctx, r = run_policy(model, gpu, s, constants)
-    kv = max(0, r.kv_rule(r.components, "mid"))
-    lim = r.limits(kv)
-    used = sum(c.bytes for c in r.components) + kv
-    fits = (not r.reasons and (r.kv_fixed or (kv > 0 and lim.num_blocks >= r.min_blocks_needed))
-            and ctx.total - ctx.other - (used if r.kv_fixed else _used(r.components, Component(
-                "kv_cache", kv, kv, kv, "x"), r)) >= 0)
-    return Estimate(model.name, gpu.name, s.engine, s.engine_version or "", ctx.total, r.settings,
-                    tuple(r.components), r.kv_bytes_per_token, r.block_size, lim.num_blocks, kv,
-                    lim.kv_cache_tokens, lim.max_concurrency, r.max_model_len, r.budget_bytes, used, 0, fits)
 
 
 def max_len_that_fits(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None = None,
