@@ -25,12 +25,9 @@ from vramlab.drill.plan import DrillPlan
 from vramlab.drill.ramp import ramp_values
 from vramlab.drill.recovery import LiveState, recover
 from vramlab.drill.target import check_environment
+from vramlab.drill.watch import Watchers
 from vramlab.experiment.events import Event, EventHook
-from vramlab.experiment.records import RequestRecord, RunRecord, SampleRecord, canonical_sha256, new_run_id
-
-FINDING_EVENTS = {"oom": "oom", "engine_death": "oom", "startup_refusal": "startup_refusal", "xid": "xid",
-                  "preemption": "preemption", "overload": "overload", "process_exit": "process_exit",
-                  "health_fail": "health_fail"}
+from vramlab.experiment.records import RequestRecord, RunRecord, canonical_sha256, new_run_id
 
 
 @dataclass
@@ -42,7 +39,7 @@ class DrillResult:
     workdir: str = ""
 
 
-class DrillRunner:
+class DrillRunner(Watchers):
     def __init__(self, plan: DrillPlan, store: Any, *, override_env: bool = False, workdir: str | None = None,
                  run_id: str | None = None, hook: EventHook | None = None):
         self.plan = plan
@@ -374,129 +371,6 @@ class DrillRunner:
         amp = self.herd.on_attempt(rec.sent_s or end, phase)
         if amp is not None:
             self.emit("retry_storm", f"request rate {amp:.1f}x the baseline during recovery", amplification=amp)
-
-    # -- watchers ---------------------------------------------------------------------------
-    def _watchers(self) -> list[Any]:
-        return [self._sample_loop(), self._log_loop(), self._process_loop(), self._clock_loop(),
-                *[self._neighbour_loop(n) for n in self.plan.neighbours],
-                *([self._coloc.watch_exits(), *map(self._neighbour_loop, self._coloc.neighbours())]
-                  if self._coloc is not None else []),
-                *([self._prometheus_loop(self.plan.prometheus_url)] if self.plan.prometheus_url else [])]
-
-    async def _prometheus_loop(self, url: str) -> None:
-        from vramlab.drill.alerting import watch_prometheus
-
-        def changed(name: str, state: str, labels: dict[str, Any]) -> None:
-            self.emit("alert", f"{name} {state}", name=name, state=state, source="prometheus",
-                      severity=labels.get("severity"), owner=labels.get("owner"))
-
-        await watch_prometheus(url, changed)
-
-    async def _sample_loop(self) -> None:
-        from vramlab.observe.base import SamplerSet
-        from vramlab.observe.health import HealthSampler
-        from vramlab.observe.prom_text import PromTextSampler
-
-        root = self.target.url.rstrip("/")
-        samplers: list[Any] = [HealthSampler(root + self.plan.target.health_path, timeout_s=1.0),
-                               PromTextSampler(root + self.plan.target.metrics_path, timeout_s=1.0)]
-        if self.device:
-            from vramlab.observe.ledger import LedgerSampler
-
-            samplers.append(LedgerSampler(self.device))
-        else:
-            from vramlab.observe.nvml import GpuSampler
-
-            samplers.append(GpuSampler())
-        sset = SamplerSet(samplers, self.plan.sample_interval_s, self._on_samples,
-                          lambda note: self.emit("warning", note))
-        await sset.start()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await sset.stop()
-
-    def _on_samples(self, samples: list[Any]) -> None:
-        recs = []
-        total = next((s.value for s in samples if s.name == "gpu.memory_total_bytes"), None)
-        for s in samples:
-            t = s.t - self._t0
-            recs.append(SampleRecord(run_id=self.run_id, t_s=t, source=s.source, name=s.name, value=s.value,
-                                     labels=dict(s.labels)))
-            if s.name == "health.up":
-                self._on_health(t, s.value >= 0.5)
-            else:
-                self.detector.on_sample(t, s.name, s.value, total)
-        self.emit("samples", payload=recs)
-
-    def _on_health(self, t: float, up: bool) -> None:
-        self.detector.on_health(t, up, 0 if not up else 200)
-        if up != self._last_health and self._last_health is not None:
-            self.emit("health", "health OK again" if up else "health check failing", ok=up)
-        if not up:
-            self.state.health_ever_failed = self.state.health_ever_failed or self.state.failed_at_s is not None
-            if self.state.health_down_since_s is None:
-                self.state.health_down_since_s = t
-        else:
-            self.state.health_down_since_s = None
-        self.state.health_up = up
-        self._last_health = up
-
-    async def _log_loop(self) -> None:
-        since = time.time()
-        while True:
-            lines = await asyncio.to_thread(self.target.logs, since) if self.plan.target.kind not in ("sim", "process") \
-                else self.target.logs(since)
-            since = time.time()
-            for line in lines:
-                t = self.now()
-                f = self.detector.on_log_line(t, line)
-                if f is not None and f.kind in FINDING_EVENTS:
-                    # one timeline row per burst: an engine death logs a line per failed request
-                    kind = FINDING_EVENTS[f.kind]
-                    if t - self._last_log_event.get(kind, -1e9) > 2.0:
-                        self.emit(kind, f.message[:300], **f.data)
-                    self._last_log_event[kind] = t
-            await asyncio.sleep(0.1 if self.plan.target.kind in ("sim", "process") else 1.0)
-
-    async def _process_loop(self) -> None:
-        local = self.plan.target.kind in ("sim", "process")
-        while True:
-            st = self.target.status() if local else await asyncio.to_thread(self.target.status)
-            if self.state.running and not st.running:
-                self.detector.on_process(self.now(), False, st.exit_code)
-                self.emit("process_exit", f"target exited with code {st.exit_code}", exit_code=st.exit_code)
-            self.state.running = st.running
-            await asyncio.sleep(0.05 if local else 1.0)
-
-    async def _clock_loop(self) -> None:
-        while True:
-            self.detector.on_clock(self.now(), self.now())
-            await asyncio.sleep(0.2)
-
-    async def _neighbour_loop(self, n: Any) -> None:
-        from vramlab.observe.health import HealthSampler
-
-        probe: Any
-        if n.kind == "generate":  # one token: an engine that cannot grow its memory fails here, not on /health
-            from vramlab.drill.probes import GenerateProbe
-
-            probe = GenerateProbe(n.url.rstrip("/") + (n.path or "/v1/completions"), n.model or "default", n.timeout_s)
-        else:
-            probe = HealthSampler(n.url.rstrip("/") + (n.path or "/health"), timeout_s=n.timeout_s)
-        await probe.open()
-        try:
-            while True:
-                got = {s.name: s for s in await probe.sample()}
-                t = got["health.up"].t - self._t0
-                self.emit("samples", payload=[
-                    SampleRecord(run_id=self.run_id, t_s=t, source="health", name=f"neighbour.{n.name}.ok",
-                                 value=got["health.up"].value),
-                    SampleRecord(run_id=self.run_id, t_s=t, source="health", name=f"neighbour.{n.name}.latency_ms",
-                                 value=got["health.latency_ms"].value)])
-                await asyncio.sleep(n.interval_s)
-        finally:
-            await probe.close()
 
     # -- alerts evaluated on the drill's own samples ----------------------------------------
     def _evaluate_alerts(self) -> None:
