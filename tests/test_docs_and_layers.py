@@ -77,3 +77,28 @@ def test_plan_imports_no_heavy_library():
             " if m in sys.modules]; print(heavy)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip().splitlines()[-1] == "[]", r.stderr
+
+
+def _readme_commands() -> list[str]:
+    """README lines that are self-contained `vramlab` commands (no placeholder paths, no servers)."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
+        for line in block.splitlines():
+            cmd = line.split("  #")[0].strip()
+            if (not cmd.startswith("vramlab ") or "..." in cmd or "./" in cmd or "7f3a" in cmd or "91bc" in cmd
+                    or "--calibration" in cmd):  # placeholders, stored runs, files other commands write
+                continue
+            first = cmd.split()[1]
+            if first in ("plan", "models", "gpus", "pack", "alerts") and ">" not in cmd:
+                out.append(cmd)
+    return out
+
+
+@pytest.mark.parametrize("cmd", _readme_commands())
+def test_readme_commands_run(cmd, tmp_path):
+    import shlex
+
+    args = [a.replace("examples/", str(ROOT / "examples") + "/") for a in shlex.split(cmd)[1:]]
+    r = subprocess.run([VRAMLAB, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode in (0, 1), f"{cmd}: {r.stderr}"  # 1: the plan's verdict is "does not fit"
+    assert r.stdout.strip() and "Traceback" not in r.stderr
