@@ -21,6 +21,7 @@ class StubBehaviour:
     fail_status: int | None = None  # answer every request with this status
     fail_body: str = '{"error": {"message": "boom"}}'
     stall_until: float = 0.0  # time.monotonic() until which new requests wait before answering
+    stall_first_s: float = 0.0  # the first request starts a stall this long (independent of set-up time)
     midstream_error: str | None = None  # sent as an error event after the first token
     garbage: bool = False
     usage: bool = True
@@ -89,6 +90,8 @@ class StubServer:
         b = self.b
         body = await request.json()
         b.seen.append(body)
+        if b.stall_first_s and len(b.seen) == 1:
+            b.stall_until = time.monotonic() + b.stall_first_s
         wait = b.stall_until - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
