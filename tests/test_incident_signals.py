@@ -183,3 +183,13 @@ def test_property_recovery_times_non_negative(raw, t0):
         assert v is None or v >= 0
     if rec.recovered:
         assert rec.time_to_recover_s >= max(x for x in (rec.first_success_s, rec.p95_ok_s) if x is not None)
+
+
+def test_not_recovered_summary_names_the_clock_that_never_came_back():
+    from vramlab.analysis.incident import Recovery
+    from vramlab.report.incident import _not_recovered
+
+    assert "no successful request" in _not_recovered(Recovery(None, None, None, False, None, True))
+    assert "health still failing" in _not_recovered(Recovery(None, 2.0, None, False, None, True))
+    latency = _not_recovered(Recovery(1.5, 2.0, None, False, None, True))
+    assert latency.startswith("serving again after 2") and "P95" in latency

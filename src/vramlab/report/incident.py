@@ -68,11 +68,21 @@ def summary_line(ctx: ReportContext) -> str:
         return f"no OOM up to {fmt.num(top)} {unit}: the target held at the ceiling"
     step = inc.failure_step or {}
     rec = inc.recovery
-    rec_txt = f"recovered in {_s(rec.time_to_recover_s)}" if rec.recovered else "NOT recovered within the limit"
+    rec_txt = f"recovered in {_s(rec.time_to_recover_s)}" if rec.recovered else _not_recovered(rec)
     first = inc.signals.first
     return (f"{inc.failure_mode} at {fmt.num(step.get('value'))} {unit} (last safe {fmt.num(inc.last_safe_value)}); "
             f"detected in {_s(inc.time_to_detect_s)}; first abnormal signal {first.name if first else '–'}; "
             f"{inc.impact.failed} failed requests; {rec_txt}")
+
+
+def _not_recovered(rec: Any) -> str:
+    """Which of recovery's clocks never came back: serving, health, or latency back to baseline."""
+    if rec.first_success_s is None:
+        return "NOT recovered within the limit: no successful request after the failure"
+    if rec.health_failed and rec.health_ok_s is None:
+        return f"serving again after {_s(rec.first_success_s)} but health still failing: NOT recovered"
+    return (f"serving again after {_s(rec.first_success_s)}, but P95 latency not back to the baseline's "
+            "within the observation window: NOT recovered")
 
 
 def s_summary(ctx: ReportContext) -> list[Block]:
