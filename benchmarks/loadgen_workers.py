@@ -65,6 +65,14 @@ async def _at(t: float) -> None:
     await asyncio.sleep(max(0.0, t - time.perf_counter()))
 
 
+async def _cpu_window(cpu: Any, ws: float, we: float) -> None:
+    """Count the client's CPU time over the measured window only."""
+    await _at(ws)
+    cpu.start()
+    await _at(we)
+    cpu.stop()
+
+
 # -- vramlab: the client + driver that `vramlab run` uses -----------------------------------------------
 async def vramlab_rate(c: dict[str, Any]) -> dict[str, Any]:
     from vramlab.load.client import OpenAIClient
@@ -83,14 +91,8 @@ async def vramlab_rate(c: dict[str, Any]) -> dict[str, Any]:
             else:
                 errors[0] += 1
 
-    async def monitor() -> None:
-        await _at(ws)
-        cpu.start()
-        await _at(we)
-        cpu.stop()
-
     async with OpenAIClient(c["url"], "bench", "openai-chat", max_connections=c["conc"]) as client:
-        mon = asyncio.ensure_future(monitor())
+        mon = asyncio.ensure_future(_cpu_window(cpu, ws, we))
         await drive(client, cycle(synthetic_prompts(8, 1, 16, 0)),
                     LoadShape(mode="closed", concurrency=c["conc"], max_tokens=1),
                     Window(duration_s=c["warmup_s"] + c["measure_s"], drain_s=1.0), on_result)
@@ -167,13 +169,7 @@ async def aiohttp_rate(c: dict[str, Any]) -> dict[str, Any]:
                     else:
                         errors[0] += 1
 
-        async def monitor() -> None:
-            await _at(ws)
-            cpu.start()
-            await _at(we)
-            cpu.stop()
-
-        tasks = [asyncio.ensure_future(worker()) for _ in range(c["conc"])] + [asyncio.ensure_future(monitor())]
+        tasks = [asyncio.ensure_future(worker()) for _ in range(c["conc"])] + [asyncio.ensure_future(_cpu_window(cpu, ws, we))]
         _, pending = await asyncio.wait(tasks, timeout=we + 1.0 - pc())
         for t in pending:
             t.cancel()

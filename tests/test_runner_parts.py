@@ -4,7 +4,6 @@ the client-fell-behind warning, and the store on PostgreSQL when one is there.""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from pathlib import Path
 
@@ -145,12 +144,9 @@ load: {{mode: open, request_rate: 2, max_concurrency: 1, lag_warn_ms: 20}}
 
 @pytest.fixture()
 def pg_url() -> str:
-    url = os.environ.get("VRAMLAB_TEST_PG_URL")
-    if not url:
-        if os.environ.get("VRAMLAB_REQUIRE_PG") == "1":
-            pytest.fail("VRAMLAB_REQUIRE_PG=1 but VRAMLAB_TEST_PG_URL is not set")
-        pytest.skip("no PostgreSQL (VRAMLAB_TEST_PG_URL unset)")
-    return url
+    from _store_backends import pg_url_or_skip  # one skip/fail rule for every PostgreSQL test
+
+    return pg_url_or_skip()
 
 
 @pytest.mark.postgres
