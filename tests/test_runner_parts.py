@@ -183,7 +183,7 @@ phases: {{duration_s: 0.3}}
 rounds: 1
 samplers: {{sources: [host]}}
 """)
-        out = run_plan(plan, plan_dir=Path("."), db=pg_url)
+        out = run_plan(plan, plan_dir=Path("."), open_store=lambda: open_store(pg_url))
     finally:
         done.set()
         t.join(5)

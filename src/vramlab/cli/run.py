@@ -47,12 +47,13 @@ def summary(r: RunResult, store_url: str) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from vramlab.experiment.progress import make_progress
     from vramlab.experiment.session import run_plan_file
+    from vramlab.store import open_store
 
     stream = sys.stderr if args.json else sys.stdout
     progress = make_progress(stream)
     try:
-        out = run_plan_file(args.plan, db=args.db, rounds=args.rounds, allow_production=args.allow_production,
-                            subscribers=[progress])
+        out = run_plan_file(args.plan, open_store=lambda: open_store(args.db), rounds=args.rounds,
+                            allow_production=args.allow_production, subscribers=[progress])
     finally:
         progress.close()
     s = summary(out.result, out.store_url)

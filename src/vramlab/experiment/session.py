@@ -20,6 +20,7 @@ from vramlab.errors import ConfigError, VramlabError
 from vramlab.experiment.events import Event, EventHook
 from vramlab.experiment.plan import Plan, load_plan
 from vramlab.experiment.runner import Runner, RunOptions, RunResult
+from vramlab.records.store import Store
 
 
 @dataclass(frozen=True)
@@ -81,11 +82,13 @@ def _event_loop_runner() -> Callable[[Any], Any]:
         return asyncio.run
 
 
-def run_plan(plan: Plan, *, plan_dir: Path, db: str | None = None, rounds: int | None = None,
+def run_plan(plan: Plan, *, plan_dir: Path, open_store: Callable[[], Store], rounds: int | None = None,
              allow_production: bool = False, subscribers: list[Callable[[Event], None]] | None = None,
              options: RunOptions | None = None) -> SessionResult:
+    """Run *plan* into the store *open_store* opens (after the checks: a refused plan touches no
+    store); the store is closed when the run ends. The caller picks the store (`vramlab run`:
+    `vramlab.store.open_store(--db)`), so this package depends on the `Store` port only."""
     from vramlab.experiment.recorder import StoreRecorder
-    from vramlab.store import open_store
 
     check_target(plan, allow_production)
     opts = options or RunOptions()
@@ -94,7 +97,7 @@ def run_plan(plan: Plan, *, plan_dir: Path, db: str | None = None, rounds: int |
     opts.base_dir = plan_dir
     if opts.rounds is not None and opts.rounds < 1:
         raise ConfigError("--rounds must be at least 1")
-    store = open_store(db)
+    store = open_store()
     try:
         hook = EventHook()
         recorder = StoreRecorder(store)

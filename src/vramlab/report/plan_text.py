@@ -98,8 +98,11 @@ def render_sweep(result: SweepResult, model_name: str, gpu: GPU) -> str:
     return "\n".join(lines)
 
 
-def plot_sweep(result: SweepResult, path: str, title: str = "") -> None:
-    """1 axis: max concurrency per value; 2 axes: a heat map of max concurrency (blank = does not fit)."""
+def plot_sweep(result: SweepResult, fmt: str = "png", title: str = "") -> bytes:
+    """The sweep as an image file's bytes in *fmt* (png, svg, pdf: what matplotlib writes). 1 axis:
+    max concurrency per value; 2 axes: a heat map of max concurrency (blank = does not fit)."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,5 +134,7 @@ def plot_sweep(result: SweepResult, path: str, title: str = "") -> None:
         fig.colorbar(im, ax=ax, label="max concurrency at max_model_len")
     ax.set_title(title or "vramlab plan sweep")
     fig.tight_layout()
-    fig.savefig(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt)
     plt.close(fig)
+    return buf.getvalue()
