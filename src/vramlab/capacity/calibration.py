@@ -347,10 +347,9 @@ def _leave_one_out(model: _Model, linear: dict[str, _Linear], values: dict[str, 
 
 
 def _p90(xs: list[float]) -> float:
-    s = sorted(xs)
-    k = (len(s) - 1) * 0.9
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+    from vramlab.records.stats import percentile  # the one definition (type 7, as this was)
+
+    return percentile(xs, 90)
 
 
 # --- profiles --------------------------------------------------------------------------------
