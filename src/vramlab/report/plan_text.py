@@ -7,14 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramlab.capacity.estimate import GIB
 from vramlab.capacity.gpus import GPU
 from vramlab.capacity.planning import Plan, SweepResult
 from vramlab.capacity.spec import ModelSpec
-
-
-def gib(n: float) -> str:
-    return f"{n / GIB:.2f}"
+from vramlab.capacity.units import gib
 
 
 def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
