@@ -174,3 +174,14 @@ def test_readme_commands_run(cmd, tmp_path):
     r = subprocess.run([VRAMLAB, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode in (0, 1), f"{cmd}: {r.stderr}"  # 1: the plan's verdict is "does not fit"
     assert r.stdout.strip() and "Traceback" not in r.stderr
+
+
+def test_no_code_writes_pydantic_private_attributes():
+    """Records are built through pydantic's public API (model_validate, TypeAdapter, model_construct)."""
+    for path in (ROOT / "src" / "vramlab").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("__pydantic_"):
+                raise AssertionError(f"{path.relative_to(ROOT)}:{node.lineno} names {node.value}")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__setattr__"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "object"):
+                raise AssertionError(f"{path.relative_to(ROOT)}:{node.lineno} calls object.__setattr__")

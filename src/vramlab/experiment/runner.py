@@ -80,16 +80,11 @@ class RunResult:
 
 
 def _request_record(**fields: Any) -> RequestRecord:
-    """A RequestRecord without validation or model_construct's bookkeeping: this is the hot path
-    (thousands a second), every field is set right here from typed values, and validating would
-    cost more than parsing the request's stream (as the store reads rows back, see store/sql.py)."""
+    """A RequestRecord through pydantic's public validator. This is the hot path (thousands a
+    second): every field is given (the assert), and pydantic-core validates a record in ~10 us,
+    faster than `model_construct`; nothing writes pydantic's private attributes."""
     assert fields.keys() == _REQUEST_FIELDS, fields.keys() ^ _REQUEST_FIELDS
-    obj = RequestRecord.__new__(RequestRecord)
-    object.__setattr__(obj, "__dict__", fields)
-    object.__setattr__(obj, "__pydantic_fields_set__", set(_REQUEST_FIELDS))
-    object.__setattr__(obj, "__pydantic_extra__", None)
-    object.__setattr__(obj, "__pydantic_private__", None)
-    return obj
+    return RequestRecord.model_validate(fields)
 
 
 _REQUEST_FIELDS = set(RequestRecord.model_fields)
