@@ -35,6 +35,9 @@ def api_key_for(plan: Plan) -> str | None:
     value = os.environ.get(name)
     if not value:
         raise ConfigError(f"target.api_key_env: the environment variable {name} is not set")
+    from vramlab.redact import register
+
+    register(value)  # masked wherever a server or a message echoes it (vramlab.redact)
     return value
 
 

@@ -16,12 +16,15 @@ import sqlalchemy as sa
 
 from vramlab.errors import NotFoundError, VramlabError
 from vramlab.experiment.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.redact import redact, redact_obj
 from vramlab.store import schema
 from vramlab.store.migrations import migrate
 from vramlab.store.url import describe_url
 
 _HEX = re.compile(r"^[0-9a-f]+$")
 _RUN_FIELDS = set(RunRecord.model_fields) - {"run_id"}
+# Free-text columns of each row table: the ones a server's words or a URL can reach.
+_TEXT_FIELDS = {"requests": ("error",), "samples": ("name", "labels"), "events": ("message", "data")}
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -107,7 +110,7 @@ class Store:
             exists = conn.execute(sa.select(schema.runs.c.run_id).where(schema.runs.c.run_id == run.run_id))
             if exists.first() is not None:
                 raise VramlabError(f"run {run.run_id} already exists in the store")
-            conn.execute(sa.insert(schema.runs).values(**run.model_dump()))
+            conn.execute(sa.insert(schema.runs).values(**redact_obj(run.model_dump())))
         return run
 
     def update_run(self, run_id: str, **fields: Any) -> RunRecord:
@@ -117,7 +120,7 @@ class Store:
             raise ValueError(f"update_run: unknown or read-only fields {sorted(unknown)}")
         current = self.get_run(run_id, exact=True)
         updated = RunRecord.model_validate({**current.model_dump(), **fields})
-        values = {k: getattr(updated, k) for k in fields}
+        values = {k: redact_obj(getattr(updated, k)) for k in fields}
         with self.engine.begin() as conn:
             conn.execute(sa.update(schema.runs).where(schema.runs.c.run_id == run_id).values(**values))
         return updated
@@ -135,10 +138,16 @@ class Store:
         if not records:
             return 0
         rows = []
+        text_fields = _TEXT_FIELDS[table.name]
         for rec in records:
             if rec.run_id != run_id:
                 raise ValueError(f"record for run {rec.run_id} passed to run {run_id}")
-            rows.append(rec.model_dump())
+            row = rec.model_dump()
+            for name in text_fields:  # nothing that leaves the process carries a secret (vramlab.redact)
+                value = row.get(name)
+                if value:
+                    row[name] = redact(value) if isinstance(value, str) else redact_obj(value)
+            rows.append(row)
         with self.engine.begin() as conn:
             conn.execute(sa.insert(table), rows)
         return len(rows)
