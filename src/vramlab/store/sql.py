@@ -89,6 +89,10 @@ def _from_row(model: Any, row: dict[str, Any]) -> Any:
     return obj
 
 
+def _run_record(row: Any) -> RunRecord:
+    return RunRecord.model_validate({k: v for k, v in row.items() if k not in schema.LIVENESS_COLUMNS})
+
+
 class Store:
     """Runs and their requests, samples and events. Use `vramlab.store.open_store` to get one."""
 
@@ -152,6 +156,34 @@ class Store:
             conn.execute(sa.insert(table), rows)
         return len(rows)
 
+    def heartbeat(self, run_id: str) -> None:
+        """Stamp the run's writer as alive now (the store writer calls this every few seconds)."""
+        import os
+        import socket
+        import time
+
+        with self.engine.begin() as conn:
+            conn.execute(sa.update(schema.runs).where(schema.runs.c.run_id == run_id).values(
+                heartbeat_at=time.time(), writer_pid=os.getpid(), writer_host=socket.gethostname()[:255]))
+
+    def liveness(self, run_ids: Sequence[str]) -> dict[str, tuple[float | None, int | None, str | None]]:
+        """run_id -> (heartbeat_at, writer_pid, writer_host) for the given runs."""
+        t = schema.runs
+        if not run_ids:
+            return {}
+        q = sa.select(t.c.run_id, t.c.heartbeat_at, t.c.writer_pid, t.c.writer_host).where(t.c.run_id.in_(run_ids))
+        with self.engine.connect() as conn:
+            return {r[0]: (r[1], r[2], r[3]) for r in conn.execute(q)}
+
+    def count(self, run_id: str) -> dict[str, int]:
+        """How many requests, samples and events the store holds for a run."""
+        out = {}
+        with self.engine.connect() as conn:
+            for t in schema.RUN_TABLES:
+                out[t.name] = int(conn.execute(sa.select(sa.func.count()).select_from(t)
+                                               .where(t.c.run_id == run_id)).scalar() or 0)
+        return out
+
     # -- reading -------------------------------------------------------------------------------
 
     def get_run(self, id_or_prefix: str, *, exact: bool = False) -> RunRecord:
@@ -168,11 +200,11 @@ class Store:
         if len(rows) > 1:
             exact_hit = [r for r in rows if r["run_id"] == key]
             if exact_hit:
-                return RunRecord.model_validate(dict(exact_hit[0]))
+                return _run_record(exact_hit[0])
             ids = ", ".join(r["run_id"] for r in rows[:5])
             more = ", ..." if len(rows) > 5 else ""
             raise NotFoundError(f"run id prefix {id_or_prefix!r} is ambiguous: {ids}{more}; give more characters")
-        return RunRecord.model_validate(dict(rows[0]))
+        return _run_record(rows[0])
 
     def list_runs(self, limit: int = 50, kind: str | None = None) -> list[RunRecord]:
         """Runs, newest first."""
@@ -182,7 +214,7 @@ class Store:
         if limit:
             q = q.limit(limit)
         with self.engine.connect() as conn:
-            return [RunRecord.model_validate(dict(r)) for r in conn.execute(q).mappings()]
+            return [_run_record(r) for r in conn.execute(q).mappings()]
 
     def requests(self, run_id: str) -> list[RequestRecord]:
         return self._read(schema.requests, RequestRecord, run_id, order=[schema.requests.c.seq])
