@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramlab.experiment.events import DATA_KINDS, Event
-from vramlab.experiment.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records.store import Store
 
 _KINDS = ("requests", "samples", "events")
 
@@ -47,7 +48,7 @@ class Accounting:
 
 
 class StoreRecorder:
-    def __init__(self, store: Any, flush_s: float = 0.5, batch: int = 1000, *, retries: int = 4,
+    def __init__(self, store: Store, flush_s: float = 0.5, batch: int = 1000, *, retries: int = 4,
                  retry_base_s: float = 0.2, heartbeat_s: float = 2.0,
                  on_failure: Callable[[str], None] | None = None) -> None:
         self.store, self.flush_s, self.batch = store, flush_s, batch

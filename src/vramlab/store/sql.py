@@ -15,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from vramlab.errors import NotFoundError, VramlabError
-from vramlab.experiment.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
 from vramlab.redact import redact, redact_obj
 from vramlab.store import schema
 from vramlab.store.migrations import migrate
@@ -93,8 +93,11 @@ def _run_record(row: Any) -> RunRecord:
     return RunRecord.model_validate({k: v for k, v in row.items() if k not in schema.LIVENESS_COLUMNS})
 
 
-class Store:
-    """Runs and their requests, samples and events. Use `vramlab.store.open_store` to get one."""
+class SqlStore:
+    """Runs and their requests, samples and events, behind the `vramlab.records.store.Store` port.
+
+    Use `vramlab.store.open_store` to get one.
+    """
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -240,7 +243,7 @@ class Store:
     def close(self) -> None:
         self.engine.dispose()
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> SqlStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
