@@ -107,8 +107,10 @@ def test_recorder_writes_in_batches_and_keeps_notes(tmp_path: Path) -> None:
         rec(Event("request", r.end_s or 0, payload=r))
     assert store.requests("0123abcd") == []  # not yet a batch
     rec(Event("request", 1, payload=_records(50, "0123abcd")[-1]))
+    assert rec.wait_idle()  # the writer thread took the batch
     assert len(store.requests("0123abcd")) == 50
     rec(Event("note", 1.1, message="sampler gpu: not used: no NVIDIA driver"))
+    assert rec.wait_idle()
     assert store.get_run("0123abcd").notes == ["sampler gpu: not used: no NVIDIA driver"]
     rec(Event("run_end", 2, data={"status": "stopped", "ended_at": time.time(), "stop_reason": "kv"}))
     run = store.get_run("0123abcd")
@@ -208,11 +210,12 @@ class _FlakyStore(MemoryStore):
 
 def test_recorder_keeps_rows_when_the_store_fails() -> None:
     real = _FlakyStore()
-    rec = StoreRecorder(real, flush_s=3600, batch=10)
+    rec = StoreRecorder(real, flush_s=3600, batch=10, retry_base_s=0.01)
     rec(Event("run_start", 0, payload=RunRecord(run_id="0123abce", name="x", started_at=time.time())))
     for r in _records(25, "0123abce"):
         rec(Event("request", r.end_s or 0, payload=r))
-    assert rec.store_errors == ["OSError: database is locked"] * 2
+    assert rec.wait_idle()
+    assert rec.store_errors == ["OSError: database is locked"] * 2 and rec.failure is None
     rec(Event("run_end", 2, data={"status": "completed", "ended_at": time.time()}))
     run = real.get_run("0123abce")
     assert len(real.requests("0123abce")) == 25 and run.status == "completed"

@@ -67,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
     ctx = load_context(store, result.run_id)
     out = args.output or f"incident-{result.run_id}.md"
     with open(out, "w") as fh:
-        fh.write(render(ctx, "html" if out.endswith((".html", ".htm")) else "md"))
+        from vramlab.redact import redact
+
+        fh.write(redact(render(ctx, "html" if out.endswith((".html", ".htm")) else "md")))
     if args.json:
         import json
 
