@@ -169,7 +169,7 @@ class Runner:
         ticker: asyncio.Task[None] | None = None
         rollbacks: list[RollbackResult] = []
         try:
-            async with OpenAIClient(plan.target.base_url, plan.target.model, plan.target.api, self.o.api_key,
+            async with OpenAIClient(plan.target.url, plan.target.model, plan.target.api, self.o.api_key,
                                     max_connections=max_connections(plan, plan.change.values()),
                                     timeout_s=plan.load.request_timeout_s,
                                     ignore_eos=plan.fixed.ignore_eos) as client:
@@ -219,7 +219,7 @@ class Runner:
         if self.o.capture_environment:
             fixed.update(await asyncio.to_thread(gpu_facts))
             headers = {"Authorization": f"Bearer {self.o.api_key}"} if self.o.api_key else {}
-            facts, notes = await engine_facts(self.plan.target.base_url, headers, self.plan.target.model)
+            facts, notes = await engine_facts(self.plan.target.url, headers, self.plan.target.model)
             fixed.update(facts)
         fixed.update(self.o.extra_fixed)
         return fixed, notes
