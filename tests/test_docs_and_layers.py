@@ -169,7 +169,9 @@ def test_readme_experiment_and_drill_commands_run_in_an_empty_folder(tmp_path):
                 ids.append(re.search(r"^run ([0-9a-f]{8}):", out.stdout, re.M).group(1))  # type: ignore[union-attr]
                 assert f"vramlab report {ids[-1]}" in out.stdout
             continue
-        sh(cmd.replace("7f3a", ids[0]).replace("91bc", ids[1]))
+        if "7f3a" in cmd or "91bc" in cmd:
+            cmd = cmd.replace("7f3a", ids[0]).replace("91bc", ids[1])
+        sh(cmd)
     assert (tmp_path / "report.html").read_text().count("<table") >= 4
     for cmd in _readme_block("Drill OOM and write the incident report"):
         if cmd.startswith("vramlab drill "):
