@@ -17,13 +17,13 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1.5em
 padding:0 1em;color:#222;line-height:1.45}
 h1{font-size:1.5em;margin-bottom:.2em;overflow-wrap:anywhere}h2{font-size:1.2em;border-bottom:1px solid #ddd;
 margin-top:1.8em}h3{font-size:1em;margin:1em 0 .3em}.sub{color:#666;margin-top:0}
-p,li{overflow-wrap:anywhere}
+p,li{overflow-wrap:break-word}
 table{border-collapse:collapse;font-size:.85em;margin:.6em 0;max-width:100%}
 caption{text-align:left;font-style:italic;color:#555;padding:.2em 0}
-th,td{border:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+th,td{border:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top;overflow-wrap:break-word}
 th{background:#f5f5f5;font-weight:600;overflow-wrap:normal}
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}td.n{white-space:nowrap}
-code{background:#f3f3f3;padding:0 .2em;overflow-wrap:anywhere}
+code{background:#f3f3f3;padding:0 .2em;overflow-wrap:break-word}
 figure{margin:.5em 0}svg{max-width:100%;height:auto}.ct{font-size:13px;font-weight:600}.tk{font-size:10px;fill:#555}
 .al{font-size:11px;fill:#333}.lg{font-size:11px}.empty{color:#888}
 @media print{body{max-width:none;margin:0;padding:0;font-size:10pt}h2{break-after:avoid}
