@@ -177,6 +177,22 @@ def test_report_reads_at_laptop_width(browser, reports, kind):
         assert len(signal) == 2 and all(t["right"] <= t["viewport"] for t in signal), signal
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_reports_print_on_a4_without_cut_tables(browser, reports):
+    """The print stylesheet: A4 portrait (about 720 CSS px between 12 mm margins) in print media."""
+    browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": "print"})
+    try:
+        for kind, path in reports.items():
+            browser.set_window_size(720 + 16, HEIGHT)
+            browser.get(path.resolve().as_uri())
+            got = json.loads(browser.execute_script(MEASURE))
+            wide = [p for p in problems(got) if p.startswith(("table wider", "page wider", "clipped"))]
+            assert wide == [], f"{kind} in print at A4 width: " + "; ".join(wide[:8])
+    finally:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": ""})
+
+
 # -- the check itself can fail ----------------------------------------------------------------------
 
 BAD = """<!DOCTYPE html><html><head><meta charset="utf-8"><style>
