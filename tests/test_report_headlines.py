@@ -127,6 +127,12 @@ def test_incident_headline_clocks_are_the_recovery_tables(drills):
     for a in (_rows(alerts[0]) if alerts else []):
         same = [r for r in timeline if r["event"] == "alert" and r["t (s)"] == a["t (s)"]]
         assert same and all(r["T0 + (s)"] == a["T0 + (s)"] for r in same), (a, same)
+    firing = [a for a in (_rows(alerts[0]) if alerts else []) if a["state"] == "firing"]
+    if firing:
+        rel = firing[0]["T0 + (s)"]
+        assert clocks["time to alert"].startswith(rel if rel.startswith("-") else rel.lstrip("+") + " s"), clocks
+    else:
+        assert clocks["time to alert"] == "–"
     # The first abnormal signal named in the headline is the first row of the signal table.
     first = re.search(r"first abnormal signal (\S+);", head).group(1)  # type: ignore[union-attr]
     order = [t for t in _tables(det) if t.headers[0] == "signal"][0]
@@ -155,6 +161,20 @@ def test_colocation_headline_counts_the_refusals_the_table_shows(drills):
     else:
         assert "did not start" not in head
     assert head.split(":")[0] in stdout  # the console says what the report says
+
+
+def test_time_to_alert_reads_on_the_alert_tables_clock():
+    from types import SimpleNamespace
+
+    from vramlab.report.incident import alert_clock
+
+    early = SimpleNamespace(t0_s=10.0, time_to_alert_s=0.0,  # the analysis clamps at T0
+                            alerts=[{"name": "A", "state": "pending", "t_s": 9.0},
+                                    {"name": "A", "state": "firing", "t_s": 9.53}])
+    assert alert_clock(early).startswith("-0.47 s") and "before the fault step" in alert_clock(early)
+    late = SimpleNamespace(t0_s=10.0, time_to_alert_s=1.25, alerts=[{"name": "A", "state": "firing", "t_s": 11.25}])
+    assert alert_clock(late) == "1.25 s"
+    assert alert_clock(SimpleNamespace(t0_s=10.0, time_to_alert_s=None, alerts=[])) == "–"
 
 
 def test_predictions_above_the_failure_are_called_unsafe():

@@ -66,6 +66,26 @@ def since_t0(t_s: float, t0: float | None) -> str:
     return "–" if t0 is None else f"{t_s - t0:+.2f}"
 
 
+def alert_clock(inc: Incident) -> str:
+    """Time to alert on the alert table's clock: an alert already firing before the fault step reads
+    negative there, so it is not shown as 0.00 s here."""
+    firing = next((a for a in inc.alerts if a.get("state") == "firing"), None)
+    if firing is not None and inc.t0_s is not None and firing["t_s"] < inc.t0_s:
+        return f"{firing['t_s'] - inc.t0_s:+.2f} s (already firing before the fault step)"
+    return _s(inc.time_to_alert_s)
+
+
+def signal_value(name: str, v: float | None) -> str:
+    """A signal's value in its own unit: shares and rates in %, latencies in ms, counts as counts."""
+    if v is None:
+        return "–"
+    if name.endswith(("_share", "_rate", "_perc")):
+        return fmt.pct(v)
+    if name.endswith("_ms"):
+        return f"{fmt.ms(v)} ms"
+    return fmt.num(round(v, 3))
+
+
 def refused_on_ramp(ctx: ReportContext) -> tuple[int, int, list[str]]:
     """(models the co-location ramp added, how many of them did not start, their outcomes), from the
     same outcomes the co-location table shows."""
@@ -180,7 +200,7 @@ def s_detection(ctx: ReportContext) -> list[Block]:
                            f"({'' if inc.t0_s is None else f'{f.t_s - inc.t0_s:+.2f} s from T0; '}"
                            f"{f.describe()})."))
     rows = [[o.name, o.layer, f"{o.t_s:.2f}", "–" if inc.t0_s is None else f"{o.t_s - inc.t0_s:+.2f}", o.reason,
-             f"{o.value:.4g}", "–" if o.baseline_mean is None else f"{o.baseline_mean:.4g}"] for o in sig.order]
+             signal_value(o.name, o.value), signal_value(o.name, o.baseline_mean)] for o in sig.order]
     if rows:
         blocks.append(Table(["signal", "layer", "onset (s)", "T0 + (s)", "judged by", "value", "baseline mean"], rows,
                             caption="Order in which signals went abnormal (judged against the baseline phase)"))
@@ -195,7 +215,7 @@ def s_detection(ctx: ReportContext) -> list[Block]:
     if alert_rows:
         blocks.append(Table(["alert", "state", "t (s)", "T0 + (s)", "source"], alert_rows,
                             caption="Same clock as the timeline; a negative T0 + means before the fault step"))
-    blocks.append(Text(f"Time to alert (T0 → first alert firing): **{_s(inc.time_to_alert_s)}**"
+    blocks.append(Text(f"Time to alert (T0 → first alert firing): **{alert_clock(inc)}**"
                        + ("" if inc.time_to_alert_s is not None else
                           " — no alert fired during the drill (a `for:` longer than the incident never fires)")))
     return blocks
@@ -253,7 +273,7 @@ def s_recovery(ctx: ReportContext) -> list[Block]:
     rows = [
         ["T0", "the fault step began", "0.00 s"],
         ["time to detect", "T0 → first detection by the drill", _s(inc.time_to_detect_s)],
-        ["time to alert", "T0 → first alert firing", _s(inc.time_to_alert_s)],
+        ["time to alert", "T0 → first alert firing", alert_clock(inc)],
         ["time to mitigate", "T0 → first corrective action (restart, script, operator)", _s(inc.time_to_mitigate_s)],
         ["health 200 again", "T0 → health OK after it failed" if r.health_failed else "health never failed",
          _s(r.health_ok_s)],
