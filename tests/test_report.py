@@ -170,3 +170,8 @@ def test_prediction_beside_observed_queueing():
     md = render(ctx, "md")
     assert "Engine queue longer than in baseline from concurrency 8 (waiting max 5); longest: 5 at concurrency 8" in md
     assert ("Capacity model predicted max concurrency 6; observed: thresholds held up to 4, queueing from 8") in md
+    assert "unsafe side" not in md  # 6 lies between the last step that held (4) and the first breach (8)
+    over = run.model_copy(update={"fixed": {**run.fixed, "predicted": {"max_concurrency": 12}}})
+    md = render(ReportContext.build(over, reqs, samples, events), "md")
+    assert ("Capacity model predicted max concurrency 12; observed: thresholds held up to 4, queueing from 8 — the "
+            "prediction was on the unsafe side (at or above the first breach, concurrency 8)") in md

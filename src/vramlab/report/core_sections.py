@@ -83,7 +83,14 @@ def _capacity_lines(ctx: ReportContext) -> list[str]:
                 else "no step met the thresholds"]
         if a.queueing_from_value is not None:
             seen.append(f"queueing from {fmt.num(a.queueing_from_value)}")
-        out.append(f"Capacity model predicted max {var} {fmt.num(guess)}; observed: {', '.join(seen)}")
+        line = f"Capacity model predicted max {var} {fmt.num(guess)}; observed: {', '.join(seen)}"
+        # The first value where a threshold broke (the same breach the thresholds line names).
+        broke = next((c.step_value for c in a.thresholds if c.passed is False and c.step_value is not None), None)
+        if broke is not None and guess >= broke:
+            line += f" — the prediction was on the unsafe side (at or above the first breach, {var} {fmt.num(broke)})"
+        elif a.highest_passing_value is not None and guess <= a.highest_passing_value:
+            line += " — the prediction was on the safe side"
+        out.append(line)
     return out
 
 
