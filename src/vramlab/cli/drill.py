@@ -76,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(incident_json(ctx), indent=2, default=str))
     else:
         print(f"{result.run_id}: {summary_line(ctx)}")
-        print(f"incident report: {out}   (again: vramlab report {result.run_id} --format html -o incident.html)")
+        from vramlab.cli.run import report_hint
+
+        again = report_hint(result.run_id, args.db or plan.store, store.url, "incident.html")
+        print(f"incident report: {out}   (again: {again})")
     return 0 if result.status == "completed" else 1
 

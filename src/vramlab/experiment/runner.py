@@ -12,6 +12,7 @@ the samplers, restores the target and runs the rollback commands, then emits ``r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -125,6 +126,7 @@ class Runner:
         self._client: OpenAIClient | None = None
         self._totals = [0, 0]
         self._abort: str | None = None
+        self._last_4xx: str | None = None
 
     # -- events --------------------------------------------------------------------------------
     def now(self) -> float:
@@ -165,10 +167,11 @@ class Runner:
         ticker: asyncio.Task[None] | None = None
         rollbacks: list[RollbackResult] = []
         try:
-            async with OpenAIClient(plan.target.base_url, plan.target.model, plan.target.api, self.o.api_key,
+            ignore_eos = plan.fixed.ignore_eos and await self._engine_accepts_ignore_eos()
+            async with OpenAIClient(plan.target.url, plan.target.model, plan.target.api, self.o.api_key,
                                     max_connections=max_connections(plan, plan.change.values()),
                                     timeout_s=plan.load.request_timeout_s,
-                                    ignore_eos=plan.fixed.ignore_eos) as client:
+                                    ignore_eos=ignore_eos) as client:
                 self._client = client
                 await samplers.start()
                 ticker = asyncio.ensure_future(self._tick())
@@ -209,6 +212,22 @@ class Runner:
         return RunResult(self.run_id, status, self.stop, tuple(self.notes), self._totals[0], self._totals[1],
                          self.now(), tuple(rollbacks))
 
+    async def _engine_accepts_ignore_eos(self) -> bool:
+        """`ignore_eos` is not in OpenAI's API: vLLM, SGLang and llama.cpp accept it, others answer 4xx
+        (e.g. `HTTP 422: Unexpected fields in the request: {'ignore_eos'}`). One request of one token
+        with it: a 4xx naming the field drops it for the run, with a note quoting the server."""
+        from vramlab.load.prompts import Prompt
+
+        plan = self.plan
+        async with OpenAIClient(plan.target.url, plan.target.model, plan.target.api, self.o.api_key,
+                                max_connections=1, timeout_s=plan.load.request_timeout_s, ignore_eos=True) as probe:
+            res = await probe.send("ignore-eos-probe", Prompt("Say OK.", None, 1), 1, time.perf_counter())
+        if 400 <= res.status_code < 500 and "ignore_eos" in (res.error or ""):
+            self.note(f"ignore_eos dropped: the server refused the field ({res.error}); outputs may end before "
+                      "output_tokens")
+            return False
+        return True
+
     async def _environment(self) -> tuple[dict[str, Any], list[str]]:
         from vramlab.experiment.environment import engine_facts, gpu_facts, host_facts
 
@@ -217,7 +236,7 @@ class Runner:
         if self.o.capture_environment:
             fixed.update(await asyncio.to_thread(gpu_facts))
             headers = {"Authorization": f"Bearer {self.o.api_key}"} if self.o.api_key else {}
-            facts, notes = await engine_facts(self.plan.target.base_url, headers, self.plan.target.model)
+            facts, notes = await engine_facts(self.plan.target.url, headers, self.plan.target.model)
             fixed.update(facts)
         fixed.update(self.o.extra_fixed)
         return fixed, notes
@@ -311,6 +330,8 @@ class Runner:
             else:
                 stats.errors += 1
                 self._totals[1] += 1
+                if res.error_class == "http_4xx" and res.error:
+                    self._last_4xx = res.error
         self.monitor.on_request(res.end_at - t0, ok, res.error_class, res.e2e_from_scheduled_ms, res.error)
         if not ok:
             self._check()
@@ -336,6 +357,9 @@ class Runner:
         """Stop now: record why and cancel the running window (drills call this for OOM too)."""
         if self.stop is not None:
             return
+        if reason.condition == "error_rate" and self._last_4xx:
+            # The server's own words for the 4xx behind the error rate: console, run row, every report.
+            reason = dataclasses.replace(reason, message=f"{reason.message}; the server said: {self._last_4xx}")
         self.stop = reason
         self.emit("stop_condition", reason.message,
                   {"condition": reason.condition, "value": reason.value, "threshold": reason.threshold})
