@@ -16,6 +16,10 @@ from typing import Any
 
 GIB = 1 << 30
 MIB = 1 << 20
+# Bounds on what a log may cost to read: a line longer than this is cut (engine lines are far
+# shorter; a pasted tensor or /dev/zero is not), and reading stops after MAX_LOG_BYTES.
+MAX_LINE_CHARS = 64 * 1024
+MAX_LOG_BYTES = 64 * MIB
 
 # Fields that carry memory figures: an observation needs one of them to be worth reporting.
 MEMORY_FIELDS = (
@@ -26,6 +30,18 @@ MEMORY_FIELDS = (
 COMPLETE_FIELDS = ("kv_cache_bytes", "kv_cache_tokens", "gpu_blocks")
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# Colour codes whose ESC byte was lost on the way into an issue ("[34m1.14.608.510[0m [32mI [0m").
+_BARE_SGR = re.compile(r"\[(?:\d{1,3}(?:;\d{1,3})*)?m")
+# What log shippers and terminals put in front of an engine's own line, outermost first. Each is
+# stripped once, in this order, before the worker prefix is looked at.
+_OUTER_PREFIXES = (
+    re.compile(r"^\s*[\u2502|]\s?"),  # k9s frame / Buildkite column: "│ INFO ...", "  | [..] ERROR ..."
+    re.compile(r"^[A-Z][a-z]{2} +\d{1,2} [\d:]{8} \S+ [\w.@/-]+(?:\[\d+\])?: "),  # journald/syslog
+    re.compile(r"^[\w.-]+\s+\|\s"),  # docker compose: "ollama  | ", "vllm-1  | "
+    re.compile(r"^\[\d{4}-\d\d-\d\dT[\d:.]+Z?\]\s*"),  # "[2025-08-12T08:42:32Z] "
+    re.compile(r"^(?:\[\d+\] )?\d+\.\d\d\.\d{3}\.\d{3} [IDWE] "),  # llama.cpp timestamps: "1.14.608.510 I "
+)
+_FRAME_END = re.compile(r"\s*\u2502\s*$")
 # vLLM worker prefixes: (VllmWorker rank=1 pid=..), (VllmWorker TP1 pid=..), (Worker_TP1 pid=..),
 # (VllmWorkerProcess pid=..), (RayWorkerWrapper pid=.., ip=..), (EngineCore_DP0 pid=..).
 _PAREN_PREFIX = re.compile(r"^\s*\((?P<who>[A-Za-z_][\w-]*)(?P<args>[^()]*)\)\s*")
@@ -66,7 +82,12 @@ class Line:
 
 def split_prefix(raw: str) -> tuple[str | None, str]:
     """Separate a worker prefix from the message: ('rank=1', 'INFO ... Available KV ...')."""
-    text = _ANSI.sub("", raw).rstrip("\r\n")
+    text = _BARE_SGR.sub("", _ANSI.sub("", raw)).rstrip("\r\n")
+    text = _FRAME_END.sub("", text)
+    for pat in _OUTER_PREFIXES:
+        text = pat.sub("", text, count=1)
+    if text.startswith("{") and '"message"' in text:  # JSON log lines (TGI --json-output, llama-server)
+        text = _json_message(text)
     m = _PAREN_PREFIX.match(text)
     if m:
         who, args = m.group("who"), m.group("args")
@@ -86,6 +107,20 @@ def split_prefix(raw: str) -> tuple[str | None, str]:
         r = re.search(r"\bTP(\d+)", inside) or re.search(r"gpu_id=(\d+)", inside)
         return (f"rank={r.group(1)}" if r else None), text[m.end():]
     return None, text
+
+
+def _json_message(text: str) -> str:
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(data, dict) or not isinstance(data.get("message"), str):
+        return text
+    # A log line's other fields (target, filename) can carry engine markers: keep them after it.
+    rest = " ".join(f"{k}={v}" for k, v in data.items() if k not in ("message", "timestamp") and isinstance(v, str))
+    return f"{data['message']} {rest}".strip()
 
 
 Extract = Callable[[re.Match[str]], dict[str, Any]]
@@ -144,7 +179,7 @@ class StartUp:
 
     def per_rank(self) -> list[tuple[int | None, dict[str, Any], list[tuple[int, str]]]]:
         """(rank, fields, lines) per worker that printed memory figures; shared fields merged."""
-        keys = [k for k, g in self.ranks.items() if any(not f.startswith(("settings.", "extra.")) for f in g.fields)]
+        keys = [k for k, g in self.ranks.items() if any(not f.startswith("settings.") for f in g.fields)]
         if not keys:
             keys = [None] if None in self.ranks else []
         if not keys:
@@ -179,8 +214,8 @@ def _rank_numbers(keys: list[str | None]) -> dict[str | None, int]:
 def iter_lines(source: Iterable[str]) -> Iterable[Line]:
     for i, raw in enumerate(source, start=1):
         raw = raw.rstrip("\r\n")
-        if len(raw) > 20000:  # a binary blob or a pasted tensor: nothing for us there
-            continue
+        if len(raw) > MAX_LINE_CHARS:  # a binary blob or a pasted tensor: read its start only
+            raw = raw[:MAX_LINE_CHARS]
         key, msg = split_prefix(raw)
         yield Line(i, raw, msg, key)
 
@@ -237,9 +272,7 @@ def assemble(
     from vramlab.logs.observation import SETTINGS_KEYS, Observation, SourceLine
 
     out = []
-    for su in startups:
-        if not su.has_memory():
-            continue
+    for index, su in enumerate(startups):
         for rank, fields, lines in su.per_rank():
             fields = dict(fields)
             if finish is not None:
@@ -254,7 +287,10 @@ def assemble(
             if fields.get("engine_version"):
                 settings.setdefault("engine_version", fields["engine_version"])
             known = {k: v for k, v in fields.items() if k in Observation.model_fields}
+            if not su.has_memory() and not known.get("max_model_len") and not known.get("model"):
+                continue  # a version banner alone is not worth reporting
             obs = Observation(
+                startup=index,
                 engine=engine,
                 rank=rank,
                 settings=settings,

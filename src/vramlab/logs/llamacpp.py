@@ -52,6 +52,13 @@ RULES: list[Rule] = [
          lambda m: {"extra.model_path": m.group(1)}, shared=True),
     rule("model_buffer", rf"(?:llm_)?load_tensors:\s+{_DEV} (?:model )?buffer size\s*=\s*(?P<size>[\d.]+) MiB",
          _device_buffer("weights_bytes"), once=True),
+    # Host buffers are not GPU memory; kept apart (CPU offload planning needs them).
+    rule("host_model_buffer", r"(?:llm_)?load_tensors:\s+(?:CPU|CPU_Mapped|CUDA_Host|Metal_Mapped)(?: model)? buffer size\s*="
+         r"\s*([\d.]+) MiB", lambda m: {"extra.host_weights_bytes": mib(m.group(1))}, shared=True, accumulate=True),
+    rule("host_output_buffer", r":\s+(?:CPU|CUDA_Host)\s+output buffer size\s*=\s*([\d.]+) MiB",
+         lambda m: {"extra.host_output_buffer_bytes": mib(m.group(1))}, shared=True),
+    rule("swa_cells", r"creating\s+SWA KV cache, size = (\d+) cells", lambda m: {"extra.swa_cells": int(m.group(1))},
+         shared=True),
     rule("kv_buffer", rf"llama_kv_cache\w*:\s+{_DEV} KV buffer size\s*=\s*(?P<size>[\d.]+) MiB",
          _device_buffer("kv_cache_bytes"), accumulate=True),
     rule("kv_summary",
@@ -65,6 +72,9 @@ RULES: list[Rule] = [
          lambda m: {"settings.ctx_size": int(m.group(1))}, shared=True),
     rule("n_ctx_seq", r": n_ctx_(?:per_)?seq\s*(?:\(\d+\))?\s*=\s*(\d+)", lambda m: {"max_model_len": int(m.group(1))},
          shared=True),
+    rule("n_ctx_seq_train", r"n_ctx_(?:per_)?seq \((\d+)\) [<>]=? n_ctx_train \((\d+)\)",
+         lambda m: {"max_model_len": int(m.group(1)), "extra.n_ctx_train": int(m.group(2))}, shared=True),
+    rule("slot_ctx", r"Slot \d+ - max context: (\d+)", lambda m: {"max_model_len": int(m.group(1))}, shared=True),
     rule("n_seq_max", r": n_seq_max\s*=\s*(\d+)", lambda m: {"settings.parallel": int(m.group(1))}, shared=True),
     rule("n_ubatch", r": n_ubatch\s*=\s*(\d+)", lambda m: {"settings.n_ubatch": int(m.group(1))}, shared=True),
     rule("flash_attn", r": flash_attn\s*=\s*(\w+)",  # 'auto' leaves the choice to llama.cpp: not a setting

@@ -64,6 +64,9 @@ def _max_tokens(m: re.Match[str]) -> dict[str, Any]:
         f = re.search(rf"\b{key}=(\d+)", text)
         if f:
             out[name] = int(f.group(1))
+    avail = re.search(rf"\bavailable_gpu_mem=({N}) ?GB", text)
+    if avail:
+        out["extra.available_gpu_mem_bytes"] = gib(avail.group(1))
     return out
 
 
@@ -79,6 +82,8 @@ RULES: list[Rule] = [
     rule("mamba", rf"Mamba Cache is allocated\..*?conv_state size: ({N}) ?GB, ssm_state size: ({N}) ?GB",
          lambda m: {"extra.mamba_state_bytes": gib(m.group(1)) + gib(m.group(2))}),
     rule("pool_end", rf"Memory pool end\. avail mem=({N}) ?GB", lambda m: {"extra.avail_after_pool_bytes": gib(m.group(1))}),
+    rule("graph_begin", rf"Capture cuda graph begin\..*?avail mem=({N}) ?GB",
+         lambda m: {"extra.avail_before_graphs_bytes": gib(m.group(1))}),
     rule("graph_end", rf"Capture cuda graph end\. Time elapsed: {N} ?s\.(?: mem usage=(?P<usage>{N}) ?GB\.)?"
          rf"(?: avail mem=(?P<avail>{N}) ?GB)?",
          lambda m: {"cuda_graph_bytes": gib(m.group("usage")) if m.group("usage") else None,

@@ -92,6 +92,10 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("ollama.server_busy", "ollama", OVERLOAD, _ERROR, r"server busy, please try again"),
     _p("ollama.no_kv_slot", "ollama", KV_PRESSURE, _FATAL, r"could not find a kv cache slot"),
     # llama.cpp.
+    _p("llamacpp.v_cache_needs_flash_attn", "llama.cpp", STARTUP_REFUSAL, _FATAL,
+       r"V cache quantization requires flash_attn|quantized V cache was requested, but this requires Flash Attention"),
+    _p("llamacpp.context_failed", "llama.cpp", STARTUP_REFUSAL, _FATAL,
+       r"failed to create context with model|unable to create llama context|failed to initialize the context"),
     _p("llamacpp.kv_full", "llama.cpp", KV_PRESSURE, _WARN, r"failed to find free space in the KV cache"),
     _p("llamacpp.decode_failed", "llama.cpp", KV_PRESSURE, _ERROR, r"failed to decode the batch"),
     _p("llamacpp.context_exceeded", "llama.cpp", OVERLOAD, _ERROR, r"Context size has been exceeded"),
