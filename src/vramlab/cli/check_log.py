@@ -153,7 +153,7 @@ def render_folder(folder: Any) -> str:
     cols = ("weights_bytes", "non_torch_bytes", "activation_peak_bytes", "cuda_graph_bytes", "kv_cache_bytes",
             "kv_cache_tokens", "max_concurrency")
     heads = ("weights", "non-torch", "act. peak", "graphs", "KV", "KV tokens", "conc.")
-    for (engine, label), rows in folder.groups().items():
+    for (_engine, label), rows in folder.groups().items():
         out.append("")
         out.append(f"{label}  ({len(rows)} observation{'s' if len(rows) != 1 else ''})")
         out.append(f"  {'log':34} {'rank':>4} " + " ".join(f"{h:>10}" for h in heads) + "  KV vs vramlab")
