@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-version", help="engine version when the log does not print it")
     parser.add_argument("--calibration", metavar="PROFILE", help="calibration profile (.toml) to predict with")
     parser.add_argument("--online", action="store_true", help="allow reading a model's config from the Hugging Face Hub")
+    parser.add_argument("--max-bytes", type=int, metavar="N",
+                        help="stop reading each log after N bytes (default 64 MiB; bounds /dev/zero, pipes, huge logs)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (docs/logs-and-calibration.md)")
 
 
@@ -39,7 +41,11 @@ def run(args: argparse.Namespace) -> int:
 
     kwargs: dict[str, Any] = dict(model=args.model, gpu=args.gpu, engine=args.engine,
                                   engine_version=args.engine_version, calibration=args.calibration,
-                                  offline=not args.online)
+                                  offline=not args.online, max_bytes=args.max_bytes)
+    if args.max_bytes is not None and args.max_bytes < 1:
+        from vramlab.errors import ConfigError
+
+        raise ConfigError("--max-bytes must be at least 1")
     if len(args.files) == 1 and not Path(args.files[0]).is_dir():
         report = check_log(args.files[0], **kwargs)
         print(json.dumps(report.to_json(), indent=1) if args.json else render(report))

@@ -41,6 +41,8 @@ _OUTER_PREFIXES = (
     re.compile(r"^\[\d{4}-\d\d-\d\dT[\d:.]+Z?\]\s*"),  # "[2025-08-12T08:42:32Z] "
     re.compile(r"^(?:\[\d+\] )?\d+\.\d\d\.\d{3}\.\d{3} [IDWE] "),  # llama.cpp timestamps: "1.14.608.510 I "
 )
+# First characters of lines that carry no shipper prefix (vLLM "INFO", "(EngineCore", "llama_").
+_ENGINE_FIRST = set("(IWDE")
 _FRAME_END = re.compile(r"\s*\u2502\s*$")
 # vLLM worker prefixes: (VllmWorker rank=1 pid=..), (VllmWorker TP1 pid=..), (Worker_TP1 pid=..),
 # (VllmWorkerProcess pid=..), (RayWorkerWrapper pid=.., ip=..), (EngineCore_DP0 pid=..).
@@ -82,10 +84,14 @@ class Line:
 
 def split_prefix(raw: str) -> tuple[str | None, str]:
     """Separate a worker prefix from the message: ('rank=1', 'INFO ... Available KV ...')."""
-    text = _BARE_SGR.sub("", _ANSI.sub("", raw)).rstrip("\r\n")
-    text = _FRAME_END.sub("", text)
-    for pat in _OUTER_PREFIXES:
-        text = pat.sub("", text, count=1)
+    text = raw.rstrip("\r\n")
+    if "[" in text:
+        text = _BARE_SGR.sub("", _ANSI.sub("", text))
+    if "\u2502" in text:
+        text = _FRAME_END.sub("", text)
+    if text[:1] not in _ENGINE_FIRST:  # engine lines start with a level, a name or a paren
+        for pat in _OUTER_PREFIXES:
+            text = pat.sub("", text, count=1)
     if text.startswith("{") and '"message"' in text:  # JSON log lines (TGI --json-output, llama-server)
         text = _json_message(text)
     m = _PAREN_PREFIX.match(text)
@@ -143,10 +149,11 @@ class Rule:
     once: bool = False
     shared: bool = False
     accumulate: bool = False
+    key: str | None = None  # literal text every matching line contains (see required_literal)
 
 
 def rule(name: str, pattern: str, extract: Extract, **flags: bool) -> Rule:
-    return Rule(name, re.compile(pattern), extract, **flags)
+    return Rule(name, re.compile(pattern), extract, key=required_literal(pattern), **flags)
 
 
 @dataclass
@@ -220,13 +227,64 @@ def iter_lines(source: Iterable[str]) -> Iterable[Line]:
         yield Line(i, raw, msg, key)
 
 
+def required_literal(pattern: str) -> str | None:
+    """The longest run of literal text every match of `pattern` contains (4+ characters), or
+    None. A line without it cannot match, so a long log's ordinary lines (request logs,
+    progress bars) are passed over with a substring test instead of a regex search per rule."""
+    from re import _constants as c  # type: ignore[attr-defined]
+    from re import _parser as sp  # type: ignore[attr-defined]
+
+    best = ""
+    run: list[str] = []
+
+    def flush() -> None:
+        nonlocal best
+        text = "".join(run)
+        if len(text) > len(best):
+            best = text
+        run.clear()
+
+    def walk(seq: Any) -> None:
+        for op, av in seq:
+            if op is c.LITERAL:
+                run.append(chr(av))
+            elif op is c.SUBPATTERN and av[3] is not None:
+                walk(av[3])  # a plain group: its content is required too
+            else:
+                flush()  # alternatives, repeats, classes: nothing certain beyond this point
+
+    try:
+        walk(sp.parse(pattern))
+    except Exception:  # noqa: BLE001 - an unusual pattern simply gets no shortcut
+        return None
+    flush()
+    return best if len(best) >= 4 else None
+
+
+_SHORTCUTS: dict[int, tuple[list[Rule], list[Rule], re.Pattern[str] | None]] = {}
+
+
+def candidates(rules: list[Rule], message: str) -> list[Rule]:
+    """The rules that can match this line (their required literal is in it, or they have none)."""
+    cut = _SHORTCUTS.get(id(rules))
+    if cut is None or cut[0] is not rules:
+        keys = sorted({r.key for r in rules if r.key}, key=len, reverse=True)
+        cut = (rules, [r for r in rules if r.key is None],
+               re.compile("|".join(re.escape(k) for k in keys)) if keys else None)
+        _SHORTCUTS[id(rules)] = cut
+    _, keyless, any_key = cut
+    if any_key is None or not any_key.search(message):
+        return keyless  # most lines of a long log: none of the rules' words is there
+    return [r for r in rules if r.key is None or r.key in message]
+
+
 def parse_lines(source: Iterable[str], rules: list[Rule]) -> tuple[list[StartUp], int]:
     """Run the rules over a log. Returns the start-ups found and how many lines matched."""
     startups: list[StartUp] = [StartUp()]
     matched = 0
     for line in iter_lines(source):
         hits: list[tuple[Rule, dict[str, Any]]] = []
-        for r in rules:
+        for r in candidates(rules, line.message):
             m = r.pattern.search(line.message)
             if not m:
                 continue

@@ -163,9 +163,9 @@ def _resolve(name: str, offline: bool, explicit: bool = False) -> tuple[Any, str
 
 def check_log(path: str | Path, model: str | None = None, gpu: str | None = None, engine: str | None = None,
               engine_version: str | None = None, calibration: str | Path | None = None,
-              offline: bool = True) -> CheckReport:
+              offline: bool = True, max_bytes: int | None = None) -> CheckReport:
     """One log. Raises ConfigError only when nothing in it is recognizable."""
-    parsed = parse_log(path, engine)
+    parsed = parse_log(path, engine, max_bytes)
     profile = None
     if calibration:
         from vramlab.logs.profile import load_profile

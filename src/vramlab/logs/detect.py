@@ -52,9 +52,11 @@ def detect_engine(lines: list[str]) -> str | None:
     """The engine whose rules read the most lines; markers break ties and cover short logs."""
     scores: dict[str, tuple[int, int]] = {}
     messages = [ln.message for ln in iter_lines(lines)]
+    from vramlab.logs.base import candidates
+
     for name, module in PARSERS.items():
         rules = module.OWN_RULES if hasattr(module, "OWN_RULES") else module.RULES
-        hits = sum(1 for msg in messages if any(r.pattern.search(msg) for r in rules))
+        hits = sum(1 for msg in messages if any(r.pattern.search(msg) for r in candidates(rules, msg)))
         marks = sum(1 for msg in messages[:5000] if any(mk in msg for mk in _MARKERS[name]))
         scores[name] = (hits, marks)
     # Ollama embeds llama-server's lines: any Ollama-only line decides for Ollama.
@@ -113,7 +115,8 @@ class _Lines(list):  # type: ignore[type-arg]
     truncated = False
 
 
-def parse_log(source: str | Path | Iterable[str], engine: str | None = None) -> ParsedLog:
+def parse_log(source: str | Path | Iterable[str], engine: str | None = None,
+              max_bytes: int | None = None) -> ParsedLog:
     """Parse a log file (path) or its lines. Never needs the model, the GPU or the version.
 
     Raises ConfigError only when nothing in it is recognizable: no memory line, no setting
@@ -124,11 +127,12 @@ def parse_log(source: str | Path | Iterable[str], engine: str | None = None) -> 
     notes: list[str] = []
     if isinstance(source, (str, Path)):
         label = str(source)
-        lines = read_log(source)
+        lines = read_log(source, max_bytes)
         if getattr(lines, "truncated", False):
             from vramlab.logs.base import MAX_LOG_BYTES
 
-            notes.append(f"read the first {MAX_LOG_BYTES >> 20} MiB only (the rest of the log was not read)")
+            cap = MAX_LOG_BYTES if max_bytes is None else max_bytes
+            notes.append(f"read the first {cap:,} bytes only (the rest of the log was not read; see --max-bytes)")
     else:
         lines = list(source)
     name = engine_name(engine) if engine else detect_engine(lines)

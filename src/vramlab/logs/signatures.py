@@ -115,6 +115,14 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("nvidia.xid", None, GPU_XID, _FATAL, r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d+)"),
 )
 
+def _keys() -> dict[str, str | None]:
+    from vramlab.logs.base import required_literal
+
+    return {p.name: required_literal(p.regex.pattern) for p in PATTERNS}
+
+
+_KEYS = _keys()
+
 # Xid codes that do not kill the GPU context for everyone (application faults, ECC page
 # retirement notices); the rest call for a reset or a drain.
 _XID_ERROR_ONLY = {13, 31, 43, 63, 94}
@@ -127,6 +135,9 @@ def classify_line(line: str, engine: str | None = None, line_number: int | None 
         return None
     for p in PATTERNS:
         if engine is not None and p.engine is not None and p.engine != engine:
+            continue
+        key = _KEYS.get(p.name)
+        if key is not None and key not in line:
             continue
         m = p.regex.search(line)
         if not m:
