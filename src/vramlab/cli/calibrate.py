@@ -41,14 +41,24 @@ def run(args: argparse.Namespace) -> int:
     name = Path(args.output).name if args.output else "calibration"
     result = calibrate(args.inputs, args.model_configs, args.engine, args.min_points, args.versions,
                        offline=not args.online, name=name)
-    if args.output:
+    written = None
+    if args.output and result.fitted_any:
         from vramlab.logs.profile import write_profile
 
         write_profile(args.output, result.profile)
+        written = args.output
     if args.json:
         print(json.dumps(to_json(result), indent=1))
     else:
-        print(render(result, args.output))
+        print(render(result, written))
+    if not result.fitted_any:
+        import sys
+
+        reasons = sorted({r.reason for f in result.fits for r in f.refused})
+        print("vramlab calibrate: error: no constant was fitted"
+              + (f" ({reasons[0]}{'; ...' if len(reasons) > 1 else ''})" if reasons else "")
+              + ("; no profile written" if args.output else ""), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -60,6 +70,9 @@ def to_json(result: Any) -> dict[str, Any]:
         "skipped": [{"source": s, "reason": r} for s, r in result.skipped],
         "fits": [{k: v for k, v in asdict(f).items() if k not in ("residuals", "loo_predicted")} for f in result.fits],
         "attribution": result.attribution,
+        "outliers": result.outliers,
+        "eras": result.eras,
+        "fitted_any": result.fitted_any,
     }
 
 
@@ -69,6 +82,12 @@ def _const(name: str, value: float) -> str:
 
 def render(result: Any, output: str | None) -> str:
     out = [f"{result.observations} observations, {len(result.skipped)} skipped"]
+    if result.eras:
+        out.append("")
+        out.append(f"  {'engine era':50} {'observations':>12} {'used in fit':>11}  era")
+        for row in result.eras:
+            how = "inferred from the wording" if row["inferred"] else "printed"
+            out.append(f"  {row['era'][:50]:50} {row['observations']:>12} {row['used']:>11}  {how}")
     for f in result.fits:
         out.append("")
         out.append(f"{f.engine} {f.version_min or '?'}..{f.version_max or '?'}: {f.n_cases} observations")
@@ -88,6 +107,13 @@ def render(result: Any, output: str | None) -> str:
         out.append("")
         out.append("error attribution (default constants):")
         out.extend(f"  {line}" for line in result.attribution)
+    if result.outliers:
+        out.append("")
+        out.append("outliers (warnings):")
+        out.extend(f"  {w}" for w in result.outliers[:20])
+    if not result.fitted_any:
+        out.append("")
+        out.append("no constant was fitted: the profile would change nothing, so none is written")
     if result.skipped:
         out.append("")
         out.append("skipped:")
