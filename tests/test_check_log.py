@@ -123,3 +123,29 @@ def test_a_log_of_failures_names_them_and_exits_zero():
     assert failures[0]["kind"] == "startup_refusal"
     r = cli("check-log", str(LOGS / "failures.log"))
     assert r.returncode == 0 and "line 2: startup_refusal (vllm.no_kv_memory)" in r.stdout
+
+
+def test_a_folder_gives_one_table_per_engine_era():
+    real = LOGS / "real"
+    r = cli("check-log", str(real), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert len(out["files"]) == len(list(real.glob("*.log")))  # sources.json is not taken for a log
+    tables = {(t["engine"], t["era"]): t for t in out["tables"]}
+    assert ("vllm", "vLLM V0 0.6.6-0.10") in tables and ("vllm", "vLLM V1 0.7") in tables
+    assert ("tgi", "TGI 2.2+ (scheduler V3)") in tables and ("sglang", "SGLang 0.4+") in tables
+    assert sum(t["observations"] for t in tables.values()) == sum(len(f["observations"]) for f in out["files"])
+    r = cli("check-log", str(real / "vllm-0.7-v0-pr12126.log"), str(real / "vllm-0.8-v0-tp-pr14447.log"),
+            "--model", "llama-3.1-8b-instruct")
+    assert r.returncode == 0, r.stderr
+    # one table for the era both logs share, a row per observation (three ranks in the second)
+    assert r.stdout.count("vLLM V0 0.6.6-0.10  (4 observations)") == 1
+    assert "failed start-ups" not in r.stdout
+
+
+def test_several_files_where_none_is_a_log_is_one_line(tmp_path):
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    a.write_text("nothing here\n")
+    b.write_text("nor here\n")
+    r = cli("check-log", str(a), str(b))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "none of the 2 files" in r.stderr

@@ -143,3 +143,31 @@ def test_a_model_named_in_the_log_is_resolved_against_the_catalog():
     assert item.settings_used["vllm_engine"] == "v0" and item.settings_used["engine_version"] == "0.6.4"
     weights = next(r for r in item.comparison.rows if r.field == "weights_bytes")
     assert abs(weights.relative) < 0.01
+
+
+def test_llamacpp_kv_cells_are_per_stream_when_the_cache_is_not_unified():
+    from vramlab.logs.llamacpp import parse
+
+    # No pasted log with a non-unified cache was found; the line is llama.cpp's own format string
+    # (src/llama-kv-cache.cpp: "size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), ...", with
+    # n_seq_max and n_stream) filled for 4 slots of 2,048 cells each.
+    fmt = "llama_kv_cache: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB"
+    split = parse(["llama_kv_cache:      CUDA0 KV buffer size =  1152.00 MiB",
+                   fmt % (1152.0, 2048, 36, 4, 4, "f16", 576.0, "f16", 576.0)])[0]
+    assert (split.kv_cache_tokens, split.max_model_len, split.settings["parallel"]) == (8192, 2048, 4)
+    unified = parse(["llama_kv_cache:      CUDA0 KV buffer size =  1152.00 MiB",
+                     fmt % (1152.0, 8192, 36, 4, 1, "f16", 576.0, "f16", 576.0)])[0]
+    assert (unified.kv_cache_tokens, unified.settings["parallel"]) == (8192, 4)
+    assert unified.max_model_len is None  # a unified cache lets one sequence use every cell
+
+
+def test_a_llamacpp_restart_in_one_file_is_two_start_ups(tmp_path):
+    # Two real excerpts one after the other, as a server log looks after a restart.
+    both = tmp_path / "restart.log"
+    both.write_text((REAL / "llamafile-2024-rtx4080-llamafile552.log").read_text()
+                    + (REAL / "llamafile-2024-rtx4080-llamafile552.log").read_text())
+    out = check_log(both).to_json()
+    obs = out["observations"]
+    assert sorted(o["startup"] for o in obs) == [0, 1]
+    assert all(o["kv_cache_bytes"] == 180 * (1 << 20) for o in obs)  # 180 MiB each, not 360
+    assert all(o["weights_bytes"] == round(7317.71 * (1 << 20)) for o in obs)

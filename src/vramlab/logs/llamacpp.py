@@ -32,10 +32,16 @@ def _device_buffer(field: str):  # noqa: ANN202 - a small factory of extractors
 def _kv_summary(m: re.Match[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"extra.kv_total_bytes": mib(m.group("size")),
                            "settings.kv_cache_dtype": m.group("ktype")}
+    streams = int(m.group("seqs")) if m.group("seqmax") and m.group("seqs") else 1
     if m.group("cells"):
-        out["kv_cache_tokens"] = int(m.group("cells"))
-    if m.group("seqs"):
-        out["settings.parallel"] = int(m.group("seqs"))
+        cells = int(m.group("cells"))
+        out["kv_cache_tokens"] = cells * streams  # every stream holds its own cells
+        if streams > 1:  # not unified: a sequence can use its own stream's cells, no more
+            out["max_model_len"] = cells
+            out["extra.kv_streams"] = streams
+    seq_max = m.group("seqmax") or m.group("seqs")
+    if seq_max:
+        out["settings.parallel"] = int(seq_max)
     return out
 
 
@@ -61,11 +67,17 @@ RULES: list[Rule] = [
          shared=True),
     rule("kv_buffer", rf"llama_kv_cache\w*:\s+{_DEV} KV buffer size\s*=\s*(?P<size>[\d.]+) MiB",
          _device_buffer("kv_cache_bytes"), accumulate=True),
+    # `size = X MiB (C cells, L layers, S/N seqs)`: C cells per stream, S sequences, N streams
+    # (N = S when the KV is not unified: one stream per sequence, C cells each). Before streams
+    # existed the line said `(C cells, L layers, S seqs)` with C the whole cache.
     rule("kv_summary",
          r"(?:KV self size|llama_kv_cache\w*: size)\s*=\s*(?P<size>[\d.]+) MiB"
-         r"(?: \(\s*(?P<cells>\d+) cells,\s*\d+ layers,\s*(?:\d+/)?(?P<seqs>\d+) seqs\))?, K \((?P<ktype>\w+)\)",
+         r"(?: \(\s*(?P<cells>\d+) cells,\s*\d+ layers,\s*(?:(?P<seqmax>\d+)/)?(?P<seqs>\d+) seqs\))?, K \((?P<ktype>\w+)\)",
          _kv_summary, shared=True, accumulate=True),
-    rule("compute_buffer", rf"(?:llama_new_context_with_model|llama_init_from_model|llama_context|graph_reserve):"
+    rule("host_compute_buffer", r"(?:llama_new_context_with_model|llama_init_from_model|llama_context|graph_reserve|"
+         r"sched_reserve):\s+(?:CPU|CUDA_Host)\s+compute buffer size\s*=\s*([\d.]+) MiB",
+         lambda m: {"extra.host_compute_bytes": mib(m.group(1))}, shared=True, accumulate=True),
+    rule("compute_buffer", rf"(?:llama_new_context_with_model|llama_init_from_model|llama_context|graph_reserve|sched_reserve):"
          rf"\s+{_DEV} compute buffer size\s*=\s*(?P<size>[\d.]+) MiB",
          _device_buffer("activation_peak_bytes"), accumulate=True),
     rule("n_ctx", r"(?:llama_new_context_with_model|llama_context|llama_init_from_model): n_ctx\s*=\s*(\d+)",
