@@ -145,20 +145,22 @@ def test_a_model_named_in_the_log_is_resolved_against_the_catalog():
     assert abs(weights.relative) < 0.01
 
 
-def test_llamacpp_kv_cells_are_per_stream_when_the_cache_is_not_unified():
+def test_llamacpp_kv_cells_per_stream_or_in_all_is_decided_by_n_ctx():
     from vramlab.logs.llamacpp import parse
 
-    # No pasted log with a non-unified cache was found; the line is llama.cpp's own format string
-    # (src/llama-kv-cache.cpp: "size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), ...", with
-    # n_seq_max and n_stream) filled for 4 slots of 2,048 cells each.
-    fmt = "llama_kv_cache: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB"
-    split = parse(["llama_kv_cache:      CUDA0 KV buffer size =  1152.00 MiB",
-                   fmt % (1152.0, 2048, 36, 4, 4, "f16", 576.0, "f16", 576.0)])[0]
-    assert (split.kv_cache_tokens, split.max_model_len, split.settings["parallel"]) == (8192, 2048, 4)
-    unified = parse(["llama_kv_cache:      CUDA0 KV buffer size =  1152.00 MiB",
-                     fmt % (1152.0, 8192, 36, 4, 1, "f16", 576.0, "f16", 576.0)])[0]
-    assert (unified.kv_cache_tokens, unified.settings["parallel"]) == (8192, 4)
-    assert unified.max_model_len is None  # a unified cache lets one sequence use every cell
+    # A write-up of `llama-server -c 8192 -np 4` (kv_unified = false) quotes this line and says the
+    # 2,048 cells are each slot's share (text id 70947194673 in the search index):
+    line = ("llama_kv_cache: size = 1024.00 MiB (  2048 cells,  32 layers,  4/4 seqs), "
+            "K (f16):  512.00 MiB, V (f16):  512.00 MiB")
+    alone = parse([line])[0]
+    # The same '4/4 seqs' wording also comes with cells meaning the whole cache (the Vulkan
+    # excerpt: 65,536 cells for n_ctx 65,536): alone, the line cannot say which; nothing is guessed.
+    assert alone.kv_cache_tokens is None and alone.settings["parallel"] == 4
+    assert alone.kv_cache_bytes == 1024 * (1 << 20)
+    with_ctx = parse(["llama_context: n_ctx                 = 8192", line])[0]
+    assert (with_ctx.kv_cache_tokens, with_ctx.max_model_len) == (8192, 2048)
+    vulkan = check_log(REAL / "llamacpp-2026-vulkan-unified-4slots.log").items[0].observation
+    assert vulkan.kv_cache_tokens == 65536 and vulkan.extra["kv_unified"] is True
 
 
 def test_a_llamacpp_restart_in_one_file_is_two_start_ups(tmp_path):

@@ -345,7 +345,8 @@ def assemble(
             if fields.get("engine_version"):
                 settings.setdefault("engine_version", fields["engine_version"])
             known = {k: v for k, v in fields.items() if k in Observation.model_fields}
-            if not su.has_memory() and not known.get("max_model_len") and not known.get("model"):
+            if (not su.has_memory() and all(known.get(k) is None for k in MEMORY_FIELDS)
+                    and not known.get("max_model_len") and not known.get("model")):
                 continue  # a version banner alone is not worth reporting
             obs = Observation(
                 startup=index,

@@ -32,13 +32,9 @@ def _device_buffer(field: str):  # noqa: ANN202 - a small factory of extractors
 def _kv_summary(m: re.Match[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"extra.kv_total_bytes": mib(m.group("size")),
                            "settings.kv_cache_dtype": m.group("ktype")}
-    streams = int(m.group("seqs")) if m.group("seqmax") and m.group("seqs") else 1
     if m.group("cells"):
-        cells = int(m.group("cells"))
-        out["kv_cache_tokens"] = cells * streams  # every stream holds its own cells
-        if streams > 1:  # not unified: a sequence can use its own stream's cells, no more
-            out["max_model_len"] = cells
-            out["extra.kv_streams"] = streams
+        out["extra.kv_cells"] = int(m.group("cells"))
+        out["extra.kv_streams"] = int(m.group("seqs")) if m.group("seqmax") else 1
     seq_max = m.group("seqmax") or m.group("seqs")
     if seq_max:
         out["settings.parallel"] = int(seq_max)
@@ -87,6 +83,8 @@ RULES: list[Rule] = [
     rule("n_ctx_seq_train", r"n_ctx_(?:per_)?seq \((\d+)\) [<>]=? n_ctx_train \((\d+)\)",
          lambda m: {"max_model_len": int(m.group(1)), "extra.n_ctx_train": int(m.group(2))}, shared=True),
     rule("slot_ctx", r"Slot \d+ - max context: (\d+)", lambda m: {"max_model_len": int(m.group(1))}, shared=True),
+    rule("kv_unified", r"(?:: kv_unified\s*=\s*|kv_unified = ')(true|false)",
+         lambda m: {"extra.kv_unified": m.group(1) == "true"}, shared=True),
     rule("n_seq_max", r": n_seq_max\s*=\s*(\d+)", lambda m: {"settings.parallel": int(m.group(1))}, shared=True),
     rule("n_ubatch", r": n_ubatch\s*=\s*(\d+)", lambda m: {"settings.n_ubatch": int(m.group(1))}, shared=True),
     rule("flash_attn", r": flash_attn\s*=\s*(\w+)",  # 'auto' leaves the choice to llama.cpp: not a setting
@@ -127,7 +125,31 @@ def parse(lines: Iterable[str]) -> list[Any]:
     return observations
 
 
+def _kv_tokens(fields: dict[str, Any]) -> None:
+    """Tokens the KV cache holds. llama.cpp prints `C cells ... S/N seqs` (src/llama-kv-cache.cpp:
+    kv_size, n_seq_max, n_stream). Logs show C as the whole cache ('65536 cells, 4/4 seqs' with
+    n_ctx 65536, unified) and as one stream's share ('2048 cells, 4/4 seqs' for -c 8192 -np 4, not
+    unified), so n_ctx or the kv_unified line decides; without either, N > 1 is left unread."""
+    cells, streams = fields.get("extra.kv_cells"), fields.get("extra.kv_streams") or 1
+    if cells is None or fields.get("kv_cache_tokens") is not None:
+        return
+    if streams == 1:
+        fields["kv_cache_tokens"] = cells
+        return
+    n_ctx, unified = fields.get("settings.ctx_size"), fields.get("extra.kv_unified")
+    if n_ctx:
+        per_stream = abs(cells * streams - n_ctx) < abs(cells - n_ctx)
+    elif unified is not None:
+        per_stream = not unified
+    else:
+        return  # "cells per stream or in all": the excerpt does not say
+    fields["kv_cache_tokens"] = cells * streams if per_stream else cells
+    if per_stream and fields.get("max_model_len") is None:
+        fields["max_model_len"] = cells  # a sequence has its own stream's cells, no more
+
+
 def finish(fields: dict[str, Any]) -> None:
+    _kv_tokens(fields)
     # A 2024 log with a single device printed the total KV (`KV self size`) but maybe no
     # per-device line; with one device they are the same memory.
     if fields.get("kv_cache_bytes") is None and fields.get("extra.kv_total_bytes") is not None:
