@@ -49,11 +49,14 @@ def outputs() -> dict[str, dict[str, Any]]:
     return {name: _json_of(name) for name in sorted(INDEX)}
 
 
-def _read(out: dict[str, Any], field: str, value: float, unit: str | None) -> bool:
-    want = value * UNITS[unit]
+def _read(out: dict[str, Any], field: str, value: float | str, unit: str | None) -> bool:
     for obs in out["observations"] + out["incomplete"]:
-        got = obs.get("extra", {}).get(field[6:]) if field.startswith("extra.") else obs.get(field)
-        if isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=1e-4, abs_tol=2):
+        got = (obs.get("extra", {}).get(field[6:]) if field.startswith("extra.") else
+               obs.get("settings", {}).get(field[9:]) if field.startswith("settings.") else obs.get(field))
+        if isinstance(value, str):
+            if got == value:
+                return True
+        elif isinstance(got, (int, float)) and math.isclose(got, value * UNITS[unit], rel_tol=1e-4, abs_tol=2):
             return True
     return False
 

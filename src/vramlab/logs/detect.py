@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +116,22 @@ class _Lines(list):  # type: ignore[type-arg]
     truncated = False
 
 
+_DIFF_LINE = re.compile(r"^[-+](?![-+]{2})\S")
+
+
+def diff_sides(lines: list[str]) -> tuple[list[str], list[str]] | None:
+    """The two sides of a pasted unified diff (lines led by '-', '+' or ' '), or None."""
+    marked = [ln for ln in lines if _DIFF_LINE.match(ln)]
+    minus = sum(1 for ln in marked if ln.startswith("-"))
+    if minus < 2 or len(marked) - minus < 2:
+        return None
+    if any(ln and ln[0] not in "-+ @" for ln in lines):
+        return None  # unmarked lines: not a diff
+    before = [ln[1:] for ln in lines if ln[:1] in ("-", " ")]
+    after = [ln[1:] for ln in lines if ln[:1] in ("+", " ")]
+    return before, after
+
+
 def parse_log(source: str | Path | Iterable[str], engine: str | None = None,
               max_bytes: int | None = None) -> ParsedLog:
     """Parse a log file (path) or its lines. Never needs the model, the GPU or the version.
@@ -138,7 +155,14 @@ def parse_log(source: str | Path | Iterable[str], engine: str | None = None,
     name = engine_name(engine) if engine else detect_engine(lines)
     if name is None:
         raise ConfigError(f"{label or 'log'}: no line of a known engine (vllm, sglang, tgi, llama.cpp, ollama) found")
-    found = PARSERS[name].parse(lines)
+    sides = diff_sides(lines)
+    if sides is None:
+        found = PARSERS[name].parse(lines)
+    else:  # a before/after diff of two start-ups: each side on its own, never summed
+        notes.append("the excerpt is a diff: its '-' and '+' sides are read as two start-ups")
+        before, after = (PARSERS[name].parse(side) for side in sides)
+        shift = 1 + max((o.startup or 0 for o in before), default=0)
+        found = before + [o.model_copy(update={"startup": (o.startup or 0) + shift}) for o in after]
     if label:
         found = [o.model_copy(update={"source": label}) for o in found]
     # Ollama runs llama.cpp: its lines carry llama.cpp's failure wording too.

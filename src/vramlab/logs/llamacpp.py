@@ -29,6 +29,24 @@ def _device_buffer(field: str):  # noqa: ANN202 - a small factory of extractors
     return extract
 
 
+def _command(m: re.Match[str]) -> dict[str, Any]:
+    text = m.group(0)
+    out: dict[str, Any] = {}
+    model = re.search(r"(?:^|\s)(?:-m|--model)[= ](\S+)", text)
+    if model:
+        out["extra.model_path"] = model.group(1).strip("'\"")
+    for flags, name in ((("-c", "--ctx-size", "--ctx_size", "--n_ctx"), "settings.ctx_size"),
+                        (("-np", "--parallel"), "settings.parallel"), (("-ub", "--ubatch-size"), "settings.n_ubatch"),
+                        (("-ngl", "--n-gpu-layers", "--n_gpu_layers", "--gpu-layers"), "extra.n_gpu_layers")):
+        for flag in flags:
+            f = re.search(rf"(?:^|\s){re.escape(flag)}[= ](-?\d+)", text)
+            if f:
+                out.setdefault(name, int(f.group(1)))
+    if re.search(r"\s(?:-fa|--flash-attn)(?:\s+on)?(?:\s|$)", text):
+        out["settings.flash_attn"] = True
+    return out
+
+
 def _kv_summary(m: re.Match[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"extra.kv_total_bytes": mib(m.group("size")),
                            "settings.kv_cache_dtype": m.group("ktype")}
@@ -54,6 +72,17 @@ RULES: list[Rule] = [
          lambda m: {"extra.model_path": m.group(1)}, shared=True),
     rule("model_buffer", rf"(?:llm_)?load_tensors:\s+{_DEV} (?:model )?buffer size\s*=\s*(?P<size>[\d.]+) MiB",
          _device_buffer("weights_bytes"), once=True),
+    # A pasted command line: llama-server / llama-cli / ./main / ./server, or llama-cpp-python's
+    # `python -m llama_cpp.server --model X.gguf --n_ctx N --n_gpu_layers L`.
+    rule("command", r"(?:llama_cpp\.server|llama-server|llama-cli|\./main|\./server)\b.*", _command,
+         starts=True, shared=True),
+    # 2023 builds: `llm_load_tensors: VRAM used: 124 MB` (MB = MiB), and the host share with the KV
+    # cache per state: `mem required  = 3767.53 MB (+ 2000.00 MB per state)`.
+    rule("vram_used", r"llm_load_tensors: VRAM used: ([\d.]+) MB", lambda m: {"weights_bytes": mib(m.group(1)),
+                                                                              "_rank": "rank=0"}, once=True),
+    rule("mem_required", r"llm_load_tensors: mem required\s*=\s*([\d.]+) MB(?: \(\+ ([\d.]+) MB per state\))?",
+         lambda m: {"extra.host_weights_bytes": mib(m.group(1)),
+                    "extra.kv_per_state_bytes": mib(m.group(2)) if m.group(2) else None}, shared=True),
     # Host buffers are not GPU memory; kept apart (CPU offload planning needs them).
     rule("host_model_buffer", r"(?:llm_)?load_tensors:\s+(?:CPU|CPU_Mapped|CUDA_Host|Metal_Mapped)(?: model)? buffer size\s*="
          r"\s*([\d.]+) MiB", lambda m: {"extra.host_weights_bytes": mib(m.group(1))}, shared=True, accumulate=True),
