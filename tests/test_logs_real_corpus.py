@@ -89,6 +89,12 @@ def test_at_least_90_percent_of_printed_figures_are_read(outputs):
                 missed.append((name, field, value))
     overall = sum(read.values()) / sum(total.values())
     assert overall >= 0.90, (overall, missed)
+    # The README and the docs quote the count: they must say what the corpus gives.
+    root = Path(__file__).parent.parent
+    quoted = f"{sum(read.values())} of the {sum(total.values())} figures"
+    assert quoted in (root / "README.md").read_text(encoding="utf-8"), quoted
+    doc = (root / "docs" / "logs-and-calibration.md").read_text(encoding="utf-8")
+    assert f"today {sum(read.values())} of {sum(total.values())};" in doc and f"holds {len(INDEX)} excerpts" in doc
     for engine in ENGINES:
         assert read[engine] / total[engine] >= 0.90, (engine, read[engine], total[engine], missed)
 
