@@ -116,6 +116,9 @@ def test_failed_start_ups_are_named(outputs):
         names = [f["name"] for f in outputs[name]["failures"]]
         for expected in entry.get("failures", []):
             assert expected in names, (name, names)
+    oom = outputs["vllm-v1-fail-oom-at-load-issue28143.log"]["failures"][0]
+    assert oom["kind"] == "oom" and oom["during"] == "start-up"  # an OOM while loading the weights
+    assert oom["details"]["requested"] == "896.00 MiB" and oom["details"]["total"] == "93.09 GiB"
 
 
 def test_a_restart_is_a_new_start_up_not_a_sum(outputs):

@@ -41,6 +41,7 @@ class CheckReport:
     summary: list[str]
     failures: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    phases: list[str] = field(default_factory=list)  # per failure: "start-up" | "serving"
 
     def to_json(self) -> dict[str, Any]:
         observations = []
@@ -57,7 +58,8 @@ class CheckReport:
             "engine": self.engine,
             "observations": observations,
             "incomplete": [_obs_json(o, era_of(o)) for o in self.incomplete],
-            "failures": [_failure_json(f) for f in self.failures],
+            "failures": [_failure_json(f) | ({"during": ph} if ph else {})
+                         for f, ph in zip(self.failures, self.phases or [""] * len(self.failures), strict=False)],
             "notes": self.notes,
             "summary": self.summary,
         }
@@ -187,7 +189,8 @@ def check_log(path: str | Path, model: str | None = None, gpu: str | None = None
     # With one start-up the per-observation line already says it; the summary is for sets.
     distinct = {repr(it.observation.measured()) for it in done}
     return CheckReport(str(path), parsed.engine, parsed.lines, items, parsed.incomplete,
-                       summary if len(distinct) > 1 else [], parsed.failures, parsed.notes)
+                       summary if len(distinct) > 1 else [], parsed.failures, parsed.notes,
+                       [parsed.phase(f) for f in parsed.failures])
 
 
 # --- many files -------------------------------------------------------------------------------

@@ -41,6 +41,14 @@ class ParsedLog:
     failures: list[Any] = field(default_factory=list)  # signatures.Signature, in order
     notes: list[str] = field(default_factory=list)  # what the reader had to leave out
 
+    def phase(self, failure: Any) -> str:
+        """'start-up' when the failure comes before the engine printed its KV decision (an OOM
+        while loading, a refusal), else 'serving'."""
+        decided = [max(s.line for s in o.source_lines) for o in self.observations if o.source_lines]
+        if not decided or failure.line_number is None or failure.line_number < min(decided):
+            return "start-up"
+        return "serving"
+
 
 def engine_name(name: str) -> str:
     key = ALIASES.get(name.strip().lower(), name.strip().lower())

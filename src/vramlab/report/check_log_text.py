@@ -96,8 +96,10 @@ def render(report: Any) -> str:
     if report.failures:
         out.append("")
         out.append("failures:")
-        for sig in report.failures[:10]:
-            out.append(f"  line {sig.line_number}: {sig.kind} ({sig.name}): {sig.line.strip()[:160]}")
+        phases = report.phases or [""] * len(report.failures)
+        for sig, phase in list(zip(report.failures, phases, strict=False))[:10]:
+            when = f" during {phase}" if phase else ""
+            out.append(f"  line {sig.line_number}: {sig.kind} ({sig.name}){when}: {sig.line.strip()[:160]}")
         if len(report.failures) > 10:
             out.append(f"  ... and {len(report.failures) - 10} more (see --json)")
     if report.summary:
@@ -131,6 +133,8 @@ def render_folder(folder: Any) -> str:
         out.append("")
         out.append("failed start-ups:")
         out.extend(f"  {Path(rep.source).name}: line {sig.line_number}: {sig.name}" for rep, sig in failed[:30])
+        if len(failed) > 30:
+            out.append(f"  ... and {len(failed) - 30} more (see --json)")
     if folder.skipped:
         out.append("")
         out.append("skipped:")
