@@ -185,3 +185,28 @@ def test_a_llamacpp_restart_in_one_file_is_two_start_ups(tmp_path):
     assert sorted(o["startup"] for o in obs) == [0, 1]
     assert all(o["kv_cache_bytes"] == 180 * (1 << 20) for o in obs)  # 180 MiB each, not 360
     assert all(o["weights_bytes"] == round(7317.71 * (1 << 20)) for o in obs)
+
+
+@pytest.mark.parametrize("printed,catalog", [
+    # names as the excerpts print them: a ROCm model path, a Hub cache .gguf path (issue 28524's
+    # command), a Hub id of a base model, a GGUF general.name with spaces
+    ("/models/awq/gemma-3-27b-it-int4-awq", "gemma-3-27b-it"),
+    ("/root/.cache/huggingface/hub/models--Qwen--Qwen3-4B-GGUF/snapshots/bc640142c66e1fdd12af0bd68f40445458f3869b/"
+     "Qwen3-4B-Q4_K_M.gguf", "qwen3-4b"),
+    ("meta-llama/Meta-Llama-3-8B", "llama-3-8b-instruct"),
+    ("Meta Llama 3.1 70B Instruct", "llama-3.1-70b-instruct"),
+])
+def test_a_model_the_log_names_resolves_under_the_catalogs_spelling(printed, catalog):
+    from vramlab.logs.check import _resolve
+
+    spec, why = _resolve(printed, offline=True)
+    assert spec is not None, why
+    assert spec.name == catalog
+
+
+def test_a_model_the_catalog_does_not_know_is_one_line_naming_the_real_switches():
+    from vramlab.logs.check import _resolve
+
+    spec, why = _resolve("deepseek-coder-v2-lite-instruct:q6_k_l", offline=True)
+    assert spec is None and "\n" not in why and "--online" in why and "--model" in why
+    assert "--offline" not in why
