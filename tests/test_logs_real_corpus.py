@@ -50,7 +50,7 @@ def outputs() -> dict[str, dict[str, Any]]:
 
 
 def _read(out: dict[str, Any], field: str, value: float | str, unit: str | None) -> bool:
-    for obs in out["observations"] + out["incomplete"]:
+    for obs in out["observations"]:
         got = (obs.get("extra", {}).get(field[6:]) if field.startswith("extra.") else
                obs.get("settings", {}).get(field[9:]) if field.startswith("settings.") else obs.get(field))
         if isinstance(value, str):
@@ -104,6 +104,8 @@ def test_every_excerpt_parses_with_no_flags_and_names_the_engine(outputs):
         out = outputs[name]
         expected = {"ollama", "llama.cpp"} if entry["engine"] == "ollama" else {entry["engine"]}
         assert out["engine"] in expected, (name, out["engine"])
+        # every excerpt with a figure returns it in observations[] (a failure-only one has none)
+        assert out["observations"] or out["failures"], name
         for obs in out["observations"]:
             # no model, card or version given: the figures are there and the reason for no
             # prediction is one line
@@ -126,7 +128,7 @@ def test_a_restart_is_a_new_start_up_not_a_sum(outputs):
         if "startups" not in entry:
             continue
         out = outputs[name]
-        seen = {o["startup"] for o in out["observations"] + out["incomplete"]}
+        seen = {o["startup"] for o in out["observations"]}
         assert len(seen) == entry["startups"], (name, seen)
     # the two ROCm start-ups keep their own KV figures (6.63 GiB is not added to 14.08 GiB)
     out = outputs["vllm-v0-rocm-restarts-gfx906-10.log"]
@@ -137,7 +139,7 @@ def test_a_restart_is_a_new_start_up_not_a_sum(outputs):
 def test_the_era_is_inferred_from_the_wording_and_said_so(outputs):
     def era(name: str) -> dict[str, Any]:
         out = outputs[name]
-        return (out["observations"] or out["incomplete"])[0]["era"]
+        return out["observations"][0]["era"]
 
     assert era("vllm-0.6.4-table-pr10511.log")["label"] == "vLLM V0 0.6.4-0.6.5"
     assert era("vllm-0.6.3-oneline-issue10517.log")["label"] == "vLLM V0 0.6.2-0.6.3"

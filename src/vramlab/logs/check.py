@@ -36,8 +36,7 @@ class CheckReport:
     source: str
     engine: str
     lines: int
-    items: list[Item]
-    incomplete: list[Observation]
+    items: list[Item]  # every start-up and rank with figures; `observation.complete` tells which
     summary: list[str]
     failures: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -57,7 +56,6 @@ class CheckReport:
             "source": self.source,
             "engine": self.engine,
             "observations": observations,
-            "incomplete": [_obs_json(o, era_of(o)) for o in self.incomplete],
             "failures": [_failure_json(f) | ({"during": ph} if ph else {})
                          for f, ph in zip(self.failures, self.phases or [""] * len(self.failures), strict=False)],
             "notes": self.notes,
@@ -174,7 +172,11 @@ def check_log(path: str | Path, model: str | None = None, gpu: str | None = None
 
         profile = load_profile(calibration)
     items = []
-    for obs in parsed.observations:
+    # Complete start-ups and those the log cut short alike: the figures a cut-short start-up
+    # printed (weights, a compute buffer) are still the engine's, and comparable.
+    every = sorted(parsed.observations + parsed.incomplete,
+                   key=lambda o: (o.startup or 0, -1 if o.rank is None else o.rank))
+    for obs in every:
         constants = None
         if profile is not None:
             from vramlab.capacity.calibration import apply_profile
@@ -188,7 +190,7 @@ def check_log(path: str | Path, model: str | None = None, gpu: str | None = None
     summary = attribution_sentences(attribute([it.comparison for it in done if it.comparison]))
     # With one start-up the per-observation line already says it; the summary is for sets.
     distinct = {repr(it.observation.measured()) for it in done}
-    return CheckReport(str(path), parsed.engine, parsed.lines, items, parsed.incomplete,
+    return CheckReport(str(path), parsed.engine, parsed.lines, items,
                        summary if len(distinct) > 1 else [], parsed.failures, parsed.notes,
                        [parsed.phase(f) for f in parsed.failures])
 

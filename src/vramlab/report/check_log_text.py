@@ -46,7 +46,7 @@ def render(report: Any) -> str:
             continue
         shown[key] = [item.observation.rank] if item.observation.rank is not None else []
         items.append((item, shown[key]))
-    startups = len({it.observation.startup for it in report.items} | {o.startup for o in report.incomplete})
+    startups = len({it.observation.startup for it in report.items})
     for item, ranks in items:
         obs = item.observation
         rank = (f" rank {ranks[0]}" if len(ranks) == 1 else
@@ -59,6 +59,8 @@ def render(report: Any) -> str:
                    f"{obs.model or '(model not printed)'}{rank}{where}")
         era = item.era or era_of(obs)
         out.append(f"  era: {era.sentence()}")
+        if not obs.complete:
+            out.append("  incomplete start-up: the log ends before the engine sized its KV cache")
         if obs.basis == "engine-estimate":
             out.append("  these figures are the engine's own estimate, not measured allocations")
         if item.comparison is None:
@@ -87,12 +89,6 @@ def render(report: Any) -> str:
             moved = cmp.contributions[cmp.explains]
             out.append(f"  most of the KV difference comes from {cmp.explains}: it moves the predicted KV cache by "
                        f"{moved / (1 << 30):+.2f} GiB")
-    for obs in report.incomplete:
-        out.append("")
-        figures = ", ".join(f"{f.removesuffix('_bytes')} {_fmt(f, getattr(obs, f))}" for f in SHOWN
-                            if getattr(obs, f) is not None)
-        out.append(f"incomplete start-up{f' (rank {obs.rank})' if obs.rank is not None else ''}: the log ends before "
-                   "the engine sized its KV cache" + (f"; it printed {figures}" if figures else ""))
     if report.failures:
         out.append("")
         out.append("failures:")
