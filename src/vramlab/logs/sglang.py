@@ -70,7 +70,38 @@ def _max_tokens(m: re.Match[str]) -> dict[str, Any]:
     return out
 
 
+def _command(m: re.Match[str]) -> dict[str, Any]:
+    """A pasted `python -m sglang.launch_server --model-path X --tp 2 ...` command line."""
+    text = m.group(0)
+    out: dict[str, Any] = {}
+    model = re.search(r"\s--model(?:-path)?[= ](\S+)", text)
+    if model:
+        out["model"] = model.group(1).strip("'\"")
+    for flags, name, conv in (
+        (("--tp", "--tp-size", "--tensor-parallel-size"), "settings.tensor_parallel_size", int),
+        (("--pp", "--pp-size"), "settings.pipeline_parallel_size", int),
+        (("--mem-fraction-static",), "settings.mem_fraction_static", float),
+        (("--context-length",), "settings.max_model_len", int),
+        (("--chunked-prefill-size",), "settings.chunked_prefill_size", int),
+        (("--max-running-requests",), "settings.max_num_seqs", int),
+        (("--cuda-graph-max-bs",), "settings.cuda_graph_max_bs", int),
+        (("--kv-cache-dtype",), "settings.kv_cache_dtype", str), (("--quantization",), "settings.quantization", str),
+        (("--dtype",), "settings.dtype", str),
+    ):
+        for flag in flags:
+            f = re.search(rf"\s{re.escape(flag)}[= ](\S+)", text)
+            if f:
+                try:
+                    out.setdefault(name, conv(f.group(1)))
+                except ValueError:
+                    pass
+    if re.search(r"\s--disable-cuda-graph\b", text):
+        out["settings.enforce_eager"] = True
+    return out
+
+
 RULES: list[Rule] = [
+    rule("command", r"sglang\.launch_server\b.*", _command, starts=True, shared=True),
     rule("server_args", r"server_args=ServerArgs\((.*)", _server_args, starts=True, shared=True),
     rule("weights_begin", rf"Load weight begin\. avail mem=({N}) ?GB",
          lambda m: {"free_gpu_memory_bytes": gib(m.group(1))}, once=True),
