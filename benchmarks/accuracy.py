@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Score the capacity model on real start-up measurements, beside two baselines.
 
-    python benchmarks/accuracy.py                      # ../shared/data (the development split)
+    python benchmarks/accuracy.py                      # benchmarks/data (the development split)
     python benchmarks/accuracy.py --data DIR --rows    # another split, with a per-row table
     python benchmarks/accuracy.py --json
 
@@ -38,11 +38,12 @@ from vramlab.sources.hf_config import spec_from_config  # noqa: E402
 METRICS = ("weights", "kv_cache_gib", "kv_cache_tokens", "max_concurrency")
 
 
+DATA_DIR = ROOT / "benchmarks" / "data"
+
+
 def default_data_dir() -> Path:
-    for cand in (ROOT.parent / "shared" / "data", ROOT / ".." / "shared" / "data"):
-        if (cand / "observed_memory.jsonl").exists():
-            return cand
-    return ROOT.parent / "shared" / "data"
+    """The measurements shipped in the repository (benchmarks/data, sources in its README)."""
+    return DATA_DIR
 
 
 def quant_from_row(row: dict[str, Any], spec: ModelSpec) -> str | None:

@@ -31,7 +31,8 @@ from vramlab.errors import ConfigError, VramlabError
 # Constant -> the observed field (plan-JSON name) it is fitted against.
 FIT_TARGETS: dict[str, str] = {
     "sampler_bytes_per_seq_vocab": "activation_peak_bytes",
-    "v0_sampler_bytes_per_seq_vocab": "activation_peak_bytes",
+    "legacy_sampler_bytes_per_seq_vocab": "activation_peak_bytes",
+    "early_v1_sampler_bytes_per_seq_vocab": "activation_peak_bytes",
     "forward_intermediate_copies": "activation_peak_bytes",
     "forward_hidden_copies": "activation_peak_bytes",
     "moe_workspace_copies": "activation_peak_bytes",
@@ -40,9 +41,11 @@ FIT_TARGETS: dict[str, str] = {
     "hf_activation_hidden_copies": "activation_peak_bytes",
     "non_torch_forward_bytes": "non_torch_bytes",
     "non_torch_forward_tp_bytes": "non_torch_bytes",
+    "non_torch_forward_tp_nonvls_bytes": "non_torch_bytes",
     "non_torch_forward_pp_bytes": "non_torch_bytes",
     "v0_non_torch_bytes": "non_torch_bytes",
     "v0_non_torch_tp_bytes": "non_torch_bytes",
+    "v0_non_torch_tp_nvls_bytes": "non_torch_bytes",
     "cuda_graph_base_bytes": "cuda_graph_bytes",
     "cuda_graph_per_layer_bytes": "cuda_graph_bytes",
     "sglang_graph_bytes_per_bs": "cuda_graph_bytes",

@@ -15,7 +15,7 @@ from vramlab.capacity.constants import Constants
 from vramlab.capacity.engines.common import Context, PolicyResult
 from vramlab.capacity.estimate import GIB, Component, Estimate
 from vramlab.capacity.gpus import GPU
-from vramlab.capacity.settings import DEFAULT_VERSIONS, ENGINES, EngineSettings
+from vramlab.capacity.settings import ENGINES, EngineSettings
 from vramlab.capacity.spec import ModelSpec
 from vramlab.errors import ConfigError
 
@@ -90,7 +90,7 @@ def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Co
         model=model.name,
         gpu=gpu.name,
         engine=settings.engine,
-        engine_version=settings.engine_version or DEFAULT_VERSIONS[settings.engine],
+        engine_version=settings.resolved_version,
         gpu_memory_bytes=ctx.total,
         settings=r.settings,
         components=all_comps,

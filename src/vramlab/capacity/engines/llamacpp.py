@@ -28,7 +28,7 @@ KV_PAD = 256
 
 
 def plan(ctx: Context) -> PolicyResult:
-    m, s, c = ctx.model, ctx.s, ctx.c
+    m, s, c = ctx.model, ctx.settings, ctx.constants
     v = ctx.version
     parallel = s.parallel or 1
     n_ctx = s.ctx_size or (s.max_model_len * parallel if s.max_model_len else 0)

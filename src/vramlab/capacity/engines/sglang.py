@@ -50,7 +50,7 @@ def default_fraction(ctx: Context, chunk: int, graph_bs: int) -> float:
 
 def plan(ctx: Context) -> PolicyResult:
     ctx.check_tp("SGLang")
-    m, s, c = ctx.model, ctx.s, ctx.c
+    m, s, c = ctx.model, ctx.settings, ctx.constants
     chunk_d, bs_d = gpu_defaults(ctx)
     chunk = s.chunked_prefill_size or s.max_num_batched_tokens or chunk_d
     graph_bs = s.cuda_graph_max_bs or bs_d

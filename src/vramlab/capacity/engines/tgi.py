@@ -19,7 +19,7 @@ FLASHINFER_FROM = (3, 0)  # TGI 3 defaults to flashinfer with block size 1
 
 def plan(ctx: Context) -> PolicyResult:
     ctx.check_tp("TGI")
-    m, s, c = ctx.model, ctx.s, ctx.c
+    m, s, c = ctx.model, ctx.settings, ctx.constants
     max_total = s.max_model_len or ctx.model_max_len
     if not max_total:
         raise ConfigError(f"the context length of {m.name} is unknown: pass --max-model-len (TGI --max-total-tokens)")

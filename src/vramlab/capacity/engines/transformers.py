@@ -16,7 +16,7 @@ LOGITS_TO_KEEP_FROM = (4, 45)
 
 
 def plan(ctx: Context) -> PolicyResult:
-    m, s, c = ctx.model, ctx.s, ctx.c
+    m, s, c = ctx.model, ctx.settings, ctx.constants
     length = s.max_model_len or ctx.model_max_len
     if not length:
         raise ConfigError(f"the context length of {m.name} is unknown: pass --max-model-len")
