@@ -58,10 +58,11 @@ _DEFAULTS: dict[str, Constant] = {
     "v0_non_torch_tp_bytes": Constant(0.25 * GIB, 0.6,
                                       "vLLM V0 'non_torch_memory takes' at TP 2-4 on PCIe cards: 0.20-0.30 GiB "
                                       "(vllm#13061 2x RTX 4090, vllm PR #14447 24 GiB cards)"),
-    # ... on NVSwitch Hopper/Blackwell nodes NCCL also maps NVLink-SHARP buffers at init.
-    "v0_non_torch_tp_nvls_bytes": Constant(1.9 * GIB, 0.3,
-                                           "vLLM V0 on H100 NVSwitch: TP2 3.58 GiB incl. the 1.79 GiB of TP1 "
-                                           "(vllm PR #10511), TP8 ~2 GiB"),
+    # ... on NVSwitch nodes (SXM A100/H100): custom all-reduce at any TP with registered IPC
+    # buffers, and NCCL's NVLink buffers.
+    "v0_non_torch_tp_nvswitch_bytes": Constant(2.0 * GIB, 0.3,
+                                               "vLLM V0 'non_torch_memory takes' 2.10 GiB at TP 8 on A100-40GB "
+                                               "SXM (p4d); H100 TP2 adds 1.79 GiB over TP1 (vllm PR #10511)"),
     # CUDA context + cuBLAS handles before the engine measures anything.
     "cuda_context_bytes": Constant(0.51 * GIB, 0.3, "vLLM 0.19 worker init snapshot non_torch_memory=0.51GiB; PyTorch #107667"),
     # NCCL communicators created at init for TP/PP > 1 (outside vLLM V1's budget).

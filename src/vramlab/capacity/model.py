@@ -17,6 +17,7 @@ from vramlab.capacity.estimate import GIB, Component, Estimate
 from vramlab.capacity.gpus import GPU
 from vramlab.capacity.settings import ENGINES, EngineSettings
 from vramlab.capacity.spec import ModelSpec
+from vramlab.capacity.validation import check_settings
 from vramlab.errors import ConfigError
 
 _POLICIES = {
@@ -43,8 +44,7 @@ def run_policy(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: 
     engine = settings.engine
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
-    if settings.tensor_parallel_size < 1 or settings.pipeline_parallel_size < 1:
-        raise ConfigError("tensor and pipeline parallel sizes must be at least 1")
+    check_settings(settings)
     ctx = Context(model, gpu, settings, _constants(constants))
     policy = import_module(_POLICIES[engine])
     return ctx, policy.plan(ctx)

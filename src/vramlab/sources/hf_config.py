@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from vramlab.capacity.spec import ModelSpec, QuantSpec
+from vramlab.capacity.validation import check_config_numbers
 from vramlab.errors import ConfigError
 
 # Families whose `sliding_window` applies to every layer when no per-layer pattern is given.
@@ -183,6 +184,7 @@ def spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str 
     if not isinstance(config, dict):
         raise ConfigError(f"{name}: config is not a JSON object")
     c = _merged(config)
+    check_config_numbers(c, name)
     archs = c.get("architectures") or [""]
     arch = str(archs[0]) if isinstance(archs, list) and archs else str(archs)
     model_type = str(c.get("model_type") or "").lower() or arch.lower().replace("forcausallm", "")

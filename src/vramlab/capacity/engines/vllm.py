@@ -43,6 +43,7 @@ V0_CHUNKED_BUDGET_2048_FROM = (0, 7)
 # The oldest and newest releases whose terms come from logs or source of that era.
 MODELLED_FROM, MODELLED_UP_TO = (0, 5), (0, 29, 99)
 PRE_AMPERE = ("pascal", "volta", "turing")
+SXM_FAMILIES = ("a100", "h100", "h200", "b200", "b100", "gb200")
 UNKNOWN_TERM_BAND = 0.5  # added to the band of a term whose value for this era/card is not measured
 
 
@@ -124,6 +125,14 @@ def nvls(ctx: Context) -> bool:
     return gpu.arch in ("hopper", "blackwell") and "pcie" not in gpu.name and gpu.nominal_gb >= 80
 
 
+def nvswitch(ctx: Context) -> bool:
+    """SXM data-centre cards sit on an NVSwitch: vLLM's custom all-reduce runs at any TP up to 8
+    and registers its IPC buffers, and NCCL maps NVLink buffers; PCIe cards get neither (custom
+    all-reduce is off above two PCIe GPUs)."""
+    name = ctx.gpu.name
+    return name.startswith(SXM_FAMILIES) and not any(tag in name for tag in ("pcie", "nvl"))
+
+
 def unknown_terms(ctx: Context, kind: str) -> tuple[str, ...]:
     """Eras and cards whose overhead terms no log of theirs has measured: their bands widen."""
     out = []
@@ -189,7 +198,7 @@ def non_torch_key(ctx: Context, setup: Setup) -> str:
     if setup.mode == "v0":
         if not setup.multi_gpu:
             return "v0_non_torch_bytes"
-        return "v0_non_torch_tp_nvls_bytes" if ctx.tp > 1 and nvls(ctx) else "v0_non_torch_tp_bytes"
+        return "v0_non_torch_tp_nvswitch_bytes" if ctx.tp > 1 and nvswitch(ctx) else "v0_non_torch_tp_bytes"
     if ctx.tp > 1:
         return "non_torch_forward_tp_bytes" if nvls(ctx) else "non_torch_forward_tp_nonvls_bytes"
     if ctx.pp > 1:
@@ -201,7 +210,7 @@ def non_torch_component(ctx: Context, setup: Setup) -> Component:
     key = non_torch_key(ctx, setup)
     if setup.mode == "v0" and setup.multi_gpu:
         what = " (NCCL init and custom all-reduce buffers, inside V0's profiling window; " + \
-               ("NVSwitch: NVLink-SHARP buffers)" if "nvls" in key else "PCIe / no NVSwitch)")
+               ("NVSwitch node)" if "nvswitch" in key else "PCIe / no NVSwitch)")
     else:
         what = " (custom all-reduce / NCCL buffers)" if ctx.tp > 1 else " (cuBLAS/Triton workspaces)"
     return ctx.constant_component("non_torch", key, "memory outside PyTorch that grows during profiling" + what,
