@@ -103,7 +103,8 @@ def gpu_for(row: dict[str, Any]):
 
 def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
     version_text = str(row.get("engine_version") or "")
-    version = re.match(r"[vb]?[0-9][0-9a-z.+]*", version_text.strip())
+    # "0.8.5.post1 (V0 engine)", "[~0.4.3, March 2025 ...]": the first release number written.
+    version = re.search(r"(?<![\w.])[vb]?[0-9]+\.[0-9][0-9a-z.+]*|(?<![\w.])b[0-9]{3,}", version_text)
     mode = "v0" if "V0" in version_text else ("v1" if "V1" in version_text else None)
     dtype = str(row.get("dtype") or "auto").replace("torch.", "")
     api_server = row.get("collection_group", "").startswith("unsloth") is False

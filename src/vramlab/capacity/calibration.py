@@ -52,6 +52,7 @@ FIT_TARGETS: dict[str, str] = {
     "sglang_graph_bytes_per_bs": "cuda_graph_bytes",
     "cuda_context_bytes": "init_non_torch_bytes",
     "nccl_init_bytes": "init_non_torch_bytes",
+    "nccl_init_pcie_bytes": "init_non_torch_bytes",
 }
 # Estimate component -> observed field.
 COMPONENT_FIELDS = {

@@ -67,6 +67,9 @@ _DEFAULTS: dict[str, Constant] = {
     "cuda_context_bytes": Constant(0.51 * GIB, 0.3, "vLLM 0.19 worker init snapshot non_torch_memory=0.51GiB; PyTorch #107667"),
     # NCCL communicators created at init for TP/PP > 1 (outside vLLM V1's budget).
     "nccl_init_bytes": Constant(1.2 * GIB, 0.4, "vLLM 0.19 init non-torch 1.43-2.05 GiB at TP/PP>1 less the 0.51 GiB context"),
+    # ... on PCIe cards (no NVSwitch): ring buffers only.
+    "nccl_init_pcie_bytes": Constant(0.15 * GIB, 0.5, "SGLang 'Init torch distributed ends. mem usage=0.13 GB' at TP4 "
+                                     "on 4x L4 PCIe (EC2 g6.12xlarge)"),
     # CUDA graphs (vLLM): a shared mempool; grows with layers and the number of captured sizes.
     "cuda_graph_base_bytes": Constant(0.35 * GIB, 0.5, "vLLM 0.19 'Graph capturing finished ... took' 0.49-1.61 GiB"),
     "cuda_graph_per_layer_bytes": Constant(0.016 * GIB, 0.5, "same; fitted against num_layers"),

@@ -15,6 +15,8 @@ from vramlab.capacity.settings import EngineSettings
 from vramlab.capacity.spec import ModelSpec, QuantSpec
 from vramlab.errors import ConfigError
 
+SXM_FAMILIES = ("a100", "h100", "h200", "b200", "b100", "gb200")
+
 
 @dataclass
 class Context:
@@ -65,6 +67,20 @@ class Context:
         """A component that is one calibratable constant, with its band and provenance."""
         rel = self.constants.band(key) + extra_band
         return band(name, self.constants[key], rel, rel, self.constants.provenance(key), note, in_budget)
+
+    @property
+    def on_nvswitch(self) -> bool:
+        """SXM data-centre cards sit on an NVSwitch: NCCL maps NVLink buffers and vLLM's custom
+        all-reduce runs at any TP up to 8 with registered IPC buffers; PCIe cards get neither
+        (custom all-reduce is off above two PCIe GPUs)."""
+        name = self.gpu.name
+        return name.startswith(SXM_FAMILIES) and not any(tag in name for tag in ("pcie", "nvl"))
+
+    def nccl_component(self, note: str, in_budget: bool = True) -> Component:
+        """NCCL communicators created at start-up; their size follows the interconnect."""
+        key = "nccl_init_bytes" if self.on_nvswitch else "nccl_init_pcie_bytes"
+        return self.constant_component("nccl", key, note + ("" if self.on_nvswitch else " (PCIe: ring buffers only)"),
+                                       in_budget=in_budget)
 
     def kv_shapes(self, stage: int = 0) -> tuple[kvmod.KVShape, ...]:
         return kvmod.kv_shapes(self.model, self.settings.kv_cache_dtype, self.dtype, self.tp, self.layer_range(stage))

@@ -65,7 +65,7 @@ def plan(ctx: Context) -> PolicyResult:
         ctx.constant_component("cuda_context", "cuda_context_bytes", "CUDA context and library handles"),
     ]
     if multi:
-        comps.append(ctx.constant_component("nccl", "nccl_init_bytes", "NCCL communicators"))
+        comps.append(ctx.nccl_component("NCCL communicators"))
     comps.append(ctx.weights_component())
     # Outside the static pool, inside the (1 - fraction) reservation.
     act = forward_peak_bytes(m, chunk, ctx.tp, ctx.dtype, c) + moe_workspace_bytes(m, chunk, ctx.tp, ctx.dtype, c) \

@@ -30,7 +30,7 @@ def plan(ctx: Context) -> PolicyResult:
         ctx.constant_component("cuda_context", "cuda_context_bytes", "CUDA context and library handles"),
     ]
     if ctx.tp > 1:
-        comps.append(ctx.constant_component("nccl", "nccl_init_bytes", "NCCL communicators"))
+        comps.append(ctx.nccl_component("NCCL communicators"))
     comps.append(ctx.weights_component())
     per_tok = c["tgi_prefill_bytes_per_token_hidden"] * m.hidden_size
     act = max(forward_peak_bytes(m, prefill, ctx.tp, ctx.dtype, c), prefill * per_tok) \

@@ -43,7 +43,6 @@ V0_CHUNKED_BUDGET_2048_FROM = (0, 7)
 # The oldest and newest releases whose terms come from logs or source of that era.
 MODELLED_FROM, MODELLED_UP_TO = (0, 5), (0, 29, 99)
 PRE_AMPERE = ("pascal", "volta", "turing")
-SXM_FAMILIES = ("a100", "h100", "h200", "b200", "b100", "gb200")
 UNKNOWN_TERM_BAND = 0.5  # added to the band of a term whose value for this era/card is not measured
 
 
@@ -125,14 +124,6 @@ def nvls(ctx: Context) -> bool:
     return gpu.arch in ("hopper", "blackwell") and "pcie" not in gpu.name and gpu.nominal_gb >= 80
 
 
-def nvswitch(ctx: Context) -> bool:
-    """SXM data-centre cards sit on an NVSwitch: vLLM's custom all-reduce runs at any TP up to 8
-    and registers its IPC buffers, and NCCL maps NVLink buffers; PCIe cards get neither (custom
-    all-reduce is off above two PCIe GPUs)."""
-    name = ctx.gpu.name
-    return name.startswith(SXM_FAMILIES) and not any(tag in name for tag in ("pcie", "nvl"))
-
-
 def unknown_terms(ctx: Context, kind: str) -> tuple[str, ...]:
     """Eras and cards whose overhead terms no log of theirs has measured: their bands widen."""
     out = []
@@ -198,7 +189,7 @@ def non_torch_key(ctx: Context, setup: Setup) -> str:
     if setup.mode == "v0":
         if not setup.multi_gpu:
             return "v0_non_torch_bytes"
-        return "v0_non_torch_tp_nvswitch_bytes" if ctx.tp > 1 and nvswitch(ctx) else "v0_non_torch_tp_bytes"
+        return "v0_non_torch_tp_nvswitch_bytes" if ctx.tp > 1 and ctx.on_nvswitch else "v0_non_torch_tp_bytes"
     if ctx.tp > 1:
         return "non_torch_forward_tp_bytes" if nvls(ctx) else "non_torch_forward_tp_nonvls_bytes"
     if ctx.pp > 1:
@@ -237,8 +228,8 @@ def stage_components(ctx: Context, setup: Setup, stage: int) -> list[Component]:
                                          "CUDA context and library handles, before vLLM's baseline snapshot",
                                          in_budget=False)]
     if setup.multi_gpu and setup.mode == "v1":
-        components.append(ctx.constant_component(
-            "nccl", "nccl_init_bytes", "NCCL communicators created at start-up"
+        components.append(ctx.nccl_component(
+            "NCCL communicators created at start-up"
             + ("; outside the budget since V1 inits them before the snapshot" if setup.nccl_outside_budget
                else "; inside the profiling window"), in_budget=not setup.nccl_outside_budget))
     components.append(ctx.weights_component(stage))
@@ -306,8 +297,8 @@ def start_up_refusals(ctx: Context, setup: Setup, components: list[Component], b
     """V1 refuses to start when the card's free memory is below util x total."""
     if setup.mode != "v1" or ctx.settings.kv_cache_memory_bytes:
         return []
-    nccl = int(ctx.constants["nccl_init_bytes"]) if setup.multi_gpu and setup.nccl_outside_budget else 0
-    free_at_start = ctx.total - ctx.other - pick(components, "mid", ("cuda_context",)) - nccl
+    outside = ("cuda_context", "nccl") if setup.nccl_outside_budget else ("cuda_context",)
+    free_at_start = ctx.total - ctx.other - sum(c.bytes for c in components if c.name in outside)
     if free_at_start >= budget:
         return []
     return [f"Free memory on device ({free_at_start / GIB:.2f}/{ctx.total / GIB:.2f} GiB) on startup is less than "
