@@ -32,7 +32,7 @@ class Context:
             raise ConfigError(f"--pipeline-parallel-size {self.pp} exceeds the model's {self.model.num_layers} layers")
         self.version = self.settings.version
         self.quant: QuantSpec | None = wmod.effective_quant(self.model, self.settings.quantization)
-        self.dtype = wmod.resolve_dtype(self.model, self.settings.dtype, self.quant)
+        self.dtype = wmod.resolve_dtype(self.model, self.settings.dtype, self.quant, self.settings.engine, self.version)
         self.total = self.gpu.memory_bytes
         self.other = max(0, self.settings.other_processes_bytes)
 
@@ -42,7 +42,7 @@ class Context:
         return range(start, start + split[stage])
 
     def weights(self, stage: int = 0) -> tuple[int, str]:
-        return wmod.weight_bytes(self.model, self.settings.dtype, self.settings.quantization, self.tp, self.pp, stage,
+        return wmod.weight_bytes(self.model, self.dtype, self.settings.quantization, self.tp, self.pp, stage,
                                  rope_cache=self.settings.engine in ("vllm", "sglang"))
 
     def weights_component(self, stage: int = 0) -> Component:
