@@ -104,7 +104,7 @@ def gpu_for(row: dict[str, Any]):
 def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
     version_text = str(row.get("engine_version") or "")
     # "0.8.5.post1 (V0 engine)", "[~0.4.3, March 2025 ...]": the first release number written.
-    version = re.search(r"(?<![\w.])[vb]?[0-9]+\.[0-9][0-9a-z.+]*|(?<![\w.])b[0-9]{3,}", version_text)
+    version = re.search(r"(?<![\w.])[vb]?[0-9]+\.[0-9][0-9a-z.+]*|(?<![\w.])b[0-9]{3,}(?![0-9a-z])", version_text)
     mode = "v0" if "V0" in version_text else ("v1" if "V1" in version_text else None)
     dtype = str(row.get("dtype") or "auto").replace("torch.", "")
     api_server = row.get("collection_group", "").startswith("unsloth") is False
@@ -129,8 +129,14 @@ def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
         kwargs["mem_fraction_static"] = kwargs.pop("gpu_memory_utilization")
         kwargs["chunked_prefill_size"] = kwargs.pop("max_num_batched_tokens")
     elif kwargs["engine"] == "llama.cpp":
+        extra = row.get("extra") or {}
         kwargs["ctx_size"] = row.get("n_ctx")
         kwargs["parallel"] = row.get("n_parallel")
+        kwargs["n_ubatch"] = extra.get("n_ubatch")
+        kwargs["flash_attn"] = extra.get("flash_attn")
+        kwargs["cache_type_v"] = extra.get("type_v")
+        kwargs["kv_cache_dtype"] = extra.get("type_k") or "auto"
+        kwargs["max_model_len"] = None
     if kwargs["engine"] == "vllm" and kwargs["gpu_memory_utilization"] is None:
         kwargs["gpu_memory_utilization"] = None
     return EngineSettings(**kwargs)

@@ -52,6 +52,7 @@ GPUS: tuple[GPU, ...] = (
     GPU("v100-32gb", 31.74, 32, 900, 125, arch="volta", memory_source=_EST),
     GPU("l4", 22.49, 24, 300, 121, arch="ada", fp8=True, memory_source="kvplan / vLLM logs on L4"),
     GPU("a10g", 22.19, 24, 600, 70, arch="ampere", memory_source="PyTorch OOM messages on A10G", aliases=("a10",)),
+    GPU("rtx-3070", 7.63, 8, 448, 41, arch="ampere", memory_source=_EST, aliases=("3070",)),
     GPU("rtx-3090", 23.69, 24, 936, 71, arch="ampere", memory_source=_EST, aliases=("3090",)),
     GPU("rtx-4090", 23.63, 24, 1008, 165, arch="ada", fp8=True, memory_source=_OBS_VLLM, aliases=("4090",)),
     GPU("rtx-5090", 31.36, 32, 1792, 209, arch="blackwell", fp8=True, memory_source=_EST, aliases=("5090",)),
