@@ -115,3 +115,22 @@ def test_every_constant_is_used_by_a_policy():
                     if p.name not in ("constants.py", "calibration.py"))
     unused = [n for n in names() if f'"{n}"' not in src]
     assert not unused, unused
+
+
+# --- the capacity policies stay readable (issue 14 item 6) -----------------------------------------
+
+def test_capacity_functions_are_short_and_names_say_what_they_hold():
+    import ast
+
+    long, cryptic = [], []
+    for path in (ROOT / "src" / "vramlab" / "capacity").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60:
+                long.append(f"{path.name}:{node.name}")
+            if isinstance(node, ast.Name) and node.id in ("mbt", "bpr", "lays"):
+                cryptic.append(f"{path.name}:{node.id}")
+            if isinstance(node, ast.Attribute) and node.attr in ("s", "c") and getattr(node.value, "id", "") == "ctx":
+                cryptic.append(f"{path.name}:ctx.{node.attr}")
+    assert not long, long
+    assert not cryptic, cryptic
