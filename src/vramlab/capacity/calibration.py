@@ -1,6 +1,6 @@
 """Fit the capacity model's free constants to observations, and apply a fitted profile.
 
-Pure maths: the fit touches no file. `load_profile` reads a profile for `plan --calibration`;
+Pure maths: touches no file. `vramlab.sources.profile.load_profile` reads a profile for `plan --calibration`;
 `vramlab.logs.profile.write_profile` writes one.
 
 The fit never re-implements a formula. For each constant it asks `estimate` how the component
@@ -352,10 +352,9 @@ def _leave_one_out(model: _Model, linear: dict[str, _Linear], values: dict[str, 
 
 
 def _p90(xs: list[float]) -> float:
-    s = sorted(xs)
-    k = (len(s) - 1) * 0.9
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+    from vramlab.records.stats import percentile  # the one definition (type 7, as this was)
+
+    return percentile(xs, 90)
 
 
 # --- profiles --------------------------------------------------------------------------------
@@ -406,25 +405,6 @@ def profile_from_dict(data: Mapping[str, Any], name: str) -> Profile:
     if not sections:
         raise ConfigError(f"{name}: the profile has no [[section]]")
     return Profile(name, tuple(sections), dict(data.get("provenance") or {}))
-
-
-def load_profile(path: Any) -> Profile:
-    """Read a profile file (TOML). The one place this package touches a file: plan and
-    check-log both need it, and it is a read of the profile this module defines."""
-    from pathlib import Path
-
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        raise ConfigError("reading calibration profiles needs Python 3.11 or newer (tomllib)") from None
-    p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: not valid TOML ({exc})") from None
-    return profile_from_dict(data, p.name)
 
 
 def _pad(v: tuple[int, ...], n: int = 4) -> tuple[int, ...]:

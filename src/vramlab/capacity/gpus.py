@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vramlab.capacity.units import GIB
 from vramlab.errors import unknown
-
-GIB = 1 << 30
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,9 @@ def _progress(ev: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
-
     from vramlab.drill.plan import load_plan
     from vramlab.drill.runner import DrillRunner
+    from vramlab.drill.session import run_drill
     from vramlab.drill.target import check_environment
     from vramlab.report import load_context, render
     from vramlab.report.incident import incident_json, summary_line
@@ -60,21 +59,17 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     if not args.quiet:
         runner.hook.add(_progress)
-    # The wall-clock stop condition runs on the event loop; if something ever blocks the loop past
-    # it, leave every thread's stack on stderr so the stall can be diagnosed (the drill goes on).
-    import faulthandler
-
-    wall = plan.stop.wall_clock_s if getattr(plan, "stop", None) and plan.stop.wall_clock_s else 300.0
-    faulthandler.dump_traceback_later(wall + 60, repeat=False, file=sys.stderr)
     try:
-        result = asyncio.run(_run_with_task_dump(runner))
+        result = run_drill(runner)
     except KeyboardInterrupt:
         print(f"vramlab drill: interrupted; rollback done; partial run {runner.run_id} is in the store", file=sys.stderr)
         return 130
     ctx = load_context(store, result.run_id)
     out = args.output or f"incident-{result.run_id}.md"
     with open(out, "w") as fh:
-        fh.write(render(ctx, "html" if out.endswith((".html", ".htm")) else "md"))
+        from vramlab.redact import redact
+
+        fh.write(redact(render(ctx, "html" if out.endswith((".html", ".htm")) else "md")))
     if args.json:
         import json
 
@@ -84,22 +79,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"incident report: {out}   (again: vramlab report {result.run_id} --format html -o incident.html)")
     return 0 if result.status == "completed" else 1
 
-
-async def _run_with_task_dump(runner):  # noqa: ANN001, ANN202
-    """Run the drill; SIGUSR1 prints what every asyncio task is waiting on (for a drill that seems stuck)."""
-    import asyncio
-    import signal
-
-    def dump() -> None:
-        tasks = asyncio.all_tasks()
-        print(f"vramlab drill: {len(tasks)} asyncio tasks", file=sys.stderr)
-        for task in tasks:
-            task.print_stack(limit=8, file=sys.stderr)
-        sys.stderr.flush()
-
-    loop = asyncio.get_running_loop()
-    try:
-        loop.add_signal_handler(signal.SIGUSR1, dump)
-    except (NotImplementedError, AttributeError, RuntimeError):  # not on this platform: no dump
-        pass
-    return await runner.run()

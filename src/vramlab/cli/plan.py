@@ -159,7 +159,11 @@ def run(args: argparse.Namespace) -> int:
     if axes:
         result = sweep(model, gpu, settings, axes, constants)
         if args.plot:
-            plan_text.plot_sweep(result, args.plot, title=f"{model.name} on {gpu.name} ({settings.engine})")
+            from pathlib import Path
+
+            fmt = Path(args.plot).suffix.lstrip(".").lower() or "png"
+            image = plan_text.plot_sweep(result, fmt, title=f"{model.name} on {gpu.name} ({settings.engine})")
+            Path(args.plot).write_bytes(image)
         if args.json:
             print(json.dumps({"model": model.name, "gpu": gpu.name, "engine": settings.engine,
                               "axes": [[n, v] for n, v in result.axes], "rows": result.rows}, indent=1))
@@ -178,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _constants(args: argparse.Namespace):
     from vramlab.capacity import Constants
-    from vramlab.capacity.calibration import apply_profile, load_profile
+    from vramlab.capacity.calibration import apply_profile
+    from vramlab.sources.profile import load_profile
 
     profile = load_profile(args.calibration)
     return apply_profile(Constants.defaults(), profile, args.engine, args.engine_version)

@@ -55,6 +55,14 @@ class Target(_Model):
             raise ValueError("must be the NAME of an environment variable (the key itself never goes in a plan)")
         return v
 
+    @model_validator(mode="after")
+    def _one_credential(self) -> Target:
+        # HTTP sends one Authorization header: user-info in the URL (Basic) or the key (Bearer), not both.
+        if self.api_key_env and "@" in self.base_url.split("://", 1)[1].split("/", 1)[0]:
+            raise ValueError("@base_url: has user-info (user:password@) and api_key_env is set too; "
+                             "give one (HTTP carries one Authorization header)")
+        return self
+
 
 class Synthetic(_Model):
     prompt_tokens: int = Field(gt=0, le=1_000_000)
@@ -322,6 +330,9 @@ def parse_plan(text: str, filename: str = "plan.yaml") -> Plan:
         raise ConfigError(f"{filename}:{line}: not valid YAML: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{filename}:1: a plan is a mapping (name:, target:, ...), got {type(data).__name__}")
+    from vramlab.redact import register_urls_in
+
+    register_urls_in(data)  # a URL's password is masked wherever it shows up later (vramlab.redact)
     try:
         return Plan.model_validate(data)
     except ValidationError as exc:
