@@ -37,6 +37,7 @@ class DrillResult:
     stop_reason: str | None
     failed_rounds: list[int] = field(default_factory=list)
     workdir: str = ""
+    unrecovered_rounds: list[int] = field(default_factory=list)  # failed and not serving again within the limit
 
 
 class DrillRunner(Watchers):
@@ -65,6 +66,7 @@ class DrillRunner(Watchers):
         self._last_log_event: dict[str, float] = {}
         self._ceiling_value: float | None = None
         self._coloc: Any = None
+        self._unrecovered: list[int] = []
         self.health_path = plan.target.health_path  # replaced by what answered at bring-up (discover_health)
         self.load_time_s: float | None = None  # the first start's measured load time (start -> health 200)
         if plan.colocation is not None and isinstance(self.target, SimTarget):
@@ -133,7 +135,7 @@ class DrillRunner(Watchers):
             self._phase, self._step = "rollback", None
             await self._rollback(status, reason)
             self.emit("run_end", reason or status, status=status, ended_at=time.time(), stop_reason=reason)
-        return DrillResult(self.run_id, status, reason, failed_rounds, str(self.workdir))
+        return DrillResult(self.run_id, status, reason, failed_rounds, str(self.workdir), list(self._unrecovered))
 
     async def _bring_up(self) -> None:
         self._phase = "setup"
@@ -300,6 +302,7 @@ class DrillRunner(Watchers):
                           served_again_s=out.served_again_s)
                 await asyncio.sleep(plan.recovery.observe_s)
             else:
+                self._unrecovered.append(self._round or 0)
                 self.emit("not_recovered", out.reason, limit_s=plan.recovery.limit_s)
         finally:
             load.cancel()
