@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import _synthetic_run as synth
 from vramlab.analysis.run import analyze_run
 from vramlab.analysis.stats import Distribution, Slo, percentile, summarize_requests
-from vramlab.experiment.records import EventRecord, RequestRecord
+from vramlab.records import EventRecord, RequestRecord
 
 finite = st.floats(min_value=-1e12, max_value=1e12, allow_nan=False, allow_infinity=False)
 

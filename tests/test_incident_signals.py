@@ -17,7 +17,7 @@ from vramlab.analysis.signals import (
     percentile,
     windowed,
 )
-from vramlab.experiment.records import EventRecord, RequestRecord, SampleRecord
+from vramlab.records import EventRecord, RequestRecord, SampleRecord
 
 RUN = "0123abcd"
 

@@ -141,7 +141,7 @@ def test_registry_adds_sections_for_drills_only():
 
 
 def test_notes_said_once_and_warnings_kept_apart():
-    from vramlab.experiment.records import EventRecord
+    from vramlab.records import EventRecord
 
     run, reqs, samples, events = synth.build()
     run = run.model_copy(update={"notes": ["no NVML: GPU samples missing", "engine /metrics scrape took 1.2 s"]})
@@ -153,7 +153,7 @@ def test_notes_said_once_and_warnings_kept_apart():
 
 
 def test_prediction_beside_observed_queueing():
-    from vramlab.experiment.records import SampleRecord
+    from vramlab.records import SampleRecord
 
     run, reqs, samples, events = synth.build()
     run = run.model_copy(update={"fixed": {**run.fixed, "predicted": {"max_concurrency": 6}}})

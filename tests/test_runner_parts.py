@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -12,12 +13,13 @@ import pytest
 from vramlab.experiment.events import Event, EventHook
 from vramlab.experiment.plan import RollbackCommand, StopConditions, parse_plan
 from vramlab.experiment.recorder import StoreRecorder
-from vramlab.experiment.records import RequestRecord, RunRecord
 from vramlab.experiment.rollback import run_rollbacks
 from vramlab.experiment.runner import Runner, RunOptions
 from vramlab.experiment.steps import FixedSteps, RampUntilStop, StepOutcome
 from vramlab.experiment.stop import StopMonitor, StopReason
 from vramlab.load.stub import StubBehaviour, StubServer
+from vramlab.records import RequestRecord, RunRecord
+from vramlab.records.memory import MemoryStore
 from vramlab.store import open_store
 
 
@@ -192,25 +194,21 @@ samplers: {{sources: [host]}}
         assert store.samples(out.result.run_id)
 
 
-class _FlakyStore:
+class _FlakyStore(MemoryStore):
     """A store whose writes fail twice, then work: rows wait for the next flush."""
 
-    def __init__(self, real: object) -> None:
-        self.real, self.fails = real, 2
+    fails = 2
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.real, name)
-
-    def add_requests(self, run_id: str, recs: list[RequestRecord]) -> int:
+    def add_requests(self, run_id: str, records: Sequence[RequestRecord]) -> int:
         if self.fails:
             self.fails -= 1
             raise OSError("database is locked")
-        return self.real.add_requests(run_id, recs)  # type: ignore[attr-defined]
+        return super().add_requests(run_id, records)
 
 
-def test_recorder_keeps_rows_when_the_store_fails(tmp_path: Path) -> None:
-    real = open_store(str(tmp_path / "v.db"))
-    rec = StoreRecorder(_FlakyStore(real), flush_s=3600, batch=10)
+def test_recorder_keeps_rows_when_the_store_fails() -> None:
+    real = _FlakyStore()
+    rec = StoreRecorder(real, flush_s=3600, batch=10)
     rec(Event("run_start", 0, payload=RunRecord(run_id="0123abce", name="x", started_at=time.time())))
     for r in _records(25, "0123abce"):
         rec(Event("request", r.end_s or 0, payload=r))
@@ -284,8 +282,8 @@ def test_environment_facts_from_a_fake_nvml() -> None:
 def test_a_store_that_refuses_the_run_stops_it_before_any_load(tmp_path: Path) -> None:
     from vramlab.errors import VramlabError
 
-    class _NoStore:
-        def create_run(self, run: RunRecord) -> None:
+    class _NoStore(MemoryStore):
+        def create_run(self, run: RunRecord) -> RunRecord:
             raise VramlabError("cannot open the store: disk full")
 
     b = StubBehaviour()

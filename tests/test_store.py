@@ -1,14 +1,31 @@
-"""The store on both backends: round-trips, prefix lookup, listing, updates, migrations."""
+"""The `Store` contract on every implementation (SQLite, PostgreSQL, in memory): round-trips, prefix
+lookup, listing, updates; and the SQL store's own migrations and URLs."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from _store_backends import store_url_fixture  # noqa: F401
+from _store_backends import MEMORY_URL, any_store_url_fixture, store_url_fixture  # noqa: F401
 from vramlab.errors import ConfigError, NotFoundError, VramlabError
-from vramlab.experiment.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records.memory import MemoryStore
+from vramlab.records.store import Store
 from vramlab.store import describe_url, open_store, resolve_url
+
+
+@pytest.fixture()
+def open_any(any_store_url):
+    """Opens the store under test; the in-memory one "reopens" as the same object, as a file would."""
+    if any_store_url == MEMORY_URL:
+        mem = MemoryStore()
+        return lambda: mem
+    return lambda: open_store(any_store_url)
+
+
+def test_every_implementation_is_a_store(open_any):
+    with open_any() as store:
+        assert isinstance(store, Store)
 
 
 def _run(run_id: str, started_at: float = 1_700_000_000.0, kind: str = "experiment") -> RunRecord:
@@ -26,8 +43,8 @@ def _run(run_id: str, started_at: float = 1_700_000_000.0, kind: str = "experime
     )
 
 
-def test_round_trip_every_record_kind(store_url):
-    with open_store(store_url) as store:
+def test_round_trip_every_record_kind(open_any):
+    with open_any() as store:
         run = store.create_run(_run("0a1b2c3d"))
         reqs = [
             RequestRecord(
@@ -56,7 +73,7 @@ def test_round_trip_every_record_kind(store_url):
         assert store.add_events(run.run_id, list(reversed(events))) == 2
 
     # A fresh connection sees exactly what was written.
-    with open_store(store_url) as store:
+    with open_any() as store:
         assert store.get_run("0a1b2c3d") == run
         assert store.requests(run.run_id) == reqs
         assert store.samples(run.run_id) == sorted(samples, key=lambda s: s.t_s)
@@ -65,8 +82,8 @@ def test_round_trip_every_record_kind(store_url):
         assert store.requests("ffffffff") == []
 
 
-def test_prefix_lookup(store_url):
-    with open_store(store_url) as store:
+def test_prefix_lookup(open_any):
+    with open_any() as store:
         for rid in ("abc12345", "abc19999", "def00000"):
             store.create_run(_run(rid))
         assert store.get_run("abc12").run_id == "abc12345"
@@ -83,8 +100,8 @@ def test_prefix_lookup(store_url):
             store.create_run(_run("abc12345"))
 
 
-def test_list_runs_newest_first_with_limit_and_kind(store_url):
-    with open_store(store_url) as store:
+def test_list_runs_newest_first_with_limit_and_kind(open_any):
+    with open_any() as store:
         for i, rid in enumerate(["00000001", "00000002", "00000003", "00000004"]):
             store.create_run(_run(rid, started_at=1000.0 + i, kind="drill" if i % 2 else "experiment"))
         assert [r.run_id for r in store.list_runs()] == ["00000004", "00000003", "00000002", "00000001"]
@@ -92,8 +109,8 @@ def test_list_runs_newest_first_with_limit_and_kind(store_url):
         assert [r.run_id for r in store.list_runs(kind="drill")] == ["00000004", "00000002"]
 
 
-def test_update_run_validates(store_url):
-    with open_store(store_url) as store:
+def test_update_run_validates(open_any):
+    with open_any() as store:
         store.create_run(_run("11112222"))
         updated = store.update_run("11112222", status="stopped", ended_at=1_700_000_060.5,
                                    stop_reason="P95 over 2 s", notes=["a", "b"])
@@ -109,8 +126,8 @@ def test_update_run_validates(store_url):
         assert store.get_run("11112222").status == "stopped"
 
 
-def test_batch_for_wrong_run_writes_nothing(store_url):
-    with open_store(store_url) as store:
+def test_batch_for_wrong_run_writes_nothing(open_any):
+    with open_any() as store:
         store.create_run(_run("aaaa0000"))
         good = RequestRecord(run_id="aaaa0000", round=0, phase="baseline", request_id="1", status_code=200)
         bad = RequestRecord(run_id="bbbb0000", round=0, phase="baseline", request_id="2", status_code=200)
@@ -154,3 +171,17 @@ def test_unreachable_postgres_is_one_clear_error():
         open_store("postgresql://vramlab:hunter2@127.0.0.1:1/nope")
     msg = str(info.value)
     assert "cannot open the store" in msg and "hunter2" not in msg and "\n" not in msg
+
+
+def test_memory_store_hands_out_copies_and_refuses_rows_of_unknown_runs():
+    store = MemoryStore()
+    run = store.create_run(_run("0a1b2c3d"))
+    run.notes.append("changed after writing")
+    req = RequestRecord(run_id=run.run_id, round=0, phase="baseline", request_id="1", status_code=200, itl_ms=[1.0])
+    store.add_requests(run.run_id, [req])
+    req.itl_ms.append(2.0)
+    store.requests(run.run_id)[0].itl_ms.append(3.0)
+    assert store.get_run(run.run_id).notes == ["no NVML on this host: GPU samples missing"]
+    assert store.requests(run.run_id)[0].itl_ms == [1.0]
+    with pytest.raises(NotFoundError):
+        store.add_events("ffff0000", [EventRecord(run_id="ffff0000", t_s=0, kind="note")])

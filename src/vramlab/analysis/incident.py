@@ -39,7 +39,7 @@ from vramlab.analysis.signals import (
     percentile,
     windowed,
 )
-from vramlab.experiment.records import EventRecord, RequestRecord, SampleRecord
+from vramlab.records import EventRecord, RequestRecord, SampleRecord
 
 OOM_EVENT_KINDS = ("oom",)
 

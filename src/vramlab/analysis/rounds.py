@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from vramlab.analysis.stats import is_ok, percentile
 from vramlab.analysis.windows import PHASE_ORDER, WindowResult
-from vramlab.experiment.records import RequestRecord
+from vramlab.records import RequestRecord
 
 # Metrics compared between phases and checked for stability, in report order.
 KEY_METRICS = (

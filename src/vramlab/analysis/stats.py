@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from vramlab.experiment.records import RequestRecord, SampleRecord
+from vramlab.records import RequestRecord, SampleRecord
 
 # Sample names whose interesting extreme is the minimum (health.ok drops to 0 when unhealthy).
 MIN_IS_WORST = ("health.ok",)

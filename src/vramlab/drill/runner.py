@@ -27,7 +27,8 @@ from vramlab.drill.recovery import LiveState, recover
 from vramlab.drill.target import check_environment
 from vramlab.drill.watch import Watchers
 from vramlab.experiment.events import Event, EventHook
-from vramlab.experiment.records import RequestRecord, RunRecord, canonical_sha256, new_run_id
+from vramlab.records import RequestRecord, RunRecord, canonical_sha256, new_run_id
+from vramlab.records.store import Store
 
 
 @dataclass
@@ -41,7 +42,7 @@ class DrillResult:
 
 
 class DrillRunner(Watchers):
-    def __init__(self, plan: DrillPlan, store: Any, *, override_env: bool = False, workdir: str | None = None,
+    def __init__(self, plan: DrillPlan, store: Store, *, override_env: bool = False, workdir: str | None = None,
                  run_id: str | None = None, hook: EventHook | None = None):
         self.plan = plan
         self.store = store

@@ -10,7 +10,7 @@ import asyncio
 import time
 from typing import Any
 
-from vramlab.experiment.records import SampleRecord
+from vramlab.records import SampleRecord
 
 FINDING_EVENTS = {"oom": "oom", "engine_death": "oom", "startup_refusal": "startup_refusal", "xid": "xid",
                   "preemption": "preemption", "overload": "overload", "process_exit": "process_exit",

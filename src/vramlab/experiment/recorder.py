@@ -10,11 +10,12 @@ import time
 from typing import Any
 
 from vramlab.experiment.events import DATA_KINDS, Event
-from vramlab.experiment.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records.store import Store
 
 
 class StoreRecorder:
-    def __init__(self, store: Any, flush_s: float = 0.5, batch: int = 1000) -> None:
+    def __init__(self, store: Store, flush_s: float = 0.5, batch: int = 1000) -> None:
         self.store, self.flush_s, self.batch = store, flush_s, batch
         self.run_id: str | None = None
         self.notes: list[str] = []

@@ -20,7 +20,6 @@ from typing import Any, Protocol
 
 from vramlab.experiment.events import Event, EventHook
 from vramlab.experiment.plan import Plan
-from vramlab.experiment.records import RequestRecord, RunRecord, SampleRecord, canonical_sha256, new_run_id
 from vramlab.experiment.rollback import RollbackResult, run_rollbacks
 from vramlab.experiment.steps import FixedSteps, StepOutcome, StepStrategy
 from vramlab.experiment.stop import StopMonitor, StopReason
@@ -36,6 +35,7 @@ from vramlab.load.client import OpenAIClient, RequestResult
 from vramlab.load.driver import drive
 from vramlab.load.prompts import Prompt, cycle
 from vramlab.observe.base import Sample, Sampler, SamplerSet
+from vramlab.records import RequestRecord, RunRecord, SampleRecord, canonical_sha256, new_run_id
 
 EXIT_CODES = {"completed": 0, "failed": 1, "stopped": 3, "interrupted": 130}
 _SOURCES = {"gpu", "ledger", "engine", "prometheus", "host", "health"}

@@ -1,4 +1,4 @@
-"""The stored tables, one per record kind in `vramlab.experiment.records`.
+"""The stored tables, one per record kind in `vramlab.records`.
 
 Columns mirror the record fields one to one so a row round-trips without translation; lists and
 dicts live in JSON columns. Rows of a run are found by `run_id` (indexed); `seq` keeps insertion

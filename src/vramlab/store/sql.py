@@ -15,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from vramlab.errors import NotFoundError, VramlabError
-from vramlab.experiment.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
 from vramlab.store import schema
 from vramlab.store.migrations import migrate
 from vramlab.store.url import describe_url
@@ -86,8 +86,11 @@ def _from_row(model: Any, row: dict[str, Any]) -> Any:
     return obj
 
 
-class Store:
-    """Runs and their requests, samples and events. Use `vramlab.store.open_store` to get one."""
+class SqlStore:
+    """Runs and their requests, samples and events, behind the `vramlab.records.store.Store` port.
+
+    Use `vramlab.store.open_store` to get one.
+    """
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -199,7 +202,7 @@ class Store:
     def close(self) -> None:
         self.engine.dispose()
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> SqlStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
