@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from vramlab.analysis.incident import analyse
-from vramlab.experiment.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
 
 RUN = "0badc0de"
 
