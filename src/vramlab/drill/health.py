@@ -77,8 +77,11 @@ async def discover_health(root: str, preferred: str | None, limit_s: float,
 def _no_answer(exc: BaseException) -> str:
     if isinstance(exc, asyncio.TimeoutError):
         return "no answer within 2 s"
+    cause = getattr(exc, "os_error", None) or exc
     text = str(exc) or type(exc).__name__
-    return "connection refused" if "refused" in text.lower() else f"no answer ({text[:80]})"
+    if isinstance(cause, ConnectionRefusedError) or "refused" in text.lower() or "connect call failed" in text.lower():
+        return "connection refused"
+    return f"no answer ({text[:80]})"
 
 
 __all__ = ["CANDIDATES", "HealthDiscovery", "discover_health"]

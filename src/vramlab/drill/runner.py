@@ -310,8 +310,9 @@ class DrillRunner(Watchers):
             with contextlib.suppress(asyncio.CancelledError):
                 await load
             # settle the fault's mode now that recovery showed more (a refusal on restart, ...)
-            self.emit("failure_mode", self.detector.failure_mode(), mode=self.detector.failure_mode(),
-                      evidence=self.detector.evidence(), signature=self.detector.signature())
+            mode, evidence = self.detector.failure_mode(), self.detector.evidence()
+            self.emit("failure_mode", f"failure mode {mode}" + (f": {evidence[0]}" if evidence else ""), mode=mode,
+                      evidence=evidence, signature=self.detector.signature())
             self.emit("phase_end", "recovery")
 
     def _notes_since(self, t_s: float) -> list[str]:

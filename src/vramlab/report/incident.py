@@ -22,7 +22,8 @@ EDIT = "_(derived from the data; operator: edit)_"
 TIMELINE_KINDS = ("step", "oom", "startup_refusal", "process_exit", "health", "detect", "stop_condition", "fault",
                   "alert", "mitigation", "ramp_undone", "recovered", "not_recovered", "note", "retry_storm",
                   "waiting_for_operator", "recovery_command", "xid", "overload", "preemption", "ceiling", "rollback",
-                  "cotenant", "cotenant_oom", "capacity", "warning", "engine", "race", "ledger")
+                  "cotenant", "cotenant_oom", "capacity", "warning", "engine", "race", "ledger", "health_path",
+                  "target_ready", "failure_mode")
 
 
 def _is_drill(ctx: ReportContext) -> bool:
