@@ -58,7 +58,8 @@ class Target(_Model):
     api_key_env: str | None = None
     metrics_url: str | None = None
     health_url: str | None = None
-    kind: Literal["vllm", "sglang", "tgi", "llama.cpp", "ollama", "sim", "other"] = "other"
+    # every engine the README names, plus the rehearsal server; "other" for anything else OpenAI-compatible
+    kind: Literal["vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama", "sim", "other"] = "other"
     environment: Literal["test", "staging", "production"] = "test"
     pid: int | None = Field(default=None, description="the target process, for its RSS (same host only)")
     sim: SimTarget | None = Field(default=None, description="start a sim for this run (kind: sim, no base_url)")
