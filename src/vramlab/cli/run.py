@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default $VRAMLAB_DB, else ./vramlab.db)")
     parser.add_argument("--rounds", type=int, metavar="N", help="override the plan's rounds (fewer than 3 warns)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout (progress goes to stderr)")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="load worker processes, one schedule shared out (default: one per core when the "
+                             "plan needs more than one core, else 1: in-process)")
     parser.add_argument("--i-understand-this-is-production", dest="allow_production", action="store_true",
                         help="allow a plan whose target.environment is production")
 
@@ -45,14 +48,18 @@ def summary(r: RunResult, store_url: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vramlab.errors import ConfigError
     from vramlab.experiment.progress import make_progress
+    from vramlab.experiment.runner import RunOptions
     from vramlab.experiment.session import run_plan_file
 
+    if args.workers is not None and not 1 <= args.workers <= 256:
+        raise ConfigError(f"--workers must be between 1 and 256, got {args.workers}")
     stream = sys.stderr if args.json else sys.stdout
     progress = make_progress(stream)
     try:
         out = run_plan_file(args.plan, db=args.db, rounds=args.rounds, allow_production=args.allow_production,
-                            subscribers=[progress])
+                            subscribers=[progress], options=RunOptions(workers=args.workers))
     finally:
         progress.close()
     s = summary(out.result, out.store_url)

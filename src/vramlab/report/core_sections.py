@@ -122,6 +122,11 @@ _LAYERS = ["requests", "err %", "req/s", "out tok/s", "TTFT P95 ms", "E2E P50 ms
            "E2E P99 ms", "E2E max ms", "E2E P95 from sched. ms", "waiting max", "KV max", "GPU mem max GiB"]
 
 
+def _lag_mark(res: WindowResult) -> str:
+    """A window whose latencies include the load generator's own lag (the runner's self-check)."""
+    return " (client lag)" if res.window.client_lag else ""
+
+
 def _layer_row(res: WindowResult) -> list[str]:
     r, worst = res.requests, res.resources.worst
     e2e = r.e2e
@@ -143,7 +148,8 @@ def phases(ctx: ReportContext) -> list[Block]:
     for comp in a.comparisons:
         for name, res in sorted(comp.phases.items(), key=lambda kv: (PHASE_ORDER.get(kv[0], 9), kv[0])):
             d = comp.deltas.get(name, {}).get("e2e_p95_ms")
-            rows.append([str(comp.round), name, *_layer_row(res), fmt.delta_ms(d.delta if d else None)])
+            rows.append([str(comp.round), name + _lag_mark(res), *_layer_row(res),
+                         fmt.delta_ms(d.delta if d else None)])
     return [
         Text("User layer (requests, errors, latency), service layer (queue, KV cache) and resource layer "
              "(GPU memory) side by side, one row per round and phase. Latencies are of successful requests."),
@@ -154,7 +160,7 @@ def phases(ctx: ReportContext) -> list[Block]:
 def steps(ctx: ReportContext) -> list[Block]:
     a = ctx.analysis
     var = ctx.run.change.get("variable", "value")
-    rows = [[str(s.window.round), s.window.phase, str(s.window.step), fmt.num(s.window.step_value),
+    rows = [[str(s.window.round), s.window.phase + _lag_mark(s), str(s.window.step), fmt.num(s.window.step_value),
              *_layer_row(s)] for s in a.steps]
     return [Table(["round", "phase", "step", var, *_LAYERS], rows)] if rows else []
 
