@@ -4,8 +4,11 @@ per rank and start-up; and one table per engine era for a folder of logs."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
+
+
+def _basename(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
 
 
 def _fmt(field: str, value: float | None) -> str:
@@ -33,8 +36,6 @@ SHOWN = ("weights_bytes", "non_torch_bytes", "activation_peak_bytes", "cuda_grap
 
 
 def render(report: Any) -> str:
-    from vramlab.logs.era import era_of
-
     out = [f"{report.source}: {report.engine} log, {report.lines} lines"]
     out.extend(f"  note: {n}" for n in report.notes)
     shown: dict[str, list[int]] = {}
@@ -57,7 +58,7 @@ def render(report: Any) -> str:
         out.append("")
         out.append(f"{which}{obs.engine} {obs.engine_version or '(version not printed)'}  "
                    f"{obs.model or '(model not printed)'}{rank}{where}")
-        era = item.era or era_of(obs)
+        era = item.era_or_inferred()
         out.append(f"  era: {era.sentence()}")
         if not obs.complete:
             out.append("  incomplete start-up: the log ends before the engine sized its KV cache")
@@ -120,7 +121,7 @@ def render_folder(folder: Any) -> str:
             verdict = (f"{kv.relative:+.1%}" if kv is not None and kv.relative is not None
                        else "no prediction" if it.comparison is None else "-")
             cells = " ".join(f"{_short(c, getattr(obs, c)):>10}" for c in cols)
-            out.append(f"  {Path(rep.source).name[:34]:34} {'' if obs.rank is None else obs.rank:>4} {cells}  {verdict}")
+            out.append(f"  {_basename(rep.source)[:34]:34} {'' if obs.rank is None else obs.rank:>4} {cells}  {verdict}")
         reasons = sorted({it.error for _, it in rows if it.error})
         for why in reasons[:3]:
             out.append(f"  no prediction: {why}")
@@ -128,7 +129,7 @@ def render_folder(folder: Any) -> str:
     if failed:
         out.append("")
         out.append("failed start-ups:")
-        out.extend(f"  {Path(rep.source).name}: line {sig.line_number}: {sig.name}" for rep, sig in failed[:30])
+        out.extend(f"  {_basename(rep.source)}: line {sig.line_number}: {sig.name}" for rep, sig in failed[:30])
         if len(failed) > 30:
             out.append(f"  ... and {len(failed) - 30} more (see --json)")
     if folder.skipped:
