@@ -15,8 +15,8 @@ from vramlab.experiment.plan import RollbackCommand, StopConditions, parse_plan
 from vramlab.experiment.recorder import StoreRecorder
 from vramlab.experiment.rollback import run_rollbacks
 from vramlab.experiment.runner import Runner, RunOptions
-from vramlab.experiment.steps import FixedSteps, RampUntilStop, StepOutcome
-from vramlab.experiment.stop import StopMonitor, StopReason
+from vramlab.experiment.steps import FixedSteps, StepOutcome
+from vramlab.experiment.stop import StopMonitor
 from vramlab.load.stub import StubBehaviour, StubServer
 from vramlab.records import RequestRecord, RunRecord
 from vramlab.records.memory import MemoryStore
@@ -72,14 +72,6 @@ def test_step_strategies() -> None:
     f = FixedSteps([2, 4, 8])
     out = lambda i, v, stop=None: StepOutcome(i, v, 10, 0, 1.0, stop)  # noqa: E731
     assert f.first() == 2 and f.next(out(1, 2)) == 4 and f.next(out(3, 8)) is None
-    r = RampUntilStop(1, 1.5, 10)
-    seq = [r.first()]
-    while (n := r.next(out(len(seq), seq[-1]))) is not None:  # type: ignore[arg-type]
-        seq.append(n)
-    assert seq == [1, 2, 3, 4, 6, 9, 10]  # whole numbers, always moving, the ceiling tried last
-    assert r.next(out(2, 2, StopReason("error_rate", 1, 0.5, "x"))) is None
-    with pytest.raises(ValueError):
-        RampUntilStop(1, 1.0, 10)
 
 
 def test_rollback_timeout_kills_the_group(tmp_path: Path) -> None:
@@ -107,8 +99,10 @@ def test_recorder_writes_in_batches_and_keeps_notes(tmp_path: Path) -> None:
         rec(Event("request", r.end_s or 0, payload=r))
     assert store.requests("0123abcd") == []  # not yet a batch
     rec(Event("request", 1, payload=_records(50, "0123abcd")[-1]))
+    assert rec.wait_idle()  # the writer thread took the batch
     assert len(store.requests("0123abcd")) == 50
     rec(Event("note", 1.1, message="sampler gpu: not used: no NVIDIA driver"))
+    assert rec.wait_idle()
     assert store.get_run("0123abcd").notes == ["sampler gpu: not used: no NVIDIA driver"]
     rec(Event("run_end", 2, data={"status": "stopped", "ended_at": time.time(), "stop_reason": "kv"}))
     run = store.get_run("0123abcd")
@@ -208,11 +202,12 @@ class _FlakyStore(MemoryStore):
 
 def test_recorder_keeps_rows_when_the_store_fails() -> None:
     real = _FlakyStore()
-    rec = StoreRecorder(real, flush_s=3600, batch=10)
+    rec = StoreRecorder(real, flush_s=3600, batch=10, retry_base_s=0.01)
     rec(Event("run_start", 0, payload=RunRecord(run_id="0123abce", name="x", started_at=time.time())))
     for r in _records(25, "0123abce"):
         rec(Event("request", r.end_s or 0, payload=r))
-    assert rec.store_errors == ["OSError: database is locked"] * 2
+    assert rec.wait_idle()
+    assert rec.store_errors == ["OSError: database is locked"] * 2 and rec.failure is None
     rec(Event("run_end", 2, data={"status": "completed", "ended_at": time.time()}))
     run = real.get_run("0123abce")
     assert len(real.requests("0123abce")) == 25 and run.status == "completed"
@@ -233,10 +228,12 @@ fixed: {{input: {{synthetic: {{prompt_tokens: 4, output_tokens: 1, count: 2}}}}}
 change: {{variable: concurrency, steps: [2]}}
 phases: {{duration_s: 5}}
 stop_conditions: {{min_requests: 5}}
-""")
+load: {{retry: {{base_s: 0.05, max_s: 0.1}}}}
+""")  # the users' back-off after a refused connection is the plan's: short here, so 5 failures come fast
         res = asyncio.run(Runner(plan, EventHook(), RunOptions(samplers=[])).run())
     assert res.status == "stopped" and res.stop_reason.condition == "error_rate"  # type: ignore[union-attr]
     assert res.elapsed_s < 4
+    assert res.requests <= 5 + 2  # stopped at once: no more than the users had in hand (#11)
     assert any(n.startswith("target not reachable at") for n in res.notes)
 
 

@@ -131,6 +131,7 @@ def validate(model: type[M], doc: YamlDocument | Any, name: str = "plan", *, kin
 
     *doc* is a YamlDocument (errors carry ``file:line``) or a document already in memory (errors
     carry *name* and the field). The top level must be a mapping: *kind* and *keys* word the error.
+    Passwords in the document's URLs are registered for redaction before anything can print them.
     """
     from pydantic import ValidationError
 
@@ -145,6 +146,9 @@ def validate(model: type[M], doc: YamlDocument | Any, name: str = "plan", *, kin
     if not isinstance(data, dict):
         hint = f" ({keys})" if keys else ""
         raise ConfigError(f"{at(())}: {kind} is a mapping{hint}, got {type(data).__name__}")
+    from vramlab.redact import register_urls_in
+
+    register_urls_in(data)  # a URL's password is masked wherever it shows up later (vramlab.redact)
     try:
         return model.model_validate(data)  # type: ignore[attr-defined, no-any-return]
     except ValidationError as exc:
