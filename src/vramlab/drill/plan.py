@@ -160,9 +160,9 @@ _MAPPING = {"kind": "a drill plan", "keys": "name:, target:, ramp:, ..."}
 
 def load_plan(path: str | Path) -> DrillPlan:
     """Read and validate a drill plan; every problem becomes one ``file:line: field: message`` line."""
-    from vramlab.planfile import read_yaml, validate
+    from vramlab.planfile import load
 
-    return validate(DrillPlan, read_yaml(path, "plan"), **_MAPPING)
+    return load(DrillPlan, path, **_MAPPING)
 
 
 def parse_plan(doc: Any, origin: str = "plan") -> DrillPlan:
