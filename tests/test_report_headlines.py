@@ -82,7 +82,7 @@ def test_experiment_summary_agrees_with_thresholds_and_recovery_tables(tmp_path)
 
 @pytest.fixture(scope="module")
 def drills(tmp_path_factory):
-    from vramlab.drill.demo import run_drill_demo
+    from vramlab.demo.drill import run_drill_demo
 
     tmp = tmp_path_factory.mktemp("drills")
     db = str(tmp / "s.db")
