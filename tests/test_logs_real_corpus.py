@@ -212,3 +212,15 @@ def test_a_model_the_catalog_does_not_know_is_one_line_naming_the_real_switches(
     spec, why = _resolve("deepseek-coder-v2-lite-instruct:q6_k_l", offline=True)
     assert spec is None and "\n" not in why and "--online" in why and "--model" in why
     assert "--offline" not in why
+
+
+def test_an_oom_after_the_kv_decision_is_during_serving(tmp_path):
+    # Two real excerpts: a start-up that sized its KV cache, then a CUDA OOM line.
+    log = tmp_path / "served-then-oom.log"
+    log.write_text((REAL / "vllm-v1-2026-issue33263.log").read_text()
+                   + (REAL / "vllm-v1-fail-oom-at-load-issue28143.log").read_text())
+    out = check_log(log).to_json()
+    assert out["observations"][0]["complete"] is True
+    assert [f["during"] for f in out["failures"]] == ["serving"]
+    alone = check_log(REAL / "vllm-v1-fail-oom-at-load-issue28143.log").to_json()
+    assert [f["during"] for f in alone["failures"]] == ["start-up"]

@@ -31,6 +31,10 @@ _MARKERS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Signatures of the start-up kind that refuse a request, not the start-up itself.
+_REQUEST_REFUSALS = ("sglang.input_too_long",)
+
+
 @dataclass
 class ParsedLog:
     engine: str
@@ -42,12 +46,20 @@ class ParsedLog:
     notes: list[str] = field(default_factory=list)  # what the reader had to leave out
 
     def phase(self, failure: Any) -> str:
-        """'start-up' when the failure comes before the engine printed its KV decision (an OOM
-        while loading, a refusal), else 'serving'."""
-        decided = [max(s.line for s in o.source_lines) for o in self.observations if o.source_lines]
-        if not decided or failure.line_number is None or failure.line_number < min(decided):
+        """'start-up' for a refusal to start, or a failure before the start-up it belongs to
+        printed its KV decision (an OOM while loading); else 'serving'."""
+        if failure.name in _REQUEST_REFUSALS:
+            return "serving"
+        if failure.kind == "startup_refusal" or failure.line_number is None:
             return "start-up"
-        return "serving"
+        # the start-up the failure line falls in: the last one that began before it
+        began = [(min(s.line for s in o.source_lines), o) for o in self.observations + self.incomplete
+                 if o.source_lines and min(s.line for s in o.source_lines) <= failure.line_number]
+        if not began:
+            return "start-up"
+        owner = max(began, key=lambda t: t[0])[1]
+        return "serving" if owner.complete and max(s.line for s in owner.source_lines) < failure.line_number \
+            else "start-up"
 
 
 def engine_name(name: str) -> str:
