@@ -103,11 +103,11 @@ def read_log(path: str | Path, max_bytes: int | None = None, max_line: int | Non
     cap = MAX_LOG_BYTES if max_bytes is None else max_bytes
     width = MAX_LINE_CHARS if max_line is None else max_line
     p = Path(path)
-    if p.is_dir():
+    if str(path) != "-" and p.is_dir():
         raise ConfigError(f"{p}: is a folder; pass the folder to read every log in it")
     lines = _Lines()
     try:
-        with open(p, "rb") as fh:
+        with (_stdin() if str(path) == "-" else open(p, "rb")) as fh:
             total = 0
             while total < cap:
                 chunk = fh.readline(min(width, cap - total) + 1)
@@ -130,6 +130,14 @@ def read_log(path: str | Path, max_bytes: int | None = None, max_line: int | Non
     except OSError as exc:
         raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from None
     return lines
+
+
+def _stdin() -> Any:
+    """Standard input as bytes, left open for the caller (`kubectl logs pod | check-log -`)."""
+    import contextlib
+    import sys
+
+    return contextlib.nullcontext(sys.stdin.buffer)
 
 
 class _Lines(list):  # type: ignore[type-arg]
