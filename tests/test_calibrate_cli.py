@@ -9,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import tomllib
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 
 from vramlab.capacity import Constants, EngineSettings, estimate, get_gpu
 from vramlab.logs.observation import Observation, write_observations
