@@ -7,6 +7,10 @@ import json
 from typing import Any
 
 
+def _basename(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
 def _fmt(field: str, value: float | None) -> str:
     if value is None:
         return "-"
@@ -54,8 +58,8 @@ def render(report: Any) -> str:
         out.append("")
         out.append(f"{which}{obs.engine} {obs.engine_version or '(version not printed)'}  "
                    f"{obs.model or '(model not printed)'}{rank}{where}")
-        if item.era is not None:
-            out.append(f"  era: {item.era.sentence()}")
+        era = item.era_or_inferred()
+        out.append(f"  era: {era.sentence()}")
         if not obs.complete:
             out.append("  incomplete start-up: the log ends before the engine sized its KV cache")
         if obs.basis == "engine-estimate":
@@ -117,7 +121,7 @@ def render_folder(folder: Any) -> str:
             verdict = (f"{kv.relative:+.1%}" if kv is not None and kv.relative is not None
                        else "no prediction" if it.comparison is None else "-")
             cells = " ".join(f"{_short(c, getattr(obs, c)):>10}" for c in cols)
-            out.append(f"  {_name(rep.source)[:34]:34} {'' if obs.rank is None else obs.rank:>4} {cells}  {verdict}")
+            out.append(f"  {_basename(rep.source)[:34]:34} {'' if obs.rank is None else obs.rank:>4} {cells}  {verdict}")
         reasons = sorted({it.error for _, it in rows if it.error})
         for why in reasons[:3]:
             out.append(f"  no prediction: {why}")
@@ -126,7 +130,7 @@ def render_folder(folder: Any) -> str:
     if failed:
         out.append("")
         out.append("failures:")
-        out.extend(f"  {_name(rep.source)}: line {sig.line_number}: {sig.kind} ({sig.name})"
+        out.extend(f"  {_basename(rep.source)}: line {sig.line_number}: {sig.kind} ({sig.name})"
                    + (f" during {phase}" if phase else "") for rep, sig, phase in failed[:30])
         if len(failed) > 30:
             out.append(f"  ... and {len(failed) - 30} more (see --json)")
@@ -135,10 +139,6 @@ def render_folder(folder: Any) -> str:
         out.append("skipped:")
         out.extend(f"  {s}: {r[:140]}" for s, r in folder.skipped[:20])
     return "\n".join(out)
-
-
-def _name(source: str) -> str:
-    return source.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
 
 
 def _short(field: str, value: float | None) -> str:
