@@ -127,11 +127,13 @@ def render_folder(folder: Any) -> str:
         reasons = sorted({it.error for _, it in rows if it.error})
         for why in reasons[:3]:
             out.append(f"  no prediction: {why}")
-    failed = [(rep, sig) for rep in folder.reports for sig in rep.failures]
+    failed = [(rep, sig, phase) for rep in folder.reports
+              for sig, phase in zip(rep.failures, rep.phases or [""] * len(rep.failures), strict=False)]
     if failed:
         out.append("")
-        out.append("failed start-ups:")
-        out.extend(f"  {_basename(rep.source)}: line {sig.line_number}: {sig.name}" for rep, sig in failed[:30])
+        out.append("failures:")
+        out.extend(f"  {_basename(rep.source)}: line {sig.line_number}: {sig.kind} ({sig.name})"
+                   + (f" during {phase}" if phase else "") for rep, sig, phase in failed[:30])
         if len(failed) > 30:
             out.append(f"  ... and {len(failed) - 30} more (see --json)")
     if folder.skipped:
