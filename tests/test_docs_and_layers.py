@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -170,7 +171,9 @@ def _readme_commands() -> list[str]:
 def test_readme_commands_run(cmd, tmp_path):
     import shlex
 
-    args = [a.replace("examples/", str(ROOT / "examples") + "/") for a in shlex.split(cmd)[1:]]
+    # In an empty folder, with the examples the installed package writes (not the repository's).
+    assert subprocess.run([VRAMLAB, "examples"], capture_output=True, timeout=60, cwd=tmp_path).returncode == 0
+    args = shlex.split(cmd)[1:]
     r = subprocess.run([VRAMLAB, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode in (0, 1), f"{cmd}: {r.stderr}"  # 1: the plan's verdict is "does not fit"
     assert r.stdout.strip() and "Traceback" not in r.stderr
@@ -185,3 +188,80 @@ def test_no_code_writes_pydantic_private_attributes():
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__setattr__"
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "object"):
                 raise AssertionError(f"{path.relative_to(ROOT)}:{node.lineno} calls object.__setattr__")
+
+
+def _readme_block(heading: str) -> list[str]:
+    part = README.split(f"## {heading}", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", part, re.S)
+    assert block, heading
+    return [ln.split("  #")[0].strip() for ln in block.group(1).splitlines() if ln.strip()]
+
+
+def test_examples_in_the_repo_are_the_packaged_ones():
+    from vramlab.cli.examples import packaged
+
+    files = packaged()
+    assert {"concurrency-ramp.yaml", "oom-drill.yaml", "demo.yaml", "fleet.yaml", "trace.jsonl"} <= set(files)
+    here = {p.name: p for p in (ROOT / "examples").iterdir()}
+    assert set(here) == set(files), "examples/ differs from src/vramlab/data/examples/: run `vramlab examples --force`"
+    for name, data in files.items():
+        assert not here[name].is_symlink(), f"examples/{name} is a link (breaks when copied)"
+        assert here[name].read_bytes() == data, f"examples/{name} differs from the packaged copy"
+
+
+def test_examples_command_writes_refuses_a_clash_and_forces(tmp_path):
+    r = subprocess.run([VRAMLAB, "examples"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "examples" / "oom-drill.yaml").read_text().startswith("# An OOM drill")
+    (tmp_path / "examples" / "fleet.yaml").write_text("edited\n")
+    r = subprocess.run([VRAMLAB, "examples"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 2 and "fleet.yaml" in r.stderr and "--force" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    r = subprocess.run([VRAMLAB, "examples", "--force"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0 and (tmp_path / "examples" / "fleet.yaml").read_text() != "edited\n"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_readme_experiment_and_drill_commands_run_in_an_empty_folder(tmp_path):
+    """The README's experiment and drill blocks, pasted in order in an empty folder (the examples come
+    from `vramlab examples`, the ids from the runs just made; the experiment windows shortened with
+    --rounds 1 --phase-s 1). Skipped: the PostgreSQL line (needs a server) and `vramlab demo` (its
+    own test)."""
+    env = {k: v for k, v in os.environ.items() if k != "VRAMLAB_DB"}
+    ids: list[str] = []
+    ran: list[str] = []
+
+    def sh(cmd: str) -> subprocess.CompletedProcess[str]:
+        import shlex
+
+        args = shlex.split(cmd)
+        out = subprocess.run([VRAMLAB, *args[1:]] if ">" not in args else ["/bin/sh", "-c", cmd.replace(
+            "vramlab ", VRAMLAB + " ", 1)], capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
+        assert out.returncode == 0, f"{cmd}: exit {out.returncode}: {out.stderr[-1500:]}"
+        assert "Traceback" not in out.stderr
+        ran.append(cmd)
+        return out
+
+    for cmd in _readme_block("Run controlled experiments"):
+        if "postgresql://" in cmd or cmd.startswith("vramlab demo"):
+            continue
+        if cmd.startswith("vramlab run "):
+            for _ in range(2):  # two runs, for `compare`
+                out = sh(cmd + " --rounds 1 --phase-s 1")
+                ids.append(re.search(r"^run ([0-9a-f]{8}):", out.stdout, re.M).group(1))  # type: ignore[union-attr]
+                assert f"vramlab report {ids[-1]}" in out.stdout
+            continue
+        if "7f3a" in cmd or "91bc" in cmd:
+            cmd = cmd.replace("7f3a", ids[0]).replace("91bc", ids[1])
+        sh(cmd)
+    assert (tmp_path / "report.html").read_text().count("<table") >= 4
+    for cmd in _readme_block("Drill OOM and write the incident report"):
+        if cmd.startswith("vramlab drill "):
+            out = sh(cmd)
+            ids.append(re.search(r"^([0-9a-f]{8}): ", out.stdout, re.M).group(1))  # type: ignore[union-attr]
+            continue
+        sh(cmd.replace("7f3a", ids[-1]))
+    assert "restarted vllm" in (tmp_path / "incident.html").read_text()
+    assert "groups:" in (tmp_path / "rules.yml").read_text()
+    assert len(ran) >= 9, ran

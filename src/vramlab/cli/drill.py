@@ -5,6 +5,8 @@ The target must be declared `environment: test`; anything else is refused unless
 the drill undoes what it changed (balloon released, co-loaded models and the sim it started
 stopped, the plan's rollback commands run) on completion, on stop, on errors and on Ctrl-C.
 Everything goes to the store (kind "drill"); `vramlab report ID` renders it again later.
+Exit: 0 the drill ran and every failure recovered (or nothing failed); 1 a failed round did not
+recover within the limit (a hang, a refused restart), or the drill itself failed; 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 PROGRESS = ("step", "detect", "fault", "mitigation", "recovered", "not_recovered", "ceiling", "rollback",
-            "waiting_for_operator", "stop_condition", "retry_storm", "cotenant_oom", "engine", "race", "ledger")
+            "waiting_for_operator", "stop_condition", "retry_storm", "cotenant_oom", "engine", "race", "ledger",
+            "health_path", "target_ready", "process_exit", "failure_mode")
 
 
 def _progress(ev: object) -> None:
@@ -76,6 +79,14 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(incident_json(ctx), indent=2, default=str))
     else:
         print(f"{result.run_id}: {summary_line(ctx)}")
-        print(f"incident report: {out}   (again: vramlab report {result.run_id} --format html -o incident.html)")
+        from vramlab.cli.run import report_hint
+
+        again = report_hint(result.run_id, args.db or plan.store, store.url, "incident.html")
+        print(f"incident report: {out}   (again: {again})")
+    if result.unrecovered_rounds:
+        # the drill ran, but the target did not come back (a hang, a refused restart): not a pass
+        rounds = ", ".join(str(r) for r in result.unrecovered_rounds)
+        print(f"vramlab drill: the target was NOT recovered in round(s) {rounds}; see {out}", file=sys.stderr)
+        return 1
     return 0 if result.status == "completed" else 1
 

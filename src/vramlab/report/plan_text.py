@@ -61,6 +61,11 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
     head = f"safe operating point ({safe['margin']:.0%} margin, every band at its pessimistic end): "
     if not safe["max_concurrency"] and not safe["max_model_len_at_concurrency"]:
         lines.append(head + "none: it does not fit even one sequence")
+    elif e.engine == "llama.cpp":
+        # llama.cpp splits --ctx-size into --parallel slots: the sequence length is the slot's, the
+        # same length the max-concurrency line above counts in (not the whole context).
+        lines.append(head + f"{safe['max_concurrency']} of {e.max_concurrency:.0f} slots at {e.max_model_len:,} "
+                     "tokens each (--ctx-size / --parallel)")
     else:
         at_len = (f"{safe['max_concurrency']} sequences at {safe['max_model_len']:,} tokens"
                   if safe["max_concurrency"] else f"not one sequence at {safe['max_model_len']:,} tokens")
