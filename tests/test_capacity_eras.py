@@ -132,6 +132,8 @@ def test_pre_ampere_rules_come_from_vllm():
         estimate(m, get_gpu("p40"), EngineSettings(max_model_len=4096))
     with pytest.raises(ConfigError, match="Bfloat16 is only supported"):
         estimate(m, T4, EngineSettings(engine_version="0.7.3", dtype="bfloat16", max_model_len=2048))
+    # `auto` on a Turing card: "Casting torch.bfloat16 to torch.float16." (the V100 row's log).
+    assert estimate(m, T4, EngineSettings(engine_version="0.7.3", max_model_len=2048)).settings["dtype"] == "float16"
     # llama.cpp runs on Pascal.
     assert estimate(m, get_gpu("p40"), EngineSettings(engine="llama.cpp", ctx_size=4096)).kv_cache_bytes > 0
 
