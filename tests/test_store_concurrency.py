@@ -104,4 +104,4 @@ def test_processes_opening_a_fresh_store_at_once(store_url):
     import sqlalchemy as sa
 
     with open_store(store_url) as store, store.engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT version FROM schema_version")).scalars().all() == [1]
+        assert conn.execute(sa.text("SELECT version FROM schema_version")).scalars().all() == [1, 2]

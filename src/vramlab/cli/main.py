@@ -99,6 +99,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(name: str, module: object, args: argparse.Namespace) -> int:
+    from vramlab.redact import RedactingStream
+
+    # Everything this process prints passes the redaction layer (URL passwords, keys, tokens).
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactingStream(out), RedactingStream(err)  # type: ignore[assignment]
+    try:
+        return _run_guarded(name, module, args)
+    finally:
+        if isinstance(sys.stdout, RedactingStream):
+            sys.stdout = out
+        if isinstance(sys.stderr, RedactingStream):
+            sys.stderr = err
+
+
+def _run_guarded(name: str, module: object, args: argparse.Namespace) -> int:
     from vramlab.errors import VramlabError
 
     try:

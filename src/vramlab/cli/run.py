@@ -33,7 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def summary(r: RunResult, store_url: str) -> dict[str, Any]:
     """The --json document: run_id, status, exit_code, stop_reason, stop_condition, requests,
-    errors, elapsed_s, notes, store (password hidden), rollbacks [{command, exit_code}]."""
+    errors, elapsed_s, notes, store (password hidden), rollbacks [{command, exit_code}]; `run` adds
+    received / stored (rows per table: produced / counted back from the store), store_complete
+    and store_failure."""
     from vramlab.store import describe_url
 
     return {
@@ -64,19 +66,30 @@ def report_hint(run_id: str, db_arg: str | None, store_url: str, out: str = "rep
 def run(args: argparse.Namespace) -> int:
     from vramlab.experiment.progress import make_progress
     from vramlab.experiment.session import run_plan_file
+    from vramlab.store import open_store
 
     stream = sys.stderr if args.json else sys.stdout
     progress = make_progress(stream)
     try:
-        out = run_plan_file(args.plan, db=args.db, rounds=args.rounds, allow_production=args.allow_production,
-                            subscribers=[progress], phase_s=args.phase_s)
+        out = run_plan_file(args.plan, open_store=lambda: open_store(args.db), rounds=args.rounds,
+                            allow_production=args.allow_production, subscribers=[progress],
+                            phase_s=args.phase_s)
     finally:
         progress.close()
     s = summary(out.result, out.store_url)
+    s.update(received=out.received, stored=out.stored, store_complete=out.store_complete,
+             store_failure=out.store_failure)
+    if not out.store_complete:
+        print(f"vramlab run: error: run {s['run_id']} was not stored completely"
+              + (f" ({out.store_failure})" if out.store_failure else "") + f"; {out.stored_line()}",
+              file=sys.stderr)
     if args.json:
         print(json.dumps(s, indent=2))
     else:
         print(f"run {s['run_id']}: {s['status']}, {s['requests']} requests, {s['errors']} errors, "
               f"{s['elapsed_s']:.1f} s" + (f" ({s['stop_reason']})" if s["stop_reason"] else ""))
-        print(f"stored in {s['store']}; render it with: {report_hint(s['run_id'], args.db, out.store_url)}")
+        if out.store_complete:
+            print(f"stored in {s['store']}; render it with: {report_hint(s['run_id'], args.db, out.store_url)}")
+        else:
+            print(f"{out.stored_line()} in {s['store']}")
     return out.result.exit_code

@@ -58,7 +58,8 @@ class Target(_Model):
     api_key_env: str | None = None
     metrics_url: str | None = None
     health_url: str | None = None
-    kind: Literal["vllm", "sglang", "tgi", "llama.cpp", "ollama", "sim", "other"] = "other"
+    # every engine the README names, plus the rehearsal server; "other" for anything else OpenAI-compatible
+    kind: Literal["vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama", "sim", "other"] = "other"
     environment: Literal["test", "staging", "production"] = "test"
     pid: int | None = Field(default=None, description="the target process, for its RSS (same host only)")
     sim: SimTarget | None = Field(default=None, description="start a sim for this run (kind: sim, no base_url)")
@@ -93,6 +94,14 @@ class Target(_Model):
         if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
             raise ValueError("must be the NAME of an environment variable (the key itself never goes in a plan)")
         return v
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> Target:
+        # HTTP sends one Authorization header: user-info in the URL (Basic) or the key (Bearer), not both.
+        if self.api_key_env and "@" in self.base_url.split("://", 1)[1].split("/", 1)[0]:
+            raise ValueError("@base_url: has user-info (user:password@) and api_key_env is set too; "
+                             "give one (HTTP carries one Authorization header)")
+        return self
 
 
 class Synthetic(_Model):
@@ -361,6 +370,9 @@ def parse_plan(text: str, filename: str = "plan.yaml") -> Plan:
         raise ConfigError(f"{filename}:{line}: not valid YAML: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{filename}:1: a plan is a mapping (name:, target:, ...), got {type(data).__name__}")
+    from vramlab.redact import register_urls_in
+
+    register_urls_in(data)  # a URL's password is masked wherever it shows up later (vramlab.redact)
     try:
         return Plan.model_validate(data)
     except ValidationError as exc:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import math
 import random
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -23,6 +22,7 @@ from vramlab.load.arrivals import Arrival, gaps
 from vramlab.load.client import RequestResult
 from vramlab.load.prompts import Prompt
 from vramlab.load.retry import RetryPolicy
+from vramlab.records.stats import percentile
 
 
 class Sender(Protocol):
@@ -55,13 +55,6 @@ class WindowOutcome:
     elapsed_s: float
     lag_p99_ms: float
     lag_max_ms: float
-
-
-def _p99(values: list[float]) -> float:
-    if not values:
-        return 0.0
-    s = sorted(values)
-    return s[min(len(s) - 1, math.ceil(0.99 * len(s)) - 1)]
 
 
 def _settle_gc() -> None:
@@ -183,4 +176,4 @@ async def drive(
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
         gc.unfreeze()  # frozen only for the window: what dies later is still collected
-    return WindowOutcome(sent=sent, elapsed_s=pc() - start, lag_p99_ms=_p99(lags), lag_max_ms=max(lags, default=0.0))
+    return WindowOutcome(sent=sent, elapsed_s=pc() - start, lag_p99_ms=percentile(lags, 99) if lags else 0.0, lag_max_ms=max(lags, default=0.0))

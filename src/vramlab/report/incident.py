@@ -22,7 +22,8 @@ EDIT = "_(derived from the data; operator: edit)_"
 TIMELINE_KINDS = ("step", "oom", "startup_refusal", "process_exit", "health", "detect", "stop_condition", "fault",
                   "alert", "mitigation", "ramp_undone", "recovered", "not_recovered", "note", "retry_storm",
                   "waiting_for_operator", "recovery_command", "xid", "overload", "preemption", "ceiling", "rollback",
-                  "cotenant", "cotenant_oom", "capacity", "warning", "engine", "race", "ledger")
+                  "cotenant", "cotenant_oom", "capacity", "warning", "engine", "race", "ledger", "health_path",
+                  "target_ready", "failure_mode")
 
 
 def _is_drill(ctx: ReportContext) -> bool:
@@ -112,6 +113,13 @@ def recovery_text(rec: Any) -> str:
     return f"recovered in {_s(rec.time_to_recover_s)} from T0" + (f" (the latest of: {clocks})" if clocks else "")
 
 
+OOM_MODES = ("crash_after_oom", "oom_no_exit", "oom_killed")
+
+
+def _base_mode(mode: str) -> str:
+    return mode.split("+")[0]
+
+
 def summary_line(ctx: ReportContext) -> str:
     inc, _ = incident_of(ctx)
     unit = _unit(ctx)
@@ -126,9 +134,15 @@ def summary_line(ctx: ReportContext) -> str:
     rec = inc.recovery
     rec_txt = recovery_text(rec)
     first = inc.signals.first
-    return (f"{inc.failure_mode} at {fmt.num(step.get('value'))} {unit} (last safe {fmt.num(inc.last_safe_value)}); "
-            f"detected in {_s(inc.time_to_detect_s)}; first abnormal signal {first.name if first else '–'}; "
-            f"{inc.impact.failed} failed requests; {rec_txt}")
+    trig = inc.trigger
+    if trig is not None and trig.step is None:
+        where = "before any ramp step had sent a request"
+    elif trig is not None and trig.confidence == "low":
+        where = f"while {fmt.num(step.get('value'))} {unit} carried load (trigger confidence low)"
+    else:
+        where = f"at {fmt.num(step.get('value'))} {unit} (last safe {fmt.num(inc.last_safe_value)})"
+    return (f"{inc.failure_mode} {where}; detected {_s(inc.time_to_detect_s)} after T0; first abnormal signal "
+            f"{first.name if first else '–'}; {inc.impact.failed} failed requests; {rec_txt}")
 
 
 def _not_recovered(rec: Any) -> str:
@@ -237,9 +251,22 @@ def s_cause(ctx: ReportContext) -> list[Block]:
             out.append(Text(f"Capacity model's account: {cap.message}"))
         return out
     step = inc.failure_step or {}
-    items = [f"**Failure mode:** {inc.failure_mode}",
-             f"**Trigger:** ramp step {step.get('step')} — {step.get('knob')} = {fmt.num(step.get('value'))} {unit} "
-             f"(last safe step: {fmt.num(inc.last_safe_value)} {unit})"]
+    items = [f"**Failure mode:** {inc.failure_mode}"]
+    items += [f"Evidence: {e}" for e in inc.evidence]
+    if _base_mode(inc.failure_mode) not in OOM_MODES:
+        items.append("No out-of-memory was seen, so this is not called an OOM.")
+    trig = inc.trigger
+    if trig is not None and trig.step is None:
+        items.append(f"**Trigger:** none — {trig.reason}")
+    else:
+        conf = "" if trig is None else (f" — confidence **{trig.confidence}**: {trig.reason}; the step sent "
+                                        f"{trig.requests_sent} request(s) before T0")
+        items.append(f"**Trigger:** ramp step {step.get('step')} — {step.get('knob')} = {fmt.num(step.get('value'))} "
+                     f"{unit} (last safe step: {fmt.num(inc.last_safe_value)} {unit}){conf}")
+    during = inc.detected_during or {}
+    if during and during.get("step") != step.get("step"):
+        items.append(f"Detected during ramp step {during.get('step')} ({fmt.num(during.get('value'))} {unit}), "
+                     "which had not carried the load when the failure began: it is not the trigger")
     sig = inc.signature or {}
     if sig.get("line"):
         items.append(f"**Matched failure signature:** `{sig.get('signature') or sig.get('class')}` — "
@@ -300,13 +327,23 @@ def s_storm(ctx: ReportContext) -> list[Block]:
     s = inc.retry_storm
     policy = (ctx.run.plan.get("clients") or {}).get("policy", "none")
     rows = [["client retry policy", str(policy)],
-            ["baseline request rate", f"{fmt.rate(s.baseline_rate_rps)} /s"],
-            ["request rate during recovery", f"{fmt.rate(s.recovery_rate_rps)} /s"],
-            ["amplification", "–" if s.amplification is None else f"{s.amplification:.2f}×"],
+            ["baseline offered rate (original requests)", f"{fmt.rate(s.baseline_rate_rps)} /s"],
+            ["attempt rate during recovery", f"{fmt.rate(s.recovery_rate_rps)} /s"],
+            ["amplification (attempt rate / baseline offered rate)",
+             "–" if s.amplification is None else f"{s.amplification:.2f}×"],
+            ["during recovery: new user requests / the policy's retries", f"{s.new_requests} / {s.retries_in_window}"],
+            ["attempts per original request", "–" if s.attempts_per_request is None else f"{s.attempts_per_request:.2f}"],
+            ["new-request rate / baseline offered rate",
+             "–" if s.new_request_ratio is None else f"{s.new_request_ratio:.2f}×"],
             ["retries sent from T0", str(s.retries)],
+            ["retry storm", "yes" if s.storm else "no"],
             ["second OOM after recovery", "yes" if s.second_oom else "no"],
             ["preemptions during recovery", fmt.num(s.preemptions_during_recovery)]]
-    return [Table(["retry storm", "value"], rows)]
+    out: list[Block] = [Table(["retry storm", "value"], rows)]
+    if not s.storm and s.new_request_ratio is not None and s.new_request_ratio >= 2:
+        out.append(Text(f"Not a retry storm: the extra traffic is new requests ({s.new_request_ratio:.1f}× the "
+                        "baseline's rate) from closed-loop users whose previous request failed at once, not retries."))
+    return out
 
 
 def lessons(inc: Incident) -> tuple[list[str], list[str], list[str]]:
@@ -330,10 +367,12 @@ def lessons(inc: Incident) -> tuple[list[str], list[str], list[str]]:
     st = inc.retry_storm
     if st.second_oom:
         wrong.append("Recovery set off a second OOM")
-    if st.amplification is not None and st.amplification >= 2:
-        wrong.append(f"Recovery drew {st.amplification:.1f}× the baseline request rate (retry storm)")
+    if st.storm:
+        wrong.append(f"Recovery drew {st.amplification or 0:.1f}× the baseline's offered rate, "
+                     f"{st.attempts_per_request or 0:.1f} attempts per request (retry storm)")
     elif st.amplification is not None and inc.failed:
-        well.append(f"No retry storm: recovery traffic {st.amplification:.1f}× the baseline")
+        well.append(f"No retry storm: {st.retries_in_window} retries during recovery; attempts "
+                    f"{st.amplification:.1f}× the baseline's offered rate")
     if inc.failed and not inc.neighbours:
         lucky.append("No neighbour shared the card in this drill; the blast radius is untested")
     if inc.failed and inc.recovery.recovered and not st.second_oom and st.retries:
@@ -360,19 +399,42 @@ def _owner(ctx: ReportContext, prefer: tuple[str, ...] = ("page", "critical")) -
 
 
 def action_items(ctx: ReportContext, inc: Incident) -> list[list[str]]:
+    """Action items follow from the failure mode: a load cap only where memory or load caused it."""
     unit, owner = _unit(ctx), _owner(ctx)
     rows: list[list[str]] = []
-    if inc.failed and inc.last_safe_value is not None:
-        knob = (inc.failure_step or {}).get("knob")
+    mode = _base_mode(inc.failure_mode)
+    knob = (inc.failure_step or {}).get("knob")
+    if inc.failed and mode in (*OOM_MODES, "overload_429") and inc.last_safe_value is not None:
         rows.append([f"cap {knob} at {fmt.num(inc.last_safe_value)} {unit} (failed at "
                      f"{fmt.num((inc.failure_step or {}).get('value'))}); keep a margin below it", "prevent", owner])
+    exit_ev = next((e for e in inc.evidence if "killed by signal" in e or "exited with code" in e), "")
+    if inc.failed and mode == "killed_by_signal":
+        rows.append(["find what sent the signal (" + (exit_ev.split('"')[1] if '"' in exit_ev else "see evidence")
+                     + "): a supervisor's stop timeout, an operator, the kernel OOM killer (its log says "
+                     "'Killed process'); no load cap follows, nothing tied the kill to load or memory",
+                     "investigate", owner])
+    if inc.failed and mode in ("crash", "crash_xid"):
+        rows.append(["read the engine's log around the exit and fix or report the crash; no load cap follows, "
+                     "nothing said out of memory", "investigate", owner])
+    if inc.failed and mode in ("killed_by_signal", "crash", "crash_xid") and not inc.recovery.recovered:
+        rows.append(["restart the target on exit (systemd Restart=on-failure, a k8s liveness probe)", "mitigate",
+                     owner])
+    if inc.failed and mode == "hang":
+        rows.append(["probe liveness with a one-token generation that counts timeouts as failures, and restart on "
+                     "it: /health stayed up while requests hung", "mitigate", owner])
+    if inc.failed and mode == "overload_429":
+        rows.append(["clients: back off on 429/503 with jitter; size the engine's queue or admission limit",
+                     "mitigate", owner])
+    if inc.failed and inc.failure_mode.endswith("startup_refusal_on_restart"):
+        rows.append(["make the restart configuration start: the restart was refused (see the evidence) — check its "
+                     "flags, context size and memory against the card", "mitigate", owner])
     if inc.failed and inc.time_to_alert_s is None:
         rows.append(["add or shorten an alert that fires within the incident (error rate, target down)", "process",
                      owner])
-    if not inc.recovery.recovered and inc.failed:
+    if not inc.recovery.recovered and inc.failed and mode in OOM_MODES:
         rows.append(["make the supervisor restart the target, and check the restart fits the card", "mitigate", owner])
     st = inc.retry_storm
-    if st.amplification is not None and st.amplification >= 2:
+    if st.storm:
         rows.append(["clients: exponential back-off with jitter and a retry cap", "mitigate", owner])
     for n in inc.neighbours:
         if n.affected:

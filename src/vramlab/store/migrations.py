@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -24,7 +25,19 @@ def _m1_initial(conn: sa.Connection) -> None:
     schema.metadata.create_all(conn, tables=[schema.runs, *schema.RUN_TABLES])
 
 
-MIGRATIONS: list[Callable[[sa.Connection], None]] = [_m1_initial]
+def _m2_heartbeat(conn: sa.Connection) -> None:
+    """runs.heartbeat_at / writer_pid / writer_host. A database created by migration 1 of this
+    release already has them (migration 1 creates the current `runs`), so add only what is missing."""
+    have = {c["name"] for c in sa.inspect(conn).get_columns("runs")}
+    types: dict[str, sa.types.TypeEngine[Any]] = {"heartbeat_at": sa.Double(), "writer_pid": sa.Integer(),
+                                                  "writer_host": sa.String(255)}
+    for name in schema.LIVENESS_COLUMNS:
+        if name not in have:
+            ddl = types[name].compile(dialect=conn.dialect)
+            conn.execute(sa.text(f"ALTER TABLE runs ADD COLUMN {name} {ddl}"))
+
+
+MIGRATIONS: list[Callable[[sa.Connection], None]] = [_m1_initial, _m2_heartbeat]
 LATEST = len(MIGRATIONS)
 
 

@@ -66,7 +66,7 @@ def run_demo(db: str | None, report_path: Path, subscribers: list[Callable[[Even
             if on_sim is not None:
                 on_sim(sim.url)
             plan = demo_plan(sim.url, ledger, sim.pid, rounds, duration_s)
-            out = run_plan(plan, plan_dir=Path.cwd(), db=db, subscribers=subscribers)
+            out = run_plan(plan, plan_dir=Path.cwd(), open_store=lambda: open_store(db), subscribers=subscribers)
         finally:
             sim.stop()
     with open_store(db) as store:
