@@ -66,6 +66,7 @@ def report_hint(run_id: str, db_arg: str | None, store_url: str, out: str = "rep
 def run(args: argparse.Namespace) -> int:
     from vramlab.experiment.progress import make_progress
     from vramlab.experiment.session import run_plan_file
+    from vramlab.sim.launch import start_sim
     from vramlab.store import open_store
 
     stream = sys.stderr if args.json else sys.stdout
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         out = run_plan_file(args.plan, open_store=lambda: open_store(args.db), rounds=args.rounds,
                             allow_production=args.allow_production, subscribers=[progress],
-                            phase_s=args.phase_s)
+                            phase_s=args.phase_s, launch_sim=start_sim)
     finally:
         progress.close()
     s = summary(out.result, out.store_url)

@@ -98,7 +98,7 @@ class Target(_Model):
     @model_validator(mode="after")
     def _one_credential(self) -> Target:
         # HTTP sends one Authorization header: user-info in the URL (Basic) or the key (Bearer), not both.
-        if self.api_key_env and "@" in self.base_url.split("://", 1)[1].split("/", 1)[0]:
+        if self.api_key_env and self.base_url and "@" in self.base_url.split("://", 1)[1].split("/", 1)[0]:
             raise ValueError("@base_url: has user-info (user:password@) and api_key_env is set too; "
                              "give one (HTTP carries one Authorization header)")
         return self

@@ -46,6 +46,8 @@ class Store(Protocol):
 
     def events(self, run_id: str) -> list[EventRecord]: ...
 
+    def count(self, run_id: str) -> dict[str, int]: ...  # rows held per table: requests, samples, events
+
     def close(self) -> None: ...
 
 

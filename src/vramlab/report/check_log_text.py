@@ -4,7 +4,7 @@ per rank and start-up; and one table per engine era for a folder of logs."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 
@@ -32,9 +32,9 @@ SHOWN = ("weights_bytes", "non_torch_bytes", "activation_peak_bytes", "cuda_grap
          "kv_cache_tokens", "gpu_blocks", "max_concurrency", "max_model_len")
 
 
-def render(report: Any) -> str:
-    from vramlab.logs.era import era_of
-
+def render(report: Any, era_of: Callable[[Any], Any]) -> str:
+    """*era_of* (vramlab.logs.era.era_of, passed in by the CLI: report does no log reading) names the
+    engine era of an observation whose item does not carry one."""
     out = [f"{report.source}: {report.engine} log, {report.lines} lines"]
     out.extend(f"  note: {n}" for n in report.notes)
     shown: dict[str, list[int]] = {}
@@ -104,6 +104,10 @@ def render(report: Any) -> str:
     return "\n".join(out)
 
 
+def _basename(path: str) -> str:
+    return str(path).replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+
+
 def render_folder(folder: Any) -> str:
     """One table per engine era: a row per observation, the engine's figures and the KV error."""
     out = [f"{len(folder.reports)} logs read, {len(folder.skipped)} skipped"]
@@ -120,7 +124,7 @@ def render_folder(folder: Any) -> str:
             verdict = (f"{kv.relative:+.1%}" if kv is not None and kv.relative is not None
                        else "no prediction" if it.comparison is None else "-")
             cells = " ".join(f"{_short(c, getattr(obs, c)):>10}" for c in cols)
-            out.append(f"  {Path(rep.source).name[:34]:34} {'' if obs.rank is None else obs.rank:>4} {cells}  {verdict}")
+            out.append(f"  {_basename(rep.source)[:34]:34} {'' if obs.rank is None else obs.rank:>4} {cells}  {verdict}")
         reasons = sorted({it.error for _, it in rows if it.error})
         for why in reasons[:3]:
             out.append(f"  no prediction: {why}")
@@ -128,7 +132,7 @@ def render_folder(folder: Any) -> str:
     if failed:
         out.append("")
         out.append("failed start-ups:")
-        out.extend(f"  {Path(rep.source).name}: line {sig.line_number}: {sig.name}" for rep, sig in failed[:30])
+        out.extend(f"  {_basename(rep.source)}: line {sig.line_number}: {sig.name}" for rep, sig in failed[:30])
         if len(failed) > 30:
             out.append(f"  ... and {len(failed) - 30} more (see --json)")
     if folder.skipped:
