@@ -228,10 +228,12 @@ fixed: {{input: {{synthetic: {{prompt_tokens: 4, output_tokens: 1, count: 2}}}}}
 change: {{variable: concurrency, steps: [2]}}
 phases: {{duration_s: 5}}
 stop_conditions: {{min_requests: 5}}
-""")
+load: {{retry: {{base_s: 0.05, max_s: 0.1}}}}
+""")  # the users' back-off after a refused connection is the plan's: short here, so 5 failures come fast
         res = asyncio.run(Runner(plan, EventHook(), RunOptions(samplers=[])).run())
     assert res.status == "stopped" and res.stop_reason.condition == "error_rate"  # type: ignore[union-attr]
     assert res.elapsed_s < 4
+    assert res.requests <= 5 + 2  # stopped at once: no more than the users had in hand (#11)
     assert any(n.startswith("target not reachable at") for n in res.notes)
 
 

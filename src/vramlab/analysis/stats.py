@@ -62,6 +62,9 @@ class Window:
     # Samples are read up to here: the next window's start when requests of this one drain into
     # it, so a step's resource maxima are not the next (heavier) step's.
     samples_end_s: float | None = None
+    # The load generator's self-check (runner phase_end): who fell behind in this window, when its
+    # latencies include the client's own lag; None when it kept up.
+    client_lag: str | None = None
 
     @property
     def duration_s(self) -> float:

@@ -98,13 +98,9 @@ async def _run_with_signals(runner: Runner, recorder: Any = None) -> RunResult:
 
 
 def _event_loop_runner() -> Callable[[Any], Any]:
-    """uvloop where it is installed (about 1.4x the request rate per core), else asyncio."""
-    try:
-        import uvloop
+    from vramlab.load.workers import event_loop_runner
 
-        return uvloop.run  # type: ignore[no-any-return]
-    except ImportError:
-        return asyncio.run
+    return event_loop_runner()  # type: ignore[no-any-return]
 
 
 def check_reachable(plan: Plan, timeout_s: float = 5.0) -> None:
@@ -130,47 +126,25 @@ def check_reachable(plan: Plan, timeout_s: float = 5.0) -> None:
                           f"was stored; {hint}") from None
 
 
-SimLauncher = Callable[..., Any]
-"""Starts `vramlab sim serve ARGV` and waits until it answers: called as
-``launch(argv, device=LEDGER, log_path=LOG, timeout_s=S)``, returns a handle with ``url``, ``pid``
-and ``stop()``, raises a VramlabError (with ``log_tail``) when the sim does not start. The caller
-passes `vramlab.sim.launch.start_sim` (`vramlab run` does), so this package does not import the sim."""
-
-
-def _with_own_sim(plan: Plan, workdir: str, launch: SimLauncher) -> tuple[Plan, Any]:
-    """Start the sim that target.sim asks for; the plan with its URL, pid and ledger filled in."""
-    assert plan.target.sim is not None
-    ledger = str(Path(workdir) / "sim-gpu0.ledger")
-    try:
-        sim = launch(plan.target.sim.argv(plan.target.model), device=ledger,
-                     log_path=str(Path(workdir) / "sim.log"), timeout_s=60)
-    except VramlabError as exc:
-        last = (str(getattr(exc, "log_tail", "")).strip().splitlines() or ["(no log)"])[-1]
-        raise ConfigError(f"target.sim: the sim did not start: {exc} — {last[:200]}") from None
-    doc = plan.model_dump(mode="json")
-    doc["target"].update(base_url=sim.url + "/v1", pid=sim.pid, metrics_url=None, health_url=None)
-    doc["samplers"]["ledger"] = doc["samplers"].get("ledger") or ledger
-    return Plan.model_validate(doc), sim
-
-
 def run_plan(plan: Plan, *, plan_dir: Path, open_store: Callable[[], Store], rounds: int | None = None,
              allow_production: bool = False, subscribers: list[Callable[[Event], None]] | None = None,
-             options: RunOptions | None = None, launch_sim: SimLauncher | None = None) -> SessionResult:
+             options: RunOptions | None = None,
+             start_sim: Callable[[Plan, str], tuple[Plan, Any]] | None = None) -> SessionResult:
     """Run *plan* into the store *open_store* opens (after the checks: a refused plan, or one whose
     target does not answer, touches no store); the store is closed when the run ends. The caller
     picks the store (`vramlab run`: `vramlab.store.open_store(--db)`), so this package depends on
-    the `Store` port only. A plan with `target.sim` gets its own rehearsal server for the run,
-    started with *launch_sim*."""
+    the `Store` port only. A plan with `target.sim` gets its own rehearsal server for the run from
+    *start_sim* (the CLI's `vramlab.cli.run.start_own_sim`: this package does not import the sim)."""
     check_target(plan, allow_production)
     if plan.target.sim is None or plan.target.base_url is not None:
         check_reachable(plan)
         return _run_checked(plan, plan_dir=plan_dir, open_store=open_store, rounds=rounds, subscribers=subscribers, options=options)
-    if launch_sim is None:
-        raise ConfigError("target.sim: this caller cannot start a sim; give target.base_url")
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="vramlab-run-sim-") as tmp:
-        own, sim = _with_own_sim(plan, tmp, launch_sim)
+        if start_sim is None:
+            raise ConfigError("target.sim: this caller cannot start a rehearsal server; give target.base_url")
+        own, sim = start_sim(plan, tmp)
         try:
             check_reachable(own)
             return _run_checked(own, plan_dir=plan_dir, open_store=open_store, rounds=rounds, subscribers=subscribers,

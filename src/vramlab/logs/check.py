@@ -30,6 +30,10 @@ class Item:
     settings_used: dict[str, Any] = field(default_factory=dict)
     era: Era | None = None
 
+    def era_or_inferred(self) -> Era:
+        """The era given, else the one the observation's wording implies."""
+        return self.era or era_of(self.observation)
+
 
 @dataclass
 class CheckReport:

@@ -123,7 +123,6 @@ class MemoryStore:
         return [_copy(r) for r in sorted(rows, key=lambda r: r.t_s)]
 
     def count(self, run_id: str) -> dict[str, int]:
-        """How many requests, samples and events it holds for a run (as the SQL store counts them)."""
         with self._lock:
             return {"requests": len(self._requests.get(run_id, [])), "samples": len(self._samples.get(run_id, [])),
                     "events": len(self._events.get(run_id, []))}

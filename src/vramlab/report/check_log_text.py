@@ -4,8 +4,11 @@ per rank and start-up; and one table per engine era for a folder of logs."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
+
+
+def _basename(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
 
 
 def _fmt(field: str, value: float | None) -> str:
@@ -32,9 +35,7 @@ SHOWN = ("weights_bytes", "non_torch_bytes", "activation_peak_bytes", "cuda_grap
          "kv_cache_tokens", "gpu_blocks", "max_concurrency", "max_model_len")
 
 
-def render(report: Any, era_of: Callable[[Any], Any]) -> str:
-    """*era_of* (vramlab.logs.era.era_of, passed in by the CLI: report does no log reading) names the
-    engine era of an observation whose item does not carry one."""
+def render(report: Any) -> str:
     out = [f"{report.source}: {report.engine} log, {report.lines} lines"]
     out.extend(f"  note: {n}" for n in report.notes)
     shown: dict[str, list[int]] = {}
@@ -57,7 +58,7 @@ def render(report: Any, era_of: Callable[[Any], Any]) -> str:
         out.append("")
         out.append(f"{which}{obs.engine} {obs.engine_version or '(version not printed)'}  "
                    f"{obs.model or '(model not printed)'}{rank}{where}")
-        era = item.era or era_of(obs)
+        era = item.era_or_inferred()
         out.append(f"  era: {era.sentence()}")
         if not obs.complete:
             out.append("  incomplete start-up: the log ends before the engine sized its KV cache")
@@ -102,10 +103,6 @@ def render(report: Any, era_of: Callable[[Any], Any]) -> str:
         out.append("")
         out.extend(report.summary)
     return "\n".join(out)
-
-
-def _basename(path: str) -> str:
-    return str(path).replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
 
 
 def render_folder(folder: Any) -> str:

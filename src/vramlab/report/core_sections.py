@@ -168,6 +168,11 @@ _SIGNALS = ["requests", "err %", "req/s", "E2E P95 ms", "Δ E2E P95 vs baseline 
 _DETAIL = ["out tok/s", "TTFT P95 ms", "E2E P50 ms", "E2E P99 ms", "E2E max ms", "E2E P95 from sched. ms"]
 
 
+def _lag_mark(res: WindowResult) -> str:
+    """A window whose latencies include the load generator's own lag (the runner's self-check)."""
+    return " (client lag)" if res.window.client_lag else ""
+
+
 def _signal_row(res: WindowResult, delta: float | None) -> list[str]:
     r, worst = res.requests, res.resources.worst
     return [str(r.count), fmt.pct(r.error_rate), fmt.rate(r.throughput_rps), fmt.ms(r.e2e.p95 if r.e2e else None),
@@ -190,7 +195,7 @@ def phases(ctx: ReportContext) -> list[Block]:
     for comp in a.comparisons:
         for name, res in sorted(comp.phases.items(), key=lambda kv: (PHASE_ORDER.get(kv[0], 9), kv[0])):
             d = comp.deltas.get(name, {}).get("e2e_p95_ms")
-            sig.append([str(comp.round), name, *_signal_row(res, d.delta if d else None)])
+            sig.append([str(comp.round), name + _lag_mark(res), *_signal_row(res, d.delta if d else None)])
             det.append([str(comp.round), name, *_detail_row(res)])
     return [
         Text("User layer (requests, errors, latency), service layer (queue, KV cache) and resource layer "
@@ -211,7 +216,7 @@ def steps(ctx: ReportContext) -> list[Block]:
         mine = s.requests.e2e.p95 if s.requests.e2e else None
         ref = b.requests.e2e.p95 if b is not None and b.requests.e2e else None
         delta = None if mine is None or ref is None or w.phase == "baseline" else mine - ref
-        head = [str(w.round), w.phase, "–" if w.step is None else str(w.step), fmt.num(w.step_value)]
+        head = [str(w.round), w.phase + _lag_mark(s), "–" if w.step is None else str(w.step), fmt.num(w.step_value)]
         sig.append([*head, *_signal_row(s, delta)])
         det.append([*head, *_detail_row(s)])
     if not sig:
