@@ -107,7 +107,7 @@ def test_incident_headline_clocks_are_the_recovery_tables(drills):
     doc = _doc(store, run_id)
     head = _bullets(_section(doc, "incident"))[0].strip("*")
     clocks = {r["figure"]: r["value"] for r in _rows(_tables(_section(doc, "incident-recovery"))[0])}
-    detected = re.search(r"detected in (\S+ s)", head)
+    detected = re.search(r"detected (?:in )?(\S+ s)", head)
     assert detected and clocks["time to detect"] == detected.group(1), (head, clocks)
     rec = re.search(r"recovered in (\S+ s) from T0 \(the latest of: (.*?)\)", head)
     assert rec, head
