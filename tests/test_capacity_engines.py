@@ -27,6 +27,18 @@ def test_sglang_pool_matches_published_qwen3_235b():
     assert est.kv_bytes_per_token == 94 * 1 * 128 * 2 * 2
 
 
+def test_sglang_keeps_back_a_share_of_what_was_free_at_start_up_not_of_the_card():
+    """model_runner passes min_per_gpu_memory (free after init_torch_distributed) as total_gpu_memory:
+    memory another process already holds is not counted twice, the reserve shrinks with it."""
+    m = spec(LLAMA_31_8B)
+    alone = estimate(m, L4, EngineSettings(engine="sglang", mem_fraction_static=0.9, max_model_len=8192))
+    shared = estimate(m, L4, EngineSettings(engine="sglang", mem_fraction_static=0.9, max_model_len=8192,
+                                            other_processes_bytes=GIB))
+    assert shared.kv_cache_bytes > 0
+    assert alone.kv_cache_bytes - shared.kv_cache_bytes == pytest.approx(0.9 * GIB, abs=2)
+    assert "free at start-up" in alone.component("kv_cache").note
+
+
 def test_sglang_default_fraction_heuristics():
     ctx = Context(spec(LLAMA_31_8B), H100, EngineSettings(engine="sglang", engine_version="0.5.6"), Constants.defaults())
     chunk, bs = gpu_defaults(ctx)
