@@ -431,9 +431,12 @@ def print_held_out(held_out: dict[str, Any], summary: dict[str, Any]) -> None:
                        ("pooled_public_logs", "public-logs-* groups only")):
         pooled = held_out[key]
         kv, w, conc = pooled.get("kv_cache_gib", {}), pooled.get("weights", {}), pooled.get("max_concurrency", {})
+        tok = pooled.get("kv_cache_tokens", {})
         print(f"held-out, {label:27} (n={kv.get('n', 0):3}): KV median {kv.get('median', math.nan):5.2f}% "
               f"p90 {kv.get('p90', math.nan):5.2f}% | weights median {w.get('median', math.nan):.2f}% | "
-              f"concurrency median {conc.get('median', math.nan):.2f}% p90 {conc.get('p90', math.nan):.2f}%")
+              f"concurrency median {conc.get('median', math.nan):.2f}% p90 {conc.get('p90', math.nan):.2f}% | "
+              f"KV tokens (n={tok.get('n', 0)}; SGLang and TGI print only tokens) median "
+              f"{tok.get('median', math.nan):.2f}% p90 {tok.get('p90', math.nan):.2f}%")
 
 
 def summarize(errs: dict[str, dict[str, list[tuple[dict[str, Any], float]]]]) -> dict[str, Any]:
