@@ -112,7 +112,8 @@ def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
     version = re.search(r"(?<![\w.])[vb]?[0-9]+\.[0-9][0-9a-z.+]*|(?<![\w.])b[0-9]{3,}(?![0-9a-z])", version_text)
     mode = "v0" if "V0" in version_text else ("v1" if "V1" in version_text else None)
     dtype = str(row.get("dtype") or "auto").replace("torch.", "")
-    api_server = row.get("collection_group", "").startswith("unsloth") is False
+    in_trainer = row.get("collection_group", "").startswith("unsloth") or bool((row.get("extra") or {}).get("in_trainer"))
+    api_server = not in_trainer and (row.get("extra") or {}).get("api_server", True) is not False
     kwargs: dict[str, Any] = dict(
         engine=row.get("engine") or "vllm",
         engine_version=version.group(0) if version else None,
@@ -129,6 +130,7 @@ def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
         enforce_eager=bool(row.get("enforce_eager")),
         block_size=row.get("block_size"),
         api_server=api_server,
+        in_trainer=in_trainer,
     )
     if kwargs["engine"] == "sglang":
         kwargs["mem_fraction_static"] = kwargs.pop("gpu_memory_utilization")
