@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 import _synthetic_run as synth
 from vramlab.analysis.run import analyze_run
-from vramlab.analysis.stats import Distribution, Slo, percentile, summarize_requests
+from vramlab.analysis.stats import Distribution, Slo, summarize_requests
 from vramlab.records import EventRecord, RequestRecord
+from vramlab.records.stats import percentile
 
 finite = st.floats(min_value=-1e12, max_value=1e12, allow_nan=False, allow_infinity=False)
 

@@ -12,6 +12,7 @@ from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
 from vramlab.records.memory import MemoryStore
 from vramlab.records.store import Store
 from vramlab.store import describe_url, open_store, resolve_url
+from vramlab.store.migrations import LATEST
 
 
 @pytest.fixture()
@@ -141,13 +142,40 @@ def test_schema_version_and_newer_database_refused(store_url):
 
     with open_store(store_url) as store:
         with store.engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT version FROM schema_version")).scalars().all() == [1]
+            assert conn.execute(sa.text("SELECT version FROM schema_version")).scalars().all() == list(
+                range(1, LATEST + 1))
     with open_store(store_url) as store:  # reopening does not re-apply
         with store.engine.begin() as conn:
-            assert conn.execute(sa.text("SELECT count(*) FROM schema_version")).scalar() == 1
+            assert conn.execute(sa.text("SELECT count(*) FROM schema_version")).scalar() == LATEST
             conn.execute(sa.text("INSERT INTO schema_version (version, applied_at) VALUES (99, 0)"))
     with pytest.raises(VramlabError, match="schema version 99"):
         open_store(store_url)
+
+
+def test_a_version_1_database_gains_the_token_accounting_columns(tmp_path):
+    """A store written before migration 2 (no output_tokens_source / reasoning_tokens) is
+    migrated in place, and its old rows read back with the new fields empty."""
+    import sqlalchemy as sa
+    from vramlab.experiment.records import RequestRecord
+
+    from vramlab.store import schema
+
+    url = f"sqlite:///{tmp_path}/v1.db"
+    engine = sa.create_engine(url)
+    v1 = sa.MetaData()
+    for t in (schema.schema_version, schema.runs, *schema.RUN_TABLES):
+        cols = [c.copy() for c in t.columns if c.name not in ("output_tokens_source", "reasoning_tokens")]
+        sa.Table(t.name, v1, *cols)
+    v1.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO schema_version (version, applied_at) VALUES (1, 0)"))
+    engine.dispose()
+    with open_store(url) as store:
+        store.create_run(RunRecord(run_id="0123abcd", name="old", started_at=1.0))
+        rec = RequestRecord(run_id="0123abcd", round=1, phase="baseline", request_id="r0", status_code=200,
+                            output_tokens=7, output_tokens_source="chunks", reasoning_tokens=3)
+        store.add_requests("0123abcd", [rec])
+        assert store.requests("0123abcd") == [rec]
 
 
 def test_resolve_url(tmp_path, monkeypatch):
@@ -171,6 +199,33 @@ def test_unreachable_postgres_is_one_clear_error():
         open_store("postgresql://vramlab:hunter2@127.0.0.1:1/nope")
     msg = str(info.value)
     assert "cannot open the store" in msg and "hunter2" not in msg and "\n" not in msg
+
+
+def test_migration_2_adds_the_heartbeat_to_a_version_1_database(tmp_path):
+    """A store written before heartbeats: runs without the liveness columns, schema version 1."""
+    import sqlite3
+    import time
+
+    path = tmp_path / "old.db"
+    con = sqlite3.connect(path)
+    con.executescript("""
+        CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at FLOAT NOT NULL);
+        INSERT INTO schema_version VALUES (1, 0);
+        CREATE TABLE runs (run_id VARCHAR(16) PRIMARY KEY, kind VARCHAR(32) NOT NULL, name TEXT NOT NULL,
+            plan JSON NOT NULL, plan_hash VARCHAR(64) NOT NULL, fixed JSON NOT NULL, target JSON NOT NULL,
+            change JSON NOT NULL, started_at FLOAT NOT NULL, ended_at FLOAT, status VARCHAR(32) NOT NULL,
+            stop_reason TEXT, notes JSON NOT NULL);
+        INSERT INTO runs VALUES ('abcd0123', 'experiment', 'old', '{}', '', '{}', '{}', '{}', 1.0, NULL,
+            'running', NULL, '[]');
+    """)
+    con.commit()
+    con.close()
+    with open_store(str(path)) as store:
+        assert store.get_run("abcd0123").status == "running"
+        assert store.liveness(["abcd0123"]) == {"abcd0123": (None, None, None)}
+        store.heartbeat("abcd0123")
+        beat, pid, host = store.liveness(["abcd0123"])["abcd0123"]
+        assert beat is not None and abs(beat - time.time()) < 60 and pid == __import__("os").getpid() and host
 
 
 def test_memory_store_hands_out_copies_and_refuses_rows_of_unknown_runs():

@@ -36,10 +36,10 @@ from vramlab.analysis.signals import (
     SignalRule,
     event_signal,
     first_abnormal,
-    percentile,
     windowed,
 )
 from vramlab.records import EventRecord, RequestRecord, SampleRecord
+from vramlab.records.stats import percentile
 
 OOM_EVENT_KINDS = ("oom",)
 

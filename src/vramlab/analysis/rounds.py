@@ -7,9 +7,10 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from vramlab.analysis.stats import is_ok, percentile
+from vramlab.analysis.stats import is_ok
 from vramlab.analysis.windows import PHASE_ORDER, WindowResult
 from vramlab.records import RequestRecord
+from vramlab.records.stats import percentile
 
 # Metrics compared between phases and checked for stability, in report order.
 KEY_METRICS = (

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from vramlab.records.stats import percentile
+
 Layer = Literal["user", "service", "resource"]
 Direction = Literal["up", "down"]
 LAYERS: tuple[str, ...] = ("user", "service", "resource")
@@ -240,17 +242,6 @@ def windowed(
     return tuple(out)
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
-    if not values:
-        raise ValueError("percentile of no values")
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100.0
-    lo = int(math.floor(pos))
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 __all__ = [
     "LAYERS",
     "Baseline",
@@ -263,6 +254,5 @@ __all__ = [
     "first_abnormal",
     "limits",
     "onset_of",
-    "percentile",
     "windowed",
 ]

@@ -174,6 +174,9 @@ def load_plan(path: str | Path) -> DrillPlan:
 def parse_plan(doc: Any, origin: str = "plan") -> DrillPlan:
     if not isinstance(doc, dict):
         raise ConfigError(f"{origin}: a drill plan is a mapping (name:, target:, ramp:, ...)")
+    from vramlab.redact import register_urls_in
+
+    register_urls_in(doc)  # URL passwords are masked wherever they show up later (vramlab.redact)
     try:
         return DrillPlan.model_validate(doc)
     except ConfigError as exc:

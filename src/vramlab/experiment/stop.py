@@ -10,11 +10,11 @@ Requests cancelled by the runner itself are not errors.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 
 from vramlab.experiment.plan import StopConditions
+from vramlab.records.stats import percentile
 
 
 @dataclass(frozen=True)
@@ -23,11 +23,6 @@ class StopReason:
     value: float
     threshold: float
     message: str
-
-
-def _p95(values: list[float]) -> float:
-    s = sorted(values)
-    return s[max(0, math.ceil(0.95 * len(s)) - 1)]
 
 
 class StopMonitor:
@@ -105,7 +100,7 @@ class StopMonitor:
             if c.p95_ms is not None:
                 if now_s - self._p95_at >= self.P95_EVERY_S:
                     lat = [e for _, ok, e, _ in self._window if ok and e is not None]
-                    self._p95 = _p95(lat) if len(lat) >= c.min_requests else None
+                    self._p95 = percentile(lat, 95) if len(lat) >= c.min_requests else None
                     self._p95_at = now_s
                 p95 = self._p95
                 if p95 is not None:

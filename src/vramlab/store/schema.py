@@ -34,8 +34,16 @@ runs = sa.Table(
     sa.Column("status", sa.String(32), nullable=False),
     sa.Column("stop_reason", sa.Text),
     sa.Column("notes", sa.JSON, nullable=False),
+    # Store-only (migration 2), not part of RunRecord: the writer's liveness, so a run whose process
+    # died is told from one still going. heartbeat_at is epoch seconds, stamped every few seconds.
+    sa.Column("heartbeat_at", sa.Double),
+    sa.Column("writer_pid", sa.Integer),
+    sa.Column("writer_host", sa.String(255)),
     sa.Index("ix_runs_started_at", "started_at"),
 )
+
+# Columns of `runs` that the store keeps beside the RunRecord fields.
+LIVENESS_COLUMNS = ("heartbeat_at", "writer_pid", "writer_host")
 
 requests = sa.Table(
     "requests",
@@ -61,6 +69,8 @@ requests = sa.Table(
     sa.Column("itl_ms", sa.JSON, nullable=False),
     sa.Column("prompt_tokens", sa.Integer),
     sa.Column("output_tokens", sa.Integer),
+    sa.Column("output_tokens_source", sa.String(16)),
+    sa.Column("reasoning_tokens", sa.Integer),
     sa.Column("status_code", sa.Integer, nullable=False),
     sa.Column("error_class", sa.String(32)),
     sa.Column("error", sa.Text),
