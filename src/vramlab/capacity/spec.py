@@ -155,7 +155,7 @@ class ModelSpec:
         cached = self.__dict__.get("_all_full")
         if cached is None or len(cached) != self.num_layers:  # built once: callers index it per layer
             cached = ("full",) * self.num_layers
-            object.__setattr__(self, "_all_full", cached)
+            self.__dict__["_all_full"] = cached  # a cache on a frozen dataclass, not a field
         return cached
 
     @property
