@@ -9,6 +9,7 @@ rollback; each test has a wall-clock limit well inside pytest's timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -242,14 +243,73 @@ def test_drill_refused_restart_is_named_with_the_engines_words(engine, tmp_path)
 
 
 def test_run_against_a_hung_engine_ends_non_zero_and_says_so(engine, tmp_path):
+    # the server hangs mid-run (SIGSTOP: its socket still accepts connections, nothing answers)
     py, model = engine
     srv = lc.start_server(py, model, tmp_path / "server.log", extra="--model_alias tiny")
-    os.kill(srv.proc.pid, signal.SIGSTOP)  # the socket still accepts connections; nothing answers
+    plan = _run_plan(srv.url, duration_s=3.0, timeout_s=1.0)
+    plan["stop_conditions"] = {"error_rate": 0.5, "window_s": 2, "min_requests": 5}
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
+    proc = subprocess.Popen([sys.executable, "-m", "vramlab", "run", "plan.yaml", "--db", str(tmp_path / "v.db")],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    hung = False
     try:
-        (tmp_path / "plan.yaml").write_text(yaml.safe_dump(_run_plan(srv.url, duration_s=3.0, timeout_s=1.0)))
-        res = _vramlab("run", "plan.yaml", "--db", str(tmp_path / "v.db"), cwd=tmp_path, timeout=120)
+        assert proc.stdout is not None
+        for line in proc.stdout:  # progress lines, one per phase as it ends
+            if "baseline:" in line:  # the baseline window ended: the treatment begins
+                os.kill(srv.proc.pid, signal.SIGSTOP)
+                hung = True
+                break
+        out, err = proc.communicate(timeout=120)
     finally:
+        if proc.poll() is None:
+            proc.kill()
         os.kill(srv.proc.pid, signal.SIGCONT)
         srv.stop()
-    assert res.returncode != 0, (res.stdout[-2000:], res.stderr[-2000:])
-    assert "timed out" in (res.stdout + res.stderr)
+    assert hung, ("the run never reached its treatment phase", out[-1500:], err[-1500:])
+    print(out[-600:])
+    assert proc.returncode == 3, (out[-2000:], err[-2000:])  # stopped by a stop condition
+    assert "timed out" in out + err
+    from vramlab.report import load_context, render
+
+    store = open_store(str(tmp_path / "v.db"))
+    (run,) = store.list_runs()
+    md = render(load_context(store, run.run_id), "md")
+    assert run.status == "stopped" and "timed out" in md
+    assert "returned to baseline: yes" not in md
+
+
+def test_drill_against_a_hung_engine_exits_non_zero_and_the_report_says_hang(engine, tmp_path):
+    # the server is SIGSTOPped mid-ramp: its socket still accepts, nothing answers, the process lives
+    py, model = engine
+    pidfile = tmp_path / "server.pid"
+    cmd = f"echo $$ > {pidfile}; " + lc.server_command(py, model, "{port}", extra="--model_alias tiny")
+    doc = _drill_doc(py, model, tmp_path, cmd, load={"request_timeout_s": 2},
+                     recovery={"limit_s": 6, "observe_s": 1})
+    doc["target"]["timeouts_s"] = {"stop": 2}  # a stopped process ignores SIGTERM: SIGKILL after 2 s
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(doc))
+    proc = subprocess.Popen([sys.executable, "-m", "vramlab", "drill", "plan.yaml", "--db", str(tmp_path / "v.db"),
+                             "-o", "incident.md"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    stopped = None
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "concurrency = 4" in line and stopped is None:
+                time.sleep(1.0)
+                stopped = int(pidfile.read_text())
+                os.kill(stopped, signal.SIGSTOP)
+                break
+        out, err = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if stopped is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
+                os.kill(stopped, signal.SIGKILL)
+    assert stopped is not None, "the ramp never reached concurrency 4"
+    assert proc.returncode == 1, (out[-2000:], err[-3000:])
+    assert "NOT recovered" in err
+    md = (tmp_path / "incident.md").read_text()
+    assert "**Failure mode:** hang" in md and "request timed out" in md and "the process stayed up" in md
+    assert "NOT recovered" in md or "Not recovered" in md
