@@ -70,3 +70,21 @@ def test_a_restart_gets_its_own_start_up_allowance():
     assert n == 1, msgs  # the loading restart is left alone
     n0, msgs0 = _recover_with(allowance_s=0.0)
     assert n0 >= 2 and any("health failing for 0.5 s" in m for m in msgs0), msgs0  # the old behaviour
+
+
+def test_run_health_sampler_discovers_the_path_when_the_plan_names_none():
+    from vramlab.observe.health import HealthSampler
+
+    async def go():
+        async with StubServer(StubBehaviour(health_status=404)) as srv:
+            s = HealthSampler(srv.url + "/health", discover_root=srv.url)
+            await s.open()
+            try:
+                got = {x.name: x.value for x in await s.sample()}
+            finally:
+                await s.close()
+            return s, got
+
+    s, got = asyncio.run(go())
+    assert s.url.endswith("/v1/models") and got["health.up"] == 1.0
+    assert s.open_note is not None and "/health answered HTTP 404" in s.open_note

@@ -69,7 +69,12 @@ def test_run_against_the_real_engine(engine, tmp_path):
     assert len(reqs) >= 4 and all(r.ok for r in reqs), [r.error for r in reqs if not r.ok][:3]
     assert {r.phase for r in reqs} == {"baseline", "treatment", "recovery"}
     assert all((r.output_tokens or 0) > 0 and r.ttft_ms is not None for r in reqs)
-    assert store.get_run(out["run_id"]).fixed.get("engine") == "llama.cpp"
+    run = store.get_run(out["run_id"])
+    assert run.fixed.get("engine") == "llama.cpp"
+    # no /health on this server: the health sampler found /v1/models and said so
+    assert any("/health answered HTTP 404" in n and "/v1/models" in n for n in run.notes), run.notes
+    up = [s.value for s in store.samples(out["run_id"]) if s.name == "health.up"]
+    assert up and min(up) == 1.0
 
 
 def test_check_log_reads_the_real_start_up_log(engine, tmp_path):
