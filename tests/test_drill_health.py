@@ -88,3 +88,27 @@ def test_run_health_sampler_discovers_the_path_when_the_plan_names_none():
     s, got = asyncio.run(go())
     assert s.url.endswith("/v1/models") and got["health.up"] == 1.0
     assert s.open_note is not None and "/health answered HTTP 404" in s.open_note
+
+
+def test_a_recovery_command_starts_the_recovery_and_its_own_exits_are_masked():
+    spec = RecoverySpec(mode="scripted", command="sleep 0.4", delay_s=0.0, limit_s=1.0)
+    state = LiveState(failed_at_s=0.0)
+    seen: list[float] = []
+    during: list[bool] = []
+    t0 = time.monotonic()
+
+    async def go():
+        async def watch():
+            while time.monotonic() - t0 < 0.9:
+                during.append(state.restarting)
+                await asyncio.sleep(0.02)
+
+        w = asyncio.ensure_future(watch())
+        out = await recover(spec, None, state, lambda: time.monotonic() - t0, lambda *a, **k: None,
+                            on_restart=seen.append)
+        await w
+        return out
+
+    asyncio.run(go())
+    assert len(seen) == 1 and seen[0] < 0.3  # the detector hears of it before the command runs
+    assert True in during and not state.restarting  # masked while it ran, unmasked after
