@@ -161,6 +161,12 @@ def load_plan(path: str | Path) -> DrillPlan:
         doc = yaml.safe_load(p.read_text())
     except FileNotFoundError:
         raise ConfigError(f"no such plan file: {p}") from None
+    except (UnicodeDecodeError, IsADirectoryError):
+        raise ConfigError(f"{p}: not a text file (a drill plan is YAML in UTF-8)") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: nested too deeply to be a drill plan") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the plan: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -26,7 +26,8 @@ MAX_RAMP_STEPS = 64
 
 class _Model(BaseModel):
     # frozen + forbid: a plan is a document; a typo must fail loudly, and nobody may edit it after loading.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `duration_s: .inf` or `.nan` is refused with the field's name, not run until the wall clock.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Target(_Model):
@@ -328,6 +329,8 @@ def parse_plan(text: str, filename: str = "plan.yaml") -> Plan:
         line = mark.line + 1 if mark is not None else 1
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{filename}:{line}: not valid YAML: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{filename}: nested too deeply to be a plan") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{filename}:1: a plan is a mapping (name:, target:, ...), got {type(data).__name__}")
     from vramlab.redact import register_urls_in
@@ -362,8 +365,10 @@ def load_plan(path: str | Path) -> Plan:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such plan file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: cannot read the plan: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a text file (a plan is YAML in UTF-8)") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the plan: {exc.strerror or exc}") from None
     plan = parse_plan(text, str(p))
     if plan.fixed.input.jsonl is not None:
         jp = Path(plan.fixed.input.jsonl)
