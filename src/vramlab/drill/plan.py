@@ -33,7 +33,7 @@ from vramlab.experiment.plan import Retry, RollbackCommand, StopConditions
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # .inf or .nan in a drill plan: refused by name
 
 
 class LoadSpec(_Strict):
@@ -177,8 +177,10 @@ def load_plan(path: str | Path) -> DrillPlan:
 def parse_plan(doc: Any, origin: str = "plan") -> DrillPlan:
     if not isinstance(doc, dict):
         raise ConfigError(f"{origin}: a drill plan is a mapping (name:, target:, ramp:, ...)")
+    from vramlab.experiment.plan import check_document_size
     from vramlab.redact import register_urls_in
 
+    check_document_size(doc, origin)  # aliases that expand to millions of values, or a cycle
     register_urls_in(doc)  # URL passwords are masked wherever they show up later (vramlab.redact)
     try:
         return DrillPlan.model_validate(doc)

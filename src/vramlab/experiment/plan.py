@@ -317,6 +317,26 @@ def _field_name(loc: tuple[Any, ...]) -> str:
     return out or "(plan)"
 
 
+MAX_PLAN_VALUES = 100_000
+
+
+def check_document_size(data: Any, filename: str) -> None:
+    """Refuse a loaded document of more than MAX_PLAN_VALUES values: YAML aliases can make a few
+    lines mean millions of values ("billion laughs") or a cycle (`a: &a [*a]`)."""
+    seen, stack = 0, [data]
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > MAX_PLAN_VALUES:
+            raise ConfigError(f"{filename}: expands to more than {MAX_PLAN_VALUES:,} values (YAML aliases that "
+                              "repeat or refer to themselves?); a plan is a few dozen settings")
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
 def parse_plan(text: str, filename: str = "plan.yaml") -> Plan:
     """Validate a plan document; raise ConfigError ``file:line: field: message``."""
     import yaml
@@ -333,6 +353,7 @@ def parse_plan(text: str, filename: str = "plan.yaml") -> Plan:
         raise ConfigError(f"{filename}: nested too deeply to be a plan") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{filename}:1: a plan is a mapping (name:, target:, ...), got {type(data).__name__}")
+    check_document_size(data, filename)
     from vramlab.redact import register_urls_in
 
     register_urls_in(data)  # a URL's password is masked wherever it shows up later (vramlab.redact)

@@ -285,8 +285,13 @@ class OpenAIClient:
                     st.usage_out = usage["completion_tokens"]
                 if isinstance(usage.get("prompt_tokens"), int):
                     st.usage_in = usage["prompt_tokens"]
-            for ch in obj.get("choices") or ():
-                piece = ch.get("text") if self.api == "openai-completions" else (ch.get("delta") or {}).get("content")
+            choices = obj.get("choices")
+            for ch in choices if isinstance(choices, list) else ():
+                if not isinstance(ch, dict):
+                    continue  # a malformed choice is not a token (fuzzed: {"choices": [null]})
+                delta = ch.get("delta")
+                piece = ch.get("text") if self.api == "openai-completions" else (
+                    delta.get("content") if isinstance(delta, dict) else None)
                 if piece:
                     if st.first is None:
                         st.first = now
