@@ -143,3 +143,90 @@ def test_a_full_cap_does_not_stretch_the_window() -> None:
                           Window(duration_s=0.5, drain_s=0.2))
     assert outcome.sent == 2 and outcome.elapsed_s < 1.2  # type: ignore[attr-defined]
     assert [r.error_class for r in out] == ["cancelled", "cancelled"]
+
+
+# -- accounting (#11) -------------------------------------------------------------------------------
+@pytest.mark.parametrize("key", ["reasoning_content", "reasoning"])
+def test_a_reasoning_model_gets_its_ttft_from_the_first_reasoning_token(key: str) -> None:
+    """vLLM/SGLang with a reasoning parser stream the thinking as reasoning_content (or, newer,
+    reasoning) before any content: the first token is the first reasoning token, not the first
+    content one, and the stream is not broken."""
+    b = StubBehaviour(ttft_s=0.05, token_s=0.1, reasoning_tokens=3, reasoning_key=key)
+    res, _ = asyncio.run(_one(b, max_tokens=5))
+    assert res.ok and res.ttft_ms is not None
+    assert 45 <= res.ttft_ms < 140  # content only starts ~3 x 100 ms later
+    assert len(res.token_times) == 5 and res.output_tokens == 5 and res.output_tokens_source == "usage"
+    assert res.reasoning_tokens == 3  # the server's usage.completion_tokens_details
+    only, _ = asyncio.run(_one(StubBehaviour(reasoning_tokens=4, reasoning_key=key, usage=False), max_tokens=4))
+    assert only.ok and only.output_tokens == 4 and only.reasoning_tokens == 4  # reasoning-only: not broken
+    assert only.output_tokens_source == "chunks"
+
+
+def test_an_empty_completion_is_a_success_with_zero_tokens() -> None:
+    res, _ = asyncio.run(_one(StubBehaviour(empty_completion=True)))
+    assert res.ok and res.error_class is None and res.output_tokens == 0 and res.output_tokens_source == "usage"
+    assert res.ttft_ms is None and res.itl_ms == [] and res.tpot_ms is None
+    # without usage and without [DONE]: the finish_reason alone says it ended on purpose
+    res, _ = asyncio.run(_one(StubBehaviour(empty_completion=True, usage=False, send_done=False)))
+    assert res.ok and res.output_tokens == 0 and res.output_tokens_source == "chunks"
+
+
+def test_a_stream_that_just_ends_is_still_broken() -> None:
+    res, _ = asyncio.run(_one(StubBehaviour(usage=False, send_done=False), max_tokens=0))
+    assert res.error_class == "stream_broken" and "finish_reason" in (res.error or "")
+
+
+def test_output_tokens_come_from_usage_else_counted_chunks_labelled_an_estimate() -> None:
+    res, _ = asyncio.run(_one(StubBehaviour(), max_tokens=3))
+    assert (res.output_tokens, res.output_tokens_source) == (3, "usage")
+    res, _ = asyncio.run(_one(StubBehaviour(usage=False), max_tokens=3))
+    assert (res.output_tokens, res.output_tokens_source) == (3, "chunks")
+
+
+def _refused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # bound, not listening: every connect is refused at once
+
+
+def test_closed_loop_users_back_off_after_an_immediate_error() -> None:
+    """Against a refused port the closed loop used to resubmit in microseconds (19,010 requests
+    in 1 s, #11). Each user now waits the plan's back-off after a failure."""
+    out: list[RequestResult] = []
+
+    async def go() -> None:
+        async with OpenAIClient(f"http://127.0.0.1:{_refused_port()}", "m") as c:
+            await drive(c, cycle([P]), LoadShape("closed", 4), Window(duration_s=1.0, drain_s=0.5), out.append,
+                        RetryPolicy(base_s=0.2, max_s=1.0))
+
+    asyncio.run(go())
+    assert out and all(r.error_class == "connect" for r in out)
+    # 4 users, waits of 0.1-0.2 s, then 0.2-0.4 s, ...: at most a handful each in 1 s
+    assert len(out) <= 4 * 6, len(out)
+
+
+@pytest.mark.parametrize("shape", [LoadShape("closed", 8), LoadShape("open", 64, 400.0, "constant")])
+def test_a_stop_flag_stops_every_loop_within_one_request(shape: LoadShape) -> None:
+    """Against a refused port, with no back-off at all (the worst case): once the flag is set, no
+    loop sends another request, and the window ends at once, whatever is in flight."""
+    out: list[RequestResult] = []
+    shape = LoadShape(shape.mode, shape.concurrency, shape.request_rate, shape.arrival, error_backoff=False)
+
+    async def go() -> tuple[float, object]:
+        stop = asyncio.Event()
+
+        def on_result(r: RequestResult) -> None:
+            out.append(r)
+            if len(out) == 20:
+                stop.set()  # as the runner's fire_stop does, from inside a result callback
+
+        async with OpenAIClient(f"http://127.0.0.1:{_refused_port()}", "m") as c:
+            t = time.perf_counter()
+            outcome = await drive(c, cycle([P]), shape, Window(duration_s=5.0, drain_s=3.0), on_result, stop=stop)
+            return time.perf_counter() - t, outcome
+
+    elapsed, outcome = asyncio.run(go())
+    assert outcome.stopped  # type: ignore[attr-defined]
+    # the loops already past their check when the flag went up may finish the request they hold
+    assert len(out) <= 20 + shape.concurrency, len(out)
+    assert elapsed < 3.0  # neither the 5 s window nor the 3 s drain

@@ -30,6 +30,8 @@ def chunks(draw: Any, chat: bool) -> dict[str, Any]:
                 delta["content"] = piece
             if draw(st.booleans()):
                 delta["reasoning_content"] = draw(pieces)
+            if draw(st.booleans()):
+                delta["reasoning"] = draw(pieces)
             ch["delta"] = delta
         elif draw(st.booleans()) or piece:
             ch["text"] = piece
@@ -48,7 +50,7 @@ def _count(c: OpenAIClient, payload: bytes, fast: bool, monkeypatch: pytest.Monk
             m.setattr(client_mod, "_token_piece", lambda payload, key: None)
         s = _Stream()
         c._event(b"data: " + payload, 1.0, s)
-    return s.first, tuple(s.times), s.usage_out, s.usage_in, s.error, s.done
+    return s.first, tuple(s.times), s.reasoning, s.finished, s.usage_out, s.usage_in, s.error, s.done
 
 
 @pytest.mark.parametrize("api", ["openai-chat", "openai-completions"])
@@ -65,11 +67,40 @@ def test_fast_path_counts_what_the_full_parse_counts(api: str, data: Any) -> Non
 
 def test_plain_chunks_skip_the_parse_and_others_do_not() -> None:
     chat = b'"content":'
-    assert _token_piece(b'{"choices":[{"index":0,"delta":{"content":"hi"}}]}', chat) is True
-    assert _token_piece(b'{"choices": [{"delta": {"role": "assistant", "content": ""}}]}', chat) is False
-    assert _token_piece(b'{"choices":[{"delta":{"content":null}}]}', chat) is False
+    content, reasoning = client_mod._CONTENT, client_mod._REASONING
+    assert _token_piece(b'{"choices":[{"index":0,"delta":{"content":"hi"}}]}', chat) == content
+    # the role chunk and an empty or null content take the full parse (it may carry the finish_reason)
+    assert _token_piece(b'{"choices": [{"delta": {"role": "assistant", "content": ""}}]}', chat) is None
+    assert _token_piece(b'{"choices":[{"delta":{"content":null}}]}', chat) is None
+    # vLLM's reasoning parser: reasoning_content (older) or reasoning (newer), content null or absent
+    assert _token_piece(b'{"choices":[{"delta":{"reasoning_content":"Let","content":null}}]}', chat) == reasoning
+    assert _token_piece(b'{"choices":[{"delta":{"reasoning":" me"}}]}', chat) == reasoning
+    assert _token_piece(b'{"choices":[{"delta":{"reasoning_content":"","content":"x"}}]}', chat) == content
     assert _token_piece(b'{"choices":[],"usage":{"completion_tokens":3}}', chat) is None
     assert _token_piece(b'{"error":{"message":"CUDA out of memory"}}', chat) is None
     assert _token_piece(b'{"choices":[{"delta":{"content":"hi"', chat) is None  # truncated: parse, and fail
     assert _token_piece(b'not json', chat) is None
-    assert _token_piece(b'{"choices":[{"text":" t1"}]}', b'"text":') is True
+    assert _token_piece(b'{"choices":[{"text":" t1"}]}', b'"text":') == content
+
+
+@pytest.mark.parametrize("wire", [b"\n\n", b"\r\n\r\n"])
+def test_events_split_across_reads_are_put_back_together(wire: bytes) -> None:
+    import asyncio
+
+    events = [b'data: {"choices":[{"delta":{"reasoning_content":"a"}}]}',
+              b'data: {"choices":[{"delta":{"content":"b"}}]}',
+              b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}', b"data: [DONE]"]
+    raw = wire.join(events) + wire
+
+    class Content:
+        async def iter_any(self) -> Any:
+            for i in range(0, len(raw), 7):  # 7-byte reads: every boundary falls mid-event somewhere
+                yield raw[i:i + 7]
+
+    class Resp:
+        content = Content()
+
+    c = OpenAIClient("http://127.0.0.1:1", "m")
+    s = _Stream()
+    asyncio.run(c._read_stream(Resp(), s))
+    assert len(s.times) == 2 and s.reasoning == 1 and s.finished and s.done

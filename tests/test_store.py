@@ -12,6 +12,7 @@ from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
 from vramlab.records.memory import MemoryStore
 from vramlab.records.store import Store
 from vramlab.store import describe_url, open_store, resolve_url
+from vramlab.store.migrations import LATEST
 
 
 @pytest.fixture()
@@ -141,13 +142,40 @@ def test_schema_version_and_newer_database_refused(store_url):
 
     with open_store(store_url) as store:
         with store.engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT version FROM schema_version")).scalars().all() == [1, 2]
+            assert conn.execute(sa.text("SELECT version FROM schema_version")).scalars().all() == list(
+                range(1, LATEST + 1))
     with open_store(store_url) as store:  # reopening does not re-apply
         with store.engine.begin() as conn:
-            assert conn.execute(sa.text("SELECT count(*) FROM schema_version")).scalar() == 2
+            assert conn.execute(sa.text("SELECT count(*) FROM schema_version")).scalar() == LATEST
             conn.execute(sa.text("INSERT INTO schema_version (version, applied_at) VALUES (99, 0)"))
     with pytest.raises(VramlabError, match="schema version 99"):
         open_store(store_url)
+
+
+def test_a_version_1_database_gains_the_token_accounting_columns(tmp_path):
+    """A store written before migration 2 (no output_tokens_source / reasoning_tokens) is
+    migrated in place, and its old rows read back with the new fields empty."""
+    import sqlalchemy as sa
+
+    from vramlab.records import RequestRecord
+    from vramlab.store import schema
+
+    url = f"sqlite:///{tmp_path}/v1.db"
+    engine = sa.create_engine(url)
+    v1 = sa.MetaData()
+    for t in (schema.schema_version, schema.runs, *schema.RUN_TABLES):
+        cols = [c.copy() for c in t.columns if c.name not in ("output_tokens_source", "reasoning_tokens")]
+        sa.Table(t.name, v1, *cols)
+    v1.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO schema_version (version, applied_at) VALUES (1, 0)"))
+    engine.dispose()
+    with open_store(url) as store:
+        store.create_run(RunRecord(run_id="0123abcd", name="old", started_at=1.0))
+        rec = RequestRecord(run_id="0123abcd", round=1, phase="baseline", request_id="r0", status_code=200,
+                            output_tokens=7, output_tokens_source="chunks", reasoning_tokens=3)
+        store.add_requests("0123abcd", [rec])
+        assert store.requests("0123abcd") == [rec]
 
 
 def test_resolve_url(tmp_path, monkeypatch):

@@ -140,7 +140,7 @@ def test_run_on_a_store_at_its_page_limit(tmp_path: Path, stub: str, monkeypatch
     monkeypatch.setattr(sql, "_sqlite_pragmas", limited)
     marker = tmp_path / "rolled-back"
     plan_path = _plan(tmp_path / "p.yaml", stub, marker=marker)
-    out = run_plan(load_plan(plan_path), plan_dir=tmp_path, db=str(db))
+    out = run_plan(load_plan(plan_path), plan_dir=tmp_path, open_store=lambda: open_store(str(db)))
     assert out.result.status == "failed" and out.result.exit_code == 1
     assert not out.store_complete and out.store_failure and "full" in out.store_failure
     assert out.received and out.stored and out.stored["requests"] < out.received["requests"]

@@ -67,9 +67,13 @@ def find_windows(
     for r in requests:
         groups.setdefault((r.round, r.phase, r.step), []).append(r)
     marks: dict[tuple[int, str, int | None], dict[str, float]] = {}
+    lagged: dict[tuple[int, str, int | None], str] = {}
     for e in events:
         if e.kind in ("phase_start", "phase_end") and e.round is not None and e.phase:
             marks.setdefault((e.round, e.phase, e.step), {})[e.kind] = e.t_s
+            if e.kind == "phase_end" and e.data.get("client_saturated"):
+                who = [w.get("name", "?") for w in e.data.get("client_lag") or () if w.get("saturated")]
+                lagged[(e.round, e.phase, e.step)] = ", ".join(who) or "the load client"
 
     def bounded(key: tuple[int, str, int | None], span: tuple[float, float] | None) -> tuple[float, float] | None:
         m = marks.get(key, {})
@@ -85,7 +89,7 @@ def find_windows(
         if span is None:
             continue
         value = next((r.step_value for r in reqs if r.step_value is not None), None)
-        steps.append(Window(rnd, phase, step, span[0], span[1], value))
+        steps.append(Window(rnd, phase, step, span[0], span[1], value, client_lag=lagged.get((rnd, phase, step))))
 
     phase_keys = {(w.round, w.phase) for w in steps} | {(k[0], k[1]) for k in marks}
     phases: list[Window] = []
@@ -94,7 +98,8 @@ def find_windows(
         span = (min(w.start_s for w in inner), max(w.end_s for w in inner)) if inner else None
         bounds = bounded((rnd, phase, None), span)
         if bounds is not None:
-            phases.append(Window(rnd, phase, None, bounds[0], bounds[1]))
+            lag = sorted({w.client_lag for w in inner if w.client_lag})
+            phases.append(Window(rnd, phase, None, bounds[0], bounds[1], client_lag="; ".join(lag) or None))
     return _clip_samples(sorted(steps, key=_sort_key)), _clip_samples(sorted(phases, key=_sort_key))
 
 

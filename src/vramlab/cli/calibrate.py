@@ -41,12 +41,22 @@ def run(args: argparse.Namespace) -> int:
     name = Path(args.output).name if args.output else "calibration"
     result = calibrate(args.inputs, args.model_configs, args.engine, args.min_points, args.versions,
                        offline=not args.online, name=name)
-    if args.output:
+    written = None
+    if args.output and result.fitted_any:
         from vramlab.logs.profile import write_profile
 
         write_profile(args.output, result.profile)
+        written = args.output
     if args.json:
         print(json.dumps(to_json(result), indent=1))
     else:
-        print(render(result, args.output))
+        print(render(result, written))
+    if not result.fitted_any:
+        import sys
+
+        reasons = sorted({r.reason for f in result.fits for r in f.refused})
+        print("vramlab calibrate: error: no constant was fitted"
+              + (f" ({reasons[0]}{'; ...' if len(reasons) > 1 else ''})" if reasons else "")
+              + ("; no profile written" if args.output else ""), file=sys.stderr)
+        return 1
     return 0

@@ -1,42 +1,57 @@
-"""Compare an engine's start-up log with vramlab's prediction for the same settings.
+"""Read what an engine decided at start-up from its log, beside vramlab's prediction.
 
-Reads what the engine decided (weights, activation peak, non-torch memory, CUDA graphs, KV
-cache, concurrency), predicts the same with `vramlab plan`'s model, and prints both side by
-side with the difference and the component that explains most of the KV difference. The
-model, GPU and settings come from the log when it prints them; flags fill the gaps.
+Reads any excerpt of a vLLM (every era), SGLang, TGI, llama.cpp (llama-server or
+llama-cpp-python) or Ollama log: weights, non-torch memory, activation peak, CUDA graphs, KV
+cache bytes, tokens and blocks, maximum concurrency, and failed start-ups, per rank and per
+start-up. The prediction for the same settings is added when the model (named in the log or
+--model) and the card (the log's total memory or --gpu) resolve; otherwise one line says what
+is missing. Several files or a folder give one table per engine era.
 
 examples:
   vramlab check-log vllm-startup.log
   vramlab check-log sglang.log --model qwen3-8b --gpu h100-80gb
   vramlab check-log vllm-startup.log --json
+  vramlab check-log logs/                      # every log in the folder, one table per engine era
+  kubectl logs my-vllm-pod | vramlab check-log -
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", metavar="FILE", help="engine log (vLLM, SGLang, TGI, llama.cpp, Ollama)")
+    parser.add_argument("files", nargs="+", metavar="FILE",
+                        help="engine log(s) or folder(s) of logs (vLLM, SGLang, TGI, llama.cpp, Ollama); - reads stdin")
     parser.add_argument("--model", help="model name, Hub id or local path (default: the one the log names)")
     parser.add_argument("--gpu", help="GPU catalog name (default: from the log's total memory)")
     parser.add_argument("--engine", help="engine that wrote the log (default: detected)")
     parser.add_argument("--engine-version", help="engine version when the log does not print it")
     parser.add_argument("--calibration", metavar="PROFILE", help="calibration profile (.toml) to predict with")
     parser.add_argument("--online", action="store_true", help="allow reading a model's config from the Hugging Face Hub")
+    parser.add_argument("--max-bytes", type=int, metavar="N",
+                        help="stop reading each log after N bytes (default 64 MiB; bounds /dev/zero, pipes, huge logs)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (docs/logs-and-calibration.md)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from vramlab.logs.check import check_log
-    from vramlab.report.check_log_text import render
+    from vramlab.logs.check import check_log, check_logs
+    from vramlab.report.check_log_text import render, render_folder
 
-    report = check_log(args.file, model=args.model, gpu=args.gpu, engine=args.engine,
-                       engine_version=args.engine_version, calibration=args.calibration,
-                       offline=not args.online)
-    if args.json:
-        print(json.dumps(report.to_json(), indent=1))
-    else:
-        print(render(report))
+    kwargs: dict[str, Any] = dict(model=args.model, gpu=args.gpu, engine=args.engine,
+                                  engine_version=args.engine_version, calibration=args.calibration,
+                                  offline=not args.online, max_bytes=args.max_bytes)
+    if args.max_bytes is not None and args.max_bytes < 1:
+        from vramlab.errors import ConfigError
+
+        raise ConfigError("--max-bytes must be at least 1")
+    if len(args.files) == 1 and not Path(args.files[0]).is_dir():
+        report = check_log(args.files[0], **kwargs)
+        print(json.dumps(report.to_json(), indent=1) if args.json else render(report))
+        return 0
+    folder = check_logs(args.files, **kwargs)
+    print(json.dumps(folder.to_json(), indent=1) if args.json else render_folder(folder))
     return 0

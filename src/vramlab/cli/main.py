@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runs": ("vramlab.cli.runs", "list stored runs"),
     "report": ("vramlab.cli.report", "render a stored run as Markdown, HTML or JSON"),
     "compare": ("vramlab.cli.compare", "compare two stored runs"),
+    "examples": ("vramlab.cli.examples", "write the example plans (experiment, drills, fleet) into a folder"),
     "demo": ("vramlab.cli.demo", "start the rehearsal server, run a small plan and the OOM drill, write both reports"),
     "drill": ("vramlab.cli.drill", "run an OOM drill and write the incident report"),
     "note": ("vramlab.cli.note", "add an operator note to a run's timeline"),

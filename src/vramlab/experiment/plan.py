@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vramlab.errors import ConfigError
 
@@ -30,16 +30,56 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+class SimTarget(_Model):
+    """`target.sim`: vramlab starts `vramlab sim serve` on a free loopback port for the run and stops
+    it afterwards, so a plan needs no other terminal. The served model is target.model."""
+
+    gpu: str = "h100-80gb"
+    engine: Literal["vllm", "sglang", "tgi", "llama.cpp", "ollama"] = "vllm"
+    speed: float = Field(default=20.0, gt=0)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    max_model_len: int | None = Field(default=None, gt=0)
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    seed: int = 0
+
+    def argv(self, model: str) -> list[str]:
+        out = ["--model", model, "--gpu", self.gpu, "--engine", self.engine, "--speed", f"{self.speed:g}",
+               "--seed", str(self.seed)]
+        for flag, v in (("--gpu-memory-utilization", self.gpu_memory_utilization),
+                        ("--max-model-len", self.max_model_len), ("--max-num-seqs", self.max_num_seqs)):
+            if v is not None:
+                out += [flag, f"{v:g}" if isinstance(v, float) else str(v)]
+        return out
+
+
 class Target(_Model):
-    base_url: str
+    base_url: str | None = Field(default=None, description="the endpoint; filled in by vramlab when target.sim is given")
     api: Literal["openai-chat", "openai-completions"] = "openai-chat"
     model: str
     api_key_env: str | None = None
     metrics_url: str | None = None
     health_url: str | None = None
-    kind: Literal["vllm", "sglang", "tgi", "llama.cpp", "ollama", "sim", "other"] = "other"
+    # every engine the README names, plus the rehearsal server; "other" for anything else OpenAI-compatible
+    kind: Literal["vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama", "sim", "other"] = "other"
     environment: Literal["test", "staging", "production"] = "test"
     pid: int | None = Field(default=None, description="the target process, for its RSS (same host only)")
+    sim: SimTarget | None = Field(default=None, description="start a sim for this run (kind: sim, no base_url)")
+
+    @model_validator(mode="after")
+    def _where(self) -> Target:
+        if self.sim is not None and self.kind != "sim":
+            raise ValueError("sim: settings need kind: sim")
+        if self.sim is None and self.base_url is None:
+            raise ValueError("give base_url (the endpoint), or kind: sim with sim: {gpu: ...} to let vramlab "
+                             "start a rehearsal server")
+        return self
+
+    @property
+    def url(self) -> str:
+        """The endpoint (known once the run's own sim, if any, is up)."""
+        if self.base_url is None:
+            raise ValueError("target.base_url is not known yet (the run's sim has not started)")
+        return self.base_url
 
     @field_validator("base_url", "metrics_url", "health_url")
     @classmethod
@@ -59,7 +99,7 @@ class Target(_Model):
     @model_validator(mode="after")
     def _one_credential(self) -> Target:
         # HTTP sends one Authorization header: user-info in the URL (Basic) or the key (Bearer), not both.
-        if self.api_key_env and "@" in self.base_url.split("://", 1)[1].split("/", 1)[0]:
+        if self.api_key_env and self.base_url and "@" in self.base_url.split("://", 1)[1].split("/", 1)[0]:
             raise ValueError("@base_url: has user-info (user:password@) and api_key_env is set too; "
                              "give one (HTTP carries one Authorization header)")
         return self
@@ -236,7 +276,7 @@ class Plan(_Model):
             raise ValueError("@change: concurrency steps must be whole numbers")
         if var == "prompt_tokens" and self.fixed.input.synthetic is None:
             raise ValueError("@change.variable: prompt_tokens needs a synthetic input set")
-        if "ledger" in self.samplers.sources and not self.samplers.ledger:
+        if "ledger" in self.samplers.sources and not self.samplers.ledger and self.target.sim is None:
             raise ValueError("@samplers.sources: 'ledger' needs samplers.ledger (the sim's device file)")
         if "prometheus" in self.samplers.sources and not self.samplers.prometheus_url:
             raise ValueError("@samplers.sources: 'prometheus' needs samplers.prometheus_url")
@@ -280,117 +320,23 @@ class Plan(_Model):
 
 
 # ---------------------------------------------------------------------------------------------
-# Loading with line numbers
+# Loading with line numbers (vramlab.planfile, the loader run, drill and pack plans share)
 
-
-def _node_at(node: Any, loc: tuple[Any, ...]) -> tuple[Any, Any]:
-    """The YAML node a pydantic error location points at (the deepest one that exists), and the
-    mapping key that led to it (a missing field is best shown at its parent's key line)."""
-    import yaml
-
-    cur, key = node, None
-    for part in loc:
-        nxt = None
-        if isinstance(cur, yaml.MappingNode):
-            for k, v in cur.value:
-                if k.value == str(part):
-                    nxt, key = v, k
-                    break
-        elif isinstance(cur, yaml.SequenceNode) and isinstance(part, int) and part < len(cur.value):
-            nxt = cur.value[part]
-        if nxt is None:
-            break
-        cur = nxt
-    return cur, key
-
-
-def _field_name(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for p in loc:
-        if isinstance(p, int):
-            out += f"[{p}]"
-        elif str(p).startswith(("function-", "function_")):
-            continue  # pydantic's validator frames add nothing for a reader
-        else:
-            name = str(p) if str(p).isprintable() else repr(str(p))  # keep the error on one line
-            out += ("." if out else "") + name
-    return out or "(plan)"
-
-
-MAX_PLAN_VALUES = 100_000
-
-
-def check_document_size(data: Any, filename: str) -> None:
-    """Refuse a loaded document of more than MAX_PLAN_VALUES values: YAML aliases can make a few
-    lines mean millions of values ("billion laughs") or a cycle (`a: &a [*a]`)."""
-    seen, stack = 0, [data]
-    while stack:
-        node = stack.pop()
-        seen += 1
-        if seen > MAX_PLAN_VALUES:
-            raise ConfigError(f"{filename}: expands to more than {MAX_PLAN_VALUES:,} values (YAML aliases that "
-                              "repeat or refer to themselves?); a plan is a few dozen settings")
-        if isinstance(node, dict):
-            stack.extend(node.keys())
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
+_MAPPING = {"kind": "a plan", "keys": "name:, target:, ..."}
 
 
 def parse_plan(text: str, filename: str = "plan.yaml") -> Plan:
     """Validate a plan document; raise ConfigError ``file:line: field: message``."""
-    import yaml
+    from vramlab.planfile import parse_yaml, validate
 
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 1
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{filename}:{line}: not valid YAML: {problem}") from None
-    except RecursionError:
-        raise ConfigError(f"{filename}: nested too deeply to be a plan") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{filename}:1: a plan is a mapping (name:, target:, ...), got {type(data).__name__}")
-    check_document_size(data, filename)
-    from vramlab.redact import register_urls_in
-
-    register_urls_in(data)  # a URL's password is masked wherever it shows up later (vramlab.redact)
-    try:
-        return Plan.model_validate(data)
-    except ValidationError as exc:
-        errs = exc.errors(include_url=False)
-        first = errs[0]
-        loc = tuple(first["loc"])
-        msg = " ".join(first["msg"].removeprefix("Value error, ").split())
-        if msg.startswith("@"):
-            # A cross-field check names the field it is about: "@change.variable: ...".
-            path, _, msg = msg[1:].partition(": ")
-            loc = loc + tuple(int(p) if p.isdigit() else p for p in path.split("."))
-        node, key = _node_at(root, loc)
-        if first["type"] == "missing" and key is not None:
-            node = key
-        line = node.start_mark.line + 1 if node is not None else 1
-        if first["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif first["type"] == "missing":
-            msg = "required field is missing"
-        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
-        raise ConfigError(f"{filename}:{line}: {_field_name(loc)}: {msg}{more}") from None
+    return validate(Plan, parse_yaml(text, filename), **_MAPPING)
 
 
 def load_plan(path: str | Path) -> Plan:
+    from vramlab.planfile import read_yaml, validate
+
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: no such plan file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{p}: not a text file (a plan is YAML in UTF-8)") from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read the plan: {exc.strerror or exc}") from None
-    plan = parse_plan(text, str(p))
+    plan = validate(Plan, read_yaml(p, "plan"), **_MAPPING)
     if plan.fixed.input.jsonl is not None:
         jp = Path(plan.fixed.input.jsonl)
         if not jp.is_absolute():

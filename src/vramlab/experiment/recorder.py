@@ -256,7 +256,8 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
         if isinstance(v, (str, int, float, bool)) or v is None:
             out[k] = v
         elif isinstance(v, (list, tuple)):
-            out[k] = [x if isinstance(x, (str, int, float, bool)) or x is None else str(x) for x in v]
+            out[k] = [x if isinstance(x, (str, int, float, bool)) or x is None
+                      else _jsonable(x) if isinstance(x, dict) else str(x) for x in v]
         elif isinstance(v, dict):
             out[k] = _jsonable(v)
         else:

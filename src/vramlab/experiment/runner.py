@@ -1,22 +1,24 @@
 """The experiment runner: rounds of baseline -> treatment steps -> recovery, the same window each.
 
 It owns the clock, the stop conditions and the order of things; everything it learns goes out as
-events (see events.py) to whoever subscribes: the store writer, the terminal, a drill. Extension
-points for drills: a ``StepStrategy`` (fixed steps, or ramp until a stop condition), a
-``TargetControl`` called before every window and on the way out, and the event hook itself.
+events (see events.py) to whoever subscribes: the store writer, the terminal, a test. The stop
+conditions are ``StopMonitor`` (stop.py), the one stop engine the drill's detector uses too.
 
 However the run ends (completed, a stop condition, an error, Ctrl-C), the same ``finally`` stops
-the samplers, restores the target and runs the rollback commands, then emits ``run_end``.
+the samplers and runs the rollback commands, then emits ``run_end``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from vramlab.experiment.events import Event, EventHook
 from vramlab.experiment.plan import Plan
@@ -32,21 +34,13 @@ from vramlab.experiment.wiring import (
     window_for,
 )
 from vramlab.load.client import OpenAIClient, RequestResult
-from vramlab.load.driver import drive
+from vramlab.load.driver import WindowOutcome, drive
 from vramlab.load.prompts import Prompt, cycle
 from vramlab.observe.base import Sample, Sampler, SamplerSet
 from vramlab.records import RequestRecord, RunRecord, SampleRecord, canonical_sha256, new_run_id
 
 EXIT_CODES = {"completed": 0, "failed": 1, "stopped": 3, "interrupted": 130}
 _SOURCES = {"gpu", "ledger", "engine", "prometheus", "host", "health"}
-
-
-class TargetControl(Protocol):
-    """What a drill passes in to act on the target around each window (balloon, restart, ...)."""
-
-    async def apply(self, round: int, phase: str, step: int, value: float) -> None: ...
-
-    async def restore(self) -> None: ...
 
 
 @dataclass
@@ -56,11 +50,11 @@ class RunOptions:
     base_dir: Path = Path(".")
     api_key: str | None = None  # read from the environment by the caller; never stored
     strategy: StepStrategy | None = None
-    control: TargetControl | None = None
     samplers: list[Sampler] | None = None  # None: the plan's own
     capture_environment: bool = True
     run_id: str | None = None
     extra_fixed: dict[str, Any] = field(default_factory=dict)
+    workers: int | None = None  # load worker processes; None: one per core when the plan needs more than a core
 
 
 @dataclass(frozen=True)
@@ -80,16 +74,11 @@ class RunResult:
 
 
 def _request_record(**fields: Any) -> RequestRecord:
-    """A RequestRecord without validation or model_construct's bookkeeping: this is the hot path
-    (thousands a second), every field is set right here from typed values, and validating would
-    cost more than parsing the request's stream (as the store reads rows back, see store/sql.py)."""
+    """A RequestRecord through pydantic's public validator. This is the hot path (thousands a
+    second): every field is given (the assert), and pydantic-core validates a record in ~10 us,
+    faster than `model_construct`; nothing writes pydantic's private attributes."""
     assert fields.keys() == _REQUEST_FIELDS, fields.keys() ^ _REQUEST_FIELDS
-    obj = RequestRecord.__new__(RequestRecord)
-    object.__setattr__(obj, "__dict__", fields)
-    object.__setattr__(obj, "__pydantic_fields_set__", set(_REQUEST_FIELDS))
-    object.__setattr__(obj, "__pydantic_extra__", None)
-    object.__setattr__(obj, "__pydantic_private__", None)
-    return obj
+    return RequestRecord.model_validate(fields)
 
 
 _REQUEST_FIELDS = set(RequestRecord.model_fields)
@@ -104,6 +93,8 @@ class _WindowStats:
     requests: int = 0
     errors: int = 0
     e2e: list[float] = field(default_factory=list)
+    results: list[RequestResult] = field(default_factory=list)  # turned into records after the window
+    where: tuple[int, str, int, float] = (0, "baseline", 0, 0.0)  # round, phase, step, value
 
     def p(self, q: float) -> float | None:
         if not self.e2e:
@@ -128,8 +119,12 @@ class Runner:
         self._window_task: asyncio.Future[Any] | None = None
         self._prompts: dict[float, list[Prompt]] = {}
         self._client: OpenAIClient | None = None
+        self._pool: Any = None  # a WorkerPool when the load runs in several processes
+        self._stop_flag: asyncio.Event | None = None  # the running window's: fire_stop sets it
+        self.workers = 1
         self._totals = [0, 0]
         self._abort: str | None = None
+        self._last_4xx: str | None = None
 
     # -- events --------------------------------------------------------------------------------
     def now(self) -> float:
@@ -170,11 +165,8 @@ class Runner:
         ticker: asyncio.Task[None] | None = None
         rollbacks: list[RollbackResult] = []
         try:
-            async with OpenAIClient(plan.target.base_url, plan.target.model, plan.target.api, self.o.api_key,
-                                    max_connections=max_connections(plan, plan.change.values()),
-                                    timeout_s=plan.load.request_timeout_s,
-                                    ignore_eos=plan.fixed.ignore_eos) as client:
-                self._client = client
+            async with contextlib.AsyncExitStack() as stack:
+                await self._open_load(stack)
                 await samplers.start()
                 ticker = asyncio.ensure_future(self._tick())
                 await self._rounds()
@@ -197,11 +189,6 @@ class Runner:
                 ticker.cancel()
                 await asyncio.gather(ticker, return_exceptions=True)
             await samplers.stop()
-            if self.o.control is not None:
-                try:
-                    await self.o.control.restore()
-                except Exception as exc:  # a failed restore must not skip the rollback commands
-                    self.emit("error", f"target restore failed: {type(exc).__name__}: {exc}"[:300])
             if self.stop is not None and reason_text is None:
                 reason_text = self.stop.message
             rollbacks = await self._rollback(status, reason_text)
@@ -214,6 +201,48 @@ class Runner:
         return RunResult(self.run_id, status, self.stop, tuple(self.notes), self._totals[0], self._totals[1],
                          self.now(), tuple(rollbacks))
 
+    async def _engine_accepts_ignore_eos(self) -> bool:
+        """`ignore_eos` is not in OpenAI's API: vLLM, SGLang and llama.cpp accept it, others answer 4xx
+        (e.g. `HTTP 422: Unexpected fields in the request: {'ignore_eos'}`). One request of one token
+        with it: a 4xx naming the field drops it for the run, with a note quoting the server."""
+        from vramlab.load.prompts import Prompt
+
+        plan = self.plan
+        async with OpenAIClient(plan.target.url, plan.target.model, plan.target.api, self.o.api_key,
+                                max_connections=1, timeout_s=plan.load.request_timeout_s, ignore_eos=True) as probe:
+            res = await probe.send("ignore-eos-probe", Prompt("Say OK.", None, 1), 1, time.perf_counter())
+        if 400 <= res.status_code < 500 and "ignore_eos" in (res.error or ""):
+            self.note(f"ignore_eos dropped: the server refused the field ({res.error}); outputs may end before "
+                      "output_tokens")
+            return False
+        return True
+
+    async def _open_load(self, stack: contextlib.AsyncExitStack) -> None:
+        """The load client: in this process, or a pool of worker processes (see load/workers.py)."""
+        from vramlab.load.workers import ClientConfig, WorkerPool, workers_needed
+
+        plan = self.plan
+        conns = max_connections(plan, plan.change.values())
+        rate = plan.load.request_rate
+        if plan.change.variable == "request_rate":
+            rate = max([rate or 0.0, *plan.change.values()])
+        n = self.o.workers if self.o.workers is not None else workers_needed(conns, rate if plan.load.mode == "open"
+                                                                             else None)
+        if n < 1:
+            raise ValueError("workers must be at least 1")
+        cfg = ClientConfig(plan.target.url, plan.target.model, plan.target.api, self.o.api_key,
+                           max_connections=conns, timeout_s=plan.load.request_timeout_s,
+                           ignore_eos=plan.fixed.ignore_eos and await self._engine_accepts_ignore_eos())
+        if n == 1:
+            self._client = await stack.enter_async_context(OpenAIClient(
+                cfg.base_url, cfg.model, cfg.api, cfg.api_key, max_connections=cfg.max_connections,
+                timeout_s=cfg.timeout_s, ignore_eos=cfg.ignore_eos))
+            return
+        self._pool = await stack.enter_async_context(WorkerPool(n, cfg))
+        self.workers = n
+        self.note(f"load: {n} worker processes (pids {', '.join(map(str, self._pool.pids))}), one schedule; "
+                  f"{'--workers' if self.o.workers is not None else 'one per core: the plan needs more than one'}")
+
     async def _environment(self) -> tuple[dict[str, Any], list[str]]:
         from vramlab.experiment.environment import engine_facts, gpu_facts, host_facts
 
@@ -222,7 +251,7 @@ class Runner:
         if self.o.capture_environment:
             fixed.update(await asyncio.to_thread(gpu_facts))
             headers = {"Authorization": f"Bearer {self.o.api_key}"} if self.o.api_key else {}
-            facts, notes = await engine_facts(self.plan.target.base_url, headers, self.plan.target.model)
+            facts, notes = await engine_facts(self.plan.target.url, headers, self.plan.target.model)
             fixed.update(facts)
         fixed.update(self.o.extra_fixed)
         return fixed, notes
@@ -235,13 +264,7 @@ class Runner:
             while value is not None:
                 out = await self._phase(r, "treatment", idx, value)
                 if out.stopped is not None:
-                    if not self.strategy.absorbs_stops or out.stopped.condition == "wall_clock_s":
-                        raise _Stopped
-                    # The ramp found its limit: note it, forget the failing window, go to recovery.
-                    self.emit("step", f"ramp ended at {value:g}: {out.stopped.message}",
-                              {"value": value, "condition": out.stopped.condition})
-                    self.stop = None
-                    self.monitor.reset_requests()
+                    raise _Stopped
                 value, idx = self.strategy.next(out), idx + 1
             await self._phase(r, "recovery", 0, base)
 
@@ -250,23 +273,28 @@ class Runner:
             raise _Stopped
         plan, var = self.plan, self.plan.change.variable
         self._where = (rnd, phase, step)
-        if self.o.control is not None:
-            await self.o.control.apply(rnd, phase, step, value)
         if value not in self._prompts:
             self._prompts[value] = prompts_for(plan, value, self.o.base_dir)
         seed = (plan.fixed.input.synthetic.seed if plan.fixed.input.synthetic else 0) * 1000 + step
         shape = shape_for(plan, value, seed)
-        stats = _WindowStats()
+        stats = _WindowStats(where=(rnd, phase, step, value))
         self.emit("phase_start", f"round {rnd}/{self.rounds} {phase}" + (f" step {step}" if step else "")
                   + f": {var} = {value:g}", {"variable": var, "value": value})
 
         def on_result(res: RequestResult) -> None:
-            self._on_request(res, rnd, phase, step, value, stats)
+            self._on_request(res, stats)
 
-        assert self._client is not None
         window = window_for(plan, self.monitor.wall_clock_s - self.now())
-        task = asyncio.ensure_future(drive(self._client, cycle(self._prompts[value]), shape, window, on_result,
-                                           retry_for(plan), id_prefix=f"{rnd}{phase[0]}{step}-"))
+        flag = self._stop_flag = asyncio.Event()
+        id_prefix = f"{rnd}{phase[0]}{step}-"
+        if self._pool is not None:
+            coro = self._pool.drive(self._prompts[value], shape, window, on_result, retry_for(plan), id_prefix,
+                                    stop=flag, prompts_key=value)
+        else:
+            assert self._client is not None
+            coro = drive(self._client, cycle(self._prompts[value]), shape, window, on_result, retry_for(plan),
+                         id_prefix=id_prefix, stop=flag)
+        task = asyncio.ensure_future(coro)
         self._window_task = task
         try:
             await asyncio.wait({task})
@@ -276,38 +304,57 @@ class Runner:
             raise
         finally:
             self._window_task = None
+            self._stop_flag = None
+            self._flush_records(stats)
         if self._abort is not None:
             raise _Stopped  # not even a ramp goes on once the run cannot be stored
-        lag_p99 = None
+        lag_p99, lag = None, []
         if not task.cancelled():
             outcome = task.result()  # a bug in the driver surfaces here as a failed run
             lag_p99 = outcome.lag_p99_ms
+            lag = self._client_lag(outcome)
+        saturated = [w for w in lag if w["saturated"]]
         p50, p95 = stats.p(0.5), stats.p(0.95)
         self.emit("phase_end", f"round {rnd}/{self.rounds} {phase}" + (f" step {step}" if step else "")
                   + f": {stats.requests} requests, {stats.errors} errors"
                   + (f", P95 {p95:.0f} ms" if p95 is not None else ""),
                   {"variable": var, "value": value, "requests": stats.requests, "errors": stats.errors,
-                   "p50_e2e_ms": p50, "p95_e2e_ms": p95, "dispatch_lag_p99_ms": lag_p99})
-        if lag_p99 is not None and lag_p99 > plan.load.lag_warn_ms:
-            self.emit("warning", f"the load generator fell behind in round {rnd} {phase}: dispatch lag P99 "
-                      f"{lag_p99:.1f} ms > {plan.load.lag_warn_ms:g} ms (latencies from the scheduled time "
-                      "still count it; the offered load was lower than planned)", {"dispatch_lag_p99_ms": lag_p99})
+                   "p50_e2e_ms": p50, "p95_e2e_ms": p95, "dispatch_lag_p99_ms": lag_p99,
+                   "client_saturated": bool(saturated), "client_lag": lag})
+        for w in saturated:
+            self.emit("warning", f"the load generator fell behind in round {rnd} {phase}"
+                      + (f" step {step}" if step else "") + f": {w['name']} saturated (dispatch lag P99 "
+                      f"{w['dispatch_lag_p99_ms']:.1f} ms, event-loop lag P99 {w['loop_lag_p99_ms']:.1f} ms > "
+                      f"{plan.load.lag_warn_ms:g} ms); this window's latencies include the client's own lag "
+                      "(latencies from the scheduled time still count it; the offered load was lower than planned"
+                      + ("" if self.workers > 1 else "; more load workers: --workers") + ")",
+                      {"dispatch_lag_p99_ms": w["dispatch_lag_p99_ms"], "loop_lag_p99_ms": w["loop_lag_p99_ms"],
+                       "worker": w["worker"], "pid": w["pid"], "client_saturated": True})
         return StepOutcome(step, value, stats.requests, stats.errors, p95, self.stop)
 
+    def _client_lag(self, outcome: WindowOutcome) -> list[dict[str, Any]]:
+        """The load generator's self-check, per worker: did it keep up with its schedule and its tokens?"""
+        warn = self.plan.load.lag_warn_ms
+        if self._pool is not None:
+            views = [(f"load worker {r.worker} of {self.workers} (pid {r.pid})", r.worker, r.pid, r.outcome)
+                     for r in self._pool.reports]
+        else:
+            views = [(f"the load client (pid {os.getpid()})", 0, os.getpid(), outcome)]
+        return [{"name": name, "worker": idx, "pid": pid, "dispatch_lag_p99_ms": round(o.lag_p99_ms, 3),
+                 "loop_lag_p99_ms": round(o.loop_lag_p99_ms, 3), "loop_lag_max_ms": round(o.loop_lag_max_ms, 3),
+                 "saturated": o.lag_p99_ms > warn or o.loop_lag_p99_ms > warn}
+                for name, idx, pid, o in views]
+
     # -- inputs from the load and the samplers --------------------------------------------------
-    def _on_request(self, res: RequestResult, rnd: int, phase: str, step: int, value: float,
-                    stats: _WindowStats) -> None:
+    # Past this many results a window's records are built and handed to the store mid-window
+    # (memory); below it, after the window, so no record is built or written while tokens are timed.
+    PENDING_MAX = 20_000
+
+    def _on_request(self, res: RequestResult, stats: _WindowStats) -> None:
         t0, ok = self.t0, res.ok
-        rec = _request_record(
-            run_id=self.run_id, round=rnd, phase=phase, step=step, step_value=value,
-            request_id=res.request_id, attempt=res.attempt, scheduled_s=res.scheduled_at - t0,
-            sent_s=res.sent_at - t0, first_token_s=None if res.first_token_at is None else res.first_token_at - t0,
-            end_s=res.end_at - t0, ttft_ms=res.ttft_ms, tpot_ms=res.tpot_ms,
-            e2e_ms=res.e2e_ms if ok else None, e2e_from_scheduled_ms=res.e2e_from_scheduled_ms if ok else None,
-            ttft_from_scheduled_ms=res.ttft_from_scheduled_ms, dispatch_lag_ms=res.dispatch_lag_ms,
-            itl_ms=res.itl_ms, prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens,
-            status_code=res.status_code, error_class=res.error_class, error=res.error)
-        self.hook.fire(Event("request", rec.end_s or 0.0, rnd, phase, step, payload=rec))
+        stats.results.append(res)
+        if len(stats.results) >= self.PENDING_MAX:
+            self._flush_records(stats)
         if res.error_class != "cancelled":
             stats.requests += 1
             self._totals[0] += 1
@@ -316,9 +363,31 @@ class Runner:
             else:
                 stats.errors += 1
                 self._totals[1] += 1
+                if res.error_class == "http_4xx" and res.error:
+                    self._last_4xx = res.error
         self.monitor.on_request(res.end_at - t0, ok, res.error_class, res.e2e_from_scheduled_ms, res.error)
         if not ok:
             self._check()
+
+    def _flush_records(self, stats: _WindowStats) -> None:
+        """Turn the window's results into records and hand them to the store writer, in one go."""
+        results, stats.results = stats.results, []
+        rnd, phase, step, value = stats.where
+        t0, run_id, fire = self.t0, self.run_id, self.hook.fire
+        for res in results:
+            ok = res.ok
+            rec = _request_record(
+                run_id=run_id, round=rnd, phase=phase, step=step, step_value=value,
+                request_id=res.request_id, attempt=res.attempt, scheduled_s=res.scheduled_at - t0,
+                sent_s=res.sent_at - t0,
+                first_token_s=None if res.first_token_at is None else res.first_token_at - t0,
+                end_s=res.end_at - t0, ttft_ms=res.ttft_ms, tpot_ms=res.tpot_ms,
+                e2e_ms=res.e2e_ms if ok else None, e2e_from_scheduled_ms=res.e2e_from_scheduled_ms if ok else None,
+                ttft_from_scheduled_ms=res.ttft_from_scheduled_ms, dispatch_lag_ms=res.dispatch_lag_ms,
+                itl_ms=res.itl_ms, prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens,
+                output_tokens_source=res.output_tokens_source, reasoning_tokens=res.reasoning_tokens,
+                status_code=res.status_code, error_class=res.error_class, error=res.error)
+            fire(Event("request", rec.end_s or 0.0, rnd, phase, step, payload=rec))
 
     def _on_samples(self, samples: list[Sample]) -> None:
         recs = []
@@ -341,11 +410,14 @@ class Runner:
         """Stop now: record why and cancel the running window (drills call this for OOM too)."""
         if self.stop is not None:
             return
+        if reason.condition == "error_rate" and self._last_4xx:
+            # The server's own words for the 4xx behind the error rate: console, run row, every report.
+            reason = dataclasses.replace(reason, message=f"{reason.message}; the server said: {self._last_4xx}")
         self.stop = reason
+        if self._stop_flag is not None:
+            self._stop_flag.set()  # every loop, in every worker, sends nothing more from here on
         self.emit("stop_condition", reason.message,
                   {"condition": reason.condition, "value": reason.value, "threshold": reason.threshold})
-        if self._window_task is not None:
-            self._window_task.cancel()
 
     def abort(self, reason: str) -> None:
         """Fail the run now (the store writer calls this when the store refuses its rows): the load

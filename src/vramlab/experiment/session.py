@@ -20,6 +20,7 @@ from vramlab.errors import ConfigError, VramlabError
 from vramlab.experiment.events import Event, EventHook
 from vramlab.experiment.plan import Plan, load_plan
 from vramlab.experiment.runner import Runner, RunOptions, RunResult
+from vramlab.records.store import Store
 
 
 @dataclass(frozen=True)
@@ -97,29 +98,75 @@ async def _run_with_signals(runner: Runner, recorder: Any = None) -> RunResult:
 
 
 def _event_loop_runner() -> Callable[[Any], Any]:
-    """uvloop where it is installed (about 1.4x the request rate per core), else asyncio."""
+    from vramlab.load.workers import event_loop_runner
+
+    return event_loop_runner()  # type: ignore[no-any-return]
+
+
+def check_reachable(plan: Plan, timeout_s: float = 5.0) -> None:
+    """Refuse (ConfigError: one line, exit 2) before anything is stored when nothing answers at the
+    target's address. Any HTTP answer counts as reachable (a 401 or 404 is the endpoint's to give)."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from vramlab.experiment.wiring import _root
+
+    tg = plan.target
+    parts = urllib.parse.urlsplit(tg.health_url or _root(tg.url) + "/health")
+    # urllib would take user:password@ for part of the host name; any answer (a 401 too) will do here.
+    url = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
     try:
-        import uvloop
+        with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=timeout_s):
+            return
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        why = getattr(exc, "reason", None) or exc
+        hint = ("start the server first, or give target: {kind: sim, sim: {gpu: ...}} to let vramlab start a "
+                "rehearsal server" if tg.sim is None else "the run's own sim stopped answering")
+        raise ConfigError(f"target {tg.url} is not reachable ({getattr(why, 'strerror', None) or why}); nothing "
+                          f"was stored; {hint}") from None
 
-        return uvloop.run  # type: ignore[no-any-return]
-    except ImportError:
-        return asyncio.run
 
-
-def run_plan(plan: Plan, *, plan_dir: Path, db: str | None = None, rounds: int | None = None,
+def run_plan(plan: Plan, *, plan_dir: Path, open_store: Callable[[], Store], rounds: int | None = None,
              allow_production: bool = False, subscribers: list[Callable[[Event], None]] | None = None,
-             options: RunOptions | None = None) -> SessionResult:
-    from vramlab.experiment.recorder import StoreRecorder
-    from vramlab.store import open_store
-
+             options: RunOptions | None = None,
+             start_sim: Callable[[Plan, str], tuple[Plan, Any]] | None = None) -> SessionResult:
+    """Run *plan* into the store *open_store* opens (after the checks: a refused plan, or one whose
+    target does not answer, touches no store); the store is closed when the run ends. The caller
+    picks the store (`vramlab run`: `vramlab.store.open_store(--db)`), so this package depends on
+    the `Store` port only. A plan with `target.sim` gets its own rehearsal server for the run from
+    *start_sim* (the CLI's `vramlab.cli.run.start_own_sim`: this package does not import the sim)."""
     check_target(plan, allow_production)
+    if plan.target.sim is None or plan.target.base_url is not None:
+        check_reachable(plan)
+        return _run_checked(plan, plan_dir=plan_dir, open_store=open_store, rounds=rounds, subscribers=subscribers, options=options)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="vramlab-run-sim-") as tmp:
+        if start_sim is None:
+            raise ConfigError("target.sim: this caller cannot start a rehearsal server; give target.base_url")
+        own, sim = start_sim(plan, tmp)
+        try:
+            check_reachable(own)
+            return _run_checked(own, plan_dir=plan_dir, open_store=open_store, rounds=rounds, subscribers=subscribers,
+                                options=options)
+        finally:
+            sim.stop()
+
+
+def _run_checked(plan: Plan, *, plan_dir: Path, open_store: Callable[[], Store], rounds: int | None,
+                 subscribers: list[Callable[[Event], None]] | None, options: RunOptions | None) -> SessionResult:
+    from vramlab.experiment.recorder import StoreRecorder
+
     opts = options or RunOptions()
     opts.api_key = api_key_for(plan)
     opts.rounds = rounds if rounds is not None else opts.rounds
     opts.base_dir = plan_dir
     if opts.rounds is not None and opts.rounds < 1:
         raise ConfigError("--rounds must be at least 1")
-    store = open_store(db)
+    store = open_store()
     try:
         hook = EventHook()
         recorder = StoreRecorder(store)
@@ -151,6 +198,14 @@ def run_plan(plan: Plan, *, plan_dir: Path, db: str | None = None, rounds: int |
         store.close()
 
 
-def run_plan_file(path: str | Path, **kw: Any) -> SessionResult:
+def run_plan_file(path: str | Path, phase_s: float | None = None, **kw: Any) -> SessionResult:
     plan = load_plan(path)
+    if phase_s is not None:
+        if phase_s <= 0:
+            raise ConfigError("--phase-s must be positive")
+        doc = plan.model_dump(mode="json")
+        doc["phases"]["duration_s"] = phase_s
+        doc["phases"].pop("requests", None)
+        doc["phases"]["drain_s"] = min(doc["phases"]["drain_s"], phase_s)
+        plan = Plan.model_validate(doc)
     return run_plan(plan, plan_dir=Path(path).resolve().parent, **kw)

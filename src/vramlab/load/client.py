@@ -4,6 +4,12 @@ Times are ``time.perf_counter()`` values; the caller turns them into run-relativ
 and end-to-end latency are measured twice: from the actual send and from the scheduled send, so a
 stalled server or a client that fell behind cannot hide its delay (coordinated omission, vLLM #54101,
 GuideLLM #1048). Only the last token chunk ends the generation: a trailing usage chunk does not.
+
+Accounting: a token is a chunk with non-empty ``content`` (chat), ``text`` (completions), or, from
+reasoning models, ``reasoning_content`` / ``reasoning`` (vLLM, SGLang): the first of any kind is the
+first token. Output tokens are the server's ``usage`` when it sends one, else the counted chunks
+(``output_tokens_source: chunks``, an estimate: a chunk may carry several tokens). An empty
+completion (a finish_reason or ``[DONE]`` and no text) is a success with 0 tokens.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ class RequestResult:
     error_class: str | None = None
     error: str | None = None
     prompt_tokens: int | None = None
-    output_tokens: int | None = None
+    output_tokens: int | None = None  # content and reasoning together
+    output_tokens_source: str | None = None  # "usage" (the server's count) | "chunks" (counted: an estimate)
+    reasoning_tokens: int | None = None  # of output_tokens: usage's reasoning_tokens, else reasoning chunks
 
     @property
     def ok(self) -> bool:
@@ -76,11 +84,14 @@ class RequestResult:
 @dataclass
 class _Stream:
     first: float | None = None
-    times: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # every token chunk, content or reasoning
+    reasoning: int = 0  # how many of them carried reasoning (reasoning_content / reasoning), not content
     usage_out: int | None = None
     usage_in: int | None = None
+    usage_reasoning: int | None = None
     error: str | None = None
-    done: bool = False
+    done: bool = False  # [DONE] seen
+    finished: bool = False  # a choice carried a finish_reason
 
 
 def _classify_status(status: int, text: str) -> str:
@@ -90,29 +101,60 @@ def _classify_status(status: int, text: str) -> str:
     return "http_4xx" if 400 <= status < 500 else "http_5xx"
 
 
-def _token_piece(payload: bytes, key: bytes) -> bool | None:
-    """Does a plain token chunk carry text? None when it is not plain: then the caller parses it.
+_CONTENT, _REASONING = 1, 2
+_REASONING_KEYS = (b'"reasoning_content":', b'"reasoning":')
 
-    Parsing JSON for every token is most of the client's cost per token on long streams, and all a
-    token chunk tells us is "a token arrived now". A chunk is plain when it is one JSON object with
-    exactly one ``"content":`` (chat, in a delta) or ``"text":`` (completions) key and no usage or error: the
-    value right after the key is then the piece, a non-empty string unless it is ``""`` or ``null``.
-    Anything else (usage, errors, tool calls, several choices, garbage) takes the full parse.
-    """
-    if not (payload.startswith(b"{") and payload.endswith(b"}")):
-        return None
+
+def _has_text(payload: bytes, key: bytes) -> bool | None:
+    """Is ``key`` there once with a non-empty string after it? False when absent, ``""`` or null;
+    None when it is there twice or its value is not a plain string or null (the caller parses)."""
     i = payload.find(key)
-    if i < 0 or payload.find(key, i + 1) >= 0 or b'"usage"' in payload or b'"error"' in payload:
-        return None
-    if key == b'"content":' and b'"delta"' not in payload:
-        return None  # chat text counts only inside a delta
+    if i < 0:
+        return False
     j = i + len(key)
+    if payload.find(key, j) >= 0:
+        return None
     while payload[j:j + 1] == b" ":
         j += 1
     head = payload[j:j + 2]
     if head[:1] == b'"':
         return head != b'""'
     return False if payload.startswith(b"null", j) else None
+
+
+def _token_piece(payload: bytes, key: bytes) -> int | None:
+    """Is this a plain token chunk, and of what? ``_CONTENT`` or ``_REASONING``; None: the caller parses.
+
+    Parsing JSON for every token is most of the client's cost per token on long streams, and all a
+    token chunk tells us is "a token arrived now" (and whether it was reasoning). A chunk is plain
+    when it is one JSON object with no usage or error and exactly one ``"content":`` (chat, in a
+    delta) or ``"text":`` (completions) key holding a non-empty string, or, in chat, an empty or
+    null content and exactly one non-empty ``"reasoning_content":`` / ``"reasoning":`` (vLLM,
+    SGLang with a reasoning parser). Anything else (the role chunk, the final chunk with its
+    finish_reason, usage, errors, tool calls, several choices, garbage) takes the full parse: a
+    few chunks per request.
+    """
+    if not (payload.startswith(b"{") and payload.endswith(b"}")):
+        return None
+    if b'"usage"' in payload or b'"error"' in payload:
+        return None
+    if key == b'"content":' and b'"delta"' not in payload:
+        return None  # chat text counts only inside a delta
+    has = _has_text(payload, key)
+    if has is None:
+        return None
+    if key != b'"content":' or b'"reasoning' not in payload:
+        return _CONTENT if has else None
+    reasoning = False
+    for rk in _REASONING_KEYS:
+        h = _has_text(payload, rk)
+        if h is None:
+            return None
+        reasoning = reasoning or h
+    if has:
+        # content and reasoning in one chunk: which choice came first decides; parse (rare)
+        return None if reasoning else _CONTENT
+    return _REASONING if reasoning else None
 
 
 def _short(text: str, n: int = 200) -> str:
@@ -207,8 +249,10 @@ class OpenAIClient:
                     if st.error is not None:
                         err_class = "oom" if any(m in st.error.lower() for m in _OOM_MARKERS) else "stream_broken"
                         err = _short(st.error)
-                    elif st.first is None:
-                        err_class, err = "stream_broken", "the stream ended without a token"
+                    elif st.first is None and not (st.done or st.finished):
+                        # An empty completion (finish_reason "stop" at once, or [DONE]) is a success
+                        # with 0 tokens; a stream that just ends, with neither, is broken.
+                        err_class, err = "stream_broken", "the stream ended without a token or a finish_reason"
         except asyncio.TimeoutError:  # aiohttp's timeouts subclass it; on 3.10 it is not the builtin
             err_class, err = "timeout", f"no complete answer within {self.timeout_s:g} s"
         except asyncio.CancelledError:
@@ -222,78 +266,113 @@ class OpenAIClient:
         if err is not None and self._api_key:
             err = err.replace(self._api_key, "***")  # a server may echo the key back; it is never stored
         end = st.times[-1] if (st.times and err_class is None) else pc()
+        if st.usage_out is not None:
+            out, source = st.usage_out, "usage"
+        elif st.times or err_class is None:
+            out, source = len(st.times), "chunks"  # an estimate: a chunk may carry several tokens
+        else:
+            out, source = None, None
+        reasoning = st.usage_reasoning if st.usage_reasoning is not None else (st.reasoning or None)
         return RequestResult(
             request_id=request_id, attempt=attempt, scheduled_at=scheduled_at, sent_at=sent, end_at=end,
             first_token_at=st.first, token_times=tuple(st.times), status_code=status,
             error_class=err_class, error=err, prompt_tokens=st.usage_in or prompt.prompt_tokens,
-            output_tokens=st.usage_out if st.usage_out is not None else (len(st.times) if st.times else None),
+            output_tokens=out, output_tokens_source=source, reasoning_tokens=reasoning,
         )
 
     async def _read_stream(self, resp: Any, st: _Stream) -> None:
         pc = time.perf_counter
+        event = self._event
         buf = b""
         async for chunk in resp.content.iter_any():
             now = pc()
-            buf += chunk
-            while True:
-                # Events end with a blank line; servers use \n\n, some proxies \r\n\r\n.
-                i = buf.find(b"\n\n")
-                j = buf.find(b"\r\n\r\n")
-                if i < 0 and j < 0:
-                    break
-                if j >= 0 and (i < 0 or j < i):
-                    event, buf = buf[:j], buf[j + 4:]
-                else:
-                    event, buf = buf[:i], buf[i + 2:]
-                self._event(event, now, st)
+            if buf:
+                chunk = buf + chunk
+            if b"\r" in chunk:  # events end with a blank line: \n\n, or \r\n\r\n from some proxies
+                chunk = chunk.replace(b"\r\n", b"\n")
+            if b"\n\n" not in chunk:
+                buf = chunk
+                continue
+            *events, buf = chunk.split(b"\n\n")
+            for ev in events:
+                event(ev, now, st)
                 if st.done:
                     return
         if buf.strip():
-            self._event(buf, pc(), st)
+            event(buf, pc(), st)
 
     def _event(self, event: bytes, now: float, st: _Stream) -> None:
-        for line in event.splitlines():
+        if event.startswith(b"data: ") and b"\n" not in event:
+            lines: Any = (event,)  # the usual event: one data line
+        else:
+            lines = event.splitlines()
+        for line in lines:
             if not line.startswith(b"data:"):
                 continue  # ": ping" comments, event:/id: fields
             payload = line[5:].strip()
+            kind = _token_piece(payload, self._piece_key)
+            if kind is not None:  # a plain token chunk, judged without parsing it (see _token_piece)
+                if st.first is None:
+                    st.first = now
+                st.times.append(now)
+                if kind == _REASONING:
+                    st.reasoning += 1
+                if b'"finish_reason":"' in payload or b'"finish_reason": "' in payload:
+                    st.finished = True
+                continue
             if payload == b"[DONE]":
                 st.done = True
                 return
-            has = _token_piece(payload, self._piece_key)
-            if has is not None:  # a plain token chunk, judged without parsing it (see _token_piece)
-                if has:
-                    if st.first is None:
-                        st.first = now
-                    st.times.append(now)
-                continue
-            try:
-                obj = json.loads(payload)
-            except ValueError:
-                st.error = f"garbage in the stream: {payload[:80]!r}"
-                st.done = True
+            self._parse(payload, now, st)
+            if st.error is not None:
                 return
-            if not isinstance(obj, dict):
+
+    def _parse(self, payload: bytes, now: float, st: _Stream) -> None:
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            st.error = f"garbage in the stream: {payload[:80]!r}"
+            st.done = True
+            return
+        if not isinstance(obj, dict):
+            return
+        if "error" in obj:
+            e = obj["error"]
+            st.error = str(e.get("message", e) if isinstance(e, dict) else e)
+            st.done = True
+            return
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            if isinstance(usage.get("completion_tokens"), int):
+                st.usage_out = usage["completion_tokens"]
+            if isinstance(usage.get("prompt_tokens"), int):
+                st.usage_in = usage["prompt_tokens"]
+            details = usage.get("completion_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("reasoning_tokens"), int):
+                st.usage_reasoning = details["reasoning_tokens"]
+        choices = obj.get("choices") or ()
+        if not isinstance(choices, list):
+            return
+        counted = False
+        for ch in choices:
+            if not isinstance(ch, dict):
                 continue
-            if "error" in obj:
-                e = obj["error"]
-                st.error = str(e.get("message", e) if isinstance(e, dict) else e)
-                st.done = True
-                return
-            usage = obj.get("usage")
-            if isinstance(usage, dict):
-                if isinstance(usage.get("completion_tokens"), int):
-                    st.usage_out = usage["completion_tokens"]
-                if isinstance(usage.get("prompt_tokens"), int):
-                    st.usage_in = usage["prompt_tokens"]
-            choices = obj.get("choices")
-            for ch in choices if isinstance(choices, list) else ():
-                if not isinstance(ch, dict):
-                    continue  # a malformed choice is not a token (fuzzed: {"choices": [null]})
+            if ch.get("finish_reason") is not None:
+                st.finished = True
+            if counted:
+                continue
+            if self.api == "openai-completions":
+                piece, reasoning = ch.get("text"), None
+            else:
                 delta = ch.get("delta")
-                piece = ch.get("text") if self.api == "openai-completions" else (
-                    delta.get("content") if isinstance(delta, dict) else None)
-                if piece:
-                    if st.first is None:
-                        st.first = now
-                    st.times.append(now)
-                    break
+                if not isinstance(delta, dict):
+                    continue
+                piece = delta.get("content")
+                reasoning = None if piece else (delta.get("reasoning_content") or delta.get("reasoning"))
+            if piece or reasoning:
+                if st.first is None:
+                    st.first = now
+                st.times.append(now)
+                if not piece:
+                    st.reasoning += 1
+                counted = True

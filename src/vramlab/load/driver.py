@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import math
 import random
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -23,6 +22,7 @@ from vramlab.load.arrivals import Arrival, gaps
 from vramlab.load.client import RequestResult
 from vramlab.load.prompts import Prompt
 from vramlab.load.retry import RetryPolicy
+from vramlab.records.stats import percentile
 
 
 class Sender(Protocol):
@@ -39,6 +39,7 @@ class LoadShape:
     burstiness: float = 1.0
     seed: int = 0
     max_tokens: int | None = None  # overrides each prompt's own output length
+    error_backoff: bool = True  # closed loop: a user whose request failed waits (the plan's back-off)
 
 
 @dataclass(frozen=True)
@@ -53,15 +54,14 @@ class Window:
 class WindowOutcome:
     sent: int
     elapsed_s: float
-    lag_p99_ms: float
+    lag_p99_ms: float  # dispatch lag: how late requests went out against the schedule
     lag_max_ms: float
+    loop_lag_p99_ms: float = 0.0  # the self-check: how late the event loop woke for a 20 ms timer
+    loop_lag_max_ms: float = 0.0
+    stopped: bool = False  # the stop flag ended the window
 
 
-def _p99(values: list[float]) -> float:
-    if not values:
-        return 0.0
-    s = sorted(values)
-    return s[min(len(s) - 1, math.ceil(0.99 * len(s)) - 1)]
+LOOP_TICK_S = 0.02
 
 
 def _settle_gc() -> None:
@@ -78,6 +78,22 @@ def _settle_gc() -> None:
     gc.freeze()
 
 
+async def _loop_lag(samples: list[float]) -> None:
+    """The load generator's self-check: a timer that should fire every LOOP_TICK_S; how late it
+    fires is how long a token that arrived meanwhile waited to be timed (the client's own lag)."""
+    pc, sleep = time.perf_counter, asyncio.sleep
+    while True:
+        t = pc()
+        await sleep(LOOP_TICK_S)
+        samples.append((pc() - t - LOOP_TICK_S) * 1000)
+
+
+def shard_share(total: int, shard: tuple[int, int]) -> int:
+    """Worker ``shard[0]`` of ``shard[1]``'s part of ``total`` (users, a cap, a request count)."""
+    i, n = shard
+    return total // n + (1 if i < total % n else 0)
+
+
 async def drive(
     sender: Sender,
     prompts: Iterator[Prompt],
@@ -86,19 +102,33 @@ async def drive(
     on_result: Callable[[RequestResult], None],
     retry: RetryPolicy = RetryPolicy(),
     id_prefix: str = "r",
+    stop: asyncio.Event | None = None,
+    shard: tuple[int, int] = (0, 1),
+    start_at: float | None = None,
 ) -> WindowOutcome:
+    """Run one window. ``stop``: once set, no loop sends another request and the in-flight ones are
+    cancelled (recorded as such) at once. ``shard``: (i, n), this process's part of a load split
+    over n worker processes: the one schedule (arrival k goes to worker k mod n, with its global
+    scheduled time), users and caps shared out; ``start_at``: the perf_counter time the schedule
+    starts (the same in every worker; perf_counter is the system's monotonic clock)."""
     _settle_gc()
     pc = time.perf_counter
-    start = pc()
+    if start_at is not None and start_at > pc():
+        await asyncio.sleep(start_at - pc())
+    start = start_at if start_at is not None else pc()
     span = window.duration_s if window.duration_s is not None else window.max_s
     deadline = start + min(span, window.max_s)
     limit = window.requests if window.requests is not None else 2**62
+    stop = stop if stop is not None else asyncio.Event()
     lags: list[float] = []
-    rng = random.Random(shape.seed)
+    loop_lags: list[float] = []
+    rng = random.Random(shape.seed * 7919 + shard[0])
     inflight: set[asyncio.Task[None]] = set()
     sent = 0
+    index, nshards = shard
 
-    async def one(rid: str, prompt: Prompt, scheduled: float) -> None:
+    async def one(rid: str, prompt: Prompt, scheduled: float) -> bool:
+        """Send, retrying as the policy says; True when the last attempt succeeded."""
         max_tokens = shape.max_tokens or prompt.output_tokens
         attempt = 0
         while True:
@@ -112,37 +142,43 @@ async def drive(
                                         prompt_tokens=prompt.prompt_tokens))
                 raise
             on_result(res)
-            if not retry.should_retry(attempt, res.status_code, res.error_class):
-                return
+            if stop.is_set() or not retry.should_retry(attempt, res.status_code, res.error_class):
+                return res.ok
             delay = retry.delay_s(attempt, rng)
             if delay:
                 await asyncio.sleep(delay)
+            if stop.is_set():
+                return False
             attempt += 1
 
-    def spawn(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    def spawn(coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         inflight.add(task)
         task.add_done_callback(inflight.discard)
         return task
 
-    try:
-        if shape.mode == "open":
-            if not shape.request_rate:
-                raise ValueError("an open loop needs a request rate")
-            sem = asyncio.Semaphore(shape.concurrency)
-            g = gaps(shape.request_rate, shape.arrival, shape.burstiness, shape.seed)
-            next_t = start
+    async def open_loop() -> None:
+        nonlocal sent
+        if not shape.request_rate:
+            raise ValueError("an open loop needs a request rate")
+        sem = asyncio.Semaphore(max(1, shape.concurrency))
+        g = gaps(shape.request_rate, shape.arrival, shape.burstiness, shape.seed)
+        next_t, k = start, 0
 
-            async def gated(rid: str, prompt: Prompt, scheduled: float) -> None:
-                try:
-                    await one(rid, prompt, scheduled)
-                finally:
-                    sem.release()
+        async def gated(rid: str, prompt: Prompt, scheduled: float) -> None:
+            try:
+                await one(rid, prompt, scheduled)
+            finally:
+                sem.release()
 
-            while sent < limit and next_t < deadline:
+        while k < limit and next_t < deadline and not stop.is_set():
+            prompt = next(prompts)  # every arrival draws its prompt: the sequence is the one schedule's
+            if k % nshards == index:
                 delay = next_t - pc()
                 if delay > 0:
                     await asyncio.sleep(delay)
+                if stop.is_set():
+                    break
                 if sem.locked():
                     # The cap is full: wait for a slot, but not past the window's end.
                     try:
@@ -151,36 +187,72 @@ async def drive(
                         break
                 else:
                     await sem.acquire()
+                if stop.is_set():
+                    sem.release()
+                    break
                 lags.append((pc() - next_t) * 1000)
-                spawn(gated(f"{id_prefix}{sent}", next(prompts), next_t))
+                spawn(gated(f"{id_prefix}{k}", prompt, next_t))
                 sent += 1
-                next_t += next(g)
+            k += 1
+            next_t += next(g)
+
+    counter = [0]
+    my_limit = [shard_share(limit, shard) if limit < 2**62 else limit]
+
+    async def user() -> None:
+        ready = start
+        fails = 0
+        while counter[0] < my_limit[0] and pc() < deadline and not stop.is_set():
+            c = counter[0]
+            counter[0] += 1
+            rid = f"{id_prefix}{c * nshards + index}"
+            lags.append((pc() - ready) * 1000)
+            ok = await one(rid, next(prompts), ready)
+            if not ok and shape.error_backoff and not stop.is_set():
+                # A user whose request failed waits before the next one (the plan's back-off),
+                # as a person would: resubmitting in microseconds after a refused connection
+                # is a retry storm the client made, not the server (#11).
+                fails += 1
+                await asyncio.sleep(min(max(0.0, deadline - pc()), retry.user_backoff_s(fails, rng)))
+            elif ok:
+                fails = 0
+            ready = pc()
+
+    ticker = asyncio.ensure_future(_loop_lag(loop_lags))
+    stop_wait = asyncio.ensure_future(stop.wait())
+    try:
+        if shape.mode == "open":
+            body = asyncio.ensure_future(open_loop())
         else:
-            counter = [0]
+            users = [spawn(user()) for _ in range(shard_share(shape.concurrency, shard))]
 
-            async def user() -> None:
-                ready = pc()
-                while counter[0] < limit and pc() < deadline:
-                    counter[0] += 1
-                    rid = f"{id_prefix}{counter[0] - 1}"
-                    lags.append((pc() - ready) * 1000)
-                    await one(rid, next(prompts), ready)
-                    ready = pc()
+            async def closed_loop() -> None:
+                if users:
+                    await asyncio.wait(users, timeout=max(0.0, deadline - pc()))
 
-            users = [spawn(user()) for _ in range(shape.concurrency)]
-            await asyncio.wait(users, timeout=max(0.0, deadline - pc()))
+            body = asyncio.ensure_future(closed_loop())
+        await asyncio.wait({body, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if not body.done():
+            body.cancel()
+            await asyncio.gather(body, return_exceptions=True)
+        elif body.exception() is not None:
+            raise body.exception()  # type: ignore[misc]
+        if shape.mode != "open":
             sent = counter[0]
         # The window is over: in-flight requests may finish within drain_s, then they are cancelled.
-        if inflight:
-            if shape.mode == "closed":
-                # Users must not start new requests while draining.
-                limit = 0
-            await asyncio.wait(set(inflight), timeout=window.drain_s)
+        # A fired stop does not wait: the load stops at once.
+        if inflight and not stop.is_set():
+            my_limit[0] = 0  # closed-loop users start nothing new while draining
+            drain = asyncio.ensure_future(asyncio.wait(set(inflight), timeout=window.drain_s))
+            await asyncio.wait({drain, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            drain.cancel()
+            await asyncio.gather(drain, return_exceptions=True)
     finally:
         pending = set(inflight)
-        for t in pending:
+        for t in (*pending, ticker, stop_wait):
             t.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(*pending, ticker, stop_wait, return_exceptions=True)
         gc.unfreeze()  # frozen only for the window: what dies later is still collected
-    return WindowOutcome(sent=sent, elapsed_s=pc() - start, lag_p99_ms=_p99(lags), lag_max_ms=max(lags, default=0.0))
+    return WindowOutcome(sent=sent, elapsed_s=pc() - start, lag_p99_ms=percentile(lags, 99) if lags else 0.0, lag_max_ms=max(lags, default=0.0),
+                         loop_lag_p99_ms=percentile(loop_lags, 99) if loop_lags else 0.0, loop_lag_max_ms=max(loop_lags, default=0.0),
+                         stopped=stop.is_set())

@@ -25,9 +25,14 @@ class StubBehaviour:
     midstream_error: str | None = None  # sent as an error event after the first token
     garbage: bool = False
     usage: bool = True
+    reasoning_tokens: int = 0  # the first N tokens are reasoning (a reasoning model), sent under reasoning_key
+    reasoning_key: str = "reasoning_content"
+    empty_completion: bool = False  # finish_reason "stop" at once, no text
+    send_done: bool = True  # end with data: [DONE]
     api_key: str | None = None
     metrics_text: str = ""
     health_status: int = 200
+    reject_fields: tuple[str, ...] = ()  # answer 422 naming them, as a strict OpenAI-compatible server does
     seen: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -99,6 +104,9 @@ class StubServer:
             return web.json_response({"error": {"message": "bad key"}}, status=401)
         if b.fail_status is not None:
             return web.Response(status=b.fail_status, text=b.fail_body, content_type="application/json")
+        extra = {f for f in b.reject_fields if f in body}
+        if extra:
+            return web.json_response({"error": {"message": f"Unexpected fields in the request: {extra}"}}, status=422)
         try:
             return await self._stream(request, body)
         except ConnectionError:  # the client went away (a cancelled window); nothing to answer
@@ -118,18 +126,31 @@ class StubServer:
             await resp.write(b"data: this is not json\n\n")
             await resp.write_eof()
             return resp
+        if b.empty_completion:
+            n = 0
+            fin = {"index": 0, "delta": {}, "finish_reason": "stop"} if chat else {"index": 0, "text": "",
+                                                                                    "finish_reason": "stop"}
+            await resp.write(b"data: " + json.dumps({"choices": [fin]}).encode() + b"\n\n")
         for i in range(n):
             if i and b.token_s:
                 await asyncio.sleep(b.token_s)
-            choice = {"index": 0, "delta": {"content": f" t{i}"}} if chat else {"index": 0, "text": f" t{i}"}
+            if chat and i < b.reasoning_tokens:
+                choice: dict[str, Any] = {"index": 0, "delta": {b.reasoning_key: f" r{i}", "content": None}}
+            elif chat:
+                choice = {"index": 0, "delta": {"content": f" t{i}"}}
+            else:
+                choice = {"index": 0, "text": f" t{i}"}
             await resp.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
             if i == 0 and b.midstream_error:
                 await resp.write(b"data: " + json.dumps({"error": {"message": b.midstream_error}}).encode() + b"\n\n")
                 await resp.write_eof()
                 return resp
         if b.usage:
-            usage = {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": n + 5}
+            usage: dict[str, Any] = {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": n + 5}
+            if b.reasoning_tokens:
+                usage["completion_tokens_details"] = {"reasoning_tokens": min(n, b.reasoning_tokens)}
             await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
+        if b.send_done:
+            await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

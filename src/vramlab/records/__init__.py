@@ -37,7 +37,9 @@ RequestRecord (one per HTTP attempt)
 | ttft_from_scheduled_ms, e2e_from_scheduled_ms | float \\| None | measured from the scheduled send (coordinated omission) |
 | dispatch_lag_ms | float \\| None | sent_s - scheduled_s: how far the client fell behind |
 | itl_ms | list[float] | inter-token latencies |
-| prompt_tokens, output_tokens | int \\| None | |
+| prompt_tokens, output_tokens | int \\| None | output_tokens: content and reasoning together |
+| output_tokens_source | str \\| None | "usage" (the server's count) or "chunks" (counted stream chunks: an estimate) |
+| reasoning_tokens | int \\| None | of output_tokens, reasoning (`reasoning_content` / `reasoning` deltas; usage's reasoning_tokens when sent) |
 | status_code | int | 0 = no HTTP response |
 | error_class | str \\| None | timeout, connect, http_4xx, http_5xx, oom, stream_broken, cancelled |
 | error | str \\| None | short text, no secrets |
@@ -143,6 +145,8 @@ class RequestRecord(_Record):
     itl_ms: list[float] = Field(default_factory=list)
     prompt_tokens: int | None = None
     output_tokens: int | None = None
+    output_tokens_source: str | None = None
+    reasoning_tokens: int | None = None
     status_code: int = 0
     error_class: str | None = None
     error: str | None = None

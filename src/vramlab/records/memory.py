@@ -122,6 +122,11 @@ class MemoryStore:
             rows = list(self._events.get(run_id, []))
         return [_copy(r) for r in sorted(rows, key=lambda r: r.t_s)]
 
+    def count(self, run_id: str) -> dict[str, int]:
+        with self._lock:
+            return {"requests": len(self._requests.get(run_id, [])), "samples": len(self._samples.get(run_id, [])),
+                    "events": len(self._events.get(run_id, []))}
+
     def close(self) -> None:
         """Nothing to release; the data stays (a test may reopen and read it)."""
 

@@ -46,6 +46,10 @@ class Store(Protocol):
 
     def events(self, run_id: str) -> list[EventRecord]: ...
 
+    def count(self, run_id: str) -> dict[str, int]:
+        """Rows the store holds for a run, per table (requests, samples, events)."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -1,8 +1,11 @@
-"""Terminal and JSON rendering of `vramlab calibrate`: fitted constants, refusals, leave-one-out errors."""
+"""Terminal and JSON rendering of `vramlab calibrate`: inputs per engine era, fitted constants,
+refusals, leave-one-out errors, outliers."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from vramlab.capacity.units import gib
 
 
 def to_json(result: Any) -> dict[str, Any]:
@@ -13,15 +16,24 @@ def to_json(result: Any) -> dict[str, Any]:
         "skipped": [{"source": s, "reason": r} for s, r in result.skipped],
         "fits": [{k: v for k, v in asdict(f).items() if k not in ("residuals", "loo_predicted")} for f in result.fits],
         "attribution": result.attribution,
+        "outliers": result.outliers,
+        "eras": result.eras,
+        "fitted_any": result.fitted_any,
     }
 
 
 def _const(name: str, value: float) -> str:
-    return f"{value / (1 << 30):.3f} GiB" if name.endswith("_bytes") else f"{value:.3f}"
+    return gib(value, 3, unit=True) if name.endswith("_bytes") else f"{value:.3f}"
 
 
 def render(result: Any, output: str | None) -> str:
     out = [f"{result.observations} observations, {len(result.skipped)} skipped"]
+    if result.eras:
+        out.append("")
+        out.append(f"  {'engine era':50} {'observations':>12} {'used in fit':>11}  era")
+        for row in result.eras:
+            how = "inferred from the wording" if row["inferred"] else "printed"
+            out.append(f"  {row['era'][:50]:50} {row['observations']:>12} {row['used']:>11}  {how}")
     for f in result.fits:
         out.append("")
         out.append(f"{f.engine} {f.version_min or '?'}..{f.version_max or '?'}: {f.n_cases} observations")
@@ -41,6 +53,13 @@ def render(result: Any, output: str | None) -> str:
         out.append("")
         out.append("error attribution (default constants):")
         out.extend(f"  {line}" for line in result.attribution)
+    if result.outliers:
+        out.append("")
+        out.append("outliers (warnings):")
+        out.extend(f"  {w}" for w in result.outliers[:20])
+    if not result.fitted_any:
+        out.append("")
+        out.append("no constant was fitted: the profile would change nothing, so none is written")
     if result.skipped:
         out.append("")
         out.append("skipped:")

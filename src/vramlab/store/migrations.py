@@ -37,7 +37,27 @@ def _m2_heartbeat(conn: sa.Connection) -> None:
             conn.execute(sa.text(f"ALTER TABLE runs ADD COLUMN {name} {ddl}"))
 
 
-MIGRATIONS: list[Callable[[sa.Connection], None]] = [_m1_initial, _m2_heartbeat]
+
+def _add_missing_columns(conn: sa.Connection, table: sa.Table, names: tuple[str, ...]) -> None:
+    """ALTER TABLE ... ADD COLUMN for those of ``names`` the table lacks (a database made by
+    migration 1 of a newer vramlab already has them: migration 1 creates today's tables)."""
+    if not sa.inspect(conn).has_table(table.name):  # a partial old database: the table as it is now
+        schema.metadata.create_all(conn, tables=[table])
+        return
+    have = {c["name"] for c in sa.inspect(conn).get_columns(table.name)}
+    for name in names:
+        if name not in have:
+            col = table.c[name]
+            conn.execute(sa.text(f'ALTER TABLE {table.name} ADD COLUMN "{name}" '
+                                 f"{col.type.compile(dialect=conn.dialect)}"))
+
+
+def _m3_token_accounting(conn: sa.Connection) -> None:
+    # Output tokens' source (usage, or counted chunks: an estimate) and reasoning tokens (#11).
+    _add_missing_columns(conn, schema.requests, ("output_tokens_source", "reasoning_tokens"))
+
+
+MIGRATIONS: list[Callable[[sa.Connection], None]] = [_m1_initial, _m2_heartbeat, _m3_token_accounting]
 LATEST = len(MIGRATIONS)
 
 

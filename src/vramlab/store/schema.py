@@ -69,6 +69,8 @@ requests = sa.Table(
     sa.Column("itl_ms", sa.JSON, nullable=False),
     sa.Column("prompt_tokens", sa.Integer),
     sa.Column("output_tokens", sa.Integer),
+    sa.Column("output_tokens_source", sa.String(16)),
+    sa.Column("reasoning_tokens", sa.Integer),
     sa.Column("status_code", sa.Integer, nullable=False),
     sa.Column("error_class", sa.String(32)),
     sa.Column("error", sa.Text),
