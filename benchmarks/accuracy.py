@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Score the capacity model on real start-up measurements, beside two baselines.
 
-    python benchmarks/accuracy.py                      # ../shared/data (the development split)
+    python benchmarks/accuracy.py                      # benchmarks/data (the development split)
     python benchmarks/accuracy.py --data DIR --rows    # another split, with a per-row table
     python benchmarks/accuracy.py --json
 
@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from vramlab.capacity import GIB, EngineSettings, custom_gpu, estimate, get_gpu  # noqa: E402
+from vramlab.capacity import GIB, Constants, EngineSettings, custom_gpu, estimate, get_gpu  # noqa: E402
 from vramlab.capacity.spec import ModelSpec  # noqa: E402
 from vramlab.errors import VramlabError  # noqa: E402
 from vramlab.sources.hf_config import spec_from_config  # noqa: E402
@@ -38,11 +38,12 @@ from vramlab.sources.hf_config import spec_from_config  # noqa: E402
 METRICS = ("weights", "kv_cache_gib", "kv_cache_tokens", "max_concurrency")
 
 
+DATA_DIR = ROOT / "benchmarks" / "data"
+
+
 def default_data_dir() -> Path:
-    for cand in (ROOT.parent / "shared" / "data", ROOT / ".." / "shared" / "data"):
-        if (cand / "observed_memory.jsonl").exists():
-            return cand
-    return ROOT.parent / "shared" / "data"
+    """The measurements shipped in the repository (benchmarks/data, sources in its README)."""
+    return DATA_DIR
 
 
 def quant_from_row(row: dict[str, Any], spec: ModelSpec) -> str | None:
@@ -86,19 +87,24 @@ def model_for(row: dict[str, Any], configs: dict[str, Any]) -> ModelSpec | str:
 
 
 def gpu_for(row: dict[str, Any]):
-    name = row.get("gpu_model")
+    """The card as the user's log shows it: the printed total when there is one (a T4 shows 14.56 or
+    14.74 GiB depending on the driver), with the catalog card's architecture."""
+    name, total = row.get("gpu_model"), row.get("total_gpu_memory_gib")
+    like = None
     if name:
         try:
-            return get_gpu(name)
+            like = get_gpu(name)
         except VramlabError:
-            pass
-    total = row.get("total_gpu_memory_gib")
-    return custom_gpu(float(total)) if total else None
+            like = None
+    if total:
+        return custom_gpu(float(total), like=like)
+    return like
 
 
 def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
     version_text = str(row.get("engine_version") or "")
-    version = re.match(r"[vb]?[0-9][0-9a-z.+]*", version_text.strip())
+    # "0.8.5.post1 (V0 engine)", "[~0.4.3, March 2025 ...]": the first release number written.
+    version = re.search(r"(?<![\w.])[vb]?[0-9]+\.[0-9][0-9a-z.+]*|(?<![\w.])b[0-9]{3,}(?![0-9a-z])", version_text)
     mode = "v0" if "V0" in version_text else ("v1" if "V1" in version_text else None)
     dtype = str(row.get("dtype") or "auto").replace("torch.", "")
     api_server = row.get("collection_group", "").startswith("unsloth") is False
@@ -123,8 +129,14 @@ def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
         kwargs["mem_fraction_static"] = kwargs.pop("gpu_memory_utilization")
         kwargs["chunked_prefill_size"] = kwargs.pop("max_num_batched_tokens")
     elif kwargs["engine"] == "llama.cpp":
+        extra = row.get("extra") or {}
         kwargs["ctx_size"] = row.get("n_ctx")
         kwargs["parallel"] = row.get("n_parallel")
+        kwargs["n_ubatch"] = extra.get("n_ubatch")
+        kwargs["flash_attn"] = extra.get("flash_attn")
+        kwargs["cache_type_v"] = extra.get("type_v")
+        kwargs["kv_cache_dtype"] = extra.get("type_k") or "auto"
+        kwargs["max_model_len"] = None
     if kwargs["engine"] == "vllm" and kwargs["gpu_memory_utilization"] is None:
         kwargs["gpu_memory_utilization"] = None
     return EngineSettings(**kwargs)
@@ -144,9 +156,16 @@ def observed(row: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
-def predicted(row: dict[str, Any], spec: ModelSpec, gpu, s: EngineSettings) -> dict[str, dict[str, float]]:
+def scored_settings(row: dict[str, Any], s: EngineSettings) -> EngineSettings:
+    """vLLM prints concurrency for the length it was started with: plan that length."""
     conc_len = row.get("max_concurrency_tokens_per_request") or row.get("max_model_len")
-    est = estimate(spec, gpu, s if not conc_len or s.engine != "vllm" else s.with_(max_model_len=conc_len))
+    return s if not conc_len or s.engine != "vllm" else s.with_(max_model_len=conc_len)
+
+
+def predicted(row: dict[str, Any], spec: ModelSpec, gpu, s: EngineSettings,
+              constants: Constants | None = None) -> dict[str, dict[str, float]]:
+    conc_len = row.get("max_concurrency_tokens_per_request") or row.get("max_model_len")
+    est = estimate(spec, gpu, scored_settings(row, s), constants)
     ours = {
         "weights": est.weights_bytes / GIB,
         "kv_cache_gib": est.kv_cache_bytes / GIB,
@@ -187,7 +206,8 @@ def main() -> int:
     ap.add_argument("--data", type=Path, default=default_data_dir())
     ap.add_argument("--rows", action="store_true", help="print every row")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--no-calibration", action="store_true", help="skip the leave-one-out calibration table")
+    ap.add_argument("--no-calibration", action="store_true",
+                    help="skip the leave-one-out calibration table and the leave-one-group-out refits")
     args = ap.parse_args()
     rows_path = args.data / "observed_memory.jsonl"
     if not rows_path.exists():
@@ -228,10 +248,11 @@ def main() -> int:
         per_row.append(line)
 
     summary = summarize(errs)
-    calibrated = [] if args.no_calibration else calibrated_loo(rows_path, configs)
+    calibrated = [] if args.no_calibration else calibrated_loo(rows, configs)
+    held_out = {} if args.no_calibration else leave_one_group_out(rows, configs)
     if args.json:
         print(json.dumps({"summary": summary, "rows": per_row, "skipped": skipped,
-                          "calibrated_loo": calibrated}, indent=1, default=str))
+                          "calibrated_loo": calibrated, "leave_one_group_out": held_out}, indent=1, default=str))
         return 0
     if args.rows:
         for line in per_row:
@@ -243,27 +264,171 @@ def main() -> int:
             print("  ".join(cells))
         print()
     print_summary(summary, len(rows), skipped, calibrated)
+    if held_out:
+        print_held_out(held_out, summary)
     return 0
 
 
-def calibrated_loo(rows_path: Path, configs: dict[str, Any]) -> list[dict[str, Any]]:
+GROUPED_FIELDS = {  # observed_memory.jsonl field (GiB) -> calibration field (bytes)
+    "weights_gib": "weights_bytes", "activation_peak_gib": "activation_peak_bytes",
+    "non_torch_gib": "non_torch_bytes", "cuda_graph_gib": "cuda_graph_bytes", "kv_cache_gib": "kv_cache_bytes",
+}
+
+
+def case_for(row: dict[str, Any], configs: dict[str, Any]):
+    """A calibration case for a row (what `vramlab calibrate` fits), or why there is none."""
+    from vramlab.capacity.calibration import Case
+
+    spec = model_for(row, configs)
+    if isinstance(spec, str):
+        return f"model: {spec}"
+    gpu = gpu_for(row)
+    if gpu is None:
+        return "no GPU named and no total memory"
+    observed: dict[str, float] = {}
+    for name, target in GROUPED_FIELDS.items():
+        if row.get(name) is not None:
+            observed[target] = float(row[name]) * GIB
+    for name in ("kv_cache_tokens", "max_concurrency"):
+        if row.get(name) is not None:
+            observed[name] = float(row[name])
+    init = (row.get("extra") or {}).get("init_non_torch_gib")
+    if init is not None:
+        observed["init_non_torch_bytes"] = float(init) * GIB
+    s = scored_settings(row, settings_for(row, spec))
+    return Case(str(row["row_id"]), spec, gpu, s, observed)
+
+
+def calibrated_loo(rows: list[dict[str, Any]], configs: dict[str, Any]) -> list[dict[str, Any]]:
     """Leave-one-out error after `vramlab calibrate` fits the constants on the other rows (per engine)."""
     from vramlab.capacity.calibration import fit
-    from vramlab.logs.cases import build_cases
-    from vramlab.logs.observation import read_observations
 
     out = []
-    cases = build_cases(read_observations(rows_path), configs)
-    by_engine = cases[0] if isinstance(cases, tuple) else cases
-    for engine, engine_cases in sorted(by_engine.items()):
+    for engine, engine_cases in sorted(cases_by_engine(rows, configs).items()):
         if len(engine_cases) < 5:
             continue
-        result = fit(engine_cases, engine)
+        result = fit([c for _, c in engine_cases], engine)
         for e in result.loo:
             out.append({"engine": engine, "field": e.field, "n": e.n, "median_before": 100 * e.median_before,
                         "median_after": 100 * e.median_after, "p90_before": 100 * e.p90_before,
                         "p90_after": 100 * e.p90_after})
     return out
+
+
+def cases_by_engine(rows: list[dict[str, Any]], configs: dict[str, Any]) -> dict[str, list[tuple[dict[str, Any], Any]]]:
+    out: dict[str, list[tuple[dict[str, Any], Any]]] = {}
+    for row in rows:
+        try:
+            case = case_for(row, configs)
+        except VramlabError:
+            continue
+        if not isinstance(case, str):
+            out.setdefault(case.settings.engine, []).append((row, case))
+    return out
+
+
+# Which shipped defaults were set by reading a group's own rows (constants.py names the sources).
+# For these the held-out figure of that group is not fully held out, and the report says so.
+DEFAULTS_SET_FROM = {
+    "llm-d-planner-v0.19.0-sweep": ["sampler_bytes_per_seq_vocab", "forward_intermediate_copies",
+                                    "forward_hidden_copies", "moe_workspace_copies", "non_torch_forward_bytes",
+                                    "non_torch_forward_tp_bytes", "non_torch_forward_pp_bytes", "cuda_context_bytes",
+                                    "nccl_init_bytes", "cuda_graph_base_bytes", "cuda_graph_per_layer_bytes"],
+    "llm-d-planner-version-sweep": ["legacy_sampler_bytes_per_seq_vocab"],
+    "unslothai-notebooks": ["legacy_sampler_bytes_per_seq_vocab", "v0_non_torch_bytes"],
+    "dennislee22-vLLM-benchmarking": ["early_v1_sampler_bytes_per_seq_vocab", "non_torch_forward_tp_nonvls_bytes"],
+    "public-logs-vllm-v0-tp": ["v0_non_torch_tp_nvswitch_bytes"],
+    "public-logs-sglang": ["nccl_init_pcie_bytes"],
+}
+
+
+def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> dict[str, Any]:
+    """Every fitted constant refitted without the collection group it is scored on.
+
+    For each group, `vramlab calibrate`'s fit runs on the other groups' rows of the same engine
+    (from the shipped defaults as its anchor), and the group's rows are predicted with those
+    constants. Components of the group that still use a default the other groups could not
+    refit are listed: for them the held-out figure is as in-sample as the default's source.
+    """
+    from vramlab.capacity.calibration import fit
+
+    by_engine = cases_by_engine(rows, configs)
+    errs: dict[str, list[tuple[dict[str, Any], float]]] = {}
+    groups: dict[str, Any] = {}
+    for engine, items in sorted(by_engine.items()):
+        for group in sorted({str(r.get("collection_group")) for r, _ in items}):
+            train = [c for r, c in items if str(r.get("collection_group")) != group]
+            refit = len(train) >= 5
+            if refit:
+                result = fit(train, engine, leave_one_out=False)
+                constants = Constants.defaults().with_overrides(result.overrides(), f"without {group}")
+                fitted = sorted(f.name for f in result.fitted)
+            else:  # the engine's only group: scored at the shipped defaults
+                constants, fitted = Constants.defaults(), []
+            on_default: set[str] = set()
+            group_errs: dict[str, list[float]] = {}
+            for row, case in items:
+                if str(row.get("collection_group")) != group:
+                    continue
+                est = estimate(case.model, case.gpu, case.settings, constants)
+                on_default |= {c.name for c in est.components if c.provenance == "default"}
+                pred = {"weights": est.weights_bytes / GIB, "kv_cache_gib": est.kv_cache_bytes / GIB,
+                        "kv_cache_tokens": float(est.kv_cache_tokens), "max_concurrency": est.max_concurrency}
+                obs = observed(row)
+                for metric in METRICS:
+                    o = obs.get(metric)
+                    if o in (None, 0):
+                        continue
+                    e = (pred[metric] - float(o)) / float(o) * 100
+                    errs.setdefault(metric, []).append((row, e))
+                    group_errs.setdefault(metric, []).append(abs(e))
+            groups[group] = {
+                "engine": engine, "refit": refit, "n_train": len(train), "fitted": fitted,
+                "why": "" if refit else f"only {len(train)} {engine} rows outside it: shipped defaults",
+                "defaults_set_from_this_group": DEFAULTS_SET_FROM.get(group, []),
+                "components_on_defaults": sorted(on_default),
+                "metrics": {m: (len(v), statistics.median(v), pct(v, 0.9)) for m, v in group_errs.items()},
+            }
+    def pool(keep) -> dict[str, Any]:
+        out = {}
+        for m, v in errs.items():
+            xs = [abs(e) for r, e in v if keep(str(r.get("collection_group")))]
+            if xs:
+                out[m] = {"n": len(xs), "median": statistics.median(xs), "p90": pct(xs, 0.9)}
+        return out
+
+    return {"groups": groups, "pooled": pool(lambda g: True),
+            "pooled_outside_the_019_sweep": pool(lambda g: g != "llm-d-planner-v0.19.0-sweep"),
+            "pooled_public_logs": pool(lambda g: g.startswith("public-logs-"))}
+
+
+def print_held_out(held_out: dict[str, Any], summary: dict[str, Any]) -> None:
+    print()
+    print("Leave-one-group-out (constants refitted without the group scored), |error| median / p90 %,")
+    print("beside the in-sample defaults and the two baselines on the same group:")
+    print(f"  {'group':32} {'metric':16} {'n':>3} {'held-out':>15} {'in-sample':>15} {'naive':>15} {'weights+kv':>15}")
+    for group, g in held_out["groups"].items():
+        for metric in METRICS:
+            if metric not in g["metrics"]:
+                continue
+            n, med, p90 = g["metrics"][metric]
+            cells = []
+            for who in ("vramlab", "naive", "weights+kv"):
+                st = summary.get(who, {}).get(metric, {}).get("by_group", {}).get(group)
+                cells.append(f"{st[1]:6.1f} /{st[2]:6.1f}" if st else f"{'-':>15}")
+            print(f"  {group:32} {metric:16} {n:3} {med:6.1f} /{p90:6.1f} " + " ".join(f"{c:>15}" for c in cells))
+        if not g["refit"]:
+            print(f"  {'':32} not refitted: {g['why']}")
+        if g["defaults_set_from_this_group"]:
+            print(f"  {'':32} defaults set from this group's own rows (not held out): "
+                  f"{', '.join(g['defaults_set_from_this_group'])}")
+    for key, label in (("pooled", "every row"), ("pooled_outside_the_019_sweep", "outside the 0.19 H100 sweep"),
+                       ("pooled_public_logs", "public-logs-* groups only")):
+        pooled = held_out[key]
+        kv, w, conc = pooled.get("kv_cache_gib", {}), pooled.get("weights", {}), pooled.get("max_concurrency", {})
+        print(f"held-out, {label:27} (n={kv.get('n', 0):3}): KV median {kv.get('median', math.nan):5.2f}% "
+              f"p90 {kv.get('p90', math.nan):5.2f}% | weights median {w.get('median', math.nan):.2f}% | "
+              f"concurrency median {conc.get('median', math.nan):.2f}% p90 {conc.get('p90', math.nan):.2f}%")
 
 
 def summarize(errs: dict[str, dict[str, list[tuple[dict[str, Any], float]]]]) -> dict[str, Any]:

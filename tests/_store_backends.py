@@ -29,7 +29,24 @@ def _psycopg_conninfo(url: str) -> str:
 
 @pytest.fixture(name="store_url", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def store_url_fixture(request: pytest.FixtureRequest, tmp_path):
-    if request.param == "sqlite":
+    yield from _backend_url(request.param, tmp_path)
+
+
+MEMORY_URL = "memory://"
+
+
+@pytest.fixture(name="any_store_url",
+                params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres), "memory"])
+def any_store_url_fixture(request: pytest.FixtureRequest, tmp_path):
+    """store_url plus the in-memory store (MEMORY_URL): for tests of the `Store` contract itself."""
+    yield from _backend_url(request.param, tmp_path)
+
+
+def _backend_url(backend: str, tmp_path):
+    if backend == "memory":
+        yield MEMORY_URL
+        return
+    if backend == "sqlite":
         yield str(tmp_path / "store" / "vramlab.db")
         return
     import psycopg

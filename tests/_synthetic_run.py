@@ -9,7 +9,7 @@ its first 4 s and then back to baseline.
 
 from __future__ import annotations
 
-from vramlab.experiment.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
 
 RUN_ID = "7f3a91bc"
 GIB = 2**30

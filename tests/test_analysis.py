@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 import _synthetic_run as synth
 from vramlab.analysis.run import analyze_run
-from vramlab.analysis.stats import Distribution, Slo, percentile, summarize_requests
-from vramlab.experiment.records import EventRecord, RequestRecord
+from vramlab.analysis.stats import Distribution, Slo, summarize_requests
+from vramlab.records import EventRecord, RequestRecord
+from vramlab.records.stats import percentile
 
 finite = st.floats(min_value=-1e12, max_value=1e12, allow_nan=False, allow_infinity=False)
 
@@ -205,3 +206,14 @@ def test_two_loners_are_unstable_not_a_one_off():
     steady = next(s for s in analyze_run(*synth.build()).stability
                   if (s.phase, s.step, s.metric) == ("treatment", 0, "e2e_p95_ms"))
     assert not steady.unstable and steady.spikes == []
+
+
+def test_a_round_where_every_request_timed_out_never_returned_to_baseline():
+    # issue 11: against a target that never answers, "returned to baseline: yes" with 4/4 timed out
+    run, reqs, samples, events = synth.build()
+    hung = [r.model_copy(update={"status_code": 0, "error_class": "timeout", "e2e_ms": None, "output_tokens": None})
+            if r.round == 0 and r.phase in ("baseline", "recovery") else r for r in reqs]
+    rec = {r.round: r for r in analyze_run(run, hung, samples, events).recovery}
+    assert not rec[0].returned and rec[0].after_s is None
+    assert "no request succeeded" in rec[0].reason and "timed out" in rec[0].reason
+    assert rec[1].returned  # the other rounds are untouched

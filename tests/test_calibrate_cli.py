@@ -9,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import tomllib
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 
 from vramlab.capacity import Constants, EngineSettings, estimate, get_gpu
 from vramlab.logs.observation import Observation, write_observations
@@ -90,16 +93,53 @@ def test_text_report_and_profile_used_by_check_log(tmp_path):
 
 
 def test_calibrate_reads_logs_and_reports_skips(tmp_path):
+    profile = tmp_path / "p.calibration.toml"
     r = cli("calibrate", str(LOGS / "vllm-v1-0.19-debug.log"), str(LOGS / "vllm-truncated.log"),
-            str(LOGS / "tgi.log"), "--json")
-    assert r.returncode == 0, r.stderr
+            str(LOGS / "tgi.log"), "--json", "-o", str(profile))
+    # one observation: every constant is refused, none guessed, nothing written, and the exit
+    # status says so
+    assert r.returncode == 1 and "no constant was fitted" in r.stderr and "no profile written" in r.stderr
+    assert r.stderr.count("\n") == 1 and not profile.exists()
     out = json.loads(r.stdout)
+    assert out["fitted_any"] is False
     reasons = " ".join(s["reason"] for s in out["skipped"])
     assert "incomplete start-up" in reasons
-    assert "not in the bundled catalog" in reasons  # the TGI log's model
+    # the TGI log's model: the hint names calibrate's own switch, not plan's --offline
+    assert "not in the bundled catalog" in reasons and "--online" in reasons and "--offline" not in reasons
     (f,) = out["fits"]
-    # one observation: every constant is refused, none guessed
     assert f["fitted"] == [] and all(c["n_points"] < 3 for c in f["refused"])
+
+
+def test_impossible_observations_are_rejected_with_the_reason(tmp_path):
+    data = tmp_path / "m.jsonl"
+    measurements(data, tp2=2)
+    good = data.read_text().splitlines()
+    bad = [
+        {"engine": "vllm", "engine_version": "0.19.0", "model": "qwen3-8b", "kv_cache_bytes": 900 * GIB,
+         "total_gpu_memory_bytes": 80 * GIB, "source": "bigger-than-card"},
+        {"engine": "vllm", "engine_version": "0.19.0", "model": "qwen3-8b", "non_torch_bytes": -GIB,
+         "kv_cache_bytes": 60 * GIB, "source": "negative"},
+        {"engine": "vllm", "engine_version": "0.19.0", "model": "qwen3-8b", "kv_cache_bytes": 60 * GIB,
+         "max_concurrency": float("nan"), "source": "not-finite"},
+    ]
+    data.write_text("\n".join(good + [json.dumps(b) for b in bad]) + "\n")
+    r = cli("calibrate", str(data), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    why = {s["source"]: s["reason"] for s in out["skipped"]}
+    assert "bigger than the card" in why["bigger-than-card"]
+    assert "negative" in why["negative"] and "not a finite number" in why["not-finite"]
+    assert out["observations"] == len(good)  # the good rows are all used, the bad ones none
+    assert out["fitted_any"] is True
+
+
+def test_a_folder_gives_one_row_per_engine_era(tmp_path):
+    r = cli("calibrate", str(LOGS / "real"))
+    assert r.returncode == 1  # excerpts without model or card: nothing to fit, said so
+    assert "engine era" in r.stdout
+    for era in ("vLLM V0 0.6.4-0.6.5", "vLLM V1 0.7", "SGLang 0.4+", "TGI 2.2+ (scheduler V3)"):
+        assert era in r.stdout, era
+    assert "inferred from the wording" in r.stdout
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path):
@@ -132,3 +172,18 @@ def test_the_documented_observation_line_reads(tmp_path):
     p.write_text(line + "\n")
     (o,) = read_observations(p)
     assert o.model == "llama-3.1-8b-instruct" and o.settings["max_model_len"] == 8192
+
+
+def test_an_outlier_row_is_warned_about(tmp_path):
+    data = tmp_path / "m.jsonl"
+    measurements(data, tp2=2)
+    rows = data.read_text().splitlines()
+    odd = json.loads(rows[0])
+    odd["kv_cache_bytes"] //= 2  # half the pool: another process held the card during start-up
+    odd["source"] = "shared-card"
+    data.write_text("\n".join(rows + [json.dumps(odd)]) + "\n")
+    r = cli("calibrate", str(data), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    # that row, and only that row (the ordinary ones are within the fit's typical error)
+    assert len(out["outliers"]) == 1 and "shared-card" in out["outliers"][0], out["outliers"]

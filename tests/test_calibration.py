@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import tomllib
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 
 from vramlab.capacity import Constants, EngineSettings, estimate, get_gpu
 from vramlab.capacity.calibration import (

@@ -83,8 +83,13 @@ def test_transformers_memory_grows_with_batch_times_length():
     four = estimate(m, H100, EngineSettings(engine="transformers", max_model_len=4096, max_num_seqs=4))
     assert four.kv_cache_bytes == 4 * one.kv_cache_bytes == 4 * 4096 * 131_072
     assert four.used_bytes > one.used_bytes
+    # `transformers serve` without continuous batching answers one request at a time.
+    assert one.max_concurrency == 1.0
+    assert any("one request at a time" in n for n in one.notes)
+    batched = estimate(m, H100, EngineSettings(engine="transformers", max_model_len=4096, max_num_seqs=1,
+                                               continuous_batching=True))
     # (79 - 15.5 GiB) / (0.5 GiB KV + ~0.6 GiB prefill activations) per 4k-token sequence
-    assert 45 < one.max_concurrency < 75
+    assert 45 < batched.max_concurrency < 75
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "tgi", "llama.cpp", "transformers"])

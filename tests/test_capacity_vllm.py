@@ -75,7 +75,7 @@ def test_tp_must_divide_heads_and_max_model_len_is_checked():
         estimate(m, H100, EngineSettings(tensor_parallel_size=3))
     with pytest.raises(ConfigError, match="greater than the derived max_model_len"):
         estimate(m, H100, EngineSettings(max_model_len=262144))
-    with pytest.raises(ConfigError, match=r"\(0, 1\]"):
+    with pytest.raises(ConfigError, match="--gpu-memory-utilization: must be at most 1"):
         estimate(m, H100, EngineSettings(gpu_memory_utilization=1.5))
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-from vramlab.experiment.demo import demo_plan, demo_plan_text, run_demo
+from vramlab.demo.experiment import demo_plan, demo_plan_text, run_demo
 from vramlab.experiment.plan import load_plan
 from vramlab.store import open_store
 
@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_example_file_is_the_demo_plan() -> None:
-    # the example is the packaged file (a link), so `demo` works from an installed package
-    assert (ROOT / "examples" / "demo.yaml").resolve() == (ROOT / "src/vramlab/data/examples/demo.yaml").resolve()
+    # the packaged file is the source of truth (examples/ is a copy of it; test_docs_and_layers checks
+    # they agree), so `demo` works from an installed package
+    assert not (ROOT / "examples" / "demo.yaml").is_symlink()
     assert (ROOT / "examples" / "demo.yaml").read_text() == demo_plan_text()
     plan = demo_plan("http://127.0.0.1:1234", "/tmp/x.ledger")
     assert plan.target.base_url == "http://127.0.0.1:1234" and plan.samplers.ledger == "/tmp/x.ledger"
@@ -29,7 +30,7 @@ def test_example_file_is_the_demo_plan() -> None:
 
 
 def test_example_drill_is_the_demo_drill_plan() -> None:
-    from vramlab.drill.demo import demo_drill_plan, oom_drill_plan_text
+    from vramlab.demo.drill import demo_drill_plan, oom_drill_plan_text
     from vramlab.drill.plan import load_plan as load_drill_plan
 
     assert (ROOT / "examples" / "oom-drill.yaml").read_text() == oom_drill_plan_text()  # `demo` needs no examples dir
@@ -43,13 +44,13 @@ def test_example_drill_is_the_demo_drill_plan() -> None:
 
 def _shortened(monkeypatch) -> None:
     """The demo's own code paths with shorter windows (the full demo takes ~40 s)."""
-    import vramlab.drill.demo
-    import vramlab.experiment.demo
+    import vramlab.demo.drill
+    import vramlab.demo.experiment
 
-    monkeypatch.setattr(vramlab.experiment.demo, "run_demo",
-                        functools.partial(vramlab.experiment.demo.run_demo, rounds=1, duration_s=0.5))
-    monkeypatch.setattr(vramlab.drill.demo, "run_drill_demo",
-                        functools.partial(vramlab.drill.demo.run_drill_demo, baseline_s=1.0, step_s=0.7,
+    monkeypatch.setattr(vramlab.demo.experiment, "run_demo",
+                        functools.partial(vramlab.demo.experiment.run_demo, rounds=1, duration_s=0.5))
+    monkeypatch.setattr(vramlab.demo.drill, "run_drill_demo",
+                        functools.partial(vramlab.demo.drill.run_drill_demo, baseline_s=1.0, step_s=0.7,
                                           observe_s=1.0))
 
 
@@ -80,7 +81,7 @@ def test_demo_cli_runs_the_experiment_then_the_oom_drill(tmp_path: Path, monkeyp
 
 
 def test_demo_no_drill_skips_the_drill(tmp_path: Path, monkeypatch, capsys) -> None:
-    import vramlab.drill.demo
+    import vramlab.demo.drill
     from vramlab.cli.main import main
 
     _shortened(monkeypatch)
@@ -88,7 +89,7 @@ def test_demo_no_drill_skips_the_drill(tmp_path: Path, monkeypatch, capsys) -> N
     def must_not_run(*a, **k):
         raise AssertionError("--no-drill ran the drill")
 
-    monkeypatch.setattr(vramlab.drill.demo, "run_drill_demo", must_not_run)
+    monkeypatch.setattr(vramlab.demo.drill, "run_drill_demo", must_not_run)
     monkeypatch.chdir(tmp_path)
     assert main(["demo", "--no-drill", "--db", str(tmp_path / "v.db")]) == 0
     out = capsys.readouterr().out
@@ -122,7 +123,7 @@ def test_run_and_demo_have_help() -> None:
 
 
 def test_engine_kv_usage_from_the_sim_fires_a_stop_and_rollback_runs(tmp_path: Path) -> None:
-    from vramlab.experiment.demo import SIM_ARGS
+    from vramlab.demo.experiment import SIM_ARGS
     from vramlab.experiment.plan import Plan
     from vramlab.experiment.session import run_plan
     from vramlab.sim.launch import start_sim
@@ -134,7 +135,8 @@ def test_engine_kv_usage_from_the_sim_fires_a_stop_and_rollback_runs(tmp_path: P
         doc["stop_conditions"] = {"kv_usage": 0.001, "wall_clock_s": 20}
         doc["samplers"]["interval_s"] = 0.2
         doc["rollback"] = [{"run": f"echo $VRAMLAB_RUN_STATUS > {marker}"}]
-        out = run_plan(Plan.model_validate(doc), plan_dir=tmp_path, db=str(tmp_path / "v.db"))
+        out = run_plan(Plan.model_validate(doc), plan_dir=tmp_path,
+                       open_store=lambda: open_store(str(tmp_path / "v.db")))
     finally:
         sim.stop()
     r = out.result

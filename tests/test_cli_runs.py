@@ -40,13 +40,14 @@ def test_runs_json_newest_first(db):
     assert res.returncode == 0, res.stderr
     rows = json.loads(res.stdout)
     assert [r["id"] for r in rows] == ["0d0d0d0d", "91bc0000", "7f3b0000", "7f3a91bc"]
-    assert rows[0]["kind"] == "drill" and rows[1]["kind"] == "run" and rows[0]["status"] == "running"
+    assert rows[0]["kind"] == "drill" and rows[1]["kind"] == "run" and rows[0]["stored_status"] == "running"
+    assert rows[0]["status"] == "died"  # stored as running in 2025, no heartbeat since: its process is gone
     assert rows[1]["started_at"] == 1_760_000_500.0 and rows[1]["name"] == "concurrency-ramp"
     assert [r["id"] for r in json.loads(vramlab("runs", "--json", "--kind", "drill", "--db", db).stdout)] == ["0d0d0d0d"]
     limited = vramlab("runs", "--limit", "2", "--db", db)
     lines = limited.stdout.strip().splitlines()
     assert lines[0].split()[:3] == ["ID", "KIND", "STATUS"] and len(lines) == 3
-    assert lines[1].startswith("0d0d0d0d  drill  running")
+    assert lines[1].startswith("0d0d0d0d  drill  died")
 
 
 def test_runs_uses_vramlab_db_then_cwd_default(tmp_path, db):

@@ -16,7 +16,7 @@ from vramlab.analysis.colocation import analyse_colocation
 from vramlab.drill.colocation import ColocationSpec, cause_line, classify_start, start_sequence
 from vramlab.drill.plan import parse_plan
 from vramlab.errors import ConfigError
-from vramlab.experiment.records import EventRecord, SampleRecord
+from vramlab.records import EventRecord, SampleRecord
 from vramlab.sim import startup_log as L
 from vramlab.store import open_store
 

@@ -48,15 +48,79 @@ def test_oom_stop_can_be_disarmed_but_error_rate_still_holds():
     assert f is not None and f.kind == "error_rate"
 
 
-def test_error_rate_must_hold_for_the_window():
-    d = _det(window_s=2.0)
-    t = 0.0
-    for i in range(40):  # alternate: 2 failures, 1 success -> 67 % errors, above 50 %
-        t = i * 0.1
-        d.on_result(t, i % 3 == 0, 200 if i % 3 == 0 else 500, None if i % 3 == 0 else "http_5xx", None)
-        if t < 1.9:
-            assert d.failure() is None, t
+def test_error_rate_is_the_shared_stop_engine_min_requests_then_rate():
+    # the drill's error-rate stop is the experiment's StopMonitor: the same rule in `run` and `drill`
+    d = _det(window_s=2.0, min_requests=3)
+    d.on_result(0.0, False, 500, "http_5xx", "x")
+    d.on_result(0.1, False, 500, "http_5xx", "x")
+    assert d.failure() is None  # two results are below min_requests
+    d.on_result(0.2, True, 200, None, None)
     assert d.failure() is not None and d.failure().kind == "error_rate"
+    assert d.failure().message == d.monitor.check(0.2).message
+
+
+def test_timeouts_arm_the_error_stop_below_min_requests():
+    d = _det(window_s=5.0, min_requests=10)
+    d.on_result(1.0, False, 0, "timeout", "no answer within 1 s")
+    f = d.failure()
+    assert f is not None and f.kind == "error_rate" and "timed out (1/1)" in f.message
+    mixed = _det(window_s=5.0, min_requests=10)
+    mixed.on_result(1.0, True, 200, None, None)
+    mixed.on_result(1.1, False, 0, "timeout", None)
+    assert mixed.failure() is None  # one answer got through: the window is not all timeouts
+
+
+def test_sigkill_without_oom_evidence_is_killed_by_signal_not_oom():
+    d = _det()
+    d.on_result(1.0, True, 200, None, None)
+    d.on_result(2.0, False, 0, "connect", "Cannot connect to host 127.0.0.1:1234 [Connection refused]")
+    d.on_process(2.05, False, -9, oom_killed=False, detail="oom_kill counter 0 -> 0")
+    assert d.failure() is not None
+    assert d.failure_mode() == "killed_by_signal"
+    ev = " | ".join(d.evidence())
+    assert "killed by signal 9 (SIGKILL)" in ev and "no out-of-memory evidence" in ev and "Connection refused" in ev
+    assert d.first_evidence_s() == 2.0  # T0: the first failed request, before the exit was seen
+    # the supervisor restarts it; the restart exits at once: a refused restart, and still no OOM
+    d.on_restart(3.0)
+    d.on_process(3.4, False, 2, detail="")
+    assert d.failure_mode() == "killed_by_signal+startup_refusal_on_restart"
+    assert any("restart refused" in e and "exited with code 2" in e for e in d.evidence())
+
+
+def test_shell_status_137_is_a_signal_and_a_plain_exit_is_a_crash():
+    d = _det()
+    d.on_process(1.0, False, 137)
+    assert d.failure_mode() == "killed_by_signal"
+    assert "shell exit status 128+N 137" in d.evidence()[0]
+    c = _det()
+    c.on_process(1.0, False, 1)
+    assert c.failure_mode() == "crash"
+
+
+def test_kernel_oom_killer_is_an_oom():
+    d = _det()
+    d.on_process(1.0, False, -9, oom_killed=True, detail="memory.oom_control oom_kill 0 -> 1")
+    assert d.failure_mode() == "oom_killed"
+    k = _det()
+    k.on_log_line(0.9, "[ 812.3] Out of memory: Killed process 4242 (llama-server) total-vm:9GB")
+    k.on_process(1.0, False, -9)
+    assert k.failure_mode() == "crash_after_oom"
+
+
+def test_engine_dead_text_alone_is_not_an_oom():
+    d = _det()
+    d.on_result(1.0, False, 500, "oom", "EngineDeadError: engine dead")  # the client's class is not evidence
+    d.on_process(1.2, False, 1)
+    assert d.failure_mode() == "crash"
+
+
+def test_restart_that_serves_is_not_refused():
+    d = _det()
+    d.on_process(1.0, False, -9)
+    d.on_restart(1.5)
+    d.on_result(4.0, True, 200, None, None)
+    d.on_process(9.0, False, -15)  # a later exit (the drill's own stop) is not the restart's refusal
+    assert d.failure_mode() == "killed_by_signal"
 
 
 def test_overload_hang_preemption_modes():
@@ -92,6 +156,9 @@ def test_herd_monitor_flags_a_retry_wave_against_the_baseline():
     for i in range(6):  # 6 per second: 1.5x, not a storm
         assert h.on_attempt(10 + i / 6, "recovery") is None
     hit = None
-    for i in range(12):  # then 12 within a second: 3x
+    for i in range(12):  # then 12 new requests within a second: 3x, but no retry among them
         hit = h.on_attempt(12 + i / 12, "recovery") or hit
-    assert hit is not None and hit >= 2.0 and h.storm_at_s is not None and h.storm_at_s >= 12
+    assert hit is None and h.storm_at_s is None  # closed-loop users resubmitting are not a retry storm
+    for i in range(12):  # 12 more within a second, 8 of them retries: a storm
+        hit = h.on_attempt(14 + i / 12, "recovery", attempt=1 if i % 3 else 0) or hit
+    assert hit is not None and hit >= 2.0 and h.storm_at_s is not None and h.storm_at_s >= 14

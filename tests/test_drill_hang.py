@@ -53,7 +53,9 @@ def test_hang_is_named_detected_not_recovered_and_rolled_back(tmp_path):
     inc = analyse(requests, store.samples(rid), events, p95_tolerance=2.0)
 
     assert result.status == "completed" and result.failed_rounds == [0]
+    assert result.unrecovered_rounds == [0]  # `vramlab drill` exits 1 on it
     assert inc.failed and inc.failure_mode == "hang"
+    assert any("request timed out" in e for e in inc.evidence) and any("process stayed up" in e for e in inc.evidence)
     kinds = [e.kind for e in events]
     assert "process_exit" not in kinds and "oom" not in kinds  # alive and silent, nothing in the log
     assert [e.data["mode"] for e in events if e.kind == "failure_mode"] == ["hang"]

@@ -14,10 +14,10 @@ from vramlab.analysis.signals import (
     event_signal,
     first_abnormal,
     onset_of,
-    percentile,
     windowed,
 )
-from vramlab.experiment.records import EventRecord, RequestRecord, SampleRecord
+from vramlab.records import EventRecord, RequestRecord, SampleRecord
+from vramlab.records.stats import percentile
 
 RUN = "0123abcd"
 

@@ -147,3 +147,14 @@ def test_junk_values_in_a_good_plan_give_config_error_only(key: str, value: obje
         parse_plan(yaml.safe_dump(doc))
     except ConfigError as exc:
         assert str(exc).startswith("plan.yaml:") and "\n" not in str(exc)
+
+
+def test_every_engine_the_readme_names_is_a_target_kind() -> None:
+    # issue 11: `target.kind: transformers` was refused although the README lists transformers
+    readme = (ROOT / "README.md").read_text().split("\n\n")[1]
+    named = {"vLLM": "vllm", "SGLang": "sglang", "TGI": "tgi", "llama.cpp": "llama.cpp", "transformers": "transformers"}
+    assert all(word in readme for word in named), readme
+    for kind in named.values():
+        plan = parse_plan(GOOD.replace("  model: m\n", f"  model: m\n  kind: {kind}\n"))
+        assert plan.target.kind == kind
+    assert "target.kind" in _err(GOOD.replace("  model: m\n", "  model: m\n  kind: tensorrt-llm\n"))

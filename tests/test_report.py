@@ -51,7 +51,8 @@ def test_markdown_from_the_store(store_url):
                     "## Notes"):
         assert heading in md
     # baseline P50/P95/P99 (200/290/298), the concurrency-8 step P95, the 503 step's error rate
-    assert "| 0 | baseline | 21 | 0.0% | 2.00 | 128.00 | 72.5 | 200.0 | 290.0 | 298.0 | 300.0 | 292.0 |" in md
+    assert "| 0 | baseline | 21 | 0.0% | 2.00 | 290.0 | – | – | 10.0% | 70.25 |" in md  # signals side by side
+    assert "| 0 | baseline | 128.00 | 72.5 | 200.0 | 298.0 | 300.0 | 292.0 |" in md  # latency detail
     assert "| 1 | treatment | 2 | 8 | 21 | 23.8% |" in md and "992.5" in md
     assert "| 2 | yes | 5.2 s | 290.0 | 1,060.0 |" in md
     assert "| treatment | 2 | error_rate | r0: 0.0%, r1: 23.8%, r2: 0.0% | 23.8% | – | round 1 |" in md
@@ -141,7 +142,7 @@ def test_registry_adds_sections_for_drills_only():
 
 
 def test_notes_said_once_and_warnings_kept_apart():
-    from vramlab.experiment.records import EventRecord
+    from vramlab.records import EventRecord
 
     run, reqs, samples, events = synth.build()
     run = run.model_copy(update={"notes": ["no NVML: GPU samples missing", "engine /metrics scrape took 1.2 s"]})
@@ -153,7 +154,7 @@ def test_notes_said_once_and_warnings_kept_apart():
 
 
 def test_prediction_beside_observed_queueing():
-    from vramlab.experiment.records import SampleRecord
+    from vramlab.records import SampleRecord
 
     run, reqs, samples, events = synth.build()
     run = run.model_copy(update={"fixed": {**run.fixed, "predicted": {"max_concurrency": 6}}})
@@ -169,3 +170,8 @@ def test_prediction_beside_observed_queueing():
     md = render(ctx, "md")
     assert "Engine queue longer than in baseline from concurrency 8 (waiting max 5); longest: 5 at concurrency 8" in md
     assert ("Capacity model predicted max concurrency 6; observed: thresholds held up to 4, queueing from 8") in md
+    assert "unsafe side" not in md  # 6 lies between the last step that held (4) and the first breach (8)
+    over = run.model_copy(update={"fixed": {**run.fixed, "predicted": {"max_concurrency": 12}}})
+    md = render(ReportContext.build(over, reqs, samples, events), "md")
+    assert ("Capacity model predicted max concurrency 12; observed: thresholds held up to 4, queueing from 8 — the "
+            "prediction was on the unsafe side (at or above the first breach, concurrency 8)") in md

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from placement_fakes import GIB, fleet, inst
 from vramlab.errors import ConfigError
 from vramlab.placement.inputs import Policy
-from vramlab.placement.residency import Request, SimModel, decide, load_trace, percentile, simulate
+from vramlab.placement.residency import Request, SimModel, _percentile_or_zero, decide, load_trace, simulate
+from vramlab.records.stats import percentile
 
 CARD = fleet(("a", "l4", 1, 20.0))
 
@@ -46,8 +47,11 @@ def test_keep_alive_longer_than_the_gap_only_the_first_request_is_cold() -> None
     rep = simulate(both_fit, CARD, alternate(40, 60.0), Policy("keep-alive", keep_alive_s=300))
     assert rep.cold_starts == 2 and rep.evictions == 0
     assert all(m.expiries == 1 for m in rep.models)  # once each, after the trace ends
-    # one cold request out of twenty per model: P95 is a warm request (nearest rank), the max is not
-    assert stats(rep, "a").added_p95_ms == 0 and stats(rep, "a").added_max_ms == pytest.approx(10_000)
+    # one cold request out of twenty per model: the P95 (linear interpolation, 5 % of the way from the
+    # last warm request to the cold one) is 500 ms, the max the whole 10 s load
+    a = stats(rep, "a")
+    assert a.added_p95_ms == pytest.approx(percentile([0.0] * 19 + [10_000.0], 95)) == pytest.approx(500)
+    assert a.added_max_ms == pytest.approx(10_000)
 
 
 def test_keep_alive_shorter_than_the_gap_every_request_is_cold() -> None:
@@ -125,8 +129,9 @@ def test_simulation_is_deterministic_and_serves_everything_it_can(rows, policy) 
         assert all(m.added_max_ms < float("inf") for m in r1.models)
 
 
-def test_percentile_is_nearest_rank() -> None:
-    assert percentile([1, 2, 3, 4], 50) == 2 and percentile([1, 2, 3, 4], 95) == 4 and percentile([], 99) == 0
+def test_residency_percentiles_are_the_shared_definition() -> None:
+    assert _percentile_or_zero([1, 2, 3, 4], 50) == percentile([1, 2, 3, 4], 50) == 2.5
+    assert _percentile_or_zero([4, 1, 3, 2], 95) == pytest.approx(3.85) and _percentile_or_zero([], 99) == 0
 
 
 def test_trace_errors_name_the_line(tmp_path) -> None:  # noqa: ANN001

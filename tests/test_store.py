@@ -1,15 +1,32 @@
-"""The store on both backends: round-trips, prefix lookup, listing, updates, migrations."""
+"""The `Store` contract on every implementation (SQLite, PostgreSQL, in memory): round-trips, prefix
+lookup, listing, updates; and the SQL store's own migrations and URLs."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from _store_backends import store_url_fixture  # noqa: F401
+from _store_backends import MEMORY_URL, any_store_url_fixture, store_url_fixture  # noqa: F401
 from vramlab.errors import ConfigError, NotFoundError, VramlabError
-from vramlab.experiment.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records.memory import MemoryStore
+from vramlab.records.store import Store
 from vramlab.store import describe_url, open_store, resolve_url
 from vramlab.store.migrations import LATEST
+
+
+@pytest.fixture()
+def open_any(any_store_url):
+    """Opens the store under test; the in-memory one "reopens" as the same object, as a file would."""
+    if any_store_url == MEMORY_URL:
+        mem = MemoryStore()
+        return lambda: mem
+    return lambda: open_store(any_store_url)
+
+
+def test_every_implementation_is_a_store(open_any):
+    with open_any() as store:
+        assert isinstance(store, Store)
 
 
 def _run(run_id: str, started_at: float = 1_700_000_000.0, kind: str = "experiment") -> RunRecord:
@@ -27,8 +44,8 @@ def _run(run_id: str, started_at: float = 1_700_000_000.0, kind: str = "experime
     )
 
 
-def test_round_trip_every_record_kind(store_url):
-    with open_store(store_url) as store:
+def test_round_trip_every_record_kind(open_any):
+    with open_any() as store:
         run = store.create_run(_run("0a1b2c3d"))
         reqs = [
             RequestRecord(
@@ -57,7 +74,7 @@ def test_round_trip_every_record_kind(store_url):
         assert store.add_events(run.run_id, list(reversed(events))) == 2
 
     # A fresh connection sees exactly what was written.
-    with open_store(store_url) as store:
+    with open_any() as store:
         assert store.get_run("0a1b2c3d") == run
         assert store.requests(run.run_id) == reqs
         assert store.samples(run.run_id) == sorted(samples, key=lambda s: s.t_s)
@@ -66,8 +83,8 @@ def test_round_trip_every_record_kind(store_url):
         assert store.requests("ffffffff") == []
 
 
-def test_prefix_lookup(store_url):
-    with open_store(store_url) as store:
+def test_prefix_lookup(open_any):
+    with open_any() as store:
         for rid in ("abc12345", "abc19999", "def00000"):
             store.create_run(_run(rid))
         assert store.get_run("abc12").run_id == "abc12345"
@@ -84,8 +101,8 @@ def test_prefix_lookup(store_url):
             store.create_run(_run("abc12345"))
 
 
-def test_list_runs_newest_first_with_limit_and_kind(store_url):
-    with open_store(store_url) as store:
+def test_list_runs_newest_first_with_limit_and_kind(open_any):
+    with open_any() as store:
         for i, rid in enumerate(["00000001", "00000002", "00000003", "00000004"]):
             store.create_run(_run(rid, started_at=1000.0 + i, kind="drill" if i % 2 else "experiment"))
         assert [r.run_id for r in store.list_runs()] == ["00000004", "00000003", "00000002", "00000001"]
@@ -93,8 +110,8 @@ def test_list_runs_newest_first_with_limit_and_kind(store_url):
         assert [r.run_id for r in store.list_runs(kind="drill")] == ["00000004", "00000002"]
 
 
-def test_update_run_validates(store_url):
-    with open_store(store_url) as store:
+def test_update_run_validates(open_any):
+    with open_any() as store:
         store.create_run(_run("11112222"))
         updated = store.update_run("11112222", status="stopped", ended_at=1_700_000_060.5,
                                    stop_reason="P95 over 2 s", notes=["a", "b"])
@@ -110,8 +127,8 @@ def test_update_run_validates(store_url):
         assert store.get_run("11112222").status == "stopped"
 
 
-def test_batch_for_wrong_run_writes_nothing(store_url):
-    with open_store(store_url) as store:
+def test_batch_for_wrong_run_writes_nothing(open_any):
+    with open_any() as store:
         store.create_run(_run("aaaa0000"))
         good = RequestRecord(run_id="aaaa0000", round=0, phase="baseline", request_id="1", status_code=200)
         bad = RequestRecord(run_id="bbbb0000", round=0, phase="baseline", request_id="2", status_code=200)
@@ -139,8 +156,8 @@ def test_a_version_1_database_gains_the_token_accounting_columns(tmp_path):
     """A store written before migration 2 (no output_tokens_source / reasoning_tokens) is
     migrated in place, and its old rows read back with the new fields empty."""
     import sqlalchemy as sa
-
     from vramlab.experiment.records import RequestRecord
+
     from vramlab.store import schema
 
     url = f"sqlite:///{tmp_path}/v1.db"
@@ -182,3 +199,44 @@ def test_unreachable_postgres_is_one_clear_error():
         open_store("postgresql://vramlab:hunter2@127.0.0.1:1/nope")
     msg = str(info.value)
     assert "cannot open the store" in msg and "hunter2" not in msg and "\n" not in msg
+
+
+def test_migration_2_adds_the_heartbeat_to_a_version_1_database(tmp_path):
+    """A store written before heartbeats: runs without the liveness columns, schema version 1."""
+    import sqlite3
+    import time
+
+    path = tmp_path / "old.db"
+    con = sqlite3.connect(path)
+    con.executescript("""
+        CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at FLOAT NOT NULL);
+        INSERT INTO schema_version VALUES (1, 0);
+        CREATE TABLE runs (run_id VARCHAR(16) PRIMARY KEY, kind VARCHAR(32) NOT NULL, name TEXT NOT NULL,
+            plan JSON NOT NULL, plan_hash VARCHAR(64) NOT NULL, fixed JSON NOT NULL, target JSON NOT NULL,
+            change JSON NOT NULL, started_at FLOAT NOT NULL, ended_at FLOAT, status VARCHAR(32) NOT NULL,
+            stop_reason TEXT, notes JSON NOT NULL);
+        INSERT INTO runs VALUES ('abcd0123', 'experiment', 'old', '{}', '', '{}', '{}', '{}', 1.0, NULL,
+            'running', NULL, '[]');
+    """)
+    con.commit()
+    con.close()
+    with open_store(str(path)) as store:
+        assert store.get_run("abcd0123").status == "running"
+        assert store.liveness(["abcd0123"]) == {"abcd0123": (None, None, None)}
+        store.heartbeat("abcd0123")
+        beat, pid, host = store.liveness(["abcd0123"])["abcd0123"]
+        assert beat is not None and abs(beat - time.time()) < 60 and pid == __import__("os").getpid() and host
+
+
+def test_memory_store_hands_out_copies_and_refuses_rows_of_unknown_runs():
+    store = MemoryStore()
+    run = store.create_run(_run("0a1b2c3d"))
+    run.notes.append("changed after writing")
+    req = RequestRecord(run_id=run.run_id, round=0, phase="baseline", request_id="1", status_code=200, itl_ms=[1.0])
+    store.add_requests(run.run_id, [req])
+    req.itl_ms.append(2.0)
+    store.requests(run.run_id)[0].itl_ms.append(3.0)
+    assert store.get_run(run.run_id).notes == ["no NVML on this host: GPU samples missing"]
+    assert store.requests(run.run_id)[0].itl_ms == [1.0]
+    with pytest.raises(NotFoundError):
+        store.add_events("ffff0000", [EventRecord(run_id="ffff0000", t_s=0, kind="note")])

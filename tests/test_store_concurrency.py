@@ -17,7 +17,7 @@ BATCH = 200
 WRITER = r"""
 import sys, time
 from vramlab.store import open_store
-from vramlab.experiment.records import RunRecord, RequestRecord, SampleRecord
+from vramlab.records import RunRecord, RequestRecord, SampleRecord
 url, batches = sys.argv[1], int(sys.argv[2])
 store = open_store(url)
 store.create_run(RunRecord(run_id="feed0001", name="w", started_at=time.time()))

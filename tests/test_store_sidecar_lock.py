@@ -18,7 +18,7 @@ from pathlib import Path
 WRITER = r"""
 import sys, time
 from vramlab.store import open_store
-from vramlab.experiment.records import EventRecord, RunRecord
+from vramlab.records import EventRecord, RunRecord
 store = open_store(sys.argv[1])
 store.create_run(RunRecord(run_id="abcd1234", kind="drill", name="w", plan={}, plan_hash="x", fixed={}, target={},
                            change={}, started_at=time.time(), status="running"))

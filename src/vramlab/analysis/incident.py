@@ -2,7 +2,15 @@
 
 Boundaries (written into the report, because "MTTR" means six things):
   treatment start  the first ramp step: abnormal signals are only counted from here
-  T0               the fault step began: the ramp step during which the failure was detected
+  T0               the failure: its first evidence (the first failed request's end, the process
+                   exit, the OOM line), as the drill's detector recorded it; older runs without
+                   it fall back to the start of the step during which the failure was detected
+  trigger          the ramp step that carried load at T0 (a request of it in flight), else the
+                   last step that sent a request before T0; a step that sent nothing is never
+                   the trigger. With a confidence: high when the mode is load-related (OOM,
+                   overload, hang) and the step had requests in flight at T0; medium when not in
+                   flight or in the step's first second; low when the mode is a crash or a kill
+                   by signal with no evidence tying it to load
   detect           the first detection by the drill (OOM seen, stop condition fired)
   alert            the first alert that went firing (Prometheus, or the plan's rules evaluated
                    on the drill's own samples when no Prometheus was configured)
@@ -28,10 +36,10 @@ from vramlab.analysis.signals import (
     SignalRule,
     event_signal,
     first_abnormal,
-    percentile,
     windowed,
 )
-from vramlab.experiment.records import EventRecord, RequestRecord, SampleRecord
+from vramlab.records import EventRecord, RequestRecord, SampleRecord
+from vramlab.records.stats import percentile
 
 OOM_EVENT_KINDS = ("oom",)
 
@@ -77,12 +85,30 @@ class NeighbourImpact:
 
 @dataclass(frozen=True)
 class RetryStorm:
-    baseline_rate_rps: float | None
-    recovery_rate_rps: float | None
-    amplification: float | None  # recovery attempt rate / baseline attempt rate
-    retries: int  # attempts > 0 from T0 on
+    """Measured, not manufactured: attempts against the baseline's offered rate (original requests
+    per second), split into the retry policy's retries and new user requests."""
+
+    baseline_rate_rps: float | None  # offered: original requests (attempt 0) per second in the baseline
+    recovery_rate_rps: float | None  # every attempt per second from mitigation (or T0) to recovery
+    amplification: float | None  # recovery attempt rate / baseline offered rate
+    retries: int  # attempts > 0 from T0 on (the policy's)
     second_oom: bool
     preemptions_during_recovery: float | None
+    new_requests: int = 0  # original requests (attempt 0) in the recovery window
+    retries_in_window: int = 0  # retries in the recovery window
+    attempts_per_request: float | None = None  # attempts / original requests in the recovery window
+    new_request_ratio: float | None = None  # new-request rate / baseline offered rate
+    storm: bool = False  # the policy's retries at least doubled the attempts and the rate is >= 2x baseline
+
+
+@dataclass(frozen=True)
+class Trigger:
+    step: int | None
+    value: float | None
+    requests_sent: int  # by that step before T0
+    in_flight_at_t0: int
+    confidence: str  # high | medium | low
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -108,6 +134,9 @@ class Incident:
     retry_storm: RetryStorm
     notes: list[dict[str, Any]] = field(default_factory=list)
     ceiling: dict[str, Any] | None = None
+    trigger: Trigger | None = None
+    evidence: list[str] = field(default_factory=list)  # what the failure mode was named from, quoted
+    detected_during: dict[str, Any] | None = None  # the step running when the drill detected the failure
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -159,10 +188,14 @@ def analyse(
     failed = fault is not None
     t0: float | None = None
     failure_step = None
+    detected_during = None
     last_safe = None
+    trigger: Trigger | None = None
     if fault is not None:
-        t0 = float(fault.data.get("step_started_s", fault.t_s))
-        failure_step = {k: fault.data.get(k) for k in ("step", "value", "knob", "unit")}
+        t0 = float(fault.data["t0_s"] if fault.data.get("t0_s") is not None
+                   else fault.data.get("step_started_s", fault.t_s))
+        detected_during = {k: fault.data.get(k) for k in ("step", "value", "knob", "unit")}
+        failure_step = dict(detected_during)
         last_safe = fault.data.get("last_safe_value")
     ceiling_ev = _first(events, "ceiling")
     end_s = max([e.t_s for e in events] + [r.end_s or 0.0 for r in requests] + [0.0])
@@ -177,15 +210,24 @@ def analyse(
     mitigated = _first(events, "mitigation", after=t0 or -math.inf) if failed else None
     # the drill settles the mode after recovery, when it knows more (exit, refusal on restart)
     settled = next((e for e in reversed(events) if e.kind == "failure_mode"), None) if failed else None
+    mode = str((settled or fault).data.get("mode", "unknown")) if fault else "none"
+    if fault is not None and t0 is not None:
+        trigger = _trigger(requests, steps, t0, mode)
+        if trigger.step is not None and trigger.step != detected_during.get("step"):  # type: ignore[union-attr]
+            failure_step = {**(failure_step or {}), "step": trigger.step, "value": trigger.value}
+            earlier = [e for e in steps if e.data.get("step") is not None and e.data["step"] < trigger.step]
+            last_safe = earlier[-1].data.get("value") if earlier else None
 
     recovery = _recovery(requests, samples, events, t0, baseline_start, p95_tolerance, window_s)
     rec_end = (t0 + recovery.time_to_recover_s) if (t0 is not None and recovery.time_to_recover_s is not None) else end_s
     impact = _impact(requests, t0, rec_end, baseline_start, treatment_start)
+    levels = _levels(requests, steps, baseline_start, end_s)
     sig = first_abnormal(
-        _signals(requests, samples, events, baseline_start, end_s, window_s),
+        _signals(requests, samples, events, baseline_start, end_s, window_s, levels),
         t0_s=treatment_start if treatment_start is not None else (t0 or end_s),
         baseline_start_s=baseline_start,
         end_s=rec_end if failed else end_s,
+        levels=levels[1:], settle_s=max(1.0, 2 * window_s),
     )
     neighbours = _neighbours(samples, baseline_start, treatment_start, t0, rec_end)
     storm = _storm(requests, samples, events, baseline_start, treatment_start, t0, mitigated, recovery, rec_end)
@@ -196,7 +238,7 @@ def analyse(
         treatment_start_s=treatment_start,
         t0_s=t0,
         failed=failed,
-        failure_mode=str((settled or fault).data.get("mode", "unknown")) if fault else "none",
+        failure_mode=mode,
         failure_step=failure_step,
         last_safe_value=last_safe,
         signature=((settled and settled.data.get("signature")) or fault.data.get("signature")) if fault else None,
@@ -213,7 +255,49 @@ def analyse(
         retry_storm=storm,
         notes=notes,
         ceiling=dict(ceiling_ev.data) if ceiling_ev else None,
+        trigger=trigger,
+        evidence=list((settled or fault).data.get("evidence") or []) if fault else [],
+        detected_during=detected_during,
     )
+
+
+LOAD_MODES = ("crash_after_oom", "oom_no_exit", "oom_killed", "overload_429", "hang", "preemption")
+
+
+def _trigger(requests: Sequence[RequestRecord], steps: Sequence[EventRecord], t0: float, mode: str) -> Trigger:
+    """The ramp step that carried load at T0 (see the module's boundaries)."""
+    starts = [(float(e.t_s), e.data.get("step"), e.data.get("value")) for e in steps]
+
+    def step_at(t: float) -> tuple[int | None, float | None, float]:
+        cur: tuple[int | None, float | None, float] = (None, None, -math.inf)
+        for st, idx, val in starts:
+            if st <= t + 1e-9:
+                cur = (idx, val, st)
+        return cur
+
+    ramp = [r for r in requests if r.phase == "ramp" and r.sent_s is not None and r.sent_s <= t0 + 1e-9]
+    in_flight = [r for r in ramp if (r.end_s if r.end_s is not None else math.inf) >= t0 - 1e-9]
+    load_related = mode.split("+")[0] in LOAD_MODES
+    if in_flight:
+        idx, val, st = max((step_at(r.sent_s or 0.0) for r in in_flight), key=lambda x: x[2])
+        n_flight = sum(1 for r in in_flight if step_at(r.sent_s or 0.0)[0] == idx)
+        sent = sum(1 for r in ramp if step_at(r.sent_s or 0.0)[0] == idx)
+        early = t0 - st < 1.0
+        if not load_related:
+            conf, why = "low", (f"a {mode.split('+')[0].replace('_', ' ')} with no evidence that load caused it: the "
+                                "step only carried load when it happened")
+        elif early:
+            conf, why = "medium", f"T0 came {t0 - st:.2f} s into the step: the step before may have set it up"
+        else:
+            conf, why = "high", f"{n_flight} of its requests were in flight at T0"
+        return Trigger(idx, val, sent, n_flight, conf, why)
+    if ramp:
+        last = max(ramp, key=lambda r: r.sent_s or 0.0)
+        idx, val, _ = step_at(last.sent_s or 0.0)
+        sent = sum(1 for r in ramp if step_at(r.sent_s or 0.0)[0] == idx)
+        return Trigger(idx, val, sent, 0, "low" if not load_related else "medium",
+                       "no request was in flight at T0; this was the last step that sent one before it")
+    return Trigger(None, None, 0, 0, "low", "no ramp step had sent a request before T0")
 
 
 def _recovery(requests, samples, events, t0, baseline_start, tol, window_s) -> Recovery:
@@ -277,20 +361,40 @@ def _impact(requests, t0, rec_end, baseline_start, treatment_start) -> Impact:
     )
 
 
-def _signals(requests, samples, events, start, end, window_s) -> list[Signal]:
+def _levels(requests, steps, baseline_start, end) -> list[tuple[float, float]]:
+    """Load levels in time: the baseline, each ramp step, then recovery (from its first request)."""
+    cuts = [baseline_start] + [float(e.t_s) for e in steps]
+    rec = min((r.sent_s for r in requests if r.phase == "recovery" and r.sent_s is not None), default=None)
+    if rec is not None and rec > cuts[-1]:
+        cuts.append(rec)
+    ends = cuts[1:] + [max(end, cuts[-1]) + 1e-6]
+    return [(a, b) for a, b in zip(cuts, ends, strict=True) if b > a]
+
+
+def _by_level(points, levels, window_s, how) -> tuple[tuple[float, float], ...]:
+    """Windows that never straddle two load levels: each level's windows start at its own start."""
+    out: list[tuple[float, float]] = []
+    for a, b in levels:
+        out += windowed(points, a, b, window_s, how)
+    return tuple(out)
+
+
+def _signals(requests, samples, events, start, end, window_s, levels=None) -> list[Signal]:
     out: list[Signal] = []
+    levels = levels or [(start, end + window_s)]
     ends = [(r.end_s, 0.0 if r.ok else 1.0) for r in requests if r.end_s is not None]
-    err_rate = windowed(ends, start, end + window_s, window_s, "mean")  # share failed per window
-    out.append(Signal("user.error_rate", "user", err_rate, SignalRule(threshold=0.05, deviation=False)))
+    err_rate = _by_level(ends, levels, window_s, "mean")  # share failed per window
+    out.append(Signal("user.error_rate", "user", err_rate, SignalRule(threshold=0.05, deviation=False),
+                      raw=tuple(ends), window_s=window_s))
     lat = [(r.end_s, r.e2e_ms) for r in requests if r.ok and r.end_s is not None and r.e2e_ms is not None]
-    out.append(Signal("user.e2e_p95_ms", "user", windowed(lat, start, end + window_s, window_s, "p95"),
-                      SignalRule(rel=1.0, k_sigma=4.0), "ms"))
+    out.append(Signal("user.e2e_p95_ms", "user", _by_level(lat, levels, window_s, "p95"),
+                      SignalRule(rel=1.0, k_sigma=4.0), "ms", raw=tuple(lat), window_s=window_s))
     out.append(Signal("service.health_ok", "service", tuple(_samples(samples, "health.up")),
                       SignalRule(direction="down", threshold=0.5, deviation=False)))
     for name, rule in (
         ("engine.kv_cache_usage_perc", SignalRule(threshold=0.9, rel=0.5, min_delta=0.2)),
         ("engine.num_requests_waiting", SignalRule(rel=1.0, min_delta=2.0, consecutive=2)),
-        ("engine.num_preemptions_total", SignalRule(min_delta=0.5)),
+        ("engine.num_preemptions_total", SignalRule(min_delta=0.5, per_level=False)),
     ):
         pts = _samples(samples, name)
         if pts:
@@ -334,16 +438,22 @@ def _neighbours(samples, baseline_start, treatment_start, t0, rec_end) -> list[N
 
 def _storm(requests, samples, events, baseline_start, treatment_start, t0, mitigated, recovery, rec_end) -> RetryStorm:
     base_end = treatment_start if treatment_start is not None else (t0 or math.inf)
-    base = [r for r in requests if r.sent_s is not None and baseline_start <= r.sent_s < base_end]
+    # the offered rate: original requests (attempt 0) the baseline's users sent per second
+    base = [r for r in requests if r.sent_s is not None and baseline_start <= r.sent_s < base_end and r.attempt == 0]
     base_dur = (base_end - baseline_start) if base and math.isfinite(base_end) else None
     base_rate = len(base) / base_dur if base_dur else None
-    rec_rate = amp = None
+    rec_rate = amp = per_req = new_ratio = None
+    new = retried = 0
     start = mitigated.t_s if mitigated else t0
     if start is not None and rec_end > start:
         # the recovery phase's own traffic: the failing step's load is not a retry wave
         window = [r for r in requests if r.sent_s is not None and start <= r.sent_s <= rec_end and r.phase == "recovery"]
+        new = sum(1 for r in window if r.attempt == 0)
+        retried = len(window) - new
         rec_rate = len(window) / (rec_end - start)
         amp = rec_rate / base_rate if base_rate else None
+        per_req = len(window) / new if new else None
+        new_ratio = (new / (rec_end - start)) / base_rate if base_rate else None
     retries = sum(1 for r in requests if r.attempt > 0 and t0 is not None and (r.sent_s or 0.0) >= t0)
     second = False
     if t0 is not None and recovery.time_to_recover_s is not None:
@@ -353,7 +463,8 @@ def _storm(requests, samples, events, baseline_start, treatment_start, t0, mitig
     if pre and start is not None:
         inside = [v for t, v in pre if start <= t <= rec_end]
         pre_rec = (max(inside) - min(inside)) if inside else None
-    return RetryStorm(base_rate, rec_rate, amp, retries, second, pre_rec)
+    storm = bool(amp is not None and amp >= 2.0 and retried > 0 and (per_req is None or per_req >= 2.0))
+    return RetryStorm(base_rate, rec_rate, amp, retries, second, pre_rec, new, retried, per_req, new_ratio, storm)
 
 
-__all__ = ["Impact", "Incident", "NeighbourImpact", "Recovery", "RetryStorm", "analyse", "client_of"]
+__all__ = ["Impact", "Incident", "NeighbourImpact", "Recovery", "RetryStorm", "Trigger", "analyse", "client_of"]

@@ -7,9 +7,10 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from vramlab.analysis.stats import is_ok, percentile
+from vramlab.analysis.stats import is_ok
 from vramlab.analysis.windows import PHASE_ORDER, WindowResult
-from vramlab.experiment.records import RequestRecord
+from vramlab.records import RequestRecord
+from vramlab.records.stats import percentile
 
 # Metrics compared between phases and checked for stability, in report order.
 KEY_METRICS = (
@@ -178,6 +179,12 @@ def returned_to_baseline(
 
     if r.count == 0:
         return verdict(False, None, "no requests in the recovery phase")
+    done = [q for q in recovery_requests if q.error_class != "cancelled"]
+    if done and not any(is_ok(q) for q in done):
+        # every request failed (a hang: every one timed out): nothing came back, whatever the baseline did
+        timed_out = sum(1 for q in done if q.error_class == "timeout")
+        return verdict(False, None, f"no request succeeded in recovery ({len(done)} failed"
+                       + (f", {timed_out} timed out)" if timed_out else ")"))
     lat_ok = b_p95 is None or (r_p95 is not None and _within(r_p95, b_p95, rel_tol, LATENCY_FLOOR_MS))
     err_ok = _within(r.error_rate, b.error_rate, 0.0, ABS_FLOOR["error_rate"])
     start, length = recovery.window.start_s, recovery.window.duration_s
@@ -193,6 +200,8 @@ def returned_to_baseline(
         buckets[min(max(int((t - start) / bin_s), 0), n_bins - 1)].append(q)
 
     def bin_ok(reqs: list[RequestRecord]) -> bool:
+        if not any(is_ok(q) for q in reqs):
+            return False  # a bin where nothing succeeded is never "back"
         errs = sum(1 for q in reqs if not is_ok(q)) / len(reqs)
         if not _within(errs, b.error_rate, 0.0, ABS_FLOOR["error_rate"]):
             return False

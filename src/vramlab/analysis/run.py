@@ -21,7 +21,7 @@ from vramlab.analysis.thresholds import (
     slo_from_metrics,
 )
 from vramlab.analysis.windows import WindowResult, find_windows, summarize_window
-from vramlab.experiment.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
 
 # The client fell behind its schedule when dispatch lag P99 passes this: latencies from the
 # actual send then understate what users would see (coordinated omission).

@@ -5,6 +5,12 @@ rule for "abnormal": a fixed threshold, a deviation from its own baseline, or bo
 trips first). An onset is only counted from the treatment start T0 on; a signal that was already
 outside its threshold during the baseline is reported as noisy, not as a cause.
 
+Honest clocks (issue 11): a windowed signal carries its raw points, and its onset is its first
+evidence: the first raw point inside the crossing window that is itself past the limit (the first
+failed request, the first slow one), not the window's edge. With load `levels` (the ramp's steps),
+a deviation is judged against the baseline of the same load level (the level's first `settle_s`),
+so ordinary queueing at a higher step is not an anomaly; fixed thresholds hold everywhere.
+
 Pure: plain data in, plain data out.
 """
 
@@ -15,6 +21,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
+
+from vramlab.records.stats import percentile
 
 Layer = Literal["user", "service", "resource"]
 Direction = Literal["up", "down"]
@@ -38,6 +46,7 @@ class SignalRule:
     rel: float = 0.5
     min_delta: float = 0.0
     consecutive: int = 1
+    per_level: bool = True  # judge deviations against the same load level (False: counters, any rise counts)
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,8 @@ class Signal:
     points: tuple[tuple[float, float], ...]  # (t_s, value), any order
     rule: SignalRule = field(default_factory=SignalRule)
     unit: str = ""
+    raw: tuple[tuple[float, float], ...] = ()  # the points a windowed signal was built from
+    window_s: float = 0.0  # the windows' length (each point stamped at its window's start)
 
 
 @dataclass(frozen=True)
@@ -107,30 +118,62 @@ def _past(rule: SignalRule, value: float, limit: float) -> bool:
     return value > limit if rule.direction == "up" else value < limit
 
 
-def onset_of(sig: Signal, t0_s: float, baseline_start_s: float, end_s: float = math.inf) -> Onset | None:
-    """The first abnormal point of one signal in [t0_s, end_s), judged against [baseline_start_s, t0_s)."""
+def onset_of(sig: Signal, t0_s: float, baseline_start_s: float, end_s: float = math.inf,
+             levels: Sequence[tuple[float, float]] = (), settle_s: float = 1.0) -> Onset | None:
+    """The first abnormal point of one signal in [t0_s, end_s), judged against [baseline_start_s, t0_s)
+    or, inside one of `levels`, against that level's first `settle_s` seconds."""
     pts = sorted(sig.points)
     base = baseline_of(pts, baseline_start_s, t0_s)
-    lims = limits(sig.rule, base)
-    if not lims:
-        return None
-    run: list[tuple[float, float, str, float]] = []
+    thresholds_only = SignalRule(direction=sig.rule.direction, threshold=sig.rule.threshold, deviation=False,
+                                 consecutive=sig.rule.consecutive)
+    cache: dict[tuple[float, float], tuple[list[tuple[str, float]], Baseline | None]] = {}
+
+    def judged(t: float) -> tuple[list[tuple[str, float]], Baseline | None]:
+        if not levels or not sig.rule.deviation or not sig.rule.per_level:
+            return limits(sig.rule, base), base
+        seg = next(((a, b) for a, b in levels if a <= t < b), None)
+        if seg is None:
+            return limits(sig.rule, base), base
+        if seg not in cache:
+            lb = baseline_of(pts, seg[0], seg[0] + settle_s)
+            cache[seg] = (limits(sig.rule if lb else thresholds_only, lb), lb)
+        lims, lb = cache[seg]
+        if t < seg[0] + settle_s:  # the level's own baseline: only fixed thresholds judge it
+            return limits(thresholds_only, None), lb
+        return lims, lb
+
+    run: list[tuple[float, float, str, float, Baseline | None]] = []
     for t, v in pts:
         if t < t0_s or t >= end_s or not math.isfinite(v):
             continue
+        lims, used = judged(t)
         hit = next(((r, lim) for r, lim in lims if _past(sig.rule, v, lim)), None)
         if hit is None:
             run = []
             continue
-        run.append((t, v, hit[0], hit[1]))
+        run.append((t, v, hit[0], hit[1], used))
         if len(run) >= max(1, sig.rule.consecutive):
-            t1, v1, reason, lim = run[0]
-            return Onset(sig.name, sig.layer, t1, v1, reason, lim, base.mean if base else None, sig.unit)  # type: ignore[arg-type]
+            t1, v1, reason, lim, b = run[0]
+            return Onset(sig.name, sig.layer, _first_evidence(sig, t1, lim), v1, reason, lim,  # type: ignore[arg-type]
+                         b.mean if b else None, sig.unit)
     return None
 
 
+def _first_evidence(sig: Signal, t: float, limit: float) -> float:
+    """Inside the window stamped *t*, the time of the first raw point past *limit* (else the first raw
+    point at all): the onset is when the evidence was there, not the window's edge."""
+    if not sig.raw or sig.window_s <= 0:
+        return t
+    inside = sorted((rt, rv) for rt, rv in sig.raw if t <= rt < t + sig.window_s)
+    past = next((rt for rt, rv in inside if _past(sig.rule, rv, limit)), None)
+    if past is not None:
+        return past
+    return inside[0][0] if inside else t
+
+
 def first_abnormal(
-    signals: Sequence[Signal], t0_s: float, baseline_start_s: float, end_s: float = math.inf
+    signals: Sequence[Signal], t0_s: float, baseline_start_s: float, end_s: float = math.inf,
+    levels: Sequence[tuple[float, float]] = (), settle_s: float = 1.0,
 ) -> SignalReport:
     """Judge every signal; the earliest onset is the first abnormal signal. Ties go to the layer
     nearest the user (user, then service, then resource), the order a reader should look in."""
@@ -142,7 +185,7 @@ def first_abnormal(
             base_pts = [(t, v) for t, v in sig.points if baseline_start_s <= t < t0_s]
             if any(_past(sig.rule, v, sig.rule.threshold) for _, v in base_pts):
                 noisy.append(sig.name)
-        o = onset_of(sig, t0_s, baseline_start_s, end_s)
+        o = onset_of(sig, t0_s, baseline_start_s, end_s, levels, settle_s)
         if o is None:
             quiet.append(sig.name)
         else:
@@ -199,17 +242,6 @@ def windowed(
     return tuple(out)
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
-    if not values:
-        raise ValueError("percentile of no values")
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100.0
-    lo = int(math.floor(pos))
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 __all__ = [
     "LAYERS",
     "Baseline",
@@ -222,6 +254,5 @@ __all__ = [
     "first_abnormal",
     "limits",
     "onset_of",
-    "percentile",
     "windowed",
 ]

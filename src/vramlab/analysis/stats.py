@@ -13,29 +13,11 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from vramlab.experiment.records import RequestRecord, SampleRecord
+from vramlab.records import RequestRecord, SampleRecord
+from vramlab.records.stats import percentile
 
 # Sample names whose interesting extreme is the minimum (health.ok drops to 0 when unhealthy).
 MIN_IS_WORST = ("health.ok",)
-
-
-def percentile(values: Sequence[float], p: float, *, is_sorted: bool = False) -> float:
-    """The p-th percentile (0..100) of *values* by linear interpolation (type 7)."""
-    if not values:
-        raise ValueError("percentile of no values")
-    if not 0.0 <= p <= 100.0 or math.isnan(p):
-        raise ValueError(f"percentile p must be within 0..100, got {p}")
-    xs = values if is_sorted else sorted(values)
-    h = (len(xs) - 1) * p / 100.0
-    lo = math.floor(h)
-    hi = min(lo + 1, len(xs) - 1)
-    frac = h - lo
-    if not frac:
-        return xs[lo]
-    # a + f*(b - a) is monotone in f under rounding; the clamp keeps it within [a, b] (and finite
-    # when b - a overflows), so the whole function stays monotone in p.
-    value = xs[lo] + frac * (xs[hi] - xs[lo])
-    return min(max(value, xs[lo]), xs[hi])
 
 
 @dataclass(frozen=True)

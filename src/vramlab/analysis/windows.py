@@ -16,7 +16,7 @@ from vramlab.analysis.stats import (
     summarize_requests,
     summarize_samples,
 )
-from vramlab.experiment.records import EventRecord, RequestRecord, SampleRecord
+from vramlab.records import EventRecord, RequestRecord, SampleRecord
 
 PHASE_ORDER = {"baseline": 0, "ramp": 1, "treatment": 1, "recovery": 2}
 

@@ -1,6 +1,6 @@
 """Fit the capacity model's free constants to observations, and apply a fitted profile.
 
-Pure maths: the fit touches no file. `load_profile` reads a profile for `plan --calibration`;
+Pure maths: touches no file. `vramlab.sources.profile.load_profile` reads a profile for `plan --calibration`;
 `vramlab.logs.profile.write_profile` writes one.
 
 The fit never re-implements a formula. For each constant it asks `estimate` how the component
@@ -26,12 +26,14 @@ from vramlab.capacity.estimate import Estimate
 from vramlab.capacity.gpus import GPU
 from vramlab.capacity.settings import DEFAULT_VERSIONS, EngineSettings, parse_version
 from vramlab.capacity.spec import ModelSpec
+from vramlab.capacity.validation import check_version_range
 from vramlab.errors import ConfigError, VramlabError
 
 # Constant -> the observed field (plan-JSON name) it is fitted against.
 FIT_TARGETS: dict[str, str] = {
     "sampler_bytes_per_seq_vocab": "activation_peak_bytes",
-    "v0_sampler_bytes_per_seq_vocab": "activation_peak_bytes",
+    "legacy_sampler_bytes_per_seq_vocab": "activation_peak_bytes",
+    "early_v1_sampler_bytes_per_seq_vocab": "activation_peak_bytes",
     "forward_intermediate_copies": "activation_peak_bytes",
     "forward_hidden_copies": "activation_peak_bytes",
     "moe_workspace_copies": "activation_peak_bytes",
@@ -40,14 +42,17 @@ FIT_TARGETS: dict[str, str] = {
     "hf_activation_hidden_copies": "activation_peak_bytes",
     "non_torch_forward_bytes": "non_torch_bytes",
     "non_torch_forward_tp_bytes": "non_torch_bytes",
+    "non_torch_forward_tp_nonvls_bytes": "non_torch_bytes",
     "non_torch_forward_pp_bytes": "non_torch_bytes",
     "v0_non_torch_bytes": "non_torch_bytes",
     "v0_non_torch_tp_bytes": "non_torch_bytes",
+    "v0_non_torch_tp_nvswitch_bytes": "non_torch_bytes",
     "cuda_graph_base_bytes": "cuda_graph_bytes",
     "cuda_graph_per_layer_bytes": "cuda_graph_bytes",
     "sglang_graph_bytes_per_bs": "cuda_graph_bytes",
     "cuda_context_bytes": "init_non_torch_bytes",
     "nccl_init_bytes": "init_non_torch_bytes",
+    "nccl_init_pcie_bytes": "init_non_torch_bytes",
 }
 # Estimate component -> observed field.
 COMPONENT_FIELDS = {
@@ -347,10 +352,9 @@ def _leave_one_out(model: _Model, linear: dict[str, _Linear], values: dict[str, 
 
 
 def _p90(xs: list[float]) -> float:
-    s = sorted(xs)
-    k = (len(s) - 1) * 0.9
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+    from vramlab.records.stats import percentile  # the one definition (type 7, as this was)
+
+    return percentile(xs, 90)
 
 
 # --- profiles --------------------------------------------------------------------------------
@@ -393,6 +397,7 @@ def profile_from_dict(data: Mapping[str, Any], name: str) -> Profile:
             consts = {n: dict(v) for n, v in (sec.get("constants") or {}).items()}
             for v in consts.values():
                 float(v["value"]), float(v["rel_band"]), str(v["source"])  # noqa: B018 - validate
+            check_version_range(sec.get("version_min"), sec.get("version_max"), f"{name}: section {k + 1} versions")
             sections.append(Section(str(sec["engine"]), sec.get("version_min"), sec.get("version_max"), consts,
                                     dict(sec.get("loo") or {}), int(sec.get("n_observations", 0))))
         except (KeyError, TypeError, ValueError) as exc:
@@ -400,25 +405,6 @@ def profile_from_dict(data: Mapping[str, Any], name: str) -> Profile:
     if not sections:
         raise ConfigError(f"{name}: the profile has no [[section]]")
     return Profile(name, tuple(sections), dict(data.get("provenance") or {}))
-
-
-def load_profile(path: Any) -> Profile:
-    """Read a profile file (TOML). The one place this package touches a file: plan and
-    check-log both need it, and it is a read of the profile this module defines."""
-    from pathlib import Path
-
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        raise ConfigError("reading calibration profiles needs Python 3.11 or newer (tomllib)") from None
-    p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: not valid TOML ({exc})") from None
-    return profile_from_dict(data, p.name)
 
 
 def _pad(v: tuple[int, ...], n: int = 4) -> tuple[int, ...]:

@@ -19,6 +19,8 @@ class Constant:
     rel_band: float  # +/- relative uncertainty of the default
     source: str
     calibrated: bool = False
+    # Why `vramlab calibrate` does not fit it (no log prints the quantity it drives); None = fittable.
+    fixed: str | None = None
 
 
 _DEFAULTS: dict[str, Constant] = {
@@ -50,16 +52,30 @@ _DEFAULTS: dict[str, Constant] = {
     "non_torch_forward_pp_bytes": Constant(0.07 * GIB, 1.0, "vLLM 0.19 PP=2/4 rows: 0.07 GiB"),
     # V0 era non-torch memory (CUDA context excluded, NCCL inside the window at TP>1).
     "v0_non_torch_bytes": Constant(0.06 * GIB, 1.0, "vLLM V0 log 'non_torch_memory takes' 0.03-0.09 GiB at TP=1"),
-    "v0_non_torch_tp_bytes": Constant(1.2 * GIB, 0.6, "NCCL init inside the V0 profiling window"),
+    # V0 at TP>1: NCCL init and the custom all-reduce buffers fall inside the profiling window, so
+    # the term follows the interconnect. PCIe / no NVSwitch: NCCL ring buffers and (TP=2 only,
+    # vLLM disables custom all-reduce on more than two PCIe GPUs) 8 MiB IPC buffers.
+    "v0_non_torch_tp_bytes": Constant(0.25 * GIB, 0.6,
+                                      "vLLM V0 'non_torch_memory takes' at TP 2-4 on PCIe cards: 0.20-0.30 GiB "
+                                      "(vllm#13061 2x RTX 4090, vllm PR #14447 24 GiB cards)"),
+    # ... on NVSwitch nodes (SXM A100/H100): custom all-reduce at any TP with registered IPC
+    # buffers, and NCCL's NVLink buffers.
+    "v0_non_torch_tp_nvswitch_bytes": Constant(2.0 * GIB, 0.3,
+                                               "vLLM V0 'non_torch_memory takes' 2.10 GiB at TP 8 on A100-40GB "
+                                               "SXM (p4d); H100 TP2 adds 1.79 GiB over TP1 (vllm PR #10511)"),
     # CUDA context + cuBLAS handles before the engine measures anything.
     "cuda_context_bytes": Constant(0.51 * GIB, 0.3, "vLLM 0.19 worker init snapshot non_torch_memory=0.51GiB; PyTorch #107667"),
     # NCCL communicators created at init for TP/PP > 1 (outside vLLM V1's budget).
     "nccl_init_bytes": Constant(1.2 * GIB, 0.4, "vLLM 0.19 init non-torch 1.43-2.05 GiB at TP/PP>1 less the 0.51 GiB context"),
+    # ... on PCIe cards (no NVSwitch): ring buffers only.
+    "nccl_init_pcie_bytes": Constant(0.15 * GIB, 0.5, "SGLang 'Init torch distributed ends. mem usage=0.13 GB' at TP4 "
+                                     "on 4x L4 PCIe (EC2 g6.12xlarge)"),
     # CUDA graphs (vLLM): a shared mempool; grows with layers and the number of captured sizes.
     "cuda_graph_base_bytes": Constant(0.35 * GIB, 0.5, "vLLM 0.19 'Graph capturing finished ... took' 0.49-1.61 GiB"),
     "cuda_graph_per_layer_bytes": Constant(0.016 * GIB, 0.5, "same; fitted against num_layers"),
     # vLLM >= 0.21 estimates graph memory during profiling and reports a multiple of actual.
-    "cuda_graph_estimate_ratio": Constant(1.0, 0.6, "vLLM CUDA graph pool 'actual vs estimated' lines: 0.5x-2x"),
+    "cuda_graph_estimate_ratio": Constant(1.0, 0.6, "vLLM CUDA graph pool 'actual vs estimated' lines: 0.5x-2x",
+                                          fixed="no development row of vLLM >= 0.21 prints the estimate"),
     # SGLang decode graphs: ~2 MiB x max batch size in its own reservation heuristic.
     "sglang_graph_bytes_per_bs": Constant(2 * MIB, 0.6, "SGLang server_args reservation heuristic (PR #10975)"),
     # TGI warm-up prefill peak per prefill token (logits + forward, bf16), per hidden unit.
@@ -69,8 +85,6 @@ _DEFAULTS: dict[str, Constant] = {
     "llamacpp_compute_scratch_bytes": Constant(8 * MIB, 1.0, "llama.cpp 'compute buffer size' lines vs 4 x n_ubatch x vocab"),
     # transformers: eager forward at prefill keeps several hidden-sized activations per token.
     "hf_activation_hidden_copies": Constant(12.0, 0.5, "transformers generate() peak beyond weights and cache"),
-    # Allocator fragmentation and slack once the pool is full (used by the safe point only).
-    "fragmentation_fraction": Constant(0.02, 1.0, "PyTorch caching allocator; vLLM's 150 MiB profiling redundancy"),
 }
 
 
@@ -109,3 +123,8 @@ class Constants:
 
 def names() -> list[str]:
     return sorted(_DEFAULTS)
+
+
+def fixed_names() -> list[str]:
+    """Constants `vramlab calibrate` leaves alone, each with its reason in `Constant.fixed`."""
+    return sorted(n for n, c in _DEFAULTS.items() if c.fixed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-GIB = 1 << 30
+from vramlab.capacity.units import GIB  # noqa: F401  (capacity's modules import it from here)
 
 # Where a figure comes from, from most to least certain.
 EXACT = "exact"  # read from weight-file headers or computed from exact shapes

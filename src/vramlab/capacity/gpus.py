@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vramlab.capacity.units import GIB
 from vramlab.errors import unknown
-
-GIB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -40,11 +39,19 @@ _OBS_VLLM = "vLLM total_gpu_memory in published start-up logs"
 _EST = "estimated: nominal capacity less the driver reservation seen on sibling cards"
 
 GPUS: tuple[GPU, ...] = (
+    # Pascal (compute capability 6.x): llama.cpp and transformers run; vLLM needs 7.0+.
+    GPU("p100-16gb", 15.89, 16, 732, 19, arch="pascal", memory_source=_EST, aliases=("p100", "tesla-p100")),
+    GPU("p40", 22.38, 24, 346, 12, arch="pascal", memory_source=_EST, aliases=("tesla-p40",)),
+    GPU("gtx-1080-ti", 10.91, 11, 484, 11, arch="pascal", memory_source=_EST, aliases=("1080-ti", "1080ti")),
+    GPU("rtx-2080-ti", 10.75, 11, 616, 54, arch="turing", memory_source=_EST, aliases=("2080-ti", "2080ti")),
+    GPU("titan-rtx", 23.65, 24, 672, 65, arch="turing", memory_source=_EST),
+    GPU("quadro-rtx-8000", 47.46, 48, 672, 65, arch="turing", memory_source=_EST, aliases=("rtx-8000",)),
     GPU("t4", 14.74, 16, 320, 65, arch="turing", memory_source=_OBS_VLLM, aliases=("tesla-t4",)),
     GPU("v100-16gb", 15.77, 16, 900, 125, arch="volta", memory_source=_EST, aliases=("v100",)),
     GPU("v100-32gb", 31.74, 32, 900, 125, arch="volta", memory_source=_EST),
     GPU("l4", 22.49, 24, 300, 121, arch="ada", fp8=True, memory_source="kvplan / vLLM logs on L4"),
     GPU("a10g", 22.19, 24, 600, 70, arch="ampere", memory_source="PyTorch OOM messages on A10G", aliases=("a10",)),
+    GPU("rtx-3070", 7.63, 8, 448, 41, arch="ampere", memory_source=_EST, aliases=("3070",)),
     GPU("rtx-3090", 23.69, 24, 936, 71, arch="ampere", memory_source=_EST, aliases=("3090",)),
     GPU("rtx-4090", 23.63, 24, 1008, 165, arch="ada", fp8=True, memory_source=_OBS_VLLM, aliases=("4090",)),
     GPU("rtx-5090", 31.36, 32, 1792, 209, arch="blackwell", fp8=True, memory_source=_EST, aliases=("5090",)),
@@ -59,6 +66,12 @@ GPUS: tuple[GPU, ...] = (
     GPU("h200", 139.81, 141, 4800, 989, arch="hopper", fp8=True, memory_source=_EST, aliases=("h200-141gb",)),
     GPU("b200", 178.36, 192, 8000, 2250, arch="blackwell", fp8=True, memory_source="vLLM PR #21489 log", aliases=("b200-180gb",)),
     GPU("mi300x", 191.69, 192, 5300, 1307, vendor="amd", arch="cdna3", fp8=True, memory_source=_EST),
+    GPU("mi210", 63.98, 64, 1600, 181, vendor="amd", arch="cdna2", memory_source=_EST),
+    GPU("mi250", 63.98, 64, 1600, 181, vendor="amd", arch="cdna2", memory_source=_EST,
+        aliases=("mi250x",)),  # per GCD: one MI250 is two 64 GB devices
+    GPU("mi325x", 255.98, 256, 6000, 1307, vendor="amd", arch="cdna3", fp8=True, memory_source=_EST),
+    GPU("rx-7900-xtx", 23.98, 24, 960, 123, vendor="amd", arch="rdna3", memory_source=_EST,
+        aliases=("7900-xtx", "radeon-rx-7900-xtx")),
 )
 
 _BY_NAME: dict[str, GPU] = {}

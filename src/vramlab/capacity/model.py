@@ -15,8 +15,9 @@ from vramlab.capacity.constants import Constants
 from vramlab.capacity.engines.common import Context, PolicyResult
 from vramlab.capacity.estimate import GIB, Component, Estimate
 from vramlab.capacity.gpus import GPU
-from vramlab.capacity.settings import DEFAULT_VERSIONS, ENGINES, EngineSettings
+from vramlab.capacity.settings import ENGINES, EngineSettings
 from vramlab.capacity.spec import ModelSpec
+from vramlab.capacity.validation import check_settings
 from vramlab.errors import ConfigError
 
 _POLICIES = {
@@ -43,8 +44,7 @@ def run_policy(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: 
     engine = settings.engine
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
-    if settings.tensor_parallel_size < 1 or settings.pipeline_parallel_size < 1:
-        raise ConfigError("tensor and pipeline parallel sizes must be at least 1")
+    check_settings(settings)
     ctx = Context(model, gpu, settings, _constants(constants))
     policy = import_module(_POLICIES[engine])
     return ctx, policy.plan(ctx)
@@ -72,25 +72,13 @@ def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Co
     all_comps = tuple(comps) + (kv_comp,)
     used = sum(c.bytes for c in all_comps) if r.kv_fixed else _used(comps, kv_comp, r)
     headroom = ctx.total - ctx.other - used
-    reasons = list(r.reasons)
-    if kv_mid <= 0 and not r.kv_fixed:
-        reasons.append("No available memory for the cache blocks: the non-KV components exceed the budget")
-    elif lim.num_blocks < r.min_blocks_needed and not r.kv_fixed:
-        need = r.min_blocks_needed * (kv_mid / max(1, lim.num_blocks)) if lim.num_blocks else 0
-        reasons.append(
-            f"To serve at least one request with the model's max seq len ({r.max_model_len}), "
-            f"{need / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
-            f"({kv_mid / GIB:.2f} GiB)" if need else
-            f"the KV cache cannot hold one request of max_model_len {r.max_model_len}")
-    if headroom < 0:
-        reasons.append(f"the process needs {used / GIB:.2f} GiB but the card has "
-                       f"{(ctx.total - ctx.other) / GIB:.2f} GiB free ({-headroom / GIB:.2f} GiB short)")
+    reasons = list(r.reasons) + _refusals(ctx, r, kv_mid, lim.num_blocks, used, headroom)
     fits = not reasons
     est = Estimate(
         model=model.name,
         gpu=gpu.name,
         engine=settings.engine,
-        engine_version=settings.engine_version or DEFAULT_VERSIONS[settings.engine],
+        engine_version=settings.resolved_version,
         gpu_memory_bytes=ctx.total,
         settings=r.settings,
         components=all_comps,
@@ -115,6 +103,24 @@ def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Co
     if not fits and with_suggestions:
         est = replace(est, suggestions=tuple(suggest(model, gpu, settings, constants, est)))
     return est
+
+
+def _refusals(ctx: Context, r: PolicyResult, kv_bytes: int, blocks: int, used: int, headroom: int) -> list[str]:
+    """The engine's own start-up refusals for the pool, and a card too small for the process."""
+    reasons = []
+    if kv_bytes <= 0 and not r.kv_fixed:
+        reasons.append("No available memory for the cache blocks: the non-KV components exceed the budget")
+    elif blocks < r.min_blocks_needed and not r.kv_fixed:
+        need = r.min_blocks_needed * (kv_bytes / max(1, blocks)) if blocks else 0
+        reasons.append(
+            f"To serve at least one request with the model's max seq len ({r.max_model_len}), "
+            f"{need / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({kv_bytes / GIB:.2f} GiB)" if need else
+            f"the KV cache cannot hold one request of max_model_len {r.max_model_len}")
+    if headroom < 0:
+        reasons.append(f"the process needs {used / GIB:.2f} GiB but the card has "
+                       f"{(ctx.total - ctx.other) / GIB:.2f} GiB free ({-headroom / GIB:.2f} GiB short)")
+    return reasons
 
 
 def _used(comps: list[Component], kv: Component, r: PolicyResult) -> int:

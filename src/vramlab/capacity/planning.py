@@ -13,6 +13,7 @@ from vramlab.capacity.gpus import GPU
 from vramlab.capacity.model import estimate, max_len_that_fits, safe_operating_point
 from vramlab.capacity.settings import EngineSettings
 from vramlab.capacity.spec import ModelSpec
+from vramlab.capacity.validation import check_settings
 from vramlab.errors import ConfigError, VramlabError
 
 # --sweep keys (engine flag spelling) -> EngineSettings fields.
@@ -133,6 +134,9 @@ def sweep(model: ModelSpec, gpu: GPU, base: EngineSettings, axes: list[tuple[str
     names = [name for name, _ in axes]
     if len(set(names)) != len(names):
         raise ConfigError("--sweep: each key may be swept once")
+    for name, values in axes:  # a value no engine would take is bad input, not a row that does not fit
+        for value in values:
+            check_settings(base.with_(**{name: value}))
     out = SweepResult(axes)
     for combo in itertools.product(*(values for _, values in axes)):
         point = dict(zip(names, combo, strict=True))

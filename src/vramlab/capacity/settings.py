@@ -12,8 +12,11 @@ DEFAULT_VERSIONS = {
     "sglang": "0.5.6",
     "tgi": "3.3.6",
     "llama.cpp": "b7000",
-    "transformers": "4.57.0",
+    "transformers": "5.0.0",
 }
+# `--vllm-engine v0` without a version: the last release that still shipped the V0 engine
+# (V0 was removed in 0.11.0).
+LAST_VLLM_V0_RELEASE = "0.10.2"
 
 
 def parse_version(text: str | None) -> tuple[int, ...]:
@@ -61,6 +64,12 @@ class EngineSettings:
     parallel: int | None = None  # llama.cpp -np
     n_ubatch: int | None = None  # llama.cpp -ub
     flash_attn: bool | None = None  # llama.cpp -fa
+    cache_type_v: str | None = None  # llama.cpp --cache-type-v (None = same as the K type)
+    llamacpp_server: str = "llama-server"  # or "llama-cpp-python" (python -m llama_cpp.server)
+    enable_chunked_prefill: bool | None = None  # vLLM V0: None = the engine decides (auto above 32k)
+    allow_long_max_model_len: bool = False  # vLLM VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
+    rope_scaling_factor: float | None = None  # a rope-scaling override (vLLM --hf-overrides/--rope-scaling)
+    continuous_batching: bool = False  # transformers serve --continuous-batching
     api_server: bool = True  # vLLM: `vllm serve` defaults, not the LLM class
     other_processes_bytes: int = 0  # memory other processes already hold on each card
 
@@ -69,7 +78,17 @@ class EngineSettings:
 
     @property
     def version(self) -> tuple[int, ...]:
-        return parse_version(self.engine_version or DEFAULT_VERSIONS.get(self.engine))
+        return parse_version(self.resolved_version)
+
+    @property
+    def resolved_version(self) -> str:
+        """The release planned for: the one given, else the engine's default (the last V0 release
+        for `--vllm-engine v0`)."""
+        if self.engine_version:
+            return self.engine_version
+        if self.engine == "vllm" and (self.vllm_engine or "").lower() == "v0":
+            return LAST_VLLM_V0_RELEASE
+        return DEFAULT_VERSIONS[self.engine]
 
     @property
     def world_size(self) -> int:

@@ -78,6 +78,11 @@ class ModelSpec:
     hf_id: str | None = None
     source: str = ""  # where the facts came from (catalog entry's source, a path, a Hub id)
 
+    # RoPE scaling from the config (`rope_scaling`): the context the engine derives from it.
+    rope_scaling_type: str | None = None
+    rope_scaling_factor: float = 1.0
+    rope_original_max_position: int | None = None
+
     # Attention variants. `layer_kinds` has one entry per layer; None means all "full".
     layer_kinds: tuple[str, ...] | None = None
     sliding_window: int | None = None
@@ -145,7 +150,27 @@ class ModelSpec:
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        return self.layer_kinds if self.layer_kinds is not None else ("full",) * self.num_layers
+        if self.layer_kinds is not None:
+            return self.layer_kinds
+        cached = self.__dict__.get("_all_full")
+        if cached is None or len(cached) != self.num_layers:  # built once: callers index it per layer
+            cached = ("full",) * self.num_layers
+            object.__setattr__(self, "_all_full", cached)
+        return cached
+
+    @property
+    def context_length(self) -> int:
+        """The longest context the engines derive from the config, as vLLM's `_get_and_verify_max_len`
+        does: `max_position_embeddings`, times the rope-scaling factor for scaling types that extend
+        the context (yarn from `original_max_position_embeddings`; linear/dynamic from the base);
+        llama3, su and longrope configs already state the extended length. Never the sliding window."""
+        base = self.max_position_embeddings
+        kind = (self.rope_scaling_type or "").lower()
+        if not base or not kind or kind in ("llama3", "su", "longrope", "default", "mrope") or self.rope_scaling_factor <= 1:
+            return base
+        if kind == "yarn" and self.rope_original_max_position:
+            base = self.rope_original_max_position
+        return int(base * self.rope_scaling_factor)
 
     def count(self, kind: str) -> int:
         return sum(1 for k in self.kinds if k == kind)

@@ -167,9 +167,11 @@ def weight_bytes(m: ModelSpec, dtype: str = "auto", quantization: str | None = N
         # Headers give the checkpoint's bytes; TP splits nearly all of it.
         wb = breakdown(m, tp, pp, rank_pp)
         rope = wb.rope_cache_elems * dtype_bytes(model_dtype) if rope_cache else 0
+        # "exact" = the headers' bytes at the dtype the engine loads (a cast at load scales them).
         exact = m.weights_bytes_exact
-        if m.quant is None and model_dtype != m.torch_dtype:  # cast at load (e.g. --dtype float32)
-            exact = int(exact * dtype_bytes(model_dtype) / dtype_bytes(m.torch_dtype))
+        stored = stored_dtype(m)
+        if m.quant is None and model_dtype != stored:
+            exact = int(exact * dtype_bytes(model_dtype) / dtype_bytes(stored))
         return int(exact / tp + rope), "exact"
     wb = breakdown(m, tp, pp, rank_pp)
     full = dtype_bytes(model_dtype)
@@ -255,16 +257,33 @@ def effective_quant(m: ModelSpec, quantization: str | None) -> QuantSpec | None:
     return QuantSpec(qn, 8.0, unquantized_dtype=m.torch_dtype)
 
 
-def resolve_dtype(m: ModelSpec, dtype: str, q: QuantSpec | None = None) -> str:
-    """The activation/weight dtype the engine runs: --dtype, else the config's (fp32 checkpoints -> bf16).
+def resolve_dtype(m: ModelSpec, dtype: str, q: QuantSpec | None = None, engine: str = "vllm",
+                  version: tuple[int, ...] = ()) -> str:
+    """The activation/weight dtype the engine runs: --dtype, else the engine's default.
 
-    AWQ/GPTQ kernels run in float16 when --dtype is auto.
+    Serving engines (vLLM, SGLang, TGI) take the config's dtype and cast fp32 checkpoints to bf16;
+    AWQ/GPTQ kernels run in float16. transformers 5.x loads the checkpoint's own dtype (`auto`,
+    float32 included); 4.x loaded float32 unless told otherwise.
     """
     d = (dtype or "auto").replace("torch.", "")
     aliases = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32", "fp32": "float32"}
     d = aliases.get(d, d)
     if d != "auto":
         return d
+    if engine == "transformers":
+        if version and version < (5,):
+            return "float32"
+        return m.torch_dtype if m.torch_dtype in ("bfloat16", "float16", "float32") else "bfloat16"
     if q is not None and q.method in ("awq", "gptq"):
         return "float16"
     return m.torch_dtype if m.torch_dtype in ("bfloat16", "float16") else "bfloat16"
+
+
+def stored_dtype(m: ModelSpec) -> str:
+    """The dtype most of the checkpoint's bytes are stored in (headers when read, else the config)."""
+    by_dtype = {k: v for k, v in (m.weights_bytes_by_dtype or {}).items()
+                if k.upper() in ("F32", "F16", "BF16", "FLOAT32", "FLOAT16", "BFLOAT16")}
+    if by_dtype:
+        top = max(by_dtype, key=lambda k: by_dtype[k])
+        return {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(top.upper(), top.lower())
+    return m.torch_dtype

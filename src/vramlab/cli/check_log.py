@@ -1,117 +1,56 @@
-"""Compare an engine's start-up log with vramlab's prediction for the same settings.
+"""Read what an engine decided at start-up from its log, beside vramlab's prediction.
 
-Reads what the engine decided (weights, activation peak, non-torch memory, CUDA graphs, KV
-cache, concurrency), predicts the same with `vramlab plan`'s model, and prints both side by
-side with the difference and the component that explains most of the KV difference. The
-model, GPU and settings come from the log when it prints them; flags fill the gaps.
+Reads any excerpt of a vLLM (every era), SGLang, TGI, llama.cpp (llama-server or
+llama-cpp-python) or Ollama log: weights, non-torch memory, activation peak, CUDA graphs, KV
+cache bytes, tokens and blocks, maximum concurrency, and failed start-ups, per rank and per
+start-up. The prediction for the same settings is added when the model (named in the log or
+--model) and the card (the log's total memory or --gpu) resolve; otherwise one line says what
+is missing. Several files or a folder give one table per engine era.
 
 examples:
   vramlab check-log vllm-startup.log
   vramlab check-log sglang.log --model qwen3-8b --gpu h100-80gb
   vramlab check-log vllm-startup.log --json
+  vramlab check-log logs/                      # every log in the folder, one table per engine era
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", metavar="FILE", help="engine log (vLLM, SGLang, TGI, llama.cpp, Ollama)")
+    parser.add_argument("files", nargs="+", metavar="FILE",
+                        help="engine log(s) or folder(s) of logs (vLLM, SGLang, TGI, llama.cpp, Ollama)")
     parser.add_argument("--model", help="model name, Hub id or local path (default: the one the log names)")
     parser.add_argument("--gpu", help="GPU catalog name (default: from the log's total memory)")
     parser.add_argument("--engine", help="engine that wrote the log (default: detected)")
     parser.add_argument("--engine-version", help="engine version when the log does not print it")
     parser.add_argument("--calibration", metavar="PROFILE", help="calibration profile (.toml) to predict with")
     parser.add_argument("--online", action="store_true", help="allow reading a model's config from the Hugging Face Hub")
+    parser.add_argument("--max-bytes", type=int, metavar="N",
+                        help="stop reading each log after N bytes (default 64 MiB; bounds /dev/zero, pipes, huge logs)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (docs/logs-and-calibration.md)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from vramlab.logs.check import check_log
+    from vramlab.logs.check import check_log, check_logs
+    from vramlab.report.check_log_text import render, render_folder
 
-    report = check_log(args.file, model=args.model, gpu=args.gpu, engine=args.engine,
-                       engine_version=args.engine_version, calibration=args.calibration,
-                       offline=not args.online)
-    if args.json:
-        print(json.dumps(report.to_json(), indent=1))
-    else:
-        print(render(report))
+    kwargs: dict[str, Any] = dict(model=args.model, gpu=args.gpu, engine=args.engine,
+                                  engine_version=args.engine_version, calibration=args.calibration,
+                                  offline=not args.online, max_bytes=args.max_bytes)
+    if args.max_bytes is not None and args.max_bytes < 1:
+        from vramlab.errors import ConfigError
+
+        raise ConfigError("--max-bytes must be at least 1")
+    if len(args.files) == 1 and not Path(args.files[0]).is_dir():
+        report = check_log(args.files[0], **kwargs)
+        print(json.dumps(report.to_json(), indent=1) if args.json else render(report))
+        return 0
+    folder = check_logs(args.files, **kwargs)
+    print(json.dumps(folder.to_json(), indent=1) if args.json else render_folder(folder))
     return 0
-
-
-def _fmt(field: str, value: float | None) -> str:
-    if value is None:
-        return "-"
-    if field.endswith("_bytes"):
-        return f"{value / (1 << 30):.2f} GiB"
-    if field == "max_concurrency":
-        return f"{value:.2f}x"
-    return f"{int(value):,}"
-
-
-def _diff(field: str, row: Any) -> str:
-    d, rel = row.difference, row.relative
-    if d is None:
-        return ""
-    text = f"{d / (1 << 30):+.2f} GiB" if field.endswith("_bytes") else (
-        f"{d:+.2f}x" if field == "max_concurrency" else f"{int(d):+,}")
-    return text + (f" ({rel:+.1%})" if rel is not None else "")
-
-
-def render(report: Any) -> str:
-    out = [f"{report.source}: {report.engine} log, {report.lines} lines"]
-    shown: dict[str, list[int]] = {}
-    items = []
-    for item in report.items:  # TP ranks that printed the same figures are shown once
-        key = json.dumps([item.observation.measured(), item.error], sort_keys=True)
-        if key in shown and item.observation.rank is not None:
-            shown[key].append(item.observation.rank)
-            continue
-        shown[key] = [item.observation.rank] if item.observation.rank is not None else []
-        items.append((item, shown[key]))
-    for item, ranks in items:
-        obs = item.observation
-        rank = (f" rank {ranks[0]}" if len(ranks) == 1 else
-                f" ranks {', '.join(map(str, ranks))} (same figures)" if ranks else "")
-        lines = [s.line for s in obs.source_lines]
-        where = f" (lines {min(lines)}-{max(lines)})" if lines else ""
-        out.append("")
-        out.append(f"{obs.engine} {obs.engine_version or '(version not printed)'}  {obs.model or '(model not printed)'}"
-                   f"{rank}{where}")
-        if item.comparison is None:
-            out.append(f"  no prediction: {item.error}")
-            for f in ("weights_bytes", "activation_peak_bytes", "non_torch_bytes", "cuda_graph_bytes",
-                      "kv_cache_bytes", "kv_cache_tokens", "max_concurrency"):
-                if getattr(obs, f) is not None:
-                    out.append(f"  {f.removesuffix('_bytes'):18} {_fmt(f, getattr(obs, f)):>12}")
-            continue
-        cmp = item.comparison
-        est = cmp.estimate
-        out.append(f"  predicted for {est.model} on {cmp.gpu_reason}; settings: "
-                   + ", ".join(f"{k}={v}" for k, v in sorted(item.settings_used.items())))
-        out.append(f"  {'component':18} {'engine':>12} {'vramlab':>12}  difference")
-        for row in cmp.rows:
-            if row.observed is None and row.predicted is None:
-                continue
-            out.append(f"  {row.field.removesuffix('_bytes'):18} {_fmt(row.field, row.observed):>12} "
-                       f"{_fmt(row.field, row.predicted):>12}  {_diff(row.field, row)}")
-        if cmp.explains == "unexplained":
-            unseen = [r.field.removesuffix("_bytes") for r in cmp.rows
-                      if r.observed is None and r.predicted is not None and r.field.endswith("_bytes")]
-            out.append("  most of the KV difference is not explained by the components the log prints"
-                       + (f" (not printed: {', '.join(unseen)}; nor the budget)" if unseen else " (check the budget)"))
-        elif cmp.explains:
-            moved = cmp.contributions[cmp.explains]
-            out.append(f"  most of the KV difference comes from {cmp.explains}: it moves the predicted KV cache by "
-                       f"{moved / (1 << 30):+.2f} GiB")
-    for obs in report.incomplete:
-        out.append("")
-        out.append(f"incomplete start-up{f' (rank {obs.rank})' if obs.rank is not None else ''}: the log ends before "
-                   "the engine sized its KV cache")
-    if report.summary:
-        out.append("")
-        out.extend(report.summary)
-    return "\n".join(out)

@@ -36,7 +36,7 @@ def _drill_progress(ev: object) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from vramlab.experiment.demo import run_demo
+    from vramlab.demo.experiment import run_demo
     from vramlab.experiment.progress import make_progress
     from vramlab.store import describe_url
 
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"report: {res.report_path.resolve()}")
         print(f"next:   vramlab report {r.run_id} --format md   |   vramlab runs")
         return r.exit_code
-    from vramlab.drill.demo import run_drill_demo
+    from vramlab.demo.drill import run_drill_demo
 
     print("vramlab demo: OOM drill (examples/oom-drill.yaml): context ramp on a simulated L4 until it runs out "
           "of memory, then recovery ...", flush=True)

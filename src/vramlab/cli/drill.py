@@ -5,6 +5,8 @@ The target must be declared `environment: test`; anything else is refused unless
 the drill undoes what it changed (balloon released, co-loaded models and the sim it started
 stopped, the plan's rollback commands run) on completion, on stop, on errors and on Ctrl-C.
 Everything goes to the store (kind "drill"); `vramlab report ID` renders it again later.
+Exit: 0 the drill ran and every failure recovered (or nothing failed); 1 a failed round did not
+recover within the limit (a hang, a refused restart), or the drill itself failed; 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 PROGRESS = ("step", "detect", "fault", "mitigation", "recovered", "not_recovered", "ceiling", "rollback",
-            "waiting_for_operator", "stop_condition", "retry_storm", "cotenant_oom", "engine", "race", "ledger")
+            "waiting_for_operator", "stop_condition", "retry_storm", "cotenant_oom", "engine", "race", "ledger",
+            "health_path", "target_ready", "process_exit", "failure_mode")
 
 
 def _progress(ev: object) -> None:
@@ -41,10 +44,9 @@ def _progress(ev: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
-
     from vramlab.drill.plan import load_plan
     from vramlab.drill.runner import DrillRunner
+    from vramlab.drill.session import run_drill
     from vramlab.drill.target import check_environment
     from vramlab.report import load_context, render
     from vramlab.report.incident import incident_json, summary_line
@@ -60,46 +62,31 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     if not args.quiet:
         runner.hook.add(_progress)
-    # The wall-clock stop condition runs on the event loop; if something ever blocks the loop past
-    # it, leave every thread's stack on stderr so the stall can be diagnosed (the drill goes on).
-    import faulthandler
-
-    wall = plan.stop.wall_clock_s if getattr(plan, "stop", None) and plan.stop.wall_clock_s else 300.0
-    faulthandler.dump_traceback_later(wall + 60, repeat=False, file=sys.stderr)
     try:
-        result = asyncio.run(_run_with_task_dump(runner))
+        result = run_drill(runner)
     except KeyboardInterrupt:
         print(f"vramlab drill: interrupted; rollback done; partial run {runner.run_id} is in the store", file=sys.stderr)
         return 130
     ctx = load_context(store, result.run_id)
     out = args.output or f"incident-{result.run_id}.md"
     with open(out, "w") as fh:
-        fh.write(render(ctx, "html" if out.endswith((".html", ".htm")) else "md"))
+        from vramlab.redact import redact
+
+        fh.write(redact(render(ctx, "html" if out.endswith((".html", ".htm")) else "md")))
     if args.json:
         import json
 
         print(json.dumps(incident_json(ctx), indent=2, default=str))
     else:
         print(f"{result.run_id}: {summary_line(ctx)}")
-        print(f"incident report: {out}   (again: vramlab report {result.run_id} --format html -o incident.html)")
+        from vramlab.cli.run import report_hint
+
+        again = report_hint(result.run_id, args.db or plan.store, store.url, "incident.html")
+        print(f"incident report: {out}   (again: {again})")
+    if result.unrecovered_rounds:
+        # the drill ran, but the target did not come back (a hang, a refused restart): not a pass
+        rounds = ", ".join(str(r) for r in result.unrecovered_rounds)
+        print(f"vramlab drill: the target was NOT recovered in round(s) {rounds}; see {out}", file=sys.stderr)
+        return 1
     return 0 if result.status == "completed" else 1
 
-
-async def _run_with_task_dump(runner):  # noqa: ANN001, ANN202
-    """Run the drill; SIGUSR1 prints what every asyncio task is waiting on (for a drill that seems stuck)."""
-    import asyncio
-    import signal
-
-    def dump() -> None:
-        tasks = asyncio.all_tasks()
-        print(f"vramlab drill: {len(tasks)} asyncio tasks", file=sys.stderr)
-        for task in tasks:
-            task.print_stack(limit=8, file=sys.stderr)
-        sys.stderr.flush()
-
-    loop = asyncio.get_running_loop()
-    try:
-        loop.add_signal_handler(signal.SIGUSR1, dump)
-    except (NotImplementedError, AttributeError, RuntimeError):  # not on this platform: no dump
-        pass
-    return await runner.run()

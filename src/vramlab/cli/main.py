@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runs": ("vramlab.cli.runs", "list stored runs"),
     "report": ("vramlab.cli.report", "render a stored run as Markdown, HTML or JSON"),
     "compare": ("vramlab.cli.compare", "compare two stored runs"),
+    "examples": ("vramlab.cli.examples", "write the example plans (experiment, drills, fleet) into a folder"),
     "demo": ("vramlab.cli.demo", "start the rehearsal server, run a small plan and the OOM drill, write both reports"),
     "drill": ("vramlab.cli.drill", "run an OOM drill and write the incident report"),
     "note": ("vramlab.cli.note", "add an operator note to a run's timeline"),
@@ -98,6 +99,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(name: str, module: object, args: argparse.Namespace) -> int:
+    from vramlab.redact import RedactingStream
+
+    # Everything this process prints passes the redaction layer (URL passwords, keys, tokens).
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactingStream(out), RedactingStream(err)  # type: ignore[assignment]
+    try:
+        return _run_guarded(name, module, args)
+    finally:
+        if isinstance(sys.stdout, RedactingStream):
+            sys.stdout = out
+        if isinstance(sys.stderr, RedactingStream):
+            sys.stderr = err
+
+
+def _run_guarded(name: str, module: object, args: argparse.Namespace) -> int:
     from vramlab.errors import VramlabError
 
     try:

@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from vramlab.errors import VramlabError
-    from vramlab.experiment.records import EventRecord
+    from vramlab.records import EventRecord
     from vramlab.store import open_store
 
     text = " ".join(args.text.split())

@@ -51,6 +51,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--max-batch-prefill-tokens", type=int, help="TGI")
     e.add_argument("--ctx-size", "-c", help="llama.cpp n_ctx over all slots (accepts 32k)")
     e.add_argument("--parallel", "-np", type=int, help="llama.cpp slots")
+    e.add_argument("--cache-type-v", help="llama.cpp V cache type (default: the K type, --kv-cache-dtype)")
+    e.add_argument("--flash-attn", "-fa", choices=("on", "off", "auto"), help="llama.cpp flash attention")
+    e.add_argument("--ubatch-size", "-ub", help="llama.cpp n_ubatch (default 512)")
+    e.add_argument("--llamacpp-server", choices=("llama-server", "llama-cpp-python"), default="llama-server",
+                   help="whose defaults: upstream llama-server or `python -m llama_cpp.server`")
+    e.add_argument("--enable-chunked-prefill", choices=("on", "off", "auto"),
+                   help="vLLM V0 (default auto: on above a 32k context)")
+    e.add_argument("--allow-long-max-model-len", action="store_true",
+                   help="vLLM with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: plan a max_model_len above the trained context")
+    e.add_argument("--rope-scaling-factor", type=float,
+                   help="a rope-scaling override (vLLM --hf-overrides / --rope-scaling) that extends the context")
+    e.add_argument("--continuous-batching", action="store_true", help="transformers serve --continuous-batching")
     e.add_argument("--llm-class", action="store_true", help="vLLM: defaults of the offline LLM class, not `vllm serve`")
     o = p.add_argument_group("questions and output")
     o.add_argument("--concurrency", type=int, help="also report the largest max_model_len for this many sequences")
@@ -65,11 +77,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _settings(args: argparse.Namespace):
     from vramlab.capacity import EngineSettings
     from vramlab.capacity.planning import parse_bytes, parse_count
+    from vramlab.capacity.validation import check_settings
+    from vramlab.errors import ConfigError
+
+    if not 0 <= args.other_processes_gib <= 1 << 20:  # also refuses NaN
+        raise ConfigError(f"--other-processes-gib: must be a finite number of GiB >= 0, got {args.other_processes_gib}")
+    if args.concurrency is not None and args.concurrency < 1:
+        raise ConfigError(f"--concurrency: must be at least 1, got {args.concurrency}")
 
     def count(v: str | None) -> int | None:
         return parse_count(v) if v is not None else None
 
-    return EngineSettings(
+    return check_settings(EngineSettings(
         engine=args.engine,
         engine_version=args.engine_version,
         vllm_engine=args.vllm_engine,
@@ -92,15 +111,27 @@ def _settings(args: argparse.Namespace):
         parallel=args.parallel,
         api_server=not args.llm_class,
         other_processes_bytes=int(args.other_processes_gib * (1 << 30)),
-    )
+        cache_type_v=args.cache_type_v,
+        flash_attn=_on_off(args.flash_attn),
+        n_ubatch=count(args.ubatch_size),
+        llamacpp_server=args.llamacpp_server,
+        enable_chunked_prefill=_on_off(args.enable_chunked_prefill),
+        allow_long_max_model_len=args.allow_long_max_model_len,
+        rope_scaling_factor=args.rope_scaling_factor,
+        continuous_batching=args.continuous_batching,
+    ))
+
+
+def _on_off(value: str | None) -> bool | None:
+    return None if value in (None, "auto") else value == "on"
 
 
 def _gpu(args: argparse.Namespace):
     from vramlab.capacity import custom_gpu, get_gpu
     from vramlab.errors import ConfigError
 
-    if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
-        raise ConfigError(f"--gpu-memory-gib must be positive, got {args.gpu_memory_gib}")
+    if args.gpu_memory_gib is not None and not 0 < args.gpu_memory_gib <= 1 << 20:
+        raise ConfigError(f"--gpu-memory-gib: must be a positive finite number of GiB, got {args.gpu_memory_gib}")
     if args.gpu and args.gpu_memory_gib:
         return custom_gpu(args.gpu_memory_gib, like=get_gpu(args.gpu))
     if args.gpu:
@@ -128,7 +159,11 @@ def run(args: argparse.Namespace) -> int:
     if axes:
         result = sweep(model, gpu, settings, axes, constants)
         if args.plot:
-            plan_text.plot_sweep(result, args.plot, title=f"{model.name} on {gpu.name} ({settings.engine})")
+            from pathlib import Path
+
+            fmt = Path(args.plot).suffix.lstrip(".").lower() or "png"
+            image = plan_text.plot_sweep(result, fmt, title=f"{model.name} on {gpu.name} ({settings.engine})")
+            Path(args.plot).write_bytes(image)
         if args.json:
             print(json.dumps({"model": model.name, "gpu": gpu.name, "engine": settings.engine,
                               "axes": [[n, v] for n, v in result.axes], "rows": result.rows}, indent=1))
@@ -147,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _constants(args: argparse.Namespace):
     from vramlab.capacity import Constants
-    from vramlab.capacity.calibration import apply_profile, load_profile
+    from vramlab.capacity.calibration import apply_profile
+    from vramlab.sources.profile import load_profile
 
     profile = load_profile(args.calibration)
     return apply_profile(Constants.defaults(), profile, args.engine, args.engine_version)

@@ -32,7 +32,9 @@ def run(args: argparse.Namespace) -> int:
         fmt = {".html": "html", ".htm": "html", ".json": "json"}.get(Path(args.output).suffix.lower(), "md")
     with open_store(args.db) as store:
         ctx = load_context(store, args.id)
-    text = render(ctx, fmt or "md")
+    from vramlab.redact import redact
+
+    text = redact(render(ctx, fmt or "md"))  # a store written before redaction existed is masked too
     if not args.output:
         sys.stdout.write(text)
         return 0

@@ -24,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", metavar="URL", help="store: a file path, sqlite:///PATH or postgresql://... "
                         "(default $VRAMLAB_DB, else ./vramlab.db)")
     parser.add_argument("--rounds", type=int, metavar="N", help="override the plan's rounds (fewer than 3 warns)")
+    parser.add_argument("--phase-s", type=float, metavar="S",
+                        help="override phases.duration_s (each window's length; for a quick smoke run)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout (progress goes to stderr)")
     parser.add_argument("--workers", type=int, metavar="N",
                         help="load worker processes, one schedule shared out (default: one per core when the "
@@ -34,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def summary(r: RunResult, store_url: str) -> dict[str, Any]:
     """The --json document: run_id, status, exit_code, stop_reason, stop_condition, requests,
-    errors, elapsed_s, notes, store (password hidden), rollbacks [{command, exit_code}]."""
+    errors, elapsed_s, notes, store (password hidden), rollbacks [{command, exit_code}]; `run` adds
+    received / stored (rows per table: produced / counted back from the store), store_complete
+    and store_failure."""
     from vramlab.store import describe_url
 
     return {
@@ -47,26 +51,75 @@ def summary(r: RunResult, store_url: str) -> dict[str, Any]:
     }
 
 
+def report_hint(run_id: str, db_arg: str | None, store_url: str, out: str = "report.html") -> str:
+    """The `vramlab report` command that finds this run again: with --db (password hidden) unless the
+    store is the default one the report command would open anyway."""
+    import os
+    import shlex
+
+    from vramlab.store import describe_url
+
+    cmd = f"vramlab report {run_id} --format html -o {out}"
+    given = db_arg or os.environ.get("VRAMLAB_DB")
+    if given is None:
+        return cmd
+    return f"{cmd} --db {shlex.quote(describe_url(store_url))}"
+
+
+def start_own_sim(plan: Any, workdir: str) -> tuple[Any, Any]:
+    """Start the sim that target.sim asks for; the plan with its URL, pid and ledger filled in."""
+    from pathlib import Path
+
+    from vramlab.errors import ConfigError
+    from vramlab.experiment.plan import Plan
+    from vramlab.sim.launch import SimStartError, start_sim
+
+    assert plan.target.sim is not None
+    ledger = str(Path(workdir) / "sim-gpu0.ledger")
+    try:
+        sim = start_sim(plan.target.sim.argv(plan.target.model), device=ledger,
+                        log_path=str(Path(workdir) / "sim.log"), timeout_s=60)
+    except SimStartError as exc:
+        last = (exc.log_tail.strip().splitlines() or ["(no log)"])[-1]
+        raise ConfigError(f"target.sim: the sim did not start: {exc} — {last[:200]}") from None
+    doc = plan.model_dump(mode="json")
+    doc["target"].update(base_url=sim.url + "/v1", pid=sim.pid, metrics_url=None, health_url=None)
+    doc["samplers"]["ledger"] = doc["samplers"].get("ledger") or ledger
+    return Plan.model_validate(doc), sim
+
+
 def run(args: argparse.Namespace) -> int:
     from vramlab.errors import ConfigError
     from vramlab.experiment.progress import make_progress
     from vramlab.experiment.runner import RunOptions
     from vramlab.experiment.session import run_plan_file
+    from vramlab.store import open_store
 
     if args.workers is not None and not 1 <= args.workers <= 256:
         raise ConfigError(f"--workers must be between 1 and 256, got {args.workers}")
     stream = sys.stderr if args.json else sys.stdout
     progress = make_progress(stream)
     try:
-        out = run_plan_file(args.plan, db=args.db, rounds=args.rounds, allow_production=args.allow_production,
-                            subscribers=[progress], options=RunOptions(workers=args.workers))
+        out = run_plan_file(args.plan, open_store=lambda: open_store(args.db), rounds=args.rounds,
+                            allow_production=args.allow_production, subscribers=[progress],
+                            phase_s=args.phase_s, options=RunOptions(workers=args.workers),
+                            start_sim=start_own_sim)
     finally:
         progress.close()
     s = summary(out.result, out.store_url)
+    s.update(received=out.received, stored=out.stored, store_complete=out.store_complete,
+             store_failure=out.store_failure)
+    if not out.store_complete:
+        print(f"vramlab run: error: run {s['run_id']} was not stored completely"
+              + (f" ({out.store_failure})" if out.store_failure else "") + f"; {out.stored_line()}",
+              file=sys.stderr)
     if args.json:
         print(json.dumps(s, indent=2))
     else:
         print(f"run {s['run_id']}: {s['status']}, {s['requests']} requests, {s['errors']} errors, "
               f"{s['elapsed_s']:.1f} s" + (f" ({s['stop_reason']})" if s["stop_reason"] else ""))
-        print(f"stored in {s['store']}; render it with: vramlab report {s['run_id']} --format html -o report.html")
+        if out.store_complete:
+            print(f"stored in {s['store']}; render it with: {report_hint(s['run_id'], args.db, out.store_url)}")
+        else:
+            print(f"{out.stored_line()} in {s['store']}")
     return out.result.exit_code

@@ -2,6 +2,8 @@
 
 Reads the store given by --db (default: $VRAMLAB_DB, else ./vramlab.db). With --json, prints a
 list of objects with at least id, name, kind ("run" or "drill"), status and started_at.
+A run stored as running whose process is gone (killed, host lost) shows as "died": its writer's
+heartbeat stopped (HEARTBEAT column; "stored_status" and "heartbeat_at" in --json).
 """
 
 from __future__ import annotations
@@ -31,20 +33,31 @@ def run(args: argparse.Namespace) -> int:
     if args.limit < 0:
         raise ConfigError("--limit must be 0 (all) or more")
     kind = {"run": "experiment"}.get(args.kind, args.kind)
+    import time
+
+    from vramlab.store.liveness import observed_status
+
     with open_store(args.db) as store:
         runs = store.list_runs(limit=args.limit, kind=kind)
+        beats = store.liveness([r.run_id for r in runs])
+    now = time.time()
+    shown = {r.run_id: observed_status(r.status, r.started_at, *beats.get(r.run_id, (None, None, None)), now=now)
+             for r in runs}
     if args.json:
-        print(json.dumps([_row(r) for r in runs], indent=2))
+        print(json.dumps([{**_row(r), "status": shown[r.run_id], "stored_status": r.status,
+                           "heartbeat_at": beats.get(r.run_id, (None,))[0]} for r in runs], indent=2))
         return 0
     if not runs:
         print("no runs stored yet (start one with `vramlab run PLAN` or `vramlab demo`)")
         return 0
     from vramlab.report.fmt import utc
 
-    table = [["ID", "KIND", "STATUS", "STARTED", "DURATION", "NAME", "MODEL"]]
+    table = [["ID", "KIND", "STATUS", "STARTED", "DURATION", "HEARTBEAT", "NAME", "MODEL"]]
     for r in runs:
         dur = "–" if r.ended_at is None else f"{r.ended_at - r.started_at:.0f} s"
-        table.append([r.run_id, _public_kind(r.kind), r.status, utc(r.started_at), dur, r.name,
+        beat = beats.get(r.run_id, (None,))[0]
+        beat_text = "–" if beat is None or r.status != "running" else f"{max(0.0, now - beat):.0f} s ago"
+        table.append([r.run_id, _public_kind(r.kind), shown[r.run_id], utc(r.started_at), dur, beat_text, r.name,
                       str(r.fixed.get("model", "–"))])
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:

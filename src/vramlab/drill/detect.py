@@ -1,69 +1,110 @@
-"""Detection: turn what the drill sees into findings, and findings into stop decisions.
+"""Detection: turn what the drill sees into findings, findings into stop decisions, and the
+findings into a failure mode named from evidence.
 
 Inputs, each fed as it arrives: request results (status and error body), health probes, the
 target's process state, its log lines (matched against the engines' failure signatures), engine
-metrics and GPU samples (including Xid). Out come `Finding`s; the stop conditions of the plan
-decide which finding ends the ramp. Pure: no clock of its own, no I/O.
+metrics and GPU samples (including Xid), and the restarts the drill's supervisor issues. Out come
+`Finding`s. The window-based stops (error rate, P95, KV usage, GPU memory, wall clock) are the
+experiment's `StopMonitor`, the one stop engine `vramlab run` uses too; a dead process and an
+OOM the plan asks to stop on end the ramp here. Pure: no clock of its own, no I/O.
+
+Failure modes (issue 11): an OOM only when one was seen (the engine's words in a response or its
+log, a CUDA/HIP signature, the kernel's OOM killer); otherwise the process's end says what
+happened (killed by a signal, or a crash with its exit code), or the requests do (hang: timeouts
+and failing health with the process alive; overload: 429/503 refusals). A restart that exits
+again before serving, or logs a start-up refusal, is a refused restart. `evidence()` quotes what
+the mode was named from.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from vramlab.drill.evidence import exit_evidence, oom_text, signal_of
 from vramlab.experiment.plan import StopConditions
+from vramlab.experiment.stop import StopMonitor, StopReason
 
 # Failure modes named in the report (research/drill-anchors.md §4.10).
-CRASH_AFTER_OOM = "crash_after_oom"  # runtime OOM, engine dead, process exits
+CRASH_AFTER_OOM = "crash_after_oom"  # runtime OOM seen, then the process exited
+OOM_KILLED = "oom_killed"  # the kernel's OOM killer ended the process
 OOM_NO_EXIT = "oom_no_exit"  # OOM seen but the process stayed up (keep-alive, hang after OOM)
-HANG = "hang"  # no answers and no error: requests time out, health stalls
+KILLED_BY_SIGNAL = "killed_by_signal"  # the process died by a signal and nothing said out of memory
+CRASH = "crash"  # the process exited (or the engine died) and nothing said out of memory
+HANG = "hang"  # no answers and no error: requests time out, health stalls, the process lives
 OVERLOAD = "overload_429"  # requests refused (429 / 503 busy), process fine
-STARTUP_REFUSAL = "startup_refusal"  # the engine would not start (on restart, usually)
+STARTUP_REFUSAL = "startup_refusal"  # the engine would not start
+REFUSED_RESTART = "+startup_refusal_on_restart"  # suffix: the restart after the failure was refused
 PREEMPTION = "preemption"  # KV full: preemption/retraction, no errors
+
+# Findings that say the target failed (the rest degrade or stop the ramp by a plan's limit).
+FAULT_KINDS = ("oom", "engine_death", "process_exit", "startup_refusal", "request_error", "timeout", "health_fail",
+               "overload", "xid", "kernel_oom")
+_STOP_KIND = {"error_rate": "error_rate", "p95_ms": "p95", "kv_usage": "kv_usage",
+              "gpu_memory_share": "gpu_memory", "wall_clock_s": "wall_clock"}
 
 
 @dataclass(frozen=True)
 class Finding:
     t_s: float
-    kind: str  # oom | engine_death | startup_refusal | process_exit | health_fail | overload | preemption | xid | error_rate | gpu_memory | wall_clock | timeout
-    source: str  # response | log | process | health | engine | gpu
+    kind: str  # oom | engine_death | startup_refusal | process_exit | health_fail | overload | preemption | xid |
+    #            request_error | timeout | error_rate | p95 | kv_usage | gpu_memory | wall_clock
+    source: str  # response | log | process | health | engine | gpu | clock
     message: str
     data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class Detector:
-    """Keeps the sliding windows the stop conditions need; says when to stop and why."""
+    """Feeds the shared stop engine, keeps the findings, says when to stop and why, names the mode."""
 
     stop: StopConditions
     engine: str | None = None
     findings: list[Finding] = field(default_factory=list)
-    _results: deque[tuple[float, bool]] = field(default_factory=deque)
-    _error_since: float | None = None
+    restarts: list[float] = field(default_factory=list)  # when the drill's supervisor restarted the target
+    stopped: Finding | None = None
     _preemptions: float | None = None
     _health_up: bool | None = None
-    stopped: Finding | None = None
+    _last_ok_s: float | None = None
+    monitor: StopMonitor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.monitor = StopMonitor(self.stop, self.stop.wall_clock_s or float("inf"))
 
     # -- inputs ------------------------------------------------------------------------------
-    def on_result(self, t_s: float, ok: bool, status_code: int, error_class: str | None, error: str | None) -> None:
-        self._results.append((t_s, ok))
-        if error_class == "oom":
-            self._add(Finding(t_s, "oom", "response", f"response carried an out-of-memory error: {(error or '')[:160]}",
-                              {"status_code": status_code}))
-        elif status_code in (429, 503) and error_class is not None:
-            self._add(Finding(t_s, "overload", "response", f"HTTP {status_code}: {(error or '')[:160]}",
-                              {"status_code": status_code}), once=True)
+    def on_result(self, t_s: float, ok: bool, status_code: int, error_class: str | None, error: str | None,
+                  e2e_ms: float | None = None) -> None:
+        if error_class == "cancelled":
+            return
+        self.monitor.on_request(t_s, ok, error_class, e2e_ms, error)
+        if ok:
+            self._last_ok_s = t_s
+            self._check(t_s)
+            return
+        said = oom_text(error, self.engine)
+        what = f"HTTP {status_code or 'none'} {error_class or ''}: {(error or '').strip()[:200]}".replace(" :", ":")
+        if said is not None:
+            self._add(Finding(t_s, "oom", "response", f"a response said out of memory: {what}",
+                              {"status_code": status_code, "signature": said}))
+        elif status_code in (429, 503):
+            self._add(Finding(t_s, "overload", "response", what, {"status_code": status_code}), once=True)
         elif error_class == "timeout":
-            self._add(Finding(t_s, "timeout", "response", "request timed out", {}), once=True)
-        self._check_error_rate(t_s)
+            self._add(Finding(t_s, "timeout", "response", f"request timed out: {what}", {}), once=True)
+        self._add(Finding(t_s, "request_error", "response", f"first failed request: {what}",
+                          {"status_code": status_code, "error_class": error_class}), once=True)
+        self._check(t_s)
 
     def on_log_line(self, t_s: float, line: str) -> Finding | None:
         from vramlab.logs.signatures import classify_line
 
         sig = classify_line(line, self.engine)
         if sig is None:
-            return None
+            said = oom_text(line, self.engine)  # the kernel OOM killer, HIP: words the engines' table lacks
+            if said is None:
+                return None
+            f = Finding(t_s, "oom", "log", line.strip()[:300], {"signature": said, "class": "oom"})
+            self._add(f)
+            return f
         kind = {"engine_death": "engine_death", "oom": "oom", "startup_refusal": "startup_refusal",
                 "preemption": "preemption", "kv_pressure": "preemption", "overload": "overload",
                 "gpu_xid": "xid"}.get(sig.kind, sig.kind)
@@ -73,10 +114,21 @@ class Detector:
         self._add(f, once=kind in ("preemption", "overload"))
         return f
 
-    def on_process(self, t_s: float, running: bool, exit_code: int | None) -> None:
-        if not running:
-            self._add(Finding(t_s, "process_exit", "process", f"target process exited with code {exit_code}",
-                              {"exit_code": exit_code}), once=True)
+    def on_process(self, t_s: float, running: bool, exit_code: int | None, oom_killed: bool | None = None,
+                   detail: str = "") -> None:
+        """The target process ended (each end counts: a refused restart exits again)."""
+        if running:
+            return
+        how = exit_evidence(exit_code)
+        data: dict[str, Any] = {"exit_code": exit_code, "oom_killed": oom_killed}
+        sig = signal_of(exit_code)
+        if sig is not None:
+            data["signal"] = sig[0]
+        msg = f"target process {how}" + (f"; {detail}" if detail else "")
+        self._add(Finding(t_s, "process_exit", "process", msg, data))
+        if oom_killed:
+            self._add(Finding(t_s, "kernel_oom", "process", f"the kernel OOM killer ended the target: {detail}",
+                              {"exit_code": exit_code}))
 
     def on_health(self, t_s: float, up: bool, status_code: int) -> None:
         if self._health_up is not False and not up:
@@ -91,21 +143,19 @@ class Detector:
                           once=True)
             self._preemptions = value
         elif name == "gpu.memory_used_bytes" and total:
-            share = value / total
-            limit = self.stop.gpu_memory_share
-            if limit is not None and share > limit:
-                self._stop(Finding(t_s, "gpu_memory", "gpu", f"GPU memory share {share:.4f} above the stop limit {limit:g}",
-                                   {"share": share}))
-        elif name == "engine.kv_cache_usage_perc" and self.stop.kv_usage is not None and value > self.stop.kv_usage:
-            self._stop(Finding(t_s, "kv_usage", "engine", f"KV-cache usage {value:.3f} above the stop limit "
-                               f"{self.stop.kv_usage:g}", {"value": value}))
+            self.monitor.on_sample("gpu.memory_share", value / total)
+        elif name == "engine.kv_cache_usage_perc":
+            self.monitor.on_sample(name, value)
         elif name == "gpu.xid" and value > 0:
             self._add(Finding(t_s, "xid", "gpu", f"Xid {int(value)}", {"xid": int(value)}), once=True)
+        self._check(t_s)
 
     def on_clock(self, elapsed_s: float, t_s: float) -> None:
-        limit = self.stop.wall_clock_s
-        if limit is not None and elapsed_s > limit:
-            self._stop(Finding(t_s, "wall_clock", "clock", f"wall clock limit {limit:g} s reached", {}))
+        self._check(t_s)
+
+    def on_restart(self, t_s: float) -> None:
+        """The drill's supervisor restarts the target now: what follows is the restart's outcome."""
+        self.restarts.append(t_s)
 
     # -- decisions ---------------------------------------------------------------------------
     def failure(self) -> Finding | None:
@@ -113,32 +163,98 @@ class Detector:
         if self.stopped is not None:
             return self.stopped
         for f in self.findings:
-            if f.kind in ("oom", "engine_death", "process_exit", "startup_refusal") and self.stop.oom_seen:
+            if f.kind in ("engine_death", "process_exit", "startup_refusal", "kernel_oom"):
                 return self._stop(f)
-            if f.kind == "error_rate":
+            if f.kind == "oom" and self.stop.oom_seen:
                 return self._stop(f)
         return None
 
+    def _fault(self) -> list[Finding]:
+        """Findings up to the first restart: the failure itself, not its recovery."""
+        cut = self.restarts[0] if self.restarts else float("inf")
+        return [f for f in self.findings if f.t_s < cut]
+
+    def _restart_refused(self) -> Finding | None:
+        """The evidence that a restart was refused: after a restart, the process exited again or logged a
+        start-up refusal (or an OOM while loading) before any request succeeded."""
+        if self.restarts:
+            first = self.restarts[0]
+            for f in self.findings:
+                if f.t_s < first:
+                    continue
+                if self._last_ok_s is not None and first < self._last_ok_s < f.t_s:
+                    return None
+                if f.kind in ("process_exit", "startup_refusal") or (f.kind == "oom" and f.source == "log"):
+                    return f
+            return None
+        # no restart recorded (a supervisor outside the drill): a start-up refusal after the fault is one
+        fault_t = min((f.t_s for f in self.findings if f.kind != "startup_refusal"), default=None)
+        return next((f for f in self.findings if f.kind == "startup_refusal" and fault_t is not None
+                     and f.t_s > fault_t), None)
+
     def failure_mode(self) -> str:
-        kinds = {f.kind for f in self.findings}
-        oom = "oom" in kinds or "engine_death" in kinds
-        if "startup_refusal" in kinds and not oom:
-            return STARTUP_REFUSAL
-        if oom and "startup_refusal" in kinds:
-            return CRASH_AFTER_OOM + "+startup_refusal_on_restart"
-        if oom and "process_exit" in kinds:
-            return CRASH_AFTER_OOM
+        return self._mode()[0]
+
+    def evidence(self) -> list[str]:
+        """The quoted evidence the mode was named from, most telling first."""
+        return self._mode()[1]
+
+    def _mode(self) -> tuple[str, list[str]]:
+        fault = self._fault()
+        refused = self._restart_refused()
+        if refused is not None and refused in fault:
+            fault = [f for f in fault if f is not refused]
+        kinds = {f.kind for f in fault}
+        first = {k: next(f for f in fault if f.kind == k) for k in kinds}
+
+        def q(kind: str) -> str:
+            f = first[kind]
+            return f"{f.source} at {f.t_s:.2f} s: \"{f.message[:240]}\""
+
+        if not fault and refused is not None and refused.kind == "startup_refusal":
+            return STARTUP_REFUSAL, [q_of(refused)]
+        oom = [k for k in ("kernel_oom", "oom") if k in kinds]
+        exit_ = first.get("process_exit")
         if oom:
-            return OOM_NO_EXIT
-        if "process_exit" in kinds:
-            return CRASH_AFTER_OOM if "xid" not in kinds else "crash_xid"
-        if "overload" in kinds:
-            return OVERLOAD
-        if "timeout" in kinds or "health_fail" in kinds:
-            return HANG
-        if "preemption" in kinds:
-            return PREEMPTION
-        return "unknown"
+            ev = [q(k) for k in oom] + ([q("process_exit")] if exit_ else [])
+            if "kernel_oom" in kinds:
+                mode = OOM_KILLED
+            else:
+                mode = CRASH_AFTER_OOM if (exit_ or "engine_death" in kinds) else OOM_NO_EXIT
+        elif exit_ is not None or "engine_death" in kinds:
+            ev = [q(k) for k in ("process_exit", "engine_death", "xid") if k in kinds]
+            ev.append("no out-of-memory evidence: no OOM text in any response or log line"
+                      + ("" if exit_ is None or exit_.data.get("oom_killed") is None
+                         else ", and the kernel OOM killer's counter for its cgroup did not rise"))
+            if "request_error" in kinds:
+                ev.append(q("request_error"))
+            if "xid" in kinds:
+                mode = "crash_xid"
+            elif exit_ is not None and exit_.data.get("signal") is not None:
+                mode = KILLED_BY_SIGNAL
+            else:
+                mode = CRASH
+        elif "overload" in kinds:
+            mode, ev = OVERLOAD, [q("overload")]
+        elif "timeout" in kinds or "health_fail" in kinds:
+            ev = [q(k) for k in ("timeout", "health_fail") if k in kinds]
+            ev.append("the process stayed up" if "process_exit" not in kinds else "")
+            mode = HANG
+        elif "preemption" in kinds:
+            mode, ev = PREEMPTION, [q("preemption")]
+        elif "request_error" in kinds:
+            mode, ev = "errors", [q("request_error")]
+        else:
+            mode, ev = "unknown", []
+        if refused is not None:
+            mode += REFUSED_RESTART
+            ev.append("restart refused: " + q_of(refused))
+        return mode, [e for e in ev if e]
+
+    def first_evidence_s(self) -> float | None:
+        """T0: when the first sign of the failure was seen (a failed request's end, the exit, the OOM line)."""
+        ts = [f.t_s for f in self._fault() if f.kind in FAULT_KINDS]
+        return min(ts) if ts else None
 
     def signature(self) -> dict[str, Any] | None:
         """The matched log line that best explains the failure (OOM first, then death, refusal)."""
@@ -151,30 +267,18 @@ class Detector:
 
     def reset_window(self) -> None:
         """After recovery: old results no longer count toward the error-rate stop."""
-        self._results.clear()
-        self._error_since = None
+        self.monitor.reset_requests()
 
     # -- internals ---------------------------------------------------------------------------
-    def _check_error_rate(self, t_s: float) -> None:
-        w = self.stop.window_s
-        if self.stop.error_rate is None:
+    def _check(self, t_s: float) -> None:
+        if self.stopped is not None:
             return
-        while self._results and self._results[0][0] < t_s - w:
-            self._results.popleft()
-        n = len(self._results)
-        bad = sum(1 for _, ok in self._results if not ok)
-        high = n >= self.stop.min_requests and bad / n > self.stop.error_rate
-        if not high:
-            self._error_since = None
+        reason: StopReason | None = self.monitor.check(t_s)
+        if reason is None or reason.condition == "oom_seen":
             return
-        if self._error_since is None:
-            self._error_since = t_s
-        # "error rate above X for Y seconds": the window holds Y seconds; the condition must hold
-        # for Y seconds too, unless the whole window is failures (nothing gets through at all).
-        if t_s - self._error_since >= w or bad == n >= 5:
-            self._add(Finding(t_s, "error_rate", "response",
-                              f"error rate {bad}/{n} above {self.stop.error_rate:g} over {w:g} s", {"rate": bad / n}),
-                      once=True)
+        kind = _STOP_KIND.get(reason.condition, reason.condition)
+        self._stop(Finding(t_s, kind, "clock" if kind == "wall_clock" else "response", reason.message,
+                           {"value": reason.value, "threshold": reason.threshold, "condition": reason.condition}))
 
     def _add(self, f: Finding, once: bool = False) -> None:
         if once and any(x.kind == f.kind for x in self.findings):
@@ -189,9 +293,16 @@ class Detector:
         return self.stopped
 
 
+def q_of(f: Finding) -> str:
+    return f"{f.source} at {f.t_s:.2f} s: \"{f.message[:240]}\""
+
+
 __all__ = [
+    "CRASH",
     "CRASH_AFTER_OOM",
     "HANG",
+    "KILLED_BY_SIGNAL",
+    "OOM_KILLED",
     "OOM_NO_EXIT",
     "OVERLOAD",
     "PREEMPTION",

@@ -41,6 +41,7 @@ class ProcessTarget:
         self.log_path = Path(spec.log_file) if spec.log_file else workdir / "target.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self._oom_kills: tuple[int, str] | None = None  # the cgroup's OOM-kill counter at the start
 
     @property
     def url(self) -> str:
@@ -58,6 +59,9 @@ class ProcessTarget:
             )
         finally:
             log.close()
+        from vramlab.drill.evidence import oom_kill_count
+
+        self._oom_kills = oom_kill_count(self._proc.pid) or oom_kill_count(os.getpid())
         self.starts += 1
 
     def stop(self) -> None:
@@ -79,7 +83,17 @@ class ProcessTarget:
         if self._proc is None:
             return TargetStatus(False, "not started")
         code = self._proc.poll()
-        return TargetStatus(code is None, f"pid {self._proc.pid}", code)
+        if code is None:
+            return TargetStatus(True, f"pid {self._proc.pid}")
+        # it ended: did the kernel's OOM killer act in its cgroup meanwhile? (the child shares ours)
+        from vramlab.drill.evidence import oom_kill_count
+
+        now = oom_kill_count(os.getpid())
+        if self._oom_kills is None or now is None:
+            return TargetStatus(False, f"pid {self._proc.pid}; the cgroup OOM-kill counter is not readable here", code)
+        before = self._oom_kills[0]
+        return TargetStatus(False, f"pid {self._proc.pid}; {now[1]} oom_kill {before} -> {now[0]}", code,
+                            oom_killed=now[0] > before)
 
     def logs(self, since_epoch: float) -> list[str]:
         return _read_new_lines(self, str(self.log_path))

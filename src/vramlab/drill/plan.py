@@ -80,6 +80,9 @@ class RecoverySpec(_Strict):
     delay_s: float = Field(0.0, ge=0)  # operator delay before the scripted command
     restart_delay_s: float = Field(0.5, ge=0)  # auto: how long the supervisor waits before restarting
     liveness_grace_s: float = Field(5.0, ge=0)  # auto: health failing this long on a live process -> restart
+    # auto: how long a (re)start may load before its health counts; default: from the first start's
+    # measured load time (twice it, plus the grace), so a supervisor never kills a loading start
+    startup_s: float | None = Field(None, ge=0)
     limit_s: float = Field(60.0, gt=0)  # not serving again within this: "not recovered"
     observe_s: float = Field(5.0, ge=0)  # after recovery: watch for a second OOM and the retry storm
     p95_tolerance: float = Field(0.5, ge=0)  # P95 back within (1 + tolerance) x baseline counts as recovered
@@ -171,6 +174,9 @@ def load_plan(path: str | Path) -> DrillPlan:
 def parse_plan(doc: Any, origin: str = "plan") -> DrillPlan:
     if not isinstance(doc, dict):
         raise ConfigError(f"{origin}: a drill plan is a mapping (name:, target:, ramp:, ...)")
+    from vramlab.redact import register_urls_in
+
+    register_urls_in(doc)  # URL passwords are masked wherever they show up later (vramlab.redact)
     try:
         return DrillPlan.model_validate(doc)
     except ConfigError as exc:

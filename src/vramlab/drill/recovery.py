@@ -4,6 +4,10 @@ delay) or manual (the drill waits while the operator records actions with `vraml
 Whatever the mode, the drill waits until the target serves again (health 200 if health failed,
 and a successful generation after the failure) or the recovery limit passes. The first corrective
 action is the *mitigation* on the timeline.
+
+A restart gets its own start-up allowance: the supervisor judges a restarted target's health only
+once `startup_allowance_s` has passed since that restart (sized from the first start's measured
+load time, or the plan's `recovery.startup_s`), so it never kills a start that is still loading.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ class LiveState:
     health_down_since_s: float | None = None
     health_ever_failed: bool = False
     running: bool = True
+    restarting: bool = False  # the supervisor is stopping and starting the target: its exit is ours
 
     def serving(self) -> bool:
         if self.failed_at_s is None or self.last_success_s is None or self.last_success_s <= self.failed_at_s:
@@ -53,6 +58,8 @@ async def recover(
     emit: Emit,
     operator_notes: Callable[[float], list[str]] | None = None,
     supervised_by_drill: bool = True,
+    startup_allowance_s: float = 0.0,
+    on_restart: Callable[[float], None] | None = None,
 ) -> RecoveryOutcome:
     """Drive recovery until the target serves again or `spec.limit_s` passes (from the failure)."""
     start = state.failed_at_s if state.failed_at_s is not None else now()
@@ -71,19 +78,29 @@ async def recover(
         if spec.mode == "auto" and supervised_by_drill:
             # The drill plays the supervisor (systemd Restart=on-failure, a k8s liveness probe).
             dead = not state.running
-            stuck = (state.health_down_since_s is not None and t - state.health_down_since_s >= spec.liveness_grace_s
-                     and state.running)
+            # health failing counts only from the end of the last restart's start-up allowance
+            down_from = None if state.health_down_since_s is None else max(
+                state.health_down_since_s, last_restart + startup_allowance_s)
+            stuck = down_from is not None and t - down_from >= spec.liveness_grace_s and state.running
             if (dead or stuck) and t - last_restart >= restart_delay:
                 await asyncio.sleep(spec.restart_delay_s if dead else 0.0)
-                why = "process exited" if dead else f"health failing for {spec.liveness_grace_s:g} s"
-                emit("mitigation", f"supervisor restart ({why})", action="restart", by="supervisor", reason=why)
+                why = "process exited" if dead else (
+                    f"health failing for {spec.liveness_grace_s:g} s"
+                    + (f" after a {startup_allowance_s:g} s start-up allowance" if last_restart > -1e8 else ""))
+                emit("mitigation", f"supervisor restart ({why})", action="restart", by="supervisor", reason=why,
+                     startup_allowance_s=startup_allowance_s)
                 mitigations += 1
                 last_restart = now()
+                if on_restart is not None:
+                    on_restart(last_restart)
+                state.restarting = True
                 try:
                     await asyncio.to_thread(target.restart)
                     state.running = True
                 except TargetCommandError as exc:
                     emit("warning", f"restart failed: {exc}")
+                finally:
+                    state.restarting = False
                 restart_delay = min(max(restart_delay * 2, 0.5), 5.0)  # a crash loop backs off, as systemd does
         elif spec.mode == "scripted" and not scripted_done:
             if t - start >= spec.delay_s:

@@ -27,7 +27,8 @@ from vramlab.drill.recovery import LiveState, recover
 from vramlab.drill.target import check_environment
 from vramlab.drill.watch import Watchers
 from vramlab.experiment.events import Event, EventHook
-from vramlab.experiment.records import RequestRecord, RunRecord, canonical_sha256, new_run_id
+from vramlab.records import RequestRecord, RunRecord, canonical_sha256, new_run_id
+from vramlab.records.store import Store
 
 
 @dataclass
@@ -37,10 +38,11 @@ class DrillResult:
     stop_reason: str | None
     failed_rounds: list[int] = field(default_factory=list)
     workdir: str = ""
+    unrecovered_rounds: list[int] = field(default_factory=list)  # failed and not serving again within the limit
 
 
 class DrillRunner(Watchers):
-    def __init__(self, plan: DrillPlan, store: Any, *, override_env: bool = False, workdir: str | None = None,
+    def __init__(self, plan: DrillPlan, store: Store, *, override_env: bool = False, workdir: str | None = None,
                  run_id: str | None = None, hook: EventHook | None = None):
         self.plan = plan
         self.store = store
@@ -65,6 +67,9 @@ class DrillRunner(Watchers):
         self._last_log_event: dict[str, float] = {}
         self._ceiling_value: float | None = None
         self._coloc: Any = None
+        self._unrecovered: list[int] = []
+        self.health_path = plan.target.health_path  # replaced by what answered at bring-up (discover_health)
+        self.load_time_s: float | None = None  # the first start's measured load time (start -> health 200)
         if plan.colocation is not None and isinstance(self.target, SimTarget):
             from vramlab.drill.colocation_run import ColocationRun
 
@@ -131,21 +136,35 @@ class DrillRunner(Watchers):
             self._phase, self._step = "rollback", None
             await self._rollback(status, reason)
             self.emit("run_end", reason or status, status=status, ended_at=time.time(), stop_reason=reason)
-        return DrillResult(self.run_id, status, reason, failed_rounds, str(self.workdir))
+        return DrillResult(self.run_id, status, reason, failed_rounds, str(self.workdir), list(self._unrecovered))
 
     async def _bring_up(self) -> None:
         self._phase = "setup"
         if self._coloc is not None:
             await self._coloc.bring_up()  # sequential start, the start-up race, everyone up in order again
         st = await asyncio.to_thread(self.target.status)
+        started = None
         if not st.running:
             self.emit("target_start", f"starting the target ({self.plan.target.kind})")
+            started = self.now()
             await asyncio.to_thread(self.target.start)
             self._started_target = True
-        if not await self._wait_health(30.0):
+        from vramlab.drill.health import discover_health
+
+        limit = max(30.0, self.plan.recovery.startup_s or 0.0, self.plan.target.timeout_for("start"))
+        found = await discover_health(self.target.url, self.plan.target.health_path, limit,
+                                      alive=lambda: self.target.status().running if self._local() else True)
+        if found.path is None:
             from vramlab.errors import VramlabError
 
-            raise VramlabError(f"the target at {self.target.url} did not answer its health check within 30 s")
+            raise VramlabError(f"the target at {self.target.url} did not pass a health check within {limit:g} s: "
+                               f"{found.summary()}")
+        self.health_path = found.path
+        self.emit("health_path", found.summary(), path=found.path, answers=found.answers)
+        if started is not None:
+            self.load_time_s = self.now() - started
+            self.emit("target_ready", f"the target loaded in {self.load_time_s:.2f} s (start to health 200 on "
+                      f"{found.path})", load_time_s=self.load_time_s)
         if self.plan.cotenant is not None:
             self._cotenant = self._make_balloon()
             nbytes = self.plan.cotenant.bytes_to_hold(self._cotenant.free_bytes())
@@ -171,19 +190,18 @@ class DrillRunner(Watchers):
     def _make_balloon(self) -> Any:
         return LedgerBalloon(self.device) if self.device else ProcessBalloon()
 
-    async def _wait_health(self, limit_s: float) -> bool:
-        import aiohttp
+    def _local(self) -> bool:
+        return self.plan.target.kind in ("sim", "process")
 
-        url = self.target.url.rstrip("/") + self.plan.target.health_path
-        deadline = self.now() + limit_s
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
-            while self.now() < deadline:
-                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                    async with s.get(url) as resp:
-                        if resp.status == 200:
-                            return True
-                await asyncio.sleep(0.1)
-        return False
+    def startup_allowance_s(self) -> float:
+        """How long a restart may load before the supervisor judges its health: the plan's
+        `recovery.startup_s`, else twice the first start's measured load time plus the grace."""
+        rec = self.plan.recovery
+        if rec.startup_s is not None:
+            return rec.startup_s
+        if self.load_time_s is not None:
+            return 2 * self.load_time_s + rec.liveness_grace_s
+        return max(30.0, rec.liveness_grace_s)
 
     async def _one_round(self, values: list[float]) -> bool:
         """One baseline, ramp, recovery cycle; True when the target failed in it."""
@@ -253,12 +271,15 @@ class DrillRunner(Watchers):
 
     def _on_failure(self, f: Finding, step: int, value: float, last_safe: float | None) -> None:
         self.state.failed_at_s = self.state.failed_at_s or f.t_s
-        if f.kind in ("wall_clock", "gpu_memory", "error_rate", "kv_usage"):
+        if f.kind in ("wall_clock", "gpu_memory", "error_rate", "kv_usage", "p95"):
             self.emit("stop_condition", f.message, condition=f.kind)
         self.emit("detect", f"detected: {f.message}", condition=f.kind, source=f.source)
-        self.emit("fault", f"failed at {self.plan.ramp.knob} = {value:g} {self.plan.ramp.unit}", step=step,
+        # T0 is the failure itself: its first evidence (a failed request's end, the exit, the OOM line)
+        t0 = self.detector.first_evidence_s()
+        self.emit("fault", f"failed during {self.plan.ramp.knob} = {value:g} {self.plan.ramp.unit}", step=step,
                   value=value, knob=self.plan.ramp.knob, unit=self.plan.ramp.unit, step_started_s=self._step_started_s,
-                  last_safe_value=last_safe, mode=self.detector.failure_mode(), signature=self.detector.signature())
+                  t0_s=t0 if t0 is not None else f.t_s, last_safe_value=last_safe, mode=self.detector.failure_mode(),
+                  evidence=self.detector.evidence(), signature=self.detector.signature())
 
     async def _recover(self, client: Any, failure: Finding, values: list[float]) -> None:
         plan = self.plan
@@ -274,21 +295,24 @@ class DrillRunner(Watchers):
         try:
             out = await recover(plan.recovery, self.target, self.state, self.now, self.emit,
                                 operator_notes=self._notes_since,
-                                supervised_by_drill=plan.target.kind in ("sim", "process"))
+                                supervised_by_drill=plan.target.kind in ("sim", "process"),
+                                startup_allowance_s=self.startup_allowance_s(), on_restart=self.detector.on_restart)
             if out.recovered:
                 after = (out.served_again_s or 0.0) - (failure.t_s or 0.0)
                 self.emit("recovered", f"serving again {after:.2f} s after detection",
                           served_again_s=out.served_again_s)
                 await asyncio.sleep(plan.recovery.observe_s)
             else:
+                self._unrecovered.append(self._round or 0)
                 self.emit("not_recovered", out.reason, limit_s=plan.recovery.limit_s)
         finally:
             load.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await load
             # settle the fault's mode now that recovery showed more (a refusal on restart, ...)
-            self.emit("failure_mode", self.detector.failure_mode(), mode=self.detector.failure_mode(),
-                      signature=self.detector.signature())
+            mode, evidence = self.detector.failure_mode(), self.detector.evidence()
+            self.emit("failure_mode", f"failure mode {mode}" + (f": {evidence[0]}" if evidence else ""), mode=mode,
+                      evidence=evidence, signature=self.detector.signature())
             self.emit("phase_end", "recovery")
 
     def _notes_since(self, t_s: float) -> list[str]:
@@ -367,10 +391,11 @@ class DrillRunner(Watchers):
             return
         if rec.ok:
             self.state.last_success_s = end
-        self.detector.on_result(end, rec.ok, rec.status_code, rec.error_class, rec.error)
-        amp = self.herd.on_attempt(rec.sent_s or end, phase)
+        self.detector.on_result(end, rec.ok, rec.status_code, rec.error_class, rec.error, rec.e2e_from_scheduled_ms)
+        amp = self.herd.on_attempt(rec.sent_s or end, phase, rec.attempt)
         if amp is not None:
-            self.emit("retry_storm", f"request rate {amp:.1f}x the baseline during recovery", amplification=amp)
+            self.emit("retry_storm", f"attempt rate {amp:.1f}x the baseline's offered rate during recovery, "
+                      f"mostly the retry policy's retries", amplification=amp)
 
     # -- alerts evaluated on the drill's own samples ----------------------------------------
     def _evaluate_alerts(self) -> None:

@@ -94,7 +94,7 @@ class TargetSpec(BaseModel):
     engine: str = "vllm"
     base_url: str | None = None  # OpenAI-compatible root, e.g. http://127.0.0.1:8000
     model: str | None = None  # served model name sent in requests
-    health_path: str = "/health"
+    health_path: str = "/health"  # tried first; then /health, /v1/models, / (drill/health.py)
     metrics_path: str = "/metrics"
     api_key_env: str | None = None  # the NAME of an env var; the key itself never enters a plan
     sim: SimSettings | None = None
@@ -203,6 +203,7 @@ class TargetStatus:
     running: bool
     detail: str = ""
     exit_code: int | None = None
+    oom_killed: bool | None = None  # the kernel OOM killer's counter rose since the start (None: unknown)
 
 
 class Target(Protocol):

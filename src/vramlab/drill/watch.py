@@ -10,7 +10,7 @@ import asyncio
 import time
 from typing import Any
 
-from vramlab.experiment.records import SampleRecord
+from vramlab.records import SampleRecord
 
 FINDING_EVENTS = {"oom": "oom", "engine_death": "oom", "startup_refusal": "startup_refusal", "xid": "xid",
                   "preemption": "preemption", "overload": "overload", "process_exit": "process_exit",
@@ -31,6 +31,7 @@ class Watchers:
     _coloc: Any
     _last_health: Any
     _last_log_event: dict[str, float]
+    health_path: str
     def _watchers(self) -> list[Any]:
         return [self._sample_loop(), self._log_loop(), self._process_loop(), self._clock_loop(),
                 *[self._neighbour_loop(n) for n in self.plan.neighbours],
@@ -53,7 +54,7 @@ class Watchers:
         from vramlab.observe.prom_text import PromTextSampler
 
         root = self.target.url.rstrip("/")
-        samplers: list[Any] = [HealthSampler(root + self.plan.target.health_path, timeout_s=1.0),
+        samplers: list[Any] = [HealthSampler(root + self.health_path, timeout_s=1.0),
                                PromTextSampler(root + self.plan.target.metrics_path, timeout_s=1.0)]
         if self.device:
             from vramlab.observe.ledger import LedgerSampler
@@ -117,10 +118,19 @@ class Watchers:
     async def _process_loop(self) -> None:
         local = self.plan.target.kind in ("sim", "process")
         while True:
+            if self.state.restarting:  # the supervisor's own stop is no exit of the target's
+                await asyncio.sleep(0.05)
+                continue
             st = self.target.status() if local else await asyncio.to_thread(self.target.status)
+            if self.state.restarting:
+                continue
             if self.state.running and not st.running:
-                self.detector.on_process(self.now(), False, st.exit_code)
-                self.emit("process_exit", f"target exited with code {st.exit_code}", exit_code=st.exit_code)
+                from vramlab.drill.evidence import exit_evidence
+
+                t = self.now()
+                self.detector.on_process(t, False, st.exit_code, st.oom_killed, st.detail)
+                self.emit("process_exit", f"target {exit_evidence(st.exit_code)}", exit_code=st.exit_code,
+                          oom_killed=st.oom_killed, detail=st.detail)
             self.state.running = st.running
             await asyncio.sleep(0.05 if local else 1.0)
 

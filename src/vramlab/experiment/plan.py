@@ -29,16 +29,56 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SimTarget(_Model):
+    """`target.sim`: vramlab starts `vramlab sim serve` on a free loopback port for the run and stops
+    it afterwards, so a plan needs no other terminal. The served model is target.model."""
+
+    gpu: str = "h100-80gb"
+    engine: Literal["vllm", "sglang", "tgi", "llama.cpp", "ollama"] = "vllm"
+    speed: float = Field(default=20.0, gt=0)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    max_model_len: int | None = Field(default=None, gt=0)
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    seed: int = 0
+
+    def argv(self, model: str) -> list[str]:
+        out = ["--model", model, "--gpu", self.gpu, "--engine", self.engine, "--speed", f"{self.speed:g}",
+               "--seed", str(self.seed)]
+        for flag, v in (("--gpu-memory-utilization", self.gpu_memory_utilization),
+                        ("--max-model-len", self.max_model_len), ("--max-num-seqs", self.max_num_seqs)):
+            if v is not None:
+                out += [flag, f"{v:g}" if isinstance(v, float) else str(v)]
+        return out
+
+
 class Target(_Model):
-    base_url: str
+    base_url: str | None = Field(default=None, description="the endpoint; filled in by vramlab when target.sim is given")
     api: Literal["openai-chat", "openai-completions"] = "openai-chat"
     model: str
     api_key_env: str | None = None
     metrics_url: str | None = None
     health_url: str | None = None
-    kind: Literal["vllm", "sglang", "tgi", "llama.cpp", "ollama", "sim", "other"] = "other"
+    # every engine the README names, plus the rehearsal server; "other" for anything else OpenAI-compatible
+    kind: Literal["vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama", "sim", "other"] = "other"
     environment: Literal["test", "staging", "production"] = "test"
     pid: int | None = Field(default=None, description="the target process, for its RSS (same host only)")
+    sim: SimTarget | None = Field(default=None, description="start a sim for this run (kind: sim, no base_url)")
+
+    @model_validator(mode="after")
+    def _where(self) -> Target:
+        if self.sim is not None and self.kind != "sim":
+            raise ValueError("sim: settings need kind: sim")
+        if self.sim is None and self.base_url is None:
+            raise ValueError("give base_url (the endpoint), or kind: sim with sim: {gpu: ...} to let vramlab "
+                             "start a rehearsal server")
+        return self
+
+    @property
+    def url(self) -> str:
+        """The endpoint (known once the run's own sim, if any, is up)."""
+        if self.base_url is None:
+            raise ValueError("target.base_url is not known yet (the run's sim has not started)")
+        return self.base_url
 
     @field_validator("base_url", "metrics_url", "health_url")
     @classmethod
@@ -54,6 +94,14 @@ class Target(_Model):
         if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
             raise ValueError("must be the NAME of an environment variable (the key itself never goes in a plan)")
         return v
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> Target:
+        # HTTP sends one Authorization header: user-info in the URL (Basic) or the key (Bearer), not both.
+        if self.api_key_env and self.base_url and "@" in self.base_url.split("://", 1)[1].split("/", 1)[0]:
+            raise ValueError("@base_url: has user-info (user:password@) and api_key_env is set too; "
+                             "give one (HTTP carries one Authorization header)")
+        return self
 
 
 class Synthetic(_Model):
@@ -227,7 +275,7 @@ class Plan(_Model):
             raise ValueError("@change: concurrency steps must be whole numbers")
         if var == "prompt_tokens" and self.fixed.input.synthetic is None:
             raise ValueError("@change.variable: prompt_tokens needs a synthetic input set")
-        if "ledger" in self.samplers.sources and not self.samplers.ledger:
+        if "ledger" in self.samplers.sources and not self.samplers.ledger and self.target.sim is None:
             raise ValueError("@samplers.sources: 'ledger' needs samplers.ledger (the sim's device file)")
         if "prometheus" in self.samplers.sources and not self.samplers.prometheus_url:
             raise ValueError("@samplers.sources: 'prometheus' needs samplers.prometheus_url")
@@ -322,6 +370,9 @@ def parse_plan(text: str, filename: str = "plan.yaml") -> Plan:
         raise ConfigError(f"{filename}:{line}: not valid YAML: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{filename}:1: a plan is a mapping (name:, target:, ...), got {type(data).__name__}")
+    from vramlab.redact import register_urls_in
+
+    register_urls_in(data)  # a URL's password is masked wherever it shows up later (vramlab.redact)
     try:
         return Plan.model_validate(data)
     except ValidationError as exc:

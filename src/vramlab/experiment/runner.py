@@ -1,28 +1,27 @@
 """The experiment runner: rounds of baseline -> treatment steps -> recovery, the same window each.
 
 It owns the clock, the stop conditions and the order of things; everything it learns goes out as
-events (see events.py) to whoever subscribes: the store writer, the terminal, a drill. Extension
-points for drills: a ``StepStrategy`` (fixed steps, or ramp until a stop condition), a
-``TargetControl`` called before every window and on the way out, and the event hook itself.
+events (see events.py) to whoever subscribes: the store writer, the terminal, a test. The stop
+conditions are ``StopMonitor`` (stop.py), the one stop engine the drill's detector uses too.
 
 However the run ends (completed, a stop condition, an error, Ctrl-C), the same ``finally`` stops
-the samplers, restores the target and runs the rollback commands, then emits ``run_end``.
+the samplers and runs the rollback commands, then emits ``run_end``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from vramlab.experiment.events import Event, EventHook
 from vramlab.experiment.plan import Plan
-from vramlab.experiment.records import RequestRecord, RunRecord, SampleRecord, canonical_sha256, new_run_id
 from vramlab.experiment.rollback import RollbackResult, run_rollbacks
 from vramlab.experiment.steps import FixedSteps, StepOutcome, StepStrategy
 from vramlab.experiment.stop import StopMonitor, StopReason
@@ -38,17 +37,10 @@ from vramlab.load.client import OpenAIClient, RequestResult
 from vramlab.load.driver import WindowOutcome, drive
 from vramlab.load.prompts import Prompt, cycle
 from vramlab.observe.base import Sample, Sampler, SamplerSet
+from vramlab.records import RequestRecord, RunRecord, SampleRecord, canonical_sha256, new_run_id
 
 EXIT_CODES = {"completed": 0, "failed": 1, "stopped": 3, "interrupted": 130}
 _SOURCES = {"gpu", "ledger", "engine", "prometheus", "host", "health"}
-
-
-class TargetControl(Protocol):
-    """What a drill passes in to act on the target around each window (balloon, restart, ...)."""
-
-    async def apply(self, round: int, phase: str, step: int, value: float) -> None: ...
-
-    async def restore(self) -> None: ...
 
 
 @dataclass
@@ -58,7 +50,6 @@ class RunOptions:
     base_dir: Path = Path(".")
     api_key: str | None = None  # read from the environment by the caller; never stored
     strategy: StepStrategy | None = None
-    control: TargetControl | None = None
     samplers: list[Sampler] | None = None  # None: the plan's own
     capture_environment: bool = True
     run_id: str | None = None
@@ -83,16 +74,11 @@ class RunResult:
 
 
 def _request_record(**fields: Any) -> RequestRecord:
-    """A RequestRecord without validation or model_construct's bookkeeping: this is the hot path
-    (thousands a second), every field is set right here from typed values, and validating would
-    cost more than parsing the request's stream (as the store reads rows back, see store/sql.py)."""
+    """A RequestRecord through pydantic's public validator. This is the hot path (thousands a
+    second): every field is given (the assert), and pydantic-core validates a record in ~10 us,
+    faster than `model_construct`; nothing writes pydantic's private attributes."""
     assert fields.keys() == _REQUEST_FIELDS, fields.keys() ^ _REQUEST_FIELDS
-    obj = RequestRecord.__new__(RequestRecord)
-    object.__setattr__(obj, "__dict__", fields)
-    object.__setattr__(obj, "__pydantic_fields_set__", set(_REQUEST_FIELDS))
-    object.__setattr__(obj, "__pydantic_extra__", None)
-    object.__setattr__(obj, "__pydantic_private__", None)
-    return obj
+    return RequestRecord.model_validate(fields)
 
 
 _REQUEST_FIELDS = set(RequestRecord.model_fields)
@@ -137,6 +123,8 @@ class Runner:
         self._stop_flag: asyncio.Event | None = None  # the running window's: fire_stop sets it
         self.workers = 1
         self._totals = [0, 0]
+        self._abort: str | None = None
+        self._last_4xx: str | None = None
 
     # -- events --------------------------------------------------------------------------------
     def now(self) -> float:
@@ -194,16 +182,13 @@ class Runner:
             self._where = (None, None, None)
             self.emit("error", reason_text)
         finally:
+            if self._abort is not None:
+                status, reason_text = "failed", self._abort
             self._where = (None, None, None)
             if ticker is not None:
                 ticker.cancel()
                 await asyncio.gather(ticker, return_exceptions=True)
             await samplers.stop()
-            if self.o.control is not None:
-                try:
-                    await self.o.control.restore()
-                except Exception as exc:  # a failed restore must not skip the rollback commands
-                    self.emit("error", f"target restore failed: {type(exc).__name__}: {exc}"[:300])
             if self.stop is not None and reason_text is None:
                 reason_text = self.stop.message
             rollbacks = await self._rollback(status, reason_text)
@@ -215,6 +200,22 @@ class Runner:
                        "requests": self._totals[0], "errors": self._totals[1]})
         return RunResult(self.run_id, status, self.stop, tuple(self.notes), self._totals[0], self._totals[1],
                          self.now(), tuple(rollbacks))
+
+    async def _engine_accepts_ignore_eos(self) -> bool:
+        """`ignore_eos` is not in OpenAI's API: vLLM, SGLang and llama.cpp accept it, others answer 4xx
+        (e.g. `HTTP 422: Unexpected fields in the request: {'ignore_eos'}`). One request of one token
+        with it: a 4xx naming the field drops it for the run, with a note quoting the server."""
+        from vramlab.load.prompts import Prompt
+
+        plan = self.plan
+        async with OpenAIClient(plan.target.url, plan.target.model, plan.target.api, self.o.api_key,
+                                max_connections=1, timeout_s=plan.load.request_timeout_s, ignore_eos=True) as probe:
+            res = await probe.send("ignore-eos-probe", Prompt("Say OK.", None, 1), 1, time.perf_counter())
+        if 400 <= res.status_code < 500 and "ignore_eos" in (res.error or ""):
+            self.note(f"ignore_eos dropped: the server refused the field ({res.error}); outputs may end before "
+                      "output_tokens")
+            return False
+        return True
 
     async def _open_load(self, stack: contextlib.AsyncExitStack) -> None:
         """The load client: in this process, or a pool of worker processes (see load/workers.py)."""
@@ -229,9 +230,9 @@ class Runner:
                                                                              else None)
         if n < 1:
             raise ValueError("workers must be at least 1")
-        cfg = ClientConfig(plan.target.base_url, plan.target.model, plan.target.api, self.o.api_key,
+        cfg = ClientConfig(plan.target.url, plan.target.model, plan.target.api, self.o.api_key,
                            max_connections=conns, timeout_s=plan.load.request_timeout_s,
-                           ignore_eos=plan.fixed.ignore_eos)
+                           ignore_eos=plan.fixed.ignore_eos and await self._engine_accepts_ignore_eos())
         if n == 1:
             self._client = await stack.enter_async_context(OpenAIClient(
                 cfg.base_url, cfg.model, cfg.api, cfg.api_key, max_connections=cfg.max_connections,
@@ -250,7 +251,7 @@ class Runner:
         if self.o.capture_environment:
             fixed.update(await asyncio.to_thread(gpu_facts))
             headers = {"Authorization": f"Bearer {self.o.api_key}"} if self.o.api_key else {}
-            facts, notes = await engine_facts(self.plan.target.base_url, headers, self.plan.target.model)
+            facts, notes = await engine_facts(self.plan.target.url, headers, self.plan.target.model)
             fixed.update(facts)
         fixed.update(self.o.extra_fixed)
         return fixed, notes
@@ -263,23 +264,15 @@ class Runner:
             while value is not None:
                 out = await self._phase(r, "treatment", idx, value)
                 if out.stopped is not None:
-                    if not self.strategy.absorbs_stops or out.stopped.condition == "wall_clock_s":
-                        raise _Stopped
-                    # The ramp found its limit: note it, forget the failing window, go to recovery.
-                    self.emit("step", f"ramp ended at {value:g}: {out.stopped.message}",
-                              {"value": value, "condition": out.stopped.condition})
-                    self.stop = None
-                    self.monitor.reset_requests()
+                    raise _Stopped
                 value, idx = self.strategy.next(out), idx + 1
             await self._phase(r, "recovery", 0, base)
 
     async def _phase(self, rnd: int, phase: str, step: int, value: float) -> StepOutcome:
-        if self.stop is not None:
+        if self.stop is not None or self._abort is not None:
             raise _Stopped
         plan, var = self.plan, self.plan.change.variable
         self._where = (rnd, phase, step)
-        if self.o.control is not None:
-            await self.o.control.apply(rnd, phase, step, value)
         if value not in self._prompts:
             self._prompts[value] = prompts_for(plan, value, self.o.base_dir)
         seed = (plan.fixed.input.synthetic.seed if plan.fixed.input.synthetic else 0) * 1000 + step
@@ -313,6 +306,8 @@ class Runner:
             self._window_task = None
             self._stop_flag = None
             self._flush_records(stats)
+        if self._abort is not None:
+            raise _Stopped  # not even a ramp goes on once the run cannot be stored
         lag_p99, lag = None, []
         if not task.cancelled():
             outcome = task.result()  # a bug in the driver surfaces here as a failed run
@@ -368,6 +363,8 @@ class Runner:
             else:
                 stats.errors += 1
                 self._totals[1] += 1
+                if res.error_class == "http_4xx" and res.error:
+                    self._last_4xx = res.error
         self.monitor.on_request(res.end_at - t0, ok, res.error_class, res.e2e_from_scheduled_ms, res.error)
         if not ok:
             self._check()
@@ -413,11 +410,24 @@ class Runner:
         """Stop now: record why and cancel the running window (drills call this for OOM too)."""
         if self.stop is not None:
             return
+        if reason.condition == "error_rate" and self._last_4xx:
+            # The server's own words for the 4xx behind the error rate: console, run row, every report.
+            reason = dataclasses.replace(reason, message=f"{reason.message}; the server said: {self._last_4xx}")
         self.stop = reason
         if self._stop_flag is not None:
             self._stop_flag.set()  # every loop, in every worker, sends nothing more from here on
         self.emit("stop_condition", reason.message,
                   {"condition": reason.condition, "value": reason.value, "threshold": reason.threshold})
+
+    def abort(self, reason: str) -> None:
+        """Fail the run now (the store writer calls this when the store refuses its rows): the load
+        stops, the samplers stop, the target is restored and the rollbacks run, as for a stop."""
+        if self._abort is not None:
+            return
+        self._abort = reason
+        self.emit("error", reason)
+        if self._window_task is not None:
+            self._window_task.cancel()
 
     async def _tick(self) -> None:
         # Sample-based and wall-clock conditions between requests: a hung target sends no results.

@@ -20,12 +20,29 @@ from vramlab.errors import ConfigError, VramlabError
 from vramlab.experiment.events import Event, EventHook
 from vramlab.experiment.plan import Plan, load_plan
 from vramlab.experiment.runner import Runner, RunOptions, RunResult
+from vramlab.records.store import Store
 
 
 @dataclass(frozen=True)
 class SessionResult:
     result: RunResult
     store_url: str
+    received: dict[str, int] | None = None  # rows the run produced, per table
+    stored: dict[str, int] | None = None  # rows the store holds for it, counted back (None: unreadable)
+    store_failure: str | None = None  # the write error that stopped the run
+
+    @property
+    def store_complete(self) -> bool:
+        return (self.store_failure is None and self.received is not None and self.stored is not None
+                and all(self.stored.get(k, 0) >= n for k, n in self.received.items()))
+
+    def stored_line(self) -> str:
+        """Exactly what the store holds, against what the run produced."""
+        if self.received is None:
+            return ""
+        if self.stored is None:
+            return "the store could not be read back to count what it holds"
+        return "the store holds " + ", ".join(f"{self.stored.get(k, 0)} of {n} {k}" for k, n in self.received.items())
 
 
 def api_key_for(plan: Plan) -> str | None:
@@ -35,6 +52,9 @@ def api_key_for(plan: Plan) -> str | None:
     value = os.environ.get(name)
     if not value:
         raise ConfigError(f"target.api_key_env: the environment variable {name} is not set")
+    from vramlab.redact import register
+
+    register(value)  # masked wherever a server or a message echoes it (vramlab.redact)
     return value
 
 
@@ -44,9 +64,15 @@ def check_target(plan: Plan, allow_production: bool) -> None:
                           "--i-understand-this-is-production to run anyway")
 
 
-async def _run_with_signals(runner: Runner) -> RunResult:
+async def _run_with_signals(runner: Runner, recorder: Any = None) -> RunResult:
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(runner.run())
+    if recorder is not None:  # the writer thread gave up on the store: fail the run, roll back
+        def on_store_failure(reason: str) -> None:
+            print(f"vramlab: {reason}: stopping the load, running rollbacks ...", file=sys.stderr, flush=True)
+            loop.call_soon_threadsafe(runner.abort, reason)
+
+        recorder.on_failure = on_store_failure
     seen = [0]
 
     def on_signal() -> None:
@@ -72,29 +98,72 @@ async def _run_with_signals(runner: Runner) -> RunResult:
 
 
 def _event_loop_runner() -> Callable[[Any], Any]:
-    """uvloop where it is installed (about 1.4x the request rate per core), else asyncio."""
+    from vramlab.load.workers import event_loop_runner
+
+    return event_loop_runner()  # type: ignore[no-any-return]
+
+
+def check_reachable(plan: Plan, timeout_s: float = 5.0) -> None:
+    """Refuse (ConfigError: one line, exit 2) before anything is stored when nothing answers at the
+    target's address. Any HTTP answer counts as reachable (a 401 or 404 is the endpoint's to give)."""
+    import urllib.error
+    import urllib.request
+
+    from vramlab.experiment.wiring import _root
+
+    tg = plan.target
+    url = tg.health_url or _root(tg.url) + "/health"
     try:
-        import uvloop
+        with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=timeout_s):
+            return
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        why = getattr(exc, "reason", None) or exc
+        hint = ("start the server first, or give target: {kind: sim, sim: {gpu: ...}} to let vramlab start a "
+                "rehearsal server" if tg.sim is None else "the run's own sim stopped answering")
+        raise ConfigError(f"target {tg.url} is not reachable ({getattr(why, 'strerror', None) or why}); nothing "
+                          f"was stored; {hint}") from None
 
-        return uvloop.run  # type: ignore[no-any-return]
-    except ImportError:
-        return asyncio.run
 
-
-def run_plan(plan: Plan, *, plan_dir: Path, db: str | None = None, rounds: int | None = None,
+def run_plan(plan: Plan, *, plan_dir: Path, open_store: Callable[[], Store], rounds: int | None = None,
              allow_production: bool = False, subscribers: list[Callable[[Event], None]] | None = None,
-             options: RunOptions | None = None) -> SessionResult:
-    from vramlab.experiment.recorder import StoreRecorder
-    from vramlab.store import open_store
-
+             options: RunOptions | None = None,
+             start_sim: Callable[[Plan, str], tuple[Plan, Any]] | None = None) -> SessionResult:
+    """Run *plan* into the store *open_store* opens (after the checks: a refused plan, or one whose
+    target does not answer, touches no store); the store is closed when the run ends. The caller
+    picks the store (`vramlab run`: `vramlab.store.open_store(--db)`), so this package depends on
+    the `Store` port only. A plan with `target.sim` gets its own rehearsal server for the run from
+    *start_sim* (the CLI's `vramlab.cli.run.start_own_sim`: this package does not import the sim)."""
     check_target(plan, allow_production)
+    if plan.target.sim is None or plan.target.base_url is not None:
+        check_reachable(plan)
+        return _run_checked(plan, plan_dir=plan_dir, open_store=open_store, rounds=rounds, subscribers=subscribers, options=options)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="vramlab-run-sim-") as tmp:
+        if start_sim is None:
+            raise ConfigError("target.sim: this caller cannot start a rehearsal server; give target.base_url")
+        own, sim = start_sim(plan, tmp)
+        try:
+            check_reachable(own)
+            return _run_checked(own, plan_dir=plan_dir, open_store=open_store, rounds=rounds, subscribers=subscribers,
+                                options=options)
+        finally:
+            sim.stop()
+
+
+def _run_checked(plan: Plan, *, plan_dir: Path, open_store: Callable[[], Store], rounds: int | None,
+                 subscribers: list[Callable[[Event], None]] | None, options: RunOptions | None) -> SessionResult:
+    from vramlab.experiment.recorder import StoreRecorder
+
     opts = options or RunOptions()
     opts.api_key = api_key_for(plan)
     opts.rounds = rounds if rounds is not None else opts.rounds
     opts.base_dir = plan_dir
     if opts.rounds is not None and opts.rounds < 1:
         raise ConfigError("--rounds must be at least 1")
-    store = open_store(db)
+    store = open_store()
     try:
         hook = EventHook()
         recorder = StoreRecorder(store)
@@ -103,20 +172,37 @@ def run_plan(plan: Plan, *, plan_dir: Path, db: str | None = None, rounds: int |
             hook.add(s)
         runner = Runner(plan, hook, opts)
         try:
-            result = _event_loop_runner()(_run_with_signals(runner))
+            result = _event_loop_runner()(_run_with_signals(runner, recorder))
         finally:
-            if recorder.run_id is not None:
-                try:
-                    recorder.flush()
-                except Exception:  # the store went away; the run_end path already tried
-                    pass
+            recorder.close()
+            if recorder.run_id is not None and recorder.failure is None:
+                recorder.flush()  # rows of a run that ended without run_end (it retries, then counts them)
         if recorder.run_id is None:
             raise VramlabError("the run did not start")
-        return SessionResult(result, store.url)
+        acct = recorder.accounting()
+        try:
+            stored: dict[str, int] | None = store.count(recorder.run_id)
+        except Exception:  # noqa: BLE001 - an unreadable store: say so, never guess
+            stored = None
+        out = SessionResult(result, store.url, acct.received, stored, acct.failure)
+        if not out.store_complete and result.status != "failed":
+            # No run is reported as completed (or stopped) with fewer rows than it counted.
+            from dataclasses import replace
+
+            out = replace(out, result=replace(result, status="failed"))
+        return out
     finally:
         store.close()
 
 
-def run_plan_file(path: str | Path, **kw: Any) -> SessionResult:
+def run_plan_file(path: str | Path, phase_s: float | None = None, **kw: Any) -> SessionResult:
     plan = load_plan(path)
+    if phase_s is not None:
+        if phase_s <= 0:
+            raise ConfigError("--phase-s must be positive")
+        doc = plan.model_dump(mode="json")
+        doc["phases"]["duration_s"] = phase_s
+        doc["phases"].pop("requests", None)
+        doc["phases"]["drain_s"] = min(doc["phases"]["drain_s"], phase_s)
+        plan = Plan.model_validate(doc)
     return run_plan(plan, plan_dir=Path(path).resolve().parent, **kw)

@@ -1,18 +1,20 @@
 """Stop conditions: checked continuously, always armed, the wall clock one always on.
 
 Request conditions (error rate, P95) look at a sliding window of the last ``window_s`` seconds
-and wait for ``min_requests`` so one early failure cannot stop a run. Sample conditions (KV usage,
+and wait for ``min_requests`` so one early failure cannot stop a run, with one exception: when
+every request in the window timed out, the error-rate stop fires however few there are (a target
+that never answers sends few results, one per timeout per user; issue 11). Sample conditions (KV usage,
 GPU memory share) use the latest value from any source. OOM fires on the first sighting.
 Requests cancelled by the runner itself are not errors.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 
 from vramlab.experiment.plan import StopConditions
+from vramlab.records.stats import percentile
 
 
 @dataclass(frozen=True)
@@ -23,18 +25,14 @@ class StopReason:
     message: str
 
 
-def _p95(values: list[float]) -> float:
-    s = sorted(values)
-    return s[max(0, math.ceil(0.95 * len(s)) - 1)]
-
-
 class StopMonitor:
     def __init__(self, conditions: StopConditions, wall_clock_s: float) -> None:
         self.c, self.wall_clock_s = conditions, wall_clock_s
-        self._window: deque[tuple[float, bool, float | None]] = deque()  # (end_s, ok, e2e_from_scheduled_ms)
+        self._window: deque[tuple[float, bool, float | None, bool]] = deque()  # (end_s, ok, e2e_sched_ms, timed out)
         self._latest: dict[str, dict[str, float]] = {}  # name -> label key -> value
         self._oom: str | None = None
         self._errors = 0  # failures now in the window, kept as requests enter and leave
+        self._timeouts = 0  # timeouts now in the window
         self._p95_at = -1.0  # the P95 is re-sorted at most every P95_EVERY_S (it is O(n log n))
         self._p95: float | None = None
 
@@ -44,6 +42,7 @@ class StopMonitor:
         """Forget the request window (a ramp that absorbed a stop starts recovery afresh)."""
         self._window.clear()
         self._errors = 0
+        self._timeouts = 0
         self._p95_at, self._p95 = -1.0, None
 
     def on_request(self, end_s: float, ok: bool, error_class: str | None, e2e_from_scheduled_ms: float | None,
@@ -52,8 +51,10 @@ class StopMonitor:
             return
         if error_class == "oom" and self._oom is None:
             self._oom = f"a request failed with an out-of-memory error: {error or ''}".strip()[:200]
-        self._window.append((end_s, ok, e2e_from_scheduled_ms if ok else None))
+        timed_out = error_class == "timeout"
+        self._window.append((end_s, ok, e2e_from_scheduled_ms if ok else None, timed_out))
         self._errors += 0 if ok else 1
+        self._timeouts += 1 if timed_out else 0
 
     def on_sample(self, name: str, value: float, key: str = "") -> None:
         self._latest.setdefault(name, {})[key] = value
@@ -66,8 +67,9 @@ class StopMonitor:
     def _prune(self, now_s: float) -> None:
         cutoff = now_s - self.c.window_s
         while self._window and self._window[0][0] < cutoff:
-            if not self._window.popleft()[1]:
-                self._errors -= 1
+            _, ok, _, timed_out = self._window.popleft()
+            self._errors -= 0 if ok else 1
+            self._timeouts -= 1 if timed_out else 0
 
     def _max_latest(self, *names: str) -> float | None:
         vals = [v for n in names for v in self._latest.get(n, {}).values()]
@@ -82,18 +84,23 @@ class StopMonitor:
             return StopReason("oom_seen", 1.0, 1.0, f"OOM seen: {self._oom}")
         self._prune(now_s)
         n = len(self._window)
+        if c.error_rate is not None and 0 < n < c.min_requests and self._timeouts == n:
+            return StopReason("error_rate", 1.0, c.error_rate,
+                              f"every request in the last {c.window_s:g} s timed out ({n}/{n}): the target "
+                              "accepts requests but does not answer")
         if n >= c.min_requests:
             if c.error_rate is not None:
                 errors = self._errors
                 rate = errors / n
                 if rate > c.error_rate:
+                    timeouts = f", {self._timeouts} timed out" if self._timeouts else ""
                     return StopReason("error_rate", rate, c.error_rate,
                                       f"error rate {rate:.0%} over the last {c.window_s:g} s "
-                                      f"({errors}/{n}) is above {c.error_rate:.0%}")
+                                      f"({errors}/{n}{timeouts}) is above {c.error_rate:.0%}")
             if c.p95_ms is not None:
                 if now_s - self._p95_at >= self.P95_EVERY_S:
-                    lat = [e for _, ok, e in self._window if ok and e is not None]
-                    self._p95 = _p95(lat) if len(lat) >= c.min_requests else None
+                    lat = [e for _, ok, e, _ in self._window if ok and e is not None]
+                    self._p95 = percentile(lat, 95) if len(lat) >= c.min_requests else None
                     self._p95_at = now_s
                 p95 = self._p95
                 if p95 is not None:

@@ -73,13 +73,13 @@ def samplers_for(plan: Plan) -> list[Sampler]:
         elif src == "ledger":
             out.append(LedgerSampler(sp.ledger))  # type: ignore[arg-type]
         elif src == "engine":
-            out.append(PromTextSampler(tg.metrics_url or _root(tg.base_url) + "/metrics"))
+            out.append(PromTextSampler(tg.metrics_url or _root(tg.url) + "/metrics"))
         elif src == "prometheus":
             out.append(PromApiSampler(sp.prometheus_url, sp.prometheus_queries))  # type: ignore[arg-type]
         elif src == "host":
             out.append(HostSampler(tg.pid))
         elif src == "health":
-            out.append(HealthSampler(tg.health_url or _root(tg.base_url) + "/health"))
+            out.append(HealthSampler(tg.health_url or _root(tg.url) + "/health"))
     return out
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import math
 import random
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -23,6 +22,7 @@ from vramlab.load.arrivals import Arrival, gaps
 from vramlab.load.client import RequestResult
 from vramlab.load.prompts import Prompt
 from vramlab.load.retry import RetryPolicy
+from vramlab.records.stats import percentile
 
 
 class Sender(Protocol):
@@ -62,13 +62,6 @@ class WindowOutcome:
 
 
 LOOP_TICK_S = 0.02
-
-
-def _p99(values: list[float]) -> float:
-    if not values:
-        return 0.0
-    s = sorted(values)
-    return s[min(len(s) - 1, math.ceil(0.99 * len(s)) - 1)]
 
 
 def _settle_gc() -> None:
@@ -260,6 +253,6 @@ async def drive(
             t.cancel()
         await asyncio.gather(*pending, ticker, stop_wait, return_exceptions=True)
         gc.unfreeze()  # frozen only for the window: what dies later is still collected
-    return WindowOutcome(sent=sent, elapsed_s=pc() - start, lag_p99_ms=_p99(lags), lag_max_ms=max(lags, default=0.0),
-                         loop_lag_p99_ms=_p99(loop_lags), loop_lag_max_ms=max(loop_lags, default=0.0),
+    return WindowOutcome(sent=sent, elapsed_s=pc() - start, lag_p99_ms=percentile(lags, 99) if lags else 0.0, lag_max_ms=max(lags, default=0.0),
+                         loop_lag_p99_ms=percentile(loop_lags, 99) if loop_lags else 0.0, loop_lag_max_ms=max(loop_lags, default=0.0),
                          stopped=stop.is_set())

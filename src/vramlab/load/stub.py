@@ -32,6 +32,7 @@ class StubBehaviour:
     api_key: str | None = None
     metrics_text: str = ""
     health_status: int = 200
+    reject_fields: tuple[str, ...] = ()  # answer 422 naming them, as a strict OpenAI-compatible server does
     seen: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -103,6 +104,9 @@ class StubServer:
             return web.json_response({"error": {"message": "bad key"}}, status=401)
         if b.fail_status is not None:
             return web.Response(status=b.fail_status, text=b.fail_body, content_type="application/json")
+        extra = {f for f in b.reject_fields if f in body}
+        if extra:
+            return web.json_response({"error": {"message": f"Unexpected fields in the request: {extra}"}}, status=422)
         try:
             return await self._stream(request, body)
         except ConnectionError:  # the client went away (a cancelled window); nothing to answer

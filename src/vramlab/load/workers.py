@@ -80,12 +80,22 @@ def workers_needed(peak_streams: int, peak_rate: float | None) -> int:
     return max(1, min(usable_cores(), math.ceil(need)))
 
 
+def event_loop_runner() -> Any:
+    """uvloop where it is installed (about 1.4x the request rate per core), else asyncio."""
+    try:
+        import uvloop
+
+        return uvloop.run
+    except ImportError:
+        import asyncio
+
+        return asyncio.run
+
+
 # -- the worker process ---------------------------------------------------------------------------
 def _worker_main(index: int, count: int, conn: Any, cfg: ClientConfig) -> None:
-    from vramlab.experiment.session import _event_loop_runner
-
     try:
-        _event_loop_runner()(_serve(index, count, conn, cfg))
+        event_loop_runner()(_serve(index, count, conn, cfg))
     except KeyboardInterrupt:  # the parent's Ctrl-C reaches the whole process group; the parent decides
         pass
 

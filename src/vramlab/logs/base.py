@@ -16,6 +16,10 @@ from typing import Any
 
 GIB = 1 << 30
 MIB = 1 << 20
+# Bounds on what a log may cost to read: a line longer than this is cut (engine lines are far
+# shorter; a pasted tensor or /dev/zero is not), and reading stops after MAX_LOG_BYTES.
+MAX_LINE_CHARS = 64 * 1024
+MAX_LOG_BYTES = 64 * MIB
 
 # Fields that carry memory figures: an observation needs one of them to be worth reporting.
 MEMORY_FIELDS = (
@@ -26,6 +30,20 @@ MEMORY_FIELDS = (
 COMPLETE_FIELDS = ("kv_cache_bytes", "kv_cache_tokens", "gpu_blocks")
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# Colour codes whose ESC byte was lost on the way into an issue ("[34m1.14.608.510[0m [32mI [0m").
+_BARE_SGR = re.compile(r"\[(?:\d{1,3}(?:;\d{1,3})*)?m")
+# What log shippers and terminals put in front of an engine's own line, outermost first. Each is
+# stripped once, in this order, before the worker prefix is looked at.
+_OUTER_PREFIXES = (
+    re.compile(r"^\s*[\u2502|]\s?"),  # k9s frame / Buildkite column: "│ INFO ...", "  | [..] ERROR ..."
+    re.compile(r"^[A-Z][a-z]{2} +\d{1,2} [\d:]{8} \S+ [\w.@/-]+(?:\[\d+\])?: "),  # journald/syslog
+    re.compile(r"^[\w.-]+\s+\|\s"),  # docker compose: "ollama  | ", "vllm-1  | "
+    re.compile(r"^\[\d{4}-\d\d-\d\dT[\d:.]+Z?\]\s*"),  # "[2025-08-12T08:42:32Z] "
+    re.compile(r"^(?:\[\d+\] )?\d+\.\d\d\.\d{3}\.\d{3} [IDWE] "),  # llama.cpp timestamps: "1.14.608.510 I "
+)
+# First characters of lines that carry no shipper prefix (vLLM "INFO", "(EngineCore", "llama_").
+_ENGINE_FIRST = set("(IWDE")
+_FRAME_END = re.compile(r"\s*\u2502\s*$")
 # vLLM worker prefixes: (VllmWorker rank=1 pid=..), (VllmWorker TP1 pid=..), (Worker_TP1 pid=..),
 # (VllmWorkerProcess pid=..), (RayWorkerWrapper pid=.., ip=..), (EngineCore_DP0 pid=..).
 _PAREN_PREFIX = re.compile(r"^\s*\((?P<who>[A-Za-z_][\w-]*)(?P<args>[^()]*)\)\s*")
@@ -66,7 +84,16 @@ class Line:
 
 def split_prefix(raw: str) -> tuple[str | None, str]:
     """Separate a worker prefix from the message: ('rank=1', 'INFO ... Available KV ...')."""
-    text = _ANSI.sub("", raw).rstrip("\r\n")
+    text = raw.rstrip("\r\n")
+    if "[" in text:
+        text = _BARE_SGR.sub("", _ANSI.sub("", text))
+    if "\u2502" in text:
+        text = _FRAME_END.sub("", text)
+    if text[:1] not in _ENGINE_FIRST:  # engine lines start with a level, a name or a paren
+        for pat in _OUTER_PREFIXES:
+            text = pat.sub("", text, count=1)
+    if text.startswith("{") and '"message"' in text:  # JSON log lines (TGI --json-output, llama-server)
+        text = _json_message(text)
     m = _PAREN_PREFIX.match(text)
     if m:
         who, args = m.group("who"), m.group("args")
@@ -86,6 +113,20 @@ def split_prefix(raw: str) -> tuple[str | None, str]:
         r = re.search(r"\bTP(\d+)", inside) or re.search(r"gpu_id=(\d+)", inside)
         return (f"rank={r.group(1)}" if r else None), text[m.end():]
     return None, text
+
+
+def _json_message(text: str) -> str:
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(data, dict) or not isinstance(data.get("message"), str):
+        return text
+    # A log line's other fields (target, filename) can carry engine markers: keep them after it.
+    rest = " ".join(f"{k}={v}" for k, v in data.items() if k not in ("message", "timestamp") and isinstance(v, str))
+    return f"{data['message']} {rest}".strip()
 
 
 Extract = Callable[[re.Match[str]], dict[str, Any]]
@@ -108,10 +149,11 @@ class Rule:
     once: bool = False
     shared: bool = False
     accumulate: bool = False
+    key: str | None = None  # literal text every matching line contains (see required_literal)
 
 
 def rule(name: str, pattern: str, extract: Extract, **flags: bool) -> Rule:
-    return Rule(name, re.compile(pattern), extract, **flags)
+    return Rule(name, re.compile(pattern), extract, key=required_literal(pattern), **flags)
 
 
 @dataclass
@@ -144,7 +186,7 @@ class StartUp:
 
     def per_rank(self) -> list[tuple[int | None, dict[str, Any], list[tuple[int, str]]]]:
         """(rank, fields, lines) per worker that printed memory figures; shared fields merged."""
-        keys = [k for k, g in self.ranks.items() if any(not f.startswith(("settings.", "extra.")) for f in g.fields)]
+        keys = [k for k, g in self.ranks.items() if any(not f.startswith("settings.") for f in g.fields)]
         if not keys:
             keys = [None] if None in self.ranks else []
         if not keys:
@@ -179,10 +221,61 @@ def _rank_numbers(keys: list[str | None]) -> dict[str | None, int]:
 def iter_lines(source: Iterable[str]) -> Iterable[Line]:
     for i, raw in enumerate(source, start=1):
         raw = raw.rstrip("\r\n")
-        if len(raw) > 20000:  # a binary blob or a pasted tensor: nothing for us there
-            continue
+        if len(raw) > MAX_LINE_CHARS:  # a binary blob or a pasted tensor: read its start only
+            raw = raw[:MAX_LINE_CHARS]
         key, msg = split_prefix(raw)
         yield Line(i, raw, msg, key)
+
+
+def required_literal(pattern: str) -> str | None:
+    """The longest run of literal text every match of `pattern` contains (4+ characters), or
+    None. A line without it cannot match, so a long log's ordinary lines (request logs,
+    progress bars) are passed over with a substring test instead of a regex search per rule."""
+    from re import _constants as c  # type: ignore[attr-defined]
+    from re import _parser as sp  # type: ignore[attr-defined]
+
+    best = ""
+    run: list[str] = []
+
+    def flush() -> None:
+        nonlocal best
+        text = "".join(run)
+        if len(text) > len(best):
+            best = text
+        run.clear()
+
+    def walk(seq: Any) -> None:
+        for op, av in seq:
+            if op is c.LITERAL:
+                run.append(chr(av))
+            elif op is c.SUBPATTERN and av[3] is not None:
+                walk(av[3])  # a plain group: its content is required too
+            else:
+                flush()  # alternatives, repeats, classes: nothing certain beyond this point
+
+    try:
+        walk(sp.parse(pattern))
+    except Exception:  # noqa: BLE001 - an unusual pattern simply gets no shortcut
+        return None
+    flush()
+    return best if len(best) >= 4 else None
+
+
+_SHORTCUTS: dict[int, tuple[list[Rule], list[Rule], re.Pattern[str] | None]] = {}
+
+
+def candidates(rules: list[Rule], message: str) -> list[Rule]:
+    """The rules that can match this line (their required literal is in it, or they have none)."""
+    cut = _SHORTCUTS.get(id(rules))
+    if cut is None or cut[0] is not rules:
+        keys = sorted({r.key for r in rules if r.key}, key=len, reverse=True)
+        cut = (rules, [r for r in rules if r.key is None],
+               re.compile("|".join(re.escape(k) for k in keys)) if keys else None)
+        _SHORTCUTS[id(rules)] = cut
+    _, keyless, any_key = cut
+    if any_key is None or not any_key.search(message):
+        return keyless  # most lines of a long log: none of the rules' words is there
+    return [r for r in rules if r.key is None or r.key in message]
 
 
 def parse_lines(source: Iterable[str], rules: list[Rule]) -> tuple[list[StartUp], int]:
@@ -191,7 +284,7 @@ def parse_lines(source: Iterable[str], rules: list[Rule]) -> tuple[list[StartUp]
     matched = 0
     for line in iter_lines(source):
         hits: list[tuple[Rule, dict[str, Any]]] = []
-        for r in rules:
+        for r in candidates(rules, line.message):
             m = r.pattern.search(line.message)
             if not m:
                 continue
@@ -237,9 +330,7 @@ def assemble(
     from vramlab.logs.observation import SETTINGS_KEYS, Observation, SourceLine
 
     out = []
-    for su in startups:
-        if not su.has_memory():
-            continue
+    for index, su in enumerate(startups):
         for rank, fields, lines in su.per_rank():
             fields = dict(fields)
             if finish is not None:
@@ -254,7 +345,11 @@ def assemble(
             if fields.get("engine_version"):
                 settings.setdefault("engine_version", fields["engine_version"])
             known = {k: v for k, v in fields.items() if k in Observation.model_fields}
+            if (not su.has_memory() and all(known.get(k) is None for k in MEMORY_FIELDS)
+                    and not known.get("max_model_len") and not known.get("model")):
+                continue  # a version banner alone is not worth reporting
             obs = Observation(
+                startup=index,
                 engine=engine,
                 rank=rank,
                 settings=settings,

@@ -23,26 +23,83 @@ class CalibrationResult:
     observations: int
     skipped: list[tuple[str, str]]
     attribution: list[str] = field(default_factory=list)
+    outliers: list[str] = field(default_factory=list)  # warnings: rows the fit is far off on
+    eras: list[dict[str, Any]] = field(default_factory=list)  # one table row per engine era
+
+    @property
+    def fitted_any(self) -> bool:
+        return any(f.fitted for f in self.fits)
+
+
+# No card has this much memory: a figure above it is a misread or a corrupt line.
+_LARGEST_CARD_BYTES = 1 << 40
+_BYTE_FIELDS = ("weights_bytes", "kv_cache_bytes", "activation_peak_bytes", "non_torch_bytes",
+                "init_non_torch_bytes", "cuda_graph_bytes", "non_kv_cache_bytes", "budget_bytes")
+
+
+def impossible(obs: Observation) -> str | None:
+    """Why an observation cannot be a measurement of one GPU, or None. Non-finite, negative or
+    bigger-than-the-card figures would drag a fit anywhere; V0's negative figures (another
+    process freed memory during profiling) are real log lines but not measurements of a component."""
+    import math
+
+    for name in (*_BYTE_FIELDS, "kv_cache_tokens", "gpu_blocks", "max_concurrency", "gpu_memory_utilization",
+                 "total_gpu_memory_bytes"):
+        value = getattr(obs, name)
+        if value is None:
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{name} is not a finite number ({value})"
+        if value < 0:
+            return f"{name} is negative ({value:,}): not a measurement of one component"
+    util = obs.gpu_memory_utilization
+    if util is not None and not 0 < util <= 1:
+        return f"gpu_memory_utilization {util} is outside (0, 1]"
+    card = obs.total_gpu_memory_bytes
+    limit = card if card else _LARGEST_CARD_BYTES
+    for name in _BYTE_FIELDS:
+        value = getattr(obs, name)
+        if value is not None and value > limit:
+            what = f"the card's {card / (1 << 30):.2f} GiB" if card else "any card's memory"
+            return f"{name} {value / (1 << 30):.2f} GiB is bigger than {what}"
+    return None
 
 
 def read_inputs(paths: Sequence[str | Path]) -> tuple[list[Observation], list[tuple[str, str]]]:
-    """Observations from logs (any engine) and JSONL files; unreadable logs are reported."""
+    """Observations from logs (any engine), JSONL files and folders of both; unreadable logs and
+    physically impossible observations are reported, never used."""
+    from vramlab.logs.check import log_files
     from vramlab.logs.detect import parse_log
 
     out: list[Observation] = []
     problems: list[tuple[str, str]] = []
+    files: list[Path] = []
     for p in paths:
         path = Path(p)
+        if path.is_dir():
+            files.extend(log_files([path]))
+            files.extend(sorted(f for f in path.rglob("*.jsonl") if not f.name.startswith(".")))
+        else:
+            files.append(path)
+    for path in dict.fromkeys(files):
+        found: list[Observation]
         if path.suffix == ".jsonl":
-            out.extend(read_observations(path))  # a bad measurement line stops: it would bias the fit
-            continue
-        try:
-            parsed = parse_log(path)
-        except VramlabError as exc:
-            problems.append((str(path), str(exc)))
-            continue
-        out.extend(parsed.observations)
-        problems.extend((str(path), "incomplete start-up (log ends early)") for _ in parsed.incomplete)
+            found = read_observations(path)  # a bad measurement line stops: it would bias the fit
+        else:
+            try:
+                parsed = parse_log(path)
+            except VramlabError as exc:
+                problems.append((str(path), str(exc)))
+                continue
+            found = parsed.observations
+            problems.extend((str(path), "incomplete start-up (log ends early)") for _ in parsed.incomplete)
+        for obs in found:
+            why = impossible(obs)
+            if why is not None:
+                label = obs.source or str(path)
+                problems.append((label + (f" rank {obs.rank}" if obs.rank is not None else ""), f"rejected: {why}"))
+                continue
+            out.append(obs)
     return out, problems
 
 
@@ -90,7 +147,47 @@ def calibrate(paths: Sequence[str | Path], model_configs: str | Path | None = No
                   "sensitivities from vramlab.capacity.estimate",
     }
     profile = profile_from_fits(name, fits, provenance)
-    return CalibrationResult(fits, profile, len(observations), skipped, _attribution(observations, configs, offline))
+    return CalibrationResult(fits, profile, len(observations), skipped, _attribution(observations, configs, offline),
+                             _outliers(fits, by_engine), _era_table(observations, by_engine, fits))
+
+
+def _outliers(fits: list[Fit], by_engine: dict[str, list[Any]]) -> list[str]:
+    """Rows whose KV cache the fit (left out of it) misses by far more than the rest: worth a look
+    (a wrong model, a card shared with another process, a misread log) before trusting the profile."""
+    out = []
+    for f in fits:
+        seen = {c.label: c.observed for c in by_engine.get(f.engine, [])}
+        errors: dict[str, float] = {}
+        for label, pred in f.loo_predicted.items():
+            observed = seen.get(label, {}).get("kv_cache_bytes")
+            got = pred.get("kv_cache_bytes")
+            if observed and got is not None:
+                errors[label] = (got - observed) / observed
+        if len(errors) < 4:
+            continue
+        typical = sorted(abs(e) for e in errors.values())[len(errors) // 2]
+        for label, e in errors.items():
+            if abs(e) > max(0.25, 5 * typical):
+                out.append(f"{f.engine}: {label}: KV cache predicted {e:+.0%} off without it (typical "
+                           f"{typical:.1%}); check that row's model, card and log")
+    return out
+
+
+def _era_table(observations: list[Observation], by_engine: dict[str, list[Any]], fits: list[Fit]) -> list[dict[str, Any]]:
+    """Observations per engine era: how many were read and how many the fit could use."""
+    from vramlab.logs.era import era_of
+
+    used = {c.label for cases in by_engine.values() for c in cases}
+    not_predicted = {label for f in fits for label, _ in f.skipped}
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for obs in observations:
+        era = era_of(obs)
+        row = rows.setdefault((obs.engine, era.label), {"engine": obs.engine, "era": era.label, "observations": 0,
+                                                        "used": 0, "inferred": era.inferred})
+        row["observations"] += 1
+        label = (obs.source or obs.model or "observation") + (f" rank {obs.rank}" if obs.rank is not None else "")
+        row["used"] += label in used and label not in not_predicted
+    return list(rows.values())
 
 
 def _attribution(observations: list[Observation], configs: dict[str, Any] | None, offline: bool) -> list[str]:

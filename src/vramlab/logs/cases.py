@@ -44,11 +44,22 @@ def resolve_spec(name: str, configs: Mapping[str, Any] | None, offline: bool) ->
     from vramlab.sources import resolve_model
 
     alias = (configs or {}).get(name, {}).get("config_of") if isinstance((configs or {}).get(name), dict) else None
+    from vramlab.logs.check import model_candidates
+    from vramlab.sources.catalog import find_entry
+
+    for cand in model_candidates(name):
+        entry = find_entry(cand)
+        if entry is not None:
+            return entry.spec()
     for cand in dict.fromkeys(c for c in (name, alias, name.strip().lower().replace(" ", "-")) if c):
         try:
             return resolve_model(cand, offline=offline)
         except VramlabError as exc:
             last = last or exc
+    if offline and last is not None and "offline" in str(last):
+        # The resolver speaks of `plan --offline`; calibrate's switch is the other way round.
+        raise VramlabError(f"model {name!r} is not in the bundled catalog; pass --online to read its config from "
+                           "the Hugging Face Hub, or --model-configs with a config.json map") from None
     raise last or VramlabError(f"cannot resolve model {name!r}")
 
 

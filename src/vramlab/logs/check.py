@@ -1,7 +1,16 @@
-"""`check-log` as a library call: parse a log, predict each start-up, compare, attribute."""
+"""`check-log` as a library call: parse a log, say what the engine decided, predict the same
+start-up when the model resolves, compare, attribute.
+
+Parsing never needs the model, the GPU or the version: a parsed log always yields its
+observations (and failures). The prediction beside each one is added when the model (from the
+log or `--model`) and the card (the log's total memory or `--gpu`) resolve; otherwise the item
+carries one line saying what is missing.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -9,6 +18,7 @@ from typing import Any
 from vramlab.errors import ConfigError, VramlabError
 from vramlab.logs.compare import Comparison, attribute, attribution_sentences, compare, gpu_for, settings_for
 from vramlab.logs.detect import parse_log
+from vramlab.logs.era import Era, era_of
 from vramlab.logs.observation import Observation
 
 
@@ -18,6 +28,11 @@ class Item:
     comparison: Comparison | None = None
     error: str | None = None  # why there is no prediction
     settings_used: dict[str, Any] = field(default_factory=dict)
+    era: Era | None = None
+
+    def era_or_inferred(self) -> Era:
+        """The era given, else the one the observation's wording implies."""
+        return self.era or era_of(self.observation)
 
 
 @dataclass
@@ -25,14 +40,16 @@ class CheckReport:
     source: str
     engine: str
     lines: int
-    items: list[Item]
-    incomplete: list[Observation]
+    items: list[Item]  # every start-up and rank with figures; `observation.complete` tells which
     summary: list[str]
+    failures: list[Any] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    phases: list[str] = field(default_factory=list)  # per failure: "start-up" | "serving"
 
     def to_json(self) -> dict[str, Any]:
         observations = []
         for it in self.items:
-            o = it.observation.model_dump(mode="json", exclude_none=True)
+            o = _obs_json(it.observation, it.era)
             if it.comparison is not None:
                 o["prediction"] = it.comparison.to_json()
             else:
@@ -43,66 +60,127 @@ class CheckReport:
             "source": self.source,
             "engine": self.engine,
             "observations": observations,
-            "incomplete": [o.model_dump(mode="json", exclude_none=True) for o in self.incomplete],
+            "failures": [_failure_json(f) | ({"during": ph} if ph else {})
+                         for f, ph in zip(self.failures, self.phases or [""] * len(self.failures), strict=False)],
+            "notes": self.notes,
             "summary": self.summary,
         }
 
 
+def _obs_json(obs: Observation, era: Era | None) -> dict[str, Any]:
+    out = obs.model_dump(mode="json", exclude_none=True)
+    if era is not None:
+        out["era"] = era.to_json()
+    return out
+
+
+def _failure_json(sig: Any) -> dict[str, Any]:
+    out = {"kind": sig.kind, "name": sig.name, "engine": sig.engine, "severity": sig.severity,
+           "line_number": sig.line_number, "line": sig.line[:500]}
+    if sig.details:
+        out["details"] = sig.details
+    return out
+
+
 def predict(obs: Observation, model: str | None = None, gpu: str | None = None,
             engine_version: str | None = None, constants: Any = None, offline: bool = True,
-            spec: Any = None) -> Item:
-    """Predict one observation's start-up. Missing facts become the item's `error`."""
+            spec: Any = None, era: Era | None = None) -> Item:
+    """Predict one observation's start-up. What is missing becomes the item's `error`."""
     from vramlab.capacity import estimate
 
-    name = model or obs.model
     if spec is None:
-        if not name:
-            return Item(obs, error="the log does not name the model; pass --model")
-        spec, why = _resolve(name, offline)
+        names = [n for n in (model, obs.model, obs.extra.get("model_path")) if isinstance(n, str) and n]
+        if not names:
+            return Item(obs, error="the log does not name the model; pass --model for a prediction", era=era)
+        spec, why = _resolve(names[0], offline, explicit=model is not None)
+        if spec is None and len(names) > 1 and model is None:
+            spec, _ = _resolve(names[1], offline, explicit=False)
         if spec is None:
-            return Item(obs, error=why)
+            return Item(obs, error=why, era=era)
     try:
         card, reason = gpu_for(obs, gpu)
-        settings = settings_for(obs, engine_version=engine_version)
+        overrides: dict[str, Any] = {"engine_version": engine_version}
+        if engine_version is None and not obs.engine_version and era is not None and era.version_hint:
+            overrides["engine_version"] = era.version_hint  # the era's first release, said in the settings
+        if era is not None and era.vllm_engine and not obs.settings.get("vllm_engine"):
+            overrides["vllm_engine"] = era.vllm_engine
+        settings = settings_for(obs, **overrides)
         est = estimate(spec, card, settings, constants)
     except VramlabError as exc:
-        return Item(obs, error=str(exc))
+        return Item(obs, error=str(exc), era=era)
     except (ImportError, NotImplementedError):  # a policy the capacity model does not have yet
-        return Item(obs, error=f"the capacity model has no policy for {settings_for(obs).engine} yet")
+        return Item(obs, error=f"the capacity model has no policy for {settings_for(obs).engine} yet", era=era)
     used = {k: v for k, v in settings.explicit().items() if k != "engine"}
-    return Item(obs, compare(obs, est, reason), settings_used=used)
+    return Item(obs, compare(obs, est, reason), settings_used=used, era=era)
 
 
-def _resolve(name: str, offline: bool) -> tuple[Any, str]:
-    """The model a log names. llama.cpp prints GGUF's `general.name` ('Qwen3 30B A3B'), so the
-    catalog's dashed spelling is tried too."""
+# Suffixes that name a checkpoint's packaging or quantization, not the model.
+_PACKAGING = re.compile(
+    r"(?:[-_.](?:gguf|awq|gptq(?:-int[48])?|int[48](?:-awq)?|fp8(?:-dynamic)?|bnb-4bit|w4a16|w8a8|"
+    r"quantized(?:\.w\d+a\d+)?|(?:i?q\d(?:_[0-9a-z]+)*)|bf16|f16|f32|mxfp4))+$",
+    re.IGNORECASE,
+)
+
+
+def model_candidates(name: str) -> list[str]:
+    """Spellings of a model name a log prints, most specific first: the name; a path's last
+    component; without `.gguf`, an Ollama `:tag`, quantization and packaging suffixes; with
+    spaces as dashes (GGUF `general.name`)."""
+    out: list[str] = []
+    base = name.strip().strip("'\"")
+    last = base.rstrip("/").rsplit("/", 1)[-1]
+    # A Hub id ('org/Name-GGUF') keeps its organisation; a filesystem path does not have one.
+    org = base.split("/")[0] if base.count("/") == 1 and not base.startswith((".", "~")) else None
+    for cand in (base, last):
+        stem = re.sub(r"\.gguf$", "", cand, flags=re.IGNORECASE).split(":", 1)[0]
+        stripped = _PACKAGING.sub("", stem)
+        dashed = stripped.lower().replace(" ", "-")
+        for c in (cand, stem, stripped, stripped.replace(" ", "-"), dashed, dashed.removeprefix("meta-")):
+            if c and c not in out:
+                out.append(c)
+        if org and cand is last and stripped != last:
+            out.append(f"{org}/{stripped}")
+    return out
+
+
+def _resolve(name: str, offline: bool, explicit: bool = False) -> tuple[Any, str]:
+    """The model a log names, via the catalog under any of its spellings, else a local path or
+    (with --online) the Hub."""
     from vramlab.sources import resolve_model
+    from vramlab.sources.catalog import find_entry
 
+    for cand in model_candidates(name):
+        entry = find_entry(cand)
+        if entry is not None:
+            return entry.spec(), ""
     first_error = ""
-    for cand in dict.fromkeys([name, name.strip().lower().replace(" ", "-")]):
+    for cand in dict.fromkeys([name] + ([] if explicit else model_candidates(name)[1:2])):
         try:
             return resolve_model(cand, offline=offline), ""
         except VramlabError as exc:
             first_error = first_error or str(exc)
-    if offline and "offline" in first_error:
+    if offline:
         return None, (f"model {name!r} is not in the bundled catalog; pass --model (a catalog name or a local "
-                      "config.json / model directory) or --online to read it from the Hugging Face Hub")
+                      "config.json / model directory), or --online to read it from the Hugging Face Hub")
     return None, f"model {name!r}: {first_error}"
 
 
 def check_log(path: str | Path, model: str | None = None, gpu: str | None = None, engine: str | None = None,
               engine_version: str | None = None, calibration: str | Path | None = None,
-              offline: bool = True) -> CheckReport:
-    parsed = parse_log(path, engine)
-    if not parsed.observations:
-        raise ConfigError(f"{path}: the log ends before the engine sized its KV cache (no complete start-up)")
+              offline: bool = True, max_bytes: int | None = None) -> CheckReport:
+    """One log. Raises ConfigError only when nothing in it is recognizable."""
+    parsed = parse_log(path, engine, max_bytes)
     profile = None
     if calibration:
         from vramlab.logs.profile import load_profile
 
         profile = load_profile(calibration)
     items = []
-    for obs in parsed.observations:
+    # Complete start-ups and those the log cut short alike: the figures a cut-short start-up
+    # printed (weights, a compute buffer) are still the engine's, and comparable.
+    every = sorted(parsed.observations + parsed.incomplete,
+                   key=lambda o: (o.startup or 0, -1 if o.rank is None else o.rank))
+    for obs in every:
         constants = None
         if profile is not None:
             from vramlab.capacity.calibration import apply_profile
@@ -111,13 +189,92 @@ def check_log(path: str | Path, model: str | None = None, gpu: str | None = None
 
             constants = apply_profile(Constants.defaults(), profile, MODEL_ENGINE.get(obs.engine, obs.engine),
                                       engine_version or obs.engine_version)
-        items.append(predict(obs, model, gpu, engine_version, constants, offline))
+        items.append(predict(obs, model, gpu, engine_version, constants, offline, era=era_of(obs)))
     done = [it for it in items if it.comparison is not None]
-    if not done:
-        # Nothing could be predicted: one line naming what is missing is all a user needs.
-        raise ConfigError(f"{path}: {items[0].error}")
     summary = attribution_sentences(attribute([it.comparison for it in done if it.comparison]))
     # With one start-up the per-observation line already says it; the summary is for sets.
     distinct = {repr(it.observation.measured()) for it in done}
-    return CheckReport(str(path), parsed.engine, parsed.lines, items, parsed.incomplete,
-                       summary if len(distinct) > 1 else [])
+    return CheckReport(str(path), parsed.engine, parsed.lines, items,
+                       summary if len(distinct) > 1 else [], parsed.failures, parsed.notes,
+                       [parsed.phase(f) for f in parsed.failures])
+
+
+# --- many files -------------------------------------------------------------------------------
+
+_NOT_LOGS = (".json", ".jsonl", ".toml", ".yaml", ".yml", ".md", ".py", ".csv", ".gz", ".zip", ".png", ".jpg")
+
+
+def log_files(inputs: Sequence[str | Path], suffixes: tuple[str, ...] | None = None) -> list[Path]:
+    """Files named, and every regular file under folders named (sorted, hidden ones skipped)."""
+    out: list[Path] = []
+    for raw in inputs:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and not any(
+                part.startswith(".") for part in f.relative_to(p).parts))
+            if suffixes is not None:
+                found = [f for f in found if f.suffix in suffixes]
+            else:  # a folder of logs: leave out what is plainly not a log (indexes, notes, code)
+                found = [f for f in found if f.suffix.lower() not in _NOT_LOGS]
+            out.extend(found)
+        else:
+            out.append(p)
+    return list(dict.fromkeys(out))
+
+
+@dataclass
+class FolderReport:
+    reports: list[CheckReport]
+    skipped: list[tuple[str, str]]  # (file, why it was not read)
+
+    def groups(self) -> dict[tuple[str, str], list[tuple[CheckReport, Item]]]:
+        """Observations per (engine, era label), in file order."""
+        out: dict[tuple[str, str], list[tuple[CheckReport, Item]]] = {}
+        for rep in self.reports:
+            for it in rep.items:
+                era = it.era or era_of(it.observation)
+                out.setdefault((rep.engine, era.label), []).append((rep, it))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        tables = []
+        for (engine, label), rows in self.groups().items():
+            kv = [abs(r) for r in (_kv_relative(it) for _, it in rows) if r is not None]
+            tables.append({"engine": engine, "era": label, "observations": len(rows),
+                           "predicted": sum(1 for _, it in rows if it.comparison is not None),
+                           "median_abs_kv_error": _median(kv)})
+        return {"files": [r.to_json() for r in self.reports],
+                "skipped": [{"source": s, "reason": r} for s, r in self.skipped],
+                "tables": tables}
+
+
+def _kv_relative(it: Item) -> float | None:
+    if it.comparison is None:
+        return None
+    return next((r.relative for r in it.comparison.rows if r.field == "kv_cache_bytes"), None)
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def check_logs(inputs: Sequence[str | Path], **kwargs: Any) -> FolderReport:
+    """Many logs (files and folders). A file that is not a log of a known engine is skipped with
+    its reason; ConfigError when none was read."""
+    files = log_files(inputs)
+    if not files:
+        raise ConfigError("no file found in " + ", ".join(str(i) for i in inputs))
+    reports: list[CheckReport] = []
+    skipped: list[tuple[str, str]] = []
+    for f in files:
+        try:
+            reports.append(check_log(f, **kwargs))
+        except VramlabError as exc:
+            skipped.append((str(f), str(exc)))
+    if not reports:
+        raise ConfigError(f"none of the {len(files)} files is a log of a known engine (first: {skipped[0][1]})")
+    return FolderReport(reports, skipped)

@@ -29,13 +29,33 @@ def _device_buffer(field: str):  # noqa: ANN202 - a small factory of extractors
     return extract
 
 
+def _command(m: re.Match[str]) -> dict[str, Any]:
+    text = m.group(0)
+    out: dict[str, Any] = {}
+    model = re.search(r"(?:^|\s)(?:-m|--model)[= ](\S+)", text)
+    if model:
+        out["extra.model_path"] = model.group(1).strip("'\"")
+    for flags, name in ((("-c", "--ctx-size", "--ctx_size", "--n_ctx"), "settings.ctx_size"),
+                        (("-np", "--parallel"), "settings.parallel"), (("-ub", "--ubatch-size"), "settings.n_ubatch"),
+                        (("-ngl", "--n-gpu-layers", "--n_gpu_layers", "--gpu-layers"), "extra.n_gpu_layers")):
+        for flag in flags:
+            f = re.search(rf"(?:^|\s){re.escape(flag)}[= ](-?\d+)", text)
+            if f:
+                out.setdefault(name, int(f.group(1)))
+    if re.search(r"\s(?:-fa|--flash-attn)(?:\s+on)?(?:\s|$)", text):
+        out["settings.flash_attn"] = True
+    return out
+
+
 def _kv_summary(m: re.Match[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"extra.kv_total_bytes": mib(m.group("size")),
                            "settings.kv_cache_dtype": m.group("ktype")}
     if m.group("cells"):
-        out["kv_cache_tokens"] = int(m.group("cells"))
-    if m.group("seqs"):
-        out["settings.parallel"] = int(m.group("seqs"))
+        out["extra.kv_cells"] = int(m.group("cells"))
+        out["extra.kv_streams"] = int(m.group("seqs")) if m.group("seqmax") else 1
+    seq_max = m.group("seqmax") or m.group("seqs")
+    if seq_max:
+        out["settings.parallel"] = int(seq_max)
     return out
 
 
@@ -52,19 +72,48 @@ RULES: list[Rule] = [
          lambda m: {"extra.model_path": m.group(1)}, shared=True),
     rule("model_buffer", rf"(?:llm_)?load_tensors:\s+{_DEV} (?:model )?buffer size\s*=\s*(?P<size>[\d.]+) MiB",
          _device_buffer("weights_bytes"), once=True),
+    # A pasted command line: llama-server / llama-cli / ./main / ./server, or llama-cpp-python's
+    # `python -m llama_cpp.server --model X.gguf --n_ctx N --n_gpu_layers L`.
+    rule("command", r"(?:llama_cpp\.server|llama-server|llama-cli|\./main|\./server)\b.*", _command,
+         starts=True, shared=True),
+    # 2023 builds: `llm_load_tensors: VRAM used: 124 MB` (MB = MiB), and the host share with the KV
+    # cache per state: `mem required  = 3767.53 MB (+ 2000.00 MB per state)`.
+    rule("vram_used", r"llm_load_tensors: VRAM used: ([\d.]+) MB", lambda m: {"weights_bytes": mib(m.group(1)),
+                                                                              "_rank": "rank=0"}, once=True),
+    rule("mem_required", r"llm_load_tensors: mem required\s*=\s*([\d.]+) MB(?: \(\+ ([\d.]+) MB per state\))?",
+         lambda m: {"extra.host_weights_bytes": mib(m.group(1)),
+                    "extra.kv_per_state_bytes": mib(m.group(2)) if m.group(2) else None}, shared=True),
+    # Host buffers are not GPU memory; kept apart (CPU offload planning needs them).
+    rule("host_model_buffer", r"(?:llm_)?load_tensors:\s+(?:CPU|CPU_Mapped|CUDA_Host|Metal_Mapped)(?: model)? buffer size\s*="
+         r"\s*([\d.]+) MiB", lambda m: {"extra.host_weights_bytes": mib(m.group(1))}, shared=True, accumulate=True),
+    rule("host_output_buffer", r":\s+(?:CPU|CUDA_Host)\s+output buffer size\s*=\s*([\d.]+) MiB",
+         lambda m: {"extra.host_output_buffer_bytes": mib(m.group(1))}, shared=True),
+    rule("swa_cells", r"creating\s+SWA KV cache, size = (\d+) cells", lambda m: {"extra.swa_cells": int(m.group(1))},
+         shared=True),
     rule("kv_buffer", rf"llama_kv_cache\w*:\s+{_DEV} KV buffer size\s*=\s*(?P<size>[\d.]+) MiB",
          _device_buffer("kv_cache_bytes"), accumulate=True),
+    # `size = X MiB (C cells, L layers, S/N seqs)`: C cells per stream, S sequences, N streams
+    # (N = S when the KV is not unified: one stream per sequence, C cells each). Before streams
+    # existed the line said `(C cells, L layers, S seqs)` with C the whole cache.
     rule("kv_summary",
          r"(?:KV self size|llama_kv_cache\w*: size)\s*=\s*(?P<size>[\d.]+) MiB"
-         r"(?: \(\s*(?P<cells>\d+) cells,\s*\d+ layers,\s*(?:\d+/)?(?P<seqs>\d+) seqs\))?, K \((?P<ktype>\w+)\)",
+         r"(?: \(\s*(?P<cells>\d+) cells,\s*\d+ layers,\s*(?:(?P<seqmax>\d+)/)?(?P<seqs>\d+) seqs\))?, K \((?P<ktype>\w+)\)",
          _kv_summary, shared=True, accumulate=True),
-    rule("compute_buffer", rf"(?:llama_new_context_with_model|llama_init_from_model|llama_context|graph_reserve):"
+    rule("host_compute_buffer", r"(?:llama_new_context_with_model|llama_init_from_model|llama_context|graph_reserve|"
+         r"sched_reserve):\s+(?:CPU|CUDA_Host)\s+compute buffer size\s*=\s*([\d.]+) MiB",
+         lambda m: {"extra.host_compute_bytes": mib(m.group(1))}, shared=True, accumulate=True),
+    rule("compute_buffer", rf"(?:llama_new_context_with_model|llama_init_from_model|llama_context|graph_reserve|sched_reserve):"
          rf"\s+{_DEV} compute buffer size\s*=\s*(?P<size>[\d.]+) MiB",
          _device_buffer("activation_peak_bytes"), accumulate=True),
     rule("n_ctx", r"(?:llama_new_context_with_model|llama_context|llama_init_from_model): n_ctx\s*=\s*(\d+)",
          lambda m: {"settings.ctx_size": int(m.group(1))}, shared=True),
     rule("n_ctx_seq", r": n_ctx_(?:per_)?seq\s*(?:\(\d+\))?\s*=\s*(\d+)", lambda m: {"max_model_len": int(m.group(1))},
          shared=True),
+    rule("n_ctx_seq_train", r"n_ctx_(?:per_)?seq \((\d+)\) [<>]=? n_ctx_train \((\d+)\)",
+         lambda m: {"max_model_len": int(m.group(1)), "extra.n_ctx_train": int(m.group(2))}, shared=True),
+    rule("slot_ctx", r"Slot \d+ - max context: (\d+)", lambda m: {"max_model_len": int(m.group(1))}, shared=True),
+    rule("kv_unified", r"(?:: kv_unified\s*=\s*|kv_unified = ')(true|false)",
+         lambda m: {"extra.kv_unified": m.group(1) == "true"}, shared=True),
     rule("n_seq_max", r": n_seq_max\s*=\s*(\d+)", lambda m: {"settings.parallel": int(m.group(1))}, shared=True),
     rule("n_ubatch", r": n_ubatch\s*=\s*(\d+)", lambda m: {"settings.n_ubatch": int(m.group(1))}, shared=True),
     rule("flash_attn", r": flash_attn\s*=\s*(\w+)",  # 'auto' leaves the choice to llama.cpp: not a setting
@@ -105,7 +154,31 @@ def parse(lines: Iterable[str]) -> list[Any]:
     return observations
 
 
+def _kv_tokens(fields: dict[str, Any]) -> None:
+    """Tokens the KV cache holds. llama.cpp prints `C cells ... S/N seqs` (src/llama-kv-cache.cpp:
+    kv_size, n_seq_max, n_stream). Logs show C as the whole cache ('65536 cells, 4/4 seqs' with
+    n_ctx 65536, unified) and as one stream's share ('2048 cells, 4/4 seqs' for -c 8192 -np 4, not
+    unified), so n_ctx or the kv_unified line decides; without either, N > 1 is left unread."""
+    cells, streams = fields.get("extra.kv_cells"), fields.get("extra.kv_streams") or 1
+    if cells is None or fields.get("kv_cache_tokens") is not None:
+        return
+    if streams == 1:
+        fields["kv_cache_tokens"] = cells
+        return
+    n_ctx, unified = fields.get("settings.ctx_size"), fields.get("extra.kv_unified")
+    if n_ctx:
+        per_stream = abs(cells * streams - n_ctx) < abs(cells - n_ctx)
+    elif unified is not None:
+        per_stream = not unified
+    else:
+        return  # "cells per stream or in all": the excerpt does not say
+    fields["kv_cache_tokens"] = cells * streams if per_stream else cells
+    if per_stream and fields.get("max_model_len") is None:
+        fields["max_model_len"] = cells  # a sequence has its own stream's cells, no more
+
+
 def finish(fields: dict[str, Any]) -> None:
+    _kv_tokens(fields)
     # A 2024 log with a single device printed the total KV (`KV self size`) but maybe no
     # per-device line; with one device they are the same memory.
     if fields.get("kv_cache_bytes") is None and fields.get("extra.kv_total_bytes") is not None:

@@ -52,6 +52,7 @@ class Observation(BaseModel):
     model: str | None = None
     gpu: str | None = None
     rank: int | None = None
+    startup: int | None = None  # which start-up of the log (0, 1, ...): a restart is a new one
     basis: Literal["measured", "engine-estimate"] = "measured"
     weights_bytes: int | None = None
     kv_cache_bytes: int | None = None  # SGLang: K plus V

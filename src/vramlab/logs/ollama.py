@@ -43,6 +43,7 @@ def _offload(m: re.Match[str]) -> dict[str, Any]:
         "free_gpu_memory_bytes": _size(kv.get("memory.available")),
         "extra.required_bytes": _size(kv.get("memory.required.full" if full else "memory.required.partial")),
         "extra.layers_offloaded": int(kv["layers.offload"]) if kv.get("layers.offload", "").isdigit() else None,
+        "extra.graph_full_bytes": _size(kv.get("memory.graph.full")),
     }
     return out
 
@@ -73,7 +74,7 @@ def _server_cmd(m: re.Match[str]) -> dict[str, Any]:
 OWN_RULES: list[Rule] = [
     rule("version", r"Listening on \S+ \(version ([^)]+)\)", lambda m: {"engine_version": m.group(1)},
          starts=True, shared=True),
-    rule("offload", r"msg=(?:\"offload to \w+\"|offload)\b.*memory\..*", _offload, once=True),
+    rule("offload", r"msg=(?:\"offload to \w+\"|offload\b).*memory\..*", _offload, once=True),
     rule("weights", r"msg=\"model weights\".*", _device("weights_bytes"), once=True),
     rule("kv", r"msg=\"kv cache\".*", _device("kv_cache_bytes")),
     rule("graph", r"msg=\"compute graph\".*", _device("activation_peak_bytes")),

@@ -64,10 +64,44 @@ def _max_tokens(m: re.Match[str]) -> dict[str, Any]:
         f = re.search(rf"\b{key}=(\d+)", text)
         if f:
             out[name] = int(f.group(1))
+    avail = re.search(rf"\bavailable_gpu_mem=({N}) ?GB", text)
+    if avail:
+        out["extra.available_gpu_mem_bytes"] = gib(avail.group(1))
+    return out
+
+
+def _command(m: re.Match[str]) -> dict[str, Any]:
+    """A pasted `python -m sglang.launch_server --model-path X --tp 2 ...` command line."""
+    text = m.group(0)
+    out: dict[str, Any] = {}
+    model = re.search(r"\s--model(?:-path)?[= ](\S+)", text)
+    if model:
+        out["model"] = model.group(1).strip("'\"")
+    for flags, name, conv in (
+        (("--tp", "--tp-size", "--tensor-parallel-size"), "settings.tensor_parallel_size", int),
+        (("--pp", "--pp-size"), "settings.pipeline_parallel_size", int),
+        (("--mem-fraction-static",), "settings.mem_fraction_static", float),
+        (("--context-length",), "settings.max_model_len", int),
+        (("--chunked-prefill-size",), "settings.chunked_prefill_size", int),
+        (("--max-running-requests",), "settings.max_num_seqs", int),
+        (("--cuda-graph-max-bs",), "settings.cuda_graph_max_bs", int),
+        (("--kv-cache-dtype",), "settings.kv_cache_dtype", str), (("--quantization",), "settings.quantization", str),
+        (("--dtype",), "settings.dtype", str),
+    ):
+        for flag in flags:
+            f = re.search(rf"\s{re.escape(flag)}[= ](\S+)", text)
+            if f:
+                try:
+                    out.setdefault(name, conv(f.group(1)))
+                except ValueError:
+                    pass
+    if re.search(r"\s--disable-cuda-graph\b", text):
+        out["settings.enforce_eager"] = True
     return out
 
 
 RULES: list[Rule] = [
+    rule("command", r"sglang\.launch_server\b.*", _command, starts=True, shared=True),
     rule("server_args", r"server_args=ServerArgs\((.*)", _server_args, starts=True, shared=True),
     rule("weights_begin", rf"Load weight begin\. avail mem=({N}) ?GB",
          lambda m: {"free_gpu_memory_bytes": gib(m.group(1))}, once=True),
@@ -79,6 +113,8 @@ RULES: list[Rule] = [
     rule("mamba", rf"Mamba Cache is allocated\..*?conv_state size: ({N}) ?GB, ssm_state size: ({N}) ?GB",
          lambda m: {"extra.mamba_state_bytes": gib(m.group(1)) + gib(m.group(2))}),
     rule("pool_end", rf"Memory pool end\. avail mem=({N}) ?GB", lambda m: {"extra.avail_after_pool_bytes": gib(m.group(1))}),
+    rule("graph_begin", rf"Capture cuda graph begin\..*?avail mem=({N}) ?GB",
+         lambda m: {"extra.avail_before_graphs_bytes": gib(m.group(1))}),
     rule("graph_end", rf"Capture cuda graph end\. Time elapsed: {N} ?s\.(?: mem usage=(?P<usage>{N}) ?GB\.)?"
          rf"(?: avail mem=(?P<avail>{N}) ?GB)?",
          lambda m: {"cuda_graph_bytes": gib(m.group("usage")) if m.group("usage") else None,

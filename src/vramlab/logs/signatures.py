@@ -92,6 +92,10 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("ollama.server_busy", "ollama", OVERLOAD, _ERROR, r"server busy, please try again"),
     _p("ollama.no_kv_slot", "ollama", KV_PRESSURE, _FATAL, r"could not find a kv cache slot"),
     # llama.cpp.
+    _p("llamacpp.v_cache_needs_flash_attn", "llama.cpp", STARTUP_REFUSAL, _FATAL,
+       r"V cache quantization requires flash_attn|quantized V cache was requested, but this requires Flash Attention"),
+    _p("llamacpp.context_failed", "llama.cpp", STARTUP_REFUSAL, _FATAL,
+       r"failed to create context with model|unable to create llama context|failed to initialize the context"),
     _p("llamacpp.kv_full", "llama.cpp", KV_PRESSURE, _WARN, r"failed to find free space in the KV cache"),
     _p("llamacpp.decode_failed", "llama.cpp", KV_PRESSURE, _ERROR, r"failed to decode the batch"),
     _p("llamacpp.context_exceeded", "llama.cpp", OVERLOAD, _ERROR, r"Context size has been exceeded"),
@@ -111,6 +115,14 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("nvidia.xid", None, GPU_XID, _FATAL, r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d+)"),
 )
 
+def _keys() -> dict[str, str | None]:
+    from vramlab.logs.base import required_literal
+
+    return {p.name: required_literal(p.regex.pattern) for p in PATTERNS}
+
+
+_KEYS = _keys()
+
 # Xid codes that do not kill the GPU context for everyone (application faults, ECC page
 # retirement notices); the rest call for a reset or a drain.
 _XID_ERROR_ONLY = {13, 31, 43, 63, 94}
@@ -123,6 +135,9 @@ def classify_line(line: str, engine: str | None = None, line_number: int | None 
         return None
     for p in PATTERNS:
         if engine is not None and p.engine is not None and p.engine != engine:
+            continue
+        key = _KEYS.get(p.name)
+        if key is not None and key not in line:
             continue
         m = p.regex.search(line)
         if not m:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from vramlab.logs.base import Rule, assemble, gib, integer, parse_lines, rule
+from vramlab.logs.base import Rule, assemble, gib, integer, mib, parse_lines, rule
 
 ENGINE = "vllm"
 N = r"-?\d+(?:\.\d+)?"  # vLLM prints negative figures when another process freed memory
@@ -69,7 +69,8 @@ def _pairs(text: str, sep: str) -> dict[str, Any]:
 
 def _engine_config(m: re.Match[str]) -> dict[str, Any]:
     out = _pairs(m.group("config") or "", "=")
-    out["engine_version"] = m.group("version")
+    if m.group("version"):
+        out["engine_version"] = m.group("version")
     if m.group("era"):
         out["settings.vllm_engine"] = m.group("era").lower()
     return out
@@ -104,6 +105,16 @@ def _v1_profile(m: re.Match[str]) -> dict[str, Any]:
     return out
 
 
+def _blocks(m: re.Match[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"gpu_blocks": int(m.group(1))}
+    if m.group(2) is not None:
+        out["extra.cpu_blocks"] = int(m.group(2))
+        out["settings.vllm_engine"] = "v0"
+    else:
+        out["settings.vllm_engine"] = "v1"
+    return out
+
+
 def _snapshot(m: re.Match[str]) -> dict[str, Any]:
     text = m.group(0)
     out: dict[str, Any] = {}
@@ -128,17 +139,107 @@ def _actual_usage(m: re.Match[str]) -> dict[str, Any]:
             "non_torch_bytes": gib(m.group(3)), "cuda_graph_bytes": gib(m.group(4))}
 
 
+def _weights(m: re.Match[str]) -> dict[str, Any]:
+    # 0.3-0.5 print "Loading model weights took 244.61 MB" (MB = MiB: they divide by 2^20).
+    value = m.group(1)
+    return {"weights_bytes": mib(value) if m.group(2) == "MB" else gib(value)}
+
+
+def _profile_kv(m: re.Match[str]) -> dict[str, Any]:
+    """0.6.2-0.6.3: `Memory profiling results: total_gpu_memory=..GiB initial_memory_usage=..GiB
+    peak_torch_memory=..GiB memory_usage_post_profile=..GiB non_torch_memory=..GiB kv_cache_size=..GiB
+    gpu_memory_utilization=..` on one line."""
+    text = m.group(0)
+    out: dict[str, Any] = {"settings.vllm_engine": "v0"}
+    for key, name in (("total_gpu_memory", "total_gpu_memory_bytes"), ("non_torch_memory", "non_torch_bytes"),
+                      ("kv_cache_size", "kv_cache_bytes"), ("peak_torch_memory", "extra.peak_torch_bytes"),
+                      ("initial_memory_usage", "extra.initial_memory_usage_bytes")):
+        f = re.search(rf"\b{key}=({N})GiB", text)
+        if f:
+            out[name] = gib(f.group(1))
+    u = re.search(rf"\bgpu_memory_utilization=({N})", text)
+    if u:
+        out["settings.gpu_memory_utilization"] = float(u.group(1))
+    return out
+
+
+def _kv_refused(m: re.Match[str]) -> dict[str, Any]:
+    """V1's refusal names the KV memory it had: `To serve at least one request with the models's
+    max seq len (L), (X GiB KV cache is needed, which is larger than the available KV cache memory
+    (Y GiB). Based on the available memory, the estimated maximum model length is M.`"""
+    out: dict[str, Any] = {"max_model_len": integer(m.group("len")), "kv_cache_bytes": gib(m.group("avail")),
+                           "extra.kv_cache_needed_bytes": gib(m.group("need"))}
+    if m.group("est"):
+        out["extra.estimated_max_model_len"] = integer(m.group("est"))
+    return out
+
+
+def _command(m: re.Match[str]) -> dict[str, Any]:
+    """A pasted command line: `vllm serve MODEL --max-model-len 4096 -tp 2 ...`."""
+    text = m.group(0)
+    out: dict[str, Any] = {}
+    model = m.group("model") or re.search(r"--model[= ](\S+)", text)
+    if isinstance(model, re.Match):
+        model = model.group(1)
+    if model and not model.startswith("-"):
+        out["model"] = model.strip("'\"")
+    for flags, name, conv in (
+        (("--max-model-len", "--max_model_len"), "settings.max_model_len", integer),
+        (("--tensor-parallel-size", "--tensor_parallel_size", "--tensor-parallel", "-tp"), "settings.tensor_parallel_size",
+         integer),
+        (("--pipeline-parallel-size", "-pp"), "settings.pipeline_parallel_size", integer),
+        (("--gpu-memory-utilization", "--gpu_memory_utilization"), "settings.gpu_memory_utilization", float),
+        (("--max-num-seqs", "--max_num_seqs"), "settings.max_num_seqs", integer),
+        (("--max-num-batched-tokens", "--max_num_batched_tokens"), "settings.max_num_batched_tokens", integer),
+        (("--dtype",), "settings.dtype", str), (("--kv-cache-dtype",), "settings.kv_cache_dtype", str),
+        (("--quantization", "-q"), "settings.quantization", str),
+    ):
+        for flag in flags:
+            f = re.search(rf"(?:^|\s){re.escape(flag)}[= ]([^\s\\]+)", text)
+            if f:
+                try:
+                    out.setdefault(name, conv(f.group(1)))
+                except ValueError:
+                    pass
+    if re.search(r"\s--enforce[-_]eager\b", text):
+        out["settings.enforce_eager"] = True
+    if "VLLM_USE_V1=1" in text:
+        out["settings.vllm_engine"] = "v1"
+    elif "VLLM_USE_V1=0" in text:
+        out["settings.vllm_engine"] = "v0"
+    return out
+
+
 RULES: list[Rule] = [
     rule("version", r"vLLM API server version (\S+)",
          lambda m: {"engine_version": m.group(1), "settings.api_server": True}, starts=True, shared=True),
     rule("args", r"non-default args: (\{.*)", lambda m: _pairs(m.group(1), ":"), starts=True, shared=True),
     rule("engine_config",
-         r"Initializing an? (?:(?P<era>V[01]) )?LLM engine \(v(?P<version>[^)\s]+)\)(?: with config: (?P<config>.*))?",
+         r"Initializing an? (?:(?P<era>V[01]) )?LLM engine(?: \(v(?P<version>[^)\s]+)\))?(?: with config: (?P<config>.*))?",
          _engine_config, starts=True, shared=True),
     rule("chunked", r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)",
          lambda m: {"settings.max_num_batched_tokens": int(m.group(1))}, shared=True),
-    rule("weights", rf"(?:Loading model weights|Model loading) took ({N}) ?(?:GiB|GB)",
-         lambda m: {"weights_bytes": gib(m.group(1))}, once=True),
+    rule("command", r"(?:^|\s)(?:vllm serve (?P<model>\S+)|python3? -m vllm\.entrypoints\.\S+).*", _command,
+         starts=True, shared=True),
+    rule("loading_model", r"Starting to load model (\S+?)(?:\.\.\.)?$", lambda m: {"model": m.group(1)}, shared=True),
+    rule("max_len", r"Using max model len (\d+)", lambda m: {"settings.max_model_len": int(m.group(1))}, shared=True),
+    rule("weights", rf"(?:Loading model weights|Model loading) took ({N}) ?(GiB|GB|MB)", _weights, once=True),
+    # 0.6.2-0.6.3: the profile on one line of key=value pairs.
+    rule("profile_kv", r"Memory profiling results: total_gpu_memory=.*", _profile_kv, once=True),
+    # 0.6.4-0.6.5: a table, one figure per line, under a `Memory profiling results:` header.
+    rule("profile_table", r"Memory profiling results:\s*$", lambda m: {"settings.vllm_engine": "v0"}, starts=True),
+    rule("table_total", rf"\btotal_gpu_memory\s+({N}) ?GiB\s*$",
+         lambda m: {"total_gpu_memory_bytes": gib(m.group(1))}),
+    rule("table_util", rf"\bgpu_memory_utilization\s+({N})\s*$",
+         lambda m: {"settings.gpu_memory_utilization": float(m.group(1))}),
+    rule("table_budget", rf"the current vLLM instance can use\s+({N}) ?GiB\s*$",
+         lambda m: {"budget_bytes": gib(m.group(1))}),
+    rule("table_weights", rf"model weights take\s+({N}) ?GiB\s*$", lambda m: {"weights_bytes": gib(m.group(1))},
+         once=True),
+    rule("table_non_torch", rf"\bnon_torch_memory\s+({N}) ?GiB\s*$", lambda m: {"non_torch_bytes": gib(m.group(1))}),
+    rule("table_peak", rf"PyTorch activation peak memory\s+({N}) ?GiB\s*$",
+         lambda m: {"activation_peak_bytes": gib(m.group(1))}),
+    rule("table_kv", rf"available_kv_cache_memory\s+({N}) ?GiB\s*$", lambda m: {"kv_cache_bytes": gib(m.group(1))}),
     rule("v0_budget",
          rf"total_gpu_memory \(({N}) ?GiB\) x gpu_memory_utilization \(({N})\)(?: = ({N}) ?GiB)?", _v0_budget),
     rule("v0_split",
@@ -159,18 +260,32 @@ RULES: list[Rule] = [
          lambda m: _suggestion(m) if m.group("util") else {
              "free_gpu_memory_bytes": gib(m.group("free")), "total_gpu_memory_bytes": gib(m.group("total"))}),
     rule("actual_usage",
-         rf"Actual usage is ({N}) ?GiB for weight, ({N}) ?GiB for peak activation, ({N}) ?GiB for non-torch "
-         rf"memory, and ({N}) ?GiB for CUDAGraph memory", _actual_usage),
+         rf"Actual usage(?: is|:) ({N}) ?GiB for weights?, ({N}) ?GiB for peak activation, ({N}) ?GiB for non-torch "
+         rf"memory,? (?:and )?({N}) ?GiB for (?:CUDAGraph|CUDA graph|[A-Z]PU graph) memory", _actual_usage),
+    # The advisory line's suggestion: what the KV pool could be if the budget were given in bytes.
+    rule("kv_cache_memory_advice", r"--kv-cache-memory=(\d+)",
+         lambda m: {"extra.suggested_kv_cache_memory_bytes": int(m.group(1))}),
+    rule("graph_util_advice", rf"The current --gpu-memory-utilization=({N}) is equivalent to",
+         lambda m: {"settings.gpu_memory_utilization": float(m.group(1))}, shared=True),
+    rule("kv_refused",
+         r"max seq len \((?P<len>[\d,]+)\), \((?P<need>[\d.]+) GiB KV cache is needed, which is larger than the "
+         r"available KV cache memory \((?P<avail>-?[\d.]+) GiB\)(?:.*?estimated maximum model length is (?P<est>[\d,]+))?",
+         _kv_refused, shared=True),
+    rule("max_len_vs_kv", r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
+         r"cache \((\d+)\)", lambda m: {"max_model_len": int(m.group(1)), "extra.kv_capacity_tokens": int(m.group(2))},
+         shared=True),
     rule("kv_memory", rf"Available KV cache memory: ({N}) ?GiB", lambda m: {"kv_cache_bytes": gib(m.group(1))},
          once=True),
     rule("kv_tokens", r"GPU KV cache size: ([\d,]+) tokens",
          lambda m: {"kv_cache_tokens": integer(m.group(1)), "settings.vllm_engine": "v1"}, shared=True),
     rule("concurrency", r"Maximum concurrency for ([\d,]+) tokens per request: (\d+(?:\.\d+)?) ?x",
          lambda m: {"max_concurrency": float(m.group(2)), "max_model_len": integer(m.group(1))}, shared=True),
-    rule("v0_blocks", r"# (?:GPU|cuda|CUDA|npu|xpu|hpu) blocks: (\d+), # CPU blocks: (\d+)",
-         lambda m: {"gpu_blocks": int(m.group(1)), "extra.cpu_blocks": int(m.group(2)),
-                    "settings.vllm_engine": "v0"}, shared=True),
+    # V0 prints GPU and CPU blocks; V1 0.7 printed `# GPU blocks: N` alone (kv_cache_utils.py).
+    rule("blocks", r"(?:^|[\s#])(?:GPU|cuda|CUDA|npu|xpu|hpu) blocks: (\d+)(?:, # CPU blocks: (\d+))?", _blocks,
+         shared=True),
     rule("v1_blocks", r"num_gpu_blocks is: (\d+)", lambda m: {"gpu_blocks": int(m.group(1))}, shared=True),
+    rule("blocks_override", r"Overriding num_gpu_blocks=\d+ with num_gpu_blocks_override=(\d+)",
+         lambda m: {"gpu_blocks": int(m.group(1))}, shared=True),
     rule("block_size_override", r"Setting attention block size to (\d+) tokens",
          lambda m: {"block_size": int(m.group(1))}, shared=True),
     rule("graphs", rf"Graph capturing finished in \d+ secs?, took ({N}) ?GiB",

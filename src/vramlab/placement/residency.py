@@ -29,6 +29,7 @@ from pathlib import Path
 from vramlab.errors import ConfigError
 from vramlab.placement.inputs import Fleet, Instance, Policy
 from vramlab.placement.pack import PackResult
+from vramlab.records.stats import percentile
 
 # Service-time defaults when the models file gives none: decode streams the weights once per
 # step at this share of HBM bandwidth; prefill runs at this share of bf16 peak, counting
@@ -194,12 +195,9 @@ class SimReport:
     end_s: float
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (no interpolation: every answer is an observed value)."""
-    if not values:
-        return 0.0
-    s = sorted(values)
-    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
+def _percentile_or_zero(values: list[float], q: float) -> float:
+    """The shared percentile (vramlab.records.stats, linear interpolation); 0 with no values."""
+    return percentile(values, q) if values else 0.0
 
 
 class _Sim:
@@ -385,10 +383,10 @@ def _report(sim: _Sim, requests: list[Request], policy: Policy, unknown: int, en
         models.append(ModelStats(
             name, e.m.priority, e.m.resident, len(waits), c["cold"], c["wake"],
             sum(1 for w in waits if w > 0), c["evict"], c["expire"],
-            round(percentile(waits, 50) * 1000, 3), round(percentile(waits, 95) * 1000, 3),
-            round(percentile(waits, 99) * 1000, 3), round(max(waits, default=0.0) * 1000, 3),
+            round(_percentile_or_zero(waits, 50) * 1000, 3), round(_percentile_or_zero(waits, 95) * 1000, 3),
+            round(_percentile_or_zero(waits, 99) * 1000, 3), round(max(waits, default=0.0) * 1000, 3),
         ))
-    prios = [PriorityStats(p, len(w), sum(1 for x in w if x > 0), round(percentile(w, 95) * 1000, 3),
+    prios = [PriorityStats(p, len(w), sum(1 for x in w if x > 0), round(_percentile_or_zero(w, 95) * 1000, 3),
                            round(max(w) * 1000, 3), round(sum(w), 6))
              for p, w in sorted(per_prio.items(), reverse=True)]
     return SimReport(policy.eviction, policy.keep_alive_s, len(requests), unknown,

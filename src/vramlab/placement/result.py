@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from vramlab.capacity.units import gib
 from vramlab.placement.demand import DemandFn, best_option
 from vramlab.placement.explain import Change, explain
 from vramlab.placement.inputs import Inputs, Policy
@@ -16,7 +17,6 @@ from vramlab.placement.pack import PackResult, pack
 from vramlab.placement.residency import Request, SimReport, decide, sim_models, simulate
 from vramlab.placement.settings import CardCheck, InstanceSettings, engine_settings
 
-GIB = 1 << 30
 SCHEMA = "vramlab.pack/1"
 
 
@@ -131,10 +131,6 @@ def to_json(plan: FleetPlan) -> dict[str, Any]:
 
 
 # --- table ---------------------------------------------------------------------------------------
-def _g(nbytes: int) -> str:
-    return f"{nbytes / GIB:.2f}"
-
-
 def _flags_text(flags: dict[str, Any]) -> str:
     return " ".join(k if v is True else f"{k} {v}" for k, v in flags.items())
 
@@ -149,15 +145,15 @@ def render_table(plan: FleetPlan) -> str:
         card = fleet.cards[check.card]
         free = card.memory_bytes - check.resident_used_bytes - check.resident_margin_bytes
         util = f"  vLLM util sum {check.vllm_utilization_sum:.3f}" if check.vllm_utilization_sum else ""
-        lines += ["", f"{card.label}  {card.gpu_name}  {_g(card.memory_bytes)} GiB: used {_g(check.resident_used_bytes)}"
-                  f"  margin {_g(check.resident_margin_bytes)}  free {_g(free)}{util}"
+        lines += ["", f"{card.label}  {card.gpu_name}  {gib(card.memory_bytes)} GiB: used {gib(check.resident_used_bytes)}"
+                  f"  margin {gib(check.resident_margin_bytes)}  free {gib(free)}{util}"
                   + ("" if check.fits else "  OVER")]
         for p in sorted(r.on_card(card.index), key=lambda p: (p.residency != "resident", -p.demand.total_bytes)):
             s, d = by_name[p.instance], p.demand
             order = f"#{s.start_order}" if s.start_order else "od"
-            lines.append(f"  {order:>3} {p.instance:<18} {s.engine:<7} tp{p.tp}  w {_g(d.weights_bytes)}  "
-                         f"kv {_g(d.kv_cache_bytes)}  act {_g(d.activation_bytes)}  ovh {_g(d.overhead_bytes)}  "
-                         f"= {_g(d.used_bytes)}  {p.residency}")
+            lines.append(f"  {order:>3} {p.instance:<18} {s.engine:<7} tp{p.tp}  w {gib(d.weights_bytes)}  "
+                         f"kv {gib(d.kv_cache_bytes)}  act {gib(d.activation_bytes)}  ovh {gib(d.overhead_bytes)}  "
+                         f"= {gib(d.used_bytes)}  {p.residency}")
             lines.append(f"        {_flags_text(s.flags)}")
             lines += [f"        ! {problem}" for problem in s.problems]
     residents = sorted((s for s in plan.settings if s.start_order), key=lambda s: s.start_order)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from vramlab.records.store import Store
     from vramlab.report.sections import ReportContext
-    from vramlab.store.sql import Store
 
 FORMATS = ("md", "html", "json")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from vramlab.analysis.windows import PHASE_ORDER, WindowResult
@@ -38,7 +37,7 @@ def summary(ctx: ReportContext) -> list[Block]:
     hyp = run.plan.get("hypothesis")
     if hyp:
         items.append(f"Hypothesis: {hyp}")
-    for rec in a.recovery:
+    for rec in (a.recovery if run.kind != "drill" else []):  # a drill's recovery: the incident summary
         when = "" if rec.after_s is None else (" at once" if rec.after_s == 0 else f" after {rec.after_s:.1f} s")
         items.append(f"Round {rec.round} returned to baseline: {'yes' + when if rec.returned else 'no'}")
     if a.thresholds:
@@ -84,42 +83,89 @@ def _capacity_lines(ctx: ReportContext) -> list[str]:
                 else "no step met the thresholds"]
         if a.queueing_from_value is not None:
             seen.append(f"queueing from {fmt.num(a.queueing_from_value)}")
-        out.append(f"Capacity model predicted max {var} {fmt.num(guess)}; observed: {', '.join(seen)}")
+        line = f"Capacity model predicted max {var} {fmt.num(guess)}; observed: {', '.join(seen)}"
+        # The first value where a threshold broke (the same breach the thresholds line names).
+        broke = next((c.step_value for c in a.thresholds if c.passed is False and c.step_value is not None), None)
+        if broke is not None and guess >= broke:
+            line += f" — the prediction was on the unsafe side (at or above the first breach, {var} {fmt.num(broke)})"
+        elif a.highest_passing_value is not None and guess <= a.highest_passing_value:
+            line += " — the prediction was on the safe side"
+        out.append(line)
     return out
 
 
 def plan(ctx: ReportContext) -> list[Block]:
     run, p = ctx.run, ctx.run.plan
-    rows = []
+    rows: list[list[str]] = []
     change = run.change or p.get("change")
     if change:
-        rows.append(["change", _compact(change)])
-    for key in ("hypothesis", "rounds", "phases", "metrics", "stop_conditions", "rollback"):
-        if key in p:
-            rows.append([key, _compact(p[key])])
-    rows.append(["plan hash", run.plan_hash or "–"])
+        rows += flat_rows("change", change)
+    for key in ("hypothesis", "rounds", "phases", "load", "metrics", "stop_conditions", "rollback"):
+        if key in p and p[key] not in (None, "", [], {}):
+            rows += flat_rows(key, p[key])
+    rows.append(["plan hash", f"`{run.plan_hash}`" if run.plan_hash else "–"])
     return [Table(["item", "value"], rows)]
 
 
-def _compact(v: Any) -> str:
-    return v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
+def value_text(v: Any) -> str:
+    """One plan or environment value as a reader writes it: no JSON, no null."""
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return fmt.num(v)
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list):
+        if all(not isinstance(x, (dict, list)) for x in v):
+            return ", ".join(value_text(x) for x in v) or "–"
+        return "; ".join(value_text(x) for x in v)
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {value_text(x)}" for k, x in v.items() if x is not None) or "–"
+    return str(v)
+
+
+def flat_rows(prefix: str, v: Any) -> list[list[str]]:
+    """A nested plan value as one row per leaf (`change.ramp.factor | 2`); lists of mappings (rollback
+    commands) one row each."""
+    if isinstance(v, dict):
+        out: list[list[str]] = []
+        for k, x in v.items():
+            if x is None or x == {} or x == []:
+                continue
+            out += flat_rows(f"{prefix}.{k}", x)
+        return out
+    if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+        return [[f"{prefix} {i + 1}", value_text(x.get("run", x)) if set(x) <= {"run", "timeout_s"} else value_text(x)]
+                for i, x in enumerate(v)]
+    return [[prefix, value_text(v)]]
 
 
 def environment(ctx: ReportContext) -> list[Block]:
-    rows = [[k, f"{fmt.gib(v)} GiB" if k.endswith("_bytes") and isinstance(v, (int, float)) else _compact(v)]
-            for k, v in ctx.run.fixed.items()]
-    rows += [[f"target.{k}", _compact(v)] for k, v in ctx.run.target.items()]
+    rows = [[k, f"{fmt.gib(v)} GiB" if k.endswith("_bytes") and isinstance(v, (int, float)) else value_text(v)]
+            for k, v in ctx.run.fixed.items() if v is not None]
+    rows += [[f"target.{k}", value_text(v)] for k, v in ctx.run.target.items() if v is not None]
     return [Table(["item", "value"], rows)] if rows else []
 
 
 def warnings(ctx: ReportContext) -> list[Block]:
     items = list(ctx.analysis.warnings)
-    items += [f"{e.t_s:.1f} s: {e.message}" for e in ctx.analysis.events if e.kind == "warning"]
-    return [Bullets(items)] if items else []
+    # The runner logs the too-few-rounds warning as an event too; the analysis already says it.
+    rounds_said = any("round" in w and ("fewer than" in w or "at least 3" in w) for w in items)
+    for e in ctx.analysis.events:
+        if e.kind != "warning" or (rounds_said and e.message.startswith("rounds:")):
+            continue
+        items.append(f"{e.t_s:.1f} s: {e.message}")
+    return [Bullets(list(dict.fromkeys(items)))] if items else []
 
 
-_LAYERS = ["requests", "err %", "req/s", "out tok/s", "TTFT P95 ms", "E2E P50 ms", "E2E P95 ms",
-           "E2E P99 ms", "E2E max ms", "E2E P95 from sched. ms", "waiting max", "KV max", "GPU mem max GiB"]
+# The per-round and per-step figures, split in two tables that each fit a laptop screen: the
+# signals the section promises side by side (errors, P95 and its change, queue, KV cache, GPU
+# memory), then the latency detail.
+_SIGNALS = ["requests", "err %", "req/s", "E2E P95 ms", "Δ E2E P95 vs baseline ms", "waiting max", "KV max",
+            "GPU mem max GiB"]
+_DETAIL = ["out tok/s", "TTFT P95 ms", "E2E P50 ms", "E2E P99 ms", "E2E max ms", "E2E P95 from sched. ms"]
 
 
 def _lag_mark(res: WindowResult) -> str:
@@ -127,42 +173,56 @@ def _lag_mark(res: WindowResult) -> str:
     return " (client lag)" if res.window.client_lag else ""
 
 
-def _layer_row(res: WindowResult) -> list[str]:
+def _signal_row(res: WindowResult, delta: float | None) -> list[str]:
     r, worst = res.requests, res.resources.worst
-    e2e = r.e2e
-    return [
-        str(r.count), fmt.pct(r.error_rate), fmt.rate(r.throughput_rps), fmt.rate(r.output_tok_s),
-        fmt.ms(r.ttft.p95 if r.ttft else None), fmt.ms(e2e.p50 if e2e else None), fmt.ms(e2e.p95 if e2e else None),
-        fmt.ms(e2e.p99 if e2e else None), fmt.ms(e2e.max if e2e else None),
-        fmt.ms(r.e2e_sched.p95 if r.e2e_sched else None),
-        fmt.num(worst.get("engine.num_requests_waiting")), fmt.pct(worst.get("engine.kv_cache_usage_perc")),
-        fmt.gib(worst.get("gpu.memory_used_bytes")),
-    ]
+    return [str(r.count), fmt.pct(r.error_rate), fmt.rate(r.throughput_rps), fmt.ms(r.e2e.p95 if r.e2e else None),
+            fmt.delta_ms(delta), fmt.num(worst.get("engine.num_requests_waiting")),
+            fmt.pct(worst.get("engine.kv_cache_usage_perc")), fmt.gib(worst.get("gpu.memory_used_bytes"))]
+
+
+def _detail_row(res: WindowResult) -> list[str]:
+    r, e2e = res.requests, res.requests.e2e
+    return [fmt.rate(r.output_tok_s), fmt.ms(r.ttft.p95 if r.ttft else None), fmt.ms(e2e.p50 if e2e else None),
+            fmt.ms(e2e.p99 if e2e else None), fmt.ms(e2e.max if e2e else None),
+            fmt.ms(r.e2e_sched.p95 if r.e2e_sched else None)]
 
 
 def phases(ctx: ReportContext) -> list[Block]:
     a = ctx.analysis
     if not a.phases:
         return [Text("No requests were stored for this run.")]
-    rows = []
+    sig, det = [], []
     for comp in a.comparisons:
         for name, res in sorted(comp.phases.items(), key=lambda kv: (PHASE_ORDER.get(kv[0], 9), kv[0])):
             d = comp.deltas.get(name, {}).get("e2e_p95_ms")
-            rows.append([str(comp.round), name + _lag_mark(res), *_layer_row(res),
-                         fmt.delta_ms(d.delta if d else None)])
+            sig.append([str(comp.round), name + _lag_mark(res), *_signal_row(res, d.delta if d else None)])
+            det.append([str(comp.round), name, *_detail_row(res)])
     return [
         Text("User layer (requests, errors, latency), service layer (queue, KV cache) and resource layer "
              "(GPU memory) side by side, one row per round and phase. Latencies are of successful requests."),
-        Table(["round", "phase", *_LAYERS, "Δ E2E P95 vs baseline ms"], rows),
+        Table(["round", "phase", *_SIGNALS], sig, caption="Service and resource signals"),
+        Table(["round", "phase", *_DETAIL], det, caption="Latency detail"),
     ]
 
 
 def steps(ctx: ReportContext) -> list[Block]:
     a = ctx.analysis
     var = ctx.run.change.get("variable", "value")
-    rows = [[str(s.window.round), s.window.phase + _lag_mark(s), str(s.window.step), fmt.num(s.window.step_value),
-             *_layer_row(s)] for s in a.steps]
-    return [Table(["round", "phase", "step", var, *_LAYERS], rows)] if rows else []
+    base = {c.round: c.phases.get("baseline") for c in a.comparisons}
+    sig, det = [], []
+    for s in a.steps:
+        w = s.window
+        b = base.get(w.round)
+        mine = s.requests.e2e.p95 if s.requests.e2e else None
+        ref = b.requests.e2e.p95 if b is not None and b.requests.e2e else None
+        delta = None if mine is None or ref is None or w.phase == "baseline" else mine - ref
+        head = [str(w.round), w.phase + _lag_mark(s), "–" if w.step is None else str(w.step), fmt.num(w.step_value)]
+        sig.append([*head, *_signal_row(s, delta)])
+        det.append([*head, *_detail_row(s)])
+    if not sig:
+        return []
+    return [Table(["round", "phase", "step", var, *_SIGNALS], sig, caption="Service and resource signals per step"),
+            Table(["round", "phase", "step", var, *_DETAIL], det, caption="Latency detail per step")]
 
 
 def charts(ctx: ReportContext) -> list[Block]:
@@ -194,8 +254,12 @@ def charts(ctx: ReportContext) -> list[Block]:
         out.append(Chart("KV cache usage over time", "seconds from start", "%",
                          [Series("KV cache usage", [(t, v * 100) for t, v in kv])], shades=shades, markers=markers))
     if out:
-        out.insert(0, Text("Shaded: baseline (blue), treatment (red), recovery (green). Dashed lines: "
-                           "stop conditions, rollbacks, OOMs, alerts."))
+        from vramlab.report.svg import phase_of, shade_caption
+
+        key = shade_caption([phase_of(sh.label) for sh in shades] + [b.phase for b in a.bands])
+        out.insert(0, Text((f"Shaded and banded by phase: {key}. " if key else "")
+                           + "Grey dashed vertical lines: stop conditions, rollbacks, OOMs, alerts; the lines per "
+                           "round are in the other colours."))
     return out
 
 
@@ -226,17 +290,27 @@ def thresholds(ctx: ReportContext) -> list[Block]:
             Table(headers, body)]
 
 
+def _metric_fmt(metric: str) -> Any:
+    """One precision per kind of figure, everywhere: ms to 0.1, rates to 0.01, error rates in %."""
+    if metric == "error_rate":
+        return fmt.pct
+    if metric.endswith("_rps") or metric.endswith("_tok_s"):
+        return fmt.rate
+    if metric.endswith("_ms"):
+        return fmt.ms
+    return fmt.num
+
+
 def stability(ctx: ReportContext) -> list[Block]:
     a = ctx.analysis
     rows = []
     for s in a.stability:
         if s.metric not in STABILITY_METRICS and not s.spikes:
             continue
-        is_rate = s.metric == "error_rate"
-        show = fmt.pct if is_rate else fmt.num
+        show = _metric_fmt(s.metric)
         rows.append([s.phase, "–" if s.step is None else str(s.step), s.metric,
-                     ", ".join(f"r{r}: {show(round(v, 3) if not is_rate else v)}" for r, v in s.by_round.items()),
-                     show(s.spread if is_rate else round(s.spread, 3)),
+                     ", ".join(f"r{r}: {show(v)}" for r, v in s.by_round.items()),
+                     show(s.spread),
                      "–" if s.rel_spread is None else fmt.pct(s.rel_spread),
                      f"round {s.spikes[0]}" if s.spikes else ("unstable" if s.unstable else "no")])
     if not rows:
@@ -244,6 +318,11 @@ def stability(ctx: ReportContext) -> list[Block]:
     return [Text("Spread across rounds; a one-off spike is a round far (over 30% or a floor) from the others "
                  "while they agree."), Table(["phase", "step", "metric", "by round", "spread", "spread/median",
                                               "one-off spike"], rows)]
+
+
+def _not_drill(ctx: ReportContext) -> bool:
+    """Drills have their own recovery clocks and timeline (the incident sections): one source each."""
+    return ctx.run.kind != "drill"
 
 
 def recovery(ctx: ReportContext) -> list[Block]:
@@ -290,8 +369,8 @@ for _section in (
     Section("steps", "Per step", steps, order=55),
     Section("charts", "Charts", charts, order=60),
     Section("stability", "Stability across rounds", stability, order=70),
-    Section("recovery", "Return to baseline", recovery, order=80),
-    Section("events", "Stops, rollbacks and other events", events, order=90),
+    Section("recovery", "Return to baseline", recovery, order=80, applies=_not_drill),
+    Section("events", "Stops, rollbacks and other events", events, order=90, applies=_not_drill),
     Section("notes", "Notes", notes, order=95),
 ):
     register(_section)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 
-GIB = 2**30
+from vramlab.capacity.units import GIB, gib  # noqa: F401  (the one GiB formatter; "–" for None)
 
 
 def ms(v: float | None) -> str:
@@ -17,10 +17,6 @@ def pct(v: float | None) -> str:
 
 def rate(v: float | None) -> str:
     return "–" if v is None else f"{v:,.2f}"
-
-
-def gib(v: float | None) -> str:
-    return "–" if v is None else f"{v / GIB:.2f}"
 
 
 def num(v: float | None) -> str:

@@ -2,26 +2,47 @@
 
 from __future__ import annotations
 
+import re
 from html import escape
 
 from vramlab.report.blocks import Block, Bullets, Chart, Table, Text
 from vramlab.report.sections import Document
 from vramlab.report.svg import render_svg
 
+# Laid out for a laptop (1366-1400 px) and for paper: text columns wrap (a 250-character log line
+# wraps inside its cell instead of widening the table), short numeric columns stay on one line and
+# right-aligned, nothing scrolls sideways. The page loads nothing (see CSP below).
 CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1.5em auto;max-width:1240px;
 padding:0 1em;color:#222;line-height:1.45}
-h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.2em;border-bottom:1px solid #ddd;margin-top:1.8em}
-.sub{color:#666;margin-top:0}table{border-collapse:collapse;font-size:.85em;margin:.6em 0;display:block;
-overflow-x:auto}th,td{border:1px solid #ddd;padding:.25em .5em;text-align:right;white-space:nowrap}
-th{background:#f5f5f5}td:first-child,th:first-child{text-align:left}code{background:#f3f3f3;padding:0 .2em}
-svg{max-width:100%;height:auto;margin:.5em 0}.ct{font-size:13px;font-weight:600}.tk{font-size:10px;fill:#555}
+h1{font-size:1.5em;margin-bottom:.2em;overflow-wrap:anywhere}h2{font-size:1.2em;border-bottom:1px solid #ddd;
+margin-top:1.8em}h3{font-size:1em;margin:1em 0 .3em}.sub{color:#666;margin-top:0}
+p,li{overflow-wrap:break-word}
+table{border-collapse:collapse;font-size:.85em;margin:.6em 0;max-width:100%}
+caption{text-align:left;font-style:italic;color:#555;padding:.2em 0}
+th,td{border:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top;overflow-wrap:break-word}
+th{background:#f5f5f5;font-weight:600;overflow-wrap:normal}
+td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}td.n{white-space:nowrap}
+code{background:#f3f3f3;padding:0 .2em;overflow-wrap:break-word}
+figure{margin:.5em 0}svg{max-width:100%;height:auto}.ct{font-size:13px;font-weight:600}.tk{font-size:10px;fill:#555}
 .al{font-size:11px;fill:#333}.lg{font-size:11px}.empty{color:#888}
+@media print{body{max-width:none;margin:0;padding:0;font-size:10pt}h2{break-after:avoid}
+tr,figure,svg{break-inside:avoid}thead{display:table-header-group}table{font-size:8.5pt}}
+@page{size:A4;margin:12mm}
 """
+
+# Nothing may be fetched: inline styles and SVG only (a report opened offline or in a locked-down
+# viewer looks the same, and cannot leak that it was opened).
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+_NUMERIC = re.compile(r"^[-+−]?[\d,]*\.?\d+\s*(%|×|s|ms|GiB|/s|x)?$|^–$|^[+-]?\d[\d,.]*\s*/\s*[\d,.]+$")
 
 
 def _inline(text: str) -> str:
-    """Escape, then turn Markdown's `code` and **bold** (used by sections) into tags."""
+    """Escape, then turn the Markdown the sections use (`code`, **bold**, a whole _(aside)_) into tags,
+    so no literal Markdown shows in the HTML."""
+    aside = len(text) > 2 and text.startswith("_") and text.endswith("_")
+    if aside:
+        text = text[1:-1]
     out, parts = [], escape(text).split("`")
     for i, part in enumerate(parts):
         if i % 2:
@@ -29,7 +50,30 @@ def _inline(text: str) -> str:
         else:
             bold = part.split("**")
             out.append("".join(f"<b>{b}</b>" if j % 2 else b for j, b in enumerate(bold)))
-    return "".join(out)
+    return f"<em>{''.join(out)}</em>" if aside else "".join(out)
+
+
+def numeric_columns(table: Table) -> set[int]:
+    """Columns whose every cell is a short number (with its unit): right-aligned, kept on one line."""
+    out = set()
+    for i in range(len(table.headers)):
+        cells = [r[i] for r in table.rows if i < len(r)]
+        if cells and any(c != "–" for c in cells) and all(len(c) <= 16 and _NUMERIC.match(c.strip()) for c in cells):
+            out.add(i)
+    return out
+
+
+def _table(block: Table) -> str:
+    num = numeric_columns(block)
+
+    def cls(i: int) -> str:
+        return ' class="n"' if i in num else ""
+
+    head = "".join(f"<th{cls(i)}>{_inline(h)}</th>" for i, h in enumerate(block.headers))
+    body = "".join("<tr>" + "".join(f"<td{cls(i)}>{_inline(c)}</td>" for i, c in enumerate(row)) + "</tr>"
+                   for row in block.rows)
+    cap = f"<caption>{_inline(block.caption)}</caption>" if block.caption else ""
+    return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _block(block: Block) -> str:
@@ -38,10 +82,7 @@ def _block(block: Block) -> str:
     if isinstance(block, Bullets):
         return "<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in block.items) + "</ul>"
     if isinstance(block, Table):
-        head = "".join(f"<th>{escape(h)}</th>" for h in block.headers)
-        body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in block.rows)
-        cap = f"<caption>{escape(block.caption)}</caption>" if block.caption else ""
-        return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        return _table(block)
     if isinstance(block, Chart):
         return f'<figure class="chart">{render_svg(block)}</figure>'
     raise TypeError(f"unknown block {type(block).__name__}")
@@ -51,6 +92,8 @@ def render(doc: Document) -> str:
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{escape(doc.title)}</title>",
         f"<style>{CSS}</style></head><body>",
         f"<h1>{escape(doc.title)}</h1>",

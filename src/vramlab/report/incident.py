@@ -22,7 +22,8 @@ EDIT = "_(derived from the data; operator: edit)_"
 TIMELINE_KINDS = ("step", "oom", "startup_refusal", "process_exit", "health", "detect", "stop_condition", "fault",
                   "alert", "mitigation", "ramp_undone", "recovered", "not_recovered", "note", "retry_storm",
                   "waiting_for_operator", "recovery_command", "xid", "overload", "preemption", "ceiling", "rollback",
-                  "cotenant", "cotenant_oom", "capacity", "warning", "engine", "race", "ledger")
+                  "cotenant", "cotenant_oom", "capacity", "warning", "engine", "race", "ledger", "health_path",
+                  "target_ready", "failure_mode")
 
 
 def _is_drill(ctx: ReportContext) -> bool:
@@ -60,19 +61,88 @@ def _unit(ctx: ReportContext) -> str:
     return str((ctx.run.change or {}).get("unit", ""))
 
 
+def since_t0(t_s: float, t0: float | None) -> str:
+    """The one relative clock of the incident report (timeline, detection, alerts): signed seconds
+    from T0, the moment the fault step began."""
+    return "–" if t0 is None else f"{t_s - t0:+.2f}"
+
+
+def alert_clock(inc: Incident) -> str:
+    """Time to alert on the alert table's clock: an alert already firing before the fault step reads
+    negative there, so it is not shown as 0.00 s here."""
+    firing = next((a for a in inc.alerts if a.get("state") == "firing"), None)
+    if firing is not None and inc.t0_s is not None and firing["t_s"] < inc.t0_s:
+        return f"{firing['t_s'] - inc.t0_s:+.2f} s (already firing before the fault step)"
+    return _s(inc.time_to_alert_s)
+
+
+def signal_value(name: str, v: float | None) -> str:
+    """A signal's value in its own unit: shares and rates in %, latencies in ms, counts as counts."""
+    if v is None:
+        return "–"
+    if name.endswith(("_share", "_rate", "_perc")):
+        return fmt.pct(v)
+    if name.endswith("_ms"):
+        return f"{fmt.ms(v)} ms"
+    return fmt.num(round(v, 3))
+
+
+def refused_on_ramp(ctx: ReportContext) -> tuple[int, int, list[str]]:
+    """(models the co-location ramp added, how many of them did not start, their outcomes), from the
+    same outcomes the co-location table shows."""
+    from vramlab.analysis.colocation import analyse_colocation
+
+    c = analyse_colocation(ctx.events, ctx.samples)
+    if c is None:
+        return 0, 0, []
+    added = [c.cell(e, "ramp") for e in c.engines()]
+    seen = [o for o in added if o is not None]
+    bad = [o for o in seen if o.outcome != "started"]
+    return len(seen), len(bad), [f"{o.engine} {o.outcome}" for o in bad]
+
+
+def recovery_text(rec: Any) -> str:
+    """Recovery with every clock it is made of, so 'serving again' and 'recovered' never read as two
+    answers: time to recover is the latest of serving again, health 200 and P95 back."""
+    if not rec.recovered:
+        return _not_recovered(rec)
+    parts = [f"serving again +{rec.first_success_s:.2f} s" if rec.first_success_s is not None else None,
+             f"health 200 +{rec.health_ok_s:.2f} s" if rec.health_failed and rec.health_ok_s is not None else None,
+             f"P95 back +{rec.p95_ok_s:.2f} s" if rec.p95_ok_s is not None else None]
+    clocks = ", ".join(p for p in parts if p)
+    return f"recovered in {_s(rec.time_to_recover_s)} from T0" + (f" (the latest of: {clocks})" if clocks else "")
+
+
+OOM_MODES = ("crash_after_oom", "oom_no_exit", "oom_killed")
+
+
+def _base_mode(mode: str) -> str:
+    return mode.split("+")[0]
+
+
 def summary_line(ctx: ReportContext) -> str:
     inc, _ = incident_of(ctx)
     unit = _unit(ctx)
     if not inc.failed:
         top = (inc.ceiling or {}).get("value")
+        added, bad, which = refused_on_ramp(ctx)
+        if bad:
+            return (f"no OOM of the running target up to {fmt.num(top)} {unit}, but {bad} of {added} added "
+                    f"models did not start ({', '.join(which)}): the card did not hold them")
         return f"no OOM up to {fmt.num(top)} {unit}: the target held at the ceiling"
     step = inc.failure_step or {}
     rec = inc.recovery
-    rec_txt = f"recovered in {_s(rec.time_to_recover_s)}" if rec.recovered else _not_recovered(rec)
+    rec_txt = recovery_text(rec)
     first = inc.signals.first
-    return (f"{inc.failure_mode} at {fmt.num(step.get('value'))} {unit} (last safe {fmt.num(inc.last_safe_value)}); "
-            f"detected in {_s(inc.time_to_detect_s)}; first abnormal signal {first.name if first else '–'}; "
-            f"{inc.impact.failed} failed requests; {rec_txt}")
+    trig = inc.trigger
+    if trig is not None and trig.step is None:
+        where = "before any ramp step had sent a request"
+    elif trig is not None and trig.confidence == "low":
+        where = f"while {fmt.num(step.get('value'))} {unit} carried load (trigger confidence low)"
+    else:
+        where = f"at {fmt.num(step.get('value'))} {unit} (last safe {fmt.num(inc.last_safe_value)})"
+    return (f"{inc.failure_mode} {where}; detected {_s(inc.time_to_detect_s)} after T0; first abnormal signal "
+            f"{first.name if first else '–'}; {inc.impact.failed} failed requests; {rec_txt}")
 
 
 def _not_recovered(rec: Any) -> str:
@@ -121,9 +191,12 @@ def s_timeline(ctx: ReportContext) -> list[Block]:
             continue
         if e.kind == "alert" and e.data.get("state") not in ("pending", "firing"):
             continue
-        rel = "–" if t0 is None else f"{e.t_s - t0:+.2f}"
+        rel = since_t0(e.t_s, t0)
         who = "operator" if e.kind == "note" else ("alert" if e.kind == "alert" else "drill")
-        rows.append([f"{e.t_s:.2f}", rel, e.kind, who, e.message[:160]])
+        what = e.message
+        if e.kind == "recovered" and inc.recovery.recovered:
+            what += f" — {recovery_text(inc.recovery)}"
+        rows.append([f"{e.t_s:.2f}", rel, e.kind, who, what])
     return [Text("Times in seconds from the drill's start, and from T0 (the fault step began). "
                  "Operator notes come from `vramlab note`."),
             Table(["t (s)", "T0 + (s)", "event", "by", "what"], rows)]
@@ -141,7 +214,7 @@ def s_detection(ctx: ReportContext) -> list[Block]:
                            f"({'' if inc.t0_s is None else f'{f.t_s - inc.t0_s:+.2f} s from T0; '}"
                            f"{f.describe()})."))
     rows = [[o.name, o.layer, f"{o.t_s:.2f}", "–" if inc.t0_s is None else f"{o.t_s - inc.t0_s:+.2f}", o.reason,
-             f"{o.value:.4g}", "–" if o.baseline_mean is None else f"{o.baseline_mean:.4g}"] for o in sig.order]
+             signal_value(o.name, o.value), signal_value(o.name, o.baseline_mean)] for o in sig.order]
     if rows:
         blocks.append(Table(["signal", "layer", "onset (s)", "T0 + (s)", "judged by", "value", "baseline mean"], rows,
                             caption="Order in which signals went abnormal (judged against the baseline phase)"))
@@ -151,11 +224,12 @@ def s_detection(ctx: ReportContext) -> list[Block]:
         blocks.append(Text("Already past a fixed threshold in the baseline (not counted as causes): "
                            + ", ".join(f"`{q}`" for q in sig.noisy)))
     blocks.append(Text(f"Time to detect (T0 → the drill's first detection): **{_s(inc.time_to_detect_s)}**."))
-    alert_rows = [[a["name"], a["state"], f"{a['t_s']:.2f}", _s(a["since_t0_s"]), a.get("source") or "–"]
+    alert_rows = [[a["name"], a["state"], f"{a['t_s']:.2f}", since_t0(a["t_s"], inc.t0_s), a.get("source") or "–"]
                   for a in inc.alerts if a["state"] in ("pending", "firing")]
     if alert_rows:
-        blocks.append(Table(["alert", "state", "t (s)", "since T0", "source"], alert_rows))
-    blocks.append(Text(f"Time to alert (T0 → first alert firing): **{_s(inc.time_to_alert_s)}**"
+        blocks.append(Table(["alert", "state", "t (s)", "T0 + (s)", "source"], alert_rows,
+                            caption="Same clock as the timeline; a negative T0 + means before the fault step"))
+    blocks.append(Text(f"Time to alert (T0 → first alert firing): **{alert_clock(inc)}**"
                        + ("" if inc.time_to_alert_s is not None else
                           " — no alert fired during the drill (a `for:` longer than the incident never fires)")))
     return blocks
@@ -167,26 +241,55 @@ def s_cause(ctx: ReportContext) -> list[Block]:
     cap = next((e for e in ctx.events if e.kind == "capacity"), None)
     if not inc.failed:
         top = (inc.ceiling or {}).get("value")
-        out: list[Block] = [Text(f"No failure: no OOM up to {fmt.num(top)} {unit}. The ramp ended with the stop "
+        added, bad, which = refused_on_ramp(ctx)
+        out: list[Block] = [Text(f"No failure of the running target up to {fmt.num(top)} {unit}, but {bad} of "
+                                 f"{added} added models did not start ({', '.join(which)}); see the co-location "
+                                 "table." if bad else
+                                 f"No failure: no OOM up to {fmt.num(top)} {unit}. The ramp ended with the stop "
                                  "conditions armed; raise the ceiling to find the boundary.")]
         if cap is not None:
             out.append(Text(f"Capacity model's account: {cap.message}"))
         return out
     step = inc.failure_step or {}
-    items = [f"**Failure mode:** {inc.failure_mode}",
-             f"**Trigger:** ramp step {step.get('step')} — {step.get('knob')} = {fmt.num(step.get('value'))} {unit} "
-             f"(last safe step: {fmt.num(inc.last_safe_value)} {unit})"]
+    items = [f"**Failure mode:** {inc.failure_mode}"]
+    items += [f"Evidence: {e}" for e in inc.evidence]
+    if _base_mode(inc.failure_mode) not in OOM_MODES:
+        items.append("No out-of-memory was seen, so this is not called an OOM.")
+    trig = inc.trigger
+    if trig is not None and trig.step is None:
+        items.append(f"**Trigger:** none — {trig.reason}")
+    else:
+        conf = "" if trig is None else (f" — confidence **{trig.confidence}**: {trig.reason}; the step sent "
+                                        f"{trig.requests_sent} request(s) before T0")
+        items.append(f"**Trigger:** ramp step {step.get('step')} — {step.get('knob')} = {fmt.num(step.get('value'))} "
+                     f"{unit} (last safe step: {fmt.num(inc.last_safe_value)} {unit}){conf}")
+    during = inc.detected_during or {}
+    if during and during.get("step") != step.get("step"):
+        items.append(f"Detected during ramp step {during.get('step')} ({fmt.num(during.get('value'))} {unit}), "
+                     "which had not carried the load when the failure began: it is not the trigger")
     sig = inc.signature or {}
     if sig.get("line"):
         items.append(f"**Matched failure signature:** `{sig.get('signature') or sig.get('class')}` — "
-                     f"`{str(sig['line'])[:240]}`")
+                     f"`{str(sig['line'])}`")
     if cap is not None:
         d = cap.data
         items.append(f"**Capacity model's account:** {cap.message}")
         if d.get("predicted_limit") is not None:
             items.append(f"Predicted limit {fmt.num(d['predicted_limit'])} {unit} vs observed failure at "
-                         f"{fmt.num(step.get('value'))} (last safe {fmt.num(inc.last_safe_value)})")
+                         f"{fmt.num(step.get('value'))} (last safe {fmt.num(inc.last_safe_value)}): "
+                         + prediction_side(d["predicted_limit"], step.get("value"), inc.last_safe_value))
     return [Bullets(items)]
+
+
+def prediction_side(predicted: float, failed_at: float | None, last_safe: float | None) -> str:
+    """Whether a predicted limit would have protected the target: above the value that failed is the
+    unsafe side (the model promised room that was not there)."""
+    if failed_at is not None and predicted >= failed_at:
+        return (f"the prediction was on the unsafe side ({fmt.num(predicted)} is at or above the failure at "
+                f"{fmt.num(failed_at)})")
+    if last_safe is not None and predicted < last_safe:
+        return "the prediction was on the safe side (below the last step that held)"
+    return "the prediction falls between the last safe step and the failure (consistent with what was seen)"
 
 
 def s_recovery(ctx: ReportContext) -> list[Block]:
@@ -197,7 +300,7 @@ def s_recovery(ctx: ReportContext) -> list[Block]:
     rows = [
         ["T0", "the fault step began", "0.00 s"],
         ["time to detect", "T0 → first detection by the drill", _s(inc.time_to_detect_s)],
-        ["time to alert", "T0 → first alert firing", _s(inc.time_to_alert_s)],
+        ["time to alert", "T0 → first alert firing", alert_clock(inc)],
         ["time to mitigate", "T0 → first corrective action (restart, script, operator)", _s(inc.time_to_mitigate_s)],
         ["health 200 again", "T0 → health OK after it failed" if r.health_failed else "health never failed",
          _s(r.health_ok_s)],
@@ -205,7 +308,7 @@ def s_recovery(ctx: ReportContext) -> list[Block]:
         ["P95 back within tolerance", "T0 → end of the first window with P95 ≤ (1+tol) × baseline P95", _s(r.p95_ok_s)],
         ["time to recover", "T0 → the latest of the three clocks above", _s(r.time_to_recover_s)],
     ]
-    verdict = "Recovered." if r.recovered else "**Not recovered** within the recovery limit; the rollback still ran."
+    verdict = f"{recovery_text(r)[0].upper()}{recovery_text(r)[1:]}." if r.recovered else "**Not recovered** within the recovery limit; the rollback still ran."
     return [Text(verdict), Table(["figure", "boundary", "value"], rows)]
 
 
@@ -224,13 +327,23 @@ def s_storm(ctx: ReportContext) -> list[Block]:
     s = inc.retry_storm
     policy = (ctx.run.plan.get("clients") or {}).get("policy", "none")
     rows = [["client retry policy", str(policy)],
-            ["baseline request rate", f"{fmt.rate(s.baseline_rate_rps)} /s"],
-            ["request rate during recovery", f"{fmt.rate(s.recovery_rate_rps)} /s"],
-            ["amplification", "–" if s.amplification is None else f"{s.amplification:.2f}×"],
+            ["baseline offered rate (original requests)", f"{fmt.rate(s.baseline_rate_rps)} /s"],
+            ["attempt rate during recovery", f"{fmt.rate(s.recovery_rate_rps)} /s"],
+            ["amplification (attempt rate / baseline offered rate)",
+             "–" if s.amplification is None else f"{s.amplification:.2f}×"],
+            ["during recovery: new user requests / the policy's retries", f"{s.new_requests} / {s.retries_in_window}"],
+            ["attempts per original request", "–" if s.attempts_per_request is None else f"{s.attempts_per_request:.2f}"],
+            ["new-request rate / baseline offered rate",
+             "–" if s.new_request_ratio is None else f"{s.new_request_ratio:.2f}×"],
             ["retries sent from T0", str(s.retries)],
+            ["retry storm", "yes" if s.storm else "no"],
             ["second OOM after recovery", "yes" if s.second_oom else "no"],
             ["preemptions during recovery", fmt.num(s.preemptions_during_recovery)]]
-    return [Table(["retry storm", "value"], rows)]
+    out: list[Block] = [Table(["retry storm", "value"], rows)]
+    if not s.storm and s.new_request_ratio is not None and s.new_request_ratio >= 2:
+        out.append(Text(f"Not a retry storm: the extra traffic is new requests ({s.new_request_ratio:.1f}× the "
+                        "baseline's rate) from closed-loop users whose previous request failed at once, not retries."))
+    return out
 
 
 def lessons(inc: Incident) -> tuple[list[str], list[str], list[str]]:
@@ -241,7 +354,7 @@ def lessons(inc: Incident) -> tuple[list[str], list[str], list[str]]:
         if inc.signature:
             well.append("The engine log carried a recognisable failure signature (the cause is observable)")
         if inc.recovery.recovered:
-            well.append(f"Service recovered in {inc.recovery.time_to_recover_s:.2f} s")
+            well.append(f"Service {recovery_text(inc.recovery)}")
         else:
             wrong.append("The target did not serve again within the recovery limit")
         if inc.time_to_alert_s is None:
@@ -254,10 +367,12 @@ def lessons(inc: Incident) -> tuple[list[str], list[str], list[str]]:
     st = inc.retry_storm
     if st.second_oom:
         wrong.append("Recovery set off a second OOM")
-    if st.amplification is not None and st.amplification >= 2:
-        wrong.append(f"Recovery drew {st.amplification:.1f}× the baseline request rate (retry storm)")
+    if st.storm:
+        wrong.append(f"Recovery drew {st.amplification or 0:.1f}× the baseline's offered rate, "
+                     f"{st.attempts_per_request or 0:.1f} attempts per request (retry storm)")
     elif st.amplification is not None and inc.failed:
-        well.append(f"No retry storm: recovery traffic {st.amplification:.1f}× the baseline")
+        well.append(f"No retry storm: {st.retries_in_window} retries during recovery; attempts "
+                    f"{st.amplification:.1f}× the baseline's offered rate")
     if inc.failed and not inc.neighbours:
         lucky.append("No neighbour shared the card in this drill; the blast radius is untested")
     if inc.failed and inc.recovery.recovered and not st.second_oom and st.retries:
@@ -284,19 +399,42 @@ def _owner(ctx: ReportContext, prefer: tuple[str, ...] = ("page", "critical")) -
 
 
 def action_items(ctx: ReportContext, inc: Incident) -> list[list[str]]:
+    """Action items follow from the failure mode: a load cap only where memory or load caused it."""
     unit, owner = _unit(ctx), _owner(ctx)
     rows: list[list[str]] = []
-    if inc.failed and inc.last_safe_value is not None:
-        knob = (inc.failure_step or {}).get("knob")
+    mode = _base_mode(inc.failure_mode)
+    knob = (inc.failure_step or {}).get("knob")
+    if inc.failed and mode in (*OOM_MODES, "overload_429") and inc.last_safe_value is not None:
         rows.append([f"cap {knob} at {fmt.num(inc.last_safe_value)} {unit} (failed at "
                      f"{fmt.num((inc.failure_step or {}).get('value'))}); keep a margin below it", "prevent", owner])
+    exit_ev = next((e for e in inc.evidence if "killed by signal" in e or "exited with code" in e), "")
+    if inc.failed and mode == "killed_by_signal":
+        rows.append(["find what sent the signal (" + (exit_ev.split('"')[1] if '"' in exit_ev else "see evidence")
+                     + "): a supervisor's stop timeout, an operator, the kernel OOM killer (its log says "
+                     "'Killed process'); no load cap follows, nothing tied the kill to load or memory",
+                     "investigate", owner])
+    if inc.failed and mode in ("crash", "crash_xid"):
+        rows.append(["read the engine's log around the exit and fix or report the crash; no load cap follows, "
+                     "nothing said out of memory", "investigate", owner])
+    if inc.failed and mode in ("killed_by_signal", "crash", "crash_xid") and not inc.recovery.recovered:
+        rows.append(["restart the target on exit (systemd Restart=on-failure, a k8s liveness probe)", "mitigate",
+                     owner])
+    if inc.failed and mode == "hang":
+        rows.append(["probe liveness with a one-token generation that counts timeouts as failures, and restart on "
+                     "it: /health stayed up while requests hung", "mitigate", owner])
+    if inc.failed and mode == "overload_429":
+        rows.append(["clients: back off on 429/503 with jitter; size the engine's queue or admission limit",
+                     "mitigate", owner])
+    if inc.failed and inc.failure_mode.endswith("startup_refusal_on_restart"):
+        rows.append(["make the restart configuration start: the restart was refused (see the evidence) — check its "
+                     "flags, context size and memory against the card", "mitigate", owner])
     if inc.failed and inc.time_to_alert_s is None:
         rows.append(["add or shorten an alert that fires within the incident (error rate, target down)", "process",
                      owner])
-    if not inc.recovery.recovered and inc.failed:
+    if not inc.recovery.recovered and inc.failed and mode in OOM_MODES:
         rows.append(["make the supervisor restart the target, and check the restart fits the card", "mitigate", owner])
     st = inc.retry_storm
-    if st.amplification is not None and st.amplification >= 2:
+    if st.storm:
         rows.append(["clients: exponential back-off with jitter and a retry cap", "mitigate", owner])
     for n in inc.neighbours:
         if n.affected:

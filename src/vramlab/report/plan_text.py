@@ -7,14 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramlab.capacity.estimate import GIB
 from vramlab.capacity.gpus import GPU
 from vramlab.capacity.planning import Plan, SweepResult
 from vramlab.capacity.spec import ModelSpec
-
-
-def gib(n: float) -> str:
-    return f"{n / GIB:.2f}"
+from vramlab.capacity.units import gib
 
 
 def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
@@ -65,6 +61,11 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
     head = f"safe operating point ({safe['margin']:.0%} margin, every band at its pessimistic end): "
     if not safe["max_concurrency"] and not safe["max_model_len_at_concurrency"]:
         lines.append(head + "none: it does not fit even one sequence")
+    elif e.engine == "llama.cpp":
+        # llama.cpp splits --ctx-size into --parallel slots: the sequence length is the slot's, the
+        # same length the max-concurrency line above counts in (not the whole context).
+        lines.append(head + f"{safe['max_concurrency']} of {e.max_concurrency:.0f} slots at {e.max_model_len:,} "
+                     "tokens each (--ctx-size / --parallel)")
     else:
         at_len = (f"{safe['max_concurrency']} sequences at {safe['max_model_len']:,} tokens"
                   if safe["max_concurrency"] else f"not one sequence at {safe['max_model_len']:,} tokens")
@@ -98,8 +99,11 @@ def render_sweep(result: SweepResult, model_name: str, gpu: GPU) -> str:
     return "\n".join(lines)
 
 
-def plot_sweep(result: SweepResult, path: str, title: str = "") -> None:
-    """1 axis: max concurrency per value; 2 axes: a heat map of max concurrency (blank = does not fit)."""
+def plot_sweep(result: SweepResult, fmt: str = "png", title: str = "") -> bytes:
+    """The sweep as an image file's bytes in *fmt* (png, svg, pdf: what matplotlib writes). 1 axis:
+    max concurrency per value; 2 axes: a heat map of max concurrency (blank = does not fit)."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,5 +135,7 @@ def plot_sweep(result: SweepResult, path: str, title: str = "") -> None:
         fig.colorbar(im, ax=ax, label="max concurrency at max_model_len")
     ax.set_title(title or "vramlab plan sweep")
     fig.tight_layout()
-    fig.savefig(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt)
     plt.close(fig)
+    return buf.getvalue()

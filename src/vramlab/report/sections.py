@@ -1,30 +1,24 @@
 """The section registry: what a report contains, in order, and for which runs.
 
 A section is a function from the report context to blocks (and optionally to JSON data). The
-built-in ones live in `core_sections.py`; other packages add their own with `register`, e.g. the
-drill's incident sections for runs of kind "drill":
+built-in ones live in this package: `core_sections.py` for every run, `incident.py` and
+`colocation.py` for runs of kind "drill" (they read only the stored records and the analysis, so
+the report never imports the drill). Other code adds its own with `register`:
 
     from vramlab.report.sections import Section, register
     register(Section("incident", "Incident", order=25, applies=lambda ctx: ctx.run.kind == "drill",
                      build=my_blocks, data=my_json))
-
-Modules named in PLUGIN_MODULES are imported (when installed) before a report is built, so
-their `register` calls run without the report package importing them by name elsewhere.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from vramlab.analysis.run import RunAnalysis, analyze_run
-from vramlab.experiment.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
 from vramlab.report.blocks import Block
-
-PLUGIN_MODULES = ("vramlab.drill.report_sections",)
 
 
 @dataclass(frozen=True)
@@ -73,7 +67,7 @@ class Document:
 
 
 _REGISTRY: dict[str, Section] = {}
-_plugins_loaded = False
+_builtins_loaded = False
 
 
 def register(section: Section) -> Section:
@@ -83,24 +77,19 @@ def register(section: Section) -> Section:
 
 
 def registered() -> list[Section]:
-    _load_plugins()
+    _load_builtins()
     return sorted(_REGISTRY.values(), key=lambda s: (s.order, s.id))
 
 
-def _load_plugins() -> None:
-    global _plugins_loaded
-    if _plugins_loaded:
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if _builtins_loaded:
         return
-    _plugins_loaded = True
-    import vramlab.report.core_sections  # noqa: F401  (registers the built-in sections)
-
-    for name in PLUGIN_MODULES:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except ModuleNotFoundError:
-            found = False
-        if found:
-            importlib.import_module(name)
+    _builtins_loaded = True
+    # Imported here, not at the top: each of them imports this module to register its sections.
+    import vramlab.report.colocation  # noqa: F401  (drill runs: co-location)
+    import vramlab.report.core_sections  # noqa: F401  (every run)
+    import vramlab.report.incident  # noqa: F401  (drill runs: the incident)
 
 
 def build_document(ctx: ReportContext) -> Document:

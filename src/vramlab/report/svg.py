@@ -9,8 +9,24 @@ from vramlab.report.blocks import Chart
 
 WIDTH, HEIGHT = 760, 300
 LEFT, RIGHT, TOP, BOTTOM = 70, 170, 30, 45
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f")
-SHADES = {"baseline": "#e8f1fb", "treatment": "#fdecea", "ramp": "#fdecea", "recovery": "#eaf7ea"}
+# Phases own blue / red / green (stripe fill, band colour, the caption's words); the series use the
+# other colours so a line is never mistaken for a phase.
+PHASE_COLOURS = {"baseline": ("#dbe9f8", "#1f77b4", "blue"), "treatment": ("#fbdedb", "#d62728", "red"),
+                 "ramp": ("#fbdedb", "#d62728", "red"), "recovery": ("#dcf2dc", "#2ca02c", "green")}
+PALETTE = ("#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#e377c2", "#7f7f7f", "#bcbd22", "#393b79")
+SHADES = {k: v[0] for k, v in PHASE_COLOURS.items()}
+OTHER = ("#eeeeee", "#555555", "grey")
+
+
+def phase_of(label: str) -> str:
+    """The phase a shade or band is of: `r1 baseline` -> baseline, `baseline P95 range` -> baseline."""
+    return next((w for w in label.split() if w in PHASE_COLOURS), "")
+
+
+def shade_caption(phases: list[str]) -> str:
+    """The chart caption's colour key, from the same table the SVG paints with."""
+    seen = list(dict.fromkeys(p for p in phases if p in PHASE_COLOURS))
+    return ", ".join(f"{p} ({PHASE_COLOURS[p][2]})" for p in seen)
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -67,14 +83,21 @@ def render_svg(chart: Chart) -> str:
     ]
     for sh in chart.shades:
         a, b = px(sh.start), px(sh.end)
-        color = SHADES.get(sh.label.split()[-1], "#f3f3f3")
+        color = PHASE_COLOURS.get(phase_of(sh.label), OTHER)[0]
         out.append(f'<rect x="{a:.1f}" y="{TOP}" width="{max(b - a, 0.5):.1f}" height="{ph}" fill="{color}">'
                    f"<title>{escape(sh.label)}</title></rect>")
     for i, band in enumerate(chart.bands):
+        # The first band (the baseline, the reference) is filled; later ones (recovery) are drawn as
+        # their two edges only, so overlapping ranges stay readable instead of mixing colours.
         top, bot = py(band.hi), py(band.lo)
-        color = PALETTE[(i + 2) % len(PALETTE)]
-        out.append(f'<rect x="{LEFT}" y="{top:.1f}" width="{pw}" height="{max(bot - top, 1.5):.1f}" '
-                   f'fill="{color}" fill-opacity="0.18"><title>{escape(band.label)}</title></rect>')
+        color = PHASE_COLOURS.get(phase_of(band.label), OTHER)[1]
+        if i == 0:
+            out.append(f'<rect x="{LEFT}" y="{top:.1f}" width="{pw}" height="{max(bot - top, 1.5):.1f}" '
+                       f'fill="{color}" fill-opacity="0.18"><title>{escape(band.label)}</title></rect>')
+        else:
+            out += [f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="{color}" '
+                    f'stroke-width="1.2" stroke-dasharray="8,4"><title>{escape(band.label)}</title></line>'
+                    for y in (top, bot)]
     for t in nice_ticks(y0, y1):
         y = py(t)
         out.append(f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>')
@@ -106,10 +129,18 @@ def render_svg(chart: Chart) -> str:
         out.append(f'<text x="{LEFT + pw + 32}" y="{legend_y + 4}" class="lg">{escape(s.name)}</text>')
         legend_y += 16
     for i, band in enumerate(chart.bands):
-        color = PALETTE[(i + 2) % len(PALETTE)]
-        out.append(f'<rect x="{LEFT + pw + 10}" y="{legend_y - 5}" width="18" height="10" fill="{color}" '
-                   f'fill-opacity="0.3"/><text x="{LEFT + pw + 32}" y="{legend_y + 4}" class="lg">'
-                   f"{escape(band.label)}</text>")
+        color = PHASE_COLOURS.get(phase_of(band.label), OTHER)[1]
+        swatch = (f'<rect x="{LEFT + pw + 10}" y="{legend_y - 5}" width="18" height="10" fill="{color}" '
+                  'fill-opacity="0.3"/>' if i == 0 else
+                  f'<line x1="{LEFT + pw + 10}" x2="{LEFT + pw + 28}" y1="{legend_y}" y2="{legend_y}" '
+                  f'stroke="{color}" stroke-dasharray="8,4"/>')
+        out.append(swatch + f'<text x="{LEFT + pw + 32}" y="{legend_y + 4}" class="lg">{escape(band.label)}</text>')
+        legend_y += 16
+    for name in dict.fromkeys(phase_of(sh.label) for sh in chart.shades):
+        fill = PHASE_COLOURS.get(name, OTHER)[0]
+        out.append(f'<rect x="{LEFT + pw + 10}" y="{legend_y - 5}" width="18" height="10" fill="{fill}" '
+                   f'stroke="#bbb"/><text x="{LEFT + pw + 32}" y="{legend_y + 4}" class="lg">'
+                   f"{escape(name or 'other')} (shaded)</text>")
         legend_y += 16
     out.append("</svg>")
     return "\n".join(out)

@@ -3,6 +3,16 @@
 Errors use vLLM's status codes and messages (400 for a prompt beyond max_model_len, 404 for
 an unknown model, 500 once the engine is dead); releases from 0.10 wrap the error object in
 `{"error": {...}}`, older ones answered it at the top level with `"object": "error"`.
+
+Request validation follows vLLM's protocol models (vllm/entrypoints/chat_utils.py,
+``CustomChatCompletionMessageParam``; a failed model validation is a 400 ``BadRequestError``
+through api_server.py's RequestValidationError handler, not FastAPI's 422):
+- every message is an object with a string ``role`` (required; custom role names are allowed, as
+  vLLM "enables custom roles"); ``content`` is a string, a list of content parts (strings or
+  objects with a ``type``), or absent/null;
+- ``n`` is an integer of at least 1 (SamplingParams: "n must be at least 1, got {n}."); n > 1 is
+  served with n choices, as vLLM does;
+- a body that cannot be parsed (bad JSON, nesting deeper than the parser allows) is a 400.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ class Parsed:
     stream: bool
     include_usage: bool
     key: str  # what the generated text derives from
+    n: int = 1  # choices to generate
 
 
 def parse_request(body: Any, chat: bool, model: str, max_model_len: int) -> Parsed:
@@ -49,6 +60,8 @@ def parse_request(body: Any, chat: bool, model: str, max_model_len: int) -> Pars
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise ApiError(400, "'messages' must be a non-empty list of message objects.", param="messages")
+        for i, m in enumerate(messages):
+            _check_message(i, m)
         n_prompt = count_chat_tokens(messages)
         key = prompt_key(repr([(m.get("role"), m.get("content")) for m in messages]))
     else:
@@ -84,9 +97,43 @@ def parse_request(body: Any, chat: bool, model: str, max_model_len: int) -> Pars
     temperature = body.get("temperature")
     if temperature is not None and (not isinstance(temperature, (int, float)) or temperature < 0):
         raise ApiError(400, f"temperature must be non-negative, got {temperature!r}.", param="temperature")
+    n = body.get("n")
+    if n is None:
+        n = 1
+    elif isinstance(n, bool) or not isinstance(n, int):
+        raise ApiError(400, f"1 validation error: n: Input should be a valid integer, got {n!r}.", param="n")
+    elif n < 1:
+        raise ApiError(400, f"n must be at least 1, got {n}.", param="n")
+    elif n > MAX_N:
+        raise ApiError(400, f"n must be at most {MAX_N} in the sim, got {n}.", param="n")
     opts = body.get("stream_options") or {}
     return Parsed(chat, n_prompt, max_tokens, bool(body.get("ignore_eos", False)), bool(body.get("stream", False)),
-                  bool(isinstance(opts, dict) and opts.get("include_usage")), key)
+                  bool(isinstance(opts, dict) and opts.get("include_usage")), key, n)
+
+
+MAX_N = 128  # the sim's own bound: each choice is a sequence in the paged pool
+
+
+def _check_message(i: int, m: dict[str, Any]) -> None:
+    """One chat message as vLLM's message union accepts it (see the module docstring)."""
+    role = m.get("role")
+    if role is None:
+        raise ApiError(400, f"1 validation error: messages.{i}.role: Field required", param=f"messages.{i}.role")
+    if not isinstance(role, str):
+        raise ApiError(400, f"1 validation error: messages.{i}.role: Input should be a valid string",
+                       param=f"messages.{i}.role")
+    content = m.get("content")
+    if content is None or isinstance(content, str):
+        return
+    if isinstance(content, list) and all(isinstance(p, str) or (isinstance(p, dict) and isinstance(p.get("type"), str))
+                                         for p in content):
+        for p in content:
+            if isinstance(p, dict) and p.get("type") == "text" and not isinstance(p.get("text"), str):
+                raise ApiError(400, f"1 validation error: messages.{i}.content.text: Input should be a valid string",
+                               param=f"messages.{i}.content")
+        return
+    raise ApiError(400, f"1 validation error: messages.{i}.content: Input should be a valid string or a list of "
+                        "content parts", param=f"messages.{i}.content")
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -94,7 +141,8 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def chunk(rid: str, model: str, chat: bool, text: str | None, finish: str | None, first: bool = False) -> dict:
+def chunk(rid: str, model: str, chat: bool, text: str | None, finish: str | None, first: bool = False,
+          index: int = 0) -> dict:
     created = int(time.time())
     if chat:
         delta: dict[str, Any] = {}
@@ -102,9 +150,9 @@ def chunk(rid: str, model: str, chat: bool, text: str | None, finish: str | None
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
-    choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish, "stop_reason": None}
+    choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish, "stop_reason": None}
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
 
 
@@ -113,14 +161,15 @@ def usage_chunk(rid: str, model: str, chat: bool, prompt_tokens: int, completion
             "model": model, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
 
 
-def full_response(rid: str, model: str, chat: bool, text: str, finish: str, prompt_tokens: int,
+def full_response(rid: str, model: str, chat: bool, texts: list[str], finishes: list[str], prompt_tokens: int,
                   completion_tokens: int) -> dict:
-    if chat:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "logprobs": None, "finish_reason": finish}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
-        obj = "text_completion"
-    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice],
-            "usage": usage(prompt_tokens, completion_tokens)}
+    """One choice per (text, finish) pair: n choices for a request with n > 1."""
+    choices: list[dict[str, Any]] = []
+    for i, (text, finish) in enumerate(zip(texts, finishes, strict=True)):
+        if chat:
+            choices.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                            "finish_reason": finish})
+        else:
+            choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None})
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}

@@ -203,7 +203,7 @@ class SimEngine:
         if self.est.cuda_graph_bytes:
             self._alloc(self.est.cuda_graph_bytes, "cuda_graph")
             await self._sleep_scaled(5.0)
-            self.log.info(f"Graph capturing finished in 5 secs, took {L.gib(self.est.cuda_graph_bytes):.2f} GiB",
+            self.log.info(f"Graph capturing finished in 5 secs, took {L.to_gib(self.est.cuda_graph_bytes):.2f} GiB",
                           "graph")
         self._make_scheduler(num_blocks)
 

@@ -238,8 +238,9 @@ class SimServer:
         try:
             try:
                 body = json.loads(await request.read())
-            except ValueError as exc:
-                raise ApiError(400, f"JSON decode error: {exc}") from None
+            except (ValueError, RecursionError) as exc:  # bad JSON, or nested past the parser's depth
+                detail = "nesting too deep" if isinstance(exc, RecursionError) else str(exc)
+                raise ApiError(400, f"JSON decode error: {detail}") from None
             parsed = parse_request(body, chat, self.cfg.model_name, eng.max_model_len)
             if eng.dead:
                 self.log.info(f'{request.remote}:0 - "POST {request.path} HTTP/1.1" 500 Internal Server Error')
@@ -253,55 +254,85 @@ class SimServer:
                 eng.stats.failures["validation"] += 1
             return self._error(err)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{self.cfg.seed:x}{next(self._ids):015x}"
-        sink: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        # One queue for all n choices: each engine sequence tags what it sends with its choice index.
+        sink: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
         self._in_flight += 1
-        req = eng.submit(rid, parsed.prompt_tokens, parsed.max_tokens, parsed.ignore_eos, parsed.key, sink)
+        reqs = [eng.submit(rid if parsed.n == 1 else f"{rid}-{i}", parsed.prompt_tokens, parsed.max_tokens,
+                           parsed.ignore_eos, _choice_key(parsed.key, i), _Tagged(sink, i))  # type: ignore[arg-type]
+                for i in range(parsed.n)]
         try:
             if parsed.stream:
                 return await self._stream(request, rid, parsed, sink)
             return await self._collect(rid, parsed, sink)
         finally:
             self._in_flight -= 1
-            eng.abort(req)  # a no-op when finished; frees the blocks of a client that went away
+            for req in reqs:
+                eng.abort(req)  # a no-op when finished; frees the blocks of a client that went away
 
     async def _collect(self, rid: str, p: Parsed, sink: asyncio.Queue) -> Any:
-        parts: list[str] = []
-        while True:
-            kind, value = await sink.get()
+        parts: list[list[str]] = [[] for _ in range(p.n)]
+        finishes: list[str | None] = [None] * p.n
+        while any(f is None for f in finishes):
+            i, kind, value = await sink.get()
             if kind == "token":
-                parts.append(token_text(self.cfg.seed, p.key, value))
+                parts[i].append(token_text(self.cfg.seed, _choice_key(p.key, i), value))
             elif kind == "done":
-                return self._json(full_response(rid, self.cfg.model_name, p.chat, "".join(parts), value,
-                                                p.prompt_tokens, len(parts)))
+                finishes[i] = value
             else:
                 return self._error(ApiError(500, value, "InternalServerError"))
+        return self._json(full_response(rid, self.cfg.model_name, p.chat, ["".join(x) for x in parts],
+                                        [str(f) for f in finishes], p.prompt_tokens, sum(len(x) for x in parts)))
 
     async def _stream(self, request: Any, rid: str, p: Parsed, sink: asyncio.Queue) -> Any:
         from aiohttp import web
 
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        model, n = self.cfg.model_name, 0
+        model, n, open_ = self.cfg.model_name, 0, p.n
+        try:
+            await resp.prepare(request)
 
-        async def send(obj: Any) -> None:
-            await resp.write(b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n")
+            async def send(obj: Any) -> None:
+                await resp.write(b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n")
 
-        if p.chat:
-            await send(chunk(rid, model, True, "", None, first=True))
-        while True:
-            kind, value = await sink.get()
-            if kind == "token":
-                n += 1
-                await send(chunk(rid, model, p.chat, token_text(self.cfg.seed, p.key, value), None))
-            elif kind == "done":
-                await send(chunk(rid, model, p.chat, None if p.chat else "", value))
+            if p.chat:
+                for i in range(p.n):
+                    await send(chunk(rid, model, True, "", None, first=True, index=i))
+            while open_:
+                i, kind, value = await sink.get()
+                if kind == "token":
+                    n += 1
+                    await send(chunk(rid, model, p.chat, token_text(self.cfg.seed, _choice_key(p.key, i), value), None,
+                                     index=i))
+                elif kind == "done":
+                    open_ -= 1
+                    await send(chunk(rid, model, p.chat, None if p.chat else "", value, index=i))
+                else:  # the status is already 200: the error travels as the next chunk (vLLM launcher.py)
+                    await send(error_body(ApiError(500, value, "InternalServerError"), self.cfg.engine,
+                                          self.engine.version))
+                    break
+            else:
                 if p.include_usage:
                     await send(usage_chunk(rid, model, p.chat, p.prompt_tokens, n))
-                break
-            else:  # the status is already 200: the error travels as the next chunk (vLLM launcher.py)
-                await send(error_body(ApiError(500, value, "InternalServerError"), self.cfg.engine,
-                                      self.engine.version))
-                break
-        await send(b"[DONE]")
-        await resp.write_eof()
+            await send(b"[DONE]")
+            await resp.write_eof()
+        except (ConnectionError, asyncio.CancelledError) as exc:
+            # The client went away mid-stream: one line, not a traceback; the caller frees its blocks.
+            self.log.info(f"client disconnected: {rid} after {n} tokens ({type(exc).__name__})")
+            if isinstance(exc, asyncio.CancelledError):
+                raise
         return resp
+
+
+class _Tagged:
+    """The engine's sink for one choice of a request: puts (choice index, kind, value) on the shared queue."""
+
+    def __init__(self, queue: asyncio.Queue, index: int) -> None:
+        self.queue, self.index = queue, index
+
+    def put_nowait(self, item: tuple[str, Any]) -> None:
+        self.queue.put_nowait((self.index, *item))
+
+
+def _choice_key(key: str, index: int) -> str:
+    """Choice 0 keeps the request's own text (n = 1 answers stay as they were); others differ."""
+    return key if index == 0 else f"{key}#{index}"

@@ -12,8 +12,7 @@ import time
 from collections import deque
 from typing import IO
 
-GIB = 1 << 30
-MIB = 1 << 20
+from vramlab.capacity.units import GIB, MIB, to_gib  # noqa: F401  (GIB, MIB: part of this module's API)
 
 # file[:line] vLLM prints in its log prefix, so a reader sees where a line would come from.
 _VLLM_SRC = {
@@ -71,15 +70,11 @@ class EngineLog:
         self.write(msg, "ERROR", where)
 
 
-def gib(n: float) -> float:
-    return n / GIB
-
-
 # --- vLLM ----------------------------------------------------------------------------------
 def vllm_loading(version: tuple[int, ...], weights_bytes: int, seconds: float) -> str:
     if version >= (0, 11):
-        return f"Model loading took {gib(weights_bytes):.2f} GiB memory and {seconds:.6f} seconds"
-    return f"Model loading took {gib(weights_bytes):.4f} GiB and {seconds:.6f} seconds"
+        return f"Model loading took {to_gib(weights_bytes):.2f} GiB memory and {seconds:.6f} seconds"
+    return f"Model loading took {to_gib(weights_bytes):.4f} GiB and {seconds:.6f} seconds"
 
 
 def vllm_kv_lines(version: tuple[int, ...], kv_bytes: int, tokens: int, max_model_len: int,
@@ -87,15 +82,15 @@ def vllm_kv_lines(version: tuple[int, ...], kv_bytes: int, tokens: int, max_mode
     if version < (0, 8):  # V0 wording
         return [f"# cuda blocks: {tokens // 16}, # CPU blocks: 2048",
                 f"Maximum concurrency for {max_model_len} tokens per request: {concurrency:.2f}x"]
-    return [f"Available KV cache memory: {gib(kv_bytes):.2f} GiB",
+    return [f"Available KV cache memory: {to_gib(kv_bytes):.2f} GiB",
             f"GPU KV cache size: {tokens:,} tokens",
             f"Maximum concurrency for {max_model_len:,} tokens per request: {concurrency:.2f}x"]
 
 
 def vllm_free_memory_error(version: tuple[int, ...], free: int, total: int, util: float) -> str:
     dev = "device cuda:0" if version >= (0, 10) else "device"
-    return (f"ValueError: Free memory on {dev} ({gib(free):.2f}/{gib(total):.2f} GiB) on startup is less than "
-            f"desired GPU memory utilization ({util}, {gib(util * total):.2f} GiB). Decrease GPU memory "
+    return (f"ValueError: Free memory on {dev} ({to_gib(free):.2f}/{to_gib(total):.2f} GiB) on startup is less than "
+            f"desired GPU memory utilization ({util}, {to_gib(util * total):.2f} GiB). Decrease GPU memory "
             "utilization or reduce GPU memory used by other processes.")
 
 
@@ -111,17 +106,17 @@ def vllm_max_len_error(version: tuple[int, ...], max_model_len: int, needed_byte
                 f"tokens that can be stored in KV cache ({tokens}). Try increasing `gpu_memory_utilization` or "
                 "decreasing `max_model_len` when initializing the engine.")
     return (f"ValueError: To serve at least one request with the models's max seq len ({max_model_len}), "
-            f"({gib(needed_bytes):.2f} GiB KV cache is needed, which is larger than the available KV cache "
-            f"memory ({gib(available_bytes):.2f} GiB). Based on the available memory, the estimated maximum "
+            f"({to_gib(needed_bytes):.2f} GiB KV cache is needed, which is larger than the available KV cache "
+            f"memory ({to_gib(available_bytes):.2f} GiB). Based on the available memory, the estimated maximum "
             f"model length is {largest_len}. Try increasing `gpu_memory_utilization` or decreasing "
             "`max_model_len` when initializing the engine.")
 
 
 def torch_oom(requested: int, total: int, free: int, process_bytes: int) -> str:
     return (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {requested / MIB:.2f} MiB. GPU 0 has "
-            f"a total capacity of {gib(total):.2f} GiB of which {free / MIB:.2f} MiB is free. Including non-PyTorch "
-            f"memory, this process has {gib(process_bytes):.2f} GiB memory in use. Of the allocated memory "
-            f"{gib(process_bytes):.2f} GiB is allocated by PyTorch, and 0 bytes is reserved by PyTorch but "
+            f"a total capacity of {to_gib(total):.2f} GiB of which {free / MIB:.2f} MiB is free. Including non-PyTorch "
+            f"memory, this process has {to_gib(process_bytes):.2f} GiB memory in use. Of the allocated memory "
+            f"{to_gib(process_bytes):.2f} GiB is allocated by PyTorch, and 0 bytes is reserved by PyTorch but "
             "unallocated. If reserved but unallocated memory is large try setting "
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
 

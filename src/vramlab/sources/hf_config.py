@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from vramlab.capacity.spec import ModelSpec, QuantSpec
+from vramlab.capacity.validation import check_config_numbers
 from vramlab.errors import ConfigError
 
 # Families whose `sliding_window` applies to every layer when no per-layer pattern is given.
@@ -183,6 +184,7 @@ def spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str 
     if not isinstance(config, dict):
         raise ConfigError(f"{name}: config is not a JSON object")
     c = _merged(config)
+    check_config_numbers(c, name)
     archs = c.get("architectures") or [""]
     arch = str(archs[0]) if isinstance(archs, list) and archs else str(archs)
     model_type = str(c.get("model_type") or "").lower() or arch.lower().replace("forcausallm", "")
@@ -243,6 +245,9 @@ def spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str 
                                         "intermediate_size": c.get("vision_intermediate_size")})
 
     mamba_heads = int(_first(c, "mamba_n_heads", "mamba_num_heads", default=0) or 0)
+    rope_field = c.get("rope_scaling")
+    rope: dict[str, Any] = rope_field if isinstance(rope_field, dict) else {}
+    rope_type = rope.get("rope_type") or rope.get("type")
     spec = ModelSpec(
         name=name,
         hf_id=hf_id,
@@ -260,6 +265,10 @@ def spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str 
         max_position_embeddings=int(_first(c, "max_position_embeddings", "n_positions", "seq_length",
                                            "max_sequence_length", default=0)),
         torch_dtype=torch_dtype,
+        rope_scaling_type=str(rope_type) if rope_type else None,
+        rope_scaling_factor=float(rope.get("factor") or 1.0) if rope_type else 1.0,
+        rope_original_max_position=int(rope["original_max_position_embeddings"])
+        if rope.get("original_max_position_embeddings") else None,
         tie_word_embeddings=bool(c.get("tie_word_embeddings", model_type.startswith("gemma"))),
         layer_kinds=kinds,
         sliding_window=int(c["sliding_window"]) if c.get("sliding_window") and kinds and "sliding" in kinds else None,

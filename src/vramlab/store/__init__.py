@@ -14,22 +14,22 @@ from typing import TYPE_CHECKING
 from vramlab.store.url import DEFAULT_PATH, ENV_VAR, describe_url, resolve_url
 
 if TYPE_CHECKING:
-    from vramlab.store.sql import Store
+    from vramlab.store.sql import SqlStore
 
 
-def open_store(url: str | None = None) -> Store:
+def open_store(url: str | None = None) -> SqlStore:
     """Open (creating or migrating) the store at *url*; see `resolve_url` for the defaults."""
-    from vramlab.store.sql import Store
+    from vramlab.store.sql import SqlStore
 
-    return Store(resolve_url(url))
+    return SqlStore(resolve_url(url))
 
 
 def __getattr__(name: str) -> object:
-    if name == "Store":
-        from vramlab.store.sql import Store
+    if name == "SqlStore":
+        from vramlab.store.sql import SqlStore
 
-        return Store
+        return SqlStore
     raise AttributeError(name)
 
 
-__all__ = ["DEFAULT_PATH", "ENV_VAR", "Store", "describe_url", "open_store", "resolve_url"]
+__all__ = ["DEFAULT_PATH", "ENV_VAR", "SqlStore", "describe_url", "open_store", "resolve_url"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -22,6 +23,19 @@ from vramlab.store import schema
 
 def _m1_initial(conn: sa.Connection) -> None:
     schema.metadata.create_all(conn, tables=[schema.runs, *schema.RUN_TABLES])
+
+
+def _m2_heartbeat(conn: sa.Connection) -> None:
+    """runs.heartbeat_at / writer_pid / writer_host. A database created by migration 1 of this
+    release already has them (migration 1 creates the current `runs`), so add only what is missing."""
+    have = {c["name"] for c in sa.inspect(conn).get_columns("runs")}
+    types: dict[str, sa.types.TypeEngine[Any]] = {"heartbeat_at": sa.Double(), "writer_pid": sa.Integer(),
+                                                  "writer_host": sa.String(255)}
+    for name in schema.LIVENESS_COLUMNS:
+        if name not in have:
+            ddl = types[name].compile(dialect=conn.dialect)
+            conn.execute(sa.text(f"ALTER TABLE runs ADD COLUMN {name} {ddl}"))
+
 
 
 def _add_missing_columns(conn: sa.Connection, table: sa.Table, names: tuple[str, ...]) -> None:
@@ -35,12 +49,12 @@ def _add_missing_columns(conn: sa.Connection, table: sa.Table, names: tuple[str,
                                  f"{col.type.compile(dialect=conn.dialect)}"))
 
 
-def _m2_token_accounting(conn: sa.Connection) -> None:
+def _m3_token_accounting(conn: sa.Connection) -> None:
     # Output tokens' source (usage, or counted chunks: an estimate) and reasoning tokens (#11).
     _add_missing_columns(conn, schema.requests, ("output_tokens_source", "reasoning_tokens"))
 
 
-MIGRATIONS: list[Callable[[sa.Connection], None]] = [_m1_initial, _m2_token_accounting]
+MIGRATIONS: list[Callable[[sa.Connection], None]] = [_m1_initial, _m2_heartbeat, _m3_token_accounting]
 LATEST = len(MIGRATIONS)
 
 

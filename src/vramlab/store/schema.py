@@ -1,4 +1,4 @@
-"""The stored tables, one per record kind in `vramlab.experiment.records`.
+"""The stored tables, one per record kind in `vramlab.records`.
 
 Columns mirror the record fields one to one so a row round-trips without translation; lists and
 dicts live in JSON columns. Rows of a run are found by `run_id` (indexed); `seq` keeps insertion
@@ -34,8 +34,16 @@ runs = sa.Table(
     sa.Column("status", sa.String(32), nullable=False),
     sa.Column("stop_reason", sa.Text),
     sa.Column("notes", sa.JSON, nullable=False),
+    # Store-only (migration 2), not part of RunRecord: the writer's liveness, so a run whose process
+    # died is told from one still going. heartbeat_at is epoch seconds, stamped every few seconds.
+    sa.Column("heartbeat_at", sa.Double),
+    sa.Column("writer_pid", sa.Integer),
+    sa.Column("writer_host", sa.String(255)),
     sa.Index("ix_runs_started_at", "started_at"),
 )
+
+# Columns of `runs` that the store keeps beside the RunRecord fields.
+LIVENESS_COLUMNS = ("heartbeat_at", "writer_pid", "writer_host")
 
 requests = sa.Table(
     "requests",

@@ -15,24 +15,26 @@ from vramlab.capacity.settings import EngineSettings
 from vramlab.capacity.spec import ModelSpec, QuantSpec
 from vramlab.errors import ConfigError
 
+SXM_FAMILIES = ("a100", "h100", "h200", "b200", "b100", "gb200")
+
 
 @dataclass
 class Context:
     model: ModelSpec
     gpu: GPU
-    s: EngineSettings
-    c: Constants
+    settings: EngineSettings
+    constants: Constants
 
     def __post_init__(self) -> None:
-        self.tp = max(1, self.s.tensor_parallel_size)
-        self.pp = max(1, self.s.pipeline_parallel_size)
+        self.tp = max(1, self.settings.tensor_parallel_size)
+        self.pp = max(1, self.settings.pipeline_parallel_size)
         if self.pp > self.model.num_layers:
             raise ConfigError(f"--pipeline-parallel-size {self.pp} exceeds the model's {self.model.num_layers} layers")
-        self.version = self.s.version
-        self.quant: QuantSpec | None = wmod.effective_quant(self.model, self.s.quantization)
-        self.dtype = wmod.resolve_dtype(self.model, self.s.dtype, self.quant)
+        self.version = self.settings.version
+        self.quant: QuantSpec | None = wmod.effective_quant(self.model, self.settings.quantization)
+        self.dtype = wmod.resolve_dtype(self.model, self.settings.dtype, self.quant, self.settings.engine, self.version)
         self.total = self.gpu.memory_bytes
-        self.other = max(0, self.s.other_processes_bytes)
+        self.other = max(0, self.settings.other_processes_bytes)
 
     def layer_range(self, stage: int = 0) -> range:
         split = wmod.pp_layer_split(self.model.num_layers, self.pp)
@@ -40,8 +42,8 @@ class Context:
         return range(start, start + split[stage])
 
     def weights(self, stage: int = 0) -> tuple[int, str]:
-        return wmod.weight_bytes(self.model, self.s.dtype, self.s.quantization, self.tp, self.pp, stage,
-                                 rope_cache=self.s.engine in ("vllm", "sglang"))
+        return wmod.weight_bytes(self.model, self.dtype, self.settings.quantization, self.tp, self.pp, stage,
+                                 rope_cache=self.settings.engine in ("vllm", "sglang"))
 
     def weights_component(self, stage: int = 0) -> Component:
         value, how = self.weights(stage)
@@ -63,21 +65,53 @@ class Context:
     def constant_component(self, name: str, key: str, note: str, in_budget: bool = True,
                            extra_band: float = 0.0) -> Component:
         """A component that is one calibratable constant, with its band and provenance."""
-        rel = self.c.band(key) + extra_band
-        return band(name, self.c[key], rel, rel, self.c.provenance(key), note, in_budget)
+        rel = self.constants.band(key) + extra_band
+        return band(name, self.constants[key], rel, rel, self.constants.provenance(key), note, in_budget)
+
+    @property
+    def on_nvswitch(self) -> bool:
+        """SXM data-centre cards sit on an NVSwitch: NCCL maps NVLink buffers and vLLM's custom
+        all-reduce runs at any TP up to 8 with registered IPC buffers; PCIe cards get neither
+        (custom all-reduce is off above two PCIe GPUs)."""
+        name = self.gpu.name
+        return name.startswith(SXM_FAMILIES) and not any(tag in name for tag in ("pcie", "nvl"))
+
+    def nccl_component(self, note: str, in_budget: bool = True) -> Component:
+        """NCCL communicators created at start-up; their size follows the interconnect."""
+        key = "nccl_init_bytes" if self.on_nvswitch else "nccl_init_pcie_bytes"
+        return self.constant_component("nccl", key, note + ("" if self.on_nvswitch else " (PCIe: ring buffers only)"),
+                                       in_budget=in_budget)
 
     def kv_shapes(self, stage: int = 0) -> tuple[kvmod.KVShape, ...]:
-        return kvmod.kv_shapes(self.model, self.s.kv_cache_dtype, self.dtype, self.tp, self.layer_range(stage))
+        return kvmod.kv_shapes(self.model, self.settings.kv_cache_dtype, self.dtype, self.tp, self.layer_range(stage))
 
     def kv_bytes_per_token(self, stage: int = 0) -> int:
-        return kvmod.kv_bytes_per_token(self.model, self.s.kv_cache_dtype, self.dtype, self.tp, self.layer_range(stage))
+        return kvmod.kv_bytes_per_token(self.model, self.settings.kv_cache_dtype, self.dtype, self.tp, self.layer_range(stage))
 
     def state_bytes_per_seq(self, stage: int = 0) -> int:
         return kvmod.state_bytes_per_sequence(self.model, self.dtype, self.tp, self.layer_range(stage))
 
     @cached_property
     def model_max_len(self) -> int:
-        return self.model.max_position_embeddings
+        """The context the engine derives from the config (rope scaling included); with a
+        rope-scaling override, the base length times the user's factor."""
+        m, factor = self.model, self.settings.rope_scaling_factor
+        if factor:
+            return int((m.rope_original_max_position or m.max_position_embeddings) * factor)
+        return m.context_length
+
+    def longer_than_trained(self, length: int, engine: str, allowed: bool, how: str) -> list[str]:
+        """A context above the derived one: a warning when the engine was allowed to take it, else
+        the engine's own refusal (ConfigError)."""
+        trained = self.model_max_len
+        if not trained or length <= trained:
+            return []
+        if not allowed:
+            raise ConfigError(
+                f"{engine}: max_model_len {length} is greater than the derived max_model_len ({trained}, from "
+                f"max_position_embeddings and rope scaling of {self.model.name}); {how}")
+        return [f"max_model_len {length} is above the model's trained context {trained}: quality past "
+                f"{trained} tokens is not guaranteed (planned because {engine} was allowed to take it)"]
 
     def check_tp(self, engine: str) -> None:
         m = self.model

@@ -48,74 +48,93 @@ def default_fraction(ctx: Context, chunk: int, graph_bs: int) -> float:
     return frac if 0 < frac < 1 else 0.88
 
 
-def plan(ctx: Context) -> PolicyResult:
-    ctx.check_tp("SGLang")
-    m, s, c = ctx.model, ctx.s, ctx.c
-    chunk_d, bs_d = gpu_defaults(ctx)
-    chunk = s.chunked_prefill_size or s.max_num_batched_tokens or chunk_d
-    graph_bs = s.cuda_graph_max_bs or bs_d
-    frac = s.mem_fraction_static or s.gpu_memory_utilization or default_fraction(ctx, chunk, graph_bs)
-    if not 0 < frac < 1:
-        raise ConfigError(f"--mem-fraction-static must be in (0, 1), got {frac}")
-    context_len = s.max_model_len or ctx.model_max_len
-    if not context_len:
-        raise ConfigError(f"the context length of {m.name} is unknown: pass --max-model-len (SGLang --context-length)")
-    multi = ctx.tp * ctx.pp > 1
-    comps: list[Component] = [
+def static_components(ctx: Context, chunk: int, graph_max_bs: int) -> list[Component]:
+    """Context, NCCL and weights (inside the static pool), then what the reservation must hold."""
+    model, settings, constants = ctx.model, ctx.settings, ctx.constants
+    components: list[Component] = [
         ctx.constant_component("cuda_context", "cuda_context_bytes", "CUDA context and library handles"),
     ]
-    if multi:
-        comps.append(ctx.constant_component("nccl", "nccl_init_bytes", "NCCL communicators"))
-    comps.append(ctx.weights_component())
+    if ctx.tp * ctx.pp > 1:
+        components.append(ctx.nccl_component("NCCL communicators"))
+    components.append(ctx.weights_component())
     # Outside the static pool, inside the (1 - fraction) reservation.
-    act = forward_peak_bytes(m, chunk, ctx.tp, ctx.dtype, c) + moe_workspace_bytes(m, chunk, ctx.tp, ctx.dtype, c) \
-        + 4 * graph_bs * m.vocab_size  # fp32 logits of a full decode batch
+    activation = forward_peak_bytes(model, chunk, ctx.tp, ctx.dtype, constants) \
+        + moe_workspace_bytes(model, chunk, ctx.tp, ctx.dtype, constants) \
+        + 4 * graph_max_bs * model.vocab_size  # fp32 logits of a full decode batch
     names = ("forward_intermediate_copies", "forward_hidden_copies")
-    comps.append(band("activation_peak", act, c.band(*names) + 0.2, c.band(*names) + 0.2, c.provenance(*names),
-                      f"prefill chunk of {chunk} tokens and decode logits for {graph_bs} requests", in_budget=False))
-    graphs = 0.0 if s.enforce_eager else c["sglang_graph_bytes_per_bs"] * graph_bs
+    rel = constants.band(*names) + 0.2
+    components.append(band("activation_peak", activation, rel, rel, constants.provenance(*names),
+                           f"prefill chunk of {chunk} tokens and decode logits for {graph_max_bs} requests",
+                           in_budget=False))
+    graphs = 0.0 if settings.enforce_eager else constants["sglang_graph_bytes_per_bs"] * graph_max_bs
     if graphs:
-        comps.append(band("cuda_graphs", graphs, c.band("sglang_graph_bytes_per_bs"), c.band("sglang_graph_bytes_per_bs"),
-                          c.provenance("sglang_graph_bytes_per_bs"),
-                          f"decode graphs up to batch {graph_bs}, captured after the pool", in_budget=False))
-    total, other = ctx.total, ctx.other
-    reserve = int(total * (1 - frac))
+        key = "sglang_graph_bytes_per_bs"
+        components.append(band("cuda_graphs", graphs, constants.band(key), constants.band(key),
+                               constants.provenance(key),
+                               f"decode graphs up to batch {graph_max_bs}, captured after the pool", in_budget=False))
+    return components
 
-    def kv_rule(components: list[Component], point: str) -> int:
-        # free after weights (min over ranks), less the reservation; only context, NCCL and weights count.
-        return total - other - pick(components, point, ("cuda_context", "nccl", "weights")) - reserve
 
+def token_limits(ctx: Context, context_len: int):
+    """KV bytes -> pool tokens: one cell per token, hybrid SWA pools and Mamba state pools split first."""
     shapes = ctx.kv_shapes()
-    cell = sum(sh.layers * sh.bytes_per_token_layer for sh in shapes)
-    full = sum(sh.layers * sh.bytes_per_token_layer for sh in shapes if sh.kind == "full")
-    swa = cell - full
+    cell = sum(shape.layers * shape.bytes_per_token_layer for shape in shapes)
+    full = sum(shape.layers * shape.bytes_per_token_layer for shape in shapes if shape.kind == "full")
+    sliding = cell - full
     state = ctx.state_bytes_per_seq()
 
     def limits(kv_bytes: int) -> Limits:
         rest = max(0, kv_bytes)
         if state:  # Mamba-ish models carve out the state pool first (mamba_full_memory_ratio ~ 0.9)
             rest = int(rest / 1.9)
-        if swa and full:
+        if sliding and full:
             # Hybrid SWA pool: full-layer tokens = rest / (F + r x S) with r = swa_full_tokens_ratio.
-            tokens = int(rest // (full + SWA_FULL_TOKENS_RATIO * swa))
+            tokens = int(rest // (full + SWA_FULL_TOKENS_RATIO * sliding))
         else:
             tokens = int(rest // cell) if cell else 0
         return Limits(int(kv_bytes), tokens, tokens, tokens / context_len)
 
-    max_running = min(max(int(limits(kv_rule(comps, "mid")).kv_cache_tokens / context_len * 512), 2048), 4096)
-    notes = [f"mem_fraction_static {frac} keeps {reserve / GIB:.2f} GiB for activations, CUDA graphs and runtime"]
+    return limits, cell, state
+
+
+def plan(ctx: Context) -> PolicyResult:
+    ctx.check_tp("SGLang")
+    settings = ctx.settings
+    chunk_default, graph_bs_default = gpu_defaults(ctx)
+    chunk = settings.chunked_prefill_size or settings.max_num_batched_tokens or chunk_default
+    graph_max_bs = settings.cuda_graph_max_bs or graph_bs_default
+    fraction = settings.mem_fraction_static or settings.gpu_memory_utilization \
+        or default_fraction(ctx, chunk, graph_max_bs)
+    if not 0 < fraction < 1:
+        raise ConfigError(f"--mem-fraction-static must be in (0, 1), got {fraction}")
+    context_len = settings.max_model_len or ctx.model_max_len
+    if not context_len:
+        raise ConfigError(f"the context length of {ctx.model.name} is unknown: pass --max-model-len "
+                          "(SGLang --context-length)")
+    components = static_components(ctx, chunk, graph_max_bs)
+    total, other = ctx.total, ctx.other
+    reserve = int(total * (1 - fraction))
+
+    def kv_rule(parts: list[Component], point: str) -> int:
+        # free after weights (min over ranks), less the reservation; only context, NCCL and weights count.
+        return total - other - pick(parts, point, ("cuda_context", "nccl", "weights")) - reserve
+
+    limits, cell, state = token_limits(ctx, context_len)
+    max_running = min(max(int(limits(kv_rule(components, "mid")).kv_cache_tokens / context_len * 512), 2048), 4096)
+    outside = sum(c.bytes for c in components if not c.in_budget)
     reasons = []
-    if act + graphs > reserve:
-        reasons.append(f"activations and CUDA graphs ({(act + graphs) / GIB:.2f} GiB) exceed the "
-                       f"{reserve / GIB:.2f} GiB that mem_fraction_static {frac} leaves: lower it")
+    if outside > reserve:
+        reasons.append(f"activations and CUDA graphs ({outside / GIB:.2f} GiB) exceed the "
+                       f"{reserve / GIB:.2f} GiB that mem_fraction_static {fraction} leaves: lower it")
     return PolicyResult(
-        components=comps, budget_bytes=int(total * frac), kv_rule=kv_rule, limits=limits,
+        components=components, budget_bytes=int(total * fraction), kv_rule=kv_rule, limits=limits,
         max_model_len=context_len, block_size=1, kv_bytes_per_token=cell,
-        settings={"mem_fraction_static": frac, "chunked_prefill_size": chunk, "cuda_graph_max_bs": graph_bs,
-                  "context_length": context_len, "max_running_requests": s.max_num_seqs or max_running,
-                  "tp_size": ctx.tp, "pp_size": ctx.pp, "dtype": ctx.dtype, "kv_cache_dtype": s.kv_cache_dtype},
+        settings={"mem_fraction_static": fraction, "chunked_prefill_size": chunk, "cuda_graph_max_bs": graph_max_bs,
+                  "context_length": context_len, "max_running_requests": settings.max_num_seqs or max_running,
+                  "tp_size": ctx.tp, "pp_size": ctx.pp, "dtype": ctx.dtype, "kv_cache_dtype": settings.kv_cache_dtype},
         kv_provenance=ENGINE,
-        kv_note=f"free memory after weights less (1 - {frac}) x total, in cells of {cell} bytes",
-        per_sequence_state_bytes=state, reasons=reasons, notes=notes, min_blocks_needed=context_len,
-        extra={"cell_size_bytes": cell, "reserved_bytes": reserve},
+        kv_note=f"free memory after weights less (1 - {fraction}) x total, in cells of {cell} bytes",
+        per_sequence_state_bytes=state, reasons=reasons,
+        notes=[f"mem_fraction_static {fraction} keeps {reserve / GIB:.2f} GiB for activations, CUDA graphs and runtime"],
+        min_blocks_needed=context_len, extra={"cell_size_bytes": cell, "reserved_bytes": reserve},
     )

@@ -5,12 +5,16 @@
 - V1 (default from 0.8) takes its baseline snapshot after the CUDA context and, from ~0.10,
   after NCCL init, so those sit outside the budget; graphs captured after the KV allocation
   (< 0.21) must fit in the `1 - util` headroom.
+- V0 profiles inside one window: NCCL init and the custom all-reduce buffers are part of its
+  `non_torch_memory`, which therefore follows the interconnect (PCIe vs NVSwitch).
+- V0 turns chunked prefill on by itself above a 32k context, which caps the profiled tokens.
 - Blocks are the minimum over ranks; concurrency = blocks / blocks one max_model_len request needs.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from vramlab.capacity import pool
 from vramlab.capacity.engines.common import Context, PolicyResult, pick
@@ -31,194 +35,337 @@ GRAPH_ESTIMATE_FROM = (0, 21)
 UTIL_092_FROM = (0, 22)
 BATCH_DEFAULTS_BY_GPU_FROM = (0, 9)
 TOKENS_AS_CONCURRENCY_FROM = (0, 27)
+# V0 EngineArgs: `use_long_context = max_model_len > 32K` turns chunked prefill on (CUDA, no
+# sliding window); the scheduler then profiles max_num_batched_tokens, 512 in the 0.6 series
+# ("Chunked prefill is enabled with max_num_batched_tokens=512."), 2048 later.
+V0_LONG_CONTEXT_ABOVE = 32 * 1024
+V0_CHUNKED_BUDGET_2048_FROM = (0, 7)
+# The oldest and newest releases whose terms come from logs or source of that era.
+MODELLED_FROM, MODELLED_UP_TO = (0, 5), (0, 29, 99)
+PRE_AMPERE = ("pascal", "volta", "turing")
+UNKNOWN_TERM_BAND = 0.5  # added to the band of a term whose value for this era/card is not measured
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The settings vLLM resolves before it profiles anything."""
+
+    mode: str  # "v0" | "v1"
+    utilization: float
+    max_num_seqs: int
+    profile_tokens: int  # max_num_batched_tokens: the dummy forward's batch
+    max_model_len: int
+    chunked_prefill: bool
+    nccl_outside_budget: bool
+    graphs_in_budget: bool
+    multi_gpu: bool
+    unknown_terms: tuple[str, ...]  # why bands are widened
 
 
 def engine_kind(ctx: Context) -> str:
-    v, asked = ctx.version, (ctx.s.vllm_engine or "").lower()
-    if asked == "v0" and v and v >= V0_REMOVED_IN:
-        raise ConfigError(f"vLLM {ctx.s.engine_version} has no V0 engine (removed in 0.11)")
+    version, asked = ctx.version, (ctx.settings.vllm_engine or "").lower()
+    if asked == "v0" and version and version >= V0_REMOVED_IN:
+        raise ConfigError(f"vLLM {ctx.settings.resolved_version} has no V0 engine (removed in 0.11; "
+                          "leave out --engine-version to plan the last release that had it)")
     if asked in ("v0", "v1"):
         return asked
-    return "v1" if not v or v >= V1_DEFAULT_FROM else "v0"
+    return "v1" if not version or version >= V1_DEFAULT_FROM else "v0"
 
 
 def defaults(ctx: Context, kind: str) -> tuple[float, int, int]:
     """(gpu_memory_utilization, max_num_seqs, max_num_batched_tokens) as vLLM would pick them."""
-    s, v = ctx.s, ctx.version
-    util = s.gpu_memory_utilization or (0.92 if v and v >= UTIL_092_FROM else 0.9)
+    settings, version = ctx.settings, ctx.version
+    util = settings.gpu_memory_utilization or (0.92 if version and version >= UTIL_092_FROM else 0.9)
     if kind == "v0":
-        seqs = s.max_num_seqs or 256
-        mbt = s.max_num_batched_tokens or max(ctx_len(ctx), 2048)
-        return util, seqs, mbt
+        seqs = settings.max_num_seqs or 256
+        if v0_chunked_prefill(ctx):
+            budget = 2048 if not version or version >= V0_CHUNKED_BUDGET_2048_FROM else 512
+            return util, seqs, settings.max_num_batched_tokens or budget
+        return util, seqs, settings.max_num_batched_tokens or max(context_length(ctx), 2048)
     big = ctx.gpu.memory_gib >= 70 and not ctx.gpu.is_a100
-    if v and v < BATCH_DEFAULTS_BY_GPU_FROM:
-        seqs_d, mbt_d = 256, (2048 if s.api_server else 8192)
+    if version and version < BATCH_DEFAULTS_BY_GPU_FROM:
+        seqs_default, tokens_default = 256, (2048 if settings.api_server else 8192)
     elif big:
-        seqs_d, mbt_d = 1024, (8192 if s.api_server else 16384)
+        seqs_default, tokens_default = 1024, (8192 if settings.api_server else 16384)
     else:
-        seqs_d, mbt_d = 256, (2048 if s.api_server else 8192)
-    return util, s.max_num_seqs or seqs_d, s.max_num_batched_tokens or mbt_d
+        seqs_default, tokens_default = 256, (2048 if settings.api_server else 8192)
+    return util, settings.max_num_seqs or seqs_default, settings.max_num_batched_tokens or tokens_default
 
 
-def ctx_len(ctx: Context) -> int:
-    length = ctx.s.max_model_len or ctx.model_max_len
+def v0_chunked_prefill(ctx: Context) -> bool:
+    """V0 turns chunked prefill on for contexts above 32k on CUDA models without a sliding window."""
+    asked = ctx.settings.enable_chunked_prefill
+    if asked is not None:
+        return asked
+    return (context_length(ctx) > V0_LONG_CONTEXT_ABOVE and ctx.gpu.vendor == "nvidia"
+            and not ctx.model.sliding_window)
+
+
+def context_length(ctx: Context) -> int:
+    length = ctx.settings.max_model_len or ctx.model_max_len
     if not length:
         raise ConfigError(f"the context length of {ctx.model.name} is unknown (no max_position_embeddings "
                           "in its config): pass --max-model-len")
     return length
 
 
-def sampler_key(kind: str, v: tuple[int, ...]) -> str:
+def sampler_key(kind: str, version: tuple[int, ...]) -> str:
     """Which sampler constant applies: the sampler's temporaries changed size twice."""
-    if kind == "v0" or (v and (0, 15) <= v < (0, 17)):
+    if kind == "v0" or (version and (0, 15) <= version < (0, 17)):
         return "legacy_sampler_bytes_per_seq_vocab"
-    if v and v < (0, 15):
+    if version and version < (0, 15):
         return "early_v1_sampler_bytes_per_seq_vocab"
     return "sampler_bytes_per_seq_vocab"
 
 
 def nvls(ctx: Context) -> bool:
     """NCCL NVLink-SHARP buffers exist on NVSwitch systems of Hopper and Blackwell cards."""
-    return ctx.gpu.arch in ("hopper", "blackwell") and "pcie" not in ctx.gpu.name and ctx.gpu.nominal_gb >= 80
+    gpu = ctx.gpu
+    return gpu.arch in ("hopper", "blackwell") and "pcie" not in gpu.name and gpu.nominal_gb >= 80
+
+
+def unknown_terms(ctx: Context, kind: str) -> tuple[str, ...]:
+    """Eras and cards whose overhead terms no log of theirs has measured: their bands widen."""
+    out = []
+    version, gpu = ctx.version, ctx.gpu
+    if version and version < MODELLED_FROM:
+        out.append(f"vLLM {ctx.settings.resolved_version} predates the profiling of 0.5+ (no log of that era here)")
+    if version and version > MODELLED_UP_TO:
+        out.append(f"vLLM {ctx.settings.resolved_version} is newer than the newest release modelled (0.29)")
+    if gpu.vendor == "amd":
+        out.append("ROCm: HIP graphs, quick all-reduce and the ROCm attention backends are not measured")
+    if gpu.arch in PRE_AMPERE and kind == "v1":
+        out.append(f"V1 on {gpu.arch.title()}: its attention backend's profile peak is not measured")
+    if kind == "v0" and ctx.model.is_mla:
+        # DeepSeek-R1 on 8x H200, V0 ~0.7.3: weights 83.88 GiB (headers 79.4), non-torch 7.16 GiB.
+        out.append("V0 with MLA: the absorbed MLA matrices and the non-torch term at this size are not modelled")
+    return tuple(out)
+
+
+def resolve_setup(ctx: Context) -> Setup:
+    kind = engine_kind(ctx)
+    check_card(ctx, kind)
+    util, seqs, tokens = defaults(ctx, kind)
+    if not 0 < util <= 1:
+        raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
+    version = ctx.version
+    return Setup(
+        mode=kind, utilization=util, max_num_seqs=seqs, profile_tokens=tokens, max_model_len=context_length(ctx),
+        chunked_prefill=kind == "v1" or v0_chunked_prefill(ctx),
+        nccl_outside_budget=kind == "v1" and (not version or version >= NCCL_BEFORE_SNAPSHOT_FROM),
+        graphs_in_budget=kind == "v1" and (not version or version >= GRAPH_ESTIMATE_FROM)
+        and not ctx.settings.enforce_eager,
+        multi_gpu=ctx.tp * ctx.pp > 1, unknown_terms=unknown_terms(ctx, kind))
+
+
+def check_card(ctx: Context, kind: str) -> None:
+    """vLLM's own refusals for a card: compute capability below 7.0, bf16 before Ampere."""
+    gpu = ctx.gpu
+    if gpu.arch == "pascal":
+        raise ConfigError(f"vLLM needs compute capability 7.0 or newer; {gpu.name} (Pascal) is 6.x "
+                          "(use llama.cpp, or a community Pascal build of vLLM)")
+    if gpu.arch in PRE_AMPERE and ctx.settings.dtype in ("bfloat16", "bf16"):
+        raise ConfigError(f"Bfloat16 is only supported on GPUs with compute capability of at least 8.0; "
+                          f"{gpu.name} ({gpu.arch.title()}) is older: use --dtype half")
+
+
+def activation_component(ctx: Context, setup: Setup, last_stage: bool) -> Component:
+    model, constants = ctx.model, ctx.constants
+    tokens = setup.profile_tokens
+    forward = forward_peak_bytes(model, tokens, ctx.tp, ctx.dtype, constants)
+    key = sampler_key(setup.mode, ctx.version)
+    sampled = min(setup.max_num_seqs, tokens)
+    sampler = sampler_peak_bytes(model, sampled, constants, key) if last_stage else 0.0
+    moe = moe_workspace_bytes(model, tokens, ctx.tp, ctx.dtype, constants)
+    names = [key, "forward_intermediate_copies", "forward_hidden_copies"] + (["moe_workspace_copies"] if moe else [])
+    rel = constants.band(*names) + (0.25 if model.vision_params else 0.0) \
+        + (UNKNOWN_TERM_BAND if setup.unknown_terms else 0.0)
+    note = (f"dummy forward at max_num_batched_tokens={tokens}"
+            + (" (V0 chunked prefill caps the profiled tokens)" if setup.mode == "v0" and setup.chunked_prefill else "")
+            + (f" and sampler on {sampled} sequences x {model.vocab_size} vocab (fp32)" if last_stage else "")
+            + (" + fused-MoE workspace" if moe else "")
+            + ("; multimodal encoder profiling not modelled" if model.vision_params else ""))
+    return band("activation_peak", max(forward, sampler) + moe, rel, rel, constants.provenance(*names), note)
+
+
+def non_torch_key(ctx: Context, setup: Setup) -> str:
+    if setup.mode == "v0":
+        if not setup.multi_gpu:
+            return "v0_non_torch_bytes"
+        return "v0_non_torch_tp_nvswitch_bytes" if ctx.tp > 1 and ctx.on_nvswitch else "v0_non_torch_tp_bytes"
+    if ctx.tp > 1:
+        return "non_torch_forward_tp_bytes" if nvls(ctx) else "non_torch_forward_tp_nonvls_bytes"
+    if ctx.pp > 1:
+        return "non_torch_forward_pp_bytes"
+    return "non_torch_forward_bytes"
+
+
+def non_torch_component(ctx: Context, setup: Setup) -> Component:
+    key = non_torch_key(ctx, setup)
+    if setup.mode == "v0" and setup.multi_gpu:
+        what = " (NCCL init and custom all-reduce buffers, inside V0's profiling window; " + \
+               ("NVSwitch node)" if "nvswitch" in key else "PCIe / no NVSwitch)")
+    else:
+        what = " (custom all-reduce / NCCL buffers)" if ctx.tp > 1 else " (cuBLAS/Triton workspaces)"
+    return ctx.constant_component("non_torch", key, "memory outside PyTorch that grows during profiling" + what,
+                                  extra_band=UNKNOWN_TERM_BAND if setup.unknown_terms else 0.0)
+
+
+def graphs_component(ctx: Context, setup: Setup, stage: int) -> Component:
+    constants = ctx.constants
+    layers_local = len(ctx.layer_range(stage))
+    graphs = cuda_graph_bytes(ctx.model, layers_local, vllm_capture_sizes(setup.max_num_seqs), constants)
+    if setup.graphs_in_budget:
+        graphs *= constants["cuda_graph_estimate_ratio"]
+    names = ("cuda_graph_base_bytes", "cuda_graph_per_layer_bytes")
+    rel = constants.band(*names) + (UNKNOWN_TERM_BAND if setup.unknown_terms else 0.0)
+    where = ("; estimated during profiling and taken from the budget (V1 >= 0.21)" if setup.graphs_in_budget else
+             "; captured after the KV cache is allocated, so it must fit in the 1 - util headroom")
+    return band("cuda_graphs", graphs, rel, rel, constants.provenance(*names),
+                "CUDA graph pool for decode batch sizes" + where, in_budget=setup.graphs_in_budget)
+
+
+def stage_components(ctx: Context, setup: Setup, stage: int) -> list[Component]:
+    """Everything but the KV cache on one pipeline stage's GPU."""
+    components = [ctx.constant_component("cuda_context", "cuda_context_bytes",
+                                         "CUDA context and library handles, before vLLM's baseline snapshot",
+                                         in_budget=False)]
+    if setup.multi_gpu and setup.mode == "v1":
+        components.append(ctx.nccl_component(
+            "NCCL communicators created at start-up"
+            + ("; outside the budget since V1 inits them before the snapshot" if setup.nccl_outside_budget
+               else "; inside the profiling window"), in_budget=not setup.nccl_outside_budget))
+    components.append(ctx.weights_component(stage))
+    components.append(activation_component(ctx, setup, last_stage=stage == ctx.pp - 1))
+    components.append(non_torch_component(ctx, setup))
+    if not ctx.settings.enforce_eager:
+        components.append(graphs_component(ctx, setup, stage))
+    return components
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """The KV pool's layout on every pipeline stage."""
+
+    layouts: list[pool.PoolLayout]
+    bytes_per_token: list[int]
+    block_size: int
+    state_bytes_per_seq: int
+
+
+def pool_plan(ctx: Context, hybrid_manager: bool) -> PoolPlan:
+    """Per stage: the KV shapes grouped as the hybrid manager groups them; vLLM grows the attention
+    block until its page is at least the Mamba page."""
+    block_size = ctx.settings.block_size or 16
+    stages = []
+    for stage in range(ctx.pp):
+        shapes = ctx.kv_shapes(stage)
+        kinds = ctx.model.kinds
+        state_layers = sum(1 for i in ctx.layer_range(stage) if kinds[i] in ("mamba", "linear"))
+        state_per_layer = ctx.state_bytes_per_seq(stage) // max(1, state_layers) if state_layers else 0
+        if state_layers and shapes and not ctx.settings.block_size:
+            attn_per_token = max(shape.bytes_per_token_layer for shape in shapes)
+            block_size = 16 * math.ceil(state_per_layer / (16 * attn_per_token))
+        stages.append((shapes, state_layers, state_per_layer))
+    layouts = [pool.layout(shapes, block_size, n, per_layer, hybrid_manager=hybrid_manager)
+               for shapes, n, per_layer in stages]
+    per_token = [sum(shape.layers * shape.bytes_per_token_layer for shape in shapes) for shapes, _, _ in stages]
+    return PoolPlan(layouts, per_token, block_size, ctx.state_bytes_per_seq(0))
+
+
+def limits_rule(ctx: Context, setup: Setup, pools: PoolPlan, stage_offsets: list[int], blocks_per_request: int):
+    """KV bytes -> blocks (the minimum over stages), tokens and concurrency as this era reports them."""
+    first = pools.layouts[0]
+    hybrid = first.num_groups > 1
+    length, block_size, version = setup.max_model_len, pools.block_size, ctx.version
+
+    def limits(kv_bytes: int) -> Limits:
+        blocks = min(pool.num_blocks(max(0, kv_bytes + offset), layout)
+                     for offset, layout in zip(stage_offsets, pools.layouts, strict=True))
+        if setup.mode == "v0":
+            return Limits(int(kv_bytes), blocks * block_size, blocks, blocks * block_size / length)
+        concurrency = blocks / blocks_per_request
+        if hybrid and version and version >= TOKENS_AS_CONCURRENCY_FROM:
+            tokens = int(concurrency * length)
+        elif hybrid:
+            tokens = blocks // first.num_groups * block_size
+        else:
+            tokens = blocks * block_size
+        return Limits(int(kv_bytes), int(tokens), int(blocks), concurrency)
+
+    return limits
+
+
+def start_up_refusals(ctx: Context, setup: Setup, components: list[Component], budget: int) -> list[str]:
+    """V1 refuses to start when the card's free memory is below util x total."""
+    if setup.mode != "v1" or ctx.settings.kv_cache_memory_bytes:
+        return []
+    outside = ("cuda_context", "nccl") if setup.nccl_outside_budget else ("cuda_context",)
+    free_at_start = ctx.total - ctx.other - sum(c.bytes for c in components if c.name in outside)
+    if free_at_start >= budget:
+        return []
+    return [f"Free memory on device ({free_at_start / GIB:.2f}/{ctx.total / GIB:.2f} GiB) on startup is less than "
+            f"desired GPU memory utilization ({setup.utilization}, {budget / GIB:.2f} GiB)"]
+
+
+def plan_notes(ctx: Context, setup: Setup, first_layout: pool.PoolLayout) -> list[str]:
+    notes = ctx.longer_than_trained(
+        setup.max_model_len, "vLLM",
+        ctx.settings.allow_long_max_model_len or bool(ctx.settings.rope_scaling_factor),
+        "vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (--allow-long-max-model-len) or a "
+        "rope-scaling override (--rope-scaling-factor) extends the context")
+    if first_layout.padded_layers:
+        waste = first_layout.padded_layers / max(1, first_layout.num_groups * first_layout.group_size)
+        notes.append(f"hybrid KV groups: {first_layout.padded_layers} padding layer slots "
+                     f"(up to {waste:.1%} of the pool unused), as vLLM logs 'Add N padding layers'")
+    if not setup.graphs_in_budget and not ctx.settings.enforce_eager:
+        notes.append("CUDA graphs are captured after the KV cache exists: they need the 1 - util headroom")
+    if setup.mode == "v0" and setup.chunked_prefill and not ctx.settings.max_num_batched_tokens:
+        notes.append(f"V0 enables chunked prefill above a 32k context: the profile runs {setup.profile_tokens} "
+                     f"tokens, not {setup.max_model_len}")
+    if ctx.gpu.arch in PRE_AMPERE:
+        backend = "XFormers" if setup.mode == "v0" else "a Triton/FlexAttention backend"
+        notes.append(f"{ctx.gpu.arch.title()} has no FlashAttention 2: vLLM {setup.mode.upper()} uses {backend}"
+                     + ("; float16 instead of the config's bfloat16" if ctx.model.torch_dtype == "bfloat16" else ""))
+    notes += [f"unknown term, band widened: {why}" for why in setup.unknown_terms]
+    return notes
 
 
 def plan(ctx: Context) -> PolicyResult:
     ctx.check_tp("vLLM")
-    m, s, c = ctx.model, ctx.s, ctx.c
-    kind = engine_kind(ctx)
-    util, seqs, mbt = defaults(ctx, kind)
-    if not 0 < util <= 1:
-        raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
-    max_len = ctx_len(ctx)
-    if ctx.model_max_len and max_len > ctx.model_max_len:
-        raise ConfigError(
-            f"vLLM: user-specified max_model_len ({max_len}) is greater than the derived max_model_len "
-            f"({ctx.model_max_len}, max_position_embeddings of {m.name})")
-    v = ctx.version
-    nccl_outside = kind == "v1" and (not v or v >= NCCL_BEFORE_SNAPSHOT_FROM)
-    graphs_in_budget = kind == "v1" and (not v or v >= GRAPH_ESTIMATE_FROM) and not s.enforce_eager
-    multi = ctx.tp * ctx.pp > 1
+    setup = resolve_setup(ctx)
+    settings = ctx.settings
+    stages = [stage_components(ctx, setup, stage) for stage in range(ctx.pp)]
+    components = stages[0]
+    fixed_kv = settings.kv_cache_memory_bytes
+    budget = int(fixed_kv if fixed_kv else setup.utilization * ctx.total)
 
-    def stage_components(stage: int) -> list[Component]:
-        last = stage == ctx.pp - 1
-        comps = [ctx.constant_component("cuda_context", "cuda_context_bytes",
-                                        "CUDA context and library handles, before vLLM's baseline snapshot",
-                                        in_budget=False)]
-        if multi:
-            comps.append(ctx.constant_component("nccl", "nccl_init_bytes", "NCCL communicators created at start-up"
-                              + ("; outside the budget since V1 inits them before the snapshot"
-                                 if nccl_outside else "; inside the profiling window"),
-                              in_budget=not nccl_outside))
-        comps.append(ctx.weights_component(stage))
-        fwd = forward_peak_bytes(m, mbt, ctx.tp, ctx.dtype, c)
-        key = sampler_key(kind, v)
-        samp = sampler_peak_bytes(m, min(seqs, mbt), c, key) if last else 0.0
-        moe = moe_workspace_bytes(m, mbt, ctx.tp, ctx.dtype, c)
-        act = max(fwd, samp) + moe
-        names = [key, "forward_intermediate_copies", "forward_hidden_copies"] + (["moe_workspace_copies"] if moe else [])
-        rel = c.band(*names) + (0.25 if m.vision_params else 0.0)
-        note = (f"dummy forward at max_num_batched_tokens={mbt}"
-                + (f" and sampler on {min(seqs, mbt)} sequences x {m.vocab_size} vocab (fp32)" if last else "")
-                + (" + fused-MoE workspace" if moe else "")
-                + ("; multimodal encoder profiling not modelled" if m.vision_params else ""))
-        comps.append(band("activation_peak", act, rel, rel, c.provenance(*names), note))
-        if kind == "v0":
-            nt_key = "v0_non_torch_tp_bytes" if multi else "v0_non_torch_bytes"
-        elif ctx.tp > 1:
-            nt_key = "non_torch_forward_tp_bytes" if nvls(ctx) else "non_torch_forward_tp_nonvls_bytes"
-        elif ctx.pp > 1:
-            nt_key = "non_torch_forward_pp_bytes"
-        else:
-            nt_key = "non_torch_forward_bytes"
-        comps.append(ctx.constant_component("non_torch", nt_key,
-                                            "memory outside PyTorch that grows during profiling"
-                          + (" (custom all-reduce / NCCL buffers)" if ctx.tp > 1 else " (cuBLAS/Triton workspaces)")))
-        if not s.enforce_eager:
-            layers_local = len(ctx.layer_range(stage))
-            cg = cuda_graph_bytes(m, layers_local, vllm_capture_sizes(seqs), c)
-            if graphs_in_budget:
-                cg *= c["cuda_graph_estimate_ratio"]
-            names_cg = ("cuda_graph_base_bytes", "cuda_graph_per_layer_bytes")
-            comps.append(band("cuda_graphs", cg, c.band(*names_cg), c.band(*names_cg), c.provenance(*names_cg),
-                              "CUDA graph pool for decode batch sizes"
-                              + ("; estimated during profiling and taken from the budget (V1 >= 0.21)"
-                                 if graphs_in_budget else
-                                 "; captured after the KV cache is allocated, so it must fit in the 1 - util headroom"),
-                              in_budget=graphs_in_budget))
-        return comps
+    def kv_rule(parts: list[Component], point: str) -> int:
+        return int(fixed_kv) if fixed_kv else budget - pick(parts, point)
 
-    stages = [stage_components(i) for i in range(ctx.pp)]
-    comps = stages[0]
-    fixed_kv = s.kv_cache_memory_bytes
-    budget = int(fixed_kv if fixed_kv else util * ctx.total)
-
-    def kv_rule(components: list[Component], point: str) -> int:
-        if fixed_kv:
-            return int(fixed_kv)
-        return budget - pick(components, point)
-
-    # Pool layout per stage; the hybrid manager groups layers by kind.
-    layouts, per_token = [], []
-    state = ctx.state_bytes_per_seq(0)
-    block_size = s.block_size or 16
-    for st in range(ctx.pp):
-        shapes = ctx.kv_shapes(st)
-        rng = ctx.layer_range(st)
-        n_state_layers = sum(1 for i in rng if m.kinds[i] in ("mamba", "linear"))
-        state_per_layer = ctx.state_bytes_per_seq(st) // max(1, n_state_layers) if n_state_layers else 0
-        if n_state_layers and shapes and not s.block_size:
-            # vLLM grows the attention block until its page is at least the mamba page.
-            attn_tok = max(sh.bytes_per_token_layer for sh in shapes)
-            block_size = 16 * math.ceil(state_per_layer / (16 * attn_tok))
-        layouts.append((shapes, n_state_layers, state_per_layer))
-        per_token.append(sum(sh.layers * sh.bytes_per_token_layer for sh in shapes))
-    lays = [pool.layout(sh, block_size, n, spl, hybrid_manager=kind == "v1") for sh, n, spl in layouts]
-    offsets = [pick(comps, "mid") - pick(sc, "mid") for sc in stages]  # stage KV = stage-0 KV + offset
-    bpr = pool.blocks_per_request(lays[0], max_len, mbt, m.sliding_window, m.attention_chunk_size)
-    hybrid = lays[0].num_groups > 1
-
-    def limits(kv_bytes: int) -> Limits:
-        blocks = min(pool.num_blocks(max(0, kv_bytes + off), lay) for off, lay in zip(offsets, lays, strict=True))
-        if kind == "v0":
-            conc = blocks * block_size / max_len
-            tokens = blocks * block_size
-        else:
-            conc = blocks / bpr
-            if hybrid and v and v >= TOKENS_AS_CONCURRENCY_FROM:
-                tokens = int(conc * max_len)
-            elif hybrid:
-                tokens = blocks // lays[0].num_groups * block_size
-            else:
-                tokens = blocks * block_size
-        return Limits(int(kv_bytes), int(tokens), int(blocks), conc)
-
+    pools = pool_plan(ctx, hybrid_manager=setup.mode == "v1")
+    first = pools.layouts[0]
+    # A later stage's KV = stage 0's KV + the difference of their in-budget components.
+    offsets = [pick(components, "mid") - pick(stage, "mid") for stage in stages]
+    blocks_per_request = pool.blocks_per_request(first, setup.max_model_len, setup.profile_tokens,
+                                                 ctx.model.sliding_window, ctx.model.attention_chunk_size)
     resolved = {
-        "engine_mode": kind, "gpu_memory_utilization": util, "max_num_seqs": seqs,
-        "max_num_batched_tokens": mbt, "max_model_len": max_len, "block_size": block_size,
-        "tensor_parallel_size": ctx.tp, "pipeline_parallel_size": ctx.pp, "dtype": ctx.dtype,
-        "kv_cache_dtype": s.kv_cache_dtype, "quantization": ctx.quant.method if ctx.quant else None,
-        "enforce_eager": s.enforce_eager, "kv_cache_memory_bytes": fixed_kv,
+        "engine_mode": setup.mode, "gpu_memory_utilization": setup.utilization, "max_num_seqs": setup.max_num_seqs,
+        "max_num_batched_tokens": setup.profile_tokens, "max_model_len": setup.max_model_len,
+        "block_size": pools.block_size, "tensor_parallel_size": ctx.tp, "pipeline_parallel_size": ctx.pp,
+        "dtype": ctx.dtype, "kv_cache_dtype": settings.kv_cache_dtype,
+        "quantization": ctx.quant.method if ctx.quant else None, "enforce_eager": settings.enforce_eager,
+        "kv_cache_memory_bytes": fixed_kv, "chunked_prefill": setup.chunked_prefill,
     }
-    notes = []
-    if lays[0].padded_layers:
-        waste = lays[0].padded_layers / max(1, lays[0].num_groups * lays[0].group_size)
-        notes.append(f"hybrid KV groups: {lays[0].padded_layers} padding layer slots "
-                     f"(up to {waste:.1%} of the pool unused), as vLLM logs 'Add N padding layers'")
-    if not graphs_in_budget and not s.enforce_eager:
-        notes.append("CUDA graphs are captured after the KV cache exists: they need the 1 - util headroom")
-    reasons: list[str] = []
-    free_at_start = ctx.total - ctx.other - pick(comps, "mid", ("cuda_context",)) \
-        - (int(c["nccl_init_bytes"]) if multi and nccl_outside else 0)
-    if kind == "v1" and not fixed_kv and free_at_start < budget:
-        reasons.append(
-            f"Free memory on device ({free_at_start / GIB:.2f}/{ctx.total / GIB:.2f} GiB) on startup is less than "
-            f"desired GPU memory utilization ({util}, {budget / GIB:.2f} GiB)")
     return PolicyResult(
-        components=comps, budget_bytes=budget, kv_rule=kv_rule, limits=limits, max_model_len=max_len,
-        block_size=block_size, kv_bytes_per_token=per_token[0], settings=resolved,
+        components=components, budget_bytes=budget, kv_rule=kv_rule,
+        limits=limits_rule(ctx, setup, pools, offsets, blocks_per_request), max_model_len=setup.max_model_len,
+        block_size=pools.block_size, kv_bytes_per_token=pools.bytes_per_token[0], settings=resolved,
         kv_provenance=ENGINE if not fixed_kv else DEFAULT,
         kv_note=("--kv-cache-memory: fixed by the user" if fixed_kv else
-                 f"util x total ({util} x {ctx.total / GIB:.2f} GiB) less the in-budget components"),
-        per_sequence_state_bytes=state, reasons=reasons, notes=notes, min_blocks_needed=bpr,
-        extra={"blocks_per_request": bpr, "hybrid_groups": [list(g) for g in lays[0].groups]},
+                 f"util x total ({setup.utilization} x {ctx.total / GIB:.2f} GiB) less the in-budget components"),
+        per_sequence_state_bytes=pools.state_bytes_per_seq,
+        reasons=start_up_refusals(ctx, setup, components, budget), notes=plan_notes(ctx, setup, first),
+        min_blocks_needed=blocks_per_request,
+        extra={"blocks_per_request": blocks_per_request, "hybrid_groups": [list(g) for g in first.groups]},
     )

@@ -1,4 +1,4 @@
-"""The OOM drill `vramlab demo` runs after its experiment: examples/oom-drill.yaml (a link to
+"""The OOM drill `vramlab demo` runs after its experiment: examples/oom-drill.yaml (a copy of
 the packaged ``vramlab/data/examples/oom-drill.yaml``, so an installed package needs no examples directory) against a sim
 the drill starts itself on a free loopback port, with its ledger in a temporary directory. The
 incident report is rendered from the store as HTML. The rollback runs however the drill ends.
@@ -18,7 +18,7 @@ from vramlab.drill.plan import DrillPlan, parse_plan
 
 
 def oom_drill_plan_text() -> str:
-    """examples/oom-drill.yaml, read from the installed package (the example is a link to it)."""
+    """examples/oom-drill.yaml, read from the installed package (the source of truth; examples/ holds a copy)."""
     from importlib.resources import files
 
     return files("vramlab").joinpath("data/examples/oom-drill.yaml").read_text()

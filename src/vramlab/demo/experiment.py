@@ -1,8 +1,9 @@
 """The demo: start a sim on a free loopback port, run a small plan against it with the ledger,
 engine-metrics, host and health samplers, and render the stored run as HTML. Under a minute.
 
-The plan is examples/demo.yaml (a link to the packaged ``vramlab/data/examples/demo.yaml``, so an
-installed package needs no examples directory) with the sim's URL and device file filled in. The sim is stopped however the demo ends.
+The plan is the packaged ``vramlab/data/examples/demo.yaml`` (examples/demo.yaml is a copy of it, and
+`vramlab examples` writes it anywhere), so an installed package needs no examples directory; the
+sim's URL and device file are filled in. The sim is stopped however the demo ends.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ SIM_ARGS = ["--model", "llama-3.1-8b-instruct", "--gpu", "h100-80gb", "--engine"
             "--max-model-len", "4096", "--max-num-seqs", "8", "--speed", "10", "--seed", "7"]
 
 def demo_plan_text() -> str:
-    """examples/demo.yaml, read from the installed package (the example is a link to it)."""
+    """examples/demo.yaml, read from the installed package (the source of truth for the example)."""
     from importlib.resources import files
 
     return files("vramlab").joinpath("data/examples/demo.yaml").read_text()
@@ -65,7 +66,7 @@ def run_demo(db: str | None, report_path: Path, subscribers: list[Callable[[Even
             if on_sim is not None:
                 on_sim(sim.url)
             plan = demo_plan(sim.url, ledger, sim.pid, rounds, duration_s)
-            out = run_plan(plan, plan_dir=Path.cwd(), db=db, subscribers=subscribers)
+            out = run_plan(plan, plan_dir=Path.cwd(), open_store=lambda: open_store(db), subscribers=subscribers)
         finally:
             sim.stop()
     with open_store(db) as store:

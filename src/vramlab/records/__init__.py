@@ -1,5 +1,9 @@
 """The record contract between the runner (producer), the store and the reports (consumers).
 
+The bottom of the run side: this package imports nothing of vramlab's but `vramlab.errors`, and
+experiment, drill, store, analysis and report all depend on it instead of on each other. The
+`Store` port is in `vramlab.records.store`, an in-memory store in `vramlab.records.memory`.
+
 Four pydantic models, one per kind of stored row. The runner and the drill build them; the store
 persists them as they are; analysis and reports read them back. Times are float seconds, bytes are
 ints, latencies carry their unit in the name. The contract only grows: a new field always has a

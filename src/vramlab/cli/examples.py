@@ -1,0 +1,67 @@
+"""Write the packaged example plans and inputs (demo, concurrency ramp, drills, fleet) into DIR.
+
+The copies inside the installed package are the source of truth; this command is how a user gets
+them in any folder after `pip install .`, e.g. `vramlab examples && vramlab run examples/concurrency-ramp.yaml`.
+Files already there with the same content are left alone; a file that differs is refused unless --force.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def packaged() -> dict[str, bytes]:
+    """name -> content of every packaged example, sorted by name."""
+    from importlib.resources import files
+
+    root = files("vramlab").joinpath("data/examples")
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir(), key=lambda p: p.name)
+            if p.is_file() and p.name.endswith((".yaml", ".jsonl"))}
+
+
+def write_examples(target: Path, force: bool = False) -> tuple[list[str], list[str]]:
+    """Write them; returns (written, unchanged). Refuses (ConfigError) before writing anything when
+    a file that differs is in the way and force is off."""
+    from vramlab.errors import ConfigError, VramlabError
+
+    files = packaged()
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"{target} exists and is not a folder")
+    clash = [n for n, data in files.items() if (target / n).exists() and (target / n).read_bytes() != data]
+    if clash and not force:
+        raise ConfigError(f"{target}: {', '.join(clash)} already there and different; pass --force to overwrite")
+    written, same = [], []
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            path = target / name
+            if path.is_symlink():
+                path.unlink()
+            elif path.exists() and path.read_bytes() == data:
+                same.append(name)
+                continue
+            path.write_bytes(data)
+            written.append(name)
+    except OSError as exc:
+        raise VramlabError(f"cannot write examples into {target}: {exc.strerror or exc}") from None
+    return written, same
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", metavar="DIR", nargs="?", default="examples",
+                        help="folder to write them into (default ./examples)")
+    parser.add_argument("--force", action="store_true", help="overwrite files that differ")
+
+
+def run(args: argparse.Namespace) -> int:
+    target = Path(args.dir)
+    written, same = write_examples(target, args.force)
+    for name in written:
+        print(f"wrote {target / name}")
+    if same:
+        print(f"{len(same)} already up to date in {target}", file=sys.stderr)
+    print(f"next: vramlab run {target / 'concurrency-ramp.yaml'}   |   vramlab drill {target / 'oom-drill.yaml'}",
+          file=sys.stderr)
+    return 0

@@ -1,0 +1,87 @@
+"""Health discovery: which path of the target says "ready", and what every path answered.
+
+Engines disagree: vLLM, SGLang, TGI and llama.cpp's `llama-server` have `/health`; llama-cpp-python's
+server and Ollama do not (`/v1/models`, `/`). The drill tries the plan's path first, then
+`/health`, `/v1/models`, `/`, and uses the first that answers 200. A path that answers 404 or 405
+does not exist there, and the server that said so is up: the error says exactly that, instead of
+"did not answer". A path that answers 503 exists and is not ready yet (loading): it is waited on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+CANDIDATES = ("/health", "/v1/models", "/")
+
+
+@dataclass
+class HealthDiscovery:
+    path: str | None = None  # the path that answered 200
+    answers: dict[str, str] = field(default_factory=dict)  # path -> its last answer, in words
+    preferred: str = "/health"
+
+    def summary(self) -> str:
+        parts = [f"{p} answered {a}" for p, a in self.answers.items()]
+        if self.path is not None:
+            others = [x for x in parts if not x.startswith(f"{self.path} ")]
+            used = f"health check on {self.path} (HTTP 200)"
+            if self.path != self.preferred and others:
+                return f"{used}; " + "; ".join(others) + " (the server is up, so the next path was tried)"
+            return used
+        missing = [p for p, a in self.answers.items() if a.startswith("HTTP 404") or a.startswith("HTTP 405")]
+        up = any(a.startswith("HTTP") for a in self.answers.values())
+        tail = (" — the server is up and answering, but has none of these health paths ready"
+                if up else " — nothing answered HTTP: is it running and is base_url right?")
+        if missing and up:
+            tail = (f" — the server is up and answering HTTP 404 on {', '.join(missing)}; set target.health_path "
+                    "to a path it serves")
+        return "; ".join(parts) + tail if parts else "no answer" + tail
+
+
+async def discover_health(root: str, preferred: str | None, limit_s: float,
+                          alive: Callable[[], bool] = lambda: True) -> HealthDiscovery:
+    """Poll until one path answers 200 (plan's path first), `limit_s` passes, or `alive()` says the
+    process is gone."""
+    import aiohttp
+
+    first = preferred or "/health"
+    paths = [first] + [p for p in CANDIDATES if p != first]
+    out = HealthDiscovery(preferred=first)
+    deadline = time.monotonic() + limit_s
+    base = root.rstrip("/")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
+        while time.monotonic() < deadline:
+            for p in paths:
+                try:
+                    async with s.get(base + p) as resp:
+                        if resp.status == 200:
+                            out.path = p
+                            out.answers[p] = "HTTP 200"
+                            return out
+                        text = (await resp.text(errors="replace"))[:120].strip().replace("\n", " ")
+                        out.answers[p] = f"HTTP {resp.status}" + (f" {text!r}" if text else "")
+                        if resp.status not in (404, 405, 501):
+                            break  # the path exists and is not ready (503 while loading): wait on it
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                    out.answers[p] = _no_answer(exc)
+                    break  # no server yet: the other paths would say the same
+            if not alive():
+                break
+            await asyncio.sleep(0.2)
+    return out
+
+
+def _no_answer(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return "no answer within 2 s"
+    cause = getattr(exc, "os_error", None) or exc
+    text = str(exc) or type(exc).__name__
+    if isinstance(cause, ConnectionRefusedError) or "refused" in text.lower() or "connect call failed" in text.lower():
+        return "connection refused"
+    return f"no answer ({text[:80]})"
+
+
+__all__ = ["CANDIDATES", "HealthDiscovery", "discover_health"]

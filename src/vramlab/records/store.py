@@ -1,0 +1,56 @@
+"""The `Store` port: what the runner, the recorder, the drill, analysis and the reports need from
+a run store, and nothing more.
+
+Two implementations: `vramlab.store.sql.SqlStore` (SQLite or PostgreSQL, `vramlab.store.open_store`)
+and `vramlab.records.memory.MemoryStore` (in memory, for tests and dry runs). Code that receives a
+store types it as `Store`, so it depends on this contract, not on SQLAlchemy.
+
+Semantics every implementation keeps (tests/test_store.py runs the same tests on each):
+- `create_run` refuses an id that exists (VramlabError); `update_run` validates the merged run and
+  refuses unknown or read-only fields (ValueError) and unknown runs (NotFoundError).
+- `add_*` write a whole batch or nothing; a record of another run is a ValueError. They return the
+  number of rows written.
+- `get_run` takes an id or a unique hex prefix (NotFoundError otherwise); `list_runs` is newest first.
+- `requests` come back in insertion order, `samples` and `events` by time then insertion order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+
+
+@runtime_checkable
+class Store(Protocol):
+    url: str
+
+    def create_run(self, run: RunRecord) -> RunRecord: ...
+
+    def update_run(self, run_id: str, **fields: Any) -> RunRecord: ...
+
+    def add_requests(self, run_id: str, records: Sequence[RequestRecord]) -> int: ...
+
+    def add_samples(self, run_id: str, records: Sequence[SampleRecord]) -> int: ...
+
+    def add_events(self, run_id: str, records: Sequence[EventRecord]) -> int: ...
+
+    def get_run(self, id_or_prefix: str, *, exact: bool = False) -> RunRecord: ...
+
+    def list_runs(self, limit: int = 50, kind: str | None = None) -> list[RunRecord]: ...
+
+    def requests(self, run_id: str) -> list[RequestRecord]: ...
+
+    def samples(self, run_id: str, source: str | None = None) -> list[SampleRecord]: ...
+
+    def events(self, run_id: str) -> list[EventRecord]: ...
+
+    def count(self, run_id: str) -> dict[str, int]:
+        """Rows the store holds for a run, per table (requests, samples, events)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+__all__ = ["Store"]

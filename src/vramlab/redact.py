@@ -1,0 +1,170 @@
+"""The one redaction layer: what leaves the process (store rows, reports, stdout/stderr, events,
+error messages) passes through `redact` first.
+
+It removes, wherever they appear in a text:
+- URL user-info (``http://user:secret@host`` -> ``http://***@host``) and secret query parameters
+  (``?api_key=...``, ``&token=...``);
+- the values of Authorization, Proxy-Authorization, Cookie, Set-Cookie, X-Api-Key headers, in
+  ``Name: value`` and JSON / Python-dict shapes (a server that echoes its request headers back);
+- values of keys named like a secret (``"api_key": "..."``, ``password=...``);
+- known token shapes: ``Bearer ...``, ``Basic <base64>``, OpenAI ``sk-...``, Hugging Face
+  ``hf_...``, GitHub ``ghp_...`` / ``github_pat_...``, Slack ``xox?-...``, AWS ``AKIA...``, JWTs;
+- every value registered with `register` (the API key read from the environment, a URL's
+  password and its Basic-auth base64 form), wherever it appears.
+
+Pure and dependency-free (the bottom layer): store, report writers and the CLI call it.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from typing import Any, TextIO
+from urllib.parse import unquote, urlsplit
+
+MASK = "***"
+
+_PATTERNS: list[tuple[re.Pattern[str], str]] = [
+    # scheme://user:password@host  and  scheme://token@host
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]{0,15}://)[^/\s?#@\"'<>]+@"), r"\1" + MASK + "@"),
+    # headers that carry credentials, as "Name: value", "name=value", JSON or a Python dict
+    (re.compile(r"(?i)((?:proxy-)?authorization|set-cookie|cookie|x-api-key|api-key|x-auth-token)"
+                r"([\"']?\s*[:=]\s*[\"']?)([^\"'\r\n}]+)"), r"\1\2" + MASK),
+    # keys named like a secret
+    (re.compile(r"(?i)([\"']?\b(?:api[_-]?key|apikey|password|passwd|secret|client[_-]?secret|"
+                r"access[_-]?token|auth[_-]?token|refresh[_-]?token|hf[_-]?token)[\"']?\s*[:=]\s*[\"']?)"
+                r"(?!\*\*\*)([^\"'\s,}&]+)"), r"\1" + MASK),
+    # secret query parameters
+    (re.compile(r"(?i)([?&](?:api[_-]?key|key|access[_-]?token|token|auth|password|secret|sig|signature)=)"
+                r"[^&#\s\"'<>]+"), r"\1" + MASK),
+    (re.compile(r"\b(Bearer)\s+[A-Za-z0-9._~+/=\-]{4,}", re.IGNORECASE), r"\1 " + MASK),
+    # Basic <base64>: only a credential-looking blob (a digit, '+', '/' or '=' in it), not prose
+    (re.compile(r"\b(Basic)\s+(?=[A-Za-z0-9+/]*[0-9+/=])[A-Za-z0-9+/]{6,}={0,2}"), r"\1 " + MASK),
+    (re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_\-]{16,}"), "sk-" + MASK),
+    (re.compile(r"\bhf_[A-Za-z0-9]{16,}"), "hf_" + MASK),
+    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"), "gh_" + MASK),
+    (re.compile(r"\bglpat-[A-Za-z0-9_\-]{16,}"), "glpat-" + MASK),
+    (re.compile(r"\bxox[abprs]-[A-Za-z0-9\-]{10,}"), "xox-" + MASK),
+    (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), "AKIA" + MASK),
+    (re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"), "jwt-" + MASK),
+]
+
+_known: set[str] = set()
+_known_re: re.Pattern[str] | None = None
+_MIN_SECRET = 4  # shorter values would mask ordinary words
+
+
+def register(secret: str | None) -> None:
+    """Mask this exact value (and its URL-quoted form) wherever it appears from now on."""
+    global _known_re
+    if not secret or len(secret) < _MIN_SECRET or secret in _known:
+        return
+    _known.add(secret)
+    from urllib.parse import quote
+
+    quoted = quote(secret, safe="")
+    if quoted != secret and len(quoted) >= _MIN_SECRET:
+        _known.add(quoted)
+    _known_re = re.compile("|".join(re.escape(s) for s in sorted(_known, key=len, reverse=True)))
+
+
+def register_url(url: str | None) -> None:
+    """Register a URL's user-info (user, password, and their Basic-auth form) as secrets."""
+    if not url or "@" not in url:
+        return
+    try:
+        parts = urlsplit(url)
+        user, password = parts.username, parts.password
+    except ValueError:
+        return
+    if password:
+        register(unquote(password))
+        register(password)
+        pair = f"{unquote(user or '')}:{unquote(password)}"
+        register(base64.b64encode(pair.encode()).decode())
+    if user and not password:  # a token as the user name: http://TOKEN@host
+        register(unquote(user))
+
+
+def register_urls_in(obj: Any) -> None:
+    """Register the user-info of every URL in a JSON-like document (a plan as loaded)."""
+    if isinstance(obj, str):
+        if "://" in obj and "@" in obj:
+            register_url(obj.strip())
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            register_urls_in(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            register_urls_in(v)
+
+
+def forget_all() -> None:
+    """Tests only: drop the registered values."""
+    global _known_re
+    _known.clear()
+    _known_re = None
+
+
+def redact(text: str) -> str:
+    """*text* with every credential masked (idempotent)."""
+    if not text:
+        return text
+    if _known_re is not None:
+        text = _known_re.sub(MASK, text)
+    for pattern, repl in _PATTERNS:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def redact_url(url: str | None) -> str | None:
+    return None if url is None else redact(url)
+
+
+def redact_obj(obj: Any) -> Any:
+    """A copy of a JSON-like value (dicts, lists, strings) with every string redacted; values under
+    keys that name a header or a secret are masked whole."""
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            if isinstance(k, str) and _SECRET_KEY.fullmatch(k) and isinstance(v, str) and v:
+                out[k] = MASK
+            else:
+                out[k] = redact_obj(v)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(redact_obj(v) for v in obj)
+    return obj
+
+
+_SECRET_KEY = re.compile(r"(?i)(?:proxy-)?authorization|cookie|set-cookie|x-api-key|api[_-]?key|apikey|password|"
+                         r"passwd|secret|client[_-]?secret|(?:access|auth|refresh|hf)[_-]?token|token")
+
+
+class RedactingStream:
+    """A text stream wrapper that redacts every write (stdout/stderr of the CLI).
+
+    Writes are redacted one call at a time; `print` hands over whole strings, so a secret is not
+    split across calls in practice. Everything else (isatty, fileno, encoding, flush) is the
+    wrapped stream's.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    @property
+    def wrapped(self) -> TextIO:
+        return self._stream
+
+    def write(self, s: str) -> int:
+        self._stream.write(redact(s))
+        return len(s)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)

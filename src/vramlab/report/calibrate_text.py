@@ -1,0 +1,70 @@
+"""Terminal and JSON rendering of `vramlab calibrate`: inputs per engine era, fitted constants,
+refusals, leave-one-out errors, outliers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def to_json(result: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {
+        "observations": result.observations,
+        "skipped": [{"source": s, "reason": r} for s, r in result.skipped],
+        "fits": [{k: v for k, v in asdict(f).items() if k not in ("residuals", "loo_predicted")} for f in result.fits],
+        "attribution": result.attribution,
+        "outliers": result.outliers,
+        "eras": result.eras,
+        "fitted_any": result.fitted_any,
+    }
+
+
+def _const(name: str, value: float) -> str:
+    return f"{value / (1 << 30):.3f} GiB" if name.endswith("_bytes") else f"{value:.3f}"
+
+
+def render(result: Any, output: str | None) -> str:
+    out = [f"{result.observations} observations, {len(result.skipped)} skipped"]
+    if result.eras:
+        out.append("")
+        out.append(f"  {'engine era':50} {'observations':>12} {'used in fit':>11}  era")
+        for row in result.eras:
+            how = "inferred from the wording" if row["inferred"] else "printed"
+            out.append(f"  {row['era'][:50]:50} {row['observations']:>12} {row['used']:>11}  {how}")
+    for f in result.fits:
+        out.append("")
+        out.append(f"{f.engine} {f.version_min or '?'}..{f.version_max or '?'}: {f.n_cases} observations")
+        if f.fitted:
+            out.append(f"  {'constant':30} {'default':>12} {'fitted':>12} {'band':>6} {'n':>4}  fitted against")
+            for c in f.fitted:
+                out.append(f"  {c.name:30} {_const(c.name, c.default):>12} {_const(c.name, c.value):>12} "
+                           f"{c.rel_band:>6.1%} {c.n_points:>4}  {c.target}")
+        for r in f.refused:
+            out.append(f"  not fitted: {r.name}: {r.reason}")
+        if f.loo:
+            out.append("  leave-one-out |error|, median / p90: defaults -> calibrated")
+            for e in f.loo:
+                out.append(f"    {e.field:24} {e.median_before:7.2%} / {e.p90_before:7.2%}  ->  "
+                           f"{e.median_after:7.2%} / {e.p90_after:7.2%}   (n={e.n})")
+    if result.attribution:
+        out.append("")
+        out.append("error attribution (default constants):")
+        out.extend(f"  {line}" for line in result.attribution)
+    if result.outliers:
+        out.append("")
+        out.append("outliers (warnings):")
+        out.extend(f"  {w}" for w in result.outliers[:20])
+    if not result.fitted_any:
+        out.append("")
+        out.append("no constant was fitted: the profile would change nothing, so none is written")
+    if result.skipped:
+        out.append("")
+        out.append("skipped:")
+        out.extend(f"  {s[:90]}: {r[:140]}" for s, r in result.skipped[:20])
+        if len(result.skipped) > 20:
+            out.append(f"  ... and {len(result.skipped) - 20} more (see --json)")
+    if output:
+        out.append("")
+        out.append(f"wrote {output}")
+    return "\n".join(out)

@@ -1,0 +1,149 @@
+"""Terminal rendering of `vramlab check-log`: what the engine decided, beside the prediction,
+per rank and start-up; and one table per engine era for a folder of logs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def _basename(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _fmt(field: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if field.endswith("_bytes"):
+        return f"{value / (1 << 30):.2f} GiB"
+    if field == "max_concurrency":
+        return f"{value:.2f}x"
+    return f"{int(value):,}"
+
+
+def _diff(field: str, row: Any) -> str:
+    d, rel = row.difference, row.relative
+    if d is None:
+        return ""
+    text = f"{d / (1 << 30):+.2f} GiB" if field.endswith("_bytes") else (
+        f"{d:+.2f}x" if field == "max_concurrency" else f"{int(d):+,}")
+    return text + (f" ({rel:+.1%})" if rel is not None else "")
+
+
+# What the engine decided, in the order a reader follows the budget.
+SHOWN = ("weights_bytes", "non_torch_bytes", "activation_peak_bytes", "cuda_graph_bytes", "kv_cache_bytes",
+         "kv_cache_tokens", "gpu_blocks", "max_concurrency", "max_model_len")
+
+
+def render(report: Any) -> str:
+    out = [f"{report.source}: {report.engine} log, {report.lines} lines"]
+    out.extend(f"  note: {n}" for n in report.notes)
+    shown: dict[str, list[int]] = {}
+    items = []
+    for item in report.items:  # TP ranks that printed the same figures are shown once
+        key = json.dumps([item.observation.measured(), item.error, item.observation.startup], sort_keys=True)
+        if key in shown and item.observation.rank is not None:
+            shown[key].append(item.observation.rank)
+            continue
+        shown[key] = [item.observation.rank] if item.observation.rank is not None else []
+        items.append((item, shown[key]))
+    startups = len({it.observation.startup for it in report.items})
+    for item, ranks in items:
+        obs = item.observation
+        rank = (f" rank {ranks[0]}" if len(ranks) == 1 else
+                f" ranks {', '.join(map(str, ranks))} (same figures)" if ranks else "")
+        lines = [s.line for s in obs.source_lines]
+        where = f" (lines {min(lines)}-{max(lines)})" if lines else ""
+        which = f"start-up {obs.startup + 1}: " if startups > 1 and obs.startup is not None else ""
+        out.append("")
+        out.append(f"{which}{obs.engine} {obs.engine_version or '(version not printed)'}  "
+                   f"{obs.model or '(model not printed)'}{rank}{where}")
+        era = item.era_or_inferred()
+        out.append(f"  era: {era.sentence()}")
+        if not obs.complete:
+            out.append("  incomplete start-up: the log ends before the engine sized its KV cache")
+        if obs.basis == "engine-estimate":
+            out.append("  these figures are the engine's own estimate, not measured allocations")
+        if item.comparison is None:
+            out.append(f"  no prediction: {item.error}")
+            out.append(f"  {'component':18} {'engine':>12}")
+            for f in SHOWN:
+                if getattr(obs, f) is not None:
+                    out.append(f"  {f.removesuffix('_bytes'):18} {_fmt(f, getattr(obs, f)):>12}")
+            continue
+        cmp = item.comparison
+        est = cmp.estimate
+        out.append(f"  predicted for {est.model} on {cmp.gpu_reason}; settings: "
+                   + ", ".join(f"{k}={v}" for k, v in sorted(item.settings_used.items())))
+        out.append(f"  {'component':18} {'engine':>12} {'vramlab':>12}  difference")
+        for row in cmp.rows:
+            if row.observed is None and row.predicted is None:
+                continue
+            out.append(f"  {row.field.removesuffix('_bytes'):18} {_fmt(row.field, row.observed):>12} "
+                       f"{_fmt(row.field, row.predicted):>12}  {_diff(row.field, row)}")
+        if cmp.explains == "unexplained":
+            unseen = [r.field.removesuffix("_bytes") for r in cmp.rows
+                      if r.observed is None and r.predicted is not None and r.field.endswith("_bytes")]
+            out.append("  most of the KV difference is not explained by the components the log prints"
+                       + (f" (not printed: {', '.join(unseen)}; nor the budget)" if unseen else " (check the budget)"))
+        elif cmp.explains:
+            moved = cmp.contributions[cmp.explains]
+            out.append(f"  most of the KV difference comes from {cmp.explains}: it moves the predicted KV cache by "
+                       f"{moved / (1 << 30):+.2f} GiB")
+    if report.failures:
+        out.append("")
+        out.append("failures:")
+        phases = report.phases or [""] * len(report.failures)
+        for sig, phase in list(zip(report.failures, phases, strict=False))[:10]:
+            when = f" during {phase}" if phase else ""
+            out.append(f"  line {sig.line_number}: {sig.kind} ({sig.name}){when}: {sig.line.strip()[:160]}")
+        if len(report.failures) > 10:
+            out.append(f"  ... and {len(report.failures) - 10} more (see --json)")
+    if report.summary:
+        out.append("")
+        out.extend(report.summary)
+    return "\n".join(out)
+
+
+def render_folder(folder: Any) -> str:
+    """One table per engine era: a row per observation, the engine's figures and the KV error."""
+    out = [f"{len(folder.reports)} logs read, {len(folder.skipped)} skipped"]
+    cols = ("weights_bytes", "non_torch_bytes", "activation_peak_bytes", "cuda_graph_bytes", "kv_cache_bytes",
+            "kv_cache_tokens", "max_concurrency")
+    heads = ("weights", "non-torch", "act. peak", "graphs", "KV", "KV tokens", "conc.")
+    for (_engine, label), rows in folder.groups().items():
+        out.append("")
+        out.append(f"{label}  ({len(rows)} observation{'s' if len(rows) != 1 else ''})")
+        out.append(f"  {'log':34} {'rank':>4} " + " ".join(f"{h:>10}" for h in heads) + "  KV vs vramlab")
+        for rep, it in rows:
+            obs = it.observation
+            kv = next((r for r in it.comparison.rows if r.field == "kv_cache_bytes"), None) if it.comparison else None
+            verdict = (f"{kv.relative:+.1%}" if kv is not None and kv.relative is not None
+                       else "no prediction" if it.comparison is None else "-")
+            cells = " ".join(f"{_short(c, getattr(obs, c)):>10}" for c in cols)
+            out.append(f"  {_basename(rep.source)[:34]:34} {'' if obs.rank is None else obs.rank:>4} {cells}  {verdict}")
+        reasons = sorted({it.error for _, it in rows if it.error})
+        for why in reasons[:3]:
+            out.append(f"  no prediction: {why}")
+    failed = [(rep, sig) for rep in folder.reports for sig in rep.failures]
+    if failed:
+        out.append("")
+        out.append("failed start-ups:")
+        out.extend(f"  {_basename(rep.source)}: line {sig.line_number}: {sig.name}" for rep, sig in failed[:30])
+        if len(failed) > 30:
+            out.append(f"  ... and {len(failed) - 30} more (see --json)")
+    if folder.skipped:
+        out.append("")
+        out.append("skipped:")
+        out.extend(f"  {s}: {r[:140]}" for s, r in folder.skipped[:20])
+    return "\n".join(out)
+
+
+def _short(field: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if field.endswith("_bytes"):
+        return f"{value / (1 << 30):.2f}G"
+    if field == "max_concurrency":
+        return f"{value:.2f}x"
+    return f"{int(value):,}"

@@ -1,0 +1,72 @@
+"""Health discovery (what answered, on which path) and the restart start-up allowance."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from vramlab.drill.health import discover_health
+from vramlab.drill.plan import RecoverySpec
+from vramlab.drill.recovery import LiveState, recover
+from vramlab.load.stub import StubBehaviour, StubServer
+
+
+def test_a_server_without_health_is_up_and_answers_on_v1_models():
+    async def go():
+        async with StubServer(StubBehaviour(health_status=404)) as srv:
+            return await discover_health(srv.url, "/health", 5.0)
+
+    found = asyncio.run(go())
+    assert found.path == "/v1/models"
+    assert found.answers["/health"].startswith("HTTP 404")
+    assert "/health answered HTTP 404" in found.summary() and "the server is up" in found.summary()
+
+
+def test_a_loading_server_is_waited_on_and_nothing_listening_is_said_plainly():
+    async def go():
+        async with StubServer(StubBehaviour(health_status=503)) as srv:
+            return await discover_health(srv.url, "/health", 1.0)
+
+    loading = asyncio.run(go())
+    assert loading.path is None and list(loading.answers) == ["/health"]  # 503: the path exists, not ready
+    assert loading.answers["/health"].startswith("HTTP 503")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    gone = asyncio.run(discover_health(f"http://127.0.0.1:{port}", "/healthz", 0.5))
+    assert gone.path is None and gone.answers["/healthz"] == "connection refused"
+    assert "nothing answered HTTP" in gone.summary()
+
+
+class _SlowTarget:
+    def __init__(self) -> None:
+        self.restarts: list[float] = []
+
+    def restart(self) -> None:
+        self.restarts.append(time.monotonic())
+
+
+def _recover_with(allowance_s: float) -> tuple[int, list[str]]:
+    """The target died; every restart loads longer than the grace (health stays down all along)."""
+    spec = RecoverySpec(mode="auto", restart_delay_s=0.0, liveness_grace_s=0.5, limit_s=2.5)
+    state = LiveState(failed_at_s=0.0, running=False, health_up=False, health_down_since_s=0.0)
+    target, msgs = _SlowTarget(), []
+    t0 = time.monotonic()
+    seen: list[float] = []
+
+    def emit(kind: str, message: str = "", **data) -> None:
+        msgs.append(f"{kind}: {message}")
+
+    out = asyncio.run(recover(spec, target, state, lambda: time.monotonic() - t0, emit,
+                              startup_allowance_s=allowance_s, on_restart=seen.append))
+    assert not out.recovered and len(seen) == len(target.restarts)
+    return len(target.restarts), msgs
+
+
+def test_a_restart_gets_its_own_start_up_allowance():
+    n, msgs = _recover_with(allowance_s=5.0)
+    assert n == 1, msgs  # the loading restart is left alone
+    n0, msgs0 = _recover_with(allowance_s=0.0)
+    assert n0 >= 2 and any("health failing for 0.5 s" in m for m in msgs0), msgs0  # the old behaviour

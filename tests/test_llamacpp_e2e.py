@@ -1,0 +1,238 @@
+"""End to end against a real engine: llama.cpp (llama-cpp-python's server, CPU) on a tiny
+random-weight GGUF written by the test. Needs the engine scripts/test installs
+(VRAMLAB_TEST_LLAMACPP_PYTHON); skips with the reason without it, fails under scripts/test.
+
+Bounded: every server is started with a free port and stopped by the test or the drill's
+rollback; each test has a wall-clock limit well inside pytest's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import _llamacpp as lc
+from vramlab.analysis.incident import analyse
+from vramlab.store import open_store
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    py = lc.engine_python()
+    model = lc.write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-random.gguf")
+    return py, model
+
+
+def _vramlab(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vramlab", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "VRAMLAB_DB": str(cwd / "v.db")})
+
+
+def _run_plan(url: str, duration_s: float = 2.0, timeout_s: float = 20.0) -> dict:
+    return {
+        "name": "llamacpp-e2e", "rounds": 1,
+        "target": {"base_url": url, "api": "openai-completions", "model": "tiny", "kind": "llama.cpp"},
+        "fixed": {"input": {"synthetic": {"prompt_tokens": 16, "output_tokens": 8, "seed": 1, "count": 8}}},
+        "change": {"variable": "concurrency", "steps": [2]},
+        "phases": {"duration_s": duration_s, "drain_s": 2.0},
+        "load": {"concurrency": 1, "request_timeout_s": timeout_s},
+        "stop_conditions": {"error_rate": 0.5, "window_s": 5, "min_requests": 5},
+        "samplers": {"interval_s": 0.5, "sources": ["host", "health"]},
+    }
+
+
+def test_run_against_the_real_engine(engine, tmp_path):
+    py, model = engine
+    srv = lc.start_server(py, model, tmp_path / "server.log", extra="--model_alias tiny")
+    try:
+        (tmp_path / "plan.yaml").write_text(yaml.safe_dump(_run_plan(srv.url)))
+        res = _vramlab("run", "plan.yaml", "--db", str(tmp_path / "v.db"), "--json", cwd=tmp_path)
+    finally:
+        srv.stop()
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    store = open_store(str(tmp_path / "v.db"))
+    reqs = [r for r in store.requests(out["run_id"]) if r.error_class != "cancelled"]
+    assert len(reqs) >= 4 and all(r.ok for r in reqs), [r.error for r in reqs if not r.ok][:3]
+    assert {r.phase for r in reqs} == {"baseline", "treatment", "recovery"}
+    assert all((r.output_tokens or 0) > 0 and r.ttft_ms is not None for r in reqs)
+    assert store.get_run(out["run_id"]).fixed.get("engine") == "llama.cpp"
+
+
+def test_check_log_reads_the_real_start_up_log(engine, tmp_path):
+    py, model = engine
+    srv = lc.start_server(py, model, tmp_path / "server.log", n_ctx=1024)
+    srv.stop()
+    log = (tmp_path / "server.log").read_text(errors="replace")
+    assert re.search(r"KV buffer size\s*=\s*[\d.]+ MiB", log), log[-3000:]
+    res = _vramlab("check-log", str(tmp_path / "server.log"), "--model", str(model), "--engine", "llama.cpp",
+                   "--json", cwd=tmp_path)
+    assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-2000:])
+    assert re.search(r"kv", res.stdout, re.I) and re.search(r"\d", res.stdout)
+
+
+def _kv_bytes_logged(py: str, model: Path, n_ctx: int, n_seq: int, cache: str) -> tuple[int, str]:
+    """Create a llama.cpp context with the low-level API (the server has one slot; a context can have
+    several) and read the KV size llama.cpp logs: 'llama_kv_cache: size = X MiB (...)'."""
+    types = {"f16": 1, "q8_0": 8, "q4_0": 2}
+    script = f"""
+import llama_cpp as L
+L.llama_backend_init()
+mp = L.llama_model_default_params()
+m = L.llama_model_load_from_file({str(model)!r}.encode(), mp)
+cp = L.llama_context_default_params()
+cp.n_ctx = {n_ctx}; cp.n_seq_max = {n_seq}; cp.n_batch = 64; cp.n_ubatch = 64; cp.n_threads = 1
+cp.type_k = {types[cache]}; cp.type_v = {types[cache]}
+if {cache != "f16"!r}:
+    cp.flash_attn_type = 1  # a quantized V cache needs flash attention
+ctx = L.llama_init_from_model(m, cp)
+assert ctx, "no context"
+"""
+    res = subprocess.run([py, "-c", script], capture_output=True, text=True, timeout=120)
+    text = res.stdout + res.stderr
+    assert res.returncode == 0, text[-3000:]
+    sizes = [float(x) for x in re.findall(r"llama_kv_cache:\s+size\s*=\s*([\d.]+) MiB", text)]
+    assert sizes, text[-3000:]
+    return round(sum(sizes) * 2**20), text
+
+
+@pytest.mark.parametrize(("n_ctx", "slots", "cache"), [(512, 1, "f16"), (2048, 1, "f16"), (2048, 4, "f16"),
+                                                        (1024, 2, "q8_0"), (4096, 1, "q4_0")])
+def test_plan_kv_bytes_match_the_engine(engine, tmp_path, n_ctx, slots, cache):
+    py, model = engine
+    logged, text = _kv_bytes_logged(py, model, n_ctx, slots, cache)
+    res = _vramlab("plan", "--model", str(model), "--engine", "llama.cpp", "--ctx-size", str(n_ctx), "--parallel",
+                   str(slots), "--kv-cache-dtype", cache, "--gpu-memory-gib", "8", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    planned = json.loads(res.stdout)["kv_cache_bytes"]
+    # the log prints MiB with two decimals: equal to within its rounding (0.005 MiB)
+    assert abs(planned - logged) <= 0.005 * 2**20, (planned, logged, re.findall(r"llama_kv_cache.*", text))
+
+
+# ---- drills ---------------------------------------------------------------------------------
+
+def _drill_doc(py: str, model: Path, tmp_path: Path, command: str, **over) -> dict:
+    port = lc.free_port()
+    doc = {
+        "name": "llamacpp-kill", "rounds": 1, "baseline_s": 2.0,
+        "target": {"kind": "process", "environment": "test", "engine": "llama.cpp",
+                   "base_url": f"http://127.0.0.1:{port}", "model": "tiny", "command": command,
+                   "log_file": str(tmp_path / "target.log")},
+        "load": {"concurrency": 2, "prompt_tokens": 16, "max_tokens": 8, "request_timeout_s": 20},
+        "ramp": {"knob": "concurrency", "mode": "geometric", "start": 2, "factor": 2, "ceiling": 8, "step_s": 3},
+        "stop": {"error_rate": 0.5, "window_s": 2, "min_requests": 3, "wall_clock_s": 170},
+        "recovery": {"mode": "auto", "limit_s": 60, "observe_s": 2, "p95_tolerance": 20},
+        "clients": {"policy": "none"},
+    }
+    for k, v in over.items():
+        doc[k] = {**doc[k], **v} if isinstance(v, dict) else v
+    return doc
+
+
+def _drill_with_kill(doc: dict, tmp_path: Path, kill_at_step: int = 1, after_s: float = 1.5):
+    """Run the drill in-process; SIGKILL the server `after_s` into ramp step `kill_at_step`."""
+    from vramlab.drill.plan import parse_plan
+    from vramlab.drill.runner import DrillRunner
+
+    store = open_store(str(tmp_path / "s.db"))
+    runner = DrillRunner(parse_plan(doc), store, workdir=str(tmp_path / "work"))
+    killed: list[tuple[float, int]] = []
+
+    def kill() -> None:
+        pid = runner.target._proc.pid  # type: ignore[attr-defined]
+        os.kill(pid, signal.SIGKILL)
+        killed.append((runner.now(), pid))
+
+    def on_event(ev) -> None:
+        if ev.kind == "step" and ev.data.get("step") == kill_at_step and not killed:
+            asyncio.get_running_loop().call_later(after_s, kill)
+
+    runner.hook.add(on_event)
+    t = time.monotonic()
+    result = asyncio.run(asyncio.wait_for(runner.run(), 200))
+    return store, runner, result, killed, time.monotonic() - t
+
+
+def test_drill_sigkill_is_a_crash_not_oom_and_a_slow_restart_is_not_killed(engine, tmp_path):
+    py, model = engine
+    # every start loads slowly (6 s before the engine even starts): longer than the default 5 s grace
+    cmd = "sleep 6; " + lc.server_command(py, model, "{port}", extra="--model_alias tiny")
+    doc = _drill_doc(py, model, tmp_path, cmd)
+    store, runner, result, killed, took = _drill_with_kill(doc, tmp_path)
+    rid = runner.run_id
+    events = store.events(rid)
+    inc = analyse(store.requests(rid), store.samples(rid), events, p95_tolerance=20)
+    print(f"drill took {took:.1f} s; load time {runner.load_time_s:.2f} s; mode {inc.failure_mode}; "
+          f"evidence {inc.evidence}; trigger {inc.trigger}; storm {inc.retry_storm}; recovery {inc.recovery}")
+    assert killed, "the ramp never reached the step where the server is killed"
+    assert result.status == "completed" and result.failed_rounds == [0]
+    # named from evidence: a kill by signal, no OOM anywhere
+    assert inc.failure_mode == "killed_by_signal", inc.evidence
+    assert any("killed by signal 9 (SIGKILL)" in e for e in inc.evidence)
+    assert any("no out-of-memory evidence" in e for e in inc.evidence)
+    assert not any(e.kind == "oom" for e in events)
+    # T0 is the kill (its first evidence), never before it; the trigger sent requests
+    assert inc.t0_s is not None and inc.t0_s >= killed[0][0] - 0.05
+    assert inc.trigger is not None and inc.trigger.step == 1 and inc.trigger.requests_sent > 0
+    # the server had no /health: discovery said so and used /v1/models
+    hp = next(e for e in events if e.kind == "health_path")
+    assert hp.data["path"] == "/v1/models" and "HTTP 404" in hp.message
+    # the restart takes longer than the default grace, and the supervisor let it load
+    restarts = [e for e in events if e.kind == "mitigation"]
+    assert len(restarts) == 1 and "process exited" in restarts[0].message, [e.message for e in restarts]
+    assert runner.load_time_s is not None and runner.load_time_s > 5.0
+    assert inc.recovery.recovered, inc.recovery
+    assert inc.recovery.first_success_s is not None and inc.recovery.first_success_s > 5.0
+    # policy none: no retries, so no retry storm, whatever the closed-loop users did
+    assert inc.retry_storm.retries == 0 and not inc.retry_storm.storm
+    from vramlab.report import load_context, render
+
+    md = render(load_context(store, rid), "md")
+    assert "killed_by_signal" in md and "crash_after_oom" not in md and "| retry storm | no |" in md
+
+
+def test_drill_refused_restart_is_named_with_the_engines_words(engine, tmp_path):
+    py, model = engine
+    mark = tmp_path / "started-once"
+    good = lc.server_command(py, model, "{port}", extra="--model_alias tiny")
+    bad = lc.server_command(py, model, "{port}", extra="--no_such_flag 1")
+    cmd = f"if [ -e {mark} ]; then {bad}; fi; touch {mark}; {good}"
+    doc = _drill_doc(py, model, tmp_path, cmd, recovery={"limit_s": 15, "observe_s": 1})
+    store, runner, result, killed, took = _drill_with_kill(doc, tmp_path, kill_at_step=0)
+    rid = runner.run_id
+    events = store.events(rid)
+    inc = analyse(store.requests(rid), store.samples(rid), events, p95_tolerance=20)
+    print(f"drill took {took:.1f} s; mode {inc.failure_mode}; evidence {inc.evidence}")
+    assert killed
+    assert inc.failure_mode == "killed_by_signal+startup_refusal_on_restart", inc.evidence
+    refused = next(e for e in inc.evidence if e.startswith("restart refused"))
+    assert "exited with code 2" in refused
+    assert "unrecognized arguments: --no_such_flag" in (tmp_path / "target.log").read_text()
+    assert not inc.recovery.recovered and any(e.kind == "not_recovered" for e in events)
+    assert any(e.kind == "rollback" and "stop the target" in e.message for e in events)
+
+
+def test_run_against_a_hung_engine_ends_non_zero_and_says_so(engine, tmp_path):
+    py, model = engine
+    srv = lc.start_server(py, model, tmp_path / "server.log", extra="--model_alias tiny")
+    os.kill(srv.proc.pid, signal.SIGSTOP)  # the socket still accepts connections; nothing answers
+    try:
+        (tmp_path / "plan.yaml").write_text(yaml.safe_dump(_run_plan(srv.url, duration_s=3.0, timeout_s=1.0)))
+        res = _vramlab("run", "plan.yaml", "--db", str(tmp_path / "v.db"), cwd=tmp_path, timeout=120)
+    finally:
+        os.kill(srv.proc.pid, signal.SIGCONT)
+        srv.stop()
+    assert res.returncode != 0, (res.stdout[-2000:], res.stderr[-2000:])
+    assert "timed out" in (res.stdout + res.stderr)

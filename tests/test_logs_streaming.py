@@ -1,0 +1,77 @@
+"""Reading a log costs bounded time and memory: /dev/zero, a pipe that never ends, a pasted
+megabyte-long line. Bounds are generous (a loaded 2-core machine); what is asserted is that
+the command finishes and says what it left out."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from vramlab.logs.detect import parse_log, read_log
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "vramlab", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
+def test_dev_zero_finishes_with_one_line():
+    r = cli("check-log", "/dev/zero", "--max-bytes", "8000000")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no line of a known engine" in r.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_an_endless_pipe_is_read_up_to_the_cap(tmp_path):
+    fifo = tmp_path / "engine.log"
+    os.mkfifo(fifo)
+    head = (LOGS / "vllm-v1-0.19-debug.log").read_text(encoding="utf-8")
+    filler = "(APIServer pid=1) INFO 01-01 00:00:00 [loggers.py:1] Engine 000: Running: 1 reqs\n" * 1000
+    written = {"bytes": 0}
+
+    def writer() -> None:
+        try:
+            with open(fifo, "w", encoding="utf-8") as fh:
+                fh.write(head)
+                while written["bytes"] < 50_000_000:  # a safety stop if the reader never stops
+                    fh.write(filler)
+                    written["bytes"] += len(filler)
+        except (BrokenPipeError, OSError):
+            pass  # the reader stopped at its cap: that is the point
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    r = cli("check-log", str(fifo), "--max-bytes", "2000000", "--json")
+    t.join(timeout=30)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["observations"] and out["observations"][0]["kv_cache_bytes"] > 0
+    assert any("2,000,000 bytes" in n for n in out["notes"])
+    assert written["bytes"] < 50_000_000  # it stopped reading long before the writer gave up
+
+
+def test_an_over_long_line_keeps_its_start_and_the_lines_after_it(tmp_path):
+    p = tmp_path / "pasted.log"
+    good = (LOGS / "vllm-v1-0.19-debug.log").read_text(encoding="utf-8")
+    p.write_text("x" * 3_000_000 + "\n" + good, encoding="utf-8")
+    lines = read_log(p, max_line=4096)
+    assert len(lines[0]) == 4096 and lines[1:] == good.splitlines()
+    assert parse_log(p).observations  # the start-up after the blob is still read
+
+
+def test_a_byte_cap_says_so(tmp_path):
+    p = tmp_path / "big.log"
+    good = (LOGS / "vllm-v1-0.19-debug.log").read_text(encoding="utf-8")
+    p.write_text(good + "INFO filler line\n" * 20000, encoding="utf-8")
+    parsed = parse_log(p, max_bytes=len(good.encode()) + 100)
+    assert parsed.observations and parsed.notes and "bytes only" in parsed.notes[0]
+    assert not parse_log(p).notes  # under the default cap nothing is left out

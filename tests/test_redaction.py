@@ -1,0 +1,231 @@
+"""The redaction layer (vramlab.redact) and the promise behind it: no secret from a URL or a header
+reaches the store, a report, stdout/stderr or an event, even when the server echoes it back."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vramlab import redact as r
+
+VRAMLAB = [sys.executable, "-m", "vramlab"]
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> Iterator[None]:
+    r.forget_all()
+    yield
+    r.forget_all()
+
+
+@pytest.mark.parametrize("text, secret", [
+    ("http://alice:S3cretUrlPw@host:8000/v1", "S3cretUrlPw"),
+    ("POST https://TOKENasUSER123@api.example.com/v1", "TOKENasUSER123"),
+    ("postgresql://vramlab:pgPassw0rd@db/vramlab", "pgPassw0rd"),
+    ("Authorization: Bearer abcdEFGH12345678", "abcdEFGH12345678"),
+    ('{"headers": {"Authorization": "Bearer zzTopSecret99"}}', "zzTopSecret99"),
+    ("{'authorization': 'Basic YWxpY2U6czNjcmV0'}", "YWxpY2U6czNjcmV0"),
+    ("Cookie: session=abcdef123456; other=1", "abcdef123456"),
+    ('{"x-api-key": "plainkeyvalue"}', "plainkeyvalue"),
+    ("error: invalid key sk-proj-AbCdEfGhIjKlMnOpQrSt1234", "AbCdEfGhIjKlMnOpQrSt1234"),
+    ("token hf_AbCdEfGhIjKlMnOpQrStUv was refused", "hf_AbCdEfGhIjKlMnOpQrStUv"),
+    ("GET /metrics?api_key=qwerty12345&x=1", "qwerty12345"),
+    ('"password": "hunter2hunter2"', "hunter2hunter2"),
+    ("ghp_0123456789abcdefghijABCDEFGHIJ", "0123456789abcdefghijABCDEFGHIJ"),
+])
+def test_patterns_mask_the_secret(text: str, secret: str) -> None:
+    out = r.redact(text)
+    assert secret not in out, out
+    assert r.MASK in out
+    assert r.redact(out) == out  # idempotent
+
+
+@pytest.mark.parametrize("text", [
+    "Engine 000: Avg prompt throughput: 12.0 tokens/s, GPU KV cache usage: 3.1%",
+    "http://127.0.0.1:8000/v1/chat/completions",
+    "a basic experiment with token usage 0.42",
+    "round 1/3 baseline: 40 requests, 0 errors, P95 120 ms",
+    "api_key_env: OPENAI_API_KEY",
+])
+def test_ordinary_text_is_left_alone(text: str) -> None:
+    assert r.redact(text) == text
+
+
+def test_registered_values_and_url_forms() -> None:
+    r.register_urls_in({"target": {"base_url": "http://bob:pa%24%24word99@h:1"}, "x": ["http://tok3nUser@h"]})
+    r.register("K3yValuePlain77")
+    basic = base64.b64encode(b"bob:pa$$word99").decode()
+    text = f"echo: pa$$word99 pa%24%24word99 {basic} tok3nUser K3yValuePlain77"
+    out = r.redact(text)
+    for s in ("pa$$word99", "pa%24%24word99", basic, "tok3nUser", "K3yValuePlain77"):
+        assert s not in out, out
+
+
+def test_redact_obj_masks_secret_keys_and_nested_strings() -> None:
+    doc = {"headers": {"Cookie": "a=b", "Accept": "json"}, "urls": ["http://u:pw12345@h"], "n": 3}
+    out = r.redact_obj(doc)
+    assert out["headers"] == {"Cookie": "***", "Accept": "json"}
+    assert "pw12345" not in json.dumps(out) and out["n"] == 3
+
+
+def test_cli_streams_are_redacted(capsys: pytest.CaptureFixture[str]) -> None:
+    from vramlab.cli.main import main
+
+    code = main(["report", "nothex!", "--db", "postgresql://u:LeakyPw999@127.0.0.1:1/x"])
+    cap = capsys.readouterr()
+    assert code == 2
+    assert "LeakyPw999" not in cap.out + cap.err
+
+
+# -- end to end: a server that echoes every header, secrets in every URL field ----------------
+
+SECRETS = {
+    "url_password": "S3cretUrlPw",
+    "metrics_password": "M3tricsPw42",
+    "health_password": "H3althPw42",
+    "api_key": "K3yValuePlain77",
+    "query_token": "QryT0ken555",
+}
+
+
+@pytest.fixture()
+def echo_server() -> Iterator[str]:
+    """Answers completions with a 401 whose body echoes the request's headers and URL (as some
+    proxies do), /health and /metrics with the headers in the body too."""
+    from aiohttp import web
+
+    async def echo(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": f"unauthorized: {dict(request.headers)} at {request.url}"}},
+                                 status=401)
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text=f"ok {dict(request.headers)}")
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=f"# headers {dict(request.headers)}\nvllm:num_requests_waiting 0\n")
+
+    ready, box = threading.Event(), {}
+
+    def serve() -> None:
+        async def main() -> None:
+            app = web.Application()
+            app.router.add_post("/v1/chat/completions", echo)
+            app.router.add_get("/v1/models", echo)
+            app.router.add_get("/version", echo)
+            app.router.add_get("/health", health)
+            app.router.add_get("/metrics", metrics)
+            runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            box["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            box["loop"], box["stop"] = asyncio.get_running_loop(), asyncio.Event()
+            ready.set()
+            await box["stop"].wait()  # type: ignore[union-attr]
+            await runner.cleanup()
+
+        asyncio.run(main())
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    yield f"127.0.0.1:{box['port']}"
+    box["loop"].call_soon_threadsafe(box["stop"].set)  # type: ignore[union-attr]
+    t.join(5)
+
+
+def _leak_plan(path: Path, host: str, base_url: str, key_env: str | None) -> Path:
+    s = SECRETS
+    path.write_text(f"""\
+name: leak-check
+target:
+  base_url: {base_url}
+  model: m
+{"  api_key_env: " + key_env if key_env else ""}
+  metrics_url: http://mon:{s['metrics_password']}@{host}/metrics?token={s['query_token']}
+  health_url: http://hc:{s['health_password']}@{host}/health
+fixed:
+  input:
+    synthetic: {{prompt_tokens: 8, output_tokens: 2, seed: 1, count: 4}}
+change:
+  variable: concurrency
+  steps: [1]
+phases:
+  requests: 12
+  drain_s: 0.2
+rounds: 1
+stop_conditions:
+  error_rate: 1.0
+  min_requests: 1000
+samplers:
+  interval_s: 0.1
+  sources: [engine, health, host]
+rollback:
+  - echo rolled back from {base_url}
+""")
+    return path
+
+
+def test_both_url_credentials_and_a_key_are_refused(tmp_path: Path) -> None:
+    from vramlab.errors import ConfigError
+    from vramlab.experiment.plan import load_plan
+
+    plan = _leak_plan(tmp_path / "p.yaml", "h:1", "http://alice:pw12345@h:1", "SOME_KEY")
+    with pytest.raises(ConfigError, match="user-info"):
+        load_plan(plan)
+
+
+def test_no_secret_leaves_the_process(tmp_path: Path, echo_server: str) -> None:
+    s, host = SECRETS, echo_server
+    # One run with credentials in every URL, one with the API key (HTTP carries one of the two).
+    with_userinfo = _leak_plan(tmp_path / "a.yaml", host, f"http://alice:{s['url_password']}@{host}", None)
+    with_key = _leak_plan(tmp_path / "b.yaml", host, f"http://{host}", "LEAK_TEST_KEY")
+    db = tmp_path / "v.db"
+    env = {**os.environ, "LEAK_TEST_KEY": s["api_key"], "VRAMLAB_DB": str(db)}
+    outputs: list[str] = []
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        p = subprocess.run([*VRAMLAB, *args], capture_output=True, text=True, timeout=120, env=env)
+        outputs.extend([p.stdout, p.stderr])
+        return p
+
+    ids = []
+    for plan in (with_userinfo, with_key):
+        run = cli("run", str(plan), "--json")
+        assert run.returncode in (0, 1, 3), run.stderr
+        summary = json.loads(run.stdout)
+        assert summary["requests"] > 0, run.stdout + run.stderr
+        assert summary["errors"] == summary["requests"]  # every request hit the echo
+        assert "Traceback" not in run.stderr
+        ids.append(summary["run_id"])
+        cli("run", str(plan))  # the plain progress lines too
+    for rid in ids:
+        for fmt in ("md", "html", "json"):
+            rep = cli("report", rid, "--format", fmt)
+            assert rep.returncode == 0, rep.stderr
+            out = tmp_path / f"r-{rid}.{fmt}"
+            assert cli("report", rid, "-o", str(out)).returncode == 0
+            outputs.append(out.read_text())
+    cli("runs")
+    cli("runs", "--json")
+    from vramlab.store import open_store
+
+    with open_store(str(db)) as store:
+        errors = [q.error or "" for rid in ids for q in store.requests(rid)]
+        events = [e.message for rid in ids for e in store.events(rid)]
+    assert sum("unauthorized" in e for e in errors) == len(errors)  # the echo reached the column, masked
+    assert any("rolled back from http://***@" in m for m in events)
+    blobs = [p.read_bytes() for p in tmp_path.glob("v.db*")]  # the database, its WAL and shm
+    basic = base64.b64encode(f"alice:{s['url_password']}".encode()).decode()
+    leaked = [(name, secret) for name, secret in [*s.items(), ("basic", basic)]
+              if any(secret in o for o in outputs) or any(secret.encode() in b for b in blobs)]
+    assert leaked == []

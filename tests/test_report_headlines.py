@@ -1,0 +1,205 @@
+"""Every headline sentence agrees with the table beside it, per report kind: experiment, incident
+(the OOM drill), co-location and `vramlab plan`. The headline is read from the rendered document and
+the figure from the rendered table, so a change to either side that breaks the agreement fails here.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import _synthetic_run as synth
+from vramlab.report import load_context
+from vramlab.report.blocks import Bullets, Table, Text
+from vramlab.report.sections import build_document
+from vramlab.store import open_store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _doc(store, run_id):
+    return build_document(load_context(store, run_id))
+
+
+def _section(doc, sid):
+    return next(s for s in doc.sections if s.id == sid)
+
+
+def _tables(section):
+    return [b for b in section.blocks if isinstance(b, Table)]
+
+
+def _bullets(section):
+    return [i for b in section.blocks if isinstance(b, Bullets) for i in b.items]
+
+
+def _texts(section):
+    return [b.text for b in section.blocks if isinstance(b, Text)]
+
+
+def _rows(table):
+    return [dict(zip(table.headers, r, strict=True)) for r in table.rows]
+
+
+# -- experiment --------------------------------------------------------------------------------------
+
+def test_experiment_summary_agrees_with_thresholds_and_recovery_tables(tmp_path):
+    with open_store(str(tmp_path / "v.db")) as store:
+        synth.insert(store)
+        doc = _doc(store, synth.RUN_ID)
+    summary = _bullets(_section(doc, "summary"))
+    line = next(i for i in summary if i.startswith("Thresholds held"))
+    m = re.search(r"up to: concurrency (\S+); first breach: round (\d+) (\w+) at concurrency (\S+), (\w+) (.+?) vs "
+                  r"limit (.+)$", line)
+    assert m, line
+    held, rnd, phase, value, metric, seen, limit = m.groups()
+    table = _tables(_section(doc, "thresholds"))[0]
+    rows = _rows(table)
+    col = next(h for h in table.headers if h.startswith(metric))
+    first = next(r for r in rows if any(v.endswith("BREACH") for k, v in r.items() if k not in ("round", "phase")))
+    assert (first["round"], first["phase"], first["concurrency"]) == (rnd, phase, value)
+    assert first[col] == f"{seen} BREACH" and f"≤ {limit}" in col
+    ok_values = {float(r["concurrency"]) for r in rows if r["concurrency"] != "–"
+                 and all(not v.endswith("BREACH") for v in r.values())}
+    assert float(held) == max(v for v in ok_values if v < float(value))
+    rec = _rows(_tables(_section(doc, "recovery"))[0])
+    for item in summary:
+        m = re.match(r"Round (\d+) returned to baseline: (yes|no)(?: after (\S+) s)?", item)
+        if m:
+            row = next(r for r in rec if r["round"] == m.group(1))
+            assert row["returned"] == m.group(2)
+            if m.group(3):
+                assert row["when (into recovery)"] == f"{m.group(3)} s"
+    assert any(i.startswith("Round 2 returned") for i in summary)
+
+
+# -- incident and co-location (real drills against sims) ---------------------------------------------
+
+@pytest.fixture(scope="module")
+def drills(tmp_path_factory):
+    from vramlab.drill.demo import run_drill_demo
+
+    tmp = tmp_path_factory.mktemp("drills")
+    db = str(tmp / "s.db")
+    oom = run_drill_demo(db, tmp / "incident.html", baseline_s=1.5, step_s=0.6, observe_s=1.5)
+    doc = yaml.safe_load((ROOT / "examples" / "colocation-drill.yaml").read_text())
+    doc["target"]["sim"]["device"] = str(tmp / "gpu0.ledger")
+    doc["baseline_s"], doc["ramp"]["step_s"] = 1.0, 0.5
+    (tmp / "c.yaml").write_text(yaml.safe_dump(doc))
+    res = subprocess.run([sys.executable, "-m", "vramlab", "drill", str(tmp / "c.yaml"), "--db", db, "-o",
+                          str(tmp / "c.md")], cwd=tmp, capture_output=True, text=True, timeout=150)
+    assert res.returncode == 0, res.stderr[-2000:]
+    coloc = re.search(r"run ([0-9a-f]{8})", res.stderr).group(1)  # type: ignore[union-attr]
+    store = open_store(db)
+    yield store, oom.run_id, coloc, res.stdout
+    store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_incident_headline_clocks_are_the_recovery_tables(drills):
+    store, run_id, _, _ = drills
+    doc = _doc(store, run_id)
+    head = _bullets(_section(doc, "incident"))[0].strip("*")
+    clocks = {r["figure"]: r["value"] for r in _rows(_tables(_section(doc, "incident-recovery"))[0])}
+    detected = re.search(r"detected in (\S+ s)", head)
+    assert detected and clocks["time to detect"] == detected.group(1), (head, clocks)
+    rec = re.search(r"recovered in (\S+ s) from T0 \(the latest of: (.*?)\)", head)
+    assert rec, head
+    assert clocks["time to recover"] == rec.group(1)
+    named = dict(re.findall(r"(serving again|health 200|P95 back) \+(\S+ s)", rec.group(2)))
+    table_of = {"serving again": "first successful generation", "health 200": "health 200 again",
+                "P95 back": "P95 back within tolerance"}
+    assert named and all(clocks[table_of[k]] == v for k, v in named.items()), (named, clocks)
+    assert max(float(v[:-2]) for v in named.values()) == float(rec.group(1)[:-2])  # the latest of them
+    failed = re.search(r"(\d+) failed requests", head).group(1)  # type: ignore[union-attr]
+    impact = {r["impact"]: r["value"] for r in _rows(_tables(_section(doc, "incident-impact"))[0])}
+    assert impact["failed attempts"] == failed
+    # One relative clock: each alert's "T0 +" is the timeline's for the same moment.
+    timeline = _rows(_tables(_section(doc, "incident-timeline"))[0])
+    det = _section(doc, "incident-detection")
+    alerts = [t for t in _tables(det) if t.headers[0] == "alert"]
+    for a in (_rows(alerts[0]) if alerts else []):
+        same = [r for r in timeline if r["event"] == "alert" and r["t (s)"] == a["t (s)"]]
+        assert same and all(r["T0 + (s)"] == a["T0 + (s)"] for r in same), (a, same)
+    firing = [a for a in (_rows(alerts[0]) if alerts else []) if a["state"] == "firing"]
+    if firing:
+        rel = firing[0]["T0 + (s)"]
+        assert clocks["time to alert"].startswith(rel if rel.startswith("-") else rel.lstrip("+") + " s"), clocks
+    else:
+        assert clocks["time to alert"] == "–"
+    # The first abnormal signal named in the headline is the first row of the signal table.
+    first = re.search(r"first abnormal signal (\S+);", head).group(1)  # type: ignore[union-attr]
+    order = [t for t in _tables(det) if t.headers[0] == "signal"][0]
+    assert order.rows[0][0] == first
+    # A predicted limit at or above the failing value is called the unsafe side.
+    cause = " ".join(_bullets(_section(doc, "incident-cause")))
+    m = re.search(r"Predicted limit (\S+) .*? vs observed failure at (\S+) ", cause)
+    if m:
+        predicted, failed_at = (float(x.replace(",", "")) for x in m.groups())
+        assert ("unsafe side" in cause) == (predicted >= failed_at), cause
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_colocation_headline_counts_the_refusals_the_table_shows(drills):
+    store, _, run_id, stdout = drills
+    doc = _doc(store, run_id)
+    head = _bullets(_section(doc, "incident"))[0].strip("*")
+    table = _tables(_section(doc, "incident-colocation"))[0]
+    col = table.headers.index("ramp and after")
+    ramp = [r[col] for r in table.rows if r[col] != "–"]
+    bad = [c for c in ramp if not c.startswith("started")]
+    if bad:
+        m = re.search(r"but (\d+) of (\d+) added models did not start", head)
+        assert m and (int(m.group(1)), int(m.group(2))) == (len(bad), len(ramp)), (head, ramp)
+    else:
+        assert "did not start" not in head
+    assert head.split(":")[0] in stdout  # the console says what the report says
+
+
+def test_time_to_alert_reads_on_the_alert_tables_clock():
+    from types import SimpleNamespace
+
+    from vramlab.report.incident import alert_clock
+
+    early = SimpleNamespace(t0_s=10.0, time_to_alert_s=0.0,  # the analysis clamps at T0
+                            alerts=[{"name": "A", "state": "pending", "t_s": 9.0},
+                                    {"name": "A", "state": "firing", "t_s": 9.53}])
+    assert alert_clock(early).startswith("-0.47 s") and "before the fault step" in alert_clock(early)
+    late = SimpleNamespace(t0_s=10.0, time_to_alert_s=1.25, alerts=[{"name": "A", "state": "firing", "t_s": 11.25}])
+    assert alert_clock(late) == "1.25 s"
+    assert alert_clock(SimpleNamespace(t0_s=10.0, time_to_alert_s=None, alerts=[])) == "–"
+
+
+def test_predictions_above_the_failure_are_called_unsafe():
+    from vramlab.report.incident import prediction_side
+
+    assert "unsafe side" in prediction_side(4432, 4096, 2048)
+    assert "unsafe side" in prediction_side(4096, 4096, 2048)
+    assert "safe side" in prediction_side(1500, 4096, 2048) and "unsafe" not in prediction_side(1500, 4096, 2048)
+    assert "between" in prediction_side(3000, 4096, 2048)
+
+
+# -- vramlab plan ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    ["--model", "llama-3.1-8b-instruct", "--gpu", "rtx-4090", "--engine", "llama.cpp", "--ctx-size", "32768",
+     "--parallel", "4"],
+    ["--model", "llama-3.1-8b-instruct", "--gpu", "h100-80gb", "--max-model-len", "8192"],
+    ["--model", "qwen3-8b", "--gpu", "l4", "--engine", "sglang", "--max-model-len", "16384"],
+])
+def test_plan_safe_point_speaks_in_the_same_sequence_length_as_max_concurrency(args):
+    out = subprocess.run([sys.executable, "-m", "vramlab", "plan", *args, "--offline"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode in (0, 1), out.stderr
+    conc = re.search(r"max concurrency at ([\d,]+) tokens: ([\d.]+)", out.stdout)
+    safe = re.search(r"safe operating point .*?: (\d+) (?:of \S+ slots|sequences) at ([\d,]+) tokens", out.stdout)
+    assert conc and safe, out.stdout
+    assert safe.group(2) == conc.group(1), out.stdout  # one sequence length for both lines
+    assert int(safe.group(1)) <= int(float(conc.group(2))), out.stdout

@@ -1,0 +1,77 @@
+"""A 4xx from the server is reported in the server's own words, and a non-standard field the server
+refuses (`ignore_eos`) is dropped with a note instead of failing every request (issue #11 item 6)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from vramlab.cli.run import summary
+from vramlab.experiment.events import EventHook
+from vramlab.experiment.plan import parse_plan
+from vramlab.experiment.recorder import StoreRecorder
+from vramlab.experiment.runner import Runner, RunOptions, RunResult
+from vramlab.load.stub import StubBehaviour, StubServer
+from vramlab.observe.base import FakeSampler
+from vramlab.report import load_context, render
+from vramlab.store import open_store
+
+SERVER_SAYS = "This model's maximum context length is 2048 tokens. However, you requested 4096 tokens"
+
+
+def _run(tmp_path: Path, b: StubBehaviour, extra: str = "") -> tuple[RunResult, Any]:
+    plan = parse_plan(f"""
+name: r4xx
+target: {{base_url: "http://placeholder", model: stub-model}}
+fixed: {{input: {{synthetic: {{prompt_tokens: 8, output_tokens: 3, seed: 1, count: 4}}}}, ignore_eos: true}}
+change: {{variable: concurrency, steps: [2]}}
+phases: {{duration_s: 0.3, drain_s: 0.3}}
+rounds: 1
+samplers: {{interval_s: 0.1}}
+{extra}
+""")
+    store = open_store(str(tmp_path / "v.db"))
+
+    async def go() -> RunResult:
+        async with StubServer(b) as srv:
+            doc = plan.model_dump(mode="json")
+            doc["target"]["base_url"] = srv.url
+            hook = EventHook()
+            hook.add(StoreRecorder(store))
+            opts = RunOptions(samplers=[FakeSampler("host", {"host.cpu_percent": [1]})])
+            return await Runner(type(plan).model_validate(doc), hook, opts).run()
+
+    return asyncio.run(go()), store
+
+
+def test_a_refused_ignore_eos_is_dropped_with_the_servers_words(tmp_path):
+    b = StubBehaviour(reject_fields=("ignore_eos",))
+    r, store = _run(tmp_path, b)
+    assert r.status == "completed" and r.errors == 0, (r.status, r.notes)
+    note = next(n for n in r.notes if n.startswith("ignore_eos dropped"))
+    assert "HTTP 422" in note and "Unexpected fields in the request: {'ignore_eos'}" in note
+    assert "ignore_eos" in b.seen[0] and all("ignore_eos" not in body for body in b.seen[1:])
+    md = render(load_context(store, r.run_id), "md")
+    assert "ignore_eos dropped" in md
+
+
+def test_an_accepted_ignore_eos_is_kept(tmp_path):
+    b = StubBehaviour()
+    r, _ = _run(tmp_path, b)
+    assert r.status == "completed" and not any("ignore_eos" in n for n in r.notes)
+    assert len(b.seen) > 2 and all(body.get("ignore_eos") is True for body in b.seen)
+
+
+def test_a_4xx_that_stops_the_run_is_quoted_in_console_and_every_report(tmp_path):
+    b = StubBehaviour(fail_status=400, fail_body=json.dumps({"error": {"message": SERVER_SAYS}}))
+    r, store = _run(tmp_path, b, "stop_conditions: {error_rate: 0.2, min_requests: 3}")
+    assert r.status == "stopped" and r.stop_reason is not None
+    line = summary(r, store.url)["stop_reason"]  # what `vramlab run` prints (and --json carries)
+    assert "the server said: HTTP 400" in line and SERVER_SAYS in line
+    ctx = load_context(store, r.run_id)
+    for fmt in ("md", "html"):
+        assert SERVER_SAYS in render(ctx, fmt).replace("&#x27;", "'"), fmt
+    doc = json.loads(render(ctx, "json"))
+    assert SERVER_SAYS in doc["run"]["stop_reason"]

@@ -1,0 +1,226 @@
+"""A store that fills up or struggles mid-run: the run stops, rolls back, exits non-zero and says
+exactly what was kept; the load's latencies do not pay for the writer; a killed run shows as died."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vramlab.load.stub import StubBehaviour, StubServer
+
+VRAMLAB = [sys.executable, "-m", "vramlab"]
+
+
+@pytest.fixture()
+def stub() -> Iterator[str]:
+    b = StubBehaviour()
+    ready, box = threading.Event(), {}
+
+    def serve() -> None:
+        async def main() -> None:
+            async with StubServer(b) as srv:
+                box["url"], box["loop"], box["stop"] = srv.url, asyncio.get_running_loop(), asyncio.Event()
+                ready.set()
+                await box["stop"].wait()  # type: ignore[union-attr]
+
+        asyncio.run(main())
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    yield str(box["url"])
+    box["loop"].call_soon_threadsafe(box["stop"].set)  # type: ignore[union-attr]
+    t.join(5)
+
+
+def _plan(path: Path, url: str, requests: int = 4000, duration: float = 20, marker: Path | None = None,
+          concurrency: int = 8) -> Path:
+    rollback = f"rollback:\n  - touch {marker}\n" if marker else ""
+    path.write_text(f"""\
+name: fill
+target: {{base_url: "{url}", model: stub-model}}
+fixed: {{input: {{synthetic: {{prompt_tokens: 8, output_tokens: 2, seed: 1, count: 4}}}}}}
+change: {{variable: concurrency, steps: [{concurrency}]}}
+phases: {{requests: {requests}, duration_s: {duration}, drain_s: 0.5}}
+rounds: 1
+stop_conditions: {{wall_clock_s: 120}}
+samplers: {{interval_s: 0.2, sources: [host]}}
+{rollback}""")
+    return path
+
+
+def _count(db: Path, run_id: str) -> int:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return int(con.execute("SELECT count(*) FROM requests WHERE run_id = ?", (run_id,)).fetchone()[0])
+    finally:
+        con.close()
+
+
+def _check_failed_run(res: subprocess.CompletedProcess[str], db: Path, marker: Path) -> dict:
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["status"] == "failed" and summary["store_complete"] is False
+    assert "store" in (summary["store_failure"] or "") and "full" in summary["store_failure"]
+    received, stored = summary["received"], summary["stored"]
+    assert stored["requests"] < received["requests"]  # what was lost is counted, not hidden
+    assert stored["requests"] == _count(db, summary["run_id"])  # and the count is what the store holds
+    assert f"the store holds {stored['requests']} of {received['requests']} requests" in res.stderr
+    assert summary["requests"] < 3 * 4000  # three windows planned: the load stopped instead of running on unrecorded
+    assert marker.exists()  # the rollbacks ran
+    return summary
+
+
+def _can_mount_tmpfs(where: Path) -> bool:
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        return False
+    where.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)],
+                          capture_output=True).returncode == 0
+
+
+def test_run_on_a_filesystem_that_fills_up(tmp_path: Path, stub: str) -> None:
+    """The real thing: SQLite on a 2 MiB tmpfs, filled up but for a little room."""
+    mnt = tmp_path / "mnt"
+    if not _can_mount_tmpfs(mnt):
+        pytest.skip("cannot mount a tmpfs here (needs root); the max_page_count test covers the path")
+    try:
+        db = mnt / "v.db"
+        assert subprocess.run([*VRAMLAB, "runs", "--db", str(db)], capture_output=True).returncode == 0
+        free = shutil.disk_usage(mnt).free
+        (mnt / "filler").write_bytes(b"\0" * max(0, free - 160 * 1024))  # leave ~160 KiB
+        marker = tmp_path / "rolled-back"
+        t = time.monotonic()
+        res = subprocess.run([*VRAMLAB, "run", str(_plan(tmp_path / "p.yaml", stub, marker=marker)), "--db", str(db),
+                              "--json"], capture_output=True, text=True, timeout=180)
+        summary = _check_failed_run(res, db, marker)
+        assert time.monotonic() - t < 90
+        (mnt / "filler").unlink()  # room again: the report reads what was kept, and says so
+        rep = subprocess.run([*VRAMLAB, "report", summary["run_id"], "--db", str(db), "--format", "json"],
+                             capture_output=True, text=True, timeout=60)
+        assert rep.returncode == 0, rep.stderr
+        runs = json.loads(subprocess.run([*VRAMLAB, "runs", "--json", "--db", str(db)], capture_output=True,
+                                         text=True, timeout=60).stdout)
+        assert runs[0]["status"] in ("failed", "died")  # never "completed", never "running"
+        print(f"full tmpfs: {json.dumps({k: summary[k] for k in ('received', 'stored', 'store_failure')})}")
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_run_on_a_store_at_its_page_limit(tmp_path: Path, stub: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's own 'database or disk is full' (max_page_count), in process: no root needed."""
+    from vramlab.experiment.plan import load_plan
+    from vramlab.experiment.session import run_plan
+    from vramlab.store import open_store, sql
+
+    db = tmp_path / "v.db"
+    open_store(str(db)).close()
+    con = sqlite3.connect(db)
+    pages = con.execute("PRAGMA page_count").fetchone()[0]
+    con.close()
+    real = sql._sqlite_pragmas
+
+    def limited(dbapi_conn, record):  # noqa: ANN001, ANN202
+        real(dbapi_conn, record)
+        dbapi_conn.execute(f"PRAGMA max_page_count = {pages + 40}")
+
+    monkeypatch.setattr(sql, "_sqlite_pragmas", limited)
+    marker = tmp_path / "rolled-back"
+    plan_path = _plan(tmp_path / "p.yaml", stub, marker=marker)
+    out = run_plan(load_plan(plan_path), plan_dir=tmp_path, open_store=lambda: open_store(str(db)))
+    assert out.result.status == "failed" and out.result.exit_code == 1
+    assert not out.store_complete and out.store_failure and "full" in out.store_failure
+    assert out.received and out.stored and out.stored["requests"] < out.received["requests"]
+    assert out.stored["requests"] == _count(db, out.result.run_id)
+    assert out.result.requests < 3 * 4000 and marker.exists()  # three windows planned; the load stopped
+
+
+class _SlowStore:
+    """Every write takes 0.3 s (a disk at its limit, a remote database far away)."""
+
+    def __init__(self, real: object) -> None:
+        self.real = real
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self.real, name)
+        if name.startswith("add_"):
+            def slow(*a: object, **k: object) -> object:
+                time.sleep(0.3)
+                return attr(*a, **k)
+            return slow
+        return attr
+
+
+def test_a_slow_store_does_not_slow_the_measured_latencies(tmp_path: Path, stub: str) -> None:
+    from vramlab.experiment.events import EventHook
+    from vramlab.experiment.plan import load_plan
+    from vramlab.experiment.recorder import StoreRecorder
+    from vramlab.experiment.runner import Runner, RunOptions
+    from vramlab.store import open_store
+
+    plan = load_plan(_plan(tmp_path / "p.yaml", stub, requests=300, concurrency=2))
+
+    def p50(slow: bool) -> tuple[float, int]:
+        store = open_store(str(tmp_path / f"{slow}.db"))
+        rec = StoreRecorder(_SlowStore(store) if slow else store, flush_s=0.05, batch=5)
+        hook = EventHook()
+        hook.add(rec, critical=True)
+        res = asyncio.run(Runner(plan, hook, RunOptions(samplers=[], capture_environment=False)).run())
+        e2e = sorted(r.e2e_ms for r in store.requests(res.run_id) if r.e2e_ms is not None)
+        store.close()
+        return e2e[len(e2e) // 2], len(e2e)
+
+    fast, n_fast = p50(False)
+    slow, n_slow = p50(True)
+    assert n_fast == n_slow == 3 * 300  # baseline, treatment, recovery: nothing lost on the slow store either
+    # Written on the event loop, each 0.3 s write would stall every request in flight (P50 ~100x).
+    print(f"P50 e2e: {fast:.1f} ms on a normal store, {slow:.1f} ms with 0.3 s writes")
+    assert slow < 3 * fast + 20, (fast, slow)
+
+
+def test_a_killed_run_shows_as_died(tmp_path: Path, stub: str) -> None:
+    db = tmp_path / "v.db"
+    plan = _plan(tmp_path / "p.yaml", stub, requests=1_000_000, duration=60, concurrency=1)
+    proc = subprocess.Popen([*VRAMLAB, "run", str(plan), "--db", str(db)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            rows = json.loads(subprocess.run([*VRAMLAB, "runs", "--json", "--db", str(db)], capture_output=True,
+                                             text=True).stdout or "[]") if db.exists() else []
+            if rows and rows[0]["heartbeat_at"] is not None:
+                break
+        assert rows and rows[0]["status"] == "running", rows
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    rows = json.loads(subprocess.run([*VRAMLAB, "runs", "--json", "--db", str(db)], capture_output=True,
+                                     text=True).stdout)
+    assert rows[0]["stored_status"] == "running" and rows[0]["status"] == "died"
+    table = subprocess.run([*VRAMLAB, "runs", "--db", str(db)], capture_output=True, text=True).stdout
+    assert f"{rows[0]['id']}  run   died" in table
+
+
+def test_observed_status_from_a_stale_heartbeat() -> None:
+    from vramlab.store.liveness import STALE_S, observed_status
+
+    now = 1_000_000.0
+    assert observed_status("completed", 0, None, None, None, now) == "completed"
+    assert observed_status("running", now - 5, now - 1, None, "elsewhere", now) == "running"
+    assert observed_status("running", now - 500, now - STALE_S - 1, 12345, "another-host", now) == "died"
+    assert observed_status("running", now - 500, None, None, None, now) == "died"
+    assert observed_status("running", now - 1, now - 1, os.getpid(), __import__("socket").gethostname(), now) == "running"

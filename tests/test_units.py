@@ -1,0 +1,19 @@
+"""One GiB formatter (vramlab.capacity.units) for the reports, the plan text and pack's table."""
+
+from __future__ import annotations
+
+from vramlab.capacity.units import GIB, MIB, gib, to_gib
+
+
+def test_gib_formats_with_the_unit_and_the_missing_mark() -> None:
+    assert gib(12 * GIB) == "12.00" and gib(int(1.5 * GIB), 3) == "1.500"
+    assert gib(None) == "–"
+    assert gib(-3 * GIB, sign=True, unit=True) == "-3.00 GiB" and gib(GIB // 4, sign=True) == "+0.25"
+    assert to_gib(512 * MIB) == 0.5
+
+
+def test_renderers_share_it() -> None:
+    from vramlab.placement import result
+    from vramlab.report import fmt, plan_text
+
+    assert fmt.gib is gib and plan_text.gib is gib and result.gib is gib
