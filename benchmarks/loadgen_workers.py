@@ -250,7 +250,7 @@ def main(argv: list[str]) -> int:
     tool, mode, cfg = argv[0], argv[1], json.loads(argv[2])
     fn = WORKERS[(tool, mode)]
     if tool == "vramlab":
-        from vramlab.experiment.session import _event_loop_runner
+        from vramlab.load.workers import event_loop_runner as _event_loop_runner
 
         runner = _event_loop_runner()  # uvloop where installed, exactly as `vramlab run`
         loop_name = "uvloop" if runner is not asyncio.run else "asyncio"

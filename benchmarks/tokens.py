@@ -370,7 +370,7 @@ async def _plain(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def client_main(tool: str, cfg: dict[str, Any]) -> None:
     if tool == "vramlab":
-        from vramlab.experiment.session import _event_loop_runner
+        from vramlab.load.workers import event_loop_runner as _event_loop_runner
 
         runner = _event_loop_runner()
         res = runner(_vramlab(cfg))
