@@ -166,8 +166,9 @@ http {{
                 self.proc.wait()
 
 
-def _run_one(tool: str, mode: str, ep: Endpoint, a: argparse.Namespace, cpu: int | None, tmp: Path) -> dict[str, Any]:
-    cfg = {"url": ep.url, "hold_url": ep.hold_url, "warmup_s": a.warmup_s, "measure_s": a.measure_s,
+def _run_one(tool: str, mode: str, ep: Endpoint, a: argparse.Namespace, cpu: int | None, tmp: Path,
+             profile: str | None = None) -> dict[str, Any]:
+    cfg = {"profile": profile, "url": ep.url, "hold_url": ep.hold_url, "warmup_s": a.warmup_s, "measure_s": a.measure_s,
            "conc": a.conc, "streams": a.streams, "hold_s": a.hold_s, "probe_rate": a.probe_rate,
            "probe_cap": a.probe_cap}
     bound = a.warmup_s + a.measure_s + 5 * a.hold_s + 30  # every run also stops by itself before this
@@ -247,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server", choices=["auto", "nginx", "stub"], default="auto")
     p.add_argument("--tools", default="vramlab,locust,aiohttp,aiohttp-uvloop")
     p.add_argument("--json", action="store_true", help="print every run's raw result as JSON too")
+    p.add_argument("--profile", action="store_true", help="after the measured runs, one more run of each "
+                   "tool's rate mode under cProfile (not measured): where the CPU goes per request")
     p.add_argument("-o", "--output", help="also write the report to this file")
     a = p.parse_args(argv)
     if a.quick:
@@ -279,6 +282,12 @@ def main(argv: list[str] | None = None) -> int:
                     results[tool][mode].append(res)
                     print(f"rep {rep + 1}/{a.reps} {mode:<8} {tool:<15} {json.dumps(res)}", file=sys.stderr,
                           flush=True)
+        profiles = {}
+        if a.profile:
+            for tool in [t for t in tools if t != "locust"]:
+                path = Path(td) / f"profile-{tool}.txt"
+                _run_one(tool, "rate", ep, a, client_cpu, Path(td), profile=str(path))
+                profiles[tool] = path.read_text() if path.exists() else "(no profile written)"
     import platform
 
     head = [f"vramlab load-generator benchmark ({time.strftime('%Y-%m-%d %H:%M')}, {platform.node()})",
@@ -293,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
             "others reopen them at once from random offsets); the endpoint answers at once, so latency = client "
             "overhead (locust: from its actual send, whole ms)", ""]
     lines = head + _table(results, a) + [f"note: {n}" for n in notes]
+    for tool, text in profiles.items():
+        lines += ["", f"profile: {NAMES[tool]}, rate mode (cProfile, by own time; not a measured run)",
+                  *text.strip().splitlines()[:40]]
     text = "\n".join(lines)
     print(text)
     if a.json:

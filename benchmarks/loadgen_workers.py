@@ -260,7 +260,16 @@ def main(argv: list[str]) -> int:
         runner, loop_name = uvloop.run, "uvloop"
     else:
         runner, loop_name = asyncio.run, "asyncio"
-    res = runner(fn(cfg))
+    if cfg.get("profile"):  # benchmarks/loadgen.py --profile: a separate run, never a measured one
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        res = prof.runcall(runner, fn(cfg))
+        with open(cfg["profile"], "w") as f:
+            pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(30)
+    else:
+        res = runner(fn(cfg))
     res["loop"] = loop_name
     print(json.dumps(res))
     return 0
