@@ -411,6 +411,9 @@ def _run_monitored(cmd: list[str], env: dict[str, str], cwd: Path, timeout: floa
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:  # we are being stopped (SIGTERM, Ctrl-C): the peer's group goes too
+            os.killpg(proc.pid, signal.SIGTERM)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err), samples
 
 
@@ -506,8 +509,11 @@ def _guidellm(bin_: Path, cfg: dict[str, Any], cpus: list[int] | None, tmp: Path
     out = tmp / f"guidellm-{cfg['streams']}-{time.monotonic_ns()}.json"
     n = cfg["streams"]
     data = tmp / "guidellm-prompts.jsonl"
+    # GuideLLM sends each row once and stops when the data runs out: enough rows for the whole run
+    per_stream = math.ceil((cfg["warmup_s"] + cfg["measure_s"] + 30) * 1000 / (cfg["ttft_ms"] + (cfg["tokens"] - 1)
+                                                                            * cfg["gap_ms"]))
     data.write_text("".join(json.dumps({"prompt": f"hello {i}", "output_tokens_count": cfg["tokens"],
-                                        "prompt_tokens_count": 8}) + "\n" for i in range(64)))
+                                        "prompt_tokens_count": 8}) + "\n" for i in range(n * per_stream)))
     cmd = _pinned([str(bin_), "run", "--backend", f"kind=openai_http,target={cfg['url']},model=bench",
                    "--profile", f"kind=concurrent,streams={n}", "--data", f"kind=json_file,path={data}",
                    "--constraint", f"kind=max_duration,seconds={cfg['warmup_s'] + cfg['measure_s']}",
