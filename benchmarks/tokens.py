@@ -7,6 +7,13 @@ schedule, many streams at once, vramlab beside a plain aiohttp loop and the peer
     python benchmarks/tokens.py --peers /tmp/peers       # peers from venvs: /tmp/peers/{aiperf,guidellm}/bin
     python benchmarks/tokens.py -o benchmarks/results/tokens.txt
 
+The peers, each in its own venv (their pins conflict with vramlab's and with each other's):
+
+    python3 -m venv benchmarks/.venvs/aiperf && benchmarks/.venvs/aiperf/bin/pip install aiperf==0.13.0
+    python3 -m venv benchmarks/.venvs/guidellm && benchmarks/.venvs/guidellm/bin/pip install guidellm==0.8.1
+
+inference-perf is not run: every release on PyPI needs Python >= 3.12.
+
 The endpoint streams every request the same way: the first SSE chunk ``--ttft-ms`` after the
 request, then ``--tokens - 1`` more, one every ``--gap-ms``, then a usage chunk and ``[DONE]``.
 It is nginx with the echo module (Debian: ``apt-get install -y nginx-light libnginx-mod-http-echo``;

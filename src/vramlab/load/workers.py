@@ -39,8 +39,10 @@ from vramlab.load.driver import LoadShape, Window, WindowOutcome, drive, shard_s
 from vramlab.load.prompts import Prompt, cycle
 from vramlab.load.retry import RetryPolicy
 
-# What one client core holds with its token timing still right (benchmarks/tokens.py on the 2-core
-# development machine: see benchmarks/results/tokens.txt). A plan past either needs more than a core.
+# Where one client core stops timing tokens right, roughly, for streams of 50 tokens/s each (32
+# tokens 20 ms apart): issue #15 measured vramlab's per-gap ITL P99 error at +48-67 ms with 500
+# such streams and its core saturated at 1,000; benchmarks/tokens.py measures it again
+# (benchmarks/results/tokens.txt). A plan past either bound gets one worker per core.
 STREAMS_PER_CORE = 1000
 REQUESTS_PER_S_PER_CORE = 3000.0
 BATCH_S = 0.1  # how often a worker ships its results to the parent
