@@ -626,8 +626,10 @@ def _machine() -> list[str]:
     except OSError:
         pass
     load = os.getloadavg()
+    busy = (" (above the CPU count: the machine was shared and busy; every figure below is noisier for it)"
+            if load[0] > (os.cpu_count() or 1) else "")
     return [f"machine: {platform.node()}, {os.cpu_count()} CPUs ({model}), python {platform.python_version()}, "
-            f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start"]
+            f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start{busy}"]
 
 
 def main(argv: list[str] | None = None) -> int:
