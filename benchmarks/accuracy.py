@@ -90,6 +90,7 @@ def gpu_for(row: dict[str, Any]):
     """The card as the user's log shows it: the printed total when there is one (a T4 shows 14.56 or
     14.74 GiB depending on the driver), with the catalog card's architecture."""
     name, total = row.get("gpu_model"), row.get("total_gpu_memory_gib")
+    name = name or (row.get("extra") or {}).get("like_gpu")  # an unnamed card of a known class (ROCm 64 GB)
     like = None
     if name:
         try:

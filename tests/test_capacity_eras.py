@@ -132,6 +132,8 @@ def test_pre_ampere_rules_come_from_vllm():
         estimate(m, get_gpu("p40"), EngineSettings(max_model_len=4096))
     with pytest.raises(ConfigError, match="Bfloat16 is only supported"):
         estimate(m, T4, EngineSettings(engine_version="0.7.3", dtype="bfloat16", max_model_len=2048))
+    # `auto` on a Turing card: "Casting torch.bfloat16 to torch.float16." (the V100 row's log).
+    assert estimate(m, T4, EngineSettings(engine_version="0.7.3", max_model_len=2048)).settings["dtype"] == "float16"
     # llama.cpp runs on Pascal.
     assert estimate(m, get_gpu("p40"), EngineSettings(engine="llama.cpp", ctx_size=4096)).kv_cache_bytes > 0
 
@@ -151,3 +153,18 @@ def test_the_printed_total_is_the_card():
     # A T4 shows 14.56 GiB on one driver and 14.74 on another: the log's figure is used.
     card = custom_gpu(14.56, like=T4)
     assert card.arch == "turing" and card.memory_gib == 14.56
+
+
+def test_v0_on_a_3090_fails_at_29k_but_starts_at_35k_as_the_user_reported():
+    # vllm#10517: Llama-3.1-8B on an RTX 3090, util 0.9. 20k starts (KV 3.81 GiB), 29k fails ("max seq len
+    # (29000) is larger than ... (23648)"), 35k and 45k start: above 32k V0 chunks the profile.
+    row, est20 = row_estimate(next(rid for rid, r in ROWS.items()
+                                   if "10517" in r["source"] and r["max_model_len"] == 20000))
+    assert est20.fits and est20.kv_cache_bytes / GIB == pytest.approx(row["kv_cache_gib"], rel=0.03)
+    row29, est29 = row_estimate(next(rid for rid, r in ROWS.items()
+                                     if "10517" in r["source"] and r["max_model_len"] == 29000))
+    assert not est29.fits and any("To serve at least one request" in r for r in est29.reasons)
+    assert est29.kv_cache_tokens == pytest.approx(row29["kv_cache_tokens"], rel=0.03)
+    m, card = spec(LLAMA_31_8B), custom_gpu(23.58, like=get_gpu("rtx-3090"))
+    est35 = estimate(m, card, EngineSettings(engine_version="0.6.3", gpu_memory_utilization=0.9, max_model_len=35000))
+    assert est35.fits and est35.settings["chunked_prefill"]

@@ -141,7 +141,7 @@ def test_a_folder_gives_one_table_per_engine_era():
     assert r.returncode == 0, r.stderr
     # one table for the era both logs share, a row per observation (three ranks in the second)
     assert r.stdout.count("vLLM V0 0.6.6-0.10  (4 observations)") == 1
-    assert "failed start-ups" not in r.stdout
+    assert "failures:" not in r.stdout
 
 
 def test_several_files_where_none_is_a_log_is_one_line(tmp_path):

@@ -212,3 +212,35 @@ def test_a_model_the_catalog_does_not_know_is_one_line_naming_the_real_switches(
     spec, why = _resolve("deepseek-coder-v2-lite-instruct:q6_k_l", offline=True)
     assert spec is None and "\n" not in why and "--online" in why and "--model" in why
     assert "--offline" not in why
+
+
+def test_an_oom_after_the_kv_decision_is_during_serving(tmp_path):
+    # Two real excerpts: a start-up that sized its KV cache, then a CUDA OOM line.
+    log = tmp_path / "served-then-oom.log"
+    log.write_text((REAL / "vllm-v1-2026-issue33263.log").read_text()
+                   + (REAL / "vllm-v1-fail-oom-at-load-issue28143.log").read_text())
+    out = check_log(log).to_json()
+    assert out["observations"][0]["complete"] is True
+    assert [f["during"] for f in out["failures"]] == ["serving"]
+    alone = check_log(REAL / "vllm-v1-fail-oom-at-load-issue28143.log").to_json()
+    assert [f["during"] for f in alone["failures"]] == ["start-up"]
+
+
+def test_noise_between_the_lines_changes_nothing(tmp_path, outputs):
+    # Real lines that carry no start-up figure (a progress bar, a JIT notice, a request log),
+    # taken from the excerpts themselves, put after every line of every other excerpt.
+    noise = [
+        "Capturing CUDA graphs (decode, FULL): 100%|████████████████████| 11/11 [00:00<00:00, 29.99it/s]",
+        "INFO 05-26 21:34:14 [jit_monitor.py:54] Kernel JIT monitor activated — Triton JIT compilations during "
+        "inference will be logged as warnings.",
+        "[GIN] 2025/05/16 - 15:44:10 | 200 |      102.47µs |       127.0.0.1 | GET      \"/api/ps\"",
+    ]
+    for name, entry in INDEX.items():
+        if "diff" in name or not entry["figures"]:
+            continue  # a diff's sides are marked line by line; noise would unmark it
+        lines = (REAL / name).read_text(encoding="utf-8").splitlines()
+        noisy = tmp_path / name
+        noisy.write_text("\n".join(x for ln in lines for x in (ln, noise[len(ln) % 3])) + "\n", encoding="utf-8")
+        out = check_log(noisy).to_json()
+        for field, value, unit in entry["figures"]:
+            assert _read(out, field, value, unit) == _read(outputs[name], field, value, unit), (name, field)

@@ -75,3 +75,13 @@ def test_a_byte_cap_says_so(tmp_path):
     parsed = parse_log(p, max_bytes=len(good.encode()) + 100)
     assert parsed.observations and parsed.notes and "bytes only" in parsed.notes[0]
     assert not parse_log(p).notes  # under the default cap nothing is left out
+
+
+def test_a_log_piped_on_stdin():
+    text = (LOGS / "real" / "vllm-0.7-v0-pr12126.log").read_text(encoding="utf-8")
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "vramlab", "check-log", "-", "--json"], input=text,
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["source"] == "-" and out["observations"][0]["gpu_blocks"] == 6001

@@ -75,9 +75,9 @@ def test_unknown_catalog_model_is_a_user_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("text", "where"), [
-    ("models:\n  - model: a\n    engine: vlm\n", ":3: models.0.engine: unknown engine 'vlm'"),
-    ("models:\n  - model: a\n    tp: 3\n", ":3: models.0.tp"),
-    ("models:\n  - model: a\n    settings:\n      kv_cache_dtyp: fp8\n", ":3: models.0.settings: unknown engine setting 'kv_cache_dtyp'; did you mean 'kv_cache_dtype'"),
+    ("models:\n  - model: a\n    engine: vlm\n", ":3: models[0].engine: unknown engine 'vlm'"),
+    ("models:\n  - model: a\n    tp: 3\n", ":3: models[0].tp"),
+    ("models:\n  - model: a\n    settings:\n      kv_cache_dtyp: fp8\n", ":3: models[0].settings: unknown engine setting 'kv_cache_dtyp'; did you mean 'kv_cache_dtype'"),
     ("models:\n  - model: a\n    settings: {max_model_len: 10}\n", "set by pack"),
     ("models:\n  - model: a\n  - model: a\n", ":3: instance name 'a' is used twice"),
     ("policy: {eviction: fifo}\nmodels:\n  - model: a\n", ":1: policy.eviction: unknown eviction policy"),
@@ -109,5 +109,5 @@ def test_fleet_forms_and_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"f.yaml:5: .*did you mean"):
         load_fleet(f)
     f.write_text("nodes:\n  - {gpu: l4, count: 0}\n")
-    with pytest.raises(ConfigError, match=r"f.yaml:2: nodes.0.count"):
+    with pytest.raises(ConfigError, match=r"f.yaml:2: nodes\[0\]\.count"):
         load_fleet(f)

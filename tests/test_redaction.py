@@ -159,6 +159,8 @@ fixed:
 change:
   variable: concurrency
   steps: [1]
+load:
+  retry: {{base_s: 0.01, max_s: 0.02}}  # users back off after each 401: keep the windows short
 phases:
   requests: 12
   drain_s: 0.2

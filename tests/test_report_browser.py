@@ -137,9 +137,8 @@ def problems(got: dict) -> list[str]:
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     _browser()  # skip before spending a minute on sims when there is no browser
-    from vramlab.drill.demo import run_drill_demo
-    from vramlab.experiment.demo import run_demo
-
+    from vramlab.demo.drill import run_drill_demo
+    from vramlab.demo.experiment import run_demo
     from vramlab.report import load_context, render
     from vramlab.store import open_store
 

@@ -14,6 +14,7 @@ def test_gib_formats_with_the_unit_and_the_missing_mark() -> None:
 
 def test_renderers_share_it() -> None:
     from vramlab.placement import result
-    from vramlab.report import fmt, plan_text
+    from vramlab.report import calibrate_text, check_log_text, fmt, plan_text
 
     assert fmt.gib is gib and plan_text.gib is gib and result.gib is gib
+    assert check_log_text.gib is gib and calibrate_text.gib is gib

@@ -8,6 +8,7 @@ file (see `vramlab.sources`). Everything here is plain data; the maths lives in
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 # Bytes per element of the dtypes that appear in configs, safetensors headers and engine flags.
 DTYPE_BYTES: dict[str, float] = {
@@ -150,13 +151,12 @@ class ModelSpec:
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        if self.layer_kinds is not None:
-            return self.layer_kinds
-        cached = self.__dict__.get("_all_full")
-        if cached is None or len(cached) != self.num_layers:  # built once: callers index it per layer
-            cached = ("full",) * self.num_layers
-            object.__setattr__(self, "_all_full", cached)
-        return cached
+        return self.layer_kinds if self.layer_kinds is not None else self._all_full
+
+    @cached_property
+    def _all_full(self) -> tuple[str, ...]:
+        """Built once per spec: callers index kinds per layer, so a fresh tuple each time is quadratic."""
+        return ("full",) * self.num_layers
 
     @property
     def context_length(self) -> int:

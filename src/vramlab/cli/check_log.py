@@ -12,6 +12,7 @@ examples:
   vramlab check-log sglang.log --model qwen3-8b --gpu h100-80gb
   vramlab check-log vllm-startup.log --json
   vramlab check-log logs/                      # every log in the folder, one table per engine era
+  kubectl logs my-vllm-pod | vramlab check-log -
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE",
-                        help="engine log(s) or folder(s) of logs (vLLM, SGLang, TGI, llama.cpp, Ollama)")
+                        help="engine log(s) or folder(s) of logs (vLLM, SGLang, TGI, llama.cpp, Ollama); - reads stdin")
     parser.add_argument("--model", help="model name, Hub id or local path (default: the one the log names)")
     parser.add_argument("--gpu", help="GPU catalog name (default: from the log's total memory)")
     parser.add_argument("--engine", help="engine that wrote the log (default: detected)")

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vramlab.alerts.rules import AlertRuleSpec, check_actionable
 from vramlab.drill.colocation import ColocationSpec
@@ -155,38 +155,21 @@ class DrillPlan(_Strict):
         return self
 
 
-def load_plan(path: str | Path) -> DrillPlan:
-    """Read and validate a drill plan; every problem becomes one readable line."""
-    import yaml
+_MAPPING = {"kind": "a drill plan", "keys": "name:, target:, ramp:, ..."}
 
-    p = Path(path)
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"no such plan file: {p}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{p}:{where} is not valid YAML") from None
-    return parse_plan(doc, str(p))
+
+def load_plan(path: str | Path) -> DrillPlan:
+    """Read and validate a drill plan; every problem becomes one ``file:line: field: message`` line."""
+    from vramlab.planfile import load
+
+    return load(DrillPlan, path, **_MAPPING)
 
 
 def parse_plan(doc: Any, origin: str = "plan") -> DrillPlan:
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{origin}: a drill plan is a mapping (name:, target:, ramp:, ...)")
-    from vramlab.redact import register_urls_in
+    """Validate a drill plan already in memory (a dict); errors name *origin* and the field."""
+    from vramlab.planfile import validate
 
-    register_urls_in(doc)  # URL passwords are masked wherever they show up later (vramlab.redact)
-    try:
-        return DrillPlan.model_validate(doc)
-    except ConfigError as exc:
-        raise ConfigError(f"{origin}: {exc}") from None
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "plan"
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-        raise ConfigError(f"{origin}: {loc}: {msg}{more}") from None
+    return validate(DrillPlan, doc, origin, **_MAPPING)
 
 
 __all__ = [

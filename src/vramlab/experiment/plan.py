@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vramlab.errors import ConfigError
 
@@ -319,92 +319,23 @@ class Plan(_Model):
 
 
 # ---------------------------------------------------------------------------------------------
-# Loading with line numbers
+# Loading with line numbers (vramlab.planfile, the loader run, drill and pack plans share)
 
-
-def _node_at(node: Any, loc: tuple[Any, ...]) -> tuple[Any, Any]:
-    """The YAML node a pydantic error location points at (the deepest one that exists), and the
-    mapping key that led to it (a missing field is best shown at its parent's key line)."""
-    import yaml
-
-    cur, key = node, None
-    for part in loc:
-        nxt = None
-        if isinstance(cur, yaml.MappingNode):
-            for k, v in cur.value:
-                if k.value == str(part):
-                    nxt, key = v, k
-                    break
-        elif isinstance(cur, yaml.SequenceNode) and isinstance(part, int) and part < len(cur.value):
-            nxt = cur.value[part]
-        if nxt is None:
-            break
-        cur = nxt
-    return cur, key
-
-
-def _field_name(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for p in loc:
-        if isinstance(p, int):
-            out += f"[{p}]"
-        elif str(p).startswith(("function-", "function_")):
-            continue  # pydantic's validator frames add nothing for a reader
-        else:
-            name = str(p) if str(p).isprintable() else repr(str(p))  # keep the error on one line
-            out += ("." if out else "") + name
-    return out or "(plan)"
+_MAPPING = {"kind": "a plan", "keys": "name:, target:, ..."}
 
 
 def parse_plan(text: str, filename: str = "plan.yaml") -> Plan:
     """Validate a plan document; raise ConfigError ``file:line: field: message``."""
-    import yaml
+    from vramlab.planfile import parse_yaml, validate
 
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 1
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{filename}:{line}: not valid YAML: {problem}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{filename}:1: a plan is a mapping (name:, target:, ...), got {type(data).__name__}")
-    from vramlab.redact import register_urls_in
-
-    register_urls_in(data)  # a URL's password is masked wherever it shows up later (vramlab.redact)
-    try:
-        return Plan.model_validate(data)
-    except ValidationError as exc:
-        errs = exc.errors(include_url=False)
-        first = errs[0]
-        loc = tuple(first["loc"])
-        msg = " ".join(first["msg"].removeprefix("Value error, ").split())
-        if msg.startswith("@"):
-            # A cross-field check names the field it is about: "@change.variable: ...".
-            path, _, msg = msg[1:].partition(": ")
-            loc = loc + tuple(int(p) if p.isdigit() else p for p in path.split("."))
-        node, key = _node_at(root, loc)
-        if first["type"] == "missing" and key is not None:
-            node = key
-        line = node.start_mark.line + 1 if node is not None else 1
-        if first["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif first["type"] == "missing":
-            msg = "required field is missing"
-        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
-        raise ConfigError(f"{filename}:{line}: {_field_name(loc)}: {msg}{more}") from None
+    return validate(Plan, parse_yaml(text, filename), **_MAPPING)
 
 
 def load_plan(path: str | Path) -> Plan:
+    from vramlab.planfile import read_yaml, validate
+
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: no such plan file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: cannot read the plan: {exc}") from None
-    plan = parse_plan(text, str(p))
+    plan = validate(Plan, read_yaml(p, "plan"), **_MAPPING)
     if plan.fixed.input.jsonl is not None:
         jp = Path(plan.fixed.input.jsonl)
         if not jp.is_absolute():

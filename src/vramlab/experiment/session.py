@@ -107,12 +107,15 @@ def check_reachable(plan: Plan, timeout_s: float = 5.0) -> None:
     """Refuse (ConfigError: one line, exit 2) before anything is stored when nothing answers at the
     target's address. Any HTTP answer counts as reachable (a 401 or 404 is the endpoint's to give)."""
     import urllib.error
+    import urllib.parse
     import urllib.request
 
     from vramlab.experiment.wiring import _root
 
     tg = plan.target
-    url = tg.health_url or _root(tg.url) + "/health"
+    parts = urllib.parse.urlsplit(tg.health_url or _root(tg.url) + "/health")
+    # urllib would take user:password@ for part of the host name; any answer (a 401 too) will do here.
+    url = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
     try:
         with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=timeout_s):
             return

@@ -231,8 +231,12 @@ def required_literal(pattern: str) -> str | None:
     """The longest run of literal text every match of `pattern` contains (4+ characters), or
     None. A line without it cannot match, so a long log's ordinary lines (request logs,
     progress bars) are passed over with a substring test instead of a regex search per rule."""
-    from re import _constants as c  # type: ignore[attr-defined]
-    from re import _parser as sp  # type: ignore[attr-defined]
+    try:  # Python 3.11+
+        from re import _constants as c  # type: ignore[attr-defined]
+        from re import _parser as sp  # type: ignore[attr-defined]
+    except ImportError:  # Python 3.10 (declared in pyproject)
+        import sre_constants as c  # type: ignore[no-redef]
+        import sre_parse as sp  # type: ignore[no-redef]
 
     best = ""
     run: list[str] = []

@@ -187,7 +187,7 @@ def _era_table(observations: list[Observation], by_engine: dict[str, list[Any]],
         row["observations"] += 1
         label = (obs.source or obs.model or "observation") + (f" rank {obs.rank}" if obs.rank is not None else "")
         row["used"] += label in used and label not in not_predicted
-    return list(rows.values())
+    return sorted(rows.values(), key=lambda r: (r["engine"], r["inferred"], r["era"]))
 
 
 def _attribution(observations: list[Observation], configs: dict[str, Any] | None, offline: bool) -> list[str]:

@@ -234,7 +234,7 @@ class FolderReport:
             for it in rep.items:
                 era = it.era or era_of(it.observation)
                 out.setdefault((rep.engine, era.label), []).append((rep, it))
-        return out
+        return dict(sorted(out.items(), key=lambda kv: kv[0]))
 
     def to_json(self) -> dict[str, Any]:
         tables = []

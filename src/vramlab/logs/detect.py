@@ -31,6 +31,10 @@ _MARKERS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Signatures of the start-up kind that refuse a request, not the start-up itself.
+_REQUEST_REFUSALS = ("sglang.input_too_long",)
+
+
 @dataclass
 class ParsedLog:
     engine: str
@@ -42,12 +46,20 @@ class ParsedLog:
     notes: list[str] = field(default_factory=list)  # what the reader had to leave out
 
     def phase(self, failure: Any) -> str:
-        """'start-up' when the failure comes before the engine printed its KV decision (an OOM
-        while loading, a refusal), else 'serving'."""
-        decided = [max(s.line for s in o.source_lines) for o in self.observations if o.source_lines]
-        if not decided or failure.line_number is None or failure.line_number < min(decided):
+        """'start-up' for a refusal to start, or a failure before the start-up it belongs to
+        printed its KV decision (an OOM while loading); else 'serving'."""
+        if failure.name in _REQUEST_REFUSALS:
+            return "serving"
+        if failure.kind == "startup_refusal" or failure.line_number is None:
             return "start-up"
-        return "serving"
+        # the start-up the failure line falls in: the last one that began before it
+        began = [(min(s.line for s in o.source_lines), o) for o in self.observations + self.incomplete
+                 if o.source_lines and min(s.line for s in o.source_lines) <= failure.line_number]
+        if not began:
+            return "start-up"
+        owner = max(began, key=lambda t: t[0])[1]
+        return "serving" if owner.complete and max(s.line for s in owner.source_lines) < failure.line_number \
+            else "start-up"
 
 
 def engine_name(name: str) -> str:
@@ -91,11 +103,11 @@ def read_log(path: str | Path, max_bytes: int | None = None, max_line: int | Non
     cap = MAX_LOG_BYTES if max_bytes is None else max_bytes
     width = MAX_LINE_CHARS if max_line is None else max_line
     p = Path(path)
-    if p.is_dir():
+    if str(path) != "-" and p.is_dir():
         raise ConfigError(f"{p}: is a folder; pass the folder to read every log in it")
     lines = _Lines()
     try:
-        with open(p, "rb") as fh:
+        with (_stdin() if str(path) == "-" else open(p, "rb")) as fh:
             total = 0
             while total < cap:
                 chunk = fh.readline(min(width, cap - total) + 1)
@@ -118,6 +130,14 @@ def read_log(path: str | Path, max_bytes: int | None = None, max_line: int | Non
     except OSError as exc:
         raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from None
     return lines
+
+
+def _stdin() -> Any:
+    """Standard input as bytes, left open for the caller (`kubectl logs pod | check-log -`)."""
+    import contextlib
+    import sys
+
+    return contextlib.nullcontext(sys.stdin.buffer)
 
 
 class _Lines(list):  # type: ignore[type-arg]

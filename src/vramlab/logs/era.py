@@ -31,7 +31,7 @@ class Era:
 
     def sentence(self) -> str:
         if not self.inferred:
-            return f"{self.label} (printed)"
+            return f"{self.label} ({self.evidence})"
         return f"{self.label}, inferred from the wording ({self.evidence}); the log prints no version"
 
 
@@ -83,11 +83,13 @@ def era_of(obs: Any) -> Era:
     vllm_engine = obs.settings.get("vllm_engine")
     if version:
         name = _NAMES.get(engine, engine)
+        # Releases of one minor series share their wording and sizing: one table per series.
+        series = m.group(1) if (m := re.match(r"v?(\d+\.\d+)", str(version))) else str(version)
         if engine == "vllm":
             gen = vllm_engine or _vllm_wording(texts)[1]
-            label = f"vLLM {'V0' if gen == 'v0' else 'V1' if gen == 'v1' else ''} {version}".replace("  ", " ")
+            label = f"vLLM {'V0' if gen == 'v0' else 'V1' if gen == 'v1' else ''} {series}".replace("  ", " ")
             return Era(engine, label, False, f"version {version} printed", gen)
-        return Era(engine, f"{name} {version}", False, f"version {version} printed")
+        return Era(engine, f"{name} {series}", False, f"version {version} printed")
     if engine == "vllm":
         (label, gen, evidence) = _vllm_wording(texts)
         first = re.search(r"(\d+\.\d+(?:\.\d+)?)[-+ ]", label + " ")

@@ -141,7 +141,12 @@ def _ftype(name: str, size: str | None) -> str:
 
 def parse(lines: Iterable[str]) -> list[Any]:
     startups, _ = parse_lines(lines, RULES)
-    observations = assemble(ENGINE, startups, finish)
+    return post_process(assemble(ENGINE, startups, finish))
+
+
+def post_process(observations: list[Any]) -> list[Any]:
+    """What the whole set tells each observation: several devices split the layers; the GGUF
+    file name tells the quantization when the metadata did not print it."""
     devices = len({o.rank for o in observations})
     for o in observations:
         if devices > 1:  # --split-mode layer: each device holds a share of the layers

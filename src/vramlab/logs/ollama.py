@@ -85,4 +85,4 @@ RULES = OWN_RULES + llamacpp.RULES
 
 def parse(lines: Iterable[str]) -> list[Any]:
     startups, _ = parse_lines(lines, RULES)
-    return assemble(ENGINE, startups, llamacpp.finish)
+    return llamacpp.post_process(assemble(ENGINE, startups, llamacpp.finish))

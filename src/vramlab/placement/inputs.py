@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vramlab.errors import ConfigError
+from vramlab.planfile import read_yaml, validate
 
 ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers")
 POLICIES = ("lru", "priority", "keep-alive", "sleep-1", "sleep-2")
@@ -98,67 +99,6 @@ class Inputs:
     fleet: Fleet
     instances: tuple[Instance, ...]
     policy: Policy = field(default_factory=Policy)
-
-
-# --- YAML with line numbers -----------------------------------------------------------------------
-def _load_yaml(path: Path) -> tuple[Any, dict[tuple[Any, ...], int]]:
-    """The document and, for every mapping key / sequence item, the 1-based line it starts on."""
-    import yaml
-
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{path}{where}: not valid YAML: {problem}") from None
-    lines: dict[tuple[Any, ...], int] = {}
-
-    def walk(n: Any, at: tuple[Any, ...]) -> None:
-        lines[at] = n.start_mark.line + 1
-        if isinstance(n, yaml.MappingNode):
-            for k, v in n.value:
-                key = (*at, k.value)
-                lines[key] = k.start_mark.line + 1
-                walk(v, key)
-                lines[key] = k.start_mark.line + 1
-        elif isinstance(n, yaml.SequenceNode):
-            for i, item in enumerate(n.value):
-                walk(item, (*at, i))
-
-    if node is not None:
-        walk(node, ())
-    return data, lines
-
-
-def _line_of(loc: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> int | None:
-    for n in range(len(loc), -1, -1):
-        if tuple(loc[:n]) in lines:
-            return lines[tuple(loc[:n])]
-    return None
-
-
-def _validate(cls: Any, path: Path, data: Any, lines: dict[tuple[Any, ...], int]) -> Any:
-    """The validated document, or a ConfigError naming the file, line and key of the first problem."""
-    from pydantic import ValidationError
-
-    if data is None:
-        raise ConfigError(f"{path}: the file is empty")
-    try:
-        return cls.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = tuple(err["loc"])
-        line = _line_of(loc, lines)
-        dotted = ".".join(str(p) for p in loc) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-        raise ConfigError(f"{path}{':' + str(line) if line else ''}: {dotted}: {msg}{more}") from None
 
 
 # --- schema ---------------------------------------------------------------------------------------
@@ -271,24 +211,24 @@ def load_fleet(path: str | Path) -> Fleet:
 
     path = Path(path)
     fleet_cls, _ = _schemas()
-    data, lines = _load_yaml(path)
-    doc = _validate(fleet_cls, path, data, lines)
+    src = read_yaml(path, "fleet")
+    doc = validate(fleet_cls, src, kind="a fleet file", keys="gpu:, count: or nodes:")
     if doc.nodes and doc.gpu:
-        raise ConfigError(f"{path}: give either 'nodes' or the one-node shorthand 'gpu', not both")
+        raise ConfigError(f"{src.where(('gpu',))}: give either 'nodes' or the one-node shorthand 'gpu', not both")
     if not doc.nodes and not doc.gpu:
-        raise ConfigError(f"{path}: no cards: give 'gpu' (and 'count') or a list of 'nodes'")
+        raise ConfigError(f"{src.where(())}: no cards: give 'gpu' (and 'count') or a list of 'nodes'")
     nodes = doc.nodes or [doc]
     cards: list[Card] = []
     seen: set[str] = set()
     for i, node in enumerate(nodes):
-        where = _line_of(("nodes", i, "gpu") if doc.nodes else ("gpu",), lines)
+        where = src.where(("nodes", i, "gpu") if doc.nodes else ("gpu",))
         try:
             gpu = get_gpu(node.gpu)
         except Exception as exc:
-            raise ConfigError(f"{path}:{where}: {exc}") from None
+            raise ConfigError(f"{where}: {exc}") from None
         name = getattr(node, "name", None) or f"node{i}"
         if name in seen:
-            raise ConfigError(f"{path}:{where}: node name {name!r} is used twice")
+            raise ConfigError(f"{where}: node name {name!r} is used twice")
         seen.add(name)
         mem = int(node.memory_gib * GIB) if node.memory_gib else gpu.memory_bytes
         for j in range(node.count):
@@ -301,20 +241,21 @@ def load_models(path: str | Path) -> tuple[tuple[Instance, ...], Policy]:
 
     path = Path(path)
     _, models_cls = _schemas()
-    data, lines = _load_yaml(path)
+    src = read_yaml(path, "models")
+    data = src.data
     # `defaults:` fills every model's missing keys before validation, so errors still point at lines.
     if isinstance(data, dict) and isinstance(data.get("defaults"), dict) and isinstance(data.get("models"), list):
         for m in data["models"]:
             if isinstance(m, dict):
                 for k, v in data["defaults"].items():
                     m.setdefault(k, v)
-    doc = _validate(models_cls, path, data, lines)
+    doc = validate(models_cls, src, kind="a models file", keys="models:, defaults:, policy:")
     out: list[Instance] = []
     names: set[str] = set()
     for i, m in enumerate(doc.models):
         name = m.name or m.model
         if name in names:
-            raise ConfigError(f"{path}:{_line_of(('models', i), lines)}: instance name {name!r} is used "
+            raise ConfigError(f"{src.where(('models', i))}: instance name {name!r} is used "
                               "twice; give each a distinct 'name'")
         names.add(name)
         tp = TP_CHOICES if m.tp == "auto" else (m.tp,) if isinstance(m.tp, int) else tuple(sorted(set(m.tp)))

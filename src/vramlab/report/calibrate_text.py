@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramlab.capacity.units import gib
+
 
 def to_json(result: Any) -> dict[str, Any]:
     from dataclasses import asdict
@@ -21,7 +23,7 @@ def to_json(result: Any) -> dict[str, Any]:
 
 
 def _const(name: str, value: float) -> str:
-    return f"{value / (1 << 30):.3f} GiB" if name.endswith("_bytes") else f"{value:.3f}"
+    return gib(value, 3, unit=True) if name.endswith("_bytes") else f"{value:.3f}"
 
 
 def render(result: Any, output: str | None) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from vramlab.capacity.units import gib
+
 
 def _basename(path: str) -> str:
     return path.replace("\\", "/").rsplit("/", 1)[-1]
@@ -15,7 +17,7 @@ def _fmt(field: str, value: float | None) -> str:
     if value is None:
         return "-"
     if field.endswith("_bytes"):
-        return f"{value / (1 << 30):.2f} GiB"
+        return gib(value, unit=True)
     if field == "max_concurrency":
         return f"{value:.2f}x"
     return f"{int(value):,}"
@@ -25,7 +27,7 @@ def _diff(field: str, row: Any) -> str:
     d, rel = row.difference, row.relative
     if d is None:
         return ""
-    text = f"{d / (1 << 30):+.2f} GiB" if field.endswith("_bytes") else (
+    text = gib(d, sign=True, unit=True) if field.endswith("_bytes") else (
         f"{d:+.2f}x" if field == "max_concurrency" else f"{int(d):+,}")
     return text + (f" ({rel:+.1%})" if rel is not None else "")
 
@@ -89,7 +91,7 @@ def render(report: Any) -> str:
         elif cmp.explains:
             moved = cmp.contributions[cmp.explains]
             out.append(f"  most of the KV difference comes from {cmp.explains}: it moves the predicted KV cache by "
-                       f"{moved / (1 << 30):+.2f} GiB")
+                       f"{gib(moved, sign=True, unit=True)}")
     if report.failures:
         out.append("")
         out.append("failures:")
@@ -125,11 +127,13 @@ def render_folder(folder: Any) -> str:
         reasons = sorted({it.error for _, it in rows if it.error})
         for why in reasons[:3]:
             out.append(f"  no prediction: {why}")
-    failed = [(rep, sig) for rep in folder.reports for sig in rep.failures]
+    failed = [(rep, sig, phase) for rep in folder.reports
+              for sig, phase in zip(rep.failures, rep.phases or [""] * len(rep.failures), strict=False)]
     if failed:
         out.append("")
-        out.append("failed start-ups:")
-        out.extend(f"  {_basename(rep.source)}: line {sig.line_number}: {sig.name}" for rep, sig in failed[:30])
+        out.append("failures:")
+        out.extend(f"  {_basename(rep.source)}: line {sig.line_number}: {sig.kind} ({sig.name})"
+                   + (f" during {phase}" if phase else "") for rep, sig, phase in failed[:30])
         if len(failed) > 30:
             out.append(f"  ... and {len(failed) - 30} more (see --json)")
     if folder.skipped:
@@ -143,7 +147,7 @@ def _short(field: str, value: float | None) -> str:
     if value is None:
         return "-"
     if field.endswith("_bytes"):
-        return f"{value / (1 << 30):.2f}G"
+        return gib(value) + "G"
     if field == "max_concurrency":
         return f"{value:.2f}x"
     return f"{int(value):,}"

@@ -56,7 +56,7 @@ def _cached(client: object, repo: str, revision: str | None) -> bool:
     from vramlab.sources.hub import HubClient
 
     assert isinstance(client, HubClient)
-    return (client._repo_dir(repo, revision or "main") / "config.json").is_file()
+    return client.cached_commit(repo, revision or "main") is not None
 
 
 def spec_from_path(path: Path) -> ModelSpec:

@@ -41,10 +41,10 @@ def _m2_heartbeat(conn: sa.Connection) -> None:
 def _add_missing_columns(conn: sa.Connection, table: sa.Table, names: tuple[str, ...]) -> None:
     """ALTER TABLE ... ADD COLUMN for those of ``names`` the table lacks (a database made by
     migration 1 of a newer vramlab already has them: migration 1 creates today's tables)."""
-    insp = sa.inspect(conn)
-    if not insp.has_table(table.name):
-        return  # nothing to alter (a partial database made by hand, as in a test)
-    have = {c["name"] for c in insp.get_columns(table.name)}
+    if not sa.inspect(conn).has_table(table.name):  # a partial old database: the table as it is now
+        schema.metadata.create_all(conn, tables=[table])
+        return
+    have = {c["name"] for c in sa.inspect(conn).get_columns(table.name)}
     for name in names:
         if name not in have:
             col = table.c[name]

@@ -33,6 +33,9 @@ class Context:
         self.version = self.settings.version
         self.quant: QuantSpec | None = wmod.effective_quant(self.model, self.settings.quantization)
         self.dtype = wmod.resolve_dtype(self.model, self.settings.dtype, self.quant, self.settings.engine, self.version)
+        if (self.dtype == "bfloat16" and self.gpu.arch in ("pascal", "volta", "turing")
+                and self.settings.dtype in ("auto", None) and self.settings.engine in ("vllm", "sglang", "tgi")):
+            self.dtype = "float16"  # no bf16 before Ampere: the serving engines cast to float16 under `auto`
         self.total = self.gpu.memory_bytes
         self.other = max(0, self.settings.other_processes_bytes)
 

@@ -1,0 +1,166 @@
+"""The one loader for YAML plan files: run plans, drill plans, pack's fleet and models files.
+
+A file is read, parsed (YAML, keeping every key's line) and validated against a pydantic model;
+every problem becomes one `ConfigError` line that names the file, the line and the field:
+
+    plan.yaml:12: change.steps[1]: Input should be greater than 0
+    fleet.yaml:5: nodes[1].gpu: unknown GPU 'h10'; did you mean 'h100-80gb'?
+
+Lines: a mapping entry is reported at its key's line, a sequence item where it starts, and a
+field that is missing at its parent's key. A validator may name the field it is about with a
+leading "@path: " in its message ("@change.variable: request_rate needs load.mode: open").
+
+    doc = read_yaml("plan.yaml", what="plan")      # ConfigError: no such file, not valid YAML
+    plan = validate(Plan, doc, kind="a plan", keys="name:, target:, ...")
+    doc.where(("nodes", 1, "gpu"))                  # "fleet.yaml:5", for checks after validation
+
+Like `vramlab.errors`, every package that reads a plan may import this module; PyYAML and
+pydantic are imported on first use, not with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from vramlab.errors import ConfigError
+
+M = TypeVar("M")
+Loc = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class YamlDocument:
+    """A parsed YAML document and the 1-based line of every mapping key and sequence item."""
+
+    name: str  # how errors name the file
+    data: Any
+    lines: dict[Loc, int] = field(default_factory=dict)
+    from_text: bool = False  # parsed here: errors carry lines (an empty file has none, but line 1)
+
+    def line_of(self, loc: Loc) -> int:
+        """The line of *loc*, or of its deepest part that is in the file (1 when none is)."""
+        for n in range(len(loc), -1, -1):
+            line = self.lines.get(tuple(loc[:n]))
+            if line is not None:
+                return line
+        return 1
+
+    def where(self, loc: Loc) -> str:
+        return f"{self.name}:{self.line_of(loc)}"
+
+
+def parse_yaml(text: str, name: str) -> YamlDocument:
+    """Parse YAML text; a syntax error is a ConfigError ``name:line: not valid YAML: problem``."""
+    import yaml
+
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{name}:{line}: not valid YAML: {problem}") from None
+    lines: dict[Loc, int] = {}
+
+    def walk(n: Any, at: Loc) -> None:
+        lines.setdefault(at, n.start_mark.line + 1)
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                key = (*at, k.value)
+                lines[key] = k.start_mark.line + 1
+                walk(v, key)
+        elif isinstance(n, yaml.SequenceNode):
+            for i, item in enumerate(n.value):
+                walk(item, (*at, i))
+
+    if node is not None:
+        walk(node, ())
+    return YamlDocument(name, data, lines, from_text=True)
+
+
+def read_yaml(path: str | Path, what: str = "plan") -> YamlDocument:
+    """Read and parse a YAML file; a missing or unreadable file is a ConfigError naming *what* it is."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such {what} file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise ConfigError(f"{p}: cannot read the {what} file: {reason}") from None
+    return parse_yaml(text, str(p))
+
+
+def field_name(loc: Loc) -> str:
+    """A pydantic location as a reader writes it: ``models[0].settings``."""
+    out = ""
+    for p in loc:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif str(p).startswith(("function-", "function_")):
+            continue  # pydantic's validator frames add nothing for a reader
+        else:
+            name = str(p) if str(p).isprintable() else repr(str(p))  # keep the error on one line
+            out += ("." if out else "") + name
+    return out or "(top level)"
+
+
+def _first_error(exc: Any) -> tuple[Loc, str, str]:
+    """(location, message, " (and N more)") of a pydantic ValidationError."""
+    errs = exc.errors(include_url=False)
+    first = errs[0]
+    loc = tuple(first["loc"])
+    msg = " ".join(str(first["msg"]).removeprefix("Value error, ").split())
+    if msg.startswith("@"):  # a cross-field check names the field it is about: "@change.variable: ..."
+        path, _, msg = msg[1:].partition(": ")
+        loc = loc + tuple(int(p) if p.isdigit() else p for p in path.split("."))
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    elif first["type"] == "missing":
+        msg = "required field is missing"
+    more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+    return loc, msg, more
+
+
+def validate(model: type[M], doc: YamlDocument | Any, name: str = "plan", *, kind: str = "a plan",
+             keys: str = "") -> M:
+    """*doc* validated as *model* (a pydantic model class).
+
+    *doc* is a YamlDocument (errors carry ``file:line``) or a document already in memory (errors
+    carry *name* and the field). The top level must be a mapping: *kind* and *keys* word the error.
+    Passwords in the document's URLs are registered for redaction before anything can print them.
+    """
+    from pydantic import ValidationError
+
+    source = doc if isinstance(doc, YamlDocument) else YamlDocument(name, doc)
+    data, name = source.data, source.name
+
+    def at(loc: Loc) -> str:  # file:line when the text was parsed here, else just the name
+        return source.where(loc) if source.from_text else name
+
+    if data is None:
+        raise ConfigError(f"{at(())}: the file is empty")
+    if not isinstance(data, dict):
+        hint = f" ({keys})" if keys else ""
+        raise ConfigError(f"{at(())}: {kind} is a mapping{hint}, got {type(data).__name__}")
+    from vramlab.redact import register_urls_in
+
+    register_urls_in(data)  # a URL's password is masked wherever it shows up later (vramlab.redact)
+    try:
+        return model.model_validate(data)  # type: ignore[attr-defined, no-any-return]
+    except ValidationError as exc:
+        loc, msg, more = _first_error(exc)
+        raise ConfigError(f"{at(loc)}: {field_name(loc)}: {msg}{more}") from None
+    except ConfigError as exc:  # a validator that already worded a user error
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+def load(model: type[M], path: str | Path, *, what: str = "plan", kind: str = "a plan", keys: str = "") -> M:
+    """Read *path* and validate it as *model*: `read_yaml` then `validate`."""
+    return validate(model, read_yaml(path, what), kind=kind, keys=keys)
+
+
+__all__ = ["YamlDocument", "field_name", "load", "parse_yaml", "read_yaml", "validate"]
