@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 PROGRESS = ("step", "detect", "fault", "mitigation", "recovered", "not_recovered", "ceiling", "rollback",
             "waiting_for_operator", "stop_condition", "retry_storm", "cotenant_oom", "engine", "race", "ledger",
-            "health_path", "target_ready", "process_exit", "failure_mode")
+            "health_path", "target_ready", "process_exit", "failure_mode", "stopped")
 
 
 def _progress(ev: object) -> None:
@@ -44,6 +44,7 @@ def _progress(ev: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vramlab.cli.outputs import check_writable
     from vramlab.drill.plan import load_plan
     from vramlab.drill.runner import DrillRunner
     from vramlab.drill.session import run_drill
@@ -52,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     from vramlab.report.incident import incident_json, summary_line
     from vramlab.store import open_store
 
+    if args.output:
+        check_writable(args.output, "incident report")  # before the drill, not after it
     plan = load_plan(args.plan)
     if args.url:
         plan = plan.model_copy(update={"target": plan.target.model_copy(update={"base_url": args.url, "sim": None})})
