@@ -132,7 +132,8 @@ assert ctx, "no context"
 
 
 @pytest.mark.parametrize(("n_ctx", "slots", "cache"), [(512, 1, "f16"), (2048, 1, "f16"), (2048, 4, "f16"),
-                                                        (1024, 2, "q8_0"), (4096, 1, "q4_0")])
+                                                        (1024, 2, "q8_0"), (4096, 1, "q4_0"),
+                                                        (1000, 3, "f16")])  # per-slot padding: 3 x 512 cells
 def test_plan_kv_bytes_match_the_engine(engine, tmp_path, n_ctx, slots, cache):
     py, model = engine
     logged, text = _kv_bytes_logged(py, model, n_ctx, slots, cache)
