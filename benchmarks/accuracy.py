@@ -99,6 +99,10 @@ def gpu_for(row: dict[str, Any]):
             like = None
     if total:
         return custom_gpu(float(total), like=like)
+    if like is None and row.get("engine") == "llama.cpp" and row.get("llamacpp_kv_buffer_mib"):
+        # llama.cpp sizes its model, KV and compute buffers from the model and the context, not from the
+        # card: a log that does not name its card is still scored on them (against a nominal 80 GiB card).
+        return custom_gpu(80.0)
     return like
 
 

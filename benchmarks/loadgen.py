@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shutil
 import signal
 import statistics
@@ -42,6 +43,16 @@ SSE = f"data: {CHUNK}\\n\\ndata: {USAGE}\\n\\ndata: [DONE]\\n\\n"
 ECHO_MODULE = Path("/usr/lib/nginx/modules/ngx_http_echo_module.so")
 NAMES = {"vramlab": "vramlab (client + driver)", "locust": "locust FastHttpUser",
          "aiohttp": "plain asyncio + aiohttp", "aiohttp-uvloop": "plain aiohttp on uvloop"}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
 
 
 def _cpus() -> tuple[int | None, int | None]:
@@ -166,8 +177,9 @@ http {{
                 self.proc.wait()
 
 
-def _run_one(tool: str, mode: str, ep: Endpoint, a: argparse.Namespace, cpu: int | None, tmp: Path) -> dict[str, Any]:
-    cfg = {"url": ep.url, "hold_url": ep.hold_url, "warmup_s": a.warmup_s, "measure_s": a.measure_s,
+def _run_one(tool: str, mode: str, ep: Endpoint, a: argparse.Namespace, cpu: int | None, tmp: Path,
+             profile: str | None = None) -> dict[str, Any]:
+    cfg = {"profile": profile, "url": ep.url, "hold_url": ep.hold_url, "warmup_s": a.warmup_s, "measure_s": a.measure_s,
            "conc": a.conc, "streams": a.streams, "hold_s": a.hold_s, "probe_rate": a.probe_rate,
            "probe_cap": a.probe_cap}
     bound = a.warmup_s + a.measure_s + 5 * a.hold_s + 30  # every run also stops by itself before this
@@ -247,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server", choices=["auto", "nginx", "stub"], default="auto")
     p.add_argument("--tools", default="vramlab,locust,aiohttp,aiohttp-uvloop")
     p.add_argument("--json", action="store_true", help="print every run's raw result as JSON too")
+    p.add_argument("--profile", action="store_true", help="after the measured runs, one more run of each "
+                   "tool's rate mode under cProfile (not measured): where the CPU goes per request")
     p.add_argument("-o", "--output", help="also write the report to this file")
     a = p.parse_args(argv)
     if a.quick:
@@ -268,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             notes.append("uvloop is not installed: no uvloop row")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the endpoint is stopped on the way out
     client_cpu, server_cpu = _cpus()
+    load_start = os.getloadavg()
     results: dict[str, dict[str, list[dict[str, Any]]]] = {t: {"rate": [], "overhead": []} for t in tools + ["noise"]}
     with tempfile.TemporaryDirectory(prefix="vramlab-loadgen-") as td, \
             Endpoint(a.server, a.hold_s, server_cpu, Path(td)) as ep:
@@ -279,12 +294,20 @@ def main(argv: list[str] | None = None) -> int:
                     results[tool][mode].append(res)
                     print(f"rep {rep + 1}/{a.reps} {mode:<8} {tool:<15} {json.dumps(res)}", file=sys.stderr,
                           flush=True)
-    import platform
+        profiles = {}
+        if a.profile:
+            for tool in [t for t in tools if t != "locust"]:
+                path = Path(td) / f"profile-{tool}.txt"
+                _run_one(tool, "rate", ep, a, client_cpu, Path(td), profile=str(path))
+                profiles[tool] = path.read_text() if path.exists() else "(no profile written)"
 
     head = [f"vramlab load-generator benchmark ({time.strftime('%Y-%m-%d %H:%M')}, {platform.node()})",
             f"endpoint: {ep.kind} ({ep.version}) on 127.0.0.1, pinned to CPU {server_cpu}; clients pinned to CPU "
             f"{client_cpu}" if client_cpu is not None else f"endpoint: {ep.kind} ({ep.version}); NOT pinned "
             "(fewer than 2 CPUs)",
+            f"machine: {os.cpu_count()} CPUs ({_cpu_model()}); load average {' '.join(f'{x:.2f}' for x in load_start)}"
+            f" at the start, {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end (above the CPU count: "
+            "the machine was shared and busy, and every figure below is noisier for it)",
             f"python {platform.python_version()}, {os.cpu_count()} CPUs; median of {a.reps} interleaved reps, "
             f"{a.warmup_s:g} s warm-up + {a.measure_s:g} s measured each",
             f"rate: closed loop, {a.conc} workers, 1-token SSE answer; req/s/core = completed / client CPU-s",
@@ -293,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
             "others reopen them at once from random offsets); the endpoint answers at once, so latency = client "
             "overhead (locust: from its actual send, whole ms)", ""]
     lines = head + _table(results, a) + [f"note: {n}" for n in notes]
+    for tool, text in profiles.items():
+        lines += ["", f"profile: {NAMES[tool]}, rate mode (cProfile, by own time; not a measured run)",
+                  *text.strip().splitlines()[:40]]
     text = "\n".join(lines)
     print(text)
     if a.json:

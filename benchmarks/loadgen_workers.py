@@ -250,7 +250,7 @@ def main(argv: list[str]) -> int:
     tool, mode, cfg = argv[0], argv[1], json.loads(argv[2])
     fn = WORKERS[(tool, mode)]
     if tool == "vramlab":
-        from vramlab.experiment.session import _event_loop_runner
+        from vramlab.load.workers import event_loop_runner as _event_loop_runner
 
         runner = _event_loop_runner()  # uvloop where installed, exactly as `vramlab run`
         loop_name = "uvloop" if runner is not asyncio.run else "asyncio"
@@ -260,7 +260,16 @@ def main(argv: list[str]) -> int:
         runner, loop_name = uvloop.run, "uvloop"
     else:
         runner, loop_name = asyncio.run, "asyncio"
-    res = runner(fn(cfg))
+    if cfg.get("profile"):  # benchmarks/loadgen.py --profile: a separate run, never a measured one
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        res = prof.runcall(runner, fn(cfg))
+        with open(cfg["profile"], "w") as f:
+            pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(30)
+    else:
+        res = runner(fn(cfg))
     res["loop"] = loop_name
     print(json.dumps(res))
     return 0

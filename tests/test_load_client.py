@@ -230,3 +230,25 @@ def test_a_stop_flag_stops_every_loop_within_one_request(shape: LoadShape) -> No
     # the loops already past their check when the flag went up may finish the request they hold
     assert len(out) <= 20 + shape.concurrency, len(out)
     assert elapsed < 3.0  # neither the 5 s window nor the 3 s drain
+
+
+def test_cancelling_an_open_loop_window_stops_its_sending_loop_too() -> None:
+    """Cancelling drive() from outside must also end the loop that sends: nothing reaches the
+    server after the cancel, and nothing but successes and cancellations is recorded."""
+    out: list[RequestResult] = []
+    b = StubBehaviour(ttft_s=0.2)
+
+    async def go() -> tuple[int, int]:
+        async with StubServer(b) as srv, OpenAIClient(srv.url, "m", max_connections=64) as c:
+            task = asyncio.ensure_future(drive(c, cycle([P]), LoadShape("open", 64, 100.0, "constant"),
+                                               Window(duration_s=5, drain_s=0), out.append))
+            await asyncio.sleep(0.5)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            seen = len(srv.b.seen)
+            await asyncio.sleep(0.5)  # a loop still running would send ~50 more meanwhile
+            return seen, len(srv.b.seen)
+
+    before, after = asyncio.run(go())
+    assert before > 0 and after == before
+    assert all(r.ok or r.error_class == "cancelled" for r in out), {r.error_class for r in out}

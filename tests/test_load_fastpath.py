@@ -50,7 +50,8 @@ def _count(c: OpenAIClient, payload: bytes, fast: bool, monkeypatch: pytest.Monk
             m.setattr(client_mod, "_token_piece", lambda payload, key: None)
         s = _Stream()
         c._event(b"data: " + payload, 1.0, s)
-    return s.first, tuple(s.times), s.reasoning, s.finished, s.usage_out, s.usage_in, s.error, s.done
+    # finished matters only for a stream without a token (an empty completion): compare what it decides
+    return s.first, tuple(s.times), s.reasoning, s.finished or bool(s.times), s.usage_out, s.usage_in, s.error, s.done
 
 
 @pytest.mark.parametrize("api", ["openai-chat", "openai-completions"])
@@ -104,3 +105,40 @@ def test_events_split_across_reads_are_put_back_together(wire: bytes) -> None:
     s = _Stream()
     asyncio.run(c._read_stream(Resp(), s))
     assert len(s.times) == 2 and s.reasoning == 1 and s.finished and s.done
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_whole_event_reads_count_what_the_event_parser_counts(data: Any) -> None:
+    """A read that is exactly one event takes a shortcut in _read_stream (the usual read while
+    streaming); whatever the reads look like, the stream comes out as the event parser has it."""
+    import asyncio
+
+    objs = data.draw(st.lists(chunks(True), min_size=1, max_size=6))
+    events = [b"data: " + json.dumps(o, separators=(",", ":")).encode() for o in objs] + [b"data: [DONE]"]
+    whole = data.draw(st.booleans())
+    if whole:  # one read per event: the shortcut's case
+        reads = [e + b"\n\n" for e in events]
+    else:
+        raw = b"".join(e + b"\n\n" for e in events)
+        cut = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(raw) - 1)), max_size=5))))
+        reads = [raw[a:b] for a, b in zip([0, *cut], [*cut, len(raw)], strict=False)]
+
+    class Content:
+        async def iter_any(self) -> Any:
+            for r in reads:
+                yield r
+
+    class Resp:
+        content = Content()
+
+    c = OpenAIClient("http://127.0.0.1:1", "m")
+    got = _Stream()
+    asyncio.run(c._read_stream(Resp(), got))
+    want = _Stream()
+    for e in events:
+        c._event(e, 0.0, want)
+        if want.done:
+            break
+    assert (len(got.times), got.reasoning, got.finished or bool(got.times), got.usage_out, got.error) == \
+        (len(want.times), want.reasoning, want.finished or bool(want.times), want.usage_out, want.error)

@@ -153,7 +153,7 @@ def test_schema_version_and_newer_database_refused(store_url):
 
 
 def test_a_version_1_database_gains_the_token_accounting_columns(tmp_path):
-    """A store written before migration 2 (no output_tokens_source / reasoning_tokens) is
+    """A store written before the token-accounting migration (no output_tokens_source / reasoning_tokens) is
     migrated in place, and its old rows read back with the new fields empty."""
     import sqlalchemy as sa
 

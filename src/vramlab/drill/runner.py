@@ -364,7 +364,7 @@ class DrillRunner(Watchers):
 
         tag = "b" if phase == "baseline" else ("r" if phase == "recovery" else "s")
         drives = [drive(client, cycle(prompts), LoadShape(mode="closed", concurrency=1, max_tokens=plan.load.max_tokens,
-                                                          seed=u), window, recorder_for(u), retry,
+                                                          seed=u, think_s=plan.load.think_time_s), window, recorder_for(u), retry,
                         id_prefix=f"u{u}:{rnd}{tag}{step}-") for u in range(users)]
         if knob == "batch" and value and phase == "ramp":
             # a burst of `value` simultaneous requests at the start of the step, on top of the steady users

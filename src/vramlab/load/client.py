@@ -91,7 +91,7 @@ class _Stream:
     usage_reasoning: int | None = None
     error: str | None = None
     done: bool = False  # [DONE] seen
-    finished: bool = False  # a choice carried a finish_reason
+    finished: bool = False  # a finish_reason came in a chunk without a token (an empty completion's proof)
 
 
 def _classify_status(status: int, text: str) -> str:
@@ -186,12 +186,17 @@ class OpenAIClient:
         self._max_connections = max_connections
         self._session: Any = None
         self._timeout: Any = None
+        self._aiohttp: Any = None
+        self._url: Any = None
         self._bodies: dict[tuple[int, int], bytes] = {}  # the input set is small and cycled: encode once
         self._piece_key = b'"text":' if api == "openai-completions" else b'"content":'
 
     async def __aenter__(self) -> OpenAIClient:
         import aiohttp
+        from yarl import URL
 
+        self._aiohttp = aiohttp
+        self._url = URL(self.url)  # parsed once, not per request
         conn = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=self._max_connections,
                                     keepalive_timeout=60, ttl_dns_cache=300)
         # read_bufsize: the 64 KiB default starves long streams (vLLM #39963).
@@ -225,8 +230,7 @@ class OpenAIClient:
     async def send(self, request_id: str, prompt: Prompt, max_tokens: int, scheduled_at: float,
                    attempt: int = 0) -> RequestResult:
         """Send one streaming request; never raises for a server or network fault (it is data)."""
-        import aiohttp
-
+        aiohttp = self._aiohttp
         assert self._session is not None, "use `async with OpenAIClient(...)`"
         key = (id(prompt), max_tokens)
         data = self._bodies.get(key)
@@ -239,7 +243,7 @@ class OpenAIClient:
         err_class: str | None = None
         err: str | None = None
         try:
-            async with self._session.post(self.url, data=data, headers=self._headers, timeout=self._timeout) as resp:
+            async with self._session.post(self._url, data=data, headers=self._headers, timeout=self._timeout) as resp:
                 status = resp.status
                 if status != 200:
                     text = await resp.text(errors="replace")
@@ -282,12 +286,23 @@ class OpenAIClient:
 
     async def _read_stream(self, resp: Any, st: _Stream) -> None:
         pc = time.perf_counter
-        event = self._event
+        event, key, times = self._event, self._piece_key, st.times
         buf = b""
         async for chunk in resp.content.iter_any():
             now = pc()
             if buf:
-                chunk = buf + chunk
+                chunk, buf = buf + chunk, b""
+            # The usual read while streaming: one whole token event, b'data: {...}\n\n'. It is timed
+            # here, without splitting or parsing anything (the hot path: once per token).
+            if chunk[:7] == b"data: {" and chunk.find(b"\n\n") == len(chunk) - 2:
+                kind = _token_piece(chunk[6:-2], key)
+                if kind is not None:
+                    if st.first is None:
+                        st.first = now
+                    times.append(now)
+                    if kind == _REASONING:
+                        st.reasoning += 1
+                    continue
             if b"\r" in chunk:  # events end with a blank line: \n\n, or \r\n\r\n from some proxies
                 chunk = chunk.replace(b"\r\n", b"\n")
             if b"\n\n" not in chunk:
@@ -317,9 +332,7 @@ class OpenAIClient:
                 st.times.append(now)
                 if kind == _REASONING:
                     st.reasoning += 1
-                if b'"finish_reason":"' in payload or b'"finish_reason": "' in payload:
-                    st.finished = True
-                continue
+                continue  # (its finish_reason, if any, does not matter: a stream with a token is not empty)
             if payload == b"[DONE]":
                 st.done = True
                 return

@@ -40,6 +40,7 @@ class LoadShape:
     seed: int = 0
     max_tokens: int | None = None  # overrides each prompt's own output length
     error_backoff: bool = True  # closed loop: a user whose request failed waits (the plan's back-off)
+    think_s: float = 0.0  # closed loop: a user pauses this long after a successful request (a drill's think_time_s)
 
 
 @dataclass(frozen=True)
@@ -216,10 +217,13 @@ async def drive(
                 await asyncio.sleep(min(max(0.0, deadline - pc()), retry.user_backoff_s(fails, rng)))
             elif ok:
                 fails = 0
+                if shape.think_s > 0 and not stop.is_set():
+                    await asyncio.sleep(min(max(0.0, deadline - pc()), shape.think_s))
             ready = pc()
 
     ticker = asyncio.ensure_future(_loop_lag(loop_lags))
     stop_wait = asyncio.ensure_future(stop.wait())
+    body: asyncio.Future[None] | None = None
     try:
         if shape.mode == "open":
             body = asyncio.ensure_future(open_loop())
@@ -248,10 +252,15 @@ async def drive(
             drain.cancel()
             await asyncio.gather(drain, return_exceptions=True)
     finally:
+        # Cancelled from outside (Ctrl-C, a caller's cancel) included: the loop that sends goes
+        # first, so nothing new is sent, then whatever is in flight (recorded as cancelled).
+        loops = [body] if body is not None and not body.done() else []
+        for lp in loops:
+            lp.cancel()
         pending = set(inflight)
         for t in (*pending, ticker, stop_wait):
             t.cancel()
-        await asyncio.gather(*pending, ticker, stop_wait, return_exceptions=True)
+        await asyncio.gather(*loops, *pending, ticker, stop_wait, return_exceptions=True)
         gc.unfreeze()  # frozen only for the window: what dies later is still collected
     return WindowOutcome(sent=sent, elapsed_s=pc() - start, lag_p99_ms=percentile(lags, 99) if lags else 0.0, lag_max_ms=max(lags, default=0.0),
                          loop_lag_p99_ms=percentile(loop_lags, 99) if loop_lags else 0.0, loop_lag_max_ms=max(loop_lags, default=0.0),

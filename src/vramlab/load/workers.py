@@ -26,6 +26,8 @@ import math
 import os
 import pickle
 import queue
+import select
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -37,8 +39,10 @@ from vramlab.load.driver import LoadShape, Window, WindowOutcome, drive, shard_s
 from vramlab.load.prompts import Prompt, cycle
 from vramlab.load.retry import RetryPolicy
 
-# What one client core holds with its token timing still right (benchmarks/tokens.py on the 2-core
-# development machine: see benchmarks/results/tokens.txt). A plan past either needs more than a core.
+# Where one client core stops timing tokens right, roughly, for streams of 50 tokens/s each (32
+# tokens 20 ms apart): issue #15 measured vramlab's per-gap ITL P99 error at +48-67 ms with 500
+# such streams and its core saturated at 1,000; benchmarks/tokens.py measures it again
+# (benchmarks/results/tokens.txt). A plan past either bound gets one worker per core.
 STREAMS_PER_CORE = 1000
 REQUESTS_PER_S_PER_CORE = 3000.0
 BATCH_S = 0.1  # how often a worker ships its results to the parent
@@ -92,6 +96,58 @@ def event_loop_runner() -> Any:
         return asyncio.run
 
 
+# -- the pipes -------------------------------------------------------------------------------------
+# One pipe each way per worker. The end an event loop reads is watched with add_reader and read
+# with os.read into a buffer, whole frames (8-byte length + pickle) taken off as they complete: an
+# event loop may set its fds non-blocking, and a batch larger than the pipe's buffer arrives in
+# parts, so Connection.recv_bytes (which expects to block) is not used on it. The writing ends are
+# plain blocking writes (the parent's commands are small; a worker writes from its sender thread).
+_HEAD = struct.Struct("!Q")
+
+
+def _frame(msg: Any) -> bytes:
+    data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEAD.pack(len(data)) + data
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:
+            select.select([], [fd], [], 1.0)
+            continue
+        view = view[n:]
+
+
+class _Reader:
+    """Frames off a pipe, as they complete."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.buf = fd, bytearray()
+
+    def read(self) -> list[Any] | None:
+        """The messages complete so far; None when the other end is gone."""
+        try:
+            chunk = os.read(self.fd, 1 << 20)
+        except BlockingIOError:
+            return []
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        self.buf += chunk
+        out = []
+        while len(self.buf) >= _HEAD.size:
+            (n,) = _HEAD.unpack_from(self.buf)
+            if len(self.buf) < _HEAD.size + n:
+                break
+            out.append(pickle.loads(bytes(self.buf[_HEAD.size:_HEAD.size + n])))
+            del self.buf[:_HEAD.size + n]
+        return out
+
+
 # -- the worker process ---------------------------------------------------------------------------
 def _worker_main(index: int, count: int, conn: Any, cfg: ClientConfig) -> None:
     try:
@@ -103,6 +159,7 @@ def _worker_main(index: int, count: int, conn: Any, cfg: ClientConfig) -> None:
 async def _serve(index: int, count: int, conn: Any, cfg: ClientConfig) -> None:
     from vramlab.load.client import OpenAIClient
 
+    cmd_r, res_w = conn  # (read end of the parent's commands, write end of the results)
     loop = asyncio.get_running_loop()
     outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
 
@@ -112,7 +169,7 @@ async def _serve(index: int, count: int, conn: Any, cfg: ClientConfig) -> None:
             if data is None:
                 return
             try:
-                conn.send_bytes(data)
+                _write_all(res_w.fileno(), data)
             except OSError:
                 return
 
@@ -120,25 +177,27 @@ async def _serve(index: int, count: int, conn: Any, cfg: ClientConfig) -> None:
     thread.start()
 
     def post(msg: tuple[Any, ...]) -> None:
-        outbox.put(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+        outbox.put(_frame(msg))
 
     inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
     stop = asyncio.Event()
 
+    reader = _Reader(cmd_r.fileno())
+
     def on_readable() -> None:
-        try:
-            while conn.poll():
-                msg = pickle.loads(conn.recv_bytes())
-                if msg[0] == "stop":
-                    stop.set()  # obeyed by the running window before its next request
-                else:
-                    inbox.put_nowait(msg)
-        except (EOFError, OSError):
+        msgs = reader.read()
+        if msgs is None:  # the parent is gone
             stop.set()
             inbox.put_nowait(("exit",))
-            loop.remove_reader(conn.fileno())
+            loop.remove_reader(cmd_r.fileno())
+            return
+        for msg in msgs:
+            if msg[0] == "stop":
+                stop.set()  # obeyed by the running window before its next request
+            else:
+                inbox.put_nowait(msg)
 
-    loop.add_reader(conn.fileno(), on_readable)
+    loop.add_reader(cmd_r.fileno(), on_readable)
     prompts: dict[Any, list[Prompt]] = {}
     async with OpenAIClient(cfg.base_url, cfg.model, cfg.api, cfg.api_key, max_connections=cfg.max_connections,
                             timeout_s=cfg.timeout_s, ignore_eos=cfg.ignore_eos) as client:
@@ -172,7 +231,10 @@ async def _serve(index: int, count: int, conn: Any, cfg: ClientConfig) -> None:
                 post(("results", batch[:]))
                 batch.clear()
             post(("done", index, os.getpid(), outcome, err))
-    loop.remove_reader(conn.fileno())
+    try:
+        loop.remove_reader(cmd_r.fileno())
+    except (OSError, ValueError):
+        pass
     outbox.put(None)
     thread.join(timeout=5)
 
@@ -189,7 +251,8 @@ class WorkerPool:
         self.pids: list[int] = []
         self.reports: list[WorkerReport] = []  # the last window's, one per worker
         self._procs: list[Any] = []
-        self._conns: list[Any] = []
+        self._conns: list[Any] = []  # per worker: (command write end, result read end)
+        self._readers: list[_Reader] = []
         self._sent_keys: set[Any] = set()
         self._handler: Callable[[tuple[Any, ...]], None] = lambda msg: None
         self._dead: str | None = None
@@ -213,14 +276,17 @@ class WorkerPool:
         self._handler = on_start
         try:
             for i in range(self.count):
-                parent, child = ctx.Pipe(duplex=True)
-                p = ctx.Process(target=_worker_main, args=(i, self.count, child, per_worker),
+                cmd_r, cmd_w = ctx.Pipe(duplex=False)
+                res_r, res_w = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=_worker_main, args=(i, self.count, (cmd_r, res_w), per_worker),
                                 name=f"vramlab-load-{i}", daemon=True)
                 p.start()
-                child.close()
+                cmd_r.close()
+                res_w.close()
                 self._procs.append(p)
-                self._conns.append(parent)
-                loop.add_reader(parent.fileno(), self._readable, i)
+                self._conns.append((cmd_w, res_r))
+                self._readers.append(_Reader(res_r.fileno()))
+                loop.add_reader(res_r.fileno(), self._readable, i)
             await asyncio.wait_for(all_ready, timeout=self.start_timeout_s)
         except BaseException:
             await self.__aexit__()
@@ -229,20 +295,21 @@ class WorkerPool:
         return self
 
     def _readable(self, i: int) -> None:
-        conn = self._conns[i]
-        try:
-            while conn.poll():
-                self._handler(pickle.loads(conn.recv_bytes()))
-        except (EOFError, OSError):
-            asyncio.get_running_loop().remove_reader(conn.fileno())
+        msgs = self._readers[i].read()
+        if msgs is None:
+            asyncio.get_running_loop().remove_reader(self._readers[i].fd)
+            self._procs[i].join(timeout=0.5)
             self._dead = f"load worker {i} (pid {self._procs[i].pid}) exited (code {self._procs[i].exitcode})"
             self._handler(("dead", i))
+            return
+        for msg in msgs:
+            self._handler(msg)
 
     def _send(self, msg: tuple[Any, ...]) -> None:
-        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-        for c in self._conns:
+        data = _frame(msg)
+        for cmd_w, _ in self._conns:
             try:
-                c.send_bytes(data)
+                _write_all(cmd_w.fileno(), data)
             except OSError:
                 pass
 
@@ -282,13 +349,12 @@ class WorkerPool:
         plist = None if key in self._sent_keys else prompts
         self._sent_keys.add(key)
         start_at = time.perf_counter() + START_LEAD_S
-        for i, c in enumerate(self._conns):
+        for i, (cmd_w, _) in enumerate(self._conns):
             # Open loop: each worker's in-flight cap is its share of the plan's (they sum to it).
             # Closed loop: drive shares the users out itself.
             job_shape = shape if shape.mode == "closed" else \
                 replace(shape, concurrency=max(1, shard_share(shape.concurrency, (i, self.count))))
-            c.send_bytes(pickle.dumps(("window", key, plist, job_shape, window, retry, id_prefix, start_at),
-                                      protocol=pickle.HIGHEST_PROTOCOL))
+            _write_all(cmd_w.fileno(), _frame(("window", key, plist, job_shape, window, retry, id_prefix, start_at)))
         stop_wait = asyncio.ensure_future(stop.wait()) if stop is not None else None
         try:
             waiters: set[asyncio.Future[Any]] = {finished} | ({stop_wait} if stop_wait else set())
@@ -321,9 +387,9 @@ class WorkerPool:
     async def __aexit__(self, *exc: object) -> None:
         loop = asyncio.get_running_loop()
         self._send(("exit",))
-        for c in self._conns:
+        for r in self._readers:
             try:
-                loop.remove_reader(c.fileno())
+                loop.remove_reader(r.fd)
             except (OSError, ValueError):
                 pass
         deadline = time.monotonic() + 5
@@ -333,6 +399,7 @@ class WorkerPool:
             if p.is_alive():
                 p.terminate()  # our own child, by its handle
                 p.join(timeout=2)
-        for c in self._conns:
-            c.close()
-        self._procs, self._conns = [], []
+        for cmd_w, res_r in self._conns:
+            cmd_w.close()
+            res_r.close()
+        self._procs, self._conns, self._readers = [], [], []

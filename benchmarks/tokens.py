@@ -1,0 +1,715 @@
+"""Does the load generator time every token as the server sent it? A token stream with a known
+schedule, many streams at once, vramlab beside a plain aiohttp loop and the peers (AIPerf, GuideLLM).
+
+    python benchmarks/tokens.py                          # 100, 500, 1,000, 2,000 streams, every tool found
+    python benchmarks/tokens.py --quick                  # tiny, correctness only (a test runs it)
+    python benchmarks/tokens.py --profile                # + where vramlab's client spends its CPU (cProfile)
+    python benchmarks/tokens.py --peers /tmp/peers       # peers from venvs: /tmp/peers/{aiperf,guidellm}/bin
+    python benchmarks/tokens.py -o benchmarks/results/tokens.txt
+
+The peers, each in its own venv (their pins conflict with vramlab's and with each other's):
+
+    python3 -m venv benchmarks/.venvs/aiperf && benchmarks/.venvs/aiperf/bin/pip install aiperf==0.13.0
+    python3 -m venv benchmarks/.venvs/guidellm && benchmarks/.venvs/guidellm/bin/pip install guidellm==0.8.1
+
+inference-perf is not run: every release on PyPI needs Python >= 3.12.
+
+The endpoint streams every request the same way: the first SSE chunk ``--ttft-ms`` after the
+request, then ``--tokens - 1`` more, one every ``--gap-ms``, then a usage chunk and ``[DONE]``.
+It is nginx with the echo module (Debian: ``apt-get install -y nginx-light libnginx-mod-http-echo``;
+``echo_sleep`` + ``echo_flush`` per chunk), one worker pinned to the last CPU; without it, the
+stub server (``vramlab.load.stub``) in its own process, and the output says so. The endpoint's own
+CPU is measured: below ~70 % of its core it keeps its schedule (nginx's timers are 1 ms exact), so
+every error in the table is the client's.
+
+Each tool holds N streams (closed loop: a user opens the next stream as soon as one ends) for
+``--warmup-s`` + ``--measure-s``; only the measured window counts:
+  streams held   mean open streams over the window (time-weighted), against N
+  tokens/s       token chunks received in the window; ideal = N x tokens / (ttft + (tokens-1) x gap)
+  CPU-ms/req     the client's CPU time (every process of it) over completed requests
+  TTFT err       TTFT as the tool measured it, minus the schedule's ttft-ms (P50 / P99)
+  ITL err        every gap between two token chunks as the tool measured it, minus gap-ms (P50 / P99);
+                 for tools that report ITL only as a per-request mean, that mean minus gap-ms (said so)
+How each tool defines ITL is printed with the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ECHO_MODULE = Path("/usr/lib/nginx/modules/ngx_http_echo_module.so")
+CHUNK = ('{"id":"chatcmpl-b","object":"chat.completion.chunk","created":1700000000,"model":"bench",'
+         '"choices":[{"index":0,"delta":{"content":" tok"},"logprobs":null,"finish_reason":null}]}')
+FINAL = ('{"id":"chatcmpl-b","object":"chat.completion.chunk","created":1700000000,"model":"bench",'
+         '"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}')
+HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+ITL_DEFINITIONS = {
+    "vramlab": "every gap between two token chunks, as received (RequestRecord.itl_ms); TPOT is the per-request mean",
+    "aiohttp-uvloop": "every gap between two token chunks, as received (the reference loop)",
+    "aiperf": "'inter_token_latency' is a per-request mean ((last - first token) / (tokens - 1)); "
+              "'inter_chunk_latency' is every gap: the per-gap column uses it",
+    "guidellm": "'inter_token_latency' is a per-request mean ((last - first token) / (output tokens - 1)); "
+                "it keeps no per-gap times: the per-gap column is that mean",
+}
+
+
+def _usage(tokens: int) -> str:
+    return ('{"id":"chatcmpl-b","object":"chat.completion.chunk","created":1700000000,"model":"bench","choices":[],'
+            f'"usage":{{"prompt_tokens":8,"completion_tokens":{tokens},"total_tokens":{tokens + 8}}}}}')
+
+
+def _cpus() -> tuple[list[int], int | None]:
+    cpus = sorted(os.sched_getaffinity(0))
+    return (cpus[:-1], cpus[-1]) if len(cpus) >= 2 else (cpus, None)
+
+
+def _pinned(cmd: list[str], cpus: list[int] | None) -> list[str]:
+    if not cpus or not shutil.which("taskset"):
+        return cmd
+    return ["taskset", "-c", ",".join(map(str, cpus))] + cmd
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _proc_cpu_s(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and every live descendant (peers run many processes)."""
+    total, seen, todo = 0.0, set(), [pid]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        total += _proc_cpu_s(p)
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return total
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+# -- the endpoint ------------------------------------------------------------------------------------
+class Endpoint:
+    """nginx + echo when installed, else the stub in its own process; pinned to ``cpu``."""
+
+    def __init__(self, kind: str, a: argparse.Namespace, cpu: int | None, workdir: Path) -> None:
+        self.a, self.cpu, self.dir = a, cpu, workdir
+        nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+        self.kind = "nginx" if kind in ("auto", "nginx") and nginx and ECHO_MODULE.exists() else "stub"
+        if kind == "nginx" and self.kind != "nginx":
+            raise SystemExit("tokens: --server nginx, but nginx or its echo module is missing "
+                             "(apt-get install -y nginx-light libnginx-mod-http-echo)")
+        self._nginx = nginx
+        self.proc: subprocess.Popen[Any] | None = None
+        self.url, self.version = "", ""
+
+    def __enter__(self) -> Endpoint:
+        (self._start_nginx if self.kind == "nginx" else self._start_stub)()
+        return self
+
+    def _start_nginx(self) -> None:
+        a = self.a
+        port = _free_port()
+        (self.dir / "tmp").mkdir(exist_ok=True)
+        sse = lambda s: s.replace("\\", "\\\\").replace("'", "\\'")  # noqa: E731
+        steps = [f"echo_sleep {a.ttft_ms / 1000:.3f};", f"echo -n 'data: {sse(CHUNK)}\\n\\n';", "echo_flush;"]
+        for _ in range(a.tokens - 1):
+            steps += [f"echo_sleep {a.gap_ms / 1000:.3f};", f"echo -n 'data: {sse(CHUNK)}\\n\\n';", "echo_flush;"]
+        steps += [f"echo -n 'data: {sse(FINAL)}\\n\\ndata: {sse(_usage(a.tokens))}\\n\\ndata: [DONE]\\n\\n';"]
+        body = "\n            ".join(steps)
+        user = "user root;\n" if os.geteuid() == 0 else ""
+        conf = self.dir / "nginx.conf"
+        conf.write_text(f"""load_module {ECHO_MODULE};
+{user}daemon off;
+worker_processes 1;
+worker_rlimit_nofile 65536;
+pid {self.dir}/nginx.pid;
+error_log {self.dir}/error.log warn;
+events {{ worker_connections 16384; }}
+http {{
+    access_log off;
+    client_body_temp_path {self.dir}/tmp/body;
+    proxy_temp_path {self.dir}/tmp/proxy;
+    fastcgi_temp_path {self.dir}/tmp/fastcgi;
+    uwsgi_temp_path {self.dir}/tmp/uwsgi;
+    scgi_temp_path {self.dir}/tmp/scgi;
+    keepalive_requests 100000000;
+    keepalive_timeout 75s;
+    tcp_nodelay on;
+    server {{
+        listen 127.0.0.1:{port} backlog=16384;
+        location ~ ^/v1/(chat/)?completions$ {{
+            default_type text/event-stream;
+            echo_read_request_body;
+            {body}
+        }}
+        location = /health {{
+            return 200 'ok';
+        }}
+        location = /v1/models {{
+            default_type application/json;
+            return 200 '{{"object":"list","data":[{{"id":"bench","object":"model"}}]}}';
+        }}
+    }}
+}}
+""")
+        out = subprocess.run([self._nginx or "nginx", "-v"], capture_output=True, text=True)
+        self.version = (out.stderr or out.stdout).strip().split(":")[-1].strip() + " + echo module"
+        self.proc = subprocess.Popen(_pinned([self._nginx or "nginx", "-c", str(conf), "-p", str(self.dir)],
+                                             [self.cpu] if self.cpu is not None else None),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        self.url = f"http://127.0.0.1:{port}"
+        self._wait_up()
+
+    def _start_stub(self) -> None:
+        a = self.a
+        code = ("import asyncio, json\n"
+                "from vramlab.load.stub import StubBehaviour, StubServer\n"
+                "class Drop(list):\n    def append(self, x): pass\n"
+                "async def main():\n"
+                f"    async with StubServer(StubBehaviour(ttft_s={a.ttft_ms / 1000}, token_s={a.gap_ms / 1000}, "
+                "seen=Drop())) as s:\n"
+                "        print(json.dumps(s.url), flush=True)\n"
+                "        await asyncio.Event().wait()\n"
+                "asyncio.run(main())\n")
+        self.proc = subprocess.Popen(_pinned([sys.executable, "-c", code], [self.cpu] if self.cpu is not None else None),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        assert self.proc.stdout is not None
+        self.url = json.loads(self.proc.stdout.readline())
+        self.version = "vramlab.load.stub (aiohttp; its own timing is not exact under load)"
+
+    def _wait_up(self) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                req = urllib.request.Request(self.url + "/v1/chat/completions", data=b"{}", method="POST")
+                with urllib.request.urlopen(req, timeout=5) as r:
+                    if b"[DONE]" in r.read():
+                        return
+            except OSError:
+                if (self.proc is not None and self.proc.poll() is not None) or time.monotonic() > deadline:
+                    err = self.proc.stderr.read() if self.proc and self.proc.stderr else ""
+                    raise SystemExit(f"tokens: the {self.kind} endpoint did not come up: {err!r}") from None
+                time.sleep(0.05)
+
+    def worker_pids(self) -> list[int]:
+        if self.proc is None:
+            return []
+        if self.kind == "stub":
+            return [self.proc.pid]
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                return [int(c) for c in f.read().split()]
+        except OSError:
+            return []
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # our own process (nginx master: its worker follows)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# -- in-process clients (run in a child process, pinned) --------------------------------------------
+def _summary(cfg: dict[str, Any], reqs: list[tuple[float, float, float | None, list[float], bool]],
+             ws: float, we: float, cpu_s: float) -> dict[str, Any]:
+    """reqs: (sent, end, ttft_ms, token_times, ok) per request. The window is [ws, we]."""
+    wlen = we - ws
+    held = sum(max(0.0, min(e, we) - max(s, ws)) for s, e, _, _, _ in reqs) / wlen
+    done = [r for r in reqs if ws <= r[1] <= we]
+    ok = [r for r in done if r[4]]
+    tokens = sum(1 for r in reqs for t in r[3] if ws <= t <= we)
+    gap = cfg["gap_ms"]
+    itl_err = [(b - a) * 1000 - gap for r in ok for a, b in zip(r[3], r[3][1:], strict=False)]
+    ttft_err = [r[2] - cfg["ttft_ms"] for r in ok if r[2] is not None]
+    return {"completed": len(done), "ok": len(ok), "errors": len(done) - len(ok), "streams_held": round(held, 1),
+            "tokens_per_s": round(tokens / wlen, 1), "cpu_s": round(cpu_s, 3),
+            "cpu_ms_per_req": round(1000 * cpu_s / len(done), 3) if done else None,
+            "ttft_err_p50_ms": _pct(ttft_err, 0.5), "ttft_err_p99_ms": _pct(ttft_err, 0.99),
+            "itl_err_p50_ms": _pct(itl_err, 0.5), "itl_err_p99_ms": _pct(itl_err, 0.99),
+            "itl_kind": "per gap", "window_s": round(wlen, 3)}
+
+
+async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
+    from vramlab.load.client import OpenAIClient
+    from vramlab.load.driver import LoadShape, Window, drive
+    from vramlab.load.prompts import Prompt
+
+    pc = time.perf_counter
+    n, workers = cfg["streams"], cfg.get("workers", 1)
+    reqs: list[tuple[float, float, float | None, list[float], bool]] = []
+
+    def on_result(r: Any) -> None:
+        if r.error_class != "cancelled":
+            reqs.append((r.sent_at, r.end_at, r.ttft_ms, list(r.token_times), r.ok))
+
+    prompts = [Prompt("hello", 8, cfg["tokens"])]
+    shape = LoadShape(mode="closed", concurrency=n, max_tokens=cfg["tokens"])
+    window = Window(duration_s=cfg["warmup_s"] + cfg["measure_s"], drain_s=0.0)
+    t0 = pc()
+    ws, we = t0 + cfg["warmup_s"], t0 + cfg["warmup_s"] + cfg["measure_s"]
+    cpu: dict[str, float] = {}
+    pids: list[int] = [os.getpid()]
+
+    async def cpu_window() -> None:
+        await asyncio.sleep(max(0.0, ws - pc()))
+        cpu["a"] = sum(_proc_cpu_s(p) for p in pids)
+        await asyncio.sleep(max(0.0, we - pc()))
+        cpu["b"] = sum(_proc_cpu_s(p) for p in pids)
+
+    if workers > 1:
+        from vramlab.load.workers import ClientConfig, WorkerPool
+
+        async with WorkerPool(workers, ClientConfig(cfg["url"], "bench", max_connections=n + 8,
+                                                    timeout_s=120)) as pool:
+            pids.extend(pool.pids)
+            t0 = pc()  # the pool took a while to start: the window starts now
+            ws, we = t0 + cfg["warmup_s"], t0 + cfg["warmup_s"] + cfg["measure_s"]
+            mon = asyncio.ensure_future(cpu_window())
+            await pool.drive(prompts, shape, window, on_result)
+            await mon
+    else:
+        async with OpenAIClient(cfg["url"], "bench", max_connections=n + 8, timeout_s=120) as client:
+            mon = asyncio.ensure_future(cpu_window())
+            if cfg.get("profile"):
+                import cProfile
+                import pstats
+
+                prof = cProfile.Profile()
+                prof.enable()
+            await drive(client, iter(lambda: prompts[0], None), shape, window, on_result)
+            if cfg.get("profile"):
+                prof.disable()
+                with open(cfg["profile"], "w") as f:
+                    pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(25)
+            await mon
+    res = _summary(cfg, reqs, ws, we, cpu["b"] - cpu["a"])
+    res["workers"] = workers
+    return res
+
+
+async def _plain(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The reference: N coroutines on one aiohttp session, a perf_counter stamp per token chunk."""
+    import aiohttp
+
+    pc = time.perf_counter
+    n = cfg["streams"]
+    url = cfg["url"] + "/v1/chat/completions"
+    body = json.dumps({"model": "bench", "max_tokens": cfg["tokens"], "stream": True,
+                       "messages": [{"role": "user", "content": "hello"}]}).encode()
+    reqs: list[tuple[float, float, float | None, list[float], bool]] = []
+    t0 = pc()
+    ws, we = t0 + cfg["warmup_s"], t0 + cfg["warmup_s"] + cfg["measure_s"]
+    cpu: dict[str, float] = {}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=n + 8), read_bufsize=2**20) as s:
+        async def user() -> None:
+            while pc() < we:
+                sent = pc()
+                times: list[float] = []
+                ok = False
+                try:
+                    async with s.post(url, data=body, headers=HEADERS) as r:
+                        async for chunk in r.content.iter_any():
+                            t = pc()
+                            times.extend([t] * chunk.count(b'"content"'))
+                        ok = r.status == 200
+                except aiohttp.ClientError:
+                    pass
+                reqs.append((sent, pc(), (times[0] - sent) * 1000 if times else None, times, ok))
+
+        async def cpu_window() -> None:
+            await asyncio.sleep(max(0.0, ws - pc()))
+            t = os.times()
+            cpu["a"] = t.user + t.system
+            await asyncio.sleep(max(0.0, we - pc()))
+            t = os.times()
+            cpu["b"] = t.user + t.system
+
+        tasks = [asyncio.ensure_future(user()) for _ in range(n)]
+        await cpu_window()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return _summary(cfg, reqs, ws, we, cpu["b"] - cpu["a"])
+
+
+def client_main(tool: str, cfg: dict[str, Any]) -> None:
+    if tool == "vramlab":
+        from vramlab.load.workers import event_loop_runner as _event_loop_runner
+
+        runner = _event_loop_runner()
+        res = runner(_vramlab(cfg))
+        res["loop"] = "uvloop" if runner is not asyncio.run else "asyncio"
+    else:
+        import uvloop
+
+        res = uvloop.run(_plain(cfg))
+        res["loop"] = "uvloop"
+    print(json.dumps(res))
+
+
+# -- peers ---------------------------------------------------------------------------------------
+def _peer_bin(peers: Path | None, name: str) -> Path | None:
+    for base in ([peers] if peers else []) + [HERE / ".venvs", Path("/tmp/i15-venvs")]:
+        p = base / name / "bin" / name
+        if p.exists():
+            return p
+    found = shutil.which(name)
+    return Path(found) if found else None
+
+
+def _run_monitored(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float
+                   ) -> tuple[subprocess.CompletedProcess[str], list[tuple[float, float]]]:
+    """Run a peer; sample its whole process tree's CPU seconds every 0.25 s as (epoch s, cpu s)."""
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    t0 = time.monotonic()
+    samples: list[tuple[float, float]] = []
+    try:
+        while proc.poll() is None:
+            samples.append((time.time(), _tree_cpu_s(proc.pid)))
+            if time.monotonic() - t0 > timeout:
+                os.killpg(proc.pid, signal.SIGTERM)  # the peer's own process group, started above
+                break
+            time.sleep(0.25)
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:  # we are being stopped (SIGTERM, Ctrl-C): the peer's group goes too
+            os.killpg(proc.pid, signal.SIGTERM)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), samples
+
+
+def _cpu_between(samples: list[tuple[float, float]], a: float, b: float) -> float:
+    """CPU seconds spent between epoch times a and b (nearest samples)."""
+    if not samples:
+        return float("nan")
+    at = lambda t: min(samples, key=lambda s: abs(s[0] - t))[1]  # noqa: E731
+    return at(b) - at(a)
+
+
+def _window_stats(reqs: list[tuple[float, float, int]], ws: float, we: float) -> tuple[float, list[int], int]:
+    """reqs: (start, end, tokens) in epoch s: (streams held, indexes completed in the window, tokens)."""
+    held = sum(max(0.0, min(e, we) - max(s, ws)) for s, e, _ in reqs) / (we - ws)
+    done = [i for i, (_, e, _) in enumerate(reqs) if ws <= e <= we]
+    return held, done, sum(reqs[i][2] for i in done)
+
+
+def _tokenizer_dir(python: Path, tmp: Path) -> Path:
+    """A tiny local word-level tokenizer (the peers want one; nothing may be downloaded)."""
+    out = tmp / "tokenizer"
+    if (out / "tokenizer.json").exists():
+        return out
+    code = """import json, pathlib, sys
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+out = pathlib.Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
+words = "tok hello bench the a of to and in is it you that was for on are with as be at one have this from".split()
+tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+tok.pre_tokenizer = pre_tokenizers.Whitespace()
+tok.train_from_iterator([" ".join(words)] * 4, trainers.WordLevelTrainer(special_tokens=["[UNK]", "[PAD]"]))
+tok.save(str(out / "tokenizer.json"))
+(out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+    "unk_token": "[UNK]", "pad_token": "[PAD]", "model_max_length": 1000000}))
+"""
+    subprocess.run([str(python), "-c", code, str(out)], check=True, capture_output=True, timeout=120)
+    return out
+
+
+def _peer_result(cfg: dict[str, Any], held: float, done: int, errors: int, tokens: int, span: float, cpu: float,
+                 ttft: list[float], itl: list[float], itl_kind: str, wait: list[float], tool: str) -> dict[str, Any]:
+    return {"completed": done, "ok": done - errors, "errors": errors, "streams_held": round(held, 1),
+            "tokens_per_s": round(tokens / span, 1), "cpu_s": round(cpu, 3),
+            "cpu_ms_per_req": round(1000 * cpu / done, 3) if done and cpu == cpu else None,
+            "ttft_err_p50_ms": _pct(ttft, 0.5), "ttft_err_p99_ms": _pct(ttft, 0.99),
+            "itl_err_p50_ms": _pct(itl, 0.5), "itl_err_p99_ms": _pct(itl, 0.99), "itl_kind": itl_kind,
+            "send_wait_p50_ms": _pct(wait, 0.5), "send_wait_p99_ms": _pct(wait, 0.99), "loop": tool,
+            "window_s": round(span, 3)}
+
+
+def _aiperf(bin_: Path, cfg: dict[str, Any], cpus: list[int] | None, tmp: Path) -> dict[str, Any]:
+    art = tmp / f"aiperf-{cfg['streams']}-{time.monotonic_ns()}"
+    n = cfg["streams"]
+    tok = _tokenizer_dir(bin_.parent / "python", tmp)
+    cmd = _pinned([str(bin_), "profile", "--model", "bench", "--url", cfg["url"], "--endpoint-type", "chat",
+                   "--streaming", "--concurrency", str(n), "--benchmark-duration",
+                   str(cfg["warmup_s"] + cfg["measure_s"]), "--benchmark-grace-period", "5",
+                   "--osl", str(cfg["tokens"]), "--isl", "8", "--tokenizer", str(tok),
+                   "--use-server-token-count", "--ui-type", "none", "--artifact-dir", str(art)], cpus)
+    # (no HF_HUB_OFFLINE here: with it set, AIPerf 0.13 takes the local tokenizer folder for a hub id)
+    proc, samples = _run_monitored(cmd, dict(os.environ), tmp, cfg["measure_s"] + 240)
+    rec = next(art.rglob("profile_export.jsonl"), None)
+    if rec is None:
+        return {"error": f"aiperf wrote no records (rc {proc.returncode}): {(proc.stderr or proc.stdout)[-600:]}"}
+    rows = []
+    for line in rec.read_text().splitlines():
+        d = json.loads(line)
+        md, m = d.get("metadata", {}), d.get("metrics", {})
+
+        def val(k: str, m: dict[str, Any] = m) -> Any:
+            v = m.get(k)
+            return v.get("value") if isinstance(v, dict) else v
+
+        if md.get("request_start_ns") is None:
+            continue
+        rows.append((md["request_start_ns"] / 1e9, (md.get("request_end_ns") or md["request_start_ns"]) / 1e9,
+                     int(val("output_sequence_length") or 0), bool(d.get("error")) or not m,
+                     val("time_to_first_token"), val("inter_chunk_latency") or [],
+                     (md["request_start_ns"] - md.get("credit_issued_ns", md["request_start_ns"])) / 1e6))
+    if not rows:
+        return {"error": "aiperf recorded no requests"}
+    ws = min(r[0] for r in rows) + cfg["warmup_s"]
+    we = ws + cfg["measure_s"]
+    held, done, tokens = _window_stats([(r[0], r[1], r[2]) for r in rows], ws, we)
+    sel = [rows[i] for i in done]
+    ok = [r for r in sel if not r[3]]
+    return _peer_result(cfg, held, len(sel), len(sel) - len(ok), tokens, we - ws, _cpu_between(samples, ws, we),
+                        [r[4] - cfg["ttft_ms"] for r in ok if r[4] is not None],
+                        [g - cfg["gap_ms"] for r in ok for g in r[5]], "per gap (inter_chunk_latency)",
+                        [r[6] for r in sel], "aiperf")
+
+
+def _guidellm(bin_: Path, cfg: dict[str, Any], cpus: list[int] | None, tmp: Path) -> dict[str, Any]:
+    out = tmp / f"guidellm-{cfg['streams']}-{time.monotonic_ns()}.json"
+    n = cfg["streams"]
+    data = tmp / "guidellm-prompts.jsonl"
+    # GuideLLM sends each row once and stops when the data runs out: enough rows for the whole run
+    per_stream = math.ceil((cfg["warmup_s"] + cfg["measure_s"] + 30) * 1000 / (cfg["ttft_ms"] + (cfg["tokens"] - 1)
+                                                                            * cfg["gap_ms"]))
+    data.write_text("".join(json.dumps({"prompt": f"hello {i}", "output_tokens_count": cfg["tokens"],
+                                        "prompt_tokens_count": 8}) + "\n" for i in range(n * per_stream)))
+    cmd = _pinned([str(bin_), "run", "--backend", f"kind=openai_http,target={cfg['url']},model=bench",
+                   "--profile", f"kind=concurrent,streams={n}", "--data", f"kind=json_file,path={data}",
+                   "--constraint", f"kind=max_duration,seconds={cfg['warmup_s'] + cfg['measure_s']}",
+                   "--output", f"kind=json,path={out}", "--disable-console-interactive"], cpus)
+    proc, samples = _run_monitored(cmd, {**os.environ, "HF_HUB_OFFLINE": "1"}, tmp, cfg["measure_s"] + 240)
+    if not out.exists():
+        return {"error": f"guidellm wrote no report (rc {proc.returncode}): {(proc.stderr or proc.stdout)[-600:]}"}
+    bench = (json.loads(out.read_text()).get("benchmarks") or [{}])[0]
+    reqs = bench.get("requests") or {}
+    rows = []
+    for kind in ("successful", "errored", "incomplete"):
+        for r in reqs.get(kind) or ():
+            st, en = r.get("request_start_time"), r.get("request_end_time")
+            if st is None:
+                continue
+            rows.append((st, en or st, int(r.get("output_tokens") or 0), kind != "successful",
+                         r.get("time_to_first_token_ms"), r.get("inter_token_latency_ms"),
+                         1000 * float(r.get("request_dispatch_delay") or 0.0)))
+    if not rows:
+        return {"error": "guidellm recorded no requests"}
+    ws = min(r[0] for r in rows) + cfg["warmup_s"]
+    we = min(ws + cfg["measure_s"], max(r[1] for r in rows))
+    held, done, tokens = _window_stats([(r[0], r[1], r[2]) for r in rows], ws, we)
+    sel = [rows[i] for i in done]
+    ok = [r for r in sel if not r[3]]
+    return _peer_result(cfg, held, len(sel), len(sel) - len(ok), tokens, we - ws, _cpu_between(samples, ws, we),
+                        [r[4] - cfg["ttft_ms"] for r in ok if r[4] is not None],
+                        [r[5] - cfg["gap_ms"] for r in ok if r[5] is not None], "per-request mean",
+                        [r[6] for r in sel], "guidellm")
+
+
+# -- the run ---------------------------------------------------------------------------------------
+def _run_tool(tool: str, n: int, ep: Endpoint, a: argparse.Namespace, client_cpus: list[int], tmp: Path,
+              peers: dict[str, Path]) -> dict[str, Any]:
+    cfg = {"url": ep.url, "streams": n, "tokens": a.tokens, "gap_ms": a.gap_ms, "ttft_ms": a.ttft_ms,
+           "warmup_s": a.warmup_s, "measure_s": a.measure_s}
+    one_core = client_cpus[:1] or None
+    ep_cpu0 = sum(_proc_cpu_s(p) for p in ep.worker_pids())
+    t0 = time.monotonic()
+    if tool.startswith("vramlab"):
+        workers = int(tool.split("-w")[1]) if "-w" in tool else 1
+        cfg["workers"] = workers
+        if a.profile and workers == 1 and n == a.profile_streams:
+            cfg["profile"] = str(tmp / f"profile-{n}.txt")
+        cpus = one_core if workers == 1 else (sorted(os.sched_getaffinity(0)) if len(client_cpus) < workers
+                                             else client_cpus[:workers])
+        proc = subprocess.run(_pinned([sys.executable, __file__, "--client", "vramlab", json.dumps(cfg)], cpus),
+                              capture_output=True, text=True, timeout=a.warmup_s + a.measure_s + 120)
+        res = _parse(proc, tool)
+        res["cpus"] = ",".join(map(str, cpus or []))
+        if "profile" in cfg and Path(cfg["profile"]).exists():
+            res["profile"] = Path(cfg["profile"]).read_text()
+    elif tool == "aiohttp-uvloop":
+        proc = subprocess.run(_pinned([sys.executable, __file__, "--client", "plain", json.dumps(cfg)], one_core),
+                              capture_output=True, text=True, timeout=a.warmup_s + a.measure_s + 120)
+        res = _parse(proc, tool)
+    elif tool == "aiperf":
+        res = _aiperf(peers["aiperf"], cfg, one_core, tmp)
+    else:
+        res = _guidellm(peers["guidellm"], cfg, one_core, tmp)
+    wall = time.monotonic() - t0
+    res["endpoint_cpu_pct"] = round(100 * (sum(_proc_cpu_s(p) for p in ep.worker_pids()) - ep_cpu0) / wall, 1)
+    res["ideal_tokens_per_s"] = round(n * a.tokens / ((a.ttft_ms + (a.tokens - 1) * a.gap_ms) / 1000), 1)
+    return res
+
+
+def _parse(proc: subprocess.CompletedProcess[str], tool: str) -> dict[str, Any]:
+    if proc.returncode != 0:
+        return {"error": f"{tool} failed (rc {proc.returncode}): {proc.stderr[-800:]}"}
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _fmt(v: Any, f: str) -> str:
+    return "-" if v is None or (isinstance(v, float) and v != v) else format(v, f)
+
+
+def _table(results: dict[str, dict[int, dict[str, Any]]], a: argparse.Namespace) -> list[str]:
+    lines = [f"{'tool':<16} {'streams':>7} {'held':>7} {'tokens/s':>9} {'ideal %':>7} {'CPU-ms/req':>10} "
+             f"{'TTFT err P50/P99 ms':>20} {'ITL err P50/P99 ms':>19} {'ITL kind':<18} {'ep CPU %':>8} {'err':>5} {'wait P99':>8}"]
+    for tool, by_n in results.items():
+        for n, r in sorted(by_n.items()):
+            if "error" in r:
+                lines.append(f"{tool:<16} {n:>7} error: {r['error'][:300]}")
+                continue
+            ideal = 100 * r["tokens_per_s"] / r["ideal_tokens_per_s"] if r.get("ideal_tokens_per_s") else None
+            ttft = f"{_fmt(r.get('ttft_err_p50_ms'), '.2f')} / {_fmt(r.get('ttft_err_p99_ms'), '.2f')}"
+            itl = f"{_fmt(r.get('itl_err_p50_ms'), '.2f')} / {_fmt(r.get('itl_err_p99_ms'), '.2f')}"
+            lines.append(f"{tool:<16} {n:>7} {_fmt(r.get('streams_held'), '.0f'):>7} "
+                         f"{_fmt(r.get('tokens_per_s'), '.0f'):>9} {_fmt(ideal, '.0f'):>7} "
+                         f"{_fmt(r.get('cpu_ms_per_req'), '.2f'):>10} {ttft:>20} {itl:>19} "
+                         f"{r.get('itl_kind', ''):<18.18} {_fmt(r.get('endpoint_cpu_pct'), '.0f'):>8} "
+                         f"{r.get('errors', 0):>5} {_fmt(r.get('send_wait_p99_ms'), '.1f'):>8}")
+    return lines
+
+
+def _machine() -> list[str]:
+    model = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = os.getloadavg()
+    busy = (" (above the CPU count: the machine was shared and busy; every figure below is noisier for it)"
+            if load[0] > (os.cpu_count() or 1) else "")
+    return [f"machine: {platform.node()}, {os.cpu_count()} CPUs ({model}), python {platform.python_version()}, "
+            f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start{busy}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--client"]:
+        client_main(argv[1], json.loads(argv[2]))
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny and bounded: 20 streams, 1 s, vramlab and the "
+                   "plain loop only (correctness, not speed)")
+    p.add_argument("--streams", default="100,500,1000,2000")
+    p.add_argument("--tokens", type=int, default=32, help="token chunks per stream")
+    p.add_argument("--gap-ms", type=float, default=20.0, help="the schedule's inter-token gap")
+    p.add_argument("--ttft-ms", type=float, default=20.0, help="the schedule's time to first token")
+    p.add_argument("--warmup-s", type=float, default=3.0)
+    p.add_argument("--measure-s", type=float, default=8.0)
+    p.add_argument("--workers", type=int, default=2, help="also run vramlab over this many worker processes")
+    p.add_argument("--tools", default="vramlab,vramlab-w,aiohttp-uvloop,aiperf,guidellm")
+    p.add_argument("--peers", type=Path, help="folder with one venv per peer: PEERS/aiperf, PEERS/guidellm")
+    p.add_argument("--server", choices=["auto", "nginx", "stub"], default="auto")
+    p.add_argument("--profile", action="store_true", help="cProfile vramlab's client (1 worker) at --profile-streams")
+    p.add_argument("--profile-streams", type=int, default=500)
+    p.add_argument("--json", action="store_true", help="print every run's raw result as JSON too")
+    p.add_argument("-o", "--output", help="also write the report to this file")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.streams, a.tokens, a.gap_ms, a.ttft_ms, a.warmup_s, a.measure_s = "20", 8, 20.0, 20.0, 0.5, 1.0
+        a.tools, a.profile_streams = "vramlab,vramlab-w,aiohttp-uvloop", 20
+    streams = [int(s) for s in a.streams.split(",") if s.strip()]
+    tools = [t.strip().replace("vramlab-w", f"vramlab-w{a.workers}") if t.strip() == "vramlab-w" else t.strip()
+             for t in a.tools.split(",") if t.strip()]
+    notes: list[str] = []
+    peers: dict[str, Path] = {}
+    for peer in ("aiperf", "guidellm"):
+        if peer in tools:
+            b = _peer_bin(a.peers, peer)
+            if b is None:
+                tools.remove(peer)
+                notes.append(f"{peer} not found (a venv at benchmarks/.venvs/{peer} or --peers): no {peer} rows")
+            else:
+                peers[peer] = b
+    notes.append("inference-perf: not run: every release on PyPI needs Python >= 3.12 (this is "
+                 f"{platform.python_version()})")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the endpoint is stopped on the way out
+    client_cpus, server_cpu = _cpus()
+    head = _machine()
+    results: dict[str, dict[int, dict[str, Any]]] = {t: {} for t in tools}
+    with tempfile.TemporaryDirectory(prefix="vramlab-tokens-") as td, Endpoint(a.server, a, server_cpu, Path(td)) as ep:
+        for n in streams:
+            for tool in tools:  # interleaved per stream count: a noisy neighbour hits every tool alike
+                res = _run_tool(tool, n, ep, a, client_cpus, Path(td), peers)
+                results[tool][n] = res
+                print(f"{n:>5} streams {tool:<16} {json.dumps({k: v for k, v in res.items() if k != 'profile'})}",
+                      file=sys.stderr, flush=True)
+    head += [f"endpoint: {ep.kind} ({ep.version}) on 127.0.0.1, pinned to CPU {server_cpu}; single-core clients "
+             f"pinned to CPU {client_cpus[0] if client_cpus else '-'}; vramlab-w{a.workers}: {a.workers} worker "
+             "processes on every CPU (with the endpoint on this machine)",
+             f"schedule: first token {a.ttft_ms:g} ms after the request, then {a.tokens - 1} more {a.gap_ms:g} ms "
+             f"apart; each tool holds N streams (closed loop), {a.warmup_s:g} s warm-up + {a.measure_s:g} s measured",
+             f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end", ""]
+    lines = head + _table(results, a) + [
+        "wait P99: how long a request waited between the tool issuing it and sending it (AIPerf: credit issued ->"
+        " request start; GuideLLM: request_dispatch_delay), which their TTFT leaves out; vramlab's closed loop "
+        "sends at once and counts any wait in its from-scheduled latencies", "", "how each tool defines ITL:"]
+    lines += [f"  {t}: {ITL_DEFINITIONS[t.split('-w')[0] if t.startswith('vramlab') else t]}" for t in tools]
+    lines += [f"note: {n}" for n in notes]
+    for tool, by_n in results.items():
+        for n, r in by_n.items():
+            if r.get("profile"):
+                lines += ["", f"profile: {tool} at {n} streams (cProfile, by own time; cProfile slows it down)",
+                          *r["profile"].strip().splitlines()[:45]]
+    text = "\n".join(lines)
+    print(text)
+    if a.json:
+        print(json.dumps({t: {str(n): {k: v for k, v in r.items() if k != "profile"} for n, r in by_n.items()}
+                          for t, by_n in results.items()}, indent=1))
+    if a.output:
+        Path(a.output).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""benchmarks/tokens.py --quick runs end to end and prints its table (correctness, not speed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("server", ["auto", "stub"])
+def test_quick_run_times_the_known_schedule(server: str, tmp_path: Path) -> None:
+    pytest.importorskip("uvloop")  # the plain reference loop runs on uvloop
+    out = tmp_path / "tokens.txt"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tokens.py"), "--quick", "--server", server,
+                        "--json", "-o", str(out)], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = out.read_text()
+    assert text in r.stdout and re.search(r"^machine: .*load average", text, re.M)
+    ep = re.search(r"^endpoint: (nginx|stub) ", text, re.M)
+    assert ep and (server == "auto" or ep.group(1) == "stub"), text
+    raw = json.loads(r.stdout[r.stdout.index("\n{") + 1:])
+    assert set(raw) == {"vramlab", "vramlab-w2", "aiohttp-uvloop"}
+    for tool, by_n in raw.items():
+        res = by_n["20"]
+        assert "error" not in res, (tool, res)
+        assert res["errors"] == 0 and res["ok"] > 0, tool
+        # 20 streams of 8 tokens, 20 ms apart: every tool received tokens and held streams open
+        assert 0 < res["streams_held"] <= 20.5 and 0 < res["tokens_per_s"] <= res["ideal_tokens_per_s"] * 1.1
+        # the per-gap error is measured against the 20 ms schedule: a gap can be late, never 20 ms early
+        assert res["itl_err_p50_ms"] > -20 and res["itl_err_p99_ms"] >= res["itl_err_p50_ms"], tool
+        assert res["ttft_err_p99_ms"] >= res["ttft_err_p50_ms"] > -20, tool
+    assert raw["vramlab-w2"]["20"]["workers"] == 2
+    assert "how each tool defines ITL:" in text and "vramlab-w2:" in text
