@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 PROGRESS = ("step", "detect", "fault", "mitigation", "recovered", "not_recovered", "ceiling", "rollback",
             "waiting_for_operator", "stop_condition", "retry_storm", "cotenant_oom", "engine", "race", "ledger",
-            "health_path", "target_ready", "process_exit", "failure_mode")
+            "health_path", "target_ready", "process_exit", "failure_mode", "stopped")
 
 
 def _progress(ev: object) -> None:

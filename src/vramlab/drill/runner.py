@@ -223,6 +223,8 @@ class DrillRunner(Watchers):
                 await self._window(client, None, plan.baseline_s, 0)
                 self.emit("phase_end", "baseline")
                 failure = await self._ramp(client, values)
+                if failure is not None and failure.kind == "wall_clock":
+                    return False  # not a failure of the target; run() ends the drill as stopped
                 if failure is None:
                     top = values[-1] if self._ceiling_value is None else self._ceiling_value
                     why = "" if self._ceiling_value is None else " (the card was full: the co-tenant could not grow)"
@@ -255,7 +257,7 @@ class DrillRunner(Watchers):
                     failure = self.detector.failure()
                     if failure is not None:
                         self._on_failure(failure, i, v, values[i - 1] if i else None)
-                        return failure  # the recovery phase's load takes over from here
+                        return failure  # the recovery phase's load takes over from here (or the run ends)
                     await asyncio.sleep(0.02)
                 await task
             finally:
@@ -271,6 +273,14 @@ class DrillRunner(Watchers):
         return None
 
     def _on_failure(self, f: Finding, step: int, value: float, last_safe: float | None) -> None:
+        if f.kind == "wall_clock":
+            # the drill's own time ran out: the target did not fail, so no fault, no recovery
+            self.emit("stop_condition", f.message, condition=f.kind)
+            self.emit("stopped", f"stopped by the wall clock during {self.plan.ramp.knob} = {value:g} "
+                      f"{self.plan.ramp.unit}; nothing had failed (last completed step: "
+                      f"{'none' if last_safe is None else f'{last_safe:g}'})", value=value, last_completed=last_safe,
+                      unit=self.plan.ramp.unit)
+            return
         self.state.failed_at_s = self.state.failed_at_s or f.t_s
         if f.kind in ("wall_clock", "gpu_memory", "error_rate", "kv_usage", "p95"):
             self.emit("stop_condition", f.message, condition=f.kind)

@@ -23,7 +23,7 @@ TIMELINE_KINDS = ("step", "oom", "startup_refusal", "process_exit", "health", "d
                   "alert", "mitigation", "ramp_undone", "recovered", "not_recovered", "note", "retry_storm",
                   "waiting_for_operator", "recovery_command", "xid", "overload", "preemption", "ceiling", "rollback",
                   "cotenant", "cotenant_oom", "capacity", "warning", "engine", "race", "ledger", "health_path",
-                  "target_ready", "failure_mode")
+                  "target_ready", "failure_mode", "stopped")
 
 
 def _is_drill(ctx: ReportContext) -> bool:
@@ -124,6 +124,9 @@ def summary_line(ctx: ReportContext) -> str:
     inc, _ = incident_of(ctx)
     unit = _unit(ctx)
     if not inc.failed:
+        stopped = next((e for e in ctx.events if e.kind == "stopped"), None)
+        if stopped is not None and inc.ceiling is None:
+            return stopped.message  # the drill's time ran out before the ramp's end: no ceiling claim
         top = (inc.ceiling or {}).get("value")
         added, bad, which = refused_on_ramp(ctx)
         if bad:
@@ -242,9 +245,13 @@ def s_cause(ctx: ReportContext) -> list[Block]:
     if not inc.failed:
         top = (inc.ceiling or {}).get("value")
         added, bad, which = refused_on_ramp(ctx)
+        stopped = next((e for e in ctx.events if e.kind == "stopped"), None)
         out: list[Block] = [Text(f"No failure of the running target up to {fmt.num(top)} {unit}, but {bad} of "
                                  f"{added} added models did not start ({', '.join(which)}); see the co-location "
                                  "table." if bad else
+                                 f"No failure, and no boundary found: {stopped.message}. Raise the wall clock "
+                                 "(stop.wall_clock_s) or shorten the steps." if stopped is not None
+                                 and inc.ceiling is None else
                                  f"No failure: no OOM up to {fmt.num(top)} {unit}. The ramp ended with the stop "
                                  "conditions armed; raise the ceiling to find the boundary.")]
         if cap is not None:
