@@ -146,6 +146,7 @@ def test_run_on_a_store_at_its_page_limit(tmp_path: Path, stub: str, monkeypatch
     assert not out.store_complete and out.store_failure and "full" in out.store_failure
     assert out.received and out.stored and out.stored["requests"] < out.received["requests"]
     assert out.stored["requests"] == _count(db, out.result.run_id)
+    print("page limit:", out.received, out.stored, f"{out.result.elapsed_s:.1f} s")
     assert out.result.elapsed_s < 25 and marker.exists()  # three 10 s windows planned; the load stopped
 
 
