@@ -63,6 +63,20 @@ def test_v0_07_mla_weights_include_the_absorbed_decode_matrices():
     assert any("absorbed MLA matrices of this release" in n for n in later.notes)
 
 
+def test_vllm_inside_a_trainer_is_an_unknown_term_with_a_wider_band():
+    # Unsloth notebooks run vLLM's LLM class inside GRPO trainers: KV errors from -41 % to +100 % there,
+    # against 0.3 % median elsewhere, and no engine rule describes the trainer's share of the process.
+    m = spec(QWEN3_8B)
+    plain = estimate(m, get_gpu("l4"), EngineSettings(engine_version="0.8.5", api_server=False, max_model_len=4096))
+    trainer = estimate(m, get_gpu("l4"), EngineSettings(engine_version="0.8.5", api_server=False, in_trainer=True,
+                                                        max_model_len=4096))
+    assert trainer.kv_cache_bytes == plain.kv_cache_bytes  # same point estimate: no number borrowed
+    assert trainer.pessimistic.kv_cache_bytes < plain.pessimistic.kv_cache_bytes
+    assert any(n.startswith("unknown term, band widened: vLLM inside a training process") for n in trainer.notes)
+    row, est = row_estimate(by_source("55765941562"))  # a GRPO log: V0 inside the trainer on a Colab T4
+    assert any("inside a training process" in n for n in est.notes)
+
+
 def spec_of_row(row):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import accuracy
