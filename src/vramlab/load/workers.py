@@ -46,7 +46,8 @@ from vramlab.load.retry import RetryPolicy
 STREAMS_PER_CORE = 1000
 REQUESTS_PER_S_PER_CORE = 3000.0
 BATCH_S = 0.1  # how often a worker ships its results to the parent
-START_LEAD_S = 0.05  # the schedule starts this long after the parent sends the window
+START_LEAD_S = 0.25  # the schedule starts this long after the parent sends the window (each worker
+# collects garbage and freezes what survives first, tens of ms on a busy machine: see drive())
 
 
 @dataclass(frozen=True)
