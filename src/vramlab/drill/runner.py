@@ -94,7 +94,8 @@ class DrillRunner(Watchers):
     async def run(self) -> DrillResult:
         from vramlab.experiment.recorder import StoreRecorder
 
-        self.hook.add(StoreRecorder(self.store, flush_s=0.25))
+        self.recorder = StoreRecorder(self.store, flush_s=0.25)  # its accounting() says what was stored
+        self.hook.add(self.recorder)
         plan = self.plan
         values = ramp_values(plan.ramp)
         self._t0 = time.perf_counter()  # t_s = 0 is started_at: `vramlab note` stamps its notes the same way
