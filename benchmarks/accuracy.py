@@ -99,6 +99,10 @@ def gpu_for(row: dict[str, Any]):
             like = None
     if total:
         return custom_gpu(float(total), like=like)
+    if like is None and row.get("engine") == "llama.cpp" and row.get("llamacpp_kv_buffer_mib"):
+        # llama.cpp sizes its model, KV and compute buffers from the model and the context, not from the
+        # card: a log that does not name its card is still scored on them (against a nominal 80 GiB card).
+        return custom_gpu(80.0)
     return like
 
 
@@ -108,7 +112,8 @@ def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
     version = re.search(r"(?<![\w.])[vb]?[0-9]+\.[0-9][0-9a-z.+]*|(?<![\w.])b[0-9]{3,}(?![0-9a-z])", version_text)
     mode = "v0" if "V0" in version_text else ("v1" if "V1" in version_text else None)
     dtype = str(row.get("dtype") or "auto").replace("torch.", "")
-    api_server = row.get("collection_group", "").startswith("unsloth") is False
+    in_trainer = row.get("collection_group", "").startswith("unsloth") or bool((row.get("extra") or {}).get("in_trainer"))
+    api_server = not in_trainer and (row.get("extra") or {}).get("api_server", True) is not False
     kwargs: dict[str, Any] = dict(
         engine=row.get("engine") or "vllm",
         engine_version=version.group(0) if version else None,
@@ -125,6 +130,7 @@ def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
         enforce_eager=bool(row.get("enforce_eager")),
         block_size=row.get("block_size"),
         api_server=api_server,
+        in_trainer=in_trainer,
     )
     if kwargs["engine"] == "sglang":
         kwargs["mem_fraction_static"] = kwargs.pop("gpu_memory_utilization")
@@ -427,9 +433,12 @@ def print_held_out(held_out: dict[str, Any], summary: dict[str, Any]) -> None:
                        ("pooled_public_logs", "public-logs-* groups only")):
         pooled = held_out[key]
         kv, w, conc = pooled.get("kv_cache_gib", {}), pooled.get("weights", {}), pooled.get("max_concurrency", {})
+        tok = pooled.get("kv_cache_tokens", {})
         print(f"held-out, {label:27} (n={kv.get('n', 0):3}): KV median {kv.get('median', math.nan):5.2f}% "
               f"p90 {kv.get('p90', math.nan):5.2f}% | weights median {w.get('median', math.nan):.2f}% | "
-              f"concurrency median {conc.get('median', math.nan):.2f}% p90 {conc.get('p90', math.nan):.2f}%")
+              f"concurrency median {conc.get('median', math.nan):.2f}% p90 {conc.get('p90', math.nan):.2f}% | "
+              f"KV tokens (n={tok.get('n', 0)}; SGLang and TGI print only tokens) median "
+              f"{tok.get('median', math.nan):.2f}% p90 {tok.get('p90', math.nan):.2f}%")
 
 
 def summarize(errs: dict[str, dict[str, list[tuple[dict[str, Any], float]]]]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import pytest
 ENV = "VRAMLAB_TEST_LLAMACPP_PYTHON"
 
 # A llama-architecture model small enough to load in well under a second on a busy 2-core box.
-N_EMBD, N_HEAD, N_HEAD_KV, N_LAYER, N_FF, N_CTX_TRAIN = 64, 4, 2, 2, 128, 4096
+N_EMBD, N_HEAD, N_HEAD_KV, N_LAYER, N_FF, N_CTX_TRAIN = 128, 4, 2, 2, 256, 4096  # head_dim 32: quantized KV needs it
 
 
 def engine_python() -> str:
@@ -48,6 +48,7 @@ def _vocab() -> tuple[list[bytes], list[float], list[int]]:
     pieces = [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["\u2581" + w for w in (
         "the", "a", "of", "to", "and", "in", "is", "it", "you", "that", "was", "for", "on", "are", "with")]
     pieces += ["\u2581" + chr(c) for c in range(ord("a"), ord("z") + 1)] + ["\u2581", ".", ","]
+    pieces = list(dict.fromkeys(pieces))  # llama.cpp refuses a vocabulary with a piece twice
     toks += [p.encode() for p in pieces]
     types += [1] * len(pieces)
     scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
@@ -86,7 +87,7 @@ def write_gguf(path: Path, seed: int = 0) -> Path:
         w.add_tensor(name, (rng.standard_normal(shape) * 0.02).astype(np.float32))
 
     # Random text, but never an early end: every embedding carries 1.0 in dimension 0, which the small
-    # random layers leave dominant, so after the final norm h[0] is about +8 at every position; the
+    # random layers leave dominant, so after the final norm h[0] is about +11 at every position; the
     # output rows give ordinary tokens +0.5 and <unk>/<s>/</s> -0.5 there (P(</s>) ~ 1e-6 per token).
     emb = rng.standard_normal((n_vocab, N_EMBD)).astype(np.float32) * 0.02
     emb[:, 0] = 1.0

@@ -163,6 +163,19 @@ def test_versions_widen_the_profile_range(tmp_path):
     assert r.returncode == 2 and "MIN..MAX" in r.stderr
 
 
+def test_reversed_or_non_numeric_versions_are_refused_in_one_line(tmp_path):
+    data = tmp_path / "fleet.jsonl"
+    measurements(data, tp2=0)
+    profile = tmp_path / "never.toml"
+    r = cli("calibrate", str(data), "-o", str(profile), "--versions", "0.29..0.10")
+    assert r.returncode == 2 and r.stdout == "" and not profile.exists()
+    assert r.stderr.strip().count("\n") == 0 and "reversed (0.29 > 0.10)" in r.stderr and "Traceback" not in r.stderr
+    r = cli("calibrate", str(data), "--versions", "0.10..latest")
+    assert r.returncode == 2 and "not a release number" in r.stderr and "'latest'" in r.stderr
+    r = cli("calibrate", str(data), "-o", str(profile), "--versions", "0.10..")  # open end still allowed
+    assert r.returncode == 0, r.stderr
+
+
 def test_the_documented_observation_line_reads(tmp_path):
     from vramlab.logs.observation import read_observations
 

@@ -161,3 +161,11 @@ def test_gguf_file_weights_are_exact_for_llamacpp(tmp_path):
     # 2 layers x 2 KV heads x 64 x (K + V) x f16 x 4096 cells.
     assert j["kv_cache_bytes"] == 2 * 2 * 64 * 2 * 2 * 4096
     assert j["max_concurrency"] == 2 and j["max_model_len"] == 2048
+
+
+def test_in_trainer_says_the_band_is_widened_and_uses_the_llm_class_defaults():
+    r = vramlab("plan", "--model", "llama-3.1-8b-instruct", "--gpu", "a100-80gb", "--engine-version", "0.8.5",
+                "--vllm-engine", "v0", "--in-trainer", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert any("training process" in n for n in out["notes"])

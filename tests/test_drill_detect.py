@@ -162,3 +162,13 @@ def test_herd_monitor_flags_a_retry_wave_against_the_baseline():
     for i in range(12):  # 12 more within a second, 8 of them retries: a storm
         hit = h.on_attempt(14 + i / 12, "recovery", attempt=1 if i % 3 else 0) or hit
     assert hit is not None and hit >= 2.0 and h.storm_at_s is not None and h.storm_at_s >= 14
+
+
+def test_hip_and_cuda_oom_words_are_oom_evidence():
+    d = _det()
+    d.on_log_line(1.0, "ggml_cuda_host_malloc: failed: hipErrorOutOfMemory (out of memory)")
+    d.on_process(1.1, False, -6)
+    assert d.failure_mode() == "crash_after_oom"
+    r = _det()
+    r.on_result(1.0, False, 500, "http_5xx", '{"error": "HIP out of memory. Tried to allocate 2.00 GiB"}')
+    assert r.failure_mode() == "oom_no_exit" and r.failure() is not None

@@ -70,3 +70,45 @@ def test_a_restart_gets_its_own_start_up_allowance():
     assert n == 1, msgs  # the loading restart is left alone
     n0, msgs0 = _recover_with(allowance_s=0.0)
     assert n0 >= 2 and any("health failing for 0.5 s" in m for m in msgs0), msgs0  # the old behaviour
+
+
+def test_run_health_sampler_discovers_the_path_when_the_plan_names_none():
+    from vramlab.observe.health import HealthSampler
+
+    async def go():
+        async with StubServer(StubBehaviour(health_status=404)) as srv:
+            s = HealthSampler(srv.url + "/health", discover_root=srv.url)
+            await s.open()
+            try:
+                got = {x.name: x.value for x in await s.sample()}
+            finally:
+                await s.close()
+            return s, got
+
+    s, got = asyncio.run(go())
+    assert s.url.endswith("/v1/models") and got["health.up"] == 1.0
+    assert s.open_note is not None and "/health answered HTTP 404" in s.open_note
+
+
+def test_a_recovery_command_starts_the_recovery_and_its_own_exits_are_masked():
+    spec = RecoverySpec(mode="scripted", command="sleep 0.4", delay_s=0.0, limit_s=1.0)
+    state = LiveState(failed_at_s=0.0)
+    seen: list[float] = []
+    during: list[bool] = []
+    t0 = time.monotonic()
+
+    async def go():
+        async def watch():
+            while time.monotonic() - t0 < 0.9:
+                during.append(state.restarting)
+                await asyncio.sleep(0.02)
+
+        w = asyncio.ensure_future(watch())
+        out = await recover(spec, None, state, lambda: time.monotonic() - t0, lambda *a, **k: None,
+                            on_restart=seen.append)
+        await w
+        return out
+
+    asyncio.run(go())
+    assert len(seen) == 1 and seen[0] < 0.3  # the detector hears of it before the command runs
+    assert True in during and not state.restarting  # masked while it ran, unmasked after

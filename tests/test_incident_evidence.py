@@ -118,5 +118,5 @@ def test_report_names_the_evidence_the_trigger_and_mode_specific_actions():
     assert "killed_by_signal" in md and "crash_after_oom" not in md
     assert "killed by signal 9 (SIGKILL)" in md and "No out-of-memory was seen" in md
     assert "confidence **low**" in md and "Detected during ramp step 2" in md
-    assert "cap concurrency" not in md and "find what sent the signal" in md
+    assert "cap concurrency" not in md and "find what sent the signal (killed by signal 9 (SIGKILL))" in md
     assert "| retry storm | no |" in md and "Not a retry storm" in md

@@ -74,6 +74,19 @@ def test_dataset_rows_convert_gib_to_bytes():
     assert v0.settings["gpu_memory_utilization"] == pytest.approx(0.6934) and v0.settings["api_server"] is False
 
 
+def test_dataset_rows_with_a_bracketed_version_note_keep_the_release_and_era():
+    # benchmarks/data writes a note when the log did not print the version; calibrate read the whole
+    # note as a version and refused the row ("not a release number").
+    data = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "observed_memory.jsonl"
+    rows = {r["row_id"]: r for r in map(json.loads, data.read_text().splitlines())}
+    r093 = from_dataset_row(rows["r093"])  # "[V0 engine, ~0.7.3: 'worker.py:267' without brackets, ...]"
+    assert r093.engine_version == "0.7.3" and r093.settings["vllm_engine"] == "v0"
+    sglang = from_dataset_row(rows["r090"])  # "[~0.4.3, March 2025 server_args ...; not printed]"
+    assert sglang.engine_version == "0.4.3" and "vllm_engine" not in sglang.settings
+    rocm = from_dataset_row(rows["r096"])  # "[V0 engine on ROCm ...]": no release written, the era kept
+    assert rocm.engine_version is None and rocm.settings["vllm_engine"] == "v0"
+
+
 def test_data_set_file_is_read_directly(tmp_path):
     p = tmp_path / "observed_memory.jsonl"
     row = json.loads((LOGS / "observed_memory_lines.jsonl").read_text().splitlines()[0])

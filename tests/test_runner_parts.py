@@ -95,12 +95,13 @@ def test_recorder_writes_in_batches_and_keeps_notes(tmp_path: Path) -> None:
     store = open_store(str(tmp_path / "v.db"))
     rec = StoreRecorder(store, flush_s=3600, batch=50)
     rec(Event("run_start", 0, payload=RunRecord(run_id="0123abcd", name="x", started_at=time.time())))
-    for r in _records(49, "0123abcd"):
+    # A batch counts every pending row: the run_start event and 48 requests are 49, not yet a batch.
+    for r in _records(48, "0123abcd"):
         rec(Event("request", r.end_s or 0, payload=r))
     assert store.requests("0123abcd") == []  # not yet a batch
-    rec(Event("request", 1, payload=_records(50, "0123abcd")[-1]))
+    rec(Event("request", 1, payload=_records(49, "0123abcd")[-1]))
     assert rec.wait_idle()  # the writer thread took the batch
-    assert len(store.requests("0123abcd")) == 50
+    assert len(store.requests("0123abcd")) == 49
     rec(Event("note", 1.1, message="sampler gpu: not used: no NVIDIA driver"))
     assert rec.wait_idle()
     assert store.get_run("0123abcd").notes == ["sampler gpu: not used: no NVIDIA driver"]

@@ -46,7 +46,7 @@ def test_plan_json_round_trips():
 
 
 @pytest.mark.parametrize("argv,text", [
-    (["--speed", "0"], "vramlab sim: error: --speed must be positive"),
+    (["--speed", "0"], "vramlab sim: error: --speed must be a positive finite number, got 0.0"),
     (["--fault", "melt"], "vramlab sim: error: unknown fault 'melt'"),
     (["--plan", "/nonexistent/plan.json"], "vramlab sim: error: cannot read plan"),
 ])

@@ -212,6 +212,25 @@ def test_offline_with_a_cold_cache_errors_without_network(hub, tmp_path, monkeyp
     assert hub.requests == []
 
 
+def test_the_hint_names_the_callers_own_switch(hub, tmp_path, monkeypatch):
+    """`vramlab models` and `calibrate` turn the Hub on with --online; plan turns it off with --offline."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("VRAMLAB_CACHE_DIR", str(tmp_path / "vc"))
+    hub.add_repo("acme/tiny", {"config.json": json.dumps(TINY_LLAMA_CONFIG).encode()})
+    quiet = HubClient(endpoint=hub.url, cache_dir=tmp_path, token="", offline=True, online_hint="pass --online")
+    with pytest.raises(ConfigError, match="pass --online to fetch it") as exc:
+        quiet.spec("acme/tiny")
+    assert "--offline" not in str(exc.value)
+    down = HubClient(endpoint="http://127.0.0.1:9", cache_dir=tmp_path, token="", backoff_s=0.01,
+                     online_hint="pass --online")
+    with pytest.raises(ConfigError, match="leave out --online with a catalog model") as exc:
+        down.spec("acme/tiny")
+    assert "--offline" not in str(exc.value)
+    with pytest.raises(ConfigError, match="pass --online to read its config") as exc:
+        resolve_model("acme/tiny", online_hint="pass --online")
+    assert "--offline" not in str(exc.value)
+
+
 def test_missing_repo_is_a_clear_404(hub, tmp_path):
     with pytest.raises(NotFoundError, match="no config.json at revision 'main'.*HTTP 404"):
         client(hub, tmp_path).spec("acme/nothing")

@@ -63,21 +63,28 @@ def parse_yaml(text: str, name: str) -> YamlDocument:
         line = mark.line + 1 if mark is not None else 1
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{name}:{line}: not valid YAML: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{name}: nested too deeply to be a plan") from None
     lines: dict[Loc, int] = {}
 
-    def walk(n: Any, at: Loc) -> None:
+    # Iterative, and each node once: an alias repeats a node (a cycle with `a: &a [*a]`), and a deep
+    # document must not need a deep Python stack.
+    seen: set[int] = set()
+    stack: list[tuple[Any, Loc]] = [(node, ())] if node is not None else []
+    while stack:
+        n, at = stack.pop()
         lines.setdefault(at, n.start_mark.line + 1)
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
         if isinstance(n, yaml.MappingNode):
             for k, v in n.value:
                 key = (*at, k.value)
                 lines[key] = k.start_mark.line + 1
-                walk(v, key)
+                stack.append((v, key))
         elif isinstance(n, yaml.SequenceNode):
             for i, item in enumerate(n.value):
-                walk(item, (*at, i))
-
-    if node is not None:
-        walk(node, ())
+                stack.append((item, (*at, i)))
     return YamlDocument(name, data, lines, from_text=True)
 
 
@@ -88,7 +95,9 @@ def read_yaml(path: str | Path, what: str = "plan") -> YamlDocument:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such {what} file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a text file (a {what} file is YAML in UTF-8)") from None
+    except OSError as exc:
         reason = getattr(exc, "strerror", None) or exc
         raise ConfigError(f"{p}: cannot read the {what} file: {reason}") from None
     return parse_yaml(text, str(p))
@@ -146,6 +155,7 @@ def validate(model: type[M], doc: YamlDocument | Any, name: str = "plan", *, kin
     if not isinstance(data, dict):
         hint = f" ({keys})" if keys else ""
         raise ConfigError(f"{at(())}: {kind} is a mapping{hint}, got {type(data).__name__}")
+    check_document_size(data, name)
     from vramlab.redact import register_urls_in
 
     register_urls_in(data)  # a URL's password is masked wherever it shows up later (vramlab.redact)
@@ -158,9 +168,30 @@ def validate(model: type[M], doc: YamlDocument | Any, name: str = "plan", *, kin
         raise ConfigError(f"{name}: {exc}") from None
 
 
+MAX_DOCUMENT_VALUES = 100_000
+
+
+def check_document_size(data: Any, name: str) -> None:
+    """Refuse a loaded document of more than MAX_DOCUMENT_VALUES values: YAML aliases can make a
+    few lines mean millions of values ("billion laughs") or a cycle (`a: &a [*a]`), which would
+    take validation minutes or end in a RecursionError."""
+    seen, stack = 0, [data]
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > MAX_DOCUMENT_VALUES:
+            raise ConfigError(f"{name}: expands to more than {MAX_DOCUMENT_VALUES:,} values (YAML aliases that "
+                              "repeat or refer to themselves?); a plan is a few dozen settings")
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
 def load(model: type[M], path: str | Path, *, what: str = "plan", kind: str = "a plan", keys: str = "") -> M:
     """Read *path* and validate it as *model*: `read_yaml` then `validate`."""
     return validate(model, read_yaml(path, what), kind=kind, keys=keys)
 
 
-__all__ = ["YamlDocument", "field_name", "load", "parse_yaml", "read_yaml", "validate"]
+__all__ = ["YamlDocument", "check_document_size", "field_name", "load", "parse_yaml", "read_yaml", "validate"]

@@ -284,8 +284,9 @@ def _trigger(requests: Sequence[RequestRecord], steps: Sequence[EventRecord], t0
         sent = sum(1 for r in ramp if step_at(r.sent_s or 0.0)[0] == idx)
         early = t0 - st < 1.0
         if not load_related:
-            conf, why = "low", (f"a {mode.split('+')[0].replace('_', ' ')} with no evidence that load caused it: the "
-                                "step only carried load when it happened")
+            what = {"killed_by_signal": "a kill by signal", "crash": "a crash"}.get(mode.split("+")[0],
+                                                                                  mode.split("+")[0])
+            conf, why = "low", f"{what}, and no evidence that load caused it: the step only carried load when it happened"
         elif early:
             conf, why = "medium", f"T0 came {t0 - st:.2f} s into the step: the step before may have set it up"
         else:

@@ -71,6 +71,7 @@ class EngineSettings:
     rope_scaling_factor: float | None = None  # a rope-scaling override (vLLM --hf-overrides/--rope-scaling)
     continuous_batching: bool = False  # transformers serve --continuous-batching
     api_server: bool = True  # vLLM: `vllm serve` defaults, not the LLM class
+    in_trainer: bool = False  # vLLM's LLM class inside a training process (Unsloth fast_inference, TRL colocate)
     other_processes_bytes: int = 0  # memory other processes already hold on each card
 
     def with_(self, **changes: object) -> EngineSettings:

@@ -20,8 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vramlab.alerts.rules import build_rule_groups, to_yaml
+    from vramlab.cli.outputs import check_writable
     from vramlab.drill.plan import load_plan
 
+    if args.output:
+        check_writable(args.output, "rules file")
     plan = load_plan(args.plan)
     engine = args.engine or plan.target.engine
     if engine == "sim":

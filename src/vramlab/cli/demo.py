@@ -36,10 +36,14 @@ def _drill_progress(ev: object) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from vramlab.cli.outputs import check_writable
     from vramlab.demo.experiment import run_demo
     from vramlab.experiment.progress import make_progress
     from vramlab.store import describe_url
 
+    check_writable(args.output, "report")  # both reports, before the sim starts
+    if args.drill:
+        check_writable(args.incident, "incident report")
     progress = make_progress(sys.stdout)
     print("vramlab demo: starting the sim (llama-3.1-8b-instruct on a simulated H100 80GB) ...", flush=True)
     try:

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 PROGRESS = ("step", "detect", "fault", "mitigation", "recovered", "not_recovered", "ceiling", "rollback",
             "waiting_for_operator", "stop_condition", "retry_storm", "cotenant_oom", "engine", "race", "ledger",
-            "health_path", "target_ready", "process_exit", "failure_mode")
+            "health_path", "target_ready", "process_exit", "failure_mode", "stopped")
 
 
 def _progress(ev: object) -> None:
@@ -44,6 +44,7 @@ def _progress(ev: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vramlab.cli.outputs import check_writable
     from vramlab.drill.plan import load_plan
     from vramlab.drill.runner import DrillRunner
     from vramlab.drill.session import run_drill
@@ -52,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     from vramlab.report.incident import incident_json, summary_line
     from vramlab.store import open_store
 
+    if args.output:
+        check_writable(args.output, "incident report")  # before the drill, not after it
     plan = load_plan(args.plan)
     if args.url:
         plan = plan.model_copy(update={"target": plan.target.model_copy(update={"base_url": args.url, "sim": None})})
@@ -67,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"vramlab drill: interrupted; rollback done; partial run {runner.run_id} is in the store", file=sys.stderr)
         return 130
+    acct = runner.recorder.accounting()
+    if not acct.complete:  # no drill is reported as completed with fewer rows than it produced
+        print(f"vramlab drill: error: run {result.run_id} was not stored completely"
+              + (f" ({acct.failure})" if acct.failure else "") + f"; {acct.line()}", file=sys.stderr)
+        return 1
     ctx = load_context(store, result.run_id)
     out = args.output or f"incident-{result.run_id}.md"
     with open(out, "w") as fh:

@@ -64,11 +64,18 @@ def _print_help() -> None:
     print("\n".join(lines))
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (the usage block is one `--help` away)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see `{self.prog} --help`)\n")
+
+
 def build_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
     """The parser of one subcommand and its module."""
     module_name, help_text = COMMANDS[name]
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=f"vramlab {name}",
         description=(getattr(module, "__doc__", None) or help_text).strip().splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -66,7 +66,7 @@ def _show(args: argparse.Namespace) -> int:
     from vramlab.sources import resolve_model
     from vramlab.sources.catalog import find_entry
 
-    spec = resolve_model(args.name, offline=not args.online, revision=args.revision)
+    spec = resolve_model(args.name, offline=not args.online, revision=args.revision, online_hint="pass --online")
     entry = find_entry(args.name) if args.revision is None else None
     facts = spec_facts(spec)
     if args.json:

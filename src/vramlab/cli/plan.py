@@ -64,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a rope-scaling override (vLLM --hf-overrides / --rope-scaling) that extends the context")
     e.add_argument("--continuous-batching", action="store_true", help="transformers serve --continuous-batching")
     e.add_argument("--llm-class", action="store_true", help="vLLM: defaults of the offline LLM class, not `vllm serve`")
+    e.add_argument("--in-trainer", action="store_true",
+                   help="vLLM's LLM class inside a training process (Unsloth, TRL colocate): implies --llm-class; "
+                        "the trainer's own allocations are not modelled, so the bands widen")
     o = p.add_argument_group("questions and output")
     o.add_argument("--concurrency", type=int, help="also report the largest max_model_len for this many sequences")
     o.add_argument("--margin", type=float, default=0.10, help="safety margin of the KV pool (default 0.10)")
@@ -109,7 +112,8 @@ def _settings(args: argparse.Namespace):
         max_batch_prefill_tokens=args.max_batch_prefill_tokens,
         ctx_size=count(args.ctx_size),
         parallel=args.parallel,
-        api_server=not args.llm_class,
+        api_server=not (args.llm_class or args.in_trainer),
+        in_trainer=args.in_trainer,
         other_processes_bytes=int(args.other_processes_gib * (1 << 30)),
         cache_type_v=args.cache_type_v,
         flash_attn=_on_off(args.flash_attn),

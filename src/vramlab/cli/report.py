@@ -23,10 +23,13 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
+    from vramlab.cli.outputs import check_writable
     from vramlab.errors import VramlabError
     from vramlab.report import load_context, render
     from vramlab.store import open_store
 
+    if args.output:
+        check_writable(args.output, "report")
     fmt = args.format
     if fmt is None and args.output:
         fmt = {".html": "html", ".htm": "html", ".json": "json"}.get(Path(args.output).suffix.lower(), "md")

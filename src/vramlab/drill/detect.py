@@ -154,7 +154,9 @@ class Detector:
         self._check(t_s)
 
     def on_restart(self, t_s: float) -> None:
-        """The drill's supervisor restarts the target now: what follows is the restart's outcome."""
+        """A corrective action starts now (the supervisor's restart, the recovery command, the
+        operator's first note): what follows is its outcome, not the fault (a process that exits
+        because the action stopped it is no evidence of how the target failed)."""
         self.restarts.append(t_s)
 
     # -- decisions ---------------------------------------------------------------------------

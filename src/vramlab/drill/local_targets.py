@@ -92,8 +92,8 @@ class ProcessTarget:
         if self._oom_kills is None or now is None:
             return TargetStatus(False, f"pid {self._proc.pid}; the cgroup OOM-kill counter is not readable here", code)
         before = self._oom_kills[0]
-        return TargetStatus(False, f"pid {self._proc.pid}; {now[1]} oom_kill {before} -> {now[0]}", code,
-                            oom_killed=now[0] > before)
+        return TargetStatus(False, f"pid {self._proc.pid}; cgroup oom_kill {before} -> {now[0]} ({Path(now[1]).name})",
+                            code, oom_killed=now[0] > before)
 
     def logs(self, since_epoch: float) -> list[str]:
         return _read_new_lines(self, str(self.log_path))

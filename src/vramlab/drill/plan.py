@@ -33,7 +33,7 @@ from vramlab.experiment.plan import Retry, RollbackCommand, StopConditions
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # .inf or .nan in a drill plan: refused by name
 
 
 class LoadSpec(_Strict):

@@ -107,6 +107,9 @@ async def recover(
                 scripted_done = True
                 emit("mitigation", f"recovery command: {spec.command}", action="script", by="script")
                 mitigations += 1
+                if on_restart is not None:  # what the command does to the process is recovery, not the fault
+                    on_restart(now())
+                state.restarting = True  # while the command runs, the exits it causes are its own
                 try:
                     res = await asyncio.to_thread(run_command, spec.command or "", spec.limit_s, "recovery")
                     emit("recovery_command", f"recovery command exited {res.exit_code}", exit_code=res.exit_code,
@@ -114,6 +117,8 @@ async def recover(
                     state.running = True
                 except TargetCommandError as exc:
                     emit("warning", str(exc))
+                finally:
+                    state.restarting = False
         elif spec.mode == "manual":
             if not announced:
                 announced = True
@@ -126,6 +131,8 @@ async def recover(
                     if notes_seen == 0:
                         emit("mitigation", f"operator: {notes[0]}", action="operator", by="operator")
                         mitigations += 1
+                        if on_restart is not None:
+                            on_restart(now())
                     notes_seen = len(notes)
         await asyncio.sleep(0.05)
     if state.serving():

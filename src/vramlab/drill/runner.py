@@ -94,7 +94,8 @@ class DrillRunner(Watchers):
     async def run(self) -> DrillResult:
         from vramlab.experiment.recorder import StoreRecorder
 
-        self.hook.add(StoreRecorder(self.store, flush_s=0.25))
+        self.recorder = StoreRecorder(self.store, flush_s=0.25)  # its accounting() says what was stored
+        self.hook.add(self.recorder)
         plan = self.plan
         values = ramp_values(plan.ramp)
         self._t0 = time.perf_counter()  # t_s = 0 is started_at: `vramlab note` stamps its notes the same way
@@ -222,6 +223,8 @@ class DrillRunner(Watchers):
                 await self._window(client, None, plan.baseline_s, 0)
                 self.emit("phase_end", "baseline")
                 failure = await self._ramp(client, values)
+                if failure is not None and failure.kind == "wall_clock":
+                    return False  # not a failure of the target; run() ends the drill as stopped
                 if failure is None:
                     top = values[-1] if self._ceiling_value is None else self._ceiling_value
                     why = "" if self._ceiling_value is None else " (the card was full: the co-tenant could not grow)"
@@ -254,7 +257,7 @@ class DrillRunner(Watchers):
                     failure = self.detector.failure()
                     if failure is not None:
                         self._on_failure(failure, i, v, values[i - 1] if i else None)
-                        return failure  # the recovery phase's load takes over from here
+                        return failure  # the recovery phase's load takes over from here (or the run ends)
                     await asyncio.sleep(0.02)
                 await task
             finally:
@@ -270,6 +273,14 @@ class DrillRunner(Watchers):
         return None
 
     def _on_failure(self, f: Finding, step: int, value: float, last_safe: float | None) -> None:
+        if f.kind == "wall_clock":
+            # the drill's own time ran out: the target did not fail, so no fault, no recovery
+            self.emit("stop_condition", f.message, condition=f.kind)
+            self.emit("stopped", f"stopped by the wall clock during {self.plan.ramp.knob} = {value:g} "
+                      f"{self.plan.ramp.unit}; nothing had failed (last completed step: "
+                      f"{'none' if last_safe is None else f'{last_safe:g}'})", value=value, last_completed=last_safe,
+                      unit=self.plan.ramp.unit)
+            return
         self.state.failed_at_s = self.state.failed_at_s or f.t_s
         if f.kind in ("wall_clock", "gpu_memory", "error_rate", "kv_usage", "p95"):
             self.emit("stop_condition", f.message, condition=f.kind)
@@ -363,7 +374,7 @@ class DrillRunner(Watchers):
 
         tag = "b" if phase == "baseline" else ("r" if phase == "recovery" else "s")
         drives = [drive(client, cycle(prompts), LoadShape(mode="closed", concurrency=1, max_tokens=plan.load.max_tokens,
-                                                          seed=u), window, recorder_for(u), retry,
+                                                          seed=u, think_s=plan.load.think_time_s), window, recorder_for(u), retry,
                         id_prefix=f"u{u}:{rnd}{tag}{step}-") for u in range(users)]
         if knob == "batch" and value and phase == "ramp":
             # a burst of `value` simultaneous requests at the start of the step, on top of the steady users

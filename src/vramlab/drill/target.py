@@ -58,7 +58,7 @@ FORMS: dict[str, dict[str, str]] = {
 class SimSettings(BaseModel):
     """How the drill starts `vramlab sim serve` when the plan's target is the sim."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str = "llama-3.1-8b-instruct"
     gpu: str = "h100-80gb"
@@ -85,7 +85,7 @@ class SimSettings(BaseModel):
 
 
 class TargetSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     kind: TargetKind = "sim"
     environment: str = Field(

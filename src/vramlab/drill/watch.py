@@ -128,7 +128,9 @@ class Watchers:
                 from vramlab.drill.evidence import exit_evidence
 
                 t = self.now()
-                self.detector.on_process(t, False, st.exit_code, st.oom_killed, st.detail)
+                last = _last_log_line(self.target)  # the engine's own last words, quoted as evidence
+                detail = st.detail + (f"; its log ends: {last!r}" if last else "")
+                self.detector.on_process(t, False, st.exit_code, st.oom_killed, detail)
                 self.emit("process_exit", f"target {exit_evidence(st.exit_code)}", exit_code=st.exit_code,
                           oom_killed=st.oom_killed, detail=st.detail)
             self.state.running = st.running
@@ -162,3 +164,18 @@ class Watchers:
                 await asyncio.sleep(n.interval_s)
         finally:
             await probe.close()
+
+
+def _last_log_line(target: Any) -> str | None:
+    """The last non-empty line of a local target's log file (a process or the sim), or None."""
+    path = getattr(target, "log_path", None)
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 4096))
+            lines = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return None
+    return lines[-1][:240] if lines else None

@@ -26,7 +26,8 @@ MAX_RAMP_STEPS = 64
 
 class _Model(BaseModel):
     # frozen + forbid: a plan is a document; a typo must fail loudly, and nobody may edit it after loading.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `duration_s: .inf` or `.nan` is refused with the field's name, not run until the wall clock.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class SimTarget(_Model):

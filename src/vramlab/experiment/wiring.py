@@ -79,7 +79,9 @@ def samplers_for(plan: Plan) -> list[Sampler]:
         elif src == "host":
             out.append(HostSampler(tg.pid))
         elif src == "health":
-            out.append(HealthSampler(tg.health_url or _root(tg.url) + "/health"))
+            # no health URL in the plan: the sampler finds the path the target answers on (drill's rule)
+            out.append(HealthSampler(tg.health_url) if tg.health_url
+                       else HealthSampler(_root(tg.url) + "/health", discover_root=_root(tg.url)))
     return out
 
 

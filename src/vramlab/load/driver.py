@@ -40,6 +40,7 @@ class LoadShape:
     seed: int = 0
     max_tokens: int | None = None  # overrides each prompt's own output length
     error_backoff: bool = True  # closed loop: a user whose connection failed waits (the plan's back-off)
+    think_s: float = 0.0  # closed loop: a user pauses this long after a successful request (a drill's think_time_s)
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,8 @@ async def drive(
                 await asyncio.sleep(min(max(0.0, deadline - pc()), retry.user_backoff_s(fails, rng)))
             elif not failed:
                 fails = 0
+                if shape.think_s > 0 and not stop.is_set():
+                    await asyncio.sleep(min(max(0.0, deadline - pc()), shape.think_s))
             ready = pc()
 
     ticker = asyncio.ensure_future(_loop_lag(loop_lags))

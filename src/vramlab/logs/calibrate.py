@@ -111,6 +111,10 @@ def _version_override(fits: list[Fit], versions: str | None) -> list[Fit]:
         raise ConfigError(f"--versions wants MIN..MAX (e.g. 0.10..0.29), got {versions!r}")
     from dataclasses import replace
 
+    from vramlab.capacity.validation import check_version_range
+
+    check_version_range(lo or None, hi or None, "--versions")  # 0.29..0.10 is refused, not a profile no plan matches
+
     return [replace(f, version_min=lo or None, version_max=hi or None) for f in fits]
 
 

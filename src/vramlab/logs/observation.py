@@ -9,6 +9,7 @@ docs/logs-and-calibration.md); experiments append theirs with `append_observatio
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -144,14 +145,20 @@ def _g(row: dict[str, Any], key: str) -> int | None:
     return None if v is None else int(round(float(v) * GIB))
 
 
+_RELEASE = re.compile(r"(?<![\w.])[vb]?[0-9]+\.[0-9][0-9a-z.+]*|(?<![\w.])b[0-9]{3,}(?![0-9a-z])")
+
+
 def from_dataset_row(row: dict[str, Any]) -> Observation:
     """A row of `shared/data/observed_memory.jsonl` (GiB as printed) as an Observation."""
     extra = dict(row.get("extra") or {})
     version = row.get("engine_version") or None
     era = None
-    if version and "(" in version:  # '0.8.5.post1 (V0 engine)'
+    if version and ("(" in version or version.startswith("[")):
+        # '0.8.5.post1 (V0 engine)', or a bracketed note when the log did not print it:
+        # "[V0 engine, ~0.7.3: 'worker.py:267' ...; not printed]" -> 0.7.3, V0 (as benchmarks/accuracy.py reads it)
         era = "v0" if "V0" in version else "v1" if "V1" in version else None
-        version = version.split("(")[0].strip() or None
+        first = _RELEASE.search(version)
+        version = first.group(0) if first else None
     settings: dict[str, Any] = {}
     for src, dst in (
         ("tensor_parallel", "tensor_parallel_size"), ("pipeline_parallel", "pipeline_parallel_size"),

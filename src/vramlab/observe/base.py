@@ -81,6 +81,9 @@ class SamplerSet:
             except (SourceUnavailable, asyncio.TimeoutError, OSError) as exc:
                 self._on_note(f"sampler {s.source}: not used: {exc or type(exc).__name__}")
                 continue
+            note = getattr(s, "open_note", None)  # what a sampler found out while opening (a discovered path)
+            if note:
+                self._on_note(note)
             self.active.append(s.source)
             self._tasks.append(asyncio.ensure_future(self._loop(s)))
 

@@ -4,9 +4,9 @@ The engines' knobs mean different things on a shared card:
 - vLLM `--gpu-memory-utilization` is a share of the *whole* card for this instance alone; the
   CUDA context and NCCL sit outside it. Co-resident vLLM instances need shares that, with those
   outside bytes, sum to at most the card (vLLM docs: "two instances ... 0.5 for each").
-- SGLang `--mem-fraction-static` is the share of the whole card that may be in use once its
-  weights and KV pool are in, *including other processes already on the card*; what it leaves is
-  for its own activations and graphs. So its value depends on who started before it.
+- SGLang `--mem-fraction-static` is the share, for its weights and KV pool, of the memory that was
+  free when it started (model_runner's `min_per_gpu_memory`, after other processes took theirs);
+  what it leaves is for its own activations and graphs. So its value depends on who started before it.
 Engines started at the same moment charge each other's loading to themselves and size their KV
 cache too small or negative (vLLM #55827): start them one at a time, largest first, each after the
 previous is healthy. The knobs here are solved through the capacity model for that order.

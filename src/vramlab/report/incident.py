@@ -23,7 +23,7 @@ TIMELINE_KINDS = ("step", "oom", "startup_refusal", "process_exit", "health", "d
                   "alert", "mitigation", "ramp_undone", "recovered", "not_recovered", "note", "retry_storm",
                   "waiting_for_operator", "recovery_command", "xid", "overload", "preemption", "ceiling", "rollback",
                   "cotenant", "cotenant_oom", "capacity", "warning", "engine", "race", "ledger", "health_path",
-                  "target_ready", "failure_mode")
+                  "target_ready", "failure_mode", "stopped")
 
 
 def _is_drill(ctx: ReportContext) -> bool:
@@ -124,6 +124,9 @@ def summary_line(ctx: ReportContext) -> str:
     inc, _ = incident_of(ctx)
     unit = _unit(ctx)
     if not inc.failed:
+        stopped = next((e for e in ctx.events if e.kind == "stopped"), None)
+        if stopped is not None and inc.ceiling is None:
+            return stopped.message  # the drill's time ran out before the ramp's end: no ceiling claim
         top = (inc.ceiling or {}).get("value")
         added, bad, which = refused_on_ramp(ctx)
         if bad:
@@ -242,9 +245,13 @@ def s_cause(ctx: ReportContext) -> list[Block]:
     if not inc.failed:
         top = (inc.ceiling or {}).get("value")
         added, bad, which = refused_on_ramp(ctx)
+        stopped = next((e for e in ctx.events if e.kind == "stopped"), None)
         out: list[Block] = [Text(f"No failure of the running target up to {fmt.num(top)} {unit}, but {bad} of "
                                  f"{added} added models did not start ({', '.join(which)}); see the co-location "
                                  "table." if bad else
+                                 f"No failure, and no boundary found: {stopped.message}. Raise the wall clock "
+                                 "(stop.wall_clock_s) or shorten the steps." if stopped is not None
+                                 and inc.ceiling is None else
                                  f"No failure: no OOM up to {fmt.num(top)} {unit}. The ramp ended with the stop "
                                  "conditions armed; raise the ceiling to find the boundary.")]
         if cap is not None:
@@ -350,7 +357,7 @@ def lessons(inc: Incident) -> tuple[list[str], list[str], list[str]]:
     well, wrong, lucky = [], [], []
     if inc.failed:
         if inc.time_to_detect_s is not None and inc.time_to_detect_s <= 5:
-            well.append(f"The failure was detected {inc.time_to_detect_s:.2f} s after the fault step began")
+            well.append(f"The failure was detected {inc.time_to_detect_s:.2f} s after T0 (its first evidence)")
         if inc.signature:
             well.append("The engine log carried a recognisable failure signature (the cause is observable)")
         if inc.recovery.recovered:
@@ -407,12 +414,13 @@ def action_items(ctx: ReportContext, inc: Incident) -> list[list[str]]:
     if inc.failed and mode in (*OOM_MODES, "overload_429") and inc.last_safe_value is not None:
         rows.append([f"cap {knob} at {fmt.num(inc.last_safe_value)} {unit} (failed at "
                      f"{fmt.num((inc.failure_step or {}).get('value'))}); keep a margin below it", "prevent", owner])
-    exit_ev = next((e for e in inc.evidence if "killed by signal" in e or "exited with code" in e), "")
+    import re
+
+    sig = next((m.group(0) for e in inc.evidence if (m := re.search(r"killed by signal \d+ \(\w+", e))), None)
     if inc.failed and mode == "killed_by_signal":
-        rows.append(["find what sent the signal (" + (exit_ev.split('"')[1] if '"' in exit_ev else "see evidence")
-                     + "): a supervisor's stop timeout, an operator, the kernel OOM killer (its log says "
-                     "'Killed process'); no load cap follows, nothing tied the kill to load or memory",
-                     "investigate", owner])
+        rows.append([f"find what sent the signal ({(sig + ')') if sig else 'see the evidence'}): a supervisor's stop "
+                     "timeout, an operator, the kernel OOM killer (its log says 'Killed process'); no load cap "
+                     "follows, nothing tied the kill to load or memory", "investigate", owner])
     if inc.failed and mode in ("crash", "crash_xid"):
         rows.append(["read the engine's log around the exit and fix or report the crash; no load cap follows, "
                      "nothing said out of memory", "investigate", owner])

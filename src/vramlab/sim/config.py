@@ -68,10 +68,19 @@ class SimConfig:
             from vramlab.errors import unknown
 
             raise unknown("engine", self.engine, list(SIM_ENGINES))
-        if self.speed <= 0:
-            raise ConfigError("--speed must be positive")
+        import math
+
+        # `not x > 0` rather than `x <= 0`: NaN fails every comparison and must be refused too.
+        if not (math.isfinite(self.speed) and self.speed > 0):
+            raise ConfigError(f"--speed must be a positive finite number, got {self.speed}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError("--gpu-memory-utilization must be in (0, 1]")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"--port must be 0 (any free port) to 65535, got {self.port}")
+        for name in ("watchdog_s", "log_stats_interval_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive finite number, got {value}")
 
     def with_(self, **changes: object) -> SimConfig:
         return replace(self, **changes)  # type: ignore[arg-type]

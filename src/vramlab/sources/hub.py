@@ -161,6 +161,7 @@ class HubClient:
         transport: Transport | None = None,
         retries: int = 3,
         backoff_s: float = 0.5,
+        online_hint: str = "run once without --offline",
     ):
         self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
         if not self.endpoint.startswith(("http://", "https://")):
@@ -168,6 +169,7 @@ class HubClient:
         self.token = token if token is not None else find_token()
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.offline = offline or env_offline()
+        self.online_hint = online_hint  # how the caller's user turns the Hub on (plan vs models)
         self.transport: Transport = transport or UrllibTransport()
         self.retries, self.backoff_s = max(1, retries), backoff_s
         self._refs: dict[tuple[str, str], _Ref] = {}  # resolved in this process: revalidate once
@@ -212,8 +214,8 @@ class HubClient:
 
     def _offline_miss(self, repo: str, what: str) -> ConfigError:
         return ConfigError(
-            f"{repo}: {what} is not in the local Hub cache ({self.cache_dir}) and offline mode is on "
-            "(--offline or HF_HUB_OFFLINE=1); run once without --offline to fetch it"
+            f"{repo}: {what} is not in the local Hub cache ({self.cache_dir}) and offline mode is "
+            f"on; {self.online_hint}" + (" and unset HF_HUB_OFFLINE" if env_offline() else "") + " to fetch it"
         )
 
     # --- HTTP --------------------------------------------------------------------------------
@@ -234,7 +236,8 @@ class HubClient:
                     reason = getattr(exc, "reason", None) or exc
                     raise ConfigError(
                         f"cannot reach {self.endpoint} for {repo} ({reason}, {self.retries} tries); "
-                        "use --offline with a catalog model or one fetched before"
+                        + ("leave out --online" if "--online" in self.online_hint else "use --offline")
+                        + " with a catalog model or one fetched before"
                     ) from None
                 time.sleep(self.backoff_s * 2**attempt)
                 continue

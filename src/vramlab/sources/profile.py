@@ -28,6 +28,8 @@ def load_profile(path: Any) -> Profile:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a text file (a calibration profile is TOML)") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML ({exc})") from None
     return profile_from_dict(data, p.name)

@@ -14,11 +14,14 @@ from vramlab.capacity.spec import ModelSpec
 from vramlab.errors import ConfigError, unknown
 
 
-def resolve_model(name_or_path: str, *, offline: bool = True, revision: str | None = None) -> ModelSpec:
+def resolve_model(name_or_path: str, *, offline: bool = True, revision: str | None = None,
+                  online_hint: str = "run without --offline") -> ModelSpec:
     """A `ModelSpec` for a catalog name/alias/Hub id, a local directory/config.json/.gguf, or a Hub id.
 
     Catalog entries and local files resolve offline. A Hub id outside the catalog needs
-    `offline=False` (and a network, or an earlier fetch in the cache).
+    `offline=False` (and a network, or an earlier fetch in the cache). *online_hint* is how the
+    caller's user turns the Hub on (`plan`: leave out --offline; `models`: pass --online), named in
+    the message when offline mode stops the lookup.
     """
     text = (name_or_path or "").strip()
     if not text:
@@ -39,11 +42,11 @@ def resolve_model(name_or_path: str, *, offline: bool = True, revision: str | No
     if looks_like_repo_id(text):
         from vramlab.sources.hub import HubClient
 
-        client = HubClient(offline=offline or env_offline())
+        client = HubClient(offline=offline or env_offline(), online_hint=online_hint)
         if client.offline and not _cached(client, text, revision):
             raise ConfigError(
-                f"{text!r} is not in the bundled catalog and offline mode is on; run without "
-                "--offline to read its config and safetensors headers from the Hugging Face Hub"
+                f"{text!r} is not in the bundled catalog and offline mode is on; {online_hint} "
+                "to read its config and safetensors headers from the Hugging Face Hub"
                 + ("" if not env_offline() else " (and unset HF_HUB_OFFLINE)")
             )
         return client.spec(text, revision)

@@ -8,7 +8,9 @@ runner writes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
+import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -57,7 +59,17 @@ def _sqlite_migration_lock(url: str) -> Iterator[None]:
     except ImportError:  # not POSIX: no lock, as before
         yield
         return
-    with open(url[len("sqlite:///"):] + ".lock", "ab") as fh:
+    path = url[len("sqlite:///"):]
+    try:
+        fh = open(path + ".lock", "ab")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        if os.path.isfile(path) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            # A read-only folder: nobody can create tables there either; reading needs no lock.
+            yield
+            return
+        raise VramlabError(f"cannot open the store at {path}: cannot create its lock file {path}.lock: "
+                           f"{exc.strerror or exc}") from None
+    with fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -92,6 +104,34 @@ def _from_rows(model: Any, rows: list[dict[str, Any]]) -> list[Any]:
     return _list_adapter(model).validate_python(rows)  # type: ignore[no-any-return]
 
 
+def _reason(exc: BaseException) -> str:
+    """The driver's own first line, without SQLAlchemy's statement and parameters (a plan can be in them)."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    return redact(text.splitlines()[0] if text else type(exc).__name__)
+
+
+@contextlib.contextmanager
+def _writing(url: str) -> Iterator[None]:
+    """A failed write as one line that names the store, never the SQL with the rows."""
+    try:
+        yield
+    except sa.exc.DBAPIError as exc:
+        raise StoreWriteError(f"cannot write to the store at {describe_url(url)}: {_reason(exc)}") from None
+
+
+@contextlib.contextmanager
+def _reading(url: str) -> Iterator[None]:
+    try:
+        yield
+    except sa.exc.DBAPIError as exc:
+        raise VramlabError(f"cannot read the store at {describe_url(url)}: {_reason(exc)}") from None
+
+
+class StoreWriteError(VramlabError):
+    """The store refused a write (full, read-only, locked too long, gone)."""
+
+
 def _run_record(row: Any) -> RunRecord:
     return RunRecord.model_validate({k: v for k, v in row.items() if k not in schema.LIVENESS_COLUMNS})
 
@@ -108,15 +148,14 @@ class SqlStore:
         try:
             with _sqlite_migration_lock(url):
                 migrate(self.engine)
-        except sa.exc.OperationalError as exc:
+        except sa.exc.DBAPIError as exc:  # not a database, unreadable, read-only, unreachable
             self.engine.dispose()
-            reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-            raise VramlabError(f"cannot open the store at {describe_url(url)}: {reason}") from None
+            raise VramlabError(f"cannot open the store at {describe_url(url)}: {_reason(exc)}") from None
 
     # -- writing -------------------------------------------------------------------------------
 
     def create_run(self, run: RunRecord) -> RunRecord:
-        with self.engine.begin() as conn:
+        with _writing(self.url), self.engine.begin() as conn:
             exists = conn.execute(sa.select(schema.runs.c.run_id).where(schema.runs.c.run_id == run.run_id))
             if exists.first() is not None:
                 raise VramlabError(f"run {run.run_id} already exists in the store")
@@ -131,7 +170,7 @@ class SqlStore:
         current = self.get_run(run_id, exact=True)
         updated = RunRecord.model_validate({**current.model_dump(), **fields})
         values = {k: redact_obj(getattr(updated, k)) for k in fields}
-        with self.engine.begin() as conn:
+        with _writing(self.url), self.engine.begin() as conn:
             conn.execute(sa.update(schema.runs).where(schema.runs.c.run_id == run_id).values(**values))
         return updated
 
@@ -158,17 +197,16 @@ class SqlStore:
                 if value:
                     row[name] = redact(value) if isinstance(value, str) else redact_obj(value)
             rows.append(row)
-        with self.engine.begin() as conn:
+        with _writing(self.url), self.engine.begin() as conn:
             conn.execute(sa.insert(table), rows)
         return len(rows)
 
     def heartbeat(self, run_id: str) -> None:
         """Stamp the run's writer as alive now (the store writer calls this every few seconds)."""
-        import os
         import socket
         import time
 
-        with self.engine.begin() as conn:
+        with _writing(self.url), self.engine.begin() as conn:
             conn.execute(sa.update(schema.runs).where(schema.runs.c.run_id == run_id).values(
                 heartbeat_at=time.time(), writer_pid=os.getpid(), writer_host=socket.gethostname()[:255]))
 
@@ -178,13 +216,13 @@ class SqlStore:
         if not run_ids:
             return {}
         q = sa.select(t.c.run_id, t.c.heartbeat_at, t.c.writer_pid, t.c.writer_host).where(t.c.run_id.in_(run_ids))
-        with self.engine.connect() as conn:
+        with _reading(self.url), self.engine.connect() as conn:
             return {r[0]: (r[1], r[2], r[3]) for r in conn.execute(q)}
 
     def count(self, run_id: str) -> dict[str, int]:
         """How many requests, samples and events the store holds for a run."""
         out = {}
-        with self.engine.connect() as conn:
+        with _reading(self.url), self.engine.connect() as conn:
             for t in schema.RUN_TABLES:
                 out[t.name] = int(conn.execute(sa.select(sa.func.count()).select_from(t)
                                                .where(t.c.run_id == run_id)).scalar() or 0)
@@ -199,7 +237,7 @@ class SqlStore:
             raise NotFoundError(f"no run {id_or_prefix!r}: run ids are hex, like 7f3a91bc (see `vramlab runs`)")
         col = schema.runs.c.run_id
         cond = col == key if exact else col.like(key + "%")
-        with self.engine.connect() as conn:
+        with _reading(self.url), self.engine.connect() as conn:
             rows = conn.execute(sa.select(schema.runs).where(cond).order_by(col).limit(6)).mappings().all()
         if not rows:
             raise NotFoundError(f"no run {id_or_prefix!r} in {describe_url(self.url)} (see `vramlab runs`)")
@@ -219,7 +257,7 @@ class SqlStore:
             q = q.where(schema.runs.c.kind == kind)
         if limit:
             q = q.limit(limit)
-        with self.engine.connect() as conn:
+        with _reading(self.url), self.engine.connect() as conn:
             return [_run_record(r) for r in conn.execute(q).mappings()]
 
     def requests(self, run_id: str) -> list[RequestRecord]:
@@ -240,7 +278,7 @@ class SqlStore:
         cols = [c for c in table.c if c.name != "seq"]
         q = sa.select(*cols).where(table.c.run_id == run_id, *where).order_by(*order)
         names = [c.name for c in cols]
-        with self.engine.connect() as conn:
+        with _reading(self.url), self.engine.connect() as conn:
             return _from_rows(model, [dict(zip(names, r, strict=True)) for r in conn.execute(q)])
 
     def close(self) -> None:

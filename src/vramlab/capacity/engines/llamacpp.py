@@ -32,6 +32,10 @@ CTX_FROM_MODEL_FROM = (5000,)  # builds from b5000 take n_ctx from the model whe
 FLASH_ATTN_AUTO_FROM = (6200,)
 UNIFIED_FOUR_SLOTS_FROM = (6850,)  # PR #16736: -np auto = 4 slots + unified KV (b7079 logs show n_slots = 4)
 KV_PAD = 256
+# llama-context.cpp since PR #17046 (Nov 2025; node-llama-cpp adapted to it on 2025-11-28, the exact
+# build is not pinned): without a unified cache each of the n_seq_max streams gets
+# pad256(pad256(n_ctx) / n_seq_max) cells, and n_ctx becomes that times n_seq_max.
+PER_SEQ_PAD_FROM = (7000,)
 QUANTIZED_CACHE_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 
 
@@ -137,9 +141,22 @@ def compute_buffer(ctx: Context, server: ServerSetup, kv_size: int) -> Component
                 + ("" if server.flash_attn else " without flash attention (KQ matrix of n_ctx x n_ubatch x heads)"))
 
 
+def _pad(n: int) -> int:
+    return math.ceil(n / KV_PAD) * KV_PAD
+
+
+def kv_cells(ctx: Context, server: ServerSetup) -> int:
+    """The KV cells llama.cpp allocates for n_ctx: padded to 256; without a unified cache (from
+    PR #17046) every stream's share is padded to 256 too, so 1,000 cells over 3 slots are 3 x 512."""
+    cells = _pad(server.n_ctx)
+    if server.unified or server.slots <= 1 or (ctx.version and ctx.version < PER_SEQ_PAD_FROM):
+        return cells
+    return _pad(cells // server.slots) * server.slots
+
+
 def plan(ctx: Context) -> PolicyResult:
     server = resolve_server(ctx)
-    kv_size = math.ceil(server.n_ctx / KV_PAD) * KV_PAD
+    kv_size = kv_cells(ctx, server)
     kv_bytes = kv_cache_bytes(ctx, server, kv_size)
     comps: list[Component] = [
         ctx.constant_component("cuda_context", "cuda_context_bytes", "CUDA context (not in llama.cpp's buffer lines)"),

@@ -1,8 +1,10 @@
 """SGLang's memory policy (research/capacity-anchors.md §2).
 
-`mem_fraction_static` is the share of the WHOLE card for weights + KV pool:
-    rest = free_after_weights - total x (1 - mem_fraction_static);  tokens = rest // cell_size
-The remaining `(1 - mem_fraction_static) x total` holds activations, CUDA graphs and runtime.
+`mem_fraction_static` is the share, for weights + KV pool, of the memory free once the CUDA context
+and NCCL are up (`min_per_gpu_memory`, measured right after `init_torch_distributed`, min over ranks;
+model_runner.py passes it to `profile_max_num_token` as `total_gpu_memory`):
+    rest = free_after_weights - free_at_init x (1 - mem_fraction_static);  tokens = rest // cell_size
+The remaining `(1 - mem_fraction_static) x free_at_init` holds activations, CUDA graphs and runtime.
 The default fraction comes from a reservation heuristic that changed in 2025-09 (PR #10975).
 """
 
@@ -113,11 +115,16 @@ def plan(ctx: Context) -> PolicyResult:
                           "(SGLang --context-length)")
     components = static_components(ctx, chunk, graph_max_bs)
     total, other = ctx.total, ctx.other
-    reserve = int(total * (1 - fraction))
+
+    def free_at_init(parts: list[Component], point: str) -> int:
+        return total - other - pick(parts, point, ("cuda_context", "nccl"))
+
+    reserve = int(free_at_init(components, "mid") * (1 - fraction))
 
     def kv_rule(parts: list[Component], point: str) -> int:
-        # free after weights (min over ranks), less the reservation; only context, NCCL and weights count.
-        return total - other - pick(parts, point, ("cuda_context", "nccl", "weights")) - reserve
+        # free after weights (min over ranks), less the share of the free-at-init memory kept back.
+        at_init = free_at_init(parts, point)
+        return at_init - pick(parts, point, ("weights",)) - int(at_init * (1 - fraction))
 
     limits, cell, state = token_limits(ctx, context_len)
     max_running = min(max(int(limits(kv_rule(components, "mid")).kv_cache_tokens / context_len * 512), 2048), 4096)
@@ -127,13 +134,14 @@ def plan(ctx: Context) -> PolicyResult:
         reasons.append(f"activations and CUDA graphs ({outside / GIB:.2f} GiB) exceed the "
                        f"{reserve / GIB:.2f} GiB that mem_fraction_static {fraction} leaves: lower it")
     return PolicyResult(
-        components=components, budget_bytes=int(total * fraction), kv_rule=kv_rule, limits=limits,
+        components=components, budget_bytes=total - other - reserve, kv_rule=kv_rule, limits=limits,
         max_model_len=context_len, block_size=1, kv_bytes_per_token=cell,
         settings={"mem_fraction_static": fraction, "chunked_prefill_size": chunk, "cuda_graph_max_bs": graph_max_bs,
                   "context_length": context_len, "max_running_requests": settings.max_num_seqs or max_running,
                   "tp_size": ctx.tp, "pp_size": ctx.pp, "dtype": ctx.dtype, "kv_cache_dtype": settings.kv_cache_dtype},
         kv_provenance=ENGINE,
-        kv_note=f"free memory after weights less (1 - {fraction}) x total, in cells of {cell} bytes",
+        kv_note=f"free memory after weights less (1 - {fraction}) x the memory free at start-up, "
+                f"in cells of {cell} bytes",
         per_sequence_state_bytes=state, reasons=reasons,
         notes=[f"mem_fraction_static {fraction} keeps {reserve / GIB:.2f} GiB for activations, CUDA graphs and runtime"],
         min_blocks_needed=context_len, extra={"cell_size_bytes": cell, "reserved_bytes": reserve},

@@ -1,23 +1,48 @@
 """Text-generation-inference's memory policy (research/capacity-anchors.md §4).
 
 Warm-up runs the largest prefill batch (`--max-batch-prefill-tokens`), then sizes the KV pool
-from what is free after that peak, keeping `1 - CUDA_MEMORY_FRACTION x TGI_WIGGLE_ROOM` (10 %)
-of the card: KV = free_after_peak - 0.10 x total. CUDA graphs are captured afterwards, inside
-that wiggle room.
+from what is free after that peak. TGI 3 keeps `1 - CUDA_MEMORY_FRACTION x TGI_WIGGLE_ROOM` (10 %)
+of the card: KV = free_after_peak - 0.10 x total. TGI 1.x-2.x kept 5 % of what was free instead:
+`int((free_memory * 0.95) // total_cache_size) + batch.num_blocks` with
+`free_memory = mem_get_info.free - (1 - MEMORY_FRACTION) x total` (flash_causal_lm.py `warmup`,
+utils/import_utils.py `get_cuda_free_memory`). The router's warm-up requests ask for prefill
+logprobs (`prefill_logprobs: true` in its client `warmup`), so the warm-up forward holds the logits
+of every prefill token and their `log_softmax` (generate_token): 2 x tokens x vocab at the model
+dtype, in every era. CUDA graphs are captured afterwards, inside the wiggle room.
 """
 
 from __future__ import annotations
 
 from vramlab.capacity.engines.common import Context, PolicyResult, pick
-from vramlab.capacity.estimate import ENGINE, GIB, Component, Limits, band
+from vramlab.capacity.estimate import ENGINE, FORMULA, GIB, Component, Limits, band
 from vramlab.capacity.overheads import forward_peak_bytes, moe_workspace_bytes
+from vramlab.capacity.spec import dtype_bytes
 from vramlab.errors import ConfigError
 
 WIGGLE_ROOM = 0.90  # TGI_WIGGLE_ROOM
+LEGACY_WIGGLE = 0.95  # TGI 1.x-2.x: "Leave 5% for some wiggle room" of the free memory
+FRACTION_WIGGLE_FROM = (3, 0)  # get_free_memory(device, MEMORY_FRACTION * TGI_WIGGLE_ROOM) (@db931fcf)
+LEGACY_BAND = 1.0  # TGI 2.2 on an A10G left ~2 GiB less than this rule after warm-up: unknown term, band widened
 FLASHINFER_FROM = (3, 0)  # TGI 3 defaults to flashinfer with block size 1
 
 
-def warmup_components(ctx: Context, prefill_tokens: int) -> list[Component]:
+def warmup_logits_component(ctx: Context, prefill_tokens: int, extra_band: float = 0.0) -> Component:
+    """Logits and their log_softmax for every warm-up prefill token (the router warms up with prefill logprobs)."""
+    logits = 2.0 * prefill_tokens * ctx.model.vocab_size * dtype_bytes(ctx.dtype)
+    return band("warmup_logits", logits, 0.1, 0.1 + extra_band, FORMULA,
+                "warm-up requests ask for prefill logprobs: logits + log_softmax of every prefill token")
+
+
+def legacy_pool(ctx: Context, prefill_tokens: int, max_total: int, block: int) -> tuple[float, int]:
+    """TGI 1.x-2.x: (share of the free memory kept for KV, bytes of the warm-up batch's own blocks added back).
+
+    The warm-up batch is ceil(prefill / max_input) requests, each holding max_total tokens of blocks."""
+    requests = -(-prefill_tokens // max(1, max_total - 1))
+    batch = requests * -(-max_total // block) * block * ctx.kv_bytes_per_token()
+    return LEGACY_WIGGLE, batch
+
+
+def warmup_components(ctx: Context, prefill_tokens: int, extra_band: float = 0.0) -> list[Component]:
     """Everything but the KV pool: context, NCCL, weights, the warm-up prefill peak, CUDA graphs."""
     model, settings, constants = ctx.model, ctx.settings, ctx.constants
     components: list[Component] = [
@@ -31,8 +56,10 @@ def warmup_components(ctx: Context, prefill_tokens: int) -> list[Component]:
     activation = max(forward_peak_bytes(model, prefill_tokens, ctx.tp, ctx.dtype, constants),
                      prefill_tokens * per_prefill_token) \
         + moe_workspace_bytes(model, prefill_tokens, ctx.tp, ctx.dtype, constants)
-    components.append(band("activation_peak", activation, constants.band(key), constants.band(key),
+    rel = constants.band(key) + extra_band
+    components.append(band("activation_peak", activation, rel, rel,
                            constants.provenance(key), f"warm-up prefill of --max-batch-prefill-tokens {prefill_tokens}"))
+    components.append(warmup_logits_component(ctx, prefill_tokens, extra_band))
     graphs = 0.0 if settings.enforce_eager else \
         constants["cuda_graph_base_bytes"] + constants["cuda_graph_per_layer_bytes"] * model.num_layers / 2
     if graphs:
@@ -51,13 +78,16 @@ def plan(ctx: Context) -> PolicyResult:
     prefill_tokens = settings.max_batch_prefill_tokens or settings.max_num_batched_tokens or 4096
     memory_fraction = settings.gpu_memory_utilization or 1.0  # CUDA_MEMORY_FRACTION
     block = settings.block_size or (1 if not ctx.version or ctx.version >= FLASHINFER_FROM else 16)
-    components = warmup_components(ctx, prefill_tokens)
+    legacy = ctx.version is not None and ctx.version < FRACTION_WIGGLE_FROM
+    components = warmup_components(ctx, prefill_tokens, LEGACY_BAND if legacy else 0.0)
     graphs = sum(c.bytes for c in components if c.name == "cuda_graphs")
     total, other = ctx.total, ctx.other
-    wiggle_room = int(total * (1 - memory_fraction * WIGGLE_ROOM))
+    share, batch_kv = legacy_pool(ctx, prefill_tokens, max_total, block) if legacy else (1.0, 0)
+    wiggle_room = int(total * (1 - memory_fraction * (1.0 if legacy else WIGGLE_ROOM)))
 
     def kv_rule(parts: list[Component], point: str) -> int:
-        return total - other - pick(parts, point) - wiggle_room
+        free = total - other - pick(parts, point) - wiggle_room
+        return int(share * (free - batch_kv) + batch_kv) if legacy else free
 
     per_token = ctx.kv_bytes_per_token()
 
@@ -66,8 +96,11 @@ def plan(ctx: Context) -> PolicyResult:
         tokens = blocks * block
         return Limits(int(kv_bytes), int(tokens), int(blocks), tokens / max_total)
 
-    reasons = []
-    if graphs > wiggle_room:
+    reasons, notes = [], ["max_batch_total_tokens is the pool in tokens; TGI sizes it at warm-up"]
+    if legacy:
+        notes.append("unknown term, band widened: TGI 2.x's warm-up peak was ~2 GiB above weights + activation + "
+                     "logits in a real TGI 2.2 log, and the release that moved to TGI 3's rule is not pinned")
+    if not legacy and graphs > wiggle_room:
         reasons.append(f"CUDA graphs ({graphs / GIB:.2f} GiB) do not fit the {wiggle_room / GIB:.2f} GiB wiggle room")
     return PolicyResult(
         components=components, budget_bytes=total - wiggle_room, kv_rule=kv_rule, limits=limits,
@@ -75,7 +108,8 @@ def plan(ctx: Context) -> PolicyResult:
         settings={"max_total_tokens": max_total, "max_batch_prefill_tokens": prefill_tokens,
                   "cuda_memory_fraction": memory_fraction, "block_size": block, "num_shard": ctx.tp,
                   "dtype": ctx.dtype},
-        kv_provenance=ENGINE, kv_note="free memory after the warm-up peak less 10 % of the card (TGI_WIGGLE_ROOM)",
-        reasons=reasons, min_blocks_needed=-(-max_total // block),
-        notes=["max_batch_total_tokens is the pool in tokens; TGI sizes it at warm-up"],
+        kv_provenance=ENGINE, kv_note=("95 % of the memory free after the warm-up peak, plus the warm-up batch's "
+                                       "blocks (TGI 1.x-2.x)" if legacy else
+                                       "free memory after the warm-up peak less 10 % of the card (TGI_WIGGLE_ROOM)"),
+        reasons=reasons, min_blocks_needed=-(-max_total // block), notes=notes,
     )

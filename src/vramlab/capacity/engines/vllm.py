@@ -26,6 +26,7 @@ from vramlab.capacity.overheads import (
     sampler_peak_bytes,
     vllm_capture_sizes,
 )
+from vramlab.capacity.spec import dtype_bytes
 from vramlab.errors import ConfigError
 
 V1_DEFAULT_FROM = (0, 8)
@@ -42,6 +43,10 @@ V0_LONG_CONTEXT_ABOVE = 32 * 1024
 V0_CHUNKED_BUDGET_2048_FROM = (0, 7)
 # The oldest and newest releases whose terms come from logs or source of that era.
 MODELLED_FROM, MODELLED_UP_TO = (0, 5), (0, 29, 99)
+# V0 MLACommonImpl.process_weights_after_loading (vllm/attention/backends/mla/utils.py, 0.7.x) keeps
+# "absorbed weights for decode and another copy of raw weights for prefill". MLA came to V0 in 0.7.1;
+# which release dropped the absorption is not pinned, so 0.8+ V0 MLA keeps its band widened instead.
+V0_MLA_ABSORPTION = ((0, 7, 1), (0, 8))
 PRE_AMPERE = ("pascal", "volta", "turing")
 UNKNOWN_TERM_BAND = 0.5  # added to the band of a term whose value for this era/card is not measured
 
@@ -136,10 +141,44 @@ def unknown_terms(ctx: Context, kind: str) -> tuple[str, ...]:
         out.append("ROCm: HIP graphs, quick all-reduce and the ROCm attention backends are not measured")
     if gpu.arch in PRE_AMPERE and kind == "v1":
         out.append(f"V1 on {gpu.arch.title()}: its attention backend's profile peak is not measured")
+    if ctx.settings.in_trainer:
+        # Unsloth notebooks (vLLM inside GRPO trainers): KV off by -41 % to +100 % around a 0.3 % median elsewhere.
+        out.append("vLLM inside a training process: the trainer's own allocations in the same process "
+                   "(optimizer state, LoRA buffers, shared weights) are not modelled")
     if kind == "v0" and ctx.model.is_mla:
         # DeepSeek-R1 on 8x H200, V0 ~0.7.3: weights 83.88 GiB (headers 79.4), non-torch 7.16 GiB.
-        out.append("V0 with MLA: the absorbed MLA matrices and the non-torch term at this size are not modelled")
+        out.append("V0 with MLA: the non-torch term at this size is not modelled" if v0_mla_absorbs(ctx) else
+                   "V0 with MLA: the absorbed MLA matrices of this release and the non-torch term are not modelled")
     return tuple(out)
+
+
+def v0_mla_absorbs(ctx: Context) -> bool:
+    low, high = V0_MLA_ABSORPTION
+    return ctx.model.is_mla and ctx.version is not None and low <= ctx.version < high
+
+
+def mla_absorbed_bytes(ctx: Context, stage: int) -> int:
+    """Per GPU: what V0 0.7.x MLA adds to the weights after loading, per layer and rank: W_QR (activation dtype),
+    W_Q_UK and W_UV_O (requantized to FP8 for FP8 weights, else activation dtype) and, for FP8 weights, the
+    dequantized kv_b_proj that W_UK/W_UV keep alive."""
+    m = ctx.model
+    heads = m.num_attention_heads // ctx.tp
+    act = int(dtype_bytes(ctx.dtype))
+    fp8 = ctx.quant is not None and "fp8" in ctx.quant.method
+    absorbed = 1 if fp8 else act
+    q_in, latent, rope = m.q_lora_rank or m.hidden_size, m.kv_lora_rank or 0, m.qk_rope_head_dim or 0
+    per_layer = q_in * heads * rope * act + q_in * heads * latent * absorbed + heads * latent * m.hidden_size * absorbed
+    if fp8:
+        per_layer += latent * heads * ((m.qk_nope_head_dim or 0) + (m.mla_v_head_dim or 0)) * act
+    return per_layer * len(ctx.layer_range(stage))
+
+
+def weights_with_absorption(ctx: Context, stage: int) -> Component:
+    weights = ctx.weights_component(stage)
+    extra = mla_absorbed_bytes(ctx, stage)
+    return Component(weights.name, weights.bytes + extra, weights.low_bytes + extra, weights.high_bytes + extra,
+                     weights.provenance, weights.note + f"; plus {extra / GIB:.2f} GiB of absorbed MLA matrices "
+                     "V0 0.7.x builds after loading (W_Q_UK, W_UV_O, W_QR)")
 
 
 def resolve_setup(ctx: Context) -> Setup:
@@ -235,7 +274,8 @@ def stage_components(ctx: Context, setup: Setup, stage: int) -> list[Component]:
             "NCCL communicators created at start-up"
             + ("; outside the budget since V1 inits them before the snapshot" if setup.nccl_outside_budget
                else "; inside the profiling window"), in_budget=not setup.nccl_outside_budget))
-    components.append(ctx.weights_component(stage))
+    components.append(weights_with_absorption(ctx, stage) if setup.mode == "v0" and v0_mla_absorbs(ctx)
+                      else ctx.weights_component(stage))
     components.append(activation_component(ctx, setup, last_stage=stage == ctx.pp - 1))
     components.append(non_torch_component(ctx, setup))
     if not ctx.settings.enforce_eager:
