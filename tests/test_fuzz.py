@@ -228,12 +228,17 @@ sse_events = st.one_of(
 
 
 class _FakeContent:
+    """aiohttp's StreamReader as the client uses it: readany() (b"" at the end) and iter_any()."""
+
     def __init__(self, chunks: list[bytes]) -> None:
-        self.chunks = chunks
+        self.chunks = list(chunks)
+
+    async def readany(self) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
 
     async def iter_any(self):  # noqa: ANN201
-        for c in self.chunks:
-            yield c
+        while self.chunks:
+            yield self.chunks.pop(0)
 
     async def readany(self) -> bytes:  # aiohttp's StreamReader: b"" at the end
         return self.chunks.pop(0) if self.chunks else b""
