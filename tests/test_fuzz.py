@@ -240,9 +240,6 @@ class _FakeContent:
         while self.chunks:
             yield self.chunks.pop(0)
 
-    async def readany(self) -> bytes:  # aiohttp's StreamReader: b"" at the end
-        return self.chunks.pop(0) if self.chunks else b""
-
 
 class _FakeResp:
     def __init__(self, chunks: list[bytes]) -> None:
