@@ -27,7 +27,8 @@ from vramlab.drill.recovery import LiveState, recover
 from vramlab.drill.target import check_environment
 from vramlab.drill.watch import Watchers
 from vramlab.experiment.events import Event, EventHook
-from vramlab.records import RequestRecord, RunRecord, canonical_sha256, new_run_id
+from vramlab.experiment.window import Lane, WindowExecutor, request_record
+from vramlab.records import RunRecord, canonical_sha256, new_run_id
 from vramlab.records.store import Store
 
 
@@ -67,6 +68,7 @@ class DrillRunner(Watchers):
         self._last_log_event: dict[str, float] = {}
         self._ceiling_value: float | None = None
         self._coloc: Any = None
+        self.windows = WindowExecutor()  # the experiment runner's window executor, on this round's client
         self._unrecovered: list[int] = []
         self.health_path = plan.target.health_path  # replaced by what answered at bring-up (discover_health)
         self.load_time_s: float | None = None  # the first start's measured load time (start -> health 200)
@@ -215,13 +217,14 @@ class DrillRunner(Watchers):
         conns = max(64, int(max(values)) + 8 if plan.ramp.knob in ("concurrency", "batch") else 64)
         async with OpenAIClient(self.target.url, served, api="openai-completions", max_connections=conns,
                                 timeout_s=plan.load.request_timeout_s) as client:
+            self.windows.use(client)
             watchers = [asyncio.ensure_future(c) for c in self._watchers()]
             try:
                 self._phase, self._step = "baseline", None
                 self.emit("phase_start", "baseline", phase="baseline")
-                await self._window(client, None, plan.baseline_s, 0)
+                await self._window(None, plan.baseline_s, 0)
                 self.emit("phase_end", "baseline")
-                failure = await self._ramp(client, values)
+                failure = await self._ramp(values)
                 if failure is not None and failure.kind == "wall_clock":
                     return False  # not a failure of the target; run() ends the drill as stopped
                 if failure is None:
@@ -229,14 +232,14 @@ class DrillRunner(Watchers):
                     why = "" if self._ceiling_value is None else " (the card was full: the co-tenant could not grow)"
                     self.emit("ceiling", f"no OOM up to {top:g} {plan.ramp.unit}{why}", value=top, unit=plan.ramp.unit)
                     return False
-                await self._recover(client, failure, values)
+                await self._recover(failure, values)
                 return True
             finally:
                 for w in watchers:
                     w.cancel()
                 await asyncio.gather(*watchers, return_exceptions=True)
 
-    async def _ramp(self, client: Any, values: list[float]) -> Finding | None:
+    async def _ramp(self, values: list[float]) -> Finding | None:
         plan = self.plan
         self._phase = "ramp"
         for i, v in enumerate(values):
@@ -250,7 +253,7 @@ class DrillRunner(Watchers):
                 self.emit("cotenant_oom", f"the co-tenant could not grow to {v:g} {plan.ramp.unit}: {exc}", value=v)
                 self._ceiling_value = values[i - 1] if i else None
                 return None
-            task = asyncio.ensure_future(self._window(client, v, plan.ramp.step_s, i))
+            task = asyncio.ensure_future(self._window(v, plan.ramp.step_s, i))
             try:
                 while not task.done():
                     failure = self.detector.failure()
@@ -291,7 +294,7 @@ class DrillRunner(Watchers):
                   t0_s=t0 if t0 is not None else f.t_s, last_safe_value=last_safe, mode=self.detector.failure_mode(),
                   evidence=self.detector.evidence(), signature=self.detector.signature())
 
-    async def _recover(self, client: Any, failure: Finding, values: list[float]) -> None:
+    async def _recover(self, failure: Finding, values: list[float]) -> None:
         plan = self.plan
         self._phase = "recovery"
         step = self._step or 0
@@ -301,7 +304,7 @@ class DrillRunner(Watchers):
         if plan.recovery.undo_ramp:
             await self._apply(None)
             self.emit("ramp_undone", "load back to the baseline", value=None)
-        load = asyncio.ensure_future(self._window(client, value, plan.recovery.limit_s + plan.recovery.observe_s + 5, step))
+        load = asyncio.ensure_future(self._window(value, plan.recovery.limit_s + plan.recovery.observe_s + 5, step))
         try:
             out = await recover(plan.recovery, self.target, self.state, self.now, self.emit,
                                 operator_notes=self._notes_since,
@@ -352,9 +355,9 @@ class DrillRunner(Watchers):
                     self._coloc.report_coloaded(self._coloaded, time.monotonic() - t)
 
     # -- load -------------------------------------------------------------------------------
-    async def _window(self, client: Any, value: float | None, duration_s: float, step: int) -> None:
-        from vramlab.load.driver import LoadShape, Window, drive
-        from vramlab.load.prompts import cycle, synthetic_prompts
+    async def _window(self, value: float | None, duration_s: float, step: int) -> None:
+        from vramlab.load.driver import LoadShape, Window
+        from vramlab.load.prompts import synthetic_prompts
         from vramlab.load.retry import RetryPolicy
 
         plan, knob = self.plan, self.plan.ramp.knob
@@ -372,29 +375,21 @@ class DrillRunner(Watchers):
             return lambda res: record(res, user)
 
         tag = "b" if phase == "baseline" else ("r" if phase == "recovery" else "s")
-        drives = [drive(client, cycle(prompts), LoadShape(mode="closed", concurrency=1, max_tokens=plan.load.max_tokens,
-                                                          seed=u, think_s=plan.load.think_time_s), window, recorder_for(u), retry,
-                        id_prefix=f"u{u}:{rnd}{tag}{step}-") for u in range(users)]
+        # one lane per closed-loop user (each its own seed and request ids), all in one window
+        lanes = [Lane(prompts, LoadShape(mode="closed", concurrency=1, max_tokens=plan.load.max_tokens, seed=u,
+                                         think_s=plan.load.think_time_s), window, recorder_for(u), f"u{u}:{rnd}{tag}{step}-")
+                 for u in range(users)]
         if knob == "batch" and value and phase == "ramp":
             # a burst of `value` simultaneous requests at the start of the step, on top of the steady users
             burst = Window(requests=int(value), max_s=duration_s, drain_s=window.drain_s)
-            drives.append(drive(client, cycle(prompts), LoadShape(mode="closed", concurrency=int(value),
-                                max_tokens=plan.load.max_tokens), burst, lambda r: record(r, 10_000), retry,
-                                id_prefix=f"burst:{rnd}{step}-"))
-        await asyncio.gather(*drives)
+            lanes.append(Lane(prompts, LoadShape(mode="closed", concurrency=int(value), max_tokens=plan.load.max_tokens),
+                              burst, recorder_for(10_000), f"burst:{rnd}{step}-"))
+        await self.windows.run(lanes, retry)
 
     def _on_result(self, res: Any, phase: str, rnd: int, step: int, value: float | None, user: int) -> None:
-        t0 = self._t0
-        rec = RequestRecord(
-            run_id=self.run_id, round=rnd, phase=phase if phase in ("baseline", "recovery") else "ramp",  # type: ignore[arg-type]
-            step=step, step_value=value, request_id=res.request_id, attempt=res.attempt,
-            scheduled_s=res.scheduled_at - t0, sent_s=res.sent_at - t0, end_s=res.end_at - t0,
-            first_token_s=None if res.first_token_at is None else res.first_token_at - t0,
-            ttft_ms=res.ttft_ms, tpot_ms=res.tpot_ms, e2e_ms=res.e2e_ms, e2e_from_scheduled_ms=res.e2e_from_scheduled_ms,
-            ttft_from_scheduled_ms=res.ttft_from_scheduled_ms, dispatch_lag_ms=res.dispatch_lag_ms,
-            itl_ms=res.itl_ms, prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens,
-            status_code=res.status_code, error_class=res.error_class, error=res.error,
-        )
+        # the detector reads how long a failed request took (a timeout), so failures keep their latency
+        rec = request_record(res, self.run_id, self._t0, rnd, phase if phase in ("baseline", "recovery") else "ramp",
+                             step, value, failed_latency=True)
         self.emit("request", payload=rec)
         end = rec.end_s or self.now()
         if res.error_class == "cancelled":
