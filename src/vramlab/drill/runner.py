@@ -22,11 +22,12 @@ from vramlab.drill.detect import Detector, Finding
 from vramlab.drill.herd import HerdMonitor
 from vramlab.drill.local_targets import SimTarget, open_target
 from vramlab.drill.plan import DrillPlan
-from vramlab.drill.ramp import ramp_values
+from vramlab.drill.ramp import RampSteps
 from vramlab.drill.recovery import LiveState, recover
 from vramlab.drill.target import check_environment
 from vramlab.drill.watch import Watchers
 from vramlab.experiment.events import Event, EventHook
+from vramlab.experiment.steps import StepOutcome, StepStrategy
 from vramlab.experiment.window import Lane, WindowExecutor, request_record
 from vramlab.records import RunRecord, canonical_sha256, new_run_id
 from vramlab.records.store import Store
@@ -68,6 +69,7 @@ class DrillRunner(Watchers):
         self._last_log_event: dict[str, float] = {}
         self._ceiling_value: float | None = None
         self._coloc: Any = None
+        self._step_counts = [0, 0]  # requests, errors of the running ramp step (its StepOutcome)
         self.windows = WindowExecutor()  # the experiment runner's window executor, on this round's client
         self._unrecovered: list[int] = []
         self.health_path = plan.target.health_path  # replaced by what answered at bring-up (discover_health)
@@ -98,7 +100,8 @@ class DrillRunner(Watchers):
 
         self.hook.add(StoreRecorder(self.store, flush_s=0.25))
         plan = self.plan
-        values = ramp_values(plan.ramp)
+        steps = RampSteps(plan.ramp)
+        values = steps.values
         self._t0 = time.perf_counter()  # t_s = 0 is started_at: `vramlab note` stamps its notes the same way
         run = RunRecord(
             run_id=self.run_id, kind="drill", name=plan.name, plan=plan.model_dump(mode="json", by_alias=True),
@@ -121,7 +124,7 @@ class DrillRunner(Watchers):
             await self._bring_up()
             for r in range(plan.rounds):
                 self._round = r
-                if await self._one_round(values):
+                if await self._one_round(steps):
                     failed_rounds.append(r)
                 if self.detector.stopped is not None and self.detector.stopped.kind == "wall_clock":
                     status, reason = "stopped", self.detector.stopped.message
@@ -205,11 +208,11 @@ class DrillRunner(Watchers):
             return 2 * self.load_time_s + rec.liveness_grace_s
         return max(30.0, rec.liveness_grace_s)
 
-    async def _one_round(self, values: list[float]) -> bool:
+    async def _one_round(self, steps: RampSteps) -> bool:
         """One baseline, ramp, recovery cycle; True when the target failed in it."""
         from vramlab.load.client import OpenAIClient
 
-        plan = self.plan
+        plan, values = self.plan, steps.values
         self._ceiling_value = None
         self.state = LiveState()
         self.detector = Detector(plan.stop, engine=self._engine())
@@ -224,7 +227,7 @@ class DrillRunner(Watchers):
                 self.emit("phase_start", "baseline", phase="baseline")
                 await self._window(None, plan.baseline_s, 0)
                 self.emit("phase_end", "baseline")
-                failure = await self._ramp(values)
+                failure = await self._ramp(steps)
                 if failure is not None and failure.kind == "wall_clock":
                     return False  # not a failure of the target; run() ends the drill as stopped
                 if failure is None:
@@ -239,11 +242,14 @@ class DrillRunner(Watchers):
                     w.cancel()
                 await asyncio.gather(*watchers, return_exceptions=True)
 
-    async def _ramp(self, values: list[float]) -> Finding | None:
+    async def _ramp(self, steps: StepStrategy) -> Finding | None:
+        """Step through the strategy's values until the target fails (or the drill's clock runs out)."""
         plan = self.plan
         self._phase = "ramp"
-        for i, v in enumerate(values):
+        i, v, last = 0, steps.first(), None
+        while v is not None:
             self._step = i
+            self._step_counts = [0, 0]
             self._step_started_s = self.now()
             self.emit("step", f"{plan.ramp.knob} = {v:g} {plan.ramp.unit}", step=i, value=v, knob=plan.ramp.knob)
             try:
@@ -251,14 +257,14 @@ class DrillRunner(Watchers):
             except CotenantOutOfMemory as exc:
                 # the co-tenant, not the target, ran out: the card is full and the target held its memory
                 self.emit("cotenant_oom", f"the co-tenant could not grow to {v:g} {plan.ramp.unit}: {exc}", value=v)
-                self._ceiling_value = values[i - 1] if i else None
+                self._ceiling_value = last
                 return None
             task = asyncio.ensure_future(self._window(v, plan.ramp.step_s, i))
             try:
                 while not task.done():
                     failure = self.detector.failure()
                     if failure is not None:
-                        self._on_failure(failure, i, v, values[i - 1] if i else None)
+                        self._on_failure(failure, i, v, last)
                         return failure  # the recovery phase's load takes over from here (or the run ends)
                     await asyncio.sleep(0.02)
                 await task
@@ -270,8 +276,10 @@ class DrillRunner(Watchers):
                         await task
             failure = self.detector.failure()
             if failure is not None:
-                self._on_failure(failure, i, v, values[i - 1] if i else None)
+                self._on_failure(failure, i, v, last)
                 return failure
+            i, last = i + 1, v
+            v = steps.next(StepOutcome(i, v, self._step_counts[0], self._step_counts[1], None, None))
         return None
 
     def _on_failure(self, f: Finding, step: int, value: float, last_safe: float | None) -> None:
@@ -394,6 +402,9 @@ class DrillRunner(Watchers):
         end = rec.end_s or self.now()
         if res.error_class == "cancelled":
             return
+        if phase == "ramp":
+            self._step_counts[0] += 1
+            self._step_counts[1] += not rec.ok
         if rec.ok:
             self.state.last_success_s = end
         self.detector.on_result(end, rec.ok, rec.status_code, rec.error_class, rec.error, rec.e2e_from_scheduled_ms)

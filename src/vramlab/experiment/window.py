@@ -65,8 +65,8 @@ class WindowExecutor:
         else:
             if self.client is None:
                 raise RuntimeError("the window executor has no load client")
-            coro = asyncio.gather(*(drive(self.client, cycle(lane.prompts), lane.shape, lane.window, lane.on_result,
-                                          retry, id_prefix=lane.id_prefix, stop=flag) for lane in lanes))
+            coro = _together([drive(self.client, cycle(lane.prompts), lane.shape, lane.window, lane.on_result, retry,
+                                    id_prefix=lane.id_prefix, stop=flag) for lane in lanes])
         task = self._task = asyncio.ensure_future(coro)
         try:
             await asyncio.wait({task})
@@ -103,6 +103,11 @@ class WindowExecutor:
                  "loop_lag_p99_ms": round(o.loop_lag_p99_ms, 3), "loop_lag_max_ms": round(o.loop_lag_max_ms, 3),
                  "saturated": o.lag_p99_ms > warn_ms or o.loop_lag_p99_ms > warn_ms}
                 for name, idx, pid, o in views]
+
+
+async def _together(drives: list[Any]) -> list[WindowOutcome]:
+    # A coroutine, not a bare gather future, so the window's task reads as cancelled when cancelled.
+    return list(await asyncio.gather(*drives))
 
 
 _REQUEST_FIELDS = set(RequestRecord.model_fields)
