@@ -12,6 +12,17 @@ from hypothesis import strategies as st
 from vramlab.load import client as client_mod
 from vramlab.load.client import OpenAIClient, _Stream, _token_piece
 
+
+class _Reads:
+    """aiohttp's StreamReader as the client reads it: readany() until b""."""
+
+    def __init__(self, reads: list[bytes]) -> None:
+        self.reads = list(reads)
+
+    async def readany(self) -> bytes:
+        return self.reads.pop(0) if self.reads else b""
+
+
 pieces = st.one_of(st.none(), st.just(""), st.text(max_size=12),
                    st.sampled_from(['"', '\\', '"content": "x"', '"usage"', "null", '""', "}"]))
 
@@ -40,7 +51,12 @@ def chunks(draw: Any, chat: bool) -> dict[str, Any]:
         choices.append(ch)
     obj: dict[str, Any] = {"id": "c", "object": "x", "choices": choices}
     if draw(st.booleans()):
-        obj["usage"] = draw(st.one_of(st.none(), st.just({"prompt_tokens": 3, "completion_tokens": 2})))
+        obj["usage"] = draw(st.sampled_from([
+            None, {"prompt_tokens": 3, "completion_tokens": 2}, {"completion_tokens": 7},
+            {"prompt_tokens": 3, "completion_tokens": 2.5}, {"prompt_tokens": True, "completion_tokens": -1},
+            {"prompt_tokens": 3, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 1}},
+            {"prompt_tokens": 3, "completion_tokens": 4, "completion_tokens_details": {"reasoning_tokens": 2}},
+            {"prompt_tokens": "3", "completion_tokens": 2}]))
     return obj
 
 
@@ -48,10 +64,12 @@ def _count(c: OpenAIClient, payload: bytes, fast: bool, monkeypatch: pytest.Monk
     with monkeypatch.context() as m:
         if not fast:
             m.setattr(client_mod, "_token_piece", lambda payload, key: None)
+            m.setattr(client_mod, "_usage_only", lambda payload: None)
         s = _Stream()
         c._event(b"data: " + payload, 1.0, s)
     # finished matters only for a stream without a token (an empty completion): compare what it decides
-    return s.first, tuple(s.times), s.reasoning, s.finished or bool(s.times), s.usage_out, s.usage_in, s.error, s.done
+    return (s.first, tuple(s.times), s.reasoning, s.finished or bool(s.times), s.usage_out, s.usage_in,
+            s.usage_reasoning, s.error, s.done)
 
 
 @pytest.mark.parametrize("api", ["openai-chat", "openai-completions"])
@@ -93,13 +111,8 @@ def test_events_split_across_reads_are_put_back_together(wire: bytes) -> None:
               b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}', b"data: [DONE]"]
     raw = wire.join(events) + wire
 
-    class Content:
-        async def iter_any(self) -> Any:
-            for i in range(0, len(raw), 7):  # 7-byte reads: every boundary falls mid-event somewhere
-                yield raw[i:i + 7]
-
-    class Resp:
-        content = Content()
+    class Resp:  # 7-byte reads: every boundary falls mid-event somewhere
+        content = _Reads([raw[i:i + 7] for i in range(0, len(raw), 7)])
 
     c = OpenAIClient("http://127.0.0.1:1", "m")
     s = _Stream()
@@ -124,13 +137,8 @@ def test_whole_event_reads_count_what_the_event_parser_counts(data: Any) -> None
         cut = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(raw) - 1)), max_size=5))))
         reads = [raw[a:b] for a, b in zip([0, *cut], [*cut, len(raw)], strict=False)]
 
-    class Content:
-        async def iter_any(self) -> Any:
-            for r in reads:
-                yield r
-
     class Resp:
-        content = Content()
+        content = _Reads(reads)
 
     c = OpenAIClient("http://127.0.0.1:1", "m")
     got = _Stream()

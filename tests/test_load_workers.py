@@ -203,3 +203,28 @@ def test_workers_flag_out_of_range_is_one_line_and_exit_2(tmp_path: Path) -> Non
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--workers must be between 1 and 256" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_ctrl_c_to_the_process_group_leaves_the_stop_to_the_parent() -> None:
+    """Ctrl-C reaches every process of the group; the workers leave it to the parent, which stops
+    the window: every in-flight request is still recorded (as cancelled)."""
+    import signal
+
+    results: list[RequestResult] = []
+
+    async def go() -> None:
+        async with StubServer(StubBehaviour(ttft_s=5.0)) as srv, \
+                WorkerPool(2, ClientConfig(srv.url, "m", max_connections=8)) as pool:
+            stop = asyncio.Event()
+            task = asyncio.ensure_future(pool.drive(PROMPTS, LoadShape("closed", 4), Window(duration_s=30, drain_s=5),
+                                                    results.append, stop=stop))
+            await asyncio.sleep(1.0)
+            for pid in pool.pids:
+                os.kill(pid, signal.SIGINT)
+            await asyncio.sleep(0.3)
+            stop.set()
+            outcome = await task
+            assert outcome.stopped
+
+    asyncio.run(go())
+    assert [r.error_class for r in results] == ["cancelled"] * 4

@@ -231,3 +231,29 @@ def test_no_secret_leaves_the_process(tmp_path: Path, echo_server: str) -> None:
     leaked = [(name, secret) for name, secret in [*s.items(), ("basic", basic)]
               if any(secret in o for o in outputs) or any(secret.encode() in b for b in blobs)]
     assert leaked == []
+
+
+def test_the_store_masks_drill_targets_and_every_text_column(tmp_path: Path) -> None:
+    """A drill's run row (target, neighbours, prometheus_url) and free-text rows, straight into the store."""
+    import time
+
+    from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+    from vramlab.store import open_store
+
+    secret = "Dr1llSecretPw"
+    plan = {"target": {"base_url": f"http://op:{secret}@10.0.0.5:8000"}, "prometheus_url": f"https://p:{secret}@prom",
+            "neighbours": [{"name": "n", "url": f"http://n:{secret}@10.0.0.6/health"}]}
+    db = tmp_path / "d.db"
+    with open_store(str(db)) as store:
+        store.create_run(RunRecord(run_id="d0d0d0d0", kind="drill", name="x", plan=plan, started_at=time.time(),
+                                   target={"kind": "process", "base_url": plan["target"]["base_url"]}))
+        store.add_requests("d0d0d0d0", [RequestRecord(run_id="d0d0d0d0", round=1, phase="ramp", request_id="1",
+                                                      status_code=401, error=f"echo: Authorization: Basic {secret}9=")])
+        store.add_events("d0d0d0d0", [EventRecord(run_id="d0d0d0d0", t_s=1, kind="mitigation",
+                                                  message=f"restart via http://op:{secret}@10.0.0.5",
+                                                  data={"cmd": f"curl -H 'Cookie: s={secret}'"})])
+        store.add_samples("d0d0d0d0", [SampleRecord(run_id="d0d0d0d0", t_s=1, source="prometheus", name="up",
+                                                    value=1, labels={"instance": f"http://x:{secret}@h"})])
+        store.update_run("d0d0d0d0", notes=[f"neighbour http://n:{secret}@10.0.0.6 down"], status="completed")
+        assert store.get_run("d0d0d0d0").target["base_url"] == "http://***@10.0.0.5:8000"
+    assert not any(secret.encode() in p.read_bytes() for p in tmp_path.glob("d.db*"))

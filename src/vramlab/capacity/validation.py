@@ -122,6 +122,12 @@ def check_settings(settings: EngineSettings) -> EngineSettings:
         why = rule.check(value)
         if why:
             raise ConfigError(f"{FLAG_NAMES.get(key, '--' + key.replace('_', '-'))}: {why}")
+    dtype = getattr(settings, "dtype", None)
+    if dtype not in (None, "auto"):
+        from vramlab.capacity.spec import DTYPE_BYTES
+
+        if str(dtype).replace("torch.", "").lower() not in {k.lower() for k in DTYPE_BYTES} | {"half", "float"}:
+            raise ConfigError(f"--dtype: unknown dtype {dtype!r} (auto, bfloat16, float16/half, float32/float)")
     if settings.chunked_prefill_size == 0:
         raise ConfigError("--chunked-prefill-size: must be -1 (off) or positive, got 0")
     return settings

@@ -70,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"vramlab drill: interrupted; rollback done; partial run {runner.run_id} is in the store", file=sys.stderr)
         return 130
+    acct = runner.recorder.accounting()
+    if not acct.complete:  # no drill is reported as completed with fewer rows than it produced
+        print(f"vramlab drill: error: run {result.run_id} was not stored completely"
+              + (f" ({acct.failure})" if acct.failure else "") + f"; {acct.line()}", file=sys.stderr)
+        return 1
     ctx = load_context(store, result.run_id)
     out = args.output or f"incident-{result.run_id}.md"
     with open(out, "w") as fh:

@@ -98,7 +98,8 @@ class DrillRunner(Watchers):
     async def run(self) -> DrillResult:
         from vramlab.experiment.recorder import StoreRecorder
 
-        self.hook.add(StoreRecorder(self.store, flush_s=0.25))
+        self.recorder = StoreRecorder(self.store, flush_s=0.25)  # its accounting() says what was stored
+        self.hook.add(self.recorder)
         plan = self.plan
         steps = RampSteps(plan.ramp)
         values = steps.values

@@ -170,14 +170,17 @@ class StoreRecorder:
         assert run_id is not None
         for kind, add in (("requests", self.store.add_requests), ("samples", self.store.add_samples),
                           ("events", self.store.add_events)):
-            with self._lock:
-                batch = list(getattr(self, "_" + kind))
-            if not batch:
-                continue
-            n = add(run_id, batch)  # one transaction: all of the batch or none of it
-            with self._lock:
-                del getattr(self, "_" + kind)[:len(batch)]
-                self.written[kind] += n
+            while True:
+                # At most `batch` rows a transaction: a store that refuses fails fast on the first
+                # chunk, and what went in before is counted exactly.
+                with self._lock:
+                    batch = list(getattr(self, "_" + kind)[:self.batch])
+                if not batch:
+                    break
+                n = add(run_id, batch)  # one transaction: all of the chunk or none of it
+                with self._lock:
+                    del getattr(self, "_" + kind)[:len(batch)]
+                    self.written[kind] += n
         with self._lock:
             dirty, notes = self._notes_dirty, list(self.notes)
             self._notes_dirty = False

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -26,8 +27,11 @@ Api = Literal["openai-chat", "openai-completions"]
 _OOM_MARKERS = ("out of memory", "outofmemory", "cuda error: out of memory", "enginedeaderror")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RequestResult:
+    """One HTTP attempt, timed. Built once per request on the hot path: slots, not frozen (a frozen
+    dataclass's __init__ costs ~4x more); nobody changes one after the client returns it."""
+
     request_id: str
     attempt: int
     scheduled_at: float
@@ -102,6 +106,24 @@ def _classify_status(status: int, text: str) -> str:
 
 
 _CONTENT, _REASONING = 1, 2
+_USAGE_NUMBER = re.compile(rb'"(prompt_tokens|completion_tokens)":\s*(-?\d+)\s*[,}]')
+
+
+def _usage_only(payload: bytes) -> dict[bytes, int] | None:
+    """The usage chunk at a stream's end (``"choices":[]`` and a ``usage`` of plain integers), read
+    without parsing JSON: once per request. None when it is anything else (the caller parses)."""
+    if not (payload[:1] == b"{" and payload[-1:] == b"}") or b"\\" in payload or b'"error"' in payload:
+        return None
+    if payload.count(b'"usage"') != 1 or b'"usage":{' not in payload.replace(b'"usage": {', b'"usage":{'):
+        return None
+    if (b'"choices":[]' not in payload and b'"choices": []' not in payload) or b'"choices"' not in payload \
+            or payload.count(b'"choices"') != 1 or b"reasoning_tokens" in payload:
+        return None
+    found = {m.group(1): int(m.group(2)) for m in _USAGE_NUMBER.finditer(payload)}
+    for key in (b"prompt_tokens", b"completion_tokens"):
+        if payload.count(b'"' + key + b'"') != (1 if key in found else 0):
+            return None  # there, but not a plain integer: the full parse decides
+    return found
 _REASONING_KEYS = (b'"reasoning_content":', b'"reasoning":')
 
 
@@ -288,7 +310,11 @@ class OpenAIClient:
         pc = time.perf_counter
         event, key, times = self._event, self._piece_key, st.times
         buf = b""
-        async for chunk in resp.content.iter_any():
+        readany = resp.content.readany  # (not `async for ... iter_any()`: no iterator, no StopAsyncIteration)
+        while True:
+            chunk = await readany()
+            if not chunk:
+                break
             now = pc()
             if buf:
                 chunk, buf = buf + chunk, b""
@@ -336,6 +362,12 @@ class OpenAIClient:
             if payload == b"[DONE]":
                 st.done = True
                 return
+            if b'"usage"' in payload:
+                usage = _usage_only(payload)
+                if usage is not None:
+                    st.usage_out = usage.get(b"completion_tokens", st.usage_out)
+                    st.usage_in = usage.get(b"prompt_tokens", st.usage_in)
+                    continue
             self._parse(payload, now, st)
             if st.error is not None:
                 return

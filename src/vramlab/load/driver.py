@@ -39,7 +39,7 @@ class LoadShape:
     burstiness: float = 1.0
     seed: int = 0
     max_tokens: int | None = None  # overrides each prompt's own output length
-    error_backoff: bool = True  # closed loop: a user whose request failed waits (the plan's back-off)
+    error_backoff: bool = True  # closed loop: a user whose connection failed waits (the plan's back-off)
     think_s: float = 0.0  # closed loop: a user pauses this long after a successful request (a drill's think_time_s)
 
 
@@ -128,8 +128,8 @@ async def drive(
     sent = 0
     index, nshards = shard
 
-    async def one(rid: str, prompt: Prompt, scheduled: float) -> bool:
-        """Send, retrying as the policy says; True when the last attempt succeeded."""
+    async def one(rid: str, prompt: Prompt, scheduled: float) -> str | None:
+        """Send, retrying as the policy says; the last attempt's error class ("" when it succeeded)."""
         max_tokens = shape.max_tokens or prompt.output_tokens
         attempt = 0
         while True:
@@ -144,12 +144,12 @@ async def drive(
                 raise
             on_result(res)
             if stop.is_set() or not retry.should_retry(attempt, res.status_code, res.error_class):
-                return res.ok
+                return "" if res.ok else (res.error_class or f"http_{res.status_code}")
             delay = retry.delay_s(attempt, rng)
             if delay:
                 await asyncio.sleep(delay)
             if stop.is_set():
-                return False
+                return "cancelled"
             attempt += 1
 
     def spawn(coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -208,14 +208,15 @@ async def drive(
             counter[0] += 1
             rid = f"{id_prefix}{c * nshards + index}"
             lags.append((pc() - ready) * 1000)
-            ok = await one(rid, next(prompts), ready)
-            if not ok and shape.error_backoff and not stop.is_set():
-                # A user whose request failed waits before the next one (the plan's back-off),
-                # as a person would: resubmitting in microseconds after a refused connection
-                # is a retry storm the client made, not the server (#11).
+            failed = await one(rid, next(prompts), ready)
+            if failed == "connect" and shape.error_backoff and not stop.is_set():
+                # Nothing answered (refused, unreachable): the user waits before the next try (the
+                # plan's back-off), as a person would. Resubmitting in microseconds after a refused
+                # connection is a retry storm the client made, not the server (#11). A server's own
+                # answer (429, 5xx, an error event) paces the loop itself and is what a drill measures.
                 fails += 1
                 await asyncio.sleep(min(max(0.0, deadline - pc()), retry.user_backoff_s(fails, rng)))
-            elif ok:
+            elif not failed:
                 fails = 0
                 if shape.think_s > 0 and not stop.is_set():
                     await asyncio.sleep(min(max(0.0, deadline - pc()), shape.think_s))

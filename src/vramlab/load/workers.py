@@ -27,6 +27,7 @@ import os
 import pickle
 import queue
 import select
+import signal
 import struct
 import threading
 import time
@@ -46,7 +47,8 @@ from vramlab.load.retry import RetryPolicy
 STREAMS_PER_CORE = 1000
 REQUESTS_PER_S_PER_CORE = 3000.0
 BATCH_S = 0.1  # how often a worker ships its results to the parent
-START_LEAD_S = 0.05  # the schedule starts this long after the parent sends the window
+START_LEAD_S = 0.25  # the schedule starts this long after the parent sends the window (each worker
+# collects garbage and freezes what survives first, tens of ms on a busy machine: see drive())
 
 
 @dataclass(frozen=True)
@@ -150,10 +152,12 @@ class _Reader:
 
 # -- the worker process ---------------------------------------------------------------------------
 def _worker_main(index: int, count: int, conn: Any, cfg: ClientConfig) -> None:
-    try:
-        event_loop_runner()(_serve(index, count, conn, cfg))
-    except KeyboardInterrupt:  # the parent's Ctrl-C reaches the whole process group; the parent decides
-        pass
+    # Ctrl-C and SIGTERM reach the whole process group; the parent decides (it stops the window,
+    # and the worker records its in-flight requests as cancelled). A parent that is gone closes
+    # the command pipe, and the worker exits on that.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    event_loop_runner()(_serve(index, count, conn, cfg))
 
 
 async def _serve(index: int, count: int, conn: Any, cfg: ClientConfig) -> None:
@@ -397,7 +401,7 @@ class WorkerPool:
             while p.is_alive() and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
             if p.is_alive():
-                p.terminate()  # our own child, by its handle
+                p.kill()  # our own child, by its handle (it ignores SIGTERM: see _worker_main)
                 p.join(timeout=2)
         for cmd_w, res_r in self._conns:
             cmd_w.close()

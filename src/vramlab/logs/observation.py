@@ -96,6 +96,8 @@ def read_observations(path: str | Path) -> list[Observation]:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}): expected JSON lines of observations") from None
     out: list[Observation] = []
     for i, line in enumerate(text.splitlines(), start=1):
         s = line.strip()

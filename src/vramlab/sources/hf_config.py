@@ -14,6 +14,10 @@ from vramlab.capacity.spec import ModelSpec, QuantSpec
 from vramlab.capacity.validation import check_config_numbers
 from vramlab.errors import ConfigError
 
+# torch's dtype names a config.json may carry ("auto" too); anything else is a broken config.
+TORCH_DTYPE_NAMES = frozenset({"auto", "bfloat16", "float16", "half", "float32", "float", "float64", "double",
+                               "float8_e4m3fn", "float8_e5m2", "int8", "uint8"})
+
 # Families whose `sliding_window` applies to every layer when no per-layer pattern is given.
 _ALL_LAYERS_SLIDING = {"mistral", "starcoder2", "mixtral"}
 # Families where the field exists but is off unless `use_sliding_window` is true.
@@ -208,6 +212,9 @@ def spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str 
     head_dim = int(head_dim) if head_dim else hidden // heads
     vocab = _need(c, name, "vocab_size", "padded_vocab_size", "n_vocab")
     torch_dtype = str(_first(c, "torch_dtype", "dtype", default="bfloat16")).replace("torch.", "")
+    if torch_dtype not in TORCH_DTYPE_NAMES:  # transformers refuses it too: not "planned as bf16"
+        raise ConfigError(f"{name}: config.json torch_dtype {torch_dtype!r} is not a torch dtype "
+                          f"(expected one of {', '.join(sorted(TORCH_DTYPE_NAMES))})")
     if torch_dtype not in ("bfloat16", "float16", "float32"):
         torch_dtype = "bfloat16"
 
