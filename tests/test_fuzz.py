@@ -79,8 +79,6 @@ def mutated_configs(draw: st.DrawFn) -> dict[str, Any]:
     return base
 
 
-@pytest.mark.xfail(strict=False, reason="owned by i10-capacity (sources/hf_config.py: type and range checks of "
-                                        "config.json fields); e.g. sliding_window: [1] reaches int() as a TypeError")
 @FUZZ
 @given(mutated_configs())
 def test_fuzz_config_json(config: dict[str, Any]) -> None:
@@ -230,12 +228,17 @@ sse_events = st.one_of(
 
 
 class _FakeContent:
+    """aiohttp's StreamReader as the client uses it: readany() (b"" at the end) and iter_any()."""
+
     def __init__(self, chunks: list[bytes]) -> None:
-        self.chunks = chunks
+        self.chunks = list(chunks)
+
+    async def readany(self) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
 
     async def iter_any(self):  # noqa: ANN201
-        for c in self.chunks:
-            yield c
+        while self.chunks:
+            yield self.chunks.pop(0)
 
 
 class _FakeResp:

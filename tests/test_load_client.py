@@ -252,3 +252,29 @@ def test_cancelling_an_open_loop_window_stops_its_sending_loop_too() -> None:
     before, after = asyncio.run(go())
     assert before > 0 and after == before
     assert all(r.ok or r.error_class == "cancelled" for r in out), {r.error_class for r in out}
+
+
+def test_an_endless_sse_line_ends_the_stream_instead_of_growing_the_buffer() -> None:
+    """A server that streams bytes and never the blank line that ends an event: the client stops
+    at MAX_EVENT_BYTES with a broken-stream error, holding at most that much."""
+    import asyncio
+
+    from vramlab.load.client import MAX_EVENT_BYTES, OpenAIClient, _Stream
+
+    sent = [0]
+
+    class Endless:
+        async def readany(self) -> bytes:
+            sent[0] += 1
+            if sent[0] > 4 * MAX_EVENT_BYTES // 65536:
+                raise AssertionError("the client kept reading past the cap")
+            return b"data: " + b"x" * 65530 if sent[0] == 1 else b"x" * 65536
+
+    class Resp:
+        content = Endless()
+
+    st = _Stream()
+    client = OpenAIClient("http://127.0.0.1:1", "m", "openai-chat")  # type: ignore[arg-type]
+    asyncio.run(client._read_stream(Resp(), st))
+    assert st.done and st.error is not None and "blank line" in st.error
+    assert sent[0] <= MAX_EVENT_BYTES // 65536 + 2

@@ -213,6 +213,8 @@ def test_a_killed_run_shows_as_died(tmp_path: Path, stub: str) -> None:
     rows = json.loads(subprocess.run([*VRAMLAB, "runs", "--json", "--db", str(db)], capture_output=True,
                                      text=True).stdout)
     assert rows[0]["stored_status"] == "running" and rows[0]["status"] == "died"
+    # killed inside a 60 s window: what was answered up to about half a second before is stored
+    assert _count(db, rows[0]["id"]) > 0
     table = subprocess.run([*VRAMLAB, "runs", "--db", str(db)], capture_output=True, text=True).stdout
     assert f"{rows[0]['id']}  run   died" in table
 

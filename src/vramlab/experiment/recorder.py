@@ -75,6 +75,16 @@ class StoreRecorder:
 
     # -- the event side (the event loop's thread: appends only, never waits on the store) ---------
     def __call__(self, ev: Event) -> None:
+        if ev.kind == "request" and self.run_id is not None:
+            # The hot path: thousands a second. list.append is atomic, and the writer only ever
+            # removes a prefix it copied, so no lock is needed; only this thread counts `received`.
+            requests = self._requests
+            requests.append(ev.payload)
+            self.received["requests"] += 1
+            if len(requests) >= self.batch and not self._wake.is_set():
+                self._idle.clear()
+                self._wake.set()
+            return
         if ev.kind == "run_start":
             run: RunRecord = ev.payload
             self.notes = list(run.notes)

@@ -26,6 +26,10 @@ from vramlab.load.prompts import Prompt
 Api = Literal["openai-chat", "openai-completions"]
 _OOM_MARKERS = ("out of memory", "outofmemory", "cuda error: out of memory", "enginedeaderror")
 
+# One SSE event larger than this (a server that never sends the blank line) ends the stream as broken:
+# the client must not buffer an endless line.
+MAX_EVENT_BYTES = 1 << 20
+
 
 @dataclass(slots=True)
 class RequestResult:
@@ -333,6 +337,10 @@ class OpenAIClient:
                 chunk = chunk.replace(b"\r\n", b"\n")
             if b"\n\n" not in chunk:
                 buf = chunk
+                if len(buf) > MAX_EVENT_BYTES:
+                    st.error = f"an SSE event grew past {MAX_EVENT_BYTES >> 20} MiB without its blank line"
+                    st.done = True
+                    return
                 continue
             *events, buf = chunk.split(b"\n\n")
             for ev in events:

@@ -184,9 +184,23 @@ def _compressed_tensors(q: dict[str, Any], unq: str) -> QuantSpec:
 
 
 def spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str | None = None) -> ModelSpec:
-    """A `ModelSpec` from a config.json dict; a missing essential field raises ConfigError naming it."""
+    """A `ModelSpec` from a config.json dict; a missing essential field raises ConfigError naming it.
+
+    config.json is outside input: a field of a shape no real config has (a list where a number
+    goes, a string for a mapping) that the named checks did not catch is still bad input, said in
+    one line, never an internal error (tests/test_fuzz.py mutates real configs to find them)."""
     if not isinstance(config, dict):
         raise ConfigError(f"{name}: config is not a JSON object")
+    try:
+        return _spec_from_config(config, name, source, hf_id)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, ZeroDivisionError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{name}: config.json has a field of the wrong type or value "
+                          f"({type(exc).__name__}: {str(exc)[:160]})") from None
+
+
+def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str | None) -> ModelSpec:
     c = _merged(config)
     check_config_numbers(c, name)
     archs = c.get("architectures") or [""]
