@@ -306,8 +306,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{client_cpu}" if client_cpu is not None else f"endpoint: {ep.kind} ({ep.version}); NOT pinned "
             "(fewer than 2 CPUs)",
             f"machine: {os.cpu_count()} CPUs ({_cpu_model()}); load average {' '.join(f'{x:.2f}' for x in load_start)}"
-            f" at the start, {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end (above the CPU count: "
-            "the machine was shared and busy, and every figure below is noisier for it)",
+            f" at the start, {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end" + (
+                " (above the CPU count: the machine was shared and busy, and every figure below is noisier for it)"
+                if max(load_start[0], os.getloadavg()[0]) > (os.cpu_count() or 1) else " (below the CPU count: quiet)"),
             f"python {platform.python_version()}, {os.cpu_count()} CPUs; median of {a.reps} interleaved reps, "
             f"{a.warmup_s:g} s warm-up + {a.measure_s:g} s measured each",
             f"rate: closed loop, {a.conc} workers, 1-token SSE answer; req/s/core = completed / client CPU-s",
