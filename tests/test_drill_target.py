@@ -13,7 +13,7 @@ import yaml
 
 from vramlab.drill.local_targets import ProcessTarget
 from vramlab.drill.plan import parse_plan
-from vramlab.drill.ramp import RampSpec, ramp_values
+from vramlab.drill.ramp import RampSpec, RampSteps, ramp_values
 from vramlab.drill.target import (
     OVERRIDE_FLAG,
     CommandTarget,
@@ -24,6 +24,7 @@ from vramlab.drill.target import (
     run_command,
 )
 from vramlab.errors import ConfigError, VramlabError
+from vramlab.experiment.steps import StepOutcome
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -148,6 +149,17 @@ def test_cli_refuses_non_test_target_in_one_line_and_touches_nothing(tmp_path):
     assert res.stderr.count("\n") == 1
     assert OVERRIDE_FLAG in res.stderr and "staging" in res.stderr
     assert not db.exists()  # refused before the store (or the target) was touched
+
+
+def test_ramp_steps_walk_the_ramp_as_the_runner_walks_its_steps():
+    """RampSteps is the drill's StepStrategy: first() then next(outcome of 1-based step i) up to the ceiling."""
+    steps = RampSteps(RampSpec(knob="concurrency", start=2, factor=3, ceiling=20))
+    seen, v, i = [], steps.first(), 0
+    while v is not None:
+        seen.append(v)
+        i += 1
+        v = steps.next(StepOutcome(i, v, 10, 0, None, None))
+    assert seen == [2, 6, 18, 20]
 
 
 def test_ramp_values_geometric_linear_and_ceiling():

@@ -1,7 +1,9 @@
 """Ramp strategies: which knob a drill turns, and the values it steps through up to a ceiling.
 
-Pure: a ramp is a list of step values; applying a value to load settings or to a co-tenant
-happens in the runner glue.
+Pure: a ramp is a list of step values, walked by ``RampSteps``, a step strategy of the experiment
+runner's kind (``experiment.steps.StepStrategy``); applying a value to load settings or to a
+co-tenant happens in the runner glue. Ending the ramp on a failure is the runner's decision, as a
+stop condition is the experiment runner's.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
+
+from vramlab.experiment.steps import FixedSteps
 
 Knob = Literal["context", "concurrency", "batch", "coloaded_model", "balloon"]
 
@@ -74,9 +78,16 @@ def ramp_values(spec: RampSpec) -> list[float]:
     return out
 
 
+class RampSteps(FixedSteps):
+    """The drill's step strategy: the ramp's values in order, the ceiling last."""
+
+    def __init__(self, spec: RampSpec) -> None:
+        super().__init__(ramp_values(spec))
+
+
 def _integral(spec: RampSpec) -> bool:
     # Tokens, requests and models are whole; balloon GiB may be fractional.
     return spec.knob != "balloon"
 
 
-__all__ = ["KNOB_UNITS", "MAX_STEPS", "Knob", "RampSpec", "ramp_values"]
+__all__ = ["KNOB_UNITS", "MAX_STEPS", "Knob", "RampSpec", "RampSteps", "ramp_values"]

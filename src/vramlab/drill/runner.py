@@ -22,12 +22,14 @@ from vramlab.drill.detect import Detector, Finding
 from vramlab.drill.herd import HerdMonitor
 from vramlab.drill.local_targets import SimTarget, open_target
 from vramlab.drill.plan import DrillPlan
-from vramlab.drill.ramp import ramp_values
+from vramlab.drill.ramp import RampSteps
 from vramlab.drill.recovery import LiveState, recover
 from vramlab.drill.target import check_environment
 from vramlab.drill.watch import Watchers
 from vramlab.experiment.events import Event, EventHook
-from vramlab.records import RequestRecord, RunRecord, canonical_sha256, new_run_id
+from vramlab.experiment.steps import StepOutcome, StepStrategy
+from vramlab.experiment.window import Lane, WindowExecutor, request_record
+from vramlab.records import RunRecord, canonical_sha256, new_run_id
 from vramlab.records.store import Store
 
 
@@ -67,6 +69,8 @@ class DrillRunner(Watchers):
         self._last_log_event: dict[str, float] = {}
         self._ceiling_value: float | None = None
         self._coloc: Any = None
+        self._step_counts = [0, 0]  # requests, errors of the running ramp step (its StepOutcome)
+        self.windows = WindowExecutor()  # the experiment runner's window executor, on this round's client
         self._unrecovered: list[int] = []
         self.health_path = plan.target.health_path  # replaced by what answered at bring-up (discover_health)
         self.load_time_s: float | None = None  # the first start's measured load time (start -> health 200)
@@ -97,7 +101,8 @@ class DrillRunner(Watchers):
         self.recorder = StoreRecorder(self.store, flush_s=0.25)  # its accounting() says what was stored
         self.hook.add(self.recorder)
         plan = self.plan
-        values = ramp_values(plan.ramp)
+        steps = RampSteps(plan.ramp)
+        values = steps.values
         self._t0 = time.perf_counter()  # t_s = 0 is started_at: `vramlab note` stamps its notes the same way
         run = RunRecord(
             run_id=self.run_id, kind="drill", name=plan.name, plan=plan.model_dump(mode="json", by_alias=True),
@@ -120,7 +125,7 @@ class DrillRunner(Watchers):
             await self._bring_up()
             for r in range(plan.rounds):
                 self._round = r
-                if await self._one_round(values):
+                if await self._one_round(steps):
                     failed_rounds.append(r)
                 if self.detector.stopped is not None and self.detector.stopped.kind == "wall_clock":
                     status, reason = "stopped", self.detector.stopped.message
@@ -204,11 +209,11 @@ class DrillRunner(Watchers):
             return 2 * self.load_time_s + rec.liveness_grace_s
         return max(30.0, rec.liveness_grace_s)
 
-    async def _one_round(self, values: list[float]) -> bool:
+    async def _one_round(self, steps: RampSteps) -> bool:
         """One baseline, ramp, recovery cycle; True when the target failed in it."""
         from vramlab.load.client import OpenAIClient
 
-        plan = self.plan
+        plan, values = self.plan, steps.values
         self._ceiling_value = None
         self.state = LiveState()
         self.detector = Detector(plan.stop, engine=self._engine())
@@ -216,13 +221,14 @@ class DrillRunner(Watchers):
         conns = max(64, int(max(values)) + 8 if plan.ramp.knob in ("concurrency", "batch") else 64)
         async with OpenAIClient(self.target.url, served, api="openai-completions", max_connections=conns,
                                 timeout_s=plan.load.request_timeout_s) as client:
+            self.windows.use(client)
             watchers = [asyncio.ensure_future(c) for c in self._watchers()]
             try:
                 self._phase, self._step = "baseline", None
                 self.emit("phase_start", "baseline", phase="baseline")
-                await self._window(client, None, plan.baseline_s, 0)
+                await self._window(None, plan.baseline_s, 0)
                 self.emit("phase_end", "baseline")
-                failure = await self._ramp(client, values)
+                failure = await self._ramp(steps)
                 if failure is not None and failure.kind == "wall_clock":
                     return False  # not a failure of the target; run() ends the drill as stopped
                 if failure is None:
@@ -230,18 +236,21 @@ class DrillRunner(Watchers):
                     why = "" if self._ceiling_value is None else " (the card was full: the co-tenant could not grow)"
                     self.emit("ceiling", f"no OOM up to {top:g} {plan.ramp.unit}{why}", value=top, unit=plan.ramp.unit)
                     return False
-                await self._recover(client, failure, values)
+                await self._recover(failure, values)
                 return True
             finally:
                 for w in watchers:
                     w.cancel()
                 await asyncio.gather(*watchers, return_exceptions=True)
 
-    async def _ramp(self, client: Any, values: list[float]) -> Finding | None:
+    async def _ramp(self, steps: StepStrategy) -> Finding | None:
+        """Step through the strategy's values until the target fails (or the drill's clock runs out)."""
         plan = self.plan
         self._phase = "ramp"
-        for i, v in enumerate(values):
+        i, v, last = 0, steps.first(), None
+        while v is not None:
             self._step = i
+            self._step_counts = [0, 0]
             self._step_started_s = self.now()
             self.emit("step", f"{plan.ramp.knob} = {v:g} {plan.ramp.unit}", step=i, value=v, knob=plan.ramp.knob)
             try:
@@ -249,14 +258,14 @@ class DrillRunner(Watchers):
             except CotenantOutOfMemory as exc:
                 # the co-tenant, not the target, ran out: the card is full and the target held its memory
                 self.emit("cotenant_oom", f"the co-tenant could not grow to {v:g} {plan.ramp.unit}: {exc}", value=v)
-                self._ceiling_value = values[i - 1] if i else None
+                self._ceiling_value = last
                 return None
-            task = asyncio.ensure_future(self._window(client, v, plan.ramp.step_s, i))
+            task = asyncio.ensure_future(self._window(v, plan.ramp.step_s, i))
             try:
                 while not task.done():
                     failure = self.detector.failure()
                     if failure is not None:
-                        self._on_failure(failure, i, v, values[i - 1] if i else None)
+                        self._on_failure(failure, i, v, last)
                         return failure  # the recovery phase's load takes over from here (or the run ends)
                     await asyncio.sleep(0.02)
                 await task
@@ -268,8 +277,10 @@ class DrillRunner(Watchers):
                         await task
             failure = self.detector.failure()
             if failure is not None:
-                self._on_failure(failure, i, v, values[i - 1] if i else None)
+                self._on_failure(failure, i, v, last)
                 return failure
+            i, last = i + 1, v
+            v = steps.next(StepOutcome(i, v, self._step_counts[0], self._step_counts[1], None, None))
         return None
 
     def _on_failure(self, f: Finding, step: int, value: float, last_safe: float | None) -> None:
@@ -292,7 +303,7 @@ class DrillRunner(Watchers):
                   t0_s=t0 if t0 is not None else f.t_s, last_safe_value=last_safe, mode=self.detector.failure_mode(),
                   evidence=self.detector.evidence(), signature=self.detector.signature())
 
-    async def _recover(self, client: Any, failure: Finding, values: list[float]) -> None:
+    async def _recover(self, failure: Finding, values: list[float]) -> None:
         plan = self.plan
         self._phase = "recovery"
         step = self._step or 0
@@ -302,7 +313,7 @@ class DrillRunner(Watchers):
         if plan.recovery.undo_ramp:
             await self._apply(None)
             self.emit("ramp_undone", "load back to the baseline", value=None)
-        load = asyncio.ensure_future(self._window(client, value, plan.recovery.limit_s + plan.recovery.observe_s + 5, step))
+        load = asyncio.ensure_future(self._window(value, plan.recovery.limit_s + plan.recovery.observe_s + 5, step))
         try:
             out = await recover(plan.recovery, self.target, self.state, self.now, self.emit,
                                 operator_notes=self._notes_since,
@@ -353,9 +364,9 @@ class DrillRunner(Watchers):
                     self._coloc.report_coloaded(self._coloaded, time.monotonic() - t)
 
     # -- load -------------------------------------------------------------------------------
-    async def _window(self, client: Any, value: float | None, duration_s: float, step: int) -> None:
-        from vramlab.load.driver import LoadShape, Window, drive
-        from vramlab.load.prompts import cycle, synthetic_prompts
+    async def _window(self, value: float | None, duration_s: float, step: int) -> None:
+        from vramlab.load.driver import LoadShape, Window
+        from vramlab.load.prompts import synthetic_prompts
         from vramlab.load.retry import RetryPolicy
 
         plan, knob = self.plan, self.plan.ramp.knob
@@ -373,33 +384,28 @@ class DrillRunner(Watchers):
             return lambda res: record(res, user)
 
         tag = "b" if phase == "baseline" else ("r" if phase == "recovery" else "s")
-        drives = [drive(client, cycle(prompts), LoadShape(mode="closed", concurrency=1, max_tokens=plan.load.max_tokens,
-                                                          seed=u, think_s=plan.load.think_time_s), window, recorder_for(u), retry,
-                        id_prefix=f"u{u}:{rnd}{tag}{step}-") for u in range(users)]
+        # one lane per closed-loop user (each its own seed and request ids), all in one window
+        lanes = [Lane(prompts, LoadShape(mode="closed", concurrency=1, max_tokens=plan.load.max_tokens, seed=u,
+                                         think_s=plan.load.think_time_s), window, recorder_for(u), f"u{u}:{rnd}{tag}{step}-")
+                 for u in range(users)]
         if knob == "batch" and value and phase == "ramp":
             # a burst of `value` simultaneous requests at the start of the step, on top of the steady users
             burst = Window(requests=int(value), max_s=duration_s, drain_s=window.drain_s)
-            drives.append(drive(client, cycle(prompts), LoadShape(mode="closed", concurrency=int(value),
-                                max_tokens=plan.load.max_tokens), burst, lambda r: record(r, 10_000), retry,
-                                id_prefix=f"burst:{rnd}{step}-"))
-        await asyncio.gather(*drives)
+            lanes.append(Lane(prompts, LoadShape(mode="closed", concurrency=int(value), max_tokens=plan.load.max_tokens),
+                              burst, recorder_for(10_000), f"burst:{rnd}{step}-"))
+        await self.windows.run(lanes, retry)
 
     def _on_result(self, res: Any, phase: str, rnd: int, step: int, value: float | None, user: int) -> None:
-        t0 = self._t0
-        rec = RequestRecord(
-            run_id=self.run_id, round=rnd, phase=phase if phase in ("baseline", "recovery") else "ramp",  # type: ignore[arg-type]
-            step=step, step_value=value, request_id=res.request_id, attempt=res.attempt,
-            scheduled_s=res.scheduled_at - t0, sent_s=res.sent_at - t0, end_s=res.end_at - t0,
-            first_token_s=None if res.first_token_at is None else res.first_token_at - t0,
-            ttft_ms=res.ttft_ms, tpot_ms=res.tpot_ms, e2e_ms=res.e2e_ms, e2e_from_scheduled_ms=res.e2e_from_scheduled_ms,
-            ttft_from_scheduled_ms=res.ttft_from_scheduled_ms, dispatch_lag_ms=res.dispatch_lag_ms,
-            itl_ms=res.itl_ms, prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens,
-            status_code=res.status_code, error_class=res.error_class, error=res.error,
-        )
+        # the detector reads how long a failed request took (a timeout), so failures keep their latency
+        rec = request_record(res, self.run_id, self._t0, rnd, phase if phase in ("baseline", "recovery") else "ramp",
+                             step, value, failed_latency=True)
         self.emit("request", payload=rec)
         end = rec.end_s or self.now()
         if res.error_class == "cancelled":
             return
+        if phase == "ramp":
+            self._step_counts[0] += 1
+            self._step_counts[1] += not rec.ok
         if rec.ok:
             self.state.last_success_s = end
         self.detector.on_result(end, rec.ok, rec.status_code, rec.error_class, rec.error, rec.e2e_from_scheduled_ms)

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import dataclasses
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from vramlab.experiment.plan import Plan
 from vramlab.experiment.rollback import RollbackResult, run_rollbacks
 from vramlab.experiment.steps import FixedSteps, StepOutcome, StepStrategy
 from vramlab.experiment.stop import StopMonitor, StopReason
+from vramlab.experiment.window import Lane, WindowExecutor, request_record
 from vramlab.experiment.wiring import (
     max_connections,
     prompts_for,
@@ -34,10 +34,9 @@ from vramlab.experiment.wiring import (
     window_for,
 )
 from vramlab.load.client import OpenAIClient, RequestResult
-from vramlab.load.driver import WindowOutcome, drive
-from vramlab.load.prompts import Prompt, cycle
+from vramlab.load.prompts import Prompt
 from vramlab.observe.base import Sample, Sampler, SamplerSet
-from vramlab.records import RequestRecord, RunRecord, SampleRecord, canonical_sha256, new_run_id
+from vramlab.records import RunRecord, SampleRecord, canonical_sha256, new_run_id
 
 EXIT_CODES = {"completed": 0, "failed": 1, "stopped": 3, "interrupted": 130}
 _SOURCES = {"gpu", "ledger", "engine", "prometheus", "host", "health"}
@@ -73,17 +72,6 @@ class RunResult:
         return EXIT_CODES[self.status]
 
 
-def _request_record(**fields: Any) -> RequestRecord:
-    """A RequestRecord through pydantic's public validator. This is the hot path (thousands a
-    second): every field is given (the assert), and pydantic-core validates a record in ~10 us,
-    faster than `model_construct`; nothing writes pydantic's private attributes."""
-    assert fields.keys() == _REQUEST_FIELDS, fields.keys() ^ _REQUEST_FIELDS
-    return RequestRecord.model_validate(fields)
-
-
-_REQUEST_FIELDS = set(RequestRecord.model_fields)
-
-
 class _Stopped(Exception):
     pass
 
@@ -117,11 +105,10 @@ class Runner:
         self.notes: list[str] = []
         self.t0 = time.perf_counter()
         self._where: tuple[int | None, str | None, int | None] = (None, None, None)
-        self._window_task: asyncio.Future[Any] | None = None
+        self.windows = WindowExecutor()  # runs each window; the drill's runner uses the same executor
         self._prompts: dict[float, list[Prompt]] = {}
         self._client: OpenAIClient | None = None
         self._pool: Any = None  # a WorkerPool when the load runs in several processes
-        self._stop_flag: asyncio.Event | None = None  # the running window's: fire_stop sets it
         self.workers = 1
         self._totals = [0, 0]
         self._abort: str | None = None
@@ -168,6 +155,7 @@ class Runner:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 await self._open_load(stack)
+                self.windows.use(self._client, self._pool, self.workers)
                 await samplers.start()
                 ticker = asyncio.ensure_future(self._tick())
                 await self._rounds()
@@ -285,35 +273,18 @@ class Runner:
         def on_result(res: RequestResult) -> None:
             self._on_request(res, stats)
 
-        window = window_for(plan, self.monitor.wall_clock_s - self.now())
-        flag = self._stop_flag = asyncio.Event()
-        id_prefix = f"{rnd}{phase[0]}{step}-"
-        if self._pool is not None:
-            coro = self._pool.drive(self._prompts[value], shape, window, on_result, retry_for(plan), id_prefix,
-                                    stop=flag, prompts_key=value)
-        else:
-            assert self._client is not None
-            coro = drive(self._client, cycle(self._prompts[value]), shape, window, on_result, retry_for(plan),
-                         id_prefix=id_prefix, stop=flag)
-        task = asyncio.ensure_future(coro)
-        self._window_task = task
+        lane = Lane(self._prompts[value], shape, window_for(plan, self.monitor.wall_clock_s - self.now()), on_result,
+                    f"{rnd}{phase[0]}{step}-")
         try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError:
-            task.cancel()  # Ctrl-C: cancel the window so its in-flight requests are recorded
-            await asyncio.gather(task, return_exceptions=True)
-            raise
+            outcome = await self.windows.run([lane], retry_for(plan), prompts_key=value)
         finally:
-            self._window_task = None
-            self._stop_flag = None
             self._flush_records(stats)
         if self._abort is not None:
             raise _Stopped  # not even a ramp goes on once the run cannot be stored
         lag_p99, lag = None, []
-        if not task.cancelled():
-            outcome = task.result()  # a bug in the driver surfaces here as a failed run
+        if outcome is not None:
             lag_p99 = outcome.lag_p99_ms
-            lag = self._client_lag(outcome)
+            lag = self.windows.client_lag(outcome, plan.load.lag_warn_ms)
         saturated = [w for w in lag if w["saturated"]]
         p50, p95 = stats.p(0.5), stats.p(0.95)
         self.emit("phase_end", f"round {rnd}/{self.rounds} {phase}" + (f" step {step}" if step else "")
@@ -332,19 +303,6 @@ class Runner:
                       {"dispatch_lag_p99_ms": w["dispatch_lag_p99_ms"], "loop_lag_p99_ms": w["loop_lag_p99_ms"],
                        "worker": w["worker"], "pid": w["pid"], "client_saturated": True})
         return StepOutcome(step, value, stats.requests, stats.errors, p95, self.stop)
-
-    def _client_lag(self, outcome: WindowOutcome) -> list[dict[str, Any]]:
-        """The load generator's self-check, per worker: did it keep up with its schedule and its tokens?"""
-        warn = self.plan.load.lag_warn_ms
-        if self._pool is not None:
-            views = [(f"load worker {r.worker} of {self.workers} (pid {r.pid})", r.worker, r.pid, r.outcome)
-                     for r in self._pool.reports]
-        else:
-            views = [(f"the load client (pid {os.getpid()})", 0, os.getpid(), outcome)]
-        return [{"name": name, "worker": idx, "pid": pid, "dispatch_lag_p99_ms": round(o.lag_p99_ms, 3),
-                 "loop_lag_p99_ms": round(o.loop_lag_p99_ms, 3), "loop_lag_max_ms": round(o.loop_lag_max_ms, 3),
-                 "saturated": o.lag_p99_ms > warn or o.loop_lag_p99_ms > warn}
-                for name, idx, pid, o in views]
 
     # -- inputs from the load and the samplers --------------------------------------------------
     # A window's results become records in small bursts: every RECORD_EVERY_S (so a crash or SIGKILL
@@ -382,18 +340,7 @@ class Runner:
         rnd, phase, step, value = stats.where
         t0, run_id, fire = self.t0, self.run_id, self.hook.fire
         for res in results:
-            ok = res.ok
-            rec = _request_record(
-                run_id=run_id, round=rnd, phase=phase, step=step, step_value=value,
-                request_id=res.request_id, attempt=res.attempt, scheduled_s=res.scheduled_at - t0,
-                sent_s=res.sent_at - t0,
-                first_token_s=None if res.first_token_at is None else res.first_token_at - t0,
-                end_s=res.end_at - t0, ttft_ms=res.ttft_ms, tpot_ms=res.tpot_ms,
-                e2e_ms=res.e2e_ms if ok else None, e2e_from_scheduled_ms=res.e2e_from_scheduled_ms if ok else None,
-                ttft_from_scheduled_ms=res.ttft_from_scheduled_ms, dispatch_lag_ms=res.dispatch_lag_ms,
-                itl_ms=res.itl_ms, prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens,
-                output_tokens_source=res.output_tokens_source, reasoning_tokens=res.reasoning_tokens,
-                status_code=res.status_code, error_class=res.error_class, error=res.error)
+            rec = request_record(res, run_id, t0, rnd, phase, step, value)
             fire(Event("request", rec.end_s or 0.0, rnd, phase, step, payload=rec))
 
     def _on_samples(self, samples: list[Sample]) -> None:
@@ -421,8 +368,7 @@ class Runner:
             # The server's own words for the 4xx behind the error rate: console, run row, every report.
             reason = dataclasses.replace(reason, message=f"{reason.message}; the server said: {self._last_4xx}")
         self.stop = reason
-        if self._stop_flag is not None:
-            self._stop_flag.set()  # every loop, in every worker, sends nothing more from here on
+        self.windows.stop()  # every loop, in every worker, sends nothing more from here on
         self.emit("stop_condition", reason.message,
                   {"condition": reason.condition, "value": reason.value, "threshold": reason.threshold})
 
@@ -433,8 +379,7 @@ class Runner:
             return
         self._abort = reason
         self.emit("error", reason)
-        if self._window_task is not None:
-            self._window_task.cancel()
+        self.windows.cancel()
 
     async def _tick(self) -> None:
         # Sample-based and wall-clock conditions between requests: a hung target sends no results.
