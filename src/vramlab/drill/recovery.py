@@ -73,6 +73,13 @@ async def recover(
     polled = -1e9
     while now() < deadline:
         if state.serving():
+            if spec.mode == "manual" and operator_notes is not None and notes_seen == 0:
+                # The operator's note and the target coming back can fall between two polls: a note
+                # recorded before it served again is still the mitigation that brought it back.
+                notes = await asyncio.to_thread(operator_notes, start)
+                if notes:
+                    emit("mitigation", f"operator: {notes[0]}", action="operator", by="operator")
+                    mitigations += 1
             return RecoveryOutcome(True, state.last_success_s, mitigations, "serving again")
         t = now()
         if spec.mode == "auto" and supervised_by_drill:
