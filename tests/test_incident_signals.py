@@ -193,3 +193,16 @@ def test_not_recovered_summary_names_the_clock_that_never_came_back():
     assert "health still failing" in _not_recovered(Recovery(None, 2.0, None, False, None, True))
     latency = _not_recovered(Recovery(1.5, 2.0, None, False, None, True))
     assert latency.startswith("serving again after 2") and "P95" in latency
+
+
+def test_an_alert_firing_before_t0_keeps_its_sign_where_the_table_shows_it():
+    """The JSON's alerts[].since_t0_s is the same signed figure as the report's alert table: an alert
+    already firing before the failure is negative there (it was clamped to 0 before)."""
+    from vramlab.report.incident import since_t0
+
+    reqs, samples, events = _timeline()
+    events = [*events, _ev(9.5, "alert", name="KvHigh", state="firing", source="evaluated")]
+    inc = analyse(reqs, samples, events, p95_tolerance=0.5, window_s=1.0)
+    early = next(a for a in inc.alerts if a["name"] == "KvHigh")
+    assert math.isclose(early["since_t0_s"], -0.5)
+    assert since_t0(early["t_s"], inc.t0_s) == f"{early['since_t0_s']:+.2f}" == "-0.50"

@@ -143,7 +143,14 @@ class Incident:
 
 
 def _since(t: float | None, t0: float | None) -> float | None:
+    """A clock (time to detect, alert, mitigate, recover): from T0, never negative."""
     return None if t is None or t0 is None else max(0.0, t - t0)
+
+
+def _signed(t: float | None, t0: float | None) -> float | None:
+    """Where an event sits against T0, with its sign (an alert already firing before T0 is negative),
+    as the report's timeline and alert table show it."""
+    return None if t is None or t0 is None else t - t0
 
 
 def _first(events: Sequence[EventRecord], *kinds: str, after: float = -math.inf, **data: Any) -> EventRecord | None:
@@ -203,7 +210,7 @@ def analyse(
     detected = _first(events, "detect", "stop_condition", after=t0 or -math.inf) if failed else None
     alerts: list[dict[str, Any]] = [
         {"name": e.data.get("name"), "state": e.data.get("state"), "t_s": float(e.t_s),
-         "source": e.data.get("source"), "since_t0_s": _since(e.t_s, t0)}
+         "source": e.data.get("source"), "since_t0_s": _signed(e.t_s, t0)}
         for e in events if e.kind == "alert"
     ]
     firing: list[float] = [a["t_s"] for a in alerts if a["state"] == "firing" and (t0 is None or a["t_s"] >= t0)]
@@ -231,7 +238,7 @@ def analyse(
     )
     neighbours = _neighbours(samples, baseline_start, treatment_start, t0, rec_end)
     storm = _storm(requests, samples, events, baseline_start, treatment_start, t0, mitigated, recovery, rec_end)
-    notes = [{"t_s": e.t_s, "since_t0_s": _since(e.t_s, t0), "text": e.message, **e.data}
+    notes = [{"t_s": e.t_s, "since_t0_s": _signed(e.t_s, t0), "text": e.message, **e.data}
              for e in events if e.kind == "note"]
     return Incident(
         round=round,
