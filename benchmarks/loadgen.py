@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import signal
 import statistics
 import subprocess
@@ -36,11 +35,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _nginx import find_nginx, pinned
+from _nginx import start as start_nginx
+
 HERE = Path(__file__).resolve().parent
 CHUNK = '{"id":"b","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"ok"}}]}'
 USAGE = '{"id":"b","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":1}}'
 SSE = f"data: {CHUNK}\\n\\ndata: {USAGE}\\n\\ndata: [DONE]\\n\\n"
-ECHO_MODULE = Path("/usr/lib/nginx/modules/ngx_http_echo_module.so")
 NAMES = {"vramlab": "vramlab (client + driver)", "locust": "locust FastHttpUser",
          "aiohttp": "plain asyncio + aiohttp", "aiohttp-uvloop": "plain aiohttp on uvloop"}
 
@@ -61,15 +62,7 @@ def _cpus() -> tuple[int | None, int | None]:
 
 
 def _pinned(cmd: list[str], cpu: int | None) -> list[str]:
-    return (["taskset", "-c", str(cpu)] + cmd) if cpu is not None and shutil.which("taskset") else cmd
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return pinned(cmd, [cpu] if cpu is not None else None)
 
 
 class Endpoint:
@@ -77,8 +70,8 @@ class Endpoint:
 
     def __init__(self, kind: str, hold_s: float, cpu: int | None, workdir: Path) -> None:
         self.hold_s, self.cpu, self.dir = hold_s, cpu, workdir
-        nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
-        self.kind = "nginx" if kind in ("auto", "nginx") and nginx and ECHO_MODULE.exists() else "stub"
+        nginx = find_nginx()
+        self.kind = "nginx" if kind in ("auto", "nginx") and nginx else "stub"
         if kind == "nginx" and self.kind != "nginx":
             raise SystemExit("loadgen: --server nginx, but nginx or its echo module is missing "
                              "(apt-get install -y nginx-light)")
@@ -93,27 +86,7 @@ class Endpoint:
         return self
 
     def _start_nginx(self) -> None:
-        port = _free_port()
-        (self.dir / "tmp").mkdir(exist_ok=True)
-        conf = self.dir / "nginx.conf"
-        user = "user root;\n" if os.geteuid() == 0 else ""
-        conf.write_text(f"""load_module {ECHO_MODULE};
-{user}daemon off;
-worker_processes 1;
-pid {self.dir}/nginx.pid;
-error_log {self.dir}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    client_body_temp_path {self.dir}/tmp/body;
-    proxy_temp_path {self.dir}/tmp/proxy;
-    fastcgi_temp_path {self.dir}/tmp/fastcgi;
-    uwsgi_temp_path {self.dir}/tmp/uwsgi;
-    scgi_temp_path {self.dir}/tmp/scgi;
-    keepalive_requests 100000000;
-    keepalive_timeout 75s;
-    server {{
-        listen 127.0.0.1:{port} backlog=4096;
+        self.proc, self.url, self.version = start_nginx(self._nginx or "nginx", self.dir, f"""\
         location = /v1/chat/completions {{
             default_type text/event-stream;
             return 200 '{SSE}';
@@ -123,15 +96,8 @@ http {{
             echo_read_request_body;
             echo_sleep {self.hold_s};
             echo -n '{SSE}';
-        }}
-    }}
-}}
-""")
-        out = subprocess.run([self._nginx or "nginx", "-v"], capture_output=True, text=True)
-        self.version = (out.stderr or out.stdout).strip().split(":")[-1].strip()
-        self.proc = subprocess.Popen(_pinned([self._nginx or "nginx", "-c", str(conf), "-p", str(self.dir)], self.cpu),
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-        self.url, self.hold_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/hold"
+        }}""", connections=4096, cpus=[self.cpu] if self.cpu is not None else None)
+        self.hold_url = self.url + "/hold"
         self._wait_up()
 
     def _start_stub(self) -> None:

@@ -50,8 +50,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _nginx import find_nginx, pinned
+from _nginx import start as start_nginx
+
 HERE = Path(__file__).resolve().parent
-ECHO_MODULE = Path("/usr/lib/nginx/modules/ngx_http_echo_module.so")
 CHUNK = ('{"id":"chatcmpl-b","object":"chat.completion.chunk","created":1700000000,"model":"bench",'
          '"choices":[{"index":0,"delta":{"content":" tok"},"logprobs":null,"finish_reason":null}]}')
 FINAL = ('{"id":"chatcmpl-b","object":"chat.completion.chunk","created":1700000000,"model":"bench",'
@@ -75,20 +77,6 @@ def _usage(tokens: int) -> str:
 def _cpus() -> tuple[list[int], int | None]:
     cpus = sorted(os.sched_getaffinity(0))
     return (cpus[:-1], cpus[-1]) if len(cpus) >= 2 else (cpus, None)
-
-
-def _pinned(cmd: list[str], cpus: list[int] | None) -> list[str]:
-    if not cpus or not shutil.which("taskset"):
-        return cmd
-    return ["taskset", "-c", ",".join(map(str, cpus))] + cmd
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -131,8 +119,8 @@ class Endpoint:
 
     def __init__(self, kind: str, a: argparse.Namespace, cpu: int | None, workdir: Path) -> None:
         self.a, self.cpu, self.dir = a, cpu, workdir
-        nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
-        self.kind = "nginx" if kind in ("auto", "nginx") and nginx and ECHO_MODULE.exists() else "stub"
+        nginx = find_nginx()
+        self.kind = "nginx" if kind in ("auto", "nginx") and nginx else "stub"
         if kind == "nginx" and self.kind != "nginx":
             raise SystemExit("tokens: --server nginx, but nginx or its echo module is missing "
                              "(apt-get install -y nginx-light libnginx-mod-http-echo)")
@@ -146,35 +134,13 @@ class Endpoint:
 
     def _start_nginx(self) -> None:
         a = self.a
-        port = _free_port()
-        (self.dir / "tmp").mkdir(exist_ok=True)
         sse = lambda s: s.replace("\\", "\\\\").replace("'", "\\'")  # noqa: E731
         steps = [f"echo_sleep {a.ttft_ms / 1000:.3f};", f"echo -n 'data: {sse(CHUNK)}\\n\\n';", "echo_flush;"]
         for _ in range(a.tokens - 1):
             steps += [f"echo_sleep {a.gap_ms / 1000:.3f};", f"echo -n 'data: {sse(CHUNK)}\\n\\n';", "echo_flush;"]
         steps += [f"echo -n 'data: {sse(FINAL)}\\n\\ndata: {sse(_usage(a.tokens))}\\n\\ndata: [DONE]\\n\\n';"]
         body = "\n            ".join(steps)
-        user = "user root;\n" if os.geteuid() == 0 else ""
-        conf = self.dir / "nginx.conf"
-        conf.write_text(f"""load_module {ECHO_MODULE};
-{user}daemon off;
-worker_processes 1;
-worker_rlimit_nofile 65536;
-pid {self.dir}/nginx.pid;
-error_log {self.dir}/error.log warn;
-events {{ worker_connections 16384; }}
-http {{
-    access_log off;
-    client_body_temp_path {self.dir}/tmp/body;
-    proxy_temp_path {self.dir}/tmp/proxy;
-    fastcgi_temp_path {self.dir}/tmp/fastcgi;
-    uwsgi_temp_path {self.dir}/tmp/uwsgi;
-    scgi_temp_path {self.dir}/tmp/scgi;
-    keepalive_requests 100000000;
-    keepalive_timeout 75s;
-    tcp_nodelay on;
-    server {{
-        listen 127.0.0.1:{port} backlog=16384;
+        self.proc, self.url, version = start_nginx(self._nginx or "nginx", self.dir, f"""\
         location ~ ^/v1/(chat/)?completions$ {{
             default_type text/event-stream;
             echo_read_request_body;
@@ -186,16 +152,8 @@ http {{
         location = /v1/models {{
             default_type application/json;
             return 200 '{{"object":"list","data":[{{"id":"bench","object":"model"}}]}}';
-        }}
-    }}
-}}
-""")
-        out = subprocess.run([self._nginx or "nginx", "-v"], capture_output=True, text=True)
-        self.version = (out.stderr or out.stdout).strip().split(":")[-1].strip() + " + echo module"
-        self.proc = subprocess.Popen(_pinned([self._nginx or "nginx", "-c", str(conf), "-p", str(self.dir)],
-                                             [self.cpu] if self.cpu is not None else None),
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-        self.url = f"http://127.0.0.1:{port}"
+        }}""", connections=16384, cpus=[self.cpu] if self.cpu is not None else None)
+        self.version = version + " + echo module"
         self._wait_up()
 
     def _start_stub(self) -> None:
@@ -209,7 +167,7 @@ http {{
                 "        print(json.dumps(s.url), flush=True)\n"
                 "        await asyncio.Event().wait()\n"
                 "asyncio.run(main())\n")
-        self.proc = subprocess.Popen(_pinned([sys.executable, "-c", code], [self.cpu] if self.cpu is not None else None),
+        self.proc = subprocess.Popen(pinned([sys.executable, "-c", code], [self.cpu] if self.cpu is not None else None),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         assert self.proc.stdout is not None
         self.url = json.loads(self.proc.stdout.readline())
@@ -474,7 +432,7 @@ def _aiperf(bin_: Path, cfg: dict[str, Any], cpus: list[int] | None, tmp: Path) 
     art = tmp / f"aiperf-{cfg['streams']}-{time.monotonic_ns()}"
     n = cfg["streams"]
     tok = _tokenizer_dir(bin_.parent / "python", tmp)
-    cmd = _pinned([str(bin_), "profile", "--model", "bench", "--url", cfg["url"], "--endpoint-type", "chat",
+    cmd = pinned([str(bin_), "profile", "--model", "bench", "--url", cfg["url"], "--endpoint-type", "chat",
                    "--streaming", "--concurrency", str(n), "--benchmark-duration",
                    str(cfg["warmup_s"] + cfg["measure_s"]), "--benchmark-grace-period", "5",
                    "--osl", str(cfg["tokens"]), "--isl", "8", "--tokenizer", str(tok),
@@ -521,7 +479,7 @@ def _guidellm(bin_: Path, cfg: dict[str, Any], cpus: list[int] | None, tmp: Path
                                                                             * cfg["gap_ms"]))
     data.write_text("".join(json.dumps({"prompt": f"hello {i}", "output_tokens_count": cfg["tokens"],
                                         "prompt_tokens_count": 8}) + "\n" for i in range(n * per_stream)))
-    cmd = _pinned([str(bin_), "run", "--backend", f"kind=openai_http,target={cfg['url']},model=bench",
+    cmd = pinned([str(bin_), "run", "--backend", f"kind=openai_http,target={cfg['url']},model=bench",
                    "--profile", f"kind=concurrent,streams={n}", "--data", f"kind=json_file,path={data}",
                    "--constraint", f"kind=max_duration,seconds={cfg['warmup_s'] + cfg['measure_s']}",
                    "--output", f"kind=json,path={out}", "--disable-console-interactive"], cpus)
@@ -567,14 +525,14 @@ def _run_tool(tool: str, n: int, ep: Endpoint, a: argparse.Namespace, client_cpu
             cfg["profile"] = str(tmp / f"profile-{n}.txt")
         cpus = one_core if workers == 1 else (sorted(os.sched_getaffinity(0)) if len(client_cpus) < workers
                                              else client_cpus[:workers])
-        proc = subprocess.run(_pinned([sys.executable, __file__, "--client", "vramlab", json.dumps(cfg)], cpus),
+        proc = subprocess.run(pinned([sys.executable, __file__, "--client", "vramlab", json.dumps(cfg)], cpus),
                               capture_output=True, text=True, timeout=a.warmup_s + a.measure_s + 120)
         res = _parse(proc, tool)
         res["cpus"] = ",".join(map(str, cpus or []))
         if "profile" in cfg and Path(cfg["profile"]).exists():
             res["profile"] = Path(cfg["profile"]).read_text()
     elif tool == "aiohttp-uvloop":
-        proc = subprocess.run(_pinned([sys.executable, __file__, "--client", "plain", json.dumps(cfg)], one_core),
+        proc = subprocess.run(pinned([sys.executable, __file__, "--client", "plain", json.dumps(cfg)], one_core),
                               capture_output=True, text=True, timeout=a.warmup_s + a.measure_s + 120)
         res = _parse(proc, tool)
     elif tool == "aiperf":
