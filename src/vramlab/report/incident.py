@@ -16,6 +16,18 @@ from typing import Any
 from vramlab.analysis.incident import Incident, analyse
 from vramlab.report import fmt
 from vramlab.report.blocks import Block, Bullets, Table, Text
+from vramlab.report.incident_text import (
+    OOM_MODES,
+    _base_mode,
+    _s,
+    _unit,
+    action_items,
+    alert_clock,
+    lessons,
+    recovery_text,
+    signal_value,
+    since_t0,
+)
 from vramlab.report.sections import ReportContext, Section, register
 
 EDIT = "_(derived from the data; operator: edit)_"
@@ -53,40 +65,6 @@ def incident_of(ctx: ReportContext) -> tuple[Incident, list[Incident]]:
     return out
 
 
-def _s(v: float | None) -> str:
-    return "–" if v is None else f"{v:.2f} s"
-
-
-def _unit(ctx: ReportContext) -> str:
-    return str((ctx.run.change or {}).get("unit", ""))
-
-
-def since_t0(t_s: float, t0: float | None) -> str:
-    """The one relative clock of the incident report (timeline, detection, alerts): signed seconds
-    from T0, the moment the fault step began."""
-    return "–" if t0 is None else f"{t_s - t0:+.2f}"
-
-
-def alert_clock(inc: Incident) -> str:
-    """Time to alert on the alert table's clock: an alert already firing before the fault step reads
-    negative there, so it is not shown as 0.00 s here."""
-    firing = next((a for a in inc.alerts if a.get("state") == "firing"), None)
-    if firing is not None and inc.t0_s is not None and firing["t_s"] < inc.t0_s:
-        return f"{firing['t_s'] - inc.t0_s:+.2f} s (already firing before the fault step)"
-    return _s(inc.time_to_alert_s)
-
-
-def signal_value(name: str, v: float | None) -> str:
-    """A signal's value in its own unit: shares and rates in %, latencies in ms, counts as counts."""
-    if v is None:
-        return "–"
-    if name.endswith(("_share", "_rate", "_perc")):
-        return fmt.pct(v)
-    if name.endswith("_ms"):
-        return f"{fmt.ms(v)} ms"
-    return fmt.num(round(v, 3))
-
-
 def refused_on_ramp(ctx: ReportContext) -> tuple[int, int, list[str]]:
     """(models the co-location ramp added, how many of them did not start, their outcomes), from the
     same outcomes the co-location table shows."""
@@ -99,25 +77,6 @@ def refused_on_ramp(ctx: ReportContext) -> tuple[int, int, list[str]]:
     seen = [o for o in added if o is not None]
     bad = [o for o in seen if o.outcome != "started"]
     return len(seen), len(bad), [f"{o.engine} {o.outcome}" for o in bad]
-
-
-def recovery_text(rec: Any) -> str:
-    """Recovery with every clock it is made of, so 'serving again' and 'recovered' never read as two
-    answers: time to recover is the latest of serving again, health 200 and P95 back."""
-    if not rec.recovered:
-        return _not_recovered(rec)
-    parts = [f"serving again +{rec.first_success_s:.2f} s" if rec.first_success_s is not None else None,
-             f"health 200 +{rec.health_ok_s:.2f} s" if rec.health_failed and rec.health_ok_s is not None else None,
-             f"P95 back +{rec.p95_ok_s:.2f} s" if rec.p95_ok_s is not None else None]
-    clocks = ", ".join(p for p in parts if p)
-    return f"recovered in {_s(rec.time_to_recover_s)} from T0" + (f" (the latest of: {clocks})" if clocks else "")
-
-
-OOM_MODES = ("crash_after_oom", "oom_no_exit", "oom_killed")
-
-
-def _base_mode(mode: str) -> str:
-    return mode.split("+")[0]
 
 
 def summary_line(ctx: ReportContext) -> str:
@@ -146,16 +105,6 @@ def summary_line(ctx: ReportContext) -> str:
         where = f"at {fmt.num(step.get('value'))} {unit} (last safe {fmt.num(inc.last_safe_value)})"
     return (f"{inc.failure_mode} {where}; detected {_s(inc.time_to_detect_s)} after T0; first abnormal signal "
             f"{first.name if first else '–'}; {inc.impact.failed} failed requests; {rec_txt}")
-
-
-def _not_recovered(rec: Any) -> str:
-    """Which of recovery's clocks never came back: serving, health, or latency back to baseline."""
-    if rec.first_success_s is None:
-        return "NOT recovered within the limit: no successful request after the failure"
-    if rec.health_failed and rec.health_ok_s is None:
-        return f"serving again after {_s(rec.first_success_s)} but health still failing: NOT recovered"
-    return (f"serving again after {_s(rec.first_success_s)}, but P95 latency not back to the baseline's "
-            "within the observation window: NOT recovered")
 
 
 def s_summary(ctx: ReportContext) -> list[Block]:
@@ -353,40 +302,6 @@ def s_storm(ctx: ReportContext) -> list[Block]:
     return out
 
 
-def lessons(inc: Incident) -> tuple[list[str], list[str], list[str]]:
-    well, wrong, lucky = [], [], []
-    if inc.failed:
-        if inc.time_to_detect_s is not None and inc.time_to_detect_s <= 5:
-            well.append(f"The failure was detected {inc.time_to_detect_s:.2f} s after T0 (its first evidence)")
-        if inc.signature:
-            well.append("The engine log carried a recognisable failure signature (the cause is observable)")
-        if inc.recovery.recovered:
-            well.append(f"Service {recovery_text(inc.recovery)}")
-        else:
-            wrong.append("The target did not serve again within the recovery limit")
-        if inc.time_to_alert_s is None:
-            wrong.append("No alert fired during the incident: users saw errors before any page")
-        if inc.impact.in_flight_lost:
-            wrong.append(f"{inc.impact.in_flight_lost} in-flight requests were lost at the failure")
-    for n in inc.neighbours:
-        (wrong if n.affected else well).append(
-            f"Neighbour {n.name} {'was' if n.affected else 'was not'} affected (blast radius)")
-    st = inc.retry_storm
-    if st.second_oom:
-        wrong.append("Recovery set off a second OOM")
-    if st.storm:
-        wrong.append(f"Recovery drew {st.amplification or 0:.1f}× the baseline's offered rate, "
-                     f"{st.attempts_per_request or 0:.1f} attempts per request (retry storm)")
-    elif st.amplification is not None and inc.failed:
-        well.append(f"No retry storm: {st.retries_in_window} retries during recovery; attempts "
-                    f"{st.amplification:.1f}× the baseline's offered rate")
-    if inc.failed and not inc.neighbours:
-        lucky.append("No neighbour shared the card in this drill; the blast radius is untested")
-    if inc.failed and inc.recovery.recovered and not st.second_oom and st.retries:
-        lucky.append("The retry wave did not push the restarted target over again this time")
-    return well, wrong, lucky
-
-
 def s_lessons(ctx: ReportContext) -> list[Block]:
     inc, _ = incident_of(ctx)
     well, wrong, lucky = lessons(inc)
@@ -394,60 +309,6 @@ def s_lessons(ctx: ReportContext) -> list[Block]:
     for title, items in (("What went well", well), ("What went wrong", wrong), ("Where we got lucky", lucky)):
         out += [Text(f"**{title}**"), Bullets(items or ["(nothing derived; operator: add)"])]
     return out
-
-
-def _owner(ctx: ReportContext, prefer: tuple[str, ...] = ("page", "critical")) -> str:
-    rules = ctx.run.plan.get("alerts") or []
-    for sev in (*prefer, "warning", "info"):
-        for r in rules:
-            if r.get("severity") == sev and r.get("owner"):
-                return str(r["owner"])
-    return "unassigned"
-
-
-def action_items(ctx: ReportContext, inc: Incident) -> list[list[str]]:
-    """Action items follow from the failure mode: a load cap only where memory or load caused it."""
-    unit, owner = _unit(ctx), _owner(ctx)
-    rows: list[list[str]] = []
-    mode = _base_mode(inc.failure_mode)
-    knob = (inc.failure_step or {}).get("knob")
-    if inc.failed and mode in (*OOM_MODES, "overload_429") and inc.last_safe_value is not None:
-        rows.append([f"cap {knob} at {fmt.num(inc.last_safe_value)} {unit} (failed at "
-                     f"{fmt.num((inc.failure_step or {}).get('value'))}); keep a margin below it", "prevent", owner])
-    import re
-
-    sig = next((m.group(0) for e in inc.evidence if (m := re.search(r"killed by signal \d+ \(\w+", e))), None)
-    if inc.failed and mode == "killed_by_signal":
-        rows.append([f"find what sent the signal ({(sig + ')') if sig else 'see the evidence'}): a supervisor's stop "
-                     "timeout, an operator, the kernel OOM killer (its log says 'Killed process'); no load cap "
-                     "follows, nothing tied the kill to load or memory", "investigate", owner])
-    if inc.failed and mode in ("crash", "crash_xid"):
-        rows.append(["read the engine's log around the exit and fix or report the crash; no load cap follows, "
-                     "nothing said out of memory", "investigate", owner])
-    if inc.failed and mode in ("killed_by_signal", "crash", "crash_xid") and not inc.recovery.recovered:
-        rows.append(["restart the target on exit (systemd Restart=on-failure, a k8s liveness probe)", "mitigate",
-                     owner])
-    if inc.failed and mode == "hang":
-        rows.append(["probe liveness with a one-token generation that counts timeouts as failures, and restart on "
-                     "it: /health stayed up while requests hung", "mitigate", owner])
-    if inc.failed and mode == "overload_429":
-        rows.append(["clients: back off on 429/503 with jitter; size the engine's queue or admission limit",
-                     "mitigate", owner])
-    if inc.failed and inc.failure_mode.endswith("startup_refusal_on_restart"):
-        rows.append(["make the restart configuration start: the restart was refused (see the evidence) — check its "
-                     "flags, context size and memory against the card", "mitigate", owner])
-    if inc.failed and inc.time_to_alert_s is None:
-        rows.append(["add or shorten an alert that fires within the incident (error rate, target down)", "process",
-                     owner])
-    if not inc.recovery.recovered and inc.failed and mode in OOM_MODES:
-        rows.append(["make the supervisor restart the target, and check the restart fits the card", "mitigate", owner])
-    st = inc.retry_storm
-    if st.storm:
-        rows.append(["clients: exponential back-off with jitter and a retry cap", "mitigate", owner])
-    for n in inc.neighbours:
-        if n.affected:
-            rows.append([f"isolate neighbour {n.name} (separate card, MIG, or memory limits)", "prevent", owner])
-    return rows
 
 
 def s_actions(ctx: ReportContext) -> list[Block]:
