@@ -82,6 +82,25 @@ class Line:
     rank_key: str | None  # which worker printed it, None when the log does not say
 
 
+FlagTable = Iterable[tuple[tuple[str, ...], str, Callable[[str], Any]]]
+
+
+def command_flags(text: str, table: FlagTable, value: str = r"[^\s\\]+") -> dict[str, Any]:
+    """Settings read off a pasted command line: for each (flags, key, convert), the first of the
+    flags given (`--flag value` or `--flag=value`) sets key; a value that does not convert is
+    skipped, never guessed."""
+    out: dict[str, Any] = {}
+    for flags, name, conv in table:
+        for flag in flags:
+            f = re.search(rf"(?:^|\s){re.escape(flag)}[= ]({value})", text)
+            if f:
+                try:
+                    out.setdefault(name, conv(f.group(1)))
+                except ValueError:
+                    pass
+    return out
+
+
 def split_prefix(raw: str) -> tuple[str | None, str]:
     """Separate a worker prefix from the message: ('rank=1', 'INFO ... Available KV ...')."""
     text = raw.rstrip("\r\n")

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from vramlab.logs.base import Rule, assemble, mib, parse_lines, rule
+from vramlab.logs.base import Rule, assemble, command_flags, mib, parse_lines, rule
 
 ENGINE = "llama.cpp"
 _DEV = r"(?P<dev>(?:CUDA|ROCm|Vulkan|SYCL|MUSA|CANN)\d+|Metal|MTL\d*)"
@@ -35,13 +35,11 @@ def _command(m: re.Match[str]) -> dict[str, Any]:
     model = re.search(r"(?:^|\s)(?:-m|--model)[= ](\S+)", text)
     if model:
         out["extra.model_path"] = model.group(1).strip("'\"")
-    for flags, name in ((("-c", "--ctx-size", "--ctx_size", "--n_ctx"), "settings.ctx_size"),
-                        (("-np", "--parallel"), "settings.parallel"), (("-ub", "--ubatch-size"), "settings.n_ubatch"),
-                        (("-ngl", "--n-gpu-layers", "--n_gpu_layers", "--gpu-layers"), "extra.n_gpu_layers")):
-        for flag in flags:
-            f = re.search(rf"(?:^|\s){re.escape(flag)}[= ](-?\d+)", text)
-            if f:
-                out.setdefault(name, int(f.group(1)))
+    out.update(command_flags(text, ((("-c", "--ctx-size", "--ctx_size", "--n_ctx"), "settings.ctx_size", int),
+                                    (("-np", "--parallel"), "settings.parallel", int),
+                                    (("-ub", "--ubatch-size"), "settings.n_ubatch", int),
+                                    (("-ngl", "--n-gpu-layers", "--n_gpu_layers", "--gpu-layers"),
+                                     "extra.n_gpu_layers", int)), value=r"-?\d+"))
     if re.search(r"\s(?:-fa|--flash-attn)(?:\s+on)?(?:\s|$)", text):
         out["settings.flash_attn"] = True
     return out

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from vramlab.logs.base import Rule, assemble, gib, parse_lines, rule
+from vramlab.logs.base import Rule, assemble, command_flags, gib, parse_lines, rule
 
 ENGINE = "sglang"
 N = r"-?\d+(?:\.\d+)?"
@@ -77,7 +77,7 @@ def _command(m: re.Match[str]) -> dict[str, Any]:
     model = re.search(r"\s--model(?:-path)?[= ](\S+)", text)
     if model:
         out["model"] = model.group(1).strip("'\"")
-    for flags, name, conv in (
+    out.update(command_flags(text, (
         (("--tp", "--tp-size", "--tensor-parallel-size"), "settings.tensor_parallel_size", int),
         (("--pp", "--pp-size"), "settings.pipeline_parallel_size", int),
         (("--mem-fraction-static",), "settings.mem_fraction_static", float),
@@ -87,14 +87,7 @@ def _command(m: re.Match[str]) -> dict[str, Any]:
         (("--cuda-graph-max-bs",), "settings.cuda_graph_max_bs", int),
         (("--kv-cache-dtype",), "settings.kv_cache_dtype", str), (("--quantization",), "settings.quantization", str),
         (("--dtype",), "settings.dtype", str),
-    ):
-        for flag in flags:
-            f = re.search(rf"\s{re.escape(flag)}[= ](\S+)", text)
-            if f:
-                try:
-                    out.setdefault(name, conv(f.group(1)))
-                except ValueError:
-                    pass
+    )))
     if re.search(r"\s--disable-cuda-graph\b", text):
         out["settings.enforce_eager"] = True
     return out

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from vramlab.logs.base import Rule, assemble, gib, integer, mib, parse_lines, rule
+from vramlab.logs.base import Rule, assemble, command_flags, gib, integer, mib, parse_lines, rule
 
 ENGINE = "vllm"
 N = r"-?\d+(?:\.\d+)?"  # vLLM prints negative figures when another process freed memory
@@ -183,7 +183,7 @@ def _command(m: re.Match[str]) -> dict[str, Any]:
         model = model.group(1)
     if model and not model.startswith("-"):
         out["model"] = model.strip("'\"")
-    for flags, name, conv in (
+    out.update(command_flags(text, (
         (("--max-model-len", "--max_model_len"), "settings.max_model_len", integer),
         (("--tensor-parallel-size", "--tensor_parallel_size", "--tensor-parallel", "-tp"), "settings.tensor_parallel_size",
          integer),
@@ -193,14 +193,7 @@ def _command(m: re.Match[str]) -> dict[str, Any]:
         (("--max-num-batched-tokens", "--max_num_batched_tokens"), "settings.max_num_batched_tokens", integer),
         (("--dtype",), "settings.dtype", str), (("--kv-cache-dtype",), "settings.kv_cache_dtype", str),
         (("--quantization", "-q"), "settings.quantization", str),
-    ):
-        for flag in flags:
-            f = re.search(rf"(?:^|\s){re.escape(flag)}[= ]([^\s\\]+)", text)
-            if f:
-                try:
-                    out.setdefault(name, conv(f.group(1)))
-                except ValueError:
-                    pass
+    )))
     if re.search(r"\s--enforce[-_]eager\b", text):
         out["settings.enforce_eager"] = True
     if "VLLM_USE_V1=1" in text:
