@@ -121,10 +121,8 @@ def test_run_on_a_filesystem_that_fills_up(tmp_path: Path, stub: str) -> None:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def test_run_on_a_store_at_its_page_limit(tmp_path: Path, stub: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """SQLite's own 'database or disk is full' (max_page_count), in process: no root needed."""
-    from vramlab.experiment.plan import load_plan
-    from vramlab.experiment.session import run_plan
+def _page_limited_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A SQLite store that has room for 40 more pages: SQLite's own 'database or disk is full'."""
     from vramlab.store import open_store, sql
 
     db = tmp_path / "v.db"
@@ -139,6 +137,16 @@ def test_run_on_a_store_at_its_page_limit(tmp_path: Path, stub: str, monkeypatch
         dbapi_conn.execute(f"PRAGMA max_page_count = {pages + 40}")
 
     monkeypatch.setattr(sql, "_sqlite_pragmas", limited)
+    return db
+
+
+def test_run_on_a_store_at_its_page_limit(tmp_path: Path, stub: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's own 'database or disk is full' (max_page_count), in process: no root needed."""
+    from vramlab.experiment.plan import load_plan
+    from vramlab.experiment.session import run_plan
+    from vramlab.store import open_store
+
+    db = _page_limited_db(tmp_path, monkeypatch)
     marker = tmp_path / "rolled-back"
     plan_path = _plan(tmp_path / "p.yaml", stub, marker=marker)
     out = run_plan(load_plan(plan_path), plan_dir=tmp_path, open_store=lambda: open_store(str(db)))
@@ -237,20 +245,9 @@ def test_a_drill_stops_its_load_when_the_store_refuses_rows(tmp_path: Path, monk
     ramp), rolls back, and says it was not stored completely."""
     from vramlab.drill.plan import parse_plan
     from vramlab.drill.runner import DrillRunner
-    from vramlab.store import open_store, sql
+    from vramlab.store import open_store
 
-    db = tmp_path / "d.db"
-    open_store(str(db)).close()
-    con = sqlite3.connect(db)
-    pages = con.execute("PRAGMA page_count").fetchone()[0]
-    con.close()
-    real = sql._sqlite_pragmas
-
-    def limited(dbapi_conn, record):  # noqa: ANN001, ANN202
-        real(dbapi_conn, record)
-        dbapi_conn.execute(f"PRAGMA max_page_count = {pages + 40}")
-
-    monkeypatch.setattr(sql, "_sqlite_pragmas", limited)
+    db = _page_limited_db(tmp_path, monkeypatch)
     store = open_store(str(db))
     planned_s = 0.5 + 6 * 5.0  # baseline + six 5 s steps (2 .. 64)
 
