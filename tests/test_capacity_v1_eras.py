@@ -67,6 +67,7 @@ def test_before_0111_the_sampler_depends_on_the_install_and_the_band_covers_both
     assert low <= flashinfer < value and sort_low > flashinfer  # widened down only when the install is unknown
     est = estimate(QWEN3, L40S, EngineSettings(engine_version="0.10.2", max_model_len=4096))
     assert any("--flashinfer-sampler" in n for n in est.notes)
+    assert est.settings["sampler"] == "sort (or flashinfer if installed)"
 
 
 def test_the_sort_sampler_matches_a_0102_log_that_prints_its_peak_activation():
@@ -111,6 +112,16 @@ def test_0_8_5_awq_row_counts_the_context():
     row, est = row_estimate("r116")
     assert est.component("cuda_context").in_budget
     assert est.kv_cache_tokens == pytest.approx(row["kv_cache_tokens"], rel=0.06)
+
+
+def test_tp_non_torch_off_nvls_is_an_unknown_term_after_the_era_it_was_read_from():
+    # r110: 0.27.1, TP 4 on PCIe RTX PRO 6000: "56.89 GiB for consumed memory (weights + non-torch)" beside 55.19 GiB
+    # of weights, against the 0.15 GiB read off 0.10 rows; the row stays inside the widened band.
+    row, est = row_estimate("r110")
+    assert any("measured on 0.10 only" in n for n in est.notes)
+    assert est.pessimistic.kv_cache_bytes <= row["kv_cache_gib"] * GIB <= est.kv_cache_bytes * 1.03
+    _, older = row_estimate("r105")  # 0.10.2 itself: no such note
+    assert not any("measured on 0.10 only" in n for n in older.notes)
 
 
 def test_gpus_without_p2p_get_no_nvswitch_buffers():

@@ -191,6 +191,11 @@ def unknown_terms(ctx: Context, kind: str) -> tuple[str, ...]:
         # measured on 0.19 H100 nodes (outside the window), not on a release of this era.
         out.append(f"V1 {ctx.settings.resolved_version} at TP/PP > 1 on an NVSwitch node: NCCL init counts against "
                    "the budget before 0.11, and its size (with the NVLink-SHARP buffers) is measured only on 0.19")
+    if kind == "v1" and ctx.tp > 1 and not nvls(ctx) and version and version >= NCCL_BEFORE_SNAPSHOT_FROM:
+        # non_torch_forward_tp_nonvls_bytes is read off 0.10 rows; 0.27.1 on 4 PCIe RTX PRO 6000 (r110) printed
+        # 1.70 GiB of "consumed memory (weights + non-torch)" beyond its weights.
+        out.append(f"V1 {ctx.settings.resolved_version} at TP > 1 without NVLink-SHARP: the non-torch growth is measured "
+                   "on 0.10 only (0.15 GiB there; up to 1.7 GiB seen on 0.27 PCIe nodes)")
     if kind == "v0" and ctx.model.is_mla:
         # DeepSeek-R1 on 8x H200, V0 ~0.7.3: weights 83.88 GiB (headers 79.4), non-torch 7.16 GiB.
         out.append("V0 with MLA: the non-torch term at this size is not modelled" if v0_mla_absorbs(ctx) else
@@ -464,6 +469,7 @@ def plan(ctx: Context) -> PolicyResult:
         "dtype": ctx.dtype, "kv_cache_dtype": settings.kv_cache_dtype,
         "quantization": ctx.quant.method if ctx.quant else None, "enforce_eager": settings.enforce_eager,
         "kv_cache_memory_bytes": fixed_kv, "chunked_prefill": setup.chunked_prefill,
+        "sampler": setup.sampler_path if setup.sampler_path_known else f"{setup.sampler_path} (or flashinfer if installed)",
     }
     return PolicyResult(
         components=components, budget_bytes=budget, kv_rule=kv_rule,
