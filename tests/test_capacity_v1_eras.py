@@ -155,3 +155,25 @@ def test_check_log_reads_the_sampler_and_p2p_lines():
     assert obs.settings["flashinfer_sampler"] is False and obs.settings["gpu_p2p"] is False
     (obs,) = vllm_log.parse([VERSION, FLASHINFER, KV])
     assert obs.settings["flashinfer_sampler"] is True and "gpu_p2p" not in obs.settings
+
+
+# --- pipeline stages: how vLLM deals the layers -----------------------------------------------------
+
+def test_pp_layers_go_to_the_middle_stages_as_vllm_deals_them():
+    # vllm/distributed/utils.py get_pp_indices: `for i in range(2, remaining_layers + 2): partitions[-i] += 1`.
+    from vramlab.capacity.weights import pp_layer_split
+
+    assert pp_layer_split(94, 4) == [23, 24, 24, 23]
+    assert pp_layer_split(32, 3) == [11, 11, 10] and pp_layer_split(7, 4) == [2, 2, 2, 1]
+    # r112: Qwen3-235B FP8 at PP 4, the post's "Weights per GPU 55.70 GiB" is a 24-layer middle stage.
+    from vramlab.capacity.constants import Constants
+    from vramlab.capacity.engines.common import Context
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import accuracy
+
+    row = ROWS["r112"]
+    model = accuracy.model_for(row, json.loads((ROOT / "benchmarks" / "data" / "model_configs.json").read_text()))
+    ctx = Context(model, accuracy.gpu_for(row), accuracy.settings_for(row, model), Constants.defaults())
+    assert ctx.weights(1)[0] / GIB == pytest.approx(row["weights_gib"], rel=0.002)
+    assert ctx.weights(0)[0] < ctx.weights(1)[0]
