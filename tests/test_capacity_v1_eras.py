@@ -177,3 +177,13 @@ def test_pp_layers_go_to_the_middle_stages_as_vllm_deals_them():
     ctx = Context(model, accuracy.gpu_for(row), accuracy.settings_for(row, model), Constants.defaults())
     assert ctx.weights(1)[0] / GIB == pytest.approx(row["weights_gib"], rel=0.002)
     assert ctx.weights(0)[0] < ctx.weights(1)[0]
+
+
+def test_gated_delta_net_state_in_the_model_dtype_gives_the_logged_block():
+    # vLLM 0.10.2 MambaStateDtypeCalculator.gated_delta_net_state_dtype: the recurrent state in the conv (model)
+    # dtype. r106, Qwen3-Next at TP 2: "Setting attention block size to 544 tokens" and "Padding mamba page size
+    # by 1.49%"; the pool's tokens per GiB then equal the log's (973,760 tokens in 44.59 GiB).
+    row, est = row_estimate("r106")
+    assert est.block_size == row["extra"]["attention_block_size_printed"] == 544
+    assert est.kv_cache_tokens / est.kv_cache_bytes == pytest.approx(row["kv_cache_tokens"] / row["kv_cache_gib"] / GIB,
+                                                                    rel=0.002)

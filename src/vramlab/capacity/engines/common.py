@@ -94,8 +94,8 @@ class Context:
     def kv_bytes_per_token(self, stage: int = 0) -> int:
         return kvmod.kv_bytes_per_token(self.model, self.settings.kv_cache_dtype, self.dtype, self.tp, self.layer_range(stage))
 
-    def state_bytes_per_seq(self, stage: int = 0) -> int:
-        return kvmod.state_bytes_per_sequence(self.model, self.dtype, self.tp, self.layer_range(stage))
+    def state_bytes_per_seq(self, stage: int = 0, recurrent_dtype: str = "float32") -> int:
+        return kvmod.state_bytes_per_sequence(self.model, self.dtype, self.tp, self.layer_range(stage), recurrent_dtype)
 
     @cached_property
     def model_max_len(self) -> int:

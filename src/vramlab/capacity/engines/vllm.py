@@ -369,6 +369,16 @@ class PoolPlan:
     state_bytes_per_seq: int
 
 
+def recurrent_state_dtype(ctx: Context) -> str:
+    """vLLM's gated-delta-net state dtype (MambaStateDtypeCalculator.gated_delta_net_state_dtype, 0.10.2-0.27):
+    the conv dtype -- the model's, `--mamba-cache-dtype auto` -- for the recurrent state too, unless
+    `--mamba-ssm-cache-dtype` says otherwise (Qwen3.5's config hook reads its `mamba_ssm_dtype` from 0.19).
+    Qwen3-Next at TP 2 on 0.10.2 logs the 544-token attention block this gives."""
+    if ctx.model.mamba_ssm_dtype and (not ctx.version or ctx.version >= (0, 19)):
+        return ctx.model.mamba_ssm_dtype
+    return ctx.dtype
+
+
 def pool_plan(ctx: Context, hybrid_manager: bool) -> PoolPlan:
     """Per stage: the KV shapes grouped as the hybrid manager groups them; vLLM grows the attention
     block until its page is at least the Mamba page."""
@@ -378,7 +388,8 @@ def pool_plan(ctx: Context, hybrid_manager: bool) -> PoolPlan:
         shapes = ctx.kv_shapes(stage)
         kinds = ctx.model.kinds
         state_layers = sum(1 for i in ctx.layer_range(stage) if kinds[i] in ("mamba", "linear"))
-        state_per_layer = ctx.state_bytes_per_seq(stage) // max(1, state_layers) if state_layers else 0
+        state = ctx.state_bytes_per_seq(stage, recurrent_state_dtype(ctx))
+        state_per_layer = state // max(1, state_layers) if state_layers else 0
         if state_layers and shapes and not ctx.settings.block_size:
             attn_per_token = max(shape.bytes_per_token_layer for shape in shapes)
             block_size = 16 * math.ceil(state_per_layer / (16 * attn_per_token))
@@ -386,7 +397,7 @@ def pool_plan(ctx: Context, hybrid_manager: bool) -> PoolPlan:
     layouts = [pool.layout(shapes, block_size, n, per_layer, hybrid_manager=hybrid_manager)
                for shapes, n, per_layer in stages]
     per_token = [sum(shape.layers * shape.bytes_per_token_layer for shape in shapes) for shapes, _, _ in stages]
-    return PoolPlan(layouts, per_token, block_size, ctx.state_bytes_per_seq(0))
+    return PoolPlan(layouts, per_token, block_size, ctx.state_bytes_per_seq(0, recurrent_state_dtype(ctx)))
 
 
 def limits_rule(ctx: Context, setup: Setup, pools: PoolPlan, stage_offsets: list[int], blocks_per_request: int):
