@@ -187,3 +187,16 @@ def test_gated_delta_net_state_in_the_model_dtype_gives_the_logged_block():
     assert est.block_size == row["extra"]["attention_block_size_printed"] == 544
     assert est.kv_cache_tokens / est.kv_cache_bytes == pytest.approx(row["kv_cache_tokens"] / row["kv_cache_gib"] / GIB,
                                                                     rel=0.002)
+
+
+@pytest.mark.parametrize(("version", "card", "seqs", "tokens"), [
+    ("0.8.2", "l40s", 1024, 2048),  # 0.8.0-0.8.3: default_max_num_seqs = 1024 on every card
+    ("0.8.2", "h100-80gb", 1024, 8192),  # the larger token budget by device name
+    ("0.8.4", "l40s", 256, 2048), ("0.8.4", "a100-80gb", 256, 2048), ("0.8.4", "h200", 1024, 8192),
+    ("0.8.5", "a100-80gb", 1024, 8192),  # device_memory >= 70 GiB
+    ("0.9.2", "a100-80gb", 256, 2048), ("0.9.2", "h100-80gb", 1024, 8192),  # A100 excluded from 0.9.0
+])
+def test_v1_batch_defaults_per_release_and_card(version, card, seqs, tokens):
+    # vllm/engine/arg_utils.py EngineArgs._set_default_args_v1 of each wheel (`vllm serve`, the API server context).
+    est = estimate(QWEN3, get_gpu(card), EngineSettings(engine_version=version, max_model_len=4096))
+    assert (est.settings["max_num_seqs"], est.settings["max_num_batched_tokens"]) == (seqs, tokens)

@@ -44,7 +44,9 @@ V1_SNAPSHOT_FROM = (0, 9, 1)
 NCCL_BEFORE_SNAPSHOT_FROM = (0, 11)
 GRAPH_ESTIMATE_FROM = (0, 21)
 UTIL_092_FROM = (0, 22)
-BATCH_DEFAULTS_BY_GPU_FROM = (0, 9)
+V1_BATCH_BY_NAME_ONLY_FROM = (0, 8, 4)  # 0.8.0-0.8.3: `default_max_num_seqs = 1024` whatever the card
+V1_BATCH_BY_MEMORY_FROM = (0, 8, 5)  # `device_memory >= 70 * GiB_bytes` replaces the H100/H200 name test
+BATCH_DEFAULTS_BY_GPU_FROM = (0, 9)  # ... and A100 is excluded ("NOTE(Kuntai)", PR #17885)
 TOKENS_AS_CONCURRENCY_FROM = (0, 27)
 # V0 EngineArgs: `use_long_context = max_model_len > 32K` turns chunked prefill on (CUDA, no
 # sliding window); the scheduler then profiles max_num_batched_tokens, 512 in the 0.6 series
@@ -112,14 +114,25 @@ def defaults(ctx: Context, kind: str) -> tuple[float, int, int]:
             budget = 2048 if not version or version >= V0_CHUNKED_BUDGET_2048_FROM else 512
             return util, seqs, settings.max_num_batched_tokens or budget
         return util, seqs, settings.max_num_batched_tokens or max(context_length(ctx), 2048)
-    big = ctx.gpu.memory_gib >= 70 and not ctx.gpu.is_a100
-    if version and version < BATCH_DEFAULTS_BY_GPU_FROM:
-        seqs_default, tokens_default = 256, (2048 if settings.api_server else 8192)
-    elif big:
-        seqs_default, tokens_default = 1024, (8192 if settings.api_server else 16384)
-    else:
-        seqs_default, tokens_default = 256, (2048 if settings.api_server else 8192)
+    big, seqs_big_anyway = v1_big_card(ctx)
+    tokens_default = (8192 if settings.api_server else 16384) if big else (2048 if settings.api_server else 8192)
+    seqs_default = 1024 if big or seqs_big_anyway else 256
     return util, settings.max_num_seqs or seqs_default, settings.max_num_batched_tokens or tokens_default
+
+
+def v1_big_card(ctx: Context) -> tuple[bool, bool]:
+    """(the larger batch defaults apply, max_num_seqs is 1024 on every card) as `EngineArgs._set_default_args_v1`
+    of each release decides: 0.8.0-0.8.3 1024 sequences everywhere and the larger token budget on H100/H200 by
+    device name; 0.8.4 both on H100/H200 only; 0.8.5 on cards of >= 70 GiB; 0.9.0 excludes A100 (PR #17885)."""
+    version, gpu = ctx.version, ctx.gpu
+    by_name = "h100" in gpu.name or "h200" in gpu.name
+    if version and version < V1_BATCH_BY_NAME_ONLY_FROM:
+        return by_name, True
+    if version and version < V1_BATCH_BY_MEMORY_FROM:
+        return by_name, False
+    if version and version < BATCH_DEFAULTS_BY_GPU_FROM:
+        return gpu.memory_gib >= 70, False
+    return gpu.memory_gib >= 70 and not gpu.is_a100, False
 
 
 def v0_chunked_prefill(ctx: Context) -> bool:
