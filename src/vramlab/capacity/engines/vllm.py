@@ -1,11 +1,11 @@
 """vLLM's memory policy, by era (research/capacity-anchors.md §1).
 
 - Budget: `gpu_memory_utilization x total` of the WHOLE card (or `--kv-cache-memory`).
-- KV = budget - (weights + activation peak + non-torch increase) [- CUDA-graph estimate, V1 >= 0.21].
+- KV = budget - (weights + activation peak + non-torch increase) [- CUDA-graph estimate, V1 >= 0.20].
 - V1 (default from 0.8): before 0.9.1 the budget takes off everything on the card beyond torch's
   allocations (CUDA context and NCCL included); from 0.9.1 a baseline snapshot after the CUDA
   context leaves the context outside the budget, and from 0.11.0 the snapshot also follows NCCL init;
-  graphs captured after the KV allocation (< 0.21) must fit in the `1 - util` headroom.
+  graphs captured after the KV allocation (< 0.20) must fit in the `1 - util` headroom.
 - V1's profiled sampler sorts the vocabulary (~39 B per sequence and vocab entry) unless a
   sort-free path runs: FlashInfer (when importable before 0.11.1, opt-in 0.11.1-0.21, default
   from 0.22) or the Triton top-k/top-p of 0.17+ (~15 B).
@@ -42,8 +42,11 @@ V1_SNAPSHOT_FROM = (0, 9, 1)
 # The snapshot precedes `init_worker_distributed_environment` in 0.9.1-0.10.2 (NCCL inside the budget's
 # non-torch increase) and follows it from 0.11.0 (NCCL outside).
 NCCL_BEFORE_SNAPSHOT_FROM = (0, 11)
-GRAPH_ESTIMATE_FROM = (0, 21)
-UTIL_092_FROM = (0, 22)
+# The 0.20.0 wheel already ships both (its log calls the estimate "default since v0.21.0", the development name;
+# 0.21.0 has no CUDA wheel): envs VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "1" (0.19: "0") and
+# config/cache.py gpu_memory_utilization defaults to 0.92 (0.19: 0.9).
+GRAPH_ESTIMATE_FROM = (0, 20)
+UTIL_092_FROM = (0, 20)
 V1_BATCH_BY_NAME_ONLY_FROM = (0, 8, 4)  # 0.8.0-0.8.3: `default_max_num_seqs = 1024` whatever the card
 V1_BATCH_BY_MEMORY_FROM = (0, 8, 5)  # `device_memory >= 70 * GiB_bytes` replaces the H100/H200 name test
 BATCH_DEFAULTS_BY_GPU_FROM = (0, 9)  # ... and A100 is excluded ("NOTE(Kuntai)", PR #17885)
@@ -345,7 +348,7 @@ def graphs_component(ctx: Context, setup: Setup, stage: int) -> Component:
         graphs *= constants["cuda_graph_estimate_ratio"]
     names = ("cuda_graph_base_bytes", "cuda_graph_per_layer_bytes")
     rel = constants.band(*names) + (UNKNOWN_TERM_BAND if setup.unknown_terms else 0.0)
-    where = ("; estimated during profiling and taken from the budget (V1 >= 0.21)" if setup.graphs_in_budget else
+    where = ("; estimated during profiling and taken from the budget (V1 >= 0.20)" if setup.graphs_in_budget else
              "; captured after the KV cache is allocated, so it must fit in the 1 - util headroom")
     return band("cuda_graphs", graphs, rel, rel, constants.provenance(*names),
                 "CUDA graph pool for decode batch sizes" + where, in_budget=setup.graphs_in_budget)
