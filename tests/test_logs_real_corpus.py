@@ -244,3 +244,25 @@ def test_noise_between_the_lines_changes_nothing(tmp_path, outputs):
         out = check_log(noisy).to_json()
         for field, value, unit in entry["figures"]:
             assert _read(out, field, value, unit) == _read(outputs[name], field, value, unit), (name, field)
+
+
+def test_a_command_pasted_over_several_lines_gives_its_flags_even_with_lines_in_between(tmp_path):
+    # aws-samples' README (vllm-v1-0.24-tp4-l40s-aws-sample.log) and a SGLang project note paste
+    # `vllm serve` / `sglang.launch_server` with one flag per continuation line.
+    vllm = check_log(REAL / "vllm-v1-0.24-tp4-l40s-aws-sample.log").to_json()["observations"][0]
+    assert vllm["settings"]["tensor_parallel_size"] == 4 and vllm["gpu_memory_utilization"] == 0.9
+    assert vllm["kv_cache_tokens"] == 1037152  # `GPU KV cache size:         1,037,152 tokens` (aligned)
+    sglang = check_log(REAL / "sglang-2026-tp4-rtx4090-qwen3-14b.log").to_json()["observations"][0]
+    assert sglang["settings"]["tensor_parallel_size"] == 4 and sglang["settings"]["mem_fraction_static"] == 0.8
+    # a note between two continuation lines changes nothing: each flag line is read on its own
+    lines = (REAL / "vllm-v1-0.24-tp4-l40s-aws-sample.log").read_text(encoding="utf-8").splitlines()
+    lines.insert(2, "# (the README's comment between two flags)")
+    noisy = tmp_path / "noisy.log"
+    noisy.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert check_log(noisy).to_json()["observations"][0]["settings"]["tensor_parallel_size"] == 4
+
+
+def test_the_cuda_graph_advice_keeps_both_alternative_utilizations():
+    out = check_log(REAL / "vllm-v1-0.21-compose-timestamps-graph-estimate.log").to_json()["observations"][0]
+    assert out["gpu_memory_utilization"] == 0.9
+    assert out["extra"]["util_without_graph_profiling"] == 0.8878 and out["extra"]["util_to_keep_kv"] == 0.9122
