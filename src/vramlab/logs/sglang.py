@@ -87,6 +87,9 @@ def _continued(m: re.Match[str]) -> dict[str, Any] | None:
     """The flags of a launch command pasted over several lines (`  --tp-size 4 \\`), each line on its own."""
     text = " " + m.group(0)
     out = command_flags(text, _FLAGS)
+    model = re.search(r"\s--model(?:-path)?[= ](\S+)", text)
+    if model and model.group(1) != "\\":
+        out["model"] = model.group(1).strip("'\"")
     if re.search(r"\s--disable-cuda-graph\b", text):
         out["settings.enforce_eager"] = True
     return out or None

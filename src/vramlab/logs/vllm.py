@@ -231,6 +231,10 @@ RULES: list[Rule] = [
     rule("version", r"vLLM API server version (\S+)",
          lambda m: {"engine_version": m.group(1), "settings.api_server": True}, starts=True, shared=True),
     rule("args", r"non-default args: (\{.*)", lambda m: _pairs(m.group(1), ":"), starts=True, shared=True),
+    # 0.11+ start-up banner: block-letter art, then `version 0.17.1` / `model   Qwen/...` on its right.
+    rule("banner_version", r"[\u2580\u2584\u2588]\s+version\s+v?(\d+\.\d+[\w.+-]*)\s*$",
+         lambda m: {"engine_version": m.group(1), "settings.vllm_engine": "v1"}, starts=True, shared=True),
+    rule("banner_model", r"[\u2580\u2584\u2588]\s+model\s+(\S+)\s*$", lambda m: {"model": m.group(1)}, shared=True),
     rule("engine_config",
          r"Initializing an? (?:(?P<era>V[01]) )?LLM engine(?: \(v(?P<version>[^)\s]+)\))?(?: with config: (?P<config>.*))?",
          _engine_config, starts=True, shared=True),
