@@ -65,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--gpu-p2p", choices=("on", "off", "auto"),
                    help="vLLM: off when the GPUs cannot reach each other over P2P/NVLink (the log: 'Custom allreduce is "
                         "disabled because your platform lacks GPU P2P capability' or '... spans across nodes'); "
-                        "auto = from the card (SXM cards on an NVSwitch)")
+                        "on / auto = from the card (SXM cards sit on an NVSwitch, PCIe cards do not)")
     e.add_argument("--allow-long-max-model-len", action="store_true",
                    help="vLLM with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: plan a max_model_len above the trained context")
     e.add_argument("--rope-scaling-factor", type=float,
