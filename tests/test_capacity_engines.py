@@ -148,7 +148,9 @@ def test_llamacpp_gguf_file_types_and_layer_split():
     m = spec(QWEN3_8B)
     q4 = estimate(m, RTX4090, EngineSettings(engine="llama.cpp", ctx_size=8192, quantization="Q4_K_M"))
     q8 = estimate(m, RTX4090, EngineSettings(engine="llama.cpp", ctx_size=8192, quantization="q8_0"))
-    assert q4.weights_bytes / q8.weights_bytes == pytest.approx(4.85 / 8.5, rel=0.01)
+    # Q4_K_M is a mix (Q4_K, Q6_K for the output and some attn_v/ffn_down layers): between 4.5 and 5.0
+    # bits a weight against Q8_0's 8.5 (tests/test_capacity_gguf_mix.py checks it tensor by tensor).
+    assert 4.5 / 8.5 < q4.weights_bytes / q8.weights_bytes < 5.0 / 8.5
     two = estimate(m, RTX4090, EngineSettings(engine="llama.cpp", ctx_size=8192, quantization="Q4_K_M",
                                               pipeline_parallel_size=2))
     assert two.kv_cache_bytes == q4.kv_cache_bytes // 2  # 36 layers split 18/18 over two devices

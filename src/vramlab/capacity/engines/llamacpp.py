@@ -22,8 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from vramlab.capacity import gguf_mix
 from vramlab.capacity.engines.common import Context, PolicyResult
-from vramlab.capacity.estimate import FORMULA, GIB, Component, Limits, band
+from vramlab.capacity.estimate import EXACT, FORMULA, GIB, Component, Limits, band
 from vramlab.capacity.kv import bytes_per_token_layer
 from vramlab.errors import ConfigError
 
@@ -121,6 +122,13 @@ def kv_cache_bytes(ctx: Context, server: ServerSetup, kv_size: int) -> int:
 
 def weights_on_device(ctx: Context) -> Component:
     weights = ctx.weights_component()
+    ftype = ctx.quant.gguf_type if ctx.quant is not None and ctx.quant.method == "gguf" else None
+    if weights.provenance != EXACT and ftype and gguf_mix.supported(ctx.model, ftype):
+        # The file type is a mix: llama-quantize's per-tensor rules give the CUDA model buffer.
+        device = gguf_mix.device_bytes(ctx.model, ftype, ctx.layer_range(0), with_output=ctx.pp == 1)
+        return band("weights", device, 0.005, 0.005, FORMULA,
+                    f"{ftype.upper()} tensor by tensor (llama-quant.cpp's mix: Q6_K output, more bits for "
+                    "some attn_v/ffn_down layers); token embedding kept in host memory unless tied")
     if ctx.model.tie_word_embeddings:
         return weights
     # The input embedding stays in host memory (the CPU_Mapped buffer): only a row lookup.
