@@ -10,9 +10,12 @@ The default fraction comes from a reservation heuristic that changed in 2025-09 
 
 from __future__ import annotations
 
+from vramlab.capacity import allocator
+from vramlab.capacity import weights as wmod
 from vramlab.capacity.engines.common import Context, PolicyResult, pick
 from vramlab.capacity.estimate import ENGINE, GIB, Component, Limits, band
 from vramlab.capacity.overheads import forward_peak_bytes, moe_workspace_bytes
+from vramlab.capacity.spec import dtype_bytes
 from vramlab.errors import ConfigError
 
 NEW_HEURISTIC_FROM = (0, 5, 3)
@@ -50,6 +53,55 @@ def default_fraction(ctx: Context, chunk: int, graph_bs: int) -> float:
     return frac if 0 < frac < 1 else 0.88
 
 
+def weight_tensor_sizes(ctx: Context) -> list[int] | None:
+    """Bytes of each weight tensor one TP rank allocates, in creation order (embedding, then per layer
+    qkv_proj + bias, o_proj, gate_up_proj / fused-MoE w13 + w2 and router, norms; then the LM head),
+    for plain attention decoders; None where the layout is not modelled (MLA, SSM, vision towers)."""
+    m, tp = ctx.model, ctx.tp
+    if m.is_mla or m.vision_params or ctx.pp > 1 or any(k not in ("full", "sliding") for k in m.kinds[: m.num_layers]):
+        return None
+    unq = dtype_bytes(ctx.dtype)
+    lin = ctx.quant.bits / 8 if ctx.quant is not None else unq  # the packed weight; its scales are own small tensors
+    h, hd = m.hidden_size, m.head_dim
+    q_dim = m.num_attention_heads // tp * hd
+    kv_dim = max(1, m.num_kv_heads // tp) * hd
+    vocab = -(-m.vocab_size // wmod.VOCAB_PADDING) * wmod.VOCAB_PADDING // tp
+    sizes = [int(vocab * h * unq)]
+    moe = set(m.moe_layer_indices())
+    for i in range(m.num_layers):
+        sizes.append(int((q_dim + 2 * kv_dim) * h * lin))
+        if m.attention_bias:
+            sizes.append(int((q_dim + 2 * kv_dim) * unq))
+        sizes.append(int(q_dim * h * lin))
+        if i in moe:
+            inter = m.moe_intermediate_size // tp
+            sizes += [int(m.num_experts * 2 * inter * h * lin), int(m.num_experts * inter * h * lin),
+                      int(m.num_experts * h * unq)]
+            if m.num_shared_experts and m.shared_expert_intermediate_size:
+                shared = m.shared_expert_intermediate_size // tp
+                sizes += [int(2 * shared * h * lin), int(shared * h * lin)]
+        elif m.intermediate_size:
+            inter = m.intermediate_size // tp
+            sizes += [int((2 if m.gated_mlp else 1) * inter * h * lin), int(inter * h * lin)]
+        sizes += [int(h * unq), int(h * unq)]
+    if not m.tie_word_embeddings:
+        sizes.append(int(vocab * h * unq))
+    return sizes
+
+
+def weights_as_reported(ctx: Context) -> Component:
+    """The weights as SGLang measures them: free memory (mem_get_info after empty_cache) before and after
+    loading, so the caching allocator's segment rounding of every weight tensor counts (allocator.py)."""
+    weights = ctx.weights_component()
+    sizes = weight_tensor_sizes(ctx)
+    if not sizes:
+        return weights
+    extra = allocator.rounding_bytes(sizes)
+    return band("weights", weights.bytes + extra, 0.0, 0.0, weights.provenance,
+                weights.note + f"; + {extra / GIB:.2f} GiB of allocator segment rounding (SGLang reads free memory)",
+                abs_low=weights.bytes - weights.low_bytes + extra, abs_high=weights.high_bytes - weights.bytes)
+
+
 def static_components(ctx: Context, chunk: int, graph_max_bs: int) -> list[Component]:
     """Context, NCCL and weights (inside the static pool), then what the reservation must hold."""
     model, settings, constants = ctx.model, ctx.settings, ctx.constants
@@ -58,7 +110,7 @@ def static_components(ctx: Context, chunk: int, graph_max_bs: int) -> list[Compo
     ]
     if ctx.tp * ctx.pp > 1:
         components.append(ctx.nccl_component("NCCL communicators"))
-    components.append(ctx.weights_component())
+    components.append(weights_as_reported(ctx))
     # Outside the static pool, inside the (1 - fraction) reservation.
     activation = forward_peak_bytes(model, chunk, ctx.tp, ctx.dtype, constants) \
         + moe_workspace_bytes(model, chunk, ctx.tp, ctx.dtype, constants) \
@@ -128,16 +180,22 @@ def plan(ctx: Context) -> PolicyResult:
 
     limits, cell, state = token_limits(ctx, context_len)
     max_running = min(max(int(limits(kv_rule(components, "mid")).kv_cache_tokens / context_len * 512), 2048), 4096)
+    requests = settings.max_num_seqs or max_running
+    # ReqToTokenPool: an int32 row of context_len + 4 token slots per request slot (max_num_reqs + 1),
+    # allocated right after the KV pool, inside the (1 - fraction) reserve (model_runner init_memory_pool).
+    components.append(band("req_to_token_pool", (requests + 1) * (context_len + 4) * 4, 0.01, 0.01, ENGINE,
+                           f"int32 token map of {requests + 1} request slots x {context_len + 4} positions",
+                           in_budget=False))
     outside = sum(c.bytes for c in components if not c.in_budget)
     reasons = []
     if outside > reserve:
-        reasons.append(f"activations and CUDA graphs ({outside / GIB:.2f} GiB) exceed the "
+        reasons.append(f"activations, CUDA graphs and the request-to-token map ({outside / GIB:.2f} GiB) exceed the "
                        f"{reserve / GIB:.2f} GiB that mem_fraction_static {fraction} leaves: lower it")
     return PolicyResult(
         components=components, budget_bytes=total - other - reserve, kv_rule=kv_rule, limits=limits,
         max_model_len=context_len, block_size=1, kv_bytes_per_token=cell,
         settings={"mem_fraction_static": fraction, "chunked_prefill_size": chunk, "cuda_graph_max_bs": graph_max_bs,
-                  "context_length": context_len, "max_running_requests": settings.max_num_seqs or max_running,
+                  "context_length": context_len, "max_running_requests": requests,
                   "tp_size": ctx.tp, "pp_size": ctx.pp, "dtype": ctx.dtype, "kv_cache_dtype": settings.kv_cache_dtype},
         kv_provenance=ENGINE,
         kv_note=f"free memory after weights less (1 - {fraction}) x the memory free at start-up, "
