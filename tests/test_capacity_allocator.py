@@ -73,3 +73,16 @@ def test_sglang_request_to_token_map_sits_in_the_reserve():
     assert not pool.in_budget
     assert pool.bytes / GIB == pytest.approx(2049 * 131076 * 4 / GIB, rel=0.001) and pool.bytes / GIB > 0.99
     assert est.settings["max_running_requests"] == 2048
+
+
+def test_sglang_context_is_an_unknown_term_with_a_widened_band():
+    # r090's log: 22.49 GiB L4, "Init torch distributed ends. mem usage=0.13 GB", "Load weight begin. avail
+    # mem=21.63 GB": 0.73 GiB held before NCCL. The constant is vLLM 0.19's 0.51 GiB; the band must hold 0.73.
+    m = resolve_model("Qwen/Qwen2.5-32B-Instruct", offline=True)
+    est = estimate(m, get_gpu("l4"), EngineSettings(engine="sglang", tensor_parallel_size=4, mem_fraction_static=0.85))
+    ctx = est.component("cuda_context")
+    assert ctx.low_bytes / GIB < 0.51 < 0.73 < ctx.high_bytes / GIB
+    assert "unknown term, band widened" in ctx.note
+    # and the KV band holds the logged pool: 46,611 tokens x 64 KiB
+    kv = est.component("kv_cache")
+    assert kv.low_bytes <= 46_611 * 65_536 <= kv.high_bytes
