@@ -45,8 +45,19 @@ def test_sglang_default_fraction_heuristics():
     assert (chunk, bs) == (8192, 256)
     # 512 + 8192 x 1.5 + 256 x 2 + 1/8 x 1024 MiB = 13.125 GiB reserved on 79.19 GiB.
     assert default_fraction(ctx, chunk, bs) == round((79.19 - 13.125) / 79.19, 3)
-    old = Context(spec(LLAMA_31_8B), H100, EngineSettings(engine="sglang", engine_version="0.4.6"), Constants.defaults())
-    assert default_fraction(old, chunk, bs) == round((79.19 - 10.0) / 79.19, 3)  # 9.5 + tp/2
+    old = Context(spec(LLAMA_31_8B), H100, EngineSettings(engine="sglang", engine_version="0.4.8"), Constants.defaults())
+    assert default_fraction(old, chunk, bs) == round((79.19 - 10.0) / 79.19, 3)  # 9.5 + tp/2 (PR #7054)
+
+
+@pytest.mark.parametrize(("version", "tp", "fraction"), [
+    ("0.4.3", 4, 0.85),  # r090: no --mem-fraction-static in the command, server_args printed 0.85 at TP 4
+    ("0.4.3", 1, 0.88), ("0.4.6", 2, 0.87), ("0.4.6", 8, 0.81), ("0.3.0", 16, 0.79), ("0.1.13", 1, 0.90),
+    ("0.1.13", 4, 0.82),
+])
+def test_sglang_default_fraction_before_pr_7054_follows_the_tp_size(version, tp, fraction):
+    ctx = Context(spec(LLAMA_31_8B), L4, EngineSettings(engine="sglang", engine_version=version,
+                                                         tensor_parallel_size=tp), Constants.defaults())
+    assert default_fraction(ctx, *gpu_defaults(ctx)) == fraction
 
 
 def test_sglang_activation_beyond_the_reservation_does_not_fit():

@@ -5,7 +5,8 @@ and NCCL are up (`min_per_gpu_memory`, measured right after `init_torch_distribu
 model_runner.py passes it to `profile_max_num_token` as `total_gpu_memory`):
     rest = free_after_weights - free_at_init x (1 - mem_fraction_static);  tokens = rest // cell_size
 The remaining `(1 - mem_fraction_static) x free_at_init` holds activations, CUDA graphs and runtime.
-The default fraction comes from a reservation heuristic that changed in 2025-09 (PR #10975).
+The default fraction has three generations: a table by TP size (to 0.4.6), GPU-size buckets (PR #7054,
+0.4.7) and a reservation heuristic (PR #10975, 2025-09, 0.5.3).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from vramlab.capacity.spec import dtype_bytes
 from vramlab.errors import ConfigError
 
 NEW_HEURISTIC_FROM = (0, 5, 3)
+# PR #7054 ("Simplify the heuristics for setting --mem-fraction-static", merged 2025-06-10, the day 0.4.7
+# was tagged): GPU-size buckets replace the TP-size table; 0.4.7 itself is taken as the first with buckets.
+GPU_BUCKETS_FROM = (0, 4, 7)
 SWA_FULL_TOKENS_RATIO = 0.8  # --swa-full-tokens-ratio default
 CONTEXT_EXTRA_BAND = 0.5  # SGLang's CUDA context is not measured apart from vLLM's: unknown term, band widened
 
@@ -33,9 +37,23 @@ def gpu_defaults(ctx: Context) -> tuple[int, int]:
     return 16384, 512
 
 
+def tp_fraction(ctx: Context) -> float:
+    """ServerArgs.__post_init__ before PR #7054 (merged 2025-06-10): the fraction follows the TP size only.
+    0.1.x: 0.90 / 0.85 (TP 2) / 0.82 (TP 4) / 0.80 (TP 8); 0.2 onwards 0.88 / 0.87 / 0.85 / 0.81 (TP 8;
+    0.83 in some 0.2-0.3 releases, not pinned) / 0.79 (TP 16)."""
+    tp = ctx.tp  # one 0.4 copy keys it on world_size instead (TP x PP): equal at PP 1
+    if ctx.version and ctx.version < (0, 2):
+        table = ((8, 0.80), (4, 0.82), (2, 0.85), (1, 0.90))
+    else:
+        table = ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87), (1, 0.88))
+    return next(frac for size, frac in table if tp >= size)
+
+
 def default_fraction(ctx: Context, chunk: int, graph_bs: int) -> float:
     gib = ctx.gpu.memory_gib
     world = ctx.tp * ctx.pp
+    if ctx.version and ctx.version < GPU_BUCKETS_FROM:
+        return tp_fraction(ctx)
     if ctx.version and ctx.version < NEW_HEURISTIC_FROM:
         if gib < 35:
             reserved = 2.8 + world / 10
