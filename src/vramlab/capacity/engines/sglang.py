@@ -42,6 +42,7 @@ def tp_fraction(ctx: Context) -> float:
     0.1.x: 0.90 / 0.85 (TP 2) / 0.82 (TP 4) / 0.80 (TP 8); 0.2 onwards 0.88 / 0.87 / 0.85 / 0.81 (TP 8;
     0.83 in some 0.2-0.3 releases, not pinned) / 0.79 (TP 16)."""
     tp = ctx.tp  # one 0.4 copy keys it on world_size instead (TP x PP): equal at PP 1
+    table: tuple[tuple[int, float], ...]
     if ctx.version and ctx.version < (0, 2):
         table = ((8, 0.80), (4, 0.82), (2, 0.85), (1, 0.90))
     else:
