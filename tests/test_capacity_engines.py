@@ -177,3 +177,23 @@ def test_mxfp4_keeps_attention_and_embeddings_unquantized():
         est = estimate(m, H100, EngineSettings(engine_version="0.19.0", tensor_parallel_size=2, max_model_len=8192,
                                                quantization=q))
         assert est.weights_bytes / GIB == pytest.approx(7.01, rel=0.02)
+
+
+@pytest.mark.parametrize(("gpu", "tp", "defaults"), [
+    ("t4", 1, (2048, 8)), ("rtx-4090", 1, (2048, 24)), ("rtx-4090", 4, (2048, 80)),
+    ("l40s", 1, (4096, 32)), ("a100-40gb", 4, (4096, 160)), ("h100-80gb", 1, (8192, 256)),
+    ("h200", 8, (8192, 512)), ("b200", 1, (16384, 512)),
+])
+def test_sglang_0_5_3_gpu_buckets(gpu, tp, defaults):
+    """server_args `_handle_gpu_memory_settings` after PR #10975: chunk and graph batch by card size and TP."""
+    ctx = Context(spec(LLAMA_31_8B), get_gpu(gpu), EngineSettings(engine="sglang", engine_version="0.5.6",
+                                                                  tensor_parallel_size=tp), Constants.defaults())
+    assert gpu_defaults(ctx) == defaults
+
+
+def test_sglang_default_fraction_on_a_48_gb_card_reserves_for_a_4k_chunk():
+    # L40S, 0.5.6: 512 + 4096 x 1.5 + 32 x 2 + 1/8 x 1024 = 6,848 MiB reserved (not 13,440 MiB as with 8k / 256).
+    ctx = Context(spec(LLAMA_31_8B), get_gpu("l40s"), EngineSettings(engine="sglang", engine_version="0.5.6"),
+                  Constants.defaults())
+    gib = ctx.gpu.memory_gib
+    assert default_fraction(ctx, *gpu_defaults(ctx)) == round((gib - 6848 / 1024) / gib, 3)

@@ -28,8 +28,23 @@ CONTEXT_EXTRA_BAND = 0.5  # SGLang's CUDA context is not measured apart from vLL
 
 
 def gpu_defaults(ctx: Context) -> tuple[int, int]:
-    """(chunked_prefill_size, cuda_graph_max_bs) defaults by card size and TP."""
+    """(chunked_prefill_size, cuda_graph_max_bs) defaults by card size and TP.
+
+    From 0.5.3 (PR #10975, `_handle_gpu_memory_settings`): < 20 GiB 2048 / 8; < 35 GiB 2048 / 24 (80 at
+    TP >= 4); < 60 GiB 4096 / 32 (160); < 160 GiB 8192 / 256 (512); above 16384 / 512. Before, the
+    buckets recorded in research/capacity-anchors.md §2 (a ~0.4.3 L4 log printed 2048 / 80 at TP 4)."""
     gib = ctx.gpu.memory_gib
+    if not ctx.version or ctx.version >= NEW_HEURISTIC_FROM:
+        big = ctx.tp >= 4
+        if gib < 20:
+            return 2048, 8
+        if gib < 35:
+            return 2048, (80 if big else 24)
+        if gib < 60:
+            return 4096, (160 if big else 32)
+        if gib < 160:
+            return 8192, (512 if big else 256)
+        return 16384, 512
     if gib < 35:
         return 2048, (8 if ctx.tp < 4 else 80)
     if gib < 160 and ctx.gpu.arch != "cdna3":
