@@ -197,3 +197,25 @@ def test_sglang_default_fraction_on_a_48_gb_card_reserves_for_a_4k_chunk():
                   Constants.defaults())
     gib = ctx.gpu.memory_gib
     assert default_fraction(ctx, *gpu_defaults(ctx)) == round((gib - 6848 / 1024) / gib, 3)
+
+
+@pytest.mark.parametrize(("version", "note"), [
+    ("1.3.4", "100 % of the memory free"), ("1.4.1", "95 % of the memory free"), ("2.3.1", "95 % of the memory free"),
+    ("2.4.0", "90 % of the memory free"), ("3.0.2", "less 5 % of the card"), ("3.2.3", "less 7 % of the card"),
+    ("3.3.6", "less 10 % of the card"),
+])
+def test_tgi_keeps_back_what_each_release_keeps(version, note):
+    """flash_causal_lm.py `warmup` and globals.py TGI_WIGGLE_ROOM at each tag (see engines/tgi.py)."""
+    m = spec(LLAMA_31_8B)
+    est = estimate(m, H100, EngineSettings(engine="tgi", engine_version=version, max_model_len=4096))
+    assert note in est.component("kv_cache").note
+    # blocks of one token from 2.3 (launcher default ATTENTION=flashinfer), 16 before
+    assert est.settings["block_size"] == (1 if version >= "2.3" else 16)
+
+
+def test_tgi_3_0_keeps_half_the_room_of_3_3():
+    m = spec(LLAMA_31_8B)
+    s = dict(engine="tgi", max_model_len=4096)
+    early = estimate(m, H100, EngineSettings(engine_version="3.0.1", **s))
+    late = estimate(m, H100, EngineSettings(engine_version="3.3.6", **s))
+    assert early.kv_cache_bytes - late.kv_cache_bytes == pytest.approx(0.05 * H100.memory_bytes, rel=0.001)

@@ -1,14 +1,22 @@
 """Text-generation-inference's memory policy (research/capacity-anchors.md §4).
 
-Warm-up runs the largest prefill batch (`--max-batch-prefill-tokens`), then sizes the KV pool
-from what is free after that peak. TGI 3 keeps `1 - CUDA_MEMORY_FRACTION x TGI_WIGGLE_ROOM` (10 %)
-of the card: KV = free_after_peak - 0.10 x total. TGI 1.x-2.x kept 5 % of what was free instead:
-`int((free_memory * 0.95) // total_cache_size) + batch.num_blocks` with
-`free_memory = mem_get_info.free - (1 - MEMORY_FRACTION) x total` (flash_causal_lm.py `warmup`,
-utils/import_utils.py `get_cuda_free_memory`). The router's warm-up requests ask for prefill
-logprobs (`prefill_logprobs: true` in its client `warmup`), so the warm-up forward holds the logits
-of every prefill token and their `log_softmax` (generate_token): 2 x tokens x vocab at the model
-dtype, in every era. CUDA graphs are captured afterwards, inside the wiggle room.
+Warm-up runs the largest prefill batch (`--max-batch-prefill-tokens`), then sizes the KV pool from
+what is free after that peak (`mem_get_info` with no `empty_cache` in between, so the peak stays
+reserved), less `(1 - MEMORY_FRACTION) x total` (utils/import_utils.py `get_cuda_free_memory`), and
+adds back the warm-up batch's own blocks. What it keeps back, by release (server/.../flash_causal_lm.py
+`warmup` and models/globals.py `TGI_WIGGLE_ROOM`, read at every tag):
+
+- 1.0.0-1.4.0: nothing (`int(free_memory // total_cache_size) + cache_manager.num_blocks`);
+- 1.4.1-2.2.x: 5 % of the free memory (`int((free_memory * 0.95) // total_cache_size)`);
+- 2.3.x: the same through `TGI_WIGGLE_ROOM` = 0.95; 2.4.x: `TGI_WIGGLE_ROOM` = 0.90 (10 % of free);
+- 3.0.x: `get_free_memory(device, MEMORY_FRACTION * TGI_WIGGLE_ROOM)` with 0.95: 5 % of the card;
+  3.1-3.2: 0.93 (7 %); 3.3 onwards: 0.90 (10 %).
+
+From 2.3.0 the launcher defaults to `ATTENTION=flashinfer` with prefix caching: blocks of 1 token
+(`BLOCK_SIZE = 1`); before, paged attention in blocks of 16. The router's warm-up requests ask for
+prefill logprobs (`prefill_logprobs: true` in its client `warmup`, 1.x to 3.x), so the warm-up forward
+holds the logits of every prefill token and their `log_softmax` (generate_token): 2 x tokens x vocab
+at the model dtype. CUDA graphs are captured afterwards, inside what was kept back.
 """
 
 from __future__ import annotations
@@ -19,11 +27,25 @@ from vramlab.capacity.overheads import forward_peak_bytes, moe_workspace_bytes
 from vramlab.capacity.spec import dtype_bytes
 from vramlab.errors import ConfigError
 
-WIGGLE_ROOM = 0.90  # TGI_WIGGLE_ROOM
-LEGACY_WIGGLE = 0.95  # TGI 1.x-2.x: "Leave 5% for some wiggle room" of the free memory
-FRACTION_WIGGLE_FROM = (3, 0)  # get_free_memory(device, MEMORY_FRACTION * TGI_WIGGLE_ROOM) (@db931fcf)
+# (first release, share of the FREE memory kept for KV) before 3.0; (first release, TGI_WIGGLE_ROOM) from 3.0.
+FREE_SHARE = (((1, 0), 1.0), ((1, 4, 1), 0.95), ((2, 4), 0.90))
+CARD_WIGGLE = (((3, 0), 0.95), ((3, 1), 0.93), ((3, 3), 0.90))
+FRACTION_WIGGLE_FROM = (3, 0)  # get_free_memory(device, MEMORY_FRACTION * TGI_WIGGLE_ROOM)
 LEGACY_BAND = 1.0  # TGI 2.2 on an A10G left ~2 GiB less than this rule after warm-up: unknown term, band widened
-FLASHINFER_FROM = (3, 0)  # TGI 3 defaults to flashinfer with block size 1
+FLASHINFER_FROM = (2, 3)  # the launcher's default ATTENTION=flashinfer (BLOCK_SIZE 1) from 2.3.0
+
+
+def _by_release(table: tuple[tuple[tuple[int, ...], float], ...], version: tuple[int, ...]) -> float:
+    value = table[0][1]
+    for first, share in table:
+        if version >= first:
+            value = share
+    return value
+
+
+def card_wiggle(version: tuple[int, ...] | None) -> float:
+    """TGI_WIGGLE_ROOM of a 3.x release (the newest when the version is not known)."""
+    return _by_release(CARD_WIGGLE, version) if version else CARD_WIGGLE[-1][1]
 
 
 def warmup_logits_component(ctx: Context, prefill_tokens: int, extra_band: float = 0.0) -> Component:
@@ -39,7 +61,7 @@ def legacy_pool(ctx: Context, prefill_tokens: int, max_total: int, block: int) -
     The warm-up batch is ceil(prefill / max_input) requests, each holding max_total tokens of blocks."""
     requests = -(-prefill_tokens // max(1, max_total - 1))
     batch = requests * -(-max_total // block) * block * ctx.kv_bytes_per_token()
-    return LEGACY_WIGGLE, batch
+    return _by_release(FREE_SHARE, ctx.version or (2, 4)), batch
 
 
 def warmup_components(ctx: Context, prefill_tokens: int, extra_band: float = 0.0) -> list[Component]:
@@ -83,7 +105,8 @@ def plan(ctx: Context) -> PolicyResult:
     graphs = sum(c.bytes for c in components if c.name == "cuda_graphs")
     total, other = ctx.total, ctx.other
     share, batch_kv = legacy_pool(ctx, prefill_tokens, max_total, block) if legacy else (1.0, 0)
-    wiggle_room = int(total * (1 - memory_fraction * (1.0 if legacy else WIGGLE_ROOM)))
+    wiggle = 1.0 if legacy else card_wiggle(ctx.version)
+    wiggle_room = int(total * (1 - memory_fraction * wiggle))
 
     def kv_rule(parts: list[Component], point: str) -> int:
         free = total - other - pick(parts, point) - wiggle_room
@@ -99,7 +122,7 @@ def plan(ctx: Context) -> PolicyResult:
     reasons, notes = [], ["max_batch_total_tokens is the pool in tokens; TGI sizes it at warm-up"]
     if legacy:
         notes.append("unknown term, band widened: TGI 2.x's warm-up peak was ~2 GiB above weights + activation + "
-                     "logits in a real TGI 2.2 log, and the release that moved to TGI 3's rule is not pinned")
+                     "logits in a real TGI 2.2 log (A10G, Llama 3.1 8B); what fills it is not found in 2.2's source")
     if not legacy and graphs > wiggle_room:
         reasons.append(f"CUDA graphs ({graphs / GIB:.2f} GiB) do not fit the {wiggle_room / GIB:.2f} GiB wiggle room")
     return PolicyResult(
@@ -108,8 +131,9 @@ def plan(ctx: Context) -> PolicyResult:
         settings={"max_total_tokens": max_total, "max_batch_prefill_tokens": prefill_tokens,
                   "cuda_memory_fraction": memory_fraction, "block_size": block, "num_shard": ctx.tp,
                   "dtype": ctx.dtype},
-        kv_provenance=ENGINE, kv_note=("95 % of the memory free after the warm-up peak, plus the warm-up batch's "
-                                       "blocks (TGI 1.x-2.x)" if legacy else
-                                       "free memory after the warm-up peak less 10 % of the card (TGI_WIGGLE_ROOM)"),
+        kv_provenance=ENGINE, kv_note=(f"{share * 100:.0f} % of the memory free after the warm-up peak, plus the warm-up "
+                                       "batch's blocks (TGI 1.x-2.x)" if legacy else
+                                       f"free memory after the warm-up peak less {(1 - wiggle) * 100:.0f} % of the card "
+                                       f"(TGI_WIGGLE_ROOM {wiggle})"),
         reasons=reasons, min_blocks_needed=-(-max_total // block), notes=notes,
     )
