@@ -125,7 +125,9 @@ def _layer_tensors(m: ModelSpec, rules: MixRules, i: int, i_wv: int, n_wv: int) 
         add(rules.attn_k(), h, kv_dim)
         add(rules.attn_v(i_wv, n_wv, fused=False), h, kv_dim)
     add(rules.attn_output(), q_dim, h)
-    norms = 2 * h + (2 * hd if m.model_type in ("qwen3", "qwen3_moe") else 0)  # Qwen3's q/k norms
+    norms = 2 * h + (2 * hd if m.model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text") else 0)  # q/k norms
+    if m.model_type.startswith(("gemma2", "gemma3")):
+        norms += 2 * h  # post_attention_norm and post_ffw_norm
     if m.attention_bias:
         norms += q_dim + 2 * kv_dim
     total += 4 * norms
