@@ -86,3 +86,17 @@ def test_sglang_context_is_an_unknown_term_with_a_widened_band():
     # and the KV band holds the logged pool: 46,611 tokens x 64 KiB
     kv = est.component("kv_cache")
     assert kv.low_bytes <= 46_611 * 65_536 <= kv.high_bytes
+
+
+def test_sglang_mla_keeps_absorbed_copies_of_kv_b_proj():
+    # python/sglang/srt/models/deepseek_v2.py post_load_weights: w_kc, w_vc = kv_b_proj split and made
+    # contiguous (bind_or_assign), kept beside kv_b_proj. DeepSeek-V3 at TP 8: 16 heads x (128 + 128) x 512
+    # x 61 layers x 2 bytes = 244 MiB per GPU.
+    m = resolve_model("deepseek-ai/DeepSeek-V3", offline=True)
+    s = dict(tensor_parallel_size=8, max_model_len=8192)
+    sg = estimate(m, get_gpu("h200"), EngineSettings(engine="sglang", engine_version="0.5.6", **s))
+    v = estimate(m, get_gpu("h200"), EngineSettings(engine_version="0.19.0", **s))
+    w = sg.component("weights")
+    assert "w_kc/w_vc" in w.note
+    assert (w.bytes - v.weights_bytes) == 16 * 256 * 512 * 61 * 2
+    assert w.low_bytes <= v.weights_bytes + 16 * 256 * 512 * 61  # the FP8 (DeepGEMM bmm) path keeps half

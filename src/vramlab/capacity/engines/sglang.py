@@ -124,17 +124,37 @@ def weight_tensor_sizes(ctx: Context) -> list[int] | None:
     return sizes
 
 
+def mla_absorbed_bytes(ctx: Context) -> int:
+    """DeepSeek-style MLA: `post_load_weights` (models/deepseek_v2.py) keeps w_kc and w_vc, contiguous copies
+    of kv_b_proj split into its K and V halves, beside kv_b_proj itself: heads/tp x (nope + v) x
+    kv_lora_rank per layer, in the model dtype (an FP8 block checkpoint is dequantized to it on CUDA;
+    the DeepGEMM bmm path keeps FP8, half of this)."""
+    m = ctx.model
+    if not m.is_mla:
+        return 0
+    heads = max(1, m.num_attention_heads // ctx.tp)
+    per_layer = heads * ((m.qk_nope_head_dim or 128) + (m.mla_v_head_dim or 128)) * (m.kv_lora_rank or 512)
+    return int(m.num_layers * per_layer * dtype_bytes(ctx.dtype))
+
+
 def weights_as_reported(ctx: Context) -> Component:
     """The weights as SGLang measures them: free memory (mem_get_info after empty_cache) before and after
-    loading, so the caching allocator's segment rounding of every weight tensor counts (allocator.py)."""
+    loading, so the caching allocator's segment rounding of every weight tensor counts (allocator.py),
+    and MLA's absorbed w_kc / w_vc copies made after loading."""
     weights = ctx.weights_component()
     sizes = weight_tensor_sizes(ctx)
-    if not sizes:
+    absorbed = mla_absorbed_bytes(ctx)
+    if not sizes and not absorbed:
         return weights
-    extra = allocator.rounding_bytes(sizes)
-    return band("weights", weights.bytes + extra, 0.0, 0.0, weights.provenance,
-                weights.note + f"; + {extra / GIB:.2f} GiB of allocator segment rounding (SGLang reads free memory)",
-                abs_low=weights.bytes - weights.low_bytes + extra, abs_high=weights.high_bytes - weights.bytes)
+    extra = allocator.rounding_bytes(sizes) if sizes else 0
+    note = weights.note
+    if extra:
+        note += f"; + {extra / GIB:.2f} GiB of allocator segment rounding (SGLang reads free memory)"
+    if absorbed:
+        note += f"; + {absorbed / GIB:.2f} GiB of MLA w_kc/w_vc copies (post_load_weights)"
+    return band("weights", weights.bytes + extra + absorbed, 0.0, 0.0, weights.provenance, note,
+                abs_low=weights.bytes - weights.low_bytes + extra + absorbed // 2,
+                abs_high=weights.high_bytes - weights.bytes)
 
 
 def static_components(ctx: Context, chunk: int, graph_max_bs: int) -> list[Component]:
