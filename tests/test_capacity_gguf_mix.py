@@ -85,3 +85,22 @@ def test_an_unmodelled_mix_keeps_the_average_and_its_wider_band():
     est = estimate(m, RTX3070, EngineSettings(engine="llama.cpp", quantization="IQ3_M", ctx_size=4096))
     w = est.component("weights")
     assert "tensor by tensor" not in w.note and (w.high_bytes - w.bytes) / w.bytes >= 0.02
+
+
+def test_llama_server_from_pr_23861_reserves_one_logit_row_per_sequence():
+    # ggml-org/llama.cpp PR #23861 (2026-05-29): the server's worst-case graph reserves logits for n_seqs,
+    # not n_ubatch. r103 (2026 llama-server, Qwen3-4B, -c 8192, unified 4 slots) printed
+    # "sched_reserve: CUDA0 compute buffer size = 85.01 MiB": the n_ubatch logits alone would be 297 MiB.
+    m = qwen3_4b()
+    gpu = get_gpu("l4")
+    new = estimate(m, gpu, EngineSettings(engine="llama.cpp", quantization="Q4_K_M", ctx_size=8192))
+    old = estimate(m, gpu, EngineSettings(engine="llama.cpp", engine_version="b7079", quantization="Q4_K_M",
+                                          ctx_size=8192))
+    logits_512 = 4 * 512 * m.vocab_size
+    assert old.activation_peak_bytes - new.activation_peak_bytes == 4 * 511 * m.vocab_size
+    assert old.activation_peak_bytes > logits_512
+    act = new.component("activation_peak")
+    assert act.low_bytes <= 85.01 * MIB <= act.high_bytes and "unknown term, band widened" in act.note
+    py = estimate(m, gpu, EngineSettings(engine="llama.cpp", llamacpp_server="llama-cpp-python",
+                                         quantization="Q4_K_M"))
+    assert py.activation_peak_bytes > logits_512  # llama-cpp-python's own server still reserves every row
