@@ -219,3 +219,23 @@ def test_tgi_3_0_keeps_half_the_room_of_3_3():
     early = estimate(m, H100, EngineSettings(engine_version="3.0.1", **s))
     late = estimate(m, H100, EngineSettings(engine_version="3.3.6", **s))
     assert early.kv_cache_bytes - late.kv_cache_bytes == pytest.approx(0.05 * H100.memory_bytes, rel=0.001)
+
+
+def test_sglang_splits_the_pool_only_for_its_hybrid_swa_allowlist():
+    """configs/model_config.py `is_hybrid_swa_model`: Llama 4, GPT-OSS, MiMo-V2, Step3p5, Gemma 4. Gemma 3 has
+    sliding layers but SGLang stores every token in every layer (server_args disables hybrid SWA for Gemma
+    2/3); GPT-OSS's hybrid pool is disabled by server_args in the 0.4.x-0.5.x releases."""
+    from capacity_models import GPT_OSS_20B
+
+    g = spec(GEMMA3_4B)
+    est = estimate(g, H100, EngineSettings(engine="sglang", engine_version="0.5.6", max_model_len=8192))
+    assert est.kv_cache_tokens == est.kv_cache_bytes // est.kv_bytes_per_token  # one full cell per token
+    oss = spec(GPT_OSS_20B)
+    s = dict(engine="sglang", max_model_len=8192, mem_fraction_static=0.85)
+    old = estimate(oss, H100, EngineSettings(engine_version="0.5.6", **s))
+    new = estimate(oss, H100, EngineSettings(engine_version="0.5.9", **s))
+    blackwell = estimate(oss, get_gpu("b200"), EngineSettings(engine_version="0.5.9", **s))
+    assert old.kv_cache_tokens == old.kv_cache_bytes // old.kv_bytes_per_token
+    # hybrid: full-layer tokens = rest / (full + 0.8 x sliding), half the layers each: 1 / 0.9 more tokens
+    assert new.kv_cache_tokens == pytest.approx(new.kv_cache_bytes / (0.9 * new.kv_bytes_per_token), rel=1e-4)
+    assert blackwell.kv_cache_tokens == blackwell.kv_cache_bytes // blackwell.kv_bytes_per_token

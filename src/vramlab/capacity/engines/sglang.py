@@ -24,6 +24,10 @@ NEW_HEURISTIC_FROM = (0, 5, 3)
 # was tagged): GPU-size buckets replace the TP-size table; 0.4.7 itself is taken as the first with buckets.
 GPU_BUCKETS_FROM = (0, 4, 7)
 SWA_FULL_TOKENS_RATIO = 0.8  # --swa-full-tokens-ratio default
+HYBRID_SWA_ARCHS = frozenset({"Llama4ForConditionalGeneration", "GptOssForCausalLM", "MiMoV2FlashForCausalLM",
+                              "Step3p5ForCausalLM", "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"})
+HYBRID_SWA_FROM = (0, 4, 9)  # PR #7367 (July 2025 CI runs); the first release is not pinned
+GPT_OSS_HYBRID_AFTER = (0, 5, 8)  # disabled by server_args up to at least January 2026 (PR #17630's repro)
 CONTEXT_EXTRA_BAND = 0.5  # SGLang's CUDA context is not measured apart from vLLM's: unknown term, band widened
 
 
@@ -188,12 +192,27 @@ def static_components(ctx: Context, chunk: int, graph_max_bs: int) -> list[Compo
     return components
 
 
+def hybrid_swa(ctx: Context) -> bool:
+    """Whether SGLang splits the pool into full and sliding-window parts (`is_hybrid_swa_model`,
+    configs/model_config.py): only an allowlist of architectures, and not where server_args sets
+    `disable_hybrid_swa_memory` (GPT-OSS in 0.4.x-0.5.x releases, still so in January 2026; later only
+    with trtllm_mha, Blackwell's default). Every other model with sliding layers (Gemma 2/3, Mistral,
+    Cohere2...) stores every token in every layer. The pool itself dates from PR #7367 (mid-2025)."""
+    arch, version = ctx.model.architecture, ctx.version
+    if arch not in HYBRID_SWA_ARCHS or (version and version < HYBRID_SWA_FROM):
+        return False
+    if arch == "GptOssForCausalLM":
+        sm100 = ctx.gpu.arch == "blackwell" and not ctx.gpu.name.startswith("rtx")  # trtllm_mha by default
+        return bool(version) and version > GPT_OSS_HYBRID_AFTER and not sm100
+    return True
+
+
 def token_limits(ctx: Context, context_len: int):
     """KV bytes -> pool tokens: one cell per token, hybrid SWA pools and Mamba state pools split first."""
     shapes = ctx.kv_shapes()
     cell = sum(shape.layers * shape.bytes_per_token_layer for shape in shapes)
     full = sum(shape.layers * shape.bytes_per_token_layer for shape in shapes if shape.kind == "full")
-    sliding = cell - full
+    sliding = cell - full if hybrid_swa(ctx) else 0
     state = ctx.state_bytes_per_seq()
 
     def limits(kv_bytes: int) -> Limits:
