@@ -74,14 +74,22 @@ def test_tgi_keeps_ten_percent_of_the_card():
     assert est.kv_cache_tokens == est.kv_cache_bytes // 131_072  # flashinfer blocks of one token
 
 
-def test_tgi_warmup_holds_the_logits_of_every_prefill_token():
-    """The router warms up with prefill_logprobs: true, so logits + log_softmax of the whole prefill batch."""
+def test_tgi_warmup_logits_by_release():
+    """The router warms up with prefill_logprobs: true. flash_causal_lm.py: to 2.3 logits + log_softmax of
+    every prefill token, 2.4 log_softmax in place (one copy), 3.x drops prefill logprobs unless
+    REQUEST_LOGPROBS is set (next-token rows only)."""
     m = spec(LLAMA_31_8B)
-    small = estimate(m, H100, EngineSettings(engine="tgi", max_model_len=8192, max_batch_prefill_tokens=2048))
-    big = estimate(m, H100, EngineSettings(engine="tgi", max_model_len=8192, max_batch_prefill_tokens=4096))
-    assert big.component("warmup_logits").bytes == 2 * small.component("warmup_logits").bytes
-    assert big.component("warmup_logits").bytes > 1.9 * GIB  # 128k vocab x 4096 tokens, twice, in bf16
-    assert big.kv_cache_bytes < small.kv_cache_bytes
+    row = 128_256 * 2  # one bf16 logit row
+
+    def logits(version, prefill):
+        est = estimate(m, H100, EngineSettings(engine="tgi", engine_version=version, max_model_len=8192,
+                                               max_batch_prefill_tokens=prefill))
+        return est.component("warmup_logits").bytes, est.kv_cache_bytes
+
+    (two_2k, kv_2k), (two_4k, kv_4k) = logits("2.2.0", 2048), logits("2.2.0", 4096)
+    assert two_4k == 2 * two_2k == 2 * 4096 * row and kv_4k < kv_2k
+    assert logits("2.4.0", 4096)[0] == 4096 * row
+    assert logits("3.3.6", 4096)[0] == 1 * row  # one request of 4,096 tokens: its next-token row
 
 
 A10G = get_gpu("a10g")
@@ -239,3 +247,25 @@ def test_sglang_splits_the_pool_only_for_its_hybrid_swa_allowlist():
     # hybrid: full-layer tokens = rest / (full + 0.8 x sliding), half the layers each: 1 / 0.9 more tokens
     assert new.kv_cache_tokens == pytest.approx(new.kv_cache_bytes / (0.9 * new.kv_bytes_per_token), rel=1e-4)
     assert blackwell.kv_cache_tokens == blackwell.kv_cache_bytes // blackwell.kv_bytes_per_token
+
+
+def test_tgi_default_prefill_tokens_by_release():
+    from vramlab.capacity.engines.tgi import default_prefill_tokens
+
+    def default(version, gpu, model=LLAMA_31_8B, max_total=8192):
+        ctx = Context(spec(model), get_gpu(gpu), EngineSettings(engine="tgi", engine_version=version),
+                      Constants.defaults())
+        return default_prefill_tokens(ctx, max_total)
+
+    # TGI 2.2 on an A10G (benchmarks/data r100): "Default `max_total_tokens` to 4096",
+    # "Default `max_batch_prefill_tokens` to 4145" (max_input_tokens 4095 + 50).
+    est = estimate(spec(LLAMA_31_8B), A10G, EngineSettings(engine="tgi", engine_version="2.2.0"))
+    assert est.settings["max_total_tokens"] == 4096 and est.settings["max_batch_prefill_tokens"] == 4145
+    # 3.x launcher: card f16 FLOP/s / model FLOP per token where it knows the card; an H100 warms up with far
+    # more tokens than an L4, a GeForce card's name is unknown to it (4096), multimodal Gemma 3 gets 8000
+    # ("Unkown compute for card nvidia-rtx-a6000" ... "Default `max_batch_prefill_tokens` to 8000" in a
+    # public gemma-3-27b log).
+    assert default("3.3.6", "h100-80gb") > 5 * default("3.3.6", "l4") > 5 * 4096
+    assert default("3.3.6", "rtx-4090") == 4096
+    assert default("3.3.6", "rtx-4090", GEMMA3_4B) == 8000
+    assert default("1.4.5", "h100-80gb") == 4096
