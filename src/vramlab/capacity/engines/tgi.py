@@ -88,8 +88,8 @@ def default_prefill_tokens(ctx: Context, max_total: int) -> int:
     default = {"qwen2_vl": 10_000, "qwen2_5_vl": 10_000, "gemma3": 8000}.get(top_type, 4096)
     tflops = LAUNCHER_TFLOPS.get(ctx.gpu.name)
     if tflops and not m.vision_params:
-        inter = (m.moe_intermediate_size or m.intermediate_size) * max(1, m.num_experts_per_tok or 1) \
-            if m.num_experts else m.intermediate_size
+        # the launcher's Config.flop: config intermediate_size x (experts per token + shared experts), as read
+        inter = m.intermediate_size * ((m.num_experts_per_tok or 1) + m.num_shared_experts)
         attn = 2 * m.head_dim * m.hidden_size * (3 * m.num_attention_heads + 2 * m.num_kv_heads)
         flop = (attn + 6 * m.hidden_size * inter) * m.num_layers
         optimal = int(tflops * 10**12 * ctx.tp // max(1, flop))
