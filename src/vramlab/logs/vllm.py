@@ -284,6 +284,16 @@ RULES: list[Rule] = [
     rule("actual_usage",
          rf"Actual usage(?: is|:) ({N}) ?GiB for weights?, ({N}) ?GiB for peak activation, ({N}) ?GiB for non-torch "
          rf"memory,? (?:and )?({N}) ?GiB for (?:CUDAGraph|CUDA graph|[A-Z]PU graph) memory", _actual_usage),
+    # 0.27+ wording (gpu_worker.py): "consumed" is cudaMemGetInfo's loss since the init snapshot (weights, non-torch,
+    # torch buffers outside the weights, the allocator's cache); "peak activation" is the transient torch peak PLUS
+    # the CUDA-graph estimate the budget took; "CUDAGraph memory" what the capture really used. Neither of the first
+    # two is the older figure of the same name, so they are kept apart.
+    rule("consumed_usage",
+         rf"Actual usage is ({N}) ?GiB for consumed memory \(weights \+ non-torch\), ({N}) ?GiB for peak activation, "
+         rf"and ({N}) ?GiB for (?:CUDAGraph|CUDA graph) memory",
+         lambda m: {"extra.consumed_weights_non_torch_bytes": gib(m.group(1)),
+                    "extra.peak_activation_with_graph_estimate_bytes": gib(m.group(2)),
+                    "cuda_graph_bytes": gib(m.group(3))}),
     # The advisory line's suggestion: what the KV pool could be if the budget were given in bytes.
     rule("kv_cache_memory_advice", r"--kv-cache-memory=(\d+)",
          lambda m: {"extra.suggested_kv_cache_memory_bytes": int(m.group(1))}),

@@ -1,7 +1,9 @@
 """vLLM's memory policy, by era (research/capacity-anchors.md §1).
 
 - Budget: `gpu_memory_utilization x total` of the WHOLE card (or `--kv-cache-memory`).
-- KV = budget - (weights + activation peak + non-torch increase) [- CUDA-graph estimate, V1 >= 0.20].
+- KV = budget - (weights + activation peak + non-torch increase) [- CUDA-graph estimate, V1 >= 0.20]; from 0.27 the
+  weights and non-torch terms are read together off cudaMemGetInfo ("consumed memory"), which also charges torch
+  buffers outside the weights and the allocator's unreleasable cache (not sized: band widened).
 - V1 (default from 0.8): before 0.9.1 the budget takes off everything on the card beyond torch's
   allocations (CUDA context and NCCL included); from 0.9.1 a baseline snapshot after the CUDA
   context leaves the context outside the budget, and from 0.11.0 the snapshot also follows NCCL init;
@@ -72,10 +74,29 @@ FLASHINFER_OPT_IN_FROM = (0, 11, 1)  # <= 0.11.0: `VLLM_USE_FLASHINFER_SAMPLER i
 TRITON_TOP_K_TOP_P_FROM = (0, 17)
 FLASHINFER_SAMPLER_DEFAULT_FROM = (0, 22)  # envs.VLLM_USE_FLASHINFER_SAMPLER: bool = True (0.20: None = opt-in)
 SORT_SAMPLER, FLASHINFER_SAMPLER, TRITON_SAMPLER = "sort", "flashinfer", "triton"
+# gpu_model_runner.py `_dummy_sampler_run`, 0.22.0 on (absent in 0.20.0): after the FlashInfer run the profile calls the
+# sampler again with a per-request generator "to warm forward_native", which FlashInfer cannot take: `forward_cuda` falls
+# back to `forward_native` -> `apply_top_k_top_p`, the Triton kernel for >= 8 sequences (the sort below 8). The profiled
+# peak is the larger of the two runs (not in the 'processed_logits' / 'processed_logprobs' logprobs modes).
+WARM_NATIVE_SAMPLER_FROM = (0, 22)
+TRITON_MIN_BATCH = 8  # topk_topp_sampler.py: `if HAS_TRITON and logits.shape[0] >= 8`
 # The fused-MoE caches: per-call temporaries (fused_moe.py `cache13 = torch.empty(...)`), freed before the sampler
 # runs, until 0.13.0 moved them into the persistent `current_workspace_manager()` (fused_moe/modular_kernel.py).
 MOE_WORKSPACE_PERSISTS_FROM = (0, 13)
 UNKNOWN_TERM_BAND = 0.5  # added to the band of a term whose value for this era/card is not measured
+# vllm/utils/mem_utils.py `memory_profiling`, 0.27.0 on: non_kv_cache_memory = total_consumed (the init snapshot's free
+# memory less the free memory after the profile, cudaMemGetInfo) + transient_peak_headroom (torch peak less what is
+# still allocated); 0.19-0.26: weights_memory + torch_peak_increase + non_torch_increase. The new sum also charges the
+# budget with torch memory held outside the weights from before the profile and the allocator's cached segments that
+# empty_cache cannot release; their size follows the install and the allocator, not the model's shapes.
+TOTAL_CONSUMED_FROM = (0, 27)
+# The one 0.27+ log here that prints the split (0.27.1, 4x RTX PRO 6000 PCIe, TP 4, benchmarks row r110): "56.89 GiB for
+# consumed memory (weights + non-torch)" beside "Model loading took 55.19 GiB": 1.70 GiB beyond the weights.
+CONSUMED_BEYOND_WEIGHTS_SEEN = 1.70 * GIB
+# V1 PP over PCIe: the tightest stage of 0.27.1 PP 4 (r112) and 0.28.0 PP 2 (r216) kept 0.9 GiB more non-KV memory than
+# planned, 0.3-0.6 GiB more than TP on the same cards (r110, r215); which term (NCCL send/recv, the PP intermediate
+# buffers) is not pinned. A band, never a planned value.
+PP_PCIE_UNEXPLAINED_SEEN = 0.9 * GIB
 
 
 @dataclass(frozen=True)
@@ -212,6 +233,11 @@ def unknown_terms(ctx: Context, kind: str) -> tuple[str, ...]:
         # 1.70 GiB of "consumed memory (weights + non-torch)" beyond its weights.
         out.append(f"V1 {ctx.settings.resolved_version} at TP > 1 without NVLink-SHARP: the non-torch growth is measured "
                    "on 0.10 only (0.15 GiB there; up to 1.7 GiB seen on 0.27 PCIe nodes)")
+    if kind == "v1" and ctx.pp > 1 and not ctx.on_nvswitch and version and version >= NCCL_BEFORE_SNAPSHOT_FROM:
+        # non_torch_forward_pp_bytes is read off 0.19 H100 (NVLink) PP rows.
+        out.append(f"V1 {ctx.settings.resolved_version} at PP > 1 without NVLink: the stages' non-torch growth is measured "
+                   "on 0.19 NVLink nodes only (0.07 GiB); 0.27-0.28 PP on PCIe cards left up to 0.9 GiB more non-KV "
+                   "memory on the tightest stage than planned")
     if kind == "v0" and ctx.model.is_mla:
         # DeepSeek-R1 on 8x H200, V0 ~0.7.3: weights 83.88 GiB (headers 79.4), non-torch 7.16 GiB.
         out.append("V0 with MLA: the non-torch term at this size is not modelled" if v0_mla_absorbs(ctx) else
@@ -301,6 +327,12 @@ def activation_component(ctx: Context, setup: Setup, last_stage: bool) -> Compon
     def peak(sampler_bytes: float) -> float:
         return max(forward, sampler_bytes) + moe if persists else max(forward + moe, sampler_bytes)
 
+    warm_native = (last_stage and setup.mode == "v1" and setup.sampler_path == FLASHINFER_SAMPLER
+                   and (not ctx.version or ctx.version >= WARM_NATIVE_SAMPLER_FROM))
+    if warm_native:
+        native = TRITON_SAMPLER if sampled >= TRITON_MIN_BATCH else SORT_SAMPLER
+        sampler = max(sampler, sampler_peak_bytes(model, sampled, constants, SAMPLER_KEYS[native]))
+        names.append(SAMPLER_KEYS[native])
     value = peak(sampler)
     rel_low = rel
     if last_stage and not setup.sampler_path_known:
@@ -311,6 +343,7 @@ def activation_component(ctx: Context, setup: Setup, last_stage: bool) -> Compon
             + (" (V0 chunked prefill caps the profiled tokens)" if setup.mode == "v0" and setup.chunked_prefill else "")
             + (f" and {setup.sampler_path} sampler on {sampled} sequences x {model.vocab_size} vocab (fp32)"
                if last_stage else "")
+            + (" then the native top-k/top-p warm-up run (the larger of the two peaks, 0.22+)" if warm_native else "")
             + ((" + fused-MoE workspace (persistent from 0.13)" if persists else " (fused-MoE caches freed before "
                 "the sampler runs)") if moe else "")
             + ("; multimodal encoder profiling not modelled" if model.vision_params else ""))
@@ -329,6 +362,11 @@ def non_torch_key(ctx: Context, setup: Setup) -> str:
     return "non_torch_forward_bytes"
 
 
+def counts_total_consumed(ctx: Context, setup: Setup) -> bool:
+    """V1 0.27+: the budget charges everything cudaMemGetInfo saw consumed since the init snapshot."""
+    return setup.mode == "v1" and ctx.version is not None and ctx.version >= TOTAL_CONSUMED_FROM
+
+
 def non_torch_component(ctx: Context, setup: Setup) -> Component:
     key = non_torch_key(ctx, setup)
     if setup.mode == "v0" and setup.multi_gpu:
@@ -336,8 +374,22 @@ def non_torch_component(ctx: Context, setup: Setup) -> Component:
                ("NVSwitch node)" if "nvswitch" in key else "PCIe / no NVSwitch)")
     else:
         what = " (custom all-reduce / NCCL buffers)" if ctx.tp > 1 else " (cuBLAS/Triton workspaces)"
-    return ctx.constant_component("non_torch", key, "memory outside PyTorch that grows during profiling" + what,
+    part = ctx.constant_component("non_torch", key, "memory outside PyTorch that grows during profiling" + what,
                                   extra_band=UNKNOWN_TERM_BAND if setup.unknown_terms else 0.0)
+    # Unknown terms of the era: the value stays the measured constant, the high end reaches what logs of the era left.
+    seen = 0.0
+    if counts_total_consumed(ctx, setup):
+        seen = max(seen, CONSUMED_BEYOND_WEIGHTS_SEEN - part.bytes)
+    if setup.mode == "v1" and ctx.pp > 1 and not ctx.on_nvswitch and ctx.version \
+            and ctx.version >= NCCL_BEFORE_SNAPSHOT_FROM:
+        seen = max(seen, PP_PCIE_UNEXPLAINED_SEEN)
+    if not seen:
+        return part
+    note = part.note + ("; from 0.27 the budget also charges torch memory held outside the weights and the allocator's "
+                        "cached segments (mem_utils total_consumed), not sized: band widened up"
+                        if counts_total_consumed(ctx, setup) else "; band widened up (PP over PCIe)")
+    return Component(part.name, part.bytes, part.low_bytes, int(part.high_bytes + seen), part.provenance, note,
+                     part.in_budget)
 
 
 def graphs_component(ctx: Context, setup: Setup, stage: int) -> Component:
@@ -477,6 +529,11 @@ def plan_notes(ctx: Context, setup: Setup, first_layout: pool.PoolLayout) -> lis
     if later_flashinfer(ctx, setup):
         notes.append(f"unknown term, band widened (activation peak): the FlashInfer sampler vLLM "
                      f"{ctx.settings.resolved_version} runs by default is measured only on 0.10.1 (FlashInfer 0.2)")
+    if counts_total_consumed(ctx, setup):
+        notes.append(f"unknown term, band widened (non-torch): vLLM {ctx.settings.resolved_version} charges its budget "
+                     "with everything the card lost since start-up (0.27+ mem_utils total_consumed), torch buffers "
+                     "outside the weights and the allocator's unreleasable cache included; planned as the measured "
+                     "non-torch growth, up to 1.70 GiB beyond the weights seen on 0.27.1")
     notes += [f"unknown term, band widened: {why}" for why in setup.unknown_terms]
     return notes
 
