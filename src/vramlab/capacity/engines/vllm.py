@@ -3,7 +3,8 @@
 - Budget: `gpu_memory_utilization x total` of the WHOLE card (or `--kv-cache-memory`).
 - KV = budget - (weights + activation peak + non-torch increase) [- CUDA-graph estimate, V1 >= 0.20]; from 0.27 the
   weights and non-torch terms are read together off cudaMemGetInfo ("consumed memory"), which also charges torch
-  buffers outside the weights and the allocator's unreleasable cache (not sized: band widened).
+  buffers outside the weights and the allocator's unreleasable cache (single-card logs: what 0.19 planned; TP/PP over
+  PCIe: more, not pinned, band widened).
 - V1 (default from 0.8): before 0.9.1 the budget takes off everything on the card beyond torch's
   allocations (CUDA context and NCCL included); from 0.9.1 a baseline snapshot after the CUDA
   context leaves the context outside the budget, and from 0.11.0 the snapshot also follows NCCL init;
@@ -90,8 +91,10 @@ UNKNOWN_TERM_BAND = 0.5  # added to the band of a term whose value for this era/
 # budget with torch memory held outside the weights from before the profile and the allocator's cached segments that
 # empty_cache cannot release; their size follows the install and the allocator, not the model's shapes.
 TOTAL_CONSUMED_FROM = (0, 27)
-# The one 0.27+ log here that prints the split (0.27.1, 4x RTX PRO 6000 PCIe, TP 4, benchmarks row r110): "56.89 GiB for
-# consumed memory (weights + non-torch)" beside "Model loading took 55.19 GiB": 1.70 GiB beyond the weights.
+# 0.27+ logs that print the split ("X GiB for consumed memory (weights + non-torch)" beside "Model loading took W GiB"):
+# one card, 0.26-0.30 GiB beyond the weights (0.31.0 A100 Llama-3.1-8B r113, 0.27.1 RTX 4090 Qwen2.5-0.5B r114), what
+# non_torch_forward_bytes plans; TP 4 over PCIe without custom all-reduce (0.27.1, 4x RTX PRO 6000, r110) 1.70 GiB, the
+# fused-MoE workspace included, against 0.15 GiB of NCCL growth read off 0.10 rows: the high end reaches it there.
 CONSUMED_BEYOND_WEIGHTS_SEEN = 1.70 * GIB
 # V1 PP over PCIe: the tightest stage of 0.27.1 PP 4 (r112) and 0.28.0 PP 2 (r216) kept 0.9 GiB more non-KV memory than
 # planned, 0.3-0.6 GiB more than TP on the same cards (r110, r215); which term (NCCL send/recv, the PP intermediate
@@ -378,16 +381,17 @@ def non_torch_component(ctx: Context, setup: Setup) -> Component:
                                   extra_band=UNKNOWN_TERM_BAND if setup.unknown_terms else 0.0)
     # Unknown terms of the era: the value stays the measured constant, the high end reaches what logs of the era left.
     seen = 0.0
+    note = part.note
     if counts_total_consumed(ctx, setup):
-        seen = max(seen, CONSUMED_BEYOND_WEIGHTS_SEEN - part.bytes)
+        note += ("; from 0.27 read with the weights off cudaMemGetInfo (mem_utils total_consumed), which also charges "
+                 "torch buffers outside the weights and the allocator's unreleasable cache")
+        if ctx.tp > 1 and not nvls(ctx):
+            seen = max(seen, CONSUMED_BEYOND_WEIGHTS_SEEN - part.bytes)
     if setup.mode == "v1" and ctx.pp > 1 and not ctx.on_nvswitch and ctx.version \
             and ctx.version >= NCCL_BEFORE_SNAPSHOT_FROM:
         seen = max(seen, PP_PCIE_UNEXPLAINED_SEEN)
-    if not seen:
-        return part
-    note = part.note + ("; from 0.27 the budget also charges torch memory held outside the weights and the allocator's "
-                        "cached segments (mem_utils total_consumed), not sized: band widened up"
-                        if counts_total_consumed(ctx, setup) else "; band widened up (PP over PCIe)")
+    if seen:
+        note += "; band widened up to what logs of this era and interconnect left (unknown term)"
     return Component(part.name, part.bytes, part.low_bytes, int(part.high_bytes + seen), part.provenance, note,
                      part.in_budget)
 
@@ -529,11 +533,6 @@ def plan_notes(ctx: Context, setup: Setup, first_layout: pool.PoolLayout) -> lis
     if later_flashinfer(ctx, setup):
         notes.append(f"unknown term, band widened (activation peak): the FlashInfer sampler vLLM "
                      f"{ctx.settings.resolved_version} runs by default is measured only on 0.10.1 (FlashInfer 0.2)")
-    if counts_total_consumed(ctx, setup):
-        notes.append(f"unknown term, band widened (non-torch): vLLM {ctx.settings.resolved_version} charges its budget "
-                     "with everything the card lost since start-up (0.27+ mem_utils total_consumed), torch buffers "
-                     "outside the weights and the allocator's unreleasable cache included; planned as the measured "
-                     "non-torch growth, up to 1.70 GiB beyond the weights seen on 0.27.1")
     notes += [f"unknown term, band widened: {why}" for why in setup.unknown_terms]
     return notes
 
