@@ -278,3 +278,16 @@ def test_check_log_reads_the_0_27_advisory_without_calling_consumed_non_torch():
     # "peak activation" is headroom + estimate, so budget - consumed - peak is the pool the same line reports.
     assert obs.budget_bytes - obs.extra["consumed_weights_non_torch_bytes"] \
         - obs.extra["peak_activation_with_graph_estimate_bytes"] == pytest.approx(27.85 * GIB, abs=0.02 * GIB)
+
+
+def test_the_plan_names_the_pipeline_stage_that_bounds_the_pool():
+    # kv_cache_utils.py get_kv_cache_configs (0.27.1, 0.28.0): every worker gets min_num_blocks over the workers.
+    row, est = row_estimate("r216")  # PP 2: the last stage has lm_head and the sampler's peak
+    (note,) = [n for n in est.notes if n.startswith("pipeline parallel:")]
+    assert "stage 2 of 2 bounds the pool" in note and "last stage" in note
+    assert f"its {est.num_blocks} blocks" in note
+    _, est = row_estimate("r112")  # PP 4 of 94 layers: get_pp_indices deals [23, 24, 24, 23]
+    (note,) = [n for n in est.notes if n.startswith("pipeline parallel:")]
+    assert "stage 2 of 4" in note and "middle stage" in note
+    _, est = row_estimate("r215")  # TP 2: no stages
+    assert not any(n.startswith("pipeline parallel:") for n in est.notes)

@@ -537,6 +537,21 @@ def plan_notes(ctx: Context, setup: Setup, first_layout: pool.PoolLayout) -> lis
     return notes
 
 
+def stage_notes(ctx: Context, pools: PoolPlan, kv_first: int, offsets: list[int]) -> list[str]:
+    """Which pipeline stage bounds the pool: every worker gets the smallest worker's block count
+    (vllm/v1/core/kv_cache_utils.py `get_kv_cache_configs`: `min_num_blocks`, 0.27.1/0.28.0; tensors shrunk to it)."""
+    if ctx.pp < 2:
+        return []
+    kv = [kv_first + offset for offset in offsets]
+    blocks = [pool.num_blocks(max(0, k), layout) for k, layout in zip(kv, pools.layouts, strict=True)]
+    tight = min(range(ctx.pp), key=lambda i: blocks[i])
+    role = "the last stage: lm_head and the sampler's profile peak" if tight == ctx.pp - 1 else \
+        "the first stage: the embedding" if tight == 0 else "a middle stage: the most layers"
+    return [f"pipeline parallel: stage {tight + 1} of {ctx.pp} bounds the pool ({role}); its own budget leaves "
+            f"{kv[tight] / GIB:.2f} GiB for KV against {kv[0] / GIB:.2f} GiB on stage 1, and vLLM gives every stage "
+            f"its {blocks[tight]} blocks"]
+
+
 def plan(ctx: Context) -> PolicyResult:
     ctx.check_tp("vLLM")
     setup = resolve_setup(ctx)
@@ -572,7 +587,9 @@ def plan(ctx: Context) -> PolicyResult:
         kv_note=("--kv-cache-memory: fixed by the user" if fixed_kv else
                  f"util x total ({setup.utilization} x {ctx.total / GIB:.2f} GiB) less the in-budget components"),
         per_sequence_state_bytes=pools.state_bytes_per_seq,
-        reasons=start_up_refusals(ctx, setup, components, budget), notes=plan_notes(ctx, setup, first),
+        reasons=start_up_refusals(ctx, setup, components, budget),
+        notes=plan_notes(ctx, setup, first) + ([] if fixed_kv else stage_notes(ctx, pools, kv_rule(components, "mid"),
+                                                                                offsets)),
         min_blocks_needed=blocks_per_request,
         extra={"blocks_per_request": blocks_per_request, "hybrid_groups": [list(g) for g in first.groups]},
     )
