@@ -60,7 +60,10 @@ FINAL = ('{"id":"chatcmpl-b","object":"chat.completion.chunk","created":17000000
          '"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}')
 HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 ITL_DEFINITIONS = {
-    "vramlab": "every gap between two token chunks, as received (RequestRecord.itl_ms); TPOT is the per-request mean",
+    "vramlab": "every gap between two token chunks that could be timed (RequestRecord.itl_ms): each end the "
+               "kernel's receive time of a read that ended with it (fasthttp), or the time aiohttp's read "
+               "returned (vramlab-aiohttp); gaps into a token read together with later bytes are left out and "
+               "counted (untimed gaps); TPOT is the per-request mean",
     "aiohttp-uvloop": "every gap between two token chunks, as received (the reference loop)",
     "aiperf": "'inter_token_latency' is a per-request mean ((last - first token) / (tokens - 1)); "
               "'inter_chunk_latency' is every gap: the per-gap column uses it",
@@ -211,23 +214,40 @@ class Endpoint:
 
 
 # -- in-process clients (run in a child process, pinned) --------------------------------------------
-def _summary(cfg: dict[str, Any], reqs: list[tuple[float, float, float | None, list[float], bool]],
-             ws: float, we: float, cpu_s: float) -> dict[str, Any]:
-    """reqs: (sent, end, ttft_ms, token_times, ok) per request. The window is [ws, we]."""
+Req = tuple[float, float, "float | None", list[float], bool, tuple[int, ...]]
+
+
+def _summary(cfg: dict[str, Any], reqs: list[Req], ws: float, we: float, cpu_s: float,
+             exclude_coalesced: bool) -> dict[str, Any]:
+    """reqs: (sent, end, ttft_ms, token_times, ok, coalesced) per request; coalesced: the indices of
+    token times that are only upper bounds (the token came in one read with later bytes). With
+    ``exclude_coalesced`` (vramlab: its records leave those gaps out) a gap touching one is not in the
+    ITL figures; either way they are counted (``untimed_gaps``). The window is [ws, we]."""
     wlen = we - ws
-    held = sum(max(0.0, min(e, we) - max(s, ws)) for s, e, _, _, _ in reqs) / wlen
+    held = sum(max(0.0, min(e, we) - max(s, ws)) for s, e, *_ in reqs) / wlen
     done = [r for r in reqs if ws <= r[1] <= we]
     ok = [r for r in done if r[4]]
     tokens = sum(1 for r in reqs for t in r[3] if ws <= t <= we)
     gap = cfg["gap_ms"]
-    itl_err = [(b - a) * 1000 - gap for r in ok for a, b in zip(r[3], r[3][1:], strict=False)]
+    itl_err: list[float] = []
+    untimed = gaps = 0
+    for r in ok:
+        t, bad = r[3], set(r[5])
+        gaps += max(0, len(t) - 1)
+        for i in range(1, len(t)):
+            if i in bad or i - 1 in bad:
+                untimed += 1
+                if exclude_coalesced:
+                    continue
+            itl_err.append((t[i] - t[i - 1]) * 1000 - gap)
     ttft_err = [r[2] - cfg["ttft_ms"] for r in ok if r[2] is not None]
     return {"completed": len(done), "ok": len(ok), "errors": len(done) - len(ok), "streams_held": round(held, 1),
             "tokens_per_s": round(tokens / wlen, 1), "cpu_s": round(cpu_s, 3),
             "cpu_ms_per_req": round(1000 * cpu_s / len(done), 3) if done else None,
             "ttft_err_p50_ms": _pct(ttft_err, 0.5), "ttft_err_p99_ms": _pct(ttft_err, 0.99),
             "itl_err_p50_ms": _pct(itl_err, 0.5), "itl_err_p99_ms": _pct(itl_err, 0.99),
-            "itl_kind": "per gap", "window_s": round(wlen, 3)}
+            "itl_kind": "per timed gap" if exclude_coalesced else "per gap", "window_s": round(wlen, 3),
+            "gaps": gaps, "untimed_gaps": untimed}
 
 
 async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -237,11 +257,12 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
 
     pc = time.perf_counter
     n, workers = cfg["streams"], cfg.get("workers", 1)
-    reqs: list[tuple[float, float, float | None, list[float], bool]] = []
+    reqs: list[Req] = []
+    via = cfg.get("http_client", "auto")
 
     def on_result(r: Any) -> None:
         if r.error_class != "cancelled":
-            reqs.append((r.sent_at, r.end_at, r.ttft_ms, list(r.token_times), r.ok))
+            reqs.append((r.sent_at, r.end_at, r.ttft_ms, list(r.token_times), r.ok, r.coalesced))
 
     prompts = [Prompt("hello", 8, cfg["tokens"])]
     shape = LoadShape(mode="closed", concurrency=n, max_tokens=cfg["tokens"])
@@ -261,7 +282,7 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
         from vramlab.load.workers import ClientConfig, WorkerPool
 
         async with WorkerPool(workers, ClientConfig(cfg["url"], "bench", max_connections=n + 8,
-                                                    timeout_s=120)) as pool:
+                                                    timeout_s=120, http_client=via)) as pool:
             pids.extend(pool.pids)
             t0 = pc()  # the pool took a while to start: the window starts now
             ws, we = t0 + cfg["warmup_s"], t0 + cfg["warmup_s"] + cfg["measure_s"]
@@ -269,7 +290,7 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
             await pool.drive(prompts, shape, window, on_result)
             await mon
     else:
-        async with OpenAIClient(cfg["url"], "bench", max_connections=n + 8, timeout_s=120) as client:
+        async with OpenAIClient(cfg["url"], "bench", max_connections=n + 8, timeout_s=120, http_client=via) as client:
             mon = asyncio.ensure_future(cpu_window())
             if cfg.get("profile"):
                 import cProfile
@@ -283,8 +304,11 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
                 with open(cfg["profile"], "w") as f:
                     pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(25)
             await mon
-    res = _summary(cfg, reqs, ws, we, cpu["b"] - cpu["a"])
+    res = _summary(cfg, reqs, ws, we, cpu["b"] - cpu["a"], exclude_coalesced=True)
     res["workers"] = workers
+    from vramlab.load.client import fast_path_refusal
+
+    res["client"] = "aiohttp" if via == "aiohttp" or fast_path_refusal(cfg["url"] + "/v1") else "fasthttp"
     return res
 
 
@@ -297,7 +321,7 @@ async def _plain(cfg: dict[str, Any]) -> dict[str, Any]:
     url = cfg["url"] + "/v1/chat/completions"
     body = json.dumps({"model": "bench", "max_tokens": cfg["tokens"], "stream": True,
                        "messages": [{"role": "user", "content": "hello"}]}).encode()
-    reqs: list[tuple[float, float, float | None, list[float], bool]] = []
+    reqs: list[Req] = []
     t0 = pc()
     ws, we = t0 + cfg["warmup_s"], t0 + cfg["warmup_s"] + cfg["measure_s"]
     cpu: dict[str, float] = {}
@@ -306,16 +330,20 @@ async def _plain(cfg: dict[str, Any]) -> dict[str, Any]:
             while pc() < we:
                 sent = pc()
                 times: list[float] = []
+                joined: list[int] = []  # tokens read together with the next one (known here, not excluded)
                 ok = False
                 try:
                     async with s.post(url, data=body, headers=HEADERS) as r:
                         async for chunk in r.content.iter_any():
                             t = pc()
-                            times.extend([t] * chunk.count(b'"content"'))
+                            k = chunk.count(b'"content"')
+                            if k > 1:
+                                joined.extend(range(len(times), len(times) + k - 1))
+                            times.extend([t] * k)
                         ok = r.status == 200
                 except aiohttp.ClientError:
                     pass
-                reqs.append((sent, pc(), (times[0] - sent) * 1000 if times else None, times, ok))
+                reqs.append((sent, pc(), (times[0] - sent) * 1000 if times else None, times, ok, tuple(joined)))
 
         async def cpu_window() -> None:
             await asyncio.sleep(max(0.0, ws - pc()))
@@ -330,7 +358,9 @@ async def _plain(cfg: dict[str, Any]) -> dict[str, Any]:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return _summary(cfg, reqs, ws, we, cpu["b"] - cpu["a"])
+    res = _summary(cfg, reqs, ws, we, cpu["b"] - cpu["a"], exclude_coalesced=False)
+    res["client"] = "aiohttp"
+    return res
 
 
 def client_main(tool: str, cfg: dict[str, Any]) -> None:
@@ -521,6 +551,8 @@ def _run_tool(tool: str, n: int, ep: Endpoint, a: argparse.Namespace, client_cpu
     if tool.startswith("vramlab"):
         workers = int(tool.split("-w")[1]) if "-w" in tool else 1
         cfg["workers"] = workers
+        if tool == "vramlab-aiohttp":
+            cfg["http_client"] = "aiohttp"
         if a.profile and workers == 1 and n == a.profile_streams:
             cfg["profile"] = str(tmp / f"profile-{n}.txt")
         cpus = one_core if workers == 1 else (sorted(os.sched_getaffinity(0)) if len(client_cpus) < workers
@@ -556,8 +588,9 @@ def _fmt(v: Any, f: str) -> str:
 
 
 def _table(results: dict[str, dict[int, dict[str, Any]]], a: argparse.Namespace) -> list[str]:
-    lines = [f"{'tool':<16} {'streams':>7} {'held':>7} {'tokens/s':>9} {'ideal %':>7} {'CPU-ms/req':>10} "
-             f"{'TTFT err P50/P99 ms':>20} {'ITL err P50/P99 ms':>19} {'ITL kind':<18} {'ep CPU %':>8} {'err':>5} {'wait P99':>8}"]
+    lines = [f"{'tool':<16} {'client':<9} {'streams':>7} {'held':>7} {'tokens/s':>9} {'ideal %':>7} {'CPU-ms/req':>10} "
+             f"{'TTFT err P50/P99 ms':>20} {'ITL err P50/P99 ms':>19} {'ITL kind':<18} {'untimed gaps':>14} "
+             f"{'ep CPU %':>8} {'err':>5} {'wait P99':>8}"]
     for tool, by_n in results.items():
         for n, r in sorted(by_n.items()):
             if "error" in r:
@@ -566,10 +599,14 @@ def _table(results: dict[str, dict[int, dict[str, Any]]], a: argparse.Namespace)
             ideal = 100 * r["tokens_per_s"] / r["ideal_tokens_per_s"] if r.get("ideal_tokens_per_s") else None
             ttft = f"{_fmt(r.get('ttft_err_p50_ms'), '.2f')} / {_fmt(r.get('ttft_err_p99_ms'), '.2f')}"
             itl = f"{_fmt(r.get('itl_err_p50_ms'), '.2f')} / {_fmt(r.get('itl_err_p99_ms'), '.2f')}"
-            lines.append(f"{tool:<16} {n:>7} {_fmt(r.get('streams_held'), '.0f'):>7} "
+            untimed = "-"
+            if r.get("gaps"):
+                untimed = f"{r['untimed_gaps']} ({100 * r['untimed_gaps'] / r['gaps']:.1f}%)"
+            client = r.get("client", "-" if tool in ("aiperf", "guidellm") else "")
+            lines.append(f"{tool:<16} {client:<9} {n:>7} {_fmt(r.get('streams_held'), '.0f'):>7} "
                          f"{_fmt(r.get('tokens_per_s'), '.0f'):>9} {_fmt(ideal, '.0f'):>7} "
                          f"{_fmt(r.get('cpu_ms_per_req'), '.2f'):>10} {ttft:>20} {itl:>19} "
-                         f"{r.get('itl_kind', ''):<18.18} {_fmt(r.get('endpoint_cpu_pct'), '.0f'):>8} "
+                         f"{r.get('itl_kind', ''):<18.18} {untimed:>14} {_fmt(r.get('endpoint_cpu_pct'), '.0f'):>8} "
                          f"{r.get('errors', 0):>5} {_fmt(r.get('send_wait_p99_ms'), '.1f'):>8}")
     return lines
 
@@ -605,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-s", type=float, default=3.0)
     p.add_argument("--measure-s", type=float, default=8.0)
     p.add_argument("--workers", type=int, default=2, help="also run vramlab over this many worker processes")
-    p.add_argument("--tools", default="vramlab,vramlab-w,aiohttp-uvloop,aiperf,guidellm")
+    p.add_argument("--tools", default="vramlab,vramlab-w,vramlab-aiohttp,aiohttp-uvloop,aiperf,guidellm")
     p.add_argument("--peers", type=Path, help="folder with one venv per peer: PEERS/aiperf, PEERS/guidellm")
     p.add_argument("--server", choices=["auto", "nginx", "stub"], default="auto")
     p.add_argument("--profile", action="store_true", help="cProfile vramlab's client (1 worker) at --profile-streams")
@@ -615,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.quick:
         a.streams, a.tokens, a.gap_ms, a.ttft_ms, a.warmup_s, a.measure_s = "20", 8, 20.0, 20.0, 0.5, 1.0
-        a.tools, a.profile_streams = "vramlab,vramlab-w,aiohttp-uvloop", 20
+        a.tools, a.profile_streams = "vramlab,vramlab-w,vramlab-aiohttp,aiohttp-uvloop", 20
     streams = [int(s) for s in a.streams.split(",") if s.strip()]
     tools = [t.strip().replace("vramlab-w", f"vramlab-w{a.workers}") if t.strip() == "vramlab-w" else t.strip()
              for t in a.tools.split(",") if t.strip()]
@@ -652,7 +689,13 @@ def main(argv: list[str] | None = None) -> int:
         "wait P99: how long a request waited between the tool issuing it and sending it (AIPerf: credit issued ->"
         " request start; GuideLLM: request_dispatch_delay), which their TTFT leaves out; vramlab's closed loop "
         "sends at once and counts any wait in its from-scheduled latencies", "", "how each tool defines ITL:"]
-    lines += [f"  {t}: {ITL_DEFINITIONS[t.split('-w')[0] if t.startswith('vramlab') else t]}" for t in tools]
+    lines += [f"  {t}: {ITL_DEFINITIONS['vramlab' if t.startswith('vramlab') else t]}" for t in tools]
+    lines += ["untimed gaps: gaps between two token chunks where one of them came in the same read as later bytes, "
+              "so when it arrived is unknown (of all gaps of the completed requests). vramlab leaves them out of its "
+              "ITL (RequestResult.coalesced) and says how many; the plain loop stamps every token in a read with the "
+              "read's time and keeps those gaps in its ITL (counted here, not excluded); AIPerf and GuideLLM do not "
+              "say (-). client: fasthttp = vramlab's own HTTP/1.1 client (kernel receive stamps, SO_TIMESTAMPNS), "
+              "aiohttp = aiohttp's ClientSession (user-space stamps at read time)"]
     lines += [f"note: {n}" for n in notes]
     for tool, by_n in results.items():
         for n, r in by_n.items():

@@ -206,6 +206,9 @@ class Load(_Model):
     max_concurrency: int = Field(default=256, ge=1, le=100_000)
     request_timeout_s: float = Field(default=60.0, gt=0)
     lag_warn_ms: float = Field(default=25.0, gt=0)
+    http_client: Literal["auto", "fast", "aiohttp"] = Field(
+        default="auto", description="auto: vramlab's own HTTP/1.1 client for http://, aiohttp for https:// "
+                                    "(fast: insist on the own client; aiohttp: always aiohttp)")
     retry: Retry = Retry()
 
 

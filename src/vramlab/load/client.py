@@ -377,8 +377,8 @@ class OpenAIClient:
             status, text = await self._pool.request(data, sink, sent + self.timeout_s)
         except FastHttpError as exc:
             if exc.kind == "timeout":
-                return 0, "timeout", f"no complete answer within {self.timeout_s:g} s"
-            return 0, exc.kind, _short(str(exc))
+                return exc.status, "timeout", f"no complete answer within {self.timeout_s:g} s"
+            return exc.status, exc.kind, _short(str(exc))
         if text is not None:
             return status, _classify_status(status, text), f"HTTP {status}: {_short(text)}"
         return status, None, None

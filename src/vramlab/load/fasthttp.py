@@ -57,6 +57,7 @@ class FastHttpError(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
+        self.status = 0  # the answer's status when its head had come
 
 
 class StopBody(Exception):
@@ -169,6 +170,8 @@ class _Response:
     def _fail(self, exc: BaseException) -> None:
         if self.fut.done():
             return
+        if isinstance(exc, FastHttpError):
+            exc.status = self.status
         self.conn.resp = None
         self.conn.pool.drop(self.conn)
         self.fut.set_exception(exc)
