@@ -260,9 +260,17 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
     reqs: list[Req] = []
     via = cfg.get("http_client", "auto")
 
+    ports: dict[Any, int] = {}  # the wire check (--wire): which connection served the request in this task
+    dump: list[tuple[int, list[float], tuple[int, ...]]] = []
+    clock: list[Any] = []  # the client's wall-clock converter: its record of wall-clock steps
+
     def on_result(r: Any) -> None:
         if r.error_class != "cancelled":
             reqs.append((r.sent_at, r.end_at, r.ttft_ms, list(r.token_times), r.ok, r.coalesced))
+            if cfg.get("dump") and r.ok:
+                port = ports.pop(asyncio.current_task(), None)
+                if port is not None:
+                    dump.append((port, list(r.token_times), r.coalesced))
 
     prompts = [Prompt("hello", 8, cfg["tokens"])]
     shape = LoadShape(mode="closed", concurrency=n, max_tokens=cfg["tokens"])
@@ -291,6 +299,17 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
             await mon
     else:
         async with OpenAIClient(cfg["url"], "bench", max_connections=n + 8, timeout_s=120, http_client=via) as client:
+            if cfg.get("dump"):
+                from vramlab.load import fasthttp
+
+                init = fasthttp._Response.__init__
+
+                def spy(self: Any, conn: Any, fut: Any, sink: Any) -> None:
+                    init(self, conn, fut, sink)
+                    ports[asyncio.current_task()] = conn.sock.getsockname()[1]
+
+                fasthttp._Response.__init__ = spy  # type: ignore[method-assign]
+                clock.append(client._pool.clock)
             mon = asyncio.ensure_future(cpu_window())
             if cfg.get("profile"):
                 import cProfile
@@ -306,6 +325,11 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
             await mon
     res = _summary(cfg, reqs, ws, we, cpu["b"] - cpu["a"], exclude_coalesced=True)
     res["workers"] = workers
+    if cfg.get("dump"):
+        # token times on perf_counter, and the wall-clock steps the client saw (to put the pcap's
+        # wall-clock stamps on the same clock)
+        steps = [(max(a, -1e18), o) for a, o in clock[0].steps] if clock else []
+        Path(cfg["dump"]).write_text(json.dumps({"requests": dump, "steps": steps}))
     from vramlab.load.client import fast_path_refusal
 
     res["client"] = "aiohttp" if via == "aiohttp" or fast_path_refusal(cfg["url"] + "/v1") else "fasthttp"
@@ -557,9 +581,17 @@ def _run_tool(tool: str, n: int, ep: Endpoint, a: argparse.Namespace, client_cpu
             cfg["profile"] = str(tmp / f"profile-{n}.txt")
         cpus = one_core if workers == 1 else (sorted(os.sched_getaffinity(0)) if len(client_cpus) < workers
                                              else client_cpus[:workers])
-        proc = subprocess.run(pinned([sys.executable, __file__, "--client", "vramlab", json.dumps(cfg)], cpus),
-                              capture_output=True, text=True, timeout=a.warmup_s + a.measure_s + 120)
+        wire = a.wire and tool == "vramlab" and ep.kind == "nginx"
+        if wire:
+            cfg["dump"] = str(tmp / f"dump-{n}.json")
+        cmd = pinned([sys.executable, __file__, "--client", "vramlab", json.dumps(cfg)], cpus)
+        if wire:
+            proc, pcap = _with_capture(cmd, ep, a, tmp / f"wire-{n}.pcap")
+        else:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.warmup_s + a.measure_s + 120)
         res = _parse(proc, tool)
+        if wire and "error" not in res:
+            res.update(_wire_check(Path(cfg["dump"]), pcap, a))
         res["cpus"] = ",".join(map(str, cpus or []))
         if "profile" in cfg and Path(cfg["profile"]).exists():
             res["profile"] = Path(cfg["profile"]).read_text()
@@ -575,6 +607,116 @@ def _run_tool(tool: str, n: int, ep: Endpoint, a: argparse.Namespace, client_cpu
     res["endpoint_cpu_pct"] = round(100 * (sum(_proc_cpu_s(p) for p in ep.worker_pids()) - ep_cpu0) / wall, 1)
     res["ideal_tokens_per_s"] = round(n * a.tokens / ((a.ttft_ms + (a.tokens - 1) * a.gap_ms) / 1000), 1)
     return res
+
+
+def _with_capture(cmd: list[str], ep: Endpoint, a: argparse.Namespace, pcap: Path
+                  ) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run the client while tcpdump records ``--wire-s`` of the endpoint's data packets on lo, in the
+    middle of the measured window (tcpdump on the endpoint's CPU, not the client's)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    port = ep.url.rsplit(":", 1)[1]
+    # data packets from nginx only (a payload: IP length minus both headers), 2 KiB of each, ns stamps
+    flt = f"tcp src port {port} and (ip[2:2] - ((ip[0]&0xf)<<2) - ((tcp[12]&0xf0)>>2)) != 0"
+    time.sleep(1.0 + a.warmup_s + max(0.0, (a.measure_s - a.wire_s) / 2))  # (the client's start takes ~1 s)
+    dump = subprocess.Popen(pinned([a.tcpdump, "-i", "lo", "-n", "-s", "2048", "-B", "65536", "-U",
+                                    "--time-stamp-precision=nano", "-w", str(pcap), flt],
+                                   [ep.cpu] if ep.cpu is not None else None),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(a.wire_s)
+    dump.send_signal(signal.SIGINT)  # our own tcpdump: it writes its buffer and exits
+    try:
+        dump.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        dump.kill()
+        dump.wait()
+    out, err = proc.communicate(timeout=a.warmup_s + a.measure_s + 120)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), pcap
+
+
+def _pcap_packets(path: Path) -> dict[int, list[tuple[float, int]]]:
+    """Per client port: (wall time s, token events in the packet) of each data packet nginx sent."""
+    import struct
+
+    data = path.read_bytes() if path.exists() else b""
+    out: dict[int, list[tuple[float, int]]] = {}
+    if len(data) < 24:
+        return out
+    magic = struct.unpack_from("<I", data)[0]
+    if magic not in (0xA1B23C4D, 0xA1B2C3D4):
+        return out
+    scale = 1e-9 if magic == 0xA1B23C4D else 1e-6
+    link = struct.unpack_from("<I", data, 20)[0]
+    l2 = 14 if link == 1 else (16 if link == 113 else 0)  # Ethernet (lo), Linux cooked
+    pos = 24
+    while pos + 16 <= len(data):
+        sec, frac, caplen, _ = struct.unpack_from("<IIII", data, pos)
+        pkt = data[pos + 16:pos + 16 + caplen]
+        pos += 16 + caplen
+        ip = pkt[l2:]
+        if len(ip) < 20 or ip[0] >> 4 != 4:
+            continue
+        tcp = ip[(ip[0] & 0xF) * 4:]
+        if len(tcp) < 20:
+            continue
+        dport = struct.unpack_from(">H", tcp, 2)[0]
+        payload = tcp[(tcp[12] >> 4) * 4:]
+        out.setdefault(dport, []).append((sec + frac * scale, payload.count(b'"content"')))
+    return out
+
+
+def _wire_check(dump: Path, pcap: Path, a: argparse.Namespace) -> dict[str, Any]:
+    """vramlab's timed gaps against the same gaps on the wire. tcpdump stamps each packet as it leaves
+    nginx on lo, independently of the client's process: for every gap vramlab timed whose two tokens
+    are in the capture, the wire's gap between the packets that carried them; the difference is the
+    client's timing error. The wire's own gaps minus --gap-ms are the endpoint's lateness."""
+    import bisect
+
+    wire = _pcap_packets(pcap)
+    try:
+        d = json.loads(dump.read_text())
+        reqs, steps = d["requests"], d["steps"]
+    except (OSError, ValueError, KeyError):
+        return {"wire_error": "no client dump"}
+    if not steps:
+        return {"wire_error": "no clock record from the client"}
+    marks = [a for a, _ in steps]
+
+    def mono(w: float) -> float:  # a wall-clock stamp on perf_counter: the offset in force at the time
+        i = len(steps) - 1
+        while i > 0 and w - steps[i][1] < marks[i]:
+            i -= 1
+        return w - steps[i][1]
+
+    # packets that carried a token, on the client's clock
+    times = {p: [mono(t) for t, k in pk if k] for p, pk in wire.items()}
+    if not any(times.values()):
+        return {"wire_error": f"tcpdump captured no token packets ({pcap.name})"}
+    lo = min(ts[0] for ts in times.values() if ts)
+    hi = max(ts[-1] for ts in times.values() if ts)
+    err: list[float] = []
+    late: list[float] = []
+    for port, ts, coalesced in reqs:
+        w = times.get(port)
+        if not w:
+            continue
+        bad = set(coalesced)
+        for i in range(1, len(ts)):
+            if i in bad or i - 1 in bad or ts[i - 1] < lo + 0.05 or ts[i] > hi - 0.001:
+                continue
+            # the packet that carried each token: the last one on this connection sent before the
+            # client's receive stamp (plus 1 ms of slack for a stamp taken before the tap's)
+            j1 = bisect.bisect_right(w, ts[i] + 0.001) - 1
+            j0 = bisect.bisect_right(w, ts[i - 1] + 0.001) - 1
+            if j0 < 0 or j1 <= j0:
+                continue
+            wire_gap = w[j1] - w[j0]
+            err.append((ts[i] - ts[i - 1] - wire_gap) * 1000)
+            late.append(wire_gap * 1000 - a.gap_ms)
+    return {"wire_gaps": len(err), "wire_err_p50_ms": _pct(err, 0.5), "wire_err_p99_ms": _pct(err, 0.99),
+            "wire_abs_err_p99_ms": _pct([abs(x) for x in err], 0.99),
+            "server_late_p50_ms": _pct(late, 0.5), "server_late_p99_ms": _pct(late, 0.99),
+            "wire_packets": sum(len(v) for v in wire.values()), "wire_s": round(hi - lo, 3),
+            "wall_clock_steps": sum(1 for a, _ in steps if lo <= a <= hi)}
 
 
 def _parse(proc: subprocess.CompletedProcess[str], tool: str) -> dict[str, Any]:
@@ -648,12 +790,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="cProfile vramlab's client (1 worker) at --profile-streams")
     p.add_argument("--profile-streams", type=int, default=500)
     p.add_argument("--json", action="store_true", help="print every run's raw result as JSON too")
+    p.add_argument("--wire", choices=["auto", "on", "off"], default="auto",
+                   help="check vramlab's timed gaps against a tcpdump of the endpoint's packets on lo "
+                        "(auto: when tcpdump is installed and may capture)")
+    p.add_argument("--wire-s", type=float, default=2.0, help="seconds of the measured window captured")
     p.add_argument("-o", "--output", help="also write the report to this file")
     a = p.parse_args(argv)
     if a.quick:
         a.streams, a.tokens, a.gap_ms, a.ttft_ms, a.warmup_s, a.measure_s = "20", 8, 20.0, 20.0, 0.5, 1.0
         a.tools, a.profile_streams = "vramlab,vramlab-w,vramlab-aiohttp,aiohttp-uvloop", 20
     streams = [int(s) for s in a.streams.split(",") if s.strip()]
+    a.tcpdump = shutil.which("tcpdump") or ("/usr/bin/tcpdump" if os.path.exists("/usr/bin/tcpdump") else None)
+    if a.wire == "on" and not a.tcpdump:
+        p.error("--wire on: tcpdump is not installed (apt-get install -y tcpdump)")
+    a.wire = a.wire != "off" and a.tcpdump is not None and (a.wire == "on" or os.geteuid() == 0) and not a.quick
     tools = [t.strip().replace("vramlab-w", f"vramlab-w{a.workers}") if t.strip() == "vramlab-w" else t.strip()
              for t in a.tools.split(",") if t.strip()]
     notes: list[str] = []
@@ -696,6 +846,21 @@ def main(argv: list[str] | None = None) -> int:
               "read's time and keeps those gaps in its ITL (counted here, not excluded); AIPerf and GuideLLM do not "
               "say (-). client: fasthttp = vramlab's own HTTP/1.1 client (kernel receive stamps, SO_TIMESTAMPNS), "
               "aiohttp = aiohttp's ClientSession (user-space stamps at read time)"]
+    wired = [(n, r) for n, r in sorted(results.get("vramlab", {}).items()) if "wire_gaps" in r or "wire_error" in r]
+    if wired:
+        lines += ["", f"wire check (vramlab, 1 process): tcpdump on lo stamps every packet nginx sends, apart from the "
+                  f"client's process, for {a.wire_s:g} s mid-window; for each gap vramlab timed in it, the client's gap "
+                  "minus the wire's gap between the packets that carried the two tokens (the client's own timing "
+                  "error), and the wire's gap minus the schedule's (the endpoint's lateness, which the ITL err "
+                  "column above includes)"]
+        for n, r in wired:
+            if "wire_error" in r:
+                lines.append(f"  {n:>5} streams: {r['wire_error']}")
+                continue
+            lines.append(f"  {n:>5} streams: {r['wire_gaps']} gaps compared; client - wire P50 "
+                         f"{_fmt(r['wire_err_p50_ms'], '.3f')} / P99 {_fmt(r['wire_err_p99_ms'], '.3f')} ms, |error| P99 "
+                         f"{_fmt(r['wire_abs_err_p99_ms'], '.3f')} ms; endpoint late by P50 "
+                         f"{_fmt(r['server_late_p50_ms'], '.2f')} / P99 {_fmt(r['server_late_p99_ms'], '.2f')} ms per gap")
     lines += [f"note: {n}" for n in notes]
     for tool, by_n in results.items():
         for n, r in by_n.items():

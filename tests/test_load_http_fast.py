@@ -321,3 +321,35 @@ def test_ipv6_loopback_and_a_path_prefix() -> None:
 
     res, req = asyncio.run(go())
     assert res.ok and req.startswith(b"POST /proxy/v1/chat/completions HTTP/1.1") and b"Host: [::1]:" in req
+
+
+def test_clock_follows_wall_clock_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wall clock (the kernel stamps' clock) is stepped by 1.5 ms while data waits to be read:
+    a stamp from before the step converts with the offset of before, one after with the new one."""
+    from vramlab.load import fasthttp
+
+    now = [100.0]  # perf_counter
+    wall = [1_000_000.0]  # time.time() - perf_counter() before the step
+
+    monkeypatch.setattr(fasthttp.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(fasthttp.time, "time", lambda: now[0] + wall[0])
+    monkeypatch.setattr(fasthttp.time, "time_ns", lambda: int((now[0] + wall[0]) * 1e9))
+    clock = fasthttp.Clock()
+
+    def stamp(perf: float, off: float) -> tuple[int, int]:
+        ns = round((perf + off) * 1e9)
+        return ns // 10**9, ns % 10**9
+
+    now[0] = 100.010
+    assert clock.to_perf(*stamp(100.005, wall[0])) == pytest.approx(100.005, abs=1e-6)
+    before = wall[0]
+    wall[0] += 0.0015  # stepped at 100.020
+    now[0] = 100.030
+    # arrived at 100.015 (stamped with the old offset), read at 100.030, after the step
+    assert clock.to_perf(*stamp(100.015, before)) == pytest.approx(100.015, abs=1e-6)
+    assert clock.step_at == 100.030 and len(clock.steps) == 2
+    # arrived after the step
+    now[0] = 100.040
+    assert clock.to_perf(*stamp(100.035, wall[0])) == pytest.approx(100.035, abs=1e-6)
+    # a stamp in the future (cannot be): the read's time
+    assert clock.to_perf(*stamp(100.5, wall[0])) == pytest.approx(100.040, abs=1e-6)

@@ -14,9 +14,8 @@ late still reports when the bytes came. For TCP the stamp is that of the last se
 consumed (Linux ``tcp_recvmsg_locked`` keeps the last skb's stamp); bytes that reached the read
 earlier have no stamp of their own. The sink is told whether a body piece ends at the read's last
 byte (``exact``): only then is the stamp the arrival of that piece's end. The stamp is converted to
-the ``time.perf_counter`` clock (CLOCK_MONOTONIC on Linux) by one offset sampled at open (both
-clocks are slewed alike by NTP; only a step of the wall clock moves the offset, and a stamp that
-lands in the future or far in the past re-samples it and falls back to the read time).
+the ``time.perf_counter`` clock (CLOCK_MONOTONIC on Linux) by the offset between the two clocks,
+sampled at every read, steps of the wall clock included (see Clock).
 Where the option is missing (not Linux, or an unknown ABI) the stamp is ``perf_counter()`` at the
 read, as aiohttp's path does.
 """
@@ -70,11 +69,28 @@ class _Retry(Exception):
 
 
 class Clock:
-    """CLOCK_REALTIME (the kernel's receive stamps) to ``time.perf_counter`` seconds."""
+    """CLOCK_REALTIME (the kernel's receive stamps) to ``time.perf_counter`` seconds (CLOCK_MONOTONIC).
+
+    The offset between the two clocks is not a constant everywhere: a step of the wall clock
+    (clock_settime, an NTP or hypervisor time sync) moves it at once, and NTP slewing does not
+    (it slews both). On the VM this was built on, a time-sync agent stepped the wall clock by
+    ~1.5 ms about three times a second (5 ms/s against CLOCK_MONOTONIC, and CLOCK_MONOTONIC ran
+    with CLOCK_MONOTONIC_RAW). So the offset is sampled at every read (two clock reads bracketing
+    one wall-clock read; a bracket wider than 20 us, the thread preempted in between, is not
+    trusted), a change of more than 20 us is a step, remembered with the monotonic time it was
+    seen, and a stamp that converts to before the last step is converted with the offset that held
+    before it (data that arrived before the step and was read after it)."""
+
+    TRUST_S = 20e-6
 
     def __init__(self) -> None:
         self.offset = 0.0
+        self.before = 0.0  # the offset before the last step
+        self.step_at = float("-inf")  # perf_counter time the last step was seen
+        self.steps: collections.deque[tuple[float, float]] = collections.deque(maxlen=4096)  # (seen at, new offset)
         self.sample()
+        self.before = self.offset
+        self.steps.append((float("-inf"), self.offset))
 
     def sample(self) -> None:
         best = None
@@ -86,6 +102,24 @@ class Clock:
                 best = (b - a, r * 1e-9 - (a + b) / 2)
         assert best is not None
         self.offset = best[1]
+
+    def to_perf(self, sec: int, nsec: int) -> float:
+        """A kernel stamp (CLOCK_REALTIME sec, nsec) on the perf_counter clock; never later than now."""
+        a = time.perf_counter()
+        w = time.time()
+        b = time.perf_counter()
+        if b - a < self.TRUST_S:
+            off = w - (a + b) / 2
+            if abs(off - self.offset) > self.TRUST_S:  # the wall clock was stepped since the last read
+                self.before, self.offset, self.step_at = self.offset, off, a
+                self.steps.append((a, off))
+        stamp = sec + nsec * 1e-9
+        t = stamp - self.offset
+        if t < self.step_at:
+            t = stamp - self.before  # it arrived before the step
+        if t > b or t < b - 60.0:  # impossible (a second step in between, or a bad stamp): the read's time
+            return b
+        return t
 
 
 class _Conn:
@@ -122,15 +156,11 @@ class _Conn:
             except OSError as exc:
                 resp.fail_os(exc)
                 return
-            now = pc()
             if anc:
                 sec, nsec = _TS.unpack_from(anc[0][2])
-                t = sec + nsec * 1e-9 - self.pool.clock.offset
-                if t > now + 0.001 or t < now - 10.0:  # the wall clock was stepped: sample again
-                    self.pool.clock.sample()
-                    t = now
+                t = self.pool.clock.to_perf(sec, nsec)
             else:
-                t = now
+                t = pc()
             resp.feed(data, t)
             if resp.fut.done() or len(data) < READ_SIZE:
                 return
