@@ -406,7 +406,10 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
 
     return {"groups": groups, "pooled": pool(lambda g: True),
             "pooled_outside_the_019_sweep": pool(lambda g: g != "llm-d-planner-v0.19.0-sweep"),
-            "pooled_public_logs": pool(lambda g: g.startswith("public-logs-"))}
+            "pooled_public_logs": pool(lambda g: g.startswith("public-logs-")),
+            # rows collected after the model was written and committed before they were first scored
+            # (benchmarks/data/README.md, "Never-seen rows"): the "logs never seen" figure
+            "pooled_unseen": pool(lambda g: g.startswith("unseen-"))}
 
 
 def print_held_out(held_out: dict[str, Any], summary: dict[str, Any]) -> None:
@@ -430,7 +433,8 @@ def print_held_out(held_out: dict[str, Any], summary: dict[str, Any]) -> None:
             print(f"  {'':32} defaults set from this group's own rows (not held out): "
                   f"{', '.join(g['defaults_set_from_this_group'])}")
     for key, label in (("pooled", "every row"), ("pooled_outside_the_019_sweep", "outside the 0.19 H100 sweep"),
-                       ("pooled_public_logs", "public-logs-* groups only")):
+                       ("pooled_public_logs", "public-logs-* groups only"),
+                       ("pooled_unseen", "unseen-* (never-seen) groups")):
         pooled = held_out[key]
         kv, w, conc = pooled.get("kv_cache_gib", {}), pooled.get("weights", {}), pooled.get("max_concurrency", {})
         tok = pooled.get("kv_cache_tokens", {})

@@ -206,3 +206,31 @@ def test_an_alert_firing_before_t0_keeps_its_sign_where_the_table_shows_it():
     early = next(a for a in inc.alerts if a["name"] == "KvHigh")
     assert math.isclose(early["since_t0_s"], -0.5)
     assert since_t0(early["t_s"], inc.t0_s) == f"{early['since_t0_s']:+.2f}" == "-0.50"
+
+
+def test_time_to_alert_is_one_signed_figure_in_json_headline_and_lessons():
+    """An alert still firing when T0 came is the incident's alert, at its negative offset, in the
+    JSON and in the headline alike; one that fired and cleared during the baseline is not, and the
+    lessons never say 'no alert fired' while the headline shows one."""
+    from vramlab.report.incident_text import alert_clock, lessons
+
+    reqs, samples, events = _timeline()
+    events = [e for e in events if e.kind != "alert"]  # only the alerts written here
+    still = [*events, _ev(9.5, "alert", name="KvHigh", state="firing", source="evaluated")]
+    inc = analyse(reqs, samples, still, p95_tolerance=0.5, window_s=1.0)
+    assert math.isclose(inc.time_to_alert_s, -0.5)
+    assert alert_clock(inc).startswith("-0.50 s") and "before the fault step" in alert_clock(inc)
+    assert not any("No alert fired" in w for w in lessons(inc)[1])
+
+    cleared = [*events, _ev(5.0, "alert", name="KvHigh", state="firing", source="evaluated"),
+               _ev(6.0, "alert", name="KvHigh", state="inactive", source="evaluated"),
+               _ev(11.25, "alert", name="Errors", state="firing", source="evaluated")]
+    inc = analyse(reqs, samples, cleared, p95_tolerance=0.5, window_s=1.0)
+    assert math.isclose(inc.time_to_alert_s, 11.25 - inc.t0_s)
+    assert alert_clock(inc) == f"{11.25 - inc.t0_s:.2f} s"
+
+    none = [*events, _ev(5.0, "alert", name="KvHigh", state="firing", source="evaluated"),
+            _ev(6.0, "alert", name="KvHigh", state="inactive", source="evaluated")]
+    inc = analyse(reqs, samples, none, p95_tolerance=0.5, window_s=1.0)
+    assert inc.time_to_alert_s is None and alert_clock(inc) == "–"
+    assert any("No alert fired" in w for w in lessons(inc)[1])

@@ -197,6 +197,9 @@ def test_a_llamacpp_restart_in_one_file_is_two_start_ups(tmp_path):
      "Qwen3-4B-Q4_K_M.gguf", "qwen3-4b"),
     ("meta-llama/Meta-Llama-3-8B", "llama-3-8b-instruct"),
     ("Meta Llama 3.1 70B Instruct", "llama-3.1-70b-instruct"),
+    # a Hugging Face cache snapshot directory (the SGLang project note's --model-path)
+    ("/home/dell/.cache/huggingface/hub/models--Qwen--Qwen3-14B/snapshots/40c069824f4251a91eefaf281ebe4c544efd3e18",
+     "qwen3-14b"),
 ])
 def test_a_model_the_log_names_resolves_under_the_catalogs_spelling(printed, catalog):
     from vramlab.logs.check import _resolve
@@ -244,3 +247,37 @@ def test_noise_between_the_lines_changes_nothing(tmp_path, outputs):
         out = check_log(noisy).to_json()
         for field, value, unit in entry["figures"]:
             assert _read(out, field, value, unit) == _read(outputs[name], field, value, unit), (name, field)
+
+
+def test_a_command_pasted_over_several_lines_gives_its_flags_even_with_lines_in_between(tmp_path):
+    # aws-samples' README (vllm-v1-0.24-tp4-l40s-aws-sample.log) and a SGLang project note paste
+    # `vllm serve` / `sglang.launch_server` with one flag per continuation line.
+    vllm = check_log(REAL / "vllm-v1-0.24-tp4-l40s-aws-sample.log").to_json()["observations"][0]
+    assert vllm["settings"]["tensor_parallel_size"] == 4 and vllm["gpu_memory_utilization"] == 0.9
+    assert vllm["kv_cache_tokens"] == 1037152  # `GPU KV cache size:         1,037,152 tokens` (aligned)
+    sglang = check_log(REAL / "sglang-2026-tp4-rtx4090-qwen3-14b.log").to_json()["observations"][0]
+    assert sglang["settings"]["tensor_parallel_size"] == 4 and sglang["settings"]["mem_fraction_static"] == 0.8
+    # a note between two continuation lines changes nothing: each flag line is read on its own
+    lines = (REAL / "vllm-v1-0.24-tp4-l40s-aws-sample.log").read_text(encoding="utf-8").splitlines()
+    lines.insert(2, "# (the README's comment between two flags)")
+    noisy = tmp_path / "noisy.log"
+    noisy.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert check_log(noisy).to_json()["observations"][0]["settings"]["tensor_parallel_size"] == 4
+
+
+def test_the_cuda_graph_advice_keeps_both_alternative_utilizations():
+    out = check_log(REAL / "vllm-v1-0.21-compose-timestamps-graph-estimate.log").to_json()["observations"][0]
+    assert out["gpu_memory_utilization"] == 0.9
+    assert out["extra"]["util_without_graph_profiling"] == 0.8878 and out["extra"]["util_to_keep_kv"] == 0.9122
+
+
+def test_the_start_up_banner_names_the_version_and_the_model():
+    # vLLM 0.11+ prints its version and model beside block-letter art (the MI300X deployment doc).
+    obs = check_log(REAL / "vllm-v1-0.17.1-rocm-mi300x.log").to_json()["observations"][0]
+    assert obs["engine_version"] == "0.17.1" and obs["era"]["inferred"] is False
+    assert obs["model"] == "Qwen/Qwen2.5-14B-Instruct"
+    # and the SGLang note's --model-path on a continuation line resolves under the catalog's spelling
+    report = check_log(REAL / "sglang-2026-tp4-rtx4090-qwen3-14b.log", gpu="rtx-4090")
+    item = report.items[0]
+    assert item.comparison is not None, item.error
+    assert item.settings_used["tensor_parallel_size"] == 4

@@ -121,10 +121,8 @@ def test_run_on_a_filesystem_that_fills_up(tmp_path: Path, stub: str) -> None:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def test_run_on_a_store_at_its_page_limit(tmp_path: Path, stub: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """SQLite's own 'database or disk is full' (max_page_count), in process: no root needed."""
-    from vramlab.experiment.plan import load_plan
-    from vramlab.experiment.session import run_plan
+def _page_limited_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A SQLite store that has room for 40 more pages: SQLite's own 'database or disk is full'."""
     from vramlab.store import open_store, sql
 
     db = tmp_path / "v.db"
@@ -139,6 +137,16 @@ def test_run_on_a_store_at_its_page_limit(tmp_path: Path, stub: str, monkeypatch
         dbapi_conn.execute(f"PRAGMA max_page_count = {pages + 40}")
 
     monkeypatch.setattr(sql, "_sqlite_pragmas", limited)
+    return db
+
+
+def test_run_on_a_store_at_its_page_limit(tmp_path: Path, stub: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's own 'database or disk is full' (max_page_count), in process: no root needed."""
+    from vramlab.experiment.plan import load_plan
+    from vramlab.experiment.session import run_plan
+    from vramlab.store import open_store
+
+    db = _page_limited_db(tmp_path, monkeypatch)
     marker = tmp_path / "rolled-back"
     plan_path = _plan(tmp_path / "p.yaml", stub, marker=marker)
     out = run_plan(load_plan(plan_path), plan_dir=tmp_path, open_store=lambda: open_store(str(db)))
@@ -230,3 +238,34 @@ def test_observed_status_from_a_stale_heartbeat() -> None:
     assert observed_status("running", now - 500, now - STALE_S - 1, 12345, "another-host", now) == "died"
     assert observed_status("running", now - 500, None, None, None, now) == "died"
     assert observed_status("running", now - 1, now - 1, os.getpid(), __import__("socket").gethostname(), now) == "running"
+
+
+def test_a_drill_stops_its_load_when_the_store_refuses_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drill, like the run, stops the load as soon as the writer gives up (not at the end of its
+    ramp), rolls back, and says it was not stored completely."""
+    from vramlab.drill.plan import parse_plan
+    from vramlab.drill.runner import DrillRunner
+    from vramlab.store import open_store
+
+    db = _page_limited_db(tmp_path, monkeypatch)
+    store = open_store(str(db))
+    planned_s = 0.5 + 6 * 5.0  # baseline + six 5 s steps (2 .. 64)
+
+    async def go() -> tuple[DrillRunner, object, float]:
+        async with StubServer(StubBehaviour(ttft_s=0.001)) as srv:
+            doc = {"name": "full", "rounds": 1, "baseline_s": 0.5,
+                   "target": {"kind": "command", "environment": "test", "base_url": srv.url, "model": "m"},
+                   "load": {"concurrency": 2, "prompt_tokens": 8, "max_tokens": 2},
+                   "ramp": {"knob": "concurrency", "start": 2, "factor": 2, "ceiling": 64, "step_s": 5.0},
+                   "stop": {"wall_clock_s": 120}}
+            r = DrillRunner(parse_plan(doc), store, workdir=str(tmp_path / "w"))
+            t = time.monotonic()
+            res = await asyncio.wait_for(r.run(), 90)
+            return r, res, time.monotonic() - t
+
+    runner, res, elapsed = asyncio.run(go())
+    assert res.status == "failed" and "full" in (res.stop_reason or ""), res  # type: ignore[attr-defined]
+    acct = runner.recorder.accounting()
+    assert not acct.complete and acct.failure and "full" in acct.failure
+    print(f"drill on a full store: stopped after {elapsed:.1f} s of {planned_s:.0f} s planned; {acct.line()}")
+    assert elapsed < planned_s * 0.75  # stopped when the writer gave up, not at the end of the ramp

@@ -12,8 +12,10 @@ Boundaries (written into the report, because "MTTR" means six things):
                    flight or in the step's first second; low when the mode is a crash or a kill
                    by signal with no evidence tying it to load
   detect           the first detection by the drill (OOM seen, stop condition fired)
-  alert            the first alert that went firing (Prometheus, or the plan's rules evaluated
-                   on the drill's own samples when no Prometheus was configured)
+  alert            the first alert firing at T0 or after it (Prometheus, or the plan's rules
+                   evaluated on the drill's own samples when no Prometheus was configured); an
+                   alert that went firing before T0 and was still firing at T0 counts, and its
+                   time to alert is negative (the same signed clock as the alert table)
   mitigate         the first corrective action: restart issued, scripted command run, or the
                    operator's first note in manual mode
   recover          three clocks: health 200 again; first successful generation; P95 back within
@@ -153,6 +155,23 @@ def _signed(t: float | None, t0: float | None) -> float | None:
     return None if t is None or t0 is None else t - t0
 
 
+def _first_alert(alerts: Sequence[dict[str, Any]], t0: float | None) -> float | None:
+    """When the first alert was firing at T0 or went firing after it. An alert that fired before T0
+    counts only while it was still firing at T0 (no later 'inactive' for the same name before T0):
+    one that fired and cleared during the baseline says nothing about this incident."""
+    if t0 is None:
+        return None
+    state: dict[Any, tuple[str, float]] = {}
+    for a in sorted(alerts, key=lambda a: a["t_s"]):
+        if a["t_s"] < t0:
+            state[a["name"]] = (a["state"], a["t_s"])
+    at_t0 = [t for st, t in state.values() if st == "firing"]
+    if at_t0:
+        return min(at_t0)
+    after = [a["t_s"] for a in alerts if a["state"] == "firing" and a["t_s"] >= t0]
+    return min(after) if after else None
+
+
 def _first(events: Sequence[EventRecord], *kinds: str, after: float = -math.inf, **data: Any) -> EventRecord | None:
     for e in events:
         if e.kind in kinds and e.t_s >= after and all(e.data.get(k) == v for k, v in data.items()):
@@ -213,7 +232,7 @@ def analyse(
          "source": e.data.get("source"), "since_t0_s": _signed(e.t_s, t0)}
         for e in events if e.kind == "alert"
     ]
-    firing: list[float] = [a["t_s"] for a in alerts if a["state"] == "firing" and (t0 is None or a["t_s"] >= t0)]
+    first_alert = _first_alert(alerts, t0)
     mitigated = _first(events, "mitigation", after=t0 or -math.inf) if failed else None
     # the drill settles the mode after recovery, when it knows more (exit, refusal on restart)
     settled = next((e for e in reversed(events) if e.kind == "failure_mode"), None) if failed else None
@@ -252,7 +271,7 @@ def analyse(
         detected_s=detected.t_s if detected else None,
         time_to_detect_s=_since(detected.t_s if detected else None, t0),
         alerts=alerts,
-        time_to_alert_s=_since(min(firing) if firing else None, t0),
+        time_to_alert_s=_signed(first_alert, t0),
         mitigated_s=mitigated.t_s if mitigated else None,
         time_to_mitigate_s=_since(mitigated.t_s if mitigated else None, t0),
         recovery=recovery,

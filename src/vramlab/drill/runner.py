@@ -119,22 +119,25 @@ class DrillRunner(Watchers):
             self.emit("warning", self.warning)
         if plan.rounds < 3:
             self.emit("warning", f"rounds: {plan.rounds} is fewer than 3; a one-off cannot be told from a trend")
-        status, reason = "completed", None
         failed_rounds: list[int] = []
+        loop = asyncio.get_running_loop()
+        body = asyncio.ensure_future(self._rounds(steps, failed_rounds))
+        store_failure: list[str] = []
+
+        def on_store_failure(why: str) -> None:  # the writer thread gave up: stop the load now, roll back
+            def stop() -> None:
+                store_failure.append(why)
+                body.cancel()
+            loop.call_soon_threadsafe(stop)
+
+        self.recorder.on_failure = on_store_failure
         try:
-            await self._bring_up()
-            for r in range(plan.rounds):
-                self._round = r
-                if await self._one_round(steps):
-                    failed_rounds.append(r)
-                if self.detector.stopped is not None and self.detector.stopped.kind == "wall_clock":
-                    status, reason = "stopped", self.detector.stopped.message
-                    break
-            if not plan.prometheus_url:
-                self._evaluate_alerts()
+            status, reason = await body
         except asyncio.CancelledError:
-            status, reason = "interrupted", "interrupted (Ctrl-C)"
-            raise
+            if not store_failure or not body.cancelled():
+                status, reason = "interrupted", "interrupted (Ctrl-C)"
+                raise
+            status, reason = "failed", store_failure[0]  # the CLI says what the store holds and exits 1
         except Exception as exc:
             status, reason = "failed", f"{type(exc).__name__}: {exc}"[:300]
             raise
@@ -143,6 +146,20 @@ class DrillRunner(Watchers):
             await self._rollback(status, reason)
             self.emit("run_end", reason or status, status=status, ended_at=time.time(), stop_reason=reason)
         return DrillResult(self.run_id, status, reason, failed_rounds, str(self.workdir), list(self._unrecovered))
+
+    async def _rounds(self, steps: RampSteps, failed_rounds: list[int]) -> tuple[str, str | None]:
+        """Bring the target up and run every round; (status, reason) of how they ended."""
+        plan = self.plan
+        await self._bring_up()
+        for r in range(plan.rounds):
+            self._round = r
+            if await self._one_round(steps):
+                failed_rounds.append(r)
+            if self.detector.stopped is not None and self.detector.stopped.kind == "wall_clock":
+                return "stopped", self.detector.stopped.message
+        if not plan.prometheus_url:
+            self._evaluate_alerts()
+        return "completed", None
 
     async def _bring_up(self) -> None:
         self._phase = "setup"

@@ -148,7 +148,8 @@ def _json_message(text: str) -> str:
     return f"{data['message']} {rest}".strip()
 
 
-Extract = Callable[[re.Match[str]], dict[str, Any]]
+# None: the line matched the pattern but carries nothing (skipped, as parse_lines already does)
+Extract = Callable[[re.Match[str]], dict[str, Any] | None]
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,10 @@ def model_candidates(name: str) -> list[str]:
     spaces as dashes (GGUF `general.name`)."""
     out: list[str] = []
     base = name.strip().strip("'\"")
+    # A Hugging Face cache directory names its repository: '.../models--Qwen--Qwen3-14B/snapshots/<hash>'.
+    hub = re.search(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/", base)
+    if hub:
+        out.extend(model_candidates(f"{hub.group(1)}/{hub.group(2)}"))
     last = base.rstrip("/").rsplit("/", 1)[-1]
     # A Hub id ('org/Name-GGUF') keeps its organisation; a filesystem path does not have one.
     org = base.split("/")[0] if base.count("/") == 1 and not base.startswith((".", "~")) else None

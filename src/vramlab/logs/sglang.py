@@ -70,6 +70,31 @@ def _max_tokens(m: re.Match[str]) -> dict[str, Any]:
     return out
 
 
+_FLAGS = (
+    (("--tp", "--tp-size", "--tensor-parallel-size"), "settings.tensor_parallel_size", int),
+    (("--pp", "--pp-size"), "settings.pipeline_parallel_size", int),
+    (("--mem-fraction-static",), "settings.mem_fraction_static", float),
+    (("--context-length",), "settings.max_model_len", int),
+    (("--chunked-prefill-size",), "settings.chunked_prefill_size", int),
+    (("--max-running-requests",), "settings.max_num_seqs", int),
+    (("--cuda-graph-max-bs",), "settings.cuda_graph_max_bs", int),
+    (("--kv-cache-dtype",), "settings.kv_cache_dtype", str), (("--quantization",), "settings.quantization", str),
+    (("--dtype",), "settings.dtype", str),
+)
+
+
+def _continued(m: re.Match[str]) -> dict[str, Any] | None:
+    """The flags of a launch command pasted over several lines (`  --tp-size 4 \\`), each line on its own."""
+    text = " " + m.group(0)
+    out = command_flags(text, _FLAGS)
+    model = re.search(r"\s--model(?:-path)?[= ](\S+)", text)
+    if model and model.group(1) != "\\":
+        out["model"] = model.group(1).strip("'\"")
+    if re.search(r"\s--disable-cuda-graph\b", text):
+        out["settings.enforce_eager"] = True
+    return out or None
+
+
 def _command(m: re.Match[str]) -> dict[str, Any]:
     """A pasted `python -m sglang.launch_server --model-path X --tp 2 ...` command line."""
     text = m.group(0)
@@ -77,17 +102,7 @@ def _command(m: re.Match[str]) -> dict[str, Any]:
     model = re.search(r"\s--model(?:-path)?[= ](\S+)", text)
     if model:
         out["model"] = model.group(1).strip("'\"")
-    out.update(command_flags(text, (
-        (("--tp", "--tp-size", "--tensor-parallel-size"), "settings.tensor_parallel_size", int),
-        (("--pp", "--pp-size"), "settings.pipeline_parallel_size", int),
-        (("--mem-fraction-static",), "settings.mem_fraction_static", float),
-        (("--context-length",), "settings.max_model_len", int),
-        (("--chunked-prefill-size",), "settings.chunked_prefill_size", int),
-        (("--max-running-requests",), "settings.max_num_seqs", int),
-        (("--cuda-graph-max-bs",), "settings.cuda_graph_max_bs", int),
-        (("--kv-cache-dtype",), "settings.kv_cache_dtype", str), (("--quantization",), "settings.quantization", str),
-        (("--dtype",), "settings.dtype", str),
-    )))
+    out.update(command_flags(text, _FLAGS))
     if re.search(r"\s--disable-cuda-graph\b", text):
         out["settings.enforce_eager"] = True
     return out
@@ -95,6 +110,7 @@ def _command(m: re.Match[str]) -> dict[str, Any]:
 
 RULES: list[Rule] = [
     rule("command", r"sglang\.launch_server\b.*", _command, starts=True, shared=True),
+    rule("command_continued", r"^\s+--[A-Za-z][\w-]*.*", _continued, shared=True),
     rule("server_args", r"server_args=ServerArgs\((.*)", _server_args, starts=True, shared=True),
     rule("weights_begin", rf"Load weight begin\. avail mem=({N}) ?GB",
          lambda m: {"free_gpu_memory_bytes": gib(m.group(1))}, once=True),

@@ -174,6 +174,29 @@ def _kv_refused(m: re.Match[str]) -> dict[str, Any]:
     return out
 
 
+_FLAGS = (
+    (("--max-model-len", "--max_model_len"), "settings.max_model_len", integer),
+    (("--tensor-parallel-size", "--tensor_parallel_size", "--tensor-parallel", "-tp"), "settings.tensor_parallel_size",
+     integer),
+    (("--pipeline-parallel-size", "-pp"), "settings.pipeline_parallel_size", integer),
+    (("--gpu-memory-utilization", "--gpu_memory_utilization"), "settings.gpu_memory_utilization", float),
+    (("--max-num-seqs", "--max_num_seqs"), "settings.max_num_seqs", integer),
+    (("--max-num-batched-tokens", "--max_num_batched_tokens"), "settings.max_num_batched_tokens", integer),
+    (("--dtype",), "settings.dtype", str), (("--kv-cache-dtype",), "settings.kv_cache_dtype", str),
+    (("--quantization", "-q"), "settings.quantization", str),
+)
+
+
+def _continued(m: re.Match[str]) -> dict[str, Any] | None:
+    """The flags of a command pasted over several lines (`  --max-model-len 32768 \\`): each
+    continuation line is read on its own, so a line in between (a note, a progress bar) loses nothing."""
+    text = " " + m.group(0)
+    out = command_flags(text, _FLAGS)
+    if re.search(r"\s--enforce[-_]eager\b", text):
+        out["settings.enforce_eager"] = True
+    return out or None
+
+
 def _command(m: re.Match[str]) -> dict[str, Any]:
     """A pasted command line: `vllm serve MODEL --max-model-len 4096 -tp 2 ...`."""
     text = m.group(0)
@@ -183,17 +206,7 @@ def _command(m: re.Match[str]) -> dict[str, Any]:
         model = model.group(1)
     if model and not model.startswith("-"):
         out["model"] = model.strip("'\"")
-    out.update(command_flags(text, (
-        (("--max-model-len", "--max_model_len"), "settings.max_model_len", integer),
-        (("--tensor-parallel-size", "--tensor_parallel_size", "--tensor-parallel", "-tp"), "settings.tensor_parallel_size",
-         integer),
-        (("--pipeline-parallel-size", "-pp"), "settings.pipeline_parallel_size", integer),
-        (("--gpu-memory-utilization", "--gpu_memory_utilization"), "settings.gpu_memory_utilization", float),
-        (("--max-num-seqs", "--max_num_seqs"), "settings.max_num_seqs", integer),
-        (("--max-num-batched-tokens", "--max_num_batched_tokens"), "settings.max_num_batched_tokens", integer),
-        (("--dtype",), "settings.dtype", str), (("--kv-cache-dtype",), "settings.kv_cache_dtype", str),
-        (("--quantization", "-q"), "settings.quantization", str),
-    )))
+    out.update(command_flags(text, _FLAGS))
     if re.search(r"\s--enforce[-_]eager\b", text):
         out["settings.enforce_eager"] = True
     if "VLLM_USE_V1=1" in text:
@@ -203,10 +216,25 @@ def _command(m: re.Match[str]) -> dict[str, Any]:
     return out
 
 
+def _graph_util_advice(m: re.Match[str]) -> dict[str, Any]:
+    """0.21+: the utilization given, what it equals without CUDA graph profiling, and what keeps
+    the KV pool of before (`... is equivalent to --gpu-memory-utilization=0.8878 without ...`)."""
+    out: dict[str, Any] = {"settings.gpu_memory_utilization": float(m.group(1))}
+    if m.group(2):
+        out["extra.util_without_graph_profiling"] = float(m.group(2))
+    if m.group(3):
+        out["extra.util_to_keep_kv"] = float(m.group(3).rstrip("."))
+    return out
+
+
 RULES: list[Rule] = [
     rule("version", r"vLLM API server version (\S+)",
          lambda m: {"engine_version": m.group(1), "settings.api_server": True}, starts=True, shared=True),
     rule("args", r"non-default args: (\{.*)", lambda m: _pairs(m.group(1), ":"), starts=True, shared=True),
+    # 0.11+ start-up banner: block-letter art, then `version 0.17.1` / `model   Qwen/...` on its right.
+    rule("banner_version", r"[\u2580\u2584\u2588]\s+version\s+v?(\d+\.\d+[\w.+-]*)\s*$",
+         lambda m: {"engine_version": m.group(1), "settings.vllm_engine": "v1"}, starts=True, shared=True),
+    rule("banner_model", r"[\u2580\u2584\u2588]\s+model\s+(\S+)\s*$", lambda m: {"model": m.group(1)}, shared=True),
     rule("engine_config",
          r"Initializing an? (?:(?P<era>V[01]) )?LLM engine(?: \(v(?P<version>[^)\s]+)\))?(?: with config: (?P<config>.*))?",
          _engine_config, starts=True, shared=True),
@@ -214,6 +242,7 @@ RULES: list[Rule] = [
          lambda m: {"settings.max_num_batched_tokens": int(m.group(1))}, shared=True),
     rule("command", r"(?:^|\s)(?:vllm serve (?P<model>\S+)|python3? -m vllm\.entrypoints\.\S+).*", _command,
          starts=True, shared=True),
+    rule("command_continued", r"^\s+--?[A-Za-z][\w-]*.*", _continued, shared=True),
     rule("loading_model", r"Starting to load model (\S+?)(?:\.\.\.)?$", lambda m: {"model": m.group(1)}, shared=True),
     rule("max_len", r"Using max model len (\d+)", lambda m: {"settings.max_model_len": int(m.group(1))}, shared=True),
     rule("weights", rf"(?:Loading model weights|Model loading) took ({N}) ?(GiB|GB|MB)", _weights, once=True),
@@ -258,8 +287,10 @@ RULES: list[Rule] = [
     # The advisory line's suggestion: what the KV pool could be if the budget were given in bytes.
     rule("kv_cache_memory_advice", r"--kv-cache-memory=(\d+)",
          lambda m: {"extra.suggested_kv_cache_memory_bytes": int(m.group(1))}),
-    rule("graph_util_advice", rf"The current --gpu-memory-utilization=({N}) is equivalent to",
-         lambda m: {"settings.gpu_memory_utilization": float(m.group(1))}, shared=True),
+    rule("graph_util_advice",
+         rf"The current --gpu-memory-utilization=({N}) is equivalent to(?: --gpu-memory-utilization=({N}) without "
+         rf"CUDA graph memory profiling\.(?:.*?increase --gpu-memory-utilization to ({N}))?)?",
+         _graph_util_advice, shared=True),
     rule("kv_refused",
          r"max seq len \((?P<len>[\d,]+)\), \((?P<need>[\d.]+) GiB KV cache is needed, which is larger than the "
          r"available KV cache memory \((?P<avail>-?[\d.]+) GiB\)(?:.*?estimated maximum model length is (?P<est>[\d,]+))?",
@@ -269,7 +300,7 @@ RULES: list[Rule] = [
          shared=True),
     rule("kv_memory", rf"Available KV cache memory: ({N}) ?GiB", lambda m: {"kv_cache_bytes": gib(m.group(1))},
          once=True),
-    rule("kv_tokens", r"GPU KV cache size: ([\d,]+) tokens",
+    rule("kv_tokens", r"GPU KV cache size:\s*([\d,]+) tokens",
          lambda m: {"kv_cache_tokens": integer(m.group(1)), "settings.vllm_engine": "v1"}, shared=True),
     rule("concurrency", r"Maximum concurrency for ([\d,]+) tokens per request: (\d+(?:\.\d+)?) ?x",
          lambda m: {"max_concurrency": float(m.group(2)), "max_model_len": integer(m.group(1))}, shared=True),

@@ -27,12 +27,12 @@ def since_t0(t_s: float, t0: float | None) -> str:
 
 
 def alert_clock(inc: Incident) -> str:
-    """Time to alert on the alert table's clock: an alert already firing before the fault step reads
-    negative there, so it is not shown as 0.00 s here."""
-    firing = next((a for a in inc.alerts if a.get("state") == "firing"), None)
-    if firing is not None and inc.t0_s is not None and firing["t_s"] < inc.t0_s:
-        return f"{firing['t_s'] - inc.t0_s:+.2f} s (already firing before the fault step)"
-    return _s(inc.time_to_alert_s)
+    """Time to alert on the alert table's clock, as the incident's JSON carries it: an alert already
+    firing when the fault step began reads negative, not 0.00 s."""
+    t = inc.time_to_alert_s
+    if t is not None and t < 0:
+        return f"{t:+.2f} s (already firing before the fault step)"
+    return _s(t)
 
 
 def signal_value(name: str, v: float | None) -> str:
