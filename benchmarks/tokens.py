@@ -29,8 +29,17 @@ Each tool holds N streams (closed loop: a user opens the next stream as soon as 
   CPU-ms/req     the client's CPU time (every process of it) over completed requests
   TTFT err       TTFT as the tool measured it, minus the schedule's ttft-ms (P50 / P99)
   ITL err        every gap between two token chunks as the tool measured it, minus gap-ms (P50 / P99);
-                 for tools that report ITL only as a per-request mean, that mean minus gap-ms (said so)
+                 for tools that report ITL only as a per-request mean, that mean minus gap-ms (said so);
+                 against the schedule, so it includes the endpoint's own lateness (see the wire check)
+  untimed gaps   gaps where a token came in one read with later bytes: when it arrived is unknown
 How each tool defines ITL is printed with the table.
+
+The wire check (``--wire``, on by default as root with tcpdump installed: ``apt-get install -y
+tcpdump``): for vramlab in one process, tcpdump records ``--wire-s`` of nginx's data packets on lo
+mid-window, stamped by the kernel as they leave nginx, apart from the client's process; every gap
+vramlab timed in that span is compared with the gap between the two packets that carried its
+tokens (client minus wire: the client's own timing error), and the wire's gaps against the
+schedule give the endpoint's lateness, which on a shared core is not zero.
 """
 
 from __future__ import annotations
