@@ -353,3 +353,23 @@ def test_clock_follows_wall_clock_steps(monkeypatch: pytest.MonkeyPatch) -> None
     assert clock.to_perf(*stamp(100.035, wall[0])) == pytest.approx(100.035, abs=1e-6)
     # a stamp in the future (cannot be): the read's time
     assert clock.to_perf(*stamp(100.5, wall[0])) == pytest.approx(100.040, abs=1e-6)
+
+
+def test_plan_switch_refuses_fast_for_https() -> None:
+    from pathlib import Path
+
+    from vramlab.experiment.plan import parse_plan
+
+    text = (Path(__file__).resolve().parents[1] / "examples" / "concurrency-ramp.yaml").read_text()
+    text = text.replace("  kind: sim\n", "  base_url: URL\n").replace(
+        "  sim: {gpu: h100-80gb, engine: vllm, speed: 20, max_model_len: 8192, seed: 7}\n", "")
+    text = text.replace("  request_timeout_s: 30\n", "  request_timeout_s: 30\n  http_client: VIA\n")
+    text = text.replace("sources: [ledger, engine, host, health]", "sources: [host]")
+
+    def plan(url: str, via: str) -> object:
+        return parse_plan(text.replace("URL", url).replace("VIA", via))
+
+    assert plan("http://127.0.0.1:8000", "fast").load.http_client == "fast"  # type: ignore[attr-defined]
+    assert plan("https://example.com", "auto").load.http_client == "auto"  # type: ignore[attr-defined]
+    with pytest.raises(Exception, match="http_client: fast, but https:// needs aiohttp"):
+        plan("https://example.com", "fast")

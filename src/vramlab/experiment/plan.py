@@ -283,6 +283,12 @@ class Plan(_Model):
             raise ValueError("@samplers.sources: 'ledger' needs samplers.ledger (the sim's device file)")
         if "prometheus" in self.samplers.sources and not self.samplers.prometheus_url:
             raise ValueError("@samplers.sources: 'prometheus' needs samplers.prometheus_url")
+        if load.http_client == "fast" and self.target.base_url is not None:
+            from vramlab.load.client import fast_path_refusal
+
+            why = fast_path_refusal(self.target.base_url)
+            if why is not None:
+                raise ValueError(f"@load.http_client: fast, but {why}; use auto or aiohttp")
         return self
 
     # -- derived, read-only views ------------------------------------------------------------
