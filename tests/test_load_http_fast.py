@@ -373,3 +373,53 @@ def test_plan_switch_refuses_fast_for_https() -> None:
     assert plan("https://example.com", "auto").load.http_client == "auto"  # type: ignore[attr-defined]
     with pytest.raises(Exception, match="http_client: fast, but https:// needs aiohttp"):
         plan("https://example.com", "fast")
+
+
+def test_chunked_decoder_over_random_reads() -> None:
+    """Whatever the reads look like (one chunk each: the shortcut; split or joined: the full
+    decoder), the sink gets the body's bytes in order, exactly once, and the answer ends at the
+    terminal chunk with the connection reusable."""
+    import random
+
+    from vramlab.load.fasthttp import _Response
+
+    class Pool:
+        def __init__(self) -> None:
+            self.released: list[bool] = []
+
+        def release(self, conn: object, reusable: bool) -> None:
+            self.released.append(reusable)
+
+        def drop(self, conn: object) -> None:
+            self.released.append(False)
+
+    class Conn:
+        def __init__(self) -> None:
+            self.pool, self.reused, self.resp = Pool(), False, None
+
+    rng = random.Random(15)
+    loop = asyncio.new_event_loop()
+    try:
+        for trial in range(300):
+            events = [tok(f"t{i}") for i in range(rng.randint(1, 6))] + [FIN, USAGE % 3, DONE]
+            chunks = [chunk(e) for e in events]
+            if trial % 3 == 0:  # some servers use chunk extensions and upper-case hex
+                chunks = [b"%X;ext=1\r\n%s\r\n" % (len(e), e) for e in events]
+            raw = HEAD_CHUNKED + b"".join(chunks) + b"0\r\n\r\n"
+            if trial % 2:
+                reads = [HEAD_CHUNKED, *chunks, b"0\r\n\r\n"]
+            else:
+                cuts = sorted(set(rng.sample(range(1, len(raw)), rng.randint(1, 8))))
+                reads = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=False)]
+            got: list[bytes] = []
+            conn = Conn()
+            fut = loop.create_future()
+            resp = _Response(conn, fut, lambda d, t, exact, got=got: got.append(d) or False)  # type: ignore[arg-type, misc]
+            conn.resp = resp  # type: ignore[assignment]
+            for r in reads:
+                resp.feed(r, 0.0)
+            assert fut.done() and fut.result() == (200, None), (trial, reads)
+            assert b"".join(got) == b"".join(events), trial
+            assert conn.pool.released == [True], trial
+    finally:
+        loop.close()

@@ -339,6 +339,17 @@ class _Response:
         """Decode chunked framing; the body bytes of this read go to the sink in one piece, ``exact``
         when nothing but their chunk's closing CRLF follows them in the read."""
         pos, n = 0, len(data)
+        if self.chunk_state == 0 and not self.pending:
+            # the usual read while streaming: exactly one whole chunk (a flushed SSE event)
+            j = data.find(b"\r\n", 0, 18)
+            if j > 0:
+                try:
+                    size = int(data[:j], 16)
+                except ValueError:
+                    size = -1  # an extension or garbage: the full decoder decides
+                if size > 0 and n == j + size + 4 and data[-2:] == b"\r\n":
+                    self._body(data[j + 2:n - 2], t, True)
+                    return
         if self.pending:
             data, self.pending = self.pending + data, b""
             n = len(data)
