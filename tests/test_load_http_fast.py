@@ -423,3 +423,24 @@ def test_chunked_decoder_over_random_reads() -> None:
             assert conn.pool.released == [True], trial
     finally:
         loop.close()
+
+
+def test_closing_the_client_ends_requests_in_flight() -> None:
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        w.write(HEAD_CHUNKED + chunk(tok("a")))
+        await w.drain()
+        await asyncio.sleep(5)
+
+    async def go() -> tuple[RequestResult, float]:
+        async with Server(script) as srv:
+            c = OpenAIClient(srv.url, "m", http_client="fast", timeout_s=30)
+            await c.__aenter__()
+            t = time.perf_counter()
+            task = asyncio.ensure_future(c.send("x", P, 4, t))
+            await asyncio.sleep(0.2)
+            await c.__aexit__(None, None, None)
+            res = await asyncio.wait_for(task, 5)
+            return res, time.perf_counter() - t
+
+    res, took = asyncio.run(go())
+    assert res.error_class == "stream_broken" and "closed mid-answer" in (res.error or "") and took < 3

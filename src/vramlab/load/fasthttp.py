@@ -515,6 +515,8 @@ class Pool:
     def close(self) -> None:
         self.closed = True
         for conn in list(self.all):
+            if conn.resp is not None:  # mid-answer: its request ends now, not at its timeout
+                conn.resp._fail(FastHttpError("stream_broken", "the client was closed mid-answer"))
             self.drop(conn)
         while self.waiters:
             fut = self.waiters.popleft()
