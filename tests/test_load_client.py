@@ -47,7 +47,10 @@ def test_ttft_itl_tpot_and_usage() -> None:
     assert len(res.itl_ms) + res.untimed_gaps == 5 and len(res.itl_ms) >= 3
     assert all(15 <= x <= 80 for x in res.itl_ms)
     assert res.output_tokens == 6 and res.prompt_tokens == 5  # from the usage chunk
-    assert res.tpot_ms == pytest.approx(statistics.fmean(res.itl_ms), rel=0.01)
+    if res.untimed_gaps == 0:  # TPOT spans every gap, the untimed ones too
+        assert res.tpot_ms == pytest.approx(statistics.fmean(res.itl_ms), rel=0.01)
+    else:
+        assert 15 <= res.tpot_ms <= 80  # type: ignore[operator]
     assert res.e2e_ms >= res.ttft_ms + 4 * 15  # type: ignore[operator]
     body = srv.b.seen[0]
     assert body["stream"] is True and body["messages"][0]["content"] == "hello there" and body["max_tokens"] == 6
