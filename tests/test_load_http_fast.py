@@ -240,8 +240,8 @@ def test_cancelled_requests_and_closing_leak_no_sockets() -> None:
 
 @pytest.mark.skipif(SO_TIMESTAMPNS is None, reason="no SO_TIMESTAMPNS here: read-time stamps")
 def test_kernel_stamps_time_tokens_that_a_busy_client_read_late() -> None:
-    """The client's loop is blocked for 0.3 s while three tokens arrive 20 ms apart: it reads them
-    together. Their kernel stamp is the last one's arrival (~0.09 s), not the read (~0.31 s); the
+    """The client's loop is blocked for 0.4 s while three tokens arrive 20 ms apart: it reads them
+    together. Their kernel stamp is the last one's arrival (~0.14 s), not the read (~0.4 s); the
     first two are marked coalesced; the later tokens, read one by one, are timed exactly."""
     import threading
 
@@ -255,7 +255,7 @@ def test_kernel_stamps_time_tokens_that_a_busy_client_read_late() -> None:
                 while b"\r\n\r\n" not in buf or not buf.endswith(b"}"):
                     buf += conn.recv(65536)
                 conn.sendall(HEAD_CHUNKED)
-                steps = ((0.0, "w"),) if n == 0 else ((0.05, "a"), (0.02, "b"), (0.02, "c"), (0.31, "d"), (0.05, "e"))
+                steps = ((0.0, "w"),) if n == 0 else ((0.10, "a"), (0.02, "b"), (0.02, "c"), (0.40, "d"), (0.05, "e"))
                 for delay, text in steps:
                     time.sleep(delay)
                     conn.sendall(chunk(tok(text)))
@@ -271,15 +271,15 @@ def test_kernel_stamps_time_tokens_that_a_busy_client_read_late() -> None:
         async with OpenAIClient(url, "m", http_client="fast") as c:
             await c.send("warm", P, 4, time.perf_counter())  # connected: the next request's timing is clean
             loop = asyncio.get_running_loop()
-            loop.call_later(0.01, time.sleep, 0.3)  # the client's core is busy (blocking, as a saturated loop)
+            loop.call_soon(time.sleep, 0.4)  # right after the send, the client's core is busy for 0.4 s
             return await c.send("x", P, 4, time.perf_counter())
 
     res = asyncio.run(go())
     assert res.ok and len(res.token_times) == 5
     assert res.coalesced[:2] == (0, 1)  # a and b came in c's read
-    assert res.ttft_ms is not None and res.ttft_ms < 250  # c's arrival (~90 ms), not the late read (~310 ms)
+    assert res.ttft_ms is not None and res.ttft_ms < 330  # c's arrival (~140 ms), not the late read (>= 400 ms)
     t = res.token_times
-    assert (t[3] - t[2]) * 1000 > 250  # c -> d: the server's real gap (~310 ms), not ~90 ms
+    assert (t[3] - t[2]) * 1000 > 300  # c -> d: the server's real gap (~400 ms), not the ~150 ms after the read
     assert 2 not in res.coalesced and 3 not in res.coalesced
     th.join(2)
     lsock.close()
