@@ -239,6 +239,8 @@ def test_pp_over_pcie_is_an_unknown_term_and_the_tight_stage_stays_in_the_band()
     assert any("PP > 1 without NVLink" in n for n in est.notes)
     assert est.component("non_torch").high_bytes >= est.component("non_torch").bytes + 0.9 * GIB
     assert est.pessimistic.kv_cache_bytes <= row["kv_cache_gib"] * GIB <= est.kv_cache_bytes * 1.09
+    row, est = row_estimate("r112")
+    assert est.pessimistic.kv_cache_bytes <= row["kv_cache_gib"] * GIB <= est.kv_cache_bytes
     nvlink = estimate(QWEN3, H100, EngineSettings(engine_version="0.28.0", max_model_len=4096,
                                                   pipeline_parallel_size=2))
     assert not any("PP > 1 without NVLink" in n for n in nvlink.notes)
