@@ -151,7 +151,11 @@ def _quant(c: dict[str, Any], torch_dtype: str) -> QuantSpec | None:
         return QuantSpec("mxfp4", 4.25, quantize_experts_only=True, unquantized_dtype=unq)
     if method == "bitsandbytes":
         bits = 4.0 if q.get("load_in_4bit", True) and not q.get("load_in_8bit") else 8.0
-        return QuantSpec("bitsandbytes", bits, group_size=64 if bits == 4 else None, unquantized_dtype=unq)
+        skip = q.get("llm_int8_skip_modules") or ()
+        # vLLM BitsAndBytesConfig.from_config: use_double_quant defaults to False, skip list to [].
+        return QuantSpec("bitsandbytes", bits, group_size=64 if bits == 4 else None, unquantized_dtype=unq,
+                         skip_modules=tuple(str(x) for x in skip) if isinstance(skip, (list, tuple)) else (),
+                         double_quant=bool(q.get("bnb_4bit_use_double_quant", False)))
     if method == "compressed-tensors":
         return _compressed_tensors(q, unq)
     if method in ("modelopt", "nvfp4", "modelopt_fp4"):

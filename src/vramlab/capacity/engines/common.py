@@ -16,6 +16,7 @@ from vramlab.capacity.spec import ModelSpec, QuantSpec
 from vramlab.errors import ConfigError
 
 SXM_FAMILIES = ("a100", "h100", "h200", "b200", "b100", "gb200")
+BNB_DQ_EXPANDED_FROM = (0, 9, 2)  # vLLM PR #19742 (merged 2025-06-18): first release v0.9.2
 
 
 @dataclass
@@ -46,7 +47,14 @@ class Context:
 
     def weights(self, stage: int = 0) -> tuple[int, str]:
         return wmod.weight_bytes(self.model, self.dtype, self.settings.quantization, self.tp, self.pp, stage,
-                                 rope_cache=self.settings.engine in ("vllm", "sglang"))
+                                 rope_cache=self.settings.engine in ("vllm", "sglang"),
+                                 bnb_nested_absmax=self.bnb_nested_absmax)
+
+    @property
+    def bnb_nested_absmax(self) -> bool:
+        """vLLM before 0.9.2 kept double-quantized bitsandbytes statistics compressed; 0.9.2 expands them
+        to fp32 at load (PR #19742, `dequantize_dq` in model_loader/bitsandbytes_loader.py)."""
+        return self.settings.engine == "vllm" and bool(self.version) and self.version < BNB_DQ_EXPANDED_FROM
 
     def weights_component(self, stage: int = 0) -> Component:
         value, how = self.weights(stage)

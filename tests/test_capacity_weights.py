@@ -1,0 +1,123 @@
+"""Weight bytes the engine loads: bitsandbytes skip lists and statistics by vLLM era, scaled RoPE caches.
+
+Every expected figure is a "Model loading took" / "model weights take" line of a public log (the rows of
+benchmarks/data/observed_memory.jsonl named beside it), never the formula recomputed.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+
+from capacity_models import GEMMA3_4B, spec
+from vramlab.capacity import GIB, EngineSettings, estimate, get_gpu
+from vramlab.capacity.weights import effective_quant, is_layer_skipped_bnb, rope_cache_elems, weight_bytes
+from vramlab.sources.catalog import load_catalog
+from vramlab.sources.hf_config import spec_from_config
+
+CATALOG = load_catalog()
+
+# The bitsandbytes config Unsloth 2025.8.4 passed to vLLM 0.10.0 for
+# unsloth/qwen2.5-0.5b-instruct-unsloth-bnb-4bit, as printed in the r203 log
+# ("Unsloth: vLLM Bitsandbytes config using kwargs = {...}", find_string file id 33404547317).
+UNSLOTH_DYNAMIC_QC = {
+    "quant_method": "bitsandbytes", "load_in_8bit": False, "load_in_4bit": True,
+    "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_quant_storage": "uint8", "bnb_4bit_quant_type": "nf4",
+    "bnb_4bit_use_double_quant": True, "llm_int8_enable_fp32_cpu_offload": False,
+    "llm_int8_has_fp16_weight": False,
+    "llm_int8_skip_modules": ["lm_head", "multi_modal_projector", "merger", "modality_projection",
+                              "model.layers.0.self_attn", "model.layers.0.mlp", "model.layers.2.mlp",
+                              "model.layers.3.mlp", "model.layers.21.mlp", "model.layers.0.self_attn.q_proj"],
+    "llm_int8_threshold": 6.0,
+}
+
+
+def _qwen05_unsloth(skip: bool = True):
+    cfg = copy.deepcopy(CATALOG.get("qwen2.5-0.5b-instruct").config)
+    qc = dict(UNSLOTH_DYNAMIC_QC)
+    if not skip:
+        qc["llm_int8_skip_modules"] = None
+    cfg["quantization_config"] = qc
+    return spec_from_config(cfg, "unsloth/qwen2.5-0.5b-instruct-unsloth-bnb-4bit", "test")
+
+
+def _loaded_gib(m, version: str, gpu: str = "rtx-3090") -> float:
+    s = EngineSettings(engine_version=version, quantization="bitsandbytes", gpu_memory_utilization=0.78,
+                       max_model_len=4096)
+    return estimate(m, get_gpu(gpu), s).weights_bytes / GIB
+
+
+def test_skip_matcher_is_vllms_component_or_prefix_match():
+    # vllm/model_executor/layers/quantization/bitsandbytes.py is_layer_skipped_bnb (0.10-0.29).
+    skip = tuple(UNSLOTH_DYNAMIC_QC["llm_int8_skip_modules"])
+    assert is_layer_skipped_bnb("model.layers.0.self_attn.qkv_proj", skip)  # dotted prefix
+    assert is_layer_skipped_bnb("model.layers.21.mlp.down_proj", skip)
+    assert is_layer_skipped_bnb("visual.merger.mlp.0", skip)  # a component equal to an entry
+    assert not is_layer_skipped_bnb("model.layers.1.mlp.gate_up_proj", skip)
+    assert not is_layer_skipped_bnb("model.layers.2.self_attn.qkv_proj", skip)
+    # a leaf name never matches vLLM's fused module (unsloth#1886): q_proj alone skips nothing
+    assert not is_layer_skipped_bnb("model.layers.5.self_attn.qkv_proj", ("model.layers.5.self_attn.q_proj",))
+    assert not is_layer_skipped_bnb("model.layers.0.mlp.gate_up_proj", ())
+
+
+def test_config_reader_keeps_the_skip_list_and_double_quant():
+    q = _qwen05_unsloth().quant
+    assert q is not None and q.method == "bitsandbytes" and q.bits == 4
+    assert q.double_quant and "model.layers.21.mlp" in q.skip_modules
+    # vLLM BitsAndBytesConfig.from_config: double quant defaults to False, the skip list to [].
+    bare = spec_from_config({**CATALOG.get("qwen2.5-0.5b-instruct").config,
+                             "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}},
+                            "x", "test")
+    assert bare.quant is not None and not bare.quant.double_quant and bare.quant.skip_modules == ()
+    # in-flight quantization (--quantization bitsandbytes on a 16-bit checkpoint) compresses the statistics:
+    # BitsAndBytesModelLoader._unquantized_generator calls quantize_4bit(..., compress_statistics=True)
+    inflight = effective_quant(CATALOG.get("qwen2.5-0.5b-instruct").spec(), "bitsandbytes")
+    assert inflight is not None and inflight.double_quant and inflight.skip_modules == ()
+
+
+def test_unsloth_dynamic_checkpoint_keeps_skipped_modules_in_16_bit():
+    # r203 (vLLM 0.10.0, RTX 3090): "Model loading took 0.5151 GiB"; planned all-4-bit it was 0.43 (-17 %).
+    with_skip = _loaded_gib(_qwen05_unsloth(), "0.10.0")
+    assert with_skip == pytest.approx(0.5151, rel=0.015)
+    without = _loaded_gib(_qwen05_unsloth(skip=False), "0.10.0")
+    assert without < 0.5151 * 0.9
+
+
+def test_bnb_statistics_follow_the_vllm_era():
+    # unsloth/phi-4-bnb-4bit (double quant) on vLLM 0.7.1: "Loading model weights took 8.4920 GB" (r073, a
+    # GiB figure). Before 0.9.2 the uint8 absmax stays nested; 0.9.2 expands it to fp32 at load
+    # (PR #19742, dequantize_dq): 3/64 byte more per 4-bit weight, ~0.6 GiB on Phi-4's 13.6B linear params.
+    phi = CATALOG.get("phi-4-bnb-4bit").spec()
+    assert phi.quant is not None and phi.quant.double_quant
+    old = _loaded_gib(phi, "0.7.1", "t4")
+    assert old == pytest.approx(8.492, rel=0.01)
+    new = _loaded_gib(phi, "0.10.0", "t4")
+    assert 0.5 < new - old < 0.7
+    assert _loaded_gib(phi, "0.9.1", "t4") == pytest.approx(old)
+    assert _loaded_gib(phi, "0.9.2", "t4") == pytest.approx(new)
+    # without double quantization the statistics are fp32 in every era
+    plain = phi.with_(quant=dataclasses.replace(phi.quant, double_quant=False))
+    assert _loaded_gib(plain, "0.7.1", "t4") == pytest.approx(new)
+
+
+def test_linear_rope_scaling_caches_the_scaled_length_and_gemma3_a_local_one():
+    # Gemma 3 4B: global layers' RoPE is linear x8 over 131072 positions, sliding layers an unscaled one
+    # (vllm gemma3.py Gemma3Attention; rotary_embedding LinearScalingRotaryEmbedding max_len = max_pos x factor).
+    g = spec({**GEMMA3_4B, "text_config": {**GEMMA3_4B["text_config"],
+                                           "rope_scaling": {"rope_type": "linear", "factor": 8.0}}})
+    assert rope_cache_elems(g) == 131072 * 256 * (8 + 1)
+    unscaled = spec(GEMMA3_4B)
+    assert rope_cache_elems(unscaled) == 131072 * 256
+    with_cache, _ = weight_bytes(g)
+    without, _ = weight_bytes(g, rope_cache=False)
+    assert (with_cache - without) / GIB == pytest.approx(131072 * 256 * 9 * 2 / GIB)
+
+
+def test_gemma3_4b_weights_match_the_v019_log():
+    # r011, vLLM 0.19.0 on an H100: "Model loading took 8.58 GiB" (the RoPE caches were 0.5 GiB short).
+    m = CATALOG.get("gemma-3-4b-it").spec()
+    est = estimate(m, get_gpu("h100-80gb"), EngineSettings(engine_version="0.19.0", gpu_memory_utilization=0.95,
+                                                           max_model_len=8192))
+    assert est.weights_bytes / GIB == pytest.approx(8.58, rel=0.01)
