@@ -132,6 +132,14 @@ def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
         api_server=api_server,
         in_trainer=in_trainer,
     )
+    # LoRA slots: only where the log prints vLLM's non-default args ('enable_lora': True, 'max_lora_rank': N).
+    args_text = " ".join(str(x) for x in row.get("raw_log_lines") or [] if "non-default args" in str(x))
+    if re.search(r"'enable_lora': True", args_text):
+        kwargs["enable_lora"] = True
+        for key in ("max_lora_rank", "max_loras"):
+            found = re.search(rf"'{key}': (\d+)", args_text)
+            if found:
+                kwargs[key] = int(found.group(1))
     if kwargs["engine"] == "sglang":
         kwargs["mem_fraction_static"] = kwargs.pop("gpu_memory_utilization")
         kwargs["chunked_prefill_size"] = kwargs.pop("max_num_batched_tokens")

@@ -11,9 +11,15 @@ import dataclasses
 
 import pytest
 
-from capacity_models import GEMMA3_4B, spec
+from capacity_models import GEMMA3_4B, QWEN3_8B, spec
 from vramlab.capacity import GIB, EngineSettings, estimate, get_gpu
-from vramlab.capacity.weights import effective_quant, is_layer_skipped_bnb, rope_cache_elems, weight_bytes
+from vramlab.capacity.weights import (
+    effective_quant,
+    is_layer_skipped_bnb,
+    lora_slot_params,
+    rope_cache_elems,
+    weight_bytes,
+)
 from vramlab.sources.catalog import load_catalog
 from vramlab.sources.hf_config import spec_from_config
 
@@ -121,3 +127,28 @@ def test_gemma3_4b_weights_match_the_v019_log():
     est = estimate(m, get_gpu("h100-80gb"), EngineSettings(engine_version="0.19.0", gpu_memory_utilization=0.95,
                                                            max_model_len=8192))
     assert est.weights_bytes / GIB == pytest.approx(8.58, rel=0.01)
+
+
+def test_lora_slots_count_as_weights_like_the_loading_line():
+    # r066, vLLM 0.10.2 V1 on an L4, unsloth/Qwen3-8B-FP8 with 'enable_lora': True, 'max_lora_rank': 32:
+    # "Model loading took 8.9638 GiB". Without the slots the plan was 8.80 (-1.8 %).
+    s = EngineSettings(engine_version="0.10.2", quantization="fp8", gpu_memory_utilization=0.8, max_model_len=2048)
+    qwen3_8b = spec(QWEN3_8B)
+    plain = estimate(qwen3_8b, get_gpu("l4"), s).weights_bytes / GIB
+    lora = estimate(qwen3_8b, get_gpu("l4"), s.with_(enable_lora=True, max_lora_rank=32))
+    assert lora.weights_bytes / GIB == pytest.approx(8.9638, rel=0.01)
+    assert plain < 8.9638 * 0.985
+    assert "LoRA slots" in next(c.note for c in lora.components if c.name == "weights")
+    # r077, vLLM 0.16.1 on a B200, unsloth/Qwen3-4B bf16, max_lora_rank 64: "Model loading took 7.80 GiB".
+    q4 = CATALOG.get("qwen3-4b").spec()
+    s4 = EngineSettings(engine_version="0.16.1", gpu_memory_utilization=0.8, max_model_len=2048,
+                        enable_lora=True, max_lora_rank=64)
+    assert estimate(q4, get_gpu("b200"), s4).weights_bytes / GIB == pytest.approx(7.80, rel=0.01)
+    # the slots scale with max_loras and split with TP (vLLM shards B of column-parallel, A of row-parallel)
+    one = lora_slot_params(qwen3_8b, max_lora_rank=32)
+    assert lora_slot_params(qwen3_8b, max_lora_rank=32, max_loras=4) == 4 * one
+    assert one / 2 < lora_slot_params(qwen3_8b, tp=2, max_lora_rank=32) < one
+    # other engines do not allocate vLLM's slots
+    sg = EngineSettings(engine="sglang", quantization="fp8", enable_lora=True, max_lora_rank=32)
+    assert estimate(qwen3_8b, get_gpu("l4"), sg).weights_bytes == estimate(
+        qwen3_8b, get_gpu("l4"), sg.with_(enable_lora=False)).weights_bytes

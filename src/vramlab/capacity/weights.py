@@ -139,6 +139,42 @@ def _skipped_layer_params(m: ModelSpec, i: int, kind: str, tp: int, moe: bool, h
     return out
 
 
+def lora_slot_params(m: ModelSpec, tp: int = 1, pp: int = 1, rank_pp: int = 0, max_lora_rank: int = 16,
+                     max_loras: int = 1) -> int:
+    """Elements of the LoRA A/B buffers vLLM allocates at load with `--enable-lora`, on one GPU.
+
+    vllm/lora/layers/base_linear.py `BaseLinearLayerWithLoRA.create_lora_weights`: per wrapped linear
+    and per slice (3 for qkv_proj, 2 for gate_up_proj), `lora_a_stacked` (max_loras, 1, max_lora_rank,
+    input_size) and `lora_b_stacked` (max_loras, 1, output_size, max_lora_rank), input/output per TP
+    partition as the base layer holds them (column-parallel: full input, split output; row-parallel:
+    split input, full output), in the LoRA dtype (the model's under `auto`). They are allocated inside
+    the loading step, so "Model loading took" includes them. Counted: attention and dense MLP linears;
+    not counted: embedding / LM-head LoRA (vocab x rank, < 0.03 GiB on 150k vocabularies) and MoE experts."""
+    r = max_lora_rank
+    h = m.hidden_size
+    split = pp_layer_split(m.num_layers, pp)
+    start = sum(split[:rank_pp])
+    moe_layers = set(m.moe_layer_indices())
+    kinds = m.kinds
+    total = 0.0
+    for i in range(start, start + split[rank_pp]):
+        kind = kinds[i] if i < len(kinds) else "full"
+        if kind in ("full", "sliding", "chunked") and not m.is_mla:
+            q = m.num_attention_heads * m.head_dim / tp
+            kv = (max(1, m.num_kv_heads // tp) if m.num_kv_heads >= tp else 1) * m.head_dim
+            total += 3 * r * h + r * (q + 2 * kv)  # qkv_proj: three slices
+            total += r * q + r * h  # o_proj (row-parallel)
+        has_mlp = not m.block_typed or kind == "mlp"
+        if has_mlp and i not in moe_layers and m.intermediate_size:
+            inter = m.intermediate_size / tp
+            if m.gated_mlp:
+                total += 2 * r * h + 2 * r * inter  # gate_up_proj: two slices
+            else:
+                total += r * h + r * inter
+            total += r * inter + r * h  # down_proj (row-parallel)
+    return int(total * max_loras)
+
+
 def rope_cache_elems(m: ModelSpec) -> int:
     """Elements of the rotary cos/sin caches vLLM builds (one per distinct RoPE, shared by the layers).
 

@@ -12,7 +12,7 @@ from vramlab.capacity.constants import Constants
 from vramlab.capacity.estimate import EXACT, FORMULA, Component, Limits, band
 from vramlab.capacity.gpus import GPU
 from vramlab.capacity.settings import EngineSettings
-from vramlab.capacity.spec import ModelSpec, QuantSpec
+from vramlab.capacity.spec import ModelSpec, QuantSpec, dtype_bytes
 from vramlab.errors import ConfigError
 
 SXM_FAMILIES = ("a100", "h100", "h200", "b200", "b100", "gb200")
@@ -46,9 +46,18 @@ class Context:
         return range(start, start + split[stage])
 
     def weights(self, stage: int = 0) -> tuple[int, str]:
-        return wmod.weight_bytes(self.model, self.dtype, self.settings.quantization, self.tp, self.pp, stage,
-                                 rope_cache=self.settings.engine in ("vllm", "sglang"),
-                                 bnb_nested_absmax=self.bnb_nested_absmax)
+        value, how = wmod.weight_bytes(self.model, self.dtype, self.settings.quantization, self.tp, self.pp, stage,
+                                       rope_cache=self.settings.engine in ("vllm", "sglang"),
+                                       bnb_nested_absmax=self.bnb_nested_absmax)
+        return value + self.lora_bytes(stage), how
+
+    def lora_bytes(self, stage: int = 0) -> int:
+        """vLLM `--enable-lora`: the LoRA slots allocated while loading (counted in its weights line)."""
+        s = self.settings
+        if not s.enable_lora or s.engine != "vllm":
+            return 0
+        elems = wmod.lora_slot_params(self.model, self.tp, self.pp, stage, max(1, s.max_lora_rank), max(1, s.max_loras))
+        return int(elems * dtype_bytes(self.dtype))
 
     @property
     def bnb_nested_absmax(self) -> bool:
@@ -58,9 +67,12 @@ class Context:
 
     def weights_component(self, stage: int = 0) -> Component:
         value, how = self.weights(stage)
+        lora = self.lora_bytes(stage)
+        lora_note = (f"; includes {lora / 2**30:.2f} GiB of LoRA slots ({self.settings.max_loras} x rank "
+                     f"{self.settings.max_lora_rank}; embedding/LM-head LoRA not counted)") if lora else ""
         if how == "exact":
             return band("weights", value, 0.005, 0.01, EXACT,
-                        "bytes from the weight files' headers; load-time buffers add a little")
+                        "bytes from the weight files' headers; load-time buffers add a little" + lora_note)
         q = self.quant
         note = "computed from the architecture"
         rel = 0.02
@@ -71,6 +83,7 @@ class Context:
         if self.model.vision_params:
             note += "; vision tower from its config"
             rel = max(rel, 0.05)
+        note += lora_note
         return band("weights", value, rel, rel, FORMULA, note)
 
     def constant_component(self, name: str, key: str, note: str, in_budget: bool = True,
