@@ -49,8 +49,8 @@ def default_data_dir() -> Path:
 def quant_from_row(row: dict[str, Any], spec: ModelSpec) -> str | None:
     """The engine's quantization for a row; the scheme from the checkpoint name when the config lacks it."""
     q = (row.get("quantization") or "").lower() or None
-    if q is None or spec.quant is not None:
-        return q
+    if q is None or spec.quant is not None or q == "bitsandbytes":
+        return q  # bitsandbytes names its own storage: a "bnb-4bit" checkpoint name is not a w4a16 scheme
     name = (row.get("model") or row.get("model_hf_id") or "").lower()
     if "w4a16" in name or "int4" in name or "4bit" in name or "awq" in name:
         return "w4a16" if "awq" not in name else "awq"

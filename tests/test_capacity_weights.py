@@ -152,3 +152,30 @@ def test_lora_slots_count_as_weights_like_the_loading_line():
     sg = EngineSettings(engine="sglang", quantization="fp8", enable_lora=True, max_lora_rank=32)
     assert estimate(qwen3_8b, get_gpu("l4"), sg).weights_bytes == estimate(
         qwen3_8b, get_gpu("l4"), sg.with_(enable_lora=False)).weights_bytes
+
+
+def test_qwen25_vl_tower_includes_its_patch_merger():
+    # Qwen2.5-VL-7B-Instruct has 8.29B parameters, Qwen2.5-7B-Instruct 7.62B (their model cards): the tower
+    # and its PatchMerger (5120 -> 5120 -> 3584) are ~0.68B. Without the merger the count was 0.630B.
+    vl = CATALOG.get("qwen2.5-vl-7b-instruct").spec()
+    assert vl.vision_params / 1e9 == pytest.approx(8.29 - 7.62, rel=0.02)
+    # r070, vLLM 0.9.2 on a T4, unsloth/qwen2.5-vl-7b-instruct-unsloth-bnb-4bit in fp16:
+    # "Model loading took 6.7940 GiB" (tower unquantized; the checkpoint's skip list is not public here).
+    s = EngineSettings(engine_version="0.9.2", quantization="bitsandbytes", dtype="float16",
+                       gpu_memory_utilization=0.77, max_model_len=16384, max_num_seqs=1)
+    assert estimate(vl, get_gpu("t4"), s).weights_bytes / GIB == pytest.approx(6.794, rel=0.02)
+
+
+def test_benchmark_keeps_a_bnb_row_on_bitsandbytes():
+    # A "...-bnb-4bit" checkpoint name is bitsandbytes storage when the log says quantization=bitsandbytes,
+    # not a compressed-tensors w4a16 scheme (the benchmark planned r068/r070/r076 as w4a16 before).
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from accuracy import quant_from_row
+
+    m = CATALOG.get("qwen2.5-7b-instruct").spec()
+    row = {"quantization": "bitsandbytes", "model": "unsloth/qwen2.5-vl-7b-instruct-unsloth-bnb-4bit"}
+    assert quant_from_row(row, m) == "bitsandbytes"
+    assert quant_from_row({"quantization": "compressed-tensors", "model": "x/Llama-W4A16"}, m) == "w4a16"
