@@ -148,7 +148,9 @@ def test_llamacpp_gguf_file_types_and_layer_split():
     m = spec(QWEN3_8B)
     q4 = estimate(m, RTX4090, EngineSettings(engine="llama.cpp", ctx_size=8192, quantization="Q4_K_M"))
     q8 = estimate(m, RTX4090, EngineSettings(engine="llama.cpp", ctx_size=8192, quantization="q8_0"))
-    assert q4.weights_bytes / q8.weights_bytes == pytest.approx(4.85 / 8.5, rel=0.01)
+    # Q4_K_M is a per-tensor mix (llama-quant.cpp: Q6_K output and use_more_bits attn_v / ffn_down, Q4_K
+    # elsewhere): ~4.94 bits per weight on the GPU for Qwen3-8B against Q8_0's 8.5, above a flat Q4_K's 4.5
+    assert q4.weights_bytes / q8.weights_bytes == pytest.approx(4.94 / 8.5, rel=0.01)
     two = estimate(m, RTX4090, EngineSettings(engine="llama.cpp", ctx_size=8192, quantization="Q4_K_M",
                                               pipeline_parallel_size=2))
     assert two.kv_cache_bytes == q4.kv_cache_bytes // 2  # 36 layers split 18/18 over two devices

@@ -124,8 +124,12 @@ def weights_on_device(ctx: Context) -> Component:
     if ctx.model.tie_word_embeddings:
         return weights
     # The input embedding stays in host memory (the CPU_Mapped buffer): only a row lookup.
+    from vramlab.capacity.weights import gguf_mix_bytes
+
+    mix = gguf_mix_bytes(ctx.model, ctx.quant, ctx.tp) if ctx.quant is not None and ctx.quant.method == "gguf" \
+        and weights.provenance != "exact" else None
     per_param = weights.bytes / max(1, _params(ctx))
-    host = int(ctx.model.vocab_size * ctx.model.hidden_size * per_param)
+    host = mix[1] if mix is not None else int(ctx.model.vocab_size * ctx.model.hidden_size * per_param)
     return band("weights", weights.bytes - host, 0.03, 0.03, weights.provenance,
                 weights.note + "; token embedding kept in host memory as llama.cpp does")
 
