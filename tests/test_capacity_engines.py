@@ -45,8 +45,19 @@ def test_sglang_default_fraction_heuristics():
     assert (chunk, bs) == (8192, 256)
     # 512 + 8192 x 1.5 + 256 x 2 + 1/8 x 1024 MiB = 13.125 GiB reserved on 79.19 GiB.
     assert default_fraction(ctx, chunk, bs) == round((79.19 - 13.125) / 79.19, 3)
-    old = Context(spec(LLAMA_31_8B), H100, EngineSettings(engine="sglang", engine_version="0.4.6"), Constants.defaults())
-    assert default_fraction(old, chunk, bs) == round((79.19 - 10.0) / 79.19, 3)  # 9.5 + tp/2
+    old = Context(spec(LLAMA_31_8B), H100, EngineSettings(engine="sglang", engine_version="0.4.8"), Constants.defaults())
+    assert default_fraction(old, chunk, bs) == round((79.19 - 10.0) / 79.19, 3)  # 9.5 + tp/2 (PR #7054)
+
+
+@pytest.mark.parametrize(("version", "tp", "fraction"), [
+    ("0.4.3", 4, 0.85),  # r090: no --mem-fraction-static in the command, server_args printed 0.85 at TP 4
+    ("0.4.3", 1, 0.88), ("0.4.6", 2, 0.87), ("0.4.6", 8, 0.81), ("0.3.0", 16, 0.79), ("0.1.13", 1, 0.90),
+    ("0.1.13", 4, 0.82),
+])
+def test_sglang_default_fraction_before_pr_7054_follows_the_tp_size(version, tp, fraction):
+    ctx = Context(spec(LLAMA_31_8B), L4, EngineSettings(engine="sglang", engine_version=version,
+                                                         tensor_parallel_size=tp), Constants.defaults())
+    assert default_fraction(ctx, *gpu_defaults(ctx)) == fraction
 
 
 def test_sglang_activation_beyond_the_reservation_does_not_fit():
@@ -63,14 +74,22 @@ def test_tgi_keeps_ten_percent_of_the_card():
     assert est.kv_cache_tokens == est.kv_cache_bytes // 131_072  # flashinfer blocks of one token
 
 
-def test_tgi_warmup_holds_the_logits_of_every_prefill_token():
-    """The router warms up with prefill_logprobs: true, so logits + log_softmax of the whole prefill batch."""
+def test_tgi_warmup_logits_by_release():
+    """The router warms up with prefill_logprobs: true. flash_causal_lm.py: to 2.3 logits + log_softmax of
+    every prefill token, 2.4 log_softmax in place (one copy), 3.x drops prefill logprobs unless
+    REQUEST_LOGPROBS is set (next-token rows only)."""
     m = spec(LLAMA_31_8B)
-    small = estimate(m, H100, EngineSettings(engine="tgi", max_model_len=8192, max_batch_prefill_tokens=2048))
-    big = estimate(m, H100, EngineSettings(engine="tgi", max_model_len=8192, max_batch_prefill_tokens=4096))
-    assert big.component("warmup_logits").bytes == 2 * small.component("warmup_logits").bytes
-    assert big.component("warmup_logits").bytes > 1.9 * GIB  # 128k vocab x 4096 tokens, twice, in bf16
-    assert big.kv_cache_bytes < small.kv_cache_bytes
+    row = 128_256 * 2  # one bf16 logit row
+
+    def logits(version, prefill):
+        est = estimate(m, H100, EngineSettings(engine="tgi", engine_version=version, max_model_len=8192,
+                                               max_batch_prefill_tokens=prefill))
+        return est.component("warmup_logits").bytes, est.kv_cache_bytes
+
+    (two_2k, kv_2k), (two_4k, kv_4k) = logits("2.2.0", 2048), logits("2.2.0", 4096)
+    assert two_4k == 2 * two_2k == 2 * 4096 * row and kv_4k < kv_2k
+    assert logits("2.4.0", 4096)[0] == 4096 * row
+    assert logits("3.3.6", 4096)[0] == 1 * row  # one request of 4,096 tokens: its next-token row
 
 
 A10G = get_gpu("a10g")
@@ -148,9 +167,9 @@ def test_llamacpp_gguf_file_types_and_layer_split():
     m = spec(QWEN3_8B)
     q4 = estimate(m, RTX4090, EngineSettings(engine="llama.cpp", ctx_size=8192, quantization="Q4_K_M"))
     q8 = estimate(m, RTX4090, EngineSettings(engine="llama.cpp", ctx_size=8192, quantization="q8_0"))
-    # Q4_K_M is a per-tensor mix (llama-quant.cpp: Q6_K output and use_more_bits attn_v / ffn_down, Q4_K
-    # elsewhere): ~4.94 bits per weight on the GPU for Qwen3-8B against Q8_0's 8.5, above a flat Q4_K's 4.5
-    assert q4.weights_bytes / q8.weights_bytes == pytest.approx(4.94 / 8.5, rel=0.01)
+    # Q4_K_M is a mix (Q4_K, Q6_K for the output and some attn_v/ffn_down layers): between 4.5 and 5.0
+    # bits a weight against Q8_0's 8.5 (tests/test_capacity_gguf_mix.py checks it tensor by tensor).
+    assert 4.5 / 8.5 < q4.weights_bytes / q8.weights_bytes < 5.0 / 8.5
     two = estimate(m, RTX4090, EngineSettings(engine="llama.cpp", ctx_size=8192, quantization="Q4_K_M",
                                               pipeline_parallel_size=2))
     assert two.kv_cache_bytes == q4.kv_cache_bytes // 2  # 36 layers split 18/18 over two devices
@@ -166,3 +185,87 @@ def test_mxfp4_keeps_attention_and_embeddings_unquantized():
         est = estimate(m, H100, EngineSettings(engine_version="0.19.0", tensor_parallel_size=2, max_model_len=8192,
                                                quantization=q))
         assert est.weights_bytes / GIB == pytest.approx(7.01, rel=0.02)
+
+
+@pytest.mark.parametrize(("gpu", "tp", "defaults"), [
+    ("t4", 1, (2048, 8)), ("rtx-4090", 1, (2048, 24)), ("rtx-4090", 4, (2048, 80)),
+    ("l40s", 1, (4096, 32)), ("a100-40gb", 4, (4096, 160)), ("h100-80gb", 1, (8192, 256)),
+    ("h200", 8, (8192, 512)), ("b200", 1, (16384, 512)),
+])
+def test_sglang_0_5_3_gpu_buckets(gpu, tp, defaults):
+    """server_args `_handle_gpu_memory_settings` after PR #10975: chunk and graph batch by card size and TP."""
+    ctx = Context(spec(LLAMA_31_8B), get_gpu(gpu), EngineSettings(engine="sglang", engine_version="0.5.6",
+                                                                  tensor_parallel_size=tp), Constants.defaults())
+    assert gpu_defaults(ctx) == defaults
+
+
+def test_sglang_default_fraction_on_a_48_gb_card_reserves_for_a_4k_chunk():
+    # L40S, 0.5.6: 512 + 4096 x 1.5 + 32 x 2 + 1/8 x 1024 = 6,848 MiB reserved (not 13,440 MiB as with 8k / 256).
+    ctx = Context(spec(LLAMA_31_8B), get_gpu("l40s"), EngineSettings(engine="sglang", engine_version="0.5.6"),
+                  Constants.defaults())
+    gib = ctx.gpu.memory_gib
+    assert default_fraction(ctx, *gpu_defaults(ctx)) == round((gib - 6848 / 1024) / gib, 3)
+
+
+@pytest.mark.parametrize(("version", "note"), [
+    ("1.3.4", "100 % of the memory free"), ("1.4.1", "95 % of the memory free"), ("2.3.1", "95 % of the memory free"),
+    ("2.4.0", "90 % of the memory free"), ("3.0.2", "less 5 % of the card"), ("3.2.3", "less 7 % of the card"),
+    ("3.3.6", "less 10 % of the card"),
+])
+def test_tgi_keeps_back_what_each_release_keeps(version, note):
+    """flash_causal_lm.py `warmup` and globals.py TGI_WIGGLE_ROOM at each tag (see engines/tgi.py)."""
+    m = spec(LLAMA_31_8B)
+    est = estimate(m, H100, EngineSettings(engine="tgi", engine_version=version, max_model_len=4096))
+    assert note in est.component("kv_cache").note
+    # blocks of one token from 2.3 (launcher default ATTENTION=flashinfer), 16 before
+    assert est.settings["block_size"] == (1 if version >= "2.3" else 16)
+
+
+def test_tgi_3_0_keeps_half_the_room_of_3_3():
+    m = spec(LLAMA_31_8B)
+    s = dict(engine="tgi", max_model_len=4096)
+    early = estimate(m, H100, EngineSettings(engine_version="3.0.1", **s))
+    late = estimate(m, H100, EngineSettings(engine_version="3.3.6", **s))
+    assert early.kv_cache_bytes - late.kv_cache_bytes == pytest.approx(0.05 * H100.memory_bytes, rel=0.001)
+
+
+def test_sglang_splits_the_pool_only_for_its_hybrid_swa_allowlist():
+    """configs/model_config.py `is_hybrid_swa_model`: Llama 4, GPT-OSS, MiMo-V2, Step3p5, Gemma 4. Gemma 3 has
+    sliding layers but SGLang stores every token in every layer (server_args disables hybrid SWA for Gemma
+    2/3); GPT-OSS's hybrid pool is disabled by server_args in the 0.4.x-0.5.x releases."""
+    from capacity_models import GPT_OSS_20B
+
+    g = spec(GEMMA3_4B)
+    est = estimate(g, H100, EngineSettings(engine="sglang", engine_version="0.5.6", max_model_len=8192))
+    assert est.kv_cache_tokens == est.kv_cache_bytes // est.kv_bytes_per_token  # one full cell per token
+    oss = spec(GPT_OSS_20B)
+    s = dict(engine="sglang", max_model_len=8192, mem_fraction_static=0.85)
+    old = estimate(oss, H100, EngineSettings(engine_version="0.5.6", **s))
+    new = estimate(oss, H100, EngineSettings(engine_version="0.5.9", **s))
+    blackwell = estimate(oss, get_gpu("b200"), EngineSettings(engine_version="0.5.9", **s))
+    assert old.kv_cache_tokens == old.kv_cache_bytes // old.kv_bytes_per_token
+    # hybrid: full-layer tokens = rest / (full + 0.8 x sliding), half the layers each: 1 / 0.9 more tokens
+    assert new.kv_cache_tokens == pytest.approx(new.kv_cache_bytes / (0.9 * new.kv_bytes_per_token), rel=1e-4)
+    assert blackwell.kv_cache_tokens == blackwell.kv_cache_bytes // blackwell.kv_bytes_per_token
+
+
+def test_tgi_default_prefill_tokens_by_release():
+    from vramlab.capacity.engines.tgi import default_prefill_tokens
+
+    def default(version, gpu, model=LLAMA_31_8B, max_total=8192):
+        ctx = Context(spec(model), get_gpu(gpu), EngineSettings(engine="tgi", engine_version=version),
+                      Constants.defaults())
+        return default_prefill_tokens(ctx, max_total)
+
+    # TGI 2.2 on an A10G (benchmarks/data r100): "Default `max_total_tokens` to 4096",
+    # "Default `max_batch_prefill_tokens` to 4145" (max_input_tokens 4095 + 50).
+    est = estimate(spec(LLAMA_31_8B), A10G, EngineSettings(engine="tgi", engine_version="2.2.0"))
+    assert est.settings["max_total_tokens"] == 4096 and est.settings["max_batch_prefill_tokens"] == 4145
+    # 3.x launcher: card f16 FLOP/s / model FLOP per token where it knows the card; an H100 warms up with far
+    # more tokens than an L4, a GeForce card's name is unknown to it (4096), multimodal Gemma 3 gets 8000
+    # ("Unkown compute for card nvidia-rtx-a6000" ... "Default `max_batch_prefill_tokens` to 8000" in a
+    # public gemma-3-27b log).
+    assert default("3.3.6", "h100-80gb") > 5 * default("3.3.6", "l4") > 5 * 4096
+    assert default("3.3.6", "rtx-4090") == 4096
+    assert default("3.3.6", "rtx-4090", GEMMA3_4B) == 8000
+    assert default("1.4.5", "h100-80gb") == 4096

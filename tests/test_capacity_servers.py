@@ -97,7 +97,7 @@ def test_a_context_above_the_trained_length_is_planned_with_llamacpps_warning():
 
 
 def test_upstream_llama_server_defaults_four_unified_slots_and_the_models_context():
-    est = llamacpp()  # b7000: after PR #16736
+    est = llamacpp()  # default b9300: after PR #16736
     assert est.settings["parallel"] == 4 and est.settings["kv_unified"] is True
     assert est.settings["ctx_size"] == 131072 and est.max_model_len == 131072  # unified: each slot may use all
     assert est.settings["flash_attn"] is True

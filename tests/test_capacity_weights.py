@@ -14,14 +14,10 @@ import pytest
 from capacity_models import GEMMA3_4B, QWEN3_8B, spec
 from vramlab.capacity import GIB, EngineSettings, estimate, get_gpu
 from vramlab.capacity.weights import (
-    breakdown,
     effective_quant,
-    gguf_mix_bytes,
-    gguf_quant,
     is_layer_skipped_bnb,
     lora_slot_params,
     rope_cache_elems,
-    use_more_bits,
     weight_bytes,
 )
 from vramlab.sources.catalog import load_catalog
@@ -184,22 +180,3 @@ def test_benchmark_keeps_a_bnb_row_on_bitsandbytes():
     assert quant_from_row(row, m) == "bitsandbytes"
     assert quant_from_row({"quantization": "compressed-tensors", "model": "x/Llama-W4A16"}, m) == "w4a16"
 
-
-def test_llama_cpp_k_quant_mix_follows_the_quantizer():
-    # llama.cpp src/llama-quant.cpp use_more_bits: first and last eighth, and every third layer between.
-    assert [i for i in range(32) if use_more_bits(i, 32)] == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27,
-                                                               28, 29, 30, 31]
-    phi3 = CATALOG.get("phi-3-mini-4k-instruct").spec()
-    q = gguf_quant("Q4_K_M")
-    assert q is not None
-    layers_and_output, token_embd = gguf_mix_bytes(phi3, q)  # type: ignore[misc]
-    # Phi-3-mini-4k-instruct-q4.gguf: "file size = 2.23 GiB (5.01 BPW)" (r095's log); norms are a rounding error
-    params = breakdown(phi3).total_params
-    assert (layers_and_output + token_embd) * 8 / params == pytest.approx(5.01, abs=0.02)
-    # On the GPU: "CUDA0 model buffer size = 2228.82 MiB", the token embedding in "CPU_Mapped ... 52.84 MiB"
-    assert token_embd / 2**20 == pytest.approx(52.84, rel=0.01)
-    s = EngineSettings(engine="llama.cpp", quantization="Q4_K_M", ctx_size=4096, parallel=1, n_ubatch=256,
-                       flash_attn=False)
-    assert estimate(phi3, get_gpu("rtx-3070"), s).weights_bytes / 2**20 == pytest.approx(2228.82, rel=0.01)
-    # types the mixes do not cover keep the file type's average
-    assert gguf_mix_bytes(phi3, gguf_quant("IQ4_XS")) is None  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ DEFAULT_VERSIONS = {
     "vllm": "0.29.0",
     "sglang": "0.5.6",
     "tgi": "3.3.6",
-    "llama.cpp": "b7000",
+    "llama.cpp": "b9300",  # PR #23861 (2026-05-29) is the newest rule checked (engines/llamacpp.py)
     "transformers": "5.0.0",
 }
 # `--vllm-engine v0` without a version: the last release that still shipped the V0 engine

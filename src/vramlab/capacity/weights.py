@@ -298,12 +298,6 @@ def weight_bytes(m: ModelSpec, dtype: str = "auto", quantization: str | None = N
         total = wb.total_params * full
     else:
         per = _quant_bytes_per_param(q, bnb_nested_absmax)
-        mix = gguf_mix_bytes(m, q, tp, pp, rank_pp) if q.method == "gguf" else None
-        if mix is not None:
-            total = mix[0] + mix[1] + wb.other_params * 4 + wb.vision_params * unq  # norms stay F32 in GGUF
-            if rope_cache:
-                total += wb.rope_cache_elems * full
-            return int(total), "formula"
         if q.method == "mxfp4" or q.quantize_experts_only:
             total = wb.expert_params * mxfp4_padding(m, tp) * per + (wb.linear_params + wb.other_params) * unq
         else:
@@ -337,86 +331,6 @@ GGUF_BPW = {
     "iq4_nl": 4.5, "q3_k_l": 4.27, "q3_k_m": 3.91, "q3_k_s": 3.5, "iq3_xxs": 3.06, "iq3_m": 3.66,
     "q2_k": 3.35, "iq2_xs": 2.31, "iq2_xxs": 2.06, "iq1_s": 1.56, "mxfp4": 4.25,
 }
-
-
-# Bits per weight of the ggml block types the K-quant mixes use (block bytes x 8 / block elements).
-GGML_TYPE_BPW = {"Q2_K": 2.625, "Q3_K": 3.4375, "Q4_K": 4.5, "Q5_K": 5.5, "Q6_K": 6.5625, "Q8_0": 8.5,
-                 "Q4_0": 4.5, "Q5_0": 5.5}
-# llama.cpp's type choice per tensor for the common K mixes (src/llama-quant.cpp llama_tensor_get_type_impl):
-# base type; attn_v (and fused attn_qkv) and ffn_down in the `use_more_bits` layers (Q4_K_M, Q5_K_M: Q6_K);
-# Q4_K_S: attn_v of the first 4 attention layers and ffn_down of the first n/8 layers in Q5_K.
-# output.weight (or the tied token embedding) is Q6_K when its rows divide into 256-blocks, else Q8_0.
-GGUF_MIXES = {
-    "Q4_K_M": ("Q4_K", "more_bits", "Q6_K"),
-    "Q5_K_M": ("Q5_K", "more_bits", "Q6_K"),
-    "Q4_K_S": ("Q4_K", "first", "Q5_K"),
-    "Q6_K": ("Q6_K", None, None),
-    "Q8_0": ("Q8_0", None, None),
-}
-
-
-GGUF_FUSED_QKV = frozenset({"phi3"})  # convert_hf_to_gguf keeps Phi-3's qkv_proj as one attn_qkv tensor
-
-
-def use_more_bits(i_layer: int, n_layers: int) -> bool:
-    """llama.cpp `use_more_bits`: the first and last eighth of the layers and every third in between."""
-    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
-
-
-def gguf_mix_bytes(m: ModelSpec, q: QuantSpec, tp: int = 1, pp: int = 1, rank_pp: int = 0) -> tuple[int, int] | None:
-    """(layer + output bytes, token-embedding bytes) of a GGUF of a named file type, tensor by tensor as
-    llama.cpp's quantizer types them; None when the type or the architecture is not covered (MLA, SSM
-    mixers), and the file type's average bits per weight apply instead. Phi-3-mini Q4_K_M: 5.01 bits per
-    weight as its load log prints (`print_info: file size = 2.23 GiB (5.01 BPW)`), not the 4.85 average."""
-    mix = GGUF_MIXES.get((q.gguf_type or "").upper())
-    if mix is None or m.is_mla or any(k in ("mamba", "linear") for k in m.kinds):
-        return None
-    base, rule, more = mix
-    bpw = GGML_TYPE_BPW
-
-    def bumped(i: int, n: int, first: int) -> str:
-        if rule == "more_bits" and use_more_bits(i, n):
-            return more or base
-        if rule == "first" and i < first:
-            return more or base
-        return base
-
-    split = pp_layer_split(m.num_layers, pp)
-    start = sum(split[:rank_pp])
-    kinds = m.kinds
-    attn_index = [i for i in range(m.num_layers) if (kinds[i] if i < len(kinds) else "full") != "mlp"]
-    n_attn, n_layers = len(attn_index), m.num_layers
-    moe_layers = set(m.moe_layer_indices())
-    bits = 0.0
-    for i in range(start, start + split[rank_pp]):
-        kind = kinds[i] if i < len(kinds) else "full"
-        if kind != "mlp":
-            lin, _ = _attention_params(m, tp, kind)
-            q_dim = m.num_attention_heads * m.head_dim / tp
-            kv_dim = lin / m.hidden_size - 2 * q_dim  # K and V together
-            # attn_v, or the whole fused attn_qkv of architectures converted with one (Phi-3)
-            v = lin - q_dim * m.hidden_size if m.model_type in GGUF_FUSED_QKV else kv_dim / 2 * m.hidden_size
-            bits += (lin - v) * bpw[base] + v * bpw[bumped(attn_index.index(i), n_attn, 4)]
-        if m.block_typed and kind != "mlp":
-            continue
-        if i in moe_layers:
-            mats = m.num_experts * _mlp_params(m, m.moe_intermediate_size, tp)
-            if m.num_shared_experts and m.shared_expert_intermediate_size:
-                mats += _mlp_params(m, m.shared_expert_intermediate_size, tp)
-        elif m.intermediate_size:
-            mats = _mlp_params(m, m.intermediate_size, tp)
-        else:
-            continue
-        down = mats / (3 if m.gated_mlp else 2)
-        bits += (mats - down) * bpw[base] + down * bpw[bumped(i, n_layers, n_layers // 8)]
-    vocab = math.ceil(m.vocab_size / VOCAB_PADDING) * VOCAB_PADDING // tp
-    out_type = "Q8_0" if base == "Q8_0" or m.hidden_size % 256 else "Q6_K"
-    embd_bits = 0.0
-    if rank_pp == 0:
-        embd_bits = vocab * m.hidden_size * bpw[out_type if m.tie_word_embeddings else base]
-    if rank_pp == pp - 1 and not (m.tie_word_embeddings and rank_pp == 0):
-        bits += vocab * m.hidden_size * bpw[out_type]
-    return int(bits / 8), int(embd_bits / 8)
 
 
 def gguf_quant(name: str) -> QuantSpec | None:

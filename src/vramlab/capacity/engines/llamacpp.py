@@ -22,8 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from vramlab.capacity import gguf_mix
 from vramlab.capacity.engines.common import Context, PolicyResult
-from vramlab.capacity.estimate import FORMULA, GIB, Component, Limits, band
+from vramlab.capacity.estimate import EXACT, FORMULA, GIB, Component, Limits, band
 from vramlab.capacity.kv import bytes_per_token_layer
 from vramlab.errors import ConfigError
 
@@ -36,6 +37,9 @@ KV_PAD = 256
 # build is not pinned): without a unified cache each of the n_seq_max streams gets
 # pad256(pad256(n_ctx) / n_seq_max) cells, and n_ctx becomes that times n_seq_max.
 PER_SEQ_PAD_FROM = (7000,)
+# PR #23861 (merged 2026-05-29; issue #23527 reported on b9272 a week before): llama-server reserves logits
+# for n_seqs rows instead of n_ubatch. The first build is not pinned: b9300 is taken.
+LOGITS_PER_SEQ_FROM = (9300,)
 QUANTIZED_CACHE_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 
 
@@ -121,28 +125,47 @@ def kv_cache_bytes(ctx: Context, server: ServerSetup, kv_size: int) -> int:
 
 def weights_on_device(ctx: Context) -> Component:
     weights = ctx.weights_component()
+    ftype = ctx.quant.gguf_type if ctx.quant is not None and ctx.quant.method == "gguf" else None
+    if weights.provenance != EXACT and ftype and gguf_mix.supported(ctx.model, ftype):
+        # The file type is a mix: llama-quantize's per-tensor rules give the CUDA model buffer.
+        device = gguf_mix.device_bytes(ctx.model, ftype, ctx.layer_range(0), with_output=ctx.pp == 1)
+        return band("weights", device, 0.005, 0.005, FORMULA,
+                    f"{ftype.upper()} tensor by tensor (llama-quant.cpp's mix: Q6_K output, more bits for "
+                    "some attn_v/ffn_down layers); token embedding kept in host memory unless tied")
     if ctx.model.tie_word_embeddings:
         return weights
     # The input embedding stays in host memory (the CPU_Mapped buffer): only a row lookup.
-    from vramlab.capacity.weights import gguf_mix_bytes
-
-    mix = gguf_mix_bytes(ctx.model, ctx.quant, ctx.tp) if ctx.quant is not None and ctx.quant.method == "gguf" \
-        and weights.provenance != "exact" else None
     per_param = weights.bytes / max(1, _params(ctx))
-    host = mix[1] if mix is not None else int(ctx.model.vocab_size * ctx.model.hidden_size * per_param)
+    host = int(ctx.model.vocab_size * ctx.model.hidden_size * per_param)
     return band("weights", weights.bytes - host, 0.03, 0.03, weights.provenance,
                 weights.note + "; token embedding kept in host memory as llama.cpp does")
 
 
+def reserved_outputs(ctx: Context, server: ServerSetup) -> int:
+    """Logit rows the worst-case graph reserves: every token of a ubatch (`graph_reserve(n_tokens, n_seqs,
+    n_tokens)`), except in llama-server from PR #23861 (merged 2026-05-29, "only reserves logits space for
+    n_seqs when possible"), where it is one per sequence (n_seqs = 1 with a unified cache)."""
+    if server.server == "llama-server" and (not ctx.version or ctx.version >= LOGITS_PER_SEQ_FROM):
+        return 1 if server.unified else server.slots
+    return server.n_ubatch
+
+
 def compute_buffer(ctx: Context, server: ServerSetup, kv_size: int) -> Component:
     m, constants = ctx.model, ctx.constants
-    compute = 4 * server.n_ubatch * (m.vocab_size + 4 * m.hidden_size) + constants["llamacpp_compute_scratch_bytes"]
+    outputs = reserved_outputs(ctx, server)
+    compute = 4 * (outputs * m.vocab_size + server.n_ubatch * 4 * m.hidden_size) \
+        + constants["llamacpp_compute_scratch_bytes"]
     if not server.flash_attn:  # the KQ matrix of one layer: n_kv x n_ubatch x heads in f32
         compute += 4 * kv_size * server.n_ubatch * m.num_attention_heads
     key = "llamacpp_compute_scratch_bytes"
-    return band("activation_peak", compute, constants.band(key), constants.band(key), constants.provenance(key),
-                f"compute buffer for n_ubatch {server.n_ubatch}"
-                + ("" if server.flash_attn else " without flash attention (KQ matrix of n_ctx x n_ubatch x heads)"))
+    # The scratch beyond the logits was read off builds whose buffer the logits dominated: with one logit
+    # row per sequence it is the whole figure (a 2026 Qwen3-4B log: 85 MiB) -> unknown term, band widened.
+    high = constants.band(key) + (2.0 if outputs < server.n_ubatch else 0.0)
+    return band("activation_peak", compute, constants.band(key), high, constants.provenance(key),
+                f"compute buffer for n_ubatch {server.n_ubatch}, logits for {outputs} output rows"
+                + ("" if server.flash_attn else " without flash attention (KQ matrix of n_ctx x n_ubatch x heads)")
+                + ("; unknown term, band widened: the graph scratch without n_ubatch logits is not measured"
+                   if outputs < server.n_ubatch else ""))
 
 
 def _pad(n: int) -> int:

@@ -1,14 +1,22 @@
 """Text-generation-inference's memory policy (research/capacity-anchors.md §4).
 
-Warm-up runs the largest prefill batch (`--max-batch-prefill-tokens`), then sizes the KV pool
-from what is free after that peak. TGI 3 keeps `1 - CUDA_MEMORY_FRACTION x TGI_WIGGLE_ROOM` (10 %)
-of the card: KV = free_after_peak - 0.10 x total. TGI 1.x-2.x kept 5 % of what was free instead:
-`int((free_memory * 0.95) // total_cache_size) + batch.num_blocks` with
-`free_memory = mem_get_info.free - (1 - MEMORY_FRACTION) x total` (flash_causal_lm.py `warmup`,
-utils/import_utils.py `get_cuda_free_memory`). The router's warm-up requests ask for prefill
-logprobs (`prefill_logprobs: true` in its client `warmup`), so the warm-up forward holds the logits
-of every prefill token and their `log_softmax` (generate_token): 2 x tokens x vocab at the model
-dtype, in every era. CUDA graphs are captured afterwards, inside the wiggle room.
+Warm-up runs the largest prefill batch (`--max-batch-prefill-tokens`), then sizes the KV pool from
+what is free after that peak (`mem_get_info` with no `empty_cache` in between, so the peak stays
+reserved), less `(1 - MEMORY_FRACTION) x total` (utils/import_utils.py `get_cuda_free_memory`), and
+adds back the warm-up batch's own blocks. What it keeps back, by release (server/.../flash_causal_lm.py
+`warmup` and models/globals.py `TGI_WIGGLE_ROOM`, read at every tag):
+
+- 1.0.0-1.4.0: nothing (`int(free_memory // total_cache_size) + cache_manager.num_blocks`);
+- 1.4.1-2.2.x: 5 % of the free memory (`int((free_memory * 0.95) // total_cache_size)`);
+- 2.3.x: the same through `TGI_WIGGLE_ROOM` = 0.95; 2.4.x: `TGI_WIGGLE_ROOM` = 0.90 (10 % of free);
+- 3.0.x: `get_free_memory(device, MEMORY_FRACTION * TGI_WIGGLE_ROOM)` with 0.95: 5 % of the card;
+  3.1-3.2: 0.93 (7 %); 3.3 onwards: 0.90 (10 %).
+
+From 2.3.0 the launcher defaults to `ATTENTION=flashinfer` with prefix caching: blocks of 1 token
+(`BLOCK_SIZE = 1`); before, paged attention in blocks of 16. The router's warm-up requests ask for
+prefill logprobs (`prefill_logprobs: true` in its client `warmup`, 1.x to 3.x), so the warm-up forward
+holds the logits of every prefill token and their `log_softmax` (generate_token): 2 x tokens x vocab
+at the model dtype. CUDA graphs are captured afterwards, inside what was kept back.
 """
 
 from __future__ import annotations
@@ -19,18 +27,86 @@ from vramlab.capacity.overheads import forward_peak_bytes, moe_workspace_bytes
 from vramlab.capacity.spec import dtype_bytes
 from vramlab.errors import ConfigError
 
-WIGGLE_ROOM = 0.90  # TGI_WIGGLE_ROOM
-LEGACY_WIGGLE = 0.95  # TGI 1.x-2.x: "Leave 5% for some wiggle room" of the free memory
-FRACTION_WIGGLE_FROM = (3, 0)  # get_free_memory(device, MEMORY_FRACTION * TGI_WIGGLE_ROOM) (@db931fcf)
+# (first release, share of the FREE memory kept for KV) before 3.0; (first release, TGI_WIGGLE_ROOM) from 3.0.
+FREE_SHARE = (((1, 0), 1.0), ((1, 4, 1), 0.95), ((2, 4), 0.90))
+CARD_WIGGLE = (((3, 0), 0.95), ((3, 1), 0.93), ((3, 3), 0.90))
+FRACTION_WIGGLE_FROM = (3, 0)  # get_free_memory(device, MEMORY_FRACTION * TGI_WIGGLE_ROOM)
 LEGACY_BAND = 1.0  # TGI 2.2 on an A10G left ~2 GiB less than this rule after warm-up: unknown term, band widened
-FLASHINFER_FROM = (3, 0)  # TGI 3 defaults to flashinfer with block size 1
+FLASHINFER_FROM = (2, 3)  # the launcher's default ATTENTION=flashinfer (BLOCK_SIZE 1) from 2.3.0
+LOGSOFTMAX_IN_PLACE_FROM = (2, 4)  # generate_token: torch.log_softmax(out, -1, out=out)
+NO_PREFILL_LOGPROBS_FROM = (3, 0)  # from_pb: `if not REQUEST_LOGPROBS: r.prefill_logprobs = False`
 
 
-def warmup_logits_component(ctx: Context, prefill_tokens: int, extra_band: float = 0.0) -> Component:
-    """Logits and their log_softmax for every warm-up prefill token (the router warms up with prefill logprobs)."""
-    logits = 2.0 * prefill_tokens * ctx.model.vocab_size * dtype_bytes(ctx.dtype)
-    return band("warmup_logits", logits, 0.1, 0.1 + extra_band, FORMULA,
-                "warm-up requests ask for prefill logprobs: logits + log_softmax of every prefill token")
+def _by_release(table: tuple[tuple[tuple[int, ...], float], ...], version: tuple[int, ...]) -> float:
+    value = table[0][1]
+    for first, share in table:
+        if version >= first:
+            value = share
+    return value
+
+
+def card_wiggle(version: tuple[int, ...] | None) -> float:
+    """TGI_WIGGLE_ROOM of a 3.x release (the newest when the version is not known)."""
+    return _by_release(CARD_WIGGLE, version) if version else CARD_WIGGLE[-1][1]
+
+
+def warmup_logits_component(ctx: Context, prefill_tokens: int, extra_band: float = 0.0,
+                            requests: int = 1) -> Component:
+    """The warm-up's logits. The router warms up with prefill logprobs; to 2.3 the server keeps the logits of
+    every prefill token and their log_softmax (two copies), 2.4 takes log_softmax in place (one copy), and
+    from 3.0 `from_pb` drops prefill logprobs unless REQUEST_LOGPROBS is set (default "0"): only the
+    next-token rows remain."""
+    vocab_row = ctx.model.vocab_size * dtype_bytes(ctx.dtype)
+    version = ctx.version
+    if version and version < LOGSOFTMAX_IN_PLACE_FROM:
+        rows, note = 2.0 * prefill_tokens, "logits + log_softmax of every prefill token (prefill logprobs)"
+    elif version and version < NO_PREFILL_LOGPROBS_FROM:
+        rows, note = 1.0 * prefill_tokens, "logits of every prefill token, log_softmax in place (prefill logprobs)"
+    else:
+        rows, note = float(requests), "next-token logits only (prefill logprobs off: REQUEST_LOGPROBS unset)"
+    return band("warmup_logits", rows * vocab_row, 0.1, 0.1 + extra_band, FORMULA, note)
+
+
+# GPU name -> f16 TFLOP/s in the 3.x launcher's `ComputeType::f16_flop` (cards whose nvidia-smi name it
+# does not recognise, e.g. "NVIDIA GeForce RTX 4090", "Tesla T4", "NVIDIA H100 PCIe", get no compute estimate).
+LAUNCHER_TFLOPS = {"l4": 121, "l40": 181, "l40s": 363, "a10g": 125, "a40": 149, "h100-80gb": 900,
+                   "h100-nvl": 900, "a100-80gb": 312, "a100-40gb": 312, "a100-80gb-pcie": 312, "h200": 989}
+
+
+def default_prefill_tokens(ctx: Context, max_total: int) -> int:
+    """`--max-batch-prefill-tokens` when not given. 1.x: 4096. 2.x: max_input_tokens + 50 (max_input =
+    max_total - 1). 3.x (launcher main.rs): min(card f16 FLOP/s x shards / model FLOP per token, else 4096
+    (10,000 for Qwen2-VL, 8,000 for Gemma 3); max_position_embeddings; the tokens the card's VRAM allows)."""
+    m, version = ctx.model, ctx.version
+    if version and version < (2,):
+        return 4096
+    if version and version < FRACTION_WIGGLE_FROM:
+        return max_total - 1 + 50
+    # the launcher reads the top-level config's model_type: multimodal Gemma 3 is "gemma3" (1B is "gemma3_text")
+    top_type = {"Gemma3ForConditionalGeneration": "gemma3", "Qwen2VLForConditionalGeneration": "qwen2_vl",
+                "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl"}.get(m.architecture, m.model_type)
+    default = {"qwen2_vl": 10_000, "qwen2_5_vl": 10_000, "gemma3": 8000}.get(top_type, 4096)
+    tflops = LAUNCHER_TFLOPS.get(ctx.gpu.name)
+    if tflops and not m.vision_params:
+        # the launcher's Config.flop: config intermediate_size x (experts per token + shared experts), as read
+        inter = m.intermediate_size * ((m.num_experts_per_tok or 1) + m.num_shared_experts)
+        attn = 2 * m.head_dim * m.hidden_size * (3 * m.num_attention_heads + 2 * m.num_kv_heads)
+        flop = (attn + 6 * m.hidden_size * inter) * m.num_layers
+        optimal = int(tflops * 10**12 * ctx.tp // max(1, flop))
+        if optimal > 100:
+            default = optimal
+    value = min(default, m.max_position_embeddings or default)
+    fraction = ctx.settings.gpu_memory_utilization or 1.0
+    available = int(ctx.gpu.memory_bytes * ctx.tp * fraction * 0.95)
+    model_vram = 2 * (m.num_layers * ((m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim
+                                      + m.num_attention_heads * m.head_dim * m.hidden_size
+                                      + 3 * m.intermediate_size * max(1, m.num_experts) * m.hidden_size)
+                      + 2 * m.hidden_size * m.vocab_size)
+    token_vram = m.num_kv_heads * 2 * m.head_dim * 2 * m.num_layers \
+        + (m.intermediate_size + m.intermediate_size // 2) * max(1, m.num_experts) * 2 * 3
+    if ctx.quant is None and available > model_vram and token_vram:
+        value = min(value, (available - model_vram) // token_vram)
+    return max(1, value)
 
 
 def legacy_pool(ctx: Context, prefill_tokens: int, max_total: int, block: int) -> tuple[float, int]:
@@ -39,7 +115,7 @@ def legacy_pool(ctx: Context, prefill_tokens: int, max_total: int, block: int) -
     The warm-up batch is ceil(prefill / max_input) requests, each holding max_total tokens of blocks."""
     requests = -(-prefill_tokens // max(1, max_total - 1))
     batch = requests * -(-max_total // block) * block * ctx.kv_bytes_per_token()
-    return LEGACY_WIGGLE, batch
+    return _by_release(FREE_SHARE, ctx.version or (2, 4)), batch
 
 
 def warmup_components(ctx: Context, prefill_tokens: int, extra_band: float = 0.0) -> list[Component]:
@@ -59,7 +135,8 @@ def warmup_components(ctx: Context, prefill_tokens: int, extra_band: float = 0.0
     rel = constants.band(key) + extra_band
     components.append(band("activation_peak", activation, rel, rel,
                            constants.provenance(key), f"warm-up prefill of --max-batch-prefill-tokens {prefill_tokens}"))
-    components.append(warmup_logits_component(ctx, prefill_tokens, extra_band))
+    requests = -(-prefill_tokens // max(1, (settings.max_model_len or ctx.model_max_len or prefill_tokens) - 1))
+    components.append(warmup_logits_component(ctx, prefill_tokens, extra_band, requests))
     graphs = 0.0 if settings.enforce_eager else \
         constants["cuda_graph_base_bytes"] + constants["cuda_graph_per_layer_bytes"] * model.num_layers / 2
     if graphs:
@@ -75,7 +152,10 @@ def plan(ctx: Context) -> PolicyResult:
     if not max_total:
         raise ConfigError(f"the context length of {ctx.model.name} is unknown: pass --max-model-len "
                           "(TGI --max-total-tokens)")
-    prefill_tokens = settings.max_batch_prefill_tokens or settings.max_num_batched_tokens or 4096
+    if not settings.max_model_len and ctx.version and ctx.version < FRACTION_WIGGLE_FROM:
+        max_total = min(max_total, 4096 if ctx.version >= (2,) else 2048)  # 2.x: "default to 4096"; 1.x 2048
+    prefill_tokens = settings.max_batch_prefill_tokens or settings.max_num_batched_tokens \
+        or default_prefill_tokens(ctx, max_total)
     memory_fraction = settings.gpu_memory_utilization or 1.0  # CUDA_MEMORY_FRACTION
     block = settings.block_size or (1 if not ctx.version or ctx.version >= FLASHINFER_FROM else 16)
     legacy = ctx.version is not None and ctx.version < FRACTION_WIGGLE_FROM
@@ -83,7 +163,8 @@ def plan(ctx: Context) -> PolicyResult:
     graphs = sum(c.bytes for c in components if c.name == "cuda_graphs")
     total, other = ctx.total, ctx.other
     share, batch_kv = legacy_pool(ctx, prefill_tokens, max_total, block) if legacy else (1.0, 0)
-    wiggle_room = int(total * (1 - memory_fraction * (1.0 if legacy else WIGGLE_ROOM)))
+    wiggle = 1.0 if legacy else card_wiggle(ctx.version)
+    wiggle_room = int(total * (1 - memory_fraction * wiggle))
 
     def kv_rule(parts: list[Component], point: str) -> int:
         free = total - other - pick(parts, point) - wiggle_room
@@ -99,7 +180,7 @@ def plan(ctx: Context) -> PolicyResult:
     reasons, notes = [], ["max_batch_total_tokens is the pool in tokens; TGI sizes it at warm-up"]
     if legacy:
         notes.append("unknown term, band widened: TGI 2.x's warm-up peak was ~2 GiB above weights + activation + "
-                     "logits in a real TGI 2.2 log, and the release that moved to TGI 3's rule is not pinned")
+                     "logits in a real TGI 2.2 log (A10G, Llama 3.1 8B); what fills it is not found in 2.2's source")
     if not legacy and graphs > wiggle_room:
         reasons.append(f"CUDA graphs ({graphs / GIB:.2f} GiB) do not fit the {wiggle_room / GIB:.2f} GiB wiggle room")
     return PolicyResult(
@@ -108,8 +189,9 @@ def plan(ctx: Context) -> PolicyResult:
         settings={"max_total_tokens": max_total, "max_batch_prefill_tokens": prefill_tokens,
                   "cuda_memory_fraction": memory_fraction, "block_size": block, "num_shard": ctx.tp,
                   "dtype": ctx.dtype},
-        kv_provenance=ENGINE, kv_note=("95 % of the memory free after the warm-up peak, plus the warm-up batch's "
-                                       "blocks (TGI 1.x-2.x)" if legacy else
-                                       "free memory after the warm-up peak less 10 % of the card (TGI_WIGGLE_ROOM)"),
+        kv_provenance=ENGINE, kv_note=(f"{share * 100:.0f} % of the memory free after the warm-up peak, plus the warm-up "
+                                       "batch's blocks (TGI 1.x-2.x)" if legacy else
+                                       f"free memory after the warm-up peak less {(1 - wiggle) * 100:.0f} % of the card "
+                                       f"(TGI_WIGGLE_ROOM {wiggle})"),
         reasons=reasons, min_blocks_needed=-(-max_total // block), notes=notes,
     )
