@@ -140,6 +140,9 @@ def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
             found = re.search(rf"'{key}': (\d+)", args_text)
             if found:
                 kwargs[key] = int(found.group(1))
+    elif (row.get("extra") or {}).get("max_lora_rank"):  # read off the source's own code (extra.max_lora_rank_source)
+        kwargs["enable_lora"] = True
+        kwargs["max_lora_rank"] = int(row["extra"]["max_lora_rank"])
     if kwargs["engine"] == "sglang":
         kwargs["mem_fraction_static"] = kwargs.pop("gpu_memory_utilization")
         kwargs["chunked_prefill_size"] = kwargs.pop("max_num_batched_tokens")

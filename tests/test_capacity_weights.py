@@ -180,3 +180,24 @@ def test_benchmark_keeps_a_bnb_row_on_bitsandbytes():
     assert quant_from_row(row, m) == "bitsandbytes"
     assert quant_from_row({"quantization": "compressed-tensors", "model": "x/Llama-W4A16"}, m) == "w4a16"
 
+
+
+def test_unsloth_dynamic_llama_keeps_layer_1_mlp_in_16_bit():
+    # r072, vLLM 0.7.3 on a T4 (fp16): Unsloth printed the checkpoint's skip list
+    # ['lm_head', ..., 'model.layers.1.mlp'] and "Loading model weights took 5.5976 GB" (a GiB figure). In
+    # 0.7.x the LoRA slots are created after that line (its log prints PunicaWrapperGPU afterwards), so the
+    # comparison is without them. The plain bnb-4bit checkpoint (no skip list) is 0.24 GiB lighter.
+    dyn = CATALOG.get("unsloth/meta-llama-3.1-8b-instruct-unsloth-bnb-4bit").spec()
+    assert dyn.quant is not None and "model.layers.1.mlp" in dyn.quant.skip_modules
+    s = EngineSettings(engine_version="0.7.3", quantization="bitsandbytes", dtype="float16",
+                       gpu_memory_utilization=0.59, max_model_len=1024)
+    assert estimate(dyn, get_gpu("t4"), s).weights_bytes / GIB == pytest.approx(5.5976, rel=0.01)
+    # the notebook's rank-32 LoRA (lora_rank = 32) does not enter 0.7.x's weights line; from 0.8 it does
+    lora = s.with_(enable_lora=True, max_lora_rank=32)
+    assert estimate(dyn, get_gpu("t4"), lora).weights_bytes == estimate(dyn, get_gpu("t4"), s).weights_bytes
+    assert estimate(dyn, get_gpu("t4"), lora.with_(engine_version="0.8.5")).weights_bytes > \
+        estimate(dyn, get_gpu("t4"), s.with_(engine_version="0.8.5")).weights_bytes + 0.15 * GIB
+    plain = CATALOG.get("llama-3.1-8b-instruct-bnb-4bit").spec()
+    assert plain.quant is not None and plain.quant.skip_modules == ()
+    assert 0.2 < (estimate(dyn, get_gpu("t4"), s).weights_bytes - estimate(plain, get_gpu("t4"), s).weights_bytes) \
+        / GIB < 0.3

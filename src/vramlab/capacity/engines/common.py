@@ -16,6 +16,7 @@ from vramlab.capacity.spec import ModelSpec, QuantSpec, dtype_bytes
 from vramlab.errors import ConfigError
 
 SXM_FAMILIES = ("a100", "h100", "h200", "b200", "b100", "gb200")
+LORA_IN_WEIGHTS_FROM = (0, 8)  # 0.7.3 logs PunicaWrapperGPU after the weights line, 0.8.2 before it (not pinned)
 BNB_DQ_EXPANDED_FROM = (0, 9, 2)  # vLLM PR #19742 (merged 2025-06-18): first release v0.9.2
 
 
@@ -52,9 +53,13 @@ class Context:
         return value + self.lora_bytes(stage), how
 
     def lora_bytes(self, stage: int = 0) -> int:
-        """vLLM `--enable-lora`: the LoRA slots allocated while loading (counted in its weights line)."""
+        """vLLM `--enable-lora`: the LoRA slots allocated while loading (counted in its weights line).
+
+        vLLM 0.7.x creates them after its weights line (its logs print `PunicaWrapperGPU` after "Loading
+        model weights took"; 0.8.2+ before "Model loading took"): there they land in the profiled
+        activation figure, which the V0 activation terms were read off, so they are not added here."""
         s = self.settings
-        if not s.enable_lora or s.engine != "vllm":
+        if not s.enable_lora or s.engine != "vllm" or (self.version and self.version < LORA_IN_WEIGHTS_FROM):
             return 0
         elems = wmod.lora_slot_params(self.model, self.tp, self.pp, stage, max(1, s.max_lora_rank), max(1, s.max_loras))
         return int(elems * dtype_bytes(self.dtype))
@@ -70,6 +75,7 @@ class Context:
         lora = self.lora_bytes(stage)
         lora_note = (f"; includes {lora / 2**30:.2f} GiB of LoRA slots ({self.settings.max_loras} x rank "
                      f"{self.settings.max_lora_rank}; embedding/LM-head LoRA not counted)") if lora else ""
+
         if how == "exact":
             return band("weights", value, 0.005, 0.01, EXACT,
                         "bytes from the weight files' headers; load-time buffers add a little" + lora_note)
