@@ -131,6 +131,10 @@ def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
         block_size=row.get("block_size"),
         api_server=api_server,
         in_trainer=in_trainer,
+        # the log's "Using FlashInfer for top-p & top-k sampling" / "Falling back to the PyTorch-native ..." line
+        flashinfer_sampler=(row.get("extra") or {}).get("flashinfer_sampler"),
+        # the log's "Custom allreduce is disabled because ... lacks GPU P2P capability" / "... spans across nodes"
+        gpu_p2p=(row.get("extra") or {}).get("gpu_p2p"),
     )
     # LoRA slots: only where the log prints vLLM's non-default args ('enable_lora': True, 'max_lora_rank': N).
     args_text = " ".join(str(x) for x in row.get("raw_log_lines") or [] if "non-default args" in str(x))
@@ -354,7 +358,7 @@ DEFAULTS_SET_FROM = {
                                     "nccl_init_bytes", "cuda_graph_base_bytes", "cuda_graph_per_layer_bytes"],
     "llm-d-planner-version-sweep": ["legacy_sampler_bytes_per_seq_vocab"],
     "unslothai-notebooks": ["legacy_sampler_bytes_per_seq_vocab", "v0_non_torch_bytes"],
-    "dennislee22-vLLM-benchmarking": ["early_v1_sampler_bytes_per_seq_vocab", "non_torch_forward_tp_nonvls_bytes"],
+    "dennislee22-vLLM-benchmarking": ["flashinfer_sampler_bytes_per_seq_vocab", "non_torch_forward_tp_nonvls_bytes"],
     "public-logs-vllm-v0-tp": ["v0_non_torch_tp_nvswitch_bytes"],
     "public-logs-sglang": ["nccl_init_pcie_bytes"],
 }

@@ -47,14 +47,15 @@ def test_engine_generation_and_defaults_follow_the_release():
     assert (util, seqs, mbt) == (0.9, 1024, 8192)
     util, seqs, mbt = defaults(Context(m, A100, EngineSettings(engine_version="0.19.0"), c), "v1")
     assert (seqs, mbt) == (256, 2048)  # the A100 exception (vLLM PR #17885)
-    util, _, _ = defaults(Context(m, H100, EngineSettings(engine_version="0.24.0"), c), "v1")
-    assert util == 0.92
+    util, _, _ = defaults(Context(m, H100, EngineSettings(engine_version="0.20.0"), c), "v1")
+    assert util == 0.92  # the 0.20.0 wheel's config/cache.py: Field(default=0.92)
 
 
-def test_cuda_graphs_enter_the_budget_from_021():
+def test_cuda_graphs_enter_the_budget_from_020():
+    # The 0.20.0 wheel: envs VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "1" (0.19.1: "0").
     m = spec(LLAMA_31_8B)
-    old = estimate(m, H100, EngineSettings(engine_version="0.20.0", gpu_memory_utilization=0.9, max_model_len=8192))
-    new = estimate(m, H100, EngineSettings(engine_version="0.21.0", gpu_memory_utilization=0.9, max_model_len=8192))
+    old = estimate(m, H100, EngineSettings(engine_version="0.19.1", gpu_memory_utilization=0.9, max_model_len=8192))
+    new = estimate(m, H100, EngineSettings(engine_version="0.20.0", gpu_memory_utilization=0.9, max_model_len=8192))
     assert not old.component("cuda_graphs").in_budget and new.component("cuda_graphs").in_budget
     assert new.kv_cache_bytes == pytest.approx(old.kv_cache_bytes - new.cuda_graph_bytes, abs=2)
     eager = estimate(m, H100, EngineSettings(engine_version="0.21.0", gpu_memory_utilization=0.9,

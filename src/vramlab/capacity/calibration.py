@@ -33,7 +33,7 @@ from vramlab.errors import ConfigError, VramlabError
 FIT_TARGETS: dict[str, str] = {
     "sampler_bytes_per_seq_vocab": "activation_peak_bytes",
     "legacy_sampler_bytes_per_seq_vocab": "activation_peak_bytes",
-    "early_v1_sampler_bytes_per_seq_vocab": "activation_peak_bytes",
+    "flashinfer_sampler_bytes_per_seq_vocab": "activation_peak_bytes",
     "forward_intermediate_copies": "activation_peak_bytes",
     "forward_hidden_copies": "activation_peak_bytes",
     "moe_workspace_copies": "activation_peak_bytes",

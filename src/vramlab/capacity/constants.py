@@ -28,12 +28,14 @@ _DEFAULTS: dict[str, Constant] = {
     # same-sized temporaries (probs, logprobs, sort buffers) over the whole vocabulary.
     # Fitted on vLLM 0.19 H100 rows where the sampler dominates (Llama/Qwen/Gemma): 14.8-16.6.
     "sampler_bytes_per_seq_vocab": Constant(15.6, 0.08, "vLLM 0.19 torch peak increase vs max_num_seqs x vocab"),
-    # Before 0.17 (V0, and V1 0.15-0.16) the sampler kept ~10 fp32 vocab-sized temporaries
-    # (sort, cumsum, probs, logprobs): 38.6-41 B per sequence per vocab entry on every V0 row
-    # (Unsloth notebooks, 0.7-0.9) and on 0.15/0.16 (llm-d version sweep); 0.17 cut it by ~60%.
-    "legacy_sampler_bytes_per_seq_vocab": Constant(39.0, 0.10, "vLLM V0 0.7-0.9 and V1 0.15-0.16 activation peaks"),
-    # V1 0.9-0.14: measured low (0.10.1 A100 rows, 0.11.0 Mistral-Small, 0.11.2 L4), spread wide.
-    "early_v1_sampler_bytes_per_seq_vocab": Constant(15.0, 0.6, "vLLM V1 0.10-0.11 rows: 8-17 B"),
+    # The sorting top-k/top-p path (`apply_top_k_top_p`: fp32 logits, sorted values + int64 indices,
+    # softmax, cumsum, scatter): V0, V1 without FlashInfer before 0.17: 38.6-41 B per sequence per
+    # vocab entry on every V0 row (Unsloth notebooks, 0.7-0.9), on 0.15/0.16 (llm-d version sweep)
+    # and on V1 0.10.2 (r109's printed 1.40 GiB peak activation = 256 x 151936 x 38.6 B).
+    "legacy_sampler_bytes_per_seq_vocab": Constant(39.0, 0.10, "vLLM V0 0.7-0.9, V1 0.10.2 and 0.15-0.16 activation peaks"),
+    # FlashInfer's top_k_top_p_sampling_from_logits (no sort): the vLLM 0.10.1.1 rows whose logs print
+    # "Using FlashInfer for top-p & top-k sampling" (dennislee22 A100 pods), spread wide.
+    "flashinfer_sampler_bytes_per_seq_vocab": Constant(15.0, 0.6, "vLLM V1 0.10.1 rows logging the FlashInfer sampler: 8-17 B"),
     # Forward pass of one dense layer at the profile batch: ~2 copies of the gated MLP
     # intermediate and ~8 hidden-sized tensors (residual, norms, qkv, attention out), bf16.
     "forward_intermediate_copies": Constant(2.0, 0.25, "vLLM 0.19 PP rank-0 / small-vocab activation peaks"),

@@ -87,8 +87,10 @@ def kv_shapes(m: ModelSpec, kv_cache_dtype: str, model_dtype: str, tp: int, laye
 
 
 @lru_cache(maxsize=512)
-def state_bytes_per_sequence(m: ModelSpec, model_dtype: str, tp: int, layer_range: range) -> int:
-    """Mamba-2 / gated-delta-net state one sequence holds on one GPU (conv + SSM/recurrent)."""
+def state_bytes_per_sequence(m: ModelSpec, model_dtype: str, tp: int, layer_range: range,
+                             recurrent_dtype: str = "float32") -> int:
+    """Mamba-2 / gated-delta-net state one sequence holds on one GPU (conv + SSM/recurrent); the
+    gated-delta-net recurrent state in `recurrent_dtype` (the engine decides it)."""
     kinds = m.kinds
     n_mamba = sum(1 for i in layer_range if i < len(kinds) and kinds[i] == "mamba")
     n_linear = sum(1 for i in layer_range if i < len(kinds) and kinds[i] == "linear")
@@ -109,7 +111,7 @@ def state_bytes_per_sequence(m: ModelSpec, model_dtype: str, tp: int, layer_rang
         k = m.linear_num_key_heads * m.linear_key_head_dim
         v = m.linear_num_value_heads * m.linear_value_head_dim
         conv = (2 * k + v) * max(1, m.linear_conv_kernel_dim - 1) * b
-        rec = m.linear_num_value_heads * m.linear_key_head_dim * m.linear_value_head_dim * 4  # fp32 state
+        rec = m.linear_num_value_heads * m.linear_key_head_dim * m.linear_value_head_dim * dtype_bytes(recurrent_dtype)
         total += n_linear * (conv + rec) / tp
     return int(total)
 

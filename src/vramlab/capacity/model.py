@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from importlib import import_module
+from typing import Any
 
 from vramlab.capacity.constants import Constants
 from vramlab.capacity.engines.common import Context, PolicyResult
@@ -106,17 +107,25 @@ def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Co
 
 
 def _refusals(ctx: Context, r: PolicyResult, kv_bytes: int, blocks: int, used: int, headroom: int) -> list[str]:
-    """The engine's own start-up refusals for the pool, and a card too small for the process."""
+    """The engine's own start-up refusals for the pool, and a card too small for the process. The
+    quoted wording is vLLM's; other engines get a plain statement (they word it their own way)."""
+    vllm = ctx.settings.engine == "vllm"
     reasons = []
     if kv_bytes <= 0 and not r.kv_fixed:
-        reasons.append("No available memory for the cache blocks: the non-KV components exceed the budget")
+        reasons.append("No available memory for the cache blocks: the non-KV components exceed the budget" if vllm
+                       else "no memory is left for the KV cache: the non-KV components exceed the engine's budget")
     elif blocks < r.min_blocks_needed and not r.kv_fixed:
         need = r.min_blocks_needed * (kv_bytes / max(1, blocks)) if blocks else 0
-        reasons.append(
-            f"To serve at least one request with the model's max seq len ({r.max_model_len}), "
-            f"{need / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
-            f"({kv_bytes / GIB:.2f} GiB)" if need else
-            f"the KV cache cannot hold one request of max_model_len {r.max_model_len}")
+        if not need:
+            reasons.append(f"the KV cache cannot hold one request of {r.max_model_len} tokens")
+        elif vllm:
+            reasons.append(
+                f"To serve at least one request with the model's max seq len ({r.max_model_len}), "
+                f"{need / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+                f"({kv_bytes / GIB:.2f} GiB)")
+        else:
+            reasons.append(f"one request of {r.max_model_len} tokens needs {need / GIB:.2f} GiB of KV cache; "
+                           f"the pool holds {kv_bytes / GIB:.2f} GiB")
     if headroom < 0:
         reasons.append(f"the process needs {used / GIB:.2f} GiB but the card has "
                        f"{(ctx.total - ctx.other) / GIB:.2f} GiB free ({-headroom / GIB:.2f} GiB short)")
@@ -130,8 +139,73 @@ def _used(comps: list[Component], kv: Component, r: PolicyResult) -> int:
     return max(inside, 0) + outside
 
 
+# How each engine spells what `suggest` changes: `vramlab plan` takes one spelling for every engine,
+# the user changes the engine's own flag. From each engine's --help: vllm serve; SGLang's
+# server_args.py (--context-length, --tp-size, --kv-cache-dtype auto|fp8_e5m2|fp8_e4m3); TGI's
+# launcher (--max-total-tokens, --num-shard, --kv-cache-dtype fp8_e4m3fn|fp8_e5m2, --quantize);
+# llama-server (--ctx-size over all --parallel slots, --cache-type-k/-v q8_0 needing -fa).
+_SPELLING: dict[str, dict[str, str]] = {
+    "vllm": {"context": "--max-model-len", "kv": "--kv-cache-dtype fp8", "tp": "-tp", "fp8": "--quantization fp8"},
+    "sglang": {"context": "--context-length", "kv": "--kv-cache-dtype fp8_e5m2", "tp": "--tp-size",
+               "fp8": "--quantization fp8"},
+    "tgi": {"context": "--max-total-tokens", "kv": "--kv-cache-dtype fp8_e5m2", "tp": "--num-shard",
+            "fp8": "--quantize fp8"},
+    "transformers": {"context": "", "kv": "", "tp": "", "fp8": ""},
+}
+_ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "llama.cpp": "llama.cpp",
+                 "transformers": "transformers"}
+
+
+def _say_context(engine: str, n: int) -> str:
+    if engine == "vllm":
+        return f"--max-model-len {n}"
+    if engine == "transformers":  # no server flag: the longest request it may be sent
+        return f"requests of at most {n:,} tokens"
+    return f"a {n:,}-token context ({_ENGINE_NAMES[engine]} {_SPELLING[engine]['context']} {n})"
+
+
+def _say_shorter(engine: str, n: int) -> str:
+    if engine == "vllm":
+        return f"lower --max-model-len to {n} (the largest that fits)"
+    flag = _SPELLING[engine]["context"]
+    return (f"lower the context to {n:,} tokens, the largest that fits ("
+            + (f"{_ENGINE_NAMES[engine]} {flag} {n}; " if flag else "") + "vramlab --max-model-len)")
+
+
+def _say_gpus(engine: str, tp: int) -> str:
+    if engine == "vllm":
+        return f"use -tp {tp} ({tp} GPUs)"
+    if engine == "transformers":  # from_pretrained(tp_plan="auto") under torchrun
+        return f"use {tp} GPUs (tp_plan=\"auto\" under torchrun --nproc-per-node {tp})"
+    return f"use {tp} GPUs ({_ENGINE_NAMES[engine]} {_SPELLING[engine]['tp']} {tp})"
+
+
+def _candidates(model: ModelSpec, s: EngineSettings, est: Estimate) -> list[tuple[str, dict[str, object]]]:
+    """One-knob changes worth checking, each with its wording in the engine's flags."""
+    engine, spell = s.engine, _SPELLING[s.engine]
+    out: list[tuple[str, dict[str, object]]] = []
+    if s.kv_cache_dtype in ("auto", "bfloat16", "float16") and spell["kv"]:
+        out.append((f"use {spell['kv']} (halves KV bytes per token)" if engine == "vllm" else
+                    f"use an FP8 KV cache ({_ENGINE_NAMES[engine]} {spell['kv']}; halves KV bytes per token)",
+                    {"kv_cache_dtype": "fp8"}))
+    if engine == "vllm" and (est.settings.get("gpu_memory_utilization") or 0) < 0.95:
+        out.append(("raise --gpu-memory-utilization to 0.95 (check the headroom for CUDA graphs)",
+                    {"gpu_memory_utilization": 0.95}))
+    for tp in (2, 4, 8):
+        if tp > s.tensor_parallel_size and model.num_attention_heads % tp == 0:
+            out.append((_say_gpus(engine, tp), {"tensor_parallel_size": tp}))
+    if model.quant is None:
+        out.append((f"use an FP8 checkpoint or {spell['fp8']}" if spell["fp8"] else "use an FP8 checkpoint",
+                    {"quantization": "fp8"}))
+        out.append(("use a 4-bit AWQ/GPTQ checkpoint", {"quantization": "awq"}))
+    return out
+
+
 def suggest(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None, est: Estimate) -> list[str]:
-    """Changes that make it fit, each checked by re-running the model (not guessed)."""
+    """Changes that make it fit, each checked by re-running the model (not guessed), each in the
+    engine's own flags."""
+    if s.engine == "llama.cpp":
+        return _suggest_llamacpp(model, gpu, s, constants)
     out: list[str] = []
 
     def ok(**changes: object) -> Estimate | None:
@@ -144,24 +218,13 @@ def suggest(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants 
     length = est.max_model_len
     longest = max_len_that_fits(model, gpu, s, constants)
     if longest and longest < length:
-        out.append(f"lower --max-model-len to {longest} (the largest that fits)")
+        out.append(_say_shorter(s.engine, longest))
     if s.engine == "vllm" and (s.max_num_seqs or 0) > 16 and ok(max_num_seqs=max(16, (s.max_num_seqs or 256) // 4)):
         out.append(f"lower --max-num-seqs to {max(16, (s.max_num_seqs or 256) // 4)}")
-    candidates: list[tuple[str, dict[str, object]]] = []
-    if s.kv_cache_dtype in ("auto", "bfloat16", "float16"):
-        candidates.append(("use --kv-cache-dtype fp8 (halves KV bytes per token)", {"kv_cache_dtype": "fp8"}))
-    if s.engine == "vllm" and (est.settings.get("gpu_memory_utilization") or 0) < 0.95:
-        candidates.append(("raise --gpu-memory-utilization to 0.95 (check the headroom for CUDA graphs)",
-                           {"gpu_memory_utilization": 0.95}))
-    for tp in (2, 4, 8):
-        if tp > s.tensor_parallel_size and model.num_attention_heads % tp == 0:
-            candidates.append((f"use -tp {tp} ({tp} GPUs)", {"tensor_parallel_size": tp}))
-    if model.quant is None:
-        candidates.append(("use an FP8 checkpoint or --quantization fp8", {"quantization": "fp8"}))
-        candidates.append(("use a 4-bit AWQ/GPTQ checkpoint", {"quantization": "awq"}))
     partial: list[str] = []
-    for text, change in candidates:
-        if "tensor_parallel_size" in change and any(o.startswith("use -tp") for o in out + partial):
+    for text, change in _candidates(model, s, est):
+        if "tensor_parallel_size" in change and any(o.startswith(("use -tp", "use 2 GPUs", "use 4 GPUs"))
+                                                    for o in out + partial):
             continue  # the smallest TP that helps is enough
         if ok(**change):
             out.append(text)
@@ -172,11 +235,43 @@ def suggest(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants 
             except ConfigError:
                 longer = 0
             if longer >= min(1024, length):
-                partial.append(f"{text} with --max-model-len {longer}")
+                partial.append(f"{text} with {_say_context(s.engine, longer)}")
     if len(out) < 3:
         out.extend(partial[: 3 - len(out)])
     if not out:
         out.append("no single change fits on this card: use a larger GPU or more GPUs")
+    return out
+
+
+def _suggest_llamacpp(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None) -> list[str]:
+    """llama.cpp sizes its KV from --ctx-size (over all --parallel slots): the context and the cache
+    type are the knobs, each checked by re-running the model."""
+    out: list[str] = []
+    per_slot = s.with_(ctx_size=None)  # max_model_len is then each slot's context
+
+    def ctx_flags(t: Any) -> str:
+        e = estimate(model, gpu, t, constants, with_suggestions=False)
+        return f"--ctx-size {e.settings.get('ctx_size')} --parallel {e.settings.get('parallel')}"
+
+    longest = max_len_that_fits(model, gpu, per_slot, constants)
+    if longest:
+        out.append(f"lower the context to {longest:,} tokens per slot ({ctx_flags(per_slot.with_(max_model_len=longest))})")
+    if s.kv_cache_dtype in (None, "auto", "f16", "bf16", "float16"):
+        q8 = per_slot.with_(kv_cache_dtype="q8_0", flash_attn=True)
+        try:
+            now = estimate(model, gpu, s.with_(kv_cache_dtype="q8_0", flash_attn=True), constants,
+                           with_suggestions=False)
+            longer = 0 if now.fits else max_len_that_fits(model, gpu, q8, constants)
+        except ConfigError:
+            now, longer = None, 0
+        text = "use a q8_0 KV cache (-ctk q8_0 -ctv q8_0 -fa on; about half the KV bytes)"
+        if now is not None and now.fits:
+            out.append(text)
+        elif longer and longer > (longest or 0):
+            out.append(f"{text} with {longer:,} tokens per slot ({ctx_flags(q8.with_(max_model_len=longer))})")
+    if not out:
+        out.append("no single change fits on this card: use a larger GPU, a smaller quantization or offload "
+                   "fewer layers (-ngl)")
     return out
 
 

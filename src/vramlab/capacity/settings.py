@@ -67,6 +67,8 @@ class EngineSettings:
     cache_type_v: str | None = None  # llama.cpp --cache-type-v (None = same as the K type)
     llamacpp_server: str = "llama-server"  # or "llama-cpp-python" (python -m llama_cpp.server)
     enable_chunked_prefill: bool | None = None  # vLLM V0: None = the engine decides (auto above 32k)
+    flashinfer_sampler: bool | None = None  # vLLM: FlashInfer top-k/top-p sampler on/off (None = the release's default)
+    gpu_p2p: bool | None = None  # False: no P2P/NVLink between the GPUs (other nodes, no P2P); None = from the card
     allow_long_max_model_len: bool = False  # vLLM VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
     rope_scaling_factor: float | None = None  # a rope-scaling override (vLLM --hf-overrides/--rope-scaling)
     continuous_batching: bool = False  # transformers serve --continuous-batching

@@ -130,6 +130,7 @@ class ModelSpec:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    mamba_ssm_dtype: str = ""  # config's recurrent-state dtype (Qwen3.5 `mamba_ssm_dtype`); "" = the engine's default
 
     # Multimodal towers: their parameter count is added to the weights.
     vision_params: int = 0

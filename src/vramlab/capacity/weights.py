@@ -44,9 +44,14 @@ class WeightBreakdown:
 
 
 def pp_layer_split(num_layers: int, pp: int) -> list[int]:
-    """Layers per pipeline stage; the remainder goes to the last stages (vLLM get_pp_indices)."""
+    """Layers per pipeline stage as vLLM's `get_pp_indices` deals them (vllm/distributed/utils.py, 0.5.4-0.27):
+    `for i in range(2, remaining_layers + 2): partitions[-i] += 1` -- the remainder goes to the stages before
+    the last (the middle ones first), which hold neither the embedding nor the LM head."""
     base, rem = divmod(num_layers, pp)
-    return [base + (1 if i >= pp - rem else 0) for i in range(pp)]
+    split = [base] * pp
+    for i in range(2, rem + 2):
+        split[-i] += 1
+    return split
 
 
 def _attention_params(m: ModelSpec, tp: int, kind: str) -> tuple[int, int]:

@@ -58,6 +58,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="whose defaults: upstream llama-server or `python -m llama_cpp.server`")
     e.add_argument("--enable-chunked-prefill", choices=("on", "off", "auto"),
                    help="vLLM V0 (default auto: on above a 32k context)")
+    e.add_argument("--flashinfer-sampler", choices=("on", "off", "auto"),
+                   help="vLLM V1: the profiled sampler runs FlashInfer (on) or sorts the vocabulary (off); auto = the "
+                        "release's default (before 0.11.1 it depends on whether FlashInfer is installed; the log says "
+                        "'Using FlashInfer for top-p & top-k sampling')")
+    e.add_argument("--gpu-p2p", choices=("on", "off", "auto"),
+                   help="vLLM: off when the GPUs cannot reach each other over P2P/NVLink (the log: 'Custom allreduce is "
+                        "disabled because your platform lacks GPU P2P capability' or '... spans across nodes'); "
+                        "on / auto = from the card (SXM cards sit on an NVSwitch, PCIe cards do not)")
     e.add_argument("--allow-long-max-model-len", action="store_true",
                    help="vLLM with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: plan a max_model_len above the trained context")
     e.add_argument("--rope-scaling-factor", type=float,
@@ -127,6 +135,8 @@ def _settings(args: argparse.Namespace):
         n_ubatch=count(args.ubatch_size),
         llamacpp_server=args.llamacpp_server,
         enable_chunked_prefill=_on_off(args.enable_chunked_prefill),
+        flashinfer_sampler=_on_off(args.flashinfer_sampler),
+        gpu_p2p=_on_off(args.gpu_p2p),
         allow_long_max_model_len=args.allow_long_max_model_len,
         rope_scaling_factor=args.rope_scaling_factor,
         continuous_batching=args.continuous_batching,

@@ -312,6 +312,16 @@ RULES: list[Rule] = [
          lambda m: {"gpu_blocks": int(m.group(1))}, shared=True),
     rule("block_size_override", r"Setting attention block size to (\d+) tokens",
          lambda m: {"block_size": int(m.group(1))}, shared=True),
+    # Which kernel the profiled sampler ran (vllm/v1/sample/ops/topk_topp_sampler.py): FlashInfer does not sort the
+    # vocabulary; the PyTorch-native fallback does (a larger activation peak).
+    rule("flashinfer_sampler", r"Using FlashInfer for top-p & top-k sampling",
+         lambda m: {"settings.flashinfer_sampler": True}, shared=True),
+    rule("native_sampler", r"Falling back to the PyTorch-native implementation of top-p & top-k sampling|"
+         r"FlashInfer top-p/top-k sampling (?:unavailable|disabled via|is available but disabled)",
+         lambda m: {"settings.flashinfer_sampler": False}, shared=True),
+    # custom_all_reduce.py: the GPUs cannot reach each other directly, so no NVLink/NVSwitch buffers either.
+    rule("no_p2p", r"Custom allreduce is disabled because (?:your platform lacks GPU P2P capability|this process "
+         r"group spans across nodes)", lambda m: {"settings.gpu_p2p": False}, shared=True),
     rule("graphs", rf"Graph capturing finished in \d+ secs?, took ({N}) ?GiB",
          lambda m: {"cuda_graph_bytes": gib(m.group(1))}),
     rule("graph_estimate", rf"Estimated CUDA graph memory: ({N}) ?GiB",

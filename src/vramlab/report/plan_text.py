@@ -67,9 +67,12 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
         lines.append(head + f"{safe['max_concurrency']} of {e.max_concurrency:.0f} slots at {e.max_model_len:,} "
                      "tokens each (--ctx-size / --parallel)")
     else:
-        at_len = (f"{safe['max_concurrency']} sequences at {safe['max_model_len']:,} tokens"
+        def seqs(n: int) -> str:
+            return f"{n} sequence" + ("" if n == 1 else "s")
+
+        at_len = (f"{seqs(safe['max_concurrency'])} at {safe['max_model_len']:,} tokens"
                   if safe["max_concurrency"] else f"not one sequence at {safe['max_model_len']:,} tokens")
-        lines.append(head + at_len + f"; {safe['concurrency']} sequences up to "
+        lines.append(head + at_len + f"; {seqs(safe['concurrency'])} up to "
                      f"{safe['max_model_len_at_concurrency']:,} tokens")
     for note in e.notes:
         lines.append(f"note: {note}")

@@ -328,6 +328,7 @@ def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str
         linear_key_head_dim=int(c.get("linear_key_head_dim") or 0),
         linear_value_head_dim=int(c.get("linear_value_head_dim") or 0),
         linear_conv_kernel_dim=int(c.get("linear_conv_kernel_dim") or 4),
+        mamba_ssm_dtype=str(c.get("mamba_ssm_dtype") or ""),
         vision_params=vision_params,
         quant=_quant(c, torch_dtype),
     )

@@ -102,14 +102,17 @@ class Context:
     def on_nvswitch(self) -> bool:
         """SXM data-centre cards sit on an NVSwitch: NCCL maps NVLink buffers and vLLM's custom
         all-reduce runs at any TP up to 8 with registered IPC buffers; PCIe cards get neither
-        (custom all-reduce is off above two PCIe GPUs)."""
+        (custom all-reduce is off above two PCIe GPUs). GPUs that cannot reach each other (`gpu_p2p` False:
+        other nodes, or a container without P2P, as vLLM's custom_all_reduce.py warns) get neither either."""
         name = self.gpu.name
+        if self.settings.gpu_p2p is False:
+            return False
         return name.startswith(SXM_FAMILIES) and not any(tag in name for tag in ("pcie", "nvl"))
 
     def nccl_component(self, note: str, in_budget: bool = True) -> Component:
         """NCCL communicators created at start-up; their size follows the interconnect."""
         key = "nccl_init_bytes" if self.on_nvswitch else "nccl_init_pcie_bytes"
-        return self.constant_component("nccl", key, note + ("" if self.on_nvswitch else " (PCIe: ring buffers only)"),
+        return self.constant_component("nccl", key, note + ("" if self.on_nvswitch else " (no NVSwitch: ring buffers only)"),
                                        in_budget=in_budget)
 
     def kv_shapes(self, stage: int = 0) -> tuple[kvmod.KVShape, ...]:
@@ -118,8 +121,8 @@ class Context:
     def kv_bytes_per_token(self, stage: int = 0) -> int:
         return kvmod.kv_bytes_per_token(self.model, self.settings.kv_cache_dtype, self.dtype, self.tp, self.layer_range(stage))
 
-    def state_bytes_per_seq(self, stage: int = 0) -> int:
-        return kvmod.state_bytes_per_sequence(self.model, self.dtype, self.tp, self.layer_range(stage))
+    def state_bytes_per_seq(self, stage: int = 0, recurrent_dtype: str = "float32") -> int:
+        return kvmod.state_bytes_per_sequence(self.model, self.dtype, self.tp, self.layer_range(stage), recurrent_dtype)
 
     @cached_property
     def model_max_len(self) -> int:
