@@ -16,7 +16,7 @@ from vramlab.capacity.spec import ModelSpec, QuantSpec, dtype_bytes
 from vramlab.errors import ConfigError
 
 SXM_FAMILIES = ("a100", "h100", "h200", "b200", "b100", "gb200")
-LORA_IN_WEIGHTS_FROM = (0, 8)  # 0.7.3 logs PunicaWrapperGPU after the weights line, 0.8.2 before it (not pinned)
+LORA_IN_WEIGHTS_FROM = (0, 8)  # 0.7.3 logs PunicaWrapperGPU after the weights line, 0.8.1 before it (r067)
 BNB_DQ_EXPANDED_FROM = (0, 9, 2)  # vLLM PR #19742 (merged 2025-06-18): first release v0.9.2
 
 
@@ -56,7 +56,7 @@ class Context:
         """vLLM `--enable-lora`: the LoRA slots allocated while loading (counted in its weights line).
 
         vLLM 0.7.x creates them after its weights line (its logs print `PunicaWrapperGPU` after "Loading
-        model weights took"; 0.8.2+ before "Model loading took"): there they land in the profiled
+        model weights took"; 0.8.1+ before "Model loading took"): there they land in the profiled
         activation figure, which the V0 activation terms were read off, so they are not added here."""
         s = self.settings
         if not s.enable_lora or s.engine != "vllm" or (self.version and self.version < LORA_IN_WEIGHTS_FROM):
