@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 CHUNK = '{"id":"b","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"ok"}}]}'
 USAGE = '{"id":"b","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":1}}'
 SSE = f"data: {CHUNK}\\n\\ndata: {USAGE}\\n\\ndata: [DONE]\\n\\n"
-NAMES = {"vramlab": "vramlab (client + driver)", "locust": "locust FastHttpUser",
+NAMES = {"vramlab": "vramlab (client + driver)", "vramlab-aiohttp": "vramlab on aiohttp", "locust": "locust FastHttpUser",
          "aiohttp": "plain asyncio + aiohttp", "aiohttp-uvloop": "plain aiohttp on uvloop"}
 
 
@@ -192,17 +192,22 @@ def _table(results: dict[str, dict[str, list[dict[str, Any]]]], a: argparse.Name
                          "p99": _median(modes.get("overhead", []), "p99_ms"),
                          "p50": _median(modes.get("overhead", []), "p50_ms"),
                          "errors": sum(r["errors"] for m in modes.values() for r in m),
-                         "loop": (rate or modes.get("overhead") or [{}])[0].get("loop", "")}
+                         "loop": (rate or modes.get("overhead") or [{}])[0].get("loop", ""),
+                         "client": (rate or modes.get("overhead") or [{}])[0].get("client", "aiohttp")}
     ref = summary.get("locust", {}).get("per_core")
-    lines = [f"{'tool':<28} {'loop':<8} {'req/s':>8} {'req/s/core':>11} {'cpu %':>6} "
-             f"{'P50 ms':>7} {'P99 ms':>7} {'vs locust':>9} {'errors':>6}"]
+    base = summary.get("aiohttp-uvloop", {})
+    lines = [f"{'tool':<28} {'loop':<8} {'http client':<12} {'req/s':>8} {'req/s/core':>11} {'cpu %':>6} "
+             f"{'P50 ms':>7} {'P99 ms':>7} {'vs locust':>9} {'vs uvloop':>9} {'P99 vs uvloop':>13} {'errors':>6}"]
     for tool, s in summary.items():
         def f(v: float | None, fmt: str) -> str:
             return "-" if v is None else format(v, fmt)
         ratio = f"{s['per_core'] / ref:.2f}x" if ref and s["per_core"] else "-"
-        lines.append(f"{NAMES[tool]:<28} {s['loop']:<8} {f(s['rps'], '.0f'):>8} {f(s['per_core'], '.0f'):>11} "
-                     f"{f(s['cpu'], '.0f'):>6} {f(s['p50'], '.2f'):>7} {f(s['p99'], '.2f'):>7} {ratio:>9} "
-                     f"{s['errors']:>6}")
+        vs = f"{s['per_core'] / base['per_core']:.2f}x" if base.get("per_core") and s["per_core"] else "-"
+        vs99 = f"{s['p99'] / base['p99']:.2f}x" if base.get("p99") and s["p99"] is not None else "-"
+        client = "gevent" if tool == "locust" else ("fasthttp" if s["client"] == "fast" else s["client"])
+        lines.append(f"{NAMES[tool]:<28} {s['loop']:<8} {client:<12} {f(s['rps'], '.0f'):>8} "
+                     f"{f(s['per_core'], '.0f'):>11} {f(s['cpu'], '.0f'):>6} {f(s['p50'], '.2f'):>7} "
+                     f"{f(s['p99'], '.2f'):>7} {ratio:>9} {vs:>9} {vs99:>13} {s['errors']:>6}")
     noise = results.get("noise", {}).get("overhead", [])
     if noise:
         lines.append(f"floor: a bare process sleeping to the same probe schedule on the client core wakes late by "
@@ -223,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probe-rate", type=float, default=500.0, help="probe requests per second (Poisson)")
     p.add_argument("--probe-cap", type=int, default=100, help="in-flight cap on the probes")
     p.add_argument("--server", choices=["auto", "nginx", "stub"], default="auto")
-    p.add_argument("--tools", default="vramlab,locust,aiohttp,aiohttp-uvloop")
+    p.add_argument("--tools", default="vramlab,vramlab-aiohttp,locust,aiohttp,aiohttp-uvloop")
     p.add_argument("--json", action="store_true", help="print every run's raw result as JSON too")
     p.add_argument("--profile", action="store_true", help="after the measured runs, one more run of each "
                    "tool's rate mode under cProfile (not measured): where the CPU goes per request")
@@ -277,7 +282,10 @@ def main(argv: list[str] | None = None) -> int:
                 if max(load_start[0], os.getloadavg()[0]) > (os.cpu_count() or 1) else " (below the CPU count: quiet)"),
             f"python {platform.python_version()}, {os.cpu_count()} CPUs; median of {a.reps} interleaved reps, "
             f"{a.warmup_s:g} s warm-up + {a.measure_s:g} s measured each",
-            f"rate: closed loop, {a.conc} workers, 1-token SSE answer; req/s/core = completed / client CPU-s",
+            f"rate: closed loop, {a.conc} workers, 1-token SSE answer; req/s/core = completed / client CPU-s; "
+            "vs uvloop: req/s/core over the plain aiohttp loop on uvloop's (the issue's bar: >= 1.0x), P99 vs "
+            "uvloop: the overhead P99 over its (bar: <= 1.2x); http client: fasthttp = vramlab's own "
+            "(load/fasthttp.py), aiohttp = aiohttp's ClientSession",
             f"P50/P99: probe latency from the scheduled send, {a.probe_rate:g} req/s Poisson, while ~{a.streams} "
             f"streams are held open ({a.hold_s:g} s each; vramlab opens them with its own Poisson open loop, the "
             "others reopen them at once from random offsets); the endpoint answers at once, so latency = client "

@@ -4,7 +4,8 @@
 
 TOOL is ``vramlab`` (vramlab's own client and driver: ``vramlab.load.client.OpenAIClient`` +
 ``vramlab.load.driver.drive``, the code path ``vramlab run`` takes for a window, on the event
-loop ``vramlab run`` picks), ``aiohttp`` (a plain asyncio + aiohttp loop) or ``aiohttp-uvloop``
+loop ``vramlab run`` picks; for http:// that is vramlab's own HTTP client, load/fasthttp.py),
+``vramlab-aiohttp`` (the same, forced onto aiohttp's ClientSession: ``load.http_client: aiohttp``), ``aiohttp`` (a plain asyncio + aiohttp loop) or ``aiohttp-uvloop``
 (the same loop on uvloop). MODE is ``rate`` (closed loop, N workers, no think time: the most
 requests one core completes) or ``overhead`` (500 streams held open against an endpoint that
 answers after ``hold_s``, plus a Poisson open loop of probes against an endpoint that answers at
@@ -91,13 +92,16 @@ async def vramlab_rate(c: dict[str, Any]) -> dict[str, Any]:
             else:
                 errors[0] += 1
 
-    async with OpenAIClient(c["url"], "bench", "openai-chat", max_connections=c["conc"]) as client:
+    async with OpenAIClient(c["url"], "bench", "openai-chat", max_connections=c["conc"],
+                            http_client=c.get("http_client", "auto")) as client:
+        c["client"] = client.http_client
         mon = asyncio.ensure_future(_cpu_window(cpu, ws, we))
         await drive(client, cycle(synthetic_prompts(8, 1, 16, 0)),
                     LoadShape(mode="closed", concurrency=c["conc"], max_tokens=1),
                     Window(duration_s=c["warmup_s"] + c["measure_s"], drain_s=1.0), on_result)
         await mon
-    return {"ok": ok[0], "errors": errors[0], "rps": round(ok[0] / c["measure_s"], 1), **cpu.result()}
+    return {"ok": ok[0], "errors": errors[0], "rps": round(ok[0] / c["measure_s"], 1), "client": c["client"],
+            **cpu.result()}
 
 
 async def vramlab_overhead(c: dict[str, Any]) -> dict[str, Any]:
@@ -115,9 +119,10 @@ async def vramlab_overhead(c: dict[str, Any]) -> dict[str, Any]:
 
     prompts = synthetic_prompts(8, 1, 16, 0)
     long_s = c["warmup_s"] + c["measure_s"] + 5 * c["hold_s"] + 5
+    via = c.get("http_client", "auto")
     async with OpenAIClient(c["hold_url"], "bench", "openai-chat", max_connections=2 * c["streams"],
-                            timeout_s=c["hold_s"] + 30) as hold, \
-            OpenAIClient(c["url"], "bench", "openai-chat", max_connections=c["probe_cap"]) as probe:
+                            timeout_s=c["hold_s"] + 30, http_client=via) as hold, \
+            OpenAIClient(c["url"], "bench", "openai-chat", max_connections=c["probe_cap"], http_client=via) as probe:
         # The held streams are vramlab's own open loop: Poisson arrivals at streams / hold_s keep
         # ``streams`` open on average (Little's law), out of step as real generations are.
         bg = asyncio.ensure_future(drive(hold, cycle(prompts),
@@ -138,7 +143,7 @@ async def vramlab_overhead(c: dict[str, Any]) -> dict[str, Any]:
             "p50_ms": pct([r.e2e_from_scheduled_ms for r in good], 0.50),
             "p99_ms": pct([r.e2e_from_scheduled_ms for r in good], 0.99),
             "p99_from_sent_ms": pct([r.e2e_ms for r in good], 0.99),
-            "lag_p99_ms": pct([r.dispatch_lag_ms for r in good], 0.99), **cpu.result()}
+            "lag_p99_ms": pct([r.dispatch_lag_ms for r in good], 0.99), "client": probe.http_client, **cpu.result()}
 
 
 # -- a plain asyncio + aiohttp loop ------------------------------------------------------------------
@@ -242,6 +247,7 @@ async def noise_overhead(c: dict[str, Any]) -> dict[str, Any]:
 
 
 WORKERS = {("noise", "overhead"): noise_overhead, ("vramlab", "rate"): vramlab_rate, ("vramlab", "overhead"): vramlab_overhead,
+           ("vramlab-aiohttp", "rate"): vramlab_rate, ("vramlab-aiohttp", "overhead"): vramlab_overhead,
            ("aiohttp", "rate"): aiohttp_rate, ("aiohttp", "overhead"): aiohttp_overhead,
            ("aiohttp-uvloop", "rate"): aiohttp_rate, ("aiohttp-uvloop", "overhead"): aiohttp_overhead}
 
@@ -249,7 +255,9 @@ WORKERS = {("noise", "overhead"): noise_overhead, ("vramlab", "rate"): vramlab_r
 def main(argv: list[str]) -> int:
     tool, mode, cfg = argv[0], argv[1], json.loads(argv[2])
     fn = WORKERS[(tool, mode)]
-    if tool == "vramlab":
+    if tool == "vramlab-aiohttp":
+        cfg["http_client"] = "aiohttp"  # vramlab's client and driver, on aiohttp's ClientSession
+    if tool.startswith("vramlab"):
         from vramlab.load.workers import event_loop_runner as _event_loop_runner
 
         runner = _event_loop_runner()  # uvloop where installed, exactly as `vramlab run`

@@ -29,8 +29,17 @@ Each tool holds N streams (closed loop: a user opens the next stream as soon as 
   CPU-ms/req     the client's CPU time (every process of it) over completed requests
   TTFT err       TTFT as the tool measured it, minus the schedule's ttft-ms (P50 / P99)
   ITL err        every gap between two token chunks as the tool measured it, minus gap-ms (P50 / P99);
-                 for tools that report ITL only as a per-request mean, that mean minus gap-ms (said so)
+                 for tools that report ITL only as a per-request mean, that mean minus gap-ms (said so);
+                 against the schedule, so it includes the endpoint's own lateness (see the wire check)
+  untimed gaps   gaps where a token came in one read with later bytes: when it arrived is unknown
 How each tool defines ITL is printed with the table.
+
+The wire check (``--wire``, on by default as root with tcpdump installed: ``apt-get install -y
+tcpdump``): for vramlab in one process, tcpdump records ``--wire-s`` of nginx's data packets on lo
+mid-window, stamped by the kernel as they leave nginx, apart from the client's process; every gap
+vramlab timed in that span is compared with the gap between the two packets that carried its
+tokens (client minus wire: the client's own timing error), and the wire's gaps against the
+schedule give the endpoint's lateness, which on a shared core is not zero.
 """
 
 from __future__ import annotations
@@ -60,7 +69,10 @@ FINAL = ('{"id":"chatcmpl-b","object":"chat.completion.chunk","created":17000000
          '"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}')
 HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 ITL_DEFINITIONS = {
-    "vramlab": "every gap between two token chunks, as received (RequestRecord.itl_ms); TPOT is the per-request mean",
+    "vramlab": "every gap between two token chunks that could be timed (RequestRecord.itl_ms): each end the "
+               "kernel's receive time of a read that ended with it (fasthttp), or the time aiohttp's read "
+               "returned (vramlab-aiohttp); gaps into a token read together with later bytes are left out and "
+               "counted (untimed gaps); TPOT is the per-request mean",
     "aiohttp-uvloop": "every gap between two token chunks, as received (the reference loop)",
     "aiperf": "'inter_token_latency' is a per-request mean ((last - first token) / (tokens - 1)); "
               "'inter_chunk_latency' is every gap: the per-gap column uses it",
@@ -211,23 +223,40 @@ class Endpoint:
 
 
 # -- in-process clients (run in a child process, pinned) --------------------------------------------
-def _summary(cfg: dict[str, Any], reqs: list[tuple[float, float, float | None, list[float], bool]],
-             ws: float, we: float, cpu_s: float) -> dict[str, Any]:
-    """reqs: (sent, end, ttft_ms, token_times, ok) per request. The window is [ws, we]."""
+Req = tuple[float, float, "float | None", list[float], bool, tuple[int, ...]]
+
+
+def _summary(cfg: dict[str, Any], reqs: list[Req], ws: float, we: float, cpu_s: float,
+             exclude_coalesced: bool) -> dict[str, Any]:
+    """reqs: (sent, end, ttft_ms, token_times, ok, coalesced) per request; coalesced: the indices of
+    token times that are only upper bounds (the token came in one read with later bytes). With
+    ``exclude_coalesced`` (vramlab: its records leave those gaps out) a gap touching one is not in the
+    ITL figures; either way they are counted (``untimed_gaps``). The window is [ws, we]."""
     wlen = we - ws
-    held = sum(max(0.0, min(e, we) - max(s, ws)) for s, e, _, _, _ in reqs) / wlen
+    held = sum(max(0.0, min(e, we) - max(s, ws)) for s, e, *_ in reqs) / wlen
     done = [r for r in reqs if ws <= r[1] <= we]
     ok = [r for r in done if r[4]]
     tokens = sum(1 for r in reqs for t in r[3] if ws <= t <= we)
     gap = cfg["gap_ms"]
-    itl_err = [(b - a) * 1000 - gap for r in ok for a, b in zip(r[3], r[3][1:], strict=False)]
+    itl_err: list[float] = []
+    untimed = gaps = 0
+    for r in ok:
+        t, bad = r[3], set(r[5])
+        gaps += max(0, len(t) - 1)
+        for i in range(1, len(t)):
+            if i in bad or i - 1 in bad:
+                untimed += 1
+                if exclude_coalesced:
+                    continue
+            itl_err.append((t[i] - t[i - 1]) * 1000 - gap)
     ttft_err = [r[2] - cfg["ttft_ms"] for r in ok if r[2] is not None]
     return {"completed": len(done), "ok": len(ok), "errors": len(done) - len(ok), "streams_held": round(held, 1),
             "tokens_per_s": round(tokens / wlen, 1), "cpu_s": round(cpu_s, 3),
             "cpu_ms_per_req": round(1000 * cpu_s / len(done), 3) if done else None,
             "ttft_err_p50_ms": _pct(ttft_err, 0.5), "ttft_err_p99_ms": _pct(ttft_err, 0.99),
             "itl_err_p50_ms": _pct(itl_err, 0.5), "itl_err_p99_ms": _pct(itl_err, 0.99),
-            "itl_kind": "per gap", "window_s": round(wlen, 3)}
+            "itl_kind": "per timed gap" if exclude_coalesced else "per gap", "window_s": round(wlen, 3),
+            "gaps": gaps, "untimed_gaps": untimed}
 
 
 async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -237,11 +266,20 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
 
     pc = time.perf_counter
     n, workers = cfg["streams"], cfg.get("workers", 1)
-    reqs: list[tuple[float, float, float | None, list[float], bool]] = []
+    reqs: list[Req] = []
+    via = cfg.get("http_client", "auto")
+
+    ports: dict[Any, int] = {}  # the wire check (--wire): which connection served the request in this task
+    dump: list[tuple[int, list[float], tuple[int, ...]]] = []
+    clock: list[Any] = []  # the client's wall-clock converter: its record of wall-clock steps
 
     def on_result(r: Any) -> None:
         if r.error_class != "cancelled":
-            reqs.append((r.sent_at, r.end_at, r.ttft_ms, list(r.token_times), r.ok))
+            reqs.append((r.sent_at, r.end_at, r.ttft_ms, list(r.token_times), r.ok, r.coalesced))
+            if cfg.get("dump") and r.ok:
+                port = ports.pop(asyncio.current_task(), None)
+                if port is not None:
+                    dump.append((port, list(r.token_times), r.coalesced))
 
     prompts = [Prompt("hello", 8, cfg["tokens"])]
     shape = LoadShape(mode="closed", concurrency=n, max_tokens=cfg["tokens"])
@@ -261,7 +299,7 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
         from vramlab.load.workers import ClientConfig, WorkerPool
 
         async with WorkerPool(workers, ClientConfig(cfg["url"], "bench", max_connections=n + 8,
-                                                    timeout_s=120)) as pool:
+                                                    timeout_s=120, http_client=via)) as pool:
             pids.extend(pool.pids)
             t0 = pc()  # the pool took a while to start: the window starts now
             ws, we = t0 + cfg["warmup_s"], t0 + cfg["warmup_s"] + cfg["measure_s"]
@@ -269,7 +307,18 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
             await pool.drive(prompts, shape, window, on_result)
             await mon
     else:
-        async with OpenAIClient(cfg["url"], "bench", max_connections=n + 8, timeout_s=120) as client:
+        async with OpenAIClient(cfg["url"], "bench", max_connections=n + 8, timeout_s=120, http_client=via) as client:
+            if cfg.get("dump"):
+                from vramlab.load import fasthttp
+
+                init = fasthttp._Response.__init__
+
+                def spy(self: Any, conn: Any, fut: Any, sink: Any) -> None:
+                    init(self, conn, fut, sink)
+                    ports[asyncio.current_task()] = conn.sock.getsockname()[1]
+
+                fasthttp._Response.__init__ = spy  # type: ignore[method-assign]
+                clock.append(client._pool.clock)
             mon = asyncio.ensure_future(cpu_window())
             if cfg.get("profile"):
                 import cProfile
@@ -283,8 +332,16 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
                 with open(cfg["profile"], "w") as f:
                     pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(25)
             await mon
-    res = _summary(cfg, reqs, ws, we, cpu["b"] - cpu["a"])
+    res = _summary(cfg, reqs, ws, we, cpu["b"] - cpu["a"], exclude_coalesced=True)
     res["workers"] = workers
+    if cfg.get("dump"):
+        # token times on perf_counter, and the wall-clock steps the client saw (to put the pcap's
+        # wall-clock stamps on the same clock)
+        steps = [(max(a, -1e18), o) for a, o in clock[0].steps] if clock else []
+        Path(cfg["dump"]).write_text(json.dumps({"requests": dump, "steps": steps}))
+    from vramlab.load.client import fast_path_refusal
+
+    res["client"] = "aiohttp" if via == "aiohttp" or fast_path_refusal(cfg["url"] + "/v1") else "fasthttp"
     return res
 
 
@@ -297,7 +354,7 @@ async def _plain(cfg: dict[str, Any]) -> dict[str, Any]:
     url = cfg["url"] + "/v1/chat/completions"
     body = json.dumps({"model": "bench", "max_tokens": cfg["tokens"], "stream": True,
                        "messages": [{"role": "user", "content": "hello"}]}).encode()
-    reqs: list[tuple[float, float, float | None, list[float], bool]] = []
+    reqs: list[Req] = []
     t0 = pc()
     ws, we = t0 + cfg["warmup_s"], t0 + cfg["warmup_s"] + cfg["measure_s"]
     cpu: dict[str, float] = {}
@@ -306,16 +363,20 @@ async def _plain(cfg: dict[str, Any]) -> dict[str, Any]:
             while pc() < we:
                 sent = pc()
                 times: list[float] = []
+                joined: list[int] = []  # tokens read together with the next one (known here, not excluded)
                 ok = False
                 try:
                     async with s.post(url, data=body, headers=HEADERS) as r:
                         async for chunk in r.content.iter_any():
                             t = pc()
-                            times.extend([t] * chunk.count(b'"content"'))
+                            k = chunk.count(b'"content"')
+                            if k > 1:
+                                joined.extend(range(len(times), len(times) + k - 1))
+                            times.extend([t] * k)
                         ok = r.status == 200
                 except aiohttp.ClientError:
                     pass
-                reqs.append((sent, pc(), (times[0] - sent) * 1000 if times else None, times, ok))
+                reqs.append((sent, pc(), (times[0] - sent) * 1000 if times else None, times, ok, tuple(joined)))
 
         async def cpu_window() -> None:
             await asyncio.sleep(max(0.0, ws - pc()))
@@ -330,7 +391,9 @@ async def _plain(cfg: dict[str, Any]) -> dict[str, Any]:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return _summary(cfg, reqs, ws, we, cpu["b"] - cpu["a"])
+    res = _summary(cfg, reqs, ws, we, cpu["b"] - cpu["a"], exclude_coalesced=False)
+    res["client"] = "aiohttp"
+    return res
 
 
 def client_main(tool: str, cfg: dict[str, Any]) -> None:
@@ -521,13 +584,23 @@ def _run_tool(tool: str, n: int, ep: Endpoint, a: argparse.Namespace, client_cpu
     if tool.startswith("vramlab"):
         workers = int(tool.split("-w")[1]) if "-w" in tool else 1
         cfg["workers"] = workers
+        if tool == "vramlab-aiohttp":
+            cfg["http_client"] = "aiohttp"
         if a.profile and workers == 1 and n == a.profile_streams:
             cfg["profile"] = str(tmp / f"profile-{n}.txt")
         cpus = one_core if workers == 1 else (sorted(os.sched_getaffinity(0)) if len(client_cpus) < workers
                                              else client_cpus[:workers])
-        proc = subprocess.run(pinned([sys.executable, __file__, "--client", "vramlab", json.dumps(cfg)], cpus),
-                              capture_output=True, text=True, timeout=a.warmup_s + a.measure_s + 120)
+        wire = a.wire and tool == "vramlab" and ep.kind == "nginx"
+        if wire:
+            cfg["dump"] = str(tmp / f"dump-{n}.json")
+        cmd = pinned([sys.executable, __file__, "--client", "vramlab", json.dumps(cfg)], cpus)
+        if wire:
+            proc, pcap = _with_capture(cmd, ep, a, tmp / f"wire-{n}.pcap")
+        else:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.warmup_s + a.measure_s + 120)
         res = _parse(proc, tool)
+        if wire and "error" not in res:
+            res.update(_wire_check(Path(cfg["dump"]), pcap, a))
         res["cpus"] = ",".join(map(str, cpus or []))
         if "profile" in cfg and Path(cfg["profile"]).exists():
             res["profile"] = Path(cfg["profile"]).read_text()
@@ -545,6 +618,116 @@ def _run_tool(tool: str, n: int, ep: Endpoint, a: argparse.Namespace, client_cpu
     return res
 
 
+def _with_capture(cmd: list[str], ep: Endpoint, a: argparse.Namespace, pcap: Path
+                  ) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run the client while tcpdump records ``--wire-s`` of the endpoint's data packets on lo, in the
+    middle of the measured window (tcpdump on the endpoint's CPU, not the client's)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    port = ep.url.rsplit(":", 1)[1]
+    # data packets from nginx only (a payload: IP length minus both headers), 2 KiB of each, ns stamps
+    flt = f"tcp src port {port} and (ip[2:2] - ((ip[0]&0xf)<<2) - ((tcp[12]&0xf0)>>2)) != 0"
+    time.sleep(1.0 + a.warmup_s + max(0.0, (a.measure_s - a.wire_s) / 2))  # (the client's start takes ~1 s)
+    dump = subprocess.Popen(pinned([a.tcpdump, "-i", "lo", "-n", "-s", "2048", "-B", "65536", "-U",
+                                    "--time-stamp-precision=nano", "-w", str(pcap), flt],
+                                   [ep.cpu] if ep.cpu is not None else None),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(a.wire_s)
+    dump.send_signal(signal.SIGINT)  # our own tcpdump: it writes its buffer and exits
+    try:
+        dump.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        dump.kill()
+        dump.wait()
+    out, err = proc.communicate(timeout=a.warmup_s + a.measure_s + 120)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), pcap
+
+
+def _pcap_packets(path: Path) -> dict[int, list[tuple[float, int]]]:
+    """Per client port: (wall time s, token events in the packet) of each data packet nginx sent."""
+    import struct
+
+    data = path.read_bytes() if path.exists() else b""
+    out: dict[int, list[tuple[float, int]]] = {}
+    if len(data) < 24:
+        return out
+    magic = struct.unpack_from("<I", data)[0]
+    if magic not in (0xA1B23C4D, 0xA1B2C3D4):
+        return out
+    scale = 1e-9 if magic == 0xA1B23C4D else 1e-6
+    link = struct.unpack_from("<I", data, 20)[0]
+    l2 = 14 if link == 1 else (16 if link == 113 else 0)  # Ethernet (lo), Linux cooked
+    pos = 24
+    while pos + 16 <= len(data):
+        sec, frac, caplen, _ = struct.unpack_from("<IIII", data, pos)
+        pkt = data[pos + 16:pos + 16 + caplen]
+        pos += 16 + caplen
+        ip = pkt[l2:]
+        if len(ip) < 20 or ip[0] >> 4 != 4:
+            continue
+        tcp = ip[(ip[0] & 0xF) * 4:]
+        if len(tcp) < 20:
+            continue
+        dport = struct.unpack_from(">H", tcp, 2)[0]
+        payload = tcp[(tcp[12] >> 4) * 4:]
+        out.setdefault(dport, []).append((sec + frac * scale, payload.count(b'"content"')))
+    return out
+
+
+def _wire_check(dump: Path, pcap: Path, a: argparse.Namespace) -> dict[str, Any]:
+    """vramlab's timed gaps against the same gaps on the wire. tcpdump stamps each packet as it leaves
+    nginx on lo, independently of the client's process: for every gap vramlab timed whose two tokens
+    are in the capture, the wire's gap between the packets that carried them; the difference is the
+    client's timing error. The wire's own gaps minus --gap-ms are the endpoint's lateness."""
+    import bisect
+
+    wire = _pcap_packets(pcap)
+    try:
+        d = json.loads(dump.read_text())
+        reqs, steps = d["requests"], d["steps"]
+    except (OSError, ValueError, KeyError):
+        return {"wire_error": "no client dump"}
+    if not steps:
+        return {"wire_error": "no clock record from the client"}
+    marks = [a for a, _ in steps]
+
+    def mono(w: float) -> float:  # a wall-clock stamp on perf_counter: the offset in force at the time
+        i = len(steps) - 1
+        while i > 0 and w - steps[i][1] < marks[i]:
+            i -= 1
+        return w - steps[i][1]
+
+    # packets that carried a token, on the client's clock
+    times = {p: [mono(t) for t, k in pk if k] for p, pk in wire.items()}
+    if not any(times.values()):
+        return {"wire_error": f"tcpdump captured no token packets ({pcap.name})"}
+    lo = min(ts[0] for ts in times.values() if ts)
+    hi = max(ts[-1] for ts in times.values() if ts)
+    err: list[float] = []
+    late: list[float] = []
+    for port, ts, coalesced in reqs:
+        w = times.get(port)
+        if not w:
+            continue
+        bad = set(coalesced)
+        for i in range(1, len(ts)):
+            if i in bad or i - 1 in bad or ts[i - 1] < lo + 0.05 or ts[i] > hi - 0.001:
+                continue
+            # the packet that carried each token: the last one on this connection sent before the
+            # client's receive stamp (plus 1 ms of slack for a stamp taken before the tap's)
+            j1 = bisect.bisect_right(w, ts[i] + 0.001) - 1
+            j0 = bisect.bisect_right(w, ts[i - 1] + 0.001) - 1
+            if j0 < 0 or j1 <= j0:
+                continue
+            wire_gap = w[j1] - w[j0]
+            err.append((ts[i] - ts[i - 1] - wire_gap) * 1000)
+            late.append(wire_gap * 1000 - a.gap_ms)
+    return {"wire_gaps": len(err), "wire_err_p50_ms": _pct(err, 0.5), "wire_err_p99_ms": _pct(err, 0.99),
+            "wire_abs_err_p99_ms": _pct([abs(x) for x in err], 0.99),
+            "server_late_p50_ms": _pct(late, 0.5), "server_late_p99_ms": _pct(late, 0.99),
+            "wire_packets": sum(len(v) for v in wire.values()), "wire_s": round(hi - lo, 3),
+            "wall_clock_steps": sum(1 for a, _ in steps if lo <= a <= hi)}
+
+
 def _parse(proc: subprocess.CompletedProcess[str], tool: str) -> dict[str, Any]:
     if proc.returncode != 0:
         return {"error": f"{tool} failed (rc {proc.returncode}): {proc.stderr[-800:]}"}
@@ -556,8 +739,9 @@ def _fmt(v: Any, f: str) -> str:
 
 
 def _table(results: dict[str, dict[int, dict[str, Any]]], a: argparse.Namespace) -> list[str]:
-    lines = [f"{'tool':<16} {'streams':>7} {'held':>7} {'tokens/s':>9} {'ideal %':>7} {'CPU-ms/req':>10} "
-             f"{'TTFT err P50/P99 ms':>20} {'ITL err P50/P99 ms':>19} {'ITL kind':<18} {'ep CPU %':>8} {'err':>5} {'wait P99':>8}"]
+    lines = [f"{'tool':<16} {'client':<9} {'streams':>7} {'held':>7} {'tokens/s':>9} {'ideal %':>7} {'CPU-ms/req':>10} "
+             f"{'TTFT err P50/P99 ms':>20} {'ITL err P50/P99 ms':>19} {'ITL kind':<18} {'untimed gaps':>14} "
+             f"{'ep CPU %':>8} {'err':>5} {'wait P99':>8}"]
     for tool, by_n in results.items():
         for n, r in sorted(by_n.items()):
             if "error" in r:
@@ -566,10 +750,14 @@ def _table(results: dict[str, dict[int, dict[str, Any]]], a: argparse.Namespace)
             ideal = 100 * r["tokens_per_s"] / r["ideal_tokens_per_s"] if r.get("ideal_tokens_per_s") else None
             ttft = f"{_fmt(r.get('ttft_err_p50_ms'), '.2f')} / {_fmt(r.get('ttft_err_p99_ms'), '.2f')}"
             itl = f"{_fmt(r.get('itl_err_p50_ms'), '.2f')} / {_fmt(r.get('itl_err_p99_ms'), '.2f')}"
-            lines.append(f"{tool:<16} {n:>7} {_fmt(r.get('streams_held'), '.0f'):>7} "
+            untimed = "-"
+            if r.get("gaps"):
+                untimed = f"{r['untimed_gaps']} ({100 * r['untimed_gaps'] / r['gaps']:.1f}%)"
+            client = r.get("client", "-" if tool in ("aiperf", "guidellm") else "")
+            lines.append(f"{tool:<16} {client:<9} {n:>7} {_fmt(r.get('streams_held'), '.0f'):>7} "
                          f"{_fmt(r.get('tokens_per_s'), '.0f'):>9} {_fmt(ideal, '.0f'):>7} "
                          f"{_fmt(r.get('cpu_ms_per_req'), '.2f'):>10} {ttft:>20} {itl:>19} "
-                         f"{r.get('itl_kind', ''):<18.18} {_fmt(r.get('endpoint_cpu_pct'), '.0f'):>8} "
+                         f"{r.get('itl_kind', ''):<18.18} {untimed:>14} {_fmt(r.get('endpoint_cpu_pct'), '.0f'):>8} "
                          f"{r.get('errors', 0):>5} {_fmt(r.get('send_wait_p99_ms'), '.1f'):>8}")
     return lines
 
@@ -605,18 +793,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-s", type=float, default=3.0)
     p.add_argument("--measure-s", type=float, default=8.0)
     p.add_argument("--workers", type=int, default=2, help="also run vramlab over this many worker processes")
-    p.add_argument("--tools", default="vramlab,vramlab-w,aiohttp-uvloop,aiperf,guidellm")
+    p.add_argument("--tools", default="vramlab,vramlab-w,vramlab-aiohttp,aiohttp-uvloop,aiperf,guidellm")
     p.add_argument("--peers", type=Path, help="folder with one venv per peer: PEERS/aiperf, PEERS/guidellm")
     p.add_argument("--server", choices=["auto", "nginx", "stub"], default="auto")
     p.add_argument("--profile", action="store_true", help="cProfile vramlab's client (1 worker) at --profile-streams")
     p.add_argument("--profile-streams", type=int, default=500)
     p.add_argument("--json", action="store_true", help="print every run's raw result as JSON too")
+    p.add_argument("--wire", choices=["auto", "on", "off"], default="auto",
+                   help="check vramlab's timed gaps against a tcpdump of the endpoint's packets on lo "
+                        "(auto: when tcpdump is installed and may capture)")
+    p.add_argument("--wire-s", type=float, default=2.0, help="seconds of the measured window captured")
     p.add_argument("-o", "--output", help="also write the report to this file")
     a = p.parse_args(argv)
     if a.quick:
         a.streams, a.tokens, a.gap_ms, a.ttft_ms, a.warmup_s, a.measure_s = "20", 8, 20.0, 20.0, 0.5, 1.0
-        a.tools, a.profile_streams = "vramlab,vramlab-w,aiohttp-uvloop", 20
+        a.tools, a.profile_streams = "vramlab,vramlab-w,vramlab-aiohttp,aiohttp-uvloop", 20
     streams = [int(s) for s in a.streams.split(",") if s.strip()]
+    a.tcpdump = shutil.which("tcpdump") or ("/usr/bin/tcpdump" if os.path.exists("/usr/bin/tcpdump") else None)
+    if a.wire == "on" and not a.tcpdump:
+        p.error("--wire on: tcpdump is not installed (apt-get install -y tcpdump)")
+    a.wire = a.wire != "off" and a.tcpdump is not None and (a.wire == "on" or os.geteuid() == 0) and not a.quick
     tools = [t.strip().replace("vramlab-w", f"vramlab-w{a.workers}") if t.strip() == "vramlab-w" else t.strip()
              for t in a.tools.split(",") if t.strip()]
     notes: list[str] = []
@@ -652,7 +848,28 @@ def main(argv: list[str] | None = None) -> int:
         "wait P99: how long a request waited between the tool issuing it and sending it (AIPerf: credit issued ->"
         " request start; GuideLLM: request_dispatch_delay), which their TTFT leaves out; vramlab's closed loop "
         "sends at once and counts any wait in its from-scheduled latencies", "", "how each tool defines ITL:"]
-    lines += [f"  {t}: {ITL_DEFINITIONS[t.split('-w')[0] if t.startswith('vramlab') else t]}" for t in tools]
+    lines += [f"  {t}: {ITL_DEFINITIONS['vramlab' if t.startswith('vramlab') else t]}" for t in tools]
+    lines += ["untimed gaps: gaps between two token chunks where one of them came in the same read as later bytes, "
+              "so when it arrived is unknown (of all gaps of the completed requests). vramlab leaves them out of its "
+              "ITL (RequestResult.coalesced) and says how many; the plain loop stamps every token in a read with the "
+              "read's time and keeps those gaps in its ITL (counted here, not excluded); AIPerf and GuideLLM do not "
+              "say (-). client: fasthttp = vramlab's own HTTP/1.1 client (kernel receive stamps, SO_TIMESTAMPNS), "
+              "aiohttp = aiohttp's ClientSession (user-space stamps at read time)"]
+    wired = [(n, r) for n, r in sorted(results.get("vramlab", {}).items()) if "wire_gaps" in r or "wire_error" in r]
+    if wired:
+        lines += ["", f"wire check (vramlab, 1 process): tcpdump on lo stamps every packet nginx sends, apart from the "
+                  f"client's process, for {a.wire_s:g} s mid-window; for each gap vramlab timed in it, the client's gap "
+                  "minus the wire's gap between the packets that carried the two tokens (the client's own timing "
+                  "error), and the wire's gap minus the schedule's (the endpoint's lateness, which the ITL err "
+                  "column above includes)"]
+        for n, r in wired:
+            if "wire_error" in r:
+                lines.append(f"  {n:>5} streams: {r['wire_error']}")
+                continue
+            lines.append(f"  {n:>5} streams: {r['wire_gaps']} gaps compared; client - wire P50 "
+                         f"{_fmt(r['wire_err_p50_ms'], '.3f')} / P99 {_fmt(r['wire_err_p99_ms'], '.3f')} ms, |error| P99 "
+                         f"{_fmt(r['wire_abs_err_p99_ms'], '.3f')} ms; endpoint late by P50 "
+                         f"{_fmt(r['server_late_p50_ms'], '.2f')} / P99 {_fmt(r['server_late_p99_ms'], '.2f')} ms per gap")
     lines += [f"note: {n}" for n in notes]
     for tool, by_n in results.items():
         for n, r in by_n.items():

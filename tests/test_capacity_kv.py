@@ -97,3 +97,20 @@ def test_gpt_oss_hybrid_concurrency_matches_vllm_019(  ):
                        kv_cache_memory_bytes=int(59.32 * (1 << 30)))
     est = estimate(m, H100, s)
     assert est.max_concurrency == pytest.approx(316.07, rel=0.002)
+
+
+def test_every_cache_type_an_engine_accepts_is_planned_in_its_block_bytes():
+    """llama.cpp's --cache-type-k/-v types at ggml's block sizes (per 32 values), TGI's fp8_e4m3fn as one
+    byte; an engine's own spelling is never refused as unknown."""
+    import subprocess
+    import sys
+
+    from vramlab.capacity.kv import kv_elem_bytes
+
+    ggml = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "iq4_nl": 18}
+    assert {t: kv_elem_bytes(t, "bfloat16") * 32 for t in ggml} == ggml
+    assert kv_elem_bytes("fp8_e4m3fn", "bfloat16") == kv_elem_bytes("fp8_e5m2", "bfloat16") == 1.0
+    out = subprocess.run([sys.executable, "-m", "vramlab", "plan", "--model", "qwen3-8b", "--gpu", "l4", "--engine",
+                          "tgi", "--kv-cache-dtype", "fp8_e4m3fn", "--offline", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode in (0, 1) and "unknown" not in out.stderr, out.stderr

@@ -26,7 +26,11 @@ def test_quick_run_times_the_known_schedule(server: str, tmp_path: Path) -> None
     ep = re.search(r"^endpoint: (nginx|stub) ", text, re.M)
     assert ep and (server == "auto" or ep.group(1) == "stub"), text
     raw = json.loads(r.stdout[r.stdout.index("\n{") + 1:])
-    assert set(raw) == {"vramlab", "vramlab-w2", "aiohttp-uvloop"}
+    assert set(raw) == {"vramlab", "vramlab-w2", "vramlab-aiohttp", "aiohttp-uvloop"}
+    assert raw["vramlab"]["20"]["client"] == raw["vramlab-w2"]["20"]["client"] == "fasthttp"
+    assert raw["vramlab-aiohttp"]["20"]["client"] == "aiohttp"
+    for tool in raw:  # every gap of the completed requests is counted, the untimed among them
+        assert 0 <= raw[tool]["20"]["untimed_gaps"] <= raw[tool]["20"]["gaps"] and raw[tool]["20"]["gaps"] > 0
     for tool, by_n in raw.items():
         res = by_n["20"]
         assert "error" not in res, (tool, res)

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("server", ["auto", "stub"])
 def test_quick_run_prints_the_table(server: str, tmp_path: Path) -> None:
     out = tmp_path / "loadgen.txt"
-    tools = "vramlab,locust,aiohttp" if server == "auto" else "vramlab,aiohttp"
+    tools = "vramlab,vramlab-aiohttp,locust,aiohttp" if server == "auto" else "vramlab,aiohttp"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loadgen.py"), "--quick", "--server", server,
                         "--tools", tools, "--json", "-o", str(out)],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -28,13 +28,19 @@ def test_quick_run_prints_the_table(server: str, tmp_path: Path) -> None:
     assert ep, text
     if server == "stub":
         assert ep.group(1) == "stub"
-    rows = {}
+    rows, clients = {}, {}
     for line in text.splitlines():
-        m = re.match(r"^(vramlab \(client \+ driver\)|locust FastHttpUser|plain asyncio \+ aiohttp)\s+(\S+)\s+(\d+)"
-                     r"\s+(\d+)\s+\d+\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+(\d+)$", line)
+        m = re.match(r"^(vramlab \(client \+ driver\)|vramlab on aiohttp|locust FastHttpUser|plain asyncio \+ aiohttp)"
+                     r"\s+(\S+)\s+(\S+)\s+(\d+)\s+(\d+)\s+\d+\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+\S+\s+\S+\s+(\d+)$", line)
         if m:
-            rows[m.group(1)] = m.groups()
+            g = m.groups()
+            rows[g[0]] = (g[0], g[1], *g[3:])
+            clients[g[0]] = g[2]
     assert "vramlab (client + driver)" in rows and "plain asyncio + aiohttp" in rows, text
+    # which HTTP client each row used: vramlab's own for http://, aiohttp when forced
+    assert clients["vramlab (client + driver)"] == "fasthttp" and clients["plain asyncio + aiohttp"] == "aiohttp"
+    if server == "auto":
+        assert clients["vramlab on aiohttp"] == "aiohttp"
     for name, (_, loop, rps, per_core, p50, p99, _ratio, errors) in rows.items():
         assert loop in ("uvloop", "asyncio", "gevent"), name
         assert int(rps) > 0 and int(per_core) > 0, name

@@ -15,8 +15,13 @@ from functools import lru_cache
 from vramlab.capacity.spec import ModelSpec, dtype_bytes
 from vramlab.errors import ConfigError
 
-KV_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla", "int8",
-             "fp8_per_token_head", "int8_per_token_head", "nvfp4", "q8_0", "q4_0", "f16", "f32", "float32")
+# vLLM/SGLang spellings, TGI's fp8_e4m3fn, and llama.cpp's --cache-type-k/-v types (ggml block sizes:
+# q4_1 = fp16 scale + fp16 min + 16 B, q5_0 = fp16 scale + 4 B high bits + 16 B, q5_1 = q5_0 + fp16 min,
+# iq4_nl = fp16 scale + 16 B, per 32 values)
+KV_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e4m3fn", "fp8_e5m2", "fp8_ds_mla", "int8",
+             "fp8_per_token_head", "int8_per_token_head", "nvfp4", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
+             "iq4_nl", "f16", "bf16", "f32", "float32")
+_GGML_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "iq4_nl": 18}  # per 32 values
 FP8_DS_MLA_BYTES = 656  # 512 fp8 latent + 4 fp32 scales + 64 bf16 rope, per token per layer
 
 
@@ -25,11 +30,11 @@ def kv_elem_bytes(kv_cache_dtype: str, model_dtype: str) -> float:
     d = (kv_cache_dtype or "auto").lower()
     if d == "auto":
         return dtype_bytes(model_dtype)
-    if d in ("fp8", "fp8_e4m3", "fp8_e5m2", "int8", "q8_0", "fp8_per_token_head", "int8_per_token_head",
+    if d in _GGML_BLOCK_BYTES:
+        return _GGML_BLOCK_BYTES[d] / 32
+    if d in ("fp8", "fp8_e4m3", "fp8_e4m3fn", "fp8_e5m2", "int8", "fp8_per_token_head", "int8_per_token_head",
              "fp8_ds_mla"):
-        return 1.0 if d != "q8_0" else 34 / 32  # q8_0 blocks: 32 int8 + one fp16 scale
-    if d == "q4_0":
-        return 18 / 32
+        return 1.0
     if d == "nvfp4":
         return 0.5 + 1 / 16  # packed fp4 + one fp8 scale per 16
     if d in ("bfloat16", "float16", "bf16", "fp16", "f16", "half"):

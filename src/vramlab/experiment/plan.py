@@ -206,6 +206,9 @@ class Load(_Model):
     max_concurrency: int = Field(default=256, ge=1, le=100_000)
     request_timeout_s: float = Field(default=60.0, gt=0)
     lag_warn_ms: float = Field(default=25.0, gt=0)
+    http_client: Literal["auto", "fast", "aiohttp"] = Field(
+        default="auto", description="auto: vramlab's own HTTP/1.1 client for http://, aiohttp for https:// "
+                                    "(fast: insist on the own client; aiohttp: always aiohttp)")
     retry: Retry = Retry()
 
 
@@ -280,6 +283,12 @@ class Plan(_Model):
             raise ValueError("@samplers.sources: 'ledger' needs samplers.ledger (the sim's device file)")
         if "prometheus" in self.samplers.sources and not self.samplers.prometheus_url:
             raise ValueError("@samplers.sources: 'prometheus' needs samplers.prometheus_url")
+        if load.http_client == "fast" and self.target.base_url is not None:
+            from vramlab.load.client import fast_path_refusal
+
+            why = fast_path_refusal(self.target.base_url)
+            if why is not None:
+                raise ValueError(f"@load.http_client: fast, but {why}; use auto or aiohttp")
         return self
 
     # -- derived, read-only views ------------------------------------------------------------

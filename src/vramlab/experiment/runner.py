@@ -221,11 +221,14 @@ class Runner:
             raise ValueError("workers must be at least 1")
         cfg = ClientConfig(plan.target.url, plan.target.model, plan.target.api, self.o.api_key,
                            max_connections=conns, timeout_s=plan.load.request_timeout_s,
-                           ignore_eos=plan.fixed.ignore_eos and await self._engine_accepts_ignore_eos())
+                           ignore_eos=plan.fixed.ignore_eos and await self._engine_accepts_ignore_eos(),
+                           http_client=plan.load.http_client)
         if n == 1:
             self._client = await stack.enter_async_context(OpenAIClient(
                 cfg.base_url, cfg.model, cfg.api, cfg.api_key, max_connections=cfg.max_connections,
-                timeout_s=cfg.timeout_s, ignore_eos=cfg.ignore_eos))
+                timeout_s=cfg.timeout_s, ignore_eos=cfg.ignore_eos, http_client=cfg.http_client))
+            self.note(f"load: HTTP client {self._client.http_client}"
+                      f"{' (kernel receive stamps)' if self._client.http_client == 'fast' else ''}")
             return
         self._pool = await stack.enter_async_context(WorkerPool(n, cfg))
         self.workers = n

@@ -50,6 +50,9 @@ class RequestResult:
     output_tokens: int | None = None  # content and reasoning together
     output_tokens_source: str | None = None  # "usage" (the server's count) | "chunks" (counted: an estimate)
     reasoning_tokens: int | None = None  # of output_tokens: usage's reasoning_tokens, else reasoning chunks
+    # Indices into token_times whose time is only an upper bound: the token came in one read with
+    # bytes that followed it (another event), so when it arrived is unknown (see _Stream.feed).
+    coalesced: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -77,8 +80,18 @@ class RequestResult:
 
     @property
     def itl_ms(self) -> list[float]:
+        """Every gap between two token chunks that could be timed: a gap with a coalesced end (see
+        ``coalesced``) is left out, not guessed (``untimed_gaps`` counts them)."""
         t = self.token_times
-        return [(b - a) * 1000 for a, b in zip(t, t[1:], strict=False)]
+        if not self.coalesced:
+            return [(b - a) * 1000 for a, b in zip(t, t[1:], strict=False)]
+        bad = set(self.coalesced)
+        return [(t[i] - t[i - 1]) * 1000 for i in range(1, len(t)) if i not in bad and i - 1 not in bad]
+
+    @property
+    def untimed_gaps(self) -> int:
+        """Gaps between token chunks whose length is unknown (an end arrived in one read with later bytes)."""
+        return max(0, len(self.token_times) - 1) - len(self.itl_ms) if self.coalesced else 0
 
     @property
     def tpot_ms(self) -> float | None:
@@ -89,10 +102,12 @@ class RequestResult:
         return (self.token_times[-1] - self.first_token_at) * 1000 / (n - 1)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Stream:
     first: float | None = None
     times: list[float] = field(default_factory=list)  # every token chunk, content or reasoning
+    coalesced: list[int] = field(default_factory=list)  # indices into times that are upper bounds
+    buf: bytes = b""  # an SSE event not yet complete
     reasoning: int = 0  # how many of them carried reasoning (reasoning_content / reasoning), not content
     usage_out: int | None = None
     usage_in: int | None = None
@@ -187,8 +202,29 @@ def _short(text: str, n: int = 200) -> str:
     return " ".join(text.split())[:n]
 
 
+HttpClient = Literal["auto", "fast", "aiohttp"]
+
+
+def fast_path_refusal(url: str) -> str | None:
+    """Why the lean client (fasthttp.py) cannot serve ``url``: None when it can (plain ``http://``,
+    no credentials in the URL); aiohttp serves the rest (``https://``, user:password@)."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    if u.scheme != "http":
+        return f"{u.scheme}:// needs aiohttp (the fast client speaks plain http:// only)"
+    if u.username or u.password:
+        return "credentials in the URL need aiohttp"
+    if not u.hostname:
+        return "no host in the URL"
+    return None
+
+
 class OpenAIClient:
-    """One aiohttp session for the whole run, its pool sized to the concurrency cap."""
+    """One connection pool for the whole run, sized to the concurrency cap: vramlab's own lean HTTP/1.1
+    client for ``http://`` (``http_client="auto"`` or ``"fast"``), aiohttp for the rest or when asked
+    (``"aiohttp"``). Both time tokens the same way and record the same error classes; the fast path
+    stamps arrivals with the kernel's receive time (fasthttp.py)."""
 
     def __init__(
         self,
@@ -199,6 +235,7 @@ class OpenAIClient:
         max_connections: int = 256,
         timeout_s: float = 60.0,
         ignore_eos: bool = False,
+        http_client: HttpClient = "auto",
     ) -> None:
         base = base_url.rstrip("/")
         if not base.endswith("/v1"):
@@ -210,7 +247,13 @@ class OpenAIClient:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._max_connections = max_connections
+        why = fast_path_refusal(self.url)
+        if http_client == "fast" and why is not None:
+            raise ValueError(f"http_client fast: {why}: {_short(self.url, 120)}")
+        # Which client serves this run: "fast" (fasthttp.py) or "aiohttp".
+        self.http_client = "fast" if http_client != "aiohttp" and why is None else "aiohttp"
         self._session: Any = None
+        self._pool: Any = None
         self._timeout: Any = None
         self._aiohttp: Any = None
         self._url: Any = None
@@ -218,6 +261,23 @@ class OpenAIClient:
         self._piece_key = b'"text":' if api == "openai-completions" else b'"content":'
 
     async def __aenter__(self) -> OpenAIClient:
+        if self.http_client == "fast":
+            from urllib.parse import urlsplit
+
+            from vramlab.load.fasthttp import Pool
+
+            u = urlsplit(self.url)
+            port = u.port or 80
+            host = u.hostname or ""
+            host_header = (f"[{host}]" if ":" in host else host) + (f":{u.port}" if u.port else "")
+            path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+            head = [f"POST {path} HTTP/1.1", f"Host: {host_header}", "User-Agent: vramlab",
+                    "Content-Type: application/json", "Accept: text/event-stream"]
+            if self._api_key:
+                head.append(f"Authorization: Bearer {self._api_key}")
+            self._req_head = ("\r\n".join(head) + "\r\nContent-Length: ").encode()
+            self._pool = Pool(host, port, self._max_connections)
+            return self
         import aiohttp
         from yarl import URL
 
@@ -233,6 +293,9 @@ class OpenAIClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.close()  # every socket, idle or mid-answer (their requests end as stream_broken)
         if self._session is not None:
             session, self._session = self._session, None
             try:
@@ -256,43 +319,31 @@ class OpenAIClient:
     async def send(self, request_id: str, prompt: Prompt, max_tokens: int, scheduled_at: float,
                    attempt: int = 0) -> RequestResult:
         """Send one streaming request; never raises for a server or network fault (it is data)."""
-        aiohttp = self._aiohttp
-        assert self._session is not None, "use `async with OpenAIClient(...)`"
+        assert self._session is not None or self._pool is not None, "use `async with OpenAIClient(...)`"
         key = (id(prompt), max_tokens)
         data = self._bodies.get(key)
         if data is None:
-            data = self._bodies[key] = self.body(prompt, max_tokens)
+            body = self.body(prompt, max_tokens)
+            # the fast path keeps the whole request (head and body): one send per request
+            data = self._bodies[key] = (body if self._pool is None
+                                        else self._req_head + str(len(body)).encode() + b"\r\n\r\n" + body)
         pc = time.perf_counter
         sent = pc()
         st = _Stream()
-        status = 0
-        err_class: str | None = None
-        err: str | None = None
-        try:
-            async with self._session.post(self._url, data=data, headers=self._headers, timeout=self._timeout) as resp:
-                status = resp.status
-                if status != 200:
-                    text = await resp.text(errors="replace")
-                    err_class, err = _classify_status(status, text), f"HTTP {status}: {_short(text)}"
-                else:
-                    await self._read_stream(resp, st)
-                    if st.error is not None:
-                        err_class = "oom" if any(m in st.error.lower() for m in _OOM_MARKERS) else "stream_broken"
-                        err = _short(st.error)
-                    elif st.first is None and not (st.done or st.finished):
-                        # An empty completion (finish_reason "stop" at once, or [DONE]) is a success
-                        # with 0 tokens; a stream that just ends, with neither, is broken.
-                        err_class, err = "stream_broken", "the stream ended without a token or a finish_reason"
-        except asyncio.TimeoutError:  # aiohttp's timeouts subclass it; on 3.10 it is not the builtin
-            err_class, err = "timeout", f"no complete answer within {self.timeout_s:g} s"
-        except asyncio.CancelledError:
-            raise
-        except aiohttp.ClientConnectorError as exc:
-            err_class, err = "connect", _short(str(exc))
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
-            err_class, err = "stream_broken", _short(f"{type(exc).__name__}: {exc}")
-        except aiohttp.ClientError as exc:
-            err_class, err = "connect" if status == 0 else "stream_broken", _short(f"{type(exc).__name__}: {exc}")
+        if self._pool is not None:
+            status, err_class, err = await self._exchange_fast(data, st, sent)
+        else:
+            status, err_class, err = await self._exchange_aiohttp(data, st)
+        if status == 200 and err_class is None:
+            if st.buf.strip() and not st.done:
+                self._event(st.buf, pc(), st, False)  # an event the stream ended without its blank line
+            if st.error is not None:
+                err_class = "oom" if any(m in st.error.lower() for m in _OOM_MARKERS) else "stream_broken"
+                err = _short(st.error)
+            elif st.first is None and not (st.done or st.finished):
+                # An empty completion (finish_reason "stop" at once, or [DONE]) is a success
+                # with 0 tokens; a stream that just ends, with neither, is broken.
+                err_class, err = "stream_broken", "the stream ended without a token or a finish_reason"
         if err is not None and self._api_key:
             err = err.replace(self._api_key, "***")  # a server may echo the key back; it is never stored
         end = st.times[-1] if (st.times and err_class is None) else pc()
@@ -308,49 +359,101 @@ class OpenAIClient:
             first_token_at=st.first, token_times=tuple(st.times), status_code=status,
             error_class=err_class, error=err, prompt_tokens=st.usage_in or prompt.prompt_tokens,
             output_tokens=out, output_tokens_source=source, reasoning_tokens=reasoning,
+            coalesced=tuple(st.coalesced) if st.coalesced else (),
         )
 
+    async def _exchange_fast(self, data: bytes, st: _Stream, sent: float) -> tuple[int, str | None, str | None]:
+        from vramlab.load.fasthttp import FastHttpError, StopBody
+
+        feed = self.feed
+
+        def sink(chunk: bytes, t: float, exact: bool) -> bool:
+            feed(chunk, t, st, exact)
+            if st.error is not None:
+                raise StopBody  # an error event or garbage: the answer ends here
+            return st.done
+
+        try:
+            status, text = await self._pool.request(data, sink, sent + self.timeout_s)
+        except FastHttpError as exc:
+            if exc.kind == "timeout":
+                return exc.status, "timeout", f"no complete answer within {self.timeout_s:g} s"
+            return exc.status, exc.kind, _short(str(exc))
+        if text is not None:
+            return status, _classify_status(status, text), f"HTTP {status}: {_short(text)}"
+        return status, None, None
+
+    async def _exchange_aiohttp(self, data: bytes, st: _Stream) -> tuple[int, str | None, str | None]:
+        aiohttp = self._aiohttp
+        status = 0
+        try:
+            async with self._session.post(self._url, data=data, headers=self._headers, timeout=self._timeout) as resp:
+                status = resp.status
+                if status != 200:
+                    text = await resp.text(errors="replace")
+                    return status, _classify_status(status, text), f"HTTP {status}: {_short(text)}"
+                await self._read_stream(resp, st)
+        except asyncio.TimeoutError:  # aiohttp's timeouts subclass it; on 3.10 it is not the builtin
+            return status, "timeout", f"no complete answer within {self.timeout_s:g} s"
+        except asyncio.CancelledError:
+            raise
+        except aiohttp.ClientConnectorError as exc:
+            return status, "connect", _short(str(exc))
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
+            return status, "stream_broken", _short(f"{type(exc).__name__}: {exc}")
+        except aiohttp.ClientError as exc:
+            return status, "connect" if status == 0 else "stream_broken", _short(f"{type(exc).__name__}: {exc}")
+        return status, None, None
+
     async def _read_stream(self, resp: Any, st: _Stream) -> None:
-        pc = time.perf_counter
-        event, key, times = self._event, self._piece_key, st.times
-        buf = b""
+        """aiohttp's body, read by read. User-space stamps: the time each read returned (on a busy
+        loop, later than the bytes came)."""
         readany = resp.content.readany  # (not `async for ... iter_any()`: no iterator, no StopAsyncIteration)
+        pc, feed = time.perf_counter, self.feed
         while True:
             chunk = await readany()
-            if not chunk:
-                break
-            now = pc()
-            if buf:
-                chunk, buf = buf + chunk, b""
-            # The usual read while streaming: one whole token event, b'data: {...}\n\n'. It is timed
-            # here, without splitting or parsing anything (the hot path: once per token).
-            if chunk[:7] == b"data: {" and chunk.find(b"\n\n") == len(chunk) - 2:
-                kind = _token_piece(chunk[6:-2], key)
-                if kind is not None:
-                    if st.first is None:
-                        st.first = now
-                    times.append(now)
-                    if kind == _REASONING:
-                        st.reasoning += 1
-                    continue
-            if b"\r" in chunk:  # events end with a blank line: \n\n, or \r\n\r\n from some proxies
-                chunk = chunk.replace(b"\r\n", b"\n")
-            if b"\n\n" not in chunk:
-                buf = chunk
-                if len(buf) > MAX_EVENT_BYTES:
-                    st.error = f"an SSE event grew past {MAX_EVENT_BYTES >> 20} MiB without its blank line"
-                    st.done = True
-                    return
-                continue
-            *events, buf = chunk.split(b"\n\n")
-            for ev in events:
-                event(ev, now, st)
-                if st.done:
-                    return
-        if buf.strip():
-            event(buf, pc(), st)
+            if not chunk or feed(chunk, pc(), st, True):
+                return
 
-    def _event(self, event: bytes, now: float, st: _Stream) -> None:
+    def feed(self, chunk: bytes, now: float, st: _Stream, exact: bool) -> bool:
+        """One read of the stream's body, received at ``now``; True once the stream is over ([DONE],
+        an error). ``exact``: nothing followed these bytes in the read, so ``now`` is when the last
+        of them arrived. A token event followed by other bytes in the same read arrived at some
+        unknown time before ``now``: it gets ``now`` and is marked coalesced (its gaps are not timed)."""
+        if st.buf:
+            chunk, st.buf = st.buf + chunk, b""
+        # The usual read while streaming: one whole token event, b'data: {...}\n\n'. It is timed
+        # here, without splitting or parsing anything (the hot path: once per token).
+        if chunk[:7] == b"data: {" and chunk.find(b"\n\n") == len(chunk) - 2:
+            kind = _token_piece(chunk[6:-2], self._piece_key)
+            if kind is not None:
+                times = st.times
+                if st.first is None:
+                    st.first = now
+                if not exact:
+                    st.coalesced.append(len(times))
+                times.append(now)
+                if kind == _REASONING:
+                    st.reasoning += 1
+                return False
+        if b"\r" in chunk:  # events end with a blank line: \n\n, or \r\n\r\n from some proxies
+            chunk = chunk.replace(b"\r\n", b"\n")
+        if b"\n\n" not in chunk:
+            st.buf = chunk
+            if len(chunk) > MAX_EVENT_BYTES:
+                st.error = f"an SSE event grew past {MAX_EVENT_BYTES >> 20} MiB without its blank line"
+                st.done = True
+            return st.done
+        *events, rest = chunk.split(b"\n\n")
+        st.buf = rest
+        last = len(events) - 1
+        for i, ev in enumerate(events):
+            self._event(ev, now, st, exact and i == last and not rest)
+            if st.done:
+                return True
+        return False
+
+    def _event(self, event: bytes, now: float, st: _Stream, exact: bool = True) -> None:
         if event.startswith(b"data: ") and b"\n" not in event:
             lines: Any = (event,)  # the usual event: one data line
         else:
@@ -363,6 +466,9 @@ class OpenAIClient:
             if kind is not None:  # a plain token chunk, judged without parsing it (see _token_piece)
                 if st.first is None:
                     st.first = now
+                if not exact:
+                    st.coalesced.append(len(st.times))
+                exact = False  # a second token in one event: same bytes, no time of its own
                 st.times.append(now)
                 if kind == _REASONING:
                     st.reasoning += 1
@@ -376,7 +482,12 @@ class OpenAIClient:
                     st.usage_out = usage.get(b"completion_tokens", st.usage_out)
                     st.usage_in = usage.get(b"prompt_tokens", st.usage_in)
                     continue
+            n = len(st.times)
             self._parse(payload, now, st)
+            if len(st.times) > n:
+                if not exact:
+                    st.coalesced.append(n)
+                exact = False
             if st.error is not None:
                 return
 

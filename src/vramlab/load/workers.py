@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vramlab.load.client import Api, RequestResult
+from vramlab.load.client import Api, HttpClient, RequestResult
 from vramlab.load.driver import LoadShape, Window, WindowOutcome, drive, shard_share
 from vramlab.load.prompts import Prompt, cycle
 from vramlab.load.retry import RetryPolicy
@@ -60,6 +60,7 @@ class ClientConfig:
     max_connections: int = 256
     timeout_s: float = 60.0
     ignore_eos: bool = False
+    http_client: HttpClient = "auto"
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,8 @@ async def _serve(index: int, count: int, conn: Any, cfg: ClientConfig) -> None:
     loop.add_reader(cmd_r.fileno(), on_readable)
     prompts: dict[Any, list[Prompt]] = {}
     async with OpenAIClient(cfg.base_url, cfg.model, cfg.api, cfg.api_key, max_connections=cfg.max_connections,
-                            timeout_s=cfg.timeout_s, ignore_eos=cfg.ignore_eos) as client:
+                            timeout_s=cfg.timeout_s, ignore_eos=cfg.ignore_eos,
+                            http_client=cfg.http_client) as client:
         post(("ready", index, os.getpid()))
         while True:
             msg = await inbox.get()
