@@ -49,8 +49,8 @@ def default_data_dir() -> Path:
 def quant_from_row(row: dict[str, Any], spec: ModelSpec) -> str | None:
     """The engine's quantization for a row; the scheme from the checkpoint name when the config lacks it."""
     q = (row.get("quantization") or "").lower() or None
-    if q is None or spec.quant is not None:
-        return q
+    if q is None or spec.quant is not None or q == "bitsandbytes":
+        return q  # bitsandbytes names its own storage: a "bnb-4bit" checkpoint name is not a w4a16 scheme
     name = (row.get("model") or row.get("model_hf_id") or "").lower()
     if "w4a16" in name or "int4" in name or "4bit" in name or "awq" in name:
         return "w4a16" if "awq" not in name else "awq"
@@ -136,6 +136,17 @@ def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
         # the log's "Custom allreduce is disabled because ... lacks GPU P2P capability" / "... spans across nodes"
         gpu_p2p=(row.get("extra") or {}).get("gpu_p2p"),
     )
+    # LoRA slots: only where the log prints vLLM's non-default args ('enable_lora': True, 'max_lora_rank': N).
+    args_text = " ".join(str(x) for x in row.get("raw_log_lines") or [] if "non-default args" in str(x))
+    if re.search(r"'enable_lora': True", args_text):
+        kwargs["enable_lora"] = True
+        for key in ("max_lora_rank", "max_loras"):
+            found = re.search(rf"'{key}': (\d+)", args_text)
+            if found:
+                kwargs[key] = int(found.group(1))
+    elif (row.get("extra") or {}).get("max_lora_rank"):  # read off the source's own code (extra.max_lora_rank_source)
+        kwargs["enable_lora"] = True
+        kwargs["max_lora_rank"] = int(row["extra"]["max_lora_rank"])
     if kwargs["engine"] == "sglang":
         kwargs["mem_fraction_static"] = kwargs.pop("gpu_memory_utilization")
         kwargs["chunked_prefill_size"] = kwargs.pop("max_num_batched_tokens")

@@ -169,3 +169,15 @@ def test_in_trainer_says_the_band_is_widened_and_uses_the_llm_class_defaults():
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert any("training process" in n for n in out["notes"])
+
+
+def test_plan_counts_vllm_lora_slots_and_refuses_a_bad_rank():
+    base = ("plan", "--model", "qwen3-8b", "--gpu", "l4", "--max-model-len", "2048", "--json")
+    plain = json.loads(vramlab(*base).stdout)
+    r = vramlab(*base, "--enable-lora", "--max-lora-rank", "32")
+    assert r.returncode == 0, r.stderr
+    lora = json.loads(r.stdout)
+    # Qwen3-8B at rank 32: ~0.16 GiB of A/B buffers (vllm/lora/layers/base_linear.py), weights grow by that
+    assert 0.14 < (lora["weights_bytes"] - plain["weights_bytes"]) / 2**30 < 0.18
+    bad = vramlab(*base, "--enable-lora", "--max-lora-rank", "0")
+    assert bad.returncode == 2 and "--max-lora-rank" in bad.stderr and "Traceback" not in bad.stderr

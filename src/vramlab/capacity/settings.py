@@ -75,6 +75,9 @@ class EngineSettings:
     api_server: bool = True  # vLLM: `vllm serve` defaults, not the LLM class
     in_trainer: bool = False  # vLLM's LLM class inside a training process (Unsloth fast_inference, TRL colocate)
     other_processes_bytes: int = 0  # memory other processes already hold on each card
+    enable_lora: bool = False  # vLLM --enable-lora: LoRA slots are allocated at load time
+    max_lora_rank: int = 16  # vLLM --max-lora-rank (vLLM's default 16)
+    max_loras: int = 1  # vLLM --max-loras (vLLM's default 1)
 
     def with_(self, **changes: object) -> EngineSettings:
         return replace(self, **changes)  # type: ignore[arg-type]

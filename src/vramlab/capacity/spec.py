@@ -57,6 +57,11 @@ class QuantSpec:
     quantize_experts_only: bool = False  # mxfp4 in gpt-oss: only MoE experts are 4-bit
     unquantized_dtype: str = "bfloat16"
     gguf_type: str | None = None  # e.g. Q4_K_M when the figure comes from a GGUF type name
+    # bitsandbytes: modules the checkpoint keeps in 16-bit (`llm_int8_skip_modules`, matched as vLLM's
+    # `is_layer_skipped_bnb` does) and whether the absmax statistics are themselves quantized
+    # (`bnb_4bit_use_double_quant`; vLLM's in-flight quantization always compresses them).
+    skip_modules: tuple[str, ...] = ()
+    double_quant: bool = False
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,8 @@ FLAG_RULES: dict[str, Rule] = {
     "n_ubatch": _count(MAX_TOKENS),
     "other_processes_bytes": _count(MAX_BYTES, 0),
     "rope_scaling_factor": Rule(False, 1, 1 << 12),
+    "max_lora_rank": _count(1 << 12),  # vLLM accepts up to 512; a typo in the thousands is still refused
+    "max_loras": _count(1 << 10),
 }
 
 

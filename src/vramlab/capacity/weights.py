@@ -4,7 +4,13 @@ Per-rank accounting mirrors vLLM's parallel layers: column/row-parallel linears 
 K/V projections replicated when TP exceeds the KV heads, vocabulary padded to a multiple of 64
 and split by TP, norms and routers replicated, MLA's low-rank A projections replicated. PP
 splits the layers evenly; the first stage holds the embedding, the last the final norm and LM
-head. Loading also keeps the rotary cos/sin cache (max_position x rotary_dim in the model dtype).
+head. Loading also keeps the rotary cos/sin cache (max_position x rotary_dim in the model dtype;
+linear RoPE scaling caches max_position x factor positions, see `rope_cache_elems`).
+
+bitsandbytes 4-bit (vLLM `BitsAndBytesLinearMethod`): only linear layers are quantized (embeddings and
+the LM head are not `LinearBase`), each one unless `llm_int8_skip_modules` names it; a weight is half a
+byte plus its absmax per 64-block: fp32 from vLLM 0.9.2 on (PR #19742 `dequantize_dq` expands
+double-quantized statistics at load), one byte plus a nested fp32 scale per 256 blocks before that.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ class WeightBreakdown:
     other_params: int  # norms, routers, biases: kept in the model dtype
     vision_params: int
     rope_cache_elems: int
+    skipped_params: int = 0  # of linear + expert params: kept unquantized (bitsandbytes skip list)
 
     @property
     def total_params(self) -> int:
@@ -97,17 +104,115 @@ def _mlp_params(m: ModelSpec, inter: int, tp: int) -> int:
     return int(mats * m.hidden_size * inter / tp)
 
 
-def breakdown(m: ModelSpec, tp: int = 1, pp: int = 1, rank_pp: int = 0) -> WeightBreakdown:
-    """Parameters held by one GPU (TP rank 0 of pipeline stage *rank_pp*)."""
+def is_layer_skipped_bnb(prefix: str, skip_modules: tuple[str, ...]) -> bool:
+    """vLLM's matcher (vllm/model_executor/layers/quantization/bitsandbytes.py `is_layer_skipped_bnb`,
+    the same in 0.10-0.29): an entry equal to one dotted component of the module's name, or to one of
+    its dotted prefixes (`model.layers.0.mlp` skips `model.layers.0.mlp.gate_up_proj`)."""
+    if not skip_modules:
+        return False
+    parts = prefix.split(".")
+    prefixes = {".".join(parts[:i + 1]) for i in range(len(parts))}
+    return any(s in parts or s in prefixes for s in skip_modules)
+
+
+def _skipped_layer_params(m: ModelSpec, i: int, kind: str, tp: int, moe: bool, has_mlp: bool,
+                          skip: tuple[str, ...]) -> int:
+    """Linear params of layer *i* (one TP rank) that a bitsandbytes skip list keeps unquantized, under
+    vLLM's module names (fused `qkv_proj` / `gate_up_proj`)."""
+    base = f"model.layers.{i}"
+    out = 0
+    if kind in ("full", "sliding", "chunked"):
+        lin, _ = _attention_params(m, tp, kind)
+        o_proj = 0 if m.is_mla else int(m.num_attention_heads * m.head_dim / tp * m.hidden_size)
+        if is_layer_skipped_bnb(f"{base}.self_attn.qkv_proj", skip):
+            out += lin - o_proj
+        if is_layer_skipped_bnb(f"{base}.self_attn.o_proj", skip):
+            out += o_proj
+    if not has_mlp:
+        return out
+    if moe:
+        if is_layer_skipped_bnb(f"{base}.mlp.experts", skip):
+            out += m.num_experts * _mlp_params(m, m.moe_intermediate_size, tp)
+        return out
+    if m.intermediate_size:
+        mlp = _mlp_params(m, m.intermediate_size, tp)
+        down = mlp // (3 if m.gated_mlp else 2)
+        if is_layer_skipped_bnb(f"{base}.mlp.gate_up_proj", skip):
+            out += mlp - down
+        if is_layer_skipped_bnb(f"{base}.mlp.down_proj", skip):
+            out += down
+    return out
+
+
+def lora_slot_params(m: ModelSpec, tp: int = 1, pp: int = 1, rank_pp: int = 0, max_lora_rank: int = 16,
+                     max_loras: int = 1) -> int:
+    """Elements of the LoRA A/B buffers vLLM allocates at load with `--enable-lora`, on one GPU.
+
+    vllm/lora/layers/base_linear.py `BaseLinearLayerWithLoRA.create_lora_weights`: per wrapped linear
+    and per slice (3 for qkv_proj, 2 for gate_up_proj), `lora_a_stacked` (max_loras, 1, max_lora_rank,
+    input_size) and `lora_b_stacked` (max_loras, 1, output_size, max_lora_rank), input/output per TP
+    partition as the base layer holds them (column-parallel: full input, split output; row-parallel:
+    split input, full output), in the LoRA dtype (the model's under `auto`). They are allocated inside
+    the loading step, so "Model loading took" includes them. Counted: attention and dense MLP linears;
+    not counted: embedding / LM-head LoRA (vocab x rank, < 0.03 GiB on 150k vocabularies) and MoE experts."""
+    r = max_lora_rank
+    h = m.hidden_size
+    split = pp_layer_split(m.num_layers, pp)
+    start = sum(split[:rank_pp])
+    moe_layers = set(m.moe_layer_indices())
+    kinds = m.kinds
+    total = 0.0
+    for i in range(start, start + split[rank_pp]):
+        kind = kinds[i] if i < len(kinds) else "full"
+        if kind in ("full", "sliding", "chunked") and not m.is_mla:
+            q = m.num_attention_heads * m.head_dim / tp
+            kv = (max(1, m.num_kv_heads // tp) if m.num_kv_heads >= tp else 1) * m.head_dim
+            total += 3 * r * h + r * (q + 2 * kv)  # qkv_proj: three slices
+            total += r * q + r * h  # o_proj (row-parallel)
+        has_mlp = not m.block_typed or kind == "mlp"
+        if has_mlp and i not in moe_layers and m.intermediate_size:
+            inter = m.intermediate_size / tp
+            if m.gated_mlp:
+                total += 2 * r * h + 2 * r * inter  # gate_up_proj: two slices
+            else:
+                total += r * h + r * inter
+            total += r * inter + r * h  # down_proj (row-parallel)
+    return int(total * max_loras)
+
+
+def rope_cache_elems(m: ModelSpec) -> int:
+    """Elements of the rotary cos/sin caches vLLM builds (one per distinct RoPE, shared by the layers).
+
+    Linear scaling caches `max_position x factor` positions (vllm/model_executor/layers/rotary_embedding
+    `LinearScalingRotaryEmbedding._compute_cos_sin_cache`: max_len = max_position_embeddings x
+    scaling_factor). Gemma 3's sliding layers use their own unscaled RoPE (`rope_local_base_freq`,
+    rope_type default) beside the global layers' scaled one (vllm/model_executor/models/gemma3.py
+    `Gemma3Attention`): two caches. Gemma-3-4B: 131072 x 8 x 256 bf16 = 0.5 GiB."""
+    rotary_dim = (m.qk_rope_head_dim or m.head_dim) if m.attention_layers else 0
+    base = m.max_position_embeddings * rotary_dim  # Llama 4 Scout: 10.5M positions -> ~2.5 GiB
+    if (m.rope_scaling_type or "").lower() != "linear" or m.rope_scaling_factor <= 1:
+        return base
+    scaled = int(m.max_position_embeddings * m.rope_scaling_factor) * rotary_dim
+    local = base if m.model_type.startswith("gemma3") and "sliding" in m.kinds else 0
+    return scaled + local
+
+
+def breakdown(m: ModelSpec, tp: int = 1, pp: int = 1, rank_pp: int = 0,
+              skip: tuple[str, ...] = ()) -> WeightBreakdown:
+    """Parameters held by one GPU (TP rank 0 of pipeline stage *rank_pp*); *skip*: a bitsandbytes
+    `llm_int8_skip_modules` list, counted in `skipped_params`."""
     split = pp_layer_split(m.num_layers, pp)
     start = sum(split[:rank_pp])
     layers = range(start, start + split[rank_pp])
     moe_layers = set(m.moe_layer_indices())
     kinds = m.kinds
     typed = m.block_typed
-    linear = experts = other = 0
+    linear = experts = other = skipped = 0
     for i in layers:
         kind = kinds[i] if i < len(kinds) else "full"
+        if skip:
+            has_mlp = not typed or kind == "mlp"
+            skipped += _skipped_layer_params(m, i, kind, tp, i in moe_layers, has_mlp, skip)
         if kind in ("mamba", "linear"):
             linear += _ssm_params(m, tp, kind)
             other += 2 * m.hidden_size
@@ -130,8 +235,6 @@ def breakdown(m: ModelSpec, tp: int = 1, pp: int = 1, rank_pp: int = 0) -> Weigh
     lm_head = vocab_local * m.hidden_size if last and not (m.tie_word_embeddings and first) else 0
     if last:
         other += m.hidden_size  # final norm
-    rotary_dim = (m.qk_rope_head_dim or m.head_dim) if m.attention_layers else 0
-    rope = m.max_position_embeddings * rotary_dim  # Llama 4 Scout: 10.5M positions -> ~2.5 GiB
     return WeightBreakdown(
         linear_params=linear,
         expert_params=experts,
@@ -139,12 +242,20 @@ def breakdown(m: ModelSpec, tp: int = 1, pp: int = 1, rank_pp: int = 0) -> Weigh
         lm_head_params=lm_head,
         other_params=other,
         vision_params=m.vision_params // tp if first else 0,
-        rope_cache_elems=rope,
+        rope_cache_elems=rope_cache_elems(m),
+        skipped_params=skipped,
     )
 
 
-def _quant_bytes_per_param(q: QuantSpec) -> float:
-    """Stored bytes per quantized weight, scales and zeros included."""
+BNB_BLOCK = 64  # bitsandbytes 4-bit blocksize (quantize_4bit default; vLLM passes no other)
+BNB_NESTED_BLOCK = 256  # double quantization: one fp32 scale per 256 absmax bytes
+
+
+def _quant_bytes_per_param(q: QuantSpec, bnb_nested_absmax: bool = False) -> float:
+    """Stored bytes per quantized weight, scales and zeros included.
+
+    *bnb_nested_absmax*: the engine keeps double-quantized bitsandbytes statistics as loaded (vLLM
+    before 0.9.2); otherwise they are fp32, one per 64-block."""
     b = q.bits / 8
     method = q.method
     if method in ("awq", "gptq") or (method.startswith("compressed-tensors") and q.group_size):
@@ -153,7 +264,11 @@ def _quant_bytes_per_param(q: QuantSpec) -> float:
         zeros = (q.bits / 8) / g if q.has_zeros else 0.0
         return b + scale + zeros
     if method == "bitsandbytes":
-        return b + (4 / 64 if q.bits == 4 else 4 / 4096)  # fp32 absmax per 64-block (4-bit) / per row (8-bit)
+        if q.bits != 4:
+            return b + 4 / 4096  # int8: one fp32 scale per row
+        if bnb_nested_absmax and q.double_quant:
+            return b + 1 / BNB_BLOCK + 4 / (BNB_BLOCK * BNB_NESTED_BLOCK)  # uint8 absmax + nested fp32
+        return b + 4 / BNB_BLOCK  # fp32 absmax per 64-block
     if method in ("fp8", "compressed-tensors-fp8", "compressed-tensors"):
         return b + 4 / 4096  # per-channel fp32 scales
     return b
@@ -161,10 +276,12 @@ def _quant_bytes_per_param(q: QuantSpec) -> float:
 
 @lru_cache(maxsize=512)  # pure in hashable inputs; sweeps ask the same question many times
 def weight_bytes(m: ModelSpec, dtype: str = "auto", quantization: str | None = None,
-                 tp: int = 1, pp: int = 1, rank_pp: int = 0, rope_cache: bool = True) -> tuple[int, str]:
+                 tp: int = 1, pp: int = 1, rank_pp: int = 0, rope_cache: bool = True,
+                 bnb_nested_absmax: bool = False) -> tuple[int, str]:
     """Bytes of weights on one GPU, and how they were obtained ("exact" or "formula").
 
     *rope_cache*: add the rotary cos/sin cache vLLM and SGLang build at load time.
+    *bnb_nested_absmax*: double-quantized bitsandbytes statistics stay compressed (vLLM < 0.9.2).
     """
     q = effective_quant(m, quantization)
     model_dtype = resolve_dtype(m, dtype, q)
@@ -178,17 +295,19 @@ def weight_bytes(m: ModelSpec, dtype: str = "auto", quantization: str | None = N
         if m.quant is None and model_dtype != stored:
             exact = int(exact * dtype_bytes(model_dtype) / dtype_bytes(stored))
         return int(exact / tp + rope), "exact"
-    wb = breakdown(m, tp, pp, rank_pp)
+    skip = q.skip_modules if q is not None and q.method == "bitsandbytes" else ()
+    wb = breakdown(m, tp, pp, rank_pp, skip)
     full = dtype_bytes(model_dtype)
     unq = full if q is None else dtype_bytes(q.unquantized_dtype if model_dtype == "float32" else model_dtype)
     if q is None:
         total = wb.total_params * full
     else:
-        per = _quant_bytes_per_param(q)
+        per = _quant_bytes_per_param(q, bnb_nested_absmax)
         if q.method == "mxfp4" or q.quantize_experts_only:
             total = wb.expert_params * mxfp4_padding(m, tp) * per + (wb.linear_params + wb.other_params) * unq
         else:
-            total = (wb.linear_params + wb.expert_params) * per + wb.other_params * unq
+            quantized = wb.linear_params + wb.expert_params - wb.skipped_params
+            total = quantized * per + (wb.skipped_params + wb.other_params) * unq
         total += wb.embedding_params * (per if q.quantize_embedding else unq)
         total += wb.lm_head_params * (per if q.quantize_lm_head else unq)
         total += wb.vision_params * unq
@@ -248,7 +367,9 @@ def effective_quant(m: ModelSpec, quantization: str | None) -> QuantSpec | None:
     if qn in ("gptq", "gptq_marlin"):
         return QuantSpec("gptq", 4.0, group_size=128, has_g_idx=True, unquantized_dtype="float16")
     if qn in ("bitsandbytes", "bnb", "bnb-4bit"):
-        return QuantSpec("bitsandbytes", 4.0, group_size=64, unquantized_dtype=m.torch_dtype)
+        # In-flight: vLLM's BitsAndBytesModelLoader._unquantized_generator calls
+        # quantize_4bit(..., compress_statistics=True, quant_type="nf4"): double-quantized statistics.
+        return QuantSpec("bitsandbytes", 4.0, group_size=64, unquantized_dtype=m.torch_dtype, double_quant=True)
     if qn in ("mxfp4",):
         return QuantSpec("mxfp4", 4.25, quantize_experts_only=True, unquantized_dtype=m.torch_dtype)
     if qn in ("int8", "w8a8", "compressed-tensors-w8a8", "bnb-8bit"):

@@ -75,6 +75,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--in-trainer", action="store_true",
                    help="vLLM's LLM class inside a training process (Unsloth, TRL colocate): implies --llm-class; "
                         "the trainer's own allocations are not modelled, so the bands widen")
+    e.add_argument("--enable-lora", action="store_true",
+                   help="vLLM --enable-lora: the LoRA slots it allocates at load count as weights")
+    e.add_argument("--max-lora-rank", type=int, default=16, help="vLLM --max-lora-rank (default 16)")
+    e.add_argument("--max-loras", type=int, default=1, help="vLLM --max-loras (default 1)")
     o = p.add_argument_group("questions and output")
     o.add_argument("--concurrency", type=int, help="also report the largest max_model_len for this many sequences")
     o.add_argument("--margin", type=float, default=0.10, help="safety margin of the KV pool (default 0.10)")
@@ -122,6 +126,9 @@ def _settings(args: argparse.Namespace):
         parallel=args.parallel,
         api_server=not (args.llm_class or args.in_trainer),
         in_trainer=args.in_trainer,
+        enable_lora=args.enable_lora,
+        max_lora_rank=args.max_lora_rank,
+        max_loras=args.max_loras,
         other_processes_bytes=int(args.other_processes_gib * (1 << 30)),
         cache_type_v=args.cache_type_v,
         flash_attn=_on_off(args.flash_attn),

@@ -44,7 +44,7 @@ _DEFAULT_VISION = {
                                          "hidden_act": "silu"},
     "Llama4ForConditionalGeneration": {"hidden_size": 1408, "num_hidden_layers": 34, "intermediate_size": 5632},
     "Qwen2_5_VLForConditionalGeneration": {"hidden_size": 1280, "num_hidden_layers": 32, "intermediate_size": 3420,
-                                           "hidden_act": "silu"},
+                                           "hidden_act": "silu", "spatial_merge_size": 2},
 }
 
 
@@ -151,7 +151,11 @@ def _quant(c: dict[str, Any], torch_dtype: str) -> QuantSpec | None:
         return QuantSpec("mxfp4", 4.25, quantize_experts_only=True, unquantized_dtype=unq)
     if method == "bitsandbytes":
         bits = 4.0 if q.get("load_in_4bit", True) and not q.get("load_in_8bit") else 8.0
-        return QuantSpec("bitsandbytes", bits, group_size=64 if bits == 4 else None, unquantized_dtype=unq)
+        skip = q.get("llm_int8_skip_modules") or ()
+        # vLLM BitsAndBytesConfig.from_config: use_double_quant defaults to False, skip list to [].
+        return QuantSpec("bitsandbytes", bits, group_size=64 if bits == 4 else None, unquantized_dtype=unq,
+                         skip_modules=tuple(str(x) for x in skip) if isinstance(skip, (list, tuple)) else (),
+                         double_quant=bool(q.get("bnb_4bit_use_double_quant", False)))
     if method == "compressed-tensors":
         return _compressed_tensors(q, unq)
     if method in ("modelopt", "nvfp4", "modelopt_fp4"):
@@ -260,10 +264,12 @@ def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str
     offset = c.get("expert_layer_offset")  # Jamba: MoE where i % period == offset
 
     vision = c.get("_vision") or _DEFAULT_VISION.get(arch)
-    vision_params = _vision_params(vision) if isinstance(vision, dict) else 0
+    text_hidden = int(c.get("hidden_size") or 0)
+    vision_params = _vision_params(vision, text_hidden) if isinstance(vision, dict) else 0
     if not vision_params and c.get("vision_depth") and c.get("vision_hidden_size"):
         vision_params = _vision_params({"depth": c["vision_depth"], "hidden_size": c["vision_hidden_size"],
-                                        "intermediate_size": c.get("vision_intermediate_size")})
+                                        "intermediate_size": c.get("vision_intermediate_size"),
+                                        "out_hidden_size": c.get("vision_out_hidden_size")}, text_hidden)
 
     mamba_heads = int(_first(c, "mamba_n_heads", "mamba_num_heads", default=0) or 0)
     rope_field = c.get("rope_scaling")
@@ -331,14 +337,25 @@ def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str
     return spec
 
 
-def _vision_params(v: dict[str, Any]) -> int:
-    """A ViT tower's parameters: ~ (4 + 2 x mlp_ratio) x hidden^2 per block (qkv, out, MLP)."""
-    hidden = int(_first(v, "hidden_size", "embed_dim", "width", default=0) or 0)
+def _vision_params(v: dict[str, Any], text_hidden: int = 0) -> int:
+    """A ViT tower's parameters: ~ (4 + 2 x mlp_ratio) x hidden^2 per block (qkv, out, MLP), plus the
+    patch merger of Qwen2-VL-style towers (`spatial_merge_size`): a 2-layer MLP from hidden x merge^2 to
+    hidden x merge^2 to the language model's width (transformers/vLLM `PatchMerger`; Qwen2.5-VL-7B:
+    5120^2 + 5120 x 3584 = 44.6M), one more per deepstack layer (Qwen3-VL `deepstack_visual_indexes`).
+    Qwen2-VL names the tower width `embed_dim` and the language model's `hidden_size`."""
+    hidden = int(_first(v, "embed_dim", "hidden_size", "width", default=0) or 0)
     depth = int(_first(v, "num_hidden_layers", "depth", "layers", default=0) or 0)
     if not hidden or not depth:
         return 0
     inter = int(_first(v, "intermediate_size", default=4 * hidden) or 4 * hidden)
     per_block = 4 * hidden * hidden + 2 * hidden * inter
-    if v.get("hidden_act") in ("silu", "swiglu") or v.get("model_type", "").startswith("qwen2_5"):
+    if v.get("hidden_act") in ("silu", "swiglu") or str(v.get("model_type") or "").startswith("qwen2_5"):
         per_block += hidden * inter  # gated MLP
-    return depth * per_block
+    merger = 0
+    merge = v.get("spatial_merge_size")
+    if merge:
+        wide = hidden * int(merge) ** 2
+        out = int(v.get("out_hidden_size") or (v.get("hidden_size") if v.get("embed_dim") else 0) or text_hidden)
+        deepstack = v.get("deepstack_visual_indexes")
+        merger = (wide * wide + wide * out) * (1 + (len(deepstack) if isinstance(deepstack, list) else 0))
+    return depth * per_block + merger

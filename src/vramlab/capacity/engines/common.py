@@ -12,10 +12,12 @@ from vramlab.capacity.constants import Constants
 from vramlab.capacity.estimate import EXACT, FORMULA, Component, Limits, band
 from vramlab.capacity.gpus import GPU
 from vramlab.capacity.settings import EngineSettings
-from vramlab.capacity.spec import ModelSpec, QuantSpec
+from vramlab.capacity.spec import ModelSpec, QuantSpec, dtype_bytes
 from vramlab.errors import ConfigError
 
 SXM_FAMILIES = ("a100", "h100", "h200", "b200", "b100", "gb200")
+LORA_IN_WEIGHTS_FROM = (0, 8)  # 0.7.3 logs PunicaWrapperGPU after the weights line, 0.8.1 before it (r067)
+BNB_DQ_EXPANDED_FROM = (0, 9, 2)  # vLLM PR #19742 (merged 2025-06-18): first release v0.9.2
 
 
 @dataclass
@@ -45,14 +47,38 @@ class Context:
         return range(start, start + split[stage])
 
     def weights(self, stage: int = 0) -> tuple[int, str]:
-        return wmod.weight_bytes(self.model, self.dtype, self.settings.quantization, self.tp, self.pp, stage,
-                                 rope_cache=self.settings.engine in ("vllm", "sglang"))
+        value, how = wmod.weight_bytes(self.model, self.dtype, self.settings.quantization, self.tp, self.pp, stage,
+                                       rope_cache=self.settings.engine in ("vllm", "sglang"),
+                                       bnb_nested_absmax=self.bnb_nested_absmax)
+        return value + self.lora_bytes(stage), how
+
+    def lora_bytes(self, stage: int = 0) -> int:
+        """vLLM `--enable-lora`: the LoRA slots allocated while loading (counted in its weights line).
+
+        vLLM 0.7.x creates them after its weights line (its logs print `PunicaWrapperGPU` after "Loading
+        model weights took"; 0.8.1+ before "Model loading took"): there they land in the profiled
+        activation figure, which the V0 activation terms were read off, so they are not added here."""
+        s = self.settings
+        if not s.enable_lora or s.engine != "vllm" or (self.version and self.version < LORA_IN_WEIGHTS_FROM):
+            return 0
+        elems = wmod.lora_slot_params(self.model, self.tp, self.pp, stage, max(1, s.max_lora_rank), max(1, s.max_loras))
+        return int(elems * dtype_bytes(self.dtype))
+
+    @property
+    def bnb_nested_absmax(self) -> bool:
+        """vLLM before 0.9.2 kept double-quantized bitsandbytes statistics compressed; 0.9.2 expands them
+        to fp32 at load (PR #19742, `dequantize_dq` in model_loader/bitsandbytes_loader.py)."""
+        return self.settings.engine == "vllm" and bool(self.version) and self.version < BNB_DQ_EXPANDED_FROM
 
     def weights_component(self, stage: int = 0) -> Component:
         value, how = self.weights(stage)
+        lora = self.lora_bytes(stage)
+        lora_note = (f"; includes {lora / 2**30:.2f} GiB of LoRA slots ({self.settings.max_loras} x rank "
+                     f"{self.settings.max_lora_rank}; embedding/LM-head LoRA not counted)") if lora else ""
+
         if how == "exact":
             return band("weights", value, 0.005, 0.01, EXACT,
-                        "bytes from the weight files' headers; load-time buffers add a little")
+                        "bytes from the weight files' headers; load-time buffers add a little" + lora_note)
         q = self.quant
         note = "computed from the architecture"
         rel = 0.02
@@ -63,6 +89,7 @@ class Context:
         if self.model.vision_params:
             note += "; vision tower from its config"
             rel = max(rel, 0.05)
+        note += lora_note
         return band("weights", value, rel, rel, FORMULA, note)
 
     def constant_component(self, name: str, key: str, note: str, in_budget: bool = True,
