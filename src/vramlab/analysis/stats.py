@@ -75,6 +75,10 @@ class Window:
         return (self.round, self.phase, self.step)
 
 
+# Above this share of untimed inter-token gaps a window's ITL is marked (report: "(ITL N% untimed)").
+ITL_UNTIMED_WARN = 0.10
+
+
 @dataclass(frozen=True)
 class RequestSummary:
     """The user layer of one window: volume, errors, throughput and latency distributions.
@@ -99,6 +103,24 @@ class RequestSummary:
     e2e_sched: Distribution | None
     dispatch_lag: Distribution | None
     cancelled: int = 0  # cut off by the end of the window (or Ctrl-C): left out of every figure above
+    # The gaps between token chunks of the successful requests: `itl` is built on `itl_timed` of
+    # them; `itl_untimed` could not be timed (a token read together with later bytes), None when no
+    # request stored the count (rows written before it was recorded).
+    itl_timed: int = 0
+    itl_untimed: int | None = None
+
+    @property
+    def itl_untimed_share(self) -> float | None:
+        """Share of the inter-token gaps that could not be timed; None when unknown or no gaps."""
+        if self.itl_untimed is None or self.itl_timed + self.itl_untimed == 0:
+            return None
+        return self.itl_untimed / (self.itl_timed + self.itl_untimed)
+
+    @property
+    def itl_few_timed(self) -> bool:
+        """More than ITL_UNTIMED_WARN of the gaps untimed: the ITL tail rests on the gaps left."""
+        share = self.itl_untimed_share
+        return share is not None and share > ITL_UNTIMED_WARN
 
 
 @dataclass(frozen=True)
@@ -146,6 +168,7 @@ def summarize_requests(
     n = len(reqs)
     per_s = (1.0 / duration_s) if duration_s > 0 else 0.0
     out_tokens = math.fsum(float(r.output_tokens or 0) for r in ok)
+    known = [r.itl_untimed_gaps for r in ok if r.itl_untimed_gaps is not None]
     good = None
     if slo is not None:
         good = sum(1 for r in ok if slo.met_by(r)) * per_s
@@ -166,6 +189,8 @@ def summarize_requests(
         e2e_sched=Distribution.of(r.e2e_from_scheduled_ms for r in ok),
         dispatch_lag=Distribution.of(r.dispatch_lag_ms for r in reqs),
         cancelled=cancelled,
+        itl_timed=sum(len(r.itl_ms) for r in ok),
+        itl_untimed=sum(known) if known else None,
     )
 
 

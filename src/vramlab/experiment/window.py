@@ -131,7 +131,8 @@ def request_record(res: RequestResult, run_id: str, t0: float, rnd: int, phase: 
         end_s=res.end_at - t0, ttft_ms=res.ttft_ms, tpot_ms=res.tpot_ms,
         e2e_ms=res.e2e_ms if keep else None, e2e_from_scheduled_ms=res.e2e_from_scheduled_ms if keep else None,
         ttft_from_scheduled_ms=res.ttft_from_scheduled_ms, dispatch_lag_ms=res.dispatch_lag_ms,
-        itl_ms=res.itl_ms, prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens,
+        itl_ms=res.itl_ms, itl_untimed_gaps=res.untimed_gaps,
+        prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens,
         output_tokens_source=res.output_tokens_source, reasoning_tokens=res.reasoning_tokens,
         status_code=res.status_code, error_class=res.error_class, error=res.error)
     assert fields.keys() == _REQUEST_FIELDS, fields.keys() ^ _REQUEST_FIELDS

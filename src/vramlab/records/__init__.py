@@ -36,7 +36,8 @@ RequestRecord (one per HTTP attempt)
 | ttft_ms, tpot_ms, e2e_ms | float \\| None | measured from the actual send |
 | ttft_from_scheduled_ms, e2e_from_scheduled_ms | float \\| None | measured from the scheduled send (coordinated omission) |
 | dispatch_lag_ms | float \\| None | sent_s - scheduled_s: how far the client fell behind |
-| itl_ms | list[float] | inter-token latencies |
+| itl_ms | list[float] | inter-token latencies: every gap between two token chunks whose arrival times are both known |
+| itl_untimed_gaps | int \\| None | gaps between token chunks left out of itl_ms: a token read together with later bytes has no arrival time of its own; None = not recorded (rows from before schema 4) |
 | prompt_tokens, output_tokens | int \\| None | output_tokens: content and reasoning together |
 | output_tokens_source | str \\| None | "usage" (the server's count) or "chunks" (counted stream chunks: an estimate) |
 | reasoning_tokens | int \\| None | of output_tokens, reasoning (`reasoning_content` / `reasoning` deltas; usage's reasoning_tokens when sent) |
@@ -143,6 +144,7 @@ class RequestRecord(_Record):
     ttft_from_scheduled_ms: float | None = None
     dispatch_lag_ms: float | None = None
     itl_ms: list[float] = Field(default_factory=list)
+    itl_untimed_gaps: int | None = None
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     output_tokens_source: str | None = None

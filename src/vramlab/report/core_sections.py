@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramlab.analysis.stats import ITL_UNTIMED_WARN, RequestSummary
 from vramlab.analysis.windows import PHASE_ORDER, WindowResult
 from vramlab.report import fmt
 from vramlab.report.blocks import Band, Block, Bullets, Chart, Marker, Series, Shade, Table, Text
@@ -32,6 +33,13 @@ def summary(ctx: ReportContext) -> list[Block]:
         f"{t.count} requests, {t.errors} errors ({fmt.pct(t.error_rate)}), "
         f"E2E P95 {fmt.ms(t.e2e.p95 if t.e2e else None)} ms, TTFT P95 {fmt.ms(t.ttft.p95 if t.ttft else None)} ms",
     ]
+    itl = itl_sentence(t)
+    if itl:
+        items.append(itl)
+    few = [_where(w.window) for w in (*a.phases, *a.steps) if w.requests.itl_few_timed]
+    if few:
+        items.append(f"ITL marked where over {ITL_UNTIMED_WARN:.0%} of the gaps could not be timed "
+                     "(its tail rests on the gaps left): " + ", ".join(few))
     if run.stop_reason:
         items.append(f"Stopped: {run.stop_reason}")
     hyp = run.plan.get("hypothesis")
@@ -165,12 +173,43 @@ def warnings(ctx: ReportContext) -> list[Block]:
 # memory), then the latency detail.
 _SIGNALS = ["requests", "err %", "req/s", "E2E P95 ms", "Δ E2E P95 vs baseline ms", "waiting max", "KV max",
             "GPU mem max GiB"]
-_DETAIL = ["out tok/s", "TTFT P95 ms", "E2E P50 ms", "E2E P99 ms", "E2E max ms", "E2E P95 from sched. ms"]
+_DETAIL = ["out tok/s", "TTFT P95 ms", "E2E P50 ms", "E2E P99 ms", "E2E max ms", "E2E P95 from sched. ms",
+           "ITL P99 ms", "ITL gaps timed / untimed"]
+
+
+def itl_sentence(r: RequestSummary) -> str | None:
+    """How many inter-token gaps the ITL figures rest on, and how many could not be timed; None
+    when the requests had no gaps at all."""
+    untimed = r.itl_untimed
+    if r.itl_timed + (untimed or 0) == 0:
+        return None
+    p99 = fmt.ms(r.itl.p99 if r.itl else None)
+    line = f"ITL P99 {p99} ms over {r.itl_timed:,} timed gaps; "
+    if untimed is None:
+        return line + "how many could not be timed was not recorded"
+    line += f"{untimed:,} ({fmt.pct(r.itl_untimed_share)}) read together with later bytes, not timed"
+    if r.itl_few_timed:
+        line += f" — over {ITL_UNTIMED_WARN:.0%}: the ITL tail rests on the gaps left"
+    return line
+
+
+def itl_gaps_cell(r: RequestSummary) -> str:
+    """The table cell: timed / untimed (share); "–" for no gaps, "?" for an unrecorded untimed count."""
+    untimed = r.itl_untimed
+    if r.itl_timed + (untimed or 0) == 0:
+        return "–"
+    if untimed is None:
+        return f"{r.itl_timed:,} / ?"
+    return f"{r.itl_timed:,} / {untimed:,} ({fmt.pct(r.itl_untimed_share)})"
 
 
 def _lag_mark(res: WindowResult) -> str:
-    """A window whose latencies include the load generator's own lag (the runner's self-check)."""
-    return " (client lag)" if res.window.client_lag else ""
+    """A window whose latencies include the load generator's own lag (the runner's self-check), and
+    one whose ITL rests on few gaps (more than ITL_UNTIMED_WARN of them could not be timed)."""
+    mark = " (client lag)" if res.window.client_lag else ""
+    if res.requests.itl_few_timed:
+        mark += f" (ITL {fmt.pct(res.requests.itl_untimed_share)} untimed)"
+    return mark
 
 
 def _signal_row(res: WindowResult, delta: float | None) -> list[str]:
@@ -184,7 +223,8 @@ def _detail_row(res: WindowResult) -> list[str]:
     r, e2e = res.requests, res.requests.e2e
     return [fmt.rate(r.output_tok_s), fmt.ms(r.ttft.p95 if r.ttft else None), fmt.ms(e2e.p50 if e2e else None),
             fmt.ms(e2e.p99 if e2e else None), fmt.ms(e2e.max if e2e else None),
-            fmt.ms(r.e2e_sched.p95 if r.e2e_sched else None)]
+            fmt.ms(r.e2e_sched.p95 if r.e2e_sched else None), fmt.ms(r.itl.p99 if r.itl else None),
+            itl_gaps_cell(r)]
 
 
 def phases(ctx: ReportContext) -> list[Block]:
@@ -196,7 +236,7 @@ def phases(ctx: ReportContext) -> list[Block]:
         for name, res in sorted(comp.phases.items(), key=lambda kv: (PHASE_ORDER.get(kv[0], 9), kv[0])):
             d = comp.deltas.get(name, {}).get("e2e_p95_ms")
             sig.append([str(comp.round), name + _lag_mark(res), *_signal_row(res, d.delta if d else None)])
-            det.append([str(comp.round), name, *_detail_row(res)])
+            det.append([str(comp.round), name + _lag_mark(res), *_detail_row(res)])
     return [
         Text("User layer (requests, errors, latency), service layer (queue, KV cache) and resource layer "
              "(GPU memory) side by side, one row per round and phase. Latencies are of successful requests."),

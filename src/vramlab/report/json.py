@@ -7,10 +7,18 @@ import json
 import math
 from typing import Any
 
+from vramlab.analysis.stats import ITL_UNTIMED_WARN, RequestSummary
 from vramlab.analysis.windows import WindowResult
 from vramlab.report.sections import Document, ReportContext
 
 SCHEMA = "vramlab.report/1"
+
+
+def itl_gaps(r: RequestSummary) -> dict[str, Any]:
+    """The inter-token gaps the ITL figures rest on: timed, untimed (None: not recorded), their
+    share, and whether the window is marked (over ITL_UNTIMED_WARN untimed)."""
+    return {"timed": r.itl_timed, "untimed": r.itl_untimed, "untimed_share": r.itl_untimed_share,
+            "marked": r.itl_few_timed, "mark_above_share": ITL_UNTIMED_WARN}
 
 
 def _window(res: WindowResult) -> dict[str, Any]:
@@ -25,6 +33,7 @@ def _window(res: WindowResult) -> dict[str, Any]:
         "duration_s": w.duration_s,
         "requests": dataclasses.asdict(res.requests),
         "resources": dataclasses.asdict(res.resources),
+        "itl_gaps": itl_gaps(res.requests),
     }
 
 
@@ -48,6 +57,7 @@ def report_data(ctx: ReportContext, doc: Document) -> dict[str, Any]:
         "duration_s": a.duration_s,
         "warnings": a.warnings,
         "totals": dataclasses.asdict(a.totals),
+        "itl_gaps": itl_gaps(a.totals),
         "phases": [_window(p) for p in a.phases],
         "steps": [_window(s) for s in a.steps],
         "comparisons": [

@@ -57,7 +57,13 @@ def _m3_token_accounting(conn: sa.Connection) -> None:
     _add_missing_columns(conn, schema.requests, ("output_tokens_source", "reasoning_tokens"))
 
 
-MIGRATIONS: list[Callable[[sa.Connection], None]] = [_m1_initial, _m2_heartbeat, _m3_token_accounting]
+def _m4_itl_untimed_gaps(conn: sa.Connection) -> None:
+    # How many inter-token gaps of a request could not be timed (#15); older rows read None (unknown).
+    _add_missing_columns(conn, schema.requests, ("itl_untimed_gaps",))
+
+
+MIGRATIONS: list[Callable[[sa.Connection], None]] = [_m1_initial, _m2_heartbeat, _m3_token_accounting,
+                                                     _m4_itl_untimed_gaps]
 LATEST = len(MIGRATIONS)
 
 

@@ -67,6 +67,7 @@ requests = sa.Table(
     sa.Column("ttft_from_scheduled_ms", sa.Double),
     sa.Column("dispatch_lag_ms", sa.Double),
     sa.Column("itl_ms", sa.JSON, nullable=False),
+    sa.Column("itl_untimed_gaps", sa.Integer),
     sa.Column("prompt_tokens", sa.Integer),
     sa.Column("output_tokens", sa.Integer),
     sa.Column("output_tokens_source", sa.String(16)),
