@@ -36,7 +36,10 @@ def summary(ctx: ReportContext) -> list[Block]:
     itl = itl_sentence(t)
     if itl:
         items.append(itl)
-    few = [_where(w.window) for w in (*a.phases, *a.steps) if w.requests.itl_few_timed]
+    # Per step where the run has steps (a phase row would repeat its one step's), else per phase.
+    stepped = {(s.window.round, s.window.phase) for s in a.steps}
+    few = [_where(w.window) for w in (*(p for p in a.phases if (p.window.round, p.window.phase) not in stepped),
+                                      *a.steps) if w.requests.itl_few_timed]
     if few:
         items.append(f"ITL marked where over {ITL_UNTIMED_WARN:.0%} of the gaps could not be timed "
                      "(its tail rests on the gaps left): " + ", ".join(few))
