@@ -363,7 +363,7 @@ class OpenAIClient:
         )
 
     async def _exchange_fast(self, data: bytes, st: _Stream, sent: float) -> tuple[int, str | None, str | None]:
-        from vramlab.load.fasthttp import FastHttpError, StopBody
+        from vramlab.load.h1response import FastHttpError, StopBody
 
         feed = self.feed
 
