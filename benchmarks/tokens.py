@@ -309,15 +309,15 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
     else:
         async with OpenAIClient(cfg["url"], "bench", max_connections=n + 8, timeout_s=120, http_client=via) as client:
             if cfg.get("dump"):
-                from vramlab.load import fasthttp
+                from vramlab.load import h1response
 
-                init = fasthttp._Response.__init__
+                init = h1response.Response.__init__
 
                 def spy(self: Any, conn: Any, fut: Any, sink: Any) -> None:
                     init(self, conn, fut, sink)
                     ports[asyncio.current_task()] = conn.sock.getsockname()[1]
 
-                fasthttp._Response.__init__ = spy  # type: ignore[method-assign]
+                h1response.Response.__init__ = spy  # type: ignore[method-assign]
                 clock.append(client._pool.clock)
             mon = asyncio.ensure_future(cpu_window())
             if cfg.get("profile"):

@@ -7,7 +7,7 @@ import pytest
 from capacity_models import LLAMA_31_8B, LLAMA_32_3B, QWEN3_8B, spec
 from vramlab.capacity import GIB, Constants, EngineSettings, estimate, get_gpu
 from vramlab.capacity.engines.common import Context
-from vramlab.capacity.engines.vllm import defaults, engine_kind
+from vramlab.capacity.engines.vllm_eras import defaults, engine_kind
 from vramlab.errors import ConfigError
 
 H100, A100, T4, L4 = (get_gpu(n) for n in ("h100-80gb", "a100-80gb", "t4", "l4"))

@@ -250,7 +250,8 @@ class _FakeResp:
 @given(st.lists(sse_events, max_size=12), st.sampled_from([b"\n\n", b"\r\n\r\n", b"\n"]),
        st.lists(st.integers(1, 64), min_size=1, max_size=8), st.sampled_from(["openai-chat", "openai-completions"]))
 def test_fuzz_sse_stream(events: list[bytes], sep: bytes, cuts: list[int], api: str) -> None:
-    from vramlab.load.client import OpenAIClient, _Stream
+    from vramlab.load.client import OpenAIClient
+    from vramlab.load.sse import Stream
 
     raw = sep.join(events) + sep
     chunks, i, k = [], 0, 0
@@ -261,7 +262,7 @@ def test_fuzz_sse_stream(events: list[bytes], sep: bytes, cuts: list[int], api: 
     client = OpenAIClient("http://127.0.0.1:1", "m", api)  # type: ignore[arg-type]
 
     def go() -> None:
-        st_ = _Stream()
+        st_ = Stream()
         asyncio.run(client._read_stream(_FakeResp(chunks), st_))
         assert st_.error is None or isinstance(st_.error, str)
         assert all(isinstance(t, float) for t in st_.times)

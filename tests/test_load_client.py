@@ -278,7 +278,8 @@ def test_an_endless_sse_line_ends_the_stream_instead_of_growing_the_buffer() -> 
     at MAX_EVENT_BYTES with a broken-stream error, holding at most that much."""
     import asyncio
 
-    from vramlab.load.client import MAX_EVENT_BYTES, OpenAIClient, _Stream
+    from vramlab.load.client import OpenAIClient
+    from vramlab.load.sse import MAX_EVENT_BYTES, Stream
 
     sent = [0]
 
@@ -292,7 +293,7 @@ def test_an_endless_sse_line_ends_the_stream_instead_of_growing_the_buffer() -> 
     class Resp:
         content = Endless()
 
-    st = _Stream()
+    st = Stream()
     client = OpenAIClient("http://127.0.0.1:1", "m", "openai-chat")  # type: ignore[arg-type]
     asyncio.run(client._read_stream(Resp(), st))
     assert st.done and st.error is not None and "blank line" in st.error

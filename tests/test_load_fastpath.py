@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vramlab.load import client as client_mod
-from vramlab.load.client import OpenAIClient, _Stream, _token_piece
+from vramlab.load import sse as sse_mod
+from vramlab.load.client import OpenAIClient
+from vramlab.load.sse import Stream, token_piece
 
 
 class _Reads:
@@ -63,10 +64,10 @@ def chunks(draw: Any, chat: bool) -> dict[str, Any]:
 def _count(c: OpenAIClient, payload: bytes, fast: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...]:
     with monkeypatch.context() as m:
         if not fast:
-            m.setattr(client_mod, "_token_piece", lambda payload, key: None)
-            m.setattr(client_mod, "_usage_only", lambda payload: None)
-        s = _Stream()
-        c._event(b"data: " + payload, 1.0, s)
+            m.setattr(sse_mod, "token_piece", lambda payload, key: None)
+            m.setattr(sse_mod, "usage_only", lambda payload: None)
+        s = Stream()
+        c.sse.event(b"data: " + payload, 1.0, s)
     # finished matters only for a stream without a token (an empty completion): compare what it decides
     return (s.first, tuple(s.times), s.reasoning, s.finished or bool(s.times), s.usage_out, s.usage_in,
             s.usage_reasoning, s.error, s.done)
@@ -86,20 +87,20 @@ def test_fast_path_counts_what_the_full_parse_counts(api: str, data: Any) -> Non
 
 def test_plain_chunks_skip_the_parse_and_others_do_not() -> None:
     chat = b'"content":'
-    content, reasoning = client_mod._CONTENT, client_mod._REASONING
-    assert _token_piece(b'{"choices":[{"index":0,"delta":{"content":"hi"}}]}', chat) == content
+    content, reasoning = sse_mod.CONTENT, sse_mod.REASONING
+    assert token_piece(b'{"choices":[{"index":0,"delta":{"content":"hi"}}]}', chat) == content
     # the role chunk and an empty or null content take the full parse (it may carry the finish_reason)
-    assert _token_piece(b'{"choices": [{"delta": {"role": "assistant", "content": ""}}]}', chat) is None
-    assert _token_piece(b'{"choices":[{"delta":{"content":null}}]}', chat) is None
+    assert token_piece(b'{"choices": [{"delta": {"role": "assistant", "content": ""}}]}', chat) is None
+    assert token_piece(b'{"choices":[{"delta":{"content":null}}]}', chat) is None
     # vLLM's reasoning parser: reasoning_content (older) or reasoning (newer), content null or absent
-    assert _token_piece(b'{"choices":[{"delta":{"reasoning_content":"Let","content":null}}]}', chat) == reasoning
-    assert _token_piece(b'{"choices":[{"delta":{"reasoning":" me"}}]}', chat) == reasoning
-    assert _token_piece(b'{"choices":[{"delta":{"reasoning_content":"","content":"x"}}]}', chat) == content
-    assert _token_piece(b'{"choices":[],"usage":{"completion_tokens":3}}', chat) is None
-    assert _token_piece(b'{"error":{"message":"CUDA out of memory"}}', chat) is None
-    assert _token_piece(b'{"choices":[{"delta":{"content":"hi"', chat) is None  # truncated: parse, and fail
-    assert _token_piece(b'not json', chat) is None
-    assert _token_piece(b'{"choices":[{"text":" t1"}]}', b'"text":') == content
+    assert token_piece(b'{"choices":[{"delta":{"reasoning_content":"Let","content":null}}]}', chat) == reasoning
+    assert token_piece(b'{"choices":[{"delta":{"reasoning":" me"}}]}', chat) == reasoning
+    assert token_piece(b'{"choices":[{"delta":{"reasoning_content":"","content":"x"}}]}', chat) == content
+    assert token_piece(b'{"choices":[],"usage":{"completion_tokens":3}}', chat) is None
+    assert token_piece(b'{"error":{"message":"CUDA out of memory"}}', chat) is None
+    assert token_piece(b'{"choices":[{"delta":{"content":"hi"', chat) is None  # truncated: parse, and fail
+    assert token_piece(b'not json', chat) is None
+    assert token_piece(b'{"choices":[{"text":" t1"}]}', b'"text":') == content
 
 
 @pytest.mark.parametrize("wire", [b"\n\n", b"\r\n\r\n"])
@@ -115,7 +116,7 @@ def test_events_split_across_reads_are_put_back_together(wire: bytes) -> None:
         content = _Reads([raw[i:i + 7] for i in range(0, len(raw), 7)])
 
     c = OpenAIClient("http://127.0.0.1:1", "m")
-    s = _Stream()
+    s = Stream()
     asyncio.run(c._read_stream(Resp(), s))
     assert len(s.times) == 2 and s.reasoning == 1 and s.finished and s.done
 
@@ -141,11 +142,11 @@ def test_whole_event_reads_count_what_the_event_parser_counts(data: Any) -> None
         content = _Reads(reads)
 
     c = OpenAIClient("http://127.0.0.1:1", "m")
-    got = _Stream()
+    got = Stream()
     asyncio.run(c._read_stream(Resp(), got))
-    want = _Stream()
+    want = Stream()
     for e in events:
-        c._event(e, 0.0, want)
+        c.sse.event(e, 0.0, want)
         if want.done:
             break
     assert (len(got.times), got.reasoning, got.finished or bool(got.times), got.usage_out, got.error) == \

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from vramlab.load.client import OpenAIClient, RequestResult, fast_path_refusal
-from vramlab.load.fasthttp import SO_TIMESTAMPNS
+from vramlab.load.kstamp import SO_TIMESTAMPNS
 from vramlab.load.prompts import Prompt
 
 P = Prompt("hello", 1, 4)
@@ -326,15 +326,15 @@ def test_ipv6_loopback_and_a_path_prefix() -> None:
 def test_clock_follows_wall_clock_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """The wall clock (the kernel stamps' clock) is stepped by 1.5 ms while data waits to be read:
     a stamp from before the step converts with the offset of before, one after with the new one."""
-    from vramlab.load import fasthttp
+    from vramlab.load import kstamp
 
     now = [100.0]  # perf_counter
     wall = [1_000_000.0]  # time.time() - perf_counter() before the step
 
-    monkeypatch.setattr(fasthttp.time, "perf_counter", lambda: now[0])
-    monkeypatch.setattr(fasthttp.time, "time", lambda: now[0] + wall[0])
-    monkeypatch.setattr(fasthttp.time, "time_ns", lambda: int((now[0] + wall[0]) * 1e9))
-    clock = fasthttp.Clock()
+    monkeypatch.setattr(kstamp.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(kstamp.time, "time", lambda: now[0] + wall[0])
+    monkeypatch.setattr(kstamp.time, "time_ns", lambda: int((now[0] + wall[0]) * 1e9))
+    clock = kstamp.Clock()
 
     def stamp(perf: float, off: float) -> tuple[int, int]:
         ns = round((perf + off) * 1e9)
@@ -381,7 +381,7 @@ def test_chunked_decoder_over_random_reads() -> None:
     terminal chunk with the connection reusable."""
     import random
 
-    from vramlab.load.fasthttp import _Response
+    from vramlab.load.h1response import Response
 
     class Pool:
         def __init__(self) -> None:
@@ -414,7 +414,7 @@ def test_chunked_decoder_over_random_reads() -> None:
             got: list[bytes] = []
             conn = Conn()
             fut = loop.create_future()
-            resp = _Response(conn, fut, lambda d, t, exact, got=got: got.append(d) or False)  # type: ignore[arg-type, misc]
+            resp = Response(conn, fut, lambda d, t, exact, got=got: got.append(d) or False)  # type: ignore[arg-type, misc]
             conn.resp = resp  # type: ignore[assignment]
             for r in reads:
                 resp.feed(r, 0.0)

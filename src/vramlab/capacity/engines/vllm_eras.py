@@ -1,0 +1,261 @@
+"""What vLLM resolves before it profiles anything, release by release (research/capacity-anchors.md §1).
+
+The era tables (the release each rule starts or ends in, with the source line it comes from) and the
+decisions read off them: V0 or V1, the batch defaults of each release and card, V0's chunked prefill,
+the profiled sampler's path, vLLM's own refusals for a card, and the eras and cards whose terms no log
+has measured (their bands widen). vllm.py turns the resolved ``Setup`` into components and limits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramlab.capacity.engines.common import Context
+from vramlab.capacity.estimate import GIB
+from vramlab.errors import ConfigError
+
+V1_DEFAULT_FROM = (0, 8)
+V0_REMOVED_IN = (0, 11)
+# vllm/v1/worker/gpu_worker.py `init_device`: 0.9.1 takes `self.init_snapshot = MemorySnapshot()` (after the
+# CUDA context); 0.8.x-0.9.0 `determine_available_memory` instead adds every non-torch byte on the card
+# (`non_torch_allocations = total_allocated_bytes - torch_allocated_bytes`), the context included.
+V1_SNAPSHOT_FROM = (0, 9, 1)
+# The snapshot precedes `init_worker_distributed_environment` in 0.9.1-0.10.2 (NCCL inside the budget's
+# non-torch increase) and follows it from 0.11.0 (NCCL outside).
+NCCL_BEFORE_SNAPSHOT_FROM = (0, 11)
+# The 0.20.0 wheel already ships both (its log calls the estimate "default since v0.21.0", the development name;
+# 0.21.0 has no CUDA wheel): envs VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "1" (0.19: "0") and
+# config/cache.py gpu_memory_utilization defaults to 0.92 (0.19: 0.9).
+GRAPH_ESTIMATE_FROM = (0, 20)
+UTIL_092_FROM = (0, 20)
+V1_BATCH_BY_NAME_ONLY_FROM = (0, 8, 4)  # 0.8.0-0.8.3: `default_max_num_seqs = 1024` whatever the card
+V1_BATCH_BY_MEMORY_FROM = (0, 8, 5)  # `device_memory >= 70 * GiB_bytes` replaces the H100/H200 name test
+BATCH_DEFAULTS_BY_GPU_FROM = (0, 9)  # ... and A100 is excluded ("NOTE(Kuntai)", PR #17885)
+TOKENS_AS_CONCURRENCY_FROM = (0, 27)
+# V0 EngineArgs: `use_long_context = max_model_len > 32K` turns chunked prefill on (CUDA, no
+# sliding window); the scheduler then profiles max_num_batched_tokens, 512 in the 0.6 series
+# ("Chunked prefill is enabled with max_num_batched_tokens=512."), 2048 later.
+V0_LONG_CONTEXT_ABOVE = 32 * 1024
+V0_CHUNKED_BUDGET_2048_FROM = (0, 7)
+# The oldest and newest releases whose terms come from logs or source of that era.
+MODELLED_FROM, MODELLED_UP_TO = (0, 5), (0, 29, 99)
+# V0 MLACommonImpl.process_weights_after_loading (vllm/attention/backends/mla/utils.py, 0.7.x) keeps
+# "absorbed weights for decode and another copy of raw weights for prefill". MLA came to V0 in 0.7.1;
+# which release dropped the absorption is not pinned, so 0.8+ V0 MLA keeps its band widened instead.
+V0_MLA_ABSORPTION = ((0, 7, 1), (0, 8))
+PRE_AMPERE = ("pascal", "volta", "turing")
+# The V1 profile's dummy sampler (`_dummy_sampler_run`: top_p 0.9 and top_k vocab-1 on every sequence) takes
+# one of three paths (vllm/v1/sample/ops/topk_topp_sampler.py): `apply_top_k_top_p` sorts the fp32 logits
+# (values + int64 indices, softmax, cumsum, scatter); FlashInfer's top_k_top_p_sampling_from_logits and the
+# Triton kernel of 0.17+ (`apply_top_k_top_p_triton` for batches >= 8) do not sort.
+FLASHINFER_OPT_IN_FROM = (0, 11, 1)  # <= 0.11.0: `VLLM_USE_FLASHINFER_SAMPLER is not False` = on when importable;
+# the wheel requires flashinfer-python only from 0.11.1 (before: the `flashinfer` extra, or the docker image)
+TRITON_TOP_K_TOP_P_FROM = (0, 17)
+FLASHINFER_SAMPLER_DEFAULT_FROM = (0, 22)  # envs.VLLM_USE_FLASHINFER_SAMPLER: bool = True (0.20: None = opt-in)
+SORT_SAMPLER, FLASHINFER_SAMPLER, TRITON_SAMPLER = "sort", "flashinfer", "triton"
+# gpu_model_runner.py `_dummy_sampler_run`, 0.22.0 on (absent in 0.20.0): after the FlashInfer run the profile calls the
+# sampler again with a per-request generator "to warm forward_native", which FlashInfer cannot take: `forward_cuda` falls
+# back to `forward_native` -> `apply_top_k_top_p`, the Triton kernel for >= 8 sequences (the sort below 8). The profiled
+# peak is the larger of the two runs (not in the 'processed_logits' / 'processed_logprobs' logprobs modes).
+WARM_NATIVE_SAMPLER_FROM = (0, 22)
+TRITON_MIN_BATCH = 8  # topk_topp_sampler.py: `if HAS_TRITON and logits.shape[0] >= 8`
+# The fused-MoE caches: per-call temporaries (fused_moe.py `cache13 = torch.empty(...)`), freed before the sampler
+# runs, until 0.13.0 moved them into the persistent `current_workspace_manager()` (fused_moe/modular_kernel.py).
+MOE_WORKSPACE_PERSISTS_FROM = (0, 13)
+UNKNOWN_TERM_BAND = 0.5  # added to the band of a term whose value for this era/card is not measured
+# vllm/utils/mem_utils.py `memory_profiling`, 0.27.0 on: non_kv_cache_memory = total_consumed (the init snapshot's free
+# memory less the free memory after the profile, cudaMemGetInfo) + transient_peak_headroom (torch peak less what is
+# still allocated); 0.19-0.26: weights_memory + torch_peak_increase + non_torch_increase. The new sum also charges the
+# budget with torch memory held outside the weights from before the profile and the allocator's cached segments that
+# empty_cache cannot release; their size follows the install and the allocator, not the model's shapes.
+TOTAL_CONSUMED_FROM = (0, 27)
+# 0.27+ logs that print the split ("X GiB for consumed memory (weights + non-torch)" beside "Model loading took W GiB"):
+# one card, 0.26-0.30 GiB beyond the weights (0.31.0 A100 Llama-3.1-8B r113, 0.27.1 RTX 4090 Qwen2.5-0.5B r114), what
+# non_torch_forward_bytes plans; TP 4 over PCIe without custom all-reduce (0.27.1, 4x RTX PRO 6000, r110) 1.70 GiB, the
+# fused-MoE workspace included, against 0.15 GiB of NCCL growth read off 0.10 rows: the high end reaches it there.
+CONSUMED_BEYOND_WEIGHTS_SEEN = 1.70 * GIB
+# V1 PP over PCIe: the tightest stage of 0.27.1 PP 4 (r112) and 0.28.0 PP 2 (r216) kept 0.9 GiB more non-KV memory than
+# planned, 0.3-0.6 GiB more than TP on the same cards (r110, r215); which term (NCCL send/recv, the PP intermediate
+# buffers) is not pinned. A band, never a planned value.
+PP_PCIE_UNEXPLAINED_SEEN = 0.9 * GIB
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The settings vLLM resolves before it profiles anything."""
+
+    mode: str  # "v0" | "v1"
+    utilization: float
+    max_num_seqs: int
+    profile_tokens: int  # max_num_batched_tokens: the dummy forward's batch
+    max_model_len: int
+    chunked_prefill: bool
+    nccl_outside_budget: bool
+    context_outside_budget: bool
+    sampler_path: str  # "sort" | "flashinfer" | "triton": the profiled sampler's kernel
+    sampler_path_known: bool  # False: which path runs depends on the install (band widened to the other)
+    graphs_in_budget: bool
+    multi_gpu: bool
+    unknown_terms: tuple[str, ...]  # why bands are widened
+
+
+def engine_kind(ctx: Context) -> str:
+    version, asked = ctx.version, (ctx.settings.vllm_engine or "").lower()
+    if asked == "v0" and version and version >= V0_REMOVED_IN:
+        raise ConfigError(f"vLLM {ctx.settings.resolved_version} has no V0 engine (removed in 0.11; "
+                          "leave out --engine-version to plan the last release that had it)")
+    if asked in ("v0", "v1"):
+        return asked
+    return "v1" if not version or version >= V1_DEFAULT_FROM else "v0"
+
+
+def defaults(ctx: Context, kind: str) -> tuple[float, int, int]:
+    """(gpu_memory_utilization, max_num_seqs, max_num_batched_tokens) as vLLM would pick them."""
+    settings, version = ctx.settings, ctx.version
+    util = settings.gpu_memory_utilization or (0.92 if version and version >= UTIL_092_FROM else 0.9)
+    if kind == "v0":
+        seqs = settings.max_num_seqs or 256
+        if v0_chunked_prefill(ctx):
+            budget = 2048 if not version or version >= V0_CHUNKED_BUDGET_2048_FROM else 512
+            return util, seqs, settings.max_num_batched_tokens or budget
+        return util, seqs, settings.max_num_batched_tokens or max(context_length(ctx), 2048)
+    big, seqs_big_anyway = v1_big_card(ctx)
+    tokens_default = (8192 if settings.api_server else 16384) if big else (2048 if settings.api_server else 8192)
+    seqs_default = 1024 if big or seqs_big_anyway else 256
+    return util, settings.max_num_seqs or seqs_default, settings.max_num_batched_tokens or tokens_default
+
+
+def v1_big_card(ctx: Context) -> tuple[bool, bool]:
+    """(the larger batch defaults apply, max_num_seqs is 1024 on every card) as `EngineArgs._set_default_args_v1`
+    of each release decides: 0.8.0-0.8.3 1024 sequences everywhere and the larger token budget on H100/H200 by
+    device name; 0.8.4 both on H100/H200 only; 0.8.5 on cards of >= 70 GiB; 0.9.0 excludes A100 (PR #17885)."""
+    version, gpu = ctx.version, ctx.gpu
+    by_name = "h100" in gpu.name or "h200" in gpu.name
+    if version and version < V1_BATCH_BY_NAME_ONLY_FROM:
+        return by_name, True
+    if version and version < V1_BATCH_BY_MEMORY_FROM:
+        return by_name, False
+    if version and version < BATCH_DEFAULTS_BY_GPU_FROM:
+        return gpu.memory_gib >= 70, False
+    return gpu.memory_gib >= 70 and not gpu.is_a100, False
+
+
+def v0_chunked_prefill(ctx: Context) -> bool:
+    """V0 turns chunked prefill on for contexts above 32k on CUDA models without a sliding window."""
+    asked = ctx.settings.enable_chunked_prefill
+    if asked is not None:
+        return asked
+    return (context_length(ctx) > V0_LONG_CONTEXT_ABOVE and ctx.gpu.vendor == "nvidia"
+            and not ctx.model.sliding_window)
+
+
+def context_length(ctx: Context) -> int:
+    length = ctx.settings.max_model_len or ctx.model_max_len
+    if not length:
+        raise ConfigError(f"the context length of {ctx.model.name} is unknown (no max_position_embeddings "
+                          "in its config): pass --max-model-len")
+    return length
+
+
+def sampler_path(ctx: Context, kind: str) -> tuple[str, bool]:
+    """(the profiled sampler's path, whether the release alone decides it). `--flashinfer-sampler on|off`
+    stands for VLLM_USE_FLASHINFER_SAMPLER / FlashInfer being installed; None = the release's default."""
+    asked, version = ctx.settings.flashinfer_sampler, ctx.version or ()
+    if kind == "v0":
+        return SORT_SAMPLER, True  # V0's sampler sorts; FlashInfer only with VLLM_USE_FLASHINFER_SAMPLER=1
+    without = TRITON_SAMPLER if not version or version >= TRITON_TOP_K_TOP_P_FROM else SORT_SAMPLER
+    if asked is not None:
+        return (FLASHINFER_SAMPLER if asked else without), True
+    if version and version < FLASHINFER_OPT_IN_FROM:
+        # FlashInfer runs whenever it is importable: a plain `pip install vllm` lacks it, the docker image has it.
+        return SORT_SAMPLER, False
+    if not version or version >= FLASHINFER_SAMPLER_DEFAULT_FROM:
+        return FLASHINFER_SAMPLER, True
+    return without, True
+
+
+SAMPLER_KEYS = {SORT_SAMPLER: "legacy_sampler_bytes_per_seq_vocab",
+                FLASHINFER_SAMPLER: "flashinfer_sampler_bytes_per_seq_vocab",
+                TRITON_SAMPLER: "sampler_bytes_per_seq_vocab"}
+
+
+def nvls(ctx: Context) -> bool:
+    """NCCL NVLink-SHARP buffers exist on NVSwitch systems of Hopper and Blackwell cards."""
+    gpu = ctx.gpu
+    if ctx.settings.gpu_p2p is False:
+        return False
+    return gpu.arch in ("hopper", "blackwell") and "pcie" not in gpu.name and gpu.nominal_gb >= 80
+
+
+def unknown_terms(ctx: Context, kind: str) -> tuple[str, ...]:
+    """Eras and cards whose overhead terms no log of theirs has measured: their bands widen."""
+    out = []
+    version, gpu = ctx.version, ctx.gpu
+    if version and version < MODELLED_FROM:
+        out.append(f"vLLM {ctx.settings.resolved_version} predates the profiling of 0.5+ (no log of that era here)")
+    if version and version > MODELLED_UP_TO:
+        out.append(f"vLLM {ctx.settings.resolved_version} is newer than the newest release modelled (0.29)")
+    if gpu.vendor == "amd":
+        out.append("ROCm: HIP graphs, quick all-reduce and the ROCm attention backends are not measured")
+    if gpu.arch in PRE_AMPERE and kind == "v1":
+        out.append(f"V1 on {gpu.arch.title()}: its attention backend's profile peak is not measured")
+    if ctx.settings.in_trainer:
+        # Unsloth notebooks (vLLM inside GRPO trainers): KV off by -41 % to +100 % around a 0.3 % median elsewhere.
+        out.append("vLLM inside a training process: the trainer's own allocations in the same process "
+                   "(optimizer state, LoRA buffers, shared weights) are not modelled")
+    multi_gpu = ctx.tp * ctx.pp > 1
+    if kind == "v1" and multi_gpu and ctx.on_nvswitch and version and version < NCCL_BEFORE_SNAPSHOT_FROM:
+        # Before 0.11 NCCL init and its NVLink/NVLS buffers fall inside V1's profiling window; their size is
+        # measured on 0.19 H100 nodes (outside the window), not on a release of this era.
+        out.append(f"V1 {ctx.settings.resolved_version} at TP/PP > 1 on an NVSwitch node: NCCL init counts against "
+                   "the budget before 0.11, and its size (with the NVLink-SHARP buffers) is measured only on 0.19")
+    if kind == "v1" and ctx.tp > 1 and not nvls(ctx) and version and version >= NCCL_BEFORE_SNAPSHOT_FROM:
+        # non_torch_forward_tp_nonvls_bytes is read off 0.10 rows; 0.27.1 on 4 PCIe RTX PRO 6000 (r110) printed
+        # 1.70 GiB of "consumed memory (weights + non-torch)" beyond its weights.
+        out.append(f"V1 {ctx.settings.resolved_version} at TP > 1 without NVLink-SHARP: the non-torch growth is measured "
+                   "on 0.10 only (0.15 GiB there; up to 1.7 GiB seen on 0.27 PCIe nodes)")
+    if kind == "v1" and ctx.pp > 1 and not ctx.on_nvswitch and version and version >= NCCL_BEFORE_SNAPSHOT_FROM:
+        # non_torch_forward_pp_bytes is read off 0.19 H100 (NVLink) PP rows.
+        out.append(f"V1 {ctx.settings.resolved_version} at PP > 1 without NVLink: the stages' non-torch growth is measured "
+                   "on 0.19 NVLink nodes only (0.07 GiB); 0.27-0.28 PP on PCIe cards left up to 0.9 GiB more non-KV "
+                   "memory on the tightest stage than planned")
+    if kind == "v0" and ctx.model.is_mla:
+        # DeepSeek-R1 on 8x H200, V0 ~0.7.3: weights 83.88 GiB (headers 79.4), non-torch 7.16 GiB.
+        out.append("V0 with MLA: the non-torch term at this size is not modelled" if v0_mla_absorbs(ctx) else
+                   "V0 with MLA: the absorbed MLA matrices of this release and the non-torch term are not modelled")
+    return tuple(out)
+
+
+def v0_mla_absorbs(ctx: Context) -> bool:
+    low, high = V0_MLA_ABSORPTION
+    return ctx.model.is_mla and ctx.version is not None and low <= ctx.version < high
+
+
+def resolve_setup(ctx: Context) -> Setup:
+    kind = engine_kind(ctx)
+    check_card(ctx, kind)
+    util, seqs, tokens = defaults(ctx, kind)
+    path, path_known = sampler_path(ctx, kind)
+    if not 0 < util <= 1:
+        raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
+    version = ctx.version
+    return Setup(
+        mode=kind, utilization=util, max_num_seqs=seqs, profile_tokens=tokens, max_model_len=context_length(ctx),
+        chunked_prefill=kind == "v1" or v0_chunked_prefill(ctx),
+        nccl_outside_budget=kind == "v1" and (not version or version >= NCCL_BEFORE_SNAPSHOT_FROM),
+        context_outside_budget=kind == "v0" or not version or version >= V1_SNAPSHOT_FROM,
+        sampler_path=path, sampler_path_known=path_known,
+        graphs_in_budget=kind == "v1" and (not version or version >= GRAPH_ESTIMATE_FROM)
+        and not ctx.settings.enforce_eager,
+        multi_gpu=ctx.tp * ctx.pp > 1, unknown_terms=unknown_terms(ctx, kind))
+
+
+def check_card(ctx: Context, kind: str) -> None:
+    """vLLM's own refusals for a card: compute capability below 7.0, bf16 before Ampere."""
+    gpu = ctx.gpu
+    if gpu.arch == "pascal":
+        raise ConfigError(f"vLLM needs compute capability 7.0 or newer; {gpu.name} (Pascal) is 6.x "
+                          "(use llama.cpp, or a community Pascal build of vLLM)")
+    if gpu.arch in PRE_AMPERE and ctx.settings.dtype in ("bfloat16", "bf16"):
+        raise ConfigError(f"Bfloat16 is only supported on GPUs with compute capability of at least 8.0; "
+                          f"{gpu.name} ({gpu.arch.title()}) is older: use --dtype half")
