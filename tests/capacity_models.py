@@ -2,7 +2,32 @@
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
+from vramlab.capacity import estimate
 from vramlab.sources.hf_config import spec_from_config
+
+ROOT = Path(__file__).resolve().parents[1]
+# The shipped rows of real start-ups (benchmarks/data), by row id, for tests that plan one as the benchmark does.
+ROWS = {r["row_id"]: r for r in (json.loads(line) for line in
+                                 (ROOT / "benchmarks" / "data" / "observed_memory.jsonl").read_text().splitlines()
+                                 if line.strip())}
+
+
+def row_estimate(row_id: str):
+    """The row planned exactly as `benchmarks/accuracy.py` plans it (model, card, settings from the log)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import accuracy
+
+    row = ROWS[row_id]
+    configs = json.loads((ROOT / "benchmarks" / "data" / "model_configs.json").read_text())
+    model = accuracy.model_for(row, configs)
+    assert not isinstance(model, str), model
+    return row, estimate(model, accuracy.gpu_for(row), accuracy.scored_settings(row, accuracy.settings_for(row, model)))
+
+
 
 LLAMA_31_8B = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,

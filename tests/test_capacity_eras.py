@@ -5,31 +5,14 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-from capacity_models import LLAMA_31_8B, QWEN3_8B, spec
+from capacity_models import LLAMA_31_8B, QWEN3_8B, ROOT, ROWS, row_estimate, spec
 from vramlab.capacity import GIB, EngineSettings, custom_gpu, estimate, get_gpu
 from vramlab.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
-ROWS = {r["row_id"]: r for r in (json.loads(line) for line in
-                                 (ROOT / "benchmarks" / "data" / "observed_memory.jsonl").read_text().splitlines()
-                                 if line.strip())}
 H100, T4 = get_gpu("h100-80gb"), get_gpu("t4")
-
-
-def row_estimate(row_id: str):
-    """The row planned exactly as `benchmarks/accuracy.py` plans it (model, card, settings from the log)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import accuracy
-
-    row = ROWS[row_id]
-    configs = json.loads((ROOT / "benchmarks" / "data" / "model_configs.json").read_text())
-    model = accuracy.model_for(row, configs)
-    assert not isinstance(model, str), model
-    return row, estimate(model, accuracy.gpu_for(row), accuracy.scored_settings(row, accuracy.settings_for(row, model)))
 
 
 def by_source(fragment: str) -> str:
