@@ -444,3 +444,38 @@ def test_closing_the_client_ends_requests_in_flight() -> None:
 
     res, took = asyncio.run(go())
     assert res.error_class == "stream_broken" and "closed mid-answer" in (res.error or "") and took < 3
+
+
+def test_a_name_that_resolves_to_a_dead_address_first_still_connects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`localhost` may resolve to ::1 first while the server listens on 127.0.0.1 only: every resolved
+    address is tried in turn (as aiohttp's connector does), and the one that answered is kept."""
+    calls: list[str] = []
+
+    async def go() -> list[RequestResult]:
+        async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            body = tok("x") + DONE
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            await w.drain()
+
+        async with Server(script) as srv:
+            port = int(srv.url.rsplit(":", 1)[1])
+            dead = socket.socket()
+            dead.bind(("127.0.0.1", 0))  # bound, never listening: connecting to it is refused
+            dead_addr = dead.getsockname()
+            loop = asyncio.get_running_loop()
+
+            async def resolve(host: str, p: int, **kw: object) -> list[tuple[object, ...]]:
+                calls.append(host)
+                return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", dead_addr),
+                        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+            monkeypatch.setattr(loop, "getaddrinfo", resolve)
+            try:
+                async with OpenAIClient(f"http://server.test:{port}", "m", http_client="fast", max_connections=1) as c:
+                    return [await c.send(str(i), P, 4, time.perf_counter()) for i in range(3)]
+            finally:
+                dead.close()
+
+    results = asyncio.run(go())
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert calls == ["server.test"]  # resolved once; the address that answered is reused

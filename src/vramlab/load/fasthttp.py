@@ -89,17 +89,37 @@ class Pool:
         self.stamps = SO_TIMESTAMPNS is not None
         self.connect_timeout_s = connect_timeout_s
 
-    async def _resolve(self) -> None:
+    async def _resolve(self) -> list[tuple[Any, ...]]:
         try:
             infos = await self.loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
         except OSError as exc:
             raise FastHttpError("connect", f"Cannot connect to host {self.host}:{self.port}: {exc}") from None
-        self.family, _, _, _, self.addr = infos[0]
+        return [(family, addr) for family, _, _, _, addr in infos]
 
     async def _open(self) -> Conn:
-        if self.addr is None:
-            await self._resolve()
-        sock = socket.socket(self.family, socket.SOCK_STREAM)
+        """A new connection: to the address that answered before, else to each address the name
+        resolves to in turn (``localhost`` may give ::1 first while the server listens on
+        127.0.0.1 only, as aiohttp's connector also tries them all)."""
+        candidates = [(self.family, self.addr)] if self.addr is not None else await self._resolve()
+        last: FastHttpError | None = None
+        for family, addr in candidates:
+            try:
+                sock = await self._connect(family, addr)
+            except FastHttpError as exc:
+                last = exc
+                continue
+            self.family, self.addr = family, addr
+            conn = Conn(sock, self, self.stamps)
+            self.all.add(conn)
+            self.loop.add_reader(conn.fd, conn.on_readable)
+            return conn
+        if self.addr is not None:  # the address that answered before is gone: resolve again next time
+            self.addr = None
+        assert last is not None
+        raise last
+
+    async def _connect(self, family: Any, addr: tuple[Any, ...]) -> socket.socket:
+        sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -108,18 +128,14 @@ class Pool:
                     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)  # type: ignore[arg-type]
                 except OSError:
                     self.stamps = False  # refused here: read-time stamps from now on
-            assert self.addr is not None
-            await self.loop.sock_connect(sock, self.addr)
+            await self.loop.sock_connect(sock, addr)
         except BaseException as exc:
             sock.close()
             if isinstance(exc, OSError):
                 raise FastHttpError("connect", f"Cannot connect to host {self.host}:{self.port}: "
                                                f"{exc.strerror or exc}") from None
             raise
-        conn = Conn(sock, self, self.stamps)
-        self.all.add(conn)
-        self.loop.add_reader(conn.fd, conn.on_readable)
-        return conn
+        return sock
 
     async def get(self) -> Conn:
         while True:
