@@ -110,13 +110,17 @@ def test_incident_headline_clocks_are_the_recovery_tables(drills):
     detected = re.search(r"detected (?:in )?(\S+ s)", head)
     assert detected and clocks["time to detect"] == detected.group(1), (head, clocks)
     rec = re.search(r"recovered in (\S+ s) from T0 \(the latest of: (.*?)\)", head)
-    assert rec, head
-    assert clocks["time to recover"] == rec.group(1)
-    named = dict(re.findall(r"(serving again|health 200|P95 back) \+(\S+ s)", rec.group(2)))
-    table_of = {"serving again": "first successful generation", "health 200": "health 200 again",
-                "P95 back": "P95 back within tolerance"}
-    assert named and all(clocks[table_of[k]] == v for k, v in named.items()), (named, clocks)
-    assert max(float(v[:-2]) for v in named.values()) == float(rec.group(1)[:-2])  # the latest of them
+    if rec is None:  # a busy machine can keep P95 above the baseline's for the whole observation window
+        assert "NOT recovered" in head and clocks["time to recover"] == "–", (head, clocks)
+        serving = re.search(r"serving again after (\S+ s)", head)
+        assert serving is None or clocks["first successful generation"] == serving.group(1), (head, clocks)
+    else:
+        assert clocks["time to recover"] == rec.group(1)
+        named = dict(re.findall(r"(serving again|health 200|P95 back) \+(\S+ s)", rec.group(2)))
+        table_of = {"serving again": "first successful generation", "health 200": "health 200 again",
+                    "P95 back": "P95 back within tolerance"}
+        assert named and all(clocks[table_of[k]] == v for k, v in named.items()), (named, clocks)
+        assert max(float(v[:-2]) for v in named.values()) == float(rec.group(1)[:-2])  # the latest of them
     failed = re.search(r"(\d+) failed requests", head).group(1)  # type: ignore[union-attr]
     impact = {r["impact"]: r["value"] for r in _rows(_tables(_section(doc, "incident-impact"))[0])}
     assert impact["failed attempts"] == failed
@@ -128,11 +132,13 @@ def test_incident_headline_clocks_are_the_recovery_tables(drills):
         same = [r for r in timeline if r["event"] == "alert" and r["t (s)"] == a["t (s)"]]
         assert same and all(r["T0 + (s)"] == a["T0 + (s)"] for r in same), (a, same)
     firing = [a for a in (_rows(alerts[0]) if alerts else []) if a["state"] == "firing"]
-    if firing:
-        rel = firing[0]["T0 + (s)"]
-        assert clocks["time to alert"].startswith(rel if rel.startswith("-") else rel.lstrip("+") + " s"), clocks
+    # time to alert is one of the firing rows' "T0 +" (the first still firing at T0, or after it); "–" only
+    # when every firing came before T0 (and cleared)
+    said = [rel if rel.startswith("-") else rel.lstrip("+") + " s" for rel in (a["T0 + (s)"] for a in firing)]
+    if clocks["time to alert"] == "–":
+        assert all(a["T0 + (s)"].startswith("-") for a in firing), (clocks, firing)
     else:
-        assert clocks["time to alert"] == "–"
+        assert any(clocks["time to alert"].startswith(x) for x in said), (clocks, firing)
     # The first abnormal signal named in the headline is the first row of the signal table.
     first = re.search(r"first abnormal signal (\S+);", head).group(1)  # type: ignore[union-attr]
     order = [t for t in _tables(det) if t.headers[0] == "signal"][0]
