@@ -1,13 +1,19 @@
-"""The loopback nginx both load benchmarks measure against (loadgen.py, tokens.py): one worker,
-keep-alive without limit, every temp path in the run's own folder, the echo module for streams
-with a known schedule. Each benchmark writes only its `location` blocks."""
+"""The loopback endpoints both load benchmarks measure against (loadgen.py, tokens.py): nginx with one
+worker, keep-alive without limit, every temp path in the run's own folder, the echo module for
+streams with a known schedule (each benchmark writes only its `location` blocks); else vramlab's
+stub in its own pinned process. Starting, waiting for the first answer and stopping are here once."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +74,40 @@ http {{
     proc = subprocess.Popen(pinned([nginx, "-c", str(conf), "-p", str(folder)], cpus),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     return proc, f"http://127.0.0.1:{port}", version
+
+
+def start_stub(code: str, cpus: list[int] | None) -> tuple[subprocess.Popen[Any], Any]:
+    """Run `code` (a stub endpoint that prints its URL(s) as one JSON line) in its own pinned process:
+    (process, what it printed)."""
+    proc = subprocess.Popen(pinned([sys.executable, "-c", code], cpus), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    return proc, json.loads(proc.stdout.readline())
+
+
+def wait_up(url: str, proc: subprocess.Popen[Any] | None, what: str, timeout_s: float = 10.0) -> None:
+    """Until one streamed completion comes back whole ([DONE]); SystemExit with the endpoint's stderr
+    when its process dies or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            req = urllib.request.Request(url + "/v1/chat/completions", data=b"{}", method="POST")
+            with urllib.request.urlopen(req, timeout=5) as r:
+                if b"[DONE]" in r.read():
+                    return
+        except OSError:
+            if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
+                err = proc.stderr.read() if proc and proc.stderr else ""
+                raise SystemExit(f"{what} endpoint did not come up: {err!r}") from None
+            time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen[Any] | None) -> None:
+    """SIGTERM our own endpoint process (an nginx master's worker follows it), SIGKILL if it lingers."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _nginx import find_nginx, pinned
+from _nginx import find_nginx, pinned, start_stub, stop, wait_up
 from _nginx import start as start_nginx
 
 HERE = Path(__file__).resolve().parent
@@ -111,36 +111,14 @@ class Endpoint:
                 "        print(json.dumps([fast.url, hold.url]), flush=True)\n"
                 "        await asyncio.Event().wait()\n"
                 "asyncio.run(main())\n")
-        self.proc = subprocess.Popen(_pinned([sys.executable, "-c", code], self.cpu), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
-        assert self.proc.stdout is not None
-        self.url, self.hold_url = json.loads(self.proc.stdout.readline())
+        self.proc, (self.url, self.hold_url) = start_stub(code, [self.cpu] if self.cpu is not None else None)
         self.version = "vramlab.load.stub (aiohttp server)"
 
     def _wait_up(self) -> None:
-        import urllib.request
-
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                req = urllib.request.Request(self.url + "/v1/chat/completions", data=b"{}", method="POST")
-                with urllib.request.urlopen(req, timeout=1) as r:
-                    if b"[DONE]" in r.read():
-                        return
-            except OSError:
-                if self.proc is not None and self.proc.poll() is not None or time.monotonic() > deadline:
-                    err = self.proc.stderr.read() if self.proc and self.proc.stderr else ""
-                    raise SystemExit(f"loadgen: the {self.kind} endpoint did not come up: {err!r}") from None
-                time.sleep(0.05)
+        wait_up(self.url, self.proc, f"loadgen: the {self.kind}")
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # our own process (nginx master: its worker follows)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc)
 
 
 def _run_one(tool: str, mode: str, ep: Endpoint, a: argparse.Namespace, cpu: int | None, tmp: Path,

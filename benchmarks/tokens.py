@@ -59,7 +59,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _nginx import find_nginx, pinned
+from _nginx import find_nginx, pinned, start_stub, stop, wait_up
 from _nginx import start as start_nginx
 
 HERE = Path(__file__).resolve().parent
@@ -179,27 +179,11 @@ class Endpoint:
                 "        print(json.dumps(s.url), flush=True)\n"
                 "        await asyncio.Event().wait()\n"
                 "asyncio.run(main())\n")
-        self.proc = subprocess.Popen(pinned([sys.executable, "-c", code], [self.cpu] if self.cpu is not None else None),
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        assert self.proc.stdout is not None
-        self.url = json.loads(self.proc.stdout.readline())
+        self.proc, self.url = start_stub(code, [self.cpu] if self.cpu is not None else None)
         self.version = "vramlab.load.stub (aiohttp; its own timing is not exact under load)"
 
     def _wait_up(self) -> None:
-        import urllib.request
-
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                req = urllib.request.Request(self.url + "/v1/chat/completions", data=b"{}", method="POST")
-                with urllib.request.urlopen(req, timeout=5) as r:
-                    if b"[DONE]" in r.read():
-                        return
-            except OSError:
-                if (self.proc is not None and self.proc.poll() is not None) or time.monotonic() > deadline:
-                    err = self.proc.stderr.read() if self.proc and self.proc.stderr else ""
-                    raise SystemExit(f"tokens: the {self.kind} endpoint did not come up: {err!r}") from None
-                time.sleep(0.05)
+        wait_up(self.url, self.proc, f"tokens: the {self.kind}")
 
     def worker_pids(self) -> list[int]:
         if self.proc is None:
@@ -213,13 +197,7 @@ class Endpoint:
             return []
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # our own process (nginx master: its worker follows)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc)
 
 
 # -- in-process clients (run in a child process, pinned) --------------------------------------------
