@@ -186,7 +186,7 @@ def test_property_recovery_times_non_negative(raw, t0):
 
 
 def test_not_recovered_summary_names_the_clock_that_never_came_back():
-    from vramlab.analysis.incident import Recovery
+    from vramlab.analysis.aftermath import Recovery
     from vramlab.report.incident_text import _not_recovered
 
     assert "no successful request" in _not_recovered(Recovery(None, None, None, False, None, True))
