@@ -1,0 +1,129 @@
+"""The drill's target lifecycle: bring it up (co-located engines, start, health discovery, the
+measured load time, the co-tenant, the capacity prediction) and roll back whatever the drill
+changed, however it ends. A mixin of `DrillRunner` (it reads the runner's plan, target and state,
+and emits through it), as `drill.watch.Watchers` is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from vramlab.drill.cotenant import GIB, LedgerBalloon, ProcessBalloon
+from vramlab.drill.local_targets import SimTarget
+
+
+class TargetLifecycle:
+    # Provided by DrillRunner, which these methods are part of.
+    plan: Any
+    target: Any
+    device: Any
+    run_id: str
+    emit: Any
+    now: Any
+    _phase: str | None
+    _coloc: Any
+    _cotenant: Any
+    _balloon: Any
+    _coloaded: Any
+    _started_target: bool
+    health_path: str
+    load_time_s: float | None
+
+    async def _bring_up(self) -> None:
+        self._phase = "setup"
+        if self._coloc is not None:
+            await self._coloc.bring_up()  # sequential start, the start-up race, everyone up in order again
+        st = await asyncio.to_thread(self.target.status)
+        started = None
+        if not st.running:
+            self.emit("target_start", f"starting the target ({self.plan.target.kind})")
+            started = self.now()
+            await asyncio.to_thread(self.target.start)
+            self._started_target = True
+        from vramlab.drill.health import discover_health
+
+        limit = max(30.0, self.plan.recovery.startup_s or 0.0, self.plan.target.timeout_for("start"))
+        found = await discover_health(self.target.url, self.plan.target.health_path, limit,
+                                      alive=lambda: self.target.status().running if self._local() else True)
+        if found.path is None:
+            from vramlab.errors import VramlabError
+
+            raise VramlabError(f"the target at {self.target.url} did not pass a health check within {limit:g} s: "
+                               f"{found.summary()}")
+        self.health_path = found.path
+        self.emit("health_path", found.summary(), path=found.path, answers=found.answers)
+        if started is not None:
+            self.load_time_s = self.now() - started
+            self.emit("target_ready", f"the target loaded in {self.load_time_s:.2f} s (start to health 200 on "
+                      f"{found.path})", load_time_s=self.load_time_s)
+        if self.plan.cotenant is not None:
+            self._cotenant = self._make_balloon()
+            nbytes = self.plan.cotenant.bytes_to_hold(self._cotenant.free_bytes())
+            await asyncio.to_thread(self._cotenant.set_bytes, nbytes)
+            self.emit("cotenant", f"co-tenant holds {nbytes / GIB:.2f} GiB", bytes=nbytes)
+        self._capacity_account()
+
+    def _capacity_account(self) -> None:
+        """What the capacity model predicts for this ramp, before it starts (sim targets)."""
+        if self.device is None:
+            return
+        from vramlab.drill.capacity_account import for_sim
+        from vramlab.sim.ledger import DeviceLedger
+
+        try:
+            acc = for_sim(self.plan, int(DeviceLedger(self.device).memory_info(0)[2]))
+        except Exception as exc:  # a model the catalog lacks must not stop the drill; the report says so
+            self.emit("warning", f"no capacity prediction: {type(exc).__name__}: {exc}"[:300])
+            return
+        if acc is not None:
+            self.emit("capacity", acc.message, predicted_limit=acc.predicted_limit, **acc.figures)
+
+    def _make_balloon(self) -> Any:
+        return LedgerBalloon(self.device) if self.device else ProcessBalloon()
+
+    def _local(self) -> bool:
+        return self.plan.target.kind in ("sim", "process")
+
+    def startup_allowance_s(self) -> float:
+        """How long a restart may load before the supervisor judges its health: the plan's
+        `recovery.startup_s`, else twice the first start's measured load time plus the grace."""
+        rec = self.plan.recovery
+        if rec.startup_s is not None:
+            return rec.startup_s
+        if self.load_time_s is not None:
+            return 2 * self.load_time_s + rec.liveness_grace_s
+        return max(30.0, rec.liveness_grace_s)
+
+    async def _rollback(self, status: str, reason: str | None) -> None:
+        actions: list[tuple[str, Any]] = []
+        if self._balloon is not None:
+            actions.append(("release the ramp's balloon", self._balloon.release))
+        if self._cotenant is not None:
+            actions.append(("release the co-tenant", self._cotenant.release))
+        if self._coloaded is not None:
+            actions.append(("stop co-loaded models", self._coloaded.release))
+        if self._coloc is not None:
+            actions.append(("stop the co-located engines", self._coloc.release))
+        if self._started_target or isinstance(self.target, SimTarget):
+            actions.append(("stop the target the drill started", self.target.close))
+
+        for what, fn in actions:
+            try:
+                await asyncio.shield(asyncio.to_thread(fn))
+                self.emit("rollback", what, ok=True)
+            except Exception as exc:  # every rollback gets its chance; a failure is recorded, not raised
+                self.emit("rollback", f"{what}: failed: {exc}"[:300], ok=False)
+        if self._coloc is not None:
+            with contextlib.suppress(Exception):  # a ledger that cannot be read is no reason to skip the rest
+                self._coloc.ledger_after()  # nothing the drill started may still hold memory
+        if self.plan.rollback:
+            from vramlab.experiment.rollback import run_rollbacks
+
+            env = {"VRAMLAB_RUN_ID": self.run_id, "VRAMLAB_RUN_STATUS": status, "VRAMLAB_STOP_REASON": reason or ""}
+            for res in await run_rollbacks(self.plan.rollback, env):
+                self.emit("rollback", f"{res.command}: exit {res.exit_code}", ok=res.ok, command=res.command)
+
+
+__all__ = ["TargetLifecycle"]
