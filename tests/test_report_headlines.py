@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 import _synthetic_run as synth
 from vramlab.report import load_context
@@ -212,3 +214,33 @@ def test_plan_safe_point_speaks_in_the_same_sequence_length_as_max_concurrency(a
     n = 0 if safe.group(1) == "not one" else int(safe.group(1))
     assert n <= int(float(conc.group(2))), out.stdout
     assert "1 sequences" not in out.stdout
+
+
+def test_two_moments_printed_alike_print_the_same_t0_offset():
+    """CI once printed two alert rows at t 7.63 s, one at T0 +0.37 and one at +0.38: each offset was
+    rounded from the unrounded difference. The relative clock is the difference of the printed
+    moments, and every duration from T0 (detect, alert, recover) reads on that same clock."""
+    from types import SimpleNamespace
+
+    from vramlab.report.incident_text import alert_clock, from_t0, recovery_text, since_t0
+
+    t0, a, b = 1.004, 1.376, 1.384  # a and b both print 1.38; a - t0 alone would round to 0.37
+    assert f"{a:.2f}" == f"{b:.2f}" == "1.38"
+    assert since_t0(a, t0) == since_t0(b, t0) == "+0.38"
+    assert from_t0(a - t0, t0) == 0.38 and from_t0(None, t0) is None and from_t0(0.372, None) == 0.372
+    assert alert_clock(SimpleNamespace(t0_s=t0, time_to_alert_s=a - t0, alerts=[])) == "0.38 s"
+    rec = SimpleNamespace(recovered=True, first_success_s=a - t0, health_failed=False, health_ok_s=None,
+                          p95_ok_s=a - t0, time_to_recover_s=a - t0)
+    assert recovery_text(rec, t0) == "recovered in 0.38 s from T0 (the latest of: serving again +0.38 s, P95 back +0.38 s)"
+
+
+@given(t0=st.floats(0, 1e5), d=st.floats(-100, 1e4), e=st.floats(0, 0.0099))
+def test_relative_clock_agrees_with_the_printed_moments(t0, d, e):
+    from vramlab.report.incident_text import from_t0, since_t0
+
+    t = t0 + d
+    assert since_t0(t, t0) == f"{float(f'{t:.2f}') - float(f'{t0:.2f}'):+.2f}"
+    assert f"{from_t0(d, t0):+.2f}" == since_t0(t, t0)
+    u = t + e  # a second moment that prints alike reads alike
+    if f"{u:.2f}" == f"{t:.2f}":
+        assert since_t0(u, t0) == since_t0(t, t0)

@@ -23,6 +23,7 @@ from vramlab.report.incident_text import (
     _unit,
     action_items,
     alert_clock,
+    from_t0,
     lessons,
     recovery_text,
     signal_value,
@@ -94,7 +95,7 @@ def summary_line(ctx: ReportContext) -> str:
         return f"no OOM up to {fmt.num(top)} {unit}: the target held at the ceiling"
     step = inc.failure_step or {}
     rec = inc.recovery
-    rec_txt = recovery_text(rec)
+    rec_txt = recovery_text(rec, inc.t0_s)
     first = inc.signals.first
     trig = inc.trigger
     if trig is not None and trig.step is None:
@@ -103,7 +104,7 @@ def summary_line(ctx: ReportContext) -> str:
         where = f"while {fmt.num(step.get('value'))} {unit} carried load (trigger confidence low)"
     else:
         where = f"at {fmt.num(step.get('value'))} {unit} (last safe {fmt.num(inc.last_safe_value)})"
-    return (f"{inc.failure_mode} {where}; detected {_s(inc.time_to_detect_s)} after T0; first abnormal signal "
+    return (f"{inc.failure_mode} {where}; detected {_s(from_t0(inc.time_to_detect_s, inc.t0_s))} after T0; first abnormal signal "
             f"{first.name if first else '–'}; {inc.impact.failed} failed requests; {rec_txt}")
 
 
@@ -147,7 +148,7 @@ def s_timeline(ctx: ReportContext) -> list[Block]:
         who = "operator" if e.kind == "note" else ("alert" if e.kind == "alert" else "drill")
         what = e.message
         if e.kind == "recovered" and inc.recovery.recovered:
-            what += f" — {recovery_text(inc.recovery)}"
+            what += f" — {recovery_text(inc.recovery, t0)}"
         rows.append([f"{e.t_s:.2f}", rel, e.kind, who, what])
     return [Text("Times in seconds from the drill's start, and from T0 (the fault step began). "
                  "Operator notes come from `vramlab note`."),
@@ -163,9 +164,9 @@ def s_detection(ctx: ReportContext) -> list[Block]:
     else:
         f = sig.first
         blocks.append(Text(f"**First abnormal signal:** `{f.name}` ({f.layer} layer) at {f.t_s:.2f} s "
-                           f"({'' if inc.t0_s is None else f'{f.t_s - inc.t0_s:+.2f} s from T0; '}"
+                           f"({'' if inc.t0_s is None else f'{since_t0(f.t_s, inc.t0_s)} s from T0; '}"
                            f"{f.describe()})."))
-    rows = [[o.name, o.layer, f"{o.t_s:.2f}", "–" if inc.t0_s is None else f"{o.t_s - inc.t0_s:+.2f}", o.reason,
+    rows = [[o.name, o.layer, f"{o.t_s:.2f}", since_t0(o.t_s, inc.t0_s), o.reason,
              signal_value(o.name, o.value), signal_value(o.name, o.baseline_mean)] for o in sig.order]
     if rows:
         blocks.append(Table(["signal", "layer", "onset (s)", "T0 + (s)", "judged by", "value", "baseline mean"], rows,
@@ -175,7 +176,7 @@ def s_detection(ctx: ReportContext) -> list[Block]:
     if sig.noisy:
         blocks.append(Text("Already past a fixed threshold in the baseline (not counted as causes): "
                            + ", ".join(f"`{q}`" for q in sig.noisy)))
-    blocks.append(Text(f"Time to detect (T0 → the drill's first detection): **{_s(inc.time_to_detect_s)}**."))
+    blocks.append(Text(f"Time to detect (T0 → the drill's first detection): **{_s(from_t0(inc.time_to_detect_s, inc.t0_s))}**."))
     alert_rows = [[a["name"], a["state"], f"{a['t_s']:.2f}", since_t0(a["t_s"], inc.t0_s), a.get("source") or "–"]
                   for a in inc.alerts if a["state"] in ("pending", "firing")]
     if alert_rows:
@@ -253,18 +254,25 @@ def s_recovery(ctx: ReportContext) -> list[Block]:
     if not inc.failed:
         return []
     r = inc.recovery
+
+    def clock(d: float | None) -> str:
+        return _s(from_t0(d, inc.t0_s))
+
     rows = [
         ["T0", "the fault step began", "0.00 s"],
-        ["time to detect", "T0 → first detection by the drill", _s(inc.time_to_detect_s)],
+        ["time to detect", "T0 → first detection by the drill", clock(inc.time_to_detect_s)],
         ["time to alert", "T0 → first alert firing", alert_clock(inc)],
-        ["time to mitigate", "T0 → first corrective action (restart, script, operator)", _s(inc.time_to_mitigate_s)],
+        ["time to mitigate", "T0 → first corrective action (restart, script, operator)", clock(inc.time_to_mitigate_s)],
         ["health 200 again", "T0 → health OK after it failed" if r.health_failed else "health never failed",
-         _s(r.health_ok_s)],
-        ["first successful generation", "T0 → first 2xx request after the failure", _s(r.first_success_s)],
-        ["P95 back within tolerance", "T0 → end of the first window with P95 ≤ (1+tol) × baseline P95", _s(r.p95_ok_s)],
-        ["time to recover", "T0 → the latest of the three clocks above", _s(r.time_to_recover_s)],
+         clock(r.health_ok_s)],
+        ["first successful generation", "T0 → first 2xx request after the failure", clock(r.first_success_s)],
+        ["P95 back within tolerance", "T0 → end of the first window with P95 ≤ (1+tol) × baseline P95",
+         clock(r.p95_ok_s)],
+        ["time to recover", "T0 → the latest of the three clocks above", clock(r.time_to_recover_s)],
     ]
-    verdict = f"{recovery_text(r)[0].upper()}{recovery_text(r)[1:]}." if r.recovered else "**Not recovered** within the recovery limit; the rollback still ran."
+    text = recovery_text(r, inc.t0_s)
+    verdict = (f"{text[0].upper()}{text[1:]}." if r.recovered
+               else "**Not recovered** within the recovery limit; the rollback still ran.")
     return [Text(verdict), Table(["figure", "boundary", "value"], rows)]
 
 
@@ -321,8 +329,9 @@ def s_actions(ctx: ReportContext) -> list[Block]:
 
 def s_rounds(ctx: ReportContext) -> list[Block]:
     _, rounds = incident_of(ctx)
-    rows = [[str(r.round), r.failure_mode, fmt.num((r.failure_step or {}).get("value")), _s(r.time_to_detect_s),
-             _s(r.recovery.time_to_recover_s), str(r.impact.failed)] for r in rounds]
+    rows = [[str(r.round), r.failure_mode, fmt.num((r.failure_step or {}).get("value")),
+             _s(from_t0(r.time_to_detect_s, r.t0_s)), _s(from_t0(r.recovery.time_to_recover_s, r.t0_s)),
+             str(r.impact.failed)] for r in rounds]
     vals = {(r.failure_step or {}).get("value") for r in rounds}
     ttrs = [r.recovery.time_to_recover_s for r in rounds if r.recovery.time_to_recover_s is not None]
     stable = len(rounds) >= 2 and len(vals) == 1 and (not ttrs or max(ttrs) <= 1.5 * min(ttrs) + 0.5)

@@ -5,6 +5,7 @@ failure mode. Pure functions of the analysed `Incident` (report/incident.py lays
 from __future__ import annotations
 
 import re
+from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
 from vramlab.analysis.incident import Incident
@@ -20,16 +21,30 @@ def _unit(ctx: ReportContext) -> str:
     return str((ctx.run.change or {}).get("unit", ""))
 
 
+def _cs(t_s: float) -> Decimal:
+    """A moment as the report prints it: to the hundredth, rounded exactly as `f"{t:.2f}"` rounds."""
+    return Decimal(t_s).quantize(Decimal("0.01"), rounding=ROUND_HALF_EVEN)
+
+
 def since_t0(t_s: float, t0: float | None) -> str:
     """The one relative clock of the incident report (timeline, detection, alerts): signed seconds
-    from T0, the moment the fault step began."""
-    return "–" if t0 is None else f"{t_s - t0:+.2f}"
+    from T0, the moment the fault step began, as the difference of the two printed moments, so two
+    rows that print the same `t (s)` never print different `T0 +` values."""
+    return "–" if t0 is None else f"{_cs(t_s) - _cs(t0):+.2f}"
+
+
+def from_t0(d: float | None, t0: float | None) -> float | None:
+    """A duration measured from T0 (time to detect, alert, recover...) on the same printed clock as
+    `since_t0`: the moment T0 + d, printed, less T0 printed. Without T0 the duration is as measured."""
+    if d is None or t0 is None:
+        return d
+    return float(_cs(t0 + d) - _cs(t0))
 
 
 def alert_clock(inc: Incident) -> str:
     """Time to alert on the alert table's clock, as the incident's JSON carries it: an alert already
     firing when the fault step began reads negative, not 0.00 s."""
-    t = inc.time_to_alert_s
+    t = from_t0(inc.time_to_alert_s, inc.t0_s)
     if t is not None and t < 0:
         return f"{t:+.2f} s (already firing before the fault step)"
     return _s(t)
@@ -46,16 +61,18 @@ def signal_value(name: str, v: float | None) -> str:
     return fmt.num(round(v, 3))
 
 
-def recovery_text(rec: Any) -> str:
+def recovery_text(rec: Any, t0: float | None = None) -> str:
     """Recovery with every clock it is made of, so 'serving again' and 'recovered' never read as two
     answers: time to recover is the latest of serving again, health 200 and P95 back."""
     if not rec.recovered:
-        return _not_recovered(rec)
-    parts = [f"serving again +{rec.first_success_s:.2f} s" if rec.first_success_s is not None else None,
-             f"health 200 +{rec.health_ok_s:.2f} s" if rec.health_failed and rec.health_ok_s is not None else None,
-             f"P95 back +{rec.p95_ok_s:.2f} s" if rec.p95_ok_s is not None else None]
+        return _not_recovered(rec, t0)
+    first, health, p95 = (from_t0(v, t0) for v in (rec.first_success_s, rec.health_ok_s, rec.p95_ok_s))
+    parts = [f"serving again +{first:.2f} s" if first is not None else None,
+             f"health 200 +{health:.2f} s" if rec.health_failed and health is not None else None,
+             f"P95 back +{p95:.2f} s" if p95 is not None else None]
     clocks = ", ".join(p for p in parts if p)
-    return f"recovered in {_s(rec.time_to_recover_s)} from T0" + (f" (the latest of: {clocks})" if clocks else "")
+    return (f"recovered in {_s(from_t0(rec.time_to_recover_s, t0))} from T0"
+            + (f" (the latest of: {clocks})" if clocks else ""))
 
 
 OOM_MODES = ("crash_after_oom", "oom_no_exit", "oom_killed")
@@ -65,13 +82,13 @@ def _base_mode(mode: str) -> str:
     return mode.split("+")[0]
 
 
-def _not_recovered(rec: Any) -> str:
+def _not_recovered(rec: Any, t0: float | None = None) -> str:
     """Which of recovery's clocks never came back: serving, health, or latency back to baseline."""
     if rec.first_success_s is None:
         return "NOT recovered within the limit: no successful request after the failure"
     if rec.health_failed and rec.health_ok_s is None:
-        return f"serving again after {_s(rec.first_success_s)} but health still failing: NOT recovered"
-    return (f"serving again after {_s(rec.first_success_s)}, but P95 latency not back to the baseline's "
+        return f"serving again after {_s(from_t0(rec.first_success_s, t0))} but health still failing: NOT recovered"
+    return (f"serving again after {_s(from_t0(rec.first_success_s, t0))}, but P95 latency not back to the baseline's "
             "within the observation window: NOT recovered")
 
 
@@ -79,11 +96,12 @@ def lessons(inc: Incident) -> tuple[list[str], list[str], list[str]]:
     well, wrong, lucky = [], [], []
     if inc.failed:
         if inc.time_to_detect_s is not None and inc.time_to_detect_s <= 5:
-            well.append(f"The failure was detected {inc.time_to_detect_s:.2f} s after T0 (its first evidence)")
+            well.append(f"The failure was detected {_s(from_t0(inc.time_to_detect_s, inc.t0_s))} after T0 "
+                        "(its first evidence)")
         if inc.signature:
             well.append("The engine log carried a recognisable failure signature (the cause is observable)")
         if inc.recovery.recovered:
-            well.append(f"Service {recovery_text(inc.recovery)}")
+            well.append(f"Service {recovery_text(inc.recovery, inc.t0_s)}")
         else:
             wrong.append("The target did not serve again within the recovery limit")
         if inc.time_to_alert_s is None:
