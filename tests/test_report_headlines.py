@@ -112,8 +112,10 @@ def test_incident_headline_clocks_are_the_recovery_tables(drills):
     detected = re.search(r"detected (?:in )?(\S+ s)", head)
     assert detected and clocks["time to detect"] == detected.group(1), (head, clocks)
     rec = re.search(r"recovered in (\S+ s) from T0 \(the latest of: (.*?)\)", head)
+    timeline_kinds = {r["event"] for r in _rows(_tables(_section(doc, "incident-timeline"))[0])}
     if rec is None:  # a busy machine can keep P95 above the baseline's for the whole observation window
         assert "NOT recovered" in head and clocks["time to recover"] == "–", (head, clocks)
+        assert "recovered" not in timeline_kinds, timeline_kinds  # the timeline never says what the headline denies
         serving = re.search(r"serving again after (\S+ s)", head)
         assert serving is None or clocks["first successful generation"] == serving.group(1), (head, clocks)
     else:
@@ -244,3 +246,26 @@ def test_relative_clock_agrees_with_the_printed_moments(t0, d, e):
     u = t + e  # a second moment that prints alike reads alike
     if f"{u:.2f}" == f"{t:.2f}":
         assert since_t0(u, t0) == since_t0(t, t0)
+
+
+def test_timeline_calls_the_drills_serving_again_event_by_that_name_when_not_recovered(monkeypatch):
+    """The drill emits `recovered` when the target serves again; the incident is recovered only when P95
+    and health are back too. CI once showed the headline "NOT recovered" above a timeline row "recovered"."""
+    from types import SimpleNamespace
+
+    import vramlab.report.incident as rep
+    from vramlab.records import EventRecord
+
+    ev = EventRecord(run_id="r", t_s=12.0, kind="recovered", round=0, message="serving again 1.20 s after detection",
+                     data={})
+    for recovered in (False, True):
+        rec = SimpleNamespace(recovered=recovered, first_success_s=1.5, health_failed=False, health_ok_s=None,
+                              p95_ok_s=2.0 if recovered else None, time_to_recover_s=2.0 if recovered else None)
+        inc = SimpleNamespace(t0_s=10.5, recovery=rec)
+        monkeypatch.setattr(rep, "incident_of", lambda ctx, inc=inc: (inc, [inc]))
+        table = rep.s_timeline(SimpleNamespace(events=[ev]))[1]
+        row = dict(zip(table.headers, table.rows[0], strict=True))
+        if recovered:
+            assert row["event"] == "recovered" and "recovered in 2.00 s from T0" in row["what"]
+        else:
+            assert row["event"] == "serving again" and "NOT recovered" in row["what"], row

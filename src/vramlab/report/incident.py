@@ -146,10 +146,13 @@ def s_timeline(ctx: ReportContext) -> list[Block]:
             continue
         rel = since_t0(e.t_s, t0)
         who = "operator" if e.kind == "note" else ("alert" if e.kind == "alert" else "drill")
-        what = e.message
+        what, kind = e.message, e.kind
         if e.kind == "recovered" and inc.recovery.recovered:
             what += f" — {recovery_text(inc.recovery, t0)}"
-        rows.append([f"{e.t_s:.2f}", rel, e.kind, who, what])
+        elif e.kind == "recovered":
+            # the drill's event means it served again; the incident is not recovered until P95 and health are back
+            kind, what = "serving again", f"{what} — {recovery_text(inc.recovery, t0)}"
+        rows.append([f"{e.t_s:.2f}", rel, kind, who, what])
     return [Text("Times in seconds from the drill's start, and from T0 (the fault step began). "
                  "Operator notes come from `vramlab note`."),
             Table(["t (s)", "T0 + (s)", "event", "by", "what"], rows)]
