@@ -136,6 +136,10 @@ def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
         # the log's "Custom allreduce is disabled because ... lacks GPU P2P capability" / "... spans across nodes"
         gpu_p2p=(row.get("extra") or {}).get("gpu_p2p"),
     )
+    # the log's non-default args {'limit_mm_per_prompt': {'image': 2}} (extra.vision.limit_mm_per_prompt)
+    mm_limits = ((row.get("extra") or {}).get("vision") or {}).get("limit_mm_per_prompt")
+    if isinstance(mm_limits, dict):
+        kwargs["limit_mm_per_prompt"] = tuple(sorted((str(k), int(v)) for k, v in mm_limits.items()))
     # LoRA slots: only where the log prints vLLM's non-default args ('enable_lora': True, 'max_lora_rank': N).
     args_text = " ".join(str(x) for x in row.get("raw_log_lines") or [] if "non-default args" in str(x))
     if re.search(r"'enable_lora': True", args_text):
@@ -190,7 +194,7 @@ def predicted(row: dict[str, Any], spec: ModelSpec, gpu, s: EngineSettings,
     est = estimate(spec, gpu, scored_settings(row, s), constants)
     ours = {
         "weights": est.weights_bytes / GIB,
-        "kv_cache_gib": est.kv_cache_bytes / GIB,
+        "kv_cache_gib": est.kv_available_bytes / GIB,  # signed: a failed start-up prints a negative figure
         "kv_cache_tokens": float(est.kv_cache_tokens),
         "max_concurrency": est.max_concurrency,
     }
@@ -263,7 +267,7 @@ def main() -> int:
                 o = obs.get(metric)
                 if o in (None, 0):
                     continue
-                e = (pred[metric] - float(o)) / float(o) * 100
+                e = (pred[metric] - float(o)) / abs(float(o)) * 100
                 errs.setdefault(who, {}).setdefault(metric, []).append((row, e))
                 if who == "vramlab":
                     line[metric] = (round(pred[metric], 2), o, round(e, 1))
@@ -394,14 +398,14 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
                     continue
                 est = estimate(case.model, case.gpu, case.settings, constants)
                 on_default |= {c.name for c in est.components if c.provenance == "default"}
-                pred = {"weights": est.weights_bytes / GIB, "kv_cache_gib": est.kv_cache_bytes / GIB,
+                pred = {"weights": est.weights_bytes / GIB, "kv_cache_gib": est.kv_available_bytes / GIB,
                         "kv_cache_tokens": float(est.kv_cache_tokens), "max_concurrency": est.max_concurrency}
                 obs = observed(row)
                 for metric in METRICS:
                     o = obs.get(metric)
                     if o in (None, 0):
                         continue
-                    e = (pred[metric] - float(o)) / float(o) * 100
+                    e = (pred[metric] - float(o)) / abs(float(o)) * 100
                     errs.setdefault(metric, []).append((row, e))
                     group_errs.setdefault(metric, []).append(abs(e))
             groups[group] = {

@@ -79,6 +79,10 @@ class Estimate:
     optimistic: Limits | None = None
     per_sequence_state_bytes: int = 0  # Mamba/linear-attention state per sequence
     extra: dict[str, Any] = field(default_factory=dict)
+    # The budget less everything else, signed: what vLLM prints as "Available KV cache memory" even when it
+    # is negative and the start-up fails ("No available memory for the cache blocks"); kv_cache_bytes is
+    # this, floored at 0.
+    kv_available_bytes: int = 0
 
     def component(self, name: str) -> Component | None:
         return next((c for c in self.components if c.name == name), None)
@@ -113,6 +117,7 @@ class Estimate:
             "gpu_memory_bytes": self.gpu_memory_bytes,
             "weights_bytes": self.weights_bytes,
             "kv_cache_bytes": self.kv_cache_bytes,
+            "kv_available_bytes": self.kv_available_bytes,
             "kv_cache_tokens": self.kv_cache_tokens,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "activation_peak_bytes": self.activation_peak_bytes,

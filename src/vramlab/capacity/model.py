@@ -87,6 +87,7 @@ def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Co
         block_size=r.block_size,
         num_blocks=lim.num_blocks,
         kv_cache_bytes=max(0, kv_mid),
+        kv_available_bytes=kv_mid,
         kv_cache_tokens=lim.kv_cache_tokens,
         max_concurrency=lim.max_concurrency,
         max_model_len=r.max_model_len,
@@ -191,6 +192,12 @@ def _candidates(model: ModelSpec, s: EngineSettings, est: Estimate) -> list[tupl
     if engine == "vllm" and (est.settings.get("gpu_memory_utilization") or 0) < 0.95:
         out.append(("raise --gpu-memory-utilization to 0.95 (check the headroom for CUDA graphs)",
                     {"gpu_memory_utilization": 0.95}))
+    limits = dict(s.limit_mm_per_prompt or ())
+    if engine == "vllm" and model.vision is not None and limits.get("video", 1) > 0:
+        # V1 profiles the tower with a video as long as max_model_len allows (engines/vllm_mm.py)
+        out.append(("serve no videos: --limit-mm-per-prompt '{\"video\": 0}' (the start-up then profiles the vision "
+                    "encoder on images, not a max_model_len-long video)",
+                    {"limit_mm_per_prompt": tuple(sorted({**limits, "video": 0}.items()))}))
     for tp in (2, 4, 8):
         if tp > s.tensor_parallel_size and model.num_attention_heads % tp == 0:
             out.append((_say_gpus(engine, tp), {"tensor_parallel_size": tp}))

@@ -62,6 +62,50 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * scale)
 
 
+MM_MODALITIES = ("image", "video", "audio")
+
+
+def parse_mm_limits(text: str) -> tuple[tuple[str, int], ...]:
+    """vLLM's --limit-mm-per-prompt: JSON ('{"image": 2, "video": 0}') or 'image=2,video=0'."""
+    import json
+
+    raw = str(text).strip()
+    pairs: list[tuple[str, object]]
+    if raw.startswith("{"):
+        try:
+            loaded = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--limit-mm-per-prompt: not JSON: {exc.msg} (example: '{{\"image\": 2, \"video\": 0}}')") \
+                from None
+        if not isinstance(loaded, dict):
+            raise ConfigError("--limit-mm-per-prompt: expected an object of modality: count")
+        pairs = list(loaded.items())
+    else:
+        pairs = []
+        for part in filter(None, (p.strip() for p in raw.split(","))):
+            key, sep, text = part.partition("=")
+            if not sep:
+                raise ConfigError(f"--limit-mm-per-prompt: expected MODALITY=COUNT, got {part!r} (example: image=2,video=0)")
+            pairs.append((key.strip(), text.strip()))
+    out: dict[str, int] = {}
+    for key, given in pairs:
+        value: object = given
+        if key not in MM_MODALITIES:
+            raise ConfigError(f"--limit-mm-per-prompt: unknown modality {key!r} (image, video, audio)")
+        if isinstance(given, dict):  # 0.11+ also takes {"video": {"count": 1, "num_frames": 32}}
+            value = given.get("count", 1)
+        try:
+            count = int(str(value))
+        except ValueError:
+            raise ConfigError(f"--limit-mm-per-prompt: {key}: not a whole number: {value!r}") from None
+        if count < 0:
+            raise ConfigError(f"--limit-mm-per-prompt: {key}: must be >= 0, got {count}")
+        out[key] = count
+    if not out:
+        raise ConfigError("--limit-mm-per-prompt: no modality given (example: image=2,video=0)")
+    return tuple(sorted(out.items()))
+
+
 def parse_value(field_name: str, text: str) -> Any:
     if field_name in _FLOAT_FIELDS:
         try:

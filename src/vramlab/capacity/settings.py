@@ -78,6 +78,7 @@ class EngineSettings:
     enable_lora: bool = False  # vLLM --enable-lora: LoRA slots are allocated at load time
     max_lora_rank: int = 16  # vLLM --max-lora-rank (vLLM's default 16)
     max_loras: int = 1  # vLLM --max-loras (vLLM's default 1)
+    limit_mm_per_prompt: tuple[tuple[str, int], ...] | None = None  # vLLM --limit-mm-per-prompt (image=2,video=0)
 
     def with_(self, **changes: object) -> EngineSettings:
         return replace(self, **changes)  # type: ignore[arg-type]

@@ -65,6 +65,25 @@ class QuantSpec:
 
 
 @dataclass(frozen=True)
+class VisionTower:
+    """A vision encoder whose memory profile vLLM runs at start-up (`vision_config`): the geometry its
+    dummy images and videos go through. Only towers whose profile is modelled get one (see
+    capacity/engines/vllm_mm.py); others count in the weights (`vision_params`) and widen the band."""
+
+    family: str  # "qwen2_vl" | "qwen2_5_vl"
+    depth: int
+    hidden_size: int
+    intermediate_size: int
+    gated: bool  # SiLU-gated MLP (gate_up + down) rather than fc1 / act / fc2
+    out_hidden_size: int  # the language model's width: what each merged token becomes
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    in_channels: int = 3
+    max_pixels: int = 12845056  # the image processor's default (preprocessor_config.json of Qwen2-VL / 2.5-VL)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """The architecture facts that drive memory. Field names follow Hugging Face configs."""
 
@@ -134,6 +153,7 @@ class ModelSpec:
 
     # Multimodal towers: their parameter count is added to the weights.
     vision_params: int = 0
+    vision: VisionTower | None = None  # geometry of a tower whose start-up profile is modelled
 
     quant: QuantSpec | None = None
 

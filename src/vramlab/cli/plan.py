@@ -79,6 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="vLLM --enable-lora: the LoRA slots it allocates at load count as weights")
     e.add_argument("--max-lora-rank", type=int, default=16, help="vLLM --max-lora-rank (default 16)")
     e.add_argument("--max-loras", type=int, default=1, help="vLLM --max-loras (default 1)")
+    e.add_argument("--limit-mm-per-prompt", metavar="SPEC",
+                   help="vLLM --limit-mm-per-prompt, as JSON or image=2,video=0: which images and videos V1 profiles "
+                        "through the vision encoder at start-up (default 999 each)")
     o = p.add_argument_group("questions and output")
     o.add_argument("--concurrency", type=int, help="also report the largest max_model_len for this many sequences")
     o.add_argument("--margin", type=float, default=0.10, help="safety margin of the KV pool (default 0.10)")
@@ -91,7 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _settings(args: argparse.Namespace):
     from vramlab.capacity import EngineSettings
-    from vramlab.capacity.planning import parse_bytes, parse_count
+    from vramlab.capacity.planning import parse_bytes, parse_count, parse_mm_limits
     from vramlab.capacity.validation import check_settings
     from vramlab.errors import ConfigError
 
@@ -129,6 +132,7 @@ def _settings(args: argparse.Namespace):
         enable_lora=args.enable_lora,
         max_lora_rank=args.max_lora_rank,
         max_loras=args.max_loras,
+        limit_mm_per_prompt=parse_mm_limits(args.limit_mm_per_prompt) if args.limit_mm_per_prompt else None,
         other_processes_bytes=int(args.other_processes_gib * (1 << 30)),
         cache_type_v=args.cache_type_v,
         flash_attn=_on_off(args.flash_attn),

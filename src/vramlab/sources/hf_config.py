@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramlab.capacity.spec import ModelSpec, QuantSpec
+from vramlab.capacity.spec import ModelSpec, QuantSpec, VisionTower
 from vramlab.capacity.validation import check_config_numbers
 from vramlab.errors import ConfigError
 
@@ -271,6 +271,11 @@ def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str
                                         "intermediate_size": c.get("vision_intermediate_size"),
                                         "out_hidden_size": c.get("vision_out_hidden_size")}, text_hidden)
 
+    tower = _vision_tower(arch, vision if isinstance(vision, dict) else {
+        "depth": c.get("vision_depth"), "hidden_size": c.get("vision_hidden_size"),
+        "intermediate_size": c.get("vision_intermediate_size"), "out_hidden_size": c.get("vision_out_hidden_size")},
+        text_hidden)
+
     mamba_heads = int(_first(c, "mamba_n_heads", "mamba_num_heads", default=0) or 0)
     rope_field = c.get("rope_scaling")
     rope: dict[str, Any] = rope_field if isinstance(rope_field, dict) else {}
@@ -330,11 +335,42 @@ def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str
         linear_conv_kernel_dim=int(c.get("linear_conv_kernel_dim") or 4),
         mamba_ssm_dtype=str(c.get("mamba_ssm_dtype") or ""),
         vision_params=vision_params,
+        vision=tower if vision_params else None,
         quant=_quant(c, torch_dtype),
     )
     if spec.num_kv_heads <= 0 or spec.num_attention_heads <= 0 or spec.head_dim <= 0:
         raise ConfigError(f"{name}: attention heads and head_dim must be positive")
     return spec
+
+
+# Towers whose start-up profile vLLM runs and vramlab models (capacity/engines/vllm_mm.py): the Qwen2-VL
+# family's `vision_config`. Qwen2-VL names the tower width `embed_dim` (MLP `mlp_ratio` x wide, QuickGELU);
+# Qwen2.5-VL `hidden_size` with a SiLU-gated `intermediate_size` MLP and `out_hidden_size` for the LM.
+_PROFILED_TOWERS = {"Qwen2VLForConditionalGeneration": "qwen2_vl",
+                    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl"}
+
+
+def _vision_tower(arch: str, v: dict[str, Any], text_hidden: int) -> VisionTower | None:
+    family = _PROFILED_TOWERS.get(arch)
+    if family is None:
+        return None
+    if family == "qwen2_vl":
+        hidden = int(v.get("embed_dim") or 0)
+        inter = int(hidden * float(v.get("mlp_ratio") or 4))
+        out = int(v.get("hidden_size") or text_hidden)
+    else:
+        hidden = int(v.get("hidden_size") or 0)
+        inter = int(v.get("intermediate_size") or 0)
+        out = int(v.get("out_hidden_size") or text_hidden)
+    depth = int(v.get("depth") or v.get("num_hidden_layers") or 0)
+    if not (hidden and inter and depth and out):
+        return None
+    return VisionTower(family=family, depth=depth, hidden_size=hidden, intermediate_size=inter,
+                       gated=family == "qwen2_5_vl", out_hidden_size=out,
+                       patch_size=int(v.get("patch_size") or 14),
+                       temporal_patch_size=int(v.get("temporal_patch_size") or 2),
+                       spatial_merge_size=int(v.get("spatial_merge_size") or 2),
+                       in_channels=int(v.get("in_chans") or v.get("in_channels") or 3))
 
 
 def _vision_params(v: dict[str, Any], text_hidden: int = 0) -> int:

@@ -47,6 +47,7 @@ from vramlab.capacity.engines.vllm_eras import (
     resolve_setup,
     v0_mla_absorbs,
 )
+from vramlab.capacity.engines.vllm_mm import BLOCK_BAND, encoder_profile, limits_of
 from vramlab.capacity.estimate import DEFAULT, ENGINE, GIB, Component, Limits, band
 from vramlab.capacity.overheads import (
     cuda_graph_bytes,
@@ -89,7 +90,7 @@ def later_flashinfer(ctx: Context, setup: Setup) -> bool:
     return setup.sampler_path == FLASHINFER_SAMPLER and (not version or version >= FLASHINFER_SAMPLER_DEFAULT_FROM)
 
 
-def activation_component(ctx: Context, setup: Setup, last_stage: bool) -> Component:
+def activation_component(ctx: Context, setup: Setup, last_stage: bool, first_stage: bool = True) -> Component:
     model, constants = ctx.model, ctx.constants
     tokens = setup.profile_tokens
     forward = forward_peak_bytes(model, tokens, ctx.tp, ctx.dtype, constants)
@@ -98,7 +99,12 @@ def activation_component(ctx: Context, setup: Setup, last_stage: bool) -> Compon
     sampler = sampler_peak_bytes(model, sampled, constants, key) if last_stage else 0.0
     moe = moe_workspace_bytes(model, tokens, ctx.tp, ctx.dtype, constants)
     names = [key, "forward_intermediate_copies", "forward_hidden_copies"] + (["moe_workspace_copies"] if moe else [])
-    rel = constants.band(*names) + (0.25 if model.vision_params else 0.0) \
+    # V1 runs the vision tower first and keeps its pixels and embeddings through the dummy forward (vllm_mm.py).
+    enc = encoder_profile(model, max_model_len=setup.max_model_len, max_num_batched_tokens=tokens,
+                          max_num_seqs=setup.max_num_seqs, chunked_prefill=setup.chunked_prefill,
+                          limits=limits_of(ctx.settings.limit_mm_per_prompt), version=ctx.version,
+                          model_dtype=ctx.dtype, tp=ctx.tp) if setup.mode == "v1" and first_stage else None
+    rel = constants.band(*names) + (0.25 if model.vision_params and not enc else 0.0) \
         + (UNKNOWN_TERM_BAND if setup.unknown_terms or later_flashinfer(ctx, setup) else 0.0)
     persists = setup.mode == "v1" and (not ctx.version or ctx.version >= MOE_WORKSPACE_PERSISTS_FROM)
 
@@ -111,12 +117,18 @@ def activation_component(ctx: Context, setup: Setup, last_stage: bool) -> Compon
         native = TRITON_SAMPLER if sampled >= TRITON_MIN_BATCH else SORT_SAMPLER
         sampler = max(sampler, sampler_peak_bytes(model, sampled, constants, SAMPLER_KEYS[native]))
         names.append(SAMPLER_KEYS[native])
-    value = peak(sampler)
+    held = enc.held_bytes if enc else 0.0
+    decoder = peak(sampler) + held
+    value = max(decoder, enc.encoder_peak_bytes if enc else 0.0)
     rel_low = rel
+    if enc and value > decoder:
+        # The tower's peak sets it; the forward's own uncertainty only matters up to where it would overtake.
+        rel, rel_low = max(BLOCK_BAND, decoder * (1 + rel) / value - 1), BLOCK_BAND
     if last_stage and not setup.sampler_path_known:
         # Which path runs depends on the install: the low end is the sort-free FlashInfer sampler's peak.
-        other = peak(sampler_peak_bytes(model, sampled, constants, SAMPLER_KEYS[FLASHINFER_SAMPLER]))
-        rel_low = max(rel, 1 - other * (1 - rel) / value) if value else rel
+        other = max(peak(sampler_peak_bytes(model, sampled, constants, SAMPLER_KEYS[FLASHINFER_SAMPLER])) + held,
+                    enc.encoder_peak_bytes if enc else 0.0)
+        rel_low = max(rel_low, 1 - other * (1 - rel_low) / value) if value else rel_low
     note = (f"dummy forward at max_num_batched_tokens={tokens}"
             + (" (V0 chunked prefill caps the profiled tokens)" if setup.mode == "v0" and setup.chunked_prefill else "")
             + (f" and {setup.sampler_path} sampler on {sampled} sequences x {model.vocab_size} vocab (fp32)"
@@ -124,7 +136,11 @@ def activation_component(ctx: Context, setup: Setup, last_stage: bool) -> Compon
             + (" then the native top-k/top-p warm-up run (the larger of the two peaks, 0.22+)" if warm_native else "")
             + ((" + fused-MoE workspace (persistent from 0.13)" if persists else " (fused-MoE caches freed before "
                 "the sampler runs)") if moe else "")
-            + ("; multimodal encoder profiling not modelled" if model.vision_params else ""))
+            + (f"; before it the {enc.describe()}: {enc.encoder_peak_bytes / GIB:.2f} GiB at the tower's peak, "
+               f"{enc.held_bytes / GIB:.2f} GiB of its pixels and embeddings held through the forward"
+               if enc else "; every modality limited to 0 (--limit-mm-per-prompt): no encoder profile"
+               if model.vision and setup.mode == "v1" and first_stage else
+               "; multimodal encoder profiling not modelled" if model.vision_params else ""))
     return band("activation_peak", value, rel_low, rel, constants.provenance(*names), note)
 
 
@@ -199,7 +215,7 @@ def stage_components(ctx: Context, setup: Setup, stage: int) -> list[Component]:
                else "; inside the profiling window"), in_budget=not setup.nccl_outside_budget))
     components.append(weights_with_absorption(ctx, stage) if setup.mode == "v0" and v0_mla_absorbs(ctx)
                       else ctx.weights_component(stage))
-    components.append(activation_component(ctx, setup, last_stage=stage == ctx.pp - 1))
+    components.append(activation_component(ctx, setup, last_stage=stage == ctx.pp - 1, first_stage=stage == 0))
     components.append(non_torch_component(ctx, setup))
     if not ctx.settings.enforce_eager:
         components.append(graphs_component(ctx, setup, stage))

@@ -1,0 +1,140 @@
+"""vLLM V1's vision-encoder profile for the Qwen2-VL family (capacity/engines/vllm_mm.py): what the start-up
+profiles, by release, as its log line says it, and what the plan takes off the budget for it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from capacity_models import row_estimate
+from vramlab.capacity import EngineSettings, estimate, get_gpu
+from vramlab.capacity.engines.vllm_mm import encoder_profile, limits_of
+from vramlab.capacity.planning import parse_mm_limits
+from vramlab.capacity.settings import parse_version
+from vramlab.errors import ConfigError
+from vramlab.sources import resolve_model
+from vramlab.sources.hf_config import spec_from_config
+
+QWEN25_VL = resolve_model("qwen2.5-vl-7b-instruct", offline=True)
+GIB = 1 << 30
+
+
+def _profile(version: str, max_model_len: int, mnbt: int = 2048, seqs: int = 256, limits=None, model=QWEN25_VL):
+    return encoder_profile(model, max_model_len=max_model_len, max_num_batched_tokens=mnbt, max_num_seqs=seqs,
+                           chunked_prefill=True, limits=limits_of(limits), version=parse_version(version),
+                           model_dtype="bfloat16", tp=1)
+
+
+def test_r217_log_line_budget_and_items():
+    """vLLM 0.23.0 at max_model_len 128000 printed: 'Encoder cache will be initialized with a budget of 114688
+    tokens, and profiled with 1 video items of the maximum feature size.' (benchmarks/data row r217)."""
+    p = _profile("0.23.0", 128000)
+    assert (p.budget_tokens, p.items, p.modality, p.tokens_per_item) == (114688, 1, "video", 114688)
+    assert p.patches == 114688 * 4
+
+
+@pytest.mark.parametrize("version,max_model_len,tokens", [
+    ("0.23.0", 8192, 16384),     # shorter than one frame pair: still one frame (at least 1)
+    ("0.23.0", 32768, 32768),    # 4 frames -> 2 temporal slices
+    ("0.13.0", 128000, 114688),  # {modality: 1} from 0.13: 14 frames
+    ("0.11.0", 128000, 16384),   # the prompt limit (999 videos) shares the frames: one frame
+    ("0.10.2", 128000, 16384),
+    ("0.9.2", 128000, 16384),
+])
+def test_largest_item_follows_each_release(version, max_model_len, tokens):
+    assert _profile(version, max_model_len).tokens_per_item == tokens
+
+
+def test_frames_cap_is_16_before_0_11_when_one_video_is_allowed():
+    """With --limit-mm-per-prompt video=1 the frames are not shared: 0.10.2 caps them at 16, 0.11 at 14."""
+    one = (("image", 1), ("video", 1))
+    assert _profile("0.10.2", 200000, limits=one).tokens_per_item == 8 * 16384
+    assert _profile("0.11.0", 200000, limits=one).tokens_per_item == 7 * 16384
+
+
+def test_items_fill_the_batched_token_budget():
+    """Images of 16,384 tokens: floor(budget / item) from 0.10, capped by max_num_seqs x per-prompt items."""
+    images = (("video", 0),)
+    assert _profile("0.23.0", 32768, mnbt=65536, limits=images).items == 4
+    assert _profile("0.23.0", 32768, mnbt=65536, seqs=2, limits=(("image", 1), ("video", 0))).items == 2
+    assert _profile("0.9.2", 32768, mnbt=40000, limits=images).items == 3  # cdiv before 0.10
+
+
+def test_every_modality_off_profiles_nothing():
+    assert _profile("0.23.0", 128000, limits=(("image", 0), ("video", 0))) is None
+
+
+def test_encoder_peak_grows_with_the_video_and_dominates_the_activation():
+    s = EngineSettings(engine="vllm", engine_version="0.23.0", gpu_memory_utilization=0.9)
+    gpu = get_gpu("a100-80gb")
+    acts = [estimate(QWEN25_VL, gpu, s.with_(max_model_len=n)).activation_peak_bytes for n in (8192, 32768, 128000)]
+    assert acts[0] < acts[1] < acts[2]
+    off = estimate(QWEN25_VL, gpu, s.with_(max_model_len=128000, limit_mm_per_prompt=(("video", 0),)))
+    assert off.activation_peak_bytes < acts[2] / 4
+    assert off.kv_cache_bytes > estimate(QWEN25_VL, gpu, s.with_(max_model_len=128000)).kv_cache_bytes
+
+
+def test_r217_failed_start_is_predicted_with_the_logged_deficit_inside_the_band():
+    """r217 failed: 'Available KV cache memory: -14.28 GiB' then 'No available memory for the cache blocks'."""
+    row, est = row_estimate("r217")
+    assert not est.fits and any("No available memory" in r for r in est.reasons)
+    logged = row["kv_cache_gib"] * GIB
+    assert est.kv_available_bytes < 0
+    assert abs(est.kv_available_bytes - logged) < 0.05 * abs(logged)
+    act = est.component("activation_peak")
+    assert "1 video item(s) of 114,688 tokens" in act.note
+
+
+def test_suggestion_turns_videos_off_and_then_it_fits():
+    """A 64k context on 0.23: the profiled video (65,536 tokens) leaves no KV at util 0.3; without videos it fits."""
+    s = EngineSettings(engine="vllm", engine_version="0.23.0", gpu_memory_utilization=0.3, max_model_len=65536)
+    est = estimate(QWEN25_VL, get_gpu("a100-80gb"), s)
+    tip = next((x for x in est.suggestions if "--limit-mm-per-prompt" in x), None)
+    assert not est.fits and tip is not None
+    assert estimate(QWEN25_VL, get_gpu("a100-80gb"), s.with_(limit_mm_per_prompt=(("video", 0),))).fits
+
+
+def test_qwen2_vl_tower_from_its_config():
+    """Qwen2-VL's vision_config names the width embed_dim and the MLP mlp_ratio (QuickGELU, not gated)."""
+    config = {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl", "hidden_size": 3584,
+              "intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4, "num_hidden_layers": 28,
+              "vocab_size": 152064, "max_position_embeddings": 32768, "torch_dtype": "bfloat16",
+              "vision_config": {"depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16, "in_chans": 3,
+                                "hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2,
+                                "temporal_patch_size": 2}}
+    m = spec_from_config(config, "Qwen/Qwen2-VL-7B-Instruct", "test")
+    assert m.vision is not None and not m.vision.gated
+    assert (m.vision.intermediate_size, m.vision.out_hidden_size) == (5120, 3584)
+    assert _profile("0.23.0", 32768, model=m).tokens_per_item == 32768
+    other = spec_from_config({**config, "architectures": ["LlavaForConditionalGeneration"]}, "x", "test")
+    assert other.vision is None  # a tower whose profile is not modelled keeps the widened band
+
+
+@pytest.mark.parametrize("text,expected", [
+    ('{"image": 2, "video": 0}', (("image", 2), ("video", 0))),
+    ("image=2,video=0", (("image", 2), ("video", 0))),
+    ('{"video": {"count": 1, "num_frames": 32}}', (("video", 1),)),
+])
+def test_limit_mm_per_prompt_parses_vllms_forms(text, expected):
+    assert parse_mm_limits(text) == expected
+
+
+@pytest.mark.parametrize("text", ["foo=1", "image=-1", "image=two", "{", "[1]", ""])
+def test_limit_mm_per_prompt_refuses_bad_input(text):
+    with pytest.raises(ConfigError):
+        parse_mm_limits(text)
+
+
+def test_cli_flag_and_bad_input():
+    base = [sys.executable, "-m", "vramlab", "plan", "--model", "qwen2.5-vl-7b-instruct", "--gpu", "a100-80gb",
+            "--engine-version", "0.23.0", "--max-model-len", "128000", "--json"]
+    import json
+
+    on = json.loads(subprocess.run(base, capture_output=True, text=True, check=False).stdout)
+    off = json.loads(subprocess.run(base + ["--limit-mm-per-prompt", "video=0"], capture_output=True, text=True,
+                                    check=False).stdout)
+    assert off["activation_peak_bytes"] < on["activation_peak_bytes"]
+    bad = subprocess.run(base + ["--limit-mm-per-prompt", "pictures=2"], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
