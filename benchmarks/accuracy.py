@@ -333,12 +333,18 @@ def calibrated_loo(rows: list[dict[str, Any]], configs: dict[str, Any]) -> list[
     for engine, engine_cases in sorted(cases_by_engine(rows, configs).items()):
         if len(engine_cases) < 5:
             continue
-        result = fit([c for _, c in engine_cases], engine)
+        result = fit([c for r, c in engine_cases if not _fork(r)], engine)
         for e in result.loo:
             out.append({"engine": engine, "field": e.field, "n": e.n, "median_before": 100 * e.median_before,
                         "median_after": 100 * e.median_after, "p90_before": 100 * e.p90_before,
                         "p90_after": 100 * e.p90_after})
     return out
+
+
+def _fork(row: dict[str, Any]) -> bool:
+    """A start-up of a fork of the engine (extra.fork, e.g. nlzy/vllm-gfx906): scored, never used to fit the
+    upstream engine's constants."""
+    return bool((row.get("extra") or {}).get("fork"))
 
 
 def cases_by_engine(rows: list[dict[str, Any]], configs: dict[str, Any]) -> dict[str, list[tuple[dict[str, Any], Any]]]:
@@ -383,7 +389,7 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
     groups: dict[str, Any] = {}
     for engine, items in sorted(by_engine.items()):
         for group in sorted({str(r.get("collection_group")) for r, _ in items}):
-            train = [c for r, c in items if str(r.get("collection_group")) != group]
+            train = [c for r, c in items if str(r.get("collection_group")) != group and not _fork(r)]
             refit = len(train) >= 5
             if refit:
                 result = fit(train, engine, leave_one_out=False)
