@@ -138,3 +138,37 @@ def test_cli_flag_and_bad_input():
     assert off["activation_peak_bytes"] < on["activation_peak_bytes"]
     bad = subprocess.run(base + ["--limit-mm-per-prompt", "pictures=2"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+# Lines copied from the two public logs behind rows r217 (vLLM 0.23.0, A100) and r218 (0.11.0rc2, ROCm).
+R217_LOG = """\
+(APIServer pid=1) INFO 07-01 04:23:28 [api_utils.py:273] non-default args: {'model_tag': '/models/Qwen2.5-VL-7B-Instruct', 'model': '/models/Qwen2.5-VL-7B-Instruct', 'trust_remote_code': True, 'served_model_name': ['qwen2.5-vl'], 'gpu_memory_utilization': 0.22}
+(APIServer pid=1) INFO 07-01 04:23:39 [model.py:1745] Using max model len 128000
+(EngineCore pid=129) INFO 07-01 04:23:50 [core.py:113] Initializing a V1 LLM engine (v0.23.0) with config: model='/models/Qwen2.5-VL-7B-Instruct', speculative_config=None, tokenizer='/models/Qwen2.5-VL-7B-Instruct', skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, tokenizer_revision=None, trust_remote_code=True, dtype=torch.bfloat16, max_seq_len=128000, download_dir=None, load_format=auto, tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1
+(EngineCore pid=129) INFO 07-01 04:23:52 [topk_topp_sampler.py:55] Using FlashInfer for top-p & top-k sampling.
+(EngineCore pid=129) INFO 07-01 04:23:59 [gpu_model_runner.py:5187] Model loading took 15.67 GiB memory and 2.938506 seconds
+(EngineCore pid=129) INFO 07-01 04:23:59 [gpu_model_runner.py:6200] Encoder cache will be initialized with a budget of 114688 tokens, and profiled with 1 video items of the maximum feature size.
+(EngineCore pid=129) INFO 07-01 04:24:37 [gpu_model_runner.py:6517] Estimated CUDA graph memory: 0.53 GiB total
+(EngineCore pid=129) INFO 07-01 04:24:37 [gpu_worker.py:480] Available KV cache memory: -14.28 GiB
+(EngineCore pid=129) ERROR 07-01 04:24:37 [core.py:1195] ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.
+"""
+R218_ARGS = ("non-default args: {'model_tag': '/google/gemma-3-27b-it', 'model': '/google/gemma-3-27b-it', "
+             "'max_model_len': 4096, 'limit_mm_per_prompt': {'image': 2}}")
+
+
+def test_check_log_reads_the_encoder_profile_and_compares_it_with_the_plan(tmp_path):
+    from vramlab.logs import vllm as vllm_log
+
+    obs = vllm_log.parse(R217_LOG.splitlines())[0]
+    assert (obs.extra["encoder_budget_tokens"], obs.extra["encoder_items"], obs.extra["encoder_modality"]) == (
+        114688, 1, "video")
+    assert vllm_log.parse([R218_ARGS])[0].settings["limit_mm_per_prompt"] == (("image", 2),)
+    log = tmp_path / "qwen25vl.log"
+    log.write_text(R217_LOG)
+    run = subprocess.run([sys.executable, "-m", "vramlab", "check-log", str(log), "--model", "qwen2.5-vl-7b-instruct",
+                          "--gpu", "a100-80gb"], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    assert ("vision encoder profile: the log 114,688 tokens, 1 video item(s); the plan 114,688 tokens, "
+            "1 video item(s)\n") in run.stdout
+    kv = next(line for line in run.stdout.splitlines() if line.strip().startswith("kv_cache "))
+    assert "-14.28" in kv and "-14.1" in kv, kv  # the failed start-up's signed figure beside the plan's

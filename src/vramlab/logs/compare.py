@@ -50,6 +50,8 @@ def settings_for(obs: Observation, **overrides: Any) -> EngineSettings:
     if engine == "tgi":
         values.pop("gpu_memory_utilization", None)  # TGI's cuda_memory_fraction is not vLLM's budget
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if values.get("limit_mm_per_prompt") is not None:  # JSON gives lists back
+        values["limit_mm_per_prompt"] = tuple((str(k), int(v)) for k, v in values["limit_mm_per_prompt"])
     try:
         return EngineSettings(engine=engine, **values)
     except TypeError as exc:
@@ -124,8 +126,8 @@ class Comparison:
 
 
 def predicted_value(est: Estimate, field: str) -> float | None:
-    if field == "kv_cache_bytes":
-        return est.kv_cache_bytes
+    if field == "kv_cache_bytes":  # signed, as vLLM prints "Available KV cache memory" for a failed start-up
+        return est.kv_available_bytes
     if field == "kv_cache_tokens":
         return est.kv_cache_tokens
     if field == "max_concurrency":

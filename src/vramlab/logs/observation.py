@@ -27,6 +27,7 @@ SETTINGS_KEYS = (
     "kv_cache_dtype", "quantization", "enforce_eager", "block_size", "kv_cache_memory_bytes",
     "mem_fraction_static", "chunked_prefill_size", "cuda_graph_max_bs", "max_batch_prefill_tokens",
     "ctx_size", "parallel", "n_ubatch", "flash_attn", "api_server", "flashinfer_sampler", "gpu_p2p",
+    "limit_mm_per_prompt",
 )
 
 # Component fields compared with a prediction, in the order the tables print them.

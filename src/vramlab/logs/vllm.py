@@ -67,6 +67,17 @@ def _pairs(text: str, sep: str) -> dict[str, Any]:
     return out
 
 
+def _encoder_profile(m: re.Match[str]) -> dict[str, Any]:
+    return {"extra.encoder_budget_tokens": int(m.group(1)), "extra.encoder_items": int(m.group(2)),
+            "extra.encoder_modality": m.group(3)}
+
+
+def _mm_limits(m: re.Match[str]) -> dict[str, Any] | None:
+    """`'limit_mm_per_prompt': {'image': 2, 'video': 0}` (non-default args) as the plan's setting."""
+    pairs = re.findall(r"['\"]?(image|video|audio)['\"]?\s*:\s*(\d+)", m.group(1))
+    return {"settings.limit_mm_per_prompt": tuple(sorted((k, int(v)) for k, v in pairs))} if pairs else None
+
+
 def _engine_config(m: re.Match[str]) -> dict[str, Any]:
     out = _pairs(m.group("config") or "", "=")
     if m.group("version"):
@@ -332,6 +343,10 @@ RULES: list[Rule] = [
     # custom_all_reduce.py: the GPUs cannot reach each other directly, so no NVLink/NVSwitch buffers either.
     rule("no_p2p", r"Custom allreduce is disabled because (?:your platform lacks GPU P2P capability|this process "
          r"group spans across nodes)", lambda m: {"settings.gpu_p2p": False}, shared=True),
+    # V1's vision-encoder profile (gpu_model_runner.profile_run) and the prompt limits that shape it.
+    rule("encoder_profile", r"Encoder cache will be initialized with a budget of (\d+) tokens, and profiled with "
+         r"(\d+) (\w+) items", _encoder_profile, shared=True),
+    rule("mm_limits", r"limit_mm_per_prompt['\"]?\s*[:=]\s*\{([^}]*)\}", _mm_limits, shared=True),
     rule("graphs", rf"Graph capturing finished in \d+ secs?, took ({N}) ?GiB",
          lambda m: {"cuda_graph_bytes": gib(m.group(1))}),
     rule("graph_estimate", rf"Estimated CUDA graph memory: ({N}) ?GiB",

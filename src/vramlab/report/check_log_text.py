@@ -83,6 +83,9 @@ def render(report: Any) -> str:
                 continue
             out.append(f"  {row.field.removesuffix('_bytes'):18} {_fmt(row.field, row.observed):>12} "
                        f"{_fmt(row.field, row.predicted):>12}  {_diff(row.field, row)}")
+        line = _encoder_line(obs.extra, est.extra.get("encoder_profile"))
+        if line:
+            out.append(line)
         if cmp.explains == "unexplained":
             unseen = [r.field.removesuffix("_bytes") for r in cmp.rows
                       if r.observed is None and r.predicted is not None and r.field.endswith("_bytes")]
@@ -105,6 +108,20 @@ def render(report: Any) -> str:
         out.append("")
         out.extend(report.summary)
     return "\n".join(out)
+
+
+def _encoder_line(seen: dict[str, Any], planned: dict[str, Any] | None) -> str | None:
+    """vLLM V1's "Encoder cache will be initialized with a budget of N tokens, and profiled with K video
+    items" beside what the plan profiles (capacity/engines/vllm_mm.py)."""
+    if seen.get("encoder_budget_tokens") is None:
+        return None
+    log = f"{seen['encoder_budget_tokens']:,} tokens, {seen.get('encoder_items')} {seen.get('encoder_modality')} item(s)"
+    if not planned:
+        return f"  vision encoder profile: the log {log}; the plan does not model this tower"
+    plan = f"{planned['budget_tokens']:,} tokens, {planned['items']} {planned['modality']} item(s)"
+    same = (planned["budget_tokens"], planned["items"], planned["modality"]) == (
+        seen["encoder_budget_tokens"], seen.get("encoder_items"), seen.get("encoder_modality"))
+    return f"  vision encoder profile: the log {log}; the plan {plan}" + ("" if same else " (differs)")
 
 
 def render_folder(folder: Any) -> str:

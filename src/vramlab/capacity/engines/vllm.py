@@ -47,7 +47,7 @@ from vramlab.capacity.engines.vllm_eras import (
     resolve_setup,
     v0_mla_absorbs,
 )
-from vramlab.capacity.engines.vllm_mm import BLOCK_BAND, encoder_profile, limits_of
+from vramlab.capacity.engines.vllm_mm import BLOCK_BAND, EncoderProfile, encoder_profile, limits_of
 from vramlab.capacity.estimate import DEFAULT, ENGINE, GIB, Component, Limits, band
 from vramlab.capacity.overheads import (
     cuda_graph_bytes,
@@ -90,6 +90,16 @@ def later_flashinfer(ctx: Context, setup: Setup) -> bool:
     return setup.sampler_path == FLASHINFER_SAMPLER and (not version or version >= FLASHINFER_SAMPLER_DEFAULT_FROM)
 
 
+def stage0_encoder(ctx: Context, setup: Setup) -> EncoderProfile | None:
+    """What V1 profiles the vision tower with (vllm_mm.py), on the first pipeline stage, which runs it."""
+    if setup.mode != "v1":
+        return None
+    return encoder_profile(ctx.model, max_model_len=setup.max_model_len, max_num_batched_tokens=setup.profile_tokens,
+                           max_num_seqs=setup.max_num_seqs, chunked_prefill=setup.chunked_prefill,
+                           limits=limits_of(ctx.settings.limit_mm_per_prompt), version=ctx.version,
+                           model_dtype=ctx.dtype, tp=ctx.tp)
+
+
 def activation_component(ctx: Context, setup: Setup, last_stage: bool, first_stage: bool = True) -> Component:
     model, constants = ctx.model, ctx.constants
     tokens = setup.profile_tokens
@@ -100,10 +110,7 @@ def activation_component(ctx: Context, setup: Setup, last_stage: bool, first_sta
     moe = moe_workspace_bytes(model, tokens, ctx.tp, ctx.dtype, constants)
     names = [key, "forward_intermediate_copies", "forward_hidden_copies"] + (["moe_workspace_copies"] if moe else [])
     # V1 runs the vision tower first and keeps its pixels and embeddings through the dummy forward (vllm_mm.py).
-    enc = encoder_profile(model, max_model_len=setup.max_model_len, max_num_batched_tokens=tokens,
-                          max_num_seqs=setup.max_num_seqs, chunked_prefill=setup.chunked_prefill,
-                          limits=limits_of(ctx.settings.limit_mm_per_prompt), version=ctx.version,
-                          model_dtype=ctx.dtype, tp=ctx.tp) if setup.mode == "v1" and first_stage else None
+    enc = stage0_encoder(ctx, setup) if first_stage else None
     rel = constants.band(*names) + (0.25 if model.vision_params and not enc else 0.0) \
         + (UNKNOWN_TERM_BAND if setup.unknown_terms or later_flashinfer(ctx, setup) else 0.0)
     persists = setup.mode == "v1" and (not ctx.version or ctx.version >= MOE_WORKSPACE_PERSISTS_FROM)
@@ -382,5 +389,6 @@ def plan(ctx: Context) -> PolicyResult:
         notes=plan_notes(ctx, setup, first) + ([] if fixed_kv else stage_notes(ctx, pools, kv_rule(components, "mid"),
                                                                                 offsets)),
         min_blocks_needed=blocks_per_request,
-        extra={"blocks_per_request": blocks_per_request, "hybrid_groups": [list(g) for g in first.groups]},
+        extra={"blocks_per_request": blocks_per_request, "hybrid_groups": [list(g) for g in first.groups],
+               **({"encoder_profile": enc.to_json()} if (enc := stage0_encoder(ctx, setup)) else {})},
     )

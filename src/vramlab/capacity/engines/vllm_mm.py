@@ -55,6 +55,11 @@ class EncoderProfile:
     encoder_peak_bytes: float  # pixels + the ViT block's peak
     held_bytes: float  # pixels + cached embeddings, alive through the dummy forward and the sampler
 
+    def to_json(self) -> dict[str, object]:
+        return {"modality": self.modality, "items": self.items, "tokens_per_item": self.tokens_per_item,
+                "budget_tokens": self.budget_tokens, "patches": self.patches,
+                "encoder_peak_bytes": int(self.encoder_peak_bytes), "held_bytes": int(self.held_bytes)}
+
     def describe(self) -> str:
         return (f"vision encoder on {self.items} {self.modality} item(s) of {self.tokens_per_item:,} tokens "
                 f"({self.patches:,} patches; encoder budget {self.budget_tokens:,} tokens)")
