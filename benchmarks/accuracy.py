@@ -414,7 +414,8 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
                     e = (pred[metric] - float(o)) / abs(float(o)) * 100
                     errs.setdefault(metric, []).append((row, e))
                     group_errs.setdefault(metric, []).append(abs(e))
-            groups[group] = {
+            # a group whose rows span engines is scored per engine: one entry each, none overwritten
+            groups[group if group not in groups else f"{group} ({engine})"] = {
                 "engine": engine, "refit": refit, "n_train": len(train), "fitted": fitted,
                 "why": "" if refit else f"only {len(train)} {engine} rows outside it: shipped defaults",
                 "defaults_set_from_this_group": DEFAULTS_SET_FROM.get(group, []),

@@ -102,3 +102,19 @@ def test_the_never_seen_rows_are_pooled_apart_and_quoted_from_the_same_figures(s
 
     quoted = f"| all {len(unseen)}, now | **{pct(cap, 0.5):.1f} / {pct(cap, 0.9):.1f} %**"
     assert quoted in (DATA / "README.md").read_text(encoding="utf-8"), quoted
+
+
+def test_a_group_spanning_engines_keeps_every_engines_rows():
+    """The held-out pass keys groups by name under each engine; a group holding a vLLM and an SGLang row
+    must come out with both, not the second engine's entry over the first's."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import accuracy
+
+    rows = [json.loads(line) for line in (DATA / "observed_memory.jsonl").read_text().splitlines() if line.strip()]
+    configs = json.loads((DATA / "model_configs.json").read_text())
+    vllm = [r for r in rows if r["engine"] == "vllm" and r["collection_group"] == "llm-d-planner-v0.19.0-sweep"][:6]
+    sglang = [r for r in rows if r["engine"] == "sglang"][:1]
+    mixed = [dict(vllm[0], collection_group="mixed"), dict(sglang[0], collection_group="mixed")]
+    out = accuracy.leave_one_group_out(vllm[1:] + mixed, configs)
+    engines = sorted(g["engine"] for name, g in out["groups"].items() if name.startswith("mixed"))
+    assert engines == ["sglang", "vllm"], out["groups"].keys()
