@@ -172,3 +172,20 @@ def test_check_log_reads_the_encoder_profile_and_compares_it_with_the_plan(tmp_p
             "1 video item(s)\n") in run.stdout
     kv = next(line for line in run.stdout.splitlines() if line.strip().startswith("kv_cache "))
     assert "-14.28" in kv and "-14.1" in kv, kv  # the failed start-up's signed figure beside the plan's
+
+
+def test_pipeline_stages_after_the_first_do_not_profile_the_tower():
+    """V1 runs the tower on the first pipeline stage only: the last stage's activation carries no encoder
+    memory and says where it went."""
+    from vramlab.capacity import Constants
+    from vramlab.capacity.engines import vllm as policy
+    from vramlab.capacity.engines.common import Context
+    from vramlab.capacity.engines.vllm_eras import resolve_setup
+
+    s = EngineSettings(engine="vllm", engine_version="0.23.0", max_model_len=128000, pipeline_parallel_size=2)
+    ctx = Context(QWEN25_VL, get_gpu("a100-80gb"), s, Constants.defaults())
+    setup = resolve_setup(ctx)
+    first = policy.activation_component(ctx, setup, last_stage=False, first_stage=True)
+    last = policy.activation_component(ctx, setup, last_stage=True, first_stage=False)
+    assert first.bytes > 10 * GIB and "1 video item(s)" in first.note
+    assert last.bytes < 2 * GIB and "profiled on the first pipeline stage" in last.note

@@ -111,7 +111,8 @@ def activation_component(ctx: Context, setup: Setup, last_stage: bool, first_sta
     names = [key, "forward_intermediate_copies", "forward_hidden_copies"] + (["moe_workspace_copies"] if moe else [])
     # V1 runs the vision tower first and keeps its pixels and embeddings through the dummy forward (vllm_mm.py).
     enc = stage0_encoder(ctx, setup) if first_stage else None
-    rel = constants.band(*names) + (0.25 if model.vision_params and not enc else 0.0) \
+    modelled_tower = model.vision is not None and setup.mode == "v1"  # profiled as vllm_mm.py says, or not at all
+    rel = constants.band(*names) + (0.25 if model.vision_params and not modelled_tower else 0.0) \
         + (UNKNOWN_TERM_BAND if setup.unknown_terms or later_flashinfer(ctx, setup) else 0.0)
     persists = setup.mode == "v1" and (not ctx.version or ctx.version >= MOE_WORKSPACE_PERSISTS_FROM)
 
@@ -146,8 +147,8 @@ def activation_component(ctx: Context, setup: Setup, last_stage: bool, first_sta
             + (f"; before it the {enc.describe()}: {enc.encoder_peak_bytes / GIB:.2f} GiB at the tower's peak, "
                f"{enc.held_bytes / GIB:.2f} GiB of its pixels and embeddings held through the forward"
                if enc else "; every modality limited to 0 (--limit-mm-per-prompt): no encoder profile"
-               if model.vision and setup.mode == "v1" and first_stage else
-               "; multimodal encoder profiling not modelled" if model.vision_params else ""))
+               if modelled_tower and first_stage else "; the vision encoder is profiled on the first pipeline stage"
+               if modelled_tower else "; multimodal encoder profiling not modelled" if model.vision_params else ""))
     return band("activation_peak", value, rel_low, rel, constants.provenance(*names), note)
 
 
