@@ -285,3 +285,25 @@ def test_worker_prefixes(raw, key):
     got_key, message = split_prefix(raw)
     assert got_key == key
     assert "(" not in message[:1] and "\x1b" not in message
+
+
+def test_tgi_pretty_printed_args_block_and_announced_defaults():
+    """TGI's launcher may print `Args {` with one field per line (`num_shard: Some(` / `2,` / `),`); the
+    block reads as the one-line form, later lines keep their numbers, and an unclosed block cannot swallow
+    the log."""
+    lines = ["2025-07-04T12:35:02Z  INFO text_generation_launcher: Args {", '    model_id: "/models/m",',
+             "    num_shard: Some(", "        2,", "    ),", "    max_total_tokens: None,",
+             "    cuda_memory_fraction: 0.9,", "}",
+             "2025-07-04T12:35:04Z  INFO text_generation_launcher: Default `max_batch_prefill_tokens` to 8000",
+             "2025-07-04T12:36:06Z  INFO text_generation_launcher: KV-cache blocks: 52719, size: 1",
+             "2025-07-04T12:36:09Z  INFO text_generation_router: backends/v3/src/main.rs:171: "
+             "Maximum total tokens defaulted to 8000"]
+    obs = tgi.parse(lines)[0]
+    assert obs.model == "/models/m"
+    assert obs.settings == {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.9,
+                            "max_batch_prefill_tokens": 8000, "max_model_len": 8000}
+    assert obs.kv_cache_tokens == 52719
+    assert {s.line for s in obs.source_lines} >= {1, 9, 10, 11}
+    unclosed = tgi.parse(["INFO text_generation_launcher: Args {", '    model_id: "/m",'] + ["    x: 1,"] * 300
+                         + ["INFO text_generation_launcher: KV-cache blocks: 10, size: 16"])
+    assert unclosed[0].kv_cache_tokens == 160

@@ -2,7 +2,10 @@
 
 TGI prints token capacities, not bytes: the router's `Setting max batch total tokens to N`
 (the KV pool in tokens) and the server's `KV-cache blocks: B, size: S`. Settings come from
-the launcher's `Args { ... }` line (Rust debug format: `key: Some(v)`, `key: None`).
+the launcher's `Args { ... }` (Rust debug format: `key: Some(v)`, `key: None`), printed on one line or
+pretty-printed over one field per line (`num_shard: Some(` / `2,` / `),` ... `}`), and from the defaults
+the launcher and router announce (`Default `max_batch_prefill_tokens` to N`, `Maximum total tokens
+defaulted to N`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ def _args(m: re.Match[str]) -> dict[str, Any]:
 
 RULES: list[Rule] = [
     rule("args", r"Args \{(.*)", _args, starts=True, shared=True),
+    rule("prefill_default", r"Default `max_batch_prefill_tokens` to (\d+)",
+         lambda m: {"settings.max_batch_prefill_tokens": int(m.group(1))}, shared=True),
+    rule("total_default", r"Maximum total tokens defaulted to (\d+)",
+         lambda m: {"settings.max_model_len": int(m.group(1))}, shared=True),
     rule("version", r"text-generation-launcher (\d+\.\d+\.\d+)", lambda m: {"engine_version": m.group(1)}, shared=True),
     rule("shards", r"Sharding model on (\d+) processes", lambda m: {"settings.tensor_parallel_size": int(m.group(1))},
          shared=True),
@@ -55,8 +62,37 @@ RULES: list[Rule] = [
 
 
 def parse(lines: Iterable[str]) -> list[Any]:
-    startups, _ = parse_lines(lines, RULES)
+    startups, _ = parse_lines(_one_line_args(lines), RULES)
     return assemble(ENGINE, startups, _finish)
+
+
+_ARGS_FIELDS_MAX = 200  # a pretty-printed Args block has ~60 fields; a missing `}` must not swallow the log
+
+
+def _one_line_args(lines: Iterable[str]) -> Iterable[str]:
+    """A pretty-printed `Args {` block as the one line the `args` rule reads (`Some(\n 2,\n)` -> `Some(2)`),
+    followed by empty lines in place of the ones it took, so every later line keeps its number."""
+    block: list[str] | None = None
+    for raw in lines:
+        line = raw.rstrip("\r\n")
+        if block is not None:
+            block.append(line.strip())
+            if line.strip() == "}" or len(block) > _ARGS_FIELDS_MAX:
+                yield _flatten(block)
+                yield from [""] * (len(block) - 1)
+                block = None
+            continue
+        if line.rstrip().endswith("Args {"):
+            block = [line.rstrip()]
+            continue
+        yield line
+    if block is not None:
+        yield _flatten(block)
+        yield from [""] * (len(block) - 1)
+
+
+def _flatten(block: list[str]) -> str:
+    return re.sub(r"Some\(\s*(.*?),?\s*\)", r"Some(\1)", " ".join(block))
 
 
 def _finish(fields: dict[str, Any]) -> None:
