@@ -195,6 +195,31 @@ def test_not_recovered_summary_names_the_clock_that_never_came_back():
     assert latency.startswith("serving again after 2") and "P95" in latency
 
 
+def test_lessons_and_recovery_verdict_say_what_the_headline_says_when_p95_never_came_back(monkeypatch):
+    """A full demo on an idle box printed "serving again after 1.26 s, but P95 latency not back ... NOT
+    recovered" in the headline and "The target did not serve again within the recovery limit" in the
+    lessons. Both now name the same clock."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import vramlab.report.incident as rep
+    from vramlab.analysis.aftermath import Recovery
+    from vramlab.report.incident_text import _not_recovered, lessons
+
+    rec = Recovery(1.5, 2.0, None, False, None, True)  # served again 2.0 s after T0, P95 never back
+    reqs, samples, events = _timeline()
+    inc = analyse(reqs, samples, events, p95_tolerance=0.5, window_s=1.0)
+    inc = dataclasses.replace(inc, recovery=rec)
+    wrong = lessons(inc)[1]
+    head = _not_recovered(rec, inc.t0_s)
+    assert not any("did not serve again" in w for w in wrong), wrong
+    assert any(w.startswith("Not recovered: serving again after ") and w.split("Not recovered: ")[1] in head
+               for w in wrong), (wrong, head)
+    monkeypatch.setattr(rep, "incident_of", lambda ctx: (inc, [inc]))
+    verdict = rep.s_recovery(SimpleNamespace())[0].text
+    assert verdict.startswith("**Not recovered**: serving again after ") and "P95 latency" in verdict, verdict
+
+
 def test_an_alert_firing_before_t0_keeps_its_sign_where_the_table_shows_it():
     """The JSON's alerts[].since_t0_s is the same signed figure as the report's alert table: an alert
     already firing before the failure is negative there (it was clamped to 0 before)."""

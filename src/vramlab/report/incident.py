@@ -25,6 +25,7 @@ from vramlab.report.incident_text import (
     alert_clock,
     from_t0,
     lessons,
+    not_recovered_reason,
     recovery_text,
     signal_value,
     since_t0,
@@ -275,7 +276,7 @@ def s_recovery(ctx: ReportContext) -> list[Block]:
     ]
     text = recovery_text(r, inc.t0_s)
     verdict = (f"{text[0].upper()}{text[1:]}." if r.recovered
-               else "**Not recovered** within the recovery limit; the rollback still ran.")
+               else f"**Not recovered**: {not_recovered_reason(r, inc.t0_s)}; the rollback still ran.")
     return [Text(verdict), Table(["figure", "boundary", "value"], rows)]
 
 

@@ -82,14 +82,20 @@ def _base_mode(mode: str) -> str:
     return mode.split("+")[0]
 
 
-def _not_recovered(rec: Any, t0: float | None = None) -> str:
+def not_recovered_reason(rec: Any, t0: float | None = None) -> str:
     """Which of recovery's clocks never came back: serving, health, or latency back to baseline."""
     if rec.first_success_s is None:
-        return "NOT recovered within the limit: no successful request after the failure"
+        return "no successful request after the failure within the recovery limit"
     if rec.health_failed and rec.health_ok_s is None:
-        return f"serving again after {_s(from_t0(rec.first_success_s, t0))} but health still failing: NOT recovered"
-    return (f"serving again after {_s(from_t0(rec.first_success_s, t0))}, but P95 latency not back to the baseline's "
-            "within the observation window: NOT recovered")
+        return f"serving again after {_s(from_t0(rec.first_success_s, t0))} but health still failing"
+    return (f"serving again after {_s(from_t0(rec.first_success_s, t0))}, but P95 latency not back to the "
+            "baseline's within the observation window")
+
+
+def _not_recovered(rec: Any, t0: float | None = None) -> str:
+    if rec.first_success_s is None:
+        return "NOT recovered within the limit: no successful request after the failure"
+    return f"{not_recovered_reason(rec, t0)}: NOT recovered"
 
 
 def lessons(inc: Incident) -> tuple[list[str], list[str], list[str]]:
@@ -103,7 +109,8 @@ def lessons(inc: Incident) -> tuple[list[str], list[str], list[str]]:
         if inc.recovery.recovered:
             well.append(f"Service {recovery_text(inc.recovery, inc.t0_s)}")
         else:
-            wrong.append("The target did not serve again within the recovery limit")
+            # the same clock as the headline: never "did not serve again" when it served again but P95 stayed high
+            wrong.append(f"Not recovered: {not_recovered_reason(inc.recovery, inc.t0_s)}")
         if inc.time_to_alert_s is None:
             wrong.append("No alert fired during the incident: users saw errors before any page")
         if inc.impact.in_flight_lost:
