@@ -185,7 +185,8 @@ def test_pipeline_stages_after_the_first_do_not_profile_the_tower():
     s = EngineSettings(engine="vllm", engine_version="0.23.0", max_model_len=128000, pipeline_parallel_size=2)
     ctx = Context(QWEN25_VL, get_gpu("a100-80gb"), s, Constants.defaults())
     setup = resolve_setup(ctx)
-    first = policy.activation_component(ctx, setup, last_stage=False, first_stage=True)
+    first = policy.activation_component(ctx, setup, last_stage=False, first_stage=True,
+                                        enc=policy.stage0_encoder(ctx, setup))
     last = policy.activation_component(ctx, setup, last_stage=True, first_stage=False)
     assert first.bytes > 10 * GIB and "1 video item(s)" in first.note
     assert last.bytes < 2 * GIB and "profiled on the first pipeline stage" in last.note

@@ -78,8 +78,7 @@ def _one_line_args(lines: Iterable[str]) -> Iterable[str]:
         if block is not None:
             block.append(line.strip())
             if line.strip() == "}" or len(block) > _ARGS_FIELDS_MAX:
-                yield _flatten(block)
-                yield from [""] * (len(block) - 1)
+                yield from _flatten(block)
                 block = None
             continue
         if line.rstrip().endswith("Args {"):
@@ -87,12 +86,12 @@ def _one_line_args(lines: Iterable[str]) -> Iterable[str]:
             continue
         yield line
     if block is not None:
-        yield _flatten(block)
-        yield from [""] * (len(block) - 1)
+        yield from _flatten(block)
 
 
-def _flatten(block: list[str]) -> str:
-    return re.sub(r"Some\(\s*(.*?),?\s*\)", r"Some(\1)", " ".join(block))
+def _flatten(block: list[str]) -> Iterable[str]:
+    yield re.sub(r"Some\(\s*(.*?),?\s*\)", r"Some(\1)", " ".join(block))
+    yield from [""] * (len(block) - 1)
 
 
 def _finish(fields: dict[str, Any]) -> None:

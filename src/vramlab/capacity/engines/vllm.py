@@ -100,7 +100,9 @@ def stage0_encoder(ctx: Context, setup: Setup) -> EncoderProfile | None:
                            model_dtype=ctx.dtype, tp=ctx.tp)
 
 
-def activation_component(ctx: Context, setup: Setup, last_stage: bool, first_stage: bool = True) -> Component:
+def activation_component(ctx: Context, setup: Setup, last_stage: bool, first_stage: bool = True,
+                         enc: EncoderProfile | None = None) -> Component:
+    """The profiled peak on one stage; *enc* is the first stage's vision-encoder profile (stage0_encoder)."""
     model, constants = ctx.model, ctx.constants
     tokens = setup.profile_tokens
     forward = forward_peak_bytes(model, tokens, ctx.tp, ctx.dtype, constants)
@@ -110,7 +112,6 @@ def activation_component(ctx: Context, setup: Setup, last_stage: bool, first_sta
     moe = moe_workspace_bytes(model, tokens, ctx.tp, ctx.dtype, constants)
     names = [key, "forward_intermediate_copies", "forward_hidden_copies"] + (["moe_workspace_copies"] if moe else [])
     # V1 runs the vision tower first and keeps its pixels and embeddings through the dummy forward (vllm_mm.py).
-    enc = stage0_encoder(ctx, setup) if first_stage else None
     modelled_tower = model.vision is not None and setup.mode == "v1"  # profiled as vllm_mm.py says, or not at all
     rel = constants.band(*names) + (0.25 if model.vision_params and not modelled_tower else 0.0) \
         + (UNKNOWN_TERM_BAND if setup.unknown_terms or later_flashinfer(ctx, setup) else 0.0)
@@ -209,7 +210,7 @@ def graphs_component(ctx: Context, setup: Setup, stage: int) -> Component:
                 "CUDA graph pool for decode batch sizes" + where, in_budget=setup.graphs_in_budget)
 
 
-def stage_components(ctx: Context, setup: Setup, stage: int) -> list[Component]:
+def stage_components(ctx: Context, setup: Setup, stage: int, enc: EncoderProfile | None = None) -> list[Component]:
     """Everything but the KV cache on one pipeline stage's GPU."""
     components = [ctx.constant_component(
         "cuda_context", "cuda_context_bytes",
@@ -223,7 +224,8 @@ def stage_components(ctx: Context, setup: Setup, stage: int) -> list[Component]:
                else "; inside the profiling window"), in_budget=not setup.nccl_outside_budget))
     components.append(weights_with_absorption(ctx, stage) if setup.mode == "v0" and v0_mla_absorbs(ctx)
                       else ctx.weights_component(stage))
-    components.append(activation_component(ctx, setup, last_stage=stage == ctx.pp - 1, first_stage=stage == 0))
+    components.append(activation_component(ctx, setup, last_stage=stage == ctx.pp - 1, first_stage=stage == 0,
+                                           enc=enc if stage == 0 else None))
     components.append(non_torch_component(ctx, setup))
     if not ctx.settings.enforce_eager:
         components.append(graphs_component(ctx, setup, stage))
@@ -355,7 +357,8 @@ def plan(ctx: Context) -> PolicyResult:
     ctx.check_tp("vLLM")
     setup = resolve_setup(ctx)
     settings = ctx.settings
-    stages = [stage_components(ctx, setup, stage) for stage in range(ctx.pp)]
+    enc = stage0_encoder(ctx, setup)
+    stages = [stage_components(ctx, setup, stage, enc) for stage in range(ctx.pp)]
     components = stages[0]
     fixed_kv = settings.kv_cache_memory_bytes
     budget = int(fixed_kv if fixed_kv else setup.utilization * ctx.total)
@@ -391,5 +394,5 @@ def plan(ctx: Context) -> PolicyResult:
                                                                                 offsets)),
         min_blocks_needed=blocks_per_request,
         extra={"blocks_per_request": blocks_per_request, "hybrid_groups": [list(g) for g in first.groups],
-               **({"encoder_profile": enc.to_json()} if (enc := stage0_encoder(ctx, setup)) else {})},
+               **({"encoder_profile": enc.to_json()} if enc else {})},
     )

@@ -73,27 +73,21 @@ def limits_of(settings_limits: tuple[tuple[str, int], ...] | None) -> dict[str, 
     return out
 
 
-def _grid_tokens(tower: VisionTower) -> tuple[int, int]:
-    """(patches, merged tokens) of one image, or one temporal slice of a video, at max_pixels."""
-    patches = tower.max_pixels // (tower.patch_size ** 2)
-    return patches, patches // (tower.spatial_merge_size ** 2)
+def _slice_tokens(tower: VisionTower) -> int:
+    """Merged tokens of one image, or one temporal slice of a video, at max_pixels."""
+    return tower.max_pixels // (tower.patch_size ** 2) // (tower.spatial_merge_size ** 2)
 
 
 def _video_tokens(tower: VisionTower, frames: int) -> int:
-    t = tower.temporal_patch_size
-    slices = max(1, (frames + frames % t) // t)
-    return slices * _grid_tokens(tower)[1]
+    """Frames padded up to the temporal patch, one slice per patch (at least one)."""
+    return max(1, -(-frames // tower.temporal_patch_size)) * _slice_tokens(tower)
 
 
 def _video_frames(tower: VisionTower, room: int, videos: int, version: tuple[int, ...]) -> int:
-    """`get_num_frames_with_most_features`: the most frames whose tokens fit `room`, shared by `videos`."""
-    frames = 1
-    while _video_tokens(tower, frames + 1) <= room:
-        frames += 1
-        if frames > 4096:
-            break
-    if _video_tokens(tower, frames) > room:
-        frames = 0
+    """`get_num_frames_with_most_features`: the most frames whose tokens fit `room` (whole temporal patches:
+    `_get_max_video_frames`' loop stops where one more frame would open a slice that does not fit), shared
+    by `videos`, capped, at least one."""
+    frames = max(0, room) // _slice_tokens(tower) * tower.temporal_patch_size
     cap = 14 if version >= FRAMES_CAP_14_FROM else 16
     return max(1, min(frames // max(videos, 1), cap))
 
@@ -101,7 +95,7 @@ def _video_frames(tower: VisionTower, room: int, videos: int, version: tuple[int
 def tokens_per_item(tower: VisionTower, max_model_len: int, limits: dict[str, int],
                     version: tuple[int, ...]) -> dict[str, int]:
     """Each enabled modality's largest item, as the release counts it."""
-    image = _grid_tokens(tower)[1]
+    image = _slice_tokens(tower)
     counts = {m: 1 for m, n in limits.items() if n > 0} if version >= ONE_PER_MODALITY_FROM else dict(limits)
     room = max_model_len
     if version < IMAGES_OFF_VIDEO_BEFORE:
