@@ -83,12 +83,14 @@ def start_own_sim(plan: Any, workdir: str) -> tuple[Any, Any]:
         last = (exc.log_tail.strip().splitlines() or ["(no log)"])[-1]
         raise ConfigError(f"target.sim: the sim did not start: {exc} — {last[:200]}") from None
     doc = plan.model_dump(mode="json")
-    doc["target"].update(base_url=sim.url + "/v1", pid=sim.pid, metrics_url=None, health_url=None)
+    doc["target"].update(base_url=sim.url + "/v1", pid=sim.pid, metrics_url=None, health_url=None,
+                         log_file=str(Path(workdir) / "sim.log"))
     doc["samplers"]["ledger"] = doc["samplers"].get("ledger") or ledger
     return Plan.model_validate(doc), sim
 
 
 def run(args: argparse.Namespace) -> int:
+    from vramlab.drill.capacity_plan import experiment_start_hook
     from vramlab.errors import ConfigError
     from vramlab.experiment.progress import make_progress
     from vramlab.experiment.runner import RunOptions
@@ -102,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         out = run_plan_file(args.plan, open_store=lambda: open_store(args.db), rounds=args.rounds,
                             allow_production=args.allow_production, subscribers=[progress],
-                            phase_s=args.phase_s, options=RunOptions(workers=args.workers),
+                            phase_s=args.phase_s, options=RunOptions(workers=args.workers,
+                                                                     start_hooks=[experiment_start_hook]),
                             start_sim=start_own_sim)
     finally:
         progress.close()

@@ -152,6 +152,7 @@ class DrillRunner(Watchers, TargetLifecycle):
         """Bring the target up and run every round; (status, reason) of how they ended."""
         plan = self.plan
         await self._bring_up()
+        self._plan_travels()
         for r in range(plan.rounds):
             self._round = r
             if await self._one_round(steps):
@@ -289,6 +290,14 @@ class DrillRunner(Watchers, TargetLifecycle):
             self.emit("failure_mode", f"failure mode {mode}" + (f": {evidence[0]}" if evidence else ""), mode=mode,
                       evidence=evidence, signature=self.detector.signature())
             self.emit("phase_end", "recovery")
+
+    def _plan_travels(self) -> None:
+        """The capacity plan for the target's own settings and its start-up memory, stored as events."""
+        from vramlab.drill.capacity_plan import facts_for_drill, start_events
+
+        log = getattr(self.target, "log_path", None)
+        for kind, message, data in start_events(facts_for_drill(self.plan, log)):
+            self.emit("warning" if kind == "note" else kind, message, **data)
 
     def _notes_since(self, t_s: float) -> list[str]:
         evs = self.store.events(self.run_id)

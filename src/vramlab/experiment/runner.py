@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,9 @@ class RunOptions:
     run_id: str | None = None
     extra_fixed: dict[str, Any] = field(default_factory=dict)
     workers: int | None = None  # load worker processes; None: one per core when the plan needs more than a core
+    # called once at the start with the plan; each returns (event kind, message, data) to emit ("note": a note),
+    # e.g. the capacity plan for the target's own settings (vramlab.drill.capacity_plan, wired by cli/run.py)
+    start_hooks: list[Callable[[Plan], list[tuple[str, str, dict[str, Any]]]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,7 @@ class Runner:
             self.note(n)
         if self.o.rounds is not None and self.o.rounds < 3 and plan.rounds >= 3:
             self.note(f"rounds: {self.o.rounds} (from --rounds) is fewer than 3")
+        await self._start_hooks()
         status, reason_text = "failed", None
         samplers = SamplerSet(self.o.samplers if self.o.samplers is not None else samplers_for(plan),
                               plan.samplers.interval_s, self._on_samples, self.note)
@@ -189,6 +194,16 @@ class Runner:
                        "requests": self._totals[0], "errors": self._totals[1]})
         return RunResult(self.run_id, status, self.stop, tuple(self.notes), self._totals[0], self._totals[1],
                          self.now(), tuple(rollbacks))
+
+    async def _start_hooks(self) -> None:
+        for hook in self.o.start_hooks:
+            try:
+                emitted = await asyncio.to_thread(hook, self.plan)
+            except Exception as exc:  # noqa: BLE001 - a plan that cannot be made is a note, never a failed run
+                self.note(f"start hook: {type(exc).__name__}: {exc}"[:300])
+                continue
+            for kind, message, data in emitted:
+                self.note(message) if kind == "note" else self.emit(kind, message, data)
 
     async def _engine_accepts_ignore_eos(self) -> bool:
         """`ignore_eos` is not in OpenAI's API: vLLM, SGLang and llama.cpp accept it, others answer 4xx
