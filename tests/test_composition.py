@@ -63,7 +63,8 @@ def test_composition_arithmetic_sources_and_bands() -> None:
     assert row.queued  # waiting in every sample of the window
     assert "runtime overhead" in row.error_source() or "KV" in row.error_source()
     sat = comp.saturation
-    assert sat is not None and sat.predicted_value == 400_000 // 576 and sat.observed_value == 16.0
+    assert sat is not None and sat.predicted_value == 400_000 // 576 and sat.queueing == (16.0, 1)
+    assert sat.observed_value is None and sat.kv_full is None  # queueing alone is not the pool filling
 
 
 def test_host_memory_peak_for_a_cpu_engine_and_no_plan_note() -> None:
@@ -199,3 +200,37 @@ def test_the_example_plans_step_context_and_concurrency() -> None:
     assert ctx.change.variable == "prompt_tokens" and conc.change.variable == "concurrency"
     for p in (ctx, conc):
         assert p.target.sim is not None and "ledger" in p.samplers.sources and "engine" in p.samplers.sources
+
+
+@pytest.mark.timeout(200)
+def test_a_drill_adds_the_composition_at_the_failure(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    from vramlab.report import load_context, render
+    from vramlab.store import open_store
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "oom-drill.yaml").read_text())
+    doc["target"]["sim"]["device"] = str(tmp_path / "gpu0.ledger")
+    doc["baseline_s"], doc["ramp"]["step_s"], doc["recovery"]["observe_s"], doc["rounds"] = 1.0, 0.6, 1.0, 1
+    (tmp_path / "drill.yaml").write_text(yaml.safe_dump(doc))
+    db = str(tmp_path / "d.db")
+    res = subprocess.run([sys.executable, "-m", "vramlab", "drill", str(tmp_path / "drill.yaml"), "--db", db, "-o",
+                          str(tmp_path / "d.md")], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with open_store(db) as store:
+        (run,) = store.list_runs()
+        ctx = load_context(store, run.run_id)
+        data = json.loads(render(ctx, "json"))["sections"]
+    comp = data["composition"]
+    # the plan is the sim's own settings, its extra_args included (the sim sizes its workspace with them)
+    assert comp["plan_facts"]["settings"]["max_num_batched_tokens"] == 32768
+    (fail,) = comp["at_failure"]
+    (fault,) = [e for e in ctx.events if e.kind == "fault"]
+    assert fail["value"] == fault.data["value"] and fail["end_s"] == pytest.approx(fault.data["t0_s"])
+    peak = fail["figures"]["peak"]
+    assert peak["measured_bytes"] and peak["predicted_bytes"] and fail["end_s"] > fail["start_s"]
+    md = (tmp_path / "d.md").read_text()
+    assert "Composition at the failure" in md and "predicted" in md.lower()

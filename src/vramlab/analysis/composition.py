@@ -103,8 +103,17 @@ class Saturation:
     variable: str
     predicted_value: float | None  # the variable's value at which the KV pool is full
     predicted_basis: str
-    observed_value: float | None  # the first step value with KV usage >= 99 %, a preemption or a queue
-    observed_signal: str
+    # (step value, round) where each signal first showed, lowest value first; None: not in this run
+    kv_full: tuple[float, int] | None  # KV usage >= 99 %
+    preemption: tuple[float, int] | None  # the engine's preemption counter rose
+    queueing: tuple[float, int] | None  # requests waiting for most of the window
+
+    @property
+    def observed_value(self) -> float | None:
+        """The first value where the pool was full or the engine preempted (queueing alone can be the
+        batch limit, not the KV pool)."""
+        hits = [h[0] for h in (self.kv_full, self.preemption) if h is not None]
+        return min(hits) if hits else None
 
 
 @dataclass(frozen=True)
@@ -180,8 +189,7 @@ def _predicted(plan: dict[str, Any] | None) -> dict[str, tuple[int, int, int]]:
     out = {"resident_model": trio(["weights"]), "kv_cache": trio(["kv_cache"]),
            "runtime_overhead": trio([n for n in comps if n not in ("weights", "kv_cache")])}
     total = trio(list(comps))
-    card = int(plan.get("gpu_memory_bytes") or 0)
-    out["peak"] = (total[0], total[1], min(total[2], card) if card else total[2])
+    out["peak"] = total  # a high end beyond the card is the plan saying the peak may not fit
     out["activation"] = trio(["activation_peak"])
     return out
 
@@ -291,15 +299,15 @@ def _saturation(run_plan: dict[str, Any], change: dict[str, Any], plan: dict[str
             basis = f"{int(pool_t):,} pool tokens / {users} concurrent request(s), less {output} output tokens"
         else:
             basis = f"{var} does not fill the KV pool by itself"
-    observed, signal = None, "not reached"
+    first: dict[str, tuple[float, int] | None] = {"kv_full": None, "preemption": None, "queueing": None}
     for r in sorted((r for r in rows if r.phase in ("treatment", "ramp") and r.step_value is not None),
                     key=lambda r: (r.step_value, r.round)):
-        why = ([f"KV usage {r.kv_usage_max * 100:.0f} %"] if r.kv_usage_max is not None and r.kv_usage_max >= _SATURATED
-               else []) + (["a preemption"] if r.preempted else []) + (["requests queued"] if r.queued else [])
-        if why:
-            observed, signal = r.step_value, f"{', '.join(why)} (round {r.round})"
-            break
-    return Saturation(var, pred, basis, observed, signal)
+        seen = {"kv_full": r.kv_usage_max is not None and r.kv_usage_max >= _SATURATED, "preemption": r.preempted,
+                "queueing": r.queued}
+        for k, hit in seen.items():
+            if hit and first[k] is None:
+                first[k] = (float(r.step_value or 0), r.round)
+    return Saturation(var, pred, basis, *(first[k] for k in ("kv_full", "preemption", "queueing")))
 
 
 def _request_shape(plan: dict[str, Any]) -> tuple[int | None, int | None, int]:

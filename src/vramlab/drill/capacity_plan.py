@@ -70,11 +70,30 @@ def facts_for_drill(plan: Any, log_file: str | None) -> PlanFacts:
         settings = {k: v for k, v in (("gpu_memory_utilization", s.gpu_memory_utilization),
                                       ("max_model_len", s.max_model_len), ("max_num_seqs", s.max_num_seqs))
                     if v is not None}
-        return PlanFacts(s.model, s.engine, s.gpu, None, None, settings, log_file)
+        settings.update(_sim_extra_settings(s.extra_args))
+        return PlanFacts(s.model, s.engine, s.gpu, None, settings.pop("engine_version", None), settings, log_file)
     if cap is None:
         return PlanFacts(tg.model, tg.engine, log_file=log_file or tg.log_file)
     return PlanFacts(cap.model or tg.model, cap.engine or tg.engine, cap.gpu, cap.gpu_memory_gib, cap.engine_version,
                      dict(cap.settings), log_file or tg.log_file)
+
+
+_SIM_FLAGS = {"--max-num-batched-tokens": ("max_num_batched_tokens", int), "--kv-cache-dtype": ("kv_cache_dtype", str),
+              "--engine-version": ("engine_version", str), "-tp": ("tensor_parallel_size", int),
+              "--tensor-parallel-size": ("tensor_parallel_size", int)}
+
+
+def _sim_extra_settings(args: list[str]) -> dict[str, Any]:
+    """The engine settings among a drill sim's `extra_args` (the sim sizes its memory with them too)."""
+    out: dict[str, Any] = {}
+    for flag, value in zip(args, args[1:], strict=False):
+        if flag in _SIM_FLAGS:
+            name, kind = _SIM_FLAGS[flag]
+            try:
+                out[name] = kind(value)
+            except ValueError:
+                pass
+    return out
 
 
 def estimate_json(facts: PlanFacts, calibration: str | None = None) -> dict[str, Any]:

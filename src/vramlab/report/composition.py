@@ -96,9 +96,13 @@ def blocks(ctx: ReportContext) -> list[Block]:
     s = c.saturation
     if s is not None:
         pred = "–" if s.predicted_value is None else fmt.num(s.predicted_value)
-        obs = "not reached in this run" if s.observed_value is None else f"{s.variable} {fmt.num(s.observed_value)}"
+
+        def seen(hit: tuple[float, int] | None) -> str:
+            return "not in this run" if hit is None else f"from {s.variable} {fmt.num(hit[0])} (round {hit[1]})"
+
         out.append(Bullets([f"Predicted KV saturation: {s.variable} {pred} ({s.predicted_basis})",
-                            f"Observed: {obs}" + ("" if s.observed_value is None else f": {s.observed_signal}")]))
+                            f"Observed: KV usage at 100 %: {seen(s.kv_full)}; first preemption: {seen(s.preemption)}; "
+                            f"requests queued for most of a window: {seen(s.queueing)}"]))
     for value, r in c.at_failure:
         out.append(Text(f"Composition at the failure (round {r.round}, {fmt.num(value)}), from the step's start to "
                         f"the failure's first evidence at {r.end_s:.2f} s:"))
@@ -131,7 +135,10 @@ def data(ctx: ReportContext) -> dict[str, Any]:
         "rows": [_row_json(r) for r in c.rows],
         "saturation": None if s is None else {
             "variable": s.variable, "predicted_value": s.predicted_value, "predicted_basis": s.predicted_basis,
-            "observed_value": s.observed_value, "observed_signal": s.observed_signal},
+            "observed_value": s.observed_value,
+            "kv_full": None if s.kv_full is None else {"value": s.kv_full[0], "round": s.kv_full[1]},
+            "preemption": None if s.preemption is None else {"value": s.preemption[0], "round": s.preemption[1]},
+            "queueing": None if s.queueing is None else {"value": s.queueing[0], "round": s.queueing[1]}},
         "at_failure": [{"value": v, **_row_json(r)} for v, r in c.at_failure],
     }
 
