@@ -126,6 +126,7 @@ class Composition:
     saturation: Saturation | None = None
     at_failure: list[tuple[float | None, Row]] = field(default_factory=list)  # drill: (failing value, row)
     notes: list[str] = field(default_factory=list)
+    rest_bytes: int | None = None  # the device at rest: the last reading before the first request (else the lowest)
 
     @property
     def measured(self) -> bool:
@@ -346,5 +347,7 @@ def compose(run: Any, samples: Sequence[SampleRecord], events: Sequence[EventRec
                 at_failure.append((e.data.get("value"), _row(w, pred, reads, pool, resident, bpt,
                                                              end_s=float(t0) if t0 is not None else e.t_s)))
     sat = _saturation(run.plan if isinstance(run.plan, dict) else {}, run.change or {}, plan, pool, rows)
+    before = [v for t, v in reads.device if first_request_s is not None and t < first_request_s]
+    rest = before[-1] if before else (min(v for _, v in reads.device) if reads.device else None)
     return Composition(plan, plan_ev.data.get("facts") if plan_ev else None, startup, src, rows, sat, at_failure,
-                       notes)
+                       notes, None if rest is None else int(rest))

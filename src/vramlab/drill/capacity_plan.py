@@ -96,10 +96,9 @@ def _sim_extra_settings(args: list[str]) -> dict[str, Any]:
     return out
 
 
-def estimate_json(facts: PlanFacts, calibration: str | None = None) -> dict[str, Any]:
-    """`vramlab plan --json` for these facts (ConfigError when a fact is refused)."""
+def resolve_facts(facts: PlanFacts) -> tuple[Any, Any, Any]:
+    """(ModelSpec, GPU, EngineSettings) for these facts (ConfigError when a fact is refused)."""
     from vramlab.capacity import custom_gpu, get_gpu
-    from vramlab.capacity.planning import make_plan
     from vramlab.capacity.settings import EngineSettings
     from vramlab.capacity.validation import check_settings
     from vramlab.errors import ConfigError
@@ -118,6 +117,16 @@ def estimate_json(facts: PlanFacts, calibration: str | None = None) -> dict[str,
         card = get_gpu(facts.gpu)
     else:
         card = custom_gpu(float(facts.gpu_memory_gib or 0))
+    if facts.model is None:
+        raise ConfigError("no model")
+    return resolve_model(facts.model, offline=True), card, settings
+
+
+def estimate_json(facts: PlanFacts, calibration: str | None = None) -> dict[str, Any]:
+    """`vramlab plan --json` for these facts (ConfigError when a fact is refused)."""
+    from vramlab.capacity.planning import make_plan
+
+    spec, card, settings = resolve_facts(facts)
     constants = None
     if calibration:
         from vramlab.capacity import Constants
@@ -126,9 +135,7 @@ def estimate_json(facts: PlanFacts, calibration: str | None = None) -> dict[str,
 
         constants = apply_profile(Constants.defaults(), load_profile(calibration), settings.engine,
                                   facts.engine_version)
-    if facts.model is None:
-        raise ConfigError("no model")
-    return make_plan(resolve_model(facts.model, offline=True), card, settings, constants).to_json()
+    return make_plan(spec, card, settings, constants).to_json()
 
 
 def start_events(facts: PlanFacts) -> list[Emitted]:
