@@ -41,11 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from vramlab.cli.calibrate_runs import looks_like_runs
     from vramlab.errors import ConfigError
     from vramlab.logs.calibrate import calibrate
     from vramlab.report.calibrate_text import render, to_json
-
-    from vramlab.cli.calibrate_runs import looks_like_runs
 
     if looks_like_runs(args.inputs):
         from vramlab.cli.calibrate_runs import run as run_calibration
