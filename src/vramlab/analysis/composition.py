@@ -30,7 +30,7 @@ LABELS = {"resident_model": "resident model", "kv_cache": "KV cache (pool)", "ru
           "peak": "peak"}
 _OVERHEAD_PARTS = ("cuda_context", "nccl", "activation_peak", "non_torch", "cuda_graphs")
 _DEVICE_SOURCES = ("gpu", "ledger")
-_SATURATED = 0.99
+_SATURATED = 0.98  # the pool is full to within a block or two per sequence (vLLM tops out near 99 %)
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class Saturation:
     predicted_value: float | None  # the variable's value at which the KV pool is full
     predicted_basis: str
     # (step value, round) where each signal first showed, lowest value first; None: not in this run
-    kv_full: tuple[float, int] | None  # KV usage >= 99 %
+    kv_full: tuple[float, int] | None  # KV usage >= 98 %
     preemption: tuple[float, int] | None  # the engine's preemption counter rose
     queueing: tuple[float, int] | None  # requests waiting for most of the window
 
@@ -294,7 +294,7 @@ def _saturation(run_plan: dict[str, Any], change: dict[str, Any], plan: dict[str
             basis = f"{int(pool_t):,} pool tokens / {per_req:,} tokens a request"
             seqs = ((plan or {}).get("settings") or {}).get("max_num_seqs")
             if seqs and seqs < pred:
-                pred, basis = float(seqs), f"max_num_seqs {seqs} (the running batch is full before the KV pool)"
+                basis += f"; max_num_seqs {seqs} binds first: beyond it requests queue with the pool not full"
         elif var in ("prompt_tokens", "context"):
             pred = float(pool_t // max(1, users) - output)
             basis = f"{int(pool_t):,} pool tokens / {users} concurrent request(s), less {output} output tokens"

@@ -101,7 +101,7 @@ def blocks(ctx: ReportContext) -> list[Block]:
             return "not in this run" if hit is None else f"from {s.variable} {fmt.num(hit[0])} (round {hit[1]})"
 
         out.append(Bullets([f"Predicted KV saturation: {s.variable} {pred} ({s.predicted_basis})",
-                            f"Observed: KV usage at 100 %: {seen(s.kv_full)}; first preemption: {seen(s.preemption)}; "
+                            f"Observed: KV usage at 98 % or more: {seen(s.kv_full)}; first preemption: {seen(s.preemption)}; "
                             f"requests queued for most of a window: {seen(s.queueing)}"]))
     for value, r in c.at_failure:
         out.append(Text(f"Composition at the failure (round {r.round}, {fmt.num(value)}), from the step's start to "
