@@ -228,6 +228,9 @@ def _resident(startup: dict[str, Any] | None, reads: _Readings, pool: _Pool,
               first_request_s: float | None) -> tuple[int | None, str]:
     if startup and startup.get("weights_bytes"):
         return int(startup["weights_bytes"]), "start-up log: the weights it loaded"
+    host = (startup or {}).get("extra", {}).get("host_weights_bytes")
+    if host:  # a CPU engine (llama.cpp without offload): its model buffer is in host memory
+        return int(host), "start-up log: the model buffer it printed (host memory)"
     if first_request_s is None:
         return None, ""
     before = [v for t, v in reads.device if t < first_request_s]
