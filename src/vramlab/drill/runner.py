@@ -173,7 +173,7 @@ class DrillRunner(Watchers, TargetLifecycle):
         self.detector = Detector(plan.stop, engine=self._engine())
         served = plan.target.model or (plan.target.sim.model if plan.target.sim else "default")
         conns = max(64, int(max(values)) + 8 if plan.ramp.knob in ("concurrency", "batch") else 64)
-        async with OpenAIClient(self.target.url, served, api="openai-completions", max_connections=conns,
+        async with OpenAIClient(self.target.url, served, api=plan.target.api, max_connections=conns,
                                 timeout_s=plan.load.request_timeout_s) as client:
             self.windows.use(client)
             watchers = [asyncio.ensure_future(c) for c in self._watchers()]
@@ -296,7 +296,7 @@ class DrillRunner(Watchers, TargetLifecycle):
         from vramlab.drill.capacity_plan import facts_for_drill, start_events
 
         log = getattr(self.target, "log_path", None)
-        for kind, message, data in start_events(facts_for_drill(self.plan, log)):
+        for kind, message, data in start_events(facts_for_drill(self.plan, str(log) if log else None)):
             self.emit("warning" if kind == "note" else kind, message, **data)
 
     def _notes_since(self, t_s: float) -> list[str]:
