@@ -234,3 +234,39 @@ def test_a_drill_adds_the_composition_at_the_failure(tmp_path: Path) -> None:
     assert peak["measured_bytes"] and peak["predicted_bytes"] and fail["end_s"] > fail["start_s"]
     md = (tmp_path / "d.md").read_text()
     assert "Composition at the failure" in md and "predicted" in md.lower()
+
+
+@pytest.mark.timeout(200)
+def test_a_real_target_without_a_card_gets_one_note_and_gpu_memory_gib_gives_the_plan(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from vramlab.sim.launch import start_sim
+    from vramlab.store import open_store
+
+    sim = start_sim(["--model", "llama-3.1-8b-instruct", "--gpu", "l4", "--engine", "vllm", "--max-model-len", "4096",
+                     "--speed", "40"], device=str(tmp_path / "gpu0.ledger"), timeout_s=60)
+    plan = PLAN.format(url=sim.url, pid=sim.pid, log=sim.log_path, ledger=tmp_path / "gpu0.ledger").replace(
+        "capacity: {gpu: h100-80gb, settings: {max_model_len: 8192}}", "").replace("steps: [4, 32]", "steps: [2]")
+    (tmp_path / "p.yaml").write_text(plan)
+    env = {**os.environ, "VRAMLAB_DB": str(tmp_path / "s.db")}
+    try:
+        runs = [subprocess.run([sys.executable, "-m", "vramlab", "run", "p.yaml", "--json", *extra], cwd=tmp_path,
+                               capture_output=True, text=True, timeout=120, env=env)
+                for extra in ([], ["--gpu-memory-gib", "22.49"])]
+    finally:
+        sim.stop()
+    ids = []
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-1500:]
+        ids.append(json.loads(r.stdout)["run_id"])
+    with open_store(str(tmp_path / "s.db")) as store:
+        blind, given = store.get_run(ids[0]), store.get_run(ids[1])
+        notes = [n for n in blind.notes if n.startswith("capacity plan:")]
+        assert notes == ["capacity plan: not computed: the card is not known; give capacity.gpu (a catalog name, see "
+                         "`vramlab gpus`) or capacity.gpu_memory_gib in the plan, or --gpu / --gpu-memory-gib"]
+        assert not [e for e in store.events(ids[0]) if e.kind == "capacity_plan"]
+        (ev,) = [e for e in store.events(ids[1]) if e.kind == "capacity_plan"]
+        assert ev.data["facts"]["gpu_memory_gib"] == 22.49 and ev.data["estimate"]["engine"] == "vllm"
+        assert not [n for n in given.notes if n.startswith("capacity plan:")]

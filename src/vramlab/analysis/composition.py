@@ -30,6 +30,8 @@ LABELS = {"resident_model": "resident model", "kv_cache": "KV cache (pool)", "ru
           "peak": "peak"}
 _OVERHEAD_PARTS = ("cuda_context", "nccl", "activation_peak", "non_torch", "cuda_graphs")
 _DEVICE_SOURCES = ("gpu", "ledger")
+# what the sim's ledger names an engine's process (a real driver names none): the target among co-tenants
+ENGINE_PROCESSES = ("VLLM::EngineCore", "sglang::scheduler", "text-generation-server", "llama-server")
 _SATURATED = 0.98  # the pool is full to within a block or two per sequence (vLLM tops out near 99 %)
 
 
@@ -144,9 +146,14 @@ class _Readings:
             self.by_name.setdefault(s.name, []).append(s)
         procs = [s for s in self.by_name.get("gpu.process_memory_bytes", ()) if s.source in _DEVICE_SOURCES]
         mine = [s for s in procs if pid is not None and s.labels.get("pid") == str(pid)]
+        named = [s for s in procs if pid is None and s.labels.get("process") in ENGINE_PROCESSES]
         if mine:
             self.device = [(s.t_s, s.value) for s in mine]
             self.device_source = f"{mine[0].source}: the target process (pid {pid}) on its GPU"
+            self.host = False
+        elif named:  # the engine by its process name (after a restart: each of its pids in turn)
+            self.device = [(s.t_s, s.value) for s in named]
+            self.device_source = f"{named[0].source}: the engine's process ({named[0].labels['process']}) on its GPU"
             self.host = False
         elif self.by_name.get("gpu.memory_used_bytes"):
             used = [s for s in self.by_name["gpu.memory_used_bytes"] if s.source in _DEVICE_SOURCES]

@@ -13,7 +13,7 @@ The events (their `data` is the JSON contract in docs/store-and-reports.md):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 PLAN_ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers")
@@ -42,7 +42,7 @@ class PlanFacts:
             return (f"the engine is not known{got}; give {self.where}.engine (one of {', '.join(PLAN_ENGINES)})")
         if not self.gpu and not self.gpu_memory_gib:
             return (f"the card is not known; give {self.where}.gpu (a catalog name, see `vramlab gpus`) or "
-                    f"{self.where}.gpu_memory_gib")
+                    f"{self.where}.gpu_memory_gib in the plan, or --gpu / --gpu-memory-gib")
         return None
 
 
@@ -164,9 +164,13 @@ def start_events(facts: PlanFacts) -> list[Emitted]:
     return out
 
 
-def experiment_start_hook(plan: Any) -> list[Emitted]:
-    """`RunOptions.start_hooks` entry for `vramlab run` and the demo: the plan travels with the run."""
-    return start_events(facts_for_experiment(plan))
+def experiment_start_hook(plan: Any, gpu: str | None = None, gpu_memory_gib: float | None = None) -> list[Emitted]:
+    """`RunOptions.start_hooks` entry for `vramlab run` and the demo: the plan travels with the run.
+    *gpu* / *gpu_memory_gib* (`run --gpu / --gpu-memory-gib`) name the card when the plan does not."""
+    facts = facts_for_experiment(plan)
+    if gpu is not None or gpu_memory_gib is not None:
+        facts = replace(facts, gpu=gpu or facts.gpu, gpu_memory_gib=gpu_memory_gib or facts.gpu_memory_gib)
+    return start_events(facts)
 
 
 def startup_events(log_file: str | None, engine: str | None = None) -> list[Emitted]:
