@@ -79,8 +79,10 @@ def render_runs(cal: Any, output: str | None) -> str:
     if cal.changes:
         out.append("changed:")
         for c in cal.changes:
+            same = abs(c.value / c.default - 1) < 0.01 if c.default else False
             out.append(f"  {c.name} ({c.target}): {_const(c.name, c.default)} -> {_const(c.name, c.value)} "
-                       f"from run{'s' if len(c.runs) > 1 else ''} {', '.join(c.runs)}")
+                       f"from run{'s' if len(c.runs) > 1 else ''} {', '.join(c.runs)}"
+                       + (" (within 1 % of the default: the evidence's own rounding)" if same else ""))
             out.append(f"    evidence: {c.evidence}")
     else:
         out.append("changed: nothing")
