@@ -270,3 +270,33 @@ def test_a_real_target_without_a_card_gets_one_note_and_gpu_memory_gib_gives_the
         (ev,) = [e for e in store.events(ids[1]) if e.kind == "capacity_plan"]
         assert ev.data["facts"]["gpu_memory_gib"] == 22.49 and ev.data["estimate"]["engine"] == "vllm"
         assert not [n for n in given.notes if n.startswith("capacity plan:")]
+
+
+def test_drill_gpu_flags_fill_the_capacity_block_where_the_plan_names_no_card(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    from vramlab.cli.drill import _with_card
+    from vramlab.drill.capacity_plan import facts_for_drill
+    from vramlab.drill.plan import parse_plan
+
+    def parse_drill_plan(text: str):
+        return parse_plan(yaml.safe_load(text))
+
+    doc = """
+name: d
+target: {kind: process, environment: test, engine: vllm, command: "sleep 1", base_url: "http://127.0.0.1:9", model: llama-3.1-8b-instruct}
+ramp: {knob: concurrency, start: 1, factor: 2, ceiling: 4}
+"""
+    plan = _with_card(parse_drill_plan(doc), None, 40.0)
+    facts = facts_for_drill(plan, None)
+    assert facts.gpu_memory_gib == 40.0 and facts.engine == "vllm" and facts.missing() is None
+    named = parse_drill_plan(doc + "capacity: {gpu: l4}\n")
+    assert _with_card(named, "h100-80gb", None).capacity.gpu == "l4"  # the plan's own card wins
+    (tmp_path / "d.yaml").write_text(doc)
+    res = subprocess.run([sys.executable, "-m", "vramlab", "drill", "d.yaml", "--gpu-memory-gib", "0"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.startswith("vramlab drill: error: --gpu-memory-gib")
+    assert not (tmp_path / "vramlab.db").exists()

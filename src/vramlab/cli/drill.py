@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 # the same string as vramlab.drill.target.OVERRIDE_FLAG (a test keeps them equal); literal here so
 # `vramlab drill --help` does not import pydantic
@@ -28,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="act on a target that is not declared environment: test (you are breaking it on purpose)")
     parser.add_argument("--url", help="attach to an already running target at this URL instead of starting one")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--gpu", metavar="NAME", help="the target's card (catalog name) for the capacity plan stored "
+                        "with the drill, when the plan's capacity: block does not name it")
+    parser.add_argument("--gpu-memory-gib", type=float, metavar="GIB",
+                        help="usable memory per GPU for the capacity plan (a card not in the catalog)")
 
 
 PROGRESS = ("step", "detect", "fault", "mitigation", "recovered", "not_recovered", "ceiling", "rollback",
@@ -41,6 +46,25 @@ def _progress(ev: object) -> None:
     if kind in PROGRESS:
         print(f"  {getattr(ev, 't_s', 0.0):7.2f} s  {kind:<20} {getattr(ev, 'message', '')[:120]}", file=sys.stderr,
               flush=True)
+
+
+def _with_card(plan: Any, gpu: str | None, gpu_memory_gib: float | None) -> Any:
+    """The plan with --gpu / --gpu-memory-gib in its capacity: block where the block names no card."""
+    from pydantic import ValidationError
+
+    from vramlab.capacity import get_gpu
+    from vramlab.errors import ConfigError
+    from vramlab.experiment.plan import CapacityFacts
+
+    if gpu is not None:
+        get_gpu(gpu)  # an unknown card is bad input, before anything runs
+    cap = plan.capacity.model_dump() if plan.capacity is not None else {}
+    cap["gpu"] = cap.get("gpu") or gpu
+    cap["gpu_memory_gib"] = cap.get("gpu_memory_gib") or gpu_memory_gib
+    try:
+        return plan.model_copy(update={"capacity": CapacityFacts.model_validate(cap)})
+    except ValidationError as exc:
+        raise ConfigError(f"--gpu-memory-gib: {exc.errors()[0]['msg']}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     if args.url:
         plan = plan.model_copy(update={"target": plan.target.model_copy(update={"base_url": args.url, "sim": None})})
+    if args.gpu is not None or args.gpu_memory_gib is not None:
+        plan = _with_card(plan, args.gpu, args.gpu_memory_gib)
     check_environment(plan.target, args.not_test)  # refuse before the store or the target is touched
     store = open_store(args.db or plan.store)
     runner = DrillRunner(plan, store, override_env=args.not_test)
