@@ -244,7 +244,7 @@ def test_time_to_alert_is_one_signed_figure_in_json_headline_and_lessons():
     still = [*events, _ev(9.5, "alert", name="KvHigh", state="firing", source="evaluated")]
     inc = analyse(reqs, samples, still, p95_tolerance=0.5, window_s=1.0)
     assert math.isclose(inc.time_to_alert_s, -0.5)
-    assert alert_clock(inc).startswith("-0.50 s") and "before the fault step" in alert_clock(inc)
+    assert alert_clock(inc).startswith("-0.50 s") and "before T0" in alert_clock(inc)
     assert not any("No alert fired" in w for w in lessons(inc)[1])
 
     cleared = [*events, _ev(5.0, "alert", name="KvHigh", state="firing", source="evaluated"),

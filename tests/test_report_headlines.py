@@ -181,7 +181,7 @@ def test_time_to_alert_reads_on_the_alert_tables_clock():
     early = SimpleNamespace(t0_s=10.0, time_to_alert_s=-0.47,  # signed, as the incident's JSON has it
                             alerts=[{"name": "A", "state": "pending", "t_s": 9.0},
                                     {"name": "A", "state": "firing", "t_s": 9.53}])
-    assert alert_clock(early).startswith("-0.47 s") and "before the fault step" in alert_clock(early)
+    assert alert_clock(early).startswith("-0.47 s") and "before T0" in alert_clock(early)
     late = SimpleNamespace(t0_s=10.0, time_to_alert_s=1.25, alerts=[{"name": "A", "state": "firing", "t_s": 11.25}])
     assert alert_clock(late) == "1.25 s"
     assert alert_clock(SimpleNamespace(t0_s=10.0, time_to_alert_s=None, alerts=[])) == "–"

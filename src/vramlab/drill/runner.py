@@ -33,6 +33,10 @@ from vramlab.experiment.window import Lane, WindowExecutor, request_record
 from vramlab.records import RunRecord, canonical_sha256, new_run_id
 from vramlab.records.store import Store
 
+# In the recovery phase a user whose connection was refused tries again within this: the first
+# successful request after a restart ("serving again") is timed to it, not to the user's back-off.
+PROBE_RESOLUTION_S = 0.25
+
 
 @dataclass
 class DrillResult:
@@ -273,8 +277,11 @@ class DrillRunner(Watchers, TargetLifecycle):
                                 supervised_by_drill=plan.target.kind in ("sim", "process"),
                                 startup_allowance_s=self.startup_allowance_s(), on_restart=self.detector.on_restart)
             if out.recovered:
-                after = (out.served_again_s or 0.0) - (failure.t_s or 0.0)
-                self.emit("recovered", f"serving again {after:.2f} s after detection",
+                t0 = self.detector.first_evidence_s()
+                t0 = t0 if t0 is not None else (failure.t_s or 0.0)
+                # not yet the verdict: that also wants health 200 and P95 back over the observation window
+                self.emit("recovered", f"serving again {(out.served_again_s or 0.0) - t0:.2f} s after T0 (a successful "
+                          f"request); the verdict follows the {plan.recovery.observe_s:g} s observation",
                           served_again_s=out.served_again_s)
                 await asyncio.sleep(plan.recovery.observe_s)
             else:
@@ -338,8 +345,9 @@ class DrillRunner(Watchers, TargetLifecycle):
 
         tag = "b" if phase == "baseline" else ("r" if phase == "recovery" else "s")
         # one lane per closed-loop user (each its own seed and request ids), all in one window
+        cap = PROBE_RESOLUTION_S if phase == "recovery" else None  # recovery is timed to this, not to a back-off
         lanes = [Lane(prompts, LoadShape(mode="closed", concurrency=1, max_tokens=plan.load.max_tokens, seed=u,
-                                         think_s=plan.load.think_time_s), window, recorder_for(u), f"u{u}:{rnd}{tag}{step}-")
+                                         think_s=plan.load.think_time_s, error_backoff_max_s=cap), window, recorder_for(u), f"u{u}:{rnd}{tag}{step}-")
                  for u in range(users)]
         if knob == "batch" and value and phase == "ramp":
             # a burst of `value` simultaneous requests at the start of the step, on top of the steady users
@@ -364,8 +372,9 @@ class DrillRunner(Watchers, TargetLifecycle):
         self.detector.on_result(end, rec.ok, rec.status_code, rec.error_class, rec.error, rec.e2e_from_scheduled_ms)
         amp = self.herd.on_attempt(rec.sent_s or end, phase, rec.attempt)
         if amp is not None:
-            self.emit("retry_storm", f"attempt rate {amp:.1f}x the baseline's offered rate during recovery, "
-                      f"mostly the retry policy's retries", amplification=amp)
+            self.emit("retry_storm", f"attempt rate {amp:.1f}x the baseline's offered rate in one "
+                      f"{self.herd.window_s:g} s window of recovery, mostly retries (live; the report judges the "
+                      "whole recovery window)", amplification=amp, window_s=self.herd.window_s)
 
     # -- alerts evaluated on the drill's own samples ----------------------------------------
     def _evaluate_alerts(self) -> None:

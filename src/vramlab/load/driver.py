@@ -41,6 +41,9 @@ class LoadShape:
     max_tokens: int | None = None  # overrides each prompt's own output length
     error_backoff: bool = True  # closed loop: a user whose connection failed waits (the plan's back-off)
     think_s: float = 0.0  # closed loop: a user pauses this long after a successful request (a drill's think_time_s)
+    # closed loop: the longest a refused user waits; a drill's recovery phase caps it at its probe
+    # resolution, so "serving again" is timed within that, not within the back-off's 10 s cap
+    error_backoff_max_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -215,7 +218,10 @@ async def drive(
                 # connection is a retry storm the client made, not the server (#11). A server's own
                 # answer (429, 5xx, an error event) paces the loop itself and is what a drill measures.
                 fails += 1
-                await asyncio.sleep(min(max(0.0, deadline - pc()), retry.user_backoff_s(fails, rng)))
+                wait = retry.user_backoff_s(fails, rng)
+                if shape.error_backoff_max_s is not None:
+                    wait = min(wait, shape.error_backoff_max_s)
+                await asyncio.sleep(min(max(0.0, deadline - pc()), wait))
             elif not failed:
                 fails = 0
                 if shape.think_s > 0 and not stop.is_set():

@@ -50,7 +50,8 @@ def summary(ctx: ReportContext) -> list[Block]:
         items.append(f"Hypothesis: {hyp}")
     for rec in (a.recovery if run.kind != "drill" else []):  # a drill's recovery: the incident summary
         when = "" if rec.after_s is None else (" at once" if rec.after_s == 0 else f" after {rec.after_s:.1f} s")
-        items.append(f"Round {rec.round} returned to baseline: {'yes' + when if rec.returned else 'no'}")
+        said = ("yes" + when) if rec.returned else ("no" if rec.judged else f"not judged ({rec.reason})")
+        items.append(f"Round {rec.round} returned to baseline: {said}")
     if a.thresholds:
         var = run.change.get("variable", "the changed variable")
         first = next((c for c in a.thresholds if c.passed is False), None)
@@ -369,7 +370,7 @@ def _not_drill(ctx: ReportContext) -> bool:
 
 
 def recovery(ctx: ReportContext) -> list[Block]:
-    rows = [[str(r.round), "yes" if r.returned else "no", fmt.seconds(r.after_s), fmt.ms(r.baseline_e2e_p95_ms),
+    rows = [[str(r.round), "yes" if r.returned else ("no" if r.judged else "not judged"), fmt.seconds(r.after_s), fmt.ms(r.baseline_e2e_p95_ms),
              fmt.ms(r.recovery_e2e_p95_ms), fmt.pct(r.baseline_error_rate), fmt.pct(r.recovery_error_rate), r.reason]
             for r in ctx.analysis.recovery]
     if not rows:
