@@ -27,6 +27,7 @@ from vramlab.drill.ramp import RampSteps
 from vramlab.drill.recovery import LiveState, recover
 from vramlab.drill.target import check_environment
 from vramlab.drill.watch import Watchers
+from vramlab.experiment.baseline_check import BaselineTally
 from vramlab.experiment.events import Event, EventHook
 from vramlab.experiment.steps import StepOutcome, StepStrategy
 from vramlab.experiment.window import Lane, WindowExecutor, request_record
@@ -75,6 +76,10 @@ class DrillRunner(Watchers, TargetLifecycle):
         self._ceiling_value: float | None = None
         self._coloc: Any = None
         self._step_counts = [0, 0]  # requests, errors of the running ramp step (its StepOutcome)
+        self._baseline_tally: Any = None  # this round's baseline requests (experiment.baseline_check)
+        self._baseline_broken: str | None = None
+        self._ramp_tally: Any = None
+        self._step_tally: Any = None  # the running ramp step's requests
         self.windows = WindowExecutor()  # the experiment runner's window executor, on this round's client
         self._unrecovered: list[int] = []
         self.health_path = plan.target.health_path  # replaced by what answered at bring-up (discover_health)
@@ -160,6 +165,8 @@ class DrillRunner(Watchers, TargetLifecycle):
             self._round = r
             if await self._one_round(steps):
                 failed_rounds.append(r)
+            if self._baseline_broken is not None:  # nothing was ramped: the drill ends here, exit 1
+                return "stopped", self._baseline_broken
             if self.detector.stopped is not None and self.detector.stopped.kind == "wall_clock":
                 return "stopped", self.detector.stopped.message
         if not plan.prometheus_url:
@@ -182,12 +189,20 @@ class DrillRunner(Watchers, TargetLifecycle):
             watchers = [asyncio.ensure_future(c) for c in self._watchers()]
             try:
                 self._phase, self._step = "baseline", None
+                self._baseline_tally = BaselineTally(plan.stop.error_rate)
                 self.emit("phase_start", "baseline", phase="baseline")
                 await self._window(None, plan.baseline_s, 0)
                 self.emit("phase_end", "baseline")
+                if self._check_baseline():
+                    return False
+                self._ramp_tally = BaselineTally(None)  # every ramp step's requests (what they got, in words)
                 failure = await self._ramp(steps)
                 if failure is not None and failure.kind == "wall_clock":
                     return False  # not a failure of the target; run() ends the drill as stopped
+                if failure is None and self._ramp_tally.sent == 0:
+                    # a ramp that sent nothing (a burst too large to build) held nothing: no ceiling claim
+                    self.emit("stopped", "the ramp sent no request: no ceiling is claimed", reason="no_load")
+                    return False
                 if failure is None:
                     top = values[-1] if self._ceiling_value is None else self._ceiling_value
                     why = "" if self._ceiling_value is None else " (the card was full: the co-tenant could not grow)"
@@ -200,6 +215,15 @@ class DrillRunner(Watchers, TargetLifecycle):
                     w.cancel()
                 await asyncio.gather(*watchers, return_exceptions=True)
 
+    def _check_baseline(self) -> bool:
+        """True when the baseline breached its own error threshold: the drill stops before the ramp."""
+        why = self._baseline_tally.broken() if self._baseline_tally is not None else None
+        if why is None:
+            return False
+        self._baseline_broken = f"baseline broken, nothing ramped: {why}"
+        self.emit("stopped", self._baseline_broken, reason="baseline")
+        return True
+
     async def _ramp(self, steps: StepStrategy) -> Finding | None:
         """Step through the strategy's values until the target fails (or the drill's clock runs out)."""
         plan = self.plan
@@ -208,6 +232,7 @@ class DrillRunner(Watchers, TargetLifecycle):
         while v is not None:
             self._step = i
             self._step_counts = [0, 0]
+            self._step_tally = BaselineTally(None)
             self._step_started_s = self.now()
             self.emit("step", f"{plan.ramp.knob} = {v:g} {plan.ramp.unit}", step=i, value=v, knob=plan.ramp.knob)
             try:
@@ -245,7 +270,7 @@ class DrillRunner(Watchers, TargetLifecycle):
             # the drill's own time ran out: the target did not fail, so no fault, no recovery
             self.emit("stop_condition", f.message, condition=f.kind)
             self.emit("stopped", f"stopped by the wall clock during {self.plan.ramp.knob} = {value:g} "
-                      f"{self.plan.ramp.unit}; nothing had failed (last completed step: "
+                      f"{self.plan.ramp.unit}; {self._step_failures()} (last completed step: "
                       f"{'none' if last_safe is None else f'{last_safe:g}'})", value=value, last_completed=last_safe,
                       unit=self.plan.ramp.unit)
             return
@@ -259,6 +284,18 @@ class DrillRunner(Watchers, TargetLifecycle):
                   value=value, knob=self.plan.ramp.knob, unit=self.plan.ramp.unit, step_started_s=self._step_started_s,
                   t0_s=t0 if t0 is not None else f.t_s, last_safe_value=last_safe, mode=self.detector.failure_mode(),
                   evidence=self.detector.evidence(), signature=self.detector.signature())
+
+    def _step_failures(self) -> str:
+        """What the running step's requests got, for the wall-clock stop's line: never "nothing had
+        failed" over requests the server refused (a 400 for the context length is a failure too)."""
+        tally = self._step_tally
+        if tally is None or tally.sent == 0:
+            return "nothing had failed (no request of the step had ended yet)"
+        if not tally.failed:
+            return "nothing had failed"
+        classes = ", ".join(f"{k} {v}" for k, v in sorted(tally.classes.items()))
+        return (f"{tally.failed} of {tally.ok + tally.failed} of its requests had failed ({classes})"
+                + (f"; the server said: {tally.first_error}" if tally.first_error else ""))
 
     async def _recover(self, failure: Finding, values: list[float]) -> None:
         plan = self.plan
@@ -362,6 +399,11 @@ class DrillRunner(Watchers, TargetLifecycle):
                              step, value, failed_latency=True)
         self.emit("request", payload=rec)
         end = rec.end_s or self.now()
+        if phase == "baseline" and self._baseline_tally is not None:
+            self._baseline_tally.add(rec.ok, rec.error_class, rec.status_code, rec.error)
+        if phase == "ramp" and self._step_tally is not None:
+            self._step_tally.add(rec.ok, rec.error_class, rec.status_code, rec.error)
+            self._ramp_tally.add(rec.ok, rec.error_class, rec.status_code, rec.error)
         if res.error_class == "cancelled":
             return
         if phase == "ramp":
