@@ -79,6 +79,7 @@ class DrillRunner(Watchers, TargetLifecycle):
         self._baseline_tally: Any = None  # this round's baseline requests (experiment.baseline_check)
         self._baseline_broken: str | None = None
         self._ramp_tally: Any = None
+        self._draining: asyncio.Future[Any] | None = None  # the failed step's window, its requests ending
         self._step_tally: Any = None  # the running ramp step's requests
         self.windows = WindowExecutor()  # the experiment runner's window executor, on this round's client
         self._unrecovered: list[int] = []
@@ -211,9 +212,22 @@ class DrillRunner(Watchers, TargetLifecycle):
                 await self._recover(failure, values)
                 return True
             finally:
+                await self._end_draining()
                 for w in watchers:
                     w.cancel()
                 await asyncio.gather(*watchers, return_exceptions=True)
+
+    async def _end_draining(self) -> None:
+        """The failed step's requests still in flight at the round's end: given their own timeout
+        from the failure, then cancelled (recorded as still open when the round ended)."""
+        task, self._draining = self._draining, None
+        if task is None:
+            return
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(task), timeout=self.plan.load.request_timeout_s + 1.0)
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     def _check_baseline(self) -> bool:
         """True when the baseline breached its own error threshold: the drill stops before the ramp."""
@@ -248,11 +262,16 @@ class DrillRunner(Watchers, TargetLifecycle):
                     failure = self.detector.failure()
                     if failure is not None:
                         self._on_failure(failure, i, v, last)
+                        if failure.kind != "wall_clock":
+                            # the step sends nothing more; what it has in flight ends as what it is
+                            # (a hung request times out), not "cancelled" by the move to recovery
+                            self.windows.end()
+                            self._draining, task = task, asyncio.ensure_future(asyncio.sleep(0))
                         return failure  # the recovery phase's load takes over from here (or the run ends)
                     await asyncio.sleep(0.02)
                 await task
             finally:
-                # on failure, stop or Ctrl-C the step's load ends here, before its client closes
+                # on a stop or Ctrl-C the step's load ends here, before its client closes
                 if not task.done():
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -307,7 +326,9 @@ class DrillRunner(Watchers, TargetLifecycle):
         if plan.recovery.undo_ramp:
             await self._apply(None)
             self.emit("ramp_undone", "load back to the baseline", value=None)
-        load = asyncio.ensure_future(self._window(value, plan.recovery.limit_s + plan.recovery.observe_s + 5, step))
+        ex = WindowExecutor()  # the failed step's window may still be draining on self.windows
+        ex.use(self.windows.client)
+        load = asyncio.ensure_future(self._window(value, plan.recovery.limit_s + plan.recovery.observe_s + 5, step, ex))
         try:
             out = await recover(plan.recovery, self.target, self.state, self.now, self.emit,
                                 operator_notes=self._notes_since,
@@ -361,7 +382,7 @@ class DrillRunner(Watchers, TargetLifecycle):
                     self._coloc.report_coloaded(self._coloaded, time.monotonic() - t)
 
     # -- load -------------------------------------------------------------------------------
-    async def _window(self, value: float | None, duration_s: float, step: int) -> None:
+    async def _window(self, value: float | None, duration_s: float, step: int, ex: WindowExecutor | None = None) -> None:
         from vramlab.load.driver import LoadShape, Window
         from vramlab.load.prompts import synthetic_prompts
         from vramlab.load.retry import RetryPolicy
@@ -391,9 +412,14 @@ class DrillRunner(Watchers, TargetLifecycle):
             burst = Window(requests=int(value), max_s=duration_s, drain_s=window.drain_s)
             lanes.append(Lane(prompts, LoadShape(mode="closed", concurrency=int(value), max_tokens=plan.load.max_tokens),
                               burst, recorder_for(10_000), f"burst:{rnd}{step}-"))
-        await self.windows.run(lanes, retry)
+        await (ex or self.windows).run(lanes, retry, end_drain_s=plan.load.request_timeout_s + 0.5)
 
     def _on_result(self, res: Any, phase: str, rnd: int, step: int, value: float | None, user: int) -> None:
+        if res.error_class == "cancelled" and self.state.failed_at_s is not None:
+            import dataclasses
+
+            res = dataclasses.replace(res, error=f"still open when the drill's {phase} load ended: neither answered "
+                                      "nor timed out by then")
         # the detector reads how long a failed request took (a timeout), so failures keep their latency
         rec = request_record(res, self.run_id, self._t0, rnd, phase if phase in ("baseline", "recovery") else "ramp",
                              step, value, failed_latency=True)
