@@ -259,3 +259,26 @@ def test_a_restart_that_failed_is_not_credited_as_mitigation():
     assert not out.recovered and out.mitigations == 0
     assert not any(k == "mitigation" for k, _ in events), events
     assert any(k == "warning" and "restart failed" in m for k, m in events)
+
+
+def test_a_start_up_crash_is_reported_as_a_process_exit_with_the_logs_last_lines(tmp_path):
+    # the engine exits 1.x s after it was started (a model path that does not exist): the drill says the
+    # process exited, with its last words, not "did not pass a health check within 60 s"
+    crash = (f"{sys.executable} -c \"import time; print('INFO loading model', flush=True); time.sleep(1.2); "
+             "raise ValueError('Model path does not exist: /models/nope')\"")
+    plan = {"name": "crash-at-start", "rounds": 1, "baseline_s": 1.0,
+            "target": {"kind": "process", "environment": "test", "engine": "llama.cpp",
+                       "base_url": "http://127.0.0.1:9", "model": "tiny", "command": crash,
+                       "log_file": str(tmp_path / "target.log")},
+            "ramp": {"knob": "concurrency", "mode": "geometric", "start": 2, "factor": 2, "ceiling": 4, "step_s": 1}}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(plan))
+    t = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "vramlab", "drill", "p.yaml", "--db", str(tmp_path / "v.db"), "-q"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    took = time.monotonic() - t
+    assert res.returncode == 1, (res.stdout[-1000:], res.stderr[-2000:])
+    assert "the target process exited with code 1" in res.stderr and "after it was started" in res.stderr
+    assert "ValueError: Model path does not exist: /models/nope" in res.stderr  # its log's last lines, quoted
+    assert "did not pass a health check" not in res.stderr and "Traceback (most recent call last)" not in \
+        res.stderr.split("its log ends")[0]
+    assert took < 30, took  # not the 30-60 s health allowance

@@ -106,6 +106,28 @@ def test_check_log_reads_the_real_start_up_log(engine, tmp_path):
     assert logged_kv in found, (logged_kv, found)
 
 
+def test_check_log_reads_two_start_ups_in_one_file_as_two(engine, tmp_path):
+    # a restart in a drill's target log, or two runs appended: each start-up on its own, none summed
+    py, model = engine
+    both = tmp_path / "both.log"
+    logged = []
+    for i, n_ctx in enumerate((512, 1024)):
+        srv = lc.start_server(py, model, tmp_path / f"s{i}.log", n_ctx=n_ctx)
+        srv.stop()
+        text = (tmp_path / f"s{i}.log").read_text(errors="replace")
+        logged.append(round(float(re.search(r"KV buffer size\s*=\s*([\d.]+) MiB", text).group(1)) * 2**20))  # type: ignore[union-attr]
+        with open(both, "a") as fh:
+            fh.write(text)
+    res = _vramlab("check-log", str(both), "--model", str(model), "--engine", "llama.cpp", "--gpu", "l4", "--json",
+                   cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    obs = json.loads(res.stdout)["observations"]
+    assert [o["startup"] for o in obs] == [0, 1], [o.get("startup") for o in obs]
+    assert [o["settings"]["ctx_size"] for o in obs] == [512, 1024]
+    assert [o["kv_cache_bytes"] for o in obs] == logged  # each its own, not their sum
+    assert all(o["prediction"]["relative_difference"]["kv_cache_bytes"] == 0.0 for o in obs)
+
+
 def _kv_bytes_logged(py: str, model: Path, n_ctx: int, n_seq: int, cache: str) -> tuple[int, str]:
     """Create a llama.cpp context with the low-level API (the server has one slot; a context can have
     several) and read the KV size llama.cpp logs: 'llama_kv_cache: size = X MiB (...)'."""
