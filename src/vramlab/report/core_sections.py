@@ -181,6 +181,16 @@ _DETAIL = ["out tok/s", "TTFT P95 ms", "E2E P50 ms", "E2E P99 ms", "E2E max ms",
            "ITL P99 ms", "ITL gaps timed / untimed"]
 
 
+def tokens_caption(ctx: ReportContext) -> str:
+    """Where output tokens were counted from stream chunks (no usage, no engine count), out tok/s is
+    an estimate, and every table that shows it says so."""
+    t = ctx.analysis.totals
+    if not t.tokens_estimated:
+        return ""
+    return (f"; out tok/s is an estimate for {t.tokens_estimated:,} of {t.ok:,} requests (the server sent no "
+            "token count: stream chunks counted, one token each)")
+
+
 def itl_sentence(r: RequestSummary) -> str | None:
     """How many inter-token gaps the ITL figures rest on, and how many could not be timed; None
     when the requests had no gaps at all."""
@@ -245,7 +255,7 @@ def phases(ctx: ReportContext) -> list[Block]:
         Text("User layer (requests, errors, latency), service layer (queue, KV cache) and resource layer "
              "(GPU memory) side by side, one row per round and phase. Latencies are of successful requests."),
         Table(["round", "phase", *_SIGNALS], sig, caption="Service and resource signals"),
-        Table(["round", "phase", *_DETAIL], det, caption="Latency detail"),
+        Table(["round", "phase", *_DETAIL], det, caption="Latency detail" + tokens_caption(ctx)),
     ]
 
 
@@ -266,7 +276,7 @@ def steps(ctx: ReportContext) -> list[Block]:
     if not sig:
         return []
     return [Table(["round", "phase", "step", var, *_SIGNALS], sig, caption="Service and resource signals per step"),
-            Table(["round", "phase", "step", var, *_DETAIL], det, caption="Latency detail per step")]
+            Table(["round", "phase", "step", var, *_DETAIL], det, caption="Latency detail per step" + tokens_caption(ctx))]
 
 
 def charts(ctx: ReportContext) -> list[Block]:
