@@ -51,6 +51,14 @@ def test_every_baseline_request_failing_stops_the_drill_before_the_ramp(tmp_path
     line = summary_line(load_context(store, runner.run_id))
     assert line == result.stop_reason  # the headline says it, not "no OOM up to ..."
     assert "held at the ceiling" not in render(load_context(store, runner.run_id), "md")
+    # `vramlab runs` names the drill's model (its served name, for a target that is not the sim)
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "vramlab", "runs", "--db", store.url], capture_output=True, text=True,
+                         timeout=60)
+    row = next(ln for ln in res.stdout.splitlines() if ln.startswith(runner.run_id))
+    assert row.split()[1] == "drill" and row.rstrip().endswith(" tiny"), res.stdout
 
 
 def test_a_target_that_never_answers_is_refused_before_the_ramp(tmp_path):

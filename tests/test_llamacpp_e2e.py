@@ -79,6 +79,7 @@ def test_run_against_the_real_engine(engine, tmp_path):
 
     md = render(load_context(store, out["run_id"]), "md")
     assert f"out tok/s is an estimate for {len([r for r in reqs if r.ok])} of" in md
+    assert re.search(r"Host \(sampled\): CPU max \d+ %", md), md[:3000]  # the host sampler's figures, not JSON only
     run = store.get_run(out["run_id"])
     assert run.fixed.get("engine") == "llama.cpp"
     # no /health on this server: the health sampler found /v1/models and said so

@@ -41,7 +41,7 @@ def _progress(ev: object) -> None:
     """One line per timeline milestone, so an operator (or a test) can follow the drill live."""
     kind = getattr(ev, "kind", "")
     if kind in PROGRESS:
-        print(f"  {getattr(ev, 't_s', 0.0):7.2f} s  {kind:<20} {getattr(ev, 'message', '')[:120]}", file=sys.stderr,
+        print(f"  {getattr(ev, 't_s', 0.0):7.2f} s  {kind:<20} {getattr(ev, 'message', '')}", file=sys.stderr,
               flush=True)
 
 

@@ -119,7 +119,8 @@ class DrillRunner(Watchers, TargetLifecycle):
             run_id=self.run_id, kind="drill", name=plan.name, plan=plan.model_dump(mode="json", by_alias=True),
             plan_hash=canonical_sha256(plan.model_dump(mode="json", by_alias=True)),
             fixed={"engine": self._engine(), "vramlab_version": _version(), "host": os.uname().nodename,
-                   **({"model": plan.target.sim.model, "gpu_name": plan.target.sim.gpu} if plan.target.sim else {})},
+                   **({"model": plan.target.sim.model, "gpu_name": plan.target.sim.gpu} if plan.target.sim
+                      else ({"model": plan.target.model} if plan.target.model else {}))},
             target={"kind": plan.target.kind, "environment": plan.target.environment,
                     "base_url": plan.target.base_url},
             change={"variable": plan.ramp.knob, "unit": plan.ramp.unit, "steps": values, "mode": plan.ramp.mode},

@@ -64,6 +64,9 @@ def summary(ctx: ReportContext) -> list[Block]:
                      f"{_threshold_value(first.metric, first.limit)}")
         items.append(line)
     items += _capacity_lines(ctx)
+    host = host_line(ctx)
+    if host:
+        items.append(host)
     headline = [s for s in a.stability if s.metric in HEADLINE_METRICS]
     for s in headline:
         if s.spikes:
@@ -179,6 +182,25 @@ _SIGNALS = ["requests", "err %", "req/s", "E2E P95 ms", "Δ E2E P95 vs baseline 
             "GPU mem max GiB"]
 _DETAIL = ["out tok/s", "TTFT P95 ms", "E2E P50 ms", "E2E P99 ms", "E2E max ms", "E2E P95 from sched. ms",
            "ITL P99 ms", "ITL gaps timed / untimed"]
+
+
+def host_line(ctx: ReportContext) -> str | None:
+    """The host's own load beside the figures (a CPU engine, or a load generator sharing the box):
+    peak CPU, RAM in use and the engine process's resident memory, from the host sampler."""
+    peak: dict[str, float] = {}
+    for smp in ctx.samples:
+        if smp.name in ("host.cpu_percent", "host.ram_used_bytes", "host.target_rss_bytes"):
+            peak[smp.name] = max(peak.get(smp.name, smp.value), smp.value)
+    if not peak:
+        return None
+    parts = []
+    if "host.cpu_percent" in peak:
+        parts.append(f"CPU max {peak['host.cpu_percent']:.0f} %")
+    if "host.ram_used_bytes" in peak:
+        parts.append(f"RAM in use max {fmt.gib(peak['host.ram_used_bytes'])} GiB")
+    if "host.target_rss_bytes" in peak:
+        parts.append(f"engine process RSS max {fmt.gib(peak['host.target_rss_bytes'])} GiB")
+    return "Host (sampled): " + ", ".join(parts)
 
 
 def tokens_caption(ctx: ReportContext) -> str:

@@ -119,6 +119,11 @@ def s_summary(ctx: ReportContext) -> list[Block]:
              "Status: draft postmortem — action items below need an owner's confirmation"]
     if ctx.run.stop_reason:
         items.append(f"Ended by: {ctx.run.stop_reason}")
+    from vramlab.report.core_sections import host_line
+
+    host = host_line(ctx)
+    if host:
+        items.append(host)
     return [Bullets(items)]
 
 
