@@ -78,12 +78,17 @@ def recovery_text(rec: Any, t0: float | None = None) -> str:
 T0_WORDS = "the failure's first evidence: the first failed request's end, the process exit or the OOM line"
 
 
+def storm_figures(st: Any) -> str:
+    """The retry storm's figures as the storm table prints them (the one computation)."""
+    return (f"attempts {st.amplification or 0:.2f}× the baseline's offered rate over the recovery window, "
+            f"{st.retries_in_window} retries")
+
+
 def storm_text(st: Any) -> str:
     """The retry storm in one sentence, from the one computation every section quotes."""
     if st.amplification is None:
         return "retry storm: not measured (no baseline rate or no recovery window)"
-    return (f"retry storm: {'yes' if st.storm else 'no'} — attempts {st.amplification:.2f}× the baseline's offered "
-            f"rate over the recovery window, {st.retries_in_window} retries")
+    return f"retry storm: {'yes' if st.storm else 'no'} — {storm_figures(st)}"
 
 
 OOM_MODES = ("crash_after_oom", "oom_no_exit", "oom_killed")
@@ -133,10 +138,10 @@ def lessons(inc: Incident) -> tuple[list[str], list[str], list[str]]:
     if st.second_oom:
         wrong.append("Recovery set off a second OOM")
     if st.storm:
-        wrong.append(f"Recovery drew a retry storm: {storm_text(st)}, {st.attempts_per_request or 0:.2f} attempts per "
-                     "request")
+        wrong.append(f"Recovery drew a retry storm: {storm_figures(st)}, {st.attempts_per_request or 0:.2f} attempts "
+                     "per request")
     elif st.amplification is not None and inc.failed:
-        well.append(f"No retry storm: {storm_text(st)}")
+        well.append(f"No retry storm: {storm_figures(st)}")
     if inc.failed and not inc.neighbours:
         lucky.append("No neighbour shared the card in this drill; the blast radius is untested")
     if inc.failed and inc.recovery.recovered and not st.second_oom and st.retries:
