@@ -103,3 +103,39 @@ def test_a_wall_clock_stop_over_refused_requests_never_says_nothing_had_failed(t
     assert result.status == "stopped" and stopped, [e.kind for e in store.events(runner.run_id)]
     line = stopped[0].message
     assert "nothing had failed" not in line and "http_4xx" in line and said in line, line
+
+
+def test_a_ramp_whose_requests_never_came_back_claims_no_ceiling(tmp_path):
+    import time
+
+    b = StubBehaviour()
+    store = open_store(str(tmp_path / "s.db"))
+
+    async def go():
+        async with StubServer(b) as srv:
+            plan = parse_plan({
+                "name": "silent-ramp", "rounds": 1, "baseline_s": 0.8,
+                "target": {"kind": "command", "environment": "test", "engine": "vllm", "base_url": srv.url,
+                           "model": "tiny", "commands": {"status": "true"}},
+                "load": {"concurrency": 2, "prompt_tokens": 8, "max_tokens": 4, "request_timeout_s": 30},
+                "ramp": {"knob": "concurrency", "mode": "geometric", "start": 2, "factor": 2, "ceiling": 4,
+                         "step_s": 1.0},
+                "stop": {"error_rate": 0.5, "window_s": 1.0, "min_requests": 3, "wall_clock_s": 30},
+            })
+            runner = DrillRunner(plan, store, workdir=str(tmp_path / "work"))
+
+            def on_event(ev) -> None:
+                if ev.kind == "phase_end" and ev.message == "baseline":
+                    b.stall_until = time.monotonic() + 3600  # from here on nothing answers
+
+            runner.hook.add(on_event)
+            return runner, await asyncio.wait_for(runner.run(), 40)
+
+    runner, result = asyncio.run(go())
+    events = store.events(runner.run_id)
+    kinds = [e.kind for e in events]
+    assert "ceiling" not in kinds, [e.message for e in events if e.kind == "ceiling"]
+    line = next(e.message for e in events if e.kind == "stopped")
+    assert "no ramp request came back" in line and "no ceiling is claimed" in line, line
+    assert result.status == "stopped" and result.stop_reason == line  # `vramlab drill` exits 1
+    assert "held at the ceiling" not in summary_line(load_context(store, runner.run_id))

@@ -64,10 +64,11 @@ def test_hang_is_named_detected_not_recovered_and_rolled_back(tmp_path):
     # every request in flight at the hang ends as what it was: timed out, never "cancelled" by the move
     # to recovery; the impact table counts exactly those in flight at T0
     t0 = inc.t0_s
-    at_t0 = [r for r in requests if r.sent_s <= t0 + 1e-9 and r.end_s >= t0 - 1e-9 and r.phase == "ramp"]
-    assert at_t0 and all(r.error_class == "timeout" for r in at_t0), [(r.error_class, r.error) for r in at_t0]
+    lost = [r for r in requests if r.sent_s <= t0 + 1e-9 and r.end_s >= t0 - 1e-9 and not r.ok]
+    why = (t0, inc.evidence, [(r.phase, r.error_class, r.sent_s, r.end_s) for r in lost])
+    assert lost and all(r.error_class == "timeout" and r.phase == "ramp" for r in lost), why
     assert not any(r.error_class == "cancelled" and r.phase == "ramp" for r in requests)
-    assert inc.impact.in_flight_lost == len(at_t0) and inc.trigger.in_flight_at_t0 == len(at_t0)
+    assert inc.impact.in_flight_lost == len(lost) and inc.trigger.in_flight_at_t0 == len(lost), why
     # /health stayed 200, so the drill's supervisor (restart on exit or on failing health) never acted:
     # a liveness probe on /health does not catch a hang, which is the finding
     assert "mitigation" not in kinds and "not_recovered" in kinds and not inc.recovery.recovered

@@ -77,7 +77,7 @@ class DrillRunner(Watchers, TargetLifecycle):
         self._coloc: Any = None
         self._step_counts = [0, 0]  # requests, errors of the running ramp step (its StepOutcome)
         self._baseline_tally: Any = None  # this round's baseline requests (experiment.baseline_check)
-        self._baseline_broken: str | None = None
+        self._ended_early: str | None = None
         self._ramp_tally: Any = None
         self._draining: asyncio.Future[Any] | None = None  # the failed step's window, its requests ending
         self._step_tally: Any = None  # the running ramp step's requests
@@ -167,8 +167,8 @@ class DrillRunner(Watchers, TargetLifecycle):
             self._round = r
             if await self._one_round(steps):
                 failed_rounds.append(r)
-            if self._baseline_broken is not None:  # nothing was ramped: the drill ends here, exit 1
-                return "stopped", self._baseline_broken
+            if self._ended_early is not None:  # a broken baseline, a silent ramp: the drill ends here, exit 1
+                return "stopped", self._ended_early
             if self.detector.stopped is not None and self.detector.stopped.kind == "wall_clock":
                 return "stopped", self.detector.stopped.message
         if not plan.prometheus_url:
@@ -201,9 +201,15 @@ class DrillRunner(Watchers, TargetLifecycle):
                 failure = await self._ramp(steps)
                 if failure is not None and failure.kind == "wall_clock":
                     return False  # not a failure of the target; run() ends the drill as stopped
-                if failure is None and self._ramp_tally.sent == 0:
-                    # a ramp that sent nothing (a burst too large to build) held nothing: no ceiling claim
-                    self.emit("stopped", "the ramp sent no request: no ceiling is claimed", reason="no_load")
+                came_back = self._ramp_tally.ok + self._ramp_tally.failed
+                if failure is None and came_back == 0:
+                    # a ramp that sent nothing (a burst too large to build), or whose requests never
+                    # came back, held nothing: no ceiling claim
+                    sent = self._ramp_tally.sent
+                    why = ("the ramp sent no request" if not sent else
+                           f"no ramp request came back ({sent} sent, all still open when their step ended)")
+                    self._ended_early = f"{why}: no ceiling is claimed"
+                    self.emit("stopped", self._ended_early, reason="no_load")
                     return False
                 if failure is None:
                     top = values[-1] if self._ceiling_value is None else self._ceiling_value
@@ -235,8 +241,8 @@ class DrillRunner(Watchers, TargetLifecycle):
         why = self._baseline_tally.broken() if self._baseline_tally is not None else None
         if why is None:
             return False
-        self._baseline_broken = f"baseline broken, nothing ramped: {why}"
-        self.emit("stopped", self._baseline_broken, reason="baseline")
+        self._ended_early = f"baseline broken, nothing ramped: {why}"
+        self.emit("stopped", self._ended_early, reason="baseline")
         return True
 
     async def _ramp(self, steps: StepStrategy) -> Finding | None:
