@@ -12,6 +12,7 @@ from dataclasses import replace
 from importlib import import_module
 from typing import Any
 
+from vramlab.capacity import defaults
 from vramlab.capacity.constants import Constants
 from vramlab.capacity.engines.common import Context, PolicyResult
 from vramlab.capacity.estimate import GIB, Component, Estimate
@@ -74,6 +75,7 @@ def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Co
     used = sum(c.bytes for c in all_comps) if r.kv_fixed else _used(comps, kv_comp, r)
     headroom = ctx.total - ctx.other - used
     reasons = list(r.reasons) + _refusals(ctx, r, kv_mid, lim.num_blocks, used, headroom)
+    context_note = defaults.context_note(model, settings, r.max_model_len)
     fits = not reasons
     est = Estimate(
         model=model.name,
@@ -96,7 +98,7 @@ def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Co
         headroom_bytes=headroom,
         fits=fits,
         reasons=tuple(reasons),
-        notes=tuple(r.notes),
+        notes=tuple(r.notes) + ((context_note,) if context_note else ()),
         pessimistic=pess,
         optimistic=opt,
         per_sequence_state_bytes=r.per_sequence_state_bytes,
@@ -284,8 +286,9 @@ def _suggest_llamacpp(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: 
 
 def max_len_that_fits(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None = None,
                       concurrency: float = 1.0, point: str = "mid", margin: float = 0.0) -> int:
-    """The largest max_model_len whose pool still holds *concurrency* requests (0 if none does)."""
-    hi = model.max_position_embeddings or (1 << 20)
+    """The largest max_model_len whose pool still holds *concurrency* requests (0 if none does), up to the
+    context the engine derives (capacity/defaults.py), or the one given if longer."""
+    hi = defaults.context_limit(model, s)
 
     def holds(length: int) -> bool:
         try:
@@ -340,7 +343,9 @@ def safe_operating_point(model: ModelSpec, gpu: GPU, s: EngineSettings, constant
     out: dict[str, object] = {
         "margin": margin,
         "max_concurrency": math.floor(conc) if fits else 0,
-        "max_model_len": s.max_model_len or model.max_position_embeddings or None,
+        # the length the policy resolved (the derived default, or llama.cpp's per-slot context): the same
+        # length the plan's max-concurrency line counts in
+        "max_model_len": run_policy(model, gpu, s, constants)[1].max_model_len or None,
     }
     want = concurrency or max(1, math.floor(conc) if fits else 1)
     out["concurrency"] = want

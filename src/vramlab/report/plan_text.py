@@ -62,9 +62,9 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
     if not safe["max_concurrency"] and not safe["max_model_len_at_concurrency"]:
         lines.append(head + "none: it does not fit even one sequence")
     elif e.engine == "llama.cpp":
-        # llama.cpp splits --ctx-size into --parallel slots: the sequence length is the slot's, the
-        # same length the max-concurrency line above counts in (not the whole context).
-        lines.append(head + f"{safe['max_concurrency']} of {e.max_concurrency:.0f} slots at {e.max_model_len:,} "
+        # llama.cpp splits --ctx-size into --parallel slots: the safe point's length is the slot's (the policy
+        # resolves it; capacity/model.py safe_operating_point), as in the max-concurrency line above.
+        lines.append(head + f"{safe['max_concurrency']} of {e.max_concurrency:.0f} slots at {safe['max_model_len']:,} "
                      "tokens each (--ctx-size / --parallel)")
     else:
         def seqs(n: int) -> str:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from vramlab.capacity import defaults
 from vramlab.capacity import kv as kvmod
 from vramlab.capacity import weights as wmod
 from vramlab.capacity.constants import Constants
@@ -126,12 +127,15 @@ class Context:
 
     @cached_property
     def model_max_len(self) -> int:
-        """The context the engine derives from the config (rope scaling included); with a
-        rope-scaling override, the base length times the user's factor."""
-        m, factor = self.model, self.settings.rope_scaling_factor
-        if factor:
-            return int((m.rope_original_max_position or m.max_position_embeddings) * factor)
-        return m.context_length
+        """The context this engine and release derive from the config (rope scaling as they apply it);
+        with a rope-scaling override, the base length times the user's factor (capacity/defaults.py)."""
+        s = self.settings
+        return defaults.derived_context(self.model, s.engine, self.version, s.rope_scaling_factor).tokens
+
+    @cached_property
+    def default_context(self) -> int:
+        """max_model_len when none is given: the derived context less the release's cap (TGI 1.x-2.x)."""
+        return defaults.default_context(self.model, self.settings)
 
     def longer_than_trained(self, length: int, engine: str, allowed: bool, how: str) -> list[str]:
         """A context above the derived one: a warning when the engine was allowed to take it, else
