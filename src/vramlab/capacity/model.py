@@ -62,10 +62,7 @@ def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Co
     ctx, r = run_policy(model, gpu, settings, constants)
     comps = r.components
     kv_mid = r.kv_rule(comps, "mid")
-    kv_low = r.kv_rule(comps, "high")  # pessimistic: every in-budget component at its high end
-    kv_high = r.kv_rule(comps, "low")
-    if r.kv_fixed:
-        kv_low, kv_high = kv_mid, kv_mid
+    kv_low, kv_high, widest = (kv_mid, kv_mid, None) if r.kv_fixed else kv_band(r, comps, kv_mid)
     kv_comp = Component("kv_cache", max(0, kv_mid), max(0, min(kv_low, kv_mid)), max(0, kv_high, kv_mid),
                         r.kv_provenance, r.kv_note, in_budget=True)
     lim = r.limits(max(0, kv_mid))
@@ -102,11 +99,25 @@ def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Co
         pessimistic=pess,
         optimistic=opt,
         per_sequence_state_bytes=r.per_sequence_state_bytes,
-        extra=dict(r.extra),
+        # the KV band signed, as a failed start-up prints it (the kv_cache component stops at 0)
+        extra={**r.extra, "kv_band_bytes": (min(kv_low, kv_mid), max(kv_high, kv_mid)),
+               **({"kv_band_widest": widest} if widest else {})},
     )
     if not fits and with_suggestions:
         est = replace(est, suggestions=tuple(suggest(model, gpu, settings, constants, est)))
     return est
+
+
+def kv_band(r: PolicyResult, comps: list[Component], kv_mid: int) -> tuple[int, int, str | None]:
+    """(low, high, the component that swings the pool most). The band stacks every in-budget component at its
+    worst end: added in quadrature instead (independent errors) it was a quarter narrower but held fewer than 90 %
+    of the held-out measurements (docs/capacity-model.md, "Band coverage"). The widest term is the one whose own
+    swing, the others held at their expected value, moves the pool's low end most."""
+    held = [replace(c, low_bytes=c.bytes, high_bytes=c.bytes) for c in comps]
+    swings = [(abs(kv_mid - r.kv_rule(held[:i] + [c] + held[i + 1:], "high")), c.name)
+              for i, c in enumerate(comps) if c.in_budget and c.low_bytes != c.high_bytes]
+    widest = max(swings)[1] if swings and max(swings)[0] > 0 else None
+    return r.kv_rule(comps, "high"), r.kv_rule(comps, "low"), widest
 
 
 def _refusals(ctx: Context, r: PolicyResult, kv_bytes: int, blocks: int, used: int, headroom: int) -> list[str]:

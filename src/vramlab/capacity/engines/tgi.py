@@ -32,6 +32,7 @@ from vramlab.errors import ConfigError
 # (first release, share of the FREE memory kept for KV) before 3.0; (first release, TGI_WIGGLE_ROOM) from 3.0.
 FREE_SHARE = (((1, 0), 1.0), ((1, 4, 1), 0.95), ((2, 4), 0.90))
 CARD_WIGGLE = (((3, 0), 0.95), ((3, 1), 0.93), ((3, 3), 0.90))
+UNKNOWN_TERM_BAND = 0.5  # the band added to a term that is not modelled (as vLLM's, engines/vllm_eras.py)
 LEGACY_BAND = 1.0  # TGI 2.2 on an A10G left ~2 GiB less than this rule after warm-up: unknown term, band widened
 FLASHINFER_FROM = (2, 3)  # the launcher's default ATTENTION=flashinfer (BLOCK_SIZE 1) from 2.3.0
 LOGSOFTMAX_IN_PLACE_FROM = (2, 4)  # generate_token: torch.log_softmax(out, -1, out=out)
@@ -116,7 +117,11 @@ def plan(ctx: Context) -> PolicyResult:
     memory_fraction = settings.gpu_memory_utilization or 1.0  # CUDA_MEMORY_FRACTION
     block = settings.block_size or (1 if not ctx.version or ctx.version >= FLASHINFER_FROM else 16)
     legacy = ctx.version is not None and ctx.version < FRACTION_WIGGLE_FROM
-    components = warmup_components(ctx, prefill_tokens, LEGACY_BAND if legacy else 0.0)
+    # A vision-language model's warm-up also runs its image path (TGI 3.x: one image through the tower and the
+    # masked attention of the image tokens), which is not modelled: an unknown term, its band widened as vLLM's.
+    vision = bool(ctx.model.vision_params)
+    components = warmup_components(ctx, prefill_tokens, (LEGACY_BAND if legacy else 0.0)
+                                   + (UNKNOWN_TERM_BAND if vision else 0.0))
     graphs = sum(c.bytes for c in components if c.name == "cuda_graphs")
     total, other = ctx.total, ctx.other
     share, batch_kv = legacy_pool(ctx, prefill_tokens, max_total, block) if legacy else (1.0, 0)
@@ -135,6 +140,9 @@ def plan(ctx: Context) -> PolicyResult:
         return Limits(int(kv_bytes), int(tokens), int(blocks), tokens / max_total)
 
     reasons, notes = [], ["max_batch_total_tokens is the pool in tokens; TGI sizes it at warm-up"]
+    if vision:
+        notes.append("unknown term, band widened (activation peak): the warm-up's image path (vision tower, masked "
+                     "attention over the image tokens) is not modelled")
     if legacy:
         notes.append("unknown term, band widened: TGI 2.x's warm-up peak was ~2 GiB above weights + activation + "
                      "logits in a real TGI 2.2 log (A10G, Llama 3.1 8B); what fills it is not found in 2.2's source")
