@@ -7,6 +7,7 @@ read from the catalog's JSON, not from the code under test.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -110,3 +111,17 @@ def test_safe_point_and_suggestions_search_up_to_the_engines_context() -> None:
     assert max_len_that_fits(spec, H100, vllm.with_(max_model_len=None), concurrency=1) == 131072
     sglang = EngineSettings(engine="sglang", engine_version="0.5.6")
     assert safe_operating_point(spec, H100, sglang)["max_model_len"] == 1048576
+
+
+def test_the_json_and_the_sweep_read_the_same_default() -> None:
+    base = [sys.executable, "-m", "vramlab", "plan", "--model", "gemma-3-27b-it", "--gpu", "h100-80gb", "--json"]
+    plan = json.loads(subprocess.run(base, capture_output=True, text=True, timeout=120).stdout)
+    assert plan["max_model_len"] == 131072 and plan["settings"]["max_model_len"] == 131072
+    assert "Gemma 3's is already scaled" in plan["default_context_rule"]
+    assert plan["safe_operating_point"]["max_model_len"] == 131072
+    swept = json.loads(subprocess.run([*base, "--sweep", "kv-cache-dtype=auto,fp8"], capture_output=True, text=True,
+                                      timeout=120).stdout)
+    auto = next(r for r in swept["rows"] if r["kv_cache_dtype"] == "auto")
+    # the sweep's concurrency is the plan's: the pool over the same 131,072-token default
+    assert auto["max_concurrency"] == round(plan["max_concurrency"], 2)
+    assert auto["kv_cache_tokens"] == plan["kv_cache_tokens"]

@@ -101,7 +101,8 @@ def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Co
         per_sequence_state_bytes=r.per_sequence_state_bytes,
         # the KV band signed, as a failed start-up prints it (the kv_cache component stops at 0)
         extra={**r.extra, "kv_band_bytes": (min(kv_low, kv_mid), max(kv_high, kv_mid)),
-               **({"kv_band_widest": widest} if widest else {})},
+               **({"kv_band_widest": widest} if widest else {}),
+               **({"default_context_rule": context_note} if context_note else {})},
     )
     if not fits and with_suggestions:
         est = replace(est, suggestions=tuple(suggest(model, gpu, settings, constants, est)))
