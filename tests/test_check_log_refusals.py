@@ -138,3 +138,22 @@ def test_sglang_profiled_pool_above_a_given_max_total_tokens_is_kept(tmp_path: P
     item = _check(tmp_path, text, "h100-80gb", "0.5.1")
     assert item.observation.extra["profiled_max_total_tokens"] == 61234
     assert not item.refusal
+
+
+# Verbatim from a public vLLM GitHub issue (February 2025: DeepSeek-R1-Distill-Qwen-14B at TP 2 on two RTX 4090s,
+# vLLM 0.7 V0), pasted error first as the reporter did.
+REAL_V0 = """\
+ValueError: The model's max seq len (131072) is larger than the maximum number of tokens that can be stored in KV cache (81536). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.
+ERROR 02-11 07:40:49 multiproc_worker_utils.py:124] Worker VllmWorkerProcess pid 1786 died, exit code: -15
+(VllmWorkerProcess pid=1786) INFO 02-11 07:40:45 model_runner.py:1115] Loading model weights took 13.9476 GB
+"""
+
+
+def test_a_real_v0_refusal_line_is_read_as_the_pool(tmp_path: Path) -> None:
+    path = tmp_path / "real.log"
+    path.write_text(REAL_V0)
+    report = check_log(path)
+    (item,) = report.items
+    assert item.observation.kv_cache_tokens == 81536 and item.observation.max_model_len == 131072
+    assert item.observation.extra["refused_max_model_len"] == 131072
+    assert any(f.name == "vllm.max_len_exceeds_kv_tokens" for f in report.failures)
