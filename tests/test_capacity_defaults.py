@@ -125,3 +125,14 @@ def test_the_json_and_the_sweep_read_the_same_default() -> None:
     # the sweep's concurrency is the plan's: the pool over the same 131,072-token default
     assert auto["max_concurrency"] == round(plan["max_concurrency"], 2)
     assert auto["kv_cache_tokens"] == plan["kv_cache_tokens"]
+
+
+def test_sglang_starts_with_a_pool_shorter_than_its_derived_context() -> None:
+    """SGLang derives 1,048,576 for Gemma 3 and does not refuse a shorter pool: its scheduler caps a request at
+    min(context_len, pool) - 1 tokens. The plan fits and says the cap."""
+    spec = CATALOG.get("gemma-3-27b-it").spec()
+    est = estimate(spec, H100, EngineSettings(engine="sglang", engine_version="0.5.6"))
+    assert est.max_model_len == 1048576 and 0 < est.kv_cache_tokens < 1048576
+    assert est.fits, est.reasons
+    cap = next(n for n in est.notes if "caps each request" in n)
+    assert f"at {est.kv_cache_tokens - 1:,} tokens (max_req_len)" in cap

@@ -166,6 +166,13 @@ def token_limits(ctx: Context, context_len: int):
     return limits, cell, state
 
 
+def _short_pool_note(tokens: int, context_len: int) -> list[str]:
+    if 0 < tokens < context_len:
+        return [f"the pool holds {tokens:,} tokens, fewer than the {context_len:,}-token context: SGLang starts and caps "
+                f"each request at {tokens - 1:,} tokens (max_req_len)"]
+    return []
+
+
 def plan(ctx: Context) -> PolicyResult:
     ctx.check_tp("SGLang")
     settings = ctx.settings
@@ -216,6 +223,10 @@ def plan(ctx: Context) -> PolicyResult:
         kv_note=f"free memory after weights less (1 - {fraction}) x the memory free at start-up, "
                 f"in cells of {cell} bytes",
         per_sequence_state_bytes=state, reasons=reasons,
-        notes=[f"mem_fraction_static {fraction} keeps {reserve / GIB:.2f} GiB for activations, CUDA graphs and runtime"],
-        min_blocks_needed=context_len, extra={"cell_size_bytes": cell, "reserved_bytes": reserve},
+        notes=[f"mem_fraction_static {fraction} keeps {reserve / GIB:.2f} GiB for activations, CUDA graphs and runtime"]
+        + _short_pool_note(limits(kv_rule(components, "mid")).kv_cache_tokens, context_len),
+        # The scheduler does not refuse a pool shorter than the context: it caps a request at
+        # min(context_len, max_total_num_tokens) - 1 tokens (scheduler.py `max_req_len`) and asserts only that
+        # this leaves room (> 5 tokens of input).
+        min_blocks_needed=7, extra={"cell_size_bytes": cell, "reserved_bytes": reserve},
     )
