@@ -157,3 +157,24 @@ def test_a_real_v0_refusal_line_is_read_as_the_pool(tmp_path: Path) -> None:
     assert item.observation.kv_cache_tokens == 81536 and item.observation.max_model_len == 131072
     assert item.observation.extra["refused_max_model_len"] == 131072
     assert any(f.name == "vllm.max_len_exceeds_kv_tokens" for f in report.failures)
+
+
+# Verbatim from a public issue (September 2026, a V1 release of the "model's" wording with the CPU-backend aside).
+REAL_V1 = (
+    "(EngineCore pid=4382) ERROR 09-01 19:53:44 [core.py:1346] ValueError: To serve at least one request with the "
+    "model's max seq len (65536), (4.76 GiB KV cache is needed, which is larger than the available KV cache memory "
+    "(1.56 GiB). Based on the available memory, the estimated maximum model length is 15984. Try increasing "
+    "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing `max_model_len` when "
+    "initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.\n"
+)
+
+
+def test_the_newest_v1_refusal_wording_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "real-v1.log"
+    path.write_text(REAL_V1)
+    report = check_log(path)
+    (item,) = report.items
+    obs = item.observation
+    assert obs.kv_cache_bytes == round(1.56 * (1 << 30)) and obs.max_model_len == 65536
+    assert obs.extra["estimated_max_model_len"] == 15984 and obs.extra["refused_max_model_len"] == 65536
+    assert any(f.name == "vllm.max_len_exceeds_kv" for f in report.failures)
