@@ -35,6 +35,9 @@ from vramlab.capacity.spec import ModelSpec  # noqa: E402
 from vramlab.errors import VramlabError  # noqa: E402
 from vramlab.sources.hf_config import spec_from_config  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bands import band_coverage, band_score, print_bands  # noqa: E402,F401  (band_score: tests call it here)
+
 METRICS = ("weights", "kv_cache_gib", "kv_cache_tokens", "max_concurrency")
 
 
@@ -443,42 +446,6 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
             "bands": band_coverage(bands)}
 
 
-# Half the last printed digit of a log's figure: a value printed to 0.01 GiB sits within 0.005 GiB of the truth.
-PRINTED_GIB = 0.005
-
-
-def band_score(est: Any, obs: dict[str, float | None]) -> tuple[bool, float, str] | None:
-    """(the measured KV pool lies inside the plan's band, the band's width as % of the planned value, the
-    measurement) for one row: GiB where the log prints them (signed, like kv_available_bytes), else tokens."""
-    if obs.get("kv_cache_gib") is not None:
-        low, high = (b / GIB for b in est.extra["kv_band_bytes"])
-        seen, mid, slack, what = float(obs["kv_cache_gib"]), est.kv_available_bytes / GIB, PRINTED_GIB, "GiB"
-    elif obs.get("kv_cache_tokens") and est.pessimistic and est.optimistic:
-        low, high = float(est.pessimistic.kv_cache_tokens), float(est.optimistic.kv_cache_tokens)
-        seen, mid, slack, what = float(obs["kv_cache_tokens"]), float(est.kv_cache_tokens), 0.5, "tokens"
-    else:
-        return None
-    inside = low - slack <= seen <= high + slack
-    return inside, (high - low) / max(abs(mid), 1e-9) * 100, what
-
-
-def band_coverage(bands: list[tuple[dict[str, Any], str, bool, float, str]]) -> dict[str, Any]:
-    """Per engine, on the never-seen groups and on every row: the share of measurements inside the plan's
-    band and the band's mean width; and, per engine, the terms the band was widened for most often."""
-    out: dict[str, Any] = {}
-    for engine in sorted({e for _, e, *_ in bands}):
-        mine = [b for b in bands if b[1] == engine]
-        entry: dict[str, Any] = {}
-        for key, keep in (("unseen", lambda g: g.startswith("unseen-")), ("all", lambda g: True)):
-            xs = [b for b in mine if keep(str(b[0].get("collection_group")))]
-            if xs:
-                entry[key] = {"n": len(xs), "inside": sum(b[2] for b in xs) / len(xs),
-                              "mean_width": statistics.mean(b[3] for b in xs),
-                              "outside_rows": sorted(str(b[0]["row_id"]) for b in xs if not b[2])}
-        out[engine] = entry
-    return out
-
-
 def print_held_out(held_out: dict[str, Any], summary: dict[str, Any]) -> None:
     print()
     print("Leave-one-group-out (constants refitted without the group scored), |error| median / p90 %,")
@@ -511,21 +478,6 @@ def print_held_out(held_out: dict[str, Any], summary: dict[str, Any]) -> None:
               f"KV tokens (n={tok.get('n', 0)}; SGLang and TGI print only tokens) median "
               f"{tok.get('median', math.nan):.2f}% p90 {tok.get('p90', math.nan):.2f}%")
     print_bands(held_out["bands"])
-
-
-def print_bands(bands: dict[str, Any]) -> None:
-    print()
-    print("Band coverage, held-out: the share of measured KV pools (GiB where printed, else tokens) inside the")
-    print("plan's band, and the band's mean width (high - low, % of the planned value):")
-    print(f"  {'engine':12} {'never-seen: n':>13} {'inside':>7} {'width':>7}   {'every row: n':>12} {'inside':>7} "
-          f"{'width':>7}   outside (never-seen)")
-    for engine, entry in bands.items():
-        cells = []
-        for key in ("unseen", "all"):
-            e = entry.get(key)
-            cells.append(f"{e['n']:>13} {e['inside']:7.1%} {e['mean_width']:6.1f}%" if e else f"{'-':>13} {'':7} {'':7}")
-        outside = ", ".join(entry.get("unseen", {}).get("outside_rows", [])) or "-"
-        print(f"  {engine:12} {cells[0]}   {cells[1][1:]}   {outside}")
 
 
 def summarize(errs: dict[str, dict[str, list[tuple[dict[str, Any], float]]]]) -> dict[str, Any]:
