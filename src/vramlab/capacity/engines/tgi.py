@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from vramlab.capacity.defaults import TGI_UNCAPPED_FROM as FRACTION_WIGGLE_FROM
 from vramlab.capacity.defaults import tgi_prefill_tokens as default_prefill_tokens
+from vramlab.capacity.defaults import tgi_warmup_total
 from vramlab.capacity.engines.common import Context, PolicyResult, pick
 from vramlab.capacity.estimate import ENGINE, FORMULA, GIB, Component, Limits, band
 from vramlab.capacity.overheads import forward_peak_bytes, moe_workspace_bytes
@@ -133,13 +134,18 @@ def plan(ctx: Context) -> PolicyResult:
         return int(share * (free - batch_kv) + batch_kv) if legacy else free
 
     per_token = ctx.kv_bytes_per_token()
+    notes: list[str] = []
+    if not settings.max_model_len and not legacy:
+        pool = max(0, kv_rule(components, "mid")) // max(1, per_token * block) * block
+        max_total = tgi_warmup_total(max_total, prefill_tokens, pool, chunking=not vision)  # said in its note
 
     def limits(kv_bytes: int) -> Limits:
         blocks = max(0, kv_bytes) // max(1, per_token * block)
         tokens = blocks * block
         return Limits(int(kv_bytes), int(tokens), int(blocks), tokens / max_total)
 
-    reasons, notes = [], ["max_batch_total_tokens is the pool in tokens; TGI sizes it at warm-up"]
+    reasons = []
+    notes.insert(0, "max_batch_total_tokens is the pool in tokens; TGI sizes it at warm-up")
     if vision:
         notes.append("unknown term, band widened (activation peak): the warm-up's image path (vision tower, masked "
                      "attention over the image tokens) is not modelled")
