@@ -138,17 +138,19 @@ def test_sglang_starts_with_a_pool_shorter_than_its_derived_context() -> None:
     assert f"at {est.kv_cache_tokens - 1:,} tokens (max_req_len)" in cap
 
 
-def test_tgi_3x_picks_max_total_tokens_at_warm_up() -> None:
-    """Without --max-total-tokens TGI 3.x's warm-up sets it: a vision model (no prefill chunking) to its warm-up
-    batch — a gemma-3-27b-it start-up on two RTX A6000 printed "Maximum total tokens defaulted to 8000", its
-    prefill default — and a text model to the pool when the pool is shorter than max_position_embeddings."""
+def test_tgi_3x_sets_max_total_tokens_to_its_warm_up_batch() -> None:
+    """Without --max-total-tokens TGI 3.x's warm-up sets it to the warm-up batch's tokens, the prefill default: a
+    gemma-3-27b-it start-up on two RTX A6000 printed "Maximum total tokens defaulted to 8000", its prefill default."""
     vlm = estimate(CATALOG.get("gemma-3-27b-it").spec(), get_gpu("rtx-a6000"),
                    EngineSettings(engine="tgi", engine_version="3.3.6", tensor_parallel_size=2))
     assert vlm.max_model_len == vlm.settings["max_batch_prefill_tokens"] == 8000
-    assert any("picks max_total_tokens at warm-up" in n for n in vlm.notes)
+    assert any("sets max_total_tokens at warm-up" in n for n in vlm.notes)
     text = estimate(CATALOG.get("llama-3.1-8b-instruct").spec(), get_gpu("l4"),
                     EngineSettings(engine="tgi", engine_version="3.3.6"))
-    assert text.fits and text.max_model_len == text.kv_cache_tokens < 131072
+    assert text.max_model_len == text.settings["max_batch_prefill_tokens"] < 131072
     given = estimate(CATALOG.get("llama-3.1-8b-instruct").spec(), get_gpu("l4"),
                      EngineSettings(engine="tgi", engine_version="3.3.6", max_model_len=131072))
     assert not given.fits  # a given --max-total-tokens above the pool is TGI's NotEnoughMemory
+    old = estimate(CATALOG.get("llama-3.1-8b-instruct").spec(), get_gpu("l4"),
+                   EngineSettings(engine="tgi", engine_version="2.4.1"))
+    assert old.max_model_len == 4096  # 2.x: the launcher's cap, not the warm-up

@@ -76,15 +76,12 @@ def _vllm_context(model: ModelSpec, kind: str, factor: float, version: tuple[int
     return DerivedContext(int(base * factor), f"max_position_embeddings {base:,} x {kind} rope factor {factor:g}")
 
 
-def tgi_warmup_total(derived: int, prefill_tokens: int, pool_tokens: int, chunking: bool) -> int:
-    """TGI 3.x without --max-total-tokens: the server's warm-up picks it (flash_causal_lm.py `warmup`, read with
-    the router's "Maximum total tokens defaulted to N" line): with prefill chunking, the smallest of the pool in
-    tokens and max_position_embeddings (and the tokenizer's model_max_length, not known here); without it (the
-    vision-language models, which run with prefix caching and chunking off), the warm-up batch's own tokens,
-    max_batch_prefill_tokens (a gemma-3-27b-it start-up defaulted to 8000, its prefill default)."""
-    if not chunking:
-        return min(derived, prefill_tokens)
-    return max(1, min(derived, pool_tokens)) if pool_tokens > 0 else derived
+def tgi_warmup_total(derived: int, prefill_tokens: int) -> int:
+    """TGI 3.x without --max-total-tokens: the server's warm-up sets it to the warm-up batch's own tokens
+    (flash_causal_lm.py `warmup`: `max_total_tokens = sum(batch.cache_lengths)`), the router then prints "Maximum
+    total tokens defaulted to N": the launcher's max_batch_prefill_tokens, itself at most max_position_embeddings
+    (a gemma-3-27b-it start-up on two RTX A6000 defaulted to 8000, its prefill default)."""
+    return max(1, min(derived, prefill_tokens))
 
 
 def default_context(model: ModelSpec, settings: EngineSettings) -> int:
@@ -106,9 +103,8 @@ def context_note(model: ModelSpec, settings: EngineSettings, resolved: int) -> s
     if settings.engine == "llama.cpp":
         return f"context per slot {resolved:,}: {engine} takes n_ctx from the config, {derived.rule}"
     if resolved < derived.tokens and settings.engine == "tgi" and settings.version >= TGI_UNCAPPED_FROM:
-        return (f"max_model_len {resolved:,}: {engine} picks max_total_tokens at warm-up when it is not given (the "
-                "pool in tokens, or a vision model's warm-up batch: it runs without prefill chunking); the config "
-                f"gives {derived.tokens:,}, {derived.rule}")
+        return (f"max_model_len {resolved:,}: {engine} sets max_total_tokens at warm-up when it is not given, to the "
+                f"warm-up batch's tokens (max_batch_prefill_tokens); the config gives {derived.tokens:,}, {derived.rule}")
     if resolved < derived.tokens:
         return (f"max_model_len {resolved:,}: {engine} caps its default there; the config gives {derived.tokens:,}, "
                 f"{derived.rule}")

@@ -115,6 +115,8 @@ def plan(ctx: Context) -> PolicyResult:
                           "(TGI --max-total-tokens)")
     prefill_tokens = settings.max_batch_prefill_tokens or settings.max_num_batched_tokens \
         or default_prefill_tokens(ctx, max_total)
+    if not settings.max_model_len and ctx.version and ctx.version >= FRACTION_WIGGLE_FROM:
+        max_total = tgi_warmup_total(max_total, prefill_tokens)  # 3.x: the warm-up batch's tokens (its note says so)
     memory_fraction = settings.gpu_memory_utilization or 1.0  # CUDA_MEMORY_FRACTION
     block = settings.block_size or (1 if not ctx.version or ctx.version >= FLASHINFER_FROM else 16)
     legacy = ctx.version is not None and ctx.version < FRACTION_WIGGLE_FROM
@@ -134,18 +136,13 @@ def plan(ctx: Context) -> PolicyResult:
         return int(share * (free - batch_kv) + batch_kv) if legacy else free
 
     per_token = ctx.kv_bytes_per_token()
-    notes: list[str] = []
-    if not settings.max_model_len and not legacy:
-        pool = max(0, kv_rule(components, "mid")) // max(1, per_token * block) * block
-        max_total = tgi_warmup_total(max_total, prefill_tokens, pool, chunking=not vision)  # said in its note
 
     def limits(kv_bytes: int) -> Limits:
         blocks = max(0, kv_bytes) // max(1, per_token * block)
         tokens = blocks * block
         return Limits(int(kv_bytes), int(tokens), int(blocks), tokens / max_total)
 
-    reasons = []
-    notes.insert(0, "max_batch_total_tokens is the pool in tokens; TGI sizes it at warm-up")
+    reasons, notes = [], ["max_batch_total_tokens is the pool in tokens; TGI sizes it at warm-up"]
     if vision:
         notes.append("unknown term, band widened (activation peak): the warm-up's image path (vision tower, masked "
                      "attention over the image tokens) is not modelled")
