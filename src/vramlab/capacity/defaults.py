@@ -248,6 +248,12 @@ def sglang_fraction(ctx: Context, chunk: int, graph_bs: int) -> float:
     return frac if 0 < frac < 1 else 0.88
 
 
+def sglang_max_running(pool_tokens: int, context_len: int) -> int:
+    """max_running_requests when not given (model_runner.py `init_memory_pool`): the pool over the context x 512,
+    at least 2048 and at most 4096 (other releases' copies have no upper bound or 5120: not told apart here)."""
+    return min(max(int(pool_tokens / max(1, context_len) * 512), 2048), 4096)
+
+
 # --- TGI: prefill tokens -------------------------------------------------------------------------------
 # GPU name -> f16 TFLOP/s in the 3.x launcher's `ComputeType::f16_flop` (cards whose nvidia-smi name it
 # does not recognise, e.g. "NVIDIA GeForce RTX 4090", "Tesla T4", "NVIDIA H100 PCIe", get no compute estimate).

@@ -15,6 +15,7 @@ from vramlab.capacity import allocator
 from vramlab.capacity import weights as wmod
 from vramlab.capacity.defaults import sglang_fraction as default_fraction
 from vramlab.capacity.defaults import sglang_gpu_defaults as gpu_defaults
+from vramlab.capacity.defaults import sglang_max_running
 from vramlab.capacity.engines.common import Context, PolicyResult, pick
 from vramlab.capacity.estimate import ENGINE, GIB, Component, Limits, band
 from vramlab.capacity.overheads import forward_peak_bytes, moe_workspace_bytes
@@ -201,7 +202,7 @@ def plan(ctx: Context) -> PolicyResult:
         return at_init - pick(parts, point, ("weights",)) - int(at_init * (1 - fraction))
 
     limits, cell, state = token_limits(ctx, context_len)
-    max_running = min(max(int(limits(kv_rule(components, "mid")).kv_cache_tokens / context_len * 512), 2048), 4096)
+    max_running = sglang_max_running(limits(kv_rule(components, "mid")).kv_cache_tokens, context_len)
     requests = settings.max_num_seqs or max_running
     # ReqToTokenPool: an int32 row of context_len + 4 token slots per request slot (max_num_reqs + 1),
     # allocated right after the KV pool, inside the (1 - fraction) reserve (model_runner init_memory_pool).
