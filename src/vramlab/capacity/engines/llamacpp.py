@@ -252,13 +252,17 @@ def layout(ctx: Context, server: ServerSetup, kv_size: int) -> Layout:
     return Layout([shares[d] for d in range(n_dev)], shares[place.HOST], [t for _, t in cards], per_tensor, notes)
 
 
-def device_report(lay: Layout, cards: list[tuple[str, int]], other: int) -> list[dict[str, object]]:
+def device_report(lay: Layout, cards: list[tuple[str, int]], other: int, scratch: int, context: int
+                  ) -> list[dict[str, object]]:
+    """Each card's buffers as llama.cpp prints them, and what is left after them and the CUDA context."""
     out: list[dict[str, object]] = []
     for (name, total), share in zip(cards, lay.devices, strict=True):
+        compute = share.compute_bytes + (scratch if share.compute_bytes else 0)
+        used = share.model_bytes + share.kv_bytes + compute
         out.append({"device": share.name, "gpu": name, "memory_bytes": total, "free_bytes": max(0, total - other),
                     "model_buffer_bytes": share.model_bytes, "kv_buffer_bytes": share.kv_bytes,
-                    "compute_buffer_bytes": share.compute_bytes, "layers": len(share.layers),
-                    "output_layer": share.has_output, "total_bytes": share.total_bytes})
+                    "compute_buffer_bytes": compute, "layers": len(share.layers), "output_layer": share.has_output,
+                    "total_bytes": used, "headroom_bytes": total - other - used - context})
     return out
 
 
@@ -296,19 +300,21 @@ def plan(ctx: Context) -> PolicyResult:
                      "context overflow: llama.cpp serves it with this warning; quality past the trained length "
                      "is not guaranteed")
     context = int(comps[0].bytes)
-    for i, (share, (name, card)) in enumerate(zip(lay.devices, cards, strict=True)):
-        need = share.total_bytes + context + (ctx.constants["llamacpp_compute_scratch_bytes"] if share.layers else 0)
-        if need > card - other:
-            reasons.append(f"llama.cpp would allocate {need / GIB:.2f} GiB on {share.name} ({name}) with "
-                           f"{(card - other) / GIB:.2f} GiB free (cudaMalloc failed: out of memory); lower --ctx-size "
-                           "or offload fewer layers (-ngl) or experts (--n-cpu-moe)")
-        elif i and card - other - need < FIT_MARGIN:
-            notes.append(f"{share.name}: less than the 1024 MiB margin --fit keeps")
+    report = device_report(lay, cards, other, int(ctx.constants["llamacpp_compute_scratch_bytes"]), context)
+    for i, dev in enumerate(report):
+        left = int(dev["headroom_bytes"])  # type: ignore[call-overload]
+        if left < 0:
+            reasons.append(f"llama.cpp would allocate {(int(dev['total_bytes']) + context) / GIB:.2f} GiB on "  # type: ignore[call-overload]
+                           f"{dev['device']} ({dev['gpu']}) with {int(dev['free_bytes']) / GIB:.2f} GiB free "  # type: ignore[call-overload]
+                           "(cudaMalloc failed: out of memory); lower --ctx-size or offload fewer layers (-ngl) "
+                           "or experts (--n-cpu-moe)")
+        elif i and left < FIT_MARGIN:
+            notes.append(f"{dev['device']}: less than the 1024 MiB margin --fit keeps")
     if not reasons and total - other - used < FIT_MARGIN:
         notes.append("less than the 1024 MiB margin --fit keeps: --fit would shrink the context")
     host = lay.host
     extra: dict[str, object] = {
-        "devices": device_report(lay, cards, other),
+        "devices": report,
         "host": {"model_buffer_bytes": host.model_bytes, "mapped": ctx.settings.mmap,
                  "mapped_buffer_bytes": host.mapped_bytes, "kv_buffer_bytes": host.kv_bytes,
                  "compute_buffer_bytes": host.compute_bytes,
