@@ -142,3 +142,27 @@ def test_cli_bad_placement_flags_exit_2(args):
 def test_cli_placement_flags_need_llamacpp():
     r = _cli("plan", "--model", "qwen3-8b", "--gpu", "h100", "-ngl", "10")
     assert r.returncode == 2 and "--engine llama.cpp" in r.stderr
+
+
+def _flag(text: str, flag: str) -> int:
+    import re
+
+    found = re.search(rf"{flag} (\d+)", text)
+    assert found, text
+    return int(found.group(1))
+
+
+def test_what_fits_suggestions_re_plan_to_fits():
+    m = _model(_row("r223"))
+    gpu = get_gpu("rtx-4090")
+    one = EngineSettings(engine="llama.cpp", quantization="Q4_K_M", ctx_size=65536, parallel=1)
+    est = estimate(m, gpu, one)
+    assert not est.fits
+    moe = next(t for t in est.suggestions if "--n-cpu-moe" in t)
+    ngl = next(t for t in est.suggestions if "-ngl" in t)
+    k, n = _flag(moe, "--n-cpu-moe"), _flag(ngl, "-ngl")
+    assert estimate(m, gpu, one.with_(n_cpu_moe=k)).fits and not estimate(m, gpu, one.with_(n_cpu_moe=k - 1)).fits
+    assert estimate(m, gpu, one.with_(n_gpu_layers=n)).fits and not estimate(m, gpu, one.with_(n_gpu_layers=n + 1)).fits
+    # a context that fits with every layer offloaded is offered too, and re-plans to a fit
+    ctx = next(t for t in est.suggestions if "--ctx-size" in t)
+    assert estimate(m, gpu, one.with_(ctx_size=_flag(ctx, "--ctx-size"))).fits

@@ -276,6 +276,9 @@ def _suggest_llamacpp(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: 
             out.append(text)
         elif longer and longer > (longest or 0):
             out.append(f"{text} with {longer:,} tokens per slot ({ctx_flags(q8.with_(max_model_len=longer))})")
+    from vramlab.capacity.engines.llamacpp_fit import placement_suggestions
+
+    out.extend(placement_suggestions(model, gpu, s, constants))
     if not out:
         out.append("no single change fits on this card: use a larger GPU, a smaller quantization or offload "
                    "fewer layers (-ngl)")

@@ -303,7 +303,7 @@ def plan(ctx: Context) -> PolicyResult:
     report = device_report(lay, cards, other, int(ctx.constants["llamacpp_compute_scratch_bytes"]), context)
     for i, dev in enumerate(report):
         left = int(dev["headroom_bytes"])  # type: ignore[call-overload]
-        if left < 0:
+        if left < 0 and i:  # device 0's shortfall is the plan's own headroom line (model.py)
             reasons.append(f"llama.cpp would allocate {(int(dev['total_bytes']) + context) / GIB:.2f} GiB on "  # type: ignore[call-overload]
                            f"{dev['device']} ({dev['gpu']}) with {int(dev['free_bytes']) / GIB:.2f} GiB free "  # type: ignore[call-overload]
                            "(cudaMalloc failed: out of memory); lower --ctx-size or offload fewer layers (-ngl) "
