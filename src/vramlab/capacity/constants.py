@@ -84,7 +84,7 @@ _DEFAULTS: dict[str, Constant] = {
     "tgi_prefill_bytes_per_token_hidden": Constant(16.0, 0.5, "TGI warmup peak, FlashCausalLM.warmup"),
     # llama.cpp compute buffer beyond its largest graph phase (engines/llamacpp_placement.py): the phases
     # alone give r095, r208 and r223's 150.00 / 300.75 / 1080.00 MiB to 0.1 % (1 MiB more, 0.1-0.7 %); r103 (flash attention, one
-    # logit row) is 2.3 % over. The band covers graphs the phases were not read off.
+    # logit row) is 3.5 % over. The band covers graphs the phases were not read off.
     "llamacpp_compute_scratch_bytes": Constant(1 * MIB, 0.1, "llama.cpp 'compute buffer size' lines vs the graph phases"),
     # transformers: eager forward at prefill keeps several hidden-sized activations per token.
     "hf_activation_hidden_copies": Constant(12.0, 0.5, "transformers generate() peak beyond weights and cache"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers")
 
@@ -160,7 +161,7 @@ def _settings(args: argparse.Namespace):
     ))
 
 
-def _llamacpp_placement(args: argparse.Namespace) -> dict[str, object]:
+def _llamacpp_placement(args: argparse.Namespace) -> dict[str, Any]:
     """llama.cpp's placement flags, spelled as llama.cpp spells them."""
     from vramlab.errors import ConfigError
 

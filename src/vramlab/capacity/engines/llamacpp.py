@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from vramlab.capacity import gguf_mix
-from vramlab.capacity.engines.common import Context, PolicyResult
-from vramlab.capacity.estimate import EXACT, FORMULA, GIB, Component, Limits, band
 from vramlab.capacity import kv as kvmod
 from vramlab.capacity.engines import llamacpp_placement as place
+from vramlab.capacity.engines.common import Context, PolicyResult
+from vramlab.capacity.estimate import EXACT, FORMULA, GIB, Component, Limits, band
 from vramlab.capacity.kv import bytes_per_token_layer
 from vramlab.errors import ConfigError
 
@@ -253,9 +254,9 @@ def layout(ctx: Context, server: ServerSetup, kv_size: int) -> Layout:
 
 
 def device_report(lay: Layout, cards: list[tuple[str, int]], other: int, scratch: int, context: int
-                  ) -> list[dict[str, object]]:
+                  ) -> list[dict[str, Any]]:
     """Each card's buffers as llama.cpp prints them, and what is left after them and the CUDA context."""
-    out: list[dict[str, object]] = []
+    out: list[dict[str, Any]] = []
     for (name, total), share in zip(cards, lay.devices, strict=True):
         compute = share.compute_bytes + (scratch if share.compute_bytes else 0)
         used = share.model_bytes + share.kv_bytes + compute
@@ -266,6 +267,36 @@ def device_report(lay: Layout, cards: list[tuple[str, int]], other: int, scratch
     return out
 
 
+def _main_weights(ctx: Context, lay: Layout) -> Component:
+    """Device 0's model buffer: the whole offloadable figure, or the tensors placed there."""
+    weights, main = weights_on_device(ctx), lay.devices[0]
+    if main.model_bytes == weights.bytes:
+        return weights
+    rel = 0.005 if lay.per_tensor else 0.05
+    return band("weights", main.model_bytes, rel, rel, weights.provenance,
+                f"the tensors llama.cpp puts on {main.name} (of {weights.bytes / GIB:.2f} GiB offloadable)")
+
+
+def _host_report(lay: Layout, mmap: bool) -> dict[str, object]:
+    host, on_devices = lay.host, {il for d in lay.devices for il in d.layers}
+    return {"model_buffer_bytes": host.model_bytes, "mapped": mmap, "mapped_buffer_bytes": host.mapped_bytes,
+            "kv_buffer_bytes": host.kv_bytes, "compute_buffer_bytes": host.compute_bytes,
+            "layers": sum(1 for il in host.layers if il not in on_devices), "output_layer": host.has_output}
+
+
+def _device_verdicts(report: list[dict[str, Any]], context: int, reasons: list[str], notes: list[str]) -> None:
+    """Every card must hold its buffers and the CUDA context; a card past the others' margin is noted."""
+    for i, dev in enumerate(report):
+        left = int(dev["headroom_bytes"])
+        if left < 0:
+            reasons.append(f"llama.cpp would allocate {(int(dev['total_bytes']) + context) / GIB:.2f} GiB on "
+                           f"{dev['device']} ({dev['gpu']}) with {int(dev['free_bytes']) / GIB:.2f} GiB free "
+                           "(cudaMalloc failed: out of memory); lower --ctx-size or offload fewer layers (-ngl) "
+                           "or experts (--n-cpu-moe)")
+        elif i and left < FIT_MARGIN:
+            notes.append(f"{dev['device']}: less than the 1024 MiB margin --fit keeps")
+
+
 def plan(ctx: Context) -> PolicyResult:
     server = resolve_server(ctx)
     kv_size = kv_cells(ctx, server)
@@ -273,14 +304,9 @@ def plan(ctx: Context) -> PolicyResult:
     cards = _devices(ctx)
     main = lay.devices[0]
     kv_bytes = main.kv_bytes
-    weights = weights_on_device(ctx)
-    if main.model_bytes != weights.bytes:
-        rel = 0.005 if lay.per_tensor else 0.05
-        weights = band("weights", main.model_bytes, rel, rel, weights.provenance,
-                       f"the tensors llama.cpp puts on {main.name} (of {weights.bytes / GIB:.2f} GiB offloadable)")
     comps: list[Component] = [
         ctx.constant_component("cuda_context", "cuda_context_bytes", "CUDA context (not in llama.cpp's buffer lines)"),
-        weights,
+        _main_weights(ctx, lay),
         compute_buffer(ctx, server, main.compute_bytes),
     ]
     total, other = ctx.total, ctx.other
@@ -301,26 +327,10 @@ def plan(ctx: Context) -> PolicyResult:
                      "is not guaranteed")
     context = int(comps[0].bytes)
     report = device_report(lay, cards, other, int(ctx.constants["llamacpp_compute_scratch_bytes"]), context)
-    for i, dev in enumerate(report):
-        left = int(dev["headroom_bytes"])  # type: ignore[call-overload]
-        if left < 0 and i:  # device 0's shortfall is the plan's own headroom line (model.py)
-            reasons.append(f"llama.cpp would allocate {(int(dev['total_bytes']) + context) / GIB:.2f} GiB on "  # type: ignore[call-overload]
-                           f"{dev['device']} ({dev['gpu']}) with {int(dev['free_bytes']) / GIB:.2f} GiB free "  # type: ignore[call-overload]
-                           "(cudaMalloc failed: out of memory); lower --ctx-size or offload fewer layers (-ngl) "
-                           "or experts (--n-cpu-moe)")
-        elif i and left < FIT_MARGIN:
-            notes.append(f"{dev['device']}: less than the 1024 MiB margin --fit keeps")
+    _device_verdicts(report, context, reasons, notes)
     if not reasons and total - other - used < FIT_MARGIN:
         notes.append("less than the 1024 MiB margin --fit keeps: --fit would shrink the context")
-    host = lay.host
-    extra: dict[str, object] = {
-        "devices": report,
-        "host": {"model_buffer_bytes": host.model_bytes, "mapped": ctx.settings.mmap,
-                 "mapped_buffer_bytes": host.mapped_bytes, "kv_buffer_bytes": host.kv_bytes,
-                 "compute_buffer_bytes": host.compute_bytes,
-                 "layers": sum(1 for il in host.layers if il not in {x for d in lay.devices for x in d.layers}),
-                 "output_layer": host.has_output},
-    }
+    extra: dict[str, object] = {"devices": report, "host": _host_report(lay, ctx.settings.mmap)}
     return PolicyResult(
         components=comps, budget_bytes=total - other, kv_rule=kv_rule, limits=limits,
         max_model_len=server.per_slot_context, block_size=KV_PAD,
