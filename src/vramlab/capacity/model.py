@@ -27,6 +27,7 @@ _POLICIES = {
     "tgi": "vramlab.capacity.engines.tgi",
     "llama.cpp": "vramlab.capacity.engines.llamacpp",
     "transformers": "vramlab.capacity.engines.transformers",
+    "ollama": "vramlab.capacity.engines.ollama",
 }
 _DEFAULT_CONSTANTS: Constants | None = None
 
@@ -213,6 +214,10 @@ def suggest(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants 
     engine's own flags."""
     if s.engine == "llama.cpp":
         return _suggest_llamacpp(model, gpu, s, constants)
+    if s.engine == "ollama":
+        from vramlab.capacity.engines.ollama import suggest as suggest_ollama
+
+        return suggest_ollama(model, gpu, s, constants, est)
     out: list[str] = []
 
     def ok(**changes: object) -> Estimate | None:

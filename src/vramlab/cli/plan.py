@@ -6,6 +6,8 @@ examples:
   vramlab plan --model qwen2.5-72b-instruct-awq --gpu a100-80gb -tp 2 --engine sglang
   vramlab plan --model ./model.gguf --gpu rtx-4090 --engine llama.cpp --ctx-size 32768 --parallel 4
   vramlab plan --model deepseek-v3 --gpu h200 -tp 8 --kv-cache-dtype fp8
+  vramlab plan --model qwen3-30b-a3b --gpu rtx-4090 --engine llama.cpp --quantization Q4_K_M -c 64k --n-cpu-moe 4
+  vramlab plan --model qwen3-8b --gpu rtx-3070 --engine ollama --quantization Q4_K_M --max-model-len 32k
   vramlab plan --model qwen3-8b --gpu l4 --sweep max-model-len=2k,8k,32k --sweep max-num-seqs=16,64,256 --plot grid.png
 
 Settings left out take the engine's own defaults for that version and GPU. Byte figures print
@@ -19,7 +21,7 @@ import json
 import sys
 from typing import Any
 
-ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers")
+ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--main-gpu", "-mg", type=int, default=0, help="llama.cpp: the card for --split-mode none/row")
     e.add_argument("--no-kv-offload", "-nkvo", action="store_true", help="llama.cpp: KV cache in host memory")
     e.add_argument("--no-mmap", action="store_true", help="llama.cpp: host tensors in a CPU buffer, not mapped")
+    e.add_argument("--ollama-gpu-overhead", help="Ollama OLLAMA_GPU_OVERHEAD (bytes, or e.g. 1GiB) held back per GPU; "
+                   "with --engine ollama, --max-model-len is num_ctx, --parallel OLLAMA_NUM_PARALLEL, -ngl num_gpu, "
+                   "--flash-attn on OLLAMA_FLASH_ATTENTION=1 and --kv-cache-dtype OLLAMA_KV_CACHE_TYPE")
     e.add_argument("--enable-chunked-prefill", choices=("on", "off", "auto"),
                    help="vLLM V0 (default auto: on above a 32k context)")
     e.add_argument("--flashinfer-sampler", choices=("on", "off", "auto"),
@@ -162,36 +167,52 @@ def _settings(args: argparse.Namespace):
 
 
 def _llamacpp_placement(args: argparse.Namespace) -> dict[str, Any]:
-    """llama.cpp's placement flags, spelled as llama.cpp spells them."""
+    """llama.cpp's placement flags, spelled as llama.cpp spells them (and Ollama's -ngl / overhead)."""
+    from vramlab.capacity.planning import parse_bytes
     from vramlab.errors import ConfigError
 
+    if args.ollama_gpu_overhead and args.engine != "ollama":
+        raise ConfigError("--ollama-gpu-overhead: an Ollama setting; add --engine ollama")
+    out: dict[str, Any] = {"ollama_gpu_overhead_bytes": parse_bytes(args.ollama_gpu_overhead)} \
+        if args.ollama_gpu_overhead else {}
     if args.engine != "llama.cpp":
-        given = [f for f, v in (("--n-gpu-layers", args.n_gpu_layers), ("--override-tensor", args.override_tensor),
+        given = [f for f, v in (("--n-gpu-layers", args.n_gpu_layers and args.engine != "ollama"),
+                                ("--override-tensor", args.override_tensor),
                                 ("--n-cpu-moe", args.n_cpu_moe), ("--cpu-moe", args.cpu_moe),
                                 ("--tensor-split", args.tensor_split), ("--no-kv-offload", args.no_kv_offload),
                                 ("--main-gpu", args.main_gpu), ("--split-mode", args.split_mode != "layer"),
                                 ("--no-mmap", args.no_mmap)) if v]
         if given:
             raise ConfigError(f"{', '.join(given)}: llama.cpp settings; add --engine llama.cpp")
-        return {}
-    ngl = args.n_gpu_layers
-    if ngl is not None:
-        text = str(ngl).strip().lower()
-        if text in ("all", "auto", "-1"):
-            ngl = -1
-        elif text.isdigit():
-            ngl = int(text)
-        else:
-            raise ConfigError(f"--n-gpu-layers: expected a count, all or -1, got {args.n_gpu_layers!r}")
-    split = None
-    if args.tensor_split:
-        try:
-            split = tuple(float(x) for x in args.tensor_split.replace("/", ",").split(","))
-        except ValueError:
-            raise ConfigError(f"--tensor-split: expected proportions like 3,1, got {args.tensor_split!r}") from None
-    return {"n_gpu_layers": ngl, "override_tensor": tuple(args.override_tensor), "tensor_split": split,
+        if args.engine == "ollama" and args.n_gpu_layers is not None:
+            out["n_gpu_layers"] = _ngl(args.n_gpu_layers)
+        return out
+    return {"n_gpu_layers": _ngl(args.n_gpu_layers) if args.n_gpu_layers is not None else None,
+            "override_tensor": tuple(args.override_tensor), "tensor_split": _split(args.tensor_split),
             "n_cpu_moe": 1 << 12 if args.cpu_moe else args.n_cpu_moe, "split_mode": args.split_mode,
             "main_gpu": args.main_gpu, "no_kv_offload": args.no_kv_offload, "mmap": not args.no_mmap}
+
+
+def _ngl(text: str) -> int:
+    from vramlab.errors import ConfigError
+
+    value = str(text).strip().lower()
+    if value in ("all", "auto", "-1"):
+        return -1
+    if value.isdigit():
+        return int(value)
+    raise ConfigError(f"--n-gpu-layers: expected a count, all or -1, got {text!r}")
+
+
+def _split(text: str | None) -> tuple[float, ...] | None:
+    from vramlab.errors import ConfigError
+
+    if not text:
+        return None
+    try:
+        return tuple(float(x) for x in text.replace("/", ",").split(","))
+    except ValueError:
+        raise ConfigError(f"--tensor-split: expected proportions like 3,1, got {text!r}") from None
 
 
 def _on_off(value: str | None) -> bool | None:
@@ -222,8 +243,8 @@ def _devices(args: argparse.Namespace, settings):
     names = [n.strip() for n in (args.gpu or "").split(",") if n.strip()]
     if len(names) <= 1:
         return settings
-    if settings.engine != "llama.cpp":
-        raise ConfigError("--gpu with several cards: only --engine llama.cpp plans unequal cards (use -tp/-pp)")
+    if settings.engine not in ("llama.cpp", "ollama"):
+        raise ConfigError("--gpu with several cards: only --engine llama.cpp and ollama plan unequal cards (use -tp/-pp)")
     if args.gpu_memory_gib:
         raise ConfigError("--gpu-memory-gib applies to one card: name each card with --gpu A,B")
     cards = tuple((g.name, g.memory_bytes) for g in (get_gpu(n) for n in names))

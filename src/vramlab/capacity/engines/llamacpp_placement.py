@@ -188,18 +188,31 @@ def model_tensors(m: ModelSpec, ftype: str | None, device_bytes: int, host_embed
     moe = set(m.moe_layer_indices())
     expert = 3 * h * m.moe_intermediate_size * m.num_experts
     dense = (2 if not m.gated_mlp else 3) * h * m.intermediate_size
-    attn = h * (m.num_attention_heads * m.head_dim) * 2 + 2 * h * m.num_kv_heads * m.head_dim
-    params = [attn + (expert if i in moe else dense) for i in range(n)]
-    per = device_bytes / max(1, sum(params) + output)
+    attn = _attention_params(m)
+    shared = 3 * h * m.shared_expert_intermediate_size * max(1, m.num_shared_experts) \
+        if m.shared_expert_intermediate_size else 0
+    params = [attn + (expert + shared + h * m.num_experts if i in moe else dense) for i in range(n)]
+    # the output matrix by the mix's rule (Q6_K in a K-quant) when the file type is known, else by its params
+    head = sum(b for _, b in gguf_mix.output_tensors(m, ftype)) if ftype and gguf_mix.known_mix(ftype) else 0
+    per = (device_bytes - head) / max(1, sum(params) + (0 if head else output))
     for i in range(n):
         if i in moe:
-            rest = int(attn * per)
             out += [Tensor(f"blk.{i}.ffn_{p}_exps.weight", i, int(expert * per / 3)) for p in ("gate", "up", "down")]
-        else:
-            rest = int(params[i] * per)
+        rest = int((params[i] - (expert if i in moe else 0)) * per)
         out.append(Tensor(f"blk.{i}.attn_output.weight", i, rest))  # the layer's other tensors, averaged
     out.append(Tensor("output.weight", n, device_bytes - sum(t.bytes for t in out[1:])))
     return out, False
+
+
+def _attention_params(m: ModelSpec) -> int:
+    """One layer's attention weights: MLA's low-rank projections (DeepSeek V2/V3), else Q, K, V and O."""
+    h, heads = m.hidden_size, m.num_attention_heads
+    if m.is_mla:
+        nope, rope = m.qk_nope_head_dim or 0, m.qk_rope_head_dim or 0
+        v, kv_rank, q_rank = m.mla_v_head_dim or m.head_dim, m.kv_lora_rank or 0, m.q_lora_rank or 0
+        q = h * q_rank + q_rank * heads * (nope + rope) if q_rank else h * heads * (nope + rope)
+        return q + h * (kv_rank + rope) + kv_rank * heads * (nope + v) + heads * v * h
+    return 2 * h * heads * m.head_dim + 2 * h * m.num_kv_heads * m.head_dim
 
 
 @dataclass(frozen=True)
