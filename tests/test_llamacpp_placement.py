@@ -166,3 +166,13 @@ def test_what_fits_suggestions_re_plan_to_fits():
     # a context that fits with every layer offloaded is offered too, and re-plans to a fit
     ctx = next(t for t in est.suggestions if "--ctx-size" in t)
     assert estimate(m, gpu, one.with_(ctx_size=_flag(ctx, "--ctx-size"))).fits
+
+
+def test_sweep_over_layers_and_experts():
+    from vramlab.capacity.planning import parse_sweep, sweep
+
+    m = _model(_row("r223"))
+    base = EngineSettings(engine="llama.cpp", quantization="Q4_K_M", ctx_size=65536, parallel=1)
+    result = sweep(m, get_gpu("rtx-4090"), base, [parse_sweep("n-cpu-moe=0,1"), parse_sweep("ngl=49")])
+    fits = {r["n_cpu_moe"]: r["fits"] for r in result.rows}
+    assert fits == {0: False, 1: True}  # the same answer the what-fits suggestion gives

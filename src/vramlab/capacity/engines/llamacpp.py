@@ -247,6 +247,8 @@ def layout(ctx: Context, server: ServerSetup, kv_size: int) -> Layout:
     if offloaded < n_layer + 1:
         notes.append(f"offloaded {offloaded}/{n_layer + 1} layers to GPU (llama.cpp's count: the output layer is one); "
                      "the rest run on the CPU")
+    if s.n_cpu_moe and not m.is_moe:
+        notes.append(f"--n-cpu-moe {s.n_cpu_moe}: {m.name} has no MoE experts, nothing moves")
     if not per_tensor and (overrides or mode == "row"):
         notes.append("tensor sizes are spread over each layer by parameter counts (the quantization mix is not "
                      "modelled tensor by tensor): per-device model buffers are approximate")

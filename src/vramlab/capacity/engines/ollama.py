@@ -153,6 +153,42 @@ def projector(ctx: Context) -> tuple[int, int]:
     return 2 * m.vision_params, 4 * (image * image * channels + width * patch + patches * patches * heads)
 
 
+def _deal_layers(blocks: list[int], kv: list[int], free: list[int], reserve: int, num_gpu: int, backwards: bool
+                 ) -> tuple[list[int], list[int], list[int], tuple[int, int, int, int]]:
+    """The cards that can take a layer at all, then the layers dealt over them (`i % cards`); *reserve* is
+    OLLAMA_GPU_OVERHEAD plus the graph. Returns allocations, layers per card, the cards still with space
+    and (layers placed, overflow, weights placed, KV placed)."""
+    n = len(blocks)
+    layer = blocks[0] + kv[0]
+    alloc, split, with_space = [0] * len(free), [0] * len(free), []
+    for i, f in enumerate(free):
+        if f < reserve + MINIMUM_MEMORY + 2 * layer:
+            continue
+        with_space.append(i)
+        alloc[i] += MINIMUM_MEMORY + layer
+    count = overflow = weights_on = kv_on = 0
+    for i in (range(n - 1, -1, -1) if backwards else range(n)):
+        layer = blocks[i] + kv[i]
+        if 0 <= num_gpu <= count:
+            overflow += layer if backwards else 0
+            continue
+        for j in range(len(with_space), 0, -1):
+            g = with_space[i % j]
+            if free[g] > reserve + alloc[g] + layer:
+                alloc[g] += layer
+                split[g] += 1
+                count += 1
+                weights_on += blocks[i]
+                kv_on += kv[i]
+                break
+            with_space.pop(i % j)
+        if not with_space and backwards:
+            overflow += layer
+    if not backwards and count < n:  # v0.6.8 and before: the missing layers at the last layer's size
+        overflow += (n - count) * (blocks[-1] + kv[-1])
+    return alloc, split, with_space, (count, overflow, weights_on, kv_on)
+
+
 def decide(ctx: Context, free: list[int], num_ctx: int, parallel: int, kv_type: str) -> Decision:
     """`estimateGPULayers` over the cards' free memory."""
     s = ctx.settings
@@ -165,35 +201,8 @@ def decide(ctx: Context, free: list[int], num_ctx: int, parallel: int, kv_type: 
     graph = max(partial, full)
     overhead = s.ollama_gpu_overhead_bytes
     n, num_gpu = len(blocks), (-1 if s.n_gpu_layers is None else s.n_gpu_layers)
-    layer = blocks[0] + kv[0]
-    alloc, split, with_space = [0] * len(free), [0] * len(free), []
-    for i, f in enumerate(free):
-        if f < overhead + graph + MINIMUM_MEMORY + 2 * layer:
-            continue
-        with_space.append(i)
-        alloc[i] += MINIMUM_MEMORY + layer
-    count = overflow = 0
-    weights_on = kv_on = 0
-    backwards = not ctx.version or ctx.version >= LAST_LAYER_FIRST_FROM
-    for i in (range(n - 1, -1, -1) if backwards else range(n)):
-        layer = blocks[i] + kv[i]
-        if 0 <= num_gpu <= count:
-            overflow += layer if backwards else 0
-            continue
-        for j in range(len(with_space), 0, -1):
-            g = with_space[i % j]
-            if free[g] > overhead + alloc[g] + graph + layer:
-                alloc[g] += layer
-                split[g] += 1
-                count += 1
-                weights_on += blocks[i]
-                kv_on += kv[i]
-                break
-            with_space.pop(i % j)
-        if not with_space and backwards:
-            overflow += layer
-    if not backwards and count < n:  # v0.6.8 and before: the missing layers at the last layer's size
-        overflow += (n - count) * (blocks[-1] + kv[-1])
+    alloc, split, with_space, (count, overflow, weights_on, kv_on) = _deal_layers(
+        blocks, kv, free, overhead + graph, num_gpu, not ctx.version or ctx.version >= LAST_LAYER_FIRST_FROM)
     fully = count >= n
     if num_gpu < 0 or count < num_gpu:
         for j in range(len(with_space), 0, -1):
