@@ -117,3 +117,16 @@ def test_cli_plan_and_check_log():
                         "--model", "deepseek-v3", "--quantization", "Q4_K_M", "--engine-version", "0.5.7"],
                        capture_output=True, text=True, timeout=120)
     assert c.returncode == 0 and re.search(r"layers_offloaded\s+5\s+5", c.stdout), c.stdout
+
+
+def test_several_cards_take_the_fewest_that_hold_every_layer():
+    q = resolve_model("qwen3-8b", offline=True)
+    cards = (("rtx-3070", get_gpu("rtx-3070").memory_bytes), ("rtx-4090", get_gpu("rtx-4090").memory_bytes))
+    s = EngineSettings(engine="ollama", quantization="Q4_K_M", max_model_len=32768, devices=cards)
+    e = estimate(q, get_gpu("rtx-3070"), s)
+    # pickBestFullFitByLibrary: the card with the most free memory alone holds all 37 layers
+    assert e.fits and e.extra["ollama"]["layers_split"] == [0, 37]
+    big = resolve_model("qwen3-32b", offline=True)
+    two = estimate(big, get_gpu("rtx-3070"), s.with_(devices=cards[1:] * 2))
+    assert sum(two.extra["ollama"]["layers_split"]) == two.extra["ollama"]["layers_offload"]
+    assert all(n > 0 for n in two.extra["ollama"]["layers_split"])  # no single card fits: both take layers

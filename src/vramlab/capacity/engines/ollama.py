@@ -256,6 +256,18 @@ def _cards(ctx: Context) -> list[tuple[str, int]]:
     return list(ctx.settings.devices) or [(ctx.gpu.name, ctx.total)]
 
 
+def _fewest_cards(ctx: Context, free: list[int], num_ctx: int, parallel: int, kv_type: str) -> Decision:
+    """`pickBestFullFitByLibrary`: the cards by free memory, most first; the fewest that hold every layer
+    (without OLLAMA_SCHED_SPREAD), else all of them. Cards left out keep a zero allocation."""
+    order = sorted(range(len(free)), key=lambda i: -free[i])
+    for k in range(1, len(free)):
+        d = decide(ctx, [free[i] if i in order[:k] else 0 for i in range(len(free))], num_ctx, parallel, kv_type)
+        if d.layers_offload >= d.layers_model:
+            d.available = free
+            return d
+    return decide(ctx, free, num_ctx, parallel, kv_type)
+
+
 def plan(ctx: Context) -> PolicyResult:
     num_ctx, parallel, kv_type, flash, notes = resolve(ctx)
     cards = _cards(ctx)
@@ -264,7 +276,7 @@ def plan(ctx: Context) -> PolicyResult:
         four = decide(ctx, free, num_ctx, 4, kv_type)
         parallel = 4 if four.layers_offload >= four.layers_model else 1
         notes.append(f"OLLAMA_NUM_PARALLEL unset before v0.10.0: {parallel} (4 when the model fits fully with 4)")
-    d = decide(ctx, free, num_ctx, parallel, kv_type)
+    d = _fewest_cards(ctx, free, num_ctx, parallel, kv_type)
     main = 0 if d.split[0] else next((i for i, c in enumerate(d.split) if c), 0)
     graph = (d.graph_full if d.layers_offload >= d.layers_model else d.graph_partial) if d.split[main] else 0
     kv_share = d.offloaded_kv if len(cards) == 1 else int(d.offloaded_kv * d.split[0] / max(1, sum(d.split)))
