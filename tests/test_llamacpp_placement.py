@@ -176,3 +176,19 @@ def test_sweep_over_layers_and_experts():
     result = sweep(m, get_gpu("rtx-4090"), base, [parse_sweep("n-cpu-moe=0,1"), parse_sweep("ngl=49")])
     fits = {r["n_cpu_moe"]: r["fits"] for r in result.rows}
     assert fits == {0: False, 1: True}  # the same answer the what-fits suggestion gives
+
+
+@pytest.mark.parametrize("ngl", [0, 20, -1])
+@pytest.mark.parametrize("cards", [("rtx-3070",), ("rtx-4090", "rtx-3090")])
+def test_the_device_table_and_the_verdict_are_the_same_figures(ngl, cards):
+    from vramlab.sources import resolve_model
+
+    m = resolve_model("qwen3-8b", offline=True)
+    devices = tuple((c, get_gpu(c).memory_bytes) for c in cards) if len(cards) > 1 else ()
+    e = estimate(m, get_gpu(cards[0]), EngineSettings(engine="llama.cpp", quantization="Q4_K_M", ctx_size=8192,
+                                                      n_gpu_layers=ngl, devices=devices))
+    first = e.extra["devices"][0]
+    assert first["headroom_bytes"] == e.headroom_bytes
+    assert first["kv_buffer_bytes"] == e.kv_cache_bytes and first["model_buffer_bytes"] == e.weights_bytes
+    placed = sum(d["layers"] for d in e.extra["devices"]) + e.extra["host"]["layers"]
+    assert placed == m.num_layers

@@ -161,7 +161,8 @@ def compute_buffer(ctx: Context, server: ServerSetup, share_bytes: int) -> Compo
     constants, key = ctx.constants, "llamacpp_compute_scratch_bytes"
     outputs = reserved_outputs(ctx, server)
     rel = constants.band(key)
-    return band("activation_peak", share_bytes + constants[key], rel, rel, constants.provenance(key),
+    scratch = constants[key] if share_bytes else 0  # no graph runs on a device without layers
+    return band("activation_peak", share_bytes + scratch, rel, rel, constants.provenance(key),
                 f"compute buffer for n_ubatch {server.n_ubatch}: the largest of the attention"
                 + ("" if server.flash_attn else " (KQ matrix of n_kv x n_ubatch x heads, no flash attention)")
                 + f", feed-forward and output phases (logits for {outputs} rows)")
