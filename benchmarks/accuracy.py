@@ -37,6 +37,7 @@ from vramlab.sources.hf_config import spec_from_config  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bands import band_coverage, band_score, print_bands  # noqa: E402,F401  (band_score: tests call it here)
+import local_engines  # noqa: E402  (benchmarks/local_engines.py: llama.cpp placement and Ollama rows)
 
 METRICS = ("weights", "kv_cache_gib", "kv_cache_tokens", "max_concurrency")
 
@@ -92,6 +93,9 @@ def model_for(row: dict[str, Any], configs: dict[str, Any]) -> ModelSpec | str:
 def gpu_for(row: dict[str, Any]):
     """The card as the user's log shows it: the printed total when there is one (a T4 shows 14.56 or
     14.74 GiB depending on the driver), with the catalog card's architecture."""
+    own = local_engines.gpu(row)
+    if own is not None:
+        return own
     name, total = row.get("gpu_model"), row.get("total_gpu_memory_gib")
     name = name or (row.get("extra") or {}).get("like_gpu")  # an unnamed card of a known class (ROCm 64 GB)
     like = None
@@ -168,6 +172,7 @@ def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
         kwargs["max_model_len"] = None
     if kwargs["engine"] == "vllm" and kwargs["gpu_memory_utilization"] is None:
         kwargs["gpu_memory_utilization"] = None
+    kwargs.update(local_engines.settings(row))
     return EngineSettings(**kwargs)
 
 
@@ -201,6 +206,7 @@ def predicted(row: dict[str, Any], spec: ModelSpec, gpu, s: EngineSettings,
         "kv_cache_tokens": float(est.kv_cache_tokens),
         "max_concurrency": est.max_concurrency,
     }
+    ours.update(local_engines.scored(row, est) or {})
     util = s.gpu_memory_utilization or s.mem_fraction_static or 0.9
     w = est.weights_bytes
     length = conc_len or est.max_model_len
@@ -209,7 +215,7 @@ def predicted(row: dict[str, Any], spec: ModelSpec, gpu, s: EngineSettings,
     gqa_per_tok = 2 * spec.num_layers * max(1, spec.num_kv_heads // s.tensor_parallel_size) * spec.head_dim * (
         1 if "fp8" in (s.kv_cache_dtype or "") else 2) / s.pipeline_parallel_size
     wkv_kv = util * gpu.memory_bytes - w
-    if s.engine in ("llama.cpp", "transformers"):
+    if s.engine in ("llama.cpp", "transformers", "ollama"):
         # Fixed pools: a calculator sizes KV from the context it is given, not from a budget.
         cells = est.kv_cache_tokens
         naive_kv, wkv_kv = naive_per_tok * cells, gqa_per_tok * cells
@@ -279,9 +285,11 @@ def main() -> int:
     summary = summarize(errs)
     calibrated = [] if args.no_calibration else calibrated_loo(rows, configs)
     held_out = {} if args.no_calibration else leave_one_group_out(rows, configs)
+    placement = local_engines.table(rows, lambda row: _plan(row, configs))
     if args.json:
         print(json.dumps({"summary": summary, "rows": per_row, "skipped": skipped,
-                          "calibrated_loo": calibrated, "leave_one_group_out": held_out}, indent=1, default=str))
+                          "calibrated_loo": calibrated, "leave_one_group_out": held_out,
+                          "placement": placement}, indent=1, default=str))
         return 0
     if args.rows:
         for line in per_row:
@@ -293,9 +301,25 @@ def main() -> int:
             print("  ".join(cells))
         print()
     print_summary(summary, len(rows), skipped, calibrated)
+    if placement:
+        print("\nllama.cpp per device and Ollama's own decision (logged -> planned):")
+        for line in placement:
+            err = "" if line["error_pct"] is None else f" ({line['error_pct']:+.2f}%)"
+            print(f"  {line['row']}  {line['what']:<28} {line['logged']:>10} -> {line['planned']:<10}{err}")
     if held_out:
         print_held_out(held_out, summary)
     return 0
+
+
+def _plan(row: dict[str, Any], configs: dict[str, Any]):
+    """The estimate a row is scored against, or None when its model or card does not resolve."""
+    spec, card = model_for(row, configs), gpu_for(row)
+    if isinstance(spec, str) or card is None:
+        return None
+    try:
+        return estimate(spec, card, scored_settings(row, settings_for(row, spec)), with_suggestions=False)
+    except VramlabError:
+        return None
 
 
 GROUPED_FIELDS = {  # observed_memory.jsonl field (GiB) -> calibration field (bytes)
@@ -415,6 +439,7 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
                 on_default |= {c.name for c in est.components if c.provenance == "default"}
                 pred = {"weights": est.weights_bytes / GIB, "kv_cache_gib": est.kv_available_bytes / GIB,
                         "kv_cache_tokens": float(est.kv_cache_tokens), "max_concurrency": est.max_concurrency}
+                pred.update(local_engines.scored(row, est) or {})
                 obs = observed(row)
                 scored = band_score(est, obs)
                 if scored is not None:

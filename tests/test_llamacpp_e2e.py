@@ -425,3 +425,38 @@ def test_a_drill_not_recovered_exits_1_and_every_section_says_so(engine, tmp_pat
     assert "NOT recovered" in head, head
     assert "Not recovered:" in md and "**Not recovered**" in md  # the lessons and the recovery section
     assert "| time to recover |" in md and re.search(r"\| time to recover \|[^|]*\| – \|", md), md
+
+
+def test_plan_host_split_matches_what_the_cpu_build_logs(engine, tmp_path):
+    """A CPU build has no GPU device: llama.cpp keeps every layer, the output layer and the KV on the host
+    whatever -ngl says ('layer 2 assigned to device CPU', 'CPU KV buffer'). The plan with -ngl 0 says the
+    same split and buffer sizes."""
+    py, model = engine
+    script = f"""
+import llama_cpp as L
+L.llama_backend_init()
+mp = L.llama_model_default_params()
+mp.n_gpu_layers = 99
+m = L.llama_model_load_from_file({str(model)!r}.encode(), mp)
+cp = L.llama_context_default_params()
+cp.n_ctx = 512; cp.n_seq_max = 1; cp.n_batch = 64; cp.n_ubatch = 64; cp.n_threads = 1
+assert L.llama_init_from_model(m, cp), "no context"
+"""
+    res = subprocess.run([py, "-c", script], capture_output=True, text=True, timeout=120)
+    text = res.stdout + res.stderr
+    assert res.returncode == 0, text[-3000:]
+    # load_tensors logs each layer's device (the output layer is layer n_layer): all CPU on a CPU build
+    assigned = re.findall(r"layer\s+(\d+) assigned to device (\w+)", text)
+    assert len(assigned) == lc.N_LAYER + 1 and {dev for _, dev in assigned} == {"CPU"}, text[-3000:]
+    mapped = re.search(r"CPU_Mapped model buffer size\s*=\s*([\d.]+) MiB", text)
+    kv = re.search(r"llama_kv_cache\w*:\s+CPU KV buffer size\s*=\s*([\d.]+) MiB", text)
+    assert mapped and kv, text[-3000:]
+    plan = _vramlab("plan", "--model", str(model), "--engine", "llama.cpp", "--ctx-size", "512", "--parallel", "1",
+                    "-ngl", "0", "--gpu-memory-gib", "8", "--json", cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    doc = json.loads(plan.stdout)
+    host, dev = doc["host"], doc["devices"][0]
+    assert dev["layers"] == 0 and dev["model_buffer_bytes"] == 0 and dev["kv_buffer_bytes"] == 0
+    assert host["layers"] == lc.N_LAYER and host["output_layer"]
+    assert abs(host["kv_buffer_bytes"] - float(kv.group(1)) * 2**20) <= 0.005 * 2**20
+    assert host["mapped_buffer_bytes"] == pytest.approx(float(mapped.group(1)) * 2**20, rel=0.02)

@@ -28,6 +28,7 @@ _POLICIES = {
     "tgi": "vramlab.capacity.engines.tgi",
     "llama.cpp": "vramlab.capacity.engines.llamacpp",
     "transformers": "vramlab.capacity.engines.transformers",
+    "ollama": "vramlab.capacity.engines.ollama",
 }
 _DEFAULT_CONSTANTS: Constants | None = None
 
@@ -227,6 +228,10 @@ def suggest(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants 
     engine's own flags."""
     if s.engine == "llama.cpp":
         return _suggest_llamacpp(model, gpu, s, constants)
+    if s.engine == "ollama":
+        from vramlab.capacity.engines.ollama import suggest as suggest_ollama
+
+        return suggest_ollama(model, gpu, s, constants, est)
     out: list[str] = []
 
     def ok(**changes: object) -> Estimate | None:
@@ -290,6 +295,9 @@ def _suggest_llamacpp(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: 
             out.append(text)
         elif longer and longer > (longest or 0):
             out.append(f"{text} with {longer:,} tokens per slot ({ctx_flags(q8.with_(max_model_len=longer))})")
+    from vramlab.capacity.engines.llamacpp_fit import placement_suggestions
+
+    out.extend(placement_suggestions(model, gpu, s, constants))
     if not out:
         out.append("no single change fits on this card: use a larger GPU, a smaller quantization or offload "
                    "fewer layers (-ngl)")

@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", help="GPU catalog name (default: from the log's total memory)")
     parser.add_argument("--engine", help="engine that wrote the log (default: detected)")
     parser.add_argument("--engine-version", help="engine version when the log does not print it")
+    parser.add_argument("--quantization", help="the model file's quantization when the log does not print it "
+                        "(e.g. Q4_K_M for an Ollama estimate line)")
     parser.add_argument("--calibration", metavar="PROFILE", help="calibration profile (.toml) to predict with")
     parser.add_argument("--online", action="store_true", help="allow reading a model's config from the Hugging Face Hub")
     parser.add_argument("--max-bytes", type=int, metavar="N",
@@ -43,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     kwargs: dict[str, Any] = dict(model=args.model, gpu=args.gpu, engine=args.engine,
                                   engine_version=args.engine_version, calibration=args.calibration,
-                                  offline=not args.online, max_bytes=args.max_bytes)
+                                  offline=not args.online, max_bytes=args.max_bytes, quantization=args.quantization)
     if args.max_bytes is not None and args.max_bytes < 1:
         from vramlab.errors import ConfigError
 

@@ -88,7 +88,7 @@ def _failure_json(sig: Any) -> dict[str, Any]:
 
 def predict(obs: Observation, model: str | None = None, gpu: str | None = None,
             engine_version: str | None = None, constants: Any = None, offline: bool = True,
-            spec: Any = None, era: Era | None = None) -> Item:
+            spec: Any = None, era: Era | None = None, quantization: str | None = None) -> Item:
     """Predict one observation's start-up. What is missing becomes the item's `error`."""
     from vramlab.capacity import estimate
 
@@ -103,7 +103,7 @@ def predict(obs: Observation, model: str | None = None, gpu: str | None = None,
             return Item(obs, error=why, era=era)
     try:
         card, reason = gpu_for(obs, gpu)
-        overrides: dict[str, Any] = {"engine_version": engine_version}
+        overrides: dict[str, Any] = {"engine_version": engine_version, "quantization": quantization}
         if engine_version is None and not obs.engine_version and era is not None and era.version_hint:
             overrides["engine_version"] = era.version_hint  # the era's first release, said in the settings
         if era is not None and era.vllm_engine and not obs.settings.get("vllm_engine"):
@@ -182,7 +182,7 @@ def _resolve(name: str, offline: bool, explicit: bool = False) -> tuple[Any, str
 
 def check_log(path: str | Path, model: str | None = None, gpu: str | None = None, engine: str | None = None,
               engine_version: str | None = None, calibration: str | Path | None = None,
-              offline: bool = True, max_bytes: int | None = None) -> CheckReport:
+              offline: bool = True, max_bytes: int | None = None, quantization: str | None = None) -> CheckReport:
     """One log. Raises ConfigError only when nothing in it is recognizable."""
     return _check(parse_log(path, engine, max_bytes), str(path), model, gpu, engine_version, calibration, offline)
 
@@ -244,11 +244,12 @@ def _check(parsed: Any, label: str, model: str | None, gpu: str | None, engine_v
         if profile is not None:
             from vramlab.capacity.calibration import apply_profile
             from vramlab.capacity.constants import Constants
-            from vramlab.logs.compare import MODEL_ENGINE
+            from vramlab.logs.compare import model_engine
 
-            constants = apply_profile(Constants.defaults(), profile, MODEL_ENGINE.get(obs.engine, obs.engine),
+            constants = apply_profile(Constants.defaults(), profile, model_engine(obs),
                                       engine_version or obs.engine_version)
-        items.append(predict(obs, model, gpu, engine_version, constants, offline, era=era_of(obs)))
+        items.append(predict(obs, model, gpu, engine_version, constants, offline, era=era_of(obs),
+                             quantization=quantization))
     done = [it for it in items if it.comparison is not None]
     summary = attribution_sentences(attribute([it.comparison for it in done if it.comparison]))
     # With one start-up the per-observation line already says it; the summary is for sets.

@@ -92,16 +92,40 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
         else:
             lines.append(head + at_len + f"; {seqs(safe['concurrency'])} up to "
                          f"{safe['max_model_len_at_concurrency']:,} tokens")
+    lines += _placement(e.extra)
     for note in e.notes:
         lines.append(f"note: {note}")
     lines.append("")
-    if e.fits:
+    if e.fits and len(e.extra.get("devices") or ()) > 1:
+        least = min(e.extra["devices"], key=lambda d: d["headroom_bytes"])
+        lines.append(f"verdict: FITS on every card; the least headroom is {gib(least['headroom_bytes'])} GiB on "
+                     f"{least['device']} ({least['gpu']})")
+    elif e.fits:
         lines.append(f"verdict: FITS with {gib(e.headroom_bytes)} GiB headroom")
     else:
         lines.append("verdict: DOES NOT FIT")
         lines += [f"  why: {r}" for r in e.reasons]
         lines += [f"  try: {t}" for t in e.suggestions]
     return "\n".join(lines)
+
+
+def _placement(extra: dict[str, Any]) -> list[str]:
+    """llama.cpp: every card's buffers and the host's share, as its load_tensors / KV / compute lines print them."""
+    devices, host = extra.get("devices"), extra.get("host")
+    if not devices or not host:
+        return []
+    rows = [[d["device"], d["gpu"], str(d["layers"]) + ("+out" if d["output_layer"] else ""),
+             gib(d["model_buffer_bytes"]), gib(d["kv_buffer_bytes"]), gib(d["compute_buffer_bytes"]),
+             gib(d["total_bytes"]), gib(d["headroom_bytes"])] for d in devices]
+    mapped = f" ({gib(host['mapped_buffer_bytes'])} GiB CPU_Mapped span)" if host["mapped"] else " (CPU, not mapped)"
+    rows.append(["host", "RAM", str(host["layers"]) + ("+out" if host["output_layer"] else ""),
+                 gib(host["model_buffer_bytes"]), gib(host["kv_buffer_bytes"]), gib(host["compute_buffer_bytes"]),
+                 gib(host["model_buffer_bytes"] + host["kv_buffer_bytes"] + host["compute_buffer_bytes"]), ""])
+    out = ["", "placement (GiB; llama.cpp's model / KV / compute buffers per device):"]
+    out += _table(["device", "card", "layers", "model", "KV", "compute", "total", "headroom"], rows,
+                  {2, 3, 4, 5, 6, 7})
+    out.append(f"host model buffer{mapped}: tensors kept in host memory; headroom after the CUDA context")
+    return out
 
 
 def render_sweep(result: SweepResult, model_name: str, gpu: GPU) -> str:
