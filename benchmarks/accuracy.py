@@ -36,8 +36,8 @@ from vramlab.errors import VramlabError  # noqa: E402
 from vramlab.sources.hf_config import spec_from_config  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bands import band_coverage, band_score, print_bands  # noqa: E402,F401  (band_score: tests call it here)
 import local_engines  # noqa: E402  (benchmarks/local_engines.py: llama.cpp placement and Ollama rows)
+from bands import band_coverage, band_score, print_bands  # noqa: E402,F401  (band_score: tests call it here)
 
 METRICS = ("weights", "kv_cache_gib", "kv_cache_tokens", "max_concurrency")
 
@@ -441,7 +441,7 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
                         "kv_cache_tokens": float(est.kv_cache_tokens), "max_concurrency": est.max_concurrency}
                 pred.update(local_engines.scored(row, est) or {})
                 obs = observed(row)
-                scored = band_score(est, obs)
+                scored = band_score(est, obs, pred.get("kv_cache_gib"))
                 if scored is not None:
                     bands.append((row, engine, *scored))
                 for metric in METRICS:

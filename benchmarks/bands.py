@@ -16,12 +16,26 @@ GIB = 1 << 30
 PRINTED_GIB = 0.005
 
 
-def band_score(est: Any, obs: dict[str, float | None]) -> tuple[bool, float, str] | None:
+def printed_slack(value: float) -> float:
+    """Half the last digit the figure was printed with (Ollama prints "9.5 GiB": 0.05), at least PRINTED_GIB."""
+    text = repr(value)
+    decimals = len(text.split(".", 1)[1]) if "." in text and "e" not in text else 0
+    return max(PRINTED_GIB, 0.5 * 10 ** -decimals)
+
+
+def band_score(est: Any, obs: dict[str, float | None], planned_gib: float | None = None) -> tuple[bool, float, str] | None:
     """(the measured KV pool lies inside the plan's band, the band's width as % of the planned value, the
     measurement) for one row: GiB where the log prints them (signed, like kv_available_bytes), else tokens."""
     if obs.get("kv_cache_gib") is not None:
         low, high = (b / GIB for b in est.extra["kv_band_bytes"])
-        seen, mid, slack, what = float(obs["kv_cache_gib"]), est.kv_available_bytes / GIB, PRINTED_GIB, "GiB"
+        seen, mid, slack, what = float(obs["kv_cache_gib"]), est.kv_available_bytes / GIB, printed_slack(
+            float(obs["kv_cache_gib"])), "GiB"
+        if planned_gib is not None and mid and planned_gib != mid:
+            # the figure the log prints is not the plan's first-card pool (llama.cpp over several cards, Ollama's
+            # whole-model KV with some layers on the host): benchmarks/local_engines.py plans that figure, and
+            # the band scales with it
+            scale = planned_gib / mid
+            low, high, mid = sorted((low * scale, high * scale)) + [planned_gib]
     elif obs.get("kv_cache_tokens") and est.pessimistic and est.optimistic:
         low, high = float(est.pessimistic.kv_cache_tokens), float(est.optimistic.kv_cache_tokens)
         seen, mid, slack, what = float(obs["kv_cache_tokens"]), float(est.kv_cache_tokens), 0.5, "tokens"
