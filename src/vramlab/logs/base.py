@@ -279,7 +279,7 @@ def required_literal(pattern: str) -> str | None:
 
     try:
         walk(sp.parse(pattern))
-    except Exception:  # noqa: BLE001 - an unusual pattern simply gets no shortcut
+    except Exception:
         return None
     flush()
     return best if len(best) >= 4 else None

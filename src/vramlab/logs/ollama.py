@@ -48,7 +48,7 @@ def _offload(m: re.Match[str]) -> dict[str, Any]:
     return out
 
 
-def _device(field: str):  # noqa: ANN202 - a small factory of extractors
+def _device(field: str):
     def extract(m: re.Match[str]) -> dict[str, Any] | None:
         kv = _kv(m.group(0))
         dev = kv.get("device") or kv.get("buffer") or kv.get("backend") or ""
