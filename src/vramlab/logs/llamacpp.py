@@ -1,4 +1,4 @@
-"""llama.cpp logs (research/capacity-anchors.md section 3), old and new prefixes.
+"""llama.cpp logs (docs/research/capacity-anchors.md section 3), old and new prefixes.
 
 Per device (`CUDA0`, `ROCm1`, `Vulkan0`, `Metal`): model buffer (weights), KV buffer (summed
 when an iSWA model prints one per cache), compute buffer (the graph's activation peak). Host

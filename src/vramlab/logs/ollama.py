@@ -1,4 +1,4 @@
-"""Ollama server logs (research/capacity-anchors.md section 3).
+"""Ollama server logs (docs/research/capacity-anchors.md section 3).
 
 Old estimator (until late 2025): one `msg="offload to cuda"` / `msg=offload library=cuda` line
 of `memory.*` key=value figures. These are Ollama's *estimates*, so the observation's basis is

@@ -1,4 +1,4 @@
-"""The engine's log, in each engine's own wording (research/capacity-anchors.md §1.6, §2-4).
+"""The engine's log, in each engine's own wording (docs/research/capacity-anchors.md §1.6, §2-4).
 
 `vramlab check-log` and drill detectors read these lines, so the wording follows the engines
 verbatim; the numbers come from the simulated start-up. vLLM lines follow V1 (>= 0.11 wording
