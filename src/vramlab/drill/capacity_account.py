@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-GIB = 1 << 30
+from vramlab.capacity.units import GIB
 
 
 @dataclass(frozen=True)

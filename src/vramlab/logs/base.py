@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-GIB = 1 << 30
+from vramlab.capacity.units import GIB
+
 MIB = 1 << 20
 # Bounds on what a log may cost to read: a line longer than this is cut (engine lines are far
 # shorter; a pasted tensor or /dev/zero is not), and reading stops after MAX_LOG_BYTES.
