@@ -37,7 +37,7 @@ from vramlab.sources.hf_config import spec_from_config  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import local_engines  # noqa: E402  (benchmarks/local_engines.py: llama.cpp placement and Ollama rows)
-from bands import band_coverage, band_score, print_bands  # noqa: E402,F401  (band_score: tests call it here)
+from bands import band_coverage, band_score, print_bands  # noqa: E402  (band_score: tests call it here)
 
 METRICS = ("weights", "kv_cache_gib", "kv_cache_tokens", "max_concurrency")
 

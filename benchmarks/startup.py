@@ -4,7 +4,7 @@
     python benchmarks/startup.py            # needs `farm-bench` on PATH for whole-process timing
 
 Prints a table of medians and the ratio to `python -c pass`, measured side by side (paired
-runs) in one call each, because these machines are noisy. Targets (issue 2): plan under 0.3 s
+runs) in one call each, because these machines are noisy. Targets: plan under 0.3 s
 cold (about 15x a bare start), the sweep under 1 s.
 """
 

@@ -209,7 +209,7 @@ def test_two_loners_are_unstable_not_a_one_off():
 
 
 def test_a_round_where_every_request_timed_out_never_returned_to_baseline():
-    # issue 11: against a target that never answers, "returned to baseline: yes" with 4/4 timed out
+    # against a target that never answers, "returned to baseline: yes" with 4/4 timed out
     run, reqs, samples, events = synth.build()
     hung = [r.model_copy(update={"status_code": 0, "error_class": "timeout", "e2e_ms": None, "output_tokens": None})
             if r.round == 0 and r.phase in ("baseline", "recovery") else r for r in reqs]

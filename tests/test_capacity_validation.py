@@ -1,5 +1,5 @@
-"""Bad numbers are refused at the edge with the field's name (issue 12), plan time is linear in
-layers and bounded, and the calibration bookkeeping holds (issue 10)."""
+"""Bad numbers are refused at the edge with the field's name, plan time is linear in
+layers and bounded, and the calibration bookkeeping holds."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def test_every_constant_is_used_by_a_policy():
     assert not unused, unused
 
 
-# --- the capacity policies stay readable (issue 14 item 6) -----------------------------------------
+# --- the capacity policies stay readable -----------------------------------------
 
 def test_capacity_functions_are_short_and_names_say_what_they_hold():
     import ast

@@ -1,4 +1,4 @@
-"""vLLM's policy by era, checked against published start-up logs (shared/data, research §7)."""
+"""vLLM's policy by era, checked against published start-up logs (benchmarks/data, docs/research/capacity-anchors.md §7)."""
 
 from __future__ import annotations
 

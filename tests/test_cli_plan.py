@@ -74,7 +74,7 @@ def test_does_not_fit_exits_1_with_checked_suggestions():
     (["--model", "llama-3.1-8b-instruc", "--gpu", "h100"], "did you mean 'llama-3.1-8b-instruct'"),
     (["--model", "llama-3.1-8b-instruct", "--gpu", "h101"], "unknown GPU 'h101'"),
     (["--model", "llama-3.1-8b-instruct", "--gpu", "h100", "--gpu-memory-utilization", "1.5"], "at most 1"),
-    # 0 is never "not set", NaN/inf never a number (issue 12): each refused with the flag's name.
+    # 0 is never "not set", NaN/inf never a number: each refused with the flag's name.
     (["--model", "llama-3.1-8b-instruct", "--gpu", "h100", "--gpu-memory-utilization", "0"],
      "--gpu-memory-utilization: must be greater than 0"),
     (["--model", "llama-3.1-8b-instruct", "--gpu", "h100", "--gpu-memory-utilization", "nan"],

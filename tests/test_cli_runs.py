@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 import _synthetic_run as synth
-from _store_backends import store_url_fixture  # noqa: F401
 from vramlab.store import open_store
 
 VRAMLAB = [str(Path(sys.executable).with_name("vramlab"))]

@@ -12,7 +12,7 @@ from vramlab.load.prompts import cycle, synthetic_prompts
 
 
 class _Instant:
-    async def send(self, request_id, prompt, max_tokens, scheduled_at, attempt=0):  # noqa: ANN001, ANN201
+    async def send(self, request_id, prompt, max_tokens, scheduled_at, attempt=0):
         now = time.perf_counter()
         return RequestResult(request_id=request_id, attempt=attempt, scheduled_at=scheduled_at, sent_at=now,
                              end_at=now, first_token_at=now, status_code=200, output_tokens=1)

@@ -236,7 +236,7 @@ class _FakeContent:
     async def readany(self) -> bytes:
         return self.chunks.pop(0) if self.chunks else b""
 
-    async def iter_any(self):  # noqa: ANN201
+    async def iter_any(self):
         while self.chunks:
             yield self.chunks.pop(0)
 

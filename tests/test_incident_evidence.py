@@ -1,4 +1,4 @@
-"""Incident figures that must follow the evidence (issue 11), on hand-built drill timelines:
+"""Incident figures that must follow the evidence, on hand-built drill timelines:
 the trigger is the step that carried load at T0 (never one that sent nothing), onsets are the
 first evidence, queueing at a higher step is judged against that step, and a retry storm is
 counted from retries only."""

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 import _synthetic_run as synth
-from _store_backends import store_url_fixture  # noqa: F401
 from vramlab.analysis.stats import ITL_UNTIMED_WARN, summarize_requests
 from vramlab.experiment.events import EventHook
 from vramlab.experiment.plan import parse_plan
@@ -73,7 +72,7 @@ def _req(i: int, itl: list[float], untimed: int | None) -> RequestRecord:
                          sent_s=float(i), end_s=i + 0.5, e2e_ms=500.0, itl_ms=itl, itl_untimed_gaps=untimed)
 
 
-def test_a_version_3_store_upgrades_and_old_rows_read_unknown(store_url) -> None:  # noqa: F811
+def test_a_version_3_store_upgrades_and_old_rows_read_unknown(store_url) -> None:
     """A store written before the column (schema 3, rows without itl_untimed_gaps) opens, gains the
     column once (reopening changes nothing), keeps its old rows (count unknown: None) and stores new ones."""
     import sqlalchemy as sa

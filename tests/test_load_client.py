@@ -164,7 +164,7 @@ def test_a_full_cap_does_not_stretch_the_window() -> None:
     assert [r.error_class for r in out] == ["cancelled", "cancelled"]
 
 
-# -- accounting (#11) -------------------------------------------------------------------------------
+# -- accounting -------------------------------------------------------------------------------
 @pytest.mark.parametrize("key", ["reasoning_content", "reasoning"])
 def test_a_reasoning_model_gets_its_ttft_from_the_first_reasoning_token(key: str) -> None:
     """vLLM/SGLang with a reasoning parser stream the thinking as reasoning_content (or, newer,

@@ -72,3 +72,13 @@ def test_infinite_values_stay_infinite() -> None:
     inf = float("inf")
     assert percentile([inf, inf], 50) == inf and percentile([1.0, inf], 50) == inf
     assert percentile([1.0, 2.0, inf, inf], 95) == inf
+
+
+def test_the_runners_console_and_event_p95_is_the_reports():
+    # the per-window P95 on the console and in the step event used nearest rank (950 vs 947.5 ms)
+    from vramlab.experiment.runner import _WindowStats
+
+    w = _WindowStats(e2e=[100.0 * i for i in range(1, 21)])  # 100..2000 ms
+    assert w.p(0.95) == pytest.approx(percentile(w.e2e, 95))
+    assert w.p(0.95) != sorted(w.e2e)[18]  # not nearest rank (1900 ms)
+    assert _WindowStats().p(0.95) is None

@@ -34,7 +34,7 @@ def make(rows: list[tuple[str, str, int, int]]) -> list[Instance]:
 FLEET = fleet(("edge", "l4", 2, 22.49), ("big", "a100-40gb", 1, 39.56))
 
 
-def recompute(inst: Instance, flags: dict, gpu_name: str, other: int, tp: int):  # noqa: ANN201
+def recompute(inst: Instance, flags: dict, gpu_name: str, other: int, tp: int):
     """The capacity model's answer for exactly the flags pack emitted, started after `other` bytes."""
     kw = {"gpu_memory_utilization": flags.get("--gpu-memory-utilization"),
           "mem_fraction_static": flags.get("--mem-fraction-static")}

@@ -150,7 +150,7 @@ def test_junk_values_in_a_good_plan_give_config_error_only(key: str, value: obje
 
 
 def test_every_engine_the_readme_names_is_a_target_kind() -> None:
-    # issue 11: `target.kind: transformers` was refused although the README lists transformers
+    # `target.kind: transformers` was refused although the README lists transformers
     readme = (ROOT / "README.md").read_text().split("\n\n")[1]
     named = {"vLLM": "vllm", "SGLang": "sglang", "TGI": "tgi", "llama.cpp": "llama.cpp", "transformers": "transformers"}
     assert all(word in readme for word in named), readme

@@ -23,7 +23,7 @@ LOADERS = {
 }
 
 
-def _error(loader, path: Path) -> str:  # noqa: ANN001
+def _error(loader, path: Path) -> str:
     with pytest.raises(ConfigError) as exc:
         loader(path)
     msg = str(exc.value)

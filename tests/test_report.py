@@ -9,7 +9,6 @@ from html.parser import HTMLParser
 import pytest
 
 import _synthetic_run as synth
-from _store_backends import store_url_fixture  # noqa: F401
 from vramlab.report import load_context, render
 from vramlab.report.blocks import Text
 from vramlab.report.sections import _REGISTRY, ReportContext, Section, register

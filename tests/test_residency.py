@@ -28,7 +28,7 @@ def alternate(n: int, gap_s: float, names: tuple[str, ...] = ("a", "b")) -> list
     return [Request(i * gap_s, names[i % len(names)], 0, 1000) for i in range(n)]
 
 
-def stats(report, name):  # noqa: ANN001, ANN201
+def stats(report, name):
     return next(m for m in report.models if m.model == name)
 
 
@@ -118,7 +118,7 @@ def test_residents_never_wait() -> None:
 @given(st.lists(st.tuples(st.floats(0, 500), st.sampled_from("abc"), st.integers(0, 3000)), min_size=1,
                 max_size=40),
        st.sampled_from(["lru", "priority", "keep-alive", "sleep-1", "sleep-2"]))
-def test_simulation_is_deterministic_and_serves_everything_it_can(rows, policy) -> None:  # noqa: ANN001
+def test_simulation_is_deterministic_and_serves_everything_it_can(rows, policy) -> None:
     trace = sorted((Request(t, m, 0, o) for t, m, o in rows), key=lambda r: r.t_s)
     models = [model("a", 9.0), model("b", 9.0, priority=5), model("c", 9.0, priority=1)]
     r1 = simulate(models, CARD, trace, Policy(policy, keep_alive_s=60))
@@ -134,7 +134,7 @@ def test_residency_percentiles_are_the_shared_definition() -> None:
     assert _percentile_or_zero([4, 1, 3, 2], 95) == pytest.approx(3.85) and _percentile_or_zero([], 99) == 0
 
 
-def test_trace_errors_name_the_line(tmp_path) -> None:  # noqa: ANN001
+def test_trace_errors_name_the_line(tmp_path) -> None:
     p = tmp_path / "t.jsonl"
     p.write_text(json.dumps({"t_s": 0, "model": "a"}) + "\n" + '{"t_s": -1, "model": "a"}\n')
     with pytest.raises(ConfigError, match=r"t.jsonl:2: t_s must be"):

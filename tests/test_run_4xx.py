@@ -1,5 +1,5 @@
 """A 4xx from the server is reported in the server's own words, and a non-standard field the server
-refuses (`ignore_eos`) is dropped with a note instead of failing every request (issue #11 item 6)."""
+refuses (`ignore_eos`) is dropped with a note instead of failing every request."""
 
 from __future__ import annotations
 

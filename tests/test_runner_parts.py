@@ -234,7 +234,7 @@ load: {{retry: {{base_s: 0.05, max_s: 0.1}}}}
         res = asyncio.run(Runner(plan, EventHook(), RunOptions(samplers=[])).run())
     assert res.status == "stopped" and res.stop_reason.condition == "error_rate"  # type: ignore[union-attr]
     assert res.elapsed_s < 4
-    assert res.requests <= 5 + 2  # stopped at once: no more than the users had in hand (#11)
+    assert res.requests <= 5 + 2  # stopped at once: no more than the users had in hand
     assert any(n.startswith("target not reachable at") for n in res.notes)
 
 

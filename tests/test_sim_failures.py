@@ -76,7 +76,7 @@ def test_no_memory_for_cache_blocks_and_the_start_up_race(tmp_path):
     device = str(tmp_path / "gpu0.ledger")
 
     async def start(cfg):
-        srv = SimServer(cfg, log_stream=open(os.devnull, "w"))  # noqa: SIM115
+        srv = SimServer(cfg, log_stream=open(os.devnull, "w"))
         try:
             await srv.start()
             return srv
@@ -189,7 +189,7 @@ def test_runtime_oom_texts_of_other_engines(tmp_path, engine, text):
     async def go():
         cfg = SimConfig(estimate=make_estimate(engine=engine), engine=engine, device=str(tmp_path / "g.ledger"),
                         speed=100, watchdog_s=0.1, allow_fault_injection=True)
-        async with SimServer(cfg, log_stream=open(os.devnull, "w")) as srv:  # noqa: SIM115
+        async with SimServer(cfg, log_stream=open(os.devnull, "w")) as srv:
             async with aiohttp.ClientSession() as s:
                 await s.post(srv.url + "/sim/fault", json={"kind": "oom"})
                 r = await s.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3})

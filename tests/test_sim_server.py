@@ -42,7 +42,7 @@ def _metrics(text: str) -> dict[str, float]:
 
 def test_openai_client_chat_and_completions_streaming_and_not(tmp_path):
     async def go():
-        async with SimServer(_cfg(tmp_path), log_stream=open("/dev/null", "w")) as srv:  # noqa: SIM115
+        async with SimServer(_cfg(tmp_path), log_stream=open("/dev/null", "w")) as srv:
             client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="sk-none", max_retries=0)
             models = await client.models.list()
             assert [m.id for m in models.data] == [MODEL]
@@ -84,7 +84,7 @@ def test_openai_client_chat_and_completions_streaming_and_not(tmp_path):
 def test_raw_sse_ends_with_done_and_metrics_parse(tmp_path):
     async def go():
         cfg = _cfg(tmp_path, log_stats_interval_s=0.1)
-        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:  # noqa: SIM115
+        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:
             async with aiohttp.ClientSession() as s:
                 r = await s.post(srv.url + "/v1/completions", json={
                     "model": MODEL, "prompt": "hi you", "max_tokens": 5, "stream": True, "ignore_eos": True,
@@ -126,7 +126,7 @@ def test_raw_sse_ends_with_done_and_metrics_parse(tmp_path):
 def test_metric_names_follow_the_engine(tmp_path, engine, version, names):
     async def go():
         cfg = _cfg(tmp_path, engine=engine, engine_version=version)
-        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:  # noqa: SIM115
+        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:
             async with aiohttp.ClientSession() as s:
                 r = await s.post(srv.url + "/v1/completions", json={"prompt": "x y", "max_tokens": 3, "ignore_eos": True})
                 assert r.status == 200
@@ -143,7 +143,7 @@ def test_metric_names_follow_the_engine(tmp_path, engine, version, names):
 
 def test_bad_input_gets_vllm_status_and_error_shape(tmp_path):
     async def go():
-        async with SimServer(_cfg(tmp_path, max_model_len=256), log_stream=open("/dev/null", "w")) as srv:  # noqa: SIM115
+        async with SimServer(_cfg(tmp_path, max_model_len=256), log_stream=open("/dev/null", "w")) as srv:
             url = srv.url + "/v1/completions"
             async with aiohttp.ClientSession() as s:
                 out = []
@@ -171,7 +171,7 @@ def test_small_pool_preempts_under_load_and_requests_still_succeed(tmp_path):
     async def go():
         # 0.05 GiB of KV at 128 KiB/token = 409 tokens = 25 blocks; 24 requests of ~70 tokens need far more.
         cfg = _cfg(tmp_path, kv_cache_gib=0.05, max_model_len=256, speed=500)
-        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:  # noqa: SIM115
+        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:
             async with aiohttp.ClientSession() as s:
                 async def one(i):
                     r = await s.post(srv.url + "/v1/completions", json={
@@ -189,7 +189,7 @@ def test_small_pool_preempts_under_load_and_requests_still_succeed(tmp_path):
 def test_same_seed_same_text_other_seed_other_text(tmp_path):
     async def texts(seed):
         cfg = _cfg(tmp_path, seed=seed)
-        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:  # noqa: SIM115
+        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:
             async with aiohttp.ClientSession() as s:
                 outs = []
                 for p in ("alpha", "beta gamma"):
@@ -206,7 +206,7 @@ def test_same_seed_same_text_other_seed_other_text(tmp_path):
 def test_hundreds_of_concurrent_streams(tmp_path):
     async def go():
         cfg = _cfg(tmp_path, speed=1000, max_num_seqs=512)
-        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:  # noqa: SIM115
+        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:
             conn = aiohttp.TCPConnector(limit=400)
             async with aiohttp.ClientSession(connector=conn) as s:
                 async def one(i):
@@ -229,7 +229,7 @@ def test_hundreds_of_concurrent_streams(tmp_path):
 def test_tgi_answers_429_when_over_max_concurrent_requests(tmp_path):
     async def go():
         cfg = _cfg(tmp_path, engine="tgi", max_concurrent_requests=4, speed=20)
-        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:  # noqa: SIM115
+        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:
             async with aiohttp.ClientSession() as s:
                 async def one():
                     r = await s.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 20,
@@ -249,7 +249,7 @@ def test_tgi_answers_429_when_over_max_concurrent_requests(tmp_path):
 def test_hang_fault_stops_tokens_but_health_stays_200(tmp_path):
     async def go():
         cfg = _cfg(tmp_path, allow_fault_injection=True, speed=50)
-        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:  # noqa: SIM115
+        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:
             async with aiohttp.ClientSession() as s:
                 assert (await s.post(srv.url + "/sim/fault", json={"kind": "hang"})).status == 200
                 req = asyncio.create_task(s.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}))
@@ -265,7 +265,7 @@ def test_hang_fault_stops_tokens_but_health_stays_200(tmp_path):
 
 def test_fault_endpoint_is_off_unless_allowed(tmp_path):
     async def go():
-        async with SimServer(_cfg(tmp_path), log_stream=open("/dev/null", "w")) as srv:  # noqa: SIM115
+        async with SimServer(_cfg(tmp_path), log_stream=open("/dev/null", "w")) as srv:
             async with aiohttp.ClientSession() as s:
                 return (await s.post(srv.url + "/sim/fault", json={"kind": "crash"})).status, srv.engine.dead
 
@@ -280,7 +280,7 @@ def test_fault_endpoint_is_off_unless_allowed(tmp_path):
 def test_kv_pressure_log_lines_per_engine(tmp_path, engine, version, line):
     async def go():
         cfg = _cfg(tmp_path, engine=engine, engine_version=version, kv_cache_gib=0.05, max_model_len=256, speed=500)
-        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:  # noqa: SIM115
+        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:
             async with aiohttp.ClientSession() as s:
                 async def one(i):
                     r = await s.post(srv.url + "/v1/completions", json={

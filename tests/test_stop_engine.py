@@ -52,7 +52,7 @@ def test_run_and_drill_stop_on_the_same_window_with_the_same_words():
 
 
 def test_run_against_a_target_that_never_answers_stops_non_zero(tmp_path: Path):
-    # issue 11: the target accepts connections and never answers; `run` used to exit 0 "completed"
+    # the target accepts connections and never answers; `run` used to exit 0 "completed"
     # with "returned to baseline: yes" and 4 of 4 requests timed out (min_requests never reached)
     b = StubBehaviour(stall_until=time.monotonic() + 3600)
     store = open_store(str(tmp_path / "v.db"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from _store_backends import MEMORY_URL, any_store_url_fixture, store_url_fixture  # noqa: F401
+from _store_backends import MEMORY_URL
 from vramlab.errors import ConfigError, NotFoundError, VramlabError
 from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
 from vramlab.records.memory import MemoryStore

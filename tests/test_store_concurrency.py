@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 
-from _store_backends import store_url_fixture  # noqa: F401
 from vramlab.store import open_store
 from vramlab.store.migrations import LATEST
 

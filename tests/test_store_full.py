@@ -132,7 +132,7 @@ def _page_limited_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     con.close()
     real = sql._sqlite_pragmas
 
-    def limited(dbapi_conn, record):  # noqa: ANN001, ANN202
+    def limited(dbapi_conn, record):
         real(dbapi_conn, record)
         dbapi_conn.execute(f"PRAGMA max_page_count = {pages + 40}")
 

@@ -18,3 +18,14 @@ def test_renderers_share_it() -> None:
 
     assert fmt.gib is gib and plan_text.gib is gib and result.gib is gib
     assert check_log_text.gib is gib and calibrate_text.gib is gib
+
+
+def test_one_gib_constant_in_src():
+    # GIB was defined 13 times; every module now imports capacity.units' one
+    import re
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "vramlab"
+    defs = [p.relative_to(src).as_posix() for p in src.rglob("*.py")
+            if re.search(r"^GIB\s*=", p.read_text(), re.M)]
+    assert defs == ["capacity/units.py"]

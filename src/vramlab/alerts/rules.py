@@ -79,7 +79,7 @@ class SignalDef:
     meaning: str
 
 
-# Metric names per engine from their docs (research/drill-anchors.md §3). vLLM counters appear with
+# Metric names per engine from their docs (docs/research/drill-anchors.md §3). vLLM counters appear with
 # and without `_total` and KV usage was renamed in V1, so those use __name__ regexes as
 # inference-perf does.
 _VLLM = {

@@ -5,7 +5,7 @@ rule for "abnormal": a fixed threshold, a deviation from its own baseline, or bo
 trips first). An onset is only counted from the treatment start T0 on; a signal that was already
 outside its threshold during the baseline is reported as noisy, not as a cause.
 
-Honest clocks (issue 11): a windowed signal carries its raw points, and its onset is its first
+Honest clocks: a windowed signal carries its raw points, and its onset is its first
 evidence: the first raw point inside the crossing window that is itself past the limit (the first
 failed request, the first slow one), not the window's edge. With load `levels` (the ramp's steps),
 a deviation is judged against the baseline of the same load level (the level's first `settle_s`),

@@ -396,7 +396,7 @@ def profile_from_dict(data: Mapping[str, Any], name: str) -> Profile:
         try:
             consts = {n: dict(v) for n, v in (sec.get("constants") or {}).items()}
             for v in consts.values():
-                float(v["value"]), float(v["rel_band"]), str(v["source"])  # noqa: B018 - validate
+                float(v["value"]), float(v["rel_band"]), str(v["source"])
             check_version_range(sec.get("version_min"), sec.get("version_max"), f"{name}: section {k + 1} versions")
             sections.append(Section(str(sec["engine"]), sec.get("version_min"), sec.get("version_max"), consts,
                                     dict(sec.get("loo") or {}), int(sec.get("n_observations", 0))))

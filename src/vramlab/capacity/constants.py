@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-GIB = 1 << 30
+from vramlab.capacity.units import GIB
+
 MIB = 1 << 20
 
 

@@ -192,7 +192,7 @@ def sglang_gpu_defaults(ctx: Context) -> tuple[int, int]:
 
     From 0.5.3 (PR #10975, `_handle_gpu_memory_settings`): < 20 GiB 2048 / 8; < 35 GiB 2048 / 24 (80 at
     TP >= 4); < 60 GiB 4096 / 32 (160); < 160 GiB 8192 / 256 (512); above 16384 / 512. Before, the
-    buckets recorded in research/capacity-anchors.md §2 (a ~0.4.3 L4 log printed 2048 / 80 at TP 4)."""
+    buckets recorded in docs/research/capacity-anchors.md §2 (a ~0.4.3 L4 log printed 2048 / 80 at TP 4)."""
     gib = ctx.gpu.memory_gib
     if not ctx.version or ctx.version >= NEW_HEURISTIC_FROM:
         big = ctx.tp >= 4

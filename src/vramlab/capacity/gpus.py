@@ -2,7 +2,7 @@
 
 `memory_gib` is `torch.cuda.mem_get_info()[1]` / vLLM's `total_gpu_memory`, not the marketing
 number: an "80 GB" H100 shows 79.19 GiB. Planners that use the nominal figure over-predict
-KV cache by util x the difference on every row (research/llm-d-planner-anchor.md).
+KV cache by util x the difference on every row (docs/research/llm-d-planner-anchor.md).
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ def _run_guarded(name: str, module: object, args: argparse.Namespace) -> int:
     except BrokenPipeError:
         # `vramlab models | head`: the reader went away; that is not an error.
         try:
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+            sys.stdout = open(os.devnull, "w")
         except OSError:
             pass
         return 0

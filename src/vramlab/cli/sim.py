@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-GIB = 1 << 30
+from vramlab.capacity.units import GIB
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

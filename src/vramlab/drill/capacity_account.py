@@ -1,7 +1,7 @@
 """The capacity model's account of where the drill should break, written before the ramp starts,
 so the report can set "predicted limit" beside "observed failure".
 
-The reasoning mirrors the engines (research/capacity-anchors.md): the KV pool is allocated at
+The reasoning mirrors the engines (docs/research/capacity-anchors.md): the KV pool is allocated at
 start-up, so a longer context or more users first fill the pool (preemption, queueing), not the
 card; what can still run out at run time is the activation workspace, which grows with the tokens
 of one forward pass up to `max_num_batched_tokens` (where the engine's profile measured its peak).
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-GIB = 1 << 30
+from vramlab.capacity.units import GIB
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from vramlab.capacity.units import GIB
 from vramlab.errors import ConfigError
-
-GIB = 1 << 30
 
 
 class Balloon(Protocol):

@@ -8,7 +8,7 @@ metrics and GPU samples (including Xid), and the restarts the drill's supervisor
 experiment's `StopMonitor`, the one stop engine `vramlab run` uses too; a dead process and an
 OOM the plan asks to stop on end the ramp here. Pure: no clock of its own, no I/O.
 
-Failure modes (issue 11): an OOM only when one was seen (the engine's words in a response or its
+Failure modes: an OOM only when one was seen (the engine's words in a response or its
 log, a CUDA/HIP signature, the kernel's OOM killer); otherwise the process's end says what
 happened (killed by a signal, or a crash with its exit code), or the requests do (hang: timeouts
 and failing health with the process alive; overload: 429/503 refusals). A restart that exits
@@ -25,7 +25,7 @@ from vramlab.drill.evidence import exit_evidence, oom_text, signal_of
 from vramlab.experiment.plan import StopConditions
 from vramlab.experiment.stop import StopMonitor, StopReason
 
-# Failure modes named in the report (research/drill-anchors.md §4.10).
+# Failure modes named in the report (docs/research/drill-anchors.md §4.10).
 CRASH_AFTER_OOM = "crash_after_oom"  # runtime OOM seen, then the process exited
 OOM_KILLED = "oom_killed"  # the kernel's OOM killer ended the process
 OOM_NO_EXIT = "oom_no_exit"  # OOM seen but the process stayed up (keep-alive, hang after OOM)

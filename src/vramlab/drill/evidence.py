@@ -1,6 +1,6 @@
 """Evidence for naming a failure: is there an out-of-memory anywhere, and how did a process end?
 
-A drill calls a failure an OOM only when it *saw* one (issue 11): the engine's own error text in a
+A drill calls a failure an OOM only when it *saw* one: the engine's own error text in a
 response or its log, a CUDA/HIP out-of-memory signature, or the kernel's OOM killer. A process
 that died by SIGKILL with none of these is "killed by signal", whoever sent it.
 

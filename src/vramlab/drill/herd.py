@@ -4,7 +4,7 @@ When a target comes back, every client that was failing retries at once (immedia
 spread out (jittered back-off). A wave well above the baseline request rate is a thundering herd,
 and a herd that knocks the target over again is the worst outcome a drill can find.
 
-Only the policy's retries make a storm (issue 11): a closed-loop user whose request failed at once
+Only the policy's retries make a storm: a closed-loop user whose request failed at once
 sends its *next* request sooner, which raises the attempt rate without a single retry. A window
 counts as a storm when its attempt rate is `threshold` x the baseline's and at least half of its
 attempts are retries (attempt > 0). The stored figures split the two (analysis/incident.py).

@@ -52,7 +52,7 @@ class ProcessTarget:
     def start(self) -> None:
         assert self.spec.command
         cmd = render(self.spec.command, {"port": _port_of(self.spec.base_url)})
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        log = open(self.log_path, "ab")
         try:
             self._proc = subprocess.Popen(
                 ["/bin/sh", "-c", cmd], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

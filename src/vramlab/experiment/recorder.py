@@ -147,7 +147,7 @@ class StoreRecorder:
             return
         try:
             beat(self.run_id)
-        except Exception as exc:  # noqa: BLE001 - a missed heartbeat is not a lost row; the next one retries
+        except Exception as exc:
             self._error(exc)
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
@@ -168,7 +168,7 @@ class StoreRecorder:
                 try:
                     self._write_once()
                     return True
-                except Exception as exc:  # noqa: BLE001 - a full, locked or unreachable store: retried, then a failure
+                except Exception as exc:
                     self._error(exc)
                     if attempt < self.retries:
                         time.sleep(self.retry_base_s * (2 ** attempt))
@@ -216,7 +216,7 @@ class StoreRecorder:
         if self.on_failure is not None:
             try:
                 self.on_failure(self.failure)
-            except Exception as exc:  # noqa: BLE001 - the run will still see `failure` at its end
+            except Exception as exc:
                 self._error(exc)
 
     def _finish(self, ev: Event) -> None:
@@ -246,7 +246,7 @@ class StoreRecorder:
         try:
             self.store.update_run(self.run_id, status=status, ended_at=d["ended_at"], stop_reason=reason,
                                   notes=self.notes)
-        except Exception as exc:  # noqa: BLE001 - the run row keeps 'running'; `vramlab runs` shows it died
+        except Exception as exc:
             self._error(exc)
             if self.failure is None:
                 self._fail(self.store_errors[-1])

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from vramlab.load.client import OpenAIClient, RequestResult
 from vramlab.load.prompts import Prompt
 from vramlab.observe.base import Sample, Sampler, SamplerSet
 from vramlab.records import RunRecord, SampleRecord, canonical_sha256, new_run_id
+from vramlab.records.stats import percentile
 
 EXIT_CODES = {"completed": 0, "failed": 1, "stopped": 3, "interrupted": 130}
 _SOURCES = {"gpu", "ledger", "engine", "prometheus", "host", "health"}
@@ -91,10 +91,8 @@ class _WindowStats:
     where: tuple[int, str, int, float] = (0, "baseline", 0, 0.0)  # round, phase, step, value
 
     def p(self, q: float) -> float | None:
-        if not self.e2e:
-            return None
-        s = sorted(self.e2e)
-        return s[max(0, math.ceil(q * len(s)) - 1)]
+        """The window's e2e percentile (q in 0-1) by the one definition the stops and reports use."""
+        return percentile(self.e2e, q * 100) if self.e2e else None
 
 
 class Runner:
@@ -201,7 +199,7 @@ class Runner:
         for hook in self.o.start_hooks:
             try:
                 emitted = await asyncio.to_thread(hook, self.plan)
-            except Exception as exc:  # noqa: BLE001 - a plan that cannot be made is a note, never a failed run
+            except Exception as exc:
                 self.note(f"start hook: {type(exc).__name__}: {exc}"[:300])
                 continue
             for kind, message, data in emitted:

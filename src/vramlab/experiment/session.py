@@ -185,7 +185,7 @@ def _run_checked(plan: Plan, *, plan_dir: Path, open_store: Callable[[], Store],
         acct = recorder.accounting()
         try:
             stored: dict[str, int] | None = store.count(recorder.run_id)
-        except Exception:  # noqa: BLE001 - an unreadable store: say so, never guess
+        except Exception:
             stored = None
         out = SessionResult(result, store.url, acct.received, stored, acct.failure)
         if not out.store_complete and result.status != "failed":

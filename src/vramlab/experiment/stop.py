@@ -3,7 +3,7 @@
 Request conditions (error rate, P95) look at a sliding window of the last ``window_s`` seconds
 and wait for ``min_requests`` so one early failure cannot stop a run, with one exception: when
 every request in the window timed out, the error-rate stop fires however few there are (a target
-that never answers sends few results, one per timeout per user; issue 11). Sample conditions (KV usage,
+that never answers sends few results, one per timeout per user). Sample conditions (KV usage,
 GPU memory share) use the latest value from any source. OOM fires on the first sighting.
 Requests cancelled by the runner itself are not errors.
 """

@@ -221,7 +221,7 @@ async def drive(
             if failed == "connect" and shape.error_backoff and not stop.is_set():
                 # Nothing answered (refused, unreachable): the user waits before the next try (the
                 # plan's back-off), as a person would. Resubmitting in microseconds after a refused
-                # connection is a retry storm the client made, not the server (#11). A server's own
+                # connection is a retry storm the client made, not the server. A server's own
                 # answer (429, 5xx, an error event) paces the loop itself and is what a drill measures.
                 fails += 1
                 wait = retry.user_backoff_s(fails, rng)

@@ -1,7 +1,7 @@
 """A lean streaming HTTP/1.1 client for plain ``http://`` targets: the load client's hot path.
 
 aiohttp's ClientSession costs more CPU per request than everything else vramlab does for one
-(issue #15: vramlab 0.75-0.79x a bare aiohttp loop, the rest of the gap being aiohttp's own request
+(measured in benchmarks/loadgen.py: vramlab 0.75-0.79x a bare aiohttp loop, the rest of the gap being aiohttp's own request
 path). This client does what a load generator needs and nothing else: non-blocking sockets it owns,
 registered once with the running loop (``loop.add_reader``: asyncio and uvloop), a keep-alive pool
 per target, the request's bytes built by the caller once per prompt and one ``send`` per request.

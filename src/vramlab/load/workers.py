@@ -41,7 +41,7 @@ from vramlab.load.prompts import Prompt, cycle
 from vramlab.load.retry import RetryPolicy
 
 # Where one client core stops timing tokens right, roughly, for streams of 50 tokens/s each (32
-# tokens 20 ms apart): issue #15 measured vramlab's per-gap ITL P99 error at +48-67 ms with 500
+# tokens 20 ms apart): benchmarks/loadgen.py measured vramlab's per-gap ITL P99 error at +48-67 ms with 500
 # such streams and its core saturated at 1,000; benchmarks/tokens.py measures it again
 # (benchmarks/results/tokens.txt). A plan past either bound gets one worker per core.
 STREAMS_PER_CORE = 1000

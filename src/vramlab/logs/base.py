@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-GIB = 1 << 30
+from vramlab.capacity.units import GIB
+
 MIB = 1 << 20
 # Bounds on what a log may cost to read: a line longer than this is cut (engine lines are far
 # shorter; a pasted tensor or /dev/zero is not), and reading stops after MAX_LOG_BYTES.
@@ -289,7 +290,7 @@ def required_literal(pattern: str) -> str | None:
 
     try:
         walk(sp.parse(pattern))
-    except Exception:  # noqa: BLE001 - an unusual pattern simply gets no shortcut
+    except Exception:
         return None
     flush()
     return best if len(best) >= 4 else None

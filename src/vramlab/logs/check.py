@@ -184,12 +184,14 @@ def check_log(path: str | Path, model: str | None = None, gpu: str | None = None
               engine_version: str | None = None, calibration: str | Path | None = None,
               offline: bool = True, max_bytes: int | None = None, quantization: str | None = None) -> CheckReport:
     """One log. Raises ConfigError only when nothing in it is recognizable."""
-    return _check(parse_log(path, engine, max_bytes), str(path), model, gpu, engine_version, calibration, offline)
+    return _check(parse_log(path, engine, max_bytes), str(path), model, gpu, engine_version, calibration, offline,
+                  quantization)
 
 
 def check_file(path: str | Path, model: str | None = None, gpu: str | None = None, engine: str | None = None,
                engine_version: str | None = None, calibration: str | Path | None = None,
-               offline: bool = True, max_bytes: int | None = None) -> tuple[list[CheckReport], list[tuple[str, str]]]:
+               offline: bool = True, max_bytes: int | None = None,
+               quantization: str | None = None) -> tuple[list[CheckReport], list[tuple[str, str]]]:
     """One file, split into the writers that wrote it (logs/split.py): a report per writer whose
     lines are a log of a known engine, and (label, why) for the ones that are not. A file with one
     writer is `check_log`'s one report."""
@@ -206,7 +208,7 @@ def check_file(path: str | Path, model: str | None = None, gpu: str | None = Non
             cap = MAX_LOG_BYTES if max_bytes is None else max_bytes
             parsed.notes.insert(0, f"read the first {cap:,} bytes only (the rest of the log was not read; see "
                                    "--max-bytes)")
-        return [_check(parsed, str(path), model, gpu, engine_version, calibration, offline)], []
+        return [_check(parsed, str(path), model, gpu, engine_version, calibration, offline, quantization)], []
     reports, skipped = [], []
     for st in streams:
         label = f"{path} [{st.name}]"
@@ -220,7 +222,7 @@ def check_file(path: str | Path, model: str | None = None, gpu: str | None = Non
         parsed.incomplete = [o.model_copy(update={"source": label}) for o in parsed.incomplete]
         parsed.notes.append(f"{st.name}'s lines of {path} ({len(st.lines)} of {len(lines)}, from line "
                             f"{st.first_line}); line numbers count its own lines")
-        reports.append(_check(parsed, label, model, gpu, engine_version, calibration, offline))
+        reports.append(_check(parsed, label, model, gpu, engine_version, calibration, offline, quantization))
     if not reports:
         raise ConfigError(f"{path}: none of its {len(streams)} writers wrote a log of a known engine "
                           f"(first: {skipped[0][1]})")
@@ -228,7 +230,7 @@ def check_file(path: str | Path, model: str | None = None, gpu: str | None = Non
 
 
 def _check(parsed: Any, label: str, model: str | None, gpu: str | None, engine_version: str | None,
-           calibration: str | Path | None, offline: bool) -> CheckReport:
+           calibration: str | Path | None, offline: bool, quantization: str | None = None) -> CheckReport:
     profile = None
     if calibration:
         from vramlab.logs.profile import load_profile

@@ -14,10 +14,9 @@ from typing import Any
 from vramlab.capacity.estimate import Estimate
 from vramlab.capacity.gpus import GPU, GPUS, custom_gpu, get_gpu
 from vramlab.capacity.settings import EngineSettings
+from vramlab.capacity.units import GIB
 from vramlab.errors import ConfigError, VramlabError
 from vramlab.logs.observation import Observation
-
-GIB = 1 << 30
 
 # Estimate component name -> Observation field.
 COMPONENT_FIELD = {

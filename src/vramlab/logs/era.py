@@ -3,7 +3,7 @@
 Each engine changed what it prints as it changed how it sizes memory, so the wording of the
 lines a start-up printed dates it. `era_of(observation)` returns an `Era`: a label for tables,
 the vLLM engine generation (V0/V1) when the wording tells it, and whether it was inferred.
-Sources of the wordings: research/capacity-anchors.md section 1.6 and the excerpts under
+Sources of the wordings: docs/research/capacity-anchors.md section 1.6 and the excerpts under
 tests/fixtures/logs/real/ (sources.json).
 """
 

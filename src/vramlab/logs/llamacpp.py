@@ -1,4 +1,4 @@
-"""llama.cpp logs (research/capacity-anchors.md section 3), old and new prefixes.
+"""llama.cpp logs (docs/research/capacity-anchors.md section 3), old and new prefixes.
 
 Per device (`CUDA0`, `ROCm1`, `Vulkan0`, `Metal`): model buffer (weights), KV buffer (summed
 when an iSWA model prints one per cache), compute buffer (the graph's activation peak). Host
@@ -23,7 +23,7 @@ def _rank(dev: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def _device_buffer(field: str):  # noqa: ANN202 - a small factory of extractors
+def _device_buffer(field: str):
     def extract(m: re.Match[str]) -> dict[str, Any]:
         return {field: mib(m.group("size")), "_rank": f"rank={_rank(m.group('dev'))}"}
     return extract

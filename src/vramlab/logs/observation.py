@@ -16,9 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from vramlab.capacity.units import GIB
 from vramlab.errors import ConfigError
-
-GIB = 1 << 30
 
 # The settings keys an observation may carry: `EngineSettings` field names.
 SETTINGS_KEYS = (
@@ -152,7 +151,7 @@ _RELEASE = re.compile(r"(?<![\w.])[vb]?[0-9]+\.[0-9][0-9a-z.+]*|(?<![\w.])b[0-9]
 
 
 def from_dataset_row(row: dict[str, Any]) -> Observation:
-    """A row of `shared/data/observed_memory.jsonl` (GiB as printed) as an Observation."""
+    """A row of `benchmarks/data/observed_memory.jsonl` (GiB as printed) as an Observation."""
     extra = dict(row.get("extra") or {})
     version = row.get("engine_version") or None
     era = None

@@ -1,4 +1,4 @@
-"""Ollama server logs (research/capacity-anchors.md section 3).
+"""Ollama server logs (docs/research/capacity-anchors.md section 3).
 
 Old estimator (until late 2025): one `msg="offload to cuda"` / `msg=offload library=cuda` line
 of `memory.*` key=value figures. These are Ollama's *estimates*, so the observation's basis is
@@ -50,7 +50,7 @@ def _offload(m: re.Match[str]) -> dict[str, Any]:
     return out
 
 
-def _device(field: str):  # noqa: ANN202 - a small factory of extractors
+def _device(field: str):
     def extract(m: re.Match[str]) -> dict[str, Any] | None:
         kv = _kv(m.group(0))
         dev = kv.get("device") or kv.get("buffer") or kv.get("backend") or ""

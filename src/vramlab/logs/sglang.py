@@ -1,4 +1,4 @@
-"""SGLang start-up logs (research/capacity-anchors.md section 2).
+"""SGLang start-up logs (docs/research/capacity-anchors.md section 2).
 
 SGLang prints "GB" but divides by 2^30, so its figures are GiB. Ranks are named by the
 `[... TP1]` prefix (older releases: `[gpu_id=1]`). `KV Cache is allocated` gives K and V

@@ -1,4 +1,4 @@
-"""Runtime failure signatures of serving engines (research/drill-anchors.md section 4.10).
+"""Runtime failure signatures of serving engines (docs/research/drill-anchors.md section 4.10).
 
 `classify_line(line)` says whether one log line is an out-of-memory, a start-up refusal, a
 preemption / retraction, an overload rejection, an engine death or a GPU Xid error, and of

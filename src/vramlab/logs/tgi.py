@@ -1,4 +1,4 @@
-"""Hugging Face text-generation-inference logs (research/capacity-anchors.md section 4).
+"""Hugging Face text-generation-inference logs (docs/research/capacity-anchors.md section 4).
 
 TGI prints token capacities, not bytes: the router's `Setting max batch total tokens to N`
 (the KV pool in tokens) and the server's `KV-cache blocks: B, size: S`. Settings come from

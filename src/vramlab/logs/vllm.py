@@ -1,4 +1,4 @@
-"""vLLM start-up logs, every era of wording (research/capacity-anchors.md section 1.6).
+"""vLLM start-up logs, every era of wording (docs/research/capacity-anchors.md section 1.6).
 
 V0 (0.6.4-0.10) prints a three-line profiling summary whose figures can be negative, and
 `# GPU blocks` / `# cuda blocks`. V1 prints `Model loading took`, `Available KV cache memory`,

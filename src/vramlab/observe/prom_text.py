@@ -3,7 +3,7 @@
 Engines name the same signal differently, and vLLM renamed some between versions
 (``vllm:gpu_cache_usage_perc`` became ``vllm:kv_cache_usage_perc``; counters appear with or without
 ``_total``). Each canonical name lists the spellings it accepts, first match wins per scrape.
-Sources: vLLM docs/design/metrics.md, SGLang production_metrics.md, TGI reference/metrics.md,
+Sources: vLLM's design/metrics.md doc, SGLang production_metrics.md, TGI reference/metrics.md,
 llama.cpp tools/server/README.md (see docs/experiments.md).
 """
 

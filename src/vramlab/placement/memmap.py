@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from vramlab.placement.result import FleetPlan
 
-GIB = 1 << 30
+from vramlab.capacity.units import GIB
+
 COLOURS = {"weights": "#4c72b0", "kv cache": "#55a868", "activation": "#c44e52", "overhead": "#8172b2",
            "margin": "#ccb974", "free": "#eeeeee"}
 

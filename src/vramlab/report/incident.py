@@ -1,5 +1,5 @@
 """Incident report sections for drill runs, in the blameless postmortem shape (Google SRE example
-postmortem + PagerDuty's exact-number impact table; research/drill-anchors.md §5):
+postmortem + PagerDuty's exact-number impact table; docs/research/drill-anchors.md §5):
 
 summary · impact · timeline · detection (first abnormal signal, alerts) · root cause and trigger ·
 resolution and recovery (with the T-boundaries used) · blast radius · retry storm ·

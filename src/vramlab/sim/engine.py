@@ -1,6 +1,6 @@
 """The simulated engine: start-up through the device ledger, then a continuous-batching loop.
 
-Start-up follows each engine's order and accounting (research/capacity-anchors.md §1-4), so
+Start-up follows each engine's order and accounting (docs/research/capacity-anchors.md §1-4), so
 the failures come out of the same arithmetic: vLLM checks free memory against util x total,
 loads weights, profiles, and sizes the KV pool from what it *saw* the card's usage grow by (so
 a co-tenant loading at the same moment is charged to it, vllm #55827); SGLang and TGI size the

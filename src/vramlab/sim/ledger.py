@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vramlab.capacity.units import GIB
 from vramlab.errors import ConfigError
 
-GIB = 1 << 30
 MIB = 1 << 20
 KINDS = ("weights", "kv_cache", "activation", "cuda_graph", "non_torch", "balloon", "other")
 

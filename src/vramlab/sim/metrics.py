@@ -3,7 +3,7 @@
 The engine updates plain counters (`EngineStats`); the names are chosen only at scrape time, by
 one collector per engine, because the same signal is `vllm:num_requests_running`,
 `sglang:num_running_reqs`, `tgi_batch_current_size` or `llamacpp:requests_processing`
-(research/drill-anchors.md §3). vLLM before 0.10 says `gpu_cache_usage_perc` and
+(docs/research/drill-anchors.md §3). vLLM before 0.10 says `gpu_cache_usage_perc` and
 `time_per_output_token_seconds`; later releases say `kv_cache_usage_perc` and
 `inter_token_latency_seconds`.
 """

@@ -1,4 +1,4 @@
-"""The engine's log, in each engine's own wording (research/capacity-anchors.md §1.6, §2-4).
+"""The engine's log, in each engine's own wording (docs/research/capacity-anchors.md §1.6, §2-4).
 
 `vramlab check-log` and drill detectors read these lines, so the wording follows the engines
 verbatim; the numbers come from the simulated start-up. vLLM lines follow V1 (>= 0.11 wording
@@ -12,7 +12,7 @@ import time
 from collections import deque
 from typing import IO
 
-from vramlab.capacity.units import GIB, MIB, to_gib  # noqa: F401  (GIB, MIB: part of this module's API)
+from vramlab.capacity.units import GIB, MIB, to_gib
 
 # file[:line] vLLM prints in its log prefix, so a reader sees where a line would come from.
 _VLLM_SRC = {
@@ -28,7 +28,7 @@ class EngineLog:
     def __init__(self, engine: str, stream: IO[str] | None = None, path: str | None = None):
         self.engine = engine
         self.stream = stream if stream is not None else sys.stdout
-        self.file = open(path, "a", buffering=1, encoding="utf-8") if path else None  # noqa: SIM115
+        self.file = open(path, "a", buffering=1, encoding="utf-8") if path else None
         self.lines: deque[str] = deque(maxlen=5000)  # the recent lines, for in-process readers
 
     def close(self) -> None:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from vramlab.capacity.estimate import ENGINE, FORMULA, Component, Estimate
-
-GIB = 1 << 30
+from vramlab.capacity.units import GIB
 
 
 def make_estimate(gpu: str = "h100-80gb", engine: str = "vllm", model: str = "llama-3.1-8b-instruct",

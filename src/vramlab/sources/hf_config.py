@@ -1,6 +1,6 @@
 """Turn a Hugging Face `config.json` dict into a `ModelSpec`.
 
-Handles the shapes that trip estimators up (research/capacity-anchors.md §5 and the
+Handles the shapes that trip estimators up (docs/research/capacity-anchors.md §5 and the
 llm-d-planner anchor): explicit `head_dim` (Qwen3, Gemma), `text_config` of vision-language
 models (MLA hiding inside Kimi-VL's text config), layer patterns of sliding-window models,
 MoE field spellings, MLA, Mamba/linear-attention hybrids and `quantization_config`.

@@ -131,7 +131,7 @@ class UrllibTransport:
             else:
                 req.add_header(k, v)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310 (http/https only)
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 return HttpResponse(resp.status, resp.read(max_bytes), _lower(resp.headers.items()))
         except urllib.error.HTTPError as exc:  # 304 and every 4xx/5xx land here
             with exc:

@@ -53,12 +53,12 @@ def _add_missing_columns(conn: sa.Connection, table: sa.Table, names: tuple[str,
 
 
 def _m3_token_accounting(conn: sa.Connection) -> None:
-    # Output tokens' source (usage, or counted chunks: an estimate) and reasoning tokens (#11).
+    # Output tokens' source (usage, or counted chunks: an estimate) and reasoning tokens.
     _add_missing_columns(conn, schema.requests, ("output_tokens_source", "reasoning_tokens"))
 
 
 def _m4_itl_untimed_gaps(conn: sa.Connection) -> None:
-    # How many inter-token gaps of a request could not be timed (#15); older rows read None (unknown).
+    # How many inter-token gaps of a request could not be timed; older rows read None (unknown).
     _add_missing_columns(conn, schema.requests, ("itl_untimed_gaps",))
 
 

@@ -61,7 +61,7 @@ def _sqlite_migration_lock(url: str) -> Iterator[None]:
         return
     path = url[len("sqlite:///"):]
     try:
-        fh = open(path + ".lock", "ab")  # noqa: SIM115 - closed below
+        fh = open(path + ".lock", "ab")
     except OSError as exc:
         if os.path.isfile(path) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             # A read-only folder: nobody can create tables there either; reading needs no lock.

@@ -14,7 +14,7 @@ plus a ubatch. Without flash attention the compute buffer also holds one layer's
 
 A context above the model's trained length is served with llama.cpp's warning
 (`n_ctx_per_seq > n_ctx_train -- possible training context overflow`), so it is planned and
-warned about. `--fit` keeps a 1024 MiB margin per device (research/capacity-anchors.md §3).
+warned about. `--fit` keeps a 1024 MiB margin per device (docs/research/capacity-anchors.md §3).
 """
 
 from __future__ import annotations

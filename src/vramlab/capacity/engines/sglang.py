@@ -1,4 +1,4 @@
-"""SGLang's memory policy (research/capacity-anchors.md §2).
+"""SGLang's memory policy (docs/research/capacity-anchors.md §2).
 
 `mem_fraction_static` is the share, for weights + KV pool, of the memory free once the CUDA context
 and NCCL are up (`min_per_gpu_memory`, measured right after `init_torch_distributed`, min over ranks;

@@ -1,4 +1,4 @@
-"""Text-generation-inference's memory policy (research/capacity-anchors.md §4).
+"""Text-generation-inference's memory policy (docs/research/capacity-anchors.md §4).
 
 Warm-up runs the largest prefill batch (`--max-batch-prefill-tokens`), then sizes the KV pool from
 what is free after that peak (`mem_get_info` with no `empty_cache` in between, so the peak stays

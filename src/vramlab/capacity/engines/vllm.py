@@ -1,4 +1,4 @@
-"""vLLM's memory policy, by era (research/capacity-anchors.md §1; the era tables and the settings vLLM
+"""vLLM's memory policy, by era (docs/research/capacity-anchors.md §1; the era tables and the settings vLLM
 resolves before profiling are in vllm_eras.py).
 
 - Budget: `gpu_memory_utilization x total` of the WHOLE card (or `--kv-cache-memory`).

@@ -1,4 +1,4 @@
-"""What vLLM resolves before it profiles anything, release by release (research/capacity-anchors.md §1).
+"""What vLLM resolves before it profiles anything, release by release (docs/research/capacity-anchors.md §1).
 
 The era tables (the release each rule starts or ends in, with the source line it comes from) and the
 decisions read off them: V0 or V1, the batch defaults of each release and card, V0's chunked prefill,
