@@ -99,11 +99,27 @@ def _classify_status(status: int, text: str) -> str:
     low = text.lower()
     if any(m in low for m in _OOM_MARKERS):
         return "oom"
-    return "http_4xx" if 400 <= status < 500 else "http_5xx"
+    if status < 400:  # 101, 204, a redirect: an answer, but not a completion stream
+        return "stream_broken"
+    return "http_4xx" if status < 500 else "http_5xx"
 
 
 def _short(text: str, n: int = 200) -> str:
     return " ".join(text.split())[:n]
+
+
+async def _error_body(resp: Any) -> str:
+    """An error answer's body on aiohttp, up to MAX_ERROR_BODY as the own client keeps (a server that
+    never ends it must not fill memory until the timeout); the connection is closed if more is left."""
+    from vramlab.load.h1response import MAX_ERROR_BODY
+
+    buf = bytearray()
+    while len(buf) < MAX_ERROR_BODY:
+        data = await resp.content.readany()
+        if not data:
+            break
+        buf += data
+    return bytes(buf[:MAX_ERROR_BODY]).decode("utf-8", "replace")  # JSON error bodies are UTF-8
 
 
 HttpClient = Literal["auto", "fast", "aiohttp"]
@@ -294,7 +310,7 @@ class OpenAIClient:
             async with self._session.post(self._url, data=data, headers=self._headers, timeout=self._timeout) as resp:
                 status = resp.status
                 if status != 200:
-                    text = await resp.text(errors="replace")
+                    text = await _error_body(resp)
                     return status, _classify_status(status, text), f"HTTP {status}: {_short(text)}"
                 await self._read_stream(resp, st)
         except asyncio.TimeoutError:  # aiohttp's timeouts subclass it; on 3.10 it is not the builtin
@@ -303,6 +319,8 @@ class OpenAIClient:
             raise
         except aiohttp.ClientConnectorError as exc:
             return status, "connect", _short(str(exc))
+        except aiohttp.ClientResponseError as exc:  # aiohttp's parser refused the answer (its "400" is not the server's)
+            return status, "stream_broken", _short(f"malformed HTTP response: {exc.message}")
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
             return status, "stream_broken", _short(f"{type(exc).__name__}: {exc}")
         except aiohttp.ClientError as exc:

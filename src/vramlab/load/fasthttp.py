@@ -5,9 +5,10 @@ aiohttp's ClientSession costs more CPU per request than everything else vramlab 
 path). This client does what a load generator needs and nothing else: non-blocking sockets it owns,
 registered once with the running loop (``loop.add_reader``: asyncio and uvloop), a keep-alive pool
 per target, the request's bytes built by the caller once per prompt and one ``send`` per request.
-The answer is read by a small strict parser (h1response.py: status line, headers, Content-Length /
-chunked / close-delimited bodies). ``https://``, proxies and credentials in the URL stay on aiohttp
-(client.py decides).
+The answer's framing is llhttp's, through ``httptools`` (h1response.py: status line, headers,
+Content-Length / chunked / close-delimited bodies), with bounds on what llhttp leaves open (header
+and trailer bytes, interim answers, error bodies). ``https://``, proxies and credentials in the URL
+stay on aiohttp (client.py decides).
 
 Arrival times come from the kernel: every read carries the time the kernel received its last
 segment (``SO_TIMESTAMPNS``), converted to the ``time.perf_counter`` clock (kstamp.py); where the
