@@ -65,7 +65,7 @@ def _reset(w: asyncio.StreamWriter) -> None:
 
 
 async def negative_chunk(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-    w.write(HEAD_CHUNKED + b"-5\r\nhello\r\n0\r\n\r\n")
+    w.write(HEAD_CHUNKED + b"-2\r\nhello\r\n0\r\n\r\n")  # the first client took -2 as a size and read backwards
     await w.drain()
     await asyncio.sleep(30)
 
@@ -351,3 +351,36 @@ def _no_leaked_threads() -> Iterator[None]:
     deadline = time.monotonic() + 5
     while threading.active_count() > before and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # free again once closed: nothing listens there
+
+
+def test_vramlab_run_and_drill_against_a_closed_port_end_in_time(tmp_path: Path) -> None:
+    """A run refuses at once (nothing answers: bad input, exit 2, nothing stored); a drill, whose
+    target may still be starting, waits for it no longer than its own wall clock."""
+    url = f"http://127.0.0.1:{_closed_port()}"
+    t = time.monotonic()
+    res = _vramlab("run", str(_plan(tmp_path / "p.yaml", url, "auto", "{wall_clock_s: 3}")), "--db",
+                   str(tmp_path / "v.db"), timeout=60)
+    assert res.returncode == 2 and "not reachable" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert time.monotonic() - t < 20
+    drill = tmp_path / "d.yaml"
+    drill.write_text(f"""\
+name: closed
+rounds: 1
+baseline_s: 0.5
+target: {{kind: command, environment: test, base_url: "{url}", model: m}}
+load: {{concurrency: 2, prompt_tokens: 8, max_tokens: 2}}
+ramp: {{knob: concurrency, start: 2, factor: 2, ceiling: 8, step_s: 2}}
+stop: {{wall_clock_s: 3}}
+""")
+    t = time.monotonic()
+    res = _vramlab("drill", str(drill), "--db", str(tmp_path / "d.db"), timeout=90)
+    took = time.monotonic() - t
+    assert res.returncode not in (0, 70) and "Traceback" not in res.stderr, res.stderr
+    assert "wall clock" in res.stderr and "connection refused" in res.stderr, res.stderr
+    assert took < 3 + 15, took  # it waited 60 s for a health check before
