@@ -32,11 +32,12 @@ READ_SIZE = 1 << 16
 class Conn:
     """One keep-alive connection; its reader is registered once, for its whole life."""
 
-    __slots__ = ("sock", "fd", "pool", "resp", "reused", "stamps")
+    __slots__ = ("sock", "fd", "pool", "resp", "reused", "stamps", "framer")
 
     def __init__(self, sock: socket.socket, pool: Pool, stamps: bool) -> None:
         self.sock, self.fd, self.pool = sock, sock.fileno(), pool
-        self.resp: Response | None = None
+        self.resp: Response | None = None  # the answer being read; None while idle
+        self.framer = Response(self)  # this connection's parser, for each answer in turn
         self.reused = False
         self.stamps = stamps
 
@@ -217,7 +218,8 @@ class Pool:
                 except asyncio.TimeoutError:
                     raise FastHttpError("timeout", "") from None
             fut: asyncio.Future[tuple[int, str | None]] = loop.create_future()
-            resp = Response(conn, fut, sink)
+            resp = conn.framer
+            resp.start(fut, sink)
             conn.resp = resp
             timer = None
             try:
