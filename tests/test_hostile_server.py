@@ -3,6 +3,7 @@
 classified error, within the request's timeout, without a traceback and without the client's
 memory growing with what the server sends; `vramlab run` against one ends within its wall clock.
 
+(A server's own flood ends sooner than the timeout where a bound says so: see docs/experiments.md.)
 The server is raw asyncio on 127.0.0.1 in its own thread (its own event loop, so a client that
 spins cannot starve it, and one that hangs cannot hide behind it). ``/health`` answers 200; every
 POST gets the case's script.
@@ -119,8 +120,13 @@ async def reset_before_answer(r: asyncio.StreamReader, w: asyncio.StreamWriter) 
 
 
 async def never_ending_stream(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    w.write(HEAD_CHUNKED + chunk(tok("t")))
+    await _flood(w, chunk(b": ping\n\n"), every_s=0.005)  # alive, never done
+
+
+async def token_flood(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
     w.write(HEAD_CHUNKED)
-    await _flood(w, chunk(tok("t")), every_s=0.005)
+    await _flood(w, chunk(tok("t")))  # tokens as fast as the client reads, far past the 4 asked for
 
 
 async def never_ending_line(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -170,6 +176,7 @@ CASES: dict[str, tuple[Script, set[str]]] = {
     "reset_before_answer": (reset_before_answer, {"stream_broken", "connect"}),
     "never_ending_stream": (never_ending_stream, {"timeout"}),
     "never_ending_line": (never_ending_line, {"stream_broken", "timeout"}),
+    "token_flood": (token_flood, {"stream_broken"}),
     "never_ending_error_body": (never_ending_error_body, {"http_5xx", "timeout"}),
     "silence": (silence, {"timeout"}),
     "slow_head": (slow_head, {"timeout"}),
