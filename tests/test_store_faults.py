@@ -59,8 +59,10 @@ rollback:
     return path
 
 
-def _requests_in(db: Path) -> int:
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+def _requests_in(db: Path, immutable: bool = False) -> int:
+    """Rows in the file at *db*; ``immutable``: the file alone, not the ``-wal`` beside it (after a
+    replacement that ``-wal`` is the old file's, and SQLite would show its rows over the new file)."""
+    con = sqlite3.connect(f"file:{db}?mode=ro" + ("&immutable=1" if immutable else ""), uri=True, timeout=5)
     try:
         return int(con.execute("SELECT count(*) FROM requests").fetchone()[0])
     except sqlite3.Error:
@@ -69,14 +71,16 @@ def _requests_in(db: Path) -> int:
         con.close()
 
 
-def _after_requests(n: int, fault: Callable[[], None]) -> Callable[[Event], None]:
-    """A run subscriber that does *fault* once, after *n* requests (the writer has stored rows by then)."""
-    seen = [0]
+def _once_stored(db: Path, fault: Callable[[], None]) -> Callable[[Event], None]:
+    """A run subscriber that does *fault* once, mid-run: after 300 requests, at the first look (every
+    50 requests) that finds the writer has stored some of them."""
+    seen, done = [0], [False]
 
     def sub(ev: Event) -> None:
-        if ev.kind == "request":
+        if ev.kind == "request" and not done[0]:
             seen[0] += 1
-            if seen[0] == n:
+            if seen[0] >= 300 and seen[0] % 50 == 0 and _requests_in(db) > 0:
+                done[0] = True
                 fault()
     return sub
 
@@ -91,7 +95,7 @@ def _run_with_fault(tmp_path: Path, stub: str, fault: Callable[[Path], None]) ->
     plan = load_plan(_plan(tmp_path / "p.yaml", stub, marker))
     t = time.monotonic()
     out = run_plan(plan, plan_dir=tmp_path, open_store=lambda: open_store(str(db)),
-                   subscribers=[_after_requests(300, lambda: fault(db))])
+                   subscribers=[_once_stored(db, lambda: fault(db))])
     elapsed = time.monotonic() - t
     r = out.result
     print(f"{r.status} after {elapsed:.1f} s; {out.stored_line()}; {out.store_failure}")
@@ -115,7 +119,7 @@ def test_a_store_file_replaced_mid_run_stops_the_run(tmp_path: Path, stub: str) 
     assert "replaced" in (out.store_failure or "")  # type: ignore[attr-defined]
     # counted back from the file now at the path: it never had this run's rows
     assert out.stored == {"requests": 0, "samples": 0, "events": 0}  # type: ignore[attr-defined]
-    assert _requests_in(db) == 0
+    assert _requests_in(db, immutable=True) == 0
 
 
 def test_a_store_file_removed_mid_run_stops_the_run(tmp_path: Path, stub: str) -> None:
