@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -350,14 +350,6 @@ def test_vramlab_run_against_a_continue_flood_stops_on_its_error_rate(tmp_path: 
     out = json.loads(res.stdout)
     assert out["stop_condition"] == "error_rate" and out["elapsed_s"] < 15, out
 
-
-@pytest.fixture(autouse=True)
-def _no_leaked_threads() -> Iterator[None]:
-    before = threading.active_count()
-    yield
-    deadline = time.monotonic() + 5
-    while threading.active_count() > before and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def _closed_port() -> int:
