@@ -479,3 +479,54 @@ def test_a_name_that_resolves_to_a_dead_address_first_still_connects(monkeypatch
     results = asyncio.run(go())
     assert all(r.ok for r in results), [r.error for r in results]
     assert calls == ["server.test"]  # resolved once; the address that answered is reused
+
+
+def test_the_framing_never_raises_on_junk() -> None:
+    """Whatever bytes a server sends, split however, feed() never raises: the answer ends (a result
+    or a classified error) or waits for more, and the server's close ends it."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as hs
+
+    from vramlab.load.h1response import FastHttpError, Response
+
+    class Pool:
+        def release(self, conn: object, reusable: bool) -> None:
+            pass
+
+        def drop(self, conn: object) -> None:
+            pass
+
+    class Conn:
+        def __init__(self) -> None:
+            self.pool, self.reused, self.resp = Pool(), False, None
+
+    pieces = hs.sampled_from([HEAD_CHUNKED, b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 200 OK\r\n",
+                              b"Content-Length: 5\r\n", b"\r\n", b"-2\r\n", b"ffffffffffffffffffff\r\n", b"5\r\n",
+                              b"hello", b"0\r\n\r\n", chunk(tok("a")), tok("b"), b"X: y\r\n", b"HTTP/1.0 500 x\r\n"])
+    junk = hs.lists(hs.one_of(pieces, hs.binary(max_size=40)), max_size=12)
+
+    @settings(max_examples=300, deadline=None)
+    @given(junk, hs.lists(hs.integers(1, 60), max_size=6))
+    def check(parts: list[bytes], cuts: list[int]) -> None:
+        raw = b"".join(parts)
+        loop = asyncio.new_event_loop()
+        try:
+            conn = Conn()
+            fut = loop.create_future()
+            resp = Response(conn, fut, lambda d, t, exact: False)  # type: ignore[arg-type]
+            conn.resp = resp  # type: ignore[assignment]
+            pos = 0
+            for c in [*cuts, len(raw)]:
+                if fut.done() or pos >= len(raw):
+                    break
+                resp.feed(raw[pos:pos + c], 0.0)
+                pos += c
+            if not fut.done():
+                resp.feed(b"", 0.0)  # the server closes: every answer ends
+            assert fut.done()
+            exc = fut.exception()
+            assert exc is None or isinstance(exc, FastHttpError), exc
+        finally:
+            loop.close()
+
+    check()

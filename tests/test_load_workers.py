@@ -228,3 +228,121 @@ def test_a_ctrl_c_to_the_process_group_leaves_the_stop_to_the_parent() -> None:
 
     asyncio.run(go())
     assert [r.error_class for r in results] == ["cancelled"] * 4
+
+
+class _CountingServer:
+    """A loopback server in its own thread that answers every request at once with a 500 (the fastest
+    failing target there is) and notes when each request arrived (perf_counter: one clock for every
+    process on Linux)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.arrivals: list[float] = []
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    def __enter__(self) -> _CountingServer:
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    async def _main(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        srv = await asyncio.start_server(self._conn, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+        self._ready.set()
+        async with srv:
+            await self._stop.wait()
+
+    async def _conn(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await r.readuntil(b"\r\n\r\n")
+                self.arrivals.append(time.perf_counter())
+                n = next(int(x.split(b":")[1]) for x in head.split(b"\r\n") if x.lower().startswith(b"content-length"))
+                await r.readexactly(n)
+                w.write(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 2\r\n\r\nno")
+                await w.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            w.close()
+
+
+@pytest.mark.parametrize("mode", ["closed", "open"])
+def test_a_fired_stop_stops_every_worker_within_a_handful_of_requests(mode: str) -> None:
+    """A stop fired from a result (as the runner's error-rate stop fires) while two workers send as
+    fast as a failing server lets them: after it, at most a handful of requests start, in all workers
+    together. (Before the stop reached the workers through their event loops only, a worker busy
+    sending went on for hundreds of requests.)"""
+    from vramlab.experiment.window import Lane, WindowExecutor
+    from vramlab.load.retry import RetryPolicy
+
+    stop_at: list[float] = []
+    results: list[RequestResult] = []
+    shape = LoadShape("closed", 32) if mode == "closed" else LoadShape("open", 64, 20000.0, "constant")
+
+    async def go(url: str) -> None:
+        async with WorkerPool(2, ClientConfig(url, "m", max_connections=64)) as pool:
+            ex = WindowExecutor(pool=pool, workers=2)
+
+            def on_result(res: RequestResult) -> None:
+                results.append(res)
+                if len(results) == 400 and not stop_at:
+                    ex.stop()  # what the runner's fire_stop does
+                    stop_at.append(time.perf_counter())
+
+            lane = Lane(PROMPTS, shape, Window(duration_s=20, drain_s=5), on_result, "s")
+            await asyncio.wait_for(ex.run([lane], RetryPolicy()), 30)
+
+    with _CountingServer() as srv:
+        asyncio.run(go(srv.url))
+    assert stop_at, "the stop never fired"
+    t = stop_at[0]
+    started_after = [r for r in results if r.sent_at > t]
+    late_arrivals = [a for a in srv.arrivals if a > t + 0.05]  # sent after the stop, whatever the client says
+    print(f"{mode}: {len(results)} results, {len(started_after)} sent after the stop "
+          f"({len(late_arrivals)} arrived 50 ms or more after it)")
+    assert len(started_after) <= 8, len(started_after)
+    assert len(late_arrivals) <= 8, len(late_arrivals)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_error_rate_stop_over_workers_sends_nothing_more(tmp_path: Path, workers: int) -> None:
+    """The runner's own error-rate stop against a target that fails every request at once: the
+    requests the store holds that were sent after the stop's moment are a handful, with one worker
+    or two (the parent, busy with thousands of results, must not delay the workers' stop)."""
+    store = open_store(str(tmp_path / "w.db"))
+    events: list[Event] = []
+    plan = """
+name: stop
+target: {base_url: "URL", model: m}
+fixed: {input: {synthetic: {prompt_tokens: 4, output_tokens: 4, count: 3}}}
+change: {variable: concurrency, baseline: 32, steps: [32]}
+phases: {duration_s: 10, drain_s: 1}
+rounds: 1
+stop_conditions: {error_rate: 0.5, window_s: 2, min_requests: 2000}
+samplers: {interval_s: 0.2, sources: []}
+"""
+
+    async def go(url: str) -> object:
+        hook = EventHook()
+        hook.add(StoreRecorder(store), critical=True)
+        hook.add(events.append)
+        opts = RunOptions(samplers=[], workers=workers, capture_environment=False)
+        return await Runner(parse_plan(plan.replace("URL", url)), hook, opts).run()
+
+    with _CountingServer() as srv:
+        res = asyncio.run(go(srv.url))
+    assert res.status == "stopped", res  # type: ignore[attr-defined]
+    t_stop = next(e.t_s for e in events if e.kind == "stop_condition")
+    rows = store.requests(res.run_id)  # type: ignore[attr-defined]
+    after = [r for r in rows if r.sent_s is not None and r.sent_s > t_stop]
+    print(f"{workers} worker(s): {len(rows)} requests, {len(after)} sent after the stop at {t_stop:.3f} s")
+    assert len(after) <= 8, len(after)
+    store.close()

@@ -53,6 +53,10 @@ class TargetLifecycle:
         from vramlab.drill.health import discover_health
 
         limit = max(30.0, self.plan.recovery.startup_s or 0.0, self.plan.target.timeout_for("start"))
+        wall = self.plan.stop.wall_clock_s
+        clipped = wall is not None and wall - self.now() < limit
+        if clipped:  # the drill's wall clock bounds its start too (a closed port must not outlast it)
+            limit = max(1.0, wall - self.now())
         found = await discover_health(self.target.url, self.plan.target.health_path, limit,
                                       alive=lambda: self.target.status().running if self._local() else True)
         if found.path is None:
@@ -64,8 +68,9 @@ class TargetLifecycle:
                 raise TargetStartCrash(f"the target process {exit_evidence(st.exit_code)} {self.now() - started:.1f} s "
                                    f"after it was started, before it answered on {self.target.url}"
                                    + ("; its log ends:\n    " + "\n    ".join(tail) if tail else "; its log is empty"))
-            raise VramlabError(f"the target at {self.target.url} did not pass a health check within {limit:g} s: "
-                               f"{found.summary()}")
+            why = " (the drill's wall clock)" if clipped else ""
+            raise VramlabError(f"the target at {self.target.url} did not pass a health check within {limit:.3g} s"
+                               f"{why}: {found.summary()}")
         self.health_path = found.path
         self.emit("health_path", found.summary(), path=found.path, answers=found.answers)
         if started is not None:

@@ -90,9 +90,12 @@ class WindowExecutor:
         return out if isinstance(out, WindowOutcome) else (out[0] if out else None)
 
     def stop(self) -> None:
-        """The stop flag: every loop, in every worker, sends nothing more from here on."""
+        """The stop flag: every loop, in every worker, sends nothing more from here on. The pool is
+        told now, not when this loop next runs its drive (a loop busy with results is late)."""
         if self._flag is not None:
             self._flag.set()
+            if self.pool is not None:
+                self.pool.stop()
 
     def end(self) -> None:
         """End the running window as at its deadline: nothing new is sent; what is in flight may

@@ -99,11 +99,40 @@ def _classify_status(status: int, text: str) -> str:
     low = text.lower()
     if any(m in low for m in _OOM_MARKERS):
         return "oom"
-    return "http_4xx" if 400 <= status < 500 else "http_5xx"
+    if status < 400:  # 101, 204, a redirect: an answer, but not a completion stream
+        return "stream_broken"
+    return "http_4xx" if status < 500 else "http_5xx"
 
 
 def _short(text: str, n: int = 200) -> str:
     return " ".join(text.split())[:n]
+
+
+def max_events(max_tokens: int) -> int:
+    """How many token events one answer may carry before it is a runaway stream: a server sends at
+    most one per token asked for (vLLM, SGLang, TGI, llama.cpp and Ollama stream a token or more a
+    chunk); four times that, plus room for role and tool chunks. Without a bound, a server that
+    never stops streaming grows the client's memory until the timeout."""
+    return 4 * max(1, max_tokens) + 64
+
+
+def _too_many(st: Stream, cap: int) -> None:
+    st.error = f"more than {cap} token events for the max_tokens asked (a runaway stream)"
+    st.done = True
+
+
+async def _error_body(resp: Any) -> str:
+    """An error answer's body on aiohttp, up to MAX_ERROR_BODY as the own client keeps (a server that
+    never ends it must not fill memory until the timeout); the connection is closed if more is left."""
+    from vramlab.load.h1response import MAX_ERROR_BODY
+
+    buf = bytearray()
+    while len(buf) < MAX_ERROR_BODY:
+        data = await resp.content.readany()
+        if not data:
+            break
+        buf += data
+    return bytes(buf[:MAX_ERROR_BODY]).decode("utf-8", "replace")  # JSON error bodies are UTF-8
 
 
 HttpClient = Literal["auto", "fast", "aiohttp"]
@@ -235,9 +264,9 @@ class OpenAIClient:
         sent = pc()
         st = Stream()
         if self._pool is not None:
-            status, err_class, err = await self._exchange_fast(data, st, sent)
+            status, err_class, err = await self._exchange_fast(data, st, sent, max_events(max_tokens))
         else:
-            status, err_class, err = await self._exchange_aiohttp(data, st)
+            status, err_class, err = await self._exchange_aiohttp(data, st, max_events(max_tokens))
         if status == 200 and err_class is None:
             if st.buf.strip() and not st.done:
                 self.sse.event(st.buf, pc(), st, False)  # an event the stream ended without its blank line
@@ -268,13 +297,17 @@ class OpenAIClient:
             coalesced=tuple(st.coalesced) if st.coalesced else (),
         )
 
-    async def _exchange_fast(self, data: bytes, st: Stream, sent: float) -> tuple[int, str | None, str | None]:
+    async def _exchange_fast(self, data: bytes, st: Stream, sent: float,
+                             cap: int) -> tuple[int, str | None, str | None]:
         from vramlab.load.h1response import FastHttpError, StopBody
 
         feed = self.sse.feed
+        times = st.times
 
         def sink(chunk: bytes, t: float, exact: bool) -> bool:
             feed(chunk, t, st, exact)
+            if len(times) > cap:
+                _too_many(st, cap)
             if st.error is not None:
                 raise StopBody  # an error event or garbage: the answer ends here
             return st.done
@@ -289,34 +322,39 @@ class OpenAIClient:
             return status, _classify_status(status, text), f"HTTP {status}: {_short(text)}"
         return status, None, None
 
-    async def _exchange_aiohttp(self, data: bytes, st: Stream) -> tuple[int, str | None, str | None]:
+    async def _exchange_aiohttp(self, data: bytes, st: Stream, cap: int) -> tuple[int, str | None, str | None]:
         aiohttp = self._aiohttp
         status = 0
         try:
             async with self._session.post(self._url, data=data, headers=self._headers, timeout=self._timeout) as resp:
                 status = resp.status
                 if status != 200:
-                    text = await resp.text(errors="replace")
+                    text = await _error_body(resp)
                     return status, _classify_status(status, text), f"HTTP {status}: {_short(text)}"
-                await self._read_stream(resp, st)
+                await self._read_stream(resp, st, cap)
         except asyncio.TimeoutError:  # aiohttp's timeouts subclass it; on 3.10 it is not the builtin
             return status, "timeout", f"no complete answer within {self.timeout_s:g} s"
         except asyncio.CancelledError:
             raise
         except aiohttp.ClientConnectorError as exc:
             return status, "connect", _short(str(exc))
+        except aiohttp.ClientResponseError as exc:  # aiohttp's parser refused the answer (its "400" is not the server's)
+            return status, "stream_broken", _short(f"malformed HTTP response: {exc.message}")
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
             return status, "stream_broken", _short(f"{type(exc).__name__}: {exc}")
         except aiohttp.ClientError as exc:
             return status, "connect" if status == 0 else "stream_broken", _short(f"{type(exc).__name__}: {exc}")
         return status, None, None
 
-    async def _read_stream(self, resp: Any, st: Stream) -> None:
+    async def _read_stream(self, resp: Any, st: Stream, cap: int = 1 << 62) -> None:
         """aiohttp's body, read by read. User-space stamps: the time each read returned (on a busy
         loop, later than the bytes came)."""
         readany = resp.content.readany  # (not `async for ... iter_any()`: no iterator, no StopAsyncIteration)
-        pc, feed = time.perf_counter, self.sse.feed
+        pc, feed, times = time.perf_counter, self.sse.feed, st.times
         while True:
             chunk = await readany()
             if not chunk or feed(chunk, pc(), st, True):
+                return
+            if len(times) > cap:
+                _too_many(st, cap)
                 return

@@ -134,12 +134,17 @@ async def drive(
     rng = random.Random(shape.seed * 7919 + shard[0])
     inflight: set[asyncio.Task[None]] = set()
     sent = 0
+    unsent = [0]  # open loop: spawned, then the stop came before their turn: never sent, not counted
     index, nshards = shard
 
     async def one(rid: str, prompt: Prompt, scheduled: float) -> str | None:
-        """Send, retrying as the policy says; the last attempt's error class ("" when it succeeded)."""
+        """Send, retrying as the policy says; the last attempt's error class ("" when it succeeded,
+        None when the stop came before it was sent: nothing went out, nothing is recorded)."""
         max_tokens = shape.max_tokens or prompt.output_tokens
         attempt = 0
+        if stop.is_set():  # (a worker's flag turns set between two requests: see load/workers.py)
+            unsent[0] += 1
+            return None
         while True:
             t_sent = pc()
             try:
@@ -279,6 +284,6 @@ async def drive(
             t.cancel()
         await asyncio.gather(*loops, *pending, ticker, stop_wait, end_wait, return_exceptions=True)
         gc.unfreeze()  # frozen only for the window: what dies later is still collected
-    return WindowOutcome(sent=sent, elapsed_s=pc() - start, lag_p99_ms=percentile(lags, 99) if lags else 0.0, lag_max_ms=max(lags, default=0.0),
+    return WindowOutcome(sent=sent - unsent[0], elapsed_s=pc() - start, lag_p99_ms=percentile(lags, 99) if lags else 0.0, lag_max_ms=max(lags, default=0.0),
                          loop_lag_p99_ms=percentile(loop_lags, 99) if loop_lags else 0.0, loop_lag_max_ms=max(loop_lags, default=0.0),
                          stopped=stop.is_set())

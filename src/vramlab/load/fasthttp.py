@@ -5,9 +5,10 @@ aiohttp's ClientSession costs more CPU per request than everything else vramlab 
 path). This client does what a load generator needs and nothing else: non-blocking sockets it owns,
 registered once with the running loop (``loop.add_reader``: asyncio and uvloop), a keep-alive pool
 per target, the request's bytes built by the caller once per prompt and one ``send`` per request.
-The answer is read by a small strict parser (h1response.py: status line, headers, Content-Length /
-chunked / close-delimited bodies). ``https://``, proxies and credentials in the URL stay on aiohttp
-(client.py decides).
+The answer's framing is llhttp's, through ``httptools`` (h1response.py: status line, headers,
+Content-Length / chunked / close-delimited bodies), with bounds on what llhttp leaves open (header
+and trailer bytes, interim answers, error bodies). ``https://``, proxies and credentials in the URL
+stay on aiohttp (client.py decides).
 
 Arrival times come from the kernel: every read carries the time the kernel received its last
 segment (``SO_TIMESTAMPNS``), converted to the ``time.perf_counter`` clock (kstamp.py); where the
@@ -31,11 +32,12 @@ READ_SIZE = 1 << 16
 class Conn:
     """One keep-alive connection; its reader is registered once, for its whole life."""
 
-    __slots__ = ("sock", "fd", "pool", "resp", "reused", "stamps")
+    __slots__ = ("sock", "fd", "pool", "resp", "reused", "stamps", "framer")
 
     def __init__(self, sock: socket.socket, pool: Pool, stamps: bool) -> None:
         self.sock, self.fd, self.pool = sock, sock.fileno(), pool
-        self.resp: Response | None = None
+        self.resp: Response | None = None  # the answer being read; None while idle
+        self.framer = Response(self)  # this connection's parser, for each answer in turn
         self.reused = False
         self.stamps = stamps
 
@@ -216,7 +218,8 @@ class Pool:
                 except asyncio.TimeoutError:
                     raise FastHttpError("timeout", "") from None
             fut: asyncio.Future[tuple[int, str | None]] = loop.create_future()
-            resp = Response(conn, fut, sink)
+            resp = conn.framer
+            resp.start(fut, sink)
             conn.resp = resp
             timer = None
             try:

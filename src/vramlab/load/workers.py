@@ -15,8 +15,10 @@ with its own event loop and connection pool, and merges what they measure in the
   builds the records and the one store writer stores them;
 - **the self-check**: each worker reports its own dispatch lag and event-loop lag per window, so a
   saturated worker is named instead of its lag being read as the server's latency;
-- **stop**: the parent's stop flag reaches every worker's loop at once (a message), and each one
-  sends nothing more and cancels what is in flight (recorded as cancelled).
+- **stop**: the parent's stop reaches every worker at once, twice over: a byte in memory shared
+  with all of them, which every send loop reads before each request (a worker whose event loop is
+  busy sending sees it at its next request, not after its loop gets round to a message), and a
+  message that wakes each worker's loop to cancel what is in flight (recorded as cancelled).
 """
 
 from __future__ import annotations
@@ -152,16 +154,33 @@ class _Reader:
 
 
 # -- the worker process ---------------------------------------------------------------------------
-def _worker_main(index: int, count: int, conn: Any, cfg: ClientConfig) -> None:
+class _SharedStop(asyncio.Event):
+    """A worker's stop flag for one window: set by the parent's message, or seen first in the byte
+    the parent shares with every worker (``drive`` asks ``is_set()`` before every request)."""
+
+    def __init__(self, shared: Any) -> None:
+        super().__init__()
+        self._shared = shared
+
+    def is_set(self) -> bool:
+        if super().is_set():
+            return True
+        if self._shared.value:
+            self.set()  # wakes drive's waiter: what is in flight is cancelled now
+            return True
+        return False
+
+
+def _worker_main(index: int, count: int, conn: Any, cfg: ClientConfig, shared_stop: Any = None) -> None:
     # Ctrl-C and SIGTERM reach the whole process group; the parent decides (it stops the window,
     # and the worker records its in-flight requests as cancelled). A parent that is gone closes
     # the command pipe, and the worker exits on that.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    event_loop_runner()(_serve(index, count, conn, cfg))
+    event_loop_runner()(_serve(index, count, conn, cfg, shared_stop))
 
 
-async def _serve(index: int, count: int, conn: Any, cfg: ClientConfig) -> None:
+async def _serve(index: int, count: int, conn: Any, cfg: ClientConfig, shared_stop: Any = None) -> None:
     from vramlab.load.client import OpenAIClient
 
     cmd_r, res_w = conn  # (read end of the parent's commands, write end of the results)
@@ -185,7 +204,7 @@ async def _serve(index: int, count: int, conn: Any, cfg: ClientConfig) -> None:
         outbox.put(_frame(msg))
 
     inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
-    stop = asyncio.Event()
+    stop = _SharedStop(shared_stop) if shared_stop is not None else asyncio.Event()
 
     reader = _Reader(cmd_r.fileno())
 
@@ -262,6 +281,7 @@ class WorkerPool:
         self._sent_keys: set[Any] = set()
         self._handler: Callable[[tuple[Any, ...]], None] = lambda msg: None
         self._dead: str | None = None
+        self._stop_flag: Any = None  # one byte shared with every worker: 1 = the window is stopped
 
     async def __aenter__(self) -> WorkerPool:
         import multiprocessing as mp
@@ -272,6 +292,7 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         ready: dict[int, int] = {}
         all_ready = loop.create_future()
+        self._stop_flag = ctx.RawValue("b", 0)  # no lock: one writer (here), readers poll a byte
 
         def on_start(msg: tuple[Any, ...]) -> None:
             if msg[0] == "ready":
@@ -284,7 +305,7 @@ class WorkerPool:
             for i in range(self.count):
                 cmd_r, cmd_w = ctx.Pipe(duplex=False)
                 res_r, res_w = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=_worker_main, args=(i, self.count, (cmd_r, res_w), per_worker),
+                p = ctx.Process(target=_worker_main, args=(i, self.count, (cmd_r, res_w), per_worker, self._stop_flag),
                                 name=f"vramlab-load-{i}", daemon=True)
                 p.start()
                 cmd_r.close()
@@ -320,7 +341,10 @@ class WorkerPool:
                 pass
 
     def stop(self) -> None:
-        """Every worker sends nothing more and cancels its in-flight requests, now."""
+        """Every worker sends nothing more and cancels its in-flight requests, now: the shared byte
+        stops their send loops at their next request, the message wakes their loops to cancel."""
+        if self._stop_flag is not None:
+            self._stop_flag.value = 1
         self._send(("stop",))
 
     async def drive(self, prompts: list[Prompt], shape: LoadShape, window: Window,
@@ -355,6 +379,8 @@ class WorkerPool:
         plist = None if key in self._sent_keys else prompts
         self._sent_keys.add(key)
         start_at = time.perf_counter() + START_LEAD_S
+        if self._stop_flag is not None:
+            self._stop_flag.value = 0  # the last window's stop is over (every worker reported done)
         for i, (cmd_w, _) in enumerate(self._conns):
             # Open loop: each worker's in-flight cap is its share of the plan's (they sum to it).
             # Closed loop: drive shares the users out itself.

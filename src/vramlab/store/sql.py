@@ -132,6 +132,80 @@ class StoreWriteError(VramlabError):
     """The store refused a write (full, read-only, locked too long, gone)."""
 
 
+def _sqlite_file(url: str) -> str | None:
+    """The absolute path of a SQLite store's file; None for any other store."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url[len("sqlite:///"):].split("?", 1)[0]
+    return os.path.abspath(path) if path and path != ":memory:" else None
+
+
+class _FileGuard:
+    """The promise that a SQLite store's rows are in the file at its path, kept under faults.
+
+    SQLite writes through the descriptors it opened: a file removed or replaced under a running
+    writer takes every later row into an inode nobody can read again (or into nothing), and a file
+    made read-only or immutable mid-run fails writes only when SQLite next touches the main file
+    (the WAL may take rows for a while). So before every write the path is checked: the same file
+    (``st_dev``/``st_ino`` as at open), still there, still writable for this process (``access(2)``:
+    the mode for a user, the immutable flag and a read-only mount for root too). A failed check is
+    a refused write, as a full disk is: the writer retries, then stops the run.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        st = os.stat(path)
+        self.ident = (st.st_dev, st.st_ino)
+
+    def problem(self) -> str | None:
+        """Why the file at the path is no longer this store's writable file; None when it is."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return "its file was removed while the run wrote to it"
+        except OSError as exc:
+            return f"its file cannot be checked: {exc.strerror or exc}"
+        if (st.st_dev, st.st_ino) != self.ident:
+            return "its file was replaced by another while the run wrote to it"
+        if not os.access(self.path, os.W_OK):
+            return "its file became read-only while the run wrote to it"
+        return None
+
+    def moved(self) -> bool:
+        """The path no longer names the file this store opened (removed or replaced)."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino) != self.ident
+
+
+def _count_file(path: str, run_id: str) -> dict[str, int]:
+    """What the file now at *path* holds for a run: nothing when it is gone or not a store. Read with
+    ``immutable=1``: the ``-wal`` beside it is the old file's, and SQLite would read its pages over
+    the new file's (rows that are in neither)."""
+    import sqlite3
+    from urllib.parse import quote
+
+    out = {t.name: 0 for t in schema.RUN_TABLES}
+    if not os.path.isfile(path):
+        return out
+    try:
+        con = sqlite3.connect(f"file:{quote(path)}?mode=ro&immutable=1", uri=True, timeout=2)
+    except sqlite3.Error:
+        return out
+    try:
+        for t in schema.RUN_TABLES:
+            try:
+                row = con.execute(f"SELECT count(*) FROM {t.name} WHERE run_id = ?", (run_id,)).fetchone()
+            except sqlite3.Error:
+                continue
+            out[t.name] = int(row[0] or 0)
+    finally:
+        con.close()
+    return out
+
+
 def _run_record(row: Any) -> RunRecord:
     return RunRecord.model_validate({k: v for k, v in row.items() if k not in schema.LIVENESS_COLUMNS})
 
@@ -151,10 +225,20 @@ class SqlStore:
         except sa.exc.DBAPIError as exc:  # not a database, unreadable, read-only, unreachable
             self.engine.dispose()
             raise VramlabError(f"cannot open the store at {describe_url(url)}: {_reason(exc)}") from None
+        path = _sqlite_file(url)
+        self._guard = _FileGuard(path) if path is not None and os.path.isfile(path) else None
+
+    def _check_file(self) -> None:
+        """Before a write: the rows must land in the file at the store's path (see _FileGuard)."""
+        if self._guard is not None:
+            why = self._guard.problem()
+            if why is not None:
+                raise StoreWriteError(f"cannot write to the store at {describe_url(self.url)}: {why}")
 
     # -- writing -------------------------------------------------------------------------------
 
     def create_run(self, run: RunRecord) -> RunRecord:
+        self._check_file()
         with _writing(self.url), self.engine.begin() as conn:
             exists = conn.execute(sa.select(schema.runs.c.run_id).where(schema.runs.c.run_id == run.run_id))
             if exists.first() is not None:
@@ -170,6 +254,7 @@ class SqlStore:
         current = self.get_run(run_id, exact=True)
         updated = RunRecord.model_validate({**current.model_dump(), **fields})
         values = {k: redact_obj(getattr(updated, k)) for k in fields}
+        self._check_file()
         with _writing(self.url), self.engine.begin() as conn:
             conn.execute(sa.update(schema.runs).where(schema.runs.c.run_id == run_id).values(**values))
         return updated
@@ -197,6 +282,7 @@ class SqlStore:
                 if value:
                     row[name] = redact(value) if isinstance(value, str) else redact_obj(value)
             rows.append(row)
+        self._check_file()
         with _writing(self.url), self.engine.begin() as conn:
             conn.execute(sa.insert(table), rows)
         return len(rows)
@@ -206,6 +292,7 @@ class SqlStore:
         import socket
         import time
 
+        self._check_file()
         with _writing(self.url), self.engine.begin() as conn:
             conn.execute(sa.update(schema.runs).where(schema.runs.c.run_id == run_id).values(
                 heartbeat_at=time.time(), writer_pid=os.getpid(), writer_host=socket.gethostname()[:255]))
@@ -220,7 +307,11 @@ class SqlStore:
             return {r[0]: (r[1], r[2], r[3]) for r in conn.execute(q)}
 
     def count(self, run_id: str) -> dict[str, int]:
-        """How many requests, samples and events the store holds for a run."""
+        """How many requests, samples and events the store holds for a run: for a SQLite file removed
+        or replaced mid-run, what the file now at its path holds (the rows written into the old one
+        cannot be read there again)."""
+        if self._guard is not None and self._guard.moved():
+            return _count_file(self._guard.path, run_id)
         out = {}
         with _reading(self.url), self.engine.connect() as conn:
             for t in schema.RUN_TABLES:
