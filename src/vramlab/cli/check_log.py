@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vramlab.logs.check import check_log, check_logs
+    from vramlab.logs.check import FolderReport, check_file, check_logs
     from vramlab.report.check_log_text import render, render_folder
 
     kwargs: dict[str, Any] = dict(model=args.model, gpu=args.gpu, engine=args.engine,
@@ -49,8 +49,12 @@ def run(args: argparse.Namespace) -> int:
 
         raise ConfigError("--max-bytes must be at least 1")
     if len(args.files) == 1 and not Path(args.files[0]).is_dir():
-        report = check_log(args.files[0], **kwargs)
-        print(json.dumps(report.to_json(), indent=1) if args.json else render(report))
+        reports, skipped = check_file(args.files[0], **kwargs)
+        if len(reports) == 1 and not skipped:
+            print(json.dumps(reports[0].to_json(), indent=1) if args.json else render(reports[0]))
+            return 0
+        folder = FolderReport(reports, skipped)  # several writers in one file: a report each
+        print(json.dumps(folder.to_json(), indent=1) if args.json else render_folder(folder))
         return 0
     folder = check_logs(args.files, **kwargs)
     print(json.dumps(folder.to_json(), indent=1) if args.json else render_folder(folder))

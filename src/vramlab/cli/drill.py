@@ -6,7 +6,9 @@ the drill undoes what it changed (balloon released, co-loaded models and the sim
 stopped, the plan's rollback commands run) on completion, on stop, on errors and on Ctrl-C.
 Everything goes to the store (kind "drill"); `vramlab report ID` renders it again later.
 Exit: 0 the drill ran and every failure recovered (or nothing failed); 1 a failed round did not
-recover within the limit (a hang, a refused restart), or the drill itself failed; 130 Ctrl-C.
+recover by the report's verdict (not serving again, health still failing or P95 not back within the
+limit and observation: a hang, a refused restart), or the drill itself failed, or its baseline
+breached the plan's error threshold (nothing was ramped); 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def _progress(ev: object) -> None:
     """One line per timeline milestone, so an operator (or a test) can follow the drill live."""
     kind = getattr(ev, "kind", "")
     if kind in PROGRESS:
-        print(f"  {getattr(ev, 't_s', 0.0):7.2f} s  {kind:<20} {getattr(ev, 'message', '')[:120]}", file=sys.stderr,
+        print(f"  {getattr(ev, 't_s', 0.0):7.2f} s  {kind:<20} {getattr(ev, 'message', '')}", file=sys.stderr,
               flush=True)
 
 
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from vramlab.drill.session import run_drill
     from vramlab.drill.target import check_environment
     from vramlab.report import load_context, render
-    from vramlab.report.incident import incident_json, summary_line
+    from vramlab.report.incident import incident_json, summary_line, unrecovered, verdict_line
     from vramlab.store import open_store
 
     if args.output:
@@ -117,10 +119,15 @@ def run(args: argparse.Namespace) -> int:
 
         again = report_hint(result.run_id, args.db or plan.store, store.url, "incident.html")
         print(f"incident report: {out}   (again: {again})")
-    if result.unrecovered_rounds:
-        # the drill ran, but the target did not come back (a hang, a refused restart): not a pass
-        rounds = ", ".join(str(r) for r in result.unrecovered_rounds)
-        print(f"vramlab drill: the target was NOT recovered in round(s) {rounds}; see {out}", file=sys.stderr)
+    # one verdict: the report's (serving, health 200 and P95 back), whatever the live lines said
+    lost = {r.round or 0: verdict_line(r) for r in unrecovered(ctx)}
+    lost.update({r: f"round {r}: not serving again within the recovery limit" for r in result.unrecovered_rounds
+                 if r not in lost})
+    if lost:
+        # the drill ran, but the target did not come back (a hang, a refused restart, P95 never back): not a pass
+        for line in lost.values():
+            print(f"vramlab drill: NOT recovered: {line}", file=sys.stderr)
+        print(f"vramlab drill: the target was NOT recovered in round(s) {', '.join(map(str, sorted(lost)))}; exit 1; "
+              f"see {out}", file=sys.stderr)
         return 1
     return 0 if result.status == "completed" else 1
-

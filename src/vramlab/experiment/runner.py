@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramlab.experiment.baseline_check import BaselineTally
 from vramlab.experiment.events import Event, EventHook
 from vramlab.experiment.plan import Plan
 from vramlab.experiment.rollback import RollbackResult, run_rollbacks
@@ -117,6 +118,7 @@ class Runner:
         self._totals = [0, 0]
         self._abort: str | None = None
         self._last_4xx: str | None = None
+        self._baseline: BaselineTally | None = None  # the running baseline's requests (baseline_check)
 
     # -- events --------------------------------------------------------------------------------
     def now(self) -> float:
@@ -293,12 +295,17 @@ class Runner:
 
         lane = Lane(self._prompts[value], shape, window_for(plan, self.monitor.wall_clock_s - self.now()), on_result,
                     f"{rnd}{phase[0]}{step}-")
+        self._baseline = BaselineTally(plan.stop_conditions.error_rate) if phase == "baseline" else None
         try:
             outcome = await self.windows.run([lane], retry_for(plan), prompts_key=value)
         finally:
             self._flush_records(stats)
         if self._abort is not None:
             raise _Stopped  # not even a ramp goes on once the run cannot be stored
+        broken = self._baseline.broken() if self._baseline is not None else None
+        if broken is not None and self.stop is None:  # a change measured against this would measure nothing
+            self.fire_stop(StopReason("baseline", 1.0, plan.stop_conditions.error_rate or 1.0,
+                                      f"baseline broken, nothing changed: {broken}"))
         lag_p99, lag = None, []
         if outcome is not None:
             lag_p99 = outcome.lag_p99_ms
@@ -335,6 +342,8 @@ class Runner:
     def _on_request(self, res: RequestResult, stats: _WindowStats) -> None:
         t0, ok = self.t0, res.ok
         stats.results.append(res)
+        if self._baseline is not None:
+            self._baseline.add(ok, res.error_class, res.status_code, res.error)
         if len(stats.results) >= self.PENDING_MAX or res.end_at - stats.flushed_at >= self.RECORD_EVERY_S:
             self._flush_records(stats)
         if res.error_class != "cancelled":

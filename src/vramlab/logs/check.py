@@ -173,7 +173,51 @@ def check_log(path: str | Path, model: str | None = None, gpu: str | None = None
               engine_version: str | None = None, calibration: str | Path | None = None,
               offline: bool = True, max_bytes: int | None = None) -> CheckReport:
     """One log. Raises ConfigError only when nothing in it is recognizable."""
-    parsed = parse_log(path, engine, max_bytes)
+    return _check(parse_log(path, engine, max_bytes), str(path), model, gpu, engine_version, calibration, offline)
+
+
+def check_file(path: str | Path, model: str | None = None, gpu: str | None = None, engine: str | None = None,
+               engine_version: str | None = None, calibration: str | Path | None = None,
+               offline: bool = True, max_bytes: int | None = None) -> tuple[list[CheckReport], list[tuple[str, str]]]:
+    """One file, split into the writers that wrote it (logs/split.py): a report per writer whose
+    lines are a log of a known engine, and (label, why) for the ones that are not. A file with one
+    writer is `check_log`'s one report."""
+    from vramlab.logs.detect import read_log
+    from vramlab.logs.split import split_streams
+
+    lines = read_log(path, max_bytes)
+    streams = split_streams(list(lines))
+    if len(streams) == 1:  # the lines already read (stdin cannot be read twice)
+        parsed = parse_log(streams[0].lines, engine, label=str(path))
+        if getattr(lines, "truncated", False):
+            from vramlab.logs.base import MAX_LOG_BYTES
+
+            cap = MAX_LOG_BYTES if max_bytes is None else max_bytes
+            parsed.notes.insert(0, f"read the first {cap:,} bytes only (the rest of the log was not read; see "
+                                   "--max-bytes)")
+        return [_check(parsed, str(path), model, gpu, engine_version, calibration, offline)], []
+    reports, skipped = [], []
+    for st in streams:
+        label = f"{path} [{st.name}]"
+        try:
+            parsed = parse_log(st.lines, engine, label=label)
+        except VramlabError as exc:
+            skipped.append((label, str(exc)))
+            continue
+        parsed.source = label
+        parsed.observations = [o.model_copy(update={"source": label}) for o in parsed.observations]
+        parsed.incomplete = [o.model_copy(update={"source": label}) for o in parsed.incomplete]
+        parsed.notes.append(f"{st.name}'s lines of {path} ({len(st.lines)} of {len(lines)}, from line "
+                            f"{st.first_line}); line numbers count its own lines")
+        reports.append(_check(parsed, label, model, gpu, engine_version, calibration, offline))
+    if not reports:
+        raise ConfigError(f"{path}: none of its {len(streams)} writers wrote a log of a known engine "
+                          f"(first: {skipped[0][1]})")
+    return reports, skipped
+
+
+def _check(parsed: Any, label: str, model: str | None, gpu: str | None, engine_version: str | None,
+           calibration: str | Path | None, offline: bool) -> CheckReport:
     profile = None
     if calibration:
         from vramlab.logs.profile import load_profile
@@ -198,7 +242,7 @@ def check_log(path: str | Path, model: str | None = None, gpu: str | None = None
     summary = attribution_sentences(attribute([it.comparison for it in done if it.comparison]))
     # With one start-up the per-observation line already says it; the summary is for sets.
     distinct = {repr(it.observation.measured()) for it in done}
-    return CheckReport(str(path), parsed.engine, parsed.lines, items,
+    return CheckReport(label, parsed.engine, parsed.lines, items,
                        summary if len(distinct) > 1 else [], parsed.failures, parsed.notes,
                        [parsed.phase(f) for f in parsed.failures])
 
@@ -276,9 +320,12 @@ def check_logs(inputs: Sequence[str | Path], **kwargs: Any) -> FolderReport:
     skipped: list[tuple[str, str]] = []
     for f in files:
         try:
-            reports.append(check_log(f, **kwargs))
+            got, left = check_file(f, **kwargs)
         except VramlabError as exc:
             skipped.append((str(f), str(exc)))
+            continue
+        reports.extend(got)
+        skipped.extend(left)
     if not reports:
         raise ConfigError(f"none of the {len(files)} files is a log of a known engine (first: {skipped[0][1]})")
     return FolderReport(reports, skipped)

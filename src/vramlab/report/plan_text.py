@@ -53,10 +53,17 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
     if e.pessimistic and e.optimistic and e.engine not in ("llama.cpp",):
         conc += f" (band {e.pessimistic.max_concurrency:.2f}-{e.optimistic.max_concurrency:.2f})"
     lines.append(conc)
+    serial = e.engine == "transformers" and not (e.settings or {}).get("continuous_batching", True)
     if plan.concurrency is not None:
         longest = plan.max_model_len_at_concurrency
-        lines.append(f"largest max_model_len for {plan.concurrency} concurrent sequences: "
-                     + (f"{longest:,}" if longest else "none fits"))
+        if serial and plan.concurrency > 1 and not longest:
+            # the limit is the server, not the memory: it answers one request at a time
+            lines.append(f"largest max_model_len for {plan.concurrency} concurrent sequences: none — not for "
+                         "lack of memory: transformers serve answers one request at a time without "
+                         "--continuous-batching (serial serving)")
+        else:
+            lines.append(f"largest max_model_len for {plan.concurrency} concurrent sequences: "
+                         + (f"{longest:,}" if longest else "none fits"))
     safe = plan.safe
     head = f"safe operating point ({safe['margin']:.0%} margin, every band at its pessimistic end): "
     if not safe["max_concurrency"] and not safe["max_model_len_at_concurrency"]:
@@ -72,8 +79,12 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
 
         at_len = (f"{seqs(safe['max_concurrency'])} at {safe['max_model_len']:,} tokens"
                   if safe["max_concurrency"] else f"not one sequence at {safe['max_model_len']:,} tokens")
-        lines.append(head + at_len + f"; {seqs(safe['concurrency'])} up to "
-                     f"{safe['max_model_len_at_concurrency']:,} tokens")
+        if serial and safe["concurrency"] > 1:
+            lines.append(head + at_len + f"; {seqs(safe['concurrency'])} at once: not served (one request at a "
+                         "time)")
+        else:
+            lines.append(head + at_len + f"; {seqs(safe['concurrency'])} up to "
+                         f"{safe['max_model_len_at_concurrency']:,} tokens")
     for note in e.notes:
         lines.append(f"note: {note}")
     lines.append("")
