@@ -35,6 +35,9 @@ from vramlab.capacity.spec import ModelSpec  # noqa: E402
 from vramlab.errors import VramlabError  # noqa: E402
 from vramlab.sources.hf_config import spec_from_config  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bands import band_coverage, band_score, print_bands  # noqa: E402,F401  (band_score: tests call it here)
+
 METRICS = ("weights", "kv_cache_gib", "kv_cache_tokens", "max_concurrency")
 
 
@@ -386,6 +389,7 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
 
     by_engine = cases_by_engine(rows, configs)
     errs: dict[str, list[tuple[dict[str, Any], float]]] = {}
+    bands: list[tuple[dict[str, Any], str, bool, float, str]] = []
     groups: dict[str, Any] = {}
     for engine, items in sorted(by_engine.items()):
         for group in sorted({str(r.get("collection_group")) for r, _ in items}):
@@ -407,6 +411,9 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
                 pred = {"weights": est.weights_bytes / GIB, "kv_cache_gib": est.kv_available_bytes / GIB,
                         "kv_cache_tokens": float(est.kv_cache_tokens), "max_concurrency": est.max_concurrency}
                 obs = observed(row)
+                scored = band_score(est, obs)
+                if scored is not None:
+                    bands.append((row, engine, *scored))
                 for metric in METRICS:
                     o = obs.get(metric)
                     if o in (None, 0):
@@ -435,7 +442,8 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
             "pooled_public_logs": pool(lambda g: g.startswith("public-logs-")),
             # rows collected after the model was written and committed before they were first scored
             # (benchmarks/data/README.md, "Never-seen rows"): the "logs never seen" figure
-            "pooled_unseen": pool(lambda g: g.startswith("unseen-"))}
+            "pooled_unseen": pool(lambda g: g.startswith("unseen-")),
+            "bands": band_coverage(bands)}
 
 
 def print_held_out(held_out: dict[str, Any], summary: dict[str, Any]) -> None:
@@ -469,6 +477,7 @@ def print_held_out(held_out: dict[str, Any], summary: dict[str, Any]) -> None:
               f"concurrency median {conc.get('median', math.nan):.2f}% p90 {conc.get('p90', math.nan):.2f}% | "
               f"KV tokens (n={tok.get('n', 0)}; SGLang and TGI print only tokens) median "
               f"{tok.get('median', math.nan):.2f}% p90 {tok.get('p90', math.nan):.2f}%")
+    print_bands(held_out["bands"])
 
 
 def summarize(errs: dict[str, dict[str, list[tuple[dict[str, Any], float]]]]) -> dict[str, Any]:

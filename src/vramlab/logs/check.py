@@ -20,6 +20,7 @@ from vramlab.logs.compare import Comparison, attribute, attribution_sentences, c
 from vramlab.logs.detect import parse_log
 from vramlab.logs.era import Era, era_of
 from vramlab.logs.observation import Observation
+from vramlab.logs.refusal import refusal_lines
 
 
 @dataclass
@@ -29,6 +30,7 @@ class Item:
     error: str | None = None  # why there is no prediction
     settings_used: dict[str, Any] = field(default_factory=dict)
     era: Era | None = None
+    refusal: list[str] = field(default_factory=list)  # a refused start-up beside the plan (logs/refusal.py)
 
     def era_or_inferred(self) -> Era:
         """The era given, else the one the observation's wording implies."""
@@ -52,6 +54,8 @@ class CheckReport:
             o = _obs_json(it.observation, it.era)
             if it.comparison is not None:
                 o["prediction"] = it.comparison.to_json()
+                if it.refusal:
+                    o["prediction"]["refusal"] = it.refusal
             else:
                 o["prediction"] = None
                 o["prediction_error"] = it.error
@@ -111,7 +115,14 @@ def predict(obs: Observation, model: str | None = None, gpu: str | None = None,
     except (ImportError, NotImplementedError):  # a policy the capacity model does not have yet
         return Item(obs, error=f"the capacity model has no policy for {settings_for(obs).engine} yet", era=era)
     used = {k: v for k, v in settings.explicit().items() if k != "engine"}
-    return Item(obs, compare(obs, est, reason), settings_used=used, era=era)
+
+    def longest() -> int:  # vLLM's "estimated maximum model length": the longest one request fits
+        from vramlab.capacity import max_len_that_fits
+
+        return max_len_that_fits(spec, card, settings.with_(max_model_len=None), constants)
+
+    return Item(obs, compare(obs, est, reason), settings_used=used, era=era,
+                refusal=refusal_lines(obs, est, longest))
 
 
 # Suffixes that name a checkpoint's packaging or quantization, not the model.

@@ -47,6 +47,13 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
     lines.append(f"KV pool: {gib(e.kv_cache_bytes)} GiB = {e.kv_cache_tokens:,} tokens"
                  + (f" ({e.num_blocks:,} blocks of {e.block_size})" if e.block_size > 1 and e.engine == "vllm" else "")
                  + f"; {e.kv_bytes_per_token:,} B per token on this GPU")
+    band = e.extra.get("kv_band_bytes")
+    widest = e.extra.get("kv_band_widest")
+    if band and widest and band[0] != band[1]:
+        term = str(widest).replace("_", " ")
+        unknown = next((n for n in e.notes if n.startswith("unknown term") and f"({term})" in n), None)
+        lines.append(f"KV band: {gib(max(0, band[0]))}-{gib(max(0, band[1]))} GiB; most of its width comes from the "
+                     f"{widest} term" + (" (an unknown term: see its note)" if unknown else ""))
     if e.per_sequence_state_bytes:
         lines.append(f"recurrent state: {e.per_sequence_state_bytes / (1 << 20):.1f} MiB per sequence")
     conc = f"max concurrency at {e.max_model_len:,} tokens: {e.max_concurrency:.2f}"
@@ -69,9 +76,9 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
     if not safe["max_concurrency"] and not safe["max_model_len_at_concurrency"]:
         lines.append(head + "none: it does not fit even one sequence")
     elif e.engine == "llama.cpp":
-        # llama.cpp splits --ctx-size into --parallel slots: the sequence length is the slot's, the
-        # same length the max-concurrency line above counts in (not the whole context).
-        lines.append(head + f"{safe['max_concurrency']} of {e.max_concurrency:.0f} slots at {e.max_model_len:,} "
+        # llama.cpp splits --ctx-size into --parallel slots: the safe point's length is the slot's (the policy
+        # resolves it; capacity/model.py safe_operating_point), as in the max-concurrency line above.
+        lines.append(head + f"{safe['max_concurrency']} of {e.max_concurrency:.0f} slots at {safe['max_model_len']:,} "
                      "tokens each (--ctx-size / --parallel)")
     else:
         def seqs(n: int) -> str:
