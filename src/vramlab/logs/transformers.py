@@ -46,7 +46,8 @@ def _config(m: re.Match[str]) -> dict[str, Any] | None:
         return None
     if not isinstance(cfg, dict):
         return None
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg  # a vision-language model
+    inner = cfg.get("text_config")
+    text: dict[str, Any] = inner if isinstance(inner, dict) else cfg  # a vision-language model: its text half
     out: dict[str, Any] = {f"extra.{k}": text[k] for k in _CONFIG_KEYS
                            if isinstance(text.get(k), (int, float, str)) and not isinstance(text.get(k), bool)}
     if isinstance(text.get("tie_word_embeddings"), bool):

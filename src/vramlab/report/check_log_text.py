@@ -71,10 +71,10 @@ def render(report: Any) -> str:
             out.append("  these figures are the engine's own estimate, not measured allocations")
         if item.comparison is None:
             out.append(f"  no prediction: {item.error}")
-            shown = [f for f in SHOWN if getattr(obs, f) is not None]
-            if shown:
+            printed = [f for f in SHOWN if getattr(obs, f) is not None]
+            if printed:
                 out.append(f"  {'component':18} {'engine':>12}")
-            for f in shown:
+            for f in printed:
                 out.append(f"  {f.removesuffix('_bytes'):18} {_fmt(f, getattr(obs, f)):>12}")
             continue
         cmp = item.comparison
