@@ -92,3 +92,18 @@ def test_a_transformers_start_up_crash_is_a_process_exit_with_the_logs_last_line
     assert "OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name'" in res.stderr
     assert "did not pass a health check" not in res.stderr
     assert time.monotonic() - t < 30
+
+
+def test_a_host_memory_oom_while_serving_is_named_and_placed_after_start_up():
+    # a 400,000-token prompt with eager attention: PyTorch refuses the 160 GB score tensor, the request gets
+    # a 500 and the server keeps answering /health
+    oom = CAPTURED / "transformers-5.24-serve-cpu-alloc-oom.log"
+    parsed = parse_log(oom)
+    (sig,) = parsed.failures
+    assert (sig.kind, sig.name, sig.line_number) == ("oom", "torch.cpu_alloc", 354)
+    assert sig.details == {"requested": "160000000000 bytes"}
+    assert parsed.phase(sig) == "serving"  # after "Uvicorn running on", not while loading
+    # a failure inside a start-up that never got to listen stays a start-up failure
+    cut = read_log(oom)[:200] + read_log(oom)[353:354]
+    (early,) = parse_log(cut).failures
+    assert parse_log(cut).phase(early) == "start-up"

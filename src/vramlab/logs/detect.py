@@ -61,8 +61,9 @@ class ParsedLog:
         if not began:
             return "start-up"
         owner = max(began, key=lambda t: t[0])[1]
-        return "serving" if owner.complete and max(s.line for s in owner.source_lines) < failure.line_number \
-            else "start-up"
+        # up: its KV decision printed, or (transformers serve, which sizes no pool) its server listening
+        up = owner.complete or owner.extra.get("listen") is not None
+        return "serving" if up and max(s.line for s in owner.source_lines) < failure.line_number else "start-up"
 
 
 def engine_name(name: str) -> str:
