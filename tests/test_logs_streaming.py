@@ -25,9 +25,26 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
-def test_dev_zero_finishes_with_one_line():
+def test_dev_zero_is_refused_and_piped_in_is_read_up_to_the_cap():
     r = cli("check-log", "/dev/zero", "--max-bytes", "8000000")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no line of a known engine" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "character device" in r.stderr
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    with open("/dev/zero", "rb") as zero:
+        r = subprocess.run([sys.executable, "-m", "vramlab", "check-log", "-", "--max-bytes", "8000000"],
+                           stdin=zero, capture_output=True, text=True, timeout=120, env=env)
+    # the cap is named: "no line of a known engine found" alone would hide that most was not read
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "no line of a known engine" in r.stderr and "8,000,000 bytes" in r.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_nobody_writes_to_ends_in_one_line(tmp_path):
+    fifo = tmp_path / "nobody.log"
+    os.mkfifo(fifo)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VRAMLAB_PIPE_WAIT_S="1")
+    r = subprocess.run([sys.executable, "-m", "vramlab", "check-log", str(fifo)], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "had no writer for 1 s" in r.stderr, r.stderr
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")

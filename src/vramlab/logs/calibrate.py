@@ -127,10 +127,17 @@ def calibrate(paths: Sequence[str | Path], model_configs: str | Path | None = No
                           + (f" ({skipped[0][0]}: {skipped[0][1]})" if skipped else ""))
     configs: dict[str, Any] | None = None
     if model_configs:
+        from vramlab.infile import read_text
+
+        text = read_text(model_configs, "--model-configs", expect="expected a JSON object: hf id -> config.json")
         try:
-            configs = json.loads(Path(model_configs).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"--model-configs {model_configs}: {exc}") from None
+            configs = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--model-configs {model_configs}: not JSON ({exc.msg}, line {exc.lineno})") from None
+        except RecursionError:
+            raise ConfigError(f"--model-configs {model_configs}: nested too deeply") from None
+        if not isinstance(configs, dict) or not all(isinstance(v, dict) for v in configs.values()):
+            raise ConfigError(f"--model-configs {model_configs}: expected a JSON object of hf id -> config.json object")
     by_engine, more = build_cases(observations, configs, offline)
     skipped += more
     if engine:

@@ -48,11 +48,10 @@ class Request:
 
 def load_trace(path: str | Path) -> list[Request]:
     """JSON lines `{"t_s": .., "model": .., "prompt_tokens": .., "output_tokens": ..}`, sorted by time."""
+    from vramlab.infile import DATA_BYTES, read_text
+
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    text = read_text(path, "trace", DATA_BYTES, expect="expected JSON lines of requests")
     out: list[Request] = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
