@@ -38,14 +38,20 @@ def run(args: argparse.Namespace) -> int:
 
     if args.min_points < 2:
         raise ConfigError("--min-points must be at least 2")
+    if args.output:
+        from vramlab.cli.outputs import check_writable
+
+        check_writable(args.output, "calibration profile")
     name = Path(args.output).name if args.output else "calibration"
     result = calibrate(args.inputs, args.model_configs, args.engine, args.min_points, args.versions,
                        offline=not args.online, name=name)
     written = None
     if args.output and result.fitted_any:
-        from vramlab.logs.profile import write_profile
+        from vramlab.capacity.calibration import profile_to_toml
+        from vramlab.cli.outputs import write_output
 
-        write_profile(args.output, result.profile)
+        write_output(args.output, profile_to_toml(result.profile), "calibration profile",
+                     "the fit is printed below; run calibrate again to write it")
         written = args.output
     if args.json:
         print(json.dumps(to_json(result), indent=1))

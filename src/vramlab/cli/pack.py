@@ -37,14 +37,20 @@ def run(args: argparse.Namespace) -> int:
     from vramlab.placement.residency import load_trace
     from vramlab.placement.result import plan_fleet, render_table, to_json, with_policy
 
+    if args.plot:
+        from vramlab.cli.outputs import check_writable
+
+        check_writable(args.plot, "memory map")
     inputs = load_inputs(args.fleet, args.models)
     trace = load_trace(args.simulate) if args.simulate else None
     policy = with_policy(inputs.policy, args.policy, args.keep_alive_s)
     plan = plan_fleet(inputs, CapacityDemand(), method=args.method, policy=policy, trace=trace)
     if args.plot:
+        from vramlab.cli.outputs import output_file
         from vramlab.placement.memmap import plot_memory_map
 
-        plot_memory_map(plan, args.plot)
+        with output_file(args.plot, "memory map", "the placement is printed below instead") as tmp:
+            plot_memory_map(plan, tmp)
     if args.json:
         print(json.dumps(to_json(plan), indent=2, sort_keys=False))
     else:

@@ -177,6 +177,10 @@ def run(args: argparse.Namespace) -> int:
         from vramlab.errors import ConfigError
 
         raise ConfigError("--plot draws a --sweep grid: add --sweep KEY=V1,V2")
+    if args.plot:
+        from vramlab.cli.outputs import check_writable
+
+        check_writable(args.plot, "plot")
     constants = _constants(args) if args.calibration else None
     model = resolve_model(args.model, offline=args.offline, revision=args.revision)
     from vramlab.report import plan_text
@@ -188,7 +192,9 @@ def run(args: argparse.Namespace) -> int:
 
             fmt = Path(args.plot).suffix.lstrip(".").lower() or "png"
             image = plan_text.plot_sweep(result, fmt, title=f"{model.name} on {gpu.name} ({settings.engine})")
-            Path(args.plot).write_bytes(image)
+            from vramlab.cli.outputs import write_output
+
+            write_output(args.plot, image, "plot", "the grid is printed below instead")
         if args.json:
             print(json.dumps({"model": model.name, "gpu": gpu.name, "engine": settings.engine,
                               "axes": [[n, v] for n, v in result.axes], "rows": result.rows}, indent=1))
