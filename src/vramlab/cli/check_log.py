@@ -22,7 +22,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-
 MAX_BYTES_LIMIT = 1 << 30
 
 
