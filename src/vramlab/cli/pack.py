@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", choices=("lru", "priority", "keep-alive", "sleep-1", "sleep-2"),
                         help="eviction policy (overrides the models file's policy.eviction)")
     parser.add_argument("--keep-alive-s", type=float, help="idle seconds before unloading under keep-alive "
-                        "(default 300, like Ollama; 0 unloads at once, negative never)")
+                        "(default 300, like Ollama; 0 unloads at once, -1 never)")
     parser.add_argument("--json", action="store_true", help="print the documented JSON object")
     parser.add_argument("--plot", metavar="FILE.png", help="write the memory map per card as a PNG")
 

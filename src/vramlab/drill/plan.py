@@ -33,7 +33,9 @@ from vramlab.experiment.plan import Retry, RollbackCommand, StopConditions
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # .inf or .nan in a drill plan: refused by name
+    # .inf or .nan in a drill plan is refused by name; strict: "5" or true where a number goes is refused,
+    # not read as 5 or 1.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class LoadSpec(_Strict):

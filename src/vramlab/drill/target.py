@@ -17,7 +17,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -58,16 +58,16 @@ FORMS: dict[str, dict[str, str]] = {
 class SimSettings(BaseModel):
     """How the drill starts `vramlab sim serve` when the plan's target is the sim."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     model: str = "llama-3.1-8b-instruct"
     gpu: str = "h100-80gb"
     engine: str = "vllm"
-    gpu_memory_utilization: float | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    speed: float = 50.0
-    watchdog_s: float | None = None  # vLLM exits ~5 s after engine death; a rehearsal may shorten it
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    max_model_len: int | None = Field(None, gt=0)
+    max_num_seqs: int | None = Field(None, gt=0)
+    speed: float = Field(50.0, gt=0)
+    watchdog_s: float | None = Field(None, gt=0)  # vLLM exits ~5 s after engine death; a rehearsal may shorten it
     device: str | None = None  # ledger file; default: one in the drill's work dir
     extra_args: list[str] = Field(default_factory=list)
 
@@ -85,7 +85,7 @@ class SimSettings(BaseModel):
 
 
 class TargetSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     kind: TargetKind = "sim"
     environment: str = Field(
@@ -104,10 +104,10 @@ class TargetSpec(BaseModel):
     container: str | None = None  # docker
     resource: str | None = None  # kubectl, e.g. deployment/vllm
     namespace: str = "default"
-    replicas: int = 1
+    replicas: int = Field(1, ge=1)
     commands: dict[str, str] = Field(default_factory=dict)  # overrides per action
-    timeout_s: float = 60.0
-    timeouts_s: dict[str, float] = Field(default_factory=dict)
+    timeout_s: float = Field(60.0, gt=0)
+    timeouts_s: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check(self) -> TargetSpec:

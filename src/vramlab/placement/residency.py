@@ -8,7 +8,7 @@ request, serve, and are unloaded or put to sleep by the eviction policy:
 - `priority`: the same, lowest priority first, and never an instance of higher priority than the
   one that needs the room (that request waits instead).
 - `keep-alive`: Ollama-like; an idle instance is unloaded `keep_alive_s` after its last request
-  (0 = at once, < 0 = never), and LRU under pressure.
+  (0 = at once, -1 = never), and LRU under pressure.
 - `sleep-1` / `sleep-2`: vLLM sleep mode. Under pressure an idle engine sleeps instead of exiting:
   level 1 offloads weights to CPU RAM and drops the KV cache (wake = weights over PCIe), level 2
   drops both (wake = reload from the weight source, without restarting the engine). The process,
