@@ -257,3 +257,57 @@ def test_the_store_masks_drill_targets_and_every_text_column(tmp_path: Path) -> 
         store.update_run("d0d0d0d0", notes=[f"neighbour http://n:{secret}@10.0.0.6 down"], status="completed")
         assert store.get_run("d0d0d0d0").target["base_url"] == "http://***@10.0.0.5:8000"
     assert not any(secret.encode() in p.read_bytes() for p in tmp_path.glob("d.db*"))
+
+
+# --- every encoding of a registered secret; a message that names a field stays readable ---------
+HARD_SECRET = 'k3y"w/th\\esc+=é'
+
+
+@pytest.mark.parametrize("shape", [
+    lambda s: json.dumps({"error": {"message": f"invalid api key {s}"}}),  # echoed inside a 500 body
+    lambda s: json.dumps({"error": f"bad {s}"}, ensure_ascii=False),
+    lambda s: json.dumps({"detail": f"bad {s}"}).replace("/", "\\/"),  # servers that escape slashes
+    lambda s: "GET /v1/models?key=" + __import__("urllib.parse").parse.quote(s, safe=""),
+    lambda s: "POST /login body=" + __import__("urllib.parse").parse.quote_plus(s),
+    lambda s: "Authorization: Basic " + base64.b64encode(f"someone:{s}".encode()).decode(),
+    lambda s: "echoed header " + base64.b64encode(f"ab:{s}".encode()).decode(),  # any offset, no keyword
+    lambda s: "echoed header " + base64.urlsafe_b64encode(f"a:{s}".encode()).decode(),
+])
+def test_every_encoding_of_a_registered_secret_is_masked(shape) -> None:
+    r.register(HARD_SECRET)
+    text = shape(HARD_SECRET)
+    out = r.redact(text)
+    assert r.MASK in out, out
+    # no readable piece of the secret is left in any of its forms
+    for form in r.encodings(HARD_SECRET):
+        if len(form) >= 8:
+            assert form not in out, (form, out)
+    assert HARD_SECRET not in out
+
+
+def test_a_json_escaped_token_value_is_masked_whole() -> None:
+    body = json.dumps({"token": 'ab"cd\\ef/gh', "ok": 1})
+    out = r.redact(body)
+    assert json.loads(out) == {"token": r.MASK, "ok": 1}
+
+
+@pytest.mark.parametrize("text", [
+    "plan.yaml:3: target.api_key: field required",
+    "target.api_key: unknown field",
+    "password: required field is missing",
+    "client_secret: Input should be a valid string",
+])
+def test_a_message_that_names_a_secret_field_is_not_garbled(text: str) -> None:
+    assert r.redact(text) == text
+
+
+def test_a_value_after_a_secret_field_is_still_masked() -> None:
+    assert r.redact("password: hunter2x") == "password: ***"
+    assert r.redact("api_key=field") == "api_key=***"  # an assignment is always a value
+
+
+def test_basic_blob_of_letters_only_is_masked_when_it_decodes_to_a_pair() -> None:
+    blob = base64.b64encode(b"erin:letmein").decode()
+    assert "=" not in blob and not any(c.isdigit() for c in blob)
+    assert r.redact(f"Authorization: Basic {blob}") == "Authorization: ***"
+    assert r.redact("a Basic experiment") == "a Basic experiment"
