@@ -45,18 +45,24 @@ def run(args: argparse.Namespace) -> int:
     name = Path(args.output).name if args.output else "calibration"
     result = calibrate(args.inputs, args.model_configs, args.engine, args.min_points, args.versions,
                        offline=not args.online, name=name)
-    written = None
+    written, failed = None, None
     if args.output and result.fitted_any:
         from vramlab.capacity.calibration import profile_to_toml
         from vramlab.cli.outputs import write_output
+        from vramlab.errors import OutputError
 
-        write_output(args.output, profile_to_toml(result.profile), "calibration profile",
-                     "the fit is printed below; run calibrate again to write it")
-        written = args.output
+        try:
+            write_output(args.output, profile_to_toml(result.profile), "calibration profile",
+                         "no profile written; the fit is printed (run calibrate again to write it)")
+            written = args.output
+        except OutputError as exc:
+            failed = exc
     if args.json:
         print(json.dumps(to_json(result), indent=1))
     else:
         print(render(result, written))
+    if failed is not None:
+        raise failed  # after the fit is printed: the work is not lost
     if not result.fitted_any:
         import sys
 

@@ -45,16 +45,16 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace(args.simulate) if args.simulate else None
     policy = with_policy(inputs.policy, args.policy, args.keep_alive_s)
     plan = plan_fleet(inputs, CapacityDemand(), method=args.method, policy=policy, trace=trace)
-    if args.plot:
-        from vramlab.cli.outputs import output_file
-        from vramlab.placement.memmap import plot_memory_map
-
-        with output_file(args.plot, "memory map", "the placement is printed below instead") as tmp:
-            plot_memory_map(plan, tmp)
     if args.json:
         print(json.dumps(to_json(plan), indent=2, sort_keys=False))
     else:
         print(render_table(plan))
-        if args.plot:
+    if args.plot:  # after the placement is printed, so a failed write loses nothing
+        from vramlab.cli.outputs import output_file
+        from vramlab.placement.memmap import plot_memory_map
+
+        with output_file(args.plot, "memory map", "the placement is printed above") as tmp:
+            plot_memory_map(plan, tmp)
+        if not args.json:
             print(f"\nmemory map written to {args.plot}")
     return 0 if plan.feasible else 1

@@ -1,0 +1,230 @@
+"""The installed CLI on hostile inputs and outputs, as a careless or hostile user would try them.
+
+Every file a command reads is tried as a FIFO nobody writes to, a symlink to /dev/zero, a folder
+and a 4 GiB sparse file; every output path as a missing folder, a folder and /dev/full. Each case
+must end in bounded time and memory (the child runs under an address-space limit smaller than the
+sparse file) with one clear line on stderr and the exit status the case names: 2 for bad input, 1
+for a failure after the work, never 70 and never a traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import resource
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+VRAMLAB = [str(Path(sys.executable).with_name("vramlab"))]
+ROOT = Path(__file__).resolve().parent.parent
+EX = ROOT / "examples"
+LOG = ROOT / "tests" / "fixtures" / "logs" / "vllm-v1-0.19-debug.log"
+M = ["--model", "llama-3.1-8b-instruct", "--gpu", "h100-80gb"]
+SWEEP = [*M, "--sweep", "max-num-seqs=16,64"]
+MEMORY_LIMIT = 3 << 30  # address space of the child: less than the sparse file, so reading it whole fails
+SPARSE = 4 << 30
+
+# How a named input is made in tmp_path.
+FIFO, ZERO, FOLDER, HUGE = "@fifo", "@zero-link", "@folder", "@sparse"
+KINDS = {FIFO: "fifo", ZERO: "dev-zero-link", FOLDER: "folder", HUGE: "4gib-sparse"}
+
+
+@dataclass
+class Case:
+    id: str
+    argv: list[str]
+    files: dict[str, bytes | str] = field(default_factory=dict)
+    exit: int = 2
+    says: str = ""  # a piece of the one line
+    timeout: float = 60
+
+
+# Every reader the CLI has, with the argument that names the file ({x}) and its extension.
+READERS: list[tuple[str, list[str], str]] = [
+    ("run-plan", ["run", "{x}", "--db", "{v.db}"], ".yaml"),
+    ("drill-plan", ["drill", "{x}", "--db", "{v.db}"], ".yaml"),
+    ("alerts-plan", ["alerts", "{x}"], ".yaml"),
+    ("pack-fleet", ["pack", "{x}", str(EX / "models.yaml")], ".yaml"),
+    ("pack-models", ["pack", str(EX / "fleet.yaml"), "{x}"], ".yaml"),
+    ("pack-trace", ["pack", str(EX / "fleet.yaml"), str(EX / "models.yaml"), "--simulate", "{x}"], ".jsonl"),
+    ("plan-calibration", ["plan", *M, "--calibration", "{x}"], ".toml"),
+    ("plan-config", ["plan", "--model", "{x}", "--gpu", "h100-80gb", "--offline"], ".json"),
+    ("calibrate-jsonl", ["calibrate", "{x}"], ".jsonl"),
+    ("calibrate-log", ["calibrate", "{x}"], ".log"),
+    ("calibrate-model-configs", ["calibrate", str(LOG), "--model-configs", "{x}"], ".json"),
+    ("check-log", ["check-log", "{x}"], ".log"),
+]
+# A folder is a legitimate input for these (a model directory, a folder of logs): said differently.
+FOLDER_OK = {"plan-config", "calibrate-jsonl", "calibrate-log", "check-log"}
+
+
+def _reader_cases() -> list[Case]:
+    out = []
+    for name, argv, ext in READERS:
+        for kind in (FIFO, ZERO, FOLDER, HUGE):
+            if kind == FOLDER and name in FOLDER_OK:
+                continue
+            x = "input" + ext
+            args = [a.replace("{x}", "{" + x + "}") for a in argv]
+            out.append(Case(f"{name}-{KINDS[kind]}", args, {x: kind}))
+    return out
+
+
+CASES: list[Case] = [
+    *_reader_cases(),
+    # -- output paths: before any work ---------------------------------------------------------------
+    *[Case(f"{cmd}-{what}", [*argv, target], files, says=says)
+      for cmd, argv in [("plan-plot", ["plan", *SWEEP, "--plot"]),
+                        ("pack-plot", ["pack", str(EX / "fleet.yaml"), str(EX / "models.yaml"), "--plot"]),
+                        ("calibrate-o", ["calibrate", str(LOG), "-o"]),
+                        ("alerts-o", ["alerts", str(EX / "oom-drill.yaml"), "-o"]),
+                        ("report-o", ["report", "abcd", "--db", "{v.db}", "-o"])]
+      for what, target, files, says in [("missing-folder", "{nodir/out.png}", {}, "does not exist"),
+                                        ("folder", "{adir}", {"adir/x": "x"}, "is a folder"),
+                                        ("dev-full", "/dev/full", {}, "not a regular file")]],
+    Case("run-db-proc", ["run", str(EX / "concurrency-ramp.yaml"), "--db", "/proc/nope/x.db"], says="store"),
+    Case("run-db-folder", ["run", str(EX / "concurrency-ramp.yaml"), "--db", "{adir}"], {"adir/x": "x"},
+         says="is a folder"),
+    Case("drill-db-dev-full", ["drill", str(EX / "oom-drill.yaml"), "--db", "/dev/full"], says="not a regular"),
+    # -- flags ---------------------------------------------------------------------------------------
+    Case("run-phase-s-nan", ["run", str(EX / "concurrency-ramp.yaml"), "--db", "{v.db}", "--phase-s", "nan"],
+         says="--phase-s"),
+    Case("run-phase-s-inf", ["run", str(EX / "concurrency-ramp.yaml"), "--db", "{v.db}", "--phase-s", "inf"],
+         says="--phase-s"),
+    Case("check-log-max-bytes-huge", ["check-log", str(LOG), "--max-bytes", str(10**30)], says="--max-bytes"),
+    Case("check-log-max-bytes-0", ["check-log", str(LOG), "--max-bytes", "0"], says="--max-bytes"),
+    *[Case(f"pack-keep-alive-{v}", ["pack", str(EX / "fleet.yaml"), str(EX / "models.yaml"), "--keep-alive-s", v],
+           says="--keep-alive-s") for v in ("-5", "-0.5", "inf")],
+    # -- a co-tenant that asks for more than the card ---------------------------------------------------
+    Case("drill-cotenant-bigger-than-card", ["drill", "{d.yaml}", "--db", "{v.db}"],
+         {"d.yaml": "@oom-drill:cotenant:\n  hold_gib: 1000\n"}, says="cotenant.hold_gib"),
+]
+
+
+def _oom_drill(extra: str) -> str:
+    import re
+
+    text = (EX / "oom-drill.yaml").read_text()
+    return re.sub(r"cotenant:.*\n(?:  .*\n)+", extra, text)
+
+
+def _materialise(case: Case, tmp: Path) -> list[str]:
+    for name, content in case.files.items():
+        p = tmp / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if content == FIFO:
+            os.mkfifo(p)
+        elif content == ZERO:
+            p.symlink_to("/dev/zero")
+        elif content == FOLDER:
+            p.mkdir()
+            (p / "x").write_text("x")
+        elif content == HUGE:
+            with open(p, "wb") as fh:
+                fh.truncate(SPARSE)  # no disk used: a hole that reads as zeros
+        elif isinstance(content, str) and content.startswith("@oom-drill:"):
+            p.write_text(_oom_drill(content.removeprefix("@oom-drill:")))
+        elif isinstance(content, bytes):
+            p.write_bytes(content)
+        else:
+            p.write_text(content)
+    return [str(tmp / a[1:-1]) if a.startswith("{") and a.endswith("}") else a for a in case.argv]
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def run_cli(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("VRAMLAB_DB", "VRAMLAB_DEBUG")}
+    env.update(HF_HUB_OFFLINE="1", VRAMLAB_PIPE_WAIT_S="1")
+    return subprocess.run(VRAMLAB + argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd,
+                          stdin=subprocess.DEVNULL, preexec_fn=_limit_memory)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo") or not Path("/dev/full").exists(), reason="needs FIFOs and /dev/full")
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_hostile_input_is_one_line_and_the_right_exit(case: Case, tmp_path: Path) -> None:
+    res = run_cli(_materialise(case, tmp_path), tmp_path, case.timeout)
+    err = res.stderr.strip()
+    assert "Traceback" not in res.stderr + res.stdout, res.stderr[-2000:]
+    assert res.returncode != 70, err
+    assert res.returncode == case.exit, f"exit {res.returncode}: {err[-500:]}"
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err[-1000:]
+    assert case.says in lines[0], lines[0]
+    assert len(lines[0]) < 600
+
+
+def test_the_corpus_covers_every_reader_and_kind() -> None:
+    ids = {c.id for c in CASES}
+    assert len(CASES) >= 60
+    for name, _, _ in READERS:
+        assert {f"{name}-fifo", f"{name}-dev-zero-link", f"{name}-4gib-sparse"} <= ids, name
+    for must in ("plan-plot-dev-full", "pack-plot-missing-folder", "calibrate-o-folder", "run-db-proc",
+                 "run-phase-s-nan", "drill-cotenant-bigger-than-card", "pack-keep-alive--5"):
+        assert must in ids
+
+
+# -- a write that fails after the work: exit 1, the old file kept, nothing half-written -------------
+def test_a_write_that_fails_after_the_work_keeps_the_old_file(tmp_path: Path) -> None:
+    from vramlab.cli.outputs import output_file, write_output
+    from vramlab.errors import OutputError
+
+    target = tmp_path / "report.md"
+    target.write_text("the old report")
+    old_mode = target.stat().st_mode & 0o777
+    with pytest.raises(OutputError) as info, output_file(target, "report", "run abc is in the store") as tmp:
+        tmp.write_text("half of the new one")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert info.value.exit_code == 1
+    assert str(info.value) == (f"cannot write report {str(target)!r}: No space left on device; "
+                               "run abc is in the store")
+    assert target.read_text() == "the old report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]  # no temporary file left
+    write_output(target, "the new report", "report")
+    assert target.read_text() == "the new report"
+    assert target.stat().st_mode & 0o777 == old_mode  # not the temporary file's 0600
+
+
+def test_calibrate_writes_no_profile_when_the_folder_goes_away(tmp_path: Path) -> None:
+    """The check passed, then the folder vanished during the work: exit 1, the fit still printed."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    code = ("import shutil, sys; import vramlab.logs.calibrate as c; real = c.calibrate\n"
+            "def slow(*a, **k):\n    r = real(*a, **k); shutil.rmtree(sys.argv[-1]); return r\n"
+            "c.calibrate = slow\n"
+            "from vramlab.cli.main import main; sys.exit(main(sys.argv[1:-1]))")
+    data = tmp_path / "m.jsonl"
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        from test_calibrate_cli import measurements
+    finally:
+        sys.path.pop(0)
+    measurements(data, tp2=2)
+    res = subprocess.run([sys.executable, "-c", code, "calibrate", str(data), "-o", str(out_dir / "p.toml"),
+                          "--json", str(out_dir)], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.count("\n") == 1 and "cannot write calibration profile" in res.stderr
+    assert "no profile written; the fit is printed" in res.stderr
+    assert json.loads(res.stdout)["fitted_any"] is True  # the work is not lost
+
+
+def test_a_folder_of_logs_with_a_fifo_and_a_device_link_in_it(tmp_path: Path) -> None:
+    """A folder of logs is read; the FIFO and the /dev/zero link in it cannot block or flood it."""
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    (folder / "good.log").write_text(LOG.read_text())
+    os.mkfifo(folder / "stuck.log")
+    (folder / "zero.log").symlink_to("/dev/zero")
+    res = run_cli(["check-log", str(folder), "--json"], tmp_path, 60)
+    assert res.returncode in (0, 2) and "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert "good.log" in json.dumps(out)
