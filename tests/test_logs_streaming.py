@@ -102,3 +102,50 @@ def test_a_log_piped_on_stdin():
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["source"] == "-" and out["observations"][0]["gpu_blocks"] == 6001
+
+
+def _filler(n: int, unique: bool) -> str:
+    if not unique:  # one shape: throughput and access lines
+        return "".join(f"(APIServer pid=1) INFO 01-01 00:00:{i % 60:02d} [loggers.py:1] Engine 000: Running: {i} reqs\n"
+                       f"(APIServer pid=1) INFO:     127.0.0.1:{40000 + i} - \"POST /v1/completions HTTP/1.1\" 200 OK\n"
+                       for i in range(n // 2))
+    import hashlib
+
+    return "".join(f"request {hashlib.sha1(str(i).encode()).hexdigest()} prompt: {'lorem ipsum dolor ' * (i % 5)}\n"
+                   for i in range(n))
+
+
+@pytest.mark.parametrize("unique", [False, True], ids=["repeated-shapes", "unique-lines"])
+def test_the_long_log_prefilter_never_drops_a_line_a_rule_reads(tmp_path, monkeypatch, unique):
+    """Every fixture log, repeated past the head after filler: parsed with and without the prefilter
+    that blanks lines no rule can match, the result is the same."""
+    import dataclasses
+
+    from vramlab.logs import detect
+
+    logs = sorted(LOGS.glob("*.log")) + sorted((LOGS / "real").glob("*.log"))
+    assert len(logs) >= 20
+    filler = _filler(5100, unique)  # just past the head the prefilter leaves alone
+    checked = 0
+    for log in logs:
+        text = log.read_text(encoding="utf-8", errors="replace")
+        p = tmp_path / log.name
+        p.write_text(text + filler + text, encoding="utf-8")
+
+        def parse(path):
+            try:
+                return detect.parse_log(path)
+            except Exception as exc:  # noqa: BLE001 - an error must be the same error too
+                return repr(exc)
+
+        fast = parse(p)
+        with monkeypatch.context() as m:
+            m.setattr(detect, "_blank_unread_lines", lambda lines: 0)
+            full = parse(p)
+        if isinstance(full, str):
+            assert fast == full, log.name
+            continue
+        assert dataclasses.asdict(fast) == dataclasses.asdict(full), log.name
+        checked += 1
+    assert checked >= 20
+    assert detect._blank_unread_lines(list(filler.splitlines()) * 2) > 0  # the filler is blanked

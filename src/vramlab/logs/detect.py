@@ -160,12 +160,30 @@ def _blank_unread_lines(lines: list[str]) -> int:
     body = lines[_HEAD_LINES:]
     sample = {ln.encode("utf-8", "surrogatepass").translate(_DIGIT_BYTES) for ln in body[:2000]}
     keep = _keep_by_shape(body) if len(sample) < 200 else _keep_by_text(body)
+    _keep_blocks(body, keep)
     blanked = 0
     for k, line in enumerate(body):
         if line and not keep[k]:
             lines[_HEAD_LINES + k] = ""
             blanked += 1
     return blanked
+
+
+_BLOCK_LINES = 200  # TGI's pretty-printed `Args {` block, read as one line (logs/tgi.py)
+
+
+def _keep_blocks(body: list[str], keep: bytearray) -> None:
+    """A kept line that opens a block (`Args {`) keeps the lines up to its closing `}`."""
+    k = 0
+    while k < len(body):
+        if keep[k] and body[k].rstrip().endswith("{"):
+            end = min(len(body), k + 1 + _BLOCK_LINES)
+            while k + 1 < end:
+                k += 1
+                keep[k] = 1
+                if body[k].strip() == "}":
+                    break
+        k += 1
 
 
 def _keep_by_shape(body: list[str]) -> bytearray:
