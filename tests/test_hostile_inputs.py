@@ -44,6 +44,18 @@ class Case:
     timeout: float = 60
 
 
+def _edit(path: Path, old: str, new: str) -> str:
+    text = path.read_text()
+    assert old in text, (path.name, old)
+    return text.replace(old, new, 1)
+
+
+LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
+                "torch_dtype": "bfloat16"}
+
+
 # Every reader the CLI has, with the argument that names the file ({x}) and its extension.
 READERS: list[tuple[str, list[str], str]] = [
     ("run-plan", ["run", "{x}", "--db", "{v.db}"], ".yaml"),
@@ -100,6 +112,41 @@ CASES: list[Case] = [
     Case("check-log-max-bytes-0", ["check-log", str(LOG), "--max-bytes", "0"], says="--max-bytes"),
     *[Case(f"pack-keep-alive-{v}", ["pack", str(EX / "fleet.yaml"), str(EX / "models.yaml"), "--keep-alive-s", v],
            says="--keep-alive-s") for v in ("-5", "-0.5", "inf")],
+    # -- numbers and booleans in pack, fleet, drill files and model configs: refused by the field's name --
+    *[Case(f"models-{key}-{label}", ["pack", str(EX / "fleet.yaml"), "{m.yaml}"],
+           {"m.yaml": _edit(EX / "models.yaml", old, new)}, says=key)
+      for key, label, old, new in [
+          ("keep_alive_s", "negative", "keep_alive_s: 300", "keep_alive_s: -5"),
+          ("keep_alive_s", "string", "keep_alive_s: 300", "keep_alive_s: '300'"),
+          ("concurrency", "zero", "concurrency: 8", "concurrency: 0"),
+          ("concurrency", "bool", "concurrency: 8", "concurrency: true"),
+          ("concurrency", "string", "concurrency: 8", "concurrency: '8'"),
+          ("rate_rps", "negative", "rate_rps: 2.0", "rate_rps: -2"),
+          ("rate_rps", "nan", "rate_rps: 2.0", "rate_rps: .nan"),
+          ("latency_ms", "zero", "latency_ms: 1500", "latency_ms: 0"),
+          ("engine_start_s", "inf", "engine_start_s: 25", "engine_start_s: .inf"),
+          ("load_gbps", "string", "load_gbps: 2.0", "load_gbps: fast"),
+          ("priority", "float", "priority: 10", "priority: 10.5")]],
+    *[Case(f"fleet-{key}-{label}", ["pack", "{f.yaml}", str(EX / "models.yaml")],
+           {"f.yaml": _edit(EX / "fleet.yaml", old, new)}, says=key)
+      for key, label, old, new in [
+          ("count", "zero", "count: 2", "count: 0"), ("count", "bool", "count: 2", "count: true"),
+          ("pcie_gbps", "negative", "pcie_gbps: 25        #", "pcie_gbps: -25        #"),
+          ("pcie_gbps", "string", "pcie_gbps: 25        #", "pcie_gbps: '25'        #")]],
+    *[Case(f"drill-{key}-{label}", ["drill", "{d.yaml}", "--db", "{v.db}"],
+           {"d.yaml": _edit(EX / "oom-drill.yaml", old, new)}, says=key)
+      for key, label, old, new in [
+          ("concurrency", "zero", "concurrency: 4", "concurrency: 0"),
+          ("concurrency", "string", "concurrency: 4", "concurrency: '4'"),
+          ("request_timeout_s", "negative", "request_timeout_s: 5", "request_timeout_s: -5"),
+          ("request_timeout_s", "bool", "request_timeout_s: 5", "request_timeout_s: true"),
+          ("factor", "string", "factor: 2\n", "factor: '2'\n"),
+          ("step_s", "zero", "step_s: 1", "step_s: 0"),
+          ("ceiling", "nan", "ceiling: 32768", "ceiling: .nan")]],
+    *[Case(f"config-{key}-{label}", ["plan", "--model", "{config.json}", "--gpu", "h100-80gb", "--offline"],
+           {"config.json": json.dumps({**LLAMA_CONFIG, key: value})}, says=key)
+      for key, label, value in [("tie_word_embeddings", "string-false", "False"),
+                                ("tie_word_embeddings", "zero", 0), ("attention_bias", "string-true", "true")]],
     # -- a co-tenant that asks for more than the card ---------------------------------------------------
     Case("drill-cotenant-bigger-than-card", ["drill", "{d.yaml}", "--db", "{v.db}"],
          {"d.yaml": "@oom-drill:cotenant:\n  hold_gib: 1000\n"}, says="cotenant.hold_gib"),

@@ -101,12 +101,12 @@ class Inputs:
     policy: Policy = field(default_factory=Policy)
 
 
-def check_keep_alive(value: float, name: str) -> float:
+def check_keep_alive(value: float) -> float:
     """Seconds >= 0, or -1 for "never unload" (Ollama's keep_alive: -1); other negatives are a typo."""
     import math
 
     if not math.isfinite(value) or (value < 0 and value != -1):
-        raise ValueError(f"{name}: idle seconds before unloading must be >= 0, or -1 for never, got {value:g}")
+        raise ValueError(f"idle seconds before unloading must be >= 0, or -1 for never, got {value:g}")
     return value
 
 
@@ -204,7 +204,7 @@ def _schemas() -> tuple[Any, Any]:
         @field_validator("keep_alive_s")
         @classmethod
         def _keep_alive(cls, v: float) -> float:
-            return check_keep_alive(v, "keep_alive_s")
+            return check_keep_alive(v)
 
         @field_validator("eviction")
         @classmethod

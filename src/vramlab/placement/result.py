@@ -207,8 +207,8 @@ def with_policy(policy: Policy, eviction: str | None, keep_alive_s: float | None
         from vramlab.placement.inputs import check_keep_alive
 
         try:
-            check_keep_alive(keep_alive_s, "--keep-alive-s")
+            check_keep_alive(keep_alive_s)
         except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+            raise ConfigError(f"--keep-alive-s: {exc}") from None
         policy = replace(policy, keep_alive_s=keep_alive_s)
     return policy
