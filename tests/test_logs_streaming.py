@@ -149,3 +149,31 @@ def test_the_long_log_prefilter_never_drops_a_line_a_rule_reads(tmp_path, monkey
         checked += 1
     assert checked >= 20
     assert detect._blank_unread_lines(list(filler.splitlines()) * 2) > 0  # the filler is blanked
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_pipe_that_goes_quiet_is_read_up_to_where_it_stopped(tmp_path):
+    """`kubectl logs -f` into a FIFO: the start-up comes, then nothing; the read ends after the
+    pipe's silence, says so, and what came is parsed."""
+    fifo = tmp_path / "follow.log"
+    os.mkfifo(fifo)
+    done = threading.Event()
+
+    def writer() -> None:
+        with open(fifo, "w", encoding="utf-8") as fh:
+            fh.write((LOGS / "vllm-v1-0.19-debug.log").read_text(encoding="utf-8"))
+            fh.flush()
+            done.wait(30)  # the writer stays open, silent
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VRAMLAB_PIPE_WAIT_S="1")
+    try:
+        r = subprocess.run([sys.executable, "-m", "vramlab", "check-log", str(fifo), "--json"], capture_output=True,
+                           text=True, timeout=60, env=env)
+    finally:
+        done.set()
+        t.join(timeout=10)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["observations"] and any("sent nothing more for 1 s" in n for n in out["notes"]), out["notes"]

@@ -304,8 +304,9 @@ def parse_log(source: str | Path | Iterable[str], engine: str | None = None,
 
             cap = MAX_LOG_BYTES if max_bytes is None else max_bytes
             notes.append(f"read the first {cap:,} bytes only (the rest of the log was not read; see --max-bytes)")
-        if getattr(lines, "quiet", None):
-            notes.append(f"read up to where {lines.quiet}")
+        quiet = getattr(lines, "quiet", None)
+        if quiet:
+            notes.append(f"read up to where {quiet}")
         _blank_unread_lines(lines)
     else:
         lines = list(source)
