@@ -69,6 +69,10 @@ def _serve(args: argparse.Namespace) -> int:
     from vramlab.sim.serve import serve_forever
 
     est = None
+    if args.log_file:
+        from vramlab.cli.outputs import check_writable
+
+        check_writable(args.log_file, "engine log")  # before the server starts
     if args.plan:
         from vramlab.infile import read_text
 
