@@ -283,3 +283,29 @@ def test_a_folder_of_logs_with_a_fifo_and_a_device_link_in_it(tmp_path: Path) ->
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert "good.log" in json.dumps(out)
+
+
+def test_a_drill_target_log_file_that_is_a_fifo_or_a_device_is_never_opened(tmp_path: Path) -> None:
+    """A plan's target.log_file is read while the drill runs: a FIFO or /dev/zero gives no lines
+    (no hang, no flood); a regular file gives what was appended since the last read."""
+    import time
+    from types import SimpleNamespace
+
+    from vramlab.drill.target import _read_new_lines
+    from vramlab.drill.watch import _last_log_line
+
+    fifo, zero, log = tmp_path / "fifo.log", tmp_path / "zero.log", tmp_path / "engine.log"
+    os.mkfifo(fifo)
+    zero.symlink_to("/dev/zero")
+    log.write_text("first\nsecond\nhalf")
+    t = time.monotonic()
+    for path in (fifo, zero):
+        assert _read_new_lines(SimpleNamespace(_log_offset=0), str(path)) == []
+        assert _last_log_line(SimpleNamespace(log_path=str(path))) is None
+    assert time.monotonic() - t < 5
+    holder = SimpleNamespace(_log_offset=0)
+    assert _read_new_lines(holder, str(log)) == ["first", "second"]  # the half line waits
+    with open(log, "a") as fh:
+        fh.write(" done\n")
+    assert _read_new_lines(holder, str(log)) == ["half done"]
+    assert _last_log_line(SimpleNamespace(log_path=str(log))) == "half done"

@@ -282,12 +282,16 @@ class CommandTarget:
 
 
 def _read_new_lines(holder: Any, path: str) -> list[str]:
-    """Lines appended to *path* since the last call (the offset lives on *holder*)."""
+    """Lines appended to *path* since the last call (the offset lives on *holder*), at most 8 MiB a
+    call; a log_file that is not a regular file (a FIFO, /dev/zero) gives nothing, never a hang."""
+    from vramlab.errors import ConfigError
+    from vramlab.infile import open_input
+
     try:
-        with open(path, "rb") as fh:
+        with open_input(path, "target log") as fh:
             fh.seek(holder._log_offset)
-            data = fh.read()
-    except OSError:
+            data = fh.read(8 << 20)
+    except (OSError, ConfigError):
         return []
     end = data.rfind(b"\n") + 1  # keep a half-written line for next time
     holder._log_offset += end
