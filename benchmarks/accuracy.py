@@ -35,6 +35,10 @@ from vramlab.capacity.spec import ModelSpec  # noqa: E402
 from vramlab.errors import VramlabError  # noqa: E402
 from vramlab.sources.hf_config import spec_from_config  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bands import band_coverage, band_score, print_bands  # noqa: E402,F401  (band_score: tests call it here)
+import local_engines  # noqa: E402  (benchmarks/local_engines.py: llama.cpp placement and Ollama rows)
+
 METRICS = ("weights", "kv_cache_gib", "kv_cache_tokens", "max_concurrency")
 
 
@@ -89,6 +93,9 @@ def model_for(row: dict[str, Any], configs: dict[str, Any]) -> ModelSpec | str:
 def gpu_for(row: dict[str, Any]):
     """The card as the user's log shows it: the printed total when there is one (a T4 shows 14.56 or
     14.74 GiB depending on the driver), with the catalog card's architecture."""
+    own = local_engines.gpu(row)
+    if own is not None:
+        return own
     name, total = row.get("gpu_model"), row.get("total_gpu_memory_gib")
     name = name or (row.get("extra") or {}).get("like_gpu")  # an unnamed card of a known class (ROCm 64 GB)
     like = None
@@ -165,6 +172,7 @@ def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
         kwargs["max_model_len"] = None
     if kwargs["engine"] == "vllm" and kwargs["gpu_memory_utilization"] is None:
         kwargs["gpu_memory_utilization"] = None
+    kwargs.update(local_engines.settings(row))
     return EngineSettings(**kwargs)
 
 
@@ -198,6 +206,7 @@ def predicted(row: dict[str, Any], spec: ModelSpec, gpu, s: EngineSettings,
         "kv_cache_tokens": float(est.kv_cache_tokens),
         "max_concurrency": est.max_concurrency,
     }
+    ours.update(local_engines.scored(row, est) or {})
     util = s.gpu_memory_utilization or s.mem_fraction_static or 0.9
     w = est.weights_bytes
     length = conc_len or est.max_model_len
@@ -206,7 +215,7 @@ def predicted(row: dict[str, Any], spec: ModelSpec, gpu, s: EngineSettings,
     gqa_per_tok = 2 * spec.num_layers * max(1, spec.num_kv_heads // s.tensor_parallel_size) * spec.head_dim * (
         1 if "fp8" in (s.kv_cache_dtype or "") else 2) / s.pipeline_parallel_size
     wkv_kv = util * gpu.memory_bytes - w
-    if s.engine in ("llama.cpp", "transformers"):
+    if s.engine in ("llama.cpp", "transformers", "ollama"):
         # Fixed pools: a calculator sizes KV from the context it is given, not from a budget.
         cells = est.kv_cache_tokens
         naive_kv, wkv_kv = naive_per_tok * cells, gqa_per_tok * cells
@@ -276,9 +285,11 @@ def main() -> int:
     summary = summarize(errs)
     calibrated = [] if args.no_calibration else calibrated_loo(rows, configs)
     held_out = {} if args.no_calibration else leave_one_group_out(rows, configs)
+    placement = local_engines.table(rows, lambda row: _plan(row, configs))
     if args.json:
         print(json.dumps({"summary": summary, "rows": per_row, "skipped": skipped,
-                          "calibrated_loo": calibrated, "leave_one_group_out": held_out}, indent=1, default=str))
+                          "calibrated_loo": calibrated, "leave_one_group_out": held_out,
+                          "placement": placement}, indent=1, default=str))
         return 0
     if args.rows:
         for line in per_row:
@@ -290,9 +301,25 @@ def main() -> int:
             print("  ".join(cells))
         print()
     print_summary(summary, len(rows), skipped, calibrated)
+    if placement:
+        print("\nllama.cpp per device and Ollama's own decision (logged -> planned):")
+        for line in placement:
+            err = "" if line["error_pct"] is None else f" ({line['error_pct']:+.2f}%)"
+            print(f"  {line['row']}  {line['what']:<28} {line['logged']:>10} -> {line['planned']:<10}{err}")
     if held_out:
         print_held_out(held_out, summary)
     return 0
+
+
+def _plan(row: dict[str, Any], configs: dict[str, Any]):
+    """The estimate a row is scored against, or None when its model or card does not resolve."""
+    spec, card = model_for(row, configs), gpu_for(row)
+    if isinstance(spec, str) or card is None:
+        return None
+    try:
+        return estimate(spec, card, scored_settings(row, settings_for(row, spec)), with_suggestions=False)
+    except VramlabError:
+        return None
 
 
 GROUPED_FIELDS = {  # observed_memory.jsonl field (GiB) -> calibration field (bytes)
@@ -354,8 +381,13 @@ def cases_by_engine(rows: list[dict[str, Any]], configs: dict[str, Any]) -> dict
             case = case_for(row, configs)
         except VramlabError:
             continue
-        if not isinstance(case, str):
-            out.setdefault(case.settings.engine, []).append((row, case))
+        if isinstance(case, str):
+            continue
+        try:  # a plan the planner refuses (the main table lists the row as skipped) is neither fitted nor held out
+            estimate(case.model, case.gpu, case.settings)
+        except VramlabError:
+            continue
+        out.setdefault(case.settings.engine, []).append((row, case))
     return out
 
 
@@ -386,6 +418,7 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
 
     by_engine = cases_by_engine(rows, configs)
     errs: dict[str, list[tuple[dict[str, Any], float]]] = {}
+    bands: list[tuple[dict[str, Any], str, bool, float, str]] = []
     groups: dict[str, Any] = {}
     for engine, items in sorted(by_engine.items()):
         for group in sorted({str(r.get("collection_group")) for r, _ in items}):
@@ -406,7 +439,11 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
                 on_default |= {c.name for c in est.components if c.provenance == "default"}
                 pred = {"weights": est.weights_bytes / GIB, "kv_cache_gib": est.kv_available_bytes / GIB,
                         "kv_cache_tokens": float(est.kv_cache_tokens), "max_concurrency": est.max_concurrency}
+                pred.update(local_engines.scored(row, est) or {})
                 obs = observed(row)
+                scored = band_score(est, obs)
+                if scored is not None:
+                    bands.append((row, engine, *scored))
                 for metric in METRICS:
                     o = obs.get(metric)
                     if o in (None, 0):
@@ -435,7 +472,8 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
             "pooled_public_logs": pool(lambda g: g.startswith("public-logs-")),
             # rows collected after the model was written and committed before they were first scored
             # (benchmarks/data/README.md, "Never-seen rows"): the issue's "logs never seen" figure
-            "pooled_unseen": pool(lambda g: g.startswith("unseen-"))}
+            "pooled_unseen": pool(lambda g: g.startswith("unseen-")),
+            "bands": band_coverage(bands)}
 
 
 def print_held_out(held_out: dict[str, Any], summary: dict[str, Any]) -> None:
@@ -469,6 +507,7 @@ def print_held_out(held_out: dict[str, Any], summary: dict[str, Any]) -> None:
               f"concurrency median {conc.get('median', math.nan):.2f}% p90 {conc.get('p90', math.nan):.2f}% | "
               f"KV tokens (n={tok.get('n', 0)}; SGLang and TGI print only tokens) median "
               f"{tok.get('median', math.nan):.2f}% p90 {tok.get('p90', math.nan):.2f}%")
+    print_bands(held_out["bands"])
 
 
 def summarize(errs: dict[str, dict[str, list[tuple[dict[str, Any], float]]]]) -> dict[str, Any]:

@@ -94,13 +94,15 @@ def test_the_never_seen_rows_are_pooled_apart_and_quoted_from_the_same_figures(s
     assert pooled["kv_cache_gib"]["n"] == len(with_kv)
     # The data README quotes the shipped-default per-row KV capacity error of exactly these rows (GiB
     # where printed, else tokens) as the model stands now, below the first look (a fixed snapshot).
+    # A never-seen row whose plan the planner refuses is listed as skipped, never dropped silently.
     cap = sorted(abs(r["kv_cache_gib" if "kv_cache_gib" in r else "kv_cache_tokens"][2])
                  for r in summary["rows"] if r["row"] in unseen)
-    assert len(cap) == len(unseen)
+    skipped = {rid for rid, _ in summary["skipped"]} & unseen
+    assert len(cap) + len(skipped) == len(unseen)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from accuracy import pct  # the benchmark's own percentile
 
-    quoted = f"| all {len(unseen)}, now | **{pct(cap, 0.5):.1f} / {pct(cap, 0.9):.1f} %**"
+    quoted = f"| all {len(cap)} scored, now | **{pct(cap, 0.5):.1f} / {pct(cap, 0.9):.1f} %**"
     assert quoted in (DATA / "README.md").read_text(encoding="utf-8"), quoted
 
 
@@ -118,3 +120,51 @@ def test_a_group_spanning_engines_keeps_every_engines_rows():
     out = accuracy.leave_one_group_out(vllm[1:] + mixed, configs)
     engines = sorted(g["engine"] for name, g in out["groups"].items() if name.startswith("mixed"))
     assert engines == ["sglang", "vllm"], out["groups"].keys()
+
+
+def test_band_coverage_is_printed_per_engine_and_quoted_from_the_same_figures(summary):
+    """The share of measurements inside the plan's band and the band's width, per engine, on the never-seen
+    groups and on every row: the README quotes exactly what the benchmark computes."""
+    bands = summary["leave_one_group_out"]["bands"]
+    assert {"vllm", "sglang", "tgi", "llama.cpp"} <= set(bands)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+
+    def share(e):  # "88.9 % of 18"
+        return f"{e['inside'] * 100:.1f} % of {e['n']}"
+
+    v, s, t, ll = bands["vllm"], bands["sglang"], bands["tgi"], bands["llama.cpp"]
+    for quoted in (
+        f"vLLM {share(v['unseen'])} never-seen rows inside a band {v['unseen']['mean_width']:.1f} % wide, "
+        f"{v['all']['inside'] * 100:.1f} % of all {v['all']['n']} ({v['all']['mean_width']:.1f} %)",
+        f"SGLang {share(s['unseen'])} never-seen ({s['unseen']['mean_width']:.1f} %), {share(s['all'])} "
+        f"({s['all']['mean_width']:.1f} %)",
+        f"TGI {share(t['unseen'])} never-seen ({t['unseen']['mean_width']:.1f} %), {share(t['all'])} "
+        f"({t['all']['mean_width']:.1f} %)",
+        f"llama.cpp's pools are exact ({share(ll['all'])})",
+    ):
+        assert quoted in readme, quoted
+    # a row outside the band is named, and the counts add up
+    for entry in bands.values():
+        for key in ("unseen", "all"):
+            if key in entry:
+                e = entry[key]
+                assert 0 <= e["inside"] <= 1 and len(e["outside_rows"]) == round(e["n"] * (1 - e["inside"]))
+
+
+def test_band_score_counts_a_measurement_at_the_edge_inside_and_past_it_outside():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import accuracy
+
+    from vramlab.capacity import EngineSettings, estimate, get_gpu
+    from vramlab.sources.catalog import get_entry
+
+    est = estimate(get_entry("llama-3.1-8b-instruct").spec(), get_gpu("h100-80gb"),
+                   EngineSettings(engine_version="0.10.1", max_model_len=8192))
+    low, high = (b / (1 << 30) for b in est.extra["kv_band_bytes"])
+    assert low < est.kv_available_bytes / (1 << 30) < high
+    assert accuracy.band_score(est, {"kv_cache_gib": low})[0]
+    assert accuracy.band_score(est, {"kv_cache_gib": high + 0.004})[0]  # within the log's printed precision
+    assert not accuracy.band_score(est, {"kv_cache_gib": high + 0.02})[0]
+    inside, width, what = accuracy.band_score(est, {"kv_cache_gib": None, "kv_cache_tokens": est.kv_cache_tokens})
+    assert inside and what == "tokens"
+    assert abs(width - (est.optimistic.kv_cache_tokens - est.pessimistic.kv_cache_tokens) / est.kv_cache_tokens * 100) < 1e-6

@@ -217,3 +217,23 @@ def test_a_round_where_every_request_timed_out_never_returned_to_baseline():
     assert not rec[0].returned and rec[0].after_s is None
     assert "no request succeeded" in rec[0].reason and "timed out" in rec[0].reason
     assert rec[1].returned  # the other rounds are untouched
+
+
+def test_returned_to_baseline_is_judged_on_the_whole_stretch_not_the_last_bin():
+    # one slow request in the last second of a 10 s recovery: the last bin's P95 alone is 36 % over the
+    # baseline's (tolerance 20 %); the recovery window as a whole is within it, and that is the verdict
+    run, reqs, samples, events = synth.build()
+    last = max((r for r in reqs if r.round == 0 and r.phase == "recovery"), key=lambda r: r.sent_s)
+    slow = [r.model_copy(update={"e2e_ms": 400.0}) if r is last else r for r in reqs]
+    rec = {r.round: r for r in analyze_run(run, slow, samples, events).recovery}
+    assert rec[0].returned and rec[0].after_s == 0.0 and rec[0].judged, rec[0]
+
+
+def test_returned_to_baseline_says_when_too_few_requests_to_judge():
+    run, reqs, samples, events = synth.build()
+    keep = sorted((r for r in reqs if r.round == 0 and r.phase == "recovery"), key=lambda r: r.sent_s)[:7]
+    few = [r for r in reqs if not (r.round == 0 and r.phase == "recovery") or r in keep]
+    a = analyze_run(run, few, samples, events)
+    rec = {r.round: r for r in a.recovery}
+    assert not rec[0].returned and not rec[0].judged and "too few requests to judge: 7" in rec[0].reason
+    assert rec[1].judged and rec[1].returned

@@ -68,7 +68,8 @@ def test_flash_attention_off_adds_the_kq_matrix_and_ubatch_scales_the_buffer():
     on = llamacpp(ctx_size=8192, flash_attn=True)
     off = llamacpp(ctx_size=8192, flash_attn=False)
     kq = 4 * 8192 * 512 * 32  # n_kv x n_ubatch x heads in f32
-    assert off.activation_peak_bytes - on.activation_peak_bytes == pytest.approx(kq, abs=2)
+    # without flash attention the KQ matrix (and its mask) is the peak: it dwarfs the output phase
+    assert kq < off.activation_peak_bytes < kq * 1.15 and off.activation_peak_bytes > on.activation_peak_bytes + kq / 2
     big = llamacpp(ctx_size=8192, flash_attn=True, n_ubatch=2048)
     assert big.activation_peak_bytes > 3 * on.activation_peak_bytes * 0.9
     assert big.settings["n_ubatch"] == 2048

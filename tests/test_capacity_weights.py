@@ -201,3 +201,35 @@ def test_unsloth_dynamic_llama_keeps_layer_1_mlp_in_16_bit():
     assert plain.quant is not None and plain.quant.skip_modules == ()
     assert 0.2 < (estimate(dyn, get_gpu("t4"), s).weights_bytes - estimate(plain, get_gpu("t4"), s).weights_bytes) \
         / GIB < 0.3
+
+
+# --- MXFP4 experts as vLLM's MoE backend pads them (quantization/mxfp4.py create_weights) ---------------------------
+
+def test_mxfp4_padding_per_backend_layout():
+    from vramlab.capacity.weights import mxfp4_padding
+    from vramlab.sources.catalog import get_entry
+
+    oss = get_entry("gpt-oss-120b").spec()  # hidden 2880, expert width 2880
+    assert mxfp4_padding(oss, 1, "marlin") == pytest.approx(3072 * 2944 / (2880 * 2880))
+    assert mxfp4_padding(oss, 1, "flashinfer") == pytest.approx(3072 * 3072 / (2880 * 2880))
+    assert mxfp4_padding(oss, 1, "triton") == pytest.approx(1.0)
+    # at TP 4 (720 per rank) Marlin's 128 and FlashInfer's 256 both give 768
+    assert mxfp4_padding(oss, 4, "marlin") == mxfp4_padding(oss, 4, "flashinfer")
+
+
+def test_gpt_oss_120b_on_hopper_is_stored_in_marlins_layout_and_the_band_reaches_triton():
+    """vLLM 0.10.1, one H100: the start-up logged 65.97 GiB of weights; Marlin's padding (128 / 256) plans them,
+    the FlashInfer padding (256 / 256) planned 68.5 GiB."""
+    from vramlab.capacity import EngineSettings, estimate, get_gpu
+    from vramlab.sources.catalog import get_entry
+
+    oss = get_entry("gpt-oss-120b").spec()
+    hopper = estimate(oss, get_gpu("h100-80gb"), EngineSettings(engine_version="0.10.1", max_model_len=8192))
+    w = hopper.component("weights")
+    assert abs(w.bytes / GIB - 65.97) / 65.97 < 0.01
+    assert "Triton kernels' layout if triton_kernels is installed" in w.note
+    assert w.low_bytes < 0.95 * w.bytes  # the unpadded Triton layout is inside the band
+    blackwell = estimate(oss, get_gpu("b200"), EngineSettings(engine_version="0.10.1", max_model_len=8192))
+    assert blackwell.component("weights").bytes > w.bytes  # FlashInfer's 256 / 256
+    ampere = estimate(oss, get_gpu("a100-80gb"), EngineSettings(engine_version="0.10.1", max_model_len=8192))
+    assert ampere.component("weights").bytes == w.bytes and "Triton" not in ampere.component("weights").note

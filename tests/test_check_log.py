@@ -150,3 +150,48 @@ def test_several_files_where_none_is_a_log_is_one_line(tmp_path):
     b.write_text("nor here\n")
     r = cli("check-log", str(a), str(b))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "none of the 2 files" in r.stderr
+
+
+def _measured(reports) -> list[tuple[str, list]]:
+    return [(r.engine, [(it.observation.startup, it.observation.rank, it.observation.kv_cache_bytes)
+                        for it in r.items]) for r in reports]
+
+
+@pytest.mark.parametrize("prefix", ["compose", "journald"])
+def test_a_file_interleaving_a_vllm_and_an_sglang_writer_is_read_as_both(tmp_path, prefix):
+    from vramlab.logs.check import check_file
+
+    vllm = (LOGS / "vllm-v1-newest.log").read_text().splitlines()
+    sgl = (LOGS / "sglang-tp4.log").read_text().splitlines()
+
+    def tag(name: str, line: str, i: int) -> str:
+        if prefix == "compose":
+            return f"{name}  | {line}"
+        return f"Jan 12 10:{i // 60 % 60:02d}:{i % 60:02d} gpu01 {name}[4{len(name)}1]: {line}"
+
+    mixed: list[str] = []
+    for i in range(max(len(vllm), len(sgl))):  # line by line, as two containers started side by side
+        if i < len(vllm):
+            mixed.append(tag("vllm-1", vllm[i], i))
+        if i < len(sgl):
+            mixed.append(tag("sglang-1", sgl[i], i))
+    (tmp_path / "compose.log").write_text("\n".join(mixed) + "\n")
+    reports, skipped = check_file(tmp_path / "compose.log")
+    assert not skipped and [r.engine for r in reports] == ["vllm", "sglang"], [(r.engine, r.source) for r in reports]
+    alone = [check_log(LOGS / "vllm-v1-newest.log"), check_log(LOGS / "sglang-tp4.log")]
+    assert _measured(reports) == _measured(alone)  # each writer read as if it were its own file
+    assert reports[0].source.endswith("[vllm-1]") and reports[1].source.endswith("[sglang-1]")
+    # the CLI: one file, two reports (not one engine kept and the other silently dropped)
+    res = subprocess.run([sys.executable, "-m", "vramlab", "check-log", str(tmp_path / "compose.log"), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert [f["engine"] for f in json.loads(res.stdout)["files"]] == ["vllm", "sglang"]
+
+
+def test_one_writer_is_one_stream_and_table_rows_are_not_writers():
+    from vramlab.logs.split import split_streams
+
+    lines = [f"vllm-1  | INFO line {i}" for i in range(20)]
+    assert len(split_streams(lines)) == 1
+    table = [f"INFO line {i}" for i in range(40)] + ["weights   | 12 GiB"] * 3 + ["kv_cache  | 9 GiB"] * 3
+    assert len(split_streams(table)) == 1  # a few rows that look like "name | ..." are not two writers

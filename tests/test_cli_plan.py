@@ -181,3 +181,21 @@ def test_plan_counts_vllm_lora_slots_and_refuses_a_bad_rank():
     assert 0.14 < (lora["weights_bytes"] - plain["weights_bytes"]) / 2**30 < 0.18
     bad = vramlab(*base, "--enable-lora", "--max-lora-rank", "0")
     assert bad.returncode == 2 and "--max-lora-rank" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_transformers_at_concurrency_4_names_serial_serving_not_memory():
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "vramlab", "plan", "--model", "qwen2.5-0.5b-instruct", "--engine",
+                          "transformers", "--concurrency", "4", "--gpu", "l4"], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("largest max_model_len for 4"))
+    assert "none fits" not in line and "one request at a time" in line and "not for lack of memory" in line
+    assert "4 sequences up to 0 tokens" not in res.stdout and "verdict: FITS" in res.stdout
+    batched = subprocess.run([sys.executable, "-m", "vramlab", "plan", "--model", "qwen2.5-0.5b-instruct", "--engine",
+                              "transformers", "--concurrency", "4", "--gpu", "l4", "--continuous-batching"],
+                             capture_output=True, text=True, timeout=60)
+    if batched.returncode == 0:  # with continuous batching the memory is the limit again
+        assert "one request at a time" not in batched.stdout

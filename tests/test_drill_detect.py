@@ -172,3 +172,18 @@ def test_hip_and_cuda_oom_words_are_oom_evidence():
     r = _det()
     r.on_result(1.0, False, 500, "http_5xx", '{"error": "HIP out of memory. Tried to allocate 2.00 GiB"}')
     assert r.failure_mode() == "oom_no_exit" and r.failure() is not None
+
+
+def test_a_health_blip_that_passed_before_the_failure_is_not_t0():
+    # a busy CPU engine misses one 1 s health probe in the baseline, then answers again; minutes later
+    # it hangs: T0 is the first timed-out request, not the blip (the report once put T0 before the ramp)
+    d = _det(min_requests=3, window_s=2.0)
+    d.on_health(4.7, False, 0)
+    d.on_health(5.2, True, 200)
+    for t in (6.0, 7.0, 8.0):
+        d.on_result(t, True, 200, None, None, 100.0)
+    d.on_health(10.7, False, 0)  # the hang: health fails and stays failed
+    for t in (11.66, 11.70, 11.77):
+        d.on_result(t, False, 0, "timeout", "no complete answer within 2 s", 2000.0)
+    assert d.failure() is not None
+    assert d.first_evidence_s() == 10.7

@@ -61,6 +61,14 @@ def test_hang_is_named_detected_not_recovered_and_rolled_back(tmp_path):
     assert [e.data["mode"] for e in events if e.kind == "failure_mode"] == ["hang"]
     assert inc.time_to_detect_s is not None and 0 < inc.time_to_detect_s < 5
     assert inc.impact.error_classes.get("timeout", 0) > 0
+    # every request in flight at the hang ends as what it was: timed out, never "cancelled" by the move
+    # to recovery; the impact table counts exactly those in flight at T0
+    t0 = inc.t0_s
+    lost = [r for r in requests if r.sent_s <= t0 + 1e-9 and r.end_s >= t0 - 1e-9 and not r.ok]
+    why = (t0, inc.evidence, [(r.phase, r.error_class, r.sent_s, r.end_s) for r in lost])
+    assert lost and all(r.error_class == "timeout" and r.phase == "ramp" for r in lost), why
+    assert not any(r.error_class == "cancelled" and r.phase == "ramp" for r in requests)
+    assert inc.impact.in_flight_lost == len(lost) and inc.trigger.in_flight_at_t0 == len(lost), why
     # /health stayed 200, so the drill's supervisor (restart on exit or on failing health) never acted:
     # a liveness probe on /health does not catch a hang, which is the finding
     assert "mitigation" not in kinds and "not_recovered" in kinds and not inc.recovery.recovered

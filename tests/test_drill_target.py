@@ -181,3 +181,104 @@ def test_plan_errors_are_one_line():
     doc["stop"]["error_rat"] = 0.3
     with pytest.raises(ConfigError, match=r"stop.error_rat"):
         parse_plan(doc)
+
+
+# -- stop that works on any process ---------------------------------------------------------------
+
+def _process(tmp_path: Path, command: str, **spec: object) -> ProcessTarget:
+    t = ProcessTarget(TargetSpec(kind="process", environment="test", base_url="http://127.0.0.1:9",
+                                 command=command, **spec), tmp_path)  # type: ignore[arg-type]
+    t.start()
+    return t
+
+
+def test_a_stopped_process_is_killed_at_once_not_after_the_grace(tmp_path):
+    import signal
+
+    from vramlab.drill.local_targets import group_stopped
+
+    t = _process(tmp_path, "exec sleep 60", timeouts_s={"stop": 30})
+    try:
+        time.sleep(0.2)
+        assert not group_stopped(t._proc.pid)  # type: ignore[union-attr]
+        os.kill(t._proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+        time.sleep(0.1)
+        assert group_stopped(t._proc.pid)  # type: ignore[union-attr]
+        began = time.monotonic()
+        t.stop()
+        took, how = time.monotonic() - began, t.last_stop
+    finally:
+        t.close()
+    assert took < 2.0, took  # not the 30 s SIGTERM grace: a stopped process never acts on SIGTERM
+    assert t._proc is not None and t._proc.returncode == -signal.SIGKILL
+    assert how is not None and "SIGKILL at once" in how and "state T" in how
+
+
+def test_sigterm_escalates_to_sigkill_after_the_stated_grace(tmp_path):
+    from vramlab.drill.local_targets import STOP_GRACE_S
+
+    # a child that ignores SIGTERM (the shell traps it; `sleep` is its own child in the group)
+    t = _process(tmp_path, "trap '' TERM; while true; do sleep 0.1; done", timeouts_s={"stop": 0.5})
+    try:
+        time.sleep(0.3)
+        began = time.monotonic()
+        t.stop()
+        took, how = time.monotonic() - began, t.last_stop
+    finally:
+        t.close()
+    assert 0.4 < took < 3.0, took
+    assert how == "SIGTERM, then SIGKILL after 0.5 s without an exit"
+    # without timeouts_s.stop the grace is the stated default, not the 60 s command timeout
+    plain = ProcessTarget(TargetSpec(kind="process", environment="test", base_url="http://127.0.0.1:9",
+                                     command="true"), tmp_path)
+    assert plain.stop_grace_s() == STOP_GRACE_S <= 5.0 < plain.spec.timeout_s
+
+
+def test_a_restart_that_failed_is_not_credited_as_mitigation():
+    import asyncio
+
+    from vramlab.drill.plan import RecoverySpec
+    from vramlab.drill.recovery import LiveState, recover
+
+    class Refuses:
+        last_stop = None
+
+        def restart(self) -> None:
+            raise TargetCommandError("target restart failed (exit 1): no such unit")
+
+    events: list[tuple[str, str]] = []
+    state = LiveState(failed_at_s=0.0, running=False)
+
+    async def go():
+        t0 = asyncio.get_running_loop().time()
+        return await recover(RecoverySpec(mode="auto", limit_s=0.6, restart_delay_s=0.0), Refuses(), state,
+                             lambda: asyncio.get_running_loop().time() - t0,
+                             lambda kind, msg="", **k: events.append((kind, msg)))
+
+    out = asyncio.run(go())
+    assert not out.recovered and out.mitigations == 0
+    assert not any(k == "mitigation" for k, _ in events), events
+    assert any(k == "warning" and "restart failed" in m for k, m in events)
+
+
+def test_a_start_up_crash_is_reported_as_a_process_exit_with_the_logs_last_lines(tmp_path):
+    # the engine exits 1.x s after it was started (a model path that does not exist): the drill says the
+    # process exited, with its last words, not "did not pass a health check within 60 s"
+    crash = (f"{sys.executable} -c \"import time; print('INFO loading model', flush=True); time.sleep(1.2); "
+             "raise ValueError('Model path does not exist: /models/nope')\"")
+    plan = {"name": "crash-at-start", "rounds": 1, "baseline_s": 1.0,
+            "target": {"kind": "process", "environment": "test", "engine": "llama.cpp",
+                       "base_url": "http://127.0.0.1:9", "model": "tiny", "command": crash,
+                       "log_file": str(tmp_path / "target.log")},
+            "ramp": {"knob": "concurrency", "mode": "geometric", "start": 2, "factor": 2, "ceiling": 4, "step_s": 1}}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(plan))
+    t = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "vramlab", "drill", "p.yaml", "--db", str(tmp_path / "v.db"), "-q"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    took = time.monotonic() - t
+    assert res.returncode == 1, (res.stdout[-1000:], res.stderr[-2000:])
+    assert "the target process exited with code 1" in res.stderr and "after it was started" in res.stderr
+    assert "ValueError: Model path does not exist: /models/nope" in res.stderr  # its log's last lines, quoted
+    assert "did not pass a health check" not in res.stderr and "Traceback (most recent call last)" not in \
+        res.stderr.split("its log ends")[0]
+    assert took < 30, took  # not the 30-60 s health allowance

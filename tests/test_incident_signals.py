@@ -244,7 +244,7 @@ def test_time_to_alert_is_one_signed_figure_in_json_headline_and_lessons():
     still = [*events, _ev(9.5, "alert", name="KvHigh", state="firing", source="evaluated")]
     inc = analyse(reqs, samples, still, p95_tolerance=0.5, window_s=1.0)
     assert math.isclose(inc.time_to_alert_s, -0.5)
-    assert alert_clock(inc).startswith("-0.50 s") and "before the fault step" in alert_clock(inc)
+    assert alert_clock(inc).startswith("-0.50 s") and "before T0" in alert_clock(inc)
     assert not any("No alert fired" in w for w in lessons(inc)[1])
 
     cleared = [*events, _ev(5.0, "alert", name="KvHigh", state="firing", source="evaluated"),
@@ -259,3 +259,20 @@ def test_time_to_alert_is_one_signed_figure_in_json_headline_and_lessons():
     inc = analyse(reqs, samples, none, p95_tolerance=0.5, window_s=1.0)
     assert inc.time_to_alert_s is None and alert_clock(inc) == "–"
     assert any("No alert fired" in w for w in lessons(inc)[1])
+
+
+def test_a_signal_already_past_its_threshold_in_the_baseline_is_never_the_first_abnormal_signal():
+    # the demo's case: GPU memory share 99.0 % through the baseline (threshold 98 %), 98.1 % after T0
+    share = Signal("resource.gpu_memory_share", "resource",
+                   tuple([(t * 0.5, 0.99) for t in range(8)] + [(4.5, 0.981), (5.0, 0.985)]),
+                   SignalRule(threshold=0.98, min_delta=0.02))
+    errs = Signal("user.error_rate", "user", ((1.0, 0.0), (2.0, 0.0), (5.5, 0.8)),
+                  SignalRule(threshold=0.05, deviation=False))
+    rep = first_abnormal([share, errs], t0_s=4.0, baseline_start_s=0.0)
+    assert rep.noisy == ("resource.gpu_memory_share",)
+    assert rep.first is not None and rep.first.name == "user.error_rate", rep.first
+    assert [o.name for o in rep.order] == ["user.error_rate"]
+    # the same crossing from a baseline below the threshold is an onset (the rule itself is unchanged)
+    below = Signal(share.name, share.layer, tuple((t, 0.95 if t < 4.0 else v) for t, v in share.points), share.rule)
+    o = onset_of(below, 4.0, 0.0)
+    assert o is not None and (o.t_s, o.reason) == (4.5, "threshold")

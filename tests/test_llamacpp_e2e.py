@@ -69,6 +69,17 @@ def test_run_against_the_real_engine(engine, tmp_path):
     assert len(reqs) >= 4 and all(r.ok for r in reqs), [r.error for r in reqs if not r.ok][:3]
     assert {r.phase for r in reqs} == {"baseline", "treatment", "recovery"}
     assert all((r.output_tokens or 0) > 0 and r.ttft_ms is not None for r in reqs)
+    # no usage in this server's stream and no count of its own: the chunks are counted, the empty-text
+    # ones too (it sends a token that ends inside a UTF-8 character as empty text, its bytes later), so
+    # the count is close to the 8 generated (the model never ends early) and labelled an estimate
+    counts = [r.output_tokens or 0 for r in reqs]
+    assert abs(sum(counts) / len(counts) - 8) <= 1.0, counts
+    assert {r.output_tokens_source for r in reqs} == {"chunks"}
+    from vramlab.report import load_context, render
+
+    md = render(load_context(store, out["run_id"]), "md")
+    assert f"out tok/s is an estimate for {len([r for r in reqs if r.ok])} of" in md
+    assert re.search(r"Host \(sampled\): CPU max \d+ %", md), md[:3000]  # the host sampler's figures, not JSON only
     run = store.get_run(out["run_id"])
     assert run.fixed.get("engine") == "llama.cpp"
     # no /health on this server: the health sampler found /v1/models and said so
@@ -104,6 +115,28 @@ def test_check_log_reads_the_real_start_up_log(engine, tmp_path):
 
     walk(doc)
     assert logged_kv in found, (logged_kv, found)
+
+
+def test_check_log_reads_two_start_ups_in_one_file_as_two(engine, tmp_path):
+    # a restart in a drill's target log, or two runs appended: each start-up on its own, none summed
+    py, model = engine
+    both = tmp_path / "both.log"
+    logged = []
+    for i, n_ctx in enumerate((512, 1024)):
+        srv = lc.start_server(py, model, tmp_path / f"s{i}.log", n_ctx=n_ctx)
+        srv.stop()
+        text = (tmp_path / f"s{i}.log").read_text(errors="replace")
+        logged.append(round(float(re.search(r"KV buffer size\s*=\s*([\d.]+) MiB", text).group(1)) * 2**20))  # type: ignore[union-attr]
+        with open(both, "a") as fh:
+            fh.write(text)
+    res = _vramlab("check-log", str(both), "--model", str(model), "--engine", "llama.cpp", "--gpu", "l4", "--json",
+                   cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    obs = json.loads(res.stdout)["observations"]
+    assert [o["startup"] for o in obs] == [0, 1], [o.get("startup") for o in obs]
+    assert [o["settings"]["ctx_size"] for o in obs] == [512, 1024]
+    assert [o["kv_cache_bytes"] for o in obs] == logged  # each its own, not their sum
+    assert all(o["prediction"]["relative_difference"]["kv_cache_bytes"] == 0.0 for o in obs)
 
 
 def _kv_bytes_logged(py: str, model: Path, n_ctx: int, n_seq: int, cache: str) -> tuple[int, str]:
@@ -284,38 +317,146 @@ def test_run_against_a_hung_engine_ends_non_zero_and_says_so(engine, tmp_path):
     assert "returned to baseline: yes" not in md
 
 
-def test_drill_against_a_hung_engine_exits_non_zero_and_the_report_says_hang(engine, tmp_path):
-    # the server is SIGSTOPped mid-ramp: its socket still accepts, nothing answers, the process lives
-    py, model = engine
-    pidfile = tmp_path / "server.pid"
-    cmd = f"echo $$ > {pidfile}; " + lc.server_command(py, model, "{port}", extra="--model_alias tiny")
-    doc = _drill_doc(py, model, tmp_path, cmd, load={"request_timeout_s": 2},
-                     recovery={"limit_s": 6, "observe_s": 1})
-    doc["target"]["timeouts_s"] = {"stop": 2}  # a stopped process ignores SIGTERM: SIGKILL after 2 s
+def _drill_cli(tmp_path: Path, doc: dict, on_line, timeout: float = 170):
+    """`vramlab drill` as a subprocess; `on_line(line)` sees each progress line on stderr until it returns True."""
     (tmp_path / "plan.yaml").write_text(yaml.safe_dump(doc))
     proc = subprocess.Popen([sys.executable, "-m", "vramlab", "drill", "plan.yaml", "--db", str(tmp_path / "v.db"),
                              "-o", "incident.md"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    stopped = None
+    seen: list[str] = []
     try:
         assert proc.stderr is not None
         for line in proc.stderr:
-            if "concurrency = 4" in line and stopped is None:
-                time.sleep(1.0)
-                stopped = int(pidfile.read_text())
-                os.kill(stopped, signal.SIGSTOP)
+            seen.append(line)
+            if on_line(line):
                 break
-        out, err = proc.communicate(timeout=150)
+        out, err = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             proc.kill()
-        if stopped is not None:
+    return proc.returncode, out, "".join(seen) + err
+
+
+def test_drill_recovers_a_sigstopped_engine_by_sigkill_and_restart_within_the_limit(engine, tmp_path):
+    # the server is SIGSTOPped mid-ramp: its socket still accepts, nothing answers, the process lives.
+    # The supervisor sees health fail, and a stopped process never acts on SIGTERM: SIGKILL at once, restart.
+    py, model = engine
+    pidfile = tmp_path / "server.pid"
+    cmd = f"echo $$ > {pidfile}; " + lc.server_command(py, model, "{port}", extra="--model_alias tiny")
+    limit_s = 40
+    doc = _drill_doc(py, model, tmp_path, cmd, load={"request_timeout_s": 2},
+                     recovery={"limit_s": limit_s, "observe_s": 2, "liveness_grace_s": 2, "p95_tolerance": 50})
+    stopped: list[int] = []
+
+    def hang(line: str) -> bool:
+        if "concurrency = 4" in line and not stopped:
+            time.sleep(1.0)
+            stopped.append(int(pidfile.read_text()))
+            os.kill(stopped[0], signal.SIGSTOP)
+            return True
+        return False
+
+    try:
+        code, out, err = _drill_cli(tmp_path, doc, hang)
+    finally:
+        for pid in stopped:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(stopped, signal.SIGCONT)
-                os.kill(stopped, signal.SIGKILL)
-    assert stopped is not None, "the ramp never reached concurrency 4"
-    assert proc.returncode == 1, (out[-2000:], err[-3000:])
-    assert "NOT recovered" in err
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+    assert stopped, "the ramp never reached concurrency 4"
+    print(err[-3000:])
+    store = open_store(str(tmp_path / "v.db"))
+    (run,) = store.list_runs()
+    events = store.events(run.run_id)
+    restarts = [e for e in events if e.kind == "mitigation"]
+    assert len(restarts) >= 1 and "health failing" in restarts[0].message, [e.message for e in restarts]
+    assert "SIGKILL at once" in restarts[0].message and "state T" in restarts[0].message, restarts[0].message
+    inc = analyse(store.requests(run.run_id), store.samples(run.run_id), events, p95_tolerance=50)
+    assert inc.failure_mode.startswith("hang"), (inc.failure_mode, inc.evidence)
+    # the restart happened inside the limit and the target served again: credited, recovered, exit 0
+    assert inc.time_to_mitigate_s is not None and inc.time_to_mitigate_s < limit_s
+    assert inc.recovery.recovered and inc.recovery.time_to_recover_s < limit_s, inc.recovery
+    assert code == 0, (out[-2000:], err[-3000:])
+    log = (tmp_path / "target.log").read_text(errors="replace")
+    assert log.count("KV buffer size") >= 2 * 1, "the target log shows no second start-up"
+    # the requests in flight at the hang timed out; none was "cancelled" by the move to recovery
+    reqs = store.requests(run.run_id)
+    assert not any(r.error_class == "cancelled" and r.phase == "ramp" for r in reqs)
+    assert inc.impact.in_flight_lost > 0 and inc.impact.error_classes.get("timeout", 0) > 0
     md = (tmp_path / "incident.md").read_text()
-    assert "**Failure mode:** hang" in md and "request timed out" in md and "the process stayed up" in md
-    assert "NOT recovered" in md or "Not recovered" in md
+    assert "**Failure mode:** hang" in md and "NOT recovered" not in md
+    assert "restart the target on exit" not in md  # the supervisor did restart it
+
+
+def test_a_drill_not_recovered_exits_1_and_every_section_says_so(engine, tmp_path):
+    # killed mid-ramp; its restart is refused (a bad flag): not recovered, and the exit code, the live
+    # lines, the headline, the JSON, the lessons and the recovery table all say the same
+    py, model = engine
+    mark, pidfile = tmp_path / "started-once", tmp_path / "server.pid"
+    good = lc.server_command(py, model, "{port}", extra="--model_alias tiny")
+    bad = lc.server_command(py, model, "{port}", extra="--no_such_flag 1")
+    cmd = f"echo $$ > {pidfile}; if [ -e {mark} ]; then {bad}; fi; touch {mark}; {good}"
+    doc = _drill_doc(py, model, tmp_path, cmd, recovery={"limit_s": 10, "observe_s": 1})
+    killed: list[int] = []
+
+    def kill(line: str) -> bool:
+        if "concurrency = 2" in line and " step " in line and not killed:
+            time.sleep(1.5)
+            killed.append(int(pidfile.read_text()))
+            os.kill(killed[0], signal.SIGKILL)
+            return True
+        return False
+
+    code, out, err = _drill_cli(tmp_path, doc, kill)
+    assert killed, err[-2000:]
+    assert code == 1, (out[-2000:], err[-3000:])
+    assert "vramlab drill: NOT recovered: round 0:" in err and "exit 1" in err
+    assert not re.search(r"\brecovered\s+serving again", err)  # no live line claimed a recovery
+    store = open_store(str(tmp_path / "v.db"))
+    (run,) = store.list_runs()
+    from vramlab.report import load_context
+    from vramlab.report.incident import incident_json
+
+    ctx = load_context(store, run.run_id)
+    doc_json = incident_json(ctx)
+    assert doc_json["recovered"] is False and doc_json["headline"]["recovery"]["recovered"] is False
+    md = (tmp_path / "incident.md").read_text()
+    head = next(ln for ln in md.splitlines() if ln.startswith("- **"))
+    assert "NOT recovered" in head, head
+    assert "Not recovered:" in md and "**Not recovered**" in md  # the lessons and the recovery section
+    assert "| time to recover |" in md and re.search(r"\| time to recover \|[^|]*\| – \|", md), md
+
+
+def test_plan_host_split_matches_what_the_cpu_build_logs(engine, tmp_path):
+    """A CPU build has no GPU device: llama.cpp keeps every layer, the output layer and the KV on the host
+    whatever -ngl says ('layer 2 assigned to device CPU', 'CPU KV buffer'). The plan with -ngl 0 says the
+    same split and buffer sizes."""
+    py, model = engine
+    script = f"""
+import llama_cpp as L
+L.llama_backend_init()
+mp = L.llama_model_default_params()
+mp.n_gpu_layers = 99
+m = L.llama_model_load_from_file({str(model)!r}.encode(), mp)
+cp = L.llama_context_default_params()
+cp.n_ctx = 512; cp.n_seq_max = 1; cp.n_batch = 64; cp.n_ubatch = 64; cp.n_threads = 1
+assert L.llama_init_from_model(m, cp), "no context"
+"""
+    res = subprocess.run([py, "-c", script], capture_output=True, text=True, timeout=120)
+    text = res.stdout + res.stderr
+    assert res.returncode == 0, text[-3000:]
+    # load_tensors logs each layer's device (the output layer is layer n_layer): all CPU on a CPU build
+    assigned = re.findall(r"layer\s+(\d+) assigned to device (\w+)", text)
+    assert len(assigned) == lc.N_LAYER + 1 and {dev for _, dev in assigned} == {"CPU"}, text[-3000:]
+    mapped = re.search(r"CPU_Mapped model buffer size\s*=\s*([\d.]+) MiB", text)
+    kv = re.search(r"llama_kv_cache\w*:\s+CPU KV buffer size\s*=\s*([\d.]+) MiB", text)
+    assert mapped and kv, text[-3000:]
+    plan = _vramlab("plan", "--model", str(model), "--engine", "llama.cpp", "--ctx-size", "512", "--parallel", "1",
+                    "-ngl", "0", "--gpu-memory-gib", "8", "--json", cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    doc = json.loads(plan.stdout)
+    host, dev = doc["host"], doc["devices"][0]
+    assert dev["layers"] == 0 and dev["model_buffer_bytes"] == 0 and dev["kv_buffer_bytes"] == 0
+    assert host["layers"] == lc.N_LAYER and host["output_layer"]
+    assert abs(host["kv_buffer_bytes"] - float(kv.group(1)) * 2**20) <= 0.005 * 2**20
+    assert host["mapped_buffer_bytes"] == pytest.approx(float(mapped.group(1)) * 2**20, rel=0.02)

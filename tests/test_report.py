@@ -175,3 +175,18 @@ def test_prediction_beside_observed_queueing():
     md = render(ReportContext.build(over, reqs, samples, events), "md")
     assert ("Capacity model predicted max concurrency 12; observed: thresholds held up to 4, queueing from 8 — the "
             "prediction was on the unsafe side (at or above the first breach, concurrency 8)") in md
+
+
+def test_host_cpu_and_engine_rss_are_in_the_report_not_only_in_json():
+    from types import SimpleNamespace
+
+    from vramlab.records import SampleRecord
+    from vramlab.report.core_sections import host_line
+
+    def smp(name: str, t: float, v: float) -> SampleRecord:
+        return SampleRecord(run_id="r", t_s=t, source="host", name=name, value=v)
+
+    ctx = SimpleNamespace(samples=[smp("host.cpu_percent", 1, 40.0), smp("host.cpu_percent", 2, 97.4),
+                                   smp("host.target_rss_bytes", 1, 1.5 * 2**30), smp("gpu.memory_used_bytes", 1, 9.0)])
+    assert host_line(ctx) == "Host (sampled): CPU max 97 %, engine process RSS max 1.50 GiB"
+    assert host_line(SimpleNamespace(samples=[smp("gpu.memory_used_bytes", 1, 9.0)])) is None

@@ -175,6 +175,12 @@ def test_report_reads_at_laptop_width(browser, reports, kind):
     if kind == "experiment":
         signal = [t for t in got["tables"] if t["label"].startswith("Service and resource signals")]
         assert len(signal) == 2 and all(t["right"] <= t["viewport"] for t in signal), signal
+    # Plan against measured: the composition table (nine columns) and the KV-in-use table fit the screen too.
+    if kind in ("experiment", "incident"):
+        comp = [t for t in got["tables"] if t["section"] == "composition"]
+        assert any(t["label"].startswith("Resident model, KV cache") and t["columns"] == 9 for t in comp), comp
+        assert any(t["label"].startswith("KV cache in use") for t in comp), comp
+        assert all(t["right"] <= t["viewport"] for t in comp), comp
 
 
 @pytest.mark.slow

@@ -181,7 +181,7 @@ def test_time_to_alert_reads_on_the_alert_tables_clock():
     early = SimpleNamespace(t0_s=10.0, time_to_alert_s=-0.47,  # signed, as the incident's JSON has it
                             alerts=[{"name": "A", "state": "pending", "t_s": 9.0},
                                     {"name": "A", "state": "firing", "t_s": 9.53}])
-    assert alert_clock(early).startswith("-0.47 s") and "before the fault step" in alert_clock(early)
+    assert alert_clock(early).startswith("-0.47 s") and "before T0" in alert_clock(early)
     late = SimpleNamespace(t0_s=10.0, time_to_alert_s=1.25, alerts=[{"name": "A", "state": "firing", "t_s": 11.25}])
     assert alert_clock(late) == "1.25 s"
     assert alert_clock(SimpleNamespace(t0_s=10.0, time_to_alert_s=None, alerts=[])) == "–"
@@ -270,3 +270,32 @@ def test_timeline_calls_the_drills_serving_again_event_by_that_name_when_not_rec
             assert row["event"] == "recovered" and "recovered in 2.00 s from T0" in row["what"]
         else:
             assert row["event"] == "serving again" and "NOT recovered" in row["what"], row
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_incident_retry_storm_t0_and_recovery_sentences_quote_their_tables(drills):
+    store, run_id, _, _ = drills
+    doc = _doc(store, run_id)
+    storm = {r["retry storm"]: r["value"] for r in _rows(_tables(_section(doc, "incident-storm"))[0])}
+    amp = storm["amplification (attempt rate / baseline offered rate)"]
+    lessons = " ".join(_bullets(_section(doc, "incident-lessons")))
+    timeline = _rows(_tables(_section(doc, "incident-timeline"))[0])
+    # one retry-storm figure: the lessons and any timeline row quote the table's, with its verdict
+    said = re.findall(r"attempts (\S+×) the baseline's offered rate over the recovery window", lessons)
+    if amp != "–":
+        assert said == [amp], (said, amp, lessons)
+        assert ("Recovery drew a retry storm" in lessons) == (storm["retry storm"] == "yes")
+        assert ("No retry storm" in lessons) == (storm["retry storm"] == "no")
+    for row in (r for r in timeline if r["event"] == "retry_storm"):
+        assert f"retry storm: {storm['retry storm']} — attempts {amp}" in row["what"], (row, storm)
+    # T0 is defined once: the timeline's words are the recovery table's
+    rec = {r["figure"]: r for r in _rows(_tables(_section(doc, "incident-recovery"))[0])}
+    t0_words = next(v for k, v in rec["T0"].items() if k not in ("figure", "value"))
+    assert "first failed request" in t0_words and "fault step began" not in t0_words
+    assert f"from T0 ({t0_words})" in " ".join(_texts(_section(doc, "incident-timeline")))
+    # a restart that happened is never asked for: the action items follow the timeline
+    actions = " ".join(r[0] for r in _tables(_section(doc, "incident-actions"))[0].rows) \
+        if _tables(_section(doc, "incident-actions")) else ""
+    if any(r["event"] == "mitigation" for r in timeline):
+        assert "restart the target on exit" not in actions

@@ -75,3 +75,24 @@ def test_a_4xx_that_stops_the_run_is_quoted_in_console_and_every_report(tmp_path
         assert SERVER_SAYS in render(ctx, fmt).replace("&#x27;", "'"), fmt
     doc = json.loads(render(ctx, "json"))
     assert SERVER_SAYS in doc["run"]["stop_reason"]
+
+
+def test_a_baseline_that_never_answers_stops_the_run_before_the_change(tmp_path):
+    # accepts the connection, never answers: every baseline request is still open at the window's end
+    import time
+
+    b = StubBehaviour(stall_until=time.monotonic() + 3600)
+    r, store = _run(tmp_path, b, "load: {request_timeout_s: 2}")  # longer than the 0.3 s baseline
+    assert r.status == "stopped" and r.exit_code != 0 and r.stop_reason is not None
+    assert r.stop_reason.condition == "baseline"
+    assert "baseline broken, nothing changed: no baseline request came back" in r.stop_reason.message
+    phases = {rec.phase for rec in store.requests(r.run_id)}
+    assert phases == {"baseline"}, phases  # no treatment, no recovery was sent
+
+
+def test_a_baseline_where_every_request_fails_is_refused_in_the_servers_words(tmp_path):
+    b = StubBehaviour(fail_status=404, fail_body=json.dumps({"error": {"message": "model `x` not found"}}))
+    r, store = _run(tmp_path, b, "stop_conditions: {error_rate: 0.9, min_requests: 100000}")  # the stop never fires
+    assert r.status == "stopped" and r.stop_reason is not None and r.stop_reason.condition == "baseline"
+    assert "model `x` not found" in r.stop_reason.message and "baseline requests failed" in r.stop_reason.message
+    assert {rec.phase for rec in store.requests(r.run_id)} == {"baseline"}

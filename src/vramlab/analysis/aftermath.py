@@ -37,7 +37,7 @@ class Recovery:
 class Impact:
     requests_during: int  # attempts sent from T0 to recovery
     failed: int  # failed attempts in that window
-    in_flight_lost: int  # attempts in flight at the failure that ended in an error
+    in_flight_lost: int  # attempts in flight at T0 (sent by then, still open) that ended in an error
     failed_logical: int  # request ids with no successful attempt at all
     affected_clients: int
     error_classes: dict[str, int]
@@ -128,8 +128,10 @@ def impact(requests, t0, rec_end, baseline_start, treatment_start) -> Impact:
         during = [r for r in requests if ((r.sent_s or 0.0) >= t0 - 1e-9 and (r.sent_s or 0.0) <= rec_end)
                   or ((r.sent_s or 0.0) < t0 and (r.end_s or math.inf) >= t0)]
     failed = [r for r in during if not r.ok]
-    fail_t = min((r.end_s or math.inf for r in failed), default=None)
-    lost = [r for r in failed if fail_t is not None and (r.sent_s or 0.0) <= fail_t and (r.end_s or math.inf) >= fail_t]
+    # in flight at T0 (sent by then, not ended before it) and never answered: the first failed
+    # request itself ends at T0, the requests of a hang time out after it
+    lost = [r for r in failed if t0 is not None and (r.sent_s or 0.0) <= t0 + 1e-9
+            and (r.end_s if r.end_s is not None else math.inf) >= t0 - 1e-9]
     touched = {r.request_id for r in during}  # logical requests the incident touched, with all their attempts
     by_id: dict[str, bool] = {}
     for r in requests:

@@ -149,10 +149,16 @@ class Recovery:
     baseline_error_rate: float
     recovery_error_rate: float
     reason: str
+    judged: bool = True  # False: too few requests (or none) to say either way
 
 
 def _within(value: float, baseline: float, rel_tol: float, floor: float) -> bool:
     return value <= baseline + max(rel_tol * abs(baseline), floor)
+
+
+# Fewer requests than this in the recovery window (or in the part of it judged) leave the verdict
+# open: a P95 over a handful of requests swings by tens of percent from one round to the next.
+MIN_REQUESTS_TO_JUDGE = 10
 
 
 def returned_to_baseline(
@@ -164,21 +170,23 @@ def returned_to_baseline(
 ) -> Recovery:
     """Recovery vs baseline on P95 end-to-end latency and error rate.
 
-    Returned means the end of recovery is back: the recovery window is cut into `bins` time bins
-    (each at least 0.5 s) and "when" is the start of the earliest bin from which every later
-    non-empty bin is within tolerance of the baseline (P95 within rel_tol or 5 ms, error rate
-    within 1 point). No such bin: not returned.
+    Judged on whole stretches of the recovery window, never on its last few requests: the window
+    is cut into `bins` time bins (each at least 0.5 s), and "when" is the start of the earliest bin
+    from which *all the requests to the end* together are within tolerance of the baseline (P95
+    within rel_tol or 5 ms, error rate within 1 point), counting only stretches of at least
+    MIN_REQUESTS_TO_JUDGE requests. Fewer than that in the whole window: too few to judge (said so,
+    not returned). No such stretch: not returned.
     """
     b, r = baseline.requests, recovery.requests
     b_p95 = b.e2e.p95 if b.e2e else None
     r_p95 = r.e2e.p95 if r.e2e else None
     rnd = recovery.window.round
 
-    def verdict(returned: bool, after: float | None, reason: str) -> Recovery:
-        return Recovery(rnd, returned, after, b_p95, r_p95, b.error_rate, r.error_rate, reason)
+    def verdict(returned: bool, after: float | None, reason: str, judged: bool = True) -> Recovery:
+        return Recovery(rnd, returned, after, b_p95, r_p95, b.error_rate, r.error_rate, reason, judged)
 
     if r.count == 0:
-        return verdict(False, None, "no requests in the recovery phase")
+        return verdict(False, None, "no requests in the recovery phase", judged=False)
     done = [q for q in recovery_requests if q.error_class != "cancelled"]
     if done and not any(is_ok(q) for q in done):
         # every request failed (a hang: every one timed out): nothing came back, whatever the baseline did
@@ -191,17 +199,19 @@ def returned_to_baseline(
     bin_s = max(length / bins, 0.5)
     n_bins = max(1, math.ceil(length / bin_s)) if length > 0 else 1
     buckets: list[list[RequestRecord]] = [[] for _ in range(n_bins)]
-    for q in recovery_requests:
-        if q.error_class == "cancelled":
-            continue
+    for q in done:
         t = q.end_s if q.end_s is not None else q.sent_s
         if t is None:
             continue
         buckets[min(max(int((t - start) / bin_s), 0), n_bins - 1)].append(q)
+    counted = sum(len(x) for x in buckets)
+    if counted < MIN_REQUESTS_TO_JUDGE:
+        return verdict(False, None, f"too few requests to judge: {counted} in the recovery window, "
+                       f"{MIN_REQUESTS_TO_JUDGE} needed", judged=False)
 
-    def bin_ok(reqs: list[RequestRecord]) -> bool:
+    def stretch_ok(reqs: list[RequestRecord]) -> bool:
         if not any(is_ok(q) for q in reqs):
-            return False  # a bin where nothing succeeded is never "back"
+            return False  # a stretch where nothing succeeded is never "back"
         errs = sum(1 for q in reqs if not is_ok(q)) / len(reqs)
         if not _within(errs, b.error_rate, 0.0, ABS_FLOOR["error_rate"]):
             return False
@@ -209,12 +219,12 @@ def returned_to_baseline(
         return b_p95 is None or not lats or _within(percentile(lats, 95), b_p95, rel_tol, LATENCY_FLOOR_MS)
 
     settled_from: int | None = None
-    for i in range(n_bins - 1, -1, -1):
-        if not buckets[i]:
-            continue
-        if bin_ok(buckets[i]):
+    for i in range(n_bins):
+        rest = [q for bucket in buckets[i:] for q in bucket]
+        if len(rest) < MIN_REQUESTS_TO_JUDGE:
+            break  # later stretches hold fewer still
+        if buckets[i] and stretch_ok(rest):
             settled_from = i
-        else:
             break
     if settled_from is None:
         why = []
@@ -222,7 +232,7 @@ def returned_to_baseline(
             why.append(f"recovery P95 {_ms(r_p95)} vs baseline {_ms(b_p95)}")
         if not err_ok:
             why.append(f"recovery error rate {r.error_rate:.1%} vs baseline {b.error_rate:.1%}")
-        return verdict(False, None, "; ".join(why) or "the last part of recovery is still off baseline")
+        return verdict(False, None, "; ".join(why) or "no stretch to the end of recovery is back within tolerance")
     after = settled_from * bin_s
     if lat_ok and err_ok:
         return verdict(True, after, "P95 and error rate within tolerance of baseline")

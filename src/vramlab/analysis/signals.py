@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from vramlab.records.stats import percentile
@@ -124,6 +124,11 @@ def onset_of(sig: Signal, t0_s: float, baseline_start_s: float, end_s: float = m
     or, inside one of `levels`, against that level's first `settle_s` seconds."""
     pts = sorted(sig.points)
     base = baseline_of(pts, baseline_start_s, t0_s)
+    if sig.rule.threshold is not None and any(
+            _past(sig.rule, v, sig.rule.threshold) for t, v in pts if baseline_start_s <= t < t0_s):
+        # already past its fixed threshold before the treatment: crossing it again is no anomaly;
+        # only a move off its own baseline (the deviation rule) can make it abnormal
+        sig = replace(sig, rule=replace(sig.rule, threshold=None))
     thresholds_only = SignalRule(direction=sig.rule.direction, threshold=sig.rule.threshold, deviation=False,
                                  consecutive=sig.rule.consecutive)
     cache: dict[tuple[float, float], tuple[list[tuple[str, float]], Baseline | None]] = {}

@@ -108,6 +108,9 @@ class RequestSummary:
     # request stored the count (rows written before it was recorded).
     itl_timed: int = 0
     itl_untimed: int | None = None
+    # successful requests whose output tokens were counted from stream chunks (the server sent no
+    # usage and no count of its own): output_tok_s rests on an estimate for them
+    tokens_estimated: int = 0
 
     @property
     def itl_untimed_share(self) -> float | None:
@@ -191,6 +194,7 @@ def summarize_requests(
         cancelled=cancelled,
         itl_timed=sum(len(r.itl_ms) for r in ok),
         itl_untimed=sum(known) if known else None,
+        tokens_estimated=sum(1 for r in ok if r.output_tokens_source == "chunks"),
     )
 
 

@@ -108,45 +108,66 @@ class MixRules:
         return self.base
 
 
-def _layer_tensors(m: ModelSpec, rules: MixRules, i: int, i_wv: int, n_wv: int) -> int:
-    """Bytes of layer *i*'s tensors (attention, MLP or experts, norms, biases)."""
+def layer_tensors(m: ModelSpec, rules: MixRules, i: int, i_wv: int, n_wv: int) -> list[tuple[str, int]]:
+    """Layer *i*'s tensors as (GGUF name, bytes): attention, MLP or experts, norms, biases. The names are
+    the ones `--override-tensor` patterns match (`blk.12.ffn_up_exps.weight`)."""
     h, hd = m.hidden_size, m.head_dim
     q_dim, kv_dim = m.num_attention_heads * hd, m.num_kv_heads * hd
-    total = 0
+    out: list[tuple[str, int]] = []
 
-    def add(kind: str, ncols: int, nrows: int) -> None:
-        nonlocal total
-        total += tensor_bytes(_fit(kind, ncols) if kind not in ("F32", "F16", "BF16") else kind, ncols, nrows)
+    def add(name: str, kind: str, ncols: int, nrows: int) -> None:
+        fitted = _fit(kind, ncols) if kind not in ("F32", "F16", "BF16") else kind
+        out.append((f"blk.{i}.{name}.weight", tensor_bytes(fitted, ncols, nrows)))
 
     if m.model_type in FUSED_QKV:
-        add(rules.attn_v(i_wv, n_wv, fused=True), h, q_dim + 2 * kv_dim)
+        add("attn_qkv", rules.attn_v(i_wv, n_wv, fused=True), h, q_dim + 2 * kv_dim)
     else:
-        add(rules.base, h, q_dim)
-        add(rules.attn_k(), h, kv_dim)
-        add(rules.attn_v(i_wv, n_wv, fused=False), h, kv_dim)
-    add(rules.attn_output(), q_dim, h)
+        add("attn_q", rules.base, h, q_dim)
+        add("attn_k", rules.attn_k(), h, kv_dim)
+        add("attn_v", rules.attn_v(i_wv, n_wv, fused=False), h, kv_dim)
+    add("attn_output", rules.attn_output(), q_dim, h)
     norms = 2 * h + (2 * hd if m.model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text") else 0)  # q/k norms
     if m.model_type.startswith(("gemma2", "gemma3")):
         norms += 2 * h  # post_attention_norm and post_ffw_norm
     if m.attention_bias:
         norms += q_dim + 2 * kv_dim
-    total += 4 * norms
+    out.append((f"blk.{i}.attn_norm.weight", 4 * norms))  # every norm and bias of the layer, F32
     moe = m.num_experts and i in set(m.moe_layer_indices())
     if moe:
         inter, e = m.moe_intermediate_size, m.num_experts
-        add(rules.base, h, 2 * inter * e)  # ffn_gate_exps + ffn_up_exps
+        add("ffn_gate_exps", rules.base, h, inter * e)
+        add("ffn_up_exps", rules.base, h, inter * e)
         n_down = m.num_layers * (2 if m.num_shared_experts and m.shared_expert_intermediate_size else 1)
-        add(rules.ffn_down(i, n_down), inter, h * e)
-        total += 4 * h * e  # ffn_gate_inp (router), F32
+        add("ffn_down_exps", rules.ffn_down(i, n_down), inter, h * e)
+        out.append((f"blk.{i}.ffn_gate_inp.weight", 4 * h * e))  # the router, F32
         if m.num_shared_experts and m.shared_expert_intermediate_size:
             s = m.shared_expert_intermediate_size
-            add(rules.base, h, 2 * s)
-            add(rules.ffn_down(i, n_down), s, h)
+            add("ffn_gate_shexp", rules.base, h, s)
+            add("ffn_up_shexp", rules.base, h, s)
+            add("ffn_down_shexp", rules.ffn_down(i, n_down), s, h)
     elif m.intermediate_size:
-        mats = 2 if m.gated_mlp else 1
-        add(rules.base, h, mats * m.intermediate_size)
-        add(rules.ffn_down(i, m.num_layers), m.intermediate_size, h)
-    return total
+        if m.gated_mlp:
+            add("ffn_gate", rules.base, h, m.intermediate_size)
+        add("ffn_up", rules.base, h, m.intermediate_size)
+        add("ffn_down", rules.ffn_down(i, m.num_layers), m.intermediate_size, h)
+    return out
+
+
+def _layer_tensors(m: ModelSpec, rules: MixRules, i: int, i_wv: int, n_wv: int) -> int:
+    return sum(size for _, size in layer_tensors(m, rules, i, i_wv, n_wv))
+
+
+def rules_for(m: ModelSpec, ftype: str) -> MixRules:
+    f = ftype.upper()
+    # LLM_TYPE_70B (llama-model.cpp): 80-layer llama and qwen2 models.
+    return MixRules(f, MIX_BASE[f], m.num_layers, m.num_experts, m.num_layers == 80 and m.model_type in ("llama", "qwen2"))
+
+
+def output_tensors(m: ModelSpec, ftype: str) -> list[tuple[str, int]]:
+    """The output layer: `output.weight` (the tied embedding's copy when tied) and `output_norm.weight`."""
+    rules = rules_for(m, ftype)
+    return [("output.weight", tensor_bytes(rules.output(m.hidden_size), m.hidden_size, m.vocab_size)),
+            ("output_norm.weight", 4 * m.hidden_size)]
 
 
 def supported(m: ModelSpec, ftype: str | None) -> bool:
@@ -159,12 +180,10 @@ def supported(m: ModelSpec, ftype: str | None) -> bool:
 
 def device_bytes(m: ModelSpec, ftype: str, layers: range, with_output: bool = True) -> int:
     """Bytes of the CUDA model buffer: the offloaded layers' tensors, plus the output norm and matrix."""
-    f = ftype.upper()
-    # LLM_TYPE_70B (llama-model.cpp): 80-layer llama and qwen2 models.
-    rules = MixRules(f, MIX_BASE[f], m.num_layers, m.num_experts, m.num_layers == 80 and m.model_type in ("llama", "qwen2"))
+    rules = rules_for(m, ftype)
     total = sum(_layer_tensors(m, rules, i, i, m.num_layers) for i in layers)
     if with_output:
-        total += tensor_bytes(rules.output(m.hidden_size), m.hidden_size, m.vocab_size) + 4 * m.hidden_size
+        total += sum(size for _, size in output_tensors(m, ftype))
     return total
 
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from importlib import import_module
 from typing import Any
 
+from vramlab.capacity import defaults
 from vramlab.capacity.constants import Constants
 from vramlab.capacity.engines.common import Context, PolicyResult
 from vramlab.capacity.estimate import GIB, Component, Estimate
@@ -27,6 +28,7 @@ _POLICIES = {
     "tgi": "vramlab.capacity.engines.tgi",
     "llama.cpp": "vramlab.capacity.engines.llamacpp",
     "transformers": "vramlab.capacity.engines.transformers",
+    "ollama": "vramlab.capacity.engines.ollama",
 }
 _DEFAULT_CONSTANTS: Constants | None = None
 
@@ -61,10 +63,7 @@ def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Co
     ctx, r = run_policy(model, gpu, settings, constants)
     comps = r.components
     kv_mid = r.kv_rule(comps, "mid")
-    kv_low = r.kv_rule(comps, "high")  # pessimistic: every in-budget component at its high end
-    kv_high = r.kv_rule(comps, "low")
-    if r.kv_fixed:
-        kv_low, kv_high = kv_mid, kv_mid
+    kv_low, kv_high, widest = (kv_mid, kv_mid, None) if r.kv_fixed else kv_band(r, comps, kv_mid)
     kv_comp = Component("kv_cache", max(0, kv_mid), max(0, min(kv_low, kv_mid)), max(0, kv_high, kv_mid),
                         r.kv_provenance, r.kv_note, in_budget=True)
     lim = r.limits(max(0, kv_mid))
@@ -74,6 +73,7 @@ def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Co
     used = sum(c.bytes for c in all_comps) if r.kv_fixed else _used(comps, kv_comp, r)
     headroom = ctx.total - ctx.other - used
     reasons = list(r.reasons) + _refusals(ctx, r, kv_mid, lim.num_blocks, used, headroom)
+    context_note = defaults.context_note(model, settings, r.max_model_len)
     fits = not reasons
     est = Estimate(
         model=model.name,
@@ -96,15 +96,30 @@ def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Co
         headroom_bytes=headroom,
         fits=fits,
         reasons=tuple(reasons),
-        notes=tuple(r.notes),
+        notes=tuple(r.notes) + ((context_note,) if context_note else ()),
         pessimistic=pess,
         optimistic=opt,
         per_sequence_state_bytes=r.per_sequence_state_bytes,
-        extra=dict(r.extra),
+        # the KV band signed, as a failed start-up prints it (the kv_cache component stops at 0)
+        extra={**r.extra, "kv_band_bytes": (min(kv_low, kv_mid), max(kv_high, kv_mid)),
+               **({"kv_band_widest": widest} if widest else {}),
+               **({"default_context_rule": context_note} if context_note else {})},
     )
     if not fits and with_suggestions:
         est = replace(est, suggestions=tuple(suggest(model, gpu, settings, constants, est)))
     return est
+
+
+def kv_band(r: PolicyResult, comps: list[Component], kv_mid: int) -> tuple[int, int, str | None]:
+    """(low, high, the component that swings the pool most). The band stacks every in-budget component at its
+    worst end: added in quadrature instead (independent errors) it was a quarter narrower but held fewer than 90 %
+    of the held-out measurements (docs/capacity-model.md, "Band coverage"). The widest term is the one whose own
+    swing, the others held at their expected value, moves the pool's low end most."""
+    held = [replace(c, low_bytes=c.bytes, high_bytes=c.bytes) for c in comps]
+    swings = [(abs(kv_mid - r.kv_rule(held[:i] + [c] + held[i + 1:], "high")), c.name)
+              for i, c in enumerate(comps) if c.in_budget and c.low_bytes != c.high_bytes]
+    widest = max(swings)[1] if swings and max(swings)[0] > 0 else None
+    return r.kv_rule(comps, "high"), r.kv_rule(comps, "low"), widest
 
 
 def _refusals(ctx: Context, r: PolicyResult, kv_bytes: int, blocks: int, used: int, headroom: int) -> list[str]:
@@ -213,6 +228,10 @@ def suggest(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants 
     engine's own flags."""
     if s.engine == "llama.cpp":
         return _suggest_llamacpp(model, gpu, s, constants)
+    if s.engine == "ollama":
+        from vramlab.capacity.engines.ollama import suggest as suggest_ollama
+
+        return suggest_ollama(model, gpu, s, constants, est)
     out: list[str] = []
 
     def ok(**changes: object) -> Estimate | None:
@@ -276,6 +295,9 @@ def _suggest_llamacpp(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: 
             out.append(text)
         elif longer and longer > (longest or 0):
             out.append(f"{text} with {longer:,} tokens per slot ({ctx_flags(q8.with_(max_model_len=longer))})")
+    from vramlab.capacity.engines.llamacpp_fit import placement_suggestions
+
+    out.extend(placement_suggestions(model, gpu, s, constants))
     if not out:
         out.append("no single change fits on this card: use a larger GPU, a smaller quantization or offload "
                    "fewer layers (-ngl)")
@@ -284,8 +306,9 @@ def _suggest_llamacpp(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: 
 
 def max_len_that_fits(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None = None,
                       concurrency: float = 1.0, point: str = "mid", margin: float = 0.0) -> int:
-    """The largest max_model_len whose pool still holds *concurrency* requests (0 if none does)."""
-    hi = model.max_position_embeddings or (1 << 20)
+    """The largest max_model_len whose pool still holds *concurrency* requests (0 if none does), up to the
+    context the engine derives (capacity/defaults.py), or the one given if longer."""
+    hi = defaults.context_limit(model, s)
 
     def holds(length: int) -> bool:
         try:
@@ -340,7 +363,9 @@ def safe_operating_point(model: ModelSpec, gpu: GPU, s: EngineSettings, constant
     out: dict[str, object] = {
         "margin": margin,
         "max_concurrency": math.floor(conc) if fits else 0,
-        "max_model_len": s.max_model_len or model.max_position_embeddings or None,
+        # the length the policy resolved (the derived default, or llama.cpp's per-slot context): the same
+        # length the plan's max-concurrency line counts in
+        "max_model_len": run_policy(model, gpu, s, constants)[1].max_model_len or None,
     }
     want = concurrency or max(1, math.floor(conc) if fits else 1)
     out["concurrency"] = want

@@ -34,6 +34,9 @@ SWEEP_KEYS = {
     "ctx-size": "ctx_size",
     "parallel": "parallel",
     "max-batch-prefill-tokens": "max_batch_prefill_tokens",
+    "n-gpu-layers": "n_gpu_layers",  # llama.cpp -ngl / Ollama num_gpu
+    "ngl": "n_gpu_layers",
+    "n-cpu-moe": "n_cpu_moe",
 }
 _INT_FIELDS = {f.name for f in fields(EngineSettings) if f.type in ("int", "int | None")}
 _FLOAT_FIELDS = {"gpu_memory_utilization", "mem_fraction_static"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers")
+ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama")
 
 # The release assumed when --engine-version is left out: the newest each policy was checked against.
 DEFAULT_VERSIONS = {
@@ -13,6 +13,7 @@ DEFAULT_VERSIONS = {
     "tgi": "3.3.6",
     "llama.cpp": "b9300",  # PR #23861 (2026-05-29) is the newest rule checked (engines/llamacpp.py)
     "transformers": "5.0.0",
+    "ollama": "0.11.6",  # llm/memory.go estimateGPULayers (engines/ollama.py)
 }
 # `--vllm-engine v0` without a version: the last release that still shipped the V0 engine
 # (V0 was removed in 0.11.0).
@@ -66,6 +67,17 @@ class EngineSettings:
     flash_attn: bool | None = None  # llama.cpp -fa
     cache_type_v: str | None = None  # llama.cpp --cache-type-v (None = same as the K type)
     llamacpp_server: str = "llama-server"  # or "llama-cpp-python" (python -m llama_cpp.server)
+    # llama.cpp placement (engines/llamacpp_placement.py): None = every layer offloaded (-ngl 99)
+    n_gpu_layers: int | None = None  # -ngl; -1 = all
+    override_tensor: tuple[str, ...] = ()  # -ot REGEX=BUFT, in the order given
+    n_cpu_moe: int = 0  # --n-cpu-moe: experts of the first N layers on the host
+    tensor_split: tuple[float, ...] | None = None  # --tensor-split; None = by each device's free memory
+    split_mode: str = "layer"  # --split-mode layer | row | none
+    main_gpu: int = 0  # --main-gpu
+    no_kv_offload: bool = False  # --no-kv-offload: every layer's KV in host memory
+    mmap: bool = True  # --no-mmap turns it off: the host buffer is then CPU, not CPU_Mapped
+    ollama_gpu_overhead_bytes: int = 0  # OLLAMA_GPU_OVERHEAD
+    devices: tuple[tuple[str, int], ...] = ()  # (name, bytes) of every card when they differ; () = the one --gpu
     enable_chunked_prefill: bool | None = None  # vLLM V0: None = the engine decides (auto above 32k)
     flashinfer_sampler: bool | None = None  # vLLM: FlashInfer top-k/top-p sampler on/off (None = the release's default)
     gpu_p2p: bool | None = None  # False: no P2P/NVLink between the GPUs (other nodes, no P2P); None = from the card

@@ -186,17 +186,11 @@ class ModelSpec:
 
     @property
     def context_length(self) -> int:
-        """The longest context the engines derive from the config, as vLLM's `_get_and_verify_max_len`
-        does: `max_position_embeddings`, times the rope-scaling factor for scaling types that extend
-        the context (yarn from `original_max_position_embeddings`; linear/dynamic from the base);
-        llama3, su and longrope configs already state the extended length. Never the sliding window."""
-        base = self.max_position_embeddings
-        kind = (self.rope_scaling_type or "").lower()
-        if not base or not kind or kind in ("llama3", "su", "longrope", "default", "mrope") or self.rope_scaling_factor <= 1:
-            return base
-        if kind == "yarn" and self.rope_original_max_position:
-            base = self.rope_original_max_position
-        return int(base * self.rope_scaling_factor)
+        """The context vLLM's current release derives from the config (`_get_and_verify_max_len`); each
+        engine's and release's own rule is capacity/defaults.py `derived_context`. Never the sliding window."""
+        from vramlab.capacity.defaults import derived_context
+
+        return derived_context(self, "vllm").tokens
 
     def count(self, kind: str) -> int:
         return sum(1 for k in self.kinds if k == kind)

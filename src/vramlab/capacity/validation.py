@@ -92,6 +92,9 @@ FLAG_RULES: dict[str, Rule] = {
     "rope_scaling_factor": Rule(False, 1, 1 << 12),
     "max_lora_rank": _count(1 << 12),  # vLLM accepts up to 512; a typo in the thousands is still refused
     "max_loras": _count(1 << 10),
+    "n_gpu_layers": _count(1 << 20, -1),  # llama.cpp -ngl: -1 = all, counts above the layers too
+    "n_cpu_moe": _count(MAX_LAYERS, 0),
+    "main_gpu": _count(MAX_GPUS, 0),
 }
 
 

@@ -277,11 +277,12 @@ def _quant_bytes_per_param(q: QuantSpec, bnb_nested_absmax: bool = False) -> flo
 @lru_cache(maxsize=512)  # pure in hashable inputs; sweeps ask the same question many times
 def weight_bytes(m: ModelSpec, dtype: str = "auto", quantization: str | None = None,
                  tp: int = 1, pp: int = 1, rank_pp: int = 0, rope_cache: bool = True,
-                 bnb_nested_absmax: bool = False) -> tuple[int, str]:
+                 bnb_nested_absmax: bool = False, mxfp4_layout: str = "flashinfer") -> tuple[int, str]:
     """Bytes of weights on one GPU, and how they were obtained ("exact" or "formula").
 
     *rope_cache*: add the rotary cos/sin cache vLLM and SGLang build at load time.
     *bnb_nested_absmax*: double-quantized bitsandbytes statistics stay compressed (vLLM < 0.9.2).
+    *mxfp4_layout*: the MXFP4 MoE backend whose padding the stored experts take (`MXFP4_PADS`).
     """
     q = effective_quant(m, quantization)
     model_dtype = resolve_dtype(m, dtype, q)
@@ -304,7 +305,7 @@ def weight_bytes(m: ModelSpec, dtype: str = "auto", quantization: str | None = N
     else:
         per = _quant_bytes_per_param(q, bnb_nested_absmax)
         if q.method == "mxfp4" or q.quantize_experts_only:
-            total = wb.expert_params * mxfp4_padding(m, tp) * per + (wb.linear_params + wb.other_params) * unq
+            total = wb.expert_params * mxfp4_padding(m, tp, mxfp4_layout) * per + (wb.linear_params + wb.other_params) * unq
         else:
             quantized = wb.linear_params + wb.expert_params - wb.skipped_params
             total = quantized * per + (wb.skipped_params + wb.other_params) * unq
@@ -320,13 +321,21 @@ def _pad(x: float, to: int) -> float:
     return math.ceil(x / to) * to
 
 
-def mxfp4_padding(m: ModelSpec, tp: int) -> float:
-    """vLLM's MXFP4 MoE kernels pad the hidden size and each rank's expert width to multiples of 256
-    (gpt-oss: 2880 -> 3072): the stored experts grow by that ratio."""
+# vLLM's Mxfp4MoEMethod.create_weights (vllm/model_executor/layers/quantization/mxfp4.py, 0.10.1 on) pads each rank's
+# expert width and the hidden size for the MoE backend that will run them, (width, hidden) multiples: Marlin ("n % 256
+# == 0 and k % 128 == 0": CUDA cards below Blackwell, and Hopper unless the triton_kernels package is importable with
+# torch >= 2.8) 128 and 256; FlashInfer on SM100 256 and 256; the Triton kernels 64 and none.
+MXFP4_PADS = {"marlin": (128, 256), "flashinfer": (256, 256), "triton": (64, 1)}
+
+
+def mxfp4_padding(m: ModelSpec, tp: int, layout: str = "flashinfer") -> float:
+    """The stored experts grow by the padded over the real (hidden x width) of one rank (gpt-oss at TP 1:
+    2880 x 2880 -> 3072 x 2944 under Marlin, 3072 x 3072 under FlashInfer, unpadded under Triton)."""
     if not m.moe_intermediate_size:
         return 1.0
+    width_pad, hidden_pad = MXFP4_PADS[layout]
     inter = m.moe_intermediate_size / tp
-    return (_pad(m.hidden_size, 256) * _pad(inter, 256)) / (m.hidden_size * inter)
+    return (_pad(m.hidden_size, hidden_pad) * _pad(inter, width_pad)) / (m.hidden_size * inter)
 
 
 # Average bits per weight of llama.cpp's file types (mixes keep some tensors at higher precision).

@@ -6,8 +6,13 @@ Constants are fitted per engine; one that too few observations depend on is refu
 named. Leave-one-out errors per component are reported before and after the fit. The profile
 is applied with `vramlab plan --calibration FILE`.
 
+Given run ids instead, it learns from stored runs (`vramlab run` / `drill` keep the capacity plan
+beside the measured memory composition): the constants those measurements inform, with the
+evidence for each, and the error before and after on those runs and on any --holdout run.
+
 examples:
   vramlab calibrate logs/*.log measurements.jsonl -o my-fleet.calibration.toml
+  vramlab calibrate 7f3a91bc 0c2e5d11 --holdout 9e8d7c6b -o runs.calibration.toml
   vramlab calibrate observed_memory.jsonl --model-configs model_configs.json -o dev.calibration.toml
 """
 
@@ -18,7 +23,11 @@ import json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("inputs", nargs="+", metavar="LOG_OR_JSONL", help="engine logs and/or .jsonl measurement files")
+    parser.add_argument("inputs", nargs="+", metavar="LOG_OR_JSONL_OR_RUN",
+                        help="engine logs and/or .jsonl measurement files; or stored run ids")
+    parser.add_argument("--db", metavar="URL", help="with run ids: the store (default $VRAMLAB_DB, else ./vramlab.db)")
+    parser.add_argument("--holdout", action="append", metavar="RUN_ID",
+                        help="with run ids: a run to report the error on without learning from it (repeatable)")
     parser.add_argument("-o", "--output", metavar="PROFILE", help="write the calibration profile here (.toml)")
     parser.add_argument("--model-configs", metavar="JSON", help="hf id -> config.json map for models not in the catalog")
     parser.add_argument("--engine", help="fit only this engine's observations")
@@ -32,10 +41,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from vramlab.cli.calibrate_runs import looks_like_runs
     from vramlab.errors import ConfigError
     from vramlab.logs.calibrate import calibrate
     from vramlab.report.calibrate_text import render, to_json
 
+    if looks_like_runs(args.inputs):
+        from vramlab.cli.calibrate_runs import run as run_calibration
+
+        return run_calibration(args)
+    if args.holdout:
+        raise ConfigError("--holdout takes stored runs: give run ids, not logs")
     if args.min_points < 2:
         raise ConfigError("--min-points must be at least 2")
     if args.output:

@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", help="GPU catalog name (default: from the log's total memory)")
     parser.add_argument("--engine", help="engine that wrote the log (default: detected)")
     parser.add_argument("--engine-version", help="engine version when the log does not print it")
+    parser.add_argument("--quantization", help="the model file's quantization when the log does not print it "
+                        "(e.g. Q4_K_M for an Ollama estimate line)")
     parser.add_argument("--calibration", metavar="PROFILE", help="calibration profile (.toml) to predict with")
     parser.add_argument("--online", action="store_true", help="allow reading a model's config from the Hugging Face Hub")
     parser.add_argument("--max-bytes", type=int, metavar="N",
@@ -40,20 +42,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vramlab.logs.check import check_log, check_logs
+    from vramlab.logs.check import FolderReport, check_file, check_logs
     from vramlab.report.check_log_text import render, render_folder
 
     kwargs: dict[str, Any] = dict(model=args.model, gpu=args.gpu, engine=args.engine,
                                   engine_version=args.engine_version, calibration=args.calibration,
-                                  offline=not args.online, max_bytes=args.max_bytes)
+                                  offline=not args.online, max_bytes=args.max_bytes, quantization=args.quantization)
     if args.max_bytes is not None and not 1 <= args.max_bytes <= MAX_BYTES_LIMIT:
         from vramlab.errors import ConfigError
 
         raise ConfigError(f"--max-bytes must be between 1 and {MAX_BYTES_LIMIT:,} (1 GiB: a log is held in memory "
                           f"while it is read), got {args.max_bytes:,}")
     if len(args.files) == 1 and not Path(args.files[0]).is_dir():
-        report = check_log(args.files[0], **kwargs)
-        print(json.dumps(report.to_json(), indent=1) if args.json else render(report))
+        reports, skipped = check_file(args.files[0], **kwargs)
+        if len(reports) == 1 and not skipped:
+            print(json.dumps(reports[0].to_json(), indent=1) if args.json else render(reports[0]))
+            return 0
+        folder = FolderReport(reports, skipped)  # several writers in one file: a report each
+        print(json.dumps(folder.to_json(), indent=1) if args.json else render_folder(folder))
         return 0
     folder = check_logs(args.files, **kwargs)
     print(json.dumps(folder.to_json(), indent=1) if args.json else render_folder(folder))

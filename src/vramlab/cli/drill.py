@@ -6,13 +6,16 @@ the drill undoes what it changed (balloon released, co-loaded models and the sim
 stopped, the plan's rollback commands run) on completion, on stop, on errors and on Ctrl-C.
 Everything goes to the store (kind "drill"); `vramlab report ID` renders it again later.
 Exit: 0 the drill ran and every failure recovered (or nothing failed); 1 a failed round did not
-recover within the limit (a hang, a refused restart), or the drill itself failed; 130 Ctrl-C.
+recover by the report's verdict (not serving again, health still failing or P95 not back within the
+limit and observation: a hang, a refused restart), or the drill itself failed, or its baseline
+breached the plan's error threshold (nothing was ramped); 130 Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 # the same string as vramlab.drill.target.OVERRIDE_FLAG (a test keeps them equal); literal here so
 # `vramlab drill --help` does not import pydantic
@@ -28,6 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="act on a target that is not declared environment: test (you are breaking it on purpose)")
     parser.add_argument("--url", help="attach to an already running target at this URL instead of starting one")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--gpu", metavar="NAME", help="the target's card (catalog name) for the capacity plan stored "
+                        "with the drill, when the plan's capacity: block does not name it")
+    parser.add_argument("--gpu-memory-gib", type=float, metavar="GIB",
+                        help="usable memory per GPU for the capacity plan (a card not in the catalog)")
 
 
 PROGRESS = ("step", "detect", "fault", "mitigation", "recovered", "not_recovered", "ceiling", "rollback",
@@ -39,8 +46,27 @@ def _progress(ev: object) -> None:
     """One line per timeline milestone, so an operator (or a test) can follow the drill live."""
     kind = getattr(ev, "kind", "")
     if kind in PROGRESS:
-        print(f"  {getattr(ev, 't_s', 0.0):7.2f} s  {kind:<20} {getattr(ev, 'message', '')[:120]}", file=sys.stderr,
+        print(f"  {getattr(ev, 't_s', 0.0):7.2f} s  {kind:<20} {getattr(ev, 'message', '')}", file=sys.stderr,
               flush=True)
+
+
+def _with_card(plan: Any, gpu: str | None, gpu_memory_gib: float | None) -> Any:
+    """The plan with --gpu / --gpu-memory-gib in its capacity: block where the block names no card."""
+    from pydantic import ValidationError
+
+    from vramlab.capacity import get_gpu
+    from vramlab.errors import ConfigError
+    from vramlab.experiment.plan import CapacityFacts
+
+    if gpu is not None:
+        get_gpu(gpu)  # an unknown card is bad input, before anything runs
+    cap = plan.capacity.model_dump() if plan.capacity is not None else {}
+    cap["gpu"] = cap.get("gpu") or gpu
+    cap["gpu_memory_gib"] = cap.get("gpu_memory_gib") or gpu_memory_gib
+    try:
+        return plan.model_copy(update={"capacity": CapacityFacts.model_validate(cap)})
+    except ValidationError as exc:
+        raise ConfigError(f"--gpu-memory-gib: {exc.errors()[0]['msg']}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from vramlab.drill.session import run_drill
     from vramlab.drill.target import check_environment
     from vramlab.report import load_context, render
-    from vramlab.report.incident import incident_json, summary_line
+    from vramlab.report.incident import incident_json, summary_line, unrecovered, verdict_line
     from vramlab.store import open_store
 
     if args.output:
@@ -60,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     if args.url:
         plan = plan.model_copy(update={"target": plan.target.model_copy(update={"base_url": args.url, "sim": None})})
+    if args.gpu is not None or args.gpu_memory_gib is not None:
+        plan = _with_card(plan, args.gpu, args.gpu_memory_gib)
     check_environment(plan.target, args.not_test)  # refuse before the store or the target is touched
     from vramlab.cli.outputs import check_store
 
@@ -97,10 +125,15 @@ def run(args: argparse.Namespace) -> int:
 
         again = report_hint(result.run_id, args.db or plan.store, store.url, "incident.html")
         print(f"incident report: {out}   (again: {again})")
-    if result.unrecovered_rounds:
-        # the drill ran, but the target did not come back (a hang, a refused restart): not a pass
-        rounds = ", ".join(str(r) for r in result.unrecovered_rounds)
-        print(f"vramlab drill: the target was NOT recovered in round(s) {rounds}; see {out}", file=sys.stderr)
+    # one verdict: the report's (serving, health 200 and P95 back), whatever the live lines said
+    lost = {r.round or 0: verdict_line(r) for r in unrecovered(ctx)}
+    lost.update({r: f"round {r}: not serving again within the recovery limit" for r in result.unrecovered_rounds
+                 if r not in lost})
+    if lost:
+        # the drill ran, but the target did not come back (a hang, a refused restart, P95 never back): not a pass
+        for line in lost.values():
+            print(f"vramlab drill: NOT recovered: {line}", file=sys.stderr)
+        print(f"vramlab drill: the target was NOT recovered in round(s) {', '.join(map(str, sorted(lost)))}; exit 1; "
+              f"see {out}", file=sys.stderr)
         return 1
     return 0 if result.status == "completed" else 1
-

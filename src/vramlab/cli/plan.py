@@ -6,6 +6,8 @@ examples:
   vramlab plan --model qwen2.5-72b-instruct-awq --gpu a100-80gb -tp 2 --engine sglang
   vramlab plan --model ./model.gguf --gpu rtx-4090 --engine llama.cpp --ctx-size 32768 --parallel 4
   vramlab plan --model deepseek-v3 --gpu h200 -tp 8 --kv-cache-dtype fp8
+  vramlab plan --model qwen3-30b-a3b --gpu rtx-4090 --engine llama.cpp --quantization Q4_K_M -c 64k --n-cpu-moe 4
+  vramlab plan --model qwen3-8b --gpu rtx-3070 --engine ollama --quantization Q4_K_M --max-model-len 32k
   vramlab plan --model qwen3-8b --gpu l4 --sweep max-model-len=2k,8k,32k --sweep max-num-seqs=16,64,256 --plot grid.png
 
 Settings left out take the engine's own defaults for that version and GPU. Byte figures print
@@ -17,8 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
-ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers")
+ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--model", required=True, help="catalog name, Hugging Face id, directory, config.json or .gguf")
     m.add_argument("--revision", help="Hub revision for a Hub id")
     m.add_argument("--offline", action="store_true", help="never touch the network (cache and catalog only)")
-    m.add_argument("--gpu", help="catalog GPU name (see `vramlab gpus`)")
+    m.add_argument("--gpu", help="catalog GPU name (see `vramlab gpus`); llama.cpp: a list of cards, e.g. rtx-4090,rtx-5090")
     m.add_argument("--gpu-memory-gib", type=float, help="usable memory per GPU for a card not in the catalog")
     m.add_argument("--other-processes-gib", type=float, default=0.0, help="memory other processes hold per GPU")
     e = p.add_argument_group("engine settings (the engines' own names and meanings)")
@@ -56,6 +59,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--ubatch-size", "-ub", help="llama.cpp n_ubatch (default 512)")
     e.add_argument("--llamacpp-server", choices=("llama-server", "llama-cpp-python"), default="llama-server",
                    help="whose defaults: upstream llama-server or `python -m llama_cpp.server`")
+    e.add_argument("--n-gpu-layers", "-ngl", help="llama.cpp layers on the GPUs (the last N; all or -1 = every "
+                   "layer and the output layer; default all)")
+    e.add_argument("--override-tensor", "-ot", action="append", default=[], metavar="REGEX=BUFT",
+                   help="llama.cpp: tensors whose name matches REGEX go to BUFT (CPU, CUDA1, ...); repeatable")
+    e.add_argument("--n-cpu-moe", type=int, default=0, help="llama.cpp: keep the MoE experts of the first N layers on "
+                   "the host")
+    e.add_argument("--cpu-moe", action="store_true", help="llama.cpp: keep every MoE expert on the host")
+    e.add_argument("--tensor-split", "-ts", help="llama.cpp proportions per card, e.g. 3,1 (default: by free memory)")
+    e.add_argument("--split-mode", "-sm", choices=("layer", "row", "none"), default="layer", help="llama.cpp")
+    e.add_argument("--main-gpu", "-mg", type=int, default=0, help="llama.cpp: the card for --split-mode none/row")
+    e.add_argument("--no-kv-offload", "-nkvo", action="store_true", help="llama.cpp: KV cache in host memory")
+    e.add_argument("--no-mmap", action="store_true", help="llama.cpp: host tensors in a CPU buffer, not mapped")
+    e.add_argument("--ollama-gpu-overhead", help="Ollama OLLAMA_GPU_OVERHEAD (bytes, or e.g. 1GiB) held back per GPU; "
+                   "with --engine ollama, --max-model-len is num_ctx, --parallel OLLAMA_NUM_PARALLEL, -ngl num_gpu, "
+                   "--flash-attn on OLLAMA_FLASH_ATTENTION=1 and --kv-cache-dtype OLLAMA_KV_CACHE_TYPE")
     e.add_argument("--enable-chunked-prefill", choices=("on", "off", "auto"),
                    help="vLLM V0 (default auto: on above a 32k context)")
     e.add_argument("--flashinfer-sampler", choices=("on", "off", "auto"),
@@ -144,7 +162,57 @@ def _settings(args: argparse.Namespace):
         allow_long_max_model_len=args.allow_long_max_model_len,
         rope_scaling_factor=args.rope_scaling_factor,
         continuous_batching=args.continuous_batching,
+        **_llamacpp_placement(args),
     ))
+
+
+def _llamacpp_placement(args: argparse.Namespace) -> dict[str, Any]:
+    """llama.cpp's placement flags, spelled as llama.cpp spells them (and Ollama's -ngl / overhead)."""
+    from vramlab.capacity.planning import parse_bytes
+    from vramlab.errors import ConfigError
+
+    if args.ollama_gpu_overhead and args.engine != "ollama":
+        raise ConfigError("--ollama-gpu-overhead: an Ollama setting; add --engine ollama")
+    out: dict[str, Any] = {"ollama_gpu_overhead_bytes": parse_bytes(args.ollama_gpu_overhead)} \
+        if args.ollama_gpu_overhead else {}
+    if args.engine != "llama.cpp":
+        given = [f for f, v in (("--n-gpu-layers", args.n_gpu_layers and args.engine != "ollama"),
+                                ("--override-tensor", args.override_tensor),
+                                ("--n-cpu-moe", args.n_cpu_moe), ("--cpu-moe", args.cpu_moe),
+                                ("--tensor-split", args.tensor_split), ("--no-kv-offload", args.no_kv_offload),
+                                ("--main-gpu", args.main_gpu), ("--split-mode", args.split_mode != "layer"),
+                                ("--no-mmap", args.no_mmap)) if v]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: llama.cpp settings; add --engine llama.cpp")
+        if args.engine == "ollama" and args.n_gpu_layers is not None:
+            out["n_gpu_layers"] = _ngl(args.n_gpu_layers)
+        return out
+    return {"n_gpu_layers": _ngl(args.n_gpu_layers) if args.n_gpu_layers is not None else None,
+            "override_tensor": tuple(args.override_tensor), "tensor_split": _split(args.tensor_split),
+            "n_cpu_moe": 1 << 12 if args.cpu_moe else args.n_cpu_moe, "split_mode": args.split_mode,
+            "main_gpu": args.main_gpu, "no_kv_offload": args.no_kv_offload, "mmap": not args.no_mmap}
+
+
+def _ngl(text: str) -> int:
+    from vramlab.errors import ConfigError
+
+    value = str(text).strip().lower()
+    if value in ("all", "auto", "-1"):
+        return -1
+    if value.isdigit():
+        return int(value)
+    raise ConfigError(f"--n-gpu-layers: expected a count, all or -1, got {text!r}")
+
+
+def _split(text: str | None) -> tuple[float, ...] | None:
+    from vramlab.errors import ConfigError
+
+    if not text:
+        return None
+    try:
+        return tuple(float(x) for x in text.replace("/", ",").split(","))
+    except ValueError:
+        raise ConfigError(f"--tensor-split: expected proportions like 3,1, got {text!r}") from None
 
 
 def _on_off(value: str | None) -> bool | None:
@@ -157,13 +225,30 @@ def _gpu(args: argparse.Namespace):
 
     if args.gpu_memory_gib is not None and not 0 < args.gpu_memory_gib <= 1 << 20:
         raise ConfigError(f"--gpu-memory-gib: must be a positive finite number of GiB, got {args.gpu_memory_gib}")
-    if args.gpu and args.gpu_memory_gib:
-        return custom_gpu(args.gpu_memory_gib, like=get_gpu(args.gpu))
-    if args.gpu:
-        return get_gpu(args.gpu)
+    name = args.gpu.split(",")[0].strip() if args.gpu else None
+    if name and args.gpu_memory_gib:
+        return custom_gpu(args.gpu_memory_gib, like=get_gpu(name))
+    if name:
+        return get_gpu(name)
     if args.gpu_memory_gib:
         return custom_gpu(args.gpu_memory_gib)
     raise ConfigError("name a card with --gpu (see `vramlab gpus`) or give --gpu-memory-gib")
+
+
+def _devices(args: argparse.Namespace, settings):
+    """`--gpu rtx-4090,rtx-5090`: llama.cpp's devices in order (CUDA0, CUDA1, ...)."""
+    from vramlab.capacity import get_gpu
+    from vramlab.errors import ConfigError
+
+    names = [n.strip() for n in (args.gpu or "").split(",") if n.strip()]
+    if len(names) <= 1:
+        return settings
+    if settings.engine not in ("llama.cpp", "ollama"):
+        raise ConfigError("--gpu with several cards: only --engine llama.cpp and ollama plan unequal cards (use -tp/-pp)")
+    if args.gpu_memory_gib:
+        raise ConfigError("--gpu-memory-gib applies to one card: name each card with --gpu A,B")
+    cards = tuple((g.name, g.memory_bytes) for g in (get_gpu(n) for n in names))
+    return settings.with_(devices=cards)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     gpu = _gpu(args)
+    settings = _devices(args, settings)
     axes = [parse_sweep(s) for s in args.sweep]
     if args.plot and not axes:
         from vramlab.errors import ConfigError

@@ -9,6 +9,7 @@ See docs/experiments.md for the plan file reference.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, metavar="N",
                         help="load worker processes, one schedule shared out (default: one per core when the "
                              "plan needs more than one core, else 1: in-process)")
+    parser.add_argument("--gpu", metavar="NAME", help="the target's card (catalog name) for the capacity plan stored "
+                        "with the run, when the plan's capacity: block does not name it")
+    parser.add_argument("--gpu-memory-gib", type=float, metavar="GIB",
+                        help="usable memory per GPU for the capacity plan (a card not in the catalog)")
     parser.add_argument("--i-understand-this-is-production", dest="allow_production", action="store_true",
                         help="allow a plan whose target.environment is production")
 
@@ -83,18 +88,26 @@ def start_own_sim(plan: Any, workdir: str) -> tuple[Any, Any]:
         last = (exc.log_tail.strip().splitlines() or ["(no log)"])[-1]
         raise ConfigError(f"target.sim: the sim did not start: {exc} — {last[:200]}") from None
     doc = plan.model_dump(mode="json")
-    doc["target"].update(base_url=sim.url + "/v1", pid=sim.pid, metrics_url=None, health_url=None)
+    doc["target"].update(base_url=sim.url + "/v1", pid=sim.pid, metrics_url=None, health_url=None,
+                         log_file=str(Path(workdir) / "sim.log"))
     doc["samplers"]["ledger"] = doc["samplers"].get("ledger") or ledger
     return Plan.model_validate(doc), sim
 
 
 def run(args: argparse.Namespace) -> int:
+    from vramlab.drill.capacity_plan import experiment_start_hook
     from vramlab.errors import ConfigError
     from vramlab.experiment.progress import make_progress
     from vramlab.experiment.runner import RunOptions
     from vramlab.experiment.session import run_plan_file
     from vramlab.store import open_store
 
+    if args.gpu_memory_gib is not None and not 0 < args.gpu_memory_gib <= 1 << 20:  # also refuses NaN
+        raise ConfigError(f"--gpu-memory-gib: must be a positive finite number of GiB, got {args.gpu_memory_gib}")
+    if args.gpu is not None:
+        from vramlab.capacity import get_gpu
+
+        get_gpu(args.gpu)  # an unknown card is bad input, before anything runs
     if args.workers is not None and not 1 <= args.workers <= 256:
         raise ConfigError(f"--workers must be between 1 and 256, got {args.workers}")
     from vramlab.cli.outputs import check_store
@@ -105,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         out = run_plan_file(args.plan, open_store=lambda: open_store(args.db), rounds=args.rounds,
                             allow_production=args.allow_production, subscribers=[progress],
-                            phase_s=args.phase_s, options=RunOptions(workers=args.workers),
+                            phase_s=args.phase_s, options=RunOptions(workers=args.workers, start_hooks=[
+                                functools.partial(experiment_start_hook, gpu=args.gpu,
+                                                  gpu_memory_gib=args.gpu_memory_gib)]),
                             start_sim=start_own_sim)
     finally:
         progress.close()

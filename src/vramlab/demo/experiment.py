@@ -37,10 +37,11 @@ class DemoResult:
 
 
 def demo_plan(base_url: str, ledger: str, pid: int | None = None, rounds: int | None = None,
-              duration_s: float | None = None) -> Plan:
+              duration_s: float | None = None, log_file: str | None = None) -> Plan:
     """The demo plan pointed at a running sim (a new document: the template is not edited)."""
     doc = parse_plan(demo_plan_text(), "demo.yaml").model_dump(mode="json")
     doc["target"]["base_url"] = base_url
+    doc["target"]["log_file"] = log_file
     doc["target"]["pid"] = pid
     doc["samplers"]["ledger"] = ledger
     if rounds is not None:
@@ -53,6 +54,8 @@ def demo_plan(base_url: str, ledger: str, pid: int | None = None, rounds: int | 
 def run_demo(db: str | None, report_path: Path, subscribers: list[Callable[[Event], None]] | None = None,
              on_sim: Callable[[str], None] | None = None, rounds: int | None = None,
              duration_s: float | None = None) -> DemoResult:
+    from vramlab.drill.capacity_plan import experiment_start_hook
+    from vramlab.experiment.runner import RunOptions
     from vramlab.experiment.session import run_plan
     from vramlab.report import load_context, render
     from vramlab.sim.launch import start_sim
@@ -65,8 +68,9 @@ def run_demo(db: str | None, report_path: Path, subscribers: list[Callable[[Even
         try:
             if on_sim is not None:
                 on_sim(sim.url)
-            plan = demo_plan(sim.url, ledger, sim.pid, rounds, duration_s)
-            out = run_plan(plan, plan_dir=Path.cwd(), open_store=lambda: open_store(db), subscribers=subscribers)
+            plan = demo_plan(sim.url, ledger, sim.pid, rounds, duration_s, log_file=str(Path(tmp) / "sim.log"))
+            out = run_plan(plan, plan_dir=Path.cwd(), open_store=lambda: open_store(db), subscribers=subscribers,
+                           options=RunOptions(start_hooks=[experiment_start_hook]))
         finally:
             sim.stop()
     with open_store(db) as store:

@@ -66,6 +66,7 @@ class Detector:
     _preemptions: float | None = None
     _health_up: bool | None = None
     _last_ok_s: float | None = None
+    _health_back: list[float] = field(default_factory=list)  # when health came back after failing
     monitor: StopMonitor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -131,6 +132,8 @@ class Detector:
                               {"exit_code": exit_code}))
 
     def on_health(self, t_s: float, up: bool, status_code: int) -> None:
+        if self._health_up is False and up:
+            self._health_back.append(t_s)
         if self._health_up is not False and not up:
             self._add(Finding(t_s, "health_fail", "health", f"health check failed (HTTP {status_code or 'none'})",
                               {"status_code": status_code}))
@@ -255,7 +258,12 @@ class Detector:
 
     def first_evidence_s(self) -> float | None:
         """T0: when the first sign of the failure was seen (a failed request's end, the exit, the OOM line)."""
-        ts = [f.t_s for f in self._fault() if f.kind in FAULT_KINDS]
+        until = self.stopped.t_s if self.stopped is not None else float("inf")
+
+        def cleared(f: Finding) -> bool:  # a health blip that passed before the failure is not its evidence
+            return f.kind == "health_fail" and any(f.t_s < t <= until for t in self._health_back)
+
+        ts = [f.t_s for f in self._fault() if f.kind in FAULT_KINDS and not cleared(f)]
         return min(ts) if ts else None
 
     def signature(self) -> dict[str, Any] | None:

@@ -12,7 +12,14 @@ from typing import Any
 
 from vramlab.drill.cotenant import GIB, CotenantOutOfMemory, LedgerBalloon, ProcessBalloon
 from vramlab.drill.local_targets import SimTarget
-from vramlab.errors import ConfigError
+from vramlab.errors import ConfigError, VramlabError
+
+
+class TargetStartCrash(VramlabError):
+    """The target the drill started exited before it answered: work had begun (the store holds the
+    run), so exit 1, not the bad-input 2."""
+
+    exit_code = 1
 
 
 class TargetLifecycle:
@@ -49,8 +56,14 @@ class TargetLifecycle:
         found = await discover_health(self.target.url, self.plan.target.health_path, limit,
                                       alive=lambda: self.target.status().running if self._local() else True)
         if found.path is None:
-            from vramlab.errors import VramlabError
+            st = await asyncio.to_thread(self.target.status)
+            if started is not None and not st.running:  # a start-up crash: say so, in the engine's own words
+                from vramlab.drill.evidence import exit_evidence
 
+                tail = _log_tail(self.target)
+                raise TargetStartCrash(f"the target process {exit_evidence(st.exit_code)} {self.now() - started:.1f} s "
+                                   f"after it was started, before it answered on {self.target.url}"
+                                   + ("; its log ends:\n    " + "\n    ".join(tail) if tail else "; its log is empty"))
             raise VramlabError(f"the target at {self.target.url} did not pass a health check within {limit:g} s: "
                                f"{found.summary()}")
         self.health_path = found.path
@@ -131,4 +144,19 @@ class TargetLifecycle:
                 self.emit("rollback", f"{res.command}: exit {res.exit_code}", ok=res.ok, command=res.command)
 
 
-__all__ = ["TargetLifecycle"]
+def _log_tail(target: Any, n: int = 8) -> list[str]:
+    """The last non-empty lines of a local target's log file (a process or the sim)."""
+    path = getattr(target, "log_path", None)
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 16384))
+            lines = [ln.rstrip() for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return []
+    return [ln[:300] for ln in lines[-n:]]
+
+
+__all__ = ["TargetLifecycle", "TargetStartCrash"]

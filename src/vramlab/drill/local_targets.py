@@ -42,6 +42,7 @@ class ProcessTarget:
         self._proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self._oom_kills: tuple[int, str] | None = None  # the cgroup's OOM-kill counter at the start
+        self.last_stop: str | None = None  # how the last stop went (SIGTERM, or SIGKILL and why)
 
     @property
     def url(self) -> str:
@@ -66,14 +67,15 @@ class ProcessTarget:
 
     def stop(self) -> None:
         proc = self._proc
+        self.last_stop = None
         if proc is None or proc.poll() is not None:
             return
-        _signal_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=self.spec.timeout_for("stop"))
-        except subprocess.TimeoutExpired:
-            _signal_group(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
+        self.last_stop = stop_group(proc, self.stop_grace_s())
+
+    def stop_grace_s(self) -> float:
+        """How long SIGTERM may take before SIGKILL: the plan's `target.timeouts_s.stop`, else
+        STOP_GRACE_S (not the 60 s command timeout: a hung engine must be gone inside the recovery limit)."""
+        return float(self.spec.timeouts_s.get("stop", STOP_GRACE_S))
 
     def restart(self) -> None:
         self.stop()
@@ -100,6 +102,46 @@ class ProcessTarget:
 
     def close(self) -> None:
         self.stop()
+
+
+STOP_GRACE_S = 5.0  # SIGTERM -> SIGKILL for a target the drill spawned, unless target.timeouts_s.stop says
+
+
+def group_stopped(pgid: int) -> bool:
+    """True when a process of the group is stopped (SIGSTOP, state 'T' or 't' in /proc/PID/stat):
+    it would act on SIGTERM only once continued, so waiting for it is waiting for nothing."""
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return False
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                stat = fh.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] in ("T", "t"):
+            return True
+    return False
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> str:
+    """Stop a process group the drill started: SIGKILL at once when a process of it is stopped,
+    else SIGTERM and SIGKILL after `grace_s`. Returns how it went, for the timeline."""
+    t = time.monotonic()
+    if group_stopped(proc.pid):
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+        return "SIGKILL at once: the process was stopped (state T) and would never act on SIGTERM"
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+        return f"SIGTERM; it exited in {time.monotonic() - t:.2f} s"
+    except subprocess.TimeoutExpired:
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+        return f"SIGTERM, then SIGKILL after {grace_s:g} s without an exit"
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -132,6 +174,7 @@ class SimTarget:
         self.attached = spec.base_url is not None and spec.sim is None
         self.starts = 0
         self.last_exit_code: int | None = None
+        self.last_stop: str | None = None
 
     @property
     def url(self) -> str:
@@ -159,8 +202,14 @@ class SimTarget:
         self.starts += 1
 
     def stop(self) -> None:
+        self.last_stop = None
         if self._proc is not None and self._proc.poll() is None:
-            self.last_exit_code = self._proc.stop()
+            if group_stopped(self._proc.pid):  # a stopped sim never acts on SIGTERM
+                self.last_exit_code = self._proc.kill()
+                self.last_stop = "SIGKILL at once: the process was stopped (state T) and would never act on SIGTERM"
+            else:
+                self.last_exit_code = self._proc.stop(timeout_s=STOP_GRACE_S)
+                self.last_stop = f"SIGTERM (SIGKILL after {STOP_GRACE_S:g} s)"
 
     def restart(self) -> None:
         if self.attached:
@@ -197,4 +246,4 @@ def open_target(spec: TargetSpec, workdir: Path) -> Target:
     raise ConfigError(f"unknown target kind {spec.kind!r}")
 
 
-__all__ = ["ProcessTarget", "SimTarget", "free_port", "open_target"]
+__all__ = ["STOP_GRACE_S", "ProcessTarget", "SimTarget", "free_port", "group_stopped", "open_target", "stop_group"]

@@ -29,7 +29,7 @@ from vramlab.drill.colocation import ColocationSpec
 from vramlab.drill.ramp import RampSpec
 from vramlab.drill.target import TargetSpec
 from vramlab.errors import ConfigError
-from vramlab.experiment.plan import Retry, RollbackCommand, StopConditions
+from vramlab.experiment.plan import CapacityFacts, Retry, RollbackCommand, StopConditions
 
 
 class _Strict(BaseModel):
@@ -127,6 +127,7 @@ class DrillPlan(_Strict):
     prometheus_url: str | None = None  # alert pending/firing times from its HTTP API
     sample_interval_s: float = Field(0.25, gt=0)
     store: str | None = None  # store URL; default: the user's store
+    capacity: CapacityFacts | None = None  # model, engine, card of a real target, for the stored capacity plan
 
     @field_validator("rollback", mode="before")
     @classmethod

@@ -94,18 +94,23 @@ async def recover(
                 why = "process exited" if dead else (
                     f"health failing for {spec.liveness_grace_s:g} s"
                     + (f" after a {startup_allowance_s:g} s start-up allowance" if last_restart > -1e8 else ""))
-                emit("mitigation", f"supervisor restart ({why})", action="restart", by="supervisor", reason=why,
-                     startup_allowance_s=startup_allowance_s)
-                mitigations += 1
-                last_restart = now()
+                issued = now()
+                last_restart = issued
                 if on_restart is not None:
                     on_restart(last_restart)
                 state.restarting = True
                 try:
                     await asyncio.to_thread(target.restart)
                     state.running = True
+                    # credited only once it happened: a restart that failed, or is still stuck
+                    # stopping the old process, brought nothing back
+                    how = getattr(target, "last_stop", None)
+                    emit("mitigation", f"supervisor restart ({why})" + (f"; the old process: {how}" if how else ""),
+                         action="restart", by="supervisor", reason=why, startup_allowance_s=startup_allowance_s,
+                         issued_s=issued, stopped_by=how)
+                    mitigations += 1
                 except TargetCommandError as exc:
-                    emit("warning", f"restart failed: {exc}")
+                    emit("warning", f"restart failed: {exc}", action="restart", issued_s=issued)
                 finally:
                     state.restarting = False
                 restart_delay = min(max(restart_delay * 2, 0.5), 5.0)  # a crash loop backs off, as systemd does

@@ -94,6 +94,7 @@ class TargetSpec(BaseModel):
     engine: str = "vllm"
     base_url: str | None = None  # OpenAI-compatible root, e.g. http://127.0.0.1:8000
     model: str | None = None  # served model name sent in requests
+    api: Literal["openai-completions", "openai-chat"] = "openai-completions"  # chat for servers without /v1/completions
     health_path: str = "/health"  # tried first; then /health, /v1/models, / (drill/health.py)
     metrics_path: str = "/metrics"
     api_key_env: str | None = None  # the NAME of an env var; the key itself never enters a plan

@@ -64,6 +64,7 @@ class Target(_Model):
     environment: Literal["test", "staging", "production"] = "test"
     pid: int | None = Field(default=None, description="the target process, for its RSS (same host only)")
     sim: SimTarget | None = Field(default=None, description="start a sim for this run (kind: sim, no base_url)")
+    log_file: str | None = Field(default=None, description="the target's log: its start-up memory lines are read")
 
     @model_validator(mode="after")
     def _where(self) -> Target:
@@ -103,6 +104,20 @@ class Target(_Model):
             raise ValueError("@base_url: has user-info (user:password@) and api_key_env is set too; "
                              "give one (HTTP carries one Authorization header)")
         return self
+
+
+class CapacityFacts(_Model):
+    """`capacity:` what the capacity model needs about a real target (a sim target knows its own):
+    the card (or its memory), and the engine settings the target was started with. The model and
+    the engine default to target.model and target.kind."""
+
+    gpu: str | None = Field(default=None, description="catalog card name (`vramlab gpus`)")
+    gpu_memory_gib: float | None = Field(default=None, gt=0, le=1 << 20, description="usable memory per GPU")
+    model: str | None = Field(default=None, description="catalog name, config.json or directory (default target.model)")
+    engine: str | None = Field(default=None, description="vllm, sglang, tgi, llama.cpp, transformers (default target.kind)")
+    engine_version: str | None = None
+    settings: dict[str, Any] = Field(default_factory=dict, description="engine settings by `vramlab plan` name, "
+                                     "e.g. max_model_len, gpu_memory_utilization")
 
 
 class Synthetic(_Model):
@@ -251,6 +266,7 @@ class Plan(_Model):
     stop_conditions: StopConditions = StopConditions()
     rollback: list[RollbackCommand] = Field(default_factory=list)
     samplers: Samplers = Samplers()
+    capacity: CapacityFacts | None = None
 
     @field_validator("rollback", mode="before")
     @classmethod

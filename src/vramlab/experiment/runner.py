@@ -15,10 +15,12 @@ import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramlab.experiment.baseline_check import BaselineTally
 from vramlab.experiment.events import Event, EventHook
 from vramlab.experiment.plan import Plan
 from vramlab.experiment.rollback import RollbackResult, run_rollbacks
@@ -54,6 +56,9 @@ class RunOptions:
     run_id: str | None = None
     extra_fixed: dict[str, Any] = field(default_factory=dict)
     workers: int | None = None  # load worker processes; None: one per core when the plan needs more than a core
+    # called once at the start with the plan; each returns (event kind, message, data) to emit ("note": a note),
+    # e.g. the capacity plan for the target's own settings (vramlab.drill.capacity_plan, wired by cli/run.py)
+    start_hooks: list[Callable[[Plan], list[tuple[str, str, dict[str, Any]]]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,7 @@ class Runner:
         self._totals = [0, 0]
         self._abort: str | None = None
         self._last_4xx: str | None = None
+        self._baseline: BaselineTally | None = None  # the running baseline's requests (baseline_check)
 
     # -- events --------------------------------------------------------------------------------
     def now(self) -> float:
@@ -147,6 +153,7 @@ class Runner:
             self.note(n)
         if self.o.rounds is not None and self.o.rounds < 3 and plan.rounds >= 3:
             self.note(f"rounds: {self.o.rounds} (from --rounds) is fewer than 3")
+        await self._start_hooks()
         status, reason_text = "failed", None
         samplers = SamplerSet(self.o.samplers if self.o.samplers is not None else samplers_for(plan),
                               plan.samplers.interval_s, self._on_samples, self.note)
@@ -189,6 +196,16 @@ class Runner:
                        "requests": self._totals[0], "errors": self._totals[1]})
         return RunResult(self.run_id, status, self.stop, tuple(self.notes), self._totals[0], self._totals[1],
                          self.now(), tuple(rollbacks))
+
+    async def _start_hooks(self) -> None:
+        for hook in self.o.start_hooks:
+            try:
+                emitted = await asyncio.to_thread(hook, self.plan)
+            except Exception as exc:  # noqa: BLE001 - a plan that cannot be made is a note, never a failed run
+                self.note(f"start hook: {type(exc).__name__}: {exc}"[:300])
+                continue
+            for kind, message, data in emitted:
+                self.note(message) if kind == "note" else self.emit(kind, message, data)
 
     async def _engine_accepts_ignore_eos(self) -> bool:
         """`ignore_eos` is not in OpenAI's API: vLLM, SGLang and llama.cpp accept it, others answer 4xx
@@ -278,12 +295,17 @@ class Runner:
 
         lane = Lane(self._prompts[value], shape, window_for(plan, self.monitor.wall_clock_s - self.now()), on_result,
                     f"{rnd}{phase[0]}{step}-")
+        self._baseline = BaselineTally(plan.stop_conditions.error_rate) if phase == "baseline" else None
         try:
             outcome = await self.windows.run([lane], retry_for(plan), prompts_key=value)
         finally:
             self._flush_records(stats)
         if self._abort is not None:
             raise _Stopped  # not even a ramp goes on once the run cannot be stored
+        broken = self._baseline.broken() if self._baseline is not None else None
+        if broken is not None and self.stop is None:  # a change measured against this would measure nothing
+            self.fire_stop(StopReason("baseline", 1.0, plan.stop_conditions.error_rate or 1.0,
+                                      f"baseline broken, nothing changed: {broken}"))
         lag_p99, lag = None, []
         if outcome is not None:
             lag_p99 = outcome.lag_p99_ms
@@ -320,6 +342,8 @@ class Runner:
     def _on_request(self, res: RequestResult, stats: _WindowStats) -> None:
         t0, ok = self.t0, res.ok
         stats.results.append(res)
+        if self._baseline is not None:
+            self._baseline.add(ok, res.error_class, res.status_code, res.error)
         if len(stats.results) >= self.PENDING_MAX or res.end_at - stats.flushed_at >= self.RECORD_EVERY_S:
             self._flush_records(stats)
         if res.error_class != "cancelled":

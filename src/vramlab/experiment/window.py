@@ -47,15 +47,20 @@ class WindowExecutor:
         self.workers = workers
         self._task: asyncio.Future[Any] | None = None
         self._flag: asyncio.Event | None = None
+        self._end: asyncio.Event | None = None
+        self._end_drain_s: float | None = None
 
     def use(self, client: Any = None, pool: Any = None, workers: int = 1) -> None:
         self.client, self.pool, self.workers = client, pool, workers
 
-    async def run(self, lanes: Sequence[Lane], retry: RetryPolicy, *, prompts_key: Any = None) -> WindowOutcome | None:
+    async def run(self, lanes: Sequence[Lane], retry: RetryPolicy, *, prompts_key: Any = None,
+                  end_drain_s: float | None = None) -> WindowOutcome | None:
         """Run the lanes to their end. Returns the first lane's outcome, None when the window was
         cancelled (``cancel()``). Cancelling the caller cancels the window; its in-flight requests
-        are recorded (as cancelled) before the CancelledError goes on."""
+        are recorded (as cancelled) before the CancelledError goes on. ``end()`` ends it early as
+        at its deadline, its in-flight requests given ``end_drain_s`` to finish or time out."""
         flag = self._flag = asyncio.Event()
+        end = self._end = asyncio.Event()
         if self.pool is not None:
             if len(lanes) != 1:
                 raise ValueError(f"a worker pool runs one lane per window, not {len(lanes)}")
@@ -66,7 +71,8 @@ class WindowExecutor:
             if self.client is None:
                 raise RuntimeError("the window executor has no load client")
             coro = _together([drive(self.client, cycle(lane.prompts), lane.shape, lane.window, lane.on_result, retry,
-                                    id_prefix=lane.id_prefix, stop=flag) for lane in lanes])
+                                    id_prefix=lane.id_prefix, stop=flag, end=end,
+                                    end_drain_s=end_drain_s) for lane in lanes])
         task = self._task = asyncio.ensure_future(coro)
         try:
             await asyncio.wait({task})
@@ -77,6 +83,7 @@ class WindowExecutor:
         finally:
             self._task = None
             self._flag = None
+            self._end = None
         if task.cancelled():
             return None
         out = task.result()  # a bug in the driver surfaces here
@@ -86,6 +93,12 @@ class WindowExecutor:
         """The stop flag: every loop, in every worker, sends nothing more from here on."""
         if self._flag is not None:
             self._flag.set()
+
+    def end(self) -> None:
+        """End the running window as at its deadline: nothing new is sent; what is in flight may
+        finish (or time out) within the run's ``end_drain_s``."""
+        if self._end is not None:
+            self._end.set()
 
     def cancel(self) -> None:
         """End the running window now (its run() returns None)."""

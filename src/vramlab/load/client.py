@@ -41,7 +41,7 @@ class RequestResult:
     error: str | None = None
     prompt_tokens: int | None = None
     output_tokens: int | None = None  # content and reasoning together
-    output_tokens_source: str | None = None  # "usage" (the server's count) | "chunks" (counted: an estimate)
+    output_tokens_source: str | None = None  # "usage" (the server's count) | "timings" (llama.cpp's) | "chunks" (counted: an estimate)
     reasoning_tokens: int | None = None  # of output_tokens: usage's reasoning_tokens, else reasoning chunks
     # Indices into token_times whose time is only an upper bound: the token came in one read with
     # bytes that followed it (another event), so when it arrived is unknown (see SseAccounting.feed).
@@ -253,6 +253,8 @@ class OpenAIClient:
         end = st.times[-1] if (st.times and err_class is None) else pc()
         if st.usage_out is not None:
             out, source = st.usage_out, "usage"
+        elif st.engine_out is not None and err_class is None:
+            out, source = st.engine_out, "timings"  # the engine's own count, carried in its last chunk
         elif st.times or err_class is None:
             out, source = len(st.times), "chunks"  # an estimate: a chunk may carry several tokens
         else:

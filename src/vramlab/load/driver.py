@@ -41,6 +41,9 @@ class LoadShape:
     max_tokens: int | None = None  # overrides each prompt's own output length
     error_backoff: bool = True  # closed loop: a user whose connection failed waits (the plan's back-off)
     think_s: float = 0.0  # closed loop: a user pauses this long after a successful request (a drill's think_time_s)
+    # closed loop: the longest a refused user waits; a drill's recovery phase caps it at its probe
+    # resolution, so "serving again" is timed within that, not within the back-off's 10 s cap
+    error_backoff_max_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -106,12 +109,17 @@ async def drive(
     stop: asyncio.Event | None = None,
     shard: tuple[int, int] = (0, 1),
     start_at: float | None = None,
+    end: asyncio.Event | None = None,
+    end_drain_s: float | None = None,
 ) -> WindowOutcome:
     """Run one window. ``stop``: once set, no loop sends another request and the in-flight ones are
     cancelled (recorded as such) at once. ``shard``: (i, n), this process's part of a load split
     over n worker processes: the one schedule (arrival k goes to worker k mod n, with its global
     scheduled time), users and caps shared out; ``start_at``: the perf_counter time the schedule
-    starts (the same in every worker; perf_counter is the system's monotonic clock)."""
+    starts (the same in every worker; perf_counter is the system's monotonic clock). ``end``: once
+    set, the window is over as at its deadline: nothing new is sent, and the requests in flight
+    get ``end_drain_s`` (default the window's drain) to finish or time out, each recorded as what
+    it was (a drill moving on from a hung target does not turn them into "cancelled")."""
     _settle_gc()
     pc = time.perf_counter
     if start_at is not None and start_at > pc():
@@ -143,12 +151,13 @@ async def drive(
                                         prompt_tokens=prompt.prompt_tokens))
                 raise
             on_result(res)
-            if stop.is_set() or not retry.should_retry(attempt, res.status_code, res.error_class):
+            ended = end is not None and end.is_set()  # the window is over: no retry goes out in it
+            if stop.is_set() or ended or not retry.should_retry(attempt, res.status_code, res.error_class):
                 return "" if res.ok else (res.error_class or f"http_{res.status_code}")
             delay = retry.delay_s(attempt, rng)
             if delay:
                 await asyncio.sleep(delay)
-            if stop.is_set():
+            if stop.is_set() or (end is not None and end.is_set()):
                 return "cancelled"
             attempt += 1
 
@@ -215,7 +224,10 @@ async def drive(
                 # connection is a retry storm the client made, not the server (#11). A server's own
                 # answer (429, 5xx, an error event) paces the loop itself and is what a drill measures.
                 fails += 1
-                await asyncio.sleep(min(max(0.0, deadline - pc()), retry.user_backoff_s(fails, rng)))
+                wait = retry.user_backoff_s(fails, rng)
+                if shape.error_backoff_max_s is not None:
+                    wait = min(wait, shape.error_backoff_max_s)
+                await asyncio.sleep(min(max(0.0, deadline - pc()), wait))
             elif not failed:
                 fails = 0
                 if shape.think_s > 0 and not stop.is_set():
@@ -224,6 +236,8 @@ async def drive(
 
     ticker = asyncio.ensure_future(_loop_lag(loop_lags))
     stop_wait = asyncio.ensure_future(stop.wait())
+    end_wait = asyncio.ensure_future((end or asyncio.Event()).wait())
+    drain_s = window.drain_s
     body: asyncio.Future[None] | None = None
     try:
         if shape.mode == "open":
@@ -236,7 +250,9 @@ async def drive(
                     await asyncio.wait(users, timeout=max(0.0, deadline - pc()))
 
             body = asyncio.ensure_future(closed_loop())
-        await asyncio.wait({body, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({body, stop_wait, end_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if end_wait.done() and end_drain_s is not None:
+            drain_s = end_drain_s
         if not body.done():
             body.cancel()
             await asyncio.gather(body, return_exceptions=True)
@@ -248,7 +264,7 @@ async def drive(
         # A fired stop does not wait: the load stops at once.
         if inflight and not stop.is_set():
             my_limit[0] = 0  # closed-loop users start nothing new while draining
-            drain = asyncio.ensure_future(asyncio.wait(set(inflight), timeout=window.drain_s))
+            drain = asyncio.ensure_future(asyncio.wait(set(inflight), timeout=drain_s))
             await asyncio.wait({drain, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
             drain.cancel()
             await asyncio.gather(drain, return_exceptions=True)
@@ -259,9 +275,9 @@ async def drive(
         for lp in loops:
             lp.cancel()
         pending = set(inflight)
-        for t in (*pending, ticker, stop_wait):
+        for t in (*pending, ticker, stop_wait, end_wait):
             t.cancel()
-        await asyncio.gather(*loops, *pending, ticker, stop_wait, return_exceptions=True)
+        await asyncio.gather(*loops, *pending, ticker, stop_wait, end_wait, return_exceptions=True)
         gc.unfreeze()  # frozen only for the window: what dies later is still collected
     return WindowOutcome(sent=sent, elapsed_s=pc() - start, lag_p99_ms=percentile(lags, 99) if lags else 0.0, lag_max_ms=max(lags, default=0.0),
                          loop_lag_p99_ms=percentile(loop_lags, 99) if loop_lags else 0.0, loop_lag_max_ms=max(loop_lags, default=0.0),

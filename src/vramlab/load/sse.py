@@ -1,8 +1,11 @@
 """Token accounting of an OpenAI-compatible SSE stream: which event is a token, when it came, and usage.
 
 A token is a chunk with non-empty ``content`` (chat), ``text`` (completions), or, from
-reasoning models, ``reasoning_content`` / ``reasoning`` (vLLM, SGLang): the first of any kind is the
-first token. Output tokens are the server's ``usage`` when it sends one, else the counted chunks
+reasoning models, ``reasoning_content`` / ``reasoning`` (vLLM, SGLang), or an empty one mid-stream
+(not the role chunk, not the final one: llama.cpp sends a token that ends inside a UTF-8 character
+as empty text): the first of any kind is the first token. Output tokens are the server's
+``usage`` when it sends one, else the engine's own count where the stream carries it (llama.cpp
+``timings.predicted_n``, ``output_tokens_source: timings``), else the counted chunks
 (``output_tokens_source: chunks``, an estimate: a chunk may carry several tokens). A token event that
 came in one read with bytes that followed it has only an upper bound for its time: it is marked
 coalesced. client.py drives this, read by read, from either HTTP client.
@@ -32,6 +35,7 @@ class Stream:
     usage_out: int | None = None
     usage_in: int | None = None
     usage_reasoning: int | None = None
+    engine_out: int | None = None  # generated tokens as the engine counted them (llama-server's timings)
     error: str | None = None
     done: bool = False  # [DONE] seen
     finished: bool = False  # a finish_reason came in a chunk without a token (an empty completion's proof)
@@ -208,6 +212,9 @@ class SseAccounting:
             st.error = str(e.get("message", e) if isinstance(e, dict) else e)
             st.done = True
             return
+        timings = obj.get("timings")  # llama.cpp's llama-server: its own count of generated tokens
+        if isinstance(timings, dict) and isinstance(timings.get("predicted_n"), int):
+            st.engine_out = timings["predicted_n"]
         usage = obj.get("usage")
         if isinstance(usage, dict):
             if isinstance(usage.get("completion_tokens"), int):
@@ -230,13 +237,19 @@ class SseAccounting:
                 continue
             if self.api == "openai-completions":
                 piece, reasoning = ch.get("text"), None
+                role = False
             else:
                 delta = ch.get("delta")
                 if not isinstance(delta, dict):
                     continue
                 piece = delta.get("content")
                 reasoning = None if piece else (delta.get("reasoning_content") or delta.get("reasoning"))
-            if piece or reasoning:
+                role = "role" in delta or bool(delta.get("tool_calls"))
+            # An empty piece mid-stream is a token too: llama.cpp (llama-cpp-python) sends the
+            # tokens that end inside a UTF-8 character as empty text and the bytes with the next
+            # one. Not the role chunk (chat's first), not the final one (it has the finish_reason).
+            empty_token = piece == "" and not role and ch.get("finish_reason") is None
+            if piece or reasoning or empty_token:
                 if st.first is None:
                     st.first = now
                 st.times.append(now)

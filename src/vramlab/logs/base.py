@@ -26,6 +26,9 @@ MEMORY_FIELDS = (
     "weights_bytes", "kv_cache_bytes", "kv_cache_tokens", "activation_peak_bytes",
     "non_torch_bytes", "cuda_graph_bytes", "gpu_blocks",
 )
+# What a CPU (or partly offloaded) start-up allocates in host memory: enough to tell that a
+# start-up has loaded, so that the next start-up line opens a new one.
+HOST_FIELDS = ("extra.host_weights_bytes", "extra.kv_total_bytes", "extra.host_compute_bytes")
 # The engine's KV decision: without it a start-up is incomplete (a truncated log).
 COMPLETE_FIELDS = ("kv_cache_bytes", "kv_cache_tokens", "gpu_blocks")
 
@@ -204,6 +207,13 @@ class StartUp:
         groups = [self.shared, *self.ranks.values()]
         return any(k in g.fields for g in groups for k in MEMORY_FIELDS)
 
+    def has_figures(self) -> bool:
+        """Memory the start-up allocated, host buffers included: a CPU-only start-up prints no GPU
+        memory line, and a second start-up after it must still open a start-up of its own. (Free
+        memory and a fit projection, printed before loading, are not allocations.)"""
+        groups = [self.shared, *self.ranks.values()]
+        return any(k in g.fields for g in groups for k in (*MEMORY_FIELDS, *HOST_FIELDS))
+
     def per_rank(self) -> list[tuple[int | None, dict[str, Any], list[tuple[int, str]]]]:
         """(rank, fields, lines) per worker that printed memory figures; shared fields merged."""
         keys = [k for k, g in self.ranks.items() if any(not f.startswith("settings.") for f in g.fields)]
@@ -363,7 +373,7 @@ def parse_lines(source: Iterable[str], rules: list[Rule]) -> tuple[list[StartUp]
         for r, values in hits:
             values = dict(values)
             rk = values.pop("_rank", key)
-            if r.starts and cur.has_memory():
+            if r.starts and cur.has_figures():
                 cur = StartUp()
                 startups.append(cur)
             group = cur.shared if r.shared else cur.ranks.setdefault(rk, _Group())

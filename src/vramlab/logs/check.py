@@ -20,6 +20,7 @@ from vramlab.logs.compare import Comparison, attribute, attribution_sentences, c
 from vramlab.logs.detect import parse_log
 from vramlab.logs.era import Era, era_of
 from vramlab.logs.observation import Observation
+from vramlab.logs.refusal import refusal_lines
 
 
 @dataclass
@@ -29,6 +30,7 @@ class Item:
     error: str | None = None  # why there is no prediction
     settings_used: dict[str, Any] = field(default_factory=dict)
     era: Era | None = None
+    refusal: list[str] = field(default_factory=list)  # a refused start-up beside the plan (logs/refusal.py)
 
     def era_or_inferred(self) -> Era:
         """The era given, else the one the observation's wording implies."""
@@ -52,6 +54,8 @@ class CheckReport:
             o = _obs_json(it.observation, it.era)
             if it.comparison is not None:
                 o["prediction"] = it.comparison.to_json()
+                if it.refusal:
+                    o["prediction"]["refusal"] = it.refusal
             else:
                 o["prediction"] = None
                 o["prediction_error"] = it.error
@@ -84,7 +88,7 @@ def _failure_json(sig: Any) -> dict[str, Any]:
 
 def predict(obs: Observation, model: str | None = None, gpu: str | None = None,
             engine_version: str | None = None, constants: Any = None, offline: bool = True,
-            spec: Any = None, era: Era | None = None) -> Item:
+            spec: Any = None, era: Era | None = None, quantization: str | None = None) -> Item:
     """Predict one observation's start-up. What is missing becomes the item's `error`."""
     from vramlab.capacity import estimate
 
@@ -99,7 +103,7 @@ def predict(obs: Observation, model: str | None = None, gpu: str | None = None,
             return Item(obs, error=why, era=era)
     try:
         card, reason = gpu_for(obs, gpu)
-        overrides: dict[str, Any] = {"engine_version": engine_version}
+        overrides: dict[str, Any] = {"engine_version": engine_version, "quantization": quantization}
         if engine_version is None and not obs.engine_version and era is not None and era.version_hint:
             overrides["engine_version"] = era.version_hint  # the era's first release, said in the settings
         if era is not None and era.vllm_engine and not obs.settings.get("vllm_engine"):
@@ -111,7 +115,14 @@ def predict(obs: Observation, model: str | None = None, gpu: str | None = None,
     except (ImportError, NotImplementedError):  # a policy the capacity model does not have yet
         return Item(obs, error=f"the capacity model has no policy for {settings_for(obs).engine} yet", era=era)
     used = {k: v for k, v in settings.explicit().items() if k != "engine"}
-    return Item(obs, compare(obs, est, reason), settings_used=used, era=era)
+
+    def longest() -> int:  # vLLM's "estimated maximum model length": the longest one request fits
+        from vramlab.capacity import max_len_that_fits
+
+        return max_len_that_fits(spec, card, settings.with_(max_model_len=None), constants)
+
+    return Item(obs, compare(obs, est, reason), settings_used=used, era=era,
+                refusal=refusal_lines(obs, est, longest))
 
 
 # Suffixes that name a checkpoint's packaging or quantization, not the model.
@@ -171,9 +182,53 @@ def _resolve(name: str, offline: bool, explicit: bool = False) -> tuple[Any, str
 
 def check_log(path: str | Path, model: str | None = None, gpu: str | None = None, engine: str | None = None,
               engine_version: str | None = None, calibration: str | Path | None = None,
-              offline: bool = True, max_bytes: int | None = None) -> CheckReport:
+              offline: bool = True, max_bytes: int | None = None, quantization: str | None = None) -> CheckReport:
     """One log. Raises ConfigError only when nothing in it is recognizable."""
-    parsed = parse_log(path, engine, max_bytes)
+    return _check(parse_log(path, engine, max_bytes), str(path), model, gpu, engine_version, calibration, offline)
+
+
+def check_file(path: str | Path, model: str | None = None, gpu: str | None = None, engine: str | None = None,
+               engine_version: str | None = None, calibration: str | Path | None = None,
+               offline: bool = True, max_bytes: int | None = None) -> tuple[list[CheckReport], list[tuple[str, str]]]:
+    """One file, split into the writers that wrote it (logs/split.py): a report per writer whose
+    lines are a log of a known engine, and (label, why) for the ones that are not. A file with one
+    writer is `check_log`'s one report."""
+    from vramlab.logs.detect import read_log
+    from vramlab.logs.split import split_streams
+
+    lines = read_log(path, max_bytes)
+    streams = split_streams(list(lines))
+    if len(streams) == 1:  # the lines already read (stdin cannot be read twice)
+        parsed = parse_log(streams[0].lines, engine, label=str(path))
+        if getattr(lines, "truncated", False):
+            from vramlab.logs.base import MAX_LOG_BYTES
+
+            cap = MAX_LOG_BYTES if max_bytes is None else max_bytes
+            parsed.notes.insert(0, f"read the first {cap:,} bytes only (the rest of the log was not read; see "
+                                   "--max-bytes)")
+        return [_check(parsed, str(path), model, gpu, engine_version, calibration, offline)], []
+    reports, skipped = [], []
+    for st in streams:
+        label = f"{path} [{st.name}]"
+        try:
+            parsed = parse_log(st.lines, engine, label=label)
+        except VramlabError as exc:
+            skipped.append((label, str(exc)))
+            continue
+        parsed.source = label
+        parsed.observations = [o.model_copy(update={"source": label}) for o in parsed.observations]
+        parsed.incomplete = [o.model_copy(update={"source": label}) for o in parsed.incomplete]
+        parsed.notes.append(f"{st.name}'s lines of {path} ({len(st.lines)} of {len(lines)}, from line "
+                            f"{st.first_line}); line numbers count its own lines")
+        reports.append(_check(parsed, label, model, gpu, engine_version, calibration, offline))
+    if not reports:
+        raise ConfigError(f"{path}: none of its {len(streams)} writers wrote a log of a known engine "
+                          f"(first: {skipped[0][1]})")
+    return reports, skipped
+
+
+def _check(parsed: Any, label: str, model: str | None, gpu: str | None, engine_version: str | None,
+           calibration: str | Path | None, offline: bool) -> CheckReport:
     profile = None
     if calibration:
         from vramlab.logs.profile import load_profile
@@ -189,16 +244,17 @@ def check_log(path: str | Path, model: str | None = None, gpu: str | None = None
         if profile is not None:
             from vramlab.capacity.calibration import apply_profile
             from vramlab.capacity.constants import Constants
-            from vramlab.logs.compare import MODEL_ENGINE
+            from vramlab.logs.compare import model_engine
 
-            constants = apply_profile(Constants.defaults(), profile, MODEL_ENGINE.get(obs.engine, obs.engine),
+            constants = apply_profile(Constants.defaults(), profile, model_engine(obs),
                                       engine_version or obs.engine_version)
-        items.append(predict(obs, model, gpu, engine_version, constants, offline, era=era_of(obs)))
+        items.append(predict(obs, model, gpu, engine_version, constants, offline, era=era_of(obs),
+                             quantization=quantization))
     done = [it for it in items if it.comparison is not None]
     summary = attribution_sentences(attribute([it.comparison for it in done if it.comparison]))
     # With one start-up the per-observation line already says it; the summary is for sets.
     distinct = {repr(it.observation.measured()) for it in done}
-    return CheckReport(str(path), parsed.engine, parsed.lines, items,
+    return CheckReport(label, parsed.engine, parsed.lines, items,
                        summary if len(distinct) > 1 else [], parsed.failures, parsed.notes,
                        [parsed.phase(f) for f in parsed.failures])
 
@@ -276,9 +332,12 @@ def check_logs(inputs: Sequence[str | Path], **kwargs: Any) -> FolderReport:
     skipped: list[tuple[str, str]] = []
     for f in files:
         try:
-            reports.append(check_log(f, **kwargs))
+            got, left = check_file(f, **kwargs)
         except VramlabError as exc:
             skipped.append((str(f), str(exc)))
+            continue
+        reports.extend(got)
+        skipped.extend(left)
     if not reports:
         raise ConfigError(f"none of the {len(files)} files is a log of a known engine (first: {skipped[0][1]})")
     return FolderReport(reports, skipped)

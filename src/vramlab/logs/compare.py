@@ -34,16 +34,38 @@ MODEL_ENGINE = {"ollama": "llama.cpp"}
 _SETTING_FIELDS = {f.name for f in fields(EngineSettings)}
 
 
+def model_engine(obs: Observation) -> str:
+    """The policy that predicts an observation: Ollama's own estimate line (`msg=offload ... memory.*`)
+    against the Ollama policy; the llama.cpp lines an Ollama log also carries against llama.cpp's."""
+    if obs.engine == "ollama" and obs.basis == "engine-estimate":
+        return "ollama"
+    return MODEL_ENGINE.get(obs.engine, obs.engine)
+
+
+def _ollama_settings(obs: Observation, values: dict[str, Any]) -> None:
+    """The runner's `--ctx-size` is num_ctx x num_parallel; num_ctx is the per-sequence context."""
+    parallel = values.get("parallel") or 1
+    ctx = values.pop("ctx_size", None)
+    if ctx and "max_model_len" not in values:
+        values["max_model_len"] = int(ctx) // int(parallel)
+    for key in ("n_ubatch", "flash_attn"):
+        values.pop(key, None)  # Ollama's environment decides these, not the runner's flags
+    if obs.extra.get("layers_requested") not in (None, -1):
+        values["n_gpu_layers"] = obs.extra["layers_requested"]
+
+
 def settings_for(obs: Observation, **overrides: Any) -> EngineSettings:
     """The engine settings the observation printed; the rest stay at the engine's defaults."""
-    engine = MODEL_ENGINE.get(obs.engine, obs.engine)
+    engine = model_engine(obs)
     values: dict[str, Any] = {k: v for k, v in obs.settings.items() if k in _SETTING_FIELDS and v is not None}
     values.pop("engine", None)
-    if obs.engine == "ollama":
+    if engine == "ollama":
+        _ollama_settings(obs, values)
+    elif obs.engine == "ollama":
         values.pop("engine_version", None)  # Ollama's release number is not llama.cpp's build
     if obs.max_model_len and engine in ("vllm", "tgi") and "max_model_len" not in values:
         values["max_model_len"] = obs.max_model_len
-    if obs.engine_version and obs.engine != "ollama":
+    if obs.engine_version and (obs.engine != "ollama" or engine == "ollama"):
         values.setdefault("engine_version", obs.engine_version)
     if engine == "sglang" and values.get("gpu_memory_utilization") is not None:
         values.setdefault("mem_fraction_static", values.pop("gpu_memory_utilization"))
@@ -80,6 +102,10 @@ def gpu_for(obs: Observation, gpu: str | None = None) -> tuple[GPU, str]:
         if abs(close.memory_gib - total_gib) <= 0.01 * total_gib:
             return custom_gpu(total_gib, like=close), f"{close.name} (closest to the log's {total_gib:.2f} GiB total)"
         return custom_gpu(total_gib), f"a {total_gib:.2f} GiB card (the log's total memory)"
+    if model_engine(obs) == "ollama" and obs.free_gpu_memory_bytes:  # Ollama decides on the free memory it logs
+        free_gib = obs.free_gpu_memory_bytes / GIB
+        like = _catalog_card(obs.gpu) if obs.gpu else None
+        return custom_gpu(free_gib, like=like), f"the {free_gib:.2f} GiB Ollama logged as available"
     named = _catalog_card(obs.gpu) if obs.gpu else None
     if named is not None:
         return named, f"{named.name} (named in the log)"
@@ -125,7 +151,20 @@ class Comparison:
         return pred
 
 
+# Ollama's estimate line, field by field: what its own `msg=offload` line prints.
+OLLAMA_FIELD = {"weights_bytes": "memory_weights_total_bytes", "kv_cache_bytes": "memory_required_kv_bytes",
+                "extra.required_bytes": "memory_required_partial_bytes"}
+
+
 def predicted_value(est: Estimate, field: str) -> float | None:
+    ollama = est.extra.get("ollama") if est.engine == "ollama" else None
+    if ollama is not None:
+        if field == "activation_peak_bytes":
+            full = ollama["layers_offload"] >= ollama["layers_model"]
+            return ollama["memory_graph_full_bytes" if full else "memory_graph_partial_bytes"]
+        if field == "layers_offloaded":
+            return ollama["layers_offload"]
+        return ollama.get(OLLAMA_FIELD.get(field, ""), None)
     if field == "kv_cache_bytes":  # signed, as vLLM prints "Available KV cache memory" for a failed start-up
         return est.kv_available_bytes
     if field == "kv_cache_tokens":
@@ -139,8 +178,12 @@ def predicted_value(est: Estimate, field: str) -> float | None:
 
 def compare(obs: Observation, est: Estimate, gpu_reason: str = "") -> Comparison:
     rows = tuple(Row(f, getattr(obs, f), predicted_value(est, f)) for f in ROWS)
+    if est.engine == "ollama":  # its own decision: the layers it offloads and the GPU total it expects
+        rows += (Row("layers_offloaded", obs.extra.get("layers_offloaded"), predicted_value(est, "layers_offloaded")),
+                 Row("extra.required_bytes", obs.extra.get("required_bytes"),
+                     predicted_value(est, "extra.required_bytes")))
     contributions: dict[str, float] = {}
-    for comp in est.components:
+    for comp in est.components if est.engine != "ollama" else ():  # Ollama's KV is not a leftover
         field = COMPONENT_FIELD.get(comp.name)
         if not comp.in_budget or field is None or field == "kv_cache_bytes":
             continue

@@ -287,17 +287,16 @@ def diff_sides(lines: list[str]) -> tuple[list[str], list[str]] | None:
 
 
 def parse_log(source: str | Path | Iterable[str], engine: str | None = None,
-              max_bytes: int | None = None) -> ParsedLog:
+              max_bytes: int | None = None, label: str | None = None) -> ParsedLog:
     """Parse a log file (path) or its lines. Never needs the model, the GPU or the version.
 
     Raises ConfigError only when nothing in it is recognizable: no memory line, no setting
     and no failure of a known engine."""
     from vramlab.logs.signatures import scan
 
-    label = None
     notes: list[str] = []
     if isinstance(source, (str, Path)):
-        label = str(source)
+        label = label or str(source)
         lines = read_log(source, max_bytes)
         if getattr(lines, "truncated", False):
             from vramlab.logs.base import MAX_LOG_BYTES

@@ -66,8 +66,10 @@ RULES: list[Rule] = [
     rule("cuda_device", r"^\s*Device (\d+): ([^,]+), compute capability",
          lambda m: {"gpu": m.group(2).strip(), "_rank": f"rank={m.group(1)}"}),
     rule("model_name", r"general\.name\s+(?:str\s+)?=\s+(.+?)\s*$", lambda m: {"model": m.group(1)}, shared=True),
+    # The loader's first line of every model load: a second one after a start-up's memory lines is a
+    # restart (a drill's target log, two runs appended), never summed into the first.
     rule("model_path", r"loaded meta data with \d+ key-value pairs and \d+ tensors from (\S+)",
-         lambda m: {"extra.model_path": m.group(1)}, shared=True),
+         lambda m: {"extra.model_path": m.group(1)}, starts=True, shared=True),
     rule("model_buffer", rf"(?:llm_)?load_tensors:\s+{_DEV} (?:model )?buffer size\s*=\s*(?P<size>[\d.]+) MiB",
          _device_buffer("weights_bytes"), once=True),
     # A pasted command line: llama-server / llama-cli / ./main / ./server, or llama-cpp-python's

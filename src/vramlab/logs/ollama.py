@@ -43,6 +43,8 @@ def _offload(m: re.Match[str]) -> dict[str, Any]:
         "free_gpu_memory_bytes": _size(kv.get("memory.available")),
         "extra.required_bytes": _size(kv.get("memory.required.full" if full else "memory.required.partial")),
         "extra.layers_offloaded": int(kv["layers.offload"]) if kv.get("layers.offload", "").isdigit() else None,
+        "extra.layers_requested": int(kv["layers.requested"]) if re.fullmatch(r"-?\d+", kv.get("layers.requested", ""))
+        else None,
         "extra.graph_full_bytes": _size(kv.get("memory.graph.full")),
     }
     return out

@@ -129,6 +129,13 @@ RULES: list[Rule] = [
          lambda m: {"cuda_graph_bytes": gib(m.group("usage")) if m.group("usage") else None,
                     "extra.avail_after_graphs_bytes": gib(m.group("avail")) if m.group("avail") else None}),
     rule("max_tokens", r"max_total_num_tokens=(\d+).*", _max_tokens, shared=True),
+    # model_runner.py init_memory_pool (0.1-0.5; pool_configurator.py MemoryPoolConfig later): the pool came out at
+    # zero tokens or fewer. No figure is printed: the refusal itself is the observation.
+    rule("no_pool", r"Not enough memory\. Please try to increase --mem-fraction-static",
+         lambda m: {"extra.kv_pool_empty": True, "extra.refused": True}, shared=True),
+    # ... and a --max-total-tokens above what profiling found: the profiled pool in tokens.
+    rule("profiled_tokens", r"max_total_tokens=(\d+) is larger than the profiled value (\d+)",
+         lambda m: {"extra.profiled_max_total_tokens": int(m.group(2))}, shared=True),
 ]
 
 

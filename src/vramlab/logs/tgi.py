@@ -56,6 +56,15 @@ RULES: list[Rule] = [
          lambda m: {"kv_cache_tokens": int(m.group(1))}, shared=True),
     rule("blocks", r"KV-cache blocks: (\d+), size: (\d+)",
          lambda m: {"gpu_blocks": int(m.group(1)), "block_size": int(m.group(2))}, shared=True),
+    # backends/v3 (3.x) `check_max_batch_total_tokens`: the pool the warm-up found is below one request of
+    # max_total_tokens (V3Error::NotEnoughMemory, "Not enough memory to handle `max_total_tokens={0}`", or its Debug
+    # form when main returns it); 1.x's warm-up said "Not enough memory to handle N total tokens with P prefill
+    # tokens" for a --max-batch-total-tokens the pool could not hold. The pool itself is printed only as
+    # "KV-cache blocks" (server) or not at all.
+    rule("no_room", r"Not enough memory to handle `max_total_tokens=(\d+)`|NotEnoughMemory\((\d+)\)"
+         r"|Not enough memory to handle (\d+) total tokens",
+         lambda m: {"extra.kv_capacity_below_tokens": int(next(g for g in m.groups() if g)), "extra.refused": True},
+         shared=True),
     rule("graphs", r"Cuda Graphs are enabled for sizes \[([\d, ]*)\]",
          lambda m: {"extra.cuda_graph_sizes": [int(x) for x in m.group(1).split(",") if x.strip()]}, shared=True),
 ]

@@ -179,7 +179,8 @@ def _kv_refused(m: re.Match[str]) -> dict[str, Any]:
     max seq len (L), (X GiB KV cache is needed, which is larger than the available KV cache memory
     (Y GiB). Based on the available memory, the estimated maximum model length is M.`"""
     out: dict[str, Any] = {"max_model_len": integer(m.group("len")), "kv_cache_bytes": gib(m.group("avail")),
-                           "extra.kv_cache_needed_bytes": gib(m.group("need"))}
+                           "extra.kv_cache_needed_bytes": gib(m.group("need")),
+                           "extra.refused_max_model_len": integer(m.group("len"))}
     if m.group("est"):
         out["extra.estimated_max_model_len"] = integer(m.group("est"))
     return out
@@ -316,8 +317,11 @@ RULES: list[Rule] = [
          r"max seq len \((?P<len>[\d,]+)\), \((?P<need>[\d.]+) GiB KV cache is needed, which is larger than the "
          r"available KV cache memory \((?P<avail>-?[\d.]+) GiB\)(?:.*?estimated maximum model length is (?P<est>[\d,]+))?",
          _kv_refused, shared=True),
+    # V0 (and the engine before V0 had a name), worker.py `raise_if_cache_size_invalid` / llm_engine.py: the pool in
+    # tokens is block_size x num_gpu_blocks, printed as the KV cache's capacity.
     rule("max_len_vs_kv", r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
-         r"cache \((\d+)\)", lambda m: {"max_model_len": int(m.group(1)), "extra.kv_capacity_tokens": int(m.group(2))},
+         r"cache \((\d+)\)", lambda m: {"max_model_len": int(m.group(1)), "extra.kv_capacity_tokens": int(m.group(2)),
+                                        "kv_cache_tokens": int(m.group(2)), "extra.refused_max_model_len": int(m.group(1))},
          shared=True),
     rule("kv_memory", rf"Available KV cache memory: ({N}) ?GiB", lambda m: {"kv_cache_bytes": gib(m.group(1))},
          once=True),

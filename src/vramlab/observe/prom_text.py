@@ -28,7 +28,11 @@ ALIASES: dict[str, tuple[tuple[str, ...], str]] = {
     "kv_cache_tokens": (("sglang:num_used_tokens", "llamacpp:kv_cache_tokens"), "sum"),
     "request_failures_total": (("tgi_request_failure",), "sum"),
     "process_resident_memory_bytes": (("process_resident_memory_bytes",), "sum"),
+    # the KV pool's size in tokens where the engine exports it (SGLang; vLLM's is in cache_config_info's labels)
+    "kv_cache_pool_tokens": (("sglang:max_total_num_tokens",), "max"),
 }
+# vLLM's `cache_config_info` is an info gauge: the pool is in its labels (num_gpu_blocks x block_size).
+_INFO_LABELS = {"vllm:cache_config_info": (("num_gpu_blocks", "kv_cache_blocks"), ("block_size", "kv_block_size"))}
 
 
 def _base(name: str) -> str:
@@ -51,6 +55,11 @@ def parse_metrics(text: str, t: float | None = None, source: str = "engine") -> 
     try:
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
+                for label, canon_name in _INFO_LABELS.get(s.name, ()):
+                    try:
+                        found.setdefault(canon_name, {}).setdefault(s.name, []).append(float(s.labels[label]))
+                    except (KeyError, ValueError):  # "None" before the engine sized its pool
+                        pass
                 if s.name.endswith(("_created", "_bucket", "_count", "_sum")) and _base(s.name) not in _LOOKUP:
                     continue
                 canon = _LOOKUP.get(_base(s.name))
@@ -60,6 +69,10 @@ def parse_metrics(text: str, t: float | None = None, source: str = "engine") -> 
         raise ValueError(f"not Prometheus text: {exc}") from None
     out = []
     for canon, by_name in found.items():
+        if canon not in ALIASES:  # from an info gauge's labels
+            (spelling, vals), = by_name.items()
+            out.append(Sample(source, f"engine.{canon}", max(vals), now, {"metric": spelling}))
+            continue
         names, how = ALIASES[canon]
         spelling = next(_base(n) for n in names if _base(n) in by_name)  # the preferred spelling present
         vals = by_name[spelling]

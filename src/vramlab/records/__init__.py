@@ -39,7 +39,7 @@ RequestRecord (one per HTTP attempt)
 | itl_ms | list[float] | inter-token latencies: every gap between two token chunks whose arrival times are both known |
 | itl_untimed_gaps | int \\| None | gaps between token chunks left out of itl_ms: a token read together with later bytes has no arrival time of its own; None = not recorded (rows from before schema 4) |
 | prompt_tokens, output_tokens | int \\| None | output_tokens: content and reasoning together |
-| output_tokens_source | str \\| None | "usage" (the server's count) or "chunks" (counted stream chunks: an estimate) |
+| output_tokens_source | str \\| None | "usage" (the server's count), "timings" (llama.cpp's own count in its last chunk) or "chunks" (counted stream chunks: an estimate) |
 | reasoning_tokens | int \\| None | of output_tokens, reasoning (`reasoning_content` / `reasoning` deltas; usage's reasoning_tokens when sent) |
 | status_code | int | 0 = no HTTP response |
 | error_class | str \\| None | timeout, connect, http_4xx, http_5xx, oom, stream_broken, cancelled |

@@ -70,3 +70,34 @@ def render(result: Any, output: str | None) -> str:
         out.append("")
         out.append(f"wrote {output}")
     return "\n".join(out)
+
+
+def render_runs(cal: Any, output: str | None) -> str:
+    """`vramlab calibrate RUN_ID ...`: what changed (with its evidence), what was not fitted and why,
+    the composition's error before and after on the runs learned from and on the held-out ones."""
+    out: list[str] = []
+    if cal.changes:
+        out.append("changed:")
+        for c in cal.changes:
+            same = abs(c.value / c.default - 1) < 0.01 if c.default else False
+            out.append(f"  {c.name} ({c.target}): {_const(c.name, c.default)} -> {_const(c.name, c.value)} "
+                       f"from run{'s' if len(c.runs) > 1 else ''} {', '.join(c.runs)}"
+                       + (" (within 1 % of the default: the evidence's own rounding)" if same else ""))
+            out.append(f"    evidence: {c.evidence}")
+    else:
+        out.append("changed: nothing")
+    for n in cal.not_fitted:
+        out.append(f"not fitted: {n}")
+    for title, rows in (("on the runs learned from", cal.learned), ("held out (not learned from)", cal.holdout)):
+        if not rows:
+            continue
+        out.append(f"error {title} (predicted - measured, GiB = 2^30 bytes; before -> after):")
+        for e in rows:
+            out.append(f"  {e.run_id} {e.figure:<17} measured {gib(e.measured_bytes, 3)}  before "
+                       f"{gib(e.before_bytes, 3)} ({e.before_pct:+.2f}%) -> after {gib(e.after_bytes, 3)} "
+                       f"({e.after_pct:+.2f}%)")
+    if output:
+        out.append(f"profile written to {output}; use it with: vramlab plan ... --calibration {output}")
+    elif cal.changes:
+        out.append("no profile written (give -o PROFILE.toml)")
+    return "\n".join(out)

@@ -83,6 +83,7 @@ def render(report: Any) -> str:
                 continue
             out.append(f"  {row.field.removesuffix('_bytes'):18} {_fmt(row.field, row.observed):>12} "
                        f"{_fmt(row.field, row.predicted):>12}  {_diff(row.field, row)}")
+        out.extend(f"  {line}" for line in getattr(item, "refusal", ()))
         line = _encoder_line(obs.extra, est.extra.get("encoder_profile"))
         if line:
             out.append(line)

@@ -50,7 +50,8 @@ def summary(ctx: ReportContext) -> list[Block]:
         items.append(f"Hypothesis: {hyp}")
     for rec in (a.recovery if run.kind != "drill" else []):  # a drill's recovery: the incident summary
         when = "" if rec.after_s is None else (" at once" if rec.after_s == 0 else f" after {rec.after_s:.1f} s")
-        items.append(f"Round {rec.round} returned to baseline: {'yes' + when if rec.returned else 'no'}")
+        said = ("yes" + when) if rec.returned else ("no" if rec.judged else f"not judged ({rec.reason})")
+        items.append(f"Round {rec.round} returned to baseline: {said}")
     if a.thresholds:
         var = run.change.get("variable", "the changed variable")
         first = next((c for c in a.thresholds if c.passed is False), None)
@@ -63,6 +64,9 @@ def summary(ctx: ReportContext) -> list[Block]:
                      f"{_threshold_value(first.metric, first.limit)}")
         items.append(line)
     items += _capacity_lines(ctx)
+    host = host_line(ctx)
+    if host:
+        items.append(host)
     headline = [s for s in a.stability if s.metric in HEADLINE_METRICS]
     for s in headline:
         if s.spikes:
@@ -180,6 +184,35 @@ _DETAIL = ["out tok/s", "TTFT P95 ms", "E2E P50 ms", "E2E P99 ms", "E2E max ms",
            "ITL P99 ms", "ITL gaps timed / untimed"]
 
 
+def host_line(ctx: ReportContext) -> str | None:
+    """The host's own load beside the figures (a CPU engine, or a load generator sharing the box):
+    peak CPU, RAM in use and the engine process's resident memory, from the host sampler."""
+    peak: dict[str, float] = {}
+    for smp in ctx.samples:
+        if smp.name in ("host.cpu_percent", "host.ram_used_bytes", "host.target_rss_bytes"):
+            peak[smp.name] = max(peak.get(smp.name, smp.value), smp.value)
+    if not peak:
+        return None
+    parts = []
+    if "host.cpu_percent" in peak:
+        parts.append(f"CPU max {peak['host.cpu_percent']:.0f} %")
+    if "host.ram_used_bytes" in peak:
+        parts.append(f"RAM in use max {fmt.gib(peak['host.ram_used_bytes'])} GiB")
+    if "host.target_rss_bytes" in peak:
+        parts.append(f"engine process RSS max {fmt.gib(peak['host.target_rss_bytes'])} GiB")
+    return "Host (sampled): " + ", ".join(parts)
+
+
+def tokens_caption(ctx: ReportContext) -> str:
+    """Where output tokens were counted from stream chunks (no usage, no engine count), out tok/s is
+    an estimate, and every table that shows it says so."""
+    t = ctx.analysis.totals
+    if not t.tokens_estimated:
+        return ""
+    return (f"; out tok/s is an estimate for {t.tokens_estimated:,} of {t.ok:,} requests (the server sent no "
+            "token count: stream chunks counted, one token each)")
+
+
 def itl_sentence(r: RequestSummary) -> str | None:
     """How many inter-token gaps the ITL figures rest on, and how many could not be timed; None
     when the requests had no gaps at all."""
@@ -244,7 +277,7 @@ def phases(ctx: ReportContext) -> list[Block]:
         Text("User layer (requests, errors, latency), service layer (queue, KV cache) and resource layer "
              "(GPU memory) side by side, one row per round and phase. Latencies are of successful requests."),
         Table(["round", "phase", *_SIGNALS], sig, caption="Service and resource signals"),
-        Table(["round", "phase", *_DETAIL], det, caption="Latency detail"),
+        Table(["round", "phase", *_DETAIL], det, caption="Latency detail" + tokens_caption(ctx)),
     ]
 
 
@@ -265,7 +298,7 @@ def steps(ctx: ReportContext) -> list[Block]:
     if not sig:
         return []
     return [Table(["round", "phase", "step", var, *_SIGNALS], sig, caption="Service and resource signals per step"),
-            Table(["round", "phase", "step", var, *_DETAIL], det, caption="Latency detail per step")]
+            Table(["round", "phase", "step", var, *_DETAIL], det, caption="Latency detail per step" + tokens_caption(ctx))]
 
 
 def charts(ctx: ReportContext) -> list[Block]:
@@ -369,7 +402,7 @@ def _not_drill(ctx: ReportContext) -> bool:
 
 
 def recovery(ctx: ReportContext) -> list[Block]:
-    rows = [[str(r.round), "yes" if r.returned else "no", fmt.seconds(r.after_s), fmt.ms(r.baseline_e2e_p95_ms),
+    rows = [[str(r.round), "yes" if r.returned else ("no" if r.judged else "not judged"), fmt.seconds(r.after_s), fmt.ms(r.baseline_e2e_p95_ms),
              fmt.ms(r.recovery_e2e_p95_ms), fmt.pct(r.baseline_error_rate), fmt.pct(r.recovery_error_rate), r.reason]
             for r in ctx.analysis.recovery]
     if not rows:

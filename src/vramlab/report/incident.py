@@ -18,6 +18,7 @@ from vramlab.report import fmt
 from vramlab.report.blocks import Block, Bullets, Table, Text
 from vramlab.report.incident_text import (
     OOM_MODES,
+    T0_WORDS,
     _base_mode,
     _s,
     _unit,
@@ -29,6 +30,7 @@ from vramlab.report.incident_text import (
     recovery_text,
     signal_value,
     since_t0,
+    storm_text,
 )
 from vramlab.report.sections import ReportContext, Section, register
 
@@ -117,6 +119,11 @@ def s_summary(ctx: ReportContext) -> list[Block]:
              "Status: draft postmortem — action items below need an owner's confirmation"]
     if ctx.run.stop_reason:
         items.append(f"Ended by: {ctx.run.stop_reason}")
+    from vramlab.report.core_sections import host_line
+
+    host = host_line(ctx)
+    if host:
+        items.append(host)
     return [Bullets(items)]
 
 
@@ -153,8 +160,11 @@ def s_timeline(ctx: ReportContext) -> list[Block]:
         elif e.kind == "recovered":
             # the drill's event means it served again; the incident is not recovered until P95 and health are back
             kind, what = "serving again", f"{what} — {recovery_text(inc.recovery, t0)}"
+        elif e.kind == "retry_storm":  # the live 1 s peak; the one figure every section quotes is the window's
+            what = storm_text(inc.retry_storm) + f" (live, one {fmt.num(e.data.get('window_s', 1.0))} s window " \
+                f"peaked at {fmt.num(round(float(e.data.get('amplification') or 0.0), 2))}×)"
         rows.append([f"{e.t_s:.2f}", rel, kind, who, what])
-    return [Text("Times in seconds from the drill's start, and from T0 (the fault step began). "
+    return [Text(f"Times in seconds from the drill's start, and from T0 ({T0_WORDS}). "
                  "Operator notes come from `vramlab note`."),
             Table(["t (s)", "T0 + (s)", "event", "by", "what"], rows)]
 
@@ -185,7 +195,7 @@ def s_detection(ctx: ReportContext) -> list[Block]:
                   for a in inc.alerts if a["state"] in ("pending", "firing")]
     if alert_rows:
         blocks.append(Table(["alert", "state", "t (s)", "T0 + (s)", "source"], alert_rows,
-                            caption="Same clock as the timeline; a negative T0 + means before the fault step"))
+                            caption="Same clock as the timeline; a negative T0 + means before T0"))
     blocks.append(Text(f"Time to alert (T0 → first alert firing): **{alert_clock(inc)}**"
                        + ("" if inc.time_to_alert_s is not None else
                           " — no alert fired during the drill (a `for:` longer than the incident never fires)")))
@@ -263,7 +273,7 @@ def s_recovery(ctx: ReportContext) -> list[Block]:
         return _s(from_t0(d, inc.t0_s))
 
     rows = [
-        ["T0", "the fault step began", "0.00 s"],
+        ["T0", T0_WORDS, "0.00 s"],
         ["time to detect", "T0 → first detection by the drill", clock(inc.time_to_detect_s)],
         ["time to alert", "T0 → first alert firing", alert_clock(inc)],
         ["time to mitigate", "T0 → first corrective action (restart, script, operator)", clock(inc.time_to_mitigate_s)],
@@ -345,9 +355,22 @@ def s_rounds(ctx: ReportContext) -> list[Block]:
     return [Text(verdict), Table(["round", "failure mode", "failing value", "TTD", "TTR", "failed"], rows)]
 
 
+def unrecovered(ctx: ReportContext) -> list[Incident]:
+    """The rounds that failed and did not recover, by the report's own verdict (health, serving
+    and P95 back): what `vramlab drill` exits 1 on, so its exit code never disagrees with the report."""
+    _, rounds = incident_of(ctx)
+    return [r for r in rounds if r.failed and not r.recovery.recovered]
+
+
+def verdict_line(inc: Incident) -> str:
+    """One round's recovery verdict, in the words of the headline."""
+    return f"round {inc.round}: {inc.failure_mode}; {recovery_text(inc.recovery, inc.t0_s)}"
+
+
 def incident_json(ctx: ReportContext) -> Any:
     inc, rounds = incident_of(ctx)
-    return {"headline": inc.to_json(), "rounds": [r.to_json() for r in rounds], "summary": summary_line(ctx)}
+    return {"headline": inc.to_json(), "rounds": [r.to_json() for r in rounds], "summary": summary_line(ctx),
+            "recovered": not unrecovered(ctx)}
 
 
 for _sec in (
@@ -365,4 +388,4 @@ for _sec in (
 ):
     register(_sec)
 
-__all__ = ["action_items", "incident_json", "incident_of", "lessons", "summary_line"]
+__all__ = ["action_items", "incident_json", "incident_of", "lessons", "summary_line", "unrecovered", "verdict_line"]

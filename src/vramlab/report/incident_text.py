@@ -28,7 +28,7 @@ def _cs(t_s: float) -> Decimal:
 
 def since_t0(t_s: float, t0: float | None) -> str:
     """The one relative clock of the incident report (timeline, detection, alerts): signed seconds
-    from T0, the moment the fault step began, as the difference of the two printed moments, so two
+    from T0 (the failure's first evidence), as the difference of the two printed moments, so two
     rows that print the same `t (s)` never print different `T0 +` values."""
     return "–" if t0 is None else f"{_cs(t_s) - _cs(t0):+.2f}"
 
@@ -43,10 +43,10 @@ def from_t0(d: float | None, t0: float | None) -> float | None:
 
 def alert_clock(inc: Incident) -> str:
     """Time to alert on the alert table's clock, as the incident's JSON carries it: an alert already
-    firing when the fault step began reads negative, not 0.00 s."""
+    firing at T0 reads negative, not 0.00 s."""
     t = from_t0(inc.time_to_alert_s, inc.t0_s)
     if t is not None and t < 0:
-        return f"{t:+.2f} s (already firing before the fault step)"
+        return f"{t:+.2f} s (already firing before T0)"
     return _s(t)
 
 
@@ -73,6 +73,22 @@ def recovery_text(rec: Any, t0: float | None = None) -> str:
     clocks = ", ".join(p for p in parts if p)
     return (f"recovered in {_s(from_t0(rec.time_to_recover_s, t0))} from T0"
             + (f" (the latest of: {clocks})" if clocks else ""))
+
+
+T0_WORDS = "the failure's first evidence: the first failed request's end, the process exit or the OOM line"
+
+
+def storm_figures(st: Any) -> str:
+    """The retry storm's figures as the storm table prints them (the one computation)."""
+    return (f"attempts {st.amplification or 0:.2f}× the baseline's offered rate over the recovery window, "
+            f"{st.retries_in_window} retries")
+
+
+def storm_text(st: Any) -> str:
+    """The retry storm in one sentence, from the one computation every section quotes."""
+    if st.amplification is None:
+        return "retry storm: not measured (no baseline rate or no recovery window)"
+    return f"retry storm: {'yes' if st.storm else 'no'} — {storm_figures(st)}"
 
 
 OOM_MODES = ("crash_after_oom", "oom_no_exit", "oom_killed")
@@ -122,11 +138,10 @@ def lessons(inc: Incident) -> tuple[list[str], list[str], list[str]]:
     if st.second_oom:
         wrong.append("Recovery set off a second OOM")
     if st.storm:
-        wrong.append(f"Recovery drew {st.amplification or 0:.1f}× the baseline's offered rate, "
-                     f"{st.attempts_per_request or 0:.1f} attempts per request (retry storm)")
+        wrong.append(f"Recovery drew a retry storm: {storm_figures(st)}, {st.attempts_per_request or 0:.2f} attempts "
+                     "per request")
     elif st.amplification is not None and inc.failed:
-        well.append(f"No retry storm: {st.retries_in_window} retries during recovery; attempts "
-                    f"{st.amplification:.1f}× the baseline's offered rate")
+        well.append(f"No retry storm: {storm_figures(st)}")
     if inc.failed and not inc.neighbours:
         lucky.append("No neighbour shared the card in this drill; the blast radius is untested")
     if inc.failed and inc.recovery.recovered and not st.second_oom and st.retries:
@@ -160,7 +175,7 @@ def action_items(ctx: ReportContext, inc: Incident) -> list[list[str]]:
     if inc.failed and mode in ("crash", "crash_xid"):
         rows.append(["read the engine's log around the exit and fix or report the crash; no load cap follows, "
                      "nothing said out of memory", "investigate", owner])
-    if inc.failed and mode in ("killed_by_signal", "crash", "crash_xid") and not inc.recovery.recovered:
+    if inc.failed and mode in ("killed_by_signal", "crash", "crash_xid") and inc.mitigated_s is None:
         rows.append(["restart the target on exit (systemd Restart=on-failure, a k8s liveness probe)", "mitigate",
                      owner])
     if inc.failed and mode == "hang":

@@ -47,24 +47,38 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
     lines.append(f"KV pool: {gib(e.kv_cache_bytes)} GiB = {e.kv_cache_tokens:,} tokens"
                  + (f" ({e.num_blocks:,} blocks of {e.block_size})" if e.block_size > 1 and e.engine == "vllm" else "")
                  + f"; {e.kv_bytes_per_token:,} B per token on this GPU")
+    band = e.extra.get("kv_band_bytes")
+    widest = e.extra.get("kv_band_widest")
+    if band and widest and band[0] != band[1]:
+        term = str(widest).replace("_", " ")
+        unknown = next((n for n in e.notes if n.startswith("unknown term") and f"({term})" in n), None)
+        lines.append(f"KV band: {gib(max(0, band[0]))}-{gib(max(0, band[1]))} GiB; most of its width comes from the "
+                     f"{widest} term" + (" (an unknown term: see its note)" if unknown else ""))
     if e.per_sequence_state_bytes:
         lines.append(f"recurrent state: {e.per_sequence_state_bytes / (1 << 20):.1f} MiB per sequence")
     conc = f"max concurrency at {e.max_model_len:,} tokens: {e.max_concurrency:.2f}"
     if e.pessimistic and e.optimistic and e.engine not in ("llama.cpp",):
         conc += f" (band {e.pessimistic.max_concurrency:.2f}-{e.optimistic.max_concurrency:.2f})"
     lines.append(conc)
+    serial = e.engine == "transformers" and not (e.settings or {}).get("continuous_batching", True)
     if plan.concurrency is not None:
         longest = plan.max_model_len_at_concurrency
-        lines.append(f"largest max_model_len for {plan.concurrency} concurrent sequences: "
-                     + (f"{longest:,}" if longest else "none fits"))
+        if serial and plan.concurrency > 1 and not longest:
+            # the limit is the server, not the memory: it answers one request at a time
+            lines.append(f"largest max_model_len for {plan.concurrency} concurrent sequences: none — not for "
+                         "lack of memory: transformers serve answers one request at a time without "
+                         "--continuous-batching (serial serving)")
+        else:
+            lines.append(f"largest max_model_len for {plan.concurrency} concurrent sequences: "
+                         + (f"{longest:,}" if longest else "none fits"))
     safe = plan.safe
     head = f"safe operating point ({safe['margin']:.0%} margin, every band at its pessimistic end): "
     if not safe["max_concurrency"] and not safe["max_model_len_at_concurrency"]:
         lines.append(head + "none: it does not fit even one sequence")
     elif e.engine == "llama.cpp":
-        # llama.cpp splits --ctx-size into --parallel slots: the sequence length is the slot's, the
-        # same length the max-concurrency line above counts in (not the whole context).
-        lines.append(head + f"{safe['max_concurrency']} of {e.max_concurrency:.0f} slots at {e.max_model_len:,} "
+        # llama.cpp splits --ctx-size into --parallel slots: the safe point's length is the slot's (the policy
+        # resolves it; capacity/model.py safe_operating_point), as in the max-concurrency line above.
+        lines.append(head + f"{safe['max_concurrency']} of {e.max_concurrency:.0f} slots at {safe['max_model_len']:,} "
                      "tokens each (--ctx-size / --parallel)")
     else:
         def seqs(n: int) -> str:
@@ -72,18 +86,46 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
 
         at_len = (f"{seqs(safe['max_concurrency'])} at {safe['max_model_len']:,} tokens"
                   if safe["max_concurrency"] else f"not one sequence at {safe['max_model_len']:,} tokens")
-        lines.append(head + at_len + f"; {seqs(safe['concurrency'])} up to "
-                     f"{safe['max_model_len_at_concurrency']:,} tokens")
+        if serial and safe["concurrency"] > 1:
+            lines.append(head + at_len + f"; {seqs(safe['concurrency'])} at once: not served (one request at a "
+                         "time)")
+        else:
+            lines.append(head + at_len + f"; {seqs(safe['concurrency'])} up to "
+                         f"{safe['max_model_len_at_concurrency']:,} tokens")
+    lines += _placement(e.extra)
     for note in e.notes:
         lines.append(f"note: {note}")
     lines.append("")
-    if e.fits:
+    if e.fits and len(e.extra.get("devices") or ()) > 1:
+        least = min(e.extra["devices"], key=lambda d: d["headroom_bytes"])
+        lines.append(f"verdict: FITS on every card; the least headroom is {gib(least['headroom_bytes'])} GiB on "
+                     f"{least['device']} ({least['gpu']})")
+    elif e.fits:
         lines.append(f"verdict: FITS with {gib(e.headroom_bytes)} GiB headroom")
     else:
         lines.append("verdict: DOES NOT FIT")
         lines += [f"  why: {r}" for r in e.reasons]
         lines += [f"  try: {t}" for t in e.suggestions]
     return "\n".join(lines)
+
+
+def _placement(extra: dict[str, Any]) -> list[str]:
+    """llama.cpp: every card's buffers and the host's share, as its load_tensors / KV / compute lines print them."""
+    devices, host = extra.get("devices"), extra.get("host")
+    if not devices or not host:
+        return []
+    rows = [[d["device"], d["gpu"], str(d["layers"]) + ("+out" if d["output_layer"] else ""),
+             gib(d["model_buffer_bytes"]), gib(d["kv_buffer_bytes"]), gib(d["compute_buffer_bytes"]),
+             gib(d["total_bytes"]), gib(d["headroom_bytes"])] for d in devices]
+    mapped = f" ({gib(host['mapped_buffer_bytes'])} GiB CPU_Mapped span)" if host["mapped"] else " (CPU, not mapped)"
+    rows.append(["host", "RAM", str(host["layers"]) + ("+out" if host["output_layer"] else ""),
+                 gib(host["model_buffer_bytes"]), gib(host["kv_buffer_bytes"]), gib(host["compute_buffer_bytes"]),
+                 gib(host["model_buffer_bytes"] + host["kv_buffer_bytes"] + host["compute_buffer_bytes"]), ""])
+    out = ["", "placement (GiB; llama.cpp's model / KV / compute buffers per device):"]
+    out += _table(["device", "card", "layers", "model", "KV", "compute", "total", "headroom"], rows,
+                  {2, 3, 4, 5, 6, 7})
+    out.append(f"host model buffer{mapped}: tensors kept in host memory; headroom after the CUDA context")
+    return out
 
 
 def render_sweep(result: SweepResult, model_name: str, gpu: GPU) -> str:

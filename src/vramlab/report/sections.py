@@ -88,6 +88,7 @@ def _load_builtins() -> None:
     _builtins_loaded = True
     # Imported here, not at the top: each of them imports this module to register its sections.
     import vramlab.report.colocation  # noqa: F401  (drill runs: co-location)
+    import vramlab.report.composition  # noqa: F401  (runs with a capacity plan: plan against measured)
     import vramlab.report.core_sections  # noqa: F401  (every run)
     import vramlab.report.incident  # noqa: F401  (drill runs: the incident)
 

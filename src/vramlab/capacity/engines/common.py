@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from vramlab.capacity import defaults
 from vramlab.capacity import kv as kvmod
 from vramlab.capacity import weights as wmod
 from vramlab.capacity.constants import Constants
@@ -49,7 +50,7 @@ class Context:
     def weights(self, stage: int = 0) -> tuple[int, str]:
         value, how = wmod.weight_bytes(self.model, self.dtype, self.settings.quantization, self.tp, self.pp, stage,
                                        rope_cache=self.settings.engine in ("vllm", "sglang"),
-                                       bnb_nested_absmax=self.bnb_nested_absmax)
+                                       bnb_nested_absmax=self.bnb_nested_absmax, mxfp4_layout=self.mxfp4_layout)
         return value + self.lora_bytes(stage), how
 
     def lora_bytes(self, stage: int = 0) -> int:
@@ -63,6 +64,24 @@ class Context:
             return 0
         elems = wmod.lora_slot_params(self.model, self.tp, self.pp, stage, max(1, s.max_lora_rank), max(1, s.max_loras))
         return int(elems * dtype_bytes(self.dtype))
+
+    @property
+    def mxfp4_layout(self) -> str:
+        """The MXFP4 MoE backend vLLM picks by card (`get_mxfp4_backend`): Marlin on NVIDIA cards below Blackwell,
+        FlashInfer on Blackwell. Hopper runs Marlin unless triton_kernels is installed (`mxfp4_hopper_triton_bytes`
+        widens the band to that layout). Other engines and vendors keep the FlashInfer padding."""
+        if self.settings.engine != "vllm" or self.gpu.vendor != "nvidia" or self.gpu.arch == "blackwell":
+            return "flashinfer"
+        return "marlin"
+
+    def mxfp4_hopper_triton_bytes(self, stage: int = 0) -> int | None:
+        """vLLM on Hopper with the triton_kernels package: the Triton layout's weights (None elsewhere)."""
+        q = self.quant
+        if self.settings.engine != "vllm" or self.gpu.arch != "hopper" or q is None or q.method != "mxfp4":
+            return None
+        value, _ = wmod.weight_bytes(self.model, self.dtype, self.settings.quantization, self.tp, self.pp, stage,
+                                     rope_cache=True, bnb_nested_absmax=self.bnb_nested_absmax, mxfp4_layout="triton")
+        return value + self.lora_bytes(stage)
 
     @property
     def bnb_nested_absmax(self) -> bool:
@@ -90,7 +109,13 @@ class Context:
             note += "; vision tower from its config"
             rel = max(rel, 0.05)
         note += lora_note
-        return band("weights", value, rel, rel, FORMULA, note)
+        comp = band("weights", value, rel, rel, FORMULA, note)
+        triton = self.mxfp4_hopper_triton_bytes(stage)
+        if triton is not None and triton < comp.low_bytes:
+            comp = Component("weights", comp.bytes, triton, comp.high_bytes, FORMULA,
+                             note + f"; Hopper: Marlin's padded layout, {triton / 2**30:.2f} GiB in the Triton kernels' "
+                                    "layout if triton_kernels is installed (band widened to it)")
+        return comp
 
     def constant_component(self, name: str, key: str, note: str, in_budget: bool = True,
                            extra_band: float = 0.0) -> Component:
@@ -126,12 +151,15 @@ class Context:
 
     @cached_property
     def model_max_len(self) -> int:
-        """The context the engine derives from the config (rope scaling included); with a
-        rope-scaling override, the base length times the user's factor."""
-        m, factor = self.model, self.settings.rope_scaling_factor
-        if factor:
-            return int((m.rope_original_max_position or m.max_position_embeddings) * factor)
-        return m.context_length
+        """The context this engine and release derive from the config (rope scaling as they apply it);
+        with a rope-scaling override, the base length times the user's factor (capacity/defaults.py)."""
+        s = self.settings
+        return defaults.derived_context(self.model, s.engine, self.version, s.rope_scaling_factor).tokens
+
+    @cached_property
+    def default_context(self) -> int:
+        """max_model_len when none is given: the derived context less the release's cap (TGI 1.x-2.x)."""
+        return defaults.default_context(self.model, self.settings)
 
     def longer_than_trained(self, length: int, engine: str, allowed: bool, how: str) -> list[str]:
         """A context above the derived one: a warning when the engine was allowed to take it, else

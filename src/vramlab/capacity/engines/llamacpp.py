@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from vramlab.capacity import gguf_mix
+from vramlab.capacity import kv as kvmod
+from vramlab.capacity.engines import llamacpp_placement as place
 from vramlab.capacity.engines.common import Context, PolicyResult
 from vramlab.capacity.estimate import EXACT, FORMULA, GIB, Component, Limits, band
 from vramlab.capacity.kv import bytes_per_token_layer
@@ -108,19 +111,21 @@ def cell_bytes(ctx: Context, kind: str, type_k: str, type_v: str) -> float:
             + bytes_per_token_layer(m, kind, type_v, "float16", 1) * (1 - k_share))
 
 
-def kv_cache_bytes(ctx: Context, server: ServerSetup, kv_size: int) -> int:
-    """Device 0's share of the KV (--split-mode layer splits layers over devices)."""
+def kv_cache_bytes(ctx: Context, server: ServerSetup, kv_size: int, layers: range | None = None) -> int:
+    """The KV of *layers* (default: device 0's); each layer's KV lives with the layer."""
     m = ctx.model
-    kinds = tuple(m.kinds[i] for i in ctx.layer_range(0))
+    layers = ctx.layer_range(0) if layers is None else layers
+    kinds = tuple(m.kinds[i] for i in layers)
     total: float = 0
     streams = 1 if server.unified else server.slots
     for kind in set(kinds):
-        layers = sum(1 for k in kinds if k == kind)
+        count = sum(1 for k in kinds if k == kind)
         cells = kv_size
         if kind == "sliding" and m.sliding_window:
             cells = min(kv_size, math.ceil((m.sliding_window * streams + server.n_ubatch) / KV_PAD) * KV_PAD)
-        total += layers * cell_bytes(ctx, kind, server.type_k, server.type_v) * cells
-    return int(total + ctx.state_bytes_per_seq(0) * server.slots)
+        total += count * cell_bytes(ctx, kind, server.type_k, server.type_v) * cells
+    state = kvmod.state_bytes_per_sequence(m, ctx.dtype, ctx.tp, layers) if len(layers) else 0
+    return int(total + state * server.slots)
 
 
 def weights_on_device(ctx: Context) -> Component:
@@ -150,22 +155,17 @@ def reserved_outputs(ctx: Context, server: ServerSetup) -> int:
     return server.n_ubatch
 
 
-def compute_buffer(ctx: Context, server: ServerSetup, kv_size: int) -> Component:
-    m, constants = ctx.model, ctx.constants
+def compute_buffer(ctx: Context, server: ServerSetup, share_bytes: int) -> Component:
+    """The main device's compute buffer: the largest graph phase that runs there
+    (engines/llamacpp_placement.py), plus the calibratable scratch."""
+    constants, key = ctx.constants, "llamacpp_compute_scratch_bytes"
     outputs = reserved_outputs(ctx, server)
-    compute = 4 * (outputs * m.vocab_size + server.n_ubatch * 4 * m.hidden_size) \
-        + constants["llamacpp_compute_scratch_bytes"]
-    if not server.flash_attn:  # the KQ matrix of one layer: n_kv x n_ubatch x heads in f32
-        compute += 4 * kv_size * server.n_ubatch * m.num_attention_heads
-    key = "llamacpp_compute_scratch_bytes"
-    # The scratch beyond the logits was read off builds whose buffer the logits dominated: with one logit
-    # row per sequence it is the whole figure (a 2026 Qwen3-4B log: 85 MiB) -> unknown term, band widened.
-    high = constants.band(key) + (2.0 if outputs < server.n_ubatch else 0.0)
-    return band("activation_peak", compute, constants.band(key), high, constants.provenance(key),
-                f"compute buffer for n_ubatch {server.n_ubatch}, logits for {outputs} output rows"
-                + ("" if server.flash_attn else " without flash attention (KQ matrix of n_ctx x n_ubatch x heads)")
-                + ("; unknown term, band widened: the graph scratch without n_ubatch logits is not measured"
-                   if outputs < server.n_ubatch else ""))
+    rel = constants.band(key)
+    scratch = constants[key] if share_bytes else 0  # no graph runs on a device without layers
+    return band("activation_peak", share_bytes + scratch, rel, rel, constants.provenance(key),
+                f"compute buffer for n_ubatch {server.n_ubatch}: the largest of the attention"
+                + ("" if server.flash_attn else " (KQ matrix of n_kv x n_ubatch x heads, no flash attention)")
+                + f", feed-forward and output phases (logits for {outputs} rows)")
 
 
 def _pad(n: int) -> int:
@@ -181,14 +181,136 @@ def kv_cells(ctx: Context, server: ServerSetup) -> int:
     return _pad(cells // server.slots) * server.slots
 
 
+@dataclass
+class Layout:
+    devices: list[place.DeviceShare]
+    host: place.DeviceShare
+    device_bytes: list[int]  # each card's memory, before other processes
+    per_tensor: bool
+    notes: list[str]
+
+
+def _devices(ctx: Context) -> list[tuple[str, int]]:
+    s = ctx.settings
+    if s.devices:
+        return list(s.devices)
+    return [(ctx.gpu.name, ctx.total)] * ctx.pp
+
+
+def layout(ctx: Context, server: ServerSetup, kv_size: int) -> Layout:
+    """Every buffer of every device and of the host, by llama.cpp's assignment rules."""
+    s, m = ctx.settings, ctx.model
+    cards = _devices(ctx)
+    n_dev, n_layer = len(cards), m.num_layers
+    mode = s.split_mode
+    if mode not in ("layer", "row", "none"):
+        raise ConfigError(f"--split-mode: expected layer, row or none, got {mode!r}")
+    if s.main_gpu >= n_dev:
+        raise ConfigError(f"--main-gpu {s.main_gpu}: only {n_dev} device(s) are planned")
+    if s.tensor_split is not None and (len(s.tensor_split) > n_dev or any(x < 0 for x in s.tensor_split)):
+        raise ConfigError(f"--tensor-split: at most {n_dev} proportions >= 0 for {n_dev} device(s)")
+    free = [max(0, total - ctx.other) for _, total in cards]
+    weights = list(s.tensor_split) + [0.0] * (n_dev - len(s.tensor_split)) if s.tensor_split else [float(f) for f in free]
+    points = place.split_points(weights)
+    ngl = n_layer + 1 if s.n_gpu_layers is None or s.n_gpu_layers < 0 else s.n_gpu_layers
+    where = place.layer_devices(n_layer, ngl, points, mode, s.main_gpu)
+    overrides = place.parse_overrides(s.override_tensor, n_dev) + place.cpu_moe_overrides(min(s.n_cpu_moe, n_layer))
+    device_weights = weights_on_device(ctx).bytes
+    ftype = ctx.quant.gguf_type if ctx.quant is not None and ctx.quant.method == "gguf" else None
+    embedding = gguf_mix.host_embedding_bytes(m, ftype) if ftype and gguf_mix.supported(m, ftype) else \
+        int(m.vocab_size * m.hidden_size * device_weights / max(1, _params(ctx)))
+    tensors, per_tensor = place.model_tensors(m, ftype, device_weights, embedding)
+    modelled = sum(t.bytes for t in tensors[1:])
+    if modelled and modelled != device_weights:  # the file's own total (GGUF header) wins; keep the proportions
+        scale = device_weights / modelled
+        tensors = tensors[:1] + [place.Tensor(t.name, t.layer, int(t.bytes * scale), t.matrix) for t in tensors[1:]]
+        last = tensors[-1]  # the rounding remainder goes to the output tensor: the sum stays the file's
+        tensors[-1] = place.Tensor(last.name, last.layer, last.bytes + device_weights - sum(t.bytes for t in tensors[1:]),
+                                   last.matrix)
+    shares = {d: place.DeviceShare(f"CUDA{d}") for d in range(n_dev)}
+    shares[place.HOST] = place.DeviceShare("CPU")
+    place.place_tensors(tensors, where, overrides, mode, points, shares, s.mmap)
+    for il, d in enumerate(where[:n_layer]):
+        shares[place.HOST if s.no_kv_offload else d].layers.append(il)
+        if s.no_kv_offload and d != place.HOST:
+            shares[d].layers.append(il)  # the layer's graph still runs on its device
+    shares[where[n_layer]].has_output = True
+    p = place.phases(m, kv_size, server.n_ubatch, reserved_outputs(ctx, server), server.flash_attn)
+    experts_on_host = any(o.target == place.HOST for o in overrides)
+    for d, share in shares.items():
+        kv_layers = [il for il in share.layers if (s.no_kv_offload and d == place.HOST)
+                     or (not s.no_kv_offload and where[il] == d)]
+        share.kv_bytes = kv_cache_bytes(ctx, server, kv_size, range(kv_layers[0], kv_layers[-1] + 1)) \
+            if kv_layers else 0
+        share.compute_bytes = place.compute_bytes(share, p, d == place.HOST, experts_on_host)
+    notes = []
+    offloaded = sum(1 for d in where if d != place.HOST)
+    if offloaded < n_layer + 1:
+        notes.append(f"offloaded {offloaded}/{n_layer + 1} layers to GPU (llama.cpp's count: the output layer is one); "
+                     "the rest run on the CPU")
+    if s.n_cpu_moe and not m.is_moe:
+        notes.append(f"--n-cpu-moe {s.n_cpu_moe}: {m.name} has no MoE experts, nothing moves")
+    if not per_tensor and (overrides or mode == "row"):
+        notes.append("tensor sizes are spread over each layer by parameter counts (the quantization mix is not "
+                     "modelled tensor by tensor): per-device model buffers are approximate")
+    return Layout([shares[d] for d in range(n_dev)], shares[place.HOST], [t for _, t in cards], per_tensor, notes)
+
+
+def device_report(lay: Layout, cards: list[tuple[str, int]], other: int, scratch: int, context: int
+                  ) -> list[dict[str, Any]]:
+    """Each card's buffers as llama.cpp prints them, and what is left after them and the CUDA context."""
+    out: list[dict[str, Any]] = []
+    for (name, total), share in zip(cards, lay.devices, strict=True):
+        compute = share.compute_bytes + (scratch if share.compute_bytes else 0)
+        used = share.model_bytes + share.kv_bytes + compute
+        out.append({"device": share.name, "gpu": name, "memory_bytes": total, "free_bytes": max(0, total - other),
+                    "model_buffer_bytes": share.model_bytes, "kv_buffer_bytes": share.kv_bytes,
+                    "compute_buffer_bytes": compute, "layers": len(share.layers), "output_layer": share.has_output,
+                    "total_bytes": used, "headroom_bytes": total - other - used - context})
+    return out
+
+
+def _main_weights(ctx: Context, lay: Layout) -> Component:
+    """Device 0's model buffer: the whole offloadable figure, or the tensors placed there."""
+    weights, main = weights_on_device(ctx), lay.devices[0]
+    if main.model_bytes == weights.bytes:
+        return weights
+    rel = 0.005 if lay.per_tensor else 0.05
+    return band("weights", main.model_bytes, rel, rel, weights.provenance,
+                f"the tensors llama.cpp puts on {main.name} (of {weights.bytes / GIB:.2f} GiB offloadable)")
+
+
+def _host_report(lay: Layout, mmap: bool) -> dict[str, object]:
+    host, on_devices = lay.host, {il for d in lay.devices for il in d.layers}
+    return {"model_buffer_bytes": host.model_bytes, "mapped": mmap, "mapped_buffer_bytes": host.mapped_bytes,
+            "kv_buffer_bytes": host.kv_bytes, "compute_buffer_bytes": host.compute_bytes,
+            "layers": sum(1 for il in host.layers if il not in on_devices), "output_layer": host.has_output}
+
+
+def _device_verdicts(report: list[dict[str, Any]], context: int, reasons: list[str], notes: list[str]) -> None:
+    """Every card must hold its buffers and the CUDA context; a card past the others' margin is noted."""
+    for i, dev in enumerate(report):
+        left = int(dev["headroom_bytes"])
+        if left < 0:
+            reasons.append(f"llama.cpp would allocate {(int(dev['total_bytes']) + context) / GIB:.2f} GiB on "
+                           f"{dev['device']} ({dev['gpu']}) with {int(dev['free_bytes']) / GIB:.2f} GiB free "
+                           "(cudaMalloc failed: out of memory); lower --ctx-size or offload fewer layers (-ngl) "
+                           "or experts (--n-cpu-moe)")
+        elif i and left < FIT_MARGIN:
+            notes.append(f"{dev['device']}: less than the 1024 MiB margin --fit keeps")
+
+
 def plan(ctx: Context) -> PolicyResult:
     server = resolve_server(ctx)
     kv_size = kv_cells(ctx, server)
-    kv_bytes = kv_cache_bytes(ctx, server, kv_size)
+    lay = layout(ctx, server, kv_size)
+    cards = _devices(ctx)
+    main = lay.devices[0]
+    kv_bytes = main.kv_bytes
     comps: list[Component] = [
         ctx.constant_component("cuda_context", "cuda_context_bytes", "CUDA context (not in llama.cpp's buffer lines)"),
-        weights_on_device(ctx),
-        compute_buffer(ctx, server, kv_size),
+        _main_weights(ctx, lay),
+        compute_buffer(ctx, server, main.compute_bytes),
     ]
     total, other = ctx.total, ctx.other
 
@@ -200,17 +322,18 @@ def plan(ctx: Context) -> PolicyResult:
 
     used = sum(cp.bytes for cp in comps) + kv_bytes
     reasons: list[str] = []
-    notes = list(server.notes)
+    notes = list(server.notes) + lay.notes
     trained = ctx.model_max_len
     if trained and server.per_slot_context > trained:
         notes.append(f"n_ctx_per_seq ({server.per_slot_context}) > n_ctx_train ({trained}) -- possible training "
                      "context overflow: llama.cpp serves it with this warning; quality past the trained length "
                      "is not guaranteed")
-    if used > total - other:
-        reasons.append(f"llama.cpp would allocate {used / GIB:.2f} GiB on a card with {(total - other) / GIB:.2f} GiB "
-                       "free (cudaMalloc failed: out of memory); lower --ctx-size or offload fewer layers")
-    elif total - other - used < FIT_MARGIN:
+    context = int(comps[0].bytes)
+    report = device_report(lay, cards, other, int(ctx.constants["llamacpp_compute_scratch_bytes"]), context)
+    _device_verdicts(report, context, reasons, notes)
+    if not reasons and total - other - used < FIT_MARGIN:
         notes.append("less than the 1024 MiB margin --fit keeps: --fit would shrink the context")
+    extra: dict[str, object] = {"devices": report, "host": _host_report(lay, ctx.settings.mmap)}
     return PolicyResult(
         components=comps, budget_bytes=total - other, kv_rule=kv_rule, limits=limits,
         max_model_len=server.per_slot_context, block_size=KV_PAD,
@@ -218,10 +341,15 @@ def plan(ctx: Context) -> PolicyResult:
         settings={"server": server.server, "ctx_size": server.n_ctx, "parallel": server.slots,
                   "kv_unified": server.unified, "cache_type_k": server.type_k, "cache_type_v": server.type_v,
                   "n_ubatch": server.n_ubatch, "flash_attn": server.flash_attn, "kv_size_padded": kv_size,
-                  "devices": ctx.pp,
+                  "devices": len(cards), "n_gpu_layers": _ngl(ctx), "split_mode": ctx.settings.split_mode,
                   "quantization": ctx.quant.gguf_type or ctx.quant.method if ctx.quant else None},
         kv_provenance=FORMULA,
         kv_note=f"{kv_size} cells ({server.n_ctx} padded to {KV_PAD}) x layers x (K in {server.type_k} + V in "
                 f"{server.type_v})",
-        kv_fixed=True, per_sequence_state_bytes=ctx.state_bytes_per_seq(), reasons=reasons, notes=notes,
+        kv_fixed=True, per_sequence_state_bytes=ctx.state_bytes_per_seq(), reasons=reasons, notes=notes, extra=extra,
     )
+
+
+def _ngl(ctx: Context) -> int:
+    n = ctx.settings.n_gpu_layers
+    return ctx.model.num_layers + 1 if n is None or n < 0 else n

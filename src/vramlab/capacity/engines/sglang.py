@@ -13,83 +13,21 @@ from __future__ import annotations
 
 from vramlab.capacity import allocator
 from vramlab.capacity import weights as wmod
+from vramlab.capacity.defaults import sglang_fraction as default_fraction
+from vramlab.capacity.defaults import sglang_gpu_defaults as gpu_defaults
+from vramlab.capacity.defaults import sglang_max_running
 from vramlab.capacity.engines.common import Context, PolicyResult, pick
 from vramlab.capacity.estimate import ENGINE, GIB, Component, Limits, band
 from vramlab.capacity.overheads import forward_peak_bytes, moe_workspace_bytes
 from vramlab.capacity.spec import dtype_bytes
 from vramlab.errors import ConfigError
 
-NEW_HEURISTIC_FROM = (0, 5, 3)
-# PR #7054 ("Simplify the heuristics for setting --mem-fraction-static", merged 2025-06-10, the day 0.4.7
-# was tagged): GPU-size buckets replace the TP-size table; 0.4.7 itself is taken as the first with buckets.
-GPU_BUCKETS_FROM = (0, 4, 7)
 SWA_FULL_TOKENS_RATIO = 0.8  # --swa-full-tokens-ratio default
 HYBRID_SWA_ARCHS = frozenset({"Llama4ForConditionalGeneration", "GptOssForCausalLM", "MiMoV2FlashForCausalLM",
                               "Step3p5ForCausalLM", "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"})
 HYBRID_SWA_FROM = (0, 4, 9)  # PR #7367 (July 2025 CI runs); the first release is not pinned
 GPT_OSS_HYBRID_AFTER = (0, 5, 8)  # disabled by server_args up to at least January 2026 (PR #17630's repro)
 CONTEXT_EXTRA_BAND = 0.5  # SGLang's CUDA context is not measured apart from vLLM's: unknown term, band widened
-
-
-def gpu_defaults(ctx: Context) -> tuple[int, int]:
-    """(chunked_prefill_size, cuda_graph_max_bs) defaults by card size and TP.
-
-    From 0.5.3 (PR #10975, `_handle_gpu_memory_settings`): < 20 GiB 2048 / 8; < 35 GiB 2048 / 24 (80 at
-    TP >= 4); < 60 GiB 4096 / 32 (160); < 160 GiB 8192 / 256 (512); above 16384 / 512. Before, the
-    buckets recorded in research/capacity-anchors.md §2 (a ~0.4.3 L4 log printed 2048 / 80 at TP 4)."""
-    gib = ctx.gpu.memory_gib
-    if not ctx.version or ctx.version >= NEW_HEURISTIC_FROM:
-        big = ctx.tp >= 4
-        if gib < 20:
-            return 2048, 8
-        if gib < 35:
-            return 2048, (80 if big else 24)
-        if gib < 60:
-            return 4096, (160 if big else 32)
-        if gib < 160:
-            return 8192, (512 if big else 256)
-        return 16384, 512
-    if gib < 35:
-        return 2048, (8 if ctx.tp < 4 else 80)
-    if gib < 160 and ctx.gpu.arch != "cdna3":
-        return 8192, (256 if ctx.tp < 4 else 512)
-    return 16384, 512
-
-
-def tp_fraction(ctx: Context) -> float:
-    """ServerArgs.__post_init__ before PR #7054 (merged 2025-06-10): the fraction follows the TP size only.
-    0.1.x: 0.90 / 0.85 (TP 2) / 0.82 (TP 4) / 0.80 (TP 8); 0.2 onwards 0.88 / 0.87 / 0.85 / 0.81 (TP 8;
-    0.83 in some 0.2-0.3 releases, not pinned) / 0.79 (TP 16)."""
-    tp = ctx.tp  # one 0.4 copy keys it on world_size instead (TP x PP): equal at PP 1
-    table: tuple[tuple[int, float], ...]
-    if ctx.version and ctx.version < (0, 2):
-        table = ((8, 0.80), (4, 0.82), (2, 0.85), (1, 0.90))
-    else:
-        table = ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87), (1, 0.88))
-    return next(frac for size, frac in table if tp >= size)
-
-
-def default_fraction(ctx: Context, chunk: int, graph_bs: int) -> float:
-    gib = ctx.gpu.memory_gib
-    world = ctx.tp * ctx.pp
-    if ctx.version and ctx.version < GPU_BUCKETS_FROM:
-        return tp_fraction(ctx)
-    if ctx.version and ctx.version < NEW_HEURISTIC_FROM:
-        if gib < 35:
-            reserved = 2.8 + world / 10
-        elif gib < 90:
-            reserved = 9.5 + world / 2
-        elif gib < 160:
-            reserved = 12 + world / 2
-        else:
-            reserved = 32
-        return round((gib - reserved) / gib, 3)
-    reserved_mib = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + world / 8 * 1024
-    reserved_gib = reserved_mib / 1024
-    if gib > 60:
-        reserved_gib = max(reserved_gib, 10)
-    frac = round((gib - reserved_gib) / gib, 3)
-    return frac if 0 < frac < 1 else 0.88
 
 
 def weight_tensor_sizes(ctx: Context) -> list[int] | None:
@@ -229,6 +167,13 @@ def token_limits(ctx: Context, context_len: int):
     return limits, cell, state
 
 
+def _short_pool_note(tokens: int, context_len: int) -> list[str]:
+    if 0 < tokens < context_len:
+        return [f"the pool holds {tokens:,} tokens, fewer than the {context_len:,}-token context: SGLang starts and caps "
+                f"each request at {tokens - 1:,} tokens (max_req_len)"]
+    return []
+
+
 def plan(ctx: Context) -> PolicyResult:
     ctx.check_tp("SGLang")
     settings = ctx.settings
@@ -239,7 +184,7 @@ def plan(ctx: Context) -> PolicyResult:
         or default_fraction(ctx, chunk, graph_max_bs)
     if not 0 < fraction < 1:
         raise ConfigError(f"--mem-fraction-static must be in (0, 1), got {fraction}")
-    context_len = settings.max_model_len or ctx.model_max_len
+    context_len = settings.max_model_len or ctx.default_context
     if not context_len:
         raise ConfigError(f"the context length of {ctx.model.name} is unknown: pass --max-model-len "
                           "(SGLang --context-length)")
@@ -257,7 +202,7 @@ def plan(ctx: Context) -> PolicyResult:
         return at_init - pick(parts, point, ("weights",)) - int(at_init * (1 - fraction))
 
     limits, cell, state = token_limits(ctx, context_len)
-    max_running = min(max(int(limits(kv_rule(components, "mid")).kv_cache_tokens / context_len * 512), 2048), 4096)
+    max_running = sglang_max_running(limits(kv_rule(components, "mid")).kv_cache_tokens, context_len)
     requests = settings.max_num_seqs or max_running
     # ReqToTokenPool: an int32 row of context_len + 4 token slots per request slot (max_num_reqs + 1),
     # allocated right after the KV pool, inside the (1 - fraction) reserve (model_runner init_memory_pool).
@@ -279,6 +224,10 @@ def plan(ctx: Context) -> PolicyResult:
         kv_note=f"free memory after weights less (1 - {fraction}) x the memory free at start-up, "
                 f"in cells of {cell} bytes",
         per_sequence_state_bytes=state, reasons=reasons,
-        notes=[f"mem_fraction_static {fraction} keeps {reserve / GIB:.2f} GiB for activations, CUDA graphs and runtime"],
-        min_blocks_needed=context_len, extra={"cell_size_bytes": cell, "reserved_bytes": reserve},
+        notes=[f"mem_fraction_static {fraction} keeps {reserve / GIB:.2f} GiB for activations, CUDA graphs and runtime"]
+        + _short_pool_note(limits(kv_rule(components, "mid")).kv_cache_tokens, context_len),
+        # The scheduler does not refuse a pool shorter than the context: it caps a request at
+        # min(context_len, max_total_num_tokens) - 1 tokens (scheduler.py `max_req_len`) and asserts only that
+        # this leaves room (> 5 tokens of input).
+        min_blocks_needed=7, extra={"cell_size_bytes": cell, "reserved_bytes": reserve},
     )

@@ -21,6 +21,9 @@ at the model dtype. CUDA graphs are captured afterwards, inside what was kept ba
 
 from __future__ import annotations
 
+from vramlab.capacity.defaults import TGI_UNCAPPED_FROM as FRACTION_WIGGLE_FROM
+from vramlab.capacity.defaults import tgi_prefill_tokens as default_prefill_tokens
+from vramlab.capacity.defaults import tgi_warmup_total
 from vramlab.capacity.engines.common import Context, PolicyResult, pick
 from vramlab.capacity.estimate import ENGINE, FORMULA, GIB, Component, Limits, band
 from vramlab.capacity.overheads import forward_peak_bytes, moe_workspace_bytes
@@ -30,7 +33,7 @@ from vramlab.errors import ConfigError
 # (first release, share of the FREE memory kept for KV) before 3.0; (first release, TGI_WIGGLE_ROOM) from 3.0.
 FREE_SHARE = (((1, 0), 1.0), ((1, 4, 1), 0.95), ((2, 4), 0.90))
 CARD_WIGGLE = (((3, 0), 0.95), ((3, 1), 0.93), ((3, 3), 0.90))
-FRACTION_WIGGLE_FROM = (3, 0)  # get_free_memory(device, MEMORY_FRACTION * TGI_WIGGLE_ROOM)
+UNKNOWN_TERM_BAND = 0.5  # the band added to a term that is not modelled (as vLLM's, engines/vllm_eras.py)
 LEGACY_BAND = 1.0  # TGI 2.2 on an A10G left ~2 GiB less than this rule after warm-up: unknown term, band widened
 FLASHINFER_FROM = (2, 3)  # the launcher's default ATTENTION=flashinfer (BLOCK_SIZE 1) from 2.3.0
 LOGSOFTMAX_IN_PLACE_FROM = (2, 4)  # generate_token: torch.log_softmax(out, -1, out=out)
@@ -67,48 +70,6 @@ def warmup_logits_component(ctx: Context, prefill_tokens: int, extra_band: float
     return band("warmup_logits", rows * vocab_row, 0.1, 0.1 + extra_band, FORMULA, note)
 
 
-# GPU name -> f16 TFLOP/s in the 3.x launcher's `ComputeType::f16_flop` (cards whose nvidia-smi name it
-# does not recognise, e.g. "NVIDIA GeForce RTX 4090", "Tesla T4", "NVIDIA H100 PCIe", get no compute estimate).
-LAUNCHER_TFLOPS = {"l4": 121, "l40": 181, "l40s": 363, "a10g": 125, "a40": 149, "h100-80gb": 900,
-                   "h100-nvl": 900, "a100-80gb": 312, "a100-40gb": 312, "a100-80gb-pcie": 312, "h200": 989}
-
-
-def default_prefill_tokens(ctx: Context, max_total: int) -> int:
-    """`--max-batch-prefill-tokens` when not given. 1.x: 4096. 2.x: max_input_tokens + 50 (max_input =
-    max_total - 1). 3.x (launcher main.rs): min(card f16 FLOP/s x shards / model FLOP per token, else 4096
-    (10,000 for Qwen2-VL, 8,000 for Gemma 3); max_position_embeddings; the tokens the card's VRAM allows)."""
-    m, version = ctx.model, ctx.version
-    if version and version < (2,):
-        return 4096
-    if version and version < FRACTION_WIGGLE_FROM:
-        return max_total - 1 + 50
-    # the launcher reads the top-level config's model_type: multimodal Gemma 3 is "gemma3" (1B is "gemma3_text")
-    top_type = {"Gemma3ForConditionalGeneration": "gemma3", "Qwen2VLForConditionalGeneration": "qwen2_vl",
-                "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl"}.get(m.architecture, m.model_type)
-    default = {"qwen2_vl": 10_000, "qwen2_5_vl": 10_000, "gemma3": 8000}.get(top_type, 4096)
-    tflops = LAUNCHER_TFLOPS.get(ctx.gpu.name)
-    if tflops and not m.vision_params:
-        # the launcher's Config.flop: config intermediate_size x (experts per token + shared experts), as read
-        inter = m.intermediate_size * ((m.num_experts_per_tok or 1) + m.num_shared_experts)
-        attn = 2 * m.head_dim * m.hidden_size * (3 * m.num_attention_heads + 2 * m.num_kv_heads)
-        flop = (attn + 6 * m.hidden_size * inter) * m.num_layers
-        optimal = int(tflops * 10**12 * ctx.tp // max(1, flop))
-        if optimal > 100:
-            default = optimal
-    value = min(default, m.max_position_embeddings or default)
-    fraction = ctx.settings.gpu_memory_utilization or 1.0
-    available = int(ctx.gpu.memory_bytes * ctx.tp * fraction * 0.95)
-    model_vram = 2 * (m.num_layers * ((m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim
-                                      + m.num_attention_heads * m.head_dim * m.hidden_size
-                                      + 3 * m.intermediate_size * max(1, m.num_experts) * m.hidden_size)
-                      + 2 * m.hidden_size * m.vocab_size)
-    token_vram = m.num_kv_heads * 2 * m.head_dim * 2 * m.num_layers \
-        + (m.intermediate_size + m.intermediate_size // 2) * max(1, m.num_experts) * 2 * 3
-    if ctx.quant is None and available > model_vram and token_vram:
-        value = min(value, (available - model_vram) // token_vram)
-    return max(1, value)
-
-
 def legacy_pool(ctx: Context, prefill_tokens: int, max_total: int, block: int) -> tuple[float, int]:
     """TGI 1.x-2.x: (share of the free memory kept for KV, bytes of the warm-up batch's own blocks added back).
 
@@ -135,7 +96,7 @@ def warmup_components(ctx: Context, prefill_tokens: int, extra_band: float = 0.0
     rel = constants.band(key) + extra_band
     components.append(band("activation_peak", activation, rel, rel,
                            constants.provenance(key), f"warm-up prefill of --max-batch-prefill-tokens {prefill_tokens}"))
-    requests = -(-prefill_tokens // max(1, (settings.max_model_len or ctx.model_max_len or prefill_tokens) - 1))
+    requests = -(-prefill_tokens // max(1, (settings.max_model_len or ctx.default_context or prefill_tokens) - 1))
     components.append(warmup_logits_component(ctx, prefill_tokens, extra_band, requests))
     graphs = 0.0 if settings.enforce_eager else \
         constants["cuda_graph_base_bytes"] + constants["cuda_graph_per_layer_bytes"] * model.num_layers / 2
@@ -148,18 +109,22 @@ def warmup_components(ctx: Context, prefill_tokens: int, extra_band: float = 0.0
 def plan(ctx: Context) -> PolicyResult:
     ctx.check_tp("TGI")
     settings = ctx.settings
-    max_total = settings.max_model_len or ctx.model_max_len
+    max_total = settings.max_model_len or ctx.default_context  # 1.x-2.x cap it (capacity/defaults.py)
     if not max_total:
         raise ConfigError(f"the context length of {ctx.model.name} is unknown: pass --max-model-len "
                           "(TGI --max-total-tokens)")
-    if not settings.max_model_len and ctx.version and ctx.version < FRACTION_WIGGLE_FROM:
-        max_total = min(max_total, 4096 if ctx.version >= (2,) else 2048)  # 2.x: "default to 4096"; 1.x 2048
     prefill_tokens = settings.max_batch_prefill_tokens or settings.max_num_batched_tokens \
         or default_prefill_tokens(ctx, max_total)
+    if not settings.max_model_len and ctx.version and ctx.version >= FRACTION_WIGGLE_FROM:
+        max_total = tgi_warmup_total(max_total, prefill_tokens)  # 3.x: the warm-up batch's tokens (its note says so)
     memory_fraction = settings.gpu_memory_utilization or 1.0  # CUDA_MEMORY_FRACTION
     block = settings.block_size or (1 if not ctx.version or ctx.version >= FLASHINFER_FROM else 16)
     legacy = ctx.version is not None and ctx.version < FRACTION_WIGGLE_FROM
-    components = warmup_components(ctx, prefill_tokens, LEGACY_BAND if legacy else 0.0)
+    # A vision-language model's warm-up also runs its image path (TGI 3.x: one image through the tower and the
+    # masked attention of the image tokens), which is not modelled: an unknown term, its band widened as vLLM's.
+    vision = bool(ctx.model.vision_params)
+    components = warmup_components(ctx, prefill_tokens, (LEGACY_BAND if legacy else 0.0)
+                                   + (UNKNOWN_TERM_BAND if vision else 0.0))
     graphs = sum(c.bytes for c in components if c.name == "cuda_graphs")
     total, other = ctx.total, ctx.other
     share, batch_kv = legacy_pool(ctx, prefill_tokens, max_total, block) if legacy else (1.0, 0)
@@ -178,6 +143,9 @@ def plan(ctx: Context) -> PolicyResult:
         return Limits(int(kv_bytes), int(tokens), int(blocks), tokens / max_total)
 
     reasons, notes = [], ["max_batch_total_tokens is the pool in tokens; TGI sizes it at warm-up"]
+    if vision:
+        notes.append("unknown term, band widened (activation peak): the warm-up's image path (vision tower, masked "
+                     "attention over the image tokens) is not modelled")
     if legacy:
         notes.append("unknown term, band widened: TGI 2.x's warm-up peak was ~2 GiB above weights + activation + "
                      "logits in a real TGI 2.2 log (A10G, Llama 3.1 8B); what fills it is not found in 2.2's source")

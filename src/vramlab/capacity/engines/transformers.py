@@ -24,7 +24,7 @@ CHECKPOINT_DTYPE_FROM = (5,)
 
 
 def context_length(ctx: Context) -> int:
-    length = ctx.settings.max_model_len or ctx.model_max_len
+    length = ctx.settings.max_model_len or ctx.default_context
     if not length:
         raise ConfigError(f"the context length of {ctx.model.name} is unknown: pass --max-model-len")
     trained = ctx.model_max_len

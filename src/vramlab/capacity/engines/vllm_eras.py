@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vramlab.capacity.defaults import v0_chunked_prefill
+from vramlab.capacity.defaults import vllm_batch as defaults
+from vramlab.capacity.defaults import vllm_context as context_length
 from vramlab.capacity.engines.common import Context
 from vramlab.capacity.estimate import GIB
 from vramlab.errors import ConfigError
@@ -25,18 +28,9 @@ V1_SNAPSHOT_FROM = (0, 9, 1)
 NCCL_BEFORE_SNAPSHOT_FROM = (0, 11)
 # The 0.20.0 wheel already ships both (its log calls the estimate "default since v0.21.0", the development name;
 # 0.21.0 has no CUDA wheel): envs VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "1" (0.19: "0") and
-# config/cache.py gpu_memory_utilization defaults to 0.92 (0.19: 0.9).
+# config/cache.py gpu_memory_utilization defaults to 0.92 (0.19: 0.9; capacity/defaults.py decides it).
 GRAPH_ESTIMATE_FROM = (0, 20)
-UTIL_092_FROM = (0, 20)
-V1_BATCH_BY_NAME_ONLY_FROM = (0, 8, 4)  # 0.8.0-0.8.3: `default_max_num_seqs = 1024` whatever the card
-V1_BATCH_BY_MEMORY_FROM = (0, 8, 5)  # `device_memory >= 70 * GiB_bytes` replaces the H100/H200 name test
-BATCH_DEFAULTS_BY_GPU_FROM = (0, 9)  # ... and A100 is excluded ("NOTE(Kuntai)", PR #17885)
 TOKENS_AS_CONCURRENCY_FROM = (0, 27)
-# V0 EngineArgs: `use_long_context = max_model_len > 32K` turns chunked prefill on (CUDA, no
-# sliding window); the scheduler then profiles max_num_batched_tokens, 512 in the 0.6 series
-# ("Chunked prefill is enabled with max_num_batched_tokens=512."), 2048 later.
-V0_LONG_CONTEXT_ABOVE = 32 * 1024
-V0_CHUNKED_BUDGET_2048_FROM = (0, 7)
 # The oldest and newest releases whose terms come from logs or source of that era.
 MODELLED_FROM, MODELLED_UP_TO = (0, 5), (0, 29, 99)
 # V0 MLACommonImpl.process_weights_after_loading (vllm/attention/backends/mla/utils.py, 0.7.x) keeps
@@ -107,54 +101,6 @@ def engine_kind(ctx: Context) -> str:
     if asked in ("v0", "v1"):
         return asked
     return "v1" if not version or version >= V1_DEFAULT_FROM else "v0"
-
-
-def defaults(ctx: Context, kind: str) -> tuple[float, int, int]:
-    """(gpu_memory_utilization, max_num_seqs, max_num_batched_tokens) as vLLM would pick them."""
-    settings, version = ctx.settings, ctx.version
-    util = settings.gpu_memory_utilization or (0.92 if version and version >= UTIL_092_FROM else 0.9)
-    if kind == "v0":
-        seqs = settings.max_num_seqs or 256
-        if v0_chunked_prefill(ctx):
-            budget = 2048 if not version or version >= V0_CHUNKED_BUDGET_2048_FROM else 512
-            return util, seqs, settings.max_num_batched_tokens or budget
-        return util, seqs, settings.max_num_batched_tokens or max(context_length(ctx), 2048)
-    big, seqs_big_anyway = v1_big_card(ctx)
-    tokens_default = (8192 if settings.api_server else 16384) if big else (2048 if settings.api_server else 8192)
-    seqs_default = 1024 if big or seqs_big_anyway else 256
-    return util, settings.max_num_seqs or seqs_default, settings.max_num_batched_tokens or tokens_default
-
-
-def v1_big_card(ctx: Context) -> tuple[bool, bool]:
-    """(the larger batch defaults apply, max_num_seqs is 1024 on every card) as `EngineArgs._set_default_args_v1`
-    of each release decides: 0.8.0-0.8.3 1024 sequences everywhere and the larger token budget on H100/H200 by
-    device name; 0.8.4 both on H100/H200 only; 0.8.5 on cards of >= 70 GiB; 0.9.0 excludes A100 (PR #17885)."""
-    version, gpu = ctx.version, ctx.gpu
-    by_name = "h100" in gpu.name or "h200" in gpu.name
-    if version and version < V1_BATCH_BY_NAME_ONLY_FROM:
-        return by_name, True
-    if version and version < V1_BATCH_BY_MEMORY_FROM:
-        return by_name, False
-    if version and version < BATCH_DEFAULTS_BY_GPU_FROM:
-        return gpu.memory_gib >= 70, False
-    return gpu.memory_gib >= 70 and not gpu.is_a100, False
-
-
-def v0_chunked_prefill(ctx: Context) -> bool:
-    """V0 turns chunked prefill on for contexts above 32k on CUDA models without a sliding window."""
-    asked = ctx.settings.enable_chunked_prefill
-    if asked is not None:
-        return asked
-    return (context_length(ctx) > V0_LONG_CONTEXT_ABOVE and ctx.gpu.vendor == "nvidia"
-            and not ctx.model.sliding_window)
-
-
-def context_length(ctx: Context) -> int:
-    length = ctx.settings.max_model_len or ctx.model_max_len
-    if not length:
-        raise ConfigError(f"the context length of {ctx.model.name} is unknown (no max_position_embeddings "
-                          "in its config): pass --max-model-len")
-    return length
 
 
 def sampler_path(ctx: Context, kind: str) -> tuple[str, bool]:

@@ -1,0 +1,210 @@
+"""Calibrate from stored runs: the constants a run's measured memory composition informs.
+
+A run that stored its capacity plan measured, per window, the resident model, the KV pool, the
+runtime overhead and the peak (vramlab.analysis.composition). Of the model's constants, those
+measurements inform:
+
+- what the start-up log printed (the same figures `calibrate LOG` fits: activation peak, CUDA
+  graphs, vLLM's non-torch memory), as check-log's parser read them at the run's start;
+- vLLM's non-torch memory, from the device's reading at rest (before the first request): what it
+  holds beyond the weights and the KV pool, less the CUDA graphs (the log's, else the plan's) and
+  the CUDA context (the plan's), is the non-torch memory the profile charged. A run cannot tell
+  those parts apart; the rest of the overhead is charged to the non-torch constant, and said so.
+
+The activation workspace a run sees is what its heaviest step needed: a lower bound of the
+profiled peak, so it is reported, never fitted. The fit itself is `capacity.calibration.fit`,
+one case per run. Pure: the caller reads the store and resolves the models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vramlab.capacity.calibration import Case, Fit, Profile, fit, profile_from_fits
+from vramlab.capacity.constants import Constants
+from vramlab.capacity.estimate import Estimate
+from vramlab.capacity.gpus import GPU
+from vramlab.capacity.settings import EngineSettings
+from vramlab.capacity.spec import ModelSpec
+
+FIGURES = ("resident_model", "kv_cache", "runtime_overhead", "peak")
+_LOG_FIELDS = ("activation_peak_bytes", "cuda_graph_bytes", "non_torch_bytes", "init_non_torch_bytes")
+
+
+@dataclass(frozen=True)
+class RunMeasure:
+    """What one stored run measured, with what it was planned for."""
+
+    run_id: str
+    engine: str
+    model: ModelSpec
+    gpu: GPU
+    settings: EngineSettings
+    measured: dict[str, int]  # figure -> bytes at the run's heaviest window (FIGURES)
+    rest_overhead_bytes: int | None  # device at rest less weights and KV pool
+    startup_fields: dict[str, float]  # plan-JSON field -> value, from the start-up log
+    evidence: dict[str, str]  # figure -> where it was measured (the report's sources)
+    rows: tuple[str, ...]  # the windows and readings the figures come from
+
+
+@dataclass(frozen=True)
+class FigureError:
+    run_id: str
+    figure: str
+    measured_bytes: int
+    before_bytes: int
+    after_bytes: int
+
+    @property
+    def before_pct(self) -> float:
+        return 100.0 * (self.before_bytes - self.measured_bytes) / self.measured_bytes
+
+    @property
+    def after_pct(self) -> float:
+        return 100.0 * (self.after_bytes - self.measured_bytes) / self.measured_bytes
+
+
+@dataclass(frozen=True)
+class Change:
+    name: str
+    target: str
+    default: float
+    value: float
+    evidence: str  # how the observation was derived
+    runs: tuple[str, ...]
+
+
+@dataclass
+class RunCalibration:
+    profile: Profile | None
+    fits: list[Fit]
+    changes: list[Change]
+    learned: list[FigureError]
+    holdout: list[FigureError]
+    not_fitted: list[str] = field(default_factory=list)  # figures measured, why no constant moved
+
+    @property
+    def fitted_any(self) -> bool:
+        return bool(self.changes)
+
+
+Estimator = Callable[[ModelSpec, GPU, EngineSettings, Constants | None], Estimate]
+
+
+def predicted_figures(est: Estimate) -> dict[str, int]:
+    """The four figures the composition report compares: weights, KV pool, the rest, their sum."""
+    comps = {c.name: c.bytes for c in est.components}
+    weights, kv = comps.get("weights", 0), comps.get("kv_cache", 0)
+    total = sum(comps.values())
+    return {"resident_model": weights, "kv_cache": kv, "runtime_overhead": total - weights - kv, "peak": total}
+
+
+def observed_fields(m: RunMeasure, est: Estimate) -> tuple[dict[str, float], dict[str, str]]:
+    """The plan-JSON fields this run observed (for `fit`), and how each was derived."""
+    obs: dict[str, float] = {k: v for k, v in m.startup_fields.items() if k in _LOG_FIELDS and v and v > 0}
+    how = {k: f"run {m.run_id}: the start-up log's {k}" for k in obs}
+    comps = {c.name: c.bytes for c in est.components}
+    if (m.engine == "vllm" and "non_torch_bytes" not in obs and m.rest_overhead_bytes is not None
+            and "non_torch" in comps):
+        graphs = obs.get("cuda_graph_bytes", comps.get("cuda_graphs", 0))
+        context = comps.get("cuda_context", 0) + comps.get("nccl", 0)
+        derived = m.rest_overhead_bytes - graphs - context
+        if derived > 0:
+            obs["non_torch_bytes"] = derived
+            how["non_torch_bytes"] = (f"run {m.run_id}: overhead at rest {m.rest_overhead_bytes / (1 << 30):.3f} GiB "
+                                      f"(device before the first request less weights and KV pool) less CUDA graphs "
+                                      f"{graphs / (1 << 30):.3f} GiB and CUDA context {context / (1 << 30):.3f} GiB "
+                                      "(the plan's); the run cannot tell these parts apart")
+    return obs, how
+
+
+def calibrate_runs(measures: Sequence[RunMeasure], holdout: Sequence[RunMeasure], estimator: Estimator,
+                   name: str = "calibration") -> RunCalibration:
+    """Fit per engine on *measures*; the four figures before and after on them and on *holdout*."""
+    base = Constants.defaults()
+    fits: list[Fit] = []
+    changes: list[Change] = []
+    not_fitted: list[str] = []
+    for engine in sorted({m.engine for m in measures}):
+        mine = [m for m in measures if m.engine == engine]
+        cases, how_all = [], {}
+        for m in mine:
+            obs, how = observed_fields(m, estimator(m.model, m.gpu, m.settings, base))
+            how_all.update({(m.run_id, k): v for k, v in how.items()})
+            if obs:
+                cases.append(Case(m.run_id, m.model, m.gpu, m.settings, obs))
+        if not cases:
+            not_fitted.append(f"{engine}: no run measured a figure a constant drives (a start-up log, or the "
+                              "device at rest with vLLM)")
+            continue
+        f = _fit_to_convergence(cases, engine, base)
+        fits.append(f)
+        for c in f.fitted:
+            runs = tuple(cs.label for cs in cases if c.target in cs.observed)
+            ev = "; ".join(how_all[(r, c.target)] for r in runs if (r, c.target) in how_all)
+            changes.append(Change(c.name, c.target, c.default, c.value, ev, runs))
+        not_fitted += [f"{r.name}: {r.reason}" for r in f.refused]
+    act = [m for m in measures if "activation_peak_bytes" not in m.startup_fields]
+    if act:
+        not_fitted.append("activation peak: not fitted from the runs' readings: a run sees the workspace its "
+                          "heaviest step needed, a lower bound of the profiled peak")
+    profile = None
+    calibrated = base
+    if changes:
+        profile = profile_from_fits(name, [f for f in fits if f.fitted],
+                                    {"from": "stored runs", "runs": [m.run_id for m in measures],
+                                     "holdout": [m.run_id for m in holdout]})
+        calibrated = base.with_overrides({c.name: (c.value, next(x.rel_band for f in fits for x in f.fitted
+                                                                  if x.name == c.name), "calibrated")
+                                          for c in changes}, name)
+    return RunCalibration(profile, fits, changes, _errors(measures, estimator, base, calibrated),
+                          _errors(holdout, estimator, base, calibrated), not_fitted)
+
+
+def _fit_to_convergence(cases: Sequence[Case], engine: str, base: Constants, rounds: int = 8) -> Fit:
+    """`fit` anchors each constant to its default with a small ridge and robust weights: right for many
+    observations, but with one run per constant it stops short of the observation. Refit from the
+    last fitted values until they settle; the defaults reported stay the model's own."""
+    import dataclasses
+
+    current = base
+    f = fit(cases, engine, current, min_points=1, leave_one_out=False)
+    for _ in range(rounds):
+        if not f.fitted:
+            break
+        current = current.with_overrides({c.name: (c.value, c.rel_band, c.source) for c in f.fitted}, "fit")
+        nxt = fit(cases, engine, current, min_points=1, leave_one_out=False)
+        moved = max((abs(a.value / b.value - 1) for a, b in zip(nxt.fitted, f.fitted, strict=False)), default=0.0)
+        f = nxt
+        if moved < 1e-3:
+            break
+    fitted = tuple(dataclasses.replace(c, default=base[c.name]) for c in f.fitted)
+    return dataclasses.replace(f, fitted=fitted)
+
+
+def _errors(measures: Sequence[RunMeasure], estimator: Estimator, before: Constants,
+            after: Constants) -> list[FigureError]:
+    out = []
+    for m in measures:
+        b = predicted_figures(estimator(m.model, m.gpu, m.settings, before))
+        a = predicted_figures(estimator(m.model, m.gpu, m.settings, after))
+        for fig in FIGURES:
+            got = m.measured.get(fig)
+            if got:
+                out.append(FigureError(m.run_id, fig, got, b[fig], a[fig]))
+    return out
+
+
+def summary(cal: RunCalibration) -> dict[str, Any]:
+    """JSON-ready: what changed, with evidence; errors before and after."""
+    def err(e: FigureError) -> dict[str, Any]:
+        return {"run_id": e.run_id, "figure": e.figure, "measured_bytes": e.measured_bytes,
+                "before_bytes": e.before_bytes, "after_bytes": e.after_bytes,
+                "before_pct": round(e.before_pct, 3), "after_pct": round(e.after_pct, 3)}
+
+    return {"changed": [{"constant": c.name, "fitted_against": c.target, "default": c.default, "value": c.value,
+                         "evidence": c.evidence, "runs": list(c.runs)} for c in cal.changes],
+            "not_fitted": cal.not_fitted, "learned": [err(e) for e in cal.learned],
+            "holdout": [err(e) for e in cal.holdout]}

@@ -1,0 +1,302 @@
+"""Estimate meets measurement: the capacity plan stored with a run, the measured memory composition
+per window, plan against measured in every report format, and the sim's own composition read back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vramlab.analysis.composition import GIB, compose
+from vramlab.analysis.stats import Window
+from vramlab.records import EventRecord, RunRecord, SampleRecord
+
+RID = "0123abcd"
+
+
+def _plan_json() -> dict:
+    from vramlab.drill.capacity_plan import PlanFacts, estimate_json
+
+    return estimate_json(PlanFacts("llama-3.1-8b-instruct", "vllm", "h100-80gb", settings={"max_model_len": 8192}))
+
+
+def _ev(kind: str, data: dict, t: float = 0.0) -> EventRecord:
+    return EventRecord(run_id=RID, t_s=t, kind=kind, data=data)
+
+
+def _s(name: str, value: float, t: float, source: str = "ledger", **labels: str) -> SampleRecord:
+    return SampleRecord(run_id=RID, t_s=t, source=source, name=name, value=value, labels=labels)  # type: ignore[arg-type]
+
+
+def _run(plan: dict | None = None, change: dict | None = None) -> RunRecord:
+    doc = plan or {"target": {"pid": 42}, "fixed": {"input": {"synthetic": {"prompt_tokens": 512, "output_tokens": 64}}},
+                   "load": {"concurrency": 1}}
+    return RunRecord(run_id=RID, name="t", plan=doc, change=change or {"variable": "concurrency"}, started_at=0.0)
+
+
+def test_composition_arithmetic_sources_and_bands() -> None:
+    est = _plan_json()
+    startup = {"weights_bytes": 15 * GIB, "kv_cache_tokens": 400_000, "kv_cache_bytes": 1}
+    events = [_ev("capacity_plan", {"estimate": est, "facts": {}}), _ev("startup_memory", {
+        "source": "start-up log x.log", "observation": startup})]
+    kv = 400_000 * est["kv_bytes_per_token"]
+    samples = [_s("gpu.process_memory_bytes", 15 * GIB + kv + 2 * GIB, 1.0, gpu="0", pid="42"),
+               _s("gpu.process_memory_bytes", 15 * GIB + kv + 3 * GIB, 2.0, gpu="0", pid="42"),
+               _s("gpu.process_memory_bytes", 99 * GIB, 2.0, gpu="0", pid="7"),  # a neighbour: not the target
+               _s("gpu.memory_used_bytes", 99 * GIB, 2.0, gpu="0"),
+               _s("engine.kv_cache_usage_perc", 0.25, 1.5, "engine"),
+               _s("engine.num_requests_waiting", 3, 1.2, "engine"), _s("engine.num_requests_waiting", 2, 1.8, "engine")]
+    w = Window(1, "treatment", 1, 0.5, 2.5, 16.0)
+    comp = compose(_run(), samples, events, [w], first_request_s=0.6)
+    row = comp.rows[0]
+    peak, weights, pool, over = (row.figure(n) for n in ("peak", "resident_model", "kv_cache", "runtime_overhead"))
+    assert peak.measured_bytes == 15 * GIB + kv + 3 * GIB and "pid 42" in peak.source
+    assert weights.measured_bytes == 15 * GIB and weights.source.startswith("start-up log")
+    assert pool.measured_bytes == kv  # tokens x the plan's bytes per token, before the printed GiB
+    assert over.measured_bytes == 3 * GIB
+    assert over.predicted_bytes == est["used_bytes"] - est["weights_bytes"] - est["kv_cache_bytes"]
+    assert peak.predicted_bytes == est["used_bytes"]
+    assert peak.error_bytes == est["used_bytes"] - peak.measured_bytes
+    assert peak.inside_band is (peak.low_bytes <= peak.measured_bytes <= peak.high_bytes)
+    assert row.kv_used_tokens == 100_000 and row.kv_used_bytes == int(0.25 * kv)
+    assert row.queued  # waiting in every sample of the window
+    assert "runtime overhead" in row.error_source() or "KV" in row.error_source()
+    sat = comp.saturation
+    assert sat is not None and sat.predicted_value == 400_000 // 576 and sat.queueing == (16.0, 1)
+    assert sat.observed_value is None and sat.kv_full is None  # queueing alone is not the pool filling
+
+
+def test_host_memory_peak_for_a_cpu_engine_and_no_plan_note() -> None:
+    events = [_ev("note", {}, 0.0).model_copy(update={"message": "capacity plan: not computed: the card is not known"}),
+              _ev("startup_memory", {"source": "start-up log l.log",
+                                     "observation": {"weights_bytes": GIB, "kv_cache_bytes": GIB // 2}})]
+    samples = [_s("host.target_rss_bytes", 2 * GIB, 1.0, "host", pid="9"),
+               _s("engine.kv_cache_tokens", 300, 1.0, "engine")]
+    comp = compose(_run(), samples, events, [Window(1, "baseline", 0, 0.0, 2.0, 1.0)], None)
+    row = comp.rows[0]
+    assert row.figure("peak").host_memory and row.figure("peak").measured_bytes == 2 * GIB
+    assert row.figure("runtime_overhead").measured_bytes == GIB // 2
+    assert row.figure("peak").predicted_bytes is None and comp.plan is None
+    assert comp.notes == ["capacity plan: not computed: the card is not known"]
+    assert row.kv_used_tokens == 300
+
+
+def test_missing_facts_make_one_note_naming_the_fact() -> None:
+    from vramlab.drill.capacity_plan import PlanFacts, start_events
+
+    out = start_events(PlanFacts("llama-3.1-8b-instruct", "vllm"))
+    assert [k for k, _, _ in out] == ["note"] and "card is not known" in out[0][1] and "capacity.gpu" in out[0][1]
+    out = start_events(PlanFacts("llama-3.1-8b-instruct", None, "h100-80gb"))
+    assert len(out) == 1 and "engine is not known" in out[0][1]
+    out = start_events(PlanFacts("llama-3.1-8b-instruct", "vllm", None, 24.0))
+    assert [k for k, _, _ in out] == ["capacity_plan"] and out[0][2]["estimate"]["gpu_memory_bytes"] > 20 * GIB
+
+
+# --- against a real sim: the plan stored, the composition read back ---------------------------------
+
+PLAN = """
+name: composition-check
+target:
+  base_url: {url}/v1
+  model: llama-3.1-8b-instruct
+  kind: vllm
+  pid: {pid}
+  log_file: {log}
+capacity: {{gpu: h100-80gb, settings: {{max_model_len: 8192}}}}
+fixed:
+  input:
+    synthetic: {{prompt_tokens: 512, output_tokens: 32, seed: 3, count: 40}}
+  ignore_eos: true
+change: {{variable: concurrency, baseline: 1, steps: [4, 32]}}
+phases: {{duration_s: 1.2, drain_s: 1}}
+rounds: 1
+samplers: {{interval_s: 0.2, sources: [ledger, engine], ledger: {ledger}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def sim_run(tmp_path_factory):
+    from vramlab.drill.capacity_plan import experiment_start_hook
+    from vramlab.experiment.plan import parse_plan
+    from vramlab.experiment.runner import RunOptions
+    from vramlab.experiment.session import run_plan
+    from vramlab.sim.launch import start_sim
+    from vramlab.sim.ledger import DeviceLedger
+    from vramlab.store import open_store
+
+    tmp = tmp_path_factory.mktemp("composition")
+    ledger, log, db = str(tmp / "gpu0.ledger"), str(tmp / "sim.log"), str(tmp / "s.db")
+    sim = start_sim(["--model", "llama-3.1-8b-instruct", "--gpu", "h100-80gb", "--engine", "vllm", "--max-model-len",
+                     "8192", "--speed", "40"], device=ledger, log_path=log, timeout_s=60)
+    try:
+        plan = parse_plan(PLAN.format(url=sim.url, pid=sim.pid, log=log, ledger=ledger))
+        out = run_plan(plan, plan_dir=tmp, open_store=lambda: open_store(db),
+                       options=RunOptions(start_hooks=[experiment_start_hook]))
+        by_kind: dict[str, int] = {}
+        for a in DeviceLedger(ledger).allocations():
+            by_kind[a.kind] = by_kind.get(a.kind, 0) + a.bytes
+    finally:
+        sim.stop()
+    assert out.result.status == "completed", out.result
+    return db, out.result.run_id, by_kind
+
+
+def test_the_sims_own_composition_comes_back_within_one_percent(sim_run) -> None:
+    from vramlab.report import load_context
+    from vramlab.report.composition import composition_of
+    from vramlab.store import open_store
+
+    db, run_id, truth = sim_run
+    with open_store(db) as store:
+        ctx = load_context(store, run_id)
+    comp = composition_of(ctx)
+    assert comp.plan is not None and comp.plan["engine"] == "vllm" and comp.startup is not None
+    last = comp.rows[-1]  # recovery: the activation workspace the heaviest step reserved is still held
+    expect = {"resident_model": truth["weights"], "kv_cache": truth["kv_cache"],
+              "runtime_overhead": truth["non_torch"] + truth["cuda_graph"] + truth.get("activation", 0),
+              "peak": sum(truth.values())}
+    for name, want in expect.items():
+        got = last.figure(name).measured_bytes
+        assert got is not None and abs(got - want) <= 0.01 * want, (name, got, want)
+    assert truth.get("activation", 0) > 0  # the heavy step grew the workspace: overhead is not a constant
+    heavy = next(r for r in comp.rows if r.step_value == 32.0)
+    assert heavy.kv_used_tokens and heavy.kv_used_tokens >= 32 * 512 * 0.5
+
+
+def test_plan_against_measured_in_every_format(sim_run) -> None:
+    from vramlab.report import load_context, render
+    from vramlab.store import open_store
+
+    db, run_id, _truth = sim_run
+    with open_store(db) as store:
+        ctx = load_context(store, run_id)
+        md, page, doc = render(ctx, "md"), render(ctx, "html"), json.loads(render(ctx, "json"))
+    assert "## Plan against measured: memory composition" in md
+    assert "| round 1 treatment step 2 (32) | peak |" in md and "Predicted KV saturation: concurrency" in md
+    assert "Plan against measured" in page and "Where the error comes from" in page
+    sec = doc["sections"]["composition"]
+    assert sec["schema"] == "vramlab.composition/1" and sec["plan"]["model"] == "llama-3.1-8b-instruct"
+    assert [(r["phase"], r["step_value"]) for r in sec["rows"]] == [("baseline", 1.0), ("treatment", 4.0),
+                                                                     ("treatment", 32.0), ("recovery", 1.0)]
+    for r in sec["rows"]:
+        assert set(r["figures"]) == {"resident_model", "kv_cache", "runtime_overhead", "peak"}
+        for f in r["figures"].values():
+            assert set(f) == {"predicted_bytes", "low_bytes", "high_bytes", "measured_bytes", "error_bytes",
+                              "error_pct", "inside_band", "source", "host_memory"}
+            assert f["error_bytes"] == f["predicted_bytes"] - f["measured_bytes"]
+        assert isinstance(r["error_source"], str) and r["kv_in_use"]["source"]
+    sat = sec["saturation"]
+    assert sat["variable"] == "concurrency" and sat["predicted_value"] and sat["predicted_basis"]
+    events = [e for e in doc["events"] if e["kind"] == "capacity_plan"]
+    assert len(events) == 1 and events[0]["data"]["estimate"]["components"]
+
+
+def test_the_example_plans_step_context_and_concurrency() -> None:
+    from vramlab.experiment.plan import load_plan
+
+    root = Path(__file__).resolve().parents[1] / "examples"
+    ctx, conc = load_plan(root / "memory-context.yaml"), load_plan(root / "memory-concurrency.yaml")
+    assert ctx.change.variable == "prompt_tokens" and conc.change.variable == "concurrency"
+    for p in (ctx, conc):
+        assert p.target.sim is not None and "ledger" in p.samplers.sources and "engine" in p.samplers.sources
+
+
+@pytest.mark.timeout(200)
+def test_a_drill_adds_the_composition_at_the_failure(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    from vramlab.report import load_context, render
+    from vramlab.store import open_store
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "oom-drill.yaml").read_text())
+    doc["target"]["sim"]["device"] = str(tmp_path / "gpu0.ledger")
+    doc["baseline_s"], doc["ramp"]["step_s"], doc["recovery"]["observe_s"], doc["rounds"] = 1.0, 0.6, 1.0, 1
+    (tmp_path / "drill.yaml").write_text(yaml.safe_dump(doc))
+    db = str(tmp_path / "d.db")
+    res = subprocess.run([sys.executable, "-m", "vramlab", "drill", str(tmp_path / "drill.yaml"), "--db", db, "-o",
+                          str(tmp_path / "d.md")], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with open_store(db) as store:
+        (run,) = store.list_runs()
+        ctx = load_context(store, run.run_id)
+        data = json.loads(render(ctx, "json"))["sections"]
+    comp = data["composition"]
+    # the plan is the sim's own settings, its extra_args included (the sim sizes its workspace with them)
+    assert comp["plan_facts"]["settings"]["max_num_batched_tokens"] == 32768
+    (fail,) = comp["at_failure"]
+    (fault,) = [e for e in ctx.events if e.kind == "fault"]
+    assert fail["value"] == fault.data["value"] and fail["end_s"] == pytest.approx(fault.data["t0_s"])
+    peak = fail["figures"]["peak"]
+    assert peak["measured_bytes"] and peak["predicted_bytes"] and fail["end_s"] > fail["start_s"]
+    md = (tmp_path / "d.md").read_text()
+    assert "Composition at the failure" in md and "predicted" in md.lower()
+
+
+@pytest.mark.timeout(200)
+def test_a_real_target_without_a_card_gets_one_note_and_gpu_memory_gib_gives_the_plan(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from vramlab.sim.launch import start_sim
+    from vramlab.store import open_store
+
+    sim = start_sim(["--model", "llama-3.1-8b-instruct", "--gpu", "l4", "--engine", "vllm", "--max-model-len", "4096",
+                     "--speed", "40"], device=str(tmp_path / "gpu0.ledger"), timeout_s=60)
+    plan = PLAN.format(url=sim.url, pid=sim.pid, log=sim.log_path, ledger=tmp_path / "gpu0.ledger").replace(
+        "capacity: {gpu: h100-80gb, settings: {max_model_len: 8192}}", "").replace("steps: [4, 32]", "steps: [2]")
+    (tmp_path / "p.yaml").write_text(plan)
+    env = {**os.environ, "VRAMLAB_DB": str(tmp_path / "s.db")}
+    try:
+        runs = [subprocess.run([sys.executable, "-m", "vramlab", "run", "p.yaml", "--json", *extra], cwd=tmp_path,
+                               capture_output=True, text=True, timeout=120, env=env)
+                for extra in ([], ["--gpu-memory-gib", "22.49"])]
+    finally:
+        sim.stop()
+    ids = []
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-1500:]
+        ids.append(json.loads(r.stdout)["run_id"])
+    with open_store(str(tmp_path / "s.db")) as store:
+        blind, given = store.get_run(ids[0]), store.get_run(ids[1])
+        notes = [n for n in blind.notes if n.startswith("capacity plan:")]
+        assert notes == ["capacity plan: not computed: the card is not known; give capacity.gpu (a catalog name, see "
+                         "`vramlab gpus`) or capacity.gpu_memory_gib in the plan, or --gpu / --gpu-memory-gib"]
+        assert not [e for e in store.events(ids[0]) if e.kind == "capacity_plan"]
+        (ev,) = [e for e in store.events(ids[1]) if e.kind == "capacity_plan"]
+        assert ev.data["facts"]["gpu_memory_gib"] == 22.49 and ev.data["estimate"]["engine"] == "vllm"
+        assert not [n for n in given.notes if n.startswith("capacity plan:")]
+
+
+def test_drill_gpu_flags_fill_the_capacity_block_where_the_plan_names_no_card(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    from vramlab.cli.drill import _with_card
+    from vramlab.drill.capacity_plan import facts_for_drill
+    from vramlab.drill.plan import parse_plan
+
+    def parse_drill_plan(text: str):
+        return parse_plan(yaml.safe_load(text))
+
+    doc = """
+name: d
+target: {kind: process, environment: test, engine: vllm, command: "sleep 1", base_url: "http://127.0.0.1:9", model: llama-3.1-8b-instruct}
+ramp: {knob: concurrency, start: 1, factor: 2, ceiling: 4}
+"""
+    plan = _with_card(parse_drill_plan(doc), None, 40.0)
+    facts = facts_for_drill(plan, None)
+    assert facts.gpu_memory_gib == 40.0 and facts.engine == "vllm" and facts.missing() is None
+    named = parse_drill_plan(doc + "capacity: {gpu: l4}\n")
+    assert _with_card(named, "h100-80gb", None).capacity.gpu == "l4"  # the plan's own card wins
+    (tmp_path / "d.yaml").write_text(doc)
+    res = subprocess.run([sys.executable, "-m", "vramlab", "drill", "d.yaml", "--gpu-memory-gib", "0"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.startswith("vramlab drill: error: --gpu-memory-gib")
+    assert not (tmp_path / "vramlab.db").exists()
