@@ -184,34 +184,31 @@ def check_log(path: str | Path, model: str | None = None, gpu: str | None = None
               engine_version: str | None = None, calibration: str | Path | None = None,
               offline: bool = True, max_bytes: int | None = None, quantization: str | None = None) -> CheckReport:
     """One log. Raises ConfigError only when nothing in it is recognizable."""
-    return _check(parse_log(path, engine, max_bytes), str(path), model, gpu, engine_version, calibration, offline)
+    return _check(parse_log(path, engine, max_bytes), str(path), model, gpu, engine_version, calibration, offline,
+                  quantization)
 
 
 def check_file(path: str | Path, model: str | None = None, gpu: str | None = None, engine: str | None = None,
                engine_version: str | None = None, calibration: str | Path | None = None,
-               offline: bool = True, max_bytes: int | None = None) -> tuple[list[CheckReport], list[tuple[str, str]]]:
+               offline: bool = True, max_bytes: int | None = None,
+               quantization: str | None = None) -> tuple[list[CheckReport], list[tuple[str, str]]]:
     """One file, split into the writers that wrote it (logs/split.py): a report per writer whose
     lines are a log of a known engine, and (label, why) for the ones that are not. A file with one
     writer is `check_log`'s one report."""
-    from vramlab.logs.detect import read_log
+    from vramlab.logs.detect import read_log, read_notes
     from vramlab.logs.split import split_streams
 
     lines = read_log(path, max_bytes)
+    notes = read_notes(lines, max_bytes)
     streams = split_streams(list(lines))
     if len(streams) == 1:  # the lines already read (stdin cannot be read twice)
-        parsed = parse_log(streams[0].lines, engine, label=str(path))
-        if getattr(lines, "truncated", False):
-            from vramlab.logs.base import MAX_LOG_BYTES
-
-            cap = MAX_LOG_BYTES if max_bytes is None else max_bytes
-            parsed.notes.insert(0, f"read the first {cap:,} bytes only (the rest of the log was not read; see "
-                                   "--max-bytes)")
-        return [_check(parsed, str(path), model, gpu, engine_version, calibration, offline)], []
+        parsed = parse_log(streams[0].lines, engine, label=str(path), notes=notes)
+        return [_check(parsed, str(path), model, gpu, engine_version, calibration, offline, quantization)], []
     reports, skipped = [], []
     for st in streams:
         label = f"{path} [{st.name}]"
         try:
-            parsed = parse_log(st.lines, engine, label=label)
+            parsed = parse_log(st.lines, engine, label=label, notes=notes)
         except VramlabError as exc:
             skipped.append((label, str(exc)))
             continue
@@ -220,7 +217,7 @@ def check_file(path: str | Path, model: str | None = None, gpu: str | None = Non
         parsed.incomplete = [o.model_copy(update={"source": label}) for o in parsed.incomplete]
         parsed.notes.append(f"{st.name}'s lines of {path} ({len(st.lines)} of {len(lines)}, from line "
                             f"{st.first_line}); line numbers count its own lines")
-        reports.append(_check(parsed, label, model, gpu, engine_version, calibration, offline))
+        reports.append(_check(parsed, label, model, gpu, engine_version, calibration, offline, quantization))
     if not reports:
         raise ConfigError(f"{path}: none of its {len(streams)} writers wrote a log of a known engine "
                           f"(first: {skipped[0][1]})")
@@ -228,7 +225,7 @@ def check_file(path: str | Path, model: str | None = None, gpu: str | None = Non
 
 
 def _check(parsed: Any, label: str, model: str | None, gpu: str | None, engine_version: str | None,
-           calibration: str | Path | None, offline: bool) -> CheckReport:
+           calibration: str | Path | None, offline: bool, quantization: str | None = None) -> CheckReport:
     profile = None
     if calibration:
         from vramlab.logs.profile import load_profile

@@ -286,29 +286,39 @@ def diff_sides(lines: list[str]) -> tuple[list[str], list[str]] | None:
     return before, after
 
 
+def read_notes(lines: list[str], max_bytes: int | None = None) -> list[str]:
+    """What `read_log` left out of *lines*, in words: the byte cap, a pipe that went quiet."""
+    notes = []
+    if getattr(lines, "truncated", False):
+        from vramlab.logs.base import MAX_LOG_BYTES
+
+        cap = MAX_LOG_BYTES if max_bytes is None else max_bytes
+        notes.append(f"read the first {cap:,} bytes only (the rest of the log was not read; see --max-bytes)")
+    quiet = getattr(lines, "quiet", None)
+    if quiet:
+        notes.append(f"read up to where {quiet}")
+    return notes
+
+
 def parse_log(source: str | Path | Iterable[str], engine: str | None = None,
-              max_bytes: int | None = None, label: str | None = None) -> ParsedLog:
+              max_bytes: int | None = None, label: str | None = None, notes: list[str] | None = None) -> ParsedLog:
     """Parse a log file (path) or its lines. Never needs the model, the GPU or the version.
+    *notes*: what reading the lines left out (`read_notes`), kept in the result and named in
+    the error when no engine is found.
 
     Raises ConfigError only when nothing in it is recognizable: no memory line, no setting
     and no failure of a known engine."""
     from vramlab.logs.signatures import scan
 
-    notes: list[str] = []
+    notes = list(notes or [])
     if isinstance(source, (str, Path)):
         label = label or str(source)
-        lines = read_log(source, max_bytes)
-        if getattr(lines, "truncated", False):
-            from vramlab.logs.base import MAX_LOG_BYTES
-
-            cap = MAX_LOG_BYTES if max_bytes is None else max_bytes
-            notes.append(f"read the first {cap:,} bytes only (the rest of the log was not read; see --max-bytes)")
-        quiet = getattr(lines, "quiet", None)
-        if quiet:
-            notes.append(f"read up to where {quiet}")
-        _blank_unread_lines(lines)
+        read = read_log(source, max_bytes)
+        notes += read_notes(read, max_bytes)
+        lines = list(read)
     else:
         lines = list(source)
+    _blank_unread_lines(lines)  # a copy: the caller's lines stay whole
     name = engine_name(engine) if engine else detect_engine(lines)
     if name is None:
         raise ConfigError(f"{label or 'log'}: no line of a known engine (vllm, sglang, tgi, llama.cpp, ollama) found"
