@@ -42,7 +42,15 @@ YAML_BYTES = 1 * MIB
 # Line-oriented data (request traces, measurement JSONL): many rows, still bounded.
 DATA_BYTES = 256 * MIB
 # How long a pipe may stay silent: until a FIFO's writer opens it, or between two reads.
-PIPE_WAIT_S = float(os.environ.get("VRAMLAB_PIPE_WAIT_S", "10"))
+def _wait_s() -> float:
+    try:
+        value = float(os.environ.get("VRAMLAB_PIPE_WAIT_S", "10"))
+    except ValueError:
+        return 10.0
+    return value if 0 < value <= 3600 else 10.0  # nan, 0, negative or absurd: the default
+
+
+PIPE_WAIT_S = _wait_s()
 
 
 def _kind(mode: int) -> str:
