@@ -263,24 +263,30 @@ def run(args: argparse.Namespace) -> int:
         from vramlab.errors import ConfigError
 
         raise ConfigError("--plot draws a --sweep grid: add --sweep KEY=V1,V2")
+    if args.plot:
+        from vramlab.cli.outputs import check_writable
+
+        check_writable(args.plot, "plot")
     constants = _constants(args) if args.calibration else None
     model = resolve_model(args.model, offline=args.offline, revision=args.revision)
     from vramlab.report import plan_text
 
     if axes:
         result = sweep(model, gpu, settings, axes, constants)
-        if args.plot:
-            from pathlib import Path
-
-            fmt = Path(args.plot).suffix.lstrip(".").lower() or "png"
-            image = plan_text.plot_sweep(result, fmt, title=f"{model.name} on {gpu.name} ({settings.engine})")
-            Path(args.plot).write_bytes(image)
         if args.json:
             print(json.dumps({"model": model.name, "gpu": gpu.name, "engine": settings.engine,
                               "axes": [[n, v] for n, v in result.axes], "rows": result.rows}, indent=1))
         else:
             print(plan_text.render_sweep(result, model.name, gpu))
-            if args.plot:
+        if args.plot:  # after the grid is printed, so a failed write loses nothing
+            from pathlib import Path
+
+            from vramlab.cli.outputs import write_output
+
+            fmt = Path(args.plot).suffix.lstrip(".").lower() or "png"
+            image = plan_text.plot_sweep(result, fmt, title=f"{model.name} on {gpu.name} ({settings.engine})")
+            write_output(args.plot, image, "plot", "the grid is printed above")
+            if not args.json:
                 print(f"plot written to {args.plot}")
         return 0
     plan = make_plan(model, gpu, settings, constants, margin=args.margin, concurrency=args.concurrency)

@@ -171,11 +171,14 @@ def _last_log_line(target: Any) -> str | None:
     path = getattr(target, "log_path", None)
     if not path:
         return None
+    from vramlab.errors import ConfigError
+    from vramlab.infile import open_input
+
     try:
-        with open(path, "rb") as fh:
+        with open_input(path, "target log") as fh:  # a regular file: a FIFO or a device is never opened
             fh.seek(0, 2)
             fh.seek(max(0, fh.tell() - 4096))
-            lines = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
-    except OSError:
+            lines = [ln.strip() for ln in fh.read(4096).decode(errors="replace").splitlines() if ln.strip()]
+    except (OSError, ConfigError):
         return None
     return lines[-1][:240] if lines else None
