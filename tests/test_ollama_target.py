@@ -298,3 +298,35 @@ def test_drill_target_kind_ollama_defaults_and_its_timeline_rows() -> None:
     moved = TargetSpec(kind="ollama", environment="test", base_url="http://127.0.0.1:9999",
                        commands={"restart": "docker restart ollama"})
     assert moved.base_url == "http://127.0.0.1:9999" and moved.templates()["restart"] == "docker restart ollama"
+
+
+def test_drill_on_kind_ollama_puts_loads_and_unloads_on_the_incident_timeline(tmp_path: Path,
+                                                                              ollama: FakeOllama) -> None:
+    from vramlab.drill.plan import parse_plan
+    from vramlab.drill.runner import DrillRunner
+    from vramlab.report import load_context, render
+    from vramlab.store import open_store
+
+    ollama.keep_alive_s = 1.0
+    store = open_store(str(tmp_path / "s.db"))
+    doc = {"name": "ollama-drill", "rounds": 1, "baseline_s": 0.5, "sample_interval_s": 0.2,
+           # the unit's systemctl commands cannot run here: the two the drill uses while watching are replaced
+           "target": {"kind": "ollama", "environment": "test", "base_url": ollama.url, "model": "tiny:1b",
+                      "commands": {"status": "true", "logs": "true"}},
+           "load": {"concurrency": 1, "prompt_tokens": 8, "max_tokens": 2},
+           "ramp": {"knob": "concurrency", "start": 1, "factor": 2, "ceiling": 2, "step_s": 1.5},
+           "stop": {"wall_clock_s": 4.0}}
+
+    async def go() -> str:
+        r = DrillRunner(parse_plan(doc), store, workdir=str(tmp_path / "w"))
+        await asyncio.wait_for(r.run(), 30)
+        return r.run_id
+
+    rid = asyncio.run(go())
+    events = [e for e in store.events(rid) if e.kind.startswith("model_")]
+    assert [e.kind for e in events][:3] == ["model_load", "model_unload", "model_load"], events
+    assert any(s.source == "ollama" and s.name == "ollama.model_vram_bytes" for s in store.samples(rid))
+    md = render(load_context(store, rid), "md")
+    timeline = md.split("## Timeline", 1)[1].split("\n## ", 1)[0]
+    assert "| model_load | target | Ollama model loaded: tiny:1b" in timeline
+    assert "| model_unload | target | Ollama model expired (its keep_alive ran out): tiny:1b" in timeline

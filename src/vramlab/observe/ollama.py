@@ -80,13 +80,12 @@ def parse_ps(payload: Any) -> list[LoadedModel]:
         if not isinstance(m, dict):
             continue
         name = m.get("name") or m.get("model")
-        size, vram = m.get("size"), m.get("size_vram", 0)
-        if not isinstance(name, str) or not _int(size) or not _int(vram):
+        size, vram = _count(m.get("size")), _count(m.get("size_vram", 0))
+        if not isinstance(name, str) or size is None or vram is None:
             continue  # an entry without a name or byte counts tells nothing to record
-        ctx = m.get("context_length")
-        out.append(LoadedModel(name=name, size=int(size), size_vram=int(vram), digest=str(m.get("digest") or ""),
+        out.append(LoadedModel(name=name, size=size, size_vram=vram, digest=str(m.get("digest") or ""),
                                expires_at=m.get("expires_at") if isinstance(m.get("expires_at"), str) else None,
-                               context_length=int(ctx) if _int(ctx) else None))
+                               context_length=_count(m.get("context_length"))))
     return out
 
 
@@ -177,8 +176,9 @@ class OllamaSampler(Sampler):
             self._session = None
 
 
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+def _count(v: Any) -> int | None:
+    """A byte or token count as JSON gives it; None for anything else (a bool, a negative, a string)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
 def _passed(expires_at: str | None, wall: dt.datetime) -> bool:
