@@ -259,6 +259,8 @@ def test_run_with_kind_ollama_stores_and_reports_load_and_eviction(tmp_path: Pat
     with open_store(str(db)) as store:
         events = [e for e in store.events(run_id) if e.kind.startswith("model_")]
         samples = [s for s in store.samples(run_id) if s.source == "ollama"]
+        fixed = store.get_run(run_id).fixed
+    assert fixed.get("engine_version") == "0.12.3", fixed  # Ollama's /api/version
     kinds = [e.kind for e in events]
     assert kinds[:3] == ["model_load", "model_unload", "model_load"], kinds
     assert events[1].data["reason"] == "expired" and events[0].data["size_vram_bytes"] == (9 << 30) // 4
