@@ -202,15 +202,22 @@ def test_sampler_against_the_fake_records_bytes_and_events(ollama: FakeOllama) -
     assert "75% GPU / 25% host: partly offloaded" in ev[0][1]
 
 
-def test_sampler_refuses_a_server_that_is_not_ollama(tmp_path: Path) -> None:
+def test_sampler_refuses_a_server_that_is_not_ollama() -> None:
+    from vramlab.load.stub import StubServer
     from vramlab.observe.base import SourceUnavailable
 
-    async def go() -> None:
-        s = OllamaSampler("http://127.0.0.1:9")  # nothing listens on the discard port
-        await s.open()
+    async def go(root: str | None) -> str:
+        if root is None:
+            async with StubServer() as srv:  # an OpenAI-compatible server without /api/version
+                return await go(srv.url)
+        s = OllamaSampler(root)
+        with pytest.raises(SourceUnavailable) as exc:
+            await s.open()
+        assert s._session is None  # nothing left open
+        return str(exc.value)
 
-    with pytest.raises(SourceUnavailable):
-        asyncio.run(go())
+    assert "did not answer an Ollama version" in asyncio.run(go(None))
+    assert "/api/version" in asyncio.run(go("http://127.0.0.1:9"))  # nothing listens on the discard port
 
 
 def _plan(tmp_path: Path, url: str) -> Path:
@@ -284,6 +291,9 @@ def test_run_with_kind_ollama_stores_and_reports_load_and_eviction(tmp_path: Pat
     assert "Ollama model expired (its keep_alive ran out): tiny:1b" in md
     assert "tiny:1b: 3.00 GiB in memory, 2.25 GiB on the GPU (75% GPU / 25% host: partly offloaded to the host)" in md
     assert "Ollama's loaded models on the GPU over time" in md
+    html = report("html")
+    assert "Ollama&#x27;s loaded models on the GPU over time" in html or "Ollama's loaded models on the GPU" in html
+    assert "<svg" in html and "model_unload: Ollama model expired" in html
     js = json.loads(report("json"))
     rows = [e for e in js["events"] if e["kind"].startswith("model_")]
     assert [e["kind"] for e in rows] == kinds
