@@ -173,6 +173,10 @@ CASES: list[Case] = [
     Case("pack-keep-alive-nan", ["pack", str(ROOT / "examples" / "fleet.yaml"), "--keep-alive-s", "nan"]),
     Case("drill-plan-binary", ["drill", "{d.yaml}", "--db", "{v.db}"], {"d.yaml": b"\xff\x00" * 100}),
     Case("drill-plan-not-mapping", ["drill", "{d.yaml}", "--db", "{v.db}"], {"d.yaml": "[1, 2]"}),
+    Case("drill-base-url-port-placeholder", ["drill", "{d.yaml}", "--db", "{v.db}"],
+         {"d.yaml": "name: d\nrounds: 1\ntarget:\n  kind: process\n  environment: test\n"
+                    "  base_url: http://127.0.0.1:{port}/v1\n  command: 'sleep 60 # {port}'\n"
+                    "ramp: {knob: concurrency, start: 1, ceiling: 2}\n"}),
     Case("drill-output-unwritable", ["drill", str(ROOT / "examples" / "oom-drill.yaml"), "--db", "{v.db}", "-o",
                                      "/proc/x/incident.md"]),
     Case("demo-output-unwritable", ["demo", "--db", "{v.db}", "-o", "/proc/x/demo.html", "--no-drill"]),

@@ -69,3 +69,29 @@ def test_the_allocation_check_fails_on_a_reading_that_misses_memory(tmp_path: Pa
 
     out = _module().check_allocations(Short(), lambda n: ledger.allocate(n, "other"), os.getpid())
     assert any(f.startswith("GPU reading grew") for f in out["failures"]), out["failures"]
+
+
+def test_the_serve_command_follows_transformers_serves_own_help(tmp_path: Path, monkeypatch) -> None:
+    # the real `transformers serve --help` of 5.24.0: the model to preload is the positional FORCE_MODEL
+    # (there is no --force-model), the start-up lines need --log-level info
+    helptext = Path(__file__).parent / "fixtures" / "transformers-5.24-serve-help.txt"
+    fake = tmp_path / "transformers"
+    fake.write_text(f"#!/bin/sh\ncat {helptext}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    cmd = _module().serve_command(Path("/models/tiny"), "cpu")
+    assert cmd == (f"exec {fake} serve /models/tiny --host 127.0.0.1 --port {{port}} --attn-implementation eager "
+                   "--device cpu --log-level info")
+    # an older help text that names --force-model gets the flag
+    fake.write_text("#!/bin/sh\necho '  --force-model TEXT  --port INTEGER  --device TEXT'\n")
+    assert _module().serve_command(Path("/m"), "cuda") == (f"exec {fake} serve --force-model /m --host 127.0.0.1 "
+                                                          "--port {port} --device cuda")
+
+
+def test_a_cpu_drill_that_did_not_serve_is_a_problem() -> None:
+    problems = _module().drill_problems
+    ok = {"exit_code": 0, "run_id": "r", "requests": {"sent": 9, "ok": 9, "errors": [], "max_prompt_tokens": 258}}
+    assert problems(ok) == [] and problems({"skipped": "not installed"}) == []
+    assert "errors ['422 http_4xx']" in problems({**ok, "requests": {**ok["requests"], "errors": ["422 http_4xx"]}})[0]
+    assert "at most 40 prompt tokens" in problems({**ok, "requests": {**ok["requests"], "max_prompt_tokens": 40}})[0]
+    assert problems({"exit_code": 1, "stderr_tail": "boom"})[0].startswith("drill exit 1: boom")

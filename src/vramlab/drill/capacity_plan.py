@@ -178,13 +178,16 @@ def startup_events(log_file: str | None, engine: str | None = None) -> list[Emit
     if not log_file:
         return []
     from vramlab.errors import VramlabError
-    from vramlab.logs.detect import parse_log
+    from vramlab.logs.detect import PARSERS, parse_log
 
     try:
-        parsed = parse_log(log_file, engine if engine in ("vllm", "sglang", "tgi", "llama.cpp", "ollama") else None)
+        parsed = parse_log(log_file, engine if engine in PARSERS else None)
     except VramlabError as exc:
         return [("note", f"start-up log {log_file}: no memory figures read ({exc})"[:300], {})]
     obs = [o for o in parsed.observations if o.rank in (None, 0)] or list(parsed.observations)
+    if not obs and parsed.engine == "transformers":  # from_pretrained, then a cache per request
+        return [("note", f"start-up log {log_file} (transformers): no memory figure printed; transformers serve "
+                 "sizes no KV cache at start-up", {})]
     if not obs:
         return [("note", f"start-up log {log_file}: no complete start-up yet (no KV cache line)", {})]
     last = max(obs, key=lambda o: o.startup or 0)

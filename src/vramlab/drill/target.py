@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vramlab.errors import ConfigError, VramlabError
 
@@ -104,6 +104,25 @@ class TargetSpec(BaseModel):
     health_path: str = "/health"  # tried first; then /health, /v1/models, / (drill/health.py)
     metrics_path: str = "/metrics"
     api_key_env: str | None = None  # the NAME of an env var; the key itself never enters a plan
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        # a literal "{port}" (the command's placeholder) or any other port that is not a number: refused by name
+        # here, not a ValueError deep in the client (exit 70)
+        if v is None:
+            return v
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
+        try:
+            parts.port  # noqa: B018  (urlsplit checks the port only when asked)
+        except ValueError:
+            raise ValueError(f"the port of {v!r} is not a number (\"{{port}}\" is filled in the command, not "
+                             "in base_url)") from None
+        return v
     sim: SimSettings | None = None
     command: str | None = None  # process: the command line to spawn
     log_file: str | None = None  # process/command: where the target's log is

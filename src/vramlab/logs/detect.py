@@ -14,11 +14,13 @@ from types import ModuleType
 from typing import Any
 
 from vramlab.errors import ConfigError, unknown
-from vramlab.logs import llamacpp, ollama, sglang, tgi, vllm
+from vramlab.logs import llamacpp, ollama, sglang, tgi, transformers, vllm
 from vramlab.logs.base import iter_lines
 
-PARSERS: dict[str, ModuleType] = {"vllm": vllm, "sglang": sglang, "tgi": tgi, "llama.cpp": llamacpp, "ollama": ollama}
-ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "text-generation-inference": "tgi"}
+PARSERS: dict[str, ModuleType] = {"vllm": vllm, "sglang": sglang, "tgi": tgi, "llama.cpp": llamacpp, "ollama": ollama,
+                                 "transformers": transformers}
+ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "text-generation-inference": "tgi",
+           "transformers-serve": "transformers", "hf-transformers": "transformers"}
 
 # Words that name an engine even on lines no rule reads (a log that stops early).
 _MARKERS: dict[str, tuple[str, ...]] = {
@@ -28,6 +30,7 @@ _MARKERS: dict[str, tuple[str, ...]] = {
     "llama.cpp": ("llama_model_loader", "load_tensors:", "ggml_cuda_init", "llama_context", "llama_kv_cache",
                   "llama_new_context_with_model", "llama_init_from_model", "print_info:", "llama-server"),
     "ollama": ("source=server.go", "source=sched.go", "source=memory.go", "source=routes.go", "ollama", "[GIN]"),
+    "transformers": ("[transformers] ", "transformers serve"),
 }
 
 
@@ -58,8 +61,9 @@ class ParsedLog:
         if not began:
             return "start-up"
         owner = max(began, key=lambda t: t[0])[1]
-        return "serving" if owner.complete and max(s.line for s in owner.source_lines) < failure.line_number \
-            else "start-up"
+        # up: its KV decision printed, or (transformers serve, which sizes no pool) its server listening
+        up = owner.complete or owner.extra.get("listen") is not None
+        return "serving" if up and max(s.line for s in owner.source_lines) < failure.line_number else "start-up"
 
 
 def engine_name(name: str) -> str:
@@ -181,7 +185,7 @@ def parse_log(source: str | Path | Iterable[str], engine: str | None = None,
         lines = list(source)
     name = engine_name(engine) if engine else detect_engine(lines)
     if name is None:
-        raise ConfigError(f"{label or 'log'}: no line of a known engine (vllm, sglang, tgi, llama.cpp, ollama) found")
+        raise ConfigError(f"{label or 'log'}: no line of a known engine ({', '.join(PARSERS)}) found")
     sides = diff_sides(lines)
     if sides is None:
         found = PARSERS[name].parse(lines)

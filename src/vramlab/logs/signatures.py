@@ -109,6 +109,10 @@ PATTERNS: tuple[_Pattern, ...] = (
        r"(?:torch\.(?:cuda\.)?OutOfMemoryError: )?CUDA out of memory\. Tried to allocate (?P<requested>[\d.]+ ?[KMG]i?B)"
        r"(?:.*?GPU (?P<gpu>\d+) has a total capacity of (?P<total>[\d.]+ ?[KMG]i?B) of which (?P<free>[\d.]+ ?[KMG]i?B) is free)?"),
     _p("torch.oom", None, OOM, _FATAL, r"torch\.(?:cuda\.)?OutOfMemoryError"),
+    # PyTorch's host allocator refusing one allocation (a CPU-served model; transformers serve answers that
+    # request 500 and keeps serving): "DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes"
+    _p("torch.cpu_alloc", None, OOM, _ERROR,
+       r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (?P<requested>\d+ bytes)"),
     _p("cuda.error_oom", None, OOM, _FATAL, r"CUDA error: out of memory|cudaErrorMemoryAllocation"),
     _p("nccl.oom", None, OOM, _FATAL, r"NCCL (?:WARN|error).*(?:out of memory|Cuda failure 'out of memory')"),
     # Kernel log: NVIDIA Xid (NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.)

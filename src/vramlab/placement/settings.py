@@ -34,7 +34,7 @@ _PASS_THROUGH = {
 }
 _COMMAND = {"vllm": "vllm serve", "sglang": "python -m sglang.launch_server --model-path",
             "tgi": "text-generation-launcher --model-id", "llama.cpp": "llama-server -m",
-            "transformers": "python -m transformers serve"}
+            "transformers": "transformers serve"}  # 5.x: no `python -m transformers`
 
 
 @dataclass(frozen=True)

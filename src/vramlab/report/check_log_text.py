@@ -62,16 +62,20 @@ def render(report: Any) -> str:
                    f"{obs.model or '(model not printed)'}{rank}{where}")
         era = item.era_or_inferred()
         out.append(f"  era: {era.sentence()}")
-        if not obs.complete:
+        if obs.engine == "transformers":  # from_pretrained, then a cache per request: no pool to size
+            out.append("  transformers serve sizes no KV cache at start-up (each request grows its own) and prints "
+                       "no memory figure; read here: " + _transformers_facts(obs))
+        elif not obs.complete:
             out.append("  incomplete start-up: the log ends before the engine sized its KV cache")
         if obs.basis == "engine-estimate":
             out.append("  these figures are the engine's own estimate, not measured allocations")
         if item.comparison is None:
             out.append(f"  no prediction: {item.error}")
-            out.append(f"  {'component':18} {'engine':>12}")
-            for f in SHOWN:
-                if getattr(obs, f) is not None:
-                    out.append(f"  {f.removesuffix('_bytes'):18} {_fmt(f, getattr(obs, f)):>12}")
+            printed = [f for f in SHOWN if getattr(obs, f) is not None]
+            if printed:
+                out.append(f"  {'component':18} {'engine':>12}")
+            for f in printed:
+                out.append(f"  {f.removesuffix('_bytes'):18} {_fmt(f, getattr(obs, f)):>12}")
             continue
         cmp = item.comparison
         est = cmp.estimate
@@ -169,3 +173,21 @@ def _short(field: str, value: float | None) -> str:
     if field == "max_concurrency":
         return f"{value:.2f}x"
     return f"{int(value):,}"
+
+
+def _transformers_facts(obs: Any) -> str:
+    """The memory-relevant facts a transformers start-up printed, in one clause."""
+    x, parts = obs.extra, []
+    if obs.settings.get("dtype"):
+        parts.append(f"dtype {obs.settings['dtype']}")
+    if x.get("architecture"):
+        parts.append(str(x["architecture"]))
+    shape = [f"{x[k]} {label}" for k, label in (("num_hidden_layers", "layers"), ("hidden_size", "hidden"),
+                                                ("num_key_value_heads", "KV heads"), ("head_dim", "head dim"))
+             if x.get(k) is not None]
+    parts.extend(shape)
+    if x.get("max_position_embeddings"):
+        parts.append(f"max positions {x['max_position_embeddings']:,}")
+    if "continuous_batching" in x:
+        parts.append("continuous batching " + ("on" if x["continuous_batching"] else "off"))
+    return ", ".join(parts) or "the model only"
