@@ -1,7 +1,7 @@
 """Target control: how a drill starts, stops, restarts, checks and reads the logs of what it breaks.
 
 A target is declared in the plan. `kind` picks a ready-made set of command templates (systemd,
-docker, kubectl), a plain `command` set written by the user, a local `process` the drill spawns
+docker, kubectl, and `ollama`: Ollama's own systemd unit, its loads and unloads on the timeline), a plain `command` set written by the user, a local `process` the drill spawns
 itself, or the rehearsal server `sim`. Every command runs with a timeout; a command that
 overruns is killed with its whole process group.
 
@@ -25,7 +25,7 @@ from vramlab.errors import ConfigError, VramlabError
 
 OVERRIDE_FLAG = "--i-understand-this-is-not-a-test-environment"
 
-TargetKind = Literal["sim", "process", "command", "systemd", "docker", "kubectl"]
+TargetKind = Literal["sim", "process", "command", "systemd", "docker", "kubectl", "ollama"]
 ACTIONS = ("start", "stop", "restart", "status", "logs")
 
 # Ready-made forms. Placeholders are filled from the target's fields, each value shell-quoted.
@@ -53,6 +53,12 @@ FORMS: dict[str, dict[str, str]] = {
         "logs": "kubectl -n {namespace} logs {resource} --since={since_s}s --all-containers",
     },
 }
+
+
+# `ollama`: the systemd unit Ollama's Linux install creates (`ollama`), at Ollama's default address,
+# with its model loads and unloads sampled from /api/ps (observe/ollama.py).
+FORMS["ollama"] = dict(FORMS["systemd"])
+OLLAMA_DEFAULTS = {"unit": "ollama", "base_url": "http://127.0.0.1:11434", "engine": "ollama", "health_path": "/"}
 
 
 class SimSettings(BaseModel):
@@ -129,6 +135,13 @@ class TargetSpec(BaseModel):
     timeout_s: float = Field(60.0, gt=0)
     timeouts_s: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _ollama_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") == "ollama":
+            return {**OLLAMA_DEFAULTS, **data}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> TargetSpec:
         bad = sorted(set(self.commands) - set(ACTIONS))
@@ -138,7 +151,7 @@ class TargetSpec(BaseModel):
         field = need.get(self.kind)
         if field and not getattr(self, field):
             raise ValueError(f"target kind {self.kind} needs target.{field}")
-        if self.kind in ("process", "command", "systemd", "docker", "kubectl") and not self.base_url:
+        if self.kind in ("process", "command", "systemd", "docker", "kubectl", "ollama") and not self.base_url:
             raise ValueError(f"target kind {self.kind} needs target.base_url (the endpoint to load)")
         return self
 

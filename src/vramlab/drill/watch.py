@@ -64,8 +64,12 @@ class Watchers:
             from vramlab.observe.nvml import GpuSampler
 
             samplers.append(GpuSampler())
+        if self.plan.target.kind == "ollama" or self.plan.target.engine == "ollama":
+            from vramlab.observe.ollama import OllamaSampler  # model loads and unloads on the timeline
+
+            samplers.append(OllamaSampler(root, timeout_s=1.0))
         sset = SamplerSet(samplers, self.plan.sample_interval_s, self._on_samples,
-                          lambda note: self.emit("warning", note))
+                          lambda note: self.emit("warning", note), lambda kind, msg, data: self.emit(kind, msg, **data))
         await sset.start()
         try:
             await asyncio.Event().wait()
