@@ -261,7 +261,11 @@ def test_cancelling_an_open_loop_window_stops_its_sending_loop_too() -> None:
         async with StubServer(b) as srv, OpenAIClient(srv.url, "m", max_connections=64) as c:
             task = asyncio.ensure_future(drive(c, cycle([P]), LoadShape("open", 64, 100.0, "constant"),
                                                Window(duration_s=5, drain_s=0), out.append))
-            await asyncio.sleep(0.5)
+            # cancel once the loop is sending (a busy two-core box may take longer than 0.5 s to start it)
+            deadline = asyncio.get_running_loop().time() + 4.0
+            while not srv.b.seen and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             seen = len(srv.b.seen)
