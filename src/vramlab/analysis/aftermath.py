@@ -106,7 +106,7 @@ def recovery(requests, samples, events, t0, baseline_start, tol, window_s) -> Re
                     if r.ok and r.end_s is not None and r.e2e_ms is not None and r.end_s >= first_ok]
         if ok_after:
             end = max(t for t, _ in ok_after) + 1e-9
-            for t, p in windowed(ok_after, first_ok, end, window_s, "p95"):  # type: ignore[arg-type]
+            for t, p in windowed(ok_after, first_ok, end, window_s, "p95"):
                 if p <= base_p95 * (1 + tol):
                     p95_ok = t + window_s if t + window_s <= end else end
                     break

@@ -107,9 +107,9 @@ def compute_estimate(cfg: SimConfig) -> Estimate:
     if cfg.estimate is not None:
         return cfg.estimate
     try:
-        from vramlab.capacity import estimate  # type: ignore[attr-defined]
+        from vramlab.capacity import estimate
         from vramlab.capacity.settings import EngineSettings
-        from vramlab.sources import resolve_model  # type: ignore[attr-defined]
+        from vramlab.sources import resolve_model
     except ImportError as exc:
         raise ConfigError(f"the capacity model is not available ({exc}); pass --plan FILE") from None
     from vramlab.capacity.gpus import get_gpu
