@@ -129,7 +129,8 @@ class CapacityDemand:
     def _enough(self, inst: Instance, est: Any) -> bool:
         """The KV pool holds the guaranteed sequences (monotone in the knob, unlike `fits`)."""
         lim = est.pessimistic or est
-        return lim.max_concurrency >= inst.concurrency and est.max_model_len >= inst.context_tokens
+        enough: bool = lim.max_concurrency >= inst.concurrency and est.max_model_len >= inst.context_tokens
+        return enough
 
     def _ok(self, inst: Instance, est: Any) -> bool:
         return bool(est.fits) and self._enough(inst, est)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vramlab.errors import ConfigError
 
@@ -127,7 +127,7 @@ def compute_estimate(cfg: SimConfig) -> Estimate:
         raise ConfigError(f"the capacity model has no {cfg.engine} policy yet ({exc}); pass --plan FILE") from None
 
 
-def estimate_from_json(data: dict) -> Estimate:
+def estimate_from_json(data: dict[str, Any]) -> Estimate:
     """Rebuild an `Estimate` from `vramlab plan --json` output."""
     from vramlab.capacity.estimate import Component, Estimate, Limits
 

@@ -16,6 +16,7 @@ import asyncio
 import random
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from vramlab.capacity.estimate import Estimate
 from vramlab.capacity.units import MIB, to_gib
@@ -269,7 +270,7 @@ class SimEngine:
 
     # --- requests -----------------------------------------------------------------------
     def submit(self, rid: str, prompt_tokens: int, max_tokens: int, ignore_eos: bool, key: str,
-               sink: asyncio.Queue) -> Request:
+               sink: asyncio.Queue[tuple[str, Any]]) -> Request:
         stop_at = max_tokens
         if not ignore_eos and max_tokens > 1:
             # As if the model sampled EOS: a length fixed by the seed and the prompt, never by timing.
