@@ -200,3 +200,31 @@ def test_an_outlier_row_is_warned_about(tmp_path):
     out = json.loads(r.stdout)
     # that row, and only that row (the ordinary ones are within the fit's typical error)
     assert len(out["outliers"]) == 1 and "shared-card" in out["outliers"][0], out["outliers"]
+
+
+def test_impossibly_small_observations_are_refused_not_fitted(tmp_path):
+    """A unit slip (activation peak 1 byte) must not become a profile that moves the KV pool by GiB."""
+    data = tmp_path / "m.jsonl"
+    measurements(data, tp2=2)
+    good = data.read_text().splitlines()
+    tiny = [json.dumps({**json.loads(line), "activation_peak_bytes": 1, "source": f"tiny-{i}"})
+            for i, line in enumerate(good * 3)]
+    only_tiny = tmp_path / "tiny.jsonl"
+    only_tiny.write_text("\n".join(tiny) + "\n")
+    r = cli("calibrate", str(only_tiny), "-o", str(tmp_path / "p.toml"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "activation_peak_bytes is 1 bytes" in r.stderr and "tiny-0" in r.stderr
+    assert not (tmp_path / "p.toml").exists()
+    data.write_text("\n".join(good + tiny) + "\n")
+    mixed = json.loads(cli("calibrate", str(data), "--json").stdout)
+    alone = json.loads(cli("calibrate", str(_good(tmp_path, good)), "--json").stdout)
+    why = {s["source"]: s["reason"] for s in mixed["skipped"]}
+    assert all("smaller than any buffer" in why[f"tiny-{i} rank 0"] for i in range(len(tiny)))
+    assert mixed["observations"] == len(good)
+    assert [f["fitted"] for f in mixed["fits"]] == [f["fitted"] for f in alone["fits"]]  # the same profile
+
+
+def _good(tmp_path: Path, lines: list[str]) -> Path:
+    p = tmp_path / "good.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    return p

@@ -59,6 +59,9 @@ def test_runs_uses_vramlab_db_then_cwd_default(tmp_path, db):
 
 def test_report_html_to_file(db, tmp_path):
     out = tmp_path / "out" / "report.html"
+    missing = vramlab("report", "7f3a", "-o", str(out), "--db", db)  # a folder that is not there: refused
+    assert missing.returncode == 2 and "does not exist" in missing.stderr and not out.parent.exists()
+    out.parent.mkdir()
     res = vramlab("report", "7f3a", "-o", str(out), "--db", db)
     assert res.returncode == 0, res.stderr
     assert f"wrote {out} (html, run 7f3a91bc)" in res.stderr and res.stdout == ""

@@ -460,3 +460,22 @@ assert L.llama_init_from_model(m, cp), "no context"
     assert host["layers"] == lc.N_LAYER and host["output_layer"]
     assert abs(host["kv_buffer_bytes"] - float(kv.group(1)) * 2**20) <= 0.005 * 2**20
     assert host["mapped_buffer_bytes"] == pytest.approx(float(mapped.group(1)) * 2**20, rel=0.02)
+
+
+def test_a_drill_on_a_broken_baseline_stops_before_the_ramp_with_the_engines_words(engine, tmp_path):
+    # every baseline prompt is longer than the engine's context: llama.cpp refuses each one (HTTP 400).
+    # The drill must not ramp and then blame its first step; it stops, quotes the engine, and exits 1.
+    py, model = engine
+    cmd = lc.server_command(py, model, "{port}", n_ctx=256, extra="--model_alias tiny")
+    doc = _drill_doc(py, model, tmp_path, cmd, load={"prompt_tokens": 600, "request_timeout_s": 10})
+    code, out, err = _drill_cli(tmp_path, doc, lambda line: False)
+    print(err[-2000:])
+    assert code == 1, (out[-2000:], err[-3000:])
+    store = open_store(str(tmp_path / "v.db"))
+    (run,) = store.list_runs()
+    kinds = [e.kind for e in store.events(run.run_id)]
+    assert "step" not in kinds and "fault" not in kinds and "ceiling" not in kinds, kinds
+    reqs = store.requests(run.run_id)
+    assert reqs and all(not r.ok for r in reqs) and {r.phase for r in reqs} == {"baseline"}
+    md = (tmp_path / "incident.md").read_text()
+    assert "baseline broken" in md and "context window" in md, md[:2000]

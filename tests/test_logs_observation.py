@@ -56,7 +56,7 @@ def test_bad_lines_are_named(tmp_path, text, match):
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
-    with pytest.raises(ConfigError, match="cannot read"):
+    with pytest.raises(ConfigError, match="no such measurement file"):
         read_observations(tmp_path / "nope.jsonl")
 
 

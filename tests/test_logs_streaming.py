@@ -25,9 +25,26 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
-def test_dev_zero_finishes_with_one_line():
+def test_dev_zero_is_refused_and_piped_in_is_read_up_to_the_cap():
     r = cli("check-log", "/dev/zero", "--max-bytes", "8000000")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no line of a known engine" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "character device" in r.stderr
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    with open("/dev/zero", "rb") as zero:
+        r = subprocess.run([sys.executable, "-m", "vramlab", "check-log", "-", "--max-bytes", "8000000"],
+                           stdin=zero, capture_output=True, text=True, timeout=120, env=env)
+    # the cap is named: "no line of a known engine found" alone would hide that most was not read
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "no line of a known engine" in r.stderr and "8,000,000 bytes" in r.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_nobody_writes_to_ends_in_one_line(tmp_path):
+    fifo = tmp_path / "nobody.log"
+    os.mkfifo(fifo)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VRAMLAB_PIPE_WAIT_S="1")
+    r = subprocess.run([sys.executable, "-m", "vramlab", "check-log", str(fifo)], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "had no writer for 1 s" in r.stderr, r.stderr
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
@@ -85,3 +102,78 @@ def test_a_log_piped_on_stdin():
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["source"] == "-" and out["observations"][0]["gpu_blocks"] == 6001
+
+
+def _filler(n: int, unique: bool) -> str:
+    if not unique:  # one shape: throughput and access lines
+        return "".join(f"(APIServer pid=1) INFO 01-01 00:00:{i % 60:02d} [loggers.py:1] Engine 000: Running: {i} reqs\n"
+                       f"(APIServer pid=1) INFO:     127.0.0.1:{40000 + i} - \"POST /v1/completions HTTP/1.1\" 200 OK\n"
+                       for i in range(n // 2))
+    import hashlib
+
+    return "".join(f"request {hashlib.sha1(str(i).encode()).hexdigest()} prompt: {'lorem ipsum dolor ' * (i % 5)}\n"
+                   for i in range(n))
+
+
+@pytest.mark.parametrize("unique", [False, True], ids=["repeated-shapes", "unique-lines"])
+def test_the_long_log_prefilter_never_drops_a_line_a_rule_reads(tmp_path, monkeypatch, unique):
+    """Every fixture log, repeated past the head after filler: parsed with and without the prefilter
+    that blanks lines no rule can match, the result is the same."""
+    import dataclasses
+
+    from vramlab.logs import detect
+
+    logs = sorted(LOGS.glob("*.log")) + sorted((LOGS / "real").glob("*.log"))
+    assert len(logs) >= 20
+    filler = _filler(5100, unique)  # just past the head the prefilter leaves alone
+    checked = 0
+    for log in logs:
+        text = log.read_text(encoding="utf-8", errors="replace")
+        p = tmp_path / log.name
+        p.write_text(text + filler + text, encoding="utf-8")
+
+        def parse(path):
+            try:
+                return detect.parse_log(path)
+            except Exception as exc:
+                return repr(exc)
+
+        fast = parse(p)
+        with monkeypatch.context() as m:
+            m.setattr(detect, "_blank_unread_lines", lambda lines: 0)
+            full = parse(p)
+        if isinstance(full, str):
+            assert fast == full, log.name
+            continue
+        assert dataclasses.asdict(fast) == dataclasses.asdict(full), log.name
+        checked += 1
+    assert checked >= 20
+    assert detect._blank_unread_lines(list(filler.splitlines()) * 2) > 0  # the filler is blanked
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_pipe_that_goes_quiet_is_read_up_to_where_it_stopped(tmp_path):
+    """`kubectl logs -f` into a FIFO: the start-up comes, then nothing; the read ends after the
+    pipe's silence, says so, and what came is parsed."""
+    fifo = tmp_path / "follow.log"
+    os.mkfifo(fifo)
+    done = threading.Event()
+
+    def writer() -> None:
+        with open(fifo, "w", encoding="utf-8") as fh:
+            fh.write((LOGS / "vllm-v1-0.19-debug.log").read_text(encoding="utf-8"))
+            fh.flush()
+            done.wait(30)  # the writer stays open, silent
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VRAMLAB_PIPE_WAIT_S="1")
+    try:
+        r = subprocess.run([sys.executable, "-m", "vramlab", "check-log", str(fifo), "--json"], capture_output=True,
+                           text=True, timeout=60, env=env)
+    finally:
+        done.set()
+        t.join(timeout=10)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["observations"] and any("sent nothing more for 1 s" in n for n in out["notes"]), out["notes"]

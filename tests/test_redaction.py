@@ -257,3 +257,127 @@ def test_the_store_masks_drill_targets_and_every_text_column(tmp_path: Path) -> 
         store.update_run("d0d0d0d0", notes=[f"neighbour http://n:{secret}@10.0.0.6 down"], status="completed")
         assert store.get_run("d0d0d0d0").target["base_url"] == "http://***@10.0.0.5:8000"
     assert not any(secret.encode() in p.read_bytes() for p in tmp_path.glob("d.db*"))
+
+
+# --- every encoding of a registered secret; a message that names a field stays readable ---------
+HARD_SECRET = 'k3y"w/th\\esc+=é'
+
+
+@pytest.mark.parametrize("shape", [
+    lambda s: json.dumps({"error": {"message": f"invalid api key {s}"}}),  # echoed inside a 500 body
+    lambda s: json.dumps({"error": f"bad {s}"}, ensure_ascii=False),
+    lambda s: json.dumps({"detail": f"bad {s}"}).replace("/", "\\/"),  # servers that escape slashes
+    lambda s: "GET /v1/models?key=" + __import__("urllib.parse").parse.quote(s, safe=""),
+    lambda s: "POST /login body=" + __import__("urllib.parse").parse.quote_plus(s),
+    lambda s: "Authorization: Basic " + base64.b64encode(f"someone:{s}".encode()).decode(),
+    lambda s: "echoed header " + base64.b64encode(f"ab:{s}".encode()).decode(),  # any offset, no keyword
+    lambda s: "echoed header " + base64.urlsafe_b64encode(f"a:{s}".encode()).decode(),
+])
+def test_every_encoding_of_a_registered_secret_is_masked(shape) -> None:
+    r.register(HARD_SECRET)
+    text = shape(HARD_SECRET)
+    out = r.redact(text)
+    assert r.MASK in out, out
+    # no readable piece of the secret is left in any of its forms
+    for form in r.encodings(HARD_SECRET):
+        if len(form) >= 8:
+            assert form not in out, (form, out)
+    assert HARD_SECRET not in out
+
+
+def test_a_json_escaped_token_value_is_masked_whole() -> None:
+    body = json.dumps({"token": 'ab"cd\\ef/gh', "ok": 1})
+    out = r.redact(body)
+    assert json.loads(out) == {"token": r.MASK, "ok": 1}
+
+
+@pytest.mark.parametrize("text", [
+    "plan.yaml:3: target.api_key: field required",
+    "target.api_key: unknown field",
+    "password: required field is missing",
+    "client_secret: Input should be a valid string",
+])
+def test_a_message_that_names_a_secret_field_is_not_garbled(text: str) -> None:
+    assert r.redact(text) == text
+
+
+def test_a_value_after_a_secret_field_is_still_masked() -> None:
+    assert r.redact("password: hunter2x") == "password: ***"
+    assert r.redact("api_key=field") == "api_key=***"  # an assignment is always a value
+
+
+def test_basic_blob_of_letters_only_is_masked_when_it_decodes_to_a_pair() -> None:
+    blob = base64.b64encode(b"erin:letmein").decode()
+    assert "=" not in blob and not any(c.isdigit() for c in blob)
+    assert r.redact(f"Authorization: Basic {blob}") == "Authorization: ***"
+    assert r.redact("a Basic experiment") == "a Basic experiment"
+
+
+@pytest.fixture()
+def escaping_server() -> Iterator[str]:
+    """Answers every completion with a 500 whose JSON body carries the request's Authorization
+    value JSON-escaped (a quote, a backslash and a slash in the key become \\", \\\\ and \\/)."""
+    from aiohttp import web
+
+    async def fail(request: web.Request) -> web.Response:
+        auth = request.headers.get("Authorization", "")
+        body = json.dumps({"error": {"message": f"upstream rejected {auth}", "token": auth.split()[-1]}})
+        return web.Response(text=body.replace("/", "\\/"), status=500, content_type="application/json")
+
+    ready, box = threading.Event(), {}
+
+    def serve() -> None:
+        async def main() -> None:
+            app = web.Application()
+            app.router.add_post("/v1/chat/completions", fail)
+            runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            box["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            box["loop"], box["stop"] = asyncio.get_running_loop(), asyncio.Event()
+            ready.set()
+            await box["stop"].wait()  # type: ignore[union-attr]
+            await runner.cleanup()
+
+        asyncio.run(main())
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    yield f"127.0.0.1:{box['port']}"
+    box["loop"].call_soon_threadsafe(box["stop"].set)  # type: ignore[union-attr]
+    t.join(5)
+
+
+def test_a_key_echoed_json_escaped_in_a_500_body_is_not_stored(tmp_path: Path, escaping_server: str) -> None:
+    key = 'Esc"aped\\Key/42+xyz'
+    plan = tmp_path / "p.yaml"
+    plan.write_text(f"""\
+name: escaped-echo
+target: {{base_url: "http://{escaping_server}", model: m, api_key_env: ESCAPED_KEY}}
+fixed: {{input: {{synthetic: {{prompt_tokens: 8, output_tokens: 2, seed: 1, count: 4}}}}}}
+change: {{variable: concurrency, steps: [1]}}
+load: {{retry: {{base_s: 0.01, max_s: 0.02}}}}
+phases: {{requests: 6, drain_s: 0.2}}
+rounds: 1
+stop_conditions: {{error_rate: 1.0, min_requests: 1000}}
+samplers: {{interval_s: 0.1, sources: [host]}}
+""")
+    db = tmp_path / "v.db"
+    env = {**os.environ, "ESCAPED_KEY": key, "VRAMLAB_DB": str(db)}
+    run = subprocess.run([*VRAMLAB, "run", str(plan), "--json"], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode in (0, 1, 3) and "Traceback" not in run.stderr, run.stderr
+    summary = json.loads(run.stdout)
+    assert summary["requests"] > 0 and summary["errors"] == summary["requests"]
+    rep = subprocess.run([*VRAMLAB, "report", summary["run_id"], "--format", "json"], capture_output=True, text=True,
+                         timeout=120, env=env)
+    from vramlab.store import open_store
+
+    with open_store(str(db)) as store:
+        errors = [q.error or "" for q in store.requests(summary["run_id"])]
+    assert errors and all("upstream rejected" in e for e in errors), errors[:2]  # the body reached the column
+    forms = {key, json.dumps(key)[1:-1], json.dumps(key)[1:-1].replace("/", "\\/"), "Aped", "Key\\/42"}
+    blobs = b"".join(p.read_bytes() for p in tmp_path.glob("v.db*")).decode("latin-1")
+    texts = [run.stdout, run.stderr, rep.stdout, rep.stderr, blobs]
+    assert [f for f in forms if any(f in t for t in texts)] == []

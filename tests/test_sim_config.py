@@ -48,7 +48,7 @@ def test_plan_json_round_trips():
 @pytest.mark.parametrize("argv,text", [
     (["--speed", "0"], "vramlab sim: error: --speed must be a positive finite number, got 0.0"),
     (["--fault", "melt"], "vramlab sim: error: unknown fault 'melt'"),
-    (["--plan", "/nonexistent/plan.json"], "vramlab sim: error: cannot read plan"),
+    (["--plan", "/nonexistent/plan.json"], "vramlab sim: error: /nonexistent/plan.json: no such plan JSON file"),
 ])
 def test_cli_bad_options_are_one_line_errors(argv, text):
     out = subprocess.run([sys.executable, "-m", "vramlab", "sim", "serve", "--port", "0", *argv],

@@ -33,3 +33,9 @@ def unknown(kind: str, name: str, choices: list[str]) -> NotFoundError:
     if hint:
         msg += "; did you mean " + ", ".join(repr(h) for h in hint) + "?"
     return NotFoundError(msg)
+
+
+class OutputError(VramlabError):
+    """A result could not be written after the work was done; the message says what was kept."""
+
+    exit_code = 1

@@ -90,16 +90,10 @@ def parse_yaml(text: str, name: str) -> YamlDocument:
 
 def read_yaml(path: str | Path, what: str = "plan") -> YamlDocument:
     """Read and parse a YAML file; a missing or unreadable file is a ConfigError naming *what* it is."""
+    from vramlab.infile import YAML_BYTES, read_text
+
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: no such {what} file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{p}: not a text file (a {what} file is YAML in UTF-8)") from None
-    except OSError as exc:
-        reason = getattr(exc, "strerror", None) or exc
-        raise ConfigError(f"{p}: cannot read the {what} file: {reason}") from None
+    text = read_text(p, what, YAML_BYTES, expect=f"a {what} file is YAML in UTF-8")
     return parse_yaml(text, str(p))
 
 

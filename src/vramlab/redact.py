@@ -10,7 +10,12 @@ It removes, wherever they appear in a text:
 - known token shapes: ``Bearer ...``, ``Basic <base64>``, OpenAI ``sk-...``, Hugging Face
   ``hf_...``, GitHub ``ghp_...`` / ``github_pat_...``, Slack ``xox?-...``, AWS ``AKIA...``, JWTs;
 - every value registered with `register` (the API key read from the environment, a URL's
-  password and its Basic-auth base64 form), wherever it appears.
+  password), wherever it appears and in every encoding a server or a client gives it: as is,
+  URL-encoded, JSON-escaped (inside an echoed body), and base64 (a Basic header with any user
+  name, at any byte offset).
+
+A message that only names a secret's field ("target.api_key: field required") stays readable:
+a bare `key: value` whose value is an ordinary word of an error message is not a credential.
 
 Pure and dependency-free (the bottom layer): store, report writers and the CLI call it.
 """
@@ -34,18 +39,24 @@ _PATTERNS: list[tuple[re.Pattern[str], str, tuple[str, ...]]] = [
     (re.compile(r"(?i)((?:proxy-)?authorization|set-cookie|cookie|x-api-key|api-key|x-auth-token)"
                 r"([\"']?\s*[:=]\s*[\"']?)([^\"'\r\n}]+)"), r"\1\2" + MASK,
      ("authorization", "cookie", "api-key", "x-auth-token")),
+    # a JSON string under a key named like a secret, escapes and all ("token": "a\"b\\c")
+    (re.compile(r"(?i)(\"(?:api[_-]?key|apikey|password|passwd|secret|client[_-]?secret|(?:access|auth|refresh|hf|"
+                r"id|api)?[_-]?token)\"\s*:\s*)\"(?!\*\*\*\")(?:[^\"\\\r\n]|\\.)*\""), r'\1"' + MASK + '"',
+     ("key", "password", "passwd", "secret", "token")),
     # keys named like a secret
     (re.compile(r"(?i)([\"']?\b(?:api[_-]?key|apikey|password|passwd|secret|client[_-]?secret|"
                 r"access[_-]?token|auth[_-]?token|refresh[_-]?token|hf[_-]?token)[\"']?\s*[:=]\s*[\"']?)"
-                r"(?!\*\*\*)([^\"'\s,}&]+)"), r"\1" + MASK,
+                r"(?!\*\*\*)([^\"'\s,}&]+)"), lambda m: _keyed(m),  # type: ignore[list-item]
      ("key", "password", "passwd", "secret", "token")),
     # secret query parameters
     (re.compile(r"(?i)([?&](?:api[_-]?key|key|access[_-]?token|token|auth|password|secret|sig|signature)=)"
                 r"[^&#\s\"'<>]+"), r"\1" + MASK, ("key=", "token=", "auth=", "password=", "secret=", "sig=",
                                                   "signature=")),
     (re.compile(r"\b(Bearer)\s+[A-Za-z0-9._~+/=\-]{4,}", re.IGNORECASE), r"\1 " + MASK, ("bearer",)),
-    # Basic <base64>: only a credential-looking blob (a digit, '+', '/' or '=' in it), not prose
-    (re.compile(r"\b(Basic)\s+(?=[A-Za-z0-9+/]*[0-9+/=])[A-Za-z0-9+/]{6,}={0,2}"), r"\1 " + MASK, ("basic",)),
+    # Basic <base64>: a credential-looking blob (a digit, '+', '/' or '=' in it, or "user:password"
+    # when decoded), not prose
+    (re.compile(r"\b(Basic)\s+([A-Za-z0-9+/]{6,}={0,2})"), lambda m: _basic(m),  # type: ignore[list-item]
+     ("basic",)),
     (re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_\-]{16,}"), "sk-" + MASK, ("sk-",)),
     (re.compile(r"\bhf_[A-Za-z0-9]{16,}"), "hf_" + MASK, ("hf_",)),
     (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"), "gh_" + MASK,
@@ -56,23 +67,65 @@ _PATTERNS: list[tuple[re.Pattern[str], str, tuple[str, ...]]] = [
     (re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"), "jwt-" + MASK, ("eyj",)),
 ]
 
+# Words that follow a field's name in a message about the field, never a credential.
+_MESSAGE_WORDS = frozenset(("field", "required", "unknown", "input", "must", "is", "are", "should", "not", "missing",
+                            "expected", "value", "invalid", "the", "a", "an", "cannot", "no", "give", "set", "use",
+                            "none", "null", "see", "needs", "wrong", "empty", "extra", "only", "was", "from"))
+
+
+def _keyed(m: re.Match[str]) -> str:
+    """`password=hunter2` -> `password=***`; `target.api_key: field required` is left alone."""
+    if ":" in m.group(1) and "=" not in m.group(1) and m.group(2).lower() in _MESSAGE_WORDS:
+        return m.group(0)
+    return m.group(1) + MASK
+
+
+def _basic(m: re.Match[str]) -> str:
+    blob = m.group(2)
+    if re.search(r"[0-9+/=]", blob):
+        return f"{m.group(1)} {MASK}"
+    try:
+        decoded = base64.b64decode(blob + "=" * (-len(blob) % 4), validate=True).decode("utf-8")
+    except ValueError:
+        return m.group(0)
+    return f"{m.group(1)} {MASK}" if ":" in decoded and decoded.isprintable() else m.group(0)
+
+
 _known: set[str] = set()
 _known_re: re.Pattern[str] | None = None
 _MIN_SECRET = 4  # shorter values would mask ordinary words
 
 
 def register(secret: str | None) -> None:
-    """Mask this exact value (and its URL-quoted form) wherever it appears from now on."""
+    """Mask this value wherever it appears from now on, in each of its encodings (`encodings`)."""
     global _known_re
     if not secret or len(secret) < _MIN_SECRET or secret in _known:
         return
-    _known.add(secret)
-    from urllib.parse import quote
-
-    quoted = quote(secret, safe="")
-    if quoted != secret and len(quoted) >= _MIN_SECRET:
-        _known.add(quoted)
+    _known.update(e for e in encodings(secret) if len(e) >= _MIN_SECRET)
     _known_re = re.compile("|".join(re.escape(s) for s in sorted(_known, key=len, reverse=True)))
+
+
+def encodings(secret: str) -> set[str]:
+    """The forms a secret takes on the way out: as is, URL-encoded (path and form), JSON-escaped
+    (ASCII-only or not, with or without escaped slashes), and the base64 characters it fixes at
+    each of the three byte offsets it can start at inside a longer blob (a Basic header's
+    `user:secret`, any user), in standard and URL-safe alphabets."""
+    import json
+    from urllib.parse import quote, quote_plus
+
+    out = {secret, quote(secret, safe=""), quote(secret), quote_plus(secret)}
+    for ascii_only in (True, False):
+        escaped = json.dumps(secret, ensure_ascii=ascii_only)[1:-1]
+        out.update((escaped, escaped.replace("/", "\\/")))
+    raw = secret.encode("utf-8")
+    for offset in range(3):
+        blob = base64.b64encode(b"\0" * offset + raw).decode()
+        # characters whose 6 bits all come from the secret's bytes
+        first, last = -(-8 * offset // 6), (8 * (offset + len(raw))) // 6
+        core = blob[first:last]
+        if len(core) >= 8:
+            out.update((core, core.replace("+", "-").replace("/", "_")))
+    return out
 
 
 def register_url(url: str | None) -> None:

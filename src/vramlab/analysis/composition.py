@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vramlab.records import EventRecord, SampleRecord
+from vramlab.units import GIB
 
-GIB = 1 << 30
 FIGURES = ("resident_model", "kv_cache", "runtime_overhead", "peak")
 LABELS = {"resident_model": "resident model", "kv_cache": "KV cache (pool)", "runtime_overhead": "runtime overhead",
           "peak": "peak"}

@@ -28,7 +28,8 @@ from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
 DISPATCH_LAG_WARN_MS = 10.0
 MIN_ROUNDS = 3
 # Series drawn over time in reports, when present.
-TIMELINE_SERIES = ("gpu.memory_used_bytes", "engine.kv_cache_usage_perc", "engine.num_requests_waiting")
+TIMELINE_SERIES = ("gpu.memory_used_bytes", "engine.kv_cache_usage_perc", "engine.num_requests_waiting",
+                   "ollama.vram_bytes")
 
 
 @dataclass(frozen=True)

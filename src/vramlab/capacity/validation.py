@@ -109,6 +109,24 @@ def check_config_numbers(config: dict[str, Any], name: str) -> None:
             raise ConfigError(f"{name}: config field {key!r} {why}")
     if config.get("chunked_prefill_size") == 0:
         raise ConfigError(f"{name}: config field 'chunked_prefill_size' must not be 0")
+    check_config_flags(config, name)
+
+
+# The true/false fields the capacity model reads. A string ("False") is truthy in Python: read
+# as-is it would flip the answer (tied embeddings counted once), so only JSON booleans pass.
+CONFIG_FLAGS = ("tie_word_embeddings", "attention_bias", "use_sliding_window", "multi_query")
+QUANT_FLAGS = ("zero_point", "sym", "lm_head", "load_in_4bit", "load_in_8bit", "bnb_4bit_use_double_quant")
+
+
+def check_config_flags(config: dict[str, Any], name: str) -> None:
+    """ConfigError naming the first true/false config field that holds anything but a boolean."""
+    quant = config.get("quantization_config")
+    fields = [(k, config.get(k)) for k in CONFIG_FLAGS]
+    if isinstance(quant, dict):
+        fields += [(f"quantization_config.{k}", quant.get(k)) for k in QUANT_FLAGS]
+    for key, value in fields:
+        if value is not None and not isinstance(value, bool):
+            raise ConfigError(f"{name}: config field {key!r} must be true or false, got {value!r}")
 
 
 FLAG_NAMES = {"kv_cache_memory_bytes": "--kv-cache-memory", "other_processes_bytes": "--other-processes-gib",

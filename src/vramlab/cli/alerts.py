@@ -32,8 +32,9 @@ def run(args: argparse.Namespace) -> int:
     doc = build_rule_groups(plan.alerts, engine, args.group or f"vramlab-{plan.name}")
     text = to_yaml(doc)
     if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text)
+        from vramlab.cli.outputs import write_output
+
+        write_output(args.output, text, "rules file")
     else:
         sys.stdout.write(text)
     return 0

@@ -54,19 +54,31 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--holdout takes stored runs: give run ids, not logs")
     if args.min_points < 2:
         raise ConfigError("--min-points must be at least 2")
+    if args.output:
+        from vramlab.cli.outputs import check_writable
+
+        check_writable(args.output, "calibration profile")
     name = Path(args.output).name if args.output else "calibration"
     result = calibrate(args.inputs, args.model_configs, args.engine, args.min_points, args.versions,
                        offline=not args.online, name=name)
-    written = None
+    written, failed = None, None
     if args.output and result.fitted_any:
-        from vramlab.logs.profile import write_profile
+        from vramlab.capacity.calibration import profile_to_toml
+        from vramlab.cli.outputs import write_output
+        from vramlab.errors import OutputError
 
-        write_profile(args.output, result.profile)
-        written = args.output
+        try:
+            write_output(args.output, profile_to_toml(result.profile), "calibration profile",
+                         "no profile written; the fit is printed (run calibrate again to write it)")
+            written = args.output
+        except OutputError as exc:
+            failed = exc
     if args.json:
         print(json.dumps(to_json(result), indent=1))
     else:
         print(render(result, written))
+    if failed is not None:
+        raise failed  # after the fit is printed: the work is not lost
     if not result.fitted_any:
         import sys
 

@@ -22,6 +22,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+MAX_BYTES_LIMIT = 1 << 30
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE",
@@ -46,10 +48,11 @@ def run(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = dict(model=args.model, gpu=args.gpu, engine=args.engine,
                                   engine_version=args.engine_version, calibration=args.calibration,
                                   offline=not args.online, max_bytes=args.max_bytes, quantization=args.quantization)
-    if args.max_bytes is not None and args.max_bytes < 1:
+    if args.max_bytes is not None and not 1 <= args.max_bytes <= MAX_BYTES_LIMIT:
         from vramlab.errors import ConfigError
 
-        raise ConfigError("--max-bytes must be at least 1")
+        raise ConfigError(f"--max-bytes must be between 1 and {MAX_BYTES_LIMIT:,} (1 GiB: a log is held in memory "
+                          f"while it is read), got {args.max_bytes:,}")
     if len(args.files) == 1 and not Path(args.files[0]).is_dir():
         reports, skipped = check_file(args.files[0], **kwargs)
         if len(reports) == 1 and not skipped:

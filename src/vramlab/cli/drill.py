@@ -81,12 +81,17 @@ def run(args: argparse.Namespace) -> int:
 
     if args.output:
         check_writable(args.output, "incident report")  # before the drill, not after it
+    else:
+        check_writable("incident-XXXXXXXX.md", "incident report")  # the default lands in this folder
     plan = load_plan(args.plan)
     if args.url:
         plan = plan.model_copy(update={"target": plan.target.model_copy(update={"base_url": args.url, "sim": None})})
     if args.gpu is not None or args.gpu_memory_gib is not None:
         plan = _with_card(plan, args.gpu, args.gpu_memory_gib)
     check_environment(plan.target, args.not_test)  # refuse before the store or the target is touched
+    from vramlab.cli.outputs import check_store
+
+    check_store(args.db or plan.store)
     store = open_store(args.db or plan.store)
     runner = DrillRunner(plan, store, override_env=args.not_test)
     print(f"drill {plan.name}: run {runner.run_id} (stop with Ctrl-C; the rollback still runs)", file=sys.stderr,
@@ -105,10 +110,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     ctx = load_context(store, result.run_id)
     out = args.output or f"incident-{result.run_id}.md"
-    with open(out, "w") as fh:
-        from vramlab.redact import redact
+    from vramlab.cli.outputs import write_output
+    from vramlab.redact import redact
 
-        fh.write(redact(render(ctx, "html" if out.endswith((".html", ".htm")) else "md")))
+    write_output(out, redact(render(ctx, "html" if out.endswith((".html", ".htm")) else "md")), "incident report",
+                 f"drill run {result.run_id} is in the store: `vramlab report {result.run_id}` renders it again")
     if args.json:
         import json
 

@@ -21,6 +21,22 @@ def packaged() -> dict[str, bytes]:
             if p.is_file() and p.name.endswith((".yaml", ".jsonl"))}
 
 
+def _content(path: Path) -> bytes | None:
+    """What is at *path* (None: nothing). Read as any input is: a FIFO, a device or a folder in
+    the way is never opened, and reads as something different from every example."""
+    import os
+
+    from vramlab.errors import ConfigError
+    from vramlab.infile import read_bytes
+
+    if not os.path.lexists(path):
+        return None
+    try:
+        return read_bytes(path, "example", 1 << 20)
+    except ConfigError:
+        return b"\0(not a regular file)"
+
+
 def write_examples(target: Path, force: bool = False) -> tuple[list[str], list[str]]:
     """Write them; returns (written, unchanged). Refuses (ConfigError) before writing anything when
     a file that differs is in the way and force is off."""
@@ -29,7 +45,7 @@ def write_examples(target: Path, force: bool = False) -> tuple[list[str], list[s
     files = packaged()
     if target.exists() and not target.is_dir():
         raise ConfigError(f"{target} exists and is not a folder")
-    clash = [n for n, data in files.items() if (target / n).exists() and (target / n).read_bytes() != data]
+    clash = [n for n, data in files.items() if _content(target / n) not in (None, data)]
     if clash and not force:
         raise ConfigError(f"{target}: {', '.join(clash)} already there and different; pass --force to overwrite")
     written, same = [], []
@@ -39,9 +55,11 @@ def write_examples(target: Path, force: bool = False) -> tuple[list[str], list[s
             path = target / name
             if path.is_symlink():
                 path.unlink()
-            elif path.exists() and path.read_bytes() == data:
+            elif _content(path) == data:
                 same.append(name)
                 continue
+            elif path.exists() and not path.is_file():  # a FIFO or a device would block or swallow the write
+                raise ConfigError(f"{path} is in the way and is not a regular file")
             path.write_bytes(data)
             written.append(name)
     except OSError as exc:

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", choices=("lru", "priority", "keep-alive", "sleep-1", "sleep-2"),
                         help="eviction policy (overrides the models file's policy.eviction)")
     parser.add_argument("--keep-alive-s", type=float, help="idle seconds before unloading under keep-alive "
-                        "(default 300, like Ollama; 0 unloads at once, negative never)")
+                        "(default 300, like Ollama; 0 unloads at once, -1 never)")
     parser.add_argument("--json", action="store_true", help="print the documented JSON object")
     parser.add_argument("--plot", metavar="FILE.png", help="write the memory map per card as a PNG")
 
@@ -37,18 +37,24 @@ def run(args: argparse.Namespace) -> int:
     from vramlab.placement.residency import load_trace
     from vramlab.placement.result import plan_fleet, render_table, to_json, with_policy
 
+    if args.plot:
+        from vramlab.cli.outputs import check_writable
+
+        check_writable(args.plot, "memory map")
     inputs = load_inputs(args.fleet, args.models)
     trace = load_trace(args.simulate) if args.simulate else None
     policy = with_policy(inputs.policy, args.policy, args.keep_alive_s)
     plan = plan_fleet(inputs, CapacityDemand(), method=args.method, policy=policy, trace=trace)
-    if args.plot:
-        from vramlab.placement.memmap import plot_memory_map
-
-        plot_memory_map(plan, args.plot)
     if args.json:
         print(json.dumps(to_json(plan), indent=2, sort_keys=False))
     else:
         print(render_table(plan))
-        if args.plot:
+    if args.plot:  # after the placement is printed, so a failed write loses nothing
+        from vramlab.cli.outputs import output_file
+        from vramlab.placement.memmap import plot_memory_map
+
+        with output_file(args.plot, "memory map", "the placement is printed above") as tmp:
+            plot_memory_map(plan, tmp)
+        if not args.json:
             print(f"\nmemory map written to {args.plot}")
     return 0 if plan.feasible else 1

@@ -55,28 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--mem-fraction-static", type=float, help="SGLang")
     e.add_argument("--chunked-prefill-size", type=int, help="SGLang")
     e.add_argument("--max-batch-prefill-tokens", type=int, help="TGI")
-    e.add_argument("--ctx-size", "-c", help="llama.cpp n_ctx over all slots (accepts 32k)")
-    e.add_argument("--parallel", "-np", type=int, help="llama.cpp slots")
-    e.add_argument("--cache-type-v", help="llama.cpp V cache type (default: the K type, --kv-cache-dtype)")
-    e.add_argument("--flash-attn", "-fa", choices=("on", "off", "auto"), help="llama.cpp flash attention")
-    e.add_argument("--ubatch-size", "-ub", help="llama.cpp n_ubatch (default 512)")
-    e.add_argument("--llamacpp-server", choices=("llama-server", "llama-cpp-python"), default="llama-server",
-                   help="whose defaults: upstream llama-server or `python -m llama_cpp.server`")
-    e.add_argument("--n-gpu-layers", "-ngl", help="llama.cpp layers on the GPUs (the last N; all or -1 = every "
-                   "layer and the output layer; default all)")
-    e.add_argument("--override-tensor", "-ot", action="append", default=[], metavar="REGEX=BUFT",
-                   help="llama.cpp: tensors whose name matches REGEX go to BUFT (CPU, CUDA1, ...); repeatable")
-    e.add_argument("--n-cpu-moe", type=int, default=0, help="llama.cpp: keep the MoE experts of the first N layers on "
-                   "the host")
-    e.add_argument("--cpu-moe", action="store_true", help="llama.cpp: keep every MoE expert on the host")
-    e.add_argument("--tensor-split", "-ts", help="llama.cpp proportions per card, e.g. 3,1 (default: by free memory)")
-    e.add_argument("--split-mode", "-sm", choices=("layer", "row", "none"), default="layer", help="llama.cpp")
-    e.add_argument("--main-gpu", "-mg", type=int, default=0, help="llama.cpp: the card for --split-mode none/row")
-    e.add_argument("--no-kv-offload", "-nkvo", action="store_true", help="llama.cpp: KV cache in host memory")
-    e.add_argument("--no-mmap", action="store_true", help="llama.cpp: host tensors in a CPU buffer, not mapped")
-    e.add_argument("--ollama-gpu-overhead", help="Ollama OLLAMA_GPU_OVERHEAD (bytes, or e.g. 1GiB) held back per GPU; "
-                   "with --engine ollama, --max-model-len is num_ctx, --parallel OLLAMA_NUM_PARALLEL, -ngl num_gpu, "
-                   "--flash-attn on OLLAMA_FLASH_ATTENTION=1 and --kv-cache-dtype OLLAMA_KV_CACHE_TYPE")
+    _local_engine_arguments(e)
     e.add_argument("--enable-chunked-prefill", choices=("on", "off", "auto"),
                    help="vLLM V0 (default auto: on above a 32k context)")
     e.add_argument("--flashinfer-sampler", choices=("on", "off", "auto"),
@@ -111,6 +90,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sweep a setting (repeat for a grid), e.g. max-model-len=2k,8k,32k")
     o.add_argument("--plot", help="with --sweep: write a PNG of the grid")
     o.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+
+def _local_engine_arguments(e: argparse._ArgumentGroup) -> None:
+    """llama.cpp's and Ollama's own flags (placement over cards and the host)."""
+    e.add_argument("--ctx-size", "-c", help="llama.cpp n_ctx over all slots (accepts 32k)")
+    e.add_argument("--parallel", "-np", type=int, help="llama.cpp slots")
+    e.add_argument("--cache-type-v", help="llama.cpp V cache type (default: the K type, --kv-cache-dtype)")
+    e.add_argument("--flash-attn", "-fa", choices=("on", "off", "auto"), help="llama.cpp flash attention")
+    e.add_argument("--ubatch-size", "-ub", help="llama.cpp n_ubatch (default 512)")
+    e.add_argument("--llamacpp-server", choices=("llama-server", "llama-cpp-python"), default="llama-server",
+                   help="whose defaults: upstream llama-server or `python -m llama_cpp.server`")
+    e.add_argument("--n-gpu-layers", "-ngl", help="llama.cpp layers on the GPUs (the last N; all or -1 = every "
+                   "layer and the output layer; default all)")
+    e.add_argument("--override-tensor", "-ot", action="append", default=[], metavar="REGEX=BUFT",
+                   help="llama.cpp: tensors whose name matches REGEX go to BUFT (CPU, CUDA1, ...); repeatable")
+    e.add_argument("--n-cpu-moe", type=int, default=0, help="llama.cpp: keep the MoE experts of the first N layers on "
+                   "the host")
+    e.add_argument("--cpu-moe", action="store_true", help="llama.cpp: keep every MoE expert on the host")
+    e.add_argument("--tensor-split", "-ts", help="llama.cpp proportions per card, e.g. 3,1 (default: by free memory)")
+    e.add_argument("--split-mode", "-sm", choices=("layer", "row", "none"), default="layer", help="llama.cpp")
+    e.add_argument("--main-gpu", "-mg", type=int, default=0, help="llama.cpp: the card for --split-mode none/row")
+    e.add_argument("--no-kv-offload", "-nkvo", action="store_true", help="llama.cpp: KV cache in host memory")
+    e.add_argument("--no-mmap", action="store_true", help="llama.cpp: host tensors in a CPU buffer, not mapped")
+    e.add_argument("--ollama-gpu-overhead", help="Ollama OLLAMA_GPU_OVERHEAD (bytes, or e.g. 1GiB) held back per GPU; "
+                   "with --engine ollama, --max-model-len is num_ctx, --parallel OLLAMA_NUM_PARALLEL, -ngl num_gpu, "
+                   "--flash-attn on OLLAMA_FLASH_ATTENTION=1 and --kv-cache-dtype OLLAMA_KV_CACHE_TYPE")
 
 
 def _settings(args: argparse.Namespace) -> EngineSettings:
@@ -266,24 +272,30 @@ def run(args: argparse.Namespace) -> int:
         from vramlab.errors import ConfigError
 
         raise ConfigError("--plot draws a --sweep grid: add --sweep KEY=V1,V2")
+    if args.plot:
+        from vramlab.cli.outputs import check_writable
+
+        check_writable(args.plot, "plot")
     constants = _constants(args) if args.calibration else None
     model = resolve_model(args.model, offline=args.offline, revision=args.revision)
     from vramlab.report import plan_text
 
     if axes:
         result = sweep(model, gpu, settings, axes, constants)
-        if args.plot:
-            from pathlib import Path
-
-            fmt = Path(args.plot).suffix.lstrip(".").lower() or "png"
-            image = plan_text.plot_sweep(result, fmt, title=f"{model.name} on {gpu.name} ({settings.engine})")
-            Path(args.plot).write_bytes(image)
         if args.json:
             print(json.dumps({"model": model.name, "gpu": gpu.name, "engine": settings.engine,
                               "axes": [[n, v] for n, v in result.axes], "rows": result.rows}, indent=1))
         else:
             print(plan_text.render_sweep(result, model.name, gpu))
-            if args.plot:
+        if args.plot:  # after the grid is printed, so a failed write loses nothing
+            from pathlib import Path
+
+            from vramlab.cli.outputs import write_output
+
+            fmt = Path(args.plot).suffix.lstrip(".").lower() or "png"
+            image = plan_text.plot_sweep(result, fmt, title=f"{model.name} on {gpu.name} ({settings.engine})")
+            write_output(args.plot, image, "plot", "the grid is printed above")
+            if not args.json:
                 print(f"plot written to {args.plot}")
         return 0
     plan = make_plan(model, gpu, settings, constants, margin=args.margin, concurrency=args.concurrency)

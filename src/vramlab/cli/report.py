@@ -24,7 +24,6 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from vramlab.cli.outputs import check_writable
-    from vramlab.errors import VramlabError
     from vramlab.report import load_context, render
     from vramlab.store import open_store
 
@@ -41,12 +40,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.output:
         sys.stdout.write(text)
         return 0
+    from vramlab.cli.outputs import write_output
+
     out = Path(args.output)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise VramlabError(f"cannot write {out}: {exc.strerror or exc}") from None
+    write_output(out, text, "report", f"run {ctx.run.run_id} is in the store as it was")
     state = "" if ctx.analysis.complete else " (incomplete run)"
     print(f"wrote {out} ({fmt or 'md'}, run {ctx.run.run_id}{state})", file=sys.stderr)
     return 0

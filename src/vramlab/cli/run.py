@@ -110,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
         get_gpu(args.gpu)  # an unknown card is bad input, before anything runs
     if args.workers is not None and not 1 <= args.workers <= 256:
         raise ConfigError(f"--workers must be between 1 and 256, got {args.workers}")
+    from vramlab.cli.outputs import check_store
+
+    check_store(args.db)  # before the plan starts anything
     stream = sys.stderr if args.json else sys.stdout
     progress = make_progress(stream)
     try:

@@ -63,18 +63,24 @@ def run(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
     import json
-    from pathlib import Path
 
     from vramlab.errors import ConfigError
     from vramlab.sim.config import Fault, SimConfig, estimate_from_json
     from vramlab.sim.serve import serve_forever
 
     est = None
+    if args.log_file:
+        from vramlab.cli.outputs import check_writable
+
+        check_writable(args.log_file, "engine log")  # before the server starts
     if args.plan:
+        from vramlab.infile import read_text
+
+        text = read_text(args.plan, "plan JSON", expect="expected `vramlab plan --json` output")
         try:
-            est = estimate_from_json(json.loads(Path(args.plan).read_text()))
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read plan {args.plan}: {exc}") from None
+            est = estimate_from_json(json.loads(text))
+        except (ValueError, RecursionError, TypeError, KeyError, AttributeError) as exc:
+            raise ConfigError(f"{args.plan}: not the JSON of `vramlab plan --json` ({type(exc).__name__})") from None
     if args.start_barrier:
         from vramlab.sim.barrier import StartBarrier
 

@@ -10,9 +10,9 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-from vramlab.drill.cotenant import GIB, LedgerBalloon, ProcessBalloon
+from vramlab.drill.cotenant import GIB, CotenantOutOfMemory, LedgerBalloon, ProcessBalloon
 from vramlab.drill.local_targets import SimTarget
-from vramlab.errors import VramlabError
+from vramlab.errors import ConfigError, VramlabError
 
 if TYPE_CHECKING:
     from vramlab.drill.plan import RecoverySpec
@@ -83,7 +83,11 @@ class TargetLifecycle:
         if self.plan.cotenant is not None:
             self._cotenant = self._make_balloon()
             nbytes = self.plan.cotenant.bytes_to_hold(self._cotenant.free_bytes())
-            await asyncio.to_thread(self._cotenant.set_bytes, nbytes)
+            try:
+                await asyncio.to_thread(self._cotenant.set_bytes, nbytes)
+            except CotenantOutOfMemory as exc:  # the plan asks for more than the card has free
+                raise ConfigError(f"cotenant: could not hold {nbytes / GIB:.2f} GiB before the ramp: "
+                                  f"{str(exc)[:200]}; lower cotenant.hold_gib (the drill was rolled back)") from None
             self.emit("cotenant", f"co-tenant holds {nbytes / GIB:.2f} GiB", bytes=nbytes)
         self._capacity_account()
 

@@ -241,7 +241,7 @@ def open_target(spec: TargetSpec, workdir: Path) -> Target:
         return SimTarget(spec, workdir)
     if spec.kind == "process":
         return ProcessTarget(spec, workdir)
-    if spec.kind in ("command", "systemd", "docker", "kubectl"):
+    if spec.kind in ("command", "systemd", "docker", "kubectl", "ollama"):
         return CommandTarget(spec)
     raise ConfigError(f"unknown target kind {spec.kind!r}")
 

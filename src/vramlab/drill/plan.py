@@ -33,7 +33,9 @@ from vramlab.experiment.plan import CapacityFacts, Retry, RollbackCommand, StopC
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # .inf or .nan in a drill plan: refused by name
+    # .inf or .nan in a drill plan is refused by name; strict: "5" or true where a number goes is refused,
+    # not read as 5 or 1.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class LoadSpec(_Strict):
@@ -153,7 +155,24 @@ class DrillPlan(_Strict):
             names += [e.name for e in self.colocation.engines]
         if len(set(names)) != len(names):
             raise ValueError("neighbour names must be unique (colocation engines are probed as neighbours)")
+        self._cotenant_fits()
         return self
+
+    def _cotenant_fits(self) -> None:
+        """A co-tenant asking for more than the sim's whole card is refused before anything starts."""
+        if self.cotenant is None or self.cotenant.hold_gib is None or self.target.sim is None:
+            return
+        from vramlab.capacity import get_gpu
+        from vramlab.errors import VramlabError
+
+        try:
+            card = get_gpu(self.target.sim.gpu)
+        except VramlabError:
+            return  # an unknown card: the sim refuses it by name
+        card_gib = card.memory_bytes / (1 << 30)
+        if self.cotenant.hold_gib >= card_gib:
+            raise ValueError(f"@cotenant.hold_gib: {self.cotenant.hold_gib:g} GiB is more than the whole "
+                             f"{card.name} ({card_gib:.1f} GiB); the co-tenant could never hold it")
 
 
 _MAPPING = {"kind": "a drill plan", "keys": "name:, target:, ramp:, ..."}

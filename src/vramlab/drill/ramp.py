@@ -30,7 +30,7 @@ MAX_STEPS = 200  # a ramp is a handful of steps; a typo such as factor: 1.0001 m
 
 
 class RampSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     knob: Knob = "context"
     mode: Literal["geometric", "linear"] = "geometric"

@@ -243,7 +243,10 @@ class DrillRunner(Watchers, TargetLifecycle):
         why = self._baseline_tally.broken() if self._baseline_tally is not None else None
         if why is None:
             return False
-        self._ended_early = f"baseline broken, nothing ramped: {why}"
+        from vramlab.drill.watch import last_error_line
+
+        said = last_error_line(self.target)  # a local target's log: the engine's words when its answers had none
+        self._ended_early = f"baseline broken, nothing ramped: {why}" + (f"; its log says: {said}" if said else "")
         self.emit("stopped", self._ended_early, reason="baseline")
         return True
 

@@ -1,7 +1,7 @@
 """Target control: how a drill starts, stops, restarts, checks and reads the logs of what it breaks.
 
 A target is declared in the plan. `kind` picks a ready-made set of command templates (systemd,
-docker, kubectl), a plain `command` set written by the user, a local `process` the drill spawns
+docker, kubectl, and `ollama`: Ollama's own systemd unit, its loads and unloads on the timeline), a plain `command` set written by the user, a local `process` the drill spawns
 itself, or the rehearsal server `sim`. Every command runs with a timeout; a command that
 overruns is killed with its whole process group.
 
@@ -17,7 +17,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -25,7 +25,7 @@ from vramlab.errors import ConfigError, VramlabError
 
 OVERRIDE_FLAG = "--i-understand-this-is-not-a-test-environment"
 
-TargetKind = Literal["sim", "process", "command", "systemd", "docker", "kubectl"]
+TargetKind = Literal["sim", "process", "command", "systemd", "docker", "kubectl", "ollama"]
 ACTIONS = ("start", "stop", "restart", "status", "logs")
 
 # Ready-made forms. Placeholders are filled from the target's fields, each value shell-quoted.
@@ -55,19 +55,25 @@ FORMS: dict[str, dict[str, str]] = {
 }
 
 
+# `ollama`: the systemd unit Ollama's Linux install creates (`ollama`), at Ollama's default address,
+# with its model loads and unloads sampled from /api/ps (observe/ollama.py).
+FORMS["ollama"] = dict(FORMS["systemd"])
+OLLAMA_DEFAULTS = {"unit": "ollama", "base_url": "http://127.0.0.1:11434", "engine": "ollama", "health_path": "/"}
+
+
 class SimSettings(BaseModel):
     """How the drill starts `vramlab sim serve` when the plan's target is the sim."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     model: str = "llama-3.1-8b-instruct"
     gpu: str = "h100-80gb"
     engine: str = "vllm"
-    gpu_memory_utilization: float | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    speed: float = 50.0
-    watchdog_s: float | None = None  # vLLM exits ~5 s after engine death; a rehearsal may shorten it
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    max_model_len: int | None = Field(None, gt=0)
+    max_num_seqs: int | None = Field(None, gt=0)
+    speed: float = Field(50.0, gt=0)
+    watchdog_s: float | None = Field(None, gt=0)  # vLLM exits ~5 s after engine death; a rehearsal may shorten it
     device: str | None = None  # ledger file; default: one in the drill's work dir
     extra_args: list[str] = Field(default_factory=list)
 
@@ -85,7 +91,7 @@ class SimSettings(BaseModel):
 
 
 class TargetSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     kind: TargetKind = "sim"
     environment: str = Field(
@@ -124,10 +130,17 @@ class TargetSpec(BaseModel):
     container: str | None = None  # docker
     resource: str | None = None  # kubectl, e.g. deployment/vllm
     namespace: str = "default"
-    replicas: int = 1
+    replicas: int = Field(1, ge=1)
     commands: dict[str, str] = Field(default_factory=dict)  # overrides per action
-    timeout_s: float = 60.0
-    timeouts_s: dict[str, float] = Field(default_factory=dict)
+    timeout_s: float = Field(60.0, gt=0)
+    timeouts_s: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ollama_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") == "ollama":
+            return {**OLLAMA_DEFAULTS, **data}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> TargetSpec:
@@ -138,7 +151,7 @@ class TargetSpec(BaseModel):
         field = need.get(self.kind)
         if field and not getattr(self, field):
             raise ValueError(f"target kind {self.kind} needs target.{field}")
-        if self.kind in ("process", "command", "systemd", "docker", "kubectl") and not self.base_url:
+        if self.kind in ("process", "command", "systemd", "docker", "kubectl", "ollama") and not self.base_url:
             raise ValueError(f"target kind {self.kind} needs target.base_url (the endpoint to load)")
         return self
 
@@ -302,12 +315,16 @@ class CommandTarget:
 
 
 def _read_new_lines(holder: Any, path: str) -> list[str]:
-    """Lines appended to *path* since the last call (the offset lives on *holder*)."""
+    """Lines appended to *path* since the last call (the offset lives on *holder*), at most 8 MiB a
+    call; a log_file that is not a regular file (a FIFO, /dev/zero) gives nothing, never a hang."""
+    from vramlab.errors import ConfigError
+    from vramlab.infile import open_input
+
     try:
-        with open(path, "rb") as fh:
+        with open_input(path, "target log") as fh:
             fh.seek(holder._log_offset)
-            data = fh.read()
-    except OSError:
+            data = fh.read(8 << 20)
+    except (OSError, ConfigError):
         return []
     end = data.rfind(b"\n") + 1  # keep a half-written line for next time
     holder._log_offset += end

@@ -7,6 +7,7 @@ They run beside the load for the whole round and feed the detector; a mixin of `
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
 
@@ -64,8 +65,12 @@ class Watchers:
             from vramlab.observe.nvml import GpuSampler
 
             samplers.append(GpuSampler())
+        if self.plan.target.kind == "ollama" or self.plan.target.engine == "ollama":
+            from vramlab.observe.ollama import OllamaSampler  # model loads and unloads on the timeline
+
+            samplers.append(OllamaSampler(root, timeout_s=1.0))
         sset = SamplerSet(samplers, self.plan.sample_interval_s, self._on_samples,
-                          lambda note: self.emit("warning", note))
+                          lambda note: self.emit("warning", note), lambda kind, msg, data: self.emit(kind, msg, **data))
         await sset.start()
         try:
             await asyncio.Event().wait()
@@ -166,16 +171,37 @@ class Watchers:
             await probe.close()
 
 
-def _last_log_line(target: Any) -> str | None:
-    """The last non-empty line of a local target's log file (a process or the sim), or None."""
+def _log_tail_lines(target: Any, nbytes: int = 4096) -> list[str]:
+    """The last non-empty lines (within `nbytes`) of a local target's log file (a process or the sim)."""
     path = getattr(target, "log_path", None)
     if not path:
-        return None
+        return []
+    from vramlab.errors import ConfigError
+    from vramlab.infile import open_input
+
     try:
-        with open(path, "rb") as fh:
+        with open_input(path, "target log") as fh:  # a regular file: a FIFO or a device is never opened
             fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - 4096))
-            lines = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return None
+            fh.seek(max(0, fh.tell() - nbytes))
+            return [ln.strip() for ln in fh.read(nbytes).decode(errors="replace").splitlines() if ln.strip()]
+    except (OSError, ConfigError):
+        return []
+
+
+def _last_log_line(target: Any) -> str | None:
+    """The last non-empty line of a local target's log file (a process or the sim), or None."""
+    lines = _log_tail_lines(target)
     return lines[-1][:240] if lines else None
+
+
+_ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception): \S")
+
+
+def last_error_line(target: Any) -> str | None:
+    """The engine's own last error in its log ("ValueError: Requested tokens (2108) exceed context window of
+    256"), for a failure whose answers carried no words of the server (a stream cut before any token)."""
+    for line in reversed(_log_tail_lines(target, 64 * 1024)):
+        m = _ERROR_LINE.search(line)
+        if m:
+            return line[m.start():][:240]
+    return None

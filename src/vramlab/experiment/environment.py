@@ -12,7 +12,7 @@ from typing import Any
 
 from vramlab import __version__
 
-_VERSION_PATHS = ("/version", "/info", "/props")  # vLLM/SGLang/sim, TGI, llama.cpp
+_VERSION_PATHS = ("/version", "/info", "/props", "/api/version")  # vLLM/SGLang/sim, TGI, llama.cpp, Ollama
 
 
 def host_facts() -> dict[str, Any]:

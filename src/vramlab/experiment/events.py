@@ -2,7 +2,8 @@
 
 The runner emits; the terminal progress, the store writer and a drill's own logic subscribe.
 Timeline kinds (stored as EventRecord): run_start, phase_start, phase_end, step, stop_condition,
-rollback, note, warning, error, run_end. High-volume kinds (not timeline rows): ``request``
+rollback, note, warning, error, run_end; and a sampler's own (model_load, model_unload, model_offload:
+Ollama's /api/ps). High-volume kinds (not timeline rows): ``request``
 (payload: RequestRecord) and ``samples`` (payload: list[SampleRecord]).
 """
 

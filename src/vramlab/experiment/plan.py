@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from vramlab.errors import ConfigError
 
 Variable = Literal["concurrency", "request_rate", "prompt_tokens", "output_tokens"]
-SamplerSource = Literal["gpu", "ledger", "engine", "prometheus", "host", "health"]
+SamplerSource = Literal["gpu", "ledger", "engine", "prometheus", "host", "health", "ollama"]
 # Threshold names the analysis understands: a statistic of a per-request latency, or a rate.
 _METRIC_NAME = re.compile(r"^(p50|p90|p95|p99|max|mean)_(ttft|tpot|itl|e2e)_ms$|^error_rate$|^min_goodput_rps$")
 MAX_RAMP_STEPS = 64

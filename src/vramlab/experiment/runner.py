@@ -41,7 +41,7 @@ from vramlab.records import RunRecord, SampleRecord, canonical_sha256, new_run_i
 from vramlab.records.stats import percentile
 
 EXIT_CODES = {"completed": 0, "failed": 1, "stopped": 3, "interrupted": 130}
-_SOURCES = {"gpu", "ledger", "engine", "prometheus", "host", "health"}
+_SOURCES = {"gpu", "ledger", "engine", "prometheus", "host", "health", "ollama"}
 
 
 @dataclass
@@ -154,7 +154,7 @@ class Runner:
         await self._start_hooks()
         status, reason_text = "failed", None
         samplers = SamplerSet(self.o.samplers if self.o.samplers is not None else samplers_for(plan),
-                              plan.samplers.interval_s, self._on_samples, self.note)
+                              plan.samplers.interval_s, self._on_samples, self.note, self.emit)
         ticker: asyncio.Task[None] | None = None
         rollbacks: list[RollbackResult] = []
         try:

@@ -201,11 +201,15 @@ def _run_checked(plan: Plan, *, plan_dir: Path, open_store: Callable[[], Store],
 def run_plan_file(path: str | Path, phase_s: float | None = None, **kw: Any) -> SessionResult:
     plan = load_plan(path)
     if phase_s is not None:
-        if phase_s <= 0:
-            raise ConfigError("--phase-s must be positive")
+        import math
+
+        if not math.isfinite(phase_s) or phase_s <= 0:
+            raise ConfigError(f"--phase-s must be a positive number of seconds, got {phase_s}")
         doc = plan.model_dump(mode="json")
         doc["phases"]["duration_s"] = phase_s
         doc["phases"].pop("requests", None)
         doc["phases"]["drain_s"] = min(doc["phases"]["drain_s"], phase_s)
-        plan = Plan.model_validate(doc)
+        from vramlab.planfile import validate
+
+        plan = validate(Plan, doc, f"{path} with --phase-s {phase_s:g}")  # a pydantic error is one line
     return run_plan(plan, plan_dir=Path(path).resolve().parent, **kw)

@@ -62,6 +62,7 @@ def samplers_for(plan: Plan) -> list[Sampler]:
     from vramlab.observe.host import HostSampler
     from vramlab.observe.ledger import LedgerSampler
     from vramlab.observe.nvml import GpuSampler
+    from vramlab.observe.ollama import OllamaSampler
     from vramlab.observe.prom_api import PromApiSampler
     from vramlab.observe.prom_text import PromTextSampler
 
@@ -82,6 +83,10 @@ def samplers_for(plan: Plan) -> list[Sampler]:
             # no health URL in the plan: the sampler finds the path the target answers on (drill's rule)
             out.append(HealthSampler(tg.health_url) if tg.health_url
                        else HealthSampler(_root(tg.url) + "/health", discover_root=_root(tg.url)))
+        elif src == "ollama":
+            out.append(OllamaSampler(_root(tg.url)))
+    if tg.kind == "ollama" and "ollama" not in sp.sources:  # its loads and unloads belong on every Ollama run's timeline
+        out.append(OllamaSampler(_root(tg.url)))
     return out
 
 

@@ -251,6 +251,8 @@ def _rank_numbers(keys: list[str | None]) -> dict[str | None, int]:
 
 def iter_lines(source: Iterable[str]) -> Iterable[Line]:
     for i, raw in enumerate(source, start=1):
+        if not raw:
+            continue  # nothing to read (and the lines a long log's prefilter blanked)
         raw = raw.rstrip("\r\n")
         if len(raw) > MAX_LINE_CHARS:  # a binary blob or a pasted tensor: read its start only
             raw = raw[:MAX_LINE_CHARS]
@@ -258,17 +260,18 @@ def iter_lines(source: Iterable[str]) -> Iterable[Line]:
         yield Line(i, raw, msg, key)
 
 
-def required_literal(pattern: str) -> str | None:
-    """The longest run of literal text every match of `pattern` contains (4+ characters), or
-    None. A line without it cannot match, so a long log's ordinary lines (request logs,
-    progress bars) are passed over with a substring test instead of a regex search per rule."""
+def _sre() -> tuple[Any, Any]:
     try:  # Python 3.11+
         from re import _constants as c  # type: ignore[attr-defined]
         from re import _parser as sp  # type: ignore[attr-defined]
     except ImportError:  # Python 3.10 (declared in pyproject)
         import sre_constants as c
         import sre_parse as sp
+    return c, sp
 
+
+def _longest_literal(seq: Any, c: Any) -> str:
+    """The longest run of literal text every match of the parsed sequence contains."""
     best = ""
     run: list[str] = []
 
@@ -279,8 +282,8 @@ def required_literal(pattern: str) -> str | None:
             best = text
         run.clear()
 
-    def walk(seq: Any) -> None:
-        for op, av in seq:
+    def walk(items: Any) -> None:
+        for op, av in items:
             if op is c.LITERAL:
                 run.append(chr(av))
             elif op is c.SUBPATTERN and av[3] is not None:
@@ -288,12 +291,46 @@ def required_literal(pattern: str) -> str | None:
             else:
                 flush()  # alternatives, repeats, classes: nothing certain beyond this point
 
+    walk(seq)
+    flush()
+    return best
+
+
+def required_literal(pattern: str) -> str | None:
+    """The longest run of literal text every match of `pattern` contains (4+ characters), or
+    None. A line without it cannot match, so a long log's ordinary lines (request logs,
+    progress bars) are passed over with a substring test instead of a regex search per rule."""
+    c, sp = _sre()
     try:
-        walk(sp.parse(pattern))
+        best = _longest_literal(sp.parse(pattern), c)
+    except Exception:  # an unusual pattern simply gets no shortcut
+        return None
+    return best if len(best) >= 4 else None
+
+
+def literal_hints(pattern: str) -> list[str] | None:
+    """Literals (4+ characters) one of which every match of `pattern` contains, or None: the
+    required literal, else one per alternative of an alternation the pattern cannot skip
+    (`failed to create context|unable to create llama context` -> both)."""
+    c, sp = _sre()
+
+    def hints(seq: Any) -> list[str] | None:
+        best = _longest_literal(seq, c)
+        if len(best) >= 4:
+            return [best]
+        for op, av in seq:
+            if op is c.SUBPATTERN and av[3] is not None and len(av[3]) == 1:
+                op, av = av[3][0]  # (?:a|b): the alternation inside
+            if op is c.BRANCH:
+                found = [hints(b) for b in av[1]]
+                if all(f is not None for f in found):
+                    return [h for f in found for h in f]  # type: ignore[union-attr]
+        return None
+
+    try:
+        return hints(sp.parse(pattern))
     except Exception:
         return None
-    flush()
-    return best if len(best) >= 4 else None
 
 
 _SHORTCUTS: dict[int, tuple[list[Rule], list[Rule], re.Pattern[str] | None]] = {}

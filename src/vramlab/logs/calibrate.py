@@ -37,6 +37,27 @@ _BYTE_FIELDS = ("weights_bytes", "kv_cache_bytes", "activation_peak_bytes", "non
                 "init_non_torch_bytes", "cuda_graph_bytes", "non_kv_cache_bytes", "budget_bytes")
 
 
+# No engine allocates a component smaller than this: engines print GiB or MiB with two decimals,
+# and the smallest real buffers (a tiny model's KV cache, a compute buffer) are MiBs. A figure of a
+# few bytes is a unit slip (bytes for GiB) and would drag a fitted constant anywhere.
+_SMALLEST_COMPONENT_BYTES = 1 << 20
+# A served model has weights and a KV cache: zero is a failed start-up, not a measurement.
+_NEVER_ZERO = ("weights_bytes", "kv_cache_bytes")
+
+
+def _too_small(obs: Observation) -> str | None:
+    for name in _BYTE_FIELDS:
+        value = getattr(obs, name)
+        if value is None:
+            continue
+        if value == 0 and name in _NEVER_ZERO:
+            return f"{name} is 0: a served model has one (a failed start-up is not a measurement)"
+        if 0 < value < _SMALLEST_COMPONENT_BYTES:
+            return (f"{name} is {value:,} bytes, smaller than any buffer an engine allocates (1 MiB); "
+                    "a unit slip (bytes for GiB)?")
+    return None
+
+
 def impossible(obs: Observation) -> str | None:
     """Why an observation cannot be a measurement of one GPU, or None. Non-finite, negative or
     bigger-than-the-card figures would drag a fit anywhere; V0's negative figures (another
@@ -52,6 +73,9 @@ def impossible(obs: Observation) -> str | None:
             return f"{name} is not a finite number ({value})"
         if value < 0:
             return f"{name} is negative ({value:,}): not a measurement of one component"
+    small = _too_small(obs)
+    if small:
+        return small
     util = obs.gpu_memory_utilization
     if util is not None and not 0 < util <= 1:
         return f"gpu_memory_utilization {util} is outside (0, 1]"
@@ -127,10 +151,17 @@ def calibrate(paths: Sequence[str | Path], model_configs: str | Path | None = No
                           + (f" ({skipped[0][0]}: {skipped[0][1]})" if skipped else ""))
     configs: dict[str, Any] | None = None
     if model_configs:
+        from vramlab.infile import read_text
+
+        text = read_text(model_configs, "--model-configs", expect="expected a JSON object: hf id -> config.json")
         try:
-            configs = json.loads(Path(model_configs).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"--model-configs {model_configs}: {exc}") from None
+            configs = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--model-configs {model_configs}: not JSON ({exc.msg}, line {exc.lineno})") from None
+        except RecursionError:
+            raise ConfigError(f"--model-configs {model_configs}: nested too deeply") from None
+        if not isinstance(configs, dict) or not all(isinstance(v, dict) for v in configs.values()):
+            raise ConfigError(f"--model-configs {model_configs}: expected a JSON object of hf id -> config.json object")
     by_engine, more = build_cases(observations, configs, offline)
     skipped += more
     if engine:

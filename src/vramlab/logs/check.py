@@ -195,25 +195,20 @@ def check_file(path: str | Path, model: str | None = None, gpu: str | None = Non
     """One file, split into the writers that wrote it (logs/split.py): a report per writer whose
     lines are a log of a known engine, and (label, why) for the ones that are not. A file with one
     writer is `check_log`'s one report."""
-    from vramlab.logs.detect import read_log
+    from vramlab.logs.detect import read_log, read_notes
     from vramlab.logs.split import split_streams
 
     lines = read_log(path, max_bytes)
+    notes = read_notes(lines, max_bytes)
     streams = split_streams(list(lines))
     if len(streams) == 1:  # the lines already read (stdin cannot be read twice)
-        parsed = parse_log(streams[0].lines, engine, label=str(path))
-        if getattr(lines, "truncated", False):
-            from vramlab.logs.base import MAX_LOG_BYTES
-
-            cap = MAX_LOG_BYTES if max_bytes is None else max_bytes
-            parsed.notes.insert(0, f"read the first {cap:,} bytes only (the rest of the log was not read; see "
-                                   "--max-bytes)")
+        parsed = parse_log(streams[0].lines, engine, label=str(path), notes=notes)
         return [_check(parsed, str(path), model, gpu, engine_version, calibration, offline, quantization)], []
     reports, skipped = [], []
     for st in streams:
         label = f"{path} [{st.name}]"
         try:
-            parsed = parse_log(st.lines, engine, label=label)
+            parsed = parse_log(st.lines, engine, label=label, notes=notes)
         except VramlabError as exc:
             skipped.append((label, str(exc)))
             continue

@@ -91,13 +91,10 @@ def read_observations(path: str | Path) -> list[Observation]:
     converted. A bad line stops with its line number: a silently dropped measurement would
     bias a calibration.
     """
+    from vramlab.infile import DATA_BYTES, read_text
+
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}): expected JSON lines of observations") from None
+    text = read_text(p, "measurement", DATA_BYTES, expect="expected JSON lines of observations")
     out: list[Observation] = []
     for i, line in enumerate(text.splitlines(), start=1):
         s = line.strip()

@@ -158,6 +158,8 @@ def scan(lines: Iterable[str], engine: str | None = None) -> list[Signature]:
     """Every failure signature in a log, in order, with 1-based line numbers."""
     out = []
     for i, line in enumerate(lines, start=1):
+        if not line:
+            continue
         sig = classify_line(line, engine, i)
         if sig is not None:
             out.append(sig)

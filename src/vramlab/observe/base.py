@@ -1,6 +1,9 @@
 """One interface for every sampler (GPU, the sim's ledger, engine /metrics, Prometheus, host,
 health) and the loop that runs them side by side at a fixed interval.
 
+A sampler may also see timeline events (Ollama's model loads and unloads): ``take_events()`` hands
+them over after each sample, to the ``on_event`` the set was given.
+
 A sampler that cannot start raises ``SourceUnavailable`` from ``open()``: the run gets one line in
 its notes and goes on without it. A sampler that fails later is noted once, and keeps being tried.
 """
@@ -16,7 +19,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Sample:
-    source: str  # gpu | ledger | engine | prometheus | host | health
+    source: str  # gpu | ledger | engine | prometheus | host | health | ollama
     name: str  # "gpu.memory_used_bytes", "engine.kv_cache_usage_perc", ...
     value: float
     t: float  # time.perf_counter() when it was read
@@ -37,6 +40,10 @@ class Sampler:
 
     async def sample(self) -> list[Sample]:
         raise NotImplementedError
+
+    def take_events(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """Timeline events the sampler saw since the last call (kind, message, data); most have none."""
+        return []
 
     async def close(self) -> None:
         return None
@@ -67,9 +74,10 @@ class SamplerSet:
     """Runs samplers concurrently, each on its own tick, until ``stop()``."""
 
     def __init__(self, samplers: Sequence[Sampler], interval_s: float,
-                 on_samples: Callable[[list[Sample]], None], on_note: Callable[[str], None]) -> None:
+                 on_samples: Callable[[list[Sample]], None], on_note: Callable[[str], None],
+                 on_event: Callable[[str, str, dict[str, Any]], None] | None = None) -> None:
         self.samplers, self.interval_s = list(samplers), interval_s
-        self._on_samples, self._on_note = on_samples, on_note
+        self._on_samples, self._on_note, self._on_event = on_samples, on_note, on_event
         self._tasks: list[asyncio.Task[None]] = []
         self.active: list[str] = []
         self._stopping = False
@@ -105,6 +113,9 @@ class SamplerSet:
             else:
                 if samples:
                     self._on_samples(samples)
+                if self._on_event is not None:  # after the samples, so a timeline row follows its data
+                    for kind, message, data in s.take_events():
+                        self._on_event(kind, message, data)
             next_t += self.interval_s
             await asyncio.sleep(max(0.0, next_t - time.perf_counter()))
 

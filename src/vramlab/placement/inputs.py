@@ -101,13 +101,23 @@ class Inputs:
     policy: Policy = field(default_factory=Policy)
 
 
+def check_keep_alive(value: float) -> float:
+    """Seconds >= 0, or -1 for "never unload" (Ollama's keep_alive: -1); other negatives are a typo."""
+    import math
+
+    if not math.isfinite(value) or (value < 0 and value != -1):
+        raise ValueError(f"idle seconds before unloading must be >= 0, or -1 for never, got {value:g}")
+    return value
+
+
 # --- schema ---------------------------------------------------------------------------------------
 def _schemas() -> tuple[Any, Any]:
     """Pydantic classes, built on first use so importing this module stays cheap."""
     from pydantic import BaseModel, ConfigDict, Field, field_validator
 
     class _Strict(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+        # strict: "5" or true where a number goes is refused by name, not read as 5 or 1; no .inf/.nan
+        model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     class NodeIn(_Strict):
         name: str | None = None
@@ -190,6 +200,11 @@ def _schemas() -> tuple[Any, Any]:
     class PolicyIn(_Strict):
         eviction: str = "lru"
         keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
+
+        @field_validator("keep_alive_s")
+        @classmethod
+        def _keep_alive(cls, v: float) -> float:
+            return check_keep_alive(v)
 
         @field_validator("eviction")
         @classmethod

@@ -8,7 +8,7 @@ request, serve, and are unloaded or put to sleep by the eviction policy:
 - `priority`: the same, lowest priority first, and never an instance of higher priority than the
   one that needs the room (that request waits instead).
 - `keep-alive`: Ollama-like; an idle instance is unloaded `keep_alive_s` after its last request
-  (0 = at once, < 0 = never), and LRU under pressure.
+  (0 = at once, -1 = never), and LRU under pressure.
 - `sleep-1` / `sleep-2`: vLLM sleep mode. Under pressure an idle engine sleeps instead of exiting:
   level 1 offloads weights to CPU RAM and drops the KV cache (wake = weights over PCIe), level 2
   drops both (wake = reload from the weight source, without restarting the engine). The process,
@@ -48,11 +48,10 @@ class Request:
 
 def load_trace(path: str | Path) -> list[Request]:
     """JSON lines `{"t_s": .., "model": .., "prompt_tokens": .., "output_tokens": ..}`, sorted by time."""
+    from vramlab.infile import DATA_BYTES, read_text
+
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    text = read_text(path, "trace", DATA_BYTES, expect="expected JSON lines of requests")
     out: list[Request] = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):

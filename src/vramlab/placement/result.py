@@ -204,5 +204,12 @@ def with_policy(policy: Policy, eviction: str | None, keep_alive_s: float | None
     if eviction is not None:
         policy = replace(policy, eviction=eviction)
     if keep_alive_s is not None:
+        from vramlab.errors import ConfigError
+        from vramlab.placement.inputs import check_keep_alive
+
+        try:
+            check_keep_alive(keep_alive_s)
+        except ValueError as exc:
+            raise ConfigError(f"--keep-alive-s: {exc}") from None
         policy = replace(policy, keep_alive_s=keep_alive_s)
     return policy

@@ -50,7 +50,7 @@ SampleRecord (one per observed value)
 | field | type | meaning |
 |---|---|---|
 | run_id, t_s | str, float | t_s in seconds from run start |
-| source | gpu \\| ledger \\| engine \\| prometheus \\| host \\| health | |
+| source | gpu \\| ledger \\| engine \\| prometheus \\| host \\| health \\| ollama | |
 | name | str | e.g. gpu.memory_used_bytes, engine.kv_cache_usage_perc, engine.num_requests_waiting |
 | value | float | |
 | labels | dict[str, str] | e.g. {"gpu": "0"} |
@@ -78,7 +78,7 @@ from pydantic import BaseModel, ConfigDict, Field
 RunKind = Literal["experiment", "drill"]
 RunStatus = Literal["running", "completed", "stopped", "failed", "interrupted"]
 Phase = Literal["baseline", "treatment", "recovery", "ramp"]
-SampleSource = Literal["gpu", "ledger", "engine", "prometheus", "host", "health"]
+SampleSource = Literal["gpu", "ledger", "engine", "prometheus", "host", "health", "ollama"]
 
 PHASES: tuple[str, ...] = ("baseline", "treatment", "recovery", "ramp")
 RUN_STATUSES: tuple[str, ...] = ("running", "completed", "stopped", "failed", "interrupted")

@@ -13,6 +13,8 @@ from vramlab.report.sections import ReportContext, Section, register
 # Events that the tables already tell (windows); the rest form the timeline.
 QUIET_EVENTS = ("phase_start", "phase_end", "step", "run_start", "run_end")
 MARKED_EVENTS = ("stop_condition", "rollback", "oom", "alert", "recovered", "error")
+# A local engine's model loads and unloads (Ollama's /api/ps): GPU memory moves with them.
+MODEL_EVENTS = ("model_load", "model_unload", "model_offload")
 STABILITY_METRICS = ("e2e_p95_ms", "ttft_p95_ms", "error_rate", "throughput_rps")
 HEADLINE_METRICS = ("e2e_p95_ms", "error_rate")
 
@@ -319,7 +321,7 @@ def charts(ctx: ReportContext) -> list[Block]:
         out.append(Chart(f"E2E latency P95 per {var}", var, "ms", lat, bands=lat_bands))
         out.append(Chart(f"Error rate per {var}", var, "%", err, bands=err_bands))
     shades = [Shade(f"r{p.window.round} {p.window.phase}", p.window.start_s, p.window.end_s) for p in a.phases]
-    markers = [Marker(e.t_s, f"{e.kind}: {e.message}") for e in a.events if e.kind in MARKED_EVENTS]
+    markers = [Marker(e.t_s, f"{e.kind}: {e.message}") for e in a.events if e.kind in (*MARKED_EVENTS, *MODEL_EVENTS)]
     gpu = a.timeline.get("gpu.memory_used_bytes")
     if gpu:
         out.append(Chart("GPU memory used over time (fullest GPU)", "seconds from start", "GiB",
@@ -329,6 +331,11 @@ def charts(ctx: ReportContext) -> list[Block]:
     if kv:
         out.append(Chart("KV cache usage over time", "seconds from start", "%",
                          [Series("KV cache usage", [(t, v * 100) for t, v in kv])], shades=shades, markers=markers))
+    ollama = a.timeline.get("ollama.vram_bytes")
+    if ollama:
+        out.append(Chart("Ollama's loaded models on the GPU over time (/api/ps size_vram)", "seconds from start",
+                         "GiB", [Series("loaded models' GPU memory", [(t, v / fmt.GIB) for t, v in ollama])],
+                         shades=shades, markers=markers))
     if out:
         from vramlab.report.svg import phase_of, shade_caption
 

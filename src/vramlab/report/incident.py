@@ -39,7 +39,7 @@ TIMELINE_KINDS = ("step", "oom", "startup_refusal", "process_exit", "health", "d
                   "alert", "mitigation", "ramp_undone", "recovered", "not_recovered", "note", "retry_storm",
                   "waiting_for_operator", "recovery_command", "xid", "overload", "preemption", "ceiling", "rollback",
                   "cotenant", "cotenant_oom", "capacity", "warning", "engine", "race", "ledger", "health_path",
-                  "target_ready", "failure_mode", "stopped")
+                  "target_ready", "failure_mode", "stopped", "model_load", "model_unload", "model_offload")
 
 
 def _is_drill(ctx: ReportContext) -> bool:
@@ -154,6 +154,7 @@ def s_timeline(ctx: ReportContext) -> list[Block]:
             continue
         rel = since_t0(e.t_s, t0)
         who = "operator" if e.kind == "note" else ("alert" if e.kind == "alert" else "drill")
+        who = "target" if e.kind.startswith("model_") else who  # Ollama loaded or unloaded it (/api/ps)
         what, kind = e.message, e.kind
         if e.kind == "recovered" and inc.recovery.recovered:
             what += f" — {recovery_text(inc.recovery, t0)}"

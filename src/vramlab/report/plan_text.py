@@ -47,13 +47,7 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
     lines.append(f"KV pool: {gib(e.kv_cache_bytes)} GiB = {e.kv_cache_tokens:,} tokens"
                  + (f" ({e.num_blocks:,} blocks of {e.block_size})" if e.block_size > 1 and e.engine == "vllm" else "")
                  + f"; {e.kv_bytes_per_token:,} B per token on this GPU")
-    band = e.extra.get("kv_band_bytes")
-    widest = e.extra.get("kv_band_widest")
-    if band and widest and band[0] != band[1]:
-        term = str(widest).replace("_", " ")
-        unknown = next((n for n in e.notes if n.startswith("unknown term") and f"({term})" in n), None)
-        lines.append(f"KV band: {gib(max(0, band[0]))}-{gib(max(0, band[1]))} GiB; most of its width comes from the "
-                     f"{widest} term" + (" (an unknown term: see its note)" if unknown else ""))
+    lines += _kv_band(e)
     if e.per_sequence_state_bytes:
         lines.append(f"recurrent state: {e.per_sequence_state_bytes / (1 << 20):.1f} MiB per sequence")
     conc = f"max concurrency at {e.max_model_len:,} tokens: {e.max_concurrency:.2f}"
@@ -96,17 +90,31 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
     for note in e.notes:
         lines.append(f"note: {note}")
     lines.append("")
+    lines += _verdict(e)
+    return "\n".join(lines)
+
+
+def _kv_band(e: Any) -> list[str]:
+    """The KV band and the term that makes most of its width (named unknown when a note says so)."""
+    band = e.extra.get("kv_band_bytes")
+    widest = e.extra.get("kv_band_widest")
+    if not (band and widest and band[0] != band[1]):
+        return []
+    term = str(widest).replace("_", " ")
+    unknown = next((n for n in e.notes if n.startswith("unknown term") and f"({term})" in n), None)
+    return [f"KV band: {gib(max(0, band[0]))}-{gib(max(0, band[1]))} GiB; most of its width comes from the "
+            f"{widest} term" + (" (an unknown term: see its note)" if unknown else "")]
+
+
+def _verdict(e: Any) -> list[str]:
     if e.fits and len(e.extra.get("devices") or ()) > 1:
         least = min(e.extra["devices"], key=lambda d: d["headroom_bytes"])
-        lines.append(f"verdict: FITS on every card; the least headroom is {gib(least['headroom_bytes'])} GiB on "
-                     f"{least['device']} ({least['gpu']})")
-    elif e.fits:
-        lines.append(f"verdict: FITS with {gib(e.headroom_bytes)} GiB headroom")
-    else:
-        lines.append("verdict: DOES NOT FIT")
-        lines += [f"  why: {r}" for r in e.reasons]
-        lines += [f"  try: {t}" for t in e.suggestions]
-    return "\n".join(lines)
+        return [f"verdict: FITS on every card; the least headroom is {gib(least['headroom_bytes'])} GiB on "
+                f"{least['device']} ({least['gpu']})"]
+    if e.fits:
+        return [f"verdict: FITS with {gib(e.headroom_bytes)} GiB headroom"]
+    return (["verdict: DOES NOT FIT"] + [f"  why: {r}" for r in e.reasons]
+            + [f"  try: {t}" for t in e.suggestions])
 
 
 def _placement(extra: dict[str, Any]) -> list[str]:

@@ -77,9 +77,10 @@ def _field_value(fld: Any) -> Any:
 
 def read_gguf_facts(path: str | Path) -> GGUFFacts:
     """Parse metadata and the tensor table. Any malformed file raises ConfigError."""
+    from vramlab.infile import check_input
+
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: no such GGUF file")
+    check_input(p, "GGUF")  # a regular file: GGUFReader maps it into memory
     try:
         from gguf import GGUFReader, LlamaFileType
     except ImportError:  # pragma: no cover - gguf is a declared dependency

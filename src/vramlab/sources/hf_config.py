@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from vramlab.capacity.spec import ModelSpec, QuantSpec, VisionTower
-from vramlab.capacity.validation import check_config_numbers
+from vramlab.capacity.validation import check_config_flags, check_config_numbers
 from vramlab.errors import ConfigError
 
 # torch's dtype names a config.json may carry ("auto" too); anything else is a broken config.
@@ -207,6 +207,7 @@ def spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str 
 def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str | None) -> ModelSpec:
     c = _merged(config)
     check_config_numbers(c, name)
+    check_config_flags(config, name)  # a multimodal config's top level too (text_config wins in c)
     archs = c.get("architectures") or [""]
     arch = str(archs[0]) if isinstance(archs, list) and archs else str(archs)
     model_type = str(c.get("model_type") or "").lower() or arch.lower().replace("forcausallm", "")

@@ -90,14 +90,23 @@ def token_path() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "huggingface" / "token"
 
 
+def _cached(path: Path) -> bytes:
+    """A file of the local cache, read as any input is (a regular file, bounded)."""
+    from vramlab.infile import read_bytes
+
+    return read_bytes(path, "cached", _MAX_JSON_BYTES)
+
+
 def find_token() -> str | None:
     """`HF_TOKEN`, else the token file; None when neither holds one."""
     env = os.environ.get("HF_TOKEN", "").strip()
     if env:
         return env
+    from vramlab.infile import read_text
+
     try:
-        text = token_path().read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
+        text = read_text(token_path(), "token", 1 << 16).strip()
+    except ConfigError:  # missing, unreadable, not a file: no token
         return None
     return text or None
 
@@ -194,9 +203,11 @@ class HubClient:
         return str(ref["commit"])
 
     def _read_ref(self, repo: str, revision: str) -> dict[str, Any] | None:
+        from vramlab.infile import read_bytes
+
         try:
-            ref = json.loads(self._ref_file(repo, revision).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            ref = json.loads(read_bytes(self._ref_file(repo, revision), "cached ref"))
+        except (ConfigError, ValueError):
             return None
         return ref if isinstance(ref, dict) and isinstance(ref.get("commit"), str) else None
 
@@ -303,7 +314,7 @@ class HubClient:
         cached = self._commit_dir(repo, ref.commit) / filename
         missing = cached.with_name(cached.name + ".absent")
         if cached.is_file():
-            return _loads(cached.read_bytes(), f"{repo}/{filename} (cached)")
+            return _loads(_cached(cached), f"{repo}/{filename} (cached)")
         if missing.is_file() and not required:
             return None
         if self.offline:
@@ -325,7 +336,7 @@ class HubClient:
         cached = self._commit_dir(repo, ref.commit) / (shard + ".header.json")
         where = f"{repo}/{shard}"
         if cached.is_file():
-            return parse_header(cached.read_bytes(), where=where + " (cached header)")
+            return parse_header(_cached(cached), where=where + " (cached header)")
         if self.offline:
             raise self._offline_miss(repo, f"the header of {shard}")
         first = self._get(repo, ref.url_revision, shard, 8, byte_range=(0, 7))

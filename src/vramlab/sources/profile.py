@@ -23,13 +23,14 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 def load_profile(path: Any) -> Profile:
     """Read a profile file; a missing, unreadable or malformed one raises ConfigError."""
+    from vramlab.infile import read_text
+
     p = Path(path)
+    text = read_text(p, "calibration profile", expect="a calibration profile is TOML")
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{p}: not a text file (a calibration profile is TOML)") from None
+        data = tomllib.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{p}: nested too deeply to be a calibration profile") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML ({exc})") from None
     return profile_from_dict(data, p.name)

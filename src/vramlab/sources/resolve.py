@@ -80,13 +80,13 @@ def spec_from_path(path: Path) -> ModelSpec:
 
 
 def _spec_from_config_file(path: Path, name: str) -> ModelSpec:
+    from vramlab.infile import read_text
     from vramlab.sources.hf_config import spec_from_config
 
+    text = read_text(path, "config.json", expect="not valid JSON")
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, ValueError):
+        config = json.loads(text)
+    except (ValueError, RecursionError):
         raise ConfigError(f"{path}: not valid JSON") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: expected a JSON object")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,10 +156,12 @@ def parse_file_bytes(data: bytes, *, where: str = "safetensors data") -> Safeten
 
 def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
     """Read one file's header (8 + N bytes) and check the file is long enough for its tensors."""
+    from vramlab.infile import open_input
+
     p = Path(path)
     try:
-        size = p.stat().st_size
-        with p.open("rb") as f:
+        with open_input(p, "safetensors file") as f:
+            size = os.fstat(f.fileno()).st_size
             n = parse_header_length(f.read(8), where=str(p))
             blob = f.read(n)
     except OSError as exc:
@@ -207,12 +210,13 @@ def shard_names_from_index(index: Any, *, where: str) -> list[str]:
 
 def read_index(index_path: str | Path) -> WeightsSummary:
     """Read a sharded checkpoint: every shard named in `model.safetensors.index.json`."""
+    from vramlab.infile import read_text
+
     p = Path(index_path)
+    text = read_text(p, "safetensors index", expect="not valid JSON")
     try:
-        index = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, ValueError) as exc:
+        index = json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise ConfigError(f"{p}: not valid JSON ({exc.__class__.__name__})") from None
     shards = shard_names_from_index(index, where=str(p))
     missing = [s for s in shards if not (p.parent / s).is_file()]

@@ -1,0 +1,30 @@
+"""Byte units, one place: figures are integers in bytes; people read them in GiB (2^30) or MiB
+(2^20), always with the unit named beside the number.
+
+    gib(12_884_901_888)                -> "12.00"
+    gib(None)                          -> "–"      (a figure that is not known)
+    gib(-3 * GIB, sign=True, unit=True) -> "-3.00 GiB"
+"""
+
+from __future__ import annotations
+
+GIB = 1 << 30
+MIB = 1 << 20
+MISSING = "–"
+
+
+def to_gib(nbytes: float) -> float:
+    """Bytes as a (fractional) number of GiB."""
+    return nbytes / GIB
+
+
+def gib(nbytes: float | None, digits: int = 2, *, sign: bool = False, unit: bool = False) -> str:
+    """Bytes printed in GiB with *digits* decimals; '+' on positive values with *sign*; ' GiB'
+    appended with *unit*; MISSING for None."""
+    if nbytes is None:
+        return MISSING
+    text = f"{nbytes / GIB:{'+' if sign else ''}.{digits}f}"
+    return text + " GiB" if unit else text
+
+
+__all__ = ["GIB", "MIB", "MISSING", "gib", "to_gib"]
