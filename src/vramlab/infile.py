@@ -101,7 +101,7 @@ def open_input(path: str | Path, what: str, *, pipes: bool = False, stdin: bool 
         st = os.fstat(fd)
         if stat.S_ISREG(st.st_mode):
             return os.fdopen(os.dup(fd), "rb")
-        return io.BufferedReader(_PipeReader(os.dup(fd), "standard input", what), 1 << 16)  # type: ignore[return-value]
+        return io.BufferedReader(_PipeReader(os.dup(fd), "standard input", what), 1 << 16)
     p = Path(path)
     check_input(p, what, pipes=pipes)
     try:
@@ -110,7 +110,7 @@ def open_input(path: str | Path, what: str, *, pipes: bool = False, stdin: bool 
         raise ConfigError(f"{p}: cannot read the {what} file: {exc.strerror or exc}") from None
     st = os.fstat(fd)
     if stat.S_ISFIFO(st.st_mode) and pipes:
-        return io.BufferedReader(_PipeReader(fd, str(p), what), 1 << 16)  # type: ignore[return-value]
+        return io.BufferedReader(_PipeReader(fd, str(p), what), 1 << 16)
     if not stat.S_ISREG(st.st_mode):  # the path changed between stat and open
         os.close(fd)
         _refuse(p, f"is {_kind(st.st_mode)}, not a {what} file")

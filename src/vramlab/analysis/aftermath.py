@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vramlab.analysis.signals import windowed
-from vramlab.records import RequestRecord, SampleRecord
+from vramlab.records import EventRecord, RequestRecord, SampleRecord
 from vramlab.records.stats import percentile
 
 
@@ -89,7 +89,8 @@ def series(samples: Sequence[SampleRecord], name: str) -> list[tuple[float, floa
     return [(s.t_s, s.value) for s in samples if s.name == name]
 
 
-def recovery(requests, samples, events, t0, baseline_start, tol, window_s) -> Recovery:
+def recovery(requests: Sequence[RequestRecord], samples: Sequence[SampleRecord], events: Sequence[EventRecord], t0: float | None,
+             baseline_start: float, tol: float, window_s: float) -> Recovery:
     if t0 is None:
         return Recovery(None, None, None, False, None, False)
     health = series(samples, "health.up")
@@ -106,7 +107,7 @@ def recovery(requests, samples, events, t0, baseline_start, tol, window_s) -> Re
                     if r.ok and r.end_s is not None and r.e2e_ms is not None and r.end_s >= first_ok]
         if ok_after:
             end = max(t for t, _ in ok_after) + 1e-9
-            for t, p in windowed(ok_after, first_ok, end, window_s, "p95"):  # type: ignore[arg-type]
+            for t, p in windowed(ok_after, first_ok, end, window_s, "p95"):
                 if p <= base_p95 * (1 + tol):
                     p95_ok = t + window_s if t + window_s <= end else end
                     break
@@ -119,7 +120,8 @@ def recovery(requests, samples, events, t0, baseline_start, tol, window_s) -> Re
     return Recovery(since(health_ok, t0), since(first_ok, t0), since(p95_ok, t0), recovered, ttr, health_failed)
 
 
-def impact(requests, t0, rec_end, baseline_start, treatment_start) -> Impact:
+def impact(requests: Sequence[RequestRecord], t0: float | None, rec_end: float, baseline_start: float,
+           treatment_start: float | None) -> Impact:
     base = [r for r in requests if r.phase == "baseline"]
     if t0 is None:
         during: list[RequestRecord] = []
@@ -152,7 +154,8 @@ def impact(requests, t0, rec_end, baseline_start, treatment_start) -> Impact:
     )
 
 
-def neighbours(samples, baseline_start, treatment_start, t0, rec_end) -> list[NeighbourImpact]:
+def neighbours(samples: Sequence[SampleRecord], baseline_start: float, treatment_start: float | None, t0: float | None,
+               rec_end: float) -> list[NeighbourImpact]:
     names = sorted({s.name.split(".")[1] for s in samples if s.name.startswith("neighbour.") and s.name.endswith(".ok")})
     out: list[NeighbourImpact] = []
     base_end = treatment_start if treatment_start is not None else (t0 or math.inf)
@@ -175,7 +178,9 @@ def neighbours(samples, baseline_start, treatment_start, t0, rec_end) -> list[Ne
     return out
 
 
-def retry_storm(requests, samples, events, baseline_start, treatment_start, t0, mitigated, recovery, rec_end) -> RetryStorm:
+def retry_storm(requests: Sequence[RequestRecord], samples: Sequence[SampleRecord], events: Sequence[EventRecord], baseline_start: float,
+                treatment_start: float | None, t0: float | None, mitigated: EventRecord | None,
+                recovery: Recovery, rec_end: float) -> RetryStorm:
     base_end = treatment_start if treatment_start is not None else (t0 or math.inf)
     # the offered rate: original requests (attempt 0) the baseline's users sent per second
     base = [r for r in requests if r.sent_s is not None and baseline_start <= r.sent_s < base_end and r.attempt == 0]

@@ -256,7 +256,7 @@ def _trigger(requests: Sequence[RequestRecord], steps: Sequence[EventRecord], t0
     return Trigger(None, None, 0, 0, "low", "no ramp step had sent a request before T0")
 
 
-def _levels(requests, steps, baseline_start, end) -> list[tuple[float, float]]:
+def _levels(requests: Sequence[RequestRecord], steps: Sequence[EventRecord], baseline_start: float, end: float) -> list[tuple[float, float]]:
     """Load levels in time: the baseline, each ramp step, then recovery (from its first request)."""
     cuts = [baseline_start] + [float(e.t_s) for e in steps]
     rec = min((r.sent_s for r in requests if r.phase == "recovery" and r.sent_s is not None), default=None)
@@ -266,7 +266,8 @@ def _levels(requests, steps, baseline_start, end) -> list[tuple[float, float]]:
     return [(a, b) for a, b in zip(cuts, ends, strict=True) if b > a]
 
 
-def _by_level(points, levels, window_s, how) -> tuple[tuple[float, float], ...]:
+def _by_level(points: Sequence[tuple[float, float]], levels: Sequence[tuple[float, float]], window_s: float,
+              how: str) -> tuple[tuple[float, float], ...]:
     """Windows that never straddle two load levels: each level's windows start at its own start."""
     out: list[tuple[float, float]] = []
     for a, b in levels:
@@ -274,7 +275,8 @@ def _by_level(points, levels, window_s, how) -> tuple[tuple[float, float], ...]:
     return tuple(out)
 
 
-def _signals(requests, samples, events, start, end, window_s, levels=None) -> list[Signal]:
+def _signals(requests: Sequence[RequestRecord], samples: Sequence[SampleRecord], events: Sequence[EventRecord], start: float, end: float, window_s: float,
+             levels: list[tuple[float, float]] | None = None) -> list[Signal]:
     out: list[Signal] = []
     levels = levels or [(start, end + window_s)]
     ends = [(r.end_s, 0.0 if r.ok else 1.0) for r in requests if r.end_s is not None]

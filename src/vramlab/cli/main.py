@@ -80,7 +80,7 @@ def build_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
         description=(getattr(module, "__doc__", None) or help_text).strip().splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    module.add_arguments(parser)  # type: ignore[attr-defined]
+    module.add_arguments(parser)
     return parser, module
 
 
@@ -110,7 +110,7 @@ def _run(name: str, module: object, args: argparse.Namespace) -> int:
 
     # Everything this process prints passes the redaction layer (URL passwords, keys, tokens).
     out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = RedactingStream(out), RedactingStream(err)  # type: ignore[assignment]
+    sys.stdout, sys.stderr = RedactingStream(out), RedactingStream(err)
     try:
         return _run_guarded(name, module, args)
     finally:

@@ -9,6 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vramlab.capacity.spec import ModelSpec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +89,7 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def spec_facts(spec) -> dict:  # type: ignore[no-untyped-def]
+def spec_facts(spec: ModelSpec) -> dict[str, Any]:
     """The memory-relevant facts of a ModelSpec, for display and --json."""
     kinds: dict[str, int] = {}
     for k in spec.kinds:

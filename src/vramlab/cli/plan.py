@@ -19,7 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vramlab.capacity import GPU, Constants, EngineSettings
 
 ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama")
 
@@ -116,7 +119,7 @@ def _local_engine_arguments(e: argparse._ArgumentGroup) -> None:
                    "--flash-attn on OLLAMA_FLASH_ATTENTION=1 and --kv-cache-dtype OLLAMA_KV_CACHE_TYPE")
 
 
-def _settings(args: argparse.Namespace):
+def _settings(args: argparse.Namespace) -> EngineSettings:
     from vramlab.capacity import EngineSettings
     from vramlab.capacity.planning import parse_bytes, parse_count, parse_mm_limits
     from vramlab.capacity.validation import check_settings
@@ -225,7 +228,7 @@ def _on_off(value: str | None) -> bool | None:
     return None if value in (None, "auto") else value == "on"
 
 
-def _gpu(args: argparse.Namespace):
+def _gpu(args: argparse.Namespace) -> GPU:
     from vramlab.capacity import custom_gpu, get_gpu
     from vramlab.errors import ConfigError
 
@@ -241,7 +244,7 @@ def _gpu(args: argparse.Namespace):
     raise ConfigError("name a card with --gpu (see `vramlab gpus`) or give --gpu-memory-gib")
 
 
-def _devices(args: argparse.Namespace, settings):
+def _devices(args: argparse.Namespace, settings: EngineSettings) -> EngineSettings:
     """`--gpu rtx-4090,rtx-5090`: llama.cpp's devices in order (CUDA0, CUDA1, ...)."""
     from vramlab.capacity import get_gpu
     from vramlab.errors import ConfigError
@@ -303,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if plan.estimate.fits else 1
 
 
-def _constants(args: argparse.Namespace):
+def _constants(args: argparse.Namespace) -> Constants:
     from vramlab.capacity import Constants
     from vramlab.capacity.calibration import apply_profile
     from vramlab.sources.profile import load_profile

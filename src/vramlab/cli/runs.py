@@ -9,6 +9,10 @@ heartbeat stopped (HEARTBEAT column; "stored_status" and "heartbeat_at" in --jso
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vramlab.records import RunRecord
 
 
 def add_db_argument(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +74,7 @@ def _public_kind(kind: str) -> str:
     return "run" if kind == "experiment" else kind
 
 
-def _row(r) -> dict:
+def _row(r: RunRecord) -> dict[str, Any]:
     return {
         "id": r.run_id,
         "name": r.name,

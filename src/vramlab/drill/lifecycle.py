@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramlab.drill.cotenant import GIB, CotenantOutOfMemory, LedgerBalloon, ProcessBalloon
 from vramlab.drill.local_targets import SimTarget
 from vramlab.errors import ConfigError, VramlabError
+
+if TYPE_CHECKING:
+    from vramlab.drill.plan import RecoverySpec
 
 
 class TargetStartCrash(VramlabError):
@@ -112,7 +115,7 @@ class TargetLifecycle:
     def startup_allowance_s(self) -> float:
         """How long a restart may load before the supervisor judges its health: the plan's
         `recovery.startup_s`, else twice the first start's measured load time plus the grace."""
-        rec = self.plan.recovery
+        rec: RecoverySpec = self.plan.recovery
         if rec.startup_s is not None:
             return rec.startup_s
         if self.load_time_s is not None:

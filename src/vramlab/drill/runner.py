@@ -93,7 +93,8 @@ class DrillRunner(Watchers, TargetLifecycle):
     # -- plumbing ---------------------------------------------------------------------------
     def _engine(self) -> str:
         t = self.plan.target
-        return t.sim.engine if (t.kind == "sim" and t.sim) else t.engine
+        engine: str = t.sim.engine if (t.kind == "sim" and t.sim) else t.engine
+        return engine
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
@@ -270,7 +271,7 @@ class DrillRunner(Watchers, TargetLifecycle):
             task = asyncio.ensure_future(self._window(v, plan.ramp.step_s, i))
             try:
                 while not task.done():
-                    failure = self.detector.failure()
+                    failure: Finding | None = self.detector.failure()
                     if failure is not None:
                         self._on_failure(failure, i, v, last)
                         if failure.kind != "wall_clock":

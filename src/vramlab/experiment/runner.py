@@ -373,7 +373,7 @@ class Runner:
         for s in samples:
             self.monitor.on_sample(s.name, s.value, s.source + ":" + s.labels.get("gpu", ""))
             if s.source in _SOURCES:
-                recs.append(SampleRecord(run_id=self.run_id, t_s=s.t - self.t0, source=s.source,  # type: ignore[arg-type]
+                recs.append(SampleRecord(run_id=self.run_id, t_s=s.t - self.t0, source=s.source,
                                          name=s.name, value=s.value, labels=dict(s.labels)))
         if recs:
             self.hook.fire(Event("samples", recs[0].t_s, *self._where, payload=recs))

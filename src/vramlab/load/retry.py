@@ -35,11 +35,11 @@ class RetryPolicy:
         """Wait before attempt ``attempt + 1``: capped exponential, the jittered part drawn uniformly."""
         if self.policy != "exponential":
             return 0.0
-        full = min(self.max_s, self.base_s * (2**attempt))
+        full: float = min(self.max_s, self.base_s * (2**attempt))
         return full * (1 - self.jitter) + rng.uniform(0, full * self.jitter)
 
     def user_backoff_s(self, failures: int, rng: random.Random) -> float:
         """How long a closed-loop user waits after its ``failures``-th failure in a row, whatever
         the policy: the policy's capped exponential, drawn from its upper half (never ~0)."""
-        full = min(self.max_s, self.base_s * (2 ** max(0, failures - 1)))
+        full: float = min(self.max_s, self.base_s * (2 ** max(0, failures - 1)))
         return full * rng.uniform(0.5, 1.0)

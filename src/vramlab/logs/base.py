@@ -265,8 +265,8 @@ def _sre() -> tuple[Any, Any]:
         from re import _constants as c  # type: ignore[attr-defined]
         from re import _parser as sp  # type: ignore[attr-defined]
     except ImportError:  # Python 3.10 (declared in pyproject)
-        import sre_constants as c  # type: ignore[no-redef]
-        import sre_parse as sp  # type: ignore[no-redef]
+        import sre_constants as c
+        import sre_parse as sp
     return c, sp
 
 

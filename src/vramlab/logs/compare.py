@@ -156,7 +156,7 @@ OLLAMA_FIELD = {"weights_bytes": "memory_weights_total_bytes", "kv_cache_bytes":
 
 
 def predicted_value(est: Estimate, field: str) -> float | None:
-    ollama = est.extra.get("ollama") if est.engine == "ollama" else None
+    ollama: dict[str, float] | None = est.extra.get("ollama") if est.engine == "ollama" else None
     if ollama is not None:
         if field == "activation_peak_bytes":
             full = ollama["layers_offload"] >= ollama["layers_model"]

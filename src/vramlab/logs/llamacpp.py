@@ -9,7 +9,7 @@ The `--fit` dry run's projection is an estimate and kept in `extra`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from vramlab.logs.base import Rule, assemble, command_flags, mib, parse_lines, rule
@@ -23,7 +23,7 @@ def _rank(dev: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def _device_buffer(field: str):
+def _device_buffer(field: str) -> Callable[[re.Match[str]], dict[str, Any]]:
     def extract(m: re.Match[str]) -> dict[str, Any]:
         return {field: mib(m.group("size")), "_rank": f"rank={_rank(m.group('dev'))}"}
     return extract

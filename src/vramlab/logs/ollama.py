@@ -10,7 +10,7 @@ own lines appear in the same log and are read with the llama.cpp rules.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from vramlab.logs import llamacpp
@@ -50,7 +50,7 @@ def _offload(m: re.Match[str]) -> dict[str, Any]:
     return out
 
 
-def _device(field: str):
+def _device(field: str) -> Callable[[re.Match[str]], dict[str, Any] | None]:
     def extract(m: re.Match[str]) -> dict[str, Any] | None:
         kv = _kv(m.group(0))
         dev = kv.get("device") or kv.get("buffer") or kv.get("backend") or ""

@@ -75,7 +75,7 @@ class CapacityDemand:
     # -- the capacity model's pieces, imported on first use -----------------------------------------
     def _estimate_fn(self) -> Callable[..., Any]:
         if self._estimate is None:
-            from vramlab.capacity import estimate  # type: ignore[attr-defined]
+            from vramlab.capacity import estimate
 
             self._estimate = estimate
         return self._estimate
@@ -84,7 +84,7 @@ class CapacityDemand:
         key = (inst.model, inst.quantization)
         if key not in self._specs:
             if self._resolve is None:
-                from vramlab.sources import resolve_model  # type: ignore[attr-defined]
+                from vramlab.sources import resolve_model
 
                 self._resolve = resolve_model
             spec = self._resolve(inst.model)
@@ -129,7 +129,8 @@ class CapacityDemand:
     def _enough(self, inst: Instance, est: Any) -> bool:
         """The KV pool holds the guaranteed sequences (monotone in the knob, unlike `fits`)."""
         lim = est.pessimistic or est
-        return lim.max_concurrency >= inst.concurrency and est.max_model_len >= inst.context_tokens
+        enough: bool = lim.max_concurrency >= inst.concurrency and est.max_model_len >= inst.context_tokens
+        return enough
 
     def _ok(self, inst: Instance, est: Any) -> bool:
         return bool(est.fits) and self._enough(inst, est)

@@ -6,6 +6,7 @@ docs/pack.md (`schema: vramlab.pack/1`); byte figures are integers in bytes, per
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -119,7 +120,7 @@ def to_json(plan: FleetPlan) -> dict[str, Any]:
     if plan.simulation is not None:
         sim = plan.simulation
         inf = float("inf")
-        fix = lambda v: None if v == inf else v  # noqa: E731  (JSON has no infinity: never served)
+        fix: Callable[[Any], Any] = lambda v: None if v == inf else v  # noqa: E731  (JSON has no infinity: never served)
         out["simulation"] = {
             "policy": sim.policy, "keep_alive_s": sim.keep_alive_s, "requests": sim.requests,
             "unknown_model_requests": sim.unknown_model_requests, "cold_starts": sim.cold_starts,
@@ -184,7 +185,7 @@ def render_simulation(sim: SimReport) -> list[str]:
              f"{sim.evictions} evictions",
              f"  {'model':<18} {'prio':>4} {'reqs':>5} {'cold':>5} {'wakes':>5} {'evict':>5} {'expire':>6} "
              f"{'added p50 ms':>12} {'p95 ms':>10} {'p99 ms':>10}"]
-    fmt = lambda v: "never" if v == float("inf") else f"{v:.0f}"  # noqa: E731
+    fmt: Callable[[float], str] = lambda v: "never" if v == float("inf") else f"{v:.0f}"  # noqa: E731
     for m in sim.models:
         lines.append(f"  {m.model:<18} {m.priority:>4} {m.requests:>5} {m.cold_starts:>5} {m.wakes:>5} "
                      f"{m.evictions:>5} {m.expiries:>6} {fmt(m.added_p50_ms):>12} {fmt(m.added_p95_ms):>10} "

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime as _dt
 
-from vramlab.capacity.units import GIB, gib  # noqa: F401  (the one GiB formatter; "–" for None)
+# the one GiB formatter ("–" for None), re-exported explicitly
+from vramlab.capacity.units import GIB as GIB
+from vramlab.capacity.units import gib as gib
 
 
 def ms(v: float | None) -> str:

@@ -384,8 +384,8 @@ for _sec in (
     Section("incident-blast", "Blast radius", s_blast, order=17, applies=_is_drill),
     Section("incident-storm", "Retry storm", s_storm, order=18, applies=_is_drill),
     Section("incident-lessons", "Lessons learned", s_lessons, order=19, applies=_is_drill),
-    Section("incident-actions", "Action items", s_actions, order=19.5, applies=_is_drill),  # type: ignore[arg-type]
-    Section("incident-rounds", "Rounds compared", s_rounds, order=19.7, applies=_is_drill),  # type: ignore[arg-type]
+    Section("incident-actions", "Action items", s_actions, order=19.5, applies=_is_drill),
+    Section("incident-rounds", "Rounds compared", s_rounds, order=19.7, applies=_is_drill),
 ):
     register(_sec)
 

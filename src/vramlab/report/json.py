@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any
+from typing import Any, cast
 
 from vramlab.analysis.stats import ITL_UNTIMED_WARN, RequestSummary
 from vramlab.analysis.windows import WindowResult
@@ -50,7 +50,7 @@ def _finite(obj: Any) -> Any:
 
 def report_data(ctx: ReportContext, doc: Document) -> dict[str, Any]:
     a = ctx.analysis
-    return _finite({
+    return cast("dict[str, Any]", _finite({
         "schema": SCHEMA,
         "run": ctx.run.model_dump(),
         "complete": a.complete,
@@ -77,7 +77,7 @@ def report_data(ctx: ReportContext, doc: Document) -> dict[str, Any]:
         "highest_passing_value": a.highest_passing_value,
         "events": [e.model_dump() for e in a.events],
         "sections": {s.id: s.data for s in doc.sections if s.data is not None},
-    })
+    }))
 
 
 def render(ctx: ReportContext, doc: Document) -> str:

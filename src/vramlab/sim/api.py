@@ -142,7 +142,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def chunk(rid: str, model: str, chat: bool, text: str | None, finish: str | None, first: bool = False,
-          index: int = 0) -> dict:
+          index: int = 0) -> dict[str, Any]:
     created = int(time.time())
     if chat:
         delta: dict[str, Any] = {}
@@ -156,13 +156,13 @@ def chunk(rid: str, model: str, chat: bool, text: str | None, finish: str | None
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
 
 
-def usage_chunk(rid: str, model: str, chat: bool, prompt_tokens: int, completion_tokens: int) -> dict:
+def usage_chunk(rid: str, model: str, chat: bool, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
             "model": model, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
 
 
 def full_response(rid: str, model: str, chat: bool, texts: list[str], finishes: list[str], prompt_tokens: int,
-                  completion_tokens: int) -> dict:
+                  completion_tokens: int) -> dict[str, Any]:
     """One choice per (text, finish) pair: n choices for a request with n > 1."""
     choices: list[dict[str, Any]] = []
     for i, (text, finish) in enumerate(zip(texts, finishes, strict=True)):

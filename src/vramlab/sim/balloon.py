@@ -7,8 +7,9 @@ import sys
 import time
 from typing import Any
 
+from vramlab.capacity.units import GIB
 from vramlab.errors import ConfigError, VramlabError
-from vramlab.sim.ledger import GIB, DeviceLedger, SimOutOfMemory
+from vramlab.sim.ledger import DeviceLedger, SimOutOfMemory
 
 
 def hold(device: str, gib: float | None = None, leave_gib: float | None = None, hold_s: float | None = None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vramlab.errors import ConfigError
 
@@ -107,9 +107,9 @@ def compute_estimate(cfg: SimConfig) -> Estimate:
     if cfg.estimate is not None:
         return cfg.estimate
     try:
-        from vramlab.capacity import estimate  # type: ignore[attr-defined]
+        from vramlab.capacity import estimate
         from vramlab.capacity.settings import EngineSettings
-        from vramlab.sources import resolve_model  # type: ignore[attr-defined]
+        from vramlab.sources import resolve_model
     except ImportError as exc:
         raise ConfigError(f"the capacity model is not available ({exc}); pass --plan FILE") from None
     from vramlab.capacity.gpus import get_gpu
@@ -127,7 +127,7 @@ def compute_estimate(cfg: SimConfig) -> Estimate:
         raise ConfigError(f"the capacity model has no {cfg.engine} policy yet ({exc}); pass --plan FILE") from None
 
 
-def estimate_from_json(data: dict) -> Estimate:
+def estimate_from_json(data: dict[str, Any]) -> Estimate:
     """Rebuild an `Estimate` from `vramlab plan --json` output."""
     from vramlab.capacity.estimate import Component, Estimate, Limits
 

@@ -16,8 +16,10 @@ import asyncio
 import random
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from vramlab.capacity.estimate import Estimate
+from vramlab.capacity.units import MIB, to_gib
 from vramlab.sim import startup_log as L
 from vramlab.sim.config import SimConfig
 from vramlab.sim.faults import FaultState
@@ -138,7 +140,7 @@ class SimEngine:
     def _refuse_oom(self, oom: SimOutOfMemory) -> None:
         total, _, free = self.ledger.memory_info()
         if self.cfg.engine == "llama.cpp":
-            self.log.error(f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {oom.requested_bytes / L.MIB:.2f} "
+            self.log.error(f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {oom.requested_bytes / MIB:.2f} "
                            "MiB on device 0: cudaMalloc failed: out of memory")
             self._refuse("main: exiting due to model loading error")
         self._refuse(L.torch_oom(oom.requested_bytes, total, free, self._own_bytes))
@@ -203,7 +205,7 @@ class SimEngine:
         if self.est.cuda_graph_bytes:
             self._alloc(self.est.cuda_graph_bytes, "cuda_graph")
             await self._sleep_scaled(5.0)
-            self.log.info(f"Graph capturing finished in 5 secs, took {L.to_gib(self.est.cuda_graph_bytes):.2f} GiB",
+            self.log.info(f"Graph capturing finished in 5 secs, took {to_gib(self.est.cuda_graph_bytes):.2f} GiB",
                           "graph")
         self._make_scheduler(num_blocks)
 
@@ -268,7 +270,7 @@ class SimEngine:
 
     # --- requests -----------------------------------------------------------------------
     def submit(self, rid: str, prompt_tokens: int, max_tokens: int, ignore_eos: bool, key: str,
-               sink: asyncio.Queue) -> Request:
+               sink: asyncio.Queue[tuple[str, Any]]) -> Request:
         stop_at = max_tokens
         if not ignore_eos and max_tokens > 1:
             # As if the model sampled EOS: a length fixed by the seed and the prompt, never by timing.
@@ -409,7 +411,7 @@ class SimEngine:
         elif eng == "tgi":
             self._die([f"Shard 0 failed: {text}", "Shard 0 crashed"], 1)
         else:
-            self._die([f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {oom.requested_bytes / L.MIB:.2f} MiB "
+            self._die([f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {oom.requested_bytes / MIB:.2f} MiB "
                        "on device 0: cudaMalloc failed: out of memory", "CUDA error: out of memory"], 134)
 
     def _die_crash(self) -> None:

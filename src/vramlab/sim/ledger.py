@@ -51,7 +51,8 @@ def _start_time(pid: int) -> float | None:
     import psutil
 
     try:
-        return psutil.Process(pid).create_time()
+        created: float = psutil.Process(pid).create_time()  # psutil is untyped here
+        return created
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
 
@@ -63,7 +64,8 @@ def _alive(pid: int, start_time: float) -> bool:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False  # a killed child not yet reaped holds no GPU memory either
-        return abs(proc.create_time() - start_time) < 0.01
+        same: bool = abs(proc.create_time() - start_time) < 0.01
+        return same
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 

@@ -199,5 +199,5 @@ def render(collector: EngineCollector) -> bytes:
     from prometheus_client import CollectorRegistry, generate_latest
 
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(collector)  # type: ignore[arg-type]
+    reg.register(collector)
     return generate_latest(reg)

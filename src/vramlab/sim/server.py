@@ -269,7 +269,7 @@ class SimServer:
             for req in reqs:
                 eng.abort(req)  # a no-op when finished; frees the blocks of a client that went away
 
-    async def _collect(self, rid: str, p: Parsed, sink: asyncio.Queue) -> Any:
+    async def _collect(self, rid: str, p: Parsed, sink: asyncio.Queue[tuple[int, str, Any]]) -> Any:
         parts: list[list[str]] = [[] for _ in range(p.n)]
         finishes: list[str | None] = [None] * p.n
         while any(f is None for f in finishes):
@@ -283,7 +283,7 @@ class SimServer:
         return self._json(full_response(rid, self.cfg.model_name, p.chat, ["".join(x) for x in parts],
                                         [str(f) for f in finishes], p.prompt_tokens, sum(len(x) for x in parts)))
 
-    async def _stream(self, request: Any, rid: str, p: Parsed, sink: asyncio.Queue) -> Any:
+    async def _stream(self, request: Any, rid: str, p: Parsed, sink: asyncio.Queue[tuple[int, str, Any]]) -> Any:
         from aiohttp import web
 
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -326,7 +326,7 @@ class SimServer:
 class _Tagged:
     """The engine's sink for one choice of a request: puts (choice index, kind, value) on the shared queue."""
 
-    def __init__(self, queue: asyncio.Queue, index: int) -> None:
+    def __init__(self, queue: asyncio.Queue[tuple[int, str, Any]], index: int) -> None:
         self.queue, self.index = queue, index
 
     def put_nowait(self, item: tuple[str, Any]) -> None:

@@ -76,6 +76,7 @@ def parse_header_length(first8: bytes, *, where: str = "safetensors data") -> in
     """The JSON header length from a file's first 8 bytes."""
     if len(first8) < 8:
         raise ConfigError(f"{where}: truncated, {len(first8)} bytes where the 8-byte header length should be")
+    n: int
     (n,) = struct.unpack("<Q", first8[:8])
     if n < 2:
         raise ConfigError(f"{where}: header length {n} is too small to hold a JSON object")

@@ -11,6 +11,8 @@ The default fraction has three generations: a table by TP size (to 0.4.6), GPU-s
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from vramlab.capacity import allocator
 from vramlab.capacity import weights as wmod
 from vramlab.capacity.defaults import sglang_fraction as default_fraction
@@ -145,7 +147,7 @@ def hybrid_swa(ctx: Context) -> bool:
     return True
 
 
-def token_limits(ctx: Context, context_len: int):
+def token_limits(ctx: Context, context_len: int) -> tuple[Callable[[int], Limits], int, int]:
     """KV bytes -> pool tokens: one cell per token, hybrid SWA pools and Mamba state pools split first."""
     shapes = ctx.kv_shapes()
     cell = sum(shape.layers * shape.bytes_per_token_layer for shape in shapes)

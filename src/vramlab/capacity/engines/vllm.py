@@ -22,6 +22,7 @@ resolves before profiling are in vllm_eras.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from vramlab.capacity import pool
@@ -273,7 +274,8 @@ def pool_plan(ctx: Context, hybrid_manager: bool) -> PoolPlan:
     return PoolPlan(layouts, per_token, block_size, ctx.state_bytes_per_seq(0, recurrent_state_dtype(ctx)))
 
 
-def limits_rule(ctx: Context, setup: Setup, pools: PoolPlan, stage_offsets: list[int], blocks_per_request: int):
+def limits_rule(ctx: Context, setup: Setup, pools: PoolPlan, stage_offsets: list[int],
+                blocks_per_request: int) -> Callable[[int], Limits]:
     """KV bytes -> blocks (the minimum over stages), tokens and concurrency as this era reports them."""
     first = pools.layouts[0]
     hybrid = first.num_groups > 1
