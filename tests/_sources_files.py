@@ -102,7 +102,7 @@ def write_gguf(path: Path, arch: str = "llama", *, layers: int = 2, kv: int | li
     w.add_embedding_length(256)
     w.add_feed_forward_length(512)
     w.add_head_count(4)
-    w.add_head_count_kv(kv)  # type: ignore[arg-type]
+    w.add_head_count_kv(kv)
     w.add_key_length(64)
     w.add_value_length(64)
     w.add_context_length(4096)

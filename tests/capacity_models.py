@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from vramlab.capacity import estimate
+from vramlab.capacity.estimate import Component, Estimate
 from vramlab.sources.hf_config import spec_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +63,7 @@ KIMI_VL = {
     },
     "vision_config": {"hidden_size": 1152, "num_hidden_layers": 27, "intermediate_size": 4304},
 }
-GEMMA3_4B = {
+GEMMA3_4B: dict[str, Any] = {
     "architectures": ["Gemma3ForConditionalGeneration"],
     "text_config": {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
                     "num_attention_heads": 8, "num_hidden_layers": 34, "num_key_value_heads": 4, "head_dim": 256,
@@ -88,3 +90,10 @@ HYBRID = {
 
 def spec(config: dict, name: str = "test-model"):
     return spec_from_config(config, name, "tests/capacity_models.py")
+
+
+def part(est: Estimate, name: str) -> Component:
+    """The estimate's component `name`; fails the test (not a None error later) when it is missing."""
+    c = est.component(name)
+    assert c is not None, f"no {name!r} component in {[x.name for x in est.components]}"
+    return c

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from vramlab.placement.demand import Demand
 from vramlab.placement.inputs import Card, Fleet, Instance
 
@@ -10,7 +12,7 @@ GIB = 1 << 30
 
 def fleet(*nodes: tuple[str, str, int, float]) -> Fleet:
     """fleet(("a", "l4", 2, 22.0), ...): node name, gpu name, count, GiB per card."""
-    cards = []
+    cards: list[Any] = []
     for node, gpu, count, gib in nodes:
         for j in range(count):
             cards.append(Card(len(cards), node, gpu, int(gib * GIB), 25.0, local_index=j))

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import _synthetic_run as synth
+from _narrow import some
 from vramlab.analysis.run import analyze_run
 from vramlab.analysis.stats import Distribution, Slo, summarize_requests
 from vramlab.records import EventRecord, RequestRecord
@@ -73,7 +74,7 @@ def test_request_summary_numbers():
     assert s.throughput_rps == 4.0 and s.output_tok_s == 200.0
     assert s.goodput_rps == 8 / 4.0  # ok and e2e <= 200 ms: i in 1..10 minus i=5, 10
     assert s.e2e == Distribution.of(r.e2e_ms for r in reqs if r.error_class is None)
-    assert s.e2e.max == 290.0 and s.e2e.count == 16
+    assert some(s.e2e).max == 290.0 and some(s.e2e).count == 16
 
 
 def test_analysis_of_synthetic_run():
@@ -83,14 +84,14 @@ def test_analysis_of_synthetic_run():
     assert len(a.steps) == 15 and len(a.phases) == 9
     step8 = [s for s in a.steps if s.window.step_value == 8.0]
     # 800 + 190; round 1 lost its 5 fastest to 503s: 16 left, h = 14.25 -> 990 + 0.25 * 10
-    assert [s.requests.e2e.p95 for s in step8] == [990.0, 992.5, 990.0]
+    assert [some(s.requests.e2e).p95 for s in step8] == [990.0, 992.5, 990.0]
     assert [s.requests.errors for s in step8] == [0, 5, 0]
     assert step8[1].requests.errors_by_class == {"http_5xx": 5}
     assert step8[0].resources.worst["engine.kv_cache_usage_perc"] == 0.8
     assert step8[0].resources.worst["gpu.memory_used_bytes"] == 70 * synth.GIB + 2 * synth.GIB
     base = a.phases[0]
-    assert base.window.phase == "baseline" and base.requests.e2e.p50 == 200.0 and base.requests.e2e.p99 == 298.0
-    assert base.requests.e2e_sched.p95 == 292.0  # from scheduled: 2 ms earlier
+    assert base.window.phase == "baseline" and some(base.requests.e2e).p50 == 200.0 and some(base.requests.e2e).p99 == 298.0
+    assert some(base.requests.e2e_sched).p95 == 292.0  # from scheduled: 2 ms earlier
     # comparison: treatment vs baseline in round 0
     d = a.comparisons[0].deltas["treatment"]["e2e_p95_ms"]
     assert d.baseline == 290.0 and d.value > 900 and d.delta == d.value - 290.0
@@ -102,7 +103,7 @@ def test_analysis_of_synthetic_run():
     # recovery: rounds 0 and 1 back at once; round 2 only after its slow first seconds
     rec = {r.round: r for r in a.recovery}
     assert rec[0].returned and rec[0].after_s == 0.0
-    assert rec[2].returned and 4.0 < rec[2].after_s < 6.5 and rec[2].recovery_e2e_p95_ms > 1000
+    assert rec[2].returned and 4.0 < some(rec[2].after_s) < 6.5 and some(rec[2].recovery_e2e_p95_ms) > 1000
     assert [b.phase for b in a.bands] == ["baseline", "recovery"] and a.bands[0].e2e_p95_ms == (290.0, 290.0)
     assert [p.step_value for p in a.step_points[:3]] == [2.0, 4.0, 8.0]
     assert set(a.timeline) == {"gpu.memory_used_bytes", "engine.kv_cache_usage_perc"}
@@ -175,7 +176,8 @@ def test_threshold_names_and_limits():
     assert got[("p90_itl_ms", "baseline")] == (5.0, False)  # every inter-token latency is 5 ms
     assert got[("max_tpot_ms", "treatment")] == (5.0, True)
     # goodput under the plan's SLO (e2e <= 950 ms): all 21 baseline requests are good
-    assert got[("min_goodput_rps", "baseline")] == (pytest.approx(21 / a.steps[0].window.duration_s), True)
+    goodput, passed = got[("min_goodput_rps", "baseline")]
+    assert goodput == pytest.approx(21 / a.steps[0].window.duration_s) and passed is True
     plain = analyze_run(*synth.build(), slo=None)
     assert plain.steps[0].requests.goodput_rps is not None  # the plan's metrics still give the SLO
     bare_run = synth.run_record().model_copy(update={"plan": {}})
@@ -197,7 +199,7 @@ def test_two_loners_are_unstable_not_a_one_off():
     # P95s in the proportion 75 : 88 : 45, each round alone against the median of the other two
     run, reqs, samples, events = synth.build()
     factor = {0: 1.0, 1: 88 / 75, 2: 45 / 75}
-    reqs = [r.model_copy(update={"e2e_ms": r.e2e_ms * factor[r.round]})
+    reqs = [r.model_copy(update={"e2e_ms": some(r.e2e_ms) * factor[r.round]})
             if r.phase == "treatment" and r.step == 0 else r for r in reqs]
     cell = next(s for s in analyze_run(run, reqs, samples, events).stability
                 if (s.phase, s.step, s.metric) == ("treatment", 0, "e2e_p95_ms"))
@@ -223,7 +225,7 @@ def test_returned_to_baseline_is_judged_on_the_whole_stretch_not_the_last_bin():
     # one slow request in the last second of a 10 s recovery: the last bin's P95 alone is 36 % over the
     # baseline's (tolerance 20 %); the recovery window as a whole is within it, and that is the verdict
     run, reqs, samples, events = synth.build()
-    last = max((r for r in reqs if r.round == 0 and r.phase == "recovery"), key=lambda r: r.sent_s)
+    last = max((r for r in reqs if r.round == 0 and r.phase == "recovery"), key=lambda r: some(r.sent_s))
     slow = [r.model_copy(update={"e2e_ms": 400.0}) if r is last else r for r in reqs]
     rec = {r.round: r for r in analyze_run(run, slow, samples, events).recovery}
     assert rec[0].returned and rec[0].after_s == 0.0 and rec[0].judged, rec[0]
@@ -231,7 +233,7 @@ def test_returned_to_baseline_is_judged_on_the_whole_stretch_not_the_last_bin():
 
 def test_returned_to_baseline_says_when_too_few_requests_to_judge():
     run, reqs, samples, events = synth.build()
-    keep = sorted((r for r in reqs if r.round == 0 and r.phase == "recovery"), key=lambda r: r.sent_s)[:7]
+    keep = sorted((r for r in reqs if r.round == 0 and r.phase == "recovery"), key=lambda r: some(r.sent_s))[:7]
     few = [r for r in reqs if not (r.round == 0 and r.phase == "recovery") or r in keep]
     a = analyze_run(run, few, samples, events)
     rec = {r.round: r for r in a.recovery}

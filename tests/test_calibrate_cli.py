@@ -12,7 +12,7 @@ from pathlib import Path
 try:
     import tomllib
 except ImportError:  # Python 3.10
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[no-redef]  # same API under the 3.11 name
 
 from vramlab.capacity import Constants, EngineSettings, estimate, get_gpu
 from vramlab.logs.observation import Observation, write_observations

@@ -7,8 +7,9 @@ import pytest
 try:
     import tomllib
 except ImportError:  # Python 3.10
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[no-redef]  # same API under the 3.11 name
 
+from capacity_models import part
 from vramlab.capacity import Constants, EngineSettings, estimate, get_gpu
 from vramlab.capacity.calibration import (
     Case,
@@ -103,8 +104,8 @@ def test_profile_toml_round_trip_and_apply(fitted):
     assert c.get("sampler_bytes_per_seq_vocab").calibrated and c.profile == "fleet.toml"
     est = estimate(resolve_model("qwen3-8b"), get_gpu("h100-80gb"),
                    EngineSettings(engine="vllm", engine_version="0.19.0", max_model_len=8192), c)
-    assert est.component("non_torch").provenance == "calibrated"
-    assert est.component("weights").provenance != "calibrated"
+    assert part(est, "non_torch").provenance == "calibrated"
+    assert part(est, "weights").provenance != "calibrated"
 
 
 def test_profile_refuses_other_engine_or_version(fitted):

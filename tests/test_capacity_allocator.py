@@ -4,6 +4,8 @@ weights SGLang reports: SGLang reads free memory with mem_get_info after empty_c
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from vramlab.capacity import GIB, EngineSettings, estimate, get_gpu
@@ -42,6 +44,7 @@ def test_sglang_weights_include_the_rounding_seen_in_a_real_log():
                        chunked_prefill_size=2048)
     est = estimate(m, get_gpu("l4"), s)
     w = est.component("weights")
+    assert w is not None
     assert w.bytes / GIB == pytest.approx(15.54, abs=0.08)
     assert "allocator segment rounding" in w.note
     vllm = estimate(m, get_gpu("l4"), EngineSettings(engine_version="0.19.0", tensor_parallel_size=4,
@@ -70,6 +73,7 @@ def test_sglang_request_to_token_map_sits_in_the_reserve():
                        max_model_len=131072, allow_long_max_model_len=True)
     est = estimate(m, get_gpu("l4"), s)
     pool = est.component("req_to_token_pool")
+    assert pool is not None
     assert not pool.in_budget
     assert pool.bytes / GIB == pytest.approx(2049 * 131076 * 4 / GIB, rel=0.001) and pool.bytes / GIB > 0.99
     assert est.settings["max_running_requests"] == 2048
@@ -81,10 +85,12 @@ def test_sglang_context_is_an_unknown_term_with_a_widened_band():
     m = resolve_model("Qwen/Qwen2.5-32B-Instruct", offline=True)
     est = estimate(m, get_gpu("l4"), EngineSettings(engine="sglang", tensor_parallel_size=4, mem_fraction_static=0.85))
     ctx = est.component("cuda_context")
+    assert ctx is not None
     assert ctx.low_bytes / GIB < 0.51 < 0.73 < ctx.high_bytes / GIB
     assert "unknown term, band widened" in ctx.note
     # and the KV band holds the logged pool: 46,611 tokens x 64 KiB
     kv = est.component("kv_cache")
+    assert kv is not None
     assert kv.low_bytes <= 46_611 * 65_536 <= kv.high_bytes
 
 
@@ -93,10 +99,11 @@ def test_sglang_mla_keeps_absorbed_copies_of_kv_b_proj():
     # contiguous (bind_or_assign), kept beside kv_b_proj. DeepSeek-V3 at TP 8: 16 heads x (128 + 128) x 512
     # x 61 layers x 2 bytes = 244 MiB per GPU.
     m = resolve_model("deepseek-ai/DeepSeek-V3", offline=True)
-    s = dict(tensor_parallel_size=8, max_model_len=8192)
+    s: dict[str, Any] = dict(tensor_parallel_size=8, max_model_len=8192)
     sg = estimate(m, get_gpu("h200"), EngineSettings(engine="sglang", engine_version="0.5.6", **s))
     v = estimate(m, get_gpu("h200"), EngineSettings(engine_version="0.19.0", **s))
     w = sg.component("weights")
+    assert w is not None
     assert "w_kc/w_vc" in w.note
     assert (w.bytes - v.weights_bytes) == 16 * 256 * 512 * 61 * 2
     assert w.low_bytes <= v.weights_bytes + 16 * 256 * 512 * 61  # the FP8 (DeepGEMM bmm) path keeps half

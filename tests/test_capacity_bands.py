@@ -15,6 +15,7 @@ def test_the_band_is_signed_and_names_its_widest_term() -> None:
     est = estimate(spec, H100, EngineSettings(engine_version="0.10.1", max_model_len=8192))
     low, high = est.extra["kv_band_bytes"]
     kv = est.component("kv_cache")
+    assert kv is not None
     assert (low, high) == (kv.low_bytes, kv.high_bytes)  # positive here: the same band as the component's
     widest = est.extra["kv_band_widest"]
     assert widest in {c.name for c in est.components if c.in_budget}
@@ -44,7 +45,9 @@ def test_tgi_widens_a_vision_models_warm_up_and_says_so() -> None:
     text = get_entry("llama-3.1-8b-instruct").spec()
     plain = estimate(text, gpu, EngineSettings(engine="tgi"))
     act = vlm.component("activation_peak")
+    assert act is not None
     rel = (act.high_bytes - act.bytes) / act.bytes
     plain_act = plain.component("activation_peak")
+    assert plain_act is not None
     assert rel - (plain_act.high_bytes - plain_act.bytes) / plain_act.bytes > 0.49
     assert any("image path" in n for n in vlm.notes) and not any("image path" in n for n in plain.notes)

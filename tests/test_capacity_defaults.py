@@ -42,7 +42,7 @@ PINNED = {
 }
 
 
-def _raw(entry) -> tuple[int, float]:  # type: ignore[no-untyped-def]
+def _raw(entry) -> tuple[int, float]:
     """(max_position_embeddings, rope factor) straight from the catalog JSON."""
     cfg = entry.config
     text = cfg.get("text_config") or cfg

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from capacity_models import GEMMA3_4B, LLAMA_31_8B, QWEN3_8B, spec
+from capacity_models import GEMMA3_4B, LLAMA_31_8B, QWEN3_8B, part, spec
 from vramlab.capacity import GIB, Constants, EngineSettings, estimate, get_gpu
 from vramlab.capacity.engines.common import Context
 from vramlab.capacity.engines.sglang import default_fraction, gpu_defaults
@@ -36,7 +38,7 @@ def test_sglang_keeps_back_a_share_of_what_was_free_at_start_up_not_of_the_card(
                                             other_processes_bytes=GIB))
     assert shared.kv_cache_bytes > 0
     assert alone.kv_cache_bytes - shared.kv_cache_bytes == pytest.approx(0.9 * GIB, abs=2)
-    assert "free at start-up" in alone.component("kv_cache").note
+    assert "free at start-up" in part(alone, "kv_cache").note
 
 
 def test_sglang_default_fraction_heuristics():
@@ -84,7 +86,7 @@ def test_tgi_warmup_logits_by_release():
     def logits(version, prefill):
         est = estimate(m, H100, EngineSettings(engine="tgi", engine_version=version, max_model_len=8192,
                                                max_batch_prefill_tokens=prefill))
-        return est.component("warmup_logits").bytes, est.kv_cache_bytes
+        return part(est, "warmup_logits").bytes, est.kv_cache_bytes
 
     (two_2k, kv_2k), (two_4k, kv_4k) = logits("2.2.0", 2048), logits("2.2.0", 4096)
     assert two_4k == 2 * two_2k == 2 * 4096 * row and kv_4k < kv_2k
@@ -97,10 +99,10 @@ A10G = get_gpu("a10g")
 
 def test_tgi_2x_keeps_five_percent_of_the_free_memory_and_says_its_band_is_wide():
     m = spec(LLAMA_31_8B)
-    settings = dict(engine="tgi", max_model_len=4096, max_batch_prefill_tokens=4145)
+    settings: dict[str, Any] = dict(engine="tgi", max_model_len=4096, max_batch_prefill_tokens=4145)
     old = estimate(m, A10G, EngineSettings(engine_version="2.2.0", **settings))
     new = estimate(m, A10G, EngineSettings(engine_version="3.3.6", **settings))
-    assert "95 %" in old.component("kv_cache").note and "10 %" in new.component("kv_cache").note
+    assert "95 %" in part(old, "kv_cache").note and "10 %" in part(new, "kv_cache").note
     assert any(n.startswith("unknown term, band widened") for n in old.notes)
     assert not any(n.startswith("unknown term") for n in new.notes)
     # TGI 2.2.0 on an A10G printed "Setting max batch total tokens to 19056" for this model and these
@@ -219,14 +221,14 @@ def test_tgi_keeps_back_what_each_release_keeps(version, note):
     """flash_causal_lm.py `warmup` and globals.py TGI_WIGGLE_ROOM at each tag (see engines/tgi.py)."""
     m = spec(LLAMA_31_8B)
     est = estimate(m, H100, EngineSettings(engine="tgi", engine_version=version, max_model_len=4096))
-    assert note in est.component("kv_cache").note
+    assert note in part(est, "kv_cache").note
     # blocks of one token from 2.3 (launcher default ATTENTION=flashinfer), 16 before
     assert est.settings["block_size"] == (1 if version >= "2.3" else 16)
 
 
 def test_tgi_3_0_keeps_half_the_room_of_3_3():
     m = spec(LLAMA_31_8B)
-    s = dict(engine="tgi", max_model_len=4096)
+    s: dict[str, Any] = dict(engine="tgi", max_model_len=4096)
     early = estimate(m, H100, EngineSettings(engine_version="3.0.1", **s))
     late = estimate(m, H100, EngineSettings(engine_version="3.3.6", **s))
     assert early.kv_cache_bytes - late.kv_cache_bytes == pytest.approx(0.05 * H100.memory_bytes, rel=0.001)
@@ -242,7 +244,7 @@ def test_sglang_splits_the_pool_only_for_its_hybrid_swa_allowlist():
     est = estimate(g, H100, EngineSettings(engine="sglang", engine_version="0.5.6", max_model_len=8192))
     assert est.kv_cache_tokens == est.kv_cache_bytes // est.kv_bytes_per_token  # one full cell per token
     oss = spec(GPT_OSS_20B)
-    s = dict(engine="sglang", max_model_len=8192, mem_fraction_static=0.85)
+    s: dict[str, Any] = dict(engine="sglang", max_model_len=8192, mem_fraction_static=0.85)
     old = estimate(oss, H100, EngineSettings(engine_version="0.5.6", **s))
     new = estimate(oss, H100, EngineSettings(engine_version="0.5.9", **s))
     blackwell = estimate(oss, get_gpu("b200"), EngineSettings(engine_version="0.5.9", **s))

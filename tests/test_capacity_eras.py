@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from capacity_models import LLAMA_31_8B, QWEN3_8B, ROOT, ROWS, row_estimate, spec
+from _narrow import some
+from capacity_models import LLAMA_31_8B, QWEN3_8B, ROOT, ROWS, part, row_estimate, spec
 from vramlab.capacity import GIB, EngineSettings, custom_gpu, estimate, get_gpu
 from vramlab.errors import ConfigError
 
@@ -36,13 +37,13 @@ def test_v0_07_mla_weights_include_the_absorbed_decode_matrices():
     for fragment in ("20903468563", "3706561278"):
         row, est = row_estimate(by_source(fragment))
         assert est.weights_bytes / GIB == pytest.approx(row["weights_gib"], rel=0.01)
-        assert "absorbed MLA matrices" in est.component("weights").note
+        assert "absorbed MLA matrices" in part(est, "weights").note
     row, est = row_estimate(by_source("20903468563"))
     assert any("non-torch term at this size is not modelled" in n for n in est.notes)  # still unknown: 7.16 GiB
     # Which later release dropped the absorption is not pinned: no matrices added, band widened instead.
     later = estimate(spec_of_row(ROWS[by_source("20903468563")]), get_gpu("h200"), EngineSettings(engine_version="0.8.5", vllm_engine="v0",
                                                                          tensor_parallel_size=8, max_model_len=32768))
-    assert "absorbed" not in later.component("weights").note
+    assert "absorbed" not in part(later, "weights").note
     assert any("absorbed MLA matrices of this release" in n for n in later.notes)
 
 
@@ -54,7 +55,7 @@ def test_vllm_inside_a_trainer_is_an_unknown_term_with_a_wider_band():
     trainer = estimate(m, get_gpu("l4"), EngineSettings(engine_version="0.8.5", api_server=False, in_trainer=True,
                                                         max_model_len=4096))
     assert trainer.kv_cache_bytes == plain.kv_cache_bytes  # same point estimate: no number borrowed
-    assert trainer.pessimistic.kv_cache_bytes < plain.pessimistic.kv_cache_bytes
+    assert some(trainer.pessimistic).kv_cache_bytes < some(plain.pessimistic).kv_cache_bytes
     assert any(n.startswith("unknown term, band widened: vLLM inside a training process") for n in trainer.notes)
     row, est = row_estimate(by_source("55765941562"))  # a GRPO log: V0 inside the trainer on a Colab T4
     assert any("inside a training process" in n for n in est.notes)
@@ -75,11 +76,12 @@ def test_v0_tp_on_pcie_cards_is_a_few_hundred_mib_not_the_nvswitch_figure():
     for gpu, tp in ((get_gpu("rtx-4090"), 2), (get_gpu("l40s"), 8)):
         est = estimate(m, gpu, EngineSettings(engine_version="0.7.3", tensor_parallel_size=tp, max_model_len=4096))
         nt = est.component("non_torch")
+        assert nt is not None
         assert nt.low_bytes <= 0.36 * GIB and nt.high_bytes >= 0.20 * GIB and nt.bytes < 0.5 * GIB
         assert "PCIe" in nt.note
     sxm = estimate(m, get_gpu("a100-80gb"), EngineSettings(engine_version="0.7.3", tensor_parallel_size=8,
                                                             max_model_len=4096))
-    assert sxm.component("non_torch").bytes > 1.5 * GIB
+    assert part(sxm, "non_torch").bytes > 1.5 * GIB
 
 
 # --- V0 automatic chunked prefill ---------------------------------------------------------------
@@ -165,7 +167,7 @@ def test_unknown_era_or_card_widens_the_band_and_says_so():
     base = estimate(m, H100, EngineSettings(engine_version="0.19.0", max_model_len=8192))
     for gpu, version in ((get_gpu("mi300x"), "0.19.0"), (H100, "0.4.2"), (H100, "0.31.0")):
         est = estimate(m, gpu, EngineSettings(engine_version=version, max_model_len=8192))
-        act, base_act = est.component("activation_peak"), base.component("activation_peak")
+        act, base_act = part(est, "activation_peak"), part(base, "activation_peak")
         assert (act.high_bytes - act.bytes) / act.bytes > (base_act.high_bytes - base_act.bytes) / base_act.bytes
         assert any(n.startswith("unknown term, band widened") for n in est.notes)
     assert not any(n.startswith("unknown term") for n in base.notes)

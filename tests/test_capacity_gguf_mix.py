@@ -43,6 +43,7 @@ def test_the_plan_uses_the_mix_not_an_average_bits_per_weight():
     est = estimate(m, RTX3070, EngineSettings(engine="llama.cpp", quantization="Q4_K_M", ctx_size=4096,
                                               parallel=1, flash_attn=False, n_ubatch=256))
     w = est.component("weights")
+    assert w is not None
     assert w.bytes / MIB == pytest.approx(2228.82, abs=0.02)
     assert "Q4_K_M tensor by tensor" in w.note
     assert (w.high_bytes - w.bytes) / w.bytes <= 0.006
@@ -84,6 +85,7 @@ def test_an_unmodelled_mix_keeps_the_average_and_its_wider_band():
     assert not G.supported(m, "IQ3_M")
     est = estimate(m, RTX3070, EngineSettings(engine="llama.cpp", quantization="IQ3_M", ctx_size=4096))
     w = est.component("weights")
+    assert w is not None
     assert "tensor by tensor" not in w.note and (w.high_bytes - w.bytes) / w.bytes >= 0.02
 
 
@@ -104,6 +106,7 @@ def test_llama_server_from_pr_23861_reserves_one_logit_row_per_sequence():
     assert new.activation_peak_bytes < logits_512
     assert abs(new.activation_peak_bytes / (85.01 * MIB) - 1) < 0.04
     act = new.component("activation_peak")
+    assert act is not None
     assert act.low_bytes <= 85.01 * MIB <= act.high_bytes and "logits for 1 rows" in act.note
     py = estimate(m, gpu, EngineSettings(engine="llama.cpp", llamacpp_server="llama-cpp-python",
                                          quantization="Q4_K_M"))

@@ -28,6 +28,7 @@ def test_transformers_5_loads_the_checkpoints_own_dtype():
     est = estimate(m, H100, EngineSettings(engine="transformers", max_model_len=2048))
     assert est.engine_version.startswith("5.")
     w = est.component("weights")
+    assert w is not None
     assert w.provenance == "exact" and w.bytes == pytest.approx(m.weights_bytes_exact, rel=0.001)
     assert est.settings["dtype"] == "float32"
     # vLLM casts an F32 checkpoint to bf16 at load: half the header's bytes, still from the headers.

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from capacity_models import QWEN3_8B, ROOT, ROWS, row_estimate, spec
+from capacity_models import QWEN3_8B, ROOT, ROWS, part, row_estimate, spec
 from vramlab.capacity import GIB, EngineSettings, estimate, get_gpu
 from vramlab.logs import vllm as vllm_log
 
@@ -20,6 +20,7 @@ QWEN3 = spec(QWEN3_8B, "Qwen/Qwen3-8B")
 def activation(version: str, **settings) -> tuple[int, int, str]:
     est = estimate(QWEN3, L40S, EngineSettings(engine_version=version, max_model_len=4096, **settings))
     act = est.component("activation_peak")
+    assert act is not None
     return act.bytes, act.low_bytes, act.note
 
 
@@ -60,7 +61,7 @@ def test_before_0111_the_sampler_depends_on_the_install_and_the_band_covers_both
 def test_the_sort_sampler_matches_a_0102_log_that_prints_its_peak_activation():
     # r109: vLLM 0.10.2, Qwen3-235B-A22B FP8 on 8x L40S: "... 1.4 GiB for peak activation, 0.21 GiB for non-torch".
     row, est = row_estimate("r109")
-    assert est.component("activation_peak").bytes / GIB == pytest.approx(row["activation_peak_gib"], rel=0.05)
+    assert part(est, "activation_peak").bytes / GIB == pytest.approx(row["activation_peak_gib"], rel=0.05)
     assert est.kv_cache_bytes / GIB == pytest.approx(row["kv_cache_gib"], rel=0.03)
 
 
@@ -76,7 +77,7 @@ def test_same_release_same_card_the_sampler_line_decides(row_id):
 
 def in_budget(version: str, name: str, **settings) -> bool:
     est = estimate(QWEN3, H100, EngineSettings(engine_version=version, max_model_len=4096, **settings))
-    return est.component(name).in_budget
+    return part(est, name).in_budget
 
 
 def test_cuda_context_counts_against_the_budget_before_the_091_snapshot():
@@ -97,7 +98,7 @@ def test_nccl_init_is_inside_the_window_until_0110():
 def test_0_8_5_awq_row_counts_the_context():
     # r116: 0.8.5.post1, Qwen2.5-72B-AWQ at util 0.98 on a 48 GB card, 10,848 tokens: the context in the budget.
     row, est = row_estimate("r116")
-    assert est.component("cuda_context").in_budget
+    assert part(est, "cuda_context").in_budget
     assert est.kv_cache_tokens == pytest.approx(row["kv_cache_tokens"], rel=0.06)
 
 
@@ -115,8 +116,8 @@ def test_gpus_without_p2p_get_no_nvswitch_buffers():
     base = EngineSettings(engine_version="0.10.2", max_model_len=4096, tensor_parallel_size=2)
     linked = estimate(QWEN3, H100, base)
     apart = estimate(QWEN3, H100, base.with_(gpu_p2p=False))
-    assert apart.component("nccl").bytes < linked.component("nccl").bytes
-    assert apart.component("non_torch").bytes < linked.component("non_torch").bytes
+    assert part(apart, "nccl").bytes < part(linked, "nccl").bytes
+    assert part(apart, "non_torch").bytes < part(linked, "non_torch").bytes
     assert apart.kv_cache_bytes > linked.kv_cache_bytes
 
 
@@ -202,7 +203,7 @@ def test_from_0_27_the_budget_charges_what_cudamemgetinfo_lost_and_the_band_foll
     for row_id in ("r113", "r114"):
         row, est = row_estimate(row_id)
         beyond = row["extra"]["consumed_weights_plus_non_torch_gib"] - row["weights_gib"]
-        assert est.component("non_torch").low_bytes <= beyond * GIB <= est.component("non_torch").high_bytes
+        assert part(est, "non_torch").low_bytes <= beyond * GIB <= part(est, "non_torch").high_bytes
     # TP over PCIe (r110, 0.27.1 TP 4: 1.70 GiB): the high end reaches what that log left; NVLink-SHARP nodes keep theirs.
     old_tp, new_tp = non_torch("0.26.0", tp=2), non_torch("0.27.0", tp=2)
     assert old_tp.bytes == new_tp.bytes and new_tp.high_bytes >= 1.70 * GIB > old_tp.high_bytes
@@ -220,7 +221,7 @@ def test_pp_over_pcie_is_an_unknown_term_and_the_tight_stage_stays_in_the_band()
     # PP 4) likewise. The pool is the minimum over the stages (kv_cache_utils.py get_kv_cache_configs, min_num_blocks).
     row, est = row_estimate("r216")
     assert any("PP > 1 without NVLink" in n for n in est.notes)
-    assert est.component("non_torch").high_bytes >= est.component("non_torch").bytes + 0.9 * GIB
+    assert part(est, "non_torch").high_bytes >= part(est, "non_torch").bytes + 0.9 * GIB
     assert est.pessimistic.kv_cache_bytes <= row["kv_cache_gib"] * GIB <= est.kv_cache_bytes * 1.09
     row, est = row_estimate("r112")
     assert est.pessimistic.kv_cache_bytes <= row["kv_cache_gib"] * GIB <= est.kv_cache_bytes

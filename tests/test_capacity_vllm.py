@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from capacity_models import LLAMA_31_8B, LLAMA_32_3B, QWEN3_8B, spec
+from _narrow import some
+from capacity_models import LLAMA_31_8B, LLAMA_32_3B, QWEN3_8B, part, spec
 from vramlab.capacity import GIB, Constants, EngineSettings, estimate, get_gpu
 from vramlab.capacity.engines.common import Context
 from vramlab.capacity.engines.vllm_eras import defaults, engine_kind
@@ -56,7 +57,7 @@ def test_cuda_graphs_enter_the_budget_from_020():
     m = spec(LLAMA_31_8B)
     old = estimate(m, H100, EngineSettings(engine_version="0.19.1", gpu_memory_utilization=0.9, max_model_len=8192))
     new = estimate(m, H100, EngineSettings(engine_version="0.20.0", gpu_memory_utilization=0.9, max_model_len=8192))
-    assert not old.component("cuda_graphs").in_budget and new.component("cuda_graphs").in_budget
+    assert not part(old, "cuda_graphs").in_budget and part(new, "cuda_graphs").in_budget
     assert new.kv_cache_bytes == pytest.approx(old.kv_cache_bytes - new.cuda_graph_bytes, abs=2)
     eager = estimate(m, H100, EngineSettings(engine_version="0.21.0", gpu_memory_utilization=0.9,
                                              max_model_len=8192, enforce_eager=True))
@@ -118,4 +119,4 @@ def test_bands_contain_the_value_and_pessimistic_is_smaller():
     est = estimate(spec(LLAMA_31_8B), H100, EngineSettings(max_model_len=8192))
     for c in est.components:
         assert c.low_bytes <= c.bytes <= c.high_bytes
-    assert est.pessimistic.max_concurrency < est.max_concurrency < est.optimistic.max_concurrency
+    assert some(est.pessimistic).max_concurrency < est.max_concurrency < some(est.optimistic).max_concurrency

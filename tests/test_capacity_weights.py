@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from typing import Any
 
 import pytest
 
-from capacity_models import GEMMA3_4B, QWEN3_8B, spec
+from capacity_models import GEMMA3_4B, QWEN3_8B, part, spec
 from vramlab.capacity import GIB, EngineSettings, estimate, get_gpu
 from vramlab.capacity.weights import (
     effective_quant,
@@ -28,7 +29,7 @@ CATALOG = load_catalog()
 # The bitsandbytes config Unsloth 2025.8.4 passed to vLLM 0.10.0 for
 # unsloth/qwen2.5-0.5b-instruct-unsloth-bnb-4bit, as printed in the r203 log
 # ("Unsloth: vLLM Bitsandbytes config using kwargs = {...}", find_string file id 33404547317).
-UNSLOTH_DYNAMIC_QC = {
+UNSLOTH_DYNAMIC_QC: dict[str, Any] = {
     "quant_method": "bitsandbytes", "load_in_8bit": False, "load_in_4bit": True,
     "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_quant_storage": "uint8", "bnb_4bit_quant_type": "nf4",
     "bnb_4bit_use_double_quant": True, "llm_int8_enable_fp32_cpu_offload": False,
@@ -226,10 +227,11 @@ def test_gpt_oss_120b_on_hopper_is_stored_in_marlins_layout_and_the_band_reaches
     oss = get_entry("gpt-oss-120b").spec()
     hopper = estimate(oss, get_gpu("h100-80gb"), EngineSettings(engine_version="0.10.1", max_model_len=8192))
     w = hopper.component("weights")
+    assert w is not None
     assert abs(w.bytes / GIB - 65.97) / 65.97 < 0.01
     assert "Triton kernels' layout if triton_kernels is installed" in w.note
     assert w.low_bytes < 0.95 * w.bytes  # the unpadded Triton layout is inside the band
     blackwell = estimate(oss, get_gpu("b200"), EngineSettings(engine_version="0.10.1", max_model_len=8192))
-    assert blackwell.component("weights").bytes > w.bytes  # FlashInfer's 256 / 256
+    assert part(blackwell, "weights").bytes > w.bytes  # FlashInfer's 256 / 256
     ampere = estimate(oss, get_gpu("a100-80gb"), EngineSettings(engine_version="0.10.1", max_model_len=8192))
-    assert ampere.component("weights").bytes == w.bytes and "Triton" not in ampere.component("weights").note
+    assert part(ampere, "weights").bytes == w.bytes and "Triton" not in part(ampere, "weights").note

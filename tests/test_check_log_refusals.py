@@ -43,7 +43,7 @@ TGI_FAIL = """\
 """
 
 
-def _check(tmp_path: Path, text: str, gpu: str, version: str | None = None):  # type: ignore[no-untyped-def]
+def _check(tmp_path: Path, text: str, gpu: str, version: str | None = None):
     path = tmp_path / "start.log"
     path.write_text(text)
     report = check_log(path, gpu=gpu, engine_version=version)

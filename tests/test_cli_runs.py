@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import _synthetic_run as synth
+from _narrow import some
 from vramlab.store import open_store
 
 VRAMLAB = [str(Path(sys.executable).with_name("vramlab"))]
@@ -111,7 +112,7 @@ def test_compare_deltas(db, tmp_path):
     # a second run of the same plan where the concurrency-8 step got slower by 100 ms
     with open_store(db) as store:
         run, reqs, samples, events = synth.build("abab0000", started_at=1_760_002_000.0)
-        reqs = [r.model_copy(update={"e2e_ms": r.e2e_ms + 100}) if r.step_value == 8.0 else r for r in reqs]
+        reqs = [r.model_copy(update={"e2e_ms": some(r.e2e_ms) + 100}) if r.step_value == 8.0 else r for r in reqs]
         store.create_run(run)
         store.add_requests(run.run_id, reqs)
         store.add_samples(run.run_id, samples)

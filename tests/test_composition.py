@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from _narrow import some
 from vramlab.analysis.composition import GIB, compose
 from vramlab.analysis.stats import Window
 from vramlab.records import EventRecord, RunRecord, SampleRecord
@@ -26,7 +27,7 @@ def _ev(kind: str, data: dict, t: float = 0.0) -> EventRecord:
 
 
 def _s(name: str, value: float, t: float, source: str = "ledger", **labels: str) -> SampleRecord:
-    return SampleRecord(run_id=RID, t_s=t, source=source, name=name, value=value, labels=labels)  # type: ignore[arg-type]
+    return SampleRecord(run_id=RID, t_s=t, source=source, name=name, value=value, labels=labels)
 
 
 def _run(plan: dict | None = None, change: dict | None = None) -> RunRecord:
@@ -58,7 +59,7 @@ def test_composition_arithmetic_sources_and_bands() -> None:
     assert over.predicted_bytes == est["used_bytes"] - est["weights_bytes"] - est["kv_cache_bytes"]
     assert peak.predicted_bytes == est["used_bytes"]
     assert peak.error_bytes == est["used_bytes"] - peak.measured_bytes
-    assert peak.inside_band is (peak.low_bytes <= peak.measured_bytes <= peak.high_bytes)
+    assert peak.inside_band is (some(peak.low_bytes) <= some(peak.measured_bytes) <= some(peak.high_bytes))
     assert row.kv_used_tokens == 100_000 and row.kv_used_bytes == int(0.25 * kv)
     assert row.queued  # waiting in every sample of the window
     assert "runtime overhead" in row.error_source() or "KV" in row.error_source()

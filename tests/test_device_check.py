@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,7 +91,7 @@ def test_the_serve_command_follows_transformers_serves_own_help(tmp_path: Path, 
 
 def test_a_cpu_drill_that_did_not_serve_is_a_problem() -> None:
     problems = _module().drill_problems
-    ok = {"exit_code": 0, "run_id": "r", "requests": {"sent": 9, "ok": 9, "errors": [], "max_prompt_tokens": 258}}
+    ok: dict[str, Any] = {"exit_code": 0, "run_id": "r", "requests": {"sent": 9, "ok": 9, "errors": [], "max_prompt_tokens": 258}}
     assert problems(ok) == [] and problems({"skipped": "not installed"}) == []
     assert "errors ['422 http_4xx']" in problems({**ok, "requests": {**ok["requests"], "errors": ["422 http_4xx"]}})[0]
     assert "at most 40 prompt tokens" in problems({**ok, "requests": {**ok["requests"], "max_prompt_tokens": 40}})[0]

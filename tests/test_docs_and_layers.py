@@ -77,7 +77,7 @@ def _contracts() -> list[dict]:
     try:
         import tomllib
     except ImportError:  # Python 3.10
-        import tomli as tomllib
+        import tomli as tomllib  # type: ignore[no-redef]  # same API under the 3.11 name
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
 
 
@@ -98,7 +98,7 @@ def _may_import_by_contract() -> dict[str, set[str]]:
 
 def _may_import_by_doc() -> dict[str, set[str]]:
     doc = (ROOT / "docs" / "architecture.md").read_text()
-    out = {}
+    out: dict[str, set[str]] = {}
     for line in doc.splitlines():
         m = re.match(r"^\| `(\w+)/` \| .*? \| (.*?) \| .*? \|$", line)
         if not m:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from _narrow import some
 from vramlab.analysis.colocation import analyse_colocation
 from vramlab.drill.colocation import ColocationSpec, cause_line, classify_start, start_sequence
 from vramlab.drill.plan import parse_plan
@@ -99,7 +100,7 @@ def test_analysis_per_engine_phase_and_neighbour_windows():
     c = analyse_colocation(events, samples)
     assert c is not None
     assert c.engines() == ["chat", "small", "added-1"]
-    assert c.cell("chat", "race").outcome == "refused" and c.cell("small", "load").outcome == "crashed"
+    assert some(c.cell("chat", "race")).outcome == "refused" and some(c.cell("small", "load")).outcome == "crashed"
     assert (c.race_failed, c.race_started) == (["chat"], ["small"])
     got = {(n.window, n.probes, n.failed) for n in c.neighbours}
     assert got == {("load", 2, 0), ("ramp", 2, 1)}  # before the baseline and after the rollback: not counted
@@ -128,16 +129,16 @@ def test_colocation_drill_end_to_end_through_the_cli(tmp_path):
     assert c is not None
     names = ["chat", "small"]
     # (a) one at a time, as pack orders them: all up
-    assert all(c.cell(n, "start_in_order").outcome == "started" for n in names)
+    assert all(some(c.cell(n, "start_in_order")).outcome == "started" for n in names)
     # (b) at once: at least one refused, in the engine's own words
-    race = [c.cell(n, "race") for n in names]
+    race = [some(c.cell(n, "race")) for n in names]
     assert any(r.outcome == "refused" for r in race) and c.race_failed
     for r in race:
         if r.outcome == "refused":
             assert r.exit_code == 1 and re.search(r"No available memory for the cache blocks|max seq len|"
                                                   r"Free memory on device|CUDA out of memory", r.text)
     # everyone back up in order before the load
-    assert all(c.cell(n, "restart_in_order").outcome == "started" for n in names)
+    assert all(some(c.cell(n, "restart_in_order")).outcome == "started" for n in names)
     # (d) the ramp's models: each one's outcome recorded; the card cannot hold three more 0.6 shares
     added = [o for o in c.outcomes if o.engine.startswith("added-")]
     assert len(added) == 3 and all(o.outcome in ("started", "refused", "crashed") for o in added)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from _narrow import some
 from vramlab.drill.detect import Detector
 from vramlab.drill.herd import HerdMonitor
 from vramlab.experiment.plan import StopConditions
@@ -55,8 +56,9 @@ def test_error_rate_is_the_shared_stop_engine_min_requests_then_rate():
     d.on_result(0.1, False, 500, "http_5xx", "x")
     assert d.failure() is None  # two results are below min_requests
     d.on_result(0.2, True, 200, None, None)
-    assert d.failure() is not None and d.failure().kind == "error_rate"
-    assert d.failure().message == d.monitor.check(0.2).message
+    failure = d.failure()
+    assert failure is not None and failure.kind == "error_rate"
+    assert failure.message == some(d.monitor.check(0.2)).message
 
 
 def test_timeouts_arm_the_error_stop_below_min_requests():
@@ -145,7 +147,8 @@ def test_resource_and_clock_stops():
     c.on_clock(4.0, 4.0)
     assert c.failure() is None
     c.on_clock(5.1, 5.1)
-    assert c.failure() is not None and c.failure().kind == "wall_clock"
+    failure = c.failure()
+    assert failure is not None and failure.kind == "wall_clock"
 
 
 def test_herd_monitor_flags_a_retry_wave_against_the_baseline():

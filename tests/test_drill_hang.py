@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from _narrow import some
 from vramlab.analysis.incident import analyse
 from vramlab.drill.plan import parse_plan
 from vramlab.drill.runner import DrillRunner
@@ -23,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 # jitter 0.5: each wait is drawn from [full/2, full] with full = min(max_s, base_s * 2**attempt), so the
 # lower bound of one wait is the upper bound of the one before: [0.1, 0.2], [0.2, 0.4], [0.4, 0.8]
-CLIENTS = {"policy": "exponential", "max_attempts": 4, "base_s": 0.2, "max_s": 0.8, "jitter": 0.5}
+CLIENTS: dict[str, Any] = {"policy": "exponential", "max_attempts": 4, "base_s": 0.2, "max_s": 0.8, "jitter": 0.5}
 HANG_AFTER_S = 2.5  # after the sim is ready: past the 1 s baseline, inside the first ramp step
 
 
@@ -63,12 +65,12 @@ def test_hang_is_named_detected_not_recovered_and_rolled_back(tmp_path):
     assert inc.impact.error_classes.get("timeout", 0) > 0
     # every request in flight at the hang ends as what it was: timed out, never "cancelled" by the move
     # to recovery; the impact table counts exactly those in flight at T0
-    t0 = inc.t0_s
-    lost = [r for r in requests if r.sent_s <= t0 + 1e-9 and r.end_s >= t0 - 1e-9 and not r.ok]
+    t0 = some(inc.t0_s)
+    lost = [r for r in requests if some(r.sent_s) <= t0 + 1e-9 and some(r.end_s) >= t0 - 1e-9 and not r.ok]
     why = (t0, inc.evidence, [(r.phase, r.error_class, r.sent_s, r.end_s) for r in lost])
     assert lost and all(r.error_class == "timeout" and r.phase == "ramp" for r in lost), why
     assert not any(r.error_class == "cancelled" and r.phase == "ramp" for r in requests)
-    assert inc.impact.in_flight_lost == len(lost) and inc.trigger.in_flight_at_t0 == len(lost), why
+    assert inc.impact.in_flight_lost == len(lost) and some(inc.trigger).in_flight_at_t0 == len(lost), why
     # /health stayed 200, so the drill's supervisor (restart on exit or on failing health) never acted:
     # a liveness probe on /health does not catch a hang, which is the finding
     assert "mitigation" not in kinds and "not_recovered" in kinds and not inc.recovery.recovered

@@ -15,6 +15,7 @@ import os
 import resource
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +39,7 @@ KINDS = {FIFO: "fifo", ZERO: "dev-zero-link", FOLDER: "folder", HUGE: "4gib-spar
 class Case:
     id: str
     argv: list[str]
-    files: dict[str, bytes | str] = field(default_factory=dict)
+    files: Mapping[str, bytes | str] = field(default_factory=dict)
     exit: int = 2
     says: str = ""  # a piece of the one line
     timeout: float = 60

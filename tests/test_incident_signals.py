@@ -7,6 +7,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _narrow import some, stand_in
 from vramlab.analysis.incident import analyse
 from vramlab.analysis.signals import (
     Signal,
@@ -18,6 +19,7 @@ from vramlab.analysis.signals import (
 )
 from vramlab.records import EventRecord, RequestRecord, SampleRecord
 from vramlab.records.stats import percentile
+from vramlab.report.blocks import Text
 
 RUN = "0123abcd"
 
@@ -137,13 +139,13 @@ def test_incident_figures_known_answers():
     inc = analyse(reqs, samples, events, p95_tolerance=0.5, window_s=1.0)
     assert inc.failed and inc.failure_mode == "crash_after_oom"
     assert inc.t0_s == 10.0 and inc.last_safe_value == 2048
-    assert math.isclose(inc.time_to_detect_s, 0.5)
-    assert math.isclose(inc.time_to_alert_s, 2.0)
-    assert math.isclose(inc.time_to_mitigate_s, 1.2)
+    assert math.isclose(some(inc.time_to_detect_s), 0.5)
+    assert math.isclose(some(inc.time_to_alert_s), 2.0)
+    assert math.isclose(some(inc.time_to_mitigate_s), 1.2)
     r = inc.recovery
-    assert r.health_failed and math.isclose(r.health_ok_s, 3.0)  # health 0 from 10.5, 1 again at 13.0
-    assert math.isclose(r.first_success_s, 3.1)
-    assert r.recovered and r.time_to_recover_s >= 3.1
+    assert r.health_failed and math.isclose(some(r.health_ok_s), 3.0)  # health 0 from 10.5, 1 again at 13.0
+    assert math.isclose(some(r.first_success_s), 3.1)
+    assert r.recovered and some(r.time_to_recover_s) >= 3.1
     imp = inc.impact
     # in flight at T0 (10.0, the step start: the fault event carries no t0_s): request 200 only; 201 was sent
     # at 10.1, after T0, so it is a failure during the incident but not a request the fault caught in flight
@@ -151,7 +153,7 @@ def test_incident_figures_known_answers():
     assert imp.affected_clients == 3
     assert imp.error_classes == {"http_5xx": 2, "connect": 11}
     assert imp.failed_logical == 11  # 201 succeeded on its retry
-    assert math.isclose(imp.baseline_p95_ms, 100.0)
+    assert math.isclose(some(imp.baseline_p95_ms), 100.0)
     # the first abnormal signal is never before the ramp, and the ordering follows the timeline
     assert inc.signals.first is not None and inc.signals.first.t_s >= 4.0
     names = [o.name for o in inc.signals.order]
@@ -184,7 +186,7 @@ def test_property_recovery_times_non_negative(raw, t0):
     for v in (rec.health_ok_s, rec.first_success_s, rec.p95_ok_s, rec.time_to_recover_s):
         assert v is None or v >= 0
     if rec.recovered:
-        assert rec.time_to_recover_s >= max(x for x in (rec.first_success_s, rec.p95_ok_s) if x is not None)
+        assert some(rec.time_to_recover_s) >= max(x for x in (rec.first_success_s, rec.p95_ok_s) if x is not None)
 
 
 def test_not_recovered_summary_names_the_clock_that_never_came_back():
@@ -202,7 +204,6 @@ def test_lessons_and_recovery_verdict_say_what_the_headline_says_when_p95_never_
     recovered" in the headline and "The target did not serve again within the recovery limit" in the
     lessons. Both now name the same clock."""
     import dataclasses
-    from types import SimpleNamespace
 
     import vramlab.report.incident as rep
     from vramlab.analysis.aftermath import Recovery
@@ -218,7 +219,9 @@ def test_lessons_and_recovery_verdict_say_what_the_headline_says_when_p95_never_
     assert any(w.startswith("Not recovered: serving again after ") and w.split("Not recovered: ")[1] in head
                for w in wrong), (wrong, head)
     monkeypatch.setattr(rep, "incident_of", lambda ctx: (inc, [inc]))
-    verdict = rep.s_recovery(SimpleNamespace())[0].text
+    block = rep.s_recovery(stand_in())[0]
+    assert isinstance(block, Text), block
+    verdict = block.text
     assert verdict.startswith("**Not recovered**: serving again after ") and "P95 latency" in verdict, verdict
 
 
@@ -245,7 +248,7 @@ def test_time_to_alert_is_one_signed_figure_in_json_headline_and_lessons():
     events = [e for e in events if e.kind != "alert"]  # only the alerts written here
     still = [*events, _ev(9.5, "alert", name="KvHigh", state="firing", source="evaluated")]
     inc = analyse(reqs, samples, still, p95_tolerance=0.5, window_s=1.0)
-    assert math.isclose(inc.time_to_alert_s, -0.5)
+    assert math.isclose(some(inc.time_to_alert_s), -0.5)
     assert alert_clock(inc).startswith("-0.50 s") and "before T0" in alert_clock(inc)
     assert not any("No alert fired" in w for w in lessons(inc)[1])
 
@@ -253,8 +256,9 @@ def test_time_to_alert_is_one_signed_figure_in_json_headline_and_lessons():
                _ev(6.0, "alert", name="KvHigh", state="inactive", source="evaluated"),
                _ev(11.25, "alert", name="Errors", state="firing", source="evaluated")]
     inc = analyse(reqs, samples, cleared, p95_tolerance=0.5, window_s=1.0)
-    assert math.isclose(inc.time_to_alert_s, 11.25 - inc.t0_s)
-    assert alert_clock(inc) == f"{11.25 - inc.t0_s:.2f} s"
+    t0 = some(inc.t0_s)
+    assert math.isclose(some(inc.time_to_alert_s), 11.25 - t0)
+    assert alert_clock(inc) == f"{11.25 - t0:.2f} s"
 
     none = [*events, _ev(5.0, "alert", name="KvHigh", state="firing", source="evaluated"),
             _ev(6.0, "alert", name="KvHigh", state="inactive", source="evaluated")]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -210,8 +211,8 @@ def test_a_window_is_marked_above_the_threshold_and_not_below(tmp_path: Path) ->
     steps = next(s for s in doc.sections if s.id == "steps")
     for table in (b for b in steps.blocks if isinstance(b, Table)):
         for row in table.rows:
-            key = (int(row[0]), row[1].split(" ")[0], int(row[2]) if row[2] != "–" else None)
-            assert ("(ITL 11.1% untimed)" in row[1]) == (key == marked_key), (table.caption, row)
+            row_key = (int(row[0]), row[1].split(" ")[0], int(row[2]) if row[2] != "–" else None)
+            assert ("(ITL 11.1% untimed)" in row[1]) == (row_key == marked_key), (table.caption, row)
     assert [(s["round"], s["phase"], s["step"]) for s in data["steps"] if s["itl_gaps"]["marked"]] == [marked_key]
     assert not any(p["itl_gaps"]["marked"] for p in data["phases"])  # a whole phase dilutes it under 10 %
     assert data["itl_gaps"]["marked"] is False and data["itl_gaps"]["mark_above_share"] == ITL_UNTIMED_WARN
@@ -224,7 +225,7 @@ def test_a_window_is_marked_above_the_threshold_and_not_below(tmp_path: Path) ->
 def test_summary_counts_and_the_threshold_edge() -> None:
     """10 % untimed is not marked (the mark is for more than the threshold); just over it is; rows
     that never stored the count leave it unknown, not zero; failed requests count nowhere."""
-    def summary(untimed: list[int | None], failed: int = 0):
+    def summary(untimed: Sequence[int | None], failed: int = 0):
         reqs = [_req(i, [5.0] * 9, u) for i, u in enumerate(untimed)]
         reqs += [_req(100 + i, [5.0], 50).model_copy(update={"status_code": 503, "error_class": "http_5xx"})
                  for i in range(failed)]

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,7 +37,7 @@ def _model(row: dict):
 def r223_settings(**over) -> EngineSettings:
     # The log's command: --ctx-size 16384 --n-gpu-layers 99 -ot ".ffn_.*_exps.=CPU", llama-cli (one sequence),
     # flash attention off; the default split by free memory, which the log prints: 9862 and 31518 MiB.
-    base = dict(engine="llama.cpp", engine_version="b5622", quantization="Q4_K_M", ctx_size=16384, parallel=1,
+    base: dict[str, Any] = dict(engine="llama.cpp", engine_version="b5622", quantization="Q4_K_M", ctx_size=16384, parallel=1,
                 n_ubatch=512, flash_attn=False, n_gpu_layers=99, override_tensor=(".ffn_.*_exps.=CPU",),
                 tensor_split=(9862.0, 31518.0),
                 devices=(("rtx-4090", get_gpu("rtx-4090").memory_bytes), ("rtx-5090", get_gpu("rtx-5090").memory_bytes)))

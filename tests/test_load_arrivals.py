@@ -16,7 +16,7 @@ from vramlab.load.prompts import jsonl_prompts, synthetic_prompts
 from vramlab.load.retry import RetryPolicy
 
 
-def _take(g, n):  # type: ignore[no-untyped-def]
+def _take(g, n):
     return [next(g) for _ in range(n)]
 
 

@@ -298,7 +298,7 @@ def test_an_endless_sse_line_ends_the_stream_instead_of_growing_the_buffer() -> 
         content = Endless()
 
     st = Stream()
-    client = OpenAIClient("http://127.0.0.1:1", "m", "openai-chat")  # type: ignore[arg-type]
+    client = OpenAIClient("http://127.0.0.1:1", "m", "openai-chat")
     asyncio.run(client._read_stream(Resp(), st))
     assert st.done and st.error is not None and "blank line" in st.error
     assert sent[0] <= MAX_EVENT_BYTES // 65536 + 2

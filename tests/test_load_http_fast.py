@@ -225,7 +225,7 @@ def test_cancelled_requests_and_closing_leak_no_sockets() -> None:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 assert all(t.cancelled() for t in tasks)
-                during = len(c._pool.all)  # type: ignore[union-attr]
+                during = len(c._pool.all)
                 # the pool still works after the cancellations
                 fresh = asyncio.ensure_future(c.send("z", P, 4, time.perf_counter()))
                 await asyncio.sleep(0.1)

@@ -25,12 +25,12 @@ def _c(text: str, finish: str | None = None, **extra) -> dict:
 def test_empty_text_chunks_mid_stream_are_tokens_and_the_final_chunk_is_not():
     # what llama-cpp-python 0.3.x sent for max_tokens 16: 11 with text, 5 empty, then '' with finish_reason
     pieces = ["o", "\n", "", "1", "S", "", "", "n", " is", '"', "3", "", "x", "y", "", "z"]
-    st = _feed("openai-completions", [_c(p) for p in pieces] + [_c("", "length"), "[DONE]"])
+    st = _feed("openai-completions", [*(_c(p) for p in pieces), _c("", "length"), "[DONE]"])
     assert len(st.times) == 16 and st.first == 0.0 and st.finished
 
 
 def test_a_stream_of_only_empty_chunks_has_its_tokens_and_a_first_token():
-    st = _feed("openai-completions", [_c("") for _ in range(16)] + [_c("", "length"), "[DONE]"])
+    st = _feed("openai-completions", [*(_c("") for _ in range(16)), _c("", "length"), "[DONE]"])
     assert len(st.times) == 16 and st.first == 0.0
 
 

@@ -66,7 +66,7 @@ def test_dataset_rows_convert_gib_to_bytes():
     assert o.kv_cache_bytes == int(round(row["kv_cache_gib"] * GIB))
     assert o.settings["dtype"] == "bfloat16" and o.settings["tensor_parallel_size"] == 1
     assert o.init_non_torch_bytes == int(round(0.51 * GIB))
-    assert o.source.startswith(row["row_id"])
+    assert o.source is not None and o.source.startswith(row["row_id"])
     v0 = from_dataset_row({"row_id": "x", "engine": "vllm", "engine_version": "0.8.5.post1 (V0 engine)",
                            "collection_group": "unslothai-notebooks", "gpu_memory_utilization": 0.69,
                            "extra": {"unsloth_actual_gpu_utilization_pct": 69.34}})

@@ -156,7 +156,7 @@ def test_a_model_named_in_the_log_is_resolved_against_the_catalog():
     assert item.comparison is not None, item.error
     assert item.settings_used["vllm_engine"] == "v0" and item.settings_used["engine_version"] == "0.6.4"
     weights = next(r for r in item.comparison.rows if r.field == "weights_bytes")
-    assert abs(weights.relative) < 0.01
+    assert weights.relative is not None and abs(weights.relative) < 0.01
 
 
 def test_llamacpp_kv_cells_per_stream_or_in_all_is_decided_by_n_ctx():

@@ -54,6 +54,7 @@ def test_torch_oom_carries_the_figures():
     line = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 50.00 MiB. GPU 0 has a total capacity of "
             "23.56 GiB of which 56.88 MiB is free")
     s = classify_line(line, engine="vllm")
+    assert s is not None
     assert s.kind == sig.OOM and s.severity == "fatal" and s.engine == "vllm"
     assert s.details == {"requested": "50.00 MiB", "gpu": "0", "total": "23.56 GiB", "free": "56.88 MiB"}
 
@@ -61,12 +62,15 @@ def test_torch_oom_carries_the_figures():
 def test_engine_filter_skips_other_engines_wording():
     line = "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
     assert classify_line(line, engine="vllm") is None
-    assert classify_line(line, engine="sglang").name == "sglang.not_enough_memory"
+    s = classify_line(line, engine="sglang")
+    assert s is not None and s.name == "sglang.not_enough_memory"
 
 
 def test_xid_severity_depends_on_code():
-    assert classify_line("NVRM: Xid (PCI:0000:01:00): 13, Graphics Exception").severity == "error"
-    assert classify_line("NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus").severity == "fatal"
+    s13 = classify_line("NVRM: Xid (PCI:0000:01:00): 13, Graphics Exception")
+    s79 = classify_line("NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus")
+    assert s13 is not None and s13.severity == "error"
+    assert s79 is not None and s79.severity == "fatal"
 
 
 def test_scan_a_whole_log_in_order():
@@ -74,10 +78,14 @@ def test_scan_a_whole_log_in_order():
     kinds = [s.kind for s in found]
     assert kinds.count(sig.STARTUP_REFUSAL) == 5
     assert sig.PREEMPTION in kinds and sig.ENGINE_DEATH in kinds and sig.GPU_XID in kinds
-    assert [s.line_number for s in found] == sorted(s.line_number for s in found)
+    numbers = [s.line_number for s in found]
+    assert None not in numbers
+    assert numbers == sorted(n for n in numbers if n is not None)
     # the throughput line at the end is not a failure
-    assert found[-1].line_number < len((LOGS / "failures.log").read_text().splitlines())
-    assert sig.first(found, sig.OOM).name == "torch.cuda_oom"
+    last = found[-1].line_number
+    assert last is not None and last < len((LOGS / "failures.log").read_text().splitlines())
+    oom = sig.first(found, sig.OOM)
+    assert oom is not None and oom.name == "torch.cuda_oom"
 
 
 def test_ordinary_lines_are_not_failures():

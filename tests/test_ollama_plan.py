@@ -21,8 +21,8 @@ GIB, MIB = 1 << 30, 1 << 20
 
 def _rows(path: Path, **kw) -> dict[str, tuple[float, float]]:
     report = check_log(path, **kw)
-    item = next(it for it in report.items if it.comparison is not None)
-    return {r.field: (r.observed, r.predicted) for r in item.comparison.rows
+    cmp = next(it.comparison for it in report.items if it.comparison is not None)
+    return {r.field: (r.observed, r.predicted) for r in cmp.rows
             if r.observed is not None and r.predicted is not None}
 
 
@@ -98,7 +98,9 @@ def test_suggestions_re_plan_to_a_full_offload():
     e = estimate(q, gpu, s)
     assert not e.fits and e.suggestions
     ctx = next(t for t in e.suggestions if "num_ctx" in t)
-    n = int(re.search(r"num_ctx to ([\d,]+)", ctx).group(1).replace(",", ""))
+    m = re.search(r"num_ctx to ([\d,]+)", ctx)
+    assert m is not None, ctx
+    n = int(m.group(1).replace(",", ""))
     assert estimate(q, gpu, s.with_(max_model_len=n)).fits
     assert not estimate(q, gpu, s.with_(max_model_len=n + 64)).fits
 

@@ -149,7 +149,7 @@ def ollama() -> Iterator[FakeOllama]:
     from aiohttp import web
 
     fake = FakeOllama(keep_alive_s=2.0)
-    ready, box = threading.Event(), {}
+    ready, box = threading.Event(), dict[str, Any]()
 
     def serve() -> None:
         async def main() -> None:
@@ -161,7 +161,7 @@ def ollama() -> Iterator[FakeOllama]:
             fake.url = f"http://127.0.0.1:{port}"
             box["stop"], box["loop"] = asyncio.Event(), asyncio.get_running_loop()
             ready.set()
-            await box["stop"].wait()  # type: ignore[attr-defined]
+            await box["stop"].wait()
             await runner.cleanup()
 
         asyncio.run(main())
@@ -170,7 +170,7 @@ def ollama() -> Iterator[FakeOllama]:
     t.start()
     assert ready.wait(10)
     yield fake
-    box["loop"].call_soon_threadsafe(box["stop"].set)  # type: ignore[attr-defined]
+    box["loop"].call_soon_threadsafe(box["stop"].set)
     t.join(5)
 
 

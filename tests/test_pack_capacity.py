@@ -3,6 +3,8 @@ emitted flags, and more models never need less memory."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -36,7 +38,7 @@ FLEET = fleet(("edge", "l4", 2, 22.49), ("big", "a100-40gb", 1, 39.56))
 
 def recompute(inst: Instance, flags: dict, gpu_name: str, other: int, tp: int):
     """The capacity model's answer for exactly the flags pack emitted, started after `other` bytes."""
-    kw = {"gpu_memory_utilization": flags.get("--gpu-memory-utilization"),
+    kw: dict[str, Any] = {"gpu_memory_utilization": flags.get("--gpu-memory-utilization"),
           "mem_fraction_static": flags.get("--mem-fraction-static")}
     s = EngineSettings(engine=inst.engine, max_model_len=inst.context_tokens, max_num_seqs=inst.concurrency,
                        tensor_parallel_size=tp, other_processes_bytes=other, **kw)

@@ -12,6 +12,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,7 +114,7 @@ def echo_server() -> Iterator[str]:
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(text=f"# headers {dict(request.headers)}\nvllm:num_requests_waiting 0\n")
 
-    ready, box = threading.Event(), {}
+    ready, box = threading.Event(), dict[str, Any]()
 
     def serve() -> None:
         async def main() -> None:
@@ -130,7 +131,7 @@ def echo_server() -> Iterator[str]:
             box["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             box["loop"], box["stop"] = asyncio.get_running_loop(), asyncio.Event()
             ready.set()
-            await box["stop"].wait()  # type: ignore[union-attr]
+            await box["stop"].wait()
             await runner.cleanup()
 
         asyncio.run(main())
@@ -139,7 +140,7 @@ def echo_server() -> Iterator[str]:
     t.start()
     assert ready.wait(10)
     yield f"127.0.0.1:{box['port']}"
-    box["loop"].call_soon_threadsafe(box["stop"].set)  # type: ignore[union-attr]
+    box["loop"].call_soon_threadsafe(box["stop"].set)
     t.join(5)
 
 
@@ -241,7 +242,7 @@ def test_the_store_masks_drill_targets_and_every_text_column(tmp_path: Path) -> 
     from vramlab.store import open_store
 
     secret = "Dr1llSecretPw"
-    plan = {"target": {"base_url": f"http://op:{secret}@10.0.0.5:8000"}, "prometheus_url": f"https://p:{secret}@prom",
+    plan: dict[str, Any] = {"target": {"base_url": f"http://op:{secret}@10.0.0.5:8000"}, "prometheus_url": f"https://p:{secret}@prom",
             "neighbours": [{"name": "n", "url": f"http://n:{secret}@10.0.0.6/health"}]}
     db = tmp_path / "d.db"
     with open_store(str(db)) as store:
@@ -324,7 +325,7 @@ def escaping_server() -> Iterator[str]:
         body = json.dumps({"error": {"message": f"upstream rejected {auth}", "token": auth.split()[-1]}})
         return web.Response(text=body.replace("/", "\\/"), status=500, content_type="application/json")
 
-    ready, box = threading.Event(), {}
+    ready, box = threading.Event(), dict[str, Any]()
 
     def serve() -> None:
         async def main() -> None:
@@ -337,7 +338,7 @@ def escaping_server() -> Iterator[str]:
             box["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             box["loop"], box["stop"] = asyncio.get_running_loop(), asyncio.Event()
             ready.set()
-            await box["stop"].wait()  # type: ignore[union-attr]
+            await box["stop"].wait()
             await runner.cleanup()
 
         asyncio.run(main())
@@ -346,7 +347,7 @@ def escaping_server() -> Iterator[str]:
     t.start()
     assert ready.wait(10)
     yield f"127.0.0.1:{box['port']}"
-    box["loop"].call_soon_threadsafe(box["stop"].set)  # type: ignore[union-attr]
+    box["loop"].call_soon_threadsafe(box["stop"].set)
     t.join(5)
 
 

@@ -9,6 +9,7 @@ from html.parser import HTMLParser
 import pytest
 
 import _synthetic_run as synth
+from _narrow import some, stand_in
 from vramlab.report import load_context, render
 from vramlab.report.blocks import Text
 from vramlab.report.sections import _REGISTRY, ReportContext, Section, register
@@ -162,7 +163,7 @@ def test_prediction_beside_observed_queueing():
             waiting = {8.0: 5.0, 4.0: 0.0, 2.0: 0.0}.get(r.step_value or 0.0, 1.0 if r.phase == "baseline" else 0.0)
             if r.step_value == 4.0 and r.round == 0:
                 waiting = 3.0  # one round only: not a majority
-            samples.append(SampleRecord(run_id=run.run_id, t_s=r.sent_s + 5, source="engine",
+            samples.append(SampleRecord(run_id=run.run_id, t_s=some(r.sent_s) + 5, source="engine",
                                         name="engine.num_requests_waiting", value=waiting))
     ctx = ReportContext.build(run, reqs, samples, events)
     assert ctx.analysis.queueing_from_value == 8.0
@@ -177,7 +178,6 @@ def test_prediction_beside_observed_queueing():
 
 
 def test_host_cpu_and_engine_rss_are_in_the_report_not_only_in_json():
-    from types import SimpleNamespace
 
     from vramlab.records import SampleRecord
     from vramlab.report.core_sections import host_line
@@ -185,7 +185,7 @@ def test_host_cpu_and_engine_rss_are_in_the_report_not_only_in_json():
     def smp(name: str, t: float, v: float) -> SampleRecord:
         return SampleRecord(run_id="r", t_s=t, source="host", name=name, value=v)
 
-    ctx = SimpleNamespace(samples=[smp("host.cpu_percent", 1, 40.0), smp("host.cpu_percent", 2, 97.4),
+    ctx = stand_in(samples=[smp("host.cpu_percent", 1, 40.0), smp("host.cpu_percent", 2, 97.4),
                                    smp("host.target_rss_bytes", 1, 1.5 * 2**30), smp("gpu.memory_used_bytes", 1, 9.0)])
     assert host_line(ctx) == "Host (sampled): CPU max 97 %, engine process RSS max 1.50 GiB"
-    assert host_line(SimpleNamespace(samples=[smp("gpu.memory_used_bytes", 1, 9.0)])) is None
+    assert host_line(stand_in(samples=[smp("gpu.memory_used_bytes", 1, 9.0)])) is None

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import _synthetic_run as synth
+from _narrow import stand_in
 from vramlab.report import load_context
 from vramlab.report.blocks import Bullets, Table, Text
 from vramlab.report.sections import build_document
@@ -174,17 +175,16 @@ def test_colocation_headline_counts_the_refusals_the_table_shows(drills):
 
 
 def test_time_to_alert_reads_on_the_alert_tables_clock():
-    from types import SimpleNamespace
 
     from vramlab.report.incident import alert_clock
 
-    early = SimpleNamespace(t0_s=10.0, time_to_alert_s=-0.47,  # signed, as the incident's JSON has it
+    early = stand_in(t0_s=10.0, time_to_alert_s=-0.47,  # signed, as the incident's JSON has it
                             alerts=[{"name": "A", "state": "pending", "t_s": 9.0},
                                     {"name": "A", "state": "firing", "t_s": 9.53}])
     assert alert_clock(early).startswith("-0.47 s") and "before T0" in alert_clock(early)
-    late = SimpleNamespace(t0_s=10.0, time_to_alert_s=1.25, alerts=[{"name": "A", "state": "firing", "t_s": 11.25}])
+    late = stand_in(t0_s=10.0, time_to_alert_s=1.25, alerts=[{"name": "A", "state": "firing", "t_s": 11.25}])
     assert alert_clock(late) == "1.25 s"
-    assert alert_clock(SimpleNamespace(t0_s=10.0, time_to_alert_s=None, alerts=[])) == "–"
+    assert alert_clock(stand_in(t0_s=10.0, time_to_alert_s=None, alerts=[])) == "–"
 
 
 def test_predictions_above_the_failure_are_called_unsafe():
@@ -230,7 +230,7 @@ def test_two_moments_printed_alike_print_the_same_t0_offset():
     assert f"{a:.2f}" == f"{b:.2f}" == "1.38"
     assert since_t0(a, t0) == since_t0(b, t0) == "+0.38"
     assert from_t0(a - t0, t0) == 0.38 and from_t0(None, t0) is None and from_t0(0.372, None) == 0.372
-    assert alert_clock(SimpleNamespace(t0_s=t0, time_to_alert_s=a - t0, alerts=[])) == "0.38 s"
+    assert alert_clock(stand_in(t0_s=t0, time_to_alert_s=a - t0, alerts=[])) == "0.38 s"
     rec = SimpleNamespace(recovered=True, first_success_s=a - t0, health_failed=False, health_ok_s=None,
                           p95_ok_s=a - t0, time_to_recover_s=a - t0)
     assert recovery_text(rec, t0) == "recovered in 0.38 s from T0 (the latest of: serving again +0.38 s, P95 back +0.38 s)"
@@ -264,7 +264,8 @@ def test_timeline_calls_the_drills_serving_again_event_by_that_name_when_not_rec
                               p95_ok_s=2.0 if recovered else None, time_to_recover_s=2.0 if recovered else None)
         inc = SimpleNamespace(t0_s=10.5, recovery=rec)
         monkeypatch.setattr(rep, "incident_of", lambda ctx, inc=inc: (inc, [inc]))
-        table = rep.s_timeline(SimpleNamespace(events=[ev]))[1]
+        table = rep.s_timeline(stand_in(events=[ev]))[1]
+        assert isinstance(table, Table), table
         row = dict(zip(table.headers, table.rows[0], strict=True))
         if recovered:
             assert row["event"] == "recovered" and "recovered in 2.00 s from T0" in row["what"]

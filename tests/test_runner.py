@@ -35,7 +35,8 @@ class _Breaker:
     before each window's load starts)."""
 
     def __init__(self, b: StubBehaviour, fail_from: float) -> None:
-        self.b, self.fail_from, self.calls = b, fail_from, []
+        self.b, self.fail_from = b, fail_from
+        self.calls: list[tuple[int | None, str | None, int | None, float]] = []
 
     def __call__(self, ev: Event) -> None:
         if ev.kind != "phase_start":
@@ -83,7 +84,7 @@ def test_completed_run_stores_every_phase_of_every_round(tmp_path: Path) -> None
     seen = {(r.round, r.phase, r.step, r.step_value) for r in reqs}
     assert seen == {(rd, "baseline", 0, 1.0) for rd in (1, 2)} | {(rd, "recovery", 0, 1.0) for rd in (1, 2)} \
         | {(rd, "treatment", 1, 2.0) for rd in (1, 2)} | {(rd, "treatment", 2, 3.0) for rd in (1, 2)}
-    assert all(r.ok and r.ttft_ms and r.e2e_from_scheduled_ms >= r.e2e_ms for r in reqs)  # type: ignore[operator]
+    assert all(r.ok and r.ttft_ms and r.e2e_from_scheduled_ms >= r.e2e_ms for r in reqs)
     kinds = [e.kind for e in store.events(res.run_id)]
     assert kinds.count("phase_start") == kinds.count("phase_end") == 8 and kinds[-1] == "run_end"
     samples = store.samples(res.run_id)

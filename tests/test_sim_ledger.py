@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from multiprocessing.synchronize import Event as MpEvent
 
 import pytest
 from hypothesis import given, settings
@@ -17,7 +18,7 @@ from vramlab.errors import ConfigError
 from vramlab.sim.ledger import GIB, DeviceLedger, SimOutOfMemory
 
 
-def _worker(path: str, n: int, nbytes: int, out: mp.Queue, go: mp.Event) -> None:
+def _worker(path: str, n: int, nbytes: int, out: mp.Queue, go: MpEvent) -> None:
     dev = DeviceLedger(path)
     ok = oom = 0
     handles = []

@@ -70,7 +70,7 @@ def test_openai_client_chat_and_completions_streaming_and_not(tmp_path):
                     text += c.delta.content or ""
                     if c.finish_reason:
                         reasons.append(c.finish_reason)
-            assert reasons == ["length"] and usage.completion_tokens == 9 == count_tokens(text)
+            assert reasons == ["length"] and usage is not None and usage.completion_tokens == 9 == count_tokens(text)
 
             cstream = await client.completions.create(model=MODEL, prompt="abc", max_tokens=4, stream=True,
                                                       extra_body={"ignore_eos": True})

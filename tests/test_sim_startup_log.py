@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from vramlab.capacity.estimate import Estimate
 from vramlab.sim.config import SimConfig
 from vramlab.sim.server import SimServer
 from vramlab.sim.testing import make_estimate
@@ -16,7 +17,7 @@ from vramlab.sim.testing import make_estimate
 parse_log = pytest.importorskip("vramlab.logs.detect").parse_log
 
 
-def _log(engine: str, version: str | None = None) -> tuple[list[str], object]:
+def _log(engine: str, version: str | None = None) -> tuple[list[str], Estimate]:
     est = make_estimate(engine=engine, kv_cache_gib=3.0)
 
     async def go():

@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import logging
+from typing import Any
 
 import aiohttp
 import pytest
@@ -28,7 +29,7 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 60))
 
 
-BAD_CHAT = [
+BAD_CHAT: list[tuple[dict[str, Any], str]] = [
     ({"messages": [{"content": "hi"}]}, "messages.0.role"),  # no role
     ({"messages": [{"role": 5, "content": "hi"}]}, "messages.0.role"),  # a role that is not a string
     ({"messages": [{"role": "user", "content": 42}]}, "messages.0.content"),  # a number as content

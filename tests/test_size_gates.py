@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from _narrow import some
+
 SRC = Path(__file__).resolve().parents[1] / "src" / "vramlab"
 MODULE_MAX, FUNCTION_MAX = 500, 80
 
@@ -36,7 +38,7 @@ def _sizes(root: Path = SRC):
         modules[rel] = len(text.splitlines())
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                functions[f"{rel}:{node.name}"] = node.end_lineno - node.lineno + 1
+                functions[f"{rel}:{node.name}"] = some(node.end_lineno) - node.lineno + 1
     return modules, functions
 
 

@@ -62,6 +62,7 @@ def test_quantized_variants_carry_real_quantization_configs():
     assert awq.quantization_config == {"bits": 4, "group_size": 128, "modules_to_not_convert": None,
                                        "quant_method": "awq", "version": "gemm", "zero_point": True}
     spec = awq.spec()
+    assert spec.quant is not None
     assert spec.quant.method == "awq" and spec.quant.bits == 4 and spec.quant.group_size == 128
     assert CATALOG.get("llama-3.3-70b-instruct-fp8-dynamic").quant_label == "fp8"
     assert CATALOG.get("llama-3.1-8b-instruct-w4a16").quant_label == "w4a16-int4"

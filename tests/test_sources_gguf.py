@@ -31,6 +31,7 @@ def test_llama_gguf_to_spec_with_exact_bytes(tmp_path):
     assert spec.weights_bytes_exact == q8 + f16 + f32
     assert spec.param_count_exact == 2 * (256 * 256 + 512 * 256) + 2 * 512 * 256 + 2 * 256
     assert spec.weights_source == "GGUF tensors"
+    assert spec.quant is not None
     assert spec.quant.method == "gguf" and spec.quant.gguf_type == "Q8_0"
     assert spec.name == "tiny-llama" and spec.source == str(path)
 
@@ -42,7 +43,8 @@ def test_dominant_k_quant_type_and_file_type(tmp_path):
     assert facts.dominant_type == "Q4_K" and facts.file_type == "MOSTLY_Q8_0"
     # Q4_K: 256 weights in 144 bytes.
     assert facts.tensor_bytes_by_type["Q4_K"] == 2 * (256 * 256 + 512 * 256) // 256 * 144
-    assert spec_from_gguf(path).quant.gguf_type == "Q4_K"
+    quant = spec_from_gguf(path).quant
+    assert quant is not None and quant.gguf_type == "Q4_K"
 
 
 def test_gemma3_sliding_pattern_and_moe_fields(tmp_path):

@@ -61,7 +61,9 @@ class StandInHub:
                     return None
                 rng = self.headers.get("Range")
                 if rng and hub.honour_range:
-                    a, b = (int(x) for x in re.match(r"bytes=(\d+)-(\d+)", rng).groups())
+                    m = re.match(r"bytes=(\d+)-(\d+)", rng)
+                    assert m is not None, rng
+                    a, b = (int(x) for x in m.groups())
                     part = data[a : b + 1]
                     return self._send(206, part, name, {"Content-Range": f"bytes {a}-{a + len(part) - 1}/{len(data)}",
                                                         **commit})

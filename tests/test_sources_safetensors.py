@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -38,13 +39,14 @@ def test_mixed_dtypes_give_exact_bytes_and_counts(tmp_path):
     }
     data_bytes = write_safetensors(tmp_path / "m.safetensors", tensors, metadata={"format": "pt"})
     h = read_safetensors_header(tmp_path / "m.safetensors")
-    by_dtype = {}
+    by_dtype: dict[str, Any] = {}
     for t in h.tensors:
         by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + t.nbytes
     assert by_dtype == {"BF16": 128_000, "I32": 8192 + 256, "F16": 1024, "F32": 256, "F8_E4M3": 1}
     assert sum(by_dtype.values()) == data_bytes
     assert h.metadata == {"format": "pt"}
     summary = read_directory_weights(tmp_path)
+    assert summary is not None
     assert summary.total_bytes == data_bytes
     assert summary.param_count == 64_000 + 2048 + 512 + 64 + 64 + 1
     assert summary.files == ("m.safetensors",)

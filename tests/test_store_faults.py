@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,14 +25,14 @@ from vramlab.load.stub import StubBehaviour, StubServer
 
 @pytest.fixture()
 def stub() -> Iterator[str]:
-    ready, box = threading.Event(), {}
+    ready, box = threading.Event(), dict[str, Any]()
 
     def serve() -> None:
         async def main() -> None:
             async with StubServer(StubBehaviour()) as srv:
                 box["url"], box["loop"], box["stop"] = srv.url, asyncio.get_running_loop(), asyncio.Event()
                 ready.set()
-                await box["stop"].wait()  # type: ignore[union-attr]
+                await box["stop"].wait()
 
         asyncio.run(main())
 
@@ -39,7 +40,7 @@ def stub() -> Iterator[str]:
     t.start()
     assert ready.wait(10)
     yield str(box["url"])
-    box["loop"].call_soon_threadsafe(box["stop"].set)  # type: ignore[union-attr]
+    box["loop"].call_soon_threadsafe(box["stop"].set)
     t.join(5)
 
 
@@ -147,7 +148,11 @@ def _make_read_only(db: Path) -> Callable[[], None]:
     if not ok:
         pytest.skip("root, and this file system has no immutable flag: cannot make the store read-only")
     subprocess.run(["chattr", "+i", str(db)], check=True)
-    return lambda: subprocess.run(["chattr", "-i", str(db)], check=False)
+
+    def undo() -> None:
+        subprocess.run(["chattr", "-i", str(db)], check=False)
+
+    return undo
 
 
 def test_a_store_file_made_read_only_mid_run_stops_the_run(tmp_path: Path, stub: str) -> None:

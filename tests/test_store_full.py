@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -26,14 +27,14 @@ VRAMLAB = [sys.executable, "-m", "vramlab"]
 @pytest.fixture()
 def stub() -> Iterator[str]:
     b = StubBehaviour()
-    ready, box = threading.Event(), {}
+    ready, box = threading.Event(), dict[str, Any]()
 
     def serve() -> None:
         async def main() -> None:
             async with StubServer(b) as srv:
                 box["url"], box["loop"], box["stop"] = srv.url, asyncio.get_running_loop(), asyncio.Event()
                 ready.set()
-                await box["stop"].wait()  # type: ignore[union-attr]
+                await box["stop"].wait()
 
         asyncio.run(main())
 
@@ -41,7 +42,7 @@ def stub() -> Iterator[str]:
     t.start()
     assert ready.wait(10)
     yield str(box["url"])
-    box["loop"].call_soon_threadsafe(box["stop"].set)  # type: ignore[union-attr]
+    box["loop"].call_soon_threadsafe(box["stop"].set)
     t.join(5)
 
 
@@ -179,13 +180,15 @@ def test_a_slow_store_does_not_slow_the_measured_latencies(tmp_path: Path, stub:
     from vramlab.experiment.plan import load_plan
     from vramlab.experiment.recorder import StoreRecorder
     from vramlab.experiment.runner import Runner, RunOptions
+    from vramlab.records.store import Store
     from vramlab.store import open_store
 
     plan = load_plan(_plan(tmp_path / "p.yaml", stub, requests=300, duration=60, concurrency=2))
 
     def p50(slow: bool) -> tuple[float, int]:
         store = open_store(str(tmp_path / f"{slow}.db"))
-        rec = StoreRecorder(_SlowStore(store) if slow else store, flush_s=0.05, batch=5)
+        # _SlowStore forwards every attribute to the real store: a Store by duck typing, not by class
+        rec = StoreRecorder(cast("Store", _SlowStore(store)) if slow else store, flush_s=0.05, batch=5)
         hook = EventHook()
         hook.add(rec, critical=True)
         res = asyncio.run(Runner(plan, hook, RunOptions(samplers=[], capture_environment=False)).run())
