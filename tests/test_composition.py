@@ -220,7 +220,9 @@ def test_a_drill_adds_the_composition_at_the_failure(tmp_path: Path) -> None:
     db = str(tmp_path / "d.db")
     res = subprocess.run([sys.executable, "-m", "vramlab", "drill", str(tmp_path / "drill.yaml"), "--db", db, "-o",
                           str(tmp_path / "d.md")], cwd=tmp_path, capture_output=True, text=True, timeout=180)
-    assert res.returncode == 0, res.stderr[-2000:]
+    # the recovery verdict is not what this test is about: a busy box may keep P95 above the baseline for the
+    # 1 s observation, and then the drill exits 1 and says so (its verdict is tested in the drill tests)
+    assert res.returncode == 0 or (res.returncode == 1 and "NOT recovered" in res.stderr), res.stderr[-2000:]
     with open_store(db) as store:
         (run,) = store.list_runs()
         ctx = load_context(store, run.run_id)
@@ -301,3 +303,20 @@ ramp: {knob: concurrency, start: 1, factor: 2, ceiling: 4}
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and res.stderr.startswith("vramlab drill: error: --gpu-memory-gib")
     assert not (tmp_path / "vramlab.db").exists()
+
+
+def test_a_step_that_failed_before_its_first_sample_reads_the_card_as_last_seen() -> None:
+    # the 8192-token step OOMed 0.2 s in; the device was last read 0.3 s before the step began
+    est = _plan_json()
+    events = [_ev("capacity_plan", {"estimate": est, "facts": {}}),
+              _ev("fault", {"step": 1, "value": 8192, "t0_s": 5.2}, t=5.3)]
+    events[1].round = 0
+    samples = [_s("gpu.process_memory_bytes", 20 * GIB, 4.7, gpu="0", pid="42"),
+               _s("gpu.process_memory_bytes", 30 * GIB, 5.6, gpu="0", pid="42")]  # after the failure: not it
+    w = Window(0, "ramp", 1, 5.0, 6.0, 8192.0)
+    comp = compose(_run(), samples, events, [w], first_request_s=0.6)
+    ((value, row),) = comp.at_failure
+    peak = row.figure("peak")
+    assert value == 8192 and peak.measured_bytes == 20 * GIB
+    assert "the last reading before the failure" in peak.source
+    assert comp.rows[0].figure("peak").measured_bytes == 30 * GIB  # the whole window reads its own samples

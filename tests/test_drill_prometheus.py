@@ -79,7 +79,8 @@ def test_alert_firing_time_recorded_from_real_prometheus(tmp_path):
         res = subprocess.run([sys.executable, "-m", "vramlab", "drill", str(plan), "--db", str(db),
                               "-o", str(tmp_path / "incident.md")], capture_output=True, text=True, timeout=90,
                              cwd=tmp_path)
-        assert res.returncode == 0, res.stderr
+        # the verdict is not what this test checks: a busy box may miss P95 in the 0.5 s observation (exit 1)
+        assert res.returncode == 0 or (res.returncode == 1 and "NOT recovered" in res.stderr), res.stderr
         with open_store(str(db)) as store:
             run = store.list_runs(1)[0]
             events = store.events(run.run_id)

@@ -253,6 +253,12 @@ def _row(w: Any, pred: dict[str, tuple[int, int, int]], reads: _Readings, pool: 
          resident: tuple[int | None, str], bpt: int | None, end_s: float | None = None) -> Row:
     start, end = w.start_s, (end_s if end_s is not None else (w.samples_end_s or w.end_s))
     peak = reads.peak(start, end)
+    peak_src = reads.device_source
+    if peak is None and end_s is not None:
+        # a step that failed before its first sample: the card as last read before the failure
+        before = [v for t, v in reads.device if t <= end]
+        if before:
+            peak, peak_src = before[-1], f"{reads.device_source} (the last reading before the failure)"
     weights, w_src = resident
     overhead = None
     if peak is not None and weights is not None and pool.bytes is not None:
@@ -260,7 +266,7 @@ def _row(w: Any, pred: dict[str, tuple[int, int, int]], reads: _Readings, pool: 
     measured = {"resident_model": (weights, w_src), "kv_cache": (pool.bytes, pool.source),
                 "runtime_overhead": (overhead, "peak reading less the resident model and the KV pool"
                                      if overhead is not None else ""),
-                "peak": (None if peak is None else int(peak), reads.device_source if peak is not None else "")}
+                "peak": (None if peak is None else int(peak), peak_src if peak is not None else "")}
     figs = []
     for name in FIGURES:
         p = pred.get(name)
