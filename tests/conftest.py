@@ -9,7 +9,11 @@ contract tests in a few minutes and the full suite runs everything.
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,3 +29,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.nodeid.split("[", 1)[0] in _SLOW:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture()
+def stub() -> Iterator[str]:
+    """The URL of a stub OpenAI server on its own thread and event loop, for tests that run `vramlab` as a
+    subprocess or a runner in the test's own loop (tests/test_store_full.py, tests/test_store_faults.py)."""
+    from vramlab.load.stub import StubBehaviour, StubServer
+
+    ready, box = threading.Event(), dict[str, Any]()
+
+    def serve() -> None:
+        async def main() -> None:
+            async with StubServer(StubBehaviour()) as srv:
+                box["url"], box["loop"], box["stop"] = srv.url, asyncio.get_running_loop(), asyncio.Event()
+                ready.set()
+                await box["stop"].wait()
+
+        asyncio.run(main())
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    yield str(box["url"])
+    box["loop"].call_soon_threadsafe(box["stop"].set)
+    t.join(5)

@@ -4,44 +4,19 @@ full disk: rollbacks, exit 1, the rows counted back from what the path still hol
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from vramlab.experiment.events import Event
-from vramlab.load.stub import StubBehaviour, StubServer
-
-
-@pytest.fixture()
-def stub() -> Iterator[str]:
-    ready, box = threading.Event(), dict[str, Any]()
-
-    def serve() -> None:
-        async def main() -> None:
-            async with StubServer(StubBehaviour()) as srv:
-                box["url"], box["loop"], box["stop"] = srv.url, asyncio.get_running_loop(), asyncio.Event()
-                ready.set()
-                await box["stop"].wait()
-
-        asyncio.run(main())
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    assert ready.wait(10)
-    yield str(box["url"])
-    box["loop"].call_soon_threadsafe(box["stop"].set)
-    t.join(5)
 
 
 def _plan(path: Path, url: str, marker: Path) -> Path:

@@ -11,39 +11,15 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
 from vramlab.load.stub import StubBehaviour, StubServer
 
 VRAMLAB = [sys.executable, "-m", "vramlab"]
-
-
-@pytest.fixture()
-def stub() -> Iterator[str]:
-    b = StubBehaviour()
-    ready, box = threading.Event(), dict[str, Any]()
-
-    def serve() -> None:
-        async def main() -> None:
-            async with StubServer(b) as srv:
-                box["url"], box["loop"], box["stop"] = srv.url, asyncio.get_running_loop(), asyncio.Event()
-                ready.set()
-                await box["stop"].wait()
-
-        asyncio.run(main())
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    assert ready.wait(10)
-    yield str(box["url"])
-    box["loop"].call_soon_threadsafe(box["stop"].set)
-    t.join(5)
 
 
 def _plan(path: Path, url: str, requests: int = 1_000_000, duration: float = 10, marker: Path | None = None,

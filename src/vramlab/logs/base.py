@@ -432,3 +432,27 @@ def assemble(
             )
             out.append(obs)
     return out
+
+
+def one_line_blocks(lines: Iterable[str], starts: Callable[[str], bool], ends: Callable[[str], bool],
+                    max_lines: int, join: Callable[[list[str]], str] = " ".join) -> Iterable[str]:
+    """Each multi-line block a rule reads as one line (a pretty-printed TGI `Args {`, a transformers config
+    dump): the block joined by `join`, then empty lines in place of the ones it took, so every later line
+    keeps its number. A block ends at `ends(line)` or after `max_lines` (a missing end must not swallow the log)."""
+    block: list[str] | None = None
+    for raw in lines:
+        line = raw.rstrip("\r\n")
+        if block is not None:
+            block.append(line.strip())
+            if ends(line) or len(block) > max_lines:
+                yield join(block)
+                yield from [""] * (len(block) - 1)
+                block = None
+            continue
+        if starts(line):
+            block = [line.rstrip()]
+            continue
+        yield line
+    if block is not None:
+        yield join(block)
+        yield from [""] * (len(block) - 1)

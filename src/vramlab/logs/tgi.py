@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from vramlab.logs.base import Rule, assemble, parse_lines, rule
+from vramlab.logs.base import Rule, assemble, one_line_blocks, parse_lines, rule
 
 ENGINE = "tgi"
 
@@ -79,28 +79,13 @@ _ARGS_FIELDS_MAX = 200  # a pretty-printed Args block has ~60 fields; a missing 
 
 
 def _one_line_args(lines: Iterable[str]) -> Iterable[str]:
-    """A pretty-printed `Args {` block as the one line the `args` rule reads (`Some(\n 2,\n)` -> `Some(2)`),
-    followed by empty lines in place of the ones it took, so every later line keeps its number."""
-    block: list[str] | None = None
-    for raw in lines:
-        line = raw.rstrip("\r\n")
-        if block is not None:
-            block.append(line.strip())
-            if line.strip() == "}" or len(block) > _ARGS_FIELDS_MAX:
-                yield from _flatten(block)
-                block = None
-            continue
-        if line.rstrip().endswith("Args {"):
-            block = [line.rstrip()]
-            continue
-        yield line
-    if block is not None:
-        yield from _flatten(block)
+    """A pretty-printed `Args {` block as the one line the `args` rule reads (`Some(\n 2,\n)` -> `Some(2)`)."""
+    return one_line_blocks(lines, lambda line: line.rstrip().endswith("Args {"), lambda line: line.strip() == "}",
+                           _ARGS_FIELDS_MAX, _flatten)
 
 
-def _flatten(block: list[str]) -> Iterable[str]:
-    yield re.sub(r"Some\(\s*(.*?),?\s*\)", r"Some(\1)", " ".join(block))
-    yield from [""] * (len(block) - 1)
+def _flatten(block: list[str]) -> str:
+    return re.sub(r"Some\(\s*(.*?),?\s*\)", r"Some(\1)", " ".join(block))
 
 
 def _finish(fields: dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from vramlab.logs.base import Rule, StartUp, assemble, parse_lines, rule
+from vramlab.logs.base import Rule, StartUp, assemble, one_line_blocks, parse_lines, rule
 
 ENGINE = "transformers"
 _DUMP_START = re.compile(r"\bModel config (\w+) \{$")
@@ -115,22 +115,6 @@ def _requested_dtype(su: StartUp) -> None:
 
 
 def _one_line_configs(lines: Iterable[str]) -> Iterable[str]:
-    """A `Model config XConfig {` block (the JSON, one key per line, up to `}`) as one line,
-    followed by empty lines in place of the ones it took, so every later line keeps its number."""
-    block: list[str] | None = None
-    for raw in lines:
-        line = raw.rstrip("\r\n")
-        if block is not None:
-            block.append(line.strip())
-            if line == "}" or len(block) > _DUMP_FIELDS_MAX:
-                yield " ".join(block)
-                yield from [""] * (len(block) - 1)
-                block = None
-            continue
-        if _DUMP_START.search(line):
-            block = [line.rstrip()]
-            continue
-        yield line
-    if block is not None:
-        yield " ".join(block)
-        yield from [""] * (len(block) - 1)
+    """A `Model config XConfig {` block (the JSON, one key per line, up to `}`) as one line."""
+    return one_line_blocks(lines, lambda line: bool(_DUMP_START.search(line)), lambda line: line == "}",
+                           _DUMP_FIELDS_MAX)
