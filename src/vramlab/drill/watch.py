@@ -12,10 +12,11 @@ import time
 from typing import Any
 
 from vramlab.records import SampleRecord
+from vramlab.records.events import EventKind
 
-FINDING_EVENTS = {"oom": "oom", "engine_death": "oom", "startup_refusal": "startup_refusal", "xid": "xid",
-                  "preemption": "preemption", "overload": "overload", "process_exit": "process_exit",
-                  "health_fail": "health_fail"}
+# the detector's finding kinds a log line can produce, and the timeline event each is stored as
+FINDING_EVENTS = {"oom": EventKind.OOM, "engine_death": EventKind.OOM, "startup_refusal": EventKind.STARTUP_REFUSAL,
+                  "xid": EventKind.XID, "preemption": EventKind.PREEMPTION, "overload": EventKind.OVERLOAD}
 
 
 class Watchers:
