@@ -355,7 +355,7 @@ class HasData(Protocol):
 
 def _data(ev: HasData, *kinds: EventKind) -> dict[str, Any]:
     if ev.kind not in kinds:  # a reader's bug: it picked the wrong row
-        raise ValueError(f"a {ev.kind!r} event read as {' or '.join(map(str, kinds))}")
+        raise ValueError(f"a {str(ev.kind)!r} event read as {' or '.join(map(str, kinds))}")
     return ev.data
 
 
