@@ -295,3 +295,13 @@ def test_an_unknown_kind_from_a_producer_is_a_bug_exit_70(tmp_path, monkeypatch,
     # the run says why it failed, and the target the drill started was stopped all the same
     assert run.status == "failed" and "unknown event kind 'capacity_plans'" in (run.stop_reason or "")
     assert "rollback" in kinds and kinds[-1] == "run_end"
+
+
+def test_the_docs_table_is_the_enumeration_in_words():
+    text = (ROOT / "docs" / "store-and-reports.md").read_text()
+    section = text.split("### Event kinds", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([a-z_]+)` \| (.+) \| `(\w+)` \|$", section, flags=re.M)
+    assert [r[0] for r in rows] == [k.value for k in EventKind]
+    for kind, doc, type_name in rows:
+        k = EventKind(kind)
+        assert doc.replace("\\|", "|") == k.doc and type_name == PAYLOADS[k].__name__, kind
