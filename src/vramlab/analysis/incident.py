@@ -181,7 +181,7 @@ def analyse(
     # the drill settles the mode after recovery, when it knows more (exit, refusal on restart)
     settled_ev = next((e for e in reversed(events) if e.kind == K.FAILURE_MODE), None) if failed else None
     settled = failure_mode_data(settled_ev) if settled_ev else None
-    verdict = (settled or fault_data(fault)) if fault else None
+    verdict = (settled if settled is not None else fault_data(fault)) if fault else None
     mode = str(verdict.get("mode", "unknown")) if verdict is not None else "none"
     if fault is not None and t0 is not None:
         trigger = _trigger(requests, steps, t0, mode)
