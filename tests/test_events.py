@@ -16,7 +16,15 @@ import yaml
 
 from vramlab.experiment.events import Event, EventHook
 from vramlab.records import EventRecord, SampleRecord
-from vramlab.records.events import DATA_KINDS, PAYLOADS, EventKind, fault_data, payload_keys, step_data
+from vramlab.records.events import (
+    DATA_KINDS,
+    PAYLOADS,
+    EventKind,
+    check_kind,
+    fault_data,
+    payload_keys,
+    step_data,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "vramlab"
@@ -26,7 +34,7 @@ KINDS = {k.value for k in EventKind}
 def _undeclared(kind: str, data: dict[str, Any]) -> set[str]:
     """Data keys the kind's payload type does not declare (constructing the Event checks the kind)."""
     ev = Event(kind, 0.0, data=data)
-    return set(data) - payload_keys(EventKind(ev.kind))
+    return set(data) - payload_keys(check_kind(ev.kind))
 
 
 # -- the enumeration ---------------------------------------------------------------------------
@@ -52,7 +60,7 @@ def test_an_event_of_an_unknown_kind_is_refused_and_a_known_one_is_its_member():
     assert ev.kind is EventKind.FAULT and fault_data(ev).get("t0_s") == 0.5
     with pytest.raises(ValueError, match="'fault' event read as step"):
         step_data(ev)  # a reader that picked the wrong row is a bug, not a None
-    hook, seen = EventHook(), []
+    hook, seen = EventHook(), list[Event]()
     hook.add(seen.append)
     hook.fire(Event(EventKind.NOTE, 0.0, message="m"))
     assert seen[0].kind == "note"
@@ -218,7 +226,7 @@ def test_drill_helpers_build_declared_data():
 def _check_stored(events: list[EventRecord]) -> set[str]:
     for e in events:
         assert type(e.kind) is str and e.kind in KINDS, e.kind
-        assert not set(e.data) - payload_keys(EventKind(e.kind)), (e.kind, sorted(e.data))
+        assert not set(e.data) - payload_keys(check_kind(e.kind)), (e.kind, sorted(e.data))
     return {e.kind for e in events}
 
 
@@ -303,5 +311,5 @@ def test_the_docs_table_is_the_enumeration_in_words():
     rows = re.findall(r"^\| `([a-z_]+)` \| (.+) \| `(\w+)` \|$", section, flags=re.M)
     assert [r[0] for r in rows] == [k.value for k in EventKind]
     for kind, doc, type_name in rows:
-        k = EventKind(kind)
+        k = check_kind(kind)
         assert doc.replace("\\|", "|") == k.doc and type_name == PAYLOADS[k].__name__, kind
