@@ -423,12 +423,14 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
     for engine, items in sorted(by_engine.items()):
         for group in sorted({str(r.get("collection_group")) for r, _ in items}):
             train = [c for r, c in items if str(r.get("collection_group")) != group and not _fork(r)]
-            refit = len(train) >= 5
-            if refit:
-                result = fit(train, engine, leave_one_out=False)
+            result = fit(train, engine, leave_one_out=False) if len(train) >= 5 else None
+            # refit only when the other groups move a constant (SGLang's token-only rows fit none): else the
+            # shipped defaults, and said so
+            refit = bool(result and result.fitted)
+            if result and refit:
                 constants = Constants.defaults().with_overrides(result.overrides(), f"without {group}")
                 fitted = sorted(f.name for f in result.fitted)
-            else:  # the engine's only group: scored at the shipped defaults
+            else:  # the engine's only group, or nothing refittable outside it: scored at the shipped defaults
                 constants, fitted = Constants.defaults(), []
             on_default: set[str] = set()
             group_errs: dict[str, list[float]] = {}
@@ -454,7 +456,9 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
             # a group whose rows span engines is scored per engine: one entry each, none overwritten
             groups[group if group not in groups else f"{group} ({engine})"] = {
                 "engine": engine, "refit": refit, "n_train": len(train), "fitted": fitted,
-                "why": "" if refit else f"only {len(train)} {engine} rows outside it: shipped defaults",
+                "why": "" if refit else (f"only {len(train)} {engine} rows outside it: shipped defaults" if result is None
+                                         else f"the {len(train)} {engine} rows outside it refit no constant: "
+                                              "shipped defaults"),
                 "defaults_set_from_this_group": DEFAULTS_SET_FROM.get(group, []),
                 "components_on_defaults": sorted(on_default),
                 "metrics": {m: (len(v), statistics.median(v), pct(v, 0.9)) for m, v in group_errs.items()},

@@ -51,3 +51,55 @@ def test_tgi_widens_a_vision_models_warm_up_and_says_so() -> None:
     assert plain_act is not None
     assert rel - (plain_act.high_bytes - plain_act.bytes) / plain_act.bytes > 0.49
     assert any("image path" in n for n in vlm.notes) and not any("image path" in n for n in plain.notes)
+
+
+def test_a_component_whose_own_note_says_unknown_is_named_in_the_band_line() -> None:
+    """SGLang's CUDA context is vLLM's figure (its note says unknown term): the KV band line says so."""
+    spec = get_entry("llama-3.1-8b-instruct").spec()
+    gpu = get_gpu("rtx-4090")
+    p = make_plan(spec, gpu, EngineSettings(engine="sglang", engine_version="0.4.9", max_model_len=131072))
+    assert p.estimate.extra["kv_band_widest"] == "cuda_context"
+    assert "cuda_context" in p.estimate.extra["kv_unknown_terms"]
+    line = next(x for x in render_plan(p, spec, gpu).splitlines() if x.startswith("KV band:"))
+    assert line.endswith("most of its width comes from the cuda_context term (an unknown term: see its note)")
+
+
+def test_memory_other_processes_hold_is_named_outside_the_band_until_it_is_given() -> None:
+    """SGLang keeps back (1 - fraction) of the memory free at start-up, so 1 GiB held by another process lowers the
+    pool by fraction x 1 GiB, not 1 GiB: the plan names the term while it is unknown and drops it once given."""
+    spec = get_entry("llama-3.1-8b-instruct").spec()
+    gpu = get_gpu("rtx-4090")
+    settings = EngineSettings(engine="sglang", engine_version="0.4.9", max_model_len=32768, mem_fraction_static=0.85)
+    bare = make_plan(spec, gpu, settings)
+    held = make_plan(spec, gpu, settings.with_(other_processes_bytes=1 << 30))
+    assert any("other processes" in t for t in bare.estimate.extra["kv_unbanded_terms"])
+    assert "kv_unbanded_terms" not in held.estimate.extra
+    drop = bare.estimate.kv_available_bytes - held.estimate.kv_available_bytes
+    assert abs(drop - 0.85 * (1 << 30)) < 2 << 20
+    text = render_plan(bare, spec, gpu)
+    assert "  not in the band: memory other processes hold on the card" in text
+    assert "not in the band" not in render_plan(held, spec, gpu)
+
+
+def test_vllm_names_what_other_processes_do_while_it_profiles_even_when_their_memory_is_given() -> None:
+    spec = get_entry("llama-3.1-8b-instruct").spec()
+    est = estimate(spec, H100, EngineSettings(engine_version="0.19.0", max_model_len=8192,
+                                              other_processes_bytes=2 << 30))
+    assert any("while vLLM profiles" in t for t in est.extra["kv_unbanded_terms"])
+    # llama.cpp sizes its buffers from the model and the context alone: nothing is named
+    gguf = estimate(spec, H100, EngineSettings(engine="llama.cpp", ctx_size=4096))
+    assert "kv_unbanded_terms" not in gguf.extra and "kv_unknown_terms" not in gguf.extra
+
+
+def test_vllm_v1_before_the_snapshot_takes_what_other_processes_hold_off_the_pool() -> None:
+    """V1 0.8.x-0.9.0 charges every non-torch byte on the card to the budget (other processes' too); 0.9.1's
+    start-up snapshot and V0's baseline leave them out (they only have to leave util x total free)."""
+    spec = get_entry("llama-3.1-8b-instruct").spec()
+    drops = {}
+    for version, mode in (("0.8.5", "v1"), ("0.9.2", "v1"), ("0.8.5", "v0")):
+        settings = EngineSettings(engine_version=version, vllm_engine=mode, max_model_len=8192)
+        bare = estimate(spec, H100, settings)
+        held = estimate(spec, H100, settings.with_(other_processes_bytes=2 << 30))
+        drops[(version, mode)] = bare.kv_available_bytes - held.kv_available_bytes
+    assert drops[("0.8.5", "v1")] == 2 << 30
+    assert drops[("0.9.2", "v1")] == 0 and drops[("0.8.5", "v0")] == 0

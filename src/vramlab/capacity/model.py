@@ -13,6 +13,7 @@ from importlib import import_module
 from typing import Any
 
 from vramlab.capacity import defaults
+from vramlab.capacity.band_terms import unbanded_terms, unknown_terms
 from vramlab.capacity.constants import Constants
 from vramlab.capacity.engines.common import Context, PolicyResult
 from vramlab.capacity.estimate import GIB, Component, Estimate
@@ -103,11 +104,21 @@ def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Co
         # the KV band signed, as a failed start-up prints it (the kv_cache component stops at 0)
         extra={**r.extra, "kv_band_bytes": (min(kv_low, kv_mid), max(kv_high, kv_mid)),
                **({"kv_band_widest": widest} if widest else {}),
+               **_named_terms(r, comps, settings),
                **({"default_context_rule": context_note} if context_note else {})},
     )
     if not fits and with_suggestions:
         est = replace(est, suggestions=tuple(suggest(model, gpu, settings, constants, est)))
     return est
+
+
+def _named_terms(r: PolicyResult, comps: list[Component], settings: EngineSettings) -> dict[str, list[str]]:
+    """The terms the band was widened for because they are unknown, and those that move the pool outside any band
+    (capacity/band_terms.py): the plan output names both."""
+    unknown = [] if r.kv_fixed else unknown_terms(comps, r.notes)
+    unbanded = [] if r.kv_fixed else unbanded_terms(settings.engine, settings.other_processes_bytes)
+    return {**({"kv_unknown_terms": unknown} if unknown else {}),
+            **({"kv_unbanded_terms": unbanded} if unbanded else {})}
 
 
 def kv_band(r: PolicyResult, comps: list[Component], kv_mid: int) -> tuple[int, int, str | None]:

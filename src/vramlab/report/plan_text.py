@@ -95,15 +95,20 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
 
 
 def _kv_band(e: Any) -> list[str]:
-    """The KV band and the term that makes most of its width (named unknown when a note says so)."""
+    """The KV band, the term that makes most of its width, every term it was widened for because it is unknown
+    here, and what moves the pool outside the band (capacity/band_terms.py)."""
     band = e.extra.get("kv_band_bytes")
     widest = e.extra.get("kv_band_widest")
-    if not (band and widest and band[0] != band[1]):
-        return []
-    term = str(widest).replace("_", " ")
-    unknown = next((n for n in e.notes if n.startswith("unknown term") and f"({term})" in n), None)
-    return [f"KV band: {gib(max(0, band[0]))}-{gib(max(0, band[1]))} GiB; most of its width comes from the "
-            f"{widest} term" + (" (an unknown term: see its note)" if unknown else "")]
+    unknown = list(e.extra.get("kv_unknown_terms") or ())
+    lines = []
+    if band and widest and band[0] != band[1]:
+        lines.append(f"KV band: {gib(max(0, band[0]))}-{gib(max(0, band[1]))} GiB; most of its width comes from the "
+                     f"{widest} term" + (" (an unknown term: see its note)" if widest in unknown else ""))
+        others = [t for t in unknown if t != widest]
+        if others:
+            lines.append("  also widened for unknown terms: " + ", ".join(others) + " (see their notes)")
+    lines += [f"  not in the band: {t}" for t in e.extra.get("kv_unbanded_terms") or ()]
+    return lines
 
 
 def _verdict(e: Any) -> list[str]:

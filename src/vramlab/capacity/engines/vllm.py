@@ -364,9 +364,12 @@ def plan(ctx: Context) -> PolicyResult:
     components = stages[0]
     fixed_kv = settings.kv_cache_memory_bytes
     budget = int(fixed_kv if fixed_kv else setup.utilization * ctx.total)
+    # V1 before 0.9.1 charges every non-torch byte on the card to the budget (vllm_eras.V1_SNAPSHOT_FROM), other
+    # processes' included; from 0.9.1 (and in V0) only what changes after the start-up snapshot counts.
+    held = ctx.other if setup.mode == "v1" and not setup.context_outside_budget else 0
 
     def kv_rule(parts: list[Component], point: str) -> int:
-        return int(fixed_kv) if fixed_kv else budget - pick(parts, point)
+        return int(fixed_kv) if fixed_kv else budget - held - pick(parts, point)
 
     pools = pool_plan(ctx, hybrid_manager=setup.mode == "v1")
     first = pools.layouts[0]
