@@ -87,7 +87,7 @@ def test_yaml_syntax_error_has_a_line() -> None:
 
 
 def test_not_a_mapping_and_missing_file(tmp_path: Path) -> None:
-    assert _err("- a\n- b\n") == "plan.yaml:1: a plan is a mapping (name:, target:, ...), got list"
+    assert _err("- a\n- b\n") == "plan.yaml:1: a plan is a mapping (kind: experiment, name:, target:, ...), got list"
     with pytest.raises(ConfigError, match="no such plan file"):
         load_plan(tmp_path / "nope.yaml")
 
