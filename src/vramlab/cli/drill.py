@@ -84,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         check_writable("incident-XXXXXXXX.md", "incident report")  # the default lands in this folder
     plan = load_plan(args.plan)
+    for line in plan.old_name_notes():  # said here once; the drill stores them as warnings
+        print(f"vramlab drill: note: {line}", file=sys.stderr)
     if args.url:
         plan = plan.model_copy(update={"target": plan.target.model_copy(update={"base_url": args.url, "sim": None})})
     if args.gpu is not None or args.gpu_memory_gib is not None:
