@@ -125,8 +125,10 @@ def test_one_sim_settings_model_for_run_drill_and_colocation():
         assert type(sim) is SimSettings
     # one set of defaults; an experiment's sim serves the model its requests name
     assert run.sim is not None and drill.sim is not None
-    assert run.sim.argv() == ["--model", "qwen2.5-0.5b-instruct", "--gpu", "l4", "--engine", "vllm", "--speed", "50",
+    # ... and keeps the pace runs always had where the plan leaves speed out (the model's default is a drill's)
+    assert run.sim.argv() == ["--model", "qwen2.5-0.5b-instruct", "--gpu", "l4", "--engine", "vllm", "--speed", "20",
                               "--seed", "0"]
+    assert SimSettings().speed == 50 and engine.sim.speed == 50
     assert drill.sim.argv() == ["--model", "llama-3.1-8b-instruct", "--gpu", "l4", "--engine", "vllm", "--speed",
                                 "50", "--seed", "0"]
 

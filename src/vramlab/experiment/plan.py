@@ -26,6 +26,7 @@ SamplerSource = Literal["gpu", "ledger", "engine", "prometheus", "host", "health
 # Threshold names the analysis understands: a statistic of a per-request latency, or a rate.
 _METRIC_NAME = re.compile(r"^(p50|p90|p95|p99|max|mean)_(ttft|tpot|itl|e2e)_ms$|^error_rate$|^min_goodput_rps$")
 MAX_RAMP_STEPS = 64
+RUN_SIM_SPEED = 20.0  # a run's target.sim.speed when the plan leaves it out (docs/experiments.md)
 
 
 class _Model(BaseModel):
@@ -51,10 +52,11 @@ class Target(_Model):
 
     @model_validator(mode="before")
     @classmethod
-    def _sim_model(cls, data: Any) -> Any:
-        # the sim serves the model the requests name, unless target.sim.model says otherwise
-        if isinstance(data, dict) and "sim" in data:
-            return {**data, "sim": sim_with_model(data["sim"], data.get("model"))}
+    def _sim_for_a_run(cls, data: Any) -> Any:
+        # The sim serves the model the requests name, unless target.sim.model says otherwise; a run's
+        # sim keeps the pace runs always had (speed 20, where SimSettings' own default is a drill's 50).
+        if isinstance(data, dict) and isinstance(data.get("sim"), dict):
+            return {**data, "sim": {"speed": RUN_SIM_SPEED, **sim_with_model(data["sim"], data.get("model"))}}
         return data
 
     @model_validator(mode="after")
