@@ -12,6 +12,8 @@ leading "@path: " in its message ("@change.variable: request_rate needs load.mod
 
     doc = read_yaml("plan.yaml", what="plan")      # ConfigError: no such file, not valid YAML
     plan = validate(Plan, doc, kind="a plan", keys="name:, target:, ...")
+    plan = validate_plan({"experiment": Plan}, doc)  # a plan document: its kind: picks the model,
+                                                     # older names load with a note (vramlab.plandoc)
     doc.where(("nodes", 1, "gpu"))                  # "fleet.yaml:5", for checks after validation
 
 Like `vramlab.errors`, every package that reads a plan may import this module; PyYAML and

@@ -84,8 +84,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         check_writable("incident-XXXXXXXX.md", "incident report")  # the default lands in this folder
     plan = load_plan(args.plan)
-    for line in plan.old_name_notes():  # said here once; the drill stores them as warnings
-        print(f"vramlab drill: note: {line}", file=sys.stderr)
     if args.url:
         plan = plan.model_copy(update={"target": plan.target.model_copy(update={"base_url": args.url, "sim": None})})
     if args.gpu is not None or args.gpu_memory_gib is not None:
@@ -94,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     from vramlab.cli.outputs import check_store
 
     check_store(args.db or plan.store)
+    for line in plan.old_name_notes():  # said once, when nothing refused the drill; stored as its warnings
+        print(f"vramlab drill: note: {line}", file=sys.stderr)
     store = open_store(args.db or plan.store)
     runner = DrillRunner(plan, store, override_env=args.not_test)
     print(f"drill {plan.name}: run {runner.run_id} (stop with Ctrl-C; the rollback still runs)", file=sys.stderr,
