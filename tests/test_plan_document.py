@@ -89,9 +89,12 @@ def test_a_field_given_by_both_names_and_a_foreign_kind_are_one_line(tmp_path):
                               "keep load.retry")
     with pytest.raises(ConfigError, match=r"^plan.yaml:\d+: kind: unknown kind 'chaos'"):
         experiment_plan.parse_plan("kind: chaos\nname: x\n")
+    with pytest.raises(ConfigError, match=r"^plan.yaml:1: kind: unknown kind \[1\]"):
+        experiment_plan.parse_plan("kind: [1]\nname: x\n")
     doc = yaml.safe_load((ROOT / "examples" / "oom-drill.yaml").read_text())
     doc["kind"] = "colocation"  # colocation without a colocation: section
-    with pytest.raises(ConfigError, match="kind: colocation goes with a colocation: section"):
+    with pytest.raises(ConfigError, match="^x.yaml: kind: colocation, but a drill with a colocation: section is "
+                       "kind: colocation and one without is kind: drill$"):
         drill_plan.parse_plan(doc, "x.yaml")
 
 

@@ -1,5 +1,5 @@
 """The one plan document: its kinds, its one vocabulary, the old names it still reads, and the
-sections every kind shares (docs/experiments.md, "The plan document").
+sections every kind shares (docs/experiments.md, "One plan document").
 
     kind: experiment     `vramlab run`    fixed inputs, one changed variable, rounds (experiment/plan.py)
     kind: drill          `vramlab drill`  a ramp to failure, detection, recovery (drill/plan.py)
@@ -33,7 +33,6 @@ RENAMES: tuple[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = 
 )
 
 
-
 class DocumentError(ValueError):
     """A problem with the document as a whole; `at` is the path it is about."""
 
@@ -53,7 +52,7 @@ def document_kind(data: dict[str, Any], accepts: tuple[str, ...]) -> str:
     kind = data.get("kind")
     if kind is None:
         return "colocation" if accepts[0] != "experiment" and "colocation" in data else accepts[0]
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise DocumentError(("kind",), f"unknown kind {kind!r}; use one of {', '.join(KINDS)}")
     if kind not in accepts:
         article = "an" if kind[0] in "aeiou" else "a"
@@ -103,7 +102,7 @@ def stored_plan(plan: dict[str, Any], run_kind: str) -> dict[str, Any]:
     if not isinstance(plan, dict):
         return {}
     kind = plan.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         kind = ("colocation" if plan.get("colocation") else "drill") if run_kind == "drill" else "experiment"
     try:
         return upgrade(plan, str(kind))[0]
@@ -133,7 +132,7 @@ class PlanDocument(BaseModel):
 # Sections every kind shares
 
 
-class Section(BaseModel):
+class PlanSection(BaseModel):
     # frozen + forbid: a plan is a document; a typo must fail loudly, and nobody may edit it after loading.
     # allow_inf_nan=False: `.inf` or `.nan` is refused with the field's name, not run until the wall clock.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -142,7 +141,7 @@ class Section(BaseModel):
 SimEngine = Literal["vllm", "sglang", "tgi", "llama.cpp", "ollama"]
 
 
-class SimSettings(Section):
+class SimSettings(PlanSection):
     """`target.sim`: the rehearsal server (`vramlab sim serve`) vramlab starts for the run or drill
     and stops afterwards. An experiment fills `model` from target.model (the model its requests name)."""
 
@@ -178,7 +177,7 @@ def sim_with_model(sim: Any, model: str | None) -> Any:
     return sim
 
 
-class Retry(Section):
+class Retry(PlanSection):
     """`load.retry`: what the load's clients do after a failed request."""
 
     policy: Literal["none", "immediate", "exponential"] = "none"
@@ -188,7 +187,7 @@ class Retry(Section):
     jitter: float = Field(default=1.0, ge=0, le=1, description="fraction of each delay drawn at random")
 
 
-class StopConditions(Section):
+class StopConditions(PlanSection):
     """`stop_conditions`: always armed, each checked continuously over a sliding window. A stop
     that fires is named by its field everywhere (events, findings, `--json`): p95_ms, not p95."""
 
@@ -202,7 +201,7 @@ class StopConditions(Section):
     min_requests: int = Field(default=10, ge=1)
 
 
-class RollbackCommand(Section):
+class RollbackCommand(PlanSection):
     run: str = Field(min_length=1)
     timeout_s: float = Field(default=30.0, gt=0)
 
@@ -247,5 +246,5 @@ def metrics_endpoint(metrics_url: str | None, root: str) -> str:
 
 
 __all__ = ["KINDS", "RENAMES", "DocumentError", "Kind", "PlanDocument", "RecoverySpec", "Retry",
-           "RollbackCommand", "Section", "SimSettings", "StopConditions", "document_kind", "metrics_endpoint",
+           "PlanSection", "RollbackCommand", "SimSettings", "StopConditions", "document_kind", "metrics_endpoint",
            "rollback_strings", "sim_with_model", "stored_plan", "upgrade"]

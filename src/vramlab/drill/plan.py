@@ -128,7 +128,8 @@ class DrillPlan(_Strict, PlanDocument):
             check_actionable(rule)
         names = [n.name for n in self.neighbours]
         if (self.kind == "colocation") != (self.colocation is not None):
-            raise ValueError("@kind: kind: colocation goes with a colocation: section (and kind: drill without one)")
+            raise ValueError(f"@kind: {self.kind}, but a drill with a colocation: section is kind: colocation and one "
+                             "without is kind: drill")
         if self.colocation is not None:
             if self.target.kind != "sim" or self.target.sim is None:
                 raise ValueError("colocation needs a sim target with target.sim (the engines share its ledger)")
