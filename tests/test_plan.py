@@ -108,7 +108,7 @@ def test_api_key_value_is_refused_as_env_name() -> None:
 
 
 def test_few_rounds_warn_and_ramp_expands() -> None:
-    text = GOOD.replace("  steps: [2, 4]\n", "  ramp: {start: 1, factor: 2, max: 8}\n") + "rounds: 1\n"
+    text = GOOD.replace("  steps: [2, 4]\n", "  ramp: {start: 1, factor: 2, ceiling: 8}\n") + "rounds: 1\n"
     plan = parse_plan(text)
     assert plan.change.values() == [1, 2, 4, 8]
     assert any("fewer than 3" in w for w in plan.warnings())
