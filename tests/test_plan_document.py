@@ -193,3 +193,39 @@ def test_a_drill_stored_under_the_old_names_reads_through_the_plan_model():
     assert incident_of(ctx) is incident_of(ctx) and incident_of(new) is not incident_of(ctx)
     text = render(ctx, "md")
     assert "immediate" in text and "stop_conditions" in text
+
+
+def test_a_run_of_an_old_plan_stores_its_notes_with_the_run(tmp_path):
+    """The runner stores plan.warnings() as the run's notes: the old names travel with the run."""
+    import asyncio
+
+    from vramlab.experiment.events import EventHook
+    from vramlab.experiment.recorder import StoreRecorder
+    from vramlab.experiment.runner import Runner, RunOptions
+    from vramlab.load.stub import StubBehaviour, StubServer
+    from vramlab.store import open_store
+
+    store = open_store(str(tmp_path / "v.db"))
+
+    async def go(url: str) -> str:
+        plan = experiment_plan.parse_plan(f"""
+name: old-run
+target: {{base_url: "{url}", model: stub-model}}
+fixed: {{input: {{synthetic: {{prompt_tokens: 8, output_tokens: 3, seed: 1, count: 4}}}}}}
+change: {{variable: concurrency, ramp: {{start: 1, factor: 2, max: 2}}}}
+phases: {{duration_s: 0.2, drain_s: 0.2}}
+rounds: 1
+samplers: {{sources: [host], interval_s: 0.05}}
+""", "old-run.yaml")
+        hook = EventHook()
+        hook.add(StoreRecorder(store))
+        return (await Runner(plan, hook, RunOptions()).run()).run_id
+
+    async def main() -> str:
+        async with StubServer(StubBehaviour(ttft_s=0.002)) as srv:
+            return await go(srv.url)
+
+    run = store.get_run(asyncio.run(main()))
+    assert run.status == "completed" and run.change["steps"] == [1, 2]
+    assert "old-run.yaml: change.ramp.max -> change.ramp.ceiling (the old name still loads; rename it)" in run.notes
+    assert run.plan["kind"] == "experiment" and run.plan["change"]["ramp"]["ceiling"] == 2  # stored in the new names
