@@ -142,13 +142,13 @@ def test_resource_and_clock_stops():
     d = _det()
     d.on_sample(1.0, "gpu.memory_used_bytes", 99.5, total=100.0)
     f = d.failure()
-    assert f is not None and f.kind == "gpu_memory"
+    assert f is not None and f.kind == "gpu_memory_share"
     c = _det(wall_clock_s=5.0)
     c.on_clock(4.0, 4.0)
     assert c.failure() is None
     c.on_clock(5.1, 5.1)
     failure = c.failure()
-    assert failure is not None and failure.kind == "wall_clock"
+    assert failure is not None and failure.kind == "wall_clock_s"
 
 
 def test_herd_monitor_flags_a_retry_wave_against_the_baseline():

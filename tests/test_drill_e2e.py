@@ -31,7 +31,7 @@ def _plan(tmp_path: Path, **changes) -> Path:
     # A loaded 2-core CI box stretches latency after the restart: judge recovery on health and
     # successful requests, with a P95 tolerance that does not depend on how busy the machine is.
     doc["recovery"]["p95_tolerance"] = 4.0
-    doc.setdefault("stop", {})["wall_clock_s"] = 40  # the drill takes ~10 s; a stall dumps its stacks at 100 s
+    doc.setdefault("stop_conditions", {})["wall_clock_s"] = 40  # the drill takes ~10 s; a stall dumps its stacks at 100 s
     for dotted, value in changes.items():
         node = doc
         keys = dotted.split("__")

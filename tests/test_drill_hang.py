@@ -31,16 +31,15 @@ HANG_AFTER_S = 2.5  # after the sim is ready: past the 1 s baseline, inside the 
 
 def _doc(tmp_path: Path) -> dict:
     return {
-        "name": "hang-drill", "rounds": 1, "baseline_s": 1.0,
+        "kind": "drill", "name": "hang-drill", "rounds": 1, "baseline_s": 1.0,
         "target": {"kind": "sim", "environment": "test", "engine": "vllm",
                    "sim": {"model": "qwen2.5-0.5b-instruct", "gpu": "l4", "engine": "vllm", "max_model_len": 4096,
                            "speed": 200, "device": str(tmp_path / "gpu.ledger"),
                            "extra_args": ["--fault", f"hang@{HANG_AFTER_S:g}"]}},
-        "load": {"concurrency": 4, "prompt_tokens": 64, "max_tokens": 8, "request_timeout_s": 1.0},
+        "load": {"concurrency": 4, "prompt_tokens": 64, "max_tokens": 8, "request_timeout_s": 1.0, "retry": CLIENTS},
         "ramp": {"knob": "concurrency", "mode": "geometric", "start": 4, "factor": 2, "ceiling": 16, "step_s": 2.5},
-        "stop": {"error_rate": 0.5, "window_s": 1.0, "min_requests": 3, "wall_clock_s": 40},
+        "stop_conditions": {"error_rate": 0.5, "window_s": 1.0, "min_requests": 3, "wall_clock_s": 40},
         "recovery": {"mode": "auto", "limit_s": 8, "observe_s": 0.5, "liveness_grace_s": 2},
-        "clients": CLIENTS,
         "rollback": [f"touch {tmp_path / 'rolled-back'}"],
     }
 

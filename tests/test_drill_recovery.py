@@ -33,7 +33,8 @@ def test_manual_recovery_waits_for_operator_note(tmp_path):
     db = str(tmp_path / "s.db")
     store = open_store(db)
     plan = _plan(tmp_path, mode="manual", limit_s=20, observe_s=0.5)
-    runner = DrillRunner(plan.model_copy(update={"clients": plan.clients.model_copy(update={"policy": "none"})}), store)
+    no_retry = plan.load.model_copy(update={"retry": plan.load.retry.model_copy(update={"policy": "none"})})
+    runner = DrillRunner(plan.model_copy(update={"load": no_retry}), store)
 
     async def operator() -> None:
         while True:
@@ -57,7 +58,7 @@ def test_manual_recovery_waits_for_operator_note(tmp_path):
     assert any(e.kind == "recovered" for e in events)
     note = next(e for e in events if e.kind == "note")
     assert note.t_s <= mitigations[0].t_s + 0.6  # seen within one poll of the store
-    assert all(r.attempt == 0 for r in store.requests(runner.run_id))  # clients: policy none
+    assert all(r.attempt == 0 for r in store.requests(runner.run_id))  # load.retry: policy none
 
 
 def test_scripted_recovery_runs_command_after_delay(tmp_path):
@@ -112,7 +113,7 @@ def test_restart_refused_next_to_cotenant_is_not_recovered_and_rolled_back(tmp_p
     doc["target"]["engine"] = "vllm"
     doc["baseline_s"], doc["ramp"]["step_s"] = 1.0, 0.7
     doc["recovery"].update(limit_s=3, observe_s=0)
-    doc["clients"] = {"policy": "immediate", "max_attempts": 5}
+    doc["load"]["retry"] = {"policy": "immediate", "max_attempts": 5}
     doc["alerts"] = []
     store = open_store(str(tmp_path / "s.db"))
     runner = DrillRunner(parse_plan(doc), store)

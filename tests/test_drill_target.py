@@ -178,8 +178,8 @@ def test_plan_errors_are_one_line():
     with pytest.raises(ConfigError, match=r"recovery: .*needs recovery.command"):
         parse_plan(doc)
     doc = _plan_doc("test")
-    doc["stop"]["error_rat"] = 0.3
-    with pytest.raises(ConfigError, match=r"stop.error_rat"):
+    doc["stop_conditions"]["error_rat"] = 0.3
+    with pytest.raises(ConfigError, match=r"stop_conditions.error_rat"):
         parse_plan(doc)
 
 

@@ -270,7 +270,7 @@ def test_a_drill_stores_only_enumerated_kinds_with_declared_data(tmp_path):
     doc["target"]["sim"]["device"] = str(tmp_path / "gpu0.ledger")
     doc["baseline_s"], doc["ramp"]["step_s"], doc["recovery"]["observe_s"] = 1.0, 0.7, 1.0
     doc["recovery"]["p95_tolerance"] = 4.0
-    doc.setdefault("stop", {})["wall_clock_s"] = 40
+    doc.setdefault("stop_conditions", {})["wall_clock_s"] = 40
     store = open_store(str(tmp_path / "s.db"))
     runner = DrillRunner(parse_plan(doc), store)
     asyncio.run(asyncio.wait_for(runner.run(), 90))
@@ -285,7 +285,7 @@ def test_an_unknown_kind_from_a_producer_is_a_bug_exit_70(tmp_path, monkeypatch,
 
     doc = yaml.safe_load((ROOT / "examples" / "oom-drill.yaml").read_text())
     doc["target"]["sim"]["device"] = str(tmp_path / "gpu0.ledger")
-    doc.setdefault("stop", {})["wall_clock_s"] = 30
+    doc.setdefault("stop_conditions", {})["wall_clock_s"] = 30
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(doc))
     monkeypatch.setattr(capacity_plan, "start_events", lambda facts: [("capacity_plans", "a misspelt kind", {})])

@@ -185,15 +185,15 @@ def test_plan_kv_bytes_match_the_engine(engine, tmp_path, n_ctx, slots, cache):
 def _drill_doc(py: str, model: Path, tmp_path: Path, command: str, **over) -> dict:
     port = lc.free_port()
     doc: dict[str, Any] = {
-        "name": "llamacpp-kill", "rounds": 1, "baseline_s": 2.0,
+        "kind": "drill", "name": "llamacpp-kill", "rounds": 1, "baseline_s": 2.0,
         "target": {"kind": "process", "environment": "test", "engine": "llama.cpp",
                    "base_url": f"http://127.0.0.1:{port}", "model": "tiny", "command": command,
                    "log_file": str(tmp_path / "target.log")},
-        "load": {"concurrency": 2, "prompt_tokens": 16, "max_tokens": 8, "request_timeout_s": 20},
+        "load": {"concurrency": 2, "prompt_tokens": 16, "max_tokens": 8, "request_timeout_s": 20,
+                 "retry": {"policy": "none"}},
         "ramp": {"knob": "concurrency", "mode": "geometric", "start": 2, "factor": 2, "ceiling": 8, "step_s": 3},
-        "stop": {"error_rate": 0.5, "window_s": 2, "min_requests": 3, "wall_clock_s": 170},
+        "stop_conditions": {"error_rate": 0.5, "window_s": 2, "min_requests": 3, "wall_clock_s": 170},
         "recovery": {"mode": "auto", "limit_s": 60, "observe_s": 2, "p95_tolerance": 20},
-        "clients": {"policy": "none"},
     }
     for k, v in over.items():
         doc[k] = {**doc[k], **v} if isinstance(v, dict) else v

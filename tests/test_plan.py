@@ -87,7 +87,7 @@ def test_yaml_syntax_error_has_a_line() -> None:
 
 
 def test_not_a_mapping_and_missing_file(tmp_path: Path) -> None:
-    assert _err("- a\n- b\n") == "plan.yaml:1: a plan is a mapping (name:, target:, ...), got list"
+    assert _err("- a\n- b\n") == "plan.yaml:1: a plan is a mapping (kind: experiment, name:, target:, ...), got list"
     with pytest.raises(ConfigError, match="no such plan file"):
         load_plan(tmp_path / "nope.yaml")
 
@@ -108,7 +108,7 @@ def test_api_key_value_is_refused_as_env_name() -> None:
 
 
 def test_few_rounds_warn_and_ramp_expands() -> None:
-    text = GOOD.replace("  steps: [2, 4]\n", "  ramp: {start: 1, factor: 2, max: 8}\n") + "rounds: 1\n"
+    text = GOOD.replace("  steps: [2, 4]\n", "  ramp: {start: 1, factor: 2, ceiling: 8}\n") + "rounds: 1\n"
     plan = parse_plan(text)
     assert plan.change.values() == [1, 2, 4, 8]
     assert any("fewer than 3" in w for w in plan.warnings())

@@ -37,7 +37,7 @@ def _closed_port() -> int:
 def test_a_plan_names_an_endpoint_or_asks_for_a_sim():
     own = parse_plan(PLAN.format(TARGET="{kind: sim, model: qwen2.5-0.5b-instruct, sim: {gpu: l4, speed: 50}}"))
     assert own.target.base_url is None and own.target.sim is not None
-    assert own.target.sim.argv(own.target.model)[:4] == ["--model", "qwen2.5-0.5b-instruct", "--gpu", "l4"]
+    assert own.target.sim.argv()[:4] == ["--model", "qwen2.5-0.5b-instruct", "--gpu", "l4"]
     with pytest.raises(ConfigError, match="give base_url"):
         parse_plan(PLAN.format(TARGET="{model: m}"))
     with pytest.raises(ConfigError, match="need kind: sim"):

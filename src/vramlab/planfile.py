@@ -12,6 +12,8 @@ leading "@path: " in its message ("@change.variable: request_rate needs load.mod
 
     doc = read_yaml("plan.yaml", what="plan")      # ConfigError: no such file, not valid YAML
     plan = validate(Plan, doc, kind="a plan", keys="name:, target:, ...")
+    plan = validate_plan({"experiment": Plan}, doc)  # a plan document: its kind: picks the model,
+                                                     # older names load with a note (vramlab.plandoc)
     doc.where(("nodes", 1, "gpu"))                  # "fleet.yaml:5", for checks after validation
 
 Like `vramlab.errors`, every package that reads a plan may import this module; PyYAML and
@@ -188,4 +190,36 @@ def load(model: type[M], path: str | Path, *, what: str = "plan", kind: str = "a
     return validate(model, read_yaml(path, what), kind=kind, keys=keys)
 
 
-__all__ = ["YamlDocument", "check_document_size", "field_name", "load", "parse_yaml", "read_yaml", "validate"]
+def validate_plan(models: dict[str, type[M]], doc: YamlDocument | Any, name: str = "plan", *, kind: str = "a plan",
+                  keys: str = "") -> M:
+    """A plan document validated as the model its `kind:` picks among *models* (the first is the
+    kind of a document without `kind:`). A kind that belongs to another command is one line naming
+    that command; old field names load (vramlab.plandoc.upgrade) and their notes ride on the plan
+    (`old_name_notes()`), each prefixed with the file's name."""
+    from vramlab.plandoc import RENAMES, DocumentError, document_kind, upgrade
+
+    source = doc if isinstance(doc, YamlDocument) else YamlDocument(name, doc)
+    if not isinstance(source.data, dict):
+        return validate(next(iter(models.values())), source, kind=kind, keys=keys)  # its one-line refusal
+    check_document_size(source.data, source.name)
+
+    def at(loc: Loc) -> str:
+        return source.where(loc) if source.from_text else source.name
+
+    try:
+        which = document_kind(source.data, tuple(models))
+        data, notes = upgrade(source.data, which)
+    except DocumentError as exc:
+        raise ConfigError(f"{at(exc.at)}: {field_name(exc.at)}: {str(exc).replace('PLAN.yaml', source.name)}") from None
+    lines = dict(source.lines)
+    for _, old, new in RENAMES:  # errors about a renamed field point at the line of its old name
+        for loc, line in source.lines.items():
+            if loc[:len(old)] == old:
+                lines.setdefault((*new, *loc[len(old):]), line)
+    plan = validate(models[which], YamlDocument(source.name, data, lines, source.from_text), kind=kind, keys=keys)
+    plan._old_names = tuple(f"{source.name}: {n}" for n in notes)  # type: ignore[attr-defined]
+    return plan
+
+
+__all__ = ["YamlDocument", "check_document_size", "field_name", "load", "parse_yaml", "read_yaml", "validate",
+           "validate_plan"]

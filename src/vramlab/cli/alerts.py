@@ -31,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
         engine = plan.target.sim.engine if plan.target.sim else "vllm"
     doc = build_rule_groups(plan.alerts, engine, args.group or f"vramlab-{plan.name}")
     text = to_yaml(doc)
+    for line in plan.old_name_notes():
+        print(f"vramlab alerts: note: {line}", file=sys.stderr)
     if args.output:
         from vramlab.cli.outputs import write_output
 

@@ -82,7 +82,7 @@ def start_own_sim(plan: Any, workdir: str) -> tuple[Any, Any]:
     assert plan.target.sim is not None
     ledger = str(Path(workdir) / "sim-gpu0.ledger")
     try:
-        sim = start_sim(plan.target.sim.argv(plan.target.model), device=ledger,
+        sim = start_sim(plan.target.sim.argv(), device=ledger,
                         log_path=str(Path(workdir) / "sim.log"), timeout_s=60)
     except SimStartError as exc:
         last = (exc.log_tail.strip().splitlines() or ["(no log)"])[-1]
@@ -91,7 +91,7 @@ def start_own_sim(plan: Any, workdir: str) -> tuple[Any, Any]:
     doc["target"].update(base_url=sim.url + "/v1", pid=sim.pid, metrics_url=None, health_url=None,
                          log_file=str(Path(workdir) / "sim.log"))
     doc["samplers"]["ledger"] = doc["samplers"].get("ledger") or ledger
-    return Plan.model_validate(doc), sim
+    return Plan.model_validate(doc).with_notes_of(plan), sim
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,8 +30,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from vramlab.drill.target import SimSettings
 from vramlab.errors import VramlabError
+from vramlab.plandoc import SimSettings
 
 Outcome = Literal["started", "refused", "crashed", "timeout", "stopped"]
 

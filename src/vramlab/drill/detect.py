@@ -40,15 +40,17 @@ PREEMPTION = "preemption"  # KV full: preemption/retraction, no errors
 # Findings that say the target failed (the rest degrade or stop the ramp by a plan's limit).
 FAULT_KINDS = ("oom", "engine_death", "process_exit", "startup_refusal", "request_error", "timeout", "health_fail",
                "overload", "xid", "kernel_oom")
-_STOP_KIND = {"error_rate": "error_rate", "p95_ms": "p95", "kv_usage": "kv_usage",
-              "gpu_memory_share": "gpu_memory", "wall_clock_s": "wall_clock"}
+# A stop condition that fires is a finding of the condition's own name (stop_conditions.p95_ms -> "p95_ms"),
+# as in an experiment's stop events.
+STOP_KINDS = ("error_rate", "p95_ms", "kv_usage", "gpu_memory_share", "wall_clock_s")
+WALL_CLOCK = "wall_clock_s"
 
 
 @dataclass(frozen=True)
 class Finding:
     t_s: float
     kind: str  # oom | engine_death | startup_refusal | process_exit | health_fail | overload | preemption | xid |
-    #            request_error | timeout | error_rate | p95 | kv_usage | gpu_memory | wall_clock
+    #            request_error | timeout | error_rate | p95_ms | kv_usage | gpu_memory_share | wall_clock_s
     source: str  # response | log | process | health | engine | gpu | clock
     message: str
     data: dict[str, Any] = field(default_factory=dict)
@@ -286,8 +288,8 @@ class Detector:
         reason: StopReason | None = self.monitor.check(t_s)
         if reason is None or reason.condition == "oom_seen":
             return
-        kind = _STOP_KIND.get(reason.condition, reason.condition)
-        self._stop(Finding(t_s, kind, "clock" if kind == "wall_clock" else "response", reason.message,
+        kind = reason.condition
+        self._stop(Finding(t_s, kind, "clock" if kind == WALL_CLOCK else "response", reason.message,
                            {"value": reason.value, "threshold": reason.threshold, "condition": reason.condition}))
 
     def _add(self, f: Finding, once: bool = False) -> None:
@@ -317,6 +319,8 @@ __all__ = [
     "OVERLOAD",
     "PREEMPTION",
     "STARTUP_REFUSAL",
+    "STOP_KINDS",
+    "WALL_CLOCK",
     "Detector",
     "Finding",
 ]

@@ -162,7 +162,7 @@ class SimTarget:
     at `base_url` (then the drill can load and probe it but not restart it)."""
 
     def __init__(self, spec: TargetSpec, workdir: Path):
-        from vramlab.drill.target import SimSettings
+        from vramlab.plandoc import SimSettings
 
         self.spec = spec
         self.settings = spec.sim or SimSettings()

@@ -1,14 +1,15 @@
 """The drill plan: an experiment plan plus what a drill needs to break something safely.
 
+    kind                               drill, or colocation (a drill with a colocation: section)
     name, description, rounds          as for an experiment
     target                             what is broken and how it is controlled (target.py)
-    load                               the steady client traffic the ramp rides on
+    load                               the steady client traffic the ramp rides on, and its
+                                       clients' retry policy (load.retry, as in an experiment)
     ramp                               the one knob that rises, step by step, to a ceiling
-    stop                               hard limits, armed from the first request to the last
+    stop_conditions                    hard limits, armed from the first request to the last
                                        (the experiment's StopConditions, with a drill's defaults)
     recovery                           auto | scripted | manual, and the limit to wait
     neighbours                         other endpoints on the same GPU, probed throughout
-    clients                            the retry policy the load's clients follow (experiment Retry)
     cotenant                           memory a neighbour holds for the whole drill
     colocation                         engines sharing the target's simulated card (colocation.py)
     rollback                           shell commands run after the drill however it ended
@@ -29,7 +30,9 @@ from vramlab.drill.colocation import ColocationSpec
 from vramlab.drill.ramp import RampSpec
 from vramlab.drill.target import TargetSpec
 from vramlab.errors import ConfigError
-from vramlab.experiment.plan import CapacityFacts, Retry, RollbackCommand, StopConditions
+from vramlab.experiment.plan import CapacityFacts
+from vramlab.plandoc import PlanDocument, Retry, RollbackCommand, StopConditions, rollback_strings
+from vramlab.plandoc import RecoverySpec as RecoverySpec
 
 
 class _Strict(BaseModel):
@@ -44,6 +47,7 @@ class LoadSpec(_Strict):
     max_tokens: int = Field(16, ge=1)
     request_timeout_s: float = Field(10.0, gt=0)
     think_time_s: float = Field(0.0, ge=0)  # pause between a client's requests
+    retry: Retry = Field(default_factory=Retry)  # none | immediate | exponential
 
 
 def _drill_stop_defaults() -> StopConditions:
@@ -76,27 +80,6 @@ class CotenantSpec(_Strict):
         return int(free_bytes * (self.hold_free_share or 0.0))
 
 
-class RecoverySpec(_Strict):
-    mode: Literal["auto", "scripted", "manual"] = "auto"
-    command: str | None = None  # scripted: run after `delay_s`
-    delay_s: float = Field(0.0, ge=0)  # operator delay before the scripted command
-    restart_delay_s: float = Field(0.5, ge=0)  # auto: how long the supervisor waits before restarting
-    liveness_grace_s: float = Field(5.0, ge=0)  # auto: health failing this long on a live process -> restart
-    # auto: how long a (re)start may load before its health counts; default: from the first start's
-    # measured load time (twice it, plus the grace), so a supervisor never kills a loading start
-    startup_s: float | None = Field(None, ge=0)
-    limit_s: float = Field(60.0, gt=0)  # not serving again within this: "not recovered"
-    observe_s: float = Field(5.0, ge=0)  # after recovery: watch for a second OOM and the retry storm
-    p95_tolerance: float = Field(0.5, ge=0)  # P95 back within (1 + tolerance) x baseline counts as recovered
-    undo_ramp: bool = True  # recover at the baseline load; false keeps the failing step's load on
-
-    @model_validator(mode="after")
-    def _check(self) -> RecoverySpec:
-        if self.mode == "scripted" and not self.command:
-            raise ValueError("recovery.mode scripted needs recovery.command")
-        return self
-
-
 class NeighbourSpec(_Strict):
     name: str
     url: str  # OpenAI-compatible root or any HTTP URL
@@ -107,7 +90,8 @@ class NeighbourSpec(_Strict):
     timeout_s: float = Field(2.0, gt=0)
 
 
-class DrillPlan(_Strict):
+class DrillPlan(_Strict, PlanDocument):
+    kind: Literal["drill", "colocation"] = "drill"
     name: str
     description: str = ""
     hypothesis: str = ""
@@ -116,10 +100,9 @@ class DrillPlan(_Strict):
     target: TargetSpec
     load: LoadSpec = Field(default_factory=LoadSpec)
     ramp: RampSpec
-    stop: StopConditions = Field(default_factory=_drill_stop_defaults)
+    stop_conditions: StopConditions = Field(default_factory=_drill_stop_defaults)
     recovery: RecoverySpec = Field(default_factory=RecoverySpec)
     neighbours: list[NeighbourSpec] = Field(default_factory=list)
-    clients: Retry = Field(default_factory=Retry)  # the load's retry policy (none | immediate | exponential)
     cotenant: CotenantSpec | None = None
     colocation: ColocationSpec | None = None  # engines sharing the target's card (docs/pack.md)
     rollback: list[RollbackCommand] = Field(default_factory=list)
@@ -129,14 +112,9 @@ class DrillPlan(_Strict):
     store: str | None = None  # store URL; default: the user's store
     capacity: CapacityFacts | None = None  # model, engine, card of a real target, for the stored capacity plan
 
-    @field_validator("rollback", mode="before")
-    @classmethod
-    def _rollback_strings(cls, v: Any) -> Any:
-        if isinstance(v, list):
-            return [{"run": x} if isinstance(x, str) else x for x in v]
-        return v
+    _rollback_strings = field_validator("rollback", mode="before")(rollback_strings)
 
-    @field_validator("stop", mode="before")
+    @field_validator("stop_conditions", mode="before")
     @classmethod
     def _stop_defaults(cls, v: Any) -> Any:
         # Fields the plan leaves out take the drill's defaults, not the experiment's.
@@ -149,6 +127,9 @@ class DrillPlan(_Strict):
         for rule in self.alerts:
             check_actionable(rule)
         names = [n.name for n in self.neighbours]
+        if (self.kind == "colocation") != (self.colocation is not None):
+            raise ValueError(f"@kind: {self.kind}, but a drill with a colocation: section is kind: colocation and one "
+                             "without is kind: drill")
         if self.colocation is not None:
             if self.target.kind != "sim" or self.target.sim is None:
                 raise ValueError("colocation needs a sim target with target.sim (the engines share its ledger)")
@@ -175,21 +156,41 @@ class DrillPlan(_Strict):
                              f"{card.name} ({card_gib:.1f} GiB); the co-tenant could never hold it")
 
 
-_MAPPING = {"kind": "a drill plan", "keys": "name:, target:, ramp:, ..."}
+    # -- derived, read-only views ------------------------------------------------------------
+    # The names the drill runner reads, kept while the runners are merged (the document says
+    # stop_conditions and load.retry).
+    @property
+    def stop(self) -> StopConditions:
+        return self.stop_conditions
+
+    @property
+    def clients(self) -> Retry:
+        return self.load.retry
+
+    def warnings(self) -> list[str]:
+        """Notes stored with the drill: old field names the document used, too few rounds."""
+        out = self.old_name_notes()
+        if self.rounds < 3:
+            out.append(f"rounds: {self.rounds} is fewer than 3; a one-off cannot be told from a trend")
+        return out
+
+
+_MAPPING = {"kind": "a drill plan", "keys": "kind: drill, name:, target:, ramp:, ..."}
+_KINDS: dict[str, type[DrillPlan]] = {"drill": DrillPlan, "colocation": DrillPlan}
 
 
 def load_plan(path: str | Path) -> DrillPlan:
     """Read and validate a drill plan; every problem becomes one ``file:line: field: message`` line."""
-    from vramlab.planfile import load
+    from vramlab.planfile import read_yaml, validate_plan
 
-    return load(DrillPlan, path, **_MAPPING)
+    return validate_plan(_KINDS, read_yaml(path, "plan"), **_MAPPING)
 
 
 def parse_plan(doc: Any, origin: str = "plan") -> DrillPlan:
     """Validate a drill plan already in memory (a dict); errors name *origin* and the field."""
-    from vramlab.planfile import validate
+    from vramlab.planfile import validate_plan
 
-    return validate(DrillPlan, doc, origin, **_MAPPING)
+    return validate_plan(_KINDS, doc, origin, **_MAPPING)
 
 
 __all__ = [

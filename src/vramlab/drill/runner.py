@@ -130,8 +130,8 @@ class DrillRunner(Watchers, TargetLifecycle):
         self.emit("run_start", f"drill {plan.name} ({self.run_id})", payload=run)
         if self.warning:
             self.emit("warning", self.warning)
-        if plan.rounds < 3:
-            self.emit("warning", f"rounds: {plan.rounds} is fewer than 3; a one-off cannot be told from a trend")
+        for line in plan.warnings():  # old field names the plan used, too few rounds
+            self.emit("warning", line)
         failed_rounds: list[int] = []
         loop = asyncio.get_running_loop()
         body = asyncio.ensure_future(self._rounds(steps, failed_rounds))
@@ -171,7 +171,7 @@ class DrillRunner(Watchers, TargetLifecycle):
                 failed_rounds.append(r)
             if self._ended_early is not None:  # a broken baseline, a silent ramp: the drill ends here, exit 1
                 return "stopped", self._ended_early
-            if self.detector.stopped is not None and self.detector.stopped.kind == "wall_clock":
+            if self.detector.stopped is not None and self.detector.stopped.kind == "wall_clock_s":
                 return "stopped", self.detector.stopped.message
         if not plan.prometheus_url:
             self._evaluate_alerts()
@@ -201,7 +201,7 @@ class DrillRunner(Watchers, TargetLifecycle):
                     return False
                 self._ramp_tally = BaselineTally(None)  # every ramp step's requests (what they got, in words)
                 failure = await self._ramp(steps)
-                if failure is not None and failure.kind == "wall_clock":
+                if failure is not None and failure.kind == "wall_clock_s":
                     return False  # not a failure of the target; run() ends the drill as stopped
                 came_back = self._ramp_tally.ok + self._ramp_tally.failed
                 if failure is None and came_back == 0:
@@ -274,7 +274,7 @@ class DrillRunner(Watchers, TargetLifecycle):
                     failure: Finding | None = self.detector.failure()
                     if failure is not None:
                         self._on_failure(failure, i, v, last)
-                        if failure.kind != "wall_clock":
+                        if failure.kind != "wall_clock_s":
                             # the step sends nothing more; what it has in flight ends as what it is
                             # (a hung request times out), not "cancelled" by the move to recovery
                             self.windows.end()
@@ -297,7 +297,7 @@ class DrillRunner(Watchers, TargetLifecycle):
         return None
 
     def _on_failure(self, f: Finding, step: int, value: float, last_safe: float | None) -> None:
-        if f.kind == "wall_clock":
+        if f.kind == "wall_clock_s":
             # the drill's own time ran out: the target did not fail, so no fault, no recovery
             self.emit("stop_condition", f.message, condition=f.kind)
             self.emit("stopped", f"stopped by the wall clock during {self.plan.ramp.knob} = {value:g} "
@@ -306,7 +306,7 @@ class DrillRunner(Watchers, TargetLifecycle):
                       unit=self.plan.ramp.unit)
             return
         self.state.failed_at_s = self.state.failed_at_s or f.t_s
-        if f.kind in ("wall_clock", "gpu_memory", "error_rate", "kv_usage", "p95"):
+        if f.kind in ("wall_clock_s", "gpu_memory_share", "error_rate", "kv_usage", "p95_ms"):
             self.emit("stop_condition", f.message, condition=f.kind)
         self.emit("detect", f"detected: {f.message}", condition=f.kind, source=f.source)
         # T0 is the failure itself: its first evidence (a failed request's end, the exit, the OOM line)

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vramlab.errors import ConfigError, VramlabError
+from vramlab.plandoc import SimSettings, metrics_endpoint
 
 OVERRIDE_FLAG = "--i-understand-this-is-not-a-test-environment"
 
@@ -61,35 +62,6 @@ FORMS["ollama"] = dict(FORMS["systemd"])
 OLLAMA_DEFAULTS = {"unit": "ollama", "base_url": "http://127.0.0.1:11434", "engine": "ollama", "health_path": "/"}
 
 
-class SimSettings(BaseModel):
-    """How the drill starts `vramlab sim serve` when the plan's target is the sim."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
-
-    model: str = "llama-3.1-8b-instruct"
-    gpu: str = "h100-80gb"
-    engine: str = "vllm"
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
-    max_model_len: int | None = Field(None, gt=0)
-    max_num_seqs: int | None = Field(None, gt=0)
-    speed: float = Field(50.0, gt=0)
-    watchdog_s: float | None = Field(None, gt=0)  # vLLM exits ~5 s after engine death; a rehearsal may shorten it
-    device: str | None = None  # ledger file; default: one in the drill's work dir
-    extra_args: list[str] = Field(default_factory=list)
-
-    def argv(self) -> list[str]:
-        out = ["--model", self.model, "--gpu", self.gpu, "--engine", self.engine, "--speed", f"{self.speed:g}"]
-        if self.gpu_memory_utilization is not None:
-            out += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
-        if self.max_model_len is not None:
-            out += ["--max-model-len", str(self.max_model_len)]
-        if self.max_num_seqs is not None:
-            out += ["--max-num-seqs", str(self.max_num_seqs)]
-        if self.watchdog_s is not None:
-            out += ["--watchdog-s", f"{self.watchdog_s:g}"]
-        return out + list(self.extra_args)
-
-
 class TargetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
@@ -102,7 +74,7 @@ class TargetSpec(BaseModel):
     model: str | None = None  # served model name sent in requests
     api: Literal["openai-completions", "openai-chat"] = "openai-completions"  # chat for servers without /v1/completions
     health_path: str = "/health"  # tried first; then /health, /v1/models, / (drill/health.py)
-    metrics_path: str = "/metrics"
+    metrics_url: str | None = None  # a URL, or a path on the target's root (default /metrics)
     api_key_env: str | None = None  # the NAME of an env var; the key itself never enters a plan
 
     @field_validator("base_url")
@@ -154,6 +126,10 @@ class TargetSpec(BaseModel):
         if self.kind in ("process", "command", "systemd", "docker", "kubectl", "ollama") and not self.base_url:
             raise ValueError(f"target kind {self.kind} needs target.base_url (the endpoint to load)")
         return self
+
+    def metrics_endpoint(self, root: str) -> str:
+        """The Prometheus text endpoint for the target at *root* (which may move across restarts)."""
+        return metrics_endpoint(self.metrics_url, root)
 
     def templates(self) -> dict[str, str]:
         return {**FORMS.get(self.kind, {}), **self.commands}
@@ -337,7 +313,6 @@ __all__ = [
     "OVERRIDE_FLAG",
     "CommandResult",
     "CommandTarget",
-    "SimSettings",
     "Target",
     "TargetCommandError",
     "TargetKind",

@@ -57,7 +57,7 @@ class Watchers:
 
         root = self.target.url.rstrip("/")
         samplers: list[Any] = [HealthSampler(root + self.health_path, timeout_s=1.0),
-                               PromTextSampler(root + self.plan.target.metrics_path, timeout_s=1.0)]
+                               PromTextSampler(self.plan.target.metrics_endpoint(root), timeout_s=1.0)]
         if self.device:
             from vramlab.observe.ledger import LedgerSampler
 

@@ -16,12 +16,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vramlab.errors import ConfigError
+from vramlab.plandoc import PlanDocument, SimSettings, metrics_endpoint, rollback_strings, sim_with_model
+from vramlab.plandoc import Retry as Retry
+from vramlab.plandoc import RollbackCommand as RollbackCommand
+from vramlab.plandoc import StopConditions as StopConditions
 
 Variable = Literal["concurrency", "request_rate", "prompt_tokens", "output_tokens"]
 SamplerSource = Literal["gpu", "ledger", "engine", "prometheus", "host", "health", "ollama"]
 # Threshold names the analysis understands: a statistic of a per-request latency, or a rate.
 _METRIC_NAME = re.compile(r"^(p50|p90|p95|p99|max|mean)_(ttft|tpot|itl|e2e)_ms$|^error_rate$|^min_goodput_rps$")
 MAX_RAMP_STEPS = 64
+RUN_SIM_SPEED = 20.0  # a run's target.sim.speed when the plan leaves it out (docs/experiments.md)
 
 
 class _Model(BaseModel):
@@ -30,41 +35,29 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-class SimTarget(_Model):
-    """`target.sim`: vramlab starts `vramlab sim serve` on a free loopback port for the run and stops
-    it afterwards, so a plan needs no other terminal. The served model is target.model."""
-
-    gpu: str = "h100-80gb"
-    engine: Literal["vllm", "sglang", "tgi", "llama.cpp", "ollama"] = "vllm"
-    speed: float = Field(default=20.0, gt=0)
-    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
-    max_model_len: int | None = Field(default=None, gt=0)
-    max_num_seqs: int | None = Field(default=None, gt=0)
-    seed: int = 0
-
-    def argv(self, model: str) -> list[str]:
-        out = ["--model", model, "--gpu", self.gpu, "--engine", self.engine, "--speed", f"{self.speed:g}",
-               "--seed", str(self.seed)]
-        for flag, v in (("--gpu-memory-utilization", self.gpu_memory_utilization),
-                        ("--max-model-len", self.max_model_len), ("--max-num-seqs", self.max_num_seqs)):
-            if v is not None:
-                out += [flag, f"{v:g}" if isinstance(v, float) else str(v)]
-        return out
-
-
 class Target(_Model):
     base_url: str | None = Field(default=None, description="the endpoint; filled in by vramlab when target.sim is given")
     api: Literal["openai-chat", "openai-completions"] = "openai-chat"
     model: str
     api_key_env: str | None = None
-    metrics_url: str | None = None
+    metrics_url: str | None = Field(default=None, description="the Prometheus text endpoint: a URL, or a path on "
+                                    "the target's root (default /metrics)")
     health_url: str | None = None
     # every engine the README names, plus the rehearsal server; "other" for anything else OpenAI-compatible
     kind: Literal["vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama", "sim", "other"] = "other"
     environment: Literal["test", "staging", "production"] = "test"
     pid: int | None = Field(default=None, description="the target process, for its RSS (same host only)")
-    sim: SimTarget | None = Field(default=None, description="start a sim for this run (kind: sim, no base_url)")
+    sim: SimSettings | None = Field(default=None, description="start a sim for this run (kind: sim, no base_url)")
     log_file: str | None = Field(default=None, description="the target's log: its start-up memory lines are read")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sim_for_a_run(cls, data: Any) -> Any:
+        # The sim serves the model the requests name, unless target.sim.model says otherwise; a run's
+        # sim keeps the pace runs always had (speed 20, where SimSettings' own default is a drill's 50).
+        if isinstance(data, dict) and isinstance(data.get("sim"), dict):
+            return {**data, "sim": {"speed": RUN_SIM_SPEED, **sim_with_model(data["sim"], data.get("model"))}}
+        return data
 
     @model_validator(mode="after")
     def _where(self) -> Target:
@@ -82,7 +75,16 @@ class Target(_Model):
             raise ValueError("target.base_url is not known yet (the run's sim has not started)")
         return self.base_url
 
-    @field_validator("base_url", "metrics_url", "health_url")
+    def metrics_endpoint(self, root: str) -> str:
+        """The Prometheus text endpoint: metrics_url as given, or as a path on *root*."""
+        return metrics_endpoint(self.metrics_url, root)
+
+    @field_validator("metrics_url")
+    @classmethod
+    def _url_or_path(cls, v: str | None) -> str | None:
+        return v if v is None or v.startswith("/") else cls._http(v)
+
+    @field_validator("base_url", "health_url")
     @classmethod
     def _http(cls, v: str | None) -> str | None:
         if v is not None and not re.match(r"^https?://[^/\s]+", v):
@@ -146,19 +148,19 @@ class Fixed(_Model):
 class Ramp(_Model):
     start: float = Field(gt=0)
     factor: float = Field(gt=1)
-    max: float = Field(gt=0)
+    ceiling: float = Field(gt=0)
 
     @model_validator(mode="after")
     def _bounded(self) -> Ramp:
-        if self.max < self.start:
-            raise ValueError("max must be at least start")
-        if math.log(self.max / self.start, self.factor) > MAX_RAMP_STEPS:
+        if self.ceiling < self.start:
+            raise ValueError("ceiling must be at least start")
+        if math.log(self.ceiling / self.start, self.factor) > MAX_RAMP_STEPS:
             raise ValueError(f"the ramp has more than {MAX_RAMP_STEPS} steps")
         return self
 
     def values(self) -> list[float]:
         out, v = [], self.start
-        while v <= self.max * (1 + 1e-9):
+        while v <= self.ceiling * (1 + 1e-9):
             out.append(v)
             v *= self.factor
         return out
@@ -204,14 +206,6 @@ class Phases(_Model):
         return self
 
 
-class Retry(_Model):
-    policy: Literal["none", "immediate", "exponential"] = "none"
-    max_attempts: int = Field(default=3, ge=1, le=20)
-    base_s: float = Field(default=0.5, ge=0)
-    max_s: float = Field(default=10.0, gt=0)
-    jitter: float = Field(default=1.0, ge=0, le=1, description="fraction of each delay drawn at random")
-
-
 class Load(_Model):
     mode: Literal["closed", "open"] = "closed"
     concurrency: int = Field(default=1, ge=1, le=100_000, description="closed loop: users")
@@ -227,24 +221,6 @@ class Load(_Model):
     retry: Retry = Retry()
 
 
-class StopConditions(_Model):
-    """Always armed. Each condition is checked continuously over a sliding window."""
-
-    error_rate: float | None = Field(default=0.5, gt=0, le=1)
-    p95_ms: float | None = Field(default=None, gt=0, description="end-to-end P95 from the scheduled send")
-    kv_usage: float | None = Field(default=None, gt=0, le=1)
-    gpu_memory_share: float | None = Field(default=None, gt=0, le=1)
-    oom_seen: bool = True
-    wall_clock_s: float | None = Field(default=None, gt=0, description="default: twice the planned time + 60 s")
-    window_s: float = Field(default=10.0, gt=0)
-    min_requests: int = Field(default=10, ge=1)
-
-
-class RollbackCommand(_Model):
-    run: str = Field(min_length=1)
-    timeout_s: float = Field(default=30.0, gt=0)
-
-
 class Samplers(_Model):
     interval_s: float = Field(default=1.0, gt=0, le=3600)
     sources: list[SamplerSource] = ["gpu", "engine", "host", "health"]
@@ -253,7 +229,8 @@ class Samplers(_Model):
     prometheus_queries: dict[str, str] = Field(default_factory=dict)
 
 
-class Plan(_Model):
+class Plan(_Model, PlanDocument):
+    kind: Literal["experiment"] = "experiment"
     name: str = Field(min_length=1, max_length=200)
     hypothesis: str = ""
     target: Target
@@ -268,13 +245,7 @@ class Plan(_Model):
     samplers: Samplers = Samplers()
     capacity: CapacityFacts | None = None
 
-    @field_validator("rollback", mode="before")
-    @classmethod
-    def _rollback_strings(cls, v: Any) -> Any:
-        # A bare string is the common case; allow it beside {run, timeout_s}.
-        if isinstance(v, list):
-            return [{"run": x} if isinstance(x, str) else x for x in v]
-        return v
+    _rollback_strings = field_validator("rollback", mode="before")(rollback_strings)
 
     @field_validator("metrics")
     @classmethod
@@ -336,7 +307,7 @@ class Plan(_Model):
         return 2 * planned + 60 if planned is not None else 3600.0
 
     def warnings(self) -> list[str]:
-        out = []
+        out = self.old_name_notes()
         if self.rounds < 3:
             out.append(f"rounds: {self.rounds} is fewer than 3; one-off spikes cannot be told from trends")
         if self.target.environment == "staging":
@@ -347,21 +318,22 @@ class Plan(_Model):
 # ---------------------------------------------------------------------------------------------
 # Loading with line numbers (vramlab.planfile, the loader run, drill and pack plans share)
 
-_MAPPING = {"kind": "a plan", "keys": "name:, target:, ..."}
+_MAPPING = {"kind": "a plan", "keys": "kind: experiment, name:, target:, ..."}
+_KINDS: dict[str, type[Plan]] = {"experiment": Plan}
 
 
 def parse_plan(text: str, filename: str = "plan.yaml") -> Plan:
     """Validate a plan document; raise ConfigError ``file:line: field: message``."""
-    from vramlab.planfile import parse_yaml, validate
+    from vramlab.planfile import parse_yaml, validate_plan
 
-    return validate(Plan, parse_yaml(text, filename), **_MAPPING)
+    return validate_plan(_KINDS, parse_yaml(text, filename), **_MAPPING)
 
 
 def load_plan(path: str | Path) -> Plan:
-    from vramlab.planfile import read_yaml, validate
+    from vramlab.planfile import read_yaml, validate_plan
 
     p = Path(path)
-    plan = validate(Plan, read_yaml(p, "plan"), **_MAPPING)
+    plan = validate_plan(_KINDS, read_yaml(p, "plan"), **_MAPPING)
     if plan.fixed.input.jsonl is not None:
         jp = Path(plan.fixed.input.jsonl)
         if not jp.is_absolute():

@@ -211,5 +211,5 @@ def run_plan_file(path: str | Path, phase_s: float | None = None, **kw: Any) -> 
         doc["phases"]["drain_s"] = min(doc["phases"]["drain_s"], phase_s)
         from vramlab.planfile import validate
 
-        plan = validate(Plan, doc, f"{path} with --phase-s {phase_s:g}")  # a pydantic error is one line
+        plan = validate(Plan, doc, f"{path} with --phase-s {phase_s:g}").with_notes_of(plan)  # an error is one line
     return run_plan(plan, plan_dir=Path(path).resolve().parent, **kw)

@@ -74,7 +74,7 @@ def samplers_for(plan: Plan) -> list[Sampler]:
         elif src == "ledger":
             out.append(LedgerSampler(sp.ledger))  # type: ignore[arg-type]
         elif src == "engine":
-            out.append(PromTextSampler(tg.metrics_url or _root(tg.url) + "/metrics"))
+            out.append(PromTextSampler(tg.metrics_endpoint(_root(tg.url))))
         elif src == "prometheus":
             out.append(PromApiSampler(sp.prometheus_url, sp.prometheus_queries))  # type: ignore[arg-type]
         elif src == "host":

@@ -49,7 +49,7 @@ def summary(ctx: ReportContext) -> list[Block]:
                      "(its tail rests on the gaps left): " + ", ".join(few))
     if run.stop_reason:
         items.append(f"Stopped: {run.stop_reason}")
-    hyp = run.plan.get("hypothesis")
+    hyp = ctx.plan.get("hypothesis")
     if hyp:
         items.append(f"Hypothesis: {hyp}")
     for rec in (a.recovery if run.kind != "drill" else []):  # a drill's recovery: the incident summary
@@ -114,7 +114,7 @@ def _capacity_lines(ctx: ReportContext) -> list[str]:
 
 
 def plan(ctx: ReportContext) -> list[Block]:
-    run, p = ctx.run, ctx.run.plan
+    run, p = ctx.run, ctx.plan
     rows: list[list[str]] = []
     change = run.change or p.get("change")
     if change:

@@ -11,9 +11,12 @@ stored records (via `vramlab.analysis.incident.analyse`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from vramlab.analysis.incident import Incident, analyse
+from vramlab.plandoc import RecoverySpec, Retry
 from vramlab.records.events import EventKind, alert_data, capacity_data, retry_storm_data
 from vramlab.report import fmt
 from vramlab.report.blocks import Block, Bullets, Table, Text
@@ -49,11 +52,8 @@ def _is_drill(ctx: ReportContext) -> bool:
     return ctx.run.kind == "drill"
 
 
-_CACHE: dict[int, tuple[ReportContext, tuple[Incident, list[Incident]]]] = {}
-
-
 def _compute(ctx: ReportContext) -> tuple[Incident, list[Incident]]:
-    tol = float((ctx.run.plan.get("recovery") or {}).get("p95_tolerance", 0.5))
+    tol = plan_section(ctx, RecoverySpec, "recovery").p95_tolerance
     rounds = sorted({r.round for r in ctx.requests}) or [0]
     per_round = [analyse(ctx.requests, ctx.samples, ctx.events, tol, round=r) for r in rounds]
     first = next((i for i in per_round if i.failed), per_round[0])
@@ -61,15 +61,23 @@ def _compute(ctx: ReportContext) -> tuple[Incident, list[Incident]]:
 
 
 def incident_of(ctx: ReportContext) -> tuple[Incident, list[Incident]]:
-    """The headline incident (the first round that failed) and every round's."""
-    hit = _CACHE.get(id(ctx))
-    if hit is not None and hit[0] is ctx:
-        return hit[1]
-    if len(_CACHE) > 8:
-        _CACHE.clear()
-    out = _compute(ctx)
-    _CACHE[id(ctx)] = (ctx, out)  # the context is kept, so its id cannot be reused while cached
-    return out
+    """The headline incident (the first round that failed) and every round's, computed once per report."""
+    return ctx.memo("incident", lambda: _compute(ctx))
+
+
+S = TypeVar("S", bound=BaseModel)
+
+
+def plan_section(ctx: ReportContext, model: type[S], *path: str) -> S:
+    """A section of the stored plan read through the plan's own model (its defaults, not repeated
+    here); a section a stored plan lacks, or that no longer validates, reads as the model's defaults."""
+    data: Any = ctx.plan
+    for key in path:
+        data = data.get(key) if isinstance(data, dict) else None
+    try:
+        return model.model_validate(data or {})
+    except ValidationError:
+        return model()
 
 
 def refused_on_ramp(ctx: ReportContext) -> tuple[int, int, list[str]]:
@@ -308,7 +316,7 @@ def s_blast(ctx: ReportContext) -> list[Block]:
 def s_storm(ctx: ReportContext) -> list[Block]:
     inc, _ = incident_of(ctx)
     s = inc.retry_storm
-    policy = (ctx.run.plan.get("clients") or {}).get("policy", "none")
+    policy = plan_section(ctx, Retry, "load", "retry").policy
     rows = [["client retry policy", str(policy)],
             ["baseline offered rate (original requests)", f"{fmt.rate(s.baseline_rate_rps)} /s"],
             ["attempt rate during recovery", f"{fmt.rate(s.recovery_rate_rps)} /s"],

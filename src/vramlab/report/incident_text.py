@@ -150,7 +150,7 @@ def lessons(inc: Incident) -> tuple[list[str], list[str], list[str]]:
 
 
 def _owner(ctx: ReportContext, prefer: tuple[str, ...] = ("page", "critical")) -> str:
-    rules = ctx.run.plan.get("alerts") or []
+    rules = ctx.plan.get("alerts") or []
     for sev in (*prefer, "warning", "info"):
         for r in rules:
             if r.get("severity") == sev and r.get("owner"):

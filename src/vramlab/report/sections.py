@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from vramlab.analysis.run import RunAnalysis, analyze_run
 from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
 from vramlab.report.blocks import Block
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,21 @@ class ReportContext:
     samples: Sequence[SampleRecord]
     events: Sequence[EventRecord]
     analysis: RunAnalysis
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def memo(self, key: str, compute: Callable[[], T]) -> T:
+        """*compute*'s value, computed once for this context (several sections read one analysis)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]  # type: ignore[no-any-return]
+
+    @property
+    def plan(self) -> dict[str, Any]:
+        """The run's stored plan in the one vocabulary (vramlab.plandoc): a run stored before the
+        names changed reads like a new one."""
+        from vramlab.plandoc import stored_plan
+
+        return self.memo("plan", lambda: stored_plan(self.run.plan, self.run.kind))
 
     @classmethod
     def build(cls, run: RunRecord, requests: Sequence[RequestRecord], samples: Sequence[SampleRecord],
