@@ -25,7 +25,6 @@ from vramlab.experiment.steps import FixedSteps, StepOutcome, StepStrategy
 from vramlab.experiment.stop import StopMonitor, StopReason
 from vramlab.experiment.window import Lane, WindowExecutor, request_record
 from vramlab.experiment.wiring import (
-    max_connections,
     prompts_for,
     retry_for,
     samplers_for,
