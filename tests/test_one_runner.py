@@ -1,4 +1,4 @@
-"""One runner runs experiments and drills (issue #23): both kinds go through the same rounds and
+"""One runner runs experiments and drills: both kinds go through the same rounds and
 step loop of experiment/runner.py's Runner, and the drill package has no loop of its own."""
 
 from __future__ import annotations
