@@ -98,7 +98,7 @@ class DrillKind:
 
             coloc = ColocationRun(run, self.plan.colocation, self.target, self.workdir)
         self.lifecycle = TargetLifecycle(run, self.plan, self.target, self.workdir, coloc)
-        self.watchers = Watchers(run, self.plan, self.target, self.lifecycle.device, coloc)
+        self.watchers = Watchers(run, self.plan, self.target, self.lifecycle.device, coloc, self.detector, self.state)
 
     def _engine(self) -> str:
         t = self.plan.target

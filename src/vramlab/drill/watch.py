@@ -33,10 +33,9 @@ class Watchers:
     """What watches the target while a round runs; one per drill (what it last saw spans the rounds)."""
 
     def __init__(self, run: Runner, plan: DrillPlan, target: Target, device: str | None,
-                 coloc: ColocationRun | None) -> None:
+                 coloc: ColocationRun | None, detector: Detector, state: LiveState) -> None:
         self.run, self.plan, self.target, self.device, self.coloc = run, plan, target, device, coloc
-        self.detector = Detector(plan.stop)
-        self.state = LiveState()
+        self.detector, self.state = detector, state  # each round's own, from watch()
         self.health_path = plan.target.health_path  # replaced by what answered at bring-up
         self._last_health: bool | None = None
         self._last_log_event: dict[str, float] = {}
