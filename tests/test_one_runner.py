@@ -135,7 +135,7 @@ class _Scripted:
     def begin_step(self, rnd: int, step: int, value: float) -> None:
         self.run.where = Where(rnd, "step", step)
         self.windowing = 0.0
-        self.run.event("step", value=value)
+        self.run.emit("step", value=value)
 
     async def apply(self, value: float) -> bool:
         self.value = value

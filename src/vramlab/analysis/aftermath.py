@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from vramlab.analysis.signals import windowed
 from vramlab.records import EventRecord, RequestRecord, SampleRecord
+from vramlab.records.events import EventKind
 from vramlab.records.stats import percentile
 
 
@@ -201,7 +202,7 @@ def retry_storm(requests: Sequence[RequestRecord], samples: Sequence[SampleRecor
     retries = sum(1 for r in requests if r.attempt > 0 and t0 is not None and (r.sent_s or 0.0) >= t0)
     second = False
     if t0 is not None and recovery.time_to_recover_s is not None:
-        second = any(e.kind == "oom" and e.t_s > t0 + recovery.time_to_recover_s for e in events)
+        second = any(e.kind == EventKind.OOM and e.t_s > t0 + recovery.time_to_recover_s for e in events)
     pre = series(samples, "engine.num_preemptions_total")
     pre_rec = None
     if pre and start is not None:

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vramlab.records.events import EventKind, engine_data, ledger_data, phase_start_data, race_data
+
 PHASES = ("start_in_order", "race", "restart_in_order", "load", "ramp")
 
 
@@ -61,7 +63,7 @@ class Colocation:
 
 
 def _phase_of(ev: Any) -> str:
-    during = str(ev.data.get("during") or ev.phase or "")
+    during = str(engine_data(ev).get("during") or ev.phase or "")
     if during in PHASES:
         return during
     return "load" if during == "baseline" else "ramp"  # ramp, recovery: the models were being added
@@ -69,26 +71,29 @@ def _phase_of(ev: Any) -> str:
 
 def analyse_colocation(events: Sequence[Any], samples: Sequence[Any]) -> Colocation | None:
     """None when the run had no co-location (no `engine` events)."""
-    eng = [e for e in events if e.kind == "engine"]
+    eng = [(e, engine_data(e)) for e in events if e.kind == EventKind.ENGINE]
     if not eng:
         return None
-    outcomes = [EngineOutcome(e.t_s, _phase_of(e), str(e.data.get("engine")), str(e.data.get("outcome")),
-                              e.data.get("exit_code"), e.data.get("ready_s"), str(e.data.get("text") or ""))
-                for e in eng]
-    race = next((e for e in events if e.kind == "race"), None)
-    ledger = next((e for e in reversed(events) if e.kind == "ledger"), None)
+    outcomes = [EngineOutcome(e.t_s, _phase_of(e), str(d.get("engine")), str(d.get("outcome")),
+                              d.get("exit_code"), d.get("ready_s"), str(d.get("text") or ""))
+                for e, d in eng]
+    race_ev = next((e for e in events if e.kind == EventKind.RACE), None)
+    ledger_ev = next((e for e in reversed(events) if e.kind == EventKind.LEDGER), None)
+    race = race_data(race_ev) if race_ev else None
+    ledger = ledger_data(ledger_ev) if ledger_ev else None
     return Colocation(outcomes,
-                      list(race.data.get("failed", [])) if race else [],
-                      list(race.data.get("started", [])) if race else [],
+                      list(race.get("failed", [])) if race is not None else [],
+                      list(race.get("started", [])) if race is not None else [],
                       _neighbour_errors(events, samples),
-                      ledger.data.get("used_bytes") if ledger else None,
-                      ledger.data.get("drill_pids_left") if ledger else None)
+                      ledger.get("used_bytes") if ledger is not None else None,
+                      ledger.get("drill_pids_left") if ledger is not None else None)
 
 
 def _windows(events: Sequence[Any]) -> dict[str, tuple[float, float]]:
-    base = next((e.t_s for e in events if e.kind == "phase_start" and e.data.get("phase") == "baseline"), None)
-    first_step = next((e.t_s for e in events if e.kind == "step"), None)
-    end = next((e.t_s for e in events if e.kind == "rollback"), None)
+    base = next((e.t_s for e in events if e.kind == EventKind.PHASE_START
+                 and phase_start_data(e).get("phase") == "baseline"), None)
+    first_step = next((e.t_s for e in events if e.kind == EventKind.STEP), None)
+    end = next((e.t_s for e in events if e.kind == EventKind.ROLLBACK), None)
     end = end if end is not None else max((e.t_s for e in events), default=0.0)
     out: dict[str, tuple[float, float]] = {}
     if base is not None:

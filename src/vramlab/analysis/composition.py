@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vramlab.records import EventRecord, SampleRecord
+from vramlab.records.events import EventKind, capacity_plan_data, fault_data, startup_memory_data
 from vramlab.units import GIB
 
 FIGURES = ("resident_model", "kv_cache", "runtime_overhead", "peak")
@@ -179,7 +180,7 @@ class _Readings:
         return vals[-1].value if vals else None
 
 
-def _last_event(events: Sequence[EventRecord], kind: str) -> EventRecord | None:
+def _last_event(events: Sequence[EventRecord], kind: EventKind) -> EventRecord | None:
     found = [e for e in events if e.kind == kind]
     return found[-1] if found else None
 
@@ -341,10 +342,12 @@ def _request_shape(plan: dict[str, Any]) -> tuple[int | None, int | None, int]:
 def compose(run: Any, samples: Sequence[SampleRecord], events: Sequence[EventRecord],
             windows: Sequence[Any], first_request_s: float | None) -> Composition:
     """Predicted beside measured for every window of a stored run (windows: analysis Window objects)."""
-    plan_ev, start_ev = _last_event(events, "capacity_plan"), _last_event(events, "startup_memory")
-    plan = plan_ev.data.get("estimate") if plan_ev else None
-    startup = start_ev.data.get("observation") if start_ev else None
-    src = start_ev.data.get("source") if start_ev else None
+    plan_ev, start_ev = _last_event(events, EventKind.CAPACITY_PLAN), _last_event(events, EventKind.STARTUP_MEMORY)
+    plan_data = capacity_plan_data(plan_ev) if plan_ev else None
+    start_data = startup_memory_data(start_ev) if start_ev else None
+    plan = plan_data.get("estimate") if plan_data is not None else None
+    startup = start_data.get("observation") if start_data is not None else None
+    src = start_data.get("source") if start_data is not None else None
     pid = (run.plan.get("target") or {}).get("pid") if isinstance(run.plan, dict) else None
     reads = _Readings(samples, pid)
     bpt = int(plan["kv_bytes_per_token"]) if plan and plan.get("kv_bytes_per_token") else None
@@ -352,18 +355,20 @@ def compose(run: Any, samples: Sequence[SampleRecord], events: Sequence[EventRec
     resident = _resident(startup, reads, pool, first_request_s)
     pred = _predicted(plan)
     rows = [_row(w, pred, reads, pool, resident, bpt) for w in windows]
-    notes = [e.message for e in events if e.kind in ("note", "warning") and e.message.startswith("capacity plan:")]
+    notes = [e.message for e in events
+             if e.kind in (EventKind.NOTE, EventKind.WARNING) and e.message.startswith("capacity plan:")]
     at_failure = []
     by_step = {(w.round, w.step): w for w in windows if w.phase == "ramp"}
     for e in events:
-        if e.kind == "fault" and e.round is not None:
-            w = by_step.get((e.round, e.data.get("step")))
+        if e.kind == EventKind.FAULT and e.round is not None:
+            fault = fault_data(e)
+            w = by_step.get((e.round, fault.get("step")))
             if w is not None:
-                t0 = e.data.get("t0_s")
-                at_failure.append((e.data.get("value"), _row(w, pred, reads, pool, resident, bpt,
+                t0 = fault.get("t0_s")
+                at_failure.append((fault.get("value"), _row(w, pred, reads, pool, resident, bpt,
                                                              end_s=float(t0) if t0 is not None else e.t_s)))
     sat = _saturation(run.plan if isinstance(run.plan, dict) else {}, run.change or {}, plan, pool, rows)
     before = [v for t, v in reads.device if first_request_s is not None and t < first_request_s]
     rest = before[-1] if before else (min(v for _, v in reads.device) if reads.device else None)
-    return Composition(plan, plan_ev.data.get("facts") if plan_ev else None, startup, src, rows, sat, at_failure,
+    return Composition(plan, plan_data.get("facts") if plan_data is not None else None, startup, src, rows, sat, at_failure,
                        notes, None if rest is None else int(rest))

@@ -42,8 +42,19 @@ from vramlab.analysis.signals import (
     windowed,
 )
 from vramlab.records import EventRecord, RequestRecord, SampleRecord
+from vramlab.records.events import (
+    EventKind,
+    alert_data,
+    ceiling_data,
+    failure_mode_data,
+    fault_data,
+    note_data,
+    phase_start_data,
+    step_data,
+)
 
-OOM_EVENT_KINDS = ("oom",)
+K = EventKind
+OOM_EVENT_KINDS = (K.OOM,)
 
 
 @dataclass(frozen=True)
@@ -110,11 +121,17 @@ def _first_alert(alerts: Sequence[dict[str, Any]], t0: float | None) -> float | 
     return min(after) if after else None
 
 
-def _first(events: Sequence[EventRecord], *kinds: str, after: float = -math.inf, **data: Any) -> EventRecord | None:
-    for e in events:
-        if e.kind in kinds and e.t_s >= after and all(e.data.get(k) == v for k, v in data.items()):
-            return e
-    return None
+def _first(events: Sequence[EventRecord], *kinds: EventKind, after: float = -math.inf) -> EventRecord | None:
+    return next((e for e in events if e.kind in kinds and e.t_s >= after), None)
+
+
+def _fault_figures(fault: EventRecord) -> tuple[float, dict[str, Any], Any]:
+    """(T0, the step the failure was detected during, the last safe value) from the drill's fault event."""
+    d = fault_data(fault)
+    t0 = d.get("t0_s")
+    t0 = float(t0 if t0 is not None else d.get("step_started_s", fault.t_s))
+    return t0, {"step": d.get("step"), "value": d.get("value"), "knob": d.get("knob"), "unit": d.get("unit")}, \
+        d.get("last_safe_value")
 
 
 def analyse(
@@ -135,11 +152,12 @@ def analyse(
     requests = sorted(requests, key=lambda r: (r.sent_s if r.sent_s is not None else r.scheduled_s or 0.0))
     samples = sorted(samples, key=lambda s: s.t_s)
 
-    base_ev = _first(events, "phase_start", phase="baseline")
+    base_ev = next((e for e in events if e.kind == K.PHASE_START and phase_start_data(e).get("phase") == "baseline"),
+                   None)
     baseline_start = base_ev.t_s if base_ev else (events[0].t_s if events else 0.0)
-    steps = [e for e in events if e.kind == "step"]
+    steps = [e for e in events if e.kind == K.STEP]
     treatment_start = steps[0].t_s if steps else None
-    fault = _first(events, "fault")  # written by the drill: the step during which it failed
+    fault = _first(events, K.FAULT)  # written by the drill: the step during which it failed
     failed = fault is not None
     t0: float | None = None
     failure_step = None
@@ -147,31 +165,30 @@ def analyse(
     last_safe = None
     trigger: Trigger | None = None
     if fault is not None:
-        t0 = float(fault.data["t0_s"] if fault.data.get("t0_s") is not None
-                   else fault.data.get("step_started_s", fault.t_s))
-        detected_during = {k: fault.data.get(k) for k in ("step", "value", "knob", "unit")}
+        t0, detected_during, last_safe = _fault_figures(fault)
         failure_step = dict(detected_during)
-        last_safe = fault.data.get("last_safe_value")
-    ceiling_ev = _first(events, "ceiling")
+    ceiling_ev = _first(events, K.CEILING)
     end_s = max([e.t_s for e in events] + [r.end_s or 0.0 for r in requests] + [0.0])
 
-    detected = _first(events, "detect", "stop_condition", after=t0 or -math.inf) if failed else None
+    detected = _first(events, K.DETECT, K.STOP_CONDITION, after=t0 or -math.inf) if failed else None
     alerts: list[dict[str, Any]] = [
-        {"name": e.data.get("name"), "state": e.data.get("state"), "t_s": float(e.t_s),
-         "source": e.data.get("source"), "since_t0_s": _signed(e.t_s, t0)}
-        for e in events if e.kind == "alert"
+        {"name": d.get("name"), "state": d.get("state"), "t_s": float(e.t_s),
+         "source": d.get("source"), "since_t0_s": _signed(e.t_s, t0)}
+        for e in events if e.kind == K.ALERT for d in (alert_data(e),)
     ]
     first_alert = _first_alert(alerts, t0)
-    mitigated = _first(events, "mitigation", after=t0 or -math.inf) if failed else None
+    mitigated = _first(events, K.MITIGATION, after=t0 or -math.inf) if failed else None
     # the drill settles the mode after recovery, when it knows more (exit, refusal on restart)
-    settled = next((e for e in reversed(events) if e.kind == "failure_mode"), None) if failed else None
-    mode = str((settled or fault).data.get("mode", "unknown")) if fault else "none"
+    settled_ev = next((e for e in reversed(events) if e.kind == K.FAILURE_MODE), None) if failed else None
+    settled = failure_mode_data(settled_ev) if settled_ev else None
+    verdict = (settled if settled is not None else fault_data(fault)) if fault else None
+    mode = str(verdict.get("mode", "unknown")) if verdict is not None else "none"
     if fault is not None and t0 is not None:
         trigger = _trigger(requests, steps, t0, mode)
         if trigger.step is not None and trigger.step != detected_during.get("step"):  # type: ignore[union-attr]
             failure_step = {**(failure_step or {}), "step": trigger.step, "value": trigger.value}
-            earlier = [e for e in steps if e.data.get("step") is not None and e.data["step"] < trigger.step]
-            last_safe = earlier[-1].data.get("value") if earlier else None
+            earlier = [d for d in map(step_data, steps) if (i := d.get("step")) is not None and i < trigger.step]
+            last_safe = earlier[-1].get("value") if earlier else None
 
     recovery = aftermath.recovery(requests, samples, events, t0, baseline_start, p95_tolerance, window_s)
     rec_end = (t0 + recovery.time_to_recover_s) if (t0 is not None and recovery.time_to_recover_s is not None) else end_s
@@ -186,8 +203,8 @@ def analyse(
     )
     neighbours = aftermath.neighbours(samples, baseline_start, treatment_start, t0, rec_end)
     storm = aftermath.retry_storm(requests, samples, events, baseline_start, treatment_start, t0, mitigated, recovery, rec_end)
-    notes = [{"t_s": e.t_s, "since_t0_s": _signed(e.t_s, t0), "text": e.message, **e.data}
-             for e in events if e.kind == "note"]
+    notes = [{"t_s": e.t_s, "since_t0_s": _signed(e.t_s, t0), "text": e.message, **note_data(e)}
+             for e in events if e.kind == K.NOTE]
     return Incident(
         round=round,
         treatment_start_s=treatment_start,
@@ -196,7 +213,7 @@ def analyse(
         failure_mode=mode,
         failure_step=failure_step,
         last_safe_value=last_safe,
-        signature=((settled and settled.data.get("signature")) or fault.data.get("signature")) if fault else None,
+        signature=((settled and settled.get("signature")) or fault_data(fault).get("signature")) if fault else None,
         detected_s=detected.t_s if detected else None,
         time_to_detect_s=since(detected.t_s if detected else None, t0),
         alerts=alerts,
@@ -209,9 +226,9 @@ def analyse(
         neighbours=neighbours,
         retry_storm=storm,
         notes=notes,
-        ceiling=dict(ceiling_ev.data) if ceiling_ev else None,
+        ceiling=dict(ceiling_data(ceiling_ev)) if ceiling_ev else None,
         trigger=trigger,
-        evidence=list((settled or fault).data.get("evidence") or []) if fault else [],
+        evidence=list(verdict.get("evidence") or []) if verdict is not None else [],
         detected_during=detected_during,
     )
 
@@ -221,7 +238,7 @@ LOAD_MODES = ("crash_after_oom", "oom_no_exit", "oom_killed", "overload_429", "h
 
 def _trigger(requests: Sequence[RequestRecord], steps: Sequence[EventRecord], t0: float, mode: str) -> Trigger:
     """The ramp step that carried load at T0 (see the module's boundaries)."""
-    starts = [(float(e.t_s), e.data.get("step"), e.data.get("value")) for e in steps]
+    starts = [(float(e.t_s), d.get("step"), d.get("value")) for e in steps for d in (step_data(e),)]
 
     def step_at(t: float) -> tuple[int | None, float | None, float]:
         cur: tuple[int | None, float | None, float] = (None, None, -math.inf)
@@ -302,8 +319,8 @@ def _signals(requests: Sequence[RequestRecord], samples: Sequence[SampleRecord],
         cap = max(total.values())
         share = tuple((t, v / cap) for t, v in used if cap > 0)
         out.append(Signal("resource.gpu_memory_share", "resource", share, SignalRule(threshold=0.98, min_delta=0.02)))
-    for kind, layer, name in (("oom", "service", "service.oom_log"), ("process_exit", "service", "service.process_exit"),
-                              ("xid", "resource", "resource.xid")):
+    for kind, layer, name in ((K.OOM, "service", "service.oom_log"), (K.PROCESS_EXIT, "service", "service.process_exit"),
+                              (K.XID, "resource", "resource.xid")):
         times = [e.t_s for e in events if e.kind == kind]
         if times:
             out.append(event_signal(name, layer, times))  # type: ignore[arg-type]

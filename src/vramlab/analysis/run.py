@@ -22,6 +22,7 @@ from vramlab.analysis.thresholds import (
 )
 from vramlab.analysis.windows import WindowResult, find_windows, summarize_window
 from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records.events import EventKind, warning_data
 
 # The client fell behind its schedule when dispatch lag P99 passes this: latencies from the
 # actual send then understate what users would see (coordinated omission).
@@ -112,7 +113,8 @@ def _warnings(run: RunRecord, complete: bool, steps: Sequence[WindowResult], rou
     if complete and 0 < rounds < MIN_ROUNDS:  # a cut-off run says so above already
         out.append(f"only {rounds} round(s): at least {MIN_ROUNDS} are needed to tell a trend from a one-off")
     # The runner warns about lag itself (with the plan's threshold); don't say it twice.
-    told = {(e.round, e.phase, e.step) for e in events if e.kind == "warning" and "dispatch_lag_p99_ms" in e.data}
+    told = {(e.round, e.phase, e.step) for e in events
+            if e.kind == EventKind.WARNING and "dispatch_lag_p99_ms" in warning_data(e)}
     for res in steps:
         lag = res.requests.dispatch_lag
         w = res.window

@@ -17,6 +17,7 @@ from vramlab.analysis.stats import (
     summarize_samples,
 )
 from vramlab.records import EventRecord, RequestRecord, SampleRecord
+from vramlab.records.events import EventKind, phase_end_data
 
 PHASE_ORDER = {"baseline": 0, "ramp": 1, "treatment": 1, "recovery": 2}
 
@@ -69,10 +70,11 @@ def find_windows(
     marks: dict[tuple[int, str, int | None], dict[str, float]] = {}
     lagged: dict[tuple[int, str, int | None], str] = {}
     for e in events:
-        if e.kind in ("phase_start", "phase_end") and e.round is not None and e.phase:
+        if e.kind in (EventKind.PHASE_START, EventKind.PHASE_END) and e.round is not None and e.phase:
             marks.setdefault((e.round, e.phase, e.step), {})[e.kind] = e.t_s
-            if e.kind == "phase_end" and e.data.get("client_saturated"):
-                who = [w.get("name", "?") for w in e.data.get("client_lag") or () if w.get("saturated")]
+            end = phase_end_data(e) if e.kind == EventKind.PHASE_END else None
+            if end is not None and end.get("client_saturated"):
+                who = [w.get("name", "?") for w in end.get("client_lag") or () if w.get("saturated")]
                 lagged[(e.round, e.phase, e.step)] = ", ".join(who) or "the load client"
 
     def bounded(key: tuple[int, str, int | None], span: tuple[float, float] | None) -> tuple[float, float] | None:

@@ -24,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
 
     from vramlab.errors import VramlabError
     from vramlab.records import EventRecord
+    from vramlab.records.events import EventKind
     from vramlab.store import open_store
 
     text = " ".join(args.text.split())
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         run = store.get_run(args.run_id)
         t_s = max(0.0, time.time() - run.started_at)
         who = args.by or getpass.getuser()
-        store.add_events(run.run_id, [EventRecord(run_id=run.run_id, t_s=t_s, kind="note", message=text[:500],
+        store.add_events(run.run_id, [EventRecord(run_id=run.run_id, t_s=t_s, kind=EventKind.NOTE, message=text[:500],
                                                   data={"by": who, "at": time.time()})])
     print(f"noted on run {run.run_id} at +{t_s:.1f} s")
     return 0

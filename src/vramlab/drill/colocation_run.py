@@ -71,18 +71,18 @@ class ColocationRun:
         how = {"started": "up" if res.ready_s is None else f"up in {res.ready_s:.2f} s", "refused": f"refused (exit {res.exit_code}): {res.text}",
                "timeout": f"not ready in {self.spec.ready_timeout_s:g} s: {res.text}",
                "crashed": f"crashed (exit {res.exit_code}): {res.text}"}.get(res.outcome, res.outcome)
-        self.run.event("engine", f"[{phase}] {res.name}: {how}"[:300], during=phase, **res.data())
+        self.run.emit("engine", f"[{phase}] {res.name}: {how}"[:300], during=phase, **res.data())
 
     # -- phases (engine starts block in a thread; events are emitted from the loop) -------------
     async def _in_order(self, phase: str) -> list[StartResult]:
         self.run.where.phase = phase
-        self.run.event("phase_start", phase, phase=phase)
+        self.run.emit("phase_start", phase, phase=phase)
         out = []
         for name in start_sequence(self.spec):
             res = await asyncio.to_thread(self._start_and_wait, name)
             self._record(res, phase)
             out.append(res)
-        self.run.event("phase_end", phase)
+        self.run.emit("phase_end", phase)
         return out
 
     def _stop_all(self) -> None:
@@ -91,7 +91,7 @@ class ColocationRun:
 
     async def _at_once(self) -> list[StartResult]:
         self.run.where.phase = "race"
-        self.run.event("phase_start", "race", phase="race")
+        self.run.emit("phase_start", "race", phase="race")
         self._races += 1
         names = start_sequence(self.spec)
         barrier = f"{self.workdir / f'race-{self._races}.barrier'}:{len(names)}"
@@ -101,7 +101,7 @@ class ColocationRun:
             res = await asyncio.to_thread(self._wait, name, url, proc)
             self._record(res, "race")
             out.append(res)
-        self.run.event("phase_end", "race")
+        self.run.emit("phase_end", "race")
         return out
 
     async def bring_up(self) -> None:
@@ -113,7 +113,7 @@ class ColocationRun:
             await asyncio.to_thread(self._stop_all)
             race = await self._at_once()
             failed = [f"{r.name} {r.outcome}" for r in race if r.outcome != "started"]
-            self.run.event("race", ("start-up race: " + ", ".join(failed)) if failed else
+            self.run.emit("race", ("start-up race: " + ", ".join(failed)) if failed else
                         "start-up race: every engine started (no race seen)",
                         failed=[r.name for r in race if r.outcome != "started"],
                         started=[r.name for r in race if r.outcome == "started"])
@@ -172,7 +172,7 @@ class ColocationRun:
         used, left = drill_pids_on_ledger(self.device, self.engines.pids)
         msg = (f"ledger after rollback: {used} bytes used, none held by the drill's {len(self.engines.pids)} engine "
                "processes" if not left else f"ledger after rollback: drill processes {left} still hold memory")
-        self.run.event("ledger", msg, used_bytes=used, drill_pids_left=left, drill_pids=sorted(self.engines.pids))
+        self.run.emit("ledger", msg, used_bytes=used, drill_pids_left=left, drill_pids=sorted(self.engines.pids))
 
 
 __all__ = ["ColocationRun"]

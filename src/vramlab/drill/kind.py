@@ -123,9 +123,9 @@ class DrillKind:
 
     async def started(self) -> None:
         if self.warning:
-            self.run.event("warning", self.warning)
+            self.run.emit("warning", self.warning)
         if self.plan.rounds < 3:
-            self.run.event("warning", f"rounds: {self.plan.rounds} is fewer than 3; a one-off cannot be told from "
+            self.run.emit("warning", f"rounds: {self.plan.rounds} is fewer than 3; a one-off cannot be told from "
                            "a trend")
 
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
@@ -138,7 +138,7 @@ class DrillKind:
 
         log = getattr(self.target, "log_path", None)
         for kind, message, data in start_events(facts_for_drill(self.plan, str(log) if log else None)):
-            self.run.event("warning" if kind == "note" else kind, message, **data)
+            self.run.emit("warning" if kind == "note" else kind, message, **data)
 
     # -- one round ----------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -185,9 +185,9 @@ class DrillKind:
         """The baseline window; a baseline that breached its own error threshold ends the drill before the ramp."""
         self.run.where.phase, self.run.where.step = "baseline", None
         self.tallies = _Tallies(baseline=BaselineTally(self.plan.stop.error_rate))
-        self.run.event("phase_start", "baseline", phase="baseline")
+        self.run.emit("phase_start", "baseline", phase="baseline")
         await self._window(None, self.plan.baseline_s, 0)
-        self.run.event("phase_end", "baseline")
+        self.run.emit("phase_end", "baseline")
         why = self.tallies.baseline.broken() if self.tallies.baseline is not None else None
         if why is not None:
             from vramlab.drill.watch import last_error_line
@@ -195,7 +195,7 @@ class DrillKind:
             said = last_error_line(self.target)  # a local target's log: the engine's words when its answers had none
             ended = f"baseline broken, nothing ramped: {why}" + (f"; its log says: {said}" if said else "")
             self.run.halt(ended)
-            self.run.event("stopped", ended, reason="baseline")
+            self.run.emit("stopped", ended, reason="baseline")
             return
         self.tallies.ramp = BaselineTally(None)
 
@@ -209,14 +209,14 @@ class DrillKind:
         self.tallies.step_counts = [0, 0]
         self.tallies.step = BaselineTally(None)
         self._step_started_s = self.run.now()
-        self.run.event("step", f"{ramp.knob} = {value:g} {ramp.unit}", step=step, value=value, knob=ramp.knob)
+        self.run.emit("step", f"{ramp.knob} = {value:g} {ramp.unit}", step=step, value=value, knob=ramp.knob)
 
     async def apply(self, value: float) -> bool:
         try:
             await self.lifecycle.apply(value)
         except CotenantOutOfMemory as exc:
             # the co-tenant, not the target, ran out: the card is full and the target held its memory
-            self.run.event("cotenant_oom", f"the co-tenant could not grow to {value:g} {self.plan.ramp.unit}: {exc}",
+            self.run.emit("cotenant_oom", f"the co-tenant could not grow to {value:g} {self.plan.ramp.unit}: {exc}",
                            value=value)
             self._ceiling_value = self._last
             return False
@@ -257,19 +257,19 @@ class DrillKind:
         ramp = self.plan.ramp
         if f.kind == "wall_clock":
             # the drill's own time ran out: the target did not fail, so no fault, no recovery
-            self.run.event("stop_condition", f.message, condition=f.kind)
-            self.run.event("stopped", f"stopped by the wall clock during {ramp.knob} = {value:g} {ramp.unit}; "
+            self.run.emit("stop_condition", f.message, condition=f.kind)
+            self.run.emit("stopped", f"stopped by the wall clock during {ramp.knob} = {value:g} {ramp.unit}; "
                            f"{self._step_failures()} (last completed step: "
                            f"{'none' if last_safe is None else f'{last_safe:g}'})", value=value,
                            last_completed=last_safe, unit=ramp.unit)
             return
         self.state.failed_at_s = self.state.failed_at_s or f.t_s
         if f.kind in ("wall_clock", "gpu_memory", "error_rate", "kv_usage", "p95"):
-            self.run.event("stop_condition", f.message, condition=f.kind)
-        self.run.event("detect", f"detected: {f.message}", condition=f.kind, source=f.source)
+            self.run.emit("stop_condition", f.message, condition=f.kind)
+        self.run.emit("detect", f"detected: {f.message}", condition=f.kind, source=f.source)
         # T0 is the failure itself: its first evidence (a failed request's end, the exit, the OOM line)
         t0 = self.detector.first_evidence_s()
-        self.run.event("fault", f"failed during {ramp.knob} = {value:g} {ramp.unit}", step=step, value=value,
+        self.run.emit("fault", f"failed during {ramp.knob} = {value:g} {ramp.unit}", step=step, value=value,
                        knob=ramp.knob, unit=ramp.unit, step_started_s=self._step_started_s,
                        t0_s=t0 if t0 is not None else f.t_s, last_safe_value=last_safe,
                        mode=self.detector.failure_mode(), evidence=self.detector.evidence(),
@@ -304,11 +304,11 @@ class DrillKind:
             why = ("the ramp sent no request" if not sent else
                    f"no ramp request came back ({sent} sent, all still open when their step ended)")
             self.run.halt(f"{why}: no ceiling is claimed")
-            self.run.event("stopped", f"{why}: no ceiling is claimed", reason="no_load")
+            self.run.emit("stopped", f"{why}: no ceiling is claimed", reason="no_load")
             return
         top = self.values[-1] if self._ceiling_value is None else self._ceiling_value
         why = "" if self._ceiling_value is None else " (the card was full: the co-tenant could not grow)"
-        self.run.event("ceiling", f"no OOM up to {top:g} {plan.ramp.unit}{why}", value=top, unit=plan.ramp.unit)
+        self.run.emit("ceiling", f"no OOM up to {top:g} {plan.ramp.unit}{why}", value=top, unit=plan.ramp.unit)
 
     async def _recover(self, failure: Finding) -> None:
         plan, where = self.plan, self.run.where
@@ -319,12 +319,12 @@ class DrillKind:
         value: float | None = None if plan.recovery.undo_ramp else self.values[step]
         if plan.recovery.undo_ramp:
             await self.lifecycle.apply(None)
-            self.run.event("ramp_undone", "load back to the baseline", value=None)
+            self.run.emit("ramp_undone", "load back to the baseline", value=None)
         ex = WindowExecutor()  # the failed step's window may still be draining on self.windows
         ex.use(self.windows.client)
         load = asyncio.ensure_future(self._window(value, plan.recovery.limit_s + plan.recovery.observe_s + 5, step, ex))
         try:
-            out = await recover(plan.recovery, self.target, self.state, self.run.now, self.run.event,
+            out = await recover(plan.recovery, self.target, self.state, self.run.now, self.run.emit,
                                 operator_notes=self._notes_since,
                                 supervised_by_drill=plan.target.kind in ("sim", "process"),
                                 startup_allowance_s=self.lifecycle.startup_allowance_s(),
@@ -333,22 +333,22 @@ class DrillKind:
                 t0 = self.detector.first_evidence_s()
                 t0 = t0 if t0 is not None else (failure.t_s or 0.0)
                 # not yet the verdict: that also wants health 200 and P95 back over the observation window
-                self.run.event("recovered", f"serving again {(out.served_again_s or 0.0) - t0:.2f} s after T0 (a "
+                self.run.emit("recovered", f"serving again {(out.served_again_s or 0.0) - t0:.2f} s after T0 (a "
                                f"successful request); the verdict follows the {plan.recovery.observe_s:g} s "
                                "observation", served_again_s=out.served_again_s)
                 await asyncio.sleep(plan.recovery.observe_s)
             else:
                 self.unrecovered_rounds.append(where.round or 0)
-                self.run.event("not_recovered", out.reason, limit_s=plan.recovery.limit_s)
+                self.run.emit("not_recovered", out.reason, limit_s=plan.recovery.limit_s)
         finally:
             load.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await load
             # settle the fault's mode now that recovery showed more (a refusal on restart, ...)
             mode, evidence = self.detector.failure_mode(), self.detector.evidence()
-            self.run.event("failure_mode", f"failure mode {mode}" + (f": {evidence[0]}" if evidence else ""),
+            self.run.emit("failure_mode", f"failure mode {mode}" + (f": {evidence[0]}" if evidence else ""),
                            mode=mode, evidence=evidence, signature=self.detector.signature())
-            self.run.event("phase_end", "recovery")
+            self.run.emit("phase_end", "recovery")
 
     def _notes_since(self, t_s: float) -> list[str]:
         evs = self.store.events(self.run_id)
@@ -416,7 +416,7 @@ class DrillKind:
         # the detector reads how long a failed request took (a timeout), so failures keep their latency
         rec = request_record(res, self.run_id, self.run.t0, rnd, phase if phase in ("baseline", "recovery") else "ramp",
                              step, value, failed_latency=True)
-        self.run.event("request", payload=rec)
+        self.run.emit("request", payload=rec)
         end = rec.end_s or self.run.now()
         t = self.tallies
         if phase == "baseline" and t.baseline is not None:
@@ -436,7 +436,7 @@ class DrillKind:
         self.detector.on_result(end, rec.ok, rec.status_code, rec.error_class, rec.error, rec.e2e_from_scheduled_ms)
         amp = self.herd.on_attempt(rec.sent_s or end, phase, rec.attempt)
         if amp is not None:
-            self.run.event("retry_storm", f"attempt rate {amp:.1f}x the baseline's offered rate in one "
+            self.run.emit("retry_storm", f"attempt rate {amp:.1f}x the baseline's offered rate in one "
                            f"{self.herd.window_s:g} s window of recovery, mostly retries (live; the report judges "
                            "the whole recovery window)", amplification=amp, window_s=self.herd.window_s)
 

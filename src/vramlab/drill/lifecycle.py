@@ -53,7 +53,7 @@ class TargetLifecycle:
         st = await asyncio.to_thread(self.target.status)
         started = None
         if not st.running:
-            self.run.event("target_start", f"starting the target ({self.plan.target.kind})")
+            self.run.emit("target_start", f"starting the target ({self.plan.target.kind})")
             started = self.run.now()
             await asyncio.to_thread(self.target.start)
             self._started_target = True
@@ -79,10 +79,10 @@ class TargetLifecycle:
             raise VramlabError(f"the target at {self.target.url} did not pass a health check within {limit:.3g} s"
                                f"{why}: {found.summary()}")
         self.health_path = found.path
-        self.run.event("health_path", found.summary(), path=found.path, answers=found.answers)
+        self.run.emit("health_path", found.summary(), path=found.path, answers=found.answers)
         if started is not None:
             self.load_time_s = self.run.now() - started
-            self.run.event("target_ready", f"the target loaded in {self.load_time_s:.2f} s (start to health 200 on "
+            self.run.emit("target_ready", f"the target loaded in {self.load_time_s:.2f} s (start to health 200 on "
                       f"{found.path})", load_time_s=self.load_time_s)
         if self.plan.cotenant is not None:
             self._cotenant = self._make_balloon()
@@ -92,7 +92,7 @@ class TargetLifecycle:
             except CotenantOutOfMemory as exc:  # the plan asks for more than the card has free
                 raise ConfigError(f"cotenant: could not hold {nbytes / GIB:.2f} GiB before the ramp: "
                                   f"{str(exc)[:200]}; lower cotenant.hold_gib (the drill was rolled back)") from None
-            self.run.event("cotenant", f"co-tenant holds {nbytes / GIB:.2f} GiB", bytes=nbytes)
+            self.run.emit("cotenant", f"co-tenant holds {nbytes / GIB:.2f} GiB", bytes=nbytes)
         self._capacity_account()
 
     def _capacity_account(self) -> None:
@@ -105,10 +105,10 @@ class TargetLifecycle:
         try:
             acc = for_sim(self.plan, int(DeviceLedger(self.device).memory_info(0)[2]))
         except Exception as exc:  # a model the catalog lacks must not stop the drill; the report says so
-            self.run.event("warning", f"no capacity prediction: {type(exc).__name__}: {exc}"[:300])
+            self.run.emit("warning", f"no capacity prediction: {type(exc).__name__}: {exc}"[:300])
             return
         if acc is not None:
-            self.run.event("capacity", acc.message, predicted_limit=acc.predicted_limit, **acc.figures)
+            self.run.emit("capacity", acc.message, predicted_limit=acc.predicted_limit, **acc.figures)
 
     def _make_balloon(self) -> Balloon:
         return LedgerBalloon(self.device) if self.device else ProcessBalloon()
@@ -163,9 +163,9 @@ class TargetLifecycle:
         for what, fn in actions:
             try:
                 await asyncio.shield(asyncio.to_thread(fn))
-                self.run.event("rollback", what, ok=True)
+                self.run.emit("rollback", what, ok=True)
             except Exception as exc:  # every rollback gets its chance; a failure is recorded, not raised
-                self.run.event("rollback", f"{what}: failed: {exc}"[:300], ok=False)
+                self.run.emit("rollback", f"{what}: failed: {exc}"[:300], ok=False)
         if self.coloc is not None:
             with contextlib.suppress(Exception):  # a ledger that cannot be read is no reason to skip the rest
                 self.coloc.ledger_after()  # nothing the drill started may still hold memory
@@ -174,7 +174,7 @@ class TargetLifecycle:
 
             env = {"VRAMLAB_RUN_ID": self.run.run_id, "VRAMLAB_RUN_STATUS": status, "VRAMLAB_STOP_REASON": reason or ""}
             for res in await run_rollbacks(self.plan.rollback, env):
-                self.run.event("rollback", f"{res.command}: exit {res.exit_code}", ok=res.ok, command=res.command)
+                self.run.emit("rollback", f"{res.command}: exit {res.exit_code}", ok=res.ok, command=res.command)
 
 
 def _log_tail(target: Any, n: int = 8) -> list[str]:

@@ -18,15 +18,16 @@ from vramlab.drill.plan import DrillPlan, NeighbourSpec
 from vramlab.drill.recovery import LiveState
 from vramlab.drill.target import Target
 from vramlab.records import SampleRecord
+from vramlab.records.events import EventKind
 
 if TYPE_CHECKING:
     from vramlab.drill.colocation_run import ColocationRun
     from vramlab.experiment.runner import Runner
     from vramlab.observe.base import Sample
 
-FINDING_EVENTS = {"oom": "oom", "engine_death": "oom", "startup_refusal": "startup_refusal", "xid": "xid",
-                  "preemption": "preemption", "overload": "overload", "process_exit": "process_exit",
-                  "health_fail": "health_fail"}
+# the detector's finding kinds a log line can produce, and the timeline event each is stored as
+FINDING_EVENTS = {"oom": EventKind.OOM, "engine_death": EventKind.OOM, "startup_refusal": EventKind.STARTUP_REFUSAL,
+                  "xid": EventKind.XID, "preemption": EventKind.PREEMPTION, "overload": EventKind.OVERLOAD}
 
 
 class Watchers:
@@ -53,7 +54,7 @@ class Watchers:
         from vramlab.drill.alerting import watch_prometheus
 
         def changed(name: str, state: str, labels: dict[str, Any]) -> None:
-            self.run.event("alert", f"{name} {state}", name=name, state=state, source="prometheus",
+            self.run.emit("alert", f"{name} {state}", name=name, state=state, source="prometheus",
                       severity=labels.get("severity"), owner=labels.get("owner"))
 
         await watch_prometheus(url, changed)
@@ -79,7 +80,7 @@ class Watchers:
 
             samplers.append(OllamaSampler(root, timeout_s=1.0))
         sset = SamplerSet(samplers, self.plan.sample_interval_s, self._on_samples,
-                          lambda note: self.run.event("warning", note), lambda kind, msg, data: self.run.event(kind, msg, **data))
+                          lambda note: self.run.emit("warning", note), lambda kind, msg, data: self.run.emit(kind, msg, **data))
         await sset.start()
         try:
             await asyncio.Event().wait()
@@ -97,12 +98,12 @@ class Watchers:
                 self._on_health(t, s.value >= 0.5)
             else:
                 self.detector.on_sample(t, s.name, s.value, total)
-        self.run.event("samples", payload=recs)
+        self.run.emit("samples", payload=recs)
 
     def _on_health(self, t: float, up: bool) -> None:
         self.detector.on_health(t, up, 0 if not up else 200)
         if up != self._last_health and self._last_health is not None:
-            self.run.event("health", "health OK again" if up else "health check failing", ok=up)
+            self.run.emit("health", "health OK again" if up else "health check failing", ok=up)
         if not up:
             self.state.health_ever_failed = self.state.health_ever_failed or self.state.failed_at_s is not None
             if self.state.health_down_since_s is None:
@@ -125,7 +126,7 @@ class Watchers:
                     # one timeline row per burst: an engine death logs a line per failed request
                     kind = FINDING_EVENTS[f.kind]
                     if t - self._last_log_event.get(kind, -1e9) > 2.0:
-                        self.run.event(kind, f.message[:300], **f.data)
+                        self.run.emit(kind, f.message[:300], **f.data)
                     self._last_log_event[kind] = t
             await asyncio.sleep(0.1 if self.plan.target.kind in ("sim", "process") else 1.0)
 
@@ -145,7 +146,7 @@ class Watchers:
                 last = _last_log_line(self.target)  # the engine's own last words, quoted as evidence
                 detail = st.detail + (f"; its log ends: {last!r}" if last else "")
                 self.detector.on_process(t, False, st.exit_code, st.oom_killed, detail)
-                self.run.event("process_exit", f"target {exit_evidence(st.exit_code)}", exit_code=st.exit_code,
+                self.run.emit("process_exit", f"target {exit_evidence(st.exit_code)}", exit_code=st.exit_code,
                           oom_killed=st.oom_killed, detail=st.detail)
             self.state.running = st.running
             await asyncio.sleep(0.05 if local else 1.0)
@@ -165,7 +166,7 @@ class Watchers:
             while True:
                 got = {s.name: s for s in await probe.sample()}
                 t = got["health.up"].t - self.run.t0
-                self.run.event("samples", payload=[
+                self.run.emit("samples", payload=[
                     SampleRecord(run_id=self.run.run_id, t_s=t, source="health", name=f"neighbour.{n.name}.ok",
                                  value=got["health.up"].value),
                     SampleRecord(run_id=self.run.run_id, t_s=t, source="health", name=f"neighbour.{n.name}.latency_ms",

@@ -1,10 +1,10 @@
 """One small event type and a hook that subscribers attach to (locust's EventHook).
 
 The runner emits; the terminal progress, the store writer and a drill's own logic subscribe.
-Timeline kinds (stored as EventRecord): run_start, phase_start, phase_end, step, stop_condition,
-rollback, note, warning, error, run_end; and a sampler's own (model_load, model_unload, model_offload:
-Ollama's /api/ps). High-volume kinds (not timeline rows): ``request``
-(payload: RequestRecord) and ``samples`` (payload: list[SampleRecord]).
+The kinds are `vramlab.records.events.EventKind` (each member says when it is emitted and what its
+data holds; `PAYLOADS` types the data of each). Timeline kinds are stored as EventRecord; the data
+kinds (`DATA_KINDS`) are not timeline rows: ``request`` (payload: RequestRecord) and ``samples``
+(payload: list[SampleRecord]). An Event of a kind that is not a member is refused: a bug (exit 70).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-DATA_KINDS = frozenset({"request", "samples"})
+from vramlab.records.events import DATA_KINDS, EventKind, check_kind
 
 
 @dataclass(frozen=True)
 class Event:
-    kind: str
+    kind: EventKind | str  # a string is checked and turned into its member
     t_s: float  # seconds from the run's start
     round: int | None = None
     phase: str | None = None
@@ -26,6 +26,9 @@ class Event:
     message: str = ""
     data: dict[str, Any] = field(default_factory=dict)
     payload: Any = None  # RunRecord for run_start, RequestRecord for request, list[SampleRecord] for samples
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", check_kind(self.kind))  # ValueError on a kind not in EventKind
 
 
 Handler = Callable[[Event], None]
@@ -61,3 +64,6 @@ class EventHook:
                 self.remove(h)
                 name = getattr(h, "__qualname__", None) or type(h).__name__
                 self.errors.append(f"event subscriber {name} failed and was detached: {type(exc).__name__}: {exc}"[:300])
+
+
+__all__ = ["DATA_KINDS", "Event", "EventHook", "EventKind", "Handler"]

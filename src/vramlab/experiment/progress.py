@@ -6,14 +6,15 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from vramlab.experiment.events import Event
+from vramlab.experiment.events import Event, EventKind
 
-_LINE_KINDS = {"phase_end", "stop_condition", "warning", "note", "rollback", "error", "run_end", "step"}
+K = EventKind
+_LINE_KINDS = {K.PHASE_END, K.STOP_CONDITION, K.WARNING, K.NOTE, K.ROLLBACK, K.ERROR, K.RUN_END, K.STEP}
+_TAGS: dict[str, str] = {K.STOP_CONDITION: "STOP ", K.WARNING: "warn ", K.ERROR: "error", K.NOTE: "note ", K.ROLLBACK: "rollback"}
 
 
 def _tag(ev: Event) -> str:
-    return {"stop_condition": "STOP ", "warning": "warn ", "error": "error", "note": "note ",
-            "rollback": "rollback"}.get(ev.kind, "")
+    return _TAGS.get(ev.kind, "")
 
 
 class PlainProgress:
@@ -21,7 +22,7 @@ class PlainProgress:
         self.stream = stream or sys.stdout
 
     def __call__(self, ev: Event) -> None:
-        if ev.kind == "run_start":
+        if ev.kind == K.RUN_START:
             print(f"[{ev.t_s:7.1f}s] {ev.message}", file=self.stream, flush=True)
         elif ev.kind in _LINE_KINDS and ev.message:
             tag = _tag(ev)
@@ -46,21 +47,21 @@ class RichProgress:
         self.started = 0.0
 
     def __call__(self, ev: Event) -> None:
-        if ev.kind == "phase_start":
+        if ev.kind == K.PHASE_START:
             self.phase, self.n, self.err, self.started = ev.message, 0, 0, ev.t_s
-        elif ev.kind == "request":
+        elif ev.kind == K.REQUEST:
             rec: Any = ev.payload
             if rec.error_class != "cancelled":
                 self.n += 1
                 self.err += 0 if rec.ok else 1
             self.live.update(f"[bold]{self.phase}[/]  {ev.t_s - self.started:5.1f} s  "
                              f"{self.n} requests  {self.err} errors")
-        if ev.kind == "run_start" or (ev.kind in _LINE_KINDS and ev.message):
+        if ev.kind == K.RUN_START or (ev.kind in _LINE_KINDS and ev.message):
             tag = _tag(ev)
             style = {"STOP ": "bold red", "warn ": "yellow", "error": "red"}.get(tag, "")
             text = f"[{ev.t_s:7.1f}s] {tag + ': ' if tag else ''}{ev.message}"
             self.console.print(text, style=style or None, markup=False, highlight=False)
-        if ev.kind == "run_end":
+        if ev.kind == K.RUN_END:
             self.close()
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from vramlab.experiment.events import DATA_KINDS, Event
+from vramlab.experiment.events import DATA_KINDS, Event, EventKind
 from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
 from vramlab.records.store import Store
 
@@ -75,7 +75,7 @@ class StoreRecorder:
 
     # -- the event side (the event loop's thread: appends only, never waits on the store) ---------
     def __call__(self, ev: Event) -> None:
-        if ev.kind == "request" and self.run_id is not None:
+        if ev.kind == EventKind.REQUEST and self.run_id is not None:
             # The hot path: thousands a second. list.append is atomic, and the writer only ever
             # removes a prefix it copied, so no lock is needed; only this thread counts `received`.
             requests = self._requests
@@ -85,7 +85,7 @@ class StoreRecorder:
                 self._idle.clear()
                 self._wake.set()
             return
-        if ev.kind == "run_start":
+        if ev.kind == EventKind.RUN_START:
             run: RunRecord = ev.payload
             self.notes = list(run.notes)
             self.store.create_run(run)  # before any load: a store that refuses the run stops it here
@@ -95,10 +95,10 @@ class StoreRecorder:
         if self.run_id is None:
             return
         with self._lock:
-            if ev.kind == "request":
+            if ev.kind == EventKind.REQUEST:
                 self._requests.append(ev.payload)
                 self.received["requests"] += 1
-            elif ev.kind == "samples":
+            elif ev.kind == EventKind.SAMPLES:
                 self._samples.extend(ev.payload)
                 self.received["samples"] += len(ev.payload)
             if ev.kind not in DATA_KINDS:
@@ -106,13 +106,13 @@ class StoreRecorder:
                                                 phase=ev.phase, step=ev.step, message=ev.message,
                                                 data=_jsonable(ev.data)))
                 self.received["events"] += 1
-            if ev.kind in ("note", "warning") and ev.message:
+            if ev.kind in (EventKind.NOTE, EventKind.WARNING) and ev.message:
                 self.notes.append(ev.message)
                 self._notes_dirty = True
             pending = len(self._requests) + len(self._samples) + len(self._events)
-        if ev.kind == "run_end":
+        if ev.kind == EventKind.RUN_END:
             self._finish(ev)
-        elif ev.kind in ("phase_end", "stop_condition", "note", "warning") or pending >= self.batch:
+        elif ev.kind in (EventKind.PHASE_END, EventKind.STOP_CONDITION, EventKind.NOTE, EventKind.WARNING) or pending >= self.batch:
             self._idle.clear()
             self._wake.set()
 

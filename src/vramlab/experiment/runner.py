@@ -74,13 +74,11 @@ class Runner:
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
-    def emit(self, kind: str, message: str = "", data: dict[str, Any] | None = None, payload: Any = None) -> None:
+    def emit(self, kind: str, message: str = "", data: dict[str, Any] | None = None, payload: Any = None,
+             **fields: Any) -> None:
+        """One event, stamped with the run's clock and where it is; its data as a dict, or as keywords."""
         w = self.where
-        self.hook.fire(Event(kind, self.now(), w.round, w.phase, w.step, message, data or {}, payload))
-
-    def event(self, kind: str, message: str = "", payload: Any = None, **data: Any) -> None:
-        """``emit`` with the event's data as keywords."""
-        self.emit(kind, message, data, payload)
+        self.hook.fire(Event(kind, self.now(), w.round, w.phase, w.step, message, {**(data or {}), **fields}, payload))
 
     def note(self, message: str) -> None:
         self.notes.append(message)

@@ -2,7 +2,8 @@
 
 The bottom of the run side: this package imports nothing of vramlab's but `vramlab.errors`, and
 experiment, drill, store, analysis and report all depend on it instead of on each other. The
-`Store` port is in `vramlab.records.store`, an in-memory store in `vramlab.records.memory`.
+`Store` port is in `vramlab.records.store`, an in-memory store in `vramlab.records.memory`, the
+event kinds and their typed data in `vramlab.records.events`.
 
 Four pydantic models, one per kind of stored row. The runner and the drill build them; the store
 persists them as they are; analysis and reports read them back. Times are float seconds, bytes are
@@ -60,7 +61,7 @@ EventRecord (the run's timeline)
 | field | type | meaning |
 |---|---|---|
 | run_id, t_s | str, float | t_s in seconds from run start |
-| kind | str | run_start, phase_start, phase_end, step, stop_condition, rollback, note, warning, oom, alert, recovered, error, ... |
+| kind | str | an `EventKind` (vramlab.records.events: every kind, each with a typed data): run_start, phase_start, phase_end, step, stop_condition, rollback, note, warning, oom, alert, recovered, error, ... |
 | round, phase, step | int \\| None, str \\| None, int \\| None | where in the plan it happened |
 | message | str | one line for humans |
 | data | dict | JSON-serialisable details |

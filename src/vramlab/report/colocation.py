@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from vramlab.analysis.colocation import PHASES, Colocation, EngineOutcome, analyse_colocation
+from vramlab.records.events import EventKind
 from vramlab.report.blocks import Block, Bullets, Table, Text
 from vramlab.report.sections import ReportContext, Section, register
 
@@ -20,7 +21,7 @@ def _of(ctx: ReportContext) -> Colocation | None:
 
 
 def _applies(ctx: ReportContext) -> bool:
-    return ctx.run.kind == "drill" and any(e.kind == "engine" for e in ctx.events)
+    return ctx.run.kind == "drill" and any(e.kind == EventKind.ENGINE for e in ctx.events)
 
 
 def _cell(o: EngineOutcome | None) -> str:

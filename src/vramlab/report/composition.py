@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from vramlab.analysis.composition import FIGURES, LABELS, Composition, Figure, Row, compose
+from vramlab.records.events import EventKind
 from vramlab.report import fmt
 from vramlab.report.blocks import Block, Bullets, Table, Text
 from vramlab.report.sections import ReportContext, Section, register
@@ -28,7 +29,7 @@ def composition_of(ctx: ReportContext) -> Composition:
 
 
 def _applies(ctx: ReportContext) -> bool:
-    return any(e.kind in ("capacity_plan", "startup_memory") for e in ctx.events)
+    return any(e.kind in (EventKind.CAPACITY_PLAN, EventKind.STARTUP_MEMORY) for e in ctx.events)
 
 
 def _where(r: Row) -> str:

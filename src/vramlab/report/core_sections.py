@@ -6,15 +6,17 @@ from typing import Any
 
 from vramlab.analysis.stats import ITL_UNTIMED_WARN, RequestSummary
 from vramlab.analysis.windows import PHASE_ORDER, WindowResult
+from vramlab.records.events import EventKind
 from vramlab.report import fmt
 from vramlab.report.blocks import Band, Block, Bullets, Chart, Marker, Series, Shade, Table, Text
 from vramlab.report.sections import ReportContext, Section, register
 
 # Events that the tables already tell (windows); the rest form the timeline.
-QUIET_EVENTS = ("phase_start", "phase_end", "step", "run_start", "run_end")
-MARKED_EVENTS = ("stop_condition", "rollback", "oom", "alert", "recovered", "error")
+K = EventKind
+QUIET_EVENTS = (K.PHASE_START, K.PHASE_END, K.STEP, K.RUN_START, K.RUN_END)
+MARKED_EVENTS = (K.STOP_CONDITION, K.ROLLBACK, K.OOM, K.ALERT, K.RECOVERED, K.ERROR)
 # A local engine's model loads and unloads (Ollama's /api/ps): GPU memory moves with them.
-MODEL_EVENTS = ("model_load", "model_unload", "model_offload")
+MODEL_EVENTS = (K.MODEL_LOAD, K.MODEL_UNLOAD, K.MODEL_OFFLOAD)
 STABILITY_METRICS = ("e2e_p95_ms", "ttft_p95_ms", "error_rate", "throughput_rps")
 HEADLINE_METRICS = ("e2e_p95_ms", "error_rate")
 
@@ -171,7 +173,7 @@ def warnings(ctx: ReportContext) -> list[Block]:
     # The runner logs the too-few-rounds warning as an event too; the analysis already says it.
     rounds_said = any("round" in w and ("fewer than" in w or "at least 3" in w) for w in items)
     for e in ctx.analysis.events:
-        if e.kind != "warning" or (rounds_said and e.message.startswith("rounds:")):
+        if e.kind != K.WARNING or (rounds_said and e.message.startswith("rounds:")):
             continue
         items.append(f"{e.t_s:.1f} s: {e.message}")
     return [Bullets(list(dict.fromkeys(items)))] if items else []
@@ -421,7 +423,7 @@ def recovery(ctx: ReportContext) -> list[Block]:
 def events(ctx: ReportContext) -> list[Block]:
     rows = []
     for e in ctx.analysis.events:
-        if e.kind in QUIET_EVENTS or e.kind in ("note", "warning"):
+        if e.kind in QUIET_EVENTS or e.kind in (K.NOTE, K.WARNING):
             continue
         where = "" if e.round is None else _where(e)
         rows.append([f"{e.t_s:.1f}", e.kind, where, e.message])
@@ -431,8 +433,8 @@ def events(ctx: ReportContext) -> list[Block]:
 def notes(ctx: ReportContext) -> list[Block]:
     # The runner keeps notes (and warnings) both on the run row and as timeline events: say each once,
     # with its time when the timeline has it, and leave warnings to their own section.
-    warned = {e.message for e in ctx.analysis.events if e.kind == "warning"}
-    timed = {e.message: e.t_s for e in ctx.analysis.events if e.kind == "note"}
+    warned = {e.message for e in ctx.analysis.events if e.kind == K.WARNING}
+    timed = {e.message: e.t_s for e in ctx.analysis.events if e.kind == K.NOTE}
     items, seen = [], set()
     for msg in [*ctx.run.notes, *timed]:
         if msg in seen or msg in warned:

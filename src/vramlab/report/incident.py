@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from vramlab.analysis.incident import Incident, analyse
+from vramlab.records.events import EventKind, alert_data, capacity_data, retry_storm_data
 from vramlab.report import fmt
 from vramlab.report.blocks import Block, Bullets, Table, Text
 from vramlab.report.incident_text import (
@@ -35,11 +36,13 @@ from vramlab.report.incident_text import (
 from vramlab.report.sections import ReportContext, Section, register
 
 EDIT = "_(derived from the data; operator: edit)_"
-TIMELINE_KINDS = ("step", "oom", "startup_refusal", "process_exit", "health", "detect", "stop_condition", "fault",
-                  "alert", "mitigation", "ramp_undone", "recovered", "not_recovered", "note", "retry_storm",
-                  "waiting_for_operator", "recovery_command", "xid", "overload", "preemption", "ceiling", "rollback",
-                  "cotenant", "cotenant_oom", "capacity", "warning", "engine", "race", "ledger", "health_path",
-                  "target_ready", "failure_mode", "stopped", "model_load", "model_unload", "model_offload")
+K = EventKind
+TIMELINE_KINDS = (K.STEP, K.OOM, K.STARTUP_REFUSAL, K.PROCESS_EXIT, K.HEALTH, K.DETECT, K.STOP_CONDITION, K.FAULT,
+                  K.ALERT, K.MITIGATION, K.RAMP_UNDONE, K.RECOVERED, K.NOT_RECOVERED, K.NOTE, K.RETRY_STORM,
+                  K.WAITING_FOR_OPERATOR, K.RECOVERY_COMMAND, K.XID, K.OVERLOAD, K.PREEMPTION, K.CEILING, K.ROLLBACK,
+                  K.COTENANT, K.COTENANT_OOM, K.CAPACITY, K.WARNING, K.ENGINE, K.RACE, K.LEDGER, K.HEALTH_PATH,
+                  K.TARGET_READY, K.FAILURE_MODE, K.STOPPED, K.MODEL_LOAD, K.MODEL_UNLOAD, K.MODEL_OFFLOAD)
+MODEL_KINDS = (K.MODEL_LOAD, K.MODEL_UNLOAD, K.MODEL_OFFLOAD)  # Ollama loaded or unloaded it (/api/ps)
 
 
 def _is_drill(ctx: ReportContext) -> bool:
@@ -87,7 +90,7 @@ def summary_line(ctx: ReportContext) -> str:
     inc, _ = incident_of(ctx)
     unit = _unit(ctx)
     if not inc.failed:
-        stopped = next((e for e in ctx.events if e.kind == "stopped"), None)
+        stopped = next((e for e in ctx.events if e.kind == K.STOPPED), None)
         if stopped is not None and inc.ceiling is None:
             return stopped.message  # the drill's time ran out before the ramp's end: no ceiling claim
         top = (inc.ceiling or {}).get("value")
@@ -150,20 +153,21 @@ def s_timeline(ctx: ReportContext) -> list[Block]:
     for e in ctx.events:
         if e.kind not in TIMELINE_KINDS:
             continue
-        if e.kind == "alert" and e.data.get("state") not in ("pending", "firing"):
+        if e.kind == K.ALERT and alert_data(e).get("state") not in ("pending", "firing"):
             continue
         rel = since_t0(e.t_s, t0)
-        who = "operator" if e.kind == "note" else ("alert" if e.kind == "alert" else "drill")
-        who = "target" if e.kind.startswith("model_") else who  # Ollama loaded or unloaded it (/api/ps)
+        who = "operator" if e.kind == K.NOTE else ("alert" if e.kind == K.ALERT else "drill")
+        who = "target" if e.kind in MODEL_KINDS else who
         what, kind = e.message, e.kind
-        if e.kind == "recovered" and inc.recovery.recovered:
+        if e.kind == K.RECOVERED and inc.recovery.recovered:
             what += f" — {recovery_text(inc.recovery, t0)}"
-        elif e.kind == "recovered":
+        elif e.kind == K.RECOVERED:
             # the drill's event means it served again; the incident is not recovered until P95 and health are back
             kind, what = "serving again", f"{what} — {recovery_text(inc.recovery, t0)}"
-        elif e.kind == "retry_storm":  # the live 1 s peak; the one figure every section quotes is the window's
-            what = storm_text(inc.retry_storm) + f" (live, one {fmt.num(e.data.get('window_s', 1.0))} s window " \
-                f"peaked at {fmt.num(round(float(e.data.get('amplification') or 0.0), 2))}×)"
+        elif e.kind == K.RETRY_STORM:  # the live 1 s peak; the one figure every section quotes is the window's
+            storm = retry_storm_data(e)
+            what = storm_text(inc.retry_storm) + f" (live, one {fmt.num(storm.get('window_s', 1.0))} s window " \
+                f"peaked at {fmt.num(round(float(storm.get('amplification') or 0.0), 2))}×)"
         rows.append([f"{e.t_s:.2f}", rel, kind, who, what])
     return [Text(f"Times in seconds from the drill's start, and from T0 ({T0_WORDS}). "
                  "Operator notes come from `vramlab note`."),
@@ -206,11 +210,11 @@ def s_detection(ctx: ReportContext) -> list[Block]:
 def s_cause(ctx: ReportContext) -> list[Block]:
     inc, _ = incident_of(ctx)
     unit = _unit(ctx)
-    cap = next((e for e in ctx.events if e.kind == "capacity"), None)
+    cap = next((e for e in ctx.events if e.kind == K.CAPACITY), None)
     if not inc.failed:
         top = (inc.ceiling or {}).get("value")
         added, bad, which = refused_on_ramp(ctx)
-        stopped = next((e for e in ctx.events if e.kind == "stopped"), None)
+        stopped = next((e for e in ctx.events if e.kind == K.STOPPED), None)
         out: list[Block] = [Text(f"No failure of the running target up to {fmt.num(top)} {unit}, but {bad} of "
                                  f"{added} added models did not start ({', '.join(which)}); see the co-location "
                                  "table." if bad else
@@ -244,12 +248,12 @@ def s_cause(ctx: ReportContext) -> list[Block]:
         items.append(f"**Matched failure signature:** `{sig.get('signature') or sig.get('class')}` — "
                      f"`{str(sig['line'])}`")
     if cap is not None:
-        d = cap.data
+        limit = capacity_data(cap).get("predicted_limit")
         items.append(f"**Capacity model's account:** {cap.message}")
-        if d.get("predicted_limit") is not None:
-            items.append(f"Predicted limit {fmt.num(d['predicted_limit'])} {unit} vs observed failure at "
+        if limit is not None:
+            items.append(f"Predicted limit {fmt.num(limit)} {unit} vs observed failure at "
                          f"{fmt.num(step.get('value'))} (last safe {fmt.num(inc.last_safe_value)}): "
-                         + prediction_side(d["predicted_limit"], step.get("value"), inc.last_safe_value))
+                         + prediction_side(limit, step.get("value"), inc.last_safe_value))
     return [Bullets(items)]
 
 
