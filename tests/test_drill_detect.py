@@ -142,13 +142,17 @@ def test_resource_and_clock_stops():
     d = _det()
     d.on_sample(1.0, "gpu.memory_used_bytes", 99.5, total=100.0)
     f = d.failure()
-    assert f is not None and f.kind == "gpu_memory_share"
+    assert f is not None and f.kind == "gpu_memory_share" and f.source == "gpu"  # the card said so, not an answer
+    k = _det(kv_usage=0.9)
+    k.on_sample(1.0, "engine.kv_cache_usage_perc", 0.95)
+    kv = k.failure()
+    assert kv is not None and kv.kind == "kv_usage" and kv.source == "engine"
     c = _det(wall_clock_s=5.0)
     c.on_clock(4.0, 4.0)
     assert c.failure() is None
     c.on_clock(5.1, 5.1)
     failure = c.failure()
-    assert failure is not None and failure.kind == "wall_clock_s"
+    assert failure is not None and failure.kind == "wall_clock_s" and failure.source == "clock"
 
 
 def test_herd_monitor_flags_a_retry_wave_against_the_baseline():

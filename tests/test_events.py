@@ -133,7 +133,7 @@ def test_every_kind_literal_passed_as_an_event_kind_in_src_is_a_member():
     assert not unknown, f"event kinds that are not EventKind members: {unknown}"
     # the scan sees the emitters it must: the drill's, the experiment runner's, the samplers' tuples
     files = {where for where, _ in named}
-    assert {"drill/runner.py", "experiment/runner.py", "drill/recovery.py", "drill/lifecycle.py",
+    assert {"drill/kind.py", "experiment/runner.py", "experiment/standard.py", "drill/recovery.py", "drill/lifecycle.py",
             "drill/capacity_plan.py", "observe/ollama.py", "cli/note.py"} <= files
     from vramlab.drill.watch import FINDING_EVENTS
 

@@ -1,13 +1,14 @@
-"""The co-location drill's phases, run by the DrillRunner when the plan has a `colocation:` section.
+"""The co-location drill's phases, run at a drill's bring-up when the plan has a `colocation:` section.
 
-Kept apart from runner.py so the plain OOM drill reads as before; this module drives engine
-starts (blocking, in a thread) and turns each outcome into a timeline event through the runner.
+Kept apart from the drill's parts (kind.py) so the plain OOM drill reads as before; this module
+drives engine starts (blocking, in a thread) and turns each outcome into a timeline event through
+the one runner (experiment/runner.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramlab.drill.colocation import (
     ColocatedEngines,
@@ -18,14 +19,21 @@ from vramlab.drill.colocation import (
     start_sequence,
     wait_ready,
 )
+from vramlab.drill.local_targets import SimTarget
 from vramlab.drill.plan import NeighbourSpec
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from vramlab.drill.cotenant import CoLoaded
+    from vramlab.experiment.runner import Runner
 
 
 class ColocationRun:
-    def __init__(self, runner: Any, spec: ColocationSpec):
-        self.r = runner
-        self.spec = spec
-        self.engines = ColocatedEngines(spec, runner.device, runner.workdir)
+    def __init__(self, run: Runner, spec: ColocationSpec, target: SimTarget, workdir: Path):
+        self.run, self.spec, self.target, self.workdir = run, spec, target, workdir
+        self.device = target.device
+        self.engines = ColocatedEngines(spec, target.device, workdir)
         self._races = 0
         self._reported_coloaded = 0
         self._up: dict[str, bool] = {}
@@ -36,17 +44,17 @@ class ColocationRun:
         """Start *name* without waiting; returns (url, poll, log_text) accessors."""
         if name == self.spec.target_name:
             with self.engines.guard():
-                self.r.target.start(wait_ready=False, extra_args=["--start-barrier", barrier] if barrier else None)
-                self.r._started_target = True
-                proc = self.r.target._proc
+                # a sim target: the rollback stops it however it was started
+                self.target.start(wait_ready=False, extra_args=["--start-barrier", barrier] if barrier else None)
+                proc = self.target._proc
                 self.engines.pids.add(proc.pid)
-            return self.r.target.url, proc
+            return self.target.url, proc
         proc = self.engines.start(name, barrier)
         return self.engines.url(name), proc
 
     def _stop(self, name: str) -> None:
         if name == self.spec.target_name:
-            self.r.target.stop()
+            self.target.stop()
         else:
             self.engines.stop(name)
 
@@ -63,18 +71,18 @@ class ColocationRun:
         how = {"started": "up" if res.ready_s is None else f"up in {res.ready_s:.2f} s", "refused": f"refused (exit {res.exit_code}): {res.text}",
                "timeout": f"not ready in {self.spec.ready_timeout_s:g} s: {res.text}",
                "crashed": f"crashed (exit {res.exit_code}): {res.text}"}.get(res.outcome, res.outcome)
-        self.r.emit("engine", f"[{phase}] {res.name}: {how}"[:300], during=phase, **res.data())
+        self.run.emit("engine", f"[{phase}] {res.name}: {how}"[:300], during=phase, **res.data())
 
     # -- phases (engine starts block in a thread; events are emitted from the loop) -------------
     async def _in_order(self, phase: str) -> list[StartResult]:
-        self.r._phase = phase
-        self.r.emit("phase_start", phase, phase=phase)
+        self.run.where.phase = phase
+        self.run.emit("phase_start", phase, phase=phase)
         out = []
         for name in start_sequence(self.spec):
             res = await asyncio.to_thread(self._start_and_wait, name)
             self._record(res, phase)
             out.append(res)
-        self.r.emit("phase_end", phase)
+        self.run.emit("phase_end", phase)
         return out
 
     def _stop_all(self) -> None:
@@ -82,18 +90,18 @@ class ColocationRun:
             self._stop(name)
 
     async def _at_once(self) -> list[StartResult]:
-        self.r._phase = "race"
-        self.r.emit("phase_start", "race", phase="race")
+        self.run.where.phase = "race"
+        self.run.emit("phase_start", "race", phase="race")
         self._races += 1
         names = start_sequence(self.spec)
-        barrier = f"{self.r.workdir / f'race-{self._races}.barrier'}:{len(names)}"
+        barrier = f"{self.workdir / f'race-{self._races}.barrier'}:{len(names)}"
         started = await asyncio.to_thread(lambda: [(n, *self._start(n, barrier)) for n in names])
         out = []
         for name, url, proc in started:
             res = await asyncio.to_thread(self._wait, name, url, proc)
             self._record(res, "race")
             out.append(res)
-        self.r.emit("phase_end", "race")
+        self.run.emit("phase_end", "race")
         return out
 
     async def bring_up(self) -> None:
@@ -105,7 +113,7 @@ class ColocationRun:
             await asyncio.to_thread(self._stop_all)
             race = await self._at_once()
             failed = [f"{r.name} {r.outcome}" for r in race if r.outcome != "started"]
-            self.r.emit("race", ("start-up race: " + ", ".join(failed)) if failed else
+            self.run.emit("race", ("start-up race: " + ", ".join(failed)) if failed else
                         "start-up race: every engine started (no race seen)",
                         failed=[r.name for r in race if r.outcome != "started"],
                         started=[r.name for r in race if r.outcome == "started"])
@@ -125,8 +133,8 @@ class ColocationRun:
         """An engine besides the target that dies is a crash in the blast radius: recorded once."""
         while True:
             watched = {**self.engines.procs, **self._added}
-            if self.r.target._proc is not None:
-                watched[self.spec.target_name] = self.r.target._proc
+            if self.target._proc is not None:
+                watched[self.spec.target_name] = self.target._proc
             for name, proc in watched.items():
                 code = proc.poll()
                 if code is not None and self._up.get(name):
@@ -134,13 +142,13 @@ class ColocationRun:
                     from vramlab.drill.colocation import cause_line
 
                     self._record(StartResult(name, "crashed", code, None, cause_line(proc.log_text())),
-                                 self.r._phase or "")
+                                 self.run.where.phase or "")
             await asyncio.sleep(0.1)
 
     def coloaded_settings(self) -> Any:
         return self.spec.added
 
-    def report_coloaded(self, coloaded: Any, elapsed_s: float | None = None) -> None:
+    def report_coloaded(self, coloaded: CoLoaded, elapsed_s: float | None = None) -> None:
         """Outcome of each model the ramp added since the last call (CoLoaded waits for each);
         *elapsed_s*: how long the step's starts took (one model per step: its time to health)."""
         for i in range(self._reported_coloaded, len(coloaded.procs)):
@@ -161,10 +169,10 @@ class ColocationRun:
         self.engines.release()
 
     def ledger_after(self) -> None:
-        used, left = drill_pids_on_ledger(self.r.device, self.engines.pids)
+        used, left = drill_pids_on_ledger(self.device, self.engines.pids)
         msg = (f"ledger after rollback: {used} bytes used, none held by the drill's {len(self.engines.pids)} engine "
                "processes" if not left else f"ledger after rollback: drill processes {left} still hold memory")
-        self.r.emit("ledger", msg, used_bytes=used, drill_pids_left=left, drill_pids=sorted(self.engines.pids))
+        self.run.emit("ledger", msg, used_bytes=used, drill_pids_left=left, drill_pids=sorted(self.engines.pids))
 
 
 __all__ = ["ColocationRun"]

@@ -44,6 +44,9 @@ FAULT_KINDS = ("oom", "engine_death", "process_exit", "startup_refusal", "reques
 # as in an experiment's stop events.
 STOP_KINDS = ("error_rate", "p95_ms", "kv_usage", "gpu_memory_share", "wall_clock_s")
 WALL_CLOCK = "wall_clock_s"
+# where each stop condition's figure comes from: the requests' answers, the engine's metrics, the card, the clock
+_STOP_SOURCES = {"error_rate": "response", "p95_ms": "response", "kv_usage": "engine", "gpu_memory_share": "gpu",
+                 WALL_CLOCK: "clock"}
 
 
 @dataclass(frozen=True)
@@ -289,7 +292,7 @@ class Detector:
         if reason is None or reason.condition == "oom_seen":
             return
         kind = reason.condition
-        self._stop(Finding(t_s, kind, "clock" if kind == WALL_CLOCK else "response", reason.message,
+        self._stop(Finding(t_s, kind, _STOP_SOURCES.get(kind, "response"), reason.message,
                            {"value": reason.value, "threshold": reason.threshold, "condition": reason.condition}))
 
     def _add(self, f: Finding, once: bool = False) -> None:

@@ -2,8 +2,8 @@
 
 Pure: a ramp is a list of step values, walked by ``RampSteps``, a step strategy of the experiment
 runner's kind (``experiment.steps.StepStrategy``); applying a value to load settings or to a
-co-tenant happens in the runner glue. Ending the ramp on a failure is the runner's decision, as a
-stop condition is the experiment runner's.
+co-tenant happens in the drill's parts (drill/kind.py, drill/lifecycle.py). The runner's step loop
+ends the ramp when the drill's detector says the target failed, as a stop condition ends a run.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Run a drill in the foreground of a process, as `vramlab drill` does: a watchdog that leaves
 every thread's stack on stderr if the event loop stalls past the wall clock, and SIGUSR1 printing
-what every asyncio task waits on. The drill itself (and its rollback on Ctrl-C) is `DrillRunner`.
+what every asyncio task waits on. The drill itself (and its rollback on Ctrl-C) is `DrillRunner`:
+the one runner (experiment/runner.py) with the drill's parts.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""The drill's watchers: samplers, the target's log and process, the clock, neighbours, Prometheus.
+"""The drill's watchers: samplers, the target's log and process, neighbours, Prometheus.
 
-They run beside the load for the whole round and feed the detector; a mixin of `DrillRunner`
-(they read its plan, target, state and detector, and emit through it).
+They run beside the load for the whole round and feed the round's detector and live state
+(``watch``); they read the target and the plan, and emit through the one runner. The drill's
+clock is the runner's own tick (drill/kind.py).
 """
 
 from __future__ import annotations
@@ -9,10 +10,20 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import Any
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
+from vramlab.drill.detect import Detector
+from vramlab.drill.plan import DrillPlan, NeighbourSpec
+from vramlab.drill.recovery import LiveState
+from vramlab.drill.target import Target
 from vramlab.records import SampleRecord
 from vramlab.records.events import EventKind
+
+if TYPE_CHECKING:
+    from vramlab.drill.colocation_run import ColocationRun
+    from vramlab.experiment.runner import Runner
+    from vramlab.observe.base import Sample
 
 # the detector's finding kinds a log line can produce, and the timeline event each is stored as
 FINDING_EVENTS = {"oom": EventKind.OOM, "engine_death": EventKind.OOM, "startup_refusal": EventKind.STARTUP_REFUSAL,
@@ -20,32 +31,30 @@ FINDING_EVENTS = {"oom": EventKind.OOM, "engine_death": EventKind.OOM, "startup_
 
 
 class Watchers:
-    # Provided by DrillRunner, which these methods are part of.
-    plan: Any
-    target: Any
-    state: Any
-    detector: Any
-    device: Any
-    run_id: str
-    emit: Any
-    now: Any
-    _t0: float
-    _coloc: Any
-    _last_health: Any
-    _last_log_event: dict[str, float]
-    health_path: str
-    def _watchers(self) -> list[Any]:
-        return [self._sample_loop(), self._log_loop(), self._process_loop(), self._clock_loop(),
+    """What watches the target while a round runs; one per drill (what it last saw spans the rounds)."""
+
+    def __init__(self, run: Runner, plan: DrillPlan, target: Target, device: str | None,
+                 coloc: ColocationRun | None, detector: Detector, state: LiveState) -> None:
+        self.run, self.plan, self.target, self.device, self.coloc = run, plan, target, device, coloc
+        self.detector, self.state = detector, state  # each round's own, from watch()
+        self.health_path = plan.target.health_path  # replaced by what answered at bring-up
+        self._last_health: bool | None = None
+        self._last_log_event: dict[str, float] = {}
+
+    def watch(self, detector: Detector, state: LiveState, health_path: str) -> list[Coroutine[Any, Any, None]]:
+        """The round's watchers, feeding *detector* and *state*."""
+        self.detector, self.state, self.health_path = detector, state, health_path
+        coloc = self.coloc
+        return [self._sample_loop(), self._log_loop(), self._process_loop(),
                 *[self._neighbour_loop(n) for n in self.plan.neighbours],
-                *([self._coloc.watch_exits(), *map(self._neighbour_loop, self._coloc.neighbours())]
-                  if self._coloc is not None else []),
+                *([coloc.watch_exits(), *map(self._neighbour_loop, coloc.neighbours())] if coloc is not None else []),
                 *([self._prometheus_loop(self.plan.prometheus_url)] if self.plan.prometheus_url else [])]
 
     async def _prometheus_loop(self, url: str) -> None:
         from vramlab.drill.alerting import watch_prometheus
 
         def changed(name: str, state: str, labels: dict[str, Any]) -> None:
-            self.emit("alert", f"{name} {state}", name=name, state=state, source="prometheus",
+            self.run.emit("alert", f"{name} {state}", name=name, state=state, source="prometheus",
                       severity=labels.get("severity"), owner=labels.get("owner"))
 
         await watch_prometheus(url, changed)
@@ -71,30 +80,30 @@ class Watchers:
 
             samplers.append(OllamaSampler(root, timeout_s=1.0))
         sset = SamplerSet(samplers, self.plan.sample_interval_s, self._on_samples,
-                          lambda note: self.emit("warning", note), lambda kind, msg, data: self.emit(kind, msg, **data))
+                          lambda note: self.run.emit("warning", note), lambda kind, msg, data: self.run.emit(kind, msg, **data))
         await sset.start()
         try:
             await asyncio.Event().wait()
         finally:
             await sset.stop()
 
-    def _on_samples(self, samples: list[Any]) -> None:
+    def _on_samples(self, samples: list[Sample]) -> None:
         recs = []
         total = next((s.value for s in samples if s.name == "gpu.memory_total_bytes"), None)
         for s in samples:
-            t = s.t - self._t0
-            recs.append(SampleRecord(run_id=self.run_id, t_s=t, source=s.source, name=s.name, value=s.value,
+            t = s.t - self.run.t0
+            recs.append(SampleRecord(run_id=self.run.run_id, t_s=t, source=s.source, name=s.name, value=s.value,
                                      labels=dict(s.labels)))
             if s.name == "health.up":
                 self._on_health(t, s.value >= 0.5)
             else:
                 self.detector.on_sample(t, s.name, s.value, total)
-        self.emit("samples", payload=recs)
+        self.run.emit("samples", payload=recs)
 
     def _on_health(self, t: float, up: bool) -> None:
         self.detector.on_health(t, up, 0 if not up else 200)
         if up != self._last_health and self._last_health is not None:
-            self.emit("health", "health OK again" if up else "health check failing", ok=up)
+            self.run.emit("health", "health OK again" if up else "health check failing", ok=up)
         if not up:
             self.state.health_ever_failed = self.state.health_ever_failed or self.state.failed_at_s is not None
             if self.state.health_down_since_s is None:
@@ -111,13 +120,13 @@ class Watchers:
                 else self.target.logs(since)
             since = time.time()
             for line in lines:
-                t = self.now()
+                t = self.run.now()
                 f = self.detector.on_log_line(t, line)
                 if f is not None and f.kind in FINDING_EVENTS:
                     # one timeline row per burst: an engine death logs a line per failed request
                     kind = FINDING_EVENTS[f.kind]
                     if t - self._last_log_event.get(kind, -1e9) > 2.0:
-                        self.emit(kind, f.message[:300], **f.data)
+                        self.run.emit(kind, f.message[:300], **f.data)
                     self._last_log_event[kind] = t
             await asyncio.sleep(0.1 if self.plan.target.kind in ("sim", "process") else 1.0)
 
@@ -133,21 +142,16 @@ class Watchers:
             if self.state.running and not st.running:
                 from vramlab.drill.evidence import exit_evidence
 
-                t = self.now()
+                t = self.run.now()
                 last = _last_log_line(self.target)  # the engine's own last words, quoted as evidence
                 detail = st.detail + (f"; its log ends: {last!r}" if last else "")
                 self.detector.on_process(t, False, st.exit_code, st.oom_killed, detail)
-                self.emit("process_exit", f"target {exit_evidence(st.exit_code)}", exit_code=st.exit_code,
+                self.run.emit("process_exit", f"target {exit_evidence(st.exit_code)}", exit_code=st.exit_code,
                           oom_killed=st.oom_killed, detail=st.detail)
             self.state.running = st.running
             await asyncio.sleep(0.05 if local else 1.0)
 
-    async def _clock_loop(self) -> None:
-        while True:
-            self.detector.on_clock(self.now(), self.now())
-            await asyncio.sleep(0.2)
-
-    async def _neighbour_loop(self, n: Any) -> None:
+    async def _neighbour_loop(self, n: NeighbourSpec) -> None:
         from vramlab.observe.health import HealthSampler
 
         probe: Any
@@ -161,11 +165,11 @@ class Watchers:
         try:
             while True:
                 got = {s.name: s for s in await probe.sample()}
-                t = got["health.up"].t - self._t0
-                self.emit("samples", payload=[
-                    SampleRecord(run_id=self.run_id, t_s=t, source="health", name=f"neighbour.{n.name}.ok",
+                t = got["health.up"].t - self.run.t0
+                self.run.emit("samples", payload=[
+                    SampleRecord(run_id=self.run.run_id, t_s=t, source="health", name=f"neighbour.{n.name}.ok",
                                  value=got["health.up"].value),
-                    SampleRecord(run_id=self.run_id, t_s=t, source="health", name=f"neighbour.{n.name}.latency_ms",
+                    SampleRecord(run_id=self.run.run_id, t_s=t, source="health", name=f"neighbour.{n.name}.latency_ms",
                                  value=got["health.latency_ms"].value)])
                 await asyncio.sleep(n.interval_s)
         finally:

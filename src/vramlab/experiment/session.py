@@ -70,7 +70,7 @@ async def _run_with_signals(runner: Runner, recorder: Any = None) -> RunResult:
     if recorder is not None:  # the writer thread gave up on the store: fail the run, roll back
         def on_store_failure(reason: str) -> None:
             print(f"vramlab: {reason}: stopping the load, running rollbacks ...", file=sys.stderr, flush=True)
-            loop.call_soon_threadsafe(runner.abort, reason)
+            runner.abort_soon(reason)
 
         recorder.on_failure = on_store_failure
     seen = [0]

@@ -2,7 +2,7 @@
 
 ``FixedSteps`` walks the plan's list (explicit steps, or a geometric ramp expanded up front). A
 stop condition ends the run. Ramping until the target fails is the drill's job (drill/ramp.py and
-drill/runner.py); it shares this package's stop engine (``StopMonitor``) and rollbacks, not a
+drill/kind.py, walked by the same runner); it shares this package's stop engine (``StopMonitor``) and rollbacks, not a
 second strategy here (the unused ``RampUntilStop``/``TargetControl`` extension points went).
 """
 

@@ -8,7 +8,7 @@ Every result goes to its lane's ``on_result``, where the caller feeds the shared
 (``StopMonitor``, directly or through the drill's detector); ``request_record`` turns a result
 into the stored row both use, and ``client_lag`` is the load generator's own check on itself.
 
-The experiment runner (runner.py) runs one lane per window; the drill (drill/runner.py) one
+The experiment's parts (standard.py) run one lane per window; the drill's (drill/kind.py) one
 closed-loop user per lane plus, for the batch knob, a burst lane.
 """
 
