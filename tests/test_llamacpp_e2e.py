@@ -202,6 +202,7 @@ def _drill_doc(py: str, model: Path, tmp_path: Path, command: str, **over) -> di
 
 def _drill_with_kill(doc: dict, tmp_path: Path, kill_at_step: int = 1, after_s: float = 1.5):
     """Run the drill in-process; SIGKILL the server `after_s` into ramp step `kill_at_step`."""
+    from vramlab.drill.local_targets import ProcessTarget
     from vramlab.drill.plan import parse_plan
     from vramlab.drill.runner import DrillRunner
 
@@ -210,7 +211,9 @@ def _drill_with_kill(doc: dict, tmp_path: Path, kill_at_step: int = 1, after_s: 
     killed: list[tuple[float, int]] = []
 
     def kill() -> None:
-        pid = runner.target._proc.pid
+        target = runner.target
+        assert isinstance(target, ProcessTarget) and target._proc is not None
+        pid = target._proc.pid
         os.kill(pid, signal.SIGKILL)
         killed.append((runner.now(), pid))
 
