@@ -1,7 +1,8 @@
 """Every default an engine derives before it sizes anything, per engine and release: one place.
 
 The engine policies, and through them the plan text, the JSON, the sweep and the suggestions, read the
-defaults from here; none decides one of its own. The context an engine derives from a config, the
+defaults from here; none decides one of its own. The context an engine derives from a config (and what
+the sliding window does to it: vLLM's cap with the window off, TGI's refusal without windowed attention), the
 batch defaults of each vLLM release and card, SGLang's memory fraction, chunk and graph batch, and
 TGI's total and prefill tokens. Where each rule comes from (file, release) is in docs/capacity-model.md,
 "Derived defaults".
