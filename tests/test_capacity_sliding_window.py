@@ -1,7 +1,7 @@
 """The sliding window as each engine and release treats it when it derives the context (capacity/defaults.py).
 
 vLLM: `--disable-sliding-window` caps the derived context at the window and makes every layer full attention;
-0.5.1-0.6.4 forced that on Gemma 2; through 0.10 a rope factor with the window off refuses to start. SGLang and
+0.5.1-0.6.4 forced that on Gemma 2; through 0.11 a rope factor with the window off refuses to start. SGLang and
 TGI never cap the context at the window; TGI 2.1.0-2.4.0 refuses a windowed model on a backend without windowed
 attention when its max_input_tokens exceeds the window. The expected numbers are the configs' own fields, pinned
 by hand; the tests call the planner.
@@ -87,9 +87,10 @@ def test_qwen2_use_sliding_window_false_means_no_window_for_vllm_to_cap_at() -> 
     assert default_context(on, vllm("0.29.0", True)) == 4096
 
 
-def test_vllm_up_to_0_10_refuses_the_window_off_with_a_rope_factor() -> None:
+@pytest.mark.parametrize("version", ["0.10.2", "0.11.0"])
+def test_vllm_up_to_0_11_refuses_the_window_off_with_a_rope_factor(version: str) -> None:
     with pytest.raises(ConfigError, match="Disabling sliding window is not supported for models with rope_scaling"):
-        estimate(model("gpt-oss-20b"), H100, vllm("0.10.2", True))
+        estimate(model("gpt-oss-20b"), H100, vllm(version, True))
 
 
 def test_sglang_and_tgi_never_cap_the_context_at_the_window() -> None:

@@ -37,12 +37,13 @@ TGI_UNCAPPED_FROM = (3, 0)
 # from the config is capped at the (smallest) sliding window before the rope factor is applied, and every layer is
 # then full attention (get_sliding_window() returns None). ModelSpec.sliding_window is already None where the config
 # turns the window off (Qwen2's `use_sliding_window: false`), as vLLM's get_hf_config_sliding_window does.
-# Through vllm/config.py (to 0.10) a rope type other than su/longrope/llama3 (Gemma 3 excepted) then raises
-# NotImplementedError("Disabling sliding window is not supported for models with rope_scaling"); the copy of
-# vllm/config/model.py that reads `rope_parameters` no longer raises and multiplies the capped length by the factor
-# (yarn restarts from original_max_position_embeddings). Releases 0.11-0.x in between are not pinned: planned as the
-# later rule.
-VLLM_WINDOW_ROPE_REFUSAL_BEFORE = (0, 11)
+# A rope type other than su/longrope/llama3 (Gemma 3 excepted: its whole rope clause is skipped) then raises
+# NotImplementedError("Disabling sliding window is not supported for models with rope_scaling") in vllm/config.py
+# (to 0.10) and in the first vllm/config/model.py (the 0.11 one, which still reads `rope_scaling` and announces
+# removals "in v0.12.0"); the later copy that reads `rope_parameters` no longer raises and multiplies the capped
+# length by the factor (yarn restarts from original_max_position_embeddings). The first release without the
+# refusal is not pinned: planned as 0.12.0.
+VLLM_WINDOW_ROPE_REFUSAL_BEFORE = (0, 12)
 # ModelConfig.__init__ (vllm/config.py) forced disable_sliding_window for model_type "gemma2" with a window: "Gemma 2
 # uses sliding window attention for every odd layer, which is currently not supported by vLLM" (PR #5908, merged
 # 2024-06-27, first in 0.5.1); PR #10584 ("gemma2 full context length support", merged 2024-11-23, first in 0.6.5)
