@@ -1,7 +1,8 @@
 """Every default an engine derives before it sizes anything, per engine and release: one place.
 
 The engine policies, and through them the plan text, the JSON, the sweep and the suggestions, read the
-defaults from here; none decides one of its own. The context an engine derives from a config, the
+defaults from here; none decides one of its own. The context an engine derives from a config (and what
+the sliding window does to it: vLLM's cap with the window off, TGI's refusal without windowed attention), the
 batch defaults of each vLLM release and card, SGLang's memory fraction, chunk and graph batch, and
 TGI's total and prefill tokens. Where each rule comes from (file, release) is in docs/capacity-model.md,
 "Derived defaults".
@@ -31,6 +32,25 @@ NO_FACTOR_TYPES = ("default", "mrope")
 TGI_DEFAULT_CAP = (((2,), 4096), ((1,), 2048))
 TGI_UNCAPPED_FROM = (3, 0)
 
+# --- the sliding window ----------------------------------------------------------------------------------
+# vLLM `_get_and_verify_max_len`: with the window disabled (--disable-sliding-window, or forced below) the length
+# from the config is capped at the (smallest) sliding window before the rope factor is applied, and every layer is
+# then full attention (get_sliding_window() returns None). ModelSpec.sliding_window is already None where the config
+# turns the window off (Qwen2's `use_sliding_window: false`), as vLLM's get_hf_config_sliding_window does.
+# A rope type other than su/longrope/llama3 (Gemma 3 excepted: its whole rope clause is skipped) then raises
+# NotImplementedError("Disabling sliding window is not supported for models with rope_scaling") in vllm/config.py
+# (to 0.10) and in the first vllm/config/model.py (the 0.11 one, which still reads `rope_scaling` and announces
+# removals "in v0.12.0"); the later copy that reads `rope_parameters` no longer raises and multiplies the capped
+# length by the factor (yarn restarts from original_max_position_embeddings). The first release without the
+# refusal is not pinned: planned as 0.12.0.
+VLLM_WINDOW_ROPE_REFUSAL_BEFORE = (0, 12)
+# ModelConfig.__init__ (vllm/config.py) forced disable_sliding_window for model_type "gemma2" with a window: "Gemma 2
+# uses sliding window attention for every odd layer, which is currently not supported by vLLM" (PR #5908, merged
+# 2024-06-27, first in 0.5.1); PR #10584 ("gemma2 full context length support", merged 2024-11-23, first in 0.6.5)
+# kept the cap only for VLLM_ATTENTION_BACKEND=XFORMERS (later also FLASHINFER, V0 only), an environment variable
+# vramlab does not model. The range is from the PR merge dates, not read at the tags.
+VLLM_GEMMA2_WINDOW_FORCED = ((0, 5, 1), (0, 6, 5))
+
 
 @dataclass(frozen=True)
 class DerivedContext:
@@ -38,13 +58,30 @@ class DerivedContext:
     rule: str  # how the engine got there, one clause
 
 
+def vllm_window_off(model: ModelSpec, version: tuple[int, ...] | None, disable_sliding_window: bool) -> str | None:
+    """Why vLLM at *version* runs this model without its sliding window (every layer full attention, the context
+    capped at the window), or None when it keeps the window."""
+    if not model.sliding_window:
+        return None
+    if disable_sliding_window:
+        return "--disable-sliding-window"
+    low, high = VLLM_GEMMA2_WINDOW_FORCED
+    if model.model_type == "gemma2" and version and low <= version < high:
+        return "vLLM 0.5.1-0.6.4 turns Gemma 2's sliding window off"
+    return None
+
+
 def derived_context(model: ModelSpec, engine: str, version: tuple[int, ...] | None = None,
-                    rope_factor: float | None = None) -> DerivedContext:
+                    rope_factor: float | None = None, disable_sliding_window: bool = False) -> DerivedContext:
     """The longest context *engine* (at *version*) derives from the model's config; with a rope-scaling
-    override (*rope_factor*), the base length times the user's factor."""
+    override (*rope_factor*), the base length times the user's factor. vLLM with the window off (see
+    `vllm_window_off`) caps the config's length at the sliding window first."""
     base = model.max_position_embeddings
     if not base:
         return DerivedContext(0, "unknown: no max_position_embeddings in the config")
+    window_off = vllm_window_off(model, version, disable_sliding_window) if engine == "vllm" else None
+    if window_off:
+        return _vllm_windowless(model, version, rope_factor, window_off)
     if rope_factor:
         start = model.rope_original_max_position or base
         return DerivedContext(int(start * rope_factor), f"{start:,} x the rope-scaling override {rope_factor:g}")
@@ -76,6 +113,30 @@ def _vllm_context(model: ModelSpec, kind: str, factor: float, version: tuple[int
     return DerivedContext(int(base * factor), f"max_position_embeddings {base:,} x {kind} rope factor {factor:g}")
 
 
+def _vllm_windowless(model: ModelSpec, version: tuple[int, ...] | None, rope_factor: float | None,
+                     why: str) -> DerivedContext:
+    from vramlab.errors import ConfigError
+
+    window = model.sliding_window or 0
+    base = model.max_position_embeddings
+    capped = min(base, window)
+    rule = (f"capped at the sliding window {window:,} ({why}; max_position_embeddings {base:,})" if capped < base
+            else f"max_position_embeddings {base:,} (within the sliding window {window:,}; {why})")
+    kind = "override" if rope_factor else (model.rope_scaling_type or "").lower()
+    factor = rope_factor or (model.rope_scaling_factor if kind else 1.0)
+    skips = "gemma3" in model.model_type and not rope_factor and (not version or version >= GEMMA3_SKIP_FROM)
+    if not kind or kind in VLLM_NO_FACTOR_TYPES or skips:
+        return DerivedContext(capped, rule)
+    if version and version < VLLM_WINDOW_ROPE_REFUSAL_BEFORE:
+        raise ConfigError(f"vLLM: Disabling sliding window is not supported for models with rope_scaling ({why}; "
+                          f"{model.name} has {kind} rope scaling): vLLM {'.'.join(map(str, version))} refuses to start")
+    if kind == "yarn" and model.rope_original_max_position and not rope_factor:
+        start = model.rope_original_max_position
+        return DerivedContext(int(start * factor), f"yarn: original_max_position_embeddings {start:,} x {factor:g} "
+                                                   f"(replaces the sliding-window cap {capped:,}; {why})")
+    return DerivedContext(int(capped * factor), f"{rule}, x rope factor {factor:g}")
+
+
 def tgi_warmup_total(derived: int, prefill_tokens: int) -> int:
     """TGI 3.x without --max-total-tokens: the server's warm-up sets it to the warm-up batch's own tokens
     (flash_causal_lm.py `warmup`: `max_total_tokens = sum(batch.cache_lengths)`), the router then prints "Maximum
@@ -84,10 +145,16 @@ def tgi_warmup_total(derived: int, prefill_tokens: int) -> int:
     return max(1, min(derived, prefill_tokens))
 
 
+def settings_context(model: ModelSpec, settings: EngineSettings) -> DerivedContext:
+    """`derived_context` for these engine settings."""
+    return derived_context(model, settings.engine, settings.version, settings.rope_scaling_factor,
+                           settings.disable_sliding_window)
+
+
 def default_context(model: ModelSpec, settings: EngineSettings) -> int:
     """max_model_len when none is given: the derived context, less what the release caps it at."""
     version = settings.version
-    derived = derived_context(model, settings.engine, version, settings.rope_scaling_factor).tokens
+    derived = settings_context(model, settings).tokens
     if settings.engine == "tgi" and derived and version and version < TGI_UNCAPPED_FROM:
         cap = next((c for since, c in TGI_DEFAULT_CAP if version >= since), 2048)
         return min(derived, cap)
@@ -98,7 +165,7 @@ def context_note(model: ModelSpec, settings: EngineSettings, resolved: int) -> s
     """One line for the plan saying where a default max_model_len came from (None when one was given)."""
     if settings.max_model_len or settings.ctx_size or not resolved:
         return None
-    derived = derived_context(model, settings.engine, settings.version, settings.rope_scaling_factor)
+    derived = settings_context(model, settings)
     engine = f"{settings.engine} {settings.resolved_version}"
     if settings.engine == "llama.cpp":
         return f"context per slot {resolved:,}: {engine} takes n_ctx from the config, {derived.rule}"
@@ -113,7 +180,7 @@ def context_note(model: ModelSpec, settings: EngineSettings, resolved: int) -> s
 
 def context_limit(model: ModelSpec, settings: EngineSettings) -> int:
     """The longest max_model_len a plan searches up to: the derived context (or the one given, if longer)."""
-    derived = derived_context(model, settings.engine, settings.version, settings.rope_scaling_factor).tokens
+    derived = settings_context(model, settings).tokens
     return max(derived, settings.max_model_len or 0) or (1 << 20)
 
 
@@ -176,8 +243,8 @@ def v0_chunked_prefill(ctx: Context) -> bool:
     asked = ctx.settings.enable_chunked_prefill
     if asked is not None:
         return asked
-    return (vllm_context(ctx) > V0_LONG_CONTEXT_ABOVE and ctx.gpu.vendor == "nvidia"
-            and not ctx.model.sliding_window)
+    window = ctx.model.sliding_window and not vllm_window_off(ctx.model, ctx.version, ctx.settings.disable_sliding_window)
+    return vllm_context(ctx) > V0_LONG_CONTEXT_ABOVE and ctx.gpu.vendor == "nvidia" and not window
 
 
 # --- SGLang: chunk, graph batch and memory fraction -----------------------------------------------------
@@ -259,6 +326,32 @@ def sglang_max_running(pool_tokens: int, context_len: int) -> int:
 # does not recognise, e.g. "NVIDIA GeForce RTX 4090", "Tesla T4", "NVIDIA H100 PCIe", get no compute estimate).
 LAUNCHER_TFLOPS = {"l4": 121, "l40": 181, "l40s": 363, "a10g": 125, "a40": 149, "h100-80gb": 900,
                    "h100-nvl": 900, "a100-80gb": 312, "a100-40gb": 312, "a100-80gb-pcie": 312, "h200": 989}
+
+
+# server/text_generation_server/models/__init__.py `get_model` (v2.1.0 to v3.3.6): a config `sliding_window` (read from
+# the top-level config.json) with `max_input_tokens > sliding_window` on a backend where SUPPORTS_WINDOWING is False
+# raises "The backend ... does not support sliding window attention"; layers/attention/cuda.py sets it to
+# flash-attn v2 being importable (Ampere and newer; Turing runs flash-attn v1, Volta none), rocm.py to False.
+# The launcher passes --max-input-tokens always to v2.4.0 (default max_total_tokens - 1) and only when given from
+# v2.4.1 (launcher/src/main.rs), so a default start checks the window in 2.1.0-2.4.0 only.
+TGI_WINDOW_CHECK = ((2, 1), (2, 4, 1))
+NO_FLASH_ATTN_V2 = ("pascal", "volta", "turing")
+
+
+def tgi_window_refusal(ctx: Context, max_total: int) -> str | None:
+    """TGI's start-up refusal of a sliding-window model on a backend without windowed attention, or None."""
+    m, version = ctx.model, ctx.version
+    low, high = TGI_WINDOW_CHECK
+    # a vision-language config keeps `sliding_window` in its text_config: the top-level read finds none
+    window = None if m.vision_params else m.sliding_window
+    windowing = ctx.gpu.vendor == "nvidia" and ctx.gpu.arch not in NO_FLASH_ATTN_V2
+    max_input = max_total - 1
+    if not window or windowing or not version or not low <= version < high or max_input <= window:
+        return None
+    backend = "ROCm" if ctx.gpu.vendor == "amd" else f"CUDA without flash-attn v2 ({ctx.gpu.arch.title()})"
+    return (f"TGI {'.'.join(map(str, version))} refuses to start: the {backend} backend does not support sliding window "
+            f"attention, and max_input_tokens {max_input:,} is above the model's sliding_window {window:,} (pass "
+            f"--max-model-len {window + 1} or less)")
 
 
 def tgi_prefill_tokens(ctx: Context, max_total: int) -> int:

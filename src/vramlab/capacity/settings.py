@@ -83,6 +83,7 @@ class EngineSettings:
     gpu_p2p: bool | None = None  # False: no P2P/NVLink between the GPUs (other nodes, no P2P); None = from the card
     allow_long_max_model_len: bool = False  # vLLM VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
     rope_scaling_factor: float | None = None  # a rope-scaling override (vLLM --hf-overrides/--rope-scaling)
+    disable_sliding_window: bool = False  # vLLM --disable-sliding-window: context capped at the window, full layers
     continuous_batching: bool = False  # transformers serve --continuous-batching
     api_server: bool = True  # vLLM: `vllm serve` defaults, not the LLM class
     in_trainer: bool = False  # vLLM's LLM class inside a training process (Unsloth fast_inference, TRL colocate)

@@ -187,7 +187,8 @@ class ModelSpec:
     @property
     def context_length(self) -> int:
         """The context vLLM's current release derives from the config (`_get_and_verify_max_len`); each
-        engine's and release's own rule is capacity/defaults.py `derived_context`. Never the sliding window."""
+        engine's and release's own rule is capacity/defaults.py `derived_context`, which caps at the sliding window
+        only when the window is off (vLLM --disable-sliding-window)."""
         from vramlab.capacity.defaults import derived_context
 
         return derived_context(self, "vllm").tokens

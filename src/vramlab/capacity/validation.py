@@ -151,6 +151,8 @@ def check_settings(settings: EngineSettings) -> EngineSettings:
 
         if str(dtype).replace("torch.", "").lower() not in {k.lower() for k in DTYPE_BYTES} | {"half", "float"}:
             raise ConfigError(f"--dtype: unknown dtype {dtype!r} (auto, bfloat16, float16/half, float32/float)")
+    if settings.disable_sliding_window and settings.engine != "vllm":
+        raise ConfigError(f"--disable-sliding-window: a vLLM setting, not {settings.engine}'s; add --engine vllm")
     if settings.chunked_prefill_size == 0:
         raise ConfigError("--chunked-prefill-size: must be -1 (off) or positive, got 0")
     return settings

@@ -70,6 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="vLLM with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: plan a max_model_len above the trained context")
     e.add_argument("--rope-scaling-factor", type=float,
                    help="a rope-scaling override (vLLM --hf-overrides / --rope-scaling) that extends the context")
+    e.add_argument("--disable-sliding-window", action="store_true",
+                   help="vLLM --disable-sliding-window: max_model_len capped at the window, every layer full attention")
     e.add_argument("--continuous-batching", action="store_true", help="transformers serve --continuous-batching")
     e.add_argument("--llm-class", action="store_true", help="vLLM: defaults of the offline LLM class, not `vllm serve`")
     e.add_argument("--in-trainer", action="store_true",
@@ -170,6 +172,7 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
         gpu_p2p=_on_off(args.gpu_p2p),
         allow_long_max_model_len=args.allow_long_max_model_len,
         rope_scaling_factor=args.rope_scaling_factor,
+        disable_sliding_window=args.disable_sliding_window,
         continuous_batching=args.continuous_batching,
         **_llamacpp_placement(args),
     ))

@@ -153,8 +153,7 @@ class Context:
     def model_max_len(self) -> int:
         """The context this engine and release derive from the config (rope scaling as they apply it);
         with a rope-scaling override, the base length times the user's factor (capacity/defaults.py)."""
-        s = self.settings
-        return defaults.derived_context(self.model, s.engine, self.version, s.rope_scaling_factor).tokens
+        return defaults.settings_context(self.model, self.settings).tokens
 
     @cached_property
     def default_context(self) -> int:
@@ -168,9 +167,10 @@ class Context:
         if not trained or length <= trained:
             return []
         if not allowed:
+            rule = defaults.settings_context(self.model, self.settings).rule
             raise ConfigError(
-                f"{engine}: max_model_len {length} is greater than the derived max_model_len ({trained}, from "
-                f"max_position_embeddings and rope scaling of {self.model.name}); {how}")
+                f"{engine}: max_model_len {length} is greater than the derived max_model_len ({trained} for "
+                f"{self.model.name}: {rule}); {how}")
         return [f"max_model_len {length} is above the model's trained context {trained}: quality past "
                 f"{trained} tokens is not guaranteed (planned because {engine} was allowed to take it)"]
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from vramlab.capacity.defaults import TGI_UNCAPPED_FROM as FRACTION_WIGGLE_FROM
 from vramlab.capacity.defaults import tgi_prefill_tokens as default_prefill_tokens
-from vramlab.capacity.defaults import tgi_warmup_total
+from vramlab.capacity.defaults import tgi_warmup_total, tgi_window_refusal
 from vramlab.capacity.engines.common import Context, PolicyResult, pick
 from vramlab.capacity.estimate import ENGINE, FORMULA, GIB, Component, Limits, band
 from vramlab.capacity.overheads import forward_peak_bytes, moe_workspace_bytes
@@ -149,6 +149,9 @@ def plan(ctx: Context) -> PolicyResult:
     if legacy:
         notes.append("unknown term, band widened: TGI 2.x's warm-up peak was ~2 GiB above weights + activation + "
                      "logits in a real TGI 2.2 log (A10G, Llama 3.1 8B); what fills it is not found in 2.2's source")
+    window_refusal = tgi_window_refusal(ctx, max_total)
+    if window_refusal:
+        reasons.append(window_refusal)
     if not legacy and graphs > wiggle_room:
         reasons.append(f"CUDA graphs ({graphs / GIB:.2f} GiB) do not fit the {wiggle_room / GIB:.2f} GiB wiggle room")
     return PolicyResult(

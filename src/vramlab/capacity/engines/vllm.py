@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vramlab.capacity import pool
+from vramlab.capacity.defaults import vllm_window_off
 from vramlab.capacity.engines.common import Context, PolicyResult, pick
 from vramlab.capacity.engines.vllm_eras import (
     CONSUMED_BEYOND_WEIGHTS_SEEN,
@@ -50,6 +51,7 @@ from vramlab.capacity.engines.vllm_eras import (
 )
 from vramlab.capacity.engines.vllm_mm import BLOCK_BAND, EncoderProfile, encoder_profile, limits_of
 from vramlab.capacity.estimate import DEFAULT, ENGINE, GIB, Component, Limits, band
+from vramlab.capacity.kv import KVShape
 from vramlab.capacity.overheads import (
     cuda_graph_bytes,
     forward_peak_bytes,
@@ -257,9 +259,10 @@ def pool_plan(ctx: Context, hybrid_manager: bool) -> PoolPlan:
     """Per stage: the KV shapes grouped as the hybrid manager groups them; vLLM grows the attention
     block until its page is at least the Mamba page."""
     block_size = ctx.settings.block_size or 16
+    windowless = vllm_window_off(ctx.model, ctx.version, ctx.settings.disable_sliding_window)
     stages = []
     for stage in range(ctx.pp):
-        shapes = ctx.kv_shapes(stage)
+        shapes = full_attention_only(ctx.kv_shapes(stage)) if windowless else ctx.kv_shapes(stage)
         kinds = ctx.model.kinds
         state_layers = sum(1 for i in ctx.layer_range(stage) if kinds[i] in ("mamba", "linear"))
         state = ctx.state_bytes_per_seq(stage, recurrent_state_dtype(ctx))
@@ -272,6 +275,17 @@ def pool_plan(ctx: Context, hybrid_manager: bool) -> PoolPlan:
                for shapes, n, per_layer in stages]
     per_token = [sum(shape.layers * shape.bytes_per_token_layer for shape in shapes) for shapes, _, _ in stages]
     return PoolPlan(layouts, per_token, block_size, ctx.state_bytes_per_seq(0, recurrent_state_dtype(ctx)))
+
+
+def full_attention_only(shapes: tuple[KVShape, ...]) -> tuple[KVShape, ...]:
+    """The window off: get_kv_cache_spec gives sliding layers a FullAttentionSpec (no window), so they join the full
+    layers of the same page size in one group and each holds max_model_len tokens."""
+    merged: dict[int, int] = {}
+    for shape in shapes:
+        if shape.kind in ("full", "sliding"):
+            merged[shape.bytes_per_token_layer] = merged.get(shape.bytes_per_token_layer, 0) + shape.layers
+    rest = tuple(shape for shape in shapes if shape.kind not in ("full", "sliding"))
+    return tuple(KVShape("full", layers, per) for per, layers in merged.items()) + rest
 
 
 def limits_rule(ctx: Context, setup: Setup, pools: PoolPlan, stage_offsets: list[int],
@@ -316,6 +330,10 @@ def plan_notes(ctx: Context, setup: Setup, first_layout: pool.PoolLayout) -> lis
         ctx.settings.allow_long_max_model_len or bool(ctx.settings.rope_scaling_factor),
         "vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (--allow-long-max-model-len) or a "
         "rope-scaling override (--rope-scaling-factor) extends the context")
+    window_off = vllm_window_off(ctx.model, ctx.version, ctx.settings.disable_sliding_window)
+    if window_off:
+        notes.append(f"sliding window off ({window_off}): every layer is full attention, holding max_model_len "
+                     f"tokens, and the derived context is capped at the window ({ctx.model.sliding_window:,})")
     if first_layout.padded_layers:
         waste = first_layout.padded_layers / max(1, first_layout.num_groups * first_layout.group_size)
         notes.append(f"hybrid KV groups: {first_layout.padded_layers} padding layer slots "
