@@ -47,7 +47,8 @@ class _Breaker:
 
 
 def _run(tmp_path: Path, b: StubBehaviour, plan_extra: str = "", options: RunOptions | None = None,
-         cancel_after: float | None = None, on_event: Any = None, **plan_kw: Any) -> tuple[RunResult, Any, list[Event]]:
+         cancel_after: float | None = None, on_event: Any = None, cancel_after_requests: int | None = None,
+         **plan_kw: Any) -> tuple[RunResult, Any, list[Event]]:
     store = open_store(str(tmp_path / "v.db"))
     events: list[Event] = []
 
@@ -62,6 +63,15 @@ def _run(tmp_path: Path, b: StubBehaviour, plan_extra: str = "", options: RunOpt
                                                    FakeSampler("gpu", {}, unavailable="no NVIDIA driver")])
             opts.capture_environment = True
             task = asyncio.ensure_future(Runner(_plan(srv.url, plan_extra, **plan_kw), hook, opts).run())
+            if cancel_after_requests is not None:  # Ctrl-C once that many requests came back, however slow the box
+                seen = [0]
+
+                def count(ev: Event) -> None:
+                    seen[0] += ev.kind == "request"
+                    if seen[0] == cancel_after_requests:
+                        asyncio.get_running_loop().call_soon(task.cancel)
+
+                hook.add(count)
             if cancel_after is not None:
                 await asyncio.sleep(cancel_after)
                 task.cancel()
@@ -132,7 +142,7 @@ def test_wall_clock_stops_a_hung_target(tmp_path: Path) -> None:
 def test_interrupt_marks_the_run_and_keeps_what_was_collected(tmp_path: Path) -> None:
     marker = tmp_path / "rolled"
     res, store, _ = _run(tmp_path, StubBehaviour(ttft_s=0.01), f"rollback: ['echo $VRAMLAB_RUN_STATUS > {marker}']",
-                         RunOptions(samplers=[]), cancel_after=0.6, duration=5.0)
+                         RunOptions(samplers=[]), cancel_after_requests=8, duration=5.0)
     assert res.status == "interrupted" and res.exit_code == 130
     assert marker.read_text().strip() == "interrupted"
     run = store.get_run(res.run_id)
