@@ -18,9 +18,10 @@ import pytest
 from vramlab.sim.config import SimConfig
 from vramlab.sim.engine import StartupRefused
 from vramlab.sim.launch import start_sim
-from vramlab.sim.ledger import GIB, DeviceLedger
+from vramlab.sim.ledger import DeviceLedger
 from vramlab.sim.server import SimServer
 from vramlab.sim.testing import make_estimate
+from vramlab.units import GIB
 
 VRAMLAB = [sys.executable, "-m", "vramlab"]
 

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vramlab.errors import ConfigError
-from vramlab.sim.ledger import GIB, DeviceLedger, SimOutOfMemory
+from vramlab.sim.ledger import DeviceLedger, SimOutOfMemory
+from vramlab.units import GIB
 
 
 def _worker(path: str, n: int, nbytes: int, out: mp.Queue, go: MpEvent) -> None:
@@ -85,7 +86,7 @@ def test_over_allocation_fails_like_cudamalloc(tmp_path):
 def test_sigkilled_process_memory_is_released(tmp_path):
     path = tmp_path / "g.ledger"
     dev = DeviceLedger(path, gpu="a100-80gb")
-    code = (f"from vramlab.sim.ledger import DeviceLedger, GIB; d = DeviceLedger({str(path)!r}); "
+    code = (f"from vramlab.sim.ledger import DeviceLedger; from vramlab.units import GIB; d = DeviceLedger({str(path)!r}); "
             "d.allocate(30 * GIB, 'balloon', 'victim'); print('held', flush=True); import time; time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:

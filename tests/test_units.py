@@ -29,3 +29,14 @@ def test_one_gib_constant_in_src():
     defs = [p.relative_to(src).as_posix() for p in src.rglob("*.py")
             if re.search(r"^GIB\s*=", p.read_text(), re.M)]
     assert defs == ["units.py"]
+
+
+def test_no_gib_formatted_by_hand_in_src():
+    # one formatter: an f-string `{x / GIB:.2f} GiB` is gib(x, unit=True), so every figure reads the same way
+    import re
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "vramlab"
+    by_hand = [f"{p.relative_to(src).as_posix()}:{n}" for p in src.rglob("*.py")
+               for n, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"/ GIB:\.\d+f\}", line)]
+    assert by_hand == []

@@ -24,7 +24,7 @@ from typing import Any
 
 from vramlab.records import EventRecord, SampleRecord
 from vramlab.records.events import EventKind, capacity_plan_data, fault_data, startup_memory_data
-from vramlab.units import GIB
+from vramlab.units import GIB, gib
 
 FIGURES = ("resident_model", "kv_cache", "runtime_overhead", "peak")
 LABELS = {"resident_model": "resident model", "kv_cache": "KV cache (pool)", "runtime_overhead": "runtime overhead",
@@ -94,9 +94,9 @@ class Row:
         if abs(err) < GIB / 100:
             return "every component within 0.01 GiB of the plan"
         verb = "over-predicted" if err > 0 else "under-predicted"
-        out = f"{LABELS[name]} {verb} by {abs(err) / GIB:.2f} GiB"
+        out = f"{LABELS[name]} {verb} by {gib(abs(err), unit=True)}"
         if name == "runtime_overhead" and 0 < err <= self.activation_bytes:
-            out += (f", within the plan's activation peak ({self.activation_bytes / GIB:.2f} GiB, the profiled worst "
+            out += (f", within the plan's activation peak ({gib(self.activation_bytes, unit=True)}, the profiled worst "
                     "case): the workspace grows with the batch")
         return out
 

@@ -16,12 +16,13 @@ from vramlab.capacity import defaults
 from vramlab.capacity.band_terms import unbanded_terms, unknown_terms
 from vramlab.capacity.constants import Constants
 from vramlab.capacity.engines.common import Context, PolicyResult
-from vramlab.capacity.estimate import GIB, Component, Estimate
+from vramlab.capacity.estimate import Component, Estimate
 from vramlab.capacity.gpus import GPU
 from vramlab.capacity.settings import ENGINES, EngineSettings
 from vramlab.capacity.spec import ModelSpec
 from vramlab.capacity.validation import check_settings
 from vramlab.errors import ConfigError
+from vramlab.units import gib
 
 _POLICIES = {
     "vllm": "vramlab.capacity.engines.vllm",
@@ -148,14 +149,14 @@ def _refusals(ctx: Context, r: PolicyResult, kv_bytes: int, blocks: int, used: i
         elif vllm:
             reasons.append(
                 f"To serve at least one request with the model's max seq len ({r.max_model_len}), "
-                f"{need / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
-                f"({kv_bytes / GIB:.2f} GiB)")
+                f"{gib(need, unit=True)} KV cache is needed, which is larger than the available KV cache memory "
+                f"({gib(kv_bytes, unit=True)})")
         else:
-            reasons.append(f"one request of {r.max_model_len} tokens needs {need / GIB:.2f} GiB of KV cache; "
-                           f"the pool holds {kv_bytes / GIB:.2f} GiB")
+            reasons.append(f"one request of {r.max_model_len} tokens needs {gib(need, unit=True)} of KV cache; "
+                           f"the pool holds {gib(kv_bytes, unit=True)}")
     if headroom < 0:
-        reasons.append(f"the process needs {used / GIB:.2f} GiB but the card has "
-                       f"{(ctx.total - ctx.other) / GIB:.2f} GiB free ({-headroom / GIB:.2f} GiB short)")
+        reasons.append(f"the process needs {gib(used, unit=True)} but the card has "
+                       f"{gib(ctx.total - ctx.other, unit=True)} free ({gib(-headroom, unit=True)} short)")
     return reasons
 
 

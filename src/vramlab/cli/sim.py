@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from vramlab.capacity.units import GIB
+from vramlab.units import gib
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -117,11 +118,11 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
-    print(f"{status['name']}   {status['used_bytes'] / GIB:.2f} GiB / {status['total_bytes'] / GIB:.2f} GiB used "
-          f"({status['free_bytes'] / GIB:.2f} GiB free)")
+    print(f"{status['name']}   {gib(status['used_bytes'], unit=True)} / {gib(status['total_bytes'], unit=True)} used "
+          f"({gib(status['free_bytes'], unit=True)} free)")
     print(f"{'PID':>8}  {'PROCESS':<24} {'USED GiB':>9}  BREAKDOWN (GiB)")
     for p in status["processes"]:
-        parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in p["by_kind"].items())
+        parts = ", ".join(f"{k} {gib(v)}" for k, v in p["by_kind"].items())
         print(f"{p['pid']:>8}  {p['name']:<24} {p['used_bytes'] / GIB:>9.2f}  {parts}")
     if not status["processes"]:
         print("          no processes")

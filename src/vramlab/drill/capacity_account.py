@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramlab.capacity.units import GIB
+from vramlab.units import gib
 
 
 @dataclass(frozen=True)
@@ -34,18 +35,18 @@ def predict(knob: str, *, activation_peak_bytes: int, max_num_batched_tokens: in
         # one pass holds up to min(users x context, max_num_batched_tokens) tokens
         fit_tokens = int(free_bytes / per_token) if per_token else 0
         if fit_tokens >= max_num_batched_tokens:
-            return Account(None, f"the activation peak ({activation_peak_bytes / GIB:.2f} GiB at "
-                           f"{max_num_batched_tokens} batched tokens) fits in the {free_bytes / GIB:.2f} GiB free: "
+            return Account(None, f"the activation peak ({gib(activation_peak_bytes, unit=True)} at "
+                           f"{max_num_batched_tokens} batched tokens) fits in the {gib(free_bytes, unit=True)} free: "
                            "longer contexts should queue or be refused, not run out of memory", figures)
         limit = fit_tokens / max(1, users)
-        return Account(limit, f"{free_bytes / GIB:.2f} GiB free holds the activations of ~{fit_tokens} batched tokens "
+        return Account(limit, f"{gib(free_bytes, unit=True)} free holds the activations of ~{fit_tokens} batched tokens "
                        f"({per_token / 1024:.1f} KiB per token); with {users} users the prompt should fail above "
                        f"~{limit:.0f} tokens", {**figures, "fit_tokens": fit_tokens})
     if knob == "balloon":
         need = min(activation_peak_bytes, int(per_token * users * prompt_tokens))
         limit = max(0.0, (free_bytes - need) / GIB)
-        return Account(limit, f"the engine needs ~{need / GIB:.2f} GiB of activation room under this load; a balloon "
-                       f"above ~{limit:.2f} GiB of the {free_bytes / GIB:.2f} GiB free should break it", figures)
+        return Account(limit, f"the engine needs ~{gib(need, unit=True)} of activation room under this load; a balloon "
+                       f"above ~{limit:.2f} GiB of the {gib(free_bytes, unit=True)} free should break it", figures)
     if knob in ("concurrency", "batch"):
         seqs = kv_cache_tokens / max(1, tokens_per_request)
         return Account(None, f"the KV pool holds {kv_cache_tokens} tokens (~{seqs:.0f} requests of {tokens_per_request} "

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from vramlab.capacity.units import GIB
 from vramlab.errors import ConfigError
+from vramlab.units import gib
 
 
 class Balloon(Protocol):
@@ -124,7 +125,7 @@ class ProcessBalloon:
                 return
         out = line.decode(errors="replace").strip()
         self.release()
-        raise VramlabError(f"balloon: could not hold {nbytes / GIB:.2f} GiB on the GPU: {out[-200:]}")
+        raise VramlabError(f"balloon: could not hold {gib(nbytes, unit=True)} on the GPU: {out[-200:]}")
 
     def release(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

@@ -18,6 +18,7 @@ from vramlab.drill.local_targets import SimTarget
 from vramlab.drill.plan import DrillPlan
 from vramlab.drill.target import Target
 from vramlab.errors import ConfigError, VramlabError
+from vramlab.units import gib
 
 if TYPE_CHECKING:
     from vramlab.drill.colocation_run import ColocationRun
@@ -90,9 +91,9 @@ class TargetLifecycle:
             try:
                 await asyncio.to_thread(self._cotenant.set_bytes, nbytes)
             except CotenantOutOfMemory as exc:  # the plan asks for more than the card has free
-                raise ConfigError(f"cotenant: could not hold {nbytes / GIB:.2f} GiB before the ramp: "
+                raise ConfigError(f"cotenant: could not hold {gib(nbytes, unit=True)} before the ramp: "
                                   f"{str(exc)[:200]}; lower cotenant.hold_gib (the drill was rolled back)") from None
-            self.run.emit("cotenant", f"co-tenant holds {nbytes / GIB:.2f} GiB", bytes=nbytes)
+            self.run.emit("cotenant", f"co-tenant holds {gib(nbytes, unit=True)}", bytes=nbytes)
         self._capacity_account()
 
     def _capacity_account(self) -> None:

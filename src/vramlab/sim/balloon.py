@@ -10,6 +10,7 @@ from typing import Any
 from vramlab.capacity.units import GIB
 from vramlab.errors import ConfigError, VramlabError
 from vramlab.sim.ledger import DeviceLedger, SimOutOfMemory
+from vramlab.units import gib as gib_text
 
 
 def hold(device: str, gib: float | None = None, leave_gib: float | None = None, hold_s: float | None = None,
@@ -24,7 +25,7 @@ def hold(device: str, gib: float | None = None, leave_gib: float | None = None, 
         _, _, free = ledger.memory_info()
         nbytes = free - int((leave_gib or 0) * GIB)
         if nbytes <= 0:
-            raise ConfigError(f"only {free / GIB:.2f} GiB is free; nothing to take")
+            raise ConfigError(f"only {gib_text(free, unit=True)} is free; nothing to take")
     try:
         handle = ledger.allocate(nbytes, "balloon", "vramlab-balloon")
     except SimOutOfMemory as oom:
@@ -34,7 +35,7 @@ def hold(device: str, gib: float | None = None, leave_gib: float | None = None, 
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, _terminate)
-    print(f"balloon: holding {nbytes / GIB:.2f} GiB on {device}; Ctrl-C releases it", flush=True)
+    print(f"balloon: holding {gib_text(nbytes, unit=True)} on {device}; Ctrl-C releases it", flush=True)
     try:
         deadline = None if hold_s is None else time.monotonic() + hold_s
         while deadline is None or time.monotonic() < deadline:

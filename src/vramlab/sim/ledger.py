@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vramlab.capacity.units import GIB
 from vramlab.errors import ConfigError
+from vramlab.units import gib
 
 MIB = 1 << 20
 KINDS = ("weights", "kv_cache", "activation", "cuda_graph", "non_torch", "balloon", "other")
@@ -34,7 +34,7 @@ class SimOutOfMemory(Exception):
         self.device_index = device_index
         super().__init__(
             f"CUDA out of memory. Tried to allocate {requested_bytes / MIB:.2f} MiB. GPU {device_index} has a "
-            f"total capacity of {total_bytes / GIB:.2f} GiB of which {free_bytes / MIB:.2f} MiB is free."
+            f"total capacity of {gib(total_bytes, unit=True)} of which {free_bytes / MIB:.2f} MiB is free."
         )
 
 

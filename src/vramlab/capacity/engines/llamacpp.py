@@ -27,9 +27,10 @@ from vramlab.capacity import gguf_mix
 from vramlab.capacity import kv as kvmod
 from vramlab.capacity.engines import llamacpp_placement as place
 from vramlab.capacity.engines.common import Context, PolicyResult
-from vramlab.capacity.estimate import EXACT, FORMULA, GIB, Component, Limits, band
+from vramlab.capacity.estimate import EXACT, FORMULA, Component, Limits, band
 from vramlab.capacity.kv import bytes_per_token_layer
 from vramlab.errors import ConfigError
+from vramlab.units import gib
 
 FIT_MARGIN = 1024 << 20
 CTX_FROM_MODEL_FROM = (5000,)  # builds from b5000 take n_ctx from the model when -c is 0/absent
@@ -277,7 +278,7 @@ def _main_weights(ctx: Context, lay: Layout) -> Component:
         return weights
     rel = 0.005 if lay.per_tensor else 0.05
     return band("weights", main.model_bytes, rel, rel, weights.provenance,
-                f"the tensors llama.cpp puts on {main.name} (of {weights.bytes / GIB:.2f} GiB offloadable)")
+                f"the tensors llama.cpp puts on {main.name} (of {gib(weights.bytes, unit=True)} offloadable)")
 
 
 def _host_report(lay: Layout, mmap: bool) -> dict[str, object]:
@@ -292,8 +293,8 @@ def _device_verdicts(report: list[dict[str, Any]], context: int, reasons: list[s
     for i, dev in enumerate(report):
         left = int(dev["headroom_bytes"])
         if left < 0:
-            reasons.append(f"llama.cpp would allocate {(int(dev['total_bytes']) + context) / GIB:.2f} GiB on "
-                           f"{dev['device']} ({dev['gpu']}) with {int(dev['free_bytes']) / GIB:.2f} GiB free "
+            reasons.append(f"llama.cpp would allocate {gib(int(dev['total_bytes']) + context, unit=True)} on "
+                           f"{dev['device']} ({dev['gpu']}) with {gib(int(dev['free_bytes']), unit=True)} free "
                            "(cudaMalloc failed: out of memory); lower --ctx-size or offload fewer layers (-ngl) "
                            "or experts (--n-cpu-moe)")
         elif i and left < FIT_MARGIN:

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from vramlab.capacity import gguf_mix
 from vramlab.capacity.engines import llamacpp_placement as place
 from vramlab.capacity.engines.common import Context, PolicyResult
-from vramlab.capacity.estimate import FORMULA, GIB, Component, Limits, band
+from vramlab.capacity.estimate import FORMULA, Component, Limits, band
+from vramlab.units import gib
 
 MIB = 1 << 20
 MINIMUM_MEMORY = 457 * MIB  # discover/gpu.go cudaMinimumMemory / rocmMinimumMemory
@@ -295,8 +296,8 @@ def plan(ctx: Context) -> PolicyResult:
     reasons = []
     if d.layers_offload < d.layers_model:  # PredictServerFit: a fit is every layer and the output on the GPUs
         reasons.append(f"Ollama would offload {d.layers_offload} of {d.layers_model} layers (layers.offload="
-                       f"{d.layers_offload}; memory.required.full {d.required_full / GIB:.1f} GiB against "
-                       f"{sum(free) / GIB:.1f} GiB available): the rest run on the CPU")
+                       f"{d.layers_offload}; memory.required.full {gib(d.required_full, 1, unit=True)} against "
+                       f"{gib(sum(free), 1, unit=True)} available): the rest run on the CPU")
     total = free[0]
 
     def kv_rule(components: list[Component], point: str) -> int:

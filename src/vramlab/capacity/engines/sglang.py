@@ -19,10 +19,11 @@ from vramlab.capacity.defaults import sglang_fraction as default_fraction
 from vramlab.capacity.defaults import sglang_gpu_defaults as gpu_defaults
 from vramlab.capacity.defaults import sglang_max_running
 from vramlab.capacity.engines.common import Context, PolicyResult, pick
-from vramlab.capacity.estimate import ENGINE, GIB, Component, Limits, band
+from vramlab.capacity.estimate import ENGINE, Component, Limits, band
 from vramlab.capacity.overheads import forward_peak_bytes, moe_workspace_bytes
 from vramlab.capacity.spec import dtype_bytes
 from vramlab.errors import ConfigError
+from vramlab.units import gib
 
 SWA_FULL_TOKENS_RATIO = 0.8  # --swa-full-tokens-ratio default
 HYBRID_SWA_ARCHS = frozenset({"Llama4ForConditionalGeneration", "GptOssForCausalLM", "MiMoV2FlashForCausalLM",
@@ -93,9 +94,9 @@ def weights_as_reported(ctx: Context) -> Component:
     extra = allocator.rounding_bytes(sizes) if sizes else 0
     note = weights.note
     if extra:
-        note += f"; + {extra / GIB:.2f} GiB of allocator segment rounding (SGLang reads free memory)"
+        note += f"; + {gib(extra, unit=True)} of allocator segment rounding (SGLang reads free memory)"
     if absorbed:
-        note += f"; + {absorbed / GIB:.2f} GiB of MLA w_kc/w_vc copies (post_load_weights)"
+        note += f"; + {gib(absorbed, unit=True)} of MLA w_kc/w_vc copies (post_load_weights)"
     return band("weights", weights.bytes + extra + absorbed, 0.0, 0.0, weights.provenance, note,
                 abs_low=weights.bytes - weights.low_bytes + extra + absorbed // 2,
                 abs_high=weights.high_bytes - weights.bytes)
@@ -214,8 +215,8 @@ def plan(ctx: Context) -> PolicyResult:
     outside = sum(c.bytes for c in components if not c.in_budget)
     reasons = []
     if outside > reserve:
-        reasons.append(f"activations, CUDA graphs and the request-to-token map ({outside / GIB:.2f} GiB) exceed the "
-                       f"{reserve / GIB:.2f} GiB that mem_fraction_static {fraction} leaves: lower it")
+        reasons.append(f"activations, CUDA graphs and the request-to-token map ({gib(outside, unit=True)}) exceed the "
+                       f"{gib(reserve, unit=True)} that mem_fraction_static {fraction} leaves: lower it")
     return PolicyResult(
         components=components, budget_bytes=total - other - reserve, kv_rule=kv_rule, limits=limits,
         max_model_len=context_len, block_size=1, kv_bytes_per_token=cell,
@@ -226,7 +227,7 @@ def plan(ctx: Context) -> PolicyResult:
         kv_note=f"free memory after weights less (1 - {fraction}) x the memory free at start-up, "
                 f"in cells of {cell} bytes",
         per_sequence_state_bytes=state, reasons=reasons,
-        notes=[f"mem_fraction_static {fraction} keeps {reserve / GIB:.2f} GiB for activations, CUDA graphs and runtime"]
+        notes=[f"mem_fraction_static {fraction} keeps {gib(reserve, unit=True)} for activations, CUDA graphs and runtime"]
         + _short_pool_note(limits(kv_rule(components, "mid")).kv_cache_tokens, context_len),
         # The scheduler does not refuse a pool shorter than the context: it caps a request at
         # min(context_len, max_total_num_tokens) - 1 tokens (scheduler.py `max_req_len`) and asserts only that

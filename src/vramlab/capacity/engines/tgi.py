@@ -25,10 +25,11 @@ from vramlab.capacity.defaults import TGI_UNCAPPED_FROM as FRACTION_WIGGLE_FROM
 from vramlab.capacity.defaults import tgi_prefill_tokens as default_prefill_tokens
 from vramlab.capacity.defaults import tgi_warmup_total, tgi_window_refusal
 from vramlab.capacity.engines.common import Context, PolicyResult, pick
-from vramlab.capacity.estimate import ENGINE, FORMULA, GIB, Component, Limits, band
+from vramlab.capacity.estimate import ENGINE, FORMULA, Component, Limits, band
 from vramlab.capacity.overheads import forward_peak_bytes, moe_workspace_bytes
 from vramlab.capacity.spec import dtype_bytes
 from vramlab.errors import ConfigError
+from vramlab.units import gib
 
 # (first release, share of the FREE memory kept for KV) before 3.0; (first release, TGI_WIGGLE_ROOM) from 3.0.
 FREE_SHARE = (((1, 0), 1.0), ((1, 4, 1), 0.95), ((2, 4), 0.90))
@@ -153,7 +154,7 @@ def plan(ctx: Context) -> PolicyResult:
     if window_refusal:
         reasons.append(window_refusal)
     if not legacy and graphs > wiggle_room:
-        reasons.append(f"CUDA graphs ({graphs / GIB:.2f} GiB) do not fit the {wiggle_room / GIB:.2f} GiB wiggle room")
+        reasons.append(f"CUDA graphs ({gib(graphs, unit=True)}) do not fit the {gib(wiggle_room, unit=True)} wiggle room")
     return PolicyResult(
         components=components, budget_bytes=total - wiggle_room, kv_rule=kv_rule, limits=limits,
         max_model_len=max_total, block_size=block, kv_bytes_per_token=per_token,

@@ -15,9 +15,10 @@ position before) + the CUDA context.
 from __future__ import annotations
 
 from vramlab.capacity.engines.common import Context, PolicyResult
-from vramlab.capacity.estimate import FORMULA, GIB, Component, Limits, band
+from vramlab.capacity.estimate import FORMULA, Component, Limits, band
 from vramlab.capacity.spec import dtype_bytes
 from vramlab.errors import ConfigError
+from vramlab.units import gib
 
 LOGITS_TO_KEEP_FROM = (4, 45)
 CHECKPOINT_DTYPE_FROM = (5,)
@@ -77,8 +78,8 @@ def plan(ctx: Context) -> PolicyResult:
     used = fixed + activation + kv_bytes
     reasons = []
     if used > total - other:
-        reasons.append(f"batch {batch} x {length} tokens needs {used / GIB:.2f} GiB; the card has "
-                       f"{(total - other) / GIB:.2f} GiB (torch.OutOfMemoryError)")
+        reasons.append(f"batch {batch} x {length} tokens needs {gib(used, unit=True)}; the card has "
+                       f"{gib(total - other, unit=True)} (torch.OutOfMemoryError)")
     notes = ["transformers keeps no pool: memory grows with every token generated"]
     if serial:
         notes.append("transformers serve answers one request at a time without --continuous-batching: "

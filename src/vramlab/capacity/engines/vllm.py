@@ -50,7 +50,7 @@ from vramlab.capacity.engines.vllm_eras import (
     v0_mla_absorbs,
 )
 from vramlab.capacity.engines.vllm_mm import BLOCK_BAND, EncoderProfile, encoder_profile, limits_of
-from vramlab.capacity.estimate import DEFAULT, ENGINE, GIB, Component, Limits, band
+from vramlab.capacity.estimate import DEFAULT, ENGINE, Component, Limits, band
 from vramlab.capacity.kv import KVShape
 from vramlab.capacity.overheads import (
     cuda_graph_bytes,
@@ -60,6 +60,7 @@ from vramlab.capacity.overheads import (
     vllm_capture_sizes,
 )
 from vramlab.capacity.spec import dtype_bytes
+from vramlab.units import gib
 
 
 def mla_absorbed_bytes(ctx: Context, stage: int) -> int:
@@ -82,7 +83,7 @@ def weights_with_absorption(ctx: Context, stage: int) -> Component:
     weights = ctx.weights_component(stage)
     extra = mla_absorbed_bytes(ctx, stage)
     return Component(weights.name, weights.bytes + extra, weights.low_bytes + extra, weights.high_bytes + extra,
-                     weights.provenance, weights.note + f"; plus {extra / GIB:.2f} GiB of absorbed MLA matrices "
+                     weights.provenance, weights.note + f"; plus {gib(extra, unit=True)} of absorbed MLA matrices "
                      "V0 0.7.x builds after loading (W_Q_UK, W_UV_O, W_QR)")
 
 
@@ -148,8 +149,8 @@ def activation_component(ctx: Context, setup: Setup, last_stage: bool, first_sta
             + (" then the native top-k/top-p warm-up run (the larger of the two peaks, 0.22+)" if warm_native else "")
             + ((" + fused-MoE workspace (persistent from 0.13)" if persists else " (fused-MoE caches freed before "
                 "the sampler runs)") if moe else "")
-            + (f"; before it the {enc.describe()}: {enc.encoder_peak_bytes / GIB:.2f} GiB at the tower's peak, "
-               f"{enc.held_bytes / GIB:.2f} GiB of its pixels and embeddings held through the forward"
+            + (f"; before it the {enc.describe()}: {gib(enc.encoder_peak_bytes, unit=True)} at the tower's peak, "
+               f"{gib(enc.held_bytes, unit=True)} of its pixels and embeddings held through the forward"
                if enc else "; every modality limited to 0 (--limit-mm-per-prompt): no encoder profile"
                if modelled_tower and first_stage else "; the vision encoder is profiled on the first pipeline stage"
                if modelled_tower else "; multimodal encoder profiling not modelled" if model.vision_params else ""))
@@ -320,8 +321,8 @@ def start_up_refusals(ctx: Context, setup: Setup, components: list[Component], b
     free_at_start = ctx.total - ctx.other - sum(c.bytes for c in components if c.name in outside)
     if free_at_start >= budget:
         return []
-    return [f"Free memory on device ({free_at_start / GIB:.2f}/{ctx.total / GIB:.2f} GiB) on startup is less than "
-            f"desired GPU memory utilization ({setup.utilization}, {budget / GIB:.2f} GiB)"]
+    return [f"Free memory on device ({gib(free_at_start)}/{gib(ctx.total, unit=True)}) on startup is less than "
+            f"desired GPU memory utilization ({setup.utilization}, {gib(budget, unit=True)})"]
 
 
 def plan_notes(ctx: Context, setup: Setup, first_layout: pool.PoolLayout) -> list[str]:
@@ -369,7 +370,7 @@ def stage_notes(ctx: Context, pools: PoolPlan, kv_first: int, offsets: list[int]
     role = "the last stage: lm_head and the sampler's profile peak" if tight == ctx.pp - 1 else \
         "the first stage: the embedding" if tight == 0 else "a middle stage: the most layers"
     return [f"pipeline parallel: stage {tight + 1} of {ctx.pp} bounds the pool ({role}); its own budget leaves "
-            f"{kv[tight] / GIB:.2f} GiB for KV against {kv[0] / GIB:.2f} GiB on stage 1, and vLLM gives every stage "
+            f"{gib(kv[tight], unit=True)} for KV against {gib(kv[0], unit=True)} on stage 1, and vLLM gives every stage "
             f"its {blocks[tight]} blocks"]
 
 
@@ -410,7 +411,7 @@ def plan(ctx: Context) -> PolicyResult:
         block_size=pools.block_size, kv_bytes_per_token=pools.bytes_per_token[0], settings=resolved,
         kv_provenance=ENGINE if not fixed_kv else DEFAULT,
         kv_note=("--kv-cache-memory: fixed by the user" if fixed_kv else
-                 f"util x total ({setup.utilization} x {ctx.total / GIB:.2f} GiB) less the in-budget components"),
+                 f"util x total ({setup.utilization} x {gib(ctx.total, unit=True)}) less the in-budget components"),
         per_sequence_state_bytes=pools.state_bytes_per_seq,
         reasons=start_up_refusals(ctx, setup, components, budget),
         notes=plan_notes(ctx, setup, first) + ([] if fixed_kv else stage_notes(ctx, pools, kv_rule(components, "mid"),
