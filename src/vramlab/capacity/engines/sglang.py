@@ -267,6 +267,16 @@ def token_limits(ctx: Context, context_len: int) -> tuple[Callable[[int], Limits
     return limits, cell, state
 
 
+def online_fp8_refusal(ctx: Context, room: int) -> list[str]:
+    """Online FP8 whose load (the bf16 model plus the FP8 copies made) cannot fit in *room*: SGLang OOMs loading."""
+    load = online_fp8_load(ctx)
+    if load is None or load.peak_bytes <= room:
+        return []
+    return [f"online FP8 loads the checkpoint in {ctx.dtype} before quantizing: the load reserves "
+            f"{load.peak_bytes / GIB:.2f} GiB per GPU, {room / GIB:.2f} GiB are free after the CUDA context"
+            " and NCCL (use an FP8 checkpoint or more GPUs)"]
+
+
 def _short_pool_note(tokens: int, context_len: int) -> list[str]:
     if 0 < tokens < context_len:
         return [f"the pool holds {tokens:,} tokens, fewer than the {context_len:,}-token context: SGLang starts and caps "
@@ -310,13 +320,7 @@ def plan(ctx: Context) -> PolicyResult:
                            f"int32 token map of {requests + 1} request slots x {context_len + 4} positions",
                            in_budget=False))
     outside = sum(c.bytes for c in components if not c.in_budget)
-    reasons = []
-    load = online_fp8_load(ctx)
-    room = free_at_init(components, "mid")
-    if load is not None and load.peak_bytes > room:
-        reasons.append(f"online FP8 loads the checkpoint in {ctx.dtype} before quantizing: the load reserves "
-                       f"{load.peak_bytes / GIB:.2f} GiB per GPU, {room / GIB:.2f} GiB are free after the CUDA context"
-                       " and NCCL (use an FP8 checkpoint or more GPUs)")
+    reasons = online_fp8_refusal(ctx, free_at_init(components, "mid"))
     if outside > reserve:
         reasons.append(f"activations, CUDA graphs and the request-to-token map ({outside / GIB:.2f} GiB) exceed the "
                        f"{reserve / GIB:.2f} GiB that mem_fraction_static {fraction} leaves: lower it")
