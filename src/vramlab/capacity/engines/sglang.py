@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from vramlab.capacity import allocator
 from vramlab.capacity import weights as wmod
@@ -132,8 +133,13 @@ def online_fp8_load(ctx: Context) -> OnlineFp8Load | None:
     tensors = weight_tensors(ctx, dtype_bytes(ctx.dtype))
     if tensors is None:
         return None
-    unq = dtype_bytes(ctx.dtype)
-    keep = keeps_bf16_experts(ctx)
+    return replay_online_fp8(tuple(tensors), dtype_bytes(ctx.dtype), keeps_bf16_experts(ctx))
+
+
+@lru_cache(maxsize=16)
+def replay_online_fp8(tensors: tuple[tuple[int, int, int], ...], unq: float, keep: bool) -> OnlineFp8Load:
+    """The allocator through the load and the module-by-module quantization (`online_fp8_load`); cached, since
+    a plan's suggestions re-plan the same model many times."""
     heap = allocator.Allocator()
     handles = [heap.alloc(size) for size, _, _ in tensors]
     live = sum(size for size, module, _ in tensors if module < 0)
