@@ -12,6 +12,8 @@ The default fraction has three generations: a table by TP size (to 0.4.6), GPU-s
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
 
 from vramlab.capacity import allocator
 from vramlab.capacity import weights as wmod
@@ -28,45 +30,139 @@ from vramlab.units import gib
 SWA_FULL_TOKENS_RATIO = 0.8  # --swa-full-tokens-ratio default
 HYBRID_SWA_ARCHS = frozenset({"Llama4ForConditionalGeneration", "GptOssForCausalLM", "MiMoV2FlashForCausalLM",
                               "Step3p5ForCausalLM", "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"})
+# Qwen3MoeForCausalLM builds routed_experts_weights_of_layer eagerly in load_weights (keeps_bf16_experts).
+QWEN3_MOE_EAGER_EXPERT_DICT = ((0, 4, 7), (0, 5, 9))
 HYBRID_SWA_FROM = (0, 4, 9)  # PR #7367 (July 2025 CI runs); the first release is not pinned
 GPT_OSS_HYBRID_AFTER = (0, 5, 8)  # disabled by server_args up to at least January 2026 (PR #17630's repro)
 CONTEXT_EXTRA_BAND = 0.5  # SGLang's CUDA context is not measured apart from vLLM's: unknown term, band widened
 
 
-def weight_tensor_sizes(ctx: Context) -> list[int] | None:
-    """Bytes of each weight tensor one TP rank allocates, in creation order (embedding, then per layer
-    qkv_proj + bias, o_proj, gate_up_proj / fused-MoE w13 + w2 and router, norms; then the LM head),
-    for plain attention decoders; None where the layout is not modelled (MLA, SSM, vision towers)."""
+def weight_tensors(ctx: Context, lin: float) -> list[tuple[int, int, int]] | None:
+    """(bytes, module, parts) of each weight tensor one TP rank allocates, in creation order (embedding, then
+    per layer qkv_proj + bias, o_proj, gate_up_proj / fused-MoE w13 + w2 and router, norms; then the LM head),
+    with *lin* bytes per element of the quantizable linear weights; *module* numbers the module whose
+    quant method owns the tensor (-1: not quantized) and *parts* is its experts (1 for a plain linear).
+    None where the layout is not modelled (MLA, SSM, vision towers)."""
     m, tp = ctx.model, ctx.tp
     if m.is_mla or m.vision_params or ctx.pp > 1 or any(k not in ("full", "sliding") for k in m.kinds[: m.num_layers]):
         return None
     unq = dtype_bytes(ctx.dtype)
-    lin = ctx.quant.bits / 8 if ctx.quant is not None else unq  # the packed weight; its scales are own small tensors
     h, hd = m.hidden_size, m.head_dim
     q_dim = m.num_attention_heads // tp * hd
     kv_dim = max(1, m.num_kv_heads // tp) * hd
     vocab = -(-m.vocab_size // wmod.VOCAB_PADDING) * wmod.VOCAB_PADDING // tp
-    sizes = [int(vocab * h * unq)]
+    out = [(int(vocab * h * unq), -1, 1)]
+    module = 0
+
+    def linear(elements: int, parts: int = 1, same_module: bool = False) -> None:
+        nonlocal module
+        module += 0 if same_module else 1
+        out.append((int(elements * lin), module, parts))
+
     moe = set(m.moe_layer_indices())
     for i in range(m.num_layers):
-        sizes.append(int((q_dim + 2 * kv_dim) * h * lin))
+        linear((q_dim + 2 * kv_dim) * h)
         if m.attention_bias:
-            sizes.append(int((q_dim + 2 * kv_dim) * unq))
-        sizes.append(int(q_dim * h * lin))
+            out.append((int((q_dim + 2 * kv_dim) * unq), -1, 1))
+        linear(q_dim * h)
         if i in moe:
             inter = m.moe_intermediate_size // tp
-            sizes += [int(m.num_experts * 2 * inter * h * lin), int(m.num_experts * inter * h * lin),
-                      int(m.num_experts * h * unq)]
+            linear(m.num_experts * 2 * inter * h, m.num_experts)
+            linear(m.num_experts * inter * h, m.num_experts, same_module=True)
+            out.append((int(m.num_experts * h * unq), -1, 1))
             if m.num_shared_experts and m.shared_expert_intermediate_size:
                 shared = m.shared_expert_intermediate_size // tp
-                sizes += [int(2 * shared * h * lin), int(shared * h * lin)]
+                linear(2 * shared * h)
+                linear(shared * h)
         elif m.intermediate_size:
             inter = m.intermediate_size // tp
-            sizes += [int((2 if m.gated_mlp else 1) * inter * h * lin), int(inter * h * lin)]
-        sizes += [int(h * unq), int(h * unq)]
+            linear((2 if m.gated_mlp else 1) * inter * h)
+            linear(inter * h)
+        out += [(int(h * unq), -1, 1), (int(h * unq), -1, 1)]
     if not m.tie_word_embeddings:
-        sizes.append(int(vocab * h * unq))
-    return sizes
+        out.append((int(vocab * h * unq), -1, 1))
+    return out
+
+
+def weight_tensor_sizes(ctx: Context) -> list[int] | None:
+    """Bytes of each weight tensor one TP rank allocates, in creation order (`weight_tensors`); the packed
+    weight of a quantized checkpoint (its scales are own small tensors)."""
+    lin = ctx.quant.bits / 8 if ctx.quant is not None else dtype_bytes(ctx.dtype)
+    tensors = weight_tensors(ctx, lin)
+    return [size for size, _, _ in tensors] if tensors is not None else None
+
+
+def online_fp8(ctx: Context) -> bool:
+    """`--quantization fp8` on an unquantized checkpoint: SGLang quantizes after loading."""
+    return ctx.model.quant is None and ctx.quant is not None and ctx.quant.method == "fp8"
+
+
+@dataclass(frozen=True)
+class OnlineFp8Load:
+    """What online FP8 leaves on one rank beyond the FP8 weights, and the load's peak."""
+
+    kept_bf16_bytes: int  # bf16 expert weights a model's expert-weight dict still references
+    rounding_bytes: int  # segments of freed bf16 tensors that FP8 copies keep reserved, and segment rounding
+    peak_bytes: int  # reserved just before `empty_cache`: the whole bf16 model plus the FP8 copies made
+
+
+def keeps_bf16_experts(ctx: Context) -> bool:
+    """Qwen3MoeForCausalLM.load_weights (python/sglang/srt/models/qwen3_moe.py) ends by building
+    `self.routed_experts_weights_of_layer = {layer_id: mlp.get_moe_weights() ...}` (`x.data` of every expert
+    parameter) eagerly, before the loader runs `process_weights_after_loading`: the bf16 w13/w2 tensors stay
+    referenced after Fp8MoEMethod replaces them. Read in the 0.4.6.post5, 0.4.7, 0.4.9, 0.5.2, 0.5.5, 0.5.7 and
+    0.5.8 wheels; 0.4.6.post3 has no such dict, 0.5.9 and 0.5.10 wrap it in a LazyValue (built on first use, by
+    EPLB). Post releases are not told apart: 0.4.6 plans without it."""
+    version = ctx.version
+    low, high = QWEN3_MOE_EAGER_EXPERT_DICT
+    return ctx.model.architecture == "Qwen3MoeForCausalLM" and bool(version) and low <= version < high
+
+
+def online_fp8_load(ctx: Context) -> OnlineFp8Load | None:
+    """Online FP8 (`--quantization fp8` on a bf16 checkpoint) as SGLang loads it
+    (python/sglang/srt/model_loader/loader.py `load_weights_and_postprocess`, layers/quantization/fp8.py; read
+    in the 0.4.7, 0.4.9, 0.5.2, 0.5.5, 0.5.10 and 0.5.23 wheels; older releases are planned the same, unread).
+    `Fp8LinearMethod` / `Fp8MoEMethod.create_weights` allocate the weights in the model dtype when the checkpoint is not FP8; `model.load_weights` fills the whole
+    model; then each module in turn quantizes: a linear allocates its FP8 copy (`per_token_group_quant_fp8` or
+    `input_to_float8`) and drops the bf16 tensor; a fused-MoE layer allocates FP8 w13 and w2
+    (`torch.empty_like`), quantizes expert by expert through a `scaled_fp8_quant` temporary and drops both bf16
+    tensors, unless a model still references them (`keeps_bf16_experts`). Every FP8 tensor lands by best fit in
+    a segment a bf16 tensor freed, so `empty_cache` before the weight and KV readings
+    (`get_available_gpu_memory`) cannot return the rest of those segments (allocator.py)."""
+    if not online_fp8(ctx):
+        return None
+    tensors = weight_tensors(ctx, dtype_bytes(ctx.dtype))
+    if tensors is None:
+        return None
+    return replay_online_fp8(tuple(tensors), dtype_bytes(ctx.dtype), keeps_bf16_experts(ctx))
+
+
+@lru_cache(maxsize=16)
+def replay_online_fp8(tensors: tuple[tuple[int, int, int], ...], unq: float, keep: bool) -> OnlineFp8Load:
+    """The allocator through the load and the module-by-module quantization (`online_fp8_load`); cached, since
+    a plan's suggestions re-plan the same model many times."""
+    heap = allocator.Allocator()
+    handles = [heap.alloc(size) for size, _, _ in tensors]
+    live = sum(size for size, module, _ in tensors if module < 0)
+    kept = 0
+    for module in sorted({mod for _, mod, _ in tensors if mod >= 0}):
+        members = [(i, size, parts) for i, (size, mod, parts) in enumerate(tensors) if mod == module]
+        fp8_sizes = [int(size / unq) for _, size, _ in members]
+        live += sum(fp8_sizes)
+        for fp8_size in fp8_sizes:
+            heap.alloc(fp8_size)
+        experts = members[0][2]
+        for _ in range(experts if experts > 1 else 0):  # one temporary per expert and tensor
+            for fp8_size in fp8_sizes:
+                heap.release(heap.alloc(fp8_size // experts), fp8_size // experts)
+        for i, size, _ in members:
+            if keep and experts > 1:
+                kept += size
+            else:
+                heap.release(handles[i], size)
+    peak = heap.reserved()
+    heap.empty_cache()
+    return OnlineFp8Load(kept, heap.reserved() - live - kept, peak)
 
 
 def mla_absorbed_bytes(ctx: Context) -> int:
@@ -89,16 +185,24 @@ def weights_as_reported(ctx: Context) -> Component:
     weights = ctx.weights_component()
     sizes = weight_tensor_sizes(ctx)
     absorbed = mla_absorbed_bytes(ctx)
+    online = online_fp8_load(ctx)
     if not sizes and not absorbed:
         return weights
-    extra = allocator.rounding_bytes(sizes) if sizes else 0
+    extra = online.rounding_bytes + online.kept_bf16_bytes if online else allocator.rounding_bytes(sizes) if sizes else 0
     note = weights.note
-    if extra:
+    if online:
+        note += (f"; + {gib(online.rounding_bytes, unit=True)} of the bf16 weights' segments that the FP8 copies made "
+                 "after loading keep reserved (online FP8: the checkpoint loads in bf16, then each module quantizes)")
+        if online.kept_bf16_bytes:
+            note += (f"; + {gib(online.kept_bf16_bytes, unit=True)} of bf16 expert weights that "
+                     "routed_experts_weights_of_layer still references (Qwen3-MoE, SGLang 0.4.7-0.5.8)")
+    elif extra:
         note += f"; + {gib(extra, unit=True)} of allocator segment rounding (SGLang reads free memory)"
     if absorbed:
         note += f"; + {gib(absorbed, unit=True)} of MLA w_kc/w_vc copies (post_load_weights)"
     return band("weights", weights.bytes + extra + absorbed, 0.0, 0.0, weights.provenance, note,
-                abs_low=weights.bytes - weights.low_bytes + extra + absorbed // 2,
+                abs_low=weights.bytes - weights.low_bytes + extra - (online.kept_bf16_bytes if online else 0)
+                + absorbed // 2,
                 abs_high=weights.high_bytes - weights.bytes)
 
 
@@ -170,6 +274,16 @@ def token_limits(ctx: Context, context_len: int) -> tuple[Callable[[int], Limits
     return limits, cell, state
 
 
+def online_fp8_refusal(ctx: Context, room: int) -> list[str]:
+    """Online FP8 whose load (the bf16 model plus the FP8 copies made) cannot fit in *room*: SGLang OOMs loading."""
+    load = online_fp8_load(ctx)
+    if load is None or load.peak_bytes <= room:
+        return []
+    return [f"online FP8 loads the checkpoint in {ctx.dtype} before quantizing: the load reserves "
+            f"{gib(load.peak_bytes, unit=True)} per GPU, {gib(room, unit=True)} are free after the CUDA context"
+            " and NCCL (use an FP8 checkpoint or more GPUs)"]
+
+
 def _short_pool_note(tokens: int, context_len: int) -> list[str]:
     if 0 < tokens < context_len:
         return [f"the pool holds {tokens:,} tokens, fewer than the {context_len:,}-token context: SGLang starts and caps "
@@ -213,7 +327,7 @@ def plan(ctx: Context) -> PolicyResult:
                            f"int32 token map of {requests + 1} request slots x {context_len + 4} positions",
                            in_budget=False))
     outside = sum(c.bytes for c in components if not c.in_budget)
-    reasons = []
+    reasons = online_fp8_refusal(ctx, free_at_init(components, "mid"))
     if outside > reserve:
         reasons.append(f"activations, CUDA graphs and the request-to-token map ({gib(outside, unit=True)}) exceed the "
                        f"{gib(reserve, unit=True)} that mem_fraction_static {fraction} leaves: lower it")
