@@ -116,7 +116,6 @@ class Runner:
         self._loop = asyncio.get_running_loop()
         message, record = await kind.record()
         self.emit("run_start", message, payload=record)
-        await kind.started()
         status, reason = "failed", None
         error: BaseException | None = None
         rollbacks: list[RollbackResult] = []
@@ -157,6 +156,7 @@ class Runner:
 
     async def _rounds(self) -> None:
         kind = self.kind
+        await kind.started()  # inside the guarded body: a start hook that fails still ends the run (failed, rolled back)
         async with contextlib.AsyncExitStack() as stack:
             await kind.open(stack)
             ticker = asyncio.ensure_future(self._tick())
