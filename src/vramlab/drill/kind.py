@@ -148,8 +148,9 @@ class DrillKind:
         plan = self.plan
         self.run.where.round = rnd
         self._ceiling_value, self._failure, self._last = None, None, None
-        self.state = LiveState()
-        self.detector = Detector(plan.stop, engine=self._engine())
+        if rnd != self.rounds.start:  # the first round uses the ones built with the kind: nothing fed them yet
+            self.state = LiveState()
+            self.detector = Detector(plan.stop, engine=self._engine())
         served = plan.target.model or (plan.target.sim.model if plan.target.sim else "default")
         conns = max(64, int(max(self.values)) + 8 if plan.ramp.knob in ("concurrency", "batch") else 64)
         async with OpenAIClient(self.target.url, served, api=plan.target.api, max_connections=conns,
