@@ -231,47 +231,15 @@ def _check_stored(events: list[EventRecord]) -> set[str]:
 
 
 @pytest.mark.slow
-def test_an_experiment_stores_only_enumerated_kinds_with_declared_data(tmp_path):
+def _experiment(tmp_path: Path, rollback: str, options: Any) -> tuple[Any, Any]:
+    """A one-round experiment against the stub, stored in a fresh SQLite store: (RunResult, store)."""
     from vramlab.experiment.plan import parse_plan
     from vramlab.experiment.recorder import StoreRecorder
-    from vramlab.experiment.runner import Runner, RunOptions
+    from vramlab.experiment.runner import Runner
     from vramlab.load.stub import StubBehaviour, StubServer
     from vramlab.store import open_store
 
     store = open_store(str(tmp_path / "v.db"))
-
-    async def go() -> Any:
-        async with StubServer(StubBehaviour(ttft_s=0.005)) as srv:
-            hook = EventHook()
-            hook.add(StoreRecorder(store))
-            plan = parse_plan(f"""
-name: typed
-target: {{base_url: "{srv.url}", model: stub-model}}
-fixed: {{input: {{synthetic: {{prompt_tokens: 8, output_tokens: 3, seed: 1, count: 4}}}}}}
-change: {{variable: concurrency, steps: [2]}}
-phases: {{duration_s: 0.25, drain_s: 0.5}}
-rounds: 1
-rollback: ['exit 3']
-""")
-            return await Runner(plan, hook, RunOptions(samplers=[])).run()
-
-    res = asyncio.run(go())
-    kinds = _check_stored(store.events(res.run_id))
-    assert {"phase_start", "phase_end", "rollback", "run_end"} <= kinds
-
-
-def test_an_unknown_kind_from_an_experiments_start_hook_ends_the_run_failed_and_rolled_back(tmp_path):
-    from vramlab.experiment.plan import parse_plan
-    from vramlab.experiment.recorder import StoreRecorder
-    from vramlab.experiment.runner import Runner, RunOptions
-    from vramlab.load.stub import StubBehaviour, StubServer
-    from vramlab.store import open_store
-
-    store = open_store(str(tmp_path / "v.db"))
-    marker = tmp_path / "rolled"
-
-    def misspelt(plan: Any) -> list[tuple[str, str, dict[str, Any]]]:
-        return [("capacity_plans", "a misspelt kind", {})]
 
     async def go() -> Any:
         async with StubServer(StubBehaviour(ttft_s=0.005)) as srv:
@@ -285,11 +253,31 @@ fixed: {{input: {{synthetic: {{prompt_tokens: 8, output_tokens: 3, seed: 1, coun
 change: {{variable: concurrency, steps: [2]}}
 phases: {{duration_s: 0.25, drain_s: 0.5}}
 rounds: 1
-rollback: ['touch {marker}']
+rollback: ['{rollback}']
 """)
-            return await Runner(plan, hook, RunOptions(samplers=[], start_hooks=[misspelt])).run()
+            return await Runner(plan, hook, options).run()
 
-    res = asyncio.run(go())  # an experiment records a failure of its body on the run (exit 1) rather than raising
+    return asyncio.run(go()), store
+
+
+def test_an_experiment_stores_only_enumerated_kinds_with_declared_data(tmp_path):
+    from vramlab.experiment.runner import RunOptions
+
+    res, store = _experiment(tmp_path, "exit 3", RunOptions(samplers=[]))
+    kinds = _check_stored(store.events(res.run_id))
+    assert {"phase_start", "phase_end", "rollback", "run_end"} <= kinds
+
+
+def test_an_unknown_kind_from_an_experiments_start_hook_ends_the_run_failed_and_rolled_back(tmp_path):
+    from vramlab.experiment.runner import RunOptions
+
+    marker = tmp_path / "rolled"
+
+    def misspelt(plan: Any) -> list[tuple[str, str, dict[str, Any]]]:
+        return [("capacity_plans", "a misspelt kind", {})]
+
+    # an experiment records a failure of its body on the run (exit 1) rather than raising
+    res, store = _experiment(tmp_path, f"touch {marker}", RunOptions(samplers=[], start_hooks=[misspelt]))
     assert res.status == "failed" and res.exit_code == 1
     (run,) = store.list_runs()
     kinds = [e.kind for e in store.events(run.run_id)]
