@@ -17,6 +17,8 @@ From 2.3.0 the launcher defaults to `ATTENTION=flashinfer` with prefix caching: 
 prefill logprobs (`prefill_logprobs: true` in its client `warmup`, 1.x to 3.x), so the warm-up forward
 holds the logits of every prefill token and their `log_softmax` (generate_token): 2 x tokens x vocab
 at the model dtype. CUDA graphs are captured afterwards, inside what was kept back.
+Gemma's tied LM head is a second copy of the embedding (GEMMA_TYPES), and at 2.4 with shards the warm-up
+holds the shard's logits beside the gathered ones (warmup_logits_component).
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ LEGACY_BAND = 1.0  # TGI 2.2 on an A10G left ~2 GiB less than this rule after wa
 FLASHINFER_FROM = (2, 3)  # the launcher's default ATTENTION=flashinfer (BLOCK_SIZE 1) from 2.3.0
 LOGSOFTMAX_IN_PLACE_FROM = (2, 4)  # generate_token: torch.log_softmax(out, -1, out=out)
 NO_PREFILL_LOGPROBS_FROM = (3, 0)  # from_pb: `if not REQUEST_LOGPROBS: r.prefill_logprobs = False`
+# Gemma's modelling files (flash_gemma_modeling.py from 1.4.2, flash_gemma2_/flash_gemma3_modeling.py) load the tied
+# LM head from `embed_tokens` through `Weights.get_tensor` / `get_sharded`, a second device copy: the embedding is then
+# scaled in place (`self.embed_tokens.weight *= embed_norm`, v1.4.3 and v3.3.0), which only works on a separate tensor.
+GEMMA_TYPES = ("gemma", "gemma2", "gemma3", "gemma3_text")
 
 
 def _by_release(table: tuple[tuple[tuple[int, ...], float], ...], version: tuple[int, ...]) -> float:
@@ -66,9 +72,30 @@ def warmup_logits_component(ctx: Context, prefill_tokens: int, extra_band: float
         rows, note = 2.0 * prefill_tokens, "logits + log_softmax of every prefill token (prefill logprobs)"
     elif version and version < NO_PREFILL_LOGPROBS_FROM:
         rows, note = 1.0 * prefill_tokens, "logits of every prefill token, log_softmax in place (prefill logprobs)"
+        shard_rows, gathered = lm_head_shard_rows(ctx)
+        if gathered:  # TensorParallelHead.forward (v2.4.0): the shard's logits and world_out are both held
+            rows += prefill_tokens * shard_rows / ctx.model.vocab_size  # while all_gather_into_tensor fills world_out
+            note += f"; the shard's own {shard_rows}-row logits held beside the gathered ones"
     else:
         rows, note = float(requests), "next-token logits only (prefill logprobs off: REQUEST_LOGPROBS unset)"
     return band("warmup_logits", rows * vocab_row, 0.1, 0.1 + extra_band, FORMULA, note)
+
+
+def lm_head_shard_rows(ctx: Context) -> tuple[int, bool]:
+    """(vocabulary rows of the LM head on one shard, whether its logits are all-gathered). TensorParallelHead.load
+    (utils/layers.py v1.4.3, layers/tensor_parallel.py v2.4.0) shards it by rows when the vocabulary divides by
+    the shard count, else loads it whole and does not gather."""
+    vocab, tp = ctx.model.vocab_size, ctx.tp
+    return (vocab // tp, True) if tp > 1 and vocab % tp == 0 else (vocab, False)
+
+
+def tied_lm_head_component(ctx: Context) -> Component | None:
+    """Gemma's tied LM head, which TGI holds as its own copy of the embedding (GEMMA_TYPES), or None."""
+    if not ctx.model.tie_word_embeddings or ctx.model.model_type not in GEMMA_TYPES:
+        return None
+    rows, _ = lm_head_shard_rows(ctx)
+    return band("tied_lm_head", rows * ctx.model.hidden_size * dtype_bytes(ctx.dtype), 0.02, 0.02, FORMULA,
+                "the tied LM head loaded again from embed_tokens (Gemma: the embedding is scaled in place)")
 
 
 def legacy_pool(ctx: Context, prefill_tokens: int, max_total: int, block: int) -> tuple[float, int]:
@@ -89,6 +116,9 @@ def warmup_components(ctx: Context, prefill_tokens: int, extra_band: float = 0.0
     if ctx.tp > 1:
         components.append(ctx.nccl_component("NCCL communicators"))
     components.append(ctx.weights_component())
+    tied = tied_lm_head_component(ctx)
+    if tied is not None:
+        components.append(tied)
     key = "tgi_prefill_bytes_per_token_hidden"
     per_prefill_token = constants[key] * model.hidden_size
     activation = max(forward_peak_bytes(model, prefill_tokens, ctx.tp, ctx.dtype, constants),
