@@ -5,6 +5,8 @@ What is left is read with mem_get_info after empty_cache, so the allocator's seg
 
 from __future__ import annotations
 
+import dataclasses
+
 from vramlab.capacity import GIB, Constants, EngineSettings, estimate, get_gpu
 from vramlab.capacity import allocator as A
 from vramlab.capacity.engines.common import Context
@@ -60,6 +62,23 @@ def test_qwen3_moe_keeps_its_bf16_experts_in_the_releases_that_build_the_dict_ea
         assert other is not None and other.kept_bf16_bytes == 0
     assert online_fp8_load(_ctx("0.5.2", model="qwen3-235b-a22b-fp8")) is None  # FP8 checkpoint: loads FP8
     assert online_fp8_load(_ctx("0.5.2", quantization=None)) is None
+
+
+def test_pipeline_stages_keep_their_share_of_the_experts_as_a_logged_start_shows():
+    # PP 4 x TP 8: the 94 layers' kept experts (56,774,098,944 B at TP 8, above) split over 4 stages:
+    # 14,193,524,736 B per GPU. A Qwen3-235B-A22B start on 4 x 8 H200 (PP 4, TP 8, SGLang 0.4.9) logged
+    # "mem usage=13.73 GB" after loading in bf16 and 19.99 GB with --quantization fp8 (x 1.456); FP8 weights
+    # plus the kept bf16 experts plan x 1.48 of the bf16 plan.
+    s = EngineSettings(engine="sglang", engine_version="0.4.9", tensor_parallel_size=8, pipeline_parallel_size=4,
+                       quantization="fp8")
+    ctx = Context(resolve_model("qwen3-235b-a22b", offline=True), get_gpu("h200"), s, Constants.defaults())
+    load = online_fp8_load(ctx)
+    assert load is not None and load.kept_bf16_bytes == 14_193_524_736
+    bf16 = estimate(ctx.model, get_gpu("h200"), dataclasses.replace(s, quantization=None))
+    fp8 = estimate(ctx.model, get_gpu("h200"), s)
+    assert 1.40 < fp8.weights_bytes / bf16.weights_bytes < 1.55
+    later = dataclasses.replace(s, engine_version="0.5.9")  # the dict is lazy from 0.5.9: FP8 weights only
+    assert estimate(ctx.model, get_gpu("h200"), later).weights_bytes < 0.6 * bf16.weights_bytes
 
 
 def test_the_plan_charges_the_kept_experts_and_refuses_a_load_that_cannot_fit():

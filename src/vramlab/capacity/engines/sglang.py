@@ -133,8 +133,19 @@ def online_fp8_load(ctx: Context) -> OnlineFp8Load | None:
         return None
     tensors = weight_tensors(ctx, dtype_bytes(ctx.dtype))
     if tensors is None:
-        return None
+        kept = kept_experts_per_stage(ctx) if ctx.pp > 1 and keeps_bf16_experts(ctx) else 0
+        # pipeline stages: the kept experts are counted, the allocator replay (segments, load peak) is not
+        return OnlineFp8Load(kept, 0, 0) if kept else None
     return replay_online_fp8(tuple(tensors), dtype_bytes(ctx.dtype), keeps_bf16_experts(ctx))
+
+
+def kept_experts_per_stage(ctx: Context) -> int:
+    """The bf16 w13 and w2 `keeps_bf16_experts` leaves on one GPU of a pipeline stage: every MoE layer's
+    experts x (2 + 1) x moe_intermediate/tp x hidden in the model dtype, the layers split evenly over the
+    stages (as the plan splits the weights)."""
+    m = ctx.model
+    per_layer = m.num_experts * 3 * (m.moe_intermediate_size // ctx.tp) * m.hidden_size * dtype_bytes(ctx.dtype)
+    return int(per_layer * len(m.moe_layer_indices()) / ctx.pp)
 
 
 @lru_cache(maxsize=16)
@@ -186,11 +197,13 @@ def weights_as_reported(ctx: Context) -> Component:
     sizes = weight_tensor_sizes(ctx)
     absorbed = mla_absorbed_bytes(ctx)
     online = online_fp8_load(ctx)
-    if not sizes and not absorbed:
+    if not sizes and not absorbed and not online:
         return weights
     extra = online.rounding_bytes + online.kept_bf16_bytes if online else allocator.rounding_bytes(sizes) if sizes else 0
     note = weights.note
-    if online:
+    if online and ctx.pp > 1:
+        note += "; online FP8 at pipeline stages: the allocator's segments and the load's peak are not replayed"
+    elif online:
         note += (f"; + {gib(online.rounding_bytes, unit=True)} of the bf16 weights' segments that the FP8 copies made "
                  "after loading keep reserved (online FP8: the checkpoint loads in bf16, then each module quantizes)")
         if online.kept_bf16_bytes:
