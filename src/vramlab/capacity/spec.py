@@ -150,6 +150,10 @@ class ModelSpec:
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
     mamba_ssm_dtype: str = ""  # config's recurrent-state dtype (Qwen3.5 `mamba_ssm_dtype`); "" = the engine's default
+    # Fraction of head_dim that carries RoPE (`partial_rotary_factor`): the cos/sin cache is that narrow.
+    partial_rotary_factor: float = 1.0
+    # The MoE router's weight and `e_score_correction_bias` are fp32 whatever the model dtype (GLM-4.5).
+    fp32_router: bool = False
 
     # Multimodal towers: their parameter count is added to the weights.
     vision_params: int = 0

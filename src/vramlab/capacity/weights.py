@@ -16,7 +16,9 @@ double-quantized statistics at load), one byte plus a nested fp32 scale per 256 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from functools import lru_cache
 
 from vramlab.capacity.spec import ModelSpec, QuantSpec, dtype_bytes
@@ -36,6 +38,7 @@ class WeightBreakdown:
     vision_params: int
     rope_cache_elems: int
     skipped_params: int = 0  # of linear + expert params: kept unquantized (bitsandbytes skip list)
+    fp32_params: int = 0  # of other_params: stored in fp32 whatever the model dtype (GLM-4.5's router)
 
     @property
     def total_params(self) -> int:
@@ -115,31 +118,55 @@ def is_layer_skipped_bnb(prefix: str, skip_modules: tuple[str, ...]) -> bool:
     return any(s in parts or s in prefixes for s in skip_modules)
 
 
+_PACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def is_layer_excluded_modelopt(prefix: str, excludes: tuple[str, ...]) -> bool:
+    """vLLM's ModelOpt matcher (vllm/model_executor/layers/quantization/modelopt.py
+    `ModelOptQuantConfigBase.is_layer_excluded`): the name itself, or for a fused layer every one of its
+    shards (`is_layer_skipped` with the packed-modules mapping); an entry that is a substring of the
+    name; or an entry that matches it as a wildcard (`fnmatch`)."""
+    if not excludes:
+        return False
+    proj = prefix.rsplit(".", 1)[-1]
+    shards = [prefix[: -len(proj)] + s for s in _PACKED.get(proj, (proj,))]
+    if all(s in excludes for s in shards):
+        return True
+    return any(e != prefix and e in prefix for e in excludes) or any(fnmatch(prefix, e) for e in excludes)
+
+
 def _skipped_layer_params(m: ModelSpec, i: int, kind: str, tp: int, moe: bool, has_mlp: bool,
-                          skip: tuple[str, ...]) -> int:
-    """Linear params of layer *i* (one TP rank) that a bitsandbytes skip list keeps unquantized, under
-    vLLM's module names (fused `qkv_proj` / `gate_up_proj`)."""
+                          skip: tuple[str, ...], matcher: Callable[[str, tuple[str, ...]], bool]) -> int:
+    """Linear params of layer *i* (one TP rank) that a skip list keeps unquantized (bitsandbytes
+    `llm_int8_skip_modules`, ModelOpt `exclude_modules`), under vLLM's module names (fused `qkv_proj` /
+    `gate_up_proj`, `mlp.shared_experts`, `mlp.experts`)."""
     base = f"model.layers.{i}"
     out = 0
     if kind in ("full", "sliding", "chunked"):
         lin, _ = _attention_params(m, tp, kind)
-        o_proj = 0 if m.is_mla else int(m.num_attention_heads * m.head_dim / tp * m.hidden_size)
-        if is_layer_skipped_bnb(f"{base}.self_attn.qkv_proj", skip):
+        v_dim = (m.mla_v_head_dim or 128) if m.is_mla else m.head_dim  # as _attention_params counts o_proj
+        o_proj = int(m.num_attention_heads * v_dim / tp * m.hidden_size)
+        if m.is_mla:  # every MLA projection but o_proj, counted together
+            out += (lin - o_proj) if matcher(f"{base}.self_attn.kv_b_proj", skip) else 0
+        elif matcher(f"{base}.self_attn.qkv_proj", skip):
             out += lin - o_proj
-        if is_layer_skipped_bnb(f"{base}.self_attn.o_proj", skip):
+        if matcher(f"{base}.self_attn.o_proj", skip):
             out += o_proj
     if not has_mlp:
         return out
     if moe:
-        if is_layer_skipped_bnb(f"{base}.mlp.experts", skip):
+        if matcher(f"{base}.mlp.experts", skip):
             out += m.num_experts * _mlp_params(m, m.moe_intermediate_size, tp)
+        if m.num_shared_experts and m.shared_expert_intermediate_size and \
+                matcher(f"{base}.mlp.shared_experts.gate_up_proj", skip):
+            out += _mlp_params(m, m.shared_expert_intermediate_size, tp)
         return out
     if m.intermediate_size:
         mlp = _mlp_params(m, m.intermediate_size, tp)
         down = mlp // (3 if m.gated_mlp else 2)
-        if is_layer_skipped_bnb(f"{base}.mlp.gate_up_proj", skip):
+        if matcher(f"{base}.mlp.gate_up_proj", skip):
             out += mlp - down
-        if is_layer_skipped_bnb(f"{base}.mlp.down_proj", skip):
+        if matcher(f"{base}.mlp.down_proj", skip):
             out += down
     return out
 
@@ -188,7 +215,7 @@ def rope_cache_elems(m: ModelSpec) -> int:
     scaling_factor). Gemma 3's sliding layers use their own unscaled RoPE (`rope_local_base_freq`,
     rope_type default) beside the global layers' scaled one (vllm/model_executor/models/gemma3.py
     `Gemma3Attention`): two caches. Gemma-3-4B: 131072 x 8 x 256 bf16 = 0.5 GiB."""
-    rotary_dim = (m.qk_rope_head_dim or m.head_dim) if m.attention_layers else 0
+    rotary_dim = (m.qk_rope_head_dim or int(m.head_dim * m.partial_rotary_factor)) if m.attention_layers else 0
     base = m.max_position_embeddings * rotary_dim  # Llama 4 Scout: 10.5M positions -> ~2.5 GiB
     if (m.rope_scaling_type or "").lower() != "linear" or m.rope_scaling_factor <= 1:
         return base
@@ -197,22 +224,22 @@ def rope_cache_elems(m: ModelSpec) -> int:
     return scaled + local
 
 
-def breakdown(m: ModelSpec, tp: int = 1, pp: int = 1, rank_pp: int = 0,
-              skip: tuple[str, ...] = ()) -> WeightBreakdown:
-    """Parameters held by one GPU (TP rank 0 of pipeline stage *rank_pp*); *skip*: a bitsandbytes
-    `llm_int8_skip_modules` list, counted in `skipped_params`."""
+def breakdown(m: ModelSpec, tp: int = 1, pp: int = 1, rank_pp: int = 0, skip: tuple[str, ...] = (),
+              matcher: Callable[[str, tuple[str, ...]], bool] = is_layer_skipped_bnb) -> WeightBreakdown:
+    """Parameters held by one GPU (TP rank 0 of pipeline stage *rank_pp*); *skip*: the modules a
+    checkpoint keeps unquantized, matched by *matcher*, counted in `skipped_params`."""
     split = pp_layer_split(m.num_layers, pp)
     start = sum(split[:rank_pp])
     layers = range(start, start + split[rank_pp])
     moe_layers = set(m.moe_layer_indices())
     kinds = m.kinds
     typed = m.block_typed
-    linear = experts = other = skipped = 0
+    linear = experts = other = skipped = fp32 = 0
     for i in layers:
         kind = kinds[i] if i < len(kinds) else "full"
         if skip:
             has_mlp = not typed or kind == "mlp"
-            skipped += _skipped_layer_params(m, i, kind, tp, i in moe_layers, has_mlp, skip)
+            skipped += _skipped_layer_params(m, i, kind, tp, i in moe_layers, has_mlp, skip, matcher)
         if kind in ("mamba", "linear"):
             linear += _ssm_params(m, tp, kind)
             other += 2 * m.hidden_size
@@ -225,6 +252,11 @@ def breakdown(m: ModelSpec, tp: int = 1, pp: int = 1, rank_pp: int = 0,
         if i in moe_layers:
             experts += m.num_experts * _mlp_params(m, m.moe_intermediate_size, tp)
             other += m.num_experts * m.hidden_size  # router, replicated
+            if m.fp32_router:
+                # vllm/model_executor/models/glm4_moe.py `Glm4MoE`: `nn.Linear(..., dtype=torch.float32)` and
+                # an fp32 `e_score_correction_bias` (n_routed_experts), both whatever the model dtype.
+                other += m.num_experts
+                fp32 += m.num_experts * (m.hidden_size + 1)
             if m.num_shared_experts and m.shared_expert_intermediate_size:
                 linear += _mlp_params(m, m.shared_expert_intermediate_size, tp)
         elif m.intermediate_size:
@@ -244,6 +276,7 @@ def breakdown(m: ModelSpec, tp: int = 1, pp: int = 1, rank_pp: int = 0,
         vision_params=m.vision_params // tp if first else 0,
         rope_cache_elems=rope_cache_elems(m),
         skipped_params=skipped,
+        fp32_params=fp32,
     )
 
 
@@ -269,6 +302,13 @@ def _quant_bytes_per_param(q: QuantSpec, bnb_nested_absmax: bool = False) -> flo
         if bnb_nested_absmax and q.double_quant:
             return b + 1 / BNB_BLOCK + 4 / (BNB_BLOCK * BNB_NESTED_BLOCK)  # uint8 absmax + nested fp32
         return b + 4 / BNB_BLOCK  # fp32 absmax per 64-block
+    if method in ("nvfp4", "compressed-tensors-nvfp4"):
+        # vllm/model_executor/layers/quantization/modelopt.py `ModelOptNvFp4LinearMethod.create_weights`:
+        # `weight` uint8 (out, in // 2), `weight_scale` fp8 e4m3 (out, in // group_size); the fp32
+        # global scales (`weight_scale_2`, `input_scale`) are one per fused shard, left out.
+        return 0.5 + 1 / (q.group_size or 16)
+    if method == "fp8" and q.group_size:
+        return b + 4 / q.group_size  # one fp32 scale per weight block (block-quantized checkpoints)
     if method in ("fp8", "compressed-tensors-fp8", "compressed-tensors"):
         return b + 4 / 4096  # per-channel fp32 scales
     return b
@@ -296,22 +336,25 @@ def weight_bytes(m: ModelSpec, dtype: str = "auto", quantization: str | None = N
         if m.quant is None and model_dtype != stored:
             exact = int(exact * dtype_bytes(model_dtype) / dtype_bytes(stored))
         return int(exact / tp + rope), "exact"
-    skip = q.skip_modules if q is not None and q.method == "bitsandbytes" else ()
-    wb = breakdown(m, tp, pp, rank_pp, skip)
+    skip = q.skip_modules if q is not None and q.method in ("bitsandbytes", "nvfp4", "fp8") else ()
+    wb = breakdown(m, tp, pp, rank_pp, skip,
+                   is_layer_skipped_bnb if q is None or q.method == "bitsandbytes" else is_layer_excluded_modelopt)
     full = dtype_bytes(model_dtype)
     unq = full if q is None else dtype_bytes(q.unquantized_dtype if model_dtype == "float32" else model_dtype)
+    other = wb.other_params - wb.fp32_params
     if q is None:
-        total = wb.total_params * full
+        total = (wb.total_params - wb.fp32_params) * full
     else:
         per = _quant_bytes_per_param(q, bnb_nested_absmax)
         if q.method == "mxfp4" or q.quantize_experts_only:
-            total = wb.expert_params * mxfp4_padding(m, tp, mxfp4_layout) * per + (wb.linear_params + wb.other_params) * unq
+            total = wb.expert_params * mxfp4_padding(m, tp, mxfp4_layout) * per + (wb.linear_params + other) * unq
         else:
             quantized = wb.linear_params + wb.expert_params - wb.skipped_params
-            total = quantized * per + (wb.skipped_params + wb.other_params) * unq
+            total = quantized * per + (wb.skipped_params + other) * unq
         total += wb.embedding_params * (per if q.quantize_embedding else unq)
         total += wb.lm_head_params * (per if q.quantize_lm_head else unq)
         total += wb.vision_params * unq
+    total += wb.fp32_params * 4
     if rope_cache:
         total += wb.rope_cache_elems * full
     return int(total), "formula"
@@ -386,7 +429,7 @@ def effective_quant(m: ModelSpec, quantization: str | None) -> QuantSpec | None:
     if qn in ("w4a16", "int4", "compressed-tensors-w4a16"):
         return QuantSpec("compressed-tensors", 4.0, group_size=128, has_zeros=False, unquantized_dtype=m.torch_dtype)
     if qn in ("nvfp4", "modelopt_fp4"):
-        return QuantSpec("nvfp4", 4.5, unquantized_dtype=m.torch_dtype)
+        return QuantSpec("nvfp4", 4.0, group_size=16, has_zeros=False, unquantized_dtype=m.torch_dtype)
     if qn == "compressed-tensors":
         return m.quant or QuantSpec("compressed-tensors", 8.0, unquantized_dtype=m.torch_dtype)
     return QuantSpec(qn, 8.0, unquantized_dtype=m.torch_dtype)

@@ -69,6 +69,10 @@ class CatalogEntry:
                 return method
             act_bits = acts.get("num_bits", 16) if acts else 16
             return f"w{bits}a{act_bits}-{kind}{bits}"
+        if method.startswith("modelopt"):  # hf_quant_config.json nests the algorithm under "quantization"
+            nested = qc.get("quantization")
+            algo = (nested if isinstance(nested, dict) else qc).get("quant_algo")
+            return str(algo or method).lower()
         return method
 
     def to_json(self) -> dict[str, Any]:

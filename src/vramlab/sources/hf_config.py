@@ -146,7 +146,11 @@ def _quant(c: dict[str, Any], torch_dtype: str) -> QuantSpec | None:
             unquantized_dtype="float16",
         )
     if method == "fp8":
-        return QuantSpec("fp8", 8.0, unquantized_dtype=unq)
+        # Block-quantized checkpoints (`weight_block_size` [128, 128]: DeepSeek-V3, Kimi-K2) keep one fp32
+        # `weight_scale_inv` per block (vllm/model_executor/layers/quantization/fp8.py `Fp8LinearMethod`).
+        block = q.get("weight_block_size")
+        per_scale = int(block[0]) * int(block[1]) if isinstance(block, list) and len(block) == 2 else None
+        return QuantSpec("fp8", 8.0, group_size=per_scale, unquantized_dtype=unq)
     if method == "mxfp4":
         return QuantSpec("mxfp4", 4.25, quantize_experts_only=True, unquantized_dtype=unq)
     if method == "bitsandbytes":
@@ -158,14 +162,46 @@ def _quant(c: dict[str, Any], torch_dtype: str) -> QuantSpec | None:
                          double_quant=bool(q.get("bnb_4bit_use_double_quant", False)))
     if method == "compressed-tensors":
         return _compressed_tensors(q, unq)
-    if method in ("modelopt", "nvfp4", "modelopt_fp4"):
-        algo = str(q.get("quant_algo", "")).upper()
-        return QuantSpec("nvfp4" if "FP4" in algo or method != "modelopt" else "fp8",
-                         4.5 if "FP4" in algo or method != "modelopt" else 8.0, unquantized_dtype=unq)
+    producer = q.get("producer")
+    if method.startswith("modelopt") or method == "nvfp4" or (
+            not method and isinstance(producer, dict) and producer.get("name") == "modelopt"):
+        return _modelopt(q, method, unq)
     if method:
         width = q.get("bits")
         return QuantSpec(method, float(width) if width else 8.0, unquantized_dtype=unq)
     return None
+
+
+def _modelopt(q: dict[str, Any], method: str, unq: str) -> QuantSpec:
+    """A ModelOpt checkpoint as vLLM reads it (vllm/model_executor/layers/quantization/modelopt.py
+    `ModelOptQuantConfigBase.from_config`): hf_quant_config.json nests `quant_algo`, `group_size` and
+    `exclude_modules` under "quantization"; a config.json `quantization_config` keeps them flat, the
+    exclusions as `ignore`. vLLM takes the method from `producer.name == "modelopt"` when
+    `quant_method` is absent. NVFP4 stores 4-bit weights with an fp8 scale per `group_size` (16) inputs."""
+    nested = q.get("quantization")
+    src = nested if isinstance(nested, dict) else q
+    algo = str(src.get("quant_algo") or "").upper()
+    excl = src.get("exclude_modules") if isinstance(nested, dict) else q.get("ignore", q.get("exclude_modules"))
+    skip = tuple(str(x) for x in excl) if isinstance(excl, list) else ()
+    if "FP4" in algo or (not algo and method != "modelopt"):
+        group = src.get("group_size")
+        for grp in (q.get("config_groups") or {}).values() if group is None else ():
+            group = ((grp or {}).get("weights") or {}).get("group_size")
+            break
+        return QuantSpec("nvfp4", 4.0, group_size=int(group or 16), has_zeros=False, unquantized_dtype=unq,
+                         skip_modules=skip)
+    return QuantSpec("fp8", 8.0, unquantized_dtype=unq, skip_modules=skip)
+
+
+def _rotary_fraction(c: dict[str, Any], model_type: str) -> float:
+    """`partial_rotary_factor` (top level or in `rope_parameters`). vLLM's Glm4MoeAttention defaults it
+    to 0.5 when the config is silent (vllm/model_executor/models/glm4_moe.py,
+    `rope_parameters.setdefault("partial_rotary_factor", 0.5)`)."""
+    rp = c.get("rope_parameters")
+    value = c.get("partial_rotary_factor") or (rp.get("partial_rotary_factor") if isinstance(rp, dict) else None)
+    if value is None:
+        return 0.5 if model_type == "glm4_moe" else 1.0
+    return min(1.0, max(0.0, float(value)))
 
 
 def _compressed_tensors(q: dict[str, Any], unq: str) -> QuantSpec:
@@ -180,8 +216,9 @@ def _compressed_tensors(q: dict[str, Any], unq: str) -> QuantSpec:
         if w.get("type") == "float" and bits == 8:
             method = "compressed-tensors-fp8"
         elif bits == 4 and w.get("type") == "float":
-            method = "compressed-tensors-nvfp4"
-        if w.get("strategy") == "group":
+            method = "compressed-tensors-nvfp4"  # fp8 scale per 16 inputs (strategy "tensor_group")
+            group = int(w.get("group_size") or 16)
+        if w.get("strategy") == "group" and method != "compressed-tensors-nvfp4":
             group = int(w.get("group_size") or 128)
         break
     return QuantSpec(method, bits, group_size=group, has_zeros=False, unquantized_dtype=unq)
@@ -335,6 +372,8 @@ def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str
         linear_value_head_dim=int(c.get("linear_value_head_dim") or 0),
         linear_conv_kernel_dim=int(c.get("linear_conv_kernel_dim") or 4),
         mamba_ssm_dtype=str(c.get("mamba_ssm_dtype") or ""),
+        partial_rotary_factor=_rotary_fraction(c, model_type),
+        fp32_router=model_type == "glm4_moe" and n_experts > 0,
         vision_params=vision_params,
         vision=tower if vision_params else None,
         quant=_quant(c, torch_dtype),

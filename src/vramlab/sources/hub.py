@@ -331,6 +331,13 @@ class HubClient:
         self._write(cached, resp.body)
         return value
 
+    def _optional_json(self, repo: str, ref: _Ref, filename: str) -> Any:
+        """A JSON file most repositories lack: None offline when it was never fetched."""
+        cached = self._commit_dir(repo, ref.commit) / filename
+        if self.offline and not cached.is_file():
+            return None
+        return self._json_file(repo, ref, filename, required=False)
+
     def _shard_header(self, repo: str, ref: _Ref, shard: str) -> SafetensorsHeader | None:
         """One shard's header by two range requests; cached as the raw header JSON."""
         cached = self._commit_dir(repo, ref.commit) / (shard + ".header.json")
@@ -397,6 +404,10 @@ class HubClient:
         commit = self._refs[(repo, rev)].commit
         pinned = f" ({commit[:12]})" if _COMMIT_RE.match(commit) and commit != rev else ""
         source = f"{self.endpoint}/{repo} config.json @ {rev}{pinned}"
+        if "quantization_config" not in cfg:  # ModelOpt < 0.31 keeps it beside config.json (resolve.py)
+            quant = self._optional_json(repo, self._refs[(repo, rev)], "hf_quant_config.json")
+            if isinstance(quant, dict):
+                cfg = {**cfg, "quantization_config": quant}
         weights = self.weights(repo, rev)
         spec = spec_from_config(cfg, name=repo, source=source, hf_id=repo)
         if weights is None:

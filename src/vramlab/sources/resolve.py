@@ -79,6 +79,11 @@ def spec_from_path(path: Path) -> ModelSpec:
     raise ConfigError(f"{path}: not a model directory, config.json or .gguf file")
 
 
+# ModelOpt before 0.31 wrote its quantization config beside config.json, not inside it; vLLM reads it as
+# the `quantization_config` when config.json has none (vllm/transformers_utils/config.py `get_config`).
+HF_QUANT_CONFIG = "hf_quant_config.json"
+
+
 def _spec_from_config_file(path: Path, name: str) -> ModelSpec:
     from vramlab.infile import read_text
     from vramlab.sources.hf_config import spec_from_config
@@ -90,6 +95,15 @@ def _spec_from_config_file(path: Path, name: str) -> ModelSpec:
         raise ConfigError(f"{path}: not valid JSON") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: expected a JSON object")
+    quant_file = path.parent / HF_QUANT_CONFIG
+    if "quantization_config" not in config and quant_file.is_file():
+        try:
+            quant = json.loads(read_text(quant_file, HF_QUANT_CONFIG, expect="not valid JSON"))
+        except (ValueError, RecursionError):
+            raise ConfigError(f"{quant_file}: not valid JSON") from None
+        if not isinstance(quant, dict):
+            raise ConfigError(f"{quant_file}: expected a JSON object")
+        config = {**config, "quantization_config": quant}
     return spec_from_config(config, name=name, source=str(path))
 
 
