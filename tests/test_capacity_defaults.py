@@ -30,7 +30,7 @@ PINNED = {
         "llama-3.2-3b-instruct", "llama-3.3-70b-instruct", "deepseek-r1-distill-llama-8b",
         "deepseek-r1-distill-llama-70b", "llama-3.1-8b-instruct-awq", "llama-3.3-70b-instruct-fp8-dynamic",
         "llama-3.3-70b-instruct-w8a8", "llama-3.1-8b-instruct-w4a16", "llama-3.1-8b-instruct-w8a8",
-        "llama-3.1-8b-instruct-bnb-4bit", "llama-3.1-8b-instruct-unsloth-bnb-4bit")},
+        "llama-3.1-8b-instruct-bnb-4bit", "llama-3.1-8b-instruct-unsloth-bnb-4bit", "llama-3.3-70b-instruct-fp4")},
     "llama-4-scout-17b-16e-instruct": (10485760,) * 4,
     # linear x8 over 131072: vLLM skips the factor for "gemma3" model types (from 0.8.0, with Gemma 3 support);
     # SGLang's get_context_length has no such exception; TGI's launcher reads the raw field.
@@ -39,6 +39,7 @@ PINNED = {
     # original_max_position_embeddings.
     **{name: (163840,) * 4 for name in ("deepseek-v2-lite-chat", "deepseek-v3", "deepseek-r1")},
     **{name: (131072,) * 4 for name in ("gpt-oss-20b", "gpt-oss-120b")},  # yarn x32 from 4096
+    "kimi-k2-instruct": (131072,) * 4,  # yarn x32 from 4096 = its max_position_embeddings 131072
 }
 
 
