@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from _threaded_app import serve_app
 from vramlab.observe.ollama import LoadedModel, OllamaSampler, changes, parse_ps
 
 # The example of Ollama's API reference for GET /api/ps (docs.ollama.com/api/ps): gemma3 with
@@ -146,32 +146,10 @@ class FakeOllama:
 
 @pytest.fixture()
 def ollama() -> Iterator[FakeOllama]:
-    from aiohttp import web
-
     fake = FakeOllama(keep_alive_s=2.0)
-    ready, box = threading.Event(), dict[str, Any]()
-
-    def serve() -> None:
-        async def main() -> None:
-            runner = web.AppRunner(fake.app())
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            fake.url = f"http://127.0.0.1:{port}"
-            box["stop"], box["loop"] = asyncio.Event(), asyncio.get_running_loop()
-            ready.set()
-            await box["stop"].wait()
-            await runner.cleanup()
-
-        asyncio.run(main())
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    assert ready.wait(10)
-    yield fake
-    box["loop"].call_soon_threadsafe(box["stop"].set)
-    t.join(5)
+    with serve_app(fake.app) as port:
+        fake.url = f"http://127.0.0.1:{port}"
+        yield fake
 
 
 def test_sampler_against_the_fake_records_bytes_and_events(ollama: FakeOllama) -> None:

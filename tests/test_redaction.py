@@ -3,19 +3,18 @@ reaches the store, a report, stdout/stderr or an event, even when the server ech
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from _threaded_app import serve_app
 from vramlab import redact as r
 
 VRAMLAB = [sys.executable, "-m", "vramlab"]
@@ -114,34 +113,17 @@ def echo_server() -> Iterator[str]:
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(text=f"# headers {dict(request.headers)}\nvllm:num_requests_waiting 0\n")
 
-    ready, box = threading.Event(), dict[str, Any]()
+    def app() -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", echo)
+        app.router.add_get("/v1/models", echo)
+        app.router.add_get("/version", echo)
+        app.router.add_get("/health", health)
+        app.router.add_get("/metrics", metrics)
+        return app
 
-    def serve() -> None:
-        async def main() -> None:
-            app = web.Application()
-            app.router.add_post("/v1/chat/completions", echo)
-            app.router.add_get("/v1/models", echo)
-            app.router.add_get("/version", echo)
-            app.router.add_get("/health", health)
-            app.router.add_get("/metrics", metrics)
-            runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            box["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            box["loop"], box["stop"] = asyncio.get_running_loop(), asyncio.Event()
-            ready.set()
-            await box["stop"].wait()
-            await runner.cleanup()
-
-        asyncio.run(main())
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    assert ready.wait(10)
-    yield f"127.0.0.1:{box['port']}"
-    box["loop"].call_soon_threadsafe(box["stop"].set)
-    t.join(5)
+    with serve_app(app) as port:
+        yield f"127.0.0.1:{port}"
 
 
 def _leak_plan(path: Path, host: str, base_url: str, key_env: str | None) -> Path:
@@ -325,30 +307,13 @@ def escaping_server() -> Iterator[str]:
         body = json.dumps({"error": {"message": f"upstream rejected {auth}", "token": auth.split()[-1]}})
         return web.Response(text=body.replace("/", "\\/"), status=500, content_type="application/json")
 
-    ready, box = threading.Event(), dict[str, Any]()
+    def app() -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", fail)
+        return app
 
-    def serve() -> None:
-        async def main() -> None:
-            app = web.Application()
-            app.router.add_post("/v1/chat/completions", fail)
-            runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            box["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            box["loop"], box["stop"] = asyncio.get_running_loop(), asyncio.Event()
-            ready.set()
-            await box["stop"].wait()
-            await runner.cleanup()
-
-        asyncio.run(main())
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    assert ready.wait(10)
-    yield f"127.0.0.1:{box['port']}"
-    box["loop"].call_soon_threadsafe(box["stop"].set)
-    t.join(5)
+    with serve_app(app) as port:
+        yield f"127.0.0.1:{port}"
 
 
 def test_a_key_echoed_json_escaped_in_a_500_body_is_not_stored(tmp_path: Path, escaping_server: str) -> None:
