@@ -19,10 +19,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vramlab import __version__
 from vramlab.drill.cotenant import CotenantOutOfMemory
 from vramlab.drill.detect import STOP_KINDS, WALL_CLOCK, Detector, Finding
 from vramlab.drill.herd import HerdMonitor
 from vramlab.drill.lifecycle import TargetLifecycle
+from vramlab.drill.load import window_lanes
 from vramlab.drill.local_targets import SimTarget, open_target
 from vramlab.drill.plan import DrillPlan
 from vramlab.drill.ramp import RampSteps, ramp_values
@@ -32,7 +34,7 @@ from vramlab.drill.watch import Watchers
 from vramlab.experiment.baseline_check import BaselineTally
 from vramlab.experiment.events import Event
 from vramlab.experiment.steps import StepOutcome, StepStrategy
-from vramlab.experiment.window import Lane, WindowExecutor, request_record
+from vramlab.experiment.window import WindowExecutor, request_record
 from vramlab.records import RunRecord, canonical_sha256, new_run_id
 from vramlab.records.store import Store
 
@@ -41,11 +43,6 @@ if TYPE_CHECKING:
     from vramlab.experiment.rollback import RollbackResult
     from vramlab.experiment.runner import Runner
     from vramlab.load.client import RequestResult
-
-# In the recovery phase a user whose connection was refused tries again within this: the first
-# successful request after a restart ("serving again") is timed to it, not to the user's back-off.
-PROBE_RESOLUTION_S = 0.25
-
 
 @dataclasses.dataclass
 class _Tallies:
@@ -111,7 +108,7 @@ class DrillKind:
         run = RunRecord(
             run_id=self.run_id, kind="drill", name=plan.name, plan=plan.model_dump(mode="json", by_alias=True),
             plan_hash=canonical_sha256(plan.model_dump(mode="json", by_alias=True)),
-            fixed={"engine": self._engine(), "vramlab_version": _version(), "host": os.uname().nodename,
+            fixed={"engine": self._engine(), "vramlab_version": __version__, "host": os.uname().nodename,
                    **({"model": plan.target.sim.model, "gpu_name": plan.target.sim.gpu} if plan.target.sim
                       else ({"model": plan.target.model} if plan.target.model else {}))},
             target={"kind": plan.target.kind, "environment": plan.target.environment,
@@ -380,34 +377,13 @@ class DrillKind:
 
     # -- load ---------------------------------------------------------------------------------
     async def _window(self, value: float | None, duration_s: float, step: int, ex: WindowExecutor | None = None) -> None:
-        from vramlab.load.driver import LoadShape, Window
-        from vramlab.load.prompts import synthetic_prompts
-        from vramlab.load.retry import RetryPolicy
-
-        plan, knob = self.plan, self.plan.ramp.knob
-        prompt_tokens = int(value) if (knob == "context" and value) else plan.load.prompt_tokens
-        users = int(value) if (knob == "concurrency" and value) else plan.load.concurrency
         phase, rnd = self.run.where.phase or "ramp", self.run.where.round or 0
-        prompts = synthetic_prompts(prompt_tokens, plan.load.max_tokens, 64, seed=rnd * 1000 + step)
-        retry = RetryPolicy(**plan.clients.model_dump())
-        window = Window(duration_s=duration_s, drain_s=min(1.0, plan.load.request_timeout_s))
 
-        def recorder_for(user: int) -> Any:
-            return lambda res: self._on_result(res, phase, rnd, step, value, user)
+        def record(res: RequestResult, user: int) -> None:
+            self._on_result(res, phase, rnd, step, value, user)
 
-        tag = "b" if phase == "baseline" else ("r" if phase == "recovery" else "s")
-        # one lane per closed-loop user (each its own seed and request ids), all in one window
-        cap = PROBE_RESOLUTION_S if phase == "recovery" else None  # recovery is timed to this, not to a back-off
-        lanes = [Lane(prompts, LoadShape(mode="closed", concurrency=1, max_tokens=plan.load.max_tokens, seed=u,
-                                         think_s=plan.load.think_time_s, error_backoff_max_s=cap), window,
-                      recorder_for(u), f"u{u}:{rnd}{tag}{step}-")
-                 for u in range(users)]
-        if knob == "batch" and value and phase == "ramp":
-            # a burst of `value` simultaneous requests at the start of the step, on top of the steady users
-            burst = Window(requests=int(value), max_s=duration_s, drain_s=window.drain_s)
-            lanes.append(Lane(prompts, LoadShape(mode="closed", concurrency=int(value), max_tokens=plan.load.max_tokens),
-                              burst, recorder_for(10_000), f"burst:{rnd}{step}-"))
-        await (ex or self.windows).run(lanes, retry, end_drain_s=plan.load.request_timeout_s + 0.5)
+        lanes, retry = window_lanes(self.plan, value, duration_s, phase, rnd, step, record)
+        await (ex or self.windows).run(lanes, retry, end_drain_s=self.plan.load.request_timeout_s + 0.5)
 
     def _on_result(self, res: RequestResult, phase: str, rnd: int, step: int, value: float | None, user: int) -> None:
         if res.error_class == "cancelled" and self.state.failed_at_s is not None:
@@ -441,10 +417,4 @@ class DrillKind:
                            "the whole recovery window)", amplification=amp, window_s=self.herd.window_s)
 
 
-def _version() -> str:
-    from vramlab import __version__
-
-    return __version__
-
-
-__all__ = ["PROBE_RESOLUTION_S", "DrillKind"]
+__all__ = ["DrillKind"]
