@@ -199,7 +199,10 @@ def weights_as_reported(ctx: Context) -> Component:
     online = online_fp8_load(ctx)
     if not sizes and not absorbed and not online:
         return weights
-    extra = online.rounding_bytes + online.kept_bf16_bytes if online else allocator.rounding_bytes(sizes) if sizes else 0
+    if online:
+        extra = online.rounding_bytes + online.kept_bf16_bytes
+    else:
+        extra = allocator.rounding_bytes(sizes) if sizes else 0
     note = weights.note
     if online and ctx.pp > 1:
         note += "; online FP8 at pipeline stages: the allocator's segments and the load's peak are not replayed"
