@@ -39,8 +39,9 @@ def pinned(cmd: list[str], cpus: list[int] | None) -> list[str]:
     return ["taskset", "-c", ",".join(map(str, cpus))] + cmd
 
 
-def start(nginx: str, folder: Path, locations: str, *, connections: int,
-          cpus: list[int] | None) -> tuple[subprocess.Popen[Any], str, str]:
+def start(
+    nginx: str, folder: Path, locations: str, *, connections: int, cpus: list[int] | None
+) -> tuple[subprocess.Popen[Any], str, str]:
     """Start nginx serving `locations` on a free loopback port: (process, URL, version)."""
     port = free_port()
     (folder / "tmp").mkdir(exist_ok=True)
@@ -71,16 +72,25 @@ http {{
 """)
     out = subprocess.run([nginx, "-v"], capture_output=True, text=True)
     version = (out.stderr or out.stdout).strip().split(":")[-1].strip()
-    proc = subprocess.Popen(pinned([nginx, "-c", str(conf), "-p", str(folder)], cpus),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        pinned([nginx, "-c", str(conf), "-p", str(folder)], cpus),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     return proc, f"http://127.0.0.1:{port}", version
 
 
 def start_stub(code: str, cpus: list[int] | None) -> tuple[subprocess.Popen[Any], Any]:
     """Run `code` (a stub endpoint that prints its URL(s) as one JSON line) in its own pinned process:
     (process, what it printed)."""
-    proc = subprocess.Popen(pinned([sys.executable, "-c", code], cpus), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        pinned([sys.executable, "-c", code], cpus),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     return proc, json.loads(proc.stdout.readline())
 

@@ -116,10 +116,14 @@ def gpu_for(row: dict[str, Any]):
 def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
     version_text = str(row.get("engine_version") or "")
     # "0.8.5.post1 (V0 engine)", "[~0.4.3, March 2025 ...]": the first release number written.
-    version = re.search(r"(?<![\w.])[vb]?[0-9]+\.[0-9][0-9a-z.+]*|(?<![\w.])b[0-9]{3,}(?![0-9a-z])", version_text)
+    version = re.search(
+        r"(?<![\w.])[vb]?[0-9]+\.[0-9][0-9a-z.+]*|(?<![\w.])b[0-9]{3,}(?![0-9a-z])", version_text
+    )
     mode = "v0" if "V0" in version_text else ("v1" if "V1" in version_text else None)
     dtype = str(row.get("dtype") or "auto").replace("torch.", "")
-    in_trainer = row.get("collection_group", "").startswith("unsloth") or bool((row.get("extra") or {}).get("in_trainer"))
+    in_trainer = row.get("collection_group", "").startswith("unsloth") or bool(
+        (row.get("extra") or {}).get("in_trainer")
+    )
     api_server = not in_trainer and (row.get("extra") or {}).get("api_server", True) is not False
     kwargs: dict[str, Any] = dict(
         engine=row.get("engine") or "vllm",
@@ -155,7 +159,9 @@ def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
             found = re.search(rf"'{key}': (\d+)", args_text)
             if found:
                 kwargs[key] = int(found.group(1))
-    elif (row.get("extra") or {}).get("max_lora_rank"):  # read off the source's own code (extra.max_lora_rank_source)
+    elif (row.get("extra") or {}).get(
+        "max_lora_rank"
+    ):  # read off the source's own code (extra.max_lora_rank_source)
         kwargs["enable_lora"] = True
         kwargs["max_lora_rank"] = int(row["extra"]["max_lora_rank"])
     if kwargs["engine"] == "sglang":
@@ -196,8 +202,9 @@ def scored_settings(row: dict[str, Any], s: EngineSettings) -> EngineSettings:
     return s if not conc_len or s.engine != "vllm" else s.with_(max_model_len=conc_len)
 
 
-def predicted(row: dict[str, Any], spec: ModelSpec, gpu, s: EngineSettings,
-              constants: Constants | None = None) -> dict[str, dict[str, float]]:
+def predicted(
+    row: dict[str, Any], spec: ModelSpec, gpu, s: EngineSettings, constants: Constants | None = None
+) -> dict[str, dict[str, float]]:
     conc_len = row.get("max_concurrency_tokens_per_request") or row.get("max_model_len")
     est = estimate(spec, gpu, scored_settings(row, s), constants)
     ours = {
@@ -210,10 +217,18 @@ def predicted(row: dict[str, Any], spec: ModelSpec, gpu, s: EngineSettings,
     util = s.gpu_memory_utilization or s.mem_fraction_static or 0.9
     w = est.weights_bytes
     length = conc_len or est.max_model_len
-    naive_per_tok = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 2 / max(1, s.tensor_parallel_size)
+    naive_per_tok = (
+        2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 2 / max(1, s.tensor_parallel_size)
+    )
     naive_kv = util * gpu.nominal_gb * GIB - w
-    gqa_per_tok = 2 * spec.num_layers * max(1, spec.num_kv_heads // s.tensor_parallel_size) * spec.head_dim * (
-        1 if "fp8" in (s.kv_cache_dtype or "") else 2) / s.pipeline_parallel_size
+    gqa_per_tok = (
+        2
+        * spec.num_layers
+        * max(1, spec.num_kv_heads // s.tensor_parallel_size)
+        * spec.head_dim
+        * (1 if "fp8" in (s.kv_cache_dtype or "") else 2)
+        / s.pipeline_parallel_size
+    )
     wkv_kv = util * gpu.memory_bytes - w
     if s.engine in ("llama.cpp", "transformers", "ollama"):
         # Fixed pools: a calculator sizes KV from the context it is given, not from a budget.
@@ -222,8 +237,12 @@ def predicted(row: dict[str, Any], spec: ModelSpec, gpu, s: EngineSettings,
     base = {}
     for name, kv, per in (("naive", naive_kv, naive_per_tok), ("weights+kv", wkv_kv, gqa_per_tok)):
         toks = max(0.0, kv) / per
-        base[name] = {"weights": w / GIB, "kv_cache_gib": kv / GIB, "kv_cache_tokens": toks,
-                      "max_concurrency": toks / length}
+        base[name] = {
+            "weights": w / GIB,
+            "kv_cache_gib": kv / GIB,
+            "kv_cache_tokens": toks,
+            "max_concurrency": toks / length,
+        }
     return {"vramlab": ours, **base}
 
 
@@ -241,14 +260,21 @@ def main() -> int:
     ap.add_argument("--data", type=Path, default=default_data_dir())
     ap.add_argument("--rows", action="store_true", help="print every row")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--no-calibration", action="store_true",
-                    help="skip the leave-one-out calibration table and the leave-one-group-out refits")
+    ap.add_argument(
+        "--no-calibration",
+        action="store_true",
+        help="skip the leave-one-out calibration table and the leave-one-group-out refits",
+    )
     args = ap.parse_args()
     rows_path = args.data / "observed_memory.jsonl"
     if not rows_path.exists():
         print(f"accuracy: no {rows_path}", file=sys.stderr)
         return 2
-    configs = json.loads((args.data / "model_configs.json").read_text()) if (args.data / "model_configs.json").exists() else {}
+    configs = (
+        json.loads((args.data / "model_configs.json").read_text())
+        if (args.data / "model_configs.json").exists()
+        else {}
+    )
     rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
     errs: dict[str, dict[str, list[tuple[dict[str, Any], float]]]] = {}
     skipped: list[tuple[str, str]] = []
@@ -269,8 +295,13 @@ def main() -> int:
             skipped.append((row["row_id"], str(exc)))
             continue
         obs = observed(row)
-        line = {"row": row["row_id"], "group": row.get("collection_group"), "model": row.get("model_hf_id"),
-                "version": row.get("engine_version"), "engine": row.get("engine")}
+        line = {
+            "row": row["row_id"],
+            "group": row.get("collection_group"),
+            "model": row.get("model_hf_id"),
+            "version": row.get("engine_version"),
+            "engine": row.get("engine"),
+        }
         for who, pred in preds.items():
             for metric in METRICS:
                 o = obs.get(metric)
@@ -287,9 +318,20 @@ def main() -> int:
     held_out = {} if args.no_calibration else leave_one_group_out(rows, configs)
     placement = local_engines.table(rows, lambda row: _plan(row, configs))
     if args.json:
-        print(json.dumps({"summary": summary, "rows": per_row, "skipped": skipped,
-                          "calibrated_loo": calibrated, "leave_one_group_out": held_out,
-                          "placement": placement}, indent=1, default=str))
+        print(
+            json.dumps(
+                {
+                    "summary": summary,
+                    "rows": per_row,
+                    "skipped": skipped,
+                    "calibrated_loo": calibrated,
+                    "leave_one_group_out": held_out,
+                    "placement": placement,
+                },
+                indent=1,
+                default=str,
+            )
+        )
         return 0
     if args.rows:
         for line in per_row:
@@ -323,8 +365,11 @@ def _plan(row: dict[str, Any], configs: dict[str, Any]):
 
 
 GROUPED_FIELDS = {  # observed_memory.jsonl field (GiB) -> calibration field (bytes)
-    "weights_gib": "weights_bytes", "activation_peak_gib": "activation_peak_bytes",
-    "non_torch_gib": "non_torch_bytes", "cuda_graph_gib": "cuda_graph_bytes", "kv_cache_gib": "kv_cache_bytes",
+    "weights_gib": "weights_bytes",
+    "activation_peak_gib": "activation_peak_bytes",
+    "non_torch_gib": "non_torch_bytes",
+    "cuda_graph_gib": "cuda_graph_bytes",
+    "kv_cache_gib": "kv_cache_bytes",
 }
 
 
@@ -362,9 +407,17 @@ def calibrated_loo(rows: list[dict[str, Any]], configs: dict[str, Any]) -> list[
             continue
         result = fit([c for r, c in engine_cases if not _fork(r)], engine)
         for e in result.loo:
-            out.append({"engine": engine, "field": e.field, "n": e.n, "median_before": 100 * e.median_before,
-                        "median_after": 100 * e.median_after, "p90_before": 100 * e.p90_before,
-                        "p90_after": 100 * e.p90_after})
+            out.append(
+                {
+                    "engine": engine,
+                    "field": e.field,
+                    "n": e.n,
+                    "median_before": 100 * e.median_before,
+                    "median_after": 100 * e.median_after,
+                    "p90_before": 100 * e.p90_before,
+                    "p90_after": 100 * e.p90_after,
+                }
+            )
     return out
 
 
@@ -374,7 +427,9 @@ def _fork(row: dict[str, Any]) -> bool:
     return bool((row.get("extra") or {}).get("fork"))
 
 
-def cases_by_engine(rows: list[dict[str, Any]], configs: dict[str, Any]) -> dict[str, list[tuple[dict[str, Any], Any]]]:
+def cases_by_engine(
+    rows: list[dict[str, Any]], configs: dict[str, Any]
+) -> dict[str, list[tuple[dict[str, Any], Any]]]:
     out: dict[str, list[tuple[dict[str, Any], Any]]] = {}
     for row in rows:
         try:
@@ -394,13 +449,25 @@ def cases_by_engine(rows: list[dict[str, Any]], configs: dict[str, Any]) -> dict
 # Which shipped defaults were set by reading a group's own rows (constants.py names the sources).
 # For these the held-out figure of that group is not fully held out, and the report says so.
 DEFAULTS_SET_FROM = {
-    "llm-d-planner-v0.19.0-sweep": ["sampler_bytes_per_seq_vocab", "forward_intermediate_copies",
-                                    "forward_hidden_copies", "moe_workspace_copies", "non_torch_forward_bytes",
-                                    "non_torch_forward_tp_bytes", "non_torch_forward_pp_bytes", "cuda_context_bytes",
-                                    "nccl_init_bytes", "cuda_graph_base_bytes", "cuda_graph_per_layer_bytes"],
+    "llm-d-planner-v0.19.0-sweep": [
+        "sampler_bytes_per_seq_vocab",
+        "forward_intermediate_copies",
+        "forward_hidden_copies",
+        "moe_workspace_copies",
+        "non_torch_forward_bytes",
+        "non_torch_forward_tp_bytes",
+        "non_torch_forward_pp_bytes",
+        "cuda_context_bytes",
+        "nccl_init_bytes",
+        "cuda_graph_base_bytes",
+        "cuda_graph_per_layer_bytes",
+    ],
     "llm-d-planner-version-sweep": ["legacy_sampler_bytes_per_seq_vocab"],
     "unslothai-notebooks": ["legacy_sampler_bytes_per_seq_vocab", "v0_non_torch_bytes"],
-    "dennislee22-vLLM-benchmarking": ["flashinfer_sampler_bytes_per_seq_vocab", "non_torch_forward_tp_nonvls_bytes"],
+    "dennislee22-vLLM-benchmarking": [
+        "flashinfer_sampler_bytes_per_seq_vocab",
+        "non_torch_forward_tp_nonvls_bytes",
+    ],
     "public-logs-vllm-v0-tp": ["v0_non_torch_tp_nvswitch_bytes"],
     "public-logs-sglang": ["nccl_init_pcie_bytes"],
 }
@@ -439,8 +506,12 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
                     continue
                 est = estimate(case.model, case.gpu, case.settings, constants)
                 on_default |= {c.name for c in est.components if c.provenance == "default"}
-                pred = {"weights": est.weights_bytes / GIB, "kv_cache_gib": est.kv_available_bytes / GIB,
-                        "kv_cache_tokens": float(est.kv_cache_tokens), "max_concurrency": est.max_concurrency}
+                pred = {
+                    "weights": est.weights_bytes / GIB,
+                    "kv_cache_gib": est.kv_available_bytes / GIB,
+                    "kv_cache_tokens": float(est.kv_cache_tokens),
+                    "max_concurrency": est.max_concurrency,
+                }
                 pred.update(local_engines.scored(row, est) or {})
                 obs = observed(row)
                 scored = band_score(est, obs, pred.get("kv_cache_gib"))
@@ -455,14 +526,22 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
                     group_errs.setdefault(metric, []).append(abs(e))
             # a group whose rows span engines is scored per engine: one entry each, none overwritten
             groups[group if group not in groups else f"{group} ({engine})"] = {
-                "engine": engine, "refit": refit, "n_train": len(train), "fitted": fitted,
-                "why": "" if refit else (f"only {len(train)} {engine} rows outside it: shipped defaults" if result is None
-                                         else f"the {len(train)} {engine} rows outside it refit no constant: "
-                                              "shipped defaults"),
+                "engine": engine,
+                "refit": refit,
+                "n_train": len(train),
+                "fitted": fitted,
+                "why": ""
+                if refit
+                else (
+                    f"only {len(train)} {engine} rows outside it: shipped defaults"
+                    if result is None
+                    else f"the {len(train)} {engine} rows outside it refit no constant: shipped defaults"
+                ),
                 "defaults_set_from_this_group": DEFAULTS_SET_FROM.get(group, []),
                 "components_on_defaults": sorted(on_default),
                 "metrics": {m: (len(v), statistics.median(v), pct(v, 0.9)) for m, v in group_errs.items()},
             }
+
     def pool(keep) -> dict[str, Any]:
         out = {}
         for m, v in errs.items():
@@ -471,20 +550,25 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
                 out[m] = {"n": len(xs), "median": statistics.median(xs), "p90": pct(xs, 0.9)}
         return out
 
-    return {"groups": groups, "pooled": pool(lambda g: True),
-            "pooled_outside_the_019_sweep": pool(lambda g: g != "llm-d-planner-v0.19.0-sweep"),
-            "pooled_public_logs": pool(lambda g: g.startswith("public-logs-")),
-            # rows collected after the model was written and committed before they were first scored
-            # (benchmarks/data/README.md, "Never-seen rows"): the "logs never seen" figure
-            "pooled_unseen": pool(lambda g: g.startswith("unseen-")),
-            "bands": band_coverage(bands)}
+    return {
+        "groups": groups,
+        "pooled": pool(lambda g: True),
+        "pooled_outside_the_019_sweep": pool(lambda g: g != "llm-d-planner-v0.19.0-sweep"),
+        "pooled_public_logs": pool(lambda g: g.startswith("public-logs-")),
+        # rows collected after the model was written and committed before they were first scored
+        # (benchmarks/data/README.md, "Never-seen rows"): the "logs never seen" figure
+        "pooled_unseen": pool(lambda g: g.startswith("unseen-")),
+        "bands": band_coverage(bands),
+    }
 
 
 def print_held_out(held_out: dict[str, Any], summary: dict[str, Any]) -> None:
     print()
     print("Leave-one-group-out (constants refitted without the group scored), |error| median / p90 %,")
     print("beside the in-sample defaults and the two baselines on the same group:")
-    print(f"  {'group':32} {'metric':16} {'n':>3} {'held-out':>15} {'in-sample':>15} {'naive':>15} {'weights+kv':>15}")
+    print(
+        f"  {'group':32} {'metric':16} {'n':>3} {'held-out':>15} {'in-sample':>15} {'naive':>15} {'weights+kv':>15}"
+    )
     for group, g in held_out["groups"].items():
         for metric in METRICS:
             if metric not in g["metrics"]:
@@ -494,23 +578,37 @@ def print_held_out(held_out: dict[str, Any], summary: dict[str, Any]) -> None:
             for who in ("vramlab", "naive", "weights+kv"):
                 st = summary.get(who, {}).get(metric, {}).get("by_group", {}).get(group)
                 cells.append(f"{st[1]:6.1f} /{st[2]:6.1f}" if st else f"{'-':>15}")
-            print(f"  {group:32} {metric:16} {n:3} {med:6.1f} /{p90:6.1f} " + " ".join(f"{c:>15}" for c in cells))
+            print(
+                f"  {group:32} {metric:16} {n:3} {med:6.1f} /{p90:6.1f} "
+                + " ".join(f"{c:>15}" for c in cells)
+            )
         if not g["refit"]:
             print(f"  {'':32} not refitted: {g['why']}")
         if g["defaults_set_from_this_group"]:
-            print(f"  {'':32} defaults set from this group's own rows (not held out): "
-                  f"{', '.join(g['defaults_set_from_this_group'])}")
-    for key, label in (("pooled", "every row"), ("pooled_outside_the_019_sweep", "outside the 0.19 H100 sweep"),
-                       ("pooled_public_logs", "public-logs-* groups only"),
-                       ("pooled_unseen", "unseen-* (never-seen) groups")):
+            print(
+                f"  {'':32} defaults set from this group's own rows (not held out): "
+                f"{', '.join(g['defaults_set_from_this_group'])}"
+            )
+    for key, label in (
+        ("pooled", "every row"),
+        ("pooled_outside_the_019_sweep", "outside the 0.19 H100 sweep"),
+        ("pooled_public_logs", "public-logs-* groups only"),
+        ("pooled_unseen", "unseen-* (never-seen) groups"),
+    ):
         pooled = held_out[key]
-        kv, w, conc = pooled.get("kv_cache_gib", {}), pooled.get("weights", {}), pooled.get("max_concurrency", {})
+        kv, w, conc = (
+            pooled.get("kv_cache_gib", {}),
+            pooled.get("weights", {}),
+            pooled.get("max_concurrency", {}),
+        )
         tok = pooled.get("kv_cache_tokens", {})
-        print(f"held-out, {label:27} (n={kv.get('n', 0):3}): KV median {kv.get('median', math.nan):5.2f}% "
-              f"p90 {kv.get('p90', math.nan):5.2f}% | weights median {w.get('median', math.nan):.2f}% | "
-              f"concurrency median {conc.get('median', math.nan):.2f}% p90 {conc.get('p90', math.nan):.2f}% | "
-              f"KV tokens (n={tok.get('n', 0)}; SGLang and TGI print only tokens) median "
-              f"{tok.get('median', math.nan):.2f}% p90 {tok.get('p90', math.nan):.2f}%")
+        print(
+            f"held-out, {label:27} (n={kv.get('n', 0):3}): KV median {kv.get('median', math.nan):5.2f}% "
+            f"p90 {kv.get('p90', math.nan):5.2f}% | weights median {w.get('median', math.nan):.2f}% | "
+            f"concurrency median {conc.get('median', math.nan):.2f}% p90 {conc.get('p90', math.nan):.2f}% | "
+            f"KV tokens (n={tok.get('n', 0)}; SGLang and TGI print only tokens) median "
+            f"{tok.get('median', math.nan):.2f}% p90 {tok.get('p90', math.nan):.2f}%"
+        )
     print_bands(held_out["bands"])
 
 
@@ -527,7 +625,10 @@ def summarize(errs: dict[str, dict[str, list[tuple[dict[str, Any], float]]]]) ->
                 key = f"{row.get('engine')} {str(row.get('engine_version')).split(' ')[0]}"
                 by_version.setdefault(key, []).append(abs(e))
             out[who][metric] = {
-                "n": len(ape), "median": statistics.median(ape), "p90": pct(ape, 0.9), "max": max(ape),
+                "n": len(ape),
+                "median": statistics.median(ape),
+                "p90": pct(ape, 0.9),
+                "max": max(ape),
                 "signed_median": statistics.median([e for _, e in items]),
                 "by_group": {g: (len(v), statistics.median(v), pct(v, 0.9)) for g, v in by_group.items()},
                 "by_version": {g: (len(v), statistics.median(v)) for g, v in sorted(by_version.items())},
@@ -535,8 +636,9 @@ def summarize(errs: dict[str, dict[str, list[tuple[dict[str, Any], float]]]]) ->
     return out
 
 
-def print_summary(summary: dict[str, Any], n_rows: int, skipped: list[tuple[str, str]],
-                  calibrated: list[dict[str, Any]]) -> None:
+def print_summary(
+    summary: dict[str, Any], n_rows: int, skipped: list[tuple[str, str]], calibrated: list[dict[str, Any]]
+) -> None:
     ours = summary.get("vramlab", {})
     print("Per collection group (vramlab, |error| median / p90, %):")
     groups = sorted({g for m in ours.values() for g in m["by_group"]})
@@ -558,24 +660,30 @@ def print_summary(summary: dict[str, Any], n_rows: int, skipped: list[tuple[str,
         print("Calibrated on the other rows (vramlab calibrate, leave-one-out), |error| %:")
         print(f"  {'engine':8} {'field':24} {'n':>4} {'defaults med/p90':>18} {'calibrated med/p90':>20}")
         for c in calibrated:
-            print(f"  {c['engine']:8} {c['field']:24} {c['n']:4} {c['median_before']:8.2f} /{c['p90_before']:7.2f}"
-                  f"   {c['median_after']:9.2f} /{c['p90_after']:7.2f}")
+            print(
+                f"  {c['engine']:8} {c['field']:24} {c['n']:4} {c['median_before']:8.2f} /{c['p90_before']:7.2f}"
+                f"   {c['median_after']:9.2f} /{c['p90_after']:7.2f}"
+            )
     print()
     print(f"{'predictor':12} {'metric':16} {'n':>4} {'median%':>8} {'p90%':>8} {'max%':>8} {'signed%':>8}")
     for who in ("naive", "weights+kv", "vramlab"):
         for metric in METRICS:
             st = summary.get(who, {}).get(metric)
             if st:
-                print(f"{who:12} {metric:16} {st['n']:4} {st['median']:8.2f} {st['p90']:8.2f} {st['max']:8.1f} "
-                      f"{st['signed_median']:+8.2f}")
+                print(
+                    f"{who:12} {metric:16} {st['n']:4} {st['median']:8.2f} {st['p90']:8.2f} {st['max']:8.1f} "
+                    f"{st['signed_median']:+8.2f}"
+                )
     print("targets: weights median <= 2%; KV bytes median <= 3%, p90 <= 8%; concurrency median <= 3%")
     if ours:
         kv = ours.get("kv_cache_gib", {})
         w = ours.get("weights", {})
         conc = ours.get("max_concurrency", {})
-        print(f"vramlab: weights median {w.get('median', math.nan):.2f}% | KV median {kv.get('median', math.nan):.2f}% "
-              f"p90 {kv.get('p90', math.nan):.2f}% | concurrency median {conc.get('median', math.nan):.2f}% "
-              f"p90 {conc.get('p90', math.nan):.2f}%")
+        print(
+            f"vramlab: weights median {w.get('median', math.nan):.2f}% | KV median {kv.get('median', math.nan):.2f}% "
+            f"p90 {kv.get('p90', math.nan):.2f}% | concurrency median {conc.get('median', math.nan):.2f}% "
+            f"p90 {conc.get('p90', math.nan):.2f}%"
+        )
 
 
 if __name__ == "__main__":

@@ -20,16 +20,22 @@ def printed_slack(value: float) -> float:
     """Half the last digit the figure was printed with (Ollama prints "9.5 GiB": 0.05), at least PRINTED_GIB."""
     text = repr(value)
     decimals = len(text.split(".", 1)[1]) if "." in text and "e" not in text else 0
-    return max(PRINTED_GIB, 0.5 * 10 ** -decimals)
+    return max(PRINTED_GIB, 0.5 * 10**-decimals)
 
 
-def band_score(est: Any, obs: dict[str, float | None], planned_gib: float | None = None) -> tuple[bool, float, str] | None:
+def band_score(
+    est: Any, obs: dict[str, float | None], planned_gib: float | None = None
+) -> tuple[bool, float, str] | None:
     """(the measured KV pool lies inside the plan's band, the band's width as % of the planned value, the
     measurement) for one row: GiB where the log prints them (signed, like kv_available_bytes), else tokens."""
     if obs.get("kv_cache_gib") is not None:
         low, high = (b / GIB for b in est.extra["kv_band_bytes"])
-        seen, mid, slack, what = float(obs["kv_cache_gib"]), est.kv_available_bytes / GIB, printed_slack(
-            float(obs["kv_cache_gib"])), "GiB"
+        seen, mid, slack, what = (
+            float(obs["kv_cache_gib"]),
+            est.kv_available_bytes / GIB,
+            printed_slack(float(obs["kv_cache_gib"])),
+            "GiB",
+        )
         if planned_gib is not None and mid and planned_gib != mid:
             # the figure the log prints is not the plan's first-card pool (llama.cpp over several cards, Ollama's
             # whole-model KV with some layers on the host): benchmarks/local_engines.py plans that figure, and
@@ -55,23 +61,34 @@ def band_coverage(bands: list[tuple[dict[str, Any], str, bool, float, str]]) -> 
         for key, keep in (("unseen", lambda g: g.startswith("unseen-")), ("all", lambda g: True)):
             xs = [b for b in mine if keep(str(b[0].get("collection_group")))]
             if xs:
-                entry[key] = {"n": len(xs), "inside": sum(b[2] for b in xs) / len(xs),
-                              "mean_width": statistics.mean(b[3] for b in xs),
-                              "outside_rows": sorted(str(b[0]["row_id"]) for b in xs if not b[2])}
+                entry[key] = {
+                    "n": len(xs),
+                    "inside": sum(b[2] for b in xs) / len(xs),
+                    "mean_width": statistics.mean(b[3] for b in xs),
+                    "outside_rows": sorted(str(b[0]["row_id"]) for b in xs if not b[2]),
+                }
         out[engine] = entry
     return out
 
 
 def print_bands(bands: dict[str, Any]) -> None:
     print()
-    print("Band coverage, held-out: the share of measured KV pools (GiB where printed, else tokens) inside the")
+    print(
+        "Band coverage, held-out: the share of measured KV pools (GiB where printed, else tokens) inside the"
+    )
     print("plan's band, and the band's mean width (high - low, % of the planned value):")
-    print(f"  {'engine':12} {'never-seen: n':>13} {'inside':>7} {'width':>7}   {'every row: n':>12} {'inside':>7} "
-          f"{'width':>7}   outside (never-seen)")
+    print(
+        f"  {'engine':12} {'never-seen: n':>13} {'inside':>7} {'width':>7}   {'every row: n':>12} {'inside':>7} "
+        f"{'width':>7}   outside (never-seen)"
+    )
     for engine, entry in bands.items():
         cells = []
         for key in ("unseen", "all"):
             e = entry.get(key)
-            cells.append(f"{e['n']:>13} {e['inside']:7.1%} {e['mean_width']:6.1f}%" if e else f"{'-':>13} {'':7} {'':7}")
+            cells.append(
+                f"{e['n']:>13} {e['inside']:7.1%} {e['mean_width']:6.1f}%"
+                if e
+                else f"{'-':>13} {'':7} {'':7}"
+            )
         outside = ", ".join(entry.get("unseen", {}).get("outside_rows", [])) or "-"
         print(f"  {engine:12} {cells[0]}   {cells[1][1:]}   {outside}")

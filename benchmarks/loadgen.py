@@ -42,8 +42,13 @@ HERE = Path(__file__).resolve().parent
 CHUNK = '{"id":"b","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"ok"}}]}'
 USAGE = '{"id":"b","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":1}}'
 SSE = f"data: {CHUNK}\\n\\ndata: {USAGE}\\n\\ndata: [DONE]\\n\\n"
-NAMES = {"vramlab": "vramlab (client + driver)", "vramlab-aiohttp": "vramlab on aiohttp", "locust": "locust FastHttpUser",
-         "aiohttp": "plain asyncio + aiohttp", "aiohttp-uvloop": "plain aiohttp on uvloop"}
+NAMES = {
+    "vramlab": "vramlab (client + driver)",
+    "vramlab-aiohttp": "vramlab on aiohttp",
+    "locust": "locust FastHttpUser",
+    "aiohttp": "plain asyncio + aiohttp",
+    "aiohttp-uvloop": "plain aiohttp on uvloop",
+}
 
 
 def _cpu_model() -> str:
@@ -73,8 +78,10 @@ class Endpoint:
         nginx = find_nginx()
         self.kind = "nginx" if kind in ("auto", "nginx") and nginx else "stub"
         if kind == "nginx" and self.kind != "nginx":
-            raise SystemExit("loadgen: --server nginx, but nginx or its echo module is missing "
-                             "(apt-get install -y nginx-light)")
+            raise SystemExit(
+                "loadgen: --server nginx, but nginx or its echo module is missing "
+                "(apt-get install -y nginx-light)"
+            )
         self._nginx, self.proc, self.url, self.hold_url = nginx, None, "", ""
         self.version = ""
 
@@ -86,7 +93,10 @@ class Endpoint:
         return self
 
     def _start_nginx(self) -> None:
-        self.proc, self.url, self.version = start_nginx(self._nginx or "nginx", self.dir, f"""\
+        self.proc, self.url, self.version = start_nginx(
+            self._nginx or "nginx",
+            self.dir,
+            f"""\
         location = /v1/chat/completions {{
             default_type text/event-stream;
             return 200 '{SSE}';
@@ -96,21 +106,26 @@ class Endpoint:
             echo_read_request_body;
             echo_sleep {self.hold_s};
             echo -n '{SSE}';
-        }}""", connections=4096, cpus=[self.cpu] if self.cpu is not None else None)
+        }}""",
+            connections=4096,
+            cpus=[self.cpu] if self.cpu is not None else None,
+        )
         self.hold_url = self.url + "/hold"
         self._wait_up()
 
     def _start_stub(self) -> None:
-        code = ("import asyncio, json, sys\n"
-                "from vramlab.load.stub import StubBehaviour, StubServer\n"
-                "class Drop(list):\n    def append(self, x): pass\n"
-                "async def main():\n"
-                "    fast = StubServer(StubBehaviour(seen=Drop()))\n"
-                f"    hold = StubServer(StubBehaviour(ttft_s={self.hold_s}, seen=Drop()))\n"
-                "    async with fast, hold:\n"
-                "        print(json.dumps([fast.url, hold.url]), flush=True)\n"
-                "        await asyncio.Event().wait()\n"
-                "asyncio.run(main())\n")
+        code = (
+            "import asyncio, json, sys\n"
+            "from vramlab.load.stub import StubBehaviour, StubServer\n"
+            "class Drop(list):\n    def append(self, x): pass\n"
+            "async def main():\n"
+            "    fast = StubServer(StubBehaviour(seen=Drop()))\n"
+            f"    hold = StubServer(StubBehaviour(ttft_s={self.hold_s}, seen=Drop()))\n"
+            "    async with fast, hold:\n"
+            "        print(json.dumps([fast.url, hold.url]), flush=True)\n"
+            "        await asyncio.Event().wait()\n"
+            "asyncio.run(main())\n"
+        )
         self.proc, (self.url, self.hold_url) = start_stub(code, [self.cpu] if self.cpu is not None else None)
         self.version = "vramlab.load.stub (aiohttp server)"
 
@@ -121,23 +136,62 @@ class Endpoint:
         stop(self.proc)
 
 
-def _run_one(tool: str, mode: str, ep: Endpoint, a: argparse.Namespace, cpu: int | None, tmp: Path,
-             profile: str | None = None) -> dict[str, Any]:
-    cfg = {"profile": profile, "url": ep.url, "hold_url": ep.hold_url, "warmup_s": a.warmup_s, "measure_s": a.measure_s,
-           "conc": a.conc, "streams": a.streams, "hold_s": a.hold_s, "probe_rate": a.probe_rate,
-           "probe_cap": a.probe_cap}
+def _run_one(
+    tool: str,
+    mode: str,
+    ep: Endpoint,
+    a: argparse.Namespace,
+    cpu: int | None,
+    tmp: Path,
+    profile: str | None = None,
+) -> dict[str, Any]:
+    cfg = {
+        "profile": profile,
+        "url": ep.url,
+        "hold_url": ep.hold_url,
+        "warmup_s": a.warmup_s,
+        "measure_s": a.measure_s,
+        "conc": a.conc,
+        "streams": a.streams,
+        "hold_s": a.hold_s,
+        "probe_rate": a.probe_rate,
+        "probe_cap": a.probe_cap,
+    }
     bound = a.warmup_s + a.measure_s + 5 * a.hold_s + 30  # every run also stops by itself before this
     if tool == "locust":
         out = tmp / f"locust-{mode}-{time.monotonic_ns()}.json"
         probe_users = max(1, min(100, int(a.probe_rate / 10)))
-        env = {**os.environ, "RESULT_JSON": str(out), "WARMUP_S": str(a.warmup_s), "MEASURE_S": str(a.measure_s),
-               "STREAMS": str(a.streams), "PROBE_USERS": str(probe_users), "PROBE_RATE": str(a.probe_rate),
-               "BASE_URL": ep.url, "HOLD_URL": ep.hold_url, "HOLD_S": str(a.hold_s), "MEASURE_NAME": "rate" if mode == "rate" else "probe"}
-        users, classes = (a.conc, ["RateUser"]) if mode == "rate" else (a.streams + probe_users,
-                                                                          ["HoldUser", "ProbeUser"])
-        cmd = [str(Path(sys.executable).with_name("locust")), "-f", str(HERE / "loadgen_locust.py"), "--headless",
-               "--only-summary", "--skip-log-setup", "-u", str(users), "-r", str(users),
-               "-t", f"{int(bound)}s", *classes]
+        env = {
+            **os.environ,
+            "RESULT_JSON": str(out),
+            "WARMUP_S": str(a.warmup_s),
+            "MEASURE_S": str(a.measure_s),
+            "STREAMS": str(a.streams),
+            "PROBE_USERS": str(probe_users),
+            "PROBE_RATE": str(a.probe_rate),
+            "BASE_URL": ep.url,
+            "HOLD_URL": ep.hold_url,
+            "HOLD_S": str(a.hold_s),
+            "MEASURE_NAME": "rate" if mode == "rate" else "probe",
+        }
+        users, classes = (
+            (a.conc, ["RateUser"]) if mode == "rate" else (a.streams + probe_users, ["HoldUser", "ProbeUser"])
+        )
+        cmd = [
+            str(Path(sys.executable).with_name("locust")),
+            "-f",
+            str(HERE / "loadgen_locust.py"),
+            "--headless",
+            "--only-summary",
+            "--skip-log-setup",
+            "-u",
+            str(users),
+            "-r",
+            str(users),
+            "-t",
+            f"{int(bound)}s",
+            *classes,
+        ]
         proc = subprocess.run(_pinned(cmd, cpu), env=env, capture_output=True, text=True, timeout=bound + 15)
         if not out.exists():
             raise RuntimeError(f"locust {mode} wrote no result: {proc.stderr[-800:]}")
@@ -165,37 +219,50 @@ def _table(results: dict[str, dict[str, list[dict[str, Any]]]], a: argparse.Name
         rate = modes.get("rate", [])
         for r in rate:
             r["per_core"] = per_core(r)
-        summary[tool] = {"rps": _median(rate, "rps"), "per_core": _median(rate, "per_core"),
-                         "cpu": _median(rate, "client_cpu_pct"),
-                         "p99": _median(modes.get("overhead", []), "p99_ms"),
-                         "p50": _median(modes.get("overhead", []), "p50_ms"),
-                         "errors": sum(r["errors"] for m in modes.values() for r in m),
-                         "loop": (rate or modes.get("overhead") or [{}])[0].get("loop", ""),
-                         "client": (rate or modes.get("overhead") or [{}])[0].get("client", "aiohttp")}
+        summary[tool] = {
+            "rps": _median(rate, "rps"),
+            "per_core": _median(rate, "per_core"),
+            "cpu": _median(rate, "client_cpu_pct"),
+            "p99": _median(modes.get("overhead", []), "p99_ms"),
+            "p50": _median(modes.get("overhead", []), "p50_ms"),
+            "errors": sum(r["errors"] for m in modes.values() for r in m),
+            "loop": (rate or modes.get("overhead") or [{}])[0].get("loop", ""),
+            "client": (rate or modes.get("overhead") or [{}])[0].get("client", "aiohttp"),
+        }
     ref = summary.get("locust", {}).get("per_core")
     base = summary.get("aiohttp-uvloop", {})
-    lines = [f"{'tool':<28} {'loop':<8} {'http client':<12} {'req/s':>8} {'req/s/core':>11} {'cpu %':>6} "
-             f"{'P50 ms':>7} {'P99 ms':>7} {'vs locust':>9} {'vs uvloop':>9} {'P99 vs uvloop':>13} {'errors':>6}"]
+    lines = [
+        f"{'tool':<28} {'loop':<8} {'http client':<12} {'req/s':>8} {'req/s/core':>11} {'cpu %':>6} "
+        f"{'P50 ms':>7} {'P99 ms':>7} {'vs locust':>9} {'vs uvloop':>9} {'P99 vs uvloop':>13} {'errors':>6}"
+    ]
     for tool, s in summary.items():
+
         def f(v: float | None, fmt: str) -> str:
             return "-" if v is None else format(v, fmt)
+
         ratio = f"{s['per_core'] / ref:.2f}x" if ref and s["per_core"] else "-"
         vs = f"{s['per_core'] / base['per_core']:.2f}x" if base.get("per_core") and s["per_core"] else "-"
         vs99 = f"{s['p99'] / base['p99']:.2f}x" if base.get("p99") and s["p99"] is not None else "-"
         client = "gevent" if tool == "locust" else ("fasthttp" if s["client"] == "fast" else s["client"])
-        lines.append(f"{NAMES[tool]:<28} {s['loop']:<8} {client:<12} {f(s['rps'], '.0f'):>8} "
-                     f"{f(s['per_core'], '.0f'):>11} {f(s['cpu'], '.0f'):>6} {f(s['p50'], '.2f'):>7} "
-                     f"{f(s['p99'], '.2f'):>7} {ratio:>9} {vs:>9} {vs99:>13} {s['errors']:>6}")
+        lines.append(
+            f"{NAMES[tool]:<28} {s['loop']:<8} {client:<12} {f(s['rps'], '.0f'):>8} "
+            f"{f(s['per_core'], '.0f'):>11} {f(s['cpu'], '.0f'):>6} {f(s['p50'], '.2f'):>7} "
+            f"{f(s['p99'], '.2f'):>7} {ratio:>9} {vs:>9} {vs99:>13} {s['errors']:>6}"
+        )
     noise = results.get("noise", {}).get("overhead", [])
     if noise:
-        lines.append(f"floor: a bare process sleeping to the same probe schedule on the client core wakes late by "
-                     f"P50 {_median(noise, 'p50_ms'):.2f} ms, P99 {_median(noise, 'p99_ms'):.2f} ms "
-                     "(neighbours, hypervisor): no client's P99 beats that")
+        lines.append(
+            f"floor: a bare process sleeping to the same probe schedule on the client core wakes late by "
+            f"P50 {_median(noise, 'p50_ms'):.2f} ms, P99 {_median(noise, 'p99_ms'):.2f} ms "
+            "(neighbours, hypervisor): no client's P99 beats that"
+        )
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="a tiny bounded run (a few hundred requests), 1 rep")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--warmup-s", type=float, default=2.0)
@@ -208,8 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server", choices=["auto", "nginx", "stub"], default="auto")
     p.add_argument("--tools", default="vramlab,vramlab-aiohttp,locust,aiohttp,aiohttp-uvloop")
     p.add_argument("--json", action="store_true", help="print every run's raw result as JSON too")
-    p.add_argument("--profile", action="store_true", help="after the measured runs, one more run of each "
-                   "tool's rate mode under cProfile (not measured): where the CPU goes per request")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the measured runs, one more run of each "
+        "tool's rate mode under cProfile (not measured): where the CPU goes per request",
+    )
     p.add_argument("-o", "--output", help="also write the report to this file")
     a = p.parse_args(argv)
     if a.quick:
@@ -232,17 +303,24 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the endpoint is stopped on the way out
     client_cpu, server_cpu = _cpus()
     load_start = os.getloadavg()
-    results: dict[str, dict[str, list[dict[str, Any]]]] = {t: {"rate": [], "overhead": []} for t in tools + ["noise"]}
-    with tempfile.TemporaryDirectory(prefix="vramlab-loadgen-") as td, \
-            Endpoint(a.server, a.hold_s, server_cpu, Path(td)) as ep:
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {
+        t: {"rate": [], "overhead": []} for t in tools + ["noise"]
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="vramlab-loadgen-") as td,
+        Endpoint(a.server, a.hold_s, server_cpu, Path(td)) as ep,
+    ):
         for rep in range(a.reps):
             for mode in ("rate", "overhead"):
                 for tool in tools + (["noise"] if mode == "overhead" else []):  # interleaved: a noisy
                     # neighbour hits every tool alike
                     res = _run_one(tool, mode, ep, a, client_cpu, Path(td))
                     results[tool][mode].append(res)
-                    print(f"rep {rep + 1}/{a.reps} {mode:<8} {tool:<15} {json.dumps(res)}", file=sys.stderr,
-                          flush=True)
+                    print(
+                        f"rep {rep + 1}/{a.reps} {mode:<8} {tool:<15} {json.dumps(res)}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         profiles = {}
         if a.profile:
             for tool in [t for t in tools if t != "locust"]:
@@ -250,28 +328,38 @@ def main(argv: list[str] | None = None) -> int:
                 _run_one(tool, "rate", ep, a, client_cpu, Path(td), profile=str(path))
                 profiles[tool] = path.read_text() if path.exists() else "(no profile written)"
 
-    head = [f"vramlab load-generator benchmark ({time.strftime('%Y-%m-%d %H:%M')}, {platform.node()})",
-            f"endpoint: {ep.kind} ({ep.version}) on 127.0.0.1, pinned to CPU {server_cpu}; clients pinned to CPU "
-            f"{client_cpu}" if client_cpu is not None else f"endpoint: {ep.kind} ({ep.version}); NOT pinned "
-            "(fewer than 2 CPUs)",
-            f"machine: {os.cpu_count()} CPUs ({_cpu_model()}); load average {' '.join(f'{x:.2f}' for x in load_start)}"
-            f" at the start, {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end" + (
-                " (above the CPU count: the machine was shared and busy, and every figure below is noisier for it)"
-                if max(load_start[0], os.getloadavg()[0]) > (os.cpu_count() or 1) else " (below the CPU count: quiet)"),
-            f"python {platform.python_version()}, {os.cpu_count()} CPUs; median of {a.reps} interleaved reps, "
-            f"{a.warmup_s:g} s warm-up + {a.measure_s:g} s measured each",
-            f"rate: closed loop, {a.conc} workers, 1-token SSE answer; req/s/core = completed / client CPU-s; "
-            "vs uvloop: req/s/core over the plain aiohttp loop on uvloop's (the issue's bar: >= 1.0x), P99 vs "
-            "uvloop: the overhead P99 over its (bar: <= 1.2x); http client: fasthttp = vramlab's own "
-            "(load/fasthttp.py), aiohttp = aiohttp's ClientSession",
-            f"P50/P99: probe latency from the scheduled send, {a.probe_rate:g} req/s Poisson, while ~{a.streams} "
-            f"streams are held open ({a.hold_s:g} s each; vramlab opens them with its own Poisson open loop, the "
-            "others reopen them at once from random offsets); the endpoint answers at once, so latency = client "
-            "overhead (locust: from its actual send, whole ms)", ""]
+    head = [
+        f"vramlab load-generator benchmark ({time.strftime('%Y-%m-%d %H:%M')}, {platform.node()})",
+        f"endpoint: {ep.kind} ({ep.version}) on 127.0.0.1, pinned to CPU {server_cpu}; clients pinned to CPU "
+        f"{client_cpu}"
+        if client_cpu is not None
+        else f"endpoint: {ep.kind} ({ep.version}); NOT pinned (fewer than 2 CPUs)",
+        f"machine: {os.cpu_count()} CPUs ({_cpu_model()}); load average {' '.join(f'{x:.2f}' for x in load_start)}"
+        f" at the start, {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end"
+        + (
+            " (above the CPU count: the machine was shared and busy, and every figure below is noisier for it)"
+            if max(load_start[0], os.getloadavg()[0]) > (os.cpu_count() or 1)
+            else " (below the CPU count: quiet)"
+        ),
+        f"python {platform.python_version()}, {os.cpu_count()} CPUs; median of {a.reps} interleaved reps, "
+        f"{a.warmup_s:g} s warm-up + {a.measure_s:g} s measured each",
+        f"rate: closed loop, {a.conc} workers, 1-token SSE answer; req/s/core = completed / client CPU-s; "
+        "vs uvloop: req/s/core over the plain aiohttp loop on uvloop's (the issue's bar: >= 1.0x), P99 vs "
+        "uvloop: the overhead P99 over its (bar: <= 1.2x); http client: fasthttp = vramlab's own "
+        "(load/fasthttp.py), aiohttp = aiohttp's ClientSession",
+        f"P50/P99: probe latency from the scheduled send, {a.probe_rate:g} req/s Poisson, while ~{a.streams} "
+        f"streams are held open ({a.hold_s:g} s each; vramlab opens them with its own Poisson open loop, the "
+        "others reopen them at once from random offsets); the endpoint answers at once, so latency = client "
+        "overhead (locust: from its actual send, whole ms)",
+        "",
+    ]
     lines = head + _table(results, a) + [f"note: {n}" for n in notes]
     for tool, text in profiles.items():
-        lines += ["", f"profile: {NAMES[tool]}, rate mode (cProfile, by own time; not a measured run)",
-                  *text.strip().splitlines()[:40]]
+        lines += [
+            "",
+            f"profile: {NAMES[tool]}, rate mode (cProfile, by own time; not a measured run)",
+            *text.strip().splitlines()[:40],
+        ]
     text = "\n".join(lines)
     print(text)
     if a.json:

@@ -22,8 +22,15 @@ STREAMS = int(os.environ.get("STREAMS", "500"))
 PROBE_USERS = int(os.environ.get("PROBE_USERS", "50"))
 PROBE_RATE = float(os.environ.get("PROBE_RATE", "500"))
 CHAT = "/v1/chat/completions"
-BODY = json.dumps({"model": "bench", "max_tokens": 1, "stream": True, "stream_options": {"include_usage": True},
-                   "messages": [{"role": "user", "content": "hello"}]})
+BODY = json.dumps(
+    {
+        "model": "bench",
+        "max_tokens": 1,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "hello"}],
+    }
+)
 HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 
 
@@ -78,12 +85,18 @@ def _window(environment, **_kw):  # type: ignore[no-untyped-def]
         stats = environment.runner.stats
         e = stats.get(name, "POST")
         wall = b[0] - a[0]
-        res = {"ok": e.num_requests - e.num_failures, "errors": e.num_failures,
-               "rps": round(e.num_requests / wall, 1),
-               "p50_ms": e.get_response_time_percentile(0.50), "p99_ms": e.get_response_time_percentile(0.99),
-               "held_ok": stats.get("hold", "POST").num_requests if name == "probe" else None,
-               "window_s": round(wall, 3), "client_cpu_s": round(b[1] - a[1], 3),
-               "client_cpu_pct": round(100 * (b[1] - a[1]) / wall, 1), "loop": "gevent"}
+        res = {
+            "ok": e.num_requests - e.num_failures,
+            "errors": e.num_failures,
+            "rps": round(e.num_requests / wall, 1),
+            "p50_ms": e.get_response_time_percentile(0.50),
+            "p99_ms": e.get_response_time_percentile(0.99),
+            "held_ok": stats.get("hold", "POST").num_requests if name == "probe" else None,
+            "window_s": round(wall, 3),
+            "client_cpu_s": round(b[1] - a[1], 3),
+            "client_cpu_pct": round(100 * (b[1] - a[1]) / wall, 1),
+            "loop": "gevent",
+        }
         with open(os.environ["RESULT_JSON"], "w") as f:
             json.dump(res, f)
         environment.runner.quit()

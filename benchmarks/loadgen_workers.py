@@ -27,8 +27,15 @@ import time
 from typing import Any
 
 CHAT = "/v1/chat/completions"
-BODY = json.dumps({"model": "bench", "max_tokens": 1, "stream": True, "stream_options": {"include_usage": True},
-                   "messages": [{"role": "user", "content": "hello"}]}).encode()
+BODY = json.dumps(
+    {
+        "model": "bench",
+        "max_tokens": 1,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "hello"}],
+    }
+).encode()
 HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 
 
@@ -58,8 +65,11 @@ class CpuWindow:
 
     def result(self) -> dict[str, float]:
         wall = self.b[0] - self.a[0]
-        return {"window_s": round(wall, 3), "client_cpu_s": round(self.b[1] - self.a[1], 3),
-                "client_cpu_pct": round(100 * (self.b[1] - self.a[1]) / wall, 1) if wall > 0 else 0.0}
+        return {
+            "window_s": round(wall, 3),
+            "client_cpu_s": round(self.b[1] - self.a[1], 3),
+            "client_cpu_pct": round(100 * (self.b[1] - self.a[1]) / wall, 1) if wall > 0 else 0.0,
+        }
 
 
 async def _at(t: float) -> None:
@@ -92,16 +102,26 @@ async def vramlab_rate(c: dict[str, Any]) -> dict[str, Any]:
             else:
                 errors[0] += 1
 
-    async with OpenAIClient(c["url"], "bench", "openai-chat", max_connections=c["conc"],
-                            http_client=c.get("http_client", "auto")) as client:
+    async with OpenAIClient(
+        c["url"], "bench", "openai-chat", max_connections=c["conc"], http_client=c.get("http_client", "auto")
+    ) as client:
         c["client"] = client.http_client
         mon = asyncio.ensure_future(_cpu_window(cpu, ws, we))
-        await drive(client, cycle(synthetic_prompts(8, 1, 16, 0)),
-                    LoadShape(mode="closed", concurrency=c["conc"], max_tokens=1),
-                    Window(duration_s=c["warmup_s"] + c["measure_s"], drain_s=1.0), on_result)
+        await drive(
+            client,
+            cycle(synthetic_prompts(8, 1, 16, 0)),
+            LoadShape(mode="closed", concurrency=c["conc"], max_tokens=1),
+            Window(duration_s=c["warmup_s"] + c["measure_s"], drain_s=1.0),
+            on_result,
+        )
         await mon
-    return {"ok": ok[0], "errors": errors[0], "rps": round(ok[0] / c["measure_s"], 1), "client": c["client"],
-            **cpu.result()}
+    return {
+        "ok": ok[0],
+        "errors": errors[0],
+        "rps": round(ok[0] / c["measure_s"], 1),
+        "client": c["client"],
+        **cpu.result(),
+    }
 
 
 async def vramlab_overhead(c: dict[str, Any]) -> dict[str, Any]:
@@ -120,30 +140,65 @@ async def vramlab_overhead(c: dict[str, Any]) -> dict[str, Any]:
     prompts = synthetic_prompts(8, 1, 16, 0)
     long_s = c["warmup_s"] + c["measure_s"] + 5 * c["hold_s"] + 5
     via = c.get("http_client", "auto")
-    async with OpenAIClient(c["hold_url"], "bench", "openai-chat", max_connections=2 * c["streams"],
-                            timeout_s=c["hold_s"] + 30, http_client=via) as hold, \
-            OpenAIClient(c["url"], "bench", "openai-chat", max_connections=c["probe_cap"], http_client=via) as probe:
+    async with (
+        OpenAIClient(
+            c["hold_url"],
+            "bench",
+            "openai-chat",
+            max_connections=2 * c["streams"],
+            timeout_s=c["hold_s"] + 30,
+            http_client=via,
+        ) as hold,
+        OpenAIClient(
+            c["url"], "bench", "openai-chat", max_connections=c["probe_cap"], http_client=via
+        ) as probe,
+    ):
         # The held streams are vramlab's own open loop: Poisson arrivals at streams / hold_s keep
         # ``streams`` open on average (Little's law), out of step as real generations are.
-        bg = asyncio.ensure_future(drive(hold, cycle(prompts),
-                                         LoadShape(mode="open", concurrency=2 * c["streams"],
-                                                   request_rate=c["streams"] / c["hold_s"], seed=2, max_tokens=1),
-                                         Window(duration_s=long_s, drain_s=0.0), on_hold, id_prefix="h"))
+        bg = asyncio.ensure_future(
+            drive(
+                hold,
+                cycle(prompts),
+                LoadShape(
+                    mode="open",
+                    concurrency=2 * c["streams"],
+                    request_rate=c["streams"] / c["hold_s"],
+                    seed=2,
+                    max_tokens=1,
+                ),
+                Window(duration_s=long_s, drain_s=0.0),
+                on_hold,
+                id_prefix="h",
+            )
+        )
         await asyncio.sleep(c["warmup_s"] + 2 * c["hold_s"])  # all open, and out of step
         cpu.start()
-        await drive(probe, cycle(prompts),
-                    LoadShape(mode="open", concurrency=c["probe_cap"], request_rate=c["probe_rate"], seed=1,
-                              max_tokens=1),
-                    Window(duration_s=c["measure_s"], drain_s=2.0), probes.append, id_prefix="p")
+        await drive(
+            probe,
+            cycle(prompts),
+            LoadShape(
+                mode="open", concurrency=c["probe_cap"], request_rate=c["probe_rate"], seed=1, max_tokens=1
+            ),
+            Window(duration_s=c["measure_s"], drain_s=2.0),
+            probes.append,
+            id_prefix="p",
+        )
         cpu.stop()
         bg.cancel()
         await asyncio.gather(bg, return_exceptions=True)
     good = [r for r in probes if r.ok]
-    return {"ok": len(good), "errors": len(probes) - len(good), "held_ok": held["ok"], "held_errors": held["errors"],
-            "p50_ms": pct([r.e2e_from_scheduled_ms for r in good], 0.50),
-            "p99_ms": pct([r.e2e_from_scheduled_ms for r in good], 0.99),
-            "p99_from_sent_ms": pct([r.e2e_ms for r in good], 0.99),
-            "lag_p99_ms": pct([r.dispatch_lag_ms for r in good], 0.99), "client": probe.http_client, **cpu.result()}
+    return {
+        "ok": len(good),
+        "errors": len(probes) - len(good),
+        "held_ok": held["ok"],
+        "held_errors": held["errors"],
+        "p50_ms": pct([r.e2e_from_scheduled_ms for r in good], 0.50),
+        "p99_ms": pct([r.e2e_from_scheduled_ms for r in good], 0.99),
+        "p99_from_sent_ms": pct([r.e2e_ms for r in good], 0.99),
+        "lag_p99_ms": pct([r.dispatch_lag_ms for r in good], 0.99),
+        "client": probe.http_client,
+        **cpu.result(),
+    }
 
 
 # -- a plain asyncio + aiohttp loop ------------------------------------------------------------------
@@ -160,6 +215,7 @@ async def aiohttp_rate(c: dict[str, Any]) -> dict[str, Any]:
     t0 = pc()
     ws, we = t0 + c["warmup_s"], t0 + c["warmup_s"] + c["measure_s"]
     async with _session(c["conc"]) as s:
+
         async def worker() -> None:
             while pc() < we:
                 try:
@@ -174,7 +230,9 @@ async def aiohttp_rate(c: dict[str, Any]) -> dict[str, Any]:
                     else:
                         errors[0] += 1
 
-        tasks = [asyncio.ensure_future(worker()) for _ in range(c["conc"])] + [asyncio.ensure_future(_cpu_window(cpu, ws, we))]
+        tasks = [asyncio.ensure_future(worker()) for _ in range(c["conc"])] + [
+            asyncio.ensure_future(_cpu_window(cpu, ws, we))
+        ]
         _, pending = await asyncio.wait(tasks, timeout=we + 1.0 - pc())
         for t in pending:
             t.cancel()
@@ -189,6 +247,7 @@ async def aiohttp_overhead(c: dict[str, Any]) -> dict[str, Any]:
     errors, held = [0], [0]
     stop = [False]
     async with _session(c["streams"] + 10) as hs, _session(c["probe_cap"]) as ps:
+
         async def holder() -> None:
             await asyncio.sleep(random.uniform(0, c["hold_s"]))  # out of step, as real generations are
             while not stop[0]:
@@ -224,8 +283,14 @@ async def aiohttp_overhead(c: dict[str, Any]) -> dict[str, Any]:
         for h in holders + tasks:
             h.cancel()
         await asyncio.gather(*holders, *tasks, return_exceptions=True)
-    return {"ok": len(lat), "errors": errors[0], "held_ok": held[0], "p50_ms": pct(lat, 0.5),
-            "p99_ms": pct(lat, 0.99), **cpu.result()}
+    return {
+        "ok": len(lat),
+        "errors": errors[0],
+        "held_ok": held[0],
+        "p50_ms": pct(lat, 0.5),
+        "p99_ms": pct(lat, 0.99),
+        **cpu.result(),
+    }
 
 
 async def noise_overhead(c: dict[str, Any]) -> dict[str, Any]:
@@ -246,10 +311,17 @@ async def noise_overhead(c: dict[str, Any]) -> dict[str, Any]:
     return {"ok": len(late), "errors": 0, "p50_ms": pct(late, 0.5), "p99_ms": pct(late, 0.99)}
 
 
-WORKERS = {("noise", "overhead"): noise_overhead, ("vramlab", "rate"): vramlab_rate, ("vramlab", "overhead"): vramlab_overhead,
-           ("vramlab-aiohttp", "rate"): vramlab_rate, ("vramlab-aiohttp", "overhead"): vramlab_overhead,
-           ("aiohttp", "rate"): aiohttp_rate, ("aiohttp", "overhead"): aiohttp_overhead,
-           ("aiohttp-uvloop", "rate"): aiohttp_rate, ("aiohttp-uvloop", "overhead"): aiohttp_overhead}
+WORKERS = {
+    ("noise", "overhead"): noise_overhead,
+    ("vramlab", "rate"): vramlab_rate,
+    ("vramlab", "overhead"): vramlab_overhead,
+    ("vramlab-aiohttp", "rate"): vramlab_rate,
+    ("vramlab-aiohttp", "overhead"): vramlab_overhead,
+    ("aiohttp", "rate"): aiohttp_rate,
+    ("aiohttp", "overhead"): aiohttp_overhead,
+    ("aiohttp-uvloop", "rate"): aiohttp_rate,
+    ("aiohttp-uvloop", "overhead"): aiohttp_overhead,
+}
 
 
 def main(argv: list[str]) -> int:

@@ -35,8 +35,14 @@ def settings(row: dict[str, Any]) -> dict[str, Any]:
     if row.get("engine") == "llama.cpp" and extra.get("override_tensor"):
         out["override_tensor"] = (str(extra["override_tensor"]),)
     if row.get("engine") == "ollama":
-        out.update(max_model_len=row.get("n_ctx") or row.get("max_model_len"), parallel=row.get("n_parallel"),
-                   ctx_size=None, n_ubatch=None, flash_attn=extra.get("flash_attn"), kv_cache_dtype="auto")
+        out.update(
+            max_model_len=row.get("n_ctx") or row.get("max_model_len"),
+            parallel=row.get("n_parallel"),
+            ctx_size=None,
+            n_ubatch=None,
+            flash_attn=extra.get("flash_attn"),
+            kv_cache_dtype="auto",
+        )
     return out
 
 
@@ -44,11 +50,16 @@ def scored(row: dict[str, Any], est: Any) -> dict[str, float] | None:
     """The figures a row is scored on when they are not device 0's components (GiB)."""
     if est.engine == "ollama":
         o = est.extra["ollama"]
-        return {"weights": o["memory_weights_total_bytes"] / GIB, "kv_cache_gib": o["memory_required_kv_bytes"] / GIB}
+        return {
+            "weights": o["memory_weights_total_bytes"] / GIB,
+            "kv_cache_gib": o["memory_required_kv_bytes"] / GIB,
+        }
     devices = est.extra.get("devices") or []
     if est.engine == "llama.cpp" and len(devices) > 1:
-        return {"weights": sum(d["model_buffer_bytes"] for d in devices) / GIB,
-                "kv_cache_gib": sum(d["kv_buffer_bytes"] for d in devices) / GIB}
+        return {
+            "weights": sum(d["model_buffer_bytes"] for d in devices) / GIB,
+            "kv_cache_gib": sum(d["kv_buffer_bytes"] for d in devices) / GIB,
+        }
     return None
 
 
@@ -65,15 +76,31 @@ def table(rows: list[dict[str, Any]], plan: Any) -> list[dict[str, Any]]:
             continue
         if row.get("engine") == "ollama":
             o = est.extra["ollama"]
-            out.append({"row": row["row_id"], "what": "layers offloaded", "logged": extra["ollama_layers_offload"],
-                        "planned": o["layers_offload"]})
+            out.append(
+                {
+                    "row": row["row_id"],
+                    "what": "layers offloaded",
+                    "logged": extra["ollama_layers_offload"],
+                    "planned": o["layers_offload"],
+                }
+            )
             continue
-        for key, field in (("llamacpp_cuda_model_buffers_mib", "model_buffer_bytes"),
-                           ("llamacpp_cuda_kv_buffers_mib", "kv_buffer_bytes"),
-                           ("llamacpp_cuda_compute_buffers_mib", "compute_buffer_bytes")):
-            for i, (seen, dev) in enumerate(zip(extra.get(key) or [], est.extra.get("devices") or [], strict=False)):
-                out.append({"row": row["row_id"], "what": f"CUDA{i} {field.split('_')[0]} buffer MiB",
-                            "logged": seen, "planned": round(dev[field] / MIB, 2)})
+        for key, field in (
+            ("llamacpp_cuda_model_buffers_mib", "model_buffer_bytes"),
+            ("llamacpp_cuda_kv_buffers_mib", "kv_buffer_bytes"),
+            ("llamacpp_cuda_compute_buffers_mib", "compute_buffer_bytes"),
+        ):
+            for i, (seen, dev) in enumerate(
+                zip(extra.get(key) or [], est.extra.get("devices") or [], strict=False)
+            ):
+                out.append(
+                    {
+                        "row": row["row_id"],
+                        "what": f"CUDA{i} {field.split('_')[0]} buffer MiB",
+                        "logged": seen,
+                        "planned": round(dev[field] / MIB, 2),
+                    }
+                )
     for line in out:
         logged = float(line["logged"])
         line["error_pct"] = round((float(line["planned"]) - logged) / logged * 100, 2) if logged else None

@@ -33,8 +33,10 @@ async def _wave(url: str, streams: int, max_tokens: int) -> tuple[list[int], flo
 
     async def one(s: aiohttp.ClientSession, i: int) -> int:
         n = 0
-        async with s.post(url + "/v1/completions", json={"prompt": f"stream {i}", "max_tokens": max_tokens,
-                                                         "stream": True, "ignore_eos": True}) as r:
+        async with s.post(
+            url + "/v1/completions",
+            json={"prompt": f"stream {i}", "max_tokens": max_tokens, "stream": True, "ignore_eos": True},
+        ) as r:
             async for line in r.content:
                 if line.startswith(b"data: {") and b'"text": " ' in line:
                     if n == 0:
@@ -66,8 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(make_estimate(max_num_seqs=max(256, args.streams)).to_json(), f)
     env = {}
     cores = sorted(os.sched_getaffinity(0))
-    sim = start_sim(["--plan", plan, "--speed", str(args.speed), "--max-num-seqs", str(max(256, args.streams))],
-                    device=os.path.join(tmp, "gpu0.ledger"), env=env)
+    sim = start_sim(
+        ["--plan", plan, "--speed", str(args.speed), "--max-num-seqs", str(max(256, args.streams))],
+        device=os.path.join(tmp, "gpu0.ledger"),
+        env=env,
+    )
     try:
         proc = psutil.Process(sim.pid)
         if len(cores) > 1 and hasattr(proc, "cpu_affinity"):
@@ -82,12 +87,18 @@ def main(argv: list[str] | None = None) -> int:
     sim_cpu_s = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
     tokens = sum(counts)
     result = {
-        "streams": args.streams, "max_tokens": args.max_tokens, "speed": args.speed,
-        "complete_streams": sum(1 for c in counts if c == args.max_tokens), "tokens": tokens,
-        "wall_s": round(wall_s, 3), "tokens_per_s": round(tokens / wall_s, 1),
-        "sim_cpu_s": round(sim_cpu_s, 3), "sim_cpu_util": round(sim_cpu_s / wall_s, 3),
+        "streams": args.streams,
+        "max_tokens": args.max_tokens,
+        "speed": args.speed,
+        "complete_streams": sum(1 for c in counts if c == args.max_tokens),
+        "tokens": tokens,
+        "wall_s": round(wall_s, 3),
+        "tokens_per_s": round(tokens / wall_s, 1),
+        "sim_cpu_s": round(sim_cpu_s, 3),
+        "sim_cpu_util": round(sim_cpu_s / wall_s, 3),
         "sim_cpu_us_per_token": round(1e6 * sim_cpu_s / max(1, tokens), 1),
-        "all_streams_started_s": round(last_first_token_s, 3), "python": sys.version.split()[0],
+        "all_streams_started_s": round(last_first_token_s, 3),
+        "python": sys.version.split()[0],
     }
     if args.json:
         print(json.dumps(result, indent=2))

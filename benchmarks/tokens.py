@@ -63,27 +63,33 @@ from _nginx import find_nginx, pinned, start_stub, stop, wait_up
 from _nginx import start as start_nginx
 
 HERE = Path(__file__).resolve().parent
-CHUNK = ('{"id":"chatcmpl-b","object":"chat.completion.chunk","created":1700000000,"model":"bench",'
-         '"choices":[{"index":0,"delta":{"content":" tok"},"logprobs":null,"finish_reason":null}]}')
-FINAL = ('{"id":"chatcmpl-b","object":"chat.completion.chunk","created":1700000000,"model":"bench",'
-         '"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}')
+CHUNK = (
+    '{"id":"chatcmpl-b","object":"chat.completion.chunk","created":1700000000,"model":"bench",'
+    '"choices":[{"index":0,"delta":{"content":" tok"},"logprobs":null,"finish_reason":null}]}'
+)
+FINAL = (
+    '{"id":"chatcmpl-b","object":"chat.completion.chunk","created":1700000000,"model":"bench",'
+    '"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}'
+)
 HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 ITL_DEFINITIONS = {
     "vramlab": "every gap between two token chunks that could be timed (RequestRecord.itl_ms): each end the "
-               "kernel's receive time of a read that ended with it (fasthttp), or the time aiohttp's read "
-               "returned (vramlab-aiohttp); gaps into a token read together with later bytes are left out and "
-               "counted (untimed gaps); TPOT is the per-request mean",
+    "kernel's receive time of a read that ended with it (fasthttp), or the time aiohttp's read "
+    "returned (vramlab-aiohttp); gaps into a token read together with later bytes are left out and "
+    "counted (untimed gaps); TPOT is the per-request mean",
     "aiohttp-uvloop": "every gap between two token chunks, as received (the reference loop)",
     "aiperf": "'inter_token_latency' is a per-request mean ((last - first token) / (tokens - 1)); "
-              "'inter_chunk_latency' is every gap: the per-gap column uses it",
+    "'inter_chunk_latency' is every gap: the per-gap column uses it",
     "guidellm": "'inter_token_latency' is a per-request mean ((last - first token) / (output tokens - 1)); "
-                "it keeps no per-gap times: the per-gap column is that mean",
+    "it keeps no per-gap times: the per-gap column is that mean",
 }
 
 
 def _usage(tokens: int) -> str:
-    return ('{"id":"chatcmpl-b","object":"chat.completion.chunk","created":1700000000,"model":"bench","choices":[],'
-            f'"usage":{{"prompt_tokens":8,"completion_tokens":{tokens},"total_tokens":{tokens + 8}}}}}')
+    return (
+        '{"id":"chatcmpl-b","object":"chat.completion.chunk","created":1700000000,"model":"bench","choices":[],'
+        f'"usage":{{"prompt_tokens":8,"completion_tokens":{tokens},"total_tokens":{tokens + 8}}}}}'
+    )
 
 
 def _cpus() -> tuple[list[int], int | None]:
@@ -134,8 +140,10 @@ class Endpoint:
         nginx = find_nginx()
         self.kind = "nginx" if kind in ("auto", "nginx") and nginx else "stub"
         if kind == "nginx" and self.kind != "nginx":
-            raise SystemExit("tokens: --server nginx, but nginx or its echo module is missing "
-                             "(apt-get install -y nginx-light libnginx-mod-http-echo)")
+            raise SystemExit(
+                "tokens: --server nginx, but nginx or its echo module is missing "
+                "(apt-get install -y nginx-light libnginx-mod-http-echo)"
+            )
         self._nginx = nginx
         self.proc: subprocess.Popen[Any] | None = None
         self.url, self.version = "", ""
@@ -149,10 +157,17 @@ class Endpoint:
         sse = lambda s: s.replace("\\", "\\\\").replace("'", "\\'")  # noqa: E731
         steps = [f"echo_sleep {a.ttft_ms / 1000:.3f};", f"echo -n 'data: {sse(CHUNK)}\\n\\n';", "echo_flush;"]
         for _ in range(a.tokens - 1):
-            steps += [f"echo_sleep {a.gap_ms / 1000:.3f};", f"echo -n 'data: {sse(CHUNK)}\\n\\n';", "echo_flush;"]
+            steps += [
+                f"echo_sleep {a.gap_ms / 1000:.3f};",
+                f"echo -n 'data: {sse(CHUNK)}\\n\\n';",
+                "echo_flush;",
+            ]
         steps += [f"echo -n 'data: {sse(FINAL)}\\n\\ndata: {sse(_usage(a.tokens))}\\n\\ndata: [DONE]\\n\\n';"]
         body = "\n            ".join(steps)
-        self.proc, self.url, version = start_nginx(self._nginx or "nginx", self.dir, f"""\
+        self.proc, self.url, version = start_nginx(
+            self._nginx or "nginx",
+            self.dir,
+            f"""\
         location ~ ^/v1/(chat/)?completions$ {{
             default_type text/event-stream;
             echo_read_request_body;
@@ -164,21 +179,26 @@ class Endpoint:
         location = /v1/models {{
             default_type application/json;
             return 200 '{{"object":"list","data":[{{"id":"bench","object":"model"}}]}}';
-        }}""", connections=16384, cpus=[self.cpu] if self.cpu is not None else None)
+        }}""",
+            connections=16384,
+            cpus=[self.cpu] if self.cpu is not None else None,
+        )
         self.version = version + " + echo module"
         self._wait_up()
 
     def _start_stub(self) -> None:
         a = self.a
-        code = ("import asyncio, json\n"
-                "from vramlab.load.stub import StubBehaviour, StubServer\n"
-                "class Drop(list):\n    def append(self, x): pass\n"
-                "async def main():\n"
-                f"    async with StubServer(StubBehaviour(ttft_s={a.ttft_ms / 1000}, token_s={a.gap_ms / 1000}, "
-                "seen=Drop())) as s:\n"
-                "        print(json.dumps(s.url), flush=True)\n"
-                "        await asyncio.Event().wait()\n"
-                "asyncio.run(main())\n")
+        code = (
+            "import asyncio, json\n"
+            "from vramlab.load.stub import StubBehaviour, StubServer\n"
+            "class Drop(list):\n    def append(self, x): pass\n"
+            "async def main():\n"
+            f"    async with StubServer(StubBehaviour(ttft_s={a.ttft_ms / 1000}, token_s={a.gap_ms / 1000}, "
+            "seen=Drop())) as s:\n"
+            "        print(json.dumps(s.url), flush=True)\n"
+            "        await asyncio.Event().wait()\n"
+            "asyncio.run(main())\n"
+        )
         self.proc, self.url = start_stub(code, [self.cpu] if self.cpu is not None else None)
         self.version = "vramlab.load.stub (aiohttp; its own timing is not exact under load)"
 
@@ -204,8 +224,9 @@ class Endpoint:
 Req = tuple[float, float, "float | None", list[float], bool, tuple[int, ...]]
 
 
-def _summary(cfg: dict[str, Any], reqs: list[Req], ws: float, we: float, cpu_s: float,
-             exclude_coalesced: bool) -> dict[str, Any]:
+def _summary(
+    cfg: dict[str, Any], reqs: list[Req], ws: float, we: float, cpu_s: float, exclude_coalesced: bool
+) -> dict[str, Any]:
     """reqs: (sent, end, ttft_ms, token_times, ok, coalesced) per request; coalesced: the indices of
     token times that are only upper bounds (the token came in one read with later bytes). With
     ``exclude_coalesced`` (vramlab: its records leave those gaps out) a gap touching one is not in the
@@ -228,13 +249,23 @@ def _summary(cfg: dict[str, Any], reqs: list[Req], ws: float, we: float, cpu_s: 
                     continue
             itl_err.append((t[i] - t[i - 1]) * 1000 - gap)
     ttft_err = [r[2] - cfg["ttft_ms"] for r in ok if r[2] is not None]
-    return {"completed": len(done), "ok": len(ok), "errors": len(done) - len(ok), "streams_held": round(held, 1),
-            "tokens_per_s": round(tokens / wlen, 1), "cpu_s": round(cpu_s, 3),
-            "cpu_ms_per_req": round(1000 * cpu_s / len(done), 3) if done else None,
-            "ttft_err_p50_ms": _pct(ttft_err, 0.5), "ttft_err_p99_ms": _pct(ttft_err, 0.99),
-            "itl_err_p50_ms": _pct(itl_err, 0.5), "itl_err_p99_ms": _pct(itl_err, 0.99),
-            "itl_kind": "per timed gap" if exclude_coalesced else "per gap", "window_s": round(wlen, 3),
-            "gaps": gaps, "untimed_gaps": untimed}
+    return {
+        "completed": len(done),
+        "ok": len(ok),
+        "errors": len(done) - len(ok),
+        "streams_held": round(held, 1),
+        "tokens_per_s": round(tokens / wlen, 1),
+        "cpu_s": round(cpu_s, 3),
+        "cpu_ms_per_req": round(1000 * cpu_s / len(done), 3) if done else None,
+        "ttft_err_p50_ms": _pct(ttft_err, 0.5),
+        "ttft_err_p99_ms": _pct(ttft_err, 0.99),
+        "itl_err_p50_ms": _pct(itl_err, 0.5),
+        "itl_err_p99_ms": _pct(itl_err, 0.99),
+        "itl_kind": "per timed gap" if exclude_coalesced else "per gap",
+        "window_s": round(wlen, 3),
+        "gaps": gaps,
+        "untimed_gaps": untimed,
+    }
 
 
 async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -276,8 +307,9 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
     if workers > 1:
         from vramlab.load.workers import ClientConfig, WorkerPool
 
-        async with WorkerPool(workers, ClientConfig(cfg["url"], "bench", max_connections=n + 8,
-                                                    timeout_s=120, http_client=via)) as pool:
+        async with WorkerPool(
+            workers, ClientConfig(cfg["url"], "bench", max_connections=n + 8, timeout_s=120, http_client=via)
+        ) as pool:
             pids.extend(pool.pids)
             t0 = pc()  # the pool took a while to start: the window starts now
             ws, we = t0 + cfg["warmup_s"], t0 + cfg["warmup_s"] + cfg["measure_s"]
@@ -285,7 +317,9 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
             await pool.drive(prompts, shape, window, on_result)
             await mon
     else:
-        async with OpenAIClient(cfg["url"], "bench", max_connections=n + 8, timeout_s=120, http_client=via) as client:
+        async with OpenAIClient(
+            cfg["url"], "bench", max_connections=n + 8, timeout_s=120, http_client=via
+        ) as client:
             if cfg.get("dump"):
                 from vramlab.load import h1response
 
@@ -330,13 +364,20 @@ async def _plain(cfg: dict[str, Any]) -> dict[str, Any]:
     pc = time.perf_counter
     n = cfg["streams"]
     url = cfg["url"] + "/v1/chat/completions"
-    body = json.dumps({"model": "bench", "max_tokens": cfg["tokens"], "stream": True,
-                       "messages": [{"role": "user", "content": "hello"}]}).encode()
+    body = json.dumps(
+        {
+            "model": "bench",
+            "max_tokens": cfg["tokens"],
+            "stream": True,
+            "messages": [{"role": "user", "content": "hello"}],
+        }
+    ).encode()
     reqs: list[Req] = []
     t0 = pc()
     ws, we = t0 + cfg["warmup_s"], t0 + cfg["warmup_s"] + cfg["measure_s"]
     cpu: dict[str, float] = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=n + 8), read_bufsize=2**20) as s:
+
         async def user() -> None:
             while pc() < we:
                 sent = pc()
@@ -354,7 +395,9 @@ async def _plain(cfg: dict[str, Any]) -> dict[str, Any]:
                         ok = r.status == 200
                 except aiohttp.ClientError:
                     pass
-                reqs.append((sent, pc(), (times[0] - sent) * 1000 if times else None, times, ok, tuple(joined)))
+                reqs.append(
+                    (sent, pc(), (times[0] - sent) * 1000 if times else None, times, ok, tuple(joined))
+                )
 
         async def cpu_window() -> None:
             await asyncio.sleep(max(0.0, ws - pc()))
@@ -399,11 +442,19 @@ def _peer_bin(peers: Path | None, name: str) -> Path | None:
     return Path(found) if found else None
 
 
-def _run_monitored(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float
-                   ) -> tuple[subprocess.CompletedProcess[str], list[tuple[float, float]]]:
+def _run_monitored(
+    cmd: list[str], env: dict[str, str], cwd: Path, timeout: float
+) -> tuple[subprocess.CompletedProcess[str], list[tuple[float, float]]]:
     """Run a peer; sample its whole process tree's CPU seconds every 0.25 s as (epoch s, cpu s)."""
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     t0 = time.monotonic()
     samples: list[tuple[float, float]] = []
     try:
@@ -458,31 +509,82 @@ tok.save(str(out / "tokenizer.json"))
     return out
 
 
-def _peer_result(cfg: dict[str, Any], held: float, done: int, errors: int, tokens: int, span: float, cpu: float,
-                 ttft: list[float], itl: list[float], itl_kind: str, wait: list[float], tool: str) -> dict[str, Any]:
-    return {"completed": done, "ok": done - errors, "errors": errors, "streams_held": round(held, 1),
-            "tokens_per_s": round(tokens / span, 1), "cpu_s": round(cpu, 3),
-            "cpu_ms_per_req": round(1000 * cpu / done, 3) if done and cpu == cpu else None,
-            "ttft_err_p50_ms": _pct(ttft, 0.5), "ttft_err_p99_ms": _pct(ttft, 0.99),
-            "itl_err_p50_ms": _pct(itl, 0.5), "itl_err_p99_ms": _pct(itl, 0.99), "itl_kind": itl_kind,
-            "send_wait_p50_ms": _pct(wait, 0.5), "send_wait_p99_ms": _pct(wait, 0.99), "loop": tool,
-            "window_s": round(span, 3)}
+def _peer_result(
+    cfg: dict[str, Any],
+    held: float,
+    done: int,
+    errors: int,
+    tokens: int,
+    span: float,
+    cpu: float,
+    ttft: list[float],
+    itl: list[float],
+    itl_kind: str,
+    wait: list[float],
+    tool: str,
+) -> dict[str, Any]:
+    return {
+        "completed": done,
+        "ok": done - errors,
+        "errors": errors,
+        "streams_held": round(held, 1),
+        "tokens_per_s": round(tokens / span, 1),
+        "cpu_s": round(cpu, 3),
+        "cpu_ms_per_req": round(1000 * cpu / done, 3) if done and cpu == cpu else None,
+        "ttft_err_p50_ms": _pct(ttft, 0.5),
+        "ttft_err_p99_ms": _pct(ttft, 0.99),
+        "itl_err_p50_ms": _pct(itl, 0.5),
+        "itl_err_p99_ms": _pct(itl, 0.99),
+        "itl_kind": itl_kind,
+        "send_wait_p50_ms": _pct(wait, 0.5),
+        "send_wait_p99_ms": _pct(wait, 0.99),
+        "loop": tool,
+        "window_s": round(span, 3),
+    }
 
 
 def _aiperf(bin_: Path, cfg: dict[str, Any], cpus: list[int] | None, tmp: Path) -> dict[str, Any]:
     art = tmp / f"aiperf-{cfg['streams']}-{time.monotonic_ns()}"
     n = cfg["streams"]
     tok = _tokenizer_dir(bin_.parent / "python", tmp)
-    cmd = pinned([str(bin_), "profile", "--model", "bench", "--url", cfg["url"], "--endpoint-type", "chat",
-                   "--streaming", "--concurrency", str(n), "--benchmark-duration",
-                   str(cfg["warmup_s"] + cfg["measure_s"]), "--benchmark-grace-period", "5",
-                   "--osl", str(cfg["tokens"]), "--isl", "8", "--tokenizer", str(tok),
-                   "--use-server-token-count", "--ui-type", "none", "--artifact-dir", str(art)], cpus)
+    cmd = pinned(
+        [
+            str(bin_),
+            "profile",
+            "--model",
+            "bench",
+            "--url",
+            cfg["url"],
+            "--endpoint-type",
+            "chat",
+            "--streaming",
+            "--concurrency",
+            str(n),
+            "--benchmark-duration",
+            str(cfg["warmup_s"] + cfg["measure_s"]),
+            "--benchmark-grace-period",
+            "5",
+            "--osl",
+            str(cfg["tokens"]),
+            "--isl",
+            "8",
+            "--tokenizer",
+            str(tok),
+            "--use-server-token-count",
+            "--ui-type",
+            "none",
+            "--artifact-dir",
+            str(art),
+        ],
+        cpus,
+    )
     # (no HF_HUB_OFFLINE here: with it set, AIPerf 0.13 takes the local tokenizer folder for a hub id)
     proc, samples = _run_monitored(cmd, dict(os.environ), tmp, cfg["measure_s"] + 240)
     rec = next(art.rglob("profile_export.jsonl"), None)
     if rec is None:
-        return {"error": f"aiperf wrote no records (rc {proc.returncode}): {(proc.stderr or proc.stdout)[-600:]}"}
+        return {
+            "error": f"aiperf wrote no records (rc {proc.returncode}): {(proc.stderr or proc.stdout)[-600:]}"
+        }
     rows = []
     for line in rec.read_text().splitlines():
         d = json.loads(line)
@@ -494,10 +596,17 @@ def _aiperf(bin_: Path, cfg: dict[str, Any], cpus: list[int] | None, tmp: Path) 
 
         if md.get("request_start_ns") is None:
             continue
-        rows.append((md["request_start_ns"] / 1e9, (md.get("request_end_ns") or md["request_start_ns"]) / 1e9,
-                     int(val("output_sequence_length") or 0), bool(d.get("error")) or not m,
-                     val("time_to_first_token"), val("inter_chunk_latency") or [],
-                     (md["request_start_ns"] - md.get("credit_issued_ns", md["request_start_ns"])) / 1e6))
+        rows.append(
+            (
+                md["request_start_ns"] / 1e9,
+                (md.get("request_end_ns") or md["request_start_ns"]) / 1e9,
+                int(val("output_sequence_length") or 0),
+                bool(d.get("error")) or not m,
+                val("time_to_first_token"),
+                val("inter_chunk_latency") or [],
+                (md["request_start_ns"] - md.get("credit_issued_ns", md["request_start_ns"])) / 1e6,
+            )
+        )
     if not rows:
         return {"error": "aiperf recorded no requests"}
     ws = min(r[0] for r in rows) + cfg["warmup_s"]
@@ -505,10 +614,20 @@ def _aiperf(bin_: Path, cfg: dict[str, Any], cpus: list[int] | None, tmp: Path) 
     held, done, tokens = _window_stats([(r[0], r[1], r[2]) for r in rows], ws, we)
     sel = [rows[i] for i in done]
     ok = [r for r in sel if not r[3]]
-    return _peer_result(cfg, held, len(sel), len(sel) - len(ok), tokens, we - ws, _cpu_between(samples, ws, we),
-                        [r[4] - cfg["ttft_ms"] for r in ok if r[4] is not None],
-                        [g - cfg["gap_ms"] for r in ok for g in r[5]], "per gap (inter_chunk_latency)",
-                        [r[6] for r in sel], "aiperf")
+    return _peer_result(
+        cfg,
+        held,
+        len(sel),
+        len(sel) - len(ok),
+        tokens,
+        we - ws,
+        _cpu_between(samples, ws, we),
+        [r[4] - cfg["ttft_ms"] for r in ok if r[4] is not None],
+        [g - cfg["gap_ms"] for r in ok for g in r[5]],
+        "per gap (inter_chunk_latency)",
+        [r[6] for r in sel],
+        "aiperf",
+    )
 
 
 def _guidellm(bin_: Path, cfg: dict[str, Any], cpus: list[int] | None, tmp: Path) -> dict[str, Any]:
@@ -516,17 +635,43 @@ def _guidellm(bin_: Path, cfg: dict[str, Any], cpus: list[int] | None, tmp: Path
     n = cfg["streams"]
     data = tmp / "guidellm-prompts.jsonl"
     # GuideLLM sends each row once and stops when the data runs out: enough rows for the whole run
-    per_stream = math.ceil((cfg["warmup_s"] + cfg["measure_s"] + 30) * 1000 / (cfg["ttft_ms"] + (cfg["tokens"] - 1)
-                                                                            * cfg["gap_ms"]))
-    data.write_text("".join(json.dumps({"prompt": f"hello {i}", "output_tokens_count": cfg["tokens"],
-                                        "prompt_tokens_count": 8}) + "\n" for i in range(n * per_stream)))
-    cmd = pinned([str(bin_), "run", "--backend", f"kind=openai_http,target={cfg['url']},model=bench",
-                   "--profile", f"kind=concurrent,streams={n}", "--data", f"kind=json_file,path={data}",
-                   "--constraint", f"kind=max_duration,seconds={cfg['warmup_s'] + cfg['measure_s']}",
-                   "--output", f"kind=json,path={out}", "--disable-console-interactive"], cpus)
+    per_stream = math.ceil(
+        (cfg["warmup_s"] + cfg["measure_s"] + 30)
+        * 1000
+        / (cfg["ttft_ms"] + (cfg["tokens"] - 1) * cfg["gap_ms"])
+    )
+    data.write_text(
+        "".join(
+            json.dumps(
+                {"prompt": f"hello {i}", "output_tokens_count": cfg["tokens"], "prompt_tokens_count": 8}
+            )
+            + "\n"
+            for i in range(n * per_stream)
+        )
+    )
+    cmd = pinned(
+        [
+            str(bin_),
+            "run",
+            "--backend",
+            f"kind=openai_http,target={cfg['url']},model=bench",
+            "--profile",
+            f"kind=concurrent,streams={n}",
+            "--data",
+            f"kind=json_file,path={data}",
+            "--constraint",
+            f"kind=max_duration,seconds={cfg['warmup_s'] + cfg['measure_s']}",
+            "--output",
+            f"kind=json,path={out}",
+            "--disable-console-interactive",
+        ],
+        cpus,
+    )
     proc, samples = _run_monitored(cmd, {**os.environ, "HF_HUB_OFFLINE": "1"}, tmp, cfg["measure_s"] + 240)
     if not out.exists():
-        return {"error": f"guidellm wrote no report (rc {proc.returncode}): {(proc.stderr or proc.stdout)[-600:]}"}
+        return {
+            "error": f"guidellm wrote no report (rc {proc.returncode}): {(proc.stderr or proc.stdout)[-600:]}"
+        }
     bench = (json.loads(out.read_text()).get("benchmarks") or [{}])[0]
     reqs = bench.get("requests") or {}
     rows = []
@@ -535,9 +680,17 @@ def _guidellm(bin_: Path, cfg: dict[str, Any], cpus: list[int] | None, tmp: Path
             st, en = r.get("request_start_time"), r.get("request_end_time")
             if st is None:
                 continue
-            rows.append((st, en or st, int(r.get("output_tokens") or 0), kind != "successful",
-                         r.get("time_to_first_token_ms"), r.get("inter_token_latency_ms"),
-                         1000 * float(r.get("request_dispatch_delay") or 0.0)))
+            rows.append(
+                (
+                    st,
+                    en or st,
+                    int(r.get("output_tokens") or 0),
+                    kind != "successful",
+                    r.get("time_to_first_token_ms"),
+                    r.get("inter_token_latency_ms"),
+                    1000 * float(r.get("request_dispatch_delay") or 0.0),
+                )
+            )
     if not rows:
         return {"error": "guidellm recorded no requests"}
     ws = min(r[0] for r in rows) + cfg["warmup_s"]
@@ -545,17 +698,41 @@ def _guidellm(bin_: Path, cfg: dict[str, Any], cpus: list[int] | None, tmp: Path
     held, done, tokens = _window_stats([(r[0], r[1], r[2]) for r in rows], ws, we)
     sel = [rows[i] for i in done]
     ok = [r for r in sel if not r[3]]
-    return _peer_result(cfg, held, len(sel), len(sel) - len(ok), tokens, we - ws, _cpu_between(samples, ws, we),
-                        [r[4] - cfg["ttft_ms"] for r in ok if r[4] is not None],
-                        [r[5] - cfg["gap_ms"] for r in ok if r[5] is not None], "per-request mean",
-                        [r[6] for r in sel], "guidellm")
+    return _peer_result(
+        cfg,
+        held,
+        len(sel),
+        len(sel) - len(ok),
+        tokens,
+        we - ws,
+        _cpu_between(samples, ws, we),
+        [r[4] - cfg["ttft_ms"] for r in ok if r[4] is not None],
+        [r[5] - cfg["gap_ms"] for r in ok if r[5] is not None],
+        "per-request mean",
+        [r[6] for r in sel],
+        "guidellm",
+    )
 
 
 # -- the run ---------------------------------------------------------------------------------------
-def _run_tool(tool: str, n: int, ep: Endpoint, a: argparse.Namespace, client_cpus: list[int], tmp: Path,
-              peers: dict[str, Path]) -> dict[str, Any]:
-    cfg = {"url": ep.url, "streams": n, "tokens": a.tokens, "gap_ms": a.gap_ms, "ttft_ms": a.ttft_ms,
-           "warmup_s": a.warmup_s, "measure_s": a.measure_s}
+def _run_tool(
+    tool: str,
+    n: int,
+    ep: Endpoint,
+    a: argparse.Namespace,
+    client_cpus: list[int],
+    tmp: Path,
+    peers: dict[str, Path],
+) -> dict[str, Any]:
+    cfg = {
+        "url": ep.url,
+        "streams": n,
+        "tokens": a.tokens,
+        "gap_ms": a.gap_ms,
+        "ttft_ms": a.ttft_ms,
+        "warmup_s": a.warmup_s,
+        "measure_s": a.measure_s,
+    }
     one_core = client_cpus[:1] or None
     ep_cpu0 = sum(_proc_cpu_s(p) for p in ep.worker_pids())
     t0 = time.monotonic()
@@ -566,8 +743,11 @@ def _run_tool(tool: str, n: int, ep: Endpoint, a: argparse.Namespace, client_cpu
             cfg["http_client"] = "aiohttp"
         if a.profile and workers == 1 and n == a.profile_streams:
             cfg["profile"] = str(tmp / f"profile-{n}.txt")
-        cpus = one_core if workers == 1 else (sorted(os.sched_getaffinity(0)) if len(client_cpus) < workers
-                                             else client_cpus[:workers])
+        cpus = (
+            one_core
+            if workers == 1
+            else (sorted(os.sched_getaffinity(0)) if len(client_cpus) < workers else client_cpus[:workers])
+        )
         wire = a.wire and tool == "vramlab" and ep.kind == "nginx"
         if wire:
             cfg["dump"] = str(tmp / f"dump-{n}.json")
@@ -583,8 +763,12 @@ def _run_tool(tool: str, n: int, ep: Endpoint, a: argparse.Namespace, client_cpu
         if "profile" in cfg and Path(cfg["profile"]).exists():
             res["profile"] = Path(cfg["profile"]).read_text()
     elif tool == "aiohttp-uvloop":
-        proc = subprocess.run(pinned([sys.executable, __file__, "--client", "plain", json.dumps(cfg)], one_core),
-                              capture_output=True, text=True, timeout=a.warmup_s + a.measure_s + 120)
+        proc = subprocess.run(
+            pinned([sys.executable, __file__, "--client", "plain", json.dumps(cfg)], one_core),
+            capture_output=True,
+            text=True,
+            timeout=a.warmup_s + a.measure_s + 120,
+        )
         res = _parse(proc, tool)
     elif tool == "aiperf":
         res = _aiperf(peers["aiperf"], cfg, one_core, tmp)
@@ -596,8 +780,9 @@ def _run_tool(tool: str, n: int, ep: Endpoint, a: argparse.Namespace, client_cpu
     return res
 
 
-def _with_capture(cmd: list[str], ep: Endpoint, a: argparse.Namespace, pcap: Path
-                  ) -> tuple[subprocess.CompletedProcess[str], Path]:
+def _with_capture(
+    cmd: list[str], ep: Endpoint, a: argparse.Namespace, pcap: Path
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     """Run the client while tcpdump records ``--wire-s`` of the endpoint's data packets on lo, in the
     middle of the measured window (tcpdump on the endpoint's CPU, not the client's)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -605,10 +790,29 @@ def _with_capture(cmd: list[str], ep: Endpoint, a: argparse.Namespace, pcap: Pat
     # data packets from nginx only (a payload: IP length minus both headers), 2 KiB of each, ns stamps
     flt = f"tcp src port {port} and (ip[2:2] - ((ip[0]&0xf)<<2) - ((tcp[12]&0xf0)>>2)) != 0"
     time.sleep(1.0 + a.warmup_s + max(0.0, (a.measure_s - a.wire_s) / 2))  # (the client's start takes ~1 s)
-    dump = subprocess.Popen(pinned([a.tcpdump, "-i", "lo", "-n", "-s", "2048", "-B", "65536", "-U",
-                                    "--time-stamp-precision=nano", "-w", str(pcap), flt],
-                                   [ep.cpu] if ep.cpu is not None else None),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    dump = subprocess.Popen(
+        pinned(
+            [
+                a.tcpdump,
+                "-i",
+                "lo",
+                "-n",
+                "-s",
+                "2048",
+                "-B",
+                "65536",
+                "-U",
+                "--time-stamp-precision=nano",
+                "-w",
+                str(pcap),
+                flt,
+            ],
+            [ep.cpu] if ep.cpu is not None else None,
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(a.wire_s)
     dump.send_signal(signal.SIGINT)  # our own tcpdump: it writes its buffer and exits
     try:
@@ -637,16 +841,16 @@ def _pcap_packets(path: Path) -> dict[int, list[tuple[float, int]]]:
     pos = 24
     while pos + 16 <= len(data):
         sec, frac, caplen, _ = struct.unpack_from("<IIII", data, pos)
-        pkt = data[pos + 16:pos + 16 + caplen]
+        pkt = data[pos + 16 : pos + 16 + caplen]
         pos += 16 + caplen
         ip = pkt[l2:]
         if len(ip) < 20 or ip[0] >> 4 != 4:
             continue
-        tcp = ip[(ip[0] & 0xF) * 4:]
+        tcp = ip[(ip[0] & 0xF) * 4 :]
         if len(tcp) < 20:
             continue
         dport = struct.unpack_from(">H", tcp, 2)[0]
-        payload = tcp[(tcp[12] >> 4) * 4:]
+        payload = tcp[(tcp[12] >> 4) * 4 :]
         out.setdefault(dport, []).append((sec + frac * scale, payload.count(b'"content"')))
     return out
 
@@ -699,11 +903,17 @@ def _wire_check(dump: Path, pcap: Path, a: argparse.Namespace) -> dict[str, Any]
             wire_gap = w[j1] - w[j0]
             err.append((ts[i] - ts[i - 1] - wire_gap) * 1000)
             late.append(wire_gap * 1000 - a.gap_ms)
-    return {"wire_gaps": len(err), "wire_err_p50_ms": _pct(err, 0.5), "wire_err_p99_ms": _pct(err, 0.99),
-            "wire_abs_err_p99_ms": _pct([abs(x) for x in err], 0.99),
-            "server_late_p50_ms": _pct(late, 0.5), "server_late_p99_ms": _pct(late, 0.99),
-            "wire_packets": sum(len(v) for v in wire.values()), "wire_s": round(hi - lo, 3),
-            "wall_clock_steps": sum(1 for a, _ in steps if lo <= a <= hi)}
+    return {
+        "wire_gaps": len(err),
+        "wire_err_p50_ms": _pct(err, 0.5),
+        "wire_err_p99_ms": _pct(err, 0.99),
+        "wire_abs_err_p99_ms": _pct([abs(x) for x in err], 0.99),
+        "server_late_p50_ms": _pct(late, 0.5),
+        "server_late_p99_ms": _pct(late, 0.99),
+        "wire_packets": sum(len(v) for v in wire.values()),
+        "wire_s": round(hi - lo, 3),
+        "wall_clock_steps": sum(1 for a, _ in steps if lo <= a <= hi),
+    }
 
 
 def _parse(proc: subprocess.CompletedProcess[str], tool: str) -> dict[str, Any]:
@@ -717,9 +927,11 @@ def _fmt(v: Any, f: str) -> str:
 
 
 def _table(results: dict[str, dict[int, dict[str, Any]]], a: argparse.Namespace) -> list[str]:
-    lines = [f"{'tool':<16} {'client':<9} {'streams':>7} {'held':>7} {'tokens/s':>9} {'ideal %':>7} {'CPU-ms/req':>10} "
-             f"{'TTFT err P50/P99 ms':>20} {'ITL err P50/P99 ms':>19} {'ITL kind':<18} {'untimed gaps':>14} "
-             f"{'ep CPU %':>8} {'err':>5} {'wait P99':>8}"]
+    lines = [
+        f"{'tool':<16} {'client':<9} {'streams':>7} {'held':>7} {'tokens/s':>9} {'ideal %':>7} {'CPU-ms/req':>10} "
+        f"{'TTFT err P50/P99 ms':>20} {'ITL err P50/P99 ms':>19} {'ITL kind':<18} {'untimed gaps':>14} "
+        f"{'ep CPU %':>8} {'err':>5} {'wait P99':>8}"
+    ]
     for tool, by_n in results.items():
         for n, r in sorted(by_n.items()):
             if "error" in r:
@@ -732,11 +944,13 @@ def _table(results: dict[str, dict[int, dict[str, Any]]], a: argparse.Namespace)
             if r.get("gaps"):
                 untimed = f"{r['untimed_gaps']} ({100 * r['untimed_gaps'] / r['gaps']:.1f}%)"
             client = r.get("client", "-" if tool in ("aiperf", "guidellm") else "")
-            lines.append(f"{tool:<16} {client:<9} {n:>7} {_fmt(r.get('streams_held'), '.0f'):>7} "
-                         f"{_fmt(r.get('tokens_per_s'), '.0f'):>9} {_fmt(ideal, '.0f'):>7} "
-                         f"{_fmt(r.get('cpu_ms_per_req'), '.2f'):>10} {ttft:>20} {itl:>19} "
-                         f"{r.get('itl_kind', ''):<18.18} {untimed:>14} {_fmt(r.get('endpoint_cpu_pct'), '.0f'):>8} "
-                         f"{r.get('errors', 0):>5} {_fmt(r.get('send_wait_p99_ms'), '.1f'):>8}")
+            lines.append(
+                f"{tool:<16} {client:<9} {n:>7} {_fmt(r.get('streams_held'), '.0f'):>7} "
+                f"{_fmt(r.get('tokens_per_s'), '.0f'):>9} {_fmt(ideal, '.0f'):>7} "
+                f"{_fmt(r.get('cpu_ms_per_req'), '.2f'):>10} {ttft:>20} {itl:>19} "
+                f"{r.get('itl_kind', ''):<18.18} {untimed:>14} {_fmt(r.get('endpoint_cpu_pct'), '.0f'):>8} "
+                f"{r.get('errors', 0):>5} {_fmt(r.get('send_wait_p99_ms'), '.1f'):>8}"
+            )
     return lines
 
 
@@ -750,10 +964,15 @@ def _machine() -> list[str]:
     except OSError:
         pass
     load = os.getloadavg()
-    busy = (" (above the CPU count: the machine was shared and busy; every figure below is noisier for it)"
-            if load[0] > (os.cpu_count() or 1) else "")
-    return [f"machine: {platform.node()}, {os.cpu_count()} CPUs ({model}), python {platform.python_version()}, "
-            f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start{busy}"]
+    busy = (
+        " (above the CPU count: the machine was shared and busy; every figure below is noisier for it)"
+        if load[0] > (os.cpu_count() or 1)
+        else ""
+    )
+    return [
+        f"machine: {platform.node()}, {os.cpu_count()} CPUs ({model}), python {platform.python_version()}, "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start{busy}"
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -761,9 +980,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--client"]:
         client_main(argv[1], json.loads(argv[2]))
         return 0
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="tiny and bounded: 20 streams, 1 s, vramlab and the "
-                   "plain loop only (correctness, not speed)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny and bounded: 20 streams, 1 s, vramlab and the plain loop only (correctness, not speed)",
+    )
     p.add_argument("--streams", default="100,500,1000,2000")
     p.add_argument("--tokens", type=int, default=32, help="token chunks per stream")
     p.add_argument("--gap-ms", type=float, default=20.0, help="the schedule's inter-token gap")
@@ -774,12 +998,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tools", default="vramlab,vramlab-w,vramlab-aiohttp,aiohttp-uvloop,aiperf,guidellm")
     p.add_argument("--peers", type=Path, help="folder with one venv per peer: PEERS/aiperf, PEERS/guidellm")
     p.add_argument("--server", choices=["auto", "nginx", "stub"], default="auto")
-    p.add_argument("--profile", action="store_true", help="cProfile vramlab's client (1 worker) at --profile-streams")
+    p.add_argument(
+        "--profile", action="store_true", help="cProfile vramlab's client (1 worker) at --profile-streams"
+    )
     p.add_argument("--profile-streams", type=int, default=500)
     p.add_argument("--json", action="store_true", help="print every run's raw result as JSON too")
-    p.add_argument("--wire", choices=["auto", "on", "off"], default="auto",
-                   help="check vramlab's timed gaps against a tcpdump of the endpoint's packets on lo "
-                        "(auto: when tcpdump is installed and may capture)")
+    p.add_argument(
+        "--wire",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="check vramlab's timed gaps against a tcpdump of the endpoint's packets on lo "
+        "(auto: when tcpdump is installed and may capture)",
+    )
     p.add_argument("--wire-s", type=float, default=2.0, help="seconds of the measured window captured")
     p.add_argument("-o", "--output", help="also write the report to this file")
     a = p.parse_args(argv)
@@ -787,12 +1017,19 @@ def main(argv: list[str] | None = None) -> int:
         a.streams, a.tokens, a.gap_ms, a.ttft_ms, a.warmup_s, a.measure_s = "20", 8, 20.0, 20.0, 0.5, 1.0
         a.tools, a.profile_streams = "vramlab,vramlab-w,vramlab-aiohttp,aiohttp-uvloop", 20
     streams = [int(s) for s in a.streams.split(",") if s.strip()]
-    a.tcpdump = shutil.which("tcpdump") or ("/usr/bin/tcpdump" if os.path.exists("/usr/bin/tcpdump") else None)
+    a.tcpdump = shutil.which("tcpdump") or (
+        "/usr/bin/tcpdump" if os.path.exists("/usr/bin/tcpdump") else None
+    )
     if a.wire == "on" and not a.tcpdump:
         p.error("--wire on: tcpdump is not installed (apt-get install -y tcpdump)")
-    a.wire = a.wire != "off" and a.tcpdump is not None and (a.wire == "on" or os.geteuid() == 0) and not a.quick
-    tools = [t.strip().replace("vramlab-w", f"vramlab-w{a.workers}") if t.strip() == "vramlab-w" else t.strip()
-             for t in a.tools.split(",") if t.strip()]
+    a.wire = (
+        a.wire != "off" and a.tcpdump is not None and (a.wire == "on" or os.geteuid() == 0) and not a.quick
+    )
+    tools = [
+        t.strip().replace("vramlab-w", f"vramlab-w{a.workers}") if t.strip() == "vramlab-w" else t.strip()
+        for t in a.tools.split(",")
+        if t.strip()
+    ]
     notes: list[str] = []
     peers: dict[str, Path] = {}
     for peer in ("aiperf", "guidellm"):
@@ -800,65 +1037,104 @@ def main(argv: list[str] | None = None) -> int:
             b = _peer_bin(a.peers, peer)
             if b is None:
                 tools.remove(peer)
-                notes.append(f"{peer} not found (a venv at benchmarks/.venvs/{peer} or --peers): no {peer} rows")
+                notes.append(
+                    f"{peer} not found (a venv at benchmarks/.venvs/{peer} or --peers): no {peer} rows"
+                )
             else:
                 peers[peer] = b
-    notes.append("inference-perf: not run: every release on PyPI needs Python >= 3.12 (this is "
-                 f"{platform.python_version()})")
+    notes.append(
+        "inference-perf: not run: every release on PyPI needs Python >= 3.12 (this is "
+        f"{platform.python_version()})"
+    )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the endpoint is stopped on the way out
     client_cpus, server_cpu = _cpus()
     head = _machine()
     results: dict[str, dict[int, dict[str, Any]]] = {t: {} for t in tools}
-    with tempfile.TemporaryDirectory(prefix="vramlab-tokens-") as td, Endpoint(a.server, a, server_cpu, Path(td)) as ep:
+    with (
+        tempfile.TemporaryDirectory(prefix="vramlab-tokens-") as td,
+        Endpoint(a.server, a, server_cpu, Path(td)) as ep,
+    ):
         for n in streams:
             for tool in tools:  # interleaved per stream count: a noisy neighbour hits every tool alike
                 res = _run_tool(tool, n, ep, a, client_cpus, Path(td), peers)
                 results[tool][n] = res
-                print(f"{n:>5} streams {tool:<16} {json.dumps({k: v for k, v in res.items() if k != 'profile'})}",
-                      file=sys.stderr, flush=True)
-    head += [f"endpoint: {ep.kind} ({ep.version}) on 127.0.0.1, pinned to CPU {server_cpu}; single-core clients "
-             f"pinned to CPU {client_cpus[0] if client_cpus else '-'}; vramlab-w{a.workers}: {a.workers} worker "
-             "processes on every CPU (with the endpoint on this machine)",
-             f"schedule: first token {a.ttft_ms:g} ms after the request, then {a.tokens - 1} more {a.gap_ms:g} ms "
-             f"apart; each tool holds N streams (closed loop), {a.warmup_s:g} s warm-up + {a.measure_s:g} s measured",
-             f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end", ""]
-    lines = head + _table(results, a) + [
-        "wait P99: how long a request waited between the tool issuing it and sending it (AIPerf: credit issued ->"
-        " request start; GuideLLM: request_dispatch_delay), which their TTFT leaves out; vramlab's closed loop "
-        "sends at once and counts any wait in its from-scheduled latencies", "", "how each tool defines ITL:"]
+                print(
+                    f"{n:>5} streams {tool:<16} {json.dumps({k: v for k, v in res.items() if k != 'profile'})}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    head += [
+        f"endpoint: {ep.kind} ({ep.version}) on 127.0.0.1, pinned to CPU {server_cpu}; single-core clients "
+        f"pinned to CPU {client_cpus[0] if client_cpus else '-'}; vramlab-w{a.workers}: {a.workers} worker "
+        "processes on every CPU (with the endpoint on this machine)",
+        f"schedule: first token {a.ttft_ms:g} ms after the request, then {a.tokens - 1} more {a.gap_ms:g} ms "
+        f"apart; each tool holds N streams (closed loop), {a.warmup_s:g} s warm-up + {a.measure_s:g} s measured",
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end",
+        "",
+    ]
+    lines = (
+        head
+        + _table(results, a)
+        + [
+            "wait P99: how long a request waited between the tool issuing it and sending it (AIPerf: credit issued ->"
+            " request start; GuideLLM: request_dispatch_delay), which their TTFT leaves out; vramlab's closed loop "
+            "sends at once and counts any wait in its from-scheduled latencies",
+            "",
+            "how each tool defines ITL:",
+        ]
+    )
     lines += [f"  {t}: {ITL_DEFINITIONS['vramlab' if t.startswith('vramlab') else t]}" for t in tools]
-    lines += ["untimed gaps: gaps between two token chunks where one of them came in the same read as later bytes, "
-              "so when it arrived is unknown (of all gaps of the completed requests). vramlab leaves them out of its "
-              "ITL (RequestResult.coalesced) and says how many; the plain loop stamps every token in a read with the "
-              "read's time and keeps those gaps in its ITL (counted here, not excluded); AIPerf and GuideLLM do not "
-              "say (-). client: fasthttp = vramlab's own HTTP/1.1 client (kernel receive stamps, SO_TIMESTAMPNS), "
-              "aiohttp = aiohttp's ClientSession (user-space stamps at read time)"]
-    wired = [(n, r) for n, r in sorted(results.get("vramlab", {}).items()) if "wire_gaps" in r or "wire_error" in r]
+    lines += [
+        "untimed gaps: gaps between two token chunks where one of them came in the same read as later bytes, "
+        "so when it arrived is unknown (of all gaps of the completed requests). vramlab leaves them out of its "
+        "ITL (RequestResult.coalesced) and says how many; the plain loop stamps every token in a read with the "
+        "read's time and keeps those gaps in its ITL (counted here, not excluded); AIPerf and GuideLLM do not "
+        "say (-). client: fasthttp = vramlab's own HTTP/1.1 client (kernel receive stamps, SO_TIMESTAMPNS), "
+        "aiohttp = aiohttp's ClientSession (user-space stamps at read time)"
+    ]
+    wired = [
+        (n, r) for n, r in sorted(results.get("vramlab", {}).items()) if "wire_gaps" in r or "wire_error" in r
+    ]
     if wired:
-        lines += ["", f"wire check (vramlab, 1 process): tcpdump on lo stamps every packet nginx sends, apart from the "
-                  f"client's process, for {a.wire_s:g} s mid-window; for each gap vramlab timed in it, the client's gap "
-                  "minus the wire's gap between the packets that carried the two tokens (the client's own timing "
-                  "error), and the wire's gap minus the schedule's (the endpoint's lateness, which the ITL err "
-                  "column above includes)"]
+        lines += [
+            "",
+            f"wire check (vramlab, 1 process): tcpdump on lo stamps every packet nginx sends, apart from the "
+            f"client's process, for {a.wire_s:g} s mid-window; for each gap vramlab timed in it, the client's gap "
+            "minus the wire's gap between the packets that carried the two tokens (the client's own timing "
+            "error), and the wire's gap minus the schedule's (the endpoint's lateness, which the ITL err "
+            "column above includes)",
+        ]
         for n, r in wired:
             if "wire_error" in r:
                 lines.append(f"  {n:>5} streams: {r['wire_error']}")
                 continue
-            lines.append(f"  {n:>5} streams: {r['wire_gaps']} gaps compared; client - wire P50 "
-                         f"{_fmt(r['wire_err_p50_ms'], '.3f')} / P99 {_fmt(r['wire_err_p99_ms'], '.3f')} ms, |error| P99 "
-                         f"{_fmt(r['wire_abs_err_p99_ms'], '.3f')} ms; endpoint late by P50 "
-                         f"{_fmt(r['server_late_p50_ms'], '.2f')} / P99 {_fmt(r['server_late_p99_ms'], '.2f')} ms per gap")
+            lines.append(
+                f"  {n:>5} streams: {r['wire_gaps']} gaps compared; client - wire P50 "
+                f"{_fmt(r['wire_err_p50_ms'], '.3f')} / P99 {_fmt(r['wire_err_p99_ms'], '.3f')} ms, |error| P99 "
+                f"{_fmt(r['wire_abs_err_p99_ms'], '.3f')} ms; endpoint late by P50 "
+                f"{_fmt(r['server_late_p50_ms'], '.2f')} / P99 {_fmt(r['server_late_p99_ms'], '.2f')} ms per gap"
+            )
     lines += [f"note: {n}" for n in notes]
     for tool, by_n in results.items():
         for n, r in by_n.items():
             if r.get("profile"):
-                lines += ["", f"profile: {tool} at {n} streams (cProfile, by own time; cProfile slows it down)",
-                          *r["profile"].strip().splitlines()[:45]]
+                lines += [
+                    "",
+                    f"profile: {tool} at {n} streams (cProfile, by own time; cProfile slows it down)",
+                    *r["profile"].strip().splitlines()[:45],
+                ]
     text = "\n".join(lines)
     print(text)
     if a.json:
-        print(json.dumps({t: {str(n): {k: v for k, v in r.items() if k != "profile"} for n, r in by_n.items()}
-                          for t, by_n in results.items()}, indent=1))
+        print(
+            json.dumps(
+                {
+                    t: {str(n): {k: v for k, v in r.items() if k != "profile"} for n, r in by_n.items()}
+                    for t, by_n in results.items()
+                },
+                indent=1,
+            )
+        )
     if a.output:
         Path(a.output).write_text(text + "\n")
     return 0

@@ -25,15 +25,24 @@ import pytest
 ENV = "VRAMLAB_TEST_LLAMACPP_PYTHON"
 
 # A llama-architecture model small enough to load in well under a second on a busy 2-core box.
-N_EMBD, N_HEAD, N_HEAD_KV, N_LAYER, N_FF, N_CTX_TRAIN = 128, 4, 2, 2, 256, 4096  # head_dim 32: quantized KV needs it
+N_EMBD, N_HEAD, N_HEAD_KV, N_LAYER, N_FF, N_CTX_TRAIN = (
+    128,
+    4,
+    2,
+    2,
+    256,
+    4096,
+)  # head_dim 32: quantized KV needs it
 
 
 def engine_python() -> str:
     py = os.environ.get(ENV, "")
     if py and Path(py).exists():
         return py
-    why = (f"{ENV} is not set to llama-cpp-python's interpreter (scripts/test installs it with "
-           "scripts/engine-llamacpp)")
+    why = (
+        f"{ENV} is not set to llama-cpp-python's interpreter (scripts/test installs it with "
+        "scripts/engine-llamacpp)"
+    )
     if os.environ.get("VRAMLAB_REQUIRE_LLAMACPP") == "1":
         pytest.fail(why)
     pytest.skip(why)
@@ -45,8 +54,26 @@ def _vocab() -> tuple[list[bytes], list[float], list[int]]:
     types = [2, 3, 3]  # unknown, control, control
     toks += [f"<0x{i:02X}>".encode() for i in range(256)]
     types += [6] * 256  # byte
-    pieces = [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["\u2581" + w for w in (
-        "the", "a", "of", "to", "and", "in", "is", "it", "you", "that", "was", "for", "on", "are", "with")]
+    pieces = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [
+        "\u2581" + w
+        for w in (
+            "the",
+            "a",
+            "of",
+            "to",
+            "and",
+            "in",
+            "is",
+            "it",
+            "you",
+            "that",
+            "was",
+            "for",
+            "on",
+            "are",
+            "with",
+        )
+    ]
     pieces += ["\u2581" + chr(c) for c in range(ord("a"), ord("z") + 1)] + ["\u2581", ".", ","]
     pieces = list(dict.fromkeys(pieces))  # llama.cpp refuses a vocabulary with a piece twice
     toks += [p.encode() for p in pieces]
@@ -123,8 +150,10 @@ def free_port() -> int:
 
 def server_command(python: str, model: Path, port: int | str, n_ctx: int = 512, extra: str = "") -> str:
     """The shell command a drill's `process` target runs ({port} is filled by the drill)."""
-    return (f"exec {python} -m llama_cpp.server --model {model} --host 127.0.0.1 --port {port} --n_ctx {n_ctx} "
-            f"--n_threads 1 --n_batch 64 --interrupt_requests false --verbose true {extra}").strip()
+    return (
+        f"exec {python} -m llama_cpp.server --model {model} --host 127.0.0.1 --port {port} --n_ctx {n_ctx} "
+        f"--n_threads 1 --n_batch 64 --interrupt_requests false --verbose true {extra}"
+    ).strip()
 
 
 @dataclass
@@ -144,16 +173,22 @@ class Server:
                 self.proc.wait(5)
 
 
-def start_server(python: str, model: Path, log: Path, n_ctx: int = 512, extra: str = "",
-                 limit_s: float = 120.0) -> Server:
+def start_server(
+    python: str, model: Path, log: Path, n_ctx: int = 512, extra: str = "", limit_s: float = 120.0
+) -> Server:
     """Start the server and wait until /v1/models answers 200 (it has no /health)."""
     import urllib.request
 
     port = free_port()
     t = time.monotonic()
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(["/bin/sh", "-c", server_command(python, model, port, n_ctx, extra)],
-                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", server_command(python, model, port, n_ctx, extra)],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     while time.monotonic() - t < limit_s:
         if proc.poll() is not None:

@@ -10,8 +10,9 @@ from pathlib import Path
 BITS = {"F32": 32, "F16": 16, "BF16": 16, "I32": 32, "U8": 8, "I8": 8, "F8_E4M3": 8, "I64": 64}
 
 
-def safetensors_bytes(tensors: dict[str, tuple[str, list[int]]], metadata: dict[str, str] | None = None,
-                      fill: int = 0) -> bytes:
+def safetensors_bytes(
+    tensors: dict[str, tuple[str, list[int]]], metadata: dict[str, str] | None = None, fill: int = 0
+) -> bytes:
     """A complete safetensors file: header, then each tensor's data (every byte = *fill*)."""
     header: dict[str, object] = {}
     offset = 0
@@ -35,15 +36,23 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]], **k
 
 
 TINY_LLAMA_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2,
-    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "vocab_size": 256, "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "bfloat16",
     "tie_word_embeddings": False,
 }
 
 
-def tiny_llama_tensors(layers: range, dtype: str = "BF16", with_embed: bool = True,
-                       with_head: bool = True) -> dict[str, tuple[str, list[int]]]:
+def tiny_llama_tensors(
+    layers: range, dtype: str = "BF16", with_embed: bool = True, with_head: bool = True
+) -> dict[str, tuple[str, list[int]]]:
     """The tensors of TINY_LLAMA_CONFIG's layers (names and shapes as a Llama checkpoint has them)."""
     t: dict[str, tuple[str, list[int]]] = {}
     if with_embed:
@@ -76,7 +85,8 @@ def write_sharded_model(d: Path, config: dict | None = None) -> dict[str, bytes]
     files[names[1]] = safetensors_bytes(shard2, {"format": "pt"}, fill=2)
     weight_map = {k: names[0] for k in shard1} | {k: names[1] for k in shard2}
     files["model.safetensors.index.json"] = json.dumps(
-        {"metadata": {"total_size": 0}, "weight_map": weight_map}).encode()
+        {"metadata": {"total_size": 0}, "weight_map": weight_map}
+    ).encode()
     for name, data in files.items():
         (d / name).write_bytes(data)
     return files
@@ -88,8 +98,16 @@ def tiny_llama_bytes(dtype_bits: int = 16) -> int:
     return (256 * 64 * 2 + 2 * per_layer + 64) * dtype_bits // 8
 
 
-def write_gguf(path: Path, arch: str = "llama", *, layers: int = 2, kv: int | list[int] = 2,
-               extra: dict[str, object] | None = None, quant_type: str = "Q8_0", tie: bool = True) -> None:
+def write_gguf(
+    path: Path,
+    arch: str = "llama",
+    *,
+    layers: int = 2,
+    kv: int | list[int] = 2,
+    extra: dict[str, object] | None = None,
+    quant_type: str = "Q8_0",
+    tie: bool = True,
+) -> None:
     """A small but complete GGUF: metadata plus embedding, per-layer weights and norms."""
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
@@ -114,10 +132,12 @@ def write_gguf(path: Path, arch: str = "llama", *, layers: int = 2, kv: int | li
     block, type_size = GGML_QUANT_SIZES[q]
     for i in range(layers):
         # Quantized matrices are given as raw bytes: rows x (cols / block x type_size).
-        w.add_tensor(f"blk.{i}.attn_q.weight", np.zeros((256, 256 // block * type_size), dtype=np.uint8),
-                     raw_dtype=q)
-        w.add_tensor(f"blk.{i}.ffn_up.weight", np.zeros((512, 256 // block * type_size), dtype=np.uint8),
-                     raw_dtype=q)
+        w.add_tensor(
+            f"blk.{i}.attn_q.weight", np.zeros((256, 256 // block * type_size), dtype=np.uint8), raw_dtype=q
+        )
+        w.add_tensor(
+            f"blk.{i}.ffn_up.weight", np.zeros((512, 256 // block * type_size), dtype=np.uint8), raw_dtype=q
+        )
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(256, dtype=np.float32))
     if not tie:
         w.add_tensor("output.weight", np.zeros((512, 256), dtype=np.float16))

@@ -35,8 +35,9 @@ def store_url_fixture(request: pytest.FixtureRequest, tmp_path):
 MEMORY_URL = "memory://"
 
 
-@pytest.fixture(name="any_store_url",
-                params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres), "memory"])
+@pytest.fixture(
+    name="any_store_url", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres), "memory"]
+)
 def any_store_url_fixture(request: pytest.FixtureRequest, tmp_path):
     """store_url plus the in-memory store (MEMORY_URL): for tests of the `Store` contract itself."""
     yield from _backend_url(request.param, tmp_path)

@@ -21,8 +21,11 @@ from _store_backends import any_store_url_fixture, store_url_fixture
 
 __all__ = ["any_store_url_fixture", "store_url_fixture"]
 
-_SLOW = {line.strip() for line in (Path(__file__).parent / "slow_tests.txt").read_text().splitlines()
-         if line.strip() and not line.startswith("#")}
+_SLOW = {
+    line.strip()
+    for line in (Path(__file__).parent / "slow_tests.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

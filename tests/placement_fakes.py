@@ -32,8 +32,9 @@ class TableDemand:
             return Demand(inst.name, card.gpu_name, tp, False, reason=f"no TP {tp} in the table")
         b = int(gib * GIB)
         w, o = int(b * self.share), b // 10
-        return Demand(inst.name, card.gpu_name, tp, True, weights_bytes=w, kv_cache_bytes=b - w - o,
-                      overhead_bytes=o)
+        return Demand(
+            inst.name, card.gpu_name, tp, True, weights_bytes=w, kv_cache_bytes=b - w - o, overhead_bytes=o
+        )
 
 
 def inst(name: str, **kw: object) -> Instance:

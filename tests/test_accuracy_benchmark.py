@@ -19,8 +19,12 @@ DATA = ROOT / "benchmarks" / "data"
 @pytest.fixture(scope="module")
 def summary():
     # No skip: the data ship with the repository, so a clean clone runs this as written.
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"), "--json"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "accuracy.py"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -36,14 +40,23 @@ def test_every_row_names_its_source_and_group():
 
 
 def test_reports_every_group_and_leave_one_group_out(summary):
-    groups = {json.loads(line)["collection_group"]
-              for line in (DATA / "observed_memory.jsonl").read_text().splitlines() if line.strip()}
+    groups = {
+        json.loads(line)["collection_group"]
+        for line in (DATA / "observed_memory.jsonl").read_text().splitlines()
+        if line.strip()
+    }
     # a group is reported under every metric its logs print: SGLang and TGI groups print tokens only
-    by_group = {g for m in ("kv_cache_gib", "kv_cache_tokens") for g in summary["summary"]["vramlab"][m]["by_group"]}
+    by_group = {
+        g for m in ("kv_cache_gib", "kv_cache_tokens") for g in summary["summary"]["vramlab"][m]["by_group"]
+    }
     skipped = {rid for rid, _ in summary["skipped"]}
-    rows = [json.loads(line) for line in (DATA / "observed_memory.jsonl").read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line) for line in (DATA / "observed_memory.jsonl").read_text().splitlines() if line.strip()
+    ]
     scored_groups = {r["collection_group"] for r in rows if r["row_id"] not in skipped}
-    assert scored_groups <= by_group | {g for g, v in summary["leave_one_group_out"]["groups"].items() if not v["refit"]}
+    assert scored_groups <= by_group | {
+        g for g, v in summary["leave_one_group_out"]["groups"].items() if not v["refit"]
+    }
     held = summary["leave_one_group_out"]
     assert set(held["groups"]) == groups
     refit = [g for g in held["groups"].values() if g["refit"]]
@@ -51,15 +64,20 @@ def test_reports_every_group_and_leave_one_group_out(summary):
     # An engine's only group cannot be refitted without itself: scored at the defaults, and said so.
     assert all(g["why"] for g in held["groups"].values() if not g["refit"])
     pooled = held["pooled"]["kv_cache_gib"]
-    assert pooled["n"] == sum(g["metrics"]["kv_cache_gib"][0] for g in held["groups"].values()
-                              if "kv_cache_gib" in g["metrics"])
+    assert pooled["n"] == sum(
+        g["metrics"]["kv_cache_gib"][0] for g in held["groups"].values() if "kv_cache_gib" in g["metrics"]
+    )
 
 
 def test_readme_quotes_the_held_out_figure(summary):
     pooled = summary["leave_one_group_out"]["pooled"]
-    line = next(x for x in (ROOT / "README.md").read_text().split("\n\n") if x.startswith("Accuracy on published"))
+    line = next(
+        x for x in (ROOT / "README.md").read_text().split("\n\n") if x.startswith("Accuracy on published")
+    )
     assert "held-out" in line or "leave-one-group-out" in line
-    assert f"{pooled['kv_cache_gib']['median']:.1f} % median / {pooled['kv_cache_gib']['p90']:.1f} % p90" in line
+    assert (
+        f"{pooled['kv_cache_gib']['median']:.1f} % median / {pooled['kv_cache_gib']['p90']:.1f} % p90" in line
+    )
     assert f"over {pooled['kv_cache_gib']['n']} rows" in line
     outside = summary["leave_one_group_out"]["pooled_outside_the_019_sweep"]["kv_cache_gib"]
     assert f"{outside['median']:.1f} % / {outside['p90']:.1f} % p90 on the {outside['n']}" in line
@@ -92,7 +110,9 @@ def test_rows_are_not_silently_dropped(summary):
 def test_the_never_seen_rows_are_pooled_apart_and_quoted_from_the_same_figures(summary):
     # Rows collected after the model was written (unseen-* groups) get their own held-out pool, so
     # the "logs never seen" figure is printed by the benchmark, not computed by hand.
-    rows = [json.loads(line) for line in (DATA / "observed_memory.jsonl").read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line) for line in (DATA / "observed_memory.jsonl").read_text().splitlines() if line.strip()
+    ]
     unseen = {r["row_id"] for r in rows if r["collection_group"].startswith("unseen-")}
     assert unseen
     pooled = summary["leave_one_group_out"]["pooled_unseen"]
@@ -101,8 +121,11 @@ def test_the_never_seen_rows_are_pooled_apart_and_quoted_from_the_same_figures(s
     # The data README quotes the shipped-default per-row KV capacity error of exactly these rows (GiB
     # where printed, else tokens) as the model stands now, below the first look (a fixed snapshot).
     # A never-seen row whose plan the planner refuses is listed as skipped, never dropped silently.
-    cap = sorted(abs(r["kv_cache_gib" if "kv_cache_gib" in r else "kv_cache_tokens"][2])
-                 for r in summary["rows"] if r["row"] in unseen)
+    cap = sorted(
+        abs(r["kv_cache_gib" if "kv_cache_gib" in r else "kv_cache_tokens"][2])
+        for r in summary["rows"]
+        if r["row"] in unseen
+    )
     skipped = {rid for rid, _ in summary["skipped"]} & unseen
     assert len(cap) + len(skipped) == len(unseen)
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -118,9 +141,13 @@ def test_a_group_spanning_engines_keeps_every_engines_rows():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import accuracy
 
-    rows = [json.loads(line) for line in (DATA / "observed_memory.jsonl").read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line) for line in (DATA / "observed_memory.jsonl").read_text().splitlines() if line.strip()
+    ]
     configs = json.loads((DATA / "model_configs.json").read_text())
-    vllm = [r for r in rows if r["engine"] == "vllm" and r["collection_group"] == "llm-d-planner-v0.19.0-sweep"][:6]
+    vllm = [
+        r for r in rows if r["engine"] == "vllm" and r["collection_group"] == "llm-d-planner-v0.19.0-sweep"
+    ][:6]
     sglang = [r for r in rows if r["engine"] == "sglang"][:1]
     mixed = [dict(vllm[0], collection_group="mixed"), dict(sglang[0], collection_group="mixed")]
     out = accuracy.leave_one_group_out(vllm[1:] + mixed, configs)
@@ -164,16 +191,29 @@ def test_band_score_counts_a_measurement_at_the_edge_inside_and_past_it_outside(
     from vramlab.capacity import EngineSettings, estimate, get_gpu
     from vramlab.sources.catalog import get_entry
 
-    est = estimate(get_entry("llama-3.1-8b-instruct").spec(), get_gpu("h100-80gb"),
-                   EngineSettings(engine_version="0.10.1", max_model_len=8192))
+    est = estimate(
+        get_entry("llama-3.1-8b-instruct").spec(),
+        get_gpu("h100-80gb"),
+        EngineSettings(engine_version="0.10.1", max_model_len=8192),
+    )
     low, high = (b / (1 << 30) for b in est.extra["kv_band_bytes"])
     assert low < est.kv_available_bytes / (1 << 30) < high
     assert accuracy.band_score(est, {"kv_cache_gib": low})[0]
     assert accuracy.band_score(est, {"kv_cache_gib": high + 0.004})[0]  # within the log's printed precision
     assert not accuracy.band_score(est, {"kv_cache_gib": high + 0.02})[0]
-    inside, width, what = accuracy.band_score(est, {"kv_cache_gib": None, "kv_cache_tokens": est.kv_cache_tokens})
+    inside, width, what = accuracy.band_score(
+        est, {"kv_cache_gib": None, "kv_cache_tokens": est.kv_cache_tokens}
+    )
     assert inside and what == "tokens"
-    assert abs(width - (some(est.optimistic).kv_cache_tokens - some(est.pessimistic).kv_cache_tokens) / est.kv_cache_tokens * 100) < 1e-6
+    assert (
+        abs(
+            width
+            - (some(est.optimistic).kv_cache_tokens - some(est.pessimistic).kv_cache_tokens)
+            / est.kv_cache_tokens
+            * 100
+        )
+        < 1e-6
+    )
 
 
 def test_the_band_follows_the_figure_a_local_engine_prints():

@@ -29,7 +29,9 @@ def _promtool() -> str:
 
 
 def _rule(**kw) -> AlertRuleSpec:
-    base = dict(name="KV", signal="kv_cache_usage", threshold=0.9, severity="warning", owner="team", action="do x")
+    base = dict(
+        name="KV", signal="kv_cache_usage", threshold=0.9, severity="warning", owner="team", action="do x"
+    )
     base.update(kw)
     return AlertRuleSpec.model_validate(base)
 
@@ -91,7 +93,9 @@ def test_cli_output_is_promtool_valid_and_fires_in_unit_test(tmp_path):
     rules_file = tmp_path / "rules.yml"
     res = subprocess.run(
         [sys.executable, "-m", "vramlab", "alerts", str(EXAMPLE), "-o", str(rules_file), "--engine", "vllm"],
-        capture_output=True, text=True, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert res.returncode == 0, res.stderr
     check = subprocess.run([promtool, "check", "rules", str(rules_file)], capture_output=True, text=True)
@@ -110,8 +114,14 @@ def test_cli_output_is_promtool_valid_and_fires_in_unit_test(tmp_path):
             {
                 "interval": "15s",
                 "input_series": [
-                    {"series": 'vllm:kv_cache_usage_perc{instance="a:8000",model_name="m"}', "values": "0.5x8 0.95x20"},
-                    {"series": 'vllm:gpu_cache_usage_perc{instance="b:8000",model_name="m"}', "values": "0.1x28"},
+                    {
+                        "series": 'vllm:kv_cache_usage_perc{instance="a:8000",model_name="m"}',
+                        "values": "0.5x8 0.95x20",
+                    },
+                    {
+                        "series": 'vllm:gpu_cache_usage_perc{instance="b:8000",model_name="m"}',
+                        "values": "0.1x28",
+                    },
                 ],
                 "alert_rule_test": [
                     {"eval_time": "2m30s", "alertname": "InferenceKVCacheNearlyFull", "exp_alerts": []},
@@ -121,8 +131,10 @@ def test_cli_output_is_promtool_valid_and_fires_in_unit_test(tmp_path):
                         "exp_alerts": [
                             {
                                 "exp_labels": {
-                                    "severity": "warning", "owner": "team-inference",
-                                    "instance": "a:8000", "model_name": "m",
+                                    "severity": "warning",
+                                    "owner": "team-inference",
+                                    "instance": "a:8000",
+                                    "model_name": "m",
                                 },
                                 "exp_annotations": {
                                     "summary": "KV-cache blocks in use > 0.9 for 1m",
@@ -150,13 +162,30 @@ def test_promtool_unit_test_fails_when_series_stays_low(tmp_path):
     tests = {
         "rule_files": [str(rules_file)],
         "evaluation_interval": "15s",
-        "tests": [{
-            "interval": "15s",
-            "input_series": [{"series": 'vllm:kv_cache_usage_perc{instance="a",model_name="m"}', "values": "0.5x20"}],
-            "alert_rule_test": [{"eval_time": "4m", "alertname": "KVFull",
-                                 "exp_alerts": [{"exp_labels": {"severity": "warning", "owner": "team",
-                                                                "instance": "a", "model_name": "m"}}]}],
-        }],
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [
+                    {"series": 'vllm:kv_cache_usage_perc{instance="a",model_name="m"}', "values": "0.5x20"}
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "4m",
+                        "alertname": "KVFull",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "owner": "team",
+                                    "instance": "a",
+                                    "model_name": "m",
+                                }
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
     }
     test_file = tmp_path / "t.yml"
     test_file.write_text(yaml.safe_dump(tests))
@@ -169,7 +198,9 @@ def test_cli_refuses_plan_with_unowned_alert_in_one_line(tmp_path):
     del doc["alerts"][0]["owner"]
     plan = tmp_path / "p.yaml"
     plan.write_text(yaml.safe_dump(doc))
-    res = subprocess.run([sys.executable, "-m", "vramlab", "alerts", str(plan)], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "vramlab", "alerts", str(plan)], capture_output=True, text=True
+    )
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and "analysis, not alerting" in res.stderr
     assert res.stdout == ""

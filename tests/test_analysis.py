@@ -51,14 +51,26 @@ def test_percentile_ignores_order(xs, rnd):
 
 
 def _req(i: int, e2e: float, ok: bool, tokens: int) -> RequestRecord:
-    return RequestRecord(run_id="00000000", round=0, phase="baseline", request_id=str(i), sent_s=float(i),
-                         end_s=i + e2e / 1000, e2e_ms=e2e, ttft_ms=e2e / 3, output_tokens=tokens if ok else 0,
-                         status_code=200 if ok else 0, error_class=None if ok else "timeout")
+    return RequestRecord(
+        run_id="00000000",
+        round=0,
+        phase="baseline",
+        request_id=str(i),
+        sent_s=float(i),
+        end_s=i + e2e / 1000,
+        e2e_ms=e2e,
+        ttft_ms=e2e / 3,
+        output_tokens=tokens if ok else 0,
+        status_code=200 if ok else 0,
+        error_class=None if ok else "timeout",
+    )
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.floats(0.1, 1e5), st.booleans(), st.integers(0, 4096)), min_size=1, max_size=40),
-       st.randoms(use_true_random=False))
+@given(
+    st.lists(st.tuples(st.floats(0.1, 1e5), st.booleans(), st.integers(0, 4096)), min_size=1, max_size=40),
+    st.randoms(use_true_random=False),
+)
 def test_request_summary_invariant_to_order(rows, rnd):
     reqs = [_req(i, *row) for i, row in enumerate(rows)]
     shuffled = list(reqs)
@@ -90,7 +102,11 @@ def test_analysis_of_synthetic_run():
     assert step8[0].resources.worst["engine.kv_cache_usage_perc"] == 0.8
     assert step8[0].resources.worst["gpu.memory_used_bytes"] == 70 * synth.GIB + 2 * synth.GIB
     base = a.phases[0]
-    assert base.window.phase == "baseline" and some(base.requests.e2e).p50 == 200.0 and some(base.requests.e2e).p99 == 298.0
+    assert (
+        base.window.phase == "baseline"
+        and some(base.requests.e2e).p50 == 200.0
+        and some(base.requests.e2e).p99 == 298.0
+    )
     assert some(base.requests.e2e_sched).p95 == 292.0  # from scheduled: 2 ms earlier
     # comparison: treatment vs baseline in round 0
     d = a.comparisons[0].deltas["treatment"]["e2e_p95_ms"]
@@ -122,10 +138,15 @@ def test_analysis_invariant_to_record_order():
 def test_recovery_not_returned_and_warnings():
     run, reqs, samples, events = synth.build(status="running")
     # round 0 recovery: errors all the way to the end
-    reqs = [r.model_copy(update={"status_code": 0, "error_class": "connect"})
-            if r.round == 0 and r.phase == "recovery" and r.request_id.endswith(("-18", "-19", "-20")) else r
-            for r in reqs]
-    reqs = [r.model_copy(update={"dispatch_lag_ms": 40.0}) if r.round == 2 and r.step == 1 else r for r in reqs]
+    reqs = [
+        r.model_copy(update={"status_code": 0, "error_class": "connect"})
+        if r.round == 0 and r.phase == "recovery" and r.request_id.endswith(("-18", "-19", "-20"))
+        else r
+        for r in reqs
+    ]
+    reqs = [
+        r.model_copy(update={"dispatch_lag_ms": 40.0}) if r.round == 2 and r.step == 1 else r for r in reqs
+    ]
     a = analyze_run(run, reqs, samples, events)
     rec = {r.round: r for r in a.recovery}
     assert not rec[0].returned and rec[0].after_s is None and "error rate" in rec[0].reason
@@ -137,16 +158,31 @@ def test_recovery_not_returned_and_warnings():
 def test_fewer_rounds_warns():
     run, reqs, samples, events = synth.build()
     keep = [r for r in reqs if r.round == 0]
-    a = analyze_run(run, keep, [s for s in samples if s.t_s < 60], [e for e in events if e.round in (0, None)])
+    a = analyze_run(
+        run, keep, [s for s in samples if s.t_s < 60], [e for e in events if e.round in (0, None)]
+    )
     assert any("only 1 round" in w for w in a.warnings)
     assert all(not s.spikes for s in a.stability)
 
 
 def test_lag_warning_not_repeated_when_the_runner_already_warned():
     run, reqs, samples, events = synth.build()
-    reqs = [r.model_copy(update={"dispatch_lag_ms": 40.0}) if r.round in (0, 2) and r.step == 1 else r for r in reqs]
-    events.append(EventRecord(run_id=run.run_id, t_s=30.0, kind="warning", round=0, phase="treatment", step=1,
-                              message="the load generator fell behind", data={"dispatch_lag_p99_ms": 40.0}))
+    reqs = [
+        r.model_copy(update={"dispatch_lag_ms": 40.0}) if r.round in (0, 2) and r.step == 1 else r
+        for r in reqs
+    ]
+    events.append(
+        EventRecord(
+            run_id=run.run_id,
+            t_s=30.0,
+            kind="warning",
+            round=0,
+            phase="treatment",
+            step=1,
+            message="the load generator fell behind",
+            data={"dispatch_lag_p99_ms": 40.0},
+        )
+    )
     lag = [w for w in analyze_run(run, reqs, samples, events).warnings if "fell behind" in w]
     assert len(lag) == 1 and "round 2 treatment step 1" in lag[0]
 
@@ -155,8 +191,13 @@ def test_thresholds_from_the_plan():
     a = analyze_run(*synth.build())  # plan metrics: p95_e2e_ms <= 950, error_rate <= 5%
     assert len(a.thresholds) == 15 * 2
     breaches = {(c.round, c.step_value, c.metric) for c in a.thresholds if c.passed is False}
-    assert breaches == {(0, 8.0, "p95_e2e_ms"), (1, 8.0, "p95_e2e_ms"), (2, 8.0, "p95_e2e_ms"),
-                        (1, 8.0, "error_rate"), (2, None, "p95_e2e_ms")}
+    assert breaches == {
+        (0, 8.0, "p95_e2e_ms"),
+        (1, 8.0, "p95_e2e_ms"),
+        (2, 8.0, "p95_e2e_ms"),
+        (1, 8.0, "error_rate"),
+        (2, None, "p95_e2e_ms"),
+    }
     assert a.highest_passing_value == 4.0
     # goodput uses the e2e limit as the per-request SLO: at concurrency 8 (e2e 800..1000 ms)
     # the 16 requests at or under 950 ms are good in round 0
@@ -167,7 +208,9 @@ def test_thresholds_from_the_plan():
 def test_threshold_names_and_limits():
     from vramlab.analysis.thresholds import check_thresholds, highest_passing_value, slo_from_metrics
 
-    assert slo_from_metrics({"p95_ttft_ms": 500, "p99_ttft_ms": 800, "error_rate": 0.01}) == Slo(ttft_ms=500.0)
+    assert slo_from_metrics({"p95_ttft_ms": 500, "p99_ttft_ms": 800, "error_rate": 0.01}) == Slo(
+        ttft_ms=500.0
+    )
     assert slo_from_metrics({"error_rate": 0.01}) is None
     a = analyze_run(*synth.build())
     checks = check_thresholds({"p90_itl_ms": 4.0, "min_goodput_rps": 1.0, "max_tpot_ms": 5.0}, a.steps[:2])
@@ -189,8 +232,10 @@ def test_threshold_names_and_limits():
 
 def test_cancelled_requests_are_counted_apart():
     reqs = [_req(i, 100.0, ok=True, tokens=10) for i in range(8)]
-    cut = [r.model_copy(update={"error_class": "cancelled", "status_code": 0, "request_id": f"c{i}"})
-           for i, r in enumerate(reqs[:2])]
+    cut = [
+        r.model_copy(update={"error_class": "cancelled", "status_code": 0, "request_id": f"c{i}"})
+        for i, r in enumerate(reqs[:2])
+    ]
     s = summarize_requests(reqs + cut, 4.0)
     assert (s.count, s.errors, s.error_rate, s.cancelled) == (8, 0, 0.0, 2)
 
@@ -199,22 +244,38 @@ def test_two_loners_are_unstable_not_a_one_off():
     # P95s in the proportion 75 : 88 : 45, each round alone against the median of the other two
     run, reqs, samples, events = synth.build()
     factor = {0: 1.0, 1: 88 / 75, 2: 45 / 75}
-    reqs = [r.model_copy(update={"e2e_ms": some(r.e2e_ms) * factor[r.round]})
-            if r.phase == "treatment" and r.step == 0 else r for r in reqs]
-    cell = next(s for s in analyze_run(run, reqs, samples, events).stability
-                if (s.phase, s.step, s.metric) == ("treatment", 0, "e2e_p95_ms"))
+    reqs = [
+        r.model_copy(update={"e2e_ms": some(r.e2e_ms) * factor[r.round]})
+        if r.phase == "treatment" and r.step == 0
+        else r
+        for r in reqs
+    ]
+    cell = next(
+        s
+        for s in analyze_run(run, reqs, samples, events).stability
+        if (s.phase, s.step, s.metric) == ("treatment", 0, "e2e_p95_ms")
+    )
     assert cell.by_round == pytest.approx({0: 390.0, 1: 457.6, 2: 234.0})
     assert cell.spikes == [] and cell.unstable
-    steady = next(s for s in analyze_run(*synth.build()).stability
-                  if (s.phase, s.step, s.metric) == ("treatment", 0, "e2e_p95_ms"))
+    steady = next(
+        s
+        for s in analyze_run(*synth.build()).stability
+        if (s.phase, s.step, s.metric) == ("treatment", 0, "e2e_p95_ms")
+    )
     assert not steady.unstable and steady.spikes == []
 
 
 def test_a_round_where_every_request_timed_out_never_returned_to_baseline():
     # against a target that never answers, "returned to baseline: yes" with 4/4 timed out
     run, reqs, samples, events = synth.build()
-    hung = [r.model_copy(update={"status_code": 0, "error_class": "timeout", "e2e_ms": None, "output_tokens": None})
-            if r.round == 0 and r.phase in ("baseline", "recovery") else r for r in reqs]
+    hung = [
+        r.model_copy(
+            update={"status_code": 0, "error_class": "timeout", "e2e_ms": None, "output_tokens": None}
+        )
+        if r.round == 0 and r.phase in ("baseline", "recovery")
+        else r
+        for r in reqs
+    ]
     rec = {r.round: r for r in analyze_run(run, hung, samples, events).recovery}
     assert not rec[0].returned and rec[0].after_s is None
     assert "no request succeeded" in rec[0].reason and "timed out" in rec[0].reason
@@ -233,7 +294,9 @@ def test_returned_to_baseline_is_judged_on_the_whole_stretch_not_the_last_bin():
 
 def test_returned_to_baseline_says_when_too_few_requests_to_judge():
     run, reqs, samples, events = synth.build()
-    keep = sorted((r for r in reqs if r.round == 0 and r.phase == "recovery"), key=lambda r: some(r.sent_s))[:7]
+    keep = sorted((r for r in reqs if r.round == 0 and r.phase == "recovery"), key=lambda r: some(r.sent_s))[
+        :7
+    ]
     few = [r for r in reqs if not (r.round == 0 and r.phase == "recovery") or r in keep]
     a = analyze_run(run, few, samples, events)
     rec = {r.round: r for r in a.recovery}

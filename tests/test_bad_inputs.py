@@ -43,10 +43,12 @@ def _plan(**replace: str) -> str:
 
 
 M = ["--model", "llama-3.1-8b-instruct", "--gpu", "h100-80gb"]
-CONFIG_OK = ('{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, '
-             '"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, '
-             '"intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192, '
-             '"torch_dtype": "bfloat16"}')
+CONFIG_OK = (
+    '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, '
+    '"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, '
+    '"intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192, '
+    '"torch_dtype": "bfloat16"}'
+)
 
 
 def _config(**fields: str) -> str:
@@ -66,42 +68,84 @@ CONFIGS_OPEN: set[str] = set()
 
 CASES: list[Case] = [
     # -- plan flags: NaN, inf, negative, 0 where it means nothing, junk --------------------------
-    *[Case(f"plan-{flag.strip('-')}-{val}", ["plan", *M, flag, val],
-           owner=CAPACITY if f"{flag}={val}" in PLAN_FLAGS_OPEN else None)
-      for flag, val in [("--gpu-memory-utilization", "nan"), ("--gpu-memory-utilization", "inf"),
-                        ("--gpu-memory-utilization", "0"), ("--gpu-memory-utilization", "-0.5"),
-                        ("--gpu-memory-utilization", "1.5"), ("--max-model-len", "0"), ("--max-model-len", "-1"),
-                        ("--max-model-len", "nan"), ("--max-num-seqs", "0"), ("--block-size", "0"),
-                        ("--concurrency", "-3"), ("--margin", "nan"), ("--gpu-memory-gib", "inf"),
-                        ("--gpu-memory-gib", "-80"), ("--other-processes-gib", "nan"), ("-tp", "0"),
-                        ("--engine-version", "banana"), ("--dtype", "float7"), ("--kv-cache-dtype", "int3")]],
+    *[
+        Case(
+            f"plan-{flag.strip('-')}-{val}",
+            ["plan", *M, flag, val],
+            owner=CAPACITY if f"{flag}={val}" in PLAN_FLAGS_OPEN else None,
+        )
+        for flag, val in [
+            ("--gpu-memory-utilization", "nan"),
+            ("--gpu-memory-utilization", "inf"),
+            ("--gpu-memory-utilization", "0"),
+            ("--gpu-memory-utilization", "-0.5"),
+            ("--gpu-memory-utilization", "1.5"),
+            ("--max-model-len", "0"),
+            ("--max-model-len", "-1"),
+            ("--max-model-len", "nan"),
+            ("--max-num-seqs", "0"),
+            ("--block-size", "0"),
+            ("--concurrency", "-3"),
+            ("--margin", "nan"),
+            ("--gpu-memory-gib", "inf"),
+            ("--gpu-memory-gib", "-80"),
+            ("--other-processes-gib", "nan"),
+            ("-tp", "0"),
+            ("--engine-version", "banana"),
+            ("--dtype", "float7"),
+            ("--kv-cache-dtype", "int3"),
+        ]
+    ],
     Case("plan-unknown-model", ["plan", "--model", "no-such-model-xyz", "--gpu", "h100-80gb", "--offline"]),
     Case("plan-unknown-gpu", ["plan", "--model", "llama-3.1-8b-instruct", "--gpu", "h900"]),
     Case("plan-sweep-junk", ["plan", *M, "--sweep", "max_num_seqs=a,b"]),
-    Case("plan-calibration-binary", ["plan", *M, "--calibration", "{cal.toml}"],
-         {"cal.toml": b"\x00\x01\xff\xfe" * 64}),
+    Case(
+        "plan-calibration-binary",
+        ["plan", *M, "--calibration", "{cal.toml}"],
+        {"cal.toml": b"\x00\x01\xff\xfe" * 64},
+    ),
     Case("plan-calibration-missing", ["plan", *M, "--calibration", "{nothere.toml}"]),
     Case("plan-calibration-bad-toml", ["plan", *M, "--calibration", "{cal.toml}"], {"cal.toml": "[[[ nope"}),
     Case("plan-plot-unwritable", ["plan", *M, "--plot", "/proc/vramlab-cannot/plot.png"]),
     # -- config.json of every wrong kind ------------------------------------------------------------
-    *[Case(f"config-{name}", ["plan", "--model", "{config.json}", "--gpu", "h100-80gb", "--offline"],
-           {"config.json": text}, owner=CAPACITY if name in CONFIGS_OPEN else None)
-      for name, text in [("heads-0", _config(num_attention_heads="0")),
-                         ("hidden-negative-fraction", _config(hidden_size="-0.5")),
-                         ("layers-true", _config(num_hidden_layers="true")),
-                         ("layers-string", _config(num_hidden_layers='"32"')),
-                         ("layers-list", _config(num_hidden_layers="[32]")),
-                         ("hidden-infinity", _config(hidden_size="Infinity")),
-                         ("vocab-nan", _config(vocab_size="NaN")),
-                         ("dtype-unknown", _config(torch_dtype='"float7"'))]],
-    Case("config-not-json", ["plan", "--model", "{config.json}", "--gpu", "h100-80gb", "--offline"],
-         {"config.json": "{not json"}),
-    Case("config-binary", ["plan", "--model", "{config.json}", "--gpu", "h100-80gb", "--offline"],
-         {"config.json": b"\x89PNG\r\n\x1a\n" + bytes(range(256))}),
-    Case("config-list", ["plan", "--model", "{config.json}", "--gpu", "h100-80gb", "--offline"],
-         {"config.json": "[1, 2, 3]"}),
-    Case("gguf-garbage", ["plan", "--model", "{m.gguf}", "--gpu", "h100-80gb", "--offline"],
-         {"m.gguf": b"GGUF" + b"\xff" * 64}),
+    *[
+        Case(
+            f"config-{name}",
+            ["plan", "--model", "{config.json}", "--gpu", "h100-80gb", "--offline"],
+            {"config.json": text},
+            owner=CAPACITY if name in CONFIGS_OPEN else None,
+        )
+        for name, text in [
+            ("heads-0", _config(num_attention_heads="0")),
+            ("hidden-negative-fraction", _config(hidden_size="-0.5")),
+            ("layers-true", _config(num_hidden_layers="true")),
+            ("layers-string", _config(num_hidden_layers='"32"')),
+            ("layers-list", _config(num_hidden_layers="[32]")),
+            ("hidden-infinity", _config(hidden_size="Infinity")),
+            ("vocab-nan", _config(vocab_size="NaN")),
+            ("dtype-unknown", _config(torch_dtype='"float7"')),
+        ]
+    ],
+    Case(
+        "config-not-json",
+        ["plan", "--model", "{config.json}", "--gpu", "h100-80gb", "--offline"],
+        {"config.json": "{not json"},
+    ),
+    Case(
+        "config-binary",
+        ["plan", "--model", "{config.json}", "--gpu", "h100-80gb", "--offline"],
+        {"config.json": b"\x89PNG\r\n\x1a\n" + bytes(range(256))},
+    ),
+    Case(
+        "config-list",
+        ["plan", "--model", "{config.json}", "--gpu", "h100-80gb", "--offline"],
+        {"config.json": "[1, 2, 3]"},
+    ),
+    Case(
+        "gguf-garbage",
+        ["plan", "--model", "{m.gguf}", "--gpu", "h100-80gb", "--offline"],
+        {"m.gguf": b"GGUF" + b"\xff" * 64},
+    ),
     # -- check-log / calibrate -----------------------------------------------------------------------
     Case("check-log-missing", ["check-log", "{nothere.log}"]),
     Case("check-log-binary", ["check-log", "{bin.log}"], {"bin.log": bytes(range(256)) * 64}),
@@ -109,8 +153,11 @@ CASES: list[Case] = [
     Case("check-log-unknown-engine", ["check-log", str(VLLM_LOG / "tgi.log"), "--engine", "banana"]),
     Case("calibrate-binary", ["calibrate", "{bin.jsonl}"], {"bin.jsonl": b"\x00\xff" * 500}),
     Case("calibrate-nothing-fitted", ["calibrate", "{empty.jsonl}"], {"empty.jsonl": ""}),
-    Case("calibrate-impossible", ["calibrate", "{obs.jsonl}"],
-         {"obs.jsonl": '{"kind": "kv_cache_bytes", "value": 1e40}\n'}),
+    Case(
+        "calibrate-impossible",
+        ["calibrate", "{obs.jsonl}"],
+        {"obs.jsonl": '{"kind": "kv_cache_bytes", "value": 1e40}\n'},
+    ),
     Case("calibrate-output-unwritable", ["calibrate", str(VLLM_LOG / "tgi.log"), "-o", "/proc/x/cal.toml"]),
     Case("calibrate-min-points-0", ["calibrate", str(VLLM_LOG / "tgi.log"), "--min-points", "0"]),
     Case("calibrate-reversed-versions", ["calibrate", str(VLLM_LOG / "tgi.log"), "--versions", "0.9..0.5"]),
@@ -118,31 +165,70 @@ CASES: list[Case] = [
     Case("run-plan-missing", ["run", "{nothere.yaml}", "--db", "{v.db}"]),
     Case("run-plan-binary", ["run", "{p.yaml}", "--db", "{v.db}"], {"p.yaml": b"\xff\xfe\x00\x01" * 100}),
     Case("run-plan-not-mapping", ["run", "{p.yaml}", "--db", "{v.db}"], {"p.yaml": "- a\n- b\n"}),
-    Case("run-plan-duration-inf", ["run", "{p.yaml}", "--db", "{v.db}"],
-         {"p.yaml": _plan(**{"duration_s: 10 ": "duration_s: .inf "})}),
-    Case("run-plan-duration-nan", ["run", "{p.yaml}", "--db", "{v.db}"],
-         {"p.yaml": _plan(**{"duration_s: 10 ": "duration_s: .nan "})}),
-    Case("run-plan-rounds-string", ["run", "{p.yaml}", "--db", "{v.db}"],
-         {"p.yaml": _plan(**{"rounds: 3": "rounds: three"})}),
-    Case("run-plan-rounds-list", ["run", "{p.yaml}", "--db", "{v.db}"],
-         {"p.yaml": _plan(**{"rounds: 3": "rounds: [3]"})}),
-    Case("run-plan-steps-dict", ["run", "{p.yaml}", "--db", "{v.db}"],
-         {"p.yaml": _plan(**{"ramp: {start: 2, factor: 2, ceiling: 16}": "steps: {a: 1}"})}),
-    Case("run-plan-ramp-inf", ["run", "{p.yaml}", "--db", "{v.db}"],
-         {"p.yaml": _plan(**{"ceiling: 16}": "ceiling: .inf}"})}),
-    Case("run-plan-timeout-inf", ["run", "{p.yaml}", "--db", "{v.db}"],
-         {"p.yaml": _plan(**{"request_timeout_s: 30": "request_timeout_s: .inf"})}),
-    Case("run-plan-wall-clock-inf", ["run", "{p.yaml}", "--db", "{v.db}"],
-         {"p.yaml": _plan(**{"wall_clock_s: 900": "wall_clock_s: .inf"})}),
-    Case("run-plan-metric-nan", ["run", "{p.yaml}", "--db", "{v.db}"],
-         {"p.yaml": _plan(**{"p95_ttft_ms: 800": "p95_ttft_ms: .nan"})}),
-    Case("run-plan-name-huge", ["run", "{p.yaml}", "--db", "{v.db}"],
-         {"p.yaml": _plan(**{"name: concurrency-ramp": "name: " + "x" * 5000})}),
-    Case("run-plan-deep-yaml", ["run", "{p.yaml}", "--db", "{v.db}"], {"p.yaml": "a: " + "[" * 5000 + "]" * 5000}),
-    Case("run-plan-yaml-bomb", ["run", "{p.yaml}", "--db", "{v.db}"],
-         {"p.yaml": "a: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
-                    "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\n"
-                    "f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]\ng: [*f,*f,*f,*f,*f,*f,*f,*f,*f]\n"}),
+    Case(
+        "run-plan-duration-inf",
+        ["run", "{p.yaml}", "--db", "{v.db}"],
+        {"p.yaml": _plan(**{"duration_s: 10 ": "duration_s: .inf "})},
+    ),
+    Case(
+        "run-plan-duration-nan",
+        ["run", "{p.yaml}", "--db", "{v.db}"],
+        {"p.yaml": _plan(**{"duration_s: 10 ": "duration_s: .nan "})},
+    ),
+    Case(
+        "run-plan-rounds-string",
+        ["run", "{p.yaml}", "--db", "{v.db}"],
+        {"p.yaml": _plan(**{"rounds: 3": "rounds: three"})},
+    ),
+    Case(
+        "run-plan-rounds-list",
+        ["run", "{p.yaml}", "--db", "{v.db}"],
+        {"p.yaml": _plan(**{"rounds: 3": "rounds: [3]"})},
+    ),
+    Case(
+        "run-plan-steps-dict",
+        ["run", "{p.yaml}", "--db", "{v.db}"],
+        {"p.yaml": _plan(**{"ramp: {start: 2, factor: 2, ceiling: 16}": "steps: {a: 1}"})},
+    ),
+    Case(
+        "run-plan-ramp-inf",
+        ["run", "{p.yaml}", "--db", "{v.db}"],
+        {"p.yaml": _plan(**{"ceiling: 16}": "ceiling: .inf}"})},
+    ),
+    Case(
+        "run-plan-timeout-inf",
+        ["run", "{p.yaml}", "--db", "{v.db}"],
+        {"p.yaml": _plan(**{"request_timeout_s: 30": "request_timeout_s: .inf"})},
+    ),
+    Case(
+        "run-plan-wall-clock-inf",
+        ["run", "{p.yaml}", "--db", "{v.db}"],
+        {"p.yaml": _plan(**{"wall_clock_s: 900": "wall_clock_s: .inf"})},
+    ),
+    Case(
+        "run-plan-metric-nan",
+        ["run", "{p.yaml}", "--db", "{v.db}"],
+        {"p.yaml": _plan(**{"p95_ttft_ms: 800": "p95_ttft_ms: .nan"})},
+    ),
+    Case(
+        "run-plan-name-huge",
+        ["run", "{p.yaml}", "--db", "{v.db}"],
+        {"p.yaml": _plan(**{"name: concurrency-ramp": "name: " + "x" * 5000})},
+    ),
+    Case(
+        "run-plan-deep-yaml",
+        ["run", "{p.yaml}", "--db", "{v.db}"],
+        {"p.yaml": "a: " + "[" * 5000 + "]" * 5000},
+    ),
+    Case(
+        "run-plan-yaml-bomb",
+        ["run", "{p.yaml}", "--db", "{v.db}"],
+        {
+            "p.yaml": "a: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
+            "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\n"
+            "f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]\ng: [*f,*f,*f,*f,*f,*f,*f,*f,*f]\n"
+        },
+    ),
     Case("run-rounds-0", ["run", "{p.yaml}", "--db", "{v.db}", "--rounds", "0"], {"p.yaml": RAMP}),
     Case("run-rounds-negative", ["run", "{p.yaml}", "--db", "{v.db}", "--rounds", "-2"], {"p.yaml": RAMP}),
     # -- stores: not a database, /proc, read-only, a directory ---------------------------------------
@@ -154,7 +240,11 @@ CASES: list[Case] = [
     Case("runs-db-dev-null", ["runs", "--db", "/dev/null"]),
     Case("runs-db-scheme", ["runs", "--db", "mysql://x/y"]),
     Case("runs-limit-negative", ["runs", "--limit", "-1"]),
-    Case("run-db-read-only", ["run", "{p.yaml}", "--db", "{ro/v.db}"], {"p.yaml": RAMP, "ro/v.db": "@readonly-db"}),
+    Case(
+        "run-db-read-only",
+        ["run", "{p.yaml}", "--db", "{ro/v.db}"],
+        {"p.yaml": RAMP, "ro/v.db": "@readonly-db"},
+    ),
     Case("runs-db-read-only-fresh", ["runs", "--db", "{ro/new.db}"], {"ro/.keep": "@readonly-dir"}),
     Case("report-db-not-a-database", ["report", "abcd", "--db", "{junk.db}"], {"junk.db": "junk" * 1000}),
     Case("report-unknown-run", ["report", "abcd1234", "--db", "{v.db}"]),
@@ -168,22 +258,36 @@ CASES: list[Case] = [
     Case("alerts-output-unwritable", ["alerts", "{p.yaml}", "-o", "/proc/x/rules.yaml"], {"p.yaml": RAMP}),
     Case("pack-binary", ["pack", "{f.yaml}"], {"f.yaml": b"\xff\x00" * 100}),
     Case("pack-not-mapping", ["pack", "{f.yaml}"], {"f.yaml": "just a string"}),
-    Case("pack-trace-binary", ["pack", str(ROOT / "examples" / "fleet.yaml"), "--simulate", "{t.jsonl}"],
-         {"t.jsonl": b"\xff\x00" * 100}),
+    Case(
+        "pack-trace-binary",
+        ["pack", str(ROOT / "examples" / "fleet.yaml"), "--simulate", "{t.jsonl}"],
+        {"t.jsonl": b"\xff\x00" * 100},
+    ),
     Case("pack-keep-alive-nan", ["pack", str(ROOT / "examples" / "fleet.yaml"), "--keep-alive-s", "nan"]),
     Case("drill-plan-binary", ["drill", "{d.yaml}", "--db", "{v.db}"], {"d.yaml": b"\xff\x00" * 100}),
     Case("drill-plan-not-mapping", ["drill", "{d.yaml}", "--db", "{v.db}"], {"d.yaml": "[1, 2]"}),
-    Case("drill-base-url-port-placeholder", ["drill", "{d.yaml}", "--db", "{v.db}"],
-         {"d.yaml": "name: d\nrounds: 1\ntarget:\n  kind: process\n  environment: test\n"
-                    "  base_url: http://127.0.0.1:{port}/v1\n  command: 'sleep 60 # {port}'\n"
-                    "ramp: {knob: concurrency, start: 1, ceiling: 2}\n"}),
-    Case("drill-output-unwritable", ["drill", str(ROOT / "examples" / "oom-drill.yaml"), "--db", "{v.db}", "-o",
-                                     "/proc/x/incident.md"]),
+    Case(
+        "drill-base-url-port-placeholder",
+        ["drill", "{d.yaml}", "--db", "{v.db}"],
+        {
+            "d.yaml": "name: d\nrounds: 1\ntarget:\n  kind: process\n  environment: test\n"
+            "  base_url: http://127.0.0.1:{port}/v1\n  command: 'sleep 60 # {port}'\n"
+            "ramp: {knob: concurrency, start: 1, ceiling: 2}\n"
+        },
+    ),
+    Case(
+        "drill-output-unwritable",
+        ["drill", str(ROOT / "examples" / "oom-drill.yaml"), "--db", "{v.db}", "-o", "/proc/x/incident.md"],
+    ),
     Case("demo-output-unwritable", ["demo", "--db", "{v.db}", "-o", "/proc/x/demo.html", "--no-drill"]),
-    Case("sim-serve-bad-speed", ["sim", "serve", "--model", "llama-3.1-8b-instruct", "--gpu", "h100-80gb",
-                                 "--speed", "nan"]),
-    Case("sim-serve-port-junk", ["sim", "serve", "--model", "llama-3.1-8b-instruct", "--gpu", "h100-80gb",
-                                 "--port", "99999"]),
+    Case(
+        "sim-serve-bad-speed",
+        ["sim", "serve", "--model", "llama-3.1-8b-instruct", "--gpu", "h100-80gb", "--speed", "nan"],
+    ),
+    Case(
+        "sim-serve-port-junk",
+        ["sim", "serve", "--model", "llama-3.1-8b-instruct", "--gpu", "h100-80gb", "--port", "99999"],
+    ),
 ]
 
 
@@ -231,16 +335,30 @@ def test_bad_input_exits_2_with_one_line(case: Case, tmp_path: Path) -> None:
     ro_mount = None
     if os.geteuid() == 0 and any(v in ("@readonly-db", "@readonly-dir") for v in case.files.values()):
         ro_mount = tmp_path / "ro"
-        if subprocess.run(["mount", "--bind", "-o", "ro", str(ro_mount), str(ro_mount)],
-                          capture_output=True).returncode != 0 or \
-                subprocess.run(["mount", "-o", "remount,ro,bind", str(ro_mount)], capture_output=True).returncode != 0:
+        if (
+            subprocess.run(
+                ["mount", "--bind", "-o", "ro", str(ro_mount), str(ro_mount)], capture_output=True
+            ).returncode
+            != 0
+            or subprocess.run(
+                ["mount", "-o", "remount,ro,bind", str(ro_mount)], capture_output=True
+            ).returncode
+            != 0
+        ):
             subprocess.run(["umount", str(ro_mount)], capture_output=True)
             pytest.skip("cannot bind-mount read-only here")
     env = {k: v for k, v in os.environ.items() if k not in ("VRAMLAB_DB", "VRAMLAB_DEBUG")}
     env["HF_HUB_OFFLINE"] = "1"
     try:
-        res = subprocess.run(VRAMLAB + argv, capture_output=True, text=True, timeout=case.timeout, env=env,
-                             cwd=tmp_path, stdin=subprocess.DEVNULL)
+        res = subprocess.run(
+            VRAMLAB + argv,
+            capture_output=True,
+            text=True,
+            timeout=case.timeout,
+            env=env,
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+        )
     finally:
         if ro_mount is not None:
             subprocess.run(["umount", "-l", str(ro_mount)], capture_output=True)
@@ -256,7 +374,15 @@ def test_bad_input_exits_2_with_one_line(case: Case, tmp_path: Path) -> None:
 def test_the_corpus_is_what_the_issue_asked_for() -> None:
     ids = {c.id for c in CASES}
     assert len(CASES) >= 80
-    for must in ("run-plan-duration-inf", "runs-db-not-a-database", "runs-db-proc", "run-db-read-only",
-                 "report-output-unwritable", "plan-gpu-memory-utilization-nan", "config-heads-0",
-                 "calibrate-binary", "check-log-binary"):
+    for must in (
+        "run-plan-duration-inf",
+        "runs-db-not-a-database",
+        "runs-db-proc",
+        "run-db-read-only",
+        "report-output-unwritable",
+        "plan-gpu-memory-utilization-nan",
+        "config-heads-0",
+        "calibrate-binary",
+        "check-log-binary",
+    ):
         assert must in ids

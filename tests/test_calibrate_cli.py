@@ -25,8 +25,9 @@ TRUE_NON_TORCH = 0.43 * GIB
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, "-m", "vramlab", *args], capture_output=True, text=True, timeout=120,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "vramlab", *args], capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 def measurements(path: Path, tp2: int) -> None:
@@ -34,21 +35,41 @@ def measurements(path: Path, tp2: int) -> None:
     truth = Constants.defaults().with_overrides({"non_torch_forward_bytes": (TRUE_NON_TORCH, 0, "t")}, "t")
     gpu = get_gpu("h100-80gb")
     out = []
-    names = ["llama-3.1-8b-instruct", "qwen2.5-7b-instruct", "qwen3-8b", "mistral-7b-instruct-v0.3", "qwen3-4b"]
+    names = [
+        "llama-3.1-8b-instruct",
+        "qwen2.5-7b-instruct",
+        "qwen3-8b",
+        "mistral-7b-instruct-v0.3",
+        "qwen3-4b",
+    ]
     for i, name in enumerate(names + names[:tp2]):
         tp = 2 if i >= len(names) else 1
-        s = EngineSettings(engine="vllm", engine_version="0.19.0", max_model_len=8192, gpu_memory_utilization=0.9,
-                           tensor_parallel_size=tp)
+        s = EngineSettings(
+            engine="vllm",
+            engine_version="0.19.0",
+            max_model_len=8192,
+            gpu_memory_utilization=0.9,
+            tensor_parallel_size=tp,
+        )
         est = estimate(resolve_model(name), gpu, s, truth)
         printed = lambda b: int(round(round(b / GIB, 2) * GIB))  # noqa: E731
-        out.append(Observation(
-            engine="vllm", engine_version="0.19.0", model=name, rank=0,
-            weights_bytes=printed(est.weights_bytes), activation_peak_bytes=printed(est.activation_peak_bytes),
-            non_torch_bytes=printed(est.non_torch_bytes), kv_cache_bytes=printed(est.kv_cache_bytes),
-            kv_cache_tokens=est.kv_cache_tokens, max_model_len=8192,
-            total_gpu_memory_bytes=int(round(gpu.memory_gib * GIB)), gpu_memory_utilization=0.9,
-            settings={"max_model_len": 8192, "gpu_memory_utilization": 0.9, "tensor_parallel_size": tp},
-        ))
+        out.append(
+            Observation(
+                engine="vllm",
+                engine_version="0.19.0",
+                model=name,
+                rank=0,
+                weights_bytes=printed(est.weights_bytes),
+                activation_peak_bytes=printed(est.activation_peak_bytes),
+                non_torch_bytes=printed(est.non_torch_bytes),
+                kv_cache_bytes=printed(est.kv_cache_bytes),
+                kv_cache_tokens=est.kv_cache_tokens,
+                max_model_len=8192,
+                total_gpu_memory_bytes=int(round(gpu.memory_gib * GIB)),
+                gpu_memory_utilization=0.9,
+                settings={"max_model_len": 8192, "gpu_memory_utilization": 0.9, "tensor_parallel_size": tp},
+            )
+        )
     write_observations(path, out)
 
 
@@ -80,22 +101,41 @@ def test_text_report_and_profile_used_by_check_log(tmp_path):
     profile = tmp_path / "p.toml"
     r = cli("calibrate", str(data), "-o", str(profile))
     assert r.returncode == 0, r.stderr
-    assert "non_torch_forward_bytes" in r.stdout and "leave-one-out" in r.stdout and f"wrote {profile}" in r.stdout
+    assert (
+        "non_torch_forward_bytes" in r.stdout
+        and "leave-one-out" in r.stdout
+        and f"wrote {profile}" in r.stdout
+    )
     r = cli("check-log", str(LOGS / "vllm-v1-0.19-debug.log"), "--calibration", str(profile), "--json")
     assert r.returncode == 0, r.stderr
     comps = {c["name"]: c for c in json.loads(r.stdout)["observations"][0]["prediction"]["components"]}
     assert comps["non_torch"]["provenance"] == "calibrated"
     assert abs(comps["non_torch"]["bytes"] - TRUE_NON_TORCH) / TRUE_NON_TORCH < 0.03
     # a profile from another version is refused with the reason
-    r = cli("check-log", str(LOGS / "vllm-v1-tp2-0.10.log"), "--calibration", str(profile), "--gpu", "a100-80gb",
-            "--model", "qwen2-7b-instruct")
+    r = cli(
+        "check-log",
+        str(LOGS / "vllm-v1-tp2-0.10.log"),
+        "--calibration",
+        str(profile),
+        "--gpu",
+        "a100-80gb",
+        "--model",
+        "qwen2-7b-instruct",
+    )
     assert r.returncode == 2 and "fitted on vllm 0.19.0..0.19.0, not vllm 0.10.1.1" in r.stderr
 
 
 def test_calibrate_reads_logs_and_reports_skips(tmp_path):
     profile = tmp_path / "p.calibration.toml"
-    r = cli("calibrate", str(LOGS / "vllm-v1-0.19-debug.log"), str(LOGS / "vllm-truncated.log"),
-            str(LOGS / "tgi.log"), "--json", "-o", str(profile))
+    r = cli(
+        "calibrate",
+        str(LOGS / "vllm-v1-0.19-debug.log"),
+        str(LOGS / "vllm-truncated.log"),
+        str(LOGS / "tgi.log"),
+        "--json",
+        "-o",
+        str(profile),
+    )
     # one observation: every constant is refused, none guessed, nothing written, and the exit
     # status says so
     assert r.returncode == 1 and "no constant was fitted" in r.stderr and "no profile written" in r.stderr
@@ -115,12 +155,30 @@ def test_impossible_observations_are_rejected_with_the_reason(tmp_path):
     measurements(data, tp2=2)
     good = data.read_text().splitlines()
     bad = [
-        {"engine": "vllm", "engine_version": "0.19.0", "model": "qwen3-8b", "kv_cache_bytes": 900 * GIB,
-         "total_gpu_memory_bytes": 80 * GIB, "source": "bigger-than-card"},
-        {"engine": "vllm", "engine_version": "0.19.0", "model": "qwen3-8b", "non_torch_bytes": -GIB,
-         "kv_cache_bytes": 60 * GIB, "source": "negative"},
-        {"engine": "vllm", "engine_version": "0.19.0", "model": "qwen3-8b", "kv_cache_bytes": 60 * GIB,
-         "max_concurrency": float("nan"), "source": "not-finite"},
+        {
+            "engine": "vllm",
+            "engine_version": "0.19.0",
+            "model": "qwen3-8b",
+            "kv_cache_bytes": 900 * GIB,
+            "total_gpu_memory_bytes": 80 * GIB,
+            "source": "bigger-than-card",
+        },
+        {
+            "engine": "vllm",
+            "engine_version": "0.19.0",
+            "model": "qwen3-8b",
+            "non_torch_bytes": -GIB,
+            "kv_cache_bytes": 60 * GIB,
+            "source": "negative",
+        },
+        {
+            "engine": "vllm",
+            "engine_version": "0.19.0",
+            "model": "qwen3-8b",
+            "kv_cache_bytes": 60 * GIB,
+            "max_concurrency": float("nan"),
+            "source": "not-finite",
+        },
     ]
     data.write_text("\n".join(good + [json.dumps(b) for b in bad]) + "\n")
     r = cli("calibrate", str(data), "--json")
@@ -169,7 +227,11 @@ def test_reversed_or_non_numeric_versions_are_refused_in_one_line(tmp_path):
     profile = tmp_path / "never.toml"
     r = cli("calibrate", str(data), "-o", str(profile), "--versions", "0.29..0.10")
     assert r.returncode == 2 and r.stdout == "" and not profile.exists()
-    assert r.stderr.strip().count("\n") == 0 and "reversed (0.29 > 0.10)" in r.stderr and "Traceback" not in r.stderr
+    assert (
+        r.stderr.strip().count("\n") == 0
+        and "reversed (0.29 > 0.10)" in r.stderr
+        and "Traceback" not in r.stderr
+    )
     r = cli("calibrate", str(data), "--versions", "0.10..latest")
     assert r.returncode == 2 and "not a release number" in r.stderr and "'latest'" in r.stderr
     r = cli("calibrate", str(data), "-o", str(profile), "--versions", "0.10..")  # open end still allowed
@@ -207,8 +269,10 @@ def test_impossibly_small_observations_are_refused_not_fitted(tmp_path):
     data = tmp_path / "m.jsonl"
     measurements(data, tp2=2)
     good = data.read_text().splitlines()
-    tiny = [json.dumps({**json.loads(line), "activation_peak_bytes": 1, "source": f"tiny-{i}"})
-            for i, line in enumerate(good * 3)]
+    tiny = [
+        json.dumps({**json.loads(line), "activation_peak_bytes": 1, "source": f"tiny-{i}"})
+        for i, line in enumerate(good * 3)
+    ]
     only_tiny = tmp_path / "tiny.jsonl"
     only_tiny.write_text("\n".join(tiny) + "\n")
     r = cli("calibrate", str(only_tiny), "-o", str(tmp_path / "p.toml"))

@@ -38,8 +38,14 @@ samplers: {{interval_s: 0.2, sources: [ledger, engine], ledger: {ledger}}}
 
 def _vramlab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "VRAMLAB_DB": str(cwd / "s.db")}
-    return subprocess.run([sys.executable, "-m", "vramlab", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "vramlab", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,20 +58,41 @@ def runs(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("calibrate-runs")
     base = Constants.defaults()
-    heavier = base.with_overrides({"non_torch_forward_bytes": (3 * base["non_torch_forward_bytes"], 0.5, "test")},
-                                  "sim")
+    heavier = base.with_overrides(
+        {"non_torch_forward_bytes": (3 * base["non_torch_forward_bytes"], 0.5, "test")}, "sim"
+    )
     est = make_plan(resolve_model(MODEL), get_gpu(GPU), EngineSettings(max_model_len=LEN), heavier).to_json()
     (tmp / "sim-plan.json").write_text(json.dumps(est))
     ledger, log = str(tmp / "gpu0.ledger"), str(tmp / "sim.log")
-    sim = start_sim(["--model", MODEL, "--gpu", GPU, "--engine", "vllm", "--max-model-len", str(LEN), "--speed", "40",
-                     "--plan", str(tmp / "sim-plan.json")], device=ledger, log_path=log, timeout_s=60)
+    sim = start_sim(
+        [
+            "--model",
+            MODEL,
+            "--gpu",
+            GPU,
+            "--engine",
+            "vllm",
+            "--max-model-len",
+            str(LEN),
+            "--speed",
+            "40",
+            "--plan",
+            str(tmp / "sim-plan.json"),
+        ],
+        device=ledger,
+        log_path=log,
+        timeout_s=60,
+    )
     ids = []
     try:
         cap = f"capacity: {{gpu: {GPU}, settings: {{max_model_len: {LEN}}}}}"
         for name, kind, capacity in (("learn", "vllm", cap), ("held", "vllm", cap), ("blind", "other", "")):
             plan = tmp / f"{name}.yaml"
-            plan.write_text(PLAN.format(name=name, url=sim.url, pid=sim.pid, log=log, ledger=ledger, kind=kind,
-                                        capacity=capacity))
+            plan.write_text(
+                PLAN.format(
+                    name=name, url=sim.url, pid=sim.pid, log=log, ledger=ledger, kind=kind, capacity=capacity
+                )
+            )
             res = _vramlab("run", str(plan), "--json", cwd=tmp)
             assert res.returncode == 0, res.stderr[-1500:]
             ids.append(json.loads(res.stdout)["run_id"])
@@ -92,23 +119,39 @@ def test_calibrate_learns_the_sims_overhead_and_the_plan_then_predicts_within_tw
         assert all(abs(r["after_pct"]) <= 2.0 for r in rows), rows
     assert out["holdout"][0]["run_id"] == held
     # plan --calibration with the written profile predicts the run's measured composition within 2 %
-    plan = _vramlab("plan", "--model", MODEL, "--gpu", GPU, "--max-model-len", str(LEN), "--calibration",
-                    "runs.toml", "--json", cwd=tmp)
+    plan = _vramlab(
+        "plan",
+        "--model",
+        MODEL,
+        "--gpu",
+        GPU,
+        "--max-model-len",
+        str(LEN),
+        "--calibration",
+        "runs.toml",
+        "--json",
+        cwd=tmp,
+    )
     assert plan.returncode == 0, plan.stderr
     est = json.loads(plan.stdout)
     report = _vramlab("report", learn, "--format", "json", cwd=tmp)
     rows = json.loads(report.stdout)["sections"]["composition"]["rows"]
     heavy = max(rows, key=lambda r: r["figures"]["peak"]["measured_bytes"])["figures"]
     comps = {c["name"]: c["bytes"] for c in est["components"]}
-    predicted = {"resident_model": comps["weights"], "kv_cache": comps["kv_cache"],
-                 "runtime_overhead": sum(comps.values()) - comps["weights"] - comps["kv_cache"],
-                 "peak": sum(comps.values())}
+    predicted = {
+        "resident_model": comps["weights"],
+        "kv_cache": comps["kv_cache"],
+        "runtime_overhead": sum(comps.values()) - comps["weights"] - comps["kv_cache"],
+        "peak": sum(comps.values()),
+    }
     for name, p in predicted.items():
         m = heavy[name]["measured_bytes"]
         assert abs(p - m) <= 0.02 * m, (name, p / GIB, m / GIB)
     assert est["kv_cache_bytes"] == pytest.approx(sim_est["kv_cache_bytes"], rel=0.002)
     text = _vramlab("calibrate", learn, "-o", "again.toml", cwd=tmp)
-    assert text.returncode == 0 and "non_torch_forward_bytes (non_torch_bytes): 0.250 GiB -> 0.7" in text.stdout
+    assert (
+        text.returncode == 0 and "non_torch_forward_bytes (non_torch_bytes): 0.250 GiB -> 0.7" in text.stdout
+    )
     assert "before" in text.stdout and "profile written to again.toml" in text.stdout
 
 
@@ -116,6 +159,8 @@ def test_a_run_with_no_plan_or_no_run_is_refused_with_one_line(runs) -> None:
     tmp, (_learn, _held, blind), _est = runs
     res = _vramlab("calibrate", blind, cwd=tmp)
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
-    assert f"run {blind}: no capacity plan stored with it" in res.stderr and "engine is not known" in res.stderr
+    assert (
+        f"run {blind}: no capacity plan stored with it" in res.stderr and "engine is not known" in res.stderr
+    )
     res = _vramlab("calibrate", "deadbeef", cwd=tmp)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr

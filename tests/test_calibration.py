@@ -24,11 +24,25 @@ from vramlab.errors import ConfigError
 from vramlab.sources import resolve_model
 
 GIB = 1 << 30
-MODELS = ["llama-3.1-8b-instruct", "qwen2.5-7b-instruct", "qwen3-8b", "mistral-7b-instruct-v0.3",
-          "llama-3.2-3b-instruct", "qwen3-4b", "gemma-2-9b-it", "qwen2.5-14b-instruct", "phi-4",
-          "qwen2.5-0.5b-instruct", "qwen2.5-32b-instruct"]  # 24 to 64 layers: base and per-layer separate
-TRUE = {"non_torch_forward_bytes": 0.41 * GIB, "sampler_bytes_per_seq_vocab": 13.2,
-        "cuda_graph_base_bytes": 0.52 * GIB, "cuda_graph_per_layer_bytes": 0.011 * GIB}
+MODELS = [
+    "llama-3.1-8b-instruct",
+    "qwen2.5-7b-instruct",
+    "qwen3-8b",
+    "mistral-7b-instruct-v0.3",
+    "llama-3.2-3b-instruct",
+    "qwen3-4b",
+    "gemma-2-9b-it",
+    "qwen2.5-14b-instruct",
+    "phi-4",
+    "qwen2.5-0.5b-instruct",
+    "qwen2.5-32b-instruct",
+]  # 24 to 64 layers: base and per-layer separate
+TRUE = {
+    "non_torch_forward_bytes": 0.41 * GIB,
+    "sampler_bytes_per_seq_vocab": 13.2,
+    "cuda_graph_base_bytes": 0.52 * GIB,
+    "cuda_graph_per_layer_bytes": 0.011 * GIB,
+}
 
 
 def truth() -> Constants:
@@ -45,7 +59,9 @@ def synthetic_cases(tp2: int = 0, lens=(4096, 8192, 16384)) -> list[Case]:
     for name in MODELS:
         for length in lens[:2]:
             spec = resolve_model(name)
-            s = EngineSettings(engine="vllm", engine_version="0.19.0", max_model_len=length, gpu_memory_utilization=0.9)
+            s = EngineSettings(
+                engine="vllm", engine_version="0.19.0", max_model_len=length, gpu_memory_utilization=0.9
+            )
             observed = predicted_fields(estimate(spec, gpu, s, truth()))
             cases.append(Case(f"{name}@{length}", spec, gpu, s, observed))
             k += 1
@@ -102,8 +118,12 @@ def test_profile_toml_round_trip_and_apply(fitted):
     assert back.sections[0].loo["kv_cache_bytes"]["n"] > 0
     c = apply_profile(Constants.defaults(), back, "vllm", "0.19.0")
     assert c.get("sampler_bytes_per_seq_vocab").calibrated and c.profile == "fleet.toml"
-    est = estimate(resolve_model("qwen3-8b"), get_gpu("h100-80gb"),
-                   EngineSettings(engine="vllm", engine_version="0.19.0", max_model_len=8192), c)
+    est = estimate(
+        resolve_model("qwen3-8b"),
+        get_gpu("h100-80gb"),
+        EngineSettings(engine="vllm", engine_version="0.19.0", max_model_len=8192),
+        c,
+    )
     assert part(est, "non_torch").provenance == "calibrated"
     assert part(est, "weights").provenance != "calibrated"
 
@@ -117,12 +137,22 @@ def test_profile_refuses_other_engine_or_version(fitted):
     apply_profile(Constants.defaults(), profile, "vllm", "0.19")  # same release, shorter spelling
 
 
-@pytest.mark.parametrize("data,match", [
-    ({}, "not a vramlab calibration profile"),
-    ({"format": 1}, "no \\[\\[section\\]\\]"),
-    ({"format": 1, "section": [{"engine": "vllm", "constants": {"x": {"value": "a", "rel_band": 1, "source": ""}}}]},
-     "section 1 is malformed"),
-])
+@pytest.mark.parametrize(
+    "data,match",
+    [
+        ({}, "not a vramlab calibration profile"),
+        ({"format": 1}, "no \\[\\[section\\]\\]"),
+        (
+            {
+                "format": 1,
+                "section": [
+                    {"engine": "vllm", "constants": {"x": {"value": "a", "rel_band": 1, "source": ""}}}
+                ],
+            },
+            "section 1 is malformed",
+        ),
+    ],
+)
 def test_malformed_profiles(data, match):
     with pytest.raises(ConfigError, match=match):
         profile_from_dict(data, "p.toml")

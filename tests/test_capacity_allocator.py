@@ -40,15 +40,21 @@ def test_sglang_weights_include_the_rounding_seen_in_a_real_log():
     # "Load weight end. type=Qwen2ForCausalLM, dtype=torch.bfloat16, avail mem=6.09 GB, mem usage=15.54 GB."
     # The tensors' bytes are 15.27 GiB; o_proj (12.5 MiB) and gate_up/down/qkv round up per layer.
     m = resolve_model("Qwen/Qwen2.5-32B-Instruct", offline=True)
-    s = EngineSettings(engine="sglang", engine_version="0.4.3", tensor_parallel_size=4, mem_fraction_static=0.85,
-                       chunked_prefill_size=2048)
+    s = EngineSettings(
+        engine="sglang",
+        engine_version="0.4.3",
+        tensor_parallel_size=4,
+        mem_fraction_static=0.85,
+        chunked_prefill_size=2048,
+    )
     est = estimate(m, get_gpu("l4"), s)
     w = est.component("weights")
     assert w is not None
     assert w.bytes / GIB == pytest.approx(15.54, abs=0.08)
     assert "allocator segment rounding" in w.note
-    vllm = estimate(m, get_gpu("l4"), EngineSettings(engine_version="0.19.0", tensor_parallel_size=4,
-                                                     max_model_len=8192))
+    vllm = estimate(
+        m, get_gpu("l4"), EngineSettings(engine_version="0.19.0", tensor_parallel_size=4, max_model_len=8192)
+    )
     assert 0.18 < (w.bytes - vllm.weights_bytes) / GIB < 0.3  # vLLM reports allocated bytes, SGLang segments
     # "KV Cache is allocated. #tokens: 46611": the planned pool is within 10 % (was +15.6 %), over by the
     # CUDA context that log shows (0.73 GiB before NCCL) above the constant's 0.51 GiB.
@@ -69,8 +75,14 @@ def test_sglang_request_to_token_map_sits_in_the_reserve():
     # r090's log: "Memory pool end. avail mem=2.09 GB" after "avail mem=6.09 GB" and a 2.84 GiB KV pool:
     # the other ~1 GiB is ReqToTokenPool, int32 x (2048 + 1) requests x (131072 + 4) positions.
     m = resolve_model("Qwen/Qwen2.5-32B-Instruct", offline=True)
-    s = EngineSettings(engine="sglang", tensor_parallel_size=4, mem_fraction_static=0.85, chunked_prefill_size=2048,
-                       max_model_len=131072, allow_long_max_model_len=True)
+    s = EngineSettings(
+        engine="sglang",
+        tensor_parallel_size=4,
+        mem_fraction_static=0.85,
+        chunked_prefill_size=2048,
+        max_model_len=131072,
+        allow_long_max_model_len=True,
+    )
     est = estimate(m, get_gpu("l4"), s)
     pool = est.component("req_to_token_pool")
     assert pool is not None
@@ -83,7 +95,9 @@ def test_sglang_context_is_an_unknown_term_with_a_widened_band():
     # r090's log: 22.49 GiB L4, "Init torch distributed ends. mem usage=0.13 GB", "Load weight begin. avail
     # mem=21.63 GB": 0.73 GiB held before NCCL. The constant is vLLM 0.19's 0.51 GiB; the band must hold 0.73.
     m = resolve_model("Qwen/Qwen2.5-32B-Instruct", offline=True)
-    est = estimate(m, get_gpu("l4"), EngineSettings(engine="sglang", tensor_parallel_size=4, mem_fraction_static=0.85))
+    est = estimate(
+        m, get_gpu("l4"), EngineSettings(engine="sglang", tensor_parallel_size=4, mem_fraction_static=0.85)
+    )
     ctx = est.component("cuda_context")
     assert ctx is not None
     assert ctx.low_bytes / GIB < 0.51 < 0.73 < ctx.high_bytes / GIB

@@ -25,7 +25,9 @@ def test_the_band_is_signed_and_names_its_widest_term() -> None:
 
 def test_a_failed_start_keeps_the_band_signed() -> None:
     spec = get_entry("llama-3.1-70b-instruct").spec()
-    est = estimate(spec, H100, EngineSettings(engine_version="0.10.1", max_model_len=8192), with_suggestions=False)
+    est = estimate(
+        spec, H100, EngineSettings(engine_version="0.10.1", max_model_len=8192), with_suggestions=False
+    )
     low, high = est.extra["kv_band_bytes"]
     assert low < est.kv_available_bytes < 0 and est.kv_cache_bytes == 0
 
@@ -41,7 +43,9 @@ def test_plan_text_says_when_the_widest_term_is_an_unknown_one() -> None:
 
 def test_tgi_widens_a_vision_models_warm_up_and_says_so() -> None:
     gpu = get_gpu("a100-80gb")
-    vlm = estimate(get_entry("gemma-3-27b-it").spec(), gpu, EngineSettings(engine="tgi", tensor_parallel_size=2))
+    vlm = estimate(
+        get_entry("gemma-3-27b-it").spec(), gpu, EngineSettings(engine="tgi", tensor_parallel_size=2)
+    )
     text = get_entry("llama-3.1-8b-instruct").spec()
     plain = estimate(text, gpu, EngineSettings(engine="tgi"))
     act = vlm.component("activation_peak")
@@ -69,7 +73,9 @@ def test_memory_other_processes_hold_is_named_outside_the_band_until_it_is_given
     pool by fraction x 1 GiB, not 1 GiB: the plan names the term while it is unknown and drops it once given."""
     spec = get_entry("llama-3.1-8b-instruct").spec()
     gpu = get_gpu("rtx-4090")
-    settings = EngineSettings(engine="sglang", engine_version="0.4.9", max_model_len=32768, mem_fraction_static=0.85)
+    settings = EngineSettings(
+        engine="sglang", engine_version="0.4.9", max_model_len=32768, mem_fraction_static=0.85
+    )
     bare = make_plan(spec, gpu, settings)
     held = make_plan(spec, gpu, settings.with_(other_processes_bytes=1 << 30))
     assert any("other processes" in t for t in bare.estimate.extra["kv_unbanded_terms"])
@@ -83,8 +89,9 @@ def test_memory_other_processes_hold_is_named_outside_the_band_until_it_is_given
 
 def test_vllm_names_what_other_processes_do_while_it_profiles_even_when_their_memory_is_given() -> None:
     spec = get_entry("llama-3.1-8b-instruct").spec()
-    est = estimate(spec, H100, EngineSettings(engine_version="0.19.0", max_model_len=8192,
-                                              other_processes_bytes=2 << 30))
+    est = estimate(
+        spec, H100, EngineSettings(engine_version="0.19.0", max_model_len=8192, other_processes_bytes=2 << 30)
+    )
     assert any("while vLLM profiles" in t for t in est.extra["kv_unbanded_terms"])
     # llama.cpp sizes its buffers from the model and the context alone: nothing is named
     gguf = estimate(spec, H100, EngineSettings(engine="llama.cpp", ctx_size=4096))

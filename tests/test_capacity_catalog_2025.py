@@ -78,9 +78,16 @@ NVFP4_LINEAR = 8_556_380_160
 LLAMA33_FP4_TP8 = 4_812_963_840 + 527_974_400 + 33_554_432  # 5,374,492,672
 
 
-@pytest.mark.parametrize(("name", "want"), [
-    ("glm-4.5", GLM45_TP8), ("glm-4.6", GLM46_TP8), ("glm-4.5-air", AIR_TP8),
-    ("kimi-k2-instruct", KIMI_K2_TP8), ("llama-3.3-70b-instruct-fp4", LLAMA33_FP4_TP8)])
+@pytest.mark.parametrize(
+    ("name", "want"),
+    [
+        ("glm-4.5", GLM45_TP8),
+        ("glm-4.6", GLM46_TP8),
+        ("glm-4.5-air", AIR_TP8),
+        ("kimi-k2-instruct", KIMI_K2_TP8),
+        ("llama-3.3-70b-instruct-fp4", LLAMA33_FP4_TP8),
+    ],
+)
 def test_new_catalog_models_plan_their_hand_derived_weights(name: str, want: int) -> None:
     assert _planned_weights(name) == want
 
@@ -91,7 +98,11 @@ def test_glm_mtp_layer_is_not_loaded_and_its_router_is_fp32() -> None:
     assert spec.num_layers == 92 and spec.first_k_dense_layers == 3 and spec.fp32_router
     assert spec.partial_rotary_factor == 0.5
     del cfg["num_nextn_predict_layers"]  # the same config without the MTP layer plans the same bytes
-    assert weight_bytes(spec_from_config(cfg, "glm", "t"), tp=8) == weight_bytes(spec, tp=8) == (GLM45_TP8, "formula")
+    assert (
+        weight_bytes(spec_from_config(cfg, "glm", "t"), tp=8)
+        == weight_bytes(spec, tp=8)
+        == (GLM45_TP8, "formula")
+    )
     # the router in bf16 would be 89*160*5120*2 bytes smaller (plus the 89*160 fp32 bias)
     bf16_router = spec.with_(fp32_router=False)
     assert GLM45_TP8 - weight_bytes(bf16_router, tp=8)[0] == 89 * 160 * 5120 * 2 + 89 * 160 * 4
@@ -102,7 +113,12 @@ def test_nvfp4_weights_carry_an_fp8_scale_per_16() -> None:
     catalog's bytes; without its scales the quantized weights would be 1/16 byte each lighter."""
     spec = get_entry("llama-3.3-70b-instruct-fp4").spec()
     q = spec.quant
-    assert q is not None and (q.method, q.bits, q.group_size, q.skip_modules) == ("nvfp4", 4.0, 16, ("lm_head",))
+    assert q is not None and (q.method, q.bits, q.group_size, q.skip_modules) == (
+        "nvfp4",
+        4.0,
+        16,
+        ("lm_head",),
+    )
     assert get_entry("llama-3.3-70b-instruct-fp4").quant_label == "nvfp4"
     unscaled = spec.with_(quant=q.__class__("nvfp4", 4.0, group_size=1 << 40, unquantized_dtype="bfloat16"))
     assert weight_bytes(spec, tp=8)[0] - weight_bytes(unscaled, tp=8)[0] == NVFP4_LINEAR // 16
@@ -127,8 +143,12 @@ def test_modelopt_exclusions_keep_those_layers_in_bf16(tmp_path: Path) -> None:
     assert not is_layer_excluded_modelopt("model.layers.0.mlp.gate_up_proj", both[:1])
     assert not is_layer_excluded_modelopt("model.layers.0.mlp.down_proj", ("lm_head",))
     entry = get_entry("llama-3.3-70b-instruct-fp4")
-    flat = {"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": ["lm_head", "*self_attn*"],
-            "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "group_size": 16}}}}
+    flat = {
+        "quant_method": "modelopt",
+        "quant_algo": "NVFP4",
+        "ignore": ["lm_head", "*self_attn*"],
+        "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "group_size": 16}}},
+    }
     (tmp_path / "config.json").write_text(json.dumps({**entry.config, "quantization_config": flat}))
     # attention 80*(8192*1024*2 + 2*8192*128) = 1,509,949,440 params at 2 bytes instead of 0.5625
     assert weight_bytes(spec_from_path(tmp_path), tp=8)[0] == LLAMA33_FP4_TP8 + 1_509_949_440 * 23 // 16
@@ -137,9 +157,17 @@ def test_modelopt_exclusions_keep_those_layers_in_bf16(tmp_path: Path) -> None:
 def test_models_search_lists_the_new_entries() -> None:
     exe = Path(sys.executable).with_name("vramlab")
     env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9"}
-    for needle, names in (("glm", {"glm-4.5", "glm-4.6", "glm-4.5-air"}), ("kimi-k2", {"kimi-k2-instruct"}),
-                          ("fp4", {"llama-3.3-70b-instruct-fp4"})):
-        r = subprocess.run([str(exe), "models", "--search", needle, "--json"], capture_output=True, text=True,
-                           timeout=60, env=env)
+    for needle, names in (
+        ("glm", {"glm-4.5", "glm-4.6", "glm-4.5-air"}),
+        ("kimi-k2", {"kimi-k2-instruct"}),
+        ("fp4", {"llama-3.3-70b-instruct-fp4"}),
+    ):
+        r = subprocess.run(
+            [str(exe), "models", "--search", needle, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         assert r.returncode == 0, r.stderr
         assert names <= {row["name"] for row in json.loads(r.stdout)}

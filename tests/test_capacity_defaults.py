@@ -23,18 +23,41 @@ CATALOG = load_catalog()
 
 # Hand-derived from each config's rope_scaling (see docs/capacity-model.md, "Derived defaults"):
 # (vLLM >= 0.8, vLLM 0.7, SGLang, TGI / llama.cpp).
-LLAMA3_128K = (131072, 131072, 131072, 131072)  # rope_type llama3: max_position_embeddings is the extended length
+LLAMA3_128K = (
+    131072,
+    131072,
+    131072,
+    131072,
+)  # rope_type llama3: max_position_embeddings is the extended length
 PINNED = {
-    **{name: LLAMA3_128K for name in (
-        "llama-3.1-8b-instruct", "llama-3.1-70b-instruct", "llama-3.1-405b-instruct", "llama-3.2-1b-instruct",
-        "llama-3.2-3b-instruct", "llama-3.3-70b-instruct", "deepseek-r1-distill-llama-8b",
-        "deepseek-r1-distill-llama-70b", "llama-3.1-8b-instruct-awq", "llama-3.3-70b-instruct-fp8-dynamic",
-        "llama-3.3-70b-instruct-w8a8", "llama-3.1-8b-instruct-w4a16", "llama-3.1-8b-instruct-w8a8",
-        "llama-3.1-8b-instruct-bnb-4bit", "llama-3.1-8b-instruct-unsloth-bnb-4bit", "llama-3.3-70b-instruct-fp4")},
+    **{
+        name: LLAMA3_128K
+        for name in (
+            "llama-3.1-8b-instruct",
+            "llama-3.1-70b-instruct",
+            "llama-3.1-405b-instruct",
+            "llama-3.2-1b-instruct",
+            "llama-3.2-3b-instruct",
+            "llama-3.3-70b-instruct",
+            "deepseek-r1-distill-llama-8b",
+            "deepseek-r1-distill-llama-70b",
+            "llama-3.1-8b-instruct-awq",
+            "llama-3.3-70b-instruct-fp8-dynamic",
+            "llama-3.3-70b-instruct-w8a8",
+            "llama-3.1-8b-instruct-w4a16",
+            "llama-3.1-8b-instruct-w8a8",
+            "llama-3.1-8b-instruct-bnb-4bit",
+            "llama-3.1-8b-instruct-unsloth-bnb-4bit",
+            "llama-3.3-70b-instruct-fp4",
+        )
+    },
     "llama-4-scout-17b-16e-instruct": (10485760,) * 4,
     # linear x8 over 131072: vLLM skips the factor for "gemma3" model types (from 0.8.0, with Gemma 3 support);
     # SGLang's get_context_length has no such exception; TGI's launcher reads the raw field.
-    **{name: (131072, 1048576, 1048576, 131072) for name in ("gemma-3-4b-it", "gemma-3-12b-it", "gemma-3-27b-it")},
+    **{
+        name: (131072, 1048576, 1048576, 131072)
+        for name in ("gemma-3-4b-it", "gemma-3-12b-it", "gemma-3-27b-it")
+    },
     # yarn x40 from original 4096 = 163840 (vLLM); SGLang keeps max_position_embeddings when the dict names
     # original_max_position_embeddings.
     **{name: (163840,) * 4 for name in ("deepseek-v2-lite-chat", "deepseek-v3", "deepseek-r1")},
@@ -62,8 +85,12 @@ def test_every_catalog_model_derives_its_era_rules_context(name: str) -> None:
     else:
         assert factor <= 1, f"{name} has a rope factor {factor}: pin its context in PINNED by hand"
         want = (mpe,) * 4
-    got = (derived_context(spec, "vllm", (0, 10, 1)).tokens, derived_context(spec, "vllm", (0, 7, 3)).tokens,
-           derived_context(spec, "sglang", (0, 5, 6)).tokens, derived_context(spec, "tgi", (3, 3, 6)).tokens)
+    got = (
+        derived_context(spec, "vllm", (0, 10, 1)).tokens,
+        derived_context(spec, "vllm", (0, 7, 3)).tokens,
+        derived_context(spec, "sglang", (0, 5, 6)).tokens,
+        derived_context(spec, "tgi", (3, 3, 6)).tokens,
+    )
     assert got == want
     assert derived_context(spec, "llama.cpp").tokens == want[3]
     assert derived_context(spec, "transformers").tokens == want[0]
@@ -71,8 +98,12 @@ def test_every_catalog_model_derives_its_era_rules_context(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["gemma-3-4b-it", "gemma-3-12b-it", "gemma-3-27b-it"])
 def test_gemma3_plans_vllms_131072_and_the_text_agrees(name: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "vramlab", "plan", "--model", name, "--gpu", "h100-80gb"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "vramlab", "plan", "--model", name, "--gpu", "h100-80gb"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode in (0, 1), out.stderr
     text = out.stdout
     assert "max_model_len=131072" in text
@@ -115,13 +146,26 @@ def test_safe_point_and_suggestions_search_up_to_the_engines_context() -> None:
 
 
 def test_the_json_and_the_sweep_read_the_same_default() -> None:
-    base = [sys.executable, "-m", "vramlab", "plan", "--model", "gemma-3-27b-it", "--gpu", "h100-80gb", "--json"]
+    base = [
+        sys.executable,
+        "-m",
+        "vramlab",
+        "plan",
+        "--model",
+        "gemma-3-27b-it",
+        "--gpu",
+        "h100-80gb",
+        "--json",
+    ]
     plan = json.loads(subprocess.run(base, capture_output=True, text=True, timeout=120).stdout)
     assert plan["max_model_len"] == 131072 and plan["settings"]["max_model_len"] == 131072
     assert "Gemma 3's is already scaled" in plan["default_context_rule"]
     assert plan["safe_operating_point"]["max_model_len"] == 131072
-    swept = json.loads(subprocess.run([*base, "--sweep", "kv-cache-dtype=auto,fp8"], capture_output=True, text=True,
-                                      timeout=120).stdout)
+    swept = json.loads(
+        subprocess.run(
+            [*base, "--sweep", "kv-cache-dtype=auto,fp8"], capture_output=True, text=True, timeout=120
+        ).stdout
+    )
     auto = next(r for r in swept["rows"] if r["kv_cache_dtype"] == "auto")
     # the sweep's concurrency is the plan's: the pool over the same 131,072-token default
     assert auto["max_concurrency"] == round(plan["max_concurrency"], 2)
@@ -142,16 +186,28 @@ def test_sglang_starts_with_a_pool_shorter_than_its_derived_context() -> None:
 def test_tgi_3x_sets_max_total_tokens_to_its_warm_up_batch() -> None:
     """Without --max-total-tokens TGI 3.x's warm-up sets it to the warm-up batch's tokens, the prefill default: a
     gemma-3-27b-it start-up on two RTX A6000 printed "Maximum total tokens defaulted to 8000", its prefill default."""
-    vlm = estimate(CATALOG.get("gemma-3-27b-it").spec(), get_gpu("rtx-a6000"),
-                   EngineSettings(engine="tgi", engine_version="3.3.6", tensor_parallel_size=2))
+    vlm = estimate(
+        CATALOG.get("gemma-3-27b-it").spec(),
+        get_gpu("rtx-a6000"),
+        EngineSettings(engine="tgi", engine_version="3.3.6", tensor_parallel_size=2),
+    )
     assert vlm.max_model_len == vlm.settings["max_batch_prefill_tokens"] == 8000
     assert any("sets max_total_tokens at warm-up" in n for n in vlm.notes)
-    text = estimate(CATALOG.get("llama-3.1-8b-instruct").spec(), get_gpu("l4"),
-                    EngineSettings(engine="tgi", engine_version="3.3.6"))
+    text = estimate(
+        CATALOG.get("llama-3.1-8b-instruct").spec(),
+        get_gpu("l4"),
+        EngineSettings(engine="tgi", engine_version="3.3.6"),
+    )
     assert text.max_model_len == text.settings["max_batch_prefill_tokens"] < 131072
-    given = estimate(CATALOG.get("llama-3.1-8b-instruct").spec(), get_gpu("l4"),
-                     EngineSettings(engine="tgi", engine_version="3.3.6", max_model_len=131072))
+    given = estimate(
+        CATALOG.get("llama-3.1-8b-instruct").spec(),
+        get_gpu("l4"),
+        EngineSettings(engine="tgi", engine_version="3.3.6", max_model_len=131072),
+    )
     assert not given.fits  # a given --max-total-tokens above the pool is TGI's NotEnoughMemory
-    old = estimate(CATALOG.get("llama-3.1-8b-instruct").spec(), get_gpu("l4"),
-                   EngineSettings(engine="tgi", engine_version="2.4.1"))
+    old = estimate(
+        CATALOG.get("llama-3.1-8b-instruct").spec(),
+        get_gpu("l4"),
+        EngineSettings(engine="tgi", engine_version="2.4.1"),
+    )
     assert old.max_model_len == 4096  # 2.x: the launcher's cap, not the warm-up

@@ -13,18 +13,33 @@ from vramlab.capacity.engines.sglang import default_fraction, gpu_defaults
 
 H100, L4, RTX4090 = get_gpu("h100-80gb"), get_gpu("l4"), get_gpu("rtx-4090")
 QWEN3_235B_FP8 = {
-    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 4096, "intermediate_size": 12288,
-    "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128, "num_hidden_layers": 94,
-    "vocab_size": 151936, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1536,
-    "max_position_embeddings": 40960, "torch_dtype": "bfloat16",
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_hidden_layers": 94,
+    "vocab_size": 151936,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 1536,
+    "max_position_embeddings": 40960,
+    "torch_dtype": "bfloat16",
     "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
 }
 
 
 def test_sglang_pool_matches_published_qwen3_235b():
     # vllm issue #21348: SGLang --mem-fraction-static 0.93, TP4 H100: #tokens 367,404, K size 8.23 GB (GiB).
-    est = estimate(spec(QWEN3_235B_FP8), H100, EngineSettings(engine="sglang", tensor_parallel_size=4,
-                                                              mem_fraction_static=0.93, max_model_len=32768))
+    est = estimate(
+        spec(QWEN3_235B_FP8),
+        H100,
+        EngineSettings(
+            engine="sglang", tensor_parallel_size=4, mem_fraction_static=0.93, max_model_len=32768
+        ),
+    )
     assert est.kv_cache_tokens == pytest.approx(367_404, rel=0.05)
     assert est.kv_bytes_per_token == 94 * 1 * 128 * 2 * 2
 
@@ -34,37 +49,58 @@ def test_sglang_keeps_back_a_share_of_what_was_free_at_start_up_not_of_the_card(
     memory another process already holds is not counted twice, the reserve shrinks with it."""
     m = spec(LLAMA_31_8B)
     alone = estimate(m, L4, EngineSettings(engine="sglang", mem_fraction_static=0.9, max_model_len=8192))
-    shared = estimate(m, L4, EngineSettings(engine="sglang", mem_fraction_static=0.9, max_model_len=8192,
-                                            other_processes_bytes=GIB))
+    shared = estimate(
+        m,
+        L4,
+        EngineSettings(
+            engine="sglang", mem_fraction_static=0.9, max_model_len=8192, other_processes_bytes=GIB
+        ),
+    )
     assert shared.kv_cache_bytes > 0
     assert alone.kv_cache_bytes - shared.kv_cache_bytes == pytest.approx(0.9 * GIB, abs=2)
     assert "free at start-up" in part(alone, "kv_cache").note
 
 
 def test_sglang_default_fraction_heuristics():
-    ctx = Context(spec(LLAMA_31_8B), H100, EngineSettings(engine="sglang", engine_version="0.5.6"), Constants.defaults())
+    ctx = Context(
+        spec(LLAMA_31_8B), H100, EngineSettings(engine="sglang", engine_version="0.5.6"), Constants.defaults()
+    )
     chunk, bs = gpu_defaults(ctx)
     assert (chunk, bs) == (8192, 256)
     # 512 + 8192 x 1.5 + 256 x 2 + 1/8 x 1024 MiB = 13.125 GiB reserved on 79.19 GiB.
     assert default_fraction(ctx, chunk, bs) == round((79.19 - 13.125) / 79.19, 3)
-    old = Context(spec(LLAMA_31_8B), H100, EngineSettings(engine="sglang", engine_version="0.4.8"), Constants.defaults())
+    old = Context(
+        spec(LLAMA_31_8B), H100, EngineSettings(engine="sglang", engine_version="0.4.8"), Constants.defaults()
+    )
     assert default_fraction(old, chunk, bs) == round((79.19 - 10.0) / 79.19, 3)  # 9.5 + tp/2 (PR #7054)
 
 
-@pytest.mark.parametrize(("version", "tp", "fraction"), [
-    ("0.4.3", 4, 0.85),  # r090: no --mem-fraction-static in the command, server_args printed 0.85 at TP 4
-    ("0.4.3", 1, 0.88), ("0.4.6", 2, 0.87), ("0.4.6", 8, 0.81), ("0.3.0", 16, 0.79), ("0.1.13", 1, 0.90),
-    ("0.1.13", 4, 0.82),
-])
+@pytest.mark.parametrize(
+    ("version", "tp", "fraction"),
+    [
+        ("0.4.3", 4, 0.85),  # r090: no --mem-fraction-static in the command, server_args printed 0.85 at TP 4
+        ("0.4.3", 1, 0.88),
+        ("0.4.6", 2, 0.87),
+        ("0.4.6", 8, 0.81),
+        ("0.3.0", 16, 0.79),
+        ("0.1.13", 1, 0.90),
+        ("0.1.13", 4, 0.82),
+    ],
+)
 def test_sglang_default_fraction_before_pr_7054_follows_the_tp_size(version, tp, fraction):
-    ctx = Context(spec(LLAMA_31_8B), L4, EngineSettings(engine="sglang", engine_version=version,
-                                                         tensor_parallel_size=tp), Constants.defaults())
+    ctx = Context(
+        spec(LLAMA_31_8B),
+        L4,
+        EngineSettings(engine="sglang", engine_version=version, tensor_parallel_size=tp),
+        Constants.defaults(),
+    )
     assert default_fraction(ctx, *gpu_defaults(ctx)) == fraction
 
 
 def test_sglang_activation_beyond_the_reservation_does_not_fit():
-    est = estimate(spec(LLAMA_31_8B), H100, EngineSettings(engine="sglang", mem_fraction_static=0.99,
-                                                           max_model_len=8192))
+    est = estimate(
+        spec(LLAMA_31_8B), H100, EngineSettings(engine="sglang", mem_fraction_static=0.99, max_model_len=8192)
+    )
     assert not est.fits and "mem_fraction_static" in est.reasons[0]
 
 
@@ -84,8 +120,13 @@ def test_tgi_warmup_logits_by_release():
     row = 128_256 * 2  # one bf16 logit row
 
     def logits(version, prefill):
-        est = estimate(m, H100, EngineSettings(engine="tgi", engine_version=version, max_model_len=8192,
-                                               max_batch_prefill_tokens=prefill))
+        est = estimate(
+            m,
+            H100,
+            EngineSettings(
+                engine="tgi", engine_version=version, max_model_len=8192, max_batch_prefill_tokens=prefill
+            ),
+        )
         return part(est, "warmup_logits").bytes, est.kv_cache_bytes
 
     (two_2k, kv_2k), (two_4k, kv_4k) = logits("2.2.0", 2048), logits("2.2.0", 4096)
@@ -131,8 +172,9 @@ def test_llamacpp_sliding_layers_hold_the_window_only():
 
 
 def test_llamacpp_out_of_memory_names_cudamalloc():
-    est = estimate(spec(QWEN3_8B), L4, EngineSettings(engine="llama.cpp", ctx_size=40960, parallel=1,
-                                                      dtype="float32"))
+    est = estimate(
+        spec(QWEN3_8B), L4, EngineSettings(engine="llama.cpp", ctx_size=40960, parallel=1, dtype="float32")
+    )
     assert not est.fits and "cudaMalloc" in est.reasons[0]
 
 
@@ -145,8 +187,11 @@ def test_transformers_memory_grows_with_batch_times_length():
     # `transformers serve` without continuous batching answers one request at a time.
     assert one.max_concurrency == 1.0
     assert any("one request at a time" in n for n in one.notes)
-    batched = estimate(m, H100, EngineSettings(engine="transformers", max_model_len=4096, max_num_seqs=1,
-                                               continuous_batching=True))
+    batched = estimate(
+        m,
+        H100,
+        EngineSettings(engine="transformers", max_model_len=4096, max_num_seqs=1, continuous_batching=True),
+    )
     # (79 - 15.5 GiB) / (0.5 GiB KV + ~0.6 GiB prefill activations) per 4k-token sequence
     assert 45 < batched.max_concurrency < 75
 
@@ -155,14 +200,26 @@ def test_transformers_memory_grows_with_batch_times_length():
 def test_every_engine_reports_the_contract_fields(engine):
     est = estimate(spec(QWEN3_8B), H100, EngineSettings(engine=engine, max_model_len=8192))
     j = est.to_json()
-    for key in ("weights_bytes", "kv_cache_bytes", "kv_cache_tokens", "kv_bytes_per_token", "activation_peak_bytes",
-                "non_torch_bytes", "cuda_graph_bytes", "headroom_bytes"):
+    for key in (
+        "weights_bytes",
+        "kv_cache_bytes",
+        "kv_cache_tokens",
+        "kv_bytes_per_token",
+        "activation_peak_bytes",
+        "non_torch_bytes",
+        "cuda_graph_bytes",
+        "headroom_bytes",
+    ):
         assert isinstance(j[key], int), key
     assert isinstance(j["fits"], bool) and j["components"]
-    if engine == "llama.cpp":  # the untied input embedding (151,936 x 4,096 bf16 = 1.16 GiB) stays on the host
+    if (
+        engine == "llama.cpp"
+    ):  # the untied input embedding (151,936 x 4,096 bf16 = 1.16 GiB) stays on the host
         assert j["weights_bytes"] / GIB == pytest.approx(15.27 - 1.16, rel=0.02)
     else:
-        assert j["weights_bytes"] / GIB == pytest.approx(15.27, rel=0.02)  # Qwen3-8B loads as 15.27 GiB (r053)
+        assert j["weights_bytes"] / GIB == pytest.approx(
+            15.27, rel=0.02
+        )  # Qwen3-8B loads as 15.27 GiB (r053)
 
 
 def test_llamacpp_gguf_file_types_and_layer_split():
@@ -172,8 +229,11 @@ def test_llamacpp_gguf_file_types_and_layer_split():
     # Q4_K_M is a mix (Q4_K, Q6_K for the output and some attn_v/ffn_down layers): between 4.5 and 5.0
     # bits a weight against Q8_0's 8.5 (tests/test_capacity_gguf_mix.py checks it tensor by tensor).
     assert 4.5 / 8.5 < q4.weights_bytes / q8.weights_bytes < 5.0 / 8.5
-    two = estimate(m, RTX4090, EngineSettings(engine="llama.cpp", ctx_size=8192, quantization="Q4_K_M",
-                                              pipeline_parallel_size=2))
+    two = estimate(
+        m,
+        RTX4090,
+        EngineSettings(engine="llama.cpp", ctx_size=8192, quantization="Q4_K_M", pipeline_parallel_size=2),
+    )
     # llama.cpp's split points over 36 layers + output on two equal cards: layer il goes to device 0 while
     # il / 37 < 0.5, so 19 layers there and 17 + output on device 1 (issue 9390's 8-GPU log: 8,8,8,7,...)
     assert two.kv_cache_bytes == q4.kv_cache_bytes * 19 // 36
@@ -187,36 +247,64 @@ def test_mxfp4_keeps_attention_and_embeddings_unquantized():
 
     m = spec(GPT_OSS_20B)
     for q in (None, "mxfp4"):
-        est = estimate(m, H100, EngineSettings(engine_version="0.19.0", tensor_parallel_size=2, max_model_len=8192,
-                                               quantization=q))
+        est = estimate(
+            m,
+            H100,
+            EngineSettings(
+                engine_version="0.19.0", tensor_parallel_size=2, max_model_len=8192, quantization=q
+            ),
+        )
         assert est.weights_bytes / GIB == pytest.approx(7.01, rel=0.02)
 
 
-@pytest.mark.parametrize(("gpu", "tp", "defaults"), [
-    ("t4", 1, (2048, 8)), ("rtx-4090", 1, (2048, 24)), ("rtx-4090", 4, (2048, 80)),
-    ("l40s", 1, (4096, 32)), ("a100-40gb", 4, (4096, 160)), ("h100-80gb", 1, (8192, 256)),
-    ("h200", 8, (8192, 512)), ("b200", 1, (16384, 512)),
-])
+@pytest.mark.parametrize(
+    ("gpu", "tp", "defaults"),
+    [
+        ("t4", 1, (2048, 8)),
+        ("rtx-4090", 1, (2048, 24)),
+        ("rtx-4090", 4, (2048, 80)),
+        ("l40s", 1, (4096, 32)),
+        ("a100-40gb", 4, (4096, 160)),
+        ("h100-80gb", 1, (8192, 256)),
+        ("h200", 8, (8192, 512)),
+        ("b200", 1, (16384, 512)),
+    ],
+)
 def test_sglang_0_5_3_gpu_buckets(gpu, tp, defaults):
     """server_args `_handle_gpu_memory_settings` after PR #10975: chunk and graph batch by card size and TP."""
-    ctx = Context(spec(LLAMA_31_8B), get_gpu(gpu), EngineSettings(engine="sglang", engine_version="0.5.6",
-                                                                  tensor_parallel_size=tp), Constants.defaults())
+    ctx = Context(
+        spec(LLAMA_31_8B),
+        get_gpu(gpu),
+        EngineSettings(engine="sglang", engine_version="0.5.6", tensor_parallel_size=tp),
+        Constants.defaults(),
+    )
     assert gpu_defaults(ctx) == defaults
 
 
 def test_sglang_default_fraction_on_a_48_gb_card_reserves_for_a_4k_chunk():
     # L40S, 0.5.6: 512 + 4096 x 1.5 + 32 x 2 + 1/8 x 1024 = 6,848 MiB reserved (not 13,440 MiB as with 8k / 256).
-    ctx = Context(spec(LLAMA_31_8B), get_gpu("l40s"), EngineSettings(engine="sglang", engine_version="0.5.6"),
-                  Constants.defaults())
+    ctx = Context(
+        spec(LLAMA_31_8B),
+        get_gpu("l40s"),
+        EngineSettings(engine="sglang", engine_version="0.5.6"),
+        Constants.defaults(),
+    )
     gib = ctx.gpu.memory_gib
     assert default_fraction(ctx, *gpu_defaults(ctx)) == round((gib - 6848 / 1024) / gib, 3)
 
 
-@pytest.mark.parametrize(("version", "note"), [
-    ("1.3.4", "100 % of the memory free"), ("1.4.1", "95 % of the memory free"), ("2.3.1", "95 % of the memory free"),
-    ("2.4.0", "90 % of the memory free"), ("3.0.2", "less 5 % of the card"), ("3.2.3", "less 7 % of the card"),
-    ("3.3.6", "less 10 % of the card"),
-])
+@pytest.mark.parametrize(
+    ("version", "note"),
+    [
+        ("1.3.4", "100 % of the memory free"),
+        ("1.4.1", "95 % of the memory free"),
+        ("2.3.1", "95 % of the memory free"),
+        ("2.4.0", "90 % of the memory free"),
+        ("3.0.2", "less 5 % of the card"),
+        ("3.2.3", "less 7 % of the card"),
+        ("3.3.6", "less 10 % of the card"),
+    ],
+)
 def test_tgi_keeps_back_what_each_release_keeps(version, note):
     """flash_causal_lm.py `warmup` and globals.py TGI_WIGGLE_ROOM at each tag (see engines/tgi.py)."""
     m = spec(LLAMA_31_8B)
@@ -258,8 +346,12 @@ def test_tgi_default_prefill_tokens_by_release():
     from vramlab.capacity.engines.tgi import default_prefill_tokens
 
     def default(version, gpu, model=LLAMA_31_8B, max_total=8192):
-        ctx = Context(spec(model), get_gpu(gpu), EngineSettings(engine="tgi", engine_version=version),
-                      Constants.defaults())
+        ctx = Context(
+            spec(model),
+            get_gpu(gpu),
+            EngineSettings(engine="tgi", engine_version=version),
+            Constants.defaults(),
+        )
         return default_prefill_tokens(ctx, max_total)
 
     # TGI 2.2 on an A10G (benchmarks/data r100): "Default `max_total_tokens` to 4096",

@@ -40,8 +40,18 @@ def test_qwen3_4b_q4_k_m_tied_embedding_is_q6_k_on_both_sides():
 
 def test_the_plan_uses_the_mix_not_an_average_bits_per_weight():
     m = phi3()
-    est = estimate(m, RTX3070, EngineSettings(engine="llama.cpp", quantization="Q4_K_M", ctx_size=4096,
-                                              parallel=1, flash_attn=False, n_ubatch=256))
+    est = estimate(
+        m,
+        RTX3070,
+        EngineSettings(
+            engine="llama.cpp",
+            quantization="Q4_K_M",
+            ctx_size=4096,
+            parallel=1,
+            flash_attn=False,
+            n_ubatch=256,
+        ),
+    )
     w = est.component("weights")
     assert w is not None
     assert w.bytes / MIB == pytest.approx(2228.82, abs=0.02)
@@ -50,8 +60,24 @@ def test_the_plan_uses_the_mix_not_an_average_bits_per_weight():
 
 
 def test_use_more_bits_marks_first_and_last_eighth_and_every_third_between():
-    assert [i for i in range(32) if G.use_more_bits(i, 32)] == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27,
-                                                                 28, 29, 30, 31]
+    assert [i for i in range(32) if G.use_more_bits(i, 32)] == [
+        0,
+        1,
+        2,
+        3,
+        6,
+        9,
+        12,
+        15,
+        18,
+        21,
+        24,
+        27,
+        28,
+        29,
+        30,
+        31,
+    ]
 
 
 def test_mix_rules_by_file_type():
@@ -96,8 +122,11 @@ def test_llama_server_from_pr_23861_reserves_one_logit_row_per_sequence():
     m = qwen3_4b()
     gpu = get_gpu("l4")
     new = estimate(m, gpu, EngineSettings(engine="llama.cpp", quantization="Q4_K_M", ctx_size=8192))
-    old = estimate(m, gpu, EngineSettings(engine="llama.cpp", engine_version="b7079", quantization="Q4_K_M",
-                                          ctx_size=8192))
+    old = estimate(
+        m,
+        gpu,
+        EngineSettings(engine="llama.cpp", engine_version="b7079", quantization="Q4_K_M", ctx_size=8192),
+    )
     logits_512 = 4 * 512 * m.vocab_size
     # b7079 reserves n_ubatch rows: its output phase (the logits and one hidden-sized tensor) is the peak
     scratch = Constants.defaults()["llamacpp_compute_scratch_bytes"]
@@ -108,6 +137,7 @@ def test_llama_server_from_pr_23861_reserves_one_logit_row_per_sequence():
     act = new.component("activation_peak")
     assert act is not None
     assert act.low_bytes <= 85.01 * MIB <= act.high_bytes and "logits for 1 rows" in act.note
-    py = estimate(m, gpu, EngineSettings(engine="llama.cpp", llamacpp_server="llama-cpp-python",
-                                         quantization="Q4_K_M"))
+    py = estimate(
+        m, gpu, EngineSettings(engine="llama.cpp", llamacpp_server="llama-cpp-python", quantization="Q4_K_M")
+    )
     assert py.activation_peak_bytes > logits_512  # llama-cpp-python's own server still reserves every row

@@ -22,12 +22,15 @@ from vramlab.errors import ConfigError
 H100 = get_gpu("h100-80gb")
 
 
-@pytest.mark.parametrize(("config", "published"), [
-    (LLAMA_32_3B, 114_688),  # research 7a: 28 x 8 x 128 x 2 x 2
-    (PHI_4, 204_800),  # research 7a: 406 blocks in 1.24 GiB
-    (QWEN3_8B, 147_456),  # research 7a: 65,376 tokens in 8.98 GiB
-    (LLAMA_31_8B, 131_072),
-])
+@pytest.mark.parametrize(
+    ("config", "published"),
+    [
+        (LLAMA_32_3B, 114_688),  # research 7a: 28 x 8 x 128 x 2 x 2
+        (PHI_4, 204_800),  # research 7a: 406 blocks in 1.24 GiB
+        (QWEN3_8B, 147_456),  # research 7a: 65,376 tokens in 8.98 GiB
+        (LLAMA_31_8B, 131_072),
+    ],
+)
 def test_gqa_bytes_per_token_match_published(config, published):
     assert kv_bytes_per_token(spec(config), "auto", "bfloat16", 1) == published
 
@@ -90,11 +93,15 @@ def test_mamba_state_is_per_sequence_and_attention_kv_per_token():
     assert est.block_size > 16  # vLLM grows the attention block to the mamba page
 
 
-def test_gpt_oss_hybrid_concurrency_matches_vllm_019(  ):
+def test_gpt_oss_hybrid_concurrency_matches_vllm_019():
     # llm-d r040: gpt-oss-20b TP2, 59.32 GiB KV -> 316.07x at 8192 (sliding groups need 513 blocks).
     m = spec(GPT_OSS_20B)
-    s = EngineSettings(engine_version="0.19.0", tensor_parallel_size=2, max_model_len=8192,
-                       kv_cache_memory_bytes=int(59.32 * (1 << 30)))
+    s = EngineSettings(
+        engine_version="0.19.0",
+        tensor_parallel_size=2,
+        max_model_len=8192,
+        kv_cache_memory_bytes=int(59.32 * (1 << 30)),
+    )
     est = estimate(m, H100, s)
     assert est.max_concurrency == pytest.approx(316.07, rel=0.002)
 
@@ -110,7 +117,25 @@ def test_every_cache_type_an_engine_accepts_is_planned_in_its_block_bytes():
     ggml = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "iq4_nl": 18}
     assert {t: kv_elem_bytes(t, "bfloat16") * 32 for t in ggml} == ggml
     assert kv_elem_bytes("fp8_e4m3fn", "bfloat16") == kv_elem_bytes("fp8_e5m2", "bfloat16") == 1.0
-    out = subprocess.run([sys.executable, "-m", "vramlab", "plan", "--model", "qwen3-8b", "--gpu", "l4", "--engine",
-                          "tgi", "--kv-cache-dtype", "fp8_e4m3fn", "--offline", "--json"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vramlab",
+            "plan",
+            "--model",
+            "qwen3-8b",
+            "--gpu",
+            "l4",
+            "--engine",
+            "tgi",
+            "--kv-cache-dtype",
+            "fp8_e4m3fn",
+            "--offline",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode in (0, 1) and "unknown" not in out.stderr, out.stderr

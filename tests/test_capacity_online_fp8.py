@@ -46,7 +46,9 @@ def test_a_quantized_copy_in_a_freed_segment_keeps_it_reserved():
 
 
 def _ctx(version: str, model: str = "qwen3-235b-a22b", quantization: str | None = "fp8") -> Context:
-    s = EngineSettings(engine="sglang", engine_version=version, tensor_parallel_size=8, quantization=quantization)
+    s = EngineSettings(
+        engine="sglang", engine_version=version, tensor_parallel_size=8, quantization=quantization
+    )
     return Context(resolve_model(model, offline=True), get_gpu("h200"), s, Constants.defaults())
 
 
@@ -69,8 +71,13 @@ def test_pipeline_stages_keep_their_share_of_the_experts_as_a_logged_start_shows
     # 14,193,524,736 B per GPU. A Qwen3-235B-A22B start on 4 x 8 H200 (PP 4, TP 8, SGLang 0.4.9) logged
     # "mem usage=13.73 GB" after loading in bf16 and 19.99 GB with --quantization fp8 (x 1.456); FP8 weights
     # plus the kept bf16 experts plan x 1.48 of the bf16 plan.
-    s = EngineSettings(engine="sglang", engine_version="0.4.9", tensor_parallel_size=8, pipeline_parallel_size=4,
-                       quantization="fp8")
+    s = EngineSettings(
+        engine="sglang",
+        engine_version="0.4.9",
+        tensor_parallel_size=8,
+        pipeline_parallel_size=4,
+        quantization="fp8",
+    )
     ctx = Context(resolve_model("qwen3-235b-a22b", offline=True), get_gpu("h200"), s, Constants.defaults())
     load = online_fp8_load(ctx)
     assert load is not None and load.kept_bf16_bytes == 14_193_524_736
@@ -85,7 +92,9 @@ def test_the_plan_charges_the_kept_experts_and_refuses_a_load_that_cannot_fit():
     m = resolve_model("qwen3-235b-a22b", offline=True)
 
     def plan(version: str, gpu: str = "h200") -> tuple[int, int, tuple[str, ...]]:
-        s = EngineSettings(engine="sglang", engine_version=version, tensor_parallel_size=8, quantization="fp8")
+        s = EngineSettings(
+            engine="sglang", engine_version=version, tensor_parallel_size=8, quantization="fp8"
+        )
         est = estimate(m, get_gpu(gpu), s)
         return est.weights_bytes, est.kv_cache_bytes, est.reasons
 

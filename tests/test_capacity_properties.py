@@ -38,8 +38,12 @@ def test_more_context_never_needs_less_memory(m, gpu, a, b, seqs, engine):
 @given(model_st, gpu_st, st.floats(0.5, 0.97), st.floats(0.5, 0.97))
 def test_higher_utilization_never_shrinks_the_pool(m, gpu, a, b):
     lo, hi = sorted((a, b))
-    e_lo = estimate(m, gpu, EngineSettings(gpu_memory_utilization=lo, max_model_len=4096), with_suggestions=False)
-    e_hi = estimate(m, gpu, EngineSettings(gpu_memory_utilization=hi, max_model_len=4096), with_suggestions=False)
+    e_lo = estimate(
+        m, gpu, EngineSettings(gpu_memory_utilization=lo, max_model_len=4096), with_suggestions=False
+    )
+    e_hi = estimate(
+        m, gpu, EngineSettings(gpu_memory_utilization=hi, max_model_len=4096), with_suggestions=False
+    )
     assert e_hi.kv_cache_bytes >= e_lo.kv_cache_bytes
     assert e_hi.kv_cache_tokens >= e_lo.kv_cache_tokens
 
@@ -50,6 +54,8 @@ def test_tp_never_increases_weights_per_gpu(m, tp):
     if m.num_attention_heads % tp:
         return
     one = estimate(m, GPUS[2], EngineSettings(max_model_len=4096), with_suggestions=False)
-    many = estimate(m, GPUS[2], EngineSettings(max_model_len=4096, tensor_parallel_size=tp), with_suggestions=False)
+    many = estimate(
+        m, GPUS[2], EngineSettings(max_model_len=4096, tensor_parallel_size=tp), with_suggestions=False
+    )
     assert many.weights_bytes <= one.weights_bytes
     assert many.kv_bytes_per_token <= one.kv_bytes_per_token

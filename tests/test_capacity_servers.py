@@ -17,11 +17,15 @@ def f32_checkpoint():
     """A checkpoint stored in F32 (header bytes 4 per parameter), config saying float32."""
     m = spec({**QWEN3_8B, "torch_dtype": "float32"})
     header = int(8.19e9 * 4)
-    return m.with_(weights_bytes_exact=header, weights_bytes_by_dtype={"F32": header},
-                   weights_source="safetensors headers")
+    return m.with_(
+        weights_bytes_exact=header,
+        weights_bytes_by_dtype={"F32": header},
+        weights_source="safetensors headers",
+    )
 
 
 # --- transformers ------------------------------------------------------------------------------
+
 
 def test_transformers_5_loads_the_checkpoints_own_dtype():
     m = f32_checkpoint()
@@ -54,12 +58,15 @@ def test_transformers_refuses_a_context_above_the_models_limit():
 def test_transformers_serve_is_one_request_at_a_time_without_continuous_batching():
     m = spec(QWEN3_8B)
     serial = estimate(m, H100, EngineSettings(engine="transformers", max_model_len=4096))
-    batched = estimate(m, H100, EngineSettings(engine="transformers", max_model_len=4096, continuous_batching=True))
+    batched = estimate(
+        m, H100, EngineSettings(engine="transformers", max_model_len=4096, continuous_batching=True)
+    )
     assert serial.max_concurrency == 1.0 and batched.max_concurrency > 10
     assert serial.settings["continuous_batching"] is False
 
 
 # --- llama.cpp -----------------------------------------------------------------------------------
+
 
 def llamacpp(**kw):
     return estimate(spec(LLAMA_31_8B), L4, EngineSettings(engine="llama.cpp", **kw))
@@ -70,7 +77,10 @@ def test_flash_attention_off_adds_the_kq_matrix_and_ubatch_scales_the_buffer():
     off = llamacpp(ctx_size=8192, flash_attn=False)
     kq = 4 * 8192 * 512 * 32  # n_kv x n_ubatch x heads in f32
     # without flash attention the KQ matrix (and its mask) is the peak: it dwarfs the output phase
-    assert kq < off.activation_peak_bytes < kq * 1.15 and off.activation_peak_bytes > on.activation_peak_bytes + kq / 2
+    assert (
+        kq < off.activation_peak_bytes < kq * 1.15
+        and off.activation_peak_bytes > on.activation_peak_bytes + kq / 2
+    )
     big = llamacpp(ctx_size=8192, flash_attn=True, n_ubatch=2048)
     assert big.activation_peak_bytes > 3 * on.activation_peak_bytes * 0.9
     assert big.settings["n_ubatch"] == 2048
@@ -101,7 +111,9 @@ def test_a_context_above_the_trained_length_is_planned_with_llamacpps_warning():
 def test_upstream_llama_server_defaults_four_unified_slots_and_the_models_context():
     est = llamacpp()  # default b9300: after PR #16736
     assert est.settings["parallel"] == 4 and est.settings["kv_unified"] is True
-    assert est.settings["ctx_size"] == 131072 and est.max_model_len == 131072  # unified: each slot may use all
+    assert (
+        est.settings["ctx_size"] == 131072 and est.max_model_len == 131072
+    )  # unified: each slot may use all
     assert est.settings["flash_attn"] is True
     old = estimate(spec(LLAMA_31_8B), L4, EngineSettings(engine="llama.cpp", engine_version="b6000"))
     assert old.settings["parallel"] == 1 and old.settings["kv_unified"] is False

@@ -28,10 +28,19 @@ CATALOG = load_catalog()
 H100, A10G, T4, MI300X = (get_gpu(n) for n in ("h100-80gb", "a10g", "t4", "mi300x"))
 # mistralai/Mistral-7B-v0.1's config.json (not in the catalog): a 4096 window on every layer, 32768 positions.
 MISTRAL_7B_V01 = {
-    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
-    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "max_position_embeddings": 32768, "sliding_window": 4096, "rope_theta": 10000.0, "vocab_size": 32000,
-    "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+    "architectures": ["MistralForCausalLM"],
+    "model_type": "mistral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 32768,
+    "sliding_window": 4096,
+    "rope_theta": 10000.0,
+    "vocab_size": 32000,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
 }
 
 
@@ -62,7 +71,9 @@ VLLM_CONTEXTS = [
 
 
 @pytest.mark.parametrize(("name", "version", "disable", "tokens"), VLLM_CONTEXTS)
-def test_vllm_derives_each_releases_context_for_windowed_catalog_models(name, version, disable, tokens) -> None:
+def test_vllm_derives_each_releases_context_for_windowed_catalog_models(
+    name, version, disable, tokens
+) -> None:
     spec = model(name)
     assert default_context(spec, vllm(version, disable)) == tokens
     assert estimate(spec, H100, vllm(version, disable)).max_model_len == tokens
@@ -89,7 +100,9 @@ def test_qwen2_use_sliding_window_false_means_no_window_for_vllm_to_cap_at() -> 
 
 @pytest.mark.parametrize("version", ["0.10.2", "0.11.0"])
 def test_vllm_up_to_0_11_refuses_the_window_off_with_a_rope_factor(version: str) -> None:
-    with pytest.raises(ConfigError, match="Disabling sliding window is not supported for models with rope_scaling"):
+    with pytest.raises(
+        ConfigError, match="Disabling sliding window is not supported for models with rope_scaling"
+    ):
         estimate(model("gpt-oss-20b"), H100, vllm(version, True))
 
 
@@ -119,15 +132,19 @@ def test_window_off_sizes_every_layer_as_full_attention() -> None:
 def test_tgi_2x_refuses_a_window_above_max_input_on_a_backend_without_windowing() -> None:
     small = model("gemma-3-1b-it")  # sliding_window 512, top-level in its config
     refused = estimate(small, T4, EngineSettings(engine="tgi", engine_version="2.2.0"))
-    assert any("does not support sliding window attention" in r and "max_input_tokens 4,095" in r
-               for r in refused.reasons)
+    assert any(
+        "does not support sliding window attention" in r and "max_input_tokens 4,095" in r
+        for r in refused.reasons
+    )
     assert not refused.fits
     rocm = estimate(small, MI300X, EngineSettings(engine="tgi", engine_version="2.2.0"))
     assert any("ROCm backend does not support sliding window" in r for r in rocm.reasons)
-    for gpu, settings in ((A10G, EngineSettings(engine="tgi", engine_version="2.2.0")),  # flash-attn v2
-                          (T4, EngineSettings(engine="tgi", engine_version="3.3.6")),  # max_input_tokens not passed
-                          (T4, EngineSettings(engine="tgi", engine_version="2.0.4")),  # before the check
-                          (T4, EngineSettings(engine="tgi", engine_version="2.2.0", max_model_len=513))):
+    for gpu, settings in (
+        (A10G, EngineSettings(engine="tgi", engine_version="2.2.0")),  # flash-attn v2
+        (T4, EngineSettings(engine="tgi", engine_version="3.3.6")),  # max_input_tokens not passed
+        (T4, EngineSettings(engine="tgi", engine_version="2.0.4")),  # before the check
+        (T4, EngineSettings(engine="tgi", engine_version="2.2.0", max_model_len=513)),
+    ):
         plan = estimate(small, gpu, settings)
         assert not any("sliding window" in r for r in plan.reasons), (gpu.name, settings)
     # Gemma 2's 4096 window is not below the 2.x default max_input_tokens 4095; Gemma 3 27B keeps its window in
@@ -153,11 +170,20 @@ def test_cli_disable_sliding_window_caps_the_plan() -> None:
     assert "max_model_len=8192" in run("--model", "gemma-2-9b-it", "--gpu", "h100-80gb").stdout
 
 
-@pytest.mark.parametrize(("args", "fragment"), [
-    (("--model", "gemma-2-9b-it", "--engine", "sglang", "--disable-sliding-window"), "a vLLM setting"),
-    (("--model", "gpt-oss-20b", "--engine-version", "0.10.2", "--disable-sliding-window"), "rope_scaling"),
-    (("--model", "gemma-2-9b-it", "--disable-sliding-window", "--max-model-len", "8192"), "sliding window 4,096"),
-])
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("--model", "gemma-2-9b-it", "--engine", "sglang", "--disable-sliding-window"), "a vLLM setting"),
+        (
+            ("--model", "gpt-oss-20b", "--engine-version", "0.10.2", "--disable-sliding-window"),
+            "rope_scaling",
+        ),
+        (
+            ("--model", "gemma-2-9b-it", "--disable-sliding-window", "--max-model-len", "8192"),
+            "sliding window 4,096",
+        ),
+    ],
+)
 def test_cli_bad_sliding_window_input_is_one_line_and_exit_2(args, fragment) -> None:
     out = run(*args, "--gpu", "h100-80gb")
     assert out.returncode == 2, out.stdout

@@ -30,8 +30,9 @@ def test_tgi_is_told_in_tgi_flags_and_each_change_fits():
     shard = next(t for t in est.suggestions if "--num-shard" in t)
     tp = _number(r"--num-shard (\d+)", shard)
     if "--max-total-tokens" in shard:
-        assert estimate(m, L4, s.with_(tensor_parallel_size=tp,
-                                       max_model_len=_number(r"--max-total-tokens (\d+)", shard))).fits
+        assert estimate(
+            m, L4, s.with_(tensor_parallel_size=tp, max_model_len=_number(r"--max-total-tokens (\d+)", shard))
+        ).fits
     else:
         assert estimate(m, L4, s.with_(tensor_parallel_size=tp)).fits
     assert not any("--max-model-len " in t and "vramlab --max-model-len" not in t for t in est.suggestions)
@@ -47,9 +48,9 @@ def test_sglang_spells_context_and_tensor_parallel_its_way():
     assert "--max-model-len" not in text.replace("vramlab --max-model-len", "")
     for t in est.suggestions:
         changes: dict[str, object] = {}
-        if (tp := re.search(r"--tp-size (\d+)", t)):
+        if tp := re.search(r"--tp-size (\d+)", t):
             changes["tensor_parallel_size"] = int(tp.group(1))
-        if (ctx := re.search(r"--context-length (\d+)", t)):
+        if ctx := re.search(r"--context-length (\d+)", t):
             changes["max_model_len"] = int(ctx.group(1))
         if "--kv-cache-dtype fp8_e5m2" in t:
             changes["kv_cache_dtype"] = "fp8"
@@ -75,11 +76,16 @@ def test_llamacpp_is_told_ctx_size_over_its_slots_and_it_fits():
     assert q8, est.suggestions
     c8 = _number(r"--ctx-size (\d+)", q8[0])
     assert c8 > c  # the smaller cache type holds a longer context ...
-    assert estimate(m, RTX4090, s.with_(ctx_size=c8, kv_cache_dtype="q8_0", flash_attn=True)).fits  # ... and fits
+    assert estimate(
+        m, RTX4090, s.with_(ctx_size=c8, kv_cache_dtype="q8_0", flash_attn=True)
+    ).fits  # ... and fits
 
 
 def test_vllm_keeps_quoting_its_own_refusal():
     est = estimate(spec(LLAMA_31_8B), L4, EngineSettings(max_model_len=131072, gpu_memory_utilization=0.9))
     assert not est.fits
-    assert any(r.startswith("To serve at least one request with the model's max seq len (131072)") for r in est.reasons)
+    assert any(
+        r.startswith("To serve at least one request with the model's max seq len (131072)")
+        for r in est.reasons
+    )
     assert est.suggestions[0].startswith("lower --max-model-len to ")

@@ -26,6 +26,7 @@ def activation(version: str, **settings) -> tuple[int, int, str]:
 
 # --- the profiled sampler: sorting vs FlashInfer / Triton ------------------------------------------
 
+
 def test_v1_sampler_path_follows_each_releases_source():
     sort, _, note = activation("0.14.0")
     assert "sort sampler" in note  # 0.11.1-0.16: FlashInfer only with VLLM_USE_FLASHINFER_SAMPLER=1
@@ -52,7 +53,9 @@ def test_before_0111_the_sampler_depends_on_the_install_and_the_band_covers_both
     flashinfer, _, _ = activation("0.10.2", flashinfer_sampler=True)
     sort, sort_low, _ = activation("0.10.2", flashinfer_sampler=False)
     assert "sort sampler" in note and value == sort
-    assert low <= flashinfer < value and sort_low > flashinfer  # widened down only when the install is unknown
+    assert (
+        low <= flashinfer < value and sort_low > flashinfer
+    )  # widened down only when the install is unknown
     est = estimate(QWEN3, L40S, EngineSettings(engine_version="0.10.2", max_model_len=4096))
     assert any("--flashinfer-sampler" in n for n in est.notes)
     assert est.settings["sampler"] == "sort (or flashinfer if installed)"
@@ -75,6 +78,7 @@ def test_same_release_same_card_the_sampler_line_decides(row_id):
 
 # --- what the budget takes off: the baseline snapshot moved twice ---------------------------------
 
+
 def in_budget(version: str, name: str, **settings) -> bool:
     est = estimate(QWEN3, H100, EngineSettings(engine_version=version, max_model_len=4096, **settings))
     return part(est, name).in_budget
@@ -91,7 +95,9 @@ def test_nccl_init_is_inside_the_window_until_0110():
     # 0.9.1-0.10.2: the snapshot precedes init_worker_distributed_environment; 0.11.0 swaps them.
     assert in_budget("0.10.2", "nccl", tensor_parallel_size=2)
     assert not in_budget("0.11.0", "nccl", tensor_parallel_size=2)
-    est = estimate(QWEN3, H100, EngineSettings(engine_version="0.10.2", max_model_len=4096, tensor_parallel_size=2))
+    est = estimate(
+        QWEN3, H100, EngineSettings(engine_version="0.10.2", max_model_len=4096, tensor_parallel_size=2)
+    )
     assert any("NVSwitch node" in n and "unknown term" in n for n in est.notes)  # measured only on 0.19
 
 
@@ -125,13 +131,19 @@ def test_gpus_without_p2p_get_no_nvswitch_buffers():
 
 # Real lines from dennislee22/vLLM-benchmarking log/vllm-7B-2gpuA10040GB-0.5GRAM-diff-nodes.log (vLLM 0.10.1.1)
 # and log/vllm-7B-1gpuA10080GB-0.5GRAM.log.
-NATIVE = ("(EngineCore_0 pid=1257) (RayWorkerWrapper pid=1384) WARNING 09-03 04:38:28 [topk_topp_sampler.py:61] "
-          "FlashInfer is not available. Falling back to the PyTorch-native implementation of top-p & top-k sampling. "
-          "For the best performance, please install FlashInfer.")
-NO_P2P = ("(EngineCore_0 pid=1257) (RayWorkerWrapper pid=374, ip=10.254.6.219) WARNING 09-03 04:38:28 "
-          "[custom_all_reduce.py:85] Custom allreduce is disabled because this process group spans across nodes.")
-FLASHINFER = ("(EngineCore_0 pid=2881) INFO 09-04 01:29:01 [topk_topp_sampler.py:50] Using FlashInfer for top-p & "
-              "top-k sampling.")
+NATIVE = (
+    "(EngineCore_0 pid=1257) (RayWorkerWrapper pid=1384) WARNING 09-03 04:38:28 [topk_topp_sampler.py:61] "
+    "FlashInfer is not available. Falling back to the PyTorch-native implementation of top-p & top-k sampling. "
+    "For the best performance, please install FlashInfer."
+)
+NO_P2P = (
+    "(EngineCore_0 pid=1257) (RayWorkerWrapper pid=374, ip=10.254.6.219) WARNING 09-03 04:38:28 "
+    "[custom_all_reduce.py:85] Custom allreduce is disabled because this process group spans across nodes."
+)
+FLASHINFER = (
+    "(EngineCore_0 pid=2881) INFO 09-04 01:29:01 [topk_topp_sampler.py:50] Using FlashInfer for top-p & "
+    "top-k sampling."
+)
 KV = "(EngineCore_0 pid=2881) INFO 09-04 01:29:25 [gpu_worker.py:276] Available KV cache memory: 24.83 GiB"
 VERSION = "(APIServer pid=2739) INFO 09-04 01:28:28 [api_server.py:1805] vLLM API server version 0.10.1.1"
 
@@ -144,6 +156,7 @@ def test_check_log_reads_the_sampler_and_p2p_lines():
 
 
 # --- pipeline stages: how vLLM deals the layers -----------------------------------------------------
+
 
 def test_pp_layers_go_to_the_middle_stages_as_vllm_deals_them():
     # vllm/distributed/utils.py get_pp_indices: `for i in range(2, remaining_layers + 2): partitions[-i] += 1`.
@@ -159,7 +172,9 @@ def test_pp_layers_go_to_the_middle_stages_as_vllm_deals_them():
     import accuracy
 
     row = ROWS["r112"]
-    model = accuracy.model_for(row, json.loads((ROOT / "benchmarks" / "data" / "model_configs.json").read_text()))
+    model = accuracy.model_for(
+        row, json.loads((ROOT / "benchmarks" / "data" / "model_configs.json").read_text())
+    )
     ctx = Context(model, accuracy.gpu_for(row), accuracy.settings_for(row, model), Constants.defaults())
     assert ctx.weights(1)[0] / GIB == pytest.approx(row["weights_gib"], rel=0.002)
     assert ctx.weights(0)[0] < ctx.weights(1)[0]
@@ -171,17 +186,24 @@ def test_gated_delta_net_state_in_the_model_dtype_gives_the_logged_block():
     # by 1.49%"; the pool's tokens per GiB then equal the log's (973,760 tokens in 44.59 GiB).
     row, est = row_estimate("r106")
     assert est.block_size == row["extra"]["attention_block_size_printed"] == 544
-    assert est.kv_cache_tokens / est.kv_cache_bytes == pytest.approx(row["kv_cache_tokens"] / row["kv_cache_gib"] / GIB,
-                                                                    rel=0.002)
+    assert est.kv_cache_tokens / est.kv_cache_bytes == pytest.approx(
+        row["kv_cache_tokens"] / row["kv_cache_gib"] / GIB, rel=0.002
+    )
 
 
-@pytest.mark.parametrize(("version", "card", "seqs", "tokens"), [
-    ("0.8.2", "l40s", 1024, 2048),  # 0.8.0-0.8.3: default_max_num_seqs = 1024 on every card
-    ("0.8.2", "h100-80gb", 1024, 8192),  # the larger token budget by device name
-    ("0.8.4", "l40s", 256, 2048), ("0.8.4", "a100-80gb", 256, 2048), ("0.8.4", "h200", 1024, 8192),
-    ("0.8.5", "a100-80gb", 1024, 8192),  # device_memory >= 70 GiB
-    ("0.9.2", "a100-80gb", 256, 2048), ("0.9.2", "h100-80gb", 1024, 8192),  # A100 excluded from 0.9.0
-])
+@pytest.mark.parametrize(
+    ("version", "card", "seqs", "tokens"),
+    [
+        ("0.8.2", "l40s", 1024, 2048),  # 0.8.0-0.8.3: default_max_num_seqs = 1024 on every card
+        ("0.8.2", "h100-80gb", 1024, 8192),  # the larger token budget by device name
+        ("0.8.4", "l40s", 256, 2048),
+        ("0.8.4", "a100-80gb", 256, 2048),
+        ("0.8.4", "h200", 1024, 8192),
+        ("0.8.5", "a100-80gb", 1024, 8192),  # device_memory >= 70 GiB
+        ("0.9.2", "a100-80gb", 256, 2048),
+        ("0.9.2", "h100-80gb", 1024, 8192),  # A100 excluded from 0.9.0
+    ],
+)
 def test_v1_batch_defaults_per_release_and_card(version, card, seqs, tokens):
     # vllm/engine/arg_utils.py EngineArgs._set_default_args_v1 of each wheel (`vllm serve`, the API server context).
     est = estimate(QWEN3, get_gpu(card), EngineSettings(engine_version=version, max_model_len=4096))
@@ -190,12 +212,16 @@ def test_v1_batch_defaults_per_release_and_card(version, card, seqs, tokens):
 
 # --- 0.22+ / 0.27+ budgets (wheels 0.20.0, 0.22.0, 0.26.0, 0.27.0, 0.27.1, 0.28.0) ---------------------------------
 
+
 def test_from_0_27_the_budget_charges_what_cudamemgetinfo_lost_and_the_band_follows_the_interconnect():
     # vllm/utils/mem_utils.py memory_profiling: 0.26.0 `weights_memory + torch_peak_increase + non_torch_increase`;
     # 0.27.0 `total_consumed + transient_peak_headroom` (total_consumed = init snapshot free - free after profile).
     def non_torch(version, gpu=L40S, tp=1):
-        est = estimate(QWEN3, gpu, EngineSettings(engine_version=version, max_model_len=4096, tensor_parallel_size=tp))
+        est = estimate(
+            QWEN3, gpu, EngineSettings(engine_version=version, max_model_len=4096, tensor_parallel_size=tp)
+        )
         return est.component("non_torch")
+
     old, new = non_torch("0.26.0"), non_torch("0.27.0")
     assert old.bytes == new.bytes and "total_consumed" in new.note and "total_consumed" not in old.note
     # One card: r113 (0.31) and r114 (0.27.1) printed 0.26-0.30 GiB consumed beyond the weights, the planned figure.
@@ -213,7 +239,9 @@ def test_from_0_27_the_budget_charges_what_cudamemgetinfo_lost_and_the_band_foll
 def test_0_27_rows_sit_inside_the_widened_band():
     for row_id in ("r110", "r113", "r212", "r213", "r215"):
         row, est = row_estimate(row_id)
-        assert est.pessimistic.kv_cache_bytes <= row["kv_cache_gib"] * GIB <= est.kv_cache_bytes * 1.03, row_id
+        assert est.pessimistic.kv_cache_bytes <= row["kv_cache_gib"] * GIB <= est.kv_cache_bytes * 1.03, (
+            row_id
+        )
 
 
 def test_pp_over_pcie_is_an_unknown_term_and_the_tight_stage_stays_in_the_band():
@@ -225,8 +253,9 @@ def test_pp_over_pcie_is_an_unknown_term_and_the_tight_stage_stays_in_the_band()
     assert est.pessimistic.kv_cache_bytes <= row["kv_cache_gib"] * GIB <= est.kv_cache_bytes * 1.09
     row, est = row_estimate("r112")
     assert est.pessimistic.kv_cache_bytes <= row["kv_cache_gib"] * GIB <= est.kv_cache_bytes
-    nvlink = estimate(QWEN3, H100, EngineSettings(engine_version="0.28.0", max_model_len=4096,
-                                                  pipeline_parallel_size=2))
+    nvlink = estimate(
+        QWEN3, H100, EngineSettings(engine_version="0.28.0", max_model_len=4096, pipeline_parallel_size=2)
+    )
     assert not any("PP > 1 without NVLink" in n for n in nvlink.notes)
 
 
@@ -234,9 +263,11 @@ def test_from_0_22_the_profile_also_runs_the_native_sampler():
     # gpu_model_runner.py _dummy_sampler_run, 0.22.0-0.28.0 (not 0.20.0): a second sampler call with a generator,
     # which FlashInfer cannot take -> forward_native -> apply_top_k_top_p: Triton for >= 8 sequences.
     def act(version, **kw):
-        est = estimate(QWEN3, L40S, EngineSettings(engine_version=version, max_model_len=4096, max_num_seqs=1024,
-                                                   **kw))
+        est = estimate(
+            QWEN3, L40S, EngineSettings(engine_version=version, max_model_len=4096, max_num_seqs=1024, **kw)
+        )
         return est.component("activation_peak")
+
     only_flashinfer = act("0.20.0", flashinfer_sampler=True)
     both = act("0.22.0")
     triton_only = act("0.19.0")  # 0.17-0.21 default: Triton
@@ -245,25 +276,30 @@ def test_from_0_22_the_profile_also_runs_the_native_sampler():
 
 
 # 0.27.1's advisory line as the public post of row r110 quotes it (find_string file id 57935131721).
-ADVISORY_0271 = ("(Worker_TP1 pid=771) INFO 08-21 18:22:06 [gpu_worker.py:789] Free memory on device (94.05/95.01 GiB) "
-                 "on startup. Desired GPU memory utilization is (0.9, 85.51 GiB). Actual usage is 56.89 GiB for consumed "
-                 "memory (weights + non-torch), 0.76 GiB for peak activation, and 0.32 GiB for CUDAGraph memory. Replace "
-                 "gpu_memory_utilization config with `--kv-cache-memory=29407858586` (27.39 GiB) to fit into requested "
-                 "memory, or `--kv-cache-memory=38581581312` (35.93 GiB) to fully utilize gpu memory. Current kv cache "
-                 "memory in use is 27.85 GiB.")
+ADVISORY_0271 = (
+    "(Worker_TP1 pid=771) INFO 08-21 18:22:06 [gpu_worker.py:789] Free memory on device (94.05/95.01 GiB) "
+    "on startup. Desired GPU memory utilization is (0.9, 85.51 GiB). Actual usage is 56.89 GiB for consumed "
+    "memory (weights + non-torch), 0.76 GiB for peak activation, and 0.32 GiB for CUDAGraph memory. Replace "
+    "gpu_memory_utilization config with `--kv-cache-memory=29407858586` (27.39 GiB) to fit into requested "
+    "memory, or `--kv-cache-memory=38581581312` (35.93 GiB) to fully utilize gpu memory. Current kv cache "
+    "memory in use is 27.85 GiB."
+)
 
 
 def test_check_log_reads_the_0_27_advisory_without_calling_consumed_non_torch():
     assert ADVISORY_0271 in ROWS["r110"]["raw_log_lines"]
     (obs,) = vllm_log.parse([ADVISORY_0271])
     assert obs.extra["consumed_weights_non_torch_bytes"] == pytest.approx(56.89 * GIB, abs=0.006 * GIB)
-    assert obs.extra["peak_activation_with_graph_estimate_bytes"] == pytest.approx(0.76 * GIB, abs=0.006 * GIB)
+    assert obs.extra["peak_activation_with_graph_estimate_bytes"] == pytest.approx(
+        0.76 * GIB, abs=0.006 * GIB
+    )
     assert obs.cuda_graph_bytes == pytest.approx(0.32 * GIB, abs=0.006 * GIB)
     assert obs.non_torch_bytes is None and obs.activation_peak_bytes is None and obs.weights_bytes is None
     # gpu_worker.py 0.27.1: KV = requested - (total_consumed + transient headroom) - graph estimate, and the printed
     # "peak activation" is headroom + estimate, so budget - consumed - peak is the pool the same line reports.
-    assert obs.budget_bytes - obs.extra["consumed_weights_non_torch_bytes"] \
-        - obs.extra["peak_activation_with_graph_estimate_bytes"] == pytest.approx(27.85 * GIB, abs=0.02 * GIB)
+    assert obs.budget_bytes - obs.extra["consumed_weights_non_torch_bytes"] - obs.extra[
+        "peak_activation_with_graph_estimate_bytes"
+    ] == pytest.approx(27.85 * GIB, abs=0.02 * GIB)
 
 
 def test_the_plan_names_the_pipeline_stage_that_bounds_the_pool():

@@ -21,10 +21,20 @@ QWEN25_VL = resolve_model("qwen2.5-vl-7b-instruct", offline=True)
 GIB = 1 << 30
 
 
-def _profile(version: str, max_model_len: int, mnbt: int = 2048, seqs: int = 256, limits=None, model=QWEN25_VL):
-    return encoder_profile(model, max_model_len=max_model_len, max_num_batched_tokens=mnbt, max_num_seqs=seqs,
-                           chunked_prefill=True, limits=limits_of(limits), version=parse_version(version),
-                           model_dtype="bfloat16", tp=1)
+def _profile(
+    version: str, max_model_len: int, mnbt: int = 2048, seqs: int = 256, limits=None, model=QWEN25_VL
+):
+    return encoder_profile(
+        model,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=mnbt,
+        max_num_seqs=seqs,
+        chunked_prefill=True,
+        limits=limits_of(limits),
+        version=parse_version(version),
+        model_dtype="bfloat16",
+        tp=1,
+    )
 
 
 def test_r217_log_line_budget_and_items():
@@ -35,14 +45,17 @@ def test_r217_log_line_budget_and_items():
     assert p.patches == 114688 * 4
 
 
-@pytest.mark.parametrize("version,max_model_len,tokens", [
-    ("0.23.0", 8192, 16384),     # shorter than one frame pair: still one frame (at least 1)
-    ("0.23.0", 32768, 32768),    # 4 frames -> 2 temporal slices
-    ("0.13.0", 128000, 114688),  # {modality: 1} from 0.13: 14 frames
-    ("0.11.0", 128000, 16384),   # the prompt limit (999 videos) shares the frames: one frame
-    ("0.10.2", 128000, 16384),
-    ("0.9.2", 128000, 16384),
-])
+@pytest.mark.parametrize(
+    "version,max_model_len,tokens",
+    [
+        ("0.23.0", 8192, 16384),  # shorter than one frame pair: still one frame (at least 1)
+        ("0.23.0", 32768, 32768),  # 4 frames -> 2 temporal slices
+        ("0.13.0", 128000, 114688),  # {modality: 1} from 0.13: 14 frames
+        ("0.11.0", 128000, 16384),  # the prompt limit (999 videos) shares the frames: one frame
+        ("0.10.2", 128000, 16384),
+        ("0.9.2", 128000, 16384),
+    ],
+)
 def test_largest_item_follows_each_release(version, max_model_len, tokens):
     assert _profile(version, max_model_len).tokens_per_item == tokens
 
@@ -69,7 +82,10 @@ def test_every_modality_off_profiles_nothing():
 def test_encoder_peak_grows_with_the_video_and_dominates_the_activation():
     s = EngineSettings(engine="vllm", engine_version="0.23.0", gpu_memory_utilization=0.9)
     gpu = get_gpu("a100-80gb")
-    acts = [estimate(QWEN25_VL, gpu, s.with_(max_model_len=n)).activation_peak_bytes for n in (8192, 32768, 128000)]
+    acts = [
+        estimate(QWEN25_VL, gpu, s.with_(max_model_len=n)).activation_peak_bytes
+        for n in (8192, 32768, 128000)
+    ]
     assert acts[0] < acts[1] < acts[2]
     off = estimate(QWEN25_VL, gpu, s.with_(max_model_len=128000, limit_mm_per_prompt=(("video", 0),)))
     assert off.activation_peak_bytes < acts[2] / 4
@@ -89,7 +105,9 @@ def test_r217_failed_start_is_predicted_with_the_logged_deficit_inside_the_band(
 
 def test_suggestion_turns_videos_off_and_then_it_fits():
     """A 64k context on 0.23: the profiled video (65,536 tokens) leaves no KV at util 0.3; without videos it fits."""
-    s = EngineSettings(engine="vllm", engine_version="0.23.0", gpu_memory_utilization=0.3, max_model_len=65536)
+    s = EngineSettings(
+        engine="vllm", engine_version="0.23.0", gpu_memory_utilization=0.3, max_model_len=65536
+    )
     est = estimate(QWEN25_VL, get_gpu("a100-80gb"), s)
     tip = next((x for x in est.suggestions if "--limit-mm-per-prompt" in x), None)
     assert not est.fits and tip is not None
@@ -98,12 +116,29 @@ def test_suggestion_turns_videos_off_and_then_it_fits():
 
 def test_qwen2_vl_tower_from_its_config():
     """Qwen2-VL's vision_config names the width embed_dim and the MLP mlp_ratio (QuickGELU, not gated)."""
-    config = {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl", "hidden_size": 3584,
-              "intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4, "num_hidden_layers": 28,
-              "vocab_size": 152064, "max_position_embeddings": 32768, "torch_dtype": "bfloat16",
-              "vision_config": {"depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16, "in_chans": 3,
-                                "hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2,
-                                "temporal_patch_size": 2}}
+    config = {
+        "architectures": ["Qwen2VLForConditionalGeneration"],
+        "model_type": "qwen2_vl",
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 28,
+        "vocab_size": 152064,
+        "max_position_embeddings": 32768,
+        "torch_dtype": "bfloat16",
+        "vision_config": {
+            "depth": 32,
+            "embed_dim": 1280,
+            "mlp_ratio": 4,
+            "num_heads": 16,
+            "in_chans": 3,
+            "hidden_size": 3584,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        },
+    }
     m = spec_from_config(config, "Qwen/Qwen2-VL-7B-Instruct", "test")
     assert m.vision is not None and not m.vision.gated
     assert (m.vision.intermediate_size, m.vision.out_hidden_size) == (5120, 3584)
@@ -112,11 +147,14 @@ def test_qwen2_vl_tower_from_its_config():
     assert other.vision is None  # a tower whose profile is not modelled keeps the widened band
 
 
-@pytest.mark.parametrize("text,expected", [
-    ('{"image": 2, "video": 0}', (("image", 2), ("video", 0))),
-    ("image=2,video=0", (("image", 2), ("video", 0))),
-    ('{"video": {"count": 1, "num_frames": 32}}', (("video", 1),)),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ('{"image": 2, "video": 0}', (("image", 2), ("video", 0))),
+        ("image=2,video=0", (("image", 2), ("video", 0))),
+        ('{"video": {"count": 1, "num_frames": 32}}', (("video", 1),)),
+    ],
+)
 def test_limit_mm_per_prompt_parses_vllms_forms(text, expected):
     assert parse_mm_limits(text) == expected
 
@@ -128,15 +166,33 @@ def test_limit_mm_per_prompt_refuses_bad_input(text):
 
 
 def test_cli_flag_and_bad_input():
-    base = [sys.executable, "-m", "vramlab", "plan", "--model", "qwen2.5-vl-7b-instruct", "--gpu", "a100-80gb",
-            "--engine-version", "0.23.0", "--max-model-len", "128000", "--json"]
+    base = [
+        sys.executable,
+        "-m",
+        "vramlab",
+        "plan",
+        "--model",
+        "qwen2.5-vl-7b-instruct",
+        "--gpu",
+        "a100-80gb",
+        "--engine-version",
+        "0.23.0",
+        "--max-model-len",
+        "128000",
+        "--json",
+    ]
     import json
 
     on = json.loads(subprocess.run(base, capture_output=True, text=True, check=False).stdout)
-    off = json.loads(subprocess.run(base + ["--limit-mm-per-prompt", "video=0"], capture_output=True, text=True,
-                                    check=False).stdout)
+    off = json.loads(
+        subprocess.run(
+            base + ["--limit-mm-per-prompt", "video=0"], capture_output=True, text=True, check=False
+        ).stdout
+    )
     assert off["activation_peak_bytes"] < on["activation_peak_bytes"]
-    bad = subprocess.run(base + ["--limit-mm-per-prompt", "pictures=2"], capture_output=True, text=True, check=False)
+    bad = subprocess.run(
+        base + ["--limit-mm-per-prompt", "pictures=2"], capture_output=True, text=True, check=False
+    )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
 
 
@@ -152,24 +208,45 @@ R217_LOG = """\
 (EngineCore pid=129) INFO 07-01 04:24:37 [gpu_worker.py:480] Available KV cache memory: -14.28 GiB
 (EngineCore pid=129) ERROR 07-01 04:24:37 [core.py:1195] ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.
 """
-R218_ARGS = ("non-default args: {'model_tag': '/google/gemma-3-27b-it', 'model': '/google/gemma-3-27b-it', "
-             "'max_model_len': 4096, 'limit_mm_per_prompt': {'image': 2}}")
+R218_ARGS = (
+    "non-default args: {'model_tag': '/google/gemma-3-27b-it', 'model': '/google/gemma-3-27b-it', "
+    "'max_model_len': 4096, 'limit_mm_per_prompt': {'image': 2}}"
+)
 
 
 def test_check_log_reads_the_encoder_profile_and_compares_it_with_the_plan(tmp_path):
     from vramlab.logs import vllm as vllm_log
 
     obs = vllm_log.parse(R217_LOG.splitlines())[0]
-    assert (obs.extra["encoder_budget_tokens"], obs.extra["encoder_items"], obs.extra["encoder_modality"]) == (
-        114688, 1, "video")
+    assert (
+        obs.extra["encoder_budget_tokens"],
+        obs.extra["encoder_items"],
+        obs.extra["encoder_modality"],
+    ) == (114688, 1, "video")
     assert vllm_log.parse([R218_ARGS])[0].settings["limit_mm_per_prompt"] == (("image", 2),)
     log = tmp_path / "qwen25vl.log"
     log.write_text(R217_LOG)
-    run = subprocess.run([sys.executable, "-m", "vramlab", "check-log", str(log), "--model", "qwen2.5-vl-7b-instruct",
-                          "--gpu", "a100-80gb"], capture_output=True, text=True, check=False)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vramlab",
+            "check-log",
+            str(log),
+            "--model",
+            "qwen2.5-vl-7b-instruct",
+            "--gpu",
+            "a100-80gb",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr
-    assert ("vision encoder profile: the log 114,688 tokens, 1 video item(s); the plan 114,688 tokens, "
-            "1 video item(s)\n") in run.stdout
+    assert (
+        "vision encoder profile: the log 114,688 tokens, 1 video item(s); the plan 114,688 tokens, "
+        "1 video item(s)\n"
+    ) in run.stdout
     kv = next(line for line in run.stdout.splitlines() if line.strip().startswith("kv_cache "))
     assert "-14.28" in kv and "-14.1" in kv, kv  # the failed start-up's signed figure beside the plan's
 
@@ -185,8 +262,9 @@ def test_pipeline_stages_after_the_first_do_not_profile_the_tower():
     s = EngineSettings(engine="vllm", engine_version="0.23.0", max_model_len=128000, pipeline_parallel_size=2)
     ctx = Context(QWEN25_VL, get_gpu("a100-80gb"), s, Constants.defaults())
     setup = resolve_setup(ctx)
-    first = policy.activation_component(ctx, setup, last_stage=False, first_stage=True,
-                                        enc=policy.stage0_encoder(ctx, setup))
+    first = policy.activation_component(
+        ctx, setup, last_stage=False, first_stage=True, enc=policy.stage0_encoder(ctx, setup)
+    )
     last = policy.activation_component(ctx, setup, last_stage=True, first_stage=False)
     assert first.bytes > 10 * GIB and "1 video item(s)" in first.note
     assert last.bytes < 2 * GIB and "profiled on the first pipeline stage" in last.note

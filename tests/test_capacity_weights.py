@@ -30,13 +30,27 @@ CATALOG = load_catalog()
 # unsloth/qwen2.5-0.5b-instruct-unsloth-bnb-4bit, as printed in the r203 log
 # ("Unsloth: vLLM Bitsandbytes config using kwargs = {...}", find_string file id 33404547317).
 UNSLOTH_DYNAMIC_QC: dict[str, Any] = {
-    "quant_method": "bitsandbytes", "load_in_8bit": False, "load_in_4bit": True,
-    "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_quant_storage": "uint8", "bnb_4bit_quant_type": "nf4",
-    "bnb_4bit_use_double_quant": True, "llm_int8_enable_fp32_cpu_offload": False,
+    "quant_method": "bitsandbytes",
+    "load_in_8bit": False,
+    "load_in_4bit": True,
+    "bnb_4bit_compute_dtype": "bfloat16",
+    "bnb_4bit_quant_storage": "uint8",
+    "bnb_4bit_quant_type": "nf4",
+    "bnb_4bit_use_double_quant": True,
+    "llm_int8_enable_fp32_cpu_offload": False,
     "llm_int8_has_fp16_weight": False,
-    "llm_int8_skip_modules": ["lm_head", "multi_modal_projector", "merger", "modality_projection",
-                              "model.layers.0.self_attn", "model.layers.0.mlp", "model.layers.2.mlp",
-                              "model.layers.3.mlp", "model.layers.21.mlp", "model.layers.0.self_attn.q_proj"],
+    "llm_int8_skip_modules": [
+        "lm_head",
+        "multi_modal_projector",
+        "merger",
+        "modality_projection",
+        "model.layers.0.self_attn",
+        "model.layers.0.mlp",
+        "model.layers.2.mlp",
+        "model.layers.3.mlp",
+        "model.layers.21.mlp",
+        "model.layers.0.self_attn.q_proj",
+    ],
     "llm_int8_threshold": 6.0,
 }
 
@@ -51,8 +65,9 @@ def _qwen05_unsloth(skip: bool = True):
 
 
 def _loaded_gib(m, version: str, gpu: str = "rtx-3090") -> float:
-    s = EngineSettings(engine_version=version, quantization="bitsandbytes", gpu_memory_utilization=0.78,
-                       max_model_len=4096)
+    s = EngineSettings(
+        engine_version=version, quantization="bitsandbytes", gpu_memory_utilization=0.78, max_model_len=4096
+    )
     return estimate(m, get_gpu(gpu), s).weights_bytes / GIB
 
 
@@ -74,9 +89,14 @@ def test_config_reader_keeps_the_skip_list_and_double_quant():
     assert q is not None and q.method == "bitsandbytes" and q.bits == 4
     assert q.double_quant and "model.layers.21.mlp" in q.skip_modules
     # vLLM BitsAndBytesConfig.from_config: double quant defaults to False, the skip list to [].
-    bare = spec_from_config({**CATALOG.get("qwen2.5-0.5b-instruct").config,
-                             "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}},
-                            "x", "test")
+    bare = spec_from_config(
+        {
+            **CATALOG.get("qwen2.5-0.5b-instruct").config,
+            "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True},
+        },
+        "x",
+        "test",
+    )
     assert bare.quant is not None and not bare.quant.double_quant and bare.quant.skip_modules == ()
     # in-flight quantization (--quantization bitsandbytes on a 16-bit checkpoint) compresses the statistics:
     # BitsAndBytesModelLoader._unquantized_generator calls quantize_4bit(..., compress_statistics=True)
@@ -112,8 +132,15 @@ def test_bnb_statistics_follow_the_vllm_era():
 def test_linear_rope_scaling_caches_the_scaled_length_and_gemma3_a_local_one():
     # Gemma 3 4B: global layers' RoPE is linear x8 over 131072 positions, sliding layers an unscaled one
     # (vllm gemma3.py Gemma3Attention; rotary_embedding LinearScalingRotaryEmbedding max_len = max_pos x factor).
-    g = spec({**GEMMA3_4B, "text_config": {**GEMMA3_4B["text_config"],
-                                           "rope_scaling": {"rope_type": "linear", "factor": 8.0}}})
+    g = spec(
+        {
+            **GEMMA3_4B,
+            "text_config": {
+                **GEMMA3_4B["text_config"],
+                "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+            },
+        }
+    )
     assert rope_cache_elems(g) == 131072 * 256 * (8 + 1)
     unscaled = spec(GEMMA3_4B)
     assert rope_cache_elems(unscaled) == 131072 * 256
@@ -125,15 +152,20 @@ def test_linear_rope_scaling_caches_the_scaled_length_and_gemma3_a_local_one():
 def test_gemma3_4b_weights_match_the_v019_log():
     # r011, vLLM 0.19.0 on an H100: "Model loading took 8.58 GiB" (the RoPE caches were 0.5 GiB short).
     m = CATALOG.get("gemma-3-4b-it").spec()
-    est = estimate(m, get_gpu("h100-80gb"), EngineSettings(engine_version="0.19.0", gpu_memory_utilization=0.95,
-                                                           max_model_len=8192))
+    est = estimate(
+        m,
+        get_gpu("h100-80gb"),
+        EngineSettings(engine_version="0.19.0", gpu_memory_utilization=0.95, max_model_len=8192),
+    )
     assert est.weights_bytes / GIB == pytest.approx(8.58, rel=0.01)
 
 
 def test_lora_slots_count_as_weights_like_the_loading_line():
     # r066, vLLM 0.10.2 V1 on an L4, unsloth/Qwen3-8B-FP8 with 'enable_lora': True, 'max_lora_rank': 32:
     # "Model loading took 8.9638 GiB". Without the slots the plan was 8.80 (-1.8 %).
-    s = EngineSettings(engine_version="0.10.2", quantization="fp8", gpu_memory_utilization=0.8, max_model_len=2048)
+    s = EngineSettings(
+        engine_version="0.10.2", quantization="fp8", gpu_memory_utilization=0.8, max_model_len=2048
+    )
     qwen3_8b = spec(QWEN3_8B)
     plain = estimate(qwen3_8b, get_gpu("l4"), s).weights_bytes / GIB
     lora = estimate(qwen3_8b, get_gpu("l4"), s.with_(enable_lora=True, max_lora_rank=32))
@@ -142,8 +174,13 @@ def test_lora_slots_count_as_weights_like_the_loading_line():
     assert "LoRA slots" in next(c.note for c in lora.components if c.name == "weights")
     # r077, vLLM 0.16.1 on a B200, unsloth/Qwen3-4B bf16, max_lora_rank 64: "Model loading took 7.80 GiB".
     q4 = CATALOG.get("qwen3-4b").spec()
-    s4 = EngineSettings(engine_version="0.16.1", gpu_memory_utilization=0.8, max_model_len=2048,
-                        enable_lora=True, max_lora_rank=64)
+    s4 = EngineSettings(
+        engine_version="0.16.1",
+        gpu_memory_utilization=0.8,
+        max_model_len=2048,
+        enable_lora=True,
+        max_lora_rank=64,
+    )
     assert estimate(q4, get_gpu("b200"), s4).weights_bytes / GIB == pytest.approx(7.80, rel=0.01)
     # the slots scale with max_loras and split with TP (vLLM shards B of column-parallel, A of row-parallel)
     one = lora_slot_params(qwen3_8b, max_lora_rank=32)
@@ -151,8 +188,10 @@ def test_lora_slots_count_as_weights_like_the_loading_line():
     assert one / 2 < lora_slot_params(qwen3_8b, tp=2, max_lora_rank=32) < one
     # other engines do not allocate vLLM's slots
     sg = EngineSettings(engine="sglang", quantization="fp8", enable_lora=True, max_lora_rank=32)
-    assert estimate(qwen3_8b, get_gpu("l4"), sg).weights_bytes == estimate(
-        qwen3_8b, get_gpu("l4"), sg.with_(enable_lora=False)).weights_bytes
+    assert (
+        estimate(qwen3_8b, get_gpu("l4"), sg).weights_bytes
+        == estimate(qwen3_8b, get_gpu("l4"), sg.with_(enable_lora=False)).weights_bytes
+    )
 
 
 def test_qwen25_vl_tower_includes_its_patch_merger():
@@ -162,8 +201,14 @@ def test_qwen25_vl_tower_includes_its_patch_merger():
     assert vl.vision_params / 1e9 == pytest.approx(8.29 - 7.62, rel=0.02)
     # r070, vLLM 0.9.2 on a T4, unsloth/qwen2.5-vl-7b-instruct-unsloth-bnb-4bit in fp16:
     # "Model loading took 6.7940 GiB" (tower unquantized; the checkpoint's skip list is not public here).
-    s = EngineSettings(engine_version="0.9.2", quantization="bitsandbytes", dtype="float16",
-                       gpu_memory_utilization=0.77, max_model_len=16384, max_num_seqs=1)
+    s = EngineSettings(
+        engine_version="0.9.2",
+        quantization="bitsandbytes",
+        dtype="float16",
+        gpu_memory_utilization=0.77,
+        max_model_len=16384,
+        max_num_seqs=1,
+    )
     assert estimate(vl, get_gpu("t4"), s).weights_bytes / GIB == pytest.approx(6.794, rel=0.02)
 
 
@@ -182,7 +227,6 @@ def test_benchmark_keeps_a_bnb_row_on_bitsandbytes():
     assert quant_from_row({"quantization": "compressed-tensors", "model": "x/Llama-W4A16"}, m) == "w4a16"
 
 
-
 def test_unsloth_dynamic_llama_keeps_layer_1_mlp_in_16_bit():
     # r072, vLLM 0.7.3 on a T4 (fp16): Unsloth printed the checkpoint's skip list
     # ['lm_head', ..., 'model.layers.1.mlp'] and "Loading model weights took 5.5976 GB" (a GiB figure). In
@@ -190,21 +234,33 @@ def test_unsloth_dynamic_llama_keeps_layer_1_mlp_in_16_bit():
     # comparison is without them. The plain bnb-4bit checkpoint (no skip list) is 0.24 GiB lighter.
     dyn = CATALOG.get("unsloth/meta-llama-3.1-8b-instruct-unsloth-bnb-4bit").spec()
     assert dyn.quant is not None and "model.layers.1.mlp" in dyn.quant.skip_modules
-    s = EngineSettings(engine_version="0.7.3", quantization="bitsandbytes", dtype="float16",
-                       gpu_memory_utilization=0.59, max_model_len=1024)
+    s = EngineSettings(
+        engine_version="0.7.3",
+        quantization="bitsandbytes",
+        dtype="float16",
+        gpu_memory_utilization=0.59,
+        max_model_len=1024,
+    )
     assert estimate(dyn, get_gpu("t4"), s).weights_bytes / GIB == pytest.approx(5.5976, rel=0.01)
     # the notebook's rank-32 LoRA (lora_rank = 32) does not enter 0.7.x's weights line; from 0.8 it does
     lora = s.with_(enable_lora=True, max_lora_rank=32)
     assert estimate(dyn, get_gpu("t4"), lora).weights_bytes == estimate(dyn, get_gpu("t4"), s).weights_bytes
-    assert estimate(dyn, get_gpu("t4"), lora.with_(engine_version="0.8.5")).weights_bytes > \
-        estimate(dyn, get_gpu("t4"), s.with_(engine_version="0.8.5")).weights_bytes + 0.15 * GIB
+    assert (
+        estimate(dyn, get_gpu("t4"), lora.with_(engine_version="0.8.5")).weights_bytes
+        > estimate(dyn, get_gpu("t4"), s.with_(engine_version="0.8.5")).weights_bytes + 0.15 * GIB
+    )
     plain = CATALOG.get("llama-3.1-8b-instruct-bnb-4bit").spec()
     assert plain.quant is not None and plain.quant.skip_modules == ()
-    assert 0.2 < (estimate(dyn, get_gpu("t4"), s).weights_bytes - estimate(plain, get_gpu("t4"), s).weights_bytes) \
-        / GIB < 0.3
+    assert (
+        0.2
+        < (estimate(dyn, get_gpu("t4"), s).weights_bytes - estimate(plain, get_gpu("t4"), s).weights_bytes)
+        / GIB
+        < 0.3
+    )
 
 
 # --- MXFP4 experts as vLLM's MoE backend pads them (quantization/mxfp4.py create_weights) ---------------------------
+
 
 def test_mxfp4_padding_per_backend_layout():
     from vramlab.capacity.weights import mxfp4_padding

@@ -30,17 +30,36 @@ def test_json_contract_on_a_vllm_log_with_no_flags():
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     (o,) = out["observations"]
-    for key in ("engine", "engine_version", "model", "weights_bytes", "activation_peak_bytes", "non_torch_bytes",
-                "cuda_graph_bytes", "kv_cache_bytes", "kv_cache_tokens", "gpu_blocks", "block_size",
-                "max_concurrency", "max_model_len", "total_gpu_memory_bytes", "gpu_memory_utilization",
-                "source_lines"):
+    for key in (
+        "engine",
+        "engine_version",
+        "model",
+        "weights_bytes",
+        "activation_peak_bytes",
+        "non_torch_bytes",
+        "cuda_graph_bytes",
+        "kv_cache_bytes",
+        "kv_cache_tokens",
+        "gpu_blocks",
+        "block_size",
+        "max_concurrency",
+        "max_model_len",
+        "total_gpu_memory_bytes",
+        "gpu_memory_utilization",
+        "source_lines",
+    ):
         assert key in o, key
     assert o["kv_cache_bytes"] == int(round(61.66 * GIB)) and isinstance(o["weights_bytes"], int)
     pred = o["prediction"]
     assert pred["engine"] == "vllm" and pred["engine_version"] == "0.19.0"
     # the card is the log's: 79.19 GiB as vLLM saw it, not the 80 GB label
     assert abs(pred["gpu_memory_bytes"] - 79.19 * GIB) < 2
-    assert set(pred["difference"]) >= {"weights_bytes", "activation_peak_bytes", "kv_cache_bytes", "kv_cache_tokens"}
+    assert set(pred["difference"]) >= {
+        "weights_bytes",
+        "activation_peak_bytes",
+        "kv_cache_bytes",
+        "kv_cache_tokens",
+    }
     assert pred["difference"]["kv_cache_bytes"] == pred["kv_cache_bytes"] - o["kv_cache_bytes"]
     assert pred["explained_by"] in pred["kv_difference_by_component"]
 
@@ -66,10 +85,13 @@ def test_flags_fill_what_the_log_does_not_say():
     assert obs[0]["prediction"]["engine"] == "sglang"
 
 
-@pytest.mark.parametrize("content,match", [
-    ("hello\nthis is not a log\n", "no line of a known engine"),
-    (b"\x00\xff\xfe binary \x89PNG\r\n", "no line of a known engine"),
-])
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        ("hello\nthis is not a log\n", "no line of a known engine"),
+        (b"\x00\xff\xfe binary \x89PNG\r\n", "no line of a known engine"),
+    ],
+)
 def test_nothing_recognizable_exits_nonzero_with_one_line(tmp_path, content, match):
     p = tmp_path / "junk.log"
     p.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -137,9 +159,16 @@ def test_a_folder_gives_one_table_per_engine_era():
     tables = {(t["engine"], t["era"]): t for t in out["tables"]}
     assert ("vllm", "vLLM V0 0.6.6-0.10") in tables and ("vllm", "vLLM V1 0.7") in tables
     assert ("tgi", "TGI 2.2+ (scheduler V3)") in tables and ("sglang", "SGLang 0.4+") in tables
-    assert sum(t["observations"] for t in tables.values()) == sum(len(f["observations"]) for f in out["files"])
-    r = cli("check-log", str(real / "vllm-0.7-v0-pr12126.log"), str(real / "vllm-0.8-v0-tp-pr14447.log"),
-            "--model", "llama-3.1-8b-instruct")
+    assert sum(t["observations"] for t in tables.values()) == sum(
+        len(f["observations"]) for f in out["files"]
+    )
+    r = cli(
+        "check-log",
+        str(real / "vllm-0.7-v0-pr12126.log"),
+        str(real / "vllm-0.8-v0-tp-pr14447.log"),
+        "--model",
+        "llama-3.1-8b-instruct",
+    )
     assert r.returncode == 0, r.stderr
     # one table for the era both logs share, a row per observation (three ranks in the second)
     assert r.stdout.count("vLLM V0 0.6.6-0.10  (4 observations)") == 1
@@ -155,8 +184,13 @@ def test_several_files_where_none_is_a_log_is_one_line(tmp_path):
 
 
 def _measured(reports) -> list[tuple[str, list]]:
-    return [(r.engine, [(it.observation.startup, it.observation.rank, it.observation.kv_cache_bytes)
-                        for it in r.items]) for r in reports]
+    return [
+        (
+            r.engine,
+            [(it.observation.startup, it.observation.rank, it.observation.kv_cache_bytes) for it in r.items],
+        )
+        for r in reports
+    ]
 
 
 @pytest.mark.parametrize("prefix", ["compose", "journald"])
@@ -179,13 +213,19 @@ def test_a_file_interleaving_a_vllm_and_an_sglang_writer_is_read_as_both(tmp_pat
             mixed.append(tag("sglang-1", sgl[i], i))
     (tmp_path / "compose.log").write_text("\n".join(mixed) + "\n")
     reports, skipped = check_file(tmp_path / "compose.log")
-    assert not skipped and [r.engine for r in reports] == ["vllm", "sglang"], [(r.engine, r.source) for r in reports]
+    assert not skipped and [r.engine for r in reports] == ["vllm", "sglang"], [
+        (r.engine, r.source) for r in reports
+    ]
     alone = [check_log(LOGS / "vllm-v1-newest.log"), check_log(LOGS / "sglang-tp4.log")]
     assert _measured(reports) == _measured(alone)  # each writer read as if it were its own file
     assert reports[0].source.endswith("[vllm-1]") and reports[1].source.endswith("[sglang-1]")
     # the CLI: one file, two reports (not one engine kept and the other silently dropped)
-    res = subprocess.run([sys.executable, "-m", "vramlab", "check-log", str(tmp_path / "compose.log"), "--json"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "vramlab", "check-log", str(tmp_path / "compose.log"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert [f["engine"] for f in json.loads(res.stdout)["files"]] == ["vllm", "sglang"]
 

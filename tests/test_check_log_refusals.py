@@ -114,12 +114,18 @@ def test_the_refusal_reaches_the_text_and_the_json(tmp_path: Path) -> None:
 
 
 def test_tgi_refusal_in_its_debug_form_and_1x_wording(tmp_path: Path) -> None:
-    debug = TGI_FAIL.replace("ERROR text_generation_launcher: Not enough memory to handle `max_total_tokens=131072`",
-                             "ERROR text_generation_launcher: Error: Backend(NotEnoughMemory(131072))")
-    assert _check(tmp_path, debug, "a100-80gb", "3.3.6").observation.extra["kv_capacity_below_tokens"] == 131072
-    old = TGI_FAIL.replace("Not enough memory to handle `max_total_tokens=131072`",
-                           "Server error: Not enough memory to handle 16000 total tokens with 2 prefill tokens. You need "
-                           "to decrease `--max-batch-total-tokens` or `--max-batch-prefill-tokens`")
+    debug = TGI_FAIL.replace(
+        "ERROR text_generation_launcher: Not enough memory to handle `max_total_tokens=131072`",
+        "ERROR text_generation_launcher: Error: Backend(NotEnoughMemory(131072))",
+    )
+    assert (
+        _check(tmp_path, debug, "a100-80gb", "3.3.6").observation.extra["kv_capacity_below_tokens"] == 131072
+    )
+    old = TGI_FAIL.replace(
+        "Not enough memory to handle `max_total_tokens=131072`",
+        "Server error: Not enough memory to handle 16000 total tokens with 2 prefill tokens. You need "
+        "to decrease `--max-batch-total-tokens` or `--max-batch-prefill-tokens`",
+    )
     assert _check(tmp_path, old, "a100-80gb", "1.0.3").observation.extra["kv_capacity_below_tokens"] == 16000
 
 
@@ -134,7 +140,8 @@ def test_sglang_profiled_pool_above_a_given_max_total_tokens_is_kept(tmp_path: P
         "[2025-09-02 11:01:02 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
         "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n",
         "[2025-09-02 11:01:02 TP0] max_total_tokens=500000 is larger than the profiled value 61234. Use the profiled "
-        "value instead.\n")
+        "value instead.\n",
+    )
     item = _check(tmp_path, text, "h100-80gb", "0.5.1")
     assert item.observation.extra["profiled_max_total_tokens"] == 61234
     assert not item.refusal

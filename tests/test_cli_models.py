@@ -16,8 +16,13 @@ VRAMLAB = Path(sys.executable).parent / "vramlab"
 
 
 def vramlab(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(VRAMLAB), *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", **(env or {})})
+    return subprocess.run(
+        [str(VRAMLAB), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", **(env or {})},
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,7 +48,12 @@ def test_models_filters_and_table():
     assert r.returncode == 0
     lines = r.stdout.splitlines()
     assert lines[0].split()[:3] == ["NAME", "FAMILY", "PARAMS"]
-    assert {ln.split()[0] for ln in lines[1:5]} == {"gemma-3-1b-it", "gemma-3-4b-it", "gemma-3-12b-it", "gemma-3-27b-it"}
+    assert {ln.split()[0] for ln in lines[1:5]} == {
+        "gemma-3-1b-it",
+        "gemma-3-4b-it",
+        "gemma-3-12b-it",
+        "gemma-3-27b-it",
+    }
     assert "awq" not in r.stdout
 
 

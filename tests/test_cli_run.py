@@ -71,8 +71,13 @@ samplers:
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*VRAMLAB, "run", *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [*VRAMLAB, "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_completed_run_json_summary(tmp_path: Path, server: tuple[str, StubBehaviour]) -> None:
@@ -100,27 +105,39 @@ def test_bad_plan_is_one_line_exit_2(tmp_path: Path, server: tuple[str, StubBeha
 
 def test_production_and_missing_key_are_refused(tmp_path: Path, server: tuple[str, StubBehaviour]) -> None:
     url, _ = server
-    plan = _plan(tmp_path, url).read_text().replace("  model: stub-model\n",
-                                                   "  model: stub-model\n  environment: production\n")
+    plan = (
+        _plan(tmp_path, url)
+        .read_text()
+        .replace("  model: stub-model\n", "  model: stub-model\n  environment: production\n")
+    )
     (tmp_path / "prod.yaml").write_text(plan)
     p = _run(str(tmp_path / "prod.yaml"), "--db", str(tmp_path / "v.db"))
     assert p.returncode == 2 and "--i-understand-this-is-production" in p.stderr
-    keyed = _plan(tmp_path, url).read_text().replace("  model: stub-model\n",
-                                                    "  model: stub-model\n  api_key_env: VRAMLAB_TEST_KEY_X\n")
+    keyed = (
+        _plan(tmp_path, url)
+        .read_text()
+        .replace("  model: stub-model\n", "  model: stub-model\n  api_key_env: VRAMLAB_TEST_KEY_X\n")
+    )
     (tmp_path / "key.yaml").write_text(keyed)
     p = _run(str(tmp_path / "key.yaml"), "--db", str(tmp_path / "v.db"), env={"VRAMLAB_TEST_KEY_X": ""})
     assert p.returncode == 2 and "VRAMLAB_TEST_KEY_X is not set" in p.stderr
 
 
-def test_wrong_api_key_stops_by_error_rate_and_never_stores_the_key(tmp_path: Path,
-                                                                     server: tuple[str, StubBehaviour]) -> None:
+def test_wrong_api_key_stops_by_error_rate_and_never_stores_the_key(
+    tmp_path: Path, server: tuple[str, StubBehaviour]
+) -> None:
     url, b = server
     b.api_key = "right-key"
-    text = _plan(tmp_path, url, "stop_conditions: {error_rate: 0.5, min_requests: 5}\n", duration=2).read_text()
-    (tmp_path / "k.yaml").write_text(text.replace("  model: stub-model\n",
-                                                  "  model: stub-model\n  api_key_env: VRAMLAB_TEST_KEY_Y\n"))
+    text = _plan(
+        tmp_path, url, "stop_conditions: {error_rate: 0.5, min_requests: 5}\n", duration=2
+    ).read_text()
+    (tmp_path / "k.yaml").write_text(
+        text.replace("  model: stub-model\n", "  model: stub-model\n  api_key_env: VRAMLAB_TEST_KEY_Y\n")
+    )
     db = tmp_path / "v.db"
-    p = _run(str(tmp_path / "k.yaml"), "--db", str(db), "--json", env={"VRAMLAB_TEST_KEY_Y": "wrong-secret-key"})
+    p = _run(
+        str(tmp_path / "k.yaml"), "--db", str(db), "--json", env={"VRAMLAB_TEST_KEY_Y": "wrong-secret-key"}
+    )
     assert p.returncode == 3, p.stderr
     out = json.loads(p.stdout)
     assert out["stop_condition"] == "error_rate"
@@ -128,14 +145,21 @@ def test_wrong_api_key_stops_by_error_rate_and_never_stores_the_key(tmp_path: Pa
     assert b"wrong-secret-key" not in db.read_bytes() and "wrong-secret-key" not in p.stdout + p.stderr
 
 
-def test_sigint_runs_rollbacks_and_marks_the_run_interrupted(tmp_path: Path,
-                                                             server: tuple[str, StubBehaviour]) -> None:
+def test_sigint_runs_rollbacks_and_marks_the_run_interrupted(
+    tmp_path: Path, server: tuple[str, StubBehaviour]
+) -> None:
     url, _ = server
     marker = tmp_path / "rolled"
     db = tmp_path / "v.db"
-    plan = _plan(tmp_path, url, f"rollback: ['echo $VRAMLAB_RUN_STATUS > {marker}']\nrounds: 50\n", duration=0.3)
-    proc = subprocess.Popen([*VRAMLAB, "run", str(plan), "--db", str(db)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    plan = _plan(
+        tmp_path, url, f"rollback: ['echo $VRAMLAB_RUN_STATUS > {marker}']\nrounds: 50\n", duration=0.3
+    )
+    proc = subprocess.Popen(
+        [*VRAMLAB, "run", str(plan), "--db", str(db)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         # Wait for the first finished window on the progress output, then press Ctrl-C.
         assert proc.stdout is not None
@@ -159,12 +183,18 @@ def test_sigint_runs_rollbacks_and_marks_the_run_interrupted(tmp_path: Path,
         assert [e.kind for e in store.events(run.run_id)][-1] == "run_end"
 
 
-def test_sigkill_leaves_a_partial_run_that_can_be_reported(tmp_path: Path, server: tuple[str, StubBehaviour]) -> None:
+def test_sigkill_leaves_a_partial_run_that_can_be_reported(
+    tmp_path: Path, server: tuple[str, StubBehaviour]
+) -> None:
     url, _ = server
     db = tmp_path / "v.db"
     plan = _plan(tmp_path, url, "rounds: 50\n", duration=0.3)
-    proc = subprocess.Popen([*VRAMLAB, "run", str(plan), "--db", str(db)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [*VRAMLAB, "run", str(plan), "--db", str(db)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -181,7 +211,11 @@ def test_sigkill_leaves_a_partial_run_that_can_be_reported(tmp_path: Path, serve
         assert run.status == "running" and run.ended_at is None
         phases = {r.phase for r in store.requests(run.run_id)}
         assert {"baseline", "treatment"} <= phases  # the last second at most is lost
-    p = subprocess.run([*VRAMLAB, "report", run.run_id, "--db", str(db), "--format", "md"],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [*VRAMLAB, "report", run.run_id, "--db", str(db), "--format", "md"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     assert run.run_id in p.stdout

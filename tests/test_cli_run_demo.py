@@ -33,7 +33,9 @@ def test_example_drill_is_the_demo_drill_plan() -> None:
     from vramlab.demo.drill import demo_drill_plan, oom_drill_plan_text
     from vramlab.drill.plan import load_plan as load_drill_plan
 
-    assert (ROOT / "examples" / "oom-drill.yaml").read_text() == oom_drill_plan_text()  # `demo` needs no examples dir
+    assert (
+        ROOT / "examples" / "oom-drill.yaml"
+    ).read_text() == oom_drill_plan_text()  # `demo` needs no examples dir
     plan = demo_drill_plan("/tmp/x/sim-gpu0.ledger")
     assert plan.target.sim is not None and plan.target.sim.device == "/tmp/x/sim-gpu0.ledger"
     assert plan.target.base_url is None  # the drill picks a free port for its own sim
@@ -47,11 +49,16 @@ def _shortened(monkeypatch) -> None:
     import vramlab.demo.drill
     import vramlab.demo.experiment
 
-    monkeypatch.setattr(vramlab.demo.experiment, "run_demo",
-                        functools.partial(vramlab.demo.experiment.run_demo, rounds=1, duration_s=0.5))
-    monkeypatch.setattr(vramlab.demo.drill, "run_drill_demo",
-                        functools.partial(vramlab.demo.drill.run_drill_demo, baseline_s=1.0, step_s=0.7,
-                                          observe_s=2.0))
+    monkeypatch.setattr(
+        vramlab.demo.experiment,
+        "run_demo",
+        functools.partial(vramlab.demo.experiment.run_demo, rounds=1, duration_s=0.5),
+    )
+    monkeypatch.setattr(
+        vramlab.demo.drill,
+        "run_drill_demo",
+        functools.partial(vramlab.demo.drill.run_drill_demo, baseline_s=1.0, step_s=0.7, observe_s=2.0),
+    )
 
 
 def test_demo_cli_runs_the_experiment_then_the_oom_drill(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -76,9 +83,13 @@ def test_demo_cli_runs_the_experiment_then_the_oom_drill(tmp_path: Path, monkeyp
     with open_store(str(tmp_path / "v.db")) as store:
         runs = {r.run_id: r for r in store.list_runs()}
         assert runs[drill_id].kind == "drill" and runs[drill_id].status == "completed"
-        assert len(runs) == 2 and [r.kind for r in runs.values()].count("drill") == 1  # the experiment, the drill
+        assert (
+            len(runs) == 2 and [r.kind for r in runs.values()].count("drill") == 1
+        )  # the experiment, the drill
         kinds = [e.kind for e in store.events(drill_id)]
-        assert {"fault", "detect", "mitigation", "recovered", "rollback"} <= set(kinds)  # "recovered": serving again
+        assert {"fault", "detect", "mitigation", "recovered", "rollback"} <= set(
+            kinds
+        )  # "recovered": serving again
     assert not list(tmp_path.glob("*.ledger"))  # the drill's card lived in a temp dir
 
 
@@ -101,8 +112,9 @@ def test_demo_no_drill_skips_the_drill(tmp_path: Path, monkeypatch, capsys) -> N
 
 def test_demo_runs_against_the_sim_and_writes_a_report(tmp_path: Path) -> None:
     urls: list[str] = []
-    res = run_demo(str(tmp_path / "v.db"), tmp_path / "out" / "demo.html", on_sim=urls.append,
-                   rounds=1, duration_s=0.5)
+    res = run_demo(
+        str(tmp_path / "v.db"), tmp_path / "out" / "demo.html", on_sim=urls.append, rounds=1, duration_s=0.5
+    )
     assert res.result.status == "completed" and res.result.errors == 0 and res.result.requests > 10
     html = res.report_path.read_text()
     assert html.lstrip().lower().startswith("<!doctype html") and res.result.run_id in html
@@ -118,9 +130,13 @@ def test_demo_runs_against_the_sim_and_writes_a_report(tmp_path: Path) -> None:
 
 def test_run_and_demo_have_help() -> None:
     for cmd in ("run", "demo"):
-        p = subprocess.run([sys.executable, "-m", "vramlab", cmd, "--help"], capture_output=True, text=True, timeout=30)
+        p = subprocess.run(
+            [sys.executable, "-m", "vramlab", cmd, "--help"], capture_output=True, text=True, timeout=30
+        )
         assert p.returncode == 0 and "usage: vramlab " + cmd in p.stdout
-    p = subprocess.run([sys.executable, "-m", "vramlab", "run", "--help"], capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        [sys.executable, "-m", "vramlab", "run", "--help"], capture_output=True, text=True, timeout=30
+    )
     assert "130 interrupted" in p.stdout
 
 
@@ -133,12 +149,15 @@ def test_engine_kv_usage_from_the_sim_fires_a_stop_and_rollback_runs(tmp_path: P
     marker = tmp_path / "rolled"
     sim = start_sim(SIM_ARGS, device=str(tmp_path / "gpu0.ledger"), timeout_s=30)
     try:
-        doc = demo_plan(sim.url, str(tmp_path / "gpu0.ledger"), sim.pid, rounds=1, duration_s=3).model_dump(mode="json")
+        doc = demo_plan(sim.url, str(tmp_path / "gpu0.ledger"), sim.pid, rounds=1, duration_s=3).model_dump(
+            mode="json"
+        )
         doc["stop_conditions"] = {"kv_usage": 0.001, "wall_clock_s": 20}
         doc["samplers"]["interval_s"] = 0.2
         doc["rollback"] = [{"run": f"echo $VRAMLAB_RUN_STATUS > {marker}"}]
-        out = run_plan(Plan.model_validate(doc), plan_dir=tmp_path,
-                       open_store=lambda: open_store(str(tmp_path / "v.db")))
+        out = run_plan(
+            Plan.model_validate(doc), plan_dir=tmp_path, open_store=lambda: open_store(str(tmp_path / "v.db"))
+        )
     finally:
         sim.stop()
     r = out.result

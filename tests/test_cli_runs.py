@@ -20,7 +20,9 @@ VRAMLAB = [str(Path(sys.executable).with_name("vramlab"))]
 
 def vramlab(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if k != "VRAMLAB_DB"} | (env or {})
-    return subprocess.run(VRAMLAB + list(args), capture_output=True, text=True, timeout=60, cwd=cwd, env=full_env)
+    return subprocess.run(
+        VRAMLAB + list(args), capture_output=True, text=True, timeout=60, cwd=cwd, env=full_env
+    )
 
 
 @pytest.fixture
@@ -43,7 +45,9 @@ def test_runs_json_newest_first(db):
     assert rows[0]["kind"] == "drill" and rows[1]["kind"] == "run" and rows[0]["stored_status"] == "running"
     assert rows[0]["status"] == "died"  # stored as running in 2025, no heartbeat since: its process is gone
     assert rows[1]["started_at"] == 1_760_000_500.0 and rows[1]["name"] == "concurrency-ramp"
-    assert [r["id"] for r in json.loads(vramlab("runs", "--json", "--kind", "drill", "--db", db).stdout)] == ["0d0d0d0d"]
+    assert [r["id"] for r in json.loads(vramlab("runs", "--json", "--kind", "drill", "--db", db).stdout)] == [
+        "0d0d0d0d"
+    ]
     limited = vramlab("runs", "--limit", "2", "--db", db)
     lines = limited.stdout.strip().splitlines()
     assert lines[0].split()[:3] == ["ID", "KIND", "STATUS"] and len(lines) == 3
@@ -78,12 +82,15 @@ def test_report_markdown_and_json_to_stdout(db):
     assert data["run"]["kind"] == "drill" and data["complete"] is False
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["report", "7f"], "run id prefix '7f' is ambiguous: 7f3a91bc, 7f3b0000; give more characters"),
-    (["report", "abcdef12"], "no run 'abcdef12'"),
-    (["report", "not-hex"], "run ids are hex"),
-    (["compare", "7f3a", "eeee"], "no run 'eeee'"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["report", "7f"], "run id prefix '7f' is ambiguous: 7f3a91bc, 7f3b0000; give more characters"),
+        (["report", "abcdef12"], "no run 'abcdef12'"),
+        (["report", "not-hex"], "run ids are hex"),
+        (["compare", "7f3a", "eeee"], "no run 'eeee'"),
+    ],
+)
 def test_bad_ids_are_one_line_errors(db, args, message):
     res = vramlab(*args, "--db", db)
     assert res.returncode == 2
@@ -102,7 +109,9 @@ def test_bad_db_is_one_line_error(tmp_path):
 def test_compare_refuses_different_fixed_parts_unless_forced(db):
     res = vramlab("compare", "7f3a", "7f3b", "--db", db)
     assert res.returncode == 2 and res.stdout == ""
-    assert "differ in their fixed parts (model 'llama-3.1-8b-instruct' vs 'qwen2.5-7b-instruct')" in res.stderr
+    assert (
+        "differ in their fixed parts (model 'llama-3.1-8b-instruct' vs 'qwen2.5-7b-instruct')" in res.stderr
+    )
     forced = vramlab("compare", "7f3a", "7f3b", "--force", "--db", db)
     assert forced.returncode == 0 and "warning: fixed parts differ" in forced.stderr
     assert "e2e_p95_ms" in forced.stdout
@@ -112,7 +121,9 @@ def test_compare_deltas(db, tmp_path):
     # a second run of the same plan where the concurrency-8 step got slower by 100 ms
     with open_store(db) as store:
         run, reqs, samples, events = synth.build("abab0000", started_at=1_760_002_000.0)
-        reqs = [r.model_copy(update={"e2e_ms": some(r.e2e_ms) + 100}) if r.step_value == 8.0 else r for r in reqs]
+        reqs = [
+            r.model_copy(update={"e2e_ms": some(r.e2e_ms) + 100}) if r.step_value == 8.0 else r for r in reqs
+        ]
         store.create_run(run)
         store.add_requests(run.run_id, reqs)
         store.add_samples(run.run_id, samples)
@@ -126,7 +137,9 @@ def test_compare_deltas(db, tmp_path):
     assert (d8["a"], d8["b"], d8["delta"]) == (990.0, 1090.0, 100.0)  # medians over rounds
     assert by[("treatment", "4", "e2e_p95_ms")]["delta"] == 0.0
     text = vramlab("compare", "7f3a", "abab", "--db", db).stdout
-    line = next(x for x in text.splitlines() if x.startswith("treatment") and " 8 " in x and "e2e_p95_ms" in x)
+    line = next(
+        x for x in text.splitlines() if x.startswith("treatment") and " 8 " in x and "e2e_p95_ms" in x
+    )
     assert line.split()[-2:] == ["+100.00", "+10.1%"]
 
 

@@ -19,7 +19,9 @@ RID = "0123abcd"
 def _plan_json() -> dict:
     from vramlab.drill.capacity_plan import PlanFacts, estimate_json
 
-    return estimate_json(PlanFacts("llama-3.1-8b-instruct", "vllm", "h100-80gb", settings={"max_model_len": 8192}))
+    return estimate_json(
+        PlanFacts("llama-3.1-8b-instruct", "vllm", "h100-80gb", settings={"max_model_len": 8192})
+    )
 
 
 def _ev(kind: str, data: dict, t: float = 0.0) -> EventRecord:
@@ -31,27 +33,39 @@ def _s(name: str, value: float, t: float, source: str = "ledger", **labels: str)
 
 
 def _run(plan: dict | None = None, change: dict | None = None) -> RunRecord:
-    doc = plan or {"target": {"pid": 42}, "fixed": {"input": {"synthetic": {"prompt_tokens": 512, "output_tokens": 64}}},
-                   "load": {"concurrency": 1}}
-    return RunRecord(run_id=RID, name="t", plan=doc, change=change or {"variable": "concurrency"}, started_at=0.0)
+    doc = plan or {
+        "target": {"pid": 42},
+        "fixed": {"input": {"synthetic": {"prompt_tokens": 512, "output_tokens": 64}}},
+        "load": {"concurrency": 1},
+    }
+    return RunRecord(
+        run_id=RID, name="t", plan=doc, change=change or {"variable": "concurrency"}, started_at=0.0
+    )
 
 
 def test_composition_arithmetic_sources_and_bands() -> None:
     est = _plan_json()
     startup = {"weights_bytes": 15 * GIB, "kv_cache_tokens": 400_000, "kv_cache_bytes": 1}
-    events = [_ev("capacity_plan", {"estimate": est, "facts": {}}), _ev("startup_memory", {
-        "source": "start-up log x.log", "observation": startup})]
+    events = [
+        _ev("capacity_plan", {"estimate": est, "facts": {}}),
+        _ev("startup_memory", {"source": "start-up log x.log", "observation": startup}),
+    ]
     kv = 400_000 * est["kv_bytes_per_token"]
-    samples = [_s("gpu.process_memory_bytes", 15 * GIB + kv + 2 * GIB, 1.0, gpu="0", pid="42"),
-               _s("gpu.process_memory_bytes", 15 * GIB + kv + 3 * GIB, 2.0, gpu="0", pid="42"),
-               _s("gpu.process_memory_bytes", 99 * GIB, 2.0, gpu="0", pid="7"),  # a neighbour: not the target
-               _s("gpu.memory_used_bytes", 99 * GIB, 2.0, gpu="0"),
-               _s("engine.kv_cache_usage_perc", 0.25, 1.5, "engine"),
-               _s("engine.num_requests_waiting", 3, 1.2, "engine"), _s("engine.num_requests_waiting", 2, 1.8, "engine")]
+    samples = [
+        _s("gpu.process_memory_bytes", 15 * GIB + kv + 2 * GIB, 1.0, gpu="0", pid="42"),
+        _s("gpu.process_memory_bytes", 15 * GIB + kv + 3 * GIB, 2.0, gpu="0", pid="42"),
+        _s("gpu.process_memory_bytes", 99 * GIB, 2.0, gpu="0", pid="7"),  # a neighbour: not the target
+        _s("gpu.memory_used_bytes", 99 * GIB, 2.0, gpu="0"),
+        _s("engine.kv_cache_usage_perc", 0.25, 1.5, "engine"),
+        _s("engine.num_requests_waiting", 3, 1.2, "engine"),
+        _s("engine.num_requests_waiting", 2, 1.8, "engine"),
+    ]
     w = Window(1, "treatment", 1, 0.5, 2.5, 16.0)
     comp = compose(_run(), samples, events, [w], first_request_s=0.6)
     row = comp.rows[0]
-    peak, weights, pool, over = (row.figure(n) for n in ("peak", "resident_model", "kv_cache", "runtime_overhead"))
+    peak, weights, pool, over = (
+        row.figure(n) for n in ("peak", "resident_model", "kv_cache", "runtime_overhead")
+    )
     assert peak.measured_bytes == 15 * GIB + kv + 3 * GIB and "pid 42" in peak.source
     assert weights.measured_bytes == 15 * GIB and weights.source.startswith("start-up log")
     assert pool.measured_bytes == kv  # tokens x the plan's bytes per token, before the printed GiB
@@ -69,11 +83,22 @@ def test_composition_arithmetic_sources_and_bands() -> None:
 
 
 def test_host_memory_peak_for_a_cpu_engine_and_no_plan_note() -> None:
-    events = [_ev("note", {}, 0.0).model_copy(update={"message": "capacity plan: not computed: the card is not known"}),
-              _ev("startup_memory", {"source": "start-up log l.log",
-                                     "observation": {"weights_bytes": GIB, "kv_cache_bytes": GIB // 2}})]
-    samples = [_s("host.target_rss_bytes", 2 * GIB, 1.0, "host", pid="9"),
-               _s("engine.kv_cache_tokens", 300, 1.0, "engine")]
+    events = [
+        _ev("note", {}, 0.0).model_copy(
+            update={"message": "capacity plan: not computed: the card is not known"}
+        ),
+        _ev(
+            "startup_memory",
+            {
+                "source": "start-up log l.log",
+                "observation": {"weights_bytes": GIB, "kv_cache_bytes": GIB // 2},
+            },
+        ),
+    ]
+    samples = [
+        _s("host.target_rss_bytes", 2 * GIB, 1.0, "host", pid="9"),
+        _s("engine.kv_cache_tokens", 300, 1.0, "engine"),
+    ]
     comp = compose(_run(), samples, events, [Window(1, "baseline", 0, 0.0, 2.0, 1.0)], None)
     row = comp.rows[0]
     assert row.figure("peak").host_memory and row.figure("peak").measured_bytes == 2 * GIB
@@ -87,11 +112,17 @@ def test_missing_facts_make_one_note_naming_the_fact() -> None:
     from vramlab.drill.capacity_plan import PlanFacts, start_events
 
     out = start_events(PlanFacts("llama-3.1-8b-instruct", "vllm"))
-    assert [k for k, _, _ in out] == ["note"] and "card is not known" in out[0][1] and "capacity.gpu" in out[0][1]
+    assert (
+        [k for k, _, _ in out] == ["note"]
+        and "card is not known" in out[0][1]
+        and "capacity.gpu" in out[0][1]
+    )
     out = start_events(PlanFacts("llama-3.1-8b-instruct", None, "h100-80gb"))
     assert len(out) == 1 and "engine is not known" in out[0][1]
     out = start_events(PlanFacts("llama-3.1-8b-instruct", "vllm", None, 24.0))
-    assert [k for k, _, _ in out] == ["capacity_plan"] and out[0][2]["estimate"]["gpu_memory_bytes"] > 20 * GIB
+    assert [k for k, _, _ in out] == ["capacity_plan"] and out[0][2]["estimate"][
+        "gpu_memory_bytes"
+    ] > 20 * GIB
 
 
 # --- against a real sim: the plan stored, the composition read back ---------------------------------
@@ -128,12 +159,31 @@ def sim_run(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("composition")
     ledger, log, db = str(tmp / "gpu0.ledger"), str(tmp / "sim.log"), str(tmp / "s.db")
-    sim = start_sim(["--model", "llama-3.1-8b-instruct", "--gpu", "h100-80gb", "--engine", "vllm", "--max-model-len",
-                     "8192", "--speed", "40"], device=ledger, log_path=log, timeout_s=60)
+    sim = start_sim(
+        [
+            "--model",
+            "llama-3.1-8b-instruct",
+            "--gpu",
+            "h100-80gb",
+            "--engine",
+            "vllm",
+            "--max-model-len",
+            "8192",
+            "--speed",
+            "40",
+        ],
+        device=ledger,
+        log_path=log,
+        timeout_s=60,
+    )
     try:
         plan = parse_plan(PLAN.format(url=sim.url, pid=sim.pid, log=log, ledger=ledger))
-        out = run_plan(plan, plan_dir=tmp, open_store=lambda: open_store(db),
-                       options=RunOptions(start_hooks=[experiment_start_hook]))
+        out = run_plan(
+            plan,
+            plan_dir=tmp,
+            open_store=lambda: open_store(db),
+            options=RunOptions(start_hooks=[experiment_start_hook]),
+        )
         by_kind: dict[str, int] = {}
         for a in DeviceLedger(ledger).allocations():
             by_kind[a.kind] = by_kind.get(a.kind, 0) + a.bytes
@@ -154,9 +204,12 @@ def test_the_sims_own_composition_comes_back_within_one_percent(sim_run) -> None
     comp = composition_of(ctx)
     assert comp.plan is not None and comp.plan["engine"] == "vllm" and comp.startup is not None
     last = comp.rows[-1]  # recovery: the activation workspace the heaviest step reserved is still held
-    expect = {"resident_model": truth["weights"], "kv_cache": truth["kv_cache"],
-              "runtime_overhead": truth["non_torch"] + truth["cuda_graph"] + truth.get("activation", 0),
-              "peak": sum(truth.values())}
+    expect = {
+        "resident_model": truth["weights"],
+        "kv_cache": truth["kv_cache"],
+        "runtime_overhead": truth["non_torch"] + truth["cuda_graph"] + truth.get("activation", 0),
+        "peak": sum(truth.values()),
+    }
     for name, want in expect.items():
         got = last.figure(name).measured_bytes
         assert got is not None and abs(got - want) <= 0.01 * want, (name, got, want)
@@ -178,13 +231,26 @@ def test_plan_against_measured_in_every_format(sim_run) -> None:
     assert "Plan against measured" in page and "Where the error comes from" in page
     sec = doc["sections"]["composition"]
     assert sec["schema"] == "vramlab.composition/1" and sec["plan"]["model"] == "llama-3.1-8b-instruct"
-    assert [(r["phase"], r["step_value"]) for r in sec["rows"]] == [("baseline", 1.0), ("treatment", 4.0),
-                                                                     ("treatment", 32.0), ("recovery", 1.0)]
+    assert [(r["phase"], r["step_value"]) for r in sec["rows"]] == [
+        ("baseline", 1.0),
+        ("treatment", 4.0),
+        ("treatment", 32.0),
+        ("recovery", 1.0),
+    ]
     for r in sec["rows"]:
         assert set(r["figures"]) == {"resident_model", "kv_cache", "runtime_overhead", "peak"}
         for f in r["figures"].values():
-            assert set(f) == {"predicted_bytes", "low_bytes", "high_bytes", "measured_bytes", "error_bytes",
-                              "error_pct", "inside_band", "source", "host_memory"}
+            assert set(f) == {
+                "predicted_bytes",
+                "low_bytes",
+                "high_bytes",
+                "measured_bytes",
+                "error_bytes",
+                "error_pct",
+                "inside_band",
+                "source",
+                "host_memory",
+            }
             assert f["error_bytes"] == f["predicted_bytes"] - f["measured_bytes"]
         assert isinstance(r["error_source"], str) and r["kv_in_use"]["source"]
     sat = sec["saturation"]
@@ -218,8 +284,23 @@ def test_a_drill_adds_the_composition_at_the_failure(tmp_path: Path) -> None:
     doc["baseline_s"], doc["ramp"]["step_s"], doc["recovery"]["observe_s"], doc["rounds"] = 1.0, 0.6, 1.0, 1
     (tmp_path / "drill.yaml").write_text(yaml.safe_dump(doc))
     db = str(tmp_path / "d.db")
-    res = subprocess.run([sys.executable, "-m", "vramlab", "drill", str(tmp_path / "drill.yaml"), "--db", db, "-o",
-                          str(tmp_path / "d.md")], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vramlab",
+            "drill",
+            str(tmp_path / "drill.yaml"),
+            "--db",
+            db,
+            "-o",
+            str(tmp_path / "d.md"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     # the recovery verdict is not what this test is about: a busy box may keep P95 above the baseline for the
     # 1 s observation, and then the drill exits 1 and says so (its verdict is tested in the drill tests)
     assert res.returncode == 0 or (res.returncode == 1 and "NOT recovered" in res.stderr), res.stderr[-2000:]
@@ -248,16 +329,41 @@ def test_a_real_target_without_a_card_gets_one_note_and_gpu_memory_gib_gives_the
     from vramlab.sim.launch import start_sim
     from vramlab.store import open_store
 
-    sim = start_sim(["--model", "llama-3.1-8b-instruct", "--gpu", "l4", "--engine", "vllm", "--max-model-len", "4096",
-                     "--speed", "40"], device=str(tmp_path / "gpu0.ledger"), timeout_s=60)
-    plan = PLAN.format(url=sim.url, pid=sim.pid, log=sim.log_path, ledger=tmp_path / "gpu0.ledger").replace(
-        "capacity: {gpu: h100-80gb, settings: {max_model_len: 8192}}", "").replace("steps: [4, 32]", "steps: [2]")
+    sim = start_sim(
+        [
+            "--model",
+            "llama-3.1-8b-instruct",
+            "--gpu",
+            "l4",
+            "--engine",
+            "vllm",
+            "--max-model-len",
+            "4096",
+            "--speed",
+            "40",
+        ],
+        device=str(tmp_path / "gpu0.ledger"),
+        timeout_s=60,
+    )
+    plan = (
+        PLAN.format(url=sim.url, pid=sim.pid, log=sim.log_path, ledger=tmp_path / "gpu0.ledger")
+        .replace("capacity: {gpu: h100-80gb, settings: {max_model_len: 8192}}", "")
+        .replace("steps: [4, 32]", "steps: [2]")
+    )
     (tmp_path / "p.yaml").write_text(plan)
     env = {**os.environ, "VRAMLAB_DB": str(tmp_path / "s.db")}
     try:
-        runs = [subprocess.run([sys.executable, "-m", "vramlab", "run", "p.yaml", "--json", *extra], cwd=tmp_path,
-                               capture_output=True, text=True, timeout=120, env=env)
-                for extra in ([], ["--gpu-memory-gib", "22.49"])]
+        runs = [
+            subprocess.run(
+                [sys.executable, "-m", "vramlab", "run", "p.yaml", "--json", *extra],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=env,
+            )
+            for extra in ([], ["--gpu-memory-gib", "22.49"])
+        ]
     finally:
         sim.stop()
     ids = []
@@ -267,8 +373,10 @@ def test_a_real_target_without_a_card_gets_one_note_and_gpu_memory_gib_gives_the
     with open_store(str(tmp_path / "s.db")) as store:
         blind, given = store.get_run(ids[0]), store.get_run(ids[1])
         notes = [n for n in blind.notes if n.startswith("capacity plan:")]
-        assert notes == ["capacity plan: not computed: the card is not known; give capacity.gpu (a catalog name, see "
-                         "`vramlab gpus`) or capacity.gpu_memory_gib in the plan, or --gpu / --gpu-memory-gib"]
+        assert notes == [
+            "capacity plan: not computed: the card is not known; give capacity.gpu (a catalog name, see "
+            "`vramlab gpus`) or capacity.gpu_memory_gib in the plan, or --gpu / --gpu-memory-gib"
+        ]
         assert not [e for e in store.events(ids[0]) if e.kind == "capacity_plan"]
         (ev,) = [e for e in store.events(ids[1]) if e.kind == "capacity_plan"]
         assert ev.data["facts"]["gpu_memory_gib"] == 22.49 and ev.data["estimate"]["engine"] == "vllm"
@@ -299,8 +407,13 @@ ramp: {knob: concurrency, start: 1, factor: 2, ceiling: 4}
     named = parse_drill_plan(doc + "capacity: {gpu: l4}\n")
     assert _with_card(named, "h100-80gb", None).capacity.gpu == "l4"  # the plan's own card wins
     (tmp_path / "d.yaml").write_text(doc)
-    res = subprocess.run([sys.executable, "-m", "vramlab", "drill", "d.yaml", "--gpu-memory-gib", "0"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "vramlab", "drill", "d.yaml", "--gpu-memory-gib", "0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2 and res.stderr.startswith("vramlab drill: error: --gpu-memory-gib")
     assert not (tmp_path / "vramlab.db").exists()
 
@@ -308,11 +421,15 @@ ramp: {knob: concurrency, start: 1, factor: 2, ceiling: 4}
 def test_a_step_that_failed_before_its_first_sample_reads_the_card_as_last_seen() -> None:
     # the 8192-token step OOMed 0.2 s in; the device was last read 0.3 s before the step began
     est = _plan_json()
-    events = [_ev("capacity_plan", {"estimate": est, "facts": {}}),
-              _ev("fault", {"step": 1, "value": 8192, "t0_s": 5.2}, t=5.3)]
+    events = [
+        _ev("capacity_plan", {"estimate": est, "facts": {}}),
+        _ev("fault", {"step": 1, "value": 8192, "t0_s": 5.2}, t=5.3),
+    ]
     events[1].round = 0
-    samples = [_s("gpu.process_memory_bytes", 20 * GIB, 4.7, gpu="0", pid="42"),
-               _s("gpu.process_memory_bytes", 30 * GIB, 5.6, gpu="0", pid="42")]  # after the failure: not it
+    samples = [
+        _s("gpu.process_memory_bytes", 20 * GIB, 4.7, gpu="0", pid="42"),
+        _s("gpu.process_memory_bytes", 30 * GIB, 5.6, gpu="0", pid="42"),
+    ]  # after the failure: not it
     w = Window(0, "ramp", 1, 5.0, 6.0, 8192.0)
     comp = compose(_run(), samples, events, [w], first_request_s=0.6)
     ((value, row),) = comp.at_failure

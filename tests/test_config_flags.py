@@ -19,19 +19,29 @@ from vramlab.sources.hf_config import spec_from_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS: dict[str, dict[str, Any]] = {
-    m["name"]: m["config"] for m in json.loads((ROOT / "src" / "vramlab" / "data" / "models.json").read_text())
-    if isinstance(m.get("config"), dict)}
+    m["name"]: m["config"]
+    for m in json.loads((ROOT / "src" / "vramlab" / "data" / "models.json").read_text())
+    if isinstance(m.get("config"), dict)
+}
 LLAMA = CONFIGS["llama-3.1-8b-instruct"]
 
 not_booleans = st.one_of(
     st.sampled_from(["False", "false", "True", "true", "0", "1", "no", "yes", "", "off", "null"]),
-    st.text(max_size=8), st.integers(-3, 3), st.floats(allow_nan=False, allow_infinity=False),
-    st.lists(st.booleans(), max_size=2), st.dictionaries(st.text(max_size=3), st.booleans(), max_size=2),
+    st.text(max_size=8),
+    st.integers(-3, 3),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.lists(st.booleans(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.booleans(), max_size=2),
 )
 
 
-@settings(max_examples=300, derandomize=True, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=300,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(st.sampled_from(sorted(CONFIGS)), st.sampled_from(CONFIG_FLAGS), not_booleans)
 def test_a_non_boolean_in_a_flag_is_refused_by_name(name: str, flag: str, value: Any) -> None:
     config = {**CONFIGS[name], flag: value}
@@ -42,7 +52,10 @@ def test_a_non_boolean_in_a_flag_is_refused_by_name(name: str, flag: str, value:
 @settings(max_examples=100, derandomize=True, deadline=None, database=None)
 @given(st.sampled_from(QUANT_FLAGS), not_booleans)
 def test_a_non_boolean_in_a_quantization_flag_is_refused_by_name(flag: str, value: Any) -> None:
-    config = {**LLAMA, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128, flag: value}}
+    config = {
+        **LLAMA,
+        "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128, flag: value},
+    }
     with pytest.raises(ConfigError, match=f"'quantization_config.{flag}' must be true or false"):
         spec_from_config(config, "llama", "fuzz")
 

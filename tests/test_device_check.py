@@ -28,11 +28,14 @@ def _module():
 def test_without_a_gpu_it_says_so_and_checks_nothing(tmp_path: Path) -> None:
     if _module().no_gpu_reason() is None:
         pytest.skip("this machine has a GPU: the script runs for real here")
-    res = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0 and res.stdout.startswith("device-check: no NVIDIA GPU here: "), res
     assert "Nothing was checked." in res.stdout and not list(tmp_path.iterdir())
-    res = subprocess.run([sys.executable, str(SCRIPT), "--require-gpu"], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), "--require-gpu"], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 1 and "no NVIDIA GPU here" in res.stdout
 
 
@@ -47,7 +50,9 @@ def test_the_allocation_and_composition_checks_on_the_sims_card(tmp_path: Path) 
     assert [s["process_delta_bytes"] for s in out["steps"]] == [GIB, 4 * GIB] and out["per_process_readings"]
     comp = out["composition"]
     assert comp["resident_model"]["measured_bytes"] == GIB and comp["kv_cache"]["measured_bytes"] == 4 * GIB
-    assert comp["runtime_overhead"]["measured_bytes"] == 512 << 20 and comp["peak"]["measured_bytes"] == 5 * GIB + (512 << 20)
+    assert comp["runtime_overhead"]["measured_bytes"] == 512 << 20 and comp["peak"][
+        "measured_bytes"
+    ] == 5 * GIB + (512 << 20)
     assert ctx
 
 
@@ -81,18 +86,31 @@ def test_the_serve_command_follows_transformers_serves_own_help(tmp_path: Path, 
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     cmd = _module().serve_command(Path("/models/tiny"), "cpu")
-    assert cmd == (f"exec {fake} serve /models/tiny --host 127.0.0.1 --port {{port}} --attn-implementation eager "
-                   "--device cpu --log-level info")
+    assert cmd == (
+        f"exec {fake} serve /models/tiny --host 127.0.0.1 --port {{port}} --attn-implementation eager "
+        "--device cpu --log-level info"
+    )
     # an older help text that names --force-model gets the flag
     fake.write_text("#!/bin/sh\necho '  --force-model TEXT  --port INTEGER  --device TEXT'\n")
-    assert _module().serve_command(Path("/m"), "cuda") == (f"exec {fake} serve --force-model /m --host 127.0.0.1 "
-                                                          "--port {port} --device cuda")
+    assert _module().serve_command(Path("/m"), "cuda") == (
+        f"exec {fake} serve --force-model /m --host 127.0.0.1 --port {{port}} --device cuda"
+    )
 
 
 def test_a_cpu_drill_that_did_not_serve_is_a_problem() -> None:
     problems = _module().drill_problems
-    ok: dict[str, Any] = {"exit_code": 0, "run_id": "r", "requests": {"sent": 9, "ok": 9, "errors": [], "max_prompt_tokens": 258}}
+    ok: dict[str, Any] = {
+        "exit_code": 0,
+        "run_id": "r",
+        "requests": {"sent": 9, "ok": 9, "errors": [], "max_prompt_tokens": 258},
+    }
     assert problems(ok) == [] and problems({"skipped": "not installed"}) == []
-    assert "errors ['422 http_4xx']" in problems({**ok, "requests": {**ok["requests"], "errors": ["422 http_4xx"]}})[0]
-    assert "at most 40 prompt tokens" in problems({**ok, "requests": {**ok["requests"], "max_prompt_tokens": 40}})[0]
+    assert (
+        "errors ['422 http_4xx']"
+        in problems({**ok, "requests": {**ok["requests"], "errors": ["422 http_4xx"]}})[0]
+    )
+    assert (
+        "at most 40 prompt tokens"
+        in problems({**ok, "requests": {**ok["requests"], "max_prompt_tokens": 40}})[0]
+    )
     assert problems({"exit_code": 1, "stderr_tail": "boom"})[0].startswith("drill exit 1: boom")

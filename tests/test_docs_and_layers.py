@@ -70,7 +70,9 @@ def test_pure_packages_call_nothing_that_does_io(package):
 
 def test_the_io_check_catches_a_file_read():
     assert _io_uses(ast.parse("from pathlib import Path\nx = Path('p').read_text()\nopen('q')")) == [
-        ".read_text() on line 2", "open() on line 3"]
+        ".read_text() on line 2",
+        "open() on line 3",
+    ]
 
 
 def _contracts() -> list[dict]:
@@ -92,7 +94,9 @@ def _may_import_by_contract() -> dict[str, set[str]]:
         assert c.get("allow_indirect_imports") is True, c["id"]  # "may import" means direct imports
         out[name] = set(PACKAGES) - forbidden - {name}
         shown = "nothing" if not out[name] else ", ".join(sorted(out[name]))
-        assert c["name"] == f"{name} may import {shown}", f"contract {c['id']}: the name must say what it allows"
+        assert c["name"] == f"{name} may import {shown}", (
+            f"contract {c['id']}: the name must say what it allows"
+        )
     return out
 
 
@@ -123,20 +127,29 @@ def test_every_package_has_a_layering_contract_and_a_doc_row():
 def test_every_top_level_module_has_a_contract():
     # vramlab/errors.py, planfile.py, redact.py...: a module beside the packages is layered too
     modules = {p.stem for p in (ROOT / "src" / "vramlab").glob("*.py")} - {"__init__", "__main__"}
-    by_contract = {c["source_modules"][0].removeprefix("vramlab."): c for c in _contracts()
-                   if c["id"].startswith("module-")}
+    by_contract = {
+        c["source_modules"][0].removeprefix("vramlab."): c
+        for c in _contracts()
+        if c["id"].startswith("module-")
+    }
     assert set(by_contract) == modules
     for name, c in by_contract.items():
-        allowed = {m.removeprefix("vramlab.") for m in modules | set(PACKAGES)} - {name} - {
-            m.removeprefix("vramlab.") for m in c["forbidden_modules"]}
+        allowed = (
+            {m.removeprefix("vramlab.") for m in modules | set(PACKAGES)}
+            - {name}
+            - {m.removeprefix("vramlab.") for m in c["forbidden_modules"]}
+        )
         shown = "nothing" if not allowed else ", ".join(sorted(allowed))
         assert c["name"] == f"module {name} may import {shown}", c["id"]
 
 
 def test_architecture_doc_says_what_the_contracts_enforce():
     by_doc, by_contract = _may_import_by_doc(), _may_import_by_contract()
-    wrong = {p: {"doc": sorted(by_doc[p]), "contract": sorted(by_contract[p])}
-             for p in PACKAGES if by_doc[p] != by_contract[p]}
+    wrong = {
+        p: {"doc": sorted(by_doc[p]), "contract": sorted(by_contract[p])}
+        for p in PACKAGES
+        if by_doc[p] != by_contract[p]
+    }
     assert not wrong, f"docs/architecture.md and pyproject.toml disagree: {wrong}"
 
 
@@ -149,18 +162,22 @@ def test_contracts_hold():
 
 
 def test_help_imports_no_heavy_library():
-    code = ("import sys; from vramlab.cli.main import main; main(['--help']); "
-            "heavy = [m for m in ('aiohttp', 'sqlalchemy', 'matplotlib', 'pydantic', 'rich', 'numpy', 'prometheus_client')"
-            " if m in sys.modules]; print(heavy)")
+    code = (
+        "import sys; from vramlab.cli.main import main; main(['--help']); "
+        "heavy = [m for m in ('aiohttp', 'sqlalchemy', 'matplotlib', 'pydantic', 'rich', 'numpy', 'prometheus_client')"
+        " if m in sys.modules]; print(heavy)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_plan_imports_no_heavy_library():
-    code = ("import sys; from vramlab.cli.main import main; "
-            "main(['plan', '--model', 'qwen3-8b', '--gpu', 'l4', '--offline', '--json']); "
-            "heavy = [m for m in ('aiohttp', 'sqlalchemy', 'matplotlib', 'pydantic', 'rich', 'numpy')"
-            " if m in sys.modules]; print(heavy)")
+    code = (
+        "import sys; from vramlab.cli.main import main; "
+        "main(['plan', '--model', 'qwen3-8b', '--gpu', 'l4', '--offline', '--json']); "
+        "heavy = [m for m in ('aiohttp', 'sqlalchemy', 'matplotlib', 'pydantic', 'rich', 'numpy')"
+        " if m in sys.modules]; print(heavy)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip().splitlines()[-1] == "[]", r.stderr
 
@@ -171,8 +188,14 @@ def _readme_commands() -> list[str]:
     for block in re.findall(r"```bash\n(.*?)```", README, re.S):
         for line in block.splitlines():
             cmd = line.split("  #")[0].strip()
-            if (not cmd.startswith("vramlab ") or "..." in cmd or "./" in cmd or "7f3a" in cmd or "91bc" in cmd
-                    or "--calibration" in cmd):  # placeholders, stored runs, files other commands write
+            if (
+                not cmd.startswith("vramlab ")
+                or "..." in cmd
+                or "./" in cmd
+                or "7f3a" in cmd
+                or "91bc" in cmd
+                or "--calibration" in cmd
+            ):  # placeholders, stored runs, files other commands write
                 continue
             first = cmd.split()[1]
             if first in ("plan", "models", "gpus", "pack", "alerts") and ">" not in cmd:
@@ -185,7 +208,9 @@ def test_readme_commands_run(cmd, tmp_path):
     import shlex
 
     # In an empty folder, with the examples the installed package writes (not the repository's).
-    assert subprocess.run([VRAMLAB, "examples"], capture_output=True, timeout=60, cwd=tmp_path).returncode == 0
+    assert (
+        subprocess.run([VRAMLAB, "examples"], capture_output=True, timeout=60, cwd=tmp_path).returncode == 0
+    )
     args = shlex.split(cmd)[1:]
     r = subprocess.run([VRAMLAB, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode in (0, 1), f"{cmd}: {r.stderr}"  # 1: the plan's verdict is "does not fit"
@@ -196,10 +221,20 @@ def test_no_code_writes_pydantic_private_attributes():
     """Records are built through pydantic's public API (model_validate, TypeAdapter, model_construct)."""
     for path in (ROOT / "src" / "vramlab").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("__pydantic_"):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value.startswith("__pydantic_")
+            ):
                 raise AssertionError(f"{path.relative_to(ROOT)}:{node.lineno} names {node.value}")
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__setattr__"
-                    and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and node.args[1].value == "__dict__"):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "__setattr__"
+                and len(node.args) > 1
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value == "__dict__"
+            ):
                 raise AssertionError(f"{path.relative_to(ROOT)}:{node.lineno} replaces an object's __dict__")
 
 
@@ -216,7 +251,9 @@ def test_examples_in_the_repo_are_the_packaged_ones():
     files = packaged()
     assert {"concurrency-ramp.yaml", "oom-drill.yaml", "demo.yaml", "fleet.yaml", "trace.jsonl"} <= set(files)
     here = {p.name: p for p in (ROOT / "examples").iterdir()}
-    assert set(here) == set(files), "examples/ differs from src/vramlab/data/examples/: run `vramlab examples --force`"
+    assert set(here) == set(files), (
+        "examples/ differs from src/vramlab/data/examples/: run `vramlab examples --force`"
+    )
     for name, data in files.items():
         assert not here[name].is_symlink(), f"examples/{name} is a link (breaks when copied)"
         assert here[name].read_bytes() == data, f"examples/{name} differs from the packaged copy"
@@ -230,7 +267,9 @@ def test_examples_command_writes_refuses_a_clash_and_forces(tmp_path):
     r = subprocess.run([VRAMLAB, "examples"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 2 and "fleet.yaml" in r.stderr and "--force" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
-    r = subprocess.run([VRAMLAB, "examples", "--force"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    r = subprocess.run(
+        [VRAMLAB, "examples", "--force"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert r.returncode == 0 and (tmp_path / "examples" / "fleet.yaml").read_text() != "edited\n"
 
 
@@ -249,8 +288,16 @@ def test_readme_experiment_and_drill_commands_run_in_an_empty_folder(tmp_path):
         import shlex
 
         args = shlex.split(cmd)
-        out = subprocess.run([VRAMLAB, *args[1:]] if ">" not in args else ["/bin/sh", "-c", cmd.replace(
-            "vramlab ", VRAMLAB + " ", 1)], capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
+        out = subprocess.run(
+            [VRAMLAB, *args[1:]]
+            if ">" not in args
+            else ["/bin/sh", "-c", cmd.replace("vramlab ", VRAMLAB + " ", 1)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=tmp_path,
+            env=env,
+        )
         assert out.returncode == 0, f"{cmd}: exit {out.returncode}: {out.stderr[-1500:]}"
         assert "Traceback" not in out.stderr
         ran.append(cmd)
@@ -295,7 +342,9 @@ def test_docs_and_comments_cite_only_what_is_in_the_repository():
     # A citation a reader of a clone cannot follow: the team's shared folder, the team's own issue tracker
     # (its numbers are small; an upstream project's issue or PR is a public source and stays), or a
     # repository path that does not exist.
-    outside = re.compile(r"shared/(research|data|seeds)|/work/shared|\bissue #?\d{1,2}\b|\(#\d{1,2}\)|\(issue #?\d{1,2}\b")
+    outside = re.compile(
+        r"shared/(research|data|seeds)|/work/shared|\bissue #?\d{1,2}\b|\(#\d{1,2}\)|\(issue #?\d{1,2}\b"
+    )
     missing, foreign = [], []
     for p, text in _cited_texts():
         if "docs/research" in p.as_posix():
@@ -303,8 +352,10 @@ def test_docs_and_comments_cite_only_what_is_in_the_repository():
         for n, line in enumerate(text.splitlines(), 1):
             if outside.search(line):
                 foreign.append(f"{p.relative_to(ROOT)}:{n}: {line.strip()[:100]}")
-            for ref in re.findall(r"\b((?:docs|benchmarks|tests|scripts|examples)/[\w./-]+\.(?:md|py|txt|jsonl|json|yaml))",
-                                  line):
+            for ref in re.findall(
+                r"\b((?:docs|benchmarks|tests|scripts|examples)/[\w./-]+\.(?:md|py|txt|jsonl|json|yaml))",
+                line,
+            ):
                 if not (ROOT / ref).exists() and "*" not in ref:
                     missing.append(f"{p.relative_to(ROOT)}:{n}: {ref}")
     assert not foreign, "\n".join(foreign)

@@ -22,16 +22,37 @@ def _drill(tmp_path: Path, b: StubBehaviour, timeout_s: float = 5.0):
 
     async def go():
         async with StubServer(b) as srv:
-            plan = parse_plan({
-                "name": "broken-baseline", "rounds": 1, "baseline_s": 1.0,
-                "target": {"kind": "command", "environment": "test", "engine": "vllm", "base_url": srv.url,
-                           "model": "tiny", "commands": {"status": "true"}},
-                "load": {"concurrency": 2, "prompt_tokens": 8, "max_tokens": 4, "request_timeout_s": timeout_s},
-                "ramp": {"knob": "concurrency", "mode": "geometric", "start": 2, "factor": 2, "ceiling": 4,
-                         "step_s": 1.0},
-                "stop": {"error_rate": 0.5, "window_s": 1.0, "min_requests": 3, "wall_clock_s": 30},
-                "recovery": {"mode": "auto", "limit_s": 2, "observe_s": 0.5},
-            })
+            plan = parse_plan(
+                {
+                    "name": "broken-baseline",
+                    "rounds": 1,
+                    "baseline_s": 1.0,
+                    "target": {
+                        "kind": "command",
+                        "environment": "test",
+                        "engine": "vllm",
+                        "base_url": srv.url,
+                        "model": "tiny",
+                        "commands": {"status": "true"},
+                    },
+                    "load": {
+                        "concurrency": 2,
+                        "prompt_tokens": 8,
+                        "max_tokens": 4,
+                        "request_timeout_s": timeout_s,
+                    },
+                    "ramp": {
+                        "knob": "concurrency",
+                        "mode": "geometric",
+                        "start": 2,
+                        "factor": 2,
+                        "ceiling": 4,
+                        "step_s": 1.0,
+                    },
+                    "stop": {"error_rate": 0.5, "window_s": 1.0, "min_requests": 3, "wall_clock_s": 30},
+                    "recovery": {"mode": "auto", "limit_s": 2, "observe_s": 0.5},
+                }
+            )
             runner = DrillRunner(plan, store, workdir=str(tmp_path / "work"))
             return runner, await asyncio.wait_for(runner.run(), 40)
 
@@ -55,8 +76,12 @@ def test_every_baseline_request_failing_stops_the_drill_before_the_ramp(tmp_path
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "vramlab", "runs", "--db", store.url], capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "vramlab", "runs", "--db", store.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     row = next(ln for ln in res.stdout.splitlines() if ln.startswith(runner.run_id))
     assert row.split()[1] == "drill" and row.rstrip().endswith(" tiny"), res.stdout
 
@@ -80,15 +105,36 @@ def test_a_wall_clock_stop_over_refused_requests_never_says_nothing_had_failed(t
 
     async def go():
         async with StubServer(b) as srv:
-            plan = parse_plan({
-                "name": "refused-ramp", "rounds": 1, "baseline_s": 0.8,
-                "target": {"kind": "command", "environment": "test", "engine": "vllm", "base_url": srv.url,
-                           "model": "tiny", "commands": {"status": "true"}},
-                "load": {"concurrency": 2, "prompt_tokens": 8, "max_tokens": 4, "request_timeout_s": 2},
-                "ramp": {"knob": "concurrency", "mode": "geometric", "start": 2, "factor": 2, "ceiling": 64,
-                         "step_s": 30.0},
-                "stop": {"error_rate": 1.0, "window_s": 1.0, "min_requests": 3, "wall_clock_s": 3},  # never fires
-            })
+            plan = parse_plan(
+                {
+                    "name": "refused-ramp",
+                    "rounds": 1,
+                    "baseline_s": 0.8,
+                    "target": {
+                        "kind": "command",
+                        "environment": "test",
+                        "engine": "vllm",
+                        "base_url": srv.url,
+                        "model": "tiny",
+                        "commands": {"status": "true"},
+                    },
+                    "load": {"concurrency": 2, "prompt_tokens": 8, "max_tokens": 4, "request_timeout_s": 2},
+                    "ramp": {
+                        "knob": "concurrency",
+                        "mode": "geometric",
+                        "start": 2,
+                        "factor": 2,
+                        "ceiling": 64,
+                        "step_s": 30.0,
+                    },
+                    "stop": {
+                        "error_rate": 1.0,
+                        "window_s": 1.0,
+                        "min_requests": 3,
+                        "wall_clock_s": 3,
+                    },  # never fires
+                }
+            )
             runner = DrillRunner(plan, store, workdir=str(tmp_path / "work"))
 
             def on_event(ev) -> None:
@@ -113,15 +159,31 @@ def test_a_ramp_whose_requests_never_came_back_claims_no_ceiling(tmp_path):
 
     async def go():
         async with StubServer(b) as srv:
-            plan = parse_plan({
-                "name": "silent-ramp", "rounds": 1, "baseline_s": 0.8,
-                "target": {"kind": "command", "environment": "test", "engine": "vllm", "base_url": srv.url,
-                           "model": "tiny", "commands": {"status": "true"}},
-                "load": {"concurrency": 2, "prompt_tokens": 8, "max_tokens": 4, "request_timeout_s": 30},
-                "ramp": {"knob": "concurrency", "mode": "geometric", "start": 2, "factor": 2, "ceiling": 4,
-                         "step_s": 1.0},
-                "stop": {"error_rate": 0.5, "window_s": 1.0, "min_requests": 3, "wall_clock_s": 30},
-            })
+            plan = parse_plan(
+                {
+                    "name": "silent-ramp",
+                    "rounds": 1,
+                    "baseline_s": 0.8,
+                    "target": {
+                        "kind": "command",
+                        "environment": "test",
+                        "engine": "vllm",
+                        "base_url": srv.url,
+                        "model": "tiny",
+                        "commands": {"status": "true"},
+                    },
+                    "load": {"concurrency": 2, "prompt_tokens": 8, "max_tokens": 4, "request_timeout_s": 30},
+                    "ramp": {
+                        "knob": "concurrency",
+                        "mode": "geometric",
+                        "start": 2,
+                        "factor": 2,
+                        "ceiling": 4,
+                        "step_s": 1.0,
+                    },
+                    "stop": {"error_rate": 0.5, "window_s": 1.0, "min_requests": 3, "wall_clock_s": 30},
+                }
+            )
             runner = DrillRunner(plan, store, workdir=str(tmp_path / "work"))
 
             def on_event(ev) -> None:

@@ -27,8 +27,14 @@ SIM = {"model": "qwen2.5-0.5b-instruct", "gpu": "l4"}
 
 
 def _spec(**kw) -> ColocationSpec:
-    doc = {"target_name": "chat", "target_start_order": 2,
-           "engines": [{"name": "small", "start_order": 3, "sim": SIM}, {"name": "big", "start_order": 1, "sim": SIM}]}
+    doc = {
+        "target_name": "chat",
+        "target_start_order": 2,
+        "engines": [
+            {"name": "small", "start_order": 3, "sim": SIM},
+            {"name": "big", "start_order": 1, "sim": SIM},
+        ],
+    }
     return ColocationSpec.model_validate({**doc, **kw})
 
 
@@ -37,11 +43,14 @@ def test_start_sequence_follows_pack_order_with_the_target_in_its_place():
     assert start_sequence(_spec(target_start_order=4)) == ["big", "small", "chat"]
 
 
-@pytest.mark.parametrize("kw, words", [
-    ({"target_start_order": 1}, "start_order"),
-    ({"target_name": "small"}, "unique"),
-    ({"engines": []}, "engines"),
-])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        ({"target_start_order": 1}, "start_order"),
+        ({"target_name": "small"}, "unique"),
+        ({"engines": []}, "engines"),
+    ],
+)
 def test_bad_colocation_sections(kw, words):
     with pytest.raises(ValueError, match=words):
         _spec(**kw)
@@ -53,7 +62,10 @@ def test_plan_needs_a_sim_target_and_unique_probe_names():
     clash = {**doc, "neighbours": [{"name": "small", "url": "http://127.0.0.1:9"}]}
     with pytest.raises(ConfigError, match="neighbour names must be unique"):
         parse_plan(clash)
-    other = {**doc, "target": {"kind": "process", "environment": "test", "command": "x", "base_url": "http://h:1"}}
+    other = {
+        **doc,
+        "target": {"kind": "process", "environment": "test", "command": "x", "base_url": "http://h:1"},
+    }
     with pytest.raises(ConfigError, match="colocation needs a sim target"):
         parse_plan(other)
 
@@ -61,11 +73,18 @@ def test_plan_needs_a_sim_target_and_unique_probe_names():
 def test_cause_line_is_the_engines_root_cause_not_its_wrapper():
     """The sim's own vLLM texts (what a real vLLM logs) around a traceback."""
     free = L.vllm_free_memory_error((0, 11, 0), 1 * GIB, 22 * GIB, 0.6)
-    log = "\n".join(["INFO 11-29 loading took 2.88 GiB", "ERROR [core.py:708] EngineCore failed to start.",
-                     f"ERROR [core.py:708] {free}", f"ERROR [core.py:708] {L.CORE_INIT_FAILED}"])
+    log = "\n".join(
+        [
+            "INFO 11-29 loading took 2.88 GiB",
+            "ERROR [core.py:708] EngineCore failed to start.",
+            f"ERROR [core.py:708] {free}",
+            f"ERROR [core.py:708] {L.CORE_INIT_FAILED}",
+        ]
+    )
     assert cause_line(log).startswith("ValueError: Free memory on device cuda:0")
     assert cause_line(f"ERROR {L.vllm_no_cache_error()}\nERROR {L.CORE_INIT_FAILED}").startswith(
-        "ValueError: No available memory for the cache blocks")
+        "ValueError: No available memory for the cache blocks"
+    )
     assert cause_line("INFO all good") == ""
 
 
@@ -85,22 +104,37 @@ def _ev(t, kind, at=None, **data):
 def test_analysis_per_engine_phase_and_neighbour_windows():
     events = [
         _ev(0.4, "engine", during="start_in_order", engine="chat", outcome="started", ready_s=0.4),
-        _ev(1.0, "engine", during="race", engine="chat", outcome="refused", exit_code=1, text="ValueError: x"),
+        _ev(
+            1.0, "engine", during="race", engine="chat", outcome="refused", exit_code=1, text="ValueError: x"
+        ),
         _ev(1.1, "engine", during="race", engine="small", outcome="started", ready_s=0.3),
         _ev(1.2, "race", failed=["chat"], started=["small"]),
         _ev(2.0, "phase_start", "baseline", phase="baseline"),
         _ev(4.0, "step"),
-        _ev(4.5, "engine", during="ramp", engine="added-1", outcome="refused", exit_code=1, text="ValueError: y"),
+        _ev(
+            4.5,
+            "engine",
+            during="ramp",
+            engine="added-1",
+            outcome="refused",
+            exit_code=1,
+            text="ValueError: y",
+        ),
         _ev(5.0, "engine", during="baseline", engine="small", outcome="crashed", exit_code=1, text="OOM"),
         _ev(6.0, "rollback"),
         _ev(6.5, "ledger", used_bytes=0, drill_pids_left=[]),
     ]
-    samples = [SampleRecord(run_id="r", t_s=t, source="health", name="neighbour.small.ok", value=v)
-               for t, v in ((1.5, 0.0), (2.5, 1.0), (3.5, 1.0), (4.5, 1.0), (5.5, 0.0), (6.5, 0.0))]
+    samples = [
+        SampleRecord(run_id="r", t_s=t, source="health", name="neighbour.small.ok", value=v)
+        for t, v in ((1.5, 0.0), (2.5, 1.0), (3.5, 1.0), (4.5, 1.0), (5.5, 0.0), (6.5, 0.0))
+    ]
     c = analyse_colocation(events, samples)
     assert c is not None
     assert c.engines() == ["chat", "small", "added-1"]
-    assert some(c.cell("chat", "race")).outcome == "refused" and some(c.cell("small", "load")).outcome == "crashed"
+    assert (
+        some(c.cell("chat", "race")).outcome == "refused"
+        and some(c.cell("small", "load")).outcome == "crashed"
+    )
     assert (c.race_failed, c.race_started) == (["chat"], ["small"])
     got = {(n.window, n.probes, n.failed) for n in c.neighbours}
     assert got == {("load", 2, 0), ("ramp", 2, 1)}  # before the baseline and after the rollback: not counted
@@ -118,9 +152,24 @@ def test_colocation_drill_end_to_end_through_the_cli(tmp_path):
     plan.write_text(yaml.safe_dump(doc))
     db = str(tmp_path / "s.db")
     env = {**os.environ, "VRAMLAB_DB": db}
-    out = subprocess.run([sys.executable, "-m", "vramlab", "drill", str(plan), "--db", db, "-o",
-                          str(tmp_path / "incident.md")], cwd=tmp_path, capture_output=True, text=True, timeout=45,
-                         env=env)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vramlab",
+            "drill",
+            str(plan),
+            "--db",
+            db,
+            "-o",
+            str(tmp_path / "incident.md"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=45,
+        env=env,
+    )
     # a busy box may keep P95 above the baseline for the short observation: then the drill exits 1 and says so
     assert out.returncode == 0 or (out.returncode == 1 and "NOT recovered" in out.stderr), out.stderr[-2000:]
     run_id = re.search(r"run ([0-9a-f]{8})", out.stderr).group(1)  # type: ignore[union-attr]
@@ -136,8 +185,11 @@ def test_colocation_drill_end_to_end_through_the_cli(tmp_path):
     assert any(r.outcome == "refused" for r in race) and c.race_failed
     for r in race:
         if r.outcome == "refused":
-            assert r.exit_code == 1 and re.search(r"No available memory for the cache blocks|max seq len|"
-                                                  r"Free memory on device|CUDA out of memory", r.text)
+            assert r.exit_code == 1 and re.search(
+                r"No available memory for the cache blocks|max seq len|"
+                r"Free memory on device|CUDA out of memory",
+                r.text,
+            )
     # everyone back up in order before the load
     assert all(some(c.cell(n, "restart_in_order")).outcome == "started" for n in names)
     # (d) the ramp's models: each one's outcome recorded; the card cannot hold three more 0.6 shares
@@ -151,8 +203,13 @@ def test_colocation_drill_end_to_end_through_the_cli(tmp_path):
     assert any(r.phase == "baseline" for r in store.requests(run_id))
     # rollback: nothing the drill started still holds memory on the card
     assert c.drill_pids_left == [] and c.ledger_used_bytes == 0
-    html = subprocess.run([sys.executable, "-m", "vramlab", "report", run_id, "--db", db, "--format", "html"],
-                          capture_output=True, text=True, timeout=30, env=env)
+    html = subprocess.run(
+        [sys.executable, "-m", "vramlab", "report", run_id, "--db", db, "--format", "html"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
     assert html.returncode == 0 and "Co-location" in html.stdout and "Start-up race reproduced" in html.stdout
 
 

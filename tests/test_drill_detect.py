@@ -9,8 +9,9 @@ from vramlab.experiment.plan import StopConditions
 
 
 def _det(**kw) -> Detector:
-    base = dict(error_rate=0.5, window_s=2.0, min_requests=3, oom_seen=True, wall_clock_s=60.0,
-                gpu_memory_share=0.99)
+    base = dict(
+        error_rate=0.5, window_s=2.0, min_requests=3, oom_seen=True, wall_clock_s=60.0, gpu_memory_share=0.99
+    )
     base.update(kw)
     return Detector(StopConditions(**base), engine="vllm")
 
@@ -25,16 +26,22 @@ def test_oom_in_response_stops_and_crash_is_named_after_exit():
     assert d.failure_mode() == "oom_no_exit"
     d.on_process(1.5, False, 1)
     assert d.failure_mode() == "crash_after_oom"
-    d.on_log_line(2.0, "ValueError: Free memory on device cuda:0 (19.40/22.49 GiB) on startup is less than desired "
-                       "GPU memory utilization (0.9, 20.24 GiB).")
+    d.on_log_line(
+        2.0,
+        "ValueError: Free memory on device cuda:0 (19.40/22.49 GiB) on startup is less than desired "
+        "GPU memory utilization (0.9, 20.24 GiB).",
+    )
     assert d.failure_mode() == "crash_after_oom+startup_refusal_on_restart"
 
 
 def test_log_signature_wins_over_response_for_the_report():
     d = _det()
     d.on_result(1.0, False, 500, "oom", "engine dead")
-    d.on_log_line(1.05, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 290.00 MiB. GPU 0 has a total "
-                        "capacity of 22.49 GiB of which 164.00 MiB is free.")
+    d.on_log_line(
+        1.05,
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 290.00 MiB. GPU 0 has a total "
+        "capacity of 22.49 GiB of which 164.00 MiB is free.",
+    )
     sig = d.signature()
     assert sig is not None and sig["signature"] == "torch.cuda_oom" and "290.00 MiB" in sig["line"]
 
@@ -80,7 +87,11 @@ def test_sigkill_without_oom_evidence_is_killed_by_signal_not_oom():
     assert d.failure() is not None
     assert d.failure_mode() == "killed_by_signal"
     ev = " | ".join(d.evidence())
-    assert "killed by signal 9 (SIGKILL)" in ev and "no out-of-memory evidence" in ev and "Connection refused" in ev
+    assert (
+        "killed by signal 9 (SIGKILL)" in ev
+        and "no out-of-memory evidence" in ev
+        and "Connection refused" in ev
+    )
     assert d.first_evidence_s() == 2.0  # T0: the first failed request, before the exit was seen
     # the supervisor restarts it; the restart exits at once: a refused restart, and still no OOM
     d.on_restart(3.0)
@@ -142,7 +153,9 @@ def test_resource_and_clock_stops():
     d = _det()
     d.on_sample(1.0, "gpu.memory_used_bytes", 99.5, total=100.0)
     f = d.failure()
-    assert f is not None and f.kind == "gpu_memory_share" and f.source == "gpu"  # the card said so, not an answer
+    assert (
+        f is not None and f.kind == "gpu_memory_share" and f.source == "gpu"
+    )  # the card said so, not an answer
     k = _det(kv_usage=0.9)
     k.on_sample(1.0, "engine.kv_cache_usage_perc", 0.95)
     kv = k.failure()

@@ -31,7 +31,9 @@ def _plan(tmp_path: Path, **changes) -> Path:
     # A loaded 2-core CI box stretches latency after the restart: judge recovery on health and
     # successful requests, with a P95 tolerance that does not depend on how busy the machine is.
     doc["recovery"]["p95_tolerance"] = 4.0
-    doc.setdefault("stop_conditions", {})["wall_clock_s"] = 40  # the drill takes ~10 s; a stall dumps its stacks at 100 s
+    doc.setdefault("stop_conditions", {})["wall_clock_s"] = (
+        40  # the drill takes ~10 s; a stall dumps its stacks at 100 s
+    )
     for dotted, value in changes.items():
         node = doc
         keys = dotted.split("__")
@@ -44,10 +46,25 @@ def _plan(tmp_path: Path, **changes) -> Path:
 
 
 def _drill(tmp_path: Path, plan: Path, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "vramlab", "drill", str(plan), "--db", str(tmp_path / "s.db"),
-                             "-o", str(tmp_path / "incident.md"), *extra],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "VRAMLAB_DB": str(tmp_path / "s.db")})
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vramlab",
+            "drill",
+            str(plan),
+            "--db",
+            str(tmp_path / "s.db"),
+            "-o",
+            str(tmp_path / "incident.md"),
+            *extra,
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "VRAMLAB_DB": str(tmp_path / "s.db")},
+    )
 
 
 def _run_id(proc: subprocess.Popen[str]) -> str:
@@ -73,8 +90,21 @@ def test_oom_drill_against_sim_ends_in_incident_report(tmp_path):
     from vramlab.sim.launch import start_sim
 
     # a neighbour on the same simulated card: a llama.cpp server (pre-allocated context)
-    neighbour = start_sim(["--model", "qwen2.5-0.5b-instruct", "--gpu", "l4", "--engine", "llama.cpp",
-                           "--max-model-len", "2048", "--speed", "200"], device=str(tmp_path / "gpu0.ledger"))
+    neighbour = start_sim(
+        [
+            "--model",
+            "qwen2.5-0.5b-instruct",
+            "--gpu",
+            "l4",
+            "--engine",
+            "llama.cpp",
+            "--max-model-len",
+            "2048",
+            "--speed",
+            "200",
+        ],
+        device=str(tmp_path / "gpu0.ledger"),
+    )
     try:
         _oom_drill_with_neighbour(tmp_path, neighbour)
     finally:
@@ -88,8 +118,12 @@ def _oom_drill_with_neighbour(tmp_path: Path, neighbour) -> None:
     db = tmp_path / "s.db"
     run_id = _run_id(proc)
     # the operator adds a note from "another terminal"
-    note = subprocess.run([sys.executable, "-m", "vramlab", "note", run_id[:4], "watching the ramp", "--db", str(db)],
-                          capture_output=True, text=True, timeout=30)
+    note = subprocess.run(
+        [sys.executable, "-m", "vramlab", "note", run_id[:4], "watching the ramp", "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert note.returncode == 0, note.stderr
     try:
         out, err = proc.communicate(timeout=120)
@@ -100,7 +134,9 @@ def _oom_drill_with_neighbour(tmp_path: Path, neighbour) -> None:
         time.sleep(2)
         proc.kill()
         out, err = proc.communicate()
-        raise AssertionError(f"the drill did not end in 120 s; its stderr ends with:\n{err[-6000:]}") from None
+        raise AssertionError(
+            f"the drill did not end in 120 s; its stderr ends with:\n{err[-6000:]}"
+        ) from None
     assert proc.returncode == 0, err
 
     import json
@@ -131,12 +167,25 @@ def _oom_drill_with_neighbour(tmp_path: Path, neighbour) -> None:
         assert {"fault", "detect", "mitigation", "recovered", "rollback", "note"} <= set(kinds)
         assert store.requests(run_id) and store.samples(run_id)
     md = (tmp_path / "incident.md").read_text()
-    for heading in ("Incident summary", "Impact", "Timeline", "Detection: first abnormal signal", "Root cause and trigger",
-                    "Resolution and recovery", "Retry storm", "Lessons learned", "Action items"):
+    for heading in (
+        "Incident summary",
+        "Impact",
+        "Timeline",
+        "Detection: first abnormal signal",
+        "Root cause and trigger",
+        "Resolution and recovery",
+        "Retry storm",
+        "Lessons learned",
+        "Action items",
+    ):
         assert f"## {heading}" in md
     # the operator's note is on the timeline of the report rendered again from the store
-    again = subprocess.run([sys.executable, "-m", "vramlab", "report", run_id, "--db", str(db), "--format", "md"],
-                           capture_output=True, text=True, timeout=60)
+    again = subprocess.run(
+        [sys.executable, "-m", "vramlab", "report", run_id, "--db", str(db), "--format", "md"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert again.returncode == 0, again.stderr
     timeline = again.stdout.split("## Timeline", 1)[1].split("\n## ", 1)[0]
     assert "| note | operator | watching the ramp |" in timeline

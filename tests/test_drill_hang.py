@@ -25,19 +25,51 @@ pytestmark = pytest.mark.slow
 
 # jitter 0.5: each wait is drawn from [full/2, full] with full = min(max_s, base_s * 2**attempt), so the
 # lower bound of one wait is the upper bound of the one before: [0.1, 0.2], [0.2, 0.4], [0.4, 0.8]
-CLIENTS: dict[str, Any] = {"policy": "exponential", "max_attempts": 4, "base_s": 0.2, "max_s": 0.8, "jitter": 0.5}
+CLIENTS: dict[str, Any] = {
+    "policy": "exponential",
+    "max_attempts": 4,
+    "base_s": 0.2,
+    "max_s": 0.8,
+    "jitter": 0.5,
+}
 HANG_AFTER_S = 2.5  # after the sim is ready: past the 1 s baseline, inside the first ramp step
 
 
 def _doc(tmp_path: Path) -> dict:
     return {
-        "kind": "drill", "name": "hang-drill", "rounds": 1, "baseline_s": 1.0,
-        "target": {"kind": "sim", "environment": "test", "engine": "vllm",
-                   "sim": {"model": "qwen2.5-0.5b-instruct", "gpu": "l4", "engine": "vllm", "max_model_len": 4096,
-                           "speed": 200, "device": str(tmp_path / "gpu.ledger"),
-                           "extra_args": ["--fault", f"hang@{HANG_AFTER_S:g}"]}},
-        "load": {"concurrency": 4, "prompt_tokens": 64, "max_tokens": 8, "request_timeout_s": 1.0, "retry": CLIENTS},
-        "ramp": {"knob": "concurrency", "mode": "geometric", "start": 4, "factor": 2, "ceiling": 16, "step_s": 2.5},
+        "kind": "drill",
+        "name": "hang-drill",
+        "rounds": 1,
+        "baseline_s": 1.0,
+        "target": {
+            "kind": "sim",
+            "environment": "test",
+            "engine": "vllm",
+            "sim": {
+                "model": "qwen2.5-0.5b-instruct",
+                "gpu": "l4",
+                "engine": "vllm",
+                "max_model_len": 4096,
+                "speed": 200,
+                "device": str(tmp_path / "gpu.ledger"),
+                "extra_args": ["--fault", f"hang@{HANG_AFTER_S:g}"],
+            },
+        },
+        "load": {
+            "concurrency": 4,
+            "prompt_tokens": 64,
+            "max_tokens": 8,
+            "request_timeout_s": 1.0,
+            "retry": CLIENTS,
+        },
+        "ramp": {
+            "knob": "concurrency",
+            "mode": "geometric",
+            "start": 4,
+            "factor": 2,
+            "ceiling": 16,
+            "step_s": 2.5,
+        },
         "stop_conditions": {"error_rate": 0.5, "window_s": 1.0, "min_requests": 3, "wall_clock_s": 40},
         "recovery": {"mode": "auto", "limit_s": 8, "observe_s": 0.5, "liveness_grace_s": 2},
         "rollback": [f"touch {tmp_path / 'rolled-back'}"],
@@ -56,7 +88,9 @@ def test_hang_is_named_detected_not_recovered_and_rolled_back(tmp_path):
     assert result.status == "completed" and result.failed_rounds == [0]
     assert result.unrecovered_rounds == [0]  # `vramlab drill` exits 1 on it
     assert inc.failed and inc.failure_mode == "hang"
-    assert any("request timed out" in e for e in inc.evidence) and any("process stayed up" in e for e in inc.evidence)
+    assert any("request timed out" in e for e in inc.evidence) and any(
+        "process stayed up" in e for e in inc.evidence
+    )
     kinds = [e.kind for e in events]
     assert "process_exit" not in kinds and "oom" not in kinds  # alive and silent, nothing in the log
     assert [e.data["mode"] for e in events if e.kind == "failure_mode"] == ["hang"]

@@ -59,8 +59,17 @@ def _recover_with(allowance_s: float) -> tuple[int, list[str]]:
     def emit(kind: str, message: str = "", **data) -> None:
         msgs.append(f"{kind}: {message}")
 
-    out = asyncio.run(recover(spec, target, state, lambda: time.monotonic() - t0, emit,
-                              startup_allowance_s=allowance_s, on_restart=seen.append))
+    out = asyncio.run(
+        recover(
+            spec,
+            target,
+            state,
+            lambda: time.monotonic() - t0,
+            emit,
+            startup_allowance_s=allowance_s,
+            on_restart=seen.append,
+        )
+    )
     assert not out.recovered and len(seen) == len(target.restarts)
     return len(target.restarts), msgs
 
@@ -104,8 +113,9 @@ def test_a_recovery_command_starts_the_recovery_and_its_own_exits_are_masked():
                 await asyncio.sleep(0.02)
 
         w = asyncio.ensure_future(watch())
-        out = await recover(spec, None, state, lambda: time.monotonic() - t0, lambda *a, **k: None,
-                            on_restart=seen.append)
+        out = await recover(
+            spec, None, state, lambda: time.monotonic() - t0, lambda *a, **k: None, on_restart=seen.append
+        )
         await w
         return out
 

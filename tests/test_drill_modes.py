@@ -18,9 +18,21 @@ pytestmark = pytest.mark.slow
 
 def _doc(tmp_path: Path, sim: dict, ramp: dict, **top) -> dict:
     return {
-        "name": "mode", "rounds": 1, "baseline_s": 1.0,
-        "target": {"kind": "sim", "environment": "test", "engine": sim["engine"],
-                   "sim": {"gpu": "l4", "speed": 200, "watchdog_s": 0.5, "device": str(tmp_path / "gpu.ledger"), **sim}},
+        "name": "mode",
+        "rounds": 1,
+        "baseline_s": 1.0,
+        "target": {
+            "kind": "sim",
+            "environment": "test",
+            "engine": sim["engine"],
+            "sim": {
+                "gpu": "l4",
+                "speed": 200,
+                "watchdog_s": 0.5,
+                "device": str(tmp_path / "gpu.ledger"),
+                **sim,
+            },
+        },
         "load": {"concurrency": 2, "prompt_tokens": 64, "max_tokens": 8, "request_timeout_s": 5},
         "ramp": {"knob": "concurrency", "mode": "geometric", "factor": 2, "step_s": 0.8, **ramp},
         # users back off after a refusal (load/driver.py), so refusals are a smaller share than the
@@ -40,30 +52,48 @@ def _run(tmp_path: Path, doc: dict):
 
 
 def test_overload_429_is_named_and_recovers_without_restart(tmp_path):
-    doc = _doc(tmp_path, {"model": "qwen2.5-0.5b-instruct", "engine": "tgi", "max_model_len": 4096,
-                          "extra_args": ["--max-concurrent-requests", "6"]},
-               {"start": 2, "ceiling": 32}, load={"concurrency": 2, "prompt_tokens": 64, "max_tokens": 64,
-                                                   "request_timeout_s": 5})
+    doc = _doc(
+        tmp_path,
+        {
+            "model": "qwen2.5-0.5b-instruct",
+            "engine": "tgi",
+            "max_model_len": 4096,
+            "extra_args": ["--max-concurrent-requests", "6"],
+        },
+        {"start": 2, "ceiling": 32},
+        load={"concurrency": 2, "prompt_tokens": 64, "max_tokens": 64, "request_timeout_s": 5},
+    )
     doc["recovery"]["observe_s"] = 2.0
     store, rid, inc = _run(tmp_path, doc)
     assert inc.failed and inc.failure_mode == "overload_429"
     assert inc.impact.error_classes.get("http_4xx", 0) > 0
     kinds = [e.kind for e in store.events(rid)]
-    assert "process_exit" not in kinds and "mitigation" not in kinds  # nothing to restart: shedding load was enough
+    assert (
+        "process_exit" not in kinds and "mitigation" not in kinds
+    )  # nothing to restart: shedding load was enough
     assert inc.recovery.recovered
     assert (inc.failure_step or {})["value"] > 6  # only past the semaphore's size
 
 
 def test_preemption_without_errors_reaches_the_ceiling(tmp_path):
     # a KV pool of a few thousand tokens: long prompts from many users must be preempted, not fail
-    doc = _doc(tmp_path, {"model": "qwen2.5-0.5b-instruct", "engine": "vllm", "gpu_memory_utilization": 0.12,
-                          "max_model_len": 4096},
-               {"start": 4, "ceiling": 64}, load={"concurrency": 2, "prompt_tokens": 2048, "max_tokens": 64,
-                                                   "request_timeout_s": 10})
+    doc = _doc(
+        tmp_path,
+        {
+            "model": "qwen2.5-0.5b-instruct",
+            "engine": "vllm",
+            "gpu_memory_utilization": 0.12,
+            "max_model_len": 4096,
+        },
+        {"start": 4, "ceiling": 64},
+        load={"concurrency": 2, "prompt_tokens": 2048, "max_tokens": 64, "request_timeout_s": 10},
+    )
     store, rid, inc = _run(tmp_path, doc)
     assert not inc.failed and inc.failure_mode == "none"
     assert inc.ceiling is not None and inc.ceiling["value"] == 64
     pre = [s.value for s in store.samples(rid) if s.name == "engine.num_preemptions_total"]
     assert pre and max(pre) > 0  # the engine preempted ...
-    assert all(r.ok for r in store.requests(rid) if r.error_class != "cancelled")  # ... and nobody saw an error
+    assert all(
+        r.ok for r in store.requests(rid) if r.error_class != "cancelled"
+    )  # ... and nobody saw an error
     assert "engine.num_preemptions_total" in [o.name for o in inc.signals.order]

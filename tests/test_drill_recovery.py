@@ -43,7 +43,10 @@ def test_manual_recovery_waits_for_operator_note(tmp_path):
                 break
             await asyncio.sleep(0.1)
         await asyncio.sleep(0.3)  # the drill must not act on its own meanwhile
-        assert await asyncio.to_thread(main, ["note", runner.run_id, "restarted the engine by hand", "--db", db]) == 0
+        assert (
+            await asyncio.to_thread(main, ["note", runner.run_id, "restarted the engine by hand", "--db", db])
+            == 0
+        )
         await asyncio.to_thread(runner.target.restart)
 
     async def both() -> None:
@@ -80,8 +83,9 @@ def test_scripted_recovery_runs_command_after_delay(tmp_path):
             state.last_success_s = now()
 
         back = asyncio.ensure_future(service_comes_back())
-        out = await recover(spec, target=None, state=state, now=now,
-                            emit=lambda kind, msg="", **d: events.append((kind, msg)))
+        out = await recover(
+            spec, target=None, state=state, now=now, emit=lambda kind, msg="", **d: events.append((kind, msg))
+        )
         await back
         return out, now
 
@@ -98,8 +102,14 @@ def test_recovery_limit_reports_not_recovered():
 
     async def go():
         t0 = asyncio.get_running_loop().time()
-        return await recover(spec, None, state, lambda: asyncio.get_running_loop().time() - t0,
-                             lambda *a, **k: None, operator_notes=lambda t: [])
+        return await recover(
+            spec,
+            None,
+            state,
+            lambda: asyncio.get_running_loop().time() - t0,
+            lambda *a, **k: None,
+            operator_notes=lambda t: [],
+        )
 
     out = asyncio.run(go())
     assert not out.recovered and "0.4 s" in out.reason

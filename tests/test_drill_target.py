@@ -54,11 +54,14 @@ def test_templates_quote_values_against_injection():
         render("docker restart {container}", {})
 
 
-@pytest.mark.parametrize("kind,field,value,expect", [
-    ("systemd", "unit", "vllm.service", "systemctl restart vllm.service"),
-    ("docker", "container", "vllm", "docker restart vllm"),
-    ("kubectl", "resource", "deployment/vllm", "kubectl -n default rollout restart deployment/vllm"),
-])
+@pytest.mark.parametrize(
+    "kind,field,value,expect",
+    [
+        ("systemd", "unit", "vllm.service", "systemctl restart vllm.service"),
+        ("docker", "container", "vllm", "docker restart vllm"),
+        ("kubectl", "resource", "deployment/vllm", "kubectl -n default rollout restart deployment/vllm"),
+    ],
+)
 def test_ready_made_forms(kind, field, value, expect):
     spec = TargetSpec(kind=kind, environment="test", base_url="http://127.0.0.1:1", **{field: value})
     target = CommandTarget(spec)
@@ -69,12 +72,19 @@ def test_ready_made_forms(kind, field, value, expect):
 def test_command_target_runs_user_templates(tmp_path):
     state = tmp_path / "running"
     log = tmp_path / "target.log"
-    spec = TargetSpec(kind="command", environment="test", base_url="http://127.0.0.1:1", log_file=str(log),
-                      commands={"start": f"touch {state}; echo started >> {log}",
-                                "stop": f"rm -f {state}; echo stopped >> {log}",
-                                "status": f"test -f {state}",
-                                "logs": "true"},
-                      timeouts_s={"start": 5})
+    spec = TargetSpec(
+        kind="command",
+        environment="test",
+        base_url="http://127.0.0.1:1",
+        log_file=str(log),
+        commands={
+            "start": f"touch {state}; echo started >> {log}",
+            "stop": f"rm -f {state}; echo stopped >> {log}",
+            "status": f"test -f {state}",
+            "logs": "true",
+        },
+        timeouts_s={"start": 5},
+    )
     t = CommandTarget(spec)
     assert not t.status().running
     t.start()
@@ -88,15 +98,22 @@ def test_command_target_runs_user_templates(tmp_path):
     failing = CommandTarget(spec.model_copy(update={"commands": {"start": "exit 7"}}))
     with pytest.raises(TargetCommandError, match="exit 7"):
         failing.start()
-    slow = CommandTarget(spec.model_copy(update={"commands": {"start": "sleep 10"}, "timeouts_s": {"start": 0.3}}))
+    slow = CommandTarget(
+        spec.model_copy(update={"commands": {"start": "sleep 10"}, "timeouts_s": {"start": 0.3}})
+    )
     with pytest.raises(TargetCommandError, match="timeout"):
         slow.start()
 
 
 def test_process_target_start_status_logs_stop(tmp_path):
     code = "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
-    spec = TargetSpec(kind="process", environment="test", base_url="http://127.0.0.1:9",
-                      command=f"{sys.executable} -c \"{code}\"", timeouts_s={"stop": 0.5})
+    spec = TargetSpec(
+        kind="process",
+        environment="test",
+        base_url="http://127.0.0.1:9",
+        command=f'{sys.executable} -c "{code}"',
+        timeouts_s={"stop": 0.5},
+    )
     t = ProcessTarget(spec, tmp_path)
     t.start()
     deadline = time.monotonic() + 5
@@ -131,10 +148,17 @@ def test_cli_flag_is_the_library_flag_and_help_stays_light():
     from vramlab.cli import drill as cli_drill
 
     assert cli_drill.OVERRIDE_FLAG == OVERRIDE_FLAG
-    res = subprocess.run([sys.executable, "-c", "import sys, argparse; from vramlab.cli import drill, note, alerts; "
-                          "[m.add_arguments(argparse.ArgumentParser()) for m in (drill, note, alerts)]; "
-                          "print(sorted(m for m in ('pydantic', 'aiohttp', 'sqlalchemy') if m in sys.modules))"],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, argparse; from vramlab.cli import drill, note, alerts; "
+            "[m.add_arguments(argparse.ArgumentParser()) for m in (drill, note, alerts)]; "
+            "print(sorted(m for m in ('pydantic', 'aiohttp', 'sqlalchemy') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
 
 
@@ -142,9 +166,14 @@ def test_cli_refuses_non_test_target_in_one_line_and_touches_nothing(tmp_path):
     plan = tmp_path / "prod.yaml"
     plan.write_text(yaml.safe_dump(_plan_doc("staging")))
     db = tmp_path / "store.db"
-    res = subprocess.run([sys.executable, "-m", "vramlab", "drill", str(plan), "--db", str(db)],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=60,
-                         env={**os.environ, "VRAMLAB_DB": str(db)})
+    res = subprocess.run(
+        [sys.executable, "-m", "vramlab", "drill", str(plan), "--db", str(db)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        env={**os.environ, "VRAMLAB_DB": str(db)},
+    )
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1
     assert OVERRIDE_FLAG in res.stderr and "staging" in res.stderr
@@ -163,9 +192,19 @@ def test_ramp_steps_walk_the_ramp_as_the_runner_walks_its_steps():
 
 
 def test_ramp_values_geometric_linear_and_ceiling():
-    assert ramp_values(RampSpec(knob="context", start=1024, factor=2, ceiling=8192)) == [1024, 2048, 4096, 8192]
+    assert ramp_values(RampSpec(knob="context", start=1024, factor=2, ceiling=8192)) == [
+        1024,
+        2048,
+        4096,
+        8192,
+    ]
     assert ramp_values(RampSpec(knob="context", start=1000, factor=3, ceiling=5000)) == [1000, 3000, 5000]
-    assert ramp_values(RampSpec(knob="balloon", mode="linear", start=0.5, step=0.5, ceiling=1.75)) == [0.5, 1.0, 1.5, 1.75]
+    assert ramp_values(RampSpec(knob="balloon", mode="linear", start=0.5, step=0.5, ceiling=1.75)) == [
+        0.5,
+        1.0,
+        1.5,
+        1.75,
+    ]
     with pytest.raises(ValueError, match="factor"):
         RampSpec(start=1, factor=1.0, ceiling=2)
     with pytest.raises(ValueError, match="more than"):
@@ -185,9 +224,18 @@ def test_plan_errors_are_one_line():
 
 # -- stop that works on any process ---------------------------------------------------------------
 
+
 def _process(tmp_path: Path, command: str, **spec: object) -> ProcessTarget:
-    t = ProcessTarget(TargetSpec(kind="process", environment="test", base_url="http://127.0.0.1:9",
-                                 command=command, **spec), tmp_path)  # type: ignore[arg-type]
+    t = ProcessTarget(
+        TargetSpec(
+            kind="process",
+            environment="test",
+            base_url="http://127.0.0.1:9",
+            command=command,
+            **spec,  # type: ignore[arg-type]
+        ),
+        tmp_path,
+    )
     t.start()
     return t
 
@@ -229,8 +277,10 @@ def test_sigterm_escalates_to_sigkill_after_the_stated_grace(tmp_path):
     assert 0.4 < took < 3.0, took
     assert how == "SIGTERM, then SIGKILL after 0.5 s without an exit"
     # without timeouts_s.stop the grace is the stated default, not the 60 s command timeout
-    plain = ProcessTarget(TargetSpec(kind="process", environment="test", base_url="http://127.0.0.1:9",
-                                     command="true"), tmp_path)
+    plain = ProcessTarget(
+        TargetSpec(kind="process", environment="test", base_url="http://127.0.0.1:9", command="true"),
+        tmp_path,
+    )
     assert plain.stop_grace_s() == STOP_GRACE_S <= 5.0 < plain.spec.timeout_s
 
 
@@ -251,9 +301,13 @@ def test_a_restart_that_failed_is_not_credited_as_mitigation():
 
     async def go():
         t0 = asyncio.get_running_loop().time()
-        return await recover(RecoverySpec(mode="auto", limit_s=0.6, restart_delay_s=0.0), Refuses(), state,
-                             lambda: asyncio.get_running_loop().time() - t0,
-                             lambda kind, msg="", **k: events.append((kind, msg)))
+        return await recover(
+            RecoverySpec(mode="auto", limit_s=0.6, restart_delay_s=0.0),
+            Refuses(),
+            state,
+            lambda: asyncio.get_running_loop().time() - t0,
+            lambda kind, msg="", **k: events.append((kind, msg)),
+        )
 
     out = asyncio.run(go())
     assert not out.recovered and out.mitigations == 0
@@ -264,21 +318,47 @@ def test_a_restart_that_failed_is_not_credited_as_mitigation():
 def test_a_start_up_crash_is_reported_as_a_process_exit_with_the_logs_last_lines(tmp_path):
     # the engine exits 1.x s after it was started (a model path that does not exist): the drill says the
     # process exited, with its last words, not "did not pass a health check within 60 s"
-    crash = (f"{sys.executable} -c \"import time; print('INFO loading model', flush=True); time.sleep(1.2); "
-             "raise ValueError('Model path does not exist: /models/nope')\"")
-    plan = {"name": "crash-at-start", "rounds": 1, "baseline_s": 1.0,
-            "target": {"kind": "process", "environment": "test", "engine": "llama.cpp",
-                       "base_url": "http://127.0.0.1:9", "model": "tiny", "command": crash,
-                       "log_file": str(tmp_path / "target.log")},
-            "ramp": {"knob": "concurrency", "mode": "geometric", "start": 2, "factor": 2, "ceiling": 4, "step_s": 1}}
+    crash = (
+        f"{sys.executable} -c \"import time; print('INFO loading model', flush=True); time.sleep(1.2); "
+        "raise ValueError('Model path does not exist: /models/nope')\""
+    )
+    plan = {
+        "name": "crash-at-start",
+        "rounds": 1,
+        "baseline_s": 1.0,
+        "target": {
+            "kind": "process",
+            "environment": "test",
+            "engine": "llama.cpp",
+            "base_url": "http://127.0.0.1:9",
+            "model": "tiny",
+            "command": crash,
+            "log_file": str(tmp_path / "target.log"),
+        },
+        "ramp": {
+            "knob": "concurrency",
+            "mode": "geometric",
+            "start": 2,
+            "factor": 2,
+            "ceiling": 4,
+            "step_s": 1,
+        },
+    }
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(plan))
     t = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "vramlab", "drill", "p.yaml", "--db", str(tmp_path / "v.db"), "-q"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    res = subprocess.run(
+        [sys.executable, "-m", "vramlab", "drill", "p.yaml", "--db", str(tmp_path / "v.db"), "-q"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     took = time.monotonic() - t
     assert res.returncode == 1, (res.stdout[-1000:], res.stderr[-2000:])
     assert "the target process exited with code 1" in res.stderr and "after it was started" in res.stderr
     assert "ValueError: Model path does not exist: /models/nope" in res.stderr  # its log's last lines, quoted
-    assert "did not pass a health check" not in res.stderr and "Traceback (most recent call last)" not in \
-        res.stderr.split("its log ends")[0]
+    assert (
+        "did not pass a health check" not in res.stderr
+        and "Traceback (most recent call last)" not in res.stderr.split("its log ends")[0]
+    )
     assert took < 30, took  # not the 30-60 s health allowance

@@ -14,15 +14,30 @@ from vramlab.load.prompts import cycle, synthetic_prompts
 class _Instant:
     async def send(self, request_id, prompt, max_tokens, scheduled_at, attempt=0):
         now = time.perf_counter()
-        return RequestResult(request_id=request_id, attempt=attempt, scheduled_at=scheduled_at, sent_at=now,
-                             end_at=now, first_token_at=now, status_code=200, output_tokens=1)
+        return RequestResult(
+            request_id=request_id,
+            attempt=attempt,
+            scheduled_at=scheduled_at,
+            sent_at=now,
+            end_at=now,
+            first_token_at=now,
+            status_code=200,
+            output_tokens=1,
+        )
 
 
 def _count(think_s: float) -> int:
     got: list[RequestResult] = []
     prompts = cycle(synthetic_prompts(8, 2, 4, seed=1))
-    asyncio.run(drive(_Instant(), prompts, LoadShape(mode="closed", concurrency=2, think_s=think_s),
-                      Window(duration_s=1.0, drain_s=0.1), got.append))
+    asyncio.run(
+        drive(
+            _Instant(),
+            prompts,
+            LoadShape(mode="closed", concurrency=2, think_s=think_s),
+            Window(duration_s=1.0, drain_s=0.1),
+            got.append,
+        )
+    )
     return len(got)
 
 
@@ -43,11 +58,15 @@ def test_the_drill_paces_its_users_by_think_time(tmp_path):
 
         async def go():
             async with StubServer(StubBehaviour()) as srv:
-                doc = {"name": "think", "rounds": 1, "baseline_s": 1.0,
-                       "target": {"kind": "command", "environment": "test", "base_url": srv.url, "model": "m"},
-                       "load": {"concurrency": 2, "prompt_tokens": 8, "max_tokens": 2, "think_time_s": think},
-                       "ramp": {"knob": "concurrency", "start": 2, "ceiling": 2, "step_s": 0.3},
-                       "stop": {"wall_clock_s": 30}}
+                doc = {
+                    "name": "think",
+                    "rounds": 1,
+                    "baseline_s": 1.0,
+                    "target": {"kind": "command", "environment": "test", "base_url": srv.url, "model": "m"},
+                    "load": {"concurrency": 2, "prompt_tokens": 8, "max_tokens": 2, "think_time_s": think},
+                    "ramp": {"knob": "concurrency", "start": 2, "ceiling": 2, "step_s": 0.3},
+                    "stop": {"wall_clock_s": 30},
+                }
                 r = DrillRunner(parse_plan(doc), store, workdir=str(tmp_path / f"w{think}"))
                 await asyncio.wait_for(r.run(), 30)
                 return r.run_id

@@ -18,11 +18,15 @@ def test_wall_clock_stops_the_drill_without_blaming_the_target(tmp_path):
 
     async def go():
         async with StubServer(StubBehaviour(ttft_s=0.01)) as srv:
-            doc = {"name": "clock", "rounds": 1, "baseline_s": 0.5,
-                   "target": {"kind": "command", "environment": "test", "base_url": srv.url, "model": "m"},
-                   "load": {"concurrency": 2, "prompt_tokens": 8, "max_tokens": 2},
-                   "ramp": {"knob": "concurrency", "start": 2, "factor": 2, "ceiling": 64, "step_s": 1.0},
-                   "stop": {"wall_clock_s": 2.0}}
+            doc = {
+                "name": "clock",
+                "rounds": 1,
+                "baseline_s": 0.5,
+                "target": {"kind": "command", "environment": "test", "base_url": srv.url, "model": "m"},
+                "load": {"concurrency": 2, "prompt_tokens": 8, "max_tokens": 2},
+                "ramp": {"knob": "concurrency", "start": 2, "factor": 2, "ceiling": 64, "step_s": 1.0},
+                "stop": {"wall_clock_s": 2.0},
+            }
             r = DrillRunner(parse_plan(doc), store, workdir=str(tmp_path / "w"))
             res = await asyncio.wait_for(r.run(), 30)
             return r.run_id, res

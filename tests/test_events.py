@@ -73,9 +73,13 @@ def test_stored_kinds_stay_plain_strings_and_old_rows_still_read(tmp_path):
 
     with open_store(str(tmp_path / "s.db")) as store:
         insert(store)
-        store.add_events(RUN_ID, [EventRecord(run_id=RUN_ID, t_s=1.0, kind=EventKind.NOTE, message="typed"),
-                                  EventRecord(run_id=RUN_ID, t_s=2.0, kind="a_kind_from_an_older_version",
-                                              message="kept")])
+        store.add_events(
+            RUN_ID,
+            [
+                EventRecord(run_id=RUN_ID, t_s=1.0, kind=EventKind.NOTE, message="typed"),
+                EventRecord(run_id=RUN_ID, t_s=2.0, kind="a_kind_from_an_older_version", message="kept"),
+            ],
+        )
         got = {e.message: e.kind for e in store.events(RUN_ID)}
         assert type(got["typed"]) is str and got["typed"] == "note"
         assert got["kept"] == "a_kind_from_an_older_version"  # reading never refuses a stored row
@@ -109,10 +113,15 @@ def _emission_sites() -> list[tuple[str, int, ast.expr]]:
     for p in sorted(SRC.rglob("*.py")):
         tree = ast.parse(p.read_text())
         for node in ast.walk(tree):
-            nodes = _kind_nodes(node) if isinstance(node, ast.Call) else \
-                _tuple_kinds(node) if isinstance(node, ast.FunctionDef) else []
+            nodes = (
+                _kind_nodes(node)
+                if isinstance(node, ast.Call)
+                else _tuple_kinds(node)
+                if isinstance(node, ast.FunctionDef)
+                else []
+            )
             for n in nodes:
-                for leaf in ([n.body, n.orelse] if isinstance(n, ast.IfExp) else [n]):
+                for leaf in [n.body, n.orelse] if isinstance(n, ast.IfExp) else [n]:
                     sites.append((p.relative_to(SRC).as_posix(), leaf.lineno, leaf))
     return sites
 
@@ -121,7 +130,11 @@ def _named_kind(leaf: ast.expr) -> str | None:
     """The kind a literal or an `EventKind.X` / `K.X` names; None for a variable (checked at run time)."""
     if isinstance(leaf, ast.Constant):
         return str(leaf.value)
-    if isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name) and leaf.value.id in ("EventKind", "K"):
+    if (
+        isinstance(leaf, ast.Attribute)
+        and isinstance(leaf.value, ast.Name)
+        and leaf.value.id in ("EventKind", "K")
+    ):
         return EventKind[leaf.attr].value
     return None
 
@@ -133,8 +146,16 @@ def test_every_kind_literal_passed_as_an_event_kind_in_src_is_a_member():
     assert not unknown, f"event kinds that are not EventKind members: {unknown}"
     # the scan sees the emitters it must: the drill's, the experiment runner's, the samplers' tuples
     files = {where for where, _ in named}
-    assert {"drill/kind.py", "experiment/runner.py", "experiment/standard.py", "drill/recovery.py", "drill/lifecycle.py",
-            "drill/capacity_plan.py", "observe/ollama.py", "cli/note.py"} <= files
+    assert {
+        "drill/kind.py",
+        "experiment/runner.py",
+        "experiment/standard.py",
+        "drill/recovery.py",
+        "drill/lifecycle.py",
+        "drill/capacity_plan.py",
+        "observe/ollama.py",
+        "cli/note.py",
+    } <= files
     from vramlab.drill.watch import FINDING_EVENTS
 
     emitted = {k for k in named.values() if k is not None} | {k.value for k in FINDING_EVENTS.values()}
@@ -154,12 +175,20 @@ def test_the_reports_compare_kinds_and_read_data_through_the_enumeration():
         for p in sorted((SRC / pkg).rglob("*.py")):
             for node in ast.walk(ast.parse(p.read_text())):
                 where = f"{pkg}/{p.name}:{getattr(node, 'lineno', 0)}"
-                if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "kind":
+                if (
+                    isinstance(node, ast.Compare)
+                    and isinstance(node.left, ast.Attribute)
+                    and node.left.attr == "kind"
+                ):
                     for c in node.comparators:
                         lits = c.elts if isinstance(c, (ast.Tuple, ast.List, ast.Set)) else [c]
                         bad += [where for x in lits if isinstance(x, ast.Constant) and x.value in KINDS]
-                if isinstance(node, ast.Attribute) and node.attr == "data" and isinstance(node.value, ast.Name) \
-                        and node.value.id in ("e", "ev", "event", "fault", "cap", "race", "ledger"):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and node.attr == "data"
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id in ("e", "ev", "event", "fault", "cap", "race", "ledger")
+                ):
                     bad.append(where)  # an event's raw data: read it through its typed accessor
     assert not bad, bad
 
@@ -173,8 +202,11 @@ def test_ollama_model_events_carry_declared_keys():
     a = LoadedModel("a", 4 << 30, 4 << 30, context_length=4096, expires_at="2020-01-01T00:00:00Z")
     b = LoadedModel("b", 6 << 30, 3 << 30)
     now = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
-    out = changes(None, {"a": a}) + changes({"a": a}, {"b": b}, now) + \
-        changes({"b": b}, {"b": LoadedModel("b", 6 << 30, 1 << 30)}, now)
+    out = (
+        changes(None, {"a": a})
+        + changes({"a": a}, {"b": b}, now)
+        + changes({"b": b}, {"b": LoadedModel("b", 6 << 30, 1 << 30)}, now)
+    )
     assert {k for k, _, _ in out} == {"model_load", "model_unload", "model_offload"}
     for kind, _, data in out:
         assert not _undeclared(kind, data), kind
@@ -184,8 +216,11 @@ def test_the_plan_that_travels_with_the_run_carries_declared_keys():
     from vramlab.drill.capacity_plan import PlanFacts, start_events
 
     vllm_log = ROOT / "tests" / "fixtures" / "logs" / "real" / "vllm-0.6.3-oneline-issue10517.log"
-    out = start_events(PlanFacts("qwen2.5-0.5b-instruct", "vllm", "l4", log_file=str(vllm_log),
-                                 settings={"max_model_len": 4096}))
+    out = start_events(
+        PlanFacts(
+            "qwen2.5-0.5b-instruct", "vllm", "l4", log_file=str(vllm_log), settings={"max_model_len": 4096}
+        )
+    )
     assert [k for k, _, _ in out] == ["capacity_plan", "startup_memory"]
     for kind, _, data in out:
         assert not _undeclared(kind, data), kind
@@ -202,20 +237,34 @@ def test_drill_helpers_build_declared_data():
     from vramlab.experiment.plan import StopConditions
 
     for knob in ("context", "balloon", "concurrency"):
-        acc = predict(knob, activation_peak_bytes=1 << 30, max_num_batched_tokens=2048, free_bytes=2 << 30, users=4,
-                      prompt_tokens=512, kv_cache_tokens=100_000, max_model_len=4096, tokens_per_request=600)
+        acc = predict(
+            knob,
+            activation_peak_bytes=1 << 30,
+            max_num_batched_tokens=2048,
+            free_bytes=2 << 30,
+            users=4,
+            prompt_tokens=512,
+            kv_cache_tokens=100_000,
+            max_model_len=4096,
+            tokens_per_request=600,
+        )
         assert not _undeclared("capacity", {"predicted_limit": acc.predicted_limit, **acc.figures})
     assert not _undeclared("engine", {"during": "ramp", **StartResult("m1", "started", None, 1.5, "").data()})
-    samples = [SampleRecord(run_id="r", t_s=t, source="engine", name="engine.kv_cache_usage_perc", value=0.99)
-               for t in (0.0, 1.0, 2.0)]
+    samples = [
+        SampleRecord(run_id="r", t_s=t, source="engine", name="engine.kv_cache_usage_perc", value=0.99)
+        for t in (0.0, 1.0, 2.0)
+    ]
     rule = AlertRuleSpec(name="kv", signal="kv_cache_usage", op=">", threshold=0.9, **{"for": "1s"})
     fired = evaluate_rules([rule], samples, [])
     assert [a["state"] for a in fired] == ["pending", "firing"]
     for a in fired:
         assert not _undeclared("alert", a)
     det = Detector(StopConditions(error_rate=0.5, window_s=2.0, min_requests=3, oom_seen=True), engine="vllm")
-    f = det.on_log_line(1.0, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 290.00 MiB. GPU 0 has a "
-                             "total capacity of 22.49 GiB of which 164.00 MiB is free.")
+    f = det.on_log_line(
+        1.0,
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 290.00 MiB. GPU 0 has a "
+        "total capacity of 22.49 GiB of which 164.00 MiB is free.",
+    )
     assert f is not None and f.kind in FINDING_EVENTS
     assert not _undeclared(FINDING_EVENTS[f.kind], f.data)
 
@@ -313,7 +362,9 @@ def test_an_unknown_kind_from_a_producer_is_a_bug_exit_70(tmp_path, monkeypatch,
     doc.setdefault("stop_conditions", {})["wall_clock_s"] = 30
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(doc))
-    monkeypatch.setattr(capacity_plan, "start_events", lambda facts: [("capacity_plans", "a misspelt kind", {})])
+    monkeypatch.setattr(
+        capacity_plan, "start_events", lambda facts: [("capacity_plans", "a misspelt kind", {})]
+    )
     monkeypatch.delenv("VRAMLAB_DEBUG", raising=False)
     monkeypatch.chdir(tmp_path)
     code = main(["drill", str(plan), "--db", str(tmp_path / "s.db"), "-q", "-o", str(tmp_path / "i.md")])

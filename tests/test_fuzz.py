@@ -28,9 +28,17 @@ from vramlab.errors import VramlabError
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = int(os.environ.get("VRAMLAB_FUZZ_EXAMPLES", "150"))
 TIME_LIMIT_S = 5.0  # per example; the parsers take milliseconds, a blow-up takes far longer
-FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                       HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
 STATS: dict[str, int] = {}
 
 
@@ -48,18 +56,28 @@ def bounded(target: str, fn: Callable[[], Any]) -> None:
 
 # -- JSON-ish values: what a mutated config field can become ----------------------------------
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-2**70, 2**70), st.sampled_from([0, -1, 1, 2**31, 2**63]),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([0, -1, 1, 2**31, 2**63]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
     st.sampled_from(["", "bfloat16", "float7", "NaN", "1e400", "32"]),
 )
-json_values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                            st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                           max_leaves=12)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
 
 # The bundled catalog's config.json copies (each with its source) are the seeds.
 CONFIGS: dict[str, dict[str, Any]] = {
-    m["name"]: m["config"] for m in json.loads((ROOT / "src" / "vramlab" / "data" / "models.json").read_text())
-    if isinstance(m.get("config"), dict)}
+    m["name"]: m["config"]
+    for m in json.loads((ROOT / "src" / "vramlab" / "data" / "models.json").read_text())
+    if isinstance(m.get("config"), dict)
+}
 
 
 @st.composite
@@ -73,9 +91,22 @@ def mutated_configs(draw: st.DrawFn) -> dict[str, Any]:
         elif action == "set" and keys:
             base[draw(st.sampled_from(keys))] = draw(json_values)
         else:
-            base[draw(st.sampled_from(["num_hidden_layers", "head_dim", "num_experts", "sliding_window",
-                                       "quantization_config", "text_config", "layer_types", "kv_lora_rank"]))] = \
-                draw(json_values)
+            base[
+                draw(
+                    st.sampled_from(
+                        [
+                            "num_hidden_layers",
+                            "head_dim",
+                            "num_experts",
+                            "sliding_window",
+                            "quantization_config",
+                            "text_config",
+                            "layer_types",
+                            "kv_lora_rank",
+                        ]
+                    )
+                )
+            ] = draw(json_values)
     return base
 
 
@@ -88,21 +119,27 @@ def test_fuzz_config_json(config: dict[str, Any]) -> None:
 
 
 # -- safetensors headers ------------------------------------------------------------------------
-tensor_entries = st.fixed_dictionaries({
-    "dtype": st.one_of(st.sampled_from(["F16", "BF16", "F32", "I8", "F8_E4M3", "U8"]), scalars),
-    "shape": st.one_of(st.lists(st.integers(-5, 2**40), max_size=4), json_values),
-    "data_offsets": st.one_of(st.lists(st.integers(-5, 2**62), min_size=2, max_size=2), json_values),
-})
+tensor_entries = st.fixed_dictionaries(
+    {
+        "dtype": st.one_of(st.sampled_from(["F16", "BF16", "F32", "I8", "F8_E4M3", "U8"]), scalars),
+        "shape": st.one_of(st.lists(st.integers(-5, 2**40), max_size=4), json_values),
+        "data_offsets": st.one_of(st.lists(st.integers(-5, 2**62), min_size=2, max_size=2), json_values),
+    }
+)
 headers = st.dictionaries(st.text(max_size=12), st.one_of(tensor_entries, json_values), max_size=6)
 
 
 @FUZZ
-@given(st.one_of(
-    headers.map(lambda h: json.dumps(h, allow_nan=True).encode()),
-    st.binary(max_size=200),
-    headers.map(lambda h: json.dumps(h).encode()).flatmap(
-        lambda b: st.integers(0, max(0, len(b))).map(lambda n: b[:n])),  # cut short
-), st.one_of(st.none(), st.integers(0, 2**64 - 1)))
+@given(
+    st.one_of(
+        headers.map(lambda h: json.dumps(h, allow_nan=True).encode()),
+        st.binary(max_size=200),
+        headers.map(lambda h: json.dumps(h).encode()).flatmap(
+            lambda b: st.integers(0, max(0, len(b))).map(lambda n: b[:n])
+        ),  # cut short
+    ),
+    st.one_of(st.none(), st.integers(0, 2**64 - 1)),
+)
 def test_fuzz_safetensors_header(header: bytes, claimed: int | None) -> None:
     from vramlab.sources.safetensors import parse_file_bytes
 
@@ -121,16 +158,22 @@ def gguf_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 
 
 @FUZZ
-@given(st.lists(st.tuples(st.integers(0, 4096), st.binary(min_size=1, max_size=8)), min_size=1, max_size=6),
-       st.one_of(st.none(), st.integers(8, 4096)))
-def test_fuzz_gguf_header(gguf_bytes: bytes, tmp_path_factory: pytest.TempPathFactory,
-                          edits: list[tuple[int, bytes]], cut: int | None) -> None:
+@given(
+    st.lists(st.tuples(st.integers(0, 4096), st.binary(min_size=1, max_size=8)), min_size=1, max_size=6),
+    st.one_of(st.none(), st.integers(8, 4096)),
+)
+def test_fuzz_gguf_header(
+    gguf_bytes: bytes,
+    tmp_path_factory: pytest.TempPathFactory,
+    edits: list[tuple[int, bytes]],
+    cut: int | None,
+) -> None:
     from vramlab.sources.gguf_file import config_from_gguf, read_gguf_facts
 
     data = bytearray(gguf_bytes)
     for at, patch in edits:  # the header, counts, key lengths and types live in the first few KiB
         at = min(at, len(data) - 1)
-        data[at:at + len(patch)] = patch
+        data[at : at + len(patch)] = patch
     if cut is not None:
         data = data[:cut]
     p = tmp_path_factory.getbasetemp() / "fuzz.gguf"
@@ -144,19 +187,31 @@ def test_fuzz_gguf_header(gguf_bytes: bytes, tmp_path_factory: pytest.TempPathFa
 
 
 # -- engine log text -----------------------------------------------------------------------------
-LOG_LINES = [ln for f in sorted((ROOT / "tests" / "fixtures" / "logs").glob("*.log"))
-             for ln in f.read_text(errors="replace").splitlines()]
+LOG_LINES = [
+    ln
+    for f in sorted((ROOT / "tests" / "fixtures" / "logs").glob("*.log"))
+    for ln in f.read_text(errors="replace").splitlines()
+]
 NUMBER = re.compile(r"\d+(\.\d+)?")
 
 
 @FUZZ
-@given(st.lists(st.one_of(
-    st.sampled_from(LOG_LINES),
-    st.sampled_from(LOG_LINES).flatmap(lambda s: st.sampled_from(["0", "-1", "1e400", "nan", "99999999999999999999",
-                                                                  "", "0.0"]).map(lambda v: NUMBER.sub(v, s, count=2))),
-    st.text(max_size=200),
-    st.binary(max_size=200).map(lambda b: b.decode("utf-8", errors="replace")),
-), max_size=40), st.sampled_from([None, "vllm", "sglang", "tgi", "llama.cpp", "ollama"]))
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(LOG_LINES),
+            st.sampled_from(LOG_LINES).flatmap(
+                lambda s: st.sampled_from(["0", "-1", "1e400", "nan", "99999999999999999999", "", "0.0"]).map(
+                    lambda v: NUMBER.sub(v, s, count=2)
+                )
+            ),
+            st.text(max_size=200),
+            st.binary(max_size=200).map(lambda b: b.decode("utf-8", errors="replace")),
+        ),
+        max_size=40,
+    ),
+    st.sampled_from([None, "vllm", "sglang", "tgi", "llama.cpp", "ollama"]),
+)
 def test_fuzz_log_text(lines: list[str], engine: str | None) -> None:
     from vramlab.logs.detect import parse_log
 
@@ -164,11 +219,34 @@ def test_fuzz_log_text(lines: list[str], engine: str | None) -> None:
 
 
 # -- plan YAML: the shipped examples with values swapped for junk --------------------------------
-PLANS = {p.name: p.read_text() for p in sorted((ROOT / "examples").glob("*.yaml"))
-         if p.name not in ("fleet.yaml", "models.yaml")}
+PLANS = {
+    p.name: p.read_text()
+    for p in sorted((ROOT / "examples").glob("*.yaml"))
+    if p.name not in ("fleet.yaml", "models.yaml")
+}
 YAML_SCALAR = re.compile(r"(:\s+)([^\s#\[{][^#\n]*?)(\s*(#.*)?)$", re.M)
-yaml_junk = st.sampled_from([".inf", "-.inf", ".nan", "0", "-1", "1e400", "null", "~", "[]", "{}", "''", "yes",
-                             "[1, [2, [3]]]", "!!binary aGVsbG8=", "&a [*a]", "3.0e-400", "'\\x00'", "999999999999"])
+yaml_junk = st.sampled_from(
+    [
+        ".inf",
+        "-.inf",
+        ".nan",
+        "0",
+        "-1",
+        "1e400",
+        "null",
+        "~",
+        "[]",
+        "{}",
+        "''",
+        "yes",
+        "[1, [2, [3]]]",
+        "!!binary aGVsbG8=",
+        "&a [*a]",
+        "3.0e-400",
+        "'\\x00'",
+        "999999999999",
+    ]
+)
 
 
 @st.composite
@@ -178,7 +256,7 @@ def mutated_plans(draw: st.DrawFn) -> tuple[str, str]:
     spots = list(YAML_SCALAR.finditer(text))
     for _ in range(draw(st.integers(1, 3))):
         m = draw(st.sampled_from(spots))
-        text = text[:m.start(2)] + draw(yaml_junk) + text[m.end(2):]
+        text = text[: m.start(2)] + draw(yaml_junk) + text[m.end(2) :]
         spots = list(YAML_SCALAR.finditer(text))
     if draw(st.booleans()):
         cut = draw(st.integers(0, len(text)))
@@ -216,12 +294,24 @@ def test_fuzz_plan_yaml(named: tuple[str, str]) -> None:
 
 # -- SSE streams: what a server (or a proxy in front of it) may send ------------------------------
 sse_events = st.one_of(
-    st.sampled_from([b'data: {"choices":[{"index":0,"delta":{"content":" hi"}}]}',
-                     b'data: {"choices":[{"index":0,"text":" hi"}]}', b"data: [DONE]", b": ping",
-                     b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":"x"}}',
-                     b'data: {"error":{"message":"boom"}}', b'data: {"error":"flat"}', b"data: null",
-                     b"data: [1,2]", b'data: {"choices":null}', b'data: {"choices":[null]}',
-                     b'data: {"choices":[{"delta":null}]}', b"event: x\nid: 1", b"data:"]),
+    st.sampled_from(
+        [
+            b'data: {"choices":[{"index":0,"delta":{"content":" hi"}}]}',
+            b'data: {"choices":[{"index":0,"text":" hi"}]}',
+            b"data: [DONE]",
+            b": ping",
+            b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":"x"}}',
+            b'data: {"error":{"message":"boom"}}',
+            b'data: {"error":"flat"}',
+            b"data: null",
+            b"data: [1,2]",
+            b'data: {"choices":null}',
+            b'data: {"choices":[null]}',
+            b'data: {"choices":[{"delta":null}]}',
+            b"event: x\nid: 1",
+            b"data:",
+        ]
+    ),
     st.binary(max_size=80).map(lambda b: b"data: " + b),
     json_values.map(lambda v: b"data: " + json.dumps(v).encode()),
 )
@@ -247,8 +337,12 @@ class _FakeResp:
 
 
 @FUZZ
-@given(st.lists(sse_events, max_size=12), st.sampled_from([b"\n\n", b"\r\n\r\n", b"\n"]),
-       st.lists(st.integers(1, 64), min_size=1, max_size=8), st.sampled_from(["openai-chat", "openai-completions"]))
+@given(
+    st.lists(sse_events, max_size=12),
+    st.sampled_from([b"\n\n", b"\r\n\r\n", b"\n"]),
+    st.lists(st.integers(1, 64), min_size=1, max_size=8),
+    st.sampled_from(["openai-chat", "openai-completions"]),
+)
 def test_fuzz_sse_stream(events: list[bytes], sep: bytes, cuts: list[int], api: str) -> None:
     from vramlab.load.client import OpenAIClient
     from vramlab.load.sse import Stream
@@ -257,7 +351,7 @@ def test_fuzz_sse_stream(events: list[bytes], sep: bytes, cuts: list[int], api: 
     chunks, i, k = [], 0, 0
     while i < len(raw):  # the network splits the stream anywhere
         n = cuts[k % len(cuts)]
-        chunks.append(raw[i:i + n])
+        chunks.append(raw[i : i + n])
         i, k = i + n, k + 1
     client = OpenAIClient("http://127.0.0.1:1", "m", api)  # type: ignore[arg-type]
 

@@ -51,10 +51,18 @@ def _edit(path: Path, old: str, new: str) -> str:
     return text.replace(old, new, 1)
 
 
-LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
-                "torch_dtype": "bfloat16"}
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+}
 
 
 # Every reader the CLI has, with the argument that names the file ({x}) and its extension.
@@ -91,74 +99,147 @@ def _reader_cases() -> list[Case]:
 CASES: list[Case] = [
     *_reader_cases(),
     # -- output paths: before any work ---------------------------------------------------------------
-    *[Case(f"{cmd}-{what}", [*argv, target], files, says=says)
-      for cmd, argv in [("plan-plot", ["plan", *SWEEP, "--plot"]),
-                        ("pack-plot", ["pack", str(EX / "fleet.yaml"), str(EX / "models.yaml"), "--plot"]),
-                        ("calibrate-o", ["calibrate", str(LOG), "-o"]),
-                        ("alerts-o", ["alerts", str(EX / "oom-drill.yaml"), "-o"]),
-                        ("report-o", ["report", "abcd", "--db", "{v.db}", "-o"])]
-      for what, target, files, says in [("missing-folder", "{nodir/out.png}", {}, "does not exist"),
-                                        ("folder", "{adir}", {"adir/x": "x"}, "is a folder"),
-                                        ("dev-full", "/dev/full", {}, "not a regular file")]],
-    Case("sim-log-file-dev-full", ["sim", "serve", *M, "--port", "0", "--log-file", "/dev/full"],
-         says="engine log"),
-    Case("sim-log-file-missing-folder", ["sim", "serve", *M, "--port", "0", "--log-file", "{nodir/e.log}"],
-         says="does not exist"),
-    Case("examples-fifo-in-the-way", ["examples", "{ex}", "--force"], {"ex/oom-drill.yaml": FIFO},
-         says="not a regular file"),
-    Case("examples-dev-zero-link-in-the-way", ["examples", "{ex}"], {"ex/oom-drill.yaml": ZERO},
-         says="already there and different"),
+    *[
+        Case(f"{cmd}-{what}", [*argv, target], files, says=says)
+        for cmd, argv in [
+            ("plan-plot", ["plan", *SWEEP, "--plot"]),
+            ("pack-plot", ["pack", str(EX / "fleet.yaml"), str(EX / "models.yaml"), "--plot"]),
+            ("calibrate-o", ["calibrate", str(LOG), "-o"]),
+            ("alerts-o", ["alerts", str(EX / "oom-drill.yaml"), "-o"]),
+            ("report-o", ["report", "abcd", "--db", "{v.db}", "-o"]),
+        ]
+        for what, target, files, says in [
+            ("missing-folder", "{nodir/out.png}", {}, "does not exist"),
+            ("folder", "{adir}", {"adir/x": "x"}, "is a folder"),
+            ("dev-full", "/dev/full", {}, "not a regular file"),
+        ]
+    ],
+    Case(
+        "sim-log-file-dev-full",
+        ["sim", "serve", *M, "--port", "0", "--log-file", "/dev/full"],
+        says="engine log",
+    ),
+    Case(
+        "sim-log-file-missing-folder",
+        ["sim", "serve", *M, "--port", "0", "--log-file", "{nodir/e.log}"],
+        says="does not exist",
+    ),
+    Case(
+        "examples-fifo-in-the-way",
+        ["examples", "{ex}", "--force"],
+        {"ex/oom-drill.yaml": FIFO},
+        says="not a regular file",
+    ),
+    Case(
+        "examples-dev-zero-link-in-the-way",
+        ["examples", "{ex}"],
+        {"ex/oom-drill.yaml": ZERO},
+        says="already there and different",
+    ),
     Case("run-db-proc", ["run", str(EX / "concurrency-ramp.yaml"), "--db", "/proc/nope/x.db"], says="store"),
-    Case("run-db-folder", ["run", str(EX / "concurrency-ramp.yaml"), "--db", "{adir}"], {"adir/x": "x"},
-         says="is a folder"),
-    Case("drill-db-dev-full", ["drill", str(EX / "oom-drill.yaml"), "--db", "/dev/full"], says="not a regular"),
+    Case(
+        "run-db-folder",
+        ["run", str(EX / "concurrency-ramp.yaml"), "--db", "{adir}"],
+        {"adir/x": "x"},
+        says="is a folder",
+    ),
+    Case(
+        "drill-db-dev-full", ["drill", str(EX / "oom-drill.yaml"), "--db", "/dev/full"], says="not a regular"
+    ),
     # -- flags ---------------------------------------------------------------------------------------
-    Case("run-phase-s-nan", ["run", str(EX / "concurrency-ramp.yaml"), "--db", "{v.db}", "--phase-s", "nan"],
-         says="--phase-s"),
-    Case("run-phase-s-inf", ["run", str(EX / "concurrency-ramp.yaml"), "--db", "{v.db}", "--phase-s", "inf"],
-         says="--phase-s"),
+    Case(
+        "run-phase-s-nan",
+        ["run", str(EX / "concurrency-ramp.yaml"), "--db", "{v.db}", "--phase-s", "nan"],
+        says="--phase-s",
+    ),
+    Case(
+        "run-phase-s-inf",
+        ["run", str(EX / "concurrency-ramp.yaml"), "--db", "{v.db}", "--phase-s", "inf"],
+        says="--phase-s",
+    ),
     Case("check-log-max-bytes-huge", ["check-log", str(LOG), "--max-bytes", str(10**30)], says="--max-bytes"),
     Case("check-log-max-bytes-0", ["check-log", str(LOG), "--max-bytes", "0"], says="--max-bytes"),
-    *[Case(f"pack-keep-alive-{v}", ["pack", str(EX / "fleet.yaml"), str(EX / "models.yaml"), "--keep-alive-s", v],
-           says="--keep-alive-s") for v in ("-5", "-0.5", "inf")],
+    *[
+        Case(
+            f"pack-keep-alive-{v}",
+            ["pack", str(EX / "fleet.yaml"), str(EX / "models.yaml"), "--keep-alive-s", v],
+            says="--keep-alive-s",
+        )
+        for v in ("-5", "-0.5", "inf")
+    ],
     # -- numbers and booleans in pack, fleet, drill files and model configs: refused by the field's name --
-    *[Case(f"models-{key}-{label}", ["pack", str(EX / "fleet.yaml"), "{m.yaml}"],
-           {"m.yaml": _edit(EX / "models.yaml", old, new)}, says=key)
-      for key, label, old, new in [
-          ("keep_alive_s", "negative", "keep_alive_s: 300", "keep_alive_s: -5"),
-          ("keep_alive_s", "string", "keep_alive_s: 300", "keep_alive_s: '300'"),
-          ("concurrency", "zero", "concurrency: 8", "concurrency: 0"),
-          ("concurrency", "bool", "concurrency: 8", "concurrency: true"),
-          ("concurrency", "string", "concurrency: 8", "concurrency: '8'"),
-          ("rate_rps", "negative", "rate_rps: 2.0", "rate_rps: -2"),
-          ("rate_rps", "nan", "rate_rps: 2.0", "rate_rps: .nan"),
-          ("latency_ms", "zero", "latency_ms: 1500", "latency_ms: 0"),
-          ("engine_start_s", "inf", "engine_start_s: 25", "engine_start_s: .inf"),
-          ("load_gbps", "string", "load_gbps: 2.0", "load_gbps: fast"),
-          ("priority", "float", "priority: 10", "priority: 10.5")]],
-    *[Case(f"fleet-{key}-{label}", ["pack", "{f.yaml}", str(EX / "models.yaml")],
-           {"f.yaml": _edit(EX / "fleet.yaml", old, new)}, says=key)
-      for key, label, old, new in [
-          ("count", "zero", "count: 2", "count: 0"), ("count", "bool", "count: 2", "count: true"),
-          ("pcie_gbps", "negative", "pcie_gbps: 25        #", "pcie_gbps: -25        #"),
-          ("pcie_gbps", "string", "pcie_gbps: 25        #", "pcie_gbps: '25'        #")]],
-    *[Case(f"drill-{key}-{label}", ["drill", "{d.yaml}", "--db", "{v.db}"],
-           {"d.yaml": _edit(EX / "oom-drill.yaml", old, new)}, says=key)
-      for key, label, old, new in [
-          ("concurrency", "zero", "concurrency: 4", "concurrency: 0"),
-          ("concurrency", "string", "concurrency: 4", "concurrency: '4'"),
-          ("request_timeout_s", "negative", "request_timeout_s: 5", "request_timeout_s: -5"),
-          ("request_timeout_s", "bool", "request_timeout_s: 5", "request_timeout_s: true"),
-          ("factor", "string", "factor: 2\n", "factor: '2'\n"),
-          ("step_s", "zero", "step_s: 1", "step_s: 0"),
-          ("ceiling", "nan", "ceiling: 32768", "ceiling: .nan")]],
-    *[Case(f"config-{key}-{label}", ["plan", "--model", "{config.json}", "--gpu", "h100-80gb", "--offline"],
-           {"config.json": json.dumps({**LLAMA_CONFIG, key: value})}, says=key)
-      for key, label, value in [("tie_word_embeddings", "string-false", "False"),
-                                ("tie_word_embeddings", "zero", 0), ("attention_bias", "string-true", "true")]],
+    *[
+        Case(
+            f"models-{key}-{label}",
+            ["pack", str(EX / "fleet.yaml"), "{m.yaml}"],
+            {"m.yaml": _edit(EX / "models.yaml", old, new)},
+            says=key,
+        )
+        for key, label, old, new in [
+            ("keep_alive_s", "negative", "keep_alive_s: 300", "keep_alive_s: -5"),
+            ("keep_alive_s", "string", "keep_alive_s: 300", "keep_alive_s: '300'"),
+            ("concurrency", "zero", "concurrency: 8", "concurrency: 0"),
+            ("concurrency", "bool", "concurrency: 8", "concurrency: true"),
+            ("concurrency", "string", "concurrency: 8", "concurrency: '8'"),
+            ("rate_rps", "negative", "rate_rps: 2.0", "rate_rps: -2"),
+            ("rate_rps", "nan", "rate_rps: 2.0", "rate_rps: .nan"),
+            ("latency_ms", "zero", "latency_ms: 1500", "latency_ms: 0"),
+            ("engine_start_s", "inf", "engine_start_s: 25", "engine_start_s: .inf"),
+            ("load_gbps", "string", "load_gbps: 2.0", "load_gbps: fast"),
+            ("priority", "float", "priority: 10", "priority: 10.5"),
+        ]
+    ],
+    *[
+        Case(
+            f"fleet-{key}-{label}",
+            ["pack", "{f.yaml}", str(EX / "models.yaml")],
+            {"f.yaml": _edit(EX / "fleet.yaml", old, new)},
+            says=key,
+        )
+        for key, label, old, new in [
+            ("count", "zero", "count: 2", "count: 0"),
+            ("count", "bool", "count: 2", "count: true"),
+            ("pcie_gbps", "negative", "pcie_gbps: 25        #", "pcie_gbps: -25        #"),
+            ("pcie_gbps", "string", "pcie_gbps: 25        #", "pcie_gbps: '25'        #"),
+        ]
+    ],
+    *[
+        Case(
+            f"drill-{key}-{label}",
+            ["drill", "{d.yaml}", "--db", "{v.db}"],
+            {"d.yaml": _edit(EX / "oom-drill.yaml", old, new)},
+            says=key,
+        )
+        for key, label, old, new in [
+            ("concurrency", "zero", "concurrency: 4", "concurrency: 0"),
+            ("concurrency", "string", "concurrency: 4", "concurrency: '4'"),
+            ("request_timeout_s", "negative", "request_timeout_s: 5", "request_timeout_s: -5"),
+            ("request_timeout_s", "bool", "request_timeout_s: 5", "request_timeout_s: true"),
+            ("factor", "string", "factor: 2\n", "factor: '2'\n"),
+            ("step_s", "zero", "step_s: 1", "step_s: 0"),
+            ("ceiling", "nan", "ceiling: 32768", "ceiling: .nan"),
+        ]
+    ],
+    *[
+        Case(
+            f"config-{key}-{label}",
+            ["plan", "--model", "{config.json}", "--gpu", "h100-80gb", "--offline"],
+            {"config.json": json.dumps({**LLAMA_CONFIG, key: value})},
+            says=key,
+        )
+        for key, label, value in [
+            ("tie_word_embeddings", "string-false", "False"),
+            ("tie_word_embeddings", "zero", 0),
+            ("attention_bias", "string-true", "true"),
+        ]
+    ],
     # -- a co-tenant that asks for more than the card ---------------------------------------------------
-    Case("drill-cotenant-bigger-than-card", ["drill", "{d.yaml}", "--db", "{v.db}"],
-         {"d.yaml": "@oom-drill:cotenant:\n  hold_gib: 1000\n"}, says="cotenant.hold_gib"),
+    Case(
+        "drill-cotenant-bigger-than-card",
+        ["drill", "{d.yaml}", "--db", "{v.db}"],
+        {"d.yaml": "@oom-drill:cotenant:\n  hold_gib: 1000\n"},
+        says="cotenant.hold_gib",
+    ),
 ]
 
 
@@ -199,11 +280,21 @@ def _limit_memory() -> None:
 def run_cli(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("VRAMLAB_DB", "VRAMLAB_DEBUG")}
     env.update(HF_HUB_OFFLINE="1", VRAMLAB_PIPE_WAIT_S="1")
-    return subprocess.run(VRAMLAB + argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd,
-                          stdin=subprocess.DEVNULL, preexec_fn=_limit_memory)
+    return subprocess.run(
+        VRAMLAB + argv,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=_limit_memory,
+    )
 
 
-@pytest.mark.skipif(not hasattr(os, "mkfifo") or not Path("/dev/full").exists(), reason="needs FIFOs and /dev/full")
+@pytest.mark.skipif(
+    not hasattr(os, "mkfifo") or not Path("/dev/full").exists(), reason="needs FIFOs and /dev/full"
+)
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_hostile_input_is_one_line_and_the_right_exit(case: Case, tmp_path: Path) -> None:
     res = run_cli(_materialise(case, tmp_path), tmp_path, case.timeout)
@@ -222,8 +313,15 @@ def test_the_corpus_covers_every_reader_and_kind() -> None:
     assert len(CASES) >= 60
     for name, _, _ in READERS:
         assert {f"{name}-fifo", f"{name}-dev-zero-link", f"{name}-4gib-sparse"} <= ids, name
-    for must in ("plan-plot-dev-full", "pack-plot-missing-folder", "calibrate-o-folder", "run-db-proc",
-                 "run-phase-s-nan", "drill-cotenant-bigger-than-card", "pack-keep-alive--5"):
+    for must in (
+        "plan-plot-dev-full",
+        "pack-plot-missing-folder",
+        "calibrate-o-folder",
+        "run-db-proc",
+        "run-phase-s-nan",
+        "drill-cotenant-bigger-than-card",
+        "pack-keep-alive--5",
+    ):
         assert must in ids
 
 
@@ -239,8 +337,9 @@ def test_a_write_that_fails_after_the_work_keeps_the_old_file(tmp_path: Path) ->
         tmp.write_text("half of the new one")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     assert info.value.exit_code == 1
-    assert str(info.value) == (f"cannot write report {str(target)!r}: No space left on device; "
-                               "run abc is in the store")
+    assert str(info.value) == (
+        f"cannot write report {str(target)!r}: No space left on device; run abc is in the store"
+    )
     assert target.read_text() == "the old report"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]  # no temporary file left
     write_output(target, "the new report", "report")
@@ -252,10 +351,12 @@ def test_calibrate_writes_no_profile_when_the_folder_goes_away(tmp_path: Path) -
     """The check passed, then the folder vanished during the work: exit 1, the fit still printed."""
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    code = ("import shutil, sys; import vramlab.logs.calibrate as c; real = c.calibrate\n"
-            "def slow(*a, **k):\n    r = real(*a, **k); shutil.rmtree(sys.argv[-1]); return r\n"
-            "c.calibrate = slow\n"
-            "from vramlab.cli.main import main; sys.exit(main(sys.argv[1:-1]))")
+    code = (
+        "import shutil, sys; import vramlab.logs.calibrate as c; real = c.calibrate\n"
+        "def slow(*a, **k):\n    r = real(*a, **k); shutil.rmtree(sys.argv[-1]); return r\n"
+        "c.calibrate = slow\n"
+        "from vramlab.cli.main import main; sys.exit(main(sys.argv[1:-1]))"
+    )
     data = tmp_path / "m.jsonl"
     sys.path.insert(0, str(ROOT / "tests"))
     try:
@@ -263,9 +364,23 @@ def test_calibrate_writes_no_profile_when_the_folder_goes_away(tmp_path: Path) -
     finally:
         sys.path.pop(0)
     measurements(data, tp2=2)
-    res = subprocess.run([sys.executable, "-c", code, "calibrate", str(data), "-o", str(out_dir / "p.toml"),
-                          "--json", str(out_dir)], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "calibrate",
+            str(data),
+            "-o",
+            str(out_dir / "p.toml"),
+            "--json",
+            str(out_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
     assert res.returncode == 1, res.stderr
     assert res.stderr.count("\n") == 1 and "cannot write calibration profile" in res.stderr
     assert "no profile written; the fit is printed" in res.stderr

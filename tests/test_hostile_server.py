@@ -66,7 +66,9 @@ def _reset(w: asyncio.StreamWriter) -> None:
 
 
 async def negative_chunk(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-    w.write(HEAD_CHUNKED + b"-2\r\nhello\r\n0\r\n\r\n")  # the first client took -2 as a size and read backwards
+    w.write(
+        HEAD_CHUNKED + b"-2\r\nhello\r\n0\r\n\r\n"
+    )  # the first client took -2 as a size and read backwards
     await w.drain()
     await asyncio.sleep(30)
 
@@ -230,7 +232,12 @@ class HostileServer:
                 self.posts += 1
                 await self.script(r, w)
                 return
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError, asyncio.CancelledError):
+        except (
+            asyncio.IncompleteReadError,
+            ConnectionError,
+            asyncio.LimitOverrunError,
+            asyncio.CancelledError,
+        ):
             pass
         finally:
             w.close()
@@ -243,7 +250,9 @@ def _maxrss_mib() -> float:
 async def _send_one(url: str, http_client: str) -> tuple[RequestResult, float, list[str], str]:
     loop = asyncio.get_running_loop()
     loop_errors: list[str] = []  # an exception in a reader callback is logged here, not raised to send()
-    loop.set_exception_handler(lambda _loop, ctx: loop_errors.append(str(ctx.get("exception") or ctx["message"])))
+    loop.set_exception_handler(
+        lambda _loop, ctx: loop_errors.append(str(ctx.get("exception") or ctx["message"]))
+    )
     async with OpenAIClient(url, "m", http_client=http_client, timeout_s=TIMEOUT_S) as c:  # type: ignore[arg-type]
         t = time.perf_counter()
         res = await asyncio.wait_for(c.send("0", P, 4, t), TIMEOUT_S + 30)
@@ -259,7 +268,9 @@ def test_a_hostile_answer_ends_its_request_classified_and_in_time(case: str, htt
         res, took, loop_errors, used = asyncio.run(_send_one(srv.url, http_client))
     assert used == http_client
     grew = _maxrss_mib() - rss
-    print(f"{case} on {http_client}: {res.error_class} in {took:.2f} s ({res.error}); peak RSS +{grew:.0f} MiB")
+    print(
+        f"{case} on {http_client}: {res.error_class} in {took:.2f} s ({res.error}); peak RSS +{grew:.0f} MiB"
+    )
     assert res.error_class in classes, (res.error_class, res.error)
     assert res.error and "Traceback" not in res.error
     assert took < TIMEOUT_S + SLACK_S, took
@@ -269,13 +280,22 @@ def test_a_hostile_answer_ends_its_request_classified_and_in_time(case: str, htt
 
 def test_the_fast_client_names_what_was_wrong() -> None:
     """The own client's words say which rule the answer broke (one line each, no parser internals)."""
-    want = {"negative_chunk": "chunk size", "continue_flood": "interim (1xx)", "endless_headers": "without a byte of body",
-            "endless_trailers": "without a byte of body", "past_content_length": "after the answer's end",
-            "switching_protocols": "switched protocols", "huge_chunk": "chunk size"}
+    want = {
+        "negative_chunk": "chunk size",
+        "continue_flood": "interim (1xx)",
+        "endless_headers": "without a byte of body",
+        "endless_trailers": "without a byte of body",
+        "past_content_length": "after the answer's end",
+        "switching_protocols": "switched protocols",
+        "huge_chunk": "chunk size",
+    }
     for case, words in want.items():
         with HostileServer(CASES[case][0]) as srv:
             res, _, _, _ = asyncio.run(_send_one(srv.url, "fast"))
-        assert res.error and "malformed HTTP response" in res.error and words.lower() in res.error.lower(), (case, res.error)
+        assert res.error and "malformed HTTP response" in res.error and words.lower() in res.error.lower(), (
+            case,
+            res.error,
+        )
 
 
 def test_auto_picks_the_fast_client_and_a_stream_after_done_keeps_its_answer() -> None:
@@ -285,7 +305,11 @@ def test_auto_picks_the_fast_client_and_a_stream_after_done_keeps_its_answer() -
         for client in ("auto", "aiohttp"):
             res, took, errors, used = asyncio.run(_send_one(srv.url, client))
             assert used == ("fast" if client == "auto" else "aiohttp")
-            assert res.ok and len(res.token_times) == 1 and took < 1.0 and not errors, (client, res.error, took)
+            assert res.ok and len(res.token_times) == 1 and took < 1.0 and not errors, (
+                client,
+                res.error,
+                took,
+            )
 
 
 def test_a_closed_port_is_a_connect_error_at_once() -> None:
@@ -319,7 +343,9 @@ def _vramlab(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("http_client", ["auto", "aiohttp"])
-def test_vramlab_run_against_a_negative_chunk_size_ends_within_its_wall_clock(tmp_path: Path, http_client: str) -> None:
+def test_vramlab_run_against_a_negative_chunk_size_ends_within_its_wall_clock(
+    tmp_path: Path, http_client: str
+) -> None:
     """No error-rate stop: only the wall clock (3 s) can end this run. It must, exit 3 (stopped by
     a stop condition), with every request stored as a classified error and no traceback."""
     with HostileServer(negative_chunk) as srv:
@@ -343,13 +369,17 @@ def test_vramlab_run_against_a_negative_chunk_size_ends_within_its_wall_clock(tm
 
 def test_vramlab_run_against_a_continue_flood_stops_on_its_error_rate(tmp_path: Path) -> None:
     with HostileServer(continue_flood) as srv:
-        plan = _plan(tmp_path / "p.yaml", srv.url, "fast", "{error_rate: 0.5, window_s: 5, min_requests: 4, wall_clock_s: 20}")
+        plan = _plan(
+            tmp_path / "p.yaml",
+            srv.url,
+            "fast",
+            "{error_rate: 0.5, window_s: 5, min_requests: 4, wall_clock_s: 20}",
+        )
         res = _vramlab("run", str(plan), "--db", str(tmp_path / "v.db"), "--json", timeout=60)
     assert "Traceback" not in res.stderr, res.stderr
     assert res.returncode == 3, res.stdout + res.stderr
     out = json.loads(res.stdout)
     assert out["stop_condition"] == "error_rate" and out["elapsed_s"] < 15, out
-
 
 
 def _closed_port() -> int:
@@ -363,8 +393,13 @@ def test_vramlab_run_and_drill_against_a_closed_port_end_in_time(tmp_path: Path)
     target may still be starting, waits for it no longer than its own wall clock."""
     url = f"http://127.0.0.1:{_closed_port()}"
     t = time.monotonic()
-    res = _vramlab("run", str(_plan(tmp_path / "p.yaml", url, "auto", "{wall_clock_s: 3}")), "--db",
-                   str(tmp_path / "v.db"), timeout=60)
+    res = _vramlab(
+        "run",
+        str(_plan(tmp_path / "p.yaml", url, "auto", "{wall_clock_s: 3}")),
+        "--db",
+        str(tmp_path / "v.db"),
+        timeout=60,
+    )
     assert res.returncode == 2 and "not reachable" in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert time.monotonic() - t < 20
     drill = tmp_path / "d.yaml"

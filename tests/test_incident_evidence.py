@@ -15,9 +15,19 @@ RUN = "0badc0de"
 
 
 def _req(i, sent, end, ok=True, phase="ramp", step=0, attempt=0, client="u0", err="connect", e2e=None):
-    return RequestRecord(run_id=RUN, round=0, phase=phase, step=step, request_id=f"{client}:{i}", attempt=attempt,
-                         sent_s=sent, end_s=end, e2e_ms=(e2e if e2e is not None else (end - sent) * 1000) if ok else None,
-                         status_code=200 if ok else 0, error_class=None if ok else err)
+    return RequestRecord(
+        run_id=RUN,
+        round=0,
+        phase=phase,
+        step=step,
+        request_id=f"{client}:{i}",
+        attempt=attempt,
+        sent_s=sent,
+        end_s=end,
+        e2e_ms=(e2e if e2e is not None else (end - sent) * 1000) if ok else None,
+        status_code=200 if ok else 0,
+        error_class=None if ok else err,
+    )
 
 
 def _ev(t, kind, **data):
@@ -30,27 +40,60 @@ def _kill_timeline():
     reqs = [_req(i, i * 0.2, i * 0.2 + 0.1, phase="baseline", client=f"u{i % 2}") for i in range(20)]
     reqs += [_req(100 + i, 4 + i * 0.1, 4 + i * 0.1 + 0.15, step=0, client=f"u{i % 2}") for i in range(40)]
     reqs += [_req(200 + i, 8 + i * 0.1, 8 + i * 0.1 + 0.2, step=1, client=f"u{i % 4}") for i in range(13)]
-    reqs += [_req(300 + i, 9.3 + i * 0.05, 9.51, ok=False, step=1, client=f"u{i % 4}", err="stream_broken")
-             for i in range(4)]  # in flight at the kill
+    reqs += [
+        _req(300 + i, 9.3 + i * 0.05, 9.51, ok=False, step=1, client=f"u{i % 4}", err="stream_broken")
+        for i in range(4)
+    ]  # in flight at the kill
     # closed-loop users spinning on connection refused: many new requests, no retries (policy none)
-    reqs += [_req(400 + i, 9.52 + i * 0.01, 9.525 + i * 0.01, ok=False, step=1, client=f"u{i % 4}") for i in range(3)]
-    reqs += [_req(500 + i, 9.7 + i * 0.01, 9.705 + i * 0.01, ok=False, phase="recovery", client=f"u{i % 2}")
-             for i in range(200)]
-    reqs += [_req(800 + i, 14 + i * 0.2, 14 + i * 0.2 + 0.1, phase="recovery", client=f"u{i % 2}") for i in range(20)]
+    reqs += [
+        _req(400 + i, 9.52 + i * 0.01, 9.525 + i * 0.01, ok=False, step=1, client=f"u{i % 4}")
+        for i in range(3)
+    ]
+    reqs += [
+        _req(500 + i, 9.7 + i * 0.01, 9.705 + i * 0.01, ok=False, phase="recovery", client=f"u{i % 2}")
+        for i in range(200)
+    ]
+    reqs += [
+        _req(800 + i, 14 + i * 0.2, 14 + i * 0.2 + 0.1, phase="recovery", client=f"u{i % 2}")
+        for i in range(20)
+    ]
     events = [
         _ev(0.0, "phase_start", phase="baseline"),
-        _ev(4.0, "step", step=0, value=2), _ev(8.0, "step", step=1, value=4), _ev(9.56, "step", step=2, value=8),
+        _ev(4.0, "step", step=0, value=2),
+        _ev(8.0, "step", step=1, value=4),
+        _ev(9.56, "step", step=2, value=8),
         _ev(9.55, "process_exit", exit_code=-9),
         _ev(9.60, "detect", condition="process_exit"),
-        _ev(9.60, "fault", step=2, value=8, knob="concurrency", unit="concurrent requests", step_started_s=9.56,
-            t0_s=9.50, last_safe_value=4, mode="killed_by_signal",
-            evidence=['process at 9.55 s: "target process killed by signal 9 (SIGKILL)"']),
+        _ev(
+            9.60,
+            "fault",
+            step=2,
+            value=8,
+            knob="concurrency",
+            unit="concurrent requests",
+            step_started_s=9.56,
+            t0_s=9.50,
+            last_safe_value=4,
+            mode="killed_by_signal",
+            evidence=['process at 9.55 s: "target process killed by signal 9 (SIGKILL)"'],
+        ),
         _ev(10.0, "mitigation", action="restart"),
-        _ev(16.0, "failure_mode", mode="killed_by_signal",
-            evidence=['process at 9.55 s: "target process killed by signal 9 (SIGKILL)"', "no out-of-memory evidence"]),
+        _ev(
+            16.0,
+            "failure_mode",
+            mode="killed_by_signal",
+            evidence=[
+                'process at 9.55 s: "target process killed by signal 9 (SIGKILL)"',
+                "no out-of-memory evidence",
+            ],
+        ),
     ]
-    samples = [SampleRecord(run_id=RUN, t_s=t * 0.25, source="health", name="health.up",
-                            value=0.0 if 38 <= t < 56 else 1.0) for t in range(72)]
+    samples = [
+        SampleRecord(
+            run_id=RUN, t_s=t * 0.25, source="health", name="health.up", value=0.0 if 38 <= t < 56 else 1.0
+        )
+        for t in range(72)
+    ]
     return reqs, samples, events
 
 
@@ -76,8 +119,12 @@ def test_no_retry_storm_from_closed_loop_users_with_policy_none():
     assert s.new_request_ratio is not None and s.new_request_ratio > 2  # ... from new requests
     assert s.attempts_per_request == 1.0 and not s.storm
     # the same wave made of the policy's retries is a storm
-    retried = [r.model_copy(update={"attempt": 1 + i % 3, "request_id": f"u0:{i // 4}"}) if r.phase == "recovery"
-               and r.sent_s < 12 and i % 4 else r for i, r in enumerate(reqs)]
+    retried = [
+        r.model_copy(update={"attempt": 1 + i % 3, "request_id": f"u0:{i // 4}"})
+        if r.phase == "recovery" and r.sent_s < 12 and i % 4
+        else r
+        for i, r in enumerate(reqs)
+    ]
     s2 = analyse(retried, samples, events, window_s=1.0).retry_storm
     assert s2.storm and s2.retries_in_window > s2.new_requests and some(s2.attempts_per_request) >= 2
 
@@ -94,9 +141,14 @@ def test_onset_is_the_first_evidence_not_the_window_edge():
 
 def test_queueing_at_a_higher_step_is_not_an_anomaly_but_a_rise_within_it_is():
     base = [_req(i, i * 0.1, i * 0.1 + 0.1, phase="baseline") for i in range(40)]  # 100 ms
-    steady = [_req(100 + i, 4 + i * 0.1, 4 + i * 0.1 + 0.4, step=0) for i in range(60)]  # 400 ms from the start
-    events = [_ev(0.0, "phase_start", phase="baseline"), _ev(4.0, "step", step=0, value=8),
-              _ev(10.0, "ceiling", value=8)]
+    steady = [
+        _req(100 + i, 4 + i * 0.1, 4 + i * 0.1 + 0.4, step=0) for i in range(60)
+    ]  # 400 ms from the start
+    events = [
+        _ev(0.0, "phase_start", phase="baseline"),
+        _ev(4.0, "step", step=0, value=8),
+        _ev(10.0, "ceiling", value=8),
+    ]
     inc = analyse(base + steady, [], events, window_s=1.0)
     assert "user.e2e_p95_ms" not in [o.name for o in inc.signals.order]
     rising = steady[:40] + [_req(200 + i, 8 + i * 0.1, 8 + i * 0.1 + 2.0, step=0) for i in range(20)]
@@ -111,10 +163,18 @@ def test_report_names_the_evidence_the_trigger_and_mode_specific_actions():
     from vramlab.report.sections import ReportContext
 
     reqs, samples, events = _kill_timeline()
-    run = RunRecord(run_id=RUN, kind="drill", name="kill", plan={"clients": {"policy": "none"}},
-                    plan_hash="0" * 64, fixed={}, target={}, change={"variable": "concurrency",
-                                                                   "unit": "concurrent requests"},
-                    started_at=0.0, status="completed")
+    run = RunRecord(
+        run_id=RUN,
+        kind="drill",
+        name="kill",
+        plan={"clients": {"policy": "none"}},
+        plan_hash="0" * 64,
+        fixed={},
+        target={},
+        change={"variable": "concurrency", "unit": "concurrent requests"},
+        started_at=0.0,
+        status="completed",
+    )
     md = render(ReportContext.build(run, reqs, samples, events), "md")
     assert "killed_by_signal" in md and "crash_after_oom" not in md
     assert "killed by signal 9 (SIGKILL)" in md and "No out-of-memory was seen" in md

@@ -26,10 +26,18 @@ RUN = "0123abcd"
 
 def test_threshold_and_deviation_onsets_and_order():
     flat = [(t * 0.5, 0.3) for t in range(20)]  # baseline 0..10 s at 0.3
-    kv = Signal("kv", "service", tuple(flat + [(10.0, 0.5), (11.0, 0.95), (12.0, 0.97)]),
-                SignalRule(threshold=0.9, deviation=False))
-    lat = Signal("p95", "user", tuple([(t * 0.5, 100.0 + (t % 2)) for t in range(20)] + [(10.5, 400.0), (11.5, 500.0)]),
-                 SignalRule(rel=1.0))
+    kv = Signal(
+        "kv",
+        "service",
+        tuple(flat + [(10.0, 0.5), (11.0, 0.95), (12.0, 0.97)]),
+        SignalRule(threshold=0.9, deviation=False),
+    )
+    lat = Signal(
+        "p95",
+        "user",
+        tuple([(t * 0.5, 100.0 + (t % 2)) for t in range(20)] + [(10.5, 400.0), (11.5, 500.0)]),
+        SignalRule(rel=1.0),
+    )
     mem = Signal("mem", "resource", tuple(flat + [(12.5, 0.31)]), SignalRule(min_delta=0.1))
     rep = first_abnormal([kv, lat, mem], t0_s=10.0, baseline_start_s=0.0)
     assert rep.first is not None
@@ -56,7 +64,9 @@ def test_baseline_noise_flagged_and_tie_goes_to_user_layer():
 
 
 def test_down_direction_and_events():
-    health = Signal("h", "service", ((0, 1), (1, 1), (2, 0)), SignalRule(direction="down", threshold=0.5, deviation=False))
+    health = Signal(
+        "h", "service", ((0, 1), (1, 1), (2, 0)), SignalRule(direction="down", threshold=0.5, deviation=False)
+    )
     ev = event_signal("exit", "service", [2.5])
     rep = first_abnormal([health, ev], t0_s=1.5, baseline_start_s=0)
     assert [(o.name, o.t_s) for o in rep.order] == [("h", 2), ("exit", 2.5)]
@@ -88,11 +98,19 @@ def test_property_first_abnormal_never_before_treatment(pts, t0, thr, direction)
 
 # ---- incident figures on a hand-built drill timeline ------------------------------------------
 
+
 def _req(i, sent, end, ok=True, phase="ramp", attempt=0, e2e=None, client="c0", err="http_5xx"):
     return RequestRecord(
-        run_id=RUN, round=0, phase=phase, request_id=f"{client}:{i}", attempt=attempt, sent_s=sent, end_s=end,
+        run_id=RUN,
+        round=0,
+        phase=phase,
+        request_id=f"{client}:{i}",
+        attempt=attempt,
+        sent_s=sent,
+        end_s=end,
         e2e_ms=(e2e if e2e is not None else (end - sent) * 1000) if ok else None,
-        status_code=200 if ok else 500, error_class=None if ok else err,
+        status_code=200 if ok else 500,
+        error_class=None if ok else err,
     )
 
 
@@ -109,23 +127,55 @@ def _timeline():
     # fault step from 10 s: two in flight die at 10.4 (one of them in flight at T0), then failures until 13.1
     reqs += [_req(200, 10.0, 10.4, ok=False, client="c0"), _req(201, 10.1, 10.4, ok=False, client="c1")]
     reqs += [_req(200, 10.6, 10.7, ok=False, attempt=1, client="c0", err="connect")]
-    reqs += [_req(202 + i, 11 + i * 0.2, 11 + i * 0.2 + 0.01, ok=False, client="c2", err="connect") for i in range(10)]
+    reqs += [
+        _req(202 + i, 11 + i * 0.2, 11 + i * 0.2 + 0.01, ok=False, client="c2", err="connect")
+        for i in range(10)
+    ]
     # retry of 201 at 13.0 succeeds at 13.1; then a surge of retries and normal latency
     reqs += [_req(201, 13.0, 13.1, attempt=2, client="c1", e2e=100)]
-    reqs += [_req(300 + i, 13.1 + i * 0.05, 13.2 + i * 0.05, phase="recovery", client="c0") for i in range(40)]
-    samples = [SampleRecord(run_id=RUN, t_s=t * 0.5, source="health", name="health.up",
-                            value=0.0 if 21 <= t < 26 else 1.0) for t in range(40)]
-    samples += [SampleRecord(run_id=RUN, t_s=t * 0.5, source="health", name="neighbour.emb.ok", value=1.0) for t in range(40)]
-    samples += [SampleRecord(run_id=RUN, t_s=t * 0.5, source="health", name="neighbour.emb.latency_ms",
-                             value=50.0 if 20 <= t < 26 else 5.0) for t in range(40)]
+    reqs += [
+        _req(300 + i, 13.1 + i * 0.05, 13.2 + i * 0.05, phase="recovery", client="c0") for i in range(40)
+    ]
+    samples = [
+        SampleRecord(
+            run_id=RUN, t_s=t * 0.5, source="health", name="health.up", value=0.0 if 21 <= t < 26 else 1.0
+        )
+        for t in range(40)
+    ]
+    samples += [
+        SampleRecord(run_id=RUN, t_s=t * 0.5, source="health", name="neighbour.emb.ok", value=1.0)
+        for t in range(40)
+    ]
+    samples += [
+        SampleRecord(
+            run_id=RUN,
+            t_s=t * 0.5,
+            source="health",
+            name="neighbour.emb.latency_ms",
+            value=50.0 if 20 <= t < 26 else 5.0,
+        )
+        for t in range(40)
+    ]
     events = [
         _ev(0.0, "phase_start", phase="baseline"),
-        _ev(4.0, "step", step=0, value=1024), _ev(7.0, "step", step=1, value=2048), _ev(10.0, "step", step=2, value=4096),
+        _ev(4.0, "step", step=0, value=1024),
+        _ev(7.0, "step", step=1, value=2048),
+        _ev(10.0, "step", step=2, value=4096),
         _ev(10.3, "oom", signature={"class": "runtime_oom"}),
         _ev(10.4, "process_exit", exit_code=1),
         _ev(10.5, "detect", condition="oom"),
-        _ev(10.5, "fault", step=2, value=4096, knob="context", unit="prompt tokens", step_started_s=10.0,
-            last_safe_value=2048, mode="crash_after_oom", signature={"class": "runtime_oom", "line": "CUDA out of memory"}),
+        _ev(
+            10.5,
+            "fault",
+            step=2,
+            value=4096,
+            knob="context",
+            unit="prompt tokens",
+            step_started_s=10.0,
+            last_safe_value=2048,
+            mode="crash_after_oom",
+            signature={"class": "runtime_oom", "line": "CUDA out of memory"},
+        ),
         _ev(11.0, "alert", name="ErrRate", state="pending", source="evaluated"),
         _ev(12.0, "alert", name="ErrRate", state="firing", source="evaluated"),
         _ev(11.2, "mitigation", action="restart"),
@@ -167,26 +217,38 @@ def test_incident_figures_known_answers():
 
 def test_no_failure_within_ceiling():
     reqs, samples, _ = _timeline()
-    events = [_ev(0.0, "phase_start", phase="baseline"), _ev(4.0, "step", step=0, value=1024),
-              _ev(9.0, "ceiling", value=32768, unit="prompt tokens")]
+    events = [
+        _ev(0.0, "phase_start", phase="baseline"),
+        _ev(4.0, "step", step=0, value=1024),
+        _ev(9.0, "ceiling", value=32768, unit="prompt tokens"),
+    ]
     inc = analyse([r for r in reqs if r.ok], samples, events)
     assert not inc.failed and inc.failure_mode == "none" and inc.t0_s is None
     assert inc.recovery.time_to_recover_s is None and inc.ceiling == {"value": 32768, "unit": "prompt tokens"}
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 20), st.floats(0, 3), st.booleans()), min_size=1, max_size=30),
-       st.floats(0, 20))
+@given(
+    st.lists(st.tuples(st.floats(0, 20), st.floats(0, 3), st.booleans()), min_size=1, max_size=30),
+    st.floats(0, 20),
+)
 def test_property_recovery_times_non_negative(raw, t0):
-    reqs = [_req(i, s, s + d, ok=ok, phase="baseline" if s < 2 else "ramp") for i, (s, d, ok) in enumerate(raw)]
-    events = [_ev(0.0, "phase_start", phase="baseline"), _ev(min(2.0, t0), "step", step=0, value=1),
-              _ev(t0, "fault", step=0, value=1, step_started_s=t0)]
+    reqs = [
+        _req(i, s, s + d, ok=ok, phase="baseline" if s < 2 else "ramp") for i, (s, d, ok) in enumerate(raw)
+    ]
+    events = [
+        _ev(0.0, "phase_start", phase="baseline"),
+        _ev(min(2.0, t0), "step", step=0, value=1),
+        _ev(t0, "fault", step=0, value=1, step_started_s=t0),
+    ]
     inc = analyse(reqs, [], events)
     rec = inc.recovery
     for v in (rec.health_ok_s, rec.first_success_s, rec.p95_ok_s, rec.time_to_recover_s):
         assert v is None or v >= 0
     if rec.recovered:
-        assert some(rec.time_to_recover_s) >= max(x for x in (rec.first_success_s, rec.p95_ok_s) if x is not None)
+        assert some(rec.time_to_recover_s) >= max(
+            x for x in (rec.first_success_s, rec.p95_ok_s) if x is not None
+        )
 
 
 def test_not_recovered_summary_names_the_clock_that_never_came_back():
@@ -216,8 +278,10 @@ def test_lessons_and_recovery_verdict_say_what_the_headline_says_when_p95_never_
     wrong = lessons(inc)[1]
     head = _not_recovered(rec, inc.t0_s)
     assert not any("did not serve again" in w for w in wrong), wrong
-    assert any(w.startswith("Not recovered: serving again after ") and w.split("Not recovered: ")[1] in head
-               for w in wrong), (wrong, head)
+    assert any(
+        w.startswith("Not recovered: serving again after ") and w.split("Not recovered: ")[1] in head
+        for w in wrong
+    ), (wrong, head)
     monkeypatch.setattr(rep, "incident_of", lambda ctx: (inc, [inc]))
     block = rep.s_recovery(stand_in())[0]
     assert isinstance(block, Text), block
@@ -252,16 +316,22 @@ def test_time_to_alert_is_one_signed_figure_in_json_headline_and_lessons():
     assert alert_clock(inc).startswith("-0.50 s") and "before T0" in alert_clock(inc)
     assert not any("No alert fired" in w for w in lessons(inc)[1])
 
-    cleared = [*events, _ev(5.0, "alert", name="KvHigh", state="firing", source="evaluated"),
-               _ev(6.0, "alert", name="KvHigh", state="inactive", source="evaluated"),
-               _ev(11.25, "alert", name="Errors", state="firing", source="evaluated")]
+    cleared = [
+        *events,
+        _ev(5.0, "alert", name="KvHigh", state="firing", source="evaluated"),
+        _ev(6.0, "alert", name="KvHigh", state="inactive", source="evaluated"),
+        _ev(11.25, "alert", name="Errors", state="firing", source="evaluated"),
+    ]
     inc = analyse(reqs, samples, cleared, p95_tolerance=0.5, window_s=1.0)
     t0 = some(inc.t0_s)
     assert math.isclose(some(inc.time_to_alert_s), 11.25 - t0)
     assert alert_clock(inc) == f"{11.25 - t0:.2f} s"
 
-    none = [*events, _ev(5.0, "alert", name="KvHigh", state="firing", source="evaluated"),
-            _ev(6.0, "alert", name="KvHigh", state="inactive", source="evaluated")]
+    none = [
+        *events,
+        _ev(5.0, "alert", name="KvHigh", state="firing", source="evaluated"),
+        _ev(6.0, "alert", name="KvHigh", state="inactive", source="evaluated"),
+    ]
     inc = analyse(reqs, samples, none, p95_tolerance=0.5, window_s=1.0)
     assert inc.time_to_alert_s is None and alert_clock(inc) == "–"
     assert any("No alert fired" in w for w in lessons(inc)[1])
@@ -269,16 +339,25 @@ def test_time_to_alert_is_one_signed_figure_in_json_headline_and_lessons():
 
 def test_a_signal_already_past_its_threshold_in_the_baseline_is_never_the_first_abnormal_signal():
     # the demo's case: GPU memory share 99.0 % through the baseline (threshold 98 %), 98.1 % after T0
-    share = Signal("resource.gpu_memory_share", "resource",
-                   tuple([(t * 0.5, 0.99) for t in range(8)] + [(4.5, 0.981), (5.0, 0.985)]),
-                   SignalRule(threshold=0.98, min_delta=0.02))
-    errs = Signal("user.error_rate", "user", ((1.0, 0.0), (2.0, 0.0), (5.5, 0.8)),
-                  SignalRule(threshold=0.05, deviation=False))
+    share = Signal(
+        "resource.gpu_memory_share",
+        "resource",
+        tuple([(t * 0.5, 0.99) for t in range(8)] + [(4.5, 0.981), (5.0, 0.985)]),
+        SignalRule(threshold=0.98, min_delta=0.02),
+    )
+    errs = Signal(
+        "user.error_rate",
+        "user",
+        ((1.0, 0.0), (2.0, 0.0), (5.5, 0.8)),
+        SignalRule(threshold=0.05, deviation=False),
+    )
     rep = first_abnormal([share, errs], t0_s=4.0, baseline_start_s=0.0)
     assert rep.noisy == ("resource.gpu_memory_share",)
     assert rep.first is not None and rep.first.name == "user.error_rate", rep.first
     assert [o.name for o in rep.order] == ["user.error_rate"]
     # the same crossing from a baseline below the threshold is an onset (the rule itself is unchanged)
-    below = Signal(share.name, share.layer, tuple((t, 0.95 if t < 4.0 else v) for t, v in share.points), share.rule)
+    below = Signal(
+        share.name, share.layer, tuple((t, 0.95 if t < 4.0 else v) for t, v in share.points), share.rule
+    )
     o = onset_of(below, 4.0, 0.0)
     assert o is not None and (o.t_s, o.reason) == (4.5, "threshold")

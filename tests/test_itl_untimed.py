@@ -37,6 +37,7 @@ PROMPTS = [Prompt(f"prompt {i}", 2, 8) for i in range(4)]
 
 # -- the worker pool ships it -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_untimed_gaps_come_back_from_every_worker(workers: int) -> None:
     """All tokens in one burst (token_s=0): most arrive in one read, so their gaps are untimed; the
@@ -68,9 +69,20 @@ def test_untimed_gaps_come_back_from_every_worker(workers: int) -> None:
 
 # -- the store and its migration ------------------------------------------------------------------------
 
+
 def _req(i: int, itl: list[float], untimed: int | None) -> RequestRecord:
-    return RequestRecord(run_id="0123abcd", round=0, phase="baseline", request_id=f"r{i}", status_code=200,
-                         sent_s=float(i), end_s=i + 0.5, e2e_ms=500.0, itl_ms=itl, itl_untimed_gaps=untimed)
+    return RequestRecord(
+        run_id="0123abcd",
+        round=0,
+        phase="baseline",
+        request_id=f"r{i}",
+        status_code=200,
+        sent_s=float(i),
+        end_s=i + 0.5,
+        e2e_ms=500.0,
+        itl_ms=itl,
+        itl_untimed_gaps=untimed,
+    )
 
 
 def test_a_version_3_store_upgrades_and_old_rows_read_unknown(store_url) -> None:
@@ -89,12 +101,33 @@ def test_a_version_3_store_upgrades_and_old_rows_read_unknown(store_url) -> None
     with engine.begin() as conn:
         for v in (1, 2, 3):
             conn.execute(sa.text(f"INSERT INTO schema_version (version, applied_at) VALUES ({v}, 0)"))
-        conn.execute(sa.insert(v3.tables["runs"]).values(
-            run_id="0123abcd", kind="experiment", name="old", plan={}, plan_hash="", fixed={}, target={},
-            change={}, started_at=1.0, status="completed", notes=[]))
-        conn.execute(sa.insert(v3.tables["requests"]).values(
-            run_id="0123abcd", round=0, phase="baseline", step=0, request_id="old", attempt=0, itl_ms=[5.0, 6.0],
-            status_code=200))
+        conn.execute(
+            sa.insert(v3.tables["runs"]).values(
+                run_id="0123abcd",
+                kind="experiment",
+                name="old",
+                plan={},
+                plan_hash="",
+                fixed={},
+                target={},
+                change={},
+                started_at=1.0,
+                status="completed",
+                notes=[],
+            )
+        )
+        conn.execute(
+            sa.insert(v3.tables["requests"]).values(
+                run_id="0123abcd",
+                round=0,
+                phase="baseline",
+                step=0,
+                request_id="old",
+                attempt=0,
+                itl_ms=[5.0, 6.0],
+                status_code=200,
+            )
+        )
     engine.dispose()
     assert LATEST >= 4
     for _ in range(2):  # the second open finds nothing to do
@@ -114,6 +147,7 @@ def test_a_version_3_store_upgrades_and_old_rows_read_unknown(store_url) -> None
 
 
 # -- the report quotes the stored counts ---------------------------------------------------------------
+
 
 def _plan(url: str, tokens: int) -> object:
     return parse_plan(f"""
@@ -143,8 +177,10 @@ def _stored_run(tmp_path: Path, workers: int, token_s: float, tokens: int):
     return store, res.run_id  # type: ignore[attr-defined]
 
 
-_SENTENCE = re.compile(r"^ITL P99 (\S+) ms over ([\d,]+) timed gaps; ([\d,]+) \((\d+\.\d)%\) read together with "
-                       r"later bytes, not timed")
+_SENTENCE = re.compile(
+    r"^ITL P99 (\S+) ms over ([\d,]+) timed gaps; ([\d,]+) \((\d+\.\d)%\) read together with "
+    r"later bytes, not timed"
+)
 _CELL = re.compile(r"^([\d,]+) / ([\d,]+) \((\d+\.\d)%\)$")
 
 
@@ -198,8 +234,14 @@ def test_a_window_is_marked_above_the_threshold_and_not_below(tmp_path: Path) ->
     fixed = []
     for r in reqs:
         key = (r.round, r.phase, r.step)
-        fixed.append(r.model_copy(update={"itl_ms": [5.0] * 16 if r.itl_ms else [],
-                                          "itl_untimed_gaps": (2 if key == marked_key else 1) if r.itl_ms else 0}))
+        fixed.append(
+            r.model_copy(
+                update={
+                    "itl_ms": [5.0] * 16 if r.itl_ms else [],
+                    "itl_untimed_gaps": (2 if key == marked_key else 1) if r.itl_ms else 0,
+                }
+            )
+        )
     with open_store(str(tmp_path / "m.db")) as store:
         store.create_run(run)
         store.add_requests(run.run_id, fixed)
@@ -213,11 +255,19 @@ def test_a_window_is_marked_above_the_threshold_and_not_below(tmp_path: Path) ->
         for row in table.rows:
             row_key = (int(row[0]), row[1].split(" ")[0], int(row[2]) if row[2] != "–" else None)
             assert ("(ITL 11.1% untimed)" in row[1]) == (row_key == marked_key), (table.caption, row)
-    assert [(s["round"], s["phase"], s["step"]) for s in data["steps"] if s["itl_gaps"]["marked"]] == [marked_key]
+    assert [(s["round"], s["phase"], s["step"]) for s in data["steps"] if s["itl_gaps"]["marked"]] == [
+        marked_key
+    ]
     assert not any(p["itl_gaps"]["marked"] for p in data["phases"])  # a whole phase dilutes it under 10 %
     assert data["itl_gaps"]["marked"] is False and data["itl_gaps"]["mark_above_share"] == ITL_UNTIMED_WARN
-    items = [i for s in doc.sections if s.id == "summary" for b in s.blocks if isinstance(b, Bullets)
-             for i in b.items]
+    items = [
+        i
+        for s in doc.sections
+        if s.id == "summary"
+        for b in s.blocks
+        if isinstance(b, Bullets)
+        for i in b.items
+    ]
     line = next(i for i in items if i.startswith("ITL marked where"))
     assert line.endswith("round 1 treatment step 1 (4)"), line
 
@@ -225,10 +275,13 @@ def test_a_window_is_marked_above_the_threshold_and_not_below(tmp_path: Path) ->
 def test_summary_counts_and_the_threshold_edge() -> None:
     """10 % untimed is not marked (the mark is for more than the threshold); just over it is; rows
     that never stored the count leave it unknown, not zero; failed requests count nowhere."""
+
     def summary(untimed: Sequence[int | None], failed: int = 0):
         reqs = [_req(i, [5.0] * 9, u) for i, u in enumerate(untimed)]
-        reqs += [_req(100 + i, [5.0], 50).model_copy(update={"status_code": 503, "error_class": "http_5xx"})
-                 for i in range(failed)]
+        reqs += [
+            _req(100 + i, [5.0], 50).model_copy(update={"status_code": 503, "error_class": "http_5xx"})
+            for i in range(failed)
+        ]
         return summarize_requests(reqs, 10.0)
 
     at = summary([1] * 10, failed=3)  # 10 of 100 gaps
@@ -237,8 +290,12 @@ def test_summary_counts_and_the_threshold_edge() -> None:
     over = summary([1] * 9 + [2])  # 11 of 101
     assert (over.itl_untimed, over.itl_few_timed) == (11, True)
     unknown = summary([None, None])
-    assert (unknown.itl_timed, unknown.itl_untimed, unknown.itl_untimed_share, unknown.itl_few_timed) == \
-        (18, None, None, False)
+    assert (unknown.itl_timed, unknown.itl_untimed, unknown.itl_untimed_share, unknown.itl_few_timed) == (
+        18,
+        None,
+        None,
+        False,
+    )
 
 
 def test_an_old_run_without_counts_says_so(tmp_path: Path) -> None:

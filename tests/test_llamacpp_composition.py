@@ -27,9 +27,16 @@ def test_llamacpp_composition_is_what_its_log_prints_and_the_peak_is_host_memory
     log = tmp_path / "server.log"
     srv = lc.start_server(py, model, log, n_ctx=1024, extra="--model_alias tiny")
     plan = {
-        "name": "llamacpp-composition", "rounds": 1,
-        "target": {"base_url": srv.url, "api": "openai-completions", "model": "tiny", "kind": "llama.cpp",
-                   "pid": srv.proc.pid, "log_file": str(log)},
+        "name": "llamacpp-composition",
+        "rounds": 1,
+        "target": {
+            "base_url": srv.url,
+            "api": "openai-completions",
+            "model": "tiny",
+            "kind": "llama.cpp",
+            "pid": srv.proc.pid,
+            "log_file": str(log),
+        },
         "capacity": {"model": str(model), "gpu_memory_gib": 4, "settings": {"ctx_size": 1024, "parallel": 1}},
         "fixed": {"input": {"synthetic": {"prompt_tokens": 16, "output_tokens": 8, "seed": 1, "count": 8}}},
         "change": {"variable": "concurrency", "steps": [2]},
@@ -40,14 +47,26 @@ def test_llamacpp_composition_is_what_its_log_prints_and_the_peak_is_host_memory
     (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
     env = {**os.environ, "VRAMLAB_DB": str(tmp_path / "v.db")}
     try:
-        res = subprocess.run([sys.executable, "-m", "vramlab", "run", "plan.yaml", "--json"], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=180, env=env)
+        res = subprocess.run(
+            [sys.executable, "-m", "vramlab", "run", "plan.yaml", "--json"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=env,
+        )
     finally:
         srv.stop()
     assert res.returncode == 0, res.stderr[-3000:]
     run_id = json.loads(res.stdout)["run_id"]
-    rep = subprocess.run([sys.executable, "-m", "vramlab", "report", run_id, "--format", "json"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60, env=env)
+    rep = subprocess.run(
+        [sys.executable, "-m", "vramlab", "report", run_id, "--format", "json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     comp = json.loads(rep.stdout)["sections"]["composition"]
     text = log.read_text(errors="replace")
     model_mib = float(re.search(r"CPU_Mapped model buffer size\s*=\s*([\d.]+) MiB", text).group(1))  # type: ignore[union-attr]
@@ -60,10 +79,18 @@ def test_llamacpp_composition_is_what_its_log_prints_and_the_peak_is_host_memory
         assert f["kv_cache"]["source"].startswith("start-up log")
         peak = f["peak"]
         assert peak["host_memory"] is True and peak["source"].startswith("host memory"), peak
-        assert peak["measured_bytes"] > f["resident_model"]["measured_bytes"] + f["kv_cache"]["measured_bytes"]
+        assert (
+            peak["measured_bytes"] > f["resident_model"]["measured_bytes"] + f["kv_cache"]["measured_bytes"]
+        )
     # the plan's KV pool for these settings is the engine's, byte for byte
     assert comp["plan"]["kv_cache_bytes"] == round(kv_mib * MIB)
-    md = subprocess.run([sys.executable, "-m", "vramlab", "report", run_id, "--format", "md"], cwd=tmp_path,
-                        capture_output=True, text=True, timeout=60, env=env).stdout
+    md = subprocess.run(
+        [sys.executable, "-m", "vramlab", "report", run_id, "--format", "md"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    ).stdout
     assert "The peak is host memory (the target process's RSS): this engine ran on the CPU." in md
     assert "[host memory]" in md

@@ -39,13 +39,20 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
 
 
 def _vramlab(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "vramlab", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "VRAMLAB_DB": str(cwd / "v.db")})
+    return subprocess.run(
+        [sys.executable, "-m", "vramlab", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "VRAMLAB_DB": str(cwd / "v.db")},
+    )
 
 
 def _run_plan(url: str, duration_s: float = 2.0, timeout_s: float = 20.0) -> dict:
     return {
-        "name": "llamacpp-e2e", "rounds": 1,
+        "name": "llamacpp-e2e",
+        "rounds": 1,
         "target": {"base_url": url, "api": "openai-completions", "model": "tiny", "kind": "llama.cpp"},
         "fixed": {"input": {"synthetic": {"prompt_tokens": 16, "output_tokens": 8, "seed": 1, "count": 8}}},
         "change": {"variable": "concurrency", "steps": [2]},
@@ -81,7 +88,9 @@ def test_run_against_the_real_engine(engine, tmp_path):
 
     md = render(load_context(store, out["run_id"]), "md")
     assert f"out tok/s is an estimate for {len([r for r in reqs if r.ok])} of" in md
-    assert re.search(r"Host \(sampled\): CPU max \d+ %", md), md[:3000]  # the host sampler's figures, not JSON only
+    assert re.search(r"Host \(sampled\): CPU max \d+ %", md), md[
+        :3000
+    ]  # the host sampler's figures, not JSON only
     run = store.get_run(out["run_id"])
     assert run.fixed.get("engine") == "llama.cpp"
     # no /health on this server: the health sampler found /v1/models and said so
@@ -97,8 +106,18 @@ def test_check_log_reads_the_real_start_up_log(engine, tmp_path):
     log = (tmp_path / "server.log").read_text(errors="replace")
     assert re.search(r"KV buffer size\s*=\s*[\d.]+ MiB", log), log[-3000:]
     # a CPU log prints no GPU memory: the card is named (the KV bytes do not depend on it)
-    res = _vramlab("check-log", str(tmp_path / "server.log"), "--model", str(model), "--engine", "llama.cpp",
-                   "--gpu", "l4", "--json", cwd=tmp_path)
+    res = _vramlab(
+        "check-log",
+        str(tmp_path / "server.log"),
+        "--model",
+        str(model),
+        "--engine",
+        "llama.cpp",
+        "--gpu",
+        "l4",
+        "--json",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-2000:])
     doc = json.loads(res.stdout)
     logged_kv = float(re.search(r"KV buffer size\s*=\s*([\d.]+) MiB", log).group(1)) * 2**20  # type: ignore[union-attr]
@@ -131,8 +150,18 @@ def test_check_log_reads_two_start_ups_in_one_file_as_two(engine, tmp_path):
         logged.append(round(float(re.search(r"KV buffer size\s*=\s*([\d.]+) MiB", text).group(1)) * 2**20))  # type: ignore[union-attr]
         with open(both, "a") as fh:
             fh.write(text)
-    res = _vramlab("check-log", str(both), "--model", str(model), "--engine", "llama.cpp", "--gpu", "l4", "--json",
-                   cwd=tmp_path)
+    res = _vramlab(
+        "check-log",
+        str(both),
+        "--model",
+        str(model),
+        "--engine",
+        "llama.cpp",
+        "--gpu",
+        "l4",
+        "--json",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     obs = json.loads(res.stdout)["observations"]
     assert [o["startup"] for o in obs] == [0, 1], [o.get("startup") for o in obs]
@@ -166,14 +195,37 @@ assert ctx, "no context"
     return round(sum(sizes) * 2**20), text
 
 
-@pytest.mark.parametrize(("n_ctx", "slots", "cache"), [(512, 1, "f16"), (2048, 1, "f16"), (2048, 4, "f16"),
-                                                        (1024, 2, "q8_0"), (4096, 1, "q4_0"),
-                                                        (1000, 3, "f16")])  # per-slot padding: 3 x 512 cells
+@pytest.mark.parametrize(
+    ("n_ctx", "slots", "cache"),
+    [
+        (512, 1, "f16"),
+        (2048, 1, "f16"),
+        (2048, 4, "f16"),
+        (1024, 2, "q8_0"),
+        (4096, 1, "q4_0"),
+        (1000, 3, "f16"),
+    ],
+)  # per-slot padding: 3 x 512 cells
 def test_plan_kv_bytes_match_the_engine(engine, tmp_path, n_ctx, slots, cache):
     py, model = engine
     logged, text = _kv_bytes_logged(py, model, n_ctx, slots, cache)
-    res = _vramlab("plan", "--model", str(model), "--engine", "llama.cpp", "--ctx-size", str(n_ctx), "--parallel",
-                   str(slots), "--kv-cache-dtype", cache, "--gpu-memory-gib", "8", "--json", cwd=tmp_path)
+    res = _vramlab(
+        "plan",
+        "--model",
+        str(model),
+        "--engine",
+        "llama.cpp",
+        "--ctx-size",
+        str(n_ctx),
+        "--parallel",
+        str(slots),
+        "--kv-cache-dtype",
+        cache,
+        "--gpu-memory-gib",
+        "8",
+        "--json",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     planned = json.loads(res.stdout)["kv_cache_bytes"]
     # the log prints MiB with two decimals: equal to within its rounding (0.005 MiB)
@@ -182,16 +234,38 @@ def test_plan_kv_bytes_match_the_engine(engine, tmp_path, n_ctx, slots, cache):
 
 # ---- drills ---------------------------------------------------------------------------------
 
+
 def _drill_doc(py: str, model: Path, tmp_path: Path, command: str, **over) -> dict:
     port = lc.free_port()
     doc: dict[str, Any] = {
-        "kind": "drill", "name": "llamacpp-kill", "rounds": 1, "baseline_s": 2.0,
-        "target": {"kind": "process", "environment": "test", "engine": "llama.cpp",
-                   "base_url": f"http://127.0.0.1:{port}", "model": "tiny", "command": command,
-                   "log_file": str(tmp_path / "target.log")},
-        "load": {"concurrency": 2, "prompt_tokens": 16, "max_tokens": 8, "request_timeout_s": 20,
-                 "retry": {"policy": "none"}},
-        "ramp": {"knob": "concurrency", "mode": "geometric", "start": 2, "factor": 2, "ceiling": 8, "step_s": 3},
+        "kind": "drill",
+        "name": "llamacpp-kill",
+        "rounds": 1,
+        "baseline_s": 2.0,
+        "target": {
+            "kind": "process",
+            "environment": "test",
+            "engine": "llama.cpp",
+            "base_url": f"http://127.0.0.1:{port}",
+            "model": "tiny",
+            "command": command,
+            "log_file": str(tmp_path / "target.log"),
+        },
+        "load": {
+            "concurrency": 2,
+            "prompt_tokens": 16,
+            "max_tokens": 8,
+            "request_timeout_s": 20,
+            "retry": {"policy": "none"},
+        },
+        "ramp": {
+            "knob": "concurrency",
+            "mode": "geometric",
+            "start": 2,
+            "factor": 2,
+            "ceiling": 8,
+            "step_s": 3,
+        },
         "stop_conditions": {"error_rate": 0.5, "window_s": 2, "min_requests": 3, "wall_clock_s": 170},
         "recovery": {"mode": "auto", "limit_s": 60, "observe_s": 2, "p95_tolerance": 20},
     }
@@ -236,8 +310,10 @@ def test_drill_sigkill_is_a_crash_not_oom_and_a_slow_restart_is_not_killed(engin
     rid = runner.run_id
     events = store.events(rid)
     inc = analyse(store.requests(rid), store.samples(rid), events, p95_tolerance=20)
-    print(f"drill took {took:.1f} s; load time {runner.load_time_s:.2f} s; mode {inc.failure_mode}; "
-          f"evidence {inc.evidence}; trigger {inc.trigger}; storm {inc.retry_storm}; recovery {inc.recovery}")
+    print(
+        f"drill took {took:.1f} s; load time {runner.load_time_s:.2f} s; mode {inc.failure_mode}; "
+        f"evidence {inc.evidence}; trigger {inc.trigger}; storm {inc.retry_storm}; recovery {inc.recovery}"
+    )
     assert killed, "the ramp never reached the step where the server is killed"
     assert result.status == "completed" and result.failed_rounds == [0]
     # named from evidence: a kill by signal, no OOM anywhere
@@ -293,8 +369,13 @@ def test_run_against_a_hung_engine_ends_non_zero_and_says_so(engine, tmp_path):
     plan = _run_plan(srv.url, duration_s=3.0, timeout_s=1.0)
     plan["stop_conditions"] = {"error_rate": 0.5, "window_s": 2, "min_requests": 5}
     (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
-    proc = subprocess.Popen([sys.executable, "-m", "vramlab", "run", "plan.yaml", "--db", str(tmp_path / "v.db")],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vramlab", "run", "plan.yaml", "--db", str(tmp_path / "v.db")],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     hung = False
     try:
         assert proc.stdout is not None
@@ -325,9 +406,23 @@ def test_run_against_a_hung_engine_ends_non_zero_and_says_so(engine, tmp_path):
 def _drill_cli(tmp_path: Path, doc: dict, on_line, timeout: float = 170):
     """`vramlab drill` as a subprocess; `on_line(line)` sees each progress line on stderr until it returns True."""
     (tmp_path / "plan.yaml").write_text(yaml.safe_dump(doc))
-    proc = subprocess.Popen([sys.executable, "-m", "vramlab", "drill", "plan.yaml", "--db", str(tmp_path / "v.db"),
-                             "-o", "incident.md"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vramlab",
+            "drill",
+            "plan.yaml",
+            "--db",
+            str(tmp_path / "v.db"),
+            "-o",
+            "incident.md",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen: list[str] = []
     try:
         assert proc.stderr is not None
@@ -349,8 +444,14 @@ def test_drill_recovers_a_sigstopped_engine_by_sigkill_and_restart_within_the_li
     pidfile = tmp_path / "server.pid"
     cmd = f"echo $$ > {pidfile}; " + lc.server_command(py, model, "{port}", extra="--model_alias tiny")
     limit_s = 40
-    doc = _drill_doc(py, model, tmp_path, cmd, load={"request_timeout_s": 2},
-                     recovery={"limit_s": limit_s, "observe_s": 2, "liveness_grace_s": 2, "p95_tolerance": 50})
+    doc = _drill_doc(
+        py,
+        model,
+        tmp_path,
+        cmd,
+        load={"request_timeout_s": 2},
+        recovery={"limit_s": limit_s, "observe_s": 2, "liveness_grace_s": 2, "p95_tolerance": 50},
+    )
     stopped: list[int] = []
 
     def hang(line: str) -> bool:
@@ -456,8 +557,23 @@ assert L.llama_init_from_model(m, cp), "no context"
     mapped = re.search(r"CPU_Mapped model buffer size\s*=\s*([\d.]+) MiB", text)
     kv = re.search(r"llama_kv_cache\w*:\s+CPU KV buffer size\s*=\s*([\d.]+) MiB", text)
     assert mapped and kv, text[-3000:]
-    plan = _vramlab("plan", "--model", str(model), "--engine", "llama.cpp", "--ctx-size", "512", "--parallel", "1",
-                    "-ngl", "0", "--gpu-memory-gib", "8", "--json", cwd=tmp_path)
+    plan = _vramlab(
+        "plan",
+        "--model",
+        str(model),
+        "--engine",
+        "llama.cpp",
+        "--ctx-size",
+        "512",
+        "--parallel",
+        "1",
+        "-ngl",
+        "0",
+        "--gpu-memory-gib",
+        "8",
+        "--json",
+        cwd=tmp_path,
+    )
     assert plan.returncode == 0, plan.stderr[-2000:]
     doc = json.loads(plan.stdout)
     host, dev = doc["host"], doc["devices"][0]

@@ -37,10 +37,22 @@ def _model(row: dict):
 def r223_settings(**over) -> EngineSettings:
     # The log's command: --ctx-size 16384 --n-gpu-layers 99 -ot ".ffn_.*_exps.=CPU", llama-cli (one sequence),
     # flash attention off; the default split by free memory, which the log prints: 9862 and 31518 MiB.
-    base: dict[str, Any] = dict(engine="llama.cpp", engine_version="b5622", quantization="Q4_K_M", ctx_size=16384, parallel=1,
-                n_ubatch=512, flash_attn=False, n_gpu_layers=99, override_tensor=(".ffn_.*_exps.=CPU",),
-                tensor_split=(9862.0, 31518.0),
-                devices=(("rtx-4090", get_gpu("rtx-4090").memory_bytes), ("rtx-5090", get_gpu("rtx-5090").memory_bytes)))
+    base: dict[str, Any] = dict(
+        engine="llama.cpp",
+        engine_version="b5622",
+        quantization="Q4_K_M",
+        ctx_size=16384,
+        parallel=1,
+        n_ubatch=512,
+        flash_attn=False,
+        n_gpu_layers=99,
+        override_tensor=(".ffn_.*_exps.=CPU",),
+        tensor_split=(9862.0, 31518.0),
+        devices=(
+            ("rtx-4090", get_gpu("rtx-4090").memory_bytes),
+            ("rtx-5090", get_gpu("rtx-5090").memory_bytes),
+        ),
+    )
     base.update(over)
     return EngineSettings(**base)
 
@@ -49,15 +61,21 @@ def test_r223_two_cards_with_the_experts_on_the_host_within_two_percent():
     row = _row("r223")
     est = estimate(_model(row), get_gpu("rtx-4090"), r223_settings())
     extra = row["extra"]
-    for dev, model, kv, compute in zip(est.extra["devices"], extra["llamacpp_cuda_model_buffers_mib"],
-                                       extra["llamacpp_cuda_kv_buffers_mib"],
-                                       extra["llamacpp_cuda_compute_buffers_mib"], strict=True):
+    for dev, model, kv, compute in zip(
+        est.extra["devices"],
+        extra["llamacpp_cuda_model_buffers_mib"],
+        extra["llamacpp_cuda_kv_buffers_mib"],
+        extra["llamacpp_cuda_compute_buffers_mib"],
+        strict=True,
+    ):
         assert dev["model_buffer_bytes"] / MIB == pytest.approx(model, rel=0.02)
         assert dev["kv_buffer_bytes"] / MIB == pytest.approx(kv, rel=0.02)
         assert dev["compute_buffer_bytes"] / MIB == pytest.approx(compute, rel=0.02)
     assert [d["layers"] for d in est.extra["devices"]] == [12, 36]  # 384 : 1152 MiB of KV = 12 : 36 layers
     host = est.extra["host"]
-    assert host["mapped"] and host["mapped_buffer_bytes"] / MIB == pytest.approx(extra["llamacpp_cpu_mapped_mib"], rel=0.02)
+    assert host["mapped"] and host["mapped_buffer_bytes"] / MIB == pytest.approx(
+        extra["llamacpp_cpu_mapped_mib"], rel=0.02
+    )
     assert host["compute_buffer_bytes"] / MIB == pytest.approx(extra["llamacpp_host_compute_mib"], rel=0.02)
     assert est.fits and est.kv_cache_bytes == est.extra["devices"][0]["kv_buffer_bytes"]
 
@@ -92,7 +110,9 @@ def test_the_eight_card_split_of_issue_9390():
 
 def test_row_and_none_split_modes_keep_the_kv_on_the_main_gpu():
     m = _model(_row("r223"))
-    row = estimate(m, get_gpu("rtx-4090"), r223_settings(split_mode="row", override_tensor=(), tensor_split=(1.0, 1.0)))
+    row = estimate(
+        m, get_gpu("rtx-4090"), r223_settings(split_mode="row", override_tensor=(), tensor_split=(1.0, 1.0))
+    )
     d0, d1 = row.extra["devices"]
     assert d1["kv_buffer_bytes"] == 0 and d0["kv_buffer_bytes"] == 1536 * MIB
     assert d0["model_buffer_bytes"] == pytest.approx(d1["model_buffer_bytes"], rel=0.01)
@@ -109,32 +129,69 @@ def test_no_kv_offload_puts_every_layers_kv_on_the_host():
 
 def test_bad_placement_flags_are_config_errors():
     m = _model(_row("r223"))
-    for over in ({"override_tensor": ("noequals",)}, {"override_tensor": ("x=CUDA7",)},
-                 {"override_tensor": ("([=CPU",)}, {"main_gpu": 2}, {"tensor_split": (1.0, 1.0, 1.0)},
-                 {"split_mode": "diagonal"}):
+    for over in (
+        {"override_tensor": ("noequals",)},
+        {"override_tensor": ("x=CUDA7",)},
+        {"override_tensor": ("([=CPU",)},
+        {"main_gpu": 2},
+        {"tensor_split": (1.0, 1.0, 1.0)},
+        {"split_mode": "diagonal"},
+    ):
         with pytest.raises(ConfigError):
             estimate(m, get_gpu("rtx-4090"), r223_settings(**over))
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "vramlab", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "vramlab", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_two_cards_json_and_text():
-    r = _cli("plan", "--model", "qwen3-8b", "--gpu", "rtx-4090,rtx-3090", "--engine", "llama.cpp",
-             "--quantization", "Q4_K_M", "-c", "32k", "-ngl", "all", "--json")
+    r = _cli(
+        "plan",
+        "--model",
+        "qwen3-8b",
+        "--gpu",
+        "rtx-4090,rtx-3090",
+        "--engine",
+        "llama.cpp",
+        "--quantization",
+        "Q4_K_M",
+        "-c",
+        "32k",
+        "-ngl",
+        "all",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert [d["gpu"] for d in doc["devices"]] == ["rtx-4090", "rtx-3090"]
     assert doc["devices"][1]["output_layer"] and doc["host"]["layers"] == 0
-    t = _cli("plan", "--model", "qwen3-8b", "--gpu", "rtx-4090,rtx-3090", "--engine", "llama.cpp",
-             "--quantization", "Q4_K_M", "-c", "32k", "-ngl", "20")
+    t = _cli(
+        "plan",
+        "--model",
+        "qwen3-8b",
+        "--gpu",
+        "rtx-4090,rtx-3090",
+        "--engine",
+        "llama.cpp",
+        "--quantization",
+        "Q4_K_M",
+        "-c",
+        "32k",
+        "-ngl",
+        "20",
+    )
     assert t.returncode == 0, t.stderr
-    assert "placement" in t.stdout and "offloaded 20/37 layers" in t.stdout and "FITS on every card" in t.stdout
+    assert (
+        "placement" in t.stdout and "offloaded 20/37 layers" in t.stdout and "FITS on every card" in t.stdout
+    )
 
 
-@pytest.mark.parametrize("args", [["-ngl", "lots"], ["--tensor-split", "a,b"], ["--n-cpu-moe", "-3"],
-                                  ["-ot", "x"]])
+@pytest.mark.parametrize(
+    "args", [["-ngl", "lots"], ["--tensor-split", "a,b"], ["--n-cpu-moe", "-3"], ["-ot", "x"]]
+)
 def test_cli_bad_placement_flags_exit_2(args):
     r = _cli("plan", "--model", "qwen3-8b", "--gpu", "rtx-4090", "--engine", "llama.cpp", *args)
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.strip(), r.stderr
@@ -162,8 +219,14 @@ def test_what_fits_suggestions_re_plan_to_fits():
     moe = next(t for t in est.suggestions if "--n-cpu-moe" in t)
     ngl = next(t for t in est.suggestions if "-ngl" in t)
     k, n = _flag(moe, "--n-cpu-moe"), _flag(ngl, "-ngl")
-    assert estimate(m, gpu, one.with_(n_cpu_moe=k)).fits and not estimate(m, gpu, one.with_(n_cpu_moe=k - 1)).fits
-    assert estimate(m, gpu, one.with_(n_gpu_layers=n)).fits and not estimate(m, gpu, one.with_(n_gpu_layers=n + 1)).fits
+    assert (
+        estimate(m, gpu, one.with_(n_cpu_moe=k)).fits
+        and not estimate(m, gpu, one.with_(n_cpu_moe=k - 1)).fits
+    )
+    assert (
+        estimate(m, gpu, one.with_(n_gpu_layers=n)).fits
+        and not estimate(m, gpu, one.with_(n_gpu_layers=n + 1)).fits
+    )
     # a context that fits with every layer offloaded is offered too, and re-plans to a fit
     ctx = next(t for t in est.suggestions if "--ctx-size" in t)
     assert estimate(m, gpu, one.with_(ctx_size=_flag(ctx, "--ctx-size"))).fits
@@ -186,8 +249,13 @@ def test_the_device_table_and_the_verdict_are_the_same_figures(ngl, cards):
 
     m = resolve_model("qwen3-8b", offline=True)
     devices = tuple((c, get_gpu(c).memory_bytes) for c in cards) if len(cards) > 1 else ()
-    e = estimate(m, get_gpu(cards[0]), EngineSettings(engine="llama.cpp", quantization="Q4_K_M", ctx_size=8192,
-                                                      n_gpu_layers=ngl, devices=devices))
+    e = estimate(
+        m,
+        get_gpu(cards[0]),
+        EngineSettings(
+            engine="llama.cpp", quantization="Q4_K_M", ctx_size=8192, n_gpu_layers=ngl, devices=devices
+        ),
+    )
     first = e.extra["devices"][0]
     assert first["headroom_bytes"] == e.headroom_bytes
     assert first["kv_buffer_bytes"] == e.kv_cache_bytes and first["model_buffer_bytes"] == e.weights_bytes

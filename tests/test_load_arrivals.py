@@ -44,9 +44,16 @@ def test_constant_and_seeded() -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.floats(0.1, 1000), st.integers(1, 200), st.sampled_from(["poisson", "gamma", "constant"]),
-       st.floats(0.1, 10), st.integers(0, 10**6))
-def test_offsets_start_at_zero_and_never_go_back(rate: float, n: int, arrival: str, b: float, seed: int) -> None:
+@given(
+    st.floats(0.1, 1000),
+    st.integers(1, 200),
+    st.sampled_from(["poisson", "gamma", "constant"]),
+    st.floats(0.1, 10),
+    st.integers(0, 10**6),
+)
+def test_offsets_start_at_zero_and_never_go_back(
+    rate: float, n: int, arrival: str, b: float, seed: int
+) -> None:
     xs = offsets(rate, n, arrival, b, seed)  # type: ignore[arg-type]
     assert len(xs) == n and xs[0] == 0
     assert all(b2 >= a for a, b2 in zip(xs, xs[1:], strict=False))

@@ -31,8 +31,13 @@ def http_client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     return str(request.param)
 
 
-async def _one(b: StubBehaviour, api: str = "openai-chat", key: str | None = None, timeout_s: float = 5.0,
-               max_tokens: int = 8) -> tuple[RequestResult, StubServer]:
+async def _one(
+    b: StubBehaviour,
+    api: str = "openai-chat",
+    key: str | None = None,
+    timeout_s: float = 5.0,
+    max_tokens: int = 8,
+) -> tuple[RequestResult, StubServer]:
     async with StubServer(b) as srv, OpenAIClient(srv.url, "stub-model", api, key, timeout_s=timeout_s) as c:  # type: ignore[arg-type]
         t = time.perf_counter()
         return await c.send("x", P, max_tokens, t), srv
@@ -53,24 +58,35 @@ def test_ttft_itl_tpot_and_usage() -> None:
         assert 15 <= res.tpot_ms <= 80  # type: ignore[operator]
     assert res.e2e_ms >= res.ttft_ms + 4 * 15  # type: ignore[operator]
     body = srv.b.seen[0]
-    assert body["stream"] is True and body["messages"][0]["content"] == "hello there" and body["max_tokens"] == 6
+    assert (
+        body["stream"] is True and body["messages"][0]["content"] == "hello there" and body["max_tokens"] == 6
+    )
 
 
 def test_completions_api_and_counted_tokens_without_usage() -> None:
     res, srv = asyncio.run(_one(StubBehaviour(usage=False), api="openai-completions", max_tokens=4))
-    assert res.ok and res.output_tokens == 4 and res.prompt_tokens == 2  # counted chunks; the prompt's own count
+    assert (
+        res.ok and res.output_tokens == 4 and res.prompt_tokens == 2
+    )  # counted chunks; the prompt's own count
     assert srv.b.seen[0]["prompt"] == "hello there"
 
 
-@pytest.mark.parametrize("behaviour,cls,status", [
-    (StubBehaviour(fail_status=500), "http_5xx", 500),
-    (StubBehaviour(fail_status=429), "http_4xx", 429),
-    (StubBehaviour(fail_status=500, fail_body='{"error":"CUDA out of memory. Tried to allocate"}'), "oom", 500),
-    (StubBehaviour(midstream_error="EngineDeadError: EngineCore encountered an issue"), "oom", 200),
-    (StubBehaviour(midstream_error="something else"), "stream_broken", 200),
-    (StubBehaviour(garbage=True), "stream_broken", 200),
-    (StubBehaviour(api_key="right"), "http_4xx", 401),
-])
+@pytest.mark.parametrize(
+    "behaviour,cls,status",
+    [
+        (StubBehaviour(fail_status=500), "http_5xx", 500),
+        (StubBehaviour(fail_status=429), "http_4xx", 429),
+        (
+            StubBehaviour(fail_status=500, fail_body='{"error":"CUDA out of memory. Tried to allocate"}'),
+            "oom",
+            500,
+        ),
+        (StubBehaviour(midstream_error="EngineDeadError: EngineCore encountered an issue"), "oom", 200),
+        (StubBehaviour(midstream_error="something else"), "stream_broken", 200),
+        (StubBehaviour(garbage=True), "stream_broken", 200),
+        (StubBehaviour(api_key="right"), "http_4xx", 401),
+    ],
+)
 def test_errors_are_classified(behaviour: StubBehaviour, cls: str, status: int) -> None:
     res, _ = asyncio.run(_one(behaviour, key="wrong"))
     assert not res.ok and res.error_class == cls and res.status_code == status
@@ -80,7 +96,9 @@ def test_errors_are_classified(behaviour: StubBehaviour, cls: str, status: int) 
 def test_api_key_is_sent_as_bearer_and_never_echoed_into_errors() -> None:
     res, _ = asyncio.run(_one(StubBehaviour(api_key="right"), key="right"))
     assert res.ok
-    res, _ = asyncio.run(_one(StubBehaviour(fail_status=401, fail_body="bad key sk-live-123"), key="sk-live-123"))
+    res, _ = asyncio.run(
+        _one(StubBehaviour(fail_status=401, fail_body="bad key sk-live-123"), key="sk-live-123")
+    )
     assert res.error == "HTTP 401: bad key ***"
 
 
@@ -98,8 +116,13 @@ def test_timeout_and_refused_connection() -> None:
     assert asyncio.run(go()).error_class == "connect"
 
 
-def _drive(b: StubBehaviour, shape: LoadShape, window: Window, retry: RetryPolicy = RetryPolicy(),
-           during: float | None = None) -> tuple[list[RequestResult], object]:
+def _drive(
+    b: StubBehaviour,
+    shape: LoadShape,
+    window: Window,
+    retry: RetryPolicy = RetryPolicy(),
+    during: float | None = None,
+) -> tuple[list[RequestResult], object]:
     out: list[RequestResult] = []
 
     async def go() -> object:
@@ -115,7 +138,9 @@ def _drive(b: StubBehaviour, shape: LoadShape, window: Window, retry: RetryPolic
 
 
 def test_open_loop_rate_is_bounded_by_count_and_time() -> None:
-    out, outcome = _drive(StubBehaviour(), LoadShape("open", 16, 200.0, "constant"), Window(duration_s=5, requests=40))
+    out, outcome = _drive(
+        StubBehaviour(), LoadShape("open", 16, 200.0, "constant"), Window(duration_s=5, requests=40)
+    )
     assert len(out) == 40 and outcome.sent == 40  # type: ignore[attr-defined]
     span = max(r.scheduled_at for r in out) - min(r.scheduled_at for r in out)
     assert span == pytest.approx(39 / 200, rel=0.01)  # the schedule, not the send times
@@ -146,9 +171,20 @@ def test_coordinated_omission_stall_shows_from_the_schedule() -> None:
 
 
 def test_retries_are_separate_attempts_from_one_schedule() -> None:
-    out, _ = _drive(StubBehaviour(fail_status=503), LoadShape("closed", 1),
-                    Window(requests=2), RetryPolicy("immediate", max_attempts=3))
-    assert [(r.request_id, r.attempt) for r in out] == [("r0", 0), ("r0", 1), ("r0", 2), ("r1", 0), ("r1", 1), ("r1", 2)]
+    out, _ = _drive(
+        StubBehaviour(fail_status=503),
+        LoadShape("closed", 1),
+        Window(requests=2),
+        RetryPolicy("immediate", max_attempts=3),
+    )
+    assert [(r.request_id, r.attempt) for r in out] == [
+        ("r0", 0),
+        ("r0", 1),
+        ("r0", 2),
+        ("r1", 0),
+        ("r1", 1),
+        ("r1", 2),
+    ]
     assert len({r.scheduled_at for r in out if r.request_id == "r0"}) == 1
 
 
@@ -158,8 +194,9 @@ def test_cancelling_a_window_records_in_flight_requests() -> None:
 
 
 def test_a_full_cap_does_not_stretch_the_window() -> None:
-    out, outcome = _drive(StubBehaviour(ttft_s=3.0), LoadShape("open", 2, 20.0, "constant"),
-                          Window(duration_s=0.5, drain_s=0.2))
+    out, outcome = _drive(
+        StubBehaviour(ttft_s=3.0), LoadShape("open", 2, 20.0, "constant"), Window(duration_s=0.5, drain_s=0.2)
+    )
     assert outcome.sent == 2 and outcome.elapsed_s < 1.2  # type: ignore[attr-defined]
     assert [r.error_class for r in out] == ["cancelled", "cancelled"]
 
@@ -176,14 +213,18 @@ def test_a_reasoning_model_gets_its_ttft_from_the_first_reasoning_token(key: str
     assert 45 <= res.ttft_ms < 140  # content only starts ~3 x 100 ms later
     assert len(res.token_times) == 5 and res.output_tokens == 5 and res.output_tokens_source == "usage"
     assert res.reasoning_tokens == 3  # the server's usage.completion_tokens_details
-    only, _ = asyncio.run(_one(StubBehaviour(reasoning_tokens=4, reasoning_key=key, usage=False), max_tokens=4))
+    only, _ = asyncio.run(
+        _one(StubBehaviour(reasoning_tokens=4, reasoning_key=key, usage=False), max_tokens=4)
+    )
     assert only.ok and only.output_tokens == 4 and only.reasoning_tokens == 4  # reasoning-only: not broken
     assert only.output_tokens_source == "chunks"
 
 
 def test_an_empty_completion_is_a_success_with_zero_tokens() -> None:
     res, _ = asyncio.run(_one(StubBehaviour(empty_completion=True)))
-    assert res.ok and res.error_class is None and res.output_tokens == 0 and res.output_tokens_source == "usage"
+    assert (
+        res.ok and res.error_class is None and res.output_tokens == 0 and res.output_tokens_source == "usage"
+    )
     assert res.ttft_ms is None and res.itl_ms == [] and res.tpot_ms is None
     # without usage and without [DONE]: the finish_reason alone says it ended on purpose
     res, _ = asyncio.run(_one(StubBehaviour(empty_completion=True, usage=False, send_done=False)))
@@ -215,8 +256,14 @@ def test_closed_loop_users_back_off_after_an_immediate_error() -> None:
 
     async def go() -> None:
         async with OpenAIClient(f"http://127.0.0.1:{_refused_port()}", "m") as c:
-            await drive(c, cycle([P]), LoadShape("closed", 4), Window(duration_s=1.0, drain_s=0.5), out.append,
-                        RetryPolicy(base_s=0.2, max_s=1.0))
+            await drive(
+                c,
+                cycle([P]),
+                LoadShape("closed", 4),
+                Window(duration_s=1.0, drain_s=0.5),
+                out.append,
+                RetryPolicy(base_s=0.2, max_s=1.0),
+            )
 
     asyncio.run(go())
     assert out and all(r.error_class == "connect" for r in out)
@@ -241,7 +288,9 @@ def test_a_stop_flag_stops_every_loop_within_one_request(shape: LoadShape) -> No
 
         async with OpenAIClient(f"http://127.0.0.1:{_refused_port()}", "m") as c:
             t = time.perf_counter()
-            outcome = await drive(c, cycle([P]), shape, Window(duration_s=5.0, drain_s=3.0), on_result, stop=stop)
+            outcome = await drive(
+                c, cycle([P]), shape, Window(duration_s=5.0, drain_s=3.0), on_result, stop=stop
+            )
             return time.perf_counter() - t, outcome
 
     elapsed, outcome = asyncio.run(go())
@@ -259,8 +308,15 @@ def test_cancelling_an_open_loop_window_stops_its_sending_loop_too() -> None:
 
     async def go() -> tuple[int, int]:
         async with StubServer(b) as srv, OpenAIClient(srv.url, "m", max_connections=64) as c:
-            task = asyncio.ensure_future(drive(c, cycle([P]), LoadShape("open", 64, 100.0, "constant"),
-                                               Window(duration_s=5, drain_s=0), out.append))
+            task = asyncio.ensure_future(
+                drive(
+                    c,
+                    cycle([P]),
+                    LoadShape("open", 64, 100.0, "constant"),
+                    Window(duration_s=5, drain_s=0),
+                    out.append,
+                )
+            )
             # cancel once the loop is sending (a busy two-core box may take longer than 0.5 s to start it)
             deadline = asyncio.get_running_loop().time() + 4.0
             while not srv.b.seen and asyncio.get_running_loop().time() < deadline:

@@ -24,8 +24,12 @@ class _Reads:
         return self.reads.pop(0) if self.reads else b""
 
 
-pieces = st.one_of(st.none(), st.just(""), st.text(max_size=12),
-                   st.sampled_from(['"', '\\', '"content": "x"', '"usage"', "null", '""', "}"]))
+pieces = st.one_of(
+    st.none(),
+    st.just(""),
+    st.text(max_size=12),
+    st.sampled_from(['"', "\\", '"content": "x"', '"usage"', "null", '""', "}"]),
+)
 
 
 @st.composite
@@ -52,12 +56,28 @@ def chunks(draw: Any, chat: bool) -> dict[str, Any]:
         choices.append(ch)
     obj: dict[str, Any] = {"id": "c", "object": "x", "choices": choices}
     if draw(st.booleans()):
-        obj["usage"] = draw(st.sampled_from([
-            None, {"prompt_tokens": 3, "completion_tokens": 2}, {"completion_tokens": 7},
-            {"prompt_tokens": 3, "completion_tokens": 2.5}, {"prompt_tokens": True, "completion_tokens": -1},
-            {"prompt_tokens": 3, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 1}},
-            {"prompt_tokens": 3, "completion_tokens": 4, "completion_tokens_details": {"reasoning_tokens": 2}},
-            {"prompt_tokens": "3", "completion_tokens": 2}]))
+        obj["usage"] = draw(
+            st.sampled_from(
+                [
+                    None,
+                    {"prompt_tokens": 3, "completion_tokens": 2},
+                    {"completion_tokens": 7},
+                    {"prompt_tokens": 3, "completion_tokens": 2.5},
+                    {"prompt_tokens": True, "completion_tokens": -1},
+                    {
+                        "prompt_tokens": 3,
+                        "completion_tokens": 2,
+                        "prompt_tokens_details": {"cached_tokens": 1},
+                    },
+                    {
+                        "prompt_tokens": 3,
+                        "completion_tokens": 4,
+                        "completion_tokens_details": {"reasoning_tokens": 2},
+                    },
+                    {"prompt_tokens": "3", "completion_tokens": 2},
+                ]
+            )
+        )
     return obj
 
 
@@ -69,8 +89,17 @@ def _count(c: OpenAIClient, payload: bytes, fast: bool, monkeypatch: pytest.Monk
         s = Stream()
         c.sse.event(b"data: " + payload, 1.0, s)
     # finished matters only for a stream without a token (an empty completion): compare what it decides
-    return (s.first, tuple(s.times), s.reasoning, s.finished or bool(s.times), s.usage_out, s.usage_in,
-            s.usage_reasoning, s.error, s.done)
+    return (
+        s.first,
+        tuple(s.times),
+        s.reasoning,
+        s.finished or bool(s.times),
+        s.usage_out,
+        s.usage_in,
+        s.usage_reasoning,
+        s.error,
+        s.done,
+    )
 
 
 @pytest.mark.parametrize("api", ["openai-chat", "openai-completions"])
@@ -93,13 +122,15 @@ def test_plain_chunks_skip_the_parse_and_others_do_not() -> None:
     assert token_piece(b'{"choices": [{"delta": {"role": "assistant", "content": ""}}]}', chat) is None
     assert token_piece(b'{"choices":[{"delta":{"content":null}}]}', chat) is None
     # vLLM's reasoning parser: reasoning_content (older) or reasoning (newer), content null or absent
-    assert token_piece(b'{"choices":[{"delta":{"reasoning_content":"Let","content":null}}]}', chat) == reasoning
+    assert (
+        token_piece(b'{"choices":[{"delta":{"reasoning_content":"Let","content":null}}]}', chat) == reasoning
+    )
     assert token_piece(b'{"choices":[{"delta":{"reasoning":" me"}}]}', chat) == reasoning
     assert token_piece(b'{"choices":[{"delta":{"reasoning_content":"","content":"x"}}]}', chat) == content
     assert token_piece(b'{"choices":[],"usage":{"completion_tokens":3}}', chat) is None
     assert token_piece(b'{"error":{"message":"CUDA out of memory"}}', chat) is None
     assert token_piece(b'{"choices":[{"delta":{"content":"hi"', chat) is None  # truncated: parse, and fail
-    assert token_piece(b'not json', chat) is None
+    assert token_piece(b"not json", chat) is None
     assert token_piece(b'{"choices":[{"text":" t1"}]}', b'"text":') == content
 
 
@@ -107,13 +138,16 @@ def test_plain_chunks_skip_the_parse_and_others_do_not() -> None:
 def test_events_split_across_reads_are_put_back_together(wire: bytes) -> None:
     import asyncio
 
-    events = [b'data: {"choices":[{"delta":{"reasoning_content":"a"}}]}',
-              b'data: {"choices":[{"delta":{"content":"b"}}]}',
-              b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}', b"data: [DONE]"]
+    events = [
+        b'data: {"choices":[{"delta":{"reasoning_content":"a"}}]}',
+        b'data: {"choices":[{"delta":{"content":"b"}}]}',
+        b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}',
+        b"data: [DONE]",
+    ]
     raw = wire.join(events) + wire
 
     class Resp:  # 7-byte reads: every boundary falls mid-event somewhere
-        content = _Reads([raw[i:i + 7] for i in range(0, len(raw), 7)])
+        content = _Reads([raw[i : i + 7] for i in range(0, len(raw), 7)])
 
     c = OpenAIClient("http://127.0.0.1:1", "m")
     s = Stream()
@@ -149,5 +183,10 @@ def test_whole_event_reads_count_what_the_event_parser_counts(data: Any) -> None
         c.sse.event(e, 0.0, want)
         if want.done:
             break
-    assert (len(got.times), got.reasoning, got.finished or bool(got.times), got.usage_out, got.error) == \
-        (len(want.times), want.reasoning, want.finished or bool(want.times), want.usage_out, want.error)
+    assert (len(got.times), got.reasoning, got.finished or bool(got.times), got.usage_out, got.error) == (
+        len(want.times),
+        want.reasoning,
+        want.finished or bool(want.times),
+        want.usage_out,
+        want.error,
+    )

@@ -76,7 +76,10 @@ class Server:
 
 
 async def one(script: Script, timeout_s: float = 5.0, n: int = 1) -> tuple[list[RequestResult], Server]:
-    async with Server(script) as srv, OpenAIClient(srv.url, "m", http_client="fast", timeout_s=timeout_s) as c:
+    async with (
+        Server(script) as srv,
+        OpenAIClient(srv.url, "m", http_client="fast", timeout_s=timeout_s) as c,
+    ):
         assert c.http_client == "fast"
         out = [await c.send(str(i), P, 4, time.perf_counter()) for i in range(n)]
         return out, srv
@@ -106,7 +109,12 @@ def test_chunked_stream_with_events_split_and_joined_across_reads() -> None:
         await w.drain()
 
     (res,), srv = run(script)
-    assert res.ok and res.output_tokens == 4 and res.output_tokens_source == "usage" and len(res.token_times) == 4
+    assert (
+        res.ok
+        and res.output_tokens == 4
+        and res.output_tokens_source == "usage"
+        and len(res.token_times) == 4
+    )
     assert res.coalesced == (1,)  # b came with c: its arrival is c's stamp, an upper bound
     assert res.untimed_gaps == 2 and len(res.itl_ms) == 1  # a-b and b-c untimed; c-d timed
     assert 20 <= res.itl_ms[0] <= 200
@@ -141,14 +149,22 @@ def test_http_error_keeps_the_servers_words_and_the_connection() -> None:
 
     results, srv = run(script, n=2)
     assert all(r.status_code == 500 and r.error_class == "oom" for r in results)
-    assert results[0].error is not None and results[0].error.startswith("HTTP 500: ") and "Tried to allocate" in results[0].error
+    assert (
+        results[0].error is not None
+        and results[0].error.startswith("HTTP 500: ")
+        and "Tried to allocate" in results[0].error
+    )
     assert srv.conns == 1
 
 
 def test_chunked_error_status_and_4xx() -> None:
     async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        w.write(b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\n\r\n"
-                + chunk(b"rate limit") + chunk(b" exceeded") + b"0\r\n\r\n")
+        w.write(
+            b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + chunk(b"rate limit")
+            + chunk(b" exceeded")
+            + b"0\r\n\r\n"
+        )
         await w.drain()
 
     (res,), _ = run(script)
@@ -183,7 +199,10 @@ def test_a_keep_alive_connection_the_server_closed_is_replaced_not_failed() -> N
         await w.drain()
 
     async def go() -> tuple[list[RequestResult], Server]:
-        async with Server(script, requests_per_conn=1) as srv, OpenAIClient(srv.url, "m", http_client="fast") as c:
+        async with (
+            Server(script, requests_per_conn=1) as srv,
+            OpenAIClient(srv.url, "m", http_client="fast") as c,
+        ):
             out = []
             for i in range(3):
                 out.append(await c.send(str(i), P, 4, time.perf_counter()))
@@ -255,7 +274,11 @@ def test_kernel_stamps_time_tokens_that_a_busy_client_read_late() -> None:
                 while b"\r\n\r\n" not in buf or not buf.endswith(b"}"):
                     buf += conn.recv(65536)
                 conn.sendall(HEAD_CHUNKED)
-                steps = ((0.0, "w"),) if n == 0 else ((0.10, "a"), (0.02, "b"), (0.02, "c"), (0.40, "d"), (0.05, "e"))
+                steps = (
+                    ((0.0, "w"),)
+                    if n == 0
+                    else ((0.10, "a"), (0.02, "b"), (0.02, "c"), (0.40, "d"), (0.05, "e"))
+                )
                 for delay, text in steps:
                     time.sleep(delay)
                     conn.sendall(chunk(tok(text)))
@@ -277,9 +300,13 @@ def test_kernel_stamps_time_tokens_that_a_busy_client_read_late() -> None:
     res = asyncio.run(go())
     assert res.ok and len(res.token_times) == 5
     assert res.coalesced[:2] == (0, 1)  # a and b came in c's read
-    assert res.ttft_ms is not None and res.ttft_ms < 330  # c's arrival (~140 ms), not the late read (>= 400 ms)
+    assert (
+        res.ttft_ms is not None and res.ttft_ms < 330
+    )  # c's arrival (~140 ms), not the late read (>= 400 ms)
     t = res.token_times
-    assert (t[3] - t[2]) * 1000 > 300  # c -> d: the server's real gap (~400 ms), not the ~150 ms after the read
+    assert (
+        t[3] - t[2]
+    ) * 1000 > 300  # c -> d: the server's real gap (~400 ms), not the ~150 ms after the read
     assert 2 not in res.coalesced and 3 not in res.coalesced
     th.join(2)
     lsock.close()
@@ -362,7 +389,8 @@ def test_plan_switch_refuses_fast_for_https() -> None:
 
     text = (Path(__file__).resolve().parents[1] / "examples" / "concurrency-ramp.yaml").read_text()
     text = text.replace("  kind: sim\n", "  base_url: URL\n").replace(
-        "  sim: {gpu: h100-80gb, engine: vllm, speed: 20, max_model_len: 8192, seed: 7}\n", "")
+        "  sim: {gpu: h100-80gb, engine: vllm, speed: 20, max_model_len: 8192, seed: 7}\n", ""
+    )
     text = text.replace("  request_timeout_s: 30\n", "  request_timeout_s: 30\n  http_client: VIA\n")
     text = text.replace("sources: [ledger, engine, host, health]", "sources: [host]")
 
@@ -466,12 +494,16 @@ def test_a_name_that_resolves_to_a_dead_address_first_still_connects(monkeypatch
 
             async def resolve(host: str, p: int, **kw: object) -> list[tuple[object, ...]]:
                 calls.append(host)
-                return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", dead_addr),
-                        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+                return [
+                    (socket.AF_INET, socket.SOCK_STREAM, 6, "", dead_addr),
+                    (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+                ]
 
             monkeypatch.setattr(loop, "getaddrinfo", resolve)
             try:
-                async with OpenAIClient(f"http://server.test:{port}", "m", http_client="fast", max_connections=1) as c:
+                async with OpenAIClient(
+                    f"http://server.test:{port}", "m", http_client="fast", max_connections=1
+                ) as c:
                     return [await c.send(str(i), P, 4, time.perf_counter()) for i in range(3)]
             finally:
                 dead.close()
@@ -500,9 +532,24 @@ def test_the_framing_never_raises_on_junk() -> None:
         def __init__(self) -> None:
             self.pool, self.reused, self.resp = Pool(), False, None
 
-    pieces = hs.sampled_from([HEAD_CHUNKED, b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 200 OK\r\n",
-                              b"Content-Length: 5\r\n", b"\r\n", b"-2\r\n", b"ffffffffffffffffffff\r\n", b"5\r\n",
-                              b"hello", b"0\r\n\r\n", chunk(tok("a")), tok("b"), b"X: y\r\n", b"HTTP/1.0 500 x\r\n"])
+    pieces = hs.sampled_from(
+        [
+            HEAD_CHUNKED,
+            b"HTTP/1.1 100 Continue\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\n",
+            b"Content-Length: 5\r\n",
+            b"\r\n",
+            b"-2\r\n",
+            b"ffffffffffffffffffff\r\n",
+            b"5\r\n",
+            b"hello",
+            b"0\r\n\r\n",
+            chunk(tok("a")),
+            tok("b"),
+            b"X: y\r\n",
+            b"HTTP/1.0 500 x\r\n",
+        ]
+    )
     junk = hs.lists(hs.one_of(pieces, hs.binary(max_size=40)), max_size=12)
 
     @settings(max_examples=300, deadline=None)
@@ -519,7 +566,7 @@ def test_the_framing_never_raises_on_junk() -> None:
             for c in [*cuts, len(raw)]:
                 if fut.done() or pos >= len(raw):
                     break
-                resp.feed(raw[pos:pos + c], 0.0)
+                resp.feed(raw[pos : pos + c], 0.0)
                 pos += c
             if not fut.done():
                 resp.feed(b"", 0.0)  # the server closes: every answer ends

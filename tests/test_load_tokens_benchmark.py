@@ -18,14 +18,28 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_quick_run_times_the_known_schedule(server: str, tmp_path: Path) -> None:
     pytest.importorskip("uvloop")  # the plain reference loop runs on uvloop
     out = tmp_path / "tokens.txt"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tokens.py"), "--quick", "--server", server,
-                        "--json", "-o", str(out)], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "tokens.py"),
+            "--quick",
+            "--server",
+            server,
+            "--json",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     text = out.read_text()
     assert text in r.stdout and re.search(r"^machine: .*load average", text, re.M)
     ep = re.search(r"^endpoint: (nginx|stub) ", text, re.M)
     assert ep and (server == "auto" or ep.group(1) == "stub"), text
-    raw = json.loads(r.stdout[r.stdout.index("\n{") + 1:])
+    raw = json.loads(r.stdout[r.stdout.index("\n{") + 1 :])
     assert set(raw) == {"vramlab", "vramlab-w2", "vramlab-aiohttp", "aiohttp-uvloop"}
     assert raw["vramlab"]["20"]["client"] == raw["vramlab-w2"]["20"]["client"] == "fasthttp"
     assert raw["vramlab-aiohttp"]["20"]["client"] == "aiohttp"

@@ -18,8 +18,12 @@ def _feed(api: str, payloads: list[dict | str]) -> Stream:
 
 
 def _c(text: str, finish: str | None = None, **extra) -> dict:
-    return {"id": "x", "object": "text_completion", "choices": [{"text": text, "index": 0, "finish_reason": finish}],
-            **extra}
+    return {
+        "id": "x",
+        "object": "text_completion",
+        "choices": [{"text": text, "index": 0, "finish_reason": finish}],
+        **extra,
+    }
 
 
 def test_empty_text_chunks_mid_stream_are_tokens_and_the_final_chunk_is_not():
@@ -36,16 +40,22 @@ def test_a_stream_of_only_empty_chunks_has_its_tokens_and_a_first_token():
 
 def test_chat_role_chunk_and_final_empty_delta_are_not_tokens():
     role = {"choices": [{"delta": {"role": "assistant"}, "index": 0, "finish_reason": None}]}
-    role_empty = {"choices": [{"delta": {"role": "assistant", "content": ""}, "index": 0, "finish_reason": None}]}
-    tok = [{"choices": [{"delta": {"content": c}, "index": 0, "finish_reason": None}]} for c in ("a", "", "b")]
+    role_empty = {
+        "choices": [{"delta": {"role": "assistant", "content": ""}, "index": 0, "finish_reason": None}]
+    }
+    tok = [
+        {"choices": [{"delta": {"content": c}, "index": 0, "finish_reason": None}]} for c in ("a", "", "b")
+    ]
     final = {"choices": [{"delta": {}, "index": 0, "finish_reason": "length"}]}
     st = _feed("openai-chat", [role, role_empty, *tok, final, "[DONE]"])
     assert len(st.times) == 3 and st.first == 2.0
 
 
 def test_llama_server_timings_are_the_engines_own_count():
-    st = _feed("openai-completions", [_c("ab"), _c("cd"), _c("", "length", timings={"predicted_n": 5, "prompt_n": 3}),
-                                      "[DONE]"])
+    st = _feed(
+        "openai-completions",
+        [_c("ab"), _c("cd"), _c("", "length", timings={"predicted_n": 5, "prompt_n": 3}), "[DONE]"],
+    )
     assert len(st.times) == 2 and st.engine_out == 5
 
 

@@ -40,9 +40,13 @@ def test_open_loop_over_two_workers_keeps_the_one_schedule_and_merges_every_resu
     results: list[RequestResult] = []
 
     async def go() -> tuple[object, list[int]]:
-        async with StubServer(StubBehaviour(ttft_s=0.01, token_s=0.005)) as srv, \
-                WorkerPool(2, ClientConfig(srv.url, "m", max_connections=16)) as pool:
-            outcome = await pool.drive(PROMPTS, shape, Window(duration_s=10, requests=n, drain_s=2), results.append)
+        async with (
+            StubServer(StubBehaviour(ttft_s=0.01, token_s=0.005)) as srv,
+            WorkerPool(2, ClientConfig(srv.url, "m", max_connections=16)) as pool,
+        ):
+            outcome = await pool.drive(
+                PROMPTS, shape, Window(duration_s=10, requests=n, drain_s=2), results.append
+            )
             return outcome, [r.outcome.sent for r in pool.reports]
 
     outcome, per_worker = asyncio.run(go())
@@ -53,7 +57,9 @@ def test_open_loop_over_two_workers_keeps_the_one_schedule_and_merges_every_resu
     # The schedule is the single-process one: arrival k at start + the first k gaps of the one
     # sequence, whichever worker sent it (one clock: perf_counter is system-wide).
     by_id = {int(r.request_id[1:]): r.scheduled_at for r in results}
-    expected = list(itertools.accumulate(itertools.islice(gaps(200.0, "poisson", 1.0, 3), n - 1), initial=0.0))
+    expected = list(
+        itertools.accumulate(itertools.islice(gaps(200.0, "poisson", 1.0, 3), n - 1), initial=0.0)
+    )
     for k in range(n):
         assert by_id[k] - by_id[0] == pytest.approx(expected[k], abs=1e-9)
     # and each request's prompt is the one the single-process loop gives arrival k
@@ -65,10 +71,17 @@ def test_closed_loop_users_are_shared_out_and_ids_stay_unique() -> None:
     results: list[RequestResult] = []
 
     async def go() -> list[int]:
-        async with StubServer(StubBehaviour(ttft_s=0.01)) as srv, \
-                WorkerPool(2, ClientConfig(srv.url, "m", max_connections=8)) as pool:
-            await pool.drive(PROMPTS, LoadShape("closed", 5), Window(requests=40, max_s=20, drain_s=2),
-                             results.append, id_prefix="c")
+        async with (
+            StubServer(StubBehaviour(ttft_s=0.01)) as srv,
+            WorkerPool(2, ClientConfig(srv.url, "m", max_connections=8)) as pool,
+        ):
+            await pool.drive(
+                PROMPTS,
+                LoadShape("closed", 5),
+                Window(requests=40, max_s=20, drain_s=2),
+                results.append,
+                id_prefix="c",
+            )
             return [r.outcome.sent for r in pool.reports]
 
     per_worker = asyncio.run(go())
@@ -80,11 +93,20 @@ def test_a_stop_reaches_every_worker_at_once() -> None:
     results: list[RequestResult] = []
 
     async def go() -> float:
-        async with StubServer(StubBehaviour(ttft_s=0.05, token_s=0.05)) as srv, \
-                WorkerPool(2, ClientConfig(srv.url, "m", max_connections=16)) as pool:
+        async with (
+            StubServer(StubBehaviour(ttft_s=0.05, token_s=0.05)) as srv,
+            WorkerPool(2, ClientConfig(srv.url, "m", max_connections=16)) as pool,
+        ):
             stop = asyncio.Event()
-            task = asyncio.ensure_future(pool.drive(PROMPTS, LoadShape("closed", 6, max_tokens=100),
-                                                    Window(duration_s=30, drain_s=10), results.append, stop=stop))
+            task = asyncio.ensure_future(
+                pool.drive(
+                    PROMPTS,
+                    LoadShape("closed", 6, max_tokens=100),
+                    Window(duration_s=30, drain_s=10),
+                    results.append,
+                    stop=stop,
+                )
+            )
             await asyncio.sleep(1.0)
             stop.set()
             t = time.perf_counter()
@@ -156,11 +178,14 @@ def test_a_saturated_worker_is_named_and_its_windows_marked(tmp_path: Path) -> N
 
     res, events, store = _run(tmp_path, RunOptions(samplers=[], workers=2), "load: {lag_warn_ms: 0.001}")
     warns = [e for e in events if e.kind == "warning" and e.data.get("client_saturated")]
-    assert {(e.phase, e.data["worker"]) for e in warns} == {(p, w) for p in ("baseline", "treatment", "recovery")
-                                                            for w in (0, 1)}
+    assert {(e.phase, e.data["worker"]) for e in warns} == {
+        (p, w) for p in ("baseline", "treatment", "recovery") for w in (0, 1)
+    }
     assert all(f"load worker {e.data['worker']} of 2 (pid {e.data['pid']})" in e.message for e in warns)
     ctx = load_context(store, res.run_id)  # type: ignore[arg-type, attr-defined]
-    assert all(s.window.client_lag and "load worker 1 of 2" in s.window.client_lag for s in ctx.analysis.steps)
+    assert all(
+        s.window.client_lag and "load worker 1 of 2" in s.window.client_lag for s in ctx.analysis.steps
+    )
     assert "(client lag)" in render(ctx, "md")
     store.close()  # type: ignore[attr-defined]
 
@@ -172,7 +197,9 @@ def test_the_in_process_client_that_falls_behind_is_named_and_only_its_windows_m
     assert all(d["client_lag"][0]["loop_lag_max_ms"] > 50 for d in ends.values())
     warns = [e for e in events if e.kind == "warning" and e.data.get("client_saturated")]
     assert warns and all(f"the load client (pid {os.getpid()})" in e.message for e in warns)
-    quiet, events2, store2 = _run(tmp_path / "q", RunOptions(samplers=[], workers=1), "load: {lag_warn_ms: 50}")
+    quiet, events2, store2 = _run(
+        tmp_path / "q", RunOptions(samplers=[], workers=1), "load: {lag_warn_ms: 50}"
+    )
     assert not any(e.data.get("client_saturated") for e in events2 if e.kind == "phase_end")
     store.close()  # type: ignore[attr-defined]
     store2.close()  # type: ignore[attr-defined]
@@ -199,8 +226,12 @@ def test_workers_flag_out_of_range_is_one_line_and_exit_2(tmp_path: Path) -> Non
 
     plan = tmp_path / "p.yaml"
     plan.write_text("name: x\n")
-    proc = subprocess.run([sys.executable, "-m", "vramlab", "run", str(plan), "--workers", "0"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vramlab", "run", str(plan), "--workers", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "--workers must be between 1 and 256" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
@@ -213,11 +244,20 @@ def test_a_ctrl_c_to_the_process_group_leaves_the_stop_to_the_parent() -> None:
     results: list[RequestResult] = []
 
     async def go() -> None:
-        async with StubServer(StubBehaviour(ttft_s=5.0)) as srv, \
-                WorkerPool(2, ClientConfig(srv.url, "m", max_connections=8)) as pool:
+        async with (
+            StubServer(StubBehaviour(ttft_s=5.0)) as srv,
+            WorkerPool(2, ClientConfig(srv.url, "m", max_connections=8)) as pool,
+        ):
             stop = asyncio.Event()
-            task = asyncio.ensure_future(pool.drive(PROMPTS, LoadShape("closed", 4), Window(duration_s=30, drain_s=5),
-                                                    results.append, stop=stop))
+            task = asyncio.ensure_future(
+                pool.drive(
+                    PROMPTS,
+                    LoadShape("closed", 4),
+                    Window(duration_s=30, drain_s=5),
+                    results.append,
+                    stop=stop,
+                )
+            )
             await asyncio.sleep(1.0)
             for pid in pool.pids:
                 os.kill(pid, signal.SIGINT)
@@ -264,7 +304,11 @@ class _CountingServer:
             while True:
                 head = await r.readuntil(b"\r\n\r\n")
                 self.arrivals.append(time.perf_counter())
-                n = next(int(x.split(b":")[1]) for x in head.split(b"\r\n") if x.lower().startswith(b"content-length"))
+                n = next(
+                    int(x.split(b":")[1])
+                    for x in head.split(b"\r\n")
+                    if x.lower().startswith(b"content-length")
+                )
                 await r.readexactly(n)
                 w.write(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 2\r\n\r\nno")
                 await w.drain()
@@ -306,8 +350,10 @@ def test_a_fired_stop_stops_every_worker_within_a_handful_of_requests(mode: str)
     t = stop_at[0]
     started_after = [r for r in results if r.sent_at > t]
     late_arrivals = [a for a in srv.arrivals if a > t + 0.05]  # sent after the stop, whatever the client says
-    print(f"{mode}: {len(results)} results, {len(started_after)} sent after the stop "
-          f"({len(late_arrivals)} arrived 50 ms or more after it)")
+    print(
+        f"{mode}: {len(results)} results, {len(started_after)} sent after the stop "
+        f"({len(late_arrivals)} arrived 50 ms or more after it)"
+    )
     assert len(started_after) <= 8, len(started_after)
     assert len(late_arrivals) <= 8, len(late_arrivals)
 

@@ -18,9 +18,24 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_quick_run_prints_the_table(server: str, tmp_path: Path) -> None:
     out = tmp_path / "loadgen.txt"
     tools = "vramlab,vramlab-aiohttp,locust,aiohttp" if server == "auto" else "vramlab,aiohttp"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loadgen.py"), "--quick", "--server", server,
-                        "--tools", tools, "--json", "-o", str(out)],
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "loadgen.py"),
+            "--quick",
+            "--server",
+            server,
+            "--tools",
+            tools,
+            "--json",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     text = out.read_text()
     assert text in r.stdout
@@ -30,15 +45,20 @@ def test_quick_run_prints_the_table(server: str, tmp_path: Path) -> None:
         assert ep.group(1) == "stub"
     rows, clients = {}, {}
     for line in text.splitlines():
-        m = re.match(r"^(vramlab \(client \+ driver\)|vramlab on aiohttp|locust FastHttpUser|plain asyncio \+ aiohttp)"
-                     r"\s+(\S+)\s+(\S+)\s+(\d+)\s+(\d+)\s+\d+\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+\S+\s+\S+\s+(\d+)$", line)
+        m = re.match(
+            r"^(vramlab \(client \+ driver\)|vramlab on aiohttp|locust FastHttpUser|plain asyncio \+ aiohttp)"
+            r"\s+(\S+)\s+(\S+)\s+(\d+)\s+(\d+)\s+\d+\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+\S+\s+\S+\s+(\d+)$",
+            line,
+        )
         if m:
             g = m.groups()
             rows[g[0]] = (g[0], g[1], *g[3:])
             clients[g[0]] = g[2]
     assert "vramlab (client + driver)" in rows and "plain asyncio + aiohttp" in rows, text
     # which HTTP client each row used: vramlab's own for http://, aiohttp when forced
-    assert clients["vramlab (client + driver)"] == "fasthttp" and clients["plain asyncio + aiohttp"] == "aiohttp"
+    assert (
+        clients["vramlab (client + driver)"] == "fasthttp" and clients["plain asyncio + aiohttp"] == "aiohttp"
+    )
     if server == "auto":
         assert clients["vramlab on aiohttp"] == "aiohttp"
     for name, (_, loop, rps, per_core, p50, p99, _ratio, errors) in rows.items():
@@ -51,7 +71,7 @@ def test_quick_run_prints_the_table(server: str, tmp_path: Path) -> None:
         assert re.match(r"\d+\.\d\dx", rows["vramlab (client + driver)"][6])
     else:
         assert "locust" not in tools.split(",") or "locust is not installed" in text
-    raw = json.loads(r.stdout[r.stdout.index("\n{") + 1:])
+    raw = json.loads(r.stdout[r.stdout.index("\n{") + 1 :])
     vr = raw["vramlab"]
     # Every probe of the overhead run came back, and the held streams were really cycling.
     assert vr["overhead"][0]["ok"] > 50 and vr["overhead"][0]["held_ok"] > 0

@@ -22,7 +22,10 @@ GIB = 1 << 30
 
 
 def test_write_append_read_round_trip(tmp_path):
-    parsed = parse_log(LOGS / "vllm-v1-tp2-0.10.log").observations + parse_log(LOGS / "sglang-tp4.log").observations
+    parsed = (
+        parse_log(LOGS / "vllm-v1-tp2-0.10.log").observations
+        + parse_log(LOGS / "sglang-tp4.log").observations
+    )
     p = tmp_path / "obs.jsonl"
     assert write_observations(p, parsed[:2]) == 2
     assert append_observations(p, parsed[2:]) == len(parsed) - 2
@@ -35,19 +38,24 @@ def test_write_append_read_round_trip(tmp_path):
 
 def test_a_hand_written_line_is_enough(tmp_path):
     p = tmp_path / "mine.jsonl"
-    p.write_text('# my H100 measurement\n\n{"engine": "vllm", "model": "llama-3.1-8b-instruct", '
-                 '"kv_cache_bytes": 62000000000, "settings": {"max_model_len": 8192}}\n')
+    p.write_text(
+        '# my H100 measurement\n\n{"engine": "vllm", "model": "llama-3.1-8b-instruct", '
+        '"kv_cache_bytes": 62000000000, "settings": {"max_model_len": 8192}}\n'
+    )
     (o,) = read_observations(p)
     assert o.kv_cache_bytes == 62_000_000_000 and o.settings["max_model_len"] == 8192
     assert o.source == f"{p}:3"
 
 
-@pytest.mark.parametrize("text,match", [
-    ("{not json", r":1: not JSON"),
-    ('[1, 2]', r":1: expected a JSON object"),
-    ('{"engine": "vllm", "kv_cache_bytes": "lots"}', r":1: kv_cache_bytes:"),
-    ('{"engine": "vllm", "kv_cache_gb": 3}', r":1: kv_cache_gb: Extra inputs"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("{not json", r":1: not JSON"),
+        ("[1, 2]", r":1: expected a JSON object"),
+        ('{"engine": "vllm", "kv_cache_bytes": "lots"}', r":1: kv_cache_bytes:"),
+        ('{"engine": "vllm", "kv_cache_gb": 3}', r":1: kv_cache_gb: Extra inputs"),
+    ],
+)
 def test_bad_lines_are_named(tmp_path, text, match):
     p = tmp_path / "bad.jsonl"
     p.write_text(text + "\n")
@@ -67,11 +75,20 @@ def test_dataset_rows_convert_gib_to_bytes():
     assert o.settings["dtype"] == "bfloat16" and o.settings["tensor_parallel_size"] == 1
     assert o.init_non_torch_bytes == int(round(0.51 * GIB))
     assert o.source is not None and o.source.startswith(row["row_id"])
-    v0 = from_dataset_row({"row_id": "x", "engine": "vllm", "engine_version": "0.8.5.post1 (V0 engine)",
-                           "collection_group": "unslothai-notebooks", "gpu_memory_utilization": 0.69,
-                           "extra": {"unsloth_actual_gpu_utilization_pct": 69.34}})
+    v0 = from_dataset_row(
+        {
+            "row_id": "x",
+            "engine": "vllm",
+            "engine_version": "0.8.5.post1 (V0 engine)",
+            "collection_group": "unslothai-notebooks",
+            "gpu_memory_utilization": 0.69,
+            "extra": {"unsloth_actual_gpu_utilization_pct": 69.34},
+        }
+    )
     assert v0.engine_version == "0.8.5.post1" and v0.settings["vllm_engine"] == "v0"
-    assert v0.settings["gpu_memory_utilization"] == pytest.approx(0.6934) and v0.settings["api_server"] is False
+    assert (
+        v0.settings["gpu_memory_utilization"] == pytest.approx(0.6934) and v0.settings["api_server"] is False
+    )
 
 
 def test_dataset_rows_with_a_bracketed_version_note_keep_the_release_and_era():

@@ -27,6 +27,7 @@ def one(lines: list[str], parser=vllm):
 
 # --- vLLM -----------------------------------------------------------------------------------
 
+
 def test_vllm_v1_debug_log_every_figure():
     r = parse_log(LOGS / "vllm-v1-0.19-debug.log")
     assert r.engine == "vllm" and len(r.observations) == 1 and not r.incomplete
@@ -70,22 +71,28 @@ def test_vllm_v0_negative_values():
     assert o.weights_bytes == gib(14.9888)  # 'Loading model weights took 14.9888 GB' means GiB
 
 
-@pytest.mark.parametrize("line,blocks", [
-    ("INFO 06-01 12:01:20 distributed_gpu_executor.py:56] # GPU blocks: 7446, # CPU blocks: 655", 7446),
-    ("INFO 05-02 11:22:21 [executor_base.py:112] # cuda blocks: 764, # CPU blocks: 0", 764),
-    ("# CUDA blocks: 406, # CPU blocks: 655", 406),
-])
+@pytest.mark.parametrize(
+    "line,blocks",
+    [
+        ("INFO 06-01 12:01:20 distributed_gpu_executor.py:56] # GPU blocks: 7446, # CPU blocks: 655", 7446),
+        ("INFO 05-02 11:22:21 [executor_base.py:112] # cuda blocks: 764, # CPU blocks: 0", 764),
+        ("# CUDA blocks: 406, # CPU blocks: 655", 406),
+    ],
+)
 def test_vllm_block_lines_of_each_era(line, blocks):
     o = one([line])
     assert o.gpu_blocks == blocks and o.settings["vllm_engine"] == "v0"
 
 
-@pytest.mark.parametrize("line,weights", [
-    ("Loading model weights took 57.7520 GB", 57.7520),
-    ("Model loading took 14.9888 GB and 13.204526 seconds", 14.9888),
-    ("Model loading took 14.9888 GiB and 13.204526 seconds", 14.9888),
-    ("Model loading took 1.19 GiB memory and 1.919768 seconds", 1.19),
-])
+@pytest.mark.parametrize(
+    "line,weights",
+    [
+        ("Loading model weights took 57.7520 GB", 57.7520),
+        ("Model loading took 14.9888 GB and 13.204526 seconds", 14.9888),
+        ("Model loading took 14.9888 GiB and 13.204526 seconds", 14.9888),
+        ("Model loading took 1.19 GiB memory and 1.919768 seconds", 1.19),
+    ],
+)
 def test_vllm_weights_wording_of_each_era(line, weights):
     assert one([line]).weights_bytes == gib(weights)
 
@@ -118,9 +125,11 @@ def test_vllm_ray_workers_named_by_pid_get_ranks():
 
 
 def test_vllm_settings_from_engine_config_line():
-    line = ("INFO 08-20 10:00:09 [core.py:75] Initializing a V1 LLM engine (v0.10.1.1) with config: "
-            "model='Qwen/Qwen2-7B', dtype=torch.bfloat16, max_seq_len=16384, tensor_parallel_size=4, "
-            "pipeline_parallel_size=2, quantization=fp8, enforce_eager=True, kv_cache_dtype=fp8_e5m2")
+    line = (
+        "INFO 08-20 10:00:09 [core.py:75] Initializing a V1 LLM engine (v0.10.1.1) with config: "
+        "model='Qwen/Qwen2-7B', dtype=torch.bfloat16, max_seq_len=16384, tensor_parallel_size=4, "
+        "pipeline_parallel_size=2, quantization=fp8, enforce_eager=True, kv_cache_dtype=fp8_e5m2"
+    )
     o = one([line, "Available KV cache memory: 1.00 GiB"])
     assert o.model == "Qwen/Qwen2-7B" and o.engine_version == "0.10.1.1"
     s = o.settings
@@ -130,9 +139,11 @@ def test_vllm_settings_from_engine_config_line():
 
 def test_vllm_truncated_non_default_args_and_torch_dtype():
     # Unsloth's log (r065): a truncated dict with a non-literal torch dtype.
-    line = ("non-default args: {'dtype': torch.bfloat16, 'seed': 0, 'max_model_len': 2048, "
-            "'gpu_memory_utilization': 0.8661508568217998, 'max_num_batched_tokens': 2048, 'max_num_seqs': 288, "
-            "'compilation_config': {'level': 3, 'mode': 3, 'debug_dump_path': None, '")
+    line = (
+        "non-default args: {'dtype': torch.bfloat16, 'seed': 0, 'max_model_len': 2048, "
+        "'gpu_memory_utilization': 0.8661508568217998, 'max_num_batched_tokens': 2048, 'max_num_seqs': 288, "
+        "'compilation_config': {'level': 3, 'mode': 3, 'debug_dump_path': None, '"
+    )
     o = one([line, "Available KV cache memory: 17.20 GiB"])
     assert o.settings["dtype"] == "bfloat16" and o.settings["max_num_seqs"] == 288
     assert o.gpu_memory_utilization == pytest.approx(0.8661508568217998)
@@ -149,12 +160,18 @@ def test_vllm_debug_suggestion_and_requested_memory_lines():
     assert o.free_gpu_memory_bytes == gib(78.68) and o.budget_bytes == gib(71.27)
     assert o.total_gpu_memory_bytes == gib(178.36)
     assert (o.weights_bytes, o.activation_peak_bytes, o.non_torch_bytes, o.cuda_graph_bytes) == (
-        gib(8.58), gib(9.96), gib(0.07), gib(0.65))
+        gib(8.58),
+        gib(9.96),
+        gib(0.07),
+        gib(0.65),
+    )
 
 
 def test_vllm_newest_profile_line_total_consumed():
-    line = ("Memory profiling takes 9.1 seconds. Total non KV cache memory: 58.3GiB; torch peak memory increase: "
-            "2.04GiB; total consumed (from mem_get_info): 61.49GiB; weights memory: 55.87GiB.")
+    line = (
+        "Memory profiling takes 9.1 seconds. Total non KV cache memory: 58.3GiB; torch peak memory increase: "
+        "2.04GiB; total consumed (from mem_get_info): 61.49GiB; weights memory: 55.87GiB."
+    )
     o = one([line])
     assert o.activation_peak_bytes == gib(2.04) and o.weights_bytes == gib(55.87)
     assert o.extra["total_consumed_bytes"] == gib(61.49) and o.non_torch_bytes is None
@@ -175,6 +192,7 @@ def test_restart_in_one_log_gives_two_startups():
 
 # --- SGLang ---------------------------------------------------------------------------------
 
+
 def test_sglang_tp_ranks_kv_is_k_plus_v_in_gib():
     r = parse_log(LOGS / "sglang-tp4.log")
     assert r.engine == "sglang" and [o.rank for o in r.observations] == [0, 1, 2, 3]
@@ -193,6 +211,7 @@ def test_sglang_old_gpu_id_prefix_weights_from_avail_mem():
 
 
 # --- TGI, llama.cpp, Ollama ------------------------------------------------------------------
+
 
 def test_tgi_tokens_blocks_and_args():
     o = parse_log(LOGS / "tgi.log").observations[0]
@@ -224,7 +243,10 @@ def test_llamacpp_new_prefixes_two_devices_and_fit_projection():
 
 
 def test_llamacpp_iswa_kv_buffers_add_up():
-    lines = ["llama_kv_cache: CUDA0 KV buffer size = 1024.00 MiB", "llama_kv_cache: CUDA0 KV buffer size = 256.00 MiB"]
+    lines = [
+        "llama_kv_cache: CUDA0 KV buffer size = 1024.00 MiB",
+        "llama_kv_cache: CUDA0 KV buffer size = 256.00 MiB",
+    ]
     assert one(lines, llamacpp).kv_cache_bytes == 1280 * MIB
 
 
@@ -242,11 +264,20 @@ def test_ollama_new_buffer_lines_skip_host_memory():
     assert o.activation_peak_bytes == 560 * MIB and o.kv_cache_bytes == GIB
 
 
-@pytest.mark.parametrize("name,engine", [
-    ("vllm-v1-0.19-debug.log", "vllm"), ("vllm-v0-0.8.5.log", "vllm"), ("sglang-tp4.log", "sglang"),
-    ("sglang-old.log", "sglang"), ("tgi.log", "tgi"), ("llamacpp-old.log", "llama.cpp"),
-    ("llamacpp-new.log", "llama.cpp"), ("ollama-old.log", "ollama"), ("ollama-new.log", "ollama"),
-])
+@pytest.mark.parametrize(
+    "name,engine",
+    [
+        ("vllm-v1-0.19-debug.log", "vllm"),
+        ("vllm-v0-0.8.5.log", "vllm"),
+        ("sglang-tp4.log", "sglang"),
+        ("sglang-old.log", "sglang"),
+        ("tgi.log", "tgi"),
+        ("llamacpp-old.log", "llama.cpp"),
+        ("llamacpp-new.log", "llama.cpp"),
+        ("ollama-old.log", "ollama"),
+        ("ollama-new.log", "ollama"),
+    ],
+)
 def test_detect_engine(name, engine):
     assert detect_engine((LOGS / name).read_text().splitlines()) == engine
 
@@ -265,20 +296,23 @@ def test_parsers_expose_rules():
         assert mod.RULES and callable(mod.parse)
 
 
-@pytest.mark.parametrize("raw,key", [
-    ("(VllmWorker rank=1 pid=4212) INFO x", "rank=1"),
-    ("(VllmWorker TP3 pid=4212) INFO x", "rank=3"),
-    ("(Worker_TP2 pid=77) INFO x", "rank=2"),
-    ("(RayWorkerWrapper pid=9123, ip=10.0.0.7) INFO x", "pid=9123"),
-    ("(VllmWorkerProcess pid=55) INFO x", "pid=55"),
-    ("(EngineCore_DP0 pid=2950) INFO x", None),
-    ("(APIServer pid=1) INFO x", None),
-    ("\x1b[1;36m(VllmWorker rank=0 pid=1)\x1b[0;0m INFO x", "rank=0"),
-    ("[2025-07-21 10:00:12 DP0 TP1] Load weight end.", "rank=1"),
-    ("[gpu_id=3] Load weight end.", "rank=3"),
-    ("[2025-07-21 10:00:12] server_args=...", None),
-    ("INFO 08-20 10:00:01 [api_server.py:1805] vLLM API server version 0.10.1.1", None),
-])
+@pytest.mark.parametrize(
+    "raw,key",
+    [
+        ("(VllmWorker rank=1 pid=4212) INFO x", "rank=1"),
+        ("(VllmWorker TP3 pid=4212) INFO x", "rank=3"),
+        ("(Worker_TP2 pid=77) INFO x", "rank=2"),
+        ("(RayWorkerWrapper pid=9123, ip=10.0.0.7) INFO x", "pid=9123"),
+        ("(VllmWorkerProcess pid=55) INFO x", "pid=55"),
+        ("(EngineCore_DP0 pid=2950) INFO x", None),
+        ("(APIServer pid=1) INFO x", None),
+        ("\x1b[1;36m(VllmWorker rank=0 pid=1)\x1b[0;0m INFO x", "rank=0"),
+        ("[2025-07-21 10:00:12 DP0 TP1] Load weight end.", "rank=1"),
+        ("[gpu_id=3] Load weight end.", "rank=3"),
+        ("[2025-07-21 10:00:12] server_args=...", None),
+        ("INFO 08-20 10:00:01 [api_server.py:1805] vLLM API server version 0.10.1.1", None),
+    ],
+)
 def test_worker_prefixes(raw, key):
     from vramlab.logs.base import split_prefix
 
@@ -291,19 +325,33 @@ def test_tgi_pretty_printed_args_block_and_announced_defaults():
     """TGI's launcher may print `Args {` with one field per line (`num_shard: Some(` / `2,` / `),`); the
     block reads as the one-line form, later lines keep their numbers, and an unclosed block cannot swallow
     the log."""
-    lines = ["2025-07-04T12:35:02Z  INFO text_generation_launcher: Args {", '    model_id: "/models/m",',
-             "    num_shard: Some(", "        2,", "    ),", "    max_total_tokens: None,",
-             "    cuda_memory_fraction: 0.9,", "}",
-             "2025-07-04T12:35:04Z  INFO text_generation_launcher: Default `max_batch_prefill_tokens` to 8000",
-             "2025-07-04T12:36:06Z  INFO text_generation_launcher: KV-cache blocks: 52719, size: 1",
-             "2025-07-04T12:36:09Z  INFO text_generation_router: backends/v3/src/main.rs:171: "
-             "Maximum total tokens defaulted to 8000"]
+    lines = [
+        "2025-07-04T12:35:02Z  INFO text_generation_launcher: Args {",
+        '    model_id: "/models/m",',
+        "    num_shard: Some(",
+        "        2,",
+        "    ),",
+        "    max_total_tokens: None,",
+        "    cuda_memory_fraction: 0.9,",
+        "}",
+        "2025-07-04T12:35:04Z  INFO text_generation_launcher: Default `max_batch_prefill_tokens` to 8000",
+        "2025-07-04T12:36:06Z  INFO text_generation_launcher: KV-cache blocks: 52719, size: 1",
+        "2025-07-04T12:36:09Z  INFO text_generation_router: backends/v3/src/main.rs:171: "
+        "Maximum total tokens defaulted to 8000",
+    ]
     obs = tgi.parse(lines)[0]
     assert obs.model == "/models/m"
-    assert obs.settings == {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.9,
-                            "max_batch_prefill_tokens": 8000, "max_model_len": 8000}
+    assert obs.settings == {
+        "tensor_parallel_size": 2,
+        "gpu_memory_utilization": 0.9,
+        "max_batch_prefill_tokens": 8000,
+        "max_model_len": 8000,
+    }
     assert obs.kv_cache_tokens == 52719
     assert {s.line for s in obs.source_lines} >= {1, 9, 10, 11}
-    unclosed = tgi.parse(["INFO text_generation_launcher: Args {", '    model_id: "/m",'] + ["    x: 1,"] * 300
-                         + ["INFO text_generation_launcher: KV-cache blocks: 10, size: 16"])
+    unclosed = tgi.parse(
+        ["INFO text_generation_launcher: Args {", '    model_id: "/m",']
+        + ["    x: 1,"] * 300
+        + ["INFO text_generation_launcher: KV-cache blocks: 10, size: 16"]
+    )
     assert unclosed[0].kv_cache_tokens == 160

@@ -25,7 +25,8 @@ junk_line = st.one_of(
     st.text(max_size=300),
     st.binary(max_size=300).map(lambda b: b.decode("utf-8", errors="replace")),
     st.tuples(st.sampled_from(REAL_LINES), st.integers(0, 200), st.text(max_size=20)).map(
-        lambda t: t[0][: t[1]] + t[2]),
+        lambda t: t[0][: t[1]] + t[2]
+    ),
     st.sampled_from(REAL_LINES).map(lambda s: s.replace("GiB", "G1B").replace(".", ",")),
 )
 
@@ -70,8 +71,16 @@ def test_real_lines_round_trip_to_the_published_figures(row, prefix):
     assert len(found) == 1, [o.model_dump(exclude_none=True) for o in found]
     o = found[0]
     expected = from_dataset_row(row)
-    for f in ("kv_cache_bytes", "kv_cache_tokens", "activation_peak_bytes", "non_torch_bytes",
-              "cuda_graph_bytes", "gpu_blocks", "max_concurrency", "total_gpu_memory_bytes"):
+    for f in (
+        "kv_cache_bytes",
+        "kv_cache_tokens",
+        "activation_peak_bytes",
+        "non_torch_bytes",
+        "cuda_graph_bytes",
+        "gpu_blocks",
+        "max_concurrency",
+        "total_gpu_memory_bytes",
+    ):
         assert getattr(o, f) == getattr(expected, f), f
     weights = _gib(row["weights_gib"]) if row["weights_gib"] is not None else _gib(row["weights_load_line"])
     # the load line prints 4 decimals where the summary prints 2; both are the same GiB figure

@@ -28,16 +28,24 @@ ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "ollama")
 # One file per engine goes through the installed command (JSON on stdout), the rest through
 # the library call behind it.
 VIA_CLI = {
-    "vllm-0.6.4-table-pr10511.log", "sglang-tp4-kv-pr15909.log", "tgi-1.4-json-gke-l4.log",
-    "llamacpp-2025-8gpu-q4kv-issue9390.log", "ollama-0.5-offload-estimate-ollama8447.log",
+    "vllm-0.6.4-table-pr10511.log",
+    "sglang-tp4-kv-pr15909.log",
+    "tgi-1.4-json-gke-l4.log",
+    "llamacpp-2025-8gpu-q4kv-issue9390.log",
+    "ollama-0.5-offload-estimate-ollama8447.log",
 }
 
 
 def _json_of(name: str) -> dict[str, Any]:
     if name in VIA_CLI:
         env = dict(os.environ, HF_HUB_OFFLINE="1")
-        r = subprocess.run([sys.executable, "-m", "vramlab", "check-log", str(REAL / name), "--json"],
-                           capture_output=True, text=True, timeout=120, env=env)
+        r = subprocess.run(
+            [sys.executable, "-m", "vramlab", "check-log", str(REAL / name), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
         assert r.returncode == 0, (name, r.stderr)
         assert r.stderr == "", r.stderr
         return json.loads(r.stdout)
@@ -51,12 +59,19 @@ def outputs() -> dict[str, dict[str, Any]]:
 
 def _read(out: dict[str, Any], field: str, value: float | str, unit: str | None) -> bool:
     for obs in out["observations"]:
-        got = (obs.get("extra", {}).get(field[6:]) if field.startswith("extra.") else
-               obs.get("settings", {}).get(field[9:]) if field.startswith("settings.") else obs.get(field))
+        got = (
+            obs.get("extra", {}).get(field[6:])
+            if field.startswith("extra.")
+            else obs.get("settings", {}).get(field[9:])
+            if field.startswith("settings.")
+            else obs.get(field)
+        )
         if isinstance(value, str):
             if got == value:
                 return True
-        elif isinstance(got, (int, float)) and math.isclose(got, value * UNITS[unit], rel_tol=1e-4, abs_tol=2):
+        elif isinstance(got, (int, float)) and math.isclose(
+            got, value * UNITS[unit], rel_tol=1e-4, abs_tol=2
+        ):
             return True
     return False
 
@@ -72,7 +87,17 @@ def test_the_corpus_is_real_and_indexed():
         assert entry["figures"] or entry.get("failures"), name
     # vLLM from 0.3 to 0.2x, V0 and V1, each era with its own wording
     eras = " | ".join(e["era"] for e in INDEX.values() if e["engine"] == "vllm")
-    for needle in ("v0 0.3", "v0 0.6.2", "v0 0.6.4", "v0 0.7", "v0 0.8", "v1 0.7", "v1 0.10", "v1 0.15", "v1 0.21"):
+    for needle in (
+        "v0 0.3",
+        "v0 0.6.2",
+        "v0 0.6.4",
+        "v0 0.7",
+        "v0 0.8",
+        "v1 0.7",
+        "v1 0.10",
+        "v1 0.15",
+        "v1 0.21",
+    ):
         assert needle in eras, needle
 
 
@@ -94,7 +119,10 @@ def test_at_least_90_percent_of_printed_figures_are_read(outputs):
     quoted = f"{sum(read.values())} of the {sum(total.values())} figures"
     assert quoted in (root / "README.md").read_text(encoding="utf-8"), quoted
     doc = (root / "docs" / "logs-and-calibration.md").read_text(encoding="utf-8")
-    assert f"today {sum(read.values())} of {sum(total.values())};" in doc and f"holds {len(INDEX)} excerpts" in doc
+    assert (
+        f"today {sum(read.values())} of {sum(total.values())};" in doc
+        and f"holds {len(INDEX)} excerpts" in doc
+    )
     for engine in ENGINES:
         assert read[engine] / total[engine] >= 0.90, (engine, read[engine], total[engine], missed)
 
@@ -164,8 +192,10 @@ def test_llamacpp_kv_cells_per_stream_or_in_all_is_decided_by_n_ctx():
 
     # A write-up of `llama-server -c 8192 -np 4` (kv_unified = false) quotes this line and says the
     # 2,048 cells are each slot's share (text id 70947194673 in the search index):
-    line = ("llama_kv_cache: size = 1024.00 MiB (  2048 cells,  32 layers,  4/4 seqs), "
-            "K (f16):  512.00 MiB, V (f16):  512.00 MiB")
+    line = (
+        "llama_kv_cache: size = 1024.00 MiB (  2048 cells,  32 layers,  4/4 seqs), "
+        "K (f16):  512.00 MiB, V (f16):  512.00 MiB"
+    )
     alone = parse([line])[0]
     # The same '4/4 seqs' wording also comes with cells meaning the whole cache (the Vulkan
     # excerpt: 65,536 cells for n_ctx 65,536): alone, the line cannot say which; nothing is guessed.
@@ -180,8 +210,10 @@ def test_llamacpp_kv_cells_per_stream_or_in_all_is_decided_by_n_ctx():
 def test_a_llamacpp_restart_in_one_file_is_two_start_ups(tmp_path):
     # Two real excerpts one after the other, as a server log looks after a restart.
     both = tmp_path / "restart.log"
-    both.write_text((REAL / "llamafile-2024-rtx4080-llamafile552.log").read_text()
-                    + (REAL / "llamafile-2024-rtx4080-llamafile552.log").read_text())
+    both.write_text(
+        (REAL / "llamafile-2024-rtx4080-llamafile552.log").read_text()
+        + (REAL / "llamafile-2024-rtx4080-llamafile552.log").read_text()
+    )
     out = check_log(both).to_json()
     obs = out["observations"]
     assert sorted(o["startup"] for o in obs) == [0, 1]
@@ -189,18 +221,26 @@ def test_a_llamacpp_restart_in_one_file_is_two_start_ups(tmp_path):
     assert all(o["weights_bytes"] == round(7317.71 * (1 << 20)) for o in obs)
 
 
-@pytest.mark.parametrize("printed,catalog", [
-    # names as the excerpts print them: a ROCm model path, a Hub cache .gguf path (issue 28524's
-    # command), a Hub id of a base model, a GGUF general.name with spaces
-    ("/models/awq/gemma-3-27b-it-int4-awq", "gemma-3-27b-it"),
-    ("/root/.cache/huggingface/hub/models--Qwen--Qwen3-4B-GGUF/snapshots/bc640142c66e1fdd12af0bd68f40445458f3869b/"
-     "Qwen3-4B-Q4_K_M.gguf", "qwen3-4b"),
-    ("meta-llama/Meta-Llama-3-8B", "llama-3-8b-instruct"),
-    ("Meta Llama 3.1 70B Instruct", "llama-3.1-70b-instruct"),
-    # a Hugging Face cache snapshot directory (the SGLang project note's --model-path)
-    ("/home/dell/.cache/huggingface/hub/models--Qwen--Qwen3-14B/snapshots/40c069824f4251a91eefaf281ebe4c544efd3e18",
-     "qwen3-14b"),
-])
+@pytest.mark.parametrize(
+    "printed,catalog",
+    [
+        # names as the excerpts print them: a ROCm model path, a Hub cache .gguf path (issue 28524's
+        # command), a Hub id of a base model, a GGUF general.name with spaces
+        ("/models/awq/gemma-3-27b-it-int4-awq", "gemma-3-27b-it"),
+        (
+            "/root/.cache/huggingface/hub/models--Qwen--Qwen3-4B-GGUF/snapshots/bc640142c66e1fdd12af0bd68f40445458f3869b/"
+            "Qwen3-4B-Q4_K_M.gguf",
+            "qwen3-4b",
+        ),
+        ("meta-llama/Meta-Llama-3-8B", "llama-3-8b-instruct"),
+        ("Meta Llama 3.1 70B Instruct", "llama-3.1-70b-instruct"),
+        # a Hugging Face cache snapshot directory (the SGLang project note's --model-path)
+        (
+            "/home/dell/.cache/huggingface/hub/models--Qwen--Qwen3-14B/snapshots/40c069824f4251a91eefaf281ebe4c544efd3e18",
+            "qwen3-14b",
+        ),
+    ],
+)
 def test_a_model_the_log_names_resolves_under_the_catalogs_spelling(printed, catalog):
     from vramlab.logs.check import _resolve
 
@@ -220,8 +260,10 @@ def test_a_model_the_catalog_does_not_know_is_one_line_naming_the_real_switches(
 def test_an_oom_after_the_kv_decision_is_during_serving(tmp_path):
     # Two real excerpts: a start-up that sized its KV cache, then a CUDA OOM line.
     log = tmp_path / "served-then-oom.log"
-    log.write_text((REAL / "vllm-v1-2026-issue33263.log").read_text()
-                   + (REAL / "vllm-v1-fail-oom-at-load-issue28143.log").read_text())
+    log.write_text(
+        (REAL / "vllm-v1-2026-issue33263.log").read_text()
+        + (REAL / "vllm-v1-fail-oom-at-load-issue28143.log").read_text()
+    )
     out = check_log(log).to_json()
     assert out["observations"][0]["complete"] is True
     assert [f["during"] for f in out["failures"]] == ["serving"]
@@ -236,14 +278,16 @@ def test_noise_between_the_lines_changes_nothing(tmp_path, outputs):
         "Capturing CUDA graphs (decode, FULL): 100%|████████████████████| 11/11 [00:00<00:00, 29.99it/s]",
         "INFO 05-26 21:34:14 [jit_monitor.py:54] Kernel JIT monitor activated — Triton JIT compilations during "
         "inference will be logged as warnings.",
-        "[GIN] 2025/05/16 - 15:44:10 | 200 |      102.47µs |       127.0.0.1 | GET      \"/api/ps\"",
+        '[GIN] 2025/05/16 - 15:44:10 | 200 |      102.47µs |       127.0.0.1 | GET      "/api/ps"',
     ]
     for name, entry in INDEX.items():
         if "diff" in name or not entry["figures"]:
             continue  # a diff's sides are marked line by line; noise would unmark it
         lines = (REAL / name).read_text(encoding="utf-8").splitlines()
         noisy = tmp_path / name
-        noisy.write_text("\n".join(x for ln in lines for x in (ln, noise[len(ln) % 3])) + "\n", encoding="utf-8")
+        noisy.write_text(
+            "\n".join(x for ln in lines for x in (ln, noise[len(ln) % 3])) + "\n", encoding="utf-8"
+        )
         out = check_log(noisy).to_json()
         for field, value, unit in entry["figures"]:
             assert _read(out, field, value, unit) == _read(outputs[name], field, value, unit), (name, field)
@@ -256,7 +300,9 @@ def test_a_command_pasted_over_several_lines_gives_its_flags_even_with_lines_in_
     assert vllm["settings"]["tensor_parallel_size"] == 4 and vllm["gpu_memory_utilization"] == 0.9
     assert vllm["kv_cache_tokens"] == 1037152  # `GPU KV cache size:         1,037,152 tokens` (aligned)
     sglang = check_log(REAL / "sglang-2026-tp4-rtx4090-qwen3-14b.log").to_json()["observations"][0]
-    assert sglang["settings"]["tensor_parallel_size"] == 4 and sglang["settings"]["mem_fraction_static"] == 0.8
+    assert (
+        sglang["settings"]["tensor_parallel_size"] == 4 and sglang["settings"]["mem_fraction_static"] == 0.8
+    )
     # a note between two continuation lines changes nothing: each flag line is read on its own
     lines = (REAL / "vllm-v1-0.24-tp4-l40s-aws-sample.log").read_text(encoding="utf-8").splitlines()
     lines.insert(2, "# (the README's comment between two flags)")
@@ -268,7 +314,9 @@ def test_a_command_pasted_over_several_lines_gives_its_flags_even_with_lines_in_
 def test_the_cuda_graph_advice_keeps_both_alternative_utilizations():
     out = check_log(REAL / "vllm-v1-0.21-compose-timestamps-graph-estimate.log").to_json()["observations"][0]
     assert out["gpu_memory_utilization"] == 0.9
-    assert out["extra"]["util_without_graph_profiling"] == 0.8878 and out["extra"]["util_to_keep_kv"] == 0.9122
+    assert (
+        out["extra"]["util_without_graph_profiling"] == 0.8878 and out["extra"]["util_to_keep_kv"] == 0.9122
+    )
 
 
 def test_the_start_up_banner_names_the_version_and_the_model():

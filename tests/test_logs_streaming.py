@@ -20,8 +20,9 @@ LOGS = Path(__file__).parent / "fixtures" / "logs"
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, "-m", "vramlab", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "vramlab", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
@@ -30,8 +31,14 @@ def test_dev_zero_is_refused_and_piped_in_is_read_up_to_the_cap():
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "character device" in r.stderr
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     with open("/dev/zero", "rb") as zero:
-        r = subprocess.run([sys.executable, "-m", "vramlab", "check-log", "-", "--max-bytes", "8000000"],
-                           stdin=zero, capture_output=True, text=True, timeout=120, env=env)
+        r = subprocess.run(
+            [sys.executable, "-m", "vramlab", "check-log", "-", "--max-bytes", "8000000"],
+            stdin=zero,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
     # the cap is named: "no line of a known engine found" alone would hide that most was not read
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "no line of a known engine" in r.stderr and "8,000,000 bytes" in r.stderr
@@ -42,8 +49,13 @@ def test_a_fifo_nobody_writes_to_ends_in_one_line(tmp_path):
     fifo = tmp_path / "nobody.log"
     os.mkfifo(fifo)
     env = dict(os.environ, HF_HUB_OFFLINE="1", VRAMLAB_PIPE_WAIT_S="1")
-    r = subprocess.run([sys.executable, "-m", "vramlab", "check-log", str(fifo)], capture_output=True, text=True,
-                       timeout=60, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "vramlab", "check-log", str(fifo)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "had no writer for 1 s" in r.stderr, r.stderr
 
 
@@ -97,8 +109,14 @@ def test_a_byte_cap_says_so(tmp_path):
 def test_a_log_piped_on_stdin():
     text = (LOGS / "real" / "vllm-0.7-v0-pr12126.log").read_text(encoding="utf-8")
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    r = subprocess.run([sys.executable, "-m", "vramlab", "check-log", "-", "--json"], input=text,
-                       capture_output=True, text=True, timeout=120, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "vramlab", "check-log", "-", "--json"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["source"] == "-" and out["observations"][0]["gpu_blocks"] == 6001
@@ -106,13 +124,17 @@ def test_a_log_piped_on_stdin():
 
 def _filler(n: int, unique: bool) -> str:
     if not unique:  # one shape: throughput and access lines
-        return "".join(f"(APIServer pid=1) INFO 01-01 00:00:{i % 60:02d} [loggers.py:1] Engine 000: Running: {i} reqs\n"
-                       f"(APIServer pid=1) INFO:     127.0.0.1:{40000 + i} - \"POST /v1/completions HTTP/1.1\" 200 OK\n"
-                       for i in range(n // 2))
+        return "".join(
+            f"(APIServer pid=1) INFO 01-01 00:00:{i % 60:02d} [loggers.py:1] Engine 000: Running: {i} reqs\n"
+            f'(APIServer pid=1) INFO:     127.0.0.1:{40000 + i} - "POST /v1/completions HTTP/1.1" 200 OK\n'
+            for i in range(n // 2)
+        )
     import hashlib
 
-    return "".join(f"request {hashlib.sha1(str(i).encode()).hexdigest()} prompt: {'lorem ipsum dolor ' * (i % 5)}\n"
-                   for i in range(n))
+    return "".join(
+        f"request {hashlib.sha1(str(i).encode()).hexdigest()} prompt: {'lorem ipsum dolor ' * (i % 5)}\n"
+        for i in range(n)
+    )
 
 
 @pytest.mark.parametrize("unique", [False, True], ids=["repeated-shapes", "unique-lines"])
@@ -169,8 +191,13 @@ def test_a_pipe_that_goes_quiet_is_read_up_to_where_it_stopped(tmp_path):
     t.start()
     env = dict(os.environ, HF_HUB_OFFLINE="1", VRAMLAB_PIPE_WAIT_S="1")
     try:
-        r = subprocess.run([sys.executable, "-m", "vramlab", "check-log", str(fifo), "--json"], capture_output=True,
-                           text=True, timeout=60, env=env)
+        r = subprocess.run(
+            [sys.executable, "-m", "vramlab", "check-log", str(fifo), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
     finally:
         done.set()
         t.join(timeout=10)

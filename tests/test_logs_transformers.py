@@ -34,10 +34,19 @@ def test_the_engine_is_recognised_with_no_flag():
 def test_the_start_up_facts_are_read():
     (obs,) = parse_log(INFO).incomplete
     assert obs.engine == "transformers" and obs.engine_version == "5.24.0" and obs.model == MODEL
-    assert obs.settings["dtype"] == "bfloat16"  # "Will use dtype=torch.bfloat16 as defined in model's config object"
+    assert (
+        obs.settings["dtype"] == "bfloat16"
+    )  # "Will use dtype=torch.bfloat16 as defined in model's config object"
     x = obs.extra
-    assert (x["architecture"], x["num_hidden_layers"], x["hidden_size"], x["num_key_value_heads"], x["head_dim"],
-            x["vocab_size"], x["max_position_embeddings"]) == ("LlamaForCausalLM", 2, 256, 8, 32, 128, 1048576)
+    assert (
+        x["architecture"],
+        x["num_hidden_layers"],
+        x["hidden_size"],
+        x["num_key_value_heads"],
+        x["head_dim"],
+        x["vocab_size"],
+        x["max_position_embeddings"],
+    ) == ("LlamaForCausalLM", 2, 256, 8, 32, 128, 1048576)
     assert x["pid"] == 26078 and x["listen"] == "http://127.0.0.1:18431" and x["continuous_batching"] is False
     assert not obs.complete  # it sizes no KV cache when it starts: no figure is claimed
     assert all(getattr(obs, f) is None for f in ("weights_bytes", "kv_cache_bytes", "kv_cache_tokens"))
@@ -61,32 +70,72 @@ def test_the_default_log_level_still_gives_the_model():
 
 def test_check_log_says_what_it_read_and_that_no_pool_is_sized():
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    r = subprocess.run([sys.executable, "-m", "vramlab", "check-log", str(TWO)], capture_output=True, text=True,
-                       timeout=120, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "vramlab", "check-log", str(TWO)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert "transformers log, 433 lines" in r.stdout and "start-up 2: transformers 5.24.0" in r.stdout
-    assert "sizes no KV cache at start-up" in r.stdout and "dtype float32, LlamaForCausalLM, 2 layers" in r.stdout
+    assert (
+        "sizes no KV cache at start-up" in r.stdout
+        and "dtype float32, LlamaForCausalLM, 2 layers" in r.stdout
+    )
     assert "incomplete start-up: the log ends" not in r.stdout
-    r = subprocess.run([sys.executable, "-m", "vramlab", "check-log", str(MISSING), "--json"], capture_output=True,
-                       text=True, timeout=120, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "vramlab", "check-log", str(MISSING), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["engine"] == "transformers" and out["observations"][0]["model"] == "/work/tfscratch/no-such-model"
+    assert (
+        out["engine"] == "transformers" and out["observations"][0]["model"] == "/work/tfscratch/no-such-model"
+    )
 
 
 def test_a_transformers_start_up_crash_is_a_process_exit_with_the_logs_last_lines(tmp_path):
     # the real failed start, replayed by a process that prints it and exits 1 as transformers serve did
-    crash = (f"{sys.executable} -c \"import sys, time; time.sleep(0.5); "
-             f"sys.stdout.write(open({str(MISSING)!r}).read()); sys.exit(1)\"")
-    plan = {"name": "tf-crash-at-start", "rounds": 1, "baseline_s": 1.0,
-            "target": {"kind": "process", "environment": "test", "engine": "transformers", "api": "openai-chat",
-                       "base_url": "http://127.0.0.1:9", "model": "/work/tfscratch/no-such-model",
-                       "command": crash, "log_file": str(tmp_path / "target.log")},
-            "ramp": {"knob": "concurrency", "mode": "geometric", "start": 2, "factor": 2, "ceiling": 4, "step_s": 1}}
+    crash = (
+        f'{sys.executable} -c "import sys, time; time.sleep(0.5); '
+        f'sys.stdout.write(open({str(MISSING)!r}).read()); sys.exit(1)"'
+    )
+    plan = {
+        "name": "tf-crash-at-start",
+        "rounds": 1,
+        "baseline_s": 1.0,
+        "target": {
+            "kind": "process",
+            "environment": "test",
+            "engine": "transformers",
+            "api": "openai-chat",
+            "base_url": "http://127.0.0.1:9",
+            "model": "/work/tfscratch/no-such-model",
+            "command": crash,
+            "log_file": str(tmp_path / "target.log"),
+        },
+        "ramp": {
+            "knob": "concurrency",
+            "mode": "geometric",
+            "start": 2,
+            "factor": 2,
+            "ceiling": 4,
+            "step_s": 1,
+        },
+    }
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(plan))
     t = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "vramlab", "drill", "p.yaml", "--db", str(tmp_path / "v.db"), "-q"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    res = subprocess.run(
+        [sys.executable, "-m", "vramlab", "drill", "p.yaml", "--db", str(tmp_path / "v.db"), "-q"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert res.returncode == 1, (res.stdout[-1000:], res.stderr[-2000:])
     assert "the target process exited with code 1" in res.stderr and "after it was started" in res.stderr
     assert "OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name'" in res.stderr

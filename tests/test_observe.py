@@ -27,8 +27,9 @@ from vramlab.observe.prom_text import PromTextSampler, parse_metrics
 GiB = 2**30
 
 
-def _exposition(gauges: dict[str, float], counters: dict[str, float] | None = None,
-                labels: list[str] | None = None) -> str:
+def _exposition(
+    gauges: dict[str, float], counters: dict[str, float] | None = None, labels: list[str] | None = None
+) -> str:
     reg = CollectorRegistry()
     for name, v in gauges.items():
         g = Gauge(name, "x", ["model_name"], registry=reg)
@@ -43,16 +44,57 @@ def _by_name(samples: list[Sample]) -> dict[str, float]:
     return {s.name: s.value for s in samples}
 
 
-@pytest.mark.parametrize("text,kv,running,waiting", [
-    (_exposition({"vllm:kv_cache_usage_perc": 0.42, "vllm:num_requests_running": 3, "vllm:num_requests_waiting": 7},
-                 {"vllm:num_preemptions": 2}), 0.42, 3, 7),
-    (_exposition({"vllm:gpu_cache_usage_perc": 0.9, "vllm:num_requests_running": 1, "vllm:num_requests_waiting": 0}),
-     0.9, 1, 0),  # vLLM before the rename
-    (_exposition({"sglang:token_usage": 0.5, "sglang:num_running_reqs": 4, "sglang:num_queue_reqs": 2}), 0.5, 4, 2),
-    (_exposition({"tgi_batch_current_size": 6, "tgi_queue_size": 9}), None, 6, 9),
-    (_exposition({"llamacpp:kv_cache_usage_ratio": 0.25, "llamacpp:requests_processing": 2,
-                  "llamacpp:requests_deferred": 1}), 0.25, 2, 1),
-])
+@pytest.mark.parametrize(
+    "text,kv,running,waiting",
+    [
+        (
+            _exposition(
+                {
+                    "vllm:kv_cache_usage_perc": 0.42,
+                    "vllm:num_requests_running": 3,
+                    "vllm:num_requests_waiting": 7,
+                },
+                {"vllm:num_preemptions": 2},
+            ),
+            0.42,
+            3,
+            7,
+        ),
+        (
+            _exposition(
+                {
+                    "vllm:gpu_cache_usage_perc": 0.9,
+                    "vllm:num_requests_running": 1,
+                    "vllm:num_requests_waiting": 0,
+                }
+            ),
+            0.9,
+            1,
+            0,
+        ),  # vLLM before the rename
+        (
+            _exposition(
+                {"sglang:token_usage": 0.5, "sglang:num_running_reqs": 4, "sglang:num_queue_reqs": 2}
+            ),
+            0.5,
+            4,
+            2,
+        ),
+        (_exposition({"tgi_batch_current_size": 6, "tgi_queue_size": 9}), None, 6, 9),
+        (
+            _exposition(
+                {
+                    "llamacpp:kv_cache_usage_ratio": 0.25,
+                    "llamacpp:requests_processing": 2,
+                    "llamacpp:requests_deferred": 1,
+                }
+            ),
+            0.25,
+            2,
+            1,
+        ),
+    ],
+)
 def test_engine_metric_aliases(text: str, kv: float | None, running: float, waiting: float) -> None:
     got = _by_name(parse_metrics(text))
     assert got.get("engine.kv_cache_usage_perc") == kv
@@ -60,8 +102,11 @@ def test_engine_metric_aliases(text: str, kv: float | None, running: float, wait
 
 
 def test_counters_with_total_and_label_sets_combine() -> None:
-    text = _exposition({"vllm:kv_cache_usage_perc": 0.3, "vllm:num_requests_running": 2}, {"vllm:num_preemptions": 5},
-                       labels=["a", "b"])
+    text = _exposition(
+        {"vllm:kv_cache_usage_perc": 0.3, "vllm:num_requests_running": 2},
+        {"vllm:num_preemptions": 5},
+        labels=["a", "b"],
+    )
     got = _by_name(parse_metrics(text))
     assert got["engine.num_preemptions_total"] == 5  # exposed as vllm:num_preemptions_total
     assert got["engine.num_requests_running"] == 4  # summed over models
@@ -113,16 +158,25 @@ def _fake_nvml(used: int = 10 * GiB, fail_init: bool = False) -> Any:
 
     state: dict[str, Any] = {"xids": [79]}
     return SimpleNamespace(
-        nvmlInit=init, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 1,
-        nvmlDeviceGetHandleByIndex=lambda i: f"h{i}", nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3",
-        nvmlSystemGetDriverVersion=lambda: "550.54", nvmlMemory_v2=0x02000028,
-        nvmlDeviceGetMemoryInfo=lambda h, version=None: _Mem(total=80 * GiB, used=used, free=80 * GiB - used,
-                                                             reserved=GiB // 2),
+        nvmlInit=init,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+        nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3",
+        nvmlSystemGetDriverVersion=lambda: "550.54",
+        nvmlMemory_v2=0x02000028,
+        nvmlDeviceGetMemoryInfo=lambda h, version=None: _Mem(
+            total=80 * GiB, used=used, free=80 * GiB - used, reserved=GiB // 2
+        ),
         nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=87),
-        nvmlDeviceGetComputeRunningProcesses=lambda h: [SimpleNamespace(pid=123, usedGpuMemory=8 * GiB),
-                                                        SimpleNamespace(pid=124, usedGpuMemory=2**64 - 1)],
-        nvmlEventSetCreate=lambda: "es", nvmlEventTypeXidCriticalError=8,
-        nvmlDeviceRegisterEvents=lambda h, t, es: None, nvmlEventSetWait_v2=wait,
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [
+            SimpleNamespace(pid=123, usedGpuMemory=8 * GiB),
+            SimpleNamespace(pid=124, usedGpuMemory=2**64 - 1),
+        ],
+        nvmlEventSetCreate=lambda: "es",
+        nvmlEventTypeXidCriticalError=8,
+        nvmlDeviceRegisterEvents=lambda h, t, es: None,
+        nvmlEventSetWait_v2=wait,
         nvmlDeviceGetIndex=lambda h: 0,
     )
 
@@ -146,8 +200,12 @@ def test_no_driver_is_a_note_not_a_failure() -> None:
     got: list[Sample] = []
 
     async def go() -> list[str]:
-        ss = SamplerSet([GpuSampler(nvml=_fake_nvml(fail_init=True)), FakeSampler("host", {"host.cpu_percent": [5]})],
-                        0.05, got.extend, notes.append)
+        ss = SamplerSet(
+            [GpuSampler(nvml=_fake_nvml(fail_init=True)), FakeSampler("host", {"host.cpu_percent": [5]})],
+            0.05,
+            got.extend,
+            notes.append,
+        )
         await ss.start()
         await asyncio.sleep(0.12)
         await ss.stop()
@@ -235,11 +293,21 @@ def test_health_probe_up_down_and_refused() -> None:
 
 
 def test_prometheus_api_results() -> None:
-    doc = {"status": "success", "data": {"resultType": "vector", "result": [
-        {"metric": {"gpu": "0"}, "value": [1.0, "0.93"]}, {"metric": {"gpu": "1"}, "value": [1.0, "0.5"]}]}}
+    doc = {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [
+                {"metric": {"gpu": "0"}, "value": [1.0, "0.93"]},
+                {"metric": {"gpu": "1"}, "value": [1.0, "0.5"]},
+            ],
+        },
+    }
     got = parse_query_result("fb_share", doc, 0.0)
-    assert [(s.name, s.labels["gpu"], s.value) for s in got] == [("prometheus.fb_share", "0", 0.93),
-                                                                  ("prometheus.fb_share", "1", 0.5)]
+    assert [(s.name, s.labels["gpu"], s.value) for s in got] == [
+        ("prometheus.fb_share", "0", 0.93),
+        ("prometheus.fb_share", "1", 0.5),
+    ]
     with pytest.raises(ValueError, match="bad_data"):
         parse_query_result("x", {"status": "error", "error": "bad_data"}, 0.0)
 
@@ -253,7 +321,9 @@ def test_prometheus_api_sampler_against_a_loopback_api() -> None:
 
         async def query(r: web.Request) -> web.Response:
             assert r.query["query"] == "up"
-            return web.json_response({"status": "success", "data": {"resultType": "scalar", "result": [1, "1"]}})
+            return web.json_response(
+                {"status": "success", "data": {"resultType": "scalar", "result": [1, "1"]}}
+            )
 
         app = web.Application()
         app.router.add_get("/api/v1/status/buildinfo", buildinfo)

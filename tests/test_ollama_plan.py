@@ -22,19 +22,33 @@ GIB, MIB = 1 << 30, 1 << 20
 def _rows(path: Path, **kw) -> dict[str, tuple[float, float]]:
     report = check_log(path, **kw)
     cmp = next(it.comparison for it in report.items if it.comparison is not None)
-    return {r.field: (r.observed, r.predicted) for r in cmp.rows
-            if r.observed is not None and r.predicted is not None}
+    return {
+        r.field: (r.observed, r.predicted)
+        for r in cmp.rows
+        if r.observed is not None and r.predicted is not None
+    }
 
 
-@pytest.mark.parametrize(("log", "kw"), [
-    # ollama/ollama#8447: DeepSeek-V3 Q4_K_M on one 24 GB card, Ollama 0.5 (its default num_ctx 2048)
-    (REAL / "ollama-0.5-offload-estimate-ollama8447.log",
-     {"model": "deepseek-v3", "quantization": "Q4_K_M", "engine_version": "0.5.7"}),
-    # ollama/ollama#12000: gemma3 12B Q4_K_M with its vision projector, Ollama 0.11, num_ctx 8192
-    (REAL / "ollama-0.11-offload-syslog-ollama12000.log", {"model": "gemma-3-12b-it", "quantization": "Q4_K_M"}),
-    # the assembled 0.9.3 fixture (figures of ollama/ollama#11292): Llama 3.1 8B, num_ctx 4096 x 2 parallel
-    (ROOT / "fixtures" / "logs" / "ollama-old.log", {"model": "llama-3.1-8b-instruct", "quantization": "Q4_K_M"}),
-])
+@pytest.mark.parametrize(
+    ("log", "kw"),
+    [
+        # ollama/ollama#8447: DeepSeek-V3 Q4_K_M on one 24 GB card, Ollama 0.5 (its default num_ctx 2048)
+        (
+            REAL / "ollama-0.5-offload-estimate-ollama8447.log",
+            {"model": "deepseek-v3", "quantization": "Q4_K_M", "engine_version": "0.5.7"},
+        ),
+        # ollama/ollama#12000: gemma3 12B Q4_K_M with its vision projector, Ollama 0.11, num_ctx 8192
+        (
+            REAL / "ollama-0.11-offload-syslog-ollama12000.log",
+            {"model": "gemma-3-12b-it", "quantization": "Q4_K_M"},
+        ),
+        # the assembled 0.9.3 fixture (figures of ollama/ollama#11292): Llama 3.1 8B, num_ctx 4096 x 2 parallel
+        (
+            ROOT / "fixtures" / "logs" / "ollama-old.log",
+            {"model": "llama-3.1-8b-instruct", "quantization": "Q4_K_M"},
+        ),
+    ],
+)
 def test_ollama_estimate_lines_are_reproduced(log, kw):
     rows = _rows(log, **kw)
     observed, predicted = rows["layers_offloaded"]
@@ -47,9 +61,14 @@ def test_ollama_estimate_lines_are_reproduced(log, kw):
 
 def test_the_graph_figures_are_ollamas_formulas_to_the_printed_digit():
     m = resolve_model("deepseek-v3", offline=True)
-    e = estimate(m, custom_gpu(23.3), EngineSettings(engine="ollama", engine_version="0.5.7", quantization="Q4_K_M"))
+    e = estimate(
+        m, custom_gpu(23.3), EngineSettings(engine="ollama", engine_version="0.5.7", quantization="Q4_K_M")
+    )
     o = e.extra["ollama"]
-    assert round(o["memory_graph_full_bytes"] / MIB, 1) == 654.0 and round(o["memory_graph_partial_bytes"] / MIB, 1) == 1019.5
+    assert (
+        round(o["memory_graph_full_bytes"] / MIB, 1) == 654.0
+        and round(o["memory_graph_partial_bytes"] / MIB, 1) == 1019.5
+    )
     assert o["layers_offload"] == 5 and not e.fits and "5 of 62 layers" in e.reasons[0]
 
 
@@ -60,11 +79,16 @@ def test_release_defaults_num_ctx_parallel_and_walk_direction():
     new = estimate(m, card, EngineSettings(engine="ollama", engine_version="0.11.6", quantization="Q4_K_M"))
     assert old.settings["num_ctx"] == 2048 and new.settings["num_ctx"] == 4096
     # v0.5.7 walks blk.0 upwards (DeepSeek's three dense layers are small), v0.7.0+ from the last MoE layer down
-    small = estimate(m, card, EngineSettings(engine="ollama", engine_version="0.11.6", quantization="Q4_K_M",
-                                             max_model_len=2048))
+    small = estimate(
+        m,
+        card,
+        EngineSettings(engine="ollama", engine_version="0.11.6", quantization="Q4_K_M", max_model_len=2048),
+    )
     assert small.extra["ollama"]["layers_offload"] < old.extra["ollama"]["layers_offload"]
     q = resolve_model("qwen3-8b", offline=True)
-    fits4 = estimate(q, get_gpu("rtx-4090"), EngineSettings(engine="ollama", engine_version="0.9.3", quantization="Q4_K_M"))
+    fits4 = estimate(
+        q, get_gpu("rtx-4090"), EngineSettings(engine="ollama", engine_version="0.9.3", quantization="Q4_K_M")
+    )
     assert fits4.settings["num_parallel"] == 4  # OLLAMA_NUM_PARALLEL unset before 0.10: 4 when it fits fully
     one = estimate(q, get_gpu("rtx-4090"), EngineSettings(engine="ollama", quantization="Q4_K_M"))
     assert one.settings["num_parallel"] == 1
@@ -77,7 +101,9 @@ def test_quantized_kv_needs_flash_attention():
     f16 = estimate(q, gpu, base.with_(kv_cache_dtype="q8_0"))  # without OLLAMA_FLASH_ATTENTION: f16, noted
     q8 = estimate(q, gpu, base.with_(kv_cache_dtype="q8_0", flash_attn=True))
     assert f16.settings["kv_cache_type"] == "f16" and any("flash attention disabled" in n for n in f16.notes)
-    assert q8.extra["ollama"]["memory_required_kv_bytes"] * 2 == f16.extra["ollama"]["memory_required_kv_bytes"]
+    assert (
+        q8.extra["ollama"]["memory_required_kv_bytes"] * 2 == f16.extra["ollama"]["memory_required_kv_bytes"]
+    )
 
 
 def test_num_gpu_and_overhead_are_honoured():
@@ -86,8 +112,13 @@ def test_num_gpu_and_overhead_are_honoured():
     e = estimate(q, gpu, EngineSettings(engine="ollama", quantization="Q4_K_M", n_gpu_layers=10))
     assert e.extra["ollama"]["layers_offload"] == 10
     full = estimate(q, gpu, EngineSettings(engine="ollama", quantization="Q4_K_M", max_model_len=40960))
-    held = estimate(q, gpu, EngineSettings(engine="ollama", quantization="Q4_K_M", max_model_len=40960,
-                                           ollama_gpu_overhead_bytes=12 * GIB))
+    held = estimate(
+        q,
+        gpu,
+        EngineSettings(
+            engine="ollama", quantization="Q4_K_M", max_model_len=40960, ollama_gpu_overhead_bytes=12 * GIB
+        ),
+    )
     assert full.fits and held.extra["ollama"]["layers_offload"] < full.extra["ollama"]["layers_offload"]
 
 
@@ -106,18 +137,70 @@ def test_suggestions_re_plan_to_a_full_offload():
 
 
 def test_cli_plan_and_check_log():
-    r = subprocess.run([sys.executable, "-m", "vramlab", "plan", "--model", "qwen3-8b", "--gpu", "rtx-3070",
-                        "--engine", "ollama", "--quantization", "Q4_K_M", "--max-model-len", "32k", "--json"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vramlab",
+            "plan",
+            "--model",
+            "qwen3-8b",
+            "--gpu",
+            "rtx-3070",
+            "--engine",
+            "ollama",
+            "--quantization",
+            "Q4_K_M",
+            "--max-model-len",
+            "32k",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1, r.stderr  # does not offload every layer
     doc = json.loads(r.stdout)
-    assert doc["ollama"]["layers_offload"] < doc["ollama"]["layers_model"] and doc["settings"]["num_ctx"] == 32768
-    bad = subprocess.run([sys.executable, "-m", "vramlab", "plan", "--model", "qwen3-8b", "--gpu", "l4",
-                          "--ollama-gpu-overhead", "1GiB"], capture_output=True, text=True, timeout=120)
+    assert (
+        doc["ollama"]["layers_offload"] < doc["ollama"]["layers_model"]
+        and doc["settings"]["num_ctx"] == 32768
+    )
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vramlab",
+            "plan",
+            "--model",
+            "qwen3-8b",
+            "--gpu",
+            "l4",
+            "--ollama-gpu-overhead",
+            "1GiB",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "--engine ollama" in bad.stderr
-    c = subprocess.run([sys.executable, "-m", "vramlab", "check-log", str(REAL / "ollama-0.5-offload-estimate-ollama8447.log"),
-                        "--model", "deepseek-v3", "--quantization", "Q4_K_M", "--engine-version", "0.5.7"],
-                       capture_output=True, text=True, timeout=120)
+    c = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vramlab",
+            "check-log",
+            str(REAL / "ollama-0.5-offload-estimate-ollama8447.log"),
+            "--model",
+            "deepseek-v3",
+            "--quantization",
+            "Q4_K_M",
+            "--engine-version",
+            "0.5.7",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert c.returncode == 0 and re.search(r"layers_offloaded\s+5\s+5", c.stdout), c.stdout
 
 

@@ -21,12 +21,27 @@ from vramlab.observe.ollama import LoadedModel, OllamaSampler, changes, parse_ps
 
 # The example of Ollama's API reference for GET /api/ps (docs.ollama.com/api/ps): gemma3 with
 # 5333539264 of its 6591830464 bytes on the GPU, i.e. partly on the host.
-DOCS_PS = {"models": [{
-    "name": "gemma3", "model": "gemma3", "size": 6591830464,
-    "digest": "a2af6cc3eb7fa8be8504abaf9b04e88f17a119ec3f04a3addf55f92841195f5a",
-    "details": {"parent_model": "", "format": "gguf", "family": "gemma3", "families": ["gemma3"],
-                "parameter_size": "4.3B", "quantization_level": "Q4_K_M"},
-    "expires_at": "2025-10-17T16:47:07.93355-07:00", "size_vram": 5333539264, "context_length": 4096}]}
+DOCS_PS = {
+    "models": [
+        {
+            "name": "gemma3",
+            "model": "gemma3",
+            "size": 6591830464,
+            "digest": "a2af6cc3eb7fa8be8504abaf9b04e88f17a119ec3f04a3addf55f92841195f5a",
+            "details": {
+                "parent_model": "",
+                "format": "gguf",
+                "family": "gemma3",
+                "families": ["gemma3"],
+                "parameter_size": "4.3B",
+                "quantization_level": "Q4_K_M",
+            },
+            "expires_at": "2025-10-17T16:47:07.93355-07:00",
+            "size_vram": 5333539264,
+            "context_length": 4096,
+        }
+    ]
+}
 
 
 def test_parse_ps_reads_the_documented_payload_and_says_partly_on_the_host() -> None:
@@ -55,7 +70,7 @@ def test_changes_tell_load_expiry_eviction_and_offload() -> None:
     assert changes({"a": a}, {"a": a}) == []
     before = dt.datetime(2026, 1, 1, 0, 0, 5, tzinfo=dt.timezone.utc)
     after = dt.datetime(2026, 1, 1, 0, 0, 11, tzinfo=dt.timezone.utc)
-    (kind, msg, data), = changes({"a": a}, {}, before)
+    ((kind, msg, data),) = changes({"a": a}, {}, before)
     assert kind == "model_unload" and data["reason"] == "unloaded" and "freeing 4.00 GiB of GPU memory" in msg
     assert changes({"a": a}, {}, after)[0][2]["reason"] == "expired"
     swapped = changes({"a": a}, {"b": b}, before)
@@ -73,8 +88,9 @@ class FakeOllama:
     `keep_alive_s` after it loaded (the next request loads it again); a load takes `load_s`, longer
     than a sample interval, so every unloaded gap is seen by a poll."""
 
-    def __init__(self, keep_alive_s: float, size: int = 3 << 30, size_vram: int = (9 << 30) // 4,
-                 load_s: float = 0.5) -> None:
+    def __init__(
+        self, keep_alive_s: float, size: int = 3 << 30, size_vram: int = (9 << 30) // 4, load_s: float = 0.5
+    ) -> None:
         self.keep_alive_s, self.size, self.size_vram, self.load_s = keep_alive_s, size, size_vram, load_s
         self._lock = asyncio.Lock()
         self.loaded_until: float | None = None
@@ -91,10 +107,23 @@ class FakeOllama:
         self._expire()
         models = []
         if self.loaded_until is not None:
-            exp = dt.datetime.fromtimestamp(self.loaded_until, dt.timezone.utc).isoformat().replace("+00:00", "Z")
-            models.append({"name": "tiny:1b", "model": "tiny:1b", "size": self.size, "size_vram": self.size_vram,
-                           "digest": "0" * 64, "details": {"format": "gguf", "family": "llama"},
-                           "expires_at": exp, "context_length": 4096})
+            exp = (
+                dt.datetime.fromtimestamp(self.loaded_until, dt.timezone.utc)
+                .isoformat()
+                .replace("+00:00", "Z")
+            )
+            models.append(
+                {
+                    "name": "tiny:1b",
+                    "model": "tiny:1b",
+                    "size": self.size,
+                    "size_vram": self.size_vram,
+                    "digest": "0" * 64,
+                    "details": {"format": "gguf", "family": "llama"},
+                    "expires_at": exp,
+                    "context_length": 4096,
+                }
+            )
         return web.json_response({"models": models})
 
     async def complete(self, request: Any) -> Any:
@@ -112,10 +141,15 @@ class FakeOllama:
         await resp.prepare(request)
         for tok in ("Hello", " there", "!"):
             choice = {"index": 0, "delta": {"content": tok}} if chat else {"index": 0, "text": tok}
-            await resp.write(b"data: " + json.dumps({"model": body.get("model"), "choices": [choice]}).encode() + b"\n\n")
+            await resp.write(
+                b"data: " + json.dumps({"model": body.get("model"), "choices": [choice]}).encode() + b"\n\n"
+            )
             await asyncio.sleep(0.005)
-        fin = {"index": 0, "delta": {}, "finish_reason": "length"} if chat else {"index": 0, "text": "",
-                                                                               "finish_reason": "length"}
+        fin = (
+            {"index": 0, "delta": {}, "finish_reason": "length"}
+            if chat
+            else {"index": 0, "text": "", "finish_reason": "length"}
+        )
         usage = {"prompt_tokens": 8, "completion_tokens": 3, "total_tokens": 11}
         await resp.write(b"data: " + json.dumps({"choices": [fin], "usage": usage}).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
@@ -126,6 +160,7 @@ class FakeOllama:
         from aiohttp import web
 
         app = web.Application()
+
         async def root(request: Any) -> Any:
             return web.Response(text="Ollama is running")
 
@@ -161,7 +196,10 @@ def test_sampler_against_the_fake_records_bytes_and_events(ollama: FakeOllama) -
         assert s.version == "0.12.3" and "Ollama 0.12.3" in (s.open_note or "")
         first = await s.sample()
         ollama.keep_alive_s = 0.3
-        async with aiohttp.ClientSession() as c, c.post(ollama.url + "/v1/completions", json={"model": "tiny:1b"}) as r:
+        async with (
+            aiohttp.ClientSession() as c,
+            c.post(ollama.url + "/v1/completions", json={"model": "tiny:1b"}) as r,
+        ):
             await r.read()
         loaded = await s.sample()
         ev = s.take_events()
@@ -226,7 +264,9 @@ samplers:
     return p
 
 
-def test_run_with_kind_ollama_stores_and_reports_load_and_eviction(tmp_path: Path, ollama: FakeOllama) -> None:
+def test_run_with_kind_ollama_stores_and_reports_load_and_eviction(
+    tmp_path: Path, ollama: FakeOllama
+) -> None:
     from vramlab.experiment.plan import load_plan
     from vramlab.experiment.wiring import samplers_for
     from vramlab.store import open_store
@@ -237,8 +277,13 @@ def test_run_with_kind_ollama_stores_and_reports_load_and_eviction(tmp_path: Pat
     assert [s.source for s in samplers_for(plan)] == ["host", "health", "ollama"]
     db = tmp_path / "v.db"
     env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
-    p = subprocess.run(["vramlab", "run", str(plan_path), "--db", str(db), "--rounds", "1", "--json"],
-                       capture_output=True, text=True, timeout=60, env=env)
+    p = subprocess.run(
+        ["vramlab", "run", str(plan_path), "--db", str(db), "--rounds", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert p.returncode == 0, p.stderr
     run_id = json.loads(p.stdout)["run_id"]
     with open_store(str(db)) as store:
@@ -250,15 +295,22 @@ def test_run_with_kind_ollama_stores_and_reports_load_and_eviction(tmp_path: Pat
     assert kinds[:3] == ["model_load", "model_unload", "model_load"], kinds
     assert events[1].data["reason"] == "expired" and events[0].data["size_vram_bytes"] == (9 << 30) // 4
     assert ollama.loads >= 2
-    vram = [s.value for s in samples if s.name == "ollama.model_vram_bytes" and s.labels == {"model": "tiny:1b"}]
+    vram = [
+        s.value for s in samples if s.name == "ollama.model_vram_bytes" and s.labels == {"model": "tiny:1b"}
+    ]
     assert vram and set(vram) == {float((9 << 30) // 4)}
     # an unloaded gap is recorded as zero loaded models between two loaded stretches
     loaded = [s.value for s in sorted(samples, key=lambda s: s.t_s) if s.name == "ollama.models_loaded"]
-    assert 0.0 in loaded[loaded.index(1.0):] and loaded.count(1.0) >= 2
+    assert 0.0 in loaded[loaded.index(1.0) :] and loaded.count(1.0) >= 2
 
     def report(fmt: str) -> str:
-        r = subprocess.run(["vramlab", "report", run_id, "--db", str(db), "--format", fmt],
-                           capture_output=True, text=True, timeout=60, env=env)
+        r = subprocess.run(
+            ["vramlab", "report", run_id, "--db", str(db), "--format", fmt],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         assert r.returncode == 0, r.stderr
         return r.stdout
 
@@ -267,10 +319,16 @@ def test_run_with_kind_ollama_stores_and_reports_load_and_eviction(tmp_path: Pat
         Path(os.environ["VRAMLAB_TEST_SHOW"]).write_text(md)
     assert "| model_load |" in md and "| model_unload |" in md
     assert "Ollama model expired (its keep_alive ran out): tiny:1b" in md
-    assert "tiny:1b: 3.00 GiB in memory, 2.25 GiB on the GPU (75% GPU / 25% host: partly offloaded to the host)" in md
+    assert (
+        "tiny:1b: 3.00 GiB in memory, 2.25 GiB on the GPU (75% GPU / 25% host: partly offloaded to the host)"
+        in md
+    )
     assert "Ollama's loaded models on the GPU over time" in md
     html = report("html")
-    assert "Ollama&#x27;s loaded models on the GPU over time" in html or "Ollama's loaded models on the GPU" in html
+    assert (
+        "Ollama&#x27;s loaded models on the GPU over time" in html
+        or "Ollama's loaded models on the GPU" in html
+    )
     assert "<svg" in html and "model_unload: Ollama model expired" in html
     js = json.loads(report("json"))
     rows = [e for e in js["events"] if e["kind"].startswith("model_")]
@@ -282,16 +340,27 @@ def test_drill_target_kind_ollama_defaults_and_its_timeline_rows() -> None:
     from vramlab.drill.target import TargetSpec
 
     spec = TargetSpec(kind="ollama", environment="test")
-    assert (spec.unit, spec.base_url, spec.engine, spec.health_path) == ("ollama", "http://127.0.0.1:11434",
-                                                                         "ollama", "/")
+    assert (spec.unit, spec.base_url, spec.engine, spec.health_path) == (
+        "ollama",
+        "http://127.0.0.1:11434",
+        "ollama",
+        "/",
+    )
     assert spec.templates()["logs"].startswith("journalctl -u {unit}")
-    moved = TargetSpec(kind="ollama", environment="test", base_url="http://127.0.0.1:9999",
-                       commands={"restart": "docker restart ollama"})
-    assert moved.base_url == "http://127.0.0.1:9999" and moved.templates()["restart"] == "docker restart ollama"
+    moved = TargetSpec(
+        kind="ollama",
+        environment="test",
+        base_url="http://127.0.0.1:9999",
+        commands={"restart": "docker restart ollama"},
+    )
+    assert (
+        moved.base_url == "http://127.0.0.1:9999" and moved.templates()["restart"] == "docker restart ollama"
+    )
 
 
-def test_drill_on_kind_ollama_puts_loads_and_unloads_on_the_incident_timeline(tmp_path: Path,
-                                                                              ollama: FakeOllama) -> None:
+def test_drill_on_kind_ollama_puts_loads_and_unloads_on_the_incident_timeline(
+    tmp_path: Path, ollama: FakeOllama
+) -> None:
     from vramlab.drill.plan import parse_plan
     from vramlab.drill.runner import DrillRunner
     from vramlab.report import load_context, render
@@ -299,13 +368,23 @@ def test_drill_on_kind_ollama_puts_loads_and_unloads_on_the_incident_timeline(tm
 
     ollama.keep_alive_s = 1.0
     store = open_store(str(tmp_path / "s.db"))
-    doc = {"name": "ollama-drill", "rounds": 1, "baseline_s": 0.5, "sample_interval_s": 0.2,
-           # the unit's systemctl commands cannot run here: the two the drill uses while watching are replaced
-           "target": {"kind": "ollama", "environment": "test", "base_url": ollama.url, "model": "tiny:1b",
-                      "commands": {"status": "true", "logs": "true"}},
-           "load": {"concurrency": 1, "prompt_tokens": 8, "max_tokens": 2},
-           "ramp": {"knob": "concurrency", "start": 1, "factor": 2, "ceiling": 2, "step_s": 1.5},
-           "stop": {"wall_clock_s": 4.0}}
+    doc = {
+        "name": "ollama-drill",
+        "rounds": 1,
+        "baseline_s": 0.5,
+        "sample_interval_s": 0.2,
+        # the unit's systemctl commands cannot run here: the two the drill uses while watching are replaced
+        "target": {
+            "kind": "ollama",
+            "environment": "test",
+            "base_url": ollama.url,
+            "model": "tiny:1b",
+            "commands": {"status": "true", "logs": "true"},
+        },
+        "load": {"concurrency": 1, "prompt_tokens": 8, "max_tokens": 2},
+        "ramp": {"knob": "concurrency", "start": 1, "factor": 2, "ceiling": 2, "step_s": 1.5},
+        "stop": {"wall_clock_s": 4.0},
+    }
 
     async def go() -> str:
         r = DrillRunner(parse_plan(doc), store, workdir=str(tmp_path / "w"))

@@ -28,18 +28,34 @@ def _window_of_requests(seed: int, n: int) -> list[RequestRecord]:
         e2e = rng.lognormvariate(5.5, 0.6)  # median ~245 ms, a long tail
         lag = rng.expovariate(1 / 20)
         kind = rng.random()
-        error_class, status = (("http_5xx", 503) if kind < 0.08 else ("cancelled", 0) if kind < 0.12 else (None, 200))
-        out.append(RequestRecord(
-            run_id="0123abcd", round=1, phase="treatment", step=0, step_value=8, request_id=f"r{i}",
-            scheduled_s=sched, sent_s=sched + lag / 1000, end_s=sched + (lag + e2e) / 1000,
-            e2e_ms=e2e, e2e_from_scheduled_ms=e2e + lag, status_code=status, error_class=error_class))
+        error_class, status = (
+            ("http_5xx", 503) if kind < 0.08 else ("cancelled", 0) if kind < 0.12 else (None, 200)
+        )
+        out.append(
+            RequestRecord(
+                run_id="0123abcd",
+                round=1,
+                phase="treatment",
+                step=0,
+                step_value=8,
+                request_id=f"r{i}",
+                scheduled_s=sched,
+                sent_s=sched + lag / 1000,
+                end_s=sched + (lag + e2e) / 1000,
+                e2e_ms=e2e,
+                e2e_from_scheduled_ms=e2e + lag,
+                status_code=status,
+                error_class=error_class,
+            )
+        )
     return out
 
 
 def _stop_p95(reqs: list[RequestRecord]) -> float:
     """The P95 the stop condition judges, over a window holding every request."""
-    monitor = StopMonitor(StopConditions(p95_ms=1e-6, error_rate=None, min_requests=1, window_s=1e6),
-                          wall_clock_s=1e9)
+    monitor = StopMonitor(
+        StopConditions(p95_ms=1e-6, error_rate=None, min_requests=1, window_s=1e6), wall_clock_s=1e9
+    )
     for r in reqs:
         monitor.on_request(r.end_s or 0.0, r.ok, r.error_class, r.e2e_from_scheduled_ms)
     reason = monitor.check(max(r.end_s or 0.0 for r in reqs))
@@ -59,11 +75,27 @@ def test_stop_condition_p95_is_the_report_p95_of_the_same_window(seed: int, n: i
 def test_a_tail_the_two_old_definitions_disagreed_on() -> None:
     """19 fast and 3 slow requests: nearest rank said 950 ms, the report 947.5 ms."""
     lat = [100.0] * 19 + [900.0, 950.0, 950.0]
-    reqs = [RequestRecord(run_id="0123abcd", round=1, phase="treatment", request_id=f"r{i}", scheduled_s=i * 0.1,
-                          sent_s=i * 0.1, end_s=i * 0.1 + v / 1000, e2e_ms=v, e2e_from_scheduled_ms=v, status_code=200)
-            for i, v in enumerate(lat)]
+    reqs = [
+        RequestRecord(
+            run_id="0123abcd",
+            round=1,
+            phase="treatment",
+            request_id=f"r{i}",
+            scheduled_s=i * 0.1,
+            sent_s=i * 0.1,
+            end_s=i * 0.1 + v / 1000,
+            e2e_ms=v,
+            e2e_from_scheduled_ms=v,
+            status_code=200,
+        )
+        for i, v in enumerate(lat)
+    ]
     window = Window(round=1, phase="treatment", step=None, start_s=0.0, end_s=3.1)
-    assert _stop_p95(reqs) == summarize_window(window, reqs, []).metrics()["e2e_sched_p95_ms"] == pytest.approx(947.5)
+    assert (
+        _stop_p95(reqs)
+        == summarize_window(window, reqs, []).metrics()["e2e_sched_p95_ms"]
+        == pytest.approx(947.5)
+    )
     assert percentile(lat, 95) == pytest.approx(947.5)
 
 

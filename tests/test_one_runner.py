@@ -38,7 +38,9 @@ def _spy_steps(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, float]]:
     return seen
 
 
-def test_an_experiment_and_a_drill_run_through_the_one_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_experiment_and_a_drill_run_through_the_one_runner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from vramlab.drill.plan import parse_plan as parse_drill
     from vramlab.drill.runner import DrillRunner
     from vramlab.experiment.plan import parse_plan
@@ -61,10 +63,14 @@ rounds: 1
             hook = EventHook()
             hook.add(exp_events.append)
             exp = await Runner(plan, hook, RunOptions(samplers=[], capture_environment=False)).run()
-            doc = {"name": "one-drill", "rounds": 1, "baseline_s": 0.3,
-                   "target": {"kind": "command", "environment": "test", "base_url": srv.url, "model": "m"},
-                   "load": {"concurrency": 1, "prompt_tokens": 8, "max_tokens": 2},
-                   "ramp": {"knob": "concurrency", "start": 1, "factor": 2, "ceiling": 2, "step_s": 0.3}}
+            doc = {
+                "name": "one-drill",
+                "rounds": 1,
+                "baseline_s": 0.3,
+                "target": {"kind": "command", "environment": "test", "base_url": srv.url, "model": "m"},
+                "load": {"concurrency": 1, "prompt_tokens": 8, "max_tokens": 2},
+                "ramp": {"knob": "concurrency", "start": 1, "factor": 2, "ceiling": 2, "step_s": 0.3},
+            }
             drill = DrillRunner(parse_drill(doc), store, workdir=str(tmp_path / "w"))
             drill.hook.add(drill_events.append)
             return exp, await asyncio.wait_for(drill.run(), 60), drill.run_id
@@ -79,11 +85,19 @@ rounds: 1
         assert shape.count("run_start") == 1 and shape.count("run_end") == 1, shape
         assert isinstance(events[0].payload, RunRecord) and events[0].payload.kind == kind
         assert events[-1].data["status"] == "completed"
-        first_baseline = next(i for i, e in enumerate(events) if e.kind == "phase_start" and e.phase == "baseline")
-        first_step = next(i for i, e in enumerate(events)
-                          if e.kind == "step" or (e.kind == "phase_start" and e.phase == "treatment"))
+        first_baseline = next(
+            i for i, e in enumerate(events) if e.kind == "phase_start" and e.phase == "baseline"
+        )
+        first_step = next(
+            i
+            for i, e in enumerate(events)
+            if e.kind == "step" or (e.kind == "phase_start" and e.phase == "treatment")
+        )
         assert first_baseline < first_step
-    assert [(e.round, e.phase, e.step) for e in drill_events if e.kind == "step"] == [(0, "ramp", 0), (0, "ramp", 1)]
+    assert [(e.round, e.phase, e.step) for e in drill_events if e.kind == "step"] == [
+        (0, "ramp", 0),
+        (0, "ramp", 1),
+    ]
     assert [e.kind for e in store.events(rid)][-1] == "run_end"
 
 
@@ -94,8 +108,14 @@ class _Scripted:
     first_step = 1
     interrupted = "interrupted"
 
-    def __init__(self, values: list[float], fail_at: float | None = None, raises: bool = False,
-                 hang: bool = False, baseline_error: Exception | None = None) -> None:
+    def __init__(
+        self,
+        values: list[float],
+        fail_at: float | None = None,
+        raises: bool = False,
+        hang: bool = False,
+        baseline_error: Exception | None = None,
+    ) -> None:
         self.run_id = "5c21e7ed"
         self.values, self.fail_at, self.raises, self.hang = values, fail_at, raises, hang
         self.baseline_error = baseline_error
@@ -107,8 +127,17 @@ class _Scripted:
         self.run = run
 
     async def record(self) -> tuple[str, RunRecord]:
-        return "start", RunRecord(run_id=self.run_id, kind="experiment", name="s", plan={}, plan_hash="h", fixed={},
-                                  target={}, change={}, started_at=0.0)
+        return "start", RunRecord(
+            run_id=self.run_id,
+            kind="experiment",
+            name="s",
+            plan={},
+            plan_hash="h",
+            fixed={},
+            target={},
+            change={},
+            started_at=0.0,
+        )
 
     async def started(self) -> None:
         self.calls.append(("started",))
@@ -188,7 +217,11 @@ def test_a_failing_step_ends_the_steps_and_the_window_is_cancelled_within_the_po
     assert res.status == "completed"
     assert ("failed", 2, 2.0, 1.0, True) in kind.calls  # step 2 failed while its window ran; step 1 completed
     assert [c for c in kind.calls if c[0] in ("after", "rollback", "after_rounds")] == [
-        ("after", 1, True), ("after", 2, True), ("after_rounds",), ("rollback", "completed", None)]
+        ("after", 1, True),
+        ("after", 2, True),
+        ("after_rounds",),
+        ("rollback", "completed", None),
+    ]
     # the failed step's window (kept by no one) ends with the step, a polling interval into its 0.15 s
     assert kind.windows_cancelled == 2
     assert [e.data["value"] for e in events if e.kind == "step"] == [1.0, 2.0, 1.0, 2.0]  # 3.0 never ran
@@ -249,7 +282,9 @@ def test_the_drill_package_has_no_run_loop_of_its_own() -> None:
         src = path.read_text(encoding="utf-8")
         tree = ast.parse(src)
         for loop in _loops(tree):
-            text = ast.get_source_segment(src, loop.iter if isinstance(loop, (ast.For, ast.AsyncFor)) else loop.test)
+            text = ast.get_source_segment(
+                src, loop.iter if isinstance(loop, (ast.For, ast.AsyncFor)) else loop.test
+            )
             body = ast.unparse(loop)
             if "rounds" in (text or "") or ".next(" in body or ".failure()" in body:
                 found.append(f"{path.name}:{loop.lineno}: {text}")

@@ -58,8 +58,10 @@ def test_exact_matches_brute_force(sizes: list[float], caps: list[float]) -> Non
 
 
 @settings(max_examples=40, deadline=None)
-@given(sizes=st.lists(st.sampled_from([3.0, 5.0, 8.0, 11.0]), min_size=1, max_size=5),
-       extra=st.sampled_from([3.0, 5.0, 8.0, 11.0]))
+@given(
+    sizes=st.lists(st.sampled_from([3.0, 5.0, 8.0, 11.0]), min_size=1, max_size=5),
+    extra=st.sampled_from([3.0, 5.0, 8.0, 11.0]),
+)
 def test_adding_a_model_never_needs_fewer_cards_or_less_memory(sizes: list[float], extra: float) -> None:
     f = fleet(("a", "l4", 4, 22.0))
     table = {f"m{i}": {1: s} for i, s in enumerate(sizes)} | {"new": {1: extra}}
@@ -97,7 +99,7 @@ def test_unplaceable_instance_says_why_and_what_would_fit() -> None:
     table = {"small": {1: 5.0}, "big": {1: 30.0, 2: 15.0}}
     r = pack([inst("small"), inst("big")], f, TableDemand(table))
     assert not r.feasible
-    (name, why), = r.unplaced
+    ((name, why),) = r.unplaced
     assert name == "big" and "30.00 GiB" in why
     changes = explain([inst("small"), inst("big")], f, TableDemand(table), r)
     kinds = [c.kind for c in changes]
@@ -119,8 +121,12 @@ def test_one_more_card_is_suggested_only_when_it_is_the_fix() -> None:
 def test_on_demand_instances_share_the_room_left_by_residents() -> None:
     f = fleet(("a", "l4", 2, 22.0))
     table = {"res": {1: 12.0}, "od1": {1: 8.0}, "od2": {1: 8.0}}
-    r = pack([inst(n) for n in table], f, TableDemand(table),
-             residency={"res": "resident", "od1": "on-demand", "od2": "on-demand"})
+    r = pack(
+        [inst(n) for n in table],
+        f,
+        TableDemand(table),
+        residency={"res": "resident", "od1": "on-demand", "od2": "on-demand"},
+    )
     assert r.feasible
     assert len(r.cards_used) == 1  # both on-demand models live in the resident card's spare 10 GiB
     assert {p.residency for p in r.on_card(0)} == {"resident", "on-demand"}

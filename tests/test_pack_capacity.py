@@ -18,19 +18,34 @@ from vramlab.placement.pack import pack
 from vramlab.placement.settings import engine_settings
 from vramlab.sources import resolve_model
 
-MODELS = ["qwen2.5-0.5b-instruct", "llama-3.2-1b-instruct", "qwen2.5-3b-instruct", "qwen2.5-7b-instruct",
-          "llama-3.1-8b-instruct", "mistral-7b-instruct-v0.3"]
+MODELS = [
+    "qwen2.5-0.5b-instruct",
+    "llama-3.2-1b-instruct",
+    "qwen2.5-3b-instruct",
+    "qwen2.5-7b-instruct",
+    "llama-3.1-8b-instruct",
+    "mistral-7b-instruct-v0.3",
+]
 DEMAND = CapacityDemand()  # shared: its cache keeps the property tests fast
 
 instances = st.lists(
-    st.builds(lambda m, e, c, ctx: (m, e, c, ctx), st.sampled_from(MODELS), st.sampled_from(["vllm", "sglang"]),
-              st.integers(1, 8), st.sampled_from([2048, 4096, 8192])),
-    min_size=1, max_size=4)
+    st.builds(
+        lambda m, e, c, ctx: (m, e, c, ctx),
+        st.sampled_from(MODELS),
+        st.sampled_from(["vllm", "sglang"]),
+        st.integers(1, 8),
+        st.sampled_from([2048, 4096, 8192]),
+    ),
+    min_size=1,
+    max_size=4,
+)
 
 
 def make(rows: list[tuple[str, str, int, int]]) -> list[Instance]:
-    return [Instance(name=f"i{k}", model=m, engine=e, concurrency=c, context_tokens=ctx, tp_options=(1, 2))
-            for k, (m, e, c, ctx) in enumerate(rows)]
+    return [
+        Instance(name=f"i{k}", model=m, engine=e, concurrency=c, context_tokens=ctx, tp_options=(1, 2))
+        for k, (m, e, c, ctx) in enumerate(rows)
+    ]
 
 
 FLEET = fleet(("edge", "l4", 2, 22.49), ("big", "a100-40gb", 1, 39.56))
@@ -38,10 +53,18 @@ FLEET = fleet(("edge", "l4", 2, 22.49), ("big", "a100-40gb", 1, 39.56))
 
 def recompute(inst: Instance, flags: dict, gpu_name: str, other: int, tp: int):
     """The capacity model's answer for exactly the flags pack emitted, started after `other` bytes."""
-    kw: dict[str, Any] = {"gpu_memory_utilization": flags.get("--gpu-memory-utilization"),
-          "mem_fraction_static": flags.get("--mem-fraction-static")}
-    s = EngineSettings(engine=inst.engine, max_model_len=inst.context_tokens, max_num_seqs=inst.concurrency,
-                       tensor_parallel_size=tp, other_processes_bytes=other, **kw)
+    kw: dict[str, Any] = {
+        "gpu_memory_utilization": flags.get("--gpu-memory-utilization"),
+        "mem_fraction_static": flags.get("--mem-fraction-static"),
+    }
+    s = EngineSettings(
+        engine=inst.engine,
+        max_model_len=inst.context_tokens,
+        max_num_seqs=inst.concurrency,
+        tensor_parallel_size=tp,
+        other_processes_bytes=other,
+        **kw,
+    )
     return estimate(resolve_model(inst.model), get_gpu(gpu_name), s)
 
 
@@ -68,10 +91,14 @@ def test_a_plan_marked_feasible_fits_under_the_capacity_model(rows: list[tuple[s
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances, st.sampled_from(MODELS))
-def test_adding_a_model_never_lowers_total_memory_demand(rows: list[tuple[str, str, int, int]], extra: str) -> None:
+def test_adding_a_model_never_lowers_total_memory_demand(
+    rows: list[tuple[str, str, int, int]], extra: str
+) -> None:
     big = fleet(("n", "a100-80gb", 8, 79.15))
     before = make(rows)
-    after = before + [Instance(name="extra", model=extra, concurrency=2, context_tokens=4096, tp_options=(1, 2))]
+    after = before + [
+        Instance(name="extra", model=extra, concurrency=2, context_tokens=4096, tp_options=(1, 2))
+    ]
 
     def total(insts: list[Instance]) -> int:
         r = pack(insts, big, DEMAND, method="ffd")
@@ -82,22 +109,35 @@ def test_adding_a_model_never_lowers_total_memory_demand(rows: list[tuple[str, s
 
 
 def test_vllm_utilisations_on_a_shared_card_leave_room_for_context_outside_them() -> None:
-    insts = [Instance(name="a", model="qwen2.5-3b-instruct", concurrency=4, context_tokens=4096, tp_options=(1,)),
-             Instance(name="b", model="llama-3.2-1b-instruct", concurrency=8, context_tokens=4096, tp_options=(1,))]
+    insts = [
+        Instance(name="a", model="qwen2.5-3b-instruct", concurrency=4, context_tokens=4096, tp_options=(1,)),
+        Instance(
+            name="b", model="llama-3.2-1b-instruct", concurrency=8, context_tokens=4096, tp_options=(1,)
+        ),
+    ]
     one = fleet(("n", "l4", 1, 22.49))
     r = pack(insts, one, DEMAND)
     assert r.feasible and r.cards_used == (0,)
     out, (check,) = engine_settings(r, insts, DEMAND, Policy())
     utils = [s.flags["--gpu-memory-utilization"] for s in out]
-    assert sum(utils) == pytest.approx(check.vllm_utilization_sum, abs=1e-9)  # 3-d.p. flags, 3-d.p. sum (float sum)
+    assert sum(utils) == pytest.approx(
+        check.vllm_utilization_sum, abs=1e-9
+    )  # 3-d.p. flags, 3-d.p. sum (float sum)
     # shares of the whole card, plus what each process holds outside its share, fit the card
-    assert check.vllm_utilization_sum * one.cards[0].memory_bytes + check.outside_budget_bytes <= one.cards[0].memory_bytes
+    assert (
+        check.vllm_utilization_sum * one.cards[0].memory_bytes + check.outside_budget_bytes
+        <= one.cards[0].memory_bytes
+    )
     assert [s.start_order for s in out] == [1, 2] and out[1].start_after == (out[0].instance,)
 
 
 def test_infeasible_long_context_gets_a_shorter_max_model_len_that_really_fits() -> None:
     one = fleet(("n", "l4", 1, 22.49))
-    insts = [Instance(name="chat", model="llama-3.1-8b-instruct", concurrency=4, context_tokens=16384, tp_options=(1,))]
+    insts = [
+        Instance(
+            name="chat", model="llama-3.1-8b-instruct", concurrency=4, context_tokens=16384, tp_options=(1,)
+        )
+    ]
     r = pack(insts, one, DEMAND)
     assert not r.feasible
     changes = explain(insts, one, DEMAND, r)
@@ -112,9 +152,17 @@ def test_infeasible_long_context_gets_a_shorter_max_model_len_that_really_fits()
 
 def test_sglang_fraction_counts_what_started_before_it() -> None:
     card = fleet(("n", "a100-80gb", 1, 79.15))
-    big = Instance(name="big", model="llama-3.1-8b-instruct", concurrency=16, context_tokens=8192, tp_options=(1,))
-    sg = Instance(name="sg", model="qwen2.5-3b-instruct", engine="sglang", concurrency=4, context_tokens=4096,
-                  tp_options=(1,))
+    big = Instance(
+        name="big", model="llama-3.1-8b-instruct", concurrency=16, context_tokens=8192, tp_options=(1,)
+    )
+    sg = Instance(
+        name="sg",
+        model="qwen2.5-3b-instruct",
+        engine="sglang",
+        concurrency=4,
+        context_tokens=4096,
+        tp_options=(1,),
+    )
     alone = engine_settings(pack([sg], card, DEMAND), [sg], DEMAND, Policy())[0][0]
     out, (check,) = engine_settings(pack([big, sg], card, DEMAND), [big, sg], DEMAND, Policy())
     first, second = sorted(out, key=lambda s: s.start_order)

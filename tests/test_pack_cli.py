@@ -31,8 +31,17 @@ def test_examples_table() -> None:
 
 def test_examples_json_and_plot(tmp_path: Path) -> None:
     png = tmp_path / "map.png"
-    p = run(str(EX / "fleet.yaml"), str(EX / "models.yaml"), "--json", "--plot", str(png),
-            "--simulate", str(EX / "trace.jsonl"), "--policy", "sleep-1")
+    p = run(
+        str(EX / "fleet.yaml"),
+        str(EX / "models.yaml"),
+        "--json",
+        "--plot",
+        str(png),
+        "--simulate",
+        str(EX / "trace.jsonl"),
+        "--policy",
+        "sleep-1",
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert doc["schema"] == "vramlab.pack/1" and doc["feasible"] is True
@@ -74,16 +83,22 @@ def test_unknown_catalog_model_is_a_user_error(tmp_path: Path) -> None:
     assert p.returncode == 2 and "Traceback" not in p.stderr and "llama-9-8b" in p.stderr
 
 
-@pytest.mark.parametrize(("text", "where"), [
-    ("models:\n  - model: a\n    engine: vlm\n", ":3: models[0].engine: unknown engine 'vlm'"),
-    ("models:\n  - model: a\n    tp: 3\n", ":3: models[0].tp"),
-    ("models:\n  - model: a\n    settings:\n      kv_cache_dtyp: fp8\n", ":3: models[0].settings: unknown engine setting 'kv_cache_dtyp'; did you mean 'kv_cache_dtype'"),
-    ("models:\n  - model: a\n    settings: {max_model_len: 10}\n", "set by pack"),
-    ("models:\n  - model: a\n  - model: a\n", ":3: instance name 'a' is used twice"),
-    ("policy: {eviction: fifo}\nmodels:\n  - model: a\n", ":1: policy.eviction: unknown eviction policy"),
-    ("models: [\n", "not valid YAML"),
-    ("", "the file is empty"),
-])
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("models:\n  - model: a\n    engine: vlm\n", ":3: models[0].engine: unknown engine 'vlm'"),
+        ("models:\n  - model: a\n    tp: 3\n", ":3: models[0].tp"),
+        (
+            "models:\n  - model: a\n    settings:\n      kv_cache_dtyp: fp8\n",
+            ":3: models[0].settings: unknown engine setting 'kv_cache_dtyp'; did you mean 'kv_cache_dtype'",
+        ),
+        ("models:\n  - model: a\n    settings: {max_model_len: 10}\n", "set by pack"),
+        ("models:\n  - model: a\n  - model: a\n", ":3: instance name 'a' is used twice"),
+        ("policy: {eviction: fifo}\nmodels:\n  - model: a\n", ":1: policy.eviction: unknown eviction policy"),
+        ("models: [\n", "not valid YAML"),
+        ("", "the file is empty"),
+    ],
+)
 def test_models_errors(tmp_path: Path, text: str, where: str) -> None:
     f = tmp_path / "m.yaml"
     f.write_text(text)
@@ -94,7 +109,9 @@ def test_models_errors(tmp_path: Path, text: str, where: str) -> None:
 
 def test_models_defaults_fill_every_model(tmp_path: Path) -> None:
     f = tmp_path / "m.yaml"
-    f.write_text("defaults: {engine: sglang, priority: 3}\nmodels:\n  - model: a\n  - {model: b, priority: 9}\n")
+    f.write_text(
+        "defaults: {engine: sglang, priority: 3}\nmodels:\n  - model: a\n  - {model: b, priority: 9}\n"
+    )
     insts, policy = load_models(f)
     assert [(i.engine, i.priority) for i in insts] == [("sglang", 3), ("sglang", 9)]
     assert policy.eviction == "lru" and policy.keep_alive_s == 300

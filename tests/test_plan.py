@@ -87,13 +87,18 @@ def test_yaml_syntax_error_has_a_line() -> None:
 
 
 def test_not_a_mapping_and_missing_file(tmp_path: Path) -> None:
-    assert _err("- a\n- b\n") == "plan.yaml:1: a plan is a mapping (kind: experiment, name:, target:, ...), got list"
+    assert (
+        _err("- a\n- b\n")
+        == "plan.yaml:1: a plan is a mapping (kind: experiment, name:, target:, ...), got list"
+    )
     with pytest.raises(ConfigError, match="no such plan file"):
         load_plan(tmp_path / "nope.yaml")
 
 
 def test_jsonl_path_is_checked_relative_to_the_plan(tmp_path: Path) -> None:
-    text = GOOD.replace("    synthetic: {prompt_tokens: 10, output_tokens: 4, seed: 1, count: 5}", "    jsonl: in.jsonl")
+    text = GOOD.replace(
+        "    synthetic: {prompt_tokens: 10, output_tokens: 4, seed: 1, count: 5}", "    jsonl: in.jsonl"
+    )
     p = tmp_path / "p.yaml"
     p.write_text(text)
     with pytest.raises(ConfigError, match="fixed.input.jsonl: no such file"):
@@ -132,14 +137,33 @@ def test_junk_text_gives_config_error_only(text: str) -> None:
         assert str(exc).startswith("plan.yaml:")
 
 
-_values = st.recursive(st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=True) | st.text(max_size=8),
-                       lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
-                       max_leaves=8)
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
+    max_leaves=8,
+)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.sampled_from(["name", "target", "fixed", "change", "phases", "rounds", "load", "stop_conditions",
-                        "rollback", "samplers", "metrics", "bogus"]), _values)
+@given(
+    st.sampled_from(
+        [
+            "name",
+            "target",
+            "fixed",
+            "change",
+            "phases",
+            "rounds",
+            "load",
+            "stop_conditions",
+            "rollback",
+            "samplers",
+            "metrics",
+            "bogus",
+        ]
+    ),
+    _values,
+)
 def test_junk_values_in_a_good_plan_give_config_error_only(key: str, value: object) -> None:
     doc = yaml.safe_load(GOOD)
     doc[key] = value
@@ -152,7 +176,13 @@ def test_junk_values_in_a_good_plan_give_config_error_only(key: str, value: obje
 def test_every_engine_the_readme_names_is_a_target_kind() -> None:
     # `target.kind: transformers` was refused although the README lists transformers
     readme = (ROOT / "README.md").read_text().split("\n\n")[1]
-    named = {"vLLM": "vllm", "SGLang": "sglang", "TGI": "tgi", "llama.cpp": "llama.cpp", "transformers": "transformers"}
+    named = {
+        "vLLM": "vllm",
+        "SGLang": "sglang",
+        "TGI": "tgi",
+        "llama.cpp": "llama.cpp",
+        "transformers": "transformers",
+    }
     assert all(word in readme for word in named), readme
     for kind in named.values():
         plan = parse_plan(GOOD.replace("  model: m\n", f"  model: m\n  kind: {kind}\n"))

@@ -16,11 +16,20 @@ from vramlab.experiment import plan as experiment_plan
 from vramlab.records import EventRecord, RequestRecord, RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
-PLANS = {"concurrency-ramp": "experiment", "demo": "experiment", "memory-concurrency": "experiment",
-         "memory-context": "experiment", "oom-drill": "drill", "cotenant-drill": "drill",
-         "colocation-drill": "colocation"}
+PLANS = {
+    "concurrency-ramp": "experiment",
+    "demo": "experiment",
+    "memory-concurrency": "experiment",
+    "memory-context": "experiment",
+    "oom-drill": "drill",
+    "cotenant-drill": "drill",
+    "colocation-drill": "colocation",
+}
 LOADERS: dict[str, Callable[[Path], experiment_plan.Plan | drill_plan.DrillPlan]] = {
-    "experiment": experiment_plan.load_plan, "drill": drill_plan.load_plan, "colocation": drill_plan.load_plan}
+    "experiment": experiment_plan.load_plan,
+    "drill": drill_plan.load_plan,
+    "colocation": drill_plan.load_plan,
+}
 
 
 def test_every_shipped_plan_names_its_kind_and_loads_without_a_note():
@@ -60,8 +69,16 @@ def test_an_old_drill_document_loads_with_one_note_per_old_name(tmp_path):
     ]
     assert plan.kind == "drill"
     # the values moved, and the drill's own defaults fill what the old stop: left out
-    assert (plan.stop_conditions.error_rate, plan.stop_conditions.p95_ms, plan.stop_conditions.window_s) == (0.4, 900, 3)
-    assert (plan.load.retry.policy, plan.load.retry.max_attempts, plan.load.concurrency) == ("immediate", 5, 2)
+    assert (plan.stop_conditions.error_rate, plan.stop_conditions.p95_ms, plan.stop_conditions.window_s) == (
+        0.4,
+        900,
+        3,
+    )
+    assert (plan.load.retry.policy, plan.load.retry.max_attempts, plan.load.concurrency) == (
+        "immediate",
+        5,
+        2,
+    )
     assert plan.target.metrics_endpoint("http://127.0.0.1:9") == "http://127.0.0.1:9/engine/metrics"
     assert plan.warnings()[:4] == plan.old_name_notes()  # stored with the drill as warnings
     # the document the notes came from is not edited, and the plan dumps in the new names only
@@ -76,41 +93,57 @@ def test_an_old_experiment_document_loads_with_its_notes(tmp_path):
     path = tmp_path / "old.yaml"
     path.write_text(old)
     plan = experiment_plan.load_plan(path)
-    assert plan.old_name_notes() == [f"{path}: kind: (missing) -> kind: experiment; a plan names its kind now",
-                                     f"{path}: change.ramp.max -> change.ramp.ceiling (the old name still loads; "
-                                     "rename it)"]
-    assert plan.change.values() == [2, 4, 8, 16] and plan.change.ramp is not None and plan.change.ramp.ceiling == 16
-    assert plan.warnings()[:2] == plan.old_name_notes()  # the runner stores plan.warnings() as the run's notes
+    assert plan.old_name_notes() == [
+        f"{path}: kind: (missing) -> kind: experiment; a plan names its kind now",
+        f"{path}: change.ramp.max -> change.ramp.ceiling (the old name still loads; rename it)",
+    ]
+    assert (
+        plan.change.values() == [2, 4, 8, 16]
+        and plan.change.ramp is not None
+        and plan.change.ramp.ceiling == 16
+    )
+    assert (
+        plan.warnings()[:2] == plan.old_name_notes()
+    )  # the runner stores plan.warnings() as the run's notes
 
 
 def test_a_field_given_by_both_names_and_a_foreign_kind_are_one_line(tmp_path):
     both = OLD_DRILL.replace("load: {concurrency: 2}", "load: {concurrency: 2, retry: {policy: none}}")
     with pytest.raises(ConfigError) as err:
         drill_plan.parse_plan(yaml.safe_load(both), "both.yaml")
-    assert str(err.value) == ("both.yaml: load.retry: given twice: as load.retry and by its old name clients; "
-                              "keep load.retry")
+    assert str(err.value) == (
+        "both.yaml: load.retry: given twice: as load.retry and by its old name clients; keep load.retry"
+    )
     with pytest.raises(ConfigError, match=r"^plan.yaml:\d+: kind: unknown kind 'chaos'"):
         experiment_plan.parse_plan("kind: chaos\nname: x\n")
     with pytest.raises(ConfigError, match=r"^plan.yaml:1: kind: unknown kind \[1\]"):
         experiment_plan.parse_plan("kind: [1]\nname: x\n")
     doc = yaml.safe_load((ROOT / "examples" / "oom-drill.yaml").read_text())
     doc["kind"] = "colocation"  # colocation without a colocation: section
-    with pytest.raises(ConfigError, match="^x.yaml: kind: colocation, but a drill with a colocation: section is "
-                       "kind: colocation and one without is kind: drill$"):
+    with pytest.raises(
+        ConfigError,
+        match="^x.yaml: kind: colocation, but a drill with a colocation: section is "
+        "kind: colocation and one without is kind: drill$",
+    ):
         drill_plan.parse_plan(doc, "x.yaml")
 
 
-@pytest.mark.parametrize(("command", "example", "says"), [
-    ("run", "oom-drill.yaml", "this is a drill plan; run it with `vramlab drill {path}`"),
-    ("run", "colocation-drill.yaml", "this is a colocation plan; run it with `vramlab drill {path}`"),
-    ("drill", "concurrency-ramp.yaml", "this is an experiment plan; run it with `vramlab run {path}`"),
-    ("alerts", "demo.yaml", "this is an experiment plan; run it with `vramlab run {path}`"),
-])
+@pytest.mark.parametrize(
+    ("command", "example", "says"),
+    [
+        ("run", "oom-drill.yaml", "this is a drill plan; run it with `vramlab drill {path}`"),
+        ("run", "colocation-drill.yaml", "this is a colocation plan; run it with `vramlab drill {path}`"),
+        ("drill", "concurrency-ramp.yaml", "this is an experiment plan; run it with `vramlab run {path}`"),
+        ("alerts", "demo.yaml", "this is an experiment plan; run it with `vramlab run {path}`"),
+    ],
+)
 def test_a_plan_of_another_kind_is_refused_with_the_command_to_use(command, example, says, capsys, tmp_path):
     from vramlab.cli.main import main
 
     path = ROOT / "examples" / example
-    code = main([command, str(path), "--db", str(tmp_path / "v.db")] if command != "alerts" else [command, str(path)])
+    code = main(
+        [command, str(path), "--db", str(tmp_path / "v.db")] if command != "alerts" else [command, str(path)]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert err[0].endswith(f"kind: {says.format(path=path)}"), err[0]
@@ -131,11 +164,31 @@ def test_one_sim_settings_model_for_run_drill_and_colocation():
     # one set of defaults; an experiment's sim serves the model its requests name
     assert run.sim is not None and drill.sim is not None
     # ... and keeps the pace runs always had where the plan leaves speed out (the model's default is a drill's)
-    assert run.sim.argv() == ["--model", "qwen2.5-0.5b-instruct", "--gpu", "l4", "--engine", "vllm", "--speed", "20",
-                              "--seed", "0"]
+    assert run.sim.argv() == [
+        "--model",
+        "qwen2.5-0.5b-instruct",
+        "--gpu",
+        "l4",
+        "--engine",
+        "vllm",
+        "--speed",
+        "20",
+        "--seed",
+        "0",
+    ]
     assert SimSettings().speed == 50 and engine.sim.speed == 50
-    assert drill.sim.argv() == ["--model", "llama-3.1-8b-instruct", "--gpu", "l4", "--engine", "vllm", "--speed",
-                                "50", "--seed", "0"]
+    assert drill.sim.argv() == [
+        "--model",
+        "llama-3.1-8b-instruct",
+        "--gpu",
+        "l4",
+        "--engine",
+        "vllm",
+        "--speed",
+        "50",
+        "--seed",
+        "0",
+    ]
 
 
 def test_a_metrics_url_is_a_url_or_a_path_on_the_target():
@@ -143,7 +196,10 @@ def test_a_metrics_url_is_a_url_or_a_path_on_the_target():
 
     root = "http://10.0.0.5:8000"
     assert Target(model="m", base_url=root + "/v1").metrics_endpoint(root) == root + "/metrics"
-    assert Target(model="m", base_url=root, metrics_url="/x/metrics").metrics_endpoint(root) == root + "/x/metrics"
+    assert (
+        Target(model="m", base_url=root, metrics_url="/x/metrics").metrics_endpoint(root)
+        == root + "/x/metrics"
+    )
     other = "http://10.0.0.5:9400/metrics"
     assert Target(model="m", base_url=root, metrics_url=other).metrics_endpoint(root) == other
     with pytest.raises(ValueError, match="http:// or https:// URL"):
@@ -156,19 +212,42 @@ RUN = "0ddba11a"
 
 
 def _stored_drill(plan: dict) -> RunRecord:
-    return RunRecord(run_id=RUN, kind="drill", name="old-drill", plan=plan, started_at=1_760_000_000.0,
-                     ended_at=1_760_000_030.0, status="completed",
-                     change={"variable": "context", "unit": "prompt tokens", "steps": [256.0, 512.0]})
+    return RunRecord(
+        run_id=RUN,
+        kind="drill",
+        name="old-drill",
+        plan=plan,
+        started_at=1_760_000_000.0,
+        ended_at=1_760_000_030.0,
+        status="completed",
+        change={"variable": "context", "unit": "prompt tokens", "steps": [256.0, 512.0]},
+    )
 
 
 def _context(plan: dict):
     from vramlab.report.sections import ReportContext
 
-    reqs = [RequestRecord(run_id=RUN, round=0, phase="baseline", request_id=f"u0:{i}", sent_s=i * 0.2,
-                          end_s=i * 0.2 + 0.1, e2e_ms=100.0, status_code=200) for i in range(10)]
-    events = [EventRecord(run_id=RUN, t_s=0.0, kind="phase_start", round=0, message="baseline",
-                          data={"phase": "baseline"}),
-              EventRecord(run_id=RUN, t_s=2.0, kind="step", round=0, message="step", data={"step": 0, "value": 256})]
+    reqs = [
+        RequestRecord(
+            run_id=RUN,
+            round=0,
+            phase="baseline",
+            request_id=f"u0:{i}",
+            sent_s=i * 0.2,
+            end_s=i * 0.2 + 0.1,
+            e2e_ms=100.0,
+            status_code=200,
+        )
+        for i in range(10)
+    ]
+    events = [
+        EventRecord(
+            run_id=RUN, t_s=0.0, kind="phase_start", round=0, message="baseline", data={"phase": "baseline"}
+        ),
+        EventRecord(
+            run_id=RUN, t_s=2.0, kind="step", round=0, message="step", data={"step": 0, "value": 256}
+        ),
+    ]
     return ReportContext.build(_stored_drill(plan), reqs, [], events)
 
 
@@ -185,11 +264,15 @@ def test_a_drill_stored_under_the_old_names_reads_through_the_plan_model():
     assert "clients" not in ctx.plan and ctx.run.plan["clients"] == {"policy": "immediate", "max_attempts": 5}
     assert plan_section(ctx, Retry, "load", "retry").max_attempts == 5
     assert plan_section(ctx, RecoverySpec, "recovery").p95_tolerance == 2.0
-    assert plan_section(ctx, RecoverySpec, "recovery").limit_s == RecoverySpec().limit_s  # the model's default
+    assert (
+        plan_section(ctx, RecoverySpec, "recovery").limit_s == RecoverySpec().limit_s
+    )  # the model's default
     storm = s_storm(ctx)[0]
     assert isinstance(storm, Table) and ["client retry policy", "immediate"] in storm.rows
     # the new names read the same; a section that no longer validates reads as the model's defaults
-    new = _context({"kind": "drill", "load": {"retry": {"policy": "exponential"}}, "recovery": {"limit_s": "soon"}})
+    new = _context(
+        {"kind": "drill", "load": {"retry": {"policy": "exponential"}}, "recovery": {"limit_s": "soon"}}
+    )
     storm = s_storm(new)[0]
     assert isinstance(storm, Table) and ["client retry policy", "exponential"] in storm.rows
     assert plan_section(new, RecoverySpec, "recovery") == RecoverySpec()
@@ -212,7 +295,8 @@ def test_a_run_of_an_old_plan_stores_its_notes_with_the_run(tmp_path):
     store = open_store(str(tmp_path / "v.db"))
 
     async def go(url: str) -> str:
-        plan = experiment_plan.parse_plan(f"""
+        plan = experiment_plan.parse_plan(
+            f"""
 name: old-run
 target: {{base_url: "{url}", model: stub-model}}
 fixed: {{input: {{synthetic: {{prompt_tokens: 8, output_tokens: 3, seed: 1, count: 4}}}}}}
@@ -220,7 +304,9 @@ change: {{variable: concurrency, ramp: {{start: 1, factor: 2, max: 2}}}}
 phases: {{duration_s: 0.2, drain_s: 0.2}}
 rounds: 1
 samplers: {{sources: [host], interval_s: 0.05}}
-""", "old-run.yaml")
+""",
+            "old-run.yaml",
+        )
         hook = EventHook()
         hook.add(StoreRecorder(store))
         return (await Runner(plan, hook, RunOptions()).run()).run_id
@@ -231,5 +317,10 @@ samplers: {{sources: [host], interval_s: 0.05}}
 
     run = store.get_run(asyncio.run(main()))
     assert run.status == "completed" and run.change["steps"] == [1, 2]
-    assert "old-run.yaml: change.ramp.max -> change.ramp.ceiling (the old name still loads; rename it)" in run.notes
-    assert run.plan["kind"] == "experiment" and run.plan["change"]["ramp"]["ceiling"] == 2  # stored in the new names
+    assert (
+        "old-run.yaml: change.ramp.max -> change.ramp.ceiling (the old name still loads; rename it)"
+        in run.notes
+    )
+    assert (
+        run.plan["kind"] == "experiment" and run.plan["change"]["ramp"]["ceiling"] == 2
+    )  # stored in the new names

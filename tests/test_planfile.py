@@ -56,8 +56,11 @@ def test_an_unknown_key_is_named_at_its_line(which: str, tmp_path: Path) -> None
 def test_an_unknown_nested_key_is_named_at_its_line(which: str, tmp_path: Path) -> None:
     loader, example = LOADERS[which]
     lines = (EXAMPLES / example).read_text().splitlines()
-    head = next(i for i, ln in enumerate(lines) if re.match(r"^[a-z_]+:\s*(#.*)?$", ln)
-                and re.match(r"^  [a-z_]+:", lines[i + 1]))
+    head = next(
+        i
+        for i, ln in enumerate(lines)
+        if re.match(r"^[a-z_]+:\s*(#.*)?$", ln) and re.match(r"^  [a-z_]+:", lines[i + 1])
+    )
     lines.insert(head + 1, "  colour_of_the_sky: blue")
     bad = tmp_path / example
     bad.write_text("\n".join(lines) + "\n")
@@ -74,8 +77,13 @@ def test_broken_yaml_empty_files_lists_and_missing_files(which: str, tmp_path: P
     bad.write_text("")
     assert _error(loader, bad) == f"{bad}:1: the file is empty"
     bad.write_text("- a\n- b\n")
-    assert re.match(rf"^{re.escape(str(bad))}:1: an? [a-z ]+ is a mapping \(.+\), got list$", _error(loader, bad))
-    assert re.match(rf"^{re.escape(str(tmp_path / 'nope.yaml'))}: no such \w+ file$", _error(loader, tmp_path / "nope.yaml"))
+    assert re.match(
+        rf"^{re.escape(str(bad))}:1: an? [a-z ]+ is a mapping \(.+\), got list$", _error(loader, bad)
+    )
+    assert re.match(
+        rf"^{re.escape(str(tmp_path / 'nope.yaml'))}: no such \w+ file$",
+        _error(loader, tmp_path / "nope.yaml"),
+    )
 
 
 def test_a_drill_plan_value_error_carries_the_line(tmp_path: Path) -> None:

@@ -27,21 +27,24 @@ def _clean() -> Iterator[None]:
     r.forget_all()
 
 
-@pytest.mark.parametrize("text, secret", [
-    ("http://alice:S3cretUrlPw@host:8000/v1", "S3cretUrlPw"),
-    ("POST https://TOKENasUSER123@api.example.com/v1", "TOKENasUSER123"),
-    ("postgresql://vramlab:pgPassw0rd@db/vramlab", "pgPassw0rd"),
-    ("Authorization: Bearer abcdEFGH12345678", "abcdEFGH12345678"),
-    ('{"headers": {"Authorization": "Bearer zzTopSecret99"}}', "zzTopSecret99"),
-    ("{'authorization': 'Basic YWxpY2U6czNjcmV0'}", "YWxpY2U6czNjcmV0"),
-    ("Cookie: session=abcdef123456; other=1", "abcdef123456"),
-    ('{"x-api-key": "plainkeyvalue"}', "plainkeyvalue"),
-    ("error: invalid key sk-proj-AbCdEfGhIjKlMnOpQrSt1234", "AbCdEfGhIjKlMnOpQrSt1234"),
-    ("token hf_AbCdEfGhIjKlMnOpQrStUv was refused", "hf_AbCdEfGhIjKlMnOpQrStUv"),
-    ("GET /metrics?api_key=qwerty12345&x=1", "qwerty12345"),
-    ('"password": "hunter2hunter2"', "hunter2hunter2"),
-    ("ghp_0123456789abcdefghijABCDEFGHIJ", "0123456789abcdefghijABCDEFGHIJ"),
-])
+@pytest.mark.parametrize(
+    "text, secret",
+    [
+        ("http://alice:S3cretUrlPw@host:8000/v1", "S3cretUrlPw"),
+        ("POST https://TOKENasUSER123@api.example.com/v1", "TOKENasUSER123"),
+        ("postgresql://vramlab:pgPassw0rd@db/vramlab", "pgPassw0rd"),
+        ("Authorization: Bearer abcdEFGH12345678", "abcdEFGH12345678"),
+        ('{"headers": {"Authorization": "Bearer zzTopSecret99"}}', "zzTopSecret99"),
+        ("{'authorization': 'Basic YWxpY2U6czNjcmV0'}", "YWxpY2U6czNjcmV0"),
+        ("Cookie: session=abcdef123456; other=1", "abcdef123456"),
+        ('{"x-api-key": "plainkeyvalue"}', "plainkeyvalue"),
+        ("error: invalid key sk-proj-AbCdEfGhIjKlMnOpQrSt1234", "AbCdEfGhIjKlMnOpQrSt1234"),
+        ("token hf_AbCdEfGhIjKlMnOpQrStUv was refused", "hf_AbCdEfGhIjKlMnOpQrStUv"),
+        ("GET /metrics?api_key=qwerty12345&x=1", "qwerty12345"),
+        ('"password": "hunter2hunter2"', "hunter2hunter2"),
+        ("ghp_0123456789abcdefghijABCDEFGHIJ", "0123456789abcdefghijABCDEFGHIJ"),
+    ],
+)
 def test_patterns_mask_the_secret(text: str, secret: str) -> None:
     out = r.redact(text)
     assert secret not in out, out
@@ -49,13 +52,16 @@ def test_patterns_mask_the_secret(text: str, secret: str) -> None:
     assert r.redact(out) == out  # idempotent
 
 
-@pytest.mark.parametrize("text", [
-    "Engine 000: Avg prompt throughput: 12.0 tokens/s, GPU KV cache usage: 3.1%",
-    "http://127.0.0.1:8000/v1/chat/completions",
-    "a basic experiment with token usage 0.42",
-    "round 1/3 baseline: 40 requests, 0 errors, P95 120 ms",
-    "api_key_env: OPENAI_API_KEY",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Engine 000: Avg prompt throughput: 12.0 tokens/s, GPU KV cache usage: 3.1%",
+        "http://127.0.0.1:8000/v1/chat/completions",
+        "a basic experiment with token usage 0.42",
+        "round 1/3 baseline: 40 requests, 0 errors, P95 120 ms",
+        "api_key_env: OPENAI_API_KEY",
+    ],
+)
 def test_ordinary_text_is_left_alone(text: str) -> None:
     assert r.redact(text) == text
 
@@ -104,8 +110,9 @@ def echo_server() -> Iterator[str]:
     from aiohttp import web
 
     async def echo(request: web.Request) -> web.Response:
-        return web.json_response({"error": {"message": f"unauthorized: {dict(request.headers)} at {request.url}"}},
-                                 status=401)
+        return web.json_response(
+            {"error": {"message": f"unauthorized: {dict(request.headers)} at {request.url}"}}, status=401
+        )
 
     async def health(request: web.Request) -> web.Response:
         return web.Response(text=f"ok {dict(request.headers)}")
@@ -134,8 +141,8 @@ target:
   base_url: {base_url}
   model: m
 {"  api_key_env: " + key_env if key_env else ""}
-  metrics_url: http://mon:{s['metrics_password']}@{host}/metrics?token={s['query_token']}
-  health_url: http://hc:{s['health_password']}@{host}/health
+  metrics_url: http://mon:{s["metrics_password"]}@{host}/metrics?token={s["query_token"]}
+  health_url: http://hc:{s["health_password"]}@{host}/health
 fixed:
   input:
     synthetic: {{prompt_tokens: 8, output_tokens: 2, seed: 1, count: 4}}
@@ -211,8 +218,11 @@ def test_no_secret_leaves_the_process(tmp_path: Path, echo_server: str) -> None:
     assert any("rolled back from http://***@" in m for m in events)
     blobs = [p.read_bytes() for p in tmp_path.glob("v.db*")]  # the database, its WAL and shm
     basic = base64.b64encode(f"alice:{s['url_password']}".encode()).decode()
-    leaked = [(name, secret) for name, secret in [*s.items(), ("basic", basic)]
-              if any(secret in o for o in outputs) or any(secret.encode() in b for b in blobs)]
+    leaked = [
+        (name, secret)
+        for name, secret in [*s.items(), ("basic", basic)]
+        if any(secret in o for o in outputs) or any(secret.encode() in b for b in blobs)
+    ]
     assert leaked == []
 
 
@@ -224,19 +234,61 @@ def test_the_store_masks_drill_targets_and_every_text_column(tmp_path: Path) -> 
     from vramlab.store import open_store
 
     secret = "Dr1llSecretPw"
-    plan: dict[str, Any] = {"target": {"base_url": f"http://op:{secret}@10.0.0.5:8000"}, "prometheus_url": f"https://p:{secret}@prom",
-            "neighbours": [{"name": "n", "url": f"http://n:{secret}@10.0.0.6/health"}]}
+    plan: dict[str, Any] = {
+        "target": {"base_url": f"http://op:{secret}@10.0.0.5:8000"},
+        "prometheus_url": f"https://p:{secret}@prom",
+        "neighbours": [{"name": "n", "url": f"http://n:{secret}@10.0.0.6/health"}],
+    }
     db = tmp_path / "d.db"
     with open_store(str(db)) as store:
-        store.create_run(RunRecord(run_id="d0d0d0d0", kind="drill", name="x", plan=plan, started_at=time.time(),
-                                   target={"kind": "process", "base_url": plan["target"]["base_url"]}))
-        store.add_requests("d0d0d0d0", [RequestRecord(run_id="d0d0d0d0", round=1, phase="ramp", request_id="1",
-                                                      status_code=401, error=f"echo: Authorization: Basic {secret}9=")])
-        store.add_events("d0d0d0d0", [EventRecord(run_id="d0d0d0d0", t_s=1, kind="mitigation",
-                                                  message=f"restart via http://op:{secret}@10.0.0.5",
-                                                  data={"cmd": f"curl -H 'Cookie: s={secret}'"})])
-        store.add_samples("d0d0d0d0", [SampleRecord(run_id="d0d0d0d0", t_s=1, source="prometheus", name="up",
-                                                    value=1, labels={"instance": f"http://x:{secret}@h"})])
+        store.create_run(
+            RunRecord(
+                run_id="d0d0d0d0",
+                kind="drill",
+                name="x",
+                plan=plan,
+                started_at=time.time(),
+                target={"kind": "process", "base_url": plan["target"]["base_url"]},
+            )
+        )
+        store.add_requests(
+            "d0d0d0d0",
+            [
+                RequestRecord(
+                    run_id="d0d0d0d0",
+                    round=1,
+                    phase="ramp",
+                    request_id="1",
+                    status_code=401,
+                    error=f"echo: Authorization: Basic {secret}9=",
+                )
+            ],
+        )
+        store.add_events(
+            "d0d0d0d0",
+            [
+                EventRecord(
+                    run_id="d0d0d0d0",
+                    t_s=1,
+                    kind="mitigation",
+                    message=f"restart via http://op:{secret}@10.0.0.5",
+                    data={"cmd": f"curl -H 'Cookie: s={secret}'"},
+                )
+            ],
+        )
+        store.add_samples(
+            "d0d0d0d0",
+            [
+                SampleRecord(
+                    run_id="d0d0d0d0",
+                    t_s=1,
+                    source="prometheus",
+                    name="up",
+                    value=1,
+                    labels={"instance": f"http://x:{secret}@h"},
+                )
+            ],
+        )
         store.update_run("d0d0d0d0", notes=[f"neighbour http://n:{secret}@10.0.0.6 down"], status="completed")
         assert store.get_run("d0d0d0d0").target["base_url"] == "http://***@10.0.0.5:8000"
     assert not any(secret.encode() in p.read_bytes() for p in tmp_path.glob("d.db*"))
@@ -246,16 +298,19 @@ def test_the_store_masks_drill_targets_and_every_text_column(tmp_path: Path) -> 
 HARD_SECRET = 'k3y"w/th\\esc+=é'
 
 
-@pytest.mark.parametrize("shape", [
-    lambda s: json.dumps({"error": {"message": f"invalid api key {s}"}}),  # echoed inside a 500 body
-    lambda s: json.dumps({"error": f"bad {s}"}, ensure_ascii=False),
-    lambda s: json.dumps({"detail": f"bad {s}"}).replace("/", "\\/"),  # servers that escape slashes
-    lambda s: "GET /v1/models?key=" + __import__("urllib.parse").parse.quote(s, safe=""),
-    lambda s: "POST /login body=" + __import__("urllib.parse").parse.quote_plus(s),
-    lambda s: "Authorization: Basic " + base64.b64encode(f"someone:{s}".encode()).decode(),
-    lambda s: "echoed header " + base64.b64encode(f"ab:{s}".encode()).decode(),  # any offset, no keyword
-    lambda s: "echoed header " + base64.urlsafe_b64encode(f"a:{s}".encode()).decode(),
-])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        lambda s: json.dumps({"error": {"message": f"invalid api key {s}"}}),  # echoed inside a 500 body
+        lambda s: json.dumps({"error": f"bad {s}"}, ensure_ascii=False),
+        lambda s: json.dumps({"detail": f"bad {s}"}).replace("/", "\\/"),  # servers that escape slashes
+        lambda s: "GET /v1/models?key=" + __import__("urllib.parse").parse.quote(s, safe=""),
+        lambda s: "POST /login body=" + __import__("urllib.parse").parse.quote_plus(s),
+        lambda s: "Authorization: Basic " + base64.b64encode(f"someone:{s}".encode()).decode(),
+        lambda s: "echoed header " + base64.b64encode(f"ab:{s}".encode()).decode(),  # any offset, no keyword
+        lambda s: "echoed header " + base64.urlsafe_b64encode(f"a:{s}".encode()).decode(),
+    ],
+)
 def test_every_encoding_of_a_registered_secret_is_masked(shape) -> None:
     r.register(HARD_SECRET)
     text = shape(HARD_SECRET)
@@ -274,12 +329,15 @@ def test_a_json_escaped_token_value_is_masked_whole() -> None:
     assert json.loads(out) == {"token": r.MASK, "ok": 1}
 
 
-@pytest.mark.parametrize("text", [
-    "plan.yaml:3: target.api_key: field required",
-    "target.api_key: unknown field",
-    "password: required field is missing",
-    "client_secret: Input should be a valid string",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plan.yaml:3: target.api_key: field required",
+        "target.api_key: unknown field",
+        "password: required field is missing",
+        "client_secret: Input should be a valid string",
+    ],
+)
 def test_a_message_that_names_a_secret_field_is_not_garbled(text: str) -> None:
     assert r.redact(text) == text
 
@@ -332,12 +390,19 @@ samplers: {{interval_s: 0.1, sources: [host]}}
 """)
     db = tmp_path / "v.db"
     env = {**os.environ, "ESCAPED_KEY": key, "VRAMLAB_DB": str(db)}
-    run = subprocess.run([*VRAMLAB, "run", str(plan), "--json"], capture_output=True, text=True, timeout=120, env=env)
+    run = subprocess.run(
+        [*VRAMLAB, "run", str(plan), "--json"], capture_output=True, text=True, timeout=120, env=env
+    )
     assert run.returncode in (0, 1, 3) and "Traceback" not in run.stderr, run.stderr
     summary = json.loads(run.stdout)
     assert summary["requests"] > 0 and summary["errors"] == summary["requests"]
-    rep = subprocess.run([*VRAMLAB, "report", summary["run_id"], "--format", "json"], capture_output=True, text=True,
-                         timeout=120, env=env)
+    rep = subprocess.run(
+        [*VRAMLAB, "report", summary["run_id"], "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     from vramlab.store import open_store
 
     with open_store(str(db)) as store:

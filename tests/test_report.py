@@ -45,10 +45,19 @@ def test_markdown_from_the_store(store_url):
     with open_store(store_url) as store:
         synth.insert(store)
         md = render(load_context(store, "7f3a"), "md")
-    for heading in ("# vramlab experiment 7f3a91bc: concurrency-ramp", "## Summary", "## Plan", "## Environment",
-                    "## Baseline, treatment and recovery by round", "## Per step", "## Charts",
-                    "## Stability across rounds", "## Return to baseline", "## Stops, rollbacks and other events",
-                    "## Notes"):
+    for heading in (
+        "# vramlab experiment 7f3a91bc: concurrency-ramp",
+        "## Summary",
+        "## Plan",
+        "## Environment",
+        "## Baseline, treatment and recovery by round",
+        "## Per step",
+        "## Charts",
+        "## Stability across rounds",
+        "## Return to baseline",
+        "## Stops, rollbacks and other events",
+        "## Notes",
+    ):
         assert heading in md
     # baseline P50/P95/P99 (200/290/298), the concurrency-8 step P95, the 503 step's error rate
     assert "| 0 | baseline | 21 | 0.0% | 2.00 | 290.0 | – | – | 10.0% | 70.25 |" in md  # signals side by side
@@ -65,8 +74,10 @@ def test_markdown_from_the_store(store_url):
     assert "- 120.0 s: engine /metrics scrape took 1.2 s" in md
     assert "72.00" in md  # GPU memory max at concurrency 8: 70 + 8/4 GiB
     assert "## Thresholds" in md and "| 1 | treatment | 2 | 8 | 23.8% BREACH | 992.5 ms BREACH |" in md
-    assert ("Thresholds held in every round up to: concurrency 4; first breach: round 0 treatment at "
-            "concurrency 8, p95_e2e_ms 990.0 ms vs limit 950.0 ms") in md
+    assert (
+        "Thresholds held in every round up to: concurrency 4; first breach: round 0 treatment at "
+        "concurrency 8, p95_e2e_ms 990.0 ms vs limit 950.0 ms"
+    ) in md
 
 
 def test_html_is_self_contained_and_parses(ctx):
@@ -76,7 +87,17 @@ def test_html_is_self_contained_and_parses(ctx):
     p.close()
     assert p.tags.count("svg") == 4 and "script" not in p.tags
     assert p.refs == []  # nothing fetched from elsewhere
-    for sid in ("summary", "plan", "environment", "phases", "steps", "charts", "stability", "recovery", "events"):
+    for sid in (
+        "summary",
+        "plan",
+        "environment",
+        "phases",
+        "steps",
+        "charts",
+        "stability",
+        "recovery",
+        "events",
+    ):
         assert sid in p.ids
     text = " ".join(p.text)
     assert "E2E latency P95 per concurrency" in text and "KV cache usage over time" in text
@@ -96,7 +117,11 @@ def test_json_report(ctx):
     assert data["schema"] == "vramlab.report/1" and data["run"]["run_id"] == "7f3a91bc"
     assert data["complete"] is True and len(data["phases"]) == 9 and len(data["steps"]) == 15
     base = data["phases"][0]
-    assert (base["phase"], base["requests"]["e2e"]["p95"], base["requests"]["count"]) == ("baseline", 290.0, 21)
+    assert (base["phase"], base["requests"]["e2e"]["p95"], base["requests"]["count"]) == (
+        "baseline",
+        290.0,
+        21,
+    )
     rec2 = [r for r in data["recovery"] if r["round"] == 2][0]
     assert rec2["returned"] is True and 4.0 < rec2["after_s"] < 6.5
     spike = [s for s in data["stability"] if s["spikes"] and s["metric"] == "error_rate"][0]
@@ -110,8 +135,12 @@ def test_json_report(ctx):
 def test_incomplete_run_is_marked():
     run, reqs, samples, events = synth.build(status="running")
     cut = [r for r in reqs if (r.end_s or 0) < 100]  # killed at 100 s
-    md = render(ReportContext.build(run, cut, [s for s in samples if s.t_s < 100],
-                                    [e for e in events if e.t_s < 100]), "md")
+    md = render(
+        ReportContext.build(
+            run, cut, [s for s in samples if s.t_s < 100], [e for e in events if e.t_s < 100]
+        ),
+        "md",
+    )
     assert "_status running (incomplete)_" in md
     assert "incomplete run (status running)" in md
     assert "| 1 | treatment | 2 |" in md  # what was stored before the kill is reported
@@ -128,7 +157,9 @@ def test_registry_adds_sections_for_drills_only():
     def build(ctx):
         return [Text(f"incident for {ctx.run.run_id}: {len(ctx.requests)} requests")]
 
-    register(Section("test-incident", "Test incident", build, order=15, applies=lambda c: c.run.kind == "drill"))
+    register(
+        Section("test-incident", "Test incident", build, order=15, applies=lambda c: c.run.kind == "drill")
+    )
     try:
         run, reqs, samples, events = synth.build()
         md_exp = render(ReportContext.build(run, reqs, samples, events), "md")
@@ -145,8 +176,12 @@ def test_notes_said_once_and_warnings_kept_apart():
     from vramlab.records import EventRecord
 
     run, reqs, samples, events = synth.build()
-    run = run.model_copy(update={"notes": ["no NVML: GPU samples missing", "engine /metrics scrape took 1.2 s"]})
-    events.append(EventRecord(run_id=run.run_id, t_s=0.2, kind="note", message="no NVML: GPU samples missing"))
+    run = run.model_copy(
+        update={"notes": ["no NVML: GPU samples missing", "engine /metrics scrape took 1.2 s"]}
+    )
+    events.append(
+        EventRecord(run_id=run.run_id, t_s=0.2, kind="note", message="no NVML: GPU samples missing")
+    )
     md = render(ReportContext.build(run, reqs, samples, events), "md")
     notes = md.split("## Notes", 1)[1]
     assert notes.count("no NVML") == 1 and "- 0.2 s: no NVML: GPU samples missing" in notes
@@ -160,21 +195,37 @@ def test_prediction_beside_observed_queueing():
     run = run.model_copy(update={"fixed": {**run.fixed, "predicted": {"max_concurrency": 6}}})
     for r in reqs:
         if r.request_id.endswith("-0"):  # one waiting sample per window, mid-window
-            waiting = {8.0: 5.0, 4.0: 0.0, 2.0: 0.0}.get(r.step_value or 0.0, 1.0 if r.phase == "baseline" else 0.0)
+            waiting = {8.0: 5.0, 4.0: 0.0, 2.0: 0.0}.get(
+                r.step_value or 0.0, 1.0 if r.phase == "baseline" else 0.0
+            )
             if r.step_value == 4.0 and r.round == 0:
                 waiting = 3.0  # one round only: not a majority
-            samples.append(SampleRecord(run_id=run.run_id, t_s=some(r.sent_s) + 5, source="engine",
-                                        name="engine.num_requests_waiting", value=waiting))
+            samples.append(
+                SampleRecord(
+                    run_id=run.run_id,
+                    t_s=some(r.sent_s) + 5,
+                    source="engine",
+                    name="engine.num_requests_waiting",
+                    value=waiting,
+                )
+            )
     ctx = ReportContext.build(run, reqs, samples, events)
     assert ctx.analysis.queueing_from_value == 8.0
     md = render(ctx, "md")
-    assert "Engine queue longer than in baseline from concurrency 8 (waiting max 5); longest: 5 at concurrency 8" in md
-    assert ("Capacity model predicted max concurrency 6; observed: thresholds held up to 4, queueing from 8") in md
+    assert (
+        "Engine queue longer than in baseline from concurrency 8 (waiting max 5); longest: 5 at concurrency 8"
+        in md
+    )
+    assert (
+        "Capacity model predicted max concurrency 6; observed: thresholds held up to 4, queueing from 8"
+    ) in md
     assert "unsafe side" not in md  # 6 lies between the last step that held (4) and the first breach (8)
     over = run.model_copy(update={"fixed": {**run.fixed, "predicted": {"max_concurrency": 12}}})
     md = render(ReportContext.build(over, reqs, samples, events), "md")
-    assert ("Capacity model predicted max concurrency 12; observed: thresholds held up to 4, queueing from 8 — the "
-            "prediction was on the unsafe side (at or above the first breach, concurrency 8)") in md
+    assert (
+        "Capacity model predicted max concurrency 12; observed: thresholds held up to 4, queueing from 8 — the "
+        "prediction was on the unsafe side (at or above the first breach, concurrency 8)"
+    ) in md
 
 
 def test_host_cpu_and_engine_rss_are_in_the_report_not_only_in_json():
@@ -185,7 +236,13 @@ def test_host_cpu_and_engine_rss_are_in_the_report_not_only_in_json():
     def smp(name: str, t: float, v: float) -> SampleRecord:
         return SampleRecord(run_id="r", t_s=t, source="host", name=name, value=v)
 
-    ctx = stand_in(samples=[smp("host.cpu_percent", 1, 40.0), smp("host.cpu_percent", 2, 97.4),
-                                   smp("host.target_rss_bytes", 1, 1.5 * 2**30), smp("gpu.memory_used_bytes", 1, 9.0)])
+    ctx = stand_in(
+        samples=[
+            smp("host.cpu_percent", 1, 40.0),
+            smp("host.cpu_percent", 2, 97.4),
+            smp("host.target_rss_bytes", 1, 1.5 * 2**30),
+            smp("gpu.memory_used_bytes", 1, 9.0),
+        ]
+    )
     assert host_line(ctx) == "Host (sampled): CPU max 97 %, engine process RSS max 1.50 GiB"
     assert host_line(stand_in(samples=[smp("gpu.memory_used_bytes", 1, 9.0)])) is None

@@ -77,7 +77,9 @@ def _browser() -> tuple[str, str]:
     if not chrome or not driver:
         if os.environ.get("VRAMLAB_REQUIRE_BROWSER") == "1":
             pytest.fail("VRAMLAB_REQUIRE_BROWSER=1 but chromium, chromedriver or selenium is missing")
-        pytest.skip("no browser: apt-get install chromium chromium-driver, pip install selenium (scripts/test does)")
+        pytest.skip(
+            "no browser: apt-get install chromium chromium-driver, pip install selenium (scripts/test does)"
+        )
     return chrome, driver
 
 
@@ -90,9 +92,19 @@ def browser():
     profile = tempfile.mkdtemp(prefix="vramlab-chromium-")
     opts = webdriver.ChromeOptions()
     opts.binary_location = chrome
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", f"--user-data-dir={profile}", f"--window-size={WIDTH},{HEIGHT}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        f"--window-size={WIDTH},{HEIGHT}",
+    ):
         opts.add_argument(flag)
     drv = webdriver.Chrome(service=Service(driver_path), options=opts)
     drv.set_page_load_timeout(60)
@@ -119,8 +131,11 @@ def measure(drv, path: Path, shot: str | None = None) -> dict:
 
 
 def problems(got: dict) -> list[str]:
-    out = [f"table wider than its box: {t['label']} ({t['width']} px in {t['box']} px, scroll {t['scroll']})"
-           for t in got["tables"] if t["wide"]]
+    out = [
+        f"table wider than its box: {t['label']} ({t['width']} px in {t['box']} px, scroll {t['scroll']})"
+        for t in got["tables"]
+        if t["wide"]
+    ]
     out += [f"clipped cell: {c}" for c in got["clipped"]]
     out += [f"clipped text: {c}" for c in got["text_clipped"]]
     out += [f"chart without data: {c}" for c in got["empty_charts"]]
@@ -134,6 +149,7 @@ def problems(got: dict) -> list[str]:
 
 # -- the three reports, produced for real ----------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     _browser()  # skip before spending a minute on sims when there is no browser
@@ -144,8 +160,11 @@ def reports(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("browser-reports")
     db = str(tmp / "s.db")
-    out = {"experiment": tmp / "experiment.html", "incident": tmp / "incident.html",
-           "colocation": tmp / "colocation.html"}
+    out = {
+        "experiment": tmp / "experiment.html",
+        "incident": tmp / "incident.html",
+        "colocation": tmp / "colocation.html",
+    }
     run_demo(db, out["experiment"], rounds=2, duration_s=1.5)
     run_drill_demo(db, out["incident"], baseline_s=1.5, step_s=0.6, observe_s=1.5)
     doc = yaml.safe_load((ROOT / "examples" / "colocation-drill.yaml").read_text())
@@ -153,8 +172,13 @@ def reports(tmp_path_factory):
     doc["baseline_s"], doc["ramp"]["step_s"] = 1.0, 0.5
     plan = tmp / "colocation.yaml"
     plan.write_text(yaml.safe_dump(doc))
-    res = subprocess.run([sys.executable, "-m", "vramlab", "drill", str(plan), "--db", db, "-o", str(tmp / "c.md")],
-                         cwd=tmp, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "vramlab", "drill", str(plan), "--db", db, "-o", str(tmp / "c.md")],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     run_id = re.search(r"run ([0-9a-f]{8})", res.stderr).group(1)  # type: ignore[union-attr]
     with open_store(db) as store:
@@ -178,7 +202,9 @@ def test_report_reads_at_laptop_width(browser, reports, kind):
     # Plan against measured: the composition table (nine columns) and the KV-in-use table fit the screen too.
     if kind in ("experiment", "incident"):
         comp = [t for t in got["tables"] if t["section"] == "composition"]
-        assert any(t["label"].startswith("Resident model, KV cache") and t["columns"] == 9 for t in comp), comp
+        assert any(t["label"].startswith("Resident model, KV cache") and t["columns"] == 9 for t in comp), (
+            comp
+        )
         assert any(t["label"].startswith("KV cache in use") for t in comp), comp
         assert all(t["right"] <= t["viewport"] for t in comp), comp
 
@@ -205,9 +231,11 @@ BAD = """<!DOCTYPE html><html><head><meta charset="utf-8"><style>
 body{max-width:1200px;margin:auto} table{display:block;overflow-x:auto} td{white-space:nowrap}</style></head><body>
 <section id="timeline"><table><thead><tr><th>t</th><th>what</th></tr></thead>
 <tbody><tr><td>7.40</td><td>CELL</td></tr></tbody></table></section></body></html>"""
-OOM = ("[2026-12-01 15:23:20] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 568.00 MiB. GPU 0 has a "
-       "total capacity of 22.49 GiB of which 446.00 MiB is free. Including non-PyTorch memory, this process has 20.82 "
-       "GiB memory in use. Of the allocated memory 19.90 GiB is allocated by PyTorch")
+OOM = (
+    "[2026-12-01 15:23:20] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 568.00 MiB. GPU 0 has a "
+    "total capacity of 22.49 GiB of which 446.00 MiB is free. Including non-PyTorch memory, this process has 20.82 "
+    "GiB memory in use. Of the allocated memory 19.90 GiB is allocated by PyTorch"
+)
 
 
 def test_the_check_fails_on_a_long_cell_in_a_nowrap_column(browser, tmp_path):
@@ -224,8 +252,15 @@ def test_the_check_fails_on_network_loads_and_empty_charts(browser, tmp_path):
     from vramlab.report.blocks import Chart, Series, Table
     from vramlab.report.sections import Document, RenderedSection
 
-    doc = Document("t", "s", [RenderedSection("a", "A", [Table(["what"], [[OOM]]), Chart("empty", "x", "y",
-                                                                                         [Series("none", [])])])])
+    doc = Document(
+        "t",
+        "s",
+        [
+            RenderedSection(
+                "a", "A", [Table(["what"], [[OOM]]), Chart("empty", "x", "y", [Series("none", [])])]
+            )
+        ],
+    )
     page = html.render(doc)
     ok = tmp_path / "ok.html"
     ok.write_text(page)
@@ -233,5 +268,7 @@ def test_the_check_fails_on_network_loads_and_empty_charts(browser, tmp_path):
     # the 250-character cell wraps in the real renderer; only the empty chart is reported
     assert len(found) == 1 and found[0].startswith("chart without data: empty"), found
     leaky = tmp_path / "leaky.html"
-    leaky.write_text(BAD.replace("CELL", "short").replace("</body>", '<img src="http://127.0.0.1:9/x.png"></body>'))
+    leaky.write_text(
+        BAD.replace("CELL", "short").replace("</body>", '<img src="http://127.0.0.1:9/x.png"></body>')
+    )
     assert any(p.startswith("network load") for p in problems(measure(browser, leaky)))

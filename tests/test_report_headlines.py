@@ -51,24 +51,33 @@ def _rows(table):
 
 # -- experiment --------------------------------------------------------------------------------------
 
+
 def test_experiment_summary_agrees_with_thresholds_and_recovery_tables(tmp_path):
     with open_store(str(tmp_path / "v.db")) as store:
         synth.insert(store)
         doc = _doc(store, synth.RUN_ID)
     summary = _bullets(_section(doc, "summary"))
     line = next(i for i in summary if i.startswith("Thresholds held"))
-    m = re.search(r"up to: concurrency (\S+); first breach: round (\d+) (\w+) at concurrency (\S+), (\w+) (.+?) vs "
-                  r"limit (.+)$", line)
+    m = re.search(
+        r"up to: concurrency (\S+); first breach: round (\d+) (\w+) at concurrency (\S+), (\w+) (.+?) vs "
+        r"limit (.+)$",
+        line,
+    )
     assert m, line
     held, rnd, phase, value, metric, seen, limit = m.groups()
     table = _tables(_section(doc, "thresholds"))[0]
     rows = _rows(table)
     col = next(h for h in table.headers if h.startswith(metric))
-    first = next(r for r in rows if any(v.endswith("BREACH") for k, v in r.items() if k not in ("round", "phase")))
+    first = next(
+        r for r in rows if any(v.endswith("BREACH") for k, v in r.items() if k not in ("round", "phase"))
+    )
     assert (first["round"], first["phase"], first["concurrency"]) == (rnd, phase, value)
     assert first[col] == f"{seen} BREACH" and f"≤ {limit}" in col
-    ok_values = {float(r["concurrency"]) for r in rows if r["concurrency"] != "–"
-                 and all(not v.endswith("BREACH") for v in r.values())}
+    ok_values = {
+        float(r["concurrency"])
+        for r in rows
+        if r["concurrency"] != "–" and all(not v.endswith("BREACH") for v in r.values())
+    }
     assert float(held) == max(v for v in ok_values if v < float(value))
     rec = _rows(_tables(_section(doc, "recovery"))[0])
     for item in summary:
@@ -83,6 +92,7 @@ def test_experiment_summary_agrees_with_thresholds_and_recovery_tables(tmp_path)
 
 # -- incident and co-location (real drills against sims) ---------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def drills(tmp_path_factory):
     from vramlab.demo.drill import run_drill_demo
@@ -94,8 +104,13 @@ def drills(tmp_path_factory):
     doc["target"]["sim"]["device"] = str(tmp / "gpu0.ledger")
     doc["baseline_s"], doc["ramp"]["step_s"] = 1.0, 0.5
     (tmp / "c.yaml").write_text(yaml.safe_dump(doc))
-    res = subprocess.run([sys.executable, "-m", "vramlab", "drill", str(tmp / "c.yaml"), "--db", db, "-o",
-                          str(tmp / "c.md")], cwd=tmp, capture_output=True, text=True, timeout=150)
+    res = subprocess.run(
+        [sys.executable, "-m", "vramlab", "drill", str(tmp / "c.yaml"), "--db", db, "-o", str(tmp / "c.md")],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     coloc = re.search(r"run ([0-9a-f]{8})", res.stderr).group(1)  # type: ignore[union-attr]
     store = open_store(db)
@@ -116,14 +131,19 @@ def test_incident_headline_clocks_are_the_recovery_tables(drills):
     timeline_kinds = {r["event"] for r in _rows(_tables(_section(doc, "incident-timeline"))[0])}
     if rec is None:  # a busy machine can keep P95 above the baseline's for the whole observation window
         assert "NOT recovered" in head and clocks["time to recover"] == "–", (head, clocks)
-        assert "recovered" not in timeline_kinds, timeline_kinds  # the timeline never says what the headline denies
+        assert "recovered" not in timeline_kinds, (
+            timeline_kinds
+        )  # the timeline never says what the headline denies
         serving = re.search(r"serving again after (\S+ s)", head)
         assert serving is None or clocks["first successful generation"] == serving.group(1), (head, clocks)
     else:
         assert clocks["time to recover"] == rec.group(1)
         named = dict(re.findall(r"(serving again|health 200|P95 back) \+(\S+ s)", rec.group(2)))
-        table_of = {"serving again": "first successful generation", "health 200": "health 200 again",
-                    "P95 back": "P95 back within tolerance"}
+        table_of = {
+            "serving again": "first successful generation",
+            "health 200": "health 200 again",
+            "P95 back": "P95 back within tolerance",
+        }
         assert named and all(clocks[table_of[k]] == v for k, v in named.items()), (named, clocks)
         assert max(float(v[:-2]) for v in named.values()) == float(rec.group(1)[:-2])  # the latest of them
     failed = re.search(r"(\d+) failed requests", head).group(1)  # type: ignore[union-attr]
@@ -133,7 +153,7 @@ def test_incident_headline_clocks_are_the_recovery_tables(drills):
     timeline = _rows(_tables(_section(doc, "incident-timeline"))[0])
     det = _section(doc, "incident-detection")
     alerts = [t for t in _tables(det) if t.headers[0] == "alert"]
-    for a in (_rows(alerts[0]) if alerts else []):
+    for a in _rows(alerts[0]) if alerts else []:
         same = [r for r in timeline if r["event"] == "alert" and r["t (s)"] == a["t (s)"]]
         assert same and all(r["T0 + (s)"] == a["T0 + (s)"] for r in same), (a, same)
     firing = [a for a in (_rows(alerts[0]) if alerts else []) if a["state"] == "firing"]
@@ -178,9 +198,11 @@ def test_time_to_alert_reads_on_the_alert_tables_clock():
 
     from vramlab.report.incident import alert_clock
 
-    early = stand_in(t0_s=10.0, time_to_alert_s=-0.47,  # signed, as the incident's JSON has it
-                            alerts=[{"name": "A", "state": "pending", "t_s": 9.0},
-                                    {"name": "A", "state": "firing", "t_s": 9.53}])
+    early = stand_in(
+        t0_s=10.0,
+        time_to_alert_s=-0.47,  # signed, as the incident's JSON has it
+        alerts=[{"name": "A", "state": "pending", "t_s": 9.0}, {"name": "A", "state": "firing", "t_s": 9.53}],
+    )
     assert alert_clock(early).startswith("-0.47 s") and "before T0" in alert_clock(early)
     late = stand_in(t0_s=10.0, time_to_alert_s=1.25, alerts=[{"name": "A", "state": "firing", "t_s": 11.25}])
     assert alert_clock(late) == "1.25 s"
@@ -192,25 +214,46 @@ def test_predictions_above_the_failure_are_called_unsafe():
 
     assert "unsafe side" in prediction_side(4432, 4096, 2048)
     assert "unsafe side" in prediction_side(4096, 4096, 2048)
-    assert "safe side" in prediction_side(1500, 4096, 2048) and "unsafe" not in prediction_side(1500, 4096, 2048)
+    assert "safe side" in prediction_side(1500, 4096, 2048) and "unsafe" not in prediction_side(
+        1500, 4096, 2048
+    )
     assert "between" in prediction_side(3000, 4096, 2048)
 
 
 # -- vramlab plan ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args", [
-    ["--model", "llama-3.1-8b-instruct", "--gpu", "rtx-4090", "--engine", "llama.cpp", "--ctx-size", "32768",
-     "--parallel", "4"],
-    ["--model", "llama-3.1-8b-instruct", "--gpu", "h100-80gb", "--max-model-len", "8192"],
-    ["--model", "qwen3-8b", "--gpu", "l4", "--engine", "sglang", "--max-model-len", "16384"],
-])
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [
+            "--model",
+            "llama-3.1-8b-instruct",
+            "--gpu",
+            "rtx-4090",
+            "--engine",
+            "llama.cpp",
+            "--ctx-size",
+            "32768",
+            "--parallel",
+            "4",
+        ],
+        ["--model", "llama-3.1-8b-instruct", "--gpu", "h100-80gb", "--max-model-len", "8192"],
+        ["--model", "qwen3-8b", "--gpu", "l4", "--engine", "sglang", "--max-model-len", "16384"],
+    ],
+)
 def test_plan_safe_point_speaks_in_the_same_sequence_length_as_max_concurrency(args):
-    out = subprocess.run([sys.executable, "-m", "vramlab", "plan", *args, "--offline"], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "vramlab", "plan", *args, "--offline"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode in (0, 1), out.stderr
     conc = re.search(r"max concurrency at ([\d,]+) tokens: ([\d.]+)", out.stdout)
-    safe = re.search(r"safe operating point .*?: (\d+|not one) (?:of \S+ slots|sequences?) at ([\d,]+) tokens",
-                     out.stdout)
+    safe = re.search(
+        r"safe operating point .*?: (\d+|not one) (?:of \S+ slots|sequences?) at ([\d,]+) tokens", out.stdout
+    )
     assert conc and safe, out.stdout
     assert safe.group(2) == conc.group(1), out.stdout  # one sequence length for both lines
     n = 0 if safe.group(1) == "not one" else int(safe.group(1))
@@ -231,9 +274,18 @@ def test_two_moments_printed_alike_print_the_same_t0_offset():
     assert since_t0(a, t0) == since_t0(b, t0) == "+0.38"
     assert from_t0(a - t0, t0) == 0.38 and from_t0(None, t0) is None and from_t0(0.372, None) == 0.372
     assert alert_clock(stand_in(t0_s=t0, time_to_alert_s=a - t0, alerts=[])) == "0.38 s"
-    rec = SimpleNamespace(recovered=True, first_success_s=a - t0, health_failed=False, health_ok_s=None,
-                          p95_ok_s=a - t0, time_to_recover_s=a - t0)
-    assert recovery_text(rec, t0) == "recovered in 0.38 s from T0 (the latest of: serving again +0.38 s, P95 back +0.38 s)"
+    rec = SimpleNamespace(
+        recovered=True,
+        first_success_s=a - t0,
+        health_failed=False,
+        health_ok_s=None,
+        p95_ok_s=a - t0,
+        time_to_recover_s=a - t0,
+    )
+    assert (
+        recovery_text(rec, t0)
+        == "recovered in 0.38 s from T0 (the latest of: serving again +0.38 s, P95 back +0.38 s)"
+    )
 
 
 @given(t0=st.floats(0, 1e5), d=st.floats(-100, 1e4), e=st.floats(0, 0.0099))
@@ -257,11 +309,23 @@ def test_timeline_calls_the_drills_serving_again_event_by_that_name_when_not_rec
     import vramlab.report.incident as rep
     from vramlab.records import EventRecord
 
-    ev = EventRecord(run_id="r", t_s=12.0, kind="recovered", round=0, message="serving again 1.20 s after detection",
-                     data={})
+    ev = EventRecord(
+        run_id="r",
+        t_s=12.0,
+        kind="recovered",
+        round=0,
+        message="serving again 1.20 s after detection",
+        data={},
+    )
     for recovered in (False, True):
-        rec = SimpleNamespace(recovered=recovered, first_success_s=1.5, health_failed=False, health_ok_s=None,
-                              p95_ok_s=2.0 if recovered else None, time_to_recover_s=2.0 if recovered else None)
+        rec = SimpleNamespace(
+            recovered=recovered,
+            first_success_s=1.5,
+            health_failed=False,
+            health_ok_s=None,
+            p95_ok_s=2.0 if recovered else None,
+            time_to_recover_s=2.0 if recovered else None,
+        )
         inc = SimpleNamespace(t0_s=10.5, recovery=rec)
         monkeypatch.setattr(rep, "incident_of", lambda ctx, inc=inc: (inc, [inc]))
         table = rep.s_timeline(stand_in(events=[ev]))[1]
@@ -296,7 +360,10 @@ def test_incident_retry_storm_t0_and_recovery_sentences_quote_their_tables(drill
     assert "first failed request" in t0_words and "fault step began" not in t0_words
     assert f"from T0 ({t0_words})" in " ".join(_texts(_section(doc, "incident-timeline")))
     # a restart that happened is never asked for: the action items follow the timeline
-    actions = " ".join(r[0] for r in _tables(_section(doc, "incident-actions"))[0].rows) \
-        if _tables(_section(doc, "incident-actions")) else ""
+    actions = (
+        " ".join(r[0] for r in _tables(_section(doc, "incident-actions"))[0].rows)
+        if _tables(_section(doc, "incident-actions"))
+        else ""
+    )
     if any(r["event"] == "mitigation" for r in timeline):
         assert "restart the target on exit" not in actions

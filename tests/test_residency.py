@@ -17,11 +17,31 @@ from vramlab.records.stats import percentile
 CARD = fleet(("a", "l4", 1, 20.0))
 
 
-def model(name: str, gib: float = 12.0, *, priority: int = 0, resident: bool = False, cold_s: float = 10.0,
-          wake1_s: float = 1.0, wake2_s: float = 4.0, asleep_gib: float = 1.0) -> SimModel:
+def model(
+    name: str,
+    gib: float = 12.0,
+    *,
+    priority: int = 0,
+    resident: bool = False,
+    cold_s: float = 10.0,
+    wake1_s: float = 1.0,
+    wake2_s: float = 4.0,
+    asleep_gib: float = 1.0,
+) -> SimModel:
     # 1000 tokens/s decode and no prompt: a request with 1000 output tokens takes exactly 1 s.
-    return SimModel(name, priority, (0,), int(gib * GIB), int(asleep_gib * GIB), resident, cold_s, wake1_s,
-                    wake2_s, prefill_tokens_per_s=1e9, decode_tokens_per_s=1000.0)
+    return SimModel(
+        name,
+        priority,
+        (0,),
+        int(gib * GIB),
+        int(asleep_gib * GIB),
+        resident,
+        cold_s,
+        wake1_s,
+        wake2_s,
+        prefill_tokens_per_s=1e9,
+        decode_tokens_per_s=1000.0,
+    )
 
 
 def alternate(n: int, gap_s: float, names: tuple[str, ...] = ("a", "b")) -> list[Request]:
@@ -109,15 +129,19 @@ def test_loads_on_one_card_run_one_at_a_time() -> None:
 
 
 def test_residents_never_wait() -> None:
-    rep = simulate([model("r", 12.0, resident=True), model("x", 6.0)], CARD, alternate(8, 5.0, ("r", "x")),
-                   Policy("lru"))
+    rep = simulate(
+        [model("r", 12.0, resident=True), model("x", 6.0)], CARD, alternate(8, 5.0, ("r", "x")), Policy("lru")
+    )
     assert stats(rep, "r").added_max_ms == 0 and stats(rep, "r").cold_starts == 0
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 500), st.sampled_from("abc"), st.integers(0, 3000)), min_size=1,
-                max_size=40),
-       st.sampled_from(["lru", "priority", "keep-alive", "sleep-1", "sleep-2"]))
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 500), st.sampled_from("abc"), st.integers(0, 3000)), min_size=1, max_size=40
+    ),
+    st.sampled_from(["lru", "priority", "keep-alive", "sleep-1", "sleep-2"]),
+)
 def test_simulation_is_deterministic_and_serves_everything_it_can(rows, policy) -> None:
     trace = sorted((Request(t, m, 0, o) for t, m, o in rows), key=lambda r: r.t_s)
     models = [model("a", 9.0), model("b", 9.0, priority=5), model("c", 9.0, priority=1)]

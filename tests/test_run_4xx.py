@@ -92,7 +92,11 @@ def test_a_baseline_that_never_answers_stops_the_run_before_the_change(tmp_path)
 
 def test_a_baseline_where_every_request_fails_is_refused_in_the_servers_words(tmp_path):
     b = StubBehaviour(fail_status=404, fail_body=json.dumps({"error": {"message": "model `x` not found"}}))
-    r, store = _run(tmp_path, b, "stop_conditions: {error_rate: 0.9, min_requests: 100000}")  # the stop never fires
+    r, store = _run(
+        tmp_path, b, "stop_conditions: {error_rate: 0.9, min_requests: 100000}"
+    )  # the stop never fires
     assert r.status == "stopped" and r.stop_reason is not None and r.stop_reason.condition == "baseline"
-    assert "model `x` not found" in r.stop_reason.message and "baseline requests failed" in r.stop_reason.message
+    assert (
+        "model `x` not found" in r.stop_reason.message and "baseline requests failed" in r.stop_reason.message
+    )
     assert {rec.phase for rec in store.requests(r.run_id)} == {"baseline"}

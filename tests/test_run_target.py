@@ -35,7 +35,9 @@ def _closed_port() -> int:
 
 
 def test_a_plan_names_an_endpoint_or_asks_for_a_sim():
-    own = parse_plan(PLAN.format(TARGET="{kind: sim, model: qwen2.5-0.5b-instruct, sim: {gpu: l4, speed: 50}}"))
+    own = parse_plan(
+        PLAN.format(TARGET="{kind: sim, model: qwen2.5-0.5b-instruct, sim: {gpu: l4, speed: 50}}")
+    )
     assert own.target.base_url is None and own.target.sim is not None
     assert own.target.sim.argv()[:4] == ["--model", "qwen2.5-0.5b-instruct", "--gpu", "l4"]
     with pytest.raises(ConfigError, match="give base_url"):
@@ -53,8 +55,13 @@ def test_an_unreachable_target_is_refused_before_anything_is_stored(tmp_path):
         before = [r.run_id for r in store.list_runs()]
     plan = tmp_path / "p.yaml"
     plan.write_text(PLAN.format(TARGET=f"{{base_url: 'http://127.0.0.1:{_closed_port()}/v1', model: m}}"))
-    r = subprocess.run([sys.executable, "-m", "vramlab", "run", str(plan), "--db", str(db)], capture_output=True,
-                       text=True, timeout=60, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-m", "vramlab", "run", str(plan), "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "is not reachable" in lines[0] and "nothing was stored" in lines[0], r.stderr
@@ -62,14 +69,22 @@ def test_an_unreachable_target_is_refused_before_anything_is_stored(tmp_path):
     with open_store(str(db)) as store:
         assert [x.run_id for x in store.list_runs()] == before
     fresh = tmp_path / "fresh.db"
-    r = subprocess.run([sys.executable, "-m", "vramlab", "run", str(plan), "--db", str(fresh)], capture_output=True,
-                       text=True, timeout=60, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-m", "vramlab", "run", str(plan), "--db", str(fresh)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert r.returncode == 2 and not fresh.exists()
 
 
 def test_the_render_hint_carries_the_store_it_used(monkeypatch):
     monkeypatch.delenv("VRAMLAB_DB", raising=False)
-    assert report_hint("7f3a91bc", None, "sqlite:///vramlab.db") == "vramlab report 7f3a91bc --format html -o report.html"
+    assert (
+        report_hint("7f3a91bc", None, "sqlite:///vramlab.db")
+        == "vramlab report 7f3a91bc --format html -o report.html"
+    )
     pg = "postgresql://vramlab:s3cret@db.internal:5432/vramlab"
     hint = report_hint("7f3a91bc", pg, pg)
     # quoted for the shell (the *** would glob); the password never shows
@@ -77,4 +92,5 @@ def test_the_render_hint_carries_the_store_it_used(monkeypatch):
     monkeypatch.setenv("VRAMLAB_DB", pg)  # from the environment: said too, so the line works in another shell
     assert "--db 'postgresql://vramlab:***@" in report_hint("7f3a91bc", None, pg)
     assert report_hint("ab", "x.db", "sqlite:////tmp/x.db", "incident.html").endswith(
-        "-o incident.html --db sqlite:////tmp/x.db")
+        "-o incident.html --db sqlite:////tmp/x.db"
+    )

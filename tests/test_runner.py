@@ -46,9 +46,16 @@ class _Breaker:
         self.b.fail_status = 500 if ev.phase == "treatment" and value >= self.fail_from else None
 
 
-def _run(tmp_path: Path, b: StubBehaviour, plan_extra: str = "", options: RunOptions | None = None,
-         cancel_after: float | None = None, on_event: Any = None, cancel_after_requests: int | None = None,
-         **plan_kw: Any) -> tuple[RunResult, Any, list[Event]]:
+def _run(
+    tmp_path: Path,
+    b: StubBehaviour,
+    plan_extra: str = "",
+    options: RunOptions | None = None,
+    cancel_after: float | None = None,
+    on_event: Any = None,
+    cancel_after_requests: int | None = None,
+    **plan_kw: Any,
+) -> tuple[RunResult, Any, list[Event]]:
     store = open_store(str(tmp_path / "v.db"))
     events: list[Event] = []
 
@@ -59,11 +66,17 @@ def _run(tmp_path: Path, b: StubBehaviour, plan_extra: str = "", options: RunOpt
             hook.add(events.append)
             if on_event is not None:
                 hook.add(on_event)
-            opts = options or RunOptions(samplers=[FakeSampler("host", {"host.cpu_percent": [10, 20]}),
-                                                   FakeSampler("gpu", {}, unavailable="no NVIDIA driver")])
+            opts = options or RunOptions(
+                samplers=[
+                    FakeSampler("host", {"host.cpu_percent": [10, 20]}),
+                    FakeSampler("gpu", {}, unavailable="no NVIDIA driver"),
+                ]
+            )
             opts.capture_environment = True
             task = asyncio.ensure_future(Runner(_plan(srv.url, plan_extra, **plan_kw), hook, opts).run())
-            if cancel_after_requests is not None:  # Ctrl-C once that many requests came back, however slow the box
+            if (
+                cancel_after_requests is not None
+            ):  # Ctrl-C once that many requests came back, however slow the box
                 seen = [0]
 
                 def count(ev: Event) -> None:
@@ -92,8 +105,9 @@ def test_completed_run_stores_every_phase_of_every_round(tmp_path: Path) -> None
     reqs = store.requests(res.run_id)
     assert len(reqs) == res.requests > 20
     seen = {(r.round, r.phase, r.step, r.step_value) for r in reqs}
-    assert seen == {(rd, "baseline", 0, 1.0) for rd in (1, 2)} | {(rd, "recovery", 0, 1.0) for rd in (1, 2)} \
-        | {(rd, "treatment", 1, 2.0) for rd in (1, 2)} | {(rd, "treatment", 2, 3.0) for rd in (1, 2)}
+    assert seen == {(rd, "baseline", 0, 1.0) for rd in (1, 2)} | {
+        (rd, "recovery", 0, 1.0) for rd in (1, 2)
+    } | {(rd, "treatment", 1, 2.0) for rd in (1, 2)} | {(rd, "treatment", 2, 3.0) for rd in (1, 2)}
     assert all(r.ok and r.ttft_ms and r.e2e_from_scheduled_ms >= r.e2e_ms for r in reqs)
     kinds = [e.kind for e in store.events(res.run_id)]
     assert kinds.count("phase_start") == kinds.count("phase_end") == 8 and kinds[-1] == "run_end"
@@ -105,9 +119,11 @@ def test_stop_condition_stops_the_run_and_rollbacks_run(tmp_path: Path) -> None:
     b = StubBehaviour()
     marker = tmp_path / "rolled"
     ctl = _Breaker(b, fail_from=3)
-    extra = (f"rollback:\n  - 'echo \"$VRAMLAB_RUN_ID $VRAMLAB_RUN_STATUS $VRAMLAB_STOP_REASON\" > {marker}'\n"
-             f"  - 'exit 4'\n  - 'echo second >> {marker}'\n"
-             "stop_conditions: {error_rate: 0.3, min_requests: 5, window_s: 0.5}")
+    extra = (
+        f"rollback:\n  - 'echo \"$VRAMLAB_RUN_ID $VRAMLAB_RUN_STATUS $VRAMLAB_STOP_REASON\" > {marker}'\n"
+        f"  - 'exit 4'\n  - 'echo second >> {marker}'\n"
+        "stop_conditions: {error_rate: 0.3, min_requests: 5, window_s: 0.5}"
+    )
     res, store, _ = _run(tmp_path, b, extra, RunOptions(samplers=[]), on_event=ctl, duration=1.0)
     assert res.status == "stopped" and res.exit_code == 3
     assert res.stop_reason is not None and res.stop_reason.condition == "error_rate"
@@ -124,15 +140,25 @@ def test_stop_condition_stops_the_run_and_rollbacks_run(tmp_path: Path) -> None:
 
 def test_sample_condition_kv_usage_fires(tmp_path: Path) -> None:
     kv = FakeSampler("engine", {"engine.kv_cache_usage_perc": [0.2, 0.5, 0.99]})
-    res, _, events = _run(tmp_path, StubBehaviour(), "stop_conditions: {kv_usage: 0.95}",
-                          RunOptions(samplers=[kv]), duration=1.0)
+    res, _, events = _run(
+        tmp_path,
+        StubBehaviour(),
+        "stop_conditions: {kv_usage: 0.95}",
+        RunOptions(samplers=[kv]),
+        duration=1.0,
+    )
     assert res.status == "stopped" and res.stop_reason.condition == "kv_usage"  # type: ignore[union-attr]
     assert res.elapsed_s < 3
 
 
 def test_wall_clock_stops_a_hung_target(tmp_path: Path) -> None:
-    res, store, _ = _run(tmp_path, StubBehaviour(ttft_s=30), "stop_conditions: {wall_clock_s: 0.8}",
-                         RunOptions(samplers=[]), duration=5.0)
+    res, store, _ = _run(
+        tmp_path,
+        StubBehaviour(ttft_s=30),
+        "stop_conditions: {wall_clock_s: 0.8}",
+        RunOptions(samplers=[]),
+        duration=5.0,
+    )
     assert res.status == "stopped" and res.stop_reason.condition == "wall_clock_s"  # type: ignore[union-attr]
     assert res.elapsed_s < 3
     reqs = store.requests(res.run_id)
@@ -141,14 +167,23 @@ def test_wall_clock_stops_a_hung_target(tmp_path: Path) -> None:
 
 def test_interrupt_marks_the_run_and_keeps_what_was_collected(tmp_path: Path) -> None:
     marker = tmp_path / "rolled"
-    res, store, _ = _run(tmp_path, StubBehaviour(ttft_s=0.01), f"rollback: ['echo $VRAMLAB_RUN_STATUS > {marker}']",
-                         RunOptions(samplers=[]), cancel_after_requests=8, duration=5.0)
+    res, store, _ = _run(
+        tmp_path,
+        StubBehaviour(ttft_s=0.01),
+        f"rollback: ['echo $VRAMLAB_RUN_STATUS > {marker}']",
+        RunOptions(samplers=[]),
+        cancel_after_requests=8,
+        duration=5.0,
+    )
     assert res.status == "interrupted" and res.exit_code == 130
     assert marker.read_text().strip() == "interrupted"
     run = store.get_run(res.run_id)
     assert run.status == "interrupted" and run.ended_at is not None
-    assert len(store.requests(res.run_id)) == res.requests + sum(1 for r in store.requests(res.run_id)
-                                                                 if r.error_class == "cancelled") > 5
+    assert (
+        len(store.requests(res.run_id))
+        == res.requests + sum(1 for r in store.requests(res.run_id) if r.error_class == "cancelled")
+        > 5
+    )
 
 
 def test_a_broken_subscriber_is_detached_and_noted(tmp_path: Path) -> None:
@@ -163,8 +198,11 @@ def test_a_broken_subscriber_is_detached_and_noted(tmp_path: Path) -> None:
             hook = EventHook()
             hook.add(bad)
             hook.add(lambda e: hook_events.append(e.kind))
-            return await Runner(_plan(srv.url, rounds=1, steps="[2]"), hook,
-                                RunOptions(samplers=[], capture_environment=False)).run()
+            return await Runner(
+                _plan(srv.url, rounds=1, steps="[2]"),
+                hook,
+                RunOptions(samplers=[], capture_environment=False),
+            ).run()
 
     res = asyncio.run(go())
     assert res.status == "completed"
@@ -172,8 +210,9 @@ def test_a_broken_subscriber_is_detached_and_noted(tmp_path: Path) -> None:
     assert hook_events.count("phase_end") == 3
 
 
-@pytest.mark.parametrize("variable,steps,field", [("output_tokens", "[5]", "max_tokens"),
-                                                  ("prompt_tokens", "[40]", "messages")])
+@pytest.mark.parametrize(
+    "variable,steps,field", [("output_tokens", "[5]", "max_tokens"), ("prompt_tokens", "[40]", "messages")]
+)
 def test_token_variables_change_the_requests(tmp_path: Path, variable: str, steps: str, field: str) -> None:
     b = StubBehaviour()
 
@@ -184,8 +223,9 @@ def test_token_variables_change_the_requests(tmp_path: Path, variable: str, step
             text["change"] = {"variable": variable, "steps": [float(steps.strip("[]"))]}
             from vramlab.experiment.plan import Plan
 
-            return await Runner(Plan.model_validate(text), EventHook(),
-                                RunOptions(samplers=[], capture_environment=False)).run()
+            return await Runner(
+                Plan.model_validate(text), EventHook(), RunOptions(samplers=[], capture_environment=False)
+            ).run()
 
     asyncio.run(go())
     if field == "max_tokens":

@@ -46,7 +46,9 @@ def test_cancelled_requests_are_not_errors_and_p95_uses_the_schedule() -> None:
     m.on_request(3.1, True, None, 950)
     assert m.check(3.2) is None  # the P95 is re-sorted at most every 0.5 s
     r = m.check(3.6)
-    assert r is not None and r.condition == "p95_ms" and r.value == pytest.approx(947.5)  # the report's P95 too
+    assert (
+        r is not None and r.condition == "p95_ms" and r.value == pytest.approx(947.5)
+    )  # the report's P95 too
 
 
 def test_samples_oom_and_wall_clock() -> None:
@@ -87,8 +89,18 @@ def test_rollback_timeout_kills_the_group(tmp_path: Path) -> None:
 
 
 def _records(n: int, run_id: str) -> list[RequestRecord]:
-    return [RequestRecord(run_id=run_id, round=1, phase="baseline", request_id=f"r{i}", status_code=200,
-                          sent_s=i * 0.01, end_s=i * 0.01 + 0.005) for i in range(n)]
+    return [
+        RequestRecord(
+            run_id=run_id,
+            round=1,
+            phase="baseline",
+            request_id=f"r{i}",
+            status_code=200,
+            sent_s=i * 0.01,
+            end_s=i * 0.01 + 0.005,
+        )
+        for i in range(n)
+    ]
 
 
 def test_recorder_writes_in_batches_and_keeps_notes(tmp_path: Path) -> None:
@@ -114,6 +126,7 @@ def test_recorder_writes_in_batches_and_keeps_notes(tmp_path: Path) -> None:
 
 def test_client_falling_behind_gives_a_warning(tmp_path: Path) -> None:
     """An open loop at 50/s into one slot on a 50 ms server: requests wait for the slot."""
+
     async def go() -> list[Event]:
         events: list[Event] = []
         async with StubServer(StubBehaviour(ttft_s=0.05)) as srv:
@@ -171,7 +184,7 @@ def test_a_run_is_stored_in_postgresql(pg_url: str) -> None:
     try:
         plan = parse_plan(f"""
 name: pg
-target: {{base_url: "{box['url']}", model: m}}
+target: {{base_url: "{box["url"]}", model: m}}
 fixed: {{input: {{synthetic: {{prompt_tokens: 4, output_tokens: 2, count: 2}}}}}}
 change: {{variable: concurrency, steps: [2]}}
 phases: {{duration_s: 0.3}}
@@ -247,13 +260,22 @@ def test_progress_lines_plain_and_rich() -> None:
     p = make_progress(buf)
     assert isinstance(p, PlainProgress)
     rec = _records(1, "0123abcd")[0]
-    for ev in [Event("run_start", 0, message="run x"), Event("phase_start", 0.1, 1, "baseline", 0, "round 1/3 baseline"),
-               Event("request", 0.2, payload=rec), Event("phase_end", 1, 1, "baseline", 0, "round 1/3 baseline: 1 requests"),
-               Event("stop_condition", 1.5, message="error rate 90%"), Event("run_end", 2, message="run x stopped")]:
+    for ev in [
+        Event("run_start", 0, message="run x"),
+        Event("phase_start", 0.1, 1, "baseline", 0, "round 1/3 baseline"),
+        Event("request", 0.2, payload=rec),
+        Event("phase_end", 1, 1, "baseline", 0, "round 1/3 baseline: 1 requests"),
+        Event("stop_condition", 1.5, message="error rate 90%"),
+        Event("run_end", 2, message="run x stopped"),
+    ]:
         p(ev)
     lines = buf.getvalue().splitlines()
-    assert lines == ["[    0.0s] run x", "[    1.0s] round 1/3 baseline: 1 requests", "[    1.5s] STOP : error rate 90%",
-                     "[    2.0s] run x stopped"]
+    assert lines == [
+        "[    0.0s] run x",
+        "[    1.0s] round 1/3 baseline: 1 requests",
+        "[    1.5s] STOP : error rate 90%",
+        "[    2.0s] run x stopped",
+    ]
     buf = io.StringIO()
     r = RichProgress(buf)
     r(Event("phase_start", 0.1, message="round 1/3 baseline"))
@@ -267,13 +289,23 @@ def test_environment_facts_from_a_fake_nvml() -> None:
 
     from vramlab.experiment.environment import gpu_facts, host_facts
 
-    fake = SimpleNamespace(nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 2,
-                           nvmlSystemGetDriverVersion=lambda: b"550.54.15", nvmlDeviceGetHandleByIndex=lambda i: i,
-                           nvmlDeviceGetName=lambda h: "NVIDIA H200",
-                           nvmlDeviceGetMemoryInfo=lambda h, version=None: SimpleNamespace(total=141 * 2**30, used=0,
-                                                                                            free=141 * 2**30))
-    assert gpu_facts(fake) == {"gpu_count": 2, "driver": "550.54.15", "gpu_name": "NVIDIA H200",
-                               "gpu_memory_bytes": 141 * 2**30}
+    fake = SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlSystemGetDriverVersion=lambda: b"550.54.15",
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetName=lambda h: "NVIDIA H200",
+        nvmlDeviceGetMemoryInfo=lambda h, version=None: SimpleNamespace(
+            total=141 * 2**30, used=0, free=141 * 2**30
+        ),
+    )
+    assert gpu_facts(fake) == {
+        "gpu_count": 2,
+        "driver": "550.54.15",
+        "gpu_name": "NVIDIA H200",
+        "gpu_memory_bytes": 141 * 2**30,
+    }
     assert host_facts()["vramlab_version"]
 
 

@@ -14,10 +14,38 @@ from vramlab.sim.barrier import StartBarrier
 from vramlab.sim.launch import start_sim
 from vramlab.sim.ledger import DeviceLedger
 
-CHAT = ["--model", "qwen2.5-1.5b-instruct", "--gpu", "l4", "--gpu-memory-utilization", "0.2",
-        "--max-model-len", "4096", "--max-num-seqs", "4", "--speed", "200", "--watchdog-s", "0.5"]
-SMALL = ["--model", "qwen2.5-0.5b-instruct", "--gpu", "l4", "--gpu-memory-utilization", "0.097",
-         "--max-model-len", "4096", "--max-num-seqs", "4", "--speed", "200", "--watchdog-s", "0.5"]
+CHAT = [
+    "--model",
+    "qwen2.5-1.5b-instruct",
+    "--gpu",
+    "l4",
+    "--gpu-memory-utilization",
+    "0.2",
+    "--max-model-len",
+    "4096",
+    "--max-num-seqs",
+    "4",
+    "--speed",
+    "200",
+    "--watchdog-s",
+    "0.5",
+]
+SMALL = [
+    "--model",
+    "qwen2.5-0.5b-instruct",
+    "--gpu",
+    "l4",
+    "--gpu-memory-utilization",
+    "0.097",
+    "--max-model-len",
+    "4096",
+    "--max-num-seqs",
+    "4",
+    "--speed",
+    "200",
+    "--watchdog-s",
+    "0.5",
+]
 
 
 def test_parse():
@@ -42,8 +70,12 @@ def test_waits_for_every_party_and_times_out_alone(tmp_path):
 
 
 def test_bad_barrier_is_a_one_line_error():
-    out = subprocess.run([sys.executable, "-m", "vramlab", "sim", "serve", "--start-barrier", "nope"],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "vramlab", "sim", "serve", "--start-barrier", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 2 and "FILE:N" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -51,8 +83,12 @@ def test_bad_barrier_is_a_one_line_error():
 def test_started_at_once_they_miscount_each_other_and_one_refuses(tmp_path):
     """pack's settings fit one after another; at once, each charges the other's loading to itself."""
     dev, bar = str(tmp_path / "gpu0.ledger"), f"{tmp_path / 'race.barrier'}:2"
-    procs = [start_sim(a + ["--start-barrier", bar], device=dev, wait_ready=False,
-                       log_path=str(tmp_path / f"{i}.log")) for i, a in enumerate((CHAT, SMALL))]
+    procs = [
+        start_sim(
+            a + ["--start-barrier", bar], device=dev, wait_ready=False, log_path=str(tmp_path / f"{i}.log")
+        )
+        for i, a in enumerate((CHAT, SMALL))
+    ]
     try:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

@@ -42,32 +42,54 @@ def test_plan_json_round_trips():
     est = make_estimate(kv_cache_gib=2.0)
     back = estimate_from_json(est.to_json())
     assert (back.kv_cache_bytes, back.num_blocks, back.weights_bytes, back.components) == (
-        est.kv_cache_bytes, est.num_blocks, est.weights_bytes, est.components)
+        est.kv_cache_bytes,
+        est.num_blocks,
+        est.weights_bytes,
+        est.components,
+    )
 
 
-@pytest.mark.parametrize("argv,text", [
-    (["--speed", "0"], "vramlab sim: error: --speed must be a positive finite number, got 0.0"),
-    (["--fault", "melt"], "vramlab sim: error: unknown fault 'melt'"),
-    (["--plan", "/nonexistent/plan.json"], "vramlab sim: error: /nonexistent/plan.json: no such plan JSON file"),
-])
+@pytest.mark.parametrize(
+    "argv,text",
+    [
+        (["--speed", "0"], "vramlab sim: error: --speed must be a positive finite number, got 0.0"),
+        (["--fault", "melt"], "vramlab sim: error: unknown fault 'melt'"),
+        (
+            ["--plan", "/nonexistent/plan.json"],
+            "vramlab sim: error: /nonexistent/plan.json: no such plan JSON file",
+        ),
+    ],
+)
 def test_cli_bad_options_are_one_line_errors(argv, text):
-    out = subprocess.run([sys.executable, "-m", "vramlab", "sim", "serve", "--port", "0", *argv],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "vramlab", "sim", "serve", "--port", "0", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 2 and text in out.stderr and "Traceback" not in out.stderr
 
 
 def test_armed_slow_then_hang_faults_fire_by_themselves(tmp_path):
     async def go():
-        cfg = SimConfig(estimate=make_estimate(), speed=100, device=str(tmp_path / "g.ledger"),
-                        faults=(Fault("slow", 0.0, 50.0), Fault("hang", 0.6)))
+        cfg = SimConfig(
+            estimate=make_estimate(),
+            speed=100,
+            device=str(tmp_path / "g.ledger"),
+            faults=(Fault("slow", 0.0, 50.0), Fault("hang", 0.6)),
+        )
         async with SimServer(cfg, log_stream=io.StringIO()) as srv:
             async with aiohttp.ClientSession() as s:
                 t0 = time.monotonic()
-                r = await s.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 5, "ignore_eos": True})
+                r = await s.post(
+                    srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 5, "ignore_eos": True}
+                )
                 assert r.status == 200
                 slow_s = time.monotonic() - t0
                 await asyncio.sleep(0.7)
-                hung = asyncio.create_task(s.post(srv.url + "/v1/completions", json={"prompt": "y", "max_tokens": 2}))
+                hung = asyncio.create_task(
+                    s.post(srv.url + "/v1/completions", json={"prompt": "y", "max_tokens": 2})
+                )
                 await asyncio.sleep(0.3)
                 state = await (await s.get(srv.url + "/sim/state")).json()
                 done = hung.done()

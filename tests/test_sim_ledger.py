@@ -86,8 +86,10 @@ def test_over_allocation_fails_like_cudamalloc(tmp_path):
 def test_sigkilled_process_memory_is_released(tmp_path):
     path = tmp_path / "g.ledger"
     dev = DeviceLedger(path, gpu="a100-80gb")
-    code = (f"from vramlab.sim.ledger import DeviceLedger; from vramlab.units import GIB; d = DeviceLedger({str(path)!r}); "
-            "d.allocate(30 * GIB, 'balloon', 'victim'); print('held', flush=True); import time; time.sleep(60)")
+    code = (
+        f"from vramlab.sim.ledger import DeviceLedger; from vramlab.units import GIB; d = DeviceLedger({str(path)!r}); "
+        "d.allocate(30 * GIB, 'balloon', 'victim'); print('held', flush=True); import time; time.sleep(60)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"

@@ -21,7 +21,9 @@ def _drain(s: Scheduler, max_steps: int = 10_000) -> int:
 
 
 def test_a_full_pool_preempts_the_newest_and_everyone_still_finishes():
-    s = Scheduler(num_blocks=8, block_size=16, max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=256)
+    s = Scheduler(
+        num_blocks=8, block_size=16, max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=256
+    )
     reqs = [Request(f"r{i}", prompt_tokens=20, max_tokens=40, stop_at=40) for i in range(4)]
     for r in reqs:
         s.add(r)
@@ -37,18 +39,24 @@ def test_a_full_pool_preempts_the_newest_and_everyone_still_finishes():
 
 
 def test_admission_waits_for_blocks_and_respects_max_num_seqs():
-    s = Scheduler(num_blocks=100, block_size=16, max_num_seqs=2, max_num_batched_tokens=4096, max_model_len=1024)
+    s = Scheduler(
+        num_blocks=100, block_size=16, max_num_seqs=2, max_num_batched_tokens=4096, max_model_len=1024
+    )
     for i in range(5):
         s.add(Request(f"r{i}", 10, 3, 3))
     b = s.schedule()
     assert len(b.scheduled) == 2 and len(s.waiting) == 3
-    big = Scheduler(num_blocks=4, block_size=16, max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=1024)
+    big = Scheduler(
+        num_blocks=4, block_size=16, max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=1024
+    )
     big.add(Request("huge", 100, 1, 1))  # needs 7 blocks: it cannot be admitted
     assert big.schedule().scheduled == () and len(big.waiting) == 1
 
 
 def test_chunked_prefill_respects_the_token_budget():
-    s = Scheduler(num_blocks=100, block_size=16, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=1024)
+    s = Scheduler(
+        num_blocks=100, block_size=16, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=1024
+    )
     r = Request("long", 200, 2, 2)
     s.add(r)
     sizes = []
@@ -60,7 +68,9 @@ def test_chunked_prefill_respects_the_token_budget():
 
 
 def test_eos_stop_and_max_model_len_stop():
-    s = Scheduler(num_blocks=100, block_size=16, max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=64)
+    s = Scheduler(
+        num_blocks=100, block_size=16, max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=64
+    )
     eos = Request("eos", 10, 20, stop_at=5)
     cap = Request("cap", 60, 20, stop_at=20)
     s.add(eos)
@@ -71,10 +81,15 @@ def test_eos_stop_and_max_model_len_stop():
 
 
 @settings(max_examples=60, deadline=None)
-@given(blocks=st.integers(4, 60), seqs=st.integers(1, 12),
-       reqs=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 30)), min_size=1, max_size=15))
+@given(
+    blocks=st.integers(4, 60),
+    seqs=st.integers(1, 12),
+    reqs=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 30)), min_size=1, max_size=15),
+)
 def test_blocks_are_conserved_and_all_requests_finish(blocks, seqs, reqs):
-    s = Scheduler(num_blocks=blocks, block_size=16, max_num_seqs=seqs, max_num_batched_tokens=512, max_model_len=1024)
+    s = Scheduler(
+        num_blocks=blocks, block_size=16, max_num_seqs=seqs, max_num_batched_tokens=512, max_model_len=1024
+    )
     rs = []
     for i, (p, m) in enumerate(reqs):
         if -(-(p + m) // 16) > blocks:
@@ -88,8 +103,9 @@ def test_blocks_are_conserved_and_all_requests_finish(blocks, seqs, reqs):
 
 
 def test_roofline_prefill_is_compute_bound_and_decode_memory_bound():
-    h100 = Roofline(params=8e9, weights_bytes=16 * 10**9, kv_bytes_per_token=131072, bf16_tflops=989,
-                    bandwidth_gbps=3350)
+    h100 = Roofline(
+        params=8e9, weights_bytes=16 * 10**9, kv_bytes_per_token=131072, bf16_tflops=989, bandwidth_gbps=3350
+    )
     decode = h100.step_s(0, 32, 32 * 1000)
     prefill = h100.step_s(8192, 0, 8192)
     assert 0.005 < decode < 0.01  # 16 GB of weights at ~2.5 TB/s effective

@@ -28,8 +28,10 @@ def _log(engine: str, version: str | None = None) -> tuple[list[str], Estimate]:
     return asyncio.run(go()), est
 
 
-@pytest.mark.parametrize("engine,version", [("vllm", None), ("vllm", "0.9.2"), ("sglang", None), ("tgi", None),
-                                            ("llama.cpp", None)])
+@pytest.mark.parametrize(
+    "engine,version",
+    [("vllm", None), ("vllm", "0.9.2"), ("sglang", None), ("tgi", None), ("llama.cpp", None)],
+)
 def test_the_log_parser_reads_what_the_sim_decided(engine, version):
     lines, est = _log(engine, version)
     parsed = parse_log(lines)
@@ -54,13 +56,28 @@ def test_cli_serves_the_capacity_model_and_says_so_in_the_log(tmp_path):
 
     cfg = SimConfig(model="llama-3.1-8b-instruct", gpu="h100-80gb", max_model_len=4096)
     est = compute_estimate(cfg)
-    sim = start_sim(["--model", "llama-3.1-8b-instruct", "--gpu", "h100-80gb", "--max-model-len", "4096",
-                     "--speed", "100"], device=str(tmp_path / "g.ledger"))
+    sim = start_sim(
+        [
+            "--model",
+            "llama-3.1-8b-instruct",
+            "--gpu",
+            "h100-80gb",
+            "--max-model-len",
+            "4096",
+            "--speed",
+            "100",
+        ],
+        device=str(tmp_path / "g.ledger"),
+    )
     try:
         log = sim.log_text()
         assert f"GPU KV cache size: {est.num_blocks * est.block_size:,} tokens" in log
-        out = subprocess.run([sys.executable, "-m", "vramlab", "sim", "status", "--device", str(tmp_path / "g.ledger")],
-                             capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "vramlab", "sim", "status", "--device", str(tmp_path / "g.ledger")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
         assert "VLLM::EngineCore" in out
     finally:
         assert sim.stop() == 0

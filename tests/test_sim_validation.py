@@ -51,21 +51,31 @@ def test_bad_requests_get_vllm_400s(tmp_path):
                     doc = await r.json()
                     assert r.status == 400, (body, doc)
                     err = doc["error"]  # vLLM >= 0.10 wraps the error object
-                    assert err["type"] == "BadRequestError" and err["code"] == 400 and err["param"] == param, doc
+                    assert (
+                        err["type"] == "BadRequestError" and err["code"] == 400 and err["param"] == param
+                    ), doc
                     assert err["message"]
             # nested past any parser's depth: a 400 about the body, not a 500 RecursionError
             deep = '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}"
-            async with http.post(srv.url + "/v1/chat/completions", data=deep,
-                                 headers={"Content-Type": "application/json"}) as r:
+            async with http.post(
+                srv.url + "/v1/chat/completions", data=deep, headers={"Content-Type": "application/json"}
+            ) as r:
                 assert r.status == 400
                 assert "JSON" in (await r.json())["error"]["message"]
-            async with http.post(srv.url + "/v1/completions", data=b"\xff\xfe{", headers={"Content-Type": "application/json"}) as r:
+            async with http.post(
+                srv.url + "/v1/completions", data=b"\xff\xfe{", headers={"Content-Type": "application/json"}
+            ) as r:
                 assert r.status == 400
             # what vLLM accepts: a custom role (vLLM "enables custom roles"), content parts, null content
-            ok = [{"role": "narrator", "content": "once"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-                  {"role": "assistant", "content": None}, {"role": "user", "content": ["plain", "parts"]}]
-            async with http.post(srv.url + "/v1/chat/completions",
-                                 json={"model": MODEL, "messages": ok, "max_tokens": 3}) as r:
+            ok = [
+                {"role": "narrator", "content": "once"},
+                {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                {"role": "assistant", "content": None},
+                {"role": "user", "content": ["plain", "parts"]},
+            ]
+            async with http.post(
+                srv.url + "/v1/chat/completions", json={"model": MODEL, "messages": ok, "max_tokens": 3}
+            ) as r:
                 assert r.status == 200, await r.text()
 
     run(go())
@@ -74,8 +84,13 @@ def test_bad_requests_get_vllm_400s(tmp_path):
 def test_n_choices_plain_and_streamed(tmp_path):
     async def go():
         async with _server(tmp_path) as srv, aiohttp.ClientSession() as http:
-            body = {"model": MODEL, "messages": [{"role": "user", "content": "tell me"}], "max_tokens": 5,
-                    "ignore_eos": True, "n": 3}
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "tell me"}],
+                "max_tokens": 5,
+                "ignore_eos": True,
+                "n": 3,
+            }
             async with http.post(srv.url + "/v1/chat/completions", json=body) as r:
                 doc = await r.json()
             assert r.status == 200
@@ -83,12 +98,20 @@ def test_n_choices_plain_and_streamed(tmp_path):
             texts = [c["message"]["content"] for c in doc["choices"]]
             assert len(set(texts)) == 3  # n different samples, not one answer three times
             assert doc["usage"]["completion_tokens"] == 15
-            async with http.post(srv.url + "/v1/chat/completions",
-                                 json={**body, "n": 1}) as r:
+            async with http.post(srv.url + "/v1/chat/completions", json={**body, "n": 1}) as r:
                 assert (await r.json())["choices"][0]["message"]["content"] == texts[0]
-            async with http.post(srv.url + "/v1/completions",
-                                 json={"model": MODEL, "prompt": "a b c", "max_tokens": 4, "ignore_eos": True, "n": 2,
-                                       "stream": True, "stream_options": {"include_usage": True}}) as r:
+            async with http.post(
+                srv.url + "/v1/completions",
+                json={
+                    "model": MODEL,
+                    "prompt": "a b c",
+                    "max_tokens": 4,
+                    "ignore_eos": True,
+                    "n": 2,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+            ) as r:
                 raw = (await r.read()).decode()
             events = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
             assert events[-1] == "[DONE]"
@@ -114,10 +137,14 @@ def test_client_disconnect_is_one_line_not_a_traceback(tmp_path, caplog):
         async with _server(tmp_path, log) as srv:
             for _ in range(3):
                 reader, writer = await asyncio.open_connection(srv.cfg.host, srv.port)
-                body = json.dumps({"model": MODEL, "prompt": "x y", "max_tokens": 400, "ignore_eos": True,
-                                   "stream": True}).encode()
-                writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                             + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                body = json.dumps(
+                    {"model": MODEL, "prompt": "x y", "max_tokens": 400, "ignore_eos": True, "stream": True}
+                ).encode()
+                writer.write(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
                 await writer.drain()
                 await reader.readuntil(b"data: ")  # the stream started
                 writer.transport.abort()  # the client goes away mid-stream
@@ -142,5 +169,10 @@ def test_error_shape_before_0_10_is_top_level(tmp_path, engine):
     from vramlab.sim.api import ApiError, error_body
 
     body = error_body(ApiError(400, "n must be at least 1, got 0.", param="n"), engine, (0, 8, 5))
-    assert body == {"object": "error", "message": "n must be at least 1, got 0.", "type": "BadRequestError",
-                    "param": "n", "code": 400}
+    assert body == {
+        "object": "error",
+        "message": "n must be at least 1, got 0.",
+        "type": "BadRequestError",
+        "param": "n",
+        "code": 400,
+    }

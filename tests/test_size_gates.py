@@ -15,19 +15,56 @@ from _narrow import some
 SRC = Path(__file__).resolve().parents[1] / "src" / "vramlab"
 MODULE_MAX, FUNCTION_MAX = 500, 80
 
-# "path:function": why it is still longer than FUNCTION_MAX lines
-LONG_FUNCTIONS = {
-    "load/driver.py:drive": "the load loop with its closures over one run's state; to be split with the one run engine",
-    "sources/hf_config.py:_spec_from_config": "one flat read of config.json's many spellings, field by field",
-    "sources/gguf_file.py:config_from_gguf": "one flat read of GGUF metadata keys, field by field",
-    "placement/inputs.py:_schemas": "the pydantic schemas of the fleet and models files, declared in one place",
-    "placement/explain.py:explain": "the pack explanation's sentences in reading order",
-    "analysis/incident.py:analyse": "the incident's timings in the order a reader checks them",
-    "drill/recovery.py:recover": "the recovery probe loop and its clocks",
-    "report/svg.py:render_svg": "one SVG chart's elements in drawing order",
-    "load/workers.py:_serve": "a worker process's loop: receive, run, report",
+# "path:function": (the most lines it may have, why it is still longer than FUNCTION_MAX). The cap is
+# its size when it was listed: a listed function may shrink (and leaves the list once under the limit)
+# but never grow. Sizes are counted in `ruff format`'s layout.
+FORMATTED = "over the limit since ruff format's layout; to be split by concept"
+LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
+    "load/driver.py:drive": (
+        204,
+        "the load loop with its closures over one run's state; to be split with the one run engine",
+    ),
+    "sources/hf_config.py:_spec_from_config": (
+        183,
+        "one flat read of config.json's many spellings, field by field",
+    ),
+    "sources/gguf_file.py:config_from_gguf": (114, "one flat read of GGUF metadata keys, field by field"),
+    "placement/inputs.py:_schemas": (
+        116,
+        "the pydantic schemas of the fleet and models files, declared in one place",
+    ),
+    "placement/explain.py:explain": (152, "the pack explanation's sentences in reading order"),
+    "analysis/incident.py:analyse": (120, "the incident's timings in the order a reader checks them"),
+    "drill/recovery.py:recover": (131, "the recovery probe loop and its clocks"),
+    "report/svg.py:render_svg": (115, "one SVG chart's elements in drawing order"),
+    "load/workers.py:_serve": (100, "a worker process's loop: receive, run, report"),
+    "analysis/rounds.py:returned_to_baseline": (88, FORMATTED),
+    "capacity/calibration.py:fit": (83, FORMATTED),
+    "capacity/engines/llamacpp.py:layout": (84, FORMATTED),
+    "capacity/engines/ollama.py:plan": (115, FORMATTED),
+    "capacity/engines/sglang.py:plan": (89, FORMATTED),
+    "capacity/engines/tgi.py:plan": (90, FORMATTED),
+    "capacity/engines/vllm.py:activation_component": (92, FORMATTED),
+    "cli/drill.py:run": (94, FORMATTED),
+    "cli/plan.py:add_arguments": (112, FORMATTED),
+    "load/workers.py:drive": (84, FORMATTED),
+    "report/check_log_text.py:render": (100, FORMATTED),
+    "report/incident_text.py:action_items": (90, FORMATTED),
+    "report/plan_text.py:render_plan": (94, FORMATTED),
 }
-LONG_MODULES: dict[str, str] = {}
+# Modules first counted over MODULE_MAX when `ruff format` laid them out (they were under 500 lines in
+# the denser hand layout): (cap, why). Split each by concept; the cap keeps them from growing meanwhile.
+LONG_MODULES: dict[str, tuple[int, str]] = {
+    "capacity/calibration.py": (573, FORMATTED),
+    "capacity/engines/vllm.py": (591, FORMATTED),
+    "capacity/weights.py": (556, FORMATTED),
+    "drill/kind.py": (526, FORMATTED),
+    "logs/vllm.py": (593, FORMATTED),
+    "records/events.py": (538, FORMATTED),
+    "report/core_sections.py": (630, FORMATTED),
+    "report/incident.py": (599, FORMATTED),
+    "sim/engine.py": (527, FORMATTED),
+}
 
 
 def _sizes(root: Path = SRC):
@@ -42,19 +79,41 @@ def _sizes(root: Path = SRC):
     return modules, functions
 
 
+def _over(sizes: dict[str, int], limit: int, allowed: dict[str, tuple[int, str]]) -> dict[str, str]:
+    """What breaks the gate: unlisted and over the limit, listed and grown past its cap, listed and
+    no longer needed (the list only shrinks), listed without a reason."""
+    bad = {}
+    for name, n in sizes.items():
+        if n > limit and name not in allowed:
+            bad[name] = f"{n} lines, over {limit}"
+    for name, (cap, why) in allowed.items():
+        n = sizes.get(name, 0)
+        if n <= limit:
+            bad[name] = f"{n} lines: under {limit} now, drop it from the allow-list"
+        elif n > cap:
+            bad[name] = f"{n} lines: grew past its cap of {cap}"
+        if not why.strip():
+            bad[name] = "listed without a reason"
+    return bad
+
+
 def test_modules_stay_under_the_line_limit():
     modules, _ = _sizes()
-    long = {m: n for m, n in modules.items() if n > MODULE_MAX and m not in LONG_MODULES}
-    assert not long, f"modules over {MODULE_MAX} lines: {long}"
-    assert not [m for m in LONG_MODULES if modules.get(m, 0) <= MODULE_MAX], "allow-list entry no longer needed"
+    assert not _over(modules, MODULE_MAX, LONG_MODULES)
 
 
 def test_functions_stay_under_the_line_limit():
     _, functions = _sizes()
-    long = {f: n for f, n in functions.items() if n > FUNCTION_MAX and f not in LONG_FUNCTIONS}
-    assert not long, f"functions over {FUNCTION_MAX} lines: {long}"
-    stale = [f for f in LONG_FUNCTIONS if functions.get(f, 0) <= FUNCTION_MAX]
-    assert not stale, f"allow-list entries no longer needed: {stale}"
+    assert not _over(functions, FUNCTION_MAX, LONG_FUNCTIONS)
+
+
+def test_a_listed_function_may_not_grow():
+    allowed = {"m.py:f": (90, "why")}
+    assert _over({"m.py:f": 90}, 80, allowed) == {}
+    assert "grew past its cap of 90" in _over({"m.py:f": 91}, 80, allowed)["m.py:f"]
+    assert "drop it" in _over({"m.py:f": 80}, 80, allowed)["m.py:f"]
+    assert _over({"m.py:f": 90}, 80, {"m.py:f": (90, " ")}) == {"m.py:f": "listed without a reason"}
+    assert _over({"m.py:g": 81}, 80, allowed)["m.py:g"] == "81 lines, over 80"
 
 
 def test_the_gate_sees_a_long_function_and_a_long_module(tmp_path):

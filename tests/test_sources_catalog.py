@@ -36,15 +36,44 @@ def test_architecture_matches_the_published_parameter_count(entry):
 
 def test_required_coverage_of_families_and_kinds():
     specs = {e.name: e.spec() for e in CATALOG}
-    for name in ("llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3.2-1b-instruct", "llama-3.2-3b-instruct",
-                 "llama-3.1-8b-instruct", "llama-3.3-70b-instruct", "llama-3.1-405b-instruct",
-                 "llama-4-scout-17b-16e-instruct", "qwen2.5-0.5b-instruct", "qwen2.5-72b-instruct",
-                 "qwen3-0.6b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "mistral-7b-instruct-v0.3",
-                 "mistral-small-3.1-24b-instruct", "mixtral-8x7b-instruct", "mixtral-8x22b-instruct",
-                 "gemma-2-2b-it", "gemma-2-27b-it", "gemma-3-1b-it", "gemma-3-27b-it", "phi-3-mini-4k-instruct",
-                 "phi-3-medium-4k-instruct", "phi-4", "deepseek-v2-lite-chat", "deepseek-v3", "deepseek-r1",
-                 "deepseek-r1-distill-qwen-7b", "deepseek-r1-distill-qwen-32b", "deepseek-r1-distill-llama-8b",
-                 "deepseek-r1-distill-llama-70b", "gpt-oss-20b", "gpt-oss-120b", "qwen2.5-72b-instruct-awq"):
+    for name in (
+        "llama-2-7b",
+        "llama-2-13b",
+        "llama-2-70b",
+        "llama-3.2-1b-instruct",
+        "llama-3.2-3b-instruct",
+        "llama-3.1-8b-instruct",
+        "llama-3.3-70b-instruct",
+        "llama-3.1-405b-instruct",
+        "llama-4-scout-17b-16e-instruct",
+        "qwen2.5-0.5b-instruct",
+        "qwen2.5-72b-instruct",
+        "qwen3-0.6b",
+        "qwen3-32b",
+        "qwen3-30b-a3b",
+        "qwen3-235b-a22b",
+        "mistral-7b-instruct-v0.3",
+        "mistral-small-3.1-24b-instruct",
+        "mixtral-8x7b-instruct",
+        "mixtral-8x22b-instruct",
+        "gemma-2-2b-it",
+        "gemma-2-27b-it",
+        "gemma-3-1b-it",
+        "gemma-3-27b-it",
+        "phi-3-mini-4k-instruct",
+        "phi-3-medium-4k-instruct",
+        "phi-4",
+        "deepseek-v2-lite-chat",
+        "deepseek-v3",
+        "deepseek-r1",
+        "deepseek-r1-distill-qwen-7b",
+        "deepseek-r1-distill-qwen-32b",
+        "deepseek-r1-distill-llama-8b",
+        "deepseek-r1-distill-llama-70b",
+        "gpt-oss-20b",
+        "gpt-oss-120b",
+        "qwen2.5-72b-instruct-awq",
+    ):
         assert name in specs, name
     assert specs["deepseek-v3"].is_mla and specs["deepseek-v3"].num_experts == 256
     assert specs["qwen3-30b-a3b"].is_moe and specs["qwen3-30b-a3b"].head_dim == 128
@@ -59,8 +88,14 @@ def test_quantized_variants_carry_real_quantization_configs():
     methods = {e.quantization_config["quant_method"] for e in CATALOG if e.is_quantized}
     assert {"awq", "gptq", "fp8", "bitsandbytes", "compressed-tensors", "mxfp4"} <= methods
     awq = CATALOG.get("qwen2.5-72b-instruct-awq")
-    assert awq.quantization_config == {"bits": 4, "group_size": 128, "modules_to_not_convert": None,
-                                       "quant_method": "awq", "version": "gemm", "zero_point": True}
+    assert awq.quantization_config == {
+        "bits": 4,
+        "group_size": 128,
+        "modules_to_not_convert": None,
+        "quant_method": "awq",
+        "version": "gemm",
+        "zero_point": True,
+    }
     spec = awq.spec()
     assert spec.quant is not None
     assert spec.quant.method == "awq" and spec.quant.bits == 4 and spec.quant.group_size == 128
@@ -69,9 +104,18 @@ def test_quantized_variants_carry_real_quantization_configs():
     assert CATALOG.get("llama-3.1-8b-instruct-bnb-4bit").quant_label == "bnb-nf4"
 
 
-@pytest.mark.parametrize("key", ["llama-3.1-8b-instruct", "LLAMA-3.1-8B-INSTRUCT", "llama3.1-8b",
-                                 "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/llama-3.1-8b-instruct",
-                                 "Llama-3.1-8B-Instruct", "  llama-3.1-8b-instruct "])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "llama-3.1-8b-instruct",
+        "LLAMA-3.1-8B-INSTRUCT",
+        "llama3.1-8b",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "meta-llama/llama-3.1-8b-instruct",
+        "Llama-3.1-8B-Instruct",
+        "  llama-3.1-8b-instruct ",
+    ],
+)
 def test_lookup_by_name_alias_hub_id_and_repo_name(key):
     assert CATALOG.get(key).name == "llama-3.1-8b-instruct"
 

@@ -54,8 +54,9 @@ def test_gemma3_sliding_pattern_and_moe_fields(tmp_path):
     assert spec.kinds == ("sliding",) * 5 + ("full",) and spec.sliding_window == 512
 
     path = tmp_path / "moe.gguf"
-    write_gguf(path, "qwen3moe", extra={"expert_count": 8, "expert_used_count": 2,
-                                         "expert_feed_forward_length": 96})
+    write_gguf(
+        path, "qwen3moe", extra={"expert_count": 8, "expert_used_count": 2, "expert_feed_forward_length": 96}
+    )
     spec = spec_from_gguf(path)
     assert (spec.num_experts, spec.num_experts_per_tok, spec.moe_intermediate_size) == (8, 2, 96)
     assert spec.model_type == "qwen3_moe"
@@ -63,9 +64,19 @@ def test_gemma3_sliding_pattern_and_moe_fields(tmp_path):
 
 def test_hybrid_ssm_layers_from_per_layer_kv_heads(tmp_path):
     path = tmp_path / "h.gguf"
-    write_gguf(path, "granitehybrid", layers=4, kv=[0, 0, 0, 2],
-               extra={"ssm_state_size": 128, "ssm_inner_size": 512, "ssm_conv_kernel": 4,
-                      "ssm_group_count": 1, "ssm_time_step_rank": 8})
+    write_gguf(
+        path,
+        "granitehybrid",
+        layers=4,
+        kv=[0, 0, 0, 2],
+        extra={
+            "ssm_state_size": 128,
+            "ssm_inner_size": 512,
+            "ssm_conv_kernel": 4,
+            "ssm_group_count": 1,
+            "ssm_time_step_rank": 8,
+        },
+    )
     spec = spec_from_gguf(path)
     assert spec.kinds == ("mamba", "mamba", "mamba", "full")
     assert (spec.mamba_d_state, spec.mamba_n_heads, spec.mamba_head_dim, spec.num_kv_heads) == (128, 8, 64, 2)

@@ -47,7 +47,11 @@ class StandInHub:
                 repo, rev, name = m.groups()
                 rev = hub.revision_of(repo, rev)
                 need = hub.gated.get(repo)
-                if need and self.headers.get("Authorization") != f"Bearer {need}" and not self.path.startswith("/cdn/"):
+                if (
+                    need
+                    and self.headers.get("Authorization") != f"Bearer {need}"
+                    and not self.path.startswith("/cdn/")
+                ):
                     return self._send(401, b"")
                 commit = {"X-Repo-Commit": hub.commit(repo, rev)} if hub.names_commits else {}
                 data = hub.files.get(f"{repo}/{rev}/{name}")
@@ -65,8 +69,12 @@ class StandInHub:
                     assert m is not None, rng
                     a, b = (int(x) for x in m.groups())
                     part = data[a : b + 1]
-                    return self._send(206, part, name, {"Content-Range": f"bytes {a}-{a + len(part) - 1}/{len(data)}",
-                                                        **commit})
+                    return self._send(
+                        206,
+                        part,
+                        name,
+                        {"Content-Range": f"bytes {a}-{a + len(part) - 1}/{len(data)}", **commit},
+                    )
                 return self._send(200, data, name, commit)
 
             def _send(self, code, body, name="", headers=None):
@@ -84,7 +92,9 @@ class StandInHub:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
 
     def add_repo(self, repo: str, files: dict[str, bytes], revision: str = "main"):
         """Set the files of *revision* (a push: a new commit when they differ)."""
@@ -162,7 +172,9 @@ def test_a_branch_that_moved_is_read_again_and_a_commit_never_is(hub, tmp_path, 
     assert client(hub, tmp_path, offline=True).spec("acme/tiny").num_layers == 3  # offline follows the ref
     n = len(hub.requests)
     pinned = client(hub, tmp_path).spec("acme/tiny", old_commit)  # the old commit, from the cache alone
-    assert len(hub.requests) == n and pinned.num_layers == 2 and pinned.weights_bytes_exact == tiny_llama_bytes()
+    assert (
+        len(hub.requests) == n and pinned.num_layers == 2 and pinned.weights_bytes_exact == tiny_llama_bytes()
+    )
 
 
 def test_absent_files_are_cached_per_commit_not_for_good(hub, tmp_path, sharded):
@@ -219,12 +231,19 @@ def test_the_hint_names_the_callers_own_switch(hub, tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("VRAMLAB_CACHE_DIR", str(tmp_path / "vc"))
     hub.add_repo("acme/tiny", {"config.json": json.dumps(TINY_LLAMA_CONFIG).encode()})
-    quiet = HubClient(endpoint=hub.url, cache_dir=tmp_path, token="", offline=True, online_hint="pass --online")
+    quiet = HubClient(
+        endpoint=hub.url, cache_dir=tmp_path, token="", offline=True, online_hint="pass --online"
+    )
     with pytest.raises(ConfigError, match="pass --online to fetch it") as exc:
         quiet.spec("acme/tiny")
     assert "--offline" not in str(exc.value)
-    down = HubClient(endpoint="http://127.0.0.1:9", cache_dir=tmp_path, token="", backoff_s=0.01,
-                     online_hint="pass --online")
+    down = HubClient(
+        endpoint="http://127.0.0.1:9",
+        cache_dir=tmp_path,
+        token="",
+        backoff_s=0.01,
+        online_hint="pass --online",
+    )
     with pytest.raises(ConfigError, match="leave out --online with a catalog model") as exc:
         down.spec("acme/tiny")
     assert "--offline" not in str(exc.value)
@@ -242,8 +261,10 @@ def test_single_file_repo_and_repo_without_safetensors(hub, tmp_path):
     from _sources_files import tiny_llama_tensors
 
     cfg = json.dumps(TINY_LLAMA_CONFIG).encode()
-    hub.add_repo("acme/single", {"config.json": cfg,
-                                 "model.safetensors": safetensors_bytes(tiny_llama_tensors(range(2)))})
+    hub.add_repo(
+        "acme/single",
+        {"config.json": cfg, "model.safetensors": safetensors_bytes(tiny_llama_tensors(range(2)))},
+    )
     hub.add_repo("acme/bare", {"config.json": cfg})
     assert client(hub, tmp_path).spec("acme/single").weights_bytes_exact == tiny_llama_bytes()
     bare = client(hub, tmp_path).spec("acme/bare")
@@ -299,7 +320,9 @@ def test_resolve_model_uses_hf_endpoint_and_the_cache_dir(hub, tmp_path, sharded
     assert spec.weights_bytes_exact == tiny_llama_bytes()
     commit = hub.commit("acme/tiny", "main")
     assert (tmp_path / "vc" / "hub" / "acme--tiny" / "commits" / commit / "config.json").is_file()
-    assert json.loads((tmp_path / "vc" / "hub" / "acme--tiny" / "refs" / "main").read_text())["commit"] == commit
+    assert (
+        json.loads((tmp_path / "vc" / "hub" / "acme--tiny" / "refs" / "main").read_text())["commit"] == commit
+    )
     n = len(hub.requests)
     assert resolve_model("acme/tiny").weights_bytes_exact == tiny_llama_bytes()  # offline, from cache
     assert len(hub.requests) == n

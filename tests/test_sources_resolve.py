@@ -40,8 +40,12 @@ def test_config_json_alone_and_vlm_text_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA_CONFIG))
     spec = resolve_model(str(tmp_path / "config.json"))
     assert spec.weights_bytes_exact is None and spec.num_layers == 2
-    vlm = {"architectures": ["X"], "model_type": "x", "text_config": dict(TINY_LLAMA_CONFIG, num_hidden_layers=5),
-           "vision_config": {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64}}
+    vlm = {
+        "architectures": ["X"],
+        "model_type": "x",
+        "text_config": dict(TINY_LLAMA_CONFIG, num_hidden_layers=5),
+        "vision_config": {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64},
+    }
     (tmp_path / "vlm.json").write_text(json.dumps(vlm))
     spec = resolve_model(str(tmp_path / "vlm.json"))
     assert spec.num_layers == 5 and spec.vision_params > 0

@@ -91,7 +91,9 @@ def test_header_is_read_without_the_tensor_data(tmp_path, monkeypatch):
 
         return F()
 
-    monkeypatch.setattr(vramlab.infile, "open_input", counting_open)  # the one reader every input goes through
+    monkeypatch.setattr(
+        vramlab.infile, "open_input", counting_open
+    )  # the one reader every input goes through
     assert read_safetensors_header(path).tensors[0].nbytes == 4 << 20
     assert read_sizes == [8, n]
 
@@ -108,22 +110,30 @@ def test_index_naming_a_missing_shard(tmp_path):
     (tmp_path / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(ConfigError, match="shard\\(s\\) missing"):
         read_index(tmp_path / "model.safetensors.index.json")
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../../etc/passwd"}}))
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "../../etc/passwd"}})
+    )
     with pytest.raises(ConfigError, match="invalid shard name"):
         read_index(tmp_path / "model.safetensors.index.json")
 
 
-@pytest.mark.parametrize("header, message", [
-    (b"[]", "not a JSON object"),
-    (b"{not json", "not valid UTF-8 JSON"),
-    (b'{"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 3]}}', "should take 4 bytes"),
-    (b'{"w": {"dtype": "Q9", "shape": [2], "data_offsets": [0, 2]}}', "unknown dtype"),
-    (b'{"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}', "invalid shape"),
-    (b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}}', "invalid data_offsets"),
-    (b'{"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},'
-     b' "b": {"dtype": "U8", "shape": [4], "data_offsets": [2, 6]}}', "overlap"),
-    (b'{"__metadata__": [1]}', "__metadata__"),
-])
+@pytest.mark.parametrize(
+    "header, message",
+    [
+        (b"[]", "not a JSON object"),
+        (b"{not json", "not valid UTF-8 JSON"),
+        (b'{"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 3]}}', "should take 4 bytes"),
+        (b'{"w": {"dtype": "Q9", "shape": [2], "data_offsets": [0, 2]}}', "unknown dtype"),
+        (b'{"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}', "invalid shape"),
+        (b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}}', "invalid data_offsets"),
+        (
+            b'{"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},'
+            b' "b": {"dtype": "U8", "shape": [4], "data_offsets": [2, 6]}}',
+            "overlap",
+        ),
+        (b'{"__metadata__": [1]}', "__metadata__"),
+    ],
+)
 def test_malformed_headers_name_the_problem(header, message):
     with pytest.raises(ConfigError, match=message):
         parse_header(header)
@@ -150,7 +160,7 @@ _VALID = safetensors_bytes(tiny_llama_tensors(range(1)), {"format": "pt"})
 @given(st.integers(min_value=0, max_value=len(_VALID)), st.binary(max_size=8), st.integers(0, 400))
 def test_truncated_or_corrupted_real_headers_raise_only_config_error(cut, patch, at):
     data = bytearray(_VALID[:cut])
-    data[at:at + len(patch)] = patch
+    data[at : at + len(patch)] = patch
     try:
         parse_file_bytes(bytes(data))
     except ConfigError:
@@ -159,14 +169,18 @@ def test_truncated_or_corrupted_real_headers_raise_only_config_error(cut, patch,
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 1 << 40) | st.floats(allow_nan=False) | st.text(max_size=5),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=20,
 )
-tensor_like = st.fixed_dictionaries({
-    "dtype": st.sampled_from(["F32", "BF16", "I32", "F4", "Q9", 3]),
-    "shape": st.lists(st.integers(-1, 64), max_size=3) | json_values,
-    "data_offsets": st.lists(st.integers(-1, 1 << 20), min_size=0, max_size=3) | json_values,
-})
+tensor_like = st.fixed_dictionaries(
+    {
+        "dtype": st.sampled_from(["F32", "BF16", "I32", "F4", "Q9", 3]),
+        "shape": st.lists(st.integers(-1, 64), max_size=3) | json_values,
+        "data_offsets": st.lists(st.integers(-1, 1 << 20), min_size=0, max_size=3) | json_values,
+    }
+)
 
 
 @settings(max_examples=120, deadline=None)

@@ -36,8 +36,13 @@ def test_all_timeouts_fire_below_min_requests_and_an_answer_disarms_it():
 def test_run_and_drill_stop_on_the_same_window_with_the_same_words():
     cond = StopConditions(error_rate=0.3, window_s=2.0, min_requests=4, wall_clock_s=100)
     m, d = StopMonitor(cond, 100.0), Detector(cond)
-    feed = [(0.1, True, None), (0.2, False, "http_5xx"), (0.3, True, None), (0.4, False, "http_5xx"),
-            (0.5, False, "http_5xx")]
+    feed = [
+        (0.1, True, None),
+        (0.2, False, "http_5xx"),
+        (0.3, True, None),
+        (0.4, False, "http_5xx"),
+        (0.5, False, "http_5xx"),
+    ]
     for t, ok, err in feed:
         m.on_request(t, ok, err, 10.0 if ok else None)
         d.on_result(t, ok, 200 if ok else 500, err, None, 10.0 if ok else None)

@@ -36,7 +36,12 @@ def _run(run_id: str, started_at: float = 1_700_000_000.0, kind: str = "experime
         name=f"plan-{run_id}",
         plan={"name": "p", "rounds": 3, "change": {"variable": "concurrency", "steps": [1, 2, 4]}},
         plan_hash="ab" * 32,
-        fixed={"engine": "vllm", "engine_version": "0.8.5", "model": "m", "gpu_name": "NVIDIA H100 80GB HBM3"},
+        fixed={
+            "engine": "vllm",
+            "engine_version": "0.8.5",
+            "model": "m",
+            "gpu_name": "NVIDIA H100 80GB HBM3",
+        },
         target={"base_url": "http://127.0.0.1:8000", "api": "openai", "environment": "test"},
         change={"variable": "concurrency", "steps": [1, 2, 4]},
         started_at=started_at,
@@ -49,25 +54,60 @@ def test_round_trip_every_record_kind(open_any):
         run = store.create_run(_run("0a1b2c3d"))
         reqs = [
             RequestRecord(
-                run_id=run.run_id, round=r, phase="treatment", step=2, step_value=4.0, request_id=f"r{r}-{i}",
-                attempt=i % 2, scheduled_s=0.5 * i, sent_s=0.5 * i + 0.001, first_token_s=0.5 * i + 0.04,
-                end_s=0.5 * i + 0.3, ttft_ms=39.0, tpot_ms=12.25, e2e_ms=299.0, e2e_from_scheduled_ms=300.0,
-                ttft_from_scheduled_ms=40.0, dispatch_lag_ms=1.0, itl_ms=[12.0, 12.5], prompt_tokens=128,
-                output_tokens=3, status_code=200 if i else 503, error_class=None if i else "http_5xx",
+                run_id=run.run_id,
+                round=r,
+                phase="treatment",
+                step=2,
+                step_value=4.0,
+                request_id=f"r{r}-{i}",
+                attempt=i % 2,
+                scheduled_s=0.5 * i,
+                sent_s=0.5 * i + 0.001,
+                first_token_s=0.5 * i + 0.04,
+                end_s=0.5 * i + 0.3,
+                ttft_ms=39.0,
+                tpot_ms=12.25,
+                e2e_ms=299.0,
+                e2e_from_scheduled_ms=300.0,
+                ttft_from_scheduled_ms=40.0,
+                dispatch_lag_ms=1.0,
+                itl_ms=[12.0, 12.5],
+                prompt_tokens=128,
+                output_tokens=3,
+                status_code=200 if i else 503,
+                error_class=None if i else "http_5xx",
                 error=None if i else "503 Service Unavailable",
             )
             for r in range(3)
             for i in range(4)
         ]
         samples = [
-            SampleRecord(run_id=run.run_id, t_s=0.25 * i, source="gpu", name="gpu.memory_used_bytes",
-                         value=float(70 * 2**30 + i), labels={"gpu": "0"})
+            SampleRecord(
+                run_id=run.run_id,
+                t_s=0.25 * i,
+                source="gpu",
+                name="gpu.memory_used_bytes",
+                value=float(70 * 2**30 + i),
+                labels={"gpu": "0"},
+            )
             for i in range(5)
-        ] + [SampleRecord(run_id=run.run_id, t_s=0.1, source="engine", name="engine.kv_cache_usage_perc", value=0.5)]
+        ] + [
+            SampleRecord(
+                run_id=run.run_id, t_s=0.1, source="engine", name="engine.kv_cache_usage_perc", value=0.5
+            )
+        ]
         events = [
             EventRecord(run_id=run.run_id, t_s=0.0, kind="run_start", message="start"),
-            EventRecord(run_id=run.run_id, t_s=3.5, kind="stop_condition", round=1, phase="treatment", step=2,
-                        message="P95 TTFT 2300 ms > 2000 ms", data={"metric": "ttft_p95_ms", "value": 2300.0}),
+            EventRecord(
+                run_id=run.run_id,
+                t_s=3.5,
+                kind="stop_condition",
+                round=1,
+                phase="treatment",
+                step=2,
+                message="P95 TTFT 2300 ms > 2000 ms",
+                data={"metric": "ttft_p95_ms", "value": 2300.0},
+            ),
         ]
         assert store.add_requests(run.run_id, reqs) == 12
         assert store.add_samples(run.run_id, samples) == 6
@@ -113,11 +153,21 @@ def test_list_runs_newest_first_with_limit_and_kind(open_any):
 def test_update_run_validates(open_any):
     with open_any() as store:
         store.create_run(_run("11112222"))
-        updated = store.update_run("11112222", status="stopped", ended_at=1_700_000_060.5,
-                                   stop_reason="P95 over 2 s", notes=["a", "b"])
+        updated = store.update_run(
+            "11112222",
+            status="stopped",
+            ended_at=1_700_000_060.5,
+            stop_reason="P95 over 2 s",
+            notes=["a", "b"],
+        )
         assert updated.status == "stopped"
         got = store.get_run("11112222")
-        assert (got.status, got.ended_at, got.stop_reason, got.notes) == ("stopped", 1_700_000_060.5, "P95 over 2 s", ["a", "b"])
+        assert (got.status, got.ended_at, got.stop_reason, got.notes) == (
+            "stopped",
+            1_700_000_060.5,
+            "P95 over 2 s",
+            ["a", "b"],
+        )
         with pytest.raises(ValidationError):
             store.update_run("11112222", status="exploded")
         with pytest.raises(ValueError, match="colour"):
@@ -143,7 +193,8 @@ def test_schema_version_and_newer_database_refused(store_url):
     with open_store(store_url) as store:
         with store.engine.connect() as conn:
             assert conn.execute(sa.text("SELECT version FROM schema_version")).scalars().all() == list(
-                range(1, LATEST + 1))
+                range(1, LATEST + 1)
+            )
     with open_store(store_url) as store:  # reopening does not re-apply
         with store.engine.begin() as conn:
             assert conn.execute(sa.text("SELECT count(*) FROM schema_version")).scalar() == LATEST
@@ -164,8 +215,11 @@ def test_a_version_1_database_gains_the_token_accounting_columns(tmp_path):
     engine = sa.create_engine(url)
     v1 = sa.MetaData()
     for t in (schema.schema_version, schema.runs, *schema.RUN_TABLES):
-        cols = [sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable) for c in t.columns
-                if c.name not in ("output_tokens_source", "reasoning_tokens", "itl_untimed_gaps")]
+        cols = [
+            sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+            for c in t.columns
+            if c.name not in ("output_tokens_source", "reasoning_tokens", "itl_untimed_gaps")
+        ]
         sa.Table(t.name, v1, *cols)
     v1.create_all(engine)
     with engine.begin() as conn:
@@ -173,8 +227,16 @@ def test_a_version_1_database_gains_the_token_accounting_columns(tmp_path):
     engine.dispose()
     with open_store(url) as store:
         store.create_run(RunRecord(run_id="0123abcd", name="old", started_at=1.0))
-        rec = RequestRecord(run_id="0123abcd", round=1, phase="baseline", request_id="r0", status_code=200,
-                            output_tokens=7, output_tokens_source="chunks", reasoning_tokens=3)
+        rec = RequestRecord(
+            run_id="0123abcd",
+            round=1,
+            phase="baseline",
+            request_id="r0",
+            status_code=200,
+            output_tokens=7,
+            output_tokens_source="chunks",
+            reasoning_tokens=3,
+        )
         store.add_requests("0123abcd", [rec])
         assert store.requests("0123abcd") == [rec]
 
@@ -233,7 +295,9 @@ def test_memory_store_hands_out_copies_and_refuses_rows_of_unknown_runs():
     store = MemoryStore()
     run = store.create_run(_run("0a1b2c3d"))
     run.notes.append("changed after writing")
-    req = RequestRecord(run_id=run.run_id, round=0, phase="baseline", request_id="1", status_code=200, itl_ms=[1.0])
+    req = RequestRecord(
+        run_id=run.run_id, round=0, phase="baseline", request_id="1", status_code=200, itl_ms=[1.0]
+    )
     store.add_requests(run.run_id, [req])
     req.itl_ms.append(2.0)
     store.requests(run.run_id)[0].itl_ms.append(3.0)

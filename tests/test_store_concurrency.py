@@ -37,7 +37,9 @@ print("done", flush=True)
 
 
 def _writer(url: str, batches: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, url, str(batches)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, url, str(batches)], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "created"
     return proc
@@ -96,12 +98,16 @@ open_store(sys.argv[1]).close()
 
 
 def test_processes_opening_a_fresh_store_at_once(store_url):
-    procs = [subprocess.Popen([sys.executable, "-c", OPENER, store_url], stderr=subprocess.PIPE, text=True)
-             for _ in range(4)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", OPENER, store_url], stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
     for p in procs:
         _, err = p.communicate(timeout=60)
         assert p.returncode == 0, err
     import sqlalchemy as sa
 
     with open_store(store_url) as store, store.engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT version FROM schema_version")).scalars().all() == list(range(1, LATEST + 1))  # each migration once
+        assert conn.execute(sa.text("SELECT version FROM schema_version")).scalars().all() == list(
+            range(1, LATEST + 1)
+        )  # each migration once

@@ -58,6 +58,7 @@ def _once_stored(db: Path, fault: Callable[[], None]) -> Callable[[Event], None]
             if seen[0] >= 300 and seen[0] % 50 == 0 and _requests_in(db) > 0:
                 done[0] = True
                 fault()
+
     return sub
 
 
@@ -70,8 +71,12 @@ def _run_with_fault(tmp_path: Path, stub: str, fault: Callable[[Path], None]) ->
     marker = tmp_path / "rolled-back"
     plan = load_plan(_plan(tmp_path / "p.yaml", stub, marker))
     t = time.monotonic()
-    out = run_plan(plan, plan_dir=tmp_path, open_store=lambda: open_store(str(db)),
-                   subscribers=[_once_stored(db, lambda: fault(db))])
+    out = run_plan(
+        plan,
+        plan_dir=tmp_path,
+        open_store=lambda: open_store(str(db)),
+        subscribers=[_once_stored(db, lambda: fault(db))],
+    )
     elapsed = time.monotonic() - t
     r = out.result
     print(f"{r.status} after {elapsed:.1f} s; {out.stored_line()}; {out.store_failure}")
@@ -151,8 +156,13 @@ def test_the_cli_exits_1_when_the_store_file_is_removed_mid_run(tmp_path: Path, 
     marker = tmp_path / "rolled-back"
     plan = _plan(tmp_path / "p.yaml", stub, marker)
     env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
-    proc = subprocess.Popen(["vramlab", "run", str(plan), "--db", str(db), "--json"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        ["vramlab", "run", str(plan), "--db", str(db), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (db.exists() and _requests_in(db) > 0):

@@ -22,8 +22,14 @@ from vramlab.load.stub import StubBehaviour, StubServer
 VRAMLAB = [sys.executable, "-m", "vramlab"]
 
 
-def _plan(path: Path, url: str, requests: int = 1_000_000, duration: float = 10, marker: Path | None = None,
-          concurrency: int = 8) -> Path:
+def _plan(
+    path: Path,
+    url: str,
+    requests: int = 1_000_000,
+    duration: float = 10,
+    marker: Path | None = None,
+    concurrency: int = 8,
+) -> Path:
     rollback = f"rollback:\n  - touch {marker}\n" if marker else ""
     path.write_text(f"""\
 name: fill
@@ -56,7 +62,9 @@ def _check_failed_run(res: subprocess.CompletedProcess[str], db: Path, marker: P
     assert stored["requests"] < received["requests"]  # what was lost is counted, not hidden
     assert stored["requests"] == _count(db, summary["run_id"])  # and the count is what the store holds
     assert f"the store holds {stored['requests']} of {received['requests']} requests" in res.stderr
-    assert summary["elapsed_s"] < 25  # three 10 s windows planned: the load stopped instead of running on unrecorded
+    assert (
+        summary["elapsed_s"] < 25
+    )  # three 10 s windows planned: the load stopped instead of running on unrecorded
     assert marker.exists()  # the rollbacks ran
     return summary
 
@@ -65,8 +73,12 @@ def _can_mount_tmpfs(where: Path) -> bool:
     if os.geteuid() != 0 or not shutil.which("mount"):
         return False
     where.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def test_run_on_a_filesystem_that_fills_up(tmp_path: Path, stub: str) -> None:
@@ -81,16 +93,34 @@ def test_run_on_a_filesystem_that_fills_up(tmp_path: Path, stub: str) -> None:
         (mnt / "filler").write_bytes(b"\0" * max(0, free - 160 * 1024))  # leave ~160 KiB
         marker = tmp_path / "rolled-back"
         t = time.monotonic()
-        res = subprocess.run([*VRAMLAB, "run", str(_plan(tmp_path / "p.yaml", stub, marker=marker)), "--db", str(db),
-                              "--json"], capture_output=True, text=True, timeout=180)
+        res = subprocess.run(
+            [
+                *VRAMLAB,
+                "run",
+                str(_plan(tmp_path / "p.yaml", stub, marker=marker)),
+                "--db",
+                str(db),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         summary = _check_failed_run(res, db, marker)
         assert time.monotonic() - t < 90
         (mnt / "filler").unlink()  # room again: the report reads what was kept, and says so
-        rep = subprocess.run([*VRAMLAB, "report", summary["run_id"], "--db", str(db), "--format", "json"],
-                             capture_output=True, text=True, timeout=60)
+        rep = subprocess.run(
+            [*VRAMLAB, "report", summary["run_id"], "--db", str(db), "--format", "json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert rep.returncode == 0, rep.stderr
-        runs = json.loads(subprocess.run([*VRAMLAB, "runs", "--json", "--db", str(db)], capture_output=True,
-                                         text=True, timeout=60).stdout)
+        runs = json.loads(
+            subprocess.run(
+                [*VRAMLAB, "runs", "--json", "--db", str(db)], capture_output=True, text=True, timeout=60
+            ).stdout
+        )
         assert runs[0]["status"] in ("failed", "died")  # never "completed", never "running"
         print(f"runs shows: {runs[0]['status']}")
         print(f"full tmpfs: {json.dumps({k: summary[k] for k in ('received', 'stored', 'store_failure')})}")
@@ -144,9 +174,11 @@ class _SlowStore:
     def __getattr__(self, name: str) -> object:
         attr = getattr(self.real, name)
         if name.startswith("add_"):
+
             def slow(*a: object, **k: object) -> object:
                 time.sleep(0.3)
                 return attr(*a, **k)
+
             return slow
         return attr
 
@@ -183,14 +215,26 @@ def test_a_slow_store_does_not_slow_the_measured_latencies(tmp_path: Path, stub:
 def test_a_killed_run_shows_as_died(tmp_path: Path, stub: str) -> None:
     db = tmp_path / "v.db"
     plan = _plan(tmp_path / "p.yaml", stub, requests=1_000_000, duration=60, concurrency=1)
-    proc = subprocess.Popen([*VRAMLAB, "run", str(plan), "--db", str(db)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*VRAMLAB, "run", str(plan), "--db", str(db)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             time.sleep(0.3)
-            rows = json.loads(subprocess.run([*VRAMLAB, "runs", "--json", "--db", str(db)], capture_output=True,
-                                             text=True).stdout or "[]") if db.exists() else []
+            rows = (
+                json.loads(
+                    subprocess.run(
+                        [*VRAMLAB, "runs", "--json", "--db", str(db)], capture_output=True, text=True
+                    ).stdout
+                    or "[]"
+                )
+                if db.exists()
+                else []
+            )
             # killed once the writer has beaten and stored some answered requests (the first
             # heartbeat can come before the first batch of rows)
             if rows and rows[0]["heartbeat_at"] is not None and _count(db, rows[0]["id"]) > 0:
@@ -199,8 +243,9 @@ def test_a_killed_run_shows_as_died(tmp_path: Path, stub: str) -> None:
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-    rows = json.loads(subprocess.run([*VRAMLAB, "runs", "--json", "--db", str(db)], capture_output=True,
-                                     text=True).stdout)
+    rows = json.loads(
+        subprocess.run([*VRAMLAB, "runs", "--json", "--db", str(db)], capture_output=True, text=True).stdout
+    )
     assert rows[0]["stored_status"] == "running" and rows[0]["status"] == "died"
     # killed inside a 60 s window: what was stored before the kill is still there
     assert _count(db, rows[0]["id"]) > 0
@@ -216,10 +261,15 @@ def test_observed_status_from_a_stale_heartbeat() -> None:
     assert observed_status("running", now - 5, now - 1, None, "elsewhere", now) == "running"
     assert observed_status("running", now - 500, now - STALE_S - 1, 12345, "another-host", now) == "died"
     assert observed_status("running", now - 500, None, None, None, now) == "died"
-    assert observed_status("running", now - 1, now - 1, os.getpid(), __import__("socket").gethostname(), now) == "running"
+    assert (
+        observed_status("running", now - 1, now - 1, os.getpid(), __import__("socket").gethostname(), now)
+        == "running"
+    )
 
 
-def test_a_drill_stops_its_load_when_the_store_refuses_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_drill_stops_its_load_when_the_store_refuses_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The drill, like the run, stops the load as soon as the writer gives up (not at the end of its
     ramp), rolls back, and says it was not stored completely."""
     from vramlab.drill.plan import parse_plan
@@ -232,11 +282,15 @@ def test_a_drill_stops_its_load_when_the_store_refuses_rows(tmp_path: Path, monk
 
     async def go() -> tuple[DrillRunner, object, float]:
         async with StubServer(StubBehaviour(ttft_s=0.001)) as srv:
-            doc = {"name": "full", "rounds": 1, "baseline_s": 0.5,
-                   "target": {"kind": "command", "environment": "test", "base_url": srv.url, "model": "m"},
-                   "load": {"concurrency": 2, "prompt_tokens": 8, "max_tokens": 2},
-                   "ramp": {"knob": "concurrency", "start": 2, "factor": 2, "ceiling": 64, "step_s": 5.0},
-                   "stop": {"wall_clock_s": 120}}
+            doc = {
+                "name": "full",
+                "rounds": 1,
+                "baseline_s": 0.5,
+                "target": {"kind": "command", "environment": "test", "base_url": srv.url, "model": "m"},
+                "load": {"concurrency": 2, "prompt_tokens": 8, "max_tokens": 2},
+                "ramp": {"knob": "concurrency", "start": 2, "factor": 2, "ceiling": 64, "step_s": 5.0},
+                "stop": {"wall_clock_s": 120},
+            }
             r = DrillRunner(parse_plan(doc), store, workdir=str(tmp_path / "w"))
             t = time.monotonic()
             res = await asyncio.wait_for(r.run(), 90)

@@ -37,8 +37,12 @@ def test_a_short_lived_second_process_does_not_lose_the_writers_commits(tmp_path
         for _ in range(10):  # let it commit for a while
             writer.stdout.readline()
         vramlab = str(Path(sys.executable).parent / "vramlab")
-        note = subprocess.run([vramlab, "note", "abcd1234", "restarted the engine", "--db", str(db)],
-                              capture_output=True, text=True, timeout=60)
+        note = subprocess.run(
+            [vramlab, "note", "abcd1234", "restarted the engine", "--db", str(db)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert note.returncode == 0, note.stderr
         committed = -1
         deadline = time.monotonic() + 10

@@ -48,8 +48,10 @@ fast.save_pretrained(where)
 def _serve() -> str:
     py = os.environ.get(ENV, "")
     if not py or not Path(py).exists():
-        pytest.skip(f"{ENV} is not set to a Python with transformers[serving] and PyTorch (not in scripts/test: "
-                    "the install is large)")
+        pytest.skip(
+            f"{ENV} is not set to a Python with transformers[serving] and PyTorch (not in scripts/test: "
+            "the install is large)"
+        )
     exe = Path(py).parent / "transformers"
     if not exe.exists():
         pytest.skip(f"no `transformers` command beside {py}")
@@ -63,8 +65,13 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
 
     where = tmp_path_factory.mktemp("tf") / "tiny-llama"
     words = sorted(set(_WORDS) | set("#:-0123456789seed"))
-    subprocess.run([os.environ[ENV], "-c", _MODEL_SCRIPT, json.dumps(words), str(where)], check=True,
-                   capture_output=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    subprocess.run(
+        [os.environ[ENV], "-c", _MODEL_SCRIPT, json.dumps(words), str(where)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     return exe, where
 
 
@@ -74,25 +81,63 @@ def _drill(tmp_path: Path, command: str, model: str) -> tuple[subprocess.Complet
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    plan = {"name": "tf-e2e", "rounds": 1, "baseline_s": 2,
-            "target": {"kind": "process", "environment": "test", "engine": "transformers", "command": command,
-                       "base_url": f"http://127.0.0.1:{port}", "model": model, "api": "openai-chat",
-                       "log_file": str(tmp_path / "serve.log"), "timeout_s": 60},
-            "load": {"concurrency": 1, "prompt_tokens": 16, "max_tokens": 2, "request_timeout_s": 30},
-            "ramp": {"knob": "context", "mode": "geometric", "start": 32, "factor": 2, "ceiling": 64, "step_s": 2},
-            "recovery": {"limit_s": 20, "observe_s": 1}}
+    plan = {
+        "name": "tf-e2e",
+        "rounds": 1,
+        "baseline_s": 2,
+        "target": {
+            "kind": "process",
+            "environment": "test",
+            "engine": "transformers",
+            "command": command,
+            "base_url": f"http://127.0.0.1:{port}",
+            "model": model,
+            "api": "openai-chat",
+            "log_file": str(tmp_path / "serve.log"),
+            "timeout_s": 60,
+        },
+        "load": {"concurrency": 1, "prompt_tokens": 16, "max_tokens": 2, "request_timeout_s": 30},
+        "ramp": {
+            "knob": "context",
+            "mode": "geometric",
+            "start": 32,
+            "factor": 2,
+            "ceiling": 64,
+            "step_s": 2,
+        },
+        "recovery": {"limit_s": 20, "observe_s": 1},
+    }
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(plan))
-    res = subprocess.run([sys.executable, "-m", "vramlab", "drill", "p.yaml", "--db", str(tmp_path / "v.db"), "--json",
-                          "-o", "incident.md"], cwd=tmp_path, capture_output=True, text=True, timeout=150,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vramlab",
+            "drill",
+            "p.yaml",
+            "--db",
+            str(tmp_path / "v.db"),
+            "--json",
+            "-o",
+            "incident.md",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     return res, tmp_path / "serve.log"
 
 
 def test_a_short_drill_against_the_real_server(tiny, tmp_path):
     exe, model = tiny
     t = time.monotonic()
-    res, log = _drill(tmp_path, f"exec {exe} serve {model} --host 127.0.0.1 --port {{port}} --device cpu "
-                                "--log-level info", str(model))
+    res, log = _drill(
+        tmp_path,
+        f"exec {exe} serve {model} --host 127.0.0.1 --port {{port}} --device cpu --log-level info",
+        str(model),
+    )
     assert res.returncode == 0, (res.stdout[-1500:], res.stderr[-2500:])
     assert "no OOM up to 64 prompt tokens" in res.stderr
     from vramlab.report import load_context
@@ -105,8 +150,9 @@ def test_a_short_drill_against_the_real_server(tiny, tmp_path):
     assert reqs and all(r.ok for r in reqs), {(r.status_code, r.error) for r in reqs if not r.ok}
     assert max(r.prompt_tokens or 0 for r in reqs) >= 60  # the server's own count reached the ramp's top
     # the start-up log the drill kept is read as transformers', with the model it loaded
-    assert any("(transformers): no memory figure printed" in e.message for e in ctx.events), \
-        [e.message for e in ctx.events if "start-up log" in e.message]
+    assert any("(transformers): no memory figure printed" in e.message for e in ctx.events), [
+        e.message for e in ctx.events if "start-up log" in e.message
+    ]
     from vramlab.logs.detect import parse_log
 
     (obs,) = parse_log(log).incomplete
@@ -117,8 +163,11 @@ def test_a_short_drill_against_the_real_server(tiny, tmp_path):
 def test_a_missing_model_is_a_start_up_crash_with_the_servers_words(tiny, tmp_path):
     exe, _ = tiny
     missing = tmp_path / "no-such-model"
-    res, log = _drill(tmp_path, f"exec {exe} serve {missing} --host 127.0.0.1 --port {{port}} --log-level info",
-                      str(missing))
+    res, log = _drill(
+        tmp_path,
+        f"exec {exe} serve {missing} --host 127.0.0.1 --port {{port}} --log-level info",
+        str(missing),
+    )
     assert res.returncode == 1, (res.stdout[-1500:], res.stderr[-2500:])
     assert "the target process exited with code 1" in res.stderr and "its log ends" in res.stderr
     assert "OSError" in res.stderr.split("its log ends")[1]

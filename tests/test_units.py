@@ -26,8 +26,11 @@ def test_one_gib_constant_in_src():
     from pathlib import Path
 
     src = Path(__file__).resolve().parents[1] / "src" / "vramlab"
-    defs = [p.relative_to(src).as_posix() for p in src.rglob("*.py")
-            if re.search(r"^GIB\s*=", p.read_text(), re.M)]
+    defs = [
+        p.relative_to(src).as_posix()
+        for p in src.rglob("*.py")
+        if re.search(r"^GIB\s*=", p.read_text(), re.M)
+    ]
     assert defs == ["units.py"]
 
 
@@ -37,6 +40,10 @@ def test_no_gib_formatted_by_hand_in_src():
     from pathlib import Path
 
     src = Path(__file__).resolve().parents[1] / "src" / "vramlab"
-    by_hand = [f"{p.relative_to(src).as_posix()}:{n}" for p in src.rglob("*.py")
-               for n, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"/ GIB:\.\d+f\}", line)]
+    by_hand = [
+        f"{p.relative_to(src).as_posix()}:{n}"
+        for p in src.rglob("*.py")
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"/ GIB:\.\d+f\}", line)
+    ]
     assert by_hand == []

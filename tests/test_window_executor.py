@@ -29,8 +29,9 @@ def test_lanes_run_together_each_with_its_own_ids_and_results() -> None:
     async def go() -> object:
         async with StubServer(StubBehaviour(ttft_s=0.01)) as srv, OpenAIClient(srv.url, "m") as c:
             ex = WindowExecutor(c)
-            return await ex.run([_lane(a, "u0:", Window(requests=3)), _lane(b, "u1:", Window(requests=5))],
-                                RetryPolicy())
+            return await ex.run(
+                [_lane(a, "u0:", Window(requests=3)), _lane(b, "u1:", Window(requests=5))], RetryPolicy()
+            )
 
     outcome = asyncio.run(go())
     assert outcome is not None and outcome.sent == 3  # type: ignore[attr-defined]  # the first lane's outcome
@@ -65,7 +66,9 @@ def test_cancelling_the_caller_records_in_flight_requests_then_raises() -> None:
     async def go() -> None:
         async with StubServer(StubBehaviour(ttft_s=30.0)) as srv, OpenAIClient(srv.url, "m") as c:
             ex = WindowExecutor(c)
-            task = asyncio.ensure_future(ex.run([_lane(out, "s:", Window(duration_s=20.0), users=4)], RetryPolicy()))
+            task = asyncio.ensure_future(
+                ex.run([_lane(out, "s:", Window(duration_s=20.0), users=4)], RetryPolicy())
+            )
             await asyncio.sleep(0.5)
             task.cancel()  # a drill whose target failed cancels its step's window
             with pytest.raises(asyncio.CancelledError):

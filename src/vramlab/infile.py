@@ -41,6 +41,8 @@ DOCUMENT_BYTES = 16 * MIB
 YAML_BYTES = 1 * MIB
 # Line-oriented data (request traces, measurement JSONL): many rows, still bounded.
 DATA_BYTES = 256 * MIB
+
+
 # How long a pipe may stay silent: until a FIFO's writer opens it, or between two reads.
 def _wait_s() -> float:
     try:
@@ -96,8 +98,10 @@ def open_input(path: str | Path, what: str, *, pipes: bool = False, stdin: bool 
         if fd < 0:
             raise ConfigError(f"no standard input to read the {what} from")
         if os.isatty(fd):
-            raise ConfigError(f"standard input is a terminal: pipe the {what} into it "
-                              f"(e.g. `kubectl logs POD | vramlab check-log -`)")
+            raise ConfigError(
+                f"standard input is a terminal: pipe the {what} into it "
+                f"(e.g. `kubectl logs POD | vramlab check-log -`)"
+            )
         st = os.fstat(fd)
         if stat.S_ISREG(st.st_mode):
             return os.fdopen(os.dup(fd), "rb")
@@ -147,8 +151,9 @@ class _PipeReader(io.RawIOBase):
             woke = bool(select.select([self.fd], [], [], PIPE_WAIT_S)[0])
             if not woke:
                 said = "sent nothing more" if self.started else "had no writer"
-                raise PipeTimeout(f"{self.name}: the pipe {said} for {PIPE_WAIT_S:g} s; "
-                                  f"stopped reading the {self.what}")
+                raise PipeTimeout(
+                    f"{self.name}: the pipe {said} for {PIPE_WAIT_S:g} s; stopped reading the {self.what}"
+                )
 
     def close(self) -> None:
         if not self.closed:
@@ -188,5 +193,14 @@ def _size(n: int) -> str:
     return f"{n / MIB:,.1f} MiB" if n >= MIB else f"{n:,} bytes"
 
 
-__all__ = ["DATA_BYTES", "DOCUMENT_BYTES", "PIPE_WAIT_S", "YAML_BYTES", "PipeTimeout", "check_input", "open_input",
-           "read_bytes", "read_text"]
+__all__ = [
+    "DATA_BYTES",
+    "DOCUMENT_BYTES",
+    "PIPE_WAIT_S",
+    "YAML_BYTES",
+    "PipeTimeout",
+    "check_input",
+    "open_input",
+    "read_bytes",
+    "read_text",
+]

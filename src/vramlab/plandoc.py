@@ -56,7 +56,9 @@ def document_kind(data: dict[str, Any], accepts: tuple[str, ...]) -> str:
         raise DocumentError(("kind",), f"unknown kind {kind!r}; use one of {', '.join(KINDS)}")
     if kind not in accepts:
         article = "an" if kind[0] in "aeiou" else "a"
-        raise DocumentError(("kind",), f"this is {article} {kind} plan; run it with `{KINDS[kind]} PLAN.yaml`")
+        raise DocumentError(
+            ("kind",), f"this is {article} {kind} plan; run it with `{KINDS[kind]} PLAN.yaml`"
+        )
     return str(kind)
 
 
@@ -76,10 +78,13 @@ def upgrade(data: dict[str, Any], kind: str) -> tuple[dict[str, Any], list[str]]
         value = parent.pop(old[-1])
         dest = _at(out, new[:-1], create=True)
         if dest is None:
-            raise DocumentError(new[:-1], f"must be a mapping to hold {_dotted(new)} (the old {_dotted(old)})")
+            raise DocumentError(
+                new[:-1], f"must be a mapping to hold {_dotted(new)} (the old {_dotted(old)})"
+            )
         if new[-1] in dest:
-            raise DocumentError(new, f"given twice: as {_dotted(new)} and by its old name {_dotted(old)}; keep "
-                                f"{_dotted(new)}")
+            raise DocumentError(
+                new, f"given twice: as {_dotted(new)} and by its old name {_dotted(old)}; keep {_dotted(new)}"
+            )
         dest[new[-1]] = value
         notes.append(f"{_dotted(old)} -> {_dotted(new)} (the old name still loads; rename it)")
     return out, notes
@@ -155,16 +160,31 @@ class SimSettings(PlanSection):
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     max_model_len: int | None = Field(None, gt=0)
     max_num_seqs: int | None = Field(None, gt=0)
-    watchdog_s: float | None = Field(None, gt=0)  # vLLM exits ~5 s after engine death; a rehearsal may shorten it
+    watchdog_s: float | None = Field(
+        None, gt=0
+    )  # vLLM exits ~5 s after engine death; a rehearsal may shorten it
     device: str | None = None  # drills: the ledger file; default: one in the drill's work dir
     extra_args: list[str] = Field(default_factory=list)
 
     def argv(self) -> list[str]:
-        out = ["--model", self.model, "--gpu", self.gpu, "--engine", self.engine, "--speed", f"{self.speed:g}",
-               "--seed", str(self.seed)]
-        for flag, v in (("--gpu-memory-utilization", self.gpu_memory_utilization),
-                        ("--max-model-len", self.max_model_len), ("--max-num-seqs", self.max_num_seqs),
-                        ("--watchdog-s", self.watchdog_s)):
+        out = [
+            "--model",
+            self.model,
+            "--gpu",
+            self.gpu,
+            "--engine",
+            self.engine,
+            "--speed",
+            f"{self.speed:g}",
+            "--seed",
+            str(self.seed),
+        ]
+        for flag, v in (
+            ("--gpu-memory-utilization", self.gpu_memory_utilization),
+            ("--max-model-len", self.max_model_len),
+            ("--max-num-seqs", self.max_num_seqs),
+            ("--watchdog-s", self.watchdog_s),
+        ):
             if v is not None:
                 out += [flag, f"{v:g}" if isinstance(v, float) else str(v)]
         return out + list(self.extra_args)
@@ -196,7 +216,9 @@ class StopConditions(PlanSection):
     kv_usage: float | None = Field(default=None, gt=0, le=1)
     gpu_memory_share: float | None = Field(default=None, gt=0, le=1)
     oom_seen: bool = True
-    wall_clock_s: float | None = Field(default=None, gt=0, description="default: twice the planned time + 60 s")
+    wall_clock_s: float | None = Field(
+        default=None, gt=0, description="default: twice the planned time + 60 s"
+    )
     window_s: float = Field(default=10.0, gt=0)
     min_requests: int = Field(default=10, ge=1)
 
@@ -245,6 +267,22 @@ def metrics_endpoint(metrics_url: str | None, root: str) -> str:
     return root.rstrip("/") + (metrics_url or "/metrics")
 
 
-__all__ = ["KINDS", "RENAMES", "DocumentError", "Kind", "PlanDocument", "RecoverySpec", "Retry",
-           "PlanSection", "RollbackCommand", "SimSettings", "StopConditions", "document_kind", "metrics_endpoint",
-           "rollback_strings", "sim_with_model", "stored_plan", "upgrade"]
+__all__ = [
+    "KINDS",
+    "RENAMES",
+    "DocumentError",
+    "Kind",
+    "PlanDocument",
+    "RecoverySpec",
+    "Retry",
+    "PlanSection",
+    "RollbackCommand",
+    "SimSettings",
+    "StopConditions",
+    "document_kind",
+    "metrics_endpoint",
+    "rollback_strings",
+    "sim_with_model",
+    "stored_plan",
+    "upgrade",
+]

@@ -130,8 +130,9 @@ def _first_error(exc: Any) -> tuple[Loc, str, str]:
     return loc, msg, more
 
 
-def validate(model: type[M], doc: YamlDocument | Any, name: str = "plan", *, kind: str = "a plan",
-             keys: str = "") -> M:
+def validate(
+    model: type[M], doc: YamlDocument | Any, name: str = "plan", *, kind: str = "a plan", keys: str = ""
+) -> M:
     """*doc* validated as *model* (a pydantic model class).
 
     *doc* is a YamlDocument (errors carry ``file:line``) or a document already in memory (errors
@@ -176,8 +177,10 @@ def check_document_size(data: Any, name: str) -> None:
         node = stack.pop()
         seen += 1
         if seen > MAX_DOCUMENT_VALUES:
-            raise ConfigError(f"{name}: expands to more than {MAX_DOCUMENT_VALUES:,} values (YAML aliases that "
-                              "repeat or refer to themselves?); a plan is a few dozen settings")
+            raise ConfigError(
+                f"{name}: expands to more than {MAX_DOCUMENT_VALUES:,} values (YAML aliases that "
+                "repeat or refer to themselves?); a plan is a few dozen settings"
+            )
         if isinstance(node, dict):
             stack.extend(node.keys())
             stack.extend(node.values())
@@ -190,8 +193,14 @@ def load(model: type[M], path: str | Path, *, what: str = "plan", kind: str = "a
     return validate(model, read_yaml(path, what), kind=kind, keys=keys)
 
 
-def validate_plan(models: dict[str, type[M]], doc: YamlDocument | Any, name: str = "plan", *, kind: str = "a plan",
-                  keys: str = "") -> M:
+def validate_plan(
+    models: dict[str, type[M]],
+    doc: YamlDocument | Any,
+    name: str = "plan",
+    *,
+    kind: str = "a plan",
+    keys: str = "",
+) -> M:
     """A plan document validated as the model its `kind:` picks among *models* (the first is the
     kind of a document without `kind:`). A kind that belongs to another command is one line naming
     that command; old field names load (vramlab.plandoc.upgrade) and their notes ride on the plan
@@ -210,16 +219,28 @@ def validate_plan(models: dict[str, type[M]], doc: YamlDocument | Any, name: str
         which = document_kind(source.data, tuple(models))
         data, notes = upgrade(source.data, which)
     except DocumentError as exc:
-        raise ConfigError(f"{at(exc.at)}: {field_name(exc.at)}: {str(exc).replace('PLAN.yaml', source.name)}") from None
+        raise ConfigError(
+            f"{at(exc.at)}: {field_name(exc.at)}: {str(exc).replace('PLAN.yaml', source.name)}"
+        ) from None
     lines = dict(source.lines)
     for _, old, new in RENAMES:  # errors about a renamed field point at the line of its old name
         for loc, line in source.lines.items():
-            if loc[:len(old)] == old:
-                lines.setdefault((*new, *loc[len(old):]), line)
-    plan = validate(models[which], YamlDocument(source.name, data, lines, source.from_text), kind=kind, keys=keys)
+            if loc[: len(old)] == old:
+                lines.setdefault((*new, *loc[len(old) :]), line)
+    plan = validate(
+        models[which], YamlDocument(source.name, data, lines, source.from_text), kind=kind, keys=keys
+    )
     plan._old_names = tuple(f"{source.name}: {n}" for n in notes)  # type: ignore[attr-defined]
     return plan
 
 
-__all__ = ["YamlDocument", "check_document_size", "field_name", "load", "parse_yaml", "read_yaml", "validate",
-           "validate_plan"]
+__all__ = [
+    "YamlDocument",
+    "check_document_size",
+    "field_name",
+    "load",
+    "parse_yaml",
+    "read_yaml",
+    "validate",
+    "validate_plan",
+]

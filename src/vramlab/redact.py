@@ -36,31 +36,57 @@ _PATTERNS: list[tuple[re.Pattern[str], str, tuple[str, ...]]] = [
     # scheme://user:password@host  and  scheme://token@host
     (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]{0,15}://)[^/\s?#@\"'<>]+@"), r"\1" + MASK + "@", ("@",)),
     # headers that carry credentials, as "Name: value", "name=value", JSON or a Python dict
-    (re.compile(r"(?i)((?:proxy-)?authorization|set-cookie|cookie|x-api-key|api-key|x-auth-token)"
-                r"([\"']?\s*[:=]\s*[\"']?)([^\"'\r\n}]+)"), r"\1\2" + MASK,
-     ("authorization", "cookie", "api-key", "x-auth-token")),
+    (
+        re.compile(
+            r"(?i)((?:proxy-)?authorization|set-cookie|cookie|x-api-key|api-key|x-auth-token)"
+            r"([\"']?\s*[:=]\s*[\"']?)([^\"'\r\n}]+)"
+        ),
+        r"\1\2" + MASK,
+        ("authorization", "cookie", "api-key", "x-auth-token"),
+    ),
     # a JSON string under a key named like a secret, escapes and all ("token": "a\"b\\c")
-    (re.compile(r"(?i)(\"(?:api[_-]?key|apikey|password|passwd|secret|client[_-]?secret|(?:access|auth|refresh|hf|"
-                r"id|api)?[_-]?token)\"\s*:\s*)\"(?!\*\*\*\")(?:[^\"\\\r\n]|\\.)*\""), r'\1"' + MASK + '"',
-     ("key", "password", "passwd", "secret", "token")),
+    (
+        re.compile(
+            r"(?i)(\"(?:api[_-]?key|apikey|password|passwd|secret|client[_-]?secret|(?:access|auth|refresh|hf|"
+            r"id|api)?[_-]?token)\"\s*:\s*)\"(?!\*\*\*\")(?:[^\"\\\r\n]|\\.)*\""
+        ),
+        r'\1"' + MASK + '"',
+        ("key", "password", "passwd", "secret", "token"),
+    ),
     # keys named like a secret
-    (re.compile(r"(?i)([\"']?\b(?:api[_-]?key|apikey|password|passwd|secret|client[_-]?secret|"
-                r"access[_-]?token|auth[_-]?token|refresh[_-]?token|hf[_-]?token)[\"']?\s*[:=]\s*[\"']?)"
-                r"(?!\*\*\*)([^\"'\s,}&]+)"), lambda m: _keyed(m),  # type: ignore[list-item]
-     ("key", "password", "passwd", "secret", "token")),
+    (
+        re.compile(
+            r"(?i)([\"']?\b(?:api[_-]?key|apikey|password|passwd|secret|client[_-]?secret|"
+            r"access[_-]?token|auth[_-]?token|refresh[_-]?token|hf[_-]?token)[\"']?\s*[:=]\s*[\"']?)"
+            r"(?!\*\*\*)([^\"'\s,}&]+)"
+        ),
+        lambda m: _keyed(m),  # type: ignore[list-item]
+        ("key", "password", "passwd", "secret", "token"),
+    ),
     # secret query parameters
-    (re.compile(r"(?i)([?&](?:api[_-]?key|key|access[_-]?token|token|auth|password|secret|sig|signature)=)"
-                r"[^&#\s\"'<>]+"), r"\1" + MASK, ("key=", "token=", "auth=", "password=", "secret=", "sig=",
-                                                  "signature=")),
+    (
+        re.compile(
+            r"(?i)([?&](?:api[_-]?key|key|access[_-]?token|token|auth|password|secret|sig|signature)=)"
+            r"[^&#\s\"'<>]+"
+        ),
+        r"\1" + MASK,
+        ("key=", "token=", "auth=", "password=", "secret=", "sig=", "signature="),
+    ),
     (re.compile(r"\b(Bearer)\s+[A-Za-z0-9._~+/=\-]{4,}", re.IGNORECASE), r"\1 " + MASK, ("bearer",)),
     # Basic <base64>: a credential-looking blob (a digit, '+', '/' or '=' in it, or "user:password"
     # when decoded), not prose
-    (re.compile(r"\b(Basic)\s+([A-Za-z0-9+/]{6,}={0,2})"), lambda m: _basic(m),  # type: ignore[list-item]
-     ("basic",)),
+    (
+        re.compile(r"\b(Basic)\s+([A-Za-z0-9+/]{6,}={0,2})"),
+        lambda m: _basic(m),  # type: ignore[list-item]
+        ("basic",),
+    ),
     (re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_\-]{16,}"), "sk-" + MASK, ("sk-",)),
     (re.compile(r"\bhf_[A-Za-z0-9]{16,}"), "hf_" + MASK, ("hf_",)),
-    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"), "gh_" + MASK,
-     ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_")),
+    (
+        re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
+        "gh_" + MASK,
+        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+    ),
     (re.compile(r"\bglpat-[A-Za-z0-9_\-]{16,}"), "glpat-" + MASK, ("glpat-",)),
     (re.compile(r"\bxox[abprs]-[A-Za-z0-9\-]{10,}"), "xox-" + MASK, ("xox",)),
     (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), "AKIA" + MASK, ("akia",)),
@@ -68,9 +94,41 @@ _PATTERNS: list[tuple[re.Pattern[str], str, tuple[str, ...]]] = [
 ]
 
 # Words that follow a field's name in a message about the field, never a credential.
-_MESSAGE_WORDS = frozenset(("field", "required", "unknown", "input", "must", "is", "are", "should", "not", "missing",
-                            "expected", "value", "invalid", "the", "a", "an", "cannot", "no", "give", "set", "use",
-                            "none", "null", "see", "needs", "wrong", "empty", "extra", "only", "was", "from"))
+_MESSAGE_WORDS = frozenset(
+    (
+        "field",
+        "required",
+        "unknown",
+        "input",
+        "must",
+        "is",
+        "are",
+        "should",
+        "not",
+        "missing",
+        "expected",
+        "value",
+        "invalid",
+        "the",
+        "a",
+        "an",
+        "cannot",
+        "no",
+        "give",
+        "set",
+        "use",
+        "none",
+        "null",
+        "see",
+        "needs",
+        "wrong",
+        "empty",
+        "extra",
+        "only",
+        "was",
+        "from",
+    )
+)
 
 
 def _keyed(m: re.Match[str]) -> str:
@@ -202,8 +260,10 @@ def redact_obj(obj: Any) -> Any:
     return obj
 
 
-_SECRET_KEY = re.compile(r"(?i)(?:proxy-)?authorization|cookie|set-cookie|x-api-key|api[_-]?key|apikey|password|"
-                         r"passwd|secret|client[_-]?secret|(?:access|auth|refresh|hf)[_-]?token|token")
+_SECRET_KEY = re.compile(
+    r"(?i)(?:proxy-)?authorization|cookie|set-cookie|x-api-key|api[_-]?key|apikey|password|"
+    r"passwd|secret|client[_-]?secret|(?:access|auth|refresh|hf)[_-]?token|token"
+)
 
 
 class RedactingStream:

@@ -136,7 +136,9 @@ _LLAMACPP = {
         'max by (instance) ({__name__="llamacpp:kv_cache_usage_ratio"{mc}})', "ratio 0-1", "KV-cache usage"
     ),
     "queue_waiting": SignalDef(
-        'sum by (instance) ({__name__="llamacpp:requests_deferred"{mc}})', "requests", "requests deferred to a slot"
+        'sum by (instance) ({__name__="llamacpp:requests_deferred"{mc}})',
+        "requests",
+        "requests deferred to a slot",
     ),
 }
 # DCGM exporter fields are engine-independent (MiB gauges; XID holds the last code, so alert on change).

@@ -90,22 +90,34 @@ def series(samples: Sequence[SampleRecord], name: str) -> list[tuple[float, floa
     return [(s.t_s, s.value) for s in samples if s.name == name]
 
 
-def recovery(requests: Sequence[RequestRecord], samples: Sequence[SampleRecord], events: Sequence[EventRecord], t0: float | None,
-             baseline_start: float, tol: float, window_s: float) -> Recovery:
+def recovery(
+    requests: Sequence[RequestRecord],
+    samples: Sequence[SampleRecord],
+    events: Sequence[EventRecord],
+    t0: float | None,
+    baseline_start: float,
+    tol: float,
+    window_s: float,
+) -> Recovery:
     if t0 is None:
         return Recovery(None, None, None, False, None, False)
     health = series(samples, "health.up")
     fail_t = next((t for t, v in health if t >= t0 and v < 0.5), None)
     health_ok = next((t for t, v in health if fail_t is not None and t > fail_t and v >= 0.5), None)
-    first_err = next((r.end_s or r.sent_s for r in requests if not r.ok and (r.end_s or r.sent_s or 0) >= t0), None)
+    first_err = next(
+        (r.end_s or r.sent_s for r in requests if not r.ok and (r.end_s or r.sent_s or 0) >= t0), None
+    )
     anchor = first_err if first_err is not None else t0
     first_ok = next((r.end_s for r in requests if r.ok and r.end_s is not None and r.end_s > anchor), None)
     base_reqs = [r for r in requests if r.phase == "baseline"]
     base_p95 = p95(base_reqs)
     p95_ok = None
     if first_ok is not None and base_p95 is not None:
-        ok_after = [(r.end_s, r.e2e_ms) for r in requests
-                    if r.ok and r.end_s is not None and r.e2e_ms is not None and r.end_s >= first_ok]
+        ok_after = [
+            (r.end_s, r.e2e_ms)
+            for r in requests
+            if r.ok and r.end_s is not None and r.e2e_ms is not None and r.end_s >= first_ok
+        ]
         if ok_after:
             end = max(t for t, _ in ok_after) + 1e-9
             for t, p in windowed(ok_after, first_ok, end, window_s, "p95"):
@@ -118,23 +130,39 @@ def recovery(requests: Sequence[RequestRecord], samples: Sequence[SampleRecord],
     clocks = [first_ok, p95_ok] + ([health_ok] if health_failed else [])
     recovered = all(c is not None for c in clocks)
     ttr = since(max(c for c in clocks if c is not None), t0) if recovered else None
-    return Recovery(since(health_ok, t0), since(first_ok, t0), since(p95_ok, t0), recovered, ttr, health_failed)
+    return Recovery(
+        since(health_ok, t0), since(first_ok, t0), since(p95_ok, t0), recovered, ttr, health_failed
+    )
 
 
-def impact(requests: Sequence[RequestRecord], t0: float | None, rec_end: float, baseline_start: float,
-           treatment_start: float | None) -> Impact:
+def impact(
+    requests: Sequence[RequestRecord],
+    t0: float | None,
+    rec_end: float,
+    baseline_start: float,
+    treatment_start: float | None,
+) -> Impact:
     base = [r for r in requests if r.phase == "baseline"]
     if t0 is None:
         during: list[RequestRecord] = []
     else:
         # sent during the incident, or sent before T0 and still in flight at T0
-        during = [r for r in requests if ((r.sent_s or 0.0) >= t0 - 1e-9 and (r.sent_s or 0.0) <= rec_end)
-                  or ((r.sent_s or 0.0) < t0 and (r.end_s or math.inf) >= t0)]
+        during = [
+            r
+            for r in requests
+            if ((r.sent_s or 0.0) >= t0 - 1e-9 and (r.sent_s or 0.0) <= rec_end)
+            or ((r.sent_s or 0.0) < t0 and (r.end_s or math.inf) >= t0)
+        ]
     failed = [r for r in during if not r.ok]
     # in flight at T0 (sent by then, not ended before it) and never answered: the first failed
     # request itself ends at T0, the requests of a hang time out after it
-    lost = [r for r in failed if t0 is not None and (r.sent_s or 0.0) <= t0 + 1e-9
-            and (r.end_s if r.end_s is not None else math.inf) >= t0 - 1e-9]
+    lost = [
+        r
+        for r in failed
+        if t0 is not None
+        and (r.sent_s or 0.0) <= t0 + 1e-9
+        and (r.end_s if r.end_s is not None else math.inf) >= t0 - 1e-9
+    ]
     touched = {r.request_id for r in during}  # logical requests the incident touched, with all their attempts
     by_id: dict[str, bool] = {}
     for r in requests:
@@ -155,9 +183,16 @@ def impact(requests: Sequence[RequestRecord], t0: float | None, rec_end: float, 
     )
 
 
-def neighbours(samples: Sequence[SampleRecord], baseline_start: float, treatment_start: float | None, t0: float | None,
-               rec_end: float) -> list[NeighbourImpact]:
-    names = sorted({s.name.split(".")[1] for s in samples if s.name.startswith("neighbour.") and s.name.endswith(".ok")})
+def neighbours(
+    samples: Sequence[SampleRecord],
+    baseline_start: float,
+    treatment_start: float | None,
+    t0: float | None,
+    rec_end: float,
+) -> list[NeighbourImpact]:
+    names = sorted(
+        {s.name.split(".")[1] for s in samples if s.name.startswith("neighbour.") and s.name.endswith(".ok")}
+    )
     out: list[NeighbourImpact] = []
     base_end = treatment_start if treatment_start is not None else (t0 or math.inf)
     for n in names:
@@ -179,12 +214,24 @@ def neighbours(samples: Sequence[SampleRecord], baseline_start: float, treatment
     return out
 
 
-def retry_storm(requests: Sequence[RequestRecord], samples: Sequence[SampleRecord], events: Sequence[EventRecord], baseline_start: float,
-                treatment_start: float | None, t0: float | None, mitigated: EventRecord | None,
-                recovery: Recovery, rec_end: float) -> RetryStorm:
+def retry_storm(
+    requests: Sequence[RequestRecord],
+    samples: Sequence[SampleRecord],
+    events: Sequence[EventRecord],
+    baseline_start: float,
+    treatment_start: float | None,
+    t0: float | None,
+    mitigated: EventRecord | None,
+    recovery: Recovery,
+    rec_end: float,
+) -> RetryStorm:
     base_end = treatment_start if treatment_start is not None else (t0 or math.inf)
     # the offered rate: original requests (attempt 0) the baseline's users sent per second
-    base = [r for r in requests if r.sent_s is not None and baseline_start <= r.sent_s < base_end and r.attempt == 0]
+    base = [
+        r
+        for r in requests
+        if r.sent_s is not None and baseline_start <= r.sent_s < base_end and r.attempt == 0
+    ]
     base_dur = (base_end - baseline_start) if base and math.isfinite(base_end) else None
     base_rate = len(base) / base_dur if base_dur else None
     rec_rate = amp = per_req = new_ratio = None
@@ -192,7 +239,11 @@ def retry_storm(requests: Sequence[RequestRecord], samples: Sequence[SampleRecor
     start = mitigated.t_s if mitigated else t0
     if start is not None and rec_end > start:
         # the recovery phase's own traffic: the failing step's load is not a retry wave
-        window = [r for r in requests if r.sent_s is not None and start <= r.sent_s <= rec_end and r.phase == "recovery"]
+        window = [
+            r
+            for r in requests
+            if r.sent_s is not None and start <= r.sent_s <= rec_end and r.phase == "recovery"
+        ]
         new = sum(1 for r in window if r.attempt == 0)
         retried = len(window) - new
         rec_rate = len(window) / (rec_end - start)
@@ -209,8 +260,22 @@ def retry_storm(requests: Sequence[RequestRecord], samples: Sequence[SampleRecor
         inside = [v for t, v in pre if start <= t <= rec_end]
         pre_rec = (max(inside) - min(inside)) if inside else None
     storm = bool(amp is not None and amp >= 2.0 and retried > 0 and (per_req is None or per_req >= 2.0))
-    return RetryStorm(base_rate, rec_rate, amp, retries, second, pre_rec, new, retried, per_req, new_ratio, storm)
+    return RetryStorm(
+        base_rate, rec_rate, amp, retries, second, pre_rec, new, retried, per_req, new_ratio, storm
+    )
 
 
-__all__ = ["Impact", "NeighbourImpact", "Recovery", "RetryStorm", "client_of", "impact", "neighbours", "p95",
-           "recovery", "retry_storm", "series", "since"]
+__all__ = [
+    "Impact",
+    "NeighbourImpact",
+    "Recovery",
+    "RetryStorm",
+    "client_of",
+    "impact",
+    "neighbours",
+    "p95",
+    "recovery",
+    "retry_storm",
+    "series",
+    "since",
+]

@@ -57,9 +57,14 @@ class Colocation:
         return found[-1] if found else None
 
     def to_json(self) -> dict[str, Any]:
-        return {"outcomes": [o.__dict__ for o in self.outcomes], "race_failed": self.race_failed,
-                "race_started": self.race_started, "neighbours": [n.__dict__ for n in self.neighbours],
-                "ledger_used_bytes": self.ledger_used_bytes, "drill_pids_left": self.drill_pids_left}
+        return {
+            "outcomes": [o.__dict__ for o in self.outcomes],
+            "race_failed": self.race_failed,
+            "race_started": self.race_started,
+            "neighbours": [n.__dict__ for n in self.neighbours],
+            "ledger_used_bytes": self.ledger_used_bytes,
+            "drill_pids_left": self.drill_pids_left,
+        }
 
 
 def _phase_of(ev: Any) -> str:
@@ -74,24 +79,41 @@ def analyse_colocation(events: Sequence[Any], samples: Sequence[Any]) -> Colocat
     eng = [(e, engine_data(e)) for e in events if e.kind == EventKind.ENGINE]
     if not eng:
         return None
-    outcomes = [EngineOutcome(e.t_s, _phase_of(e), str(d.get("engine")), str(d.get("outcome")),
-                              d.get("exit_code"), d.get("ready_s"), str(d.get("text") or ""))
-                for e, d in eng]
+    outcomes = [
+        EngineOutcome(
+            e.t_s,
+            _phase_of(e),
+            str(d.get("engine")),
+            str(d.get("outcome")),
+            d.get("exit_code"),
+            d.get("ready_s"),
+            str(d.get("text") or ""),
+        )
+        for e, d in eng
+    ]
     race_ev = next((e for e in events if e.kind == EventKind.RACE), None)
     ledger_ev = next((e for e in reversed(events) if e.kind == EventKind.LEDGER), None)
     race = race_data(race_ev) if race_ev else None
     ledger = ledger_data(ledger_ev) if ledger_ev else None
-    return Colocation(outcomes,
-                      list(race.get("failed", [])) if race is not None else [],
-                      list(race.get("started", [])) if race is not None else [],
-                      _neighbour_errors(events, samples),
-                      ledger.get("used_bytes") if ledger is not None else None,
-                      ledger.get("drill_pids_left") if ledger is not None else None)
+    return Colocation(
+        outcomes,
+        list(race.get("failed", [])) if race is not None else [],
+        list(race.get("started", [])) if race is not None else [],
+        _neighbour_errors(events, samples),
+        ledger.get("used_bytes") if ledger is not None else None,
+        ledger.get("drill_pids_left") if ledger is not None else None,
+    )
 
 
 def _windows(events: Sequence[Any]) -> dict[str, tuple[float, float]]:
-    base = next((e.t_s for e in events if e.kind == EventKind.PHASE_START
-                 and phase_start_data(e).get("phase") == "baseline"), None)
+    base = next(
+        (
+            e.t_s
+            for e in events
+            if e.kind == EventKind.PHASE_START and phase_start_data(e).get("phase") == "baseline"
+        ),
+        None,
+    )
     first_step = next((e.t_s for e in events if e.kind == EventKind.STEP), None)
     end = next((e.t_s for e in events if e.kind == EventKind.ROLLBACK), None)
     end = end if end is not None else max((e.t_s for e in events), default=0.0)
@@ -105,7 +127,9 @@ def _windows(events: Sequence[Any]) -> dict[str, tuple[float, float]]:
 
 def _neighbour_errors(events: Sequence[Any], samples: Sequence[Any]) -> list[NeighbourErrors]:
     wins = _windows(events)
-    names = sorted({s.name.split(".")[1] for s in samples if s.name.startswith("neighbour.") and s.name.endswith(".ok")})
+    names = sorted(
+        {s.name.split(".")[1] for s in samples if s.name.startswith("neighbour.") and s.name.endswith(".ok")}
+    )
     out = []
     for n in names:
         oks = [(s.t_s, s.value) for s in samples if s.name == f"neighbour.{n}.ok"]

@@ -58,7 +58,11 @@ def _cells(an: RunAnalysis) -> dict[tuple[str, str], dict[str, float]]:
     per: dict[tuple[str, str], dict[str, list[float]]] = {}
     for res in an.steps:
         w = res.window
-        label = f"{w.step_value:g}" if w.step_value is not None else ("" if w.phase != "treatment" else str(w.step))
+        label = (
+            f"{w.step_value:g}"
+            if w.step_value is not None
+            else ("" if w.phase != "treatment" else str(w.step))
+        )
         cell = per.setdefault((w.phase, label), {})
         for k, v in res.metrics().items():
             if k in KEY_METRICS:
@@ -76,7 +80,11 @@ def compare_runs(a: RunAnalysis, b: RunAnalysis) -> RunComparison:
                 deltas.append(MetricDelta(key[0], key[1], metric, ca[key][metric], cb[key][metric]))
     for metric, va, vb in (
         ("all.error_rate", a.totals.error_rate, b.totals.error_rate),
-        ("all.e2e_p95_ms", a.totals.e2e.p95 if a.totals.e2e else None, b.totals.e2e.p95 if b.totals.e2e else None),
+        (
+            "all.e2e_p95_ms",
+            a.totals.e2e.p95 if a.totals.e2e else None,
+            b.totals.e2e.p95 if b.totals.e2e else None,
+        ),
     ):
         if va is not None and vb is not None:
             deltas.append(MetricDelta("all", "", metric.split(".", 1)[1], va, vb))

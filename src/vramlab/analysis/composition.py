@@ -27,8 +27,12 @@ from vramlab.records.events import EventKind, capacity_plan_data, fault_data, st
 from vramlab.units import GIB, gib
 
 FIGURES = ("resident_model", "kv_cache", "runtime_overhead", "peak")
-LABELS = {"resident_model": "resident model", "kv_cache": "KV cache (pool)", "runtime_overhead": "runtime overhead",
-          "peak": "peak"}
+LABELS = {
+    "resident_model": "resident model",
+    "kv_cache": "KV cache (pool)",
+    "runtime_overhead": "runtime overhead",
+    "peak": "peak",
+}
 _OVERHEAD_PARTS = ("cuda_context", "nccl", "activation_peak", "non_torch", "cuda_graphs")
 _DEVICE_SOURCES = ("gpu", "ledger")
 # what the sim's ledger names an engine's process (a real driver names none): the target among co-tenants
@@ -86,7 +90,9 @@ class Row:
 
     def error_source(self) -> str:
         """Which component differs most from the plan, by how much (the peak's error, decomposed)."""
-        parts = [(f.name, f.error_bytes) for f in self.figures if f.name != "peak" and f.error_bytes is not None]
+        parts = [
+            (f.name, f.error_bytes) for f in self.figures if f.name != "peak" and f.error_bytes is not None
+        ]
         if not parts:
             return "not measured" if self.figure("peak").measured_bytes is None else "components not measured"
         name, err = max(parts, key=lambda p: abs(p[1] or 0))
@@ -96,8 +102,10 @@ class Row:
         verb = "over-predicted" if err > 0 else "under-predicted"
         out = f"{LABELS[name]} {verb} by {gib(abs(err), unit=True)}"
         if name == "runtime_overhead" and 0 < err <= self.activation_bytes:
-            out += (f", within the plan's activation peak ({gib(self.activation_bytes, unit=True)}, the profiled worst "
-                    "case): the workspace grows with the batch")
+            out += (
+                f", within the plan's activation peak ({gib(self.activation_bytes, unit=True)}, the profiled worst "
+                "case): the workspace grows with the batch"
+            )
         return out
 
 
@@ -129,7 +137,9 @@ class Composition:
     saturation: Saturation | None = None
     at_failure: list[tuple[float | None, Row]] = field(default_factory=list)  # drill: (failing value, row)
     notes: list[str] = field(default_factory=list)
-    rest_bytes: int | None = None  # the device at rest: the last reading before the first request (else the lowest)
+    rest_bytes: int | None = (
+        None  # the device at rest: the last reading before the first request (else the lowest)
+    )
 
     @property
     def measured(self) -> bool:
@@ -137,6 +147,7 @@ class Composition:
 
 
 # --- reading the stored run ------------------------------------------------------------------
+
 
 class _Readings:
     """The run's samples by name, and the device series the peak is read from."""
@@ -154,7 +165,9 @@ class _Readings:
             self.host = False
         elif named:  # the engine by its process name (after a restart: each of its pids in turn)
             self.device = [(s.t_s, s.value) for s in named]
-            self.device_source = f"{named[0].source}: the engine's process ({named[0].labels['process']}) on its GPU"
+            self.device_source = (
+                f"{named[0].source}: the engine's process ({named[0].labels['process']}) on its GPU"
+            )
             self.host = False
         elif self.by_name.get("gpu.memory_used_bytes"):
             used = [s for s in self.by_name["gpu.memory_used_bytes"] if s.source in _DEVICE_SOURCES]
@@ -192,11 +205,17 @@ def _predicted(plan: dict[str, Any] | None) -> dict[str, tuple[int, int, int]]:
 
     def trio(names: Sequence[str]) -> tuple[int, int, int]:
         cs = [comps[n] for n in names if n in comps]
-        return (sum(int(c["bytes"]) for c in cs), sum(int(c.get("low_bytes", c["bytes"])) for c in cs),
-                sum(int(c.get("high_bytes", c["bytes"])) for c in cs))
+        return (
+            sum(int(c["bytes"]) for c in cs),
+            sum(int(c.get("low_bytes", c["bytes"])) for c in cs),
+            sum(int(c.get("high_bytes", c["bytes"])) for c in cs),
+        )
 
-    out = {"resident_model": trio(["weights"]), "kv_cache": trio(["kv_cache"]),
-           "runtime_overhead": trio([n for n in comps if n not in ("weights", "kv_cache")])}
+    out = {
+        "resident_model": trio(["weights"]),
+        "kv_cache": trio(["kv_cache"]),
+        "runtime_overhead": trio([n for n in comps if n not in ("weights", "kv_cache")]),
+    }
     total = trio(list(comps))
     out["peak"] = total  # a high end beyond the card is the plan saying the peak may not fit
     out["activation"] = trio(["activation_peak"])
@@ -217,23 +236,34 @@ def _pool(startup: dict[str, Any] | None, reads: _Readings, bpt: int | None) -> 
     if startup and startup.get("kv_cache_bytes"):
         b = int(startup["kv_cache_bytes"])
         printed = startup.get("kv_cache_tokens")
-        return _Pool(b, int(printed) if printed else (b // bpt if bpt else None),
-                     "start-up log: the KV cache size it printed")
+        return _Pool(
+            b,
+            int(printed) if printed else (b // bpt if bpt else None),
+            "start-up log: the KV cache size it printed",
+        )
     blocks, size = reads.first("engine.kv_cache_blocks"), reads.first("engine.kv_block_size")
     if blocks and size:
         t = int(blocks * size)
-        return _Pool(t * bpt if bpt else None, t, f"engine metric cache_config_info: {int(blocks):,} blocks x "
-                     f"{int(size)} tokens" + (" x the plan's bytes per token" if bpt else ""))
+        return _Pool(
+            t * bpt if bpt else None,
+            t,
+            f"engine metric cache_config_info: {int(blocks):,} blocks x "
+            f"{int(size)} tokens" + (" x the plan's bytes per token" if bpt else ""),
+        )
     pool_t = reads.first("engine.kv_cache_pool_tokens")
     if pool_t:
         t = int(pool_t)
-        return _Pool(t * bpt if bpt else None, t, "engine metric max_total_num_tokens"
-                     + (" x the plan's bytes per token" if bpt else ""))
+        return _Pool(
+            t * bpt if bpt else None,
+            t,
+            "engine metric max_total_num_tokens" + (" x the plan's bytes per token" if bpt else ""),
+        )
     return _Pool(None, None, "")
 
 
-def _resident(startup: dict[str, Any] | None, reads: _Readings, pool: _Pool,
-              first_request_s: float | None) -> tuple[int | None, str]:
+def _resident(
+    startup: dict[str, Any] | None, reads: _Readings, pool: _Pool, first_request_s: float | None
+) -> tuple[int | None, str]:
     if startup and startup.get("weights_bytes"):
         return int(startup["weights_bytes"]), "start-up log: the weights it loaded"
     host = (startup or {}).get("extra", {}).get("host_weights_bytes")
@@ -246,12 +276,22 @@ def _resident(startup: dict[str, Any] | None, reads: _Readings, pool: _Pool,
         return None, ""
     less = pool.bytes or 0
     label = reads.device_source.split(":")[0]
-    return int(before[-1] - less), (f"{label}: in use after load, before the first request"
-                                    + (", less the KV pool" if less else "") + " (holds the runtime's own memory too)")
+    return int(before[-1] - less), (
+        f"{label}: in use after load, before the first request"
+        + (", less the KV pool" if less else "")
+        + " (holds the runtime's own memory too)"
+    )
 
 
-def _row(w: Any, pred: dict[str, tuple[int, int, int]], reads: _Readings, pool: _Pool,
-         resident: tuple[int | None, str], bpt: int | None, end_s: float | None = None) -> Row:
+def _row(
+    w: Any,
+    pred: dict[str, tuple[int, int, int]],
+    reads: _Readings,
+    pool: _Pool,
+    resident: tuple[int | None, str],
+    bpt: int | None,
+    end_s: float | None = None,
+) -> Row:
     start, end = w.start_s, (end_s if end_s is not None else (w.samples_end_s or w.end_s))
     peak = reads.peak(start, end)
     peak_src = reads.device_source
@@ -264,16 +304,30 @@ def _row(w: Any, pred: dict[str, tuple[int, int, int]], reads: _Readings, pool: 
     overhead = None
     if peak is not None and weights is not None and pool.bytes is not None:
         overhead = int(peak) - weights - pool.bytes
-    measured = {"resident_model": (weights, w_src), "kv_cache": (pool.bytes, pool.source),
-                "runtime_overhead": (overhead, "peak reading less the resident model and the KV pool"
-                                     if overhead is not None else ""),
-                "peak": (None if peak is None else int(peak), peak_src if peak is not None else "")}
+    measured = {
+        "resident_model": (weights, w_src),
+        "kv_cache": (pool.bytes, pool.source),
+        "runtime_overhead": (
+            overhead,
+            "peak reading less the resident model and the KV pool" if overhead is not None else "",
+        ),
+        "peak": (None if peak is None else int(peak), peak_src if peak is not None else ""),
+    }
     figs = []
     for name in FIGURES:
         p = pred.get(name)
         m, src = measured[name]
-        figs.append(Figure(name, p[0] if p else None, p[1] if p else None, p[2] if p else None, m, src,
-                           reads.host and name in ("peak", "runtime_overhead") and m is not None))
+        figs.append(
+            Figure(
+                name,
+                p[0] if p else None,
+                p[1] if p else None,
+                p[2] if p else None,
+                m,
+                src,
+                reads.host and name in ("peak", "runtime_overhead") and m is not None,
+            )
+        )
     usage = reads.window("engine.kv_cache_usage_perc", start, end)
     tokens = reads.window("engine.kv_cache_tokens", start, end)
     used_b = used_t = None
@@ -289,14 +343,32 @@ def _row(w: Any, pred: dict[str, tuple[int, int, int]], reads: _Readings, pool: 
         used_src = "engine metric KV usage fraction x the pool"
     pre = reads.window("engine.num_preemptions_total", start, end)
     waiting = reads.window("engine.num_requests_waiting", start, end)
-    return Row(w.round, w.phase, w.step, w.step_value, start, end, tuple(figs), used_b, used_t, used_src,
-               max(usage) if usage else None, bool(pre) and max(pre) > min(pre),
-               # queued for most of the window: an engine shows a request waiting for a moment even when idle
-               bool(waiting) and sum(1 for x in waiting if x > 0) * 2 >= len(waiting), pred.get("activation", (0,))[0])
+    return Row(
+        w.round,
+        w.phase,
+        w.step,
+        w.step_value,
+        start,
+        end,
+        tuple(figs),
+        used_b,
+        used_t,
+        used_src,
+        max(usage) if usage else None,
+        bool(pre) and max(pre) > min(pre),
+        # queued for most of the window: an engine shows a request waiting for a moment even when idle
+        bool(waiting) and sum(1 for x in waiting if x > 0) * 2 >= len(waiting),
+        pred.get("activation", (0,))[0],
+    )
 
 
-def _saturation(run_plan: dict[str, Any], change: dict[str, Any], plan: dict[str, Any] | None, pool: _Pool,
-                rows: list[Row]) -> Saturation | None:
+def _saturation(
+    run_plan: dict[str, Any],
+    change: dict[str, Any],
+    plan: dict[str, Any] | None,
+    pool: _Pool,
+    rows: list[Row],
+) -> Saturation | None:
     var = change.get("variable")
     if not var:
         return None
@@ -314,14 +386,21 @@ def _saturation(run_plan: dict[str, Any], change: dict[str, Any], plan: dict[str
                 basis += f"; max_num_seqs {seqs} binds first: beyond it requests queue with the pool not full"
         elif var in ("prompt_tokens", "context"):
             pred = float(pool_t // max(1, users) - output)
-            basis = f"{int(pool_t):,} pool tokens / {users} concurrent request(s), less {output} output tokens"
+            basis = (
+                f"{int(pool_t):,} pool tokens / {users} concurrent request(s), less {output} output tokens"
+            )
         else:
             basis = f"{var} does not fill the KV pool by itself"
     first: dict[str, tuple[float, int] | None] = {"kv_full": None, "preemption": None, "queueing": None}
-    for r in sorted((r for r in rows if r.phase in ("treatment", "ramp") and r.step_value is not None),
-                    key=lambda r: (r.step_value, r.round)):
-        seen = {"kv_full": r.kv_usage_max is not None and r.kv_usage_max >= _SATURATED, "preemption": r.preempted,
-                "queueing": r.queued}
+    for r in sorted(
+        (r for r in rows if r.phase in ("treatment", "ramp") and r.step_value is not None),
+        key=lambda r: (r.step_value, r.round),
+    ):
+        seen = {
+            "kv_full": r.kv_usage_max is not None and r.kv_usage_max >= _SATURATED,
+            "preemption": r.preempted,
+            "queueing": r.queued,
+        }
         for k, hit in seen.items():
             if hit and first[k] is None:
                 first[k] = (float(r.step_value or 0), r.round)
@@ -332,17 +411,29 @@ def _request_shape(plan: dict[str, Any]) -> tuple[int | None, int | None, int]:
     """(prompt tokens, output tokens, concurrent users) of the run's requests, from its plan document."""
     syn = ((plan.get("fixed") or {}).get("input") or {}).get("synthetic")
     if syn:
-        return int(syn["prompt_tokens"]), int(syn["output_tokens"]), int((plan.get("load") or {}).get("concurrency", 1))
+        return (
+            int(syn["prompt_tokens"]),
+            int(syn["output_tokens"]),
+            int((plan.get("load") or {}).get("concurrency", 1)),
+        )
     load = plan.get("load") or {}
     if "prompt_tokens" in load:  # a drill's load
         return int(load["prompt_tokens"]), int(load.get("max_tokens", 0)), int(load.get("concurrency", 1))
     return None, None, 1
 
 
-def compose(run: Any, samples: Sequence[SampleRecord], events: Sequence[EventRecord],
-            windows: Sequence[Any], first_request_s: float | None) -> Composition:
+def compose(
+    run: Any,
+    samples: Sequence[SampleRecord],
+    events: Sequence[EventRecord],
+    windows: Sequence[Any],
+    first_request_s: float | None,
+) -> Composition:
     """Predicted beside measured for every window of a stored run (windows: analysis Window objects)."""
-    plan_ev, start_ev = _last_event(events, EventKind.CAPACITY_PLAN), _last_event(events, EventKind.STARTUP_MEMORY)
+    plan_ev, start_ev = (
+        _last_event(events, EventKind.CAPACITY_PLAN),
+        _last_event(events, EventKind.STARTUP_MEMORY),
+    )
     plan_data = capacity_plan_data(plan_ev) if plan_ev else None
     start_data = startup_memory_data(start_ev) if start_ev else None
     plan = plan_data.get("estimate") if plan_data is not None else None
@@ -355,8 +446,11 @@ def compose(run: Any, samples: Sequence[SampleRecord], events: Sequence[EventRec
     resident = _resident(startup, reads, pool, first_request_s)
     pred = _predicted(plan)
     rows = [_row(w, pred, reads, pool, resident, bpt) for w in windows]
-    notes = [e.message for e in events
-             if e.kind in (EventKind.NOTE, EventKind.WARNING) and e.message.startswith("capacity plan:")]
+    notes = [
+        e.message
+        for e in events
+        if e.kind in (EventKind.NOTE, EventKind.WARNING) and e.message.startswith("capacity plan:")
+    ]
     at_failure = []
     by_step = {(w.round, w.step): w for w in windows if w.phase == "ramp"}
     for e in events:
@@ -365,10 +459,25 @@ def compose(run: Any, samples: Sequence[SampleRecord], events: Sequence[EventRec
             w = by_step.get((e.round, fault.get("step")))
             if w is not None:
                 t0 = fault.get("t0_s")
-                at_failure.append((fault.get("value"), _row(w, pred, reads, pool, resident, bpt,
-                                                             end_s=float(t0) if t0 is not None else e.t_s)))
+                at_failure.append(
+                    (
+                        fault.get("value"),
+                        _row(
+                            w, pred, reads, pool, resident, bpt, end_s=float(t0) if t0 is not None else e.t_s
+                        ),
+                    )
+                )
     sat = _saturation(run.plan if isinstance(run.plan, dict) else {}, run.change or {}, plan, pool, rows)
     before = [v for t, v in reads.device if first_request_s is not None and t < first_request_s]
     rest = before[-1] if before else (min(v for _, v in reads.device) if reads.device else None)
-    return Composition(plan, plan_data.get("facts") if plan_data is not None else None, startup, src, rows, sat, at_failure,
-                       notes, None if rest is None else int(rest))
+    return Composition(
+        plan,
+        plan_data.get("facts") if plan_data is not None else None,
+        startup,
+        src,
+        rows,
+        sat,
+        at_failure,
+        notes,
+        None if rest is None else int(rest),
+    )

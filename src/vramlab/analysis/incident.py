@@ -73,7 +73,9 @@ class Incident:
     treatment_start_s: float | None
     t0_s: float | None
     failed: bool
-    failure_mode: str  # crash_after_oom | hang | overload_429 | startup_refusal | preemption | oom_no_exit | none
+    failure_mode: (
+        str  # crash_after_oom | hang | overload_429 | startup_refusal | preemption | oom_no_exit | none
+    )
     failure_step: dict[str, Any] | None
     last_safe_value: float | None
     signature: dict[str, Any] | None
@@ -130,8 +132,11 @@ def _fault_figures(fault: EventRecord) -> tuple[float, dict[str, Any], Any]:
     d = fault_data(fault)
     t0 = d.get("t0_s")
     t0 = float(t0 if t0 is not None else d.get("step_started_s", fault.t_s))
-    return t0, {"step": d.get("step"), "value": d.get("value"), "knob": d.get("knob"), "unit": d.get("unit")}, \
-        d.get("last_safe_value")
+    return (
+        t0,
+        {"step": d.get("step"), "value": d.get("value"), "knob": d.get("knob"), "unit": d.get("unit")},
+        d.get("last_safe_value"),
+    )
 
 
 def analyse(
@@ -149,11 +154,13 @@ def analyse(
         requests = [r for r in requests if r.round == round]
         events = [e for e in events if e.round in (round, None)]
     events = sorted(events, key=lambda e: e.t_s)
-    requests = sorted(requests, key=lambda r: (r.sent_s if r.sent_s is not None else r.scheduled_s or 0.0))
+    requests = sorted(requests, key=lambda r: r.sent_s if r.sent_s is not None else r.scheduled_s or 0.0)
     samples = sorted(samples, key=lambda s: s.t_s)
 
-    base_ev = next((e for e in events if e.kind == K.PHASE_START and phase_start_data(e).get("phase") == "baseline"),
-                   None)
+    base_ev = next(
+        (e for e in events if e.kind == K.PHASE_START and phase_start_data(e).get("phase") == "baseline"),
+        None,
+    )
     baseline_start = base_ev.t_s if base_ev else (events[0].t_s if events else 0.0)
     steps = [e for e in events if e.kind == K.STEP]
     treatment_start = steps[0].t_s if steps else None
@@ -172,9 +179,16 @@ def analyse(
 
     detected = _first(events, K.DETECT, K.STOP_CONDITION, after=t0 or -math.inf) if failed else None
     alerts: list[dict[str, Any]] = [
-        {"name": d.get("name"), "state": d.get("state"), "t_s": float(e.t_s),
-         "source": d.get("source"), "since_t0_s": _signed(e.t_s, t0)}
-        for e in events if e.kind == K.ALERT for d in (alert_data(e),)
+        {
+            "name": d.get("name"),
+            "state": d.get("state"),
+            "t_s": float(e.t_s),
+            "source": d.get("source"),
+            "since_t0_s": _signed(e.t_s, t0),
+        }
+        for e in events
+        if e.kind == K.ALERT
+        for d in (alert_data(e),)
     ]
     first_alert = _first_alert(alerts, t0)
     mitigated = _first(events, K.MITIGATION, after=t0 or -math.inf) if failed else None
@@ -187,11 +201,17 @@ def analyse(
         trigger = _trigger(requests, steps, t0, mode)
         if trigger.step is not None and trigger.step != detected_during.get("step"):  # type: ignore[union-attr]
             failure_step = {**(failure_step or {}), "step": trigger.step, "value": trigger.value}
-            earlier = [d for d in map(step_data, steps) if (i := d.get("step")) is not None and i < trigger.step]
+            earlier = [
+                d for d in map(step_data, steps) if (i := d.get("step")) is not None and i < trigger.step
+            ]
             last_safe = earlier[-1].get("value") if earlier else None
 
     recovery = aftermath.recovery(requests, samples, events, t0, baseline_start, p95_tolerance, window_s)
-    rec_end = (t0 + recovery.time_to_recover_s) if (t0 is not None and recovery.time_to_recover_s is not None) else end_s
+    rec_end = (
+        (t0 + recovery.time_to_recover_s)
+        if (t0 is not None and recovery.time_to_recover_s is not None)
+        else end_s
+    )
     impact = aftermath.impact(requests, t0, rec_end, baseline_start, treatment_start)
     levels = _levels(requests, steps, baseline_start, end_s)
     sig = first_abnormal(
@@ -199,12 +219,18 @@ def analyse(
         t0_s=treatment_start if treatment_start is not None else (t0 or end_s),
         baseline_start_s=baseline_start,
         end_s=rec_end if failed else end_s,
-        levels=levels[1:], settle_s=max(1.0, 2 * window_s),
+        levels=levels[1:],
+        settle_s=max(1.0, 2 * window_s),
     )
     neighbours = aftermath.neighbours(samples, baseline_start, treatment_start, t0, rec_end)
-    storm = aftermath.retry_storm(requests, samples, events, baseline_start, treatment_start, t0, mitigated, recovery, rec_end)
-    notes = [{"t_s": e.t_s, "since_t0_s": _signed(e.t_s, t0), "text": e.message, **note_data(e)}
-             for e in events if e.kind == K.NOTE]
+    storm = aftermath.retry_storm(
+        requests, samples, events, baseline_start, treatment_start, t0, mitigated, recovery, rec_end
+    )
+    notes = [
+        {"t_s": e.t_s, "since_t0_s": _signed(e.t_s, t0), "text": e.message, **note_data(e)}
+        for e in events
+        if e.kind == K.NOTE
+    ]
     return Incident(
         round=round,
         treatment_start_s=treatment_start,
@@ -213,7 +239,9 @@ def analyse(
         failure_mode=mode,
         failure_step=failure_step,
         last_safe_value=last_safe,
-        signature=((settled and settled.get("signature")) or fault_data(fault).get("signature")) if fault else None,
+        signature=((settled and settled.get("signature")) or fault_data(fault).get("signature"))
+        if fault
+        else None,
         detected_s=detected.t_s if detected else None,
         time_to_detect_s=since(detected.t_s if detected else None, t0),
         alerts=alerts,
@@ -236,7 +264,9 @@ def analyse(
 LOAD_MODES = ("crash_after_oom", "oom_no_exit", "oom_killed", "overload_429", "hang", "preemption")
 
 
-def _trigger(requests: Sequence[RequestRecord], steps: Sequence[EventRecord], t0: float, mode: str) -> Trigger:
+def _trigger(
+    requests: Sequence[RequestRecord], steps: Sequence[EventRecord], t0: float, mode: str
+) -> Trigger:
     """The ramp step that carried load at T0 (see the module's boundaries)."""
     starts = [(float(e.t_s), d.get("step"), d.get("value")) for e in steps for d in (step_data(e),)]
 
@@ -256,9 +286,13 @@ def _trigger(requests: Sequence[RequestRecord], steps: Sequence[EventRecord], t0
         sent = sum(1 for r in ramp if step_at(r.sent_s or 0.0)[0] == idx)
         early = t0 - st < 1.0
         if not load_related:
-            what = {"killed_by_signal": "a kill by signal", "crash": "a crash"}.get(mode.split("+")[0],
-                                                                                  mode.split("+")[0])
-            conf, why = "low", f"{what}, and no evidence that load caused it: the step only carried load when it happened"
+            what = {"killed_by_signal": "a kill by signal", "crash": "a crash"}.get(
+                mode.split("+")[0], mode.split("+")[0]
+            )
+            conf, why = (
+                "low",
+                f"{what}, and no evidence that load caused it: the step only carried load when it happened",
+            )
         elif early:
             conf, why = "medium", f"T0 came {t0 - st:.2f} s into the step: the step before may have set it up"
         else:
@@ -268,12 +302,20 @@ def _trigger(requests: Sequence[RequestRecord], steps: Sequence[EventRecord], t0
         last = max(ramp, key=lambda r: r.sent_s or 0.0)
         idx, val, _ = step_at(last.sent_s or 0.0)
         sent = sum(1 for r in ramp if step_at(r.sent_s or 0.0)[0] == idx)
-        return Trigger(idx, val, sent, 0, "low" if not load_related else "medium",
-                       "no request was in flight at T0; this was the last step that sent one before it")
+        return Trigger(
+            idx,
+            val,
+            sent,
+            0,
+            "low" if not load_related else "medium",
+            "no request was in flight at T0; this was the last step that sent one before it",
+        )
     return Trigger(None, None, 0, 0, "low", "no ramp step had sent a request before T0")
 
 
-def _levels(requests: Sequence[RequestRecord], steps: Sequence[EventRecord], baseline_start: float, end: float) -> list[tuple[float, float]]:
+def _levels(
+    requests: Sequence[RequestRecord], steps: Sequence[EventRecord], baseline_start: float, end: float
+) -> list[tuple[float, float]]:
     """Load levels in time: the baseline, each ramp step, then recovery (from its first request)."""
     cuts = [baseline_start] + [float(e.t_s) for e in steps]
     rec = min((r.sent_s for r in requests if r.phase == "recovery" and r.sent_s is not None), default=None)
@@ -283,8 +325,9 @@ def _levels(requests: Sequence[RequestRecord], steps: Sequence[EventRecord], bas
     return [(a, b) for a, b in zip(cuts, ends, strict=True) if b > a]
 
 
-def _by_level(points: Sequence[tuple[float, float]], levels: Sequence[tuple[float, float]], window_s: float,
-              how: str) -> tuple[tuple[float, float], ...]:
+def _by_level(
+    points: Sequence[tuple[float, float]], levels: Sequence[tuple[float, float]], window_s: float, how: str
+) -> tuple[tuple[float, float], ...]:
     """Windows that never straddle two load levels: each level's windows start at its own start."""
     out: list[tuple[float, float]] = []
     for a, b in levels:
@@ -292,19 +335,49 @@ def _by_level(points: Sequence[tuple[float, float]], levels: Sequence[tuple[floa
     return tuple(out)
 
 
-def _signals(requests: Sequence[RequestRecord], samples: Sequence[SampleRecord], events: Sequence[EventRecord], start: float, end: float, window_s: float,
-             levels: list[tuple[float, float]] | None = None) -> list[Signal]:
+def _signals(
+    requests: Sequence[RequestRecord],
+    samples: Sequence[SampleRecord],
+    events: Sequence[EventRecord],
+    start: float,
+    end: float,
+    window_s: float,
+    levels: list[tuple[float, float]] | None = None,
+) -> list[Signal]:
     out: list[Signal] = []
     levels = levels or [(start, end + window_s)]
     ends = [(r.end_s, 0.0 if r.ok else 1.0) for r in requests if r.end_s is not None]
     err_rate = _by_level(ends, levels, window_s, "mean")  # share failed per window
-    out.append(Signal("user.error_rate", "user", err_rate, SignalRule(threshold=0.05, deviation=False),
-                      raw=tuple(ends), window_s=window_s))
+    out.append(
+        Signal(
+            "user.error_rate",
+            "user",
+            err_rate,
+            SignalRule(threshold=0.05, deviation=False),
+            raw=tuple(ends),
+            window_s=window_s,
+        )
+    )
     lat = [(r.end_s, r.e2e_ms) for r in requests if r.ok and r.end_s is not None and r.e2e_ms is not None]
-    out.append(Signal("user.e2e_p95_ms", "user", _by_level(lat, levels, window_s, "p95"),
-                      SignalRule(rel=1.0, k_sigma=4.0), "ms", raw=tuple(lat), window_s=window_s))
-    out.append(Signal("service.health_ok", "service", tuple(series(samples, "health.up")),
-                      SignalRule(direction="down", threshold=0.5, deviation=False)))
+    out.append(
+        Signal(
+            "user.e2e_p95_ms",
+            "user",
+            _by_level(lat, levels, window_s, "p95"),
+            SignalRule(rel=1.0, k_sigma=4.0),
+            "ms",
+            raw=tuple(lat),
+            window_s=window_s,
+        )
+    )
+    out.append(
+        Signal(
+            "service.health_ok",
+            "service",
+            tuple(series(samples, "health.up")),
+            SignalRule(direction="down", threshold=0.5, deviation=False),
+        )
+    )
     for name, rule in (
         ("engine.kv_cache_usage_perc", SignalRule(threshold=0.9, rel=0.5, min_delta=0.2)),
         ("engine.num_requests_waiting", SignalRule(rel=1.0, min_delta=2.0, consecutive=2)),
@@ -318,9 +391,14 @@ def _signals(requests: Sequence[RequestRecord], samples: Sequence[SampleRecord],
     if used and total:
         cap = max(total.values())
         share = tuple((t, v / cap) for t, v in used if cap > 0)
-        out.append(Signal("resource.gpu_memory_share", "resource", share, SignalRule(threshold=0.98, min_delta=0.02)))
-    for kind, layer, name in ((K.OOM, "service", "service.oom_log"), (K.PROCESS_EXIT, "service", "service.process_exit"),
-                              (K.XID, "resource", "resource.xid")):
+        out.append(
+            Signal("resource.gpu_memory_share", "resource", share, SignalRule(threshold=0.98, min_delta=0.02))
+        )
+    for kind, layer, name in (
+        (K.OOM, "service", "service.oom_log"),
+        (K.PROCESS_EXIT, "service", "service.process_exit"),
+        (K.XID, "resource", "resource.xid"),
+    ):
         times = [e.t_s for e in events if e.kind == kind]
         if times:
             out.append(event_signal(name, layer, times))  # type: ignore[arg-type]

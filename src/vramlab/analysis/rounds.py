@@ -125,8 +125,19 @@ def stability(results: Sequence[WindowResult], rel_tol: float = 0.3) -> list[Sta
                 lone = [r for r in by_round if _stands_alone(r, by_round, rel_tol, abs_floor(metric))]
                 # Two rounds "standing alone" means no two rounds agree: that is noise, not a one-off.
                 spikes = lone if len(lone) == 1 else []
-            out.append(Stability(phase, step, metric, by_round, med, spread,
-                                 spread / abs(med) if med else None, spikes, rel_tol))
+            out.append(
+                Stability(
+                    phase,
+                    step,
+                    metric,
+                    by_round,
+                    med,
+                    spread,
+                    spread / abs(med) if med else None,
+                    spikes,
+                    rel_tol,
+                )
+            )
     return out
 
 
@@ -191,8 +202,12 @@ def returned_to_baseline(
     if done and not any(is_ok(q) for q in done):
         # every request failed (a hang: every one timed out): nothing came back, whatever the baseline did
         timed_out = sum(1 for q in done if q.error_class == "timeout")
-        return verdict(False, None, f"no request succeeded in recovery ({len(done)} failed"
-                       + (f", {timed_out} timed out)" if timed_out else ")"))
+        return verdict(
+            False,
+            None,
+            f"no request succeeded in recovery ({len(done)} failed"
+            + (f", {timed_out} timed out)" if timed_out else ")"),
+        )
     lat_ok = b_p95 is None or (r_p95 is not None and _within(r_p95, b_p95, rel_tol, LATENCY_FLOOR_MS))
     err_ok = _within(r.error_rate, b.error_rate, 0.0, ABS_FLOOR["error_rate"])
     start, length = recovery.window.start_s, recovery.window.duration_s
@@ -206,8 +221,12 @@ def returned_to_baseline(
         buckets[min(max(int((t - start) / bin_s), 0), n_bins - 1)].append(q)
     counted = sum(len(x) for x in buckets)
     if counted < MIN_REQUESTS_TO_JUDGE:
-        return verdict(False, None, f"too few requests to judge: {counted} in the recovery window, "
-                       f"{MIN_REQUESTS_TO_JUDGE} needed", judged=False)
+        return verdict(
+            False,
+            None,
+            f"too few requests to judge: {counted} in the recovery window, {MIN_REQUESTS_TO_JUDGE} needed",
+            judged=False,
+        )
 
     def stretch_ok(reqs: list[RequestRecord]) -> bool:
         if not any(is_ok(q) for q in reqs):
@@ -232,11 +251,15 @@ def returned_to_baseline(
             why.append(f"recovery P95 {_ms(r_p95)} vs baseline {_ms(b_p95)}")
         if not err_ok:
             why.append(f"recovery error rate {r.error_rate:.1%} vs baseline {b.error_rate:.1%}")
-        return verdict(False, None, "; ".join(why) or "no stretch to the end of recovery is back within tolerance")
+        return verdict(
+            False, None, "; ".join(why) or "no stretch to the end of recovery is back within tolerance"
+        )
     after = settled_from * bin_s
     if lat_ok and err_ok:
         return verdict(True, after, "P95 and error rate within tolerance of baseline")
-    return verdict(True, after, f"back within tolerance {after:.1f} s into recovery (the phase as a whole was not)")
+    return verdict(
+        True, after, f"back within tolerance {after:.1f} s into recovery (the phase as a whole was not)"
+    )
 
 
 def _ms(v: float | None) -> str:

@@ -29,8 +29,12 @@ from vramlab.records.events import EventKind, warning_data
 DISPATCH_LAG_WARN_MS = 10.0
 MIN_ROUNDS = 3
 # Series drawn over time in reports, when present.
-TIMELINE_SERIES = ("gpu.memory_used_bytes", "engine.kv_cache_usage_perc", "engine.num_requests_waiting",
-                   "ollama.vram_bytes")
+TIMELINE_SERIES = (
+    "gpu.memory_used_bytes",
+    "engine.kv_cache_usage_perc",
+    "engine.num_requests_waiting",
+    "ollama.vram_bytes",
+)
 
 
 @dataclass(frozen=True)
@@ -102,8 +106,9 @@ def _bands(phases: Sequence[WindowResult]) -> list[Band]:
     return out
 
 
-def _warnings(run: RunRecord, complete: bool, steps: Sequence[WindowResult], rounds: int,
-              events: Sequence[EventRecord]) -> list[str]:
+def _warnings(
+    run: RunRecord, complete: bool, steps: Sequence[WindowResult], rounds: int, events: Sequence[EventRecord]
+) -> list[str]:
     out = []
     if not complete:
         out.append(
@@ -113,8 +118,11 @@ def _warnings(run: RunRecord, complete: bool, steps: Sequence[WindowResult], rou
     if complete and 0 < rounds < MIN_ROUNDS:  # a cut-off run says so above already
         out.append(f"only {rounds} round(s): at least {MIN_ROUNDS} are needed to tell a trend from a one-off")
     # The runner warns about lag itself (with the plan's threshold); don't say it twice.
-    told = {(e.round, e.phase, e.step) for e in events
-            if e.kind == EventKind.WARNING and "dispatch_lag_p99_ms" in warning_data(e)}
+    told = {
+        (e.round, e.phase, e.step)
+        for e in events
+        if e.kind == EventKind.WARNING and "dispatch_lag_p99_ms" in warning_data(e)
+    }
     for res in steps:
         lag = res.requests.dispatch_lag
         w = res.window
@@ -130,7 +138,9 @@ def _queueing_values(steps: Sequence[WindowResult]) -> list[float]:
     """Step values at which the engine's queue ran longer than in that round's baseline, in most
     rounds. (An engine shows a request or two waiting for a moment even when idle.)"""
     waiting = "engine.num_requests_waiting"
-    base = {s.window.round: s.resources.worst.get(waiting, 0.0) for s in steps if s.window.phase == "baseline"}
+    base = {
+        s.window.round: s.resources.worst.get(waiting, 0.0) for s in steps if s.window.phase == "baseline"
+    }
     votes: dict[float, list[bool]] = {}
     for s in steps:
         w = s.window
@@ -155,8 +165,10 @@ def analyze_run(
     for r in requests:
         by_step.setdefault((r.round, r.phase, r.step), []).append(r)
         by_phase.setdefault((r.round, r.phase), []).append(r)
-    steps = [summarize_window(w, by_step.get((w.round, w.phase, w.step or 0), []), samples, slo)
-             for w in step_windows]
+    steps = [
+        summarize_window(w, by_step.get((w.round, w.phase, w.step or 0), []), samples, slo)
+        for w in step_windows
+    ]
     phases = [summarize_window(w, by_phase.get((w.round, w.phase), []), samples, slo) for w in phase_windows]
     by_key = {(p.window.round, p.window.phase): p for p in phases}
     recovery = []
@@ -174,7 +186,10 @@ def analyze_run(
     rounds = len({p.window.round for p in phases})
     step_points = [
         StepPoint(
-            s.window.round, s.window.phase, s.window.step or 0, s.window.step_value,
+            s.window.round,
+            s.window.phase,
+            s.window.step or 0,
+            s.window.step_value,
             s.requests.e2e.p95 if s.requests.e2e else None,
             s.requests.ttft.p95 if s.requests.ttft else None,
             s.requests.error_rate,

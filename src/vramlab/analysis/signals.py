@@ -118,19 +118,30 @@ def _past(rule: SignalRule, value: float, limit: float) -> bool:
     return value > limit if rule.direction == "up" else value < limit
 
 
-def onset_of(sig: Signal, t0_s: float, baseline_start_s: float, end_s: float = math.inf,
-             levels: Sequence[tuple[float, float]] = (), settle_s: float = 1.0) -> Onset | None:
+def onset_of(
+    sig: Signal,
+    t0_s: float,
+    baseline_start_s: float,
+    end_s: float = math.inf,
+    levels: Sequence[tuple[float, float]] = (),
+    settle_s: float = 1.0,
+) -> Onset | None:
     """The first abnormal point of one signal in [t0_s, end_s), judged against [baseline_start_s, t0_s)
     or, inside one of `levels`, against that level's first `settle_s` seconds."""
     pts = sorted(sig.points)
     base = baseline_of(pts, baseline_start_s, t0_s)
     if sig.rule.threshold is not None and any(
-            _past(sig.rule, v, sig.rule.threshold) for t, v in pts if baseline_start_s <= t < t0_s):
+        _past(sig.rule, v, sig.rule.threshold) for t, v in pts if baseline_start_s <= t < t0_s
+    ):
         # already past its fixed threshold before the treatment: crossing it again is no anomaly;
         # only a move off its own baseline (the deviation rule) can make it abnormal
         sig = replace(sig, rule=replace(sig.rule, threshold=None))
-    thresholds_only = SignalRule(direction=sig.rule.direction, threshold=sig.rule.threshold, deviation=False,
-                                 consecutive=sig.rule.consecutive)
+    thresholds_only = SignalRule(
+        direction=sig.rule.direction,
+        threshold=sig.rule.threshold,
+        deviation=False,
+        consecutive=sig.rule.consecutive,
+    )
     cache: dict[tuple[float, float], tuple[list[tuple[str, float]], Baseline | None]] = {}
 
     def judged(t: float) -> tuple[list[tuple[str, float]], Baseline | None]:
@@ -159,8 +170,16 @@ def onset_of(sig: Signal, t0_s: float, baseline_start_s: float, end_s: float = m
         run.append((t, v, hit[0], hit[1], used))
         if len(run) >= max(1, sig.rule.consecutive):
             t1, v1, reason, lim, b = run[0]
-            return Onset(sig.name, sig.layer, _first_evidence(sig, t1, lim), v1, reason, lim,  # type: ignore[arg-type]
-                         b.mean if b else None, sig.unit)
+            return Onset(
+                sig.name,
+                sig.layer,
+                _first_evidence(sig, t1, lim),
+                v1,
+                reason,  # type: ignore[arg-type]
+                lim,
+                b.mean if b else None,
+                sig.unit,
+            )
     return None
 
 
@@ -177,8 +196,12 @@ def _first_evidence(sig: Signal, t: float, limit: float) -> float:
 
 
 def first_abnormal(
-    signals: Sequence[Signal], t0_s: float, baseline_start_s: float, end_s: float = math.inf,
-    levels: Sequence[tuple[float, float]] = (), settle_s: float = 1.0,
+    signals: Sequence[Signal],
+    t0_s: float,
+    baseline_start_s: float,
+    end_s: float = math.inf,
+    levels: Sequence[tuple[float, float]] = (),
+    settle_s: float = 1.0,
 ) -> SignalReport:
     """Judge every signal; the earliest onset is the first abnormal signal. Ties go to the layer
     nearest the user (user, then service, then resource), the order a reader should look in."""

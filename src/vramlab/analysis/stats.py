@@ -214,7 +214,9 @@ def summarize_samples(samples: Iterable[SampleRecord], start_s: float, end_s: fl
 
 def request_span(reqs: Iterable[RequestRecord]) -> tuple[float, float] | None:
     """First scheduled/sent time and last end time of some requests, or None if they have none."""
-    starts = [t for r in reqs for t in (r.scheduled_s if r.scheduled_s is not None else r.sent_s,) if t is not None]
+    starts = [
+        t for r in reqs for t in (r.scheduled_s if r.scheduled_s is not None else r.sent_s,) if t is not None
+    ]
     ends = [t for r in reqs for t in (r.end_s, r.sent_s) if t is not None]
     if not starts or not ends:
         return None

@@ -65,7 +65,9 @@ def check_thresholds(metrics: Mapping[str, float], results: Sequence[WindowResul
                 passed = value >= limit
             else:
                 passed = value <= limit
-            out.append(ThresholdCheck(w.round, w.phase, w.step, w.step_value, name, float(limit), value, passed))
+            out.append(
+                ThresholdCheck(w.round, w.phase, w.step, w.step_value, name, float(limit), value, passed)
+            )
     return out
 
 

@@ -39,8 +39,13 @@ class WindowResult:
         }
         if r.goodput_rps is not None:
             out["goodput_rps"] = r.goodput_rps
-        for name, dist in (("ttft", r.ttft), ("tpot", r.tpot), ("e2e", r.e2e),
-                           ("ttft_sched", r.ttft_sched), ("e2e_sched", r.e2e_sched)):
+        for name, dist in (
+            ("ttft", r.ttft),
+            ("tpot", r.tpot),
+            ("e2e", r.e2e),
+            ("ttft_sched", r.ttft_sched),
+            ("e2e_sched", r.e2e_sched),
+        ):
             if dist is not None:
                 out[f"{name}_p50_ms"] = dist.p50
                 out[f"{name}_p95_ms"] = dist.p95
@@ -77,7 +82,9 @@ def find_windows(
                 who = [w.get("name", "?") for w in end.get("client_lag") or () if w.get("saturated")]
                 lagged[(e.round, e.phase, e.step)] = ", ".join(who) or "the load client"
 
-    def bounded(key: tuple[int, str, int | None], span: tuple[float, float] | None) -> tuple[float, float] | None:
+    def bounded(
+        key: tuple[int, str, int | None], span: tuple[float, float] | None
+    ) -> tuple[float, float] | None:
         m = marks.get(key, {})
         start = m.get("phase_start", span[0] if span else None)
         end = m.get("phase_end", span[1] if span else None)
@@ -91,7 +98,9 @@ def find_windows(
         if span is None:
             continue
         value = next((r.step_value for r in reqs if r.step_value is not None), None)
-        steps.append(Window(rnd, phase, step, span[0], span[1], value, client_lag=lagged.get((rnd, phase, step))))
+        steps.append(
+            Window(rnd, phase, step, span[0], span[1], value, client_lag=lagged.get((rnd, phase, step)))
+        )
 
     phase_keys = {(w.round, w.phase) for w in steps} | {(k[0], k[1]) for k in marks}
     phases: list[Window] = []
@@ -122,8 +131,11 @@ def summarize_window(
     slo: Slo | None = None,
 ) -> WindowResult:
     mine = [
-        r for r in requests
-        if r.round == window.round and r.phase == window.phase and (window.step is None or r.step == window.step)
+        r
+        for r in requests
+        if r.round == window.round
+        and r.phase == window.phase
+        and (window.step is None or r.step == window.step)
     ]
     return WindowResult(
         window=window,

@@ -22,23 +22,25 @@ UNKNOWN = "unknown term"
 # torch.cuda.mem_get_info and keeps back a share of the whole card, so one for one (capacity/engines/tgi.py).
 FREE_MEMORY_POOLS = {
     "sglang": "memory other processes hold on the card (a desktop's display, another server): assumed 0 GiB; SGLang "
-              "sizes its pool from the memory free at start-up, so it lowers the pool by mem_fraction_static x that "
-              "memory (pass --other-processes-gib)",
+    "sizes its pool from the memory free at start-up, so it lowers the pool by mem_fraction_static x that "
+    "memory (pass --other-processes-gib)",
     "tgi": "memory other processes hold on the card (a desktop's display, another server): assumed 0 GiB; TGI sizes "
-           "its pool from the memory free after its warm-up, so it lowers the pool one for one "
-           "(pass --other-processes-gib)",
+    "its pool from the memory free after its warm-up, so it lowers the pool one for one "
+    "(pass --other-processes-gib)",
     # vLLM's budget takes off the card's used memory outside torch (torch.cuda.mem_get_info): V1 before 0.9.1 all
     # of it, other processes' included (capacity/engines/vllm_eras.py V1_SNAPSHOT_FROM; the plan takes off what
     # --other-processes-gib says); later releases and V0 only what changes after the start-up snapshot, so a
     # process that allocates or frees memory while vLLM profiles moves the pool by that amount, which no flag says.
     "vllm": "memory other processes allocate or free on the card while vLLM profiles (a desktop's display, "
-            "another server): assumed none; vLLM counts it as its own non-torch memory, so the pool moves by that "
-            "amount (what they hold before the start: --other-processes-gib; V1 before 0.9.1 takes it off the "
-            "pool, later V1 refuses to start when gpu_memory_utilization x the card is not free)",
+    "another server): assumed none; vLLM counts it as its own non-torch memory, so the pool moves by that "
+    "amount (what they hold before the start: --other-processes-gib; V1 before 0.9.1 takes it off the "
+    "pool, later V1 refuses to start when gpu_memory_utilization x the card is not free)",
 }
 
 
-def unknown_terms(components: tuple[Component, ...] | list[Component], notes: tuple[str, ...] | list[str]) -> list[str]:
+def unknown_terms(
+    components: tuple[Component, ...] | list[Component], notes: tuple[str, ...] | list[str]
+) -> list[str]:
     """The in-budget terms whose band was widened because they are unknown here: a component whose own note says
     so, or a plan note "unknown term, band widened (<term>)"."""
     names = [c.name for c in components if c.in_budget and c.low_bytes != c.high_bytes and UNKNOWN in c.note]

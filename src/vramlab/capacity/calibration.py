@@ -56,11 +56,21 @@ FIT_TARGETS: dict[str, str] = {
 }
 # Estimate component -> observed field.
 COMPONENT_FIELDS = {
-    "weights": "weights_bytes", "activation_peak": "activation_peak_bytes", "non_torch": "non_torch_bytes",
+    "weights": "weights_bytes",
+    "activation_peak": "activation_peak_bytes",
+    "non_torch": "non_torch_bytes",
     "cuda_graphs": "cuda_graph_bytes",
 }
-SCORED_FIELDS = ("weights_bytes", "activation_peak_bytes", "non_torch_bytes", "cuda_graph_bytes",
-                 "init_non_torch_bytes", "kv_cache_bytes", "kv_cache_tokens", "max_concurrency")
+SCORED_FIELDS = (
+    "weights_bytes",
+    "activation_peak_bytes",
+    "non_torch_bytes",
+    "cuda_graph_bytes",
+    "init_non_torch_bytes",
+    "kv_cache_bytes",
+    "kv_cache_tokens",
+    "max_concurrency",
+)
 
 _STEP = 0.05  # relative step for the finite-difference sensitivity
 _RIDGE = 0.01  # pull toward the default in relative units; only matters where data say nothing
@@ -132,7 +142,8 @@ class Fit:
 
 def predicted_fields(est: Estimate) -> dict[str, float]:
     out: dict[str, float] = {
-        "kv_cache_bytes": est.kv_cache_bytes, "kv_cache_tokens": est.kv_cache_tokens,
+        "kv_cache_bytes": est.kv_cache_bytes,
+        "kv_cache_tokens": est.kv_cache_tokens,
         "max_concurrency": est.max_concurrency,
     }
     init = 0
@@ -156,8 +167,9 @@ def _default_estimator() -> Estimator:
 
 
 def _with(constants: Constants, values: Mapping[str, float]) -> Constants:
-    return constants.with_overrides({k: (v, constants.get(k).rel_band, "fit") for k, v in values.items()},
-                                    constants.profile)
+    return constants.with_overrides(
+        {k: (v, constants.get(k).rel_band, "fit") for k, v in values.items()}, constants.profile
+    )
 
 
 def _rel_err(pred: float | None, obs: float | None) -> float | None:
@@ -198,7 +210,9 @@ def _robust_ridge(J: Any, b: Any, lam: float) -> Any:
     n = len(b)
 
     def solve(w: Any) -> Any:
-        reg = lam * max(float(w.sum()), 1e-9) / max(n, 1)  # the anchor keeps its weight as rows are downweighted
+        reg = (
+            lam * max(float(w.sum()), 1e-9) / max(n, 1)
+        )  # the anchor keeps its weight as rows are downweighted
         M = J.T @ (w[:, None] * J) + reg * np.eye(k)
         return np.linalg.solve(M, J.T @ (w * b) + reg * np.ones(k))
 
@@ -238,8 +252,14 @@ class _Linear:
     b: Any  # log(obs / pred) + J @ theta0  (so that b ~ J @ theta)
 
 
-def _linearize(model: _Model, target: str, names: list[str], values: dict[str, float],
-               defaults: dict[str, float], rows: list[int]) -> tuple[_Linear, dict[str, int]]:
+def _linearize(
+    model: _Model,
+    target: str,
+    names: list[str],
+    values: dict[str, float],
+    defaults: dict[str, float],
+    rows: list[int],
+) -> tuple[_Linear, dict[str, int]]:
     import numpy as np
 
     J = np.zeros((len(rows), len(names)))
@@ -265,8 +285,14 @@ def _linearize(model: _Model, target: str, names: list[str], values: dict[str, f
     return _Linear(rows, names, J, b), active
 
 
-def fit(cases: Sequence[Case], engine: str, constants: Constants | None = None, min_points: int = 3,
-        estimator: Estimator | None = None, leave_one_out: bool = True) -> Fit:
+def fit(
+    cases: Sequence[Case],
+    engine: str,
+    constants: Constants | None = None,
+    min_points: int = 3,
+    estimator: Estimator | None = None,
+    leave_one_out: bool = True,
+) -> Fit:
     """Fit the constants `FIT_TARGETS` names to the cases of one engine."""
     import numpy as np
 
@@ -287,8 +313,15 @@ def fit(cases: Sequence[Case], engine: str, constants: Constants | None = None, 
         use = [n for n in names if active[n] >= min_points]
         for n in names:
             if 0 < active[n] < min_points:
-                refused.append(Refusal(n, target, active[n], min_points,
-                                       f"only {active[n]} observation(s) of {target} depend on it; {min_points} needed"))
+                refused.append(
+                    Refusal(
+                        n,
+                        target,
+                        active[n],
+                        min_points,
+                        f"only {active[n]} observation(s) of {target} depend on it; {min_points} needed",
+                    )
+                )
         if not use:
             continue
         for _ in range(2):  # Gauss-Newton: re-linearize at the fitted point once
@@ -302,24 +335,48 @@ def fit(cases: Sequence[Case], engine: str, constants: Constants | None = None, 
         spread = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
         for j, n in enumerate(use):
             n_pts = int(np.sum(np.abs(lin.J[:, j]) > 1e-4))
-            fitted.append(FittedConstant(
-                n, target, values[n], defaults[n], round(max(0.02, spread), 4), n_pts,
-                f"calibrated on {n_pts} {engine} observations of {target}"))
+            fitted.append(
+                FittedConstant(
+                    n,
+                    target,
+                    values[n],
+                    defaults[n],
+                    round(max(0.02, spread), 4),
+                    n_pts,
+                    f"calibrated on {n_pts} {engine} observations of {target}",
+                )
+            )
     residuals = {}
     for target, lin in linear.items():
         theta = np.array([values[n] / defaults[n] for n in lin.names])
         residuals[target] = [float(x) for x in (lin.b - lin.J @ theta)]
     loo_predicted: dict[str, dict[str, float]] = {}
     loo = _leave_one_out(model, linear, values, defaults, loo_predicted) if leave_one_out and fitted else []
-    versions = sorted({c.settings.engine_version for c in cases if c.settings.engine_version},
-                      key=parse_version)
+    versions = sorted(
+        {c.settings.engine_version for c in cases if c.settings.engine_version}, key=parse_version
+    )
     skipped = tuple((cases[i].label, why) for i, why in sorted(model.failed.items()))
-    return Fit(engine, versions[0] if versions else None, versions[-1] if versions else None, len(cases),
-               tuple(fitted), tuple(refused), tuple(loo), skipped, residuals, loo_predicted)
+    return Fit(
+        engine,
+        versions[0] if versions else None,
+        versions[-1] if versions else None,
+        len(cases),
+        tuple(fitted),
+        tuple(refused),
+        tuple(loo),
+        skipped,
+        residuals,
+        loo_predicted,
+    )
 
 
-def _leave_one_out(model: _Model, linear: dict[str, _Linear], values: dict[str, float],
-                   defaults: dict[str, float], predicted: dict[str, dict[str, float]]) -> list[ComponentError]:
+def _leave_one_out(
+    model: _Model,
+    linear: dict[str, _Linear],
+    values: dict[str, float],
+    defaults: dict[str, float],
+    predicted: dict[str, dict[str, float]],
+) -> list[ComponentError]:
     """Refit without each case (on the linearization at the full fit) and predict that case."""
 
     before: dict[str, list[float]] = {f: [] for f in SCORED_FIELDS}
@@ -339,15 +396,26 @@ def _leave_one_out(model: _Model, linear: dict[str, _Linear], values: dict[str, 
             continue
         predicted[model.cases[i].label] = p1
         for f in SCORED_FIELDS:
-            e0, e1 = _rel_err(p0.get(f), model.cases[i].observed.get(f)), _rel_err(p1.get(f), model.cases[i].observed.get(f))
+            e0, e1 = (
+                _rel_err(p0.get(f), model.cases[i].observed.get(f)),
+                _rel_err(p1.get(f), model.cases[i].observed.get(f)),
+            )
             if e0 is not None and e1 is not None:
                 before[f].append(abs(e0))
                 after[f].append(abs(e1))
     out = []
     for f in SCORED_FIELDS:
         if before[f]:
-            out.append(ComponentError(f, len(before[f]), statistics.median(before[f]), statistics.median(after[f]),
-                                      _p90(before[f]), _p90(after[f])))
+            out.append(
+                ComponentError(
+                    f,
+                    len(before[f]),
+                    statistics.median(before[f]),
+                    statistics.median(after[f]),
+                    _p90(before[f]),
+                    _p90(after[f]),
+                )
+            )
     return out
 
 
@@ -358,6 +426,7 @@ def _p90(xs: list[float]) -> float:
 
 
 # --- profiles --------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Section:
@@ -379,10 +448,27 @@ class Profile:
 def profile_from_fits(name: str, fits: Sequence[Fit], provenance: Mapping[str, Any]) -> Profile:
     sections = []
     for f in fits:
-        consts = {c.name: {"value": c.value, "rel_band": c.rel_band, "source": c.source, "n_points": c.n_points,
-                           "default": c.default, "target": c.target} for c in f.fitted}
-        loo = {e.field: {"n": e.n, "median_before": round(e.median_before, 5), "median_after": round(e.median_after, 5),
-                         "p90_before": round(e.p90_before, 5), "p90_after": round(e.p90_after, 5)} for e in f.loo}
+        consts = {
+            c.name: {
+                "value": c.value,
+                "rel_band": c.rel_band,
+                "source": c.source,
+                "n_points": c.n_points,
+                "default": c.default,
+                "target": c.target,
+            }
+            for c in f.fitted
+        }
+        loo = {
+            e.field: {
+                "n": e.n,
+                "median_before": round(e.median_before, 5),
+                "median_after": round(e.median_after, 5),
+                "p90_before": round(e.p90_before, 5),
+                "p90_after": round(e.p90_after, 5),
+            }
+            for e in f.loo
+        }
         sections.append(Section(f.engine, f.version_min, f.version_max, consts, loo, f.n_cases))
     return Profile(name, tuple(sections), dict(provenance))
 
@@ -397,9 +483,19 @@ def profile_from_dict(data: Mapping[str, Any], name: str) -> Profile:
             consts = {n: dict(v) for n, v in (sec.get("constants") or {}).items()}
             for v in consts.values():
                 float(v["value"]), float(v["rel_band"]), str(v["source"])
-            check_version_range(sec.get("version_min"), sec.get("version_max"), f"{name}: section {k + 1} versions")
-            sections.append(Section(str(sec["engine"]), sec.get("version_min"), sec.get("version_max"), consts,
-                                    dict(sec.get("loo") or {}), int(sec.get("n_observations", 0))))
+            check_version_range(
+                sec.get("version_min"), sec.get("version_max"), f"{name}: section {k + 1} versions"
+            )
+            sections.append(
+                Section(
+                    str(sec["engine"]),
+                    sec.get("version_min"),
+                    sec.get("version_max"),
+                    consts,
+                    dict(sec.get("loo") or {}),
+                    int(sec.get("n_observations", 0)),
+                )
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{name}: section {k + 1} is malformed ({exc})") from None
     if not sections:
@@ -425,8 +521,10 @@ def select_section(profile: Profile, engine: str, version: str | None) -> Sectio
         if (lo is None or v >= lo) and (hi is None or v <= hi):
             return s
     ranges = "; ".join(f"{s.version_min or '?'}..{s.version_max or '?'}" for s in mine)
-    raise ConfigError(f"calibration profile {profile.name} was fitted on {engine} {ranges}, not {engine} {version} "
-                      "(refit on logs of that version, or widen the range with `vramlab calibrate --versions`)")
+    raise ConfigError(
+        f"calibration profile {profile.name} was fitted on {engine} {ranges}, not {engine} {version} "
+        "(refit on logs of that version, or widen the range with `vramlab calibrate --versions`)"
+    )
 
 
 def apply_profile(constants: Constants, profile: Profile, engine: str, version: str | None) -> Constants:
@@ -452,9 +550,14 @@ def _toml_value(v: Any) -> str:
 
 def profile_to_toml(profile: Profile) -> str:
     """The profile as TOML (written by hand: the structure is small and fixed)."""
-    out = ["# vramlab calibration profile: fitted constants per engine and version range.",
-           "# Apply with `vramlab plan --calibration FILE`; see docs/logs-and-calibration.md.",
-           "format = 1", f"name = {_toml_value(profile.name)}", "", "[provenance]"]
+    out = [
+        "# vramlab calibration profile: fitted constants per engine and version range.",
+        "# Apply with `vramlab plan --calibration FILE`; see docs/logs-and-calibration.md.",
+        "format = 1",
+        f"name = {_toml_value(profile.name)}",
+        "",
+        "[provenance]",
+    ]
     out += [f"{k} = {_toml_value(v)}" for k, v in profile.provenance.items()]
     for s in profile.sections:
         out += ["", "[[section]]", f"engine = {_toml_value(s.engine)}"]

@@ -28,67 +28,108 @@ _DEFAULTS: dict[str, Constant] = {
     # vLLM V1 profiles the sampler on max_num_seqs dummy sequences: fp32 logits and a few
     # same-sized temporaries (probs, logprobs, sort buffers) over the whole vocabulary.
     # Fitted on vLLM 0.19 H100 rows where the sampler dominates (Llama/Qwen/Gemma): 14.8-16.6.
-    "sampler_bytes_per_seq_vocab": Constant(15.6, 0.08, "vLLM 0.19 torch peak increase vs max_num_seqs x vocab"),
+    "sampler_bytes_per_seq_vocab": Constant(
+        15.6, 0.08, "vLLM 0.19 torch peak increase vs max_num_seqs x vocab"
+    ),
     # The sorting top-k/top-p path (`apply_top_k_top_p`: fp32 logits, sorted values + int64 indices,
     # softmax, cumsum, scatter): V0, V1 without FlashInfer before 0.17: 38.6-41 B per sequence per
     # vocab entry on every V0 row (Unsloth notebooks, 0.7-0.9), on 0.15/0.16 (llm-d version sweep)
     # and on V1 0.10.2 (r109's printed 1.40 GiB peak activation = 256 x 151936 x 38.6 B).
-    "legacy_sampler_bytes_per_seq_vocab": Constant(39.0, 0.10, "vLLM V0 0.7-0.9, V1 0.10.2 and 0.15-0.16 activation peaks"),
+    "legacy_sampler_bytes_per_seq_vocab": Constant(
+        39.0, 0.10, "vLLM V0 0.7-0.9, V1 0.10.2 and 0.15-0.16 activation peaks"
+    ),
     # FlashInfer's top_k_top_p_sampling_from_logits (no sort): the vLLM 0.10.1.1 rows whose logs print
     # "Using FlashInfer for top-p & top-k sampling" (dennislee22 A100 pods), spread wide.
-    "flashinfer_sampler_bytes_per_seq_vocab": Constant(15.0, 0.6, "vLLM V1 0.10.1 rows logging the FlashInfer sampler: 8-17 B"),
+    "flashinfer_sampler_bytes_per_seq_vocab": Constant(
+        15.0, 0.6, "vLLM V1 0.10.1 rows logging the FlashInfer sampler: 8-17 B"
+    ),
     # Forward pass of one dense layer at the profile batch: ~2 copies of the gated MLP
     # intermediate and ~8 hidden-sized tensors (residual, norms, qkv, attention out), bf16.
     "forward_intermediate_copies": Constant(2.0, 0.25, "vLLM 0.19 PP rank-0 / small-vocab activation peaks"),
     "forward_hidden_copies": Constant(8.0, 0.25, "vLLM 0.19 PP rank-0 / small-vocab activation peaks"),
     # Fused-MoE workspace: tokens x top-k x (gate_up + down + hidden) elements, kept alongside
     # the sampler peak in V1.
-    "moe_workspace_copies": Constant(1.0, 0.30, "vLLM 0.19 MoE rows (Qwen3-30B-A3B, DeepSeek-V2-Lite, Mixtral)"),
+    "moe_workspace_copies": Constant(
+        1.0, 0.30, "vLLM 0.19 MoE rows (Qwen3-30B-A3B, DeepSeek-V2-Lite, Mixtral)"
+    ),
     # Non-torch memory that grows during the profile run (cuBLAS workspaces, Triton), TP=1.
-    "non_torch_forward_bytes": Constant(0.25 * GIB, 0.5, "vLLM 0.19 'non-torch forward increase' at TP=1: 0.24-0.46 GiB"),
+    "non_torch_forward_bytes": Constant(
+        0.25 * GIB, 0.5, "vLLM 0.19 'non-torch forward increase' at TP=1: 0.24-0.46 GiB"
+    ),
     # ... with TP>1 on NVLink-SHARP systems (H100/H200/B200 SXM): NCCL NVLS buffers allocated
     # at the first all-reduce.
-    "non_torch_forward_tp_bytes": Constant(2.1 * GIB, 0.15, "vLLM 0.19 'non-torch forward increase' at TP>=2 on H100: 2.06-2.21 GiB"),
+    "non_torch_forward_tp_bytes": Constant(
+        2.1 * GIB, 0.15, "vLLM 0.19 'non-torch forward increase' at TP>=2 on H100: 2.06-2.21 GiB"
+    ),
     # ... with TP>1 elsewhere (A100, PCIe, Ada): ordinary NCCL ring buffers.
-    "non_torch_forward_tp_nonvls_bytes": Constant(0.15 * GIB, 1.0, "vLLM 0.10 TP=2/4 A100 rows: remainder after the sampler 0.05-0.1 GiB"),
+    "non_torch_forward_tp_nonvls_bytes": Constant(
+        0.15 * GIB, 1.0, "vLLM 0.10 TP=2/4 A100 rows: remainder after the sampler 0.05-0.1 GiB"
+    ),
     # ... with PP>1 and TP=1 (no custom all-reduce).
     "non_torch_forward_pp_bytes": Constant(0.07 * GIB, 1.0, "vLLM 0.19 PP=2/4 rows: 0.07 GiB"),
     # V0 era non-torch memory (CUDA context excluded, NCCL inside the window at TP>1).
-    "v0_non_torch_bytes": Constant(0.06 * GIB, 1.0, "vLLM V0 log 'non_torch_memory takes' 0.03-0.09 GiB at TP=1"),
+    "v0_non_torch_bytes": Constant(
+        0.06 * GIB, 1.0, "vLLM V0 log 'non_torch_memory takes' 0.03-0.09 GiB at TP=1"
+    ),
     # V0 at TP>1: NCCL init and the custom all-reduce buffers fall inside the profiling window, so
     # the term follows the interconnect. PCIe / no NVSwitch: NCCL ring buffers and (TP=2 only,
     # vLLM disables custom all-reduce on more than two PCIe GPUs) 8 MiB IPC buffers.
-    "v0_non_torch_tp_bytes": Constant(0.25 * GIB, 0.6,
-                                      "vLLM V0 'non_torch_memory takes' at TP 2-4 on PCIe cards: 0.20-0.30 GiB "
-                                      "(vllm#13061 2x RTX 4090, vllm PR #14447 24 GiB cards)"),
+    "v0_non_torch_tp_bytes": Constant(
+        0.25 * GIB,
+        0.6,
+        "vLLM V0 'non_torch_memory takes' at TP 2-4 on PCIe cards: 0.20-0.30 GiB "
+        "(vllm#13061 2x RTX 4090, vllm PR #14447 24 GiB cards)",
+    ),
     # ... on NVSwitch nodes (SXM A100/H100): custom all-reduce at any TP with registered IPC
     # buffers, and NCCL's NVLink buffers.
-    "v0_non_torch_tp_nvswitch_bytes": Constant(2.0 * GIB, 0.3,
-                                               "vLLM V0 'non_torch_memory takes' 2.10 GiB at TP 8 on A100-40GB "
-                                               "SXM (p4d); H100 TP2 adds 1.79 GiB over TP1 (vllm PR #10511)"),
+    "v0_non_torch_tp_nvswitch_bytes": Constant(
+        2.0 * GIB,
+        0.3,
+        "vLLM V0 'non_torch_memory takes' 2.10 GiB at TP 8 on A100-40GB "
+        "SXM (p4d); H100 TP2 adds 1.79 GiB over TP1 (vllm PR #10511)",
+    ),
     # CUDA context + cuBLAS handles before the engine measures anything.
-    "cuda_context_bytes": Constant(0.51 * GIB, 0.3, "vLLM 0.19 worker init snapshot non_torch_memory=0.51GiB; PyTorch #107667"),
+    "cuda_context_bytes": Constant(
+        0.51 * GIB, 0.3, "vLLM 0.19 worker init snapshot non_torch_memory=0.51GiB; PyTorch #107667"
+    ),
     # NCCL communicators created at init for TP/PP > 1 (outside vLLM V1's budget).
-    "nccl_init_bytes": Constant(1.2 * GIB, 0.4, "vLLM 0.19 init non-torch 1.43-2.05 GiB at TP/PP>1 less the 0.51 GiB context"),
+    "nccl_init_bytes": Constant(
+        1.2 * GIB, 0.4, "vLLM 0.19 init non-torch 1.43-2.05 GiB at TP/PP>1 less the 0.51 GiB context"
+    ),
     # ... on PCIe cards (no NVSwitch): ring buffers only.
-    "nccl_init_pcie_bytes": Constant(0.15 * GIB, 0.5, "SGLang 'Init torch distributed ends. mem usage=0.13 GB' at TP4 "
-                                     "on 4x L4 PCIe (EC2 g6.12xlarge)"),
+    "nccl_init_pcie_bytes": Constant(
+        0.15 * GIB,
+        0.5,
+        "SGLang 'Init torch distributed ends. mem usage=0.13 GB' at TP4 on 4x L4 PCIe (EC2 g6.12xlarge)",
+    ),
     # CUDA graphs (vLLM): a shared mempool; grows with layers and the number of captured sizes.
-    "cuda_graph_base_bytes": Constant(0.35 * GIB, 0.5, "vLLM 0.19 'Graph capturing finished ... took' 0.49-1.61 GiB"),
+    "cuda_graph_base_bytes": Constant(
+        0.35 * GIB, 0.5, "vLLM 0.19 'Graph capturing finished ... took' 0.49-1.61 GiB"
+    ),
     "cuda_graph_per_layer_bytes": Constant(0.016 * GIB, 0.5, "same; fitted against num_layers"),
     # vLLM >= 0.21 estimates graph memory during profiling and reports a multiple of actual.
-    "cuda_graph_estimate_ratio": Constant(1.0, 0.6, "vLLM CUDA graph pool 'actual vs estimated' lines: 0.5x-2x",
-                                          fixed="no development row of vLLM >= 0.21 prints the estimate"),
+    "cuda_graph_estimate_ratio": Constant(
+        1.0,
+        0.6,
+        "vLLM CUDA graph pool 'actual vs estimated' lines: 0.5x-2x",
+        fixed="no development row of vLLM >= 0.21 prints the estimate",
+    ),
     # SGLang decode graphs: ~2 MiB x max batch size in its own reservation heuristic.
-    "sglang_graph_bytes_per_bs": Constant(2 * MIB, 0.6, "SGLang server_args reservation heuristic (PR #10975)"),
+    "sglang_graph_bytes_per_bs": Constant(
+        2 * MIB, 0.6, "SGLang server_args reservation heuristic (PR #10975)"
+    ),
     # TGI warm-up prefill peak per prefill token (logits + forward, bf16), per hidden unit.
     "tgi_prefill_bytes_per_token_hidden": Constant(16.0, 0.5, "TGI warmup peak, FlashCausalLM.warmup"),
     # llama.cpp compute buffer beyond its largest graph phase (engines/llamacpp_placement.py): the phases
     # alone give r095, r208 and r223's 150.00 / 300.75 / 1080.00 MiB to 0.1 % (1 MiB more, 0.1-0.7 %); r103 (flash attention, one
     # logit row) is 3.5 % over. The band covers graphs the phases were not read off.
-    "llamacpp_compute_scratch_bytes": Constant(1 * MIB, 0.1, "llama.cpp 'compute buffer size' lines vs the graph phases"),
+    "llamacpp_compute_scratch_bytes": Constant(
+        1 * MIB, 0.1, "llama.cpp 'compute buffer size' lines vs the graph phases"
+    ),
     # transformers: eager forward at prefill keeps several hidden-sized activations per token.
-    "hf_activation_hidden_copies": Constant(12.0, 0.5, "transformers generate() peak beyond weights and cache"),
+    "hf_activation_hidden_copies": Constant(
+        12.0, 0.5, "transformers generate() peak beyond weights and cache"
+    ),
 }
 
 

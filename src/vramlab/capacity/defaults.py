@@ -58,7 +58,9 @@ class DerivedContext:
     rule: str  # how the engine got there, one clause
 
 
-def vllm_window_off(model: ModelSpec, version: tuple[int, ...] | None, disable_sliding_window: bool) -> str | None:
+def vllm_window_off(
+    model: ModelSpec, version: tuple[int, ...] | None, disable_sliding_window: bool
+) -> str | None:
     """Why vLLM at *version* runs this model without its sliding window (every layer full attention, the context
     capped at the window), or None when it keeps the window."""
     if not model.sliding_window:
@@ -71,8 +73,13 @@ def vllm_window_off(model: ModelSpec, version: tuple[int, ...] | None, disable_s
     return None
 
 
-def derived_context(model: ModelSpec, engine: str, version: tuple[int, ...] | None = None,
-                    rope_factor: float | None = None, disable_sliding_window: bool = False) -> DerivedContext:
+def derived_context(
+    model: ModelSpec,
+    engine: str,
+    version: tuple[int, ...] | None = None,
+    rope_factor: float | None = None,
+    disable_sliding_window: bool = False,
+) -> DerivedContext:
     """The longest context *engine* (at *version*) derives from the model's config; with a rope-scaling
     override (*rope_factor*), the base length times the user's factor. vLLM with the window off (see
     `vllm_window_off`) caps the config's length at the sliding window first."""
@@ -84,7 +91,9 @@ def derived_context(model: ModelSpec, engine: str, version: tuple[int, ...] | No
         return _vllm_windowless(model, version, rope_factor, window_off)
     if rope_factor:
         start = model.rope_original_max_position or base
-        return DerivedContext(int(start * rope_factor), f"{start:,} x the rope-scaling override {rope_factor:g}")
+        return DerivedContext(
+            int(start * rope_factor), f"{start:,} x the rope-scaling override {rope_factor:g}"
+        )
     kind = (model.rope_scaling_type or "").lower()
     factor = model.rope_scaling_factor if kind else 1.0
     if engine in ("tgi", "llama.cpp"):
@@ -95,45 +104,65 @@ def derived_context(model: ModelSpec, engine: str, version: tuple[int, ...] | No
         # original_max_position_embeddings or the type is llama3; no model-type exception.
         if factor <= 1 or kind == "llama3" or model.rope_original_max_position or kind in NO_FACTOR_TYPES:
             return DerivedContext(base, f"max_position_embeddings {base:,}")
-        return DerivedContext(int(base * factor), f"max_position_embeddings {base:,} x rope factor {factor:g}")
+        return DerivedContext(
+            int(base * factor), f"max_position_embeddings {base:,} x rope factor {factor:g}"
+        )
     return _vllm_context(model, kind, factor, version)
 
 
-def _vllm_context(model: ModelSpec, kind: str, factor: float, version: tuple[int, ...] | None) -> DerivedContext:
+def _vllm_context(
+    model: ModelSpec, kind: str, factor: float, version: tuple[int, ...] | None
+) -> DerivedContext:
     base = model.max_position_embeddings
     if factor <= 1 or kind in VLLM_NO_FACTOR_TYPES or kind in NO_FACTOR_TYPES:
         why = f" ({kind} configs state the extended length)" if kind in VLLM_NO_FACTOR_TYPES else ""
         return DerivedContext(base, f"max_position_embeddings {base:,}{why}")
     if "gemma3" in model.model_type and (not version or version >= GEMMA3_SKIP_FROM):
-        return DerivedContext(base, f"max_position_embeddings {base:,} (Gemma 3's is already scaled: its rope "
-                                    f"factor {factor:g} is not applied)")
+        return DerivedContext(
+            base,
+            f"max_position_embeddings {base:,} (Gemma 3's is already scaled: its rope "
+            f"factor {factor:g} is not applied)",
+        )
     if kind == "yarn" and model.rope_original_max_position:
         start = model.rope_original_max_position
-        return DerivedContext(int(start * factor), f"yarn: original_max_position_embeddings {start:,} x {factor:g}")
-    return DerivedContext(int(base * factor), f"max_position_embeddings {base:,} x {kind} rope factor {factor:g}")
+        return DerivedContext(
+            int(start * factor), f"yarn: original_max_position_embeddings {start:,} x {factor:g}"
+        )
+    return DerivedContext(
+        int(base * factor), f"max_position_embeddings {base:,} x {kind} rope factor {factor:g}"
+    )
 
 
-def _vllm_windowless(model: ModelSpec, version: tuple[int, ...] | None, rope_factor: float | None,
-                     why: str) -> DerivedContext:
+def _vllm_windowless(
+    model: ModelSpec, version: tuple[int, ...] | None, rope_factor: float | None, why: str
+) -> DerivedContext:
     from vramlab.errors import ConfigError
 
     window = model.sliding_window or 0
     base = model.max_position_embeddings
     capped = min(base, window)
-    rule = (f"capped at the sliding window {window:,} ({why}; max_position_embeddings {base:,})" if capped < base
-            else f"max_position_embeddings {base:,} (within the sliding window {window:,}; {why})")
+    rule = (
+        f"capped at the sliding window {window:,} ({why}; max_position_embeddings {base:,})"
+        if capped < base
+        else f"max_position_embeddings {base:,} (within the sliding window {window:,}; {why})"
+    )
     kind = "override" if rope_factor else (model.rope_scaling_type or "").lower()
     factor = rope_factor or (model.rope_scaling_factor if kind else 1.0)
     skips = "gemma3" in model.model_type and not rope_factor and (not version or version >= GEMMA3_SKIP_FROM)
     if not kind or kind in VLLM_NO_FACTOR_TYPES or skips:
         return DerivedContext(capped, rule)
     if version and version < VLLM_WINDOW_ROPE_REFUSAL_BEFORE:
-        raise ConfigError(f"vLLM: Disabling sliding window is not supported for models with rope_scaling ({why}; "
-                          f"{model.name} has {kind} rope scaling): vLLM {'.'.join(map(str, version))} refuses to start")
+        raise ConfigError(
+            f"vLLM: Disabling sliding window is not supported for models with rope_scaling ({why}; "
+            f"{model.name} has {kind} rope scaling): vLLM {'.'.join(map(str, version))} refuses to start"
+        )
     if kind == "yarn" and model.rope_original_max_position and not rope_factor:
         start = model.rope_original_max_position
-        return DerivedContext(int(start * factor), f"yarn: original_max_position_embeddings {start:,} x {factor:g} "
-                                                   f"(replaces the sliding-window cap {capped:,}; {why})")
+        return DerivedContext(
+            int(start * factor),
+            f"yarn: original_max_position_embeddings {start:,} x {factor:g} "
+            f"(replaces the sliding-window cap {capped:,}; {why})",
+        )
     return DerivedContext(int(capped * factor), f"{rule}, x rope factor {factor:g}")
 
 
@@ -147,8 +176,13 @@ def tgi_warmup_total(derived: int, prefill_tokens: int) -> int:
 
 def settings_context(model: ModelSpec, settings: EngineSettings) -> DerivedContext:
     """`derived_context` for these engine settings."""
-    return derived_context(model, settings.engine, settings.version, settings.rope_scaling_factor,
-                           settings.disable_sliding_window)
+    return derived_context(
+        model,
+        settings.engine,
+        settings.version,
+        settings.rope_scaling_factor,
+        settings.disable_sliding_window,
+    )
 
 
 def default_context(model: ModelSpec, settings: EngineSettings) -> int:
@@ -170,11 +204,15 @@ def context_note(model: ModelSpec, settings: EngineSettings, resolved: int) -> s
     if settings.engine == "llama.cpp":
         return f"context per slot {resolved:,}: {engine} takes n_ctx from the config, {derived.rule}"
     if resolved < derived.tokens and settings.engine == "tgi" and settings.version >= TGI_UNCAPPED_FROM:
-        return (f"max_model_len {resolved:,}: {engine} sets max_total_tokens at warm-up when it is not given, to the "
-                f"warm-up batch's tokens (max_batch_prefill_tokens); the config gives {derived.tokens:,}, {derived.rule}")
+        return (
+            f"max_model_len {resolved:,}: {engine} sets max_total_tokens at warm-up when it is not given, to the "
+            f"warm-up batch's tokens (max_batch_prefill_tokens); the config gives {derived.tokens:,}, {derived.rule}"
+        )
     if resolved < derived.tokens:
-        return (f"max_model_len {resolved:,}: {engine} caps its default there; the config gives {derived.tokens:,}, "
-                f"{derived.rule}")
+        return (
+            f"max_model_len {resolved:,}: {engine} caps its default there; the config gives {derived.tokens:,}, "
+            f"{derived.rule}"
+        )
     return f"max_model_len {resolved:,}: the default {engine} derives from the config, {derived.rule}"
 
 
@@ -202,8 +240,10 @@ def vllm_context(ctx: Context) -> int:
 
     length = ctx.settings.max_model_len or ctx.default_context
     if not length:
-        raise ConfigError(f"the context length of {ctx.model.name} is unknown (no max_position_embeddings "
-                          "in its config): pass --max-model-len")
+        raise ConfigError(
+            f"the context length of {ctx.model.name} is unknown (no max_position_embeddings "
+            "in its config): pass --max-model-len"
+        )
     return length
 
 
@@ -218,7 +258,9 @@ def vllm_batch(ctx: Context, kind: str) -> tuple[float, int, int]:
             return util, seqs, settings.max_num_batched_tokens or budget
         return util, seqs, settings.max_num_batched_tokens or max(vllm_context(ctx), 2048)
     big, seqs_big_anyway = v1_big_card(ctx)
-    tokens_default = (8192 if settings.api_server else 16384) if big else (2048 if settings.api_server else 8192)
+    tokens_default = (
+        (8192 if settings.api_server else 16384) if big else (2048 if settings.api_server else 8192)
+    )
     seqs_default = 1024 if big or seqs_big_anyway else 256
     return util, settings.max_num_seqs or seqs_default, settings.max_num_batched_tokens or tokens_default
 
@@ -243,7 +285,9 @@ def v0_chunked_prefill(ctx: Context) -> bool:
     asked = ctx.settings.enable_chunked_prefill
     if asked is not None:
         return asked
-    window = ctx.model.sliding_window and not vllm_window_off(ctx.model, ctx.version, ctx.settings.disable_sliding_window)
+    window = ctx.model.sliding_window and not vllm_window_off(
+        ctx.model, ctx.version, ctx.settings.disable_sliding_window
+    )
     return vllm_context(ctx) > V0_LONG_CONTEXT_ABOVE and ctx.gpu.vendor == "nvidia" and not window
 
 
@@ -324,8 +368,19 @@ def sglang_max_running(pool_tokens: int, context_len: int) -> int:
 # --- TGI: prefill tokens -------------------------------------------------------------------------------
 # GPU name -> f16 TFLOP/s in the 3.x launcher's `ComputeType::f16_flop` (cards whose nvidia-smi name it
 # does not recognise, e.g. "NVIDIA GeForce RTX 4090", "Tesla T4", "NVIDIA H100 PCIe", get no compute estimate).
-LAUNCHER_TFLOPS = {"l4": 121, "l40": 181, "l40s": 363, "a10g": 125, "a40": 149, "h100-80gb": 900,
-                   "h100-nvl": 900, "a100-80gb": 312, "a100-40gb": 312, "a100-80gb-pcie": 312, "h200": 989}
+LAUNCHER_TFLOPS = {
+    "l4": 121,
+    "l40": 181,
+    "l40s": 363,
+    "a10g": 125,
+    "a40": 149,
+    "h100-80gb": 900,
+    "h100-nvl": 900,
+    "a100-80gb": 312,
+    "a100-40gb": 312,
+    "a100-80gb-pcie": 312,
+    "h200": 989,
+}
 
 
 # server/text_generation_server/models/__init__.py `get_model` (v2.1.0 to v3.3.6): a config `sliding_window` (read from
@@ -349,9 +404,11 @@ def tgi_window_refusal(ctx: Context, max_total: int) -> str | None:
     if not window or windowing or not version or not low <= version < high or max_input <= window:
         return None
     backend = "ROCm" if ctx.gpu.vendor == "amd" else f"CUDA without flash-attn v2 ({ctx.gpu.arch.title()})"
-    return (f"TGI {'.'.join(map(str, version))} refuses to start: the {backend} backend does not support sliding window "
-            f"attention, and max_input_tokens {max_input:,} is above the model's sliding_window {window:,} (pass "
-            f"--max-model-len {window + 1} or less)")
+    return (
+        f"TGI {'.'.join(map(str, version))} refuses to start: the {backend} backend does not support sliding window "
+        f"attention, and max_input_tokens {max_input:,} is above the model's sliding_window {window:,} (pass "
+        f"--max-model-len {window + 1} or less)"
+    )
 
 
 def tgi_prefill_tokens(ctx: Context, max_total: int) -> int:
@@ -364,8 +421,11 @@ def tgi_prefill_tokens(ctx: Context, max_total: int) -> int:
     if version and version < TGI_UNCAPPED_FROM:
         return max_total - 1 + 50
     # the launcher reads the top-level config's model_type: multimodal Gemma 3 is "gemma3" (1B is "gemma3_text")
-    top_type = {"Gemma3ForConditionalGeneration": "gemma3", "Qwen2VLForConditionalGeneration": "qwen2_vl",
-                "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl"}.get(m.architecture, m.model_type)
+    top_type = {
+        "Gemma3ForConditionalGeneration": "gemma3",
+        "Qwen2VLForConditionalGeneration": "qwen2_vl",
+        "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+    }.get(m.architecture, m.model_type)
     default = {"qwen2_vl": 10_000, "qwen2_5_vl": 10_000, "gemma3": 8000}.get(top_type, 4096)
     tflops = LAUNCHER_TFLOPS.get(ctx.gpu.name)
     if tflops and not m.vision_params:
@@ -379,12 +439,19 @@ def tgi_prefill_tokens(ctx: Context, max_total: int) -> int:
     value = min(default, m.max_position_embeddings or default)
     fraction = ctx.settings.gpu_memory_utilization or 1.0
     available = int(ctx.gpu.memory_bytes * ctx.tp * fraction * 0.95)
-    model_vram = 2 * (m.num_layers * ((m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim
-                                      + m.num_attention_heads * m.head_dim * m.hidden_size
-                                      + 3 * m.intermediate_size * max(1, m.num_experts) * m.hidden_size)
-                      + 2 * m.hidden_size * m.vocab_size)
-    token_vram = m.num_kv_heads * 2 * m.head_dim * 2 * m.num_layers \
+    model_vram = 2 * (
+        m.num_layers
+        * (
+            (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim
+            + m.num_attention_heads * m.head_dim * m.hidden_size
+            + 3 * m.intermediate_size * max(1, m.num_experts) * m.hidden_size
+        )
+        + 2 * m.hidden_size * m.vocab_size
+    )
+    token_vram = (
+        m.num_kv_heads * 2 * m.head_dim * 2 * m.num_layers
         + (m.intermediate_size + m.intermediate_size // 2) * max(1, m.num_experts) * 2 * 3
+    )
     if ctx.quant is None and available > model_vram and token_vram:
         value = min(value, (available - model_vram) // token_vram)
     return max(1, value)

@@ -34,8 +34,17 @@ class Component:
             raise ValueError(f"{self.name}: band {self.low_bytes}..{self.high_bytes} excludes {self.bytes}")
 
 
-def band(name: str, value: float, rel_low: float, rel_high: float, provenance: str,
-         note: str = "", in_budget: bool = True, abs_low: float = 0.0, abs_high: float = 0.0) -> Component:
+def band(
+    name: str,
+    value: float,
+    rel_low: float,
+    rel_high: float,
+    provenance: str,
+    note: str = "",
+    in_budget: bool = True,
+    abs_low: float = 0.0,
+    abs_high: float = 0.0,
+) -> Component:
     """A component whose band is value x (1 - rel_low) - abs_low .. value x (1 + rel_high) + abs_high."""
     v = int(round(value))
     lo = max(0, int(v * (1 - rel_low) - abs_low))

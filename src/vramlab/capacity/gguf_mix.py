@@ -29,15 +29,35 @@ from vramlab.capacity.spec import ModelSpec
 
 # (block elements, block bytes) of ggml's types (ggml/src/ggml.c type_traits).
 TYPE_SIZE: dict[str, tuple[int, int]] = {
-    "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2),
-    "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
-    "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
+    "F32": (1, 4),
+    "F16": (1, 2),
+    "BF16": (1, 2),
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+    "Q8_0": (32, 34),
+    "Q2_K": (256, 84),
+    "Q3_K": (256, 110),
+    "Q4_K": (256, 144),
+    "Q5_K": (256, 176),
+    "Q6_K": (256, 210),
 }
 FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0"}
 # File types whose per-tensor rules are modelled, and their base type.
 MIX_BASE = {
-    "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q5_0": "Q5_0", "Q5_1": "Q5_1", "Q8_0": "Q8_0", "Q6_K": "Q6_K",
-    "Q4_K_S": "Q4_K", "Q4_K_M": "Q4_K", "Q5_K_S": "Q5_K", "Q5_K_M": "Q5_K", "F16": "F16", "BF16": "BF16",
+    "Q4_0": "Q4_0",
+    "Q4_1": "Q4_1",
+    "Q5_0": "Q5_0",
+    "Q5_1": "Q5_1",
+    "Q8_0": "Q8_0",
+    "Q6_K": "Q6_K",
+    "Q4_K_S": "Q4_K",
+    "Q4_K_M": "Q4_K",
+    "Q5_K_S": "Q5_K",
+    "Q5_K_M": "Q5_K",
+    "F16": "F16",
+    "BF16": "BF16",
 }
 # GGUF architectures that store one fused attn_qkv and one fused ffn_up (gate and up) per layer.
 FUSED_QKV = ("phi3",)
@@ -126,7 +146,9 @@ def layer_tensors(m: ModelSpec, rules: MixRules, i: int, i_wv: int, n_wv: int) -
         add("attn_k", rules.attn_k(), h, kv_dim)
         add("attn_v", rules.attn_v(i_wv, n_wv, fused=False), h, kv_dim)
     add("attn_output", rules.attn_output(), q_dim, h)
-    norms = 2 * h + (2 * hd if m.model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text") else 0)  # q/k norms
+    norms = 2 * h + (
+        2 * hd if m.model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text") else 0
+    )  # q/k norms
     if m.model_type.startswith(("gemma2", "gemma3")):
         norms += 2 * h  # post_attention_norm and post_ffw_norm
     if m.attention_bias:
@@ -160,14 +182,18 @@ def _layer_tensors(m: ModelSpec, rules: MixRules, i: int, i_wv: int, n_wv: int) 
 def rules_for(m: ModelSpec, ftype: str) -> MixRules:
     f = ftype.upper()
     # LLM_TYPE_70B (llama-model.cpp): 80-layer llama and qwen2 models.
-    return MixRules(f, MIX_BASE[f], m.num_layers, m.num_experts, m.num_layers == 80 and m.model_type in ("llama", "qwen2"))
+    return MixRules(
+        f, MIX_BASE[f], m.num_layers, m.num_experts, m.num_layers == 80 and m.model_type in ("llama", "qwen2")
+    )
 
 
 def output_tensors(m: ModelSpec, ftype: str) -> list[tuple[str, int]]:
     """The output layer: `output.weight` (the tied embedding's copy when tied) and `output_norm.weight`."""
     rules = rules_for(m, ftype)
-    return [("output.weight", tensor_bytes(rules.output(m.hidden_size), m.hidden_size, m.vocab_size)),
-            ("output_norm.weight", 4 * m.hidden_size)]
+    return [
+        ("output.weight", tensor_bytes(rules.output(m.hidden_size), m.hidden_size, m.vocab_size)),
+        ("output_norm.weight", 4 * m.hidden_size),
+    ]
 
 
 def supported(m: ModelSpec, ftype: str | None) -> bool:

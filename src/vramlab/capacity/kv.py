@@ -18,10 +18,38 @@ from vramlab.errors import ConfigError
 # vLLM/SGLang spellings, TGI's fp8_e4m3fn, and llama.cpp's --cache-type-k/-v types (ggml block sizes:
 # q4_1 = fp16 scale + fp16 min + 16 B, q5_0 = fp16 scale + 4 B high bits + 16 B, q5_1 = q5_0 + fp16 min,
 # iq4_nl = fp16 scale + 16 B, per 32 values)
-KV_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e4m3fn", "fp8_e5m2", "fp8_ds_mla", "int8",
-             "fp8_per_token_head", "int8_per_token_head", "nvfp4", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
-             "iq4_nl", "f16", "bf16", "f32", "float32")
-_GGML_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "iq4_nl": 18}  # per 32 values
+KV_DTYPES = (
+    "auto",
+    "bfloat16",
+    "float16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e4m3fn",
+    "fp8_e5m2",
+    "fp8_ds_mla",
+    "int8",
+    "fp8_per_token_head",
+    "int8_per_token_head",
+    "nvfp4",
+    "q8_0",
+    "q4_0",
+    "q4_1",
+    "q5_0",
+    "q5_1",
+    "iq4_nl",
+    "f16",
+    "bf16",
+    "f32",
+    "float32",
+)
+_GGML_BLOCK_BYTES = {
+    "q8_0": 34,
+    "q4_0": 18,
+    "q4_1": 20,
+    "q5_0": 22,
+    "q5_1": 24,
+    "iq4_nl": 18,
+}  # per 32 values
 FP8_DS_MLA_BYTES = 656  # 512 fp8 latent + 4 fp32 scales + 64 bf16 rope, per token per layer
 
 
@@ -32,8 +60,16 @@ def kv_elem_bytes(kv_cache_dtype: str, model_dtype: str) -> float:
         return dtype_bytes(model_dtype)
     if d in _GGML_BLOCK_BYTES:
         return _GGML_BLOCK_BYTES[d] / 32
-    if d in ("fp8", "fp8_e4m3", "fp8_e4m3fn", "fp8_e5m2", "int8", "fp8_per_token_head", "int8_per_token_head",
-             "fp8_ds_mla"):
+    if d in (
+        "fp8",
+        "fp8_e4m3",
+        "fp8_e4m3fn",
+        "fp8_e5m2",
+        "int8",
+        "fp8_per_token_head",
+        "int8_per_token_head",
+        "fp8_ds_mla",
+    ):
         return 1.0
     if d == "nvfp4":
         return 0.5 + 1 / 16  # packed fp4 + one fp8 scale per 16
@@ -79,7 +115,9 @@ def bytes_per_token_layer(m: ModelSpec, kind: str, kv_cache_dtype: str, model_dt
 
 
 @lru_cache(maxsize=512)
-def kv_shapes(m: ModelSpec, kv_cache_dtype: str, model_dtype: str, tp: int, layer_range: range) -> tuple[KVShape, ...]:
+def kv_shapes(
+    m: ModelSpec, kv_cache_dtype: str, model_dtype: str, tp: int, layer_range: range
+) -> tuple[KVShape, ...]:
     """Attention layer groups on one GPU (for the layers of one pipeline stage)."""
     counts: dict[str, int] = {}
     kinds = m.kinds
@@ -88,12 +126,15 @@ def kv_shapes(m: ModelSpec, kv_cache_dtype: str, model_dtype: str, tp: int, laye
         if k in ("mamba", "linear", "mlp"):
             continue
         counts[k] = counts.get(k, 0) + 1
-    return tuple(KVShape(k, n, bytes_per_token_layer(m, k, kv_cache_dtype, model_dtype, tp)) for k, n in counts.items())
+    return tuple(
+        KVShape(k, n, bytes_per_token_layer(m, k, kv_cache_dtype, model_dtype, tp)) for k, n in counts.items()
+    )
 
 
 @lru_cache(maxsize=512)
-def state_bytes_per_sequence(m: ModelSpec, model_dtype: str, tp: int, layer_range: range,
-                             recurrent_dtype: str = "float32") -> int:
+def state_bytes_per_sequence(
+    m: ModelSpec, model_dtype: str, tp: int, layer_range: range, recurrent_dtype: str = "float32"
+) -> int:
     """Mamba-2 / gated-delta-net state one sequence holds on one GPU (conv + SSM/recurrent); the
     gated-delta-net recurrent state in `recurrent_dtype` (the engine decides it)."""
     kinds = m.kinds
@@ -116,13 +157,19 @@ def state_bytes_per_sequence(m: ModelSpec, model_dtype: str, tp: int, layer_rang
         k = m.linear_num_key_heads * m.linear_key_head_dim
         v = m.linear_num_value_heads * m.linear_value_head_dim
         conv = (2 * k + v) * max(1, m.linear_conv_kernel_dim - 1) * b
-        rec = m.linear_num_value_heads * m.linear_key_head_dim * m.linear_value_head_dim * dtype_bytes(recurrent_dtype)
+        rec = (
+            m.linear_num_value_heads
+            * m.linear_key_head_dim
+            * m.linear_value_head_dim
+            * dtype_bytes(recurrent_dtype)
+        )
         total += n_linear * (conv + rec) / tp
     return int(total)
 
 
-def kv_bytes_per_token(m: ModelSpec, kv_cache_dtype: str, model_dtype: str, tp: int,
-                       layer_range: range | None = None) -> int:
+def kv_bytes_per_token(
+    m: ModelSpec, kv_cache_dtype: str, model_dtype: str, tp: int, layer_range: range | None = None
+) -> int:
     """All local layers' KV bytes for one token held at full length (the naive per-token cost)."""
     rng = layer_range if layer_range is not None else range(m.num_layers)
     return sum(s.layers * s.bytes_per_token_layer for s in kv_shapes(m, kv_cache_dtype, model_dtype, tp, rng))

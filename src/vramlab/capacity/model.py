@@ -44,8 +44,9 @@ def _constants(c: Constants | None) -> Constants:
     return _DEFAULT_CONSTANTS
 
 
-def run_policy(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Constants | None = None
-               ) -> tuple[Context, PolicyResult]:
+def run_policy(
+    model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Constants | None = None
+) -> tuple[Context, PolicyResult]:
     engine = settings.engine
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
@@ -55,8 +56,13 @@ def run_policy(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: 
     return ctx, policy.plan(ctx)
 
 
-def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Constants | None = None,
-             with_suggestions: bool = True) -> Estimate:
+def estimate(
+    model: ModelSpec,
+    gpu: GPU,
+    settings: EngineSettings,
+    constants: Constants | None = None,
+    with_suggestions: bool = True,
+) -> Estimate:
     """Predict one GPU's memory for *model* served by *settings.engine* on *gpu*.
 
     When it does not fit, `suggestions` lists changes that do (each checked by re-running the
@@ -66,8 +72,15 @@ def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Co
     comps = r.components
     kv_mid = r.kv_rule(comps, "mid")
     kv_low, kv_high, widest = (kv_mid, kv_mid, None) if r.kv_fixed else kv_band(r, comps, kv_mid)
-    kv_comp = Component("kv_cache", max(0, kv_mid), max(0, min(kv_low, kv_mid)), max(0, kv_high, kv_mid),
-                        r.kv_provenance, r.kv_note, in_budget=True)
+    kv_comp = Component(
+        "kv_cache",
+        max(0, kv_mid),
+        max(0, min(kv_low, kv_mid)),
+        max(0, kv_high, kv_mid),
+        r.kv_provenance,
+        r.kv_note,
+        in_budget=True,
+    )
     lim = r.limits(max(0, kv_mid))
     pess = r.limits(max(0, kv_low))
     opt = r.limits(max(0, kv_high))
@@ -103,10 +116,13 @@ def estimate(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Co
         optimistic=opt,
         per_sequence_state_bytes=r.per_sequence_state_bytes,
         # the KV band signed, as a failed start-up prints it (the kv_cache component stops at 0)
-        extra={**r.extra, "kv_band_bytes": (min(kv_low, kv_mid), max(kv_high, kv_mid)),
-               **({"kv_band_widest": widest} if widest else {}),
-               **_named_terms(r, comps, settings),
-               **({"default_context_rule": context_note} if context_note else {})},
+        extra={
+            **r.extra,
+            "kv_band_bytes": (min(kv_low, kv_mid), max(kv_high, kv_mid)),
+            **({"kv_band_widest": widest} if widest else {}),
+            **_named_terms(r, comps, settings),
+            **({"default_context_rule": context_note} if context_note else {}),
+        },
     )
     if not fits and with_suggestions:
         est = replace(est, suggestions=tuple(suggest(model, gpu, settings, constants, est)))
@@ -118,8 +134,10 @@ def _named_terms(r: PolicyResult, comps: list[Component], settings: EngineSettin
     (capacity/band_terms.py): the plan output names both."""
     unknown = [] if r.kv_fixed else unknown_terms(comps, r.notes)
     unbanded = [] if r.kv_fixed else unbanded_terms(settings.engine, settings.other_processes_bytes)
-    return {**({"kv_unknown_terms": unknown} if unknown else {}),
-            **({"kv_unbanded_terms": unbanded} if unbanded else {})}
+    return {
+        **({"kv_unknown_terms": unknown} if unknown else {}),
+        **({"kv_unbanded_terms": unbanded} if unbanded else {}),
+    }
 
 
 def kv_band(r: PolicyResult, comps: list[Component], kv_mid: int) -> tuple[int, int, str | None]:
@@ -128,20 +146,28 @@ def kv_band(r: PolicyResult, comps: list[Component], kv_mid: int) -> tuple[int, 
     of the held-out measurements (docs/capacity-model.md, "Band coverage"). The widest term is the one whose own
     swing, the others held at their expected value, moves the pool's low end most."""
     held = [replace(c, low_bytes=c.bytes, high_bytes=c.bytes) for c in comps]
-    swings = [(abs(kv_mid - r.kv_rule(held[:i] + [c] + held[i + 1:], "high")), c.name)
-              for i, c in enumerate(comps) if c.in_budget and c.low_bytes != c.high_bytes]
+    swings = [
+        (abs(kv_mid - r.kv_rule(held[:i] + [c] + held[i + 1 :], "high")), c.name)
+        for i, c in enumerate(comps)
+        if c.in_budget and c.low_bytes != c.high_bytes
+    ]
     widest = max(swings)[1] if swings and max(swings)[0] > 0 else None
     return r.kv_rule(comps, "high"), r.kv_rule(comps, "low"), widest
 
 
-def _refusals(ctx: Context, r: PolicyResult, kv_bytes: int, blocks: int, used: int, headroom: int) -> list[str]:
+def _refusals(
+    ctx: Context, r: PolicyResult, kv_bytes: int, blocks: int, used: int, headroom: int
+) -> list[str]:
     """The engine's own start-up refusals for the pool, and a card too small for the process. The
     quoted wording is vLLM's; other engines get a plain statement (they word it their own way)."""
     vllm = ctx.settings.engine == "vllm"
     reasons = []
     if kv_bytes <= 0 and not r.kv_fixed:
-        reasons.append("No available memory for the cache blocks: the non-KV components exceed the budget" if vllm
-                       else "no memory is left for the KV cache: the non-KV components exceed the engine's budget")
+        reasons.append(
+            "No available memory for the cache blocks: the non-KV components exceed the budget"
+            if vllm
+            else "no memory is left for the KV cache: the non-KV components exceed the engine's budget"
+        )
     elif blocks < r.min_blocks_needed and not r.kv_fixed:
         need = r.min_blocks_needed * (kv_bytes / max(1, blocks)) if blocks else 0
         if not need:
@@ -150,13 +176,18 @@ def _refusals(ctx: Context, r: PolicyResult, kv_bytes: int, blocks: int, used: i
             reasons.append(
                 f"To serve at least one request with the model's max seq len ({r.max_model_len}), "
                 f"{gib(need, unit=True)} KV cache is needed, which is larger than the available KV cache memory "
-                f"({gib(kv_bytes, unit=True)})")
+                f"({gib(kv_bytes, unit=True)})"
+            )
         else:
-            reasons.append(f"one request of {r.max_model_len} tokens needs {gib(need, unit=True)} of KV cache; "
-                           f"the pool holds {gib(kv_bytes, unit=True)}")
+            reasons.append(
+                f"one request of {r.max_model_len} tokens needs {gib(need, unit=True)} of KV cache; "
+                f"the pool holds {gib(kv_bytes, unit=True)}"
+            )
     if headroom < 0:
-        reasons.append(f"the process needs {gib(used, unit=True)} but the card has "
-                       f"{gib(ctx.total - ctx.other, unit=True)} free ({gib(-headroom, unit=True)} short)")
+        reasons.append(
+            f"the process needs {gib(used, unit=True)} but the card has "
+            f"{gib(ctx.total - ctx.other, unit=True)} free ({gib(-headroom, unit=True)} short)"
+        )
     return reasons
 
 
@@ -173,15 +204,33 @@ def _used(comps: list[Component], kv: Component, r: PolicyResult) -> int:
 # launcher (--max-total-tokens, --num-shard, --kv-cache-dtype fp8_e4m3fn|fp8_e5m2, --quantize);
 # llama-server (--ctx-size over all --parallel slots, --cache-type-k/-v q8_0 needing -fa).
 _SPELLING: dict[str, dict[str, str]] = {
-    "vllm": {"context": "--max-model-len", "kv": "--kv-cache-dtype fp8", "tp": "-tp", "fp8": "--quantization fp8"},
-    "sglang": {"context": "--context-length", "kv": "--kv-cache-dtype fp8_e5m2", "tp": "--tp-size",
-               "fp8": "--quantization fp8"},
-    "tgi": {"context": "--max-total-tokens", "kv": "--kv-cache-dtype fp8_e5m2", "tp": "--num-shard",
-            "fp8": "--quantize fp8"},
+    "vllm": {
+        "context": "--max-model-len",
+        "kv": "--kv-cache-dtype fp8",
+        "tp": "-tp",
+        "fp8": "--quantization fp8",
+    },
+    "sglang": {
+        "context": "--context-length",
+        "kv": "--kv-cache-dtype fp8_e5m2",
+        "tp": "--tp-size",
+        "fp8": "--quantization fp8",
+    },
+    "tgi": {
+        "context": "--max-total-tokens",
+        "kv": "--kv-cache-dtype fp8_e5m2",
+        "tp": "--num-shard",
+        "fp8": "--quantize fp8",
+    },
     "transformers": {"context": "", "kv": "", "tp": "", "fp8": ""},
 }
-_ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "llama.cpp": "llama.cpp",
-                 "transformers": "transformers"}
+_ENGINE_NAMES = {
+    "vllm": "vLLM",
+    "sglang": "SGLang",
+    "tgi": "TGI",
+    "llama.cpp": "llama.cpp",
+    "transformers": "transformers",
+}
 
 
 def _say_context(engine: str, n: int) -> str:
@@ -196,15 +245,18 @@ def _say_shorter(engine: str, n: int) -> str:
     if engine == "vllm":
         return f"lower --max-model-len to {n} (the largest that fits)"
     flag = _SPELLING[engine]["context"]
-    return (f"lower the context to {n:,} tokens, the largest that fits ("
-            + (f"{_ENGINE_NAMES[engine]} {flag} {n}; " if flag else "") + "vramlab --max-model-len)")
+    return (
+        f"lower the context to {n:,} tokens, the largest that fits ("
+        + (f"{_ENGINE_NAMES[engine]} {flag} {n}; " if flag else "")
+        + "vramlab --max-model-len)"
+    )
 
 
 def _say_gpus(engine: str, tp: int) -> str:
     if engine == "vllm":
         return f"use -tp {tp} ({tp} GPUs)"
     if engine == "transformers":  # from_pretrained(tp_plan="auto") under torchrun
-        return f"use {tp} GPUs (tp_plan=\"auto\" under torchrun --nproc-per-node {tp})"
+        return f'use {tp} GPUs (tp_plan="auto" under torchrun --nproc-per-node {tp})'
     return f"use {tp} GPUs ({_ENGINE_NAMES[engine]} {_SPELLING[engine]['tp']} {tp})"
 
 
@@ -213,29 +265,48 @@ def _candidates(model: ModelSpec, s: EngineSettings, est: Estimate) -> list[tupl
     engine, spell = s.engine, _SPELLING[s.engine]
     out: list[tuple[str, dict[str, object]]] = []
     if s.kv_cache_dtype in ("auto", "bfloat16", "float16") and spell["kv"]:
-        out.append((f"use {spell['kv']} (halves KV bytes per token)" if engine == "vllm" else
-                    f"use an FP8 KV cache ({_ENGINE_NAMES[engine]} {spell['kv']}; halves KV bytes per token)",
-                    {"kv_cache_dtype": "fp8"}))
+        out.append(
+            (
+                f"use {spell['kv']} (halves KV bytes per token)"
+                if engine == "vllm"
+                else f"use an FP8 KV cache ({_ENGINE_NAMES[engine]} {spell['kv']}; halves KV bytes per token)",
+                {"kv_cache_dtype": "fp8"},
+            )
+        )
     if engine == "vllm" and (est.settings.get("gpu_memory_utilization") or 0) < 0.95:
-        out.append(("raise --gpu-memory-utilization to 0.95 (check the headroom for CUDA graphs)",
-                    {"gpu_memory_utilization": 0.95}))
+        out.append(
+            (
+                "raise --gpu-memory-utilization to 0.95 (check the headroom for CUDA graphs)",
+                {"gpu_memory_utilization": 0.95},
+            )
+        )
     limits = dict(s.limit_mm_per_prompt or ())
     if engine == "vllm" and model.vision is not None and limits.get("video", 1) > 0:
         # V1 profiles the tower with a video as long as max_model_len allows (engines/vllm_mm.py)
-        out.append(("serve no videos: --limit-mm-per-prompt '{\"video\": 0}' (the start-up then profiles the vision "
-                    "encoder on images, not a max_model_len-long video)",
-                    {"limit_mm_per_prompt": tuple(sorted({**limits, "video": 0}.items()))}))
+        out.append(
+            (
+                "serve no videos: --limit-mm-per-prompt '{\"video\": 0}' (the start-up then profiles the vision "
+                "encoder on images, not a max_model_len-long video)",
+                {"limit_mm_per_prompt": tuple(sorted({**limits, "video": 0}.items()))},
+            )
+        )
     for tp in (2, 4, 8):
         if tp > s.tensor_parallel_size and model.num_attention_heads % tp == 0:
             out.append((_say_gpus(engine, tp), {"tensor_parallel_size": tp}))
     if model.quant is None:
-        out.append((f"use an FP8 checkpoint or {spell['fp8']}" if spell["fp8"] else "use an FP8 checkpoint",
-                    {"quantization": "fp8"}))
+        out.append(
+            (
+                f"use an FP8 checkpoint or {spell['fp8']}" if spell["fp8"] else "use an FP8 checkpoint",
+                {"quantization": "fp8"},
+            )
+        )
         out.append(("use a 4-bit AWQ/GPTQ checkpoint", {"quantization": "awq"}))
     return out
 
 
-def suggest(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None, est: Estimate) -> list[str]:
+def suggest(
+    model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None, est: Estimate
+) -> list[str]:
     """Changes that make it fit, each checked by re-running the model (not guessed), each in the
     engine's own flags."""
     if s.engine == "llama.cpp":
@@ -257,12 +328,17 @@ def suggest(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants 
     longest = max_len_that_fits(model, gpu, s, constants)
     if longest and longest < length:
         out.append(_say_shorter(s.engine, longest))
-    if s.engine == "vllm" and (s.max_num_seqs or 0) > 16 and ok(max_num_seqs=max(16, (s.max_num_seqs or 256) // 4)):
+    if (
+        s.engine == "vllm"
+        and (s.max_num_seqs or 0) > 16
+        and ok(max_num_seqs=max(16, (s.max_num_seqs or 256) // 4))
+    ):
         out.append(f"lower --max-num-seqs to {max(16, (s.max_num_seqs or 256) // 4)}")
     partial: list[str] = []
     for text, change in _candidates(model, s, est):
-        if "tensor_parallel_size" in change and any(o.startswith(("use -tp", "use 2 GPUs", "use 4 GPUs"))
-                                                    for o in out + partial):
+        if "tensor_parallel_size" in change and any(
+            o.startswith(("use -tp", "use 2 GPUs", "use 4 GPUs")) for o in out + partial
+        ):
             continue  # the smallest TP that helps is enough
         if ok(**change):
             out.append(text)
@@ -281,7 +357,9 @@ def suggest(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants 
     return out
 
 
-def _suggest_llamacpp(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None) -> list[str]:
+def _suggest_llamacpp(
+    model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None
+) -> list[str]:
     """llama.cpp sizes its KV from --ctx-size (over all --parallel slots): the context and the cache
     type are the knobs, each checked by re-running the model."""
     out: list[str] = []
@@ -293,12 +371,15 @@ def _suggest_llamacpp(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: 
 
     longest = max_len_that_fits(model, gpu, per_slot, constants)
     if longest:
-        out.append(f"lower the context to {longest:,} tokens per slot ({ctx_flags(per_slot.with_(max_model_len=longest))})")
+        out.append(
+            f"lower the context to {longest:,} tokens per slot ({ctx_flags(per_slot.with_(max_model_len=longest))})"
+        )
     if s.kv_cache_dtype in (None, "auto", "f16", "bf16", "float16"):
         q8 = per_slot.with_(kv_cache_dtype="q8_0", flash_attn=True)
         try:
-            now = estimate(model, gpu, s.with_(kv_cache_dtype="q8_0", flash_attn=True), constants,
-                           with_suggestions=False)
+            now = estimate(
+                model, gpu, s.with_(kv_cache_dtype="q8_0", flash_attn=True), constants, with_suggestions=False
+            )
             longer = 0 if now.fits else max_len_that_fits(model, gpu, q8, constants)
         except ConfigError:
             now, longer = None, 0
@@ -306,18 +387,29 @@ def _suggest_llamacpp(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: 
         if now is not None and now.fits:
             out.append(text)
         elif longer and longer > (longest or 0):
-            out.append(f"{text} with {longer:,} tokens per slot ({ctx_flags(q8.with_(max_model_len=longer))})")
+            out.append(
+                f"{text} with {longer:,} tokens per slot ({ctx_flags(q8.with_(max_model_len=longer))})"
+            )
     from vramlab.capacity.engines.llamacpp_fit import placement_suggestions
 
     out.extend(placement_suggestions(model, gpu, s, constants))
     if not out:
-        out.append("no single change fits on this card: use a larger GPU, a smaller quantization or offload "
-                   "fewer layers (-ngl)")
+        out.append(
+            "no single change fits on this card: use a larger GPU, a smaller quantization or offload "
+            "fewer layers (-ngl)"
+        )
     return out
 
 
-def max_len_that_fits(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None = None,
-                      concurrency: float = 1.0, point: str = "mid", margin: float = 0.0) -> int:
+def max_len_that_fits(
+    model: ModelSpec,
+    gpu: GPU,
+    s: EngineSettings,
+    constants: Constants | None = None,
+    concurrency: float = 1.0,
+    point: str = "mid",
+    margin: float = 0.0,
+) -> int:
     """The largest max_model_len whose pool still holds *concurrency* requests (0 if none does), up to the
     context the engine derives (capacity/defaults.py), or the one given if longer."""
     hi = defaults.context_limit(model, s)
@@ -341,8 +433,9 @@ def max_len_that_fits(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: 
     return lo - lo % 16 if lo > 4096 else lo
 
 
-def limits_at(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None, point: str,
-              margin: float) -> tuple[bool, float]:
+def limits_at(
+    model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None, point: str, margin: float
+) -> tuple[bool, float]:
     """(fits, max concurrency) with every in-budget component at *point* and *margin* of the pool held back."""
     ctx, r = run_policy(model, gpu, s, constants)
     band_point = {"mid": "mid", "pessimistic": "high", "optimistic": "low"}[point]
@@ -350,23 +443,37 @@ def limits_at(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constant
     if r.kv_fixed:
         # Fixed pools (llama.cpp, transformers): the card must hold everything at this band point.
         comps = r.components
-        total = sum({"mid": c.bytes, "high": c.high_bytes, "low": c.low_bytes}[band_point] for c in comps) + kv
+        total = (
+            sum({"mid": c.bytes, "high": c.high_bytes, "low": c.low_bytes}[band_point] for c in comps) + kv
+        )
         free = (ctx.total - ctx.other) * (1 - margin)
         return (not r.reasons and total <= free), r.limits(kv).max_concurrency
     kv = int(kv * (1 - margin))
     if kv <= 0 or r.reasons:
         return False, 0.0
     lim = r.limits(kv)
-    outside = sum({"mid": c.bytes, "high": c.high_bytes, "low": c.low_bytes}[band_point]
-                  for c in r.components if not c.in_budget)
-    inside = r.budget_bytes if s.engine == "vllm" and not s.kv_cache_memory_bytes else \
-        sum(c.bytes for c in r.components if c.in_budget) + kv
+    outside = sum(
+        {"mid": c.bytes, "high": c.high_bytes, "low": c.low_bytes}[band_point]
+        for c in r.components
+        if not c.in_budget
+    )
+    inside = (
+        r.budget_bytes
+        if s.engine == "vllm" and not s.kv_cache_memory_bytes
+        else sum(c.bytes for c in r.components if c.in_budget) + kv
+    )
     fits = lim.num_blocks >= r.min_blocks_needed and inside + outside <= ctx.total - ctx.other
     return fits, lim.max_concurrency
 
 
-def safe_operating_point(model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None = None,
-                         margin: float = 0.10, concurrency: int | None = None) -> dict[str, object]:
+def safe_operating_point(
+    model: ModelSpec,
+    gpu: GPU,
+    s: EngineSettings,
+    constants: Constants | None = None,
+    margin: float = 0.10,
+    concurrency: int | None = None,
+) -> dict[str, object]:
     """The largest concurrency at max_model_len, and context at a concurrency, that still fit with
     *margin* of the KV pool held back and every component at the pessimistic end of its band."""
     if not 0 <= margin < 1:
@@ -381,5 +488,7 @@ def safe_operating_point(model: ModelSpec, gpu: GPU, s: EngineSettings, constant
     }
     want = concurrency or max(1, math.floor(conc) if fits else 1)
     out["concurrency"] = want
-    out["max_model_len_at_concurrency"] = max_len_that_fits(model, gpu, s, constants, want, "pessimistic", margin)
+    out["max_model_len_at_concurrency"] = max_len_that_fits(
+        model, gpu, s, constants, want, "pessimistic", margin
+    )
     return out

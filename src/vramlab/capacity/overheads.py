@@ -36,7 +36,9 @@ def moe_workspace_bytes(m: ModelSpec, tokens: int, tp: int, model_dtype: str, c:
     return c["moe_workspace_copies"] * tokens * topk * (3 * inter + m.hidden_size) * b
 
 
-def sampler_peak_bytes(m: ModelSpec, num_seqs: int, c: Constants, key: str = "sampler_bytes_per_seq_vocab") -> float:
+def sampler_peak_bytes(
+    m: ModelSpec, num_seqs: int, c: Constants, key: str = "sampler_bytes_per_seq_vocab"
+) -> float:
     """The dummy sampler's fp32 logits and temporaries over the full (all-gathered) vocabulary."""
     return num_seqs * m.vocab_size * c[key]
 

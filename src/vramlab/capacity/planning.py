@@ -60,8 +60,17 @@ def parse_bytes(text: str) -> int:
     if not m:
         raise ConfigError(f"not a size: {text!r} (examples: 20GiB, 512MiB, 1073741824)")
     unit = (m.group(2) or "b").lower()
-    scale = {"b": 1, "kb": 1 << 10, "kib": 1 << 10, "mb": 1 << 20, "mib": 1 << 20, "gb": 1 << 30,
-             "gib": 1 << 30, "tb": 1 << 40, "tib": 1 << 40}[unit]
+    scale = {
+        "b": 1,
+        "kb": 1 << 10,
+        "kib": 1 << 10,
+        "mb": 1 << 20,
+        "mib": 1 << 20,
+        "gb": 1 << 30,
+        "gib": 1 << 30,
+        "tb": 1 << 40,
+        "tib": 1 << 40,
+    }[unit]
     return int(float(m.group(1)) * scale)
 
 
@@ -78,8 +87,9 @@ def parse_mm_limits(text: str) -> tuple[tuple[str, int], ...]:
         try:
             loaded = json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"--limit-mm-per-prompt: not JSON: {exc.msg} (example: '{{\"image\": 2, \"video\": 0}}')") \
-                from None
+            raise ConfigError(
+                f'--limit-mm-per-prompt: not JSON: {exc.msg} (example: \'{{"image": 2, "video": 0}}\')'
+            ) from None
         if not isinstance(loaded, dict):
             raise ConfigError("--limit-mm-per-prompt: expected an object of modality: count")
         pairs = list(loaded.items())
@@ -88,7 +98,9 @@ def parse_mm_limits(text: str) -> tuple[tuple[str, int], ...]:
         for part in filter(None, (p.strip() for p in raw.split(","))):
             key, sep, text = part.partition("=")
             if not sep:
-                raise ConfigError(f"--limit-mm-per-prompt: expected MODALITY=COUNT, got {part!r} (example: image=2,video=0)")
+                raise ConfigError(
+                    f"--limit-mm-per-prompt: expected MODALITY=COUNT, got {part!r} (example: image=2,video=0)"
+                )
             pairs.append((key.strip(), text.strip()))
     out: dict[str, int] = {}
     for key, given in pairs:
@@ -130,7 +142,9 @@ def parse_sweep(spec: str) -> tuple[str, list[Any]]:
         from vramlab.errors import near_matches
 
         hint = near_matches(key, list(SWEEP_KEYS))
-        raise ConfigError(f"--sweep: unknown key {key!r}" + (f"; did you mean {', '.join(hint)}?" if hint else ""))
+        raise ConfigError(
+            f"--sweep: unknown key {key!r}" + (f"; did you mean {', '.join(hint)}?" if hint else "")
+        )
     name = SWEEP_KEYS[key]
     items = [v for v in values.split(",") if v.strip()]
     if not items:
@@ -156,8 +170,14 @@ class Plan:
         return out
 
 
-def make_plan(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: Constants | None = None,
-              margin: float = 0.10, concurrency: int | None = None) -> Plan:
+def make_plan(
+    model: ModelSpec,
+    gpu: GPU,
+    settings: EngineSettings,
+    constants: Constants | None = None,
+    margin: float = 0.10,
+    concurrency: int | None = None,
+) -> Plan:
     est = estimate(model, gpu, settings, constants)
     safe = safe_operating_point(model, gpu, settings, constants, margin, concurrency)
     longest = None
@@ -165,8 +185,13 @@ def make_plan(model: ModelSpec, gpu: GPU, settings: EngineSettings, constants: C
         if concurrency < 1:
             raise ConfigError(f"--concurrency must be at least 1, got {concurrency}")
         longest = max_len_that_fits(model, gpu, settings, constants, concurrency)
-    return Plan(est, safe, longest, concurrency, constants.profile if constants and constants.profile != "defaults"
-                else None)
+    return Plan(
+        est,
+        safe,
+        longest,
+        concurrency,
+        constants.profile if constants and constants.profile != "defaults" else None,
+    )
 
 
 @dataclass
@@ -175,8 +200,13 @@ class SweepResult:
     rows: list[dict[str, Any]] = field(default_factory=list)
 
 
-def sweep(model: ModelSpec, gpu: GPU, base: EngineSettings, axes: list[tuple[str, list[Any]]],
-          constants: Constants | None = None) -> SweepResult:
+def sweep(
+    model: ModelSpec,
+    gpu: GPU,
+    base: EngineSettings,
+    axes: list[tuple[str, list[Any]]],
+    constants: Constants | None = None,
+) -> SweepResult:
     """Every combination of the axes; a combination the engine would refuse is a row with its error."""
     names = [name for name, _ in axes]
     if len(set(names)) != len(names):
@@ -195,9 +225,13 @@ def sweep(model: ModelSpec, gpu: GPU, base: EngineSettings, axes: list[tuple[str
             out.rows.append(row)
             continue
         row.update(
-            kv_cache_bytes=est.kv_cache_bytes, kv_cache_tokens=est.kv_cache_tokens,
-            max_concurrency=round(est.max_concurrency, 2), headroom_bytes=est.headroom_bytes,
-            weights_bytes=est.weights_bytes, fits=est.fits, error=est.reasons[0] if est.reasons else None,
+            kv_cache_bytes=est.kv_cache_bytes,
+            kv_cache_tokens=est.kv_cache_tokens,
+            max_concurrency=round(est.max_concurrency, 2),
+            headroom_bytes=est.headroom_bytes,
+            weights_bytes=est.weights_bytes,
+            fits=est.fits,
+            error=est.reasons[0] if est.reasons else None,
         )
         out.rows.append(row)
     return out

@@ -35,8 +35,13 @@ class PoolLayout:
         return sum(n for _, n in self.groups)
 
 
-def layout(shapes: tuple[KVShape, ...] | list[KVShape], block_size: int, mamba_layers: int = 0, state_bytes_per_layer: int = 0,
-           hybrid_manager: bool = True) -> PoolLayout:
+def layout(
+    shapes: tuple[KVShape, ...] | list[KVShape],
+    block_size: int,
+    mamba_layers: int = 0,
+    state_bytes_per_layer: int = 0,
+    hybrid_manager: bool = True,
+) -> PoolLayout:
     """How the pool is laid out on one GPU."""
     shapes = [s for s in shapes if s.layers > 0]
     if not shapes and not mamba_layers:
@@ -56,14 +61,23 @@ def layout(shapes: tuple[KVShape, ...] | list[KVShape], block_size: int, mamba_l
     return PoolLayout(block_size, page, gsize, tuple(groups), padded, state_bytes_per_layer)
 
 
-def blocks_per_request(lay: PoolLayout, max_model_len: int, max_num_batched_tokens: int,
-                       sliding_window: int | None, chunk: int | None, mamba_blocks: int = 1) -> int:
+def blocks_per_request(
+    lay: PoolLayout,
+    max_model_len: int,
+    max_num_batched_tokens: int,
+    sliding_window: int | None,
+    chunk: int | None,
+    mamba_blocks: int = 1,
+) -> int:
     """Blocks one request of *max_model_len* tokens holds across all groups."""
     full = math.ceil(max_model_len / lay.block_size)
     total = 0
     for kind, n in lay.groups:
         if kind == "sliding" and sliding_window:
-            need = math.ceil(min(sliding_window - 1 + max_num_batched_tokens, max_model_len) / lay.block_size) + 1
+            need = (
+                math.ceil(min(sliding_window - 1 + max_num_batched_tokens, max_model_len) / lay.block_size)
+                + 1
+            )
         elif kind == "chunked" and chunk:
             need = math.ceil(min(chunk + max_num_batched_tokens, max_model_len) / lay.block_size)
         elif kind == "mamba":

@@ -98,7 +98,12 @@ def predicted_figures(est: Estimate) -> dict[str, int]:
     comps = {c.name: c.bytes for c in est.components}
     weights, kv = comps.get("weights", 0), comps.get("kv_cache", 0)
     total = sum(comps.values())
-    return {"resident_model": weights, "kv_cache": kv, "runtime_overhead": total - weights - kv, "peak": total}
+    return {
+        "resident_model": weights,
+        "kv_cache": kv,
+        "runtime_overhead": total - weights - kv,
+        "peak": total,
+    }
 
 
 def observed_fields(m: RunMeasure, est: Estimate) -> tuple[dict[str, float], dict[str, str]]:
@@ -106,22 +111,32 @@ def observed_fields(m: RunMeasure, est: Estimate) -> tuple[dict[str, float], dic
     obs: dict[str, float] = {k: v for k, v in m.startup_fields.items() if k in _LOG_FIELDS and v and v > 0}
     how = {k: f"run {m.run_id}: the start-up log's {k}" for k in obs}
     comps = {c.name: c.bytes for c in est.components}
-    if (m.engine == "vllm" and "non_torch_bytes" not in obs and m.rest_overhead_bytes is not None
-            and "non_torch" in comps):
+    if (
+        m.engine == "vllm"
+        and "non_torch_bytes" not in obs
+        and m.rest_overhead_bytes is not None
+        and "non_torch" in comps
+    ):
         graphs = obs.get("cuda_graph_bytes", comps.get("cuda_graphs", 0))
         context = comps.get("cuda_context", 0) + comps.get("nccl", 0)
         derived = m.rest_overhead_bytes - graphs - context
         if derived > 0:
             obs["non_torch_bytes"] = derived
-            how["non_torch_bytes"] = (f"run {m.run_id}: overhead at rest {m.rest_overhead_bytes / (1 << 30):.3f} GiB "
-                                      f"(device before the first request less weights and KV pool) less CUDA graphs "
-                                      f"{graphs / (1 << 30):.3f} GiB and CUDA context {context / (1 << 30):.3f} GiB "
-                                      "(the plan's); the run cannot tell these parts apart")
+            how["non_torch_bytes"] = (
+                f"run {m.run_id}: overhead at rest {m.rest_overhead_bytes / (1 << 30):.3f} GiB "
+                f"(device before the first request less weights and KV pool) less CUDA graphs "
+                f"{graphs / (1 << 30):.3f} GiB and CUDA context {context / (1 << 30):.3f} GiB "
+                "(the plan's); the run cannot tell these parts apart"
+            )
     return obs, how
 
 
-def calibrate_runs(measures: Sequence[RunMeasure], holdout: Sequence[RunMeasure], estimator: Estimator,
-                   name: str = "calibration") -> RunCalibration:
+def calibrate_runs(
+    measures: Sequence[RunMeasure],
+    holdout: Sequence[RunMeasure],
+    estimator: Estimator,
+    name: str = "calibration",
+) -> RunCalibration:
     """Fit per engine on *measures*; the four figures before and after on them and on *holdout*."""
     base = Constants.defaults()
     fits: list[Fit] = []
@@ -136,8 +151,10 @@ def calibrate_runs(measures: Sequence[RunMeasure], holdout: Sequence[RunMeasure]
             if obs:
                 cases.append(Case(m.run_id, m.model, m.gpu, m.settings, obs))
         if not cases:
-            not_fitted.append(f"{engine}: no run measured a figure a constant drives (a start-up log, or the "
-                              "device at rest with vLLM)")
+            not_fitted.append(
+                f"{engine}: no run measured a figure a constant drives (a start-up log, or the "
+                "device at rest with vLLM)"
+            )
             continue
         f = _fit_to_convergence(cases, engine, base)
         fits.append(f)
@@ -148,19 +165,41 @@ def calibrate_runs(measures: Sequence[RunMeasure], holdout: Sequence[RunMeasure]
         not_fitted += [f"{r.name}: {r.reason}" for r in f.refused]
     act = [m for m in measures if "activation_peak_bytes" not in m.startup_fields]
     if act:
-        not_fitted.append("activation peak: not fitted from the runs' readings: a run sees the workspace its "
-                          "heaviest step needed, a lower bound of the profiled peak")
+        not_fitted.append(
+            "activation peak: not fitted from the runs' readings: a run sees the workspace its "
+            "heaviest step needed, a lower bound of the profiled peak"
+        )
     profile = None
     calibrated = base
     if changes:
-        profile = profile_from_fits(name, [f for f in fits if f.fitted],
-                                    {"from": "stored runs", "runs": [m.run_id for m in measures],
-                                     "holdout": [m.run_id for m in holdout]})
-        calibrated = base.with_overrides({c.name: (c.value, next(x.rel_band for f in fits for x in f.fitted
-                                                                  if x.name == c.name), "calibrated")
-                                          for c in changes}, name)
-    return RunCalibration(profile, fits, changes, _errors(measures, estimator, base, calibrated),
-                          _errors(holdout, estimator, base, calibrated), not_fitted)
+        profile = profile_from_fits(
+            name,
+            [f for f in fits if f.fitted],
+            {
+                "from": "stored runs",
+                "runs": [m.run_id for m in measures],
+                "holdout": [m.run_id for m in holdout],
+            },
+        )
+        calibrated = base.with_overrides(
+            {
+                c.name: (
+                    c.value,
+                    next(x.rel_band for f in fits for x in f.fitted if x.name == c.name),
+                    "calibrated",
+                )
+                for c in changes
+            },
+            name,
+        )
+    return RunCalibration(
+        profile,
+        fits,
+        changes,
+        _errors(measures, estimator, base, calibrated),
+        _errors(holdout, estimator, base, calibrated),
+        not_fitted,
+    )
 
 
 def _fit_to_convergence(cases: Sequence[Case], engine: str, base: Constants, rounds: int = 8) -> Fit:
@@ -176,7 +215,9 @@ def _fit_to_convergence(cases: Sequence[Case], engine: str, base: Constants, rou
             break
         current = current.with_overrides({c.name: (c.value, c.rel_band, c.source) for c in f.fitted}, "fit")
         nxt = fit(cases, engine, current, min_points=1, leave_one_out=False)
-        moved = max((abs(a.value / b.value - 1) for a, b in zip(nxt.fitted, f.fitted, strict=False)), default=0.0)
+        moved = max(
+            (abs(a.value / b.value - 1) for a, b in zip(nxt.fitted, f.fitted, strict=False)), default=0.0
+        )
         f = nxt
         if moved < 1e-3:
             break
@@ -184,8 +225,9 @@ def _fit_to_convergence(cases: Sequence[Case], engine: str, base: Constants, rou
     return dataclasses.replace(f, fitted=fitted)
 
 
-def _errors(measures: Sequence[RunMeasure], estimator: Estimator, before: Constants,
-            after: Constants) -> list[FigureError]:
+def _errors(
+    measures: Sequence[RunMeasure], estimator: Estimator, before: Constants, after: Constants
+) -> list[FigureError]:
     out = []
     for m in measures:
         b = predicted_figures(estimator(m.model, m.gpu, m.settings, before))
@@ -199,12 +241,31 @@ def _errors(measures: Sequence[RunMeasure], estimator: Estimator, before: Consta
 
 def summary(cal: RunCalibration) -> dict[str, Any]:
     """JSON-ready: what changed, with evidence; errors before and after."""
-    def err(e: FigureError) -> dict[str, Any]:
-        return {"run_id": e.run_id, "figure": e.figure, "measured_bytes": e.measured_bytes,
-                "before_bytes": e.before_bytes, "after_bytes": e.after_bytes,
-                "before_pct": round(e.before_pct, 3), "after_pct": round(e.after_pct, 3)}
 
-    return {"changed": [{"constant": c.name, "fitted_against": c.target, "default": c.default, "value": c.value,
-                         "evidence": c.evidence, "runs": list(c.runs)} for c in cal.changes],
-            "not_fitted": cal.not_fitted, "learned": [err(e) for e in cal.learned],
-            "holdout": [err(e) for e in cal.holdout]}
+    def err(e: FigureError) -> dict[str, Any]:
+        return {
+            "run_id": e.run_id,
+            "figure": e.figure,
+            "measured_bytes": e.measured_bytes,
+            "before_bytes": e.before_bytes,
+            "after_bytes": e.after_bytes,
+            "before_pct": round(e.before_pct, 3),
+            "after_pct": round(e.after_pct, 3),
+        }
+
+    return {
+        "changed": [
+            {
+                "constant": c.name,
+                "fitted_against": c.target,
+                "default": c.default,
+                "value": c.value,
+                "evidence": c.evidence,
+                "runs": list(c.runs),
+            }
+            for c in cal.changes
+        ],
+        "not_fitted": cal.not_fitted,
+        "learned": [err(e) for e in cal.learned],
+        "holdout": [err(e) for e in cal.holdout],
+    }

@@ -77,21 +77,33 @@ class EngineSettings:
     no_kv_offload: bool = False  # --no-kv-offload: every layer's KV in host memory
     mmap: bool = True  # --no-mmap turns it off: the host buffer is then CPU, not CPU_Mapped
     ollama_gpu_overhead_bytes: int = 0  # OLLAMA_GPU_OVERHEAD
-    devices: tuple[tuple[str, int], ...] = ()  # (name, bytes) of every card when they differ; () = the one --gpu
+    devices: tuple[
+        tuple[str, int], ...
+    ] = ()  # (name, bytes) of every card when they differ; () = the one --gpu
     enable_chunked_prefill: bool | None = None  # vLLM V0: None = the engine decides (auto above 32k)
-    flashinfer_sampler: bool | None = None  # vLLM: FlashInfer top-k/top-p sampler on/off (None = the release's default)
-    gpu_p2p: bool | None = None  # False: no P2P/NVLink between the GPUs (other nodes, no P2P); None = from the card
+    flashinfer_sampler: bool | None = (
+        None  # vLLM: FlashInfer top-k/top-p sampler on/off (None = the release's default)
+    )
+    gpu_p2p: bool | None = (
+        None  # False: no P2P/NVLink between the GPUs (other nodes, no P2P); None = from the card
+    )
     allow_long_max_model_len: bool = False  # vLLM VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
     rope_scaling_factor: float | None = None  # a rope-scaling override (vLLM --hf-overrides/--rope-scaling)
-    disable_sliding_window: bool = False  # vLLM --disable-sliding-window: context capped at the window, full layers
+    disable_sliding_window: bool = (
+        False  # vLLM --disable-sliding-window: context capped at the window, full layers
+    )
     continuous_batching: bool = False  # transformers serve --continuous-batching
     api_server: bool = True  # vLLM: `vllm serve` defaults, not the LLM class
-    in_trainer: bool = False  # vLLM's LLM class inside a training process (Unsloth fast_inference, TRL colocate)
+    in_trainer: bool = (
+        False  # vLLM's LLM class inside a training process (Unsloth fast_inference, TRL colocate)
+    )
     other_processes_bytes: int = 0  # memory other processes already hold on each card
     enable_lora: bool = False  # vLLM --enable-lora: LoRA slots are allocated at load time
     max_lora_rank: int = 16  # vLLM --max-lora-rank (vLLM's default 16)
     max_loras: int = 1  # vLLM --max-loras (vLLM's default 1)
-    limit_mm_per_prompt: tuple[tuple[str, int], ...] | None = None  # vLLM --limit-mm-per-prompt (image=2,video=0)
+    limit_mm_per_prompt: tuple[tuple[str, int], ...] | None = (
+        None  # vLLM --limit-mm-per-prompt (image=2,video=0)
+    )
 
     def with_(self, **changes: object) -> EngineSettings:
         return replace(self, **changes)  # type: ignore[arg-type]

@@ -12,14 +12,41 @@ from functools import cached_property
 
 # Bytes per element of the dtypes that appear in configs, safetensors headers and engine flags.
 DTYPE_BYTES: dict[str, float] = {
-    "float32": 4, "fp32": 4, "f32": 4, "F32": 4,
-    "bfloat16": 2, "bf16": 2, "BF16": 2,
-    "float16": 2, "fp16": 2, "half": 2, "f16": 2, "F16": 2,
-    "float8": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "F8_E4M3": 1, "F8_E5M2": 1, "float8_e4m3fn": 1,
-    "int8": 1, "I8": 1, "U8": 1, "uint8": 1,
-    "int32": 4, "I32": 4, "int64": 8, "I64": 8, "F64": 8, "float64": 8,
-    "I16": 2, "int16": 2, "BOOL": 1,
-    "fp4": 0.5, "nvfp4": 0.5625, "F4": 0.5,
+    "float32": 4,
+    "fp32": 4,
+    "f32": 4,
+    "F32": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "BF16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "f16": 2,
+    "F16": 2,
+    "float8": 1,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "float8_e4m3fn": 1,
+    "int8": 1,
+    "I8": 1,
+    "U8": 1,
+    "uint8": 1,
+    "int32": 4,
+    "I32": 4,
+    "int64": 8,
+    "I64": 8,
+    "F64": 8,
+    "float64": 8,
+    "I16": 2,
+    "int16": 2,
+    "BOOL": 1,
+    "fp4": 0.5,
+    "nvfp4": 0.5625,
+    "F4": 0.5,
 }
 
 # Per-layer kinds. "full" = global attention, "sliding" = sliding-window attention,
@@ -80,7 +107,9 @@ class VisionTower:
     temporal_patch_size: int = 2
     spatial_merge_size: int = 2
     in_channels: int = 3
-    max_pixels: int = 12845056  # the image processor's default (preprocessor_config.json of Qwen2-VL / 2.5-VL)
+    max_pixels: int = (
+        12845056  # the image processor's default (preprocessor_config.json of Qwen2-VL / 2.5-VL)
+    )
 
 
 @dataclass(frozen=True)
@@ -149,7 +178,9 @@ class ModelSpec:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
-    mamba_ssm_dtype: str = ""  # config's recurrent-state dtype (Qwen3.5 `mamba_ssm_dtype`); "" = the engine's default
+    mamba_ssm_dtype: str = (
+        ""  # config's recurrent-state dtype (Qwen3.5 `mamba_ssm_dtype`); "" = the engine's default
+    )
     # Fraction of head_dim that carries RoPE (`partial_rotary_factor`): the cos/sin cache is that narrow.
     partial_rotary_factor: float = 1.0
     # The MoE router's weight and `e_score_correction_bias` are fp32 whatever the model dtype (GLM-4.5).
@@ -222,7 +253,4 @@ class ModelSpec:
             return []
         freq = max(1, self.moe_layer_freq)
         offset = freq - 1 if self.moe_layer_offset is None else self.moe_layer_offset
-        return [
-            i for i in range(self.num_layers)
-            if i >= self.first_k_dense_layers and i % freq == offset
-        ]
+        return [i for i in range(self.num_layers) if i >= self.first_k_dense_layers and i % freq == offset]

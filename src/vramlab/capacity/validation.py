@@ -61,15 +61,26 @@ def _count(high: float, low: float = 1) -> Rule:
 
 CONFIG_RULES: dict[str, Rule] = {
     **{k: _count(MAX_LAYERS) for k in ("num_hidden_layers", "n_layer", "num_layers", "n_layers")},
-    **{k: _count(MAX_WIDTH) for k in ("hidden_size", "d_model", "n_embd", "intermediate_size", "head_dim",
-                                      "kv_lora_rank")},
-    **{k: _count(MAX_WIDTH, 0) for k in ("moe_intermediate_size", "shared_expert_intermediate_size",
-                                         "qk_rope_head_dim", "q_lora_rank")},
+    **{
+        k: _count(MAX_WIDTH)
+        for k in ("hidden_size", "d_model", "n_embd", "intermediate_size", "head_dim", "kv_lora_rank")
+    },
+    **{
+        k: _count(MAX_WIDTH, 0)
+        for k in (
+            "moe_intermediate_size",
+            "shared_expert_intermediate_size",
+            "qk_rope_head_dim",
+            "q_lora_rank",
+        )
+    },
     **{k: _count(MAX_HEADS) for k in ("num_attention_heads", "n_head", "num_key_value_heads")},
     "vocab_size": _count(MAX_VOCAB),
     "max_position_embeddings": _count(MAX_CONTEXT),
-    **{k: _count(MAX_EXPERTS, 0) for k in ("num_local_experts", "num_experts", "n_routed_experts",
-                                           "num_experts_per_tok")},
+    **{
+        k: _count(MAX_EXPERTS, 0)
+        for k in ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok")
+    },
 }
 
 FLAG_RULES: dict[str, Rule] = {
@@ -129,15 +140,20 @@ def check_config_flags(config: dict[str, Any], name: str) -> None:
             raise ConfigError(f"{name}: config field {key!r} must be true or false, got {value!r}")
 
 
-FLAG_NAMES = {"kv_cache_memory_bytes": "--kv-cache-memory", "other_processes_bytes": "--other-processes-gib",
-              "n_ubatch": "--ubatch-size"}
+FLAG_NAMES = {
+    "kv_cache_memory_bytes": "--kv-cache-memory",
+    "other_processes_bytes": "--other-processes-gib",
+    "n_ubatch": "--ubatch-size",
+}
 
 
 def check_settings(settings: EngineSettings) -> EngineSettings:
     """The settings, or ConfigError naming the flag that is of the wrong type or out of range."""
     if settings.engine_version is not None and not parse_version(str(settings.engine_version)):
-        raise ConfigError(f"--engine-version: not a release number, got {settings.engine_version!r} "
-                          "(examples: 0.8.5, 0.10.1.1, b4567 for llama.cpp)")
+        raise ConfigError(
+            f"--engine-version: not a release number, got {settings.engine_version!r} "
+            "(examples: 0.8.5, 0.10.1.1, b4567 for llama.cpp)"
+        )
     for key, rule in FLAG_RULES.items():
         value = getattr(settings, key)
         if value is None:
@@ -149,10 +165,17 @@ def check_settings(settings: EngineSettings) -> EngineSettings:
     if dtype not in (None, "auto"):
         from vramlab.capacity.spec import DTYPE_BYTES
 
-        if str(dtype).replace("torch.", "").lower() not in {k.lower() for k in DTYPE_BYTES} | {"half", "float"}:
-            raise ConfigError(f"--dtype: unknown dtype {dtype!r} (auto, bfloat16, float16/half, float32/float)")
+        if str(dtype).replace("torch.", "").lower() not in {k.lower() for k in DTYPE_BYTES} | {
+            "half",
+            "float",
+        }:
+            raise ConfigError(
+                f"--dtype: unknown dtype {dtype!r} (auto, bfloat16, float16/half, float32/float)"
+            )
     if settings.disable_sliding_window and settings.engine != "vllm":
-        raise ConfigError(f"--disable-sliding-window: a vLLM setting, not {settings.engine}'s; add --engine vllm")
+        raise ConfigError(
+            f"--disable-sliding-window: a vLLM setting, not {settings.engine}'s; add --engine vllm"
+        )
     if settings.chunked_prefill_size == 0:
         raise ConfigError("--chunked-prefill-size: must be -1 (off) or positive, got 0")
     return settings

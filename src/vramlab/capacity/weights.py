@@ -42,8 +42,14 @@ class WeightBreakdown:
 
     @property
     def total_params(self) -> int:
-        return (self.linear_params + self.expert_params + self.embedding_params + self.lm_head_params
-                + self.other_params + self.vision_params)
+        return (
+            self.linear_params
+            + self.expert_params
+            + self.embedding_params
+            + self.lm_head_params
+            + self.other_params
+            + self.vision_params
+        )
 
 
 def pp_layer_split(num_layers: int, pp: int) -> list[int]:
@@ -114,7 +120,7 @@ def is_layer_skipped_bnb(prefix: str, skip_modules: tuple[str, ...]) -> bool:
     if not skip_modules:
         return False
     parts = prefix.split(".")
-    prefixes = {".".join(parts[:i + 1]) for i in range(len(parts))}
+    prefixes = {".".join(parts[: i + 1]) for i in range(len(parts))}
     return any(s in parts or s in prefixes for s in skip_modules)
 
 
@@ -135,8 +141,16 @@ def is_layer_excluded_modelopt(prefix: str, excludes: tuple[str, ...]) -> bool:
     return any(e != prefix and e in prefix for e in excludes) or any(fnmatch(prefix, e) for e in excludes)
 
 
-def _skipped_layer_params(m: ModelSpec, i: int, kind: str, tp: int, moe: bool, has_mlp: bool,
-                          skip: tuple[str, ...], matcher: Callable[[str, tuple[str, ...]], bool]) -> int:
+def _skipped_layer_params(
+    m: ModelSpec,
+    i: int,
+    kind: str,
+    tp: int,
+    moe: bool,
+    has_mlp: bool,
+    skip: tuple[str, ...],
+    matcher: Callable[[str, tuple[str, ...]], bool],
+) -> int:
     """Linear params of layer *i* (one TP rank) that a skip list keeps unquantized (bitsandbytes
     `llm_int8_skip_modules`, ModelOpt `exclude_modules`), under vLLM's module names (fused `qkv_proj` /
     `gate_up_proj`, `mlp.shared_experts`, `mlp.experts`)."""
@@ -157,8 +171,11 @@ def _skipped_layer_params(m: ModelSpec, i: int, kind: str, tp: int, moe: bool, h
     if moe:
         if matcher(f"{base}.mlp.experts", skip):
             out += m.num_experts * _mlp_params(m, m.moe_intermediate_size, tp)
-        if m.num_shared_experts and m.shared_expert_intermediate_size and \
-                matcher(f"{base}.mlp.shared_experts.gate_up_proj", skip):
+        if (
+            m.num_shared_experts
+            and m.shared_expert_intermediate_size
+            and matcher(f"{base}.mlp.shared_experts.gate_up_proj", skip)
+        ):
             out += _mlp_params(m, m.shared_expert_intermediate_size, tp)
         return out
     if m.intermediate_size:
@@ -171,8 +188,9 @@ def _skipped_layer_params(m: ModelSpec, i: int, kind: str, tp: int, moe: bool, h
     return out
 
 
-def lora_slot_params(m: ModelSpec, tp: int = 1, pp: int = 1, rank_pp: int = 0, max_lora_rank: int = 16,
-                     max_loras: int = 1) -> int:
+def lora_slot_params(
+    m: ModelSpec, tp: int = 1, pp: int = 1, rank_pp: int = 0, max_lora_rank: int = 16, max_loras: int = 1
+) -> int:
     """Elements of the LoRA A/B buffers vLLM allocates at load with `--enable-lora`, on one GPU.
 
     vllm/lora/layers/base_linear.py `BaseLinearLayerWithLoRA.create_lora_weights`: per wrapped linear
@@ -215,7 +233,9 @@ def rope_cache_elems(m: ModelSpec) -> int:
     scaling_factor). Gemma 3's sliding layers use their own unscaled RoPE (`rope_local_base_freq`,
     rope_type default) beside the global layers' scaled one (vllm/model_executor/models/gemma3.py
     `Gemma3Attention`): two caches. Gemma-3-4B: 131072 x 8 x 256 bf16 = 0.5 GiB."""
-    rotary_dim = (m.qk_rope_head_dim or int(m.head_dim * m.partial_rotary_factor)) if m.attention_layers else 0
+    rotary_dim = (
+        (m.qk_rope_head_dim or int(m.head_dim * m.partial_rotary_factor)) if m.attention_layers else 0
+    )
     base = m.max_position_embeddings * rotary_dim  # Llama 4 Scout: 10.5M positions -> ~2.5 GiB
     if (m.rope_scaling_type or "").lower() != "linear" or m.rope_scaling_factor <= 1:
         return base
@@ -224,8 +244,14 @@ def rope_cache_elems(m: ModelSpec) -> int:
     return scaled + local
 
 
-def breakdown(m: ModelSpec, tp: int = 1, pp: int = 1, rank_pp: int = 0, skip: tuple[str, ...] = (),
-              matcher: Callable[[str, tuple[str, ...]], bool] = is_layer_skipped_bnb) -> WeightBreakdown:
+def breakdown(
+    m: ModelSpec,
+    tp: int = 1,
+    pp: int = 1,
+    rank_pp: int = 0,
+    skip: tuple[str, ...] = (),
+    matcher: Callable[[str, tuple[str, ...]], bool] = is_layer_skipped_bnb,
+) -> WeightBreakdown:
     """Parameters held by one GPU (TP rank 0 of pipeline stage *rank_pp*); *skip*: the modules a
     checkpoint keeps unquantized, matched by *matcher*, counted in `skipped_params`."""
     split = pp_layer_split(m.num_layers, pp)
@@ -315,9 +341,17 @@ def _quant_bytes_per_param(q: QuantSpec, bnb_nested_absmax: bool = False) -> flo
 
 
 @lru_cache(maxsize=512)  # pure in hashable inputs; sweeps ask the same question many times
-def weight_bytes(m: ModelSpec, dtype: str = "auto", quantization: str | None = None,
-                 tp: int = 1, pp: int = 1, rank_pp: int = 0, rope_cache: bool = True,
-                 bnb_nested_absmax: bool = False, mxfp4_layout: str = "flashinfer") -> tuple[int, str]:
+def weight_bytes(
+    m: ModelSpec,
+    dtype: str = "auto",
+    quantization: str | None = None,
+    tp: int = 1,
+    pp: int = 1,
+    rank_pp: int = 0,
+    rope_cache: bool = True,
+    bnb_nested_absmax: bool = False,
+    mxfp4_layout: str = "flashinfer",
+) -> tuple[int, str]:
     """Bytes of weights on one GPU, and how they were obtained ("exact" or "formula").
 
     *rope_cache*: add the rotary cos/sin cache vLLM and SGLang build at load time.
@@ -337,8 +371,14 @@ def weight_bytes(m: ModelSpec, dtype: str = "auto", quantization: str | None = N
             exact = int(exact * dtype_bytes(model_dtype) / dtype_bytes(stored))
         return int(exact / tp + rope), "exact"
     skip = q.skip_modules if q is not None and q.method in ("bitsandbytes", "nvfp4", "fp8") else ()
-    wb = breakdown(m, tp, pp, rank_pp, skip,
-                   is_layer_skipped_bnb if q is None or q.method == "bitsandbytes" else is_layer_excluded_modelopt)
+    wb = breakdown(
+        m,
+        tp,
+        pp,
+        rank_pp,
+        skip,
+        is_layer_skipped_bnb if q is None or q.method == "bitsandbytes" else is_layer_excluded_modelopt,
+    )
     full = dtype_bytes(model_dtype)
     unq = full if q is None else dtype_bytes(q.unquantized_dtype if model_dtype == "float32" else model_dtype)
     other = wb.other_params - wb.fp32_params
@@ -347,7 +387,9 @@ def weight_bytes(m: ModelSpec, dtype: str = "auto", quantization: str | None = N
     else:
         per = _quant_bytes_per_param(q, bnb_nested_absmax)
         if q.method == "mxfp4" or q.quantize_experts_only:
-            total = wb.expert_params * mxfp4_padding(m, tp, mxfp4_layout) * per + (wb.linear_params + other) * unq
+            total = (
+                wb.expert_params * mxfp4_padding(m, tp, mxfp4_layout) * per + (wb.linear_params + other) * unq
+            )
         else:
             quantized = wb.linear_params + wb.expert_params - wb.skipped_params
             total = quantized * per + (wb.skipped_params + other) * unq
@@ -383,10 +425,34 @@ def mxfp4_padding(m: ModelSpec, tp: int, layout: str = "flashinfer") -> float:
 
 # Average bits per weight of llama.cpp's file types (mixes keep some tensors at higher precision).
 GGUF_BPW = {
-    "f32": 32.0, "f16": 16.0, "bf16": 16.0, "q8_0": 8.5, "q6_k": 6.5625, "q5_k_m": 5.69, "q5_k_s": 5.54,
-    "q5_0": 5.5, "q5_1": 6.0, "q5_k": 5.5, "q4_k": 4.5, "q3_k": 3.4375, "q4_k_m": 4.85, "q4_k_s": 4.58, "q4_0": 4.5, "q4_1": 5.0, "iq4_xs": 4.25,
-    "iq4_nl": 4.5, "q3_k_l": 4.27, "q3_k_m": 3.91, "q3_k_s": 3.5, "iq3_xxs": 3.06, "iq3_m": 3.66,
-    "q2_k": 3.35, "iq2_xs": 2.31, "iq2_xxs": 2.06, "iq1_s": 1.56, "mxfp4": 4.25,
+    "f32": 32.0,
+    "f16": 16.0,
+    "bf16": 16.0,
+    "q8_0": 8.5,
+    "q6_k": 6.5625,
+    "q5_k_m": 5.69,
+    "q5_k_s": 5.54,
+    "q5_0": 5.5,
+    "q5_1": 6.0,
+    "q5_k": 5.5,
+    "q4_k": 4.5,
+    "q3_k": 3.4375,
+    "q4_k_m": 4.85,
+    "q4_k_s": 4.58,
+    "q4_0": 4.5,
+    "q4_1": 5.0,
+    "iq4_xs": 4.25,
+    "iq4_nl": 4.5,
+    "q3_k_l": 4.27,
+    "q3_k_m": 3.91,
+    "q3_k_s": 3.5,
+    "iq3_xxs": 3.06,
+    "iq3_m": 3.66,
+    "q2_k": 3.35,
+    "iq2_xs": 2.31,
+    "iq2_xxs": 2.06,
+    "iq1_s": 1.56,
+    "mxfp4": 4.25,
 }
 
 
@@ -395,8 +461,14 @@ def gguf_quant(name: str) -> QuantSpec | None:
     key = name.strip().lower().replace("-", "_")
     if key not in GGUF_BPW:
         return None
-    return QuantSpec("gguf", GGUF_BPW[key], quantize_lm_head=True, quantize_embedding=True,
-                     unquantized_dtype="float32", gguf_type=name.upper())
+    return QuantSpec(
+        "gguf",
+        GGUF_BPW[key],
+        quantize_lm_head=True,
+        quantize_embedding=True,
+        unquantized_dtype="float32",
+        gguf_type=name.upper(),
+    )
 
 
 def effective_quant(m: ModelSpec, quantization: str | None) -> QuantSpec | None:
@@ -409,8 +481,11 @@ def effective_quant(m: ModelSpec, quantization: str | None) -> QuantSpec | None:
     gq = gguf_quant(qn) if qn not in ("f16", "bf16", "f32", "mxfp4") else None
     if gq is not None:
         return gq
-    if m.quant is not None and (qn == m.quant.method or qn.startswith(m.quant.method.split("-")[0])
-                                or m.quant.method.startswith(qn.split("_")[0])):
+    if m.quant is not None and (
+        qn == m.quant.method
+        or qn.startswith(m.quant.method.split("-")[0])
+        or m.quant.method.startswith(qn.split("_")[0])
+    ):
         return m.quant
     if qn in ("fp8", "fbgemm_fp8", "ptpc_fp8"):
         return QuantSpec("fp8", 8.0, unquantized_dtype=m.torch_dtype)
@@ -421,13 +496,17 @@ def effective_quant(m: ModelSpec, quantization: str | None) -> QuantSpec | None:
     if qn in ("bitsandbytes", "bnb", "bnb-4bit"):
         # In-flight: vLLM's BitsAndBytesModelLoader._unquantized_generator calls
         # quantize_4bit(..., compress_statistics=True, quant_type="nf4"): double-quantized statistics.
-        return QuantSpec("bitsandbytes", 4.0, group_size=64, unquantized_dtype=m.torch_dtype, double_quant=True)
+        return QuantSpec(
+            "bitsandbytes", 4.0, group_size=64, unquantized_dtype=m.torch_dtype, double_quant=True
+        )
     if qn in ("mxfp4",):
         return QuantSpec("mxfp4", 4.25, quantize_experts_only=True, unquantized_dtype=m.torch_dtype)
     if qn in ("int8", "w8a8", "compressed-tensors-w8a8", "bnb-8bit"):
         return QuantSpec("compressed-tensors", 8.0, unquantized_dtype=m.torch_dtype)
     if qn in ("w4a16", "int4", "compressed-tensors-w4a16"):
-        return QuantSpec("compressed-tensors", 4.0, group_size=128, has_zeros=False, unquantized_dtype=m.torch_dtype)
+        return QuantSpec(
+            "compressed-tensors", 4.0, group_size=128, has_zeros=False, unquantized_dtype=m.torch_dtype
+        )
     if qn in ("nvfp4", "modelopt_fp4"):
         return QuantSpec("nvfp4", 4.0, group_size=16, has_zeros=False, unquantized_dtype=m.torch_dtype)
     if qn == "compressed-tensors":
@@ -435,8 +514,9 @@ def effective_quant(m: ModelSpec, quantization: str | None) -> QuantSpec | None:
     return QuantSpec(qn, 8.0, unquantized_dtype=m.torch_dtype)
 
 
-def resolve_dtype(m: ModelSpec, dtype: str, q: QuantSpec | None = None, engine: str = "vllm",
-                  version: tuple[int, ...] = ()) -> str:
+def resolve_dtype(
+    m: ModelSpec, dtype: str, q: QuantSpec | None = None, engine: str = "vllm", version: tuple[int, ...] = ()
+) -> str:
     """The activation/weight dtype the engine runs: --dtype, else the engine's default.
 
     Serving engines (vLLM, SGLang, TGI) take the config's dtype and cast fp32 checkpoints to bf16;
@@ -444,7 +524,13 @@ def resolve_dtype(m: ModelSpec, dtype: str, q: QuantSpec | None = None, engine: 
     float32 included); 4.x loaded float32 unless told otherwise.
     """
     d = (dtype or "auto").replace("torch.", "")
-    aliases = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32", "fp32": "float32"}
+    aliases = {
+        "half": "float16",
+        "fp16": "float16",
+        "bf16": "bfloat16",
+        "float": "float32",
+        "fp32": "float32",
+    }
     d = aliases.get(d, d)
     if d != "auto":
         return d
@@ -459,8 +545,11 @@ def resolve_dtype(m: ModelSpec, dtype: str, q: QuantSpec | None = None, engine: 
 
 def stored_dtype(m: ModelSpec) -> str:
     """The dtype most of the checkpoint's bytes are stored in (headers when read, else the config)."""
-    by_dtype = {k: v for k, v in (m.weights_bytes_by_dtype or {}).items()
-                if k.upper() in ("F32", "F16", "BF16", "FLOAT32", "FLOAT16", "BFLOAT16")}
+    by_dtype = {
+        k: v
+        for k, v in (m.weights_bytes_by_dtype or {}).items()
+        if k.upper() in ("F32", "F16", "BF16", "FLOAT32", "FLOAT16", "BFLOAT16")
+    }
     if by_dtype:
         top = max(by_dtype, key=lambda k: by_dtype[k])
         return {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(top.upper(), top.lower())

@@ -13,7 +13,9 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", help="plan file (YAML) with an alerts: section")
-    parser.add_argument("--engine", help="engine whose metric names to use (default: the plan's target.engine)")
+    parser.add_argument(
+        "--engine", help="engine whose metric names to use (default: the plan's target.engine)"
+    )
     parser.add_argument("--group", help="rule group name (default: vramlab-<plan name>)")
     parser.add_argument("-o", "--output", help="write here instead of stdout")
 

@@ -23,18 +23,39 @@ import json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("inputs", nargs="+", metavar="LOG_OR_JSONL_OR_RUN",
-                        help="engine logs and/or .jsonl measurement files; or stored run ids")
-    parser.add_argument("--db", metavar="URL", help="with run ids: the store (default $VRAMLAB_DB, else ./vramlab.db)")
-    parser.add_argument("--holdout", action="append", metavar="RUN_ID",
-                        help="with run ids: a run to report the error on without learning from it (repeatable)")
-    parser.add_argument("-o", "--output", metavar="PROFILE", help="write the calibration profile here (.toml)")
-    parser.add_argument("--model-configs", metavar="JSON", help="hf id -> config.json map for models not in the catalog")
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="LOG_OR_JSONL_OR_RUN",
+        help="engine logs and/or .jsonl measurement files; or stored run ids",
+    )
+    parser.add_argument(
+        "--db", metavar="URL", help="with run ids: the store (default $VRAMLAB_DB, else ./vramlab.db)"
+    )
+    parser.add_argument(
+        "--holdout",
+        action="append",
+        metavar="RUN_ID",
+        help="with run ids: a run to report the error on without learning from it (repeatable)",
+    )
+    parser.add_argument(
+        "-o", "--output", metavar="PROFILE", help="write the calibration profile here (.toml)"
+    )
+    parser.add_argument(
+        "--model-configs", metavar="JSON", help="hf id -> config.json map for models not in the catalog"
+    )
     parser.add_argument("--engine", help="fit only this engine's observations")
-    parser.add_argument("--min-points", type=int, default=3, help="observations a constant needs to be fitted (default 3)")
-    parser.add_argument("--versions", metavar="MIN..MAX", help="engine versions the profile applies to "
-                        "(default: the range of the observations)")
-    parser.add_argument("--online", action="store_true", help="allow reading model configs from the Hugging Face Hub")
+    parser.add_argument(
+        "--min-points", type=int, default=3, help="observations a constant needs to be fitted (default 3)"
+    )
+    parser.add_argument(
+        "--versions",
+        metavar="MIN..MAX",
+        help="engine versions the profile applies to (default: the range of the observations)",
+    )
+    parser.add_argument(
+        "--online", action="store_true", help="allow reading model configs from the Hugging Face Hub"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -59,8 +80,15 @@ def run(args: argparse.Namespace) -> int:
 
         check_writable(args.output, "calibration profile")
     name = Path(args.output).name if args.output else "calibration"
-    result = calibrate(args.inputs, args.model_configs, args.engine, args.min_points, args.versions,
-                       offline=not args.online, name=name)
+    result = calibrate(
+        args.inputs,
+        args.model_configs,
+        args.engine,
+        args.min_points,
+        args.versions,
+        offline=not args.online,
+        name=name,
+    )
     written, failed = None, None
     if args.output and result.fitted_any:
         from vramlab.capacity.calibration import profile_to_toml
@@ -68,8 +96,12 @@ def run(args: argparse.Namespace) -> int:
         from vramlab.errors import OutputError
 
         try:
-            write_output(args.output, profile_to_toml(result.profile), "calibration profile",
-                         "no profile written; the fit is printed (run calibrate again to write it)")
+            write_output(
+                args.output,
+                profile_to_toml(result.profile),
+                "calibration profile",
+                "no profile written; the fit is printed (run calibrate again to write it)",
+            )
             written = args.output
         except OutputError as exc:
             failed = exc
@@ -83,8 +115,11 @@ def run(args: argparse.Namespace) -> int:
         import sys
 
         reasons = sorted({r.reason for f in result.fits for r in f.refused})
-        print("vramlab calibrate: error: no constant was fitted"
-              + (f" ({reasons[0]}{'; ...' if len(reasons) > 1 else ''})" if reasons else "")
-              + ("; no profile written" if args.output else ""), file=sys.stderr)
+        print(
+            "vramlab calibrate: error: no constant was fitted"
+            + (f" ({reasons[0]}{'; ...' if len(reasons) > 1 else ''})" if reasons else "")
+            + ("; no profile written" if args.output else ""),
+            file=sys.stderr,
+        )
         return 1
     return 0

@@ -37,35 +37,61 @@ def measure(store: Any, run_id: str) -> Any:
     rid = ctx.run.run_id
     comp = composition_of(ctx)
     if comp.plan is None or not comp.plan_facts:
-        why = "; ".join(comp.notes) or "the run stored no capacity plan (it predates it, or its facts were unknown)"
+        why = (
+            "; ".join(comp.notes)
+            or "the run stored no capacity plan (it predates it, or its facts were unknown)"
+        )
         raise ConfigError(f"run {rid}: no capacity plan stored with it, nothing to compare against: {why}")
     measured_rows = [r for r in comp.rows if r.figure("peak").measured_bytes is not None]
     if not measured_rows and comp.startup is None:
-        raise ConfigError(f"run {rid}: no usable memory measurement (no start-up log figures and no device or "
-                          "host reading); run it with a gpu/ledger sampler or target.log_file")
+        raise ConfigError(
+            f"run {rid}: no usable memory measurement (no start-up log figures and no device or "
+            "host reading); run it with a gpu/ledger sampler or target.log_file"
+        )
     f = comp.plan_facts
-    spec, card, settings = resolve_facts(PlanFacts(f.get("model"), f.get("engine"), f.get("gpu"),
-                                                   f.get("gpu_memory_gib"), f.get("engine_version"),
-                                                   dict(f.get("settings") or {})))
-    heaviest = max(measured_rows, key=lambda r: r.figure("peak").measured_bytes or 0) if measured_rows else None
+    spec, card, settings = resolve_facts(
+        PlanFacts(
+            f.get("model"),
+            f.get("engine"),
+            f.get("gpu"),
+            f.get("gpu_memory_gib"),
+            f.get("engine_version"),
+            dict(f.get("settings") or {}),
+        )
+    )
+    heaviest = (
+        max(measured_rows, key=lambda r: r.figure("peak").measured_bytes or 0) if measured_rows else None
+    )
     measured: dict[str, int] = {}
     evidence: dict[str, str] = {}
     rows: list[str] = []
     if heaviest is not None:
-        rows.append(f"round {heaviest.round} {heaviest.phase} {heaviest.step_value} "
-                    f"({heaviest.start_s:.1f}-{heaviest.end_s:.1f} s)")
+        rows.append(
+            f"round {heaviest.round} {heaviest.phase} {heaviest.step_value} "
+            f"({heaviest.start_s:.1f}-{heaviest.end_s:.1f} s)"
+        )
         for name in FIGURES:
             fig = heaviest.figure(name)
             if fig.measured_bytes is not None and not fig.host_memory:
                 measured[name], evidence[name] = fig.measured_bytes, fig.source
-    startup = {k: float(v) for k, v in (comp.startup or {}).items() if k.endswith("_bytes") and isinstance(v, int)}
+    startup = {
+        k: float(v) for k, v in (comp.startup or {}).items() if k.endswith("_bytes") and isinstance(v, int)
+    }
     rest = None
     w = (comp.startup or {}).get("weights_bytes") or measured.get("resident_model")
     pool = measured.get("kv_cache")
-    if comp.rest_bytes is not None and w and pool and heaviest is not None and not heaviest.figure("peak").host_memory:
+    if (
+        comp.rest_bytes is not None
+        and w
+        and pool
+        and heaviest is not None
+        and not heaviest.figure("peak").host_memory
+    ):
         rest = comp.rest_bytes - int(w) - pool
         rows.append(f"device at rest: {comp.rest_bytes / (1 << 30):.3f} GiB")
-    return RunMeasure(rid, settings.engine, spec, card, settings, measured, rest, startup, evidence, tuple(rows))
+    return RunMeasure(
+        rid, settings.engine, spec, card, settings, measured, rest, startup, evidence, tuple(rows)
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,7 +123,12 @@ def run(args: argparse.Namespace) -> int:
     if not cal.fitted_any:
         import sys
 
-        print("vramlab calibrate: error: no constant was fitted (" + "; ".join(cal.not_fitted[:2]) + ")"
-              + ("; no profile written" if args.output else ""), file=sys.stderr)
+        print(
+            "vramlab calibrate: error: no constant was fitted ("
+            + "; ".join(cal.not_fitted[:2])
+            + ")"
+            + ("; no profile written" if args.output else ""),
+            file=sys.stderr,
+        )
         return 1
     return 0

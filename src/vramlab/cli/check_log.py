@@ -26,33 +26,59 @@ MAX_BYTES_LIMIT = 1 << 30
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="+", metavar="FILE",
-                        help="engine log(s) or folder(s) of logs (vLLM, SGLang, TGI, llama.cpp, Ollama); - reads stdin")
+    parser.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="engine log(s) or folder(s) of logs (vLLM, SGLang, TGI, llama.cpp, Ollama); - reads stdin",
+    )
     parser.add_argument("--model", help="model name, Hub id or local path (default: the one the log names)")
     parser.add_argument("--gpu", help="GPU catalog name (default: from the log's total memory)")
     parser.add_argument("--engine", help="engine that wrote the log (default: detected)")
     parser.add_argument("--engine-version", help="engine version when the log does not print it")
-    parser.add_argument("--quantization", help="the model file's quantization when the log does not print it "
-                        "(e.g. Q4_K_M for an Ollama estimate line)")
-    parser.add_argument("--calibration", metavar="PROFILE", help="calibration profile (.toml) to predict with")
-    parser.add_argument("--online", action="store_true", help="allow reading a model's config from the Hugging Face Hub")
-    parser.add_argument("--max-bytes", type=int, metavar="N",
-                        help="stop reading each log after N bytes (default 64 MiB; bounds /dev/zero, pipes, huge logs)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object (docs/logs-and-calibration.md)")
+    parser.add_argument(
+        "--quantization",
+        help="the model file's quantization when the log does not print it "
+        "(e.g. Q4_K_M for an Ollama estimate line)",
+    )
+    parser.add_argument(
+        "--calibration", metavar="PROFILE", help="calibration profile (.toml) to predict with"
+    )
+    parser.add_argument(
+        "--online", action="store_true", help="allow reading a model's config from the Hugging Face Hub"
+    )
+    parser.add_argument(
+        "--max-bytes",
+        type=int,
+        metavar="N",
+        help="stop reading each log after N bytes (default 64 MiB; bounds /dev/zero, pipes, huge logs)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object (docs/logs-and-calibration.md)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from vramlab.logs.check import FolderReport, check_file, check_logs
     from vramlab.report.check_log_text import render, render_folder
 
-    kwargs: dict[str, Any] = dict(model=args.model, gpu=args.gpu, engine=args.engine,
-                                  engine_version=args.engine_version, calibration=args.calibration,
-                                  offline=not args.online, max_bytes=args.max_bytes, quantization=args.quantization)
+    kwargs: dict[str, Any] = dict(
+        model=args.model,
+        gpu=args.gpu,
+        engine=args.engine,
+        engine_version=args.engine_version,
+        calibration=args.calibration,
+        offline=not args.online,
+        max_bytes=args.max_bytes,
+        quantization=args.quantization,
+    )
     if args.max_bytes is not None and not 1 <= args.max_bytes <= MAX_BYTES_LIMIT:
         from vramlab.errors import ConfigError
 
-        raise ConfigError(f"--max-bytes must be between 1 and {MAX_BYTES_LIMIT:,} (1 GiB: a log is held in memory "
-                          f"while it is read), got {args.max_bytes:,}")
+        raise ConfigError(
+            f"--max-bytes must be between 1 and {MAX_BYTES_LIMIT:,} (1 GiB: a log is held in memory "
+            f"while it is read), got {args.max_bytes:,}"
+        )
     if len(args.files) == 1 and not Path(args.files[0]).is_dir():
         reports, skipped = check_file(args.files[0], **kwargs)
         if len(reports) == 1 and not skipped:

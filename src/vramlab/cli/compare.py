@@ -35,10 +35,14 @@ def run(args: argparse.Namespace) -> int:
     if not comp.comparable:
         what = "; ".join(comp.differences)
         if not args.force:
-            raise VramlabError(f"runs {comp.a_id} and {comp.b_id} differ in their fixed parts ({what}); "
-                               "pass --force to compare anyway")
-        print(f"vramlab compare: warning: fixed parts differ ({what}); deltas may not mean what they seem",
-              file=sys.stderr)
+            raise VramlabError(
+                f"runs {comp.a_id} and {comp.b_id} differ in their fixed parts ({what}); "
+                "pass --force to compare anyway"
+            )
+        print(
+            f"vramlab compare: warning: fixed parts differ ({what}); deltas may not mean what they seem",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(to_json(comp), indent=2))
     else:

@@ -16,12 +16,25 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", metavar="URL", help="store (default $VRAMLAB_DB, else ./vramlab.db)")
-    parser.add_argument("-o", "--output", metavar="FILE", default="vramlab-demo.html",
-                        help="HTML report path (default ./vramlab-demo.html)")
-    parser.add_argument("--incident", metavar="FILE", default="vramlab-incident.html",
-                        help="the OOM drill's incident report (default ./vramlab-incident.html)")
-    parser.add_argument("--no-drill", dest="drill", action="store_false",
-                        help="skip the OOM drill (examples/oom-drill.yaml) after the experiment")
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        default="vramlab-demo.html",
+        help="HTML report path (default ./vramlab-demo.html)",
+    )
+    parser.add_argument(
+        "--incident",
+        metavar="FILE",
+        default="vramlab-incident.html",
+        help="the OOM drill's incident report (default ./vramlab-incident.html)",
+    )
+    parser.add_argument(
+        "--no-drill",
+        dest="drill",
+        action="store_false",
+        help="skip the OOM drill (examples/oom-drill.yaml) after the experiment",
+    )
 
 
 def _drill_progress(ev: object) -> None:
@@ -29,8 +42,10 @@ def _drill_progress(ev: object) -> None:
     from vramlab.cli.drill import PROGRESS
 
     if getattr(ev, "kind", "") in PROGRESS:
-        print(f"  {getattr(ev, 't_s', 0.0):7.2f} s  {getattr(ev, 'kind', ''):<20} {getattr(ev, 'message', '')[:100]}",
-              flush=True)
+        print(
+            f"  {getattr(ev, 't_s', 0.0):7.2f} s  {getattr(ev, 'kind', ''):<20} {getattr(ev, 'message', '')[:100]}",
+            flush=True,
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,12 +62,18 @@ def run(args: argparse.Namespace) -> int:
     progress = make_progress(sys.stdout)
     print("vramlab demo: starting the sim (llama-3.1-8b-instruct on a simulated H100 80GB) ...", flush=True)
     try:
-        res = run_demo(args.db, Path(args.output), subscribers=[progress],
-                       on_sim=lambda url: print(f"vramlab demo: sim up at {url}", flush=True))
+        res = run_demo(
+            args.db,
+            Path(args.output),
+            subscribers=[progress],
+            on_sim=lambda url: print(f"vramlab demo: sim up at {url}", flush=True),
+        )
     finally:
         progress.close()
     r = res.result
-    print(f"run {r.run_id}: {r.status}, {r.requests} requests, {r.errors} errors, {res.elapsed_s:.0f} s in all")
+    print(
+        f"run {r.run_id}: {r.status}, {r.requests} requests, {r.errors} errors, {res.elapsed_s:.0f} s in all"
+    )
     if not args.drill:
         print(f"store:  {describe_url(res.store_url)}")
         print(f"report: {res.report_path.resolve()}")
@@ -60,14 +81,25 @@ def run(args: argparse.Namespace) -> int:
         return r.exit_code
     from vramlab.demo.drill import run_drill_demo
 
-    print("vramlab demo: OOM drill (examples/oom-drill.yaml): context ramp on a simulated L4 until it runs out "
-          "of memory, then recovery ...", flush=True)
+    print(
+        "vramlab demo: OOM drill (examples/oom-drill.yaml): context ramp on a simulated L4 until it runs out "
+        "of memory, then recovery ...",
+        flush=True,
+    )
     try:
-        d = run_drill_demo(args.db, Path(args.incident), subscribers=[_drill_progress],
-                           on_run=lambda rid: print(f"drill run {rid} (Ctrl-C stops it; the rollback still runs)",
-                                                    flush=True))
+        d = run_drill_demo(
+            args.db,
+            Path(args.incident),
+            subscribers=[_drill_progress],
+            on_run=lambda rid: print(
+                f"drill run {rid} (Ctrl-C stops it; the rollback still runs)", flush=True
+            ),
+        )
     except KeyboardInterrupt:
-        print("vramlab demo: drill interrupted; rollback done; the partial drill is in the store", file=sys.stderr)
+        print(
+            "vramlab demo: drill interrupted; rollback done; the partial drill is in the store",
+            file=sys.stderr,
+        )
         return 130
     print(f"drill {d.run_id}: {d.status}, {d.elapsed_s:.0f} s: {d.summary}")
     print(f"store:           {describe_url(res.store_url)}")

@@ -17,8 +17,11 @@ def packaged() -> dict[str, bytes]:
     from importlib.resources import files
 
     root = files("vramlab").joinpath("data/examples")
-    return {p.name: p.read_bytes() for p in sorted(root.iterdir(), key=lambda p: p.name)
-            if p.is_file() and p.name.endswith((".yaml", ".jsonl"))}
+    return {
+        p.name: p.read_bytes()
+        for p in sorted(root.iterdir(), key=lambda p: p.name)
+        if p.is_file() and p.name.endswith((".yaml", ".jsonl"))
+    }
 
 
 def _content(path: Path) -> bytes | None:
@@ -47,7 +50,9 @@ def write_examples(target: Path, force: bool = False) -> tuple[list[str], list[s
         raise ConfigError(f"{target} exists and is not a folder")
     clash = [n for n, data in files.items() if _content(target / n) not in (None, data)]
     if clash and not force:
-        raise ConfigError(f"{target}: {', '.join(clash)} already there and different; pass --force to overwrite")
+        raise ConfigError(
+            f"{target}: {', '.join(clash)} already there and different; pass --force to overwrite"
+        )
     written, same = [], []
     try:
         target.mkdir(parents=True, exist_ok=True)
@@ -68,8 +73,13 @@ def write_examples(target: Path, force: bool = False) -> tuple[list[str], list[s
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dir", metavar="DIR", nargs="?", default="examples",
-                        help="folder to write them into (default ./examples)")
+    parser.add_argument(
+        "dir",
+        metavar="DIR",
+        nargs="?",
+        default="examples",
+        help="folder to write them into (default ./examples)",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite files that differ")
 
 
@@ -80,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {target / name}")
     if same:
         print(f"{len(same)} already up to date in {target}", file=sys.stderr)
-    print(f"next: vramlab run {target / 'concurrency-ramp.yaml'}   |   vramlab drill {target / 'oom-drill.yaml'}",
-          file=sys.stderr)
+    print(
+        f"next: vramlab run {target / 'concurrency-ramp.yaml'}   |   vramlab drill {target / 'oom-drill.yaml'}",
+        file=sys.stderr,
+    )
     return 0

@@ -17,19 +17,47 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = [
             {
-                "name": g.name, "vendor": g.vendor, "arch": g.arch,
-                "memory_gib": g.memory_gib, "memory_bytes": g.memory_bytes, "nominal_gb": g.nominal_gb,
-                "bandwidth_gbps": g.bandwidth_gbps, "bf16_tflops": g.bf16_tflops, "fp8": g.fp8,
-                "aliases": list(g.aliases), "memory_source": g.memory_source,
+                "name": g.name,
+                "vendor": g.vendor,
+                "arch": g.arch,
+                "memory_gib": g.memory_gib,
+                "memory_bytes": g.memory_bytes,
+                "nominal_gb": g.nominal_gb,
+                "bandwidth_gbps": g.bandwidth_gbps,
+                "bf16_tflops": g.bf16_tflops,
+                "fp8": g.fp8,
+                "aliases": list(g.aliases),
+                "memory_source": g.memory_source,
             }
             for g in GPUS
         ]
         print(json.dumps(out, indent=2))
         return 0
-    rows = [("NAME", "VENDOR", "ARCH", "MEMORY GiB", "NOMINAL GB", "BANDWIDTH GB/s", "BF16 TFLOP/s", "FP8", "ALIASES")]
+    rows = [
+        (
+            "NAME",
+            "VENDOR",
+            "ARCH",
+            "MEMORY GiB",
+            "NOMINAL GB",
+            "BANDWIDTH GB/s",
+            "BF16 TFLOP/s",
+            "FP8",
+            "ALIASES",
+        )
+    ]
     rows += [
-        (g.name, g.vendor, g.arch, f"{g.memory_gib:.2f}", f"{g.nominal_gb:g}", f"{g.bandwidth_gbps:g}",
-         f"{g.bf16_tflops:g}", "yes" if g.fp8 else "-", ", ".join(g.aliases))
+        (
+            g.name,
+            g.vendor,
+            g.arch,
+            f"{g.memory_gib:.2f}",
+            f"{g.nominal_gb:g}",
+            f"{g.bandwidth_gbps:g}",
+            f"{g.bf16_tflops:g}",
+            "yes" if g.fp8 else "-",
+            ", ".join(g.aliases),
+        )
         for g in GPUS
     ]
     print(render_table(rows, right_aligned={3, 4, 5, 6}))

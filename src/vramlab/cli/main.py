@@ -16,7 +16,10 @@ from vramlab import __version__
 
 # name -> (module, one-line help). Keep the order: it is the order of --help.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "plan": ("vramlab.cli.plan", "predict the VRAM breakdown and capacity of a model on a GPU under an engine"),
+    "plan": (
+        "vramlab.cli.plan",
+        "predict the VRAM breakdown and capacity of a model on a GPU under an engine",
+    ),
     "models": ("vramlab.cli.models", "list the bundled model catalog"),
     "gpus": ("vramlab.cli.gpus", "list the GPU catalog"),
     "check-log": ("vramlab.cli.check_log", "compare an engine start-up log with the prediction"),
@@ -27,7 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("vramlab.cli.report", "render a stored run as Markdown, HTML or JSON"),
     "compare": ("vramlab.cli.compare", "compare two stored runs"),
     "examples": ("vramlab.cli.examples", "write the example plans (experiment, drills, fleet) into a folder"),
-    "demo": ("vramlab.cli.demo", "start the rehearsal server, run a small plan and the OOM drill, write both reports"),
+    "demo": (
+        "vramlab.cli.demo",
+        "start the rehearsal server, run a small plan and the OOM drill, write both reports",
+    ),
     "drill": ("vramlab.cli.drill", "run an OOM drill and write the incident report"),
     "note": ("vramlab.cli.note", "add an operator note to a run's timeline"),
     "alerts": ("vramlab.cli.alerts", "write Prometheus alerting rules for a plan"),

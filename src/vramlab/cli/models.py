@@ -16,15 +16,25 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", nargs="?", help="show one model's facts (catalog name, Hub id, directory, config.json, .gguf)")
-    parser.add_argument("--online", action="store_true", help="with NAME: allow reading a Hub id that is not in the catalog")
+    parser.add_argument(
+        "name", nargs="?", help="show one model's facts (catalog name, Hub id, directory, config.json, .gguf)"
+    )
+    parser.add_argument(
+        "--online", action="store_true", help="with NAME: allow reading a Hub id that is not in the catalog"
+    )
     parser.add_argument("--revision", help="with NAME and --online: a Hub branch, tag or commit")
-    parser.add_argument("--family", help="only this family (llama, qwen, mistral, gemma, phi, deepseek, gpt-oss, granite)")
-    parser.add_argument("--search", metavar="TEXT", help="only entries whose name, Hub id or alias contains TEXT")
+    parser.add_argument(
+        "--family", help="only this family (llama, qwen, mistral, gemma, phi, deepseek, gpt-oss, granite)"
+    )
+    parser.add_argument(
+        "--search", metavar="TEXT", help="only entries whose name, Hub id or alias contains TEXT"
+    )
     parser.add_argument("--min-params", type=float, metavar="B", help="at least B billion parameters")
     parser.add_argument("--max-params", type=float, metavar="B", help="at most B billion parameters")
     parser.add_argument(
-        "--quantized", action=argparse.BooleanOptionalAction, default=None,
+        "--quantized",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="only quantized checkpoints (--no-quantized: only unquantized ones)",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
@@ -40,8 +50,11 @@ def run(args: argparse.Namespace) -> int:
     if args.family and args.family.lower() not in catalog.families:
         raise VramlabError(f"unknown family {args.family!r}; families: {', '.join(catalog.families)}")
     entries = catalog.filter(
-        family=args.family, text=args.search, min_params_b=args.min_params,
-        max_params_b=args.max_params, quantized=args.quantized,
+        family=args.family,
+        text=args.search,
+        min_params_b=args.min_params,
+        max_params_b=args.max_params,
+        quantized=args.quantized,
     )
     if args.json:
         print(json.dumps([e.to_json() for e in entries], indent=2))
@@ -52,16 +65,23 @@ def run(args: argparse.Namespace) -> int:
     rows = [("NAME", "FAMILY", "PARAMS", "QUANT", "HUGGING FACE ID")]
     rows += [(e.name, e.family, f"{e.params_b:g}B", e.quant_label or "-", e.hf_id) for e in entries]
     print(render_table(rows, right_aligned={2}))
-    print(f"\n{len(entries)} of {len(catalog)} models. `vramlab plan --model NAME` takes a name, alias or Hub id.")
+    print(
+        f"\n{len(entries)} of {len(catalog)} models. `vramlab plan --model NAME` takes a name, alias or Hub id."
+    )
     return 0
 
 
-def render_table(rows: Sequence[Sequence[str]], right_aligned: frozenset[int] | set[int] = frozenset()) -> str:
+def render_table(
+    rows: Sequence[Sequence[str]], right_aligned: frozenset[int] | set[int] = frozenset()
+) -> str:
     """Plain aligned columns (no rich: this command must start fast)."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for r in rows:
-        cells = [c.rjust(w) if i in right_aligned else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
+        cells = [
+            c.rjust(w) if i in right_aligned else c.ljust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
 
@@ -70,7 +90,9 @@ def _show(args: argparse.Namespace) -> int:
     from vramlab.sources import resolve_model
     from vramlab.sources.catalog import find_entry
 
-    spec = resolve_model(args.name, offline=not args.online, revision=args.revision, online_hint="pass --online")
+    spec = resolve_model(
+        args.name, offline=not args.online, revision=args.revision, online_hint="pass --online"
+    )
     entry = find_entry(args.name) if args.revision is None else None
     facts = spec_facts(spec)
     if args.json:
@@ -79,8 +101,13 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     rows = []
     if entry:
-        rows += [("name", entry.name), ("hugging face id", entry.hf_id), ("aliases", ", ".join(entry.aliases) or "-"),
-                 ("family", entry.family), ("parameters", f"{entry.params_b:g}B (published)")]
+        rows += [
+            ("name", entry.name),
+            ("hugging face id", entry.hf_id),
+            ("aliases", ", ".join(entry.aliases) or "-"),
+            ("family", entry.family),
+            ("parameters", f"{entry.params_b:g}B (published)"),
+        ]
         if entry.note:
             rows.append(("note", entry.note))
     rows += [(k.replace("_", " "), _fmt(v)) for k, v in facts.items() if v not in (None, 0, "", [], {})]
@@ -117,8 +144,9 @@ def spec_facts(spec: ModelSpec) -> dict[str, Any]:
         "num_experts_per_tok": spec.num_experts_per_tok,
         "moe_intermediate_size": spec.moe_intermediate_size,
         "num_shared_experts": spec.num_shared_experts,
-        "quantization": None if q is None else {"method": q.method, "bits": q.bits, "group_size": q.group_size,
-                                                "gguf_type": q.gguf_type},
+        "quantization": None
+        if q is None
+        else {"method": q.method, "bits": q.bits, "group_size": q.group_size, "gguf_type": q.gguf_type},
         "weights_bytes_exact": spec.weights_bytes_exact,
         "weights_bytes_by_dtype": spec.weights_bytes_by_dtype,
         "param_count_exact": spec.param_count_exact,

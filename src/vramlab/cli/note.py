@@ -15,7 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_id", help="run id or a unique prefix of it (see `vramlab runs`)")
     parser.add_argument("text", help="what you saw or did, one line")
     parser.add_argument("--by", help="who (default: $USER)")
-    parser.add_argument("--db", help="store: a SQLite path or postgresql:// URL (default: $VRAMLAB_DB or ./vramlab.db)")
+    parser.add_argument(
+        "--db", help="store: a SQLite path or postgresql:// URL (default: $VRAMLAB_DB or ./vramlab.db)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +36,17 @@ def run(args: argparse.Namespace) -> int:
         run = store.get_run(args.run_id)
         t_s = max(0.0, time.time() - run.started_at)
         who = args.by or getpass.getuser()
-        store.add_events(run.run_id, [EventRecord(run_id=run.run_id, t_s=t_s, kind=EventKind.NOTE, message=text[:500],
-                                                  data={"by": who, "at": time.time()})])
+        store.add_events(
+            run.run_id,
+            [
+                EventRecord(
+                    run_id=run.run_id,
+                    t_s=t_s,
+                    kind=EventKind.NOTE,
+                    message=text[:500],
+                    data={"by": who, "at": time.time()},
+                )
+            ],
+        )
     print(f"noted on run {run.run_id} at +{t_s:.1f} s")
     return 0

@@ -69,7 +69,9 @@ def _temp_in(folder: Path, name: str) -> tuple[int, str]:
     import tempfile
 
     stem, dot, ext = name.rpartition(".")
-    return tempfile.mkstemp(prefix=f".{stem or ext}.", suffix=f".part{dot}{ext}" if stem else ".part", dir=folder)
+    return tempfile.mkstemp(
+        prefix=f".{stem or ext}.", suffix=f".part{dot}{ext}" if stem else ".part", dir=folder
+    )
 
 
 @contextlib.contextmanager
@@ -109,7 +111,9 @@ def _mode_for(p: Path) -> int:
         return 0o666 & ~mask
 
 
-def write_output(path: str | Path, data: str | bytes, what: str, kept: str = "nothing else was written") -> None:
+def write_output(
+    path: str | Path, data: str | bytes, what: str, kept: str = "nothing else was written"
+) -> None:
     """Write *data* (text as UTF-8) to *path* through `output_file`."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
     with output_file(path, what, kept) as tmp, open(tmp, "wb") as fh:
@@ -142,7 +146,9 @@ def check_store(db: str | None) -> None:
             raise ConfigError(f"the store {raw!r} is {kind}; give a SQLite file path")
         return  # an existing file: the store opens it and says what is wrong with it
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)  # the store creates missing folders (docs/store-and-reports.md)
+        p.parent.mkdir(
+            parents=True, exist_ok=True
+        )  # the store creates missing folders (docs/store-and-reports.md)
     except OSError as exc:
         raise ConfigError(f"cannot create the store {raw!r}: {exc.strerror or exc}") from None
     _probe(p.parent, p, "the store")

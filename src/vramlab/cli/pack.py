@@ -17,16 +17,33 @@ import json
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("fleet", help="fleet YAML: GPU kinds and counts per node (see docs/pack.md)")
-    parser.add_argument("models", help="models YAML: model, engine, settings, concurrency x context, traffic...")
-    parser.add_argument("--method", choices=("auto", "ffd", "exact"), default="auto",
-                        help="placement search: first-fit decreasing + improvement, exact branch and bound, "
-                             "or auto (exact for small cases; default)")
-    parser.add_argument("--simulate", metavar="TRACE", help="replay a JSON-lines request trace through the "
-                        "residency policy ({\"t_s\", \"model\", \"prompt_tokens\", \"output_tokens\"} per line)")
-    parser.add_argument("--policy", choices=("lru", "priority", "keep-alive", "sleep-1", "sleep-2"),
-                        help="eviction policy (overrides the models file's policy.eviction)")
-    parser.add_argument("--keep-alive-s", type=float, help="idle seconds before unloading under keep-alive "
-                        "(default 300, like Ollama; 0 unloads at once, -1 never)")
+    parser.add_argument(
+        "models", help="models YAML: model, engine, settings, concurrency x context, traffic..."
+    )
+    parser.add_argument(
+        "--method",
+        choices=("auto", "ffd", "exact"),
+        default="auto",
+        help="placement search: first-fit decreasing + improvement, exact branch and bound, "
+        "or auto (exact for small cases; default)",
+    )
+    parser.add_argument(
+        "--simulate",
+        metavar="TRACE",
+        help="replay a JSON-lines request trace through the "
+        'residency policy ({"t_s", "model", "prompt_tokens", "output_tokens"} per line)',
+    )
+    parser.add_argument(
+        "--policy",
+        choices=("lru", "priority", "keep-alive", "sleep-1", "sleep-2"),
+        help="eviction policy (overrides the models file's policy.eviction)",
+    )
+    parser.add_argument(
+        "--keep-alive-s",
+        type=float,
+        help="idle seconds before unloading under keep-alive "
+        "(default 300, like Ollama; 0 unloads at once, -1 never)",
+    )
     parser.add_argument("--json", action="store_true", help="print the documented JSON object")
     parser.add_argument("--plot", metavar="FILE.png", help="write the memory map per card as a PNG")
 

@@ -13,8 +13,12 @@ from vramlab.cli.runs import add_db_argument
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("id", metavar="ID", help="run id or a unique prefix of it")
-    parser.add_argument("--format", choices=["md", "html", "json"], default=None,
-                        help="output format (default: from -o's extension, else md)")
+    parser.add_argument(
+        "--format",
+        choices=["md", "html", "json"],
+        default=None,
+        help="output format (default: from -o's extension, else md)",
+    )
     parser.add_argument("-o", "--output", metavar="FILE", default=None, help="write here instead of stdout")
     add_db_argument(parser)
 

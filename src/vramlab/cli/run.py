@@ -19,24 +19,54 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = ("exit codes: 0 completed, 3 stopped by a stop condition, 130 interrupted (rollbacks ran), "
-                     "1 the run failed, 2 bad input. Plan reference: docs/experiments.md")
+    parser.epilog = (
+        "exit codes: 0 completed, 3 stopped by a stop condition, 130 interrupted (rollbacks ran), "
+        "1 the run failed, 2 bad input. Plan reference: docs/experiments.md"
+    )
     parser.add_argument("plan", metavar="PLAN.yaml", help="the experiment plan")
-    parser.add_argument("--db", metavar="URL", help="store: a file path, sqlite:///PATH or postgresql://... "
-                        "(default $VRAMLAB_DB, else ./vramlab.db)")
-    parser.add_argument("--rounds", type=int, metavar="N", help="override the plan's rounds (fewer than 3 warns)")
-    parser.add_argument("--phase-s", type=float, metavar="S",
-                        help="override phases.duration_s (each window's length; for a quick smoke run)")
-    parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout (progress goes to stderr)")
-    parser.add_argument("--workers", type=int, metavar="N",
-                        help="load worker processes, one schedule shared out (default: one per core when the "
-                             "plan needs more than one core, else 1: in-process)")
-    parser.add_argument("--gpu", metavar="NAME", help="the target's card (catalog name) for the capacity plan stored "
-                        "with the run, when the plan's capacity: block does not name it")
-    parser.add_argument("--gpu-memory-gib", type=float, metavar="GIB",
-                        help="usable memory per GPU for the capacity plan (a card not in the catalog)")
-    parser.add_argument("--i-understand-this-is-production", dest="allow_production", action="store_true",
-                        help="allow a plan whose target.environment is production")
+    parser.add_argument(
+        "--db",
+        metavar="URL",
+        help="store: a file path, sqlite:///PATH or postgresql://... "
+        "(default $VRAMLAB_DB, else ./vramlab.db)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, metavar="N", help="override the plan's rounds (fewer than 3 warns)"
+    )
+    parser.add_argument(
+        "--phase-s",
+        type=float,
+        metavar="S",
+        help="override phases.duration_s (each window's length; for a quick smoke run)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print a JSON summary on stdout (progress goes to stderr)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="load worker processes, one schedule shared out (default: one per core when the "
+        "plan needs more than one core, else 1: in-process)",
+    )
+    parser.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help="the target's card (catalog name) for the capacity plan stored "
+        "with the run, when the plan's capacity: block does not name it",
+    )
+    parser.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        metavar="GIB",
+        help="usable memory per GPU for the capacity plan (a card not in the catalog)",
+    )
+    parser.add_argument(
+        "--i-understand-this-is-production",
+        dest="allow_production",
+        action="store_true",
+        help="allow a plan whose target.environment is production",
+    )
 
 
 def summary(r: RunResult, store_url: str) -> dict[str, Any]:
@@ -47,11 +77,16 @@ def summary(r: RunResult, store_url: str) -> dict[str, Any]:
     from vramlab.store import describe_url
 
     return {
-        "run_id": r.run_id, "status": r.status, "exit_code": r.exit_code,
+        "run_id": r.run_id,
+        "status": r.status,
+        "exit_code": r.exit_code,
         "stop_reason": None if r.stop_reason is None else r.stop_reason.message,
         "stop_condition": None if r.stop_reason is None else r.stop_reason.condition,
-        "requests": r.requests, "errors": r.errors, "elapsed_s": round(r.elapsed_s, 3),
-        "notes": list(r.notes), "store": describe_url(store_url),
+        "requests": r.requests,
+        "errors": r.errors,
+        "elapsed_s": round(r.elapsed_s, 3),
+        "notes": list(r.notes),
+        "store": describe_url(store_url),
         "rollbacks": [{"command": b.command, "exit_code": b.exit_code} for b in r.rollbacks],
     }
 
@@ -82,14 +117,20 @@ def start_own_sim(plan: Any, workdir: str) -> tuple[Any, Any]:
     assert plan.target.sim is not None
     ledger = str(Path(workdir) / "sim-gpu0.ledger")
     try:
-        sim = start_sim(plan.target.sim.argv(), device=ledger,
-                        log_path=str(Path(workdir) / "sim.log"), timeout_s=60)
+        sim = start_sim(
+            plan.target.sim.argv(), device=ledger, log_path=str(Path(workdir) / "sim.log"), timeout_s=60
+        )
     except SimStartError as exc:
         last = (exc.log_tail.strip().splitlines() or ["(no log)"])[-1]
         raise ConfigError(f"target.sim: the sim did not start: {exc} — {last[:200]}") from None
     doc = plan.model_dump(mode="json")
-    doc["target"].update(base_url=sim.url + "/v1", pid=sim.pid, metrics_url=None, health_url=None,
-                         log_file=str(Path(workdir) / "sim.log"))
+    doc["target"].update(
+        base_url=sim.url + "/v1",
+        pid=sim.pid,
+        metrics_url=None,
+        health_url=None,
+        log_file=str(Path(workdir) / "sim.log"),
+    )
     doc["samplers"]["ledger"] = doc["samplers"].get("ledger") or ledger
     return Plan.model_validate(doc).with_notes_of(plan), sim
 
@@ -103,7 +144,9 @@ def run(args: argparse.Namespace) -> int:
     from vramlab.store import open_store
 
     if args.gpu_memory_gib is not None and not 0 < args.gpu_memory_gib <= 1 << 20:  # also refuses NaN
-        raise ConfigError(f"--gpu-memory-gib: must be a positive finite number of GiB, got {args.gpu_memory_gib}")
+        raise ConfigError(
+            f"--gpu-memory-gib: must be a positive finite number of GiB, got {args.gpu_memory_gib}"
+        )
     if args.gpu is not None:
         from vramlab.capacity import get_gpu
 
@@ -116,28 +159,48 @@ def run(args: argparse.Namespace) -> int:
     stream = sys.stderr if args.json else sys.stdout
     progress = make_progress(stream)
     try:
-        out = run_plan_file(args.plan, open_store=lambda: open_store(args.db), rounds=args.rounds,
-                            allow_production=args.allow_production, subscribers=[progress],
-                            phase_s=args.phase_s, options=RunOptions(workers=args.workers, start_hooks=[
-                                functools.partial(experiment_start_hook, gpu=args.gpu,
-                                                  gpu_memory_gib=args.gpu_memory_gib)]),
-                            start_sim=start_own_sim)
+        out = run_plan_file(
+            args.plan,
+            open_store=lambda: open_store(args.db),
+            rounds=args.rounds,
+            allow_production=args.allow_production,
+            subscribers=[progress],
+            phase_s=args.phase_s,
+            options=RunOptions(
+                workers=args.workers,
+                start_hooks=[
+                    functools.partial(experiment_start_hook, gpu=args.gpu, gpu_memory_gib=args.gpu_memory_gib)
+                ],
+            ),
+            start_sim=start_own_sim,
+        )
     finally:
         progress.close()
     s = summary(out.result, out.store_url)
-    s.update(received=out.received, stored=out.stored, store_complete=out.store_complete,
-             store_failure=out.store_failure)
+    s.update(
+        received=out.received,
+        stored=out.stored,
+        store_complete=out.store_complete,
+        store_failure=out.store_failure,
+    )
     if not out.store_complete:
-        print(f"vramlab run: error: run {s['run_id']} was not stored completely"
-              + (f" ({out.store_failure})" if out.store_failure else "") + f"; {out.stored_line()}",
-              file=sys.stderr)
+        print(
+            f"vramlab run: error: run {s['run_id']} was not stored completely"
+            + (f" ({out.store_failure})" if out.store_failure else "")
+            + f"; {out.stored_line()}",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(s, indent=2))
     else:
-        print(f"run {s['run_id']}: {s['status']}, {s['requests']} requests, {s['errors']} errors, "
-              f"{s['elapsed_s']:.1f} s" + (f" ({s['stop_reason']})" if s["stop_reason"] else ""))
+        print(
+            f"run {s['run_id']}: {s['status']}, {s['requests']} requests, {s['errors']} errors, "
+            f"{s['elapsed_s']:.1f} s" + (f" ({s['stop_reason']})" if s["stop_reason"] else "")
+        )
         if out.store_complete:
-            print(f"stored in {s['store']}; render it with: {report_hint(s['run_id'], args.db, out.store_url)}")
+            print(
+                f"stored in {s['store']}; render it with: {report_hint(s['run_id'], args.db, out.store_url)}"
+            )
         else:
             print(f"{out.stored_line()} in {s['store']}")
     return out.result.exit_code

@@ -16,15 +16,25 @@ if TYPE_CHECKING:
 
 
 def add_db_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", metavar="URL", default=None,
-                        help="store: a SQLite path or postgresql://... (default: $VRAMLAB_DB, else ./vramlab.db)")
+    parser.add_argument(
+        "--db",
+        metavar="URL",
+        default=None,
+        help="store: a SQLite path or postgresql://... (default: $VRAMLAB_DB, else ./vramlab.db)",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--limit", type=int, default=50, metavar="N", help="at most N runs (default 50; 0 = all)")
-    parser.add_argument("--kind", choices=["run", "experiment", "drill"], default=None,
-                        help="only runs of this kind (run and experiment are the same)")
+    parser.add_argument(
+        "--limit", type=int, default=50, metavar="N", help="at most N runs (default 50; 0 = all)"
+    )
+    parser.add_argument(
+        "--kind",
+        choices=["run", "experiment", "drill"],
+        default=None,
+        help="only runs of this kind (run and experiment are the same)",
+    )
     add_db_argument(parser)
 
 
@@ -45,11 +55,25 @@ def run(args: argparse.Namespace) -> int:
         runs = store.list_runs(limit=args.limit, kind=kind)
         beats = store.liveness([r.run_id for r in runs])
     now = time.time()
-    shown = {r.run_id: observed_status(r.status, r.started_at, *beats.get(r.run_id, (None, None, None)), now=now)
-             for r in runs}
+    shown = {
+        r.run_id: observed_status(r.status, r.started_at, *beats.get(r.run_id, (None, None, None)), now=now)
+        for r in runs
+    }
     if args.json:
-        print(json.dumps([{**_row(r), "status": shown[r.run_id], "stored_status": r.status,
-                           "heartbeat_at": beats.get(r.run_id, (None,))[0]} for r in runs], indent=2))
+        print(
+            json.dumps(
+                [
+                    {
+                        **_row(r),
+                        "status": shown[r.run_id],
+                        "stored_status": r.status,
+                        "heartbeat_at": beats.get(r.run_id, (None,))[0],
+                    }
+                    for r in runs
+                ],
+                indent=2,
+            )
+        )
         return 0
     if not runs:
         print("no runs stored yet (start one with `vramlab run PLAN` or `vramlab demo`)")
@@ -61,8 +85,18 @@ def run(args: argparse.Namespace) -> int:
         dur = "–" if r.ended_at is None else f"{r.ended_at - r.started_at:.0f} s"
         beat = beats.get(r.run_id, (None,))[0]
         beat_text = "–" if beat is None or r.status != "running" else f"{max(0.0, now - beat):.0f} s ago"
-        table.append([r.run_id, _public_kind(r.kind), shown[r.run_id], utc(r.started_at), dur, beat_text, r.name,
-                      str(r.fixed.get("model", "–"))])
+        table.append(
+            [
+                r.run_id,
+                _public_kind(r.kind),
+                shown[r.run_id],
+                utc(r.started_at),
+                dur,
+                beat_text,
+                r.name,
+                str(r.fixed.get("model", "–")),
+            ]
+        )
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

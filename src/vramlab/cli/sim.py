@@ -20,7 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub.required = True
     s = sub.add_parser("serve", help="serve the OpenAI-compatible API as a simulated engine")
     s.add_argument("--model", default="llama-3.1-8b-instruct")
-    s.add_argument("--gpu", default="h100-80gb", help="catalog GPU the simulated card copies (see `vramlab gpus`)")
+    s.add_argument(
+        "--gpu", default="h100-80gb", help="catalog GPU the simulated card copies (see `vramlab gpus`)"
+    )
     s.add_argument("--engine", default="vllm", choices=["vllm", "sglang", "tgi", "llama.cpp"])
     s.add_argument("--engine-version", default=None, help="engine release whose names and texts to use")
     s.add_argument("--gpu-memory-utilization", type=float, default=None)
@@ -33,25 +35,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--plan", default=None, help="serve the Estimate in this `vramlab plan --json` file")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed in the log)")
-    s.add_argument("--device", default=None, help="simulated card (ledger file) shared with other sims/balloons")
+    s.add_argument(
+        "--device", default=None, help="simulated card (ledger file) shared with other sims/balloons"
+    )
     s.add_argument("--speed", type=float, default=1.0, help="run simulated GPU time this many times faster")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--fault", action="append", default=[], metavar="KIND[@AFTER_S][:FACTOR]",
-                   help="arm a fault: hang, slow, crash, oom (repeatable)")
-    s.add_argument("--allow-fault-injection", action="store_true", help="enable POST /sim/fault (loopback only)")
+    s.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="KIND[@AFTER_S][:FACTOR]",
+        help="arm a fault: hang, slow, crash, oom (repeatable)",
+    )
+    s.add_argument(
+        "--allow-fault-injection", action="store_true", help="enable POST /sim/fault (loopback only)"
+    )
     s.add_argument("--max-concurrent-requests", type=int, default=128, help="TGI: 429 beyond this")
-    s.add_argument("--watchdog-s", type=float, default=5.0, help="seconds from engine death to exit (vLLM: 5)")
+    s.add_argument(
+        "--watchdog-s", type=float, default=5.0, help="seconds from engine death to exit (vLLM: 5)"
+    )
     s.add_argument("--log-stats-interval-s", type=float, default=5.0)
     s.add_argument("--log-file", default=None, help="also write the engine log here")
-    s.add_argument("--start-barrier", default=None, metavar="FILE:N",
-                   help="rehearsal: N sims started at once meet before and after their memory snapshot")
+    s.add_argument(
+        "--start-barrier",
+        default=None,
+        metavar="FILE:N",
+        help="rehearsal: N sims started at once meet before and after their memory snapshot",
+    )
     b = sub.add_parser("balloon", help="hold memory on a simulated card like a co-tenant process")
     b.add_argument("--device", required=True)
     b.add_argument("--gpu", default=None, help="card to create the ledger with, if it does not exist")
     size = b.add_mutually_exclusive_group(required=True)
     size.add_argument("--gib", type=float, help="GiB (2^30 bytes) to take")
     size.add_argument("--leave-gib", type=float, help="take all free memory but this many GiB")
-    b.add_argument("--hold-s", type=float, default=None, help="release after this many seconds (default: Ctrl-C)")
+    b.add_argument(
+        "--hold-s", type=float, default=None, help="release after this many seconds (default: Ctrl-C)"
+    )
     st = sub.add_parser("status", help="nvidia-smi-like view of a simulated card")
     st.add_argument("--device", required=True)
     st.add_argument("--json", action="store_true")
@@ -81,7 +100,9 @@ def _serve(args: argparse.Namespace) -> int:
         try:
             est = estimate_from_json(json.loads(text))
         except (ValueError, RecursionError, TypeError, KeyError, AttributeError) as exc:
-            raise ConfigError(f"{args.plan}: not the JSON of `vramlab plan --json` ({type(exc).__name__})") from None
+            raise ConfigError(
+                f"{args.plan}: not the JSON of `vramlab plan --json` ({type(exc).__name__})"
+            ) from None
     if args.start_barrier:
         from vramlab.sim.barrier import StartBarrier
 
@@ -90,15 +111,30 @@ def _serve(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     cfg = SimConfig(
-        model=args.model, gpu=args.gpu, engine=args.engine, engine_version=args.engine_version,
-        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        kv_cache_dtype=args.kv_cache_dtype, tensor_parallel_size=args.tensor_parallel_size, host=args.host,
-        port=args.port, device=args.device, speed=args.speed, seed=args.seed,
-        faults=tuple(Fault.parse(f) for f in args.fault), allow_fault_injection=args.allow_fault_injection,
-        log_file=args.log_file, max_concurrent_requests=args.max_concurrent_requests,
-        served_model_name=args.served_model_name, watchdog_s=args.watchdog_s,
-        log_stats_interval_s=args.log_stats_interval_s, estimate=est, start_barrier=args.start_barrier,
+        model=args.model,
+        gpu=args.gpu,
+        engine=args.engine,
+        engine_version=args.engine_version,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_dtype=args.kv_cache_dtype,
+        tensor_parallel_size=args.tensor_parallel_size,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        speed=args.speed,
+        seed=args.seed,
+        faults=tuple(Fault.parse(f) for f in args.fault),
+        allow_fault_injection=args.allow_fault_injection,
+        log_file=args.log_file,
+        max_concurrent_requests=args.max_concurrent_requests,
+        served_model_name=args.served_model_name,
+        watchdog_s=args.watchdog_s,
+        log_stats_interval_s=args.log_stats_interval_s,
+        estimate=est,
+        start_barrier=args.start_barrier,
     )
     return asyncio.run(serve_forever(cfg))
 
@@ -118,8 +154,10 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
-    print(f"{status['name']}   {gib(status['used_bytes'], unit=True)} / {gib(status['total_bytes'], unit=True)} used "
-          f"({gib(status['free_bytes'], unit=True)} free)")
+    print(
+        f"{status['name']}   {gib(status['used_bytes'], unit=True)} / {gib(status['total_bytes'], unit=True)} used "
+        f"({gib(status['free_bytes'], unit=True)} free)"
+    )
     print(f"{'PID':>8}  {'PROCESS':<24} {'USED GiB':>9}  BREAKDOWN (GiB)")
     for p in status["processes"]:
         parts = ", ".join(f"{k} {gib(v)}" for k, v in p["by_kind"].items())

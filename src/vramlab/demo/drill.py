@@ -33,8 +33,9 @@ class DrillDemoResult:
     elapsed_s: float
 
 
-def demo_drill_plan(device: str, baseline_s: float | None = None, step_s: float | None = None,
-                    observe_s: float | None = None) -> DrillPlan:
+def demo_drill_plan(
+    device: str, baseline_s: float | None = None, step_s: float | None = None, observe_s: float | None = None
+) -> DrillPlan:
     """The example drill with its sim on *device* (a new document: the template is not edited).
     The windows can be shortened (tests); the port is left to the drill (a free one)."""
     import yaml
@@ -50,8 +51,13 @@ def demo_drill_plan(device: str, baseline_s: float | None = None, step_s: float 
     return parse_plan(doc, "oom-drill.yaml")
 
 
-def run_drill_demo(db: str | None, report_path: Path, subscribers: list[Callable[[Any], None]] | None = None,
-                   on_run: Callable[[str], None] | None = None, **windows: float) -> DrillDemoResult:
+def run_drill_demo(
+    db: str | None,
+    report_path: Path,
+    subscribers: list[Callable[[Any], None]] | None = None,
+    on_run: Callable[[str], None] | None = None,
+    **windows: float,
+) -> DrillDemoResult:
     """Run the example OOM drill against its own sim; write the incident report (HTML) to *report_path*."""
     from vramlab.drill.runner import DrillRunner
     from vramlab.report import load_context, render

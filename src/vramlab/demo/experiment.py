@@ -18,8 +18,23 @@ from vramlab.experiment.events import Event
 from vramlab.experiment.plan import Plan, parse_plan
 from vramlab.experiment.runner import RunResult
 
-SIM_ARGS = ["--model", "llama-3.1-8b-instruct", "--gpu", "h100-80gb", "--engine", "vllm",
-            "--max-model-len", "4096", "--max-num-seqs", "8", "--speed", "10", "--seed", "7"]
+SIM_ARGS = [
+    "--model",
+    "llama-3.1-8b-instruct",
+    "--gpu",
+    "h100-80gb",
+    "--engine",
+    "vllm",
+    "--max-model-len",
+    "4096",
+    "--max-num-seqs",
+    "8",
+    "--speed",
+    "10",
+    "--seed",
+    "7",
+]
+
 
 def demo_plan_text() -> str:
     """examples/demo.yaml, read from the installed package (the source of truth for the example)."""
@@ -36,8 +51,14 @@ class DemoResult:
     elapsed_s: float
 
 
-def demo_plan(base_url: str, ledger: str, pid: int | None = None, rounds: int | None = None,
-              duration_s: float | None = None, log_file: str | None = None) -> Plan:
+def demo_plan(
+    base_url: str,
+    ledger: str,
+    pid: int | None = None,
+    rounds: int | None = None,
+    duration_s: float | None = None,
+    log_file: str | None = None,
+) -> Plan:
     """The demo plan pointed at a running sim (a new document: the template is not edited)."""
     doc = parse_plan(demo_plan_text(), "demo.yaml").model_dump(mode="json")
     doc["target"]["base_url"] = base_url
@@ -51,9 +72,14 @@ def demo_plan(base_url: str, ledger: str, pid: int | None = None, rounds: int | 
     return Plan.model_validate(doc)
 
 
-def run_demo(db: str | None, report_path: Path, subscribers: list[Callable[[Event], None]] | None = None,
-             on_sim: Callable[[str], None] | None = None, rounds: int | None = None,
-             duration_s: float | None = None) -> DemoResult:
+def run_demo(
+    db: str | None,
+    report_path: Path,
+    subscribers: list[Callable[[Event], None]] | None = None,
+    on_sim: Callable[[str], None] | None = None,
+    rounds: int | None = None,
+    duration_s: float | None = None,
+) -> DemoResult:
     from vramlab.drill.capacity_plan import experiment_start_hook
     from vramlab.experiment.runner import RunOptions
     from vramlab.experiment.session import run_plan
@@ -68,9 +94,16 @@ def run_demo(db: str | None, report_path: Path, subscribers: list[Callable[[Even
         try:
             if on_sim is not None:
                 on_sim(sim.url)
-            plan = demo_plan(sim.url, ledger, sim.pid, rounds, duration_s, log_file=str(Path(tmp) / "sim.log"))
-            out = run_plan(plan, plan_dir=Path.cwd(), open_store=lambda: open_store(db), subscribers=subscribers,
-                           options=RunOptions(start_hooks=[experiment_start_hook]))
+            plan = demo_plan(
+                sim.url, ledger, sim.pid, rounds, duration_s, log_file=str(Path(tmp) / "sim.log")
+            )
+            out = run_plan(
+                plan,
+                plan_dir=Path.cwd(),
+                open_store=lambda: open_store(db),
+                subscribers=subscribers,
+                options=RunOptions(start_hooks=[experiment_start_hook]),
+            )
         finally:
             sim.stop()
     with open_store(db) as store:

@@ -16,12 +16,20 @@ from typing import Any
 from vramlab.alerts.rules import AlertRuleSpec
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
-    ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
 }
 
 
-def _series(rule: AlertRuleSpec, samples: Sequence[Any], requests: Sequence[Any]) -> list[tuple[float, float]] | None:
+def _series(
+    rule: AlertRuleSpec, samples: Sequence[Any], requests: Sequence[Any]
+) -> list[tuple[float, float]] | None:
     """The drill's own reading of a rule's signal, as (t_s, value)."""
+
     def named(n: str) -> list[tuple[float, float]]:
         return [(s.t_s, s.value) for s in samples if s.name == n]
 
@@ -36,21 +44,29 @@ def _series(rule: AlertRuleSpec, samples: Sequence[Any], requests: Sequence[Any]
         return named("gpu.memory_share")
     if sig == "preemption_rate":
         pts = named("engine.num_preemptions_total")
-        return [(t1, max(0.0, (v1 - v0) / (t1 - t0))) for (t0, v0), (t1, v1) in zip(pts, pts[1:], strict=False) if t1 > t0]
+        return [
+            (t1, max(0.0, (v1 - v0) / (t1 - t0)))
+            for (t0, v0), (t1, v1) in zip(pts, pts[1:], strict=False)
+            if t1 > t0
+        ]
     if sig == "error_rate":
-        ends = sorted((r.end_s, r.ok) for r in requests if r.end_s is not None and r.error_class != "cancelled")
+        ends = sorted(
+            (r.end_s, r.ok) for r in requests if r.end_s is not None and r.error_class != "cancelled"
+        )
         out, window = [], 1.0  # share failed over the last second, at each request end
         j = 0
         for i, (t, _) in enumerate(ends):
             while ends[j][0] < t - window:
                 j += 1
-            chunk = ends[j:i + 1]
+            chunk = ends[j : i + 1]
             out.append((t, sum(1 for _, ok in chunk if not ok) / len(chunk)))
         return out
     return None
 
 
-def evaluate_rules(rules: Sequence[AlertRuleSpec], samples: Sequence[Any], requests: Sequence[Any]) -> list[dict[str, Any]]:
+def evaluate_rules(
+    rules: Sequence[AlertRuleSpec], samples: Sequence[Any], requests: Sequence[Any]
+) -> list[dict[str, Any]]:
     """Pending and firing times of each rule on the drill's data, as alert event data."""
     out: list[dict[str, Any]] = []
     for rule in rules:
@@ -64,22 +80,50 @@ def evaluate_rules(rules: Sequence[AlertRuleSpec], samples: Sequence[Any], reque
             if cmp(v, float(rule.threshold)):  # type: ignore[arg-type]
                 if pending_at is None:
                     pending_at = t
-                    out.append({"name": rule.name, "state": "pending", "t_s": t, "source": "evaluated",
-                                "severity": rule.severity, "owner": rule.owner, "for": rule.for_})
+                    out.append(
+                        {
+                            "name": rule.name,
+                            "state": "pending",
+                            "t_s": t,
+                            "source": "evaluated",
+                            "severity": rule.severity,
+                            "owner": rule.owner,
+                            "for": rule.for_,
+                        }
+                    )
                 if not fired and t - pending_at >= rule.for_s:
                     fired = True
-                    out.append({"name": rule.name, "state": "firing", "t_s": pending_at + rule.for_s,
-                                "source": "evaluated", "severity": rule.severity, "owner": rule.owner,
-                                "for": rule.for_})
+                    out.append(
+                        {
+                            "name": rule.name,
+                            "state": "firing",
+                            "t_s": pending_at + rule.for_s,
+                            "source": "evaluated",
+                            "severity": rule.severity,
+                            "owner": rule.owner,
+                            "for": rule.for_,
+                        }
+                    )
             elif pending_at is not None:
                 if not fired:
-                    out.append({"name": rule.name, "state": "inactive", "t_s": t, "source": "evaluated",
-                                "severity": rule.severity, "owner": rule.owner, "for": rule.for_})
+                    out.append(
+                        {
+                            "name": rule.name,
+                            "state": "inactive",
+                            "t_s": t,
+                            "source": "evaluated",
+                            "severity": rule.severity,
+                            "owner": rule.owner,
+                            "for": rule.for_,
+                        }
+                    )
                 pending_at, fired = None, False
     return out
 
 
-async def watch_prometheus(url: str, on_change: Callable[[str, str, dict[str, Any]], None], interval_s: float = 0.5) -> None:
+async def watch_prometheus(
+    url: str, on_change: Callable[[str, str, dict[str, Any]], None], interval_s: float = 0.5
+) -> None:
     """Poll Prometheus's alerts API until cancelled; call on_change(name, state, labels) on each change."""
     import asyncio
 

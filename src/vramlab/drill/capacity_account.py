@@ -24,34 +24,62 @@ class Account:
     figures: dict[str, Any]
 
 
-def predict(knob: str, *, activation_peak_bytes: int, max_num_batched_tokens: int, free_bytes: int,
-            users: int, prompt_tokens: int, kv_cache_tokens: int, max_model_len: int | None,
-            tokens_per_request: int) -> Account:
+def predict(
+    knob: str,
+    *,
+    activation_peak_bytes: int,
+    max_num_batched_tokens: int,
+    free_bytes: int,
+    users: int,
+    prompt_tokens: int,
+    kv_cache_tokens: int,
+    max_model_len: int | None,
+    tokens_per_request: int,
+) -> Account:
     """Where the knob should first cause an allocation failure (or why it should not)."""
-    figures = {"activation_peak_bytes": activation_peak_bytes, "max_num_batched_tokens": max_num_batched_tokens,
-               "free_bytes": free_bytes, "kv_cache_tokens": kv_cache_tokens}
+    figures = {
+        "activation_peak_bytes": activation_peak_bytes,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "free_bytes": free_bytes,
+        "kv_cache_tokens": kv_cache_tokens,
+    }
     per_token = activation_peak_bytes / max(1, max_num_batched_tokens)
     if knob == "context":
         # one pass holds up to min(users x context, max_num_batched_tokens) tokens
         fit_tokens = int(free_bytes / per_token) if per_token else 0
         if fit_tokens >= max_num_batched_tokens:
-            return Account(None, f"the activation peak ({gib(activation_peak_bytes, unit=True)} at "
-                           f"{max_num_batched_tokens} batched tokens) fits in the {gib(free_bytes, unit=True)} free: "
-                           "longer contexts should queue or be refused, not run out of memory", figures)
+            return Account(
+                None,
+                f"the activation peak ({gib(activation_peak_bytes, unit=True)} at "
+                f"{max_num_batched_tokens} batched tokens) fits in the {gib(free_bytes, unit=True)} free: "
+                "longer contexts should queue or be refused, not run out of memory",
+                figures,
+            )
         limit = fit_tokens / max(1, users)
-        return Account(limit, f"{gib(free_bytes, unit=True)} free holds the activations of ~{fit_tokens} batched tokens "
-                       f"({per_token / 1024:.1f} KiB per token); with {users} users the prompt should fail above "
-                       f"~{limit:.0f} tokens", {**figures, "fit_tokens": fit_tokens})
+        return Account(
+            limit,
+            f"{gib(free_bytes, unit=True)} free holds the activations of ~{fit_tokens} batched tokens "
+            f"({per_token / 1024:.1f} KiB per token); with {users} users the prompt should fail above "
+            f"~{limit:.0f} tokens",
+            {**figures, "fit_tokens": fit_tokens},
+        )
     if knob == "balloon":
         need = min(activation_peak_bytes, int(per_token * users * prompt_tokens))
         limit = max(0.0, (free_bytes - need) / GIB)
-        return Account(limit, f"the engine needs ~{gib(need, unit=True)} of activation room under this load; a balloon "
-                       f"above ~{limit:.2f} GiB of the {gib(free_bytes, unit=True)} free should break it", figures)
+        return Account(
+            limit,
+            f"the engine needs ~{gib(need, unit=True)} of activation room under this load; a balloon "
+            f"above ~{limit:.2f} GiB of the {gib(free_bytes, unit=True)} free should break it",
+            figures,
+        )
     if knob in ("concurrency", "batch"):
         seqs = kv_cache_tokens / max(1, tokens_per_request)
-        return Account(None, f"the KV pool holds {kv_cache_tokens} tokens (~{seqs:.0f} requests of {tokens_per_request} "
-                       "tokens); beyond that the engine preempts or queues rather than running out of memory",
-                       {**figures, "kv_concurrency": seqs})
+        return Account(
+            None,
+            f"the KV pool holds {kv_cache_tokens} tokens (~{seqs:.0f} requests of {tokens_per_request} "
+            "tokens); beyond that the engine preempts or queues rather than running out of memory",
+            {**figures, "kv_concurrency": seqs},
+        )
     return Account(None, "no capacity prediction for this knob", figures)
 
 
@@ -64,16 +92,29 @@ def for_sim(plan: Any, free_bytes: int) -> Account | None:
     from vramlab.sources import resolve_model
 
     args = list(sim.extra_args)
-    mnbt = int(args[args.index("--max-num-batched-tokens") + 1]) if "--max-num-batched-tokens" in args else None
-    settings = EngineSettings(engine=sim.engine, gpu_memory_utilization=sim.gpu_memory_utilization,
-                              max_model_len=sim.max_model_len, max_num_seqs=sim.max_num_seqs,
-                              max_num_batched_tokens=mnbt)
+    mnbt = (
+        int(args[args.index("--max-num-batched-tokens") + 1]) if "--max-num-batched-tokens" in args else None
+    )
+    settings = EngineSettings(
+        engine=sim.engine,
+        gpu_memory_utilization=sim.gpu_memory_utilization,
+        max_model_len=sim.max_model_len,
+        max_num_seqs=sim.max_num_seqs,
+        max_num_batched_tokens=mnbt,
+    )
     est = estimate(resolve_model(sim.model), get_gpu(sim.gpu), settings)
     eff_mnbt = int(est.settings.get("max_num_batched_tokens") or mnbt or est.max_model_len or 8192)
-    return predict(plan.ramp.knob, activation_peak_bytes=est.activation_peak_bytes, max_num_batched_tokens=eff_mnbt,
-                   free_bytes=free_bytes, users=plan.load.concurrency, prompt_tokens=plan.load.prompt_tokens,
-                   kv_cache_tokens=est.kv_cache_tokens, max_model_len=est.max_model_len,
-                   tokens_per_request=plan.load.prompt_tokens + plan.load.max_tokens)
+    return predict(
+        plan.ramp.knob,
+        activation_peak_bytes=est.activation_peak_bytes,
+        max_num_batched_tokens=eff_mnbt,
+        free_bytes=free_bytes,
+        users=plan.load.concurrency,
+        prompt_tokens=plan.load.prompt_tokens,
+        kv_cache_tokens=est.kv_cache_tokens,
+        max_model_len=est.max_model_len,
+        tokens_per_request=plan.load.prompt_tokens + plan.load.max_tokens,
+    )
 
 
 __all__ = ["Account", "for_sim", "predict"]

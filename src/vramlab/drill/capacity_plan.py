@@ -36,13 +36,19 @@ class PlanFacts:
     def missing(self) -> str | None:
         """One sentence: the first fact the plan cannot be made without, and how to give it."""
         if not self.model:
-            return f"the model is not known; give {self.where}.model (a catalog name, config.json or directory)"
+            return (
+                f"the model is not known; give {self.where}.model (a catalog name, config.json or directory)"
+            )
         if self.engine not in PLAN_ENGINES:
             got = f" (target kind {self.engine!r})" if self.engine else ""
-            return (f"the engine is not known{got}; give {self.where}.engine (one of {', '.join(PLAN_ENGINES)})")
+            return (
+                f"the engine is not known{got}; give {self.where}.engine (one of {', '.join(PLAN_ENGINES)})"
+            )
         if not self.gpu and not self.gpu_memory_gib:
-            return (f"the card is not known; give {self.where}.gpu (a catalog name, see `vramlab gpus`) or "
-                    f"{self.where}.gpu_memory_gib in the plan, or --gpu / --gpu-memory-gib")
+            return (
+                f"the card is not known; give {self.where}.gpu (a catalog name, see `vramlab gpus`) or "
+                f"{self.where}.gpu_memory_gib in the plan, or --gpu / --gpu-memory-gib"
+            )
         return None
 
 
@@ -52,35 +58,67 @@ def facts_for_experiment(plan: Any) -> PlanFacts:
     log_file = getattr(tg, "log_file", None)
     if tg.sim is not None:
         s = tg.sim
-        settings = {k: v for k, v in (("gpu_memory_utilization", s.gpu_memory_utilization),
-                                      ("max_model_len", s.max_model_len), ("max_num_seqs", s.max_num_seqs))
-                    if v is not None}
+        settings = {
+            k: v
+            for k, v in (
+                ("gpu_memory_utilization", s.gpu_memory_utilization),
+                ("max_model_len", s.max_model_len),
+                ("max_num_seqs", s.max_num_seqs),
+            )
+            if v is not None
+        }
         return PlanFacts(tg.model, s.engine, s.gpu, None, None, settings, log_file)
     engine = tg.kind if tg.kind in PLAN_ENGINES else None
     if cap is None:
         return PlanFacts(tg.model, engine, log_file=log_file)
-    return PlanFacts(cap.model or tg.model, cap.engine or engine, cap.gpu, cap.gpu_memory_gib, cap.engine_version,
-                     dict(cap.settings), log_file)
+    return PlanFacts(
+        cap.model or tg.model,
+        cap.engine or engine,
+        cap.gpu,
+        cap.gpu_memory_gib,
+        cap.engine_version,
+        dict(cap.settings),
+        log_file,
+    )
 
 
 def facts_for_drill(plan: Any, log_file: str | None) -> PlanFacts:
     tg, cap = plan.target, getattr(plan, "capacity", None)
     if tg.kind == "sim" and tg.sim is not None:
         s = tg.sim
-        settings = {k: v for k, v in (("gpu_memory_utilization", s.gpu_memory_utilization),
-                                      ("max_model_len", s.max_model_len), ("max_num_seqs", s.max_num_seqs))
-                    if v is not None}
+        settings = {
+            k: v
+            for k, v in (
+                ("gpu_memory_utilization", s.gpu_memory_utilization),
+                ("max_model_len", s.max_model_len),
+                ("max_num_seqs", s.max_num_seqs),
+            )
+            if v is not None
+        }
         settings.update(_sim_extra_settings(s.extra_args))
-        return PlanFacts(s.model, s.engine, s.gpu, None, settings.pop("engine_version", None), settings, log_file)
+        return PlanFacts(
+            s.model, s.engine, s.gpu, None, settings.pop("engine_version", None), settings, log_file
+        )
     if cap is None:
         return PlanFacts(tg.model, tg.engine, log_file=log_file or tg.log_file)
-    return PlanFacts(cap.model or tg.model, cap.engine or tg.engine, cap.gpu, cap.gpu_memory_gib, cap.engine_version,
-                     dict(cap.settings), log_file or tg.log_file)
+    return PlanFacts(
+        cap.model or tg.model,
+        cap.engine or tg.engine,
+        cap.gpu,
+        cap.gpu_memory_gib,
+        cap.engine_version,
+        dict(cap.settings),
+        log_file or tg.log_file,
+    )
 
 
-_SIM_FLAGS = {"--max-num-batched-tokens": ("max_num_batched_tokens", int), "--kv-cache-dtype": ("kv_cache_dtype", str),
-              "--engine-version": ("engine_version", str), "-tp": ("tensor_parallel_size", int),
-              "--tensor-parallel-size": ("tensor_parallel_size", int)}
+_SIM_FLAGS = {
+    "--max-num-batched-tokens": ("max_num_batched_tokens", int),
+    "--kv-cache-dtype": ("kv_cache_dtype", str),
+    "--engine-version": ("engine_version", str),
+    "-tp": ("tensor_parallel_size", int),
+    "--tensor-parallel-size": ("tensor_parallel_size", int),
+}
 
 
 def _sim_extra_settings(args: list[str]) -> dict[str, Any]:
@@ -107,10 +145,13 @@ def resolve_facts(facts: PlanFacts) -> tuple[Any, Any, Any]:
     known = set(EngineSettings.__dataclass_fields__) - {"engine", "engine_version"}
     bad = sorted(set(facts.settings) - known)
     if bad:
-        raise ConfigError(f"{facts.where}.settings: unknown setting(s) {', '.join(bad)} (use the names of "
-                          "`vramlab plan`'s options with underscores, e.g. max_model_len)")
-    settings = check_settings(EngineSettings(engine=facts.engine or "vllm", engine_version=facts.engine_version,
-                                             **facts.settings))
+        raise ConfigError(
+            f"{facts.where}.settings: unknown setting(s) {', '.join(bad)} (use the names of "
+            "`vramlab plan`'s options with underscores, e.g. max_model_len)"
+        )
+    settings = check_settings(
+        EngineSettings(engine=facts.engine or "vllm", engine_version=facts.engine_version, **facts.settings)
+    )
     if facts.gpu and facts.gpu_memory_gib:
         card = custom_gpu(facts.gpu_memory_gib, like=get_gpu(facts.gpu))
     elif facts.gpu:
@@ -133,8 +174,9 @@ def estimate_json(facts: PlanFacts, calibration: str | None = None) -> dict[str,
         from vramlab.capacity.calibration import apply_profile
         from vramlab.sources.profile import load_profile
 
-        constants = apply_profile(Constants.defaults(), load_profile(calibration), settings.engine,
-                                  facts.engine_version)
+        constants = apply_profile(
+            Constants.defaults(), load_profile(calibration), settings.engine, facts.engine_version
+        )
     return make_plan(spec, card, settings, constants).to_json()
 
 
@@ -153,18 +195,32 @@ def start_events(facts: PlanFacts) -> list[Emitted]:
             out.append(("note", f"capacity plan: not computed: {exc}"[:300], {}))
         else:
             gib = 1 << 30
-            out.append(("capacity_plan",
-                        f"capacity plan for {est['model']} on {est['gpu']} ({est['engine']} {est['engine_version']}): "
-                        f"weights {est['weights_bytes'] / gib:.2f} GiB, KV pool {est['kv_cache_bytes'] / gib:.2f} GiB, "
-                        f"{est['used_bytes'] / gib:.2f} GiB in use at the peak (GiB = 2^30 bytes)",
-                        {"facts": {"model": facts.model, "engine": facts.engine, "gpu": facts.gpu,
-                                   "gpu_memory_gib": facts.gpu_memory_gib, "engine_version": facts.engine_version,
-                                   "settings": facts.settings}, "estimate": est}))
+            out.append(
+                (
+                    "capacity_plan",
+                    f"capacity plan for {est['model']} on {est['gpu']} ({est['engine']} {est['engine_version']}): "
+                    f"weights {est['weights_bytes'] / gib:.2f} GiB, KV pool {est['kv_cache_bytes'] / gib:.2f} GiB, "
+                    f"{est['used_bytes'] / gib:.2f} GiB in use at the peak (GiB = 2^30 bytes)",
+                    {
+                        "facts": {
+                            "model": facts.model,
+                            "engine": facts.engine,
+                            "gpu": facts.gpu,
+                            "gpu_memory_gib": facts.gpu_memory_gib,
+                            "engine_version": facts.engine_version,
+                            "settings": facts.settings,
+                        },
+                        "estimate": est,
+                    },
+                )
+            )
     out.extend(startup_events(facts.log_file, facts.engine))
     return out
 
 
-def experiment_start_hook(plan: Any, gpu: str | None = None, gpu_memory_gib: float | None = None) -> list[Emitted]:
+def experiment_start_hook(
+    plan: Any, gpu: str | None = None, gpu_memory_gib: float | None = None
+) -> list[Emitted]:
     """`RunOptions.start_hooks` entry for `vramlab run` and the demo: the plan travels with the run.
     *gpu* / *gpu_memory_gib* (`run --gpu / --gpu-memory-gib`) name the card when the plan does not."""
     facts = facts_for_experiment(plan)
@@ -186,16 +242,30 @@ def startup_events(log_file: str | None, engine: str | None = None) -> list[Emit
         return [("note", f"start-up log {log_file}: no memory figures read ({exc})"[:300], {})]
     obs = [o for o in parsed.observations if o.rank in (None, 0)] or list(parsed.observations)
     if not obs and parsed.engine == "transformers":  # from_pretrained, then a cache per request
-        return [("note", f"start-up log {log_file} (transformers): no memory figure printed; transformers serve "
-                 "sizes no KV cache at start-up", {})]
+        return [
+            (
+                "note",
+                f"start-up log {log_file} (transformers): no memory figure printed; transformers serve "
+                "sizes no KV cache at start-up",
+                {},
+            )
+        ]
     if not obs:
         return [("note", f"start-up log {log_file}: no complete start-up yet (no KV cache line)", {})]
     last = max(obs, key=lambda o: o.startup or 0)
     data = last.model_dump(mode="json", exclude={"source_lines", "notes"})
     gib = 1 << 30
-    parts = [f"{label} {getattr(last, k) / gib:.2f} GiB" for k, label in
-             (("weights_bytes", "weights"), ("kv_cache_bytes", "KV cache")) if getattr(last, k) is not None]
+    parts = [
+        f"{label} {getattr(last, k) / gib:.2f} GiB"
+        for k, label in (("weights_bytes", "weights"), ("kv_cache_bytes", "KV cache"))
+        if getattr(last, k) is not None
+    ]
     if last.kv_cache_tokens is not None:
         parts.append(f"{last.kv_cache_tokens:,} KV tokens")
-    return [("startup_memory", f"start-up log ({parsed.engine}): " + (", ".join(parts) or "no memory figure"),
-             {"source": f"start-up log {log_file}", "observation": data})]
+    return [
+        (
+            "startup_memory",
+            f"start-up log ({parsed.engine}): " + (", ".join(parts) or "no memory figure"),
+            {"source": f"start-up log {log_file}", "observation": data},
+        )
+    ]

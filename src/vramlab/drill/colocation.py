@@ -58,7 +58,9 @@ class ColocationSpec(BaseModel):
     ready_timeout_s: float = Field(30.0, gt=0)  # per engine start
     probe_interval_s: float = Field(0.25, gt=0)  # neighbour probes of the engines besides the target
     probe: Literal["generate", "health"] = "generate"  # generate: one token per probe (drill/probes.py)
-    added: SimSettings | None = None  # what the coloaded_model ramp starts (default: ramp.model on target.sim)
+    added: SimSettings | None = (
+        None  # what the coloaded_model ramp starts (default: ramp.model on target.sim)
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ColocationSpec:
@@ -86,8 +88,13 @@ class StartResult:
     text: str  # the engine's own root-cause line ("" when it started)
 
     def data(self) -> dict[str, Any]:
-        return {"engine": self.name, "outcome": self.outcome, "exit_code": self.exit_code,
-                "ready_s": self.ready_s, "text": self.text}
+        return {
+            "engine": self.name,
+            "outcome": self.outcome,
+            "exit_code": self.exit_code,
+            "ready_s": self.ready_s,
+            "text": self.text,
+        }
 
 
 def cause_line(log_text: str) -> str:
@@ -100,12 +107,16 @@ def cause_line(log_text: str) -> str:
     return found[:300]
 
 
-def classify_start(name: str, exit_code: int | None, ready: bool, ready_s: float | None, log_text: str) -> StartResult:
+def classify_start(
+    name: str, exit_code: int | None, ready: bool, ready_s: float | None, log_text: str
+) -> StartResult:
     """started: answered health; refused: exited before it did; timeout: neither within the limit."""
     if ready and exit_code is None:
         return StartResult(name, "started", None, ready_s, "")
     if exit_code is not None:
-        return StartResult(name, "refused", exit_code, None, cause_line(log_text) or f"exited with code {exit_code}")
+        return StartResult(
+            name, "refused", exit_code, None, cause_line(log_text) or f"exited with code {exit_code}"
+        )
     return StartResult(name, "timeout", None, None, cause_line(log_text) or "no health 200 within the limit")
 
 
@@ -160,8 +171,13 @@ class ColocatedEngines:
         with self.guard():
             self._starts += 1
             argv = self.settings[name].argv() + (["--start-barrier", barrier] if barrier else [])
-            proc = start_sim(argv, port=self.ports[name], device=self.device, wait_ready=False,
-                             log_path=str(self.workdir / f"{name}-{self._starts}.log"))
+            proc = start_sim(
+                argv,
+                port=self.ports[name],
+                device=self.device,
+                wait_ready=False,
+                log_path=str(self.workdir / f"{name}-{self._starts}.log"),
+            )
             self.procs[name] = proc
             self.pids.add(proc.pid)
         return proc
@@ -190,5 +206,14 @@ def drill_pids_on_ledger(device: str, pids: set[int]) -> tuple[int, list[int]]:
     return int(led.memory_info(0)[1]), sorted(pid for pid, _, _ in procs if pid in pids)
 
 
-__all__ = ["ColocatedEngine", "ColocatedEngines", "ColocationSpec", "StartResult", "cause_line", "classify_start",
-           "drill_pids_on_ledger", "start_sequence", "wait_ready"]
+__all__ = [
+    "ColocatedEngine",
+    "ColocatedEngines",
+    "ColocationSpec",
+    "StartResult",
+    "cause_line",
+    "classify_start",
+    "drill_pids_on_ledger",
+    "start_sequence",
+    "wait_ready",
+]

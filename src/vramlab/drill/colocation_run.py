@@ -45,7 +45,9 @@ class ColocationRun:
         if name == self.spec.target_name:
             with self.engines.guard():
                 # a sim target: the rollback stops it however it was started
-                self.target.start(wait_ready=False, extra_args=["--start-barrier", barrier] if barrier else None)
+                self.target.start(
+                    wait_ready=False, extra_args=["--start-barrier", barrier] if barrier else None
+                )
                 proc = self.target._proc
                 self.engines.pids.add(proc.pid)
             return self.target.url, proc
@@ -68,9 +70,12 @@ class ColocationRun:
         return self._wait(name, *self._start(name))
 
     def _record(self, res: StartResult, phase: str) -> None:
-        how = {"started": "up" if res.ready_s is None else f"up in {res.ready_s:.2f} s", "refused": f"refused (exit {res.exit_code}): {res.text}",
-               "timeout": f"not ready in {self.spec.ready_timeout_s:g} s: {res.text}",
-               "crashed": f"crashed (exit {res.exit_code}): {res.text}"}.get(res.outcome, res.outcome)
+        how = {
+            "started": "up" if res.ready_s is None else f"up in {res.ready_s:.2f} s",
+            "refused": f"refused (exit {res.exit_code}): {res.text}",
+            "timeout": f"not ready in {self.spec.ready_timeout_s:g} s: {res.text}",
+            "crashed": f"crashed (exit {res.exit_code}): {res.text}",
+        }.get(res.outcome, res.outcome)
         self.run.emit("engine", f"[{phase}] {res.name}: {how}"[:300], during=phase, **res.data())
 
     # -- phases (engine starts block in a thread; events are emitted from the loop) -------------
@@ -113,21 +118,36 @@ class ColocationRun:
             await asyncio.to_thread(self._stop_all)
             race = await self._at_once()
             failed = [f"{r.name} {r.outcome}" for r in race if r.outcome != "started"]
-            self.run.emit("race", ("start-up race: " + ", ".join(failed)) if failed else
-                        "start-up race: every engine started (no race seen)",
-                        failed=[r.name for r in race if r.outcome != "started"],
-                        started=[r.name for r in race if r.outcome == "started"])
+            self.run.emit(
+                "race",
+                ("start-up race: " + ", ".join(failed))
+                if failed
+                else "start-up race: every engine started (no race seen)",
+                failed=[r.name for r in race if r.outcome != "started"],
+                started=[r.name for r in race if r.outcome == "started"],
+            )
             await asyncio.to_thread(self._stop_all)
             first = await self._in_order("restart_in_order")
         down = [r for r in first if r.outcome != "started"]
         if down:
-            raise VramlabError("engines started one at a time did not all come up: "
-                               + "; ".join(f"{r.name}: {r.text}" for r in down))
+            raise VramlabError(
+                "engines started one at a time did not all come up: "
+                + "; ".join(f"{r.name}: {r.text}" for r in down)
+            )
 
     # -- while the drill runs -----------------------------------------------------------------
     def neighbours(self) -> list[NeighbourSpec]:
-        return [NeighbourSpec(name=e.name, url=self.engines.url(e.name), kind=self.spec.probe, model=e.sim.model,
-                              interval_s=self.spec.probe_interval_s, timeout_s=1.0) for e in self.spec.engines]
+        return [
+            NeighbourSpec(
+                name=e.name,
+                url=self.engines.url(e.name),
+                kind=self.spec.probe,
+                model=e.sim.model,
+                interval_s=self.spec.probe_interval_s,
+                timeout_s=1.0,
+            )
+            for e in self.spec.engines
+        ]
 
     async def watch_exits(self) -> None:
         """An engine besides the target that dies is a crash in the blast radius: recorded once."""
@@ -141,8 +161,10 @@ class ColocationRun:
                     self._up[name] = False
                     from vramlab.drill.colocation import cause_line
 
-                    self._record(StartResult(name, "crashed", code, None, cause_line(proc.log_text())),
-                                 self.run.where.phase or "")
+                    self._record(
+                        StartResult(name, "crashed", code, None, cause_line(proc.log_text())),
+                        self.run.where.phase or "",
+                    )
             await asyncio.sleep(0.1)
 
     def coloaded_settings(self) -> Any:
@@ -157,8 +179,9 @@ class ColocationRun:
             code = proc.poll()
             name = f"added-{i + 1}"
             one = len(coloaded.procs) - self._reported_coloaded == 1
-            res = classify_start(name, code, code is None and bool(proc.url), elapsed_s if one else None,
-                                 proc.log_text())
+            res = classify_start(
+                name, code, code is None and bool(proc.url), elapsed_s if one else None, proc.log_text()
+            )
             self._added[name] = proc
             self._up[name] = res.outcome == "started"
             self._record(res, "ramp")
@@ -170,9 +193,15 @@ class ColocationRun:
 
     def ledger_after(self) -> None:
         used, left = drill_pids_on_ledger(self.device, self.engines.pids)
-        msg = (f"ledger after rollback: {used} bytes used, none held by the drill's {len(self.engines.pids)} engine "
-               "processes" if not left else f"ledger after rollback: drill processes {left} still hold memory")
-        self.run.emit("ledger", msg, used_bytes=used, drill_pids_left=left, drill_pids=sorted(self.engines.pids))
+        msg = (
+            f"ledger after rollback: {used} bytes used, none held by the drill's {len(self.engines.pids)} engine "
+            "processes"
+            if not left
+            else f"ledger after rollback: drill processes {left} still hold memory"
+        )
+        self.run.emit(
+            "ledger", msg, used_bytes=used, drill_pids_left=left, drill_pids=sorted(self.engines.pids)
+        )
 
 
 __all__ = ["ColocationRun"]

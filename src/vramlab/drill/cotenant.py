@@ -112,8 +112,12 @@ class ProcessBalloon:
         self.release()
         if nbytes <= 0:
             return
-        proc = subprocess.Popen([sys.executable, "-c", self._code, str(nbytes)], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", self._code, str(nbytes)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self._proc = proc
         assert proc.stdout is not None
         deadline = time.monotonic() + self.timeout_s
@@ -151,8 +155,12 @@ class CoLoaded:
         while len(self.procs) < n:
             i = len(self.procs)
             # started one after another: simultaneous start-up is its own failure (vllm #55827)
-            proc = start_sim(self.settings.argv(), device=self.device, wait_ready=False,
-                             log_path=str(self.workdir / f"coloaded-{i}.log"))
+            proc = start_sim(
+                self.settings.argv(),
+                device=self.device,
+                wait_ready=False,
+                log_path=str(self.workdir / f"coloaded-{i}.log"),
+            )
             self.procs.append(proc)
             _wait_started(proc, 30.0)
 

@@ -38,15 +38,30 @@ REFUSED_RESTART = "+startup_refusal_on_restart"  # suffix: the restart after the
 PREEMPTION = "preemption"  # KV full: preemption/retraction, no errors
 
 # Findings that say the target failed (the rest degrade or stop the ramp by a plan's limit).
-FAULT_KINDS = ("oom", "engine_death", "process_exit", "startup_refusal", "request_error", "timeout", "health_fail",
-               "overload", "xid", "kernel_oom")
+FAULT_KINDS = (
+    "oom",
+    "engine_death",
+    "process_exit",
+    "startup_refusal",
+    "request_error",
+    "timeout",
+    "health_fail",
+    "overload",
+    "xid",
+    "kernel_oom",
+)
 # A stop condition that fires is a finding of the condition's own name (stop_conditions.p95_ms -> "p95_ms"),
 # as in an experiment's stop events.
 STOP_KINDS = ("error_rate", "p95_ms", "kv_usage", "gpu_memory_share", "wall_clock_s")
 WALL_CLOCK = "wall_clock_s"
 # where each stop condition's figure comes from: the requests' answers, the engine's metrics, the card, the clock
-_STOP_SOURCES = {"error_rate": "response", "p95_ms": "response", "kv_usage": "engine", "gpu_memory_share": "gpu",
-                 WALL_CLOCK: "clock"}
+_STOP_SOURCES = {
+    "error_rate": "response",
+    "p95_ms": "response",
+    "kv_usage": "engine",
+    "gpu_memory_share": "gpu",
+    WALL_CLOCK: "clock",
+}
 
 
 @dataclass(frozen=True)
@@ -78,8 +93,15 @@ class Detector:
         self.monitor = StopMonitor(self.stop, self.stop.wall_clock_s or float("inf"))
 
     # -- inputs ------------------------------------------------------------------------------
-    def on_result(self, t_s: float, ok: bool, status_code: int, error_class: str | None, error: str | None,
-                  e2e_ms: float | None = None) -> None:
+    def on_result(
+        self,
+        t_s: float,
+        ok: bool,
+        status_code: int,
+        error_class: str | None,
+        error: str | None,
+        e2e_ms: float | None = None,
+    ) -> None:
         if error_class == "cancelled":
             return
         self.monitor.on_request(t_s, ok, error_class, e2e_ms, error)
@@ -88,16 +110,33 @@ class Detector:
             self._check(t_s)
             return
         said = oom_text(error, self.engine)
-        what = f"HTTP {status_code or 'none'} {error_class or ''}: {(error or '').strip()[:200]}".replace(" :", ":")
+        what = f"HTTP {status_code or 'none'} {error_class or ''}: {(error or '').strip()[:200]}".replace(
+            " :", ":"
+        )
         if said is not None:
-            self._add(Finding(t_s, "oom", "response", f"a response said out of memory: {what}",
-                              {"status_code": status_code, "signature": said}))
+            self._add(
+                Finding(
+                    t_s,
+                    "oom",
+                    "response",
+                    f"a response said out of memory: {what}",
+                    {"status_code": status_code, "signature": said},
+                )
+            )
         elif status_code in (429, 503):
             self._add(Finding(t_s, "overload", "response", what, {"status_code": status_code}), once=True)
         elif error_class == "timeout":
             self._add(Finding(t_s, "timeout", "response", f"request timed out: {what}", {}), once=True)
-        self._add(Finding(t_s, "request_error", "response", f"first failed request: {what}",
-                          {"status_code": status_code, "error_class": error_class}), once=True)
+        self._add(
+            Finding(
+                t_s,
+                "request_error",
+                "response",
+                f"first failed request: {what}",
+                {"status_code": status_code, "error_class": error_class},
+            ),
+            once=True,
+        )
         self._check(t_s)
 
     def on_log_line(self, t_s: float, line: str) -> Finding | None:
@@ -111,17 +150,39 @@ class Detector:
             f = Finding(t_s, "oom", "log", line.strip()[:300], {"signature": said, "class": "oom"})
             self._add(f)
             return f
-        kind = {"engine_death": "engine_death", "oom": "oom", "startup_refusal": "startup_refusal",
-                "preemption": "preemption", "kv_pressure": "preemption", "overload": "overload",
-                "gpu_xid": "xid"}.get(sig.kind, sig.kind)
-        f = Finding(t_s, kind, "log", sig.line.strip()[:300],
-                    {"signature": sig.name, "class": sig.kind, "severity": sig.severity, "engine": sig.engine,
-                     "details": sig.details or {}})
+        kind = {
+            "engine_death": "engine_death",
+            "oom": "oom",
+            "startup_refusal": "startup_refusal",
+            "preemption": "preemption",
+            "kv_pressure": "preemption",
+            "overload": "overload",
+            "gpu_xid": "xid",
+        }.get(sig.kind, sig.kind)
+        f = Finding(
+            t_s,
+            kind,
+            "log",
+            sig.line.strip()[:300],
+            {
+                "signature": sig.name,
+                "class": sig.kind,
+                "severity": sig.severity,
+                "engine": sig.engine,
+                "details": sig.details or {},
+            },
+        )
         self._add(f, once=kind in ("preemption", "overload"))
         return f
 
-    def on_process(self, t_s: float, running: bool, exit_code: int | None, oom_killed: bool | None = None,
-                   detail: str = "") -> None:
+    def on_process(
+        self,
+        t_s: float,
+        running: bool,
+        exit_code: int | None,
+        oom_killed: bool | None = None,
+        detail: str = "",
+    ) -> None:
         """The target process ended (each end counts: a refused restart exits again)."""
         if running:
             return
@@ -133,22 +194,38 @@ class Detector:
         msg = f"target process {how}" + (f"; {detail}" if detail else "")
         self._add(Finding(t_s, "process_exit", "process", msg, data))
         if oom_killed:
-            self._add(Finding(t_s, "kernel_oom", "process", f"the kernel OOM killer ended the target: {detail}",
-                              {"exit_code": exit_code}))
+            self._add(
+                Finding(
+                    t_s,
+                    "kernel_oom",
+                    "process",
+                    f"the kernel OOM killer ended the target: {detail}",
+                    {"exit_code": exit_code},
+                )
+            )
 
     def on_health(self, t_s: float, up: bool, status_code: int) -> None:
         if self._health_up is False and up:
             self._health_back.append(t_s)
         if self._health_up is not False and not up:
-            self._add(Finding(t_s, "health_fail", "health", f"health check failed (HTTP {status_code or 'none'})",
-                              {"status_code": status_code}))
+            self._add(
+                Finding(
+                    t_s,
+                    "health_fail",
+                    "health",
+                    f"health check failed (HTTP {status_code or 'none'})",
+                    {"status_code": status_code},
+                )
+            )
         self._health_up = up
 
     def on_sample(self, t_s: float, name: str, value: float, total: float | None = None) -> None:
         if name == "engine.num_preemptions_total":
             if self._preemptions is not None and value > self._preemptions:
-                self._add(Finding(t_s, "preemption", "engine", f"preemptions rose to {value:g}", {"value": value}),
-                          once=True)
+                self._add(
+                    Finding(t_s, "preemption", "engine", f"preemptions rose to {value:g}", {"value": value}),
+                    once=True,
+                )
             self._preemptions = value
         elif name == "gpu.memory_used_bytes" and total:
             self.monitor.on_sample("gpu.memory_share", value / total)
@@ -199,8 +276,14 @@ class Detector:
             return None
         # no restart recorded (a supervisor outside the drill): a start-up refusal after the fault is one
         fault_t = min((f.t_s for f in self.findings if f.kind != "startup_refusal"), default=None)
-        return next((f for f in self.findings if f.kind == "startup_refusal" and fault_t is not None
-                     and f.t_s > fault_t), None)
+        return next(
+            (
+                f
+                for f in self.findings
+                if f.kind == "startup_refusal" and fault_t is not None and f.t_s > fault_t
+            ),
+            None,
+        )
 
     def failure_mode(self) -> str:
         return self._mode()[0]
@@ -219,7 +302,7 @@ class Detector:
 
         def q(kind: str) -> str:
             f = first[kind]
-            return f"{f.source} at {f.t_s:.2f} s: \"{f.message[:240]}\""
+            return f'{f.source} at {f.t_s:.2f} s: "{f.message[:240]}"'
 
         if not fault and refused is not None and refused.kind == "startup_refusal":
             return STARTUP_REFUSAL, [q_of(refused)]
@@ -233,9 +316,14 @@ class Detector:
                 mode = CRASH_AFTER_OOM if (exit_ or "engine_death" in kinds) else OOM_NO_EXIT
         elif exit_ is not None or "engine_death" in kinds:
             ev = [q(k) for k in ("process_exit", "engine_death", "xid") if k in kinds]
-            ev.append("no out-of-memory evidence: no OOM text in any response or log line"
-                      + ("" if exit_ is None or exit_.data.get("oom_killed") is None
-                         else ", and the kernel OOM killer's counter for its cgroup did not rise"))
+            ev.append(
+                "no out-of-memory evidence: no OOM text in any response or log line"
+                + (
+                    ""
+                    if exit_ is None or exit_.data.get("oom_killed") is None
+                    else ", and the kernel OOM killer's counter for its cgroup did not rise"
+                )
+            )
             if "request_error" in kinds:
                 ev.append(q("request_error"))
             if "xid" in kinds:
@@ -292,8 +380,15 @@ class Detector:
         if reason is None or reason.condition == "oom_seen":
             return
         kind = reason.condition
-        self._stop(Finding(t_s, kind, _STOP_SOURCES.get(kind, "response"), reason.message,
-                           {"value": reason.value, "threshold": reason.threshold, "condition": reason.condition}))
+        self._stop(
+            Finding(
+                t_s,
+                kind,
+                _STOP_SOURCES.get(kind, "response"),
+                reason.message,
+                {"value": reason.value, "threshold": reason.threshold, "condition": reason.condition},
+            )
+        )
 
     def _add(self, f: Finding, once: bool = False) -> None:
         if once and any(x.kind == f.kind for x in self.findings):
@@ -309,7 +404,7 @@ class Detector:
 
 
 def q_of(f: Finding) -> str:
-    return f"{f.source} at {f.t_s:.2f} s: \"{f.message[:240]}\""
+    return f'{f.source} at {f.t_s:.2f} s: "{f.message[:240]}"'
 
 
 __all__ = [

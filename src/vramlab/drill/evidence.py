@@ -21,9 +21,13 @@ from pathlib import Path
 
 # The kernel's own words (mm/oom_kill.c): "Out of memory: Killed process 1234 (python)" and
 # "oom-kill:constraint=..."; "Memory cgroup out of memory: Killed process ..." for a cgroup limit.
-_KERNEL_OOM = re.compile(r"Out of memory: Kill(?:ed)? process \d+|oom-kill:constraint=|oom_reaper: reaped process")
+_KERNEL_OOM = re.compile(
+    r"Out of memory: Kill(?:ed)? process \d+|oom-kill:constraint=|oom_reaper: reaped process"
+)
 # HIP's error names (hipErrorOutOfMemory = 2) and the ROCm allocator's wording.
-_HIP_OOM = re.compile(r"hipErrorOutOfMemory|HIP out of memory|hip(?:Malloc|MallocAsync) failed.*out of memory", re.I)
+_HIP_OOM = re.compile(
+    r"hipErrorOutOfMemory|HIP out of memory|hip(?:Malloc|MallocAsync) failed.*out of memory", re.I
+)
 _GENERIC_OOM = re.compile(r"\bout of memory\b|OutOfMemoryError|cudaErrorMemoryAllocation", re.I)
 
 
@@ -86,10 +90,15 @@ def _cgroup_files(pid: int) -> list[Path]:
             continue
         _, ctrls, path = parts
         if ctrls == "":  # cgroup v2
-            out += [Path("/sys/fs/cgroup" + path.rstrip("/")) / "memory.events", Path("/sys/fs/cgroup/memory.events")]
+            out += [
+                Path("/sys/fs/cgroup" + path.rstrip("/")) / "memory.events",
+                Path("/sys/fs/cgroup/memory.events"),
+            ]
         elif "memory" in ctrls.split(","):
-            out += [Path("/sys/fs/cgroup/memory" + path.rstrip("/")) / "memory.oom_control",
-                    Path("/sys/fs/cgroup/memory/memory.oom_control")]  # a cgroup namespace shows ours at the root
+            out += [
+                Path("/sys/fs/cgroup/memory" + path.rstrip("/")) / "memory.oom_control",
+                Path("/sys/fs/cgroup/memory/memory.oom_control"),
+            ]  # a cgroup namespace shows ours at the root
     return out
 
 

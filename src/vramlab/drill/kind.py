@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from vramlab.experiment.runner import Runner
     from vramlab.load.client import RequestResult
 
+
 @dataclasses.dataclass
 class _Tallies:
     """What the round's requests got so far (baseline_check's tallies), per phase."""
@@ -51,7 +52,9 @@ class _Tallies:
     baseline: BaselineTally | None = None  # this round's baseline requests
     ramp: BaselineTally | None = None  # every ramp step's requests (what they got, in words)
     step: BaselineTally | None = None  # the running ramp step's requests
-    step_counts: list[int] = dataclasses.field(default_factory=lambda: [0, 0])  # requests, errors (its StepOutcome)
+    step_counts: list[int] = dataclasses.field(
+        default_factory=lambda: [0, 0]
+    )  # requests, errors (its StepOutcome)
 
 
 class DrillKind:
@@ -61,8 +64,15 @@ class DrillKind:
     raises = True  # the CLI turns a bad plan (exit 2) or a crashed start (exit 1) into its own line
     interrupted = "interrupted (Ctrl-C)"
 
-    def __init__(self, plan: DrillPlan, store: Store, *, override_env: bool = False, workdir: str | None = None,
-                 run_id: str | None = None) -> None:
+    def __init__(
+        self,
+        plan: DrillPlan,
+        store: Store,
+        *,
+        override_env: bool = False,
+        workdir: str | None = None,
+        run_id: str | None = None,
+    ) -> None:
         import tempfile
 
         self.plan = plan
@@ -95,7 +105,9 @@ class DrillKind:
 
             coloc = ColocationRun(run, self.plan.colocation, self.target, self.workdir)
         self.lifecycle = TargetLifecycle(run, self.plan, self.target, self.workdir, coloc)
-        self.watchers = Watchers(run, self.plan, self.target, self.lifecycle.device, coloc, self.detector, self.state)
+        self.watchers = Watchers(
+            run, self.plan, self.target, self.lifecycle.device, coloc, self.detector, self.state
+        )
 
     def _engine(self) -> str:
         t = self.plan.target
@@ -106,15 +118,34 @@ class DrillKind:
     async def record(self) -> tuple[str, RunRecord]:
         plan = self.plan
         run = RunRecord(
-            run_id=self.run_id, kind="drill", name=plan.name, plan=plan.model_dump(mode="json", by_alias=True),
+            run_id=self.run_id,
+            kind="drill",
+            name=plan.name,
+            plan=plan.model_dump(mode="json", by_alias=True),
             plan_hash=canonical_sha256(plan.model_dump(mode="json", by_alias=True)),
-            fixed={"engine": self._engine(), "vramlab_version": __version__, "host": os.uname().nodename,
-                   **({"model": plan.target.sim.model, "gpu_name": plan.target.sim.gpu} if plan.target.sim
-                      else ({"model": plan.target.model} if plan.target.model else {}))},
-            target={"kind": plan.target.kind, "environment": plan.target.environment,
-                    "base_url": plan.target.base_url},
-            change={"variable": plan.ramp.knob, "unit": plan.ramp.unit, "steps": self.values, "mode": plan.ramp.mode},
-            started_at=time.time(), notes=[self.warning] if self.warning else [],
+            fixed={
+                "engine": self._engine(),
+                "vramlab_version": __version__,
+                "host": os.uname().nodename,
+                **(
+                    {"model": plan.target.sim.model, "gpu_name": plan.target.sim.gpu}
+                    if plan.target.sim
+                    else ({"model": plan.target.model} if plan.target.model else {})
+                ),
+            },
+            target={
+                "kind": plan.target.kind,
+                "environment": plan.target.environment,
+                "base_url": plan.target.base_url,
+            },
+            change={
+                "variable": plan.ramp.knob,
+                "unit": plan.ramp.unit,
+                "steps": self.values,
+                "mode": plan.ramp.mode,
+            },
+            started_at=time.time(),
+            notes=[self.warning] if self.warning else [],
         )
         return f"drill {plan.name} ({self.run_id})", run
 
@@ -145,16 +176,25 @@ class DrillKind:
         plan = self.plan
         self.run.where.round = rnd
         self._ceiling_value, self._failure, self._last = None, None, None
-        if rnd != self.rounds.start:  # the first round uses the ones built with the kind: nothing fed them yet
+        if (
+            rnd != self.rounds.start
+        ):  # the first round uses the ones built with the kind: nothing fed them yet
             self.state = LiveState()
             self.detector = Detector(plan.stop, engine=self._engine())
         served = plan.target.model or (plan.target.sim.model if plan.target.sim else "default")
         conns = max(64, int(max(self.values)) + 8 if plan.ramp.knob in ("concurrency", "batch") else 64)
-        async with OpenAIClient(self.target.url, served, api=plan.target.api, max_connections=conns,
-                                timeout_s=plan.load.request_timeout_s) as client:
+        async with OpenAIClient(
+            self.target.url,
+            served,
+            api=plan.target.api,
+            max_connections=conns,
+            timeout_s=plan.load.request_timeout_s,
+        ) as client:
             self.windows.use(client)
-            watchers = [asyncio.ensure_future(c) for c in
-                        self.watchers.watch(self.detector, self.state, self.lifecycle.health_path)]
+            watchers = [
+                asyncio.ensure_future(c)
+                for c in self.watchers.watch(self.detector, self.state, self.lifecycle.health_path)
+            ]
             try:
                 yield
             finally:
@@ -189,7 +229,9 @@ class DrillKind:
         if why is not None:
             from vramlab.drill.watch import last_error_line
 
-            said = last_error_line(self.target)  # a local target's log: the engine's words when its answers had none
+            said = last_error_line(
+                self.target
+            )  # a local target's log: the engine's words when its answers had none
             ended = f"baseline broken, nothing ramped: {why}" + (f"; its log says: {said}" if said else "")
             self.run.halt(ended)
             self.run.emit("stopped", ended, reason="baseline")
@@ -213,8 +255,11 @@ class DrillKind:
             await self.lifecycle.apply(value)
         except CotenantOutOfMemory as exc:
             # the co-tenant, not the target, ran out: the card is full and the target held its memory
-            self.run.emit("cotenant_oom", f"the co-tenant could not grow to {value:g} {self.plan.ramp.unit}: {exc}",
-                           value=value)
+            self.run.emit(
+                "cotenant_oom",
+                f"the co-tenant could not grow to {value:g} {self.plan.ramp.unit}: {exc}",
+                value=value,
+            )
             self._ceiling_value = self._last
             return False
         return True
@@ -226,7 +271,9 @@ class DrillKind:
         self._failure = self.detector.failure()
         return self._failure is not None
 
-    def on_step_failure(self, step: int, value: float, last: float | None, window: asyncio.Future[Any] | None) -> bool:
+    def on_step_failure(
+        self, step: int, value: float, last: float | None, window: asyncio.Future[Any] | None
+    ) -> bool:
         f = self._failure
         assert f is not None, "on_step_failure without a failure"
         self._on_failure(f, step, value, last)
@@ -255,10 +302,15 @@ class DrillKind:
         if f.kind == WALL_CLOCK:
             # the drill's own time ran out: the target did not fail, so no fault, no recovery
             self.run.emit("stop_condition", f.message, condition=f.kind)
-            self.run.emit("stopped", f"stopped by the wall clock during {ramp.knob} = {value:g} {ramp.unit}; "
-                           f"{self._step_failures()} (last completed step: "
-                           f"{'none' if last_safe is None else f'{last_safe:g}'})", value=value,
-                           last_completed=last_safe, unit=ramp.unit)
+            self.run.emit(
+                "stopped",
+                f"stopped by the wall clock during {ramp.knob} = {value:g} {ramp.unit}; "
+                f"{self._step_failures()} (last completed step: "
+                f"{'none' if last_safe is None else f'{last_safe:g}'})",
+                value=value,
+                last_completed=last_safe,
+                unit=ramp.unit,
+            )
             return
         self.state.failed_at_s = self.state.failed_at_s or f.t_s
         if f.kind in STOP_KINDS:
@@ -266,11 +318,20 @@ class DrillKind:
         self.run.emit("detect", f"detected: {f.message}", condition=f.kind, source=f.source)
         # T0 is the failure itself: its first evidence (a failed request's end, the exit, the OOM line)
         t0 = self.detector.first_evidence_s()
-        self.run.emit("fault", f"failed during {ramp.knob} = {value:g} {ramp.unit}", step=step, value=value,
-                       knob=ramp.knob, unit=ramp.unit, step_started_s=self._step_started_s,
-                       t0_s=t0 if t0 is not None else f.t_s, last_safe_value=last_safe,
-                       mode=self.detector.failure_mode(), evidence=self.detector.evidence(),
-                       signature=self.detector.signature())
+        self.run.emit(
+            "fault",
+            f"failed during {ramp.knob} = {value:g} {ramp.unit}",
+            step=step,
+            value=value,
+            knob=ramp.knob,
+            unit=ramp.unit,
+            step_started_s=self._step_started_s,
+            t0_s=t0 if t0 is not None else f.t_s,
+            last_safe_value=last_safe,
+            mode=self.detector.failure_mode(),
+            evidence=self.detector.evidence(),
+            signature=self.detector.signature(),
+        )
 
     def _step_failures(self) -> str:
         """What the running step's requests got, for the wall-clock stop's line: never "nothing had
@@ -281,8 +342,9 @@ class DrillKind:
         if not tally.failed:
             return "nothing had failed"
         classes = ", ".join(f"{k} {v}" for k, v in sorted(tally.classes.items()))
-        return (f"{tally.failed} of {tally.ok + tally.failed} of its requests had failed ({classes})"
-                + (f"; the server said: {tally.first_error}" if tally.first_error else ""))
+        return f"{tally.failed} of {tally.ok + tally.failed} of its requests had failed ({classes})" + (
+            f"; the server said: {tally.first_error}" if tally.first_error else ""
+        )
 
     # -- after the ramp ------------------------------------------------------------------------
     async def after_steps(self, rnd: int, failed: bool) -> None:
@@ -298,14 +360,19 @@ class DrillKind:
             # a ramp that sent nothing (a burst too large to build), or whose requests never
             # came back, held nothing: no ceiling claim
             sent = ramp.sent if ramp is not None else 0
-            why = ("the ramp sent no request" if not sent else
-                   f"no ramp request came back ({sent} sent, all still open when their step ended)")
+            why = (
+                "the ramp sent no request"
+                if not sent
+                else f"no ramp request came back ({sent} sent, all still open when their step ended)"
+            )
             self.run.halt(f"{why}: no ceiling is claimed")
             self.run.emit("stopped", f"{why}: no ceiling is claimed", reason="no_load")
             return
         top = self.values[-1] if self._ceiling_value is None else self._ceiling_value
         why = "" if self._ceiling_value is None else " (the card was full: the co-tenant could not grow)"
-        self.run.emit("ceiling", f"no OOM up to {top:g} {plan.ramp.unit}{why}", value=top, unit=plan.ramp.unit)
+        self.run.emit(
+            "ceiling", f"no OOM up to {top:g} {plan.ramp.unit}{why}", value=top, unit=plan.ramp.unit
+        )
 
     async def _recover(self, failure: Finding) -> None:
         plan, where = self.plan, self.run.where
@@ -319,20 +386,32 @@ class DrillKind:
             self.run.emit("ramp_undone", "load back to the baseline", value=None)
         ex = WindowExecutor()  # the failed step's window may still be draining on self.windows
         ex.use(self.windows.client)
-        load = asyncio.ensure_future(self._window(value, plan.recovery.limit_s + plan.recovery.observe_s + 5, step, ex))
+        load = asyncio.ensure_future(
+            self._window(value, plan.recovery.limit_s + plan.recovery.observe_s + 5, step, ex)
+        )
         try:
-            out = await recover(plan.recovery, self.target, self.state, self.run.now, self.run.emit,
-                                operator_notes=self._notes_since,
-                                supervised_by_drill=plan.target.kind in ("sim", "process"),
-                                startup_allowance_s=self.lifecycle.startup_allowance_s(),
-                                on_restart=self.detector.on_restart)
+            out = await recover(
+                plan.recovery,
+                self.target,
+                self.state,
+                self.run.now,
+                self.run.emit,
+                operator_notes=self._notes_since,
+                supervised_by_drill=plan.target.kind in ("sim", "process"),
+                startup_allowance_s=self.lifecycle.startup_allowance_s(),
+                on_restart=self.detector.on_restart,
+            )
             if out.recovered:
                 t0 = self.detector.first_evidence_s()
                 t0 = t0 if t0 is not None else (failure.t_s or 0.0)
                 # not yet the verdict: that also wants health 200 and P95 back over the observation window
-                self.run.emit("recovered", f"serving again {(out.served_again_s or 0.0) - t0:.2f} s after T0 (a "
-                               f"successful request); the verdict follows the {plan.recovery.observe_s:g} s "
-                               "observation", served_again_s=out.served_again_s)
+                self.run.emit(
+                    "recovered",
+                    f"serving again {(out.served_again_s or 0.0) - t0:.2f} s after T0 (a "
+                    f"successful request); the verdict follows the {plan.recovery.observe_s:g} s "
+                    "observation",
+                    served_again_s=out.served_again_s,
+                )
                 await asyncio.sleep(plan.recovery.observe_s)
             else:
                 self.unrecovered_rounds.append(where.round or 0)
@@ -343,8 +422,13 @@ class DrillKind:
                 await load
             # settle the fault's mode now that recovery showed more (a refusal on restart, ...)
             mode, evidence = self.detector.failure_mode(), self.detector.evidence()
-            self.run.emit("failure_mode", f"failure mode {mode}" + (f": {evidence[0]}" if evidence else ""),
-                           mode=mode, evidence=evidence, signature=self.detector.signature())
+            self.run.emit(
+                "failure_mode",
+                f"failure mode {mode}" + (f": {evidence[0]}" if evidence else ""),
+                mode=mode,
+                evidence=evidence,
+                signature=self.detector.signature(),
+            )
             self.run.emit("phase_end", "recovery")
 
     def _notes_since(self, t_s: float) -> list[str]:
@@ -376,7 +460,9 @@ class DrillKind:
         return self._totals[0], self._totals[1]
 
     # -- load ---------------------------------------------------------------------------------
-    async def _window(self, value: float | None, duration_s: float, step: int, ex: WindowExecutor | None = None) -> None:
+    async def _window(
+        self, value: float | None, duration_s: float, step: int, ex: WindowExecutor | None = None
+    ) -> None:
         phase, rnd = self.run.where.phase or "ramp", self.run.where.round or 0
 
         def record(res: RequestResult, user: int) -> None:
@@ -385,13 +471,26 @@ class DrillKind:
         lanes, retry = window_lanes(self.plan, value, duration_s, phase, rnd, step, record)
         await (ex or self.windows).run(lanes, retry, end_drain_s=self.plan.load.request_timeout_s + 0.5)
 
-    def _on_result(self, res: RequestResult, phase: str, rnd: int, step: int, value: float | None, user: int) -> None:
+    def _on_result(
+        self, res: RequestResult, phase: str, rnd: int, step: int, value: float | None, user: int
+    ) -> None:
         if res.error_class == "cancelled" and self.state.failed_at_s is not None:
-            res = dataclasses.replace(res, error=f"still open when the drill's {phase} load ended: neither answered "
-                                      "nor timed out by then")
+            res = dataclasses.replace(
+                res,
+                error=f"still open when the drill's {phase} load ended: neither answered "
+                "nor timed out by then",
+            )
         # the detector reads how long a failed request took (a timeout), so failures keep their latency
-        rec = request_record(res, self.run_id, self.run.t0, rnd, phase if phase in ("baseline", "recovery") else "ramp",
-                             step, value, failed_latency=True)
+        rec = request_record(
+            res,
+            self.run_id,
+            self.run.t0,
+            rnd,
+            phase if phase in ("baseline", "recovery") else "ramp",
+            step,
+            value,
+            failed_latency=True,
+        )
         self.run.emit("request", payload=rec)
         end = rec.end_s or self.run.now()
         t = self.tallies
@@ -409,12 +508,19 @@ class DrillKind:
             t.step_counts[1] += not rec.ok
         if rec.ok:
             self.state.last_success_s = end
-        self.detector.on_result(end, rec.ok, rec.status_code, rec.error_class, rec.error, rec.e2e_from_scheduled_ms)
+        self.detector.on_result(
+            end, rec.ok, rec.status_code, rec.error_class, rec.error, rec.e2e_from_scheduled_ms
+        )
         amp = self.herd.on_attempt(rec.sent_s or end, phase, rec.attempt)
         if amp is not None:
-            self.run.emit("retry_storm", f"attempt rate {amp:.1f}x the baseline's offered rate in one "
-                           f"{self.herd.window_s:g} s window of recovery, mostly retries (live; the report judges "
-                           "the whole recovery window)", amplification=amp, window_s=self.herd.window_s)
+            self.run.emit(
+                "retry_storm",
+                f"attempt rate {amp:.1f}x the baseline's offered rate in one "
+                f"{self.herd.window_s:g} s window of recovery, mostly retries (live; the report judges "
+                "the whole recovery window)",
+                amplification=amp,
+                window_s=self.herd.window_s,
+            )
 
 
 __all__ = ["DrillKind"]

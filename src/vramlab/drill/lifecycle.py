@@ -36,8 +36,9 @@ class TargetStartCrash(VramlabError):
 class TargetLifecycle:
     """What the drill starts and changes on the card, and its undoing."""
 
-    def __init__(self, run: Runner, plan: DrillPlan, target: Target, workdir: Path,
-                 coloc: ColocationRun | None) -> None:
+    def __init__(
+        self, run: Runner, plan: DrillPlan, target: Target, workdir: Path, coloc: ColocationRun | None
+    ) -> None:
         self.run, self.plan, self.target, self.workdir, self.coloc = run, plan, target, workdir, coloc
         self.device = target.device if isinstance(target, SimTarget) else None
         self._balloon: Balloon | None = None
@@ -63,36 +64,51 @@ class TargetLifecycle:
         limit = max(30.0, self.plan.recovery.startup_s or 0.0, self.plan.target.timeout_for("start"))
         wall = self.plan.stop.wall_clock_s
         clipped = wall is not None and wall - self.run.now() < limit
-        if wall is not None and clipped:  # the drill's wall clock bounds its start too (a closed port must not
+        if (
+            wall is not None and clipped
+        ):  # the drill's wall clock bounds its start too (a closed port must not
             limit = max(1.0, wall - self.run.now())  # outlast it)
-        found = await discover_health(self.target.url, self.plan.target.health_path, limit,
-                                      alive=lambda: self.target.status().running if self._local() else True)
+        found = await discover_health(
+            self.target.url,
+            self.plan.target.health_path,
+            limit,
+            alive=lambda: self.target.status().running if self._local() else True,
+        )
         if found.path is None:
             st = await asyncio.to_thread(self.target.status)
             if started is not None and not st.running:  # a start-up crash: say so, in the engine's own words
                 from vramlab.drill.evidence import exit_evidence
 
                 tail = _log_tail(self.target)
-                raise TargetStartCrash(f"the target process {exit_evidence(st.exit_code)} {self.run.now() - started:.1f} s "
-                                   f"after it was started, before it answered on {self.target.url}"
-                                   + ("; its log ends:\n    " + "\n    ".join(tail) if tail else "; its log is empty"))
+                raise TargetStartCrash(
+                    f"the target process {exit_evidence(st.exit_code)} {self.run.now() - started:.1f} s "
+                    f"after it was started, before it answered on {self.target.url}"
+                    + ("; its log ends:\n    " + "\n    ".join(tail) if tail else "; its log is empty")
+                )
             why = " (the drill's wall clock)" if clipped else ""
-            raise VramlabError(f"the target at {self.target.url} did not pass a health check within {limit:.3g} s"
-                               f"{why}: {found.summary()}")
+            raise VramlabError(
+                f"the target at {self.target.url} did not pass a health check within {limit:.3g} s"
+                f"{why}: {found.summary()}"
+            )
         self.health_path = found.path
         self.run.emit("health_path", found.summary(), path=found.path, answers=found.answers)
         if started is not None:
             self.load_time_s = self.run.now() - started
-            self.run.emit("target_ready", f"the target loaded in {self.load_time_s:.2f} s (start to health 200 on "
-                      f"{found.path})", load_time_s=self.load_time_s)
+            self.run.emit(
+                "target_ready",
+                f"the target loaded in {self.load_time_s:.2f} s (start to health 200 on {found.path})",
+                load_time_s=self.load_time_s,
+            )
         if self.plan.cotenant is not None:
             self._cotenant = self._make_balloon()
             nbytes = self.plan.cotenant.bytes_to_hold(self._cotenant.free_bytes())
             try:
                 await asyncio.to_thread(self._cotenant.set_bytes, nbytes)
             except CotenantOutOfMemory as exc:  # the plan asks for more than the card has free
-                raise ConfigError(f"cotenant: could not hold {gib(nbytes, unit=True)} before the ramp: "
-                                  f"{str(exc)[:200]}; lower cotenant.hold_gib (the drill was rolled back)") from None
+                raise ConfigError(
+                    f"cotenant: could not hold {gib(nbytes, unit=True)} before the ramp: "
+                    f"{str(exc)[:200]}; lower cotenant.hold_gib (the drill was rolled back)"
+                ) from None
             self.run.emit("cotenant", f"co-tenant holds {gib(nbytes, unit=True)}", bytes=nbytes)
         self._capacity_account()
 
@@ -127,10 +143,13 @@ class TargetLifecycle:
             await asyncio.to_thread(self._balloon.set_bytes, int((value or 0) * GIB))
         elif knob == "coloaded_model":
             if self.device is None or not self.plan.target.sim:
-                raise ConfigError("ramp.knob coloaded_model needs a sim target (real co-loading: use target commands)")
+                raise ConfigError(
+                    "ramp.knob coloaded_model needs a sim target (real co-loading: use target commands)"
+                )
             if self._coloaded is None:
                 settings = (self.coloc and self.coloc.coloaded_settings()) or self.plan.target.sim.model_copy(
-                    update={"model": self.plan.ramp.model or self.plan.target.sim.model})
+                    update={"model": self.plan.ramp.model or self.plan.target.sim.model}
+                )
                 self._coloaded = CoLoaded(self.device, settings, self.workdir)
             if value is not None:
                 t = time.monotonic()
@@ -173,9 +192,15 @@ class TargetLifecycle:
         if self.plan.rollback:
             from vramlab.experiment.rollback import run_rollbacks
 
-            env = {"VRAMLAB_RUN_ID": self.run.run_id, "VRAMLAB_RUN_STATUS": status, "VRAMLAB_STOP_REASON": reason or ""}
+            env = {
+                "VRAMLAB_RUN_ID": self.run.run_id,
+                "VRAMLAB_RUN_STATUS": status,
+                "VRAMLAB_STOP_REASON": reason or "",
+            }
             for res in await run_rollbacks(self.plan.rollback, env):
-                self.run.emit("rollback", f"{res.command}: exit {res.exit_code}", ok=res.ok, command=res.command)
+                self.run.emit(
+                    "rollback", f"{res.command}: exit {res.exit_code}", ok=res.ok, command=res.command
+                )
 
 
 def _log_tail(target: Any, n: int = 8) -> list[str]:

@@ -21,8 +21,9 @@ PROBE_RESOLUTION_S = 0.25
 Record = Callable[["RequestResult", int], None]  # (an answer, the user that sent it)
 
 
-def window_lanes(plan: DrillPlan, value: float | None, duration_s: float, phase: str, rnd: int, step: int,
-                 record: Record) -> tuple[list[Lane], RetryPolicy]:
+def window_lanes(
+    plan: DrillPlan, value: float | None, duration_s: float, phase: str, rnd: int, step: int, record: Record
+) -> tuple[list[Lane], RetryPolicy]:
     """The lanes of one window at *value* of the ramp's knob (None: the plan's own load) and the retry policy."""
     from vramlab.load.driver import LoadShape, Window
     from vramlab.load.prompts import synthetic_prompts
@@ -40,15 +41,35 @@ def window_lanes(plan: DrillPlan, value: float | None, duration_s: float, phase:
     tag = "b" if phase == "baseline" else ("r" if phase == "recovery" else "s")
     # one lane per closed-loop user (each its own seed and request ids), all in one window
     cap = PROBE_RESOLUTION_S if phase == "recovery" else None  # recovery is timed to this, not to a back-off
-    lanes = [Lane(prompts, LoadShape(mode="closed", concurrency=1, max_tokens=load.max_tokens, seed=u,
-                                     think_s=load.think_time_s, error_backoff_max_s=cap), window,
-                  recorder_for(u), f"u{u}:{rnd}{tag}{step}-")
-             for u in range(users)]
+    lanes = [
+        Lane(
+            prompts,
+            LoadShape(
+                mode="closed",
+                concurrency=1,
+                max_tokens=load.max_tokens,
+                seed=u,
+                think_s=load.think_time_s,
+                error_backoff_max_s=cap,
+            ),
+            window,
+            recorder_for(u),
+            f"u{u}:{rnd}{tag}{step}-",
+        )
+        for u in range(users)
+    ]
     if knob == "batch" and value and phase == "ramp":
         # a burst of `value` simultaneous requests at the start of the step, on top of the steady users
         burst = Window(requests=int(value), max_s=duration_s, drain_s=window.drain_s)
-        lanes.append(Lane(prompts, LoadShape(mode="closed", concurrency=int(value), max_tokens=load.max_tokens),
-                          burst, recorder_for(10_000), f"burst:{rnd}{step}-"))
+        lanes.append(
+            Lane(
+                prompts,
+                LoadShape(mode="closed", concurrency=int(value), max_tokens=load.max_tokens),
+                burst,
+                recorder_for(10_000),
+                f"burst:{rnd}{step}-",
+            )
+        )
     return lanes, RetryPolicy(**plan.clients.model_dump())
 
 

@@ -55,7 +55,10 @@ class ProcessTarget:
         log = open(self.log_path, "ab")
         try:
             self._proc = subprocess.Popen(
-                ["/bin/sh", "-c", cmd], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                ["/bin/sh", "-c", cmd],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         finally:
@@ -92,10 +95,16 @@ class ProcessTarget:
 
         now = oom_kill_count(os.getpid())
         if self._oom_kills is None or now is None:
-            return TargetStatus(False, f"pid {self._proc.pid}; the cgroup OOM-kill counter is not readable here", code)
+            return TargetStatus(
+                False, f"pid {self._proc.pid}; the cgroup OOM-kill counter is not readable here", code
+            )
         before = self._oom_kills[0]
-        return TargetStatus(False, f"pid {self._proc.pid}; cgroup oom_kill {before} -> {now[0]} ({Path(now[1]).name})",
-                            code, oom_killed=now[0] > before)
+        return TargetStatus(
+            False,
+            f"pid {self._proc.pid}; cgroup oom_kill {before} -> {now[0]} ({Path(now[1]).name})",
+            code,
+            oom_killed=now[0] > before,
+        )
 
     def logs(self, since_epoch: float) -> list[str]:
         return _read_new_lines(self, str(self.log_path))
@@ -120,7 +129,7 @@ def group_stopped(pgid: int) -> bool:
                 stat = fh.read().decode(errors="replace")
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
         if len(fields) > 2 and fields[2] == str(pgid) and fields[0] in ("T", "t"):
             return True
     return False
@@ -178,7 +187,9 @@ class SimTarget:
 
     @property
     def url(self) -> str:
-        return self.spec.base_url if self.attached and self.spec.base_url else f"http://127.0.0.1:{self._port}"
+        return (
+            self.spec.base_url if self.attached and self.spec.base_url else f"http://127.0.0.1:{self._port}"
+        )
 
     @property
     def log_path(self) -> str | None:
@@ -196,8 +207,12 @@ class SimTarget:
             self.last_exit_code = getattr(exc, "exit_code", None)
             lines = (getattr(exc, "log_tail", "") or "").strip().splitlines() or [""]
             # the root cause, not vLLM's generic wrapper line ("Engine core initialization failed")
-            cause = next((ln for ln in lines if "Error:" in ln and "initialization failed" not in ln), lines[-1])
-            raise TargetCommandError(f"sim did not start (exit {self.last_exit_code}): {cause.strip()[:240]}") from None
+            cause = next(
+                (ln for ln in lines if "Error:" in ln and "initialization failed" not in ln), lines[-1]
+            )
+            raise TargetCommandError(
+                f"sim did not start (exit {self.last_exit_code}): {cause.strip()[:240]}"
+            ) from None
         self._log_offset = 0
         self.starts += 1
 
@@ -206,14 +221,18 @@ class SimTarget:
         if self._proc is not None and self._proc.poll() is None:
             if group_stopped(self._proc.pid):  # a stopped sim never acts on SIGTERM
                 self.last_exit_code = self._proc.kill()
-                self.last_stop = "SIGKILL at once: the process was stopped (state T) and would never act on SIGTERM"
+                self.last_stop = (
+                    "SIGKILL at once: the process was stopped (state T) and would never act on SIGTERM"
+                )
             else:
                 self.last_exit_code = self._proc.stop(timeout_s=STOP_GRACE_S)
                 self.last_stop = f"SIGTERM (SIGKILL after {STOP_GRACE_S:g} s)"
 
     def restart(self) -> None:
         if self.attached:
-            raise TargetCommandError("the drill attached to a running sim (target.base_url) and cannot restart it")
+            raise TargetCommandError(
+                "the drill attached to a running sim (target.base_url) and cannot restart it"
+            )
         self.stop()
         self.start(wait_ready=False)
 
@@ -246,4 +265,12 @@ def open_target(spec: TargetSpec, workdir: Path) -> Target:
     raise ConfigError(f"unknown target kind {spec.kind!r}")
 
 
-__all__ = ["STOP_GRACE_S", "ProcessTarget", "SimTarget", "free_port", "group_stopped", "open_target", "stop_group"]
+__all__ = [
+    "STOP_GRACE_S",
+    "ProcessTarget",
+    "SimTarget",
+    "free_port",
+    "group_stopped",
+    "open_target",
+    "stop_group",
+]

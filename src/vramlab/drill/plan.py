@@ -110,7 +110,9 @@ class DrillPlan(_Strict, PlanDocument):
     prometheus_url: str | None = None  # alert pending/firing times from its HTTP API
     sample_interval_s: float = Field(0.25, gt=0)
     store: str | None = None  # store URL; default: the user's store
-    capacity: CapacityFacts | None = None  # model, engine, card of a real target, for the stored capacity plan
+    capacity: CapacityFacts | None = (
+        None  # model, engine, card of a real target, for the stored capacity plan
+    )
 
     _rollback_strings = field_validator("rollback", mode="before")(rollback_strings)
 
@@ -128,11 +130,15 @@ class DrillPlan(_Strict, PlanDocument):
             check_actionable(rule)
         names = [n.name for n in self.neighbours]
         if (self.kind == "colocation") != (self.colocation is not None):
-            raise ValueError(f"@kind: {self.kind}, but a drill with a colocation: section is kind: colocation and one "
-                             "without is kind: drill")
+            raise ValueError(
+                f"@kind: {self.kind}, but a drill with a colocation: section is kind: colocation and one "
+                "without is kind: drill"
+            )
         if self.colocation is not None:
             if self.target.kind != "sim" or self.target.sim is None:
-                raise ValueError("colocation needs a sim target with target.sim (the engines share its ledger)")
+                raise ValueError(
+                    "colocation needs a sim target with target.sim (the engines share its ledger)"
+                )
             names += [e.name for e in self.colocation.engines]
         if len(set(names)) != len(names):
             raise ValueError("neighbour names must be unique (colocation engines are probed as neighbours)")
@@ -152,9 +158,10 @@ class DrillPlan(_Strict, PlanDocument):
             return  # an unknown card: the sim refuses it by name
         card_gib = card.memory_bytes / (1 << 30)
         if self.cotenant.hold_gib >= card_gib:
-            raise ValueError(f"@cotenant.hold_gib: {self.cotenant.hold_gib:g} GiB is more than the whole "
-                             f"{card.name} ({card_gib:.1f} GiB); the co-tenant could never hold it")
-
+            raise ValueError(
+                f"@cotenant.hold_gib: {self.cotenant.hold_gib:g} GiB is more than the whole "
+                f"{card.name} ({card_gib:.1f} GiB); the co-tenant could never hold it"
+            )
 
     # -- derived, read-only views ------------------------------------------------------------
     # The names the drill runner reads, kept while the runners are merged (the document says

@@ -54,7 +54,9 @@ class RampSpec(BaseModel):
         if self.step_s <= 0:
             raise ValueError("ramp.step_s must be > 0")
         if len(ramp_values(self)) > MAX_STEPS:
-            raise ValueError(f"the ramp has more than {MAX_STEPS} steps; raise factor/step or lower the ceiling")
+            raise ValueError(
+                f"the ramp has more than {MAX_STEPS} steps; raise factor/step or lower the ceiling"
+            )
         return self
 
     @property

@@ -86,14 +86,26 @@ async def recover(
             # The drill plays the supervisor (systemd Restart=on-failure, a k8s liveness probe).
             dead = not state.running
             # health failing counts only from the end of the last restart's start-up allowance
-            down_from = None if state.health_down_since_s is None else max(
-                state.health_down_since_s, last_restart + startup_allowance_s)
+            down_from = (
+                None
+                if state.health_down_since_s is None
+                else max(state.health_down_since_s, last_restart + startup_allowance_s)
+            )
             stuck = down_from is not None and t - down_from >= spec.liveness_grace_s and state.running
             if (dead or stuck) and t - last_restart >= restart_delay:
                 await asyncio.sleep(spec.restart_delay_s if dead else 0.0)
-                why = "process exited" if dead else (
-                    f"health failing for {spec.liveness_grace_s:g} s"
-                    + (f" after a {startup_allowance_s:g} s start-up allowance" if last_restart > -1e8 else ""))
+                why = (
+                    "process exited"
+                    if dead
+                    else (
+                        f"health failing for {spec.liveness_grace_s:g} s"
+                        + (
+                            f" after a {startup_allowance_s:g} s start-up allowance"
+                            if last_restart > -1e8
+                            else ""
+                        )
+                    )
+                )
                 issued = now()
                 last_restart = issued
                 if on_restart is not None:
@@ -105,15 +117,24 @@ async def recover(
                     # credited only once it happened: a restart that failed, or is still stuck
                     # stopping the old process, brought nothing back
                     how = getattr(target, "last_stop", None)
-                    emit("mitigation", f"supervisor restart ({why})" + (f"; the old process: {how}" if how else ""),
-                         action="restart", by="supervisor", reason=why, startup_allowance_s=startup_allowance_s,
-                         issued_s=issued, stopped_by=how)
+                    emit(
+                        "mitigation",
+                        f"supervisor restart ({why})" + (f"; the old process: {how}" if how else ""),
+                        action="restart",
+                        by="supervisor",
+                        reason=why,
+                        startup_allowance_s=startup_allowance_s,
+                        issued_s=issued,
+                        stopped_by=how,
+                    )
                     mitigations += 1
                 except TargetCommandError as exc:
                     emit("warning", f"restart failed: {exc}", action="restart", issued_s=issued)
                 finally:
                     state.restarting = False
-                restart_delay = min(max(restart_delay * 2, 0.5), 5.0)  # a crash loop backs off, as systemd does
+                restart_delay = min(
+                    max(restart_delay * 2, 0.5), 5.0
+                )  # a crash loop backs off, as systemd does
         elif spec.mode == "scripted" and not scripted_done:
             if t - start >= spec.delay_s:
                 scripted_done = True
@@ -124,8 +145,12 @@ async def recover(
                 state.restarting = True  # while the command runs, the exits it causes are its own
                 try:
                     res = await asyncio.to_thread(run_command, spec.command or "", spec.limit_s, "recovery")
-                    emit("recovery_command", f"recovery command exited {res.exit_code}", exit_code=res.exit_code,
-                         output=res.output[-500:])
+                    emit(
+                        "recovery_command",
+                        f"recovery command exited {res.exit_code}",
+                        exit_code=res.exit_code,
+                        output=res.output[-500:],
+                    )
                     state.running = True
                 except TargetCommandError as exc:
                     emit("warning", str(exc))
@@ -134,8 +159,12 @@ async def recover(
         elif spec.mode == "manual":
             if not announced:
                 announced = True
-                emit("waiting_for_operator", "manual recovery: act on the target and record each action with "
-                     "`vramlab note RUN_ID \"what you did\"`", mode="manual")
+                emit(
+                    "waiting_for_operator",
+                    "manual recovery: act on the target and record each action with "
+                    '`vramlab note RUN_ID "what you did"`',
+                    mode="manual",
+                )
             if operator_notes is not None and t - polled >= 0.5:  # notes come through the store: poll gently
                 polled = t
                 notes = await asyncio.to_thread(operator_notes, start)
@@ -149,7 +178,9 @@ async def recover(
         await asyncio.sleep(0.05)
     if state.serving():
         return RecoveryOutcome(True, state.last_success_s, mitigations, "serving again")
-    return RecoveryOutcome(False, None, mitigations, f"not serving again within the recovery limit of {spec.limit_s:g} s")
+    return RecoveryOutcome(
+        False, None, mitigations, f"not serving again within the recovery limit of {spec.limit_s:g} s"
+    )
 
 
 __all__ = ["LiveState", "RecoveryOutcome", "recover"]

@@ -26,15 +26,25 @@ class DrillResult:
     stop_reason: str | None
     failed_rounds: list[int] = field(default_factory=list)
     workdir: str = ""
-    unrecovered_rounds: list[int] = field(default_factory=list)  # failed and not serving again within the limit
+    unrecovered_rounds: list[int] = field(
+        default_factory=list
+    )  # failed and not serving again within the limit
 
 
 class DrillRunner:
     """A drill plan's run: ``await DrillRunner(plan, store).run()``. Ctrl-C (a cancellation) and an
     error go on to the caller after the rollback and run_end; a store that refuses rows fails the run."""
 
-    def __init__(self, plan: DrillPlan, store: Store, *, override_env: bool = False, workdir: str | None = None,
-                 run_id: str | None = None, hook: EventHook | None = None) -> None:
+    def __init__(
+        self,
+        plan: DrillPlan,
+        store: Store,
+        *,
+        override_env: bool = False,
+        workdir: str | None = None,
+        run_id: str | None = None,
+        hook: EventHook | None = None,
+    ) -> None:
         self.plan = plan
         self.store = store
         self.kind = DrillKind(plan, store, override_env=override_env, workdir=workdir, run_id=run_id)
@@ -61,10 +71,18 @@ class DrillRunner:
 
     async def run(self) -> DrillResult:
         self.hook.add(self.recorder)
-        self.recorder.on_failure = self.runner.abort_soon  # the writer thread gave up: stop the load, roll back
+        self.recorder.on_failure = (
+            self.runner.abort_soon
+        )  # the writer thread gave up: stop the load, roll back
         res = await self.runner.run()
-        return DrillResult(self.run_id, res.status, res.reason, list(self.kind.failed_rounds), str(self.workdir),
-                           list(self.kind.unrecovered_rounds))
+        return DrillResult(
+            self.run_id,
+            res.status,
+            res.reason,
+            list(self.kind.failed_rounds),
+            str(self.workdir),
+            list(self.kind.unrecovered_rounds),
+        )
 
 
 __all__ = ["DrillResult", "DrillRunner"]

@@ -24,7 +24,9 @@ def run_drill(runner: DrillRunner) -> DrillResult:
     plan = runner.plan
     # The wall-clock stop condition runs on the event loop; if something ever blocks the loop past
     # it, leave every thread's stack on stderr so the stall can be diagnosed (the drill goes on).
-    wall = plan.stop.wall_clock_s if getattr(plan, "stop", None) and plan.stop.wall_clock_s else DEFAULT_WALL_S
+    wall = (
+        plan.stop.wall_clock_s if getattr(plan, "stop", None) and plan.stop.wall_clock_s else DEFAULT_WALL_S
+    )
     faulthandler.dump_traceback_later(wall + WATCHDOG_GRACE_S, repeat=False, file=sys.stderr)
     return asyncio.run(_run_with_task_dump(runner))
 

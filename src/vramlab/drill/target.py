@@ -59,7 +59,12 @@ FORMS: dict[str, dict[str, str]] = {
 # `ollama`: the systemd unit Ollama's Linux install creates (`ollama`), at Ollama's default address,
 # with its model loads and unloads sampled from /api/ps (observe/ollama.py).
 FORMS["ollama"] = dict(FORMS["systemd"])
-OLLAMA_DEFAULTS = {"unit": "ollama", "base_url": "http://127.0.0.1:11434", "engine": "ollama", "health_path": "/"}
+OLLAMA_DEFAULTS = {
+    "unit": "ollama",
+    "base_url": "http://127.0.0.1:11434",
+    "engine": "ollama",
+    "health_path": "/",
+}
 
 
 class TargetSpec(BaseModel):
@@ -72,7 +77,9 @@ class TargetSpec(BaseModel):
     engine: str = "vllm"
     base_url: str | None = None  # OpenAI-compatible root, e.g. http://127.0.0.1:8000
     model: str | None = None  # served model name sent in requests
-    api: Literal["openai-completions", "openai-chat"] = "openai-completions"  # chat for servers without /v1/completions
+    api: Literal["openai-completions", "openai-chat"] = (
+        "openai-completions"  # chat for servers without /v1/completions
+    )
     health_path: str = "/health"  # tried first; then /health, /v1/models, / (drill/health.py)
     metrics_url: str | None = None  # a URL, or a path on the target's root (default /metrics)
     api_key_env: str | None = None  # the NAME of an env var; the key itself never enters a plan
@@ -92,9 +99,11 @@ class TargetSpec(BaseModel):
         try:
             parts.port  # noqa: B018  (urlsplit checks the port only when asked)
         except ValueError:
-            raise ValueError(f"the port of {v!r} is not a number (\"{{port}}\" is filled in the command, not "
-                             "in base_url)") from None
+            raise ValueError(
+                f'the port of {v!r} is not a number ("{{port}}" is filled in the command, not in base_url)'
+            ) from None
         return v
+
     sim: SimSettings | None = None
     command: str | None = None  # process: the command line to spawn
     log_file: str | None = None  # process/command: where the target's log is
@@ -123,7 +132,10 @@ class TargetSpec(BaseModel):
         field = need.get(self.kind)
         if field and not getattr(self, field):
             raise ValueError(f"target kind {self.kind} needs target.{field}")
-        if self.kind in ("process", "command", "systemd", "docker", "kubectl", "ollama") and not self.base_url:
+        if (
+            self.kind in ("process", "command", "systemd", "docker", "kubectl", "ollama")
+            and not self.base_url
+        ):
             raise ValueError(f"target kind {self.kind} needs target.base_url (the endpoint to load)")
         return self
 
@@ -178,7 +190,9 @@ def render(template: str, values: dict[str, Any]) -> str:
     try:
         return template.format(**quoted)
     except KeyError as exc:
-        raise ConfigError(f"command template {template!r} uses {{{exc.args[0]}}}, which the target does not set") from None
+        raise ConfigError(
+            f"command template {template!r} uses {{{exc.args[0]}}}, which the target does not set"
+        ) from None
 
 
 def run_command(command: str, timeout_s: float, action: str = "command") -> CommandResult:
@@ -196,8 +210,12 @@ def run_command(command: str, timeout_s: float, action: str = "command") -> Comm
     except subprocess.TimeoutExpired:
         _kill_group(proc.pid)
         proc.communicate()
-        raise TargetCommandError(f"target {action} command overran its {timeout_s:g} s timeout: {command}") from None
-    return CommandResult(action, command, proc.returncode, out.decode(errors="replace")[-4000:], time.monotonic() - t)
+        raise TargetCommandError(
+            f"target {action} command overran its {timeout_s:g} s timeout: {command}"
+        ) from None
+    return CommandResult(
+        action, command, proc.returncode, out.decode(errors="replace")[-4000:], time.monotonic() - t
+    )
 
 
 def _kill_group(pid: int) -> None:
@@ -253,12 +271,16 @@ class CommandTarget:
         template = self.spec.templates().get(action)
         if not template:
             if check:
-                raise ConfigError(f"target kind {self.spec.kind} has no {action} command; add target.commands.{action}")
+                raise ConfigError(
+                    f"target kind {self.spec.kind} has no {action} command; add target.commands.{action}"
+                )
             return None
         res = run_command(render(template, self._values(since_epoch)), self.spec.timeout_for(action), action)
         self.history.append(res)
         if check and not res.ok and action != "status":
-            raise TargetCommandError(f"target {action} failed (exit {res.exit_code}): {res.output.strip()[-200:]}")
+            raise TargetCommandError(
+                f"target {action} failed (exit {res.exit_code}): {res.output.strip()[-200:]}"
+            )
         return res
 
     def start(self) -> None:

@@ -26,36 +26,67 @@ if TYPE_CHECKING:
     from vramlab.observe.base import Sample
 
 # the detector's finding kinds a log line can produce, and the timeline event each is stored as
-FINDING_EVENTS = {"oom": EventKind.OOM, "engine_death": EventKind.OOM, "startup_refusal": EventKind.STARTUP_REFUSAL,
-                  "xid": EventKind.XID, "preemption": EventKind.PREEMPTION, "overload": EventKind.OVERLOAD}
+FINDING_EVENTS = {
+    "oom": EventKind.OOM,
+    "engine_death": EventKind.OOM,
+    "startup_refusal": EventKind.STARTUP_REFUSAL,
+    "xid": EventKind.XID,
+    "preemption": EventKind.PREEMPTION,
+    "overload": EventKind.OVERLOAD,
+}
 
 
 class Watchers:
     """What watches the target while a round runs; one per drill (what it last saw spans the rounds)."""
 
-    def __init__(self, run: Runner, plan: DrillPlan, target: Target, device: str | None,
-                 coloc: ColocationRun | None, detector: Detector, state: LiveState) -> None:
+    def __init__(
+        self,
+        run: Runner,
+        plan: DrillPlan,
+        target: Target,
+        device: str | None,
+        coloc: ColocationRun | None,
+        detector: Detector,
+        state: LiveState,
+    ) -> None:
         self.run, self.plan, self.target, self.device, self.coloc = run, plan, target, device, coloc
         self.detector, self.state = detector, state  # each round's own, from watch()
         self.health_path = plan.target.health_path  # replaced by what answered at bring-up
         self._last_health: bool | None = None
         self._last_log_event: dict[str, float] = {}
 
-    def watch(self, detector: Detector, state: LiveState, health_path: str) -> list[Coroutine[Any, Any, None]]:
+    def watch(
+        self, detector: Detector, state: LiveState, health_path: str
+    ) -> list[Coroutine[Any, Any, None]]:
         """The round's watchers, feeding *detector* and *state*."""
         self.detector, self.state, self.health_path = detector, state, health_path
         coloc = self.coloc
-        return [self._sample_loop(), self._log_loop(), self._process_loop(),
-                *[self._neighbour_loop(n) for n in self.plan.neighbours],
-                *([coloc.watch_exits(), *map(self._neighbour_loop, coloc.neighbours())] if coloc is not None else []),
-                *([self._prometheus_loop(self.plan.prometheus_url)] if self.plan.prometheus_url else [])]
+        return [
+            self._sample_loop(),
+            self._log_loop(),
+            self._process_loop(),
+            *[self._neighbour_loop(n) for n in self.plan.neighbours],
+            *(
+                [coloc.watch_exits(), *map(self._neighbour_loop, coloc.neighbours())]
+                if coloc is not None
+                else []
+            ),
+            *([self._prometheus_loop(self.plan.prometheus_url)] if self.plan.prometheus_url else []),
+        ]
 
     async def _prometheus_loop(self, url: str) -> None:
         from vramlab.drill.alerting import watch_prometheus
 
         def changed(name: str, state: str, labels: dict[str, Any]) -> None:
-            self.run.emit("alert", f"{name} {state}", name=name, state=state, source="prometheus",
-                      severity=labels.get("severity"), owner=labels.get("owner"))
+            self.run.emit(
+                "alert",
+                f"{name} {state}",
+                name=name,
+                state=state,
+                source="prometheus",
+                severity=labels.get("severity"),
+                owner=labels.get("owner"),
+            )
 
         await watch_prometheus(url, changed)
 
@@ -65,8 +96,10 @@ class Watchers:
         from vramlab.observe.prom_text import PromTextSampler
 
         root = self.target.url.rstrip("/")
-        samplers: list[Any] = [HealthSampler(root + self.health_path, timeout_s=1.0),
-                               PromTextSampler(self.plan.target.metrics_endpoint(root), timeout_s=1.0)]
+        samplers: list[Any] = [
+            HealthSampler(root + self.health_path, timeout_s=1.0),
+            PromTextSampler(self.plan.target.metrics_endpoint(root), timeout_s=1.0),
+        ]
         if self.device:
             from vramlab.observe.ledger import LedgerSampler
 
@@ -79,8 +112,13 @@ class Watchers:
             from vramlab.observe.ollama import OllamaSampler  # model loads and unloads on the timeline
 
             samplers.append(OllamaSampler(root, timeout_s=1.0))
-        sset = SamplerSet(samplers, self.plan.sample_interval_s, self._on_samples,
-                          lambda note: self.run.emit("warning", note), lambda kind, msg, data: self.run.emit(kind, msg, **data))
+        sset = SamplerSet(
+            samplers,
+            self.plan.sample_interval_s,
+            self._on_samples,
+            lambda note: self.run.emit("warning", note),
+            lambda kind, msg, data: self.run.emit(kind, msg, **data),
+        )
         await sset.start()
         try:
             await asyncio.Event().wait()
@@ -92,8 +130,16 @@ class Watchers:
         total = next((s.value for s in samples if s.name == "gpu.memory_total_bytes"), None)
         for s in samples:
             t = s.t - self.run.t0
-            recs.append(SampleRecord(run_id=self.run.run_id, t_s=t, source=s.source, name=s.name, value=s.value,
-                                     labels=dict(s.labels)))
+            recs.append(
+                SampleRecord(
+                    run_id=self.run.run_id,
+                    t_s=t,
+                    source=s.source,
+                    name=s.name,
+                    value=s.value,
+                    labels=dict(s.labels),
+                )
+            )
             if s.name == "health.up":
                 self._on_health(t, s.value >= 0.5)
             else:
@@ -105,7 +151,9 @@ class Watchers:
         if up != self._last_health and self._last_health is not None:
             self.run.emit("health", "health OK again" if up else "health check failing", ok=up)
         if not up:
-            self.state.health_ever_failed = self.state.health_ever_failed or self.state.failed_at_s is not None
+            self.state.health_ever_failed = (
+                self.state.health_ever_failed or self.state.failed_at_s is not None
+            )
             if self.state.health_down_since_s is None:
                 self.state.health_down_since_s = t
         else:
@@ -116,8 +164,11 @@ class Watchers:
     async def _log_loop(self) -> None:
         since = time.time()
         while True:
-            lines = await asyncio.to_thread(self.target.logs, since) if self.plan.target.kind not in ("sim", "process") \
+            lines = (
+                await asyncio.to_thread(self.target.logs, since)
+                if self.plan.target.kind not in ("sim", "process")
                 else self.target.logs(since)
+            )
             since = time.time()
             for line in lines:
                 t = self.run.now()
@@ -146,8 +197,13 @@ class Watchers:
                 last = _last_log_line(self.target)  # the engine's own last words, quoted as evidence
                 detail = st.detail + (f"; its log ends: {last!r}" if last else "")
                 self.detector.on_process(t, False, st.exit_code, st.oom_killed, detail)
-                self.run.emit("process_exit", f"target {exit_evidence(st.exit_code)}", exit_code=st.exit_code,
-                          oom_killed=st.oom_killed, detail=st.detail)
+                self.run.emit(
+                    "process_exit",
+                    f"target {exit_evidence(st.exit_code)}",
+                    exit_code=st.exit_code,
+                    oom_killed=st.oom_killed,
+                    detail=st.detail,
+                )
             self.state.running = st.running
             await asyncio.sleep(0.05 if local else 1.0)
 
@@ -155,10 +211,14 @@ class Watchers:
         from vramlab.observe.health import HealthSampler
 
         probe: Any
-        if n.kind == "generate":  # one token: an engine that cannot grow its memory fails here, not on /health
+        if (
+            n.kind == "generate"
+        ):  # one token: an engine that cannot grow its memory fails here, not on /health
             from vramlab.drill.probes import GenerateProbe
 
-            probe = GenerateProbe(n.url.rstrip("/") + (n.path or "/v1/completions"), n.model or "default", n.timeout_s)
+            probe = GenerateProbe(
+                n.url.rstrip("/") + (n.path or "/v1/completions"), n.model or "default", n.timeout_s
+            )
         else:
             probe = HealthSampler(n.url.rstrip("/") + (n.path or "/health"), timeout_s=n.timeout_s)
         await probe.open()
@@ -166,11 +226,25 @@ class Watchers:
             while True:
                 got = {s.name: s for s in await probe.sample()}
                 t = got["health.up"].t - self.run.t0
-                self.run.emit("samples", payload=[
-                    SampleRecord(run_id=self.run.run_id, t_s=t, source="health", name=f"neighbour.{n.name}.ok",
-                                 value=got["health.up"].value),
-                    SampleRecord(run_id=self.run.run_id, t_s=t, source="health", name=f"neighbour.{n.name}.latency_ms",
-                                 value=got["health.latency_ms"].value)])
+                self.run.emit(
+                    "samples",
+                    payload=[
+                        SampleRecord(
+                            run_id=self.run.run_id,
+                            t_s=t,
+                            source="health",
+                            name=f"neighbour.{n.name}.ok",
+                            value=got["health.up"].value,
+                        ),
+                        SampleRecord(
+                            run_id=self.run.run_id,
+                            t_s=t,
+                            source="health",
+                            name=f"neighbour.{n.name}.latency_ms",
+                            value=got["health.latency_ms"].value,
+                        ),
+                    ],
+                )
                 await asyncio.sleep(n.interval_s)
         finally:
             await probe.close()
@@ -208,5 +282,5 @@ def last_error_line(target: Any) -> str | None:
     for line in reversed(_log_tail_lines(target, 64 * 1024)):
         m = _ERROR_LINE.search(line)
         if m:
-            return line[m.start():][:240]
+            return line[m.start() :][:240]
     return None

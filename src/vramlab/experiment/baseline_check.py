@@ -44,13 +44,19 @@ class BaselineTally:
         if self.sent == 0:
             return "the baseline sent no request"
         if done == 0:
-            return (f"no baseline request came back: {self.still_open} of {self.sent} were still open when the "
-                    "window ended (a target that accepts connections and never answers, or a request timeout "
-                    "longer than the baseline)")
+            return (
+                f"no baseline request came back: {self.still_open} of {self.sent} were still open when the "
+                "window ended (a target that accepts connections and never answers, or a request timeout "
+                "longer than the baseline)"
+            )
         share = self.failed / done
         if self.ok == 0 or (self.error_rate_limit is not None and share >= self.error_rate_limit):
             classes = ", ".join(f"{k} {v}" for k, v in sorted(self.classes.items()))
-            limit = "" if self.error_rate_limit is None else f", at or past the error-rate stop {self.error_rate_limit:.0%}"
+            limit = (
+                ""
+                if self.error_rate_limit is None
+                else f", at or past the error-rate stop {self.error_rate_limit:.0%}"
+            )
             words = f"; the server said: {self.first_error}" if self.first_error else ""
             return f"{self.failed} of {done} baseline requests failed ({classes}{limit}){words}"
         return None

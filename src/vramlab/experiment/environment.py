@@ -16,8 +16,12 @@ _VERSION_PATHS = ("/version", "/info", "/props", "/api/version")  # vLLM/SGLang/
 
 
 def host_facts() -> dict[str, Any]:
-    out: dict[str, Any] = {"vramlab_version": __version__, "host": socket.gethostname(),
-                           "python": platform.python_version(), "platform": platform.platform(terse=True)}
+    out: dict[str, Any] = {
+        "vramlab_version": __version__,
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+    }
     try:
         import psutil
 
@@ -49,7 +53,9 @@ def gpu_facts(nvml: Any = None) -> dict[str, Any]:
         d.close()
 
 
-async def engine_facts(base_url: str, headers: dict[str, str], model: str) -> tuple[dict[str, Any], list[str]]:
+async def engine_facts(
+    base_url: str, headers: dict[str, str], model: str
+) -> tuple[dict[str, Any], list[str]]:
     """Engine version and whether the model is served; (facts, notes)."""
     import aiohttp
 

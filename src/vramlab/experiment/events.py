@@ -63,7 +63,9 @@ class EventHook:
                     raise
                 self.remove(h)
                 name = getattr(h, "__qualname__", None) or type(h).__name__
-                self.errors.append(f"event subscriber {name} failed and was detached: {type(exc).__name__}: {exc}"[:300])
+                self.errors.append(
+                    f"event subscriber {name} failed and was detached: {type(exc).__name__}: {exc}"[:300]
+                )
 
 
 __all__ = ["DATA_KINDS", "Event", "EventHook", "EventKind", "Handler"]

@@ -37,7 +37,9 @@ class RunKind(Protocol):
     run_id: str
     rounds: range  # the round numbers, in order
     first_step: int  # the first step's number (the experiment counts treatment steps from 1, a drill from 0)
-    raises: bool  # an error or Ctrl-C goes on to the caller after run_end (else: a status, and an "error" event)
+    raises: (
+        bool  # an error or Ctrl-C goes on to the caller after run_end (else: a status, and an "error" event)
+    )
     interrupted: str  # the reason a Ctrl-C ends the run with
 
     def attach(self, run: Runner) -> None:
@@ -73,7 +75,9 @@ class RunKind(Protocol):
     def step_failed(self) -> bool:
         """Polled while the step's window runs, and once after it: should the step (and the steps) end?"""
 
-    def on_step_failure(self, step: int, value: float, last: float | None, window: asyncio.Future[Any] | None) -> bool:
+    def on_step_failure(
+        self, step: int, value: float, last: float | None, window: asyncio.Future[Any] | None
+    ) -> bool:
         """The step failed: say so. True: the kind keeps the still running *window* (to drain it)."""
 
     def end_step(self, step: int, value: float) -> StepOutcome:

@@ -24,7 +24,9 @@ from vramlab.plandoc import StopConditions as StopConditions
 Variable = Literal["concurrency", "request_rate", "prompt_tokens", "output_tokens"]
 SamplerSource = Literal["gpu", "ledger", "engine", "prometheus", "host", "health", "ollama"]
 # Threshold names the analysis understands: a statistic of a per-request latency, or a rate.
-_METRIC_NAME = re.compile(r"^(p50|p90|p95|p99|max|mean)_(ttft|tpot|itl|e2e)_ms$|^error_rate$|^min_goodput_rps$")
+_METRIC_NAME = re.compile(
+    r"^(p50|p90|p95|p99|max|mean)_(ttft|tpot|itl|e2e)_ms$|^error_rate$|^min_goodput_rps$"
+)
 MAX_RAMP_STEPS = 64
 RUN_SIM_SPEED = 20.0  # a run's target.sim.speed when the plan leaves it out (docs/experiments.md)
 
@@ -36,19 +38,27 @@ class _Model(BaseModel):
 
 
 class Target(_Model):
-    base_url: str | None = Field(default=None, description="the endpoint; filled in by vramlab when target.sim is given")
+    base_url: str | None = Field(
+        default=None, description="the endpoint; filled in by vramlab when target.sim is given"
+    )
     api: Literal["openai-chat", "openai-completions"] = "openai-chat"
     model: str
     api_key_env: str | None = None
-    metrics_url: str | None = Field(default=None, description="the Prometheus text endpoint: a URL, or a path on "
-                                    "the target's root (default /metrics)")
+    metrics_url: str | None = Field(
+        default=None,
+        description="the Prometheus text endpoint: a URL, or a path on the target's root (default /metrics)",
+    )
     health_url: str | None = None
     # every engine the README names, plus the rehearsal server; "other" for anything else OpenAI-compatible
     kind: Literal["vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama", "sim", "other"] = "other"
     environment: Literal["test", "staging", "production"] = "test"
     pid: int | None = Field(default=None, description="the target process, for its RSS (same host only)")
-    sim: SimSettings | None = Field(default=None, description="start a sim for this run (kind: sim, no base_url)")
-    log_file: str | None = Field(default=None, description="the target's log: its start-up memory lines are read")
+    sim: SimSettings | None = Field(
+        default=None, description="start a sim for this run (kind: sim, no base_url)"
+    )
+    log_file: str | None = Field(
+        default=None, description="the target's log: its start-up memory lines are read"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -64,8 +74,10 @@ class Target(_Model):
         if self.sim is not None and self.kind != "sim":
             raise ValueError("sim: settings need kind: sim")
         if self.sim is None and self.base_url is None:
-            raise ValueError("give base_url (the endpoint), or kind: sim with sim: {gpu: ...} to let vramlab "
-                             "start a rehearsal server")
+            raise ValueError(
+                "give base_url (the endpoint), or kind: sim with sim: {gpu: ...} to let vramlab "
+                "start a rehearsal server"
+            )
         return self
 
     @property
@@ -96,15 +108,19 @@ class Target(_Model):
     def _env_name(cls, v: str | None) -> str | None:
         # The plan names the variable; a value that looks like a key itself is refused so it is never stored.
         if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
-            raise ValueError("must be the NAME of an environment variable (the key itself never goes in a plan)")
+            raise ValueError(
+                "must be the NAME of an environment variable (the key itself never goes in a plan)"
+            )
         return v
 
     @model_validator(mode="after")
     def _one_credential(self) -> Target:
         # HTTP sends one Authorization header: user-info in the URL (Basic) or the key (Bearer), not both.
         if self.api_key_env and self.base_url and "@" in self.base_url.split("://", 1)[1].split("/", 1)[0]:
-            raise ValueError("@base_url: has user-info (user:password@) and api_key_env is set too; "
-                             "give one (HTTP carries one Authorization header)")
+            raise ValueError(
+                "@base_url: has user-info (user:password@) and api_key_env is set too; "
+                "give one (HTTP carries one Authorization header)"
+            )
         return self
 
 
@@ -115,11 +131,17 @@ class CapacityFacts(_Model):
 
     gpu: str | None = Field(default=None, description="catalog card name (`vramlab gpus`)")
     gpu_memory_gib: float | None = Field(default=None, gt=0, le=1 << 20, description="usable memory per GPU")
-    model: str | None = Field(default=None, description="catalog name, config.json or directory (default target.model)")
-    engine: str | None = Field(default=None, description="vllm, sglang, tgi, llama.cpp, transformers (default target.kind)")
+    model: str | None = Field(
+        default=None, description="catalog name, config.json or directory (default target.model)"
+    )
+    engine: str | None = Field(
+        default=None, description="vllm, sglang, tgi, llama.cpp, transformers (default target.kind)"
+    )
     engine_version: str | None = None
-    settings: dict[str, Any] = Field(default_factory=dict, description="engine settings by `vramlab plan` name, "
-                                     "e.g. max_model_len, gpu_memory_utilization")
+    settings: dict[str, Any] = Field(
+        default_factory=dict,
+        description="engine settings by `vramlab plan` name, e.g. max_model_len, gpu_memory_utilization",
+    )
 
 
 class Synthetic(_Model):
@@ -168,7 +190,9 @@ class Ramp(_Model):
 
 class Change(_Model):
     variable: Variable
-    baseline: float | None = Field(default=None, gt=0, description="value in baseline and recovery; default: the load's own")
+    baseline: float | None = Field(
+        default=None, gt=0, description="value in baseline and recovery; default: the load's own"
+    )
     steps: list[float] | None = None
     ramp: Ramp | None = None
 
@@ -197,7 +221,9 @@ class Phases(_Model):
 
     duration_s: float | None = Field(default=None, gt=0)
     requests: int | None = Field(default=None, gt=0)
-    drain_s: float = Field(default=5.0, ge=0, description="how long in-flight requests may finish after a window")
+    drain_s: float = Field(
+        default=5.0, ge=0, description="how long in-flight requests may finish after a window"
+    )
 
     @model_validator(mode="after")
     def _window(self) -> Phases:
@@ -216,8 +242,10 @@ class Load(_Model):
     request_timeout_s: float = Field(default=60.0, gt=0)
     lag_warn_ms: float = Field(default=25.0, gt=0)
     http_client: Literal["auto", "fast", "aiohttp"] = Field(
-        default="auto", description="auto: vramlab's own HTTP/1.1 client for http://, aiohttp for https:// "
-                                    "(fast: insist on the own client; aiohttp: always aiohttp)")
+        default="auto",
+        description="auto: vramlab's own HTTP/1.1 client for http://, aiohttp for https:// "
+        "(fast: insist on the own client; aiohttp: always aiohttp)",
+    )
     retry: Retry = Retry()
 
 
@@ -252,7 +280,9 @@ class Plan(_Model, PlanDocument):
     def _metric_names(cls, v: dict[str, float]) -> dict[str, float]:
         for k in v:
             if not _METRIC_NAME.match(k):
-                raise ValueError(f"unknown metric {k!r}; use e.g. p95_ttft_ms, p99_e2e_ms, error_rate, min_goodput_rps")
+                raise ValueError(
+                    f"unknown metric {k!r}; use e.g. p95_ttft_ms, p99_e2e_ms, error_rate, min_goodput_rps"
+                )
         return v
 
     @model_validator(mode="after")

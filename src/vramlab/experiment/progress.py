@@ -10,7 +10,13 @@ from vramlab.experiment.events import Event, EventKind
 
 K = EventKind
 _LINE_KINDS = {K.PHASE_END, K.STOP_CONDITION, K.WARNING, K.NOTE, K.ROLLBACK, K.ERROR, K.RUN_END, K.STEP}
-_TAGS: dict[str, str] = {K.STOP_CONDITION: "STOP ", K.WARNING: "warn ", K.ERROR: "error", K.NOTE: "note ", K.ROLLBACK: "rollback"}
+_TAGS: dict[str, str] = {
+    K.STOP_CONDITION: "STOP ",
+    K.WARNING: "warn ",
+    K.ERROR: "error",
+    K.NOTE: "note ",
+    K.ROLLBACK: "rollback",
+}
 
 
 def _tag(ev: Event) -> str:
@@ -54,8 +60,9 @@ class RichProgress:
             if rec.error_class != "cancelled":
                 self.n += 1
                 self.err += 0 if rec.ok else 1
-            self.live.update(f"[bold]{self.phase}[/]  {ev.t_s - self.started:5.1f} s  "
-                             f"{self.n} requests  {self.err} errors")
+            self.live.update(
+                f"[bold]{self.phase}[/]  {ev.t_s - self.started:5.1f} s  {self.n} requests  {self.err} errors"
+            )
         if ev.kind == K.RUN_START or (ev.kind in _LINE_KINDS and ev.message):
             tag = _tag(ev)
             style = {"STOP ": "bold red", "warn ": "yellow", "error": "red"}.get(tag, "")

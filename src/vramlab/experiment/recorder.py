@@ -48,9 +48,17 @@ class Accounting:
 
 
 class StoreRecorder:
-    def __init__(self, store: Store, flush_s: float = 0.5, batch: int = 1000, *, retries: int = 4,
-                 retry_base_s: float = 0.2, heartbeat_s: float = 2.0,
-                 on_failure: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        flush_s: float = 0.5,
+        batch: int = 1000,
+        *,
+        retries: int = 4,
+        retry_base_s: float = 0.2,
+        heartbeat_s: float = 2.0,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
         self.store, self.flush_s, self.batch = store, flush_s, batch
         self.retries, self.retry_base_s, self.heartbeat_s = retries, retry_base_s, heartbeat_s
         self.on_failure = on_failure
@@ -102,9 +110,18 @@ class StoreRecorder:
                 self._samples.extend(ev.payload)
                 self.received["samples"] += len(ev.payload)
             if ev.kind not in DATA_KINDS:
-                self._events.append(EventRecord(run_id=self.run_id, t_s=ev.t_s, kind=ev.kind, round=ev.round,
-                                                phase=ev.phase, step=ev.step, message=ev.message,
-                                                data=_jsonable(ev.data)))
+                self._events.append(
+                    EventRecord(
+                        run_id=self.run_id,
+                        t_s=ev.t_s,
+                        kind=ev.kind,
+                        round=ev.round,
+                        phase=ev.phase,
+                        step=ev.step,
+                        message=ev.message,
+                        data=_jsonable(ev.data),
+                    )
+                )
                 self.received["events"] += 1
             if ev.kind in (EventKind.NOTE, EventKind.WARNING) and ev.message:
                 self.notes.append(ev.message)
@@ -112,14 +129,19 @@ class StoreRecorder:
             pending = len(self._requests) + len(self._samples) + len(self._events)
         if ev.kind == EventKind.RUN_END:
             self._finish(ev)
-        elif ev.kind in (EventKind.PHASE_END, EventKind.STOP_CONDITION, EventKind.NOTE, EventKind.WARNING) or pending >= self.batch:
+        elif (
+            ev.kind in (EventKind.PHASE_END, EventKind.STOP_CONDITION, EventKind.NOTE, EventKind.WARNING)
+            or pending >= self.batch
+        ):
             self._idle.clear()
             self._wake.set()
 
     # -- the writer thread ------------------------------------------------------------------------
     def _start_thread(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name=f"vramlab-store-{self.run_id}", daemon=True)
+            self._thread = threading.Thread(
+                target=self._loop, name=f"vramlab-store-{self.run_id}", daemon=True
+            )
             self._thread.start()
 
     def _loop(self) -> None:
@@ -171,25 +193,28 @@ class StoreRecorder:
                 except Exception as exc:
                     self._error(exc)
                     if attempt < self.retries:
-                        time.sleep(self.retry_base_s * (2 ** attempt))
+                        time.sleep(self.retry_base_s * (2**attempt))
             self._fail(self.store_errors[-1])
             return False
 
     def _write_once(self) -> None:
         run_id = self.run_id
         assert run_id is not None
-        for kind, add in (("requests", self.store.add_requests), ("samples", self.store.add_samples),
-                          ("events", self.store.add_events)):
+        for kind, add in (
+            ("requests", self.store.add_requests),
+            ("samples", self.store.add_samples),
+            ("events", self.store.add_events),
+        ):
             while True:
                 # At most `batch` rows a transaction: a store that refuses fails fast on the first
                 # chunk, and what went in before is counted exactly.
                 with self._lock:
-                    batch = list(getattr(self, "_" + kind)[:self.batch])
+                    batch = list(getattr(self, "_" + kind)[: self.batch])
                 if not batch:
                     break
                 n = add(run_id, batch)  # one transaction: all of the chunk or none of it
                 with self._lock:
-                    del getattr(self, "_" + kind)[:len(batch)]
+                    del getattr(self, "_" + kind)[: len(batch)]
                     self.written[kind] += n
         with self._lock:
             dirty, notes = self._notes_dirty, list(self.notes)
@@ -205,7 +230,9 @@ class StoreRecorder:
     def _error(self, exc: BaseException) -> None:
         from vramlab.redact import redact
 
-        orig = getattr(exc, "orig", None)  # SQLAlchemy wraps the driver's error; the driver's words are the news
+        orig = getattr(
+            exc, "orig", None
+        )  # SQLAlchemy wraps the driver's error; the driver's words are the news
         err = orig if isinstance(orig, BaseException) else exc
         self.store_errors.append(redact(" ".join(f"{type(err).__name__}: {err}".split()))[:300])
 
@@ -238,14 +265,17 @@ class StoreRecorder:
             status = "failed"
             reason = f"store write failed: {acct.line()}" + (f" ({self.failure})" if self.failure else "")
         if self.store_errors:
-            self.notes.append(f"store: {len(self.store_errors)} writes failed"
-                              + (" and were retried" if acct.complete else "")
-                              + f"; first: {self.store_errors[0]}")
+            self.notes.append(
+                f"store: {len(self.store_errors)} writes failed"
+                + (" and were retried" if acct.complete else "")
+                + f"; first: {self.store_errors[0]}"
+            )
         if not acct.complete:
             self.notes.append(f"store: {acct.line()}; missing {acct.missing()}")
         try:
-            self.store.update_run(self.run_id, status=status, ended_at=d["ended_at"], stop_reason=reason,
-                                  notes=self.notes)
+            self.store.update_run(
+                self.run_id, status=status, ended_at=d["ended_at"], stop_reason=reason, notes=self.notes
+            )
         except Exception as exc:
             self._error(exc)
             if self.failure is None:
@@ -269,8 +299,14 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
         if isinstance(v, (str, int, float, bool)) or v is None:
             out[k] = v
         elif isinstance(v, (list, tuple)):
-            out[k] = [x if isinstance(x, (str, int, float, bool)) or x is None
-                      else _jsonable(x) if isinstance(x, dict) else str(x) for x in v]
+            out[k] = [
+                x
+                if isinstance(x, (str, int, float, bool)) or x is None
+                else _jsonable(x)
+                if isinstance(x, dict)
+                else str(x)
+                for x in v
+            ]
         elif isinstance(v, dict):
             out[k] = _jsonable(v)
         else:

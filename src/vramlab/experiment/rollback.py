@@ -29,14 +29,22 @@ class RollbackResult:
         return self.exit_code == 0
 
 
-async def run_rollbacks(commands: Sequence[RollbackCommand], env: dict[str, str],
-                        on_result: Callable[[RollbackResult], None] | None = None) -> list[RollbackResult]:
+async def run_rollbacks(
+    commands: Sequence[RollbackCommand],
+    env: dict[str, str],
+    on_result: Callable[[RollbackResult], None] | None = None,
+) -> list[RollbackResult]:
     out = []
     for cmd in commands:
         t0 = time.monotonic()
         proc = await asyncio.create_subprocess_shell(
-            cmd.run, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL, env={**os.environ, **env}, start_new_session=True)
+            cmd.run,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
         try:
             stdout, _ = await asyncio.wait_for(proc.communicate(), timeout=cmd.timeout_s)
             code: int | None = proc.returncode

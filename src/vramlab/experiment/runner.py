@@ -56,7 +56,9 @@ class _Stopped(Exception):
 class Runner:
     """Runs one run of any kind: ``Runner(plan, hook, options)`` an experiment, ``Runner(kind, hook)`` any kind."""
 
-    def __init__(self, kind: Plan | RunKind, hook: EventHook | None = None, options: RunOptions | None = None) -> None:
+    def __init__(
+        self, kind: Plan | RunKind, hook: EventHook | None = None, options: RunOptions | None = None
+    ) -> None:
         self.kind: RunKind = ExperimentKind(kind, options or RunOptions()) if isinstance(kind, Plan) else kind
         self.hook = hook or EventHook()
         self.run_id = self.kind.run_id
@@ -74,11 +76,19 @@ class Runner:
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
-    def emit(self, kind: str, message: str = "", data: dict[str, Any] | None = None, payload: Any = None,
-             **fields: Any) -> None:
+    def emit(
+        self,
+        kind: str,
+        message: str = "",
+        data: dict[str, Any] | None = None,
+        payload: Any = None,
+        **fields: Any,
+    ) -> None:
         """One event, stamped with the run's clock and where it is; its data as a dict, or as keywords."""
         w = self.where
-        self.hook.fire(Event(kind, self.now(), w.round, w.phase, w.step, message, {**(data or {}), **fields}, payload))
+        self.hook.fire(
+            Event(kind, self.now(), w.round, w.phase, w.step, message, {**(data or {}), **fields}, payload)
+        )
 
     def note(self, message: str) -> None:
         self.notes.append(message)
@@ -138,8 +148,17 @@ class Runner:
         if error is not None and kind.raises:
             raise error
         requests, errors = kind.totals()
-        return RunResult(self.run_id, status, self.stop, tuple(self.notes), requests, errors, self.now(),
-                         tuple(rollbacks), reason)
+        return RunResult(
+            self.run_id,
+            status,
+            self.stop,
+            tuple(self.notes),
+            requests,
+            errors,
+            self.now(),
+            tuple(rollbacks),
+            reason,
+        )
 
     async def _finish(self, status: str, reason: str | None) -> tuple[str, str | None, list[RollbackResult]]:
         if self.aborted is not None:
@@ -156,7 +175,9 @@ class Runner:
 
     async def _rounds(self) -> None:
         kind = self.kind
-        await kind.started()  # inside the guarded body: a start hook that fails still ends the run (failed, rolled back)
+        await (
+            kind.started()
+        )  # inside the guarded body: a start hook that fails still ends the run (failed, rolled back)
         async with contextlib.AsyncExitStack() as stack:
             await kind.open(stack)
             ticker = asyncio.ensure_future(self._tick())

@@ -33,8 +33,12 @@ class SessionResult:
 
     @property
     def store_complete(self) -> bool:
-        return (self.store_failure is None and self.received is not None and self.stored is not None
-                and all(self.stored.get(k, 0) >= n for k, n in self.received.items()))
+        return (
+            self.store_failure is None
+            and self.received is not None
+            and self.stored is not None
+            and all(self.stored.get(k, 0) >= n for k, n in self.received.items())
+        )
 
     def stored_line(self) -> str:
         """Exactly what the store holds, against what the run produced."""
@@ -42,7 +46,9 @@ class SessionResult:
             return ""
         if self.stored is None:
             return "the store could not be read back to count what it holds"
-        return "the store holds " + ", ".join(f"{self.stored.get(k, 0)} of {n} {k}" for k, n in self.received.items())
+        return "the store holds " + ", ".join(
+            f"{self.stored.get(k, 0)} of {n} {k}" for k, n in self.received.items()
+        )
 
 
 def api_key_for(plan: Plan) -> str | None:
@@ -60,14 +66,17 @@ def api_key_for(plan: Plan) -> str | None:
 
 def check_target(plan: Plan, allow_production: bool) -> None:
     if plan.target.environment == "production" and not allow_production:
-        raise ConfigError("target.environment is production: refusing to load it; pass "
-                          "--i-understand-this-is-production to run anyway")
+        raise ConfigError(
+            "target.environment is production: refusing to load it; pass "
+            "--i-understand-this-is-production to run anyway"
+        )
 
 
 async def _run_with_signals(runner: Runner, recorder: Any = None) -> RunResult:
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(runner.run())
     if recorder is not None:  # the writer thread gave up on the store: fail the run, roll back
+
         def on_store_failure(reason: str) -> None:
             print(f"vramlab: {reason}: stopping the load, running rollbacks ...", file=sys.stderr, flush=True)
             runner.abort_soon(reason)
@@ -78,7 +87,9 @@ async def _run_with_signals(runner: Runner, recorder: Any = None) -> RunResult:
     def on_signal() -> None:
         seen[0] += 1
         if seen[0] == 1:
-            print("vramlab: interrupted: stopping the load, running rollbacks ...", file=sys.stderr, flush=True)
+            print(
+                "vramlab: interrupted: stopping the load, running rollbacks ...", file=sys.stderr, flush=True
+            )
             task.cancel()
 
     installed = []
@@ -123,16 +134,29 @@ def check_reachable(plan: Plan, timeout_s: float = 5.0) -> None:
         return
     except (urllib.error.URLError, OSError, ValueError) as exc:
         why = getattr(exc, "reason", None) or exc
-        hint = ("start the server first, or give target: {kind: sim, sim: {gpu: ...}} to let vramlab start a "
-                "rehearsal server" if tg.sim is None else "the run's own sim stopped answering")
-        raise ConfigError(f"target {tg.url} is not reachable ({getattr(why, 'strerror', None) or why}); nothing "
-                          f"was stored; {hint}") from None
+        hint = (
+            "start the server first, or give target: {kind: sim, sim: {gpu: ...}} to let vramlab start a "
+            "rehearsal server"
+            if tg.sim is None
+            else "the run's own sim stopped answering"
+        )
+        raise ConfigError(
+            f"target {tg.url} is not reachable ({getattr(why, 'strerror', None) or why}); nothing "
+            f"was stored; {hint}"
+        ) from None
 
 
-def run_plan(plan: Plan, *, plan_dir: Path, open_store: Callable[[], Store], rounds: int | None = None,
-             allow_production: bool = False, subscribers: list[Callable[[Event], None]] | None = None,
-             options: RunOptions | None = None,
-             start_sim: Callable[[Plan, str], tuple[Plan, Any]] | None = None) -> SessionResult:
+def run_plan(
+    plan: Plan,
+    *,
+    plan_dir: Path,
+    open_store: Callable[[], Store],
+    rounds: int | None = None,
+    allow_production: bool = False,
+    subscribers: list[Callable[[Event], None]] | None = None,
+    options: RunOptions | None = None,
+    start_sim: Callable[[Plan, str], tuple[Plan, Any]] | None = None,
+) -> SessionResult:
     """Run *plan* into the store *open_store* opens (after the checks: a refused plan, or one whose
     target does not answer, touches no store); the store is closed when the run ends. The caller
     picks the store (`vramlab run`: `vramlab.store.open_store(--db)`), so this package depends on
@@ -141,7 +165,14 @@ def run_plan(plan: Plan, *, plan_dir: Path, open_store: Callable[[], Store], rou
     check_target(plan, allow_production)
     if plan.target.sim is None or plan.target.base_url is not None:
         check_reachable(plan)
-        return _run_checked(plan, plan_dir=plan_dir, open_store=open_store, rounds=rounds, subscribers=subscribers, options=options)
+        return _run_checked(
+            plan,
+            plan_dir=plan_dir,
+            open_store=open_store,
+            rounds=rounds,
+            subscribers=subscribers,
+            options=options,
+        )
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="vramlab-run-sim-") as tmp:
@@ -150,14 +181,27 @@ def run_plan(plan: Plan, *, plan_dir: Path, open_store: Callable[[], Store], rou
         own, sim = start_sim(plan, tmp)
         try:
             check_reachable(own)
-            return _run_checked(own, plan_dir=plan_dir, open_store=open_store, rounds=rounds, subscribers=subscribers,
-                                options=options)
+            return _run_checked(
+                own,
+                plan_dir=plan_dir,
+                open_store=open_store,
+                rounds=rounds,
+                subscribers=subscribers,
+                options=options,
+            )
         finally:
             sim.stop()
 
 
-def _run_checked(plan: Plan, *, plan_dir: Path, open_store: Callable[[], Store], rounds: int | None,
-                 subscribers: list[Callable[[Event], None]] | None, options: RunOptions | None) -> SessionResult:
+def _run_checked(
+    plan: Plan,
+    *,
+    plan_dir: Path,
+    open_store: Callable[[], Store],
+    rounds: int | None,
+    subscribers: list[Callable[[Event], None]] | None,
+    options: RunOptions | None,
+) -> SessionResult:
     from vramlab.experiment.recorder import StoreRecorder
 
     opts = options or RunOptions()
@@ -211,5 +255,7 @@ def run_plan_file(path: str | Path, phase_s: float | None = None, **kw: Any) -> 
         doc["phases"]["drain_s"] = min(doc["phases"]["drain_s"], phase_s)
         from vramlab.planfile import validate
 
-        plan = validate(Plan, doc, f"{path} with --phase-s {phase_s:g}").with_notes_of(plan)  # an error is one line
+        plan = validate(Plan, doc, f"{path} with --phase-s {phase_s:g}").with_notes_of(
+            plan
+        )  # an error is one line
     return run_plan(plan, plan_dir=Path(path).resolve().parent, **kw)

@@ -54,7 +54,9 @@ class RunOptions:
     capture_environment: bool = True
     run_id: str | None = None
     extra_fixed: dict[str, Any] = field(default_factory=dict)
-    workers: int | None = None  # load worker processes; None: one per core when the plan needs more than a core
+    workers: int | None = (
+        None  # load worker processes; None: one per core when the plan needs more than a core
+    )
     # called once at the start with the plan; each returns (event kind, message, data) to emit ("note": a note),
     # e.g. the capacity plan for the target's own settings (vramlab.drill.capacity_plan, wired by cli/run.py)
     start_hooks: list[Callable[[Plan], list[tuple[str, str, dict[str, Any]]]]] = field(default_factory=list)
@@ -107,15 +109,35 @@ class ExperimentKind:
         plan, n = self.plan, len(self.rounds)
         fixed, self._env_notes = await self._environment()
         record = RunRecord(
-            run_id=self.run_id, kind=self.o.kind, name=plan.name, plan=plan.model_dump(mode="json"),
-            plan_hash=canonical_sha256({"fixed": plan.fixed.model_dump(mode="json"), "model": plan.target.model,
-                                        "api": plan.target.api, "load": plan.load.model_dump(mode="json"),
-                                        "phases": plan.phases.model_dump(mode="json")}),
-            fixed=fixed, target={"base_url": plan.target.base_url, "api": plan.target.api, "model": plan.target.model,
-                                 "kind": plan.target.kind, "environment": plan.target.environment},
-            change={"variable": plan.change.variable, "baseline": plan.baseline_value(),
-                    "steps": plan.change.values(), "rounds": n},
-            started_at=time.time())
+            run_id=self.run_id,
+            kind=self.o.kind,
+            name=plan.name,
+            plan=plan.model_dump(mode="json"),
+            plan_hash=canonical_sha256(
+                {
+                    "fixed": plan.fixed.model_dump(mode="json"),
+                    "model": plan.target.model,
+                    "api": plan.target.api,
+                    "load": plan.load.model_dump(mode="json"),
+                    "phases": plan.phases.model_dump(mode="json"),
+                }
+            ),
+            fixed=fixed,
+            target={
+                "base_url": plan.target.base_url,
+                "api": plan.target.api,
+                "model": plan.target.model,
+                "kind": plan.target.kind,
+                "environment": plan.target.environment,
+            },
+            change={
+                "variable": plan.change.variable,
+                "baseline": plan.baseline_value(),
+                "steps": plan.change.values(),
+                "rounds": n,
+            },
+            started_at=time.time(),
+        )
         return f"run {self.run_id} {plan.name!r}: {n} round{'s' if n != 1 else ''}", record
 
     async def started(self) -> None:
@@ -135,7 +157,11 @@ class ExperimentKind:
     async def _environment(self) -> tuple[dict[str, Any], list[str]]:
         from vramlab.experiment.environment import engine_facts, gpu_facts, host_facts
 
-        fixed: dict[str, Any] = {"engine": self.plan.target.kind, "model": self.plan.target.model, **host_facts()}
+        fixed: dict[str, Any] = {
+            "engine": self.plan.target.kind,
+            "model": self.plan.target.model,
+            **host_facts(),
+        }
         notes: list[str] = []
         if self.o.capture_environment:
             fixed.update(await asyncio.to_thread(gpu_facts))
@@ -151,8 +177,13 @@ class ExperimentKind:
 
         self._client, self._pool, self.workers = await open_load(self.plan, self.o, stack, self.run.note)
         self.windows.use(self._client, self._pool, self.workers)
-        samplers = SamplerSet(self.o.samplers if self.o.samplers is not None else samplers_for(self.plan),
-                              self.plan.samplers.interval_s, self._on_samples, self.run.note, self.run.emit)
+        samplers = SamplerSet(
+            self.o.samplers if self.o.samplers is not None else samplers_for(self.plan),
+            self.plan.samplers.interval_s,
+            self._on_samples,
+            self.run.note,
+            self.run.emit,
+        )
         await samplers.start()
         stack.push_async_callback(samplers.stop)
 
@@ -178,7 +209,9 @@ class ExperimentKind:
     def step_failed(self) -> bool:
         return False  # a stop condition ends the window itself (fire_stop) and the run after it
 
-    def on_step_failure(self, step: int, value: float, last: float | None, window: asyncio.Future[Any] | None) -> bool:
+    def on_step_failure(
+        self, step: int, value: float, last: float | None, window: asyncio.Future[Any] | None
+    ) -> bool:
         return False
 
     def end_step(self, step: int, value: float) -> StepOutcome:
@@ -205,37 +238,70 @@ class ExperimentKind:
         def on_result(res: RequestResult) -> None:
             self._on_request(res, stats)
 
-        lane = Lane(self._prompts[value], shape, window_for(plan, self.monitor.wall_clock_s - self.run.now()),
-                    on_result, f"{rnd}{phase[0]}{step}-")
+        lane = Lane(
+            self._prompts[value],
+            shape,
+            window_for(plan, self.monitor.wall_clock_s - self.run.now()),
+            on_result,
+            f"{rnd}{phase[0]}{step}-",
+        )
         self._baseline = BaselineTally(plan.stop_conditions.error_rate) if phase == "baseline" else None
         try:
             outcome = await self.windows.run([lane], retry_for(plan), prompts_key=value)
         finally:
             self._flush_records(stats)
         broken = self._baseline.broken() if self._baseline is not None else None
-        if broken is not None and self.run.stop is None:  # a change measured against this would measure nothing
-            self.fire_stop(StopReason("baseline", 1.0, plan.stop_conditions.error_rate or 1.0,
-                                      f"baseline broken, nothing changed: {broken}"))
+        if (
+            broken is not None and self.run.stop is None
+        ):  # a change measured against this would measure nothing
+            self.fire_stop(
+                StopReason(
+                    "baseline",
+                    1.0,
+                    plan.stop_conditions.error_rate or 1.0,
+                    f"baseline broken, nothing changed: {broken}",
+                )
+            )
         lag_p99, lag = None, []
         if outcome is not None:
             lag_p99 = outcome.lag_p99_ms
             lag = self.windows.client_lag(outcome, plan.load.lag_warn_ms)
         saturated = [w for w in lag if w["saturated"]]
         p50, p95 = stats.p(0.5), stats.p(0.95)
-        self.run.emit("phase_end", f"{at}: {stats.requests} requests, {stats.errors} errors"
-                      + (f", P95 {p95:.0f} ms" if p95 is not None else ""),
-                      {"variable": var, "value": value, "requests": stats.requests, "errors": stats.errors,
-                       "p50_e2e_ms": p50, "p95_e2e_ms": p95, "dispatch_lag_p99_ms": lag_p99,
-                       "client_saturated": bool(saturated), "client_lag": lag})
+        self.run.emit(
+            "phase_end",
+            f"{at}: {stats.requests} requests, {stats.errors} errors"
+            + (f", P95 {p95:.0f} ms" if p95 is not None else ""),
+            {
+                "variable": var,
+                "value": value,
+                "requests": stats.requests,
+                "errors": stats.errors,
+                "p50_e2e_ms": p50,
+                "p95_e2e_ms": p95,
+                "dispatch_lag_p99_ms": lag_p99,
+                "client_saturated": bool(saturated),
+                "client_lag": lag,
+            },
+        )
         for w in saturated:
-            self.run.emit("warning", f"the load generator fell behind in round {rnd} {phase}"
-                          + (f" step {step}" if step else "") + f": {w['name']} saturated (dispatch lag "
-                          f"P99 {w['dispatch_lag_p99_ms']:.1f} ms, event-loop lag P99 {w['loop_lag_p99_ms']:.1f} ms > "
-                          f"{plan.load.lag_warn_ms:g} ms); this window's latencies include the client's own lag "
-                          "(latencies from the scheduled time still count it; the offered load was lower than "
-                          "planned" + ("" if self.workers > 1 else "; more load workers: --workers") + ")",
-                          {"dispatch_lag_p99_ms": w["dispatch_lag_p99_ms"], "loop_lag_p99_ms": w["loop_lag_p99_ms"],
-                           "worker": w["worker"], "pid": w["pid"], "client_saturated": True})
+            self.run.emit(
+                "warning",
+                f"the load generator fell behind in round {rnd} {phase}"
+                + (f" step {step}" if step else "")
+                + f": {w['name']} saturated (dispatch lag "
+                f"P99 {w['dispatch_lag_p99_ms']:.1f} ms, event-loop lag P99 {w['loop_lag_p99_ms']:.1f} ms > "
+                f"{plan.load.lag_warn_ms:g} ms); this window's latencies include the client's own lag "
+                "(latencies from the scheduled time still count it; the offered load was lower than "
+                "planned" + ("" if self.workers > 1 else "; more load workers: --workers") + ")",
+                {
+                    "dispatch_lag_p99_ms": w["dispatch_lag_p99_ms"],
+                    "loop_lag_p99_ms": w["loop_lag_p99_ms"],
+                    "worker": w["worker"],
+                    "pid": w["pid"],
+                    "client_saturated": True,
+                },
+            )
         return StepOutcome(step, value, stats.requests, stats.errors, p95, self.run.stop)
 
     # -- inputs from the load and the samplers --------------------------------------------------
@@ -284,8 +350,16 @@ class ExperimentKind:
         for s in samples:
             self.monitor.on_sample(s.name, s.value, s.source + ":" + s.labels.get("gpu", ""))
             if s.source in _SOURCES:
-                recs.append(SampleRecord(run_id=self.run_id, t_s=s.t - self.run.t0, source=s.source,
-                                         name=s.name, value=s.value, labels=dict(s.labels)))
+                recs.append(
+                    SampleRecord(
+                        run_id=self.run_id,
+                        t_s=s.t - self.run.t0,
+                        source=s.source,
+                        name=s.name,
+                        value=s.value,
+                        labels=dict(s.labels),
+                    )
+                )
         if recs:
             w = self.run.where
             self.run.hook.fire(Event("samples", recs[0].t_s, w.round, w.phase, w.step, payload=recs))
@@ -304,31 +378,54 @@ class ExperimentKind:
             return
         if reason.condition == "error_rate" and self._last_4xx:
             # The server's own words for the 4xx behind the error rate: console, run row, every report.
-            reason = dataclasses.replace(reason, message=f"{reason.message}; the server said: {self._last_4xx}")
+            reason = dataclasses.replace(
+                reason, message=f"{reason.message}; the server said: {self._last_4xx}"
+            )
         self.run.halt(reason.message, reason)
         self.windows.stop()  # every loop, in every worker, sends nothing more from here on
-        self.run.emit("stop_condition", reason.message,
-                      {"condition": reason.condition, "value": reason.value, "threshold": reason.threshold})
+        self.run.emit(
+            "stop_condition",
+            reason.message,
+            {"condition": reason.condition, "value": reason.value, "threshold": reason.threshold},
+        )
 
     # -- the end -----------------------------------------------------------------------------------
     async def rollback(self, status: str, reason: str | None) -> list[RollbackResult]:
         self.run.where = Where()
         if not self.plan.rollback:
             return []
-        env = {"VRAMLAB_RUN_ID": self.run_id, "VRAMLAB_RUN_STATUS": status, "VRAMLAB_STOP_REASON": reason or ""}
+        env = {
+            "VRAMLAB_RUN_ID": self.run_id,
+            "VRAMLAB_RUN_STATUS": status,
+            "VRAMLAB_STOP_REASON": reason or "",
+        }
 
         def on_result(r: RollbackResult) -> None:
             state = "ok" if r.ok else ("timed out" if r.exit_code is None else f"exit {r.exit_code}")
-            self.run.emit("rollback", f"rollback {r.command!r}: {state} in {r.duration_s:.1f} s",
-                          {"command": r.command, "exit_code": r.exit_code, "duration_s": r.duration_s,
-                           "output_tail": r.output_tail})
+            self.run.emit(
+                "rollback",
+                f"rollback {r.command!r}: {state} in {r.duration_s:.1f} s",
+                {
+                    "command": r.command,
+                    "exit_code": r.exit_code,
+                    "duration_s": r.duration_s,
+                    "output_tail": r.output_tail,
+                },
+            )
 
         return await run_rollbacks(self.plan.rollback, env, on_result)
 
     def run_end(self, status: str, reason: str | None) -> tuple[str, dict[str, Any]]:
-        return (f"run {self.run_id} {status}" + (f": {reason}" if reason else ""),
-                {"status": status, "ended_at": time.time(), "stop_reason": reason,
-                 "requests": self._totals[0], "errors": self._totals[1]})
+        return (
+            f"run {self.run_id} {status}" + (f": {reason}" if reason else ""),
+            {
+                "status": status,
+                "ended_at": time.time(),
+                "stop_reason": reason,
+                "requests": self._totals[0],
+                "errors": self._totals[1],
+            },
+        )
 
     def totals(self) -> tuple[int, int]:
         return self._totals[0], self._totals[1]

@@ -28,7 +28,9 @@ class StopReason:
 class StopMonitor:
     def __init__(self, conditions: StopConditions, wall_clock_s: float) -> None:
         self.c, self.wall_clock_s = conditions, wall_clock_s
-        self._window: deque[tuple[float, bool, float | None, bool]] = deque()  # (end_s, ok, e2e_sched_ms, timed out)
+        self._window: deque[tuple[float, bool, float | None, bool]] = (
+            deque()
+        )  # (end_s, ok, e2e_sched_ms, timed out)
         self._latest: dict[str, dict[str, float]] = {}  # name -> label key -> value
         self._oom: str | None = None
         self._errors = 0  # failures now in the window, kept as requests enter and leave
@@ -45,8 +47,14 @@ class StopMonitor:
         self._timeouts = 0
         self._p95_at, self._p95 = -1.0, None
 
-    def on_request(self, end_s: float, ok: bool, error_class: str | None, e2e_from_scheduled_ms: float | None,
-                   error: str | None = None) -> None:
+    def on_request(
+        self,
+        end_s: float,
+        ok: bool,
+        error_class: str | None,
+        e2e_from_scheduled_ms: float | None,
+        error: str | None = None,
+    ) -> None:
         if error_class == "cancelled":
             return
         if error_class == "oom" and self._oom is None:
@@ -78,25 +86,37 @@ class StopMonitor:
     def check(self, now_s: float) -> StopReason | None:
         c = self.c
         if now_s >= self.wall_clock_s:
-            return StopReason("wall_clock_s", now_s, self.wall_clock_s,
-                              f"wall clock: {now_s:.0f} s reached the limit of {self.wall_clock_s:g} s")
+            return StopReason(
+                "wall_clock_s",
+                now_s,
+                self.wall_clock_s,
+                f"wall clock: {now_s:.0f} s reached the limit of {self.wall_clock_s:g} s",
+            )
         if c.oom_seen and self._oom is not None:
             return StopReason("oom_seen", 1.0, 1.0, f"OOM seen: {self._oom}")
         self._prune(now_s)
         n = len(self._window)
         if c.error_rate is not None and 0 < n < c.min_requests and self._timeouts == n:
-            return StopReason("error_rate", 1.0, c.error_rate,
-                              f"every request in the last {c.window_s:g} s timed out ({n}/{n}): the target "
-                              "accepts requests but does not answer")
+            return StopReason(
+                "error_rate",
+                1.0,
+                c.error_rate,
+                f"every request in the last {c.window_s:g} s timed out ({n}/{n}): the target "
+                "accepts requests but does not answer",
+            )
         if n >= c.min_requests:
             if c.error_rate is not None:
                 errors = self._errors
                 rate = errors / n
                 if rate > c.error_rate:
                     timeouts = f", {self._timeouts} timed out" if self._timeouts else ""
-                    return StopReason("error_rate", rate, c.error_rate,
-                                      f"error rate {rate:.0%} over the last {c.window_s:g} s "
-                                      f"({errors}/{n}{timeouts}) is above {c.error_rate:.0%}")
+                    return StopReason(
+                        "error_rate",
+                        rate,
+                        c.error_rate,
+                        f"error rate {rate:.0%} over the last {c.window_s:g} s "
+                        f"({errors}/{n}{timeouts}) is above {c.error_rate:.0%}",
+                    )
             if c.p95_ms is not None:
                 if now_s - self._p95_at >= self.P95_EVERY_S:
                     lat = [e for _, ok, e, _ in self._window if ok and e is not None]
@@ -105,16 +125,26 @@ class StopMonitor:
                 p95 = self._p95
                 if p95 is not None:
                     if p95 > c.p95_ms:
-                        return StopReason("p95_ms", p95, c.p95_ms,
-                                          f"P95 end-to-end latency {p95:.0f} ms over the last {c.window_s:g} s "
-                                          f"is above {c.p95_ms:g} ms")
+                        return StopReason(
+                            "p95_ms",
+                            p95,
+                            c.p95_ms,
+                            f"P95 end-to-end latency {p95:.0f} ms over the last {c.window_s:g} s "
+                            f"is above {c.p95_ms:g} ms",
+                        )
         if c.kv_usage is not None:
             kv = self._max_latest("engine.kv_cache_usage_perc")
             if kv is not None and kv >= c.kv_usage:
-                return StopReason("kv_usage", kv, c.kv_usage, f"KV cache usage {kv:.1%} reached {c.kv_usage:.1%}")
+                return StopReason(
+                    "kv_usage", kv, c.kv_usage, f"KV cache usage {kv:.1%} reached {c.kv_usage:.1%}"
+                )
         if c.gpu_memory_share is not None:
             share = self._max_latest("gpu.memory_share")
             if share is not None and share >= c.gpu_memory_share:
-                return StopReason("gpu_memory_share", share, c.gpu_memory_share,
-                                  f"GPU memory {share:.1%} of the card reached {c.gpu_memory_share:.1%}")
+                return StopReason(
+                    "gpu_memory_share",
+                    share,
+                    c.gpu_memory_share,
+                    f"GPU memory {share:.1%} of the card reached {c.gpu_memory_share:.1%}",
+                )
         return None

@@ -53,8 +53,14 @@ class WindowExecutor:
     def use(self, client: Any = None, pool: Any = None, workers: int = 1) -> None:
         self.client, self.pool, self.workers = client, pool, workers
 
-    async def run(self, lanes: Sequence[Lane], retry: RetryPolicy, *, prompts_key: Any = None,
-                  end_drain_s: float | None = None) -> WindowOutcome | None:
+    async def run(
+        self,
+        lanes: Sequence[Lane],
+        retry: RetryPolicy,
+        *,
+        prompts_key: Any = None,
+        end_drain_s: float | None = None,
+    ) -> WindowOutcome | None:
         """Run the lanes to their end. Returns the first lane's outcome, None when the window was
         cancelled (``cancel()``). Cancelling the caller cancels the window; its in-flight requests
         are recorded (as cancelled) before the CancelledError goes on. ``end()`` ends it early as
@@ -65,14 +71,36 @@ class WindowExecutor:
             if len(lanes) != 1:
                 raise ValueError(f"a worker pool runs one lane per window, not {len(lanes)}")
             lane = lanes[0]
-            coro: Any = self.pool.drive(lane.prompts, lane.shape, lane.window, lane.on_result, retry, lane.id_prefix,
-                                        stop=flag, prompts_key=prompts_key)
+            coro: Any = self.pool.drive(
+                lane.prompts,
+                lane.shape,
+                lane.window,
+                lane.on_result,
+                retry,
+                lane.id_prefix,
+                stop=flag,
+                prompts_key=prompts_key,
+            )
         else:
             if self.client is None:
                 raise RuntimeError("the window executor has no load client")
-            coro = _together([drive(self.client, cycle(lane.prompts), lane.shape, lane.window, lane.on_result, retry,
-                                    id_prefix=lane.id_prefix, stop=flag, end=end,
-                                    end_drain_s=end_drain_s) for lane in lanes])
+            coro = _together(
+                [
+                    drive(
+                        self.client,
+                        cycle(lane.prompts),
+                        lane.shape,
+                        lane.window,
+                        lane.on_result,
+                        retry,
+                        id_prefix=lane.id_prefix,
+                        stop=flag,
+                        end=end,
+                        end_drain_s=end_drain_s,
+                    )
+                    for lane in lanes
+                ]
+            )
         task = self._task = asyncio.ensure_future(coro)
         try:
             await asyncio.wait({task})
@@ -111,14 +139,24 @@ class WindowExecutor:
     def client_lag(self, outcome: WindowOutcome, warn_ms: float) -> list[dict[str, Any]]:
         """The load generator's self-check, per worker: did it keep up with its schedule and its tokens?"""
         if self.pool is not None:
-            views = [(f"load worker {r.worker} of {self.workers} (pid {r.pid})", r.worker, r.pid, r.outcome)
-                     for r in self.pool.reports]
+            views = [
+                (f"load worker {r.worker} of {self.workers} (pid {r.pid})", r.worker, r.pid, r.outcome)
+                for r in self.pool.reports
+            ]
         else:
             views = [(f"the load client (pid {os.getpid()})", 0, os.getpid(), outcome)]
-        return [{"name": name, "worker": idx, "pid": pid, "dispatch_lag_p99_ms": round(o.lag_p99_ms, 3),
-                 "loop_lag_p99_ms": round(o.loop_lag_p99_ms, 3), "loop_lag_max_ms": round(o.loop_lag_max_ms, 3),
-                 "saturated": o.lag_p99_ms > warn_ms or o.loop_lag_p99_ms > warn_ms}
-                for name, idx, pid, o in views]
+        return [
+            {
+                "name": name,
+                "worker": idx,
+                "pid": pid,
+                "dispatch_lag_p99_ms": round(o.lag_p99_ms, 3),
+                "loop_lag_p99_ms": round(o.loop_lag_p99_ms, 3),
+                "loop_lag_max_ms": round(o.loop_lag_max_ms, 3),
+                "saturated": o.lag_p99_ms > warn_ms or o.loop_lag_p99_ms > warn_ms,
+            }
+            for name, idx, pid, o in views
+        ]
 
 
 async def _together(drives: list[Any]) -> list[WindowOutcome]:
@@ -129,8 +167,17 @@ async def _together(drives: list[Any]) -> list[WindowOutcome]:
 _REQUEST_FIELDS = set(RequestRecord.model_fields)
 
 
-def request_record(res: RequestResult, run_id: str, t0: float, rnd: int, phase: str, step: int, value: float | None,
-                   *, failed_latency: bool = False) -> RequestRecord:
+def request_record(
+    res: RequestResult,
+    run_id: str,
+    t0: float,
+    rnd: int,
+    phase: str,
+    step: int,
+    value: float | None,
+    *,
+    failed_latency: bool = False,
+) -> RequestRecord:
     """The stored row for one result, times relative to the run's start *t0*. A failed request's
     e2e latencies are kept only with *failed_latency* (the drill's detector reads how long a
     timeout took); a run's latency figures count successes only.
@@ -140,17 +187,33 @@ def request_record(res: RequestResult, run_id: str, t0: float, rnd: int, phase: 
     ok = res.ok
     keep = ok or failed_latency
     fields = dict(
-        run_id=run_id, round=rnd, phase=phase, step=step, step_value=value,
-        request_id=res.request_id, attempt=res.attempt, scheduled_s=res.scheduled_at - t0,
+        run_id=run_id,
+        round=rnd,
+        phase=phase,
+        step=step,
+        step_value=value,
+        request_id=res.request_id,
+        attempt=res.attempt,
+        scheduled_s=res.scheduled_at - t0,
         sent_s=res.sent_at - t0,
         first_token_s=None if res.first_token_at is None else res.first_token_at - t0,
-        end_s=res.end_at - t0, ttft_ms=res.ttft_ms, tpot_ms=res.tpot_ms,
-        e2e_ms=res.e2e_ms if keep else None, e2e_from_scheduled_ms=res.e2e_from_scheduled_ms if keep else None,
-        ttft_from_scheduled_ms=res.ttft_from_scheduled_ms, dispatch_lag_ms=res.dispatch_lag_ms,
-        itl_ms=res.itl_ms, itl_untimed_gaps=res.untimed_gaps,
-        prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens,
-        output_tokens_source=res.output_tokens_source, reasoning_tokens=res.reasoning_tokens,
-        status_code=res.status_code, error_class=res.error_class, error=res.error)
+        end_s=res.end_at - t0,
+        ttft_ms=res.ttft_ms,
+        tpot_ms=res.tpot_ms,
+        e2e_ms=res.e2e_ms if keep else None,
+        e2e_from_scheduled_ms=res.e2e_from_scheduled_ms if keep else None,
+        ttft_from_scheduled_ms=res.ttft_from_scheduled_ms,
+        dispatch_lag_ms=res.dispatch_lag_ms,
+        itl_ms=res.itl_ms,
+        itl_untimed_gaps=res.untimed_gaps,
+        prompt_tokens=res.prompt_tokens,
+        output_tokens=res.output_tokens,
+        output_tokens_source=res.output_tokens_source,
+        reasoning_tokens=res.reasoning_tokens,
+        status_code=res.status_code,
+        error_class=res.error_class,
+        error=res.error,
+    )
     assert fields.keys() == _REQUEST_FIELDS, fields.keys() ^ _REQUEST_FIELDS
     return RequestRecord.model_validate(fields)
 

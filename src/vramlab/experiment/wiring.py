@@ -34,8 +34,15 @@ def shape_for(plan: Plan, value: float, seed: int) -> LoadShape:
         rate = value
     elif var == "output_tokens":
         max_tokens = int(value)
-    return LoadShape(mode=ld.mode, concurrency=conc, request_rate=rate, arrival=ld.arrival,
-                     burstiness=ld.burstiness, seed=seed, max_tokens=max_tokens)
+    return LoadShape(
+        mode=ld.mode,
+        concurrency=conc,
+        request_rate=rate,
+        arrival=ld.arrival,
+        burstiness=ld.burstiness,
+        seed=seed,
+        max_tokens=max_tokens,
+    )
 
 
 def window_for(plan: Plan, max_s: float) -> Window:
@@ -45,7 +52,9 @@ def window_for(plan: Plan, max_s: float) -> Window:
 
 def retry_for(plan: Plan) -> RetryPolicy:
     r = plan.load.retry
-    return RetryPolicy(policy=r.policy, max_attempts=r.max_attempts, base_s=r.base_s, max_s=r.max_s, jitter=r.jitter)
+    return RetryPolicy(
+        policy=r.policy, max_attempts=r.max_attempts, base_s=r.base_s, max_s=r.max_s, jitter=r.jitter
+    )
 
 
 def max_connections(plan: Plan, values: list[float]) -> int:
@@ -81,11 +90,16 @@ def samplers_for(plan: Plan) -> list[Sampler]:
             out.append(HostSampler(tg.pid))
         elif src == "health":
             # no health URL in the plan: the sampler finds the path the target answers on (drill's rule)
-            out.append(HealthSampler(tg.health_url) if tg.health_url
-                       else HealthSampler(_root(tg.url) + "/health", discover_root=_root(tg.url)))
+            out.append(
+                HealthSampler(tg.health_url)
+                if tg.health_url
+                else HealthSampler(_root(tg.url) + "/health", discover_root=_root(tg.url))
+            )
         elif src == "ollama":
             out.append(OllamaSampler(_root(tg.url)))
-    if tg.kind == "ollama" and "ollama" not in sp.sources:  # its loads and unloads belong on every Ollama run's timeline
+    if (
+        tg.kind == "ollama" and "ollama" not in sp.sources
+    ):  # its loads and unloads belong on every Ollama run's timeline
         out.append(OllamaSampler(_root(tg.url)))
     return out
 

@@ -14,7 +14,9 @@ from typing import Literal
 Arrival = Literal["poisson", "gamma", "constant"]
 
 
-def gaps(rate: float, arrival: Arrival = "poisson", burstiness: float = 1.0, seed: int = 0) -> Iterator[float]:
+def gaps(
+    rate: float, arrival: Arrival = "poisson", burstiness: float = 1.0, seed: int = 0
+) -> Iterator[float]:
     """An endless stream of gaps in seconds (the caller bounds it by count and time)."""
     if rate <= 0:
         raise ValueError("rate must be > 0")
@@ -30,7 +32,9 @@ def gaps(rate: float, arrival: Arrival = "poisson", burstiness: float = 1.0, see
         yield rng.gammavariate(shape, scale)
 
 
-def offsets(rate: float, count: int, arrival: Arrival = "poisson", burstiness: float = 1.0, seed: int = 0) -> list[float]:
+def offsets(
+    rate: float, count: int, arrival: Arrival = "poisson", burstiness: float = 1.0, seed: int = 0
+) -> list[float]:
     """The first ``count`` send times, in seconds from the start of the window (first at 0)."""
     out, t = [], 0.0
     g = gaps(rate, arrival, burstiness, seed)

@@ -41,7 +41,9 @@ class RequestResult:
     error: str | None = None
     prompt_tokens: int | None = None
     output_tokens: int | None = None  # content and reasoning together
-    output_tokens_source: str | None = None  # "usage" (the server's count) | "timings" (llama.cpp's) | "chunks" (counted: an estimate)
+    output_tokens_source: str | None = (
+        None  # "usage" (the server's count) | "timings" (llama.cpp's) | "chunks" (counted: an estimate)
+    )
     reasoning_tokens: int | None = None  # of output_tokens: usage's reasoning_tokens, else reasoning chunks
     # Indices into token_times whose time is only an upper bound: the token came in one read with
     # bytes that followed it (another event), so when it arrived is unknown (see SseAccounting.feed).
@@ -204,8 +206,13 @@ class OpenAIClient:
             host = u.hostname or ""
             host_header = (f"[{host}]" if ":" in host else host) + (f":{u.port}" if u.port else "")
             path = (u.path or "/") + (f"?{u.query}" if u.query else "")
-            head = [f"POST {path} HTTP/1.1", f"Host: {host_header}", "User-Agent: vramlab",
-                    "Content-Type: application/json", "Accept: text/event-stream"]
+            head = [
+                f"POST {path} HTTP/1.1",
+                f"Host: {host_header}",
+                "User-Agent: vramlab",
+                "Content-Type: application/json",
+                "Accept: text/event-stream",
+            ]
             if self._api_key:
                 head.append(f"Authorization: Bearer {self._api_key}")
             self._req_head = ("\r\n".join(head) + "\r\nContent-Length: ").encode()
@@ -216,13 +223,18 @@ class OpenAIClient:
 
         self._aiohttp = aiohttp
         self._url = URL(self.url)  # parsed once, not per request
-        conn = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=self._max_connections,
-                                    keepalive_timeout=60, ttl_dns_cache=300)
+        conn = aiohttp.TCPConnector(
+            limit=self._max_connections,
+            limit_per_host=self._max_connections,
+            keepalive_timeout=60,
+            ttl_dns_cache=300,
+        )
         # read_bufsize: the 64 KiB default starves long streams (vLLM #39963).
         # One deadline for the whole exchange, body included: a hung stream is a timeout, not a hang.
         self._timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        self._session = aiohttp.ClientSession(connector=conn, read_bufsize=2**20,
-                                              timeout=aiohttp.ClientTimeout(total=None))
+        self._session = aiohttp.ClientSession(
+            connector=conn, read_bufsize=2**20, timeout=aiohttp.ClientTimeout(total=None)
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -239,8 +251,12 @@ class OpenAIClient:
                 pass
 
     def body(self, prompt: Prompt, max_tokens: int) -> bytes:
-        b: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "stream": True,
-                             "stream_options": {"include_usage": True}}
+        b: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if self.api == "openai-chat":
             b["messages"] = [{"role": "user", "content": prompt.text}]
         else:
@@ -249,8 +265,9 @@ class OpenAIClient:
             b["ignore_eos"] = True
         return json.dumps(b).encode()
 
-    async def send(self, request_id: str, prompt: Prompt, max_tokens: int, scheduled_at: float,
-                   attempt: int = 0) -> RequestResult:
+    async def send(
+        self, request_id: str, prompt: Prompt, max_tokens: int, scheduled_at: float, attempt: int = 0
+    ) -> RequestResult:
         """Send one streaming request; never raises for a server or network fault (it is data)."""
         assert self._session is not None or self._pool is not None, "use `async with OpenAIClient(...)`"
         key = (id(prompt), max_tokens)
@@ -258,8 +275,9 @@ class OpenAIClient:
         if data is None:
             body = self.body(prompt, max_tokens)
             # the fast path keeps the whole request (head and body): one send per request
-            data = self._bodies[key] = (body if self._pool is None
-                                        else self._req_head + str(len(body)).encode() + b"\r\n\r\n" + body)
+            data = self._bodies[key] = (
+                body if self._pool is None else self._req_head + str(len(body)).encode() + b"\r\n\r\n" + body
+            )
         pc = time.perf_counter
         sent = pc()
         st = Stream()
@@ -290,15 +308,26 @@ class OpenAIClient:
             out, source = None, None
         reasoning = st.usage_reasoning if st.usage_reasoning is not None else (st.reasoning or None)
         return RequestResult(
-            request_id=request_id, attempt=attempt, scheduled_at=scheduled_at, sent_at=sent, end_at=end,
-            first_token_at=st.first, token_times=tuple(st.times), status_code=status,
-            error_class=err_class, error=err, prompt_tokens=st.usage_in or prompt.prompt_tokens,
-            output_tokens=out, output_tokens_source=source, reasoning_tokens=reasoning,
+            request_id=request_id,
+            attempt=attempt,
+            scheduled_at=scheduled_at,
+            sent_at=sent,
+            end_at=end,
+            first_token_at=st.first,
+            token_times=tuple(st.times),
+            status_code=status,
+            error_class=err_class,
+            error=err,
+            prompt_tokens=st.usage_in or prompt.prompt_tokens,
+            output_tokens=out,
+            output_tokens_source=source,
+            reasoning_tokens=reasoning,
             coalesced=tuple(st.coalesced) if st.coalesced else (),
         )
 
-    async def _exchange_fast(self, data: bytes, st: Stream, sent: float,
-                             cap: int) -> tuple[int, str | None, str | None]:
+    async def _exchange_fast(
+        self, data: bytes, st: Stream, sent: float, cap: int
+    ) -> tuple[int, str | None, str | None]:
         from vramlab.load.h1response import FastHttpError, StopBody
 
         feed = self.sse.feed
@@ -322,11 +351,15 @@ class OpenAIClient:
             return status, _classify_status(status, text), f"HTTP {status}: {_short(text)}"
         return status, None, None
 
-    async def _exchange_aiohttp(self, data: bytes, st: Stream, cap: int) -> tuple[int, str | None, str | None]:
+    async def _exchange_aiohttp(
+        self, data: bytes, st: Stream, cap: int
+    ) -> tuple[int, str | None, str | None]:
         aiohttp = self._aiohttp
         status = 0
         try:
-            async with self._session.post(self._url, data=data, headers=self._headers, timeout=self._timeout) as resp:
+            async with self._session.post(
+                self._url, data=data, headers=self._headers, timeout=self._timeout
+            ) as resp:
                 status = resp.status
                 if status != 200:
                     text = await _error_body(resp)
@@ -338,12 +371,18 @@ class OpenAIClient:
             raise
         except aiohttp.ClientConnectorError as exc:
             return status, "connect", _short(str(exc))
-        except aiohttp.ClientResponseError as exc:  # aiohttp's parser refused the answer (its "400" is not the server's)
+        except (
+            aiohttp.ClientResponseError
+        ) as exc:  # aiohttp's parser refused the answer (its "400" is not the server's)
             return status, "stream_broken", _short(f"malformed HTTP response: {exc.message}")
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
             return status, "stream_broken", _short(f"{type(exc).__name__}: {exc}")
         except aiohttp.ClientError as exc:
-            return status, "connect" if status == 0 else "stream_broken", _short(f"{type(exc).__name__}: {exc}")
+            return (
+                status,
+                "connect" if status == 0 else "stream_broken",
+                _short(f"{type(exc).__name__}: {exc}"),
+            )
         return status, None, None
 
     async def _read_stream(self, resp: Any, st: Stream, cap: int = 1 << 62) -> None:

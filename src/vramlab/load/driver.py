@@ -26,8 +26,9 @@ from vramlab.records.stats import percentile
 
 
 class Sender(Protocol):
-    async def send(self, request_id: str, prompt: Prompt, max_tokens: int, scheduled_at: float,
-                   attempt: int = 0) -> RequestResult: ...
+    async def send(
+        self, request_id: str, prompt: Prompt, max_tokens: int, scheduled_at: float, attempt: int = 0
+    ) -> RequestResult: ...
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,9 @@ class LoadShape:
     seed: int = 0
     max_tokens: int | None = None  # overrides each prompt's own output length
     error_backoff: bool = True  # closed loop: a user whose connection failed waits (the plan's back-off)
-    think_s: float = 0.0  # closed loop: a user pauses this long after a successful request (a drill's think_time_s)
+    think_s: float = (
+        0.0  # closed loop: a user pauses this long after a successful request (a drill's think_time_s)
+    )
     # closed loop: the longest a refused user waits; a drill's recovery phase caps it at its probe
     # resolution, so "serving again" is timed within that, not within the back-off's 10 s cap
     error_backoff_max_s: float | None = None
@@ -151,9 +154,18 @@ async def drive(
                 res = await sender.send(rid, prompt, max_tokens, scheduled, attempt)
             except asyncio.CancelledError:
                 now = pc()
-                on_result(RequestResult(request_id=rid, attempt=attempt, scheduled_at=scheduled, sent_at=t_sent,
-                                        end_at=now, error_class="cancelled", error="the window was cancelled",
-                                        prompt_tokens=prompt.prompt_tokens))
+                on_result(
+                    RequestResult(
+                        request_id=rid,
+                        attempt=attempt,
+                        scheduled_at=scheduled,
+                        sent_at=t_sent,
+                        end_at=now,
+                        error_class="cancelled",
+                        error="the window was cancelled",
+                        prompt_tokens=prompt.prompt_tokens,
+                    )
+                )
                 raise
             on_result(res)
             ended = end is not None and end.is_set()  # the window is over: no retry goes out in it
@@ -284,6 +296,12 @@ async def drive(
             t.cancel()
         await asyncio.gather(*loops, *pending, ticker, stop_wait, end_wait, return_exceptions=True)
         gc.unfreeze()  # frozen only for the window: what dies later is still collected
-    return WindowOutcome(sent=sent - unsent[0], elapsed_s=pc() - start, lag_p99_ms=percentile(lags, 99) if lags else 0.0, lag_max_ms=max(lags, default=0.0),
-                         loop_lag_p99_ms=percentile(loop_lags, 99) if loop_lags else 0.0, loop_lag_max_ms=max(loop_lags, default=0.0),
-                         stopped=stop.is_set())
+    return WindowOutcome(
+        sent=sent - unsent[0],
+        elapsed_s=pc() - start,
+        lag_p99_ms=percentile(lags, 99) if lags else 0.0,
+        lag_max_ms=max(lags, default=0.0),
+        loop_lag_p99_ms=percentile(loop_lags, 99) if loop_lags else 0.0,
+        loop_lag_max_ms=max(loop_lags, default=0.0),
+        stopped=stop.is_set(),
+    )

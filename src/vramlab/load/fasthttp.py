@@ -134,8 +134,9 @@ class Pool:
         except BaseException as exc:
             sock.close()
             if isinstance(exc, OSError):
-                raise FastHttpError("connect", f"Cannot connect to host {self.host}:{self.port}: "
-                                               f"{exc.strerror or exc}") from None
+                raise FastHttpError(
+                    "connect", f"Cannot connect to host {self.host}:{self.port}: {exc.strerror or exc}"
+                ) from None
             raise
         return sock
 
@@ -232,14 +233,19 @@ class Pool:
                     sent = len(data)
                 if sent < len(data):
                     try:
-                        await asyncio.wait_for(loop.sock_sendall(conn.sock, data[sent:]), deadline - time.perf_counter())
+                        await asyncio.wait_for(
+                            loop.sock_sendall(conn.sock, data[sent:]), deadline - time.perf_counter()
+                        )
                     except asyncio.TimeoutError:
                         resp.fail(FastHttpError("timeout", ""))
                     except OSError as exc:
                         resp.fail_os(exc)
                 if not fut.done():
-                    timer = loop.call_at(loop.time() + (deadline - time.perf_counter()), resp.fail,
-                                         FastHttpError("timeout", ""))
+                    timer = loop.call_at(
+                        loop.time() + (deadline - time.perf_counter()),
+                        resp.fail,
+                        FastHttpError("timeout", ""),
+                    )
                 return await fut
             except Retry:
                 continue
@@ -253,8 +259,10 @@ class Pool:
             finally:
                 if timer is not None:
                     timer.cancel()
-        raise FastHttpError("stream_broken", "ServerDisconnectedError: the server closed the connection "
-                                             "before its answer, three times")
+        raise FastHttpError(
+            "stream_broken",
+            "ServerDisconnectedError: the server closed the connection before its answer, three times",
+        )
 
     def get_nowait(self) -> Conn:
         conn = self.idle.pop()

@@ -71,11 +71,27 @@ class Response:
     its protocol object, left to the garbage collector) cost a quarter of the requests one client
     core completes (benchmarks/loadgen.py, rate mode: 15,155 against 21,063 per CPU-second)."""
 
-    __slots__ = ("conn", "fut", "sink", "parser", "status", "keep", "got_any", "sink_done", "err_body",
-                 "framed", "headed", "complete", "interim", "framing", "pieces")
+    __slots__ = (
+        "conn",
+        "fut",
+        "sink",
+        "parser",
+        "status",
+        "keep",
+        "got_any",
+        "sink_done",
+        "err_body",
+        "framed",
+        "headed",
+        "complete",
+        "interim",
+        "framing",
+        "pieces",
+    )
 
-    def __init__(self, conn: Conn, fut: asyncio.Future[tuple[int, str | None]] | None = None,
-                 sink: Sink | None = None) -> None:
+    def __init__(
+        self, conn: Conn, fut: asyncio.Future[tuple[int, str | None]] | None = None, sink: Sink | None = None
+    ) -> None:
         self.conn = conn
         self.parser = HttpResponseParser(self)
         if fut is not None and sink is not None:
@@ -164,11 +180,18 @@ class Response:
         elif not self.got_any and self.conn.reused:
             self.fail(Retry())
         elif self.status == 0:
-            self.fail(FastHttpError("stream_broken", "ServerDisconnectedError: the server closed the connection "
-                                                      "before its answer"))
+            self.fail(
+                FastHttpError(
+                    "stream_broken",
+                    "ServerDisconnectedError: the server closed the connection before its answer",
+                )
+            )
         else:
-            self.fail(FastHttpError("stream_broken", "ServerDisconnectedError: the server closed the connection "
-                                                      "mid-answer"))
+            self.fail(
+                FastHttpError(
+                    "stream_broken", "ServerDisconnectedError: the server closed the connection mid-answer"
+                )
+            )
 
     def _malformed(self, why: str) -> None:
         self.fail(FastHttpError("stream_broken", f"malformed HTTP response: {why}"))
@@ -183,7 +206,9 @@ class Response:
             self.parser.feed_data(data)
         except HttpParserCallbackError as exc:
             cause = exc.__context__
-            self._malformed(str(cause) if isinstance(cause, _Malformed) else f"{type(cause).__name__}: {cause}")
+            self._malformed(
+                str(cause) if isinstance(cause, _Malformed) else f"{type(cause).__name__}: {cause}"
+            )
             return
         except HttpParserUpgrade:
             self._malformed("the server switched protocols (101)")
@@ -200,15 +225,20 @@ class Response:
             pieces.clear()
             n = len(data)
             # exact: nothing but the chunk's closing CRLF follows the body in this read
-            exact = (data.endswith(last) or (data.endswith(b"\r\n") and data.endswith(last, 0, n - 2))
-                     or (data.endswith(b"\r") and data.endswith(last, 0, n - 1)))
+            exact = (
+                data.endswith(last)
+                or (data.endswith(b"\r\n") and data.endswith(last, 0, n - 2))
+                or (data.endswith(b"\r") and data.endswith(last, 0, n - 1))
+            )
             if not self._body(piece, t, exact):
                 return
         else:
             self.framing += len(data)
             if self.framing > MAX_FRAMING and not self.complete:
-                self._malformed(f"{MAX_FRAMING >> 10} KiB of headers, interim answers, chunk-size lines or "
-                                "trailers without a byte of body")
+                self._malformed(
+                    f"{MAX_FRAMING >> 10} KiB of headers, interim answers, chunk-size lines or "
+                    "trailers without a byte of body"
+                )
                 return
         if self.complete:
             self._finish(True)
@@ -244,5 +274,14 @@ class Response:
         return True
 
 
-__all__ = ["MAX_ERROR_BODY", "MAX_FRAMING", "MAX_HEAD", "MAX_INTERIM", "FastHttpError", "Response", "Retry",
-           "Sink", "StopBody"]
+__all__ = [
+    "MAX_ERROR_BODY",
+    "MAX_FRAMING",
+    "MAX_HEAD",
+    "MAX_INTERIM",
+    "FastHttpError",
+    "Response",
+    "Retry",
+    "Sink",
+    "StopBody",
+]

@@ -23,7 +23,12 @@ import time
 # (include/uapi/asm-generic/socket.h: SO_TIMESTAMPNS_OLD 35, SO_TIMESTAMP_OLD 29, and
 # SCM_* = SO_*), used by x86-64, arm64 and riscv64. Other ABIs (alpha, mips, parisc, sparc,
 # powerpc) number them differently: they get read-time stamps.
-_GENERIC_ABI = sys.platform.startswith("linux") and platform.machine() in ("x86_64", "aarch64", "arm64", "riscv64")
+_GENERIC_ABI = sys.platform.startswith("linux") and platform.machine() in (
+    "x86_64",
+    "aarch64",
+    "arm64",
+    "riscv64",
+)
 SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if _GENERIC_ABI else None)
 TIMESPEC = struct.Struct("@qq")  # struct timespec on a 64-bit ABI: tv_sec, tv_nsec
 ANC_SPACE = socket.CMSG_SPACE(TIMESPEC.size)  # recvmsg's ancillary buffer for one stamp
@@ -48,7 +53,9 @@ class Clock:
         self.offset = 0.0
         self.before = 0.0  # the offset before the last step
         self.step_at = float("-inf")  # perf_counter time the last step was seen
-        self.steps: collections.deque[tuple[float, float]] = collections.deque(maxlen=4096)  # (seen at, new offset)
+        self.steps: collections.deque[tuple[float, float]] = collections.deque(
+            maxlen=4096
+        )  # (seen at, new offset)
         self.sample()
         self.before = self.offset
         self.steps.append((float("-inf"), self.offset))

@@ -70,7 +70,9 @@ def jsonl_prompts(path: str | Path, default_output_tokens: int = 256) -> list[Pr
         if not isinstance(max_tokens, int) or max_tokens <= 0:
             raise ConfigError(f"{p}:{n}: max_tokens: must be a positive integer")
         pt = obj.get("prompt_tokens")
-        out.append(Prompt(text=text, prompt_tokens=pt if isinstance(pt, int) else None, output_tokens=max_tokens))
+        out.append(
+            Prompt(text=text, prompt_tokens=pt if isinstance(pt, int) else None, output_tokens=max_tokens)
+        )
     if not out:
         raise ConfigError(f"{p}: the input set is empty")
     return out

@@ -52,14 +52,20 @@ def usage_only(payload: bytes) -> dict[bytes, int] | None:
         return None
     if payload.count(b'"usage"') != 1 or b'"usage":{' not in payload.replace(b'"usage": {', b'"usage":{'):
         return None
-    if (b'"choices":[]' not in payload and b'"choices": []' not in payload) or b'"choices"' not in payload \
-            or payload.count(b'"choices"') != 1 or b"reasoning_tokens" in payload:
+    if (
+        (b'"choices":[]' not in payload and b'"choices": []' not in payload)
+        or b'"choices"' not in payload
+        or payload.count(b'"choices"') != 1
+        or b"reasoning_tokens" in payload
+    ):
         return None
     found = {m.group(1): int(m.group(2)) for m in _USAGE_NUMBER.finditer(payload)}
     for key in (b"prompt_tokens", b"completion_tokens"):
         if payload.count(b'"' + key + b'"') != (1 if key in found else 0):
             return None  # there, but not a plain integer: the full parse decides
     return found
+
+
 _REASONING_KEYS = (b'"reasoning_content":', b'"reasoning":')
 
 
@@ -72,9 +78,9 @@ def _has_text(payload: bytes, key: bytes) -> bool | None:
     j = i + len(key)
     if payload.find(key, j) >= 0:
         return None
-    while payload[j:j + 1] == b" ":
+    while payload[j : j + 1] == b" ":
         j += 1
-    head = payload[j:j + 2]
+    head = payload[j : j + 2]
     if head[:1] == b'"':
         return head != b'""'
     return False if payload.startswith(b"null", j) else None

@@ -25,7 +25,9 @@ class StubBehaviour:
     midstream_error: str | None = None  # sent as an error event after the first token
     garbage: bool = False
     usage: bool = True
-    reasoning_tokens: int = 0  # the first N tokens are reasoning (a reasoning model), sent under reasoning_key
+    reasoning_tokens: int = (
+        0  # the first N tokens are reasoning (a reasoning model), sent under reasoning_key
+    )
     reasoning_key: str = "reasoning_content"
     empty_completion: bool = False  # finish_reason "stop" at once, no text
     send_done: bool = True  # end with data: [DONE]
@@ -106,7 +108,9 @@ class StubServer:
             return web.Response(status=b.fail_status, text=b.fail_body, content_type="application/json")
         extra = {f for f in b.reject_fields if f in body}
         if extra:
-            return web.json_response({"error": {"message": f"Unexpected fields in the request: {extra}"}}, status=422)
+            return web.json_response(
+                {"error": {"message": f"Unexpected fields in the request: {extra}"}}, status=422
+            )
         try:
             return await self._stream(request, body)
         except ConnectionError:  # the client went away (a cancelled window); nothing to answer
@@ -128,8 +132,11 @@ class StubServer:
             return resp
         if b.empty_completion:
             n = 0
-            fin = {"index": 0, "delta": {}, "finish_reason": "stop"} if chat else {"index": 0, "text": "",
-                                                                                    "finish_reason": "stop"}
+            fin = (
+                {"index": 0, "delta": {}, "finish_reason": "stop"}
+                if chat
+                else {"index": 0, "text": "", "finish_reason": "stop"}
+            )
             await resp.write(b"data: " + json.dumps({"choices": [fin]}).encode() + b"\n\n")
         for i in range(n):
             if i and b.token_s:
@@ -142,7 +149,9 @@ class StubServer:
                 choice = {"index": 0, "text": f" t{i}"}
             await resp.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
             if i == 0 and b.midstream_error:
-                await resp.write(b"data: " + json.dumps({"error": {"message": b.midstream_error}}).encode() + b"\n\n")
+                await resp.write(
+                    b"data: " + json.dumps({"error": {"message": b.midstream_error}}).encode() + b"\n\n"
+                )
                 await resp.write_eof()
                 return resp
         if b.usage:

@@ -148,8 +148,8 @@ class _Reader:
             (n,) = _HEAD.unpack_from(self.buf)
             if len(self.buf) < _HEAD.size + n:
                 break
-            out.append(pickle.loads(bytes(self.buf[_HEAD.size:_HEAD.size + n])))
-            del self.buf[:_HEAD.size + n]
+            out.append(pickle.loads(bytes(self.buf[_HEAD.size : _HEAD.size + n])))
+            del self.buf[: _HEAD.size + n]
         return out
 
 
@@ -223,9 +223,16 @@ async def _serve(index: int, count: int, conn: Any, cfg: ClientConfig, shared_st
 
     loop.add_reader(cmd_r.fileno(), on_readable)
     prompts: dict[Any, list[Prompt]] = {}
-    async with OpenAIClient(cfg.base_url, cfg.model, cfg.api, cfg.api_key, max_connections=cfg.max_connections,
-                            timeout_s=cfg.timeout_s, ignore_eos=cfg.ignore_eos,
-                            http_client=cfg.http_client) as client:
+    async with OpenAIClient(
+        cfg.base_url,
+        cfg.model,
+        cfg.api,
+        cfg.api_key,
+        max_connections=cfg.max_connections,
+        timeout_s=cfg.timeout_s,
+        ignore_eos=cfg.ignore_eos,
+        http_client=cfg.http_client,
+    ) as client:
         post(("ready", index, os.getpid()))
         while True:
             msg = await inbox.get()
@@ -238,8 +245,9 @@ async def _serve(index: int, count: int, conn: Any, cfg: ClientConfig, shared_st
             batch: list[RequestResult] = []
             flush_at = [time.perf_counter() + BATCH_S]
 
-            def on_result(res: RequestResult, batch: list[RequestResult] = batch,
-                          flush_at: list[float] = flush_at) -> None:
+            def on_result(
+                res: RequestResult, batch: list[RequestResult] = batch, flush_at: list[float] = flush_at
+            ) -> None:
                 batch.append(res)
                 if res.end_at >= flush_at[0]:
                     post(("results", batch[:]))
@@ -247,8 +255,18 @@ async def _serve(index: int, count: int, conn: Any, cfg: ClientConfig, shared_st
                     flush_at[0] = res.end_at + BATCH_S
 
             try:
-                outcome = await drive(client, cycle(prompts[key]), shape, window, on_result, retry,
-                                      id_prefix=id_prefix, stop=stop, shard=(index, count), start_at=start_at)
+                outcome = await drive(
+                    client,
+                    cycle(prompts[key]),
+                    shape,
+                    window,
+                    on_result,
+                    retry,
+                    id_prefix=id_prefix,
+                    stop=stop,
+                    shard=(index, count),
+                    start_at=start_at,
+                )
                 err = None
             except Exception as exc:  # a bug: the parent fails the run with it
                 outcome, err = None, f"{type(exc).__name__}: {exc}"
@@ -287,8 +305,12 @@ class WorkerPool:
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")  # a clean interpreter: no inherited event loop, threads or sockets
-        per_worker = ClientConfig(**{**self.cfg.__dict__,
-                                     "max_connections": max(1, math.ceil(self.cfg.max_connections / self.count))})
+        per_worker = ClientConfig(
+            **{
+                **self.cfg.__dict__,
+                "max_connections": max(1, math.ceil(self.cfg.max_connections / self.count)),
+            }
+        )
         loop = asyncio.get_running_loop()
         ready: dict[int, int] = {}
         all_ready = loop.create_future()
@@ -305,8 +327,12 @@ class WorkerPool:
             for i in range(self.count):
                 cmd_r, cmd_w = ctx.Pipe(duplex=False)
                 res_r, res_w = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=_worker_main, args=(i, self.count, (cmd_r, res_w), per_worker, self._stop_flag),
-                                name=f"vramlab-load-{i}", daemon=True)
+                p = ctx.Process(
+                    target=_worker_main,
+                    args=(i, self.count, (cmd_r, res_w), per_worker, self._stop_flag),
+                    name=f"vramlab-load-{i}",
+                    daemon=True,
+                )
                 p.start()
                 cmd_r.close()
                 res_w.close()
@@ -347,10 +373,17 @@ class WorkerPool:
             self._stop_flag.value = 1
         self._send(("stop",))
 
-    async def drive(self, prompts: list[Prompt], shape: LoadShape, window: Window,
-                    on_result: Callable[[RequestResult], None], retry: RetryPolicy = RetryPolicy(),
-                    id_prefix: str = "r", stop: asyncio.Event | None = None,
-                    prompts_key: Any = None) -> WindowOutcome:
+    async def drive(
+        self,
+        prompts: list[Prompt],
+        shape: LoadShape,
+        window: Window,
+        on_result: Callable[[RequestResult], None],
+        retry: RetryPolicy = RetryPolicy(),
+        id_prefix: str = "r",
+        stop: asyncio.Event | None = None,
+        prompts_key: Any = None,
+    ) -> WindowOutcome:
         if self._dead is not None:
             raise RuntimeError(self._dead)
         loop = asyncio.get_running_loop()
@@ -384,9 +417,14 @@ class WorkerPool:
         for i, (cmd_w, _) in enumerate(self._conns):
             # Open loop: each worker's in-flight cap is its share of the plan's (they sum to it).
             # Closed loop: drive shares the users out itself.
-            job_shape = shape if shape.mode == "closed" else \
-                replace(shape, concurrency=max(1, shard_share(shape.concurrency, (i, self.count))))
-            _write_all(cmd_w.fileno(), _frame(("window", key, plist, job_shape, window, retry, id_prefix, start_at)))
+            job_shape = (
+                shape
+                if shape.mode == "closed"
+                else replace(shape, concurrency=max(1, shard_share(shape.concurrency, (i, self.count))))
+            )
+            _write_all(
+                cmd_w.fileno(), _frame(("window", key, plist, job_shape, window, retry, id_prefix, start_at))
+            )
         stop_wait = asyncio.ensure_future(stop.wait()) if stop is not None else None
         try:
             waiters: set[asyncio.Future[Any]] = {finished} | ({stop_wait} if stop_wait else set())
@@ -411,10 +449,14 @@ class WorkerPool:
         self.reports = [reports[i] for i in sorted(reports)]
         outs = [r.outcome for r in self.reports]
         return WindowOutcome(
-            sent=sum(o.sent for o in outs), elapsed_s=max(o.elapsed_s for o in outs),
-            lag_p99_ms=max(o.lag_p99_ms for o in outs), lag_max_ms=max(o.lag_max_ms for o in outs),
-            loop_lag_p99_ms=max(o.loop_lag_p99_ms for o in outs), loop_lag_max_ms=max(o.loop_lag_max_ms for o in outs),
-            stopped=any(o.stopped for o in outs))
+            sent=sum(o.sent for o in outs),
+            elapsed_s=max(o.elapsed_s for o in outs),
+            lag_p99_ms=max(o.lag_p99_ms for o in outs),
+            lag_max_ms=max(o.lag_max_ms for o in outs),
+            loop_lag_p99_ms=max(o.loop_lag_p99_ms for o in outs),
+            loop_lag_max_ms=max(o.loop_lag_max_ms for o in outs),
+            stopped=any(o.stopped for o in outs),
+        )
 
     async def __aexit__(self, *exc: object) -> None:
         loop = asyncio.get_running_loop()

@@ -24,8 +24,13 @@ MAX_LOG_BYTES = 64 * MIB
 
 # Fields that carry memory figures: an observation needs one of them to be worth reporting.
 MEMORY_FIELDS = (
-    "weights_bytes", "kv_cache_bytes", "kv_cache_tokens", "activation_peak_bytes",
-    "non_torch_bytes", "cuda_graph_bytes", "gpu_blocks",
+    "weights_bytes",
+    "kv_cache_bytes",
+    "kv_cache_tokens",
+    "activation_peak_bytes",
+    "non_torch_bytes",
+    "cuda_graph_bytes",
+    "gpu_blocks",
 )
 # What a CPU (or partly offloaded) start-up allocates in host memory: enough to tell that a
 # start-up has loaded, so that the next start-up line opens a new one.
@@ -120,7 +125,7 @@ def split_prefix(raw: str) -> tuple[str | None, str]:
     m = _PAREN_PREFIX.match(text)
     if m:
         who, args = m.group("who"), m.group("args")
-        rest = text[m.end():]
+        rest = text[m.end() :]
         if who.startswith(_ENGINE_LEVEL):
             return None, rest
         r = re.search(r"rank=(\d+)", args) or re.search(r"\bTP(\d+)", args) or re.search(r"_TP(\d+)$", who)
@@ -134,7 +139,7 @@ def split_prefix(raw: str) -> tuple[str | None, str]:
     if m:
         inside = m.group("inside")
         r = re.search(r"\bTP(\d+)", inside) or re.search(r"gpu_id=(\d+)", inside)
-        return (f"rank={r.group(1)}" if r else None), text[m.end():]
+        return (f"rank={r.group(1)}" if r else None), text[m.end() :]
     return None, text
 
 
@@ -148,7 +153,9 @@ def _json_message(text: str) -> str:
     if not isinstance(data, dict) or not isinstance(data.get("message"), str):
         return text
     # A log line's other fields (target, filename) can carry engine markers: keep them after it.
-    rest = " ".join(f"{k}={v}" for k, v in data.items() if k not in ("message", "timestamp") and isinstance(v, str))
+    rest = " ".join(
+        f"{k}={v}" for k, v in data.items() if k not in ("message", "timestamp") and isinstance(v, str)
+    )
     return f"{data['message']} {rest}".strip()
 
 
@@ -341,8 +348,11 @@ def candidates(rules: list[Rule], message: str) -> list[Rule]:
     cut = _SHORTCUTS.get(id(rules))
     if cut is None or cut[0] is not rules:
         keys = sorted({r.key for r in rules if r.key}, key=len, reverse=True)
-        cut = (rules, [r for r in rules if r.key is None],
-               re.compile("|".join(re.escape(k) for k in keys)) if keys else None)
+        cut = (
+            rules,
+            [r for r in rules if r.key is None],
+            re.compile("|".join(re.escape(k) for k in keys)) if keys else None,
+        )
         _SHORTCUTS[id(rules)] = cut
     _, keyless, any_key = cut
     if any_key is None or not any_key.search(message):
@@ -417,8 +427,12 @@ def assemble(
             if fields.get("engine_version"):
                 settings.setdefault("engine_version", fields["engine_version"])
             known = {k: v for k, v in fields.items() if k in Observation.model_fields}
-            if (not su.has_memory() and all(known.get(k) is None for k in MEMORY_FIELDS)
-                    and not known.get("max_model_len") and not known.get("model")):
+            if (
+                not su.has_memory()
+                and all(known.get(k) is None for k in MEMORY_FIELDS)
+                and not known.get("max_model_len")
+                and not known.get("model")
+            ):
                 continue  # a version banner alone is not worth reporting
             obs = Observation(
                 startup=index,
@@ -434,8 +448,13 @@ def assemble(
     return out
 
 
-def one_line_blocks(lines: Iterable[str], starts: Callable[[str], bool], ends: Callable[[str], bool],
-                    max_lines: int, join: Callable[[list[str]], str] = " ".join) -> Iterable[str]:
+def one_line_blocks(
+    lines: Iterable[str],
+    starts: Callable[[str], bool],
+    ends: Callable[[str], bool],
+    max_lines: int,
+    join: Callable[[list[str]], str] = " ".join,
+) -> Iterable[str]:
     """Each multi-line block a rule reads as one line (a pretty-printed TGI `Args {`, a transformers config
     dump): the block joined by `join`, then empty lines in place of the ones it took, so every later line
     keeps its number. A block ends at `ends(line)` or after `max_lines` (a missing end must not swallow the log)."""

@@ -33,8 +33,16 @@ class CalibrationResult:
 
 # No card has this much memory: a figure above it is a misread or a corrupt line.
 _LARGEST_CARD_BYTES = 1 << 40
-_BYTE_FIELDS = ("weights_bytes", "kv_cache_bytes", "activation_peak_bytes", "non_torch_bytes",
-                "init_non_torch_bytes", "cuda_graph_bytes", "non_kv_cache_bytes", "budget_bytes")
+_BYTE_FIELDS = (
+    "weights_bytes",
+    "kv_cache_bytes",
+    "activation_peak_bytes",
+    "non_torch_bytes",
+    "init_non_torch_bytes",
+    "cuda_graph_bytes",
+    "non_kv_cache_bytes",
+    "budget_bytes",
+)
 
 
 # No engine allocates a component smaller than this: engines print GiB or MiB with two decimals,
@@ -53,8 +61,10 @@ def _too_small(obs: Observation) -> str | None:
         if value == 0 and name in _NEVER_ZERO:
             return f"{name} is 0: a served model has one (a failed start-up is not a measurement)"
         if 0 < value < _SMALLEST_COMPONENT_BYTES:
-            return (f"{name} is {value:,} bytes, smaller than any buffer an engine allocates (1 MiB); "
-                    "a unit slip (bytes for GiB)?")
+            return (
+                f"{name} is {value:,} bytes, smaller than any buffer an engine allocates (1 MiB); "
+                "a unit slip (bytes for GiB)?"
+            )
     return None
 
 
@@ -64,8 +74,14 @@ def impossible(obs: Observation) -> str | None:
     process freed memory during profiling) are real log lines but not measurements of a component."""
     import math
 
-    for name in (*_BYTE_FIELDS, "kv_cache_tokens", "gpu_blocks", "max_concurrency", "gpu_memory_utilization",
-                 "total_gpu_memory_bytes"):
+    for name in (
+        *_BYTE_FIELDS,
+        "kv_cache_tokens",
+        "gpu_blocks",
+        "max_concurrency",
+        "gpu_memory_utilization",
+        "total_gpu_memory_bytes",
+    ):
         value = getattr(obs, name)
         if value is None:
             continue
@@ -121,7 +137,9 @@ def read_inputs(paths: Sequence[str | Path]) -> tuple[list[Observation], list[tu
             why = impossible(obs)
             if why is not None:
                 label = obs.source or str(path)
-                problems.append((label + (f" rank {obs.rank}" if obs.rank is not None else ""), f"rejected: {why}"))
+                problems.append(
+                    (label + (f" rank {obs.rank}" if obs.rank is not None else ""), f"rejected: {why}")
+                )
                 continue
             out.append(obs)
     return out, problems
@@ -137,38 +155,56 @@ def _version_override(fits: list[Fit], versions: str | None) -> list[Fit]:
 
     from vramlab.capacity.validation import check_version_range
 
-    check_version_range(lo or None, hi or None, "--versions")  # 0.29..0.10 is refused, not a profile no plan matches
+    check_version_range(
+        lo or None, hi or None, "--versions"
+    )  # 0.29..0.10 is refused, not a profile no plan matches
 
     return [replace(f, version_min=lo or None, version_max=hi or None) for f in fits]
 
 
-def calibrate(paths: Sequence[str | Path], model_configs: str | Path | None = None, engine: str | None = None,
-              min_points: int = 3, versions: str | None = None, offline: bool = True,
-              name: str = "calibration") -> CalibrationResult:
+def calibrate(
+    paths: Sequence[str | Path],
+    model_configs: str | Path | None = None,
+    engine: str | None = None,
+    min_points: int = 3,
+    versions: str | None = None,
+    offline: bool = True,
+    name: str = "calibration",
+) -> CalibrationResult:
     observations, skipped = read_inputs(paths)
     if not observations:
-        raise ConfigError("no usable observation in the inputs"
-                          + (f" ({skipped[0][0]}: {skipped[0][1]})" if skipped else ""))
+        raise ConfigError(
+            "no usable observation in the inputs"
+            + (f" ({skipped[0][0]}: {skipped[0][1]})" if skipped else "")
+        )
     configs: dict[str, Any] | None = None
     if model_configs:
         from vramlab.infile import read_text
 
-        text = read_text(model_configs, "--model-configs", expect="expected a JSON object: hf id -> config.json")
+        text = read_text(
+            model_configs, "--model-configs", expect="expected a JSON object: hf id -> config.json"
+        )
         try:
             configs = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"--model-configs {model_configs}: not JSON ({exc.msg}, line {exc.lineno})") from None
+            raise ConfigError(
+                f"--model-configs {model_configs}: not JSON ({exc.msg}, line {exc.lineno})"
+            ) from None
         except RecursionError:
             raise ConfigError(f"--model-configs {model_configs}: nested too deeply") from None
         if not isinstance(configs, dict) or not all(isinstance(v, dict) for v in configs.values()):
-            raise ConfigError(f"--model-configs {model_configs}: expected a JSON object of hf id -> config.json object")
+            raise ConfigError(
+                f"--model-configs {model_configs}: expected a JSON object of hf id -> config.json object"
+            )
     by_engine, more = build_cases(observations, configs, offline)
     skipped += more
     if engine:
         by_engine = {k: v for k, v in by_engine.items() if k == engine}
     if not by_engine:
-        raise ConfigError("no observation could be matched to a model and a card"
-                          + (f" (first: {skipped[0][0]}: {skipped[0][1]})" if skipped else ""))
+        raise ConfigError(
+            "no observation could be matched to a model and a card"
+            + (f" (first: {skipped[0][0]}: {skipped[0][1]})" if skipped else "")
+        )
     fits = [fit(cases, eng, min_points=min_points) for eng, cases in sorted(by_engine.items())]
     fits = _version_override(fits, versions)
     for f in fits:
@@ -179,11 +215,18 @@ def calibrate(paths: Sequence[str | Path], model_configs: str | Path | None = No
         "observations": len(observations),
         "skipped": len(skipped),
         "method": "Huber then Tukey-bisquare regression on relative residuals, ridge-anchored to the defaults; "
-                  "sensitivities from vramlab.capacity.estimate",
+        "sensitivities from vramlab.capacity.estimate",
     }
     profile = profile_from_fits(name, fits, provenance)
-    return CalibrationResult(fits, profile, len(observations), skipped, _attribution(observations, configs, offline),
-                             _outliers(fits, by_engine), _era_table(observations, by_engine, fits))
+    return CalibrationResult(
+        fits,
+        profile,
+        len(observations),
+        skipped,
+        _attribution(observations, configs, offline),
+        _outliers(fits, by_engine),
+        _era_table(observations, by_engine, fits),
+    )
 
 
 def _outliers(fits: list[Fit], by_engine: dict[str, list[Any]]) -> list[str]:
@@ -203,12 +246,16 @@ def _outliers(fits: list[Fit], by_engine: dict[str, list[Any]]) -> list[str]:
         typical = sorted(abs(e) for e in errors.values())[len(errors) // 2]
         for label, e in errors.items():
             if abs(e) > max(0.25, 5 * typical):
-                out.append(f"{f.engine}: {label}: KV cache predicted {e:+.0%} off without it (typical "
-                           f"{typical:.1%}); check that row's model, card and log")
+                out.append(
+                    f"{f.engine}: {label}: KV cache predicted {e:+.0%} off without it (typical "
+                    f"{typical:.1%}); check that row's model, card and log"
+                )
     return out
 
 
-def _era_table(observations: list[Observation], by_engine: dict[str, list[Any]], fits: list[Fit]) -> list[dict[str, Any]]:
+def _era_table(
+    observations: list[Observation], by_engine: dict[str, list[Any]], fits: list[Fit]
+) -> list[dict[str, Any]]:
     """Observations per engine era: how many were read and how many the fit could use."""
     from vramlab.logs.era import era_of
 
@@ -217,10 +264,14 @@ def _era_table(observations: list[Observation], by_engine: dict[str, list[Any]],
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for obs in observations:
         era = era_of(obs)
-        row = rows.setdefault((obs.engine, era.label), {"engine": obs.engine, "era": era.label, "observations": 0,
-                                                        "used": 0, "inferred": era.inferred})
+        row = rows.setdefault(
+            (obs.engine, era.label),
+            {"engine": obs.engine, "era": era.label, "observations": 0, "used": 0, "inferred": era.inferred},
+        )
         row["observations"] += 1
-        label = (obs.source or obs.model or "observation") + (f" rank {obs.rank}" if obs.rank is not None else "")
+        label = (obs.source or obs.model or "observation") + (
+            f" rank {obs.rank}" if obs.rank is not None else ""
+        )
         row["used"] += label in used and label not in not_predicted
     return sorted(rows.values(), key=lambda r: (r["engine"], r["inferred"], r["era"]))
 

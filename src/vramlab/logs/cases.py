@@ -26,7 +26,12 @@ def _quantization(obs: Observation, spec: ModelSpec) -> str | None:
     if q is None or spec.quant is not None:
         return q
     name = (obs.model or "").lower()
-    for pattern, scheme in ((r"w4a16|int4|4bit", "w4a16"), (r"awq", "awq"), (r"w8a8|int8", "w8a8"), (r"fp8", "fp8")):
+    for pattern, scheme in (
+        (r"w4a16|int4|4bit", "w4a16"),
+        (r"awq", "awq"),
+        (r"w8a8|int8", "w8a8"),
+        (r"fp8", "fp8"),
+    ):
         if re.search(pattern, name):
             return "awq" if scheme == "awq" else scheme
     return "gptq" if q in ("gptq_marlin", "gptq") else q
@@ -43,7 +48,11 @@ def resolve_spec(name: str, configs: Mapping[str, Any] | None, offline: bool) ->
             last = exc
     from vramlab.sources import resolve_model
 
-    alias = (configs or {}).get(name, {}).get("config_of") if isinstance((configs or {}).get(name), dict) else None
+    alias = (
+        (configs or {}).get(name, {}).get("config_of")
+        if isinstance((configs or {}).get(name), dict)
+        else None
+    )
     from vramlab.logs.check import model_candidates
     from vramlab.sources.catalog import find_entry
 
@@ -58,13 +67,20 @@ def resolve_spec(name: str, configs: Mapping[str, Any] | None, offline: bool) ->
             last = last or exc
     if offline and last is not None and "offline" in str(last):
         # The resolver speaks of `plan --offline`; calibrate's switch is the other way round.
-        raise VramlabError(f"model {name!r} is not in the bundled catalog; pass --online to read its config from "
-                           "the Hugging Face Hub, or --model-configs with a config.json map") from None
+        raise VramlabError(
+            f"model {name!r} is not in the bundled catalog; pass --online to read its config from "
+            "the Hugging Face Hub, or --model-configs with a config.json map"
+        ) from None
     raise last or VramlabError(f"cannot resolve model {name!r}")
 
 
-def observation_case(obs: Observation, configs: Mapping[str, Any] | None = None, offline: bool = True,
-                     model: str | None = None, gpu: str | None = None) -> Case:
+def observation_case(
+    obs: Observation,
+    configs: Mapping[str, Any] | None = None,
+    offline: bool = True,
+    model: str | None = None,
+    gpu: str | None = None,
+) -> Case:
     """A calibration case for one observation; VramlabError says what is missing."""
     name = model or obs.model
     if not name:
@@ -84,9 +100,13 @@ def observation_case(obs: Observation, configs: Mapping[str, Any] | None = None,
     return Case(label, spec, card, settings, observed)
 
 
-def build_cases(observations: Sequence[Observation], configs: Mapping[str, Any] | None = None,
-                offline: bool = True, model: str | None = None, gpu: str | None = None,
-                ) -> tuple[dict[str, list[Case]], list[tuple[str, str]]]:
+def build_cases(
+    observations: Sequence[Observation],
+    configs: Mapping[str, Any] | None = None,
+    offline: bool = True,
+    model: str | None = None,
+    gpu: str | None = None,
+) -> tuple[dict[str, list[Case]], list[tuple[str, str]]]:
     """Cases grouped by the engine the capacity model predicts for, and the skipped ones."""
     by_engine: dict[str, list[Case]] = {}
     skipped: list[tuple[str, str]] = []

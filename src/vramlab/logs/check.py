@@ -64,8 +64,10 @@ class CheckReport:
             "source": self.source,
             "engine": self.engine,
             "observations": observations,
-            "failures": [_failure_json(f) | ({"during": ph} if ph else {})
-                         for f, ph in zip(self.failures, self.phases or [""] * len(self.failures), strict=False)],
+            "failures": [
+                _failure_json(f) | ({"during": ph} if ph else {})
+                for f, ph in zip(self.failures, self.phases or [""] * len(self.failures), strict=False)
+            ],
             "notes": self.notes,
             "summary": self.summary,
         }
@@ -79,16 +81,30 @@ def _obs_json(obs: Observation, era: Era | None) -> dict[str, Any]:
 
 
 def _failure_json(sig: Any) -> dict[str, Any]:
-    out = {"kind": sig.kind, "name": sig.name, "engine": sig.engine, "severity": sig.severity,
-           "line_number": sig.line_number, "line": sig.line[:500]}
+    out = {
+        "kind": sig.kind,
+        "name": sig.name,
+        "engine": sig.engine,
+        "severity": sig.severity,
+        "line_number": sig.line_number,
+        "line": sig.line[:500],
+    }
     if sig.details:
         out["details"] = sig.details
     return out
 
 
-def predict(obs: Observation, model: str | None = None, gpu: str | None = None,
-            engine_version: str | None = None, constants: Any = None, offline: bool = True,
-            spec: Any = None, era: Era | None = None, quantization: str | None = None) -> Item:
+def predict(
+    obs: Observation,
+    model: str | None = None,
+    gpu: str | None = None,
+    engine_version: str | None = None,
+    constants: Any = None,
+    offline: bool = True,
+    spec: Any = None,
+    era: Era | None = None,
+    quantization: str | None = None,
+) -> Item:
     """Predict one observation's start-up. What is missing becomes the item's `error`."""
     from vramlab.capacity import estimate
 
@@ -113,7 +129,9 @@ def predict(obs: Observation, model: str | None = None, gpu: str | None = None,
     except VramlabError as exc:
         return Item(obs, error=str(exc), era=era)
     except (ImportError, NotImplementedError):  # a policy the capacity model does not have yet
-        return Item(obs, error=f"the capacity model has no policy for {settings_for(obs).engine} yet", era=era)
+        return Item(
+            obs, error=f"the capacity model has no policy for {settings_for(obs).engine} yet", era=era
+        )
     used = {k: v for k, v in settings.explicit().items() if k != "engine"}
 
     def longest() -> int:  # vLLM's "estimated maximum model length": the longest one request fits
@@ -121,8 +139,9 @@ def predict(obs: Observation, model: str | None = None, gpu: str | None = None,
 
         return max_len_that_fits(spec, card, settings.with_(max_model_len=None), constants)
 
-    return Item(obs, compare(obs, est, reason), settings_used=used, era=era,
-                refusal=refusal_lines(obs, est, longest))
+    return Item(
+        obs, compare(obs, est, reason), settings_used=used, era=era, refusal=refusal_lines(obs, est, longest)
+    )
 
 
 # Suffixes that name a checkpoint's packaging or quantization, not the model.
@@ -175,23 +194,48 @@ def _resolve(name: str, offline: bool, explicit: bool = False) -> tuple[Any, str
         except VramlabError as exc:
             first_error = first_error or str(exc)
     if offline:
-        return None, (f"model {name!r} is not in the bundled catalog; pass --model (a catalog name or a local "
-                      "config.json / model directory), or --online to read it from the Hugging Face Hub")
+        return None, (
+            f"model {name!r} is not in the bundled catalog; pass --model (a catalog name or a local "
+            "config.json / model directory), or --online to read it from the Hugging Face Hub"
+        )
     return None, f"model {name!r}: {first_error}"
 
 
-def check_log(path: str | Path, model: str | None = None, gpu: str | None = None, engine: str | None = None,
-              engine_version: str | None = None, calibration: str | Path | None = None,
-              offline: bool = True, max_bytes: int | None = None, quantization: str | None = None) -> CheckReport:
+def check_log(
+    path: str | Path,
+    model: str | None = None,
+    gpu: str | None = None,
+    engine: str | None = None,
+    engine_version: str | None = None,
+    calibration: str | Path | None = None,
+    offline: bool = True,
+    max_bytes: int | None = None,
+    quantization: str | None = None,
+) -> CheckReport:
     """One log. Raises ConfigError only when nothing in it is recognizable."""
-    return _check(parse_log(path, engine, max_bytes), str(path), model, gpu, engine_version, calibration, offline,
-                  quantization)
+    return _check(
+        parse_log(path, engine, max_bytes),
+        str(path),
+        model,
+        gpu,
+        engine_version,
+        calibration,
+        offline,
+        quantization,
+    )
 
 
-def check_file(path: str | Path, model: str | None = None, gpu: str | None = None, engine: str | None = None,
-               engine_version: str | None = None, calibration: str | Path | None = None,
-               offline: bool = True, max_bytes: int | None = None,
-               quantization: str | None = None) -> tuple[list[CheckReport], list[tuple[str, str]]]:
+def check_file(
+    path: str | Path,
+    model: str | None = None,
+    gpu: str | None = None,
+    engine: str | None = None,
+    engine_version: str | None = None,
+    calibration: str | Path | None = None,
+    offline: bool = True,
+    max_bytes: int | None = None,
+    quantization: str | None = None,
+) -> tuple[list[CheckReport], list[tuple[str, str]]]:
     """One file, split into the writers that wrote it (logs/split.py): a report per writer whose
     lines are a log of a known engine, and (label, why) for the ones that are not. A file with one
     writer is `check_log`'s one report."""
@@ -215,17 +259,29 @@ def check_file(path: str | Path, model: str | None = None, gpu: str | None = Non
         parsed.source = label
         parsed.observations = [o.model_copy(update={"source": label}) for o in parsed.observations]
         parsed.incomplete = [o.model_copy(update={"source": label}) for o in parsed.incomplete]
-        parsed.notes.append(f"{st.name}'s lines of {path} ({len(st.lines)} of {len(lines)}, from line "
-                            f"{st.first_line}); line numbers count its own lines")
+        parsed.notes.append(
+            f"{st.name}'s lines of {path} ({len(st.lines)} of {len(lines)}, from line "
+            f"{st.first_line}); line numbers count its own lines"
+        )
         reports.append(_check(parsed, label, model, gpu, engine_version, calibration, offline, quantization))
     if not reports:
-        raise ConfigError(f"{path}: none of its {len(streams)} writers wrote a log of a known engine "
-                          f"(first: {skipped[0][1]})")
+        raise ConfigError(
+            f"{path}: none of its {len(streams)} writers wrote a log of a known engine "
+            f"(first: {skipped[0][1]})"
+        )
     return reports, skipped
 
 
-def _check(parsed: Any, label: str, model: str | None, gpu: str | None, engine_version: str | None,
-           calibration: str | Path | None, offline: bool, quantization: str | None = None) -> CheckReport:
+def _check(
+    parsed: Any,
+    label: str,
+    model: str | None,
+    gpu: str | None,
+    engine_version: str | None,
+    calibration: str | Path | None,
+    offline: bool,
+    quantization: str | None = None,
+) -> CheckReport:
     profile = None
     if calibration:
         from vramlab.logs.profile import load_profile
@@ -234,8 +290,10 @@ def _check(parsed: Any, label: str, model: str | None, gpu: str | None, engine_v
     items = []
     # Complete start-ups and those the log cut short alike: the figures a cut-short start-up
     # printed (weights, a compute buffer) are still the engine's, and comparable.
-    every = sorted(parsed.observations + parsed.incomplete,
-                   key=lambda o: (o.startup or 0, -1 if o.rank is None else o.rank))
+    every = sorted(
+        parsed.observations + parsed.incomplete,
+        key=lambda o: (o.startup or 0, -1 if o.rank is None else o.rank),
+    )
     for obs in every:
         constants = None
         if profile is not None:
@@ -243,17 +301,35 @@ def _check(parsed: Any, label: str, model: str | None, gpu: str | None, engine_v
             from vramlab.capacity.constants import Constants
             from vramlab.logs.compare import model_engine
 
-            constants = apply_profile(Constants.defaults(), profile, model_engine(obs),
-                                      engine_version or obs.engine_version)
-        items.append(predict(obs, model, gpu, engine_version, constants, offline, era=era_of(obs),
-                             quantization=quantization))
+            constants = apply_profile(
+                Constants.defaults(), profile, model_engine(obs), engine_version or obs.engine_version
+            )
+        items.append(
+            predict(
+                obs,
+                model,
+                gpu,
+                engine_version,
+                constants,
+                offline,
+                era=era_of(obs),
+                quantization=quantization,
+            )
+        )
     done = [it for it in items if it.comparison is not None]
     summary = attribution_sentences(attribute([it.comparison for it in done if it.comparison]))
     # With one start-up the per-observation line already says it; the summary is for sets.
     distinct = {repr(it.observation.measured()) for it in done}
-    return CheckReport(label, parsed.engine, parsed.lines, items,
-                       summary if len(distinct) > 1 else [], parsed.failures, parsed.notes,
-                       [parsed.phase(f) for f in parsed.failures])
+    return CheckReport(
+        label,
+        parsed.engine,
+        parsed.lines,
+        items,
+        summary if len(distinct) > 1 else [],
+        parsed.failures,
+        parsed.notes,
+        [parsed.phase(f) for f in parsed.failures],
+    )
 
 
 # --- many files -------------------------------------------------------------------------------
@@ -267,8 +343,11 @@ def log_files(inputs: Sequence[str | Path], suffixes: tuple[str, ...] | None = N
     for raw in inputs:
         p = Path(raw)
         if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.is_file() and not any(
-                part.startswith(".") for part in f.relative_to(p).parts))
+            found = sorted(
+                f
+                for f in p.rglob("*")
+                if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
+            )
             if suffixes is not None:
                 found = [f for f in found if f.suffix in suffixes]
             else:  # a folder of logs: leave out what is plainly not a log (indexes, notes, code)
@@ -297,12 +376,20 @@ class FolderReport:
         tables = []
         for (engine, label), rows in self.groups().items():
             kv = [abs(r) for r in (_kv_relative(it) for _, it in rows) if r is not None]
-            tables.append({"engine": engine, "era": label, "observations": len(rows),
-                           "predicted": sum(1 for _, it in rows if it.comparison is not None),
-                           "median_abs_kv_error": _median(kv)})
-        return {"files": [r.to_json() for r in self.reports],
-                "skipped": [{"source": s, "reason": r} for s, r in self.skipped],
-                "tables": tables}
+            tables.append(
+                {
+                    "engine": engine,
+                    "era": label,
+                    "observations": len(rows),
+                    "predicted": sum(1 for _, it in rows if it.comparison is not None),
+                    "median_abs_kv_error": _median(kv),
+                }
+            )
+        return {
+            "files": [r.to_json() for r in self.reports],
+            "skipped": [{"source": s, "reason": r} for s, r in self.skipped],
+            "tables": tables,
+        }
 
 
 def _kv_relative(it: Item) -> float | None:
@@ -336,5 +423,7 @@ def check_logs(inputs: Sequence[str | Path], **kwargs: Any) -> FolderReport:
         reports.extend(got)
         skipped.extend(left)
     if not reports:
-        raise ConfigError(f"none of the {len(files)} files is a log of a known engine (first: {skipped[0][1]})")
+        raise ConfigError(
+            f"none of the {len(files)} files is a log of a known engine (first: {skipped[0][1]})"
+        )
     return FolderReport(reports, skipped)

@@ -26,8 +26,15 @@ COMPONENT_FIELD = {
     "cuda_graphs": "cuda_graph_bytes",
     "kv_cache": "kv_cache_bytes",
 }
-ROWS = ("weights_bytes", "activation_peak_bytes", "non_torch_bytes", "cuda_graph_bytes", "kv_cache_bytes",
-        "kv_cache_tokens", "max_concurrency")
+ROWS = (
+    "weights_bytes",
+    "activation_peak_bytes",
+    "non_torch_bytes",
+    "cuda_graph_bytes",
+    "kv_cache_bytes",
+    "kv_cache_tokens",
+    "max_concurrency",
+)
 # The engine the capacity model has a policy for, per log engine (Ollama runs llama.cpp).
 MODEL_ENGINE = {"ollama": "llama.cpp"}
 _SETTING_FIELDS = {f.name for f in fields(EngineSettings)}
@@ -99,9 +106,13 @@ def gpu_for(obs: Observation, gpu: str | None = None) -> tuple[GPU, str]:
         total_gib = obs.total_gpu_memory_bytes / GIB
         close = min(GPUS, key=lambda g: abs(g.memory_gib - total_gib))
         if abs(close.memory_gib - total_gib) <= 0.01 * total_gib:
-            return custom_gpu(total_gib, like=close), f"{close.name} (closest to the log's {total_gib:.2f} GiB total)"
+            return custom_gpu(
+                total_gib, like=close
+            ), f"{close.name} (closest to the log's {total_gib:.2f} GiB total)"
         return custom_gpu(total_gib), f"a {total_gib:.2f} GiB card (the log's total memory)"
-    if model_engine(obs) == "ollama" and obs.free_gpu_memory_bytes:  # Ollama decides on the free memory it logs
+    if (
+        model_engine(obs) == "ollama" and obs.free_gpu_memory_bytes
+    ):  # Ollama decides on the free memory it logs
         free_gib = obs.free_gpu_memory_bytes / GIB
         like = _catalog_card(obs.gpu) if obs.gpu else None
         return custom_gpu(free_gib, like=like), f"the {free_gib:.2f} GiB Ollama logged as available"
@@ -143,7 +154,9 @@ class Comparison:
     def to_json(self) -> dict[str, Any]:
         pred = self.estimate.to_json()
         pred["difference"] = {r.field: r.difference for r in self.rows if r.difference is not None}
-        pred["relative_difference"] = {r.field: round(r.relative, 5) for r in self.rows if r.relative is not None}
+        pred["relative_difference"] = {
+            r.field: round(r.relative, 5) for r in self.rows if r.relative is not None
+        }
         pred["kv_difference_by_component"] = {k: int(v) for k, v in self.contributions.items()}
         pred["explained_by"] = self.explains
         pred["gpu_choice"] = self.gpu_reason
@@ -151,8 +164,11 @@ class Comparison:
 
 
 # Ollama's estimate line, field by field: what its own `msg=offload` line prints.
-OLLAMA_FIELD = {"weights_bytes": "memory_weights_total_bytes", "kv_cache_bytes": "memory_required_kv_bytes",
-                "extra.required_bytes": "memory_required_partial_bytes"}
+OLLAMA_FIELD = {
+    "weights_bytes": "memory_weights_total_bytes",
+    "kv_cache_bytes": "memory_required_kv_bytes",
+    "extra.required_bytes": "memory_required_partial_bytes",
+}
 
 
 def predicted_value(est: Estimate, field: str) -> float | None:
@@ -178,9 +194,18 @@ def predicted_value(est: Estimate, field: str) -> float | None:
 def compare(obs: Observation, est: Estimate, gpu_reason: str = "") -> Comparison:
     rows = tuple(Row(f, getattr(obs, f), predicted_value(est, f)) for f in ROWS)
     if est.engine == "ollama":  # its own decision: the layers it offloads and the GPU total it expects
-        rows += (Row("layers_offloaded", obs.extra.get("layers_offloaded"), predicted_value(est, "layers_offloaded")),
-                 Row("extra.required_bytes", obs.extra.get("required_bytes"),
-                     predicted_value(est, "extra.required_bytes")))
+        rows += (
+            Row(
+                "layers_offloaded",
+                obs.extra.get("layers_offloaded"),
+                predicted_value(est, "layers_offloaded"),
+            ),
+            Row(
+                "extra.required_bytes",
+                obs.extra.get("required_bytes"),
+                predicted_value(est, "extra.required_bytes"),
+            ),
+        )
     contributions: dict[str, float] = {}
     for comp in est.components if est.engine != "ollama" else ():  # Ollama's KV is not a leftover
         field = COMPONENT_FIELD.get(comp.name)
@@ -252,8 +277,15 @@ def attribute(comparisons: list[Comparison]) -> list[Attribution]:
                 errors.append(abs(rel))
         whole = sum(totals.values())
         main = max(totals, key=lambda k: totals[k]) if totals else None
-        out.append(Attribution(tag, len(items), statistics.median(errors) if errors else float("nan"), main,
-                               (totals[main] / whole) if main and whole else 0.0))
+        out.append(
+            Attribution(
+                tag,
+                len(items),
+                statistics.median(errors) if errors else float("nan"),
+                main,
+                (totals[main] / whole) if main and whole else 0.0,
+            )
+        )
     return out
 
 
@@ -263,6 +295,8 @@ def attribution_sentences(attrs: list[Attribution]) -> list[str]:
         if a.main_component is None or a.n == 0:
             continue
         where = "" if a.group == "all" else f" on {a.group}"
-        lines.append(f"most KV error{where} comes from {a.main_component} "
-                     f"({a.share:.0%} of it; n={a.n}, median |KV error| {a.median_kv_error:.1%})")
+        lines.append(
+            f"most KV error{where} comes from {a.main_component} "
+            f"({a.share:.0%} of it; n={a.n}, median |KV error| {a.median_kv_error:.1%})"
+        )
     return lines

@@ -1,7 +1,7 @@
 """Pick the engine a log came from and parse it: the one entry point callers need.
 
-    result = parse_log(path_or_lines)           # engine detected
-    result = parse_log(lines, engine="sglang")  # engine given
+result = parse_log(path_or_lines)           # engine detected
+result = parse_log(lines, engine="sglang")  # engine given
 """
 
 from __future__ import annotations
@@ -17,19 +17,51 @@ from vramlab.errors import ConfigError, unknown
 from vramlab.logs import llamacpp, ollama, sglang, tgi, transformers, vllm
 from vramlab.logs.base import iter_lines
 
-PARSERS: dict[str, ModuleType] = {"vllm": vllm, "sglang": sglang, "tgi": tgi, "llama.cpp": llamacpp, "ollama": ollama,
-                                 "transformers": transformers}
-ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "text-generation-inference": "tgi",
-           "transformers-serve": "transformers", "hf-transformers": "transformers"}
+PARSERS: dict[str, ModuleType] = {
+    "vllm": vllm,
+    "sglang": sglang,
+    "tgi": tgi,
+    "llama.cpp": llamacpp,
+    "ollama": ollama,
+    "transformers": transformers,
+}
+ALIASES = {
+    "llamacpp": "llama.cpp",
+    "llama-cpp": "llama.cpp",
+    "text-generation-inference": "tgi",
+    "transformers-serve": "transformers",
+    "hf-transformers": "transformers",
+}
 
 # Words that name an engine even on lines no rule reads (a log that stops early).
 _MARKERS: dict[str, tuple[str, ...]] = {
     "vllm": ("vLLM", "vllm", "gpu_worker.py", "gpu_model_runner", "EngineCore", "VllmWorker"),
     "sglang": ("sglang", "ServerArgs(", "Load weight begin", "KV Cache is allocated", "max_total_num_tokens"),
-    "tgi": ("text_generation_launcher", "text_generation_router", "text_generation_server", "KV-cache blocks"),
-    "llama.cpp": ("llama_model_loader", "load_tensors:", "ggml_cuda_init", "llama_context", "llama_kv_cache",
-                  "llama_new_context_with_model", "llama_init_from_model", "print_info:", "llama-server"),
-    "ollama": ("source=server.go", "source=sched.go", "source=memory.go", "source=routes.go", "ollama", "[GIN]"),
+    "tgi": (
+        "text_generation_launcher",
+        "text_generation_router",
+        "text_generation_server",
+        "KV-cache blocks",
+    ),
+    "llama.cpp": (
+        "llama_model_loader",
+        "load_tensors:",
+        "ggml_cuda_init",
+        "llama_context",
+        "llama_kv_cache",
+        "llama_new_context_with_model",
+        "llama_init_from_model",
+        "print_info:",
+        "llama-server",
+    ),
+    "ollama": (
+        "source=server.go",
+        "source=sched.go",
+        "source=memory.go",
+        "source=routes.go",
+        "ollama",
+        "[GIN]",
+    ),
     "transformers": ("[transformers] ", "transformers serve"),
 }
 
@@ -56,14 +88,19 @@ class ParsedLog:
         if failure.kind == "startup_refusal" or failure.line_number is None:
             return "start-up"
         # the start-up the failure line falls in: the last one that began before it
-        began = [(min(s.line for s in o.source_lines), o) for o in self.observations + self.incomplete
-                 if o.source_lines and min(s.line for s in o.source_lines) <= failure.line_number]
+        began = [
+            (min(s.line for s in o.source_lines), o)
+            for o in self.observations + self.incomplete
+            if o.source_lines and min(s.line for s in o.source_lines) <= failure.line_number
+        ]
         if not began:
             return "start-up"
         owner = max(began, key=lambda t: t[0])[1]
         # up: its KV decision printed, or (transformers serve, which sizes no pool) its server listening
         up = owner.complete or owner.extra.get("listen") is not None
-        return "serving" if up and max(s.line for s in owner.source_lines) < failure.line_number else "start-up"
+        return (
+            "serving" if up and max(s.line for s in owner.source_lines) < failure.line_number else "start-up"
+        )
 
 
 def engine_name(name: str) -> str:
@@ -117,7 +154,9 @@ def _needs() -> tuple[list[str], list[re.Pattern[str]], re.Pattern[str]]:
 
         literals: set[str] = {"\x1b", '"message"'}  # colour codes and JSON lines are rewritten first
         others: set[str] = set()
-        patterns = [r.pattern.pattern for m in PARSERS.values() for r in (*m.RULES, *getattr(m, "OWN_RULES", ()))]
+        patterns = [
+            r.pattern.pattern for m in PARSERS.values() for r in (*m.RULES, *getattr(m, "OWN_RULES", ()))
+        ]
         for pattern in [*patterns, *(p.regex.pattern for p in PATTERNS)]:
             hints = literal_hints(pattern)
             if hints:
@@ -304,8 +343,13 @@ def read_notes(lines: list[str], max_bytes: int | None = None) -> list[str]:
     return notes
 
 
-def parse_log(source: str | Path | Iterable[str], engine: str | None = None,
-              max_bytes: int | None = None, label: str | None = None, notes: list[str] | None = None) -> ParsedLog:
+def parse_log(
+    source: str | Path | Iterable[str],
+    engine: str | None = None,
+    max_bytes: int | None = None,
+    label: str | None = None,
+    notes: list[str] | None = None,
+) -> ParsedLog:
     """Parse a log file (path) or its lines. Never needs the model, the GPU or the version.
     *notes*: what reading the lines left out (`read_notes`), kept in the result and named in
     the error when no engine is found.
@@ -325,8 +369,10 @@ def parse_log(source: str | Path | Iterable[str], engine: str | None = None,
     _blank_unread_lines(lines)  # a copy: the caller's lines stay whole
     name = engine_name(engine) if engine else detect_engine(lines)
     if name is None:
-        raise ConfigError(f"{label or 'log'}: no line of a known engine ({', '.join(PARSERS)}) found"
-                          + (f" in {notes[0].removeprefix('read ')}" if notes else ""))
+        raise ConfigError(
+            f"{label or 'log'}: no line of a known engine ({', '.join(PARSERS)}) found"
+            + (f" in {notes[0].removeprefix('read ')}" if notes else "")
+        )
     sides = diff_sides(lines)
     if sides is None:
         found = PARSERS[name].parse(lines)
@@ -344,6 +390,8 @@ def parse_log(source: str | Path | Iterable[str], engine: str | None = None,
     complete = [o for o in found if o.complete]
     incomplete = [o for o in found if not o.complete]
     if not found and not failures:
-        raise ConfigError(f"{label or 'log'}: looks like {name}, but no start-up memory line, setting or failure was "
-                          "found (the engine prints them while it loads the model; see docs/logs-and-calibration.md)")
+        raise ConfigError(
+            f"{label or 'log'}: looks like {name}, but no start-up memory line, setting or failure was "
+            "found (the engine prints them while it loads the model; see docs/logs-and-calibration.md)"
+        )
     return ParsedLog(name, complete, incomplete, len(lines), label, failures, notes)

@@ -39,13 +39,20 @@ class Era:
 _VLLM: tuple[tuple[str, str, str | None], ...] = (
     (r"Memory profiling results: total_gpu_memory=", "vLLM V0 0.6.2-0.6.3", "v0"),
     (r"Memory profiling results:\s*$|available_kv_cache_memory\s", "vLLM V0 0.6.4-0.6.5", "v0"),
-    (r"non_torch_memory takes|the current vLLM instance can use total_gpu_memory \(", "vLLM V0 0.6.6-0.10", "v0"),
+    (
+        r"non_torch_memory takes|the current vLLM instance can use total_gpu_memory \(",
+        "vLLM V0 0.6.6-0.10",
+        "v0",
+    ),
     (r"# CPU blocks:", "vLLM V0 (0.3-0.10)", "v0"),
     (r"CUDA graph memory profiling is enabled|CUDA graph pool memory: .*\(actual\)", "vLLM V1 0.21+", "v1"),
     (r"Estimated CUDA graph memory|kv-cache-memory=", "vLLM V1 0.11+", "v1"),
     (r"kv_cache_utils\.py:\d+\] # GPU blocks: \d+\s*$|# GPU blocks: \d+\s*$", "vLLM V1 0.7", "v1"),
-    (r"Available KV cache memory|GPU KV cache size|Model loading took [\d.]+ GiB|EngineCore|Worker_TP", "vLLM V1 0.8+",
-     "v1"),
+    (
+        r"Available KV cache memory|GPU KV cache size|Model loading took [\d.]+ GiB|EngineCore|Worker_TP",
+        "vLLM V1 0.8+",
+        "v1",
+    ),
     (r"Loading model weights took [\d.]+ (?:GB|MB)", "vLLM V0 0.3-0.6", "v0"),
 )
 _OTHER: dict[str, tuple[tuple[str, str], ...]] = {
@@ -66,7 +73,10 @@ _OTHER: dict[str, tuple[tuple[str, str], ...]] = {
         (r"llama_new_context_with_model:|llm_load_tensors:", "llama.cpp 2024 (llama_new_context_with_model)"),
     ),
     "ollama": (
-        (r"msg=\"model weights\"|msg=\"kv cache\"|msg=\"compute graph\"", "Ollama 0.10+ (allocations per device)"),
+        (
+            r"msg=\"model weights\"|msg=\"kv cache\"|msg=\"compute graph\"",
+            "Ollama 0.10+ (allocations per device)",
+        ),
         (r"msg=(?:\"offload to \w+\"|offload\b)", "Ollama estimator (until 0.11)"),
         (r"llama_context:|load_tensors:", "Ollama (llama.cpp runner lines)"),
         (r"llama_new_context_with_model:|llm_load_tensors:", "Ollama 2024 (llama.cpp runner lines)"),

@@ -26,6 +26,7 @@ def _rank(dev: str) -> int:
 def _device_buffer(field: str) -> Callable[[re.Match[str]], dict[str, Any]]:
     def extract(m: re.Match[str]) -> dict[str, Any]:
         return {field: mib(m.group("size")), "_rank": f"rank={_rank(m.group('dev'))}"}
+
     return extract
 
 
@@ -35,19 +36,28 @@ def _command(m: re.Match[str]) -> dict[str, Any]:
     model = re.search(r"(?:^|\s)(?:-m|--model)[= ](\S+)", text)
     if model:
         out["extra.model_path"] = model.group(1).strip("'\"")
-    out.update(command_flags(text, ((("-c", "--ctx-size", "--ctx_size", "--n_ctx"), "settings.ctx_size", int),
-                                    (("-np", "--parallel"), "settings.parallel", int),
-                                    (("-ub", "--ubatch-size"), "settings.n_ubatch", int),
-                                    (("-ngl", "--n-gpu-layers", "--n_gpu_layers", "--gpu-layers"),
-                                     "extra.n_gpu_layers", int)), value=r"-?\d+"))
+    out.update(
+        command_flags(
+            text,
+            (
+                (("-c", "--ctx-size", "--ctx_size", "--n_ctx"), "settings.ctx_size", int),
+                (("-np", "--parallel"), "settings.parallel", int),
+                (("-ub", "--ubatch-size"), "settings.n_ubatch", int),
+                (("-ngl", "--n-gpu-layers", "--n_gpu_layers", "--gpu-layers"), "extra.n_gpu_layers", int),
+            ),
+            value=r"-?\d+",
+        )
+    )
     if re.search(r"\s(?:-fa|--flash-attn)(?:\s+on)?(?:\s|$)", text):
         out["settings.flash_attn"] = True
     return out
 
 
 def _kv_summary(m: re.Match[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {"extra.kv_total_bytes": mib(m.group("size")),
-                           "settings.kv_cache_dtype": m.group("ktype")}
+    out: dict[str, Any] = {
+        "extra.kv_total_bytes": mib(m.group("size")),
+        "settings.kv_cache_dtype": m.group("ktype"),
+    }
     if m.group("cells"):
         out["extra.kv_cells"] = int(m.group("cells"))
         out["extra.kv_streams"] = int(m.group("seqs")) if m.group("seqmax") else 1
@@ -58,74 +68,191 @@ def _kv_summary(m: re.Match[str]) -> dict[str, Any]:
 
 
 RULES: list[Rule] = [
-    rule("build", r"^(?:main: )?build(?: info)?: (\d+) \(", lambda m: {"engine_version": f"b{m.group(1)}"},
-         starts=True, shared=True),
-    rule("device_free", rf"using device {_DEV} \((?P<name>[^)]*)\).*? - (?P<free>\d+) MiB free",
-         lambda m: {"free_gpu_memory_bytes": mib(m.group("free")), "gpu": m.group("name"),
-                    "_rank": f"rank={_rank(m.group('dev'))}"}),
-    rule("cuda_device", r"^\s*Device (\d+): ([^,]+), compute capability",
-         lambda m: {"gpu": m.group(2).strip(), "_rank": f"rank={m.group(1)}"}),
-    rule("model_name", r"general\.name\s+(?:str\s+)?=\s+(.+?)\s*$", lambda m: {"model": m.group(1)}, shared=True),
+    rule(
+        "build",
+        r"^(?:main: )?build(?: info)?: (\d+) \(",
+        lambda m: {"engine_version": f"b{m.group(1)}"},
+        starts=True,
+        shared=True,
+    ),
+    rule(
+        "device_free",
+        rf"using device {_DEV} \((?P<name>[^)]*)\).*? - (?P<free>\d+) MiB free",
+        lambda m: {
+            "free_gpu_memory_bytes": mib(m.group("free")),
+            "gpu": m.group("name"),
+            "_rank": f"rank={_rank(m.group('dev'))}",
+        },
+    ),
+    rule(
+        "cuda_device",
+        r"^\s*Device (\d+): ([^,]+), compute capability",
+        lambda m: {"gpu": m.group(2).strip(), "_rank": f"rank={m.group(1)}"},
+    ),
+    rule(
+        "model_name",
+        r"general\.name\s+(?:str\s+)?=\s+(.+?)\s*$",
+        lambda m: {"model": m.group(1)},
+        shared=True,
+    ),
     # The loader's first line of every model load: a second one after a start-up's memory lines is a
     # restart (a drill's target log, two runs appended), never summed into the first.
-    rule("model_path", r"loaded meta data with \d+ key-value pairs and \d+ tensors from (\S+)",
-         lambda m: {"extra.model_path": m.group(1)}, starts=True, shared=True),
-    rule("model_buffer", rf"(?:llm_)?load_tensors:\s+{_DEV} (?:model )?buffer size\s*=\s*(?P<size>[\d.]+) MiB",
-         _device_buffer("weights_bytes"), once=True),
+    rule(
+        "model_path",
+        r"loaded meta data with \d+ key-value pairs and \d+ tensors from (\S+)",
+        lambda m: {"extra.model_path": m.group(1)},
+        starts=True,
+        shared=True,
+    ),
+    rule(
+        "model_buffer",
+        rf"(?:llm_)?load_tensors:\s+{_DEV} (?:model )?buffer size\s*=\s*(?P<size>[\d.]+) MiB",
+        _device_buffer("weights_bytes"),
+        once=True,
+    ),
     # A pasted command line: llama-server / llama-cli / ./main / ./server, or llama-cpp-python's
     # `python -m llama_cpp.server --model X.gguf --n_ctx N --n_gpu_layers L`.
-    rule("command", r"(?:llama_cpp\.server|llama-server|llama-cli|\./main|\./server)\b.*", _command,
-         starts=True, shared=True),
+    rule(
+        "command",
+        r"(?:llama_cpp\.server|llama-server|llama-cli|\./main|\./server)\b.*",
+        _command,
+        starts=True,
+        shared=True,
+    ),
     # 2023 builds: `llm_load_tensors: VRAM used: 124 MB` (MB = MiB), and the host share with the KV
     # cache per state: `mem required  = 3767.53 MB (+ 2000.00 MB per state)`.
-    rule("vram_used", r"llm_load_tensors: VRAM used: ([\d.]+) MB", lambda m: {"weights_bytes": mib(m.group(1)),
-                                                                              "_rank": "rank=0"}, once=True),
-    rule("mem_required", r"llm_load_tensors: mem required\s*=\s*([\d.]+) MB(?: \(\+ ([\d.]+) MB per state\))?",
-         lambda m: {"extra.host_weights_bytes": mib(m.group(1)),
-                    "extra.kv_per_state_bytes": mib(m.group(2)) if m.group(2) else None}, shared=True),
+    rule(
+        "vram_used",
+        r"llm_load_tensors: VRAM used: ([\d.]+) MB",
+        lambda m: {"weights_bytes": mib(m.group(1)), "_rank": "rank=0"},
+        once=True,
+    ),
+    rule(
+        "mem_required",
+        r"llm_load_tensors: mem required\s*=\s*([\d.]+) MB(?: \(\+ ([\d.]+) MB per state\))?",
+        lambda m: {
+            "extra.host_weights_bytes": mib(m.group(1)),
+            "extra.kv_per_state_bytes": mib(m.group(2)) if m.group(2) else None,
+        },
+        shared=True,
+    ),
     # Host buffers are not GPU memory; kept apart (CPU offload planning needs them).
-    rule("host_model_buffer", r"(?:llm_)?load_tensors:\s+(?:CPU|CPU_Mapped|CUDA_Host|Metal_Mapped)(?: model)? buffer size\s*="
-         r"\s*([\d.]+) MiB", lambda m: {"extra.host_weights_bytes": mib(m.group(1))}, shared=True, accumulate=True),
-    rule("host_output_buffer", r":\s+(?:CPU|CUDA_Host)\s+output buffer size\s*=\s*([\d.]+) MiB",
-         lambda m: {"extra.host_output_buffer_bytes": mib(m.group(1))}, shared=True),
-    rule("swa_cells", r"creating\s+SWA KV cache, size = (\d+) cells", lambda m: {"extra.swa_cells": int(m.group(1))},
-         shared=True),
-    rule("kv_buffer", rf"llama_kv_cache\w*:\s+{_DEV} KV buffer size\s*=\s*(?P<size>[\d.]+) MiB",
-         _device_buffer("kv_cache_bytes"), accumulate=True),
+    rule(
+        "host_model_buffer",
+        r"(?:llm_)?load_tensors:\s+(?:CPU|CPU_Mapped|CUDA_Host|Metal_Mapped)(?: model)? buffer size\s*="
+        r"\s*([\d.]+) MiB",
+        lambda m: {"extra.host_weights_bytes": mib(m.group(1))},
+        shared=True,
+        accumulate=True,
+    ),
+    rule(
+        "host_output_buffer",
+        r":\s+(?:CPU|CUDA_Host)\s+output buffer size\s*=\s*([\d.]+) MiB",
+        lambda m: {"extra.host_output_buffer_bytes": mib(m.group(1))},
+        shared=True,
+    ),
+    rule(
+        "swa_cells",
+        r"creating\s+SWA KV cache, size = (\d+) cells",
+        lambda m: {"extra.swa_cells": int(m.group(1))},
+        shared=True,
+    ),
+    rule(
+        "kv_buffer",
+        rf"llama_kv_cache\w*:\s+{_DEV} KV buffer size\s*=\s*(?P<size>[\d.]+) MiB",
+        _device_buffer("kv_cache_bytes"),
+        accumulate=True,
+    ),
     # `size = X MiB (C cells, L layers, S/N seqs)`: C cells per stream, S sequences, N streams
     # (N = S when the KV is not unified: one stream per sequence, C cells each). Before streams
     # existed the line said `(C cells, L layers, S seqs)` with C the whole cache.
-    rule("kv_summary",
-         r"(?:KV self size|llama_kv_cache\w*: size)\s*=\s*(?P<size>[\d.]+) MiB"
-         r"(?: \(\s*(?P<cells>\d+) cells,\s*\d+ layers,\s*(?:(?P<seqmax>\d+)/)?(?P<seqs>\d+) seqs\))?, K \((?P<ktype>\w+)\)",
-         _kv_summary, shared=True, accumulate=True),
-    rule("host_compute_buffer", r"(?:llama_new_context_with_model|llama_init_from_model|llama_context|graph_reserve|"
-         r"sched_reserve):\s+(?:CPU|CUDA_Host)\s+compute buffer size\s*=\s*([\d.]+) MiB",
-         lambda m: {"extra.host_compute_bytes": mib(m.group(1))}, shared=True, accumulate=True),
-    rule("compute_buffer", rf"(?:llama_new_context_with_model|llama_init_from_model|llama_context|graph_reserve|sched_reserve):"
-         rf"\s+{_DEV} compute buffer size\s*=\s*(?P<size>[\d.]+) MiB",
-         _device_buffer("activation_peak_bytes"), accumulate=True),
-    rule("n_ctx", r"(?:llama_new_context_with_model|llama_context|llama_init_from_model): n_ctx\s*=\s*(\d+)",
-         lambda m: {"settings.ctx_size": int(m.group(1))}, shared=True),
-    rule("n_ctx_seq", r": n_ctx_(?:per_)?seq\s*(?:\(\d+\))?\s*=\s*(\d+)", lambda m: {"max_model_len": int(m.group(1))},
-         shared=True),
-    rule("n_ctx_seq_train", r"n_ctx_(?:per_)?seq \((\d+)\) [<>]=? n_ctx_train \((\d+)\)",
-         lambda m: {"max_model_len": int(m.group(1)), "extra.n_ctx_train": int(m.group(2))}, shared=True),
-    rule("slot_ctx", r"Slot \d+ - max context: (\d+)", lambda m: {"max_model_len": int(m.group(1))}, shared=True),
-    rule("kv_unified", r"(?:: kv_unified\s*=\s*|kv_unified = ')(true|false)",
-         lambda m: {"extra.kv_unified": m.group(1) == "true"}, shared=True),
-    rule("n_seq_max", r": n_seq_max\s*=\s*(\d+)", lambda m: {"settings.parallel": int(m.group(1))}, shared=True),
-    rule("n_ubatch", r": n_ubatch\s*=\s*(\d+)", lambda m: {"settings.n_ubatch": int(m.group(1))}, shared=True),
-    rule("flash_attn", r": flash_attn\s*=\s*(\w+)",  # 'auto' leaves the choice to llama.cpp: not a setting
-         lambda m: {"settings.flash_attn": None if m.group(1) == "auto" else m.group(1) in ("1", "enabled", "true", "on")},
-         shared=True),
-    rule("fit", r"projected to use (\d+) MiB of device memory vs\. (\d+) MiB of free device memory",
-         lambda m: {"extra.fit_projected_bytes": mib(m.group(1)), "extra.fit_free_bytes": mib(m.group(2))},
-         shared=True),
-    rule("file_type", r"(?:file type|model ftype)\s*=\s*(?:all F32|mostly )?\s*(?P<t>[A-Z0-9_]+)(?: - (?P<size>\w+))?",
-         lambda m: {"settings.quantization": _ftype(m.group("t"), m.group("size"))}, shared=True),
-    rule("offloaded", r"offloaded (\d+)/(\d+) layers to GPU",
-         lambda m: {"extra.layers_offloaded": int(m.group(1)), "extra.layers_total": int(m.group(2))}, shared=True),
+    rule(
+        "kv_summary",
+        r"(?:KV self size|llama_kv_cache\w*: size)\s*=\s*(?P<size>[\d.]+) MiB"
+        r"(?: \(\s*(?P<cells>\d+) cells,\s*\d+ layers,\s*(?:(?P<seqmax>\d+)/)?(?P<seqs>\d+) seqs\))?, K \((?P<ktype>\w+)\)",
+        _kv_summary,
+        shared=True,
+        accumulate=True,
+    ),
+    rule(
+        "host_compute_buffer",
+        r"(?:llama_new_context_with_model|llama_init_from_model|llama_context|graph_reserve|"
+        r"sched_reserve):\s+(?:CPU|CUDA_Host)\s+compute buffer size\s*=\s*([\d.]+) MiB",
+        lambda m: {"extra.host_compute_bytes": mib(m.group(1))},
+        shared=True,
+        accumulate=True,
+    ),
+    rule(
+        "compute_buffer",
+        rf"(?:llama_new_context_with_model|llama_init_from_model|llama_context|graph_reserve|sched_reserve):"
+        rf"\s+{_DEV} compute buffer size\s*=\s*(?P<size>[\d.]+) MiB",
+        _device_buffer("activation_peak_bytes"),
+        accumulate=True,
+    ),
+    rule(
+        "n_ctx",
+        r"(?:llama_new_context_with_model|llama_context|llama_init_from_model): n_ctx\s*=\s*(\d+)",
+        lambda m: {"settings.ctx_size": int(m.group(1))},
+        shared=True,
+    ),
+    rule(
+        "n_ctx_seq",
+        r": n_ctx_(?:per_)?seq\s*(?:\(\d+\))?\s*=\s*(\d+)",
+        lambda m: {"max_model_len": int(m.group(1))},
+        shared=True,
+    ),
+    rule(
+        "n_ctx_seq_train",
+        r"n_ctx_(?:per_)?seq \((\d+)\) [<>]=? n_ctx_train \((\d+)\)",
+        lambda m: {"max_model_len": int(m.group(1)), "extra.n_ctx_train": int(m.group(2))},
+        shared=True,
+    ),
+    rule(
+        "slot_ctx",
+        r"Slot \d+ - max context: (\d+)",
+        lambda m: {"max_model_len": int(m.group(1))},
+        shared=True,
+    ),
+    rule(
+        "kv_unified",
+        r"(?:: kv_unified\s*=\s*|kv_unified = ')(true|false)",
+        lambda m: {"extra.kv_unified": m.group(1) == "true"},
+        shared=True,
+    ),
+    rule(
+        "n_seq_max", r": n_seq_max\s*=\s*(\d+)", lambda m: {"settings.parallel": int(m.group(1))}, shared=True
+    ),
+    rule(
+        "n_ubatch", r": n_ubatch\s*=\s*(\d+)", lambda m: {"settings.n_ubatch": int(m.group(1))}, shared=True
+    ),
+    rule(
+        "flash_attn",
+        r": flash_attn\s*=\s*(\w+)",  # 'auto' leaves the choice to llama.cpp: not a setting
+        lambda m: {
+            "settings.flash_attn": None
+            if m.group(1) == "auto"
+            else m.group(1) in ("1", "enabled", "true", "on")
+        },
+        shared=True,
+    ),
+    rule(
+        "fit",
+        r"projected to use (\d+) MiB of device memory vs\. (\d+) MiB of free device memory",
+        lambda m: {"extra.fit_projected_bytes": mib(m.group(1)), "extra.fit_free_bytes": mib(m.group(2))},
+        shared=True,
+    ),
+    rule(
+        "file_type",
+        r"(?:file type|model ftype)\s*=\s*(?:all F32|mostly )?\s*(?P<t>[A-Z0-9_]+)(?: - (?P<size>\w+))?",
+        lambda m: {"settings.quantization": _ftype(m.group("t"), m.group("size"))},
+        shared=True,
+    ),
+    rule(
+        "offloaded",
+        r"offloaded (\d+)/(\d+) layers to GPU",
+        lambda m: {"extra.layers_offloaded": int(m.group(1)), "extra.layers_total": int(m.group(2))},
+        shared=True,
+    ),
 ]
 
 
@@ -189,5 +316,9 @@ def finish(fields: dict[str, Any]) -> None:
     if fields.get("kv_cache_bytes") is None and fields.get("extra.kv_total_bytes") is not None:
         if fields.get("extra.layers_offloaded") in (None, fields.get("extra.layers_total")):
             fields["kv_cache_bytes"] = fields["extra.kv_total_bytes"]
-    if fields.get("max_model_len") is None and fields.get("settings.ctx_size") and fields.get("settings.parallel"):
+    if (
+        fields.get("max_model_len") is None
+        and fields.get("settings.ctx_size")
+        and fields.get("settings.parallel")
+    ):
         fields["max_model_len"] = fields["settings.ctx_size"] // fields["settings.parallel"]

@@ -21,18 +21,43 @@ from vramlab.errors import ConfigError
 
 # The settings keys an observation may carry: `EngineSettings` field names.
 SETTINGS_KEYS = (
-    "engine_version", "vllm_engine", "gpu_memory_utilization", "max_model_len", "max_num_seqs",
-    "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size", "dtype",
-    "kv_cache_dtype", "quantization", "enforce_eager", "block_size", "kv_cache_memory_bytes",
-    "mem_fraction_static", "chunked_prefill_size", "cuda_graph_max_bs", "max_batch_prefill_tokens",
-    "ctx_size", "parallel", "n_ubatch", "flash_attn", "api_server", "flashinfer_sampler", "gpu_p2p",
+    "engine_version",
+    "vllm_engine",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "dtype",
+    "kv_cache_dtype",
+    "quantization",
+    "enforce_eager",
+    "block_size",
+    "kv_cache_memory_bytes",
+    "mem_fraction_static",
+    "chunked_prefill_size",
+    "cuda_graph_max_bs",
+    "max_batch_prefill_tokens",
+    "ctx_size",
+    "parallel",
+    "n_ubatch",
+    "flash_attn",
+    "api_server",
+    "flashinfer_sampler",
+    "gpu_p2p",
     "limit_mm_per_prompt",
 )
 
 # Component fields compared with a prediction, in the order the tables print them.
 COMPONENT_FIELDS = (
-    "weights_bytes", "activation_peak_bytes", "non_torch_bytes", "cuda_graph_bytes",
-    "kv_cache_bytes", "kv_cache_tokens", "max_concurrency",
+    "weights_bytes",
+    "activation_peak_bytes",
+    "non_torch_bytes",
+    "cuda_graph_bytes",
+    "kv_cache_bytes",
+    "kv_cache_tokens",
+    "max_concurrency",
 )
 
 
@@ -107,7 +132,11 @@ def read_observations(path: str | Path) -> list[Observation]:
         if not isinstance(data, dict):
             raise ConfigError(f"{p}:{i}: expected a JSON object")
         try:
-            obs = from_dataset_row(data) if "row_id" in data and "weights_gib" in data else Observation.model_validate(data)
+            obs = (
+                from_dataset_row(data)
+                if "row_id" in data and "weights_gib" in data
+                else Observation.model_validate(data)
+            )
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(x) for x in first["loc"])
@@ -160,11 +189,16 @@ def from_dataset_row(row: dict[str, Any]) -> Observation:
         version = first.group(0) if first else None
     settings: dict[str, Any] = {}
     for src, dst in (
-        ("tensor_parallel", "tensor_parallel_size"), ("pipeline_parallel", "pipeline_parallel_size"),
-        ("max_model_len", "max_model_len"), ("max_num_seqs", "max_num_seqs"),
-        ("max_num_batched_tokens", "max_num_batched_tokens"), ("enforce_eager", "enforce_eager"),
-        ("block_size", "block_size"), ("kv_cache_dtype", "kv_cache_dtype"),
-        ("quantization", "quantization"), ("gpu_memory_utilization", "gpu_memory_utilization"),
+        ("tensor_parallel", "tensor_parallel_size"),
+        ("pipeline_parallel", "pipeline_parallel_size"),
+        ("max_model_len", "max_model_len"),
+        ("max_num_seqs", "max_num_seqs"),
+        ("max_num_batched_tokens", "max_num_batched_tokens"),
+        ("enforce_eager", "enforce_eager"),
+        ("block_size", "block_size"),
+        ("kv_cache_dtype", "kv_cache_dtype"),
+        ("quantization", "quantization"),
+        ("gpu_memory_utilization", "gpu_memory_utilization"),
     ):
         if row.get(src) is not None:
             settings[dst] = row[src]

@@ -42,8 +42,11 @@ def _offload(m: re.Match[str]) -> dict[str, Any]:
         "activation_peak_bytes": _size(kv.get("memory.graph.full" if full else "memory.graph.partial")),
         "free_gpu_memory_bytes": _size(kv.get("memory.available")),
         "extra.required_bytes": _size(kv.get("memory.required.full" if full else "memory.required.partial")),
-        "extra.layers_offloaded": int(kv["layers.offload"]) if kv.get("layers.offload", "").isdigit() else None,
-        "extra.layers_requested": int(kv["layers.requested"]) if re.fullmatch(r"-?\d+", kv.get("layers.requested", ""))
+        "extra.layers_offloaded": int(kv["layers.offload"])
+        if kv.get("layers.offload", "").isdigit()
+        else None,
+        "extra.layers_requested": int(kv["layers.requested"])
+        if re.fullmatch(r"-?\d+", kv.get("layers.requested", ""))
         else None,
         "extra.graph_full_bytes": _size(kv.get("memory.graph.full")),
     }
@@ -58,13 +61,17 @@ def _device(field: str) -> Callable[[re.Match[str]], dict[str, Any] | None]:
             return None  # host memory is not GPU memory
         num = re.search(r"(\d+)$", dev)
         return {field: _size(kv.get("size")), "_rank": f"rank={num.group(1) if num else 0}"}
+
     return extract
 
 
 def _server_cmd(m: re.Match[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for flag, name in (("--ctx-size", "settings.ctx_size"), ("--parallel", "settings.parallel"),
-                       ("--ubatch-size", "settings.n_ubatch")):
+    for flag, name in (
+        ("--ctx-size", "settings.ctx_size"),
+        ("--parallel", "settings.parallel"),
+        ("--ubatch-size", "settings.n_ubatch"),
+    ):
         f = re.search(rf"{flag}[ =](\d+)", m.group(0))
         if f:
             out[name] = int(f.group(1))
@@ -74,8 +81,13 @@ def _server_cmd(m: re.Match[str]) -> dict[str, Any]:
 
 
 OWN_RULES: list[Rule] = [
-    rule("version", r"Listening on \S+ \(version ([^)]+)\)", lambda m: {"engine_version": m.group(1)},
-         starts=True, shared=True),
+    rule(
+        "version",
+        r"Listening on \S+ \(version ([^)]+)\)",
+        lambda m: {"engine_version": m.group(1)},
+        starts=True,
+        shared=True,
+    ),
     rule("offload", r"msg=(?:\"offload to \w+\"|offload\b).*memory\..*", _offload, once=True),
     rule("weights", r"msg=\"model weights\".*", _device("weights_bytes"), once=True),
     rule("kv", r"msg=\"kv cache\".*", _device("kv_cache_bytes")),

@@ -21,8 +21,7 @@ def _pct(planned: float, seen: float) -> str:
 
 
 def _verdict(est: Estimate) -> str:
-    return ("the plan refuses it too" if not est.fits else
-            "the plan would start it (it plans no refusal)")
+    return "the plan refuses it too" if not est.fits else "the plan would start it (it plans no refusal)"
 
 
 def refusal_lines(obs: Observation, est: Estimate, longest: Any = None) -> list[str]:
@@ -33,23 +32,33 @@ def refusal_lines(obs: Observation, est: Estimate, longest: Any = None) -> list[
     out: list[str] = []
     if refused_len and extra.get("kv_capacity_tokens") is not None:
         seen = int(extra["kv_capacity_tokens"])
-        out.append(f"refused: max_model_len {refused_len:,} is above the {seen:,} tokens the engine's KV cache holds; "
-                   f"the plan holds {est.kv_cache_tokens:,}{_pct(est.kv_cache_tokens, seen)}; {_verdict(est)}")
+        out.append(
+            f"refused: max_model_len {refused_len:,} is above the {seen:,} tokens the engine's KV cache holds; "
+            f"the plan holds {est.kv_cache_tokens:,}{_pct(est.kv_cache_tokens, seen)}; {_verdict(est)}"
+        )
     elif refused_len and obs.kv_cache_bytes is not None:
         gib = 1 << 30
-        line = (f"refused: max_model_len {refused_len:,} needs more KV cache than the engine's "
-                f"{obs.kv_cache_bytes / gib:.2f} GiB; the plan has {est.kv_available_bytes / gib:.2f} GiB")
+        line = (
+            f"refused: max_model_len {refused_len:,} needs more KV cache than the engine's "
+            f"{obs.kv_cache_bytes / gib:.2f} GiB; the plan has {est.kv_available_bytes / gib:.2f} GiB"
+        )
         estimated = extra.get("estimated_max_model_len")
         if estimated and longest is not None:
             planned = int(longest())
-            line += (f"; the longest context the engine estimates one request fits is {estimated:,}, the plan's "
-                     f"{planned:,}{_pct(planned, estimated)}")
+            line += (
+                f"; the longest context the engine estimates one request fits is {estimated:,}, the plan's "
+                f"{planned:,}{_pct(planned, estimated)}"
+            )
         out.append(f"{line}; {_verdict(est)}")
     elif extra.get("kv_pool_empty"):
-        out.append(f"refused: SGLang found no room for a KV pool (the pool came out at zero tokens or fewer); the plan "
-                   f"holds {est.kv_cache_tokens:,} tokens; {_verdict(est)}")
+        out.append(
+            f"refused: SGLang found no room for a KV pool (the pool came out at zero tokens or fewer); the plan "
+            f"holds {est.kv_cache_tokens:,} tokens; {_verdict(est)}"
+        )
     elif extra.get("kv_capacity_below_tokens"):
         below = int(extra["kv_capacity_below_tokens"])
-        out.append(f"refused: TGI's pool holds fewer than max_total_tokens {below:,}; the plan holds "
-                   f"{est.kv_cache_tokens:,} tokens; {_verdict(est)}")
+        out.append(
+            f"refused: TGI's pool holds fewer than max_total_tokens {below:,}; the plan holds "
+            f"{est.kv_cache_tokens:,} tokens; {_verdict(est)}"
+        )
     return out

@@ -17,12 +17,17 @@ ENGINE = "sglang"
 N = r"-?\d+(?:\.\d+)?"
 
 _SERVER_ARGS: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "model_path": ("model", str), "context_length": ("settings.max_model_len", int),
-    "mem_fraction_static": ("settings.mem_fraction_static", float), "tp_size": ("settings.tensor_parallel_size", int),
-    "pp_size": ("settings.pipeline_parallel_size", int), "dtype": ("settings.dtype", str),
-    "kv_cache_dtype": ("settings.kv_cache_dtype", str), "quantization": ("settings.quantization", str),
+    "model_path": ("model", str),
+    "context_length": ("settings.max_model_len", int),
+    "mem_fraction_static": ("settings.mem_fraction_static", float),
+    "tp_size": ("settings.tensor_parallel_size", int),
+    "pp_size": ("settings.pipeline_parallel_size", int),
+    "dtype": ("settings.dtype", str),
+    "kv_cache_dtype": ("settings.kv_cache_dtype", str),
+    "quantization": ("settings.quantization", str),
     "chunked_prefill_size": ("settings.chunked_prefill_size", int),
-    "cuda_graph_max_bs": ("settings.cuda_graph_max_bs", int), "max_running_requests": ("settings.max_num_seqs", int),
+    "cuda_graph_max_bs": ("settings.cuda_graph_max_bs", int),
+    "max_running_requests": ("settings.max_num_seqs", int),
     "disable_cuda_graph": ("settings.enforce_eager", lambda v: v == "True"),
 }
 
@@ -59,8 +64,11 @@ def _kv(m: re.Match[str]) -> dict[str, Any]:
 def _max_tokens(m: re.Match[str]) -> dict[str, Any]:
     text = m.group(0)
     out: dict[str, Any] = {"kv_cache_tokens": int(m.group(1))}
-    for key, name in (("context_len", "settings.max_model_len"), ("chunked_prefill_size", "settings.chunked_prefill_size"),
-                      ("max_running_requests", "extra.max_running_requests")):
+    for key, name in (
+        ("context_len", "settings.max_model_len"),
+        ("chunked_prefill_size", "settings.chunked_prefill_size"),
+        ("max_running_requests", "extra.max_running_requests"),
+    ):
         f = re.search(rf"\b{key}=(\d+)", text)
         if f:
             out[name] = int(f.group(1))
@@ -78,7 +86,8 @@ _FLAGS = (
     (("--chunked-prefill-size",), "settings.chunked_prefill_size", int),
     (("--max-running-requests",), "settings.max_num_seqs", int),
     (("--cuda-graph-max-bs",), "settings.cuda_graph_max_bs", int),
-    (("--kv-cache-dtype",), "settings.kv_cache_dtype", str), (("--quantization",), "settings.quantization", str),
+    (("--kv-cache-dtype",), "settings.kv_cache_dtype", str),
+    (("--quantization",), "settings.quantization", str),
     (("--dtype",), "settings.dtype", str),
 )
 
@@ -112,30 +121,64 @@ RULES: list[Rule] = [
     rule("command", r"sglang\.launch_server\b.*", _command, starts=True, shared=True),
     rule("command_continued", r"^\s+--[A-Za-z][\w-]*.*", _continued, shared=True),
     rule("server_args", r"server_args=ServerArgs\((.*)", _server_args, starts=True, shared=True),
-    rule("weights_begin", rf"Load weight begin\. avail mem=({N}) ?GB",
-         lambda m: {"free_gpu_memory_bytes": gib(m.group(1))}, once=True),
-    rule("weights_end",
-         rf"Load weight end\.(?: type=\w+,)?(?: dtype=(?P<dtype>[\w.]+),)? avail mem=(?P<avail>{N}) ?GB"
-         rf"(?:, mem usage=(?P<usage>{N}) ?GB)?", _weights_end),
-    rule("kv", rf"KV Cache is allocated\.(?: #tokens: (?P<tokens>\d+),)? K size: (?P<k>{N}) ?GB, V size: (?P<v>{N}) ?GB",
-         _kv, once=True),
-    rule("mamba", rf"Mamba Cache is allocated\..*?conv_state size: ({N}) ?GB, ssm_state size: ({N}) ?GB",
-         lambda m: {"extra.mamba_state_bytes": gib(m.group(1)) + gib(m.group(2))}),
-    rule("pool_end", rf"Memory pool end\. avail mem=({N}) ?GB", lambda m: {"extra.avail_after_pool_bytes": gib(m.group(1))}),
-    rule("graph_begin", rf"Capture cuda graph begin\..*?avail mem=({N}) ?GB",
-         lambda m: {"extra.avail_before_graphs_bytes": gib(m.group(1))}),
-    rule("graph_end", rf"Capture cuda graph end\. Time elapsed: {N} ?s\.(?: mem usage=(?P<usage>{N}) ?GB\.)?"
-         rf"(?: avail mem=(?P<avail>{N}) ?GB)?",
-         lambda m: {"cuda_graph_bytes": gib(m.group("usage")) if m.group("usage") else None,
-                    "extra.avail_after_graphs_bytes": gib(m.group("avail")) if m.group("avail") else None}),
+    rule(
+        "weights_begin",
+        rf"Load weight begin\. avail mem=({N}) ?GB",
+        lambda m: {"free_gpu_memory_bytes": gib(m.group(1))},
+        once=True,
+    ),
+    rule(
+        "weights_end",
+        rf"Load weight end\.(?: type=\w+,)?(?: dtype=(?P<dtype>[\w.]+),)? avail mem=(?P<avail>{N}) ?GB"
+        rf"(?:, mem usage=(?P<usage>{N}) ?GB)?",
+        _weights_end,
+    ),
+    rule(
+        "kv",
+        rf"KV Cache is allocated\.(?: #tokens: (?P<tokens>\d+),)? K size: (?P<k>{N}) ?GB, V size: (?P<v>{N}) ?GB",
+        _kv,
+        once=True,
+    ),
+    rule(
+        "mamba",
+        rf"Mamba Cache is allocated\..*?conv_state size: ({N}) ?GB, ssm_state size: ({N}) ?GB",
+        lambda m: {"extra.mamba_state_bytes": gib(m.group(1)) + gib(m.group(2))},
+    ),
+    rule(
+        "pool_end",
+        rf"Memory pool end\. avail mem=({N}) ?GB",
+        lambda m: {"extra.avail_after_pool_bytes": gib(m.group(1))},
+    ),
+    rule(
+        "graph_begin",
+        rf"Capture cuda graph begin\..*?avail mem=({N}) ?GB",
+        lambda m: {"extra.avail_before_graphs_bytes": gib(m.group(1))},
+    ),
+    rule(
+        "graph_end",
+        rf"Capture cuda graph end\. Time elapsed: {N} ?s\.(?: mem usage=(?P<usage>{N}) ?GB\.)?"
+        rf"(?: avail mem=(?P<avail>{N}) ?GB)?",
+        lambda m: {
+            "cuda_graph_bytes": gib(m.group("usage")) if m.group("usage") else None,
+            "extra.avail_after_graphs_bytes": gib(m.group("avail")) if m.group("avail") else None,
+        },
+    ),
     rule("max_tokens", r"max_total_num_tokens=(\d+).*", _max_tokens, shared=True),
     # model_runner.py init_memory_pool (0.1-0.5; pool_configurator.py MemoryPoolConfig later): the pool came out at
     # zero tokens or fewer. No figure is printed: the refusal itself is the observation.
-    rule("no_pool", r"Not enough memory\. Please try to increase --mem-fraction-static",
-         lambda m: {"extra.kv_pool_empty": True, "extra.refused": True}, shared=True),
+    rule(
+        "no_pool",
+        r"Not enough memory\. Please try to increase --mem-fraction-static",
+        lambda m: {"extra.kv_pool_empty": True, "extra.refused": True},
+        shared=True,
+    ),
     # ... and a --max-total-tokens above what profiling found: the profiled pool in tokens.
-    rule("profiled_tokens", r"max_total_tokens=(\d+) is larger than the profiled value (\d+)",
-         lambda m: {"extra.profiled_max_total_tokens": int(m.group(2))}, shared=True),
+    rule(
+        "profiled_tokens",
+        r"max_total_tokens=(\d+) is larger than the profiled value (\d+)",
+        lambda m: {"extra.profiled_max_total_tokens": int(m.group(2))},
+        shared=True,
+    ),
 ]
 
 

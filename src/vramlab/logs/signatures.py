@@ -54,70 +54,154 @@ def _p(name: str, engine: str | None, kind: str, severity: str, regex: str) -> _
 PATTERNS: tuple[_Pattern, ...] = (
     # vLLM start-up refusals (kv_cache_utils.check_enough_kv_cache_memory, gpu_worker.init_device).
     _p("vllm.no_kv_memory", "vllm", STARTUP_REFUSAL, _FATAL, r"No available memory for the cache blocks"),
-    _p("vllm.free_memory_below_utilization", "vllm", STARTUP_REFUSAL, _FATAL,
-       r"Free memory on device.*on startup is less than desired GPU memory utilization"),
-    _p("vllm.max_len_exceeds_kv", "vllm", STARTUP_REFUSAL, _FATAL,
-       r"To serve at least one request with the models?'s max seq len \((?P<max_model_len>\d+)\)"),
-    _p("vllm.max_len_exceeds_kv_tokens", "vllm", STARTUP_REFUSAL, _FATAL,
-       r"max seq len \((?P<max_model_len>\d+)\) is larger than the maximum number of tokens that can be stored "
-       r"in KV cache \((?P<kv_cache_tokens>\d+)\)"),
+    _p(
+        "vllm.free_memory_below_utilization",
+        "vllm",
+        STARTUP_REFUSAL,
+        _FATAL,
+        r"Free memory on device.*on startup is less than desired GPU memory utilization",
+    ),
+    _p(
+        "vllm.max_len_exceeds_kv",
+        "vllm",
+        STARTUP_REFUSAL,
+        _FATAL,
+        r"To serve at least one request with the models?'s max seq len \((?P<max_model_len>\d+)\)",
+    ),
+    _p(
+        "vllm.max_len_exceeds_kv_tokens",
+        "vllm",
+        STARTUP_REFUSAL,
+        _FATAL,
+        r"max seq len \((?P<max_model_len>\d+)\) is larger than the maximum number of tokens that can be stored "
+        r"in KV cache \((?P<kv_cache_tokens>\d+)\)",
+    ),
     _p("vllm.engine_init_failed", "vllm", STARTUP_REFUSAL, _FATAL, r"Engine core initialization failed"),
     # vLLM preemption (V0 per-request line) and engine death.
-    _p("vllm.preempted", "vllm", PREEMPTION, _WARN,
-       r"Sequence group \S+ is preempted by PreemptionMode\.(?P<mode>\w+)"),
+    _p(
+        "vllm.preempted",
+        "vllm",
+        PREEMPTION,
+        _WARN,
+        r"Sequence group \S+ is preempted by PreemptionMode\.(?P<mode>\w+)",
+    ),
     _p("vllm.engine_dead", "vllm", ENGINE_DEATH, _FATAL, r"\b(?:Async)?EngineDeadError\b"),
     _p("vllm.engine_core_died", "vllm", ENGINE_DEATH, _FATAL, r"Engine core proc \S+ died unexpectedly"),
     _p("vllm.engine_process_died", "vllm", ENGINE_DEATH, _FATAL, r"Engine process \(pid \d+\) died"),
     _p("vllm.mq_engine_dead", "vllm", ENGINE_DEATH, _FATAL, r"MQLLMEngine is already dead"),
-    _p("vllm.request_failed_engine_dead", "vllm", ENGINE_DEATH, _ERROR, r"Request \S+ failed \(engine dead\)"),
+    _p(
+        "vllm.request_failed_engine_dead", "vllm", ENGINE_DEATH, _ERROR, r"Request \S+ failed \(engine dead\)"
+    ),
     _p("vllm.background_loop_errored", "vllm", ENGINE_DEATH, _FATAL, r"Background loop has errored already"),
     # SGLang.
-    _p("sglang.not_enough_memory", "sglang", STARTUP_REFUSAL, _FATAL,
-       r"Not enough memory\. Please try to increase --mem-fraction-static"),
-    _p("sglang.retract", "sglang", PREEMPTION, _WARN,
-       r"Decode out of memory happened\. #retracted_reqs: (?P<retracted>\d+)"),
+    _p(
+        "sglang.not_enough_memory",
+        "sglang",
+        STARTUP_REFUSAL,
+        _FATAL,
+        r"Not enough memory\. Please try to increase --mem-fraction-static",
+    ),
+    _p(
+        "sglang.retract",
+        "sglang",
+        PREEMPTION,
+        _WARN,
+        r"Decode out of memory happened\. #retracted_reqs: (?P<retracted>\d+)",
+    ),
     _p("sglang.no_space_for_one", "sglang", ENGINE_DEATH, _FATAL, r"No space left for only one request"),
-    _p("sglang.input_too_long", "sglang", STARTUP_REFUSAL, _ERROR,
-       r"Input length \((?P<input_tokens>\d+) tokens\) exceeds the maximum allowed length \((?P<max_tokens>\d+) tokens\)"),
+    _p(
+        "sglang.input_too_long",
+        "sglang",
+        STARTUP_REFUSAL,
+        _ERROR,
+        r"Input length \((?P<input_tokens>\d+) tokens\) exceeds the maximum allowed length \((?P<max_tokens>\d+) tokens\)",
+    ),
     # TGI.
-    _p("tgi.prefill_oom", "tgi", STARTUP_REFUSAL, _FATAL,
-       r"Not enough memory to handle (?P<prefill_tokens>\d+) prefill tokens"),
-    _p("tgi.max_total_tokens_oom", "tgi", STARTUP_REFUSAL, _FATAL, r"Not enough memory to handle `max_total_tokens"),
+    _p(
+        "tgi.prefill_oom",
+        "tgi",
+        STARTUP_REFUSAL,
+        _FATAL,
+        r"Not enough memory to handle (?P<prefill_tokens>\d+) prefill tokens",
+    ),
+    _p(
+        "tgi.max_total_tokens_oom",
+        "tgi",
+        STARTUP_REFUSAL,
+        _FATAL,
+        r"Not enough memory to handle `max_total_tokens",
+    ),
     _p("tgi.overloaded", "tgi", OVERLOAD, _ERROR, r"Model is overloaded"),
     _p("tgi.shard_crashed", "tgi", ENGINE_DEATH, _FATAL, r"Shard (?P<rank>\d+) crashed"),
     # Ollama.
-    _p("ollama.system_memory", "ollama", STARTUP_REFUSAL, _FATAL,
-       r"model requires more system memory \((?P<required>[\d.]+ \w+)\) than is available \((?P<available>[\d.]+ \w+)\)"),
+    _p(
+        "ollama.system_memory",
+        "ollama",
+        STARTUP_REFUSAL,
+        _FATAL,
+        r"model requires more system memory \((?P<required>[\d.]+ \w+)\) than is available \((?P<available>[\d.]+ \w+)\)",
+    ),
     _p("ollama.runner_oom", "ollama", OOM, _FATAL, r"llama runner process has terminated: .*out of memory"),
     _p("ollama.server_busy", "ollama", OVERLOAD, _ERROR, r"server busy, please try again"),
     _p("ollama.no_kv_slot", "ollama", KV_PRESSURE, _FATAL, r"could not find a kv cache slot"),
     # llama.cpp.
-    _p("llamacpp.v_cache_needs_flash_attn", "llama.cpp", STARTUP_REFUSAL, _FATAL,
-       r"V cache quantization requires flash_attn|quantized V cache was requested, but this requires Flash Attention"),
-    _p("llamacpp.context_failed", "llama.cpp", STARTUP_REFUSAL, _FATAL,
-       r"failed to create context with model|unable to create llama context|failed to initialize the context"),
+    _p(
+        "llamacpp.v_cache_needs_flash_attn",
+        "llama.cpp",
+        STARTUP_REFUSAL,
+        _FATAL,
+        r"V cache quantization requires flash_attn|quantized V cache was requested, but this requires Flash Attention",
+    ),
+    _p(
+        "llamacpp.context_failed",
+        "llama.cpp",
+        STARTUP_REFUSAL,
+        _FATAL,
+        r"failed to create context with model|unable to create llama context|failed to initialize the context",
+    ),
     _p("llamacpp.kv_full", "llama.cpp", KV_PRESSURE, _WARN, r"failed to find free space in the KV cache"),
     _p("llamacpp.decode_failed", "llama.cpp", KV_PRESSURE, _ERROR, r"failed to decode the batch"),
     _p("llamacpp.context_exceeded", "llama.cpp", OVERLOAD, _ERROR, r"Context size has been exceeded"),
-    _p("llamacpp.cuda_malloc", "llama.cpp", OOM, _FATAL,
-       r"cudaMalloc failed: out of memory|ggml_backend_cuda_buffer_type_alloc_buffer: allocating [\d.]+ MiB on "
-       r"device \d+: cudaMalloc failed"),
-    _p("llamacpp.failed_to_allocate", "llama.cpp", OOM, _FATAL,
-       r"failed to allocate (?:\w+ )*buffer|unable to allocate \w+ buffer|failed to allocate compute"),
+    _p(
+        "llamacpp.cuda_malloc",
+        "llama.cpp",
+        OOM,
+        _FATAL,
+        r"cudaMalloc failed: out of memory|ggml_backend_cuda_buffer_type_alloc_buffer: allocating [\d.]+ MiB on "
+        r"device \d+: cudaMalloc failed",
+    ),
+    _p(
+        "llamacpp.failed_to_allocate",
+        "llama.cpp",
+        OOM,
+        _FATAL,
+        r"failed to allocate (?:\w+ )*buffer|unable to allocate \w+ buffer|failed to allocate compute",
+    ),
     # Generic PyTorch / CUDA wording (any Python engine).
-    _p("torch.cuda_oom", None, OOM, _FATAL,
-       r"(?:torch\.(?:cuda\.)?OutOfMemoryError: )?CUDA out of memory\. Tried to allocate (?P<requested>[\d.]+ ?[KMG]i?B)"
-       r"(?:.*?GPU (?P<gpu>\d+) has a total capacity of (?P<total>[\d.]+ ?[KMG]i?B) of which (?P<free>[\d.]+ ?[KMG]i?B) is free)?"),
+    _p(
+        "torch.cuda_oom",
+        None,
+        OOM,
+        _FATAL,
+        r"(?:torch\.(?:cuda\.)?OutOfMemoryError: )?CUDA out of memory\. Tried to allocate (?P<requested>[\d.]+ ?[KMG]i?B)"
+        r"(?:.*?GPU (?P<gpu>\d+) has a total capacity of (?P<total>[\d.]+ ?[KMG]i?B) of which (?P<free>[\d.]+ ?[KMG]i?B) is free)?",
+    ),
     _p("torch.oom", None, OOM, _FATAL, r"torch\.(?:cuda\.)?OutOfMemoryError"),
     # PyTorch's host allocator refusing one allocation (a CPU-served model; transformers serve answers that
     # request 500 and keeps serving): "DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes"
-    _p("torch.cpu_alloc", None, OOM, _ERROR,
-       r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (?P<requested>\d+ bytes)"),
+    _p(
+        "torch.cpu_alloc",
+        None,
+        OOM,
+        _ERROR,
+        r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (?P<requested>\d+ bytes)",
+    ),
     _p("cuda.error_oom", None, OOM, _FATAL, r"CUDA error: out of memory|cudaErrorMemoryAllocation"),
     _p("nccl.oom", None, OOM, _FATAL, r"NCCL (?:WARN|error).*(?:out of memory|Cuda failure 'out of memory')"),
     # Kernel log: NVIDIA Xid (NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.)
     _p("nvidia.xid", None, GPU_XID, _FATAL, r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d+)"),
 )
+
 
 def _keys() -> dict[str, str | None]:
     from vramlab.logs.base import required_literal
@@ -150,7 +234,9 @@ def classify_line(line: str, engine: str | None = None, line_number: int | None 
         severity = p.severity
         if p.kind == GPU_XID and details and int(details["xid"]) in _XID_ERROR_ONLY:
             severity = _ERROR
-        return Signature(p.kind, p.engine or engine, severity, p.name, line.rstrip("\r\n"), line_number, details)
+        return Signature(
+            p.kind, p.engine or engine, severity, p.name, line.rstrip("\r\n"), line_number, details
+        )
     return None
 
 

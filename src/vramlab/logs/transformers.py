@@ -34,9 +34,21 @@ ENGINE = "transformers"
 _DUMP_START = re.compile(r"\bModel config (\w+) \{$")
 _DUMP_FIELDS_MAX = 400  # a config has ~30-150 keys; a missing `}` must not swallow the log
 # config keys that size the weights and the per-token cache, read as extra.<key>
-_CONFIG_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "tie_word_embeddings",
-                "sliding_window", "num_local_experts", "num_experts")
+_CONFIG_KEYS = (
+    "model_type",
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "sliding_window",
+    "num_local_experts",
+    "num_experts",
+)
 
 
 def _config(m: re.Match[str]) -> dict[str, Any] | None:
@@ -48,8 +60,11 @@ def _config(m: re.Match[str]) -> dict[str, Any] | None:
         return None
     inner = cfg.get("text_config")
     text: dict[str, Any] = inner if isinstance(inner, dict) else cfg  # a vision-language model: its text half
-    out: dict[str, Any] = {f"extra.{k}": text[k] for k in _CONFIG_KEYS
-                           if isinstance(text.get(k), (int, float, str)) and not isinstance(text.get(k), bool)}
+    out: dict[str, Any] = {
+        f"extra.{k}": text[k]
+        for k in _CONFIG_KEYS
+        if isinstance(text.get(k), (int, float, str)) and not isinstance(text.get(k), bool)
+    }
     if isinstance(text.get("tie_word_embeddings"), bool):
         out["extra.tie_word_embeddings"] = text["tie_word_embeddings"]
     arch = cfg.get("architectures")
@@ -58,7 +73,9 @@ def _config(m: re.Match[str]) -> dict[str, Any] | None:
     if isinstance(cfg.get("transformers_version"), str):
         out["engine_version"] = cfg["transformers_version"]
     if isinstance(cfg.get("dtype") or cfg.get("torch_dtype"), str):
-        out["extra.checkpoint_dtype"] = cfg.get("dtype") or cfg.get("torch_dtype")  # the first dump: the file's
+        out["extra.checkpoint_dtype"] = cfg.get("dtype") or cfg.get(
+            "torch_dtype"
+        )  # the first dump: the file's
     quant = cfg.get("quantization_config")
     if isinstance(quant, dict) and isinstance(quant.get("quant_method"), str):
         out["settings.quantization"] = quant["quant_method"].lower()
@@ -73,18 +90,35 @@ def _loading(m: re.Match[str]) -> dict[str, Any]:
 OWN_RULES: list[Rule] = [
     rule("loading", r"\[transformers\] Loading (\S+)$", _loading, once=True, shared=True),
     rule("config", r"\[transformers\] Model config (\w+) (\{.*\})$", _config, shared=True),
-    rule("dtype", r"\[transformers\] Will use dtype=torch\.(\w+)", lambda m: {"settings.dtype": m.group(1)},
-         shared=True),
-    rule("request", r"\[transformers\] \[Request received\] Model: .*, CB: (True|False)",
-         lambda m: {"extra.continuous_batching": m.group(1) == "True"}, shared=True),
-    rule("unloaded", r"\[transformers\] (\S+) was removed from memory after (\d+)s of inactivity",
-         lambda m: {"extra.unloaded_after_s": int(m.group(2))}, shared=True),
+    rule(
+        "dtype",
+        r"\[transformers\] Will use dtype=torch\.(\w+)",
+        lambda m: {"settings.dtype": m.group(1)},
+        shared=True,
+    ),
+    rule(
+        "request",
+        r"\[transformers\] \[Request received\] Model: .*, CB: (True|False)",
+        lambda m: {"extra.continuous_batching": m.group(1) == "True"},
+        shared=True,
+    ),
+    rule(
+        "unloaded",
+        r"\[transformers\] (\S+) was removed from memory after (\d+)s of inactivity",
+        lambda m: {"extra.unloaded_after_s": int(m.group(2))},
+        shared=True,
+    ),
 ]
 # uvicorn's lines: other engines print them too (vLLM, SGLang), so they do not count towards
 # telling that a log is transformers'.
 RULES: list[Rule] = OWN_RULES + [
-    rule("process", r"Started server process \[(\d+)\]", lambda m: {"extra.pid": int(m.group(1))},
-         once=True, shared=True),
+    rule(
+        "process",
+        r"Started server process \[(\d+)\]",
+        lambda m: {"extra.pid": int(m.group(1))},
+        once=True,
+        shared=True,
+    ),
     rule("listen", r"Uvicorn running on (\S+)", lambda m: {"extra.listen": m.group(1)}, shared=True),
 ]
 
@@ -116,5 +150,6 @@ def _requested_dtype(su: StartUp) -> None:
 
 def _one_line_configs(lines: Iterable[str]) -> Iterable[str]:
     """A `Model config XConfig {` block (the JSON, one key per line, up to `}`) as one line."""
-    return one_line_blocks(lines, lambda line: bool(_DUMP_START.search(line)), lambda line: line == "}",
-                           _DUMP_FIELDS_MAX)
+    return one_line_blocks(
+        lines, lambda line: bool(_DUMP_START.search(line)), lambda line: line == "}", _DUMP_FIELDS_MAX
+    )

@@ -52,7 +52,9 @@ class Sampler:
 class FakeSampler(Sampler):
     """Plays back a script of values; ``unavailable`` makes ``open`` fail like a missing source."""
 
-    def __init__(self, source: str, values: dict[str, Sequence[float]], unavailable: str | None = None) -> None:
+    def __init__(
+        self, source: str, values: dict[str, Sequence[float]], unavailable: str | None = None
+    ) -> None:
         self.source, self._values, self._unavailable = source, values, unavailable
         self.calls = 0
         self.closed = False
@@ -64,7 +66,10 @@ class FakeSampler(Sampler):
     async def sample(self) -> list[Sample]:
         i, self.calls = self.calls, self.calls + 1
         now = time.perf_counter()
-        return [Sample(self.source, name, float(vs[min(i, len(vs) - 1)]), now) for name, vs in self._values.items()]
+        return [
+            Sample(self.source, name, float(vs[min(i, len(vs) - 1)]), now)
+            for name, vs in self._values.items()
+        ]
 
     async def close(self) -> None:
         self.closed = True
@@ -73,9 +78,14 @@ class FakeSampler(Sampler):
 class SamplerSet:
     """Runs samplers concurrently, each on its own tick, until ``stop()``."""
 
-    def __init__(self, samplers: Sequence[Sampler], interval_s: float,
-                 on_samples: Callable[[list[Sample]], None], on_note: Callable[[str], None],
-                 on_event: Callable[[str, str, dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self,
+        samplers: Sequence[Sampler],
+        interval_s: float,
+        on_samples: Callable[[list[Sample]], None],
+        on_note: Callable[[str], None],
+        on_event: Callable[[str, str, dict[str, Any]], None] | None = None,
+    ) -> None:
         self.samplers, self.interval_s = list(samplers), interval_s
         self._on_samples, self._on_note, self._on_event = on_samples, on_note, on_event
         self._tasks: list[asyncio.Task[None]] = []

@@ -59,8 +59,11 @@ class HealthSampler(Sampler):
             status = 0
         now = time.perf_counter()
         up = 1.0 if 200 <= status < 300 else 0.0
-        return [Sample("health", "health.up", up, now), Sample("health", "health.status_code", status, now),
-                Sample("health", "health.latency_ms", (now - t0) * 1000, now)]
+        return [
+            Sample("health", "health.up", up, now),
+            Sample("health", "health.status_code", status, now),
+            Sample("health", "health.latency_ms", (now - t0) * 1000, now),
+        ]
 
     async def close(self) -> None:
         if self._session is not None:
@@ -87,16 +90,26 @@ class HealthDiscovery:
             return used
         missing = [p for p, a in self.answers.items() if a.startswith("HTTP 404") or a.startswith("HTTP 405")]
         up = any(a.startswith("HTTP") for a in self.answers.values())
-        tail = (" — the server is up and answering, but has none of these health paths ready"
-                if up else " — nothing answered HTTP: is it running and is base_url right?")
+        tail = (
+            " — the server is up and answering, but has none of these health paths ready"
+            if up
+            else " — nothing answered HTTP: is it running and is base_url right?"
+        )
         if missing and up:
-            tail = (f" — the server is up and answering HTTP 404 on {', '.join(missing)}; set target.health_path "
-                    "to a path it serves")
+            tail = (
+                f" — the server is up and answering HTTP 404 on {', '.join(missing)}; set target.health_path "
+                "to a path it serves"
+            )
         return "; ".join(parts) + tail if parts else "no answer" + tail
 
 
-async def discover_health(root: str, preferred: str | None, limit_s: float,
-                          alive: Callable[[], bool] = lambda: True, settle: bool = False) -> HealthDiscovery:
+async def discover_health(
+    root: str,
+    preferred: str | None,
+    limit_s: float,
+    alive: Callable[[], bool] = lambda: True,
+    settle: bool = False,
+) -> HealthDiscovery:
     """Poll until one path answers 200 (plan's path first), `limit_s` passes, or `alive()` says the
     process is gone. `settle`: one round of the paths only (the target is up already)."""
     import aiohttp
@@ -133,6 +146,10 @@ def _no_answer(exc: BaseException) -> str:
         return "no answer within 2 s"
     cause = getattr(exc, "os_error", None) or exc
     text = str(exc) or type(exc).__name__
-    if isinstance(cause, ConnectionRefusedError) or "refused" in text.lower() or "connect call failed" in text.lower():
+    if (
+        isinstance(cause, ConnectionRefusedError)
+        or "refused" in text.lower()
+        or "connect call failed" in text.lower()
+    ):
         return "connection refused"
     return f"no answer ({text[:80]})"

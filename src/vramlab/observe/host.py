@@ -37,8 +37,15 @@ class HostSampler(Sampler):
         ]
         if self._proc is not None:
             try:
-                out.append(Sample("host", "host.target_rss_bytes", self._proc.memory_info().rss, now,
-                                  {"pid": str(self._proc.pid)}))
+                out.append(
+                    Sample(
+                        "host",
+                        "host.target_rss_bytes",
+                        self._proc.memory_info().rss,
+                        now,
+                        {"pid": str(self._proc.pid)},
+                    )
+                )
             except psutil.Error:
                 self._proc = None  # the target exited; its absence shows in the timeline
         return out

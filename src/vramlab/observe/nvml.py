@@ -60,7 +60,11 @@ class NvmlDevices:
         h = self._h(index)
         v2 = getattr(self.nvml, "nvmlMemory_v2", None)
         try:
-            m = self.nvml.nvmlDeviceGetMemoryInfo(h, version=v2) if v2 is not None else self.nvml.nvmlDeviceGetMemoryInfo(h)
+            m = (
+                self.nvml.nvmlDeviceGetMemoryInfo(h, version=v2)
+                if v2 is not None
+                else self.nvml.nvmlDeviceGetMemoryInfo(h)
+            )
         except Exception:  # older drivers lack _v2
             m = self.nvml.nvmlDeviceGetMemoryInfo(h)
         self.reserved[index] = int(getattr(m, "reserved", 0) or 0)
@@ -135,9 +139,11 @@ class GpuSampler(Sampler):
         for i in range(d.device_count()):
             lab = {"gpu": str(i)}
             total, used, _free = d.memory_info(i)
-            out += [Sample(self.source, "gpu.memory_used_bytes", used, now, lab),
-                    Sample(self.source, "gpu.memory_total_bytes", total, now, lab),
-                    Sample(self.source, "gpu.memory_share", used / total if total else 0.0, now, lab)]
+            out += [
+                Sample(self.source, "gpu.memory_used_bytes", used, now, lab),
+                Sample(self.source, "gpu.memory_total_bytes", total, now, lab),
+                Sample(self.source, "gpu.memory_share", used / total if total else 0.0, now, lab),
+            ]
             reserved = getattr(d, "reserved", {}).get(i)
             if reserved:
                 out.append(Sample(self.source, "gpu.memory_reserved_bytes", reserved, now, lab))
@@ -145,8 +151,15 @@ class GpuSampler(Sampler):
             if util is not None:
                 out.append(Sample(self.source, "gpu.utilization_perc", util, now, lab))
             for pid, pbytes, pname in d.processes(i):
-                out.append(Sample(self.source, "gpu.process_memory_bytes", pbytes, now,
-                                  {**lab, "pid": str(pid), **({"process": pname} if pname else {})}))
+                out.append(
+                    Sample(
+                        self.source,
+                        "gpu.process_memory_bytes",
+                        pbytes,
+                        now,
+                        {**lab, "pid": str(pid), **({"process": pname} if pname else {})},
+                    )
+                )
         if hasattr(d, "xid_events"):
             for idx, xid in d.xid_events():
                 out.append(Sample(self.source, "gpu.xid", xid, now, {"gpu": str(idx)}))

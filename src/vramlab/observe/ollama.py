@@ -62,8 +62,12 @@ class LoadedModel:
         return f"{self.name}: {_gib(self.size)} in memory, {_gib(self.size_vram)} on the GPU ({self.placement()}){ctx}"
 
     def data(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"model": self.name, "size_bytes": self.size, "size_vram_bytes": self.size_vram,
-                               "gpu_share": round(self.gpu_share, 4)}
+        out: dict[str, Any] = {
+            "model": self.name,
+            "size_bytes": self.size,
+            "size_vram_bytes": self.size_vram,
+            "gpu_share": round(self.gpu_share, 4),
+        }
         if self.context_length is not None:
             out["context_length"] = self.context_length
         if self.expires_at:
@@ -83,18 +87,32 @@ def parse_ps(payload: Any) -> list[LoadedModel]:
         size, vram = _count(m.get("size")), _count(m.get("size_vram", 0))
         if not isinstance(name, str) or size is None or vram is None:
             continue  # an entry without a name or byte counts tells nothing to record
-        out.append(LoadedModel(name=name, size=size, size_vram=vram, digest=str(m.get("digest") or ""),
-                               expires_at=m.get("expires_at") if isinstance(m.get("expires_at"), str) else None,
-                               context_length=_count(m.get("context_length"))))
+        out.append(
+            LoadedModel(
+                name=name,
+                size=size,
+                size_vram=vram,
+                digest=str(m.get("digest") or ""),
+                expires_at=m.get("expires_at") if isinstance(m.get("expires_at"), str) else None,
+                context_length=_count(m.get("context_length")),
+            )
+        )
     return out
 
 
-def changes(before: dict[str, LoadedModel] | None, now: dict[str, LoadedModel],
-            wall: dt.datetime | None = None) -> list[EventTuple]:
+def changes(
+    before: dict[str, LoadedModel] | None, now: dict[str, LoadedModel], wall: dt.datetime | None = None
+) -> list[EventTuple]:
     """Timeline events between two polls. `before` None: the first poll (what was loaded already)."""
     if before is None:
-        return [("model_load", f"Ollama model already loaded when sampling began: {m.describe()}",
-                 {**m.data(), "already_loaded": True}) for m in now.values()]
+        return [
+            (
+                "model_load",
+                f"Ollama model already loaded when sampling began: {m.describe()}",
+                {**m.data(), "already_loaded": True},
+            )
+            for m in now.values()
+        ]
     wall = wall or dt.datetime.now(dt.timezone.utc)
     out: list[EventTuple] = []
     appeared = [m for n, m in now.items() if n not in before]
@@ -109,16 +127,27 @@ def changes(before: dict[str, LoadedModel] | None, now: dict[str, LoadedModel],
         else:
             how = "unloaded"
         reason = "expired" if expired else ("evicted" if appeared else "unloaded")
-        out.append(("model_unload", f"Ollama model {how}: {n}, freeing {_gib(m.size_vram)} of GPU memory "
-                    f"and {_gib(m.size - m.size_vram)} on the host", {**m.data(), "reason": reason}))
+        out.append(
+            (
+                "model_unload",
+                f"Ollama model {how}: {n}, freeing {_gib(m.size_vram)} of GPU memory "
+                f"and {_gib(m.size - m.size_vram)} on the host",
+                {**m.data(), "reason": reason},
+            )
+        )
     for m in appeared:
         out.append(("model_load", f"Ollama model loaded: {m.describe()}", m.data()))
     for n, m in now.items():
         old = before.get(n)
         if old is not None and old.size_vram != m.size_vram:
-            out.append(("model_offload", f"Ollama model's GPU share changed: {n}, {_gib(old.size_vram)} → "
-                        f"{_gib(m.size_vram)} on the GPU ({old.placement()} → {m.placement()})",
-                        {**m.data(), "size_vram_before_bytes": old.size_vram, "size_before_bytes": old.size}))
+            out.append(
+                (
+                    "model_offload",
+                    f"Ollama model's GPU share changed: {n}, {_gib(old.size_vram)} → "
+                    f"{_gib(m.size_vram)} on the GPU ({old.placement()} → {m.placement()})",
+                    {**m.data(), "size_vram_before_bytes": old.size_vram, "size_before_bytes": old.size},
+                )
+            )
     return out
 
 
@@ -146,7 +175,9 @@ class OllamaSampler(Sampler):
             raise SourceUnavailable(f"{self.root}/api/version: {type(exc).__name__}: {exc}"[:200]) from None
         if not isinstance(body, dict) or not isinstance(body.get("version"), str):
             await self.close()
-            raise SourceUnavailable(f"{self.root}/api/version did not answer an Ollama version (is it Ollama?)")
+            raise SourceUnavailable(
+                f"{self.root}/api/version did not answer an Ollama version (is it Ollama?)"
+            )
         self.version = body["version"][:40]
         self.open_note = f"sampler ollama: Ollama {self.version} at {self.root}; loaded models from /api/ps"
 
@@ -159,11 +190,15 @@ class OllamaSampler(Sampler):
         current = {m.name: m for m in models}
         self._events.extend(changes(self._seen, current))
         self._seen = current
-        out = [Sample("ollama", "ollama.models_loaded", float(len(models)), now),
-               Sample("ollama", "ollama.vram_bytes", float(sum(m.size_vram for m in models)), now)]
+        out = [
+            Sample("ollama", "ollama.models_loaded", float(len(models)), now),
+            Sample("ollama", "ollama.vram_bytes", float(sum(m.size_vram for m in models)), now),
+        ]
         for m in models:
-            out += [Sample("ollama", "ollama.model_size_bytes", float(m.size), now, {"model": m.name}),
-                    Sample("ollama", "ollama.model_vram_bytes", float(m.size_vram), now, {"model": m.name})]
+            out += [
+                Sample("ollama", "ollama.model_size_bytes", float(m.size), now, {"model": m.name}),
+                Sample("ollama", "ollama.model_vram_bytes", float(m.size_vram), now, {"model": m.name}),
+            ]
         return out
 
     def take_events(self) -> list[EventTuple]:
@@ -188,7 +223,7 @@ def _passed(expires_at: str | None, wall: dt.datetime) -> bool:
     if "." in text:  # Go prints up to 9 fractional digits; fromisoformat takes at most 6
         head, _, rest = text.partition(".")
         digits = "".join(c for c in rest if c.isdigit())
-        text = head + "." + digits[:6].ljust(6, "0") + rest[len(digits):]
+        text = head + "." + digits[:6].ljust(6, "0") + rest[len(digits) :]
     try:
         when = dt.datetime.fromisoformat(text)
     except ValueError:

@@ -16,15 +16,39 @@ from vramlab.observe.base import Sample, Sampler, SourceUnavailable
 
 # canonical -> (spellings, how to combine label sets). Percentages are fractions 0..1 in every engine listed.
 ALIASES: dict[str, tuple[tuple[str, ...], str]] = {
-    "kv_cache_usage_perc": (("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
-                             "llamacpp:kv_cache_usage_ratio"), "max"),
-    "num_requests_running": (("vllm:num_requests_running", "sglang:num_running_reqs", "tgi_batch_current_size",
-                              "llamacpp:requests_processing"), "sum"),
-    "num_requests_waiting": (("vllm:num_requests_waiting", "sglang:num_queue_reqs", "tgi_queue_size",
-                              "llamacpp:requests_deferred"), "sum"),
+    "kv_cache_usage_perc": (
+        (
+            "vllm:kv_cache_usage_perc",
+            "vllm:gpu_cache_usage_perc",
+            "sglang:token_usage",
+            "llamacpp:kv_cache_usage_ratio",
+        ),
+        "max",
+    ),
+    "num_requests_running": (
+        (
+            "vllm:num_requests_running",
+            "sglang:num_running_reqs",
+            "tgi_batch_current_size",
+            "llamacpp:requests_processing",
+        ),
+        "sum",
+    ),
+    "num_requests_waiting": (
+        (
+            "vllm:num_requests_waiting",
+            "sglang:num_queue_reqs",
+            "tgi_queue_size",
+            "llamacpp:requests_deferred",
+        ),
+        "sum",
+    ),
     "num_preemptions_total": (("vllm:num_preemptions", "vllm:num_preemptions_total"), "sum"),
     "prompt_tokens_total": (("vllm:prompt_tokens", "sglang:prompt_tokens", "llamacpp:prompt_tokens"), "sum"),
-    "generation_tokens_total": (("vllm:generation_tokens", "sglang:generation_tokens", "llamacpp:tokens_predicted"), "sum"),
+    "generation_tokens_total": (
+        ("vllm:generation_tokens", "sglang:generation_tokens", "llamacpp:tokens_predicted"),
+        "sum",
+    ),
     "kv_cache_tokens": (("sglang:num_used_tokens", "llamacpp:kv_cache_tokens"), "sum"),
     "request_failures_total": (("tgi_request_failure",), "sum"),
     "process_resident_memory_bytes": (("process_resident_memory_bytes",), "sum"),
@@ -32,7 +56,9 @@ ALIASES: dict[str, tuple[tuple[str, ...], str]] = {
     "kv_cache_pool_tokens": (("sglang:max_total_num_tokens",), "max"),
 }
 # vLLM's `cache_config_info` is an info gauge: the pool is in its labels (num_gpu_blocks x block_size).
-_INFO_LABELS = {"vllm:cache_config_info": (("num_gpu_blocks", "kv_cache_blocks"), ("block_size", "kv_block_size"))}
+_INFO_LABELS = {
+    "vllm:cache_config_info": (("num_gpu_blocks", "kv_cache_blocks"), ("block_size", "kv_block_size"))
+}
 
 
 def _base(name: str) -> str:
@@ -60,7 +86,10 @@ def parse_metrics(text: str, t: float | None = None, source: str = "engine") -> 
                         found.setdefault(canon_name, {}).setdefault(s.name, []).append(float(s.labels[label]))
                     except (KeyError, ValueError):  # "None" before the engine sized its pool
                         pass
-                if s.name.endswith(("_created", "_bucket", "_count", "_sum")) and _base(s.name) not in _LOOKUP:
+                if (
+                    s.name.endswith(("_created", "_bucket", "_count", "_sum"))
+                    and _base(s.name) not in _LOOKUP
+                ):
                     continue
                 canon = _LOOKUP.get(_base(s.name))
                 if canon is not None:
@@ -70,7 +99,7 @@ def parse_metrics(text: str, t: float | None = None, source: str = "engine") -> 
     out = []
     for canon, by_name in found.items():
         if canon not in ALIASES:  # from an info gauge's labels
-            (spelling, vals), = by_name.items()
+            ((spelling, vals),) = by_name.items()
             out.append(Sample(source, f"engine.{canon}", max(vals), now, {"metric": spelling}))
             continue
         names, how = ALIASES[canon]

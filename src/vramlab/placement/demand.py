@@ -63,8 +63,12 @@ class CapacityDemand:
     Results are cached: infeasibility advice re-packs many variants of the same instances.
     """
 
-    def __init__(self, estimate_fn: Callable[..., Any] | None = None,
-                 resolve_fn: Callable[[str], Any] | None = None, constants: Any = None) -> None:
+    def __init__(
+        self,
+        estimate_fn: Callable[..., Any] | None = None,
+        resolve_fn: Callable[[str], Any] | None = None,
+        constants: Any = None,
+    ) -> None:
         self._estimate = estimate_fn
         self._resolve = resolve_fn
         self._constants = constants
@@ -109,15 +113,25 @@ class CapacityDemand:
             # llama.cpp splits -c across -np slots: each slot gets the full context.
             extra |= {"ctx_size": inst.context_tokens * inst.concurrency, "parallel": inst.concurrency}
         return EngineSettings(
-            engine=inst.engine, max_model_len=inst.context_tokens, max_num_seqs=inst.concurrency,
-            tensor_parallel_size=tp, other_processes_bytes=other_processes_bytes, **extra, **knob,
+            engine=inst.engine,
+            max_model_len=inst.context_tokens,
+            max_num_seqs=inst.concurrency,
+            tensor_parallel_size=tp,
+            other_processes_bytes=other_processes_bytes,
+            **extra,
+            **knob,
         )
 
-    def estimate(self, inst: Instance, card: Card, tp: int, other_processes_bytes: int = 0,
-                 **knob: float) -> Any:
+    def estimate(
+        self, inst: Instance, card: Card, tp: int, other_processes_bytes: int = 0, **knob: float
+    ) -> Any:
         self.calls += 1
-        return self._estimate_fn()(self.spec(inst), self.gpu(card),
-                                   self.settings(inst, tp, other_processes_bytes, **knob), self._constants)
+        return self._estimate_fn()(
+            self.spec(inst),
+            self.gpu(card),
+            self.settings(inst, tp, other_processes_bytes, **knob),
+            self._constants,
+        )
 
     # -- the demand --------------------------------------------------------------------------------
     def __call__(self, inst: Instance, card: Card, tp: int, other_processes_bytes: int = 0) -> Demand:
@@ -156,8 +170,9 @@ class CapacityDemand:
                 lo = mid
         return self._to_demand(inst, card, tp, best, {knob: round(hi * KNOB_STEP, 3)}, bool(best.fits))
 
-    def _to_demand(self, inst: Instance, card: Card, tp: int, est: Any, knobs: dict[str, Any],
-                   ok: bool) -> Demand:
+    def _to_demand(
+        self, inst: Instance, card: Card, tp: int, est: Any, knobs: dict[str, Any], ok: bool
+    ) -> Demand:
         w, kv, act = est.weights_bytes, est.kv_cache_bytes, est.activation_peak_bytes
         overhead = max(0, est.used_bytes - w - kv - act)
         # Memory the engine does not budget (context, NCCL, graphs outside the KV formula) can
@@ -168,9 +183,22 @@ class CapacityDemand:
             lim = est.pessimistic or est
             reason = "; ".join(est.reasons) or (
                 f"room for {lim.max_concurrency:.1f} sequences of {inst.context_tokens} tokens, "
-                f"{inst.concurrency} guaranteed")
-        return Demand(inst.name, card.gpu_name, tp, ok, w, kv, act, overhead,
-                      inst.margin_bytes + band, knobs, float(est.max_concurrency), reason)
+                f"{inst.concurrency} guaranteed"
+            )
+        return Demand(
+            inst.name,
+            card.gpu_name,
+            tp,
+            ok,
+            w,
+            kv,
+            act,
+            overhead,
+            inst.margin_bytes + band,
+            knobs,
+            float(est.max_concurrency),
+            reason,
+        )
 
 
 def quant_spec(method: str) -> Any:

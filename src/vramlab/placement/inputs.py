@@ -50,8 +50,14 @@ class Fleet:
     def with_extra_card(self, node: str) -> Fleet:
         """The fleet plus one more card like the node's first (for 'one more card' advice)."""
         like = self.node_cards(node)[0]
-        extra = Card(len(self.cards), node, like.gpu_name, like.memory_bytes, like.pcie_gbps,
-                     local_index=len(self.node_cards(node)))
+        extra = Card(
+            len(self.cards),
+            node,
+            like.gpu_name,
+            like.memory_bytes,
+            like.pcie_gbps,
+            local_index=len(self.node_cards(node)),
+        )
         return Fleet(self.cards + (extra,))
 
 
@@ -186,15 +192,23 @@ def _schemas() -> tuple[Any, Any]:
             from vramlab.errors import near_matches
 
             known = {f.name for f in fields(EngineSettings)}
-            owned = {"engine", "max_model_len", "max_num_seqs", "tensor_parallel_size",
-                     "other_processes_bytes", "ctx_size", "parallel"}
+            owned = {
+                "engine",
+                "max_model_len",
+                "max_num_seqs",
+                "tensor_parallel_size",
+                "other_processes_bytes",
+                "ctx_size",
+                "parallel",
+            }
             for key in v:
                 if key in owned:
                     raise ValueError(f"{key!r} is set by pack (from concurrency, context_tokens, tp)")
                 if key not in known:
                     hint = near_matches(key, sorted(known - owned))
-                    raise ValueError(f"unknown engine setting {key!r}"
-                                     + (f"; did you mean {hint[0]!r}?" if hint else ""))
+                    raise ValueError(
+                        f"unknown engine setting {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+                    )
             return v
 
     class PolicyIn(_Strict):
@@ -230,7 +244,9 @@ def load_fleet(path: str | Path) -> Fleet:
     src = read_yaml(path, "fleet")
     doc = validate(fleet_cls, src, kind="a fleet file", keys="gpu:, count: or nodes:")
     if doc.nodes and doc.gpu:
-        raise ConfigError(f"{src.where(('gpu',))}: give either 'nodes' or the one-node shorthand 'gpu', not both")
+        raise ConfigError(
+            f"{src.where(('gpu',))}: give either 'nodes' or the one-node shorthand 'gpu', not both"
+        )
     if not doc.nodes and not doc.gpu:
         raise ConfigError(f"{src.where(())}: no cards: give 'gpu' (and 'count') or a list of 'nodes'")
     nodes = doc.nodes or [doc]
@@ -260,7 +276,11 @@ def load_models(path: str | Path) -> tuple[tuple[Instance, ...], Policy]:
     src = read_yaml(path, "models")
     data = src.data
     # `defaults:` fills every model's missing keys before validation, so errors still point at lines.
-    if isinstance(data, dict) and isinstance(data.get("defaults"), dict) and isinstance(data.get("models"), list):
+    if (
+        isinstance(data, dict)
+        and isinstance(data.get("defaults"), dict)
+        and isinstance(data.get("models"), list)
+    ):
         for m in data["models"]:
             if isinstance(m, dict):
                 for k, v in data["defaults"].items():
@@ -271,19 +291,34 @@ def load_models(path: str | Path) -> tuple[tuple[Instance, ...], Policy]:
     for i, m in enumerate(doc.models):
         name = m.name or m.model
         if name in names:
-            raise ConfigError(f"{src.where(('models', i))}: instance name {name!r} is used "
-                              "twice; give each a distinct 'name'")
+            raise ConfigError(
+                f"{src.where(('models', i))}: instance name {name!r} is used "
+                "twice; give each a distinct 'name'"
+            )
         names.add(name)
         tp = TP_CHOICES if m.tp == "auto" else (m.tp,) if isinstance(m.tp, int) else tuple(sorted(set(m.tp)))
-        out.append(Instance(
-            name=name, model=m.model, engine=m.engine, settings=tuple(sorted(m.settings.items())),
-            concurrency=m.concurrency, context_tokens=m.context_tokens, tp_options=tp,
-            rate_rps=m.traffic.rate_rps, slo_ms=m.slo.latency_ms if m.slo else None,
-            priority=m.priority, weights_source=m.weights.source, load_gbps=m.weights.load_gbps,
-            engine_start_s=m.engine_start_s, residency=m.residency,
-            margin_bytes=int(m.margin_gib * GIB), quantization=m.quantization,
-            prefill_tokens_per_s=m.prefill_tokens_per_s, decode_tokens_per_s=m.decode_tokens_per_s,
-        ))
+        out.append(
+            Instance(
+                name=name,
+                model=m.model,
+                engine=m.engine,
+                settings=tuple(sorted(m.settings.items())),
+                concurrency=m.concurrency,
+                context_tokens=m.context_tokens,
+                tp_options=tp,
+                rate_rps=m.traffic.rate_rps,
+                slo_ms=m.slo.latency_ms if m.slo else None,
+                priority=m.priority,
+                weights_source=m.weights.source,
+                load_gbps=m.weights.load_gbps,
+                engine_start_s=m.engine_start_s,
+                residency=m.residency,
+                margin_bytes=int(m.margin_gib * GIB),
+                quantization=m.quantization,
+                prefill_tokens_per_s=m.prefill_tokens_per_s,
+                decode_tokens_per_s=m.decode_tokens_per_s,
+            )
+        )
     policy = Policy(eviction=doc.policy.eviction, keep_alive_s=doc.policy.keep_alive_s)
     return tuple(out), policy
 

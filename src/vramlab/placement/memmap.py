@@ -15,8 +15,14 @@ if TYPE_CHECKING:
 
 from vramlab.capacity.units import GIB
 
-COLOURS = {"weights": "#4c72b0", "kv cache": "#55a868", "activation": "#c44e52", "overhead": "#8172b2",
-           "margin": "#ccb974", "free": "#eeeeee"}
+COLOURS = {
+    "weights": "#4c72b0",
+    "kv cache": "#55a868",
+    "activation": "#c44e52",
+    "overhead": "#8172b2",
+    "margin": "#ccb974",
+    "free": "#eeeeee",
+}
 
 
 def plot_memory_map(plan: FleetPlan, path: str | Path) -> Path:
@@ -36,22 +42,44 @@ def plot_memory_map(plan: FleetPlan, path: str | Path) -> Path:
             for p in sorted(r.on_card(c, residency), key=lambda p: -p.demand.total_bytes):
                 d = p.demand
                 start = bottom
-                for part, nbytes in (("weights", d.weights_bytes), ("kv cache", d.kv_cache_bytes),
-                                     ("activation", d.activation_bytes), ("overhead", d.overhead_bytes),
-                                     ("margin", d.margin_bytes)):
+                for part, nbytes in (
+                    ("weights", d.weights_bytes),
+                    ("kv cache", d.kv_cache_bytes),
+                    ("activation", d.activation_bytes),
+                    ("overhead", d.overhead_bytes),
+                    ("margin", d.margin_bytes),
+                ):
                     h = nbytes / GIB
                     if h > 0:
-                        ax.bar(x, h, bottom=bottom, width=0.6, color=COLOURS[part], hatch=hatch,
-                               edgecolor="white", linewidth=0.5, alpha=0.55 if hatch else 1.0)
+                        ax.bar(
+                            x,
+                            h,
+                            bottom=bottom,
+                            width=0.6,
+                            color=COLOURS[part],
+                            hatch=hatch,
+                            edgecolor="white",
+                            linewidth=0.5,
+                            alpha=0.55 if hatch else 1.0,
+                        )
                         bottom += h
-                ax.bar(x, bottom - start, bottom=start, width=0.6, fill=False, edgecolor="black", linewidth=1.0)
+                ax.bar(
+                    x, bottom - start, bottom=start, width=0.6, fill=False, edgecolor="black", linewidth=1.0
+                )
                 label = p.instance + (f" (tp{p.tp})" if p.tp > 1 else "") + (" od" if hatch else "")
                 ax.text(x + 0.33, (start + bottom) / 2, label, va="center", fontsize=7)
             if residency == "resident":
                 cap = card.memory_bytes / GIB
                 if bottom < cap:
-                    ax.bar(x, cap - bottom, bottom=bottom, width=0.6, color=COLOURS["free"], edgecolor="grey",
-                           linewidth=0.5)
+                    ax.bar(
+                        x,
+                        cap - bottom,
+                        bottom=bottom,
+                        width=0.6,
+                        color=COLOURS["free"],
+                        edgecolor="grey",
+                        linewidth=0.5,
+                    )
         ax.hlines(card.memory_bytes / GIB, x - 0.4, x + 0.4, colors="black", linestyles="dashed", linewidth=1)
     ax.set_xticks(range(len(cards)))
     ax.set_xticklabels([f"{fleet.cards[c].label}\n{fleet.cards[c].gpu_name}" for c in cards], fontsize=8)

@@ -44,7 +44,9 @@ class PackResult:
         return not self.unplaced
 
     def on_card(self, index: int, residency: str | None = None) -> list[Placement]:
-        return [p for p in self.placements if index in p.cards and (residency is None or p.residency == residency)]
+        return [
+            p for p in self.placements if index in p.cards and (residency is None or p.residency == residency)
+        ]
 
     def resident_bytes(self, index: int) -> int:
         return sum(p.demand.total_bytes for p in self.on_card(index, "resident"))
@@ -101,8 +103,10 @@ def _options(inst: Instance, fleet: Fleet, demand_fn: DemandFn) -> tuple[tuple[_
         return (), f"no node has {min(inst.tp_options)} cards for its TP options {list(inst.tp_options)}"
     gib = 1 << 30
     why = smallest.reason or "does not fit"
-    return (), (f"does not fit alone on any card: at TP {smallest.tp} on {smallest.gpu} it needs "
-                f"{smallest.total_bytes / gib:.2f} GiB per GPU ({why})")
+    return (), (
+        f"does not fit alone on any card: at TP {smallest.tp} on {smallest.gpu} it needs "
+        f"{smallest.total_bytes / gib:.2f} GiB per GPU ({why})"
+    )
 
 
 class _State:
@@ -242,8 +246,11 @@ def _balance_step(items: dict[str, _Item], placed: list[Placement], state: _Stat
     return False
 
 
-def _exact(items: list[_Item], fleet: Fleet, incumbent: tuple[tuple[int, float], list[Placement]] | None,
-           ) -> tuple[tuple[tuple[int, float], list[Placement]] | None, bool]:
+def _exact(
+    items: list[_Item],
+    fleet: Fleet,
+    incumbent: tuple[tuple[int, float], list[Placement]] | None,
+) -> tuple[tuple[tuple[int, float], list[Placement]] | None, bool]:
     """Branch and bound on (cards used, max fill). Returns (best, finished within the limit)."""
     order = sorted(items, key=lambda it: (-it.size, it.inst.name))
     state = _State(fleet)
@@ -277,9 +284,14 @@ def _exact(items: list[_Item], fleet: Fleet, incumbent: tuple[tuple[int, float],
     return best, finished
 
 
-def pack(instances: tuple[Instance, ...] | list[Instance], fleet: Fleet, demand_fn: DemandFn,
-         method: str = "auto", exact_limit: int = 8,
-         residency: dict[str, str] | None = None) -> PackResult:
+def pack(
+    instances: tuple[Instance, ...] | list[Instance],
+    fleet: Fleet,
+    demand_fn: DemandFn,
+    method: str = "auto",
+    exact_limit: int = 8,
+    residency: dict[str, str] | None = None,
+) -> PackResult:
     """Place every instance. `residency` maps names to 'resident' or 'on-demand' (default resident)."""
     if method not in ("auto", "ffd", "exact"):
         raise ValueError(f"unknown packing method {method!r}")
@@ -314,8 +326,9 @@ def pack(instances: tuple[Instance, ...] | list[Instance], fleet: Fleet, demand_
     return PackResult(fleet, tuple(placed), tuple(unplaced), used_method, tuple(notes))
 
 
-def _homes(items: list[_Item], fleet: Fleet, placed: list[Placement],
-           unplaced: list[tuple[str, str]]) -> list[Placement]:
+def _homes(
+    items: list[_Item], fleet: Fleet, placed: list[Placement], unplaced: list[tuple[str, str]]
+) -> list[Placement]:
     """On-demand instances: the open card with the most room after residents; else open one."""
     state = _State(fleet)
     for p in placed:
@@ -332,7 +345,9 @@ def _homes(items: list[_Item], fleet: Fleet, placed: list[Placement],
                 if best is None or key < best[0]:
                     best = (key, opt, combo)
         if best is None:
-            unplaced.append((item.inst.name, "no card has room for it even with every on-demand model unloaded"))
+            unplaced.append(
+                (item.inst.name, "no card has room for it even with every on-demand model unloaded")
+            )
             continue
         _, opt, combo = best
         for c in combo:

@@ -84,8 +84,9 @@ def cold_load_s(inst: Instance, weights_bytes_total: int) -> float:
     return weights_bytes_total / (inst.load_gbps * 1e9) + inst.engine_start_s
 
 
-def decide(inst: Instance, weights_bytes_total: int, policy: Policy,
-           rate_rps: float | None = None) -> tuple[str, str]:
+def decide(
+    inst: Instance, weights_bytes_total: int, policy: Policy, rate_rps: float | None = None
+) -> tuple[str, str]:
     """'resident' or 'on-demand', and why, from traffic, the SLO and the cost of a load."""
     if inst.residency != "auto":
         return inst.residency, "set in the models file"
@@ -132,13 +133,21 @@ def sim_models(result: PackResult, instances: tuple[Instance, ...] | list[Instan
         w = max(d.weights_bytes, 1)
         decode = inst.decode_tokens_per_s or gpu.bandwidth_gbps * 1e9 * DECODE_BANDWIDTH_EFFICIENCY / w
         prefill = inst.prefill_tokens_per_s or gpu.bf16_tflops * 1e12 * PREFILL_FLOPS_EFFICIENCY / w
-        out.append(SimModel(
-            p.instance, inst.priority, p.cards, d.total_bytes, d.asleep_bytes, p.residency == "resident",
-            cold_load_s(inst, d.weights_bytes * p.tp),
-            d.weights_bytes / (card.pcie_gbps * 1e9),  # each GPU copies its own shard back
-            d.weights_bytes * p.tp / (inst.load_gbps * 1e9),
-            prefill, decode,
-        ))
+        out.append(
+            SimModel(
+                p.instance,
+                inst.priority,
+                p.cards,
+                d.total_bytes,
+                d.asleep_bytes,
+                p.residency == "resident",
+                cold_load_s(inst, d.weights_bytes * p.tp),
+                d.weights_bytes / (card.pcie_gbps * 1e9),  # each GPU copies its own shard back
+                d.weights_bytes * p.tp / (inst.load_gbps * 1e9),
+                prefill,
+                decode,
+            )
+        )
     return out
 
 
@@ -207,8 +216,9 @@ class _Sim:
         self.loader_free_s = [0.0] * len(fleet.cards)
         self.events: list[tuple[float, int, str, str, int]] = []
         self.seq = 0
-        self.counts: dict[str, dict[str, int]] = {m.name: dict.fromkeys(
-            ("cold", "wake", "evict", "expire"), 0) for m in models}
+        self.counts: dict[str, dict[str, int]] = {
+            m.name: dict.fromkeys(("cold", "wake", "evict", "expire"), 0) for m in models
+        }
         self.added: dict[int, float] = {}
         self.blocked: list[tuple[int, float, str]] = []  # (-priority, arrival, model)
         for e in self.eng.values():
@@ -233,8 +243,15 @@ class _Sim:
     # -- admission and eviction ------------------------------------------------------------------
     def _victims(self, e: _Engine) -> list[tuple[_Engine, str]]:
         """Engines that may give room to *e*, in eviction order, with what they would do."""
-        shared = [v for v in self.eng.values() if v is not e and not v.m.resident
-                  and set(v.m.cards) & set(e.m.cards) and v.inflight == 0 and v.state in ("ready", "asleep")]
+        shared = [
+            v
+            for v in self.eng.values()
+            if v is not e
+            and not v.m.resident
+            and set(v.m.cards) & set(e.m.cards)
+            and v.inflight == 0
+            and v.state in ("ready", "asleep")
+        ]
         pol = self.policy.eviction
         if pol == "priority":
             shared = [v for v in shared if v.m.priority <= e.m.priority]
@@ -245,7 +262,9 @@ class _Sim:
             level = 1 if pol == "sleep-1" else 2
             ready = [(v, f"sleep{level}") for v in shared if v.state == "ready"]
             return ready + [(v, "off") for v in shared]  # then stop sleeping engines, LRU
-        return [(v, "off") for v in shared if v.state == "ready"] + [(v, "off") for v in shared if v.state == "asleep"]
+        return [(v, "off") for v in shared if v.state == "ready"] + [
+            (v, "off") for v in shared if v.state == "asleep"
+        ]
 
     def try_admit(self, e: _Engine, t: float) -> bool:
         """Start loading *e* if the policy can make room on all its cards; else leave things be."""
@@ -379,15 +398,42 @@ def _report(sim: _Sim, requests: list[Request], policy: Policy, unknown: int, en
     for name, e in sim.eng.items():
         waits = per_model[name]
         c = sim.counts[name]
-        models.append(ModelStats(
-            name, e.m.priority, e.m.resident, len(waits), c["cold"], c["wake"],
-            sum(1 for w in waits if w > 0), c["evict"], c["expire"],
-            round(_percentile_or_zero(waits, 50) * 1000, 3), round(_percentile_or_zero(waits, 95) * 1000, 3),
-            round(_percentile_or_zero(waits, 99) * 1000, 3), round(max(waits, default=0.0) * 1000, 3),
-        ))
-    prios = [PriorityStats(p, len(w), sum(1 for x in w if x > 0), round(_percentile_or_zero(w, 95) * 1000, 3),
-                           round(max(w) * 1000, 3), round(sum(w), 6))
-             for p, w in sorted(per_prio.items(), reverse=True)]
-    return SimReport(policy.eviction, policy.keep_alive_s, len(requests), unknown,
-                     sum(m.cold_starts for m in models), sum(m.evictions for m in models),
-                     tuple(models), tuple(prios), round(end, 6))
+        models.append(
+            ModelStats(
+                name,
+                e.m.priority,
+                e.m.resident,
+                len(waits),
+                c["cold"],
+                c["wake"],
+                sum(1 for w in waits if w > 0),
+                c["evict"],
+                c["expire"],
+                round(_percentile_or_zero(waits, 50) * 1000, 3),
+                round(_percentile_or_zero(waits, 95) * 1000, 3),
+                round(_percentile_or_zero(waits, 99) * 1000, 3),
+                round(max(waits, default=0.0) * 1000, 3),
+            )
+        )
+    prios = [
+        PriorityStats(
+            p,
+            len(w),
+            sum(1 for x in w if x > 0),
+            round(_percentile_or_zero(w, 95) * 1000, 3),
+            round(max(w) * 1000, 3),
+            round(sum(w), 6),
+        )
+        for p, w in sorted(per_prio.items(), reverse=True)
+    ]
+    return SimReport(
+        policy.eviction,
+        policy.keep_alive_s,
+        len(requests),
+        unknown,
+        sum(m.cold_starts for m in models),
+        sum(m.evictions for m in models),
+        tuple(models),
+        tuple(prios),
+        round(end, 6),
+    )

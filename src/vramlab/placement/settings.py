@@ -23,18 +23,36 @@ from vramlab.placement.pack import PackResult, Placement
 
 # EngineSettings field -> flag, per engine, for settings the user passed through.
 _PASS_THROUGH = {
-    "vllm": {"kv_cache_dtype": "--kv-cache-dtype", "quantization": "--quantization", "dtype": "--dtype",
-             "enforce_eager": "--enforce-eager", "block_size": "--block-size",
-             "max_num_batched_tokens": "--max-num-batched-tokens"},
-    "sglang": {"kv_cache_dtype": "--kv-cache-dtype", "quantization": "--quantization", "dtype": "--dtype",
-               "chunked_prefill_size": "--chunked-prefill-size", "cuda_graph_max_bs": "--cuda-graph-max-bs"},
-    "tgi": {"quantization": "--quantize", "dtype": "--dtype", "max_batch_prefill_tokens": "--max-batch-prefill-tokens"},
+    "vllm": {
+        "kv_cache_dtype": "--kv-cache-dtype",
+        "quantization": "--quantization",
+        "dtype": "--dtype",
+        "enforce_eager": "--enforce-eager",
+        "block_size": "--block-size",
+        "max_num_batched_tokens": "--max-num-batched-tokens",
+    },
+    "sglang": {
+        "kv_cache_dtype": "--kv-cache-dtype",
+        "quantization": "--quantization",
+        "dtype": "--dtype",
+        "chunked_prefill_size": "--chunked-prefill-size",
+        "cuda_graph_max_bs": "--cuda-graph-max-bs",
+    },
+    "tgi": {
+        "quantization": "--quantize",
+        "dtype": "--dtype",
+        "max_batch_prefill_tokens": "--max-batch-prefill-tokens",
+    },
     "llama.cpp": {"n_ubatch": "-ub", "flash_attn": "-fa"},
     "transformers": {},
 }
-_COMMAND = {"vllm": "vllm serve", "sglang": "python -m sglang.launch_server --model-path",
-            "tgi": "text-generation-launcher --model-id", "llama.cpp": "llama-server -m",
-            "transformers": "transformers serve"}  # 5.x: no `python -m transformers`
+_COMMAND = {
+    "vllm": "vllm serve",
+    "sglang": "python -m sglang.launch_server --model-path",
+    "tgi": "text-generation-launcher --model-id",
+    "llama.cpp": "llama-server -m",
+    "transformers": "transformers serve",
+}  # 5.x: no `python -m transformers`
 
 
 @dataclass(frozen=True)
@@ -106,13 +124,16 @@ def _command(inst: Instance, flags: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def engine_settings(result: PackResult, instances: tuple[Instance, ...] | list[Instance],
-                    demand_fn: DemandFn, policy: Policy) -> tuple[list[InstanceSettings], list[CardCheck]]:
+def engine_settings(
+    result: PackResult, instances: tuple[Instance, ...] | list[Instance], demand_fn: DemandFn, policy: Policy
+) -> tuple[list[InstanceSettings], list[CardCheck]]:
     """Flags, environment and start order for every placed instance, and a check of each card."""
     by_name = {i.name: i for i in instances}
     fleet = result.fleet
-    residents = sorted((p for p in result.placements if p.residency == "resident"),
-                       key=lambda p: (-p.demand.total_bytes, -p.tp, p.instance))
+    residents = sorted(
+        (p for p in result.placements if p.residency == "resident"),
+        key=lambda p: (-p.demand.total_bytes, -p.tp, p.instance),
+    )
     started: dict[int, list[tuple[str, Demand]]] = {c.index: [] for c in fleet.cards}
     out: list[InstanceSettings] = []
     for order, p in enumerate(residents, 1):
@@ -139,17 +160,51 @@ def engine_settings(result: PackResult, instances: tuple[Instance, ...] | list[I
         used = sum(d.used_bytes for _, d in ds)
         margin = sum(d.margin_bytes for _, d in ds)
         util = sum(d.knobs.get("gpu_memory_utilization", 0.0) for i, d in ds if i.engine == "vllm")
-        outside = sum(d.used_bytes - int(d.knobs["gpu_memory_utilization"] * card.memory_bytes)
-                      for i, d in ds if i.engine == "vllm" and "gpu_memory_utilization" in d.knobs)
-        checks.append(CardCheck(c, card.memory_bytes, used, margin, round(util, 3), max(0, outside),
-                                used + margin <= card.memory_bytes))
+        outside = sum(
+            d.used_bytes - int(d.knobs["gpu_memory_utilization"] * card.memory_bytes)
+            for i, d in ds
+            if i.engine == "vllm" and "gpu_memory_utilization" in d.knobs
+        )
+        checks.append(
+            CardCheck(
+                c,
+                card.memory_bytes,
+                used,
+                margin,
+                round(util, 3),
+                max(0, outside),
+                used + margin <= card.memory_bytes,
+            )
+        )
     return out, checks
 
 
-def _settings(fleet: Fleet, inst: Instance, p: Placement, d: Demand, policy: Policy, order: int,
-              after: tuple[str, ...], before: int, problems: tuple[str, ...]) -> InstanceSettings:
+def _settings(
+    fleet: Fleet,
+    inst: Instance,
+    p: Placement,
+    d: Demand,
+    policy: Policy,
+    order: int,
+    after: tuple[str, ...],
+    before: int,
+    problems: tuple[str, ...],
+) -> InstanceSettings:
     flags = _flags(inst, p, d, policy)
     # Node-local device numbers, as the engine's process sees them.
     fleet_local = ",".join(str(fleet.cards[c].local_index) for c in p.cards)
-    return InstanceSettings(inst.name, inst.engine, p.residency, p.cards, p.tp, order, after, before,
-                            flags, {"CUDA_VISIBLE_DEVICES": fleet_local}, _command(inst, flags), d, problems)
+    return InstanceSettings(
+        inst.name,
+        inst.engine,
+        p.residency,
+        p.cards,
+        p.tp,
+        order,
+        after,
+        before,
+        flags,
+        {"CUDA_VISIBLE_DEVICES": fleet_local},
+        _command(inst, flags),
+        d,
+        problems,
+    )

@@ -34,16 +34,32 @@ class EventKind(str, Enum):
 
     # -- every run (experiment and drill) --------------------------------------------------------
     RUN_START = "run_start", "the run began; payload: its RunRecord (stored as the run row, no data)"
-    RUN_END = "run_end", "the run ended: status, ended_at (epoch s), stop_reason; requests, errors (experiment)"
+    RUN_END = (
+        "run_end",
+        "the run ended: status, ended_at (epoch s), stop_reason; requests, errors (experiment)",
+    )
     PHASE_START = "phase_start", "a window began: variable, value (experiment); phase (drill, colocation)"
-    PHASE_END = "phase_end", ("a window ended: variable, value, requests, errors, p50_e2e_ms, p95_e2e_ms, "
-                              "dispatch_lag_p99_ms, client_saturated, client_lag (experiment)")
+    PHASE_END = (
+        "phase_end",
+        (
+            "a window ended: variable, value, requests, errors, p50_e2e_ms, p95_e2e_ms, "
+            "dispatch_lag_p99_ms, client_saturated, client_lag (experiment)"
+        ),
+    )
     STEP = "step", "a drill's ramp step began: step (index), value, knob"
     STOP_CONDITION = "stop_condition", "a stop condition fired: condition, value, threshold"
-    ROLLBACK = "rollback", "a rollback or target-restore step ran: command, ok, exit_code, duration_s, output_tail"
+    ROLLBACK = (
+        "rollback",
+        "a rollback or target-restore step ran: command, ok, exit_code, duration_s, output_tail",
+    )
     NOTE = "note", "a run note, or an operator's `vramlab note`: by, at (epoch s)"
-    WARNING = "warning", ("something the reader should know: the client fell behind (dispatch_lag_p99_ms, "
-                          "loop_lag_p99_ms, client_saturated, worker, pid), a failed restart (action, issued_s)")
+    WARNING = (
+        "warning",
+        (
+            "something the reader should know: the client fell behind (dispatch_lag_p99_ms, "
+            "loop_lag_p99_ms, client_saturated, worker, pid), a failed restart (action, issued_s)"
+        ),
+    )
     ERROR = "error", "the run failed (its store refused rows, an unexpected error); no data"
     # -- a drill's target and its capacity ---------------------------------------------------------
     TARGET_START = "target_start", "the drill starts its target (sim, process, container); no data"
@@ -51,33 +67,61 @@ class EventKind(str, Enum):
     TARGET_READY = "target_ready", "the target answered health 200: load_time_s"
     COTENANT = "cotenant", "a co-tenant holds GPU memory: bytes"
     COTENANT_OOM = "cotenant_oom", "the co-tenant could not grow to a step's size: value"
-    CAPACITY = "capacity", ("the drill's own capacity account: predicted_limit (ramp unit), activation_peak_bytes, "
-                            "max_num_batched_tokens, free_bytes, kv_cache_tokens, fit_tokens, kv_concurrency")
-    CAPACITY_PLAN = "capacity_plan", "the capacity plan for the target's settings: facts, estimate (plan --json)"
+    CAPACITY = (
+        "capacity",
+        (
+            "the drill's own capacity account: predicted_limit (ramp unit), activation_peak_bytes, "
+            "max_num_batched_tokens, free_bytes, kv_cache_tokens, fit_tokens, kv_concurrency"
+        ),
+    )
+    CAPACITY_PLAN = (
+        "capacity_plan",
+        "the capacity plan for the target's settings: facts, estimate (plan --json)",
+    )
     STARTUP_MEMORY = "startup_memory", "check-log's parse of the target's start-up log: source, observation"
     # -- a drill's failure and recovery ------------------------------------------------------------
     CEILING = "ceiling", "the ramp ended without a failure: value, unit"
-    STOPPED = "stopped", "the drill ended early, no verdict: reason (no_load, baseline) or value, last_completed, unit"
+    STOPPED = (
+        "stopped",
+        "the drill ended early, no verdict: reason (no_load, baseline) or value, last_completed, unit",
+    )
     DETECT = "detect", "the drill detected the failure: condition, source"
-    FAULT = "fault", ("the failure, once per round: step, value, knob, unit, step_started_s, t0_s, "
-                      "last_safe_value, mode, evidence, signature")
+    FAULT = (
+        "fault",
+        (
+            "the failure, once per round: step, value, knob, unit, step_started_s, t0_s, "
+            "last_safe_value, mode, evidence, signature"
+        ),
+    )
     RAMP_UNDONE = "ramp_undone", "the load went back to the baseline for recovery: value (None)"
-    MITIGATION = "mitigation", "a corrective action: action, by, and for a restart reason, issued_s, stopped_by, " \
-                               "startup_allowance_s"
+    MITIGATION = (
+        "mitigation",
+        "a corrective action: action, by, and for a restart reason, issued_s, stopped_by, "
+        "startup_allowance_s",
+    )
     RECOVERY_COMMAND = "recovery_command", "the plan's recovery command ran: exit_code, output (tail)"
     WAITING_FOR_OPERATOR = "waiting_for_operator", "manual recovery: the drill waits for notes: mode"
     RECOVERED = "recovered", "a request succeeded again after the failure: served_again_s"
     NOT_RECOVERED = "not_recovered", "no recovery within the limit: limit_s"
     FAILURE_MODE = "failure_mode", "the failure mode settled after recovery: mode, evidence, signature"
-    RETRY_STORM = "retry_storm", "the attempt rate ran above the baseline's during recovery: amplification, window_s"
+    RETRY_STORM = (
+        "retry_storm",
+        "the attempt rate ran above the baseline's during recovery: amplification, window_s",
+    )
     ALERT = "alert", "an alert changed state: name, state, source, severity, owner, for, t_s"
     HEALTH = "health", "the target's health check flipped: ok"
     PROCESS_EXIT = "process_exit", "the target's process exited: exit_code, oom_killed, detail"
     # -- the target's log, as the drill's detector read it (one row per burst) ---------------------
     OOM = "oom", "an out-of-memory line: signature, class, severity, engine, details"
-    STARTUP_REFUSAL = "startup_refusal", "the engine refused to start: signature, class, severity, engine, details"
+    STARTUP_REFUSAL = (
+        "startup_refusal",
+        "the engine refused to start: signature, class, severity, engine, details",
+    )
     XID = "xid", "a GPU Xid error line: signature, class, severity, engine, details"
-    PREEMPTION = "preemption", "the engine preempted or ran short of KV cache: signature, class, severity, engine, details"
+    PREEMPTION = (
+        "preemption",
+        "the engine preempted or ran short of KV cache: signature, class, severity, engine, details",
+    )
     OVERLOAD = "overload", "the engine said it is overloaded: signature, class, severity, engine, details"
     # -- a colocation drill (docs/pack.md) ---------------------------------------------------------
     ENGINE = "engine", "one engine started or exited: engine, outcome, exit_code, ready_s, text, during"
@@ -85,8 +129,14 @@ class EventKind(str, Enum):
     LEDGER = "ledger", "GPU memory after the drill: used_bytes, drill_pids_left, drill_pids"
     # -- a sampler's own timeline (Ollama's /api/ps) -----------------------------------------------
     MODEL_LOAD = "model_load", "Ollama loaded a model: model, size_bytes, size_vram_bytes, gpu_share, ..."
-    MODEL_UNLOAD = "model_unload", "Ollama unloaded a model: its figures and reason (expired, evicted, unloaded)"
-    MODEL_OFFLOAD = "model_offload", "a model's GPU share changed: its figures, size_vram_before_bytes, size_before_bytes"
+    MODEL_UNLOAD = (
+        "model_unload",
+        "Ollama unloaded a model: its figures and reason (expired, evicted, unloaded)",
+    )
+    MODEL_OFFLOAD = (
+        "model_offload",
+        "a model's GPU share changed: its figures, size_vram_before_bytes, size_before_bytes",
+    )
     # -- data events: not timeline rows ------------------------------------------------------------
     REQUEST = "request", "one HTTP attempt; payload: its RequestRecord (stored as a request row)"
     SAMPLES = "samples", "observed values; payload: list[SampleRecord] (stored as sample rows)"
@@ -122,7 +172,9 @@ class PhaseEndData(TypedDict, total=False):
     p95_e2e_ms: float | None
     dispatch_lag_p99_ms: float | None
     client_saturated: bool
-    client_lag: list[dict[str, Any]]  # per load process: name, pid, saturated, dispatch_lag_p99_ms, loop_lag_p99_ms
+    client_lag: list[
+        dict[str, Any]
+    ]  # per load process: name, pid, saturated, dispatch_lag_p99_ms, loop_lag_p99_ms
 
 
 class StepData(TypedDict, total=False):
@@ -226,7 +278,9 @@ class FaultData(TypedDict, total=False):
     last_safe_value: float | None
     mode: str
     evidence: list[str]
-    signature: dict[str, Any] | None  # the matched log line: signature, class, severity, engine, details, line, t_s
+    signature: (
+        dict[str, Any] | None
+    )  # the matched log line: signature, class, severity, engine, details, line, t_s
 
 
 class MitigationData(TypedDict, total=False):
@@ -258,7 +312,9 @@ class NotRecoveredData(TypedDict, total=False):
 class FailureModeData(TypedDict, total=False):
     mode: str
     evidence: list[str]
-    signature: dict[str, Any] | None  # the matched log line: signature, class, severity, engine, details, line, t_s
+    signature: (
+        dict[str, Any] | None
+    )  # the matched log line: signature, class, severity, engine, details, line, t_s
 
 
 class RetryStormData(TypedDict, total=False):
@@ -267,8 +323,19 @@ class RetryStormData(TypedDict, total=False):
 
 
 # "for" is a keyword: the functional form
-AlertData = TypedDict("AlertData", {"name": str, "state": str, "source": str, "severity": str | None,
-                                    "owner": str | None, "for": str, "t_s": float}, total=False)
+AlertData = TypedDict(
+    "AlertData",
+    {
+        "name": str,
+        "state": str,
+        "source": str,
+        "severity": str | None,
+        "owner": str | None,
+        "for": str,
+        "t_s": float,
+    },
+    total=False,
+)
 
 
 class HealthData(TypedDict, total=False):
@@ -282,8 +349,11 @@ class ProcessExitData(TypedDict, total=False):
 
 
 # "class" is a keyword: the functional form. The log signature's name, class, severity and engine.
-LogFindingData = TypedDict("LogFindingData", {"signature": str, "class": str, "severity": str, "engine": str,
-                                              "details": dict[str, Any]}, total=False)
+LogFindingData = TypedDict(
+    "LogFindingData",
+    {"signature": str, "class": str, "severity": str, "engine": str, "details": dict[str, Any]},
+    total=False,
+)
 
 
 class EngineData(TypedDict, total=False):
@@ -321,19 +391,52 @@ class OllamaModelData(TypedDict, total=False):
 
 K = EventKind
 PAYLOADS: dict[EventKind, type] = {
-    K.RUN_START: NoData, K.RUN_END: RunEndData, K.PHASE_START: PhaseStartData, K.PHASE_END: PhaseEndData,
-    K.STEP: StepData, K.STOP_CONDITION: StopConditionData, K.ROLLBACK: RollbackData, K.NOTE: NoteData,
-    K.WARNING: WarningData, K.ERROR: NoData, K.TARGET_START: NoData, K.HEALTH_PATH: HealthPathData,
-    K.TARGET_READY: TargetReadyData, K.COTENANT: CotenantData, K.COTENANT_OOM: ValueData, K.CAPACITY: CapacityData,
-    K.CAPACITY_PLAN: CapacityPlanData, K.STARTUP_MEMORY: StartupMemoryData, K.CEILING: CeilingData,
-    K.STOPPED: StoppedData, K.DETECT: DetectData, K.FAULT: FaultData, K.RAMP_UNDONE: ValueData,
-    K.MITIGATION: MitigationData, K.RECOVERY_COMMAND: RecoveryCommandData, K.WAITING_FOR_OPERATOR: ModeData,
-    K.RECOVERED: RecoveredData, K.NOT_RECOVERED: NotRecoveredData, K.FAILURE_MODE: FailureModeData,
-    K.RETRY_STORM: RetryStormData, K.ALERT: AlertData, K.HEALTH: HealthData, K.PROCESS_EXIT: ProcessExitData,
-    K.OOM: LogFindingData, K.STARTUP_REFUSAL: LogFindingData, K.XID: LogFindingData, K.PREEMPTION: LogFindingData,
-    K.OVERLOAD: LogFindingData, K.ENGINE: EngineData, K.RACE: RaceData, K.LEDGER: LedgerData,
-    K.MODEL_LOAD: OllamaModelData, K.MODEL_UNLOAD: OllamaModelData, K.MODEL_OFFLOAD: OllamaModelData,
-    K.REQUEST: NoData, K.SAMPLES: NoData,
+    K.RUN_START: NoData,
+    K.RUN_END: RunEndData,
+    K.PHASE_START: PhaseStartData,
+    K.PHASE_END: PhaseEndData,
+    K.STEP: StepData,
+    K.STOP_CONDITION: StopConditionData,
+    K.ROLLBACK: RollbackData,
+    K.NOTE: NoteData,
+    K.WARNING: WarningData,
+    K.ERROR: NoData,
+    K.TARGET_START: NoData,
+    K.HEALTH_PATH: HealthPathData,
+    K.TARGET_READY: TargetReadyData,
+    K.COTENANT: CotenantData,
+    K.COTENANT_OOM: ValueData,
+    K.CAPACITY: CapacityData,
+    K.CAPACITY_PLAN: CapacityPlanData,
+    K.STARTUP_MEMORY: StartupMemoryData,
+    K.CEILING: CeilingData,
+    K.STOPPED: StoppedData,
+    K.DETECT: DetectData,
+    K.FAULT: FaultData,
+    K.RAMP_UNDONE: ValueData,
+    K.MITIGATION: MitigationData,
+    K.RECOVERY_COMMAND: RecoveryCommandData,
+    K.WAITING_FOR_OPERATOR: ModeData,
+    K.RECOVERED: RecoveredData,
+    K.NOT_RECOVERED: NotRecoveredData,
+    K.FAILURE_MODE: FailureModeData,
+    K.RETRY_STORM: RetryStormData,
+    K.ALERT: AlertData,
+    K.HEALTH: HealthData,
+    K.PROCESS_EXIT: ProcessExitData,
+    K.OOM: LogFindingData,
+    K.STARTUP_REFUSAL: LogFindingData,
+    K.XID: LogFindingData,
+    K.PREEMPTION: LogFindingData,
+    K.OVERLOAD: LogFindingData,
+    K.ENGINE: EngineData,
+    K.RACE: RaceData,
+    K.LEDGER: LedgerData,
+    K.MODEL_LOAD: OllamaModelData,
+    K.MODEL_UNLOAD: OllamaModelData,
+    K.MODEL_OFFLOAD: OllamaModelData,
+    K.REQUEST: NoData,
+    K.SAMPLES: NoData,
 }
 
 

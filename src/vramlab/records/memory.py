@@ -88,7 +88,9 @@ class MemoryStore:
     def get_run(self, id_or_prefix: str, *, exact: bool = False) -> RunRecord:
         key = id_or_prefix.strip().lower()
         if not key or not _HEX.match(key):
-            raise NotFoundError(f"no run {id_or_prefix!r}: run ids are hex, like 7f3a91bc (see `vramlab runs`)")
+            raise NotFoundError(
+                f"no run {id_or_prefix!r}: run ids are hex, like 7f3a91bc (see `vramlab runs`)"
+            )
         with self._lock:
             if key in self._runs:
                 return _copy(self._runs[key])
@@ -97,8 +99,10 @@ class MemoryStore:
                 raise NotFoundError(f"no run {id_or_prefix!r} in {self.url} (see `vramlab runs`)")
             if len(hits) > 1:
                 more = ", ..." if len(hits) > 5 else ""
-                raise NotFoundError(f"run id prefix {id_or_prefix!r} is ambiguous: {', '.join(hits[:5])}{more}; "
-                                    "give more characters")
+                raise NotFoundError(
+                    f"run id prefix {id_or_prefix!r} is ambiguous: {', '.join(hits[:5])}{more}; "
+                    "give more characters"
+                )
             return _copy(self._runs[hits[0]])
 
     def list_runs(self, limit: int = 50, kind: str | None = None) -> list[RunRecord]:
@@ -124,8 +128,11 @@ class MemoryStore:
 
     def count(self, run_id: str) -> dict[str, int]:
         with self._lock:
-            return {"requests": len(self._requests.get(run_id, [])), "samples": len(self._samples.get(run_id, [])),
-                    "events": len(self._events.get(run_id, []))}
+            return {
+                "requests": len(self._requests.get(run_id, [])),
+                "samples": len(self._samples.get(run_id, [])),
+                "events": len(self._events.get(run_id, [])),
+            }
 
     def close(self) -> None:
         """Nothing to release; the data stays (a test may reopen and read it)."""

@@ -24,7 +24,9 @@ def load_context(store: Store, run_id_or_prefix: str) -> ReportContext:
     from vramlab.report.sections import ReportContext
 
     run = store.get_run(run_id_or_prefix)
-    return ReportContext.build(run, store.requests(run.run_id), store.samples(run.run_id), store.events(run.run_id))
+    return ReportContext.build(
+        run, store.requests(run.run_id), store.samples(run.run_id), store.events(run.run_id)
+    )
 
 
 def render(ctx: ReportContext, fmt: str = "md") -> str:

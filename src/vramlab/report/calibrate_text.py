@@ -14,7 +14,10 @@ def to_json(result: Any) -> dict[str, Any]:
     return {
         "observations": result.observations,
         "skipped": [{"source": s, "reason": r} for s, r in result.skipped],
-        "fits": [{k: v for k, v in asdict(f).items() if k not in ("residuals", "loo_predicted")} for f in result.fits],
+        "fits": [
+            {k: v for k, v in asdict(f).items() if k not in ("residuals", "loo_predicted")}
+            for f in result.fits
+        ],
         "attribution": result.attribution,
         "outliers": result.outliers,
         "eras": result.eras,
@@ -38,17 +41,23 @@ def render(result: Any, output: str | None) -> str:
         out.append("")
         out.append(f"{f.engine} {f.version_min or '?'}..{f.version_max or '?'}: {f.n_cases} observations")
         if f.fitted:
-            out.append(f"  {'constant':30} {'default':>12} {'fitted':>12} {'band':>6} {'n':>4}  fitted against")
+            out.append(
+                f"  {'constant':30} {'default':>12} {'fitted':>12} {'band':>6} {'n':>4}  fitted against"
+            )
             for c in f.fitted:
-                out.append(f"  {c.name:30} {_const(c.name, c.default):>12} {_const(c.name, c.value):>12} "
-                           f"{c.rel_band:>6.1%} {c.n_points:>4}  {c.target}")
+                out.append(
+                    f"  {c.name:30} {_const(c.name, c.default):>12} {_const(c.name, c.value):>12} "
+                    f"{c.rel_band:>6.1%} {c.n_points:>4}  {c.target}"
+                )
         for r in f.refused:
             out.append(f"  not fitted: {r.name}: {r.reason}")
         if f.loo:
             out.append("  leave-one-out |error|, median / p90: defaults -> calibrated")
             for e in f.loo:
-                out.append(f"    {e.field:24} {e.median_before:7.2%} / {e.p90_before:7.2%}  ->  "
-                           f"{e.median_after:7.2%} / {e.p90_after:7.2%}   (n={e.n})")
+                out.append(
+                    f"    {e.field:24} {e.median_before:7.2%} / {e.p90_before:7.2%}  ->  "
+                    f"{e.median_after:7.2%} / {e.p90_after:7.2%}   (n={e.n})"
+                )
     if result.attribution:
         out.append("")
         out.append("error attribution (default constants):")
@@ -80,22 +89,29 @@ def render_runs(cal: Any, output: str | None) -> str:
         out.append("changed:")
         for c in cal.changes:
             same = abs(c.value / c.default - 1) < 0.01 if c.default else False
-            out.append(f"  {c.name} ({c.target}): {_const(c.name, c.default)} -> {_const(c.name, c.value)} "
-                       f"from run{'s' if len(c.runs) > 1 else ''} {', '.join(c.runs)}"
-                       + (" (within 1 % of the default: the evidence's own rounding)" if same else ""))
+            out.append(
+                f"  {c.name} ({c.target}): {_const(c.name, c.default)} -> {_const(c.name, c.value)} "
+                f"from run{'s' if len(c.runs) > 1 else ''} {', '.join(c.runs)}"
+                + (" (within 1 % of the default: the evidence's own rounding)" if same else "")
+            )
             out.append(f"    evidence: {c.evidence}")
     else:
         out.append("changed: nothing")
     for n in cal.not_fitted:
         out.append(f"not fitted: {n}")
-    for title, rows in (("on the runs learned from", cal.learned), ("held out (not learned from)", cal.holdout)):
+    for title, rows in (
+        ("on the runs learned from", cal.learned),
+        ("held out (not learned from)", cal.holdout),
+    ):
         if not rows:
             continue
         out.append(f"error {title} (predicted - measured, GiB = 2^30 bytes; before -> after):")
         for e in rows:
-            out.append(f"  {e.run_id} {e.figure:<17} measured {gib(e.measured_bytes, 3)}  before "
-                       f"{gib(e.before_bytes, 3)} ({e.before_pct:+.2f}%) -> after {gib(e.after_bytes, 3)} "
-                       f"({e.after_pct:+.2f}%)")
+            out.append(
+                f"  {e.run_id} {e.figure:<17} measured {gib(e.measured_bytes, 3)}  before "
+                f"{gib(e.before_bytes, 3)} ({e.before_pct:+.2f}%) -> after {gib(e.after_bytes, 3)} "
+                f"({e.after_pct:+.2f}%)"
+            )
     if output:
         out.append(f"profile written to {output}; use it with: vramlab plan ... --calibration {output}")
     elif cal.changes:

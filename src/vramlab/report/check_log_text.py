@@ -27,14 +27,26 @@ def _diff(field: str, row: Any) -> str:
     d, rel = row.difference, row.relative
     if d is None:
         return ""
-    text = gib(d, sign=True, unit=True) if field.endswith("_bytes") else (
-        f"{d:+.2f}x" if field == "max_concurrency" else f"{int(d):+,}")
+    text = (
+        gib(d, sign=True, unit=True)
+        if field.endswith("_bytes")
+        else (f"{d:+.2f}x" if field == "max_concurrency" else f"{int(d):+,}")
+    )
     return text + (f" ({rel:+.1%})" if rel is not None else "")
 
 
 # What the engine decided, in the order a reader follows the budget.
-SHOWN = ("weights_bytes", "non_torch_bytes", "activation_peak_bytes", "cuda_graph_bytes", "kv_cache_bytes",
-         "kv_cache_tokens", "gpu_blocks", "max_concurrency", "max_model_len")
+SHOWN = (
+    "weights_bytes",
+    "non_torch_bytes",
+    "activation_peak_bytes",
+    "cuda_graph_bytes",
+    "kv_cache_bytes",
+    "kv_cache_tokens",
+    "gpu_blocks",
+    "max_concurrency",
+    "max_model_len",
+)
 
 
 def render(report: Any) -> str:
@@ -52,19 +64,28 @@ def render(report: Any) -> str:
     startups = len({it.observation.startup for it in report.items})
     for item, ranks in items:
         obs = item.observation
-        rank = (f" rank {ranks[0]}" if len(ranks) == 1 else
-                f" ranks {', '.join(map(str, ranks))} (same figures)" if ranks else "")
+        rank = (
+            f" rank {ranks[0]}"
+            if len(ranks) == 1
+            else f" ranks {', '.join(map(str, ranks))} (same figures)"
+            if ranks
+            else ""
+        )
         lines = [s.line for s in obs.source_lines]
         where = f" (lines {min(lines)}-{max(lines)})" if lines else ""
         which = f"start-up {obs.startup + 1}: " if startups > 1 and obs.startup is not None else ""
         out.append("")
-        out.append(f"{which}{obs.engine} {obs.engine_version or '(version not printed)'}  "
-                   f"{obs.model or '(model not printed)'}{rank}{where}")
+        out.append(
+            f"{which}{obs.engine} {obs.engine_version or '(version not printed)'}  "
+            f"{obs.model or '(model not printed)'}{rank}{where}"
+        )
         era = item.era_or_inferred()
         out.append(f"  era: {era.sentence()}")
         if obs.engine == "transformers":  # from_pretrained, then a cache per request: no pool to size
-            out.append("  transformers serve sizes no KV cache at start-up (each request grows its own) and prints "
-                       "no memory figure; read here: " + _transformers_facts(obs))
+            out.append(
+                "  transformers serve sizes no KV cache at start-up (each request grows its own) and prints "
+                "no memory figure; read here: " + _transformers_facts(obs)
+            )
         elif not obs.complete:
             out.append("  incomplete start-up: the log ends before the engine sized its KV cache")
         if obs.basis == "engine-estimate":
@@ -79,27 +100,42 @@ def render(report: Any) -> str:
             continue
         cmp = item.comparison
         est = cmp.estimate
-        out.append(f"  predicted for {est.model} on {cmp.gpu_reason}; settings: "
-                   + ", ".join(f"{k}={v}" for k, v in sorted(item.settings_used.items())))
+        out.append(
+            f"  predicted for {est.model} on {cmp.gpu_reason}; settings: "
+            + ", ".join(f"{k}={v}" for k, v in sorted(item.settings_used.items()))
+        )
         out.append(f"  {'component':18} {'engine':>12} {'vramlab':>12}  difference")
         for row in cmp.rows:
             if row.observed is None and row.predicted is None:
                 continue
-            out.append(f"  {row.field.removesuffix('_bytes'):18} {_fmt(row.field, row.observed):>12} "
-                       f"{_fmt(row.field, row.predicted):>12}  {_diff(row.field, row)}")
+            out.append(
+                f"  {row.field.removesuffix('_bytes'):18} {_fmt(row.field, row.observed):>12} "
+                f"{_fmt(row.field, row.predicted):>12}  {_diff(row.field, row)}"
+            )
         out.extend(f"  {line}" for line in getattr(item, "refusal", ()))
         line = _encoder_line(obs.extra, est.extra.get("encoder_profile"))
         if line:
             out.append(line)
         if cmp.explains == "unexplained":
-            unseen = [r.field.removesuffix("_bytes") for r in cmp.rows
-                      if r.observed is None and r.predicted is not None and r.field.endswith("_bytes")]
-            out.append("  most of the KV difference is not explained by the components the log prints"
-                       + (f" (not printed: {', '.join(unseen)}; nor the budget)" if unseen else " (check the budget)"))
+            unseen = [
+                r.field.removesuffix("_bytes")
+                for r in cmp.rows
+                if r.observed is None and r.predicted is not None and r.field.endswith("_bytes")
+            ]
+            out.append(
+                "  most of the KV difference is not explained by the components the log prints"
+                + (
+                    f" (not printed: {', '.join(unseen)}; nor the budget)"
+                    if unseen
+                    else " (check the budget)"
+                )
+            )
         elif cmp.explains:
             moved = cmp.contributions[cmp.explains]
-            out.append(f"  most of the KV difference comes from {cmp.explains}: it moves the predicted KV cache by "
-                       f"{gib(moved, sign=True, unit=True)}")
+            out.append(
+                f"  most of the KV difference comes from {cmp.explains}: it moves the predicted KV cache by "
+                f"{gib(moved, sign=True, unit=True)}"
+            )
     if report.failures:
         out.append("")
         out.append("failures:")
@@ -125,15 +161,25 @@ def _encoder_line(seen: dict[str, Any], planned: dict[str, Any] | None) -> str |
         return f"  vision encoder profile: the log {log}; the plan does not model this tower"
     plan = f"{planned['budget_tokens']:,} tokens, {planned['items']} {planned['modality']} item(s)"
     same = (planned["budget_tokens"], planned["items"], planned["modality"]) == (
-        seen["encoder_budget_tokens"], seen.get("encoder_items"), seen.get("encoder_modality"))
+        seen["encoder_budget_tokens"],
+        seen.get("encoder_items"),
+        seen.get("encoder_modality"),
+    )
     return f"  vision encoder profile: the log {log}; the plan {plan}" + ("" if same else " (differs)")
 
 
 def render_folder(folder: Any) -> str:
     """One table per engine era: a row per observation, the engine's figures and the KV error."""
     out = [f"{len(folder.reports)} logs read, {len(folder.skipped)} skipped"]
-    cols = ("weights_bytes", "non_torch_bytes", "activation_peak_bytes", "cuda_graph_bytes", "kv_cache_bytes",
-            "kv_cache_tokens", "max_concurrency")
+    cols = (
+        "weights_bytes",
+        "non_torch_bytes",
+        "activation_peak_bytes",
+        "cuda_graph_bytes",
+        "kv_cache_bytes",
+        "kv_cache_tokens",
+        "max_concurrency",
+    )
     heads = ("weights", "non-torch", "act. peak", "graphs", "KV", "KV tokens", "conc.")
     for (_engine, label), rows in folder.groups().items():
         out.append("")
@@ -141,21 +187,38 @@ def render_folder(folder: Any) -> str:
         out.append(f"  {'log':34} {'rank':>4} " + " ".join(f"{h:>10}" for h in heads) + "  KV vs vramlab")
         for rep, it in rows:
             obs = it.observation
-            kv = next((r for r in it.comparison.rows if r.field == "kv_cache_bytes"), None) if it.comparison else None
-            verdict = (f"{kv.relative:+.1%}" if kv is not None and kv.relative is not None
-                       else "no prediction" if it.comparison is None else "-")
+            kv = (
+                next((r for r in it.comparison.rows if r.field == "kv_cache_bytes"), None)
+                if it.comparison
+                else None
+            )
+            verdict = (
+                f"{kv.relative:+.1%}"
+                if kv is not None and kv.relative is not None
+                else "no prediction"
+                if it.comparison is None
+                else "-"
+            )
             cells = " ".join(f"{_short(c, getattr(obs, c)):>10}" for c in cols)
-            out.append(f"  {_basename(rep.source)[:34]:34} {'' if obs.rank is None else obs.rank:>4} {cells}  {verdict}")
+            out.append(
+                f"  {_basename(rep.source)[:34]:34} {'' if obs.rank is None else obs.rank:>4} {cells}  {verdict}"
+            )
         reasons = sorted({it.error for _, it in rows if it.error})
         for why in reasons[:3]:
             out.append(f"  no prediction: {why}")
-    failed = [(rep, sig, phase) for rep in folder.reports
-              for sig, phase in zip(rep.failures, rep.phases or [""] * len(rep.failures), strict=False)]
+    failed = [
+        (rep, sig, phase)
+        for rep in folder.reports
+        for sig, phase in zip(rep.failures, rep.phases or [""] * len(rep.failures), strict=False)
+    ]
     if failed:
         out.append("")
         out.append("failures:")
-        out.extend(f"  {_basename(rep.source)}: line {sig.line_number}: {sig.kind} ({sig.name})"
-                   + (f" during {phase}" if phase else "") for rep, sig, phase in failed[:30])
+        out.extend(
+            f"  {_basename(rep.source)}: line {sig.line_number}: {sig.kind} ({sig.name})"
+            + (f" during {phase}" if phase else "")
+            for rep, sig, phase in failed[:30]
+        )
         if len(failed) > 30:
             out.append(f"  ... and {len(failed) - 30} more (see --json)")
     if folder.skipped:
@@ -182,9 +245,16 @@ def _transformers_facts(obs: Any) -> str:
         parts.append(f"dtype {obs.settings['dtype']}")
     if x.get("architecture"):
         parts.append(str(x["architecture"]))
-    shape = [f"{x[k]} {label}" for k, label in (("num_hidden_layers", "layers"), ("hidden_size", "hidden"),
-                                                ("num_key_value_heads", "KV heads"), ("head_dim", "head dim"))
-             if x.get(k) is not None]
+    shape = [
+        f"{x[k]} {label}"
+        for k, label in (
+            ("num_hidden_layers", "layers"),
+            ("hidden_size", "hidden"),
+            ("num_key_value_heads", "KV heads"),
+            ("head_dim", "head dim"),
+        )
+        if x.get(k) is not None
+    ]
     parts.extend(shape)
     if x.get("max_position_embeddings"):
         parts.append(f"max positions {x['max_position_embeddings']:,}")

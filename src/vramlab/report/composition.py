@@ -14,7 +14,9 @@ from vramlab.report.blocks import Block, Bullets, Table, Text
 from vramlab.report.sections import ReportContext, Section, register
 
 SCHEMA = "vramlab.composition/1"
-_last: list[tuple[ReportContext, Composition]] = []  # the one context being rendered (build and data share it)
+_last: list[
+    tuple[ReportContext, Composition]
+] = []  # the one context being rendered (build and data share it)
 
 
 def composition_of(ctx: ReportContext) -> Composition:
@@ -57,14 +59,33 @@ def _figure_rows(r: Row, label: str) -> list[list[str]]:
     for name in FIGURES:
         f = r.figure(name)
         src = f.source + (" [host memory]" if f.host_memory else "")
-        out.append([label, LABELS[name], _band(f), fmt.gib(f.measured_bytes), fmt.gib(f.error_bytes, sign=True),
-                    _pct(f.error_pct), _yes(f.inside_band), src or "not measured",
-                    r.error_source() if name == "peak" else ""])
+        out.append(
+            [
+                label,
+                LABELS[name],
+                _band(f),
+                fmt.gib(f.measured_bytes),
+                fmt.gib(f.error_bytes, sign=True),
+                _pct(f.error_pct),
+                _yes(f.inside_band),
+                src or "not measured",
+                r.error_source() if name == "peak" else "",
+            ]
+        )
     return out
 
 
-HEADERS = ["Round / window", "Figure", "Predicted GiB (band)", "Measured GiB", "Error GiB", "Error %", "In band",
-           "Measured from", "Where the error comes from"]
+HEADERS = [
+    "Round / window",
+    "Figure",
+    "Predicted GiB (band)",
+    "Measured GiB",
+    "Error GiB",
+    "Error %",
+    "In band",
+    "Measured from",
+    "Where the error comes from",
+]
 
 
 def blocks(ctx: ReportContext) -> list[Block]:
@@ -73,57 +94,111 @@ def blocks(ctx: ReportContext) -> list[Block]:
     intro = []
     if c.plan:
         f = c.plan_facts or {}
-        intro.append(f"Plan: {c.plan['model']} on {c.plan['gpu']}, {c.plan['engine']} {c.plan['engine_version']}"
-                     + (f", settings {f.get('settings')}" if f.get("settings") else "")
-                     + "; computed at the start of the run for the target's own settings. Error = predicted − "
-                     "measured (positive: the plan expected more).")
+        intro.append(
+            f"Plan: {c.plan['model']} on {c.plan['gpu']}, {c.plan['engine']} {c.plan['engine_version']}"
+            + (f", settings {f.get('settings')}" if f.get("settings") else "")
+            + "; computed at the start of the run for the target's own settings. Error = predicted − "
+            "measured (positive: the plan expected more)."
+        )
     else:
-        intro.append("No capacity plan was stored with this run: " + ("; ".join(c.notes) or "its facts were not known")
-                     + ". Measured figures only.")
+        intro.append(
+            "No capacity plan was stored with this run: "
+            + ("; ".join(c.notes) or "its facts were not known")
+            + ". Measured figures only."
+        )
     if c.startup_source:
         intro.append(f"Start-up figures from {c.startup_source}.")
     if any(f.host_memory for r in c.rows for f in r.figures):
         intro.append("The peak is host memory (the target process's RSS): this engine ran on the CPU.")
     out.append(Bullets(intro))
     rows = [x for r in c.rows for x in _figure_rows(r, f"round {r.round} {_where(r)}")]
-    out.append(Table(HEADERS, rows, caption="Resident model, KV cache, runtime overhead and peak per step and round "
-                     "(GiB = 2^30 bytes)"))
-    kv = [[f"round {r.round} {_where(r)}", fmt.gib(r.kv_used_bytes),
-           "–" if r.kv_used_tokens is None else f"{r.kv_used_tokens:,}",
-           "–" if r.kv_usage_max is None else f"{r.kv_usage_max * 100:.1f}%", r.kv_used_source or "not measured"]
-          for r in c.rows]
-    out.append(Table(["Round / window", "KV in use GiB", "KV in use tokens", "KV usage (max)", "Measured from"], kv,
-                     caption="KV cache in use (the highest in the window)"))
+    out.append(
+        Table(
+            HEADERS,
+            rows,
+            caption="Resident model, KV cache, runtime overhead and peak per step and round "
+            "(GiB = 2^30 bytes)",
+        )
+    )
+    kv = [
+        [
+            f"round {r.round} {_where(r)}",
+            fmt.gib(r.kv_used_bytes),
+            "–" if r.kv_used_tokens is None else f"{r.kv_used_tokens:,}",
+            "–" if r.kv_usage_max is None else f"{r.kv_usage_max * 100:.1f}%",
+            r.kv_used_source or "not measured",
+        ]
+        for r in c.rows
+    ]
+    out.append(
+        Table(
+            ["Round / window", "KV in use GiB", "KV in use tokens", "KV usage (max)", "Measured from"],
+            kv,
+            caption="KV cache in use (the highest in the window)",
+        )
+    )
     s = c.saturation
     if s is not None:
         pred = "–" if s.predicted_value is None else fmt.num(s.predicted_value)
 
         def seen(hit: tuple[float, int] | None) -> str:
-            return "not in this run" if hit is None else f"from {s.variable} {fmt.num(hit[0])} (round {hit[1]})"
+            return (
+                "not in this run" if hit is None else f"from {s.variable} {fmt.num(hit[0])} (round {hit[1]})"
+            )
 
-        out.append(Bullets([f"Predicted KV saturation: {s.variable} {pred} ({s.predicted_basis})",
-                            f"Observed: KV usage at 98 % or more: {seen(s.kv_full)}; first preemption: {seen(s.preemption)}; "
-                            f"requests queued for most of a window: {seen(s.queueing)}"]))
+        out.append(
+            Bullets(
+                [
+                    f"Predicted KV saturation: {s.variable} {pred} ({s.predicted_basis})",
+                    f"Observed: KV usage at 98 % or more: {seen(s.kv_full)}; first preemption: {seen(s.preemption)}; "
+                    f"requests queued for most of a window: {seen(s.queueing)}",
+                ]
+            )
+        )
     for value, r in c.at_failure:
-        out.append(Text(f"Composition at the failure (round {r.round}, {fmt.num(value)}), from the step's start to "
-                        f"the failure's first evidence at {r.end_s:.2f} s:"))
+        out.append(
+            Text(
+                f"Composition at the failure (round {r.round}, {fmt.num(value)}), from the step's start to "
+                f"the failure's first evidence at {r.end_s:.2f} s:"
+            )
+        )
         out.append(Table(HEADERS, _figure_rows(r, f"round {r.round} at the failure")))
     return out
 
 
 def _fig_json(f: Figure) -> dict[str, Any]:
-    return {"predicted_bytes": f.predicted_bytes, "low_bytes": f.low_bytes, "high_bytes": f.high_bytes,
-            "measured_bytes": f.measured_bytes, "error_bytes": f.error_bytes,
-            "error_pct": None if f.error_pct is None else round(f.error_pct, 3), "inside_band": f.inside_band,
-            "source": f.source or None, "host_memory": f.host_memory}
+    return {
+        "predicted_bytes": f.predicted_bytes,
+        "low_bytes": f.low_bytes,
+        "high_bytes": f.high_bytes,
+        "measured_bytes": f.measured_bytes,
+        "error_bytes": f.error_bytes,
+        "error_pct": None if f.error_pct is None else round(f.error_pct, 3),
+        "inside_band": f.inside_band,
+        "source": f.source or None,
+        "host_memory": f.host_memory,
+    }
 
 
 def _row_json(r: Row) -> dict[str, Any]:
-    return {"round": r.round, "phase": r.phase, "step": r.step, "step_value": r.step_value,
-            "start_s": r.start_s, "end_s": r.end_s, "figures": {f.name: _fig_json(f) for f in r.figures},
-            "kv_in_use": {"bytes": r.kv_used_bytes, "tokens": r.kv_used_tokens, "usage_max": r.kv_usage_max,
-                          "source": r.kv_used_source or None},
-            "preempted": r.preempted, "queued": r.queued, "error_source": r.error_source()}
+    return {
+        "round": r.round,
+        "phase": r.phase,
+        "step": r.step,
+        "step_value": r.step_value,
+        "start_s": r.start_s,
+        "end_s": r.end_s,
+        "figures": {f.name: _fig_json(f) for f in r.figures},
+        "kv_in_use": {
+            "bytes": r.kv_used_bytes,
+            "tokens": r.kv_used_tokens,
+            "usage_max": r.kv_usage_max,
+            "source": r.kv_used_source or None,
+        },
+        "preempted": r.preempted,
+        "queued": r.queued,
+        "error_source": r.error_source(),
+    }
 
 
 def data(ctx: ReportContext) -> dict[str, Any]:
@@ -131,18 +206,35 @@ def data(ctx: ReportContext) -> dict[str, Any]:
     s = c.saturation
     return {
         "schema": SCHEMA,
-        "plan": c.plan, "plan_facts": c.plan_facts, "plan_notes": c.notes,
+        "plan": c.plan,
+        "plan_facts": c.plan_facts,
+        "plan_notes": c.notes,
         "startup": {"source": c.startup_source, "observation": c.startup} if c.startup else None,
         "rows": [_row_json(r) for r in c.rows],
-        "saturation": None if s is None else {
-            "variable": s.variable, "predicted_value": s.predicted_value, "predicted_basis": s.predicted_basis,
+        "saturation": None
+        if s is None
+        else {
+            "variable": s.variable,
+            "predicted_value": s.predicted_value,
+            "predicted_basis": s.predicted_basis,
             "observed_value": s.observed_value,
             "kv_full": None if s.kv_full is None else {"value": s.kv_full[0], "round": s.kv_full[1]},
-            "preemption": None if s.preemption is None else {"value": s.preemption[0], "round": s.preemption[1]},
-            "queueing": None if s.queueing is None else {"value": s.queueing[0], "round": s.queueing[1]}},
+            "preemption": None
+            if s.preemption is None
+            else {"value": s.preemption[0], "round": s.preemption[1]},
+            "queueing": None if s.queueing is None else {"value": s.queueing[0], "round": s.queueing[1]},
+        },
         "at_failure": [{"value": v, **_row_json(r)} for v, r in c.at_failure],
     }
 
 
-register(Section("composition", "Plan against measured: memory composition", blocks, order=56, applies=_applies,
-                 data=data))
+register(
+    Section(
+        "composition",
+        "Plan against measured: memory composition",
+        blocks,
+        order=56,
+        applies=_applies,
+        data=data,
+    )
+)

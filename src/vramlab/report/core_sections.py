@@ -32,7 +32,9 @@ def summary(ctx: ReportContext) -> list[Block]:
     t = a.totals
     items = [
         f"Run `{run.run_id}` ({run.kind}) `{run.name}`: status **{run.status}**"
-        + ("" if a.complete else " — incomplete: interrupted or still running; figures cover what was stored"),
+        + (
+            "" if a.complete else " — incomplete: interrupted or still running; figures cover what was stored"
+        ),
         f"Started {fmt.utc(run.started_at)}, lasted {fmt.seconds(a.duration_s)}",
         f"{t.count} requests, {t.errors} errors ({fmt.pct(t.error_rate)}), "
         f"E2E P95 {fmt.ms(t.e2e.p95 if t.e2e else None)} ms, TTFT P95 {fmt.ms(t.ttft.p95 if t.ttft else None)} ms",
@@ -42,30 +44,39 @@ def summary(ctx: ReportContext) -> list[Block]:
         items.append(itl)
     # Per step where the run has steps (a phase row would repeat its one step's), else per phase.
     stepped = {(s.window.round, s.window.phase) for s in a.steps}
-    few = [_where(w.window) for w in (*(p for p in a.phases if (p.window.round, p.window.phase) not in stepped),
-                                      *a.steps) if w.requests.itl_few_timed]
+    few = [
+        _where(w.window)
+        for w in (*(p for p in a.phases if (p.window.round, p.window.phase) not in stepped), *a.steps)
+        if w.requests.itl_few_timed
+    ]
     if few:
-        items.append(f"ITL marked where over {ITL_UNTIMED_WARN:.0%} of the gaps could not be timed "
-                     "(its tail rests on the gaps left): " + ", ".join(few))
+        items.append(
+            f"ITL marked where over {ITL_UNTIMED_WARN:.0%} of the gaps could not be timed "
+            "(its tail rests on the gaps left): " + ", ".join(few)
+        )
     if run.stop_reason:
         items.append(f"Stopped: {run.stop_reason}")
     hyp = ctx.plan.get("hypothesis")
     if hyp:
         items.append(f"Hypothesis: {hyp}")
-    for rec in (a.recovery if run.kind != "drill" else []):  # a drill's recovery: the incident summary
-        when = "" if rec.after_s is None else (" at once" if rec.after_s == 0 else f" after {rec.after_s:.1f} s")
+    for rec in a.recovery if run.kind != "drill" else []:  # a drill's recovery: the incident summary
+        when = (
+            "" if rec.after_s is None else (" at once" if rec.after_s == 0 else f" after {rec.after_s:.1f} s")
+        )
         said = ("yes" + when) if rec.returned else ("no" if rec.judged else f"not judged ({rec.reason})")
         items.append(f"Round {rec.round} returned to baseline: {said}")
     if a.thresholds:
         var = run.change.get("variable", "the changed variable")
         first = next((c for c in a.thresholds if c.passed is False), None)
-        limit = ("no step" if a.highest_passing_value is None else f"{var} {fmt.num(a.highest_passing_value)}")
+        limit = "no step" if a.highest_passing_value is None else f"{var} {fmt.num(a.highest_passing_value)}"
         line = f"Thresholds held in every round up to: {limit}"
         if first is not None:
-            line += (f"; first breach: round {first.round} {first.phase}"
-                     + ("" if first.step_value is None else f" at {var} {fmt.num(first.step_value)}")
-                     + f", {first.metric} {_threshold_value(first.metric, first.value)} vs limit "
-                     f"{_threshold_value(first.metric, first.limit)}")
+            line += (
+                f"; first breach: round {first.round} {first.phase}"
+                + ("" if first.step_value is None else f" at {var} {fmt.num(first.step_value)}")
+                + f", {first.metric} {_threshold_value(first.metric, first.value)} vs limit "
+                f"{_threshold_value(first.metric, first.limit)}"
+            )
         items.append(line)
     items += _capacity_lines(ctx)
     host = host_line(ctx)
@@ -74,12 +85,19 @@ def summary(ctx: ReportContext) -> list[Block]:
     headline = [s for s in a.stability if s.metric in HEADLINE_METRICS]
     for s in headline:
         if s.spikes:
-            items.append(f"One-off in round {s.spikes[0]}: {s.metric} of {s.phase}"
-                         + ("" if s.step is None else f" step {s.step}"))
-    unstable = [f"{s.metric} of {s.phase}" + ("" if s.step is None else f" step {s.step}")
-                for s in headline if s.unstable]
+            items.append(
+                f"One-off in round {s.spikes[0]}: {s.metric} of {s.phase}"
+                + ("" if s.step is None else f" step {s.step}")
+            )
+    unstable = [
+        f"{s.metric} of {s.phase}" + ("" if s.step is None else f" step {s.step}")
+        for s in headline
+        if s.unstable
+    ]
     if unstable:
-        items.append("Rounds disagree (spread over 30% of the median, no single outlier): " + ", ".join(unstable))
+        items.append(
+            "Rounds disagree (spread over 30% of the median, no single outlier): " + ", ".join(unstable)
+        )
     return [Bullets(items)]
 
 
@@ -90,21 +108,31 @@ def _capacity_lines(ctx: ReportContext) -> list[str]:
     predicted = ctx.run.fixed.get("predicted") or {}
     out = []
     if a.queueing_from_value is not None:
-        waits = [(s.resources.worst.get("engine.num_requests_waiting", 0.0), s.window.step_value) for s in a.steps
-                 if s.window.phase in ("treatment", "ramp") and s.window.step_value is not None]
+        waits = [
+            (s.resources.worst.get("engine.num_requests_waiting", 0.0), s.window.step_value)
+            for s in a.steps
+            if s.window.phase in ("treatment", "ramp") and s.window.step_value is not None
+        ]
         first = max(w for w, v in waits if v == a.queueing_from_value)
         top, at = max(waits, key=lambda wv: (wv[0], -(wv[1] or 0)))
-        out.append(f"Engine queue longer than in baseline from {var} {fmt.num(a.queueing_from_value)} "
-                   f"(waiting max {fmt.num(first)}); longest: {fmt.num(top)} at {var} {fmt.num(at)}")
+        out.append(
+            f"Engine queue longer than in baseline from {var} {fmt.num(a.queueing_from_value)} "
+            f"(waiting max {fmt.num(first)}); longest: {fmt.num(top)} at {var} {fmt.num(at)}"
+        )
     guess = predicted.get(f"max_{var}") if var else None
     if isinstance(guess, (int, float)):
-        seen = [f"thresholds held up to {fmt.num(a.highest_passing_value)}" if a.highest_passing_value is not None
-                else "no step met the thresholds"]
+        seen = [
+            f"thresholds held up to {fmt.num(a.highest_passing_value)}"
+            if a.highest_passing_value is not None
+            else "no step met the thresholds"
+        ]
         if a.queueing_from_value is not None:
             seen.append(f"queueing from {fmt.num(a.queueing_from_value)}")
         line = f"Capacity model predicted max {var} {fmt.num(guess)}; observed: {', '.join(seen)}"
         # The first value where a threshold broke (the same breach the thresholds line names).
-        broke = next((c.step_value for c in a.thresholds if c.passed is False and c.step_value is not None), None)
+        broke = next(
+            (c.step_value for c in a.thresholds if c.passed is False and c.step_value is not None), None
+        )
         if broke is not None and guess >= broke:
             line += f" — the prediction was on the unsafe side (at or above the first breach, {var} {fmt.num(broke)})"
         elif a.highest_passing_value is not None and guess <= a.highest_passing_value:
@@ -156,14 +184,22 @@ def flat_rows(prefix: str, v: Any) -> list[list[str]]:
             out += flat_rows(f"{prefix}.{k}", x)
         return out
     if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
-        return [[f"{prefix} {i + 1}", value_text(x.get("run", x)) if set(x) <= {"run", "timeout_s"} else value_text(x)]
-                for i, x in enumerate(v)]
+        return [
+            [
+                f"{prefix} {i + 1}",
+                value_text(x.get("run", x)) if set(x) <= {"run", "timeout_s"} else value_text(x),
+            ]
+            for i, x in enumerate(v)
+        ]
     return [[prefix, value_text(v)]]
 
 
 def environment(ctx: ReportContext) -> list[Block]:
-    rows = [[k, f"{fmt.gib(v)} GiB" if k.endswith("_bytes") and isinstance(v, (int, float)) else value_text(v)]
-            for k, v in ctx.run.fixed.items() if v is not None]
+    rows = [
+        [k, f"{fmt.gib(v)} GiB" if k.endswith("_bytes") and isinstance(v, (int, float)) else value_text(v)]
+        for k, v in ctx.run.fixed.items()
+        if v is not None
+    ]
     rows += [[f"target.{k}", value_text(v)] for k, v in ctx.run.target.items() if v is not None]
     return [Table(["item", "value"], rows)] if rows else []
 
@@ -182,10 +218,26 @@ def warnings(ctx: ReportContext) -> list[Block]:
 # The per-round and per-step figures, split in two tables that each fit a laptop screen: the
 # signals the section promises side by side (errors, P95 and its change, queue, KV cache, GPU
 # memory), then the latency detail.
-_SIGNALS = ["requests", "err %", "req/s", "E2E P95 ms", "Δ E2E P95 vs baseline ms", "waiting max", "KV max",
-            "GPU mem max GiB"]
-_DETAIL = ["out tok/s", "TTFT P95 ms", "E2E P50 ms", "E2E P99 ms", "E2E max ms", "E2E P95 from sched. ms",
-           "ITL P99 ms", "ITL gaps timed / untimed"]
+_SIGNALS = [
+    "requests",
+    "err %",
+    "req/s",
+    "E2E P95 ms",
+    "Δ E2E P95 vs baseline ms",
+    "waiting max",
+    "KV max",
+    "GPU mem max GiB",
+]
+_DETAIL = [
+    "out tok/s",
+    "TTFT P95 ms",
+    "E2E P50 ms",
+    "E2E P99 ms",
+    "E2E max ms",
+    "E2E P95 from sched. ms",
+    "ITL P99 ms",
+    "ITL gaps timed / untimed",
+]
 
 
 def host_line(ctx: ReportContext) -> str | None:
@@ -213,8 +265,10 @@ def tokens_caption(ctx: ReportContext) -> str:
     t = ctx.analysis.totals
     if not t.tokens_estimated:
         return ""
-    return (f"; out tok/s is an estimate for {t.tokens_estimated:,} of {t.ok:,} requests (the server sent no "
-            "token count: stream chunks counted, one token each)")
+    return (
+        f"; out tok/s is an estimate for {t.tokens_estimated:,} of {t.ok:,} requests (the server sent no "
+        "token count: stream chunks counted, one token each)"
+    )
 
 
 def itl_sentence(r: RequestSummary) -> str | None:
@@ -254,17 +308,30 @@ def _lag_mark(res: WindowResult) -> str:
 
 def _signal_row(res: WindowResult, delta: float | None) -> list[str]:
     r, worst = res.requests, res.resources.worst
-    return [str(r.count), fmt.pct(r.error_rate), fmt.rate(r.throughput_rps), fmt.ms(r.e2e.p95 if r.e2e else None),
-            fmt.delta_ms(delta), fmt.num(worst.get("engine.num_requests_waiting")),
-            fmt.pct(worst.get("engine.kv_cache_usage_perc")), fmt.gib(worst.get("gpu.memory_used_bytes"))]
+    return [
+        str(r.count),
+        fmt.pct(r.error_rate),
+        fmt.rate(r.throughput_rps),
+        fmt.ms(r.e2e.p95 if r.e2e else None),
+        fmt.delta_ms(delta),
+        fmt.num(worst.get("engine.num_requests_waiting")),
+        fmt.pct(worst.get("engine.kv_cache_usage_perc")),
+        fmt.gib(worst.get("gpu.memory_used_bytes")),
+    ]
 
 
 def _detail_row(res: WindowResult) -> list[str]:
     r, e2e = res.requests, res.requests.e2e
-    return [fmt.rate(r.output_tok_s), fmt.ms(r.ttft.p95 if r.ttft else None), fmt.ms(e2e.p50 if e2e else None),
-            fmt.ms(e2e.p99 if e2e else None), fmt.ms(e2e.max if e2e else None),
-            fmt.ms(r.e2e_sched.p95 if r.e2e_sched else None), fmt.ms(r.itl.p99 if r.itl else None),
-            itl_gaps_cell(r)]
+    return [
+        fmt.rate(r.output_tok_s),
+        fmt.ms(r.ttft.p95 if r.ttft else None),
+        fmt.ms(e2e.p50 if e2e else None),
+        fmt.ms(e2e.p99 if e2e else None),
+        fmt.ms(e2e.max if e2e else None),
+        fmt.ms(r.e2e_sched.p95 if r.e2e_sched else None),
+        fmt.ms(r.itl.p99 if r.itl else None),
+        itl_gaps_cell(r),
+    ]
 
 
 def phases(ctx: ReportContext) -> list[Block]:
@@ -278,8 +345,10 @@ def phases(ctx: ReportContext) -> list[Block]:
             sig.append([str(comp.round), name + _lag_mark(res), *_signal_row(res, d.delta if d else None)])
             det.append([str(comp.round), name + _lag_mark(res), *_detail_row(res)])
     return [
-        Text("User layer (requests, errors, latency), service layer (queue, KV cache) and resource layer "
-             "(GPU memory) side by side, one row per round and phase. Latencies are of successful requests."),
+        Text(
+            "User layer (requests, errors, latency), service layer (queue, KV cache) and resource layer "
+            "(GPU memory) side by side, one row per round and phase. Latencies are of successful requests."
+        ),
         Table(["round", "phase", *_SIGNALS], sig, caption="Service and resource signals"),
         Table(["round", "phase", *_DETAIL], det, caption="Latency detail" + tokens_caption(ctx)),
     ]
@@ -296,13 +365,26 @@ def steps(ctx: ReportContext) -> list[Block]:
         mine = s.requests.e2e.p95 if s.requests.e2e else None
         ref = b.requests.e2e.p95 if b is not None and b.requests.e2e else None
         delta = None if mine is None or ref is None or w.phase == "baseline" else mine - ref
-        head = [str(w.round), w.phase + _lag_mark(s), "–" if w.step is None else str(w.step), fmt.num(w.step_value)]
+        head = [
+            str(w.round),
+            w.phase + _lag_mark(s),
+            "–" if w.step is None else str(w.step),
+            fmt.num(w.step_value),
+        ]
         sig.append([*head, *_signal_row(s, delta)])
         det.append([*head, *_detail_row(s)])
     if not sig:
         return []
-    return [Table(["round", "phase", "step", var, *_SIGNALS], sig, caption="Service and resource signals per step"),
-            Table(["round", "phase", "step", var, *_DETAIL], det, caption="Latency detail per step" + tokens_caption(ctx))]
+    return [
+        Table(
+            ["round", "phase", "step", var, *_SIGNALS], sig, caption="Service and resource signals per step"
+        ),
+        Table(
+            ["round", "phase", "step", var, *_DETAIL],
+            det,
+            caption="Latency detail per step" + tokens_caption(ctx),
+        ),
+    ]
 
 
 def charts(ctx: ReportContext) -> list[Block]:
@@ -310,41 +392,80 @@ def charts(ctx: ReportContext) -> list[Block]:
     var = ctx.run.change.get("variable", "step")
     out: list[Block] = []
     if a.step_points:
+
         def x(p: Any) -> float:
             return p.step_value if p.step_value is not None else float(p.step)
 
         lat, err = [], []
         for rnd in a.rounds:
             pts = [p for p in a.step_points if p.round == rnd]
-            lat.append(Series(f"round {rnd} E2E P95", [(x(p), p.e2e_p95_ms) for p in pts if p.e2e_p95_ms is not None]))
+            lat.append(
+                Series(
+                    f"round {rnd} E2E P95", [(x(p), p.e2e_p95_ms) for p in pts if p.e2e_p95_ms is not None]
+                )
+            )
             err.append(Series(f"round {rnd} error %", [(x(p), p.error_rate * 100) for p in pts]))
         lat_bands = [Band(f"{b.phase} P95 range", *b.e2e_p95_ms) for b in a.bands if b.e2e_p95_ms]
-        err_bands = [Band(f"{b.phase} error range", b.error_rate[0] * 100, b.error_rate[1] * 100) for b in a.bands]
+        err_bands = [
+            Band(f"{b.phase} error range", b.error_rate[0] * 100, b.error_rate[1] * 100) for b in a.bands
+        ]
         out.append(Chart(f"E2E latency P95 per {var}", var, "ms", lat, bands=lat_bands))
         out.append(Chart(f"Error rate per {var}", var, "%", err, bands=err_bands))
-    shades = [Shade(f"r{p.window.round} {p.window.phase}", p.window.start_s, p.window.end_s) for p in a.phases]
-    markers = [Marker(e.t_s, f"{e.kind}: {e.message}") for e in a.events if e.kind in (*MARKED_EVENTS, *MODEL_EVENTS)]
+    shades = [
+        Shade(f"r{p.window.round} {p.window.phase}", p.window.start_s, p.window.end_s) for p in a.phases
+    ]
+    markers = [
+        Marker(e.t_s, f"{e.kind}: {e.message}") for e in a.events if e.kind in (*MARKED_EVENTS, *MODEL_EVENTS)
+    ]
     gpu = a.timeline.get("gpu.memory_used_bytes")
     if gpu:
-        out.append(Chart("GPU memory used over time (fullest GPU)", "seconds from start", "GiB",
-                         [Series("GPU memory used", [(t, v / fmt.GIB) for t, v in gpu])],
-                         shades=shades, markers=markers, y_min_zero=False))
+        out.append(
+            Chart(
+                "GPU memory used over time (fullest GPU)",
+                "seconds from start",
+                "GiB",
+                [Series("GPU memory used", [(t, v / fmt.GIB) for t, v in gpu])],
+                shades=shades,
+                markers=markers,
+                y_min_zero=False,
+            )
+        )
     kv = a.timeline.get("engine.kv_cache_usage_perc")
     if kv:
-        out.append(Chart("KV cache usage over time", "seconds from start", "%",
-                         [Series("KV cache usage", [(t, v * 100) for t, v in kv])], shades=shades, markers=markers))
+        out.append(
+            Chart(
+                "KV cache usage over time",
+                "seconds from start",
+                "%",
+                [Series("KV cache usage", [(t, v * 100) for t, v in kv])],
+                shades=shades,
+                markers=markers,
+            )
+        )
     ollama = a.timeline.get("ollama.vram_bytes")
     if ollama:
-        out.append(Chart("Ollama's loaded models on the GPU over time (/api/ps size_vram)", "seconds from start",
-                         "GiB", [Series("loaded models' GPU memory", [(t, v / fmt.GIB) for t, v in ollama])],
-                         shades=shades, markers=markers))
+        out.append(
+            Chart(
+                "Ollama's loaded models on the GPU over time (/api/ps size_vram)",
+                "seconds from start",
+                "GiB",
+                [Series("loaded models' GPU memory", [(t, v / fmt.GIB) for t, v in ollama])],
+                shades=shades,
+                markers=markers,
+            )
+        )
     if out:
         from vramlab.report.svg import phase_of, shade_caption
 
         key = shade_caption([phase_of(sh.label) for sh in shades] + [b.phase for b in a.bands])
-        out.insert(0, Text((f"Shaded and banded by phase: {key}. " if key else "")
-                           + "Grey dashed vertical lines: stop conditions, rollbacks, OOMs, alerts; the lines per "
-                           "round are in the other colours."))
+        out.insert(
+            0,
+            Text(
+                (f"Shaded and banded by phase: {key}. " if key else "")
+                + "Grey dashed vertical lines: stop conditions, rollbacks, OOMs, alerts; the lines per "
+                "round are in the other colours."
+            ),
+        )
     return out
 
 
@@ -366,13 +487,28 @@ def thresholds(ctx: ReportContext) -> list[Block]:
     for c in checks:
         mark = {True: "ok", False: "BREACH", None: "n/a"}[c.passed]
         rows.setdefault((c.round, c.phase, c.step, c.step_value), {})[c.metric] = (
-            f"{_threshold_value(c.metric, c.value)} {mark}")
+            f"{_threshold_value(c.metric, c.value)} {mark}"
+        )
     headers = ["round", "phase", "step", ctx.run.change.get("variable", "value")]
-    headers += [f"{m} ({'≥' if m.startswith('min_') else '≤'} {_threshold_value(m, limits[m])})" for m in metrics]
-    body = [[str(k[0]), k[1], "–" if k[2] is None else str(k[2]), fmt.num(k[3]), *(v.get(m, "–") for m in metrics)]
-            for k, v in rows.items()]
-    return [Text("The plan's thresholds, window by window (latency limits are also the per-request SLO for goodput)."),
-            Table(headers, body)]
+    headers += [
+        f"{m} ({'≥' if m.startswith('min_') else '≤'} {_threshold_value(m, limits[m])})" for m in metrics
+    ]
+    body = [
+        [
+            str(k[0]),
+            k[1],
+            "–" if k[2] is None else str(k[2]),
+            fmt.num(k[3]),
+            *(v.get(m, "–") for m in metrics),
+        ]
+        for k, v in rows.items()
+    ]
+    return [
+        Text(
+            "The plan's thresholds, window by window (latency limits are also the per-request SLO for goodput)."
+        ),
+        Table(headers, body),
+    ]
 
 
 def _metric_fmt(metric: str) -> Any:
@@ -393,16 +529,26 @@ def stability(ctx: ReportContext) -> list[Block]:
         if s.metric not in STABILITY_METRICS and not s.spikes:
             continue
         show = _metric_fmt(s.metric)
-        rows.append([s.phase, "–" if s.step is None else str(s.step), s.metric,
-                     ", ".join(f"r{r}: {show(v)}" for r, v in s.by_round.items()),
-                     show(s.spread),
-                     "–" if s.rel_spread is None else fmt.pct(s.rel_spread),
-                     f"round {s.spikes[0]}" if s.spikes else ("unstable" if s.unstable else "no")])
+        rows.append(
+            [
+                s.phase,
+                "–" if s.step is None else str(s.step),
+                s.metric,
+                ", ".join(f"r{r}: {show(v)}" for r, v in s.by_round.items()),
+                show(s.spread),
+                "–" if s.rel_spread is None else fmt.pct(s.rel_spread),
+                f"round {s.spikes[0]}" if s.spikes else ("unstable" if s.unstable else "no"),
+            ]
+        )
     if not rows:
         return []
-    return [Text("Spread across rounds; a one-off spike is a round far (over 30% or a floor) from the others "
-                 "while they agree."), Table(["phase", "step", "metric", "by round", "spread", "spread/median",
-                                              "one-off spike"], rows)]
+    return [
+        Text(
+            "Spread across rounds; a one-off spike is a round far (over 30% or a floor) from the others "
+            "while they agree."
+        ),
+        Table(["phase", "step", "metric", "by round", "spread", "spread/median", "one-off spike"], rows),
+    ]
 
 
 def _not_drill(ctx: ReportContext) -> bool:
@@ -411,13 +557,36 @@ def _not_drill(ctx: ReportContext) -> bool:
 
 
 def recovery(ctx: ReportContext) -> list[Block]:
-    rows = [[str(r.round), "yes" if r.returned else ("no" if r.judged else "not judged"), fmt.seconds(r.after_s), fmt.ms(r.baseline_e2e_p95_ms),
-             fmt.ms(r.recovery_e2e_p95_ms), fmt.pct(r.baseline_error_rate), fmt.pct(r.recovery_error_rate), r.reason]
-            for r in ctx.analysis.recovery]
+    rows = [
+        [
+            str(r.round),
+            "yes" if r.returned else ("no" if r.judged else "not judged"),
+            fmt.seconds(r.after_s),
+            fmt.ms(r.baseline_e2e_p95_ms),
+            fmt.ms(r.recovery_e2e_p95_ms),
+            fmt.pct(r.baseline_error_rate),
+            fmt.pct(r.recovery_error_rate),
+            r.reason,
+        ]
+        for r in ctx.analysis.recovery
+    ]
     if not rows:
         return []
-    return [Table(["round", "returned", "when (into recovery)", "baseline E2E P95 ms", "recovery E2E P95 ms",
-                   "baseline err", "recovery err", "why"], rows)]
+    return [
+        Table(
+            [
+                "round",
+                "returned",
+                "when (into recovery)",
+                "baseline E2E P95 ms",
+                "recovery E2E P95 ms",
+                "baseline err",
+                "recovery err",
+                "why",
+            ],
+            rows,
+        )
+    ]
 
 
 def events(ctx: ReportContext) -> list[Block]:
@@ -459,4 +628,3 @@ for _section in (
     Section("notes", "Notes", notes, order=95),
 ):
     register(_section)
-

@@ -58,7 +58,11 @@ def numeric_columns(table: Table) -> set[int]:
     out = set()
     for i in range(len(table.headers)):
         cells = [r[i] for r in table.rows if i < len(r)]
-        if cells and any(c != "–" for c in cells) and all(len(c) <= 16 and _NUMERIC.match(c.strip()) for c in cells):
+        if (
+            cells
+            and any(c != "–" for c in cells)
+            and all(len(c) <= 16 and _NUMERIC.match(c.strip()) for c in cells)
+        ):
             out.add(i)
     return out
 
@@ -70,8 +74,10 @@ def _table(block: Table) -> str:
         return ' class="n"' if i in num else ""
 
     head = "".join(f"<th{cls(i)}>{_inline(h)}</th>" for i, h in enumerate(block.headers))
-    body = "".join("<tr>" + "".join(f"<td{cls(i)}>{_inline(c)}</td>" for i, c in enumerate(row)) + "</tr>"
-                   for row in block.rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td{cls(i)}>{_inline(c)}</td>" for i, c in enumerate(row)) + "</tr>"
+        for row in block.rows
+    )
     cap = f"<caption>{_inline(block.caption)}</caption>" if block.caption else ""
     return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 

@@ -40,11 +40,44 @@ from vramlab.report.sections import ReportContext, Section, register
 
 EDIT = "_(derived from the data; operator: edit)_"
 K = EventKind
-TIMELINE_KINDS = (K.STEP, K.OOM, K.STARTUP_REFUSAL, K.PROCESS_EXIT, K.HEALTH, K.DETECT, K.STOP_CONDITION, K.FAULT,
-                  K.ALERT, K.MITIGATION, K.RAMP_UNDONE, K.RECOVERED, K.NOT_RECOVERED, K.NOTE, K.RETRY_STORM,
-                  K.WAITING_FOR_OPERATOR, K.RECOVERY_COMMAND, K.XID, K.OVERLOAD, K.PREEMPTION, K.CEILING, K.ROLLBACK,
-                  K.COTENANT, K.COTENANT_OOM, K.CAPACITY, K.WARNING, K.ENGINE, K.RACE, K.LEDGER, K.HEALTH_PATH,
-                  K.TARGET_READY, K.FAILURE_MODE, K.STOPPED, K.MODEL_LOAD, K.MODEL_UNLOAD, K.MODEL_OFFLOAD)
+TIMELINE_KINDS = (
+    K.STEP,
+    K.OOM,
+    K.STARTUP_REFUSAL,
+    K.PROCESS_EXIT,
+    K.HEALTH,
+    K.DETECT,
+    K.STOP_CONDITION,
+    K.FAULT,
+    K.ALERT,
+    K.MITIGATION,
+    K.RAMP_UNDONE,
+    K.RECOVERED,
+    K.NOT_RECOVERED,
+    K.NOTE,
+    K.RETRY_STORM,
+    K.WAITING_FOR_OPERATOR,
+    K.RECOVERY_COMMAND,
+    K.XID,
+    K.OVERLOAD,
+    K.PREEMPTION,
+    K.CEILING,
+    K.ROLLBACK,
+    K.COTENANT,
+    K.COTENANT_OOM,
+    K.CAPACITY,
+    K.WARNING,
+    K.ENGINE,
+    K.RACE,
+    K.LEDGER,
+    K.HEALTH_PATH,
+    K.TARGET_READY,
+    K.FAILURE_MODE,
+    K.STOPPED,
+    K.MODEL_LOAD,
+    K.MODEL_UNLOAD,
+    K.MODEL_OFFLOAD,
+)
 MODEL_KINDS = (K.MODEL_LOAD, K.MODEL_UNLOAD, K.MODEL_OFFLOAD)  # Ollama loaded or unloaded it (/api/ps)
 
 
@@ -104,8 +137,10 @@ def summary_line(ctx: ReportContext) -> str:
         top = (inc.ceiling or {}).get("value")
         added, bad, which = refused_on_ramp(ctx)
         if bad:
-            return (f"no OOM of the running target up to {fmt.num(top)} {unit}, but {bad} of {added} added "
-                    f"models did not start ({', '.join(which)}): the card did not hold them")
+            return (
+                f"no OOM of the running target up to {fmt.num(top)} {unit}, but {bad} of {added} added "
+                f"models did not start ({', '.join(which)}): the card did not hold them"
+            )
         return f"no OOM up to {fmt.num(top)} {unit}: the target held at the ceiling"
     step = inc.failure_step or {}
     rec = inc.recovery
@@ -118,16 +153,20 @@ def summary_line(ctx: ReportContext) -> str:
         where = f"while {fmt.num(step.get('value'))} {unit} carried load (trigger confidence low)"
     else:
         where = f"at {fmt.num(step.get('value'))} {unit} (last safe {fmt.num(inc.last_safe_value)})"
-    return (f"{inc.failure_mode} {where}; detected {_s(from_t0(inc.time_to_detect_s, inc.t0_s))} after T0; first abnormal signal "
-            f"{first.name if first else '–'}; {inc.impact.failed} failed requests; {rec_txt}")
+    return (
+        f"{inc.failure_mode} {where}; detected {_s(from_t0(inc.time_to_detect_s, inc.t0_s))} after T0; first abnormal signal "
+        f"{first.name if first else '–'}; {inc.impact.failed} failed requests; {rec_txt}"
+    )
 
 
 def s_summary(ctx: ReportContext) -> list[Block]:
     inc, rounds = incident_of(ctx)
-    items = [f"**{summary_line(ctx)}**",
-             f"Drill `{ctx.run.run_id}` status {ctx.run.status}; {len(rounds)} round(s); "
-             f"{sum(1 for r in rounds if r.failed)} failed",
-             "Status: draft postmortem — action items below need an owner's confirmation"]
+    items = [
+        f"**{summary_line(ctx)}**",
+        f"Drill `{ctx.run.run_id}` status {ctx.run.status}; {len(rounds)} round(s); "
+        f"{sum(1 for r in rounds if r.failed)} failed",
+        "Status: draft postmortem — action items below need an owner's confirmation",
+    ]
     if ctx.run.stop_reason:
         items.append(f"Ended by: {ctx.run.stop_reason}")
     from vramlab.report.core_sections import host_line
@@ -148,8 +187,10 @@ def s_impact(ctx: ReportContext) -> list[Block]:
         ["requests that never succeeded (after retries)", str(i.failed_logical)],
         ["affected clients", str(i.affected_clients)],
         ["errors by class", ", ".join(f"{k} {v}" for k, v in sorted(i.error_classes.items())) or "–"],
-        ["E2E P95 baseline / incident / after (ms)",
-         f"{fmt.ms(i.baseline_p95_ms)} / {fmt.ms(i.incident_p95_ms)} / {fmt.ms(i.after_p95_ms)}"],
+        [
+            "E2E P95 baseline / incident / after (ms)",
+            f"{fmt.ms(i.baseline_p95_ms)} / {fmt.ms(i.incident_p95_ms)} / {fmt.ms(i.after_p95_ms)}",
+        ],
     ]
     return [Table(["impact", "value"], rows)]
 
@@ -172,14 +213,22 @@ def s_timeline(ctx: ReportContext) -> list[Block]:
         elif e.kind == K.RECOVERED:
             # the drill's event means it served again; the incident is not recovered until P95 and health are back
             kind, what = "serving again", f"{what} — {recovery_text(inc.recovery, t0)}"
-        elif e.kind == K.RETRY_STORM:  # the live 1 s peak; the one figure every section quotes is the window's
+        elif (
+            e.kind == K.RETRY_STORM
+        ):  # the live 1 s peak; the one figure every section quotes is the window's
             storm = retry_storm_data(e)
-            what = storm_text(inc.retry_storm) + f" (live, one {fmt.num(storm.get('window_s', 1.0))} s window " \
+            what = (
+                storm_text(inc.retry_storm) + f" (live, one {fmt.num(storm.get('window_s', 1.0))} s window "
                 f"peaked at {fmt.num(round(float(storm.get('amplification') or 0.0), 2))}×)"
+            )
         rows.append([f"{e.t_s:.2f}", rel, kind, who, what])
-    return [Text(f"Times in seconds from the drill's start, and from T0 ({T0_WORDS}). "
-                 "Operator notes come from `vramlab note`."),
-            Table(["t (s)", "T0 + (s)", "event", "by", "what"], rows)]
+    return [
+        Text(
+            f"Times in seconds from the drill's start, and from T0 ({T0_WORDS}). "
+            "Operator notes come from `vramlab note`."
+        ),
+        Table(["t (s)", "T0 + (s)", "event", "by", "what"], rows),
+    ]
 
 
 def s_detection(ctx: ReportContext) -> list[Block]:
@@ -190,28 +239,70 @@ def s_detection(ctx: ReportContext) -> list[Block]:
         blocks.append(Text("No signal left its baseline band after the treatment started."))
     else:
         f = sig.first
-        blocks.append(Text(f"**First abnormal signal:** `{f.name}` ({f.layer} layer) at {f.t_s:.2f} s "
-                           f"({'' if inc.t0_s is None else f'{since_t0(f.t_s, inc.t0_s)} s from T0; '}"
-                           f"{f.describe()})."))
-    rows = [[o.name, o.layer, f"{o.t_s:.2f}", since_t0(o.t_s, inc.t0_s), o.reason,
-             signal_value(o.name, o.value), signal_value(o.name, o.baseline_mean)] for o in sig.order]
+        blocks.append(
+            Text(
+                f"**First abnormal signal:** `{f.name}` ({f.layer} layer) at {f.t_s:.2f} s "
+                f"({'' if inc.t0_s is None else f'{since_t0(f.t_s, inc.t0_s)} s from T0; '}"
+                f"{f.describe()})."
+            )
+        )
+    rows = [
+        [
+            o.name,
+            o.layer,
+            f"{o.t_s:.2f}",
+            since_t0(o.t_s, inc.t0_s),
+            o.reason,
+            signal_value(o.name, o.value),
+            signal_value(o.name, o.baseline_mean),
+        ]
+        for o in sig.order
+    ]
     if rows:
-        blocks.append(Table(["signal", "layer", "onset (s)", "T0 + (s)", "judged by", "value", "baseline mean"], rows,
-                            caption="Order in which signals went abnormal (judged against the baseline phase)"))
+        blocks.append(
+            Table(
+                ["signal", "layer", "onset (s)", "T0 + (s)", "judged by", "value", "baseline mean"],
+                rows,
+                caption="Order in which signals went abnormal (judged against the baseline phase)",
+            )
+        )
     if sig.quiet:
         blocks.append(Text("Stayed normal: " + ", ".join(f"`{q}`" for q in sig.quiet)))
     if sig.noisy:
-        blocks.append(Text("Already past a fixed threshold in the baseline (not counted as causes): "
-                           + ", ".join(f"`{q}`" for q in sig.noisy)))
-    blocks.append(Text(f"Time to detect (T0 → the drill's first detection): **{_s(from_t0(inc.time_to_detect_s, inc.t0_s))}**."))
-    alert_rows = [[a["name"], a["state"], f"{a['t_s']:.2f}", since_t0(a["t_s"], inc.t0_s), a.get("source") or "–"]
-                  for a in inc.alerts if a["state"] in ("pending", "firing")]
+        blocks.append(
+            Text(
+                "Already past a fixed threshold in the baseline (not counted as causes): "
+                + ", ".join(f"`{q}`" for q in sig.noisy)
+            )
+        )
+    blocks.append(
+        Text(
+            f"Time to detect (T0 → the drill's first detection): **{_s(from_t0(inc.time_to_detect_s, inc.t0_s))}**."
+        )
+    )
+    alert_rows = [
+        [a["name"], a["state"], f"{a['t_s']:.2f}", since_t0(a["t_s"], inc.t0_s), a.get("source") or "–"]
+        for a in inc.alerts
+        if a["state"] in ("pending", "firing")
+    ]
     if alert_rows:
-        blocks.append(Table(["alert", "state", "t (s)", "T0 + (s)", "source"], alert_rows,
-                            caption="Same clock as the timeline; a negative T0 + means before T0"))
-    blocks.append(Text(f"Time to alert (T0 → first alert firing): **{alert_clock(inc)}**"
-                       + ("" if inc.time_to_alert_s is not None else
-                          " — no alert fired during the drill (a `for:` longer than the incident never fires)")))
+        blocks.append(
+            Table(
+                ["alert", "state", "t (s)", "T0 + (s)", "source"],
+                alert_rows,
+                caption="Same clock as the timeline; a negative T0 + means before T0",
+            )
+        )
+    blocks.append(
+        Text(
+            f"Time to alert (T0 → first alert firing): **{alert_clock(inc)}**"
+            + (
+                ""
+                if inc.time_to_alert_s is not None
+                else " — no alert fired during the drill (a `for:` longer than the incident never fires)"
+            )
+        )
+    )
     return blocks
 
 
@@ -223,14 +314,19 @@ def s_cause(ctx: ReportContext) -> list[Block]:
         top = (inc.ceiling or {}).get("value")
         added, bad, which = refused_on_ramp(ctx)
         stopped = next((e for e in ctx.events if e.kind == K.STOPPED), None)
-        out: list[Block] = [Text(f"No failure of the running target up to {fmt.num(top)} {unit}, but {bad} of "
-                                 f"{added} added models did not start ({', '.join(which)}); see the co-location "
-                                 "table." if bad else
-                                 f"No failure, and no boundary found: {stopped.message}. Raise the wall clock "
-                                 "(stop.wall_clock_s) or shorten the steps." if stopped is not None
-                                 and inc.ceiling is None else
-                                 f"No failure: no OOM up to {fmt.num(top)} {unit}. The ramp ended with the stop "
-                                 "conditions armed; raise the ceiling to find the boundary.")]
+        out: list[Block] = [
+            Text(
+                f"No failure of the running target up to {fmt.num(top)} {unit}, but {bad} of "
+                f"{added} added models did not start ({', '.join(which)}); see the co-location "
+                "table."
+                if bad
+                else f"No failure, and no boundary found: {stopped.message}. Raise the wall clock "
+                "(stop.wall_clock_s) or shorten the steps."
+                if stopped is not None and inc.ceiling is None
+                else f"No failure: no OOM up to {fmt.num(top)} {unit}. The ramp ended with the stop "
+                "conditions armed; raise the ceiling to find the boundary."
+            )
+        ]
         if cap is not None:
             out.append(Text(f"Capacity model's account: {cap.message}"))
         return out
@@ -243,25 +339,39 @@ def s_cause(ctx: ReportContext) -> list[Block]:
     if trig is not None and trig.step is None:
         items.append(f"**Trigger:** none — {trig.reason}")
     else:
-        conf = "" if trig is None else (f" — confidence **{trig.confidence}**: {trig.reason}; the step sent "
-                                        f"{trig.requests_sent} request(s) before T0")
-        items.append(f"**Trigger:** ramp step {step.get('step')} — {step.get('knob')} = {fmt.num(step.get('value'))} "
-                     f"{unit} (last safe step: {fmt.num(inc.last_safe_value)} {unit}){conf}")
+        conf = (
+            ""
+            if trig is None
+            else (
+                f" — confidence **{trig.confidence}**: {trig.reason}; the step sent "
+                f"{trig.requests_sent} request(s) before T0"
+            )
+        )
+        items.append(
+            f"**Trigger:** ramp step {step.get('step')} — {step.get('knob')} = {fmt.num(step.get('value'))} "
+            f"{unit} (last safe step: {fmt.num(inc.last_safe_value)} {unit}){conf}"
+        )
     during = inc.detected_during or {}
     if during and during.get("step") != step.get("step"):
-        items.append(f"Detected during ramp step {during.get('step')} ({fmt.num(during.get('value'))} {unit}), "
-                     "which had not carried the load when the failure began: it is not the trigger")
+        items.append(
+            f"Detected during ramp step {during.get('step')} ({fmt.num(during.get('value'))} {unit}), "
+            "which had not carried the load when the failure began: it is not the trigger"
+        )
     sig = inc.signature or {}
     if sig.get("line"):
-        items.append(f"**Matched failure signature:** `{sig.get('signature') or sig.get('class')}` — "
-                     f"`{str(sig['line'])}`")
+        items.append(
+            f"**Matched failure signature:** `{sig.get('signature') or sig.get('class')}` — "
+            f"`{str(sig['line'])}`"
+        )
     if cap is not None:
         limit = capacity_data(cap).get("predicted_limit")
         items.append(f"**Capacity model's account:** {cap.message}")
         if limit is not None:
-            items.append(f"Predicted limit {fmt.num(limit)} {unit} vs observed failure at "
-                         f"{fmt.num(step.get('value'))} (last safe {fmt.num(inc.last_safe_value)}): "
-                         + prediction_side(limit, step.get("value"), inc.last_safe_value))
+            items.append(
+                f"Predicted limit {fmt.num(limit)} {unit} vs observed failure at "
+                f"{fmt.num(step.get('value'))} (last safe {fmt.num(inc.last_safe_value)}): "
+                + prediction_side(limit, step.get("value"), inc.last_safe_value)
+            )
     return [Bullets(items)]
 
 
@@ -269,8 +379,10 @@ def prediction_side(predicted: float, failed_at: float | None, last_safe: float 
     """Whether a predicted limit would have protected the target: above the value that failed is the
     unsafe side (the model promised room that was not there)."""
     if failed_at is not None and predicted >= failed_at:
-        return (f"the prediction was on the unsafe side ({fmt.num(predicted)} is at or above the failure at "
-                f"{fmt.num(failed_at)})")
+        return (
+            f"the prediction was on the unsafe side ({fmt.num(predicted)} is at or above the failure at "
+            f"{fmt.num(failed_at)})"
+        )
     if last_safe is not None and predicted < last_safe:
         return "the prediction was on the safe side (below the last step that held)"
     return "the prediction falls between the last safe step and the failure (consistent with what was seen)"
@@ -289,17 +401,30 @@ def s_recovery(ctx: ReportContext) -> list[Block]:
         ["T0", T0_WORDS, "0.00 s"],
         ["time to detect", "T0 → first detection by the drill", clock(inc.time_to_detect_s)],
         ["time to alert", "T0 → first alert firing", alert_clock(inc)],
-        ["time to mitigate", "T0 → first corrective action (restart, script, operator)", clock(inc.time_to_mitigate_s)],
-        ["health 200 again", "T0 → health OK after it failed" if r.health_failed else "health never failed",
-         clock(r.health_ok_s)],
+        [
+            "time to mitigate",
+            "T0 → first corrective action (restart, script, operator)",
+            clock(inc.time_to_mitigate_s),
+        ],
+        [
+            "health 200 again",
+            "T0 → health OK after it failed" if r.health_failed else "health never failed",
+            clock(r.health_ok_s),
+        ],
         ["first successful generation", "T0 → first 2xx request after the failure", clock(r.first_success_s)],
-        ["P95 back within tolerance", "T0 → end of the first window with P95 ≤ (1+tol) × baseline P95",
-         clock(r.p95_ok_s)],
+        [
+            "P95 back within tolerance",
+            "T0 → end of the first window with P95 ≤ (1+tol) × baseline P95",
+            clock(r.p95_ok_s),
+        ],
         ["time to recover", "T0 → the latest of the three clocks above", clock(r.time_to_recover_s)],
     ]
     text = recovery_text(r, inc.t0_s)
-    verdict = (f"{text[0].upper()}{text[1:]}." if r.recovered
-               else f"**Not recovered**: {not_recovered_reason(r, inc.t0_s)}; the rollback still ran.")
+    verdict = (
+        f"{text[0].upper()}{text[1:]}."
+        if r.recovered
+        else f"**Not recovered**: {not_recovered_reason(r, inc.t0_s)}; the rollback still ran."
+    )
     return [Text(verdict), Table(["figure", "boundary", "value"], rows)]
 
 
@@ -307,33 +432,71 @@ def s_blast(ctx: ReportContext) -> list[Block]:
     inc, _ = incident_of(ctx)
     if not inc.neighbours:
         return [Text("No neighbours declared in the plan: blast radius not measured.")]
-    rows = [[n.name, fmt.pct(n.baseline_error_rate), fmt.pct(n.incident_error_rate), fmt.ms(n.baseline_p95_ms),
-             fmt.ms(n.incident_p95_ms), str(n.probes_during), "yes" if n.affected else "no"] for n in inc.neighbours]
-    return [Table(["neighbour", "error rate baseline", "error rate incident", "P95 ms baseline", "P95 ms incident",
-                   "probes", "affected"], rows)]
+    rows = [
+        [
+            n.name,
+            fmt.pct(n.baseline_error_rate),
+            fmt.pct(n.incident_error_rate),
+            fmt.ms(n.baseline_p95_ms),
+            fmt.ms(n.incident_p95_ms),
+            str(n.probes_during),
+            "yes" if n.affected else "no",
+        ]
+        for n in inc.neighbours
+    ]
+    return [
+        Table(
+            [
+                "neighbour",
+                "error rate baseline",
+                "error rate incident",
+                "P95 ms baseline",
+                "P95 ms incident",
+                "probes",
+                "affected",
+            ],
+            rows,
+        )
+    ]
 
 
 def s_storm(ctx: ReportContext) -> list[Block]:
     inc, _ = incident_of(ctx)
     s = inc.retry_storm
     policy = plan_section(ctx, Retry, "load", "retry").policy
-    rows = [["client retry policy", str(policy)],
-            ["baseline offered rate (original requests)", f"{fmt.rate(s.baseline_rate_rps)} /s"],
-            ["attempt rate during recovery", f"{fmt.rate(s.recovery_rate_rps)} /s"],
-            ["amplification (attempt rate / baseline offered rate)",
-             "–" if s.amplification is None else f"{s.amplification:.2f}×"],
-            ["during recovery: new user requests / the policy's retries", f"{s.new_requests} / {s.retries_in_window}"],
-            ["attempts per original request", "–" if s.attempts_per_request is None else f"{s.attempts_per_request:.2f}"],
-            ["new-request rate / baseline offered rate",
-             "–" if s.new_request_ratio is None else f"{s.new_request_ratio:.2f}×"],
-            ["retries sent from T0", str(s.retries)],
-            ["retry storm", "yes" if s.storm else "no"],
-            ["second OOM after recovery", "yes" if s.second_oom else "no"],
-            ["preemptions during recovery", fmt.num(s.preemptions_during_recovery)]]
+    rows = [
+        ["client retry policy", str(policy)],
+        ["baseline offered rate (original requests)", f"{fmt.rate(s.baseline_rate_rps)} /s"],
+        ["attempt rate during recovery", f"{fmt.rate(s.recovery_rate_rps)} /s"],
+        [
+            "amplification (attempt rate / baseline offered rate)",
+            "–" if s.amplification is None else f"{s.amplification:.2f}×",
+        ],
+        [
+            "during recovery: new user requests / the policy's retries",
+            f"{s.new_requests} / {s.retries_in_window}",
+        ],
+        [
+            "attempts per original request",
+            "–" if s.attempts_per_request is None else f"{s.attempts_per_request:.2f}",
+        ],
+        [
+            "new-request rate / baseline offered rate",
+            "–" if s.new_request_ratio is None else f"{s.new_request_ratio:.2f}×",
+        ],
+        ["retries sent from T0", str(s.retries)],
+        ["retry storm", "yes" if s.storm else "no"],
+        ["second OOM after recovery", "yes" if s.second_oom else "no"],
+        ["preemptions during recovery", fmt.num(s.preemptions_during_recovery)],
+    ]
     out: list[Block] = [Table(["retry storm", "value"], rows)]
     if not s.storm and s.new_request_ratio is not None and s.new_request_ratio >= 2:
-        out.append(Text(f"Not a retry storm: the extra traffic is new requests ({s.new_request_ratio:.1f}× the "
-                        "baseline's rate) from closed-loop users whose previous request failed at once, not retries."))
+        out.append(
+            Text(
+                f"Not a retry storm: the extra traffic is new requests ({s.new_request_ratio:.1f}× the "
+                "baseline's rate) from closed-loop users whose previous request failed at once, not retries."
+            )
+        )
     return out
 
 
@@ -356,15 +519,29 @@ def s_actions(ctx: ReportContext) -> list[Block]:
 
 def s_rounds(ctx: ReportContext) -> list[Block]:
     _, rounds = incident_of(ctx)
-    rows = [[str(r.round), r.failure_mode, fmt.num((r.failure_step or {}).get("value")),
-             _s(from_t0(r.time_to_detect_s, r.t0_s)), _s(from_t0(r.recovery.time_to_recover_s, r.t0_s)),
-             str(r.impact.failed)] for r in rounds]
+    rows = [
+        [
+            str(r.round),
+            r.failure_mode,
+            fmt.num((r.failure_step or {}).get("value")),
+            _s(from_t0(r.time_to_detect_s, r.t0_s)),
+            _s(from_t0(r.recovery.time_to_recover_s, r.t0_s)),
+            str(r.impact.failed),
+        ]
+        for r in rounds
+    ]
     vals = {(r.failure_step or {}).get("value") for r in rounds}
     ttrs = [r.recovery.time_to_recover_s for r in rounds if r.recovery.time_to_recover_s is not None]
     stable = len(rounds) >= 2 and len(vals) == 1 and (not ttrs or max(ttrs) <= 1.5 * min(ttrs) + 0.5)
-    verdict = ("Only one round: stability across rounds is not known (the method asks for three)." if len(rounds) < 2
-               else ("Stable: same failing step and similar recovery in every round." if stable
-                     else "Not stable: the rounds differ; treat single figures with care."))
+    verdict = (
+        "Only one round: stability across rounds is not known (the method asks for three)."
+        if len(rounds) < 2
+        else (
+            "Stable: same failing step and similar recovery in every round."
+            if stable
+            else "Not stable: the rounds differ; treat single figures with care."
+        )
+    )
     return [Text(verdict), Table(["round", "failure mode", "failing value", "TTD", "TTR", "failed"], rows)]
 
 
@@ -382,15 +559,25 @@ def verdict_line(inc: Incident) -> str:
 
 def incident_json(ctx: ReportContext) -> Any:
     inc, rounds = incident_of(ctx)
-    return {"headline": inc.to_json(), "rounds": [r.to_json() for r in rounds], "summary": summary_line(ctx),
-            "recovered": not unrecovered(ctx)}
+    return {
+        "headline": inc.to_json(),
+        "rounds": [r.to_json() for r in rounds],
+        "summary": summary_line(ctx),
+        "recovered": not unrecovered(ctx),
+    }
 
 
 for _sec in (
     Section("incident", "Incident summary", s_summary, order=11, applies=_is_drill, data=incident_json),
     Section("incident-impact", "Impact", s_impact, order=12, applies=_is_drill),
     Section("incident-timeline", "Timeline", s_timeline, order=13, applies=_is_drill),
-    Section("incident-detection", "Detection: first abnormal signal and alerts", s_detection, order=14, applies=_is_drill),
+    Section(
+        "incident-detection",
+        "Detection: first abnormal signal and alerts",
+        s_detection,
+        order=14,
+        applies=_is_drill,
+    ),
     Section("incident-cause", "Root cause and trigger", s_cause, order=15, applies=_is_drill),
     Section("incident-recovery", "Resolution and recovery", s_recovery, order=16, applies=_is_drill),
     Section("incident-blast", "Blast radius", s_blast, order=17, applies=_is_drill),
@@ -401,4 +588,12 @@ for _sec in (
 ):
     register(_sec)
 
-__all__ = ["action_items", "incident_json", "incident_of", "lessons", "summary_line", "unrecovered", "verdict_line"]
+__all__ = [
+    "action_items",
+    "incident_json",
+    "incident_of",
+    "lessons",
+    "summary_line",
+    "unrecovered",
+    "verdict_line",
+]

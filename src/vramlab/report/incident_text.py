@@ -67,12 +67,15 @@ def recovery_text(rec: Any, t0: float | None = None) -> str:
     if not rec.recovered:
         return _not_recovered(rec, t0)
     first, health, p95 = (from_t0(v, t0) for v in (rec.first_success_s, rec.health_ok_s, rec.p95_ok_s))
-    parts = [f"serving again +{first:.2f} s" if first is not None else None,
-             f"health 200 +{health:.2f} s" if rec.health_failed and health is not None else None,
-             f"P95 back +{p95:.2f} s" if p95 is not None else None]
+    parts = [
+        f"serving again +{first:.2f} s" if first is not None else None,
+        f"health 200 +{health:.2f} s" if rec.health_failed and health is not None else None,
+        f"P95 back +{p95:.2f} s" if p95 is not None else None,
+    ]
     clocks = ", ".join(p for p in parts if p)
-    return (f"recovered in {_s(from_t0(rec.time_to_recover_s, t0))} from T0"
-            + (f" (the latest of: {clocks})" if clocks else ""))
+    return f"recovered in {_s(from_t0(rec.time_to_recover_s, t0))} from T0" + (
+        f" (the latest of: {clocks})" if clocks else ""
+    )
 
 
 T0_WORDS = "the failure's first evidence: the first failed request's end, the process exit or the OOM line"
@@ -80,8 +83,10 @@ T0_WORDS = "the failure's first evidence: the first failed request's end, the pr
 
 def storm_figures(st: Any) -> str:
     """The retry storm's figures as the storm table prints them (the one computation)."""
-    return (f"attempts {st.amplification or 0:.2f}× the baseline's offered rate over the recovery window, "
-            f"{st.retries_in_window} retries")
+    return (
+        f"attempts {st.amplification or 0:.2f}× the baseline's offered rate over the recovery window, "
+        f"{st.retries_in_window} retries"
+    )
 
 
 def storm_text(st: Any) -> str:
@@ -104,8 +109,10 @@ def not_recovered_reason(rec: Any, t0: float | None = None) -> str:
         return "no successful request after the failure within the recovery limit"
     if rec.health_failed and rec.health_ok_s is None:
         return f"serving again after {_s(from_t0(rec.first_success_s, t0))} but health still failing"
-    return (f"serving again after {_s(from_t0(rec.first_success_s, t0))}, but P95 latency not back to the "
-            "baseline's within the observation window")
+    return (
+        f"serving again after {_s(from_t0(rec.first_success_s, t0))}, but P95 latency not back to the "
+        "baseline's within the observation window"
+    )
 
 
 def _not_recovered(rec: Any, t0: float | None = None) -> str:
@@ -118,8 +125,10 @@ def lessons(inc: Incident) -> tuple[list[str], list[str], list[str]]:
     well, wrong, lucky = [], [], []
     if inc.failed:
         if inc.time_to_detect_s is not None and inc.time_to_detect_s <= 5:
-            well.append(f"The failure was detected {_s(from_t0(inc.time_to_detect_s, inc.t0_s))} after T0 "
-                        "(its first evidence)")
+            well.append(
+                f"The failure was detected {_s(from_t0(inc.time_to_detect_s, inc.t0_s))} after T0 "
+                "(its first evidence)"
+            )
         if inc.signature:
             well.append("The engine log carried a recognisable failure signature (the cause is observable)")
         if inc.recovery.recovered:
@@ -133,13 +142,16 @@ def lessons(inc: Incident) -> tuple[list[str], list[str], list[str]]:
             wrong.append(f"{inc.impact.in_flight_lost} in-flight requests were lost at the failure")
     for n in inc.neighbours:
         (wrong if n.affected else well).append(
-            f"Neighbour {n.name} {'was' if n.affected else 'was not'} affected (blast radius)")
+            f"Neighbour {n.name} {'was' if n.affected else 'was not'} affected (blast radius)"
+        )
     st = inc.retry_storm
     if st.second_oom:
         wrong.append("Recovery set off a second OOM")
     if st.storm:
-        wrong.append(f"Recovery drew a retry storm: {storm_figures(st)}, {st.attempts_per_request or 0:.2f} attempts "
-                     "per request")
+        wrong.append(
+            f"Recovery drew a retry storm: {storm_figures(st)}, {st.attempts_per_request or 0:.2f} attempts "
+            "per request"
+        )
     elif st.amplification is not None and inc.failed:
         well.append(f"No retry storm: {storm_figures(st)}")
     if inc.failed and not inc.neighbours:
@@ -165,37 +177,86 @@ def action_items(ctx: ReportContext, inc: Incident) -> list[list[str]]:
     mode = _base_mode(inc.failure_mode)
     knob = (inc.failure_step or {}).get("knob")
     if inc.failed and mode in (*OOM_MODES, "overload_429") and inc.last_safe_value is not None:
-        rows.append([f"cap {knob} at {fmt.num(inc.last_safe_value)} {unit} (failed at "
-                     f"{fmt.num((inc.failure_step or {}).get('value'))}); keep a margin below it", "prevent", owner])
+        rows.append(
+            [
+                f"cap {knob} at {fmt.num(inc.last_safe_value)} {unit} (failed at "
+                f"{fmt.num((inc.failure_step or {}).get('value'))}); keep a margin below it",
+                "prevent",
+                owner,
+            ]
+        )
     sig = next((m.group(0) for e in inc.evidence if (m := re.search(r"killed by signal \d+ \(\w+", e))), None)
     if inc.failed and mode == "killed_by_signal":
-        rows.append([f"find what sent the signal ({(sig + ')') if sig else 'see the evidence'}): a supervisor's stop "
-                     "timeout, an operator, the kernel OOM killer (its log says 'Killed process'); no load cap "
-                     "follows, nothing tied the kill to load or memory", "investigate", owner])
+        rows.append(
+            [
+                f"find what sent the signal ({(sig + ')') if sig else 'see the evidence'}): a supervisor's stop "
+                "timeout, an operator, the kernel OOM killer (its log says 'Killed process'); no load cap "
+                "follows, nothing tied the kill to load or memory",
+                "investigate",
+                owner,
+            ]
+        )
     if inc.failed and mode in ("crash", "crash_xid"):
-        rows.append(["read the engine's log around the exit and fix or report the crash; no load cap follows, "
-                     "nothing said out of memory", "investigate", owner])
+        rows.append(
+            [
+                "read the engine's log around the exit and fix or report the crash; no load cap follows, "
+                "nothing said out of memory",
+                "investigate",
+                owner,
+            ]
+        )
     if inc.failed and mode in ("killed_by_signal", "crash", "crash_xid") and inc.mitigated_s is None:
-        rows.append(["restart the target on exit (systemd Restart=on-failure, a k8s liveness probe)", "mitigate",
-                     owner])
+        rows.append(
+            [
+                "restart the target on exit (systemd Restart=on-failure, a k8s liveness probe)",
+                "mitigate",
+                owner,
+            ]
+        )
     if inc.failed and mode == "hang":
-        rows.append(["probe liveness with a one-token generation that counts timeouts as failures, and restart on "
-                     "it: /health stayed up while requests hung", "mitigate", owner])
+        rows.append(
+            [
+                "probe liveness with a one-token generation that counts timeouts as failures, and restart on "
+                "it: /health stayed up while requests hung",
+                "mitigate",
+                owner,
+            ]
+        )
     if inc.failed and mode == "overload_429":
-        rows.append(["clients: back off on 429/503 with jitter; size the engine's queue or admission limit",
-                     "mitigate", owner])
+        rows.append(
+            [
+                "clients: back off on 429/503 with jitter; size the engine's queue or admission limit",
+                "mitigate",
+                owner,
+            ]
+        )
     if inc.failed and inc.failure_mode.endswith("startup_refusal_on_restart"):
-        rows.append(["make the restart configuration start: the restart was refused (see the evidence) — check its "
-                     "flags, context size and memory against the card", "mitigate", owner])
+        rows.append(
+            [
+                "make the restart configuration start: the restart was refused (see the evidence) — check its "
+                "flags, context size and memory against the card",
+                "mitigate",
+                owner,
+            ]
+        )
     if inc.failed and inc.time_to_alert_s is None:
-        rows.append(["add or shorten an alert that fires within the incident (error rate, target down)", "process",
-                     owner])
+        rows.append(
+            [
+                "add or shorten an alert that fires within the incident (error rate, target down)",
+                "process",
+                owner,
+            ]
+        )
     if not inc.recovery.recovered and inc.failed and mode in OOM_MODES:
-        rows.append(["make the supervisor restart the target, and check the restart fits the card", "mitigate", owner])
+        rows.append(
+            ["make the supervisor restart the target, and check the restart fits the card", "mitigate", owner]
+        )
     st = inc.retry_storm
     if st.storm:
         rows.append(["clients: exponential back-off with jitter and a retry cap", "mitigate", owner])
     for n in inc.neighbours:
         if n.affected:
-            rows.append([f"isolate neighbour {n.name} (separate card, MIG, or memory limits)", "prevent", owner])
+            rows.append(
+                [f"isolate neighbour {n.name} (separate card, MIG, or memory limits)", "prevent", owner]
+            )
     return rows

@@ -30,23 +30,35 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
         f"{model.name} on {gpu.name} ({gib(e.gpu_memory_bytes)} GiB usable per GPU) with {e.engine} {e.engine_version}"
         + (f" [{s['engine_mode']}]" if "engine_mode" in s else ""),
         "settings: " + ", ".join(f"{k}={v}" for k, v in s.items() if v is not None and k != "engine_mode"),
-        f"model facts: {model.source or 'given'}" + (f"; weights from {model.weights_source}" if model.weights_source else ""),
+        f"model facts: {model.source or 'given'}"
+        + (f"; weights from {model.weights_source}" if model.weights_source else ""),
     ]
     if plan.calibration:
         lines.append(f"calibration: {plan.calibration}")
     lines.append("")
     rows = []
     for c in e.components:
-        rows.append([c.name, gib(c.bytes), f"{gib(c.low_bytes)}-{gib(c.high_bytes)}",
-                     "yes" if c.in_budget else "no", c.provenance, c.note])
+        rows.append(
+            [
+                c.name,
+                gib(c.bytes),
+                f"{gib(c.low_bytes)}-{gib(c.high_bytes)}",
+                "yes" if c.in_budget else "no",
+                c.provenance,
+                c.note,
+            ]
+        )
     rows.append(["total used", gib(e.used_bytes), "", "", "", "per GPU at steady state"])
     rows.append(["headroom", gib(e.headroom_bytes), "", "", "", "left on the card"])
-    lines += _table(["component", "GiB", "band GiB", "budget", "provenance", "where the error comes from"],
-                    rows, {1, 2})
+    lines += _table(
+        ["component", "GiB", "band GiB", "budget", "provenance", "where the error comes from"], rows, {1, 2}
+    )
     lines.append("")
-    lines.append(f"KV pool: {gib(e.kv_cache_bytes)} GiB = {e.kv_cache_tokens:,} tokens"
-                 + (f" ({e.num_blocks:,} blocks of {e.block_size})" if e.block_size > 1 and e.engine == "vllm" else "")
-                 + f"; {e.kv_bytes_per_token:,} B per token on this GPU")
+    lines.append(
+        f"KV pool: {gib(e.kv_cache_bytes)} GiB = {e.kv_cache_tokens:,} tokens"
+        + (f" ({e.num_blocks:,} blocks of {e.block_size})" if e.block_size > 1 and e.engine == "vllm" else "")
+        + f"; {e.kv_bytes_per_token:,} B per token on this GPU"
+    )
     lines += _kv_band(e)
     if e.per_sequence_state_bytes:
         lines.append(f"recurrent state: {e.per_sequence_state_bytes / (1 << 20):.1f} MiB per sequence")
@@ -59,12 +71,16 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
         longest = plan.max_model_len_at_concurrency
         if serial and plan.concurrency > 1 and not longest:
             # the limit is the server, not the memory: it answers one request at a time
-            lines.append(f"largest max_model_len for {plan.concurrency} concurrent sequences: none — not for "
-                         "lack of memory: transformers serve answers one request at a time without "
-                         "--continuous-batching (serial serving)")
+            lines.append(
+                f"largest max_model_len for {plan.concurrency} concurrent sequences: none — not for "
+                "lack of memory: transformers serve answers one request at a time without "
+                "--continuous-batching (serial serving)"
+            )
         else:
-            lines.append(f"largest max_model_len for {plan.concurrency} concurrent sequences: "
-                         + (f"{longest:,}" if longest else "none fits"))
+            lines.append(
+                f"largest max_model_len for {plan.concurrency} concurrent sequences: "
+                + (f"{longest:,}" if longest else "none fits")
+            )
     safe = plan.safe
     head = f"safe operating point ({safe['margin']:.0%} margin, every band at its pessimistic end): "
     if not safe["max_concurrency"] and not safe["max_model_len_at_concurrency"]:
@@ -72,20 +88,29 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
     elif e.engine == "llama.cpp":
         # llama.cpp splits --ctx-size into --parallel slots: the safe point's length is the slot's (the policy
         # resolves it; capacity/model.py safe_operating_point), as in the max-concurrency line above.
-        lines.append(head + f"{safe['max_concurrency']} of {e.max_concurrency:.0f} slots at {safe['max_model_len']:,} "
-                     "tokens each (--ctx-size / --parallel)")
+        lines.append(
+            head + f"{safe['max_concurrency']} of {e.max_concurrency:.0f} slots at {safe['max_model_len']:,} "
+            "tokens each (--ctx-size / --parallel)"
+        )
     else:
+
         def seqs(n: int) -> str:
             return f"{n} sequence" + ("" if n == 1 else "s")
 
-        at_len = (f"{seqs(safe['max_concurrency'])} at {safe['max_model_len']:,} tokens"
-                  if safe["max_concurrency"] else f"not one sequence at {safe['max_model_len']:,} tokens")
+        at_len = (
+            f"{seqs(safe['max_concurrency'])} at {safe['max_model_len']:,} tokens"
+            if safe["max_concurrency"]
+            else f"not one sequence at {safe['max_model_len']:,} tokens"
+        )
         if serial and safe["concurrency"] > 1:
-            lines.append(head + at_len + f"; {seqs(safe['concurrency'])} at once: not served (one request at a "
-                         "time)")
+            lines.append(
+                head + at_len + f"; {seqs(safe['concurrency'])} at once: not served (one request at a time)"
+            )
         else:
-            lines.append(head + at_len + f"; {seqs(safe['concurrency'])} up to "
-                         f"{safe['max_model_len_at_concurrency']:,} tokens")
+            lines.append(
+                head + at_len + f"; {seqs(safe['concurrency'])} up to "
+                f"{safe['max_model_len_at_concurrency']:,} tokens"
+            )
     lines += _placement(e.extra)
     for note in e.notes:
         lines.append(f"note: {note}")
@@ -102,8 +127,10 @@ def _kv_band(e: Any) -> list[str]:
     unknown = list(e.extra.get("kv_unknown_terms") or ())
     lines = []
     if band and widest and band[0] != band[1]:
-        lines.append(f"KV band: {gib(max(0, band[0]))}-{gib(max(0, band[1]))} GiB; most of its width comes from the "
-                     f"{widest} term" + (" (an unknown term: see its note)" if widest in unknown else ""))
+        lines.append(
+            f"KV band: {gib(max(0, band[0]))}-{gib(max(0, band[1]))} GiB; most of its width comes from the "
+            f"{widest} term" + (" (an unknown term: see its note)" if widest in unknown else "")
+        )
         others = [t for t in unknown if t != widest]
         if others:
             lines.append("  also widened for unknown terms: " + ", ".join(others) + " (see their notes)")
@@ -114,12 +141,17 @@ def _kv_band(e: Any) -> list[str]:
 def _verdict(e: Any) -> list[str]:
     if e.fits and len(e.extra.get("devices") or ()) > 1:
         least = min(e.extra["devices"], key=lambda d: d["headroom_bytes"])
-        return [f"verdict: FITS on every card; the least headroom is {gib(least['headroom_bytes'])} GiB on "
-                f"{least['device']} ({least['gpu']})"]
+        return [
+            f"verdict: FITS on every card; the least headroom is {gib(least['headroom_bytes'])} GiB on "
+            f"{least['device']} ({least['gpu']})"
+        ]
     if e.fits:
         return [f"verdict: FITS with {gib(e.headroom_bytes)} GiB headroom"]
-    return (["verdict: DOES NOT FIT"] + [f"  why: {r}" for r in e.reasons]
-            + [f"  try: {t}" for t in e.suggestions])
+    return (
+        ["verdict: DOES NOT FIT"]
+        + [f"  why: {r}" for r in e.reasons]
+        + [f"  try: {t}" for t in e.suggestions]
+    )
 
 
 def _placement(extra: dict[str, Any]) -> list[str]:
@@ -127,16 +159,40 @@ def _placement(extra: dict[str, Any]) -> list[str]:
     devices, host = extra.get("devices"), extra.get("host")
     if not devices or not host:
         return []
-    rows = [[d["device"], d["gpu"], str(d["layers"]) + ("+out" if d["output_layer"] else ""),
-             gib(d["model_buffer_bytes"]), gib(d["kv_buffer_bytes"]), gib(d["compute_buffer_bytes"]),
-             gib(d["total_bytes"]), gib(d["headroom_bytes"])] for d in devices]
-    mapped = f" ({gib(host['mapped_buffer_bytes'])} GiB CPU_Mapped span)" if host["mapped"] else " (CPU, not mapped)"
-    rows.append(["host", "RAM", str(host["layers"]) + ("+out" if host["output_layer"] else ""),
-                 gib(host["model_buffer_bytes"]), gib(host["kv_buffer_bytes"]), gib(host["compute_buffer_bytes"]),
-                 gib(host["model_buffer_bytes"] + host["kv_buffer_bytes"] + host["compute_buffer_bytes"]), ""])
+    rows = [
+        [
+            d["device"],
+            d["gpu"],
+            str(d["layers"]) + ("+out" if d["output_layer"] else ""),
+            gib(d["model_buffer_bytes"]),
+            gib(d["kv_buffer_bytes"]),
+            gib(d["compute_buffer_bytes"]),
+            gib(d["total_bytes"]),
+            gib(d["headroom_bytes"]),
+        ]
+        for d in devices
+    ]
+    mapped = (
+        f" ({gib(host['mapped_buffer_bytes'])} GiB CPU_Mapped span)"
+        if host["mapped"]
+        else " (CPU, not mapped)"
+    )
+    rows.append(
+        [
+            "host",
+            "RAM",
+            str(host["layers"]) + ("+out" if host["output_layer"] else ""),
+            gib(host["model_buffer_bytes"]),
+            gib(host["kv_buffer_bytes"]),
+            gib(host["compute_buffer_bytes"]),
+            gib(host["model_buffer_bytes"] + host["kv_buffer_bytes"] + host["compute_buffer_bytes"]),
+            "",
+        ]
+    )
     out = ["", "placement (GiB; llama.cpp's model / KV / compute buffers per device):"]
-    out += _table(["device", "card", "layers", "model", "KV", "compute", "total", "headroom"], rows,
-                  {2, 3, 4, 5, 6, 7})
+    out += _table(
+        ["device", "card", "layers", "model", "KV", "compute", "total", "headroom"], rows, {2, 3, 4, 5, 6, 7}
+    )
     out.append(f"host model buffer{mapped}: tensors kept in host memory; headroom after the CUDA context")
     return out
 
@@ -147,9 +203,16 @@ def render_sweep(result: SweepResult, model_name: str, gpu: GPU) -> str:
     rows = []
     for r in result.rows:
         if "kv_cache_bytes" in r:
-            rows.append([str(r[n]) for n in names] + [gib(r["kv_cache_bytes"]), f"{r['kv_cache_tokens']:,}",
-                                                      f"{r['max_concurrency']:.2f}", gib(r["headroom_bytes"]),
-                                                      "yes" if r["fits"] else "no"])
+            rows.append(
+                [str(r[n]) for n in names]
+                + [
+                    gib(r["kv_cache_bytes"]),
+                    f"{r['kv_cache_tokens']:,}",
+                    f"{r['max_concurrency']:.2f}",
+                    gib(r["headroom_bytes"]),
+                    "yes" if r["fits"] else "no",
+                ]
+            )
         else:
             rows.append([str(r[n]) for n in names] + ["-", "-", "-", "-", "no: " + str(r.get("error"))[:60]])
     lines = [f"{model_name} on {gpu.name}: {len(result.rows)} configurations", ""]
@@ -168,18 +231,22 @@ def plot_sweep(result: SweepResult, fmt: str = "png", title: str = "") -> bytes:
     import matplotlib.pyplot as plt
 
     axes = result.axes
-    value = {tuple(r[n] for n, _ in axes): (r.get("max_concurrency") if r.get("fits") else None)
-             for r in result.rows}
+    value = {
+        tuple(r[n] for n, _ in axes): (r.get("max_concurrency") if r.get("fits") else None)
+        for r in result.rows
+    }
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     if len(axes) == 1:
-        (name, xs), = axes
+        ((name, xs),) = axes
         ys = [value[(x,)] or 0 for x in xs]
         ax.bar([str(x) for x in xs], ys, color=["#4c72b0" if value[(x,)] else "#c44e52" for x in xs])
         ax.set_xlabel(name)
         ax.set_ylabel("max concurrency")
     else:
         (yname, ys), (xname, xs) = axes[0], axes[1]
-        grid: list[list[Any]] = [[value.get((y, x) + tuple(v[0] for _, v in axes[2:])) for x in xs] for y in ys]
+        grid: list[list[Any]] = [
+            [value.get((y, x) + tuple(v[0] for _, v in axes[2:])) for x in xs] for y in ys
+        ]
         data = [[float("nan") if c is None else c for c in row] for row in grid]
         im = ax.imshow(data, cmap="viridis", aspect="auto", origin="lower")
         ax.set_xticks(range(len(xs)), [str(x) for x in xs])
@@ -188,8 +255,15 @@ def plot_sweep(result: SweepResult, fmt: str = "png", title: str = "") -> bytes:
         ax.set_ylabel(yname)
         for i, row in enumerate(grid):
             for j, c in enumerate(row):
-                ax.text(j, i, "no fit" if c is None else f"{c:.1f}", ha="center", va="center",
-                        color="white" if c is None or c < 1 else "black", fontsize=8)
+                ax.text(
+                    j,
+                    i,
+                    "no fit" if c is None else f"{c:.1f}",
+                    ha="center",
+                    va="center",
+                    color="white" if c is None or c < 1 else "black",
+                    fontsize=8,
+                )
         fig.colorbar(im, ax=ax, label="max concurrency at max_model_len")
     ax.set_title(title or "vramlab plan sweep")
     fig.tight_layout()

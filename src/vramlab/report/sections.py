@@ -49,8 +49,13 @@ class ReportContext:
         return self.memo("plan", lambda: stored_plan(self.run.plan, self.run.kind))
 
     @classmethod
-    def build(cls, run: RunRecord, requests: Sequence[RequestRecord], samples: Sequence[SampleRecord],
-              events: Sequence[EventRecord]) -> ReportContext:
+    def build(
+        cls,
+        run: RunRecord,
+        requests: Sequence[RequestRecord],
+        samples: Sequence[SampleRecord],
+        events: Sequence[EventRecord],
+    ) -> ReportContext:
         return cls(run, requests, samples, events, analyze_run(run, requests, samples, events))
 
 

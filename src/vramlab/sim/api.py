@@ -73,15 +73,24 @@ def parse_request(body: Any, chat: bool, model: str, max_model_len: int) -> Pars
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             n_prompt, key = len(prompt), prompt_key(repr(prompt))
         else:
-            raise ApiError(400, "'prompt' must be a string, a list with one string, or a list of token ids.",
-                           param="prompt")
+            raise ApiError(
+                400,
+                "'prompt' must be a string, a list with one string, or a list of token ids.",
+                param="prompt",
+            )
     n_prompt = max(1, n_prompt)
     if n_prompt >= max_model_len:
-        raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens. However, your request "
-                            f"has {n_prompt} input tokens. Please reduce the length of the input messages.",
-                       param="input_tokens")
-    raw = body.get("max_completion_tokens") if chat and body.get("max_completion_tokens") is not None \
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, your request "
+            f"has {n_prompt} input tokens. Please reduce the length of the input messages.",
+            param="input_tokens",
+        )
+    raw = (
+        body.get("max_completion_tokens")
+        if chat and body.get("max_completion_tokens") is not None
         else body.get("max_tokens")
+    )
     if raw is None:
         max_tokens = max_model_len - n_prompt  # vLLM's default: the rest of the context
     elif isinstance(raw, bool) or not isinstance(raw, int):
@@ -89,9 +98,13 @@ def parse_request(body: Any, chat: bool, model: str, max_model_len: int) -> Pars
     elif raw < 1:
         raise ApiError(400, f"max_tokens must be at least 1, got {raw}.", param="max_tokens")
     elif n_prompt + raw > max_model_len:
-        raise ApiError(400, f"'max_tokens' or 'max_completion_tokens' is too large: {raw}. This model's maximum "
-                            f"context length is {max_model_len} tokens and your request has {n_prompt} input tokens "
-                            f"({raw} > {max_model_len} - {n_prompt}).", param="max_tokens")
+        raise ApiError(
+            400,
+            f"'max_tokens' or 'max_completion_tokens' is too large: {raw}. This model's maximum "
+            f"context length is {max_model_len} tokens and your request has {n_prompt} input tokens "
+            f"({raw} > {max_model_len} - {n_prompt}).",
+            param="max_tokens",
+        )
     else:
         max_tokens = raw
     temperature = body.get("temperature")
@@ -107,8 +120,16 @@ def parse_request(body: Any, chat: bool, model: str, max_model_len: int) -> Pars
     elif n > MAX_N:
         raise ApiError(400, f"n must be at most {MAX_N} in the sim, got {n}.", param="n")
     opts = body.get("stream_options") or {}
-    return Parsed(chat, n_prompt, max_tokens, bool(body.get("ignore_eos", False)), bool(body.get("stream", False)),
-                  bool(isinstance(opts, dict) and opts.get("include_usage")), key, n)
+    return Parsed(
+        chat,
+        n_prompt,
+        max_tokens,
+        bool(body.get("ignore_eos", False)),
+        bool(body.get("stream", False)),
+        bool(isinstance(opts, dict) and opts.get("include_usage")),
+        key,
+        n,
+    )
 
 
 MAX_N = 128  # the sim's own bound: each choice is a sequence in the paged pool
@@ -118,31 +139,54 @@ def _check_message(i: int, m: dict[str, Any]) -> None:
     """One chat message as vLLM's message union accepts it (see the module docstring)."""
     role = m.get("role")
     if role is None:
-        raise ApiError(400, f"1 validation error: messages.{i}.role: Field required", param=f"messages.{i}.role")
+        raise ApiError(
+            400, f"1 validation error: messages.{i}.role: Field required", param=f"messages.{i}.role"
+        )
     if not isinstance(role, str):
-        raise ApiError(400, f"1 validation error: messages.{i}.role: Input should be a valid string",
-                       param=f"messages.{i}.role")
+        raise ApiError(
+            400,
+            f"1 validation error: messages.{i}.role: Input should be a valid string",
+            param=f"messages.{i}.role",
+        )
     content = m.get("content")
     if content is None or isinstance(content, str):
         return
-    if isinstance(content, list) and all(isinstance(p, str) or (isinstance(p, dict) and isinstance(p.get("type"), str))
-                                         for p in content):
+    if isinstance(content, list) and all(
+        isinstance(p, str) or (isinstance(p, dict) and isinstance(p.get("type"), str)) for p in content
+    ):
         for p in content:
             if isinstance(p, dict) and p.get("type") == "text" and not isinstance(p.get("text"), str):
-                raise ApiError(400, f"1 validation error: messages.{i}.content.text: Input should be a valid string",
-                               param=f"messages.{i}.content")
+                raise ApiError(
+                    400,
+                    f"1 validation error: messages.{i}.content.text: Input should be a valid string",
+                    param=f"messages.{i}.content",
+                )
         return
-    raise ApiError(400, f"1 validation error: messages.{i}.content: Input should be a valid string or a list of "
-                        "content parts", param=f"messages.{i}.content")
+    raise ApiError(
+        400,
+        f"1 validation error: messages.{i}.content: Input should be a valid string or a list of "
+        "content parts",
+        param=f"messages.{i}.content",
+    )
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-def chunk(rid: str, model: str, chat: bool, text: str | None, finish: str | None, first: bool = False,
-          index: int = 0) -> dict[str, Any]:
+def chunk(
+    rid: str,
+    model: str,
+    chat: bool,
+    text: str | None,
+    finish: str | None,
+    first: bool = False,
+    index: int = 0,
+) -> dict[str, Any]:
     created = int(time.time())
     if chat:
         delta: dict[str, Any] = {}
@@ -151,25 +195,66 @@ def chunk(rid: str, model: str, chat: bool, text: str | None, finish: str | None
         if text is not None:
             delta["content"] = text
         choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
-    choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish, "stop_reason": None}
+        return {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+        }
+    choice = {
+        "index": index,
+        "text": text or "",
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
+    }
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
 
 
-def usage_chunk(rid: str, model: str, chat: bool, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+def usage_chunk(
+    rid: str, model: str, chat: bool, prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+        "usage": usage(prompt_tokens, completion_tokens),
+    }
 
 
-def full_response(rid: str, model: str, chat: bool, texts: list[str], finishes: list[str], prompt_tokens: int,
-                  completion_tokens: int) -> dict[str, Any]:
+def full_response(
+    rid: str,
+    model: str,
+    chat: bool,
+    texts: list[str],
+    finishes: list[str],
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> dict[str, Any]:
     """One choice per (text, finish) pair: n choices for a request with n > 1."""
     choices: list[dict[str, Any]] = []
     for i, (text, finish) in enumerate(zip(texts, finishes, strict=True)):
         if chat:
-            choices.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                            "finish_reason": finish})
+            choices.append(
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+            )
         else:
-            choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None})
-    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
+            choices.append(
+                {"index": i, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+            )
+    return {
+        "id": rid,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage(prompt_tokens, completion_tokens),
+    }

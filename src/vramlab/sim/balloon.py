@@ -13,8 +13,13 @@ from vramlab.sim.ledger import DeviceLedger, SimOutOfMemory
 from vramlab.units import gib as gib_text
 
 
-def hold(device: str, gib: float | None = None, leave_gib: float | None = None, hold_s: float | None = None,
-         gpu: str | None = None) -> int:
+def hold(
+    device: str,
+    gib: float | None = None,
+    leave_gib: float | None = None,
+    hold_s: float | None = None,
+    gpu: str | None = None,
+) -> int:
     """Hold memory until *hold_s* passes or the process is interrupted or terminated; 0 when released."""
     ledger = DeviceLedger(device, gpu=gpu)
     if gib is not None:
@@ -58,5 +63,12 @@ def device_status(device: str) -> dict[str, Any]:
         p = procs.setdefault(a.pid, {"pid": a.pid, "name": a.name, "used_bytes": 0, "by_kind": {}})
         p["used_bytes"] += a.bytes
         p["by_kind"][a.kind] = p["by_kind"].get(a.kind, 0) + a.bytes
-    return {"device": str(ledger.path), "gpu": ledger.gpu, "name": ledger.name(0), "total_bytes": total,
-            "used_bytes": used, "free_bytes": free, "processes": sorted(procs.values(), key=lambda p: p["pid"])}
+    return {
+        "device": str(ledger.path),
+        "gpu": ledger.gpu,
+        "name": ledger.name(0),
+        "total_bytes": total,
+        "used_bytes": used,
+        "free_bytes": free,
+        "processes": sorted(procs.values(), key=lambda p: p["pid"]),
+    }

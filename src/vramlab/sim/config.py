@@ -115,16 +115,22 @@ def compute_estimate(cfg: SimConfig) -> Estimate:
     from vramlab.capacity.gpus import get_gpu
 
     settings = EngineSettings(
-        engine=cfg.engine, engine_version=cfg.engine_version,
-        gpu_memory_utilization=cfg.gpu_memory_utilization, max_model_len=cfg.max_model_len,
-        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-        kv_cache_dtype=cfg.kv_cache_dtype, tensor_parallel_size=cfg.tensor_parallel_size,
+        engine=cfg.engine,
+        engine_version=cfg.engine_version,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        max_model_len=cfg.max_model_len,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        kv_cache_dtype=cfg.kv_cache_dtype,
+        tensor_parallel_size=cfg.tensor_parallel_size,
     )
     spec = resolve_model(cfg.model)
     try:
         return estimate(spec, get_gpu(cfg.gpu), settings)
     except ImportError as exc:  # an engine policy not written yet
-        raise ConfigError(f"the capacity model has no {cfg.engine} policy yet ({exc}); pass --plan FILE") from None
+        raise ConfigError(
+            f"the capacity model has no {cfg.engine} policy yet ({exc}); pass --plan FILE"
+        ) from None
 
 
 def estimate_from_json(data: dict[str, Any]) -> Estimate:
@@ -133,20 +139,39 @@ def estimate_from_json(data: dict[str, Any]) -> Estimate:
 
     try:
         comps = tuple(Component(**c) for c in data["components"])
-        lims = {k: Limits(**{f: data[k][f] for f in ("kv_cache_bytes", "kv_cache_tokens", "num_blocks",
-                                                      "max_concurrency")})
-                for k in ("pessimistic", "optimistic") if k in data}
+        lims = {
+            k: Limits(
+                **{
+                    f: data[k][f]
+                    for f in ("kv_cache_bytes", "kv_cache_tokens", "num_blocks", "max_concurrency")
+                }
+            )
+            for k in ("pessimistic", "optimistic")
+            if k in data
+        }
         return Estimate(
-            model=data["model"], gpu=data["gpu"], engine=data["engine"], engine_version=data["engine_version"],
-            gpu_memory_bytes=int(data["gpu_memory_bytes"]), settings=dict(data.get("settings", {})),
-            components=comps, kv_bytes_per_token=int(data["kv_bytes_per_token"]),
-            block_size=int(data["block_size"]), num_blocks=int(data["num_blocks"]),
-            kv_cache_bytes=int(data["kv_cache_bytes"]), kv_cache_tokens=int(data["kv_cache_tokens"]),
-            max_concurrency=float(data["max_concurrency"]), max_model_len=int(data["max_model_len"]),
-            budget_bytes=int(data["budget_bytes"]), used_bytes=int(data["used_bytes"]),
-            headroom_bytes=int(data["headroom_bytes"]), fits=bool(data["fits"]),
-            reasons=tuple(data.get("reasons", ())), suggestions=tuple(data.get("suggestions", ())),
-            notes=tuple(data.get("notes", ())), pessimistic=lims.get("pessimistic"),
+            model=data["model"],
+            gpu=data["gpu"],
+            engine=data["engine"],
+            engine_version=data["engine_version"],
+            gpu_memory_bytes=int(data["gpu_memory_bytes"]),
+            settings=dict(data.get("settings", {})),
+            components=comps,
+            kv_bytes_per_token=int(data["kv_bytes_per_token"]),
+            block_size=int(data["block_size"]),
+            num_blocks=int(data["num_blocks"]),
+            kv_cache_bytes=int(data["kv_cache_bytes"]),
+            kv_cache_tokens=int(data["kv_cache_tokens"]),
+            max_concurrency=float(data["max_concurrency"]),
+            max_model_len=int(data["max_model_len"]),
+            budget_bytes=int(data["budget_bytes"]),
+            used_bytes=int(data["used_bytes"]),
+            headroom_bytes=int(data["headroom_bytes"]),
+            fits=bool(data["fits"]),
+            reasons=tuple(data.get("reasons", ())),
+            suggestions=tuple(data.get("suggestions", ())),
+            notes=tuple(data.get("notes", ())),
+            pessimistic=lims.get("pessimistic"),
             optimistic=lims.get("optimistic"),
             per_sequence_state_bytes=int(data.get("per_sequence_state_bytes", 0)),
         )

@@ -29,8 +29,12 @@ from vramlab.sim.scheduler import Batch, Request, Scheduler, cdiv
 from vramlab.sim.startup_log import EngineLog
 from vramlab.sim.timing import Roofline, load_s
 
-PROCESS_NAMES = {"vllm": "VLLM::EngineCore", "sglang": "sglang::scheduler",
-                 "tgi": "text-generation-server", "llama.cpp": "llama-server"}
+PROCESS_NAMES = {
+    "vllm": "VLLM::EngineCore",
+    "sglang": "sglang::scheduler",
+    "tgi": "text-generation-server",
+    "llama.cpp": "llama-server",
+}
 ACTIVATION_ROUND_BYTES = 2 << 20  # the caching allocator rounds large blocks to 2 MiB
 
 
@@ -65,15 +69,22 @@ class SimEngine:
         self.util = float(settings.get("gpu_memory_utilization") or cfg.gpu_memory_utilization or 0.9)
         self.max_model_len = est.max_model_len or cfg.max_model_len or 4096
         self.max_num_seqs = int(settings.get("max_num_seqs") or cfg.max_num_seqs or 256)
-        self.max_num_batched_tokens = int(settings.get("max_num_batched_tokens") or cfg.max_num_batched_tokens
-                                          or max(8192, min(self.max_model_len, 16384)))
+        self.max_num_batched_tokens = int(
+            settings.get("max_num_batched_tokens")
+            or cfg.max_num_batched_tokens
+            or max(8192, min(self.max_model_len, 16384))
+        )
         from vramlab.capacity.gpus import get_gpu
 
         gpu = get_gpu(cfg.gpu)
         self.gpu_label = f"NVIDIA {gpu.name.upper()}"
-        self.roofline = Roofline(params=est.weights_bytes / 2, weights_bytes=est.weights_bytes,
-                                 kv_bytes_per_token=est.kv_bytes_per_token, bf16_tflops=gpu.bf16_tflops,
-                                 bandwidth_gbps=gpu.bandwidth_gbps)
+        self.roofline = Roofline(
+            params=est.weights_bytes / 2,
+            weights_bytes=est.weights_bytes,
+            kv_bytes_per_token=est.kv_bytes_per_token,
+            bf16_tflops=gpu.bf16_tflops,
+            bandwidth_gbps=gpu.bandwidth_gbps,
+        )
 
     # --- memory through the ledger ------------------------------------------------------
     def _alloc(self, nbytes: int, kind: str) -> int:
@@ -120,8 +131,12 @@ class SimEngine:
     async def startup(self) -> None:
         """Allocate and size everything in the engine's order; raise StartupRefused on failure."""
         try:
-            await {"vllm": self._start_vllm, "sglang": self._start_sglang, "tgi": self._start_tgi,
-                   "llama.cpp": self._start_llamacpp}[self.cfg.engine]()
+            await {
+                "vllm": self._start_vllm,
+                "sglang": self._start_sglang,
+                "tgi": self._start_tgi,
+                "llama.cpp": self._start_llamacpp,
+            }[self.cfg.engine]()
         except SimOutOfMemory as oom:
             self._refuse_oom(oom)
         self.ready = True
@@ -129,8 +144,12 @@ class SimEngine:
     def _refuse(self, final: str, exit_code: int = 1) -> None:
         if self.cfg.engine == "vllm":
             self.log.error("EngineCore failed to start.", "core")
-            self.log.error(L.traceback_block(final, [("/usr/lib/python3/site-packages/vllm/v1/engine/core.py", 699,
-                                                      "run_engine_core")]), "core")
+            self.log.error(
+                L.traceback_block(
+                    final, [("/usr/lib/python3/site-packages/vllm/v1/engine/core.py", 699, "run_engine_core")]
+                ),
+                "core",
+            )
             self.log.error(L.CORE_INIT_FAILED, "core")
         else:
             self.log.error(final)
@@ -140,8 +159,10 @@ class SimEngine:
     def _refuse_oom(self, oom: SimOutOfMemory) -> None:
         total, _, free = self.ledger.memory_info()
         if self.cfg.engine == "llama.cpp":
-            self.log.error(f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {oom.requested_bytes / MIB:.2f} "
-                           "MiB on device 0: cudaMalloc failed: out of memory")
+            self.log.error(
+                f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {oom.requested_bytes / MIB:.2f} "
+                "MiB on device 0: cudaMalloc failed: out of memory"
+            )
             self._refuse("main: exiting due to model loading error")
         self._refuse(L.torch_oom(oom.requested_bytes, total, free, self._own_bytes))
 
@@ -168,14 +189,24 @@ class SimEngine:
         return max(0, used_peak - used_before - self.est.activation_peak_bytes - self.est.non_torch_bytes)
 
     def _make_scheduler(self, num_blocks: int) -> None:
-        self.sched = Scheduler(num_blocks, self.est.block_size, self.max_num_seqs, self.max_num_batched_tokens,
-                               self.max_model_len)
+        self.sched = Scheduler(
+            num_blocks,
+            self.est.block_size,
+            self.max_num_seqs,
+            self.max_num_batched_tokens,
+            self.max_model_len,
+        )
 
     async def _start_vllm(self) -> None:
         v = self.version
         self.log.info(f"vLLM API server version {self.cfg.version_text}", "api")
-        args = {"model": self.cfg.model, "max_model_len": self.max_model_len, "gpu_memory_utilization": self.util,
-                "max_num_seqs": self.max_num_seqs, "tensor_parallel_size": self.cfg.tensor_parallel_size}
+        args = {
+            "model": self.cfg.model,
+            "max_model_len": self.max_model_len,
+            "gpu_memory_utilization": self.util,
+            "max_num_seqs": self.max_num_seqs,
+            "tensor_parallel_size": self.cfg.tensor_parallel_size,
+        }
         self.log.info(f"non-default args: {args}", "utils.py:326")
         self._alloc_context()
         await self._meet("context")
@@ -194,19 +225,31 @@ class SimEngine:
         if kv_bytes <= 0:
             self._refuse(L.vllm_no_cache_error())
         block_bytes = self.est.block_size * self.est.kv_bytes_per_token
-        num_blocks = self.est.num_blocks if others_growth == 0 and self.est.num_blocks else kv_bytes // block_bytes
+        num_blocks = (
+            self.est.num_blocks if others_growth == 0 and self.est.num_blocks else kv_bytes // block_bytes
+        )
         tokens = num_blocks * self.est.block_size
         if tokens < self.max_model_len:
-            self._refuse(L.vllm_max_len_error(v, self.max_model_len, self.max_model_len * self.est.kv_bytes_per_token,
-                                              kv_bytes, tokens, tokens))
+            self._refuse(
+                L.vllm_max_len_error(
+                    v,
+                    self.max_model_len,
+                    self.max_model_len * self.est.kv_bytes_per_token,
+                    kv_bytes,
+                    tokens,
+                    tokens,
+                )
+            )
         self._alloc(num_blocks * block_bytes, "kv_cache")
         for line in L.vllm_kv_lines(v, kv_bytes, tokens, self.max_model_len, tokens / self.max_model_len):
             self.log.info(line, "cache")
         if self.est.cuda_graph_bytes:
             self._alloc(self.est.cuda_graph_bytes, "cuda_graph")
             await self._sleep_scaled(5.0)
-            self.log.info(f"Graph capturing finished in 5 secs, took {to_gib(self.est.cuda_graph_bytes):.2f} GiB",
-                          "graph")
+            self.log.info(
+                f"Graph capturing finished in 5 secs, took {to_gib(self.est.cuda_graph_bytes):.2f} GiB",
+                "graph",
+            )
         self._make_scheduler(num_blocks)
 
     async def _start_from_free(self) -> tuple[int, int, int]:
@@ -233,18 +276,28 @@ class SimEngine:
         self._alloc(kv_bytes, "kv_cache")
         self._alloc(self.est.cuda_graph_bytes, "cuda_graph")
         _, _, avail_after_pool = self.ledger.memory_info()
-        for line in L.sglang_lines(self.est.weights_bytes, num_blocks * self.est.block_size, kv_bytes, avail_before,
-                                   avail_after_load, avail_after_pool + self.est.cuda_graph_bytes,
-                                   self.est.cuda_graph_bytes, self.max_num_seqs, self.max_model_len,
-                                   self.max_num_batched_tokens):
+        for line in L.sglang_lines(
+            self.est.weights_bytes,
+            num_blocks * self.est.block_size,
+            kv_bytes,
+            avail_before,
+            avail_after_load,
+            avail_after_pool + self.est.cuda_graph_bytes,
+            self.est.cuda_graph_bytes,
+            self.max_num_seqs,
+            self.max_model_len,
+            self.max_num_batched_tokens,
+        ):
             self.log.info(line)
         self._make_scheduler(num_blocks)
 
     async def _start_tgi(self) -> None:
         _, _, num_blocks = await self._start_from_free()
         if num_blocks * self.est.block_size < self.max_model_len:
-            self._refuse(f"Not enough memory to handle {self.max_num_batched_tokens} prefill tokens. You need to "
-                         "decrease `--max-batch-prefill-tokens`")
+            self._refuse(
+                f"Not enough memory to handle {self.max_num_batched_tokens} prefill tokens. You need to "
+                "decrease `--max-batch-prefill-tokens`"
+            )
         self._alloc(num_blocks * self.est.block_size * self.est.kv_bytes_per_token, "kv_cache")
         self._alloc(self.est.cuda_graph_bytes, "cuda_graph")
         for line in L.tgi_lines(num_blocks, self.est.block_size, num_blocks * self.est.block_size):
@@ -261,20 +314,38 @@ class SimEngine:
         if self.est.non_torch_bytes:
             self._alloc(self.est.non_torch_bytes, "non_torch")
         cells = kv // max(1, self.est.kv_bytes_per_token)
-        for line in L.llamacpp_lines(self.gpu_label, free, self.est.weights_bytes, kv, cells,
-                                     int(self.est.extra.get("num_layers", 32)), self.max_num_seqs,
-                                     self.est.activation_peak_bytes):
+        for line in L.llamacpp_lines(
+            self.gpu_label,
+            free,
+            self.est.weights_bytes,
+            kv,
+            cells,
+            int(self.est.extra.get("num_layers", 32)),
+            self.max_num_seqs,
+            self.est.activation_peak_bytes,
+        ):
             self.log.info(line)
         self._make_scheduler(max(1, cells // self.est.block_size))
-        self._activation_bytes = self.est.activation_peak_bytes  # llama.cpp reserves its compute buffer up front
+        self._activation_bytes = (
+            self.est.activation_peak_bytes
+        )  # llama.cpp reserves its compute buffer up front
 
     # --- requests -----------------------------------------------------------------------
-    def submit(self, rid: str, prompt_tokens: int, max_tokens: int, ignore_eos: bool, key: str,
-               sink: asyncio.Queue[tuple[str, Any]]) -> Request:
+    def submit(
+        self,
+        rid: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        ignore_eos: bool,
+        key: str,
+        sink: asyncio.Queue[tuple[str, Any]],
+    ) -> Request:
         stop_at = max_tokens
         if not ignore_eos and max_tokens > 1:
             # As if the model sampled EOS: a length fixed by the seed and the prompt, never by timing.
-            stop_at = random.Random(f"{self.cfg.seed}:{key}:{max_tokens}").randint(max(1, max_tokens // 2), max_tokens)
+            stop_at = random.Random(f"{self.cfg.seed}:{key}:{max_tokens}").randint(
+                max(1, max_tokens // 2), max_tokens
+            )
         req = Request(rid, prompt_tokens, max_tokens, stop_at, key, time.monotonic(), sink)
         self.stats.requests += 1
         assert self.sched is not None
@@ -311,14 +382,20 @@ class SimEngine:
                     f"Sequence group {req.id} is preempted by PreemptionMode.RECOMPUTE mode because there is not "
                     "enough KV cache space. This can affect the end-to-end performance. Increase "
                     "gpu_memory_utilization or tensor_parallel_size to provide more KV cache memory. "
-                    f"total_num_cumulative_preemption={self.stats.preemptions}", "sched")
+                    f"total_num_cumulative_preemption={self.stats.preemptions}",
+                    "sched",
+                )
             elif self.cfg.engine == "sglang":
                 ratio = self._rng.uniform(0.6, 0.9)
-                self.log.info(f"Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio: {ratio:.4f} -> "
-                              f"{min(1.0, ratio + 0.1):.4f}")
+                self.log.info(
+                    f"Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio: {ratio:.4f} -> "
+                    f"{min(1.0, ratio + 0.1):.4f}"
+                )
             elif self.cfg.engine == "llama.cpp":
-                self.log.info("update_slots: failed to find free space in the KV cache, retrying with smaller "
-                              "batch size")
+                self.log.info(
+                    "update_slots: failed to find free space in the KV cache, retrying with smaller "
+                    "batch size"
+                )
 
     async def run(self) -> None:
         """Step until stopped or dead. Cancel the task to stop."""
@@ -399,27 +476,47 @@ class SimEngine:
     def _die_oom(self, oom: SimOutOfMemory) -> None:
         total, _, free = self.ledger.memory_info()
         text = L.torch_oom(oom.requested_bytes, total, free, self._own_bytes)
-        frames = [("/usr/lib/python3/site-packages/vllm/v1/engine/core.py", 851, "run_busy_loop"),
-                  ("/usr/lib/python3/site-packages/vllm/v1/worker/gpu_model_runner.py", 2311, "execute_model"),
-                  ("/usr/lib/python3/site-packages/torch/nn/modules/module.py", 1773, "_wrapped_call_impl")]
+        frames = [
+            ("/usr/lib/python3/site-packages/vllm/v1/engine/core.py", 851, "run_busy_loop"),
+            ("/usr/lib/python3/site-packages/vllm/v1/worker/gpu_model_runner.py", 2311, "execute_model"),
+            ("/usr/lib/python3/site-packages/torch/nn/modules/module.py", 1773, "_wrapped_call_impl"),
+        ]
         eng = self.cfg.engine
         if eng == "vllm":
-            self._die(["EngineCore encountered a fatal error.", L.traceback_block(text, frames), L.ENGINE_DEAD], 1)
+            self._die(
+                ["EngineCore encountered a fatal error.", L.traceback_block(text, frames), L.ENGINE_DEAD], 1
+            )
         elif eng == "sglang":
-            self._die([f"Scheduler hit an exception: {L.traceback_block(text, frames[2:])}",
-                       "Received sigquit from a child process. It usually means the child failed."], 1)
+            self._die(
+                [
+                    f"Scheduler hit an exception: {L.traceback_block(text, frames[2:])}",
+                    "Received sigquit from a child process. It usually means the child failed.",
+                ],
+                1,
+            )
         elif eng == "tgi":
             self._die([f"Shard 0 failed: {text}", "Shard 0 crashed"], 1)
         else:
-            self._die([f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {oom.requested_bytes / MIB:.2f} MiB "
-                       "on device 0: cudaMalloc failed: out of memory", "CUDA error: out of memory"], 134)
+            self._die(
+                [
+                    f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {oom.requested_bytes / MIB:.2f} MiB "
+                    "on device 0: cudaMalloc failed: out of memory",
+                    "CUDA error: out of memory",
+                ],
+                134,
+            )
 
     def _die_crash(self) -> None:
         text = "RuntimeError: CUDA error: an illegal memory access was encountered"
-        codes = {"vllm": [text, L.ENGINE_DEAD], "sglang": [f"Scheduler hit an exception: {text}",
-                 "Received sigquit from a child process. It usually means the child failed."],
-                 "tgi": [f"Shard 0 failed: {text}", "Shard 0 crashed"], "llama.cpp": ["CUDA error: an illegal "
-                 "memory access was encountered"]}
+        codes = {
+            "vllm": [text, L.ENGINE_DEAD],
+            "sglang": [
+                f"Scheduler hit an exception: {text}",
+                "Received sigquit from a child process. It usually means the child failed.",
+            ],
+            "tgi": [f"Shard 0 failed: {text}", "Shard 0 crashed"],
+            "llama.cpp": ["CUDA error: an illegal memory access was encountered"],
+        }
         self._die(codes[self.cfg.engine], 134 if self.cfg.engine == "llama.cpp" else 1)
 
     def _exit(self, code: int) -> None:

@@ -36,11 +36,31 @@ class SimStartError(VramlabError):
 
 def config_args(cfg: SimConfig) -> list[str]:
     """The `vramlab sim serve` arguments for a config (estimate overrides cannot cross; use --plan)."""
-    out = ["--model", cfg.model, "--gpu", cfg.gpu, "--engine", cfg.engine, "--speed", str(cfg.speed),
-           "--seed", str(cfg.seed), "--host", cfg.host, "--watchdog-s", str(cfg.watchdog_s)]
-    opt = {"--engine-version": cfg.engine_version, "--gpu-memory-utilization": cfg.gpu_memory_utilization,
-           "--max-model-len": cfg.max_model_len, "--max-num-seqs": cfg.max_num_seqs, "--device": cfg.device,
-           "--max-num-batched-tokens": cfg.max_num_batched_tokens, "--start-barrier": cfg.start_barrier}
+    out = [
+        "--model",
+        cfg.model,
+        "--gpu",
+        cfg.gpu,
+        "--engine",
+        cfg.engine,
+        "--speed",
+        str(cfg.speed),
+        "--seed",
+        str(cfg.seed),
+        "--host",
+        cfg.host,
+        "--watchdog-s",
+        str(cfg.watchdog_s),
+    ]
+    opt = {
+        "--engine-version": cfg.engine_version,
+        "--gpu-memory-utilization": cfg.gpu_memory_utilization,
+        "--max-model-len": cfg.max_model_len,
+        "--max-num-seqs": cfg.max_num_seqs,
+        "--device": cfg.device,
+        "--max-num-batched-tokens": cfg.max_num_batched_tokens,
+        "--start-barrier": cfg.start_barrier,
+    }
     for flag, value in opt.items():
         if value is not None:
             out += [flag, str(value)]
@@ -102,8 +122,15 @@ class SimProcess:
         self.stop()
 
 
-def start_sim(args: list[str] | SimConfig, port: int = 0, device: str | None = None, log_path: str | None = None,
-              wait_ready: bool = True, timeout_s: float = 30.0, env: dict[str, str] | None = None) -> SimProcess:
+def start_sim(
+    args: list[str] | SimConfig,
+    port: int = 0,
+    device: str | None = None,
+    log_path: str | None = None,
+    wait_ready: bool = True,
+    timeout_s: float = 30.0,
+    env: dict[str, str] | None = None,
+) -> SimProcess:
     """Run `vramlab sim serve ARGS` in a child process; by default wait until /health answers 200."""
     argv = config_args(args) if isinstance(args, SimConfig) else list(args)
     tmp = None
@@ -115,8 +142,13 @@ def start_sim(args: list[str] | SimConfig, port: int = 0, device: str | None = N
     argv += ["--port", str(port), "--log-file", log_path]
     Path(log_path).touch()
     cmd = [sys.executable, "-m", "vramlab", "sim", "serve", *argv]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
     sim = SimProcess(proc, Path(log_path), _tmp=tmp)
     if wait_ready:
         _wait_ready(sim, timeout_s)
@@ -143,5 +175,8 @@ def _wait_ready(sim: SimProcess, timeout_s: float) -> None:
                 pass
         time.sleep(0.05)
     sim.kill()
-    raise SimStartError(f"the sim did not become ready within {timeout_s:g} s", None,
-                        "\n".join(sim.log_text().splitlines()[-20:]))
+    raise SimStartError(
+        f"the sim did not become ready within {timeout_s:g} s",
+        None,
+        "\n".join(sim.log_text().splitlines()[-20:]),
+    )

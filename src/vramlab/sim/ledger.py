@@ -78,8 +78,9 @@ class DeviceLedger:
         self._pid = os.getpid()
         self._start = _start_time(self._pid) or 0.0
         if gpu is None and not self.path.exists():
-            raise ConfigError(f"no simulated device at {self.path} (`vramlab sim serve` or `sim balloon --gpu` "
-                              "creates one)")
+            raise ConfigError(
+                f"no simulated device at {self.path} (`vramlab sim serve` or `sim balloon --gpu` creates one)"
+            )
         with self._locked() as state:
             if gpu is not None:
                 from vramlab.capacity.gpus import get_gpu
@@ -135,10 +136,16 @@ class DeviceLedger:
                 raise SimOutOfMemory(nbytes, free, state["total_bytes"])
             handle = int(state["next_id"])
             state["next_id"] = handle + 1
-            state["allocations"].append({
-                "id": handle, "pid": pid or self._pid, "start": self._start if pid is None else _start_time(pid),
-                "name": name or f"pid{self._pid}", "kind": kind, "bytes": nbytes,
-            })
+            state["allocations"].append(
+                {
+                    "id": handle,
+                    "pid": pid or self._pid,
+                    "start": self._start if pid is None else _start_time(pid),
+                    "name": name or f"pid{self._pid}",
+                    "kind": kind,
+                    "bytes": nbytes,
+                }
+            )
             return handle
 
     def release(self, handle: int) -> None:
@@ -153,7 +160,9 @@ class DeviceLedger:
 
     def allocations(self) -> list[Allocation]:
         with self._locked() as state:
-            return [Allocation(a["id"], a["pid"], a["name"], a["kind"], a["bytes"]) for a in state["allocations"]]
+            return [
+                Allocation(a["id"], a["pid"], a["name"], a["kind"], a["bytes"]) for a in state["allocations"]
+            ]
 
     # --- what NVML would answer ---------------------------------------------------------
     def device_count(self) -> int:

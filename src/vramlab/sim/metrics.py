@@ -16,8 +16,30 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                     7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+LATENCY_BUCKETS_S = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 
 
 @dataclass
@@ -83,8 +105,9 @@ class EngineCollector:
         yield from render[self.engine]()
 
     # --- helpers ------------------------------------------------------------------------
-    def _counter(self, name: str, doc: str, value: float, labels: dict[str, str] | None = None,
-                 suffix: str = "_total") -> Any:
+    def _counter(
+        self, name: str, doc: str, value: float, labels: dict[str, str] | None = None, suffix: str = "_total"
+    ) -> Any:
         from prometheus_client.core import Metric
 
         m = Metric(name, doc, "counter")
@@ -112,50 +135,75 @@ class EngineCollector:
         s, g = self.stats, self.gauges
         lab = {"model_name": self.model, "engine": "0"}
         new = self.version >= (0, 10)
-        yield self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                          g.running(), lab)
-        yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                          g.waiting(), lab)
+        yield self._gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", g.running(), lab
+        )
+        yield self._gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", g.waiting(), lab
+        )
         usage = "vllm:kv_cache_usage_perc" if new else "vllm:gpu_cache_usage_perc"
         yield self._gauge(usage, "KV-cache usage. 1 means 100 percent usage.", g.kv_usage(), lab)
-        yield self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                            s.preemptions, lab)
+        yield self._counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", s.preemptions, lab
+        )
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens, lab)
-        yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                            s.generation_tokens, lab)
-        ok = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
-                                 labels=[*lab, "finished_reason"])
+        yield self._counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens, lab
+        )
+        ok = CounterMetricFamily(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels=[*lab, "finished_reason"],
+        )
         for reason in ("stop", "length", "abort"):
             ok.add_metric([*lab.values(), reason], s.success[reason])
         yield ok
-        yield self._hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                         s.ttft_s, lab)
+        yield self._hist(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", s.ttft_s, lab
+        )
         itl = "vllm:inter_token_latency_seconds" if new else "vllm:time_per_output_token_seconds"
         yield self._hist(itl, "Histogram of inter-token latency in seconds.", s.itl_s, lab)
-        yield self._hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                         s.e2e_s, lab)
-        yield self._hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase.",
-                         s.queue_s, lab)
-        yield self._gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", 1.0,
-                          g.cache_config)
+        yield self._hist(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", s.e2e_s, lab
+        )
+        yield self._hist(
+            "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase.", s.queue_s, lab
+        )
+        yield self._gauge(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", 1.0, g.cache_config
+        )
 
     def _sglang(self) -> Iterator[Any]:
         s, g = self.stats, self.gauges
         lab = {"model_name": self.model}
         yield self._gauge("sglang:num_running_reqs", "The number of running requests.", g.running(), lab)
-        yield self._gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", g.waiting(), lab)
+        yield self._gauge(
+            "sglang:num_queue_reqs", "The number of requests in the waiting queue.", g.waiting(), lab
+        )
         yield self._gauge("sglang:token_usage", "The token usage.", g.kv_usage(), lab)
         yield self._gauge("sglang:num_used_tokens", "The number of used tokens.", g.kv_used_tokens(), lab)
-        yield self._counter("sglang:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens, lab)
-        yield self._counter("sglang:generation_tokens", "Number of generation tokens processed.",
-                            s.generation_tokens, lab)
+        yield self._counter(
+            "sglang:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens, lab
+        )
+        yield self._counter(
+            "sglang:generation_tokens", "Number of generation tokens processed.", s.generation_tokens, lab
+        )
         yield self._counter("sglang:num_retracted_reqs", "Number of retracted requests.", s.preemptions, lab)
-        yield self._hist("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                         s.ttft_s, lab)
-        yield self._hist("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                         s.itl_s, lab)
-        yield self._hist("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
-                         s.e2e_s, lab)
+        yield self._hist(
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            s.ttft_s,
+            lab,
+        )
+        yield self._hist(
+            "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", s.itl_s, lab
+        )
+        yield self._hist(
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds",
+            s.e2e_s,
+            lab,
+        )
 
     def _tgi(self) -> Iterator[Any]:
         # TGI's Rust exporter writes counters without a `_total` suffix.
@@ -180,15 +228,19 @@ class EngineCollector:
         s, g = self.stats, self.gauges
         yield self._counter("llamacpp:prompt_tokens", "Number of prompt tokens processed.", s.prompt_tokens)
         yield self._counter("llamacpp:prompt_seconds", "Prompt process time", s.prompt_seconds)
-        yield self._counter("llamacpp:tokens_predicted", "Number of generation tokens processed.",
-                            s.generation_tokens)
+        yield self._counter(
+            "llamacpp:tokens_predicted", "Number of generation tokens processed.", s.generation_tokens
+        )
         yield self._counter("llamacpp:tokens_predicted_seconds", "Predict process time", s.predicted_seconds)
         pps = s.prompt_tokens / s.prompt_seconds if s.prompt_seconds else 0.0
         tps = s.generation_tokens / s.predicted_seconds if s.predicted_seconds else 0.0
         yield self._gauge("llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s.", pps)
-        yield self._gauge("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s.", tps)
-        yield self._gauge("llamacpp:kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.",
-                          g.kv_usage())
+        yield self._gauge(
+            "llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s.", tps
+        )
+        yield self._gauge(
+            "llamacpp:kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.", g.kv_usage()
+        )
         yield self._gauge("llamacpp:kv_cache_tokens", "KV-cache tokens.", g.kv_used_tokens())
         yield self._gauge("llamacpp:requests_processing", "Number of requests processing.", g.running())
         yield self._gauge("llamacpp:requests_deferred", "Number of requests deferred.", g.waiting())

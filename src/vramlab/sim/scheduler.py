@@ -35,7 +35,9 @@ class Request:
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     last_token_s: float | None = None
-    prev_token_s: float | None = None  # the token before the last: inter-token latency includes preemption gaps
+    prev_token_s: float | None = (
+        None  # the token before the last: inter-token latency includes preemption gaps
+    )
     finished_reason: str | None = None
 
     @property

@@ -64,12 +64,18 @@ class SimServer:
         ledger = DeviceLedger(device, gpu=cfg.gpu)
         self.engine = SimEngine(cfg, est, ledger, self.log)
         app = web.Application(client_max_size=64 << 20)
-        app.add_routes([
-            web.get("/health", self._health), web.get("/version", self._version), web.get("/v1/models", self._models),
-            web.get("/metrics", self._metrics), web.post("/v1/completions", self._completions),
-            web.post("/v1/chat/completions", self._chat), web.post("/sim/fault", self._fault),
-            web.get("/sim/state", self._state),
-        ])
+        app.add_routes(
+            [
+                web.get("/health", self._health),
+                web.get("/version", self._version),
+                web.get("/v1/models", self._models),
+                web.get("/metrics", self._metrics),
+                web.post("/v1/completions", self._completions),
+                web.post("/v1/chat/completions", self._chat),
+                web.post("/sim/fault", self._fault),
+                web.get("/sim/state", self._state),
+            ]
+        )
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await self._runner.setup()
         listen_first = cfg.engine == "llama.cpp"  # llama-server answers 503 "Loading model" while loading
@@ -146,14 +152,19 @@ class SimServer:
             p, g = s.prompt_tokens - last_p, s.generation_tokens - last_g
             last_p, last_g = s.prompt_tokens, s.generation_tokens
             if self.cfg.engine == "vllm":
-                self.log.info(f"Engine 000: Avg prompt throughput: {p / interval:.1f} tokens/s, Avg generation "
-                              f"throughput: {g / interval:.1f} tokens/s, Running: {len(sched.running)} reqs, Waiting: "
-                              f"{len(sched.waiting)} reqs, GPU KV cache usage: {sched.kv_cache_usage * 100:.1f}%, "
-                              "Prefix cache hit rate: 0.0%", "stats")
+                self.log.info(
+                    f"Engine 000: Avg prompt throughput: {p / interval:.1f} tokens/s, Avg generation "
+                    f"throughput: {g / interval:.1f} tokens/s, Running: {len(sched.running)} reqs, Waiting: "
+                    f"{len(sched.waiting)} reqs, GPU KV cache usage: {sched.kv_cache_usage * 100:.1f}%, "
+                    "Prefix cache hit rate: 0.0%",
+                    "stats",
+                )
             elif self.cfg.engine == "sglang":
-                self.log.info(f"Decode batch, #running-req: {len(sched.running)}, #token: {sched.used_tokens}, "
-                              f"token usage: {sched.kv_cache_usage:.2f}, gen throughput (token/s): "
-                              f"{g / interval:.2f}, #queue-req: {len(sched.waiting)}")
+                self.log.info(
+                    f"Decode batch, #running-req: {len(sched.running)}, #token: {sched.used_tokens}, "
+                    f"token usage: {sched.kv_cache_usage:.2f}, gen throughput (token/s): "
+                    f"{g / interval:.2f}, #queue-req: {len(sched.waiting)}"
+                )
 
     # --- plain endpoints ----------------------------------------------------------------
     def _json(self, data: Any, status: int = 200) -> Any:
@@ -170,7 +181,9 @@ class SimServer:
         eng = self.engine
         if self.cfg.engine == "llama.cpp":
             if not eng.ready:
-                return self._json({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}, 503)
+                return self._json(
+                    {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}, 503
+                )
             return self._json({"status": "ok"}, 503 if eng.dead else 200)
         if eng.dead:
             if self.cfg.engine == "tgi":
@@ -183,9 +196,22 @@ class SimServer:
 
     async def _models(self, request: Any) -> Any:
         owner = {"vllm": "vllm", "sglang": "sglang", "tgi": "tgi", "llama.cpp": "llamacpp"}[self.cfg.engine]
-        return self._json({"object": "list", "data": [{
-            "id": self.cfg.model_name, "object": "model", "created": int(time.time()), "owned_by": owner,
-            "root": self.cfg.model, "parent": None, "max_model_len": self.engine.max_model_len}]})
+        return self._json(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.cfg.model_name,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": owner,
+                        "root": self.cfg.model,
+                        "parent": None,
+                        "max_model_len": self.engine.max_model_len,
+                    }
+                ],
+            }
+        )
 
     async def _metrics(self, request: Any) -> Any:
         from aiohttp import web
@@ -194,26 +220,49 @@ class SimServer:
         eng = self.engine
         sched = eng.sched
         assert sched is not None
-        settings = {"block_size": str(eng.est.block_size), "gpu_memory_utilization": str(eng.util),
-                    "num_gpu_blocks": str(sched.num_blocks), "cache_dtype": self.cfg.kv_cache_dtype,
-                    "engine": "0"}
-        gauges = Gauges(lambda: len(sched.running), lambda: len(sched.waiting), lambda: sched.kv_cache_usage,
-                        lambda: sched.used_tokens, sched.num_blocks * sched.block_size, settings)
+        settings = {
+            "block_size": str(eng.est.block_size),
+            "gpu_memory_utilization": str(eng.util),
+            "num_gpu_blocks": str(sched.num_blocks),
+            "cache_dtype": self.cfg.kv_cache_dtype,
+            "engine": "0",
+        }
+        gauges = Gauges(
+            lambda: len(sched.running),
+            lambda: len(sched.waiting),
+            lambda: sched.kv_cache_usage,
+            lambda: sched.used_tokens,
+            sched.num_blocks * sched.block_size,
+            settings,
+        )
         body = render(EngineCollector(self.cfg.engine, eng.version, self.cfg.model_name, eng.stats, gauges))
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _state(self, request: Any) -> Any:
         eng, sched = self.engine, self.engine.sched
         assert sched is not None
-        return self._json({"ready": eng.ready, "dead": eng.dead, "running": len(sched.running),
-                           "waiting": len(sched.waiting), "num_blocks": sched.num_blocks,
-                           "free_blocks": sched.free_blocks, "preemptions": eng.stats.preemptions,
-                           "faults": eng.faults.history, "max_model_len": eng.max_model_len})
+        return self._json(
+            {
+                "ready": eng.ready,
+                "dead": eng.dead,
+                "running": len(sched.running),
+                "waiting": len(sched.waiting),
+                "num_blocks": sched.num_blocks,
+                "free_blocks": sched.free_blocks,
+                "preemptions": eng.stats.preemptions,
+                "faults": eng.faults.history,
+                "max_model_len": eng.max_model_len,
+            }
+        )
 
     async def _fault(self, request: Any) -> Any:
         from aiohttp import web
 
-        peer = (request.transport.get_extra_info("peername") or ("0.0.0.0",))[0] if request.transport else "0.0.0.0"
+        peer = (
+            (request.transport.get_extra_info("peername") or ("0.0.0.0",))[0]
+            if request.transport
+            else "0.0.0.0"
+        )
         if not self.cfg.allow_fault_injection or not ipaddress.ip_address(peer).is_loopback:
             raise web.HTTPNotFound()
         try:
@@ -243,9 +292,14 @@ class SimServer:
                 raise ApiError(400, f"JSON decode error: {detail}") from None
             parsed = parse_request(body, chat, self.cfg.model_name, eng.max_model_len)
             if eng.dead:
-                self.log.info(f'{request.remote}:0 - "POST {request.path} HTTP/1.1" 500 Internal Server Error')
-                raise ApiError(500, "EngineCore encountered an issue. See stack trace (above) for the root cause.",
-                               "InternalServerError")
+                self.log.info(
+                    f'{request.remote}:0 - "POST {request.path} HTTP/1.1" 500 Internal Server Error'
+                )
+                raise ApiError(
+                    500,
+                    "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                    "InternalServerError",
+                )
             if self.cfg.engine == "tgi" and self._in_flight >= self.cfg.max_concurrent_requests:
                 eng.stats.failures["overloaded"] += 1
                 raise ApiError(429, "Model is overloaded", "overloaded")
@@ -257,9 +311,17 @@ class SimServer:
         # One queue for all n choices: each engine sequence tags what it sends with its choice index.
         sink: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
         self._in_flight += 1
-        reqs = [eng.submit(rid if parsed.n == 1 else f"{rid}-{i}", parsed.prompt_tokens, parsed.max_tokens,
-                           parsed.ignore_eos, _choice_key(parsed.key, i), _Tagged(sink, i))  # type: ignore[arg-type]
-                for i in range(parsed.n)]
+        reqs = [
+            eng.submit(
+                rid if parsed.n == 1 else f"{rid}-{i}",
+                parsed.prompt_tokens,
+                parsed.max_tokens,
+                parsed.ignore_eos,
+                _choice_key(parsed.key, i),
+                _Tagged(sink, i),  # type: ignore[arg-type]
+            )
+            for i in range(parsed.n)
+        ]
         try:
             if parsed.stream:
                 return await self._stream(request, rid, parsed, sink)
@@ -280,10 +342,21 @@ class SimServer:
                 finishes[i] = value
             else:
                 return self._error(ApiError(500, value, "InternalServerError"))
-        return self._json(full_response(rid, self.cfg.model_name, p.chat, ["".join(x) for x in parts],
-                                        [str(f) for f in finishes], p.prompt_tokens, sum(len(x) for x in parts)))
+        return self._json(
+            full_response(
+                rid,
+                self.cfg.model_name,
+                p.chat,
+                ["".join(x) for x in parts],
+                [str(f) for f in finishes],
+                p.prompt_tokens,
+                sum(len(x) for x in parts),
+            )
+        )
 
-    async def _stream(self, request: Any, rid: str, p: Parsed, sink: asyncio.Queue[tuple[int, str, Any]]) -> Any:
+    async def _stream(
+        self, request: Any, rid: str, p: Parsed, sink: asyncio.Queue[tuple[int, str, Any]]
+    ) -> Any:
         from aiohttp import web
 
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -292,7 +365,9 @@ class SimServer:
             await resp.prepare(request)
 
             async def send(obj: Any) -> None:
-                await resp.write(b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n")
+                await resp.write(
+                    b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+                )
 
             if p.chat:
                 for i in range(p.n):
@@ -301,14 +376,25 @@ class SimServer:
                 i, kind, value = await sink.get()
                 if kind == "token":
                     n += 1
-                    await send(chunk(rid, model, p.chat, token_text(self.cfg.seed, _choice_key(p.key, i), value), None,
-                                     index=i))
+                    await send(
+                        chunk(
+                            rid,
+                            model,
+                            p.chat,
+                            token_text(self.cfg.seed, _choice_key(p.key, i), value),
+                            None,
+                            index=i,
+                        )
+                    )
                 elif kind == "done":
                     open_ -= 1
                     await send(chunk(rid, model, p.chat, None if p.chat else "", value, index=i))
                 else:  # the status is already 200: the error travels as the next chunk (vLLM launcher.py)
-                    await send(error_body(ApiError(500, value, "InternalServerError"), self.cfg.engine,
-                                          self.engine.version))
+                    await send(
+                        error_body(
+                            ApiError(500, value, "InternalServerError"), self.cfg.engine, self.engine.version
+                        )
+                    )
                     break
             else:
                 if p.include_usage:

@@ -16,9 +16,15 @@ from vramlab.capacity.units import GIB, MIB, to_gib
 
 # file[:line] vLLM prints in its log prefix, so a reader sees where a line would come from.
 _VLLM_SRC = {
-    "load": "gpu_model_runner.py:2602", "kv": "gpu_worker.py:298", "cache": "kv_cache_utils.py:1087",
-    "graph": "gpu_model_runner.py:3480", "api": "api_server.py:1971", "core": "core.py:708",
-    "stats": "loggers.py:123", "sched": "scheduler.py:311", "launcher": "launcher.py:99",
+    "load": "gpu_model_runner.py:2602",
+    "kv": "gpu_worker.py:298",
+    "cache": "kv_cache_utils.py:1087",
+    "graph": "gpu_model_runner.py:3480",
+    "api": "api_server.py:1971",
+    "core": "core.py:708",
+    "stats": "loggers.py:123",
+    "sched": "scheduler.py:311",
+    "launcher": "launcher.py:99",
 }
 
 
@@ -77,53 +83,78 @@ def vllm_loading(version: tuple[int, ...], weights_bytes: int, seconds: float) -
     return f"Model loading took {to_gib(weights_bytes):.4f} GiB and {seconds:.6f} seconds"
 
 
-def vllm_kv_lines(version: tuple[int, ...], kv_bytes: int, tokens: int, max_model_len: int,
-                  concurrency: float) -> list[str]:
+def vllm_kv_lines(
+    version: tuple[int, ...], kv_bytes: int, tokens: int, max_model_len: int, concurrency: float
+) -> list[str]:
     if version < (0, 8):  # V0 wording
-        return [f"# cuda blocks: {tokens // 16}, # CPU blocks: 2048",
-                f"Maximum concurrency for {max_model_len} tokens per request: {concurrency:.2f}x"]
-    return [f"Available KV cache memory: {to_gib(kv_bytes):.2f} GiB",
-            f"GPU KV cache size: {tokens:,} tokens",
-            f"Maximum concurrency for {max_model_len:,} tokens per request: {concurrency:.2f}x"]
+        return [
+            f"# cuda blocks: {tokens // 16}, # CPU blocks: 2048",
+            f"Maximum concurrency for {max_model_len} tokens per request: {concurrency:.2f}x",
+        ]
+    return [
+        f"Available KV cache memory: {to_gib(kv_bytes):.2f} GiB",
+        f"GPU KV cache size: {tokens:,} tokens",
+        f"Maximum concurrency for {max_model_len:,} tokens per request: {concurrency:.2f}x",
+    ]
 
 
 def vllm_free_memory_error(version: tuple[int, ...], free: int, total: int, util: float) -> str:
     dev = "device cuda:0" if version >= (0, 10) else "device"
-    return (f"ValueError: Free memory on {dev} ({to_gib(free):.2f}/{to_gib(total):.2f} GiB) on startup is less than "
-            f"desired GPU memory utilization ({util}, {to_gib(util * total):.2f} GiB). Decrease GPU memory "
-            "utilization or reduce GPU memory used by other processes.")
+    return (
+        f"ValueError: Free memory on {dev} ({to_gib(free):.2f}/{to_gib(total):.2f} GiB) on startup is less than "
+        f"desired GPU memory utilization ({util}, {to_gib(util * total):.2f} GiB). Decrease GPU memory "
+        "utilization or reduce GPU memory used by other processes."
+    )
 
 
 def vllm_no_cache_error() -> str:
-    return ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
-            "when initializing the engine.")
+    return (
+        "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+        "when initializing the engine."
+    )
 
 
-def vllm_max_len_error(version: tuple[int, ...], max_model_len: int, needed_bytes: int, available_bytes: int,
-                       tokens: int, largest_len: int) -> str:
+def vllm_max_len_error(
+    version: tuple[int, ...],
+    max_model_len: int,
+    needed_bytes: int,
+    available_bytes: int,
+    tokens: int,
+    largest_len: int,
+) -> str:
     if version < (0, 8):
-        return (f"ValueError: The model's max seq len ({max_model_len}) is larger than the maximum number of "
-                f"tokens that can be stored in KV cache ({tokens}). Try increasing `gpu_memory_utilization` or "
-                "decreasing `max_model_len` when initializing the engine.")
-    return (f"ValueError: To serve at least one request with the models's max seq len ({max_model_len}), "
-            f"({to_gib(needed_bytes):.2f} GiB KV cache is needed, which is larger than the available KV cache "
-            f"memory ({to_gib(available_bytes):.2f} GiB). Based on the available memory, the estimated maximum "
-            f"model length is {largest_len}. Try increasing `gpu_memory_utilization` or decreasing "
-            "`max_model_len` when initializing the engine.")
+        return (
+            f"ValueError: The model's max seq len ({max_model_len}) is larger than the maximum number of "
+            f"tokens that can be stored in KV cache ({tokens}). Try increasing `gpu_memory_utilization` or "
+            "decreasing `max_model_len` when initializing the engine."
+        )
+    return (
+        f"ValueError: To serve at least one request with the models's max seq len ({max_model_len}), "
+        f"({to_gib(needed_bytes):.2f} GiB KV cache is needed, which is larger than the available KV cache "
+        f"memory ({to_gib(available_bytes):.2f} GiB). Based on the available memory, the estimated maximum "
+        f"model length is {largest_len}. Try increasing `gpu_memory_utilization` or decreasing "
+        "`max_model_len` when initializing the engine."
+    )
 
 
 def torch_oom(requested: int, total: int, free: int, process_bytes: int) -> str:
-    return (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {requested / MIB:.2f} MiB. GPU 0 has "
-            f"a total capacity of {to_gib(total):.2f} GiB of which {free / MIB:.2f} MiB is free. Including non-PyTorch "
-            f"memory, this process has {to_gib(process_bytes):.2f} GiB memory in use. Of the allocated memory "
-            f"{to_gib(process_bytes):.2f} GiB is allocated by PyTorch, and 0 bytes is reserved by PyTorch but "
-            "unallocated. If reserved but unallocated memory is large try setting "
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+    return (
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {requested / MIB:.2f} MiB. GPU 0 has "
+        f"a total capacity of {to_gib(total):.2f} GiB of which {free / MIB:.2f} MiB is free. Including non-PyTorch "
+        f"memory, this process has {to_gib(process_bytes):.2f} GiB memory in use. Of the allocated memory "
+        f"{to_gib(process_bytes):.2f} GiB is allocated by PyTorch, and 0 bytes is reserved by PyTorch but "
+        "unallocated. If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
+    )
 
 
-ENGINE_DEAD = ("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
-               "See stack trace (above) for the root cause.")
-CORE_INIT_FAILED = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+ENGINE_DEAD = (
+    "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
+    "See stack trace (above) for the root cause."
+)
+CORE_INIT_FAILED = (
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+)
 
 
 def traceback_block(final: str, frames: list[tuple[str, int, str]]) -> str:
@@ -135,9 +166,18 @@ def traceback_block(final: str, frames: list[tuple[str, int, str]]) -> str:
 
 
 # --- SGLang, TGI, llama.cpp ---------------------------------------------------------------
-def sglang_lines(weights: int, kv_tokens: int, kv_bytes: int, avail_before: int, avail_after_load: int,
-                 avail_after_pool: int, graph_bytes: int, max_running: int, context_len: int,
-                 chunked: int) -> list[str]:
+def sglang_lines(
+    weights: int,
+    kv_tokens: int,
+    kv_bytes: int,
+    avail_before: int,
+    avail_after_load: int,
+    avail_after_pool: int,
+    graph_bytes: int,
+    max_running: int,
+    context_len: int,
+    chunked: int,
+) -> list[str]:
     gb = GIB  # SGLang prints "GB" but divides by 1024**3
     return [
         f"Load weight begin. avail mem={avail_before / gb:.2f} GB",
@@ -156,13 +196,23 @@ def sglang_lines(weights: int, kv_tokens: int, kv_bytes: int, avail_before: int,
 
 
 def tgi_lines(num_blocks: int, block_size: int, total_tokens: int) -> list[str]:
-    return [f"KV-cache blocks: {num_blocks}, size: {block_size}",
-            f"Setting max batch total tokens to {total_tokens}",
-            "Cuda Graphs are enabled for sizes [32, 16, 8, 4, 2, 1]"]
+    return [
+        f"KV-cache blocks: {num_blocks}, size: {block_size}",
+        f"Setting max batch total tokens to {total_tokens}",
+        "Cuda Graphs are enabled for sizes [32, 16, 8, 4, 2, 1]",
+    ]
 
 
-def llamacpp_lines(gpu_name: str, free_before: int, weights: int, kv_bytes: int, cells: int, layers: int,
-                   seqs: int, compute: int) -> list[str]:
+def llamacpp_lines(
+    gpu_name: str,
+    free_before: int,
+    weights: int,
+    kv_bytes: int,
+    cells: int,
+    layers: int,
+    seqs: int,
+    compute: int,
+) -> list[str]:
     return [
         f"llama_model_load_from_file_impl: using device CUDA0 ({gpu_name}) - {free_before // MIB} MiB free",
         f"load_tensors: CUDA0 model buffer size = {weights / MIB:.2f} MiB",

@@ -58,7 +58,9 @@ class CatalogEntry:
         if method in ("awq", "gptq"):
             return f"{method}-{qc.get('bits', '?')}bit"
         if method == "bitsandbytes":
-            return "bnb-" + str(qc.get("bnb_4bit_quant_type", "nf4")) if qc.get("load_in_4bit") else "bnb-int8"
+            return (
+                "bnb-" + str(qc.get("bnb_4bit_quant_type", "nf4")) if qc.get("load_in_4bit") else "bnb-int8"
+            )
         if method == "compressed-tensors":
             group = next(iter((qc.get("config_groups") or {}).values()), None) or {}
             weights, acts = group.get("weights") or {}, group.get("input_activations") or {}
@@ -170,7 +172,9 @@ def _entry(raw: Any, i: int) -> CatalogEntry:
     if missing:
         raise ConfigError(f"model catalog entry {i} ({raw.get('name', '?')}): missing {', '.join(missing)}")
     if not isinstance(raw["config"], dict) or not raw["source"]:
-        raise ConfigError(f"model catalog entry {raw['name']!r}: config must be an object and source non-empty")
+        raise ConfigError(
+            f"model catalog entry {raw['name']!r}: config must be an object and source non-empty"
+        )
     return CatalogEntry(
         name=str(raw["name"]),
         hf_id=str(raw["hf_id"]),

@@ -129,8 +129,11 @@ def config_from_gguf(f: GGUFFacts, where: str) -> dict[str, Any]:
     layers = _scalar_or_max(f.get("block_count"))
     hidden = _scalar_or_max(f.get("embedding_length"))
     heads = _scalar_or_max(f.get("attention.head_count"))
-    missing = [k for k, v in (("block_count", layers), ("embedding_length", hidden),
-                              ("attention.head_count", heads)) if not v]
+    missing = [
+        k
+        for k, v in (("block_count", layers), ("embedding_length", hidden), ("attention.head_count", heads))
+        if not v
+    ]
     if missing:
         raise ConfigError(f"{where}: GGUF metadata lacks {', '.join(f'{arch}.{k}' for k in missing)}")
     assert layers and hidden and heads
@@ -155,7 +158,9 @@ def config_from_gguf(f: GGUFFacts, where: str) -> dict[str, Any]:
     if not vocab and isinstance(tokens, (list, dict)):
         vocab = tokens["array_length"] if isinstance(tokens, dict) else len(tokens)
     if not vocab:
-        raise ConfigError(f"{where}: GGUF gives no vocabulary size (no {arch}.vocab_size, token_embd or tokens)")
+        raise ConfigError(
+            f"{where}: GGUF gives no vocabulary size (no {arch}.vocab_size, token_embd or tokens)"
+        )
     cfg["vocab_size"] = vocab
     cfg["tie_word_embeddings"] = "output.weight" not in f.tensor_shapes
     ctx = _scalar_or_max(f.get("context_length"))
@@ -173,7 +178,9 @@ def config_from_gguf(f: GGUFFacts, where: str) -> dict[str, Any]:
         elif arch == "gemma3":  # llama.cpp's gemma3 loader hard-codes 5 local : 1 global
             cfg["sliding_window_pattern"] = 6
         elif arch == "gpt-oss":  # sliding on even layers, as in the HF config's layer_types
-            cfg["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+            cfg["layer_types"] = [
+                "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)
+            ]
 
     experts = _scalar_or_max(f.get("expert_count"))
     if experts:
@@ -208,12 +215,14 @@ def config_from_gguf(f: GGUFFacts, where: str) -> dict[str, Any]:
     if state:
         inner = _scalar_or_max(f.get("ssm.inner_size")) or 2 * hidden
         ssm_heads = _scalar_or_max(f.get("ssm.time_step_rank")) or 0
-        cfg.update({
-            "mamba_d_state": state,
-            "mamba_d_conv": _scalar_or_max(f.get("ssm.conv_kernel")) or 4,
-            "mamba_expand": max(1, inner // hidden),
-            "mamba_n_groups": _scalar_or_max(f.get("ssm.group_count")) or 1,
-        })
+        cfg.update(
+            {
+                "mamba_d_state": state,
+                "mamba_d_conv": _scalar_or_max(f.get("ssm.conv_kernel")) or 4,
+                "mamba_expand": max(1, inner // hidden),
+                "mamba_n_groups": _scalar_or_max(f.get("ssm.group_count")) or 1,
+            }
+        )
         if ssm_heads and inner % ssm_heads == 0:
             cfg["mamba_n_heads"] = ssm_heads
             cfg["mamba_d_head"] = inner // ssm_heads
@@ -224,8 +233,9 @@ def config_from_gguf(f: GGUFFacts, where: str) -> dict[str, Any]:
             cfg["layer_types"] = ["mamba"] * layers
     interval = _scalar_or_max(f.get("full_attention_interval"))
     if interval and "layer_types" not in cfg:  # Qwen3-Next style: linear-attention layers between
-        cfg["layer_types"] = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                              for i in range(layers)]
+        cfg["layer_types"] = [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)
+        ]
     return cfg
 
 

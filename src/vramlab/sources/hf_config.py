@@ -16,8 +16,22 @@ from vramlab.errors import ConfigError
 from vramlab.sources.hf_quant import quant_spec
 
 # torch's dtype names a config.json may carry ("auto" too); anything else is a broken config.
-TORCH_DTYPE_NAMES = frozenset({"auto", "bfloat16", "float16", "half", "float32", "float", "float64", "double",
-                               "float8_e4m3fn", "float8_e5m2", "int8", "uint8"})
+TORCH_DTYPE_NAMES = frozenset(
+    {
+        "auto",
+        "bfloat16",
+        "float16",
+        "half",
+        "float32",
+        "float",
+        "float64",
+        "double",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "int8",
+        "uint8",
+    }
+)
 
 # Families whose `sliding_window` applies to every layer when no per-layer pattern is given.
 _ALL_LAYERS_SLIDING = {"mistral", "starcoder2", "mixtral"}
@@ -27,25 +41,54 @@ _OPT_IN_SLIDING = {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen2_vl", "qwen
 _UNGATED = {"phi", "phi-msft", "gpt2", "gpt_bigcode", "starcoder2", "falcon", "gpt_neox", "opt", "bloom"}
 
 _LAYER_TYPE_NAMES = {
-    "full_attention": "full", "attention": "full", "global": "full", "full": "full",
-    "sliding_attention": "sliding", "sliding": "sliding", "local": "sliding",
+    "full_attention": "full",
+    "attention": "full",
+    "global": "full",
+    "full": "full",
+    "sliding_attention": "sliding",
+    "sliding": "sliding",
+    "local": "sliding",
     "chunked_attention": "chunked",
-    "mamba": "mamba", "mamba2": "mamba", "ssm": "mamba",
-    "linear_attention": "linear", "linear": "linear",
+    "mamba": "mamba",
+    "mamba2": "mamba",
+    "ssm": "mamba",
+    "linear_attention": "linear",
+    "linear": "linear",
 }
 
 
 # Vision towers that load with the language model, for configs that describe only the text part
 # (hidden, layers, MLP width, gated): the published encoders of these architectures.
 _DEFAULT_VISION = {
-    "Gemma3ForConditionalGeneration": {"hidden_size": 1152, "num_hidden_layers": 27, "intermediate_size": 4304},
-    "PixtralForConditionalGeneration": {"hidden_size": 1024, "num_hidden_layers": 24, "intermediate_size": 4096,
-                                        "hidden_act": "silu"},
-    "Mistral3ForConditionalGeneration": {"hidden_size": 1024, "num_hidden_layers": 24, "intermediate_size": 4096,
-                                         "hidden_act": "silu"},
-    "Llama4ForConditionalGeneration": {"hidden_size": 1408, "num_hidden_layers": 34, "intermediate_size": 5632},
-    "Qwen2_5_VLForConditionalGeneration": {"hidden_size": 1280, "num_hidden_layers": 32, "intermediate_size": 3420,
-                                           "hidden_act": "silu", "spatial_merge_size": 2},
+    "Gemma3ForConditionalGeneration": {
+        "hidden_size": 1152,
+        "num_hidden_layers": 27,
+        "intermediate_size": 4304,
+    },
+    "PixtralForConditionalGeneration": {
+        "hidden_size": 1024,
+        "num_hidden_layers": 24,
+        "intermediate_size": 4096,
+        "hidden_act": "silu",
+    },
+    "Mistral3ForConditionalGeneration": {
+        "hidden_size": 1024,
+        "num_hidden_layers": 24,
+        "intermediate_size": 4096,
+        "hidden_act": "silu",
+    },
+    "Llama4ForConditionalGeneration": {
+        "hidden_size": 1408,
+        "num_hidden_layers": 34,
+        "intermediate_size": 5632,
+    },
+    "Qwen2_5_VLForConditionalGeneration": {
+        "hidden_size": 1280,
+        "num_hidden_layers": 32,
+        "intermediate_size": 3420,
+        "hidden_act": "silu",
+        "spatial_merge_size": 2,
+    },
 }
 
 
@@ -123,8 +166,9 @@ def _layer_kinds(c: dict[str, Any], n: int, model_type: str) -> tuple[str, ...] 
             return tuple("chunked" if nope[i] else "full" for i in range(n))
         interval = int(c.get("nope_layer_interval") or 4)
         return tuple("full" if (i + 1) % interval == 0 else "chunked" for i in range(n))
-    if window and (model_type in _ALL_LAYERS_SLIDING or
-                   (model_type in _OPT_IN_SLIDING and c.get("use_sliding_window"))):
+    if window and (
+        model_type in _ALL_LAYERS_SLIDING or (model_type in _OPT_IN_SLIDING and c.get("use_sliding_window"))
+    ):
         return ("sliding",) * n
     return None
 
@@ -134,7 +178,9 @@ def _rotary_fraction(c: dict[str, Any], model_type: str) -> float:
     to 0.5 when the config is silent (vllm/model_executor/models/glm4_moe.py,
     `rope_parameters.setdefault("partial_rotary_factor", 0.5)`)."""
     rp = c.get("rope_parameters")
-    value = c.get("partial_rotary_factor") or (rp.get("partial_rotary_factor") if isinstance(rp, dict) else None)
+    value = c.get("partial_rotary_factor") or (
+        rp.get("partial_rotary_factor") if isinstance(rp, dict) else None
+    )
     if value is None:
         return 0.5 if model_type == "glm4_moe" else 1.0
     return min(1.0, max(0.0, float(value)))
@@ -150,11 +196,21 @@ def spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str 
         raise ConfigError(f"{name}: config is not a JSON object")
     try:
         return _spec_from_config(config, name, source, hf_id)
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, ZeroDivisionError) as exc:
+    except (
+        TypeError,
+        ValueError,
+        KeyError,
+        AttributeError,
+        IndexError,
+        OverflowError,
+        ZeroDivisionError,
+    ) as exc:
         if isinstance(exc, ConfigError):
             raise
-        raise ConfigError(f"{name}: config.json has a field of the wrong type or value "
-                          f"({type(exc).__name__}: {str(exc)[:160]})") from None
+        raise ConfigError(
+            f"{name}: config.json has a field of the wrong type or value "
+            f"({type(exc).__name__}: {str(exc)[:160]})"
+        ) from None
 
 
 def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str | None) -> ModelSpec:
@@ -185,50 +241,83 @@ def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str
     vocab = _need(c, name, "vocab_size", "padded_vocab_size", "n_vocab")
     torch_dtype = str(_first(c, "torch_dtype", "dtype", default="bfloat16")).replace("torch.", "")
     if torch_dtype not in TORCH_DTYPE_NAMES:  # transformers refuses it too: not "planned as bf16"
-        raise ConfigError(f"{name}: config.json torch_dtype {torch_dtype!r} is not a torch dtype "
-                          f"(expected one of {', '.join(sorted(TORCH_DTYPE_NAMES))})")
+        raise ConfigError(
+            f"{name}: config.json torch_dtype {torch_dtype!r} is not a torch dtype "
+            f"(expected one of {', '.join(sorted(TORCH_DTYPE_NAMES))})"
+        )
     if torch_dtype not in ("bfloat16", "float16", "float32"):
         torch_dtype = "bfloat16"
 
-    inter = int(_first(c, "intermediate_size_mlp", "intermediate_size", "ffn_hidden_size", "n_inner",
-                       default=4 * hidden))
+    inter = int(
+        _first(
+            c, "intermediate_size_mlp", "intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden
+        )
+    )
     kinds = _layer_kinds(c, layers, model_type)
 
-    n_experts = int(_first(c, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts",
-                           default=0) or 0)
+    n_experts = int(
+        _first(c, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", default=0) or 0
+    )
     moe_inter = int(_first(c, "moe_intermediate_size", default=0) or 0)
     if n_experts and not moe_inter:
         moe_inter = int(c.get("intermediate_size") or inter)
     if model_type.startswith("llama4") and n_experts:
         moe_inter = int(c.get("intermediate_size") or moe_inter)
         inter = int(c.get("intermediate_size_mlp") or 2 * moe_inter)
-        c = {**c, "n_shared_experts": c.get("n_shared_experts") or 1}  # every Llama 4 MoE layer has one shared expert
+        c = {
+            **c,
+            "n_shared_experts": c.get("n_shared_experts") or 1,
+        }  # every Llama 4 MoE layer has one shared expert
     shared_inter = int(c.get("shared_expert_intermediate_size") or 0)
     n_shared = int(_first(c, "n_shared_experts", "num_shared_experts", default=0) or 0)
     if shared_inter and not n_shared:
         n_shared = 1
     elif n_shared and not shared_inter:
-        shared_inter = moe_inter * n_shared if model_type.startswith("deepseek") or "kimi" in model_type \
-            else moe_inter
+        shared_inter = (
+            moe_inter * n_shared if model_type.startswith("deepseek") or "kimi" in model_type else moe_inter
+        )
         if model_type.startswith("deepseek") or "kimi" in model_type:
             n_shared = 1
     first_dense = int(_first(c, "first_k_dense_replace", default=0) or 0)
-    freq = int(_first(c, "interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq", "expert_layer_period",
-                      default=1) or 1)
+    freq = int(
+        _first(
+            c,
+            "interleave_moe_layer_step",
+            "decoder_sparse_step",
+            "moe_layer_freq",
+            "expert_layer_period",
+            default=1,
+        )
+        or 1
+    )
     offset = c.get("expert_layer_offset")  # Jamba: MoE where i % period == offset
 
     vision = c.get("_vision") or _DEFAULT_VISION.get(arch)
     text_hidden = int(c.get("hidden_size") or 0)
     vision_params = _vision_params(vision, text_hidden) if isinstance(vision, dict) else 0
     if not vision_params and c.get("vision_depth") and c.get("vision_hidden_size"):
-        vision_params = _vision_params({"depth": c["vision_depth"], "hidden_size": c["vision_hidden_size"],
-                                        "intermediate_size": c.get("vision_intermediate_size"),
-                                        "out_hidden_size": c.get("vision_out_hidden_size")}, text_hidden)
+        vision_params = _vision_params(
+            {
+                "depth": c["vision_depth"],
+                "hidden_size": c["vision_hidden_size"],
+                "intermediate_size": c.get("vision_intermediate_size"),
+                "out_hidden_size": c.get("vision_out_hidden_size"),
+            },
+            text_hidden,
+        )
 
-    tower = _vision_tower(arch, vision if isinstance(vision, dict) else {
-        "depth": c.get("vision_depth"), "hidden_size": c.get("vision_hidden_size"),
-        "intermediate_size": c.get("vision_intermediate_size"), "out_hidden_size": c.get("vision_out_hidden_size")},
-        text_hidden)
+    tower = _vision_tower(
+        arch,
+        vision
+        if isinstance(vision, dict)
+        else {
+            "depth": c.get("vision_depth"),
+            "hidden_size": c.get("vision_hidden_size"),
+            "intermediate_size": c.get("vision_intermediate_size"),
+            "out_hidden_size": c.get("vision_out_hidden_size"),
+        },
+        text_hidden,
+    )
 
     mamba_heads = int(_first(c, "mamba_n_heads", "mamba_num_heads", default=0) or 0)
     rope_field = c.get("rope_scaling")
@@ -248,16 +337,22 @@ def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str
         head_dim=head_dim,
         v_head_dim=None,
         vocab_size=vocab,
-        max_position_embeddings=int(_first(c, "max_position_embeddings", "n_positions", "seq_length",
-                                           "max_sequence_length", default=0)),
+        max_position_embeddings=int(
+            _first(
+                c, "max_position_embeddings", "n_positions", "seq_length", "max_sequence_length", default=0
+            )
+        ),
         torch_dtype=torch_dtype,
         rope_scaling_type=str(rope_type) if rope_type else None,
         rope_scaling_factor=float(rope.get("factor") or 1.0) if rope_type else 1.0,
         rope_original_max_position=int(rope["original_max_position_embeddings"])
-        if rope.get("original_max_position_embeddings") else None,
+        if rope.get("original_max_position_embeddings")
+        else None,
         tie_word_embeddings=bool(c.get("tie_word_embeddings", model_type.startswith("gemma"))),
         layer_kinds=kinds,
-        sliding_window=int(c["sliding_window"]) if c.get("sliding_window") and kinds and "sliding" in kinds else None,
+        sliding_window=int(c["sliding_window"])
+        if c.get("sliding_window") and kinds and "sliding" in kinds
+        else None,
         attention_chunk_size=int(c["attention_chunk_size"]) if c.get("attention_chunk_size") else None,
         global_num_kv_heads=c.get("num_global_key_value_heads"),
         global_head_dim=c.get("global_head_dim"),
@@ -268,14 +363,18 @@ def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str
         mla_v_head_dim=c.get("v_head_dim") if c.get("kv_lora_rank") else None,
         gated_mlp=model_type not in _UNGATED,
         num_experts=n_experts,
-        num_experts_per_tok=int(_first(c, "num_experts_per_tok", "experts_per_token", "moe_topk", default=0) or 0),
+        num_experts_per_tok=int(
+            _first(c, "num_experts_per_tok", "experts_per_token", "moe_topk", default=0) or 0
+        ),
         moe_intermediate_size=moe_inter,
         num_shared_experts=n_shared,
         shared_expert_intermediate_size=shared_inter,
         first_k_dense_layers=first_dense,
         moe_layer_freq=freq,
         moe_layer_offset=int(offset) if offset is not None else None,
-        attention_bias=bool(c.get("attention_bias", model_type in ("qwen2", "qwen2_moe", "qwen2_5_vl", "phi"))),
+        attention_bias=bool(
+            c.get("attention_bias", model_type in ("qwen2", "qwen2_moe", "qwen2_5_vl", "phi"))
+        ),
         mamba_d_state=int(_first(c, "mamba_d_state", "ssm_state_size", "state_size", default=0) or 0),
         mamba_d_conv=int(_first(c, "mamba_d_conv", "conv_kernel", default=4) or 4),
         mamba_expand=int(_first(c, "mamba_expand", "expand", default=2) or 2),
@@ -302,8 +401,10 @@ def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str
 # Towers whose start-up profile vLLM runs and vramlab models (capacity/engines/vllm_mm.py): the Qwen2-VL
 # family's `vision_config`. Qwen2-VL names the tower width `embed_dim` (MLP `mlp_ratio` x wide, QuickGELU);
 # Qwen2.5-VL `hidden_size` with a SiLU-gated `intermediate_size` MLP and `out_hidden_size` for the LM.
-_PROFILED_TOWERS = {"Qwen2VLForConditionalGeneration": "qwen2_vl",
-                    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl"}
+_PROFILED_TOWERS = {
+    "Qwen2VLForConditionalGeneration": "qwen2_vl",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+}
 
 
 def _vision_tower(arch: str, v: dict[str, Any], text_hidden: int) -> VisionTower | None:
@@ -321,12 +422,18 @@ def _vision_tower(arch: str, v: dict[str, Any], text_hidden: int) -> VisionTower
     depth = int(v.get("depth") or v.get("num_hidden_layers") or 0)
     if not (hidden and inter and depth and out):
         return None
-    return VisionTower(family=family, depth=depth, hidden_size=hidden, intermediate_size=inter,
-                       gated=family == "qwen2_5_vl", out_hidden_size=out,
-                       patch_size=int(v.get("patch_size") or 14),
-                       temporal_patch_size=int(v.get("temporal_patch_size") or 2),
-                       spatial_merge_size=int(v.get("spatial_merge_size") or 2),
-                       in_channels=int(v.get("in_chans") or v.get("in_channels") or 3))
+    return VisionTower(
+        family=family,
+        depth=depth,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        gated=family == "qwen2_5_vl",
+        out_hidden_size=out,
+        patch_size=int(v.get("patch_size") or 14),
+        temporal_patch_size=int(v.get("temporal_patch_size") or 2),
+        spatial_merge_size=int(v.get("spatial_merge_size") or 2),
+        in_channels=int(v.get("in_chans") or v.get("in_channels") or 3),
+    )
 
 
 def _vision_params(v: dict[str, Any], text_hidden: int = 0) -> int:
@@ -347,7 +454,9 @@ def _vision_params(v: dict[str, Any], text_hidden: int = 0) -> int:
     merge = v.get("spatial_merge_size")
     if merge:
         wide = hidden * int(merge) ** 2
-        out = int(v.get("out_hidden_size") or (v.get("hidden_size") if v.get("embed_dim") else 0) or text_hidden)
+        out = int(
+            v.get("out_hidden_size") or (v.get("hidden_size") if v.get("embed_dim") else 0) or text_hidden
+        )
         deepstack = v.get("deepstack_visual_indexes")
         merger = (wide * wide + wide * out) * (1 + (len(deepstack) if isinstance(deepstack, list) else 0))
     return depth * per_block + merger

@@ -22,7 +22,9 @@ def quant_spec(c: dict[str, Any], torch_dtype: str) -> QuantSpec | None:
             method="gptq" if "gptq" in method or "round" in method else "awq",
             bits=float(q.get("bits") or q.get("w_bit") or 4),
             group_size=None if g in (None, -1) else int(g),
-            has_zeros=bool(q.get("zero_point", not q.get("sym", False))) if "awq" in method else not q.get("sym", True),
+            has_zeros=bool(q.get("zero_point", not q.get("sym", False)))
+            if "awq" in method
+            else not q.get("sym", True),
             has_g_idx="gptq" in method or "round" in method,
             quantize_lm_head=bool(q.get("lm_head", False)),
             unquantized_dtype="float16",
@@ -39,14 +41,22 @@ def quant_spec(c: dict[str, Any], torch_dtype: str) -> QuantSpec | None:
         bits = 4.0 if q.get("load_in_4bit", True) and not q.get("load_in_8bit") else 8.0
         skip = q.get("llm_int8_skip_modules") or ()
         # vLLM BitsAndBytesConfig.from_config: use_double_quant defaults to False, skip list to [].
-        return QuantSpec("bitsandbytes", bits, group_size=64 if bits == 4 else None, unquantized_dtype=unq,
-                         skip_modules=tuple(str(x) for x in skip) if isinstance(skip, (list, tuple)) else (),
-                         double_quant=bool(q.get("bnb_4bit_use_double_quant", False)))
+        return QuantSpec(
+            "bitsandbytes",
+            bits,
+            group_size=64 if bits == 4 else None,
+            unquantized_dtype=unq,
+            skip_modules=tuple(str(x) for x in skip) if isinstance(skip, (list, tuple)) else (),
+            double_quant=bool(q.get("bnb_4bit_use_double_quant", False)),
+        )
     if method == "compressed-tensors":
         return _compressed_tensors(q, unq)
     producer = q.get("producer")
-    if method.startswith("modelopt") or method == "nvfp4" or (
-            not method and isinstance(producer, dict) and producer.get("name") == "modelopt"):
+    if (
+        method.startswith("modelopt")
+        or method == "nvfp4"
+        or (not method and isinstance(producer, dict) and producer.get("name") == "modelopt")
+    ):
         return _modelopt(q, method, unq)
     if method:
         width = q.get("bits")
@@ -63,15 +73,23 @@ def _modelopt(q: dict[str, Any], method: str, unq: str) -> QuantSpec:
     nested = q.get("quantization")
     src = nested if isinstance(nested, dict) else q
     algo = str(src.get("quant_algo") or "").upper()
-    excl = src.get("exclude_modules") if isinstance(nested, dict) else q.get("ignore", q.get("exclude_modules"))
+    excl = (
+        src.get("exclude_modules") if isinstance(nested, dict) else q.get("ignore", q.get("exclude_modules"))
+    )
     skip = tuple(str(x) for x in excl) if isinstance(excl, list) else ()
     if "FP4" in algo or (not algo and method != "modelopt"):
         group = src.get("group_size")
         for grp in (q.get("config_groups") or {}).values() if group is None else ():
             group = ((grp or {}).get("weights") or {}).get("group_size")
             break
-        return QuantSpec("nvfp4", 4.0, group_size=int(group or 16), has_zeros=False, unquantized_dtype=unq,
-                         skip_modules=skip)
+        return QuantSpec(
+            "nvfp4",
+            4.0,
+            group_size=int(group or 16),
+            has_zeros=False,
+            unquantized_dtype=unq,
+            skip_modules=skip,
+        )
     return QuantSpec("fp8", 8.0, unquantized_dtype=unq, skip_modules=skip)
 
 

@@ -226,12 +226,20 @@ class HubClient:
     def _offline_miss(self, repo: str, what: str) -> ConfigError:
         return ConfigError(
             f"{repo}: {what} is not in the local Hub cache ({self.cache_dir}) and offline mode is "
-            f"on; {self.online_hint}" + (" and unset HF_HUB_OFFLINE" if env_offline() else "") + " to fetch it"
+            f"on; {self.online_hint}"
+            + (" and unset HF_HUB_OFFLINE" if env_offline() else "")
+            + " to fetch it"
         )
 
     # --- HTTP --------------------------------------------------------------------------------
-    def _get(self, repo: str, revision: str, filename: str, max_bytes: int,
-             byte_range: tuple[int, int] | None = None) -> HttpResponse:
+    def _get(
+        self,
+        repo: str,
+        revision: str,
+        filename: str,
+        max_bytes: int,
+        byte_range: tuple[int, int] | None = None,
+    ) -> HttpResponse:
         headers = {"User-Agent": "vramlab"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -322,7 +330,9 @@ class HubClient:
         resp = self._get(repo, ref.url_revision, filename, _MAX_JSON_BYTES)
         if resp.status == 404:
             if required:
-                raise NotFoundError(f"{repo}: no {filename} at commit {ref.commit} on {self.endpoint} (HTTP 404)")
+                raise NotFoundError(
+                    f"{repo}: no {filename} at commit {ref.commit} on {self.endpoint} (HTTP 404)"
+                )
             self._write(missing, b"")
             return None
         if resp.status != 200:

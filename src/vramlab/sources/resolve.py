@@ -14,8 +14,13 @@ from vramlab.capacity.spec import ModelSpec
 from vramlab.errors import ConfigError, unknown
 
 
-def resolve_model(name_or_path: str, *, offline: bool = True, revision: str | None = None,
-                  online_hint: str = "run without --offline") -> ModelSpec:
+def resolve_model(
+    name_or_path: str,
+    *,
+    offline: bool = True,
+    revision: str | None = None,
+    online_hint: str = "run without --offline",
+) -> ModelSpec:
     """A `ModelSpec` for a catalog name/alias/Hub id, a local directory/config.json/.gguf, or a Hub id.
 
     Catalog entries and local files resolve offline. A Hub id outside the catalog needs

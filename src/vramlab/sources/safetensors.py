@@ -32,11 +32,26 @@ INDEX_NAME = "model.safetensors.index.json"
 
 # Bits per element of the dtypes the format defines (sub-byte float formats are packed).
 DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-    "I32": 32, "U32": 32, "F32": 32, "C64": 64,
-    "I64": 64, "U64": 64, "F64": 64,
-    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
 }
 
 
@@ -81,7 +96,9 @@ def parse_header_length(first8: bytes, *, where: str = "safetensors data") -> in
     if n < 2:
         raise ConfigError(f"{where}: header length {n} is too small to hold a JSON object")
     if n > MAX_HEADER_BYTES:
-        raise ConfigError(f"{where}: header length {n} exceeds {MAX_HEADER_BYTES} bytes; not a safetensors file?")
+        raise ConfigError(
+            f"{where}: header length {n} exceeds {MAX_HEADER_BYTES} bytes; not a safetensors file?"
+        )
     return n
 
 

@@ -25,8 +25,9 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def observed_status(status: str, started_at: float, heartbeat_at: float | None, pid: int | None,
-                    host: str | None, now: float) -> str:
+def observed_status(
+    status: str, started_at: float, heartbeat_at: float | None, pid: int | None, host: str | None, now: float
+) -> str:
     """The status to show: the stored one, or ``died`` for a 'running' run whose writer is gone."""
     if status != "running":
         return status

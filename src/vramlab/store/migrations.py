@@ -29,13 +29,15 @@ def _m2_heartbeat(conn: sa.Connection) -> None:
     """runs.heartbeat_at / writer_pid / writer_host. A database created by migration 1 of this
     release already has them (migration 1 creates the current `runs`), so add only what is missing."""
     have = {c["name"] for c in sa.inspect(conn).get_columns("runs")}
-    types: dict[str, sa.types.TypeEngine[Any]] = {"heartbeat_at": sa.Double(), "writer_pid": sa.Integer(),
-                                                  "writer_host": sa.String(255)}
+    types: dict[str, sa.types.TypeEngine[Any]] = {
+        "heartbeat_at": sa.Double(),
+        "writer_pid": sa.Integer(),
+        "writer_host": sa.String(255),
+    }
     for name in schema.LIVENESS_COLUMNS:
         if name not in have:
             ddl = types[name].compile(dialect=conn.dialect)
             conn.execute(sa.text(f"ALTER TABLE runs ADD COLUMN {name} {ddl}"))
-
 
 
 def _add_missing_columns(conn: sa.Connection, table: sa.Table, names: tuple[str, ...]) -> None:
@@ -48,8 +50,11 @@ def _add_missing_columns(conn: sa.Connection, table: sa.Table, names: tuple[str,
     for name in names:
         if name not in have:
             col = table.c[name]
-            conn.execute(sa.text(f'ALTER TABLE {table.name} ADD COLUMN "{name}" '
-                                 f"{col.type.compile(dialect=conn.dialect)}"))
+            conn.execute(
+                sa.text(
+                    f'ALTER TABLE {table.name} ADD COLUMN "{name}" {col.type.compile(dialect=conn.dialect)}'
+                )
+            )
 
 
 def _m3_token_accounting(conn: sa.Connection) -> None:
@@ -62,8 +67,12 @@ def _m4_itl_untimed_gaps(conn: sa.Connection) -> None:
     _add_missing_columns(conn, schema.requests, ("itl_untimed_gaps",))
 
 
-MIGRATIONS: list[Callable[[sa.Connection], None]] = [_m1_initial, _m2_heartbeat, _m3_token_accounting,
-                                                     _m4_itl_untimed_gaps]
+MIGRATIONS: list[Callable[[sa.Connection], None]] = [
+    _m1_initial,
+    _m2_heartbeat,
+    _m3_token_accounting,
+    _m4_itl_untimed_gaps,
+]
 LATEST = len(MIGRATIONS)
 
 

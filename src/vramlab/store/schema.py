@@ -48,7 +48,9 @@ LIVENESS_COLUMNS = ("heartbeat_at", "writer_pid", "writer_host")
 requests = sa.Table(
     "requests",
     metadata,
-    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column(
+        "seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     sa.Column("run_id", sa.String(16), sa.ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
     sa.Column("round", sa.Integer, nullable=False),
     sa.Column("phase", sa.String(32), nullable=False),
@@ -81,7 +83,9 @@ requests = sa.Table(
 samples = sa.Table(
     "samples",
     metadata,
-    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column(
+        "seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     sa.Column("run_id", sa.String(16), sa.ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
     sa.Column("t_s", sa.Double, nullable=False),
     sa.Column("source", sa.String(32), nullable=False),
@@ -94,7 +98,9 @@ samples = sa.Table(
 events = sa.Table(
     "events",
     metadata,
-    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column(
+        "seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     sa.Column("run_id", sa.String(16), sa.ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
     sa.Column("t_s", sa.Double, nullable=False),
     sa.Column("kind", sa.String(64), nullable=False),

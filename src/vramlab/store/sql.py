@@ -59,7 +59,7 @@ def _sqlite_migration_lock(url: str) -> Iterator[None]:
     except ImportError:  # not POSIX: no lock, as before
         yield
         return
-    path = url[len("sqlite:///"):]
+    path = url[len("sqlite:///") :]
     try:
         fh = open(path + ".lock", "ab")
     except OSError as exc:
@@ -67,8 +67,9 @@ def _sqlite_migration_lock(url: str) -> Iterator[None]:
             # A read-only folder: nobody can create tables there either; reading needs no lock.
             yield
             return
-        raise VramlabError(f"cannot open the store at {path}: cannot create its lock file {path}.lock: "
-                           f"{exc.strerror or exc}") from None
+        raise VramlabError(
+            f"cannot open the store at {path}: cannot create its lock file {path}.lock: {exc.strerror or exc}"
+        ) from None
     with fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
@@ -136,7 +137,7 @@ def _sqlite_file(url: str) -> str | None:
     """The absolute path of a SQLite store's file; None for any other store."""
     if not url.startswith("sqlite:///"):
         return None
-    path = url[len("sqlite:///"):].split("?", 1)[0]
+    path = url[len("sqlite:///") :].split("?", 1)[0]
     return os.path.abspath(path) if path and path != ":memory:" else None
 
 
@@ -294,15 +295,22 @@ class SqlStore:
 
         self._check_file()
         with _writing(self.url), self.engine.begin() as conn:
-            conn.execute(sa.update(schema.runs).where(schema.runs.c.run_id == run_id).values(
-                heartbeat_at=time.time(), writer_pid=os.getpid(), writer_host=socket.gethostname()[:255]))
+            conn.execute(
+                sa.update(schema.runs)
+                .where(schema.runs.c.run_id == run_id)
+                .values(
+                    heartbeat_at=time.time(), writer_pid=os.getpid(), writer_host=socket.gethostname()[:255]
+                )
+            )
 
     def liveness(self, run_ids: Sequence[str]) -> dict[str, tuple[float | None, int | None, str | None]]:
         """run_id -> (heartbeat_at, writer_pid, writer_host) for the given runs."""
         t = schema.runs
         if not run_ids:
             return {}
-        q = sa.select(t.c.run_id, t.c.heartbeat_at, t.c.writer_pid, t.c.writer_host).where(t.c.run_id.in_(run_ids))
+        q = sa.select(t.c.run_id, t.c.heartbeat_at, t.c.writer_pid, t.c.writer_host).where(
+            t.c.run_id.in_(run_ids)
+        )
         with _reading(self.url), self.engine.connect() as conn:
             return {r[0]: (r[1], r[2], r[3]) for r in conn.execute(q)}
 
@@ -315,8 +323,12 @@ class SqlStore:
         out = {}
         with _reading(self.url), self.engine.connect() as conn:
             for t in schema.RUN_TABLES:
-                out[t.name] = int(conn.execute(sa.select(sa.func.count()).select_from(t)
-                                               .where(t.c.run_id == run_id)).scalar() or 0)
+                out[t.name] = int(
+                    conn.execute(
+                        sa.select(sa.func.count()).select_from(t).where(t.c.run_id == run_id)
+                    ).scalar()
+                    or 0
+                )
         return out
 
     # -- reading -------------------------------------------------------------------------------
@@ -325,7 +337,9 @@ class SqlStore:
         """The run whose id is, or uniquely starts with, *id_or_prefix*."""
         key = id_or_prefix.strip().lower()
         if not key or not _HEX.match(key):
-            raise NotFoundError(f"no run {id_or_prefix!r}: run ids are hex, like 7f3a91bc (see `vramlab runs`)")
+            raise NotFoundError(
+                f"no run {id_or_prefix!r}: run ids are hex, like 7f3a91bc (see `vramlab runs`)"
+            )
         col = schema.runs.c.run_id
         cond = col == key if exact else col.like(key + "%")
         with _reading(self.url), self.engine.connect() as conn:
@@ -338,7 +352,9 @@ class SqlStore:
                 return _run_record(exact_hit[0])
             ids = ", ".join(r["run_id"] for r in rows[:5])
             more = ", ..." if len(rows) > 5 else ""
-            raise NotFoundError(f"run id prefix {id_or_prefix!r} is ambiguous: {ids}{more}; give more characters")
+            raise NotFoundError(
+                f"run id prefix {id_or_prefix!r} is ambiguous: {ids}{more}; give more characters"
+            )
         return _run_record(rows[0])
 
     def list_runs(self, limit: int = 50, kind: str | None = None) -> list[RunRecord]:

@@ -27,7 +27,9 @@ def resolve_url(url: str | None = None) -> str:
         path = raw.split(":///", 1)[1] if ":///" in raw else ""
     elif "://" in raw:
         scheme = raw.split("://", 1)[0]
-        raise ConfigError(f"unsupported store URL scheme {scheme!r}: use a file path, sqlite:///PATH or postgresql://...")
+        raise ConfigError(
+            f"unsupported store URL scheme {scheme!r}: use a file path, sqlite:///PATH or postgresql://..."
+        )
     else:
         path = raw
     if not path or path == ":memory:":

@@ -32,12 +32,20 @@ class Context:
         self.tp = max(1, self.settings.tensor_parallel_size)
         self.pp = max(1, self.settings.pipeline_parallel_size)
         if self.pp > self.model.num_layers:
-            raise ConfigError(f"--pipeline-parallel-size {self.pp} exceeds the model's {self.model.num_layers} layers")
+            raise ConfigError(
+                f"--pipeline-parallel-size {self.pp} exceeds the model's {self.model.num_layers} layers"
+            )
         self.version = self.settings.version
         self.quant: QuantSpec | None = wmod.effective_quant(self.model, self.settings.quantization)
-        self.dtype = wmod.resolve_dtype(self.model, self.settings.dtype, self.quant, self.settings.engine, self.version)
-        if (self.dtype == "bfloat16" and self.gpu.arch in ("pascal", "volta", "turing")
-                and self.settings.dtype in ("auto", None) and self.settings.engine in ("vllm", "sglang", "tgi")):
+        self.dtype = wmod.resolve_dtype(
+            self.model, self.settings.dtype, self.quant, self.settings.engine, self.version
+        )
+        if (
+            self.dtype == "bfloat16"
+            and self.gpu.arch in ("pascal", "volta", "turing")
+            and self.settings.dtype in ("auto", None)
+            and self.settings.engine in ("vllm", "sglang", "tgi")
+        ):
             self.dtype = "float16"  # no bf16 before Ampere: the serving engines cast to float16 under `auto`
         self.total = self.gpu.memory_bytes
         self.other = max(0, self.settings.other_processes_bytes)
@@ -48,9 +56,17 @@ class Context:
         return range(start, start + split[stage])
 
     def weights(self, stage: int = 0) -> tuple[int, str]:
-        value, how = wmod.weight_bytes(self.model, self.dtype, self.settings.quantization, self.tp, self.pp, stage,
-                                       rope_cache=self.settings.engine in ("vllm", "sglang"),
-                                       bnb_nested_absmax=self.bnb_nested_absmax, mxfp4_layout=self.mxfp4_layout)
+        value, how = wmod.weight_bytes(
+            self.model,
+            self.dtype,
+            self.settings.quantization,
+            self.tp,
+            self.pp,
+            stage,
+            rope_cache=self.settings.engine in ("vllm", "sglang"),
+            bnb_nested_absmax=self.bnb_nested_absmax,
+            mxfp4_layout=self.mxfp4_layout,
+        )
         return value + self.lora_bytes(stage), how
 
     def lora_bytes(self, stage: int = 0) -> int:
@@ -62,7 +78,9 @@ class Context:
         s = self.settings
         if not s.enable_lora or s.engine != "vllm" or (self.version and self.version < LORA_IN_WEIGHTS_FROM):
             return 0
-        elems = wmod.lora_slot_params(self.model, self.tp, self.pp, stage, max(1, s.max_lora_rank), max(1, s.max_loras))
+        elems = wmod.lora_slot_params(
+            self.model, self.tp, self.pp, stage, max(1, s.max_lora_rank), max(1, s.max_loras)
+        )
         return int(elems * dtype_bytes(self.dtype))
 
     @property
@@ -79,8 +97,17 @@ class Context:
         q = self.quant
         if self.settings.engine != "vllm" or self.gpu.arch != "hopper" or q is None or q.method != "mxfp4":
             return None
-        value, _ = wmod.weight_bytes(self.model, self.dtype, self.settings.quantization, self.tp, self.pp, stage,
-                                     rope_cache=True, bnb_nested_absmax=self.bnb_nested_absmax, mxfp4_layout="triton")
+        value, _ = wmod.weight_bytes(
+            self.model,
+            self.dtype,
+            self.settings.quantization,
+            self.tp,
+            self.pp,
+            stage,
+            rope_cache=True,
+            bnb_nested_absmax=self.bnb_nested_absmax,
+            mxfp4_layout="triton",
+        )
         return value + self.lora_bytes(stage)
 
     @property
@@ -92,12 +119,24 @@ class Context:
     def weights_component(self, stage: int = 0) -> Component:
         value, how = self.weights(stage)
         lora = self.lora_bytes(stage)
-        lora_note = (f"; includes {lora / 2**30:.2f} GiB of LoRA slots ({self.settings.max_loras} x rank "
-                     f"{self.settings.max_lora_rank}; embedding/LM-head LoRA not counted)") if lora else ""
+        lora_note = (
+            (
+                f"; includes {lora / 2**30:.2f} GiB of LoRA slots ({self.settings.max_loras} x rank "
+                f"{self.settings.max_lora_rank}; embedding/LM-head LoRA not counted)"
+            )
+            if lora
+            else ""
+        )
 
         if how == "exact":
-            return band("weights", value, 0.005, 0.01, EXACT,
-                        "bytes from the weight files' headers; load-time buffers add a little" + lora_note)
+            return band(
+                "weights",
+                value,
+                0.005,
+                0.01,
+                EXACT,
+                "bytes from the weight files' headers; load-time buffers add a little" + lora_note,
+            )
         q = self.quant
         note = "computed from the architecture"
         rel = 0.02
@@ -112,13 +151,20 @@ class Context:
         comp = band("weights", value, rel, rel, FORMULA, note)
         triton = self.mxfp4_hopper_triton_bytes(stage)
         if triton is not None and triton < comp.low_bytes:
-            comp = Component("weights", comp.bytes, triton, comp.high_bytes, FORMULA,
-                             note + f"; Hopper: Marlin's padded layout, {triton / 2**30:.2f} GiB in the Triton kernels' "
-                                    "layout if triton_kernels is installed (band widened to it)")
+            comp = Component(
+                "weights",
+                comp.bytes,
+                triton,
+                comp.high_bytes,
+                FORMULA,
+                note + f"; Hopper: Marlin's padded layout, {triton / 2**30:.2f} GiB in the Triton kernels' "
+                "layout if triton_kernels is installed (band widened to it)",
+            )
         return comp
 
-    def constant_component(self, name: str, key: str, note: str, in_budget: bool = True,
-                           extra_band: float = 0.0) -> Component:
+    def constant_component(
+        self, name: str, key: str, note: str, in_budget: bool = True, extra_band: float = 0.0
+    ) -> Component:
         """A component that is one calibratable constant, with its band and provenance."""
         rel = self.constants.band(key) + extra_band
         return band(name, self.constants[key], rel, rel, self.constants.provenance(key), note, in_budget)
@@ -137,17 +183,27 @@ class Context:
     def nccl_component(self, note: str, in_budget: bool = True) -> Component:
         """NCCL communicators created at start-up; their size follows the interconnect."""
         key = "nccl_init_bytes" if self.on_nvswitch else "nccl_init_pcie_bytes"
-        return self.constant_component("nccl", key, note + ("" if self.on_nvswitch else " (no NVSwitch: ring buffers only)"),
-                                       in_budget=in_budget)
+        return self.constant_component(
+            "nccl",
+            key,
+            note + ("" if self.on_nvswitch else " (no NVSwitch: ring buffers only)"),
+            in_budget=in_budget,
+        )
 
     def kv_shapes(self, stage: int = 0) -> tuple[kvmod.KVShape, ...]:
-        return kvmod.kv_shapes(self.model, self.settings.kv_cache_dtype, self.dtype, self.tp, self.layer_range(stage))
+        return kvmod.kv_shapes(
+            self.model, self.settings.kv_cache_dtype, self.dtype, self.tp, self.layer_range(stage)
+        )
 
     def kv_bytes_per_token(self, stage: int = 0) -> int:
-        return kvmod.kv_bytes_per_token(self.model, self.settings.kv_cache_dtype, self.dtype, self.tp, self.layer_range(stage))
+        return kvmod.kv_bytes_per_token(
+            self.model, self.settings.kv_cache_dtype, self.dtype, self.tp, self.layer_range(stage)
+        )
 
     def state_bytes_per_seq(self, stage: int = 0, recurrent_dtype: str = "float32") -> int:
-        return kvmod.state_bytes_per_sequence(self.model, self.dtype, self.tp, self.layer_range(stage), recurrent_dtype)
+        return kvmod.state_bytes_per_sequence(
+            self.model, self.dtype, self.tp, self.layer_range(stage), recurrent_dtype
+        )
 
     @cached_property
     def model_max_len(self) -> int:
@@ -170,16 +226,20 @@ class Context:
             rule = defaults.settings_context(self.model, self.settings).rule
             raise ConfigError(
                 f"{engine}: max_model_len {length} is greater than the derived max_model_len ({trained} for "
-                f"{self.model.name}: {rule}); {how}")
-        return [f"max_model_len {length} is above the model's trained context {trained}: quality past "
-                f"{trained} tokens is not guaranteed (planned because {engine} was allowed to take it)"]
+                f"{self.model.name}: {rule}); {how}"
+            )
+        return [
+            f"max_model_len {length} is above the model's trained context {trained}: quality past "
+            f"{trained} tokens is not guaranteed (planned because {engine} was allowed to take it)"
+        ]
 
     def check_tp(self, engine: str) -> None:
         m = self.model
         if m.num_attention_heads % self.tp:
             raise ConfigError(
                 f"{engine}: total number of attention heads ({m.num_attention_heads}) must be divisible by "
-                f"tensor parallel size ({self.tp})")
+                f"tensor parallel size ({self.tp})"
+            )
 
 
 @dataclass

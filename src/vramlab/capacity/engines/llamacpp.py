@@ -73,10 +73,14 @@ def resolve_server(ctx: Context) -> ServerSetup:
     settings, version = ctx.settings, ctx.version
     python_server = settings.llamacpp_server == "llama-cpp-python"
     notes: list[str] = []
-    auto_slots = not python_server and not settings.parallel and (not version or version >= UNIFIED_FOUR_SLOTS_FROM)
+    auto_slots = (
+        not python_server and not settings.parallel and (not version or version >= UNIFIED_FOUR_SLOTS_FROM)
+    )
     slots = 1 if python_server else settings.parallel or (4 if auto_slots else 1)
     unified = auto_slots
-    n_ctx = settings.ctx_size or (settings.max_model_len * (1 if unified else slots) if settings.max_model_len else 0)
+    n_ctx = settings.ctx_size or (
+        settings.max_model_len * (1 if unified else slots) if settings.max_model_len else 0
+    )
     if not n_ctx:
         if python_server:
             n_ctx = 2048
@@ -87,19 +91,34 @@ def resolve_server(ctx: Context) -> ServerSetup:
     if n_ctx < slots and not unified:
         raise ConfigError(f"--parallel {slots} needs --ctx-size of at least {slots}")
     if python_server:
-        notes.append("llama-cpp-python's server puts no layers on the GPU by default (n_gpu_layers=0): "
-                     "planned with every layer offloaded (--n_gpu_layers -1)")
+        notes.append(
+            "llama-cpp-python's server puts no layers on the GPU by default (n_gpu_layers=0): "
+            "planned with every layer offloaded (--n_gpu_layers -1)"
+        )
     if unified:
         notes.append("llama-server's default 4 slots share one unified KV buffer of n_ctx cells")
-    flash = settings.flash_attn if settings.flash_attn is not None else \
-        (not python_server and (not version or version >= FLASH_ATTN_AUTO_FROM))
+    flash = (
+        settings.flash_attn
+        if settings.flash_attn is not None
+        else (not python_server and (not version or version >= FLASH_ATTN_AUTO_FROM))
+    )
     type_k = settings.kv_cache_dtype if settings.kv_cache_dtype not in (None, "auto") else "f16"
     type_v = settings.cache_type_v or type_k
     if type_v in QUANTIZED_CACHE_TYPES and not flash:
         raise ConfigError(f"llama.cpp: quantized V cache ({type_v}) requires flash_attn (-fa on)")
     per_slot = n_ctx if unified else n_ctx // slots
-    return ServerSetup(settings.llamacpp_server, n_ctx, slots, unified, per_slot, settings.n_ubatch or 512, flash,
-                       type_k, type_v, tuple(notes))
+    return ServerSetup(
+        settings.llamacpp_server,
+        n_ctx,
+        slots,
+        unified,
+        per_slot,
+        settings.n_ubatch or 512,
+        flash,
+        type_k,
+        type_v,
+        tuple(notes),
+    )
 
 
 def cell_bytes(ctx: Context, kind: str, type_k: str, type_v: str) -> float:
@@ -108,8 +127,9 @@ def cell_bytes(ctx: Context, kind: str, type_k: str, type_v: str) -> float:
     if type_k == type_v or m.is_mla:
         return bytes_per_token_layer(m, kind, type_k, "float16", 1)
     k_share = m.head_dim / (m.head_dim + m.value_head_dim)
-    return (bytes_per_token_layer(m, kind, type_k, "float16", 1) * k_share
-            + bytes_per_token_layer(m, kind, type_v, "float16", 1) * (1 - k_share))
+    return bytes_per_token_layer(m, kind, type_k, "float16", 1) * k_share + bytes_per_token_layer(
+        m, kind, type_v, "float16", 1
+    ) * (1 - k_share)
 
 
 def kv_cache_bytes(ctx: Context, server: ServerSetup, kv_size: int, layers: range | None = None) -> int:
@@ -135,16 +155,28 @@ def weights_on_device(ctx: Context) -> Component:
     if weights.provenance != EXACT and ftype and gguf_mix.supported(ctx.model, ftype):
         # The file type is a mix: llama-quantize's per-tensor rules give the CUDA model buffer.
         device = gguf_mix.device_bytes(ctx.model, ftype, ctx.layer_range(0), with_output=ctx.pp == 1)
-        return band("weights", device, 0.005, 0.005, FORMULA,
-                    f"{ftype.upper()} tensor by tensor (llama-quant.cpp's mix: Q6_K output, more bits for "
-                    "some attn_v/ffn_down layers); token embedding kept in host memory unless tied")
+        return band(
+            "weights",
+            device,
+            0.005,
+            0.005,
+            FORMULA,
+            f"{ftype.upper()} tensor by tensor (llama-quant.cpp's mix: Q6_K output, more bits for "
+            "some attn_v/ffn_down layers); token embedding kept in host memory unless tied",
+        )
     if ctx.model.tie_word_embeddings:
         return weights
     # The input embedding stays in host memory (the CPU_Mapped buffer): only a row lookup.
     per_param = weights.bytes / max(1, _params(ctx))
     host = int(ctx.model.vocab_size * ctx.model.hidden_size * per_param)
-    return band("weights", weights.bytes - host, 0.03, 0.03, weights.provenance,
-                weights.note + "; token embedding kept in host memory as llama.cpp does")
+    return band(
+        "weights",
+        weights.bytes - host,
+        0.03,
+        0.03,
+        weights.provenance,
+        weights.note + "; token embedding kept in host memory as llama.cpp does",
+    )
 
 
 def reserved_outputs(ctx: Context, server: ServerSetup) -> int:
@@ -163,10 +195,16 @@ def compute_buffer(ctx: Context, server: ServerSetup, share_bytes: int) -> Compo
     outputs = reserved_outputs(ctx, server)
     rel = constants.band(key)
     scratch = constants[key] if share_bytes else 0  # no graph runs on a device without layers
-    return band("activation_peak", share_bytes + scratch, rel, rel, constants.provenance(key),
-                f"compute buffer for n_ubatch {server.n_ubatch}: the largest of the attention"
-                + ("" if server.flash_attn else " (KQ matrix of n_kv x n_ubatch x heads, no flash attention)")
-                + f", feed-forward and output phases (logits for {outputs} rows)")
+    return band(
+        "activation_peak",
+        share_bytes + scratch,
+        rel,
+        rel,
+        constants.provenance(key),
+        f"compute buffer for n_ubatch {server.n_ubatch}: the largest of the attention"
+        + ("" if server.flash_attn else " (KQ matrix of n_kv x n_ubatch x heads, no flash attention)")
+        + f", feed-forward and output phases (logits for {outputs} rows)",
+    )
 
 
 def _pad(n: int) -> int:
@@ -211,23 +249,40 @@ def layout(ctx: Context, server: ServerSetup, kv_size: int) -> Layout:
     if s.tensor_split is not None and (len(s.tensor_split) > n_dev or any(x < 0 for x in s.tensor_split)):
         raise ConfigError(f"--tensor-split: at most {n_dev} proportions >= 0 for {n_dev} device(s)")
     free = [max(0, total - ctx.other) for _, total in cards]
-    weights = list(s.tensor_split) + [0.0] * (n_dev - len(s.tensor_split)) if s.tensor_split else [float(f) for f in free]
+    weights = (
+        list(s.tensor_split) + [0.0] * (n_dev - len(s.tensor_split))
+        if s.tensor_split
+        else [float(f) for f in free]
+    )
     points = place.split_points(weights)
     ngl = n_layer + 1 if s.n_gpu_layers is None or s.n_gpu_layers < 0 else s.n_gpu_layers
     where = place.layer_devices(n_layer, ngl, points, mode, s.main_gpu)
-    overrides = place.parse_overrides(s.override_tensor, n_dev) + place.cpu_moe_overrides(min(s.n_cpu_moe, n_layer))
+    overrides = place.parse_overrides(s.override_tensor, n_dev) + place.cpu_moe_overrides(
+        min(s.n_cpu_moe, n_layer)
+    )
     device_weights = weights_on_device(ctx).bytes
     ftype = ctx.quant.gguf_type if ctx.quant is not None and ctx.quant.method == "gguf" else None
-    embedding = gguf_mix.host_embedding_bytes(m, ftype) if ftype and gguf_mix.supported(m, ftype) else \
-        int(m.vocab_size * m.hidden_size * device_weights / max(1, _params(ctx)))
+    embedding = (
+        gguf_mix.host_embedding_bytes(m, ftype)
+        if ftype and gguf_mix.supported(m, ftype)
+        else int(m.vocab_size * m.hidden_size * device_weights / max(1, _params(ctx)))
+    )
     tensors, per_tensor = place.model_tensors(m, ftype, device_weights, embedding)
     modelled = sum(t.bytes for t in tensors[1:])
-    if modelled and modelled != device_weights:  # the file's own total (GGUF header) wins; keep the proportions
+    if (
+        modelled and modelled != device_weights
+    ):  # the file's own total (GGUF header) wins; keep the proportions
         scale = device_weights / modelled
-        tensors = tensors[:1] + [place.Tensor(t.name, t.layer, int(t.bytes * scale), t.matrix) for t in tensors[1:]]
+        tensors = tensors[:1] + [
+            place.Tensor(t.name, t.layer, int(t.bytes * scale), t.matrix) for t in tensors[1:]
+        ]
         last = tensors[-1]  # the rounding remainder goes to the output tensor: the sum stays the file's
-        tensors[-1] = place.Tensor(last.name, last.layer, last.bytes + device_weights - sum(t.bytes for t in tensors[1:]),
-                                   last.matrix)
+        tensors[-1] = place.Tensor(
+            last.name,
+            last.layer,
+            last.bytes + device_weights - sum(t.bytes for t in tensors[1:]),
+            last.matrix,
+        )
     shares = {d: place.DeviceShare(f"CUDA{d}") for d in range(n_dev)}
     shares[place.HOST] = place.DeviceShare("CPU")
     place.place_tensors(tensors, where, overrides, mode, points, shares, s.mmap)
@@ -239,35 +294,57 @@ def layout(ctx: Context, server: ServerSetup, kv_size: int) -> Layout:
     p = place.phases(m, kv_size, server.n_ubatch, reserved_outputs(ctx, server), server.flash_attn)
     experts_on_host = any(o.target == place.HOST for o in overrides)
     for d, share in shares.items():
-        kv_layers = [il for il in share.layers if (s.no_kv_offload and d == place.HOST)
-                     or (not s.no_kv_offload and where[il] == d)]
-        share.kv_bytes = kv_cache_bytes(ctx, server, kv_size, range(kv_layers[0], kv_layers[-1] + 1)) \
-            if kv_layers else 0
+        kv_layers = [
+            il
+            for il in share.layers
+            if (s.no_kv_offload and d == place.HOST) or (not s.no_kv_offload and where[il] == d)
+        ]
+        share.kv_bytes = (
+            kv_cache_bytes(ctx, server, kv_size, range(kv_layers[0], kv_layers[-1] + 1)) if kv_layers else 0
+        )
         share.compute_bytes = place.compute_bytes(share, p, d == place.HOST, experts_on_host)
     notes = []
     offloaded = sum(1 for d in where if d != place.HOST)
     if offloaded < n_layer + 1:
-        notes.append(f"offloaded {offloaded}/{n_layer + 1} layers to GPU (llama.cpp's count: the output layer is one); "
-                     "the rest run on the CPU")
+        notes.append(
+            f"offloaded {offloaded}/{n_layer + 1} layers to GPU (llama.cpp's count: the output layer is one); "
+            "the rest run on the CPU"
+        )
     if s.n_cpu_moe and not m.is_moe:
         notes.append(f"--n-cpu-moe {s.n_cpu_moe}: {m.name} has no MoE experts, nothing moves")
     if not per_tensor and (overrides or mode == "row"):
-        notes.append("tensor sizes are spread over each layer by parameter counts (the quantization mix is not "
-                     "modelled tensor by tensor): per-device model buffers are approximate")
-    return Layout([shares[d] for d in range(n_dev)], shares[place.HOST], [t for _, t in cards], per_tensor, notes)
+        notes.append(
+            "tensor sizes are spread over each layer by parameter counts (the quantization mix is not "
+            "modelled tensor by tensor): per-device model buffers are approximate"
+        )
+    return Layout(
+        [shares[d] for d in range(n_dev)], shares[place.HOST], [t for _, t in cards], per_tensor, notes
+    )
 
 
-def device_report(lay: Layout, cards: list[tuple[str, int]], other: int, scratch: int, context: int
-                  ) -> list[dict[str, Any]]:
+def device_report(
+    lay: Layout, cards: list[tuple[str, int]], other: int, scratch: int, context: int
+) -> list[dict[str, Any]]:
     """Each card's buffers as llama.cpp prints them, and what is left after them and the CUDA context."""
     out: list[dict[str, Any]] = []
     for (name, total), share in zip(cards, lay.devices, strict=True):
         compute = share.compute_bytes + (scratch if share.compute_bytes else 0)
         used = share.model_bytes + share.kv_bytes + compute
-        out.append({"device": share.name, "gpu": name, "memory_bytes": total, "free_bytes": max(0, total - other),
-                    "model_buffer_bytes": share.model_bytes, "kv_buffer_bytes": share.kv_bytes,
-                    "compute_buffer_bytes": compute, "layers": len(share.layers), "output_layer": share.has_output,
-                    "total_bytes": used, "headroom_bytes": total - other - used - context})
+        out.append(
+            {
+                "device": share.name,
+                "gpu": name,
+                "memory_bytes": total,
+                "free_bytes": max(0, total - other),
+                "model_buffer_bytes": share.model_bytes,
+                "kv_buffer_bytes": share.kv_bytes,
+                "compute_buffer_bytes": compute,
+                "layers": len(share.layers),
+                "output_layer": share.has_output,
+                "total_bytes": used,
+                "headroom_bytes": total - other - used - context,
+            }
+        )
     return out
 
 
@@ -277,26 +354,42 @@ def _main_weights(ctx: Context, lay: Layout) -> Component:
     if main.model_bytes == weights.bytes:
         return weights
     rel = 0.005 if lay.per_tensor else 0.05
-    return band("weights", main.model_bytes, rel, rel, weights.provenance,
-                f"the tensors llama.cpp puts on {main.name} (of {gib(weights.bytes, unit=True)} offloadable)")
+    return band(
+        "weights",
+        main.model_bytes,
+        rel,
+        rel,
+        weights.provenance,
+        f"the tensors llama.cpp puts on {main.name} (of {gib(weights.bytes, unit=True)} offloadable)",
+    )
 
 
 def _host_report(lay: Layout, mmap: bool) -> dict[str, object]:
     host, on_devices = lay.host, {il for d in lay.devices for il in d.layers}
-    return {"model_buffer_bytes": host.model_bytes, "mapped": mmap, "mapped_buffer_bytes": host.mapped_bytes,
-            "kv_buffer_bytes": host.kv_bytes, "compute_buffer_bytes": host.compute_bytes,
-            "layers": sum(1 for il in host.layers if il not in on_devices), "output_layer": host.has_output}
+    return {
+        "model_buffer_bytes": host.model_bytes,
+        "mapped": mmap,
+        "mapped_buffer_bytes": host.mapped_bytes,
+        "kv_buffer_bytes": host.kv_bytes,
+        "compute_buffer_bytes": host.compute_bytes,
+        "layers": sum(1 for il in host.layers if il not in on_devices),
+        "output_layer": host.has_output,
+    }
 
 
-def _device_verdicts(report: list[dict[str, Any]], context: int, reasons: list[str], notes: list[str]) -> None:
+def _device_verdicts(
+    report: list[dict[str, Any]], context: int, reasons: list[str], notes: list[str]
+) -> None:
     """Every card must hold its buffers and the CUDA context; a card past the others' margin is noted."""
     for i, dev in enumerate(report):
         left = int(dev["headroom_bytes"])
         if left < 0:
-            reasons.append(f"llama.cpp would allocate {gib(int(dev['total_bytes']) + context, unit=True)} on "
-                           f"{dev['device']} ({dev['gpu']}) with {gib(int(dev['free_bytes']), unit=True)} free "
-                           "(cudaMalloc failed: out of memory); lower --ctx-size or offload fewer layers (-ngl) "
-                           "or experts (--n-cpu-moe)")
+            reasons.append(
+                f"llama.cpp would allocate {gib(int(dev['total_bytes']) + context, unit=True)} on "
+                f"{dev['device']} ({dev['gpu']}) with {gib(int(dev['free_bytes']), unit=True)} free "
+                "(cudaMalloc failed: out of memory); lower --ctx-size or offload fewer layers (-ngl) "
+                "or experts (--n-cpu-moe)"
+            )
         elif i and left < FIT_MARGIN:
             notes.append(f"{dev['device']}: less than the 1024 MiB margin --fit keeps")
 
@@ -309,7 +402,9 @@ def plan(ctx: Context) -> PolicyResult:
     main = lay.devices[0]
     kv_bytes = main.kv_bytes
     comps: list[Component] = [
-        ctx.constant_component("cuda_context", "cuda_context_bytes", "CUDA context (not in llama.cpp's buffer lines)"),
+        ctx.constant_component(
+            "cuda_context", "cuda_context_bytes", "CUDA context (not in llama.cpp's buffer lines)"
+        ),
         _main_weights(ctx, lay),
         compute_buffer(ctx, server, main.compute_bytes),
     ]
@@ -326,9 +421,11 @@ def plan(ctx: Context) -> PolicyResult:
     notes = list(server.notes) + lay.notes
     trained = ctx.model_max_len
     if trained and server.per_slot_context > trained:
-        notes.append(f"n_ctx_per_seq ({server.per_slot_context}) > n_ctx_train ({trained}) -- possible training "
-                     "context overflow: llama.cpp serves it with this warning; quality past the trained length "
-                     "is not guaranteed")
+        notes.append(
+            f"n_ctx_per_seq ({server.per_slot_context}) > n_ctx_train ({trained}) -- possible training "
+            "context overflow: llama.cpp serves it with this warning; quality past the trained length "
+            "is not guaranteed"
+        )
     context = int(comps[0].bytes)
     report = device_report(lay, cards, other, int(ctx.constants["llamacpp_compute_scratch_bytes"]), context)
     _device_verdicts(report, context, reasons, notes)
@@ -336,18 +433,36 @@ def plan(ctx: Context) -> PolicyResult:
         notes.append("less than the 1024 MiB margin --fit keeps: --fit would shrink the context")
     extra: dict[str, object] = {"devices": report, "host": _host_report(lay, ctx.settings.mmap)}
     return PolicyResult(
-        components=comps, budget_bytes=total - other, kv_rule=kv_rule, limits=limits,
-        max_model_len=server.per_slot_context, block_size=KV_PAD,
+        components=comps,
+        budget_bytes=total - other,
+        kv_rule=kv_rule,
+        limits=limits,
+        max_model_len=server.per_slot_context,
+        block_size=KV_PAD,
         kv_bytes_per_token=int(kv_bytes / kv_size) if kv_size else 0,
-        settings={"server": server.server, "ctx_size": server.n_ctx, "parallel": server.slots,
-                  "kv_unified": server.unified, "cache_type_k": server.type_k, "cache_type_v": server.type_v,
-                  "n_ubatch": server.n_ubatch, "flash_attn": server.flash_attn, "kv_size_padded": kv_size,
-                  "devices": len(cards), "n_gpu_layers": _ngl(ctx), "split_mode": ctx.settings.split_mode,
-                  "quantization": ctx.quant.gguf_type or ctx.quant.method if ctx.quant else None},
+        settings={
+            "server": server.server,
+            "ctx_size": server.n_ctx,
+            "parallel": server.slots,
+            "kv_unified": server.unified,
+            "cache_type_k": server.type_k,
+            "cache_type_v": server.type_v,
+            "n_ubatch": server.n_ubatch,
+            "flash_attn": server.flash_attn,
+            "kv_size_padded": kv_size,
+            "devices": len(cards),
+            "n_gpu_layers": _ngl(ctx),
+            "split_mode": ctx.settings.split_mode,
+            "quantization": ctx.quant.gguf_type or ctx.quant.method if ctx.quant else None,
+        },
         kv_provenance=FORMULA,
         kv_note=f"{kv_size} cells ({server.n_ctx} padded to {KV_PAD}) x layers x (K in {server.type_k} + V in "
-                f"{server.type_v})",
-        kv_fixed=True, per_sequence_state_bytes=ctx.state_bytes_per_seq(), reasons=reasons, notes=notes, extra=extra,
+        f"{server.type_v})",
+        kv_fixed=True,
+        per_sequence_state_bytes=ctx.state_bytes_per_seq(),
+        reasons=reasons,
+        notes=notes,
+        extra=extra,
     )
 
 

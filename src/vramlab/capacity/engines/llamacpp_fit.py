@@ -49,12 +49,16 @@ def placement_suggestions(model: Any, gpu: Any, s: Any, constants: Any) -> list[
     if model.is_moe and s.n_cpu_moe < n:
         moe = _smallest(s.n_cpu_moe + 1, n, lambda k: fits(n_cpu_moe=k))
         if moe is not None:
-            out.append(f"keep the MoE experts of the first {moe} layers in host memory (--n-cpu-moe {moe}; "
-                       "every other tensor stays on the GPU)")
+            out.append(
+                f"keep the MoE experts of the first {moe} layers in host memory (--n-cpu-moe {moe}; "
+                "every other tensor stays on the GPU)"
+            )
     now = n + 1 if s.n_gpu_layers is None or s.n_gpu_layers < 0 else min(s.n_gpu_layers, n + 1)
     if now > 0:
         ngl = _largest(0, now - 1, lambda k: fits(n_gpu_layers=k))
         if ngl:
-            out.append(f"offload {ngl} of {n + 1} layers (-ngl {ngl}); the first {n + 1 - ngl} run on the CPU, "
-                       "slower per token")
+            out.append(
+                f"offload {ngl} of {n + 1} layers (-ngl {ngl}); the first {n + 1 - ngl} run on the CPU, "
+                "slower per token"
+            )
     return out

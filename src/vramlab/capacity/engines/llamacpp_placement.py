@@ -66,11 +66,15 @@ def parse_overrides(specs: tuple[str, ...], n_devices: int) -> tuple[Override, .
         for part in filter(None, (p.strip() for p in spec.split(","))):
             pattern, sep, buft = part.rpartition("=")
             if not sep or not pattern:
-                raise ConfigError(f"--override-tensor {part!r}: expected REGEX=BUFFER_TYPE (e.g. '.ffn_.*_exps.=CPU')")
+                raise ConfigError(
+                    f"--override-tensor {part!r}: expected REGEX=BUFFER_TYPE (e.g. '.ffn_.*_exps.=CPU')"
+                )
             try:
                 re.compile(pattern)
             except re.error as exc:
-                raise ConfigError(f"--override-tensor {pattern!r}: not a regular expression ({exc})") from None
+                raise ConfigError(
+                    f"--override-tensor {pattern!r}: not a regular expression ({exc})"
+                ) from None
             out.append(Override(pattern, _buffer_type(buft.strip(), n_devices)))
     return tuple(out)
 
@@ -84,7 +88,9 @@ def _buffer_type(name: str, n_devices: int) -> int:
         raise ConfigError(f"--override-tensor: unknown buffer type {name!r} (CPU, CUDA0, CUDA1, ...)")
     index = int(m.group(1))
     if index >= n_devices:
-        raise ConfigError(f"--override-tensor: {name} names device {index} but {n_devices} device(s) are planned")
+        raise ConfigError(
+            f"--override-tensor: {name} names device {index} but {n_devices} device(s) are planned"
+        )
     return index
 
 
@@ -105,7 +111,9 @@ def split_points(weights: list[float]) -> list[float]:
     return out
 
 
-def layer_devices(n_layer: int, n_gpu_layers: int, points: list[float], mode: str, main_gpu: int) -> list[int]:
+def layer_devices(
+    n_layer: int, n_gpu_layers: int, points: list[float], mode: str, main_gpu: int
+) -> list[int]:
     """The device of every repeating layer and, last, of the output layer (HOST for the CPU)."""
     n_devices = len(points)
     i_gpu_start = max(n_layer - n_gpu_layers, 0)
@@ -140,8 +148,15 @@ class DeviceShare:
         return self.model_bytes + self.kv_bytes + self.compute_bytes
 
 
-def place_tensors(tensors: list[Tensor], where: list[int], overrides: tuple[Override, ...], mode: str,
-                  points: list[float], shares: dict[int, DeviceShare], mmap: bool) -> None:
+def place_tensors(
+    tensors: list[Tensor],
+    where: list[int],
+    overrides: tuple[Override, ...],
+    mode: str,
+    points: list[float],
+    shares: dict[int, DeviceShare],
+    mmap: bool,
+) -> None:
     """Sum every tensor into the buffer it lands in; the host's mapped span follows file order."""
     host = shares[HOST]
     first = last = None
@@ -169,7 +184,9 @@ def place_tensors(tensors: list[Tensor], where: list[int], overrides: tuple[Over
     host.mapped_bytes = (last - first) if (mmap and first is not None and last is not None) else 0
 
 
-def model_tensors(m: ModelSpec, ftype: str | None, device_bytes: int, host_embedding: int) -> tuple[list[Tensor], bool]:
+def model_tensors(
+    m: ModelSpec, ftype: str | None, device_bytes: int, host_embedding: int
+) -> tuple[list[Tensor], bool]:
     """Every tensor in file order, and whether the sizes are tensor by tensor (a modelled GGUF mix) or
     the device figure spread over the layers by parameter counts (then expert tensors keep their share)."""
     from vramlab.capacity import gguf_mix
@@ -179,9 +196,13 @@ def model_tensors(m: ModelSpec, ftype: str | None, device_bytes: int, host_embed
     if ftype and gguf_mix.supported(m, ftype):
         rules = gguf_mix.rules_for(m, ftype)
         for i in range(n):
-            out += [Tensor(name, i, size, not name.endswith("norm.weight"))
-                    for name, size in gguf_mix.layer_tensors(m, rules, i, i, n)]
-        out += [Tensor(name, n, size, name == "output.weight") for name, size in gguf_mix.output_tensors(m, ftype)]
+            out += [
+                Tensor(name, i, size, not name.endswith("norm.weight"))
+                for name, size in gguf_mix.layer_tensors(m, rules, i, i, n)
+            ]
+        out += [
+            Tensor(name, n, size, name == "output.weight") for name, size in gguf_mix.output_tensors(m, ftype)
+        ]
         return out, True
     h = m.hidden_size
     output = h * m.vocab_size
@@ -189,15 +210,21 @@ def model_tensors(m: ModelSpec, ftype: str | None, device_bytes: int, host_embed
     expert = 3 * h * m.moe_intermediate_size * m.num_experts
     dense = (2 if not m.gated_mlp else 3) * h * m.intermediate_size
     attn = _attention_params(m)
-    shared = 3 * h * m.shared_expert_intermediate_size * max(1, m.num_shared_experts) \
-        if m.shared_expert_intermediate_size else 0
+    shared = (
+        3 * h * m.shared_expert_intermediate_size * max(1, m.num_shared_experts)
+        if m.shared_expert_intermediate_size
+        else 0
+    )
     params = [attn + (expert + shared + h * m.num_experts if i in moe else dense) for i in range(n)]
     # the output matrix by the mix's rule (Q6_K in a K-quant) when the file type is known, else by its params
     head = sum(b for _, b in gguf_mix.output_tensors(m, ftype)) if ftype and gguf_mix.known_mix(ftype) else 0
     per = (device_bytes - head) / max(1, sum(params) + (0 if head else output))
     for i in range(n):
         if i in moe:
-            out += [Tensor(f"blk.{i}.ffn_{p}_exps.weight", i, int(expert * per / 3)) for p in ("gate", "up", "down")]
+            out += [
+                Tensor(f"blk.{i}.ffn_{p}_exps.weight", i, int(expert * per / 3))
+                for p in ("gate", "up", "down")
+            ]
         rest = int((params[i] - (expert if i in moe else 0)) * per)
         out.append(Tensor(f"blk.{i}.attn_output.weight", i, rest))  # the layer's other tensors, averaged
     out.append(Tensor("output.weight", n, device_bytes - sum(t.bytes for t in out[1:])))

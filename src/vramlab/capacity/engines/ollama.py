@@ -79,8 +79,11 @@ def _layers(ctx: Context) -> tuple[list[int], int]:
     m = ctx.model
     ftype = ctx.quant.gguf_type if ctx.quant is not None and ctx.quant.method == "gguf" else None
     device = weights_on_device(ctx).bytes
-    embedding = gguf_mix.host_embedding_bytes(m, ftype) if ftype and gguf_mix.supported(m, ftype) else \
-        int(m.vocab_size * m.hidden_size * device / max(1, _params(ctx)))
+    embedding = (
+        gguf_mix.host_embedding_bytes(m, ftype)
+        if ftype and gguf_mix.supported(m, ftype)
+        else int(m.vocab_size * m.hidden_size * device / max(1, _params(ctx)))
+    )
     tensors, _ = place.model_tensors(m, ftype, device, embedding)
     blocks = [0] * m.num_layers
     output = 0
@@ -112,27 +115,44 @@ def graph_sizes(ctx: Context, num_ctx: int, parallel: int, kv_bytes: float) -> t
     kv = [int(context * (hk + hv) * kvh * kv_bytes)] * m.num_layers
     arch = m.model_type
     if arch.startswith(("gemma2", "gemma3", "gemma")):
-        full = max(4 * batch * (emb + vocab), 4 * batch * (2 + context + context * heads + 2 * emb + 2 * hk * heads))
-        partial = max(4 * emb * batch + emb * vocab * 105 // 128 + 4 * vocab * batch,
-                      4 * batch * (2 * emb + 1 + 2 * hk * heads + context + context * heads)
-                      + 4 * hk * context * 8 + emb * hk * heads * 9 // 16)
+        full = max(
+            4 * batch * (emb + vocab), 4 * batch * (2 + context + context * heads + 2 * emb + 2 * hk * heads)
+        )
+        partial = max(
+            4 * emb * batch + emb * vocab * 105 // 128 + 4 * vocab * batch,
+            4 * batch * (2 * emb + 1 + 2 * hk * heads + context + context * heads)
+            + 4 * hk * context * 8
+            + emb * hk * heads * 9 // 16,
+        )
         if arch.startswith("gemma3") and m.sliding_window:
             window = parallel * m.sliding_window + batch
-            kv = [k if (i + 1) % 6 == 0 else int(window * (hk + hv) * kvh * kv_bytes) for i, k in enumerate(kv)]
+            kv = [
+                k if (i + 1) % 6 == 0 else int(window * (hk + hv) * kvh * kv_bytes) for i, k in enumerate(kv)
+            ]
     elif arch in ("llama", "mistral") and not m.is_moe:
         full = max(4 * batch * (1 + 4 * emb + context * (1 + heads)), 4 * batch * (emb + vocab))
         partial = 4 * batch * emb + max(
-            4 * batch * (1 + emb + max(context, emb)) + emb * emb * 9 // 16 + 4 * context * (batch * heads + hk * kvh),
-            4 * batch * (emb + vocab) + emb * vocab * 105 // 128)
+            4 * batch * (1 + emb + max(context, emb))
+            + emb * emb * 9 // 16
+            + 4 * context * (batch * heads + hk * kvh),
+            4 * batch * (emb + vocab) + emb * vocab * 105 // 128,
+        )
     elif arch == "qwen2":
         full = max(4 * batch * (emb + vocab), 4 * batch * (1 + 2 * emb + context + context * heads))
-        partial = max(4 * batch * (emb + vocab) + emb * vocab * 105 // 128,
-                      4 * (batch * (1 + 2 * emb + context * (1 + heads)) + emb * (1 + context)))
+        partial = max(
+            4 * batch * (emb + vocab) + emb * vocab * 105 // 128,
+            4 * (batch * (1 + 2 * emb + context * (1 + heads)) + emb * (1 + context)),
+        )
     elif m.is_mla:  # deepseek2
-        full = max(4 * batch * (3 * emb + vocab), 4 * batch * (3 * emb + 2 + context * (1 + kvh) + 2 * hk * kvh))
-        partial = max(4 * batch * (3 * emb + vocab) + emb * vocab * 105 // 128,
-                      4 * batch * (2 * emb + 1 + 2 * hk * kvh + context + context * kvh) + 4 * hk * context * kvh
-                      + emb * hk * kvh * 9 // 16)
+        full = max(
+            4 * batch * (3 * emb + vocab), 4 * batch * (3 * emb + 2 + context * (1 + kvh) + 2 * hk * kvh)
+        )
+        partial = max(
+            4 * batch * (3 * emb + vocab) + emb * vocab * 105 // 128,
+            4 * batch * (2 * emb + 1 + 2 * hk * kvh + context + context * kvh)
+            + 4 * hk * context * kvh
+            + emb * hk * kvh * 9 // 16,
+        )
     else:
         partial = heads // max(1, m.num_kv_heads) * sum(kv) // 6
         full = partial
@@ -154,8 +174,9 @@ def projector(ctx: Context) -> tuple[int, int]:
     return 2 * m.vision_params, 4 * (image * image * channels + width * patch + patches * patches * heads)
 
 
-def _deal_layers(blocks: list[int], kv: list[int], free: list[int], reserve: int, num_gpu: int, backwards: bool
-                 ) -> tuple[list[int], list[int], list[int], tuple[int, int, int, int]]:
+def _deal_layers(
+    blocks: list[int], kv: list[int], free: list[int], reserve: int, num_gpu: int, backwards: bool
+) -> tuple[list[int], list[int], list[int], tuple[int, int, int, int]]:
     """The cards that can take a layer at all, then the layers dealt over them (`i % cards`); *reserve* is
     OLLAMA_GPU_OVERHEAD plus the graph. Returns allocations, layers per card, the cards still with space
     and (layers placed, overflow, weights placed, KV placed)."""
@@ -168,7 +189,7 @@ def _deal_layers(blocks: list[int], kv: list[int], free: list[int], reserve: int
         with_space.append(i)
         alloc[i] += MINIMUM_MEMORY + layer
     count = overflow = weights_on = kv_on = 0
-    for i in (range(n - 1, -1, -1) if backwards else range(n)):
+    for i in range(n - 1, -1, -1) if backwards else range(n):
         layer = blocks[i] + kv[i]
         if 0 <= num_gpu <= count:
             overflow += layer if backwards else 0
@@ -203,7 +224,8 @@ def decide(ctx: Context, free: list[int], num_ctx: int, parallel: int, kv_type: 
     overhead = s.ollama_gpu_overhead_bytes
     n, num_gpu = len(blocks), (-1 if s.n_gpu_layers is None else s.n_gpu_layers)
     alloc, split, with_space, (count, overflow, weights_on, kv_on) = _deal_layers(
-        blocks, kv, free, overhead + graph, num_gpu, not ctx.version or ctx.version >= LAST_LAYER_FIRST_FROM)
+        blocks, kv, free, overhead + graph, num_gpu, not ctx.version or ctx.version >= LAST_LAYER_FIRST_FROM
+    )
     fully = count >= n
     if num_gpu < 0 or count < num_gpu:
         for j in range(len(with_space), 0, -1):
@@ -223,8 +245,24 @@ def decide(ctx: Context, free: list[int], num_ctx: int, parallel: int, kv_type: 
     if not count:
         alloc = [0] * len(free)
     partial_total = sum(alloc)
-    return Decision(n + 1, count, split, free, alloc, partial_total + overflow, partial_total, sum(kv), sum(blocks),
-                    output, full, partial, weights_on, kv_on, proj_weights, proj_graph)
+    return Decision(
+        n + 1,
+        count,
+        split,
+        free,
+        alloc,
+        partial_total + overflow,
+        partial_total,
+        sum(kv),
+        sum(blocks),
+        output,
+        full,
+        partial,
+        weights_on,
+        kv_on,
+        proj_weights,
+        proj_graph,
+    )
 
 
 def resolve(ctx: Context) -> tuple[int, int, str, bool, list[str]]:
@@ -234,15 +272,23 @@ def resolve(ctx: Context) -> tuple[int, int, str, bool, list[str]]:
     if m.vision_params:
         num_ctx = max(num_ctx, 2048)  # multimodal models require at least 2048 context (server/sched.go)
         if not m.model_type.startswith("gemma3"):
-            notes.append("the vision projector's weights and graph are modelled for gemma3 only: Ollama adds them "
-                         "to the GPU that takes the output layer")
+            notes.append(
+                "the vision projector's weights and graph are modelled for gemma3 only: Ollama adds them "
+                "to the GPU that takes the output layer"
+            )
     trained = m.context_length
     if trained and num_ctx > trained:
-        notes.append(f"requested context size too large for model (num_ctx {num_ctx} > n_ctx_train {trained}): "
-                     f"Ollama uses {trained}")
+        notes.append(
+            f"requested context size too large for model (num_ctx {num_ctx} > n_ctx_train {trained}): "
+            f"Ollama uses {trained}"
+        )
         num_ctx = trained
-    flash = bool(s.flash_attn) and ctx.gpu.arch not in ("pascal",) and m.head_dim == m.value_head_dim \
+    flash = (
+        bool(s.flash_attn)
+        and ctx.gpu.arch not in ("pascal",)
+        and m.head_dim == m.value_head_dim
         and not m.is_mla
+    )
     if s.flash_attn and not flash:
         notes.append("flash attention enabled but not supported by model (or card): KV stays f16")
     requested = (s.kv_cache_dtype or "").lower()
@@ -262,7 +308,9 @@ def _fewest_cards(ctx: Context, free: list[int], num_ctx: int, parallel: int, kv
     (without OLLAMA_SCHED_SPREAD), else all of them. Cards left out keep a zero allocation."""
     order = sorted(range(len(free)), key=lambda i: -free[i])
     for k in range(1, len(free)):
-        d = decide(ctx, [free[i] if i in order[:k] else 0 for i in range(len(free))], num_ctx, parallel, kv_type)
+        d = decide(
+            ctx, [free[i] if i in order[:k] else 0 for i in range(len(free))], num_ctx, parallel, kv_type
+        )
         if d.layers_offload >= d.layers_model:
             d.available = free
             return d
@@ -276,28 +324,60 @@ def plan(ctx: Context) -> PolicyResult:
     if not ctx.settings.parallel and ctx.version and ctx.version < PARALLEL_ONE_FROM:
         four = decide(ctx, free, num_ctx, 4, kv_type)
         parallel = 4 if four.layers_offload >= four.layers_model else 1
-        notes.append(f"OLLAMA_NUM_PARALLEL unset before v0.10.0: {parallel} (4 when the model fits fully with 4)")
+        notes.append(
+            f"OLLAMA_NUM_PARALLEL unset before v0.10.0: {parallel} (4 when the model fits fully with 4)"
+        )
     d = _fewest_cards(ctx, free, num_ctx, parallel, kv_type)
     main = 0 if d.split[0] else next((i for i, c in enumerate(d.split) if c), 0)
     graph = (d.graph_full if d.layers_offload >= d.layers_model else d.graph_partial) if d.split[main] else 0
     kv_share = d.offloaded_kv if len(cards) == 1 else int(d.offloaded_kv * d.split[0] / max(1, sum(d.split)))
-    weights_share = d.allocations[0] - (MINIMUM_MEMORY if d.split[0] else 0) - graph - kv_share if d.split[0] else 0
+    weights_share = (
+        d.allocations[0] - (MINIMUM_MEMORY if d.split[0] else 0) - graph - kv_share if d.split[0] else 0
+    )
     comps: list[Component] = [
-        band("cuda_context", MINIMUM_MEMORY if d.split[0] else 0, 0.0, 0.0, FORMULA,
-             "Ollama's per-GPU minimum (cudaMinimumMemory, 457 MiB), standing in for the CUDA context"),
-        band("weights", max(0, weights_share), 0.02, 0.02, FORMULA,
-             f"the {d.split[0]} layers Ollama offloads to this GPU (one layer more is reserved as a buffer)"),
-        band("activation_peak", graph, 0.0, 0.0, FORMULA,
-             "Ollama's graph estimate (full when every layer is offloaded, else partial)"),
+        band(
+            "cuda_context",
+            MINIMUM_MEMORY if d.split[0] else 0,
+            0.0,
+            0.0,
+            FORMULA,
+            "Ollama's per-GPU minimum (cudaMinimumMemory, 457 MiB), standing in for the CUDA context",
+        ),
+        band(
+            "weights",
+            max(0, weights_share),
+            0.02,
+            0.02,
+            FORMULA,
+            f"the {d.split[0]} layers Ollama offloads to this GPU (one layer more is reserved as a buffer)",
+        ),
+        band(
+            "activation_peak",
+            graph,
+            0.0,
+            0.0,
+            FORMULA,
+            "Ollama's graph estimate (full when every layer is offloaded, else partial)",
+        ),
     ]
     if ctx.settings.ollama_gpu_overhead_bytes:
-        comps.append(band("other", ctx.settings.ollama_gpu_overhead_bytes, 0.0, 0.0, FORMULA,
-                          "OLLAMA_GPU_OVERHEAD held back per GPU"))
+        comps.append(
+            band(
+                "other",
+                ctx.settings.ollama_gpu_overhead_bytes,
+                0.0,
+                0.0,
+                FORMULA,
+                "OLLAMA_GPU_OVERHEAD held back per GPU",
+            )
+        )
     reasons = []
     if d.layers_offload < d.layers_model:  # PredictServerFit: a fit is every layer and the output on the GPUs
-        reasons.append(f"Ollama would offload {d.layers_offload} of {d.layers_model} layers (layers.offload="
-                       f"{d.layers_offload}; memory.required.full {gib(d.required_full, 1, unit=True)} against "
-                       f"{gib(sum(free), 1, unit=True)} available): the rest run on the CPU")
+        reasons.append(
+            f"Ollama would offload {d.layers_offload} of {d.layers_model} layers (layers.offload="
+            f"{d.layers_offload}; memory.required.full {gib(d.required_full, 1, unit=True)} against "
+            f"{gib(sum(free), 1, unit=True)} available): the rest run on the CPU"
+        )
     total = free[0]
 
     def kv_rule(components: list[Component], point: str) -> int:
@@ -306,26 +386,51 @@ def plan(ctx: Context) -> PolicyResult:
     def limits(kv: int) -> Limits:
         return Limits(kv, num_ctx * parallel, num_ctx * parallel, float(parallel))
 
-    extra: dict[str, object] = {"ollama": {
-        "layers_model": d.layers_model, "layers_offload": d.layers_offload, "layers_split": d.split,
-        "memory_available_bytes": d.available, "memory_required_full_bytes": d.required_full,
-        "memory_required_partial_bytes": d.required_partial, "memory_required_kv_bytes": d.kv_total,
-        "memory_required_allocations_bytes": d.allocations,
-        "memory_weights_total_bytes": d.weights_repeating + d.weights_nonrepeating,
-        "memory_weights_repeating_bytes": d.weights_repeating,
-        "memory_weights_nonrepeating_bytes": d.weights_nonrepeating,
-        "memory_graph_full_bytes": d.graph_full, "memory_graph_partial_bytes": d.graph_partial,
-        "projector_weights_bytes": d.projector_weights, "projector_graph_bytes": d.projector_graph,
-        "num_gpu": d.layers_offload, "gpu_overhead_bytes": ctx.settings.ollama_gpu_overhead_bytes}}
+    extra: dict[str, object] = {
+        "ollama": {
+            "layers_model": d.layers_model,
+            "layers_offload": d.layers_offload,
+            "layers_split": d.split,
+            "memory_available_bytes": d.available,
+            "memory_required_full_bytes": d.required_full,
+            "memory_required_partial_bytes": d.required_partial,
+            "memory_required_kv_bytes": d.kv_total,
+            "memory_required_allocations_bytes": d.allocations,
+            "memory_weights_total_bytes": d.weights_repeating + d.weights_nonrepeating,
+            "memory_weights_repeating_bytes": d.weights_repeating,
+            "memory_weights_nonrepeating_bytes": d.weights_nonrepeating,
+            "memory_graph_full_bytes": d.graph_full,
+            "memory_graph_partial_bytes": d.graph_partial,
+            "projector_weights_bytes": d.projector_weights,
+            "projector_graph_bytes": d.projector_graph,
+            "num_gpu": d.layers_offload,
+            "gpu_overhead_bytes": ctx.settings.ollama_gpu_overhead_bytes,
+        }
+    }
     return PolicyResult(
-        components=comps, budget_bytes=total, kv_rule=kv_rule, limits=limits, max_model_len=num_ctx,
-        block_size=1, kv_bytes_per_token=int(d.kv_total / max(1, num_ctx * parallel)),
-        settings={"num_ctx": num_ctx, "num_parallel": parallel, "flash_attention": flash, "kv_cache_type": kv_type,
-                  "num_batch": BATCH, "num_gpu": d.layers_offload, "devices": len(cards),
-                  "quantization": ctx.quant.gguf_type or ctx.quant.method if ctx.quant else None},
+        components=comps,
+        budget_bytes=total,
+        kv_rule=kv_rule,
+        limits=limits,
+        max_model_len=num_ctx,
+        block_size=1,
+        kv_bytes_per_token=int(d.kv_total / max(1, num_ctx * parallel)),
+        settings={
+            "num_ctx": num_ctx,
+            "num_parallel": parallel,
+            "flash_attention": flash,
+            "kv_cache_type": kv_type,
+            "num_batch": BATCH,
+            "num_gpu": d.layers_offload,
+            "devices": len(cards),
+            "quantization": ctx.quant.gguf_type or ctx.quant.method if ctx.quant else None,
+        },
         kv_provenance=FORMULA,
         kv_note=f"Ollama's estimate: num_ctx {num_ctx} x {parallel} x (K + V) x kv heads in {kv_type}, offloaded layers",
-        kv_fixed=True, reasons=reasons, notes=notes, extra=extra,
+        kv_fixed=True,
+        reasons=reasons,
+        notes=notes,
+        extra=extra,
     )
 
 
@@ -345,11 +450,17 @@ def suggest(model: object, gpu: object, s: object, constants: object, est: objec
 
     longest = max_len_that_fits(model, gpu, s, constants)  # type: ignore[arg-type]
     if longest:
-        out.append(f"lower num_ctx to {longest:,} (OLLAMA_CONTEXT_LENGTH={longest} or the request's options.num_ctx)")
+        out.append(
+            f"lower num_ctx to {longest:,} (OLLAMA_CONTEXT_LENGTH={longest} or the request's options.num_ctx)"
+        )
     if (getattr(s, "parallel", None) or 1) > 1 and fits(parallel=1):
         out.append("serve one request at a time (OLLAMA_NUM_PARALLEL=1)")
-    if getattr(s, "kv_cache_dtype", "auto") in ("auto", "f16", None) and fits(kv_cache_dtype="q8_0", flash_attn=True):
+    if getattr(s, "kv_cache_dtype", "auto") in ("auto", "f16", None) and fits(
+        kv_cache_dtype="q8_0", flash_attn=True
+    ):
         out.append("use a q8_0 KV cache (OLLAMA_FLASH_ATTENTION=1 OLLAMA_KV_CACHE_TYPE=q8_0)")
     if not out:
-        out.append("no single change offloads every layer on this card: a smaller quantization or a larger GPU")
+        out.append(
+            "no single change offloads every layer on this card: a smaller quantization or a larger GPU"
+        )
     return out

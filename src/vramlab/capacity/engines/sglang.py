@@ -28,13 +28,23 @@ from vramlab.errors import ConfigError
 from vramlab.units import gib
 
 SWA_FULL_TOKENS_RATIO = 0.8  # --swa-full-tokens-ratio default
-HYBRID_SWA_ARCHS = frozenset({"Llama4ForConditionalGeneration", "GptOssForCausalLM", "MiMoV2FlashForCausalLM",
-                              "Step3p5ForCausalLM", "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"})
+HYBRID_SWA_ARCHS = frozenset(
+    {
+        "Llama4ForConditionalGeneration",
+        "GptOssForCausalLM",
+        "MiMoV2FlashForCausalLM",
+        "Step3p5ForCausalLM",
+        "Gemma4ForCausalLM",
+        "Gemma4ForConditionalGeneration",
+    }
+)
 # Qwen3MoeForCausalLM builds routed_experts_weights_of_layer eagerly in load_weights (keeps_bf16_experts).
 QWEN3_MOE_EAGER_EXPERT_DICT = ((0, 4, 7), (0, 5, 9))
 HYBRID_SWA_FROM = (0, 4, 9)  # PR #7367 (July 2025 CI runs); the first release is not pinned
 GPT_OSS_HYBRID_AFTER = (0, 5, 8)  # disabled by server_args up to at least January 2026 (PR #17630's repro)
-CONTEXT_EXTRA_BAND = 0.5  # SGLang's CUDA context is not measured apart from vLLM's: unknown term, band widened
+CONTEXT_EXTRA_BAND = (
+    0.5  # SGLang's CUDA context is not measured apart from vLLM's: unknown term, band widened
+)
 
 
 def weight_tensors(ctx: Context, lin: float) -> list[tuple[int, int, int]] | None:
@@ -44,7 +54,12 @@ def weight_tensors(ctx: Context, lin: float) -> list[tuple[int, int, int]] | Non
     quant method owns the tensor (-1: not quantized) and *parts* is its experts (1 for a plain linear).
     None where the layout is not modelled (MLA, SSM, vision towers)."""
     m, tp = ctx.model, ctx.tp
-    if m.is_mla or m.vision_params or ctx.pp > 1 or any(k not in ("full", "sliding") for k in m.kinds[: m.num_layers]):
+    if (
+        m.is_mla
+        or m.vision_params
+        or ctx.pp > 1
+        or any(k not in ("full", "sliding") for k in m.kinds[: m.num_layers])
+    ):
         return None
     unq = dtype_bytes(ctx.dtype)
     h, hd = m.hidden_size, m.head_dim
@@ -144,7 +159,9 @@ def kept_experts_per_stage(ctx: Context) -> int:
     experts x (2 + 1) x moe_intermediate/tp x hidden in the model dtype, the layers split evenly over the
     stages (as the plan splits the weights)."""
     m = ctx.model
-    per_layer = m.num_experts * 3 * (m.moe_intermediate_size // ctx.tp) * m.hidden_size * dtype_bytes(ctx.dtype)
+    per_layer = (
+        m.num_experts * 3 * (m.moe_intermediate_size // ctx.tp) * m.hidden_size * dtype_bytes(ctx.dtype)
+    )
     return int(per_layer * len(m.moe_layer_indices()) / ctx.pp)
 
 
@@ -205,21 +222,37 @@ def weights_as_reported(ctx: Context) -> Component:
         extra = allocator.rounding_bytes(sizes) if sizes else 0
     note = weights.note
     if online and ctx.pp > 1:
-        note += "; online FP8 at pipeline stages: the allocator's segments and the load's peak are not replayed"
+        note += (
+            "; online FP8 at pipeline stages: the allocator's segments and the load's peak are not replayed"
+        )
     elif online:
-        note += (f"; + {gib(online.rounding_bytes, unit=True)} of the bf16 weights' segments that the FP8 copies made "
-                 "after loading keep reserved (online FP8: the checkpoint loads in bf16, then each module quantizes)")
+        note += (
+            f"; + {gib(online.rounding_bytes, unit=True)} of the bf16 weights' segments that the FP8 copies made "
+            "after loading keep reserved (online FP8: the checkpoint loads in bf16, then each module quantizes)"
+        )
         if online.kept_bf16_bytes:
-            note += (f"; + {gib(online.kept_bf16_bytes, unit=True)} of bf16 expert weights that "
-                     "routed_experts_weights_of_layer still references (Qwen3-MoE, SGLang 0.4.7-0.5.8)")
+            note += (
+                f"; + {gib(online.kept_bf16_bytes, unit=True)} of bf16 expert weights that "
+                "routed_experts_weights_of_layer still references (Qwen3-MoE, SGLang 0.4.7-0.5.8)"
+            )
     elif extra:
         note += f"; + {gib(extra, unit=True)} of allocator segment rounding (SGLang reads free memory)"
     if absorbed:
         note += f"; + {gib(absorbed, unit=True)} of MLA w_kc/w_vc copies (post_load_weights)"
-    return band("weights", weights.bytes + extra + absorbed, 0.0, 0.0, weights.provenance, note,
-                abs_low=weights.bytes - weights.low_bytes + extra - (online.kept_bf16_bytes if online else 0)
-                + absorbed // 2,
-                abs_high=weights.high_bytes - weights.bytes)
+    return band(
+        "weights",
+        weights.bytes + extra + absorbed,
+        0.0,
+        0.0,
+        weights.provenance,
+        note,
+        abs_low=weights.bytes
+        - weights.low_bytes
+        + extra
+        - (online.kept_bf16_bytes if online else 0)
+        + absorbed // 2,
+        abs_high=weights.high_bytes - weights.bytes,
+    )
 
 
 def static_components(ctx: Context, chunk: int, graph_max_bs: int) -> list[Component]:
@@ -228,28 +261,50 @@ def static_components(ctx: Context, chunk: int, graph_max_bs: int) -> list[Compo
     components: list[Component] = [
         # vLLM 0.19's figure: SGLang's own context before NCCL init is not pinned (one ~0.4.3 log on an L4:
         # 22.49 GiB card, "avail mem=21.63" after an NCCL init of 0.13, i.e. 0.73 GiB) -> band widened.
-        ctx.constant_component("cuda_context", "cuda_context_bytes",
-                               "CUDA context and library handles (unknown term, band widened: vLLM's figure; "
-                               "an SGLang 0.4 log on an L4 showed 0.73 GiB)", extra_band=CONTEXT_EXTRA_BAND),
+        ctx.constant_component(
+            "cuda_context",
+            "cuda_context_bytes",
+            "CUDA context and library handles (unknown term, band widened: vLLM's figure; "
+            "an SGLang 0.4 log on an L4 showed 0.73 GiB)",
+            extra_band=CONTEXT_EXTRA_BAND,
+        ),
     ]
     if ctx.tp * ctx.pp > 1:
         components.append(ctx.nccl_component("NCCL communicators"))
     components.append(weights_as_reported(ctx))
     # Outside the static pool, inside the (1 - fraction) reservation.
-    activation = forward_peak_bytes(model, chunk, ctx.tp, ctx.dtype, constants) \
-        + moe_workspace_bytes(model, chunk, ctx.tp, ctx.dtype, constants) \
-        + 4 * graph_max_bs * model.vocab_size  # fp32 logits of a full decode batch
+    activation = (
+        forward_peak_bytes(model, chunk, ctx.tp, ctx.dtype, constants)
+        + moe_workspace_bytes(model, chunk, ctx.tp, ctx.dtype, constants)
+        + 4 * graph_max_bs * model.vocab_size
+    )  # fp32 logits of a full decode batch
     names = ("forward_intermediate_copies", "forward_hidden_copies")
     rel = constants.band(*names) + 0.2
-    components.append(band("activation_peak", activation, rel, rel, constants.provenance(*names),
-                           f"prefill chunk of {chunk} tokens and decode logits for {graph_max_bs} requests",
-                           in_budget=False))
+    components.append(
+        band(
+            "activation_peak",
+            activation,
+            rel,
+            rel,
+            constants.provenance(*names),
+            f"prefill chunk of {chunk} tokens and decode logits for {graph_max_bs} requests",
+            in_budget=False,
+        )
+    )
     graphs = 0.0 if settings.enforce_eager else constants["sglang_graph_bytes_per_bs"] * graph_max_bs
     if graphs:
         key = "sglang_graph_bytes_per_bs"
-        components.append(band("cuda_graphs", graphs, constants.band(key), constants.band(key),
-                               constants.provenance(key),
-                               f"decode graphs up to batch {graph_max_bs}, captured after the pool", in_budget=False))
+        components.append(
+            band(
+                "cuda_graphs",
+                graphs,
+                constants.band(key),
+                constants.band(key),
+                constants.provenance(key),
+                f"decode graphs up to batch {graph_max_bs}, captured after the pool",
+                in_budget=False,
+            )
+        )
     return components
 
 
@@ -295,15 +350,19 @@ def online_fp8_refusal(ctx: Context, room: int) -> list[str]:
     load = online_fp8_load(ctx)
     if load is None or load.peak_bytes <= room:
         return []
-    return [f"online FP8 loads the checkpoint in {ctx.dtype} before quantizing: the load reserves "
-            f"{gib(load.peak_bytes, unit=True)} per GPU, {gib(room, unit=True)} are free after the CUDA context"
-            " and NCCL (use an FP8 checkpoint or more GPUs)"]
+    return [
+        f"online FP8 loads the checkpoint in {ctx.dtype} before quantizing: the load reserves "
+        f"{gib(load.peak_bytes, unit=True)} per GPU, {gib(room, unit=True)} are free after the CUDA context"
+        " and NCCL (use an FP8 checkpoint or more GPUs)"
+    ]
 
 
 def _short_pool_note(tokens: int, context_len: int) -> list[str]:
     if 0 < tokens < context_len:
-        return [f"the pool holds {tokens:,} tokens, fewer than the {context_len:,}-token context: SGLang starts and caps "
-                f"each request at {tokens - 1:,} tokens (max_req_len)"]
+        return [
+            f"the pool holds {tokens:,} tokens, fewer than the {context_len:,}-token context: SGLang starts and caps "
+            f"each request at {tokens - 1:,} tokens (max_req_len)"
+        ]
     return []
 
 
@@ -313,14 +372,19 @@ def plan(ctx: Context) -> PolicyResult:
     chunk_default, graph_bs_default = gpu_defaults(ctx)
     chunk = settings.chunked_prefill_size or settings.max_num_batched_tokens or chunk_default
     graph_max_bs = settings.cuda_graph_max_bs or graph_bs_default
-    fraction = settings.mem_fraction_static or settings.gpu_memory_utilization \
+    fraction = (
+        settings.mem_fraction_static
+        or settings.gpu_memory_utilization
         or default_fraction(ctx, chunk, graph_max_bs)
+    )
     if not 0 < fraction < 1:
         raise ConfigError(f"--mem-fraction-static must be in (0, 1), got {fraction}")
     context_len = settings.max_model_len or ctx.default_context
     if not context_len:
-        raise ConfigError(f"the context length of {ctx.model.name} is unknown: pass --max-model-len "
-                          "(SGLang --context-length)")
+        raise ConfigError(
+            f"the context length of {ctx.model.name} is unknown: pass --max-model-len "
+            "(SGLang --context-length)"
+        )
     components = static_components(ctx, chunk, graph_max_bs)
     total, other = ctx.total, ctx.other
 
@@ -339,28 +403,55 @@ def plan(ctx: Context) -> PolicyResult:
     requests = settings.max_num_seqs or max_running
     # ReqToTokenPool: an int32 row of context_len + 4 token slots per request slot (max_num_reqs + 1),
     # allocated right after the KV pool, inside the (1 - fraction) reserve (model_runner init_memory_pool).
-    components.append(band("req_to_token_pool", (requests + 1) * (context_len + 4) * 4, 0.01, 0.01, ENGINE,
-                           f"int32 token map of {requests + 1} request slots x {context_len + 4} positions",
-                           in_budget=False))
+    components.append(
+        band(
+            "req_to_token_pool",
+            (requests + 1) * (context_len + 4) * 4,
+            0.01,
+            0.01,
+            ENGINE,
+            f"int32 token map of {requests + 1} request slots x {context_len + 4} positions",
+            in_budget=False,
+        )
+    )
     outside = sum(c.bytes for c in components if not c.in_budget)
     reasons = online_fp8_refusal(ctx, free_at_init(components, "mid"))
     if outside > reserve:
-        reasons.append(f"activations, CUDA graphs and the request-to-token map ({gib(outside, unit=True)}) exceed the "
-                       f"{gib(reserve, unit=True)} that mem_fraction_static {fraction} leaves: lower it")
+        reasons.append(
+            f"activations, CUDA graphs and the request-to-token map ({gib(outside, unit=True)}) exceed the "
+            f"{gib(reserve, unit=True)} that mem_fraction_static {fraction} leaves: lower it"
+        )
     return PolicyResult(
-        components=components, budget_bytes=total - other - reserve, kv_rule=kv_rule, limits=limits,
-        max_model_len=context_len, block_size=1, kv_bytes_per_token=cell,
-        settings={"mem_fraction_static": fraction, "chunked_prefill_size": chunk, "cuda_graph_max_bs": graph_max_bs,
-                  "context_length": context_len, "max_running_requests": requests,
-                  "tp_size": ctx.tp, "pp_size": ctx.pp, "dtype": ctx.dtype, "kv_cache_dtype": settings.kv_cache_dtype},
+        components=components,
+        budget_bytes=total - other - reserve,
+        kv_rule=kv_rule,
+        limits=limits,
+        max_model_len=context_len,
+        block_size=1,
+        kv_bytes_per_token=cell,
+        settings={
+            "mem_fraction_static": fraction,
+            "chunked_prefill_size": chunk,
+            "cuda_graph_max_bs": graph_max_bs,
+            "context_length": context_len,
+            "max_running_requests": requests,
+            "tp_size": ctx.tp,
+            "pp_size": ctx.pp,
+            "dtype": ctx.dtype,
+            "kv_cache_dtype": settings.kv_cache_dtype,
+        },
         kv_provenance=ENGINE,
         kv_note=f"free memory after weights less (1 - {fraction}) x the memory free at start-up, "
-                f"in cells of {cell} bytes",
-        per_sequence_state_bytes=state, reasons=reasons,
-        notes=[f"mem_fraction_static {fraction} keeps {gib(reserve, unit=True)} for activations, CUDA graphs and runtime"]
+        f"in cells of {cell} bytes",
+        per_sequence_state_bytes=state,
+        reasons=reasons,
+        notes=[
+            f"mem_fraction_static {fraction} keeps {gib(reserve, unit=True)} for activations, CUDA graphs and runtime"
+        ]
         + _short_pool_note(limits(kv_rule(components, "mid")).kv_cache_tokens, context_len),
         # The scheduler does not refuse a pool shorter than the context: it caps a request at
         # min(context_len, max_total_num_tokens) - 1 tokens (scheduler.py `max_req_len`) and asserts only that
         # this leaves room (> 5 tokens of input).
-        min_blocks_needed=7, extra={"cell_size_bytes": cell, "reserved_bytes": reserve},
+        min_blocks_needed=7,
+        extra={"cell_size_bytes": cell, "reserved_bytes": reserve},
     )

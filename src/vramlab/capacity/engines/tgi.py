@@ -37,7 +37,9 @@ from vramlab.units import gib
 FREE_SHARE = (((1, 0), 1.0), ((1, 4, 1), 0.95), ((2, 4), 0.90))
 CARD_WIGGLE = (((3, 0), 0.95), ((3, 1), 0.93), ((3, 3), 0.90))
 UNKNOWN_TERM_BAND = 0.5  # the band added to a term that is not modelled (as vLLM's, engines/vllm_eras.py)
-LEGACY_BAND = 1.0  # TGI 2.2 on an A10G left ~2 GiB less than this rule after warm-up: unknown term, band widened
+LEGACY_BAND = (
+    1.0  # TGI 2.2 on an A10G left ~2 GiB less than this rule after warm-up: unknown term, band widened
+)
 FLASHINFER_FROM = (2, 3)  # the launcher's default ATTENTION=flashinfer (BLOCK_SIZE 1) from 2.3.0
 LOGSOFTMAX_IN_PLACE_FROM = (2, 4)  # generate_token: torch.log_softmax(out, -1, out=out)
 NO_PREFILL_LOGPROBS_FROM = (3, 0)  # from_pb: `if not REQUEST_LOGPROBS: r.prefill_logprobs = False`
@@ -60,8 +62,9 @@ def card_wiggle(version: tuple[int, ...] | None) -> float:
     return _by_release(CARD_WIGGLE, version) if version else CARD_WIGGLE[-1][1]
 
 
-def warmup_logits_component(ctx: Context, prefill_tokens: int, extra_band: float = 0.0,
-                            requests: int = 1) -> Component:
+def warmup_logits_component(
+    ctx: Context, prefill_tokens: int, extra_band: float = 0.0, requests: int = 1
+) -> Component:
     """The warm-up's logits. The router warms up with prefill logprobs; to 2.3 the server keeps the logits of
     every prefill token and their log_softmax (two copies), 2.4 takes log_softmax in place (one copy), and
     from 3.0 `from_pb` drops prefill logprobs unless REQUEST_LOGPROBS is set (default "0"): only the
@@ -71,10 +74,15 @@ def warmup_logits_component(ctx: Context, prefill_tokens: int, extra_band: float
     if version and version < LOGSOFTMAX_IN_PLACE_FROM:
         rows, note = 2.0 * prefill_tokens, "logits + log_softmax of every prefill token (prefill logprobs)"
     elif version and version < NO_PREFILL_LOGPROBS_FROM:
-        rows, note = 1.0 * prefill_tokens, "logits of every prefill token, log_softmax in place (prefill logprobs)"
+        rows, note = (
+            1.0 * prefill_tokens,
+            "logits of every prefill token, log_softmax in place (prefill logprobs)",
+        )
         shard_rows, gathered = lm_head_shard_rows(ctx)
         if gathered:  # TensorParallelHead.forward (v2.4.0): the shard's logits and world_out are both held
-            rows += prefill_tokens * shard_rows / ctx.model.vocab_size  # while all_gather_into_tensor fills world_out
+            rows += (
+                prefill_tokens * shard_rows / ctx.model.vocab_size
+            )  # while all_gather_into_tensor fills world_out
             note += f"; the shard's own {shard_rows}-row logits held beside the gathered ones"
     else:
         rows, note = float(requests), "next-token logits only (prefill logprobs off: REQUEST_LOGPROBS unset)"
@@ -94,8 +102,14 @@ def tied_lm_head_component(ctx: Context) -> Component | None:
     if not ctx.model.tie_word_embeddings or ctx.model.model_type not in GEMMA_TYPES:
         return None
     rows, _ = lm_head_shard_rows(ctx)
-    return band("tied_lm_head", rows * ctx.model.hidden_size * dtype_bytes(ctx.dtype), 0.02, 0.02, FORMULA,
-                "the tied LM head loaded again from embed_tokens (Gemma: the embedding is scaled in place)")
+    return band(
+        "tied_lm_head",
+        rows * ctx.model.hidden_size * dtype_bytes(ctx.dtype),
+        0.02,
+        0.02,
+        FORMULA,
+        "the tied LM head loaded again from embed_tokens (Gemma: the embedding is scaled in place)",
+    )
 
 
 def legacy_pool(ctx: Context, prefill_tokens: int, max_total: int, block: int) -> tuple[float, int]:
@@ -121,19 +135,43 @@ def warmup_components(ctx: Context, prefill_tokens: int, extra_band: float = 0.0
         components.append(tied)
     key = "tgi_prefill_bytes_per_token_hidden"
     per_prefill_token = constants[key] * model.hidden_size
-    activation = max(forward_peak_bytes(model, prefill_tokens, ctx.tp, ctx.dtype, constants),
-                     prefill_tokens * per_prefill_token) \
-        + moe_workspace_bytes(model, prefill_tokens, ctx.tp, ctx.dtype, constants)
+    activation = max(
+        forward_peak_bytes(model, prefill_tokens, ctx.tp, ctx.dtype, constants),
+        prefill_tokens * per_prefill_token,
+    ) + moe_workspace_bytes(model, prefill_tokens, ctx.tp, ctx.dtype, constants)
     rel = constants.band(key) + extra_band
-    components.append(band("activation_peak", activation, rel, rel,
-                           constants.provenance(key), f"warm-up prefill of --max-batch-prefill-tokens {prefill_tokens}"))
-    requests = -(-prefill_tokens // max(1, (settings.max_model_len or ctx.default_context or prefill_tokens) - 1))
+    components.append(
+        band(
+            "activation_peak",
+            activation,
+            rel,
+            rel,
+            constants.provenance(key),
+            f"warm-up prefill of --max-batch-prefill-tokens {prefill_tokens}",
+        )
+    )
+    requests = -(
+        -prefill_tokens // max(1, (settings.max_model_len or ctx.default_context or prefill_tokens) - 1)
+    )
     components.append(warmup_logits_component(ctx, prefill_tokens, extra_band, requests))
-    graphs = 0.0 if settings.enforce_eager else \
-        constants["cuda_graph_base_bytes"] + constants["cuda_graph_per_layer_bytes"] * model.num_layers / 2
+    graphs = (
+        0.0
+        if settings.enforce_eager
+        else constants["cuda_graph_base_bytes"]
+        + constants["cuda_graph_per_layer_bytes"] * model.num_layers / 2
+    )
     if graphs:
-        components.append(band("cuda_graphs", graphs, 0.6, 0.6, constants.provenance("cuda_graph_base_bytes"),
-                               "graphs for the default batch sizes, captured after the KV pool", in_budget=False))
+        components.append(
+            band(
+                "cuda_graphs",
+                graphs,
+                0.6,
+                0.6,
+                constants.provenance("cuda_graph_base_bytes"),
+                "graphs for the default batch sizes, captured after the KV pool",
+                in_budget=False,
+            )
+        )
     return components
 
 
@@ -142,20 +180,28 @@ def plan(ctx: Context) -> PolicyResult:
     settings = ctx.settings
     max_total = settings.max_model_len or ctx.default_context  # 1.x-2.x cap it (capacity/defaults.py)
     if not max_total:
-        raise ConfigError(f"the context length of {ctx.model.name} is unknown: pass --max-model-len "
-                          "(TGI --max-total-tokens)")
-    prefill_tokens = settings.max_batch_prefill_tokens or settings.max_num_batched_tokens \
+        raise ConfigError(
+            f"the context length of {ctx.model.name} is unknown: pass --max-model-len "
+            "(TGI --max-total-tokens)"
+        )
+    prefill_tokens = (
+        settings.max_batch_prefill_tokens
+        or settings.max_num_batched_tokens
         or default_prefill_tokens(ctx, max_total)
+    )
     if not settings.max_model_len and ctx.version and ctx.version >= FRACTION_WIGGLE_FROM:
-        max_total = tgi_warmup_total(max_total, prefill_tokens)  # 3.x: the warm-up batch's tokens (its note says so)
+        max_total = tgi_warmup_total(
+            max_total, prefill_tokens
+        )  # 3.x: the warm-up batch's tokens (its note says so)
     memory_fraction = settings.gpu_memory_utilization or 1.0  # CUDA_MEMORY_FRACTION
     block = settings.block_size or (1 if not ctx.version or ctx.version >= FLASHINFER_FROM else 16)
     legacy = ctx.version is not None and ctx.version < FRACTION_WIGGLE_FROM
     # A vision-language model's warm-up also runs its image path (TGI 3.x: one image through the tower and the
     # masked attention of the image tokens), which is not modelled: an unknown term, its band widened as vLLM's.
     vision = bool(ctx.model.vision_params)
-    components = warmup_components(ctx, prefill_tokens, (LEGACY_BAND if legacy else 0.0)
-                                   + (UNKNOWN_TERM_BAND if vision else 0.0))
+    components = warmup_components(
+        ctx, prefill_tokens, (LEGACY_BAND if legacy else 0.0) + (UNKNOWN_TERM_BAND if vision else 0.0)
+    )
     graphs = sum(c.bytes for c in components if c.name == "cuda_graphs")
     total, other = ctx.total, ctx.other
     share, batch_kv = legacy_pool(ctx, prefill_tokens, max_total, block) if legacy else (1.0, 0)
@@ -175,25 +221,47 @@ def plan(ctx: Context) -> PolicyResult:
 
     reasons, notes = [], ["max_batch_total_tokens is the pool in tokens; TGI sizes it at warm-up"]
     if vision:
-        notes.append("unknown term, band widened (activation peak): the warm-up's image path (vision tower, masked "
-                     "attention over the image tokens) is not modelled")
+        notes.append(
+            "unknown term, band widened (activation peak): the warm-up's image path (vision tower, masked "
+            "attention over the image tokens) is not modelled"
+        )
     if legacy:
-        notes.append("unknown term, band widened: TGI 2.x's warm-up peak was ~2 GiB above weights + activation + "
-                     "logits in a real TGI 2.2 log (A10G, Llama 3.1 8B); what fills it is not found in 2.2's source")
+        notes.append(
+            "unknown term, band widened: TGI 2.x's warm-up peak was ~2 GiB above weights + activation + "
+            "logits in a real TGI 2.2 log (A10G, Llama 3.1 8B); what fills it is not found in 2.2's source"
+        )
     window_refusal = tgi_window_refusal(ctx, max_total)
     if window_refusal:
         reasons.append(window_refusal)
     if not legacy and graphs > wiggle_room:
-        reasons.append(f"CUDA graphs ({gib(graphs, unit=True)}) do not fit the {gib(wiggle_room, unit=True)} wiggle room")
+        reasons.append(
+            f"CUDA graphs ({gib(graphs, unit=True)}) do not fit the {gib(wiggle_room, unit=True)} wiggle room"
+        )
     return PolicyResult(
-        components=components, budget_bytes=total - wiggle_room, kv_rule=kv_rule, limits=limits,
-        max_model_len=max_total, block_size=block, kv_bytes_per_token=per_token,
-        settings={"max_total_tokens": max_total, "max_batch_prefill_tokens": prefill_tokens,
-                  "cuda_memory_fraction": memory_fraction, "block_size": block, "num_shard": ctx.tp,
-                  "dtype": ctx.dtype},
-        kv_provenance=ENGINE, kv_note=(f"{share * 100:.0f} % of the memory free after the warm-up peak, plus the warm-up "
-                                       "batch's blocks (TGI 1.x-2.x)" if legacy else
-                                       f"free memory after the warm-up peak less {(1 - wiggle) * 100:.0f} % of the card "
-                                       f"(TGI_WIGGLE_ROOM {wiggle})"),
-        reasons=reasons, min_blocks_needed=-(-max_total // block), notes=notes,
+        components=components,
+        budget_bytes=total - wiggle_room,
+        kv_rule=kv_rule,
+        limits=limits,
+        max_model_len=max_total,
+        block_size=block,
+        kv_bytes_per_token=per_token,
+        settings={
+            "max_total_tokens": max_total,
+            "max_batch_prefill_tokens": prefill_tokens,
+            "cuda_memory_fraction": memory_fraction,
+            "block_size": block,
+            "num_shard": ctx.tp,
+            "dtype": ctx.dtype,
+        },
+        kv_provenance=ENGINE,
+        kv_note=(
+            f"{share * 100:.0f} % of the memory free after the warm-up peak, plus the warm-up "
+            "batch's blocks (TGI 1.x-2.x)"
+            if legacy
+            else f"free memory after the warm-up peak less {(1 - wiggle) * 100:.0f} % of the card "
+            f"(TGI_WIGGLE_ROOM {wiggle})"
+        ),
+        reasons=reasons,
+        min_blocks_needed=-(-max_total // block),
+        notes=notes,
     )

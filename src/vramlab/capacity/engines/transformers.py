@@ -33,7 +33,8 @@ def context_length(ctx: Context) -> int:
         raise ConfigError(
             f"transformers: max_length {length} exceeds the model's maximum context {trained} "
             f"(max_position_embeddings and rope scaling of {ctx.model.name}); extend it with a rope-scaling "
-            "override (--rope-scaling-factor) or lower --max-model-len")
+            "override (--rope-scaling-factor) or lower --max-model-len"
+        )
     return length
 
 
@@ -60,8 +61,14 @@ def plan(ctx: Context) -> PolicyResult:
     comps: list[Component] = [
         ctx.constant_component("cuda_context", "cuda_context_bytes", "CUDA context and cuBLAS"),
         ctx.weights_component(),
-        band("activation_peak", activation, constants.band(key), constants.band(key), constants.provenance(key),
-             f"prefill of {batch} x {length} tokens (SDPA, no L^2 term)"),
+        band(
+            "activation_peak",
+            activation,
+            constants.band(key),
+            constants.band(key),
+            constants.provenance(key),
+            f"prefill of {batch} x {length} tokens (SDPA, no L^2 term)",
+        ),
     ]
     kv_bytes = batch * (length * per_token + state)
     total, other = ctx.total, ctx.other
@@ -78,19 +85,37 @@ def plan(ctx: Context) -> PolicyResult:
     used = fixed + activation + kv_bytes
     reasons = []
     if used > total - other:
-        reasons.append(f"batch {batch} x {length} tokens needs {gib(used, unit=True)}; the card has "
-                       f"{gib(total - other, unit=True)} (torch.OutOfMemoryError)")
+        reasons.append(
+            f"batch {batch} x {length} tokens needs {gib(used, unit=True)}; the card has "
+            f"{gib(total - other, unit=True)} (torch.OutOfMemoryError)"
+        )
     notes = ["transformers keeps no pool: memory grows with every token generated"]
     if serial:
-        notes.append("transformers serve answers one request at a time without --continuous-batching: "
-                     "max concurrency is 1")
+        notes.append(
+            "transformers serve answers one request at a time without --continuous-batching: "
+            "max concurrency is 1"
+        )
     if ctx.version and ctx.version < CHECKPOINT_DTYPE_FROM and settings.dtype in ("auto", None):
         notes.append("transformers 4.x loads float32 unless torch_dtype='auto' is passed: planned in float32")
     return PolicyResult(
-        components=comps, budget_bytes=total - other, kv_rule=kv_rule, limits=limits, max_model_len=length,
-        block_size=1, kv_bytes_per_token=per_token,
-        settings={"batch_size": batch, "max_length": length, "dtype": ctx.dtype, "cache": "DynamicCache",
-                  "continuous_batching": settings.continuous_batching},
-        kv_provenance=FORMULA, kv_note=f"dynamic cache: {batch} x {length} tokens x {per_token} B",
-        kv_fixed=True, per_sequence_state_bytes=state, reasons=reasons, notes=notes,
+        components=comps,
+        budget_bytes=total - other,
+        kv_rule=kv_rule,
+        limits=limits,
+        max_model_len=length,
+        block_size=1,
+        kv_bytes_per_token=per_token,
+        settings={
+            "batch_size": batch,
+            "max_length": length,
+            "dtype": ctx.dtype,
+            "cache": "DynamicCache",
+            "continuous_batching": settings.continuous_batching,
+        },
+        kv_provenance=FORMULA,
+        kv_note=f"dynamic cache: {batch} x {length} tokens x {per_token} B",
+        kv_fixed=True,
+        per_sequence_state_bytes=state,
+        reasons=reasons,
+        notes=notes,
     )

@@ -73,7 +73,11 @@ def mla_absorbed_bytes(ctx: Context, stage: int) -> int:
     fp8 = ctx.quant is not None and "fp8" in ctx.quant.method
     absorbed = 1 if fp8 else act
     q_in, latent, rope = m.q_lora_rank or m.hidden_size, m.kv_lora_rank or 0, m.qk_rope_head_dim or 0
-    per_layer = q_in * heads * rope * act + q_in * heads * latent * absorbed + heads * latent * m.hidden_size * absorbed
+    per_layer = (
+        q_in * heads * rope * act
+        + q_in * heads * latent * absorbed
+        + heads * latent * m.hidden_size * absorbed
+    )
     if fp8:
         per_layer += latent * heads * ((m.qk_nope_head_dim or 0) + (m.mla_v_head_dim or 0)) * act
     return per_layer * len(ctx.layer_range(stage))
@@ -82,30 +86,46 @@ def mla_absorbed_bytes(ctx: Context, stage: int) -> int:
 def weights_with_absorption(ctx: Context, stage: int) -> Component:
     weights = ctx.weights_component(stage)
     extra = mla_absorbed_bytes(ctx, stage)
-    return Component(weights.name, weights.bytes + extra, weights.low_bytes + extra, weights.high_bytes + extra,
-                     weights.provenance, weights.note + f"; plus {gib(extra, unit=True)} of absorbed MLA matrices "
-                     "V0 0.7.x builds after loading (W_Q_UK, W_UV_O, W_QR)")
+    return Component(
+        weights.name,
+        weights.bytes + extra,
+        weights.low_bytes + extra,
+        weights.high_bytes + extra,
+        weights.provenance,
+        weights.note + f"; plus {gib(extra, unit=True)} of absorbed MLA matrices "
+        "V0 0.7.x builds after loading (W_Q_UK, W_UV_O, W_QR)",
+    )
 
 
 def later_flashinfer(ctx: Context, setup: Setup) -> bool:
     """The FlashInfer sampler of a release that runs it by default (0.22+): its size is read off vLLM 0.10.1
     (FlashInfer 0.2.11) rows only; 0.27.1 (r114) printed 0.31 GiB peak activation, under the 0.54 planned."""
     version = ctx.version
-    return setup.sampler_path == FLASHINFER_SAMPLER and (not version or version >= FLASHINFER_SAMPLER_DEFAULT_FROM)
+    return setup.sampler_path == FLASHINFER_SAMPLER and (
+        not version or version >= FLASHINFER_SAMPLER_DEFAULT_FROM
+    )
 
 
 def stage0_encoder(ctx: Context, setup: Setup) -> EncoderProfile | None:
     """What V1 profiles the vision tower with (vllm_mm.py), on the first pipeline stage, which runs it."""
     if setup.mode != "v1":
         return None
-    return encoder_profile(ctx.model, max_model_len=setup.max_model_len, max_num_batched_tokens=setup.profile_tokens,
-                           max_num_seqs=setup.max_num_seqs, chunked_prefill=setup.chunked_prefill,
-                           limits=limits_of(ctx.settings.limit_mm_per_prompt), version=ctx.version,
-                           model_dtype=ctx.dtype, tp=ctx.tp)
+    return encoder_profile(
+        ctx.model,
+        max_model_len=setup.max_model_len,
+        max_num_batched_tokens=setup.profile_tokens,
+        max_num_seqs=setup.max_num_seqs,
+        chunked_prefill=setup.chunked_prefill,
+        limits=limits_of(ctx.settings.limit_mm_per_prompt),
+        version=ctx.version,
+        model_dtype=ctx.dtype,
+        tp=ctx.tp,
+    )
 
 
-def activation_component(ctx: Context, setup: Setup, last_stage: bool, first_stage: bool = True,
-                         enc: EncoderProfile | None = None) -> Component:
+def activation_component(
+    ctx: Context, setup: Setup, last_stage: bool, first_stage: bool = True, enc: EncoderProfile | None = None
+) -> Component:
     """The profiled peak on one stage; *enc* is the first stage's vision-encoder profile (stage0_encoder)."""
     model, constants = ctx.model, ctx.constants
     tokens = setup.profile_tokens
@@ -114,18 +134,29 @@ def activation_component(ctx: Context, setup: Setup, last_stage: bool, first_sta
     sampled = min(setup.max_num_seqs, tokens)
     sampler = sampler_peak_bytes(model, sampled, constants, key) if last_stage else 0.0
     moe = moe_workspace_bytes(model, tokens, ctx.tp, ctx.dtype, constants)
-    names = [key, "forward_intermediate_copies", "forward_hidden_copies"] + (["moe_workspace_copies"] if moe else [])
+    names = [key, "forward_intermediate_copies", "forward_hidden_copies"] + (
+        ["moe_workspace_copies"] if moe else []
+    )
     # V1 runs the vision tower first and keeps its pixels and embeddings through the dummy forward (vllm_mm.py).
-    modelled_tower = model.vision is not None and setup.mode == "v1"  # profiled as vllm_mm.py says, or not at all
-    rel = constants.band(*names) + (0.25 if model.vision_params and not modelled_tower else 0.0) \
+    modelled_tower = (
+        model.vision is not None and setup.mode == "v1"
+    )  # profiled as vllm_mm.py says, or not at all
+    rel = (
+        constants.band(*names)
+        + (0.25 if model.vision_params and not modelled_tower else 0.0)
         + (UNKNOWN_TERM_BAND if setup.unknown_terms or later_flashinfer(ctx, setup) else 0.0)
+    )
     persists = setup.mode == "v1" and (not ctx.version or ctx.version >= MOE_WORKSPACE_PERSISTS_FROM)
 
     def peak(sampler_bytes: float) -> float:
         return max(forward, sampler_bytes) + moe if persists else max(forward + moe, sampler_bytes)
 
-    warm_native = (last_stage and setup.mode == "v1" and setup.sampler_path == FLASHINFER_SAMPLER
-                   and (not ctx.version or ctx.version >= WARM_NATIVE_SAMPLER_FROM))
+    warm_native = (
+        last_stage
+        and setup.mode == "v1"
+        and setup.sampler_path == FLASHINFER_SAMPLER
+        and (not ctx.version or ctx.version >= WARM_NATIVE_SAMPLER_FROM)
+    )
     if warm_native:
         native = TRITON_SAMPLER if sampled >= TRITON_MIN_BATCH else SORT_SAMPLER
         sampler = max(sampler, sampler_peak_bytes(model, sampled, constants, SAMPLER_KEYS[native]))
@@ -139,21 +170,50 @@ def activation_component(ctx: Context, setup: Setup, last_stage: bool, first_sta
         rel, rel_low = max(BLOCK_BAND, decoder * (1 + rel) / value - 1), BLOCK_BAND
     if last_stage and not setup.sampler_path_known:
         # Which path runs depends on the install: the low end is the sort-free FlashInfer sampler's peak.
-        other = max(peak(sampler_peak_bytes(model, sampled, constants, SAMPLER_KEYS[FLASHINFER_SAMPLER])) + held,
-                    enc.encoder_peak_bytes if enc else 0.0)
+        other = max(
+            peak(sampler_peak_bytes(model, sampled, constants, SAMPLER_KEYS[FLASHINFER_SAMPLER])) + held,
+            enc.encoder_peak_bytes if enc else 0.0,
+        )
         rel_low = max(rel_low, 1 - other * (1 - rel_low) / value) if value else rel_low
-    note = (f"dummy forward at max_num_batched_tokens={tokens}"
-            + (" (V0 chunked prefill caps the profiled tokens)" if setup.mode == "v0" and setup.chunked_prefill else "")
-            + (f" and {setup.sampler_path} sampler on {sampled} sequences x {model.vocab_size} vocab (fp32)"
-               if last_stage else "")
-            + (" then the native top-k/top-p warm-up run (the larger of the two peaks, 0.22+)" if warm_native else "")
-            + ((" + fused-MoE workspace (persistent from 0.13)" if persists else " (fused-MoE caches freed before "
-                "the sampler runs)") if moe else "")
-            + (f"; before it the {enc.describe()}: {gib(enc.encoder_peak_bytes, unit=True)} at the tower's peak, "
-               f"{gib(enc.held_bytes, unit=True)} of its pixels and embeddings held through the forward"
-               if enc else "; every modality limited to 0 (--limit-mm-per-prompt): no encoder profile"
-               if modelled_tower and first_stage else "; the vision encoder is profiled on the first pipeline stage"
-               if modelled_tower else "; multimodal encoder profiling not modelled" if model.vision_params else ""))
+    note = (
+        f"dummy forward at max_num_batched_tokens={tokens}"
+        + (
+            " (V0 chunked prefill caps the profiled tokens)"
+            if setup.mode == "v0" and setup.chunked_prefill
+            else ""
+        )
+        + (
+            f" and {setup.sampler_path} sampler on {sampled} sequences x {model.vocab_size} vocab (fp32)"
+            if last_stage
+            else ""
+        )
+        + (
+            " then the native top-k/top-p warm-up run (the larger of the two peaks, 0.22+)"
+            if warm_native
+            else ""
+        )
+        + (
+            (
+                " + fused-MoE workspace (persistent from 0.13)"
+                if persists
+                else " (fused-MoE caches freed before the sampler runs)"
+            )
+            if moe
+            else ""
+        )
+        + (
+            f"; before it the {enc.describe()}: {gib(enc.encoder_peak_bytes, unit=True)} at the tower's peak, "
+            f"{gib(enc.held_bytes, unit=True)} of its pixels and embeddings held through the forward"
+            if enc
+            else "; every modality limited to 0 (--limit-mm-per-prompt): no encoder profile"
+            if modelled_tower and first_stage
+            else "; the vision encoder is profiled on the first pipeline stage"
+            if modelled_tower
+            else "; multimodal encoder profiling not modelled"
+            if model.vision_params
+            else ""
+        )
+    )
     return band("activation_peak", value, rel_low, rel, constants.provenance(*names), note)
 
 
@@ -177,27 +237,46 @@ def counts_total_consumed(ctx: Context, setup: Setup) -> bool:
 def non_torch_component(ctx: Context, setup: Setup) -> Component:
     key = non_torch_key(ctx, setup)
     if setup.mode == "v0" and setup.multi_gpu:
-        what = " (NCCL init and custom all-reduce buffers, inside V0's profiling window; " + \
-               ("NVSwitch node)" if "nvswitch" in key else "PCIe / no NVSwitch)")
+        what = " (NCCL init and custom all-reduce buffers, inside V0's profiling window; " + (
+            "NVSwitch node)" if "nvswitch" in key else "PCIe / no NVSwitch)"
+        )
     else:
         what = " (custom all-reduce / NCCL buffers)" if ctx.tp > 1 else " (cuBLAS/Triton workspaces)"
-    part = ctx.constant_component("non_torch", key, "memory outside PyTorch that grows during profiling" + what,
-                                  extra_band=UNKNOWN_TERM_BAND if setup.unknown_terms else 0.0)
+    part = ctx.constant_component(
+        "non_torch",
+        key,
+        "memory outside PyTorch that grows during profiling" + what,
+        extra_band=UNKNOWN_TERM_BAND if setup.unknown_terms else 0.0,
+    )
     # Unknown terms of the era: the value stays the measured constant, the high end reaches what logs of the era left.
     seen = 0.0
     note = part.note
     if counts_total_consumed(ctx, setup):
-        note += ("; from 0.27 read with the weights off cudaMemGetInfo (mem_utils total_consumed), which also charges "
-                 "torch buffers outside the weights and the allocator's unreleasable cache")
+        note += (
+            "; from 0.27 read with the weights off cudaMemGetInfo (mem_utils total_consumed), which also charges "
+            "torch buffers outside the weights and the allocator's unreleasable cache"
+        )
         if ctx.tp > 1 and not nvls(ctx):
             seen = max(seen, CONSUMED_BEYOND_WEIGHTS_SEEN - part.bytes)
-    if setup.mode == "v1" and ctx.pp > 1 and not ctx.on_nvswitch and ctx.version \
-            and ctx.version >= NCCL_BEFORE_SNAPSHOT_FROM:
+    if (
+        setup.mode == "v1"
+        and ctx.pp > 1
+        and not ctx.on_nvswitch
+        and ctx.version
+        and ctx.version >= NCCL_BEFORE_SNAPSHOT_FROM
+    ):
         seen = max(seen, PP_PCIE_UNEXPLAINED_SEEN)
     if seen:
         note += "; band widened up to what logs of this era and interconnect left (unknown term)"
-    return Component(part.name, part.bytes, part.low_bytes, int(part.high_bytes + seen), part.provenance, note,
-                     part.in_budget)
+    return Component(
+        part.name,
+        part.bytes,
+        part.low_bytes,
+        int(part.high_bytes + seen),
+        part.provenance,
+        note,
+        part.in_budget,
+    )
 
 
 def graphs_component(ctx: Context, setup: Setup, stage: int) -> Component:
@@ -208,28 +287,62 @@ def graphs_component(ctx: Context, setup: Setup, stage: int) -> Component:
         graphs *= constants["cuda_graph_estimate_ratio"]
     names = ("cuda_graph_base_bytes", "cuda_graph_per_layer_bytes")
     rel = constants.band(*names) + (UNKNOWN_TERM_BAND if setup.unknown_terms else 0.0)
-    where = ("; estimated during profiling and taken from the budget (V1 >= 0.20)" if setup.graphs_in_budget else
-             "; captured after the KV cache is allocated, so it must fit in the 1 - util headroom")
-    return band("cuda_graphs", graphs, rel, rel, constants.provenance(*names),
-                "CUDA graph pool for decode batch sizes" + where, in_budget=setup.graphs_in_budget)
+    where = (
+        "; estimated during profiling and taken from the budget (V1 >= 0.20)"
+        if setup.graphs_in_budget
+        else "; captured after the KV cache is allocated, so it must fit in the 1 - util headroom"
+    )
+    return band(
+        "cuda_graphs",
+        graphs,
+        rel,
+        rel,
+        constants.provenance(*names),
+        "CUDA graph pool for decode batch sizes" + where,
+        in_budget=setup.graphs_in_budget,
+    )
 
 
-def stage_components(ctx: Context, setup: Setup, stage: int, enc: EncoderProfile | None = None) -> list[Component]:
+def stage_components(
+    ctx: Context, setup: Setup, stage: int, enc: EncoderProfile | None = None
+) -> list[Component]:
     """Everything but the KV cache on one pipeline stage's GPU."""
-    components = [ctx.constant_component(
-        "cuda_context", "cuda_context_bytes",
-        "CUDA context and library handles, before vLLM's baseline snapshot" if setup.context_outside_budget else
-        "CUDA context and library handles: V1 before 0.9.1 counts every non-torch byte on the card in its budget",
-        in_budget=not setup.context_outside_budget)]
+    components = [
+        ctx.constant_component(
+            "cuda_context",
+            "cuda_context_bytes",
+            "CUDA context and library handles, before vLLM's baseline snapshot"
+            if setup.context_outside_budget
+            else "CUDA context and library handles: V1 before 0.9.1 counts every non-torch byte on the card in its budget",
+            in_budget=not setup.context_outside_budget,
+        )
+    ]
     if setup.multi_gpu and setup.mode == "v1":
-        components.append(ctx.nccl_component(
-            "NCCL communicators created at start-up"
-            + ("; outside the budget since V1 inits them before the snapshot" if setup.nccl_outside_budget
-               else "; inside the profiling window"), in_budget=not setup.nccl_outside_budget))
-    components.append(weights_with_absorption(ctx, stage) if setup.mode == "v0" and v0_mla_absorbs(ctx)
-                      else ctx.weights_component(stage))
-    components.append(activation_component(ctx, setup, last_stage=stage == ctx.pp - 1, first_stage=stage == 0,
-                                           enc=enc if stage == 0 else None))
+        components.append(
+            ctx.nccl_component(
+                "NCCL communicators created at start-up"
+                + (
+                    "; outside the budget since V1 inits them before the snapshot"
+                    if setup.nccl_outside_budget
+                    else "; inside the profiling window"
+                ),
+                in_budget=not setup.nccl_outside_budget,
+            )
+        )
+    components.append(
+        weights_with_absorption(ctx, stage)
+        if setup.mode == "v0" and v0_mla_absorbs(ctx)
+        else ctx.weights_component(stage)
+    )
+    components.append(
+        activation_component(
+            ctx,
+            setup,
+            last_stage=stage == ctx.pp - 1,
+            first_stage=stage == 0,
+            enc=enc if stage == 0 else None,
+        )
+    )
     components.append(non_torch_component(ctx, setup))
     if not ctx.settings.enforce_eager:
         components.append(graphs_component(ctx, setup, stage))
@@ -272,9 +385,13 @@ def pool_plan(ctx: Context, hybrid_manager: bool) -> PoolPlan:
             attn_per_token = max(shape.bytes_per_token_layer for shape in shapes)
             block_size = 16 * math.ceil(state_per_layer / (16 * attn_per_token))
         stages.append((shapes, state_layers, state_per_layer))
-    layouts = [pool.layout(shapes, block_size, n, per_layer, hybrid_manager=hybrid_manager)
-               for shapes, n, per_layer in stages]
-    per_token = [sum(shape.layers * shape.bytes_per_token_layer for shape in shapes) for shapes, _, _ in stages]
+    layouts = [
+        pool.layout(shapes, block_size, n, per_layer, hybrid_manager=hybrid_manager)
+        for shapes, n, per_layer in stages
+    ]
+    per_token = [
+        sum(shape.layers * shape.bytes_per_token_layer for shape in shapes) for shapes, _, _ in stages
+    ]
     return PoolPlan(layouts, per_token, block_size, ctx.state_bytes_per_seq(0, recurrent_state_dtype(ctx)))
 
 
@@ -289,16 +406,19 @@ def full_attention_only(shapes: tuple[KVShape, ...]) -> tuple[KVShape, ...]:
     return tuple(KVShape("full", layers, per) for per, layers in merged.items()) + rest
 
 
-def limits_rule(ctx: Context, setup: Setup, pools: PoolPlan, stage_offsets: list[int],
-                blocks_per_request: int) -> Callable[[int], Limits]:
+def limits_rule(
+    ctx: Context, setup: Setup, pools: PoolPlan, stage_offsets: list[int], blocks_per_request: int
+) -> Callable[[int], Limits]:
     """KV bytes -> blocks (the minimum over stages), tokens and concurrency as this era reports them."""
     first = pools.layouts[0]
     hybrid = first.num_groups > 1
     length, block_size, version = setup.max_model_len, pools.block_size, ctx.version
 
     def limits(kv_bytes: int) -> Limits:
-        blocks = min(pool.num_blocks(max(0, kv_bytes + offset), layout)
-                     for offset, layout in zip(stage_offsets, pools.layouts, strict=True))
+        blocks = min(
+            pool.num_blocks(max(0, kv_bytes + offset), layout)
+            for offset, layout in zip(stage_offsets, pools.layouts, strict=True)
+        )
         if setup.mode == "v0":
             return Limits(int(kv_bytes), blocks * block_size, blocks, blocks * block_size / length)
         concurrency = blocks / blocks_per_request
@@ -321,40 +441,56 @@ def start_up_refusals(ctx: Context, setup: Setup, components: list[Component], b
     free_at_start = ctx.total - ctx.other - sum(c.bytes for c in components if c.name in outside)
     if free_at_start >= budget:
         return []
-    return [f"Free memory on device ({gib(free_at_start)}/{gib(ctx.total, unit=True)}) on startup is less than "
-            f"desired GPU memory utilization ({setup.utilization}, {gib(budget, unit=True)})"]
+    return [
+        f"Free memory on device ({gib(free_at_start)}/{gib(ctx.total, unit=True)}) on startup is less than "
+        f"desired GPU memory utilization ({setup.utilization}, {gib(budget, unit=True)})"
+    ]
 
 
 def plan_notes(ctx: Context, setup: Setup, first_layout: pool.PoolLayout) -> list[str]:
     notes = ctx.longer_than_trained(
-        setup.max_model_len, "vLLM",
+        setup.max_model_len,
+        "vLLM",
         ctx.settings.allow_long_max_model_len or bool(ctx.settings.rope_scaling_factor),
         "vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (--allow-long-max-model-len) or a "
-        "rope-scaling override (--rope-scaling-factor) extends the context")
+        "rope-scaling override (--rope-scaling-factor) extends the context",
+    )
     window_off = vllm_window_off(ctx.model, ctx.version, ctx.settings.disable_sliding_window)
     if window_off:
-        notes.append(f"sliding window off ({window_off}): every layer is full attention, holding max_model_len "
-                     f"tokens, and the derived context is capped at the window ({ctx.model.sliding_window:,})")
+        notes.append(
+            f"sliding window off ({window_off}): every layer is full attention, holding max_model_len "
+            f"tokens, and the derived context is capped at the window ({ctx.model.sliding_window:,})"
+        )
     if first_layout.padded_layers:
         waste = first_layout.padded_layers / max(1, first_layout.num_groups * first_layout.group_size)
-        notes.append(f"hybrid KV groups: {first_layout.padded_layers} padding layer slots "
-                     f"(up to {waste:.1%} of the pool unused), as vLLM logs 'Add N padding layers'")
+        notes.append(
+            f"hybrid KV groups: {first_layout.padded_layers} padding layer slots "
+            f"(up to {waste:.1%} of the pool unused), as vLLM logs 'Add N padding layers'"
+        )
     if not setup.graphs_in_budget and not ctx.settings.enforce_eager:
         notes.append("CUDA graphs are captured after the KV cache exists: they need the 1 - util headroom")
     if setup.mode == "v0" and setup.chunked_prefill and not ctx.settings.max_num_batched_tokens:
-        notes.append(f"V0 enables chunked prefill above a 32k context: the profile runs {setup.profile_tokens} "
-                     f"tokens, not {setup.max_model_len}")
+        notes.append(
+            f"V0 enables chunked prefill above a 32k context: the profile runs {setup.profile_tokens} "
+            f"tokens, not {setup.max_model_len}"
+        )
     if ctx.gpu.arch in PRE_AMPERE:
         backend = "XFormers" if setup.mode == "v0" else "a Triton/FlexAttention backend"
-        notes.append(f"{ctx.gpu.arch.title()} has no FlashAttention 2: vLLM {setup.mode.upper()} uses {backend}"
-                     + ("; float16 instead of the config's bfloat16" if ctx.model.torch_dtype == "bfloat16" else ""))
+        notes.append(
+            f"{ctx.gpu.arch.title()} has no FlashAttention 2: vLLM {setup.mode.upper()} uses {backend}"
+            + ("; float16 instead of the config's bfloat16" if ctx.model.torch_dtype == "bfloat16" else "")
+        )
     if not setup.sampler_path_known:
-        notes.append(f"vLLM {ctx.settings.resolved_version} profiles the sampler with FlashInfer when it is installed "
-                     "(the docker image) and by sorting the vocabulary otherwise (pip without the flashinfer extra): "
-                     "planned as the sort, band widened to FlashInfer's; pass --flashinfer-sampler on|off")
+        notes.append(
+            f"vLLM {ctx.settings.resolved_version} profiles the sampler with FlashInfer when it is installed "
+            "(the docker image) and by sorting the vocabulary otherwise (pip without the flashinfer extra): "
+            "planned as the sort, band widened to FlashInfer's; pass --flashinfer-sampler on|off"
+        )
     if later_flashinfer(ctx, setup):
-        notes.append(f"unknown term, band widened (activation peak): the FlashInfer sampler vLLM "
-                     f"{ctx.settings.resolved_version} runs by default is measured only on 0.10.1 (FlashInfer 0.2)")
+        notes.append(
+            f"unknown term, band widened (activation peak): the FlashInfer sampler vLLM "
+            f"{ctx.settings.resolved_version} runs by default is measured only on 0.10.1 (FlashInfer 0.2)"
+        )
     notes += [f"unknown term, band widened: {why}" for why in setup.unknown_terms]
     return notes
 
@@ -367,11 +503,18 @@ def stage_notes(ctx: Context, pools: PoolPlan, kv_first: int, offsets: list[int]
     kv = [kv_first + offset for offset in offsets]
     blocks = [pool.num_blocks(max(0, k), layout) for k, layout in zip(kv, pools.layouts, strict=True)]
     tight = min(range(ctx.pp), key=lambda i: blocks[i])
-    role = "the last stage: lm_head and the sampler's profile peak" if tight == ctx.pp - 1 else \
-        "the first stage: the embedding" if tight == 0 else "a middle stage: the most layers"
-    return [f"pipeline parallel: stage {tight + 1} of {ctx.pp} bounds the pool ({role}); its own budget leaves "
-            f"{gib(kv[tight], unit=True)} for KV against {gib(kv[0], unit=True)} on stage 1, and vLLM gives every stage "
-            f"its {blocks[tight]} blocks"]
+    role = (
+        "the last stage: lm_head and the sampler's profile peak"
+        if tight == ctx.pp - 1
+        else "the first stage: the embedding"
+        if tight == 0
+        else "a middle stage: the most layers"
+    )
+    return [
+        f"pipeline parallel: stage {tight + 1} of {ctx.pp} bounds the pool ({role}); its own budget leaves "
+        f"{gib(kv[tight], unit=True)} for KV against {gib(kv[0], unit=True)} on stage 1, and vLLM gives every stage "
+        f"its {blocks[tight]} blocks"
+    ]
 
 
 def plan(ctx: Context) -> PolicyResult:
@@ -394,29 +537,55 @@ def plan(ctx: Context) -> PolicyResult:
     first = pools.layouts[0]
     # A later stage's KV = stage 0's KV + the difference of their in-budget components.
     offsets = [pick(components, "mid") - pick(stage, "mid") for stage in stages]
-    blocks_per_request = pool.blocks_per_request(first, setup.max_model_len, setup.profile_tokens,
-                                                 ctx.model.sliding_window, ctx.model.attention_chunk_size)
+    blocks_per_request = pool.blocks_per_request(
+        first,
+        setup.max_model_len,
+        setup.profile_tokens,
+        ctx.model.sliding_window,
+        ctx.model.attention_chunk_size,
+    )
     resolved = {
-        "engine_mode": setup.mode, "gpu_memory_utilization": setup.utilization, "max_num_seqs": setup.max_num_seqs,
-        "max_num_batched_tokens": setup.profile_tokens, "max_model_len": setup.max_model_len,
-        "block_size": pools.block_size, "tensor_parallel_size": ctx.tp, "pipeline_parallel_size": ctx.pp,
-        "dtype": ctx.dtype, "kv_cache_dtype": settings.kv_cache_dtype,
-        "quantization": ctx.quant.method if ctx.quant else None, "enforce_eager": settings.enforce_eager,
-        "kv_cache_memory_bytes": fixed_kv, "chunked_prefill": setup.chunked_prefill,
-        "sampler": setup.sampler_path if setup.sampler_path_known else f"{setup.sampler_path} (or flashinfer if installed)",
+        "engine_mode": setup.mode,
+        "gpu_memory_utilization": setup.utilization,
+        "max_num_seqs": setup.max_num_seqs,
+        "max_num_batched_tokens": setup.profile_tokens,
+        "max_model_len": setup.max_model_len,
+        "block_size": pools.block_size,
+        "tensor_parallel_size": ctx.tp,
+        "pipeline_parallel_size": ctx.pp,
+        "dtype": ctx.dtype,
+        "kv_cache_dtype": settings.kv_cache_dtype,
+        "quantization": ctx.quant.method if ctx.quant else None,
+        "enforce_eager": settings.enforce_eager,
+        "kv_cache_memory_bytes": fixed_kv,
+        "chunked_prefill": setup.chunked_prefill,
+        "sampler": setup.sampler_path
+        if setup.sampler_path_known
+        else f"{setup.sampler_path} (or flashinfer if installed)",
     }
     return PolicyResult(
-        components=components, budget_bytes=budget, kv_rule=kv_rule,
-        limits=limits_rule(ctx, setup, pools, offsets, blocks_per_request), max_model_len=setup.max_model_len,
-        block_size=pools.block_size, kv_bytes_per_token=pools.bytes_per_token[0], settings=resolved,
+        components=components,
+        budget_bytes=budget,
+        kv_rule=kv_rule,
+        limits=limits_rule(ctx, setup, pools, offsets, blocks_per_request),
+        max_model_len=setup.max_model_len,
+        block_size=pools.block_size,
+        kv_bytes_per_token=pools.bytes_per_token[0],
+        settings=resolved,
         kv_provenance=ENGINE if not fixed_kv else DEFAULT,
-        kv_note=("--kv-cache-memory: fixed by the user" if fixed_kv else
-                 f"util x total ({setup.utilization} x {gib(ctx.total, unit=True)}) less the in-budget components"),
+        kv_note=(
+            "--kv-cache-memory: fixed by the user"
+            if fixed_kv
+            else f"util x total ({setup.utilization} x {gib(ctx.total, unit=True)}) less the in-budget components"
+        ),
         per_sequence_state_bytes=pools.state_bytes_per_seq,
         reasons=start_up_refusals(ctx, setup, components, budget),
-        notes=plan_notes(ctx, setup, first) + ([] if fixed_kv else stage_notes(ctx, pools, kv_rule(components, "mid"),
-                                                                                offsets)),
+        notes=plan_notes(ctx, setup, first)
+        + ([] if fixed_kv else stage_notes(ctx, pools, kv_rule(components, "mid"), offsets)),
         min_blocks_needed=blocks_per_request,
-        extra={"blocks_per_request": blocks_per_request, "hybrid_groups": [list(g) for g in first.groups],
-               **({"encoder_profile": enc.to_json()} if enc else {})},
+        extra={
+            "blocks_per_request": blocks_per_request,
+            "hybrid_groups": [list(g) for g in first.groups],
+            **({"encoder_profile": enc.to_json()} if enc else {}),
+        },
     )

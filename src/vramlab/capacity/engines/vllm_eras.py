@@ -42,10 +42,17 @@ PRE_AMPERE = ("pascal", "volta", "turing")
 # one of three paths (vllm/v1/sample/ops/topk_topp_sampler.py): `apply_top_k_top_p` sorts the fp32 logits
 # (values + int64 indices, softmax, cumsum, scatter); FlashInfer's top_k_top_p_sampling_from_logits and the
 # Triton kernel of 0.17+ (`apply_top_k_top_p_triton` for batches >= 8) do not sort.
-FLASHINFER_OPT_IN_FROM = (0, 11, 1)  # <= 0.11.0: `VLLM_USE_FLASHINFER_SAMPLER is not False` = on when importable;
+FLASHINFER_OPT_IN_FROM = (
+    0,
+    11,
+    1,
+)  # <= 0.11.0: `VLLM_USE_FLASHINFER_SAMPLER is not False` = on when importable;
 # the wheel requires flashinfer-python only from 0.11.1 (before: the `flashinfer` extra, or the docker image)
 TRITON_TOP_K_TOP_P_FROM = (0, 17)
-FLASHINFER_SAMPLER_DEFAULT_FROM = (0, 22)  # envs.VLLM_USE_FLASHINFER_SAMPLER: bool = True (0.20: None = opt-in)
+FLASHINFER_SAMPLER_DEFAULT_FROM = (
+    0,
+    22,
+)  # envs.VLLM_USE_FLASHINFER_SAMPLER: bool = True (0.20: None = opt-in)
 SORT_SAMPLER, FLASHINFER_SAMPLER, TRITON_SAMPLER = "sort", "flashinfer", "triton"
 # gpu_model_runner.py `_dummy_sampler_run`, 0.22.0 on (absent in 0.20.0): after the FlashInfer run the profile calls the
 # sampler again with a per-request generator "to warm forward_native", which FlashInfer cannot take: `forward_cuda` falls
@@ -96,8 +103,10 @@ class Setup:
 def engine_kind(ctx: Context) -> str:
     version, asked = ctx.version, (ctx.settings.vllm_engine or "").lower()
     if asked == "v0" and version and version >= V0_REMOVED_IN:
-        raise ConfigError(f"vLLM {ctx.settings.resolved_version} has no V0 engine (removed in 0.11; "
-                          "leave out --engine-version to plan the last release that had it)")
+        raise ConfigError(
+            f"vLLM {ctx.settings.resolved_version} has no V0 engine (removed in 0.11; "
+            "leave out --engine-version to plan the last release that had it)"
+        )
     if asked in ("v0", "v1"):
         return asked
     return "v1" if not version or version >= V1_DEFAULT_FROM else "v0"
@@ -120,9 +129,11 @@ def sampler_path(ctx: Context, kind: str) -> tuple[str, bool]:
     return without, True
 
 
-SAMPLER_KEYS = {SORT_SAMPLER: "legacy_sampler_bytes_per_seq_vocab",
-                FLASHINFER_SAMPLER: "flashinfer_sampler_bytes_per_seq_vocab",
-                TRITON_SAMPLER: "sampler_bytes_per_seq_vocab"}
+SAMPLER_KEYS = {
+    SORT_SAMPLER: "legacy_sampler_bytes_per_seq_vocab",
+    FLASHINFER_SAMPLER: "flashinfer_sampler_bytes_per_seq_vocab",
+    TRITON_SAMPLER: "sampler_bytes_per_seq_vocab",
+}
 
 
 def nvls(ctx: Context) -> bool:
@@ -138,7 +149,9 @@ def unknown_terms(ctx: Context, kind: str) -> tuple[str, ...]:
     out = []
     version, gpu = ctx.version, ctx.gpu
     if version and version < MODELLED_FROM:
-        out.append(f"vLLM {ctx.settings.resolved_version} predates the profiling of 0.5+ (no log of that era here)")
+        out.append(
+            f"vLLM {ctx.settings.resolved_version} predates the profiling of 0.5+ (no log of that era here)"
+        )
     if version and version > MODELLED_UP_TO:
         out.append(f"vLLM {ctx.settings.resolved_version} is newer than the newest release modelled (0.29)")
     if gpu.vendor == "amd":
@@ -147,28 +160,45 @@ def unknown_terms(ctx: Context, kind: str) -> tuple[str, ...]:
         out.append(f"V1 on {gpu.arch.title()}: its attention backend's profile peak is not measured")
     if ctx.settings.in_trainer:
         # Unsloth notebooks (vLLM inside GRPO trainers): KV off by -41 % to +100 % around a 0.3 % median elsewhere.
-        out.append("vLLM inside a training process: the trainer's own allocations in the same process "
-                   "(optimizer state, LoRA buffers, shared weights) are not modelled")
+        out.append(
+            "vLLM inside a training process: the trainer's own allocations in the same process "
+            "(optimizer state, LoRA buffers, shared weights) are not modelled"
+        )
     multi_gpu = ctx.tp * ctx.pp > 1
     if kind == "v1" and multi_gpu and ctx.on_nvswitch and version and version < NCCL_BEFORE_SNAPSHOT_FROM:
         # Before 0.11 NCCL init and its NVLink/NVLS buffers fall inside V1's profiling window; their size is
         # measured on 0.19 H100 nodes (outside the window), not on a release of this era.
-        out.append(f"V1 {ctx.settings.resolved_version} at TP/PP > 1 on an NVSwitch node: NCCL init counts against "
-                   "the budget before 0.11, and its size (with the NVLink-SHARP buffers) is measured only on 0.19")
+        out.append(
+            f"V1 {ctx.settings.resolved_version} at TP/PP > 1 on an NVSwitch node: NCCL init counts against "
+            "the budget before 0.11, and its size (with the NVLink-SHARP buffers) is measured only on 0.19"
+        )
     if kind == "v1" and ctx.tp > 1 and not nvls(ctx) and version and version >= NCCL_BEFORE_SNAPSHOT_FROM:
         # non_torch_forward_tp_nonvls_bytes is read off 0.10 rows; 0.27.1 on 4 PCIe RTX PRO 6000 (r110) printed
         # 1.70 GiB of "consumed memory (weights + non-torch)" beyond its weights.
-        out.append(f"V1 {ctx.settings.resolved_version} at TP > 1 without NVLink-SHARP: the non-torch growth is measured "
-                   "on 0.10 only (0.15 GiB there; up to 1.7 GiB seen on 0.27 PCIe nodes)")
-    if kind == "v1" and ctx.pp > 1 and not ctx.on_nvswitch and version and version >= NCCL_BEFORE_SNAPSHOT_FROM:
+        out.append(
+            f"V1 {ctx.settings.resolved_version} at TP > 1 without NVLink-SHARP: the non-torch growth is measured "
+            "on 0.10 only (0.15 GiB there; up to 1.7 GiB seen on 0.27 PCIe nodes)"
+        )
+    if (
+        kind == "v1"
+        and ctx.pp > 1
+        and not ctx.on_nvswitch
+        and version
+        and version >= NCCL_BEFORE_SNAPSHOT_FROM
+    ):
         # non_torch_forward_pp_bytes is read off 0.19 H100 (NVLink) PP rows.
-        out.append(f"V1 {ctx.settings.resolved_version} at PP > 1 without NVLink: the stages' non-torch growth is measured "
-                   "on 0.19 NVLink nodes only (0.07 GiB); 0.27-0.28 PP on PCIe cards left up to 0.9 GiB more non-KV "
-                   "memory on the tightest stage than planned")
+        out.append(
+            f"V1 {ctx.settings.resolved_version} at PP > 1 without NVLink: the stages' non-torch growth is measured "
+            "on 0.19 NVLink nodes only (0.07 GiB); 0.27-0.28 PP on PCIe cards left up to 0.9 GiB more non-KV "
+            "memory on the tightest stage than planned"
+        )
     if kind == "v0" and ctx.model.is_mla:
         # DeepSeek-R1 on 8x H200, V0 ~0.7.3: weights 83.88 GiB (headers 79.4), non-torch 7.16 GiB.
-        out.append("V0 with MLA: the non-torch term at this size is not modelled" if v0_mla_absorbs(ctx) else
-                   "V0 with MLA: the absorbed MLA matrices of this release and the non-torch term are not modelled")
+        out.append(
+            "V0 with MLA: the non-torch term at this size is not modelled"
+            if v0_mla_absorbs(ctx)
+            else "V0 with MLA: the absorbed MLA matrices of this release and the non-torch term are not modelled"
+        )
     return tuple(out)
 
 
@@ -186,22 +216,34 @@ def resolve_setup(ctx: Context) -> Setup:
         raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
     version = ctx.version
     return Setup(
-        mode=kind, utilization=util, max_num_seqs=seqs, profile_tokens=tokens, max_model_len=context_length(ctx),
+        mode=kind,
+        utilization=util,
+        max_num_seqs=seqs,
+        profile_tokens=tokens,
+        max_model_len=context_length(ctx),
         chunked_prefill=kind == "v1" or v0_chunked_prefill(ctx),
         nccl_outside_budget=kind == "v1" and (not version or version >= NCCL_BEFORE_SNAPSHOT_FROM),
         context_outside_budget=kind == "v0" or not version or version >= V1_SNAPSHOT_FROM,
-        sampler_path=path, sampler_path_known=path_known,
-        graphs_in_budget=kind == "v1" and (not version or version >= GRAPH_ESTIMATE_FROM)
+        sampler_path=path,
+        sampler_path_known=path_known,
+        graphs_in_budget=kind == "v1"
+        and (not version or version >= GRAPH_ESTIMATE_FROM)
         and not ctx.settings.enforce_eager,
-        multi_gpu=ctx.tp * ctx.pp > 1, unknown_terms=unknown_terms(ctx, kind))
+        multi_gpu=ctx.tp * ctx.pp > 1,
+        unknown_terms=unknown_terms(ctx, kind),
+    )
 
 
 def check_card(ctx: Context, kind: str) -> None:
     """vLLM's own refusals for a card: compute capability below 7.0, bf16 before Ampere."""
     gpu = ctx.gpu
     if gpu.arch == "pascal":
-        raise ConfigError(f"vLLM needs compute capability 7.0 or newer; {gpu.name} (Pascal) is 6.x "
-                          "(use llama.cpp, or a community Pascal build of vLLM)")
+        raise ConfigError(
+            f"vLLM needs compute capability 7.0 or newer; {gpu.name} (Pascal) is 6.x "
+            "(use llama.cpp, or a community Pascal build of vLLM)"
+        )
     if gpu.arch in PRE_AMPERE and ctx.settings.dtype in ("bfloat16", "bf16"):
-        raise ConfigError(f"Bfloat16 is only supported on GPUs with compute capability of at least 8.0; "
-                          f"{gpu.name} ({gpu.arch.title()}) is older: use --dtype half")
+        raise ConfigError(
+            f"Bfloat16 is only supported on GPUs with compute capability of at least 8.0; "
+            f"{gpu.name} ({gpu.arch.title()}) is older: use --dtype half"
+        )

@@ -37,7 +37,10 @@ from vramlab.capacity.spec import ModelSpec, VisionTower, dtype_bytes
 
 PROMPT_LIMIT_DEFAULT_V1 = 999  # MultiModalConfig.get_limit_per_prompt: 999 per modality in V1 (1 in V0)
 FRAMES_CAP_14_FROM = (0, 11)  # _MAX_FRAMES_PER_VIDEO 16 -> 14 (read in 0.10.2 and 0.11.0)
-ONE_PER_MODALITY_FROM = (0, 13)  # max tokens per item counted with {modality: 1}, not the prompt limits (0.13.0)
+ONE_PER_MODALITY_FROM = (
+    0,
+    13,
+)  # max tokens per item counted with {modality: 1}, not the prompt limits (0.13.0)
 FLOOR_ITEMS_FROM = (0, 10)  # MultiModalBudget.get_max_items (floor, max_model_len cap) replaces cdiv (0.10.2)
 IMAGES_OFF_VIDEO_BEFORE = (0, 10)  # up to 0.9 the images a prompt holds come off the video's frames
 BLOCK_BAND = 0.15  # one hidden or intermediate copy either way (kernel path, release's block code)
@@ -56,13 +59,21 @@ class EncoderProfile:
     held_bytes: float  # pixels + cached embeddings, alive through the dummy forward and the sampler
 
     def to_json(self) -> dict[str, object]:
-        return {"modality": self.modality, "items": self.items, "tokens_per_item": self.tokens_per_item,
-                "budget_tokens": self.budget_tokens, "patches": self.patches,
-                "encoder_peak_bytes": int(self.encoder_peak_bytes), "held_bytes": int(self.held_bytes)}
+        return {
+            "modality": self.modality,
+            "items": self.items,
+            "tokens_per_item": self.tokens_per_item,
+            "budget_tokens": self.budget_tokens,
+            "patches": self.patches,
+            "encoder_peak_bytes": int(self.encoder_peak_bytes),
+            "held_bytes": int(self.held_bytes),
+        }
 
     def describe(self) -> str:
-        return (f"vision encoder on {self.items} {self.modality} item(s) of {self.tokens_per_item:,} tokens "
-                f"({self.patches:,} patches; encoder budget {self.budget_tokens:,} tokens)")
+        return (
+            f"vision encoder on {self.items} {self.modality} item(s) of {self.tokens_per_item:,} tokens "
+            f"({self.patches:,} patches; encoder budget {self.budget_tokens:,} tokens)"
+        )
 
 
 def limits_of(settings_limits: tuple[tuple[str, int], ...] | None) -> dict[str, int]:
@@ -75,7 +86,7 @@ def limits_of(settings_limits: tuple[tuple[str, int], ...] | None) -> dict[str, 
 
 def _slice_tokens(tower: VisionTower) -> int:
     """Merged tokens of one image, or one temporal slice of a video, at max_pixels."""
-    return tower.max_pixels // (tower.patch_size ** 2) // (tower.spatial_merge_size ** 2)
+    return tower.max_pixels // (tower.patch_size**2) // (tower.spatial_merge_size**2)
 
 
 def _video_tokens(tower: VisionTower, frames: int) -> int:
@@ -92,8 +103,9 @@ def _video_frames(tower: VisionTower, room: int, videos: int, version: tuple[int
     return max(1, min(frames // max(videos, 1), cap))
 
 
-def tokens_per_item(tower: VisionTower, max_model_len: int, limits: dict[str, int],
-                    version: tuple[int, ...]) -> dict[str, int]:
+def tokens_per_item(
+    tower: VisionTower, max_model_len: int, limits: dict[str, int], version: tuple[int, ...]
+) -> dict[str, int]:
     """Each enabled modality's largest item, as the release counts it."""
     image = _slice_tokens(tower)
     counts = {m: 1 for m, n in limits.items() if n > 0} if version >= ONE_PER_MODALITY_FROM else dict(limits)
@@ -105,9 +117,18 @@ def tokens_per_item(tower: VisionTower, max_model_len: int, limits: dict[str, in
     return {m: n for m, n in out.items() if limits.get(m, 0) > 0}
 
 
-def encoder_profile(model: ModelSpec, *, max_model_len: int, max_num_batched_tokens: int, max_num_seqs: int,
-                    chunked_prefill: bool, limits: dict[str, int], version: tuple[int, ...], model_dtype: str,
-                    tp: int) -> EncoderProfile | None:
+def encoder_profile(
+    model: ModelSpec,
+    *,
+    max_model_len: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    chunked_prefill: bool,
+    limits: dict[str, int],
+    version: tuple[int, ...],
+    model_dtype: str,
+    tp: int,
+) -> EncoderProfile | None:
     """The batch V1 profiles the tower with and the memory it holds; None when nothing is profiled."""
     tower = model.vision
     if tower is None:
@@ -124,10 +145,10 @@ def encoder_profile(model: ModelSpec, *, max_model_len: int, max_num_batched_tok
         items = max(1, min(budget // item, reqs * per_prompt))
     else:
         items = min(-(-budget // item), max_num_seqs * limit)
-    patches_per_item = item * tower.spatial_merge_size ** 2
+    patches_per_item = item * tower.spatial_merge_size**2
     patches = items * patches_per_item
     b = dtype_bytes(model_dtype)
-    pixels = patches * tower.in_channels * tower.temporal_patch_size * tower.patch_size ** 2 * b
+    pixels = patches * tower.in_channels * tower.temporal_patch_size * tower.patch_size**2 * b
     h = patches * tower.hidden_size * b
     m = patches * tower.intermediate_size / tp * b
     block = max(5 * h + 3 * m, 10 * h) if tower.gated else max(3 * h + 2 * m, 10 * h)
