@@ -10,10 +10,11 @@ from typing import Any
 from vramlab.capacity.constants import Constants
 from vramlab.capacity.estimate import Estimate
 from vramlab.capacity.gpus import GPU
-from vramlab.capacity.model import estimate, max_len_that_fits, safe_operating_point
+from vramlab.capacity.model import estimate, max_len_that_fits, safe_at_planned_length, safe_operating_point
 from vramlab.capacity.settings import EngineSettings
 from vramlab.capacity.spec import ModelSpec
 from vramlab.capacity.validation import check_settings
+from vramlab.capacity.verdict import Verdict, decide, host_share, safe_holds
 from vramlab.errors import ConfigError, VramlabError
 
 # --sweep keys (engine flag spelling) -> EngineSettings fields.
@@ -156,12 +157,15 @@ def parse_sweep(spec: str) -> tuple[str, list[Any]]:
 class Plan:
     estimate: Estimate
     safe: dict[str, Any]
+    verdict: Verdict
     max_model_len_at_concurrency: int | None = None
     concurrency: int | None = None
     calibration: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = self.estimate.to_json()
+        out["verdict"] = self.verdict.kind
+        out["verdict_detail"] = self.verdict.to_json()
         out["safe_operating_point"] = self.safe
         if self.concurrency is not None:
             out["concurrency"] = self.concurrency
@@ -180,6 +184,12 @@ def make_plan(
 ) -> Plan:
     est = estimate(model, gpu, settings, constants)
     safe = safe_operating_point(model, gpu, settings, constants, margin, concurrency)
+    host = host_share(est, settings, model.num_experts, model.num_experts_per_tok)
+    changes: tuple[str, ...] = ()
+    if est.fits and host is None and not safe_holds(est, safe):
+        from vramlab.capacity.suggestions import safe_suggestions
+
+        changes = tuple(safe_suggestions(model, gpu, settings, constants, est, margin))
     longest = None
     if concurrency is not None:
         if concurrency < 1:
@@ -188,6 +198,7 @@ def make_plan(
     return Plan(
         est,
         safe,
+        decide(est, safe, host, changes),
         longest,
         concurrency,
         constants.profile if constants and constants.profile != "defaults" else None,
@@ -221,10 +232,13 @@ def sweep(
         try:
             est = estimate(model, gpu, base.with_(**point), constants, with_suggestions=False)
         except VramlabError as exc:
-            row.update(fits=False, error=str(exc))
+            row.update(fits=False, verdict="does_not_fit", error=str(exc))
             out.rows.append(row)
             continue
+        host = host_share(est, base.with_(**point), model.num_experts, model.num_experts_per_tok)
+        safe = safe_at_planned_length(model, gpu, base.with_(**point), constants) if est.fits else {}
         row.update(
+            verdict=decide(est, safe or {"margin": 0.10, "max_concurrency": 0}, host).kind,
             kv_cache_bytes=est.kv_cache_bytes,
             kv_cache_tokens=est.kv_cache_tokens,
             max_concurrency=round(est.max_concurrency, 2),

@@ -417,7 +417,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(plan.to_json(), indent=1))
     else:
         print(plan_text.render_plan(plan, model, gpu))
-    return 0 if plan.estimate.fits else 1
+    return plan.verdict.exit_code  # 0 fits, 3 at the estimate only, 4 part on the CPU, 1 does not fit
 
 
 def _constants(args: argparse.Namespace) -> Constants:
