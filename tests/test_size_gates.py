@@ -45,7 +45,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "capacity/engines/sglang.py:plan": (89, FORMATTED),
     "capacity/engines/tgi.py:plan": (90, FORMATTED),
     "cli/drill.py:run": (94, FORMATTED),
-    "cli/plan.py:add_arguments": (112, FORMATTED),
     "load/workers.py:drive": (84, FORMATTED),
     "report/check_log_text.py:render": (100, FORMATTED),
     "report/incident_text.py:action_items": (90, FORMATTED),

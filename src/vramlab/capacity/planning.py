@@ -45,6 +45,9 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmM]?)\s*$")
 _BYTES = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(b|kb|kib|mb|mib|gb|gib|tb|tib)?\s*$", re.IGNORECASE)
 
 
+MAX_COUNT = 1 << 40  # tokens or sequences far beyond any engine's; larger is a typo
+
+
 def parse_count(text: str) -> int:
     """'8192', '8k' (8192), '128K' (131072), '1m' (1048576): token counts as engines write them."""
     m = _SIZE.match(str(text))
@@ -52,6 +55,10 @@ def parse_count(text: str) -> int:
         raise ConfigError(f"not a count: {text!r} (examples: 8192, 8k, 128k)")
     value, unit = float(m.group(1)), m.group(2).lower()
     scale = {"": 1, "k": 1024, "m": 1024 * 1024}[unit]
+    if not value * scale <= MAX_COUNT:  # also a 400-digit number, whose float is inf
+        raise ConfigError(
+            f"not a count vramlab plans: {text[:20]!r}{'...' if len(text) > 20 else ''} (at most 2^40)"
+        )
     return int(value * scale)
 
 

@@ -87,11 +87,18 @@ class Verdict:
     def exit_code(self) -> int:
         return EXIT_CODES[self.kind]
 
+    @property
+    def headline(self) -> str:
+        """The one line: "FITS with ...", "AT RISK: ...", "RUNS WITH PART ...: ...", "DOES NOT FIT"."""
+        if not self.summary:
+            return HEADLINES[self.kind]
+        return HEADLINES[self.kind] + (" " if self.kind == FITS else ": ") + self.summary
+
     def to_json(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "exit_code": self.exit_code,
-            "summary": f"{HEADLINES[self.kind]}: {self.summary}" if self.summary else HEADLINES[self.kind],
+            "summary": self.headline,
             "why": list(self.why),
             "changes": list(self.changes),
             "costs": list(self.costs),
@@ -102,10 +109,6 @@ class Verdict:
         }
 
 
-def _cpu_buffer(target: str) -> bool:
-    return target.strip().upper().startswith("CPU")
-
-
 def host_share(est: Estimate, settings: Any, num_experts: int, experts_per_token: int) -> HostShare | None:
     """The part of the model on the CPU, from the plan's own placement (llama.cpp's `host`, Ollama's decision)."""
     ollama = est.extra.get("ollama")
@@ -114,35 +117,31 @@ def host_share(est: Estimate, settings: Any, num_experts: int, experts_per_token
         if on >= total:
             return None
         on_host = max(0, int(ollama["memory_weights_total_bytes"]) - est.weights_bytes)
-        return HostShare(
-            on, total, False, on_host, on_host, "Ollama's own split (its runner's --n-gpu-layers)"
-        )
+        return HostShare(on, total, False, on_host, on_host, f"Ollama's own split: num_gpu {on}")
     host = est.extra.get("host")
     if host is None or est.engine != "llama.cpp":
         return None
     total = _layers_total(est)
     on_cpu = int(host["layers"]) + int(bool(host["output_layer"]))
-    experts = num_experts > 0 and (
-        settings.n_cpu_moe > 0 or any(_cpu_buffer(o.rpartition("=")[2]) for o in settings.override_tensor)
-    )
-    if not on_cpu and not experts:
+    moved = int(host.get("overridden_bytes", 0))  # tensors -ot / --n-cpu-moe took off the GPUs
+    if not on_cpu and not moved:
         return None
+    cpu_moe = "--cpu-moe" if settings.n_cpu_moe >= 1 << 12 else f"--n-cpu-moe {settings.n_cpu_moe}"
     flags = [
-        f
-        for f, given in (
+        flag
+        for flag, given in (
             (f"-ngl {settings.n_gpu_layers}", on_cpu and settings.n_gpu_layers is not None),
-            ("--cpu-moe" if settings.n_cpu_moe >= 1 << 12 else f"--n-cpu-moe {settings.n_cpu_moe}", experts),
-            ("-ot", experts and settings.override_tensor),
+            (cpu_moe, moved and settings.n_cpu_moe),
+            ("-ot", moved and settings.override_tensor),
         )
         if given
     ]
     host_bytes = int(host["model_buffer_bytes"])
     read = host_bytes
-    if experts and not on_cpu and experts_per_token:
-        read = int(host_bytes * experts_per_token / num_experts)  # a token reads its routed experts only
-    return HostShare(
-        total - on_cpu, total, experts, host_bytes, read, ", ".join(flags) or "the placement flags"
-    )
+    if moved and not on_cpu and num_experts and experts_per_token:
+        read = int(moved * experts_per_token / num_experts)  # a token reads its routed experts only
+    decided = ", ".join(flags) or "the placement flags"
+    return HostShare(total - on_cpu, total, bool(moved), host_bytes, read, decided)
 
 
 def _layers_total(est: Estimate) -> int:
@@ -248,7 +247,7 @@ def _partial(est: Estimate, host: HostShare, holds: bool, margin: str) -> Verdic
     where = (
         f"{host.layers_on_gpu} of {host.layers_total} layers on the GPU, {on_cpu} on the CPU"
         if on_cpu
-        else "every layer on the GPU, MoE experts in host memory"
+        else "every layer on the GPU except the tensors moved to host memory"
     )
     summary = f"{where} ({host.decided_by}); {gib(host.host_weights_bytes)} GiB of weights in host memory"
     tokens_s = HOST_BANDWIDTH_BYTES_S / host.read_per_token_bytes if host.read_per_token_bytes else math.inf

@@ -12,7 +12,7 @@ from vramlab.capacity.gpus import GPU
 from vramlab.capacity.planning import Plan, SweepResult
 from vramlab.capacity.spec import ModelSpec
 from vramlab.capacity.units import gib
-from vramlab.capacity.verdict import AT_ESTIMATE, DOES_NOT_FIT, FITS, HEADLINES, PARTIAL_OFFLOAD, Verdict
+from vramlab.capacity.verdict import AT_ESTIMATE, DOES_NOT_FIT, FITS, PARTIAL_OFFLOAD, Verdict
 
 
 def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
@@ -167,7 +167,7 @@ def _kv_band(e: Any) -> list[str]:
 
 def _verdict(v: Verdict) -> list[str]:
     """The one verdict (capacity/verdict.py): its headline, then why, what it costs and what changes it."""
-    lines = [f"verdict: {HEADLINES[v.kind]}" + (f": {v.summary}" if v.summary else "")]
+    lines = [f"verdict: {v.headline}"]
     lines += [f"  why: {r}" for r in v.why]
     lines += [f"  cost: {c}" for c in v.costs]
     label = {
