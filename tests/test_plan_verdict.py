@@ -195,3 +195,66 @@ def test_cli_verdict_text_json_and_exit_code_agree(args: list[str], kind: str, f
         per_token = j["kv_cache_bytes"] / (j["settings"]["num_ctx"] * j["settings"]["num_parallel"])
         assert abs(j["kv_bytes_per_token"] - per_token) <= 1
         assert re.search(r"cost: every token reads about [\d.]+ GiB", text.stdout)
+
+
+# vLLM's spellings of what SGLang names --mem-fraction-static, --context-length, --max-running-requests and
+# --chunked-prefill-size: an SGLang sim is given SGLang's own.
+VLLM_ONLY_NAMES = {
+    "--gpu-memory-utilization",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+}
+
+
+@pytest.mark.parametrize("name", ["oom-drill.yaml", "cotenant-drill.yaml", "colocation-drill.yaml"])
+def test_example_drills_plan_the_sims_own_engine_and_settings_and_fit(name: str) -> None:
+    from pathlib import Path
+
+    from vramlab.drill.capacity_plan import facts_for_drill, resolve_facts
+    from vramlab.drill.plan import load_plan
+
+    root = Path(__file__).resolve().parents[1]
+    shipped = root / "src" / "vramlab" / "data" / "examples" / name
+    assert shipped.read_text() == (root / "examples" / name).read_text()  # both copies the same
+    drill = load_plan(shipped)
+    sim = drill.target.sim
+    if drill.target.kind != "sim" or sim is None:
+        pytest.skip("not a sim drill")
+    if sim.engine == "sglang":
+        assert not VLLM_ONLY_NAMES & set(sim.extra_args), sim.extra_args
+    facts = facts_for_drill(drill, None)
+    spec, card, s = resolve_facts(facts)
+    assert s.engine == sim.engine
+    flags = dict(zip(sim.extra_args[::2], sim.extra_args[1::2], strict=True))
+    for flag, field in (
+        ("--chunked-prefill-size", "chunked_prefill_size"),
+        ("--max-running-requests", "max_num_seqs"),
+    ):
+        if flag in flags:
+            assert getattr(s, field) == int(flags[flag])
+    # the sim sizes its memory with the same settings (sim/config.py compute_estimate): the plan it stores is its own
+    from vramlab.cli.main import build_parser
+    from vramlab.sim.config import SimConfig, compute_estimate
+
+    parser, _ = build_parser("sim")
+    args = parser.parse_args(["serve", *sim.argv()])
+    cfg = SimConfig(
+        model=args.model,
+        gpu=args.gpu,
+        engine=args.engine,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    plan = make_plan(spec, card, s)
+    simulated = compute_estimate(cfg)
+    assert (
+        simulated.used_bytes == plan.estimate.used_bytes
+        and simulated.kv_cache_bytes == plan.estimate.kv_cache_bytes
+    )
+    if (
+        name == "oom-drill.yaml"
+    ):  # the demo's drill: its own settings fit its own plan (the co-tenant comes later)
+        assert plan.verdict.kind == "fits", plan.verdict.headline

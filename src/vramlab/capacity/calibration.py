@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vramlab.capacity.constants import Constants
+from vramlab.capacity.constants import MIN_POINTS, Constants
 from vramlab.capacity.estimate import Estimate
 from vramlab.capacity.gpus import GPU
 from vramlab.capacity.settings import DEFAULT_VERSIONS, EngineSettings, parse_version
@@ -289,7 +289,7 @@ def fit(
     cases: Sequence[Case],
     engine: str,
     constants: Constants | None = None,
-    min_points: int = 3,
+    min_points: int = MIN_POINTS,
     estimator: Estimator | None = None,
     leave_one_out: bool = True,
 ) -> Fit:
