@@ -492,7 +492,7 @@ def _longest_full_context(full: Any, now: int) -> int:
     if not full(max_model_len=256):
         return 0
     lo = 256
-    while hi - lo > 16:
+    while hi - lo > 1:
         mid = (lo + hi) // 2
         if full(max_model_len=mid):
             lo = mid
