@@ -149,7 +149,6 @@ CAPACITY_LONG = {
     "calibration.py:fit": 83,
     "llamacpp.py:layout": 84,
     "llamacpp.py:plan": 70,
-    "ollama.py:plan": 115,
     "sglang.py:plan": 89,
     "tgi.py:plan": 90,
     "transformers.py:plan": 70,

@@ -161,9 +161,9 @@ Estimator = Callable[[ModelSpec, GPU, EngineSettings, Constants], Estimate]
 
 
 def _default_estimator() -> Estimator:
-    from vramlab.capacity import estimate
+    from vramlab.capacity import estimate  # a fit reads figures: the re-planned suggestions are not wanted
 
-    return estimate
+    return lambda model, gpu, settings, constants: estimate(model, gpu, settings, constants, False)
 
 
 def _with(constants: Constants, values: Mapping[str, float]) -> Constants:

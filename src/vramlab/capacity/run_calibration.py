@@ -139,10 +139,7 @@ def calibrate_runs(
     min_points: int = MIN_POINTS,
 ) -> RunCalibration:
     """Fit per engine on *measures*; the four figures before and after on them and on *holdout*."""
-    base = Constants.defaults()
-    fits: list[Fit] = []
-    changes: list[Change] = []
-    not_fitted: list[str] = []
+    base, fits, changes, not_fitted = Constants.defaults(), list[Fit](), list[Change](), list[str]()
     for engine in sorted({m.engine for m in measures}):
         mine = [m for m in measures if m.engine == engine]
         cases, how_all = [], {}

@@ -30,41 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the engine it imitates: memory policy, metric names, log lines (default vllm)",
     )
     s.add_argument("--engine-version", default=None, help="engine release whose names and texts to use")
-    # vLLM's names, and SGLang's own for the same settings (an SGLang sim takes SGLang's flags)
-    s.add_argument(
-        "--gpu-memory-utilization",
-        "--mem-fraction-static",
-        dest="gpu_memory_utilization",
-        type=float,
-        default=None,
-        help="vLLM --gpu-memory-utilization / SGLang --mem-fraction-static",
-    )
-    s.add_argument(
-        "--max-model-len",
-        "--context-length",
-        dest="max_model_len",
-        type=int,
-        default=None,
-        help="vLLM --max-model-len / SGLang --context-length",
-    )
-    s.add_argument(
-        "--max-num-seqs",
-        "--max-running-requests",
-        dest="max_num_seqs",
-        type=int,
-        default=None,
-        help="vLLM --max-num-seqs / SGLang --max-running-requests",
-    )
-    s.add_argument(
-        "--max-num-batched-tokens",
-        "--chunked-prefill-size",
-        dest="max_num_batched_tokens",
-        type=int,
-        default=None,
-        help="vLLM --max-num-batched-tokens / SGLang --chunked-prefill-size: the largest prefill step",
-    )
-    s.add_argument("--kv-cache-dtype", default="auto", help="KV cache dtype (default auto)")
-    s.add_argument("-tp", "--tensor-parallel-size", "--tp-size", type=int, default=1, help="GPUs (default 1)")
+    _engine_settings(s)
     s.add_argument("--served-model-name", default=None, help="the model name the API answers to")
     s.add_argument("--plan", default=None, help="serve the Estimate in this `vramlab plan --json` file")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
@@ -110,6 +76,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     st = sub.add_parser("status", help="nvidia-smi-like view of a simulated card")
     st.add_argument("--device", required=True, help="the simulated card's ledger file")
     st.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _engine_settings(s: argparse.ArgumentParser) -> None:
+    """The engine settings the sim sizes its memory with: vLLM's names, and SGLang's own for the same settings
+    (an SGLang sim takes SGLang's flags)."""
+    s.add_argument(
+        "--gpu-memory-utilization",
+        "--mem-fraction-static",
+        dest="gpu_memory_utilization",
+        type=float,
+        default=None,
+        help="vLLM --gpu-memory-utilization / SGLang --mem-fraction-static",
+    )
+    s.add_argument(
+        "--max-model-len",
+        "--context-length",
+        dest="max_model_len",
+        type=int,
+        default=None,
+        help="vLLM --max-model-len / SGLang --context-length",
+    )
+    s.add_argument(
+        "--max-num-seqs",
+        "--max-running-requests",
+        dest="max_num_seqs",
+        type=int,
+        default=None,
+        help="vLLM --max-num-seqs / SGLang --max-running-requests",
+    )
+    s.add_argument(
+        "--max-num-batched-tokens",
+        "--chunked-prefill-size",
+        dest="max_num_batched_tokens",
+        type=int,
+        default=None,
+        help="vLLM --max-num-batched-tokens / SGLang --chunked-prefill-size: the largest prefill step",
+    )
+    s.add_argument("--kv-cache-dtype", default="auto", help="KV cache dtype (default auto)")
+    s.add_argument("-tp", "--tensor-parallel-size", "--tp-size", type=int, default=1, help="GPUs (default 1)")
 
 
 def run(args: argparse.Namespace) -> int:

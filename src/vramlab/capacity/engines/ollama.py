@@ -328,49 +328,7 @@ def plan(ctx: Context) -> PolicyResult:
             f"OLLAMA_NUM_PARALLEL unset before v0.10.0: {parallel} (4 when the model fits fully with 4)"
         )
     d = _fewest_cards(ctx, free, num_ctx, parallel, kv_type)
-    # the components are card 0's: its graph only when it holds layers (the others' are in `ollama`)
-    graph = (d.graph_full if d.layers_offload >= d.layers_model else d.graph_partial) if d.split[0] else 0
-    kv_share = d.offloaded_kv if len(cards) == 1 else int(d.offloaded_kv * d.split[0] / max(1, sum(d.split)))
-    weights_share = (
-        d.allocations[0] - (MINIMUM_MEMORY if d.split[0] else 0) - graph - kv_share if d.split[0] else 0
-    )
-    comps: list[Component] = [
-        band(
-            "cuda_context",
-            MINIMUM_MEMORY if d.split[0] else 0,
-            0.0,
-            0.0,
-            FORMULA,
-            "Ollama's per-GPU minimum (cudaMinimumMemory, 457 MiB), standing in for the CUDA context",
-        ),
-        band(
-            "weights",
-            max(0, weights_share),
-            0.02,
-            0.02,
-            FORMULA,
-            f"the {d.split[0]} layers Ollama offloads to this GPU (one layer more is reserved as a buffer)",
-        ),
-        band(
-            "activation_peak",
-            graph,
-            0.0,
-            0.0,
-            FORMULA,
-            "Ollama's graph estimate (full when every layer is offloaded, else partial)",
-        ),
-    ]
-    if ctx.settings.ollama_gpu_overhead_bytes:
-        comps.append(
-            band(
-                "other",
-                ctx.settings.ollama_gpu_overhead_bytes,
-                0.0,
-                0.0,
-                FORMULA,
-                "OLLAMA_GPU_OVERHEAD held back per GPU",
-            )
-        )
+    graph, kv_share, comps = _card0_components(ctx, d, len(cards))
     # Layers that do not fit run on the CPU: Ollama still serves the model (the plan's verdict says
     # "runs with part of the model on the CPU", capacity/verdict.py), so that is no refusal here.
     notes += _cards_left_out(cards, d)
@@ -382,27 +340,7 @@ def plan(ctx: Context) -> PolicyResult:
     def limits(kv: int) -> Limits:
         return Limits(kv, num_ctx * parallel, num_ctx * parallel, float(parallel))
 
-    extra: dict[str, object] = {
-        "ollama": {
-            "layers_model": d.layers_model,
-            "layers_offload": d.layers_offload,
-            "layers_split": d.split,
-            "memory_available_bytes": d.available,
-            "memory_required_full_bytes": d.required_full,
-            "memory_required_partial_bytes": d.required_partial,
-            "memory_required_kv_bytes": d.kv_total,
-            "memory_required_allocations_bytes": d.allocations,
-            "memory_weights_total_bytes": d.weights_repeating + d.weights_nonrepeating,
-            "memory_weights_repeating_bytes": d.weights_repeating,
-            "memory_weights_nonrepeating_bytes": d.weights_nonrepeating,
-            "memory_graph_full_bytes": d.graph_full,
-            "memory_graph_partial_bytes": d.graph_partial,
-            "projector_weights_bytes": d.projector_weights,
-            "projector_graph_bytes": d.projector_graph,
-            "num_gpu": d.layers_offload,
-            "gpu_overhead_bytes": ctx.settings.ollama_gpu_overhead_bytes,
-        }
-    }
+    extra: dict[str, object] = {"ollama": _offload_line(ctx, d)}
     return PolicyResult(
         components=comps,
         budget_bytes=total,
@@ -448,6 +386,77 @@ def _cards_left_out(cards: list[tuple[str, int]], d: Decision) -> list[str]:
         + (f", {d.layers_model - d.layers_offload} to the CPU" if d.layers_offload < d.layers_model else "")
         + (" (the component table above is card 0's)" if not d.split[0] else "")
     ]
+
+
+def _card0_components(ctx: Context, d: Decision, n_cards: int) -> tuple[int, int, list[Component]]:
+    """Card 0's share (the component table is card 0's; the others' are in `ollama`): (graph, KV, components).
+    Its graph only when it holds layers."""
+    graph = (d.graph_full if d.layers_offload >= d.layers_model else d.graph_partial) if d.split[0] else 0
+    kv_share = d.offloaded_kv if n_cards == 1 else int(d.offloaded_kv * d.split[0] / max(1, sum(d.split)))
+    weights_share = (
+        d.allocations[0] - (MINIMUM_MEMORY if d.split[0] else 0) - graph - kv_share if d.split[0] else 0
+    )
+    comps: list[Component] = [
+        band(
+            "cuda_context",
+            MINIMUM_MEMORY if d.split[0] else 0,
+            0.0,
+            0.0,
+            FORMULA,
+            "Ollama's per-GPU minimum (cudaMinimumMemory, 457 MiB), standing in for the CUDA context",
+        ),
+        band(
+            "weights",
+            max(0, weights_share),
+            0.02,
+            0.02,
+            FORMULA,
+            f"the {d.split[0]} layers Ollama offloads to this GPU (one layer more is reserved as a buffer)",
+        ),
+        band(
+            "activation_peak",
+            graph,
+            0.0,
+            0.0,
+            FORMULA,
+            "Ollama's graph estimate (full when every layer is offloaded, else partial)",
+        ),
+    ]
+    if ctx.settings.ollama_gpu_overhead_bytes:
+        comps.append(
+            band(
+                "other",
+                ctx.settings.ollama_gpu_overhead_bytes,
+                0.0,
+                0.0,
+                FORMULA,
+                "OLLAMA_GPU_OVERHEAD held back per GPU",
+            )
+        )
+    return graph, kv_share, comps
+
+
+def _offload_line(ctx: Context, d: Decision) -> dict[str, object]:
+    """Ollama's own `msg=offload` figures, in bytes (docs/plan-json.md, `ollama`)."""
+    return {
+        "layers_model": d.layers_model,
+        "layers_offload": d.layers_offload,
+        "layers_split": d.split,
+        "memory_available_bytes": d.available,
+        "memory_required_full_bytes": d.required_full,
+        "memory_required_partial_bytes": d.required_partial,
+        "memory_required_kv_bytes": d.kv_total,
+        "memory_required_allocations_bytes": d.allocations,
+        "memory_weights_total_bytes": d.weights_repeating + d.weights_nonrepeating,
+        "memory_weights_repeating_bytes": d.weights_repeating,
+        "memory_weights_nonrepeating_bytes": d.weights_nonrepeating,
+        "memory_graph_full_bytes": d.graph_full,
+        "memory_graph_partial_bytes": d.graph_partial,
+        "projector_weights_bytes": d.projector_weights,
+        "projector_graph_bytes": d.projector_graph,
+        "num_gpu": d.layers_offload,
+        "gpu_overhead_bytes": ctx.settings.ollama_gpu_overhead_bytes,
+    }
 
 
 def full_offload(est: Any) -> bool:

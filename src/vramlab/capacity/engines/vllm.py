@@ -46,6 +46,7 @@ from vramlab.capacity.engines.vllm_eras import (
     TRITON_MIN_BATCH,
     TRITON_SAMPLER,
     UNKNOWN_TERM_BAND,
+    WARM_NATIVE_LOW_SEEN,
     WARM_NATIVE_SAMPLER_FROM,
     Setup,
     nvls,
@@ -152,7 +153,8 @@ def sampler_term(ctx: Context, setup: Setup, sampled: int) -> SamplerTerm:
     )
     if warm_native:
         native = SAMPLER_KEYS[TRITON_SAMPLER if sampled >= TRITON_MIN_BATCH else SORT_SAMPLER]
-        runs.append(run(native))
+        value, low, high = run(native)
+        runs.append((value, min(low, value * WARM_NATIVE_LOW_SEEN), high))
         keys += (native,)
     expected, low, high = (max(r[i] for r in runs) for i in range(3))
     return SamplerTerm(expected, low, high, keys, warm_native)
@@ -206,8 +208,9 @@ def activation_component(
     decoder = peak(sampler.bytes if sampler else 0.0) + held
     value = max(decoder, enc.encoder_peak_bytes if enc else 0.0)
     rel_low = rel
-    if sampler and decoder == value and sampler.bytes > forward:
-        rel = max(rel, sampler.high_bytes / sampler.bytes - 1)  # never narrower than the sampler's own runs
+    if sampler and decoder == value and sampler.bytes > forward:  # never narrower than the sampler's own runs
+        rel = max(rel, sampler.high_bytes / sampler.bytes - 1)
+        rel_low = max(rel_low, 1 - (peak(sampler.low_bytes) + held) / value)
     if enc and value > decoder:
         # The tower's peak sets it; the forward's own uncertainty only matters up to where it would overtake.
         rel, rel_low = max(BLOCK_BAND, decoder * (1 + rel) / value - 1), BLOCK_BAND
