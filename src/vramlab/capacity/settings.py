@@ -76,6 +76,10 @@ class EngineSettings:
     main_gpu: int = 0  # --main-gpu
     no_kv_offload: bool = False  # --no-kv-offload: every layer's KV in host memory
     mmap: bool = True  # --no-mmap turns it off: the host buffer is then CPU, not CPU_Mapped
+    # llama-server --fit (engines/llamacpp_params_fit.py): None = the build's default (on from b7414)
+    fit: bool | None = None
+    fit_target_mib: tuple[int, ...] = ()  # --fit-target MiB per device (one value: every device); () = 1024
+    fit_ctx: int | None = None  # --fit-ctx: the shortest context --fit may cut to (default 4096)
     ollama_gpu_overhead_bytes: int = 0  # OLLAMA_GPU_OVERHEAD
     devices: tuple[
         tuple[str, int], ...

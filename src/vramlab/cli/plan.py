@@ -182,6 +182,19 @@ def _local_engine_arguments(e: argparse._ArgumentGroup) -> None:
     e.add_argument(
         "--main-gpu", "-mg", type=int, default=0, help="llama.cpp: the card for --split-mode none/row"
     )
+    e.add_argument(
+        "--fit",
+        "-fit",
+        choices=("on", "off"),
+        help="llama-server --fit: cut the context / move weights to the host to keep --fit-target free "
+        "(default on from b7414; settings you give are never changed)",
+    )
+    e.add_argument(
+        "--fit-target", "-fitt", help="llama.cpp --fit margin per device in MiB, e.g. 1024 or 512,2048"
+    )
+    e.add_argument(
+        "--fit-ctx", "-fitc", help="llama.cpp --fit: the shortest context it may cut to (default 4096)"
+    )
     e.add_argument("--no-kv-offload", "-nkvo", action="store_true", help="llama.cpp: KV cache in host memory")
     e.add_argument(
         "--no-mmap", action="store_true", help="llama.cpp: host tensors in a CPU buffer, not mapped"
@@ -259,7 +272,7 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
 
 def _llamacpp_placement(args: argparse.Namespace) -> dict[str, Any]:
     """llama.cpp's placement flags, spelled as llama.cpp spells them (and Ollama's -ngl / overhead)."""
-    from vramlab.capacity.planning import parse_bytes
+    from vramlab.capacity.planning import parse_bytes, parse_count
     from vramlab.errors import ConfigError
 
     if args.ollama_gpu_overhead and args.engine != "ollama":
@@ -282,6 +295,9 @@ def _llamacpp_placement(args: argparse.Namespace) -> dict[str, Any]:
                 ("--main-gpu", args.main_gpu),
                 ("--split-mode", args.split_mode != "layer"),
                 ("--no-mmap", args.no_mmap),
+                ("--fit", args.fit),
+                ("--fit-target", args.fit_target),
+                ("--fit-ctx", args.fit_ctx),
             )
             if v
         ]
@@ -299,18 +315,38 @@ def _llamacpp_placement(args: argparse.Namespace) -> dict[str, Any]:
         "main_gpu": args.main_gpu,
         "no_kv_offload": args.no_kv_offload,
         "mmap": not args.no_mmap,
+        "fit": _on_off(args.fit),
+        "fit_target_mib": _mib_list(args.fit_target),
+        "fit_ctx": parse_count(args.fit_ctx) if args.fit_ctx else None,
     }
 
 
-def _ngl(text: str) -> int:
+def _ngl(text: str) -> int | None:
+    """llama.cpp's -ngl: `auto` and -1 are its default (None: --fit may choose), `all` offloads every
+    layer and counts as set by the user (-1 here), like any count."""
     from vramlab.errors import ConfigError
 
     value = str(text).strip().lower()
-    if value in ("all", "auto", "-1"):
+    if value in ("auto", "-1"):
+        return None
+    if value == "all":
         return -1
     if value.isdigit():
         return int(value)
-    raise ConfigError(f"--n-gpu-layers: expected a count, all or -1, got {text!r}")
+    raise ConfigError(f"--n-gpu-layers: expected a count, auto, all or -1, got {text!r}")
+
+
+def _mib_list(text: str | None) -> tuple[int, ...]:
+    from vramlab.errors import ConfigError
+
+    if not text:
+        return ()
+    try:
+        return tuple(int(x) for x in text.replace("/", ",").split(","))
+    except ValueError:
+        raise ConfigError(
+            f"--fit-target: expected MiB per device like 1024 or 512,2048, got {text!r}"
+        ) from None
 
 
 def _split(text: str | None) -> tuple[float, ...] | None:
