@@ -47,6 +47,7 @@ class EngineSettings:
     vllm_engine: str | None = None  # "v0" | "v1"; None = the release's own default
     gpu_memory_utilization: float | None = None
     max_model_len: int | None = None
+    max_model_len_auto: bool = False  # vLLM --max-model-len auto / -1 (engines/vllm_auto.py)
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     tensor_parallel_size: int = 1

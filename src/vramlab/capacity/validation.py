@@ -173,6 +173,8 @@ def check_settings(settings: EngineSettings) -> EngineSettings:
             raise ConfigError(
                 f"--dtype: unknown dtype {dtype!r} (auto, bfloat16, float16/half, float32/float)"
             )
+    if settings.max_model_len_auto and settings.engine != "vllm":
+        raise ConfigError(f"--max-model-len auto: a vLLM setting, not {settings.engine}'s; give a length")
     if settings.disable_sliding_window and settings.engine != "vllm":
         raise ConfigError(
             f"--disable-sliding-window: a vLLM setting, not {settings.engine}'s; add --engine vllm"

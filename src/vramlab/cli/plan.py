@@ -50,7 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--vllm-engine", choices=("v0", "v1"), help="vLLM engine generation (default: the release's own)"
     )
     e.add_argument("--gpu-memory-utilization", type=float)
-    e.add_argument("--max-model-len", help="context length per request (accepts 8k, 128k)")
+    e.add_argument(
+        "--max-model-len",
+        help="context length per request (accepts 8k, 128k); vLLM 0.12+: auto or -1 = the longest that fits",
+    )
     e.add_argument("--max-num-seqs", help="vLLM max_num_seqs / SGLang max_running_requests / batch size")
     e.add_argument("--max-num-batched-tokens")
     e.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
@@ -60,7 +63,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--quantization", help="load-time quantization (fp8, awq, gptq, bitsandbytes, ...)")
     e.add_argument("--enforce-eager", action="store_true")
     e.add_argument("--block-size", type=int)
-    e.add_argument("--kv-cache-memory", help="vLLM --kv-cache-memory (bytes, or e.g. 20GiB)")
+    e.add_argument(
+        "--kv-cache-memory",
+        "--kv-cache-memory-bytes",
+        help="vLLM --kv-cache-memory-bytes: the KV pool, bypassing gpu_memory_utilization (bytes, or e.g. 20GiB)",
+    )
     e.add_argument("--mem-fraction-static", type=float, help="SGLang")
     e.add_argument("--chunked-prefill-size", type=int, help="SGLang")
     e.add_argument("--max-batch-prefill-tokens", type=int, help="TGI")
@@ -229,7 +236,8 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
             engine_version=args.engine_version,
             vllm_engine=args.vllm_engine,
             gpu_memory_utilization=args.gpu_memory_utilization,
-            max_model_len=count(args.max_model_len),
+            max_model_len=None if _auto(args.max_model_len) else count(args.max_model_len),
+            max_model_len_auto=_auto(args.max_model_len),
             max_num_seqs=count(args.max_num_seqs),
             max_num_batched_tokens=count(args.max_num_batched_tokens),
             tensor_parallel_size=args.tensor_parallel_size,
@@ -358,6 +366,11 @@ def _split(text: str | None) -> tuple[float, ...] | None:
         return tuple(float(x) for x in text.replace("/", ",").split(","))
     except ValueError:
         raise ConfigError(f"--tensor-split: expected proportions like 3,1, got {text!r}") from None
+
+
+def _auto(value: str | None) -> bool:
+    """vLLM's `--max-model-len auto` / -1 (human_readable_int_or_auto)."""
+    return value is not None and value.strip().lower() in ("auto", "-1")
 
 
 def _on_off(value: str | None) -> bool | None:
