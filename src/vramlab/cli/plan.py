@@ -131,6 +131,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="vLLM --limit-mm-per-prompt, as JSON or image=2,video=0: which images and videos V1 profiles "
         "through the vision encoder at start-up (default 999 each)",
     )
+    _output_arguments(p)
+
+
+def _output_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("questions and output")
     o.add_argument(
         "--concurrency", type=int, help="also report the largest max_model_len for this many sequences"

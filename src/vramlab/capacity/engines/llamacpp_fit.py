@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -153,6 +154,11 @@ def _settings(s: Any, t: Trial, n_cards: int) -> Any:
     return s.with_(**changes)
 
 
+def _layer_of(pattern: str) -> int:
+    found = re.match(r"blk\\\.(\d+)", pattern)
+    return int(found.group(1)) if found else -1
+
+
 def _buft(device: int) -> str:
     return "CPU" if device == HOST else f"CUDA{device}"
 
@@ -200,7 +206,8 @@ def _notes(p: Problem, out: Outcome, changes: dict[str, object]) -> list[str]:
         )
     if out.n_gpu_layers is not None:
         total = p.n_layer + 1
-        experts = sum(1 for _, d in out.overrides if d == HOST)
+        # the pattern of the output "layer" (index n_layer) matches no tensor: count real layers only
+        experts = sum(1 for pat, d in out.overrides if d == HOST and _layer_of(pat) < p.n_layer)
         flags = f"-ngl {out.n_gpu_layers}"
         if out.tensor_split:
             flags += " -ts " + ",".join(str(x) for x in out.tensor_split)
