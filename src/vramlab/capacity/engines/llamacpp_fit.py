@@ -16,7 +16,6 @@ from vramlab.capacity.engines.llamacpp_params_fit import (
     DEFAULT_TARGET_MIB,
     FIT_FROM,
     HOST,
-    MIB,
     STREAMS_FROM,
     UINT32,
     Outcome,
@@ -26,6 +25,7 @@ from vramlab.capacity.engines.llamacpp_params_fit import (
     active,
     fit,
 )
+from vramlab.units import MIB
 
 
 def _largest(lo: int, hi: int, fits: Callable[[int], bool]) -> int | None:
