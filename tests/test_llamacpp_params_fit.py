@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vramlab.capacity import EngineSettings, estimate, get_gpu
 from vramlab.capacity.engines.llamacpp_params_fit import HOST, MIB, Problem, Projection, Trial, fit
@@ -198,3 +200,31 @@ def test_no_context_given_cuts_the_trained_context():
 def test_a_user_ngl_is_left_alone():
     est = _qwen32(n_gpu_layers=-1)
     assert not est.fits and est.extra["fit"]["message"] == "n_gpu_layers already set by user to -2, abort"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n_layer=st.integers(1, 80),
+    layer=st.integers(1, 4000),
+    output=st.integers(0, 4000),
+    compute=st.integers(0, 2000),
+    free=st.lists(st.integers(0, 200_000), min_size=1, max_size=4),
+    margin=st.integers(0, 4096),
+)
+def test_the_dense_fill_keeps_every_margin_and_one_more_layer_would_not(
+    n_layer: int, layer: int, output: int, compute: int, free: list[int], margin: int
+):
+    """Whatever the sizes: the device filled last (device 0) ends within its target, and on one device
+    (false position converging on a monotone memory) one more layer would not fit. On several devices a
+    later fill can shift the output layer onto a device already filled, which llama.cpp does not check
+    again (only the device being filled is compared with its target), so only device 0 is held to it."""
+    measure = Dense(n_layer, layer, output, compute, len(free))
+    p = Problem([f * MIB for f in free], [margin * MIB] * len(free), n_layer, 4096, 0, n_ctx=4096)
+    out = fit(p, measure)
+    if out.status == "unchanged":
+        return
+    targets = [(f - margin) * MIB for f in free]
+    n0, _, used0 = out.per_device[0]
+    assert out.status == "fitted" and (used0 <= targets[0] or n0 == 0)
+    if len(free) == 1 and n0 < n_layer + 1:
+        assert measure(Trial(4096, n0 + 1)).used[0] > targets[0]
