@@ -19,6 +19,7 @@ from dataclasses import replace
 from vramlab.capacity import pool
 from vramlab.capacity.engines import vllm
 from vramlab.capacity.engines.common import Context, PolicyResult
+from vramlab.capacity.search import largest
 from vramlab.errors import ConfigError
 from vramlab.units import gib
 
@@ -75,13 +76,4 @@ def fitted_length(ctx: Context, derived: PolicyResult, kv_bytes: int) -> int:
         )
         return need * layout.bytes_per_block <= kv_bytes
 
-    lo, hi = 1, derived.max_model_len
-    if not fits(lo):
-        return 0
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    return largest(1, derived.max_model_len, fits) or 0
