@@ -56,6 +56,9 @@ ENGINE_FLAGS: dict[str, tuple[tuple[str, ...], Any]] = {
     "tensor_split": (("llama.cpp",), None),
     "split_mode": (("llama.cpp",), "layer"),
     "main_gpu": (("llama.cpp",), 0),
+    "fit": (("llama.cpp",), None),
+    "fit_target": (("llama.cpp",), None),
+    "fit_ctx": (("llama.cpp",), None),
     "no_kv_offload": (("llama.cpp",), False),
     "no_mmap": (("llama.cpp",), False),
     "ollama_gpu_overhead": (("ollama",), None),
@@ -96,7 +99,8 @@ def _serving(e: argparse._ArgumentGroup) -> None:
     e.add_argument("--engine-version", help="engine release, e.g. 0.8.5 (default: the newest modelled)")
     e.add_argument(
         "--max-model-len",
-        help="context length per request (accepts 8k, 128k); llama.cpp: per slot; Ollama: num_ctx",
+        help="context length per request (accepts 8k, 128k); vLLM 0.12+: auto or -1 = the longest that fits; "
+        "llama.cpp: per slot; Ollama: num_ctx",
     )
     e.add_argument(
         "--kv-cache-dtype",
@@ -134,7 +138,11 @@ def _vllm(e: argparse._ArgumentGroup) -> None:
     e.add_argument(
         "--vllm-engine", choices=("v0", "v1"), help="vLLM engine generation (default: the release's own)"
     )
-    e.add_argument("--kv-cache-memory", help="vLLM --kv-cache-memory (bytes, or e.g. 20GiB)")
+    e.add_argument(
+        "--kv-cache-memory",
+        "--kv-cache-memory-bytes",
+        help="vLLM --kv-cache-memory-bytes: the KV pool, bypassing gpu_memory_utilization (bytes, or e.g. 20GiB)",
+    )
     e.add_argument(
         "--enable-chunked-prefill",
         choices=("on", "off", "auto"),
@@ -255,6 +263,19 @@ def _llamacpp(e: argparse._ArgumentGroup) -> None:
     )
     e.add_argument(
         "--main-gpu", "-mg", type=int, default=0, help="llama.cpp: the card for --split-mode none/row"
+    )
+    e.add_argument(
+        "--fit",
+        "-fit",
+        choices=("on", "off"),
+        help="llama-server --fit: cut the context / move weights to the host to keep --fit-target free "
+        "(default on from b7414; settings you give are never changed)",
+    )
+    e.add_argument(
+        "--fit-target", "-fitt", help="llama.cpp --fit margin per device in MiB, e.g. 1024 or 512,2048"
+    )
+    e.add_argument(
+        "--fit-ctx", "-fitc", help="llama.cpp --fit: the shortest context it may cut to (default 4096)"
     )
     e.add_argument("--no-kv-offload", "-nkvo", action="store_true", help="llama.cpp: KV cache in host memory")
     e.add_argument(

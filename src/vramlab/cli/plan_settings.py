@@ -114,7 +114,8 @@ def settings_of(args: argparse.Namespace) -> EngineSettings:
             engine_version=args.engine_version,
             vllm_engine=args.vllm_engine,
             gpu_memory_utilization=args.gpu_memory_utilization,
-            max_model_len=count(args.max_model_len),
+            max_model_len=None if _auto(args.max_model_len) else count(args.max_model_len),
+            max_model_len_auto=_auto(args.max_model_len),
             max_num_seqs=count(args.max_num_seqs),
             max_num_batched_tokens=count(args.max_num_batched_tokens),
             tensor_parallel_size=args.tensor_parallel_size,
@@ -157,7 +158,7 @@ def settings_of(args: argparse.Namespace) -> EngineSettings:
 
 def _llamacpp_placement(args: argparse.Namespace) -> dict[str, Any]:
     """llama.cpp's placement flags, spelled as llama.cpp spells them (and Ollama's -ngl / overhead)."""
-    from vramlab.capacity.planning import parse_bytes
+    from vramlab.capacity.planning import parse_bytes, parse_count
 
     out: dict[str, Any] = (
         {"ollama_gpu_overhead_bytes": parse_bytes(args.ollama_gpu_overhead)}
@@ -177,24 +178,50 @@ def _llamacpp_placement(args: argparse.Namespace) -> dict[str, Any]:
         "main_gpu": args.main_gpu,
         "no_kv_offload": args.no_kv_offload,
         "mmap": not args.no_mmap,
+        "fit": _on_off(args.fit),
+        "fit_target_mib": _mib_list(args.fit_target),
+        "fit_ctx": parse_count(args.fit_ctx) if args.fit_ctx else None,
     }
 
 
 MAX_LAYERS_FLAG = 100_000  # far above any model's layer count; a longer number is a typo, not a request
 
 
-def _ngl(text: str) -> int:
-    """-ngl N, all or -1, as llama.cpp takes it: ASCII digits only (`int()` would also take '²' or a 5,000-digit
-    number, and fail on them)."""
+def _ngl(text: str) -> int | None:
+    """llama.cpp's -ngl: `auto` and -1 are its default (None: --fit may choose), `all` offloads every layer and
+    counts as set by the user (-1 here), like any count: ASCII digits only (`int()` would also take '²' or a
+    5,000-digit number, and fail on them)."""
     from vramlab.errors import ConfigError
 
     value = str(text).strip().lower()
-    if value in ("all", "auto", "-1"):
+    if value in ("auto", "-1"):
+        return None
+    if value == "all":
         return -1
     if re.fullmatch(r"[0-9]{1,6}", value) and int(value) <= MAX_LAYERS_FLAG:
         return int(value)
     shown = text if len(str(text)) <= 20 else f"{str(text)[:20]}... ({len(str(text))} characters)"
-    raise ConfigError(f"--n-gpu-layers: expected a count up to {MAX_LAYERS_FLAG:,}, all or -1, got {shown!r}")
+    raise ConfigError(
+        f"--n-gpu-layers: expected a count up to {MAX_LAYERS_FLAG:,}, auto, all or -1, got {shown!r}"
+    )
+
+
+def _mib_list(text: str | None) -> tuple[int, ...]:
+    """--fit-target: MiB per device, ASCII digits, at most one per card llama.cpp can drive."""
+    from vramlab.errors import ConfigError
+
+    if not text:
+        return ()
+    parts = str(text).replace("/", ",").split(",")
+    if len(parts) > 16 or not all(re.fullmatch(r"[0-9]{1,7}", x.strip()) for x in parts):
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise ConfigError(f"--fit-target: expected MiB per device like 1024 or 512,2048, got {shown!r}")
+    return tuple(int(x) for x in parts)
+
+
+def _auto(value: str | None) -> bool:
+    """vLLM's `--max-model-len auto` / -1 (human_readable_int_or_auto)."""
+    return value is not None and value.strip().lower() in ("auto", "-1")
 
 
 def _split(text: str | None) -> tuple[float, ...] | None:

@@ -32,12 +32,12 @@ from typing import Any
 
 from vramlab.capacity import gguf_mix
 from vramlab.capacity.engines import llamacpp_placement as place
+from vramlab.capacity.engines import ollama_server as server
 from vramlab.capacity.engines.common import Context, PolicyResult
 from vramlab.capacity.estimate import FORMULA, Component, Limits, band
 
 MIB = 1 << 20
 MINIMUM_MEMORY = 457 * MIB  # discover/gpu.go cudaMinimumMemory / rocmMinimumMemory
-CONTEXT_4096_FROM = (0, 6, 8)
 PARALLEL_ONE_FROM = (0, 10, 0)
 LAST_LAYER_FIRST_FROM = (0, 7, 0)  # v0.6.8 walked blk.0 upwards; v0.7.0 from the last layer down
 BATCH = 512  # api.Options NumBatch
@@ -267,8 +267,11 @@ def decide(ctx: Context, free: list[int], num_ctx: int, parallel: int, kv_type: 
 
 def resolve(ctx: Context) -> tuple[int, int, str, bool, list[str]]:
     """num_ctx, num_parallel, KV cache type and flash attention as Ollama resolves them."""
-    s, v, m, notes = ctx.settings, ctx.version, ctx.model, []
-    num_ctx = s.max_model_len or (4096 if not v or v >= CONTEXT_4096_FROM else 2048)
+    s, m, notes = ctx.settings, ctx.model, []
+    num_ctx = s.max_model_len or 0
+    if not num_ctx:
+        num_ctx, rule = server.default_num_ctx(ctx)
+        notes.append(f"num_ctx {num_ctx:,}: {rule}")
     if m.vision_params:
         num_ctx = max(num_ctx, 2048)  # multimodal models require at least 2048 context (server/sched.go)
         if not m.model_type.startswith("gemma3"):
@@ -319,6 +322,13 @@ def _fewest_cards(ctx: Context, free: list[int], num_ctx: int, parallel: int, kv
 
 def plan(ctx: Context) -> PolicyResult:
     num_ctx, parallel, kv_type, flash, notes = resolve(ctx)
+    if ctx.version and ctx.version >= server.LLAMA_SERVER_FROM:
+        return server.plan(ctx, num_ctx, parallel, notes)
+    if ctx.version and ctx.version > server.ESTIMATOR_LAST:
+        notes.append(
+            f"unknown term: Ollama {ctx.settings.resolved_version} places layers from what its runner "
+            "allocates (llm/memory.go's estimator was removed in v0.12.11); planned with the v0.11.6 estimator"
+        )
     cards = _cards(ctx)
     free = [max(0, total - ctx.other) for _, total in cards]
     if not ctx.settings.parallel and ctx.version and ctx.version < PARALLEL_ONE_FROM:
@@ -328,11 +338,12 @@ def plan(ctx: Context) -> PolicyResult:
             f"OLLAMA_NUM_PARALLEL unset before v0.10.0: {parallel} (4 when the model fits fully with 4)"
         )
     d = _fewest_cards(ctx, free, num_ctx, parallel, kv_type)
-    graph, kv_share, comps = _card0_components(ctx, d, len(cards))
+    # the components are card 0's: its graph only when it holds layers (the others' are in `ollama`)
+    graph = (d.graph_full if d.layers_offload >= d.layers_model else d.graph_partial) if d.split[0] else 0
+    kv_share = d.offloaded_kv if len(cards) == 1 else int(d.offloaded_kv * d.split[0] / max(1, sum(d.split)))
     # Layers that do not fit run on the CPU: Ollama still serves the model (the plan's verdict says
     # "runs with part of the model on the CPU", capacity/verdict.py), so that is no refusal here.
     notes += _cards_left_out(cards, d)
-    total = free[0]
 
     def kv_rule(components: list[Component], point: str) -> int:
         return kv_share
@@ -340,10 +351,9 @@ def plan(ctx: Context) -> PolicyResult:
     def limits(kv: int) -> Limits:
         return Limits(kv, num_ctx * parallel, num_ctx * parallel, float(parallel))
 
-    extra: dict[str, object] = {"ollama": _offload_line(ctx, d)}
     return PolicyResult(
-        components=comps,
-        budget_bytes=total,
+        components=_components(ctx, d, graph, kv_share),
+        budget_bytes=free[0],
         kv_rule=kv_rule,
         limits=limits,
         max_model_len=num_ctx,
@@ -364,7 +374,7 @@ def plan(ctx: Context) -> PolicyResult:
         kv_note=f"Ollama's estimate: num_ctx {num_ctx} x {parallel} x (K + V) x kv heads in {kv_type}, offloaded layers",
         kv_fixed=True,
         notes=notes,
-        extra=extra,
+        extra={"ollama": _offload_line(ctx, d)},
     )
 
 
@@ -388,11 +398,8 @@ def _cards_left_out(cards: list[tuple[str, int]], d: Decision) -> list[str]:
     ]
 
 
-def _card0_components(ctx: Context, d: Decision, n_cards: int) -> tuple[int, int, list[Component]]:
-    """Card 0's share (the component table is card 0's; the others' are in `ollama`): (graph, KV, components).
-    Its graph only when it holds layers."""
-    graph = (d.graph_full if d.layers_offload >= d.layers_model else d.graph_partial) if d.split[0] else 0
-    kv_share = d.offloaded_kv if n_cards == 1 else int(d.offloaded_kv * d.split[0] / max(1, sum(d.split)))
+def _components(ctx: Context, d: Decision, graph: int, kv_share: int) -> list[Component]:
+    """The first GPU's share of Ollama's estimate: its minimum, the layers' weights, the graph, the overhead."""
     weights_share = (
         d.allocations[0] - (MINIMUM_MEMORY if d.split[0] else 0) - graph - kv_share if d.split[0] else 0
     )
@@ -433,11 +440,11 @@ def _card0_components(ctx: Context, d: Decision, n_cards: int) -> tuple[int, int
                 "OLLAMA_GPU_OVERHEAD held back per GPU",
             )
         )
-    return graph, kv_share, comps
+    return comps
 
 
 def _offload_line(ctx: Context, d: Decision) -> dict[str, object]:
-    """Ollama's own `msg=offload` figures, in bytes (docs/plan-json.md, `ollama`)."""
+    """What Ollama's `msg=offload` log line prints, in bytes."""
     return {
         "layers_model": d.layers_model,
         "layers_offload": d.layers_offload,
