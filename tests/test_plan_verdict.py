@@ -41,6 +41,9 @@ def plans(draw: st.DrawFn) -> tuple[str, str, EngineSettings]:
         s = s.with_(tensor_parallel_size=draw(st.sampled_from([1, 2])))
     if engine in ("llama.cpp", "ollama"):
         s = s.with_(quantization=draw(st.sampled_from(["Q4_K_M", "Q8_0"])))
+        # Ollama's estimator eras and its llama-server era (planned as llama.cpp with --fit); llama.cpp before --fit
+        versions = [None, "0.5.7", "0.30.0"] if engine == "ollama" else [None, "b5000"]
+        s = s.with_(engine_version=draw(st.sampled_from(versions)))
         s = s.with_(n_gpu_layers=draw(st.sampled_from([None, None, 8, 24])))
     if engine == "llama.cpp" and SPECS[model].is_moe:
         s = s.with_(n_cpu_moe=draw(st.sampled_from([0, 4, 24])))
@@ -90,7 +93,7 @@ def test_verdict_text_json_safe_point_and_exit_code_agree(case: tuple[str, str, 
         assert "  cost: every token reads about" in text
         if host["layers_on_gpu"] < host["layers_total"]:
             assert f"{host['layers_on_gpu']} of {host['layers_total']} layers on the GPU" in verdict_lines[0]
-    if s.engine == "ollama" and est.fits:
+    if s.engine == "ollama" and est.fits and "ollama" in est.extra:
         o = est.extra["ollama"]
         assert (v.kind == "partial_offload") == (o["layers_offload"] < o["layers_model"])
 

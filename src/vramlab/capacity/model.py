@@ -285,9 +285,9 @@ def safe_at_planned_length(
         raise ConfigError(f"--margin must be in [0, 1), got {margin}")
     fits, conc = limits_at(model, gpu, s, constants, "pessimistic", margin)
     out: dict[str, Any] = {"margin": margin, "max_concurrency": math.floor(conc) if fits else 0}
-    if s.engine == "ollama":
-        held = s.with_(other_processes_bytes=s.other_processes_bytes + int(margin * gpu.memory_bytes))
-        decision: Any = run_policy(model, gpu, held, constants)[1].extra["ollama"]
+    held = s.with_(other_processes_bytes=s.other_processes_bytes + int(margin * gpu.memory_bytes))
+    if s.engine == "ollama" and "ollama" in (decided := run_policy(model, gpu, held, constants)[1].extra):
+        decision: Any = decided["ollama"]  # Ollama's own estimator (its llama-server era plans as llama.cpp)
         out["offload_layers"], out["layers_model"] = decision["layers_offload"], decision["layers_model"]
     return out
 

@@ -119,7 +119,7 @@ def host_share(est: Estimate, settings: Any, num_experts: int, experts_per_token
         on_host = max(0, int(ollama["memory_weights_total_bytes"]) - est.weights_bytes)
         return HostShare(on, total, False, on_host, on_host, f"Ollama's own split: num_gpu {on}")
     host = est.extra.get("host")
-    if host is None or est.engine != "llama.cpp":
+    if host is None:  # llama.cpp's placement (and Ollama's llama-server era, planned as llama.cpp)
         return None
     total = _layers_total(est)
     on_cpu = int(host["layers"]) + int(bool(host["output_layer"]))
@@ -140,7 +140,8 @@ def host_share(est: Estimate, settings: Any, num_experts: int, experts_per_token
     read = host_bytes
     if moved and not on_cpu and num_experts and experts_per_token:
         read = int(moved * experts_per_token / num_experts)  # a token reads its routed experts only
-    decided = ", ".join(flags) or "the placement flags"
+    fit = est.extra.get("fit") or {}
+    decided = ", ".join(flags) or ("llama-server --fit" if fit.get("status") == "fitted" else "the placement flags")
     return HostShare(total - on_cpu, total, bool(moved), host_bytes, read, decided)
 
 

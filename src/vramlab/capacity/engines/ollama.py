@@ -468,7 +468,10 @@ def _offload_line(ctx: Context, d: Decision) -> dict[str, object]:
 
 def full_offload(est: Any) -> bool:
     """Ollama's `PredictServerFit`: every layer and the output on the GPUs."""
-    o = est.extra["ollama"]
+    o = est.extra.get("ollama")
+    if o is None:  # the llama-server era, planned as llama.cpp: no layer and no output left on the host
+        host = est.extra.get("host") or {}
+        return not host.get("layers") and not host.get("output_layer")
     return bool(o["layers_offload"] >= o["layers_model"])
 
 
