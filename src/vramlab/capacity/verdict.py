@@ -141,7 +141,9 @@ def host_share(est: Estimate, settings: Any, num_experts: int, experts_per_token
     if moved and not on_cpu and num_experts and experts_per_token:
         read = int(moved * experts_per_token / num_experts)  # a token reads its routed experts only
     fit = est.extra.get("fit") or {}
-    decided = ", ".join(flags) or ("llama-server --fit" if fit.get("status") == "fitted" else "the placement flags")
+    decided = ", ".join(flags) or (
+        "llama-server --fit" if fit.get("status") == "fitted" else "the placement flags"
+    )
     return HostShare(total - on_cpu, total, bool(moved), host_bytes, read, decided)
 
 
