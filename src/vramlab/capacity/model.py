@@ -51,9 +51,13 @@ def run_policy(
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
     check_settings(settings)
-    ctx = Context(model, gpu, settings, _constants(constants))
+    from vramlab.capacity import offload, speculative
+
+    # speculative decoding changes some of the engine's own defaults before it sizes anything
+    ctx = Context(model, gpu, speculative.prepare(settings), _constants(constants))
     policy = import_module(_POLICIES[engine])
-    return ctx, policy.plan(ctx)
+    # the draft (capacity/speculative.py) and a host KV tier (capacity/offload.py) on top of the policy's result
+    return ctx, offload.apply(ctx, speculative.apply(ctx, policy.plan(ctx)))
 
 
 def estimate(
