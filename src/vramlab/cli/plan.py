@@ -124,6 +124,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="vLLM --limit-mm-per-prompt, as JSON or image=2,video=0: which images and videos V1 profiles "
         "through the vision encoder at start-up (default 999 each)",
     )
+    from vramlab.cli import plan_options
+
+    plan_options.add_arguments(p)
+    _output_arguments(p)
+
+
+def _output_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("questions and output")
     o.add_argument(
         "--concurrency", type=int, help="also report the largest max_model_len for this many sequences"
@@ -198,6 +205,7 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
     from vramlab.capacity import EngineSettings
     from vramlab.capacity.planning import parse_bytes, parse_count, parse_mm_limits
     from vramlab.capacity.validation import check_settings
+    from vramlab.cli import plan_options
     from vramlab.errors import ConfigError
 
     if not 0 <= args.other_processes_gib <= 1 << 20:  # also refuses NaN
@@ -252,6 +260,8 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
             rope_scaling_factor=args.rope_scaling_factor,
             disable_sliding_window=args.disable_sliding_window,
             continuous_batching=args.continuous_batching,
+            kv_offload=plan_options.kv_offload(args),
+            host_memory_bytes=plan_options.host_memory(args),
             **_llamacpp_placement(args),
         )
     )
@@ -366,12 +376,20 @@ def _devices(args: argparse.Namespace, settings: EngineSettings) -> EngineSettin
 
 def run(args: argparse.Namespace) -> int:
     from vramlab.capacity.planning import make_plan, parse_sweep, sweep
+    from vramlab.cli import plan_options
     from vramlab.sources import resolve_model
 
     settings = _settings(args)
+    spec, draft = plan_options.speculative(args)
     gpu = _gpu(args)
     settings = _devices(args, settings)
     axes = [parse_sweep(s) for s in args.sweep]
+    if args.vs_engine_version and axes:
+        from vramlab.errors import ConfigError
+
+        raise ConfigError(
+            "--vs-engine-version compares two releases; in a grid use --sweep engine-version=A,B"
+        )
     if args.plot and not axes:
         from vramlab.errors import ConfigError
 
@@ -382,6 +400,9 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.plot, "plot")
     constants = _constants(args) if args.calibration else None
     model = resolve_model(args.model, offline=args.offline, revision=args.revision)
+    settings = plan_options.with_draft(settings, spec, draft, args.offline)
+    if args.vs_engine_version:
+        return plan_options.run_comparison(args, model, gpu, settings, constants)
     from vramlab.report import plan_text
 
     if axes:

@@ -111,7 +111,7 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
                 head + at_len + f"; {seqs(safe['concurrency'])} up to "
                 f"{safe['max_model_len_at_concurrency']:,} tokens"
             )
-    lines += _placement(e.extra)
+    lines += _placement(e.extra) + _draft_and_host_tier(e.extra)
     for note in e.notes:
         lines.append(f"note: {note}")
     lines.append("")
@@ -152,6 +152,38 @@ def _verdict(e: Any) -> list[str]:
         + [f"  why: {r}" for r in e.reasons]
         + [f"  try: {t}" for t in e.suggestions]
     )
+
+
+def _draft_and_host_tier(extra: dict[str, Any]) -> list[str]:
+    """Speculative decoding's draft (capacity/speculative.py) and a host KV tier (capacity/offload.py)."""
+    out: list[str] = []
+    spec = extra.get("speculative")
+    if spec:
+        where = "inside the KV pool" if spec["draft_kv_in_pool"] else "its own pool"
+        out.append(
+            f"speculative decoding ({spec['method']}"
+            + (f", draft {spec['draft']}" if spec["draft"] else "")
+            + f"): draft weights {gib(spec['draft_weights_bytes'])} GiB, draft KV {gib(spec['draft_kv_bytes'])} GiB "
+            f"({where}, {spec['draft_kv_bytes_per_token']:,} B per token)"
+            + (
+                f"; {spec['extra_slots']:,} extra slots: {spec['extra_slots_meaning']}"
+                if spec["extra_slots"]
+                else ""
+            )
+        )
+    tier = extra.get("kv_offload")
+    if tier:
+        host = tier["host_bytes_per_gpu"]
+        out.append(
+            f"KV offload ({tier['connector']}): "
+            + (
+                f"{gib(host)} GiB of host memory per GPU ({gib(tier['host_bytes_total'])} GiB in all), "
+                f"{tier['host_tokens']:,} tokens; GPU pool change {gib(tier['gpu_pool_change_bytes'])} GiB"
+                if host is not None
+                else "host memory sized outside the engine"
+            )
+        )
+    return out
 
 
 def _placement(extra: dict[str, Any]) -> list[str]:
@@ -215,8 +247,16 @@ def render_sweep(result: SweepResult, model_name: str, gpu: GPU) -> str:
             )
         else:
             rows.append([str(r[n]) for n in names] + ["-", "-", "-", "-", "no: " + str(r.get("error"))[:60]])
+    if any(
+        "rules_changed" in r for r in result.rows
+    ):  # --sweep engine-version: what changed from the release before
+        header.append("release rules vs the release before")
+        rows = [
+            row + [", ".join(r.get("rules_changed") or []) or "-"]
+            for row, r in zip(rows, result.rows, strict=True)
+        ]
     lines = [f"{model_name} on {gpu.name}: {len(result.rows)} configurations", ""]
-    lines += _table(header, rows, set(range(len(names), len(header) - 1)))
+    lines += _table(header, rows, set(range(len(names), len(names) + 4)))
     return "\n".join(lines)
 
 
