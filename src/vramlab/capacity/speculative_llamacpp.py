@@ -90,8 +90,12 @@ def plan_llamacpp(ctx: Context, r: PolicyResult) -> PolicyResult:
     weights = weights_all if ngl > layers else int(weights_all * on_gpu / max(1, layers))
     kv_all = lcpp.kv_cache_bytes(dctx, dserver, cells, range(layers)) * contexts
     kv = int(kv_all * on_gpu / max(1, layers))
-    outputs = dserver.slots if contexts == 1 else dserver.n_ubatch
-    p = place.phases(draft, cells, dserver.n_ubatch, outputs, dserver.flash_attn)
+    shared = not ctx.version or ctx.version >= LLAMACPP_SHARED_DRAFT_CTX_FROM
+    # the shared context has n_parallel output rows (PR #23988); a slot's own context n_batch = its n_ctx, so its
+    # ubatch (and the logits it reserves) is at most that
+    n_ubatch = dserver.n_ubatch if shared else min(dserver.n_ubatch, cells)
+    outputs = dserver.slots if shared else n_ubatch
+    p = place.phases(draft, cells, n_ubatch, outputs, dserver.flash_attn)
     scratch = int(ctx.constants["llamacpp_compute_scratch_bytes"])
     compute = (max(p.attention, p.ffn_gpu, p.output) + scratch) * contexts if on_gpu else 0
     components = r.components + _components(ctx, weights, kv, compute, cells, contexts, on_gpu, layers)
@@ -109,10 +113,8 @@ def plan_llamacpp(ctx: Context, r: PolicyResult) -> PolicyResult:
         weights,
         kv,
         int(kv / cells / contexts) if cells else 0,
-        cells * contexts,
-        "draft KV cells: one context per slot"
-        if contexts > 1
-        else "draft KV cells: one context for every slot",
+        0,
+        f"none; {contexts} draft context(s) of {cells:,} cells" + (" (one per slot)" if contexts > 1 else ""),
         spec.num_speculative_tokens,
         False,
     )

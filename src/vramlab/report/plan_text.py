@@ -171,6 +171,11 @@ def _draft_and_host_tier(extra: dict[str, Any]) -> list[str]:
                 else ""
             )
         )
+    main = (extra.get("devices") or [{}])[0]
+    if main.get("draft_buffers_bytes"):
+        out.append(
+            f"  {main['device']}'s total and headroom include the draft's {gib(main['draft_buffers_bytes'])} GiB"
+        )
     tier = extra.get("kv_offload")
     if tier:
         host = tier["host_bytes_per_gpu"]
