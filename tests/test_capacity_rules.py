@@ -111,3 +111,23 @@ def test_a_sweep_over_releases_names_the_rules_per_row():
     rows = {(r["engine_version"], r["max_num_seqs"]): r for r in result.rows}
     assert "rules_changed" not in rows[("0.19.0", 64)]
     assert set(rows[("0.20.0", 256)]["rules_changed"]) == {"UTIL_092_FROM", "GRAPH_ESTIMATE_FROM"}
+
+
+def test_sglang_0513_to_0514_names_the_draft_budget_rule():
+    from test_capacity_speculative import EAGLE3_HEAD
+    from vramlab.capacity.settings import Speculative
+    from vramlab.sources.hf_config import spec_from_config
+
+    head = spec_from_config(EAGLE3_HEAD, "eagle3-head", "test config")
+    llama = resolve_model("llama-3.1-8b-instruct")
+    settings = EngineSettings(
+        engine="sglang", engine_version="0.5.13", max_model_len=8192, speculative=Speculative("eagle3", head)
+    )
+    changes = {c.item: c for c in compare(llama, H100, settings, "0.5.14").changes}
+    # 0.5.10-0.5.13 keep 4 GiB for the draft: (79.19 - 17.125) / 79.19 = 0.784; 0.5.14 budgets it: 0.834
+    fraction = changes["mem_fraction_static"]
+    assert (fraction.a, fraction.b) == (0.784, 0.834)
+    assert fraction.rules == ("SGLANG_DRAFT_IN_BUDGET_FROM",)  # the 4 GiB rule (0.5.10) is not crossed
+    assert changes["draft_weights.in_budget"].rules == ("SGLANG_DRAFT_IN_BUDGET_FROM",)
+    assert changes["draft_kv"].b is None and changes["draft_kv"].rules == ("SGLANG_DRAFT_IN_BUDGET_FROM",)
+    assert changes["kv_bytes_per_token"].b == 135_168

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from _narrow import some
 from vramlab.capacity import EngineSettings, estimate, get_gpu
 from vramlab.capacity.settings import Speculative
 from vramlab.errors import ConfigError
@@ -63,8 +64,8 @@ def test_vllm_eagle3_head_weights_count_in_the_budget_and_its_layer_joins_the_po
     base = EngineSettings(engine="vllm", max_model_len=8192)
     without = plan(llama, base)
     spec = plan(llama, base.with_(speculative=Speculative("eagle3", head, 3)))
-    assert spec.component("draft_weights").bytes == EAGLE3_HEAD_BYTES
-    assert spec.component("draft_weights").in_budget
+    assert some(spec.component("draft_weights")).bytes == EAGLE3_HEAD_BYTES
+    assert some(spec.component("draft_weights")).in_budget
     # the budget is the same: the pool gives up exactly the head's weights
     assert without.kv_cache_bytes - spec.kv_cache_bytes == EAGLE3_HEAD_BYTES
     # one pool, 32 + 1 layers of 4,096 B each: 135,168 B per token, blocks of 16 tokens
@@ -108,7 +109,7 @@ def test_vllm_mtp_uses_the_models_own_layer_and_shares_embedding_and_head():
     # q/o 2 x 1024 x 1024 + k/v 2 x 1024 x 512 = 3,145,728; MLP 3 x 1024 x 4096 = 12,582,912; two norms and the
     # final one 3,072; eh_proj 2 x 1024 x 1024 = 2,097,152 and enorm / hnorm / shared_head norm 3,072:
     # 17,831,936 params x 2 B = 35,663,872 B
-    assert spec.component("draft_weights").bytes == 35_663_872
+    assert some(spec.component("draft_weights")).bytes == 35_663_872
     # the MTP layer's KV: 8 x 64 x 2 x 2 B = 2,048 B a token beside the model's 4 x 2,048
     assert spec.kv_bytes_per_token == 5 * 2048
     assert spec.extra["speculative"]["num_speculative_tokens"] == 1  # defaults to the MTP layers
@@ -128,7 +129,7 @@ def test_glm45_mtp_layer_is_loaded_only_as_a_draft():
     )
     assert without.weights_bytes == spec.weights_bytes  # the model's own weights line does not change
     # one MoE layer per GPU at TP 8: 160 experts x 3 x 5120 x 1536 / 8 = 471,859,200 params is most of it
-    assert 471_859_200 * 2 < spec.component("draft_weights").bytes < 1.2 * 471_859_200 * 2
+    assert 471_859_200 * 2 < some(spec.component("draft_weights")).bytes < 1.2 * 471_859_200 * 2
     assert spec.kv_bytes_per_token - without.kv_bytes_per_token == 512  # 1 layer x 1 KV head x 128 x 2 x 2 B
 
 
@@ -149,10 +150,12 @@ def test_sglang_056_draft_out_of_the_reserve_with_the_slot_headroom(llama, head)
     assert spec.settings["max_running_requests"] == 48  # SGLang's default with speculative decoding
     # Llama: (5 steps, top-4, 8 draft tokens); 48 x (5 x 4 + 8) + 100 = 1,444 more tokens in both pools
     assert spec.extra["speculative"]["extra_slots"] == 1444
-    assert spec.component("speculative_slots").bytes == 1444 * LLAMA_8B_KV_PER_TOKEN
-    assert not spec.component("draft_weights").in_budget and not spec.component("draft_kv").in_budget
-    assert spec.component("draft_weights").bytes == EAGLE3_HEAD_BYTES
-    assert spec.component("draft_kv").bytes == spec.kv_cache_tokens * EAGLE3_KV_PER_TOKEN
+    assert some(spec.component("speculative_slots")).bytes == 1444 * LLAMA_8B_KV_PER_TOKEN
+    assert (
+        not some(spec.component("draft_weights")).in_budget and not some(spec.component("draft_kv")).in_budget
+    )
+    assert some(spec.component("draft_weights")).bytes == EAGLE3_HEAD_BYTES
+    assert some(spec.component("draft_kv")).bytes == spec.kv_cache_tokens * EAGLE3_KV_PER_TOKEN
     # the target's own pool: its profiled cells plus the headroom
     profiled = spec.kv_cache_bytes // LLAMA_8B_KV_PER_TOKEN
     assert spec.kv_cache_tokens == profiled + 1444
@@ -161,7 +164,7 @@ def test_sglang_056_draft_out_of_the_reserve_with_the_slot_headroom(llama, head)
 def test_sglang_059_drops_the_headroom_and_0510_reserves_4_gib(llama, head):
     s059 = plan(llama, sglang("0.5.9", Speculative("eagle3", head)))
     assert s059.component("speculative_slots") is None and s059.extra["speculative"]["extra_slots"] == 0
-    assert s059.component("draft_kv").bytes == s059.kv_cache_tokens * EAGLE3_KV_PER_TOKEN
+    assert some(s059.component("draft_kv")).bytes == s059.kv_cache_tokens * EAGLE3_KV_PER_TOKEN
     s0510 = plan(llama, sglang("0.5.10", Speculative("eagle3", head)))
     # (79.19 - 13.125 - 4) / 79.19 = 0.7838 -> 0.784
     assert s0510.settings["mem_fraction_static"] == 0.784
@@ -176,7 +179,7 @@ def test_sglang_0514_counts_the_draft_in_the_budget_and_sizes_one_cell(llama, he
     without = plan(llama, sglang("0.5.14"))
     spec = plan(llama, sglang("0.5.14", Speculative("eagle3", head)))
     assert spec.settings["mem_fraction_static"] == 0.834  # no reserve: the draft is inside the fraction
-    assert spec.component("draft_weights").in_budget
+    assert some(spec.component("draft_weights")).in_budget
     assert without.kv_cache_bytes - spec.kv_cache_bytes == EAGLE3_HEAD_BYTES
     # cell 131,072 x (1 + 1/32) = 135,168 B for the target's and the draft's pools together
     assert spec.kv_cache_tokens == spec.kv_cache_bytes // 135_168
@@ -219,9 +222,9 @@ def test_llamacpp_draft_context_matches_a_published_b5142_log():
     )
     e = estimate(resolve_model("qwen2.5-72b-instruct"), get_gpu("mi300x"), settings, with_suggestions=False)
     # 512 cells x 24 layers x 2 KV heads x 64 x (K + V) x 2 B (f16: the draft's default) = 6 MiB
-    assert e.component("draft_kv").bytes == 6 * MIB
+    assert some(e.component("draft_kv")).bytes == 6 * MIB
     # output phase: 4 B x (512 logit rows x 151,936 + 512 x 896) = 298.50 MiB, + the 1 MiB scratch constant
-    assert abs(e.component("draft_compute").bytes - 298.50 * MIB) <= 1 * MIB
+    assert abs(some(e.component("draft_compute")).bytes - 298.50 * MIB) <= 1 * MIB
     assert e.settings["parallel"] == 1
 
 
@@ -232,15 +235,17 @@ def test_llamacpp_one_draft_context_per_slot_until_the_shared_context():
     per_slot = estimate(target, get_gpu("rtx-4090"), base.with_(engine_version="b7500", speculative=spec))
     shared = estimate(target, get_gpu("rtx-4090"), base.with_(engine_version="b9300", speculative=spec))
     # qwen3-0.6b: 28 layers x 8 KV heads x 128 x (K + V) x 2 B = 114,688 B a cell
-    assert per_slot.component("draft_kv").bytes == 4 * 4096 * 114_688  # 4 slots x -cd 4096
-    assert shared.component("draft_kv").bytes == 32768 * 114_688  # the target's cells; -cd no longer applies
+    assert some(per_slot.component("draft_kv")).bytes == 4 * 4096 * 114_688  # 4 slots x -cd 4096
+    assert (
+        some(shared.component("draft_kv")).bytes == 32768 * 114_688
+    )  # the target's cells; -cd no longer applies
     # every per-slot context has its own compute buffer
     one = estimate(
         target, get_gpu("rtx-4090"), base.with_(engine_version="b7500", parallel=1, speculative=spec)
     )
-    assert per_slot.component("draft_compute").bytes == 4 * one.component("draft_compute").bytes
+    assert some(per_slot.component("draft_compute")).bytes == 4 * some(one.component("draft_compute")).bytes
     assert per_slot.extra["devices"][0]["draft_buffers_bytes"] == sum(
-        per_slot.component(n).bytes for n in ("draft_weights", "draft_kv", "draft_compute")
+        some(per_slot.component(n)).bytes for n in ("draft_weights", "draft_kv", "draft_compute")
     )
 
 

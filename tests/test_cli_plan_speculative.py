@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from test_capacity_speculative import EAGLE3_HEAD, EAGLE3_HEAD_BYTES
 from test_cli_plan import vramlab
 

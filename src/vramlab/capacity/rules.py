@@ -85,17 +85,18 @@ GPU_BUCKETS_FROM | sglang | mem_fraction_static by GPU-size bucket (by TP size b
 QWEN3_MOE_EAGER_EXPERT_DICT | sglang | Qwen3-MoE keeps its bf16 experts referenced through online FP8 | weights POOL | models/qwen3_moe.py 0.4.7-0.5.8
 HYBRID_SWA_FROM | sglang | the hybrid sliding-window pool for the allowlisted architectures | kv_cache_tokens max_concurrency | PR #7367
 GPT_OSS_HYBRID_AFTER | sglang | GPT-OSS gets the hybrid sliding-window pool | kv_cache_tokens max_concurrency | server_args.py after 0.5.8
-SGLANG_SPEC_HEADROOM_BEFORE | sglang | speculative decoding adds max_reqs x (steps x topk + draft tokens) + 100 tokens to both pools | speculative_slots draft_kv kv_cache_tokens max_concurrency | model_runner.py init_memory_pool to 0.5.6
+SGLANG_SPEC_HEADROOM_BEFORE | sglang | speculative decoding adds max_reqs x (steps x topk + draft tokens) + 100 tokens to both pools | speculative speculative_slots draft_kv kv_cache_tokens max_concurrency | model_runner.py init_memory_pool to 0.5.6
 SGLANG_SPEC_RESERVE_4G_FROM | sglang | the default fraction keeps 4 GiB for an EAGLE draft (2 GiB before) | mem_fraction_static budget_bytes POOL | server_args.py 0.5.10
-SGLANG_DRAFT_IN_BUDGET_FROM | sglang | the draft's weights count against mem_fraction_static and its KV is sized with the target's | draft_weights draft_kv mem_fraction_static kv_bytes_per_token POOL | PR #23862, 0.5.14
-SGLANG_OTHER_SMALL_FROM | sglang | speculative defaults (3, 1, 4) for models outside the named families ((5, 4, 8) before) | speculative_slots draft_kv | server_args.py auto_choose_speculative_params 0.5.8
+SGLANG_DRAFT_IN_BUDGET_FROM | sglang | the draft's weights count against mem_fraction_static and its KV is sized with the target's | speculative draft_weights draft_kv mem_fraction_static kv_bytes_per_token POOL | PR #23862, 0.5.14
+SGLANG_OTHER_SMALL_FROM | sglang | speculative defaults (3, 1, 4) for models outside the named families ((5, 4, 8) before) | speculative speculative_slots draft_kv | server_args.py auto_choose_speculative_params 0.5.8
+SGLANG_GLM_SMALL_FROM | sglang | speculative defaults (3, 1, 4) for GLM-4.5 and MiMo-V2 ((5, 4, 8) before) | speculative | server_args.py auto_choose_speculative_params 0.5.7
 CTX_FROM_MODEL_FROM | llama.cpp | n_ctx from the model when -c is absent (4096 before) | ctx_size kv_cache activation_peak | common/arg.cpp b5000
 FLASH_ATTN_AUTO_FROM | llama.cpp | flash attention auto (on where supported) | flash_attn activation_peak | b6200
 UNIFIED_FOUR_SLOTS_FROM | llama.cpp | -np auto: 4 slots sharing one unified KV buffer | parallel kv_unified max_concurrency kv_cache | PR #16736
 PER_SEQ_PAD_FROM | llama.cpp | each stream's cells padded to 256 without a unified cache | kv_size_padded kv_cache | PR #17046
 LOGITS_PER_SEQ_FROM | llama.cpp | llama-server reserves logits for one row per sequence, not n_ubatch | activation_peak draft_compute | PR #23861
 LLAMACPP_DRAFT_ONE_SLOT_FROM | llama.cpp | -np auto stays at 1 slot with a draft model | parallel kv_unified draft_kv draft_compute max_concurrency kv_cache | PR #17017
-LLAMACPP_SHARED_DRAFT_CTX_FROM | llama.cpp | one draft context for every slot (one per slot before) | draft_kv draft_compute parallel kv_cache | PR #22838
+LLAMACPP_SHARED_DRAFT_CTX_FROM | llama.cpp | one draft context for every slot (one per slot before) | speculative draft_kv draft_compute parallel kv_cache | PR #22838
 TGI_DEFAULT_CAP | tgi | the default max_total_tokens cap (2048 in 1.x, 4096 in 2.x) | max_model_len POOL | launcher/src/main.rs
 TGI_UNCAPPED_FROM | tgi | max_total_tokens from the warm-up batch, no fixed cap | max_model_len POOL | launcher 3.0
 TGI_WINDOW_CHECK | tgi | sliding-window models refused without windowed attention | fits | models/__init__.py 2.1.0-2.4.0

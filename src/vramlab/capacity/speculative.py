@@ -65,11 +65,11 @@ SGLANG_MTP_FAMILY = (
     "DeepseekV3ForCausalLM",
     "DeepseekV32ForCausalLM",
     "GptOssForCausalLM",
-    "Glm4MoeForCausalLM",
     "BailingMoeForCausalLM",
     "BailingMoeV2ForCausalLM",
-    "MiMoV2FlashForCausalLM",
 )
+SGLANG_MTP_FAMILY_057 = ("Glm4MoeForCausalLM", "MiMoV2FlashForCausalLM")  # join the (3, 1, 4) list in 0.5.7
+SGLANG_GLM_SMALL_FROM = (0, 5, 7)
 SGLANG_OTHER_SMALL_FROM = (0, 5, 8)  # the "all other models" default went (5, 4, 8) -> (3, 1, 4) in 0.5.8
 # llama.cpp PR #17017 (merged 2025-11-05): `-np` auto stays at 1 slot when a draft model is given ("requires a
 # separate draft llama_context for each slot"); not pinned to a build: b7040, interpolated between b6451

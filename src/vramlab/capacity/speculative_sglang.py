@@ -25,7 +25,9 @@ from vramlab.capacity.engines.common import Context, PolicyResult
 from vramlab.capacity.estimate import ENGINE, Component, Limits, band
 from vramlab.capacity.speculative import (
     SGLANG_DRAFT_IN_BUDGET_FROM,
+    SGLANG_GLM_SMALL_FROM,
     SGLANG_MTP_FAMILY,
+    SGLANG_MTP_FAMILY_057,
     SGLANG_NAMES,
     SGLANG_OTHER_SMALL_FROM,
     SGLANG_SPEC_HEADROOM_BEFORE,
@@ -60,7 +62,10 @@ def auto_params(ctx: Context) -> tuple[int, int, int]:
     spec = ctx.settings.speculative
     assert spec is not None
     arch, version = ctx.model.architecture, ctx.version
-    if spec.method == "draft_model" or arch in SGLANG_MTP_FAMILY:
+    family = SGLANG_MTP_FAMILY + (
+        SGLANG_MTP_FAMILY_057 if not version or version >= SGLANG_GLM_SMALL_FROM else ()
+    )
+    if spec.method == "draft_model" or arch in family:
         base = (3, 1, 4)
     elif arch in ("LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM"):
         base = (5, 4, 8)
