@@ -27,9 +27,12 @@ RULE_MODULES = (
     "engines.vllm_mm",
     "engines.sglang",
     "engines.llamacpp",
+    "engines.llamacpp_params_fit",
     "engines.llamacpp_fit",
     "engines.tgi",
     "engines.ollama",
+    "engines.ollama_server",
+    "engines.vllm_auto",
     "engines.transformers",
     "speculative",
     "offload",
@@ -111,6 +114,13 @@ PARALLEL_ONE_FROM | ollama | OLLAMA_NUM_PARALLEL defaults to 1 (4 when it fits b
 LAST_LAYER_FIRST_FROM | ollama | layers placed from the last one down | weights kv_cache fits | llm/memory.go v0.7.0
 LOGITS_TO_KEEP_FROM | transformers | generate computes the last token's logits only | activation_peak | transformers 4.45
 CHECKPOINT_DTYPE_FROM | transformers | from_pretrained loads the checkpoint's own dtype | weights kv_cache | transformers 5.0
+FIT_FROM | llama.cpp | llama-server's --fit (on by default) moves weights to the host and cuts the context to fit each device | weights kv_cache ctx_size n_gpu_layers activation_peak fits | PR #16653 (b7414)
+STREAMS_FROM | llama.cpp | --fit's context target is the trained context x the streams of a non-unified cache | ctx_size kv_cache | PR #27496
+EXPLICIT_ZERO_CTX_FROM | llama.cpp | -c 0 keeps the trained context under --fit | ctx_size kv_cache | PR #19070
+VRAM_TIERS_FROM | ollama | default num_ctx by the cards' total VRAM (4,096 / 32,768 / 262,144) | max_model_len kv_cache activation_peak | server/routes.go v0.15.5
+LLAMA_SERVER_FROM | ollama | Ollama starts upstream llama-server, whose --fit places the layers | weights kv_cache activation_peak fits | PR #16031, v0.30.0
+LLAMA_CPP_BUILDS | ollama | the llama.cpp build Ollama ships (its LLAMA_CPP_VERSION) | weights kv_cache activation_peak | ollama/ollama tags
+AUTO_FROM | vllm | --max-model-len auto / -1 fits the longest context one request holds in the pool | max_model_len max_concurrency fits | PR #29431, 0.12.0
 VLLM_OFFLOADING_CONNECTOR_FROM | vllm | the OffloadingConnector (--kv-transfer-config) exists | kv_offload | v1/kv_offload 0.11.0
 VLLM_KV_OFFLOADING_SIZE_FROM | vllm | --kv-offloading-size / --kv-offloading-backend exist | kv_offload | engine/arg_utils.py 0.11.1
 VLLM_CPU_BYTES_FROM | vllm | the OffloadingConnector takes cpu_bytes_to_use (num_cpu_blocks before) | kv_offload | v1/kv_offload/cpu.py 0.14

@@ -123,7 +123,14 @@ def plan_llamacpp(ctx: Context, r: PolicyResult) -> PolicyResult:
         f"{ctx.settings.resolved_version.lstrip('b')}), KV in {dserver.type_k}/{dserver.type_v}, "
         f"{on_gpu}/{layers} layers on the GPU"
     )
-    out = with_draft(r, plan, components, [note], reasons=r.reasons + reasons)
+    notes = [note]
+    if r.settings.get("fit"):
+        notes.append(
+            "not modelled: llama-server's --fit measures the draft with the target (common/fit.cpp "
+            "`common_fit_extra_model`) and places both; here the target is fitted alone and the draft added on top, "
+            "so the verdict is --fit off's (pass --fit off to plan exactly that)"
+        )
+    out = with_draft(r, plan, components, notes, reasons=r.reasons + reasons)
     return replace(out, extra={**out.extra, "devices": report, "host": host})
 
 

@@ -320,6 +320,15 @@ def with_draft(
     return settings.with_(speculative=replace(spec, draft=resolve_model(draft, offline=offline)))
 
 
+def check_comparison(args: argparse.Namespace, axes: list[Any]) -> list[Any]:
+    """The sweep's axes, once --vs-engine-version is known not to be given with them."""
+    if args.vs_engine_version and axes:
+        raise ConfigError(
+            "--vs-engine-version compares two releases; in a grid use --sweep engine-version=A,B"
+        )
+    return axes
+
+
 def run_comparison(
     args: argparse.Namespace,
     model: ModelSpec,
