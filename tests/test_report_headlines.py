@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import _synthetic_run as synth
 from _narrow import stand_in
 from vramlab.report import load_context
-from vramlab.report.blocks import Bullets, Table, Text
+from vramlab.report.blocks import Bullets, Table, Text, Verdict
 from vramlab.report.sections import build_document
 from vramlab.store import open_store
 
@@ -56,7 +56,8 @@ def test_experiment_summary_agrees_with_thresholds_and_recovery_tables(tmp_path)
     with open_store(str(tmp_path / "v.db")) as store:
         synth.insert(store)
         doc = _doc(store, synth.RUN_ID)
-    summary = _bullets(_section(doc, "summary"))
+    verdict = next(b for b in _section(doc, "answer").blocks if isinstance(b, Verdict))
+    summary = verdict.details
     line = next(i for i in summary if i.startswith("Thresholds held"))
     m = re.search(
         r"up to: concurrency (\S+); first breach: round (\d+) (\w+) at concurrency (\S+), (\w+) (.+?) vs "
@@ -80,14 +81,20 @@ def test_experiment_summary_agrees_with_thresholds_and_recovery_tables(tmp_path)
     }
     assert float(held) == max(v for v in ok_values if v < float(value))
     rec = _rows(_tables(_section(doc, "recovery"))[0])
-    for item in summary:
-        m = re.match(r"Round (\d+) returned to baseline: (yes|no)(?: after (\S+) s)?", item)
-        if m:
-            row = next(r for r in rec if r["round"] == m.group(1))
-            assert row["returned"] == m.group(2)
-            if m.group(3):
-                assert row["when (into recovery)"] == f"{m.group(3)} s"
-    assert any(i.startswith("Round 2 returned") for i in summary)
+    returned = next(i for i in summary if i.startswith("Returned to baseline: "))
+    said = re.findall(r"round (\d+) (yes|no)(?: after (\S+) s| at once)?", returned)
+    assert [r for r, _, _ in said] == [r["round"] for r in rec], returned
+    for said_round, yes, after in said:
+        row = next(r for r in rec if r["round"] == said_round)
+        assert row["returned"] == yes
+        if after:
+            assert row["when (into recovery)"] == f"{after} s"
+    # The verdict is the first breach the thresholds table shows, with the same figures.
+    assert verdict.status == "not-held"
+    assert verdict.headline.startswith(
+        f"The hypothesis did not hold: {metric} {seen} against its limit {limit}"
+    )
+    assert f"round {rnd} {phase} at concurrency {value} (the first breach)" in verdict.headline
 
 
 # -- incident and co-location (real drills against sims) ---------------------------------------------
