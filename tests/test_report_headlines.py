@@ -185,6 +185,38 @@ def test_incident_headline_clocks_are_the_recovery_tables(drills):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_drill_answer_is_the_incidents_own_figures(drills):
+    """The answer box on the incident report's first screen: its failure mode, clocks, first signal
+    and impact are the incident sections' (never a figure of its own)."""
+    store, run_id, coloc, _ = drills
+    doc = _doc(store, run_id)
+    verdict = next(b for b in _section(doc, "answer").blocks if isinstance(b, Verdict))
+    cause = _bullets(_section(doc, "incident-cause"))
+    mode = next(c for c in cause if c.startswith("**Failure mode:**")).split("** ", 1)[1]
+    clocks = {r["figure"]: r["value"] for r in _rows(_tables(_section(doc, "incident-recovery"))[0])}
+    impact = {r["impact"]: r["value"] for r in _rows(_tables(_section(doc, "incident-impact"))[0])}
+    head = _bullets(_section(doc, "incident"))[0].strip("*")
+    assert verdict.headline.startswith(mode) and head.startswith(verdict.headline.split(";")[0])
+    details = dict(d.split(": ", 1) for d in verdict.details if ": " in d)
+    assert details["Failure mode"].startswith(f"`{mode}`")
+    assert details["Time to detect"].startswith(f"{clocks['time to detect']} after T0")
+    if clocks["time to recover"] == "–":
+        assert verdict.status == "not-held" and "not recovered" in verdict.headline
+    else:
+        assert verdict.status == "recovered"
+        assert verdict.headline.endswith(f"recovered in {clocks['time to recover']} from T0")
+    assert details["Impact"].startswith(f"{impact['failed attempts']} failed requests")
+    order = [t for t in _tables(_section(doc, "incident-detection")) if t.headers[0] == "signal"][0]
+    assert details["First abnormal signal"].startswith(f"{order.rows[0][0]} = ")
+    # the co-location drill whose added models were refused does not call itself held
+    coloc_doc = _doc(store, coloc)
+    coloc_verdict = next(b for b in _section(coloc_doc, "answer").blocks if isinstance(b, Verdict))
+    refused = "did not start" in _bullets(_section(coloc_doc, "incident"))[0]
+    assert (coloc_verdict.status == "not-held") == refused or coloc_verdict.status == "recovered"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_colocation_headline_counts_the_refusals_the_table_shows(drills):
     store, _, run_id, stdout = drills
     doc = _doc(store, run_id)
