@@ -247,7 +247,7 @@ class ExperimentKind:
         )
         self._baseline = BaselineTally(plan.stop_conditions.error_rate) if phase == "baseline" else None
         try:
-            outcome = await self.windows.run([lane], retry_for(plan), prompts_key=value)
+            outcome = await self.windows.run([lane], retry_for(plan))
         finally:
             self._flush_records(stats)
         broken = self._baseline.broken() if self._baseline is not None else None

@@ -78,6 +78,17 @@ def jsonl_prompts(path: str | Path, default_output_tokens: int = 256) -> list[Pr
     return out
 
 
+def input_set_key(prompts: list[Prompt]) -> str:
+    """A digest of an input set's content: the same prompts give the same key, other prompts another."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    for p in prompts:
+        h.update(f"{len(p.text)}:{p.prompt_tokens}:{p.output_tokens}:".encode())
+        h.update(p.text.encode())
+    return h.hexdigest()
+
+
 def cycle(prompts: list[Prompt]) -> Iterator[Prompt]:
     """The input set, repeated in order: every window sees the same prompts in the same order."""
     while True:
