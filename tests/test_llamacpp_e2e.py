@@ -99,6 +99,55 @@ def test_run_against_the_real_engine(engine, tmp_path):
     assert up and max(up) == 1.0  # the discovered path answers (a probe may still time out on a busy box)
 
 
+@pytest.mark.parametrize("api", ["openai-completions", "openai-chat"])
+def test_each_step_sends_its_own_prompt_counted_by_the_engine(engine, tmp_path, api):
+    # llama-cpp-python streams no usage: each prompt is sized and counted with its own tokenizer
+    # (POST /extras/tokenize) before it is sent, the chat template's share measured by one probe
+    # request; on this tiny vocabulary a word is several tokens, so words alone would miss by 3-4x
+    py, model = engine
+    srv = lc.start_server(py, model, tmp_path / "server.log", n_ctx=1024, extra="--model_alias tiny")
+    plan = _run_plan(srv.url, duration_s=1.5)
+    plan["target"]["api"] = api
+    plan["fixed"]["input"]["synthetic"]["prompt_tokens"] = 64
+    plan["change"] = {"variable": "prompt_tokens", "steps": [128, 400]}
+    try:
+        (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
+        res = _vramlab("run", "plan.yaml", "--db", str(tmp_path / "v.db"), "--json", cwd=tmp_path)
+    finally:
+        srv.stop()
+    assert res.returncode == 0, res.stderr[-3000:]
+    store = open_store(str(tmp_path / "v.db"))
+    run_id = json.loads(res.stdout)["run_id"]
+    run = store.get_run(run_id)
+    assert any(
+        "counted with the engine's POST /extras/tokenize (llama-cpp-python)" in n for n in run.notes
+    ), run.notes
+    groups: dict[tuple[str, float], list[Any]] = {}
+    for r in store.requests(run_id):
+        groups.setdefault((r.phase, r.step_value or 0.0), []).append(r)
+    assert {v for _, v in groups} == {64.0, 128.0, 400.0}
+    for (phase, value), rs in groups.items():
+        near = [r for r in rs if r.prompt_tokens and abs(r.prompt_tokens - value) <= 0.02 * value]
+        assert len(near) >= 0.95 * len(rs), (phase, value, sorted({r.prompt_tokens for r in rs}))
+        assert {r.prompt_tokens_source for r in rs} == {"tokenizer"}
+    # the engine's own words: llama-cpp-python logs each request's cached + evaluated prompt tokens
+    logged = {
+        int(a) + int(b)
+        for a, b in re.findall(
+            r"Llama.generate: (\d+) prefix-match hit, remaining (\d+) prompt tokens to eval",
+            (tmp_path / "server.log").read_text(errors="replace"),
+        )
+    }
+    stored = {r.prompt_tokens for rs in groups.values() for r in rs if r.error_class is None}
+    assert stored and stored <= logged, (stored, logged)
+    from vramlab.report import load_context, render
+
+    md = render(load_context(store, run_id), "md")
+    assert re.search(
+        r"Prompt tokens of [\d,]+ requests: counted in the target's tokenizer before sending", md
+    )
+
+
 def test_check_log_reads_the_real_start_up_log(engine, tmp_path):
     py, model = engine
     srv = lc.start_server(py, model, tmp_path / "server.log", n_ctx=1024)

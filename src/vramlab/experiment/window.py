@@ -205,6 +205,7 @@ def request_record(
         itl_ms=res.itl_ms,
         itl_untimed_gaps=res.untimed_gaps,
         prompt_tokens=res.prompt_tokens,
+        prompt_tokens_source=res.prompt_tokens_source,
         output_tokens=res.output_tokens,
         output_tokens_source=res.output_tokens_source,
         reasoning_tokens=res.reasoning_tokens,

@@ -40,6 +40,9 @@ class RequestResult:
     error_class: str | None = None
     error: str | None = None
     prompt_tokens: int | None = None
+    # "usage" (the server's count), else the prompt's own ("tokenizer": counted in the target's
+    # tokenizer; "estimate"; "input": the input file's); None: unknown
+    prompt_tokens_source: str | None = None
     output_tokens: int | None = None  # content and reasoning together
     output_tokens_source: str | None = (
         None  # "usage" (the server's count) | "timings" (llama.cpp's) | "chunks" (counted: an estimate)
@@ -334,6 +337,7 @@ class OpenAIClient:
             error_class=err_class,
             error=err,
             prompt_tokens=st.usage_in or prompt.prompt_tokens,
+            prompt_tokens_source="usage" if st.usage_in else prompt.tokens_source,
             output_tokens=out,
             output_tokens_source=source,
             reasoning_tokens=reasoning,
