@@ -388,6 +388,12 @@ def test_drill_sigkill_is_a_crash_not_oom_and_a_slow_restart_is_not_killed(engin
 
     md = render(load_context(store, rid), "md")
     assert "killed_by_signal" in md and "crash_after_oom" not in md and "| retry storm | no |" in md
+    # the drill measured the process it started (its RSS, across the restart), beside the log's buffers
+    rss = [s for s in store.samples(rid) if s.name == "host.target_rss_bytes"]
+    assert len({s.labels["pid"] for s in rss}) == 2, {s.labels["pid"] for s in rss}  # before and after the kill
+    peak = re.search(r"\| round 0 baseline \| peak \| – \| ([\d.]+) \|", md)
+    assert peak and float(peak.group(1)) > 0, md[md.find("Plan against") :][:1500]
+    assert "host memory: the target process's RSS" in md and "no capacity plan to compare with" in md
 
 
 def test_drill_refused_restart_is_named_with_the_engines_words(engine, tmp_path):

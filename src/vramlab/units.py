@@ -27,4 +27,14 @@ def gib(nbytes: float | None, digits: int = 2, *, sign: bool = False, unit: bool
     return text + " GiB" if unit else text
 
 
-__all__ = ["GIB", "MIB", "MISSING", "gib", "to_gib"]
+def size(nbytes: float | None, *, sign: bool = False) -> str:
+    """Bytes with their unit: GiB, or MiB below what two GiB decimals show (a small model's
+    buffers read "0.53 MiB", not "0.00 GiB"); MISSING for None."""
+    if nbytes is None:
+        return MISSING
+    if nbytes and abs(nbytes) < GIB / 200:
+        return f"{nbytes / MIB:{'+' if sign else ''}.2f} MiB"
+    return gib(nbytes, sign=sign, unit=True)
+
+
+__all__ = ["GIB", "MIB", "MISSING", "gib", "size", "to_gib"]
