@@ -160,4 +160,6 @@ def test_a_q8_0_cache_and_an_f16_plan_disagree_in_the_report(tmp_path: Path) -> 
         assert kv["measured_bytes"] == round(kv_mib * MIB) and "printed" in kv["source"]
         assert kv["error_bytes"] == planned - kv["measured_bytes"] > 0
         assert kv["error_pct"] > 50 and kv["inside_band"] is False  # f16 is ~1.9x q8_0's 34 B per 32
-    assert f"| {kv_mib:.2f} MiB |" in out["md"] and re.search(r"\| \+\d+\.\d% \| no \| start-up log", out["md"])
+    assert f"| {kv_mib:.2f} MiB |" in out["md"] and re.search(
+        r"\| \+\d+\.\d% \| no \| start-up log", out["md"]
+    )

@@ -390,7 +390,9 @@ def test_drill_sigkill_is_a_crash_not_oom_and_a_slow_restart_is_not_killed(engin
     assert "killed_by_signal" in md and "crash_after_oom" not in md and "| retry storm | no |" in md
     # the drill measured the process it started (its RSS, across the restart), beside the log's buffers
     rss = [s for s in store.samples(rid) if s.name == "host.target_rss_bytes"]
-    assert len({s.labels["pid"] for s in rss}) == 2, {s.labels["pid"] for s in rss}  # before and after the kill
+    assert len({s.labels["pid"] for s in rss}) == 2, {
+        s.labels["pid"] for s in rss
+    }  # before and after the kill
     peak = re.search(r"\| round 0 baseline \| peak \| – \| ([\d.]+) \|", md)
     assert peak and float(peak.group(1)) > 0, md[md.find("Plan against") :][:1500]
     assert "host memory: the target process's RSS" in md and "no capacity plan to compare with" in md
@@ -492,7 +494,12 @@ def _drill_cli(tmp_path: Path, doc: dict, on_line, timeout: float = 170):
     return proc.returncode, out, "".join(seen) + err
 
 
-def test_drill_recovers_a_sigstopped_engine_by_sigkill_and_restart_within_the_limit(engine, tmp_path):
+# a request timeout shorter than the step (its requests time out inside it) and longer (they are still in
+# flight when the step's time is up: they end as timeouts all the same, never "cancelled" by the step's end)
+@pytest.mark.parametrize("timeout_s", [2, 6])
+def test_drill_recovers_a_sigstopped_engine_by_sigkill_and_restart_within_the_limit(
+    engine, tmp_path, timeout_s
+):
     # the server is SIGSTOPped mid-ramp: its socket still accepts, nothing answers, the process lives.
     # The supervisor sees health fail, and a stopped process never acts on SIGTERM: SIGKILL at once, restart.
     py, model = engine
@@ -504,7 +511,7 @@ def test_drill_recovers_a_sigstopped_engine_by_sigkill_and_restart_within_the_li
         model,
         tmp_path,
         cmd,
-        load={"request_timeout_s": 2},
+        load={"request_timeout_s": timeout_s},
         recovery={"limit_s": limit_s, "observe_s": 2, "liveness_grace_s": 2, "p95_tolerance": 50},
     )
     stopped: list[int] = []
@@ -544,6 +551,13 @@ def test_drill_recovers_a_sigstopped_engine_by_sigkill_and_restart_within_the_li
     reqs = store.requests(run.run_id)
     assert not any(r.error_class == "cancelled" and r.phase == "ramp" for r in reqs)
     assert inc.impact.in_flight_lost > 0 and inc.impact.error_classes.get("timeout", 0) > 0
+    # the failure is at the step where the hang began, and every request in flight at T0 is a lost timeout
+    fault = next(e for e in events if e.kind == "fault")
+    assert fault.data["value"] == 4, fault.message
+    t0 = some(inc.t0_s)
+    at_t0 = [r for r in reqs if some(r.sent_s) <= t0 + 1e-9 and (r.end_s or 1e9) >= t0 - 1e-9 and not r.ok]
+    assert at_t0 and {r.error_class for r in at_t0} == {"timeout"}, [(r.error_class, r.error) for r in at_t0]
+    assert inc.impact.in_flight_lost == len(at_t0)
     md = (tmp_path / "incident.md").read_text()
     assert "**Failure mode:** hang" in md and "NOT recovered" not in md
     assert "restart the target on exit" not in md  # the supervisor did restart it

@@ -273,9 +273,7 @@ def test_host_sampler_counts_the_targets_children_and_follows_a_restart() -> Non
 
     # a shell that does not exec: the engine is its child, and the shell alone holds ~1 MiB
     hold = "bytearray(40 << 20); import time; time.sleep(30)"
-    procs = [
-        subprocess.Popen(["/bin/sh", "-c", f"{sys.executable} -c 'x = {hold}'; true"]) for _ in range(2)
-    ]
+    procs = [subprocess.Popen(["/bin/sh", "-c", f"{sys.executable} -c 'x = {hold}'; true"]) for _ in range(2)]
     try:
         current = [procs[0].pid]
         s = HostSampler(pid_of=lambda: current[0])

@@ -338,12 +338,7 @@ class DrillKind:
         tally = self.tallies.step
         if tally is None or tally.sent == 0:
             return "nothing had failed (no request of the step had ended yet)"
-        if not tally.failed:
-            return "nothing had failed"
-        classes = ", ".join(f"{k} {v}" for k, v in sorted(tally.classes.items()))
-        return f"{tally.failed} of {tally.ok + tally.failed} of its requests had failed ({classes})" + (
-            f"; the server said: {tally.first_error}" if tally.first_error else ""
-        )
+        return tally.failures("of its") if tally.failed else "nothing had failed"
 
     # -- after the ramp ------------------------------------------------------------------------
     async def after_steps(self, rnd: int, failed: bool) -> None:
@@ -369,8 +364,10 @@ class DrillKind:
             return
         top = self.values[-1] if self._ceiling_value is None else self._ceiling_value
         why = "" if self._ceiling_value is None else " (the card was full: the co-tenant could not grow)"
+        # refusals (a context too long for the engine) fail requests without failing the target: said
+        but = f", but {ramp.failures('ramp')}" if ramp is not None and ramp.failed else ""
         self.run.emit(
-            "ceiling", f"no OOM up to {top:g} {plan.ramp.unit}{why}", value=top, unit=plan.ramp.unit
+            "ceiling", f"no OOM up to {top:g} {plan.ramp.unit}{why}{but}", value=top, unit=plan.ramp.unit
         )
 
     async def _recover(self, failure: Finding) -> None:

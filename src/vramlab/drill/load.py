@@ -23,6 +23,7 @@ PROBE_RESOLUTION_S = 0.25
 Record = Callable[["RequestResult", int], None]  # (an answer, the user that sent it)
 
 
+DRAIN_MARGIN_S = 0.5  # past a request's own timeout: its timeout is recorded before the window ends
 PROMPTS_PER_WINDOW = 64  # distinct prompts a window cycles through (a unique head each: no prefix reuse)
 RECOVERY_SEED = 999  # the recovery window's own prompts (at the baseline's length) when the ramp is undone
 
@@ -57,7 +58,12 @@ def window_lanes(
 
     knob, load = plan.ramp.knob, plan.load
     users = int(value) if (knob == "concurrency" and value) else load.concurrency
-    window = Window(duration_s=duration_s, drain_s=min(1.0, load.request_timeout_s))
+    # every ramp request ends as what it was: a step's end sends nothing new, and what is in flight is
+    # answered, fails or times out by its own timeout (a hung engine's requests are timeouts at the
+    # step where the hang began, never "cancelled" by the next step). The baseline judges the target
+    # before anything is ramped: requests still open a second after it are "never came back".
+    drain_s = load.request_timeout_s + DRAIN_MARGIN_S if phase == "ramp" else min(1.0, load.request_timeout_s)
+    window = Window(duration_s=duration_s, drain_s=drain_s)
 
     def recorder_for(user: int) -> Callable[[RequestResult], None]:
         return lambda res: record(res, user)
