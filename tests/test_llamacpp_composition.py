@@ -163,3 +163,91 @@ def test_a_q8_0_cache_and_an_f16_plan_disagree_in_the_report(tmp_path: Path) -> 
     assert f"| {kv_mib:.2f} MiB |" in out["md"] and re.search(
         r"\| \+\d+\.\d% \| no \| start-up log", out["md"]
     )
+
+
+def _run_at(tmp_path: Path, model: Path, n_ctx: int, env: dict[str, str]) -> str:
+    """One short run against a server started with *n_ctx* (its own log); the run id."""
+    py = lc.engine_python()
+    log = tmp_path / f"server-{n_ctx}.log"
+    srv = lc.start_server(py, model, log, n_ctx=n_ctx, extra="--model_alias tiny")
+    plan = {
+        "kind": "experiment",
+        "name": f"llamacpp-{n_ctx}",
+        "rounds": 1,
+        "target": {
+            "base_url": srv.url,
+            "api": "openai-completions",
+            "model": "tiny",
+            "kind": "llama.cpp",
+            "pid": srv.proc.pid,
+            "log_file": str(log),
+        },
+        "capacity": {
+            "model": str(model),
+            "gpu_memory_gib": 4,
+            "settings": {"ctx_size": n_ctx, "parallel": 1},
+        },
+        "fixed": {"input": {"synthetic": {"prompt_tokens": 32, "output_tokens": 8, "seed": 1, "count": 8}}},
+        "change": {"variable": "concurrency", "steps": [2]},
+        "phases": {"duration_s": 1.0, "drain_s": 2.0},
+        "load": {"concurrency": 1, "request_timeout_s": 20},
+        "samplers": {"interval_s": 0.3, "sources": ["host"]},
+    }
+    (tmp_path / f"plan-{n_ctx}.yaml").write_text(yaml.safe_dump(plan))
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "vramlab", "run", f"plan-{n_ctx}.yaml", "--json"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=env,
+        )
+    finally:
+        srv.stop()
+    assert res.returncode == 0, res.stderr[-3000:]
+    return str(json.loads(res.stdout)["run_id"])
+
+
+@pytest.mark.timeout(400)
+def test_calibrate_learns_the_compute_buffer_from_one_run_and_holds_on_another(tmp_path: Path) -> None:
+    # two runs with other settings (1,024 and 4,096 cells: the compute buffer's KQ matrix grows with
+    # them); the first teaches, the second is held out; the plan's settings are what the log printed
+    model = lc.write_gguf(tmp_path / "tiny-random.gguf")
+    env = {**os.environ, "VRAMLAB_DB": str(tmp_path / "v.db")}
+    learn, held = _run_at(tmp_path, model, 1024, env), _run_at(tmp_path, model, 4096, env)
+    res = subprocess.run(
+        [sys.executable, "-m", "vramlab", "calibrate", learn, "--holdout", held, "-o", "lc.toml", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout)
+    (change,) = [c for c in out["changed"] if c["constant"] == "llamacpp_compute_scratch_bytes"]
+    assert change["runs"] == [learn] and "compute buffer" in change["evidence"]
+    logged = float(
+        re.search(
+            r"CPU compute buffer size\s*=\s*([\d.]+) MiB", (tmp_path / "server-4096.log").read_text()
+        ).group(1)
+    )  # type: ignore[union-attr]
+    (h,) = [r for r in out["holdout"] if r["figure"] == "activation_peak"]
+    assert (
+        round(h["measured_bytes"] / MIB, 2) == logged
+    )  # the held-out run's own compute buffer, from its log
+    assert abs(h["after_pct"]) < abs(h["before_pct"]) and abs(h["after_pct"]) <= 2.0, h
+    assert any("planned with the settings its start-up log printed" in r for r in out["sources"][learn])
+    assert any("CPU runtime: measured" in n for n in out["not_fitted"])  # said, never dropped
+    text = subprocess.run(
+        [sys.executable, "-m", "vramlab", "calibrate", learn, "--holdout", held],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    ).stdout
+    assert "error held out (not learned from)" in text and re.search(r"activation_peak .* -> after", text), (
+        text
+    )

@@ -393,7 +393,7 @@ def test_drill_sigkill_is_a_crash_not_oom_and_a_slow_restart_is_not_killed(engin
     assert len({s.labels["pid"] for s in rss}) == 2, {
         s.labels["pid"] for s in rss
     }  # before and after the kill
-    peak = re.search(r"\| round 0 baseline \| peak \| – \| ([\d.]+) \|", md)
+    peak = re.search(r"\| round 0 baseline \| peak \| – \| ([\d.]+)(?: MiB)? \|", md)
     assert peak and float(peak.group(1)) > 0, md[md.find("Plan against") :][:1500]
     assert "host memory: the target process's RSS" in md and "no capacity plan to compare with" in md
 

@@ -13,7 +13,7 @@ from vramlab.records.events import EventKind
 from vramlab.report import fmt
 from vramlab.report.blocks import Block, Bullets, Table, Text
 from vramlab.report.sections import ReportContext, Section, register
-from vramlab.units import GIB, size
+from vramlab.units import SMALL_BYTES, size
 
 SCHEMA = "vramlab.composition/1"
 _last: list[
@@ -45,7 +45,7 @@ def _where(r: Row) -> str:
 def _band(f: Figure) -> str:
     if f.predicted_bytes is None:
         return "–"
-    if abs(f.predicted_bytes) < GIB / 200:  # a small model's MiB, with the unit (GiB reads 0.00)
+    if abs(f.predicted_bytes) < SMALL_BYTES:  # a small model's MiB, with the unit (GiB reads 0.00)
         return f"{size(f.predicted_bytes)} ({size(f.low_bytes)}–{size(f.high_bytes)})"
     return f"{fmt.gib(f.predicted_bytes)} ({fmt.gib(f.low_bytes)}–{fmt.gib(f.high_bytes)})"
 
@@ -64,7 +64,7 @@ def _error(f: Figure) -> str:
 
 def _sized(b: int | None, sign: bool = False) -> str:
     """GiB as the column says; a figure under what two GiB decimals show carries its MiB unit."""
-    if b is not None and b and abs(b) < GIB / 200:
+    if b is not None and b and abs(b) < SMALL_BYTES:
         return size(b, sign=sign)
     return fmt.gib(b, sign=sign)
 
