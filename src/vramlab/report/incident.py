@@ -33,6 +33,7 @@ from vramlab.report.incident_text import (
     impact_without_failure,
     lessons,
     not_recovered_reason,
+    peak_text,
     recovery_text,
     refused_on_ramp,
     signal_value,
@@ -206,9 +207,9 @@ def s_timeline(ctx: ReportContext) -> list[Block]:
         # the live 1 s peak; the one figure every section quotes is the window's
         elif e.kind == K.RETRY_STORM:
             storm = retry_storm_data(e)
-            what = (
-                storm_text(inc.retry_storm) + f" (live, one {fmt.num(storm.get('window_s', 1.0))} s window "
-                f"peaked at {fmt.num(round(float(storm.get('amplification') or 0.0), 2))}×)"
+            what = storm_text(inc.retry_storm) + (
+                f" (live: one {fmt.num(storm.get('window_s', 1.0))} s window crossed "
+                f"{fmt.num(round(float(storm.get('amplification') or 0.0), 2))}× here)"
             )
         rows.append([f"{e.t_s:.2f}", rel, kind, who, what])
     return [
@@ -461,6 +462,7 @@ def s_storm(ctx: ReportContext) -> list[Block]:
             "amplification (attempt rate / baseline offered rate)",
             "–" if s.amplification is None else f"{s.amplification:.2f}×",
         ],
+        ["peak (the busiest second's attempts / baseline offered rate)", peak_text(s, inc.t0_s)],
         [
             "during recovery: new user requests / the policy's retries",
             f"{s.new_requests} / {s.retries_in_window}",

@@ -83,10 +83,21 @@ T0_WORDS = "the failure's first evidence: the first failed request's end, the pr
 
 def storm_figures(st: Any) -> str:
     """The retry storm's figures as the storm table prints them (the one computation)."""
+    peak = (
+        "" if st.peak_amplification is None else f" (peak {st.peak_amplification:.2f}× in its busiest second)"
+    )
     return (
-        f"attempts {st.amplification or 0:.2f}× the baseline's offered rate over the recovery window, "
+        f"attempts {st.amplification or 0:.2f}× the baseline's offered rate over the recovery window{peak}, "
         f"{st.retries_in_window} retries"
     )
+
+
+def peak_text(st: Any, t0: float | None) -> str:
+    """The busiest second of the retry wave: its amplification and when, from T0."""
+    if st.peak_amplification is None:
+        return "–"
+    when = "" if st.peak_at_s is None else f" (the second from T0 {since_t0(st.peak_at_s, t0)} s)"
+    return f"{st.peak_amplification:.2f}×{when}"
 
 
 def storm_text(st: Any) -> str:
