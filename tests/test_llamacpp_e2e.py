@@ -281,6 +281,60 @@ def test_plan_kv_bytes_match_the_engine(engine, tmp_path, n_ctx, slots, cache):
     assert abs(planned - logged) <= 0.005 * 2**20, (planned, logged, re.findall(r"llama_kv_cache.*", text))
 
 
+def _compute_logged(py: str, model: Path, n_ctx: int, n_seq: int, n_ubatch: int) -> float:
+    """The compute buffer (MiB) llama.cpp prints for a context of *n_seq* sequences, no flash attention."""
+    script = f"""
+import llama_cpp as L
+L.llama_backend_init()
+m = L.llama_model_load_from_file({str(model)!r}.encode(), L.llama_model_default_params())
+cp = L.llama_context_default_params()
+cp.n_ctx = {n_ctx}; cp.n_seq_max = {n_seq}; cp.n_batch = 512; cp.n_ubatch = {n_ubatch}; cp.n_threads = 1
+cp.flash_attn_type = 0
+assert L.llama_init_from_model(m, cp), "no context"
+"""
+    res = subprocess.run([py, "-c", script], capture_output=True, text=True, timeout=120)
+    text = res.stdout + res.stderr
+    found = re.findall(r"compute buffer size\s*=\s*([\d.]+) MiB", text)
+    assert res.returncode == 0 and found, text[-3000:]
+    return float(found[-1])
+
+
+@pytest.mark.parametrize(
+    ("n_ctx", "slots", "n_ubatch"), [(2048, 1, 512), (2048, 4, 512), (8192, 4, 512), (2048, 4, 64)]
+)
+def test_plan_compute_buffer_follows_the_slots_streams(engine, tmp_path, n_ctx, slots, n_ubatch):
+    # without a unified cache each slot is its own KV stream and the attention graph reads one stream's
+    # cells: four slots over 2,048 cells print 6.51 MiB, not the 21.51 MiB of one slot over all of them
+    from vramlab.capacity.constants import Constants
+
+    py, model = engine
+    logged = _compute_logged(py, model, n_ctx, slots, n_ubatch)
+    res = _vramlab(
+        "plan",
+        "--model",
+        str(model),
+        "--engine",
+        "llama.cpp",
+        "--ctx-size",
+        str(n_ctx),
+        "--parallel",
+        str(slots),
+        "--ubatch-size",
+        str(n_ubatch),
+        "--flash-attn",
+        "off",
+        "--gpu-memory-gib",
+        "8",
+        "--json",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    comps = {c["name"]: c["bytes"] for c in json.loads(res.stdout)["components"]}
+    graph = comps["activation_peak"] - Constants.defaults()["llamacpp_compute_scratch_bytes"]
+    # the graph's phases, against the CPU build's printed buffer (two decimals of MiB)
+    assert abs(graph / 2**20 - logged) <= 0.01 * logged + 0.01, (graph / 2**20, logged)
+
+
 # ---- drills ---------------------------------------------------------------------------------
 
 

@@ -286,6 +286,29 @@ def _resident(
     )
 
 
+def _kv_in_use(tokens: list[float], usage: list[float], pool: _Pool) -> tuple[int | None, int | None, str]:
+    """(bytes, tokens, source) of the KV cache in use at its highest in the window."""
+    if tokens:
+        used_t = int(max(tokens))
+        # the bytes a token takes as the engine's own figures put it (its pool's bytes over its tokens)
+        used_b = int(used_t * pool.bytes / pool.tokens) if pool.bytes and pool.tokens else None
+        return (
+            used_b,
+            used_t,
+            "engine metric kv_cache_tokens"
+            + (" x the bytes per token of the engine's pool" if used_b is not None else " (tokens only)"),
+        )
+    if usage and (pool.bytes or pool.tokens):
+        u = max(usage)
+        used_b = int(u * pool.bytes) if pool.bytes else None
+        return (
+            used_b,
+            int(u * pool.tokens) if pool.tokens else None,
+            "engine metric KV usage fraction x the pool",
+        )
+    return None, None, ""
+
+
 def _row(
     w: Any,
     pred: dict[str, tuple[int, int, int]],
@@ -338,21 +361,7 @@ def _row(
             )
         )
     usage = reads.window("engine.kv_cache_usage_perc", start, end)
-    tokens = reads.window("engine.kv_cache_tokens", start, end)
-    used_b = used_t = None
-    used_src = ""
-    if tokens:
-        used_t = int(max(tokens))
-        # the bytes a token takes as the engine's own figures put it (its pool's bytes over its tokens)
-        used_b = int(used_t * pool.bytes / pool.tokens) if pool.bytes and pool.tokens else None
-        used_src = "engine metric kv_cache_tokens" + (
-            " x the bytes per token of the engine's pool" if used_b is not None else " (tokens only)"
-        )
-    elif usage and (pool.bytes or pool.tokens):
-        u = max(usage)
-        used_b = int(u * pool.bytes) if pool.bytes else None
-        used_t = int(u * pool.tokens) if pool.tokens else None
-        used_src = "engine metric KV usage fraction x the pool"
+    used_b, used_t, used_src = _kv_in_use(reads.window("engine.kv_cache_tokens", start, end), usage, pool)
     pre = reads.window("engine.num_preemptions_total", start, end)
     waiting = reads.window("engine.num_requests_waiting", start, end)
     return Row(

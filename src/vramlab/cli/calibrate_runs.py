@@ -24,7 +24,7 @@ def looks_like_runs(inputs: list[str]) -> bool:
 
 def measure(store: Any, run_id: str) -> Any:
     """A RunMeasure from the store; ConfigError (one line) when the run cannot teach anything."""
-    from vramlab.capacity.run_calibration import FIGURES, RunMeasure
+    from vramlab.capacity.run_calibration import RunMeasure
     from vramlab.drill.capacity_plan import PlanFacts, resolve_facts
     from vramlab.errors import ConfigError
     from vramlab.report import load_context
@@ -63,18 +63,7 @@ def measure(store: Any, run_id: str) -> Any:
     heaviest = (
         max(measured_rows, key=lambda r: r.figure("peak").measured_bytes or 0) if measured_rows else None
     )
-    measured: dict[str, int] = {}
-    evidence: dict[str, str] = {}
-    rows: list[str] = []
-    if heaviest is not None:
-        rows.append(
-            f"round {heaviest.round} {heaviest.phase} {heaviest.step_value} "
-            f"({heaviest.start_s:.1f}-{heaviest.end_s:.1f} s)"
-        )
-        for name in FIGURES:
-            fig = heaviest.figure(name)
-            if fig.measured_bytes is not None and not fig.host_memory:
-                measured[name], evidence[name] = fig.measured_bytes, fig.source
+    measured, evidence, rows = heaviest_figures(heaviest)
     differs = {k: v for k, v in printed.items() if planned.get(k) != v}
     if differs:
         said = ", ".join(f"{k} {v}" for k, v in sorted(differs.items()))
@@ -107,6 +96,23 @@ def measure(store: Any, run_id: str) -> Any:
         tuple(rows),
         host_runtime(comp, heaviest, startup),
     )
+
+
+def heaviest_figures(heaviest: Any) -> tuple[dict[str, int], dict[str, str], list[str]]:
+    """The figures measured at the run's heaviest window (a device's: a host reading is no card's),
+    their sources, and the window's line."""
+    from vramlab.capacity.run_calibration import FIGURES
+
+    measured: dict[str, int] = {}
+    evidence: dict[str, str] = {}
+    if heaviest is None:
+        return measured, evidence, []
+    for name in FIGURES:
+        fig = heaviest.figure(name)
+        if fig.measured_bytes is not None and not fig.host_memory:
+            measured[name], evidence[name] = fig.measured_bytes, fig.source
+    h = heaviest
+    return measured, evidence, [f"round {h.round} {h.phase} {h.step_value} ({h.start_s:.1f}-{h.end_s:.1f} s)"]
 
 
 def host_runtime(comp: Any, heaviest: Any, startup: dict[str, float]) -> int | None:
