@@ -525,3 +525,16 @@ def test_agreement_is_never_claimed_over_what_was_not_measured() -> None:
     row = compose(_run(), samples, events, [Window(1, "baseline", 0, 0.0, 2.0, 1.0)], None).rows[0]
     said = row.error_source()
     assert "every component" not in said and "resident model" in said and "not measured" in said
+
+
+def test_pool_tokens_times_the_engines_own_bytes_per_token_are_measured_bytes() -> None:
+    # a log that prints tokens and the bytes its blocks take (vLLM's CPU build: its explicit pool size
+    # over its blocks) measures the pool in bytes from the engine's own words, not the plan's
+    startup = {"kv_cache_tokens": 5120, "extra": {"kv_bytes_per_token": 4096.0}}
+    events = [
+        _ev("capacity_plan", {"estimate": _tiny_plan(40 << 20, 5120, engine="vllm"), "facts": {}}),
+        _ev("startup_memory", {"source": "start-up log s.log", "observation": startup}),
+    ]
+    kv = compose(_run(), [], events, [Window(1, "baseline", 0, 0.0, 2.0, 1.0)], None).rows[0].figure("kv_cache")
+    assert kv.measured_bytes == 5120 * 4096 and "(the engine's own)" in kv.source
+    assert kv.error_bytes == (40 << 20) - 5120 * 4096

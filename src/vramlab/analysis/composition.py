@@ -259,6 +259,13 @@ def _pool(startup: dict[str, Any] | None, reads: _Readings) -> _Pool:
         b = int(startup["kv_cache_bytes"])
         of = f" ({tokens:,} tokens)" if tokens else ""
         return _Pool(b, tokens, f"start-up log: the KV cache size it printed{of}")
+    engine_bpt = ((startup or {}).get("extra") or {}).get("kv_bytes_per_token")
+    if tokens and engine_bpt:  # the bytes a token takes as the engine's own figures put them
+        return _Pool(
+            int(tokens * engine_bpt),
+            tokens,
+            f"{t_src}: {tokens:,} tokens x {engine_bpt:,.0f} B/token (the engine's own)",
+        )
     if tokens:
         return _Pool(None, tokens, f"{t_src}: {tokens:,} tokens (no bytes shown by the engine: tokens only)")
     return _Pool(None, None, "")
