@@ -10,9 +10,9 @@ import pytest
 
 from _narrow import some
 from vramlab.analysis.composition import compose
-from vramlab.units import GIB
 from vramlab.analysis.stats import Window
 from vramlab.records import EventRecord, RunRecord, SampleRecord
+from vramlab.units import GIB
 
 RID = "0123abcd"
 
@@ -506,7 +506,7 @@ def test_a_pool_shown_only_in_tokens_is_tokens_and_says_so() -> None:
     row = comp.rows[0]
     kv = row.figure("kv_cache")
     assert kv.measured_bytes is None and kv.measured_tokens == 400_000
-    assert "tokens only" in kv.source and kv.error_tokens == kv.predicted_tokens - 400_000
+    assert "tokens only" in kv.source and kv.error_tokens == some(kv.predicted_tokens) - 400_000
     assert kv.error_pct == pytest.approx(100 * (kv.predicted_tokens - 400_000) / 400_000)  # type: ignore[operator]
     over = row.figure("runtime_overhead")
     assert over.measured_bytes is None and "tokens only" in over.source
@@ -535,6 +535,10 @@ def test_pool_tokens_times_the_engines_own_bytes_per_token_are_measured_bytes() 
         _ev("capacity_plan", {"estimate": _tiny_plan(40 << 20, 5120, engine="vllm"), "facts": {}}),
         _ev("startup_memory", {"source": "start-up log s.log", "observation": startup}),
     ]
-    kv = compose(_run(), [], events, [Window(1, "baseline", 0, 0.0, 2.0, 1.0)], None).rows[0].figure("kv_cache")
+    kv = (
+        compose(_run(), [], events, [Window(1, "baseline", 0, 0.0, 2.0, 1.0)], None)
+        .rows[0]
+        .figure("kv_cache")
+    )
     assert kv.measured_bytes == 5120 * 4096 and "(the engine's own)" in kv.source
     assert kv.error_bytes == (40 << 20) - 5120 * 4096

@@ -140,7 +140,7 @@ def test_the_retry_waves_peak_is_its_busiest_second_not_the_first_crossing():
     s = analyse(reqs, samples, events, window_s=1.0).retry_storm
     base = some(s.baseline_rate_rps)
     assert s.peak_amplification == pytest.approx(100 / base) and s.peak_at_s == pytest.approx(10.0)
-    assert s.peak_amplification > some(s.amplification)  # the whole window's mean is lower
+    assert some(s.peak_amplification) > some(s.amplification)  # the whole window's mean is lower
     assert busiest_window([0.0, 0.5, 0.99, 1.0, 1.2, 1.9, 5.0], 1.0) == (4, 0.5)  # 0.5-1.2
     assert busiest_window([], 1.0) is None
 

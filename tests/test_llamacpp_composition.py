@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 import _llamacpp as lc
+from _narrow import some
 
 pytestmark = pytest.mark.slow
 MIB = 1 << 20
@@ -228,11 +229,10 @@ def test_calibrate_learns_the_compute_buffer_from_one_run_and_holds_on_another(t
     out = json.loads(res.stdout)
     (change,) = [c for c in out["changed"] if c["constant"] == "llamacpp_compute_scratch_bytes"]
     assert change["runs"] == [learn] and "compute buffer" in change["evidence"]
-    logged = float(
-        re.search(
-            r"CPU compute buffer size\s*=\s*([\d.]+) MiB", (tmp_path / "server-4096.log").read_text()
-        ).group(1)
-    )  # type: ignore[union-attr]
+    said = re.search(
+        r"CPU compute buffer size\s*=\s*([\d.]+) MiB", (tmp_path / "server-4096.log").read_text()
+    )
+    logged = float(some(said).group(1))
     (h,) = [r for r in out["holdout"] if r["figure"] == "activation_peak"]
     assert (
         round(h["measured_bytes"] / MIB, 2) == logged

@@ -97,7 +97,7 @@ def test_each_drill_step_sends_its_own_prompt(tmp_path, example, knob, ramp):
     assert carries(base, load["prompt_tokens"]) >= 0.95
     for value, rs in steps.items():
         length = value if knob == "context" else load["prompt_tokens"]
-        assert carries(rs, length) >= 0.95, (value, sorted({r.prompt_tokens for r in rs}))
+        assert carries(rs, length) >= 0.95, (value, sorted({r.prompt_tokens or 0 for r in rs}))
         completed = [r for r in rs if r.error_class is None]
         if knob == "concurrency" and len(completed) == len(rs):
             assert in_flight_max(rs) == int(value), value  # that many users, no more, no fewer
@@ -148,7 +148,7 @@ def test_each_run_step_sends_its_own_prompt(tmp_path, example, steps):
     for phase in ("baseline", "treatment", "recovery"):
         for value, rs in by_step(reqs, phase).items():
             length = value if variable == "prompt_tokens" else syn["prompt_tokens"]
-            assert carries(rs, length) >= 0.95, (phase, value, sorted({r.prompt_tokens for r in rs}))
+            assert carries(rs, length) >= 0.95, (phase, value, sorted({r.prompt_tokens or 0 for r in rs}))
             assert {r.prompt_tokens_source for r in rs} == {"usage"}  # the engine's own count, stored
             if variable == "concurrency":
                 assert in_flight_max(rs) == int(value), (phase, value)

@@ -30,6 +30,7 @@ from vramlab.load.prompts import CountFailed, PromptMaker
 
 MAX_ANSWER_BYTES = 32 << 20  # a 128k-token prompt's ids as JSON fit many times over
 PROBE_TEXT = "#probe: the time of day is well past noon and the work goes on"
+DISCOVER_TIMEOUT_S = 2.0  # one probe of a short text: an engine counts it in milliseconds
 
 
 @dataclass(frozen=True)
@@ -98,10 +99,14 @@ class EngineTokenizer:
             await session.close()
 
     async def discover(self) -> bool:
-        """Try each known shape on a short text; keep the first that answers with a count."""
+        """Try each known shape on a short text; keep the first that answers with a count. A target
+        that does not answer one probe within DISCOVER_TIMEOUT_S (hung, or answering garbage forever)
+        is asked nothing more: the run's own clock is not spent on it."""
         for shape in SHAPES:
             try:
-                n = await self._ask(shape, PROBE_TEXT)
+                n = await self._ask(shape, PROBE_TEXT, DISCOVER_TIMEOUT_S)
+            except TokenizeTimeout:
+                return False
             except TokenizeError:
                 continue
             if n:
@@ -113,15 +118,20 @@ class EngineTokenizer:
         assert self.shape is not None, "discover() first"
         return await self._ask(self.shape, text)
 
-    async def _ask(self, shape: _Shape, text: str) -> int:
+    async def _ask(self, shape: _Shape, text: str, timeout_s: float | None = None) -> int:
         import aiohttp
 
+        limit = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None
         try:
-            async with self._session.post(self.root + shape.path, json=shape.body(self.model, text)) as r:
+            async with self._session.post(
+                self.root + shape.path, json=shape.body(self.model, text), timeout=limit
+            ) as r:
                 raw = await _bounded(r)
                 if r.status != 200:
                     raise TokenizeError(f"{shape.path}: HTTP {r.status}")
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except asyncio.TimeoutError:  # aiohttp's timeouts subclass it
+            raise TokenizeTimeout(f"{shape.path}: no answer within the timeout") from None
+        except aiohttp.ClientError as exc:
             raise TokenizeError(f"{shape.path}: {type(exc).__name__}: {exc}") from None
         try:
             n = shape.count(json.loads(raw))
@@ -134,6 +144,10 @@ class EngineTokenizer:
 
 class TokenizeError(CountFailed):
     """The tokenize endpoint did not answer with a count."""
+
+
+class TokenizeTimeout(TokenizeError):
+    """It did not answer in time: a target that hangs on one probe is asked nothing more."""
 
 
 async def _bounded(resp: Any) -> bytes:
