@@ -197,3 +197,31 @@ def test_the_sim_counts_on_tokenize_what_it_reports_in_usage(tmp_path) -> None:
 
     raw, as_llama, comp, chat = asyncio.run(go())
     assert raw == as_llama == comp and chat is not None and chat > raw
+
+
+def test_a_model_directorys_own_tokenizer_counts_where_the_engine_has_no_endpoint(tmp_path) -> None:
+    # transformers serve and Ollama answer no tokenize request: the model directory's tokenizer.json
+    # (the one the engine loaded) counts, and the probe request measures what the engine adds (here 1)
+    tokenizers = pytest.importorskip("tokenizers")
+    from vramlab.load.prompts import _WORDS
+
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(dict.fromkeys([*_WORDS, "a"]))}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    (tmp_path / "model").mkdir()
+    tok.save(str(tmp_path / "model" / "tokenizer.json"))
+
+    async def go(port: int, model_dir: str | None) -> tuple[list[Any], str]:
+        async with contextlib.AsyncExitStack() as stack:
+            url = f"http://127.0.0.1:{port}"
+            maker, note = await open_prompt_maker(stack, url, "m", "openai-completions", None, 5, model_dir)
+            return await maker.synthetic(150, 4, 3, seed=2), note
+
+    with serve_app(_app("none")) as port:
+        prompts, note = asyncio.run(go(port, str(tmp_path / "model")))
+        _, without = asyncio.run(go(port, str(tmp_path)))  # a directory without tokenizer.json
+    assert "the model's own tokenizer" in note and "adds 1 token" in note, note
+    # the fake engine counts words + 1: every prompt is 150 of its tokens, labelled counted
+    assert {p.prompt_tokens for p in prompts} == {150} and {p.tokens_source for p in prompts} == {"tokenizer"}
+    assert all(len(p.text.split()) + 1 == 150 for p in prompts)
+    assert "an estimate" in without and "has no tokenizer.json" in without

@@ -124,8 +124,9 @@ class WindowPrompts:
         from vramlab.load.tokens import open_prompt_maker
 
         p = self.plan
+        local = p.capacity.model if p.capacity else None  # a model directory's own tokenizer.json
         self.maker, note = await open_prompt_maker(
-            stack, url, served_model(p), p.target.api, None, p.load.request_timeout_s
+            stack, url, served_model(p), p.target.api, None, p.load.request_timeout_s, local
         )
         return note
 

@@ -196,8 +196,9 @@ class ExperimentKind:
         from vramlab.load.tokens import open_prompt_maker
 
         t = self.plan.target
+        local = self.plan.capacity.model if self.plan.capacity else None  # a model directory's tokenizer.json
         maker, note = await open_prompt_maker(
-            stack, t.url, t.model, t.api, self.o.api_key, self.plan.load.request_timeout_s
+            stack, t.url, t.model, t.api, self.o.api_key, self.plan.load.request_timeout_s, local
         )
         self.run.note(note)
         return maker

@@ -10,6 +10,8 @@ Where the count comes from, in order:
   {"input"}`` answering ``{"tokens"}`` (llama_cpp/server/app.py at 0.3.36); TGI's ``POST /tokenize
   {"inputs"}`` answering a list of tokens (router/src/server.rs). The rehearsal server answers
   vLLM's and llama-server's shapes with its own counter (sim/api.py);
+- else the model's own `tokenizer.json` in a local model directory (`capacity.model`), with the
+  `tokenizers` library where it is installed;
 - else nothing: prompts are sized by words and their token counts are said to be an estimate.
 
 A tokenize endpoint counts the text as the completions API sends it. What the engine adds around
@@ -195,20 +197,33 @@ async def usage_prompt_tokens(
 
 
 async def open_prompt_maker(
-    stack: Any, url: str, model: str, api: str, api_key: str | None, timeout_s: float
+    stack: Any,
+    url: str,
+    model: str,
+    api: str,
+    api_key: str | None,
+    timeout_s: float,
+    model_dir: str | None = None,
 ) -> tuple[PromptMaker, str]:
     """(a PromptMaker for the target, the note that says how its prompts' tokens are counted).
+    The engine's tokenize endpoint first; else *model_dir*'s own tokenizer.json; else words.
     *stack* (an AsyncExitStack) keeps the tokenize session open for the run."""
     root = url.rstrip("/")
     root = root[:-3] if root.endswith("/v1") else root
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    tok = await stack.enter_async_context(EngineTokenizer(root, model, headers, min(timeout_s, 30.0)))
-    if not await tok.discover():
-        tried = ", ".join(sorted({s.path for s in SHAPES}))
-        return PromptMaker(), (
-            f"prompt tokens: an estimate (one token a word): the target answered no tokenize endpoint "
-            f"(tried {tried}); the engine's usage counts replace it where it reports them"
-        )
+    engine = await stack.enter_async_context(EngineTokenizer(root, model, headers, min(timeout_s, 30.0)))
+    tok: EngineTokenizer | LocalTokenizer = engine
+    if not await engine.discover():
+        local, why = local_tokenizer(model_dir)
+        if local is None:
+            tried = ", ".join(sorted({s.path for s in SHAPES}))
+            return PromptMaker(), (
+                f"prompt tokens: an estimate (one token a word): the target answered no tokenize endpoint "
+                f"(tried {tried})"
+                + (f"; {why}" if why else "")
+                + "; the engine's usage counts replace it where it reports them"
+            )
+        tok = local
     try:
         raw = await tok.count(PROBE_TEXT)
     except TokenizeError as exc:
@@ -229,3 +244,42 @@ async def open_prompt_maker(
 
 
 __all__ = ["SHAPES", "EngineTokenizer", "TokenizeError", "open_prompt_maker", "usage_prompt_tokens"]
+
+
+class LocalTokenizer:
+    """The model's own `tokenizer.json` (a Hugging Face model directory), read with the `tokenizers`
+    library where it is installed: the count where the engine has no tokenize endpoint
+    (`transformers serve`, Ollama). Its BOS and the chat template are measured by the same probe."""
+
+    def __init__(self, path: str) -> None:
+        from tokenizers import Tokenizer
+
+        from vramlab.infile import read_text
+
+        self.path = path
+        self._tok = Tokenizer.from_str(read_text(path, "tokenizer"))
+
+    @property
+    def source(self) -> str:
+        return f"the model's own tokenizer ({self.path})"
+
+    async def count(self, text: str) -> int:
+        return len(self._tok.encode(text).ids)
+
+
+def local_tokenizer(model: str | None) -> tuple[LocalTokenizer | None, str]:
+    """(the tokenizer of a local model directory, or None with why not: no directory, no
+    tokenizer.json, the `tokenizers` library missing, a file it cannot read)."""
+    import os
+
+    if not model or not os.path.isdir(model):
+        return None, ""
+    path = os.path.join(model, "tokenizer.json")
+    if not os.path.isfile(path):
+        return None, f"{model} has no tokenizer.json"
+    try:
+        return LocalTokenizer(path), ""
+    except ImportError:
+        return None, f"{path} is there, but the tokenizers library is not installed (pip install tokenizers)"
+    except Exception as exc:  # a file tokenizers cannot parse: said, the prompts fall back to words
+        return None, f"{path}: {type(exc).__name__}: {exc}"[:200]
