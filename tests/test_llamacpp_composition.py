@@ -212,13 +212,29 @@ def _run_at(tmp_path: Path, model: Path, n_ctx: int, env: dict[str, str]) -> str
 
 @pytest.mark.timeout(400)
 def test_calibrate_learns_the_compute_buffer_from_one_run_and_holds_on_another(tmp_path: Path) -> None:
-    # two runs with other settings (1,024 and 4,096 cells: the compute buffer's KQ matrix grows with
-    # them); the first teaches, the second is held out; the plan's settings are what the log printed
+    # runs with other settings (1,024, 2,048 and 4,096 cells: the compute buffer's KQ matrix grows with
+    # them); two teach (a constant needs two observations at least), the third is held out; each is
+    # planned with the settings its log printed
     model = lc.write_gguf(tmp_path / "tiny-random.gguf")
     env = {**os.environ, "VRAMLAB_DB": str(tmp_path / "v.db")}
-    learn, held = _run_at(tmp_path, model, 1024, env), _run_at(tmp_path, model, 4096, env)
+    learn, learn2 = _run_at(tmp_path, model, 1024, env), _run_at(tmp_path, model, 2048, env)
+    held = _run_at(tmp_path, model, 4096, env)
     res = subprocess.run(
-        [sys.executable, "-m", "vramlab", "calibrate", learn, "--holdout", held, "-o", "lc.toml", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "vramlab",
+            "calibrate",
+            learn,
+            learn2,
+            "--min-points",
+            "2",
+            "--holdout",
+            held,
+            "-o",
+            "lc.toml",
+            "--json",
+        ],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -228,7 +244,7 @@ def test_calibrate_learns_the_compute_buffer_from_one_run_and_holds_on_another(t
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout)
     (change,) = [c for c in out["changed"] if c["constant"] == "llamacpp_compute_scratch_bytes"]
-    assert change["runs"] == [learn] and "compute buffer" in change["evidence"]
+    assert change["runs"] == [learn, learn2] and "compute buffer" in change["evidence"]
     said = re.search(
         r"CPU compute buffer size\s*=\s*([\d.]+) MiB", (tmp_path / "server-4096.log").read_text()
     )
@@ -241,7 +257,7 @@ def test_calibrate_learns_the_compute_buffer_from_one_run_and_holds_on_another(t
     assert any("planned with the settings its start-up log printed" in r for r in out["sources"][learn])
     assert any("CPU runtime: measured" in n for n in out["not_fitted"])  # said, never dropped
     text = subprocess.run(
-        [sys.executable, "-m", "vramlab", "calibrate", learn, "--holdout", held],
+        [sys.executable, "-m", "vramlab", "calibrate", learn, learn2, "--min-points", "2", "--holdout", held],
         cwd=tmp_path,
         capture_output=True,
         text=True,
