@@ -51,9 +51,11 @@ def run_policy(
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
     check_settings(settings)
-    ctx = Context(model, gpu, settings, _constants(constants))
-    policy = import_module(_POLICIES[engine])
-    return ctx, policy.plan(ctx)
+    from vramlab.capacity import offload, speculative
+
+    # a draft changes some engine defaults first; the draft and a host KV tier go on top of the policy's result
+    ctx = Context(model, gpu, speculative.prepare(settings), _constants(constants))
+    return ctx, offload.apply(ctx, speculative.apply(ctx, import_module(_POLICIES[engine]).plan(ctx)))
 
 
 def estimate(

@@ -38,6 +38,7 @@ SWEEP_KEYS = {
     "n-gpu-layers": "n_gpu_layers",  # llama.cpp -ngl / Ollama num_gpu
     "ngl": "n_gpu_layers",
     "n-cpu-moe": "n_cpu_moe",
+    "engine-version": "engine_version",  # each row after the first names the release rules that changed
 }
 _INT_FIELDS = {f.name for f in fields(EngineSettings) if f.type in ("int", "int | None")}
 _FLOAT_FIELDS = {"gpu_memory_utilization", "mem_fraction_static"}
@@ -255,4 +256,25 @@ def sweep(
             error=est.reasons[0] if est.reasons else None,
         )
         out.rows.append(row)
+    if "engine_version" in names:
+        annotate_release_rules(out, base.engine)
     return out
+
+
+def annotate_release_rules(result: SweepResult, engine: str) -> None:
+    """Each row of a sweep over engine-version gets `rules_changed`: the release rules (capacity/rules.py) that
+    differ from the row of the previous release with the same other settings."""
+    from vramlab.capacity.rules import crossed
+
+    names = [name for name, _ in result.axes]
+    versions = dict(result.axes)["engine_version"]
+    index = {tuple(row[n] for n in names): row for row in result.rows}
+    for row in result.rows:
+        position = versions.index(row["engine_version"])
+        if position == 0:
+            continue
+        before = tuple(versions[position - 1] if n == "engine_version" else row[n] for n in names)
+        previous = index[before]["engine_version"]
+        row["rules_changed"] = [
+            rule.name for rule in crossed(engine, str(previous), str(row["engine_version"]))
+        ]

@@ -33,13 +33,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vramlab.capacity.planning import make_plan, parse_sweep, sweep
+    from vramlab.cli import plan_options
     from vramlab.cli.plan_settings import card, check_quantizations, check_sweep_keys, devices, settings_of
     from vramlab.sources import resolve_model
 
     settings = settings_of(args)
+    spec, draft = plan_options.speculative(args)
     gpu = card(args)
     settings = devices(args, settings)
-    axes = [parse_sweep(s) for s in args.sweep]
+    axes = plan_options.check_comparison(args, [parse_sweep(s) for s in args.sweep])
     check_sweep_keys(settings.engine, axes)
     if args.plot and not axes:
         from vramlab.errors import ConfigError
@@ -52,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
     constants = _constants(args) if args.calibration else None
     model = resolve_model(args.model, offline=args.offline, revision=args.revision)
     check_quantizations(settings, axes, model)
+    settings = plan_options.with_draft(settings, spec, draft, args.offline)
+    if args.vs_engine_version:
+        return plan_options.run_comparison(args, model, gpu, settings, constants)
     from vramlab.report import plan_text
 
     if axes:

@@ -74,6 +74,9 @@ def add_arguments(p: argparse.ArgumentParser, epilog: str | None) -> None:
     _sglang_tgi_transformers(p.add_argument_group("SGLang, TGI and transformers only"))
     _llamacpp(p.add_argument_group("llama.cpp (and Ollama where said)"))
     _ollama(p.add_argument_group("Ollama only"))
+    from vramlab.cli import plan_options
+
+    plan_options.add_arguments(p)
     _output(p.add_argument_group("questions and output"))
 
 

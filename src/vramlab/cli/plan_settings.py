@@ -79,7 +79,7 @@ def check_sweep_keys(engine: str, axes: list[tuple[str, list[Any]]]) -> None:
 
 def check_quantizations(settings: EngineSettings, axes: list[tuple[str, list[Any]]], model: Any) -> None:
     """--quantization (and a swept quantization) against the names this engine takes."""
-    from vramlab.capacity.weights import quantization_problem
+    from vramlab.capacity.quant_names import quantization_problem
     from vramlab.errors import ConfigError
 
     own = model.quant.method if model.quant is not None else None
@@ -96,6 +96,7 @@ def settings_of(args: argparse.Namespace) -> EngineSettings:
     from vramlab.capacity import EngineSettings
     from vramlab.capacity.planning import parse_bytes, parse_count, parse_mm_limits
     from vramlab.capacity.validation import check_settings
+    from vramlab.cli import plan_options
     from vramlab.errors import ConfigError
 
     if not 0 <= args.other_processes_gib <= 1 << 20:  # also refuses NaN
@@ -151,6 +152,8 @@ def settings_of(args: argparse.Namespace) -> EngineSettings:
             rope_scaling_factor=args.rope_scaling_factor,
             disable_sliding_window=args.disable_sliding_window,
             continuous_batching=args.continuous_batching,
+            kv_offload=plan_options.kv_offload(args),
+            host_memory_bytes=plan_options.host_memory(args),
             **_llamacpp_placement(args),
         )
     )

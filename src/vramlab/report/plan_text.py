@@ -30,7 +30,7 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
     lines = _heading(plan, model, gpu) + [""] + _components(e) + [""] + _pool(e)
     lines += _concurrency(plan)
     lines.append(_safe_line(plan))
-    lines += _placement(e.extra)
+    lines += _placement(e.extra) + _draft_and_host_tier(e.extra)
     lines += [f"note: {note}" for note in e.notes]
     lines.append("")
     lines += _verdict(plan.verdict)
@@ -179,6 +179,43 @@ def _verdict(v: Verdict) -> list[str]:
     return lines
 
 
+def _draft_and_host_tier(extra: dict[str, Any]) -> list[str]:
+    """Speculative decoding's draft (capacity/speculative.py) and a host KV tier (capacity/offload.py)."""
+    out: list[str] = []
+    spec = extra.get("speculative")
+    if spec:
+        where = "inside the KV pool" if spec["draft_kv_in_pool"] else "its own pool"
+        out.append(
+            f"speculative decoding ({spec['method']}"
+            + (f", draft {spec['draft']}" if spec["draft"] else "")
+            + f"): draft weights {gib(spec['draft_weights_bytes'])} GiB, draft KV {gib(spec['draft_kv_bytes'])} GiB "
+            f"({where}, {spec['draft_kv_bytes_per_token']:,} B per token)"
+            + (
+                f"; {spec['extra_slots']:,} extra slots: {spec['extra_slots_meaning']}"
+                if spec["extra_slots"]
+                else ""
+            )
+        )
+    main = (extra.get("devices") or [{}])[0]
+    if main.get("draft_buffers_bytes"):
+        out.append(
+            f"  {main['device']}'s total and headroom include the draft's {gib(main['draft_buffers_bytes'])} GiB"
+        )
+    tier = extra.get("kv_offload")
+    if tier:
+        host = tier["host_bytes_per_gpu"]
+        out.append(
+            f"KV offload ({tier['connector']}): "
+            + (
+                f"{gib(host)} GiB of host memory per GPU ({gib(tier['host_bytes_total'])} GiB in all), "
+                f"{tier['host_tokens']:,} tokens; GPU pool change {gib(tier['gpu_pool_change_bytes'])} GiB"
+                if host is not None
+                else "host memory sized outside the engine"
+            )
+        )
+    return out
+
+
 def _placement(extra: dict[str, Any]) -> list[str]:
     """llama.cpp: every card's buffers and the host's share, as its load_tensors / KV / compute lines print them."""
     devices, host = extra.get("devices"), extra.get("host")
@@ -248,8 +285,16 @@ def render_sweep(result: SweepResult, model_name: str, gpu: GPU) -> str:
             )
         else:
             rows.append([str(r[n]) for n in names] + ["-", "-", "-", "-", "no: " + str(r.get("error"))[:60]])
+    if any(
+        "rules_changed" in r for r in result.rows
+    ):  # --sweep engine-version: what changed from the release before
+        header.append("release rules vs the release before")
+        rows = [
+            row + [", ".join(r.get("rules_changed") or []) or "-"]
+            for row, r in zip(rows, result.rows, strict=True)
+        ]
     lines = [f"{model_name} on {gpu.name}: {len(result.rows)} configurations", ""]
-    lines += _table(header, rows, set(range(len(names), len(header) - 1)))
+    lines += _table(header, rows, set(range(len(names), len(names) + 4)))
     return "\n".join(lines)
 
 
