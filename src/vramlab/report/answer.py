@@ -21,6 +21,7 @@ from vramlab.records.events import EventKind
 from vramlab.report import fmt
 from vramlab.report.blocks import Block, Bullets, Table, Text, Verdict
 from vramlab.report.charts import colour_key, key_chart
+from vramlab.report.composition import band_text, composition_of, sized
 from vramlab.report.core_sections import (
     capacity_lines,
     first_breach,
@@ -152,7 +153,7 @@ def _clip(text: str, n: int = 160) -> str:
 
 
 def drill_verdict(ctx: ReportContext) -> Verdict:
-    from vramlab.report.incident import incident_of, refused_on_ramp, summary_line, unrecovered
+    from vramlab.report.incident import incident_of, summary_line, unrecovered
     from vramlab.report.incident_text import (
         _s,
         _unit,
@@ -161,6 +162,7 @@ def drill_verdict(ctx: ReportContext) -> Verdict:
         from_t0,
         not_recovered_reason,
         recovery_text,
+        refused_on_ramp,
         since_t0,
     )
 
@@ -211,8 +213,14 @@ def _span(values: list[str]) -> str:
     return values[0] if len(set(values)) == 1 else f"{values[0]} to {values[-1]}"
 
 
-def _band(f: Figure) -> str:
-    return f"{fmt.gib(f.predicted_bytes)} ({fmt.gib(f.low_bytes)}–{fmt.gib(f.high_bytes)})"
+def _measured(figs: list[Figure]) -> str:
+    """The measured range in the composition table's units: bytes, or tokens where the engine showed
+    only tokens."""
+    nbytes = sorted(f.measured_bytes for f in figs if f.measured_bytes is not None)
+    if nbytes:
+        return _span([sized(b) for b in nbytes])
+    tokens = sorted(f.measured_tokens for f in figs if f.measured_tokens is not None)
+    return _span([f"{t:,} tokens" for t in tokens])
 
 
 def folded_rows(rows: list[Row]) -> list[list[str]]:
@@ -221,17 +229,17 @@ def folded_rows(rows: list[Row]) -> list[list[str]]:
     out = []
     for name in FIGURES:
         figs = [r.figure(name) for r in rows]
-        predicted = sorted({_band(f) for f in figs if f.predicted_bytes is not None})
-        measured = sorted(f.measured_bytes for f in figs if f.measured_bytes is not None)
+        predicted = sorted({band_text(f) for f in figs if f.predicted_bytes is not None})
+        measured = _measured(figs)
         errors = sorted(f.error_pct for f in figs if f.error_pct is not None)
         judged = [f.inside_band for f in figs if f.inside_band is not None]
-        if not predicted and not measured:
+        if not predicted and measured == "–":
             continue
         out.append(
             [
                 LABELS[name],
                 predicted[0] if len(predicted) == 1 else ("varies per window" if predicted else "–"),
-                _span([fmt.gib(m) for m in measured]),
+                measured,
                 _span([f"{e:+.1f}%" for e in errors]),
                 f"{sum(judged)} of {len(judged)}" if judged else "–",
             ]
@@ -250,8 +258,6 @@ def plan_against_measured(ctx: ReportContext) -> list[Block]:
         lines = capacity_lines(ctx)
     out: list[Block] = []
     if any(e.kind in (EventKind.CAPACITY_PLAN, EventKind.STARTUP_MEMORY) for e in ctx.events):
-        from vramlab.report.composition import composition_of
-
         c = composition_of(ctx)
         at_failure = [r for _, r in c.at_failure]
         rows = at_failure or c.rows

@@ -9,6 +9,7 @@ from vramlab.analysis.windows import PHASE_ORDER, WindowResult
 from vramlab.records.events import EventKind
 from vramlab.report import fmt
 from vramlab.report.blocks import Block, Bullets, Table, Text
+from vramlab.report.prompt_tokens import prompt_tokens_line
 from vramlab.report.sections import ReportContext, Section, register
 
 # Events that the tables already tell (windows); the rest form the timeline.
@@ -38,9 +39,7 @@ def summary(ctx: ReportContext) -> list[Block]:
     ]
     if run.stop_reason:
         items.append(f"Stopped: {run.stop_reason}")
-    host = host_line(ctx)
-    if host:
-        items.append(host)
+    items += [line for line in (host_line(ctx), prompt_tokens_line(ctx)) if line]
     headline = [s for s in a.stability if s.metric in HEADLINE_METRICS]
     for s in headline:
         if s.spikes:
