@@ -16,6 +16,7 @@ from vramlab.capacity import defaults
 from vramlab.capacity.band_terms import unbanded_terms, unknown_terms
 from vramlab.capacity.constants import Constants
 from vramlab.capacity.engines.common import Context, PolicyResult
+from vramlab.capacity.engines.registry import blocks_override, policy_module
 from vramlab.capacity.estimate import Component, Estimate
 from vramlab.capacity.gpus import GPU
 from vramlab.capacity.settings import ENGINES, EngineSettings
@@ -24,14 +25,6 @@ from vramlab.capacity.validation import check_settings
 from vramlab.errors import ConfigError
 from vramlab.units import gib
 
-_POLICIES = {
-    "vllm": "vramlab.capacity.engines.vllm",
-    "sglang": "vramlab.capacity.engines.sglang",
-    "tgi": "vramlab.capacity.engines.tgi",
-    "llama.cpp": "vramlab.capacity.engines.llamacpp",
-    "transformers": "vramlab.capacity.engines.transformers",
-    "ollama": "vramlab.capacity.engines.ollama",
-}
 _DEFAULT_CONSTANTS: Constants | None = None
 
 
@@ -52,8 +45,10 @@ def run_policy(
         raise ConfigError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
     check_settings(settings)
     ctx = Context(model, gpu, settings, _constants(constants))
-    policy = import_module(_POLICIES[engine])
-    return ctx, policy.plan(ctx)
+    result: PolicyResult = import_module(policy_module(engine, gpu.is_host)).plan(ctx)
+    if engine == "vllm" and not gpu.is_host and settings.num_gpu_blocks_override is not None:
+        result = blocks_override(result, settings.num_gpu_blocks_override)
+    return ctx, result
 
 
 def estimate(
@@ -185,7 +180,7 @@ def _refusals(
             )
     if headroom < 0:
         reasons.append(
-            f"the process needs {gib(used, unit=True)} but the card has "
+            f"the process needs {gib(used, unit=True)} but the {'host' if ctx.gpu.is_host else 'card'} has "
             f"{gib(ctx.total - ctx.other, unit=True)} free ({gib(-headroom, unit=True)} short)"
         )
     return reasons

@@ -8,6 +8,8 @@ examples:
   vramlab plan --model deepseek-v3 --gpu h200 -tp 8 --kv-cache-dtype fp8
   vramlab plan --model qwen3-30b-a3b --gpu rtx-4090 --engine llama.cpp --quantization Q4_K_M -c 64k --n-cpu-moe 4
   vramlab plan --model qwen3-8b --gpu rtx-3070 --engine ollama --quantization Q4_K_M --max-model-len 32k
+  vramlab plan --model ./tiny-llama/ --gpu cpu --engine vllm --kv-cache-memory 1GiB --max-model-len 2048
+  vramlab plan --model ./model.gguf --engine llama.cpp --llamacpp-server llama-cpp-python -ngl 0
   vramlab plan --model qwen3-8b --gpu l4 --sweep max-model-len=2k,8k,32k --sweep max-num-seqs=16,64,256 --plot grid.png
 
 Settings left out take the engine's own defaults for that version and GPU. Byte figures print
@@ -36,10 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--revision", help="Hub revision for a Hub id")
     m.add_argument("--offline", action="store_true", help="never touch the network (cache and catalog only)")
     m.add_argument(
-        "--gpu",
-        help="catalog GPU name (see `vramlab gpus`); llama.cpp: a list of cards, e.g. rtx-4090,rtx-5090",
+        "--gpu", help="catalog GPU (`vramlab gpus`); llama.cpp: a list (rtx-4090,rtx-5090); cpu: the host"
     )
     m.add_argument("--gpu-memory-gib", type=float, help="usable memory per GPU for a card not in the catalog")
+    _cpu_arguments(m)
     m.add_argument(
         "--other-processes-gib", type=float, default=0.0, help="memory other processes hold per GPU"
     )
@@ -141,6 +143,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _cpu_arguments(m: argparse._ArgumentGroup) -> None:
+    """A CPU engine (`--gpu cpu`): the host's memory and the pool bounds vLLM's CPU build takes."""
+    m.add_argument(
+        "--host-memory-gib",
+        type=float,
+        help="with --gpu cpu (vLLM's or llama.cpp's CPU build, transformers on the CPU): the host's memory "
+        "(default: this machine's MemTotal)",
+    )
+    m.add_argument(
+        "--num-gpu-blocks-override",
+        help="vLLM --num-gpu-blocks-override: the pool is this many blocks (128 tokens each on the CPU build; "
+        "its VLLM_CPU_KVCACHE_SPACE=N is --kv-cache-memory NGiB)",
+    )
+
+
 def _local_engine_arguments(e: argparse._ArgumentGroup) -> None:
     """llama.cpp's and Ollama's own flags (placement over cards and the host)."""
     e.add_argument("--ctx-size", "-c", help="llama.cpp n_ctx over all slots (accepts 32k)")
@@ -227,6 +244,7 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
             enforce_eager=args.enforce_eager,
             block_size=args.block_size,
             kv_cache_memory_bytes=parse_bytes(args.kv_cache_memory) if args.kv_cache_memory else None,
+            num_gpu_blocks_override=count(args.num_gpu_blocks_override),
             mem_fraction_static=args.mem_fraction_static,
             chunked_prefill_size=args.chunked_prefill_size,
             max_batch_prefill_tokens=args.max_batch_prefill_tokens,
@@ -330,7 +348,23 @@ def _on_off(value: str | None) -> bool | None:
 
 def _gpu(args: argparse.Namespace) -> GPU:
     from vramlab.capacity import custom_gpu, get_gpu
+    from vramlab.capacity.gpus import HOST_NAMES
     from vramlab.errors import ConfigError
+
+    names = [n.strip().lower() for n in (args.gpu or "").split(",") if n.strip()]
+    no_gpu_layers = (
+        args.engine == "llama.cpp" and args.n_gpu_layers is not None and _ngl(args.n_gpu_layers) == 0
+    )
+    if any(n in HOST_NAMES for n in names) or (not names and no_gpu_layers and not args.gpu_memory_gib):
+        if len(names) > 1:
+            raise ConfigError("--gpu cpu: the host is planned alone; name no other card")
+        if args.gpu_memory_gib is not None:
+            raise ConfigError(
+                "--gpu cpu: give the host's memory with --host-memory-gib, not --gpu-memory-gib"
+            )
+        return host_device(args.host_memory_gib)
+    if args.host_memory_gib is not None:
+        raise ConfigError("--host-memory-gib: the host's memory for --gpu cpu; add --gpu cpu")
 
     if args.gpu_memory_gib is not None and not 0 < args.gpu_memory_gib <= 1 << 20:
         raise ConfigError(
@@ -346,13 +380,25 @@ def _gpu(args: argparse.Namespace) -> GPU:
     raise ConfigError("name a card with --gpu (see `vramlab gpus`) or give --gpu-memory-gib")
 
 
+def host_device(memory_gib: float | None) -> GPU:
+    """The host as the device (`--gpu cpu`): --host-memory-gib, else this machine's MemTotal."""
+    from vramlab.capacity.gpus import host_device as device
+    from vramlab.errors import ConfigError
+    from vramlab.sources.host import host_memory_gib
+
+    memory = memory_gib if memory_gib is not None else host_memory_gib()
+    if memory is None:
+        raise ConfigError("--gpu cpu: this machine's memory is not readable; give --host-memory-gib")
+    return device(memory)
+
+
 def _devices(args: argparse.Namespace, settings: EngineSettings) -> EngineSettings:
     """`--gpu rtx-4090,rtx-5090`: llama.cpp's devices in order (CUDA0, CUDA1, ...)."""
     from vramlab.capacity import get_gpu
     from vramlab.errors import ConfigError
 
     names = [n.strip() for n in (args.gpu or "").split(",") if n.strip()]
-    if len(names) <= 1:
+    if len(names) <= 1 or any(n.lower() in ("cpu", "host") for n in names):
         return settings
     if settings.engine not in ("llama.cpp", "ollama"):
         raise ConfigError(

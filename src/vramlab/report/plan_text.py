@@ -23,11 +23,23 @@ def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[st
     return out
 
 
+# Where the plan's memory is: a card's, or the host's for a CPU engine (--gpu cpu): (size, total, headroom, KV)
+_WHERE = {
+    False: ("usable per GPU", "per GPU at steady state", "left on the card", "on this GPU"),
+    True: (
+        "of host memory; a CPU engine, no CUDA context",
+        "host memory at steady state",
+        "left on the host",
+        "in host memory",
+    ),
+}
+
+
 def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
-    e = plan.estimate
+    e, where = plan.estimate, _WHERE[gpu.is_host]
     s = e.settings
     lines = [
-        f"{model.name} on {gpu.name} ({gib(e.gpu_memory_bytes)} GiB usable per GPU) with {e.engine} {e.engine_version}"
+        f"{model.name} on {gpu.name} ({gib(e.gpu_memory_bytes)} GiB {where[0]}) with {e.engine} {e.engine_version}"
         + (f" [{s['engine_mode']}]" if "engine_mode" in s else ""),
         "settings: " + ", ".join(f"{k}={v}" for k, v in s.items() if v is not None and k != "engine_mode"),
         f"model facts: {model.source or 'given'}"
@@ -48,8 +60,8 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
                 c.note,
             ]
         )
-    rows.append(["total used", gib(e.used_bytes), "", "", "", "per GPU at steady state"])
-    rows.append(["headroom", gib(e.headroom_bytes), "", "", "", "left on the card"])
+    rows.append(["total used", gib(e.used_bytes), "", "", "", where[1]])
+    rows.append(["headroom", gib(e.headroom_bytes), "", "", "", where[2]])
     lines += _table(
         ["component", "GiB", "band GiB", "budget", "provenance", "where the error comes from"], rows, {1, 2}
     )
@@ -57,7 +69,7 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
     lines.append(
         f"KV pool: {gib(e.kv_cache_bytes)} GiB = {e.kv_cache_tokens:,} tokens"
         + (f" ({e.num_blocks:,} blocks of {e.block_size})" if e.block_size > 1 and e.engine == "vllm" else "")
-        + f"; {e.kv_bytes_per_token:,} B per token on this GPU"
+        + f"; {e.kv_bytes_per_token:,} B per token {where[3]}"
     )
     lines += _kv_band(e)
     if e.per_sequence_state_bytes:
