@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from vramlab.drill.detect import Detector
 from vramlab.drill.plan import DrillPlan, NeighbourSpec
 from vramlab.drill.recovery import LiveState
-from vramlab.drill.target import Target
+from vramlab.drill.target import SPAWNED_KINDS, Target
 from vramlab.records import SampleRecord
 from vramlab.records.events import EventKind
 
@@ -166,7 +166,7 @@ class Watchers:
         while True:
             lines = (
                 await asyncio.to_thread(self.target.logs, since)
-                if self.plan.target.kind not in ("sim", "process")
+                if self.plan.target.kind not in SPAWNED_KINDS
                 else self.target.logs(since)
             )
             since = time.time()
@@ -179,10 +179,10 @@ class Watchers:
                     if t - self._last_log_event.get(kind, -1e9) > 2.0:
                         self.run.emit(kind, f.message[:300], **f.data)
                     self._last_log_event[kind] = t
-            await asyncio.sleep(0.1 if self.plan.target.kind in ("sim", "process") else 1.0)
+            await asyncio.sleep(0.1 if self.plan.target.kind in SPAWNED_KINDS else 1.0)
 
     async def _process_loop(self) -> None:
-        local = self.plan.target.kind in ("sim", "process")
+        local = self.plan.target.kind in SPAWNED_KINDS
         while True:
             if self.state.restarting:  # the supervisor's own stop is no exit of the target's
                 await asyncio.sleep(0.05)

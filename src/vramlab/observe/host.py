@@ -1,8 +1,13 @@
-"""Host resources through psutil: CPU, RAM, swap, and the target process's RSS when it runs here."""
+"""Host resources through psutil: CPU, RAM, swap, and the target's RSS when it runs here.
+
+The target's RSS is its process tree's: vLLM's CPU build serves from three processes (the API server,
+the engine core and its worker), each with torch loaded, so the pid the plan names (the API server)
+holds a third of it. Shared pages (the torch libraries) count in each process, as `ps` counts them."""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from vramlab.observe.base import Sample, Sampler
 
@@ -37,13 +42,14 @@ class HostSampler(Sampler):
         ]
         if self._proc is not None:
             try:
+                rss, count = _tree_rss(self._proc)
                 out.append(
                     Sample(
                         "host",
                         "host.target_rss_bytes",
-                        self._proc.memory_info().rss,
+                        rss,
                         now,
-                        {"pid": str(self._proc.pid)},
+                        {"pid": str(self._proc.pid), "processes": str(count)},
                     )
                 )
             except psutil.Error:
@@ -52,3 +58,17 @@ class HostSampler(Sampler):
 
     async def sample(self) -> list[Sample]:
         return self.read()
+
+
+def _tree_rss(proc: Any) -> tuple[int, int]:
+    """RSS of the process and every descendant still alive, and how many processes that is."""
+    import psutil
+
+    total, count = proc.memory_info().rss, 1
+    for child in proc.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+            count += 1
+        except psutil.Error:
+            continue  # it ended between the listing and the reading
+    return total, count
