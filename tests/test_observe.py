@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -264,6 +265,42 @@ def test_host_sampler_reads_the_target_rss() -> None:
     assert got["host.target_rss_bytes"] > 10 * 2**20
     assert got["host.ram_total_bytes"] >= got["host.ram_used_bytes"] > 0
     assert 0 <= got["host.cpu_percent"] <= 100 * (os.cpu_count() or 1)
+
+
+def test_host_sampler_sums_the_target_process_tree() -> None:
+    # vLLM's CPU build serves from three processes: the target's RSS is its tree's, not the leader's alone
+    import subprocess
+    import sys
+
+    leader = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; b = bytearray(64 << 20); "
+            "c = subprocess.Popen([sys.executable, '-c', 'b = bytearray(96 << 20); import time; time.sleep(30)']); "
+            "time.sleep(30)",
+        ]
+    )
+    try:
+        import psutil
+
+        proc = psutil.Process(leader.pid)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (
+            proc.children() and proc.children()[0].memory_info().rss > 96 << 20
+        ):
+            time.sleep(0.1)
+        s = HostSampler(leader.pid)
+        asyncio.run(s.open())
+        sample = next(x for x in asyncio.run(s.sample()) if x.name == "host.target_rss_bytes")
+        alone = proc.memory_info().rss
+        assert sample.labels["processes"] == "2"
+        assert sample.value >= alone + (96 << 20), (sample.value, alone)
+    finally:
+        for child in psutil.Process(leader.pid).children(recursive=True):
+            child.kill()
+        leader.kill()
+        leader.wait(5)
 
 
 def test_health_probe_up_down_and_refused() -> None:
