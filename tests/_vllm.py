@@ -158,9 +158,13 @@ class Server:
     url: str
     log: Path
     ready_s: float
+    started_epoch: float = 0.0
 
     def stop(self) -> None:
-        """The whole group (API server and engine core), SIGTERM then SIGKILL."""
+        """The whole group (API server and engine core), SIGTERM then SIGKILL; then what vLLM leaves behind
+        (its rendezvous file, orphaned shared memory), as the drill's `vllm` target does."""
+        from vramlab.drill.local_targets import clean_vllm_leftovers
+
         if self.proc.poll() is None:
             _group(self.proc.pid, signal.SIGTERM)
             try:
@@ -170,6 +174,7 @@ class Server:
         _group(self.proc.pid, signal.SIGKILL)
         if self.proc.poll() is None:
             self.proc.wait(10)
+        clean_vllm_leftovers(self.log, self.started_epoch)
 
 
 def _group(pid: int, sig: int) -> None:
@@ -184,7 +189,7 @@ def start_server(python: str, model: Path, log: Path, limit_s: float = 240.0, **
     import urllib.request
 
     port = free_port()
-    t = time.monotonic()
+    t, epoch = time.monotonic(), time.time()
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
             [python, *server_args(model, port, **kw).split()],  # type: ignore[arg-type]
@@ -195,7 +200,7 @@ def start_server(python: str, model: Path, log: Path, limit_s: float = 240.0, **
             env=engine_env(),
         )
     url = f"http://127.0.0.1:{port}"
-    srv = Server(proc, url, log, 0.0)
+    srv = Server(proc, url, log, 0.0, epoch)
     while time.monotonic() - t < limit_s:
         if proc.poll() is not None:
             srv.stop()

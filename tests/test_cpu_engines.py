@@ -249,3 +249,22 @@ def test_the_vllm_target_stops_the_group_its_leader_left_and_cleans_the_engines_
                 os.killpg(target._proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_an_error_named_in_a_start_up_warning_is_not_the_engines_last_error(tmp_path):
+    # vLLM 0.32's start-up warns about its file limit naming an OSError it has not raised
+    from types import SimpleNamespace
+
+    from vramlab.drill.watch import last_error_line
+
+    log = tmp_path / "target.log"
+    warning = (
+        "(APIServer pid=25817) WARNING 12-04 21:09:31 [system_utils.py:255] Found ulimit of 20000 and failed to "
+        "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors "
+        "like `OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n"
+    )
+    log.write_text(warning + "\n")
+    assert last_error_line(SimpleNamespace(log_path=log)) is None
+    raised = "(EngineCore pid=27077) ERROR 12-04 21:10:53 [core.py:1] ValueError: Available memory on node 0"
+    log.write_text(raised + "\n" + warning + "\n")
+    assert last_error_line(SimpleNamespace(log_path=log)) == "ValueError: Available memory on node 0"

@@ -274,6 +274,9 @@ def _last_log_line(target: Any) -> str | None:
 
 
 _ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception): \S")
+# An error named in advice, not raised: a logger's INFO/WARNING record (vLLM 0.32 warns at start-up that its file
+# limit "can cause fd limit errors like `OSError: [Errno 24] Too many open files`"), or a name quoted in backticks.
+_NOT_RAISED = re.compile(r"\b(?:DEBUG|INFO|WARNING) +\d\d-\d\d \d\d:\d\d")
 
 
 def last_error_line(target: Any) -> str | None:
@@ -281,6 +284,6 @@ def last_error_line(target: Any) -> str | None:
     256"), for a failure whose answers carried no words of the server (a stream cut before any token)."""
     for line in reversed(_log_tail_lines(target, 64 * 1024)):
         m = _ERROR_LINE.search(line)
-        if m:
+        if m and line[m.start() - 1 : m.start()] != "`" and not _NOT_RAISED.search(line):
             return line[m.start() :][:240]
     return None
