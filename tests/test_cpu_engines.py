@@ -190,7 +190,6 @@ def test_plan_cli_takes_the_host_as_the_device_and_refuses_mixed_spellings(tmp_p
         "of host memory; a CPU engine, no CUDA context" in text.stdout and "cuda_context" not in text.stdout
     )
     for bad, why in (
-        (("--host-memory-gib", "8"), "add --gpu cpu"),
         (("--gpu", "cpu,l4"), "planned alone"),
         (("--gpu", "cpu", "--gpu-memory-gib", "8"), "--host-memory-gib"),
         (("--gpu", "cpu", "--engine", "tgi"), "tgi on the CPU is not planned"),

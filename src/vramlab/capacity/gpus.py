@@ -42,6 +42,7 @@ class GPU:
 
 
 HOST_VENDOR = "cpu"
+HOST_DEVICE = "cpu"  # the host device's name in a plan (`gpu` in its JSON)
 HOST_NAMES = ("cpu", "host")  # what --gpu takes for the host
 
 _OBS_VLLM = "vLLM total_gpu_memory in published start-up logs"
@@ -178,7 +179,7 @@ def host_device(memory_gib: float) -> GPU:
 
         raise ConfigError(f"host memory: must be a positive finite number of GiB, got {memory_gib}")
     return GPU(
-        "cpu",
+        HOST_DEVICE,
         memory_gib,
         memory_gib,
         50,

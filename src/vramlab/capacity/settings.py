@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vramlab.capacity.spec import ModelSpec
 
 ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama")
 
@@ -41,12 +45,43 @@ def parse_version(text: str | None) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
+class Speculative:
+    """Speculative decoding, whatever the engine calls it (capacity/speculative.py plans it). *method* is vLLM's
+    word: eagle, eagle3, mtp (the model's own multi-token-prediction layers), draft_model (a whole smaller model:
+    SGLang's STANDALONE, llama.cpp's -md) or ngram (no model)."""
+
+    method: str
+    draft: ModelSpec | None = None  # the draft model or EAGLE head; None for ngram and mtp
+    num_speculative_tokens: int | None = None  # vLLM; SGLang --speculative-num-steps; llama.cpp --draft-max
+    eagle_topk: int | None = None  # SGLang --speculative-eagle-topk
+    num_draft_tokens: int | None = None  # SGLang --speculative-num-draft-tokens
+    draft_n_gpu_layers: int | None = None  # llama.cpp -ngld (None or -1 = every layer)
+    draft_ctx_size: int | None = None  # llama.cpp -cd: each slot's draft context (builds with one per slot)
+    draft_cache_type_k: str | None = None  # llama.cpp -ctkd (default f16)
+    draft_cache_type_v: str | None = None  # llama.cpp -ctvd (default f16)
+
+
+@dataclass(frozen=True)
+class KVOffload:
+    """A host-memory tier for the KV cache (capacity/offload.py plans it)."""
+
+    backend: str  # vLLM: "native" (OffloadingConnector) | "lmcache"; SGLang: "hicache"
+    size_bytes: int | None = (
+        None  # vLLM --kv-offloading-size (all ranks) / cpu_bytes_to_use; SGLang --hicache-size
+    )
+    num_cpu_blocks: int | None = None  # vLLM 0.11.0-0.13 OffloadingConnector `num_cpu_blocks`
+    ratio: float | None = None  # SGLang --hicache-ratio (2.0 when neither it nor --hicache-size is given)
+    transfer_config: bool = False  # given as vLLM --kv-transfer-config rather than --kv-offloading-size
+
+
+@dataclass(frozen=True)
 class EngineSettings:
     engine: str = "vllm"
     engine_version: str | None = None
     vllm_engine: str | None = None  # "v0" | "v1"; None = the release's own default
     gpu_memory_utilization: float | None = None
     max_model_len: int | None = None
+    max_model_len_auto: bool = False  # vLLM --max-model-len auto / -1 (engines/vllm_auto.py)
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     tensor_parallel_size: int = 1
@@ -77,6 +112,10 @@ class EngineSettings:
     main_gpu: int = 0  # --main-gpu
     no_kv_offload: bool = False  # --no-kv-offload: every layer's KV in host memory
     mmap: bool = True  # --no-mmap turns it off: the host buffer is then CPU, not CPU_Mapped
+    # llama-server --fit (engines/llamacpp_params_fit.py): None = the build's default (on from b7414)
+    fit: bool | None = None
+    fit_target_mib: tuple[int, ...] = ()  # --fit-target MiB per device (one value: every device); () = 1024
+    fit_ctx: int | None = None  # --fit-ctx: the shortest context --fit may cut to (default 4096)
     ollama_gpu_overhead_bytes: int = 0  # OLLAMA_GPU_OVERHEAD
     devices: tuple[
         tuple[str, int], ...
@@ -105,6 +144,11 @@ class EngineSettings:
     limit_mm_per_prompt: tuple[tuple[str, int], ...] | None = (
         None  # vLLM --limit-mm-per-prompt (image=2,video=0)
     )
+    speculative: Speculative | None = None  # a draft model, EAGLE head, MTP layers or n-grams
+    kv_offload: KVOffload | None = (
+        None  # a host-memory KV tier (vLLM CPU offloading / LMCache, SGLang HiCache)
+    )
+    host_memory_bytes: int | None = None  # host memory available to the engine, to check a host tier against
 
     def with_(self, **changes: object) -> EngineSettings:
         return replace(self, **changes)  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ from vramlab.capacity.estimate import DEFAULT
 from vramlab.errors import ConfigError
 
 POLICIES = {
-    "vllm": "vramlab.capacity.engines.vllm",
+    "vllm": "vramlab.capacity.engines.vllm_auto",  # vllm.py's policy, with --max-model-len auto
     "sglang": "vramlab.capacity.engines.sglang",
     "tgi": "vramlab.capacity.engines.tgi",
     "llama.cpp": "vramlab.capacity.engines.llamacpp",
