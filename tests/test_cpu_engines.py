@@ -210,7 +210,7 @@ def test_the_vllm_target_stops_the_group_its_leader_left_and_cleans_the_engines_
     # the "API server" logs its rendezvous file and starts an "engine core" in its group, as vLLM does
     command = (
         f"echo 'distributed_init_method=file://{dist} backend=gloo'; touch {dist} {orphan} {held}; "
-        "sleep 300 & exec sleep 300"
+        f"sleep 300 & touch {tmp_path / 'forked'}; exec sleep 300"
     )
     spec = TargetSpec(
         kind="vllm",
@@ -226,7 +226,7 @@ def test_the_vllm_target_stops_the_group_its_leader_left_and_cleans_the_engines_
         assert target._proc is not None
         pgid = target._proc.pid
         deadline = time.monotonic() + 10
-        while len(group_members(pgid)) < 2 or not held.exists():
+        while len(group_members(pgid)) < 2 or not (tmp_path / "forked").exists():
             assert time.monotonic() < deadline, group_members(pgid)
             time.sleep(0.05)
         keeper = open(held, "rb")  # a live process still has this segment open: not an orphan

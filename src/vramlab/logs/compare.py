@@ -17,6 +17,7 @@ from vramlab.capacity.settings import EngineSettings
 from vramlab.capacity.units import GIB
 from vramlab.errors import ConfigError, VramlabError
 from vramlab.logs.observation import Observation
+from vramlab.units import gib
 
 # Estimate component name -> Observation field.
 COMPONENT_FIELD = {
@@ -133,13 +134,14 @@ def _host_for(obs: Observation, gpu: str | None) -> tuple[GPU, str]:
         )
     total = obs.extra.get("host_memory_bytes") or obs.total_gpu_memory_bytes
     if total:
-        return host_device(total / GIB), f"the host ({total / GIB:.2f} GiB, the log's total memory)"
+        return host_device(total / GIB), f"the host ({gib(total, unit=True)}, the log's total memory)"
     from vramlab.sources.host import host_memory_gib
 
     here = host_memory_gib()
     if here is None:
         raise ConfigError("a CPU engine's log that prints no host memory, and this machine's is not readable")
-    return host_device(here), f"the host ({here:.2f} GiB, this machine's MemTotal: the log prints none)"
+    where = f"the host ({gib(here * GIB, unit=True)}, this machine's MemTotal: the log prints none)"
+    return host_device(here), where
 
 
 @dataclass(frozen=True)

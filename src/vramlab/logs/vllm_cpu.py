@@ -20,9 +20,9 @@ import re
 from typing import Any
 
 from vramlab.logs.base import Rule, gib, integer, rule
+from vramlab.units import GIB
 
 N = r"\d+(?:\.\d+)?"
-GIB = 1 << 30
 CPU_BLOCK_SIZE = 128  # platforms/cpu.py: attention models on the CPU, unless --block-size says otherwise
 
 
