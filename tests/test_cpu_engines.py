@@ -103,6 +103,14 @@ def test_llamacpp_on_the_host_holds_every_tensor_and_no_cuda_context():
     assert cpu.weights_bytes > gpu.weights_bytes
     assert cpu.extra["host"]["model_buffer_bytes"] == cpu.weights_bytes
     assert not any("every layer offloaded" in n for n in cpu.notes)
+    # the host is the device: nothing is "partly on the CPU", the verdict is a plain fit
+    from vramlab.capacity.planning import make_plan
+    from vramlab.capacity.verdict import FITS
+
+    plan = make_plan(
+        m, HOST, EngineSettings(engine="llama.cpp", llamacpp_server="llama-cpp-python", ctx_size=512)
+    )
+    assert plan.verdict.kind == FITS and plan.verdict.host is None, plan.verdict
     with pytest.raises(ConfigError, match="no GPU to offload"):
         estimate(m, HOST, EngineSettings(engine="llama.cpp", n_gpu_layers=4))
 
