@@ -216,3 +216,21 @@ def start_server(python: str, model: Path, log: Path, limit_s: float = 240.0, **
     raise RuntimeError(
         f"vLLM did not answer /health within {limit_s:g} s: {log.read_text(errors='replace')[-3000:]}"
     )
+
+
+def warm_up(srv: Server, prompt_words: int = 1500, limit_s: float = 180.0) -> float:
+    """One long completion before anything is measured: the first prompt of a size builds the CPU kernels
+    for it (seconds on a busy host), which would otherwise land in the first window. Returns its seconds."""
+    import random
+    import urllib.request
+
+    from vramlab.load.prompts import synthetic_text
+
+    body = json.dumps(
+        {"model": "tiny", "prompt": synthetic_text(prompt_words, random.Random(0)), "max_tokens": 8}
+    ).encode()
+    t = time.monotonic()
+    req = urllib.request.Request(srv.url + "/v1/completions", body, {"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=limit_s) as r:
+        assert r.status == 200, r.status
+    return time.monotonic() - t
