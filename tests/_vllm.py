@@ -219,8 +219,9 @@ def start_server(python: str, model: Path, log: Path, limit_s: float = 240.0, **
 
 
 def warm_up(srv: Server, prompt_words: int = 1500, limit_s: float = 180.0) -> float:
-    """One long completion before anything is measured: the first prompt of a size builds the CPU kernels
-    for it (seconds on a busy host), which would otherwise land in the first window. Returns its seconds."""
+    """One long completion before anything is measured, so the first window does not carry the server's
+    first prompt of that size (a concurrency run's one-request baseline once found nothing back on a host
+    with a load of 16; this took 0.5 s on the next run). Returns its seconds."""
     import random
     import urllib.request
 
