@@ -144,6 +144,7 @@ def test_the_long_log_prefilter_never_drops_a_line_a_rule_reads(tmp_path, monkey
     import dataclasses
 
     from vramlab.logs import detect
+    from vramlab.logs.prefilter import blank_unread_lines
 
     logs = sorted(LOGS.glob("*.log")) + sorted((LOGS / "real").glob("*.log"))
     assert len(logs) >= 20
@@ -156,21 +157,23 @@ def test_the_long_log_prefilter_never_drops_a_line_a_rule_reads(tmp_path, monkey
 
         def parse(path):
             try:
-                return detect.parse_log(path)
+                return detect.parse_log(path, label="log")
             except Exception as exc:
                 return repr(exc)
 
-        fast = parse(p)
+        fast = parse(p)  # blanked as it is read
         with monkeypatch.context() as m:
-            m.setattr(detect, "_blank_unread_lines", lambda lines: 0)
-            full = parse(p)
+            m.setattr(detect, "blank_unread_lines", lambda lines: 0)
+            full = parse(detect.read_log(p, prefilter=False))
         if isinstance(full, str):
             assert fast == full, log.name
             continue
         assert dataclasses.asdict(fast) == dataclasses.asdict(full), log.name
         checked += 1
     assert checked >= 20
-    assert detect._blank_unread_lines(list(filler.splitlines()) * 2) > 0  # the filler is blanked
+    assert blank_unread_lines(list(filler.splitlines()) * 2) > 0  # the filler is blanked
+    p.write_text(filler * 3, encoding="utf-8")
+    assert sum(1 for line in detect.read_log(p) if not line) > 10000  # and blanked as it is read
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
