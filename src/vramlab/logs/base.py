@@ -110,8 +110,9 @@ def command_flags(text: str, table: FlagTable, value: str = r"[^\s\\]+") -> dict
     return out
 
 
-def split_prefix(raw: str) -> tuple[str | None, str]:
-    """Separate a worker prefix from the message: ('rank=1', 'INFO ... Available KV ...')."""
+def strip_outer(raw: str) -> str:
+    """A line without colours, a k9s frame, a shipper's prefix or a JSON wrapper: the engine's own
+    line, its worker prefix (`(VllmWorker rank=1 pid=..)`) still in front."""
     text = raw.rstrip("\r\n")
     if "[" in text:
         text = _BARE_SGR.sub("", _ANSI.sub("", text))
@@ -122,6 +123,12 @@ def split_prefix(raw: str) -> tuple[str | None, str]:
             text = pat.sub("", text, count=1)
     if text.startswith("{") and '"message"' in text:  # JSON log lines (TGI --json-output, llama-server)
         text = _json_message(text)
+    return text
+
+
+def split_prefix(raw: str) -> tuple[str | None, str]:
+    """Separate a worker prefix from the message: ('rank=1', 'INFO ... Available KV ...')."""
+    text = strip_outer(raw)
     m = _PAREN_PREFIX.match(text)
     if m:
         who, args = m.group("who"), m.group("args")

@@ -236,40 +236,22 @@ def check_file(
     max_bytes: int | None = None,
     quantization: str | None = None,
 ) -> tuple[list[CheckReport], list[tuple[str, str]]]:
-    """One file, split into the writers that wrote it (logs/split.py): a report per writer whose
-    lines are a log of a known engine, and (label, why) for the ones that are not. A file with one
-    writer is `check_log`'s one report."""
-    from vramlab.logs.detect import read_log, read_notes
-    from vramlab.logs.split import split_streams
+    """One file, read as the logs it holds (logs/pieces.py): a report per writer, per server of
+    several writing at once and per engine, each with the file's line numbers; and (label, why)
+    for what holds no log of a known engine. A file of one engine and writer is one report."""
+    from vramlab.logs.pieces import read_file
+    from vramlab.logs.reader import read_log, read_notes
 
     lines = read_log(path, max_bytes)
-    notes = read_notes(lines, max_bytes)
-    streams = split_streams(list(lines))
-    if len(streams) == 1:  # the lines already read (stdin cannot be read twice)
-        parsed = parse_log(streams[0].lines, engine, label=str(path), notes=notes)
-        return [_check(parsed, str(path), model, gpu, engine_version, calibration, offline, quantization)], []
-    reports, skipped = [], []
-    for st in streams:
-        label = f"{path} [{st.name}]"
-        try:
-            parsed = parse_log(st.lines, engine, label=label, notes=notes)
-        except VramlabError as exc:
-            skipped.append((label, str(exc)))
-            continue
-        parsed.source = label
-        parsed.observations = [o.model_copy(update={"source": label}) for o in parsed.observations]
-        parsed.incomplete = [o.model_copy(update={"source": label}) for o in parsed.incomplete]
-        parsed.notes.append(
-            f"{st.name}'s lines of {path} ({len(st.lines)} of {len(lines)}, from line "
-            f"{st.first_line}); line numbers count its own lines"
+    found = read_file(str(path), lines, engine, read_notes(lines, max_bytes))
+    reports = []
+    for piece in found.pieces:
+        parsed = piece.parsed
+        parsed.notes = parsed.notes + piece.notes
+        reports.append(
+            _check(parsed, piece.label, model, gpu, engine_version, calibration, offline, quantization)
         )
-        reports.append(_check(parsed, label, model, gpu, engine_version, calibration, offline, quantization))
-    if not reports:
-        raise ConfigError(
-            f"{path}: none of its {len(streams)} writers wrote a log of a known engine "
-            f"(first: {skipped[0][1]})"
-        )
-    return reports, skipped
+    return reports, found.skipped
 
 
 def _check(
