@@ -207,3 +207,38 @@ def test_a_pipe_that_goes_quiet_is_read_up_to_where_it_stopped(tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["observations"] and any("sent nothing more for 1 s" in n for n in out["notes"]), out["notes"]
+
+
+_PEAK = (
+    "import resource, subprocess, sys\n"
+    "subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)\n"
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"  # KiB on Linux
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in KiB on Linux")
+def test_a_log_at_the_byte_cap_costs_a_fraction_of_the_cap_in_memory(tmp_path):
+    """check-log's peak memory on a log at its byte cap (a start-up, then throughput and access lines
+    to 64 MiB), less its peak on the start-up alone: under half the cap. Holding the text, its decoded
+    copy and its lines at once cost about 3.5 times the cap; each log is read in its own process,
+    whose peak resident memory the kernel counts, so the figure does not depend on the machine's load."""
+    head = (LOGS / "vllm-v1-0.19-debug.log").read_text(encoding="utf-8")
+    cap = 64 << 20
+    small, big = tmp_path / "startup.log", tmp_path / "big.log"
+    small.write_text(head, encoding="utf-8")
+    block = _filler(20_000, unique=False)
+    with big.open("w", encoding="utf-8") as fh:
+        fh.write(head)
+        for _ in range(cap // len(block) + 1):
+            fh.write(block)
+    assert big.stat().st_size > cap
+
+    def peak_kib(path: Path) -> int:
+        exe = str(Path(sys.executable).with_name("vramlab"))
+        cmd = [sys.executable, "-c", _PEAK, exe, "check-log", str(path), "--max-bytes", str(cap)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True)
+        return int(r.stdout.split()[-1])
+
+    extra = (peak_kib(big) - peak_kib(small)) * 1024
+    assert extra < cap / 2, f"{extra / (1 << 20):.0f} MiB over the start-up alone for a {cap >> 20} MiB log"

@@ -48,7 +48,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "cli/drill.py:run": (94, FORMATTED),
     "cli/plan.py:add_arguments": (112, FORMATTED),
     "load/workers.py:drive": (84, FORMATTED),
-    "report/check_log_text.py:render": (100, FORMATTED),
     "report/incident_text.py:action_items": (90, FORMATTED),
     "report/plan_text.py:render_plan": (94, FORMATTED),
 }

@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vramlab.logs.check import FolderReport, check_file, check_logs
-    from vramlab.report.check_log_text import render, render_folder
+    from vramlab.report.check_log_text import render, render_file, render_folder
 
     kwargs: dict[str, Any] = dict(
         model=args.model,
@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
         if len(reports) == 1 and not skipped:
             print(json.dumps(reports[0].to_json(), indent=1) if args.json else render(reports[0]))
             return 0
-        folder = FolderReport(reports, skipped)  # several writers in one file: a report each
-        print(json.dumps(folder.to_json(), indent=1) if args.json else render_folder(folder))
+        folder = FolderReport(reports, skipped)  # several logs in one file: a report each
+        print(json.dumps(folder.to_json(), indent=1) if args.json else render_file(reports, skipped))
         return 0
     folder = check_logs(args.files, **kwargs)
     print(json.dumps(folder.to_json(), indent=1) if args.json else render_folder(folder))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from vramlab.errors import ConfigError, VramlabError
 from vramlab.logs.detect import ParsedLog, detect_engine, engine_name, parse_log
+from vramlab.logs.observation import SourceLine
 from vramlab.logs.split import Stream
 
 
@@ -53,7 +54,7 @@ def read_file(path: str, lines: list[str], engine: str | None, notes: list[str])
     skipped: list[tuple[str, str]] = []
     for st in streams:
         label = f"{path} [{st.name}]" if st.name else path
-        got, left = _read_stream(st, label, engine, notes)
+        got, left = _read_stream(st, label, engine, notes, lines)
         if len(streams) > 1 and got:
             got[0].notes.append(
                 f"{st.name}'s lines of {path} ({len(st.lines):,} of {len(lines):,}, from line {st.first_line})"
@@ -71,7 +72,7 @@ def read_file(path: str, lines: list[str], engine: str | None, notes: list[str])
 
 
 def _read_stream(
-    st: Stream, label: str, engine: str | None, notes: list[str]
+    st: Stream, label: str, engine: str | None, notes: list[str], file_lines: list[str]
 ) -> tuple[list[Piece], list[tuple[str, str]]]:
     from vramlab.logs.mixed import engine_parts
 
@@ -101,7 +102,7 @@ def _read_stream(
             if part.own_lines >= 3:
                 skipped.append((where, f"{part.own_lines} lines of {part.engine}, but no start-up in them"))
             continue
-        _renumber(parsed, st)
+        _renumber(parsed, st, file_lines)
         piece = Piece(where, parsed)
         if len(parts) > 1:
             piece.notes.append(
@@ -116,21 +117,33 @@ def _read_stream(
             for p in others
         ]
     _share_failures(pieces)
-    return pieces, skipped
+    return sorted(pieces, key=_first_line), skipped
+
+
+def _first_line(p: Piece) -> int:
+    """Where a piece's log begins in the file: its first start-up or failure line."""
+    seen = [s.line for o in p.parsed.observations + p.parsed.incomplete for s in o.source_lines]
+    seen += [f.line_number for f in p.parsed.failures if f.line_number]
+    return min(seen, default=0)
 
 
 def _where(notes: Sequence[str]) -> str:
     return f" in {notes[0].removeprefix('read ')}" if notes else ""
 
 
-def _renumber(parsed: ParsedLog, st: Stream) -> None:
-    """The stream's line numbers -> the file's."""
+def _renumber(parsed: ParsedLog, st: Stream, file_lines: list[str]) -> None:
+    """The stream's line numbers -> the file's, with the file's text (a prefix split.py took off
+    to read the line is back)."""
     if st.numbers is None:
         return
+
+    def where(s: SourceLine) -> SourceLine:
+        n = st.file_line(s.line)
+        return SourceLine(line=n, text=file_lines[n - 1] or s.text if 0 < n <= len(file_lines) else s.text)
+
     for group in (parsed.observations, parsed.incomplete):
         for i, o in enumerate(group):
-            lines = [s.model_copy(update={"line": st.file_line(s.line)}) for s in o.source_lines]
-            group[i] = o.model_copy(update={"source_lines": lines})
+            group[i] = o.model_copy(update={"source_lines": [where(s) for s in o.source_lines]})
     parsed.failures = [
         dataclasses.replace(f, line_number=st.file_line(f.line_number)) if f.line_number else f
         for f in parsed.failures
