@@ -58,7 +58,6 @@ LONG_MODULES: dict[str, tuple[int, str]] = {
     "capacity/engines/vllm.py": (591, FORMATTED),
     "capacity/weights.py": (556, FORMATTED),
     "drill/kind.py": (526, FORMATTED),
-    "logs/vllm.py": (593, FORMATTED),
     "records/events.py": (538, FORMATTED),
     "report/core_sections.py": (630, FORMATTED),
     "report/incident.py": (599, FORMATTED),

@@ -178,6 +178,8 @@ class Rule:
     `once`: the line is printed once per worker per start-up, so seeing it again for the same
     worker means the engine started again. `shared`: the figure is engine-wide, not per rank.
     `accumulate`: figures of repeated lines add up (llama.cpp prints one KV buffer per cache).
+    `generic`: the line is not the engine's own wording (a pasted command's continuation line,
+    nvidia-smi's table): it is read, but does not tell which engine wrote the log.
     """
 
     name: str
@@ -187,6 +189,7 @@ class Rule:
     once: bool = False
     shared: bool = False
     accumulate: bool = False
+    generic: bool = False
     key: str | None = None  # literal text every matching line contains (see required_literal)
 
 
@@ -207,6 +210,9 @@ class _Group:
             # Only byte figures add up; counts (cells, seqs) of a repeated line are the same thing.
             if accumulate and k.endswith("_bytes") and isinstance(self.fields.get(k), int):
                 self.fields[k] += v
+            elif isinstance(v, dict) and isinstance(self.fields.get(k), dict):
+                for inner, value in v.items():  # a table read line by line (llama.cpp's hyperparameters)
+                    self.fields[k].setdefault(inner, value)
             else:
                 self.fields.setdefault(k, v)  # the first (most precise, earliest) value wins
 

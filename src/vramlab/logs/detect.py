@@ -112,17 +112,24 @@ def engine_name(name: str) -> str:
     return key
 
 
-def detect_engine(lines: list[str]) -> str | None:
-    """The engine whose rules read the most lines; markers break ties and cover short logs."""
-    scores: dict[str, tuple[int, int]] = {}
-    messages = [ln.message for ln in iter_lines(lines)]
+def engine_scores(lines: list[str]) -> dict[str, tuple[int, int]]:
+    """Per engine: (lines its own rules read, lines of the head that carry one of its marker words).
+    Generic rules (a command's continuation lines, nvidia-smi's table) name no engine and do not count."""
     from vramlab.logs.base import candidates
 
+    scores: dict[str, tuple[int, int]] = {}
+    messages = [ln.message for ln in iter_lines(lines)]
     for name, module in PARSERS.items():
-        rules = module.OWN_RULES if hasattr(module, "OWN_RULES") else module.RULES
+        rules = [r for r in getattr(module, "OWN_RULES", module.RULES) if not r.generic]
         hits = sum(1 for msg in messages if any(r.pattern.search(msg) for r in candidates(rules, msg)))
         marks = sum(1 for msg in messages[:5000] if any(mk in msg for mk in _MARKERS[name]))
         scores[name] = (hits, marks)
+    return scores
+
+
+def detect_engine(lines: list[str], scores: dict[str, tuple[int, int]] | None = None) -> str | None:
+    """The engine whose rules read the most lines; markers break ties and cover short logs."""
+    scores = scores or engine_scores(lines)
     # Ollama embeds llama-server's lines: any Ollama-only line decides for Ollama.
     if scores["ollama"][0] > 0 or (scores["ollama"][1] > 0 and scores["llama.cpp"][0] > 0):
         return "ollama"
@@ -214,6 +221,7 @@ __all__ = [
     "LogLines",
     "ParsedLog",
     "detect_engine",
+    "engine_scores",
     "diff_sides",
     "engine_name",
     "parse_log",

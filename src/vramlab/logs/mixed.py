@@ -18,7 +18,6 @@ Pure: lines in, (engine, lines) parts out.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vramlab.logs.base import candidates, iter_lines
@@ -39,22 +38,10 @@ class Part:
     own_lines: int  # lines this engine's own rules read
 
 
-def own_line_counts(lines: Sequence[str]) -> dict[str, int]:
-    """How many lines each engine's own rules read (Ollama's llama.cpp lines count for llama.cpp)."""
-    from vramlab.logs.detect import PARSERS
-
-    messages = [ln.message for ln in iter_lines(lines)]
-    out: dict[str, int] = {}
-    for name, module in PARSERS.items():
-        # a pasted command's continuation lines (`  --max-model-len 4096 \`) are any engine's
-        rules = [r for r in getattr(module, "OWN_RULES", module.RULES) if r.name != "command_continued"]
-        out[name] = sum(1 for msg in messages if any(r.pattern.search(msg) for r in candidates(rules, msg)))
-    return out
-
-
-def engine_parts(lines: list[str], primary: str) -> list[Part]:
-    """The primary engine's part first, then one per other engine whose own rules read a line."""
-    counts = own_line_counts(lines)
+def engine_parts(lines: list[str], primary: str, scores: dict[str, tuple[int, int]]) -> list[Part]:
+    """The primary engine's part first, then one per other engine whose own rules read a line
+    (*scores*: logs/detect.py `engine_scores`)."""
+    counts = {name: hits for name, (hits, _) in scores.items()}
     others = [e for e, n in counts.items() if e != primary and n]
     if "ollama" in (primary, *others) and "llama.cpp" in (primary, *others):
         standalone = _standalone_llamacpp(lines)
@@ -96,4 +83,4 @@ def _standalone_llamacpp(lines: list[str]) -> list[bool]:
     return owner if any(owner) else []
 
 
-__all__ = ["Part", "engine_parts", "own_line_counts"]
+__all__ = ["Part", "engine_parts"]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from vramlab.errors import ConfigError, VramlabError
-from vramlab.logs.detect import ParsedLog, detect_engine, engine_name, parse_log
+from vramlab.logs.detect import ParsedLog, detect_engine, engine_name, engine_scores, parse_log
 from vramlab.logs.observation import SourceLine
 from vramlab.logs.split import Stream
 
@@ -76,14 +76,15 @@ def _read_stream(
 ) -> tuple[list[Piece], list[tuple[str, str]]]:
     from vramlab.logs.mixed import engine_parts
 
-    primary = engine_name(engine) if engine else detect_engine(st.lines)
+    scores = engine_scores(st.lines)
+    primary = engine_name(engine) if engine else detect_engine(st.lines, scores)
     if primary is None:
         from vramlab.logs.detect import PARSERS
 
         return [], [
             (label, f"{label}: no line of a known engine ({', '.join(PARSERS)}) found" + _where(notes))
         ]
-    parts = engine_parts(st.lines, primary)
+    parts = engine_parts(st.lines, primary, scores)
     others = []
     if engine:  # the user named the engine: the others are said, not read
         others = [p for p in parts[1:] if p.engine != primary]

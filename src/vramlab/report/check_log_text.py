@@ -139,7 +139,8 @@ def _prediction_lines(item: Any) -> list[str]:
     est = cmp.estimate
     out = [
         f"  predicted for {est.model} on {cmp.gpu_reason}; settings: "
-        + ", ".join(f"{k}={v}" for k, v in sorted(item.settings_used.items())),
+        + ", ".join(f"{k}={_setting(k, v)}" for k, v in sorted(item.settings_used.items())),
+        *(f"  note: {n}" for n in getattr(item, "notes", ())),
         f"  {'component':18} {'engine':>12} {'vramlab':>12}  difference",
     ]
     for row in cmp.rows:
@@ -170,6 +171,17 @@ def _prediction_lines(item: Any) -> list[str]:
             f"{gib(moved, sign=True, unit=True)}"
         )
     return out
+
+
+def _setting(key: str, value: Any) -> str:
+    """A setting as its flag would say it: llama.cpp's devices by name, a split as proportions."""
+    if key == "devices" and isinstance(value, tuple):
+        return ",".join(str(name) for name, _ in value)
+    if key == "tensor_split" and isinstance(value, tuple):
+        return ":".join(f"{v:g}" for v in value)
+    if key == "override_tensor" and isinstance(value, tuple):
+        return " ".join(repr(v) for v in value)
+    return str(value)
 
 
 def _failure_lines(report: Any) -> list[str]:
