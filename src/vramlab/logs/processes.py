@@ -6,11 +6,13 @@ figures of both are shared out among three start-ups. vLLM V1 names the process 
 (`(APIServer pid=2801)`, `(EngineCore_DP0 pid=2950)`, `(VllmWorker rank=1 pid=3011)`): an API
 server is a server, and each of the other processes belongs to one of them:
 
-1. the server whose arguments name the model the process names (its engine config line,
-   `Starting to load model X`), when exactly one does;
-2. else the first server started before the process that has no process of that role yet
+1. the servers whose facts agree with the process's are the candidates, when any agree: the model
+   it names (its engine config line, `Starting to load model X`), its version, the length it serves
+   (`'max_model_len': 8192` in the arguments, `max_seq_len=8192` in the engine config,
+   `Maximum concurrency for 8,192 tokens`);
+2. of those, the first started before the process that has no process of that role yet
    (`EngineCore_DP0`, `VllmWorker rank=1`): two servers started side by side get one engine each;
-3. else the server started last before it.
+3. else the one started last before it.
 
 A line without a process prefix stays with the process before it. Only API servers whose lines
 overlap are split: one after another is a restart, which logs/base.py reads as a second start-up.
@@ -30,7 +32,13 @@ from vramlab.logs.split import Stream
 
 _PROC = re.compile(r"^\s*\((?P<role>[A-Za-z_][\w-]*)(?P<args>[^()]*?)\bpid=(?P<pid>\d+)[^()]*\)")
 _MORE = re.compile(r"^\s*\((?P<role>[A-Za-z_][\w-]*)(?P<args>[^()]*)\)")
-_MODEL = re.compile(r"""(?:['"]model['"]\s*:\s*|\bmodel=|Starting to load model )['"]?([^'",\s]+)""")
+_FACTS = {
+    "model": re.compile(r"""(?:['"]model['"]\s*:\s*|\bmodel=|Starting to load model )['"]?([^'",\s]+)"""),
+    "version": re.compile(r"(?:vLLM API server version |LLM engine \(v)v?([\w.+-]+?)\)?(?:\s|$)"),
+    "max_len": re.compile(
+        r"""(?:['"]max_model_len['"]\s*:\s*|\bmax_seq_len=|Maximum concurrency for |Using max model len )([\d,]+)"""
+    ),
+}
 _RANK = re.compile(r"\brank=(\d+)|\bTP(\d+)\b|_TP(\d+)\b|_DP(\d+)\b")
 
 
@@ -40,13 +48,12 @@ class _Process:
     role: str  # its role and rank: 'APIServer', 'EngineCore#0', 'VllmWorker#1'
     first: int
     last: int
-    model: str | None = None
+    facts: dict[str, str] = field(default_factory=dict)  # model, version, max_len, as first printed
     server: int = -1  # index into the servers, once assigned
-    lines: list[int] = field(default_factory=list)
 
 
-def _process(line: str) -> tuple[str, str, str | None] | None:
-    """(pid, role, model named on the line) of a line a vLLM process printed."""
+def _process(line: str) -> tuple[str, str, dict[str, str]] | None:
+    """(pid, role, facts the line names) of a line a vLLM process printed."""
     if "pid=" not in line:
         return None
     text = strip_outer(line)
@@ -60,12 +67,12 @@ def _process(line: str) -> tuple[str, str, str | None] | None:
     role = m.group("role").split("_", 1)[0]
     rank = _RANK.search(prefix)
     number = next((g for g in rank.groups() if g is not None), "0") if rank else "0"
-    found = _MODEL.search(rest) if "model" in rest else None
-    return (
-        m.group("pid"),
-        role if role == "APIServer" else f"{role}#{number}",
-        found.group(1) if found else None,
-    )
+    facts = {}
+    for key, pattern in _FACTS.items():
+        found = pattern.search(rest)
+        if found:
+            facts[key] = found.group(1).replace(",", "")
+    return m.group("pid"), role if role == "APIServer" else f"{role}#{number}", facts
 
 
 def split_servers(lines: Sequence[str]) -> list[Stream] | None:
@@ -77,12 +84,13 @@ def split_servers(lines: Sequence[str]) -> list[Stream] | None:
         if got is None:
             owner.append(None)
             continue
-        pid, role, model = got
+        pid, role, facts = got
         p = procs.get(pid)
         if p is None:
             p = procs[pid] = _Process(pid, role, i, i)
         p.last = i
-        p.model = p.model or model
+        for key, value in facts.items():
+            p.facts.setdefault(key, value)
         owner.append(pid)
     servers = sorted((p for p in procs.values() if p.role == "APIServer"), key=lambda p: p.first)
     if len(servers) < 2:
@@ -117,11 +125,10 @@ def split_servers(lines: Sequence[str]) -> list[Stream] | None:
 
 
 def _server_of(p: _Process, servers: list[_Process], procs: dict[str, _Process]) -> int:
-    if p.model:
-        same = [s.server for s in servers if s.model == p.model]
-        if len(same) == 1:
-            return same[0]
-    started = [s for s in servers if s.first < p.first] or servers[:1]
+    shared = [s for s in servers if set(s.facts) & set(p.facts)]
+    agree = [s for s in shared if all(s.facts.get(k, v) == v for k, v in p.facts.items())]
+    pool = agree or servers
+    started = [s for s in pool if s.first < p.first] or pool[:1]
     taken = {(q.server, q.role) for q in procs.values() if q.server >= 0 and q is not p}
     free = [s.server for s in started if (s.server, p.role) not in taken]
     return free[0] if free else started[-1].server
