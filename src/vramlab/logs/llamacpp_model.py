@@ -127,7 +127,7 @@ def metadata(extra: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
     meta: dict[str, Any] = dict(extra.get("gguf") or {})
     hp: dict[str, Any] = extra.get("hparams") or {}
     arch = meta.get("general.architecture") or hp.get("arch")
-    if not isinstance(arch, str) or not arch:
+    if not isinstance(arch, str) or not re.fullmatch(r"[\w.-]+", arch):
         return None, meta
     meta["general.architecture"] = arch
     for name, key in HPARAM_KEYS.items():
