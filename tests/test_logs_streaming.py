@@ -125,7 +125,10 @@ def test_a_log_piped_on_stdin():
 def _filler(n: int, unique: bool) -> str:
     if not unique:  # one shape: throughput and access lines
         return "".join(
-            f"(APIServer pid=1) INFO 01-01 00:00:{i % 60:02d} [loggers.py:1] Engine 000: Running: {i} reqs\n"
+            # vLLM's periodic stats line as it prints it (loggers.py), "GPU KV cache usage" and all
+            f"(APIServer pid=1) INFO 01-01 00:00:{i % 60:02d} [loggers.py:123] Engine 000: Avg prompt throughput: "
+            f"{i % 997}.0 tokens/s, Avg generation throughput: {i % 113}.3 tokens/s, Running: {i % 9} reqs, "
+            f"Waiting: 0 reqs, GPU KV cache usage: {i % 100}.2%, Prefix cache hit rate: 0.0%\n"
             f'(APIServer pid=1) INFO:     127.0.0.1:{40000 + i} - "POST /v1/completions HTTP/1.1" 200 OK\n'
             for i in range(n // 2)
         )

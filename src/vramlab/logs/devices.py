@@ -38,12 +38,16 @@ def _smi_csv(m: re.Match[str]) -> dict[str, Any] | None:
 
 
 RULES: list[Rule] = [
-    rule(
-        "smi_csv",
-        rf"^\s*(?:(?P<index>\d+),\s*)?(?P<name>{_MAKER}[^,]*),(?P<rest>.*\d+ MiB.*)$",
-        _smi_csv,
-        shared=True,
-        generic=True,
+    # one rule per maker: the maker's name is the literal the prefilter keeps a line by
+    *(
+        rule(
+            f"smi_csv_{maker.lower()}",
+            rf"^\s*(?:(?P<index>\d+),\s*)?(?P<name>{maker} [^,]*),(?P<rest>.*\d+ MiB.*)$",
+            _smi_csv,
+            shared=True,
+            generic=True,
+        )
+        for maker in ("NVIDIA", "Tesla", "Quadro", "AMD")
     ),
     # |   0  NVIDIA GeForce RTX 5080        Off |   00000000:81:00.0 Off |                  N/A |
     rule(
@@ -61,12 +65,17 @@ RULES: list[Rule] = [
         shared=True,
         generic=True,
     ),
-    rule(
-        "gpu_listed",
-        rf"\bGPU (\d+): ({_MAKER}[^(]*?)\s*(?:\(UUID: [^)]*\))?\s*$",
-        lambda m: _named(m.group(1), m.group(2)),
-        shared=True,
-        generic=True,
+    # `collect-env`, `nvidia-smi -L`: the maker in the pattern's literal, so that a log's every
+    # `GPU KV cache usage` line is not kept for this rule (logs/prefilter.py keeps lines by literal).
+    *(
+        rule(
+            f"gpu_listed_{maker.lower()}",
+            rf"\bGPU (\d+): ({maker} [^(]*?)\s*(?:\(UUID: [^)]*\))?\s*$",
+            lambda m: _named(m.group(1), m.group(2)),
+            shared=True,
+            generic=True,
+        )
+        for maker in ("NVIDIA", "Tesla")
     ),
     rule(
         "unsloth_banner",

@@ -51,7 +51,7 @@ HPARAM_KEYS = {
 }
 # What a KV prediction cannot do without (the rest has defaults or follows from these).
 NEEDED = ("n_layer", "n_embd", "n_head", "n_vocab")
-_PRINT = r"(?:print_info|llm_load_print_meta):\s+"
+_PRINT = r"(?:llm_load_)?print_(?:info|meta):\s+"  # "print_" is the literal the prefilter looks for
 _UNITS = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
 
 
