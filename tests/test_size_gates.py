@@ -43,19 +43,15 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "capacity/engines/llamacpp.py:layout": (84, FORMATTED),
     "capacity/engines/sglang.py:plan": (89, FORMATTED),
     "capacity/engines/tgi.py:plan": (90, FORMATTED),
-    "capacity/engines/vllm.py:activation_component": (92, FORMATTED),
     "cli/drill.py:run": (94, FORMATTED),
-    "cli/plan.py:add_arguments": (112, FORMATTED),
     "load/workers.py:drive": (84, FORMATTED),
     "report/incident_text.py:action_items": (90, FORMATTED),
-    "report/plan_text.py:render_plan": (94, FORMATTED),
 }
 # Modules first counted over MODULE_MAX when `ruff format` laid them out (they were under 500 lines in
 # the denser hand layout): (cap, why). Split each by concept; the cap keeps them from growing meanwhile.
 LONG_MODULES: dict[str, tuple[int, str]] = {
     "capacity/calibration.py": (573, FORMATTED),
-    "capacity/engines/vllm.py": (591, FORMATTED),
-    "capacity/weights.py": (556, FORMATTED),
+    "capacity/weights.py": (509, FORMATTED),
     "drill/kind.py": (526, FORMATTED),
     "records/events.py": (538, FORMATTED),
     "report/core_sections.py": (630, FORMATTED),

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 from functools import lru_cache
 
+from vramlab.capacity.quant_names import gguf_quant
 from vramlab.capacity.spec import ModelSpec, QuantSpec, dtype_bytes
 
 VOCAB_PADDING = 64  # vLLM DEFAULT_VOCAB_PADDING_SIZE
@@ -421,54 +422,6 @@ def mxfp4_padding(m: ModelSpec, tp: int, layout: str = "flashinfer") -> float:
     width_pad, hidden_pad = MXFP4_PADS[layout]
     inter = m.moe_intermediate_size / tp
     return (_pad(m.hidden_size, hidden_pad) * _pad(inter, width_pad)) / (m.hidden_size * inter)
-
-
-# Average bits per weight of llama.cpp's file types (mixes keep some tensors at higher precision).
-GGUF_BPW = {
-    "f32": 32.0,
-    "f16": 16.0,
-    "bf16": 16.0,
-    "q8_0": 8.5,
-    "q6_k": 6.5625,
-    "q5_k_m": 5.69,
-    "q5_k_s": 5.54,
-    "q5_0": 5.5,
-    "q5_1": 6.0,
-    "q5_k": 5.5,
-    "q4_k": 4.5,
-    "q3_k": 3.4375,
-    "q4_k_m": 4.85,
-    "q4_k_s": 4.58,
-    "q4_0": 4.5,
-    "q4_1": 5.0,
-    "iq4_xs": 4.25,
-    "iq4_nl": 4.5,
-    "q3_k_l": 4.27,
-    "q3_k_m": 3.91,
-    "q3_k_s": 3.5,
-    "iq3_xxs": 3.06,
-    "iq3_m": 3.66,
-    "q2_k": 3.35,
-    "iq2_xs": 2.31,
-    "iq2_xxs": 2.06,
-    "iq1_s": 1.56,
-    "mxfp4": 4.25,
-}
-
-
-def gguf_quant(name: str) -> QuantSpec | None:
-    """A llama.cpp file type (Q4_K_M, q8_0, ...) as storage: every matrix, embeddings and output included."""
-    key = name.strip().lower().replace("-", "_")
-    if key not in GGUF_BPW:
-        return None
-    return QuantSpec(
-        "gguf",
-        GGUF_BPW[key],
-        quantize_lm_head=True,
-        quantize_embedding=True,
-        unquantized_dtype="float32",
-        gguf_type=name.upper(),
-    )
 
 
 def effective_quant(m: ModelSpec, quantization: str | None) -> QuantSpec | None:

@@ -28,35 +28,25 @@ from dataclasses import dataclass
 from vramlab.capacity import pool
 from vramlab.capacity.defaults import vllm_window_off
 from vramlab.capacity.engines.common import Context, PolicyResult, pick
+from vramlab.capacity.engines.vllm_activation import activation_component, stage0_encoder
 from vramlab.capacity.engines.vllm_eras import (
     CONSUMED_BEYOND_WEIGHTS_SEEN,
-    FLASHINFER_SAMPLER,
-    FLASHINFER_SAMPLER_DEFAULT_FROM,
-    MOE_WORKSPACE_PERSISTS_FROM,
     NCCL_BEFORE_SNAPSHOT_FROM,
     PP_PCIE_UNEXPLAINED_SEEN,
     PRE_AMPERE,
-    SAMPLER_KEYS,
-    SORT_SAMPLER,
     TOKENS_AS_CONCURRENCY_FROM,
     TOTAL_CONSUMED_FROM,
-    TRITON_MIN_BATCH,
-    TRITON_SAMPLER,
     UNKNOWN_TERM_BAND,
-    WARM_NATIVE_SAMPLER_FROM,
     Setup,
     nvls,
     resolve_setup,
     v0_mla_absorbs,
 )
-from vramlab.capacity.engines.vllm_mm import BLOCK_BAND, EncoderProfile, encoder_profile, limits_of
+from vramlab.capacity.engines.vllm_mm import EncoderProfile
 from vramlab.capacity.estimate import DEFAULT, ENGINE, Component, Limits, band
 from vramlab.capacity.kv import KVShape
 from vramlab.capacity.overheads import (
     cuda_graph_bytes,
-    forward_peak_bytes,
-    moe_workspace_bytes,
-    sampler_peak_bytes,
     vllm_capture_sizes,
 )
 from vramlab.capacity.spec import dtype_bytes
@@ -95,126 +85,6 @@ def weights_with_absorption(ctx: Context, stage: int) -> Component:
         weights.note + f"; plus {gib(extra, unit=True)} of absorbed MLA matrices "
         "V0 0.7.x builds after loading (W_Q_UK, W_UV_O, W_QR)",
     )
-
-
-def later_flashinfer(ctx: Context, setup: Setup) -> bool:
-    """The FlashInfer sampler of a release that runs it by default (0.22+): its size is read off vLLM 0.10.1
-    (FlashInfer 0.2.11) rows only; 0.27.1 (r114) printed 0.31 GiB peak activation, under the 0.54 planned."""
-    version = ctx.version
-    return setup.sampler_path == FLASHINFER_SAMPLER and (
-        not version or version >= FLASHINFER_SAMPLER_DEFAULT_FROM
-    )
-
-
-def stage0_encoder(ctx: Context, setup: Setup) -> EncoderProfile | None:
-    """What V1 profiles the vision tower with (vllm_mm.py), on the first pipeline stage, which runs it."""
-    if setup.mode != "v1":
-        return None
-    return encoder_profile(
-        ctx.model,
-        max_model_len=setup.max_model_len,
-        max_num_batched_tokens=setup.profile_tokens,
-        max_num_seqs=setup.max_num_seqs,
-        chunked_prefill=setup.chunked_prefill,
-        limits=limits_of(ctx.settings.limit_mm_per_prompt),
-        version=ctx.version,
-        model_dtype=ctx.dtype,
-        tp=ctx.tp,
-    )
-
-
-def activation_component(
-    ctx: Context, setup: Setup, last_stage: bool, first_stage: bool = True, enc: EncoderProfile | None = None
-) -> Component:
-    """The profiled peak on one stage; *enc* is the first stage's vision-encoder profile (stage0_encoder)."""
-    model, constants = ctx.model, ctx.constants
-    tokens = setup.profile_tokens
-    forward = forward_peak_bytes(model, tokens, ctx.tp, ctx.dtype, constants)
-    key = SAMPLER_KEYS[setup.sampler_path]
-    sampled = min(setup.max_num_seqs, tokens)
-    sampler = sampler_peak_bytes(model, sampled, constants, key) if last_stage else 0.0
-    moe = moe_workspace_bytes(model, tokens, ctx.tp, ctx.dtype, constants)
-    names = [key, "forward_intermediate_copies", "forward_hidden_copies"] + (
-        ["moe_workspace_copies"] if moe else []
-    )
-    # V1 runs the vision tower first and keeps its pixels and embeddings through the dummy forward (vllm_mm.py).
-    modelled_tower = (
-        model.vision is not None and setup.mode == "v1"
-    )  # profiled as vllm_mm.py says, or not at all
-    rel = (
-        constants.band(*names)
-        + (0.25 if model.vision_params and not modelled_tower else 0.0)
-        + (UNKNOWN_TERM_BAND if setup.unknown_terms or later_flashinfer(ctx, setup) else 0.0)
-    )
-    persists = setup.mode == "v1" and (not ctx.version or ctx.version >= MOE_WORKSPACE_PERSISTS_FROM)
-
-    def peak(sampler_bytes: float) -> float:
-        return max(forward, sampler_bytes) + moe if persists else max(forward + moe, sampler_bytes)
-
-    warm_native = (
-        last_stage
-        and setup.mode == "v1"
-        and setup.sampler_path == FLASHINFER_SAMPLER
-        and (not ctx.version or ctx.version >= WARM_NATIVE_SAMPLER_FROM)
-    )
-    if warm_native:
-        native = TRITON_SAMPLER if sampled >= TRITON_MIN_BATCH else SORT_SAMPLER
-        sampler = max(sampler, sampler_peak_bytes(model, sampled, constants, SAMPLER_KEYS[native]))
-        names.append(SAMPLER_KEYS[native])
-    held = enc.held_bytes if enc else 0.0
-    decoder = peak(sampler) + held
-    value = max(decoder, enc.encoder_peak_bytes if enc else 0.0)
-    rel_low = rel
-    if enc and value > decoder:
-        # The tower's peak sets it; the forward's own uncertainty only matters up to where it would overtake.
-        rel, rel_low = max(BLOCK_BAND, decoder * (1 + rel) / value - 1), BLOCK_BAND
-    if last_stage and not setup.sampler_path_known:
-        # Which path runs depends on the install: the low end is the sort-free FlashInfer sampler's peak.
-        other = max(
-            peak(sampler_peak_bytes(model, sampled, constants, SAMPLER_KEYS[FLASHINFER_SAMPLER])) + held,
-            enc.encoder_peak_bytes if enc else 0.0,
-        )
-        rel_low = max(rel_low, 1 - other * (1 - rel_low) / value) if value else rel_low
-    note = (
-        f"dummy forward at max_num_batched_tokens={tokens}"
-        + (
-            " (V0 chunked prefill caps the profiled tokens)"
-            if setup.mode == "v0" and setup.chunked_prefill
-            else ""
-        )
-        + (
-            f" and {setup.sampler_path} sampler on {sampled} sequences x {model.vocab_size} vocab (fp32)"
-            if last_stage
-            else ""
-        )
-        + (
-            " then the native top-k/top-p warm-up run (the larger of the two peaks, 0.22+)"
-            if warm_native
-            else ""
-        )
-        + (
-            (
-                " + fused-MoE workspace (persistent from 0.13)"
-                if persists
-                else " (fused-MoE caches freed before the sampler runs)"
-            )
-            if moe
-            else ""
-        )
-        + (
-            f"; before it the {enc.describe()}: {gib(enc.encoder_peak_bytes, unit=True)} at the tower's peak, "
-            f"{gib(enc.held_bytes, unit=True)} of its pixels and embeddings held through the forward"
-            if enc
-            else "; every modality limited to 0 (--limit-mm-per-prompt): no encoder profile"
-            if modelled_tower and first_stage
-            else "; the vision encoder is profiled on the first pipeline stage"
-            if modelled_tower
-            else "; multimodal encoder profiling not modelled"
-            if model.vision_params
-            else ""
-        )
-    )
-    return band("activation_peak", value, rel_low, rel, constants.provenance(*names), note)
 
 
 def non_torch_key(ctx: Context, setup: Setup) -> str:
@@ -485,11 +355,6 @@ def plan_notes(ctx: Context, setup: Setup, first_layout: pool.PoolLayout) -> lis
             f"vLLM {ctx.settings.resolved_version} profiles the sampler with FlashInfer when it is installed "
             "(the docker image) and by sorting the vocabulary otherwise (pip without the flashinfer extra): "
             "planned as the sort, band widened to FlashInfer's; pass --flashinfer-sampler on|off"
-        )
-    if later_flashinfer(ctx, setup):
-        notes.append(
-            f"unknown term, band widened (activation peak): the FlashInfer sampler vLLM "
-            f"{ctx.settings.resolved_version} runs by default is measured only on 0.10.1 (FlashInfer 0.2)"
         )
     notes += [f"unknown term, band widened: {why}" for why in setup.unknown_terms]
     return notes
