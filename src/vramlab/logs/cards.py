@@ -121,7 +121,7 @@ def llamacpp_placement(obs: Observation) -> dict[str, Any]:
     if x.get("override_tensor"):
         out["override_tensor"] = tuple(str(p) for p in x["override_tensor"])
     if x.get("cpu_moe"):
-        out["n_cpu_moe"] = 1 << 16  # --cpu-moe: every layer's experts (the plan takes the layer count)
+        out["n_cpu_moe"] = 1 << 12  # --cpu-moe: every layer's experts (as plan --cpu-moe says it)
     split = x.get("devices")
     if not isinstance(split, list) or len(split) < 2:
         return out

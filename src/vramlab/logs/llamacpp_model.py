@@ -151,8 +151,9 @@ def missing(extra: dict[str, Any]) -> list[str]:
 
 def spec_from_log(extra: dict[str, Any], name: str, quantization: str | None) -> Any:
     """A ModelSpec of the model the log loaded. Raises ConfigError when a needed fact is missing."""
+    from vramlab.capacity.quant_names import gguf_quant
     from vramlab.capacity.spec import QuantSpec
-    from vramlab.capacity.weights import breakdown, gguf_quant
+    from vramlab.capacity.weights import breakdown
     from vramlab.errors import ConfigError
     from vramlab.sources.gguf_file import GGUFFacts, config_from_gguf
     from vramlab.sources.hf_config import spec_from_config
