@@ -117,3 +117,11 @@ def test_a_failure_line_goes_to_the_engine_whose_start_up_it_follows(tmp_path):
     out = _read(tmp_path / "mix.log")
     failures = {f["engine"]: [x["line_number"] for x in f["failures"]] for f in out["files"]}
     assert failures["vllm"] == [len(lc) + len(vllm) + 1] and failures["llama.cpp"] == []
+
+
+def test_calibrate_reads_every_log_a_file_holds():
+    from vramlab.logs.calibrate import read_inputs
+
+    found, problems = read_inputs([MIXED / "vllm-then-ollama-then-llamacpp.log"])
+    assert sorted({o.engine for o in found}) == ["llama.cpp", "ollama", "vllm"]
+    assert not [p for p in problems if "incomplete" not in p[1]]
