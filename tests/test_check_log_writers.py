@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vramlab.logs.check import check_log
+from vramlab.logs.check import check_file, check_log
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 MIXED = LOGS / "mixed"
@@ -125,3 +125,22 @@ def test_calibrate_reads_every_log_a_file_holds():
     found, problems = read_inputs([MIXED / "vllm-then-ollama-then-llamacpp.log"])
     assert sorted({o.engine for o in found}) == ["llama.cpp", "ollama", "vllm"]
     assert not [p for p in problems if "incomplete" not in p[1]]
+
+
+def test_many_processes_are_read_in_one_pass(tmp_path):
+    """Two API servers and 30,000 worker pids (a hostile or very long log): each process is given a
+    server once, never against every other process (30,000 x 30,000 would not end in the test's time)."""
+    lines = [
+        "(APIServer pid=1) INFO 01-01 00:00:00 [api_server.py:1] vLLM API server version 0.19.0",
+        "(APIServer pid=2) INFO 01-01 00:00:00 [api_server.py:1] vLLM API server version 0.27.1",
+    ]
+    lines += [
+        f"(VllmWorker rank={i % 8} pid={1000 + i}) INFO 01-01 00:00:01 [gpu_worker.py:1] Available KV cache memory: 1.00 GiB"
+        for i in range(30_000)
+    ]
+    lines += [
+        "(APIServer pid=1) INFO 01-01 00:00:09 [api_server.py:1] Starting vLLM API server 0 on http://0.0.0.0:8000"
+    ]
+    (tmp_path / "many.log").write_text("\n".join(lines) + "\n")
+    reports, _ = check_file(tmp_path / "many.log")
+    assert len(reports) == 2 and sum(len(r.items) for r in reports) > 2

@@ -7,6 +7,7 @@ a writer whose lines are no known engine's, an engine whose lines hold no start-
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -157,9 +158,15 @@ def _share_failures(pieces: list[Piece]) -> None:
     if len(pieces) < 2:
         return
 
+    starts = {
+        id(p): sorted({s.line for o in p.parsed.observations + p.parsed.incomplete for s in o.source_lines})
+        for p in pieces
+    }
+
     def last_line_before(p: Piece, n: int) -> int:
-        seen = [s.line for o in p.parsed.observations + p.parsed.incomplete for s in o.source_lines]
-        return max((x for x in seen if x <= n), default=-1)
+        seen = starts[id(p)]
+        k = bisect.bisect_right(seen, n)
+        return seen[k - 1] if k else -1
 
     counts: dict[tuple[int | None, str], int] = {}
     for p in pieces:

@@ -39,6 +39,7 @@ _FACTS = {
         r"""(?:['"]max_model_len['"]\s*:\s*|\bmax_seq_len=|Maximum concurrency for |Using max model len )([\d,]+)"""
     ),
 }
+MAX_SERVERS = 64  # more API servers than this writing one file is no pair started side by side
 _RANK = re.compile(r"\brank=(\d+)|\bTP(\d+)\b|_TP(\d+)\b|_DP(\d+)\b")
 
 
@@ -93,20 +94,19 @@ def split_servers(lines: Sequence[str]) -> list[Stream] | None:
             p.facts.setdefault(key, value)
         owner.append(pid)
     servers = sorted((p for p in procs.values() if p.role == "APIServer"), key=lambda p: p.first)
-    if len(servers) < 2:
+    if not 2 <= len(servers) <= MAX_SERVERS:
         return None
     for s, p in enumerate(servers):
         p.server = s
+    taken: set[tuple[int, str]] = set()  # (server, role) pairs already given a process
     for p in sorted(procs.values(), key=lambda p: p.first):
         if p.server < 0:
-            p.server = _server_of(p, servers, procs)
-    spans = [
-        (
-            min(q.first for q in procs.values() if q.server == s),
-            max(q.last for q in procs.values() if q.server == s),
-        )
-        for s in range(len(servers))
-    ]
+            p.server = _server_of(p, servers, taken)
+            taken.add((p.server, p.role))
+    spans = [[len(lines), -1] for _ in servers]
+    for q in procs.values():
+        span = spans[q.server]
+        span[0], span[1] = min(span[0], q.first), max(span[1], q.last)
     if not any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False)):
         return None  # one server after another: a restart, read as a second start-up
     out: list[list[str]] = [[] for _ in servers]
@@ -124,12 +124,11 @@ def split_servers(lines: Sequence[str]) -> list[Stream] | None:
     ]
 
 
-def _server_of(p: _Process, servers: list[_Process], procs: dict[str, _Process]) -> int:
+def _server_of(p: _Process, servers: list[_Process], taken: set[tuple[int, str]]) -> int:
     shared = [s for s in servers if set(s.facts) & set(p.facts)]
     agree = [s for s in shared if all(s.facts.get(k, v) == v for k, v in p.facts.items())]
     pool = agree or servers
     started = [s for s in pool if s.first < p.first] or pool[:1]
-    taken = {(q.server, q.role) for q in procs.values() if q.server >= 0 and q is not p}
     free = [s.server for s in started if (s.server, p.role) not in taken]
     return free[0] if free else started[-1].server
 
