@@ -13,10 +13,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from vramlab.capacity.gpus import GPU, GPUS, custom_gpu, get_gpu
+from vramlab.capacity.gpus import GPU, GPUS, HOST_NAMES, custom_gpu, get_gpu, host_device
 from vramlab.capacity.units import GIB
 from vramlab.errors import ConfigError, VramlabError
 from vramlab.logs.observation import Observation
+from vramlab.units import gib
 
 _VENDOR = {"nvidia", "geforce", "tesla", "quadro", "amd", "radeon", "instinct", "intel"}
 # Form-factor words a marketing name carries that the catalog does not (its names are memory sizes).
@@ -58,7 +59,10 @@ def _nearest_size(card: GPU, total_bytes: int | None) -> GPU:
 
 
 def gpu_for(obs: Observation, gpu: str | None = None) -> tuple[GPU, str]:
-    """The card to predict for, and why (see the module's order)."""
+    """The card to predict for, and why (see the module's order). A CPU engine's log (vLLM's CPU
+    build prints the host's memory beside its KV space) is predicted on the host."""
+    if obs.extra.get("device") == "cpu" or (gpu or "").strip().lower() in HOST_NAMES:
+        return _host_for(obs, gpu)
     if gpu:
         card = get_gpu(gpu)
         return card, f"{card.name} (--gpu)"
@@ -97,6 +101,23 @@ def gpu_for(obs: Observation, gpu: str | None = None) -> tuple[GPU, str]:
     if obs.gpu:
         raise ConfigError(f"the log names the card {obs.gpu!r}, which is not in the catalog; pass --gpu")
     raise ConfigError("the log does not print the GPU's total memory or a known card; pass --gpu")
+
+
+def _host_for(obs: Observation, gpu: str | None) -> tuple[GPU, str]:
+    if gpu and gpu.strip().lower() not in HOST_NAMES:
+        raise ConfigError(
+            f"--gpu {gpu}: the log is a CPU engine's (host memory); pass --gpu cpu or leave it out"
+        )
+    total = obs.extra.get("host_memory_bytes") or obs.total_gpu_memory_bytes
+    if total:
+        return host_device(total / GIB), f"the host ({gib(total, unit=True)}, the log's total memory)"
+    from vramlab.sources.host import host_memory_gib
+
+    here = host_memory_gib()
+    if here is None:
+        raise ConfigError("a CPU engine's log that prints no host memory, and this machine's is not readable")
+    where = f"the host ({gib(here * GIB, unit=True)}, this machine's MemTotal: the log prints none)"
+    return host_device(here), where
 
 
 def _other_cards(obs: Observation, named: GPU | None) -> list[str]:

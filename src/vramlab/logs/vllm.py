@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from vramlab.logs import devices
+from vramlab.logs import devices, vllm_cpu
 from vramlab.logs.base import Rule, assemble, gib, integer, mib, parse_lines, rule
 from vramlab.logs.vllm_args import SETTINGS_RULES
 
@@ -403,6 +403,7 @@ RULES: list[Rule] = (
             lambda m: {"cuda_graph_bytes": gib(m.group(1)), "cuda_graph_estimate_bytes": gib(m.group(2))},
         ),
     ]
+    + vllm_cpu.RULES
     + devices.RULES
 )
 
@@ -414,6 +415,7 @@ def parse(lines: Iterable[str]) -> list[Any]:
 
 
 def _finish(fields: dict[str, Any]) -> None:
+    vllm_cpu.finish(fields)
     if fields.get("budget_bytes") is None:
         fields.pop("budget_bytes", None)
     # V1 sizes the KV pool in blocks of 16 tokens by default; a log that prints both blocks and

@@ -1,5 +1,5 @@
 """vLLM's settings as its log prints them: the API server's version and non-default arguments, the
-engine's config line, a pasted `vllm serve` command (one line or continued over several), the
+start-up banner, the engine's config line, a pasted `vllm serve` command (logs/vllm_command.py), the
 model being loaded and the length it uses. logs/vllm.py reads the memory lines.
 """
 
@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from vramlab.logs.base import Rule, command_flags, integer, rule
+from vramlab.logs.base import Rule, rule
+from vramlab.logs.vllm_command import COMMAND, command, continued
 
 _ARG_KEYS = {
     "model": "model",
@@ -24,6 +25,7 @@ _ARG_KEYS = {
     "enforce_eager": "settings.enforce_eager",
     "block_size": "settings.block_size",
     "kv_cache_memory_bytes": "settings.kv_cache_memory_bytes",
+    "num_gpu_blocks_override": "settings.num_gpu_blocks_override",
     # The engine config line names max_model_len `max_seq_len`.
     "max_seq_len": "settings.max_model_len",
 }
@@ -36,6 +38,7 @@ _INT_KEYS = {
     "max_num_batched_tokens",
     "block_size",
     "kv_cache_memory_bytes",
+    "num_gpu_blocks_override",
 }
 
 
@@ -80,52 +83,6 @@ def _engine_config(m: re.Match[str]) -> dict[str, Any]:
     return out
 
 
-_FLAGS = (
-    (("--max-model-len", "--max_model_len"), "settings.max_model_len", integer),
-    (
-        ("--tensor-parallel-size", "--tensor_parallel_size", "--tensor-parallel", "-tp"),
-        "settings.tensor_parallel_size",
-        integer,
-    ),
-    (("--pipeline-parallel-size", "-pp"), "settings.pipeline_parallel_size", integer),
-    (("--gpu-memory-utilization", "--gpu_memory_utilization"), "settings.gpu_memory_utilization", float),
-    (("--max-num-seqs", "--max_num_seqs"), "settings.max_num_seqs", integer),
-    (("--max-num-batched-tokens", "--max_num_batched_tokens"), "settings.max_num_batched_tokens", integer),
-    (("--dtype",), "settings.dtype", str),
-    (("--kv-cache-dtype",), "settings.kv_cache_dtype", str),
-    (("--quantization", "-q"), "settings.quantization", str),
-)
-
-
-def _continued(m: re.Match[str]) -> dict[str, Any] | None:
-    """The flags of a command pasted over several lines (`  --max-model-len 32768 \\`): each
-    continuation line is read on its own, so a line in between (a note, a progress bar) loses nothing."""
-    text = " " + m.group(0)
-    out = command_flags(text, _FLAGS)
-    if re.search(r"\s--enforce[-_]eager\b", text):
-        out["settings.enforce_eager"] = True
-    return out or None
-
-
-def _command(m: re.Match[str]) -> dict[str, Any]:
-    """A pasted command line: `vllm serve MODEL --max-model-len 4096 -tp 2 ...`."""
-    text = m.group(0)
-    out: dict[str, Any] = {}
-    model = m.group("model") or re.search(r"--model[= ](\S+)", text)
-    if isinstance(model, re.Match):
-        model = model.group(1)
-    if model and not model.startswith("-"):
-        out["model"] = model.strip("'\"")
-    out.update(command_flags(text, _FLAGS))
-    if re.search(r"\s--enforce[-_]eager\b", text):
-        out["settings.enforce_eager"] = True
-    if "VLLM_USE_V1=1" in text:
-        out["settings.vllm_engine"] = "v1"
-    elif "VLLM_USE_V1=0" in text:
-        out["settings.vllm_engine"] = "v0"
-    return out
-
-
 SETTINGS_RULES: list[Rule] = [
     rule(
         "version",
@@ -164,12 +121,12 @@ SETTINGS_RULES: list[Rule] = [
     ),
     rule(
         "command",
-        r"(?:^|\s)(?:vllm serve (?P<model>\S+)|python3? -m vllm\.entrypoints\.\S+).*",
-        _command,
+        COMMAND,
+        command,
         starts=True,
         shared=True,
     ),
-    rule("command_continued", r"^\s+--?[A-Za-z][\w-]*.*", _continued, shared=True, generic=True),
+    rule("command_continued", r"^\s+--?[A-Za-z][\w-]*.*", continued, shared=True, generic=True),
     rule(
         "loading_model",
         r"Starting to load model (\S+?)(?:\.\.\.)?$",
