@@ -605,12 +605,16 @@ def test_drill_recovers_a_sigstopped_engine_by_sigkill_and_restart_within_the_li
     reqs = store.requests(run.run_id)
     assert not any(r.error_class == "cancelled" and r.phase == "ramp" for r in reqs)
     assert inc.impact.in_flight_lost > 0 and inc.impact.error_classes.get("timeout", 0) > 0
-    # the failure is at the step where the hang began, and every request in flight at T0 is a lost timeout
+    # the failure is at the step where the hang began, and every request in flight at T0 is lost: it timed out,
+    # or (when its own timeout had not yet run out) the supervisor's SIGKILL of the stopped process broke its stream
     fault = next(e for e in events if e.kind == "fault")
     assert fault.data["value"] == 4, fault.message
     t0 = some(inc.t0_s)
     at_t0 = [r for r in reqs if some(r.sent_s) <= t0 + 1e-9 and (r.end_s or 1e9) >= t0 - 1e-9 and not r.ok]
-    assert at_t0 and {r.error_class for r in at_t0} == {"timeout"}, [(r.error_class, r.error) for r in at_t0]
+    classes = {r.error_class for r in at_t0}
+    assert at_t0 and "timeout" in classes and classes <= {"timeout", "stream_broken"}, [
+        (r.error_class, r.error) for r in at_t0
+    ]
     assert inc.impact.in_flight_lost == len(at_t0)
     md = (tmp_path / "incident.md").read_text()
     assert "**Failure mode:** hang" in md and "NOT recovered" not in md

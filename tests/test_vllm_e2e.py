@@ -221,7 +221,9 @@ def test_concurrency_ramp_queues_and_preempts_with_plan_beside_measured(concurre
     for row in steps:
         kv = row.figure("kv_cache")
         # the pool: the engine's printed tokens x its own per-token bytes; the plan: the pool it was given
-        assert kv.measured_bytes == POOL_BYTES and "engine's own" in kv.source, kv
+        assert (
+            kv.measured_bytes == POOL_BYTES and "start-up log: the KV cache size it printed" in kv.source
+        ), kv
         assert kv.predicted_bytes == POOL_BYTES
         peak = row.figure("peak")  # the host's reading of the process tree, labelled host memory
         assert peak.measured_bytes and peak.host_memory, peak
