@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from vramlab.analysis.incident import analyse
+from vramlab.drill.kind import DrillKind
 from vramlab.drill.plan import parse_plan
-from vramlab.drill.runner import DrillRunner
+from vramlab.drill.start import run_drill_kind
 from vramlab.store import open_store
 
 pytestmark = pytest.mark.slow
@@ -45,8 +46,8 @@ def _doc(tmp_path: Path, sim: dict, ramp: dict, **top) -> dict:
 
 def _run(tmp_path: Path, doc: dict):
     store = open_store(str(tmp_path / "s.db"))
-    runner = DrillRunner(parse_plan(doc), store)
-    asyncio.run(asyncio.wait_for(runner.run(), 60))
+    runner = DrillKind(parse_plan(doc), store)
+    asyncio.run(asyncio.wait_for(run_drill_kind(runner, store), 60))
     rid = runner.run_id
     return store, rid, analyse(store.requests(rid), store.samples(rid), store.events(rid), p95_tolerance=2.0)
 

@@ -21,17 +21,11 @@ from vramlab.capacity.gpus import GPU
 from vramlab.capacity.settings import ENGINES, EngineSettings
 from vramlab.capacity.spec import ModelSpec
 from vramlab.capacity.validation import check_settings
+from vramlab.engines import ENGINES as ENGINE_REGISTRY
+from vramlab.engines import label
 from vramlab.errors import ConfigError
 from vramlab.units import gib
 
-_POLICIES = {
-    "vllm": "vramlab.capacity.engines.vllm",
-    "sglang": "vramlab.capacity.engines.sglang",
-    "tgi": "vramlab.capacity.engines.tgi",
-    "llama.cpp": "vramlab.capacity.engines.llamacpp",
-    "transformers": "vramlab.capacity.engines.transformers",
-    "ollama": "vramlab.capacity.engines.ollama",
-}
 _DEFAULT_CONSTANTS: Constants | None = None
 
 
@@ -52,7 +46,7 @@ def run_policy(
         raise ConfigError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
     check_settings(settings)
     ctx = Context(model, gpu, settings, _constants(constants))
-    policy = import_module(_POLICIES[engine])
+    policy = import_module(ENGINE_REGISTRY[engine].plan_policy)
     return ctx, policy.plan(ctx)
 
 
@@ -224,13 +218,6 @@ _SPELLING: dict[str, dict[str, str]] = {
     },
     "transformers": {"context": "", "kv": "", "tp": "", "fp8": ""},
 }
-_ENGINE_NAMES = {
-    "vllm": "vLLM",
-    "sglang": "SGLang",
-    "tgi": "TGI",
-    "llama.cpp": "llama.cpp",
-    "transformers": "transformers",
-}
 
 
 def _say_context(engine: str, n: int) -> str:
@@ -238,7 +225,7 @@ def _say_context(engine: str, n: int) -> str:
         return f"--max-model-len {n}"
     if engine == "transformers":  # no server flag: the longest request it may be sent
         return f"requests of at most {n:,} tokens"
-    return f"a {n:,}-token context ({_ENGINE_NAMES[engine]} {_SPELLING[engine]['context']} {n})"
+    return f"a {n:,}-token context ({label(engine)} {_SPELLING[engine]['context']} {n})"
 
 
 def _say_shorter(engine: str, n: int) -> str:
@@ -247,7 +234,7 @@ def _say_shorter(engine: str, n: int) -> str:
     flag = _SPELLING[engine]["context"]
     return (
         f"lower the context to {n:,} tokens, the largest that fits ("
-        + (f"{_ENGINE_NAMES[engine]} {flag} {n}; " if flag else "")
+        + (f"{label(engine)} {flag} {n}; " if flag else "")
         + "vramlab --max-model-len)"
     )
 
@@ -257,7 +244,7 @@ def _say_gpus(engine: str, tp: int) -> str:
         return f"use -tp {tp} ({tp} GPUs)"
     if engine == "transformers":  # from_pretrained(tp_plan="auto") under torchrun
         return f'use {tp} GPUs (tp_plan="auto" under torchrun --nproc-per-node {tp})'
-    return f"use {tp} GPUs ({_ENGINE_NAMES[engine]} {_SPELLING[engine]['tp']} {tp})"
+    return f"use {tp} GPUs ({label(engine)} {_SPELLING[engine]['tp']} {tp})"
 
 
 def _candidates(model: ModelSpec, s: EngineSettings, est: Estimate) -> list[tuple[str, dict[str, object]]]:
@@ -269,7 +256,7 @@ def _candidates(model: ModelSpec, s: EngineSettings, est: Estimate) -> list[tupl
             (
                 f"use {spell['kv']} (halves KV bytes per token)"
                 if engine == "vllm"
-                else f"use an FP8 KV cache ({_ENGINE_NAMES[engine]} {spell['kv']}; halves KV bytes per token)",
+                else f"use an FP8 KV cache ({label(engine)} {spell['kv']}; halves KV bytes per token)",
                 {"kv_cache_dtype": "fp8"},
             )
         )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama")
+from vramlab.engines import names
+
+ENGINES = names()  # the registry's engines (vramlab.engines), each with its policy module
 
 # The release assumed when --engine-version is left out: the newest each policy was checked against.
 DEFAULT_VERSIONS = {

@@ -21,10 +21,12 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from vramlab.engines import names
+
 if TYPE_CHECKING:
     from vramlab.capacity import GPU, Constants, EngineSettings
 
-ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama")
+ENGINES = names()  # every engine vramlab plans (vramlab.engines)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from vramlab.capacity.units import GIB
+from vramlab.engines import sim_engines
 from vramlab.units import gib
 
 
@@ -23,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--gpu", default="h100-80gb", help="catalog GPU the simulated card copies (see `vramlab gpus`)"
     )
-    s.add_argument("--engine", default="vllm", choices=["vllm", "sglang", "tgi", "llama.cpp"])
+    s.add_argument("--engine", default="vllm", choices=sim_engines())
     s.add_argument("--engine-version", default=None, help="engine release whose names and texts to use")
     s.add_argument("--gpu-memory-utilization", type=float, default=None)
     s.add_argument("--max-model-len", type=int, default=None)

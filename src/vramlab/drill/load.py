@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from vramlab.experiment.window import Lane
+from vramlab.run.window import Lane
 
 if TYPE_CHECKING:
     from vramlab.drill.plan import DrillPlan

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from vramlab.experiment.steps import FixedSteps
+from vramlab.run.steps import FixedSteps
 
 Knob = Literal["context", "concurrency", "batch", "coloaded_model", "balloon"]
 
