@@ -59,7 +59,7 @@ ENGINES: dict[str, Engine] = {
             "vLLM",
             8000,
             "vramlab.logs.vllm",
-            "vramlab.capacity.engines.vllm",
+            "vramlab.capacity.engines.vllm_auto",  # vllm.py's policy, with --max-model-len auto
             metrics={
                 "kv_cache_usage_perc": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
                 "num_requests_running": ("vllm:num_requests_running",),
