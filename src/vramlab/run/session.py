@@ -129,14 +129,11 @@ def _watchdog(after_s: float) -> bool:
     for stream in (sys.stderr, sys.__stderr__):
         if stream is None:
             continue
+        # a stream without a file descriptor raises io.UnsupportedOperation (an OSError and a ValueError)
         try:
             faulthandler.dump_traceback_later(after_s, repeat=False, file=stream)
             return True
-        except (
-            AttributeError,
-            ValueError,
-            OSError,
-        ):  # io.UnsupportedOperation is an OSError and a ValueError
+        except (AttributeError, ValueError, OSError):
             continue
     return False
 
