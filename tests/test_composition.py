@@ -306,8 +306,10 @@ def test_a_drill_adds_the_composition_at_the_failure(tmp_path: Path) -> None:
         ctx = load_context(store, run.run_id)
         data = json.loads(render(ctx, "json"))["sections"]
     comp = data["composition"]
-    # the plan is the sim's own settings, its extra_args included (the sim sizes its workspace with them)
-    assert comp["plan_facts"]["settings"]["max_num_batched_tokens"] == 32768
+    # the plan is the sim's own settings, its extra_args included in SGLang's own names (the example
+    # drill's sim plays SGLang, and sizes its workspace with them)
+    settings = comp["plan_facts"]["settings"]
+    assert settings["chunked_prefill_size"] == 32768 and settings["max_num_seqs"] == 64, settings
     (fail,) = comp["at_failure"]
     (fault,) = [e for e in ctx.events if e.kind == "fault"]
     assert fail["value"] == fault.data["value"] and fail["end_s"] == pytest.approx(fault.data["t0_s"])
