@@ -62,12 +62,7 @@ def step_failures(tally: BaselineTally | None) -> str:
     failed" over requests the server refused (a 400 for the context length is a failure too)."""
     if tally is None or tally.sent == 0:
         return "nothing had failed (no request of the step had ended yet)"
-    if not tally.failed:
-        return "nothing had failed"
-    classes = ", ".join(f"{k} {v}" for k, v in sorted(tally.classes.items()))
-    return f"{tally.failed} of {tally.ok + tally.failed} of its requests had failed ({classes})" + (
-        f"; the server said: {tally.first_error}" if tally.first_error else ""
-    )
+    return tally.failures("of its") if tally.failed else "nothing had failed"
 
 
 __all__ = ["say_failure", "step_failures"]
