@@ -129,4 +129,4 @@ def test_refusals_for_length_at_the_ceiling_are_failures_not_a_ceiling_held(tmp_
     import json
 
     refusal = json.loads(sat)["sections"]["composition"]["saturation"]["refusal"]
-    assert refusal["value"] == 2048 and refusal["step"] == 2 and "maximum context length" in refusal["detail"]
+    assert refusal["value"] == 2048 and refusal["step"] == 3 and "maximum context length" in refusal["detail"]
