@@ -19,6 +19,7 @@ Per engine:
 - ``sim``: `vramlab sim` can play it (the sim's engines have their own log texts, metric names
   and failure wordings);
 - ``plan_policy``: the `vramlab.capacity.engines` module that plans its memory (`vramlab plan`);
+  ``host_policy``: the one that plans its CPU build on the host (`--gpu cpu`), where it has one;
 - ``serve_command``: how one instance is started for one model (`vramlab pack`'s commands). An
   engine without one (Ollama: one daemon loads and unloads models per request, sized by the
   request's and the Modelfile's options) gets no capacity plan from a run's target settings and
@@ -49,6 +50,7 @@ class Engine:
     metrics: dict[str, tuple[str, ...]] = field(default_factory=dict)
     sim: bool = False
     serve_command: str | None = None
+    host_policy: str | None = None
 
 
 ENGINES: dict[str, Engine] = {
@@ -70,6 +72,7 @@ ENGINES: dict[str, Engine] = {
             },
             sim=True,
             serve_command="vllm serve",
+            host_policy="vramlab.capacity.engines.vllm_cpu",
         ),
         Engine(
             "sglang",
@@ -121,6 +124,7 @@ ENGINES: dict[str, Engine] = {
             },
             sim=True,
             serve_command="llama-server -m",
+            host_policy="vramlab.capacity.engines.llamacpp_cpu",
         ),
         Engine(
             "transformers",
@@ -130,6 +134,7 @@ ENGINES: dict[str, Engine] = {
             "vramlab.capacity.engines.transformers",
             aliases=("transformers-serve", "hf-transformers"),
             serve_command="transformers serve",  # 5.x: no `python -m transformers`
+            host_policy="vramlab.capacity.engines.transformers",
         ),
         Engine("ollama", "Ollama", 11434, "vramlab.logs.ollama", "vramlab.capacity.engines.ollama"),
     )
