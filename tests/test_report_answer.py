@@ -15,7 +15,7 @@ import _synthetic_run as synth
 from vramlab.analysis.composition import Figure, Row
 from vramlab.report import render
 from vramlab.report.answer import folded_rows
-from vramlab.report.blocks import Chart, Table, Verdict
+from vramlab.report.blocks import Bullets, Chart, Table, Verdict
 from vramlab.report.sections import ReportContext, build_document
 
 GIB = 2**30
@@ -140,6 +140,24 @@ def test_every_format_opens_with_the_answer_and_ends_with_the_appendix():
     data = json.loads(render(ctx, "json"))["sections"]["answer"]
     assert data["verdict"] == "not-held" and data["headline"].startswith("The hypothesis did not hold")
     assert data["key_chart"] == "E2E latency P95 per concurrency"
+
+
+def test_the_itl_bookkeeping_qualifies_a_figure_after_the_summarys_figures():
+    """The hypothesis gets its verdict in the answer; the summary opens with the run, its length and
+    its requests, and how many inter-token gaps the ITL rests on comes after every other line."""
+    doc = build_document(_ctx({"p95_e2e_ms": 2000.0, "error_rate": 0.5}))
+    answer, summary = doc.sections[0], doc.sections[1]
+    verdict = answer.blocks[0]
+    assert isinstance(verdict, Verdict) and verdict.status == "held"
+    assert verdict.headline.startswith("The hypothesis held:")
+    assert verdict.details[0].startswith("Hypothesis: ")
+    assert not [d for d in verdict.details if "ITL" in d]
+    assert summary.id == "summary"
+    items = [i for b in summary.blocks if isinstance(b, Bullets) for i in b.items]
+    itl = [n for n, i in enumerate(items) if i.startswith("ITL ")]
+    assert items[0].startswith("Run `7f3a91bc`") and items[2].startswith("315 requests, 5 errors")
+    assert itl and itl == list(range(len(items) - len(itl), len(items))), items
+    assert min(itl) >= 5, items
 
 
 def _fig(name: str, predicted: float, measured: float | None, band: float = 0.5) -> Figure:
