@@ -36,6 +36,27 @@ def test_readme_opens_with_the_install_and_test_commands():
     assert "scripts/test" in (ROOT / ".ci" / "run").read_text()
 
 
+def test_readme_how_to_begins_on_its_first_screen():
+    """Before the first recipe: the title, what vramlab answers in a short paragraph and the two
+    commands; nothing else (no accuracy batches, no caveats). About 15 source lines, which render
+    in well under 900 px."""
+    lines = README.splitlines()
+    first = next(n for n, ln in enumerate(lines) if ln.startswith("## "))
+    assert lines[first] == "## Plan a model on a card", lines[first]
+    intro = "\n".join(lines[:first])
+    prose = re.sub(r"```.*?```", "", intro, flags=re.S)
+    assert first <= 18 and len(prose.split()) <= 120, (first, len(prose.split()))
+    assert intro.count("```bash") == 1
+    # the other pieces a new user asks about have their own place further down
+    headings = [ln for ln in lines if ln.startswith("## ")]
+    assert headings.index("## Run against your own vLLM, SGLang, llama.cpp or Ollama") < headings.index(
+        "## Multi-node"
+    )
+    assert headings.index("## Multi-node") < headings.index("## Accuracy")
+    multi = README.split("## Multi-node", 1)[1].split("\n## ", 1)[0]
+    assert "does **not** plan" in multi and "**inside one node**" in multi
+
+
 def test_docs_linked_from_the_readme_exist():
     for link in re.findall(r"\]\((docs/[^)]+)\)", README):
         assert (ROOT / link).exists(), link
