@@ -6,8 +6,9 @@ then measured with element rects (the viewport set exactly through the DevTools 
 A report fails when a table or a cell is wider than its box (content scrolls sideways, is cut off,
 or leaves the page), when text is clipped, when a chart has no data, or when the page loads
 anything from the network (performance entries beyond the page itself, and the CSP forbids it).
-It opens with the answer: the verdict comes before the plan dump, and the key chart's top is on the
-first screen at 1366x900. On a phone no page is wider than its window: a table wider than the
+It opens with the answer: the verdict comes before the summary, the plan dump and the environment;
+at 1366x900 the plan-against-measured table and the key chart (the page's first chart) start on
+the first screen. On a phone no page is wider than its window: a table wider than the
 screen scrolls inside its own box, charts scale.
 Screenshots go to test-artifacts/screenshots/ (or $VRAMLAB_SCREENSHOTS), for CI to keep: the whole
 page at 1366 px, the first screen at 390 px.
@@ -51,7 +52,7 @@ document.querySelectorAll('table').forEach((t, i) => {
   const fig = t.closest('figure.table'), cap = fig && fig.querySelector('figcaption');
   const label = (cap ? cap.textContent : '') || (t.closest('section') || {id: '#' + i}).id;
   const head = Array.from(t.querySelectorAll('th')).map(h => h.textContent.trim());
-  out.tables.push({label: label.trim().slice(0, 60), section: (t.closest('section') || {}).id || '',
+  out.tables.push({label: label.trim().slice(0, 60), section: (t.closest('section') || {}).id || '', top: top(t),
                    width: Math.round(r.width), box: Math.round(box.width), scroll: t.scrollWidth,
                    client: t.clientWidth, right: Math.round(r.right), box_right: Math.round(box.right),
                    viewport: vw, columns: head.length, scrolls: scrolls,
@@ -259,15 +260,18 @@ def test_report_reads_at_laptop_width(browser, reports, kind):
     _answer_first(got, kind)
     if kind != "colocation":
         assert got["charts"] and all(c["series_drawn"] > 0 for c in got["charts"]), got["charts"]
-        # the answer's key chart starts on the first screen, before any scrolling
-        assert got["answer"]["key_chart"] is not None and got["answer"]["key_chart"] < HEIGHT, got["answer"]
-        # and so does the plan against measured, in a few lines
-        pvm = [
-            t
-            for t in got["tables"]
-            if t["section"] == "answer" and t["label"].startswith("Plan against measured")
-        ]
-        assert len(pvm) == 1 and pvm[0]["columns"] == 5, pvm
+    # the answer's key chart starts on the first screen, before any scrolling, and is the page's first
+    key = got["answer"]["key_chart"]
+    assert key is not None and key < HEIGHT, got["answer"]
+    assert min(c["top"] for c in got["charts"]) == key, got["charts"]
+    # and so does the plan against measured, in a few lines, above the chart
+    pvm = [
+        t
+        for t in got["tables"]
+        if t["section"] == "answer" and t["label"].startswith("Plan against measured")
+    ]
+    assert len(pvm) == 1 and pvm[0]["columns"] == 5, pvm
+    assert got["answer"]["verdict"] < pvm[0]["top"] < key, (pvm, got["answer"])
     # The per-round and per-step signals (waiting, KV, GPU memory, delta P95) are on screen, not scrolled away.
     if kind == "experiment":
         signal = [t for t in got["tables"] if t["label"].startswith("Service and resource signals")]
