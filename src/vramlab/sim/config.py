@@ -61,6 +61,11 @@ class SimConfig:
     watchdog_s: float = 5.0  # vLLM's VLLM_WATCHDOG_TIME_S: from engine death to exit (wall clock, not scaled)
     log_stats_interval_s: float = 5.0  # the engine's periodic stats line (wall clock)
     start_barrier: str | None = None  # FILE:N: meet N sims at the start-up checkpoints (sim/barrier.py)
+    # prefix caching (sim/prefix_cache.py); None: the engine's default (prefix_caching_default)
+    prefix_caching: bool | None = None
+    # usage.prompt_tokens_details.cached_tokens in answers (vLLM's --enable-prompt-tokens-details;
+    # llama-server always sends it)
+    prompt_tokens_details: bool = False
     estimate: Estimate | None = field(default=None, compare=False)  # serve this instead of computing
 
     def __post_init__(self) -> None:
@@ -94,6 +99,20 @@ class SimConfig:
         from vramlab.capacity.settings import DEFAULT_VERSIONS, parse_version
 
         return parse_version(self.engine_version or DEFAULT_VERSIONS[self.engine])
+
+    @property
+    def prefix_caching_on(self) -> bool:
+        """Prefix caching as the engine has it unless told: on in vLLM's V1 engine (0.8 and later:
+        ``enable_prefix_caching`` defaults to True there), SGLang's radix cache (unless
+        --disable-radix-cache) and TGI 3 (its v3 release notes: prefix caching on by default); off in
+        vLLM's V0 and in llama.cpp, whose per-slot prompt cache the sim does not model."""
+        if self.prefix_caching is not None:
+            return self.prefix_caching
+        if self.engine == "vllm":
+            return self.version >= (0, 8)
+        if self.engine == "tgi":
+            return self.version >= (3,)
+        return self.engine == "sglang"
 
     @property
     def version_text(self) -> str:

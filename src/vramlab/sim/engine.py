@@ -196,6 +196,15 @@ class SimEngine:
             self.max_num_batched_tokens,
             self.max_model_len,
         )
+        if self.cfg.prefix_caching_on:
+            from vramlab.sim.prefix_cache import PrefixCache
+            from vramlab.sim.tokenizer import token_text
+
+            seed = self.cfg.seed
+            self.sched.cache = PrefixCache()
+            self.sched.generated_tokens = lambda req: [
+                token_text(seed, req.key, i).strip() for i in range(req.generated)
+            ]
 
     async def _start_vllm(self) -> None:
         v = self.version
@@ -339,6 +348,7 @@ class SimEngine:
         ignore_eos: bool,
         key: str,
         sink: asyncio.Queue[tuple[str, Any]],
+        tokens: list[str] | None = None,
     ) -> Request:
         stop_at = max_tokens
         if not ignore_eos and max_tokens > 1:
@@ -349,6 +359,10 @@ class SimEngine:
         req = Request(rid, prompt_tokens, max_tokens, stop_at, key, time.monotonic(), sink)
         self.stats.requests += 1
         assert self.sched is not None
+        if self.sched.cache is not None and tokens is not None:  # its blocks by content: shared prefixes
+            from vramlab.sim.prefix_cache import block_hashes
+
+            req.hashes, req.tail = block_hashes(tokens, self.sched.block_size)
         self.sched.add(req)
         self._wake.set()
         return req
