@@ -54,6 +54,12 @@ ALIASES: dict[str, tuple[tuple[str, ...], str]] = {
     "process_resident_memory_bytes": (("process_resident_memory_bytes",), "sum"),
     # the KV pool's size in tokens where the engine exports it (SGLang; vLLM's is in cache_config_info's labels)
     "kv_cache_pool_tokens": (("sglang:max_total_num_tokens",), "max"),
+    # the prefix cache, in tokens: vLLM V1's counters (renamed from gpu_prefix_cache_* in 0.9,
+    # vllm/v1/metrics/loggers.py); a hit rate where the engine exports only that (SGLang's radix
+    # cache, sglang/srt/metrics/collector.py; vLLM V0's block hit rate)
+    "prefix_cache_queries_total": (("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"), "sum"),
+    "prefix_cache_hits_total": (("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"), "sum"),
+    "prefix_cache_hit_rate": (("sglang:cache_hit_rate", "vllm:gpu_prefix_cache_hit_rate"), "max"),
 }
 # vLLM's `cache_config_info` is an info gauge: the pool is in its labels (num_gpu_blocks x block_size).
 _INFO_LABELS = {
