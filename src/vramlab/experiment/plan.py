@@ -154,11 +154,30 @@ class Synthetic(_Model):
 class InputSet(_Model):
     synthetic: Synthetic | None = None
     jsonl: str | None = None
+    trace: str | None = Field(
+        default=None, description="a request trace replayed at its own times (load/trace.py)"
+    )
+    format: Literal["mooncake", "burstgpt", "jsonl"] | None = Field(
+        default=None, description="the trace's format"
+    )
+    time_scale: float = Field(
+        default=1.0, gt=0, le=1e6, description="trace times x this (0.5: twice the rate)"
+    )
+    max_requests: int | None = Field(
+        default=None, gt=0, le=10_000_000, description="the trace's first N requests"
+    )
+    seed: int = Field(default=0, description="a trace's prompt text: the same seed, the same words")
 
     @model_validator(mode="after")
     def _one(self) -> InputSet:
-        if (self.synthetic is None) == (self.jsonl is None):
-            raise ValueError("give exactly one of 'synthetic' or 'jsonl'")
+        if sum(x is not None for x in (self.synthetic, self.jsonl, self.trace)) != 1:
+            raise ValueError("give exactly one of 'synthetic', 'jsonl' or 'trace'")
+        if self.trace is not None and self.format is None:
+            raise ValueError("trace: needs format: mooncake, burstgpt or jsonl")
+        if self.trace is None and (
+            self.format is not None or self.max_requests is not None or self.time_scale != 1.0
+        ):
+            raise ValueError("format, time_scale and max_requests belong to a trace: (give trace: FILE)")
         return self
 
 
@@ -290,12 +309,25 @@ class Plan(_Model, PlanDocument):
         var, load = self.change.variable, self.load
         if var == "request_rate" and load.mode != "open":
             raise ValueError("@change.variable: request_rate needs load.mode: open")
-        if load.mode == "open" and load.request_rate is None and var != "request_rate":
+        if (
+            load.mode == "open"
+            and load.request_rate is None
+            and var != "request_rate"
+            and self.fixed.input.trace is None
+        ):
             raise ValueError("@load.mode: open needs load.request_rate")
         if var == "concurrency" and any(v != int(v) for v in self.change.values()):
             raise ValueError("@change: concurrency steps must be whole numbers")
         if var == "prompt_tokens" and self.fixed.input.synthetic is None:
             raise ValueError("@change.variable: prompt_tokens needs a synthetic input set")
+        if self.fixed.input.trace is not None:
+            if load.mode != "open":
+                raise ValueError("@load.mode: a trace sets its own send times: use load.mode: open")
+            if var in ("request_rate", "output_tokens") and self.change.baseline is None:
+                raise ValueError(
+                    f"@change.baseline: a trace with {var} as the variable needs change.baseline "
+                    "(its value in baseline and recovery; the trace itself has no one value)"
+                )
         if "ledger" in self.samplers.sources and not self.samplers.ledger and self.target.sim is None:
             raise ValueError("@samplers.sources: 'ledger' needs samplers.ledger (the sim's device file)")
         if "prometheus" in self.samplers.sources and not self.samplers.prometheus_url:
@@ -364,10 +396,12 @@ def load_plan(path: str | Path) -> Plan:
 
     p = Path(path)
     plan = validate_plan(_KINDS, read_yaml(p, "plan"), **_MAPPING)
-    if plan.fixed.input.jsonl is not None:
-        jp = Path(plan.fixed.input.jsonl)
-        if not jp.is_absolute():
-            jp = p.parent / jp
-        if not jp.is_file():
-            raise ConfigError(f"{p}: fixed.input.jsonl: no such file {str(jp)!r}")
+    for key in ("jsonl", "trace"):
+        name = getattr(plan.fixed.input, key)
+        if name is not None:
+            jp = Path(name)
+            if not jp.is_absolute():
+                jp = p.parent / jp
+            if not jp.is_file():
+                raise ConfigError(f"{p}: fixed.input.{key}: no such file {str(jp)!r}")
     return plan

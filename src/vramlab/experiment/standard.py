@@ -101,6 +101,7 @@ class ExperimentKind:
         self._baseline: BaselineTally | None = None  # the running baseline's requests (baseline_check)
         self._env_notes: list[str] = []
         self._outcome: StepOutcome | None = None  # the last treatment step's
+        self._trace_noted = False
 
     def attach(self, run: Runner) -> None:
         self.run = run
@@ -190,8 +191,8 @@ class ExperimentKind:
         stack.push_async_callback(samplers.stop)
 
     async def _prompt_maker(self, stack: contextlib.AsyncExitStack) -> PromptMaker | None:
-        """Synthetic prompts sized in the target's tokenizer (load/tokens.py), said in a note."""
-        if self.plan.fixed.input.synthetic is None:
+        """Synthetic and trace prompts sized in the target's tokenizer (load/tokens.py), said in a note."""
+        if self.plan.fixed.input.synthetic is None and self.plan.fixed.input.trace is None:
             return None
         from vramlab.load.tokens import open_prompt_maker
 
@@ -246,7 +247,7 @@ class ExperimentKind:
         if value not in self._prompts:
             self._prompts[value] = await prompts_for(plan, value, self.o.base_dir, self._maker)
         seed = (plan.fixed.input.synthetic.seed if plan.fixed.input.synthetic else 0) * 1000 + step
-        shape = shape_for(plan, value, seed)
+        shape = shape_for(plan, value, seed, await self._schedule(value))
         stats = _WindowStats(where=(rnd, phase, step, value))
         at = f"round {rnd}/{n} {phase}" + (f" step {step}" if step else "")
         self.run.emit("phase_start", f"{at}: {var} = {value:g}", {"variable": var, "value": value})
@@ -319,6 +320,18 @@ class ExperimentKind:
                 },
             )
         return StepOutcome(step, value, stats.requests, stats.errors, p95, self.run.stop)
+
+    async def _schedule(self, value: float) -> tuple[float, ...] | None:
+        """A trace's send times for this window (None: the load's arrival process); its note once."""
+        if self.plan.fixed.input.trace is None:
+            return None
+        from vramlab.experiment.wiring import trace_input, trace_schedule
+
+        trace, _, note = await trace_input(self.plan, self.o.base_dir, self._maker)
+        if not self._trace_noted:
+            self._trace_noted = True
+            self.run.note(note)
+        return trace_schedule(trace, self.plan, value)
 
     # -- inputs from the load and the samplers --------------------------------------------------
     # A window's results become records in small bursts: every RECORD_EVERY_S (so a crash or SIGKILL

@@ -3,12 +3,14 @@ changed variable, and the samplers the plan asks for."""
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 from vramlab.experiment.plan import Plan
 from vramlab.load.driver import LoadShape, Window
 from vramlab.load.prompts import Prompt, PromptMaker, jsonl_prompts, synthetic_prompts
 from vramlab.load.retry import RetryPolicy
+from vramlab.load.trace import TraceRequest
 from vramlab.observe.base import Sampler
 
 
@@ -18,6 +20,8 @@ async def prompts_for(
     """The same input set for every window; only prompt_tokens, when it is the variable, changes it.
     Synthetic prompts are sized in the target's tokenizer where *maker* has a counter for it."""
     inp = plan.fixed.input
+    if inp.trace is not None:
+        return (await trace_input(plan, base_dir, maker))[1]
     if inp.synthetic is not None:
         s = inp.synthetic
         pt = int(value) if plan.change.variable == "prompt_tokens" else s.prompt_tokens
@@ -28,7 +32,48 @@ async def prompts_for(
     return jsonl_prompts(path if path.is_absolute() else base_dir / path)
 
 
-def shape_for(plan: Plan, value: float, seed: int) -> LoadShape:
+# One trace's requests and prompts per run: learning its words' costs asks the target's tokenizer
+# (load/blocks.py), which a new value of the variable must not repeat: kept with the run's PromptMaker.
+_TRACES: weakref.WeakKeyDictionary[object, tuple[list[TraceRequest], list[Prompt], str]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def trace_input(
+    plan: Plan, base_dir: Path, maker: PromptMaker | None = None
+) -> tuple[list[TraceRequest], list[Prompt], str]:
+    """(the trace's requests, one prompt each, the note that says how they were sized)."""
+    from vramlab.load.trace import read_trace, trace_prompts
+
+    inp = plan.fixed.input
+    if maker is None or maker not in _TRACES:  # without a tokenizer nothing is asked: read it again
+        path = Path(inp.trace)  # type: ignore[arg-type]
+        trace = read_trace(
+            path if path.is_absolute() else base_dir / path,
+            inp.format,  # type: ignore[arg-type]
+            inp.time_scale,
+            inp.max_requests,
+        )
+        prompts, note = await trace_prompts(trace, maker, inp.seed)
+        if maker is None:
+            return trace, prompts, note
+        _TRACES[maker] = (trace, prompts, note)
+    return _TRACES[maker]
+
+
+def trace_schedule(trace: list[TraceRequest], plan: Plan, value: float) -> tuple[float, ...]:
+    """The send times of a trace's window: its own, or stretched to a request_rate step's mean rate."""
+    from vramlab.load.trace import mean_rate, offsets
+
+    times = offsets(trace)
+    rate = mean_rate(trace)
+    if plan.change.variable == "request_rate" and rate:
+        return tuple(t * rate / value for t in times)
+    return times
+
+
+def shape_for(plan: Plan, value: float, seed: int, schedule: tuple[float, ...] | None = None) -> LoadShape:
+    """The window's load at *value*; *schedule*: a trace's send times (open loop)."""
     ld, var = plan.load, plan.change.variable
     conc = ld.concurrency if ld.mode == "closed" else ld.max_concurrency
     rate = ld.request_rate
@@ -47,6 +92,7 @@ def shape_for(plan: Plan, value: float, seed: int) -> LoadShape:
         burstiness=ld.burstiness,
         seed=seed,
         max_tokens=max_tokens,
+        schedule=schedule,
     )
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from vramlab.load.arrivals import Arrival, gaps
+from vramlab.load.arrivals import Arrival, gaps, schedule_gaps
 from vramlab.load.client import RequestResult
 from vramlab.load.prompts import Prompt
 from vramlab.load.retry import RetryPolicy
@@ -47,6 +47,9 @@ class LoadShape:
     # closed loop: the longest a refused user waits; a drill's recovery phase caps it at its probe
     # resolution, so "serving again" is timed within that, not within the back-off's 10 s cap
     error_backoff_max_s: float | None = None
+    # open loop: the send times themselves (a trace's, load/trace.py), in seconds from the window's
+    # start, instead of an arrival process; the loop ends after the last one
+    schedule: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,9 @@ def _cancelled(rid: str, attempt: int, scheduled: float, sent: float, prompt: Pr
         error="the window was cancelled",
         prompt_tokens=prompt.prompt_tokens,
         prompt_tokens_source=prompt.tokens_source,
+        conversation=prompt.conversation,
+        turn=prompt.turn,
+        tenant=prompt.tenant,
     )
 
 
@@ -189,10 +195,13 @@ async def drive(
 
     async def open_loop() -> None:
         nonlocal sent
-        if not shape.request_rate:
-            raise ValueError("an open loop needs a request rate")
+        if not shape.request_rate and shape.schedule is None:
+            raise ValueError("an open loop needs a request rate or a schedule")
         sem = asyncio.Semaphore(max(1, shape.concurrency))
-        g = gaps(shape.request_rate, shape.arrival, shape.burstiness, shape.seed)
+        if shape.schedule is not None:
+            g = schedule_gaps(shape.schedule)
+        else:
+            g = gaps(shape.request_rate, shape.arrival, shape.burstiness, shape.seed)  # type: ignore[arg-type]
         next_t, k = start, 0
 
         async def gated(rid: str, prompt: Prompt, scheduled: float) -> None:
