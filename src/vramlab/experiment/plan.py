@@ -404,4 +404,9 @@ def load_plan(path: str | Path) -> Plan:
                 jp = p.parent / jp
             if not jp.is_file():
                 raise ConfigError(f"{p}: fixed.input.{key}: no such file {str(jp)!r}")
+            if key == "trace":  # a malformed trace is bad input: refused before anything runs
+                from vramlab.load.trace import read_trace
+
+                inp = plan.fixed.input
+                read_trace(jp, inp.format, inp.time_scale, inp.max_requests)  # type: ignore[arg-type]
     return plan
