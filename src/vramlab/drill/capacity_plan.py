@@ -67,7 +67,10 @@ def facts_for_experiment(plan: Any) -> PlanFacts:
             )
             if v is not None
         }
-        return PlanFacts(tg.model, s.engine, s.gpu, None, None, settings, log_file)
+        settings.update(_sim_extra_settings(s.extra_args))  # e.g. --engine-version: the sim's own release
+        return PlanFacts(
+            tg.model, s.engine, s.gpu, None, settings.pop("engine_version", None), settings, log_file
+        )
     engine = tg.kind if tg.kind in PLAN_ENGINES else None
     if cap is None:
         return PlanFacts(tg.model, engine, log_file=log_file)
