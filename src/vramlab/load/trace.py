@@ -5,7 +5,7 @@ prompt blocks it shared with others. Three formats, each as its project publishe
   ``input_length`` and ``output_length`` (tokens), ``hash_ids`` (one id per 512-token block of the
   prompt, the last one possibly partial; two requests with the same ids in front share that
   prefix), as in kvcache-ai/Mooncake's FAST'25 traces and the loaders of AIPerf
-  (docs/benchmark_modes/trace_replay.md) and NVIDIA Dynamo's data generator;
+  (its trace-replay page, benchmark_modes/trace_replay.md) and NVIDIA Dynamo's data generator;
 - ``burstgpt``: BurstGPT's CSV (HPMLL/BurstGPT, README "Schema"): ``Timestamp`` (seconds from the
   trace's start), ``Model``, ``Request tokens``, ``Response tokens``, ``Total tokens``, ``Log Type``;
   no prefix information (every prompt is its own);
