@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from vramlab.analysis.rounds import (
     Recovery,
@@ -13,6 +14,7 @@ from vramlab.analysis.rounds import (
     returned_to_baseline,
     stability,
 )
+from vramlab.analysis.slo_search import searches
 from vramlab.analysis.stats import RequestSummary, Slo, request_span, summarize_requests
 from vramlab.analysis.thresholds import (
     ThresholdCheck,
@@ -78,6 +80,7 @@ class RunAnalysis:
     thresholds: list[ThresholdCheck] = field(default_factory=list)  # per step window, from plan.metrics
     highest_passing_value: float | None = None  # the changed variable's observed limit
     queueing_from_value: float | None = None  # lowest step value where the engine queued requests
+    searches: list[dict[str, Any]] = field(default_factory=list)  # change.search: each round's answer
 
     @property
     def rounds(self) -> list[int]:
@@ -157,8 +160,9 @@ def analyze_run(
     slo: Slo | None = None,
 ) -> RunAnalysis:
     limits = {k: float(v) for k, v in (run.plan.get("metrics") or {}).items() if isinstance(v, (int, float))}
-    if slo is None:
-        slo = slo_from_metrics(limits)
+    if slo is None:  # the plan's thresholds, else its search's SLO: the per-request SLO of goodput
+        search_slo = ((run.plan.get("change") or {}).get("search") or {}).get("slo") or {}
+        slo = slo_from_metrics(limits) or slo_from_metrics(search_slo)
     step_windows, phase_windows = find_windows(requests, events)
     by_step: dict[tuple[int, str, int], list[RequestRecord]] = {}
     by_phase: dict[tuple[int, str], list[RequestRecord]] = {}
@@ -217,4 +221,5 @@ def analyze_run(
         thresholds=checks,
         highest_passing_value=highest_passing_value(checks),
         queueing_from_value=min(queued) if queued else None,
+        searches=searches(events),
     )

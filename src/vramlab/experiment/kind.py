@@ -38,6 +38,7 @@ from vramlab.run.stop import StopMonitor, StopReason
 from vramlab.run.window import Lane, WindowExecutor, request_record
 
 if TYPE_CHECKING:
+    from vramlab.experiment.search import SearchSteps
     from vramlab.run.runner import Runner
 
 _SOURCES = {"gpu", "ledger", "engine", "prometheus", "host", "health", "ollama"}
@@ -83,7 +84,12 @@ class ExperimentKind:
         self.plan = plan
         self.o = options
         self.rounds = range(1, (options.rounds or plan.rounds) + 1)
-        self.strategy = options.strategy or FixedSteps(plan.change.values())
+        self._search: SearchSteps | None = None  # change.search: each treatment window a probe
+        if options.strategy is None and plan.change.search is not None:
+            from vramlab.experiment.search import SearchSteps
+
+            self._search = SearchSteps(plan, lambda kind, msg, data: self.run.emit(kind, msg, data))
+        self.strategy = options.strategy or self._search or FixedSteps(plan.change.values())
         self.monitor = StopMonitor(plan.stop_conditions, plan.wall_clock_s())
         self.wall_clock_s = self.monitor.wall_clock_s
         self.run_id = options.run_id or new_run_id()
@@ -369,6 +375,8 @@ class ExperimentKind:
         for res in results:
             rec = request_record(res, run_id, t0, rnd, phase, step, value)
             fire(Event("request", rec.end_s or 0.0, rnd, phase, step, payload=rec))
+            if self._search is not None:
+                self._search.add(rec)
 
     def _on_samples(self, samples: list[Sample]) -> None:
         recs = []

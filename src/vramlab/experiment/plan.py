@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from vramlab.engines import EngineName
 from vramlab.errors import ConfigError
+from vramlab.experiment.plan_change import Search
 from vramlab.plandoc import (
     CapacityFacts,
     PlanDocument,
@@ -202,6 +203,18 @@ class Change(_Model):
     )
     steps: list[float] | None = None
     ramp: Ramp | None = None
+    search: Search | None = None  # the largest value meeting the SLO (experiment/plan_change.py)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _search_names_the_variable(cls, data: Any) -> Any:
+        # `change.search: {variable: concurrency | rate, ...}` may name the variable itself
+        if isinstance(data, dict) and isinstance(data.get("search"), dict) and data["search"].get("variable"):
+            named = {"rate": "request_rate"}.get(data["search"]["variable"], data["search"]["variable"])
+            if data.get("variable") not in (None, named):
+                raise ValueError(f"search.variable {named!r} and variable {data['variable']!r} differ")
+            return {**data, "variable": named, "search": {**data["search"], "variable": named}}
+        return data
 
     @field_validator("steps")
     @classmethod
@@ -215,11 +228,16 @@ class Change(_Model):
 
     @model_validator(mode="after")
     def _one(self) -> Change:
-        if (self.steps is None) == (self.ramp is None):
-            raise ValueError("give exactly one of 'steps' or 'ramp'")
+        if sum(x is not None for x in (self.steps, self.ramp, self.search)) != 1:
+            raise ValueError("give exactly one of 'steps', 'ramp' or 'search'")
+        if self.search is not None and self.variable not in ("concurrency", "request_rate"):
+            raise ValueError("search: the variable is concurrency or request_rate")
         return self
 
     def values(self) -> list[float]:
+        """The treatment values planned up front (a search's: its bracket's ends)."""
+        if self.search is not None:
+            return [self.search.low, self.search.high]
         return list(self.steps) if self.steps is not None else self.ramp.values()  # type: ignore[union-attr]
 
 
@@ -343,11 +361,14 @@ class Plan(_Model, PlanDocument):
         return float(syn.output_tokens) if syn else 256.0
 
     def planned_seconds(self) -> float | None:
-        """Planned time for all rounds, when the window is time-bound."""
+        """Planned time for all rounds, when the window is time-bound (a search: at most
+        max_probes treatment windows)."""
         if self.phases.duration_s is None:
             return None
-        windows = self.rounds * (2 + len(self.change.values()))
-        return windows * (self.phases.duration_s + min(self.phases.drain_s, 1.0))
+        ch = self.change
+        steps = ch.search.max_probes if ch.search is not None else len(ch.values())
+        window = self.phases.duration_s + min(self.phases.drain_s, 1.0)
+        return self.rounds * (2 + steps) * window
 
     def wall_clock_s(self) -> float:
         """The wall-clock stop: explicit, or twice the planned time + 60 s, or one hour."""

@@ -248,3 +248,26 @@ class OllamaModelData(TypedDict, total=False):
     reason: str  # model_unload: expired, evicted, unloaded
     size_vram_before_bytes: int  # model_offload
     size_before_bytes: int  # model_offload
+
+
+class SearchProbeData(TypedDict, total=False):
+    step: int
+    variable: str
+    value: float
+    slo: dict[str, float]
+    requests: int
+    duration_s: float
+    throughput_rps: float
+    observed: dict[str, float | None]
+    failed: list[str]  # the limits it broke, "too_few_requests", "saturated"
+    meets: bool
+    unstable: bool  # its halves disagreed: probed again at the same value
+
+
+class SearchResultData(TypedDict, total=False):
+    variable: str
+    answer: float | None  # the largest value that met the SLO (None: not even the lowest)
+    bracket: list[float | None]  # [answer, the smallest value that did not]
+    slo: dict[str, float]
+    probes: int
+    reason: str

@@ -139,6 +139,12 @@ class EventKind(str, Enum):
         "model_offload",
         "a model's GPU share changed: its figures, size_vram_before_bytes, size_before_bytes",
     )
+    # -- an SLO search (docs/experiments.md) ------------------------------------------------------
+    SEARCH_PROBE = (
+        "search_probe",
+        "one probe of an SLO search: step, variable, value, slo, observed, failed, meets, throughput_rps",
+    )
+    SEARCH_RESULT = "search_result", "the SLO search's answer: variable, answer, bracket, slo, probes, reason"
     # -- data events: not timeline rows ------------------------------------------------------------
     REQUEST = "request", "one HTTP attempt; payload: its RequestRecord (stored as a request row)"
     SAMPLES = "samples", "observed values; payload: list[SampleRecord] (stored as sample rows)"
@@ -193,6 +199,8 @@ PAYLOADS: dict[EventKind, type] = {
     K.MODEL_LOAD: P.OllamaModelData,
     K.MODEL_UNLOAD: P.OllamaModelData,
     K.MODEL_OFFLOAD: P.OllamaModelData,
+    K.SEARCH_PROBE: P.SearchProbeData,
+    K.SEARCH_RESULT: P.SearchResultData,
     K.REQUEST: P.NoData,
     K.SAMPLES: P.NoData,
 }
@@ -283,6 +291,14 @@ def race_data(ev: HasData) -> P.RaceData:
 
 def ledger_data(ev: HasData) -> P.LedgerData:
     return cast(P.LedgerData, _data(ev, K.LEDGER))
+
+
+def search_probe_data(ev: HasData) -> P.SearchProbeData:
+    return cast(P.SearchProbeData, _data(ev, K.SEARCH_PROBE))
+
+
+def search_result_data(ev: HasData) -> P.SearchResultData:
+    return cast(P.SearchResultData, _data(ev, K.SEARCH_RESULT))
 
 
 def check_kind(kind: str) -> EventKind:

@@ -112,7 +112,8 @@ def _load_builtins() -> None:
     import vramlab.report.colocation
     import vramlab.report.composition
     import vramlab.report.core_sections
-    import vramlab.report.incident  # noqa: F401  (drill runs: the incident)
+    import vramlab.report.incident  # (drill runs: the incident)
+    import vramlab.report.slo_search  # noqa: F401  (change.search runs)
 
 
 def build_document(ctx: ReportContext) -> Document:

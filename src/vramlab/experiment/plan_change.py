@@ -1,0 +1,61 @@
+"""`change.search`: the plan's way of changing the variable beyond a list of steps, the largest value
+that still meets every SLO (analysis/slo_search.py). Documents: docs/experiments.md."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# The names plan.metrics takes: a statistic of a per-request latency, or the error rate.
+SLO_NAME = re.compile(r"^(p50|p90|p95|p99|max|mean)_(ttft|tpot|itl|e2e)_ms$|^error_rate$")
+MAX_PROBES = 32
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class Search(_Model):
+    """`change.search`: bracket from `low` (doubling up to `high`), then bisect, each probe one
+    treatment window; a probe meets the SLO when every limit holds, it held at least `min_requests`
+    requests, and its throughput still rose (saturation ends the bracket)."""
+
+    variable: str | None = Field(
+        default=None, description="concurrency or request_rate (default change.variable)"
+    )
+    low: float = Field(gt=0)
+    high: float = Field(gt=0)
+    slo: dict[str, float] = Field(
+        min_length=1, description="limits, as plan metrics name them: p95_ttft_ms, error_rate, ..."
+    )
+    resolution: float | None = Field(
+        default=None,
+        gt=0,
+        description="stop when the bracket is this narrow (default 1 for concurrency, 5% for a rate)",
+    )
+    min_requests: int = Field(
+        default=30, ge=1, le=1_000_000, description="a probe with fewer decides nothing"
+    )
+    max_probes: int = Field(default=16, ge=2, le=MAX_PROBES)
+
+    @field_validator("slo")
+    @classmethod
+    def _names(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, limit in v.items():
+            if not SLO_NAME.match(k):
+                raise ValueError(
+                    f"unknown SLO {k!r}; use e.g. p95_ttft_ms, p95_itl_ms, p99_e2e_ms, error_rate"
+                )
+            if limit < 0:
+                raise ValueError(f"{k}: a limit must be >= 0")
+        return v
+
+    @model_validator(mode="after")
+    def _bracket(self) -> Search:
+        if self.high < self.low:
+            raise ValueError("high must be at least low")
+        return self
+
+
+__all__ = ["MAX_PROBES", "SLO_NAME", "Search"]
