@@ -253,6 +253,10 @@ def test_a_mooncake_trace_replays_at_its_times_and_lengths_and_shares_its_prefix
             assert row[2] - start == pytest.approx(req.t_s * rate / 7.2, abs=1e-6)
             # the trace's length, as the server counted it in its usage
             assert row[5] == "usage" and row[4] == req.input_tokens
+    # each sent at its time: the median of (sent - scheduled) within 20 ms (the client's lag on a
+    # shared machine is a few ms; a replay that ignored the trace's times would be off by seconds)
+    errors_s = sorted(row[3] - row[2] for row in rows)
+    assert 0 <= errors_s[len(errors_s) // 2] <= 0.020, errors_s[len(errors_s) // 2]
     hits = [row[6] for row in rows]
     assert all(h is not None for h in hits) and sum(hits) > 0
     treatment = sorted(by_phase["treatment"], key=lambda x: int(x[1].rsplit("-", 1)[1]))
