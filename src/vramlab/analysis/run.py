@@ -16,6 +16,7 @@ from vramlab.analysis.rounds import (
 )
 from vramlab.analysis.slo_search import searches
 from vramlab.analysis.stats import RequestSummary, Slo, request_span, summarize_requests
+from vramlab.analysis.tenants import TenantWindow, tenant_slos, tenant_windows
 from vramlab.analysis.thresholds import (
     ThresholdCheck,
     check_thresholds,
@@ -81,6 +82,7 @@ class RunAnalysis:
     highest_passing_value: float | None = None  # the changed variable's observed limit
     queueing_from_value: float | None = None  # lowest step value where the engine queued requests
     searches: list[dict[str, Any]] = field(default_factory=list)  # change.search: each round's answer
+    tenants: list[TenantWindow] = field(default_factory=list)  # conversations: each tenant's SLO, per step
 
     @property
     def rounds(self) -> list[int]:
@@ -222,4 +224,5 @@ def analyze_run(
         highest_passing_value=highest_passing_value(checks),
         queueing_from_value=min(queued) if queued else None,
         searches=searches(events),
+        tenants=tenant_windows(steps, requests, tenant_slos(run.plan)),
     )

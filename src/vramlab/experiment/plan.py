@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from vramlab.engines import EngineName
 from vramlab.errors import ConfigError
 from vramlab.experiment.plan_change import Search
+from vramlab.experiment.plan_conversations import Conversations
 from vramlab.plandoc import (
     CapacityFacts,
     PlanDocument,
@@ -156,11 +157,14 @@ class InputSet(_Model):
         default=None, gt=0, le=10_000_000, description="the trace's first N requests"
     )
     seed: int = Field(default=0, description="a trace's prompt text: the same seed, the same words")
+    conversations: Conversations | None = Field(
+        default=None, description="N conversations x T turns (experiment/plan_conversations.py)"
+    )
 
     @model_validator(mode="after")
     def _one(self) -> InputSet:
-        if sum(x is not None for x in (self.synthetic, self.jsonl, self.trace)) != 1:
-            raise ValueError("give exactly one of 'synthetic', 'jsonl' or 'trace'")
+        if sum(x is not None for x in (self.synthetic, self.jsonl, self.trace, self.conversations)) != 1:
+            raise ValueError("give exactly one of 'synthetic', 'jsonl', 'trace' or 'conversations'")
         if self.trace is not None and self.format is None:
             raise ValueError("trace: needs format: mooncake, burstgpt or jsonl")
         if self.trace is None and (
@@ -324,6 +328,10 @@ class Plan(_Model, PlanDocument):
             raise ValueError("@load.mode: open needs load.request_rate")
         if var == "concurrency" and any(v != int(v) for v in self.change.values()):
             raise ValueError("@change: concurrency steps must be whole numbers")
+        if self.fixed.input.conversations is not None and load.mode != "closed":
+            raise ValueError(
+                "@load.mode: conversations are walked turn by turn by users: use load.mode: closed"
+            )
         if var == "prompt_tokens" and self.fixed.input.synthetic is None:
             raise ValueError("@change.variable: prompt_tokens needs a synthetic input set")
         if self.fixed.input.trace is not None:

@@ -7,6 +7,7 @@ import weakref
 from pathlib import Path
 
 from vramlab.experiment.plan import Plan
+from vramlab.experiment.plan_conversations import Conversations
 from vramlab.load.driver import LoadShape, Window
 from vramlab.load.prompts import Prompt, PromptMaker, jsonl_prompts, synthetic_prompts
 from vramlab.load.retry import RetryPolicy
@@ -28,8 +29,34 @@ async def prompts_for(
         if maker is not None:
             return await maker.synthetic(pt, s.output_tokens, s.count, s.seed)
         return synthetic_prompts(pt, s.output_tokens, s.count, s.seed)
+    if inp.conversations is not None:
+        return await _conversations(inp.conversations, maker)
     path = Path(inp.jsonl)  # type: ignore[arg-type]
     return jsonl_prompts(path if path.is_absolute() else base_dir / path)
+
+
+async def _conversations(cv: Conversations, maker: PromptMaker | None) -> list[Prompt]:
+    """The conversations' prompts: every question and the system prompt sized in the target's
+    tokenizer where *maker* can count (else one token a word)."""
+    from vramlab.load.conversations import ConversationShape, conversation_prompts
+
+    n = cv.count * cv.turns
+
+    async def texts(tokens: int, count: int, seed: int) -> list[Prompt]:
+        if maker is not None:
+            return await maker.synthetic(tokens, cv.output_tokens, count, seed)
+        return synthetic_prompts(tokens, cv.output_tokens, count, seed)
+
+    system = (await texts(cv.system_prompt_tokens, 1, cv.seed + 1))[0].text if cv.system_prompt_tokens else ""
+    shape = ConversationShape(
+        cv.count,
+        cv.turns,
+        cv.output_tokens,
+        cv.tool_every,
+        cv.tool_pause_s,
+        tuple((t.name, t.share) for t in cv.tenants),
+    )
+    return conversation_prompts(system, await texts(cv.user_tokens, n, cv.seed), shape)
 
 
 # One trace's requests and prompts per run: learning its words' costs asks the target's tokenizer

@@ -45,6 +45,10 @@ class Prompt:
     conversation: str | None = None
     turn: int | None = None
     tenant: str | None = None
+    # a conversation's later questions, walked in order by the user that draws it, and the pause
+    # (a tool call) before each of them
+    follow_ups: tuple[str, ...] = ()
+    pauses_s: tuple[float, ...] = ()
 
 
 def synthetic_text(n_tokens: int, rng: random.Random) -> str:
