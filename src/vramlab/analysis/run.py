@@ -15,6 +15,7 @@ from vramlab.analysis.rounds import (
     stability,
 )
 from vramlab.analysis.slo_search import searches
+from vramlab.analysis.soak import SoakResult, soak_result
 from vramlab.analysis.stats import RequestSummary, Slo, request_span, summarize_requests
 from vramlab.analysis.tenants import TenantWindow, tenant_slos, tenant_windows
 from vramlab.analysis.thresholds import (
@@ -83,6 +84,7 @@ class RunAnalysis:
     queueing_from_value: float | None = None  # lowest step value where the engine queued requests
     searches: list[dict[str, Any]] = field(default_factory=list)  # change.search: each round's answer
     tenants: list[TenantWindow] = field(default_factory=list)  # conversations: each tenant's SLO, per step
+    soak: list[SoakResult] = field(default_factory=list)  # change.soak: each round's verdict
 
     @property
     def rounds(self) -> list[int]:
@@ -225,4 +227,24 @@ def analyze_run(
         queueing_from_value=min(queued) if queued else None,
         searches=searches(events),
         tenants=tenant_windows(steps, requests, tenant_slos(run.plan)),
+        soak=_soaks(run, steps, by_step, samples, events),
     )
+
+
+def _soaks(
+    run: RunRecord,
+    steps: Sequence[WindowResult],
+    by_step: dict[tuple[int, str, int], list[RequestRecord]],
+    samples: Sequence[SampleRecord],
+    events: Sequence[EventRecord],
+) -> list[SoakResult]:
+    limits = (run.plan.get("change") or {}).get("soak")
+    if not limits:
+        return []
+    out = []
+    for s in steps:
+        w = s.window
+        if w.phase == "treatment":
+            mine = by_step.get((w.round, w.phase, w.step or 0), [])
+            out.append(soak_result(limits, mine, samples, events, (w.start_s, w.end_s)))
+    return out

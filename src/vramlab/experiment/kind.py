@@ -260,7 +260,7 @@ class ExperimentKind:
         lane = Lane(
             self._prompts[value],
             shape,
-            window_for(plan, self.monitor.wall_clock_s - self.run.now()),
+            window_for(plan, self.monitor.wall_clock_s - self.run.now(), phase),
             on_result,
             f"{rnd}{phase[0]}{step}-",
         )

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from vramlab.engines import EngineName
 from vramlab.errors import ConfigError
-from vramlab.experiment.plan_change import Search
+from vramlab.experiment.plan_change import Search, Soak
 from vramlab.experiment.plan_conversations import Conversations
 from vramlab.plandoc import (
     CapacityFacts,
@@ -208,6 +208,7 @@ class Change(_Model):
     steps: list[float] | None = None
     ramp: Ramp | None = None
     search: Search | None = None  # the largest value meeting the SLO (experiment/plan_change.py)
+    soak: Soak | None = None  # one long treatment window, compared window by window
 
     @model_validator(mode="before")
     @classmethod
@@ -232,16 +233,18 @@ class Change(_Model):
 
     @model_validator(mode="after")
     def _one(self) -> Change:
-        if sum(x is not None for x in (self.steps, self.ramp, self.search)) != 1:
-            raise ValueError("give exactly one of 'steps', 'ramp' or 'search'")
+        if sum(x is not None for x in (self.steps, self.ramp, self.search, self.soak)) != 1:
+            raise ValueError("give exactly one of 'steps', 'ramp', 'search' or 'soak'")
         if self.search is not None and self.variable not in ("concurrency", "request_rate"):
             raise ValueError("search: the variable is concurrency or request_rate")
         return self
 
     def values(self) -> list[float]:
-        """The treatment values planned up front (a search's: its bracket's ends)."""
+        """The treatment values planned up front (a search's: its bracket's ends; a soak's one)."""
         if self.search is not None:
             return [self.search.low, self.search.high]
+        if self.soak is not None:
+            return [self.soak.value]
         return list(self.steps) if self.steps is not None else self.ramp.values()  # type: ignore[union-attr]
 
 
@@ -370,13 +373,15 @@ class Plan(_Model, PlanDocument):
 
     def planned_seconds(self) -> float | None:
         """Planned time for all rounds, when the window is time-bound (a search: at most
-        max_probes treatment windows)."""
+        max_probes treatment windows; a soak: its duration)."""
+        ch, drain = self.change, min(self.phases.drain_s, 1.0)
+        if ch.soak is not None:  # baseline and recovery windows (a minute each if not time-bound), the soak
+            window = (self.phases.duration_s or 60.0) + drain
+            return self.rounds * (2 * window + ch.soak.duration_s + drain)
         if self.phases.duration_s is None:
             return None
-        ch = self.change
         steps = ch.search.max_probes if ch.search is not None else len(ch.values())
-        window = self.phases.duration_s + min(self.phases.drain_s, 1.0)
-        return self.rounds * (2 + steps) * window
+        return self.rounds * (2 + steps) * (self.phases.duration_s + drain)
 
     def wall_clock_s(self) -> float:
         """The wall-clock stop: explicit, or twice the planned time + 60 s, or one hour."""

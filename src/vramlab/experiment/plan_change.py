@@ -1,5 +1,6 @@
-"""`change.search`: the plan's way of changing the variable beyond a list of steps, the largest value
-that still meets every SLO (analysis/slo_search.py). Documents: docs/experiments.md."""
+"""The plan's two ways of changing the variable beyond a list of steps: `change.search` (the largest
+value that still meets every SLO, analysis/slo_search.py) and `change.soak` (one long treatment,
+its windows compared with the first, analysis/soak.py). Documents: docs/experiments.md."""
 
 from __future__ import annotations
 
@@ -58,4 +59,28 @@ class Search(_Model):
         return self
 
 
-__all__ = ["MAX_PROBES", "SLO_NAME", "Search"]
+class Soak(_Model):
+    """`change.soak`: the variable held at `value` for one treatment window of `duration_s`, cut
+    into windows of `window_s` compared with the first (analysis/soak.py), with limits for the verdict."""
+
+    value: float = Field(gt=0, description="the variable's value held through the soak")
+    duration_s: float = Field(gt=0, le=30 * 86400)
+    window_s: float = Field(default=300.0, gt=0)
+    max_memory_growth_gib_per_h: float = Field(default=0.5, ge=0)
+    max_latency_drift: float = Field(
+        default=0.25, ge=0, description="P95 up by this share of the first window's"
+    )
+    max_error_drift: float = Field(default=0.01, ge=0, description="error rate up by this (0.01: one point)")
+
+    @model_validator(mode="after")
+    def _windows(self) -> Soak:
+        if self.window_s * 2 > self.duration_s:
+            raise ValueError(
+                "window_s: a soak needs at least two windows to compare (window_s <= duration_s / 2)"
+            )
+        if self.duration_s / self.window_s > 10_000:
+            raise ValueError("window_s: more than 10,000 windows; use longer windows")
+        return self
+
+
+__all__ = ["MAX_PROBES", "SLO_NAME", "Search", "Soak"]

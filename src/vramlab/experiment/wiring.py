@@ -123,8 +123,10 @@ def shape_for(plan: Plan, value: float, seed: int, schedule: tuple[float, ...] |
     )
 
 
-def window_for(plan: Plan, max_s: float) -> Window:
-    ph = plan.phases
+def window_for(plan: Plan, max_s: float, phase: str = "") -> Window:
+    ph, soak = plan.phases, plan.change.soak
+    if phase == "treatment" and soak is not None:  # the soak: one window of its own length
+        return Window(duration_s=soak.duration_s, requests=None, max_s=max(0.0, max_s), drain_s=ph.drain_s)
     return Window(duration_s=ph.duration_s, requests=ph.requests, max_s=max(0.0, max_s), drain_s=ph.drain_s)
 
 
