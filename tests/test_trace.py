@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vramlab.errors import ConfigError
-from vramlab.load.prompts import PromptMaker
+from vramlab.load.prompts import Prompt, PromptMaker
 from vramlab.load.trace import MOONCAKE_BLOCK_TOKENS, mean_rate, parse_trace, read_trace, trace_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +116,7 @@ def test_prompts_have_the_traces_lengths_and_share_what_their_ids_share():
     for r, p in zip(tr, prompts, strict=True):
         assert p.prompt_tokens == asyncio.run(counter.count(p.text)) + 7 == r.input_tokens
         assert p.output_tokens == r.output_tokens and p.tokens_source == "tokenizer"
-    by_ids = {}
+    by_ids: dict[tuple[int, ...], Prompt] = {}
     for r, p in zip(tr, prompts, strict=True):
         for other_ids, other in by_ids.items():
             common = len(os.path.commonprefix([r.hash_ids, other_ids]))

@@ -19,8 +19,8 @@ from typing import Any
 from vramlab.analysis.stats import summarize_requests
 from vramlab.records import EventRecord, RequestRecord, SampleRecord
 from vramlab.records.events import EventKind
+from vramlab.units import GIB
 
-GIB = 1 << 30
 MEMORY = ("gpu.memory_used_bytes", "host.target_rss_bytes")  # in this order: the first one sampled
 
 
