@@ -121,7 +121,10 @@ def _load_builtins() -> None:
     import vramlab.report.colocation
     import vramlab.report.composition
     import vramlab.report.core_sections
-    import vramlab.report.incident  # noqa: F401  (drill runs: the incident)
+    import vramlab.report.incident  # (drill runs: the incident)
+    import vramlab.report.slo_search  # (change.search runs)
+    import vramlab.report.soak  # (change.soak runs)
+    import vramlab.report.tenants  # noqa: F401  (conversations with tenants)
 
 
 def build_document(ctx: ReportContext) -> Document:
