@@ -47,4 +47,6 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(to_json(comp), indent=2))
     else:
         sys.stdout.write(render_text(comp))
-    return 0
+    from vramlab.cli.runs import unread_rows
+
+    return unread_rows(store, "compare")

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from pydantic import TypeAdapter
 
 from vramlab.errors import NotFoundError, VramlabError
 from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records.store import ReadProblems
 from vramlab.redact import redact, redact_obj
 from vramlab.store import schema
 from vramlab.store.migrations import migrate
+from vramlab.store.rows import decode_json, records, run_record
 from vramlab.store.url import describe_url
 
 _HEX = re.compile(r"^[0-9a-f]+$")
@@ -86,25 +86,6 @@ def make_engine(url: str) -> sa.Engine:
     return sa.create_engine(url, pool_pre_ping=True)
 
 
-@functools.cache
-def _list_adapter(model: Any) -> TypeAdapter[Any]:
-    return TypeAdapter(list[model])
-
-
-def _from_rows(model: Any, rows: list[dict[str, Any]]) -> list[Any]:
-    """Records from stored rows through pydantic's public API, no private attribute touched.
-
-    Validating a whole batch at once costs ~9 us a row (a 100k-request report reads in about a
-    second), less than model_construct one row at a time; rows missing a field (an older schema)
-    go through model_construct, which fills the defaults.
-    """
-    if not rows:
-        return []
-    if rows[0].keys() != model.model_fields.keys():
-        return [model.model_construct(**row) for row in rows]
-    return _list_adapter(model).validate_python(rows)  # type: ignore[no-any-return]
-
-
 def _reason(exc: BaseException) -> str:
     """The driver's own first line, without SQLAlchemy's statement and parameters (a plan can be in them)."""
     orig = getattr(exc, "orig", None)
@@ -131,6 +112,12 @@ def _reading(url: str) -> Iterator[None]:
 
 class StoreWriteError(VramlabError):
     """The store refused a write (full, read-only, locked too long, gone)."""
+
+
+class StoreRowError(VramlabError):
+    """A run's own stored row is corrupt past reading (exit 1: the store is there, the row is not whole)."""
+
+    exit_code = 1
 
 
 def _sqlite_file(url: str) -> str | None:
@@ -207,8 +194,19 @@ def _count_file(path: str, run_id: str) -> dict[str, int]:
     return out
 
 
-def _run_record(row: Any) -> RunRecord:
-    return RunRecord.model_validate({k: v for k, v in row.items() if k not in schema.LIVENESS_COLUMNS})
+def _columns(table: sa.Table) -> list[Any]:
+    """The row's columns as read: JSON ones as their stored text (parsed per row by store.rows, so
+    one that is not JSON costs its row, not the read), `seq` as `_seq` (to name a corrupt row)."""
+    out: list[Any] = [table.c.seq.label("_seq")] if "seq" in table.c else []
+    for c in table.c:
+        if c.name == "seq" or c.name in schema.LIVENESS_COLUMNS:
+            continue
+        out.append(sa.cast(c, sa.Text).label(c.name) if isinstance(c.type, sa.JSON) else c)
+    return out
+
+
+def _json_names(table: sa.Table) -> tuple[str, ...]:
+    return tuple(c.name for c in table.c if isinstance(c.type, sa.JSON))
 
 
 class SqlStore:
@@ -226,6 +224,7 @@ class SqlStore:
         except sa.exc.DBAPIError as exc:  # not a database, unreadable, read-only, unreachable
             self.engine.dispose()
             raise VramlabError(f"cannot open the store at {describe_url(url)}: {_reason(exc)}") from None
+        self.read_problems = ReadProblems()  # rows a read left out (vramlab.store.rows)
         path = _sqlite_file(url)
         self._guard = _FileGuard(path) if path is not None and os.path.isfile(path) else None
 
@@ -343,29 +342,45 @@ class SqlStore:
         col = schema.runs.c.run_id
         cond = col == key if exact else col.like(key + "%")
         with _reading(self.url), self.engine.connect() as conn:
-            rows = conn.execute(sa.select(schema.runs).where(cond).order_by(col).limit(6)).mappings().all()
+            rows = [
+                dict(r)
+                for r in conn.execute(sa.select(*_columns(schema.runs)).where(cond).order_by(col).limit(6))
+                .mappings()
+                .all()
+            ]
         if not rows:
             raise NotFoundError(f"no run {id_or_prefix!r} in {describe_url(self.url)} (see `vramlab runs`)")
         if len(rows) > 1:
             exact_hit = [r for r in rows if r["run_id"] == key]
             if exact_hit:
-                return _run_record(exact_hit[0])
+                return self._run(exact_hit[0])
             ids = ", ".join(r["run_id"] for r in rows[:5])
             more = ", ..." if len(rows) > 5 else ""
             raise NotFoundError(
                 f"run id prefix {id_or_prefix!r} is ambiguous: {ids}{more}; give more characters"
             )
-        return _run_record(rows[0])
+        return self._run(rows[0])
+
+    def _run(self, row: dict[str, Any]) -> RunRecord:
+        run = run_record(decode_json(row, _json_names(schema.runs)), self.read_problems)
+        if run is None:
+            raise StoreRowError(
+                f"run {row.get('run_id')} cannot be read from {describe_url(self.url)}: "
+                + self.read_problems.rows[-1].split(": ", 1)[-1]
+            )
+        return run
 
     def list_runs(self, limit: int = 50, kind: str | None = None) -> list[RunRecord]:
         """Runs, newest first."""
-        q = sa.select(schema.runs).order_by(schema.runs.c.started_at.desc(), schema.runs.c.run_id)
+        q = sa.select(*_columns(schema.runs)).order_by(schema.runs.c.started_at.desc(), schema.runs.c.run_id)
         if kind is not None:
             q = q.where(schema.runs.c.kind == kind)
         if limit:
             q = q.limit(limit)
+        names = _json_names(schema.runs)
         with _reading(self.url), self.engine.connect() as conn:
-            return [_run_record(r) for r in conn.execute(q).mappings()]
+            rows = [decode_json(dict(r), names) for r in conn.execute(q).mappings()]
+        return [run for run in (run_record(r, self.read_problems) for r in rows) if run is not None]
 
     def requests(self, run_id: str) -> list[RequestRecord]:
         return self._read(schema.requests, RequestRecord, run_id, order=[schema.requests.c.seq])
@@ -382,11 +397,11 @@ class SqlStore:
     def _read(
         self, table: sa.Table, model: Any, run_id: str, order: Iterable[Any], where: Iterable[Any] = ()
     ) -> list[Any]:
-        cols = [c for c in table.c if c.name != "seq"]
-        q = sa.select(*cols).where(table.c.run_id == run_id, *where).order_by(*order)
-        names = [c.name for c in cols]
+        q = sa.select(*_columns(table)).where(table.c.run_id == run_id, *where).order_by(*order)
+        names = _json_names(table)
         with _reading(self.url), self.engine.connect() as conn:
-            return _from_rows(model, [dict(zip(names, r, strict=True)) for r in conn.execute(q)])
+            rows = [decode_json(dict(r), names) for r in conn.execute(q).mappings()]
+        return records(model, rows, f"{table.name} of run {run_id}", self.read_problems)
 
     def close(self) -> None:
         self.engine.dispose()
