@@ -266,24 +266,50 @@ _SECRET_KEY = re.compile(
 )
 
 
+# C0 and C1 control characters but tab and newline: an escape sequence in a model name, a server's
+# words or a stored row would drive the terminal (colours, a cleared screen, a retitled window).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """*text* with every control character but tab and newline shown as its escape (``\\x1b``)."""
+    if not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 class RedactingStream:
-    """A text stream wrapper that redacts every write (stdout/stderr of the CLI).
+    """A text stream wrapper that redacts every write (stdout/stderr of the CLI) and shows control
+    characters as escapes, so nothing a server or a stored row says can drive the terminal.
 
     Writes are redacted one call at a time; `print` hands over whole strings, so a secret is not
-    split across calls in practice. Everything else (isatty, fileno, encoding, flush) is the
-    wrapped stream's.
+    split across calls in practice. A write the stream refuses (a full disk, /dev/full) is kept in
+    `failed` for the CLI to say so in one line. Everything else (isatty, fileno, encoding, flush) is
+    the wrapped stream's.
     """
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
+        self.failed: OSError | None = None
 
     @property
     def wrapped(self) -> TextIO:
         return self._stream
 
     def write(self, s: str) -> int:
-        self._stream.write(redact(s))
+        try:
+            self._stream.write(printable(redact(s)))
+        except OSError as exc:
+            self.failed = self.failed or exc
+            raise
         return len(s)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            self.failed = self.failed or exc
+            raise
 
     def writelines(self, lines: Any) -> None:
         for line in lines:
