@@ -173,9 +173,12 @@ def test_llamacpp_sliding_layers_hold_the_window_only():
 
 def test_llamacpp_out_of_memory_names_cudamalloc():
     est = estimate(
-        spec(QWEN3_8B), L4, EngineSettings(engine="llama.cpp", ctx_size=40960, parallel=1, dtype="float32")
-    )
+        spec(QWEN3_8B),
+        L4,
+        EngineSettings(engine="llama.cpp", ctx_size=40960, parallel=1, dtype="float32", n_gpu_layers=-1),
+    )  # -ngl all: --fit leaves the layers where the user put them
     assert not est.fits and "cudaMalloc" in est.reasons[0]
+    assert est.extra["fit"]["message"] == "n_gpu_layers already set by user to -2, abort"
 
 
 def test_transformers_memory_grows_with_batch_times_length():

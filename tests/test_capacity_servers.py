@@ -109,11 +109,13 @@ def test_a_context_above_the_trained_length_is_planned_with_llamacpps_warning():
 
 
 def test_upstream_llama_server_defaults_four_unified_slots_and_the_models_context():
-    est = llamacpp()  # default b9300: after PR #16736
+    est = llamacpp(fit=False)  # default b9300: after PR #16736; --fit off keeps the model's context
     assert est.settings["parallel"] == 4 and est.settings["kv_unified"] is True
     assert (
         est.settings["ctx_size"] == 131072 and est.max_model_len == 131072
     )  # unified: each slot may use all
+    cut = llamacpp()  # --fit (on by default) cuts the 16 GiB of KV that the L4 cannot hold
+    assert cut.settings["ctx_size"] < 131072 and cut.extra["fit"]["changed"] == ["ctx_size"]
     assert est.settings["flash_attn"] is True
     old = estimate(spec(LLAMA_31_8B), L4, EngineSettings(engine="llama.cpp", engine_version="b6000"))
     assert old.settings["parallel"] == 1 and old.settings["kv_unified"] is False

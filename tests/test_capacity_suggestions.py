@@ -64,7 +64,7 @@ def test_sglang_spells_context_and_tensor_parallel_its_way():
 
 def test_llamacpp_is_told_ctx_size_over_its_slots_and_it_fits():
     m = spec(QWEN3_8B)
-    s = EngineSettings(engine="llama.cpp", ctx_size=262144, parallel=4)
+    s = EngineSettings(engine="llama.cpp", ctx_size=262144, parallel=4, fit=False)
     est = estimate(m, RTX4090, s)
     assert not est.fits
     shorter = est.suggestions[0]

@@ -148,8 +148,6 @@ def test_every_constant_is_used_by_a_policy():
 CAPACITY_LONG = {
     "calibration.py:fit": 83,
     "llamacpp.py:layout": 84,
-    "llamacpp.py:plan": 70,
-    "ollama.py:plan": 115,
     "sglang.py:plan": 89,
     "tgi.py:plan": 90,
     "transformers.py:plan": 70,

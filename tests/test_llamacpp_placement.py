@@ -213,7 +213,7 @@ def _flag(text: str, flag: str) -> int:
 def test_what_fits_suggestions_re_plan_to_fits():
     m = _model(_row("r223"))
     gpu = get_gpu("rtx-4090")
-    one = EngineSettings(engine="llama.cpp", quantization="Q4_K_M", ctx_size=65536, parallel=1)
+    one = EngineSettings(engine="llama.cpp", quantization="Q4_K_M", ctx_size=65536, parallel=1, fit=False)
     est = estimate(m, gpu, one)
     assert not est.fits
     moe = next(t for t in est.suggestions if "--n-cpu-moe" in t)

@@ -41,7 +41,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "analysis/rounds.py:returned_to_baseline": (88, FORMATTED),
     "capacity/calibration.py:fit": (83, FORMATTED),
     "capacity/engines/llamacpp.py:layout": (84, FORMATTED),
-    "capacity/engines/ollama.py:plan": (115, FORMATTED),
     "capacity/engines/sglang.py:plan": (89, FORMATTED),
     "capacity/engines/tgi.py:plan": (90, FORMATTED),
     "capacity/engines/vllm.py:activation_component": (92, FORMATTED),

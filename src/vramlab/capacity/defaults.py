@@ -201,6 +201,11 @@ def context_note(model: ModelSpec, settings: EngineSettings, resolved: int) -> s
         return None
     derived = settings_context(model, settings)
     engine = f"{settings.engine} {settings.resolved_version}"
+    if settings.engine == "llama.cpp" and resolved < derived.tokens:
+        return (
+            f"context per slot {resolved:,}: {engine} takes n_ctx from the config ({derived.tokens:,}, "
+            f"{derived.rule}), split over the slots or cut by --fit (the notes say which)"
+        )
     if settings.engine == "llama.cpp":
         return f"context per slot {resolved:,}: {engine} takes n_ctx from the config, {derived.rule}"
     if resolved < derived.tokens and settings.engine == "tgi" and settings.version >= TGI_UNCAPPED_FROM:

@@ -25,7 +25,7 @@ from vramlab.errors import ConfigError
 from vramlab.units import gib
 
 _POLICIES = {
-    "vllm": "vramlab.capacity.engines.vllm",
+    "vllm": "vramlab.capacity.engines.vllm_auto",  # vllm.py's policy, with --max-model-len auto
     "sglang": "vramlab.capacity.engines.sglang",
     "tgi": "vramlab.capacity.engines.tgi",
     "llama.cpp": "vramlab.capacity.engines.llamacpp",
@@ -413,6 +413,9 @@ def max_len_that_fits(
     """The largest max_model_len whose pool still holds *concurrency* requests (0 if none does), up to the
     context the engine derives (capacity/defaults.py), or the one given if longer."""
     hi = defaults.context_limit(model, s)
+    # llama-server's --fit would "fit" any context by moving layers to the host: the search is for the
+    # context that holds with the placement as given (--fit off)
+    s = s.with_(fit=False) if s.engine in ("llama.cpp", "ollama") else s
 
     def holds(length: int) -> bool:
         try:

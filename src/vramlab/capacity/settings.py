@@ -47,6 +47,7 @@ class EngineSettings:
     vllm_engine: str | None = None  # "v0" | "v1"; None = the release's own default
     gpu_memory_utilization: float | None = None
     max_model_len: int | None = None
+    max_model_len_auto: bool = False  # vLLM --max-model-len auto / -1 (engines/vllm_auto.py)
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     tensor_parallel_size: int = 1
@@ -76,6 +77,10 @@ class EngineSettings:
     main_gpu: int = 0  # --main-gpu
     no_kv_offload: bool = False  # --no-kv-offload: every layer's KV in host memory
     mmap: bool = True  # --no-mmap turns it off: the host buffer is then CPU, not CPU_Mapped
+    # llama-server --fit (engines/llamacpp_params_fit.py): None = the build's default (on from b7414)
+    fit: bool | None = None
+    fit_target_mib: tuple[int, ...] = ()  # --fit-target MiB per device (one value: every device); () = 1024
+    fit_ctx: int | None = None  # --fit-ctx: the shortest context --fit may cut to (default 4096)
     ollama_gpu_overhead_bytes: int = 0  # OLLAMA_GPU_OVERHEAD
     devices: tuple[
         tuple[str, int], ...

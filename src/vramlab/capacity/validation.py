@@ -106,6 +106,7 @@ FLAG_RULES: dict[str, Rule] = {
     "n_gpu_layers": _count(1 << 20, -1),  # llama.cpp -ngl: -1 = all, counts above the layers too
     "n_cpu_moe": _count(MAX_LAYERS, 0),
     "main_gpu": _count(MAX_GPUS, 0),
+    "fit_ctx": _count(MAX_CONTEXT),
 }
 
 
@@ -172,10 +173,16 @@ def check_settings(settings: EngineSettings) -> EngineSettings:
             raise ConfigError(
                 f"--dtype: unknown dtype {dtype!r} (auto, bfloat16, float16/half, float32/float)"
             )
+    if settings.max_model_len_auto and settings.engine != "vllm":
+        raise ConfigError(f"--max-model-len auto: a vLLM setting, not {settings.engine}'s; give a length")
     if settings.disable_sliding_window and settings.engine != "vllm":
         raise ConfigError(
             f"--disable-sliding-window: a vLLM setting, not {settings.engine}'s; add --engine vllm"
         )
+    for mib in settings.fit_target_mib:
+        why = _count(MAX_BYTES >> 20, 0).check(mib)
+        if why:
+            raise ConfigError(f"--fit-target: {why}")
     if settings.chunked_prefill_size == 0:
         raise ConfigError("--chunked-prefill-size: must be -1 (off) or positive, got 0")
     return settings

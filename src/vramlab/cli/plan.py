@@ -50,7 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--vllm-engine", choices=("v0", "v1"), help="vLLM engine generation (default: the release's own)"
     )
     e.add_argument("--gpu-memory-utilization", type=float)
-    e.add_argument("--max-model-len", help="context length per request (accepts 8k, 128k)")
+    e.add_argument(
+        "--max-model-len",
+        help="context length per request (accepts 8k, 128k); vLLM 0.12+: auto or -1 = the longest that fits",
+    )
     e.add_argument("--max-num-seqs", help="vLLM max_num_seqs / SGLang max_running_requests / batch size")
     e.add_argument("--max-num-batched-tokens")
     e.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
@@ -60,7 +63,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--quantization", help="load-time quantization (fp8, awq, gptq, bitsandbytes, ...)")
     e.add_argument("--enforce-eager", action="store_true")
     e.add_argument("--block-size", type=int)
-    e.add_argument("--kv-cache-memory", help="vLLM --kv-cache-memory (bytes, or e.g. 20GiB)")
+    e.add_argument(
+        "--kv-cache-memory",
+        "--kv-cache-memory-bytes",
+        help="vLLM --kv-cache-memory-bytes: the KV pool, bypassing gpu_memory_utilization (bytes, or e.g. 20GiB)",
+    )
     e.add_argument("--mem-fraction-static", type=float, help="SGLang")
     e.add_argument("--chunked-prefill-size", type=int, help="SGLang")
     e.add_argument("--max-batch-prefill-tokens", type=int, help="TGI")
@@ -124,6 +131,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="vLLM --limit-mm-per-prompt, as JSON or image=2,video=0: which images and videos V1 profiles "
         "through the vision encoder at start-up (default 999 each)",
     )
+    _output_arguments(p)
+
+
+def _output_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("questions and output")
     o.add_argument(
         "--concurrency", type=int, help="also report the largest max_model_len for this many sequences"
@@ -182,6 +193,19 @@ def _local_engine_arguments(e: argparse._ArgumentGroup) -> None:
     e.add_argument(
         "--main-gpu", "-mg", type=int, default=0, help="llama.cpp: the card for --split-mode none/row"
     )
+    e.add_argument(
+        "--fit",
+        "-fit",
+        choices=("on", "off"),
+        help="llama-server --fit: cut the context / move weights to the host to keep --fit-target free "
+        "(default on from b7414; settings you give are never changed)",
+    )
+    e.add_argument(
+        "--fit-target", "-fitt", help="llama.cpp --fit margin per device in MiB, e.g. 1024 or 512,2048"
+    )
+    e.add_argument(
+        "--fit-ctx", "-fitc", help="llama.cpp --fit: the shortest context it may cut to (default 4096)"
+    )
     e.add_argument("--no-kv-offload", "-nkvo", action="store_true", help="llama.cpp: KV cache in host memory")
     e.add_argument(
         "--no-mmap", action="store_true", help="llama.cpp: host tensors in a CPU buffer, not mapped"
@@ -216,7 +240,8 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
             engine_version=args.engine_version,
             vllm_engine=args.vllm_engine,
             gpu_memory_utilization=args.gpu_memory_utilization,
-            max_model_len=count(args.max_model_len),
+            max_model_len=None if _auto(args.max_model_len) else count(args.max_model_len),
+            max_model_len_auto=_auto(args.max_model_len),
             max_num_seqs=count(args.max_num_seqs),
             max_num_batched_tokens=count(args.max_num_batched_tokens),
             tensor_parallel_size=args.tensor_parallel_size,
@@ -259,7 +284,7 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
 
 def _llamacpp_placement(args: argparse.Namespace) -> dict[str, Any]:
     """llama.cpp's placement flags, spelled as llama.cpp spells them (and Ollama's -ngl / overhead)."""
-    from vramlab.capacity.planning import parse_bytes
+    from vramlab.capacity.planning import parse_bytes, parse_count
     from vramlab.errors import ConfigError
 
     if args.ollama_gpu_overhead and args.engine != "ollama":
@@ -282,6 +307,9 @@ def _llamacpp_placement(args: argparse.Namespace) -> dict[str, Any]:
                 ("--main-gpu", args.main_gpu),
                 ("--split-mode", args.split_mode != "layer"),
                 ("--no-mmap", args.no_mmap),
+                ("--fit", args.fit),
+                ("--fit-target", args.fit_target),
+                ("--fit-ctx", args.fit_ctx),
             )
             if v
         ]
@@ -299,18 +327,38 @@ def _llamacpp_placement(args: argparse.Namespace) -> dict[str, Any]:
         "main_gpu": args.main_gpu,
         "no_kv_offload": args.no_kv_offload,
         "mmap": not args.no_mmap,
+        "fit": _on_off(args.fit),
+        "fit_target_mib": _mib_list(args.fit_target),
+        "fit_ctx": parse_count(args.fit_ctx) if args.fit_ctx else None,
     }
 
 
-def _ngl(text: str) -> int:
+def _ngl(text: str) -> int | None:
+    """llama.cpp's -ngl: `auto` and -1 are its default (None: --fit may choose), `all` offloads every
+    layer and counts as set by the user (-1 here), like any count."""
     from vramlab.errors import ConfigError
 
     value = str(text).strip().lower()
-    if value in ("all", "auto", "-1"):
+    if value in ("auto", "-1"):
+        return None
+    if value == "all":
         return -1
     if value.isdigit():
         return int(value)
-    raise ConfigError(f"--n-gpu-layers: expected a count, all or -1, got {text!r}")
+    raise ConfigError(f"--n-gpu-layers: expected a count, auto, all or -1, got {text!r}")
+
+
+def _mib_list(text: str | None) -> tuple[int, ...]:
+    from vramlab.errors import ConfigError
+
+    if not text:
+        return ()
+    try:
+        return tuple(int(x) for x in text.replace("/", ",").split(","))
+    except ValueError:
+        raise ConfigError(
+            f"--fit-target: expected MiB per device like 1024 or 512,2048, got {text!r}"
+        ) from None
 
 
 def _split(text: str | None) -> tuple[float, ...] | None:
@@ -322,6 +370,11 @@ def _split(text: str | None) -> tuple[float, ...] | None:
         return tuple(float(x) for x in text.replace("/", ",").split(","))
     except ValueError:
         raise ConfigError(f"--tensor-split: expected proportions like 3,1, got {text!r}") from None
+
+
+def _auto(value: str | None) -> bool:
+    """vLLM's `--max-model-len auto` / -1 (human_readable_int_or_auto)."""
+    return value is not None and value.strip().lower() in ("auto", "-1")
 
 
 def _on_off(value: str | None) -> bool | None:

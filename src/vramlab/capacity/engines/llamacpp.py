@@ -25,6 +25,7 @@ from typing import Any
 
 from vramlab.capacity import gguf_mix
 from vramlab.capacity import kv as kvmod
+from vramlab.capacity.engines import llamacpp_params_fit as params_fit
 from vramlab.capacity.engines import llamacpp_placement as place
 from vramlab.capacity.engines.common import Context, PolicyResult
 from vramlab.capacity.estimate import EXACT, FORMULA, Component, Limits, band
@@ -229,7 +230,7 @@ class Layout:
     notes: list[str]
 
 
-def _devices(ctx: Context) -> list[tuple[str, int]]:
+def device_list(ctx: Context) -> list[tuple[str, int]]:
     s = ctx.settings
     if s.devices:
         return list(s.devices)
@@ -239,7 +240,7 @@ def _devices(ctx: Context) -> list[tuple[str, int]]:
 def layout(ctx: Context, server: ServerSetup, kv_size: int) -> Layout:
     """Every buffer of every device and of the host, by llama.cpp's assignment rules."""
     s, m = ctx.settings, ctx.model
-    cards = _devices(ctx)
+    cards = device_list(ctx)
     n_dev, n_layer = len(cards), m.num_layers
     mode = s.split_mode
     if mode not in ("layer", "row", "none"):
@@ -378,7 +379,7 @@ def _host_report(lay: Layout, mmap: bool) -> dict[str, object]:
 
 
 def _device_verdicts(
-    report: list[dict[str, Any]], context: int, reasons: list[str], notes: list[str]
+    report: list[dict[str, Any]], context: int, reasons: list[str], notes: list[str], margin_notes: bool
 ) -> None:
     """Every card must hold its buffers and the CUDA context; a card past the others' margin is noted."""
     for i, dev in enumerate(report):
@@ -390,15 +391,27 @@ def _device_verdicts(
                 "(cudaMalloc failed: out of memory); lower --ctx-size or offload fewer layers (-ngl) "
                 "or experts (--n-cpu-moe)"
             )
-        elif i and left < FIT_MARGIN:
+        elif i and left < FIT_MARGIN and margin_notes:
             notes.append(f"{dev['device']}: less than the 1024 MiB margin --fit keeps")
 
 
 def plan(ctx: Context) -> PolicyResult:
+    """llama-server's own --fit first (engines/llamacpp_fit.py), then the placement it loads with."""
+    from vramlab.capacity.engines.llamacpp_fit import apply
+
+    ctx, fitted, fit_notes = apply(ctx)
+    result = _placed(ctx, margin_notes=fitted is None)
+    result.notes[:0] = fit_notes
+    if fitted is not None:
+        result.extra["fit"] = fitted
+    return result
+
+
+def _placed(ctx: Context, margin_notes: bool) -> PolicyResult:
     server = resolve_server(ctx)
     kv_size = kv_cells(ctx, server)
     lay = layout(ctx, server, kv_size)
-    cards = _devices(ctx)
+    cards = device_list(ctx)
     main = lay.devices[0]
     kv_bytes = main.kv_bytes
     comps: list[Component] = [
@@ -428,8 +441,8 @@ def plan(ctx: Context) -> PolicyResult:
         )
     context = int(comps[0].bytes)
     report = device_report(lay, cards, other, int(ctx.constants["llamacpp_compute_scratch_bytes"]), context)
-    _device_verdicts(report, context, reasons, notes)
-    if not reasons and total - other - used < FIT_MARGIN:
+    _device_verdicts(report, context, reasons, notes, margin_notes)
+    if not reasons and total - other - used < FIT_MARGIN and margin_notes:
         notes.append("less than the 1024 MiB margin --fit keeps: --fit would shrink the context")
     extra: dict[str, object] = {"devices": report, "host": _host_report(lay, ctx.settings.mmap)}
     return PolicyResult(
@@ -440,21 +453,7 @@ def plan(ctx: Context) -> PolicyResult:
         max_model_len=server.per_slot_context,
         block_size=KV_PAD,
         kv_bytes_per_token=int(kv_bytes / kv_size) if kv_size else 0,
-        settings={
-            "server": server.server,
-            "ctx_size": server.n_ctx,
-            "parallel": server.slots,
-            "kv_unified": server.unified,
-            "cache_type_k": server.type_k,
-            "cache_type_v": server.type_v,
-            "n_ubatch": server.n_ubatch,
-            "flash_attn": server.flash_attn,
-            "kv_size_padded": kv_size,
-            "devices": len(cards),
-            "n_gpu_layers": _ngl(ctx),
-            "split_mode": ctx.settings.split_mode,
-            "quantization": ctx.quant.gguf_type or ctx.quant.method if ctx.quant else None,
-        },
+        settings=_resolved(ctx, server, kv_size, len(cards)),
         kv_provenance=FORMULA,
         kv_note=f"{kv_size} cells ({server.n_ctx} padded to {KV_PAD}) x layers x (K in {server.type_k} + V in "
         f"{server.type_v})",
@@ -464,6 +463,25 @@ def plan(ctx: Context) -> PolicyResult:
         notes=notes,
         extra=extra,
     )
+
+
+def _resolved(ctx: Context, server: ServerSetup, kv_size: int, devices: int) -> dict[str, object]:
+    return {
+        "server": server.server,
+        "ctx_size": server.n_ctx,
+        "parallel": server.slots,
+        "kv_unified": server.unified,
+        "cache_type_k": server.type_k,
+        "cache_type_v": server.type_v,
+        "n_ubatch": server.n_ubatch,
+        "flash_attn": server.flash_attn,
+        "kv_size_padded": kv_size,
+        "devices": devices,
+        "n_gpu_layers": _ngl(ctx),
+        "split_mode": ctx.settings.split_mode,
+        "quantization": ctx.quant.gguf_type or ctx.quant.method if ctx.quant else None,
+        "fit": params_fit.active(ctx),
+    }
 
 
 def _ngl(ctx: Context) -> int:

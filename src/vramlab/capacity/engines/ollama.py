@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 
 from vramlab.capacity import gguf_mix
 from vramlab.capacity.engines import llamacpp_placement as place
+from vramlab.capacity.engines import ollama_server as server
 from vramlab.capacity.engines.common import Context, PolicyResult
 from vramlab.capacity.estimate import FORMULA, Component, Limits, band
 from vramlab.units import gib
 
 MIB = 1 << 20
 MINIMUM_MEMORY = 457 * MIB  # discover/gpu.go cudaMinimumMemory / rocmMinimumMemory
-CONTEXT_4096_FROM = (0, 6, 8)
 PARALLEL_ONE_FROM = (0, 10, 0)
 LAST_LAYER_FIRST_FROM = (0, 7, 0)  # v0.6.8 walked blk.0 upwards; v0.7.0 from the last layer down
 BATCH = 512  # api.Options NumBatch
@@ -267,8 +267,11 @@ def decide(ctx: Context, free: list[int], num_ctx: int, parallel: int, kv_type: 
 
 def resolve(ctx: Context) -> tuple[int, int, str, bool, list[str]]:
     """num_ctx, num_parallel, KV cache type and flash attention as Ollama resolves them."""
-    s, v, m, notes = ctx.settings, ctx.version, ctx.model, []
-    num_ctx = s.max_model_len or (4096 if not v or v >= CONTEXT_4096_FROM else 2048)
+    s, m, notes = ctx.settings, ctx.model, []
+    num_ctx = s.max_model_len or 0
+    if not num_ctx:
+        num_ctx, rule = server.default_num_ctx(ctx)
+        notes.append(f"num_ctx {num_ctx:,}: {rule}")
     if m.vision_params:
         num_ctx = max(num_ctx, 2048)  # multimodal models require at least 2048 context (server/sched.go)
         if not m.model_type.startswith("gemma3"):
@@ -319,6 +322,13 @@ def _fewest_cards(ctx: Context, free: list[int], num_ctx: int, parallel: int, kv
 
 def plan(ctx: Context) -> PolicyResult:
     num_ctx, parallel, kv_type, flash, notes = resolve(ctx)
+    if ctx.version and ctx.version >= server.LLAMA_SERVER_FROM:
+        return server.plan(ctx, num_ctx, parallel, notes)
+    if ctx.version and ctx.version > server.ESTIMATOR_LAST:
+        notes.append(
+            f"unknown term: Ollama {ctx.settings.resolved_version} places layers from what its runner "
+            "allocates (llm/memory.go's estimator was removed in v0.12.11); planned with the v0.11.6 estimator"
+        )
     cards = _cards(ctx)
     free = [max(0, total - ctx.other) for _, total in cards]
     if not ctx.settings.parallel and ctx.version and ctx.version < PARALLEL_ONE_FROM:
@@ -331,6 +341,49 @@ def plan(ctx: Context) -> PolicyResult:
     main = 0 if d.split[0] else next((i for i, c in enumerate(d.split) if c), 0)
     graph = (d.graph_full if d.layers_offload >= d.layers_model else d.graph_partial) if d.split[main] else 0
     kv_share = d.offloaded_kv if len(cards) == 1 else int(d.offloaded_kv * d.split[0] / max(1, sum(d.split)))
+    reasons = []
+    if d.layers_offload < d.layers_model:  # PredictServerFit: a fit is every layer and the output on the GPUs
+        reasons.append(
+            f"Ollama would offload {d.layers_offload} of {d.layers_model} layers (layers.offload="
+            f"{d.layers_offload}; memory.required.full {gib(d.required_full, 1, unit=True)} against "
+            f"{gib(sum(free), 1, unit=True)} available): the rest run on the CPU"
+        )
+
+    def kv_rule(components: list[Component], point: str) -> int:
+        return kv_share
+
+    def limits(kv: int) -> Limits:
+        return Limits(kv, num_ctx * parallel, num_ctx * parallel, float(parallel))
+
+    return PolicyResult(
+        components=_components(ctx, d, graph, kv_share),
+        budget_bytes=free[0],
+        kv_rule=kv_rule,
+        limits=limits,
+        max_model_len=num_ctx,
+        block_size=1,
+        kv_bytes_per_token=int(d.kv_total / max(1, num_ctx * parallel)),
+        settings={
+            "num_ctx": num_ctx,
+            "num_parallel": parallel,
+            "flash_attention": flash,
+            "kv_cache_type": kv_type,
+            "num_batch": BATCH,
+            "num_gpu": d.layers_offload,
+            "devices": len(cards),
+            "quantization": ctx.quant.gguf_type or ctx.quant.method if ctx.quant else None,
+        },
+        kv_provenance=FORMULA,
+        kv_note=f"Ollama's estimate: num_ctx {num_ctx} x {parallel} x (K + V) x kv heads in {kv_type}, offloaded layers",
+        kv_fixed=True,
+        reasons=reasons,
+        notes=notes,
+        extra={"ollama": _offload_line(ctx, d)},
+    )
+
+
+def _components(ctx: Context, d: Decision, graph: int, kv_share: int) -> list[Component]:
+    """The first GPU's share of Ollama's estimate: its minimum, the layers' weights, the graph, the overhead."""
     weights_share = (
         d.allocations[0] - (MINIMUM_MEMORY if d.split[0] else 0) - graph - kv_share if d.split[0] else 0
     )
@@ -371,67 +424,30 @@ def plan(ctx: Context) -> PolicyResult:
                 "OLLAMA_GPU_OVERHEAD held back per GPU",
             )
         )
-    reasons = []
-    if d.layers_offload < d.layers_model:  # PredictServerFit: a fit is every layer and the output on the GPUs
-        reasons.append(
-            f"Ollama would offload {d.layers_offload} of {d.layers_model} layers (layers.offload="
-            f"{d.layers_offload}; memory.required.full {gib(d.required_full, 1, unit=True)} against "
-            f"{gib(sum(free), 1, unit=True)} available): the rest run on the CPU"
-        )
-    total = free[0]
+    return comps
 
-    def kv_rule(components: list[Component], point: str) -> int:
-        return kv_share
 
-    def limits(kv: int) -> Limits:
-        return Limits(kv, num_ctx * parallel, num_ctx * parallel, float(parallel))
-
-    extra: dict[str, object] = {
-        "ollama": {
-            "layers_model": d.layers_model,
-            "layers_offload": d.layers_offload,
-            "layers_split": d.split,
-            "memory_available_bytes": d.available,
-            "memory_required_full_bytes": d.required_full,
-            "memory_required_partial_bytes": d.required_partial,
-            "memory_required_kv_bytes": d.kv_total,
-            "memory_required_allocations_bytes": d.allocations,
-            "memory_weights_total_bytes": d.weights_repeating + d.weights_nonrepeating,
-            "memory_weights_repeating_bytes": d.weights_repeating,
-            "memory_weights_nonrepeating_bytes": d.weights_nonrepeating,
-            "memory_graph_full_bytes": d.graph_full,
-            "memory_graph_partial_bytes": d.graph_partial,
-            "projector_weights_bytes": d.projector_weights,
-            "projector_graph_bytes": d.projector_graph,
-            "num_gpu": d.layers_offload,
-            "gpu_overhead_bytes": ctx.settings.ollama_gpu_overhead_bytes,
-        }
+def _offload_line(ctx: Context, d: Decision) -> dict[str, object]:
+    """What Ollama's `msg=offload` log line prints, in bytes."""
+    return {
+        "layers_model": d.layers_model,
+        "layers_offload": d.layers_offload,
+        "layers_split": d.split,
+        "memory_available_bytes": d.available,
+        "memory_required_full_bytes": d.required_full,
+        "memory_required_partial_bytes": d.required_partial,
+        "memory_required_kv_bytes": d.kv_total,
+        "memory_required_allocations_bytes": d.allocations,
+        "memory_weights_total_bytes": d.weights_repeating + d.weights_nonrepeating,
+        "memory_weights_repeating_bytes": d.weights_repeating,
+        "memory_weights_nonrepeating_bytes": d.weights_nonrepeating,
+        "memory_graph_full_bytes": d.graph_full,
+        "memory_graph_partial_bytes": d.graph_partial,
+        "projector_weights_bytes": d.projector_weights,
+        "projector_graph_bytes": d.projector_graph,
+        "num_gpu": d.layers_offload,
+        "gpu_overhead_bytes": ctx.settings.ollama_gpu_overhead_bytes,
     }
-    return PolicyResult(
-        components=comps,
-        budget_bytes=total,
-        kv_rule=kv_rule,
-        limits=limits,
-        max_model_len=num_ctx,
-        block_size=1,
-        kv_bytes_per_token=int(d.kv_total / max(1, num_ctx * parallel)),
-        settings={
-            "num_ctx": num_ctx,
-            "num_parallel": parallel,
-            "flash_attention": flash,
-            "kv_cache_type": kv_type,
-            "num_batch": BATCH,
-            "num_gpu": d.layers_offload,
-            "devices": len(cards),
-            "quantization": ctx.quant.gguf_type or ctx.quant.method if ctx.quant else None,
-        },
-        kv_provenance=FORMULA,
-        kv_note=f"Ollama's estimate: num_ctx {num_ctx} x {parallel} x (K + V) x kv heads in {kv_type}, offloaded layers",
-        kv_fixed=True,
-        reasons=reasons,
-        notes=notes,
-        extra=extra,
-    )
 
 
 def suggest(model: object, gpu: object, s: object, constants: object, est: object) -> list[str]:
