@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from _hostile_pollers import MODES, gzip_bomb, make_app, many_series, prometheus_series
 from _threaded_app import serve_app
-
 from vramlab.observe.base import Sampler, SamplerSet
 from vramlab.observe.health import HealthSampler, discover_health
 from vramlab.observe.ollama import OllamaSampler

@@ -63,7 +63,7 @@ CORRUPT: dict[str, tuple[str, str]] = {
     "started-at-text": (f"UPDATE runs SET started_at = 'yesterday' WHERE {R}", "started_at"),
     "status-unknown": (f"UPDATE runs SET status = 'weird' WHERE {R}", "status"),
     "event-data-not-json": (
-        f"UPDATE events SET data = 'not json' WHERE "
+        "UPDATE events SET data = 'not json' WHERE "
         + FIRST.format(t="events", R="{R}", extra=" AND kind = 'phase_end'"),
         "data is not JSON",
     ),

@@ -92,7 +92,7 @@ _KNOWN_LINE = re.compile(
     + "|".join(re.escape(n) for n in sorted({*_LOOKUP, *_INFO_LABELS}, key=len, reverse=True))
     + r")[^\n]*"
 )
-_HEAD = re.compile(r"(?:[^\n]*\n){0,%d}" % MAX_SERIES)
+_HEAD = re.compile(rf"(?:[^\n]*\n){{0,{MAX_SERIES}}}")
 
 
 def known_lines(text: str) -> tuple[str, bool]:
