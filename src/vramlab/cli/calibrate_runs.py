@@ -189,7 +189,9 @@ def run(args: argparse.Namespace) -> int:
         held = [measure(store, r, notes) for r in holdout_ids]
         unread = getattr(store, "read_problems", None)
     name = Path(args.output).name if args.output else "calibration"
-    cal = calibrate_runs(learned, held, lambda m, g, s, c: estimate(m, g, s, c, with_suggestions=False), name)
+    cal = calibrate_runs(
+        learned, held, lambda m, g, s, c: estimate(m, g, s, c, with_suggestions=False), name, args.min_points
+    )
     written, failed = _write(args.output, cal.profile)
     if args.json:
         print(
