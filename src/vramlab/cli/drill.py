@@ -134,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
     from vramlab.cli.outputs import check_store
 
     check_store(args.db or plan.store)
-    for line in plan.old_name_notes():  # said once, when nothing refused the drill; stored as its warnings
+    capped = plan.ramp.capped_note()
+    for line in [*plan.old_name_notes(), *([capped] if capped else [])]:  # said once; stored as its warnings
         print(f"vramlab drill: note: {line}", file=sys.stderr)
     store = open_store(args.db or plan.store)
     runner = DrillRunner(plan, store, override_env=args.not_test)

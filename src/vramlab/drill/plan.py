@@ -179,6 +179,9 @@ class DrillPlan(_Strict, PlanDocument):
         out = self.old_name_notes()
         if self.rounds < 3:
             out.append(f"rounds: {self.rounds} is fewer than 3; a one-off cannot be told from a trend")
+        capped = self.ramp.capped_note()
+        if capped is not None:
+            out.append(capped)
         return out
 
 
