@@ -17,6 +17,8 @@ import argparse
 import sys
 from typing import Any
 
+from vramlab.cli.runs import store_arg
+
 # the same string as vramlab.drill.target.OVERRIDE_FLAG (a test keeps them equal); literal here so
 # `vramlab drill --help` does not import pydantic
 OVERRIDE_FLAG = "--i-understand-this-is-not-a-test-environment"
@@ -25,7 +27,9 @@ OVERRIDE_FLAG = "--i-understand-this-is-not-a-test-environment"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", help="drill plan (YAML), e.g. examples/oom-drill.yaml")
     parser.add_argument(
-        "--db", help="store: a SQLite path or postgresql:// URL (default: $VRAMLAB_DB or ./vramlab.db)"
+        "--db",
+        type=store_arg,
+        help="store: a SQLite path or postgresql:// URL (default: $VRAMLAB_DB or ./vramlab.db)",
     )
     parser.add_argument(
         "-o", "--output", help="incident report file (default: incident-RUN_ID.md; .html for HTML)"

@@ -16,9 +16,19 @@ if TYPE_CHECKING:
     from vramlab.records import RunRecord
 
 
+def store_arg(text: str) -> str:
+    """`--db`'s type: an empty value is a mistake (a shell variable that was not set), never the default."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "an empty store: give a file path, sqlite:///PATH or postgresql://... (or leave --db out)"
+        )
+    return text
+
+
 def add_db_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db",
+        type=store_arg,
         metavar="URL",
         default=None,
         help="store: a SQLite path or postgresql://... (default: $VRAMLAB_DB, else ./vramlab.db)",

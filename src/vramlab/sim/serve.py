@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
+from vramlab.errors import ConfigError
 from vramlab.sim.config import SimConfig
 from vramlab.sim.engine import StartupRefused
 from vramlab.sim.server import SimServer
@@ -17,6 +18,9 @@ async def serve_forever(cfg: SimConfig) -> int:
         await srv.start()
     except StartupRefused as refused:
         return refused.exit_code
+    except ConfigError:  # it could not listen: release what start() took (the ledger, the runner)
+        await srv.stop()
+        raise
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
