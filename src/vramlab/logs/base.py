@@ -61,13 +61,26 @@ _BRACKET_PREFIX = re.compile(r"^\s*\[(?P<inside>[^\]]*?(?:\bTP\d+|gpu_id=\d+)[^\
 _ENGINE_LEVEL = ("EngineCore", "APIServer", "LLMEngine", "AsyncLLM", "MQLLMEngine")
 
 
+# A number as engines print it: digits grouped by thousands with commas (or none), a fraction after.
+# A garbled group ("1,2,,6") is not a number: dropping its commas read it as 126.
+_GROUPED = re.compile(r"^-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?$")
+
+
+def _plain(text: str) -> str:
+    """*text* without its thousands commas; ValueError when they do not group by thousands."""
+    t = text.strip().replace("_", "")
+    if "," in t and not _GROUPED.match(t):
+        raise ValueError(f"not a number: {text!r}")
+    return t.replace(",", "")
+
+
 def gib(text: str) -> int:
     """'12.56' GiB -> bytes. vLLM and SGLang print 'GB' for GiB too (they divide by 2^30)."""
-    return int(round(float(text.replace(",", "")) * GIB))
+    return int(round(float(_plain(text)) * GIB))
 
 
 def mib(text: str) -> int:
-    return int(round(float(text.replace(",", "")) * MIB))
+    return int(round(float(_plain(text)) * MIB))
 
 
 _UNIT = {"b": 1, "kib": 1 << 10, "kb": 1 << 10, "mib": MIB, "mb": MIB, "gib": GIB, "gb": GIB, "tib": 1 << 40}
@@ -75,12 +88,12 @@ _UNIT = {"b": 1, "kib": 1 << 10, "kb": 1 << 10, "mib": MIB, "mb": MIB, "gib": GI
 
 def sized(number: str, unit: str) -> int:
     """'6.5', 'GiB' -> bytes. Engines that print 'GB' mean GiB (2^30) in every case we read."""
-    return int(round(float(number.replace(",", "")) * _UNIT[unit.lower()]))
+    return int(round(float(_plain(number)) * _UNIT[unit.lower()]))
 
 
 def integer(text: str) -> int:
-    """'1,505,552' -> 1505552 (vLLM groups thousands with commas since V1)."""
-    return int(text.replace(",", "").replace("_", ""))
+    """'1,505,552' -> 1505552 (vLLM groups thousands with commas since V1); '1,2,,6' is a ValueError."""
+    return int(_plain(text))
 
 
 @dataclass(frozen=True)
