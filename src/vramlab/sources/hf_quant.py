@@ -6,6 +6,90 @@ from __future__ import annotations
 from typing import Any
 
 from vramlab.capacity.spec import QuantSpec
+from vramlab.errors import ConfigError
+
+_GPTQ_LIKE = ("awq", "gptq", "awq_marlin", "gptq_marlin", "auto-round", "autoround")
+# Every quant_method vLLM registers (vllm/model_executor/layers/quantization/__init__.py,
+# QUANTIZATION_METHODS, 0.6-0.11), with the weight width of those whose width is the method's own.
+_FIXED_BITS = {
+    "fp8": 8.0,
+    "fbgemm_fp8": 8.0,
+    "ptpc_fp8": 8.0,
+    "experts_int8": 8.0,
+    "tpu_int8": 8.0,
+    "marlin": 4.0,
+    "gptq_marlin_24": 4.0,
+    "qqq": 4.0,
+    "mxfp4": 4.25,
+    "nvfp4": 4.5,
+    "modelopt_fp4": 4.5,
+}
+_KNOWN = frozenset(
+    (
+        *_GPTQ_LIKE,
+        *_FIXED_BITS,
+        "bitsandbytes",
+        "compressed-tensors",
+        "modelopt",
+        "deepspeedfp",
+        "bitblas",
+        "gptq_bitblas",
+        "gguf",
+        "hqq",
+        "ipex",
+        "quark",
+        "moe_wna16",
+        "torchao",
+        "rtn",
+        "inc",
+        "neuron_quant",
+        "petit_nvfp4",
+    )
+)
+
+
+def check_quant_config(c: dict[str, Any], name: str) -> None:
+    """ConfigError for a `quantization_config` no engine would load, instead of planning it as
+    something it is not: not an object, no quant_method, a method vLLM does not know, or a
+    GPTQ/AWQ config without its width or group size (vLLM's GPTQConfig/AWQConfig.from_config read
+    `bits`/`w_bit` and `group_size`/`q_group_size` with get_from_keys: absent, the load fails)."""
+    if "quantization_config" not in c or c["quantization_config"] is None:
+        return
+    q = c["quantization_config"]
+    where = f"{name}: config field 'quantization_config'"
+    if not isinstance(q, dict):
+        raise ConfigError(f"{where} must be an object, got {q!r:.40}")
+    method = q.get("quant_method")
+    producer = q.get("producer")
+    if method is None and isinstance(producer, dict) and producer.get("name") == "modelopt":
+        return
+    if not isinstance(method, str) or not method:
+        raise ConfigError(f"{where} has no quant_method (awq, gptq, fp8, bitsandbytes, ...)")
+    m = method.lower()
+    if m not in _KNOWN and not m.startswith("modelopt"):
+        raise ConfigError(
+            f"{where}: quant_method {method!r} is not one vLLM knows; vramlab will not guess its width"
+        )
+    if m in _GPTQ_LIKE:
+        bits = q.get("bits", q.get("w_bit"))
+        allowed = (4,) if m.startswith("awq") else (2, 3, 4, 8)
+        if isinstance(bits, bool) or bits not in allowed:
+            raise ConfigError(f"{where}: {m} needs 'bits' of {' or '.join(map(str, allowed))}, got {bits!r}")
+        group = q.get("group_size", q.get("q_group_size"))
+        if isinstance(group, bool) or not isinstance(group, int) or not (group == -1 or group > 0):
+            raise ConfigError(
+                f"{where}: {m} needs 'group_size' (-1 or a positive whole number), got {group!r}"
+            )
+    elif (
+        m not in _FIXED_BITS
+        and m not in ("bitsandbytes", "compressed-tensors")
+        and not m.startswith("modelopt")
+    ):
+        bits = q.get("bits")
+        if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not 1 <= bits <= 16:
+            raise ConfigError(
+                f"{where}: quant_method {method!r} gives no 'bits' (1-16); vramlab will not guess its width"
+            )
 
 
 def quant_spec(c: dict[str, Any], torch_dtype: str) -> QuantSpec | None:
