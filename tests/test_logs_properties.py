@@ -99,7 +99,7 @@ def test_a_number_grouped_by_thousands_reads_back(n: int) -> None:
 
 @given(st.lists(st.integers(0, 999), min_size=2, max_size=5), st.sampled_from([",,", ",", ", "]))
 def test_commas_that_do_not_group_thousands_are_not_a_number(groups: list[int], sep: str) -> None:
-    """"1,2,,6 tokens" once read as 126: commas were dropped whatever they grouped."""
+    """ "1,2,,6 tokens" once read as 126: commas were dropped whatever they grouped."""
     from vramlab.logs.base import integer
 
     text = sep.join(str(g) for g in groups)

@@ -108,14 +108,10 @@ def _measure(ctx: Any, comp: Any, notes: list[str]) -> Any:
                 and usable(name, fig.measured_bytes, component)
             ):
                 measured[name], evidence[name] = int(fig.measured_bytes), fig.source
-    startup = {
-        k: float(v)
-        for k, v in startup_doc.items()
-        if k.endswith("_bytes") and isinstance(v, int) and not isinstance(v, bool)
-    }
-    rest = None
+    startup = {k: float(v) for k, v in startup_doc.items() if k.endswith("_bytes") and _whole(v)}
     w = startup_doc.get("weights_bytes") or measured.get("resident_model")
     pool = measured.get("kv_cache")
+    rest = None
     if (
         comp.rest_bytes is not None
         and w
@@ -123,18 +119,28 @@ def _measure(ctx: Any, comp: Any, notes: list[str]) -> Any:
         and heaviest is not None
         and usable("device at rest", comp.rest_bytes)
     ):
-        rest = comp.rest_bytes - int(w) - pool
-        if rest < 0:
-            notes.append(
-                f"run {rid}: the device at rest ({comp.rest_bytes / (1 << 30):.3f} GiB) holds less than "
-                "the weights and the KV pool it measured; its overhead is left out of the fit"
-            )
-            rest = None
-        else:
-            rows.append(f"device at rest: {comp.rest_bytes / (1 << 30):.3f} GiB")
+        rest = _at_rest(comp.rest_bytes, int(w), pool, rid, notes, rows)
     return RunMeasure(
         rid, settings.engine, spec, card, settings, measured, rest, startup, evidence, tuple(rows)
     )
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _at_rest(
+    rest_bytes: int, weights: int, pool: int, rid: str, notes: list[str], rows: list[str]
+) -> int | None:
+    """What the device held at rest beyond the weights and the KV pool; None (said) when it held less."""
+    if rest_bytes - weights - pool < 0:
+        notes.append(
+            f"run {rid}: the device at rest ({rest_bytes / (1 << 30):.3f} GiB) holds less than "
+            "the weights and the KV pool it measured; its overhead is left out of the fit"
+        )
+        return None
+    rows.append(f"device at rest: {rest_bytes / (1 << 30):.3f} GiB")
+    return rest_bytes - weights - pool
 
 
 def _startup(doc: Any, rid: str, notes: list[str]) -> dict[str, Any]:

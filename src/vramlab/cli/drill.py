@@ -138,8 +138,7 @@ def run(args: argparse.Namespace) -> int:
     from vramlab.cli.outputs import check_store
 
     check_store(args.db or plan.store)
-    capped = plan.ramp.capped_note()
-    for line in [*plan.old_name_notes(), *([capped] if capped else [])]:  # said once; stored as its warnings
+    for line in [*plan.old_name_notes(), *filter(None, [plan.ramp.capped_note()])]:  # said once; stored too
         print(f"vramlab drill: note: {line}", file=sys.stderr)
     store = open_store(args.db or plan.store)
     runner = DrillRunner(plan, store, override_env=args.not_test)

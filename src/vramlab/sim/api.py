@@ -112,19 +112,7 @@ def parse_request(body: Any, chat: bool, model: str, max_model_len: int) -> Pars
         )
     else:
         max_tokens = raw
-    temperature = body.get("temperature")
-    if temperature is not None and (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
-        or not math.isfinite(temperature)
-        or temperature < 0
-    ):
-        raise ApiError(400, f"temperature must be non-negative, got {temperature!r}.", param="temperature")
-    top_p = body.get("top_p")
-    if top_p is not None and (
-        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
-    ):  # vLLM's SamplingParams: "top_p must be in (0, 1], got {top_p}."
-        raise ApiError(400, f"top_p must be in (0, 1], got {top_p!r}.", param="top_p")
+    _check_sampling(body)
     n = body.get("n")
     if n is None:
         n = 1
@@ -134,20 +122,14 @@ def parse_request(body: Any, chat: bool, model: str, max_model_len: int) -> Pars
         raise ApiError(400, f"n must be at least 1, got {n}.", param="n")
     elif n > MAX_N:
         raise ApiError(400, f"n must be at most {MAX_N} in the sim, got {n}.", param="n")
-    opts = body.get("stream_options")
-    if opts is not None and not isinstance(opts, dict):
-        raise ApiError(
-            400,
-            "1 validation error: stream_options: Input should be a valid dictionary",
-            param="stream_options",
-        )
+    opts = _stream_options(body)
     return Parsed(
         chat,
         n_prompt,
         max_tokens,
         _flag(body, "ignore_eos"),
         _flag(body, "stream"),
-        _flag(opts or {}, "include_usage", "stream_options."),
+        _flag(opts, "include_usage", "stream_options."),
         key,
         n,
     )
@@ -170,6 +152,34 @@ def _flag(doc: dict[str, Any], name: str, where: str = "") -> bool:
     raise ApiError(
         400, f"1 validation error: {where}{name}: Input should be a valid boolean, got {value!r}", param=name
     )
+
+
+def _stream_options(body: dict[str, Any]) -> dict[str, Any]:
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise ApiError(
+            400,
+            "1 validation error: stream_options: Input should be a valid dictionary",
+            param="stream_options",
+        )
+    return opts or {}
+
+
+def _check_sampling(body: dict[str, Any]) -> None:
+    """temperature and top_p as vLLM's SamplingParams checks them (a 400 otherwise)."""
+    temperature = body.get("temperature")
+    if temperature is not None and (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature < 0
+    ):
+        raise ApiError(400, f"temperature must be non-negative, got {temperature!r}.", param="temperature")
+    top_p = body.get("top_p")
+    if top_p is not None and (
+        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
+    ):  # vLLM's SamplingParams: "top_p must be in (0, 1], got {top_p}."
+        raise ApiError(400, f"top_p must be in (0, 1], got {top_p!r}.", param="top_p")
 
 
 MAX_N = 128  # the sim's own bound: each choice is a sequence in the paged pool

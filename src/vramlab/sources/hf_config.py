@@ -13,7 +13,8 @@ from typing import Any
 from vramlab.capacity.spec import ModelSpec, VisionTower
 from vramlab.capacity.validation import check_config_flags, check_config_numbers
 from vramlab.errors import ConfigError
-from vramlab.sources.hf_quant import check_quant_config, quant_spec
+from vramlab.sources.config_checks import check_heads, check_quant_config, mlp_width
+from vramlab.sources.hf_quant import quant_spec
 
 # torch's dtype names a config.json may carry ("auto" too); anything else is a broken config.
 TORCH_DTYPE_NAMES = frozenset(
@@ -126,23 +127,6 @@ def _need(c: dict[str, Any], name: str, *keys: str) -> int:
         return int(v)
     except (TypeError, ValueError):
         raise ConfigError(f"{name}: config field {keys[0]!r} is not a number: {v!r}") from None
-
-
-# Families whose config leaves the MLP width out meaning 4 x hidden (transformers: GPT2Config n_inner,
-# GPTJConfig n_inner, GPTNeoConfig intermediate_size, FalconConfig ffn_hidden_size, CodeGen's n_inner;
-# BLOOM has no field): only these get the default.
-_FOUR_X_MLP = frozenset(("gpt2", "gpt_bigcode", "gptj", "gpt_neo", "codegen", "falcon", "bloom"))
-
-
-def _check_heads(name: str, heads: int, kv: int) -> None:
-    """Grouped-query attention shares each KV head among a whole number of query heads: vLLM's
-    Attention layer asserts num_heads % num_kv_heads == 0 (its test_num_heads_not_divisble_by_num_kv_heads),
-    and transformers' repeat_kv cannot split 32 query heads over 7 KV heads."""
-    if kv > 0 and heads > 0 and (kv > heads or heads % kv):
-        raise ConfigError(
-            f"{name}: num_key_value_heads ({kv}) must divide num_attention_heads ({heads}): each KV head "
-            "serves a whole group of query heads (vLLM's attention layer refuses it)"
-        )
 
 
 def _layer_kinds(c: dict[str, Any], n: int, model_type: str) -> tuple[str, ...] | None:
@@ -274,7 +258,7 @@ def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str
     heads = int(heads)
     if kv is None:
         kv = 1 if c.get("multi_query") else heads
-    _check_heads(name, heads, kv)
+    check_heads(name, heads, kv)
     head_dim = int(head_dim) if head_dim else hidden // heads
     vocab = _need(c, name, "vocab_size", "padded_vocab_size", "n_vocab")
     torch_dtype = str(_first(c, "torch_dtype", "dtype", default="bfloat16")).replace("torch.", "")
@@ -286,13 +270,7 @@ def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str
     if torch_dtype not in ("bfloat16", "float16", "float32"):
         torch_dtype = "bfloat16"
 
-    inter_given = _first(c, "intermediate_size_mlp", "intermediate_size", "ffn_hidden_size", "n_inner")
-    if inter_given is None and model_type not in _FOUR_X_MLP and not c.get("moe_intermediate_size"):
-        raise ConfigError(
-            f"{name}: config is missing 'intermediate_size' (the MLP's width, needed for the weights); "
-            f"a {model_type or arch or 'model'} config has no default vramlab could assume"
-        )
-    inter = int(inter_given if inter_given is not None else 4 * hidden)
+    inter = mlp_width(c, name, model_type, hidden)
     kinds = _layer_kinds(c, layers, model_type)
 
     n_experts = int(
