@@ -185,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
         stored=out.stored,
         store_complete=out.store_complete,
         store_failure=out.store_failure,
+        unsaved=None if out.spooled is None else {"file": out.spooled[0], "rows": out.spooled[1]},
     )
     if not out.store_complete:
         print(

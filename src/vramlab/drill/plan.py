@@ -89,6 +89,13 @@ class NeighbourSpec(_Strict):
     interval_s: float = Field(0.5, gt=0)
     timeout_s: float = Field(2.0, gt=0)
 
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        from vramlab.drill.target import http_url
+
+        return http_url(v)
+
 
 class DrillPlan(_Strict, PlanDocument):
     kind: Literal["drill", "colocation"] = "drill"

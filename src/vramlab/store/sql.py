@@ -136,8 +136,10 @@ class _FileGuard:
     made read-only or immutable mid-run fails writes only when SQLite next touches the main file
     (the WAL may take rows for a while). So before every write the path is checked: the same file
     (``st_dev``/``st_ino`` as at open), still there, still writable for this process (``access(2)``:
-    the mode for a user, the immutable flag and a read-only mount for root too). A failed check is
-    a refused write, as a full disk is: the writer retries, then stops the run.
+    the mode for a user, the immutable flag and a read-only mount for root too), and so are its
+    ``-wal`` and ``-shm`` (SQLite maps the ``-shm``: growing one made immutable killed the process
+    with SIGBUS). A failed check is a refused write, as a full disk is: the writer retries, then
+    stops the run.
     """
 
     def __init__(self, path: str) -> None:
@@ -157,6 +159,9 @@ class _FileGuard:
             return "its file was replaced by another while the run wrote to it"
         if not os.access(self.path, os.W_OK):
             return "its file became read-only while the run wrote to it"
+        for side in ("-wal", "-shm"):  # SQLite maps -shm: growing one made immutable is a SIGBUS
+            if os.path.exists(self.path + side) and not os.access(self.path + side, os.W_OK):
+                return f"its {side} file became read-only while the run wrote to it"
         return None
 
     def moved(self) -> bool:
@@ -169,9 +174,10 @@ class _FileGuard:
 
 
 def _count_file(path: str, run_id: str) -> dict[str, int]:
-    """What the file now at *path* holds for a run: nothing when it is gone or not a store. Read with
-    ``immutable=1``: the ``-wal`` beside it is the old file's, and SQLite would read its pages over
-    the new file's (rows that are in neither)."""
+    """What the file now at *path* holds for a run, read as any later reader (`vramlab report`) reads
+    it: the main file with the write-ahead log beside it, which SQLite applies (a copy of the store
+    put back in its place reads with the old file's log: the rows are there, and are counted).
+    Nothing when it is gone or not a store."""
     import sqlite3
     from urllib.parse import quote
 
@@ -179,7 +185,7 @@ def _count_file(path: str, run_id: str) -> dict[str, int]:
     if not os.path.isfile(path):
         return out
     try:
-        con = sqlite3.connect(f"file:{quote(path)}?mode=ro&immutable=1", uri=True, timeout=2)
+        con = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=2)
     except sqlite3.Error:
         return out
     try:
@@ -251,6 +257,7 @@ class SqlStore:
         unknown = set(fields) - _RUN_FIELDS
         if unknown:
             raise ValueError(f"update_run: unknown or read-only fields {sorted(unknown)}")
+        self._check_file()  # before the read too: reading through an immutable -shm is a SIGBUS
         current = self.get_run(run_id, exact=True)
         updated = RunRecord.model_validate({**current.model_dump(), **fields})
         values = {k: redact_obj(getattr(updated, k)) for k in fields}
@@ -319,6 +326,11 @@ class SqlStore:
         cannot be read there again)."""
         if self._guard is not None and self._guard.moved():
             return _count_file(self._guard.path, run_id)
+        why = self._guard.problem() if self._guard is not None else None
+        if why is not None and ("-shm" in why or "-wal" in why):
+            # the rows in the log cannot be read from here: "could not be read back", not a false count
+            self._abandon_connections()
+            raise VramlabError(f"cannot count what the store at {describe_url(self.url)} holds: {why}")
         out = {}
         with _reading(self.url), self.engine.connect() as conn:
             for t in schema.RUN_TABLES:
@@ -402,6 +414,19 @@ class SqlStore:
         with _reading(self.url), self.engine.connect() as conn:
             rows = [decode_json(dict(r), names) for r in conn.execute(q).mappings()]
         return records(model, rows, f"{table.name} of run {run_id}", self.read_problems)
+
+    def _abandon_connections(self) -> None:
+        """Never touch the file through this store's connections again. Its ``-shm`` is mapped into
+        this process and can no longer be written (made immutable): any access, closing included
+        (SQLite checkpoints as the last connection closes), faults with SIGBUS and kills the process
+        before it can say what it kept. The pool is dropped without closing its connections and given
+        one reference that is never released, so no finalizer closes them, at exit either; the
+        ``-wal`` stays beside the file for the next reader to apply."""
+        import ctypes
+
+        pool = self.engine.pool
+        self.engine.dispose(close=False)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(pool))
 
     def close(self) -> None:
         self.engine.dispose()
