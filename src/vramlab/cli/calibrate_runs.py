@@ -47,10 +47,9 @@ def measure(store: Any, run_id: str, notes: list[str]) -> Any:
 
 
 def _measure(ctx: Any, comp: Any, notes: list[str]) -> Any:
-    from vramlab.capacity.run_calibration import FIGURES, RunMeasure
+    from vramlab.capacity.run_calibration import RunMeasure
     from vramlab.drill.capacity_plan import PlanFacts, resolve_facts
     from vramlab.errors import ConfigError
-    from vramlab.logs.calibrate import implausible_bytes
 
     rid = ctx.run.run_id
     if comp.plan is None or not comp.plan_facts:
@@ -60,6 +59,8 @@ def _measure(ctx: Any, comp: Any, notes: list[str]) -> Any:
         )
         raise ConfigError(f"run {rid}: no capacity plan stored with it, nothing to compare against: {why}")
     f = comp.plan_facts
+    startup_doc = _startup(comp.startup, rid, notes)
+    planned, printed = dict(f.get("settings") or {}), engine_settings(startup_doc)
     spec, card, settings = resolve_facts(
         PlanFacts(
             f.get("model"),
@@ -67,48 +68,26 @@ def _measure(ctx: Any, comp: Any, notes: list[str]) -> Any:
             f.get("gpu"),
             f.get("gpu_memory_gib"),
             f.get("engine_version"),
-            dict(f.get("settings") or {}),
+            {**planned, **printed},
         )
     )
-    card_bytes = card.memory_bytes or None
-
-    def usable(name: str, value: Any, component: bool = True) -> bool:
-        why = implausible_bytes(name, value, card_bytes, component)
-        if why is not None:
-            notes.append(f"run {rid}: stored {why}; left out of the fit")
-        return why is None
-
-    startup_doc = _startup(comp.startup, rid, notes)
-    measured_rows = [
-        r
-        for r in comp.rows
-        if r.figure("peak").measured_bytes is not None and usable("peak", r.figure("peak").measured_bytes)
-    ]
-    heaviest = max(measured_rows, key=lambda r: r.figure("peak").measured_bytes) if measured_rows else None
-    if heaviest is None and not startup_doc:
+    usable = _checker(rid, card.memory_bytes or None, notes)
+    measured_rows = [r for r in comp.rows if usable("peak", r.figure("peak"))]
+    if not measured_rows and not startup_doc:
         raise ConfigError(
             f"run {rid}: no usable memory measurement (no start-up log figures and no device or "
             "host reading it could use); run it with a gpu/ledger sampler or target.log_file"
             + (f" ({notes[-1]})" if notes else "")
         )
-    measured: dict[str, int] = {}
-    evidence: dict[str, str] = {}
-    rows: list[str] = []
-    if heaviest is not None:
+    heaviest = max(measured_rows, key=lambda r: r.figure("peak").measured_bytes) if measured_rows else None
+    measured, evidence, rows = heaviest_figures(heaviest, usable)
+    differs = {k: v for k, v in printed.items() if planned.get(k) != v}
+    if differs:
+        said = ", ".join(f"{k} {v}" for k, v in sorted(differs.items()))
         rows.append(
-            f"round {heaviest.round} {heaviest.phase} {heaviest.step_value} "
-            f"({heaviest.start_s:.1f}-{heaviest.end_s:.1f} s)"
+            f"planned with the settings its start-up log printed ({said}): the constants, not the settings, are fitted"
         )
-        for name in FIGURES:
-            fig = heaviest.figure(name)
-            component = name in ("resident_model", "kv_cache")
-            if (
-                fig.measured_bytes is not None
-                and not fig.host_memory
-                and usable(name, fig.measured_bytes, component)
-            ):
-                measured[name], evidence[name] = int(fig.measured_bytes), fig.source
-    startup = {k: float(v) for k, v in startup_doc.items() if k.endswith("_bytes") and _whole(v)}
+    startup = startup_fields(startup_doc)
     w = startup_doc.get("weights_bytes") or measured.get("resident_model")
     pool = measured.get("kv_cache")
     rest = None
@@ -117,16 +96,43 @@ def _measure(ctx: Any, comp: Any, notes: list[str]) -> Any:
         and w
         and pool
         and heaviest is not None
-        and usable("device at rest", comp.rest_bytes)
+        and not heaviest.figure("peak").host_memory
     ):
-        rest = _at_rest(comp.rest_bytes, int(w), pool, rid, notes, rows)
+        if usable("device at rest", comp.rest_bytes):
+            rest = _at_rest(comp.rest_bytes, int(w), pool, rid, notes, rows)
     return RunMeasure(
-        rid, settings.engine, spec, card, settings, measured, rest, startup, evidence, tuple(rows)
+        rid,
+        settings.engine,
+        spec,
+        card,
+        settings,
+        measured,
+        rest,
+        startup,
+        evidence,
+        tuple(rows),
+        host_runtime(comp, heaviest, startup),
     )
 
 
-def _whole(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _checker(rid: str, card_bytes: int | None, notes: list[str]) -> Any:
+    """usable(name, figure or bytes): whether a stored figure passes the checks a log's figures pass
+    (logs.calibrate.implausible_bytes; a host reading against no card); a failure is noted."""
+    from vramlab.logs.calibrate import implausible_bytes
+
+    def usable(name: str, fig: Any) -> bool:
+        value, host = (
+            (fig, False) if not hasattr(fig, "measured_bytes") else (fig.measured_bytes, fig.host_memory)
+        )
+        if value is None:
+            return False
+        component = name in ("resident_model", "kv_cache")
+        why = implausible_bytes(name, value, None if host else card_bytes, component)
+        if why is not None:
+            notes.append(f"run {rid}: stored {why}; left out of the fit")
+        return why is None
+
+    return usable
 
 
 def _at_rest(
@@ -141,6 +147,59 @@ def _at_rest(
         return None
     rows.append(f"device at rest: {rest_bytes / (1 << 30):.3f} GiB")
     return rest_bytes - weights - pool
+
+
+def heaviest_figures(heaviest: Any, usable: Any = None) -> tuple[dict[str, int], dict[str, str], list[str]]:
+    """The figures measured at the run's heaviest window (a device's: a host reading is no card's)
+    that pass *usable*, their sources, and the window's line."""
+    from vramlab.capacity.run_calibration import FIGURES
+
+    measured: dict[str, int] = {}
+    evidence: dict[str, str] = {}
+    if heaviest is None:
+        return measured, evidence, []
+    for name in FIGURES:
+        fig = heaviest.figure(name)
+        if fig.measured_bytes is not None and not fig.host_memory and (usable is None or usable(name, fig)):
+            measured[name], evidence[name] = int(fig.measured_bytes), fig.source
+    h = heaviest
+    return measured, evidence, [f"round {h.round} {h.phase} {h.step_value} ({h.start_s:.1f}-{h.end_s:.1f} s)"]
+
+
+def host_runtime(comp: Any, heaviest: Any, startup: dict[str, float]) -> int | None:
+    """A CPU engine's runtime: its process tree's RSS at rest (before the first request) less the
+    model, KV and compute buffers its start-up log printed; None where any of them is unknown."""
+    if heaviest is None or not heaviest.figure("peak").host_memory or comp.rest_bytes is None:
+        return None
+    model = heaviest.figure("resident_model").measured_bytes
+    pool = heaviest.figure("kv_cache").measured_bytes
+    compute = startup.get("activation_peak_bytes")
+    if not (model and pool and compute):
+        return None
+    left = int(comp.rest_bytes - model - pool - compute)
+    return left if left > 0 else None
+
+
+# settings a start-up log prints that the plan takes (logs/<engine>.py parse them into these names)
+_PRINTED_SETTINGS = ("ctx_size", "parallel", "n_ubatch", "flash_attn", "kv_cache_dtype", "cache_type_v")
+
+
+def engine_settings(startup: dict[str, Any] | None) -> dict[str, Any]:
+    """The settings the engine printed at start-up (its truth where the plan's block guessed)."""
+    printed = (startup or {}).get("settings") or {}
+    return {k: printed[k] for k in _PRINTED_SETTINGS if printed.get(k) is not None}
+
+
+def startup_fields(startup: dict[str, Any] | None) -> dict[str, float]:
+    """The start-up log's byte figures by their plan-JSON names. A CPU-only llama.cpp prints its graph's
+    compute buffer on the host ("CPU compute buffer size"): that is the compute buffer the plan sizes
+    (its activation_peak component) when no device printed one."""
+    s = startup or {}
+    out = {k: float(v) for k, v in s.items() if k.endswith("_bytes") and isinstance(v, int)}
+    host_compute = (s.get("extra") or {}).get("host_compute_bytes")
+    if s.get("engine") == "llama.cpp" and "activation_peak_bytes" not in out and host_compute:
+        out["activation_peak_bytes"] = float(host_compute)
+    return out
 
 
 def _startup(doc: Any, rid: str, notes: list[str]) -> dict[str, Any]:
