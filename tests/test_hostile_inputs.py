@@ -218,6 +218,12 @@ CASES: list[Case] = [
             ("factor", "string", "factor: 2\n", "factor: '2'\n"),
             ("step_s", "zero", "step_s: 1", "step_s: 0"),
             ("ceiling", "nan", "ceiling: 32768", "ceiling: .nan"),
+            (
+                "ramp.start",
+                "fraction",
+                "start: 256",
+                "start: 256.5",
+            ),  # a token count is whole: not floored silently
         ]
     ],
     *[

@@ -54,6 +54,11 @@ class RampSpec(BaseModel):
             raise ValueError("ramp.start must be > 0")
         if self.ceiling < self.start:
             raise ValueError(f"ramp.ceiling ({self.ceiling:g}) is below ramp.start ({self.start:g})")
+        whole = [(k, v) for k, v in (("start", self.start), ("ceiling", self.ceiling)) if v != math.floor(v)]
+        if _integral(self) and whole and self.ceiling <= 1e15:  # a huge ceiling is capped, not stepped to
+            raise ValueError(
+                f"ramp.{whole[0][0]} {whole[0][1]:g}: {self.knob} counts whole {self.unit}; give a whole number"
+            )
         if self.knob in STREAM_KNOBS and self.start > MAX_STREAMS:
             raise ValueError(
                 f"ramp.start ({self.start:g}) is past the {MAX_STREAMS:,} streams one load client holds"
