@@ -151,7 +151,7 @@ samplers: {{interval_s: 0.5, sources: {sources}}}
         ("metrics-series", "vllm", "[engine]", "sampler engine:"),
         ("metrics-nan", "vllm", "[engine]", "read nan"),
         ("ps-many", "ollama", "[ollama]", "sampler ollama: failing"),
-        ("ps-bomb", "ollama", "[ollama]", "compression bomb"),
+        ("ps-bomb", "ollama", "[ollama]", "sampler ollama: failing: BodyTooLarge"),
         ("health-headers", "other", "[health]", ""),
     ],
 )

@@ -19,6 +19,12 @@ import pytest
 from vramlab.experiment.events import Event
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose store refuses rows writes them to vramlab-unsaved-RUNID.jsonl in the working folder."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _plan(path: Path, url: str, marker: Path) -> Path:
     path.write_text(f"""\
 name: faults

@@ -39,6 +39,12 @@ def measure(store: Any, run_id: str, notes: list[str]) -> Any:
         raise ConfigError(f"run {run_id}: not in the store ({exc})") from None
     try:
         return _measure(ctx, composition_of(ctx), notes)
+    except ConfigError as exc:
+        problems = getattr(store, "read_problems", None)
+        if not problems:
+            raise
+        # the run would teach something but for rows the store could not read: say which (exit 1)
+        raise StoreRowError(f"{exc}; {problems.summary()}"[:600]) from None
     except DATA_ERRORS as exc:  # a stored plan or figure of the wrong shape: that run, said so
         raise StoreRowError(
             f"run {ctx.run.run_id}: its stored capacity plan or measurements cannot be read "
