@@ -34,6 +34,16 @@ class GPU:
     def is_a100(self) -> bool:
         return self.name.startswith("a100")
 
+    @property
+    def is_host(self) -> bool:
+        """The host's memory, not a card: a CPU engine (vLLM's CPU build, llama.cpp with no GPU layers,
+        transformers on the CPU). No CUDA context; the engine's runtime is a term of its own."""
+        return self.vendor == HOST_VENDOR
+
+
+HOST_VENDOR = "cpu"
+HOST_DEVICE = "cpu"  # the host device's name in a plan (`gpu` in its JSON)
+HOST_NAMES = ("cpu", "host")  # what --gpu takes for the host
 
 _OBS_VLLM = "vLLM total_gpu_memory in published start-up logs"
 _EST = "estimated: nominal capacity less the driver reservation seen on sibling cards"
@@ -158,6 +168,26 @@ def get_gpu(name: str) -> GPU:
     if key in _BY_NAME:
         return _BY_NAME[key]
     raise unknown("GPU", name, [g.name for g in GPUS])
+
+
+def host_device(memory_gib: float) -> GPU:
+    """The host as the device a CPU engine plans on: its memory (GiB, 2^30 bytes) as the OS reports it
+    (MemTotal, which vLLM's CPU worker reads as its total). Bandwidth and FLOP/s are a modest server's,
+    for the timing models only."""
+    if not 0 < memory_gib <= 1 << 20:  # also refuses NaN
+        from vramlab.errors import ConfigError
+
+        raise ConfigError(f"host memory: must be a positive finite number of GiB, got {memory_gib}")
+    return GPU(
+        HOST_DEVICE,
+        memory_gib,
+        memory_gib,
+        50,
+        1,
+        vendor=HOST_VENDOR,
+        arch="host",
+        memory_source="the host's memory (MemTotal or --host-memory-gib)",
+    )
 
 
 def custom_gpu(memory_gib: float, like: GPU | None = None) -> GPU:

@@ -27,6 +27,7 @@ ENGINE_FLAGS: dict[str, tuple[tuple[str, ...], Any]] = {
     "enforce_eager": (("vllm", "sglang", "tgi"), False),
     "block_size": (("vllm", "tgi"), None),
     "kv_cache_memory": (("vllm",), None),
+    "num_gpu_blocks_override": (("vllm",), None),
     "mem_fraction_static": (("sglang",), None),
     "chunked_prefill_size": (("sglang",), None),
     "max_batch_prefill_tokens": (("tgi",), None),
@@ -88,7 +89,8 @@ def _model_and_card(m: argparse._ArgumentGroup) -> None:
     m.add_argument("--offline", action="store_true", help="never touch the network (cache and catalog only)")
     m.add_argument(
         "--gpu",
-        help="catalog GPU name (see `vramlab gpus`); llama.cpp and Ollama: a list of cards, e.g. rtx-4090,rtx-5090",
+        help="catalog GPU name (see `vramlab gpus`); llama.cpp and Ollama: a list of cards, e.g. rtx-4090,rtx-5090; "
+        "cpu: a CPU engine in host memory (vLLM's CPU build, llama.cpp, transformers; --host-memory-gib)",
     )
     m.add_argument("--gpu-memory-gib", type=float, help="usable memory per GPU for a card not in the catalog")
     m.add_argument(
@@ -144,7 +146,12 @@ def _vllm(e: argparse._ArgumentGroup) -> None:
     e.add_argument(
         "--kv-cache-memory",
         "--kv-cache-memory-bytes",
-        help="vLLM --kv-cache-memory-bytes: the KV pool, bypassing gpu_memory_utilization (bytes, or e.g. 20GiB)",
+        help="vLLM --kv-cache-memory-bytes: the KV pool, bypassing gpu_memory_utilization (bytes, or e.g. 20GiB); "
+        "the CPU build's VLLM_CPU_KVCACHE_SPACE=N is NGiB",
+    )
+    e.add_argument(
+        "--num-gpu-blocks-override",
+        help="vLLM --num-gpu-blocks-override: the pool is this many blocks (128 tokens each on the CPU build)",
     )
     e.add_argument(
         "--enable-chunked-prefill",

@@ -12,11 +12,12 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from vramlab.capacity.estimate import Estimate
-from vramlab.capacity.gpus import GPU, GPUS, custom_gpu, get_gpu
+from vramlab.capacity.gpus import GPU, GPUS, HOST_NAMES, custom_gpu, get_gpu, host_device
 from vramlab.capacity.settings import EngineSettings
 from vramlab.capacity.units import GIB
 from vramlab.errors import ConfigError, VramlabError
 from vramlab.logs.observation import Observation
+from vramlab.units import gib
 
 # Estimate component name -> Observation field.
 COMPONENT_FIELD = {
@@ -98,7 +99,11 @@ def _catalog_card(name: str) -> GPU | None:
 
 def gpu_for(obs: Observation, gpu: str | None = None) -> tuple[GPU, str]:
     """The card to predict for, and why: --gpu, else the log's total memory (the closest catalog
-    card within 1 %, with the log's exact figure), else the card the log names."""
+    card within 1 %, with the log's exact figure), else the card the log names. A CPU engine's log (vLLM's
+    CPU build prints the host's memory beside its KV space) is predicted on the host."""
+    host = obs.extra.get("device") == "cpu" or (gpu or "").strip().lower() in HOST_NAMES
+    if host:
+        return _host_for(obs, gpu)
     if gpu:
         card = get_gpu(gpu)
         return card, f"{card.name} (--gpu)"
@@ -120,6 +125,23 @@ def gpu_for(obs: Observation, gpu: str | None = None) -> tuple[GPU, str]:
     if named is not None:
         return named, f"{named.name} (named in the log)"
     raise ConfigError("the log does not print the GPU's total memory or a known card; pass --gpu")
+
+
+def _host_for(obs: Observation, gpu: str | None) -> tuple[GPU, str]:
+    if gpu and gpu.strip().lower() not in HOST_NAMES:
+        raise ConfigError(
+            f"--gpu {gpu}: the log is a CPU engine's (host memory); pass --gpu cpu or leave it out"
+        )
+    total = obs.extra.get("host_memory_bytes") or obs.total_gpu_memory_bytes
+    if total:
+        return host_device(total / GIB), f"the host ({gib(total, unit=True)}, the log's total memory)"
+    from vramlab.sources.host import host_memory_gib
+
+    here = host_memory_gib()
+    if here is None:
+        raise ConfigError("a CPU engine's log that prints no host memory, and this machine's is not readable")
+    where = f"the host ({gib(here * GIB, unit=True)}, this machine's MemTotal: the log prints none)"
+    return host_device(here), where
 
 
 @dataclass(frozen=True)

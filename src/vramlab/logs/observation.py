@@ -35,6 +35,7 @@ SETTINGS_KEYS = (
     "enforce_eager",
     "block_size",
     "kv_cache_memory_bytes",
+    "num_gpu_blocks_override",
     "mem_fraction_static",
     "chunked_prefill_size",
     "cuda_graph_max_bs",

@@ -13,7 +13,9 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from vramlab.logs.base import Rule, assemble, command_flags, gib, integer, mib, parse_lines, rule
+from vramlab.logs import vllm_cpu
+from vramlab.logs.base import Rule, assemble, gib, integer, mib, parse_lines, rule
+from vramlab.logs.vllm_command import COMMAND, command, continued
 
 ENGINE = "vllm"
 N = r"-?\d+(?:\.\d+)?"  # vLLM prints negative figures when another process freed memory
@@ -32,6 +34,7 @@ _ARG_KEYS = {
     "enforce_eager": "settings.enforce_eager",
     "block_size": "settings.block_size",
     "kv_cache_memory_bytes": "settings.kv_cache_memory_bytes",
+    "num_gpu_blocks_override": "settings.num_gpu_blocks_override",
     # The engine config line names max_model_len `max_seq_len`.
     "max_seq_len": "settings.max_model_len",
 }
@@ -44,6 +47,7 @@ _INT_KEYS = {
     "max_num_batched_tokens",
     "block_size",
     "kv_cache_memory_bytes",
+    "num_gpu_blocks_override",
 }
 
 
@@ -221,52 +225,6 @@ def _kv_refused(m: re.Match[str]) -> dict[str, Any]:
     return out
 
 
-_FLAGS = (
-    (("--max-model-len", "--max_model_len"), "settings.max_model_len", integer),
-    (
-        ("--tensor-parallel-size", "--tensor_parallel_size", "--tensor-parallel", "-tp"),
-        "settings.tensor_parallel_size",
-        integer,
-    ),
-    (("--pipeline-parallel-size", "-pp"), "settings.pipeline_parallel_size", integer),
-    (("--gpu-memory-utilization", "--gpu_memory_utilization"), "settings.gpu_memory_utilization", float),
-    (("--max-num-seqs", "--max_num_seqs"), "settings.max_num_seqs", integer),
-    (("--max-num-batched-tokens", "--max_num_batched_tokens"), "settings.max_num_batched_tokens", integer),
-    (("--dtype",), "settings.dtype", str),
-    (("--kv-cache-dtype",), "settings.kv_cache_dtype", str),
-    (("--quantization", "-q"), "settings.quantization", str),
-)
-
-
-def _continued(m: re.Match[str]) -> dict[str, Any] | None:
-    """The flags of a command pasted over several lines (`  --max-model-len 32768 \\`): each
-    continuation line is read on its own, so a line in between (a note, a progress bar) loses nothing."""
-    text = " " + m.group(0)
-    out = command_flags(text, _FLAGS)
-    if re.search(r"\s--enforce[-_]eager\b", text):
-        out["settings.enforce_eager"] = True
-    return out or None
-
-
-def _command(m: re.Match[str]) -> dict[str, Any]:
-    """A pasted command line: `vllm serve MODEL --max-model-len 4096 -tp 2 ...`."""
-    text = m.group(0)
-    out: dict[str, Any] = {}
-    model = m.group("model") or re.search(r"--model[= ](\S+)", text)
-    if isinstance(model, re.Match):
-        model = model.group(1)
-    if model and not model.startswith("-"):
-        out["model"] = model.strip("'\"")
-    out.update(command_flags(text, _FLAGS))
-    if re.search(r"\s--enforce[-_]eager\b", text):
-        out["settings.enforce_eager"] = True
-    if "VLLM_USE_V1=1" in text:
-        out["settings.vllm_engine"] = "v1"
-    elif "VLLM_USE_V1=0" in text:
-        out["settings.vllm_engine"] = "v0"
-    return out
-
-
 def _graph_util_advice(m: re.Match[str]) -> dict[str, Any]:
     """0.21+: the utilization given, what it equals without CUDA graph profiling, and what keeps
     the KV pool of before (`... is equivalent to --gpu-memory-utilization=0.8878 without ...`)."""
@@ -316,12 +274,12 @@ RULES: list[Rule] = [
     ),
     rule(
         "command",
-        r"(?:^|\s)(?:vllm serve (?P<model>\S+)|python3? -m vllm\.entrypoints\.\S+).*",
-        _command,
+        COMMAND,
+        command,
         starts=True,
         shared=True,
     ),
-    rule("command_continued", r"^\s+--?[A-Za-z][\w-]*.*", _continued, shared=True),
+    rule("command_continued", r"^\s+--?[A-Za-z][\w-]*.*", continued, shared=True),
     rule(
         "loading_model",
         r"Starting to load model (\S+?)(?:\.\.\.)?$",
@@ -561,7 +519,7 @@ RULES: list[Rule] = [
         rf"CUDA graph pool memory: ({N}) ?GiB \(actual\), ({N}) ?GiB \(estimated\)",
         lambda m: {"cuda_graph_bytes": gib(m.group(1)), "cuda_graph_estimate_bytes": gib(m.group(2))},
     ),
-]
+] + vllm_cpu.RULES
 
 
 def parse(lines: Iterable[str]) -> list[Any]:
@@ -571,6 +529,7 @@ def parse(lines: Iterable[str]) -> list[Any]:
 
 
 def _finish(fields: dict[str, Any]) -> None:
+    vllm_cpu.finish(fields)
     if fields.get("budget_bytes") is None:
         fields.pop("budget_bytes", None)
     # V1 sizes the KV pool in blocks of 16 tokens by default; a log that prints both blocks and
