@@ -54,8 +54,8 @@ def measure(store: Any, run_id: str, notes: list[str]) -> Any:
 
 def _measure(ctx: Any, comp: Any, notes: list[str]) -> Any:
     from vramlab.capacity.run_calibration import RunMeasure
-    from vramlab.drill.capacity_plan import PlanFacts, resolve_facts
     from vramlab.errors import ConfigError
+    from vramlab.run.capacity_plan import PlanFacts, resolve_facts
 
     rid = ctx.run.run_id
     if comp.plan is None or not comp.plan_facts:
