@@ -83,6 +83,8 @@ def model_for(row: dict[str, Any], configs: dict[str, Any]) -> ModelSpec | str:
     except ImportError:
         pass
     if isinstance(cfg, dict) and cfg.get("source") is not None:
+        if isinstance(cfg.get("quantization_config"), str):  # the data set's note of a GGUF file's type,
+            cfg = {k: v for k, v in cfg.items() if k != "quantization_config"}  # not a config.json object
         try:
             return spec_from_config(cfg, hf_id, str(cfg.get("source")), hf_id=hf_id)
         except VramlabError as exc:

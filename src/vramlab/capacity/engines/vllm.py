@@ -357,6 +357,10 @@ def plan_notes(ctx: Context, setup: Setup, first_layout: pool.PoolLayout) -> lis
             "planned as the sort, band widened to FlashInfer's; pass --flashinfer-sampler on|off"
         )
     notes += [f"unknown term, band widened: {why}" for why in setup.unknown_terms]
+    if ctx.settings.limit_mm_per_prompt and ctx.model.vision is None and not ctx.model.vision_params:
+        notes.append(  # vLLM reads the limits only for a model with a multimodal processor
+            "--limit-mm-per-prompt changes nothing here: the model takes text only (no vision tower)"
+        )
     return notes
 
 
