@@ -18,11 +18,11 @@ from vramlab.capacity.constants import Constants
 from vramlab.capacity.engines.common import Context, PolicyResult
 from vramlab.capacity.estimate import Component, Estimate
 from vramlab.capacity.gpus import GPU
+from vramlab.capacity.refusals import device_terms, memory_allowance, refusals, used_bytes
 from vramlab.capacity.settings import ENGINES, EngineSettings
 from vramlab.capacity.spec import ModelSpec
 from vramlab.capacity.validation import check_settings
 from vramlab.errors import ConfigError
-from vramlab.units import gib
 
 _POLICIES = {
     "vllm": "vramlab.capacity.engines.vllm_auto",  # vllm.py's policy, with --max-model-len auto
@@ -72,22 +72,15 @@ def estimate(
     comps = r.components
     kv_mid = r.kv_rule(comps, "mid")
     kv_low, kv_high, widest = (kv_mid, kv_mid, None) if r.kv_fixed else kv_band(r, comps, kv_mid)
-    kv_comp = Component(
-        "kv_cache",
-        max(0, kv_mid),
-        max(0, min(kv_low, kv_mid)),
-        max(0, kv_high, kv_mid),
-        r.kv_provenance,
-        r.kv_note,
-        in_budget=True,
-    )
+    kv_comp = _kv_component(r, kv_mid, kv_low, kv_high)
     lim = r.limits(max(0, kv_mid))
     pess = r.limits(max(0, kv_low))
     opt = r.limits(max(0, kv_high))
     all_comps = tuple(comps) + (kv_comp,)
-    used = sum(c.bytes for c in all_comps) if r.kv_fixed else _used(comps, kv_comp, r)
-    headroom = ctx.total - ctx.other - used
-    reasons = list(r.reasons) + _refusals(ctx, r, kv_mid, lim.num_blocks, used, headroom)
+    used = sum(c.bytes for c in all_comps) if r.kv_fixed else used_bytes(comps, kv_comp, r)
+    headroom = memory_allowance(ctx) - used
+    device = device_terms(ctx, r, tuple(comps), used)
+    reasons = [*r.reasons, *refusals(ctx, r, kv_mid, lim.num_blocks, used, headroom), *device.reasons]
     context_note = defaults.context_note(model, settings, r.max_model_len)
     fits = not reasons
     est = Estimate(
@@ -111,13 +104,14 @@ def estimate(
         headroom_bytes=headroom,
         fits=fits,
         reasons=tuple(reasons),
-        notes=tuple(r.notes) + ((context_note,) if context_note else ()),
+        notes=tuple(r.notes) + device.notes + ((context_note,) if context_note else ()),
         pessimistic=pess,
         optimistic=opt,
         per_sequence_state_bytes=r.per_sequence_state_bytes,
         # the KV band signed, as a failed start-up prints it (the kv_cache component stops at 0)
         extra={
             **r.extra,
+            **device.extra,
             "kv_band_bytes": (min(kv_low, kv_mid), max(kv_high, kv_mid)),
             **({"kv_band_widest": widest} if widest else {}),
             **_named_terms(r, comps, settings),
@@ -127,6 +121,12 @@ def estimate(
     if not fits and with_suggestions:
         est = replace(est, suggestions=tuple(suggest(model, gpu, settings, constants, est)))
     return est
+
+
+def _kv_component(r: PolicyResult, kv_mid: int, kv_low: int, kv_high: int) -> Component:
+    """The pool as a component: its band floored at 0 (a failed start's negative figure is kept in the extra)."""
+    low, high = max(0, min(kv_low, kv_mid)), max(0, kv_high, kv_mid)
+    return Component("kv_cache", max(0, kv_mid), low, high, r.kv_provenance, r.kv_note, in_budget=True)
 
 
 def _named_terms(r: PolicyResult, comps: list[Component], settings: EngineSettings) -> dict[str, list[str]]:
@@ -153,49 +153,6 @@ def kv_band(r: PolicyResult, comps: list[Component], kv_mid: int) -> tuple[int, 
     ]
     widest = max(swings)[1] if swings and max(swings)[0] > 0 else None
     return r.kv_rule(comps, "high"), r.kv_rule(comps, "low"), widest
-
-
-def _refusals(
-    ctx: Context, r: PolicyResult, kv_bytes: int, blocks: int, used: int, headroom: int
-) -> list[str]:
-    """The engine's own start-up refusals for the pool, and a card too small for the process. The
-    quoted wording is vLLM's; other engines get a plain statement (they word it their own way)."""
-    vllm = ctx.settings.engine == "vllm"
-    reasons = []
-    if kv_bytes <= 0 and not r.kv_fixed:
-        reasons.append(
-            "No available memory for the cache blocks: the non-KV components exceed the budget"
-            if vllm
-            else "no memory is left for the KV cache: the non-KV components exceed the engine's budget"
-        )
-    elif blocks < r.min_blocks_needed and not r.kv_fixed:
-        need = r.min_blocks_needed * (kv_bytes / max(1, blocks)) if blocks else 0
-        if not need:
-            reasons.append(f"the KV cache cannot hold one request of {r.max_model_len} tokens")
-        elif vllm:
-            reasons.append(
-                f"To serve at least one request with the model's max seq len ({r.max_model_len}), "
-                f"{gib(need, unit=True)} KV cache is needed, which is larger than the available KV cache memory "
-                f"({gib(kv_bytes, unit=True)})"
-            )
-        else:
-            reasons.append(
-                f"one request of {r.max_model_len} tokens needs {gib(need, unit=True)} of KV cache; "
-                f"the pool holds {gib(kv_bytes, unit=True)}"
-            )
-    if headroom < 0:
-        reasons.append(
-            f"the process needs {gib(used, unit=True)} but the card has "
-            f"{gib(ctx.total - ctx.other, unit=True)} free ({gib(-headroom, unit=True)} short)"
-        )
-    return reasons
-
-
-def _used(comps: list[Component], kv: Component, r: PolicyResult) -> int:
-    """Memory the process holds at steady state: the budget's contents plus what sits outside it."""
-    inside = sum(c.bytes for c in comps if c.in_budget) + kv.bytes
-    outside = sum(c.bytes for c in comps if not c.in_budget)
-    return max(inside, 0) + outside
 
 
 # How each engine spells what `suggest` changes: `vramlab plan` takes one spelling for every engine,
@@ -271,6 +228,15 @@ def _candidates(model: ModelSpec, s: EngineSettings, est: Estimate) -> list[tupl
                 if engine == "vllm"
                 else f"use an FP8 KV cache ({_ENGINE_NAMES[engine]} {spell['kv']}; halves KV bytes per token)",
                 {"kv_cache_dtype": "fp8"},
+            )
+        )
+    if engine == "vllm" and s.mps_memory_limit_bytes:  # the legacy MPS limit leaves util a share of the card
+        outside = sum(c.bytes for c in est.components if not c.in_budget)
+        util = math.floor((s.mps_memory_limit_bytes - outside) / est.gpu_memory_bytes * 100) / 100
+        out.append(
+            (
+                f"lower --gpu-memory-utilization to {util} (under the MPS limit)",
+                {"gpu_memory_utilization": util},
             )
         )
     if engine == "vllm" and (est.settings.get("gpu_memory_utilization") or 0) < 0.95:
@@ -449,7 +415,7 @@ def limits_at(
         total = (
             sum({"mid": c.bytes, "high": c.high_bytes, "low": c.low_bytes}[band_point] for c in comps) + kv
         )
-        free = (ctx.total - ctx.other) * (1 - margin)
+        free = memory_allowance(ctx) * (1 - margin)
         return (not r.reasons and total <= free), r.limits(kv).max_concurrency
     kv = int(kv * (1 - margin))
     if kv <= 0 or r.reasons:
@@ -465,7 +431,7 @@ def limits_at(
         if s.engine == "vllm" and not s.kv_cache_memory_bytes
         else sum(c.bytes for c in r.components if c.in_budget) + kv
     )
-    fits = lim.num_blocks >= r.min_blocks_needed and inside + outside <= ctx.total - ctx.other
+    fits = lim.num_blocks >= r.min_blocks_needed and inside + outside <= memory_allowance(ctx)
     return fits, lim.max_concurrency
 
 

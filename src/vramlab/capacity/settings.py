@@ -103,6 +103,7 @@ class EngineSettings:
         False  # vLLM's LLM class inside a training process (Unsloth fast_inference, TRL colocate)
     )
     other_processes_bytes: int = 0  # memory other processes already hold on each card
+    mps_memory_limit_bytes: int = 0  # CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for this client; 0 = none
     enable_lora: bool = False  # vLLM --enable-lora: LoRA slots are allocated at load time
     max_lora_rank: int = 16  # vLLM --max-lora-rank (vLLM's default 16)
     max_loras: int = 1  # vLLM --max-loras (vLLM's default 1)

@@ -21,8 +21,10 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from vramlab.cli import plan_device
+
 if TYPE_CHECKING:
-    from vramlab.capacity import GPU, Constants, EngineSettings
+    from vramlab.capacity import Constants, EngineSettings
 
 ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama")
 
@@ -35,14 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     m.add_argument("--revision", help="Hub revision for a Hub id")
     m.add_argument("--offline", action="store_true", help="never touch the network (cache and catalog only)")
-    m.add_argument(
-        "--gpu",
-        help="catalog GPU name (see `vramlab gpus`); llama.cpp: a list of cards, e.g. rtx-4090,rtx-5090",
-    )
-    m.add_argument("--gpu-memory-gib", type=float, help="usable memory per GPU for a card not in the catalog")
-    m.add_argument(
-        "--other-processes-gib", type=float, default=0.0, help="memory other processes hold per GPU"
-    )
+    plan_device.add_card_arguments(m)
     e = p.add_argument_group("engine settings (the engines' own names and meanings)")
     e.add_argument("--engine", choices=ENGINES, default="vllm")
     e.add_argument("--engine-version", help="engine release, e.g. 0.8.5 (default: the newest modelled)")
@@ -224,10 +219,6 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
     from vramlab.capacity.validation import check_settings
     from vramlab.errors import ConfigError
 
-    if not 0 <= args.other_processes_gib <= 1 << 20:  # also refuses NaN
-        raise ConfigError(
-            f"--other-processes-gib: must be a finite number of GiB >= 0, got {args.other_processes_gib}"
-        )
     if args.concurrency is not None and args.concurrency < 1:
         raise ConfigError(f"--concurrency: must be at least 1, got {args.concurrency}")
 
@@ -265,7 +256,7 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
             limit_mm_per_prompt=parse_mm_limits(args.limit_mm_per_prompt)
             if args.limit_mm_per_prompt
             else None,
-            other_processes_bytes=int(args.other_processes_gib * (1 << 30)),
+            **plan_device.settings_fields(args),
             cache_type_v=args.cache_type_v,
             flash_attn=_on_off(args.flash_attn),
             n_ubatch=count(args.ubatch_size),
@@ -381,24 +372,6 @@ def _on_off(value: str | None) -> bool | None:
     return None if value in (None, "auto") else value == "on"
 
 
-def _gpu(args: argparse.Namespace) -> GPU:
-    from vramlab.capacity import custom_gpu, get_gpu
-    from vramlab.errors import ConfigError
-
-    if args.gpu_memory_gib is not None and not 0 < args.gpu_memory_gib <= 1 << 20:
-        raise ConfigError(
-            f"--gpu-memory-gib: must be a positive finite number of GiB, got {args.gpu_memory_gib}"
-        )
-    name = args.gpu.split(",")[0].strip() if args.gpu else None
-    if name and args.gpu_memory_gib:
-        return custom_gpu(args.gpu_memory_gib, like=get_gpu(name))
-    if name:
-        return get_gpu(name)
-    if args.gpu_memory_gib:
-        return custom_gpu(args.gpu_memory_gib)
-    raise ConfigError("name a card with --gpu (see `vramlab gpus`) or give --gpu-memory-gib")
-
-
 def _devices(args: argparse.Namespace, settings: EngineSettings) -> EngineSettings:
     """`--gpu rtx-4090,rtx-5090`: llama.cpp's devices in order (CUDA0, CUDA1, ...)."""
     from vramlab.capacity import get_gpu
@@ -422,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
     from vramlab.sources import resolve_model
 
     settings = _settings(args)
-    gpu = _gpu(args)
+    gpu = plan_device.target(args)
     settings = _devices(args, settings)
     axes = [parse_sweep(s) for s in args.sweep]
     if args.plot and not axes:
