@@ -206,7 +206,7 @@ def predicted(
     row: dict[str, Any], spec: ModelSpec, gpu, s: EngineSettings, constants: Constants | None = None
 ) -> dict[str, dict[str, float]]:
     conc_len = row.get("max_concurrency_tokens_per_request") or row.get("max_model_len")
-    est = estimate(spec, gpu, scored_settings(row, s), constants)
+    est = estimate(spec, gpu, scored_settings(row, s), constants, with_suggestions=False)
     ours = {
         "weights": est.weights_bytes / GIB,
         "kv_cache_gib": est.kv_available_bytes / GIB,  # signed: a failed start-up prints a negative figure
@@ -439,7 +439,7 @@ def cases_by_engine(
         if isinstance(case, str):
             continue
         try:  # a plan the planner refuses (the main table lists the row as skipped) is neither fitted nor held out
-            estimate(case.model, case.gpu, case.settings)
+            estimate(case.model, case.gpu, case.settings, with_suggestions=False)
         except VramlabError:
             continue
         out.setdefault(case.settings.engine, []).append((row, case))
@@ -504,7 +504,7 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
             for row, case in items:
                 if str(row.get("collection_group")) != group:
                     continue
-                est = estimate(case.model, case.gpu, case.settings, constants)
+                est = estimate(case.model, case.gpu, case.settings, constants, with_suggestions=False)
                 on_default |= {c.name for c in est.components if c.provenance == "default"}
                 pred = {
                     "weights": est.weights_bytes / GIB,

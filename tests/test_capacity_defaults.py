@@ -104,7 +104,7 @@ def test_gemma3_plans_vllms_131072_and_the_text_agrees(name: str) -> None:
         text=True,
         timeout=120,
     )
-    assert out.returncode in (0, 1), out.stderr
+    assert out.returncode in (0, 1, 3), out.stderr  # fits, does not fit, fits at the estimate only
     text = out.stdout
     assert "max_model_len=131072" in text
     assert "max concurrency at 131,072 tokens" in text

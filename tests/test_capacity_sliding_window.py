@@ -173,7 +173,10 @@ def test_cli_disable_sliding_window_caps_the_plan() -> None:
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (("--model", "gemma-2-9b-it", "--engine", "sglang", "--disable-sliding-window"), "a vLLM setting"),
+        (
+            ("--model", "gemma-2-9b-it", "--engine", "sglang", "--disable-sliding-window"),
+            "--disable-sliding-window (vLLM): not read by the SGLang plan",
+        ),
         (
             ("--model", "gpt-oss-20b", "--engine-version", "0.10.2", "--disable-sliding-window"),
             "rope_scaling",

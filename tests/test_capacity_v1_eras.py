@@ -37,9 +37,10 @@ def test_v1_sampler_path_follows_each_releases_source():
     value, low, note = activation("0.22.0")
     assert "flashinfer sampler" in note  # 0.22: envs.VLLM_USE_FLASHINFER_SAMPLER: bool = True
     old_value, old_low, _ = activation("0.14.0", flashinfer_sampler=True)
-    # 0.22+ also warms the native (Triton) path in the same profile: the larger of the two, and FlashInfer's own
-    # figure is measured only on 0.10.1, so the band is widened.
-    assert value == triton > old_value and low < old_low
+    # 0.22+ also warms the native (Triton) path in the same profile: the larger of the two. FlashInfer's run is sized
+    # from the source (the logits and three fp32 tensors, under the Triton run here), so the band is the Triton
+    # run's, narrower than the measured 0.10.1 FlashInfer constant's that 0.14 with FlashInfer on keeps.
+    assert value == triton > old_value and low > old_low
     _, _, note = activation("0.22.0", flashinfer_sampler=False)
     assert "triton sampler" in note
     # The sort keeps fp32 values, int64 indices, softmax/cumsum and the scatter: well over twice the others.

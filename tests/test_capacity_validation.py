@@ -151,7 +151,6 @@ CAPACITY_LONG = {
     "sglang.py:plan": 89,
     "tgi.py:plan": 90,
     "transformers.py:plan": 70,
-    "vllm.py:activation_component": 92,
     "vllm.py:plan": 72,
     "model.py:estimate": 71,
     "run_calibration.py:calibrate_runs": 69,

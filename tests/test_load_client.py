@@ -44,19 +44,24 @@ async def _one(
 
 
 def test_ttft_itl_tpot_and_usage() -> None:
+    """Order, counts and the bounds the stub's own sleeps guarantee (50 ms before the first token, 20 ms between
+    tokens): a busy machine can only make a request slower, so no upper bound on a latency is asserted here
+    (latency figures belong in benchmarks/loadgen.py)."""
     res, srv = asyncio.run(_one(StubBehaviour(ttft_s=0.05, token_s=0.02), max_tokens=6))
     assert res.ok and res.status_code == 200
-    assert 45 <= res.ttft_ms <= 150  # type: ignore[operator]
-    # 5 gaps; the last token may come in one read with the finish and usage chunks: its gap is then
-    # untimed (coalesced), never guessed
-    assert len(res.itl_ms) + res.untimed_gaps == 5 and len(res.itl_ms) >= 3
-    assert all(15 <= x <= 80 for x in res.itl_ms)
+    assert res.ttft_ms is not None and res.e2e_ms is not None and res.tpot_ms is not None
+    assert res.ttft_ms >= 45  # the stub sleeps 50 ms before its first token (timer granularity aside)
+    # 5 gaps; a token that comes in one read with the next (the finish and usage chunks, or a late read on a busy
+    # machine) leaves its gap untimed (coalesced), never guessed
+    assert len(res.itl_ms) + res.untimed_gaps == 5
+    assert all(x >= 0 for x in res.itl_ms)
     assert res.output_tokens == 6 and res.prompt_tokens == 5  # from the usage chunk
     if res.untimed_gaps == 0:  # TPOT spans every gap, the untimed ones too
         assert res.tpot_ms == pytest.approx(statistics.fmean(res.itl_ms), rel=0.01)
-    else:
-        assert 15 <= res.tpot_ms <= 80  # type: ignore[operator]
-    assert res.e2e_ms >= res.ttft_ms + 4 * 15  # type: ignore[operator]
+    assert res.tpot_ms > 0
+    # the stub slept at least 50 + 5 x 20 ms; the timed parts never add up to more than the whole
+    assert res.e2e_ms >= 0.9 * (50 + 5 * 20)
+    assert res.e2e_ms + 1 >= res.ttft_ms + sum(res.itl_ms)
     body = srv.b.seen[0]
     assert (
         body["stream"] is True and body["messages"][0]["content"] == "hello there" and body["max_tokens"] == 6

@@ -134,16 +134,13 @@ def test_a_field_given_by_both_names_and_a_foreign_kind_are_one_line(tmp_path):
         ("run", "oom-drill.yaml", "this is a drill plan; run it with `vramlab drill {path}`"),
         ("run", "colocation-drill.yaml", "this is a colocation plan; run it with `vramlab drill {path}`"),
         ("drill", "concurrency-ramp.yaml", "this is an experiment plan; run it with `vramlab run {path}`"),
-        ("alerts", "demo.yaml", "this is an experiment plan; run it with `vramlab run {path}`"),
     ],
 )
 def test_a_plan_of_another_kind_is_refused_with_the_command_to_use(command, example, says, capsys, tmp_path):
     from vramlab.cli.main import main
 
     path = ROOT / "examples" / example
-    code = main(
-        [command, str(path), "--db", str(tmp_path / "v.db")] if command != "alerts" else [command, str(path)]
-    )
+    code = main([command, str(path), "--db", str(tmp_path / "v.db")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert err[0].endswith(f"kind: {says.format(path=path)}"), err[0]

@@ -249,7 +249,7 @@ def test_plan_safe_point_speaks_in_the_same_sequence_length_as_max_concurrency(a
         text=True,
         timeout=60,
     )
-    assert out.returncode in (0, 1), out.stderr
+    assert out.returncode in (0, 1, 3, 4), out.stderr  # any verdict; 2 and 70 are not
     conc = re.search(r"max concurrency at ([\d,]+) tokens: ([\d.]+)", out.stdout)
     safe = re.search(
         r"safe operating point .*?: (\d+|not one) (?:of \S+ slots|sequences?) at ([\d,]+) tokens", out.stdout

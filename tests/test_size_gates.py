@@ -43,13 +43,10 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "capacity/engines/llamacpp.py:layout": (84, FORMATTED),
     "capacity/engines/sglang.py:plan": (89, FORMATTED),
     "capacity/engines/tgi.py:plan": (90, FORMATTED),
-    "capacity/engines/vllm.py:activation_component": (92, FORMATTED),
     "cli/drill.py:run": (94, FORMATTED),
-    "cli/plan.py:add_arguments": (112, FORMATTED),
     "load/workers.py:drive": (84, FORMATTED),
     "report/check_log_text.py:render": (100, FORMATTED),
     "report/incident_text.py:action_items": (90, FORMATTED),
-    "report/plan_text.py:render_plan": (94, FORMATTED),
 }
 # Modules first counted over MODULE_MAX when `ruff format` laid them out (they were under 500 lines in
 # the denser hand layout): (cap, why). Split each by concept; the cap keeps them from growing meanwhile.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 from vramlab.analysis.rounds import KEY_METRICS
 from vramlab.analysis.run import RunAnalysis
@@ -42,10 +43,42 @@ class RunComparison:
         return not self.differences
 
 
+# What an experiment's plan_hash covers (experiment/standard.py); a drill's covers its whole plan.
+HASHED_PARTS = ("fixed", "load", "phases", "target.model", "target.api")
+SHOWN_FIELDS = 4
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def plan_fields_that_differ(a: dict[str, Any], b: dict[str, Any], kind: str) -> list[str]:
+    """The stored plans' fields (dotted paths) whose values differ, within what the plan hash covers."""
+    fa, fb = _flatten(a), _flatten(b)
+    keys = sorted(set(fa) | set(fb))
+    if kind == "experiment":
+        keys = [k for k in keys if k == "target.model" or k.startswith(tuple(p + "." for p in HASHED_PARTS))]
+    else:
+        keys = [k for k in keys if k != "name"]
+    return [f"{k} {fa.get(k)!r} vs {fb.get(k)!r}" for k in keys if fa.get(k) != fb.get(k)]
+
+
 def fixed_differences(a: RunAnalysis, b: RunAnalysis) -> list[str]:
     out = []
     if a.run.plan_hash != b.run.plan_hash:
-        out.append(f"plan_hash {a.run.plan_hash[:12] or '-'} vs {b.run.plan_hash[:12] or '-'}")
+        fields = plan_fields_that_differ(a.run.plan, b.run.plan, a.run.kind)
+        shown = ", ".join(fields[:SHOWN_FIELDS]) + (
+            f" and {len(fields) - SHOWN_FIELDS} more" if len(fields) > SHOWN_FIELDS else ""
+        )
+        out.append(
+            f"plan_hash {a.run.plan_hash[:12] or '-'} vs {b.run.plan_hash[:12] or '-'}: "
+            + (shown or "the stored plans show no field that differs (a plan stored by an older vramlab)")
+        )
     for key in FIXED_KEYS:
         va, vb = a.run.fixed.get(key), b.run.fixed.get(key)
         if va != vb:

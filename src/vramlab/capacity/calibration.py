@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vramlab.capacity.constants import Constants
+from vramlab.capacity.constants import MIN_POINTS, Constants
 from vramlab.capacity.estimate import Estimate
 from vramlab.capacity.gpus import GPU
 from vramlab.capacity.settings import DEFAULT_VERSIONS, EngineSettings, parse_version
@@ -161,9 +161,9 @@ Estimator = Callable[[ModelSpec, GPU, EngineSettings, Constants], Estimate]
 
 
 def _default_estimator() -> Estimator:
-    from vramlab.capacity import estimate
+    from vramlab.capacity import estimate  # a fit reads figures: the re-planned suggestions are not wanted
 
-    return estimate
+    return lambda model, gpu, settings, constants: estimate(model, gpu, settings, constants, False)
 
 
 def _with(constants: Constants, values: Mapping[str, float]) -> Constants:
@@ -289,7 +289,7 @@ def fit(
     cases: Sequence[Case],
     engine: str,
     constants: Constants | None = None,
-    min_points: int = 3,
+    min_points: int = MIN_POINTS,
     estimator: Estimator | None = None,
     leave_one_out: bool = True,
 ) -> Fit:

@@ -173,3 +173,18 @@ def names() -> list[str]:
 def fixed_names() -> list[str]:
     """Constants `vramlab calibrate` leaves alone, each with its reason in `Constant.fixed`."""
     return sorted(n for n, c in _DEFAULTS.items() if c.fixed)
+
+
+# The observations a constant needs before `vramlab calibrate` fits it, from logs, measurement files and stored runs
+# alike (--min-points changes it; check_min_points is its one check).
+MIN_POINTS = 3
+
+
+def check_min_points(min_points: int) -> int:
+    from vramlab.errors import ConfigError
+
+    # two: with one observation the leave-one-out error is the in-sample one, and one run cannot tell the fit from
+    # that run's own noise
+    if not 2 <= min_points <= 1_000_000:
+        raise ConfigError(f"--min-points: must be at least 2, got {min_points}")
+    return min_points

@@ -343,6 +343,15 @@ def sglang_tp_fraction(ctx: Context) -> float:
     return next(frac for size, frac in table if tp >= size)
 
 
+def speculative_reserve_mib(ctx: Context) -> float:
+    """What the default fraction keeps back for a draft (capacity/speculative_sglang.py)."""
+    if ctx.settings.speculative is None:
+        return 0.0
+    from vramlab.capacity.speculative_sglang import sglang_reserve_mib
+
+    return sglang_reserve_mib(ctx)
+
+
 def sglang_fraction(ctx: Context, chunk: int, graph_bs: int) -> float:
     gib = ctx.gpu.memory_gib
     world = ctx.tp * ctx.pp
@@ -357,11 +366,12 @@ def sglang_fraction(ctx: Context, chunk: int, graph_bs: int) -> float:
             reserved = 12 + world / 2
         else:
             reserved = 32
-        return round((gib - reserved) / gib, 3)
+        return round((gib - reserved - speculative_reserve_mib(ctx) / 1024) / gib, 3)
     reserved_mib = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + world / 8 * 1024
     reserved_gib = reserved_mib / 1024
     if gib > 60:
         reserved_gib = max(reserved_gib, 10)
+    reserved_gib += speculative_reserve_mib(ctx) / 1024  # added after the 10 GiB floor (0.5.6)
     frac = round((gib - reserved_gib) / gib, 3)
     return frac if 0 < frac < 1 else 0.88
 

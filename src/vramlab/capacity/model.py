@@ -15,6 +15,7 @@ from typing import Any
 from vramlab.capacity import defaults
 from vramlab.capacity.band_terms import unbanded_terms, unknown_terms
 from vramlab.capacity.constants import Constants
+from vramlab.capacity.devices import held_before_start
 from vramlab.capacity.engines.common import Context, PolicyResult
 from vramlab.capacity.estimate import Component, Estimate
 from vramlab.capacity.gpus import GPU
@@ -51,9 +52,11 @@ def run_policy(
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
     check_settings(settings)
-    ctx = Context(model, gpu, settings, _constants(constants))
-    policy = import_module(_POLICIES[engine])
-    return ctx, policy.plan(ctx)
+    from vramlab.capacity import offload, speculative
+
+    # a draft changes some engine defaults first; the draft and a host KV tier go on top of the policy's result
+    ctx = Context(model, gpu, speculative.prepare(settings), _constants(constants))
+    return ctx, offload.apply(ctx, speculative.apply(ctx, import_module(_POLICIES[engine]).plan(ctx)))
 
 
 def estimate(
@@ -118,7 +121,9 @@ def estimate(
             **({"default_context_rule": context_note} if context_note else {}),
         },
     )
-    if not fits and with_suggestions:
+    if with_suggestions and (not fits or _partly_on_cpu(est)):
+        from vramlab.capacity.suggestions import suggest
+
         est = replace(est, suggestions=tuple(suggest(model, gpu, settings, constants, est)))
     return est
 
@@ -127,6 +132,12 @@ def _kv_component(r: PolicyResult, kv_mid: int, kv_low: int, kv_high: int) -> Co
     """The pool as a component: its band floored at 0 (a failed start's negative figure is kept in the extra)."""
     low, high = max(0, min(kv_low, kv_mid)), max(0, kv_high, kv_mid)
     return Component("kv_cache", max(0, kv_mid), low, high, r.kv_provenance, r.kv_note, in_budget=True)
+
+
+def _partly_on_cpu(est: Estimate) -> bool:
+    """Ollama left layers on the CPU: its suggestions say what puts every layer on the GPU."""
+    o = est.extra.get("ollama")
+    return bool(o and o["layers_offload"] < o["layers_model"])
 
 
 def _named_terms(r: PolicyResult, comps: list[Component], settings: EngineSettings) -> dict[str, list[str]]:
@@ -153,218 +164,6 @@ def kv_band(r: PolicyResult, comps: list[Component], kv_mid: int) -> tuple[int, 
     ]
     widest = max(swings)[1] if swings and max(swings)[0] > 0 else None
     return r.kv_rule(comps, "high"), r.kv_rule(comps, "low"), widest
-
-
-# How each engine spells what `suggest` changes: `vramlab plan` takes one spelling for every engine,
-# the user changes the engine's own flag. From each engine's --help: vllm serve; SGLang's
-# server_args.py (--context-length, --tp-size, --kv-cache-dtype auto|fp8_e5m2|fp8_e4m3); TGI's
-# launcher (--max-total-tokens, --num-shard, --kv-cache-dtype fp8_e4m3fn|fp8_e5m2, --quantize);
-# llama-server (--ctx-size over all --parallel slots, --cache-type-k/-v q8_0 needing -fa).
-_SPELLING: dict[str, dict[str, str]] = {
-    "vllm": {
-        "context": "--max-model-len",
-        "kv": "--kv-cache-dtype fp8",
-        "tp": "-tp",
-        "fp8": "--quantization fp8",
-    },
-    "sglang": {
-        "context": "--context-length",
-        "kv": "--kv-cache-dtype fp8_e5m2",
-        "tp": "--tp-size",
-        "fp8": "--quantization fp8",
-    },
-    "tgi": {
-        "context": "--max-total-tokens",
-        "kv": "--kv-cache-dtype fp8_e5m2",
-        "tp": "--num-shard",
-        "fp8": "--quantize fp8",
-    },
-    "transformers": {"context": "", "kv": "", "tp": "", "fp8": ""},
-}
-_ENGINE_NAMES = {
-    "vllm": "vLLM",
-    "sglang": "SGLang",
-    "tgi": "TGI",
-    "llama.cpp": "llama.cpp",
-    "transformers": "transformers",
-}
-
-
-def _say_context(engine: str, n: int) -> str:
-    if engine == "vllm":
-        return f"--max-model-len {n}"
-    if engine == "transformers":  # no server flag: the longest request it may be sent
-        return f"requests of at most {n:,} tokens"
-    return f"a {n:,}-token context ({_ENGINE_NAMES[engine]} {_SPELLING[engine]['context']} {n})"
-
-
-def _say_shorter(engine: str, n: int) -> str:
-    if engine == "vllm":
-        return f"lower --max-model-len to {n} (the largest that fits)"
-    flag = _SPELLING[engine]["context"]
-    return (
-        f"lower the context to {n:,} tokens, the largest that fits ("
-        + (f"{_ENGINE_NAMES[engine]} {flag} {n}; " if flag else "")
-        + "vramlab --max-model-len)"
-    )
-
-
-def _say_gpus(engine: str, tp: int) -> str:
-    if engine == "vllm":
-        return f"use -tp {tp} ({tp} GPUs)"
-    if engine == "transformers":  # from_pretrained(tp_plan="auto") under torchrun
-        return f'use {tp} GPUs (tp_plan="auto" under torchrun --nproc-per-node {tp})'
-    return f"use {tp} GPUs ({_ENGINE_NAMES[engine]} {_SPELLING[engine]['tp']} {tp})"
-
-
-def _candidates(model: ModelSpec, s: EngineSettings, est: Estimate) -> list[tuple[str, dict[str, object]]]:
-    """One-knob changes worth checking, each with its wording in the engine's flags."""
-    engine, spell = s.engine, _SPELLING[s.engine]
-    out: list[tuple[str, dict[str, object]]] = []
-    if s.kv_cache_dtype in ("auto", "bfloat16", "float16") and spell["kv"]:
-        out.append(
-            (
-                f"use {spell['kv']} (halves KV bytes per token)"
-                if engine == "vllm"
-                else f"use an FP8 KV cache ({_ENGINE_NAMES[engine]} {spell['kv']}; halves KV bytes per token)",
-                {"kv_cache_dtype": "fp8"},
-            )
-        )
-    if engine == "vllm" and s.mps_memory_limit_bytes:  # the legacy MPS limit leaves util a share of the card
-        outside = sum(c.bytes for c in est.components if not c.in_budget)
-        util = math.floor((s.mps_memory_limit_bytes - outside) / est.gpu_memory_bytes * 100) / 100
-        out.append(
-            (
-                f"lower --gpu-memory-utilization to {util} (under the MPS limit)",
-                {"gpu_memory_utilization": util},
-            )
-        )
-    if engine == "vllm" and (est.settings.get("gpu_memory_utilization") or 0) < 0.95:
-        out.append(
-            (
-                "raise --gpu-memory-utilization to 0.95 (check the headroom for CUDA graphs)",
-                {"gpu_memory_utilization": 0.95},
-            )
-        )
-    limits = dict(s.limit_mm_per_prompt or ())
-    if engine == "vllm" and model.vision is not None and limits.get("video", 1) > 0:
-        # V1 profiles the tower with a video as long as max_model_len allows (engines/vllm_mm.py)
-        out.append(
-            (
-                "serve no videos: --limit-mm-per-prompt '{\"video\": 0}' (the start-up then profiles the vision "
-                "encoder on images, not a max_model_len-long video)",
-                {"limit_mm_per_prompt": tuple(sorted({**limits, "video": 0}.items()))},
-            )
-        )
-    for tp in (2, 4, 8):
-        if tp > s.tensor_parallel_size and model.num_attention_heads % tp == 0:
-            out.append((_say_gpus(engine, tp), {"tensor_parallel_size": tp}))
-    if model.quant is None:
-        out.append(
-            (
-                f"use an FP8 checkpoint or {spell['fp8']}" if spell["fp8"] else "use an FP8 checkpoint",
-                {"quantization": "fp8"},
-            )
-        )
-        out.append(("use a 4-bit AWQ/GPTQ checkpoint", {"quantization": "awq"}))
-    return out
-
-
-def suggest(
-    model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None, est: Estimate
-) -> list[str]:
-    """Changes that make it fit, each checked by re-running the model (not guessed), each in the
-    engine's own flags."""
-    if s.engine == "llama.cpp":
-        return _suggest_llamacpp(model, gpu, s, constants)
-    if s.engine == "ollama":
-        from vramlab.capacity.engines.ollama import suggest as suggest_ollama
-
-        return suggest_ollama(model, gpu, s, constants, est)
-    out: list[str] = []
-
-    def ok(**changes: object) -> Estimate | None:
-        try:
-            e = estimate(model, gpu, s.with_(**changes), constants, with_suggestions=False)
-        except ConfigError:
-            return None
-        return e if e.fits else None
-
-    length = est.max_model_len
-    longest = max_len_that_fits(model, gpu, s, constants)
-    if longest and longest < length:
-        out.append(_say_shorter(s.engine, longest))
-    if (
-        s.engine == "vllm"
-        and (s.max_num_seqs or 0) > 16
-        and ok(max_num_seqs=max(16, (s.max_num_seqs or 256) // 4))
-    ):
-        out.append(f"lower --max-num-seqs to {max(16, (s.max_num_seqs or 256) // 4)}")
-    partial: list[str] = []
-    for text, change in _candidates(model, s, est):
-        if "tensor_parallel_size" in change and any(
-            o.startswith(("use -tp", "use 2 GPUs", "use 4 GPUs")) for o in out + partial
-        ):
-            continue  # the smallest TP that helps is enough
-        if ok(**change):
-            out.append(text)
-        elif len(partial) < 2:
-            # Not enough alone: how long a context would it allow?
-            try:
-                longer = max_len_that_fits(model, gpu, s.with_(**change), constants)
-            except ConfigError:
-                longer = 0
-            if longer >= min(1024, length):
-                partial.append(f"{text} with {_say_context(s.engine, longer)}")
-    if len(out) < 3:
-        out.extend(partial[: 3 - len(out)])
-    if not out:
-        out.append("no single change fits on this card: use a larger GPU or more GPUs")
-    return out
-
-
-def _suggest_llamacpp(
-    model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None
-) -> list[str]:
-    """llama.cpp sizes its KV from --ctx-size (over all --parallel slots): the context and the cache
-    type are the knobs, each checked by re-running the model."""
-    out: list[str] = []
-    per_slot = s.with_(ctx_size=None)  # max_model_len is then each slot's context
-
-    def ctx_flags(t: Any) -> str:
-        e = estimate(model, gpu, t, constants, with_suggestions=False)
-        return f"--ctx-size {e.settings.get('ctx_size')} --parallel {e.settings.get('parallel')}"
-
-    longest = max_len_that_fits(model, gpu, per_slot, constants)
-    if longest:
-        out.append(
-            f"lower the context to {longest:,} tokens per slot ({ctx_flags(per_slot.with_(max_model_len=longest))})"
-        )
-    if s.kv_cache_dtype in (None, "auto", "f16", "bf16", "float16"):
-        q8 = per_slot.with_(kv_cache_dtype="q8_0", flash_attn=True)
-        try:
-            now = estimate(
-                model, gpu, s.with_(kv_cache_dtype="q8_0", flash_attn=True), constants, with_suggestions=False
-            )
-            longer = 0 if now.fits else max_len_that_fits(model, gpu, q8, constants)
-        except ConfigError:
-            now, longer = None, 0
-        text = "use a q8_0 KV cache (-ctk q8_0 -ctv q8_0 -fa on; about half the KV bytes)"
-        if now is not None and now.fits:
-            out.append(text)
-        elif longer and longer > (longest or 0):
-            out.append(
-                f"{text} with {longer:,} tokens per slot ({ctx_flags(q8.with_(max_model_len=longer))})"
-            )
-    from vramlab.capacity.engines.llamacpp_fit import placement_suggestions
-
-    out.extend(placement_suggestions(model, gpu, s, constants))
-    if not out:
-        out.append(
-            "no single change fits on this card: use a larger GPU, a smaller quantization or offload "
-            "fewer layers (-ngl)"
-        )
-    return out
 
 
 def max_len_that_fits(
@@ -409,6 +208,10 @@ def limits_at(
     ctx, r = run_policy(model, gpu, s, constants)
     band_point = {"mid": "mid", "pessimistic": "high", "optimistic": "low"}[point]
     kv = r.kv_rule(r.components, band_point)
+    if s.engine == "ollama":
+        # Ollama sizes its offload to the free memory when it loads the model (engines/ollama.py): it never refuses
+        # for memory; what the margin moves is how many layers stay on the CPU (safe_operating_point says that).
+        return not r.reasons, r.limits(kv).max_concurrency
     if r.kv_fixed:
         # Fixed pools (llama.cpp, transformers): the card must hold everything at this band point.
         comps = r.components
@@ -435,6 +238,24 @@ def limits_at(
     return fits, lim.max_concurrency
 
 
+def safe_at_planned_length(
+    model: ModelSpec, gpu: GPU, s: EngineSettings, constants: Constants | None = None, margin: float = 0.10
+) -> dict[str, Any]:
+    """How many sequences of the planned length still fit with *margin* held back and every component at the
+    pessimistic end of its band; for Ollama also how many layers it would still offload with *margin* of the free
+    memory held back (it sizes the offload itself, capacity/engines/ollama.py)."""
+    if not 0 <= margin < 1:
+        raise ConfigError(f"--margin must be in [0, 1), got {margin}")
+    fits, conc = limits_at(model, gpu, s, constants, "pessimistic", margin)
+    out: dict[str, Any] = {"margin": margin, "max_concurrency": math.floor(conc) if fits else 0}
+    # the margin on top of what others hold already (on a unified machine the OS's share, capacity/devices.py)
+    held = s.with_(other_processes_bytes=held_before_start(gpu, s) + int(margin * gpu.memory_bytes))
+    if s.engine == "ollama" and "ollama" in (decided := run_policy(model, gpu, held, constants)[1].extra):
+        decision: Any = decided["ollama"]  # Ollama's own estimator (its llama-server era plans as llama.cpp)
+        out["offload_layers"], out["layers_model"] = decision["layers_offload"], decision["layers_model"]
+    return out
+
+
 def safe_operating_point(
     model: ModelSpec,
     gpu: GPU,
@@ -442,20 +263,14 @@ def safe_operating_point(
     constants: Constants | None = None,
     margin: float = 0.10,
     concurrency: int | None = None,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """The largest concurrency at max_model_len, and context at a concurrency, that still fit with
     *margin* of the KV pool held back and every component at the pessimistic end of its band."""
-    if not 0 <= margin < 1:
-        raise ConfigError(f"--margin must be in [0, 1), got {margin}")
-    fits, conc = limits_at(model, gpu, s, constants, "pessimistic", margin)
-    out: dict[str, object] = {
-        "margin": margin,
-        "max_concurrency": math.floor(conc) if fits else 0,
-        # the length the policy resolved (the derived default, or llama.cpp's per-slot context): the same
-        # length the plan's max-concurrency line counts in
-        "max_model_len": run_policy(model, gpu, s, constants)[1].max_model_len or None,
-    }
-    want = concurrency or max(1, math.floor(conc) if fits else 1)
+    out = safe_at_planned_length(model, gpu, s, constants, margin)
+    # the length the policy resolved (the derived default, or llama.cpp's per-slot context): the same length the
+    # plan's max-concurrency line counts in
+    out["max_model_len"] = run_policy(model, gpu, s, constants)[1].max_model_len or None
+    want = concurrency or max(1, int(out["max_concurrency"]))
     out["concurrency"] = want
     out["max_model_len_at_concurrency"] = max_len_that_fits(
         model, gpu, s, constants, want, "pessimistic", margin

@@ -10,10 +10,11 @@ from typing import Any
 from vramlab.capacity.constants import Constants
 from vramlab.capacity.estimate import Estimate
 from vramlab.capacity.gpus import GPU
-from vramlab.capacity.model import estimate, max_len_that_fits, safe_operating_point
+from vramlab.capacity.model import estimate, max_len_that_fits, safe_at_planned_length, safe_operating_point
 from vramlab.capacity.settings import EngineSettings
 from vramlab.capacity.spec import ModelSpec
 from vramlab.capacity.validation import check_settings
+from vramlab.capacity.verdict import Verdict, decide, host_share, safe_holds
 from vramlab.errors import ConfigError, VramlabError
 
 # --sweep keys (engine flag spelling) -> EngineSettings fields.
@@ -37,11 +38,15 @@ SWEEP_KEYS = {
     "n-gpu-layers": "n_gpu_layers",  # llama.cpp -ngl / Ollama num_gpu
     "ngl": "n_gpu_layers",
     "n-cpu-moe": "n_cpu_moe",
+    "engine-version": "engine_version",  # each row after the first names the release rules that changed
 }
 _INT_FIELDS = {f.name for f in fields(EngineSettings) if f.type in ("int", "int | None")}
 _FLOAT_FIELDS = {"gpu_memory_utilization", "mem_fraction_static"}
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmM]?)\s*$")
 _BYTES = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(b|kb|kib|mb|mib|gb|gib|tb|tib)?\s*$", re.IGNORECASE)
+
+
+MAX_COUNT = 1 << 40  # tokens or sequences far beyond any engine's; larger is a typo
 
 
 def parse_count(text: str) -> int:
@@ -51,6 +56,10 @@ def parse_count(text: str) -> int:
         raise ConfigError(f"not a count: {text!r} (examples: 8192, 8k, 128k)")
     value, unit = float(m.group(1)), m.group(2).lower()
     scale = {"": 1, "k": 1024, "m": 1024 * 1024}[unit]
+    if not value * scale <= MAX_COUNT:  # also a 400-digit number, whose float is inf
+        raise ConfigError(
+            f"not a count vramlab plans: {text[:20]!r}{'...' if len(text) > 20 else ''} (at most 2^40)"
+        )
     return int(value * scale)
 
 
@@ -156,12 +165,15 @@ def parse_sweep(spec: str) -> tuple[str, list[Any]]:
 class Plan:
     estimate: Estimate
     safe: dict[str, Any]
+    verdict: Verdict
     max_model_len_at_concurrency: int | None = None
     concurrency: int | None = None
     calibration: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = self.estimate.to_json()
+        out["verdict"] = self.verdict.kind
+        out["verdict_detail"] = self.verdict.to_json()
         out["safe_operating_point"] = self.safe
         if self.concurrency is not None:
             out["concurrency"] = self.concurrency
@@ -180,6 +192,12 @@ def make_plan(
 ) -> Plan:
     est = estimate(model, gpu, settings, constants)
     safe = safe_operating_point(model, gpu, settings, constants, margin, concurrency)
+    host = host_share(est, settings, model.num_experts, model.num_experts_per_tok)
+    changes: tuple[str, ...] = ()
+    if est.fits and host is None and not safe_holds(est, safe):
+        from vramlab.capacity.suggestions import safe_suggestions
+
+        changes = tuple(safe_suggestions(model, gpu, settings, constants, est, margin))
     longest = None
     if concurrency is not None:
         if concurrency < 1:
@@ -188,6 +206,7 @@ def make_plan(
     return Plan(
         est,
         safe,
+        decide(est, safe, host, changes),
         longest,
         concurrency,
         constants.profile if constants and constants.profile != "defaults" else None,
@@ -221,10 +240,13 @@ def sweep(
         try:
             est = estimate(model, gpu, base.with_(**point), constants, with_suggestions=False)
         except VramlabError as exc:
-            row.update(fits=False, error=str(exc))
+            row.update(fits=False, verdict="does_not_fit", error=str(exc))
             out.rows.append(row)
             continue
+        host = host_share(est, base.with_(**point), model.num_experts, model.num_experts_per_tok)
+        safe = safe_at_planned_length(model, gpu, base.with_(**point), constants) if est.fits else {}
         row.update(
+            verdict=decide(est, safe or {"margin": 0.10, "max_concurrency": 0}, host).kind,
             kv_cache_bytes=est.kv_cache_bytes,
             kv_cache_tokens=est.kv_cache_tokens,
             max_concurrency=round(est.max_concurrency, 2),
@@ -234,4 +256,25 @@ def sweep(
             error=est.reasons[0] if est.reasons else None,
         )
         out.rows.append(row)
+    if "engine_version" in names:
+        annotate_release_rules(out, base.engine)
     return out
+
+
+def annotate_release_rules(result: SweepResult, engine: str) -> None:
+    """Each row of a sweep over engine-version gets `rules_changed`: the release rules (capacity/rules.py) that
+    differ from the row of the previous release with the same other settings."""
+    from vramlab.capacity.rules import crossed
+
+    names = [name for name, _ in result.axes]
+    versions = dict(result.axes)["engine_version"]
+    index = {tuple(row[n] for n in names): row for row in result.rows}
+    for row in result.rows:
+        position = versions.index(row["engine_version"])
+        if position == 0:
+            continue
+        before = tuple(versions[position - 1] if n == "engine_version" else row[n] for n in names)
+        previous = index[before]["engine_version"]
+        row["rules_changed"] = [
+            rule.name for rule in crossed(engine, str(previous), str(row["engine_version"]))
+        ]

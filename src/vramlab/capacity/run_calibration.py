@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vramlab.capacity.calibration import Case, Fit, Profile, fit, profile_from_fits
-from vramlab.capacity.constants import Constants
+from vramlab.capacity.constants import MIN_POINTS, Constants
 from vramlab.capacity.estimate import Estimate
 from vramlab.capacity.gpus import GPU
 from vramlab.capacity.settings import EngineSettings
@@ -136,12 +136,10 @@ def calibrate_runs(
     holdout: Sequence[RunMeasure],
     estimator: Estimator,
     name: str = "calibration",
+    min_points: int = MIN_POINTS,
 ) -> RunCalibration:
     """Fit per engine on *measures*; the four figures before and after on them and on *holdout*."""
-    base = Constants.defaults()
-    fits: list[Fit] = []
-    changes: list[Change] = []
-    not_fitted: list[str] = []
+    base, fits, changes, not_fitted = Constants.defaults(), list[Fit](), list[Change](), list[str]()
     for engine in sorted({m.engine for m in measures}):
         mine = [m for m in measures if m.engine == engine]
         cases, how_all = [], {}
@@ -156,7 +154,7 @@ def calibrate_runs(
                 "device at rest with vLLM)"
             )
             continue
-        f = _fit_to_convergence(cases, engine, base)
+        f = _fit_to_convergence(cases, engine, base, min_points)
         fits.append(f)
         for c in f.fitted:
             runs = tuple(cs.label for cs in cases if c.target in cs.observed)
@@ -202,19 +200,21 @@ def calibrate_runs(
     )
 
 
-def _fit_to_convergence(cases: Sequence[Case], engine: str, base: Constants, rounds: int = 8) -> Fit:
+def _fit_to_convergence(
+    cases: Sequence[Case], engine: str, base: Constants, min_points: int, rounds: int = 8
+) -> Fit:
     """`fit` anchors each constant to its default with a small ridge and robust weights: right for many
     observations, but with one run per constant it stops short of the observation. Refit from the
     last fitted values until they settle; the defaults reported stay the model's own."""
     import dataclasses
 
     current = base
-    f = fit(cases, engine, current, min_points=1, leave_one_out=False)
+    f = fit(cases, engine, current, min_points=min_points, leave_one_out=False)
     for _ in range(rounds):
         if not f.fitted:
             break
         current = current.with_overrides({c.name: (c.value, c.rel_band, c.source) for c in f.fitted}, "fit")
-        nxt = fit(cases, engine, current, min_points=1, leave_one_out=False)
+        nxt = fit(cases, engine, current, min_points=min_points, leave_one_out=False)
         moved = max(
             (abs(a.value / b.value - 1) for a, b in zip(nxt.fitted, f.fitted, strict=False)), default=0.0
         )

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vramlab.capacity.spec import ModelSpec
 
 ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama")
 
@@ -38,6 +42,36 @@ def parse_version(text: str | None) -> tuple[int, ...]:
         if len(digits) != len(part):
             break
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """Speculative decoding, whatever the engine calls it (capacity/speculative.py plans it). *method* is vLLM's
+    word: eagle, eagle3, mtp (the model's own multi-token-prediction layers), draft_model (a whole smaller model:
+    SGLang's STANDALONE, llama.cpp's -md) or ngram (no model)."""
+
+    method: str
+    draft: ModelSpec | None = None  # the draft model or EAGLE head; None for ngram and mtp
+    num_speculative_tokens: int | None = None  # vLLM; SGLang --speculative-num-steps; llama.cpp --draft-max
+    eagle_topk: int | None = None  # SGLang --speculative-eagle-topk
+    num_draft_tokens: int | None = None  # SGLang --speculative-num-draft-tokens
+    draft_n_gpu_layers: int | None = None  # llama.cpp -ngld (None or -1 = every layer)
+    draft_ctx_size: int | None = None  # llama.cpp -cd: each slot's draft context (builds with one per slot)
+    draft_cache_type_k: str | None = None  # llama.cpp -ctkd (default f16)
+    draft_cache_type_v: str | None = None  # llama.cpp -ctvd (default f16)
+
+
+@dataclass(frozen=True)
+class KVOffload:
+    """A host-memory tier for the KV cache (capacity/offload.py plans it)."""
+
+    backend: str  # vLLM: "native" (OffloadingConnector) | "lmcache"; SGLang: "hicache"
+    size_bytes: int | None = (
+        None  # vLLM --kv-offloading-size (all ranks) / cpu_bytes_to_use; SGLang --hicache-size
+    )
+    num_cpu_blocks: int | None = None  # vLLM 0.11.0-0.13 OffloadingConnector `num_cpu_blocks`
+    ratio: float | None = None  # SGLang --hicache-ratio (2.0 when neither it nor --hicache-size is given)
+    transfer_config: bool = False  # given as vLLM --kv-transfer-config rather than --kv-offloading-size
 
 
 @dataclass(frozen=True)
@@ -110,6 +144,11 @@ class EngineSettings:
     limit_mm_per_prompt: tuple[tuple[str, int], ...] | None = (
         None  # vLLM --limit-mm-per-prompt (image=2,video=0)
     )
+    speculative: Speculative | None = None  # a draft model, EAGLE head, MTP layers or n-grams
+    kv_offload: KVOffload | None = (
+        None  # a host-memory KV tier (vLLM CPU offloading / LMCache, SGLang HiCache)
+    )
+    host_memory_bytes: int | None = None  # host memory available to the engine, to check a host tier against
 
     def with_(self, **changes: object) -> EngineSettings:
         return replace(self, **changes)  # type: ignore[arg-type]

@@ -186,6 +186,13 @@ class ModelSpec:
     # The MoE router's weight and `e_score_correction_bias` are fp32 whatever the model dtype (GLM-4.5).
     fp32_router: bool = False
 
+    # Speculative decoding (capacity/speculative.py): the multi-token-prediction layers stored after the last
+    # layer (`num_nextn_predict_layers`, Qwen3-Next's `mtp_num_hidden_layers`), loaded only as a draft; an EAGLE-3
+    # head's own vocabulary (`draft_vocab_size`) and the width of the target it reads (`target_hidden_size`).
+    mtp_layers: int = 0
+    draft_vocab_size: int = 0
+    target_hidden_size: int = 0
+
     # Multimodal towers: their parameter count is added to the weights.
     vision_params: int = 0
     vision: VisionTower | None = None  # geometry of a tower whose start-up profile is modelled

@@ -471,6 +471,77 @@ def gguf_quant(name: str) -> QuantSpec | None:
     )
 
 
+# The load-time methods effective_quant models (vLLM/SGLang --quantization, TGI --quantize, transformers' configs),
+# with the aliases the engines accept; a GGUF file type is taken too (vLLM and SGLang load GGUF files).
+LOAD_TIME_QUANTIZATIONS = frozenset(
+    {
+        "none",
+        "auto",
+        "fp8",
+        "fbgemm_fp8",
+        "ptpc_fp8",
+        "awq",
+        "awq_marlin",
+        "gptq",
+        "gptq_marlin",
+        "marlin",
+        "bitsandbytes",
+        "bnb",
+        "bnb-4bit",
+        "bnb-8bit",
+        "mxfp4",
+        "int8",
+        "w8a8",
+        "int4",
+        "w4a16",
+        "compressed-tensors",
+        "compressed-tensors-w8a8",
+        "compressed-tensors-w4a16",
+        "nvfp4",
+        "modelopt",
+        "modelopt_fp4",
+        "gguf",
+    }
+)
+
+
+def quantization_problem(engine: str, name: str | None, checkpoint_method: str | None) -> str | None:
+    """Why *name* is not a quantization this engine takes (None when it is): llama.cpp and Ollama take GGUF file
+    types; the others their load-time methods, a GGUF type, or the checkpoint's own method. An unknown name was
+    once planned as 8-bit without a word."""
+    if name is None or name.strip().lower() in ("", "none", "auto"):
+        return None
+    key = name.strip().lower().replace("-", "_")
+    gguf = key in GGUF_BPW
+    if engine in ("llama.cpp", "ollama"):
+        known = sorted(GGUF_BPW)
+        if gguf:
+            return None
+        what = "a GGUF file type"
+    else:
+        known = sorted(LOAD_TIME_QUANTIZATIONS)
+        own = (checkpoint_method or "").lower()
+        if (
+            gguf
+            or name.strip().lower() in LOAD_TIME_QUANTIZATIONS
+            or (own and key.startswith(own.split("-")[0]))
+        ):
+            return None
+        what = "a quantization method"
+    from vramlab.errors import near_matches
+
+    hint = near_matches(key, known)
+    return (
+        f"--quantization {name!r}: not {what} vramlab knows for {engine}"
+        + (
+            f"; did you mean {', '.join(h.upper() if engine in ('llama.cpp', 'ollama') else h for h in hint)}?"
+            if hint
+            else ""
+        )
+        + f" (known: {', '.join(k.upper() if engine in ('llama.cpp', 'ollama') else k for k in known[:12])}, ...)"
+    )
+
+
 def effective_quant(m: ModelSpec, quantization: str | None) -> QuantSpec | None:
     """The checkpoint's quantization, or the one asked for at load time (`--quantization fp8`)."""
     if quantization in (None, "", "none", "auto"):

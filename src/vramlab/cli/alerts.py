@@ -1,4 +1,4 @@
-"""Write Prometheus alerting rules for a drill or experiment plan's `alerts:` section.
+"""Write Prometheus alerting rules for a drill plan's `alerts:` section.
 
 Each rule gets `labels.severity`, `labels.owner` and `annotations.action` (and `runbook_url`
 when given). A rule without an owner or an action is refused: a threshold nobody acts on is
@@ -24,9 +24,19 @@ def run(args: argparse.Namespace) -> int:
     from vramlab.alerts.rules import build_rule_groups, to_yaml
     from vramlab.cli.outputs import check_writable
     from vramlab.drill.plan import load_plan
+    from vramlab.errors import ConfigError
+    from vramlab.planfile import read_yaml
 
     if args.output:
         check_writable(args.output, "rules file")
+    data = read_yaml(args.plan, "plan").data
+    if isinstance(data, dict) and not data.get("alerts"):
+        kind = data.get("kind")
+        raise ConfigError(
+            f"{args.plan}: the plan has no alerts: section, so there is nothing to write"
+            + (" (an experiment plan has none: " if kind == "experiment" else " (")
+            + "alerts: belong to drill plans; examples/oom-drill.yaml has some)"
+        )
     plan = load_plan(args.plan)
     engine = args.engine or plan.target.engine
     if engine == "sim":

@@ -46,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--engine", help="fit only this engine's observations")
     parser.add_argument(
-        "--min-points", type=int, default=3, help="observations a constant needs to be fitted (default 3)"
+        "--min-points",
+        type=int,
+        help="observations (log lines, JSONL rows or stored runs) a constant needs to be fitted (default 3)",
     )
     parser.add_argument(
         "--versions",
@@ -62,19 +64,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from vramlab.capacity.constants import MIN_POINTS, check_min_points
     from vramlab.cli.calibrate_runs import looks_like_runs
     from vramlab.errors import ConfigError
     from vramlab.logs.calibrate import calibrate
     from vramlab.report.calibrate_text import render, to_json
 
+    args.min_points = check_min_points(MIN_POINTS if args.min_points is None else args.min_points)
     if looks_like_runs(args.inputs):
         from vramlab.cli.calibrate_runs import run as run_calibration
 
         return run_calibration(args)
     if args.holdout:
         raise ConfigError("--holdout takes stored runs: give run ids, not logs")
-    if args.min_points < 2:
-        raise ConfigError("--min-points must be at least 2")
     if args.output:
         from vramlab.cli.outputs import check_writable
 

@@ -107,7 +107,9 @@ def run(args: argparse.Namespace) -> int:
         learned = [measure(store, r) for r in args.inputs]
         held = [measure(store, r) for r in holdout_ids]
     name = Path(args.output).name if args.output else "calibration"
-    cal = calibrate_runs(learned, held, lambda m, g, s, c: estimate(m, g, s, c, with_suggestions=False), name)
+    cal = calibrate_runs(
+        learned, held, lambda m, g, s, c: estimate(m, g, s, c, with_suggestions=False), name, args.min_points
+    )
     written = None
     if args.output and cal.profile is not None:
         from vramlab.logs.profile import write_profile

@@ -77,13 +77,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see `{self.prog} --help`)\n")
 
 
+def _first_paragraph(doc: str) -> str:
+    """A module docstring's first paragraph as one line: the whole sentence, never its first line alone."""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
 def build_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
     """The parser of one subcommand and its module."""
     module_name, help_text = COMMANDS[name]
     module = importlib.import_module(module_name)
     parser = _Parser(
         prog=f"vramlab {name}",
-        description=(getattr(module, "__doc__", None) or help_text).strip().splitlines()[0],
+        description=_first_paragraph(getattr(module, "__doc__", None) or help_text),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     module.add_arguments(parser)

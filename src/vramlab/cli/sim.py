@@ -16,30 +16,30 @@ from vramlab.units import gib
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="sim_command", metavar="serve|balloon|status")
+    sub = parser.add_subparsers(dest="sim_command", metavar="serve|balloon|status", help="what to run")
     sub.required = True
     s = sub.add_parser("serve", help="serve the OpenAI-compatible API as a simulated engine")
-    s.add_argument("--model", default="llama-3.1-8b-instruct")
+    s.add_argument("--model", default="llama-3.1-8b-instruct", help="catalog model the sim serves")
     s.add_argument(
         "--gpu", default="h100-80gb", help="catalog GPU the simulated card copies (see `vramlab gpus`)"
     )
-    s.add_argument("--engine", default="vllm", choices=["vllm", "sglang", "tgi", "llama.cpp"])
+    s.add_argument(
+        "--engine",
+        default="vllm",
+        choices=["vllm", "sglang", "tgi", "llama.cpp"],
+        help="the engine it imitates: memory policy, metric names, log lines (default vllm)",
+    )
     s.add_argument("--engine-version", default=None, help="engine release whose names and texts to use")
-    s.add_argument("--gpu-memory-utilization", type=float, default=None)
-    s.add_argument("--max-model-len", type=int, default=None)
-    s.add_argument("--max-num-seqs", type=int, default=None)
-    s.add_argument("--max-num-batched-tokens", type=int, default=None)
-    s.add_argument("--kv-cache-dtype", default="auto")
-    s.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
-    s.add_argument("--served-model-name", default=None)
+    _engine_settings(s)
+    s.add_argument("--served-model-name", default=None, help="the model name the API answers to")
     s.add_argument("--plan", default=None, help="serve the Estimate in this `vramlab plan --json` file")
-    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
     s.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed in the log)")
     s.add_argument(
         "--device", default=None, help="simulated card (ledger file) shared with other sims/balloons"
     )
     s.add_argument("--speed", type=float, default=1.0, help="run simulated GPU time this many times faster")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="seed of the simulated timings and outputs")
     s.add_argument(
         "--fault",
         action="append",
@@ -54,7 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--watchdog-s", type=float, default=5.0, help="seconds from engine death to exit (vLLM: 5)"
     )
-    s.add_argument("--log-stats-interval-s", type=float, default=5.0)
+    s.add_argument(
+        "--log-stats-interval-s", type=float, default=5.0, help="seconds between the engine's stats lines"
+    )
     s.add_argument("--log-file", default=None, help="also write the engine log here")
     s.add_argument(
         "--start-barrier",
@@ -63,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rehearsal: N sims started at once meet before and after their memory snapshot",
     )
     b = sub.add_parser("balloon", help="hold memory on a simulated card like a co-tenant process")
-    b.add_argument("--device", required=True)
+    b.add_argument("--device", required=True, help="the simulated card's ledger file")
     b.add_argument("--gpu", default=None, help="card to create the ledger with, if it does not exist")
     size = b.add_mutually_exclusive_group(required=True)
     size.add_argument("--gib", type=float, help="GiB (2^30 bytes) to take")
@@ -72,8 +74,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--hold-s", type=float, default=None, help="release after this many seconds (default: Ctrl-C)"
     )
     st = sub.add_parser("status", help="nvidia-smi-like view of a simulated card")
-    st.add_argument("--device", required=True)
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--device", required=True, help="the simulated card's ledger file")
+    st.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _engine_settings(s: argparse.ArgumentParser) -> None:
+    """The engine settings the sim sizes its memory with: vLLM's names, and SGLang's own for the same settings
+    (an SGLang sim takes SGLang's flags)."""
+    s.add_argument(
+        "--gpu-memory-utilization",
+        "--mem-fraction-static",
+        dest="gpu_memory_utilization",
+        type=float,
+        default=None,
+        help="vLLM --gpu-memory-utilization / SGLang --mem-fraction-static",
+    )
+    s.add_argument(
+        "--max-model-len",
+        "--context-length",
+        dest="max_model_len",
+        type=int,
+        default=None,
+        help="vLLM --max-model-len / SGLang --context-length",
+    )
+    s.add_argument(
+        "--max-num-seqs",
+        "--max-running-requests",
+        dest="max_num_seqs",
+        type=int,
+        default=None,
+        help="vLLM --max-num-seqs / SGLang --max-running-requests",
+    )
+    s.add_argument(
+        "--max-num-batched-tokens",
+        "--chunked-prefill-size",
+        dest="max_num_batched_tokens",
+        type=int,
+        default=None,
+        help="vLLM --max-num-batched-tokens / SGLang --chunked-prefill-size: the largest prefill step",
+    )
+    s.add_argument("--kv-cache-dtype", default="auto", help="KV cache dtype (default auto)")
+    s.add_argument("-tp", "--tensor-parallel-size", "--tp-size", type=int, default=1, help="GPUs (default 1)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -88,22 +88,14 @@ def for_sim(plan: Any, free_bytes: int) -> Account | None:
     sim = plan.target.sim
     if plan.target.kind != "sim" or sim is None:
         return None
-    from vramlab.capacity import EngineSettings, estimate, get_gpu
-    from vramlab.sources import resolve_model
+    from vramlab.capacity import estimate
+    from vramlab.drill.capacity_plan import facts_for_drill, resolve_facts
 
-    args = list(sim.extra_args)
-    mnbt = (
-        int(args[args.index("--max-num-batched-tokens") + 1]) if "--max-num-batched-tokens" in args else None
-    )
-    settings = EngineSettings(
-        engine=sim.engine,
-        gpu_memory_utilization=sim.gpu_memory_utilization,
-        max_model_len=sim.max_model_len,
-        max_num_seqs=sim.max_num_seqs,
-        max_num_batched_tokens=mnbt,
-    )
-    est = estimate(resolve_model(sim.model), get_gpu(sim.gpu), settings)
-    eff_mnbt = int(est.settings.get("max_num_batched_tokens") or mnbt or est.max_model_len or 8192)
+    # the same engine and settings as the plan the drill stores (its sim's fields and extra_args)
+    spec, card, settings = resolve_facts(facts_for_drill(plan, None))
+    est = estimate(spec, card, settings)
+    chunk = est.settings.get("max_num_batched_tokens") or est.settings.get("chunked_prefill_size")
+    eff_mnbt = int(chunk if chunk and chunk > 0 else est.max_model_len or 8192)
     return predict(
         plan.ramp.knob,
         activation_peak_bytes=est.activation_peak_bytes,

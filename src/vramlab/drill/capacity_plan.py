@@ -112,8 +112,18 @@ def facts_for_drill(plan: Any, log_file: str | None) -> PlanFacts:
     )
 
 
+# A sim's extra_args in the engine's own names (`vramlab sim serve` takes vLLM's and SGLang's): the same settings
+# the sim sizes its memory with, so the stored plan is the sim's own.
 _SIM_FLAGS = {
     "--max-num-batched-tokens": ("max_num_batched_tokens", int),
+    "--chunked-prefill-size": ("chunked_prefill_size", int),
+    "--max-num-seqs": ("max_num_seqs", int),
+    "--max-running-requests": ("max_num_seqs", int),
+    "--gpu-memory-utilization": ("gpu_memory_utilization", float),
+    "--mem-fraction-static": ("mem_fraction_static", float),
+    "--max-model-len": ("max_model_len", int),
+    "--context-length": ("max_model_len", int),
+    "--tp-size": ("tensor_parallel_size", int),
     "--kv-cache-dtype": ("kv_cache_dtype", str),
     "--engine-version": ("engine_version", str),
     "-tp": ("tensor_parallel_size", int),

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramlab.capacity.estimate import Estimate
 from vramlab.capacity.gpus import GPU
 from vramlab.capacity.planning import Plan, SweepResult
 from vramlab.capacity.spec import ModelSpec
 from vramlab.capacity.units import gib
+from vramlab.capacity.verdict import AT_ESTIMATE, DOES_NOT_FIT, FITS, PARTIAL_OFFLOAD, Verdict
 
 
 def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
@@ -25,6 +27,18 @@ def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[st
 
 def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
     e = plan.estimate
+    lines = _heading(plan, model, gpu) + [""] + _components(e) + [""] + _pool(e)
+    lines += _concurrency(plan)
+    lines.append(_safe_line(plan))
+    lines += _placement(e.extra) + _draft_and_host_tier(e.extra)
+    lines += [f"note: {note}" for note in e.notes]
+    lines.append("")
+    lines += _verdict(plan.verdict)
+    return "\n".join(lines)
+
+
+def _heading(plan: Plan, model: ModelSpec, gpu: GPU) -> list[str]:
+    e = plan.estimate
     s = e.settings
     lines = [
         f"{model.name} on {gpu.name} ({gib(e.gpu_memory_bytes)} GiB usable per GPU) with {e.engine} {e.engine_version}"
@@ -35,30 +49,34 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
     ]
     if plan.calibration:
         lines.append(f"calibration: {plan.calibration}")
-    lines.append("")
-    rows = []
-    for c in e.components:
-        rows.append(
-            [
-                c.name,
-                gib(c.bytes),
-                f"{gib(c.low_bytes)}-{gib(c.high_bytes)}",
-                "yes" if c.in_budget else "no",
-                c.provenance,
-                c.note,
-            ]
-        )
+    return lines
+
+
+def _components(e: Estimate) -> list[str]:
+    rows = [
+        [
+            c.name,
+            gib(c.bytes),
+            f"{gib(c.low_bytes)}-{gib(c.high_bytes)}",
+            "yes" if c.in_budget else "no",
+            c.provenance,
+            c.note,
+        ]
+        for c in e.components
+    ]
     rows.append(["total used", gib(e.used_bytes), "", "", "", "per GPU at steady state"])
     rows.append(["headroom", gib(e.headroom_bytes), "", "", "", "left on the card"])
-    lines += _table(
+    return _table(
         ["component", "GiB", "band GiB", "budget", "provenance", "where the error comes from"], rows, {1, 2}
     )
-    lines.append("")
-    lines.append(
+
+
+def _pool(e: Estimate) -> list[str]:
+    lines = [
         f"KV pool: {gib(e.kv_cache_bytes)} GiB = {e.kv_cache_tokens:,} tokens"
         + (f" ({e.num_blocks:,} blocks of {e.block_size})" if e.block_size > 1 and e.engine == "vllm" else "")
         + f"; {e.kv_bytes_per_token:,} B per token on this GPU"
-    )
+    ]
     lines += _kv_band(e)
     if e.per_sequence_state_bytes:
         lines.append(f"recurrent state: {e.per_sequence_state_bytes / (1 << 20):.1f} MiB per sequence")
@@ -66,57 +84,66 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
     if e.pessimistic and e.optimistic and e.engine not in ("llama.cpp",):
         conc += f" (band {e.pessimistic.max_concurrency:.2f}-{e.optimistic.max_concurrency:.2f})"
     lines.append(conc)
-    serial = e.engine == "transformers" and not (e.settings or {}).get("continuous_batching", True)
-    if plan.concurrency is not None:
-        longest = plan.max_model_len_at_concurrency
-        if serial and plan.concurrency > 1 and not longest:
-            # the limit is the server, not the memory: it answers one request at a time
-            lines.append(
-                f"largest max_model_len for {plan.concurrency} concurrent sequences: none — not for "
-                "lack of memory: transformers serve answers one request at a time without "
-                "--continuous-batching (serial serving)"
-            )
-        else:
-            lines.append(
-                f"largest max_model_len for {plan.concurrency} concurrent sequences: "
-                + (f"{longest:,}" if longest else "none fits")
-            )
-    safe = plan.safe
+    return lines
+
+
+def _serial(e: Estimate) -> bool:
+    """transformers serve without --continuous-batching answers one request at a time."""
+    return e.engine == "transformers" and not (e.settings or {}).get("continuous_batching", True)
+
+
+def _concurrency(plan: Plan) -> list[str]:
+    if plan.concurrency is None:
+        return []
+    longest = plan.max_model_len_at_concurrency
+    if _serial(plan.estimate) and plan.concurrency > 1 and not longest:
+        # the limit is the server, not the memory: it answers one request at a time
+        return [
+            f"largest max_model_len for {plan.concurrency} concurrent sequences: none — not for "
+            "lack of memory: transformers serve answers one request at a time without "
+            "--continuous-batching (serial serving)"
+        ]
+    return [
+        f"largest max_model_len for {plan.concurrency} concurrent sequences: "
+        + (f"{longest:,}" if longest else "none fits")
+    ]
+
+
+def _seqs(n: int) -> str:
+    return f"{n} sequence" + ("" if n == 1 else "s")
+
+
+def _safe_line(plan: Plan) -> str:
+    e, safe = plan.estimate, plan.safe
     head = f"safe operating point ({safe['margin']:.0%} margin, every band at its pessimistic end): "
+    if "offload_layers" in safe:
+        # Ollama sizes the offload itself: the margin moves layers to the CPU, it never stops the model
+        return head + (
+            f"Ollama would offload {safe['offload_layers']} of {safe['layers_model']} layers with "
+            f"{safe['margin']:.0%} of the free memory held back; {_seqs(int(e.max_concurrency))} at "
+            f"{e.max_model_len:,} tokens"
+        )
     if not safe["max_concurrency"] and not safe["max_model_len_at_concurrency"]:
-        lines.append(head + "none: it does not fit even one sequence")
-    elif e.engine == "llama.cpp":
+        return head + "none: it does not fit even one sequence"
+    if e.engine == "llama.cpp":
         # llama.cpp splits --ctx-size into --parallel slots: the safe point's length is the slot's (the policy
         # resolves it; capacity/model.py safe_operating_point), as in the max-concurrency line above.
-        lines.append(
-            head + f"{safe['max_concurrency']} of {e.max_concurrency:.0f} slots at {safe['max_model_len']:,} "
+        return head + (
+            f"{safe['max_concurrency']} of {e.max_concurrency:.0f} slots at {safe['max_model_len']:,} "
             "tokens each (--ctx-size / --parallel)"
         )
-    else:
-
-        def seqs(n: int) -> str:
-            return f"{n} sequence" + ("" if n == 1 else "s")
-
-        at_len = (
-            f"{seqs(safe['max_concurrency'])} at {safe['max_model_len']:,} tokens"
-            if safe["max_concurrency"]
-            else f"not one sequence at {safe['max_model_len']:,} tokens"
-        )
-        if serial and safe["concurrency"] > 1:
-            lines.append(
-                head + at_len + f"; {seqs(safe['concurrency'])} at once: not served (one request at a time)"
-            )
-        else:
-            lines.append(
-                head + at_len + f"; {seqs(safe['concurrency'])} up to "
-                f"{safe['max_model_len_at_concurrency']:,} tokens"
-            )
-    lines += _placement(e.extra)
-    for note in e.notes:
-        lines.append(f"note: {note}")
-    lines.append("")
-    lines += _verdict(e)
-    return "\n".join(lines)
+    at_len = (
+        f"{_seqs(safe['max_concurrency'])} at {safe['max_model_len']:,} tokens"
+        if safe["max_concurrency"]
+        else f"not one sequence at {safe['max_model_len']:,} tokens"
+    )
+    if _serial(e) and safe["concurrency"] > 1:
+        return head + at_len + f"; {_seqs(safe['concurrency'])} at once: not served (one request at a time)"
+    return (
+        head
+        + at_len
+        + (f"; {_seqs(safe['concurrency'])} up to {safe['max_model_len_at_concurrency']:,} tokens")
+    )
 
 
 def _kv_band(e: Any) -> list[str]:
@@ -138,20 +165,55 @@ def _kv_band(e: Any) -> list[str]:
     return lines
 
 
-def _verdict(e: Any) -> list[str]:
-    if e.fits and len(e.extra.get("devices") or ()) > 1:
-        least = min(e.extra["devices"], key=lambda d: d["headroom_bytes"])
-        return [
-            f"verdict: FITS on every card; the least headroom is {gib(least['headroom_bytes'])} GiB on "
-            f"{least['device']} ({least['gpu']})"
-        ]
-    if e.fits:
-        return [f"verdict: FITS with {gib(e.headroom_bytes)} GiB headroom"]
-    return (
-        ["verdict: DOES NOT FIT"]
-        + [f"  why: {r}" for r in e.reasons]
-        + [f"  try: {t}" for t in e.suggestions]
-    )
+def _verdict(v: Verdict) -> list[str]:
+    """The one verdict (capacity/verdict.py): its headline, then why, what it costs and what changes it."""
+    lines = [f"verdict: {v.headline}"]
+    lines += [f"  why: {r}" for r in v.why]
+    lines += [f"  cost: {c}" for c in v.costs]
+    label = {
+        DOES_NOT_FIT: "try",
+        AT_ESTIMATE: "safe with",
+        PARTIAL_OFFLOAD: "all on the GPU with",
+    }.get(v.kind, "try")
+    lines += [f"  {label}: {t}" for t in v.changes]
+    return lines
+
+
+def _draft_and_host_tier(extra: dict[str, Any]) -> list[str]:
+    """Speculative decoding's draft (capacity/speculative.py) and a host KV tier (capacity/offload.py)."""
+    out: list[str] = []
+    spec = extra.get("speculative")
+    if spec:
+        where = "inside the KV pool" if spec["draft_kv_in_pool"] else "its own pool"
+        out.append(
+            f"speculative decoding ({spec['method']}"
+            + (f", draft {spec['draft']}" if spec["draft"] else "")
+            + f"): draft weights {gib(spec['draft_weights_bytes'])} GiB, draft KV {gib(spec['draft_kv_bytes'])} GiB "
+            f"({where}, {spec['draft_kv_bytes_per_token']:,} B per token)"
+            + (
+                f"; {spec['extra_slots']:,} extra slots: {spec['extra_slots_meaning']}"
+                if spec["extra_slots"]
+                else ""
+            )
+        )
+    main = (extra.get("devices") or [{}])[0]
+    if main.get("draft_buffers_bytes"):
+        out.append(
+            f"  {main['device']}'s total and headroom include the draft's {gib(main['draft_buffers_bytes'])} GiB"
+        )
+    tier = extra.get("kv_offload")
+    if tier:
+        host = tier["host_bytes_per_gpu"]
+        out.append(
+            f"KV offload ({tier['connector']}): "
+            + (
+                f"{gib(host)} GiB of host memory per GPU ({gib(tier['host_bytes_total'])} GiB in all), "
+                f"{tier['host_tokens']:,} tokens; GPU pool change {gib(tier['gpu_pool_change_bytes'])} GiB"
+                if host is not None
+                else "host memory sized outside the engine"
+            )
+        )
+    return out
 
 
 def _placement(extra: dict[str, Any]) -> list[str]:
@@ -197,9 +259,17 @@ def _placement(extra: dict[str, Any]) -> list[str]:
     return out
 
 
+SWEEP_WORDS = {
+    FITS: "fits",
+    AT_ESTIMATE: "at risk",
+    PARTIAL_OFFLOAD: "part on CPU",
+    DOES_NOT_FIT: "no",
+}
+
+
 def render_sweep(result: SweepResult, model_name: str, gpu: GPU) -> str:
     names = [n for n, _ in result.axes]
-    header = names + ["KV GiB", "KV tokens", "max conc", "headroom GiB", "fits"]
+    header = names + ["KV GiB", "KV tokens", "max conc", "headroom GiB", "verdict"]
     rows = []
     for r in result.rows:
         if "kv_cache_bytes" in r:
@@ -210,13 +280,21 @@ def render_sweep(result: SweepResult, model_name: str, gpu: GPU) -> str:
                     f"{r['kv_cache_tokens']:,}",
                     f"{r['max_concurrency']:.2f}",
                     gib(r["headroom_bytes"]),
-                    "yes" if r["fits"] else "no",
+                    SWEEP_WORDS[r["verdict"]],
                 ]
             )
         else:
             rows.append([str(r[n]) for n in names] + ["-", "-", "-", "-", "no: " + str(r.get("error"))[:60]])
+    if any(
+        "rules_changed" in r for r in result.rows
+    ):  # --sweep engine-version: what changed from the release before
+        header.append("release rules vs the release before")
+        rows = [
+            row + [", ".join(r.get("rules_changed") or []) or "-"]
+            for row, r in zip(rows, result.rows, strict=True)
+        ]
     lines = [f"{model_name} on {gpu.name}: {len(result.rows)} configurations", ""]
-    lines += _table(header, rows, set(range(len(names), len(header) - 1)))
+    lines += _table(header, rows, set(range(len(names), len(names) + 4)))
     return "\n".join(lines)
 
 

@@ -195,7 +195,7 @@ def spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str 
     if not isinstance(config, dict):
         raise ConfigError(f"{name}: config is not a JSON object")
     try:
-        return _spec_from_config(config, name, source, hf_id)
+        return _with_draft_facts(_spec_from_config(config, name, source, hf_id), _merged(config))
     except (
         TypeError,
         ValueError,
@@ -211,6 +211,25 @@ def spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str 
             f"{name}: config.json has a field of the wrong type or value "
             f"({type(exc).__name__}: {str(exc)[:160]})"
         ) from None
+
+
+def _with_draft_facts(spec: ModelSpec, c: dict[str, Any]) -> ModelSpec:
+    """What speculative decoding reads (capacity/speculative.py): the MTP layers stored after the last layer
+    (`num_nextn_predict_layers`: DeepSeek-V3, GLM-4.5, MiMo; `mtp_num_hidden_layers`: Qwen3-Next, Qwen3.5) and an
+    EAGLE-3 head's own vocabulary and the hidden width of the target it reads."""
+    mtp = _first(c, "num_nextn_predict_layers", "mtp_num_hidden_layers", default=0) or 0
+    draft_vocab = c.get("draft_vocab_size") or 0
+    target_hidden = c.get("target_hidden_size") or 0
+    for key, value in (
+        ("num_nextn_predict_layers", mtp),
+        ("draft_vocab_size", draft_vocab),
+        ("target_hidden_size", target_hidden),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1 << 24:
+            raise ConfigError(f"{spec.name}: config field {key!r} must be a whole number >= 0, got {value!r}")
+    if not (mtp or draft_vocab or target_hidden):
+        return spec
+    return spec.with_(mtp_layers=mtp, draft_vocab_size=draft_vocab, target_hidden_size=target_hidden)
 
 
 def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str | None) -> ModelSpec:

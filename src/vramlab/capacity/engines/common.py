@@ -196,9 +196,15 @@ class Context:
         )
 
     def kv_shapes(self, stage: int = 0) -> tuple[kvmod.KVShape, ...]:
-        return kvmod.kv_shapes(
+        shapes = kvmod.kv_shapes(
             self.model, self.settings.kv_cache_dtype, self.dtype, self.tp, self.layer_range(stage)
         )
+        if self.settings.speculative is not None and stage == self.pp - 1:
+            from vramlab.capacity import speculative
+
+            if speculative.shares_pool(self):  # vLLM: the drafter's layers are layers of the pool
+                shapes = speculative.merge_shapes(shapes, speculative.draft_kv_shapes(self))
+        return shapes
 
     def kv_bytes_per_token(self, stage: int = 0) -> int:
         return kvmod.kv_bytes_per_token(

@@ -375,6 +375,7 @@ def _host_report(lay: Layout, mmap: bool) -> dict[str, object]:
         "compute_buffer_bytes": host.compute_bytes,
         "layers": sum(1 for il in host.layers if il not in on_devices),
         "output_layer": host.has_output,
+        "overridden_bytes": host.overridden_bytes,
     }
 
 

@@ -35,6 +35,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
+
+import re2
 
 from vramlab.capacity.spec import ModelSpec
 from vramlab.errors import ConfigError
@@ -50,13 +53,58 @@ class Tensor:
     matrix: bool = True  # split by rows under --split-mode row (norms and biases are not)
 
 
+# More patterns than any placement needs (llama.cpp's own -ot examples use one to a few dozen; --n-cpu-moe adds one per
+# layer): the bound keeps a pasted list from costing minutes, the RE2 set keeps a thousand of them to milliseconds.
+MAX_OVERRIDES = 4096
+
+
 @dataclass(frozen=True)
 class Override:
     pattern: str
     target: int  # HOST or a device index
 
-    def matches(self, name: str) -> bool:
-        return re.search(self.pattern, name) is not None
+
+class OverrideMatcher:
+    """Every `-ot` pattern in one RE2 set, searched once per tensor name in time linear in the name; llama.cpp takes
+    the first pattern in command-line order that matches (`std::regex_search`, llama-model-loader), so the lowest
+    index wins. RE2 instead of `re`: a pattern such as `(.+)+!` cannot take exponential time. It takes what
+    llama.cpp's ECMAScript grammar takes for names like these, except backreferences and look-arounds, which it
+    refuses (parse_overrides says so)."""
+
+    def __init__(self, overrides: tuple[Override, ...]) -> None:
+        self._targets = [o.target for o in overrides]
+        self._set: Any = None
+        if overrides:
+            self._set = re2.Set.SearchSet(_options())
+            for o in overrides:
+                self._set.Add(o.pattern)
+            self._set.Compile()
+
+    def target(self, name: str, home: int) -> int:
+        if self._set is None:
+            return home
+        hits = self._set.Match(name)
+        return self._targets[min(hits)] if hits else home
+
+
+def _options() -> Any:
+    options = re2.Options()
+    options.log_errors = False  # the refusal below is the one line the user sees
+    options.max_mem = 64 << 20
+    return options
+
+
+def _compiles(pattern: str) -> None:
+    try:
+        re2.compile(pattern, _options())
+    except re2.error as exc:
+        why = (
+            exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        )
+        raise ConfigError(
+            f"--override-tensor {pattern!r}: not a regular expression vramlab reads ({why}; RE2 syntax: no "
+            "backreferences or look-arounds)"
+        ) from None
 
 
 def parse_overrides(specs: tuple[str, ...], n_devices: int) -> tuple[Override, ...]:
@@ -69,13 +117,13 @@ def parse_overrides(specs: tuple[str, ...], n_devices: int) -> tuple[Override, .
                 raise ConfigError(
                     f"--override-tensor {part!r}: expected REGEX=BUFFER_TYPE (e.g. '.ffn_.*_exps.=CPU')"
                 )
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ConfigError(
-                    f"--override-tensor {pattern!r}: not a regular expression ({exc})"
-                ) from None
+            _compiles(pattern)
             out.append(Override(pattern, _buffer_type(buft.strip(), n_devices)))
+            if len(out) > MAX_OVERRIDES:
+                raise ConfigError(
+                    f"--override-tensor: more than {MAX_OVERRIDES:,} patterns; a placement needs a few "
+                    "(e.g. '.ffn_.*_exps.=CPU' for every expert)"
+                )
     return tuple(out)
 
 
@@ -141,6 +189,7 @@ class DeviceShare:
     layers: list[int] = field(default_factory=list)  # repeating layers whose KV and graph run here
     has_output: bool = False
     tensors_overridden: int = 0  # tensors -ot moved here from their layer's device
+    overridden_bytes: int = 0  # host only: what -ot / --n-cpu-moe moved off the devices
     mapped_bytes: int = 0  # host only: the CPU_Mapped buffer llama.cpp prints (the file span)
 
     @property
@@ -161,11 +210,13 @@ def place_tensors(
     host = shares[HOST]
     first = last = None
     offset = 0
+    matcher = OverrideMatcher(overrides)
     for t in tensors:  # file order: token_embd, blk.0 ... blk.n-1, output
         home = HOST if t.layer < 0 else where[t.layer]
-        target = next((o.target for o in overrides if o.matches(t.name)), home)
+        target = matcher.target(t.name, home)
         if target == HOST:
             host.model_bytes += t.bytes
+            host.overridden_bytes += t.bytes if home != HOST else 0
             first = offset if first is None else first
             last = offset + t.bytes
         elif mode == "row" and t.matrix and target == home:

@@ -28,13 +28,13 @@ A vision projector's weights and graph are not modelled (noted when the model ha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from vramlab.capacity import gguf_mix
 from vramlab.capacity.engines import llamacpp_placement as place
 from vramlab.capacity.engines import ollama_server as server
 from vramlab.capacity.engines.common import Context, PolicyResult
 from vramlab.capacity.estimate import FORMULA, Component, Limits, band
-from vramlab.units import gib
 
 MIB = 1 << 20
 MINIMUM_MEMORY = 457 * MIB  # discover/gpu.go cudaMinimumMemory / rocmMinimumMemory
@@ -338,16 +338,12 @@ def plan(ctx: Context) -> PolicyResult:
             f"OLLAMA_NUM_PARALLEL unset before v0.10.0: {parallel} (4 when the model fits fully with 4)"
         )
     d = _fewest_cards(ctx, free, num_ctx, parallel, kv_type)
-    main = 0 if d.split[0] else next((i for i, c in enumerate(d.split) if c), 0)
-    graph = (d.graph_full if d.layers_offload >= d.layers_model else d.graph_partial) if d.split[main] else 0
+    # the components are card 0's: its graph only when it holds layers (the others' are in `ollama`)
+    graph = (d.graph_full if d.layers_offload >= d.layers_model else d.graph_partial) if d.split[0] else 0
     kv_share = d.offloaded_kv if len(cards) == 1 else int(d.offloaded_kv * d.split[0] / max(1, sum(d.split)))
-    reasons = []
-    if d.layers_offload < d.layers_model:  # PredictServerFit: a fit is every layer and the output on the GPUs
-        reasons.append(
-            f"Ollama would offload {d.layers_offload} of {d.layers_model} layers (layers.offload="
-            f"{d.layers_offload}; memory.required.full {gib(d.required_full, 1, unit=True)} against "
-            f"{gib(sum(free), 1, unit=True)} available): the rest run on the CPU"
-        )
+    # Layers that do not fit run on the CPU: Ollama still serves the model (the plan's verdict says
+    # "runs with part of the model on the CPU", capacity/verdict.py), so that is no refusal here.
+    notes += _cards_left_out(cards, d)
 
     def kv_rule(components: list[Component], point: str) -> int:
         return kv_share
@@ -362,7 +358,8 @@ def plan(ctx: Context) -> PolicyResult:
         limits=limits,
         max_model_len=num_ctx,
         block_size=1,
-        kv_bytes_per_token=int(d.kv_total / max(1, num_ctx * parallel)),
+        # this GPU's share: the KV of the layers it holds, not every layer's (`memory.required.kv`)
+        kv_bytes_per_token=int(kv_share / max(1, num_ctx * parallel)),
         settings={
             "num_ctx": num_ctx,
             "num_parallel": parallel,
@@ -376,10 +373,29 @@ def plan(ctx: Context) -> PolicyResult:
         kv_provenance=FORMULA,
         kv_note=f"Ollama's estimate: num_ctx {num_ctx} x {parallel} x (K + V) x kv heads in {kv_type}, offloaded layers",
         kv_fixed=True,
-        reasons=reasons,
         notes=notes,
         extra={"ollama": _offload_line(ctx, d)},
     )
+
+
+def _cards_left_out(cards: list[tuple[str, int]], d: Decision) -> list[str]:
+    """Cards holding no layer: where the model went instead (the table shows card 0)."""
+    empty = [i for i, n in enumerate(d.split) if not n]
+    if not empty or len(cards) < 2:
+        return []
+    held = ", ".join(f"{n} on card {i} ({cards[i][0]})" for i, n in enumerate(d.split) if n)
+    names = ", ".join(f"card {i} ({cards[i][0]})" for i in empty)
+    why = (
+        "Ollama loads a model on the fewest cards that hold every layer, most free memory first "
+        "(pickBestFullFitByLibrary)"
+        if d.layers_offload >= d.layers_model
+        else "no layer fits beside the graph and Ollama's 457 MiB minimum there"
+    )
+    return [
+        f"{names} hold no layer of the model: {why}; the layers went {held or 'nowhere on a GPU'}"
+        + (f", {d.layers_model - d.layers_offload} to the CPU" if d.layers_offload < d.layers_model else "")
+        + (" (the component table above is card 0's)" if not d.split[0] else "")
+    ]
 
 
 def _components(ctx: Context, d: Decision, graph: int, kv_share: int) -> list[Component]:
@@ -450,33 +466,55 @@ def _offload_line(ctx: Context, d: Decision) -> dict[str, object]:
     }
 
 
-def suggest(model: object, gpu: object, s: object, constants: object, est: object) -> list[str]:
+def full_offload(est: Any) -> bool:
+    """Ollama's `PredictServerFit`: every layer and the output on the GPUs."""
+    o = est.extra.get("ollama")
+    if o is None:  # the llama-server era, planned as llama.cpp: no layer and no output left on the host
+        host = est.extra.get("host") or {}
+        return not host.get("layers") and not host.get("output_layer")
+    return bool(o["layers_offload"] >= o["layers_model"])
+
+
+def suggest(model: Any, gpu: Any, s: Any, constants: Any, est: Any) -> list[str]:
     """Changes that make Ollama offload every layer, each checked by re-planning: a shorter num_ctx,
     one parallel sequence, a q8_0 KV cache with flash attention."""
-    from vramlab.capacity.model import estimate, max_len_that_fits
+    from vramlab.capacity.model import estimate
     from vramlab.errors import ConfigError
 
     out: list[str] = []
 
-    def fits(**changes: object) -> bool:
+    def full(**changes: Any) -> bool:
         try:
-            return estimate(model, gpu, s.with_(**changes), constants, with_suggestions=False).fits  # type: ignore[arg-type,attr-defined]
+            return full_offload(estimate(model, gpu, s.with_(**changes), constants, with_suggestions=False))
         except ConfigError:
             return False
 
-    longest = max_len_that_fits(model, gpu, s, constants)  # type: ignore[arg-type]
+    longest = _longest_full_context(full, int(est.max_model_len))
     if longest:
         out.append(
             f"lower num_ctx to {longest:,} (OLLAMA_CONTEXT_LENGTH={longest} or the request's options.num_ctx)"
         )
-    if (getattr(s, "parallel", None) or 1) > 1 and fits(parallel=1):
+    if (s.parallel or 1) > 1 and full(parallel=1):
         out.append("serve one request at a time (OLLAMA_NUM_PARALLEL=1)")
-    if getattr(s, "kv_cache_dtype", "auto") in ("auto", "f16", None) and fits(
-        kv_cache_dtype="q8_0", flash_attn=True
-    ):
+    if s.kv_cache_dtype in ("auto", "f16", None) and full(kv_cache_dtype="q8_0", flash_attn=True):
         out.append("use a q8_0 KV cache (OLLAMA_FLASH_ATTENTION=1 OLLAMA_KV_CACHE_TYPE=q8_0)")
     if not out:
         out.append(
             "no single change offloads every layer on this card: a smaller quantization or a larger GPU"
         )
     return out
+
+
+def _longest_full_context(full: Any, now: int) -> int:
+    """The longest num_ctx below *now* at which every layer is offloaded (0: none of at least 256)."""
+    lo, hi = 0, now
+    if not full(max_model_len=256):
+        return 0
+    lo = 256
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if full(max_model_len=mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo - lo % 16 if lo > 4096 else lo

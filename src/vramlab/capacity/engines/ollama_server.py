@@ -24,6 +24,7 @@ from typing import Any
 from vramlab.capacity.engines.common import Context, PolicyResult
 from vramlab.units import GIB, gib
 
+CONTEXT_4096_FROM = (0, 6, 8)  # envconfig: OLLAMA_CONTEXT_LENGTH's default 4096 (2048 before)
 VRAM_TIERS_FROM = (0, 15, 5)
 ESTIMATOR_LAST = (0, 12, 10)  # llm/memory.go was deleted in v0.12.11
 LLAMA_SERVER_FROM = (0, 30, 0)
@@ -41,7 +42,7 @@ BATCH_DEFAULT, BATCH_MEDIUM, BATCH_LARGE = 512, 1024, 2048
 def default_num_ctx(ctx: Context) -> tuple[int, str]:
     """num_ctx with nothing set, and the rule that gave it."""
     v = ctx.version
-    if v and v < (0, 6, 8):
+    if v and v < CONTEXT_4096_FROM:
         return 2048, "OLLAMA_CONTEXT_LENGTH unset: 2048 before v0.6.8"
     if v and v < VRAM_TIERS_FROM:
         return 4096, "OLLAMA_CONTEXT_LENGTH unset: 4096 (v0.6.8 to v0.15.4)"

@@ -59,6 +59,18 @@ SORT_SAMPLER, FLASHINFER_SAMPLER, TRITON_SAMPLER = "sort", "flashinfer", "triton
 # back to `forward_native` -> `apply_top_k_top_p`, the Triton kernel for >= 8 sequences (the sort below 8). The profiled
 # peak is the larger of the two runs (not in the 'processed_logits' / 'processed_logprobs' logprobs modes).
 WARM_NATIVE_SAMPLER_FROM = (0, 22)
+# FlashInfer's run from the source (vllm.py flashinfer_bytes): the sampler's fp32 copy, top_k_mask_logits' output and
+# the softmax, each 4 B per (sequence x vocab entry), beside the logits; FlashInfer 0.6's top_k_mask_logits also takes a
+# 1 MiB row-state buffer (`_get_cache_buf`, flashinfer/sampling.py 0.6.11.post2 and 0.6.18). Band: down to the 8 B the
+# 0.10.1 rows printed (0.55 of 14 B), up 10 % for the buffer, the per-row vectors and the allocator's rounding.
+FLASHINFER_FP32_TENSORS = 3
+FLASHINFER_ROW_STATES_BYTES = 1 << 20
+FLASHINFER_SOURCE_BAND = (0.55, 1.10)
+# The native warm-up run after it (0.22+): its 15.6 B come from 0.19, where the Triton run was the only one; the 0.22+
+# rows print less: r114 (0.27.1, Qwen2.5-0.5B, 256 sequences) a 0.31 GiB peak activation, 8.6 B per (sequence x vocab
+# entry), and r256 (0.24.0) a pool 0.28 GiB larger than that run allows. The low end reaches them; the high end stays
+# the measured run's.
+WARM_NATIVE_LOW_SEEN = 8.6 / 15.6
 TRITON_MIN_BATCH = 8  # topk_topp_sampler.py: `if HAS_TRITON and logits.shape[0] >= 8`
 # The fused-MoE caches: per-call temporaries (fused_moe.py `cache13 = torch.empty(...)`), freed before the sampler
 # runs, until 0.13.0 moved them into the persistent `current_workspace_manager()` (fused_moe/modular_kernel.py).
