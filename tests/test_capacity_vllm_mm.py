@@ -255,7 +255,7 @@ def test_pipeline_stages_after_the_first_do_not_profile_the_tower():
     """V1 runs the tower on the first pipeline stage only: the last stage's activation carries no encoder
     memory and says where it went."""
     from vramlab.capacity import Constants
-    from vramlab.capacity.engines import vllm as policy
+    from vramlab.capacity.engines import vllm_activation as policy
     from vramlab.capacity.engines.common import Context
     from vramlab.capacity.engines.vllm_eras import resolve_setup
 

@@ -213,7 +213,8 @@ def test_readme_commands_run(cmd, tmp_path):
     )
     args = shlex.split(cmd)[1:]
     r = subprocess.run([VRAMLAB, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert r.returncode in (0, 1), f"{cmd}: {r.stderr}"  # 1: the plan's verdict is "does not fit"
+    # a plan verdict (0 fits, 1 does not fit, 3 at risk, 4 part of the model on the CPU), never bad input or a bug
+    assert r.returncode in (0, 1, 3, 4), f"{cmd}: {r.stderr}"
     assert r.stdout.strip() and "Traceback" not in r.stderr
 
 

@@ -52,8 +52,7 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
 # the denser hand layout): (cap, why). Split each by concept; the cap keeps them from growing meanwhile.
 LONG_MODULES: dict[str, tuple[int, str]] = {
     "capacity/calibration.py": (573, FORMATTED),
-    "capacity/engines/vllm.py": (591, FORMATTED),
-    "capacity/weights.py": (556, FORMATTED),
+    "capacity/weights.py": (509, FORMATTED),
     "drill/kind.py": (526, FORMATTED),
     "logs/vllm.py": (593, FORMATTED),
     "records/events.py": (538, FORMATTED),

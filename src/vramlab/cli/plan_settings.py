@@ -80,7 +80,7 @@ def check_sweep_keys(engine: str, axes: list[tuple[str, list[Any]]]) -> None:
 
 def check_quantizations(settings: EngineSettings, axes: list[tuple[str, list[Any]]], model: Any) -> None:
     """--quantization (and a swept quantization) against the names this engine takes."""
-    from vramlab.capacity.weights import quantization_problem
+    from vramlab.capacity.quant_names import quantization_problem
     from vramlab.errors import ConfigError
 
     own = model.quant.method if model.quant is not None else None
