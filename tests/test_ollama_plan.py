@@ -224,3 +224,40 @@ def test_several_cards_take_the_fewest_that_hold_every_layer():
     two = estimate(big, get_gpu("rtx-3070"), s.with_(devices=cards[1:] * 2))
     assert sum(two.extra["ollama"]["layers_split"]) == two.extra["ollama"]["layers_offload"]
     assert all(n > 0 for n in two.extra["ollama"]["layers_split"])  # no single card fits: both take layers
+
+
+def _plan_json(*args: str) -> dict:
+    r = subprocess.run(
+        [sys.executable, "-m", "vramlab", "plan", "--offline", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode in (0, 3, 4), r.stderr
+    return json.loads(r.stdout)
+
+
+def test_gpt_oss_sliding_kv_graph_and_mxfp4_weights_by_release():
+    """A public Ollama 0.11.10 start-up on a Strix Halo's 63.8 GiB (benchmarks/data r262): gpt-oss-120b MXFP4 at
+    num_ctx 8192 printed memory.required.kv 450.0 MiB, memory.graph.full / partial 122.0 MiB, weights.total 59.7 GiB
+    and 37 of 37 layers. By hand: one layer's cell is (K 64 + V 64) x 8 KV heads x 2 B = 2048 B; the 18 odd layers
+    hold 8192 cells (16 MiB each, 288 MiB), the 18 even (sliding) ones 1 x 4096 + 512 (9 MiB each, 162 MiB): 450 MiB.
+    kvTotal (every layer at 8192) = 36 x 16 = 576 MiB, GQA 64 / 8."""
+    card = ("--engine", "ollama", "--model", "openai/gpt-oss-120b", "--quantization", "mxfp4")
+    card += ("--max-model-len", "8192", "--gpu-memory-gib", "63.8")
+    new = _plan_json(*card, "--engine-version", "0.11.10")
+    o = new["ollama"]
+    assert o["memory_required_kv_bytes"] == 450 * MIB
+    # v0.11.8 on: the model wants flash attention; (4 x 1 + 8192 >> 10 + 110) MiB = 122 MiB, full = partial
+    assert o["memory_graph_partial_bytes"] == o["memory_graph_full_bytes"] == 122 * MIB
+    assert new["settings"]["flash_attention"] is True
+    assert o["layers_offload"] == o["layers_model"] == 37
+    # GGUF MXFP4 blocks are 17 B per 32 weights, unpadded: the printed 59.7 GiB (one decimal), not vLLM's padded rows
+    assert o["memory_weights_total_bytes"] == pytest.approx(59.7 * GIB, rel=0.005)
+    # v0.11.6: no flash attention unless asked; partial = 2 x 64 / 8 x 576 MiB / 6 = 1536 MiB and full takes it
+    mid = _plan_json(*card, "--engine-version", "0.11.6")["ollama"]
+    assert mid["memory_graph_partial_bytes"] == mid["memory_graph_full_bytes"] == 1536 * MIB
+    assert mid["memory_required_kv_bytes"] == 450 * MIB
+    # v0.11.4: full = 4 x 64 / 8 x 576 / 6 = 3072 MiB and partial twice that
+    old = _plan_json(*card, "--engine-version", "0.11.4")["ollama"]
+    assert (old["memory_graph_full_bytes"], old["memory_graph_partial_bytes"]) == (3072 * MIB, 6144 * MIB)

@@ -88,7 +88,10 @@ class Context:
     def mxfp4_layout(self) -> str:
         """The MXFP4 MoE backend vLLM picks by card (`get_mxfp4_backend`): Marlin on NVIDIA cards below Blackwell,
         FlashInfer on Blackwell. Hopper runs Marlin unless triton_kernels is installed (`mxfp4_hopper_triton_bytes`
-        widens the band to that layout). Other engines and vendors keep the FlashInfer padding."""
+        widens the band to that layout). llama.cpp and Ollama load ggml's unpadded blocks; SGLang and other vendors keep
+        the FlashInfer padding."""
+        if self.settings.engine in ("llama.cpp", "ollama"):
+            return "gguf"
         if self.settings.engine != "vllm" or self.gpu.vendor != "nvidia" or self.gpu.arch == "blackwell":
             return "flashinfer"
         return "marlin"
