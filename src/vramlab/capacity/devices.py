@@ -39,6 +39,17 @@ def held_before_start(gpu: GPU, settings: EngineSettings) -> int:
     return max(0, settings.other_processes_bytes) or (gpu.os_reserved_bytes if gpu.kind == UNIFIED else 0)
 
 
+def page_cache_band_bytes(gpu: GPU, settings: EngineSettings, weights_bytes: int) -> int:
+    """How far vLLM's non-torch figure can grow on NVIDIA unified memory: its profile reads the device's used memory
+    off cudaMemGetInfo, whose free figure is the kernel's MemFree there (vllm-project/vllm#48140), so page cache the
+    loader adds between the start-up snapshot and the profile's end (the checkpoint read from disk, up to its size
+    per GPU) counts as vLLM's own memory and comes off the pool. A band term, never a planned value: a checkpoint
+    already in the page cache adds nothing."""
+    if gpu.kind != UNIFIED or gpu.vendor != "nvidia" or settings.engine != "vllm":
+        return 0
+    return max(0, weights_bytes)
+
+
 def device_notes(
     gpu: GPU, settings: EngineSettings, components: tuple[Component, ...], budget: int, other: int
 ) -> tuple[str, ...]:
