@@ -37,12 +37,15 @@ from vramlab.sources.hf_config import spec_from_config  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import local_engines  # noqa: E402  (benchmarks/local_engines.py: llama.cpp placement and Ollama rows)
+from accuracy_table import first_look, held_out_capacity, never_seen_now, table  # noqa: E402
 from bands import band_coverage, band_score, print_bands  # noqa: E402  (band_score: tests call it here)
 
 METRICS = ("weights", "kv_cache_gib", "kv_cache_tokens", "max_concurrency")
 
 
 DATA_DIR = ROOT / "benchmarks" / "data"
+# each never-seen row's KV capacity error at its batch's first look (accuracy_table.py)
+FIRST_LOOK = ROOT / "benchmarks" / "results" / "first-look.jsonl"
 
 
 def default_data_dir() -> Path:
@@ -261,6 +264,11 @@ def main() -> int:
     ap.add_argument("--rows", action="store_true", help="print every row")
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
+        "--readme-table",
+        action="store_true",
+        help="print only the README's accuracy table (accuracy_table.py)",
+    )
+    ap.add_argument(
         "--no-calibration",
         action="store_true",
         help="skip the leave-one-out calibration table and the leave-one-group-out refits",
@@ -317,6 +325,20 @@ def main() -> int:
     calibrated = [] if args.no_calibration else calibrated_loo(rows, configs)
     held_out = {} if args.no_calibration else leave_one_group_out(rows, configs)
     placement = local_engines.table(rows, lambda row: _plan(row, configs))
+    readme_table = (
+        table(
+            first_look(FIRST_LOOK),
+            never_seen_now(per_row),
+            held_out["kv_capacity_by_engine"],
+            held_out["bands"],
+            pct,
+        )
+        if held_out
+        else None
+    )
+    if args.readme_table:
+        print(readme_table or "accuracy: the table needs the held-out pass (leave out --no-calibration)")
+        return 0 if readme_table else 2
     if args.json:
         print(
             json.dumps(
@@ -327,6 +349,7 @@ def main() -> int:
                     "calibrated_loo": calibrated,
                     "leave_one_group_out": held_out,
                     "placement": placement,
+                    "readme_table": readme_table,
                 },
                 indent=1,
                 default=str,
@@ -350,6 +373,9 @@ def main() -> int:
             print(f"  {line['row']}  {line['what']:<28} {line['logged']:>10} -> {line['planned']:<10}{err}")
     if held_out:
         print_held_out(held_out, summary)
+        print(
+            f"\nThe README's accuracy table (each never-seen row's first look from {FIRST_LOOK.name}):\n{readme_table}"
+        )
     return 0
 
 
@@ -559,6 +585,7 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
         # (benchmarks/data/README.md, "Never-seen rows"): the "logs never seen" figure
         "pooled_unseen": pool(lambda g: g.startswith("unseen-")),
         "bands": band_coverage(bands),
+        "kv_capacity_by_engine": held_out_capacity(errs),
     }
 
 

@@ -235,3 +235,32 @@ def test_the_band_follows_the_figure_a_local_engine_prints():
     # Ollama prints "9.5 GiB": half its last digit is the slack; a figure printed to 0.00001 GiB gets 0.005
     assert accuracy.band_score(est, {"kv_cache_gib": 1.5}, 1.54)[0]
     assert not accuracy.band_score(est, {"kv_cache_gib": 1.50001}, 1.54)[0]
+
+
+def test_every_never_seen_row_has_its_first_look_on_record():
+    """Each unseen-* row's KV capacity error at its batch's first look is in benchmarks/results/first-look.jsonl,
+    pointing at the results file that printed it (written before any change the batch caused)."""
+    rows = [
+        json.loads(line) for line in (DATA / "observed_memory.jsonl").read_text().splitlines() if line.strip()
+    ]
+    unseen = {r["row_id"]: r for r in rows if r["collection_group"].startswith("unseen-")}
+    records = [
+        json.loads(line)
+        for line in (ROOT / "benchmarks" / "results" / "first-look.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    assert sorted(r["row"] for r in records) == sorted(unseen)
+    for rec in records:
+        text = (ROOT / rec["first_look"]).read_text(encoding="utf-8")
+        assert rec["row"] in text and rec["engine"] == unseen[rec["row"]]["engine"], rec
+        if rec["kv_capacity_error_pct"] is not None:
+            # the figure as the results file printed it, signed, to one decimal
+            assert f"{rec['kv_capacity_error_pct']:+.1f}%" in text, rec
+
+
+def test_the_readme_accuracy_table_is_the_benchmarks_own(summary):
+    """The README's per-engine table (first look beside now, band coverage) is accuracy.py's printed block."""
+    block = summary["readme_table"]
+    assert block.startswith("<!-- accuracy-table") and block.endswith("<!-- /accuracy-table -->")
+    assert block in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "| vLLM |" in block and "| Ollama |" in block

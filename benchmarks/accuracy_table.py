@@ -1,0 +1,107 @@
+"""The README's accuracy table for benchmarks/accuracy.py: per engine, the never-seen rows at their first look beside
+the model as it stands (never-seen rows, every row held-out) and the band's coverage.
+
+The first look of each never-seen row is what its batch's results file recorded before any change that batch caused
+(benchmarks/results/unseen-*-first-look-*.txt); benchmarks/results/first-look.jsonl carries that per-row figure in a
+form this module reads. A row's KV capacity error is the KV pool in GiB where its log printed one, else in tokens,
+as the per-row tables and the data README count it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ENGINES = (
+    ("vllm", "vLLM"),
+    ("sglang", "SGLang"),
+    ("tgi", "TGI"),
+    ("llama.cpp", "llama.cpp"),
+    ("ollama", "Ollama"),
+)
+BEGIN = "<!-- accuracy-table: printed by `python benchmarks/accuracy.py --readme-table`; a test keeps them equal -->"
+END = "<!-- /accuracy-table -->"
+
+
+def first_look(path: Path) -> dict[str, list[float]]:
+    """Engine -> the |KV capacity error| % of each never-seen row at its first look (rows skipped then left out)."""
+    out: dict[str, list[float]] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            if rec.get("kv_capacity_error_pct") is not None:
+                out.setdefault(rec["engine"], []).append(abs(float(rec["kv_capacity_error_pct"])))
+    return out
+
+
+def capacity_error(metrics: dict[str, Any]) -> float | None:
+    """One row's KV capacity error (%): the GiB figure where the row has one, else the tokens."""
+    for metric in ("kv_cache_gib", "kv_cache_tokens"):
+        if metric in metrics:
+            return float(metrics[metric])
+    return None
+
+
+def never_seen_now(per_row: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Engine -> |KV capacity error| % of each never-seen row at the shipped defaults (accuracy.py's per-row lines)."""
+    out: dict[str, list[float]] = {}
+    for line in per_row:
+        if str(line.get("group")).startswith("unseen-"):
+            err = capacity_error(
+                {m: v[2] for m, v in line.items() if isinstance(v, tuple | list) and len(v) == 3}
+            )
+            if err is not None:
+                out.setdefault(str(line["engine"]), []).append(abs(err))
+    return out
+
+
+def _cell(xs: list[float], pct: Any) -> str:
+    return f"{len(xs)}: {pct(xs, 0.5):.1f} / {pct(xs, 0.9):.1f} %" if xs else "-"
+
+
+def _coverage(entry: dict[str, Any], key: str) -> str:
+    e = entry.get(key)
+    return f"{e['inside'] * 100:.1f} % of {e['n']}" if e else "-"
+
+
+def table(
+    first: dict[str, list[float]],
+    now: dict[str, list[float]],
+    held_out_by_engine: dict[str, list[float]],
+    bands: dict[str, Any],
+    pct: Any,
+) -> str:
+    """The Markdown block, markers included. *pct* is accuracy.py's percentile (one definition of p90)."""
+    lines = [
+        BEGIN,
+        "| engine | never-seen, first look (n: median / p90) | never-seen, now | every row, now, held-out "
+        "| band coverage, held-out: never-seen / every row |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for key, name in ENGINES:
+        if not (first.get(key) or now.get(key) or held_out_by_engine.get(key)):
+            continue
+        entry = bands.get(key, {})
+        lines.append(
+            f"| {name} | {_cell(first.get(key, []), pct)} | {_cell(now.get(key, []), pct)} | "
+            f"{_cell(held_out_by_engine.get(key, []), pct)} | {_coverage(entry, 'unseen')} / {_coverage(entry, 'all')} |"
+        )
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def held_out_capacity(errs: dict[str, list[tuple[dict[str, Any], float]]]) -> dict[str, list[float]]:
+    """Engine -> |KV capacity error| % of every row, held-out (leave_one_group_out's per-metric errors)."""
+    by_row: dict[str, dict[str, Any]] = {}
+    for metric, items in errs.items():
+        for row, e in items:
+            by_row.setdefault(str(row["row_id"]), {"engine": row.get("engine")})[metric] = e
+    out: dict[str, list[float]] = {}
+    for metrics in by_row.values():
+        err = capacity_error(metrics)
+        if err is not None:
+            out.setdefault(str(metrics["engine"]), []).append(abs(err))
+    return out
