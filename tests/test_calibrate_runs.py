@@ -120,7 +120,8 @@ def test_calibrate_learns_the_sims_overhead_and_the_plan_then_predicts_within_tw
     # before: the plan's overhead was 0.5 GiB short; after: every figure within 2 %, learned and held out
     for rows in (out["learned"], out["holdout"]):
         by = {r["figure"]: r for r in rows}
-        assert set(by) == {"resident_model", "kv_cache", "runtime_overhead", "peak"}
+        # the composition's four figures, and the start-up log's own (its CUDA graphs line)
+        assert set(by) == {"resident_model", "kv_cache", "runtime_overhead", "peak", "cuda_graph"}
         assert by["runtime_overhead"]["before_pct"] < -10
         assert all(abs(r["after_pct"]) <= 2.0 for r in rows), rows
     assert out["holdout"][0]["run_id"] == held
@@ -170,3 +171,29 @@ def test_a_run_with_no_plan_or_no_run_is_refused_with_one_line(runs) -> None:
     )
     res = _vramlab("calibrate", "deadbeef", cwd=tmp)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+
+
+def test_nothing_to_learn_says_what_was_measured_and_why_it_informs_no_constant() -> None:
+    # a run whose start-up log gave the weights and the KV pool only: it was read, and it is said so
+    from vramlab.capacity import EngineSettings, estimate, get_gpu
+    from vramlab.capacity.run_calibration import RunMeasure, calibrate_runs
+    from vramlab.sources import resolve_model
+
+    m = RunMeasure(
+        "r1",
+        "llama.cpp",
+        resolve_model("qwen2.5-0.5b-instruct"),
+        get_gpu("l4"),
+        EngineSettings(engine="llama.cpp", ctx_size=4096, parallel=1),
+        {"resident_model": 500 << 20, "kv_cache": 48 << 20},
+        None,
+        {"weights_bytes": float(500 << 20), "kv_cache_bytes": float(48 << 20)},
+        {},
+        ("round 1 baseline",),
+        host_runtime_bytes=70 << 20,
+    )
+    cal = calibrate_runs([m], [], lambda s, g, st, c: estimate(s, g, st, c, with_suggestions=False))
+    assert not cal.fitted_any
+    said = " ".join(cal.not_fitted)
+    assert "run r1 measured kv_cache, resident_model, weights" in said and "none of these depends" in said
+    assert "no start-up log" not in said and "CPU runtime: measured run r1 70.0 MiB" in said

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from _narrow import some
-from vramlab.analysis.composition import GIB, compose
+from vramlab.analysis.composition import compose
 from vramlab.analysis.stats import Window
 from vramlab.records import EventRecord, RunRecord, SampleRecord
+from vramlab.units import GIB
 
 RID = "0123abcd"
 
@@ -45,12 +46,12 @@ def _run(plan: dict | None = None, change: dict | None = None) -> RunRecord:
 
 def test_composition_arithmetic_sources_and_bands() -> None:
     est = _plan_json()
-    startup = {"weights_bytes": 15 * GIB, "kv_cache_tokens": 400_000, "kv_cache_bytes": 1}
+    kv = round(48.83 * GIB)  # the pool as the engine printed it ("Available KV cache memory: 48.83 GiB")
+    startup = {"weights_bytes": 15 * GIB, "kv_cache_tokens": 400_000, "kv_cache_bytes": kv}
     events = [
         _ev("capacity_plan", {"estimate": est, "facts": {}}),
         _ev("startup_memory", {"source": "start-up log x.log", "observation": startup}),
     ]
-    kv = 400_000 * est["kv_bytes_per_token"]
     samples = [
         _s("gpu.process_memory_bytes", 15 * GIB + kv + 2 * GIB, 1.0, gpu="0", pid="42"),
         _s("gpu.process_memory_bytes", 15 * GIB + kv + 3 * GIB, 2.0, gpu="0", pid="42"),
@@ -68,7 +69,12 @@ def test_composition_arithmetic_sources_and_bands() -> None:
     )
     assert peak.measured_bytes == 15 * GIB + kv + 3 * GIB and "pid 42" in peak.source
     assert weights.measured_bytes == 15 * GIB and weights.source.startswith("start-up log")
-    assert pool.measured_bytes == kv  # tokens x the plan's bytes per token, before the printed GiB
+    # the engine's own figure, never tokens x the plan's bytes per token (which cannot disagree with the plan)
+    assert (
+        pool.measured_bytes == kv
+        and pool.source == "start-up log: the KV cache size it printed (400,000 tokens)"
+    )
+    assert pool.measured_tokens == 400_000 and pool.predicted_tokens == est["kv_cache_tokens"]
     assert over.measured_bytes == 3 * GIB
     assert over.predicted_bytes == est["used_bytes"] - est["weights_bytes"] - est["kv_cache_bytes"]
     assert peak.predicted_bytes == est["used_bytes"]
@@ -78,7 +84,8 @@ def test_composition_arithmetic_sources_and_bands() -> None:
     assert row.queued  # waiting in every sample of the window
     assert "runtime overhead" in row.error_source() or "KV" in row.error_source()
     sat = comp.saturation
-    assert sat is not None and sat.predicted_value == 400_000 // 576 and sat.queueing == (16.0, 1)
+    assert sat is not None and sat.predicted_value == 400_000 // 576 and sat.binding == "pool"
+    assert sat.queueing is not None and (sat.queueing.value, sat.queueing.round) == (16.0, 1)
     assert sat.observed_value is None and sat.kv_full is None  # queueing alone is not the pool filling
 
 
@@ -227,7 +234,7 @@ def test_plan_against_measured_in_every_format(sim_run) -> None:
         ctx = load_context(store, run_id)
         md, page, doc = render(ctx, "md"), render(ctx, "html"), json.loads(render(ctx, "json"))
     assert "## Plan against measured: memory composition" in md
-    assert "| round 1 treatment step 2 (32) | peak |" in md and "Predicted KV saturation: concurrency" in md
+    assert "| round 1 treatment step 2 (32) | peak |" in md and "Predicted saturation: concurrency" in md
     assert "Plan against measured" in page and "Where the error comes from" in page
     sec = doc["sections"]["composition"]
     assert sec["schema"] == "vramlab.composition/1" and sec["plan"]["model"] == "llama-3.1-8b-instruct"
@@ -250,6 +257,9 @@ def test_plan_against_measured_in_every_format(sim_run) -> None:
                 "inside_band",
                 "source",
                 "host_memory",
+                "predicted_tokens",
+                "measured_tokens",
+                "error_tokens",
             }
             assert f["error_bytes"] == f["predicted_bytes"] - f["measured_bytes"]
         assert isinstance(r["error_source"], str) and r["kv_in_use"]["source"]
@@ -310,7 +320,7 @@ def test_a_drill_adds_the_composition_at_the_failure(tmp_path: Path) -> None:
         data = json.loads(render(ctx, "json"))["sections"]
     comp = data["composition"]
     # the plan is the sim's own settings, its extra_args included (the sim sizes its workspace with them)
-    assert comp["plan_facts"]["settings"]["max_num_batched_tokens"] == 32768
+    assert comp["plan_facts"]["settings"]["chunked_prefill_size"] == 32768  # SGLang's own flag
     (fail,) = comp["at_failure"]
     (fault,) = [e for e in ctx.events if e.kind == "fault"]
     assert fail["value"] == fault.data["value"] and fail["end_s"] == pytest.approx(fault.data["t0_s"])
@@ -437,3 +447,98 @@ def test_a_step_that_failed_before_its_first_sample_reads_the_card_as_last_seen(
     assert value == 8192 and peak.measured_bytes == 20 * GIB
     assert "the last reading before the failure" in peak.source
     assert comp.rows[0].figure("peak").measured_bytes == 30 * GIB  # the whole window reads its own samples
+
+
+def _tiny_plan(kv: int, tokens: int, engine: str = "llama.cpp", **settings: object) -> dict:
+    """A plan's JSON for a small model: KV *kv* bytes over *tokens* cells (f16), weights 1.4 MiB."""
+    comps = [
+        {"name": "weights", "bytes": 1_356_257},
+        {"name": "kv_cache", "bytes": kv},
+        {"name": "activation_peak", "bytes": 4 << 20},
+    ]
+    return {
+        "model": "tiny",
+        "gpu": "custom",
+        "engine": engine,
+        "engine_version": "",
+        "components": comps,
+        "kv_cache_bytes": kv,
+        "kv_cache_tokens": tokens,
+        "kv_bytes_per_token": kv // tokens,
+        "max_model_len": tokens,
+        "block_size": 256,
+        "settings": settings,
+    }
+
+
+def test_a_q8_0_cache_beside_an_f16_plan_shows_the_engines_bytes_and_the_plans_error() -> None:
+    # llama.cpp printed `KV buffer size = 0.53 MiB` (q8_0); the plan said f16 (1 MiB): the measured
+    # figure is what the engine printed, so the plan's error shows, never +0.0 %
+    printed = round(0.53 * 2**20)
+    startup = {"kv_cache_bytes": printed, "kv_cache_tokens": 2048, "extra": {"host_weights_bytes": 1_517_000}}
+    events = [
+        _ev("capacity_plan", {"estimate": _tiny_plan(1 << 20, 2048, parallel=1), "facts": {}}),
+        _ev("startup_memory", {"source": "start-up log s.log", "observation": startup}),
+    ]
+    samples = [_s("host.target_rss_bytes", 80 << 20, 1.0, "host", pid="9")]
+    comp = compose(_run(), samples, events, [Window(1, "baseline", 0, 0.0, 2.0, 1.0)], None)
+    kv = comp.rows[0].figure("kv_cache")
+    assert kv.measured_bytes == printed and "printed" in kv.source and "plan" not in kv.source
+    assert (
+        kv.error_bytes == (1 << 20) - printed and round(kv.error_pct or 0) == 89 and kv.inside_band is False
+    )
+    assert kv.error_tokens == 0  # the same cells, each smaller than the plan thought
+    assert (
+        comp.rows[0].error_source().startswith("runtime overhead")
+        or "KV cache" in comp.rows[0].error_source()
+    )
+
+
+def test_a_pool_shown_only_in_tokens_is_tokens_and_says_so() -> None:
+    events = [_ev("capacity_plan", {"estimate": _plan_json(), "facts": {}})]
+    samples = [
+        _s("engine.kv_cache_blocks", 25_000, 0.5, "engine"),
+        _s("engine.kv_block_size", 16, 0.5, "engine"),
+        _s("engine.kv_cache_tokens", 4000, 1.0, "engine"),
+        _s("gpu.process_memory_bytes", 70 * GIB, 1.0, gpu="0", pid="42"),
+    ]
+    comp = compose(_run(), samples, events, [Window(1, "treatment", 1, 0.0, 2.0, 4.0)], None)
+    row = comp.rows[0]
+    kv = row.figure("kv_cache")
+    assert kv.measured_bytes is None and kv.measured_tokens == 400_000
+    assert "tokens only" in kv.source and kv.error_tokens == some(kv.predicted_tokens) - 400_000
+    assert kv.error_pct == pytest.approx(100 * (kv.predicted_tokens - 400_000) / 400_000)  # type: ignore[operator]
+    over = row.figure("runtime_overhead")
+    assert over.measured_bytes is None and "tokens only" in over.source
+    assert row.kv_used_tokens == 4000 and row.kv_used_bytes is None  # no bytes the engine showed
+    assert "not measured" in row.error_source() or "tokens" in row.error_source()
+
+
+def test_agreement_is_never_claimed_over_what_was_not_measured() -> None:
+    # the start-up log gave only the KV pool; the peak was read: no "every component within ..."
+    startup = {"kv_cache_bytes": 1 << 20, "kv_cache_tokens": 2048}
+    events = [
+        _ev("capacity_plan", {"estimate": _tiny_plan(1 << 20, 2048), "facts": {}}),
+        _ev("startup_memory", {"source": "start-up log s.log", "observation": startup}),
+    ]
+    samples = [_s("host.target_rss_bytes", 8 << 20, 1.0, "host", pid="9")]
+    row = compose(_run(), samples, events, [Window(1, "baseline", 0, 0.0, 2.0, 1.0)], None).rows[0]
+    said = row.error_source()
+    assert "every component" not in said and "resident model" in said and "not measured" in said
+
+
+def test_pool_tokens_times_the_engines_own_bytes_per_token_are_measured_bytes() -> None:
+    # a log that prints tokens and the bytes its blocks take (vLLM's CPU build: its explicit pool size
+    # over its blocks) measures the pool in bytes from the engine's own words, not the plan's
+    startup = {"kv_cache_tokens": 5120, "extra": {"kv_bytes_per_token": 4096.0}}
+    events = [
+        _ev("capacity_plan", {"estimate": _tiny_plan(40 << 20, 5120, engine="vllm"), "facts": {}}),
+        _ev("startup_memory", {"source": "start-up log s.log", "observation": startup}),
+    ]
+    kv = (
+        compose(_run(), [], events, [Window(1, "baseline", 0, 0.0, 2.0, 1.0)], None)
+        .rows[0]
+        .figure("kv_cache")
+    )
+    assert kv.measured_bytes == 5120 * 4096 and "(the engine's own)" in kv.source
+    assert kv.error_bytes == (40 << 20) - 5120 * 4096

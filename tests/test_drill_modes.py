@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,34 @@ def test_preemption_without_errors_reaches_the_ceiling(tmp_path):
         r.ok for r in store.requests(rid) if r.error_class != "cancelled"
     )  # ... and nobody saw an error
     assert "engine.num_preemptions_total" in [o.name for o in inc.signals.order]
+
+
+def test_refusals_for_length_at_the_ceiling_are_failures_not_a_ceiling_held(tmp_path):
+    # the context ramp reaches the model's length: every request of the last step is refused (HTTP 400,
+    # vLLM's words). The target never failed, so no fault; but the drill never says it "held at the
+    # ceiling", its impact table never says "failed attempts 0", and the refusals are the observed
+    # saturation at their step
+    from vramlab.report import load_context, render
+    from vramlab.report.incident import summary_line
+
+    doc = _doc(
+        tmp_path,
+        {"model": "qwen2.5-0.5b-instruct", "engine": "vllm", "max_model_len": 2048},
+        {"knob": "context", "start": 512, "ceiling": 2048, "step_s": 0.6},
+        load={"concurrency": 2, "prompt_tokens": 64, "max_tokens": 8, "request_timeout_s": 5},
+    )
+    doc["stop"]["error_rate"] = 1.0  # refusals are the engine's answer, not a failure of the target
+    store, rid, inc = _run(tmp_path, doc)
+    assert not inc.failed
+    ceiling = next(e for e in store.events(rid) if e.kind == "ceiling")
+    assert "but" in ceiling.message and "maximum context length" in ceiling.message, ceiling.message
+    ctx = load_context(store, rid)
+    line = summary_line(ctx)
+    assert "held at the ceiling" not in line and "ramp requests failed, from 2048 prompt tokens" in line, line
+    md = render(ctx, "md")
+    assert "| failed attempts | 0 |" not in md and re.search(r"\| failed attempts in the ramp \| [1-9]", md)
+    sat = render(ctx, "json")
+    import json
+
+    refusal = json.loads(sat)["sections"]["composition"]["saturation"]["refusal"]
+    assert refusal["value"] == 2048 and refusal["step"] == 2 and "maximum context length" in refusal["detail"]

@@ -129,6 +129,22 @@ def test_no_retry_storm_from_closed_loop_users_with_policy_none():
     assert s2.storm and s2.retries_in_window > s2.new_requests and some(s2.attempts_per_request) >= 2
 
 
+def test_the_retry_waves_peak_is_its_busiest_second_not_the_first_crossing():
+    # baseline 5 original requests/s; the recovery window opens at the restart (10.0 s) inside a wave of
+    # 100 attempts a second (9.70-11.69 s), then thins to 5/s. The peak is the busiest second's attempts
+    # over the baseline's offered rate (20x), wherever it falls, not the rate when a live monitor first
+    # crossed 2x, nor the whole window's mean.
+    from vramlab.analysis.aftermath import busiest_window
+
+    reqs, samples, events = _kill_timeline()
+    s = analyse(reqs, samples, events, window_s=1.0).retry_storm
+    base = some(s.baseline_rate_rps)
+    assert s.peak_amplification == pytest.approx(100 / base) and s.peak_at_s == pytest.approx(10.0)
+    assert some(s.peak_amplification) > some(s.amplification)  # the whole window's mean is lower
+    assert busiest_window([0.0, 0.5, 0.99, 1.0, 1.2, 1.9, 5.0], 1.0) == (4, 0.5)  # 0.5-1.2
+    assert busiest_window([], 1.0) is None
+
+
 def test_onset_is_the_first_evidence_not_the_window_edge():
     reqs, samples, events = _kill_timeline()
     inc = analyse(reqs, samples, events, window_s=1.0)

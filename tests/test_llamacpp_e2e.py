@@ -99,6 +99,55 @@ def test_run_against_the_real_engine(engine, tmp_path):
     assert up and max(up) == 1.0  # the discovered path answers (a probe may still time out on a busy box)
 
 
+@pytest.mark.parametrize("api", ["openai-completions", "openai-chat"])
+def test_each_step_sends_its_own_prompt_counted_by_the_engine(engine, tmp_path, api):
+    # llama-cpp-python streams no usage: each prompt is sized and counted with its own tokenizer
+    # (POST /extras/tokenize) before it is sent, the chat template's share measured by one probe
+    # request; on this tiny vocabulary a word is several tokens, so words alone would miss by 3-4x
+    py, model = engine
+    srv = lc.start_server(py, model, tmp_path / "server.log", n_ctx=1024, extra="--model_alias tiny")
+    plan = _run_plan(srv.url, duration_s=1.5)
+    plan["target"]["api"] = api
+    plan["fixed"]["input"]["synthetic"]["prompt_tokens"] = 64
+    plan["change"] = {"variable": "prompt_tokens", "steps": [128, 400]}
+    try:
+        (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
+        res = _vramlab("run", "plan.yaml", "--db", str(tmp_path / "v.db"), "--json", cwd=tmp_path)
+    finally:
+        srv.stop()
+    assert res.returncode == 0, res.stderr[-3000:]
+    store = open_store(str(tmp_path / "v.db"))
+    run_id = json.loads(res.stdout)["run_id"]
+    run = store.get_run(run_id)
+    assert any(
+        "counted with the engine's POST /extras/tokenize (llama-cpp-python)" in n for n in run.notes
+    ), run.notes
+    groups: dict[tuple[str, float], list[Any]] = {}
+    for r in store.requests(run_id):
+        groups.setdefault((r.phase, r.step_value or 0.0), []).append(r)
+    assert {v for _, v in groups} == {64.0, 128.0, 400.0}
+    for (phase, value), rs in groups.items():
+        near = [r for r in rs if r.prompt_tokens and abs(r.prompt_tokens - value) <= 0.02 * value]
+        assert len(near) >= 0.95 * len(rs), (phase, value, sorted({r.prompt_tokens for r in rs}))
+        assert {r.prompt_tokens_source for r in rs} == {"tokenizer"}
+    # the engine's own words: llama-cpp-python logs each request's cached + evaluated prompt tokens
+    logged = {
+        int(a) + int(b)
+        for a, b in re.findall(
+            r"Llama.generate: (\d+) prefix-match hit, remaining (\d+) prompt tokens to eval",
+            (tmp_path / "server.log").read_text(errors="replace"),
+        )
+    }
+    stored = {r.prompt_tokens for rs in groups.values() for r in rs if r.error_class is None}
+    assert stored and stored <= logged, (stored, logged)
+    from vramlab.report import load_context, render
+
+    md = render(load_context(store, run_id), "md")
+    assert re.search(
+        r"Prompt tokens of [\d,]+ requests: counted in the target's tokenizer before sending", md
+    )
+
+
 def test_check_log_reads_the_real_start_up_log(engine, tmp_path):
     py, model = engine
     srv = lc.start_server(py, model, tmp_path / "server.log", n_ctx=1024)
@@ -232,6 +281,60 @@ def test_plan_kv_bytes_match_the_engine(engine, tmp_path, n_ctx, slots, cache):
     assert abs(planned - logged) <= 0.005 * 2**20, (planned, logged, re.findall(r"llama_kv_cache.*", text))
 
 
+def _compute_logged(py: str, model: Path, n_ctx: int, n_seq: int, n_ubatch: int) -> float:
+    """The compute buffer (MiB) llama.cpp prints for a context of *n_seq* sequences, no flash attention."""
+    script = f"""
+import llama_cpp as L
+L.llama_backend_init()
+m = L.llama_model_load_from_file({str(model)!r}.encode(), L.llama_model_default_params())
+cp = L.llama_context_default_params()
+cp.n_ctx = {n_ctx}; cp.n_seq_max = {n_seq}; cp.n_batch = 512; cp.n_ubatch = {n_ubatch}; cp.n_threads = 1
+cp.flash_attn_type = 0
+assert L.llama_init_from_model(m, cp), "no context"
+"""
+    res = subprocess.run([py, "-c", script], capture_output=True, text=True, timeout=120)
+    text = res.stdout + res.stderr
+    found = re.findall(r"compute buffer size\s*=\s*([\d.]+) MiB", text)
+    assert res.returncode == 0 and found, text[-3000:]
+    return float(found[-1])
+
+
+@pytest.mark.parametrize(
+    ("n_ctx", "slots", "n_ubatch"), [(2048, 1, 512), (2048, 4, 512), (8192, 4, 512), (2048, 4, 64)]
+)
+def test_plan_compute_buffer_follows_the_slots_streams(engine, tmp_path, n_ctx, slots, n_ubatch):
+    # without a unified cache each slot is its own KV stream and the attention graph reads one stream's
+    # cells: four slots over 2,048 cells print 6.51 MiB, not the 21.51 MiB of one slot over all of them
+    from vramlab.capacity.constants import Constants
+
+    py, model = engine
+    logged = _compute_logged(py, model, n_ctx, slots, n_ubatch)
+    res = _vramlab(
+        "plan",
+        "--model",
+        str(model),
+        "--engine",
+        "llama.cpp",
+        "--ctx-size",
+        str(n_ctx),
+        "--parallel",
+        str(slots),
+        "--ubatch-size",
+        str(n_ubatch),
+        "--flash-attn",
+        "off",
+        "--gpu-memory-gib",
+        "8",
+        "--json",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    comps = {c["name"]: c["bytes"] for c in json.loads(res.stdout)["components"]}
+    graph = comps["activation_peak"] - Constants.defaults()["llamacpp_compute_scratch_bytes"]
+    # the graph's phases, against the CPU build's printed buffer (two decimals of MiB)
+    assert abs(graph / 2**20 - logged) <= 0.01 * logged + 0.01, (graph / 2**20, logged)
+
+
 # ---- drills ---------------------------------------------------------------------------------
 
 
@@ -339,6 +442,14 @@ def test_drill_sigkill_is_a_crash_not_oom_and_a_slow_restart_is_not_killed(engin
 
     md = render(load_context(store, rid), "md")
     assert "killed_by_signal" in md and "crash_after_oom" not in md and "| retry storm | no |" in md
+    # the drill measured the process it started (its RSS, across the restart), beside the log's buffers
+    rss = [s for s in store.samples(rid) if s.name == "host.target_rss_bytes"]
+    assert len({s.labels["pid"] for s in rss}) == 2, {
+        s.labels["pid"] for s in rss
+    }  # before and after the kill
+    peak = re.search(r"\| round 0 baseline \| peak \| – \| ([\d.]+)(?: MiB)? \|", md)
+    assert peak and float(peak.group(1)) > 0, md[md.find("Plan against") :][:1500]
+    assert "host memory: the target process's RSS" in md and "no capacity plan to compare with" in md
 
 
 def test_drill_refused_restart_is_named_with_the_engines_words(engine, tmp_path):
@@ -437,7 +548,12 @@ def _drill_cli(tmp_path: Path, doc: dict, on_line, timeout: float = 170):
     return proc.returncode, out, "".join(seen) + err
 
 
-def test_drill_recovers_a_sigstopped_engine_by_sigkill_and_restart_within_the_limit(engine, tmp_path):
+# a request timeout shorter than the step (its requests time out inside it) and longer (they are still in
+# flight when the step's time is up: they end as timeouts all the same, never "cancelled" by the step's end)
+@pytest.mark.parametrize("timeout_s", [2, 6])
+def test_drill_recovers_a_sigstopped_engine_by_sigkill_and_restart_within_the_limit(
+    engine, tmp_path, timeout_s
+):
     # the server is SIGSTOPped mid-ramp: its socket still accepts, nothing answers, the process lives.
     # The supervisor sees health fail, and a stopped process never acts on SIGTERM: SIGKILL at once, restart.
     py, model = engine
@@ -449,7 +565,7 @@ def test_drill_recovers_a_sigstopped_engine_by_sigkill_and_restart_within_the_li
         model,
         tmp_path,
         cmd,
-        load={"request_timeout_s": 2},
+        load={"request_timeout_s": timeout_s},
         recovery={"limit_s": limit_s, "observe_s": 2, "liveness_grace_s": 2, "p95_tolerance": 50},
     )
     stopped: list[int] = []
@@ -489,6 +605,13 @@ def test_drill_recovers_a_sigstopped_engine_by_sigkill_and_restart_within_the_li
     reqs = store.requests(run.run_id)
     assert not any(r.error_class == "cancelled" and r.phase == "ramp" for r in reqs)
     assert inc.impact.in_flight_lost > 0 and inc.impact.error_classes.get("timeout", 0) > 0
+    # the failure is at the step where the hang began, and every request in flight at T0 is a lost timeout
+    fault = next(e for e in events if e.kind == "fault")
+    assert fault.data["value"] == 4, fault.message
+    t0 = some(inc.t0_s)
+    at_t0 = [r for r in reqs if some(r.sent_s) <= t0 + 1e-9 and (r.end_s or 1e9) >= t0 - 1e-9 and not r.ok]
+    assert at_t0 and {r.error_class for r in at_t0} == {"timeout"}, [(r.error_class, r.error) for r in at_t0]
+    assert inc.impact.in_flight_lost == len(at_t0)
     md = (tmp_path / "incident.md").read_text()
     assert "**Failure mode:** hang" in md and "NOT recovered" not in md
     assert "restart the target on exit" not in md  # the supervisor did restart it
@@ -574,7 +697,7 @@ assert L.llama_init_from_model(m, cp), "no context"
         "--json",
         cwd=tmp_path,
     )
-    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert plan.returncode == 4, plan.stderr[-2000:]  # plan's verdict: it fits, part of it on the CPU
     doc = json.loads(plan.stdout)
     host, dev = doc["host"], doc["devices"][0]
     assert dev["layers"] == 0 and dev["model_buffer_bytes"] == 0 and dev["kv_buffer_bytes"] == 0

@@ -363,3 +363,21 @@ def test_an_endless_sse_line_ends_the_stream_instead_of_growing_the_buffer() -> 
     asyncio.run(client._read_stream(Resp(), st))
     assert st.done and st.error is not None and "blank line" in st.error
     assert sent[0] <= MAX_EVENT_BYTES // 65536 + 2
+
+
+def test_each_request_carries_its_own_prompt_when_prompts_come_and_go() -> None:
+    # A drill builds each step's prompts anew and frees the last step's: CPython hands a freed
+    # object's address to the next one, so a body cache keyed by id() sent an earlier step's text.
+    async def go() -> tuple[list[str], list[str]]:
+        sent: list[str] = []
+        async with StubServer(StubBehaviour()) as srv, OpenAIClient(srv.url, "m", "openai-completions") as c:
+            for step in range(40):
+                prompts = [Prompt(f"step {step} prompt {i} " + "word " * step, None, 2) for i in range(3)]
+                for p in prompts:
+                    await c.send(f"s{step}", p, 2, time.perf_counter())
+                    sent.append(p.text)
+                del prompts
+            return sent, [str(b["prompt"]) for b in srv.b.seen]
+
+    sent, seen = asyncio.run(go())
+    assert seen == sent

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -264,6 +265,37 @@ def test_host_sampler_reads_the_target_rss() -> None:
     assert got["host.target_rss_bytes"] > 10 * 2**20
     assert got["host.ram_total_bytes"] >= got["host.ram_used_bytes"] > 0
     assert 0 <= got["host.cpu_percent"] <= 100 * (os.cpu_count() or 1)
+
+
+def test_host_sampler_counts_the_targets_children_and_follows_a_restart() -> None:
+    import subprocess
+    import sys
+
+    # a shell that does not exec: the engine is its child, and the shell alone holds ~1 MiB
+    hold = "bytearray(40 << 20); import time; time.sleep(30)"
+    procs = [subprocess.Popen(["/bin/sh", "-c", f"{sys.executable} -c 'x = {hold}'; true"]) for _ in range(2)]
+    try:
+        current = [procs[0].pid]
+        s = HostSampler(pid_of=lambda: current[0])
+        asyncio.run(s.open())
+        deadline = time.monotonic() + 20
+        while True:
+            smp = next(x for x in s.read() if x.name == "host.target_rss_bytes")
+            if smp.value > 40 << 20 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert smp.value > 40 << 20 and smp.labels == {"pid": str(procs[0].pid), "processes": "2"}
+        current[0] = procs[1].pid  # the drill restarted the target: a new pid
+        smp = next(x for x in s.read() if x.name == "host.target_rss_bytes")
+        assert smp.labels["pid"] == str(procs[1].pid)
+    finally:
+        import psutil
+
+        for p in procs:
+            for child in psutil.Process(p.pid).children(recursive=True):
+                child.kill()
+            p.kill()
+            p.wait(5)
 
 
 def test_health_probe_up_down_and_refused() -> None:

@@ -27,4 +27,17 @@ def gib(nbytes: float | None, digits: int = 2, *, sign: bool = False, unit: bool
     return text + " GiB" if unit else text
 
 
-__all__ = ["GIB", "MIB", "MISSING", "gib", "to_gib"]
+SMALL_BYTES = GIB // 10  # below it, figures read in MiB: two GiB decimals would round them away
+
+
+def size(nbytes: float | None, *, sign: bool = False) -> str:
+    """Bytes with their unit: GiB, or MiB below SMALL_BYTES (a small model's buffers read
+    "0.53 MiB", not "0.00 GiB"); MISSING for None."""
+    if nbytes is None:
+        return MISSING
+    if nbytes and abs(nbytes) < SMALL_BYTES:
+        return f"{nbytes / MIB:{'+' if sign else ''}.2f} MiB"
+    return gib(nbytes, sign=sign, unit=True)
+
+
+__all__ = ["GIB", "MIB", "MISSING", "SMALL_BYTES", "gib", "size", "to_gib"]

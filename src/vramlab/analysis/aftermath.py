@@ -74,6 +74,9 @@ class RetryStorm:
     attempts_per_request: float | None = None  # attempts / original requests in the recovery window
     new_request_ratio: float | None = None  # new-request rate / baseline offered rate
     storm: bool = False  # the policy's retries at least doubled the attempts and the rate is >= 2x baseline
+    # the busiest second of the recovery window: its attempts / the baseline's offered rate, and when
+    peak_amplification: float | None = None
+    peak_at_s: float | None = None
 
 
 def since(t: float | None, t0: float | None) -> float | None:
@@ -234,7 +237,7 @@ def retry_storm(
     ]
     base_dur = (base_end - baseline_start) if base and math.isfinite(base_end) else None
     base_rate = len(base) / base_dur if base_dur else None
-    rec_rate = amp = per_req = new_ratio = None
+    rec_rate = amp = per_req = new_ratio = peak = peak_at = None
     new = retried = 0
     start = mitigated.t_s if mitigated else t0
     if start is not None and rec_end > start:
@@ -250,6 +253,9 @@ def retry_storm(
         amp = rec_rate / base_rate if base_rate else None
         per_req = len(window) / new if new else None
         new_ratio = (new / (rec_end - start)) / base_rate if base_rate else None
+        busiest = busiest_window([r.sent_s for r in window if r.sent_s is not None], PEAK_WINDOW_S)
+        if busiest is not None and base_rate:
+            peak, peak_at = busiest[0] / PEAK_WINDOW_S / base_rate, busiest[1]
     retries = sum(1 for r in requests if r.attempt > 0 and t0 is not None and (r.sent_s or 0.0) >= t0)
     second = False
     if t0 is not None and recovery.time_to_recover_s is not None:
@@ -261,15 +267,45 @@ def retry_storm(
         pre_rec = (max(inside) - min(inside)) if inside else None
     storm = bool(amp is not None and amp >= 2.0 and retried > 0 and (per_req is None or per_req >= 2.0))
     return RetryStorm(
-        base_rate, rec_rate, amp, retries, second, pre_rec, new, retried, per_req, new_ratio, storm
+        base_rate,
+        rec_rate,
+        amp,
+        retries,
+        second,
+        pre_rec,
+        new,
+        retried,
+        per_req,
+        new_ratio,
+        storm,
+        peak,
+        peak_at,
     )
 
 
+PEAK_WINDOW_S = 1.0  # the retry wave's peak is read per second, as the live monitor watches it
+
+
+def busiest_window(times: Sequence[float], width_s: float) -> tuple[int, float] | None:
+    """(the most sends inside any window of *width_s*, that window's start), sliding over the sends."""
+    ts = sorted(times)
+    best: tuple[int, float] | None = None
+    lo = 0
+    for hi, t in enumerate(ts):
+        while t - ts[lo] >= width_s:
+            lo += 1
+        if best is None or hi - lo + 1 > best[0]:
+            best = (hi - lo + 1, ts[lo])
+    return best
+
+
 __all__ = [
+    "PEAK_WINDOW_S",
     "Impact",
     "NeighbourImpact",
     "Recovery",
     "RetryStorm",
+    "busiest_window",
     "client_of",
     "impact",
     "neighbours",

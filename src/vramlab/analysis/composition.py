@@ -5,8 +5,11 @@ the run (`capacity_plan` event) and measured from the best source the run record
 
 - resident model: the start-up log's weights line (`startup_memory` event); else the device's
   reading before the first request, less the KV pool (that reading holds the runtime's own too);
-- KV cache: the allocated pool (start-up log; vLLM `cache_config_info`; SGLang
-  `max_total_num_tokens`), with what is in use (usage fraction x pool, or the engine's token count);
+- KV cache: the allocated pool in the bytes the engine printed (start-up log); where it shows only
+  tokens (vLLM `cache_config_info`, SGLang `max_total_num_tokens`, a log without bytes) the figure is
+  tokens, said so, set beside the plan's pool tokens; what is in use (usage fraction x pool, or the
+  engine's token count x the bytes per token its own figures imply). Never the plan's constants: a
+  measurement that borrows from the prediction cannot disagree with it;
 - runtime overhead: what the peak reading holds beyond the weights and the KV pool;
 - peak: the highest reading in the window: the target process's memory on the GPU where it is
   known, else the fullest GPU's; a CPU engine's process RSS, labelled host memory.
@@ -22,9 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vramlab.records import EventRecord, SampleRecord
+from vramlab.analysis.saturation import Saturation, StepSignals, request_shape, saturation
+from vramlab.records import EventRecord, RequestRecord, SampleRecord
 from vramlab.records.events import EventKind, capacity_plan_data, fault_data, startup_memory_data
-from vramlab.units import GIB, gib
+from vramlab.units import size
 
 FIGURES = ("resident_model", "kv_cache", "runtime_overhead", "peak")
 LABELS = {
@@ -37,7 +41,6 @@ _OVERHEAD_PARTS = ("cuda_context", "nccl", "activation_peak", "non_torch", "cuda
 _DEVICE_SOURCES = ("gpu", "ledger")
 # what the sim's ledger names an engine's process (a real driver names none): the target among co-tenants
 ENGINE_PROCESSES = ("VLLM::EngineCore", "sglang::scheduler", "text-generation-server", "llama-server")
-_SATURATED = 0.98  # the pool is full to within a block or two per sequence (vLLM tops out near 99 %)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class Figure:
     measured_bytes: int | None
     source: str  # where the measured value comes from ("" when not measured)
     host_memory: bool = False
+    # the KV pool in tokens, beside its bytes: where the engine shows only tokens, the error is in tokens
+    predicted_tokens: int | None = None
+    measured_tokens: int | None = None
 
     @property
     def error_bytes(self) -> int | None:
@@ -57,9 +63,21 @@ class Figure:
         return self.predicted_bytes - self.measured_bytes
 
     @property
+    def error_tokens(self) -> int | None:
+        if self.predicted_tokens is None or self.measured_tokens is None:
+            return None
+        return self.predicted_tokens - self.measured_tokens
+
+    @property
     def error_pct(self) -> float | None:
+        """Predicted less measured over measured, in bytes; in tokens where only tokens were measured."""
         e = self.error_bytes
-        return None if e is None or not self.measured_bytes else 100.0 * e / self.measured_bytes
+        if e is not None and self.measured_bytes:
+            return 100.0 * e / self.measured_bytes
+        t = self.error_tokens
+        if self.measured_bytes is None and t is not None and self.measured_tokens:
+            return 100.0 * t / self.measured_tokens
+        return None
 
     @property
     def inside_band(self) -> bool | None:
@@ -89,42 +107,36 @@ class Row:
         return next(f for f in self.figures if f.name == name)
 
     def error_source(self) -> str:
-        """Which component differs most from the plan, by how much (the peak's error, decomposed)."""
-        parts = [
-            (f.name, f.error_bytes) for f in self.figures if f.name != "peak" and f.error_bytes is not None
-        ]
-        if not parts:
+        """Which component differs most from the plan, by how much (the peak's error, decomposed).
+        Agreement is claimed only for what was measured, each within 1 % (a small model's MiB count too)."""
+        if all(f.predicted_bytes is None for f in self.figures):
+            return "no capacity plan to compare with"
+        comps = [f for f in self.figures if f.name != "peak"]
+        parts = [f for f in comps if f.error_bytes is not None]
+        missing = [LABELS[f.name] for f in comps if f.error_bytes is None and f.error_tokens is None]
+        tokens_only = [f for f in comps if f.error_bytes is None and f.error_tokens is not None]
+        if not parts and not tokens_only:
             return "not measured" if self.figure("peak").measured_bytes is None else "components not measured"
-        name, err = max(parts, key=lambda p: abs(p[1] or 0))
-        assert err is not None
-        if abs(err) < GIB / 100:
-            return "every component within 0.01 GiB of the plan"
+        unmeasured = f" ({', '.join(missing)} not measured)" if missing else ""
+        close = all(f.error_bytes == 0 or (f.error_pct is not None and abs(f.error_pct) <= 1) for f in parts)
+        if close:
+            far = [t for t in tokens_only if abs(t.error_pct or 0) > 1]
+            if far:
+                verb = "over-predicted" if (far[0].error_tokens or 0) > 0 else "under-predicted"
+                return f"{LABELS[far[0].name]} {verb} by {abs(far[0].error_tokens or 0):,} tokens{unmeasured}"
+            if missing or tokens_only:
+                return "the measured components within 1 % of the plan" + unmeasured
+            return "every component within 1 % of the plan"
+        worst = max(parts, key=lambda f: abs(f.error_bytes or 0))
+        err = worst.error_bytes or 0
         verb = "over-predicted" if err > 0 else "under-predicted"
-        out = f"{LABELS[name]} {verb} by {gib(abs(err), unit=True)}"
-        if name == "runtime_overhead" and 0 < err <= self.activation_bytes:
+        out = f"{LABELS[worst.name]} {verb} by {size(abs(err))} ({worst.error_pct or 0:+.1f} %)" + unmeasured
+        if worst.name == "runtime_overhead" and 0 < err <= self.activation_bytes:
             out += (
-                f", within the plan's activation peak ({gib(self.activation_bytes, unit=True)}, the profiled worst "
+                f", within the plan's activation peak ({size(self.activation_bytes)}, the profiled worst "
                 "case): the workspace grows with the batch"
             )
         return out
-
-
-@dataclass(frozen=True)
-class Saturation:
-    variable: str
-    predicted_value: float | None  # the variable's value at which the KV pool is full
-    predicted_basis: str
-    # (step value, round) where each signal first showed, lowest value first; None: not in this run
-    kv_full: tuple[float, int] | None  # KV usage >= 98 %
-    preemption: tuple[float, int] | None  # the engine's preemption counter rose
-    queueing: tuple[float, int] | None  # requests waiting for most of the window
-
-    @property
-    def observed_value(self) -> float | None:
-        """The first value where the pool was full or the engine preempted (queueing alone can be the
-        batch limit, not the KV pool)."""
-        hits = [h[0] for h in (self.kv_full, self.preemption) if h is not None]
-        return min(hits) if hits else None
 
 
 @dataclass(frozen=True)
@@ -229,35 +241,33 @@ class _Pool:
     source: str
 
 
-def _pool(startup: dict[str, Any] | None, reads: _Readings, bpt: int | None) -> _Pool:
-    if startup and startup.get("kv_cache_tokens") and bpt:
-        t = int(startup["kv_cache_tokens"])
-        return _Pool(t * bpt, t, f"start-up log: {t:,} tokens x {bpt:,} B/token (the plan's per-token size)")
+def _pool(startup: dict[str, Any] | None, reads: _Readings) -> _Pool:
+    """The pool in the engine's own figures: the bytes it printed, its tokens (log or metrics)."""
+    tokens, t_src = None, ""
+    if startup and startup.get("kv_cache_tokens"):
+        tokens, t_src = int(startup["kv_cache_tokens"]), "start-up log"
+    blocks, block = reads.first("engine.kv_cache_blocks"), reads.first("engine.kv_block_size")
+    if tokens is None and blocks and block:
+        tokens = int(blocks * block)
+        t_src = f"engine metric cache_config_info: {int(blocks):,} blocks x {int(block)} tokens"
+    if tokens is None and reads.first("engine.kv_cache_pool_tokens"):
+        tokens, t_src = (
+            int(reads.first("engine.kv_cache_pool_tokens") or 0),
+            "engine metric max_total_num_tokens",
+        )
     if startup and startup.get("kv_cache_bytes"):
         b = int(startup["kv_cache_bytes"])
-        printed = startup.get("kv_cache_tokens")
+        of = f" ({tokens:,} tokens)" if tokens else ""
+        return _Pool(b, tokens, f"start-up log: the KV cache size it printed{of}")
+    engine_bpt = ((startup or {}).get("extra") or {}).get("kv_bytes_per_token")
+    if tokens and engine_bpt:  # the bytes a token takes as the engine's own figures put them
         return _Pool(
-            b,
-            int(printed) if printed else (b // bpt if bpt else None),
-            "start-up log: the KV cache size it printed",
+            int(tokens * engine_bpt),
+            tokens,
+            f"{t_src}: {tokens:,} tokens x {engine_bpt:,.0f} B/token (the engine's own)",
         )
-    blocks, size = reads.first("engine.kv_cache_blocks"), reads.first("engine.kv_block_size")
-    if blocks and size:
-        t = int(blocks * size)
-        return _Pool(
-            t * bpt if bpt else None,
-            t,
-            f"engine metric cache_config_info: {int(blocks):,} blocks x "
-            f"{int(size)} tokens" + (" x the plan's bytes per token" if bpt else ""),
-        )
-    pool_t = reads.first("engine.kv_cache_pool_tokens")
-    if pool_t:
-        t = int(pool_t)
-        return _Pool(
-            t * bpt if bpt else None,
-            t,
-            "engine metric max_total_num_tokens" + (" x the plan's bytes per token" if bpt else ""),
-        )
+    if tokens:
+        return _Pool(None, tokens, f"{t_src}: {tokens:,} tokens (no bytes shown by the engine: tokens only)")
     return _Pool(None, None, "")
 
 
@@ -283,13 +293,36 @@ def _resident(
     )
 
 
+def _kv_in_use(tokens: list[float], usage: list[float], pool: _Pool) -> tuple[int | None, int | None, str]:
+    """(bytes, tokens, source) of the KV cache in use at its highest in the window."""
+    if tokens:
+        used_t = int(max(tokens))
+        # the bytes a token takes as the engine's own figures put it (its pool's bytes over its tokens)
+        used_b = int(used_t * pool.bytes / pool.tokens) if pool.bytes and pool.tokens else None
+        return (
+            used_b,
+            used_t,
+            "engine metric kv_cache_tokens"
+            + (" x the bytes per token of the engine's pool" if used_b is not None else " (tokens only)"),
+        )
+    if usage and (pool.bytes or pool.tokens):
+        u = max(usage)
+        used_b = int(u * pool.bytes) if pool.bytes else None
+        return (
+            used_b,
+            int(u * pool.tokens) if pool.tokens else None,
+            "engine metric KV usage fraction x the pool",
+        )
+    return None, None, ""
+
+
 def _row(
     w: Any,
     pred: dict[str, tuple[int, int, int]],
     reads: _Readings,
     pool: _Pool,
     resident: tuple[int | None, str],
-    bpt: int | None,
+    plan_tokens: int | None,
     end_s: float | None = None,
 ) -> Row:
     start, end = w.start_s, (end_s if end_s is not None else (w.samples_end_s or w.end_s))
@@ -309,7 +342,11 @@ def _row(
         "kv_cache": (pool.bytes, pool.source),
         "runtime_overhead": (
             overhead,
-            "peak reading less the resident model and the KV pool" if overhead is not None else "",
+            "peak reading less the resident model and the KV pool"
+            if overhead is not None
+            else (
+                "needs the KV pool in bytes: the engine showed tokens only" if pool.tokens and peak else ""
+            ),
         ),
         "peak": (None if peak is None else int(peak), peak_src if peak is not None else ""),
     }
@@ -326,21 +363,12 @@ def _row(
                 m,
                 src,
                 reads.host and name in ("peak", "runtime_overhead") and m is not None,
+                plan_tokens if name == "kv_cache" else None,
+                pool.tokens if name == "kv_cache" else None,
             )
         )
     usage = reads.window("engine.kv_cache_usage_perc", start, end)
-    tokens = reads.window("engine.kv_cache_tokens", start, end)
-    used_b = used_t = None
-    used_src = ""
-    if tokens:
-        used_t = int(max(tokens))
-        used_b = used_t * bpt if bpt else None
-        used_src = "engine metric kv_cache_tokens" + (" x the plan's bytes per token" if bpt else "")
-    elif usage and (pool.bytes or pool.tokens):
-        u = max(usage)
-        used_b = int(u * pool.bytes) if pool.bytes else None
-        used_t = int(u * pool.tokens) if pool.tokens else None
-        used_src = "engine metric KV usage fraction x the pool"
+    used_b, used_t, used_src = _kv_in_use(reads.window("engine.kv_cache_tokens", start, end), usage, pool)
     pre = reads.window("engine.num_preemptions_total", start, end)
     waiting = reads.window("engine.num_requests_waiting", start, end)
     return Row(
@@ -362,64 +390,23 @@ def _row(
     )
 
 
-def _saturation(
-    run_plan: dict[str, Any],
-    change: dict[str, Any],
+def _saturation_of(
+    run: Any,
     plan: dict[str, Any] | None,
-    pool: _Pool,
+    pool_tokens: int | None,
     rows: list[Row],
+    reqs: Sequence[RequestRecord],
 ) -> Saturation | None:
-    var = change.get("variable")
-    if not var:
+    variable = (run.change or {}).get("variable")
+    if not variable:
         return None
-    pool_t = pool.tokens or (plan or {}).get("kv_cache_tokens")
-    prompt, output, users = _request_shape(run_plan)
-    pred, basis = None, "no KV pool known"
-    if pool_t and prompt is not None and output is not None:
-        block = int((plan or {}).get("block_size") or 1)
-        per_req = -(-(prompt + output) // block) * block
-        if var in ("concurrency", "batch"):
-            pred = float(pool_t // per_req)
-            basis = f"{int(pool_t):,} pool tokens / {per_req:,} tokens a request"
-            seqs = ((plan or {}).get("settings") or {}).get("max_num_seqs")
-            if seqs and seqs < pred:
-                basis += f"; max_num_seqs {seqs} binds first: beyond it requests queue with the pool not full"
-        elif var in ("prompt_tokens", "context"):
-            pred = float(pool_t // max(1, users) - output)
-            basis = (
-                f"{int(pool_t):,} pool tokens / {users} concurrent request(s), less {output} output tokens"
-            )
-        else:
-            basis = f"{var} does not fill the KV pool by itself"
-    first: dict[str, tuple[float, int] | None] = {"kv_full": None, "preemption": None, "queueing": None}
-    for r in sorted(
-        (r for r in rows if r.phase in ("treatment", "ramp") and r.step_value is not None),
-        key=lambda r: (r.step_value, r.round),
-    ):
-        seen = {
-            "kv_full": r.kv_usage_max is not None and r.kv_usage_max >= _SATURATED,
-            "preemption": r.preempted,
-            "queueing": r.queued,
-        }
-        for k, hit in seen.items():
-            if hit and first[k] is None:
-                first[k] = (float(r.step_value or 0), r.round)
-    return Saturation(var, pred, basis, *(first[k] for k in ("kv_full", "preemption", "queueing")))
-
-
-def _request_shape(plan: dict[str, Any]) -> tuple[int | None, int | None, int]:
-    """(prompt tokens, output tokens, concurrent users) of the run's requests, from its plan document."""
-    syn = ((plan.get("fixed") or {}).get("input") or {}).get("synthetic")
-    if syn:
-        return (
-            int(syn["prompt_tokens"]),
-            int(syn["output_tokens"]),
-            int((plan.get("load") or {}).get("concurrency", 1)),
-        )
-    load = plan.get("load") or {}
-    if "prompt_tokens" in load:  # a drill's load
-        return int(load["prompt_tokens"]), int(load.get("max_tokens", 0)), int(load.get("concurrency", 1))
-    return None, None, 1
+    doc = run.plan if isinstance(run.plan, dict) else {}
+    steps = [
+        StepSignals(r.round, r.step, float(r.step_value), r.kv_usage_max, r.preempted, r.queued)
+        for r in rows
+        if r.phase in ("treatment", "ramp") and r.step_value is not None
+    ]
+    return saturation(variable, plan, pool_tokens, request_shape(doc, reqs), steps, reqs)
 
 
 def compose(
@@ -428,8 +415,10 @@ def compose(
     events: Sequence[EventRecord],
     windows: Sequence[Any],
     first_request_s: float | None,
+    requests: Sequence[RequestRecord] = (),
 ) -> Composition:
-    """Predicted beside measured for every window of a stored run (windows: analysis Window objects)."""
+    """Predicted beside measured for every window of a stored run (windows: analysis Window objects;
+    *requests*: the run's, for the steps' own request sizes and refusals in the saturation point)."""
     plan_ev, start_ev = (
         _last_event(events, EventKind.CAPACITY_PLAN),
         _last_event(events, EventKind.STARTUP_MEMORY),
@@ -441,11 +430,11 @@ def compose(
     src = start_data.get("source") if start_data is not None else None
     pid = (run.plan.get("target") or {}).get("pid") if isinstance(run.plan, dict) else None
     reads = _Readings(samples, pid)
-    bpt = int(plan["kv_bytes_per_token"]) if plan and plan.get("kv_bytes_per_token") else None
-    pool = _pool(startup, reads, bpt)
+    plan_tokens = int(plan["kv_cache_tokens"]) if plan and plan.get("kv_cache_tokens") else None
+    pool = _pool(startup, reads)
     resident = _resident(startup, reads, pool, first_request_s)
     pred = _predicted(plan)
-    rows = [_row(w, pred, reads, pool, resident, bpt) for w in windows]
+    rows = [_row(w, pred, reads, pool, resident, plan_tokens) for w in windows]
     notes = [
         e.message
         for e in events
@@ -463,11 +452,17 @@ def compose(
                     (
                         fault.get("value"),
                         _row(
-                            w, pred, reads, pool, resident, bpt, end_s=float(t0) if t0 is not None else e.t_s
+                            w,
+                            pred,
+                            reads,
+                            pool,
+                            resident,
+                            plan_tokens,
+                            end_s=float(t0) if t0 is not None else e.t_s,
                         ),
                     )
                 )
-    sat = _saturation(run.plan if isinstance(run.plan, dict) else {}, run.change or {}, plan, pool, rows)
+    sat = _saturation_of(run, plan, pool.tokens or plan_tokens, rows, requests)
     before = [v for t, v in reads.device if first_request_s is not None and t < first_request_s]
     rest = before[-1] if before else (min(v for _, v in reads.device) if reads.device else None)
     return Composition(

@@ -31,6 +31,7 @@ from vramlab.capacity.spec import ModelSpec
 
 FIGURES = ("resident_model", "kv_cache", "runtime_overhead", "peak")
 _LOG_FIELDS = ("activation_peak_bytes", "cuda_graph_bytes", "non_torch_bytes", "init_non_torch_bytes")
+_LOG_WORDS = {("llama.cpp", "activation_peak_bytes"): "compute buffer"}  # what the engine calls the field
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class RunMeasure:
     startup_fields: dict[str, float]  # plan-JSON field -> value, from the start-up log
     evidence: dict[str, str]  # figure -> where it was measured (the report's sources)
     rows: tuple[str, ...]  # the windows and readings the figures come from
+    # a CPU engine: the host reading at rest less the buffers its start-up log printed (its runtime)
+    host_runtime_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class RunCalibration:
     learned: list[FigureError]
     holdout: list[FigureError]
     not_fitted: list[str] = field(default_factory=list)  # figures measured, why no constant moved
+    sources: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # run -> windows and readings
 
     @property
     def fitted_any(self) -> bool:
@@ -109,7 +113,10 @@ def predicted_figures(est: Estimate) -> dict[str, int]:
 def observed_fields(m: RunMeasure, est: Estimate) -> tuple[dict[str, float], dict[str, str]]:
     """The plan-JSON fields this run observed (for `fit`), and how each was derived."""
     obs: dict[str, float] = {k: v for k, v in m.startup_fields.items() if k in _LOG_FIELDS and v and v > 0}
-    how = {k: f"run {m.run_id}: the start-up log's {k}" for k in obs}
+    how = {
+        k: f"run {m.run_id}: the start-up log's {_LOG_WORDS.get((m.engine, k), k)} ({v / (1 << 20):,.2f} MiB)"
+        for k, v in obs.items()
+    }
     comps = {c.name: c.bytes for c in est.components}
     if (
         m.engine == "vllm"
@@ -148,11 +155,9 @@ def calibrate_runs(
             how_all.update({(m.run_id, k): v for k, v in how.items()})
             if obs:
                 cases.append(Case(m.run_id, m.model, m.gpu, m.settings, obs))
+        not_fitted += runtime_notes(engine, mine, base)
         if not cases:
-            not_fitted.append(
-                f"{engine}: no run measured a figure a constant drives (a start-up log, or the "
-                "device at rest with vLLM)"
-            )
+            not_fitted.append(f"{engine}: {_nothing_informs(mine)}")
             continue
         f = _fit_to_convergence(cases, engine, base, min_points)
         fits.append(f)
@@ -197,6 +202,47 @@ def calibrate_runs(
         _errors(measures, estimator, base, calibrated),
         _errors(holdout, estimator, base, calibrated),
         not_fitted,
+        [(m.run_id, m.rows) for m in (*measures, *holdout) if m.rows],
+    )
+
+
+# The CPU runtime term a host reading informs, per engine, where the capacity model has one.
+RUNTIME_CONSTANTS = {
+    "llama.cpp": "llamacpp_cpu_runtime_bytes",
+    "transformers": "transformers_cpu_runtime_bytes",
+    "vllm": "vllm_cpu_frontend_runtime_bytes",
+}
+
+
+def runtime_notes(engine: str, mine: Sequence[RunMeasure], base: Constants) -> list[str]:
+    """What the runs measured of a CPU engine's runtime (the host reading at rest less the buffers
+    its log printed): said, with the constant it would inform, never silently dropped."""
+    seen = [(m.run_id, m.host_runtime_bytes) for m in mine if m.host_runtime_bytes]
+    if not seen:
+        return []
+    name = RUNTIME_CONSTANTS.get(engine, f"{engine}_cpu_runtime_bytes")
+    figures = ", ".join(f"run {r} {b / (1 << 20):.1f} MiB" for r, b in seen)
+    where = (
+        f"{name} is {base[name] / (1 << 20):.1f} MiB, held fixed (a host reading is its only source)"
+        if name in base.values
+        else f"this release's capacity model has no {name} to set"
+    )
+    return [
+        f"{engine} CPU runtime: measured {figures} (host reading at rest less the model, KV and compute "
+        f"buffers its start-up log printed); {where}"
+    ]
+
+
+def _nothing_informs(mine: Sequence[RunMeasure]) -> str:
+    """The true reason no constant moved: what each run did measure, and why none of it depends on one."""
+    parts = []
+    for m in mine:
+        got = sorted(set(m.measured) | {k.removesuffix("_bytes") for k in m.startup_fields})
+        parts.append(f"run {m.run_id} measured {', '.join(got) or 'nothing'}")
+    return (
+        "; ".join(parts)
+        + ": none of these depends on a fitted constant (the weights and the KV pool follow from the model "
+        "file and the settings; the compute buffer, activation peak, CUDA graphs and non-torch memory do)"
     )
 
 
@@ -228,14 +274,28 @@ def _fit_to_convergence(
 def _errors(
     measures: Sequence[RunMeasure], estimator: Estimator, before: Constants, after: Constants
 ) -> list[FigureError]:
+    """Each measured figure, predicted with the default constants and with the fitted ones: the four
+    composition figures, and the start-up log's own (the compute buffer, activation peak, ...)."""
+    from vramlab.capacity.calibration import predicted_fields
+
     out = []
     for m in measures:
-        b = predicted_figures(estimator(m.model, m.gpu, m.settings, before))
-        a = predicted_figures(estimator(m.model, m.gpu, m.settings, after))
+        est_b, est_a = (
+            estimator(m.model, m.gpu, m.settings, before),
+            estimator(m.model, m.gpu, m.settings, after),
+        )
+        b, a = predicted_figures(est_b), predicted_figures(est_a)
         for fig in FIGURES:
             got = m.measured.get(fig)
             if got:
                 out.append(FigureError(m.run_id, fig, got, b[fig], a[fig]))
+        fb, fa = predicted_fields(est_b), predicted_fields(est_a)
+        for key in _LOG_FIELDS:
+            seen = m.startup_fields.get(key)
+            if seen and seen > 0 and fb.get(key) and fa.get(key):
+                out.append(
+                    FigureError(m.run_id, key.removesuffix("_bytes"), int(seen), int(fb[key]), int(fa[key]))
+                )
     return out
 
 
@@ -266,6 +326,7 @@ def summary(cal: RunCalibration) -> dict[str, Any]:
             for c in cal.changes
         ],
         "not_fitted": cal.not_fitted,
+        "sources": {run_id: list(rows) for run_id, rows in cal.sources},
         "learned": [err(e) for e in cal.learned],
         "holdout": [err(e) for e in cal.holdout],
     }

@@ -24,7 +24,7 @@ def looks_like_runs(inputs: list[str]) -> bool:
 
 def measure(store: Any, run_id: str) -> Any:
     """A RunMeasure from the store; ConfigError (one line) when the run cannot teach anything."""
-    from vramlab.capacity.run_calibration import FIGURES, RunMeasure
+    from vramlab.capacity.run_calibration import RunMeasure
     from vramlab.drill.capacity_plan import PlanFacts, resolve_facts
     from vramlab.errors import ConfigError
     from vramlab.report import load_context
@@ -49,6 +49,7 @@ def measure(store: Any, run_id: str) -> Any:
             "host reading); run it with a gpu/ledger sampler or target.log_file"
         )
     f = comp.plan_facts
+    planned, printed = dict(f.get("settings") or {}), engine_settings(comp.startup)
     spec, card, settings = resolve_facts(
         PlanFacts(
             f.get("model"),
@@ -56,27 +57,20 @@ def measure(store: Any, run_id: str) -> Any:
             f.get("gpu"),
             f.get("gpu_memory_gib"),
             f.get("engine_version"),
-            dict(f.get("settings") or {}),
+            {**planned, **printed},
         )
     )
     heaviest = (
         max(measured_rows, key=lambda r: r.figure("peak").measured_bytes or 0) if measured_rows else None
     )
-    measured: dict[str, int] = {}
-    evidence: dict[str, str] = {}
-    rows: list[str] = []
-    if heaviest is not None:
+    measured, evidence, rows = heaviest_figures(heaviest)
+    differs = {k: v for k, v in printed.items() if planned.get(k) != v}
+    if differs:
+        said = ", ".join(f"{k} {v}" for k, v in sorted(differs.items()))
         rows.append(
-            f"round {heaviest.round} {heaviest.phase} {heaviest.step_value} "
-            f"({heaviest.start_s:.1f}-{heaviest.end_s:.1f} s)"
+            f"planned with the settings its start-up log printed ({said}): the constants, not the settings, are fitted"
         )
-        for name in FIGURES:
-            fig = heaviest.figure(name)
-            if fig.measured_bytes is not None and not fig.host_memory:
-                measured[name], evidence[name] = fig.measured_bytes, fig.source
-    startup = {
-        k: float(v) for k, v in (comp.startup or {}).items() if k.endswith("_bytes") and isinstance(v, int)
-    }
+    startup = startup_fields(comp.startup)
     rest = None
     w = (comp.startup or {}).get("weights_bytes") or measured.get("resident_model")
     pool = measured.get("kv_cache")
@@ -90,8 +84,71 @@ def measure(store: Any, run_id: str) -> Any:
         rest = comp.rest_bytes - int(w) - pool
         rows.append(f"device at rest: {comp.rest_bytes / (1 << 30):.3f} GiB")
     return RunMeasure(
-        rid, settings.engine, spec, card, settings, measured, rest, startup, evidence, tuple(rows)
+        rid,
+        settings.engine,
+        spec,
+        card,
+        settings,
+        measured,
+        rest,
+        startup,
+        evidence,
+        tuple(rows),
+        host_runtime(comp, heaviest, startup),
     )
+
+
+def heaviest_figures(heaviest: Any) -> tuple[dict[str, int], dict[str, str], list[str]]:
+    """The figures measured at the run's heaviest window (a device's: a host reading is no card's),
+    their sources, and the window's line."""
+    from vramlab.capacity.run_calibration import FIGURES
+
+    measured: dict[str, int] = {}
+    evidence: dict[str, str] = {}
+    if heaviest is None:
+        return measured, evidence, []
+    for name in FIGURES:
+        fig = heaviest.figure(name)
+        if fig.measured_bytes is not None and not fig.host_memory:
+            measured[name], evidence[name] = fig.measured_bytes, fig.source
+    h = heaviest
+    return measured, evidence, [f"round {h.round} {h.phase} {h.step_value} ({h.start_s:.1f}-{h.end_s:.1f} s)"]
+
+
+def host_runtime(comp: Any, heaviest: Any, startup: dict[str, float]) -> int | None:
+    """A CPU engine's runtime: its process tree's RSS at rest (before the first request) less the
+    model, KV and compute buffers its start-up log printed; None where any of them is unknown."""
+    if heaviest is None or not heaviest.figure("peak").host_memory or comp.rest_bytes is None:
+        return None
+    model = heaviest.figure("resident_model").measured_bytes
+    pool = heaviest.figure("kv_cache").measured_bytes
+    compute = startup.get("activation_peak_bytes")
+    if not (model and pool and compute):
+        return None
+    left = int(comp.rest_bytes - model - pool - compute)
+    return left if left > 0 else None
+
+
+# settings a start-up log prints that the plan takes (logs/<engine>.py parse them into these names)
+_PRINTED_SETTINGS = ("ctx_size", "parallel", "n_ubatch", "flash_attn", "kv_cache_dtype", "cache_type_v")
+
+
+def engine_settings(startup: dict[str, Any] | None) -> dict[str, Any]:
+    """The settings the engine printed at start-up (its truth where the plan's block guessed)."""
+    printed = (startup or {}).get("settings") or {}
+    return {k: printed[k] for k in _PRINTED_SETTINGS if printed.get(k) is not None}
+
+
+def startup_fields(startup: dict[str, Any] | None) -> dict[str, float]:
+    """The start-up log's byte figures by their plan-JSON names. A CPU-only llama.cpp prints its graph's
+    compute buffer on the host ("CPU compute buffer size"): that is the compute buffer the plan sizes
+    (its activation_peak component) when no device printed one."""
+    s = startup or {}
+    out = {k: float(v) for k, v in s.items() if k.endswith("_bytes") and isinstance(v, int)}
+    host_compute = (s.get("extra") or {}).get("host_compute_bytes")
+    if s.get("engine") == "llama.cpp" and "activation_peak_bytes" not in out and host_compute:
+        out["activation_peak_bytes"] = float(host_compute)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:

@@ -204,13 +204,14 @@ def start_events(facts: PlanFacts) -> list[Emitted]:
         except (VramlabError, ImportError, NotImplementedError) as exc:
             out.append(("note", f"capacity plan: not computed: {exc}"[:300], {}))
         else:
-            gib = 1 << 30
+            from vramlab.units import size
+
             out.append(
                 (
                     "capacity_plan",
                     f"capacity plan for {est['model']} on {est['gpu']} ({est['engine']} {est['engine_version']}): "
-                    f"weights {est['weights_bytes'] / gib:.2f} GiB, KV pool {est['kv_cache_bytes'] / gib:.2f} GiB, "
-                    f"{est['used_bytes'] / gib:.2f} GiB in use at the peak (GiB = 2^30 bytes)",
+                    f"weights {size(est['weights_bytes'])}, KV pool {size(est['kv_cache_bytes'])}, "
+                    f"{size(est['used_bytes'])} in use at the peak (GiB = 2^30 bytes)",
                     {
                         "facts": {
                             "model": facts.model,
@@ -264,9 +265,10 @@ def startup_events(log_file: str | None, engine: str | None = None) -> list[Emit
         return [("note", f"start-up log {log_file}: no complete start-up yet (no KV cache line)", {})]
     last = max(obs, key=lambda o: o.startup or 0)
     data = last.model_dump(mode="json", exclude={"source_lines", "notes"})
-    gib = 1 << 30
+    from vramlab.units import size
+
     parts = [
-        f"{label} {getattr(last, k) / gib:.2f} GiB"
+        f"{label} {size(getattr(last, k))}"
         for k, label in (("weights_bytes", "weights"), ("kv_cache_bytes", "KV cache"))
         if getattr(last, k) is not None
     ]

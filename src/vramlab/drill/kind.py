@@ -24,7 +24,7 @@ from vramlab.drill.cotenant import CotenantOutOfMemory
 from vramlab.drill.detect import STOP_KINDS, WALL_CLOCK, Detector, Finding
 from vramlab.drill.herd import HerdMonitor
 from vramlab.drill.lifecycle import TargetLifecycle
-from vramlab.drill.load import window_lanes
+from vramlab.drill.load import WindowPrompts, served_model, window_lanes
 from vramlab.drill.local_targets import SimTarget, open_target
 from vramlab.drill.plan import DrillPlan
 from vramlab.drill.ramp import RampSteps, ramp_values
@@ -52,9 +52,8 @@ class _Tallies:
     baseline: BaselineTally | None = None  # this round's baseline requests
     ramp: BaselineTally | None = None  # every ramp step's requests (what they got, in words)
     step: BaselineTally | None = None  # the running ramp step's requests
-    step_counts: list[int] = dataclasses.field(
-        default_factory=lambda: [0, 0]
-    )  # requests, errors (its StepOutcome)
+    # requests, errors (its StepOutcome)
+    step_counts: list[int] = dataclasses.field(default_factory=lambda: [0, 0])
 
 
 class DrillKind:
@@ -87,6 +86,7 @@ class DrillKind:
         self.detector = Detector(plan.stop, engine=self._engine())
         self.herd = HerdMonitor()
         self.windows = WindowExecutor()  # the experiment's window executor, on this round's client
+        self.prompts = WindowPrompts(plan)
         self.tallies = _Tallies()
         self.failed_rounds: list[int] = []
         self.unrecovered_rounds: list[int] = []
@@ -158,6 +158,7 @@ class DrillKind:
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
         await self.lifecycle.bring_up()
         self._plan_travels()
+        self.run.note(await self.prompts.open(stack, self.target.url))
 
     def _plan_travels(self) -> None:
         """The capacity plan for the target's own settings and its start-up memory, stored as events."""
@@ -176,16 +177,15 @@ class DrillKind:
         plan = self.plan
         self.run.where.round = rnd
         self._ceiling_value, self._failure, self._last = None, None, None
-        if (
-            rnd != self.rounds.start
-        ):  # the first round uses the ones built with the kind: nothing fed them yet
+        # the first round uses the ones built with the kind: nothing fed them yet
+        if rnd != self.rounds.start:
             self.state = LiveState()
             self.detector = Detector(plan.stop, engine=self._engine())
-        served = plan.target.model or (plan.target.sim.model if plan.target.sim else "default")
         conns = max(64, int(max(self.values)) + 8 if plan.ramp.knob in ("concurrency", "batch") else 64)
+        await self.prompts.prepare(rnd, self.values)
         async with OpenAIClient(
             self.target.url,
-            served,
+            served_model(plan),
             api=plan.target.api,
             max_connections=conns,
             timeout_s=plan.load.request_timeout_s,
@@ -229,9 +229,8 @@ class DrillKind:
         if why is not None:
             from vramlab.drill.watch import last_error_line
 
-            said = last_error_line(
-                self.target
-            )  # a local target's log: the engine's words when its answers had none
+            # a local target's log: the engine's words when its answers had none
+            said = last_error_line(self.target)
             ended = f"baseline broken, nothing ramped: {why}" + (f"; its log says: {said}" if said else "")
             self.run.halt(ended)
             self.run.emit("stopped", ended, reason="baseline")
@@ -339,12 +338,7 @@ class DrillKind:
         tally = self.tallies.step
         if tally is None or tally.sent == 0:
             return "nothing had failed (no request of the step had ended yet)"
-        if not tally.failed:
-            return "nothing had failed"
-        classes = ", ".join(f"{k} {v}" for k, v in sorted(tally.classes.items()))
-        return f"{tally.failed} of {tally.ok + tally.failed} of its requests had failed ({classes})" + (
-            f"; the server said: {tally.first_error}" if tally.first_error else ""
-        )
+        return tally.failures("of its") if tally.failed else "nothing had failed"
 
     # -- after the ramp ------------------------------------------------------------------------
     async def after_steps(self, rnd: int, failed: bool) -> None:
@@ -370,8 +364,10 @@ class DrillKind:
             return
         top = self.values[-1] if self._ceiling_value is None else self._ceiling_value
         why = "" if self._ceiling_value is None else " (the card was full: the co-tenant could not grow)"
+        # refusals (a context too long for the engine) fail requests without failing the target: said
+        but = f", but {ramp.failures('ramp')}" if ramp is not None and ramp.failed else ""
         self.run.emit(
-            "ceiling", f"no OOM up to {top:g} {plan.ramp.unit}{why}", value=top, unit=plan.ramp.unit
+            "ceiling", f"no OOM up to {top:g} {plan.ramp.unit}{why}{but}", value=top, unit=plan.ramp.unit
         )
 
     async def _recover(self, failure: Finding) -> None:
@@ -468,7 +464,8 @@ class DrillKind:
         def record(res: RequestResult, user: int) -> None:
             self._on_result(res, phase, rnd, step, value, user)
 
-        lanes, retry = window_lanes(self.plan, value, duration_s, phase, rnd, step, record)
+        prompts = await self.prompts.get(value, phase, rnd, step)
+        lanes, retry = window_lanes(self.plan, value, prompts, duration_s, phase, rnd, step, record)
         await (ex or self.windows).run(lanes, retry, end_drain_s=self.plan.load.request_timeout_s + 0.5)
 
     def _on_result(

@@ -4,6 +4,7 @@ policy. The drill kind (drill/kind.py) runs them on the experiment's window exec
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ from vramlab.experiment.window import Lane
 if TYPE_CHECKING:
     from vramlab.drill.plan import DrillPlan
     from vramlab.load.client import RequestResult
+    from vramlab.load.prompts import Prompt
     from vramlab.load.retry import RetryPolicy
 
 # In the recovery phase a user whose connection was refused tries again within this: the first
@@ -21,19 +23,47 @@ PROBE_RESOLUTION_S = 0.25
 Record = Callable[["RequestResult", int], None]  # (an answer, the user that sent it)
 
 
+DRAIN_MARGIN_S = 0.5  # past a request's own timeout: its timeout is recorded before the window ends
+PROMPTS_PER_WINDOW = 64  # distinct prompts a window cycles through (a unique head each: no prefix reuse)
+RECOVERY_SEED = 999  # the recovery window's own prompts (at the baseline's length) when the ramp is undone
+
+
+def window_prompts_key(
+    plan: DrillPlan, value: float | None, phase: str, rnd: int, step: int
+) -> tuple[int, int]:
+    """(prompt tokens, seed) of a window's input set: the ramp's value when the knob is the context,
+    else the plan's length; each round's baseline, steps and recovery have their own prompts."""
+    prompt_tokens = int(value) if (plan.ramp.knob == "context" and value) else plan.load.prompt_tokens
+    if phase == "baseline":
+        step = 0
+    elif phase == "recovery" and value is None:
+        step = RECOVERY_SEED
+    return prompt_tokens, rnd * 1000 + step
+
+
 def window_lanes(
-    plan: DrillPlan, value: float | None, duration_s: float, phase: str, rnd: int, step: int, record: Record
+    plan: DrillPlan,
+    value: float | None,
+    prompts: list[Prompt],
+    duration_s: float,
+    phase: str,
+    rnd: int,
+    step: int,
+    record: Record,
 ) -> tuple[list[Lane], RetryPolicy]:
-    """The lanes of one window at *value* of the ramp's knob (None: the plan's own load) and the retry policy."""
+    """The lanes of one window at *value* of the ramp's knob (None: the plan's own load), each
+    sending *prompts* (built for this window: window_prompts_key), and the retry policy."""
     from vramlab.load.driver import LoadShape, Window
-    from vramlab.load.prompts import synthetic_prompts
     from vramlab.load.retry import RetryPolicy
 
     knob, load = plan.ramp.knob, plan.load
-    prompt_tokens = int(value) if (knob == "context" and value) else load.prompt_tokens
     users = int(value) if (knob == "concurrency" and value) else load.concurrency
-    prompts = synthetic_prompts(prompt_tokens, load.max_tokens, 64, seed=rnd * 1000 + step)
-    window = Window(duration_s=duration_s, drain_s=min(1.0, load.request_timeout_s))
+    # every ramp request ends as what it was: a step's end sends nothing new, and what is in flight is
+    # answered, fails or times out by its own timeout (a hung engine's requests are timeouts at the
+    # step where the hang began, never "cancelled" by the next step). The baseline judges the target
+    # before anything is ramped: requests still open a second after it are "never came back".
+    drain_s = load.request_timeout_s + DRAIN_MARGIN_S if phase == "ramp" else min(1.0, load.request_timeout_s)
+    window = Window(duration_s=duration_s, drain_s=drain_s)
 
     def recorder_for(user: int) -> Callable[[RequestResult], None]:
         return lambda res: record(res, user)
@@ -73,4 +103,50 @@ def window_lanes(
     return lanes, RetryPolicy(**plan.clients.model_dump())
 
 
-__all__ = ["PROBE_RESOLUTION_S", "window_lanes"]
+def served_model(plan: DrillPlan) -> str:
+    """The model name the drill's requests ask for."""
+    return plan.target.model or (plan.target.sim.model if plan.target.sim else "default")
+
+
+class WindowPrompts:
+    """Each window's input set, sized in the target's tokenizer where it can count (load/tokens.py).
+    A round's sets are built before its baseline (``prepare``), so no step waits on a count and the
+    recovery window never asks a failed target to count."""
+
+    def __init__(self, plan: DrillPlan) -> None:
+        from vramlab.load.prompts import PromptMaker
+
+        self.plan = plan
+        self.maker = PromptMaker()
+
+    async def open(self, stack: contextlib.AsyncExitStack, url: str) -> str:
+        """Find the target's counter; the note saying how prompt tokens are counted."""
+        from vramlab.load.tokens import open_prompt_maker
+
+        p = self.plan
+        local = p.capacity.model if p.capacity else None  # a model directory's own tokenizer.json
+        self.maker, note = await open_prompt_maker(
+            stack, url, served_model(p), p.target.api, None, p.load.request_timeout_s, local
+        )
+        return note
+
+    async def prepare(self, rnd: int, values: list[float]) -> None:
+        keys = [window_prompts_key(self.plan, None, "baseline", rnd, 0)]
+        keys += [window_prompts_key(self.plan, v, "ramp", rnd, i) for i, v in enumerate(values)]
+        keys.append(window_prompts_key(self.plan, None, "recovery", rnd, 0))
+        for pt, seed in keys:
+            await self.maker.synthetic(pt, self.plan.load.max_tokens, PROMPTS_PER_WINDOW, seed)
+
+    async def get(self, value: float | None, phase: str, rnd: int, step: int) -> list[Prompt]:
+        pt, seed = window_prompts_key(self.plan, value, phase, rnd, step)
+        return await self.maker.synthetic(pt, self.plan.load.max_tokens, PROMPTS_PER_WINDOW, seed)
+
+
+__all__ = [
+    "PROBE_RESOLUTION_S",
+    "PROMPTS_PER_WINDOW",
+    "WindowPrompts",
+    "served_model",
+    "window_lanes",
+    "window_prompts_key",
+]

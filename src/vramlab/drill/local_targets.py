@@ -49,6 +49,12 @@ class ProcessTarget:
         assert self.spec.base_url
         return self.spec.base_url
 
+    @property
+    def pid(self) -> int | None:
+        """The running command's pid (its process group's leader); None when it is not running."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
     def start(self) -> None:
         assert self.spec.command
         cmd = render(self.spec.command, {"port": _port_of(self.spec.base_url)})

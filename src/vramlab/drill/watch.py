@@ -108,6 +108,10 @@ class Watchers:
             from vramlab.observe.nvml import GpuSampler
 
             samplers.append(GpuSampler())
+        if hasattr(self.target, "pid"):  # a process the drill started: its memory, across restarts
+            from vramlab.observe.host import HostSampler
+
+            samplers.append(HostSampler(pid_of=lambda: getattr(self.target, "pid", None)))
         if self.plan.target.kind == "ollama" or self.plan.target.engine == "ollama":
             from vramlab.observe.ollama import OllamaSampler  # model loads and unloads on the timeline
 

@@ -61,5 +61,12 @@ class BaselineTally:
             return f"{self.failed} of {done} baseline requests failed ({classes}{limit}){words}"
         return None
 
+    def failures(self, whose: str) -> str:
+        """What failed, in words: "3 of 40 {whose} requests had failed (http_4xx 3); the server said: ..."."""
+        classes = ", ".join(f"{k} {v}" for k, v in sorted(self.classes.items()))
+        return f"{self.failed} of {self.ok + self.failed} {whose} requests had failed ({classes})" + (
+            f"; the server said: {self.first_error}" if self.first_error else ""
+        )
+
 
 __all__ = ["BaselineTally"]

@@ -32,7 +32,7 @@ from vramlab.experiment.wiring import (
     window_for,
 )
 from vramlab.load.client import OpenAIClient, RequestResult
-from vramlab.load.prompts import Prompt
+from vramlab.load.prompts import Prompt, PromptMaker
 from vramlab.observe.base import Sample, Sampler, SamplerSet
 from vramlab.records import RunRecord, SampleRecord, canonical_sha256, new_run_id
 from vramlab.records.stats import percentile
@@ -93,6 +93,7 @@ class ExperimentKind:
         self.windows = WindowExecutor()  # runs each window; the drill's parts use the same executor
         self._prompts: dict[float, list[Prompt]] = {}
         self._client: OpenAIClient | None = None
+        self._maker: PromptMaker | None = None
         self._pool: Any = None  # a WorkerPool when the load runs in several processes
         self.workers = 1
         self._totals = [0, 0]
@@ -176,6 +177,7 @@ class ExperimentKind:
         from vramlab.experiment.load_setup import open_load
 
         self._client, self._pool, self.workers = await open_load(self.plan, self.o, stack, self.run.note)
+        self._maker = await self._prompt_maker(stack)
         self.windows.use(self._client, self._pool, self.workers)
         samplers = SamplerSet(
             self.o.samplers if self.o.samplers is not None else samplers_for(self.plan),
@@ -186,6 +188,20 @@ class ExperimentKind:
         )
         await samplers.start()
         stack.push_async_callback(samplers.stop)
+
+    async def _prompt_maker(self, stack: contextlib.AsyncExitStack) -> PromptMaker | None:
+        """Synthetic prompts sized in the target's tokenizer (load/tokens.py), said in a note."""
+        if self.plan.fixed.input.synthetic is None:
+            return None
+        from vramlab.load.tokens import open_prompt_maker
+
+        t = self.plan.target
+        local = self.plan.capacity.model if self.plan.capacity else None  # a model directory's tokenizer.json
+        maker, note = await open_prompt_maker(
+            stack, t.url, t.model, t.api, self.o.api_key, self.plan.load.request_timeout_s, local
+        )
+        self.run.note(note)
+        return maker
 
     # -- the phases ------------------------------------------------------------------------------
     def round(self, rnd: int) -> contextlib.AbstractAsyncContextManager[None]:
@@ -228,7 +244,7 @@ class ExperimentKind:
         plan, var, n = self.plan, self.plan.change.variable, len(self.rounds)
         self.run.where = Where(rnd, phase, step)
         if value not in self._prompts:
-            self._prompts[value] = prompts_for(plan, value, self.o.base_dir)
+            self._prompts[value] = await prompts_for(plan, value, self.o.base_dir, self._maker)
         seed = (plan.fixed.input.synthetic.seed if plan.fixed.input.synthetic else 0) * 1000 + step
         shape = shape_for(plan, value, seed)
         stats = _WindowStats(where=(rnd, phase, step, value))
@@ -247,7 +263,7 @@ class ExperimentKind:
         )
         self._baseline = BaselineTally(plan.stop_conditions.error_rate) if phase == "baseline" else None
         try:
-            outcome = await self.windows.run([lane], retry_for(plan), prompts_key=value)
+            outcome = await self.windows.run([lane], retry_for(plan))
         finally:
             self._flush_records(stats)
         broken = self._baseline.broken() if self._baseline is not None else None

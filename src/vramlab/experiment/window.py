@@ -58,7 +58,6 @@ class WindowExecutor:
         lanes: Sequence[Lane],
         retry: RetryPolicy,
         *,
-        prompts_key: Any = None,
         end_drain_s: float | None = None,
     ) -> WindowOutcome | None:
         """Run the lanes to their end. Returns the first lane's outcome, None when the window was
@@ -79,7 +78,6 @@ class WindowExecutor:
                 retry,
                 lane.id_prefix,
                 stop=flag,
-                prompts_key=prompts_key,
             )
         else:
             if self.client is None:
@@ -207,6 +205,7 @@ def request_record(
         itl_ms=res.itl_ms,
         itl_untimed_gaps=res.untimed_gaps,
         prompt_tokens=res.prompt_tokens,
+        prompt_tokens_source=res.prompt_tokens_source,
         output_tokens=res.output_tokens,
         output_tokens_source=res.output_tokens_source,
         reasoning_tokens=res.reasoning_tokens,

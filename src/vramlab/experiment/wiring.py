@@ -7,17 +7,22 @@ from pathlib import Path
 
 from vramlab.experiment.plan import Plan
 from vramlab.load.driver import LoadShape, Window
-from vramlab.load.prompts import Prompt, jsonl_prompts, synthetic_prompts
+from vramlab.load.prompts import Prompt, PromptMaker, jsonl_prompts, synthetic_prompts
 from vramlab.load.retry import RetryPolicy
 from vramlab.observe.base import Sampler
 
 
-def prompts_for(plan: Plan, value: float, base_dir: Path) -> list[Prompt]:
-    """The same input set for every window; only prompt_tokens, when it is the variable, changes it."""
+async def prompts_for(
+    plan: Plan, value: float, base_dir: Path, maker: PromptMaker | None = None
+) -> list[Prompt]:
+    """The same input set for every window; only prompt_tokens, when it is the variable, changes it.
+    Synthetic prompts are sized in the target's tokenizer where *maker* has a counter for it."""
     inp = plan.fixed.input
     if inp.synthetic is not None:
         s = inp.synthetic
         pt = int(value) if plan.change.variable == "prompt_tokens" else s.prompt_tokens
+        if maker is not None:
+            return await maker.synthetic(pt, s.output_tokens, s.count, s.seed)
         return synthetic_prompts(pt, s.output_tokens, s.count, s.seed)
     path = Path(inp.jsonl)  # type: ignore[arg-type]
     return jsonl_prompts(path if path.is_absolute() else base_dir / path)

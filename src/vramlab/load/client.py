@@ -40,6 +40,9 @@ class RequestResult:
     error_class: str | None = None
     error: str | None = None
     prompt_tokens: int | None = None
+    # "usage" (the server's count), else the prompt's own ("tokenizer": counted in the target's
+    # tokenizer; "estimate"; "input": the input file's); None: unknown
+    prompt_tokens_source: str | None = None
     output_tokens: int | None = None  # content and reasoning together
     output_tokens_source: str | None = (
         None  # "usage" (the server's count) | "timings" (llama.cpp's) | "chunks" (counted: an estimate)
@@ -138,6 +141,7 @@ async def _error_body(resp: Any) -> str:
 
 
 HttpClient = Literal["auto", "fast", "aiohttp"]
+BODY_CACHE_BYTES = 64 << 20  # encoded request bodies kept for reuse (an input set is cycled)
 
 
 def fast_path_refusal(url: str) -> str | None:
@@ -192,7 +196,11 @@ class OpenAIClient:
         self._timeout: Any = None
         self._aiohttp: Any = None
         self._url: Any = None
-        self._bodies: dict[tuple[int, int], bytes] = {}  # the input set is small and cycled: encode once
+        # The input set is small and cycled: each body is encoded once. Keyed by the prompt's value
+        # (its text, token count and output length), never by its address: a freed prompt's id() is
+        # reused by the next step's, which then sent the earlier step's body.
+        self._bodies: dict[tuple[Prompt, int], bytes] = {}
+        self._bodies_bytes = 0
         self.sse = SseAccounting(api)  # the stream's token accounting (sse.py)
 
     async def __aenter__(self) -> OpenAIClient:
@@ -265,19 +273,29 @@ class OpenAIClient:
             b["ignore_eos"] = True
         return json.dumps(b).encode()
 
+    def _encoded(self, prompt: Prompt, max_tokens: int) -> bytes:
+        """The request's bytes, from the cache when this prompt was sent before; the cache keeps at
+        most BODY_CACHE_BYTES (a drill's steps each bring new prompts: the oldest go first)."""
+        key = (prompt, max_tokens)
+        data = self._bodies.get(key)
+        if data is not None:
+            return data
+        body = self.body(prompt, max_tokens)
+        # the fast path keeps the whole request (head and body): one send per request
+        data = body if self._pool is None else self._req_head + str(len(body)).encode() + b"\r\n\r\n" + body
+        self._bodies[key] = data
+        self._bodies_bytes += len(data)
+        while self._bodies_bytes > BODY_CACHE_BYTES and len(self._bodies) > 1:
+            oldest = next(iter(self._bodies))
+            self._bodies_bytes -= len(self._bodies.pop(oldest))
+        return data
+
     async def send(
         self, request_id: str, prompt: Prompt, max_tokens: int, scheduled_at: float, attempt: int = 0
     ) -> RequestResult:
         """Send one streaming request; never raises for a server or network fault (it is data)."""
         assert self._session is not None or self._pool is not None, "use `async with OpenAIClient(...)`"
-        key = (id(prompt), max_tokens)
-        data = self._bodies.get(key)
-        if data is None:
-            body = self.body(prompt, max_tokens)
-            # the fast path keeps the whole request (head and body): one send per request
-            data = self._bodies[key] = (
-                body if self._pool is None else self._req_head + str(len(body)).encode() + b"\r\n\r\n" + body
-            )
+        data = self._encoded(prompt, max_tokens)
         pc = time.perf_counter
         sent = pc()
         st = Stream()
@@ -319,6 +337,7 @@ class OpenAIClient:
             error_class=err_class,
             error=err,
             prompt_tokens=st.usage_in or prompt.prompt_tokens,
+            prompt_tokens_source="usage" if st.usage_in else prompt.tokens_source,
             output_tokens=out,
             output_tokens_source=source,
             reasoning_tokens=reasoning,

@@ -101,6 +101,21 @@ def shard_share(total: int, shard: tuple[int, int]) -> int:
     return total // n + (1 if i < total % n else 0)
 
 
+def _cancelled(rid: str, attempt: int, scheduled: float, sent: float, prompt: Prompt) -> RequestResult:
+    """A request in flight when its window was cancelled: recorded, never dropped."""
+    return RequestResult(
+        request_id=rid,
+        attempt=attempt,
+        scheduled_at=scheduled,
+        sent_at=sent,
+        end_at=time.perf_counter(),
+        error_class="cancelled",
+        error="the window was cancelled",
+        prompt_tokens=prompt.prompt_tokens,
+        prompt_tokens_source=prompt.tokens_source,
+    )
+
+
 async def drive(
     sender: Sender,
     prompts: Iterator[Prompt],
@@ -153,19 +168,7 @@ async def drive(
             try:
                 res = await sender.send(rid, prompt, max_tokens, scheduled, attempt)
             except asyncio.CancelledError:
-                now = pc()
-                on_result(
-                    RequestResult(
-                        request_id=rid,
-                        attempt=attempt,
-                        scheduled_at=scheduled,
-                        sent_at=t_sent,
-                        end_at=now,
-                        error_class="cancelled",
-                        error="the window was cancelled",
-                        prompt_tokens=prompt.prompt_tokens,
-                    )
-                )
+                on_result(_cancelled(rid, attempt, scheduled, t_sent, prompt))
                 raise
             on_result(res)
             ended = end is not None and end.is_set()  # the window is over: no retry goes out in it

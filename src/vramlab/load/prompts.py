@@ -1,9 +1,12 @@
 """The fixed input set: synthetic prompts of a given token length with a seed, or a JSONL file.
 
-Synthetic prompts are built from a fixed list of common English words, each of which is one token
-in the Llama, Qwen and GPT BPE vocabularies when preceded by a space, so ``prompt_tokens`` words
-give about ``prompt_tokens`` tokens (the chat template adds a few). The same seed gives the same
-prompts, byte for byte, on every machine.
+Synthetic prompts are built from a fixed list of common English words. With a counter in the
+target's own tokenizer (load/tokens.py), ``PromptMaker`` sizes each prompt until the engine would
+count ``prompt_tokens`` (the chat template's tokens included), and each prompt carries that count,
+labelled ``tokenizer``. Without one, ``synthetic_prompts`` takes one word for a token (each word is
+one token in the Llama, Qwen and GPT BPE vocabularies when preceded by a space; the chat template
+adds a few) and labels the count an ``estimate``. The same seed gives the same prompts, byte for
+byte, for the same tokenizer.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from vramlab.errors import ConfigError
 
@@ -31,6 +35,9 @@ class Prompt:
     text: str
     prompt_tokens: int | None
     output_tokens: int
+    # how prompt_tokens is known: "tokenizer" (counted in the target's tokenizer), "estimate" (one
+    # token a word), "input" (the input file said so); None: unknown
+    tokens_source: str | None = None
 
 
 def synthetic_text(n_tokens: int, rng: random.Random) -> str:
@@ -44,8 +51,115 @@ def synthetic_prompts(prompt_tokens: int, output_tokens: int, count: int, seed: 
     for i in range(count):
         head = f"#{seed}-{i}:"
         body = synthetic_text(max(prompt_tokens - 3, 1), rng)
-        out.append(Prompt(text=f"{head} {body}", prompt_tokens=prompt_tokens, output_tokens=output_tokens))
+        out.append(Prompt(f"{head} {body}", prompt_tokens, output_tokens, "estimate"))
     return out
+
+
+class Counter(Protocol):
+    async def count(self, text: str) -> int: ...  # raises CountFailed when it cannot
+
+
+class CountFailed(Exception):
+    """The counter could not count (the target stopped answering): the prompts fall back to words."""
+
+
+MAX_COUNTS = 8  # counts per prompt while sizing it: a word search, then one-token fillers
+_FILLER = "a"  # one token after a space in BPE and SentencePiece vocabularies, and in the sim's
+
+
+class PromptMaker:
+    """Synthetic prompts of ``prompt_tokens`` tokens as the target counts them.
+
+    ``counter`` counts a text as the completions API sends it; ``added_tokens`` is what the engine
+    adds around it (the chat template, a BOS), measured once (load/tokens.py); ``added_known``
+    False when that could not be measured: the counts are then an estimate. Without a counter
+    the prompts are ``synthetic_prompts``. Input sets are cached: a value built once is reused."""
+
+    def __init__(self, counter: Counter | None = None, added_tokens: int = 0, added_known: bool = True):
+        self.counter, self.added_tokens, self.added_known = counter, added_tokens, added_known
+        self._per_word = 1.0  # tokens a word, learned from the prompts sized so far
+        self._head_tokens: int | None = None
+        self._cache: dict[tuple[int, int, int, int], list[Prompt]] = {}
+
+    async def synthetic(self, prompt_tokens: int, output_tokens: int, count: int, seed: int) -> list[Prompt]:
+        key = (prompt_tokens, output_tokens, count, seed)
+        if key not in self._cache:
+            self._cache[key] = await self._build(*key)
+        return self._cache[key]
+
+    async def _build(self, prompt_tokens: int, output_tokens: int, count: int, seed: int) -> list[Prompt]:
+        if self.counter is not None:
+            try:
+                return await self._counted(prompt_tokens, output_tokens, count, seed)
+            except CountFailed:
+                pass  # labelled an estimate, each prompt: the stored rows say so
+        return synthetic_prompts(prompt_tokens, output_tokens, count, seed)
+
+    async def _counted(self, prompt_tokens: int, output_tokens: int, count: int, seed: int) -> list[Prompt]:
+        """One body sized to the target, behind *count* heads that differ in their digits only (one
+        width: the same tokens in every tokenizer met so far). Two of them are counted to check it;
+        where they differ, every prompt is counted and carries its own count."""
+        counter = self.counter
+        assert counter is not None
+        source = "tokenizer" if self.added_known else "estimate"
+        target = max(1, prompt_tokens - self.added_tokens)
+        width = len(str(max(0, count - 1)))
+        heads = [f"#{seed}-{i:0{width}d}:" for i in range(count)]
+        if self._head_tokens is None:
+            self._head_tokens = await counter.count(heads[0])
+        text0, n = await self._fit(heads[0], random.Random(seed), target)
+        texts = [h + text0[len(heads[0]) :] for h in heads]
+        counts = {0: n}
+        for i in {1, count - 1} - {0} if count > 1 else ():
+            counts[i] = await counter.count(texts[i])
+        if any(c != n for c in counts.values()):
+            for i in range(count):
+                if i not in counts:
+                    counts[i] = await counter.count(texts[i])
+        return [
+            Prompt(t, counts.get(i, n) + self.added_tokens, output_tokens, source)
+            for i, t in enumerate(texts)
+        ]
+
+    async def _fit(self, head: str, rng: random.Random, target: int) -> tuple[str, int]:
+        """A text the counter counts as *target* tokens (or the closest found): whole words first,
+        then one-token fillers for the last few."""
+        assert self.counter is not None and self._head_tokens is not None
+        words: list[str] = []
+
+        def text(k: int, fill: int = 0) -> str:
+            while len(words) < k:
+                words.append(rng.choice(_WORDS))
+            return " ".join([head, *words[:k], *([_FILLER] * fill)])
+
+        k = max(1, round((target - self._head_tokens) / self._per_word))
+        best: tuple[str, int] | None = None
+        under: tuple[int, int] | None = None  # the most words whose count stayed within the target
+        for _ in range(MAX_COUNTS // 2):
+            t = text(k)
+            n = await self.counter.count(t)
+            if best is None or abs(n - target) < abs(best[1] - target):
+                best = (t, n)
+            if n <= target and (under is None or k > under[0]):
+                under = (k, n)
+            if k > 0 and n > self._head_tokens:
+                self._per_word = max(0.25, (n - self._head_tokens) / k)
+            step = round((target - n) / self._per_word)
+            if n == target or step == 0:
+                break
+            k = max(1, k + step)
+        assert best is not None
+        k, n = under if under is not None else (1, best[1])
+        fill = target - n
+        for _ in range(MAX_COUNTS // 2):
+            if best[1] == target or fill <= 0:
+                break
+            t = text(k, fill)
+            got = await self.counter.count(t)
+            if abs(got - target) < abs(best[1] - target):
+                best = (t, got)
+            fill -= got - target
+        return best
 
 
 def jsonl_prompts(path: str | Path, default_output_tokens: int = 256) -> list[Prompt]:
@@ -71,11 +185,22 @@ def jsonl_prompts(path: str | Path, default_output_tokens: int = 256) -> list[Pr
             raise ConfigError(f"{p}:{n}: max_tokens: must be a positive integer")
         pt = obj.get("prompt_tokens")
         out.append(
-            Prompt(text=text, prompt_tokens=pt if isinstance(pt, int) else None, output_tokens=max_tokens)
+            Prompt(text, pt, max_tokens, "input") if isinstance(pt, int) else Prompt(text, None, max_tokens)
         )
     if not out:
         raise ConfigError(f"{p}: the input set is empty")
     return out
+
+
+def input_set_key(prompts: list[Prompt]) -> str:
+    """A digest of an input set's content: the same prompts give the same key, other prompts another."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    for p in prompts:
+        h.update(f"{len(p.text)}:{p.prompt_tokens}:{p.output_tokens}:".encode())
+        h.update(p.text.encode())
+    return h.hexdigest()
 
 
 def cycle(prompts: list[Prompt]) -> Iterator[Prompt]:

@@ -39,7 +39,7 @@ from typing import Any
 
 from vramlab.load.client import Api, HttpClient, RequestResult
 from vramlab.load.driver import LoadShape, Window, WindowOutcome, drive, shard_share
-from vramlab.load.prompts import Prompt, cycle
+from vramlab.load.prompts import Prompt, cycle, input_set_key
 from vramlab.load.retry import RetryPolicy
 
 # Where one client core stops timing tokens right, roughly, for streams of 50 tokens/s each (32
@@ -382,7 +382,6 @@ class WorkerPool:
         retry: RetryPolicy = RetryPolicy(),
         id_prefix: str = "r",
         stop: asyncio.Event | None = None,
-        prompts_key: Any = None,
     ) -> WindowOutcome:
         if self._dead is not None:
             raise RuntimeError(self._dead)
@@ -408,7 +407,7 @@ class WorkerPool:
                 finished.set_exception(RuntimeError(self._dead or "a load worker exited"))
 
         self._handler = handle
-        key = prompts_key if prompts_key is not None else id(prompts)
+        key = input_set_key(prompts)  # by content: a list's id() is reused once it is freed
         plist = None if key in self._sent_keys else prompts
         self._sent_keys.add(key)
         start_at = time.perf_counter() + START_LEAD_S

@@ -40,6 +40,7 @@ RequestRecord (one per HTTP attempt)
 | itl_ms | list[float] | inter-token latencies: every gap between two token chunks whose arrival times are both known |
 | itl_untimed_gaps | int \\| None | gaps between token chunks left out of itl_ms: a token read together with later bytes has no arrival time of its own; None = not recorded (rows from before schema 4) |
 | prompt_tokens, output_tokens | int \\| None | output_tokens: content and reasoning together |
+| prompt_tokens_source | str \\| None | "usage" (the server's count), "tokenizer" (the prompt counted in the target's tokenizer before it was sent), "estimate" (one token a word) or "input" (the input file's figure); None = unknown (rows from before schema 5) |
 | output_tokens_source | str \\| None | "usage" (the server's count), "timings" (llama.cpp's own count in its last chunk) or "chunks" (counted stream chunks: an estimate) |
 | reasoning_tokens | int \\| None | of output_tokens, reasoning (`reasoning_content` / `reasoning` deltas; usage's reasoning_tokens when sent) |
 | status_code | int | 0 = no HTTP response |
@@ -147,6 +148,7 @@ class RequestRecord(_Record):
     itl_ms: list[float] = Field(default_factory=list)
     itl_untimed_gaps: int | None = None
     prompt_tokens: int | None = None
+    prompt_tokens_source: str | None = None
     output_tokens: int | None = None
     output_tokens_source: str | None = None
     reasoning_tokens: int | None = None

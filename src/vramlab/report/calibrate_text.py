@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from vramlab.capacity.units import gib
+from vramlab.units import SMALL_BYTES, size
 
 
 def to_json(result: Any) -> dict[str, Any]:
@@ -26,7 +27,13 @@ def to_json(result: Any) -> dict[str, Any]:
 
 
 def _const(name: str, value: float) -> str:
+    if name.endswith("_bytes") and abs(value) < SMALL_BYTES:  # a small constant in MiB, not "0.000 GiB"
+        return size(value)
     return gib(value, 3, unit=True) if name.endswith("_bytes") else f"{value:.3f}"
+
+
+def _b(nbytes: float) -> str:
+    return size(nbytes) if abs(nbytes) < SMALL_BYTES else gib(nbytes, 3, unit=True)
 
 
 def render(result: Any, output: str | None) -> str:
@@ -99,6 +106,8 @@ def render_runs(cal: Any, output: str | None) -> str:
         out.append("changed: nothing")
     for n in cal.not_fitted:
         out.append(f"not fitted: {n}")
+    for run_id, rows in cal.sources:
+        out.append(f"run {run_id} measured at: " + "; ".join(rows))
     for title, rows in (
         ("on the runs learned from", cal.learned),
         ("held out (not learned from)", cal.holdout),
@@ -108,8 +117,8 @@ def render_runs(cal: Any, output: str | None) -> str:
         out.append(f"error {title} (predicted - measured, GiB = 2^30 bytes; before -> after):")
         for e in rows:
             out.append(
-                f"  {e.run_id} {e.figure:<17} measured {gib(e.measured_bytes, 3)}  before "
-                f"{gib(e.before_bytes, 3)} ({e.before_pct:+.2f}%) -> after {gib(e.after_bytes, 3)} "
+                f"  {e.run_id} {e.figure:<17} measured {_b(e.measured_bytes)}  before "
+                f"{_b(e.before_bytes)} ({e.before_pct:+.2f}%) -> after {_b(e.after_bytes)} "
                 f"({e.after_pct:+.2f}%)"
             )
     if output:

@@ -8,10 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from vramlab.analysis.composition import FIGURES, LABELS, Composition, Figure, Row, compose
+from vramlab.analysis.saturation import Hit
 from vramlab.records.events import EventKind
 from vramlab.report import fmt
 from vramlab.report.blocks import Block, Bullets, Table, Text
 from vramlab.report.sections import ReportContext, Section, register
+from vramlab.units import SMALL_BYTES, size
 
 SCHEMA = "vramlab.composition/1"
 _last: list[
@@ -25,7 +27,7 @@ def composition_of(ctx: ReportContext) -> Composition:
     a = ctx.analysis
     sent = [r.sent_s for r in ctx.requests if r.sent_s is not None]
     windows = [w.window for w in a.steps] or [w.window for w in a.phases]
-    comp = compose(ctx.run, ctx.samples, ctx.events, windows, min(sent) if sent else None)
+    comp = compose(ctx.run, ctx.samples, ctx.events, windows, min(sent) if sent else None, ctx.requests)
     _last[:] = [(ctx, comp)]
     return comp
 
@@ -43,7 +45,28 @@ def _where(r: Row) -> str:
 def _band(f: Figure) -> str:
     if f.predicted_bytes is None:
         return "–"
+    if abs(f.predicted_bytes) < SMALL_BYTES:  # a small model's MiB, with the unit (GiB reads 0.00)
+        return f"{size(f.predicted_bytes)} ({size(f.low_bytes)}–{size(f.high_bytes)})"
     return f"{fmt.gib(f.predicted_bytes)} ({fmt.gib(f.low_bytes)}–{fmt.gib(f.high_bytes)})"
+
+
+def _measured(f: Figure) -> str:
+    if f.measured_bytes is None and f.measured_tokens is not None:
+        return f"{f.measured_tokens:,} tokens"
+    return _sized(f.measured_bytes)
+
+
+def _error(f: Figure) -> str:
+    if f.error_bytes is None and f.error_tokens is not None:
+        return f"{f.error_tokens:+,} tokens"
+    return _sized(f.error_bytes, sign=True)
+
+
+def _sized(b: int | None, sign: bool = False) -> str:
+    """GiB as the column says; a figure under what two GiB decimals show carries its MiB unit."""
+    if b is not None and b and abs(b) < SMALL_BYTES:
+        return size(b, sign=sign)
+    return fmt.gib(b, sign=sign)
 
 
 def _pct(v: float | None) -> str:
@@ -64,8 +87,8 @@ def _figure_rows(r: Row, label: str) -> list[list[str]]:
                 label,
                 LABELS[name],
                 _band(f),
-                fmt.gib(f.measured_bytes),
-                fmt.gib(f.error_bytes, sign=True),
+                _measured(f),
+                _error(f),
                 _pct(f.error_pct),
                 _yes(f.inside_band),
                 src or "not measured",
@@ -123,7 +146,7 @@ def blocks(ctx: ReportContext) -> list[Block]:
     kv = [
         [
             f"round {r.round} {_where(r)}",
-            fmt.gib(r.kv_used_bytes),
+            _sized(r.kv_used_bytes),
             "–" if r.kv_used_tokens is None else f"{r.kv_used_tokens:,}",
             "–" if r.kv_usage_max is None else f"{r.kv_usage_max * 100:.1f}%",
             r.kv_used_source or "not measured",
@@ -141,17 +164,16 @@ def blocks(ctx: ReportContext) -> list[Block]:
     if s is not None:
         pred = "–" if s.predicted_value is None else fmt.num(s.predicted_value)
 
-        def seen(hit: tuple[float, int] | None) -> str:
-            return (
-                "not in this run" if hit is None else f"from {s.variable} {fmt.num(hit[0])} (round {hit[1]})"
-            )
-
         out.append(
             Bullets(
                 [
-                    f"Predicted KV saturation: {s.variable} {pred} ({s.predicted_basis})",
-                    f"Observed: KV usage at 98 % or more: {seen(s.kv_full)}; first preemption: {seen(s.preemption)}; "
-                    f"requests queued for most of a window: {seen(s.queueing)}",
+                    f"Predicted saturation: {s.variable} {pred} ({s.predicted_basis})",
+                    f"Observed: KV usage at 98 % or more: {_seen(s.variable, s.kv_full)}; first preemption: "
+                    f"{_seen(s.variable, s.preemption)}; requests queued for most of a window: "
+                    f"{_seen(s.variable, s.queueing)}; requests refused for their length: "
+                    f"{_seen(s.variable, s.refusal)}",
+                    "Saturation observed "
+                    + ("in no step of this run" if s.observed is None else _seen(s.variable, s.observed)),
                 ]
             )
         )
@@ -166,6 +188,21 @@ def blocks(ctx: ReportContext) -> list[Block]:
     return out
 
 
+def _seen(variable: str, hit: Hit | None) -> str:
+    if hit is None:
+        return "not in this run"
+    step = "" if hit.step is None else f"step {hit.step}, "
+    return f"from {step}{variable} {fmt.num(hit.value)} (round {hit.round})" + (
+        f": {hit.detail}" if hit.detail else ""
+    )
+
+
+def _hit_json(hit: Hit | None) -> dict[str, Any] | None:
+    if hit is None:
+        return None
+    return {"value": hit.value, "round": hit.round, "step": hit.step, "detail": hit.detail or None}
+
+
 def _fig_json(f: Figure) -> dict[str, Any]:
     return {
         "predicted_bytes": f.predicted_bytes,
@@ -177,6 +214,9 @@ def _fig_json(f: Figure) -> dict[str, Any]:
         "inside_band": f.inside_band,
         "source": f.source or None,
         "host_memory": f.host_memory,
+        "predicted_tokens": f.predicted_tokens,
+        "measured_tokens": f.measured_tokens,
+        "error_tokens": f.error_tokens,
     }
 
 
@@ -217,12 +257,13 @@ def data(ctx: ReportContext) -> dict[str, Any]:
             "variable": s.variable,
             "predicted_value": s.predicted_value,
             "predicted_basis": s.predicted_basis,
+            "binding": s.binding or None,
             "observed_value": s.observed_value,
-            "kv_full": None if s.kv_full is None else {"value": s.kv_full[0], "round": s.kv_full[1]},
-            "preemption": None
-            if s.preemption is None
-            else {"value": s.preemption[0], "round": s.preemption[1]},
-            "queueing": None if s.queueing is None else {"value": s.queueing[0], "round": s.queueing[1]},
+            "observed": _hit_json(s.observed),
+            "kv_full": _hit_json(s.kv_full),
+            "preemption": _hit_json(s.preemption),
+            "queueing": _hit_json(s.queueing),
+            "refusal": _hit_json(s.refusal),
         },
         "at_failure": [{"value": v, **_row_json(r)} for v, r in c.at_failure],
     }

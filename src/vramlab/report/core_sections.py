@@ -9,6 +9,7 @@ from vramlab.analysis.windows import PHASE_ORDER, WindowResult
 from vramlab.records.events import EventKind
 from vramlab.report import fmt
 from vramlab.report.blocks import Band, Block, Bullets, Chart, Marker, Series, Shade, Table, Text
+from vramlab.report.prompt_tokens import prompt_tokens_line
 from vramlab.report.sections import ReportContext, Section, register
 
 # Events that the tables already tell (windows); the rest form the timeline.
@@ -79,9 +80,7 @@ def summary(ctx: ReportContext) -> list[Block]:
             )
         items.append(line)
     items += _capacity_lines(ctx)
-    host = host_line(ctx)
-    if host:
-        items.append(host)
+    items += [line for line in (host_line(ctx), prompt_tokens_line(ctx)) if line]
     headline = [s for s in a.stability if s.metric in HEADLINE_METRICS]
     for s in headline:
         if s.spikes:

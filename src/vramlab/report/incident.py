@@ -28,10 +28,14 @@ from vramlab.report.incident_text import (
     _unit,
     action_items,
     alert_clock,
+    ceiling_line,
     from_t0,
+    impact_without_failure,
     lessons,
     not_recovered_reason,
+    peak_text,
     recovery_text,
+    refused_on_ramp,
     signal_value,
     since_t0,
     storm_text,
@@ -113,20 +117,6 @@ def plan_section(ctx: ReportContext, model: type[S], *path: str) -> S:
         return model()
 
 
-def refused_on_ramp(ctx: ReportContext) -> tuple[int, int, list[str]]:
-    """(models the co-location ramp added, how many of them did not start, their outcomes), from the
-    same outcomes the co-location table shows."""
-    from vramlab.analysis.colocation import analyse_colocation
-
-    c = analyse_colocation(ctx.events, ctx.samples)
-    if c is None:
-        return 0, 0, []
-    added = [c.cell(e, "ramp") for e in c.engines()]
-    seen = [o for o in added if o is not None]
-    bad = [o for o in seen if o.outcome != "started"]
-    return len(seen), len(bad), [f"{o.engine} {o.outcome}" for o in bad]
-
-
 def summary_line(ctx: ReportContext) -> str:
     inc, _ = incident_of(ctx)
     unit = _unit(ctx)
@@ -141,7 +131,7 @@ def summary_line(ctx: ReportContext) -> str:
                 f"no OOM of the running target up to {fmt.num(top)} {unit}, but {bad} of {added} added "
                 f"models did not start ({', '.join(which)}): the card did not hold them"
             )
-        return f"no OOM up to {fmt.num(top)} {unit}: the target held at the ceiling"
+        return ceiling_line(ctx, top, unit)
     step = inc.failure_step or {}
     rec = inc.recovery
     rec_txt = recovery_text(rec, inc.t0_s)
@@ -170,16 +160,17 @@ def s_summary(ctx: ReportContext) -> list[Block]:
     if ctx.run.stop_reason:
         items.append(f"Ended by: {ctx.run.stop_reason}")
     from vramlab.report.core_sections import host_line
+    from vramlab.report.prompt_tokens import prompt_tokens_line
 
-    host = host_line(ctx)
-    if host:
-        items.append(host)
+    items += [line for line in (host_line(ctx), prompt_tokens_line(ctx)) if line]
     return [Bullets(items)]
 
 
 def s_impact(ctx: ReportContext) -> list[Block]:
     inc, _ = incident_of(ctx)
     i = inc.impact
+    if inc.t0_s is None:
+        return [Table(["impact", "value"], impact_without_failure(ctx))]
     rows = [
         ["requests sent from T0 until recovery", str(i.requests_during)],
         ["failed attempts", str(i.failed)],
@@ -213,13 +204,12 @@ def s_timeline(ctx: ReportContext) -> list[Block]:
         elif e.kind == K.RECOVERED:
             # the drill's event means it served again; the incident is not recovered until P95 and health are back
             kind, what = "serving again", f"{what} — {recovery_text(inc.recovery, t0)}"
-        elif (
-            e.kind == K.RETRY_STORM
-        ):  # the live 1 s peak; the one figure every section quotes is the window's
+        # the live 1 s peak; the one figure every section quotes is the window's
+        elif e.kind == K.RETRY_STORM:
             storm = retry_storm_data(e)
-            what = (
-                storm_text(inc.retry_storm) + f" (live, one {fmt.num(storm.get('window_s', 1.0))} s window "
-                f"peaked at {fmt.num(round(float(storm.get('amplification') or 0.0), 2))}×)"
+            what = storm_text(inc.retry_storm) + (
+                f" (live: one {fmt.num(storm.get('window_s', 1.0))} s window crossed "
+                f"{fmt.num(round(float(storm.get('amplification') or 0.0), 2))}× here)"
             )
         rows.append([f"{e.t_s:.2f}", rel, kind, who, what])
     return [
@@ -472,6 +462,7 @@ def s_storm(ctx: ReportContext) -> list[Block]:
             "amplification (attempt rate / baseline offered rate)",
             "–" if s.amplification is None else f"{s.amplification:.2f}×",
         ],
+        ["peak (the busiest second's attempts / baseline offered rate)", peak_text(s, inc.t0_s)],
         [
             "during recovery: new user requests / the policy's retries",
             f"{s.new_requests} / {s.retries_in_window}",

@@ -83,10 +83,21 @@ T0_WORDS = "the failure's first evidence: the first failed request's end, the pr
 
 def storm_figures(st: Any) -> str:
     """The retry storm's figures as the storm table prints them (the one computation)."""
+    peak = (
+        "" if st.peak_amplification is None else f" (peak {st.peak_amplification:.2f}× in its busiest second)"
+    )
     return (
-        f"attempts {st.amplification or 0:.2f}× the baseline's offered rate over the recovery window, "
+        f"attempts {st.amplification or 0:.2f}× the baseline's offered rate over the recovery window{peak}, "
         f"{st.retries_in_window} retries"
     )
+
+
+def peak_text(st: Any, t0: float | None) -> str:
+    """The busiest second of the retry wave: its amplification and when, from T0."""
+    if st.peak_amplification is None:
+        return "–"
+    when = "" if st.peak_at_s is None else f" (the second from T0 {since_t0(st.peak_at_s, t0)} s)"
+    return f"{st.peak_amplification:.2f}×{when}"
 
 
 def storm_text(st: Any) -> str:
@@ -260,3 +271,58 @@ def action_items(ctx: ReportContext, inc: Incident) -> list[list[str]]:
                 [f"isolate neighbour {n.name} (separate card, MIG, or memory limits)", "prevent", owner]
             )
     return rows
+
+
+def ramp_failed(ctx: ReportContext) -> tuple[list[Any], list[Any]]:
+    """(the ramp's requests that came back, those of them that failed): refused requests too."""
+    back = [r for r in ctx.requests if r.phase == "ramp" and r.error_class != "cancelled"]
+    return back, [r for r in back if not r.ok]
+
+
+def ceiling_line(ctx: ReportContext, top: Any, unit: str) -> str:
+    """The ramp ended without a detected failure: "held at the ceiling" only when no request failed;
+    otherwise how many failed, from which step, and the server's words (a refusal for length)."""
+    back, failed = ramp_failed(ctx)
+    if not failed:
+        return f"no OOM up to {fmt.num(top)} {unit}: the target held at the ceiling"
+    first = min(failed, key=lambda r: (r.step_value or 0, r.end_s or 0))
+    classes: dict[str, int] = {}
+    for r in failed:
+        key = r.error_class or f"http_{r.status_code}"
+        classes[key] = classes.get(key, 0) + 1
+    said = " ".join((first.error or "").split())[:200]
+    return (
+        f"no OOM up to {fmt.num(top)} {unit}, but {len(failed)} of {len(back)} ramp requests failed, from "
+        f"{fmt.num(first.step_value)} {unit} ({', '.join(f'{k} {v}' for k, v in sorted(classes.items()))})"
+        + (f"; the server said: {said}" if said else "")
+    )
+
+
+def impact_without_failure(ctx: ReportContext) -> list[list[str]]:
+    """The impact table of a drill that detected no failure: what the ramp's requests got (there is
+    no T0 to count from, and "failed attempts 0" would hide refused requests)."""
+    back, failed = ramp_failed(ctx)
+    classes: dict[str, int] = {}
+    for r in failed:
+        key = r.error_class or f"http_{r.status_code}"
+        classes[key] = classes.get(key, 0) + 1
+    return [
+        ["failure detected", "no (no T0: the figures below are the ramp's)"],
+        ["ramp requests that came back", str(len(back))],
+        ["failed attempts in the ramp", str(len(failed))],
+        ["errors by class", ", ".join(f"{k} {v}" for k, v in sorted(classes.items())) or "–"],
+    ]
+
+
+def refused_on_ramp(ctx: ReportContext) -> tuple[int, int, list[str]]:
+    """(models the co-location ramp added, how many of them did not start, their outcomes), from the
+    same outcomes the co-location table shows."""
+    from vramlab.analysis.colocation import analyse_colocation
+
+    c = analyse_colocation(ctx.events, ctx.samples)
+    if c is None:
+        return 0, 0, []
+    added = [c.cell(e, "ramp") for e in c.engines()]
+    seen = [o for o in added if o is not None]
+    bad = [o for o in seen if o.outcome != "started"]
+    return len(seen), len(bad), [f"{o.engine} {o.outcome}" for o in bad]

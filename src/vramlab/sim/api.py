@@ -132,6 +132,29 @@ def parse_request(body: Any, chat: bool, model: str, max_model_len: int) -> Pars
     )
 
 
+def tokenize_answer(body: Any, model: str, max_model_len: int) -> dict[str, Any]:
+    """``POST /tokenize`` as the engines answer it, counted by the sim's own tokenizer (what its
+    ``usage.prompt_tokens`` reports): vLLM's request (``prompt``, or ``messages`` with the chat
+    template's tokens) answered as vLLM does (``count``, ``max_model_len``, ``tokens``); llama.cpp's
+    (``content``) as llama-server does (``tokens``). The ids are placeholders: the sim has no vocabulary."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "Request body must be a JSON object.")
+    if body.get("model") not in (None, model):
+        raise ApiError(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError", "model")
+    if isinstance(body.get("content"), str):
+        return {"tokens": list(range(count_tokens(body["content"])))}
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
+        for i, m in enumerate(messages):
+            _check_message(i, m)
+        n = count_chat_tokens(messages)
+    elif isinstance(body.get("prompt"), str):
+        n = count_tokens(body["prompt"])
+    else:
+        raise ApiError(400, "'prompt' must be a string, or 'messages' a list of message objects.")
+    return {"count": n, "max_model_len": max_model_len, "tokens": list(range(n))}
+
+
 MAX_N = 128  # the sim's own bound: each choice is a sequence in the paged pool
 
 

@@ -16,7 +16,16 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from vramlab.sim.api import ApiError, Parsed, chunk, error_body, full_response, parse_request, usage_chunk
+from vramlab.sim.api import (
+    ApiError,
+    Parsed,
+    chunk,
+    error_body,
+    full_response,
+    parse_request,
+    tokenize_answer,
+    usage_chunk,
+)
 from vramlab.sim.config import SimConfig, compute_estimate
 from vramlab.sim.engine import SimEngine, StartupRefused
 from vramlab.sim.faults import arm
@@ -72,6 +81,7 @@ class SimServer:
                 web.get("/metrics", self._metrics),
                 web.post("/v1/completions", self._completions),
                 web.post("/v1/chat/completions", self._chat),
+                web.post("/tokenize", self._tokenize),
                 web.post("/sim/fault", self._fault),
                 web.get("/sim/state", self._state),
             ]
@@ -274,6 +284,16 @@ class SimServer:
         self.engine._wake.set()
         self.log.warning(f"sim: fault injected: {kind}")
         return self._json({"ok": True, "faults": self.engine.faults.history})
+
+    async def _tokenize(self, request: Any) -> Any:
+        try:
+            try:
+                body = json.loads(await request.read())
+            except (ValueError, RecursionError):
+                raise ApiError(400, "JSON decode error") from None
+            return self._json(tokenize_answer(body, self.cfg.model_name, self.engine.max_model_len))
+        except ApiError as err:
+            return self._error(err)
 
     # --- generation ---------------------------------------------------------------------
     async def _completions(self, request: Any) -> Any:

@@ -67,11 +67,17 @@ def _m4_itl_untimed_gaps(conn: sa.Connection) -> None:
     _add_missing_columns(conn, schema.requests, ("itl_untimed_gaps",))
 
 
+def _m5_prompt_tokens_source(conn: sa.Connection) -> None:
+    # Where a request's prompt token count came from (usage, the target's tokenizer, an estimate).
+    _add_missing_columns(conn, schema.requests, ("prompt_tokens_source",))
+
+
 MIGRATIONS: list[Callable[[sa.Connection], None]] = [
     _m1_initial,
     _m2_heartbeat,
     _m3_token_accounting,
     _m4_itl_untimed_gaps,
+    _m5_prompt_tokens_source,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -71,6 +71,7 @@ requests = sa.Table(
     sa.Column("itl_ms", sa.JSON, nullable=False),
     sa.Column("itl_untimed_gaps", sa.Integer),
     sa.Column("prompt_tokens", sa.Integer),
+    sa.Column("prompt_tokens_source", sa.String(16)),
     sa.Column("output_tokens", sa.Integer),
     sa.Column("output_tokens_source", sa.String(16)),
     sa.Column("reasoning_tokens", sa.Integer),

@@ -28,6 +28,7 @@ from vramlab.capacity import kv as kvmod
 from vramlab.capacity.engines import llamacpp_params_fit as params_fit
 from vramlab.capacity.engines import llamacpp_placement as place
 from vramlab.capacity.engines.common import Context, PolicyResult
+from vramlab.capacity.engines.llamacpp_graph import compute_buffer, graph_phases
 from vramlab.capacity.estimate import EXACT, FORMULA, Component, Limits, band
 from vramlab.capacity.kv import bytes_per_token_layer
 from vramlab.capacity.spec import dtype_bytes
@@ -43,9 +44,6 @@ KV_PAD = 256
 # build is not pinned): without a unified cache each of the n_seq_max streams gets
 # pad256(pad256(n_ctx) / n_seq_max) cells, and n_ctx becomes that times n_seq_max.
 PER_SEQ_PAD_FROM = (7000,)
-# PR #23861 (merged 2026-05-29; issue #23527 reported on b9272 a week before): llama-server reserves logits
-# for n_seqs rows instead of n_ubatch. The first build is not pinned: b9300 is taken.
-LOGITS_PER_SEQ_FROM = (9300,)
 QUANTIZED_CACHE_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 
 
@@ -187,34 +185,6 @@ def weights_on_device(ctx: Context) -> Component:
     )
 
 
-def reserved_outputs(ctx: Context, server: ServerSetup) -> int:
-    """Logit rows the worst-case graph reserves: every token of a ubatch (`graph_reserve(n_tokens, n_seqs,
-    n_tokens)`), except in llama-server from PR #23861 (merged 2026-05-29, "only reserves logits space for
-    n_seqs when possible"), where it is one per sequence (n_seqs = 1 with a unified cache)."""
-    if server.server == "llama-server" and (not ctx.version or ctx.version >= LOGITS_PER_SEQ_FROM):
-        return 1 if server.unified else server.slots
-    return server.n_ubatch
-
-
-def compute_buffer(ctx: Context, server: ServerSetup, share_bytes: int) -> Component:
-    """The main device's compute buffer: the largest graph phase that runs there
-    (engines/llamacpp_placement.py), plus the calibratable scratch."""
-    constants, key = ctx.constants, "llamacpp_compute_scratch_bytes"
-    outputs = reserved_outputs(ctx, server)
-    rel = constants.band(key)
-    scratch = constants[key] if share_bytes else 0  # no graph runs on a device without layers
-    return band(
-        "activation_peak",
-        share_bytes + scratch,
-        rel,
-        rel,
-        constants.provenance(key),
-        f"compute buffer for n_ubatch {server.n_ubatch}: the largest of the attention"
-        + ("" if server.flash_attn else " (KQ matrix of n_kv x n_ubatch x heads, no flash attention)")
-        + f", feed-forward and output phases (logits for {outputs} rows)",
-    )
-
-
 def _pad(n: int) -> int:
     return math.ceil(n / KV_PAD) * KV_PAD
 
@@ -299,7 +269,7 @@ def layout(ctx: Context, server: ServerSetup, kv_size: int) -> Layout:
         if s.no_kv_offload and d != place.HOST:
             shares[d].layers.append(il)  # the layer's graph still runs on its device
     shares[where[n_layer]].has_output = True
-    p = place.phases(m, kv_size, server.n_ubatch, reserved_outputs(ctx, server), server.flash_attn)
+    p = graph_phases(ctx, server, kv_size)
     experts_on_host = any(o.target == place.HOST for o in overrides)
     for d, share in shares.items():
         kv_layers = [

@@ -1,0 +1,227 @@
+"""N prompt tokens means N tokens of the target's tokenizer: the prompt maker sizes each prompt with a
+counter, the engine's tokenize endpoint is found by its request shape, what the engine adds around
+the text is measured with one request, and where nothing can count the prompts say they are an estimate."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from _threaded_app import serve_app
+from vramlab.load.prompts import CountFailed, PromptMaker
+from vramlab.load.tokens import SHAPES, EngineTokenizer, open_prompt_maker
+
+
+class PiecesCounter:
+    """A tokenizer whose words cost 1-3 tokens (one per started 3 letters), like a small vocabulary."""
+
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.calls, self.fail_after = 0, fail_after
+
+    async def count(self, text: str) -> int:
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise CountFailed("gone")
+        return 1 + sum(-(-len(p) // 3) for p in re.findall(r"\w+|[^\w\s]", text))  # + a BOS
+
+
+@settings(max_examples=40, deadline=None)
+@given(target=st.integers(min_value=20, max_value=6000), added=st.integers(min_value=0, max_value=9))
+def test_prompts_hit_the_counted_length(target: int, added: int) -> None:
+    # (a prompt is never shorter than its unique head, "#3-0:", and one word: ~8 tokens here)
+    counter = PiecesCounter()
+    maker = PromptMaker(counter, added)
+    prompts = asyncio.run(maker.synthetic(target, 8, 6, seed=3))
+    assert len({p.text for p in prompts}) == 6  # each its own
+    for p in prompts:
+        counted = asyncio.run(counter.count(p.text)) + added
+        assert p.prompt_tokens == counted  # the prompt carries its true count, not the target
+        assert abs(counted - target) <= max(1, 0.02 * target), (target, counted)
+        assert p.tokens_source == "tokenizer"
+    assert counter.calls <= 8 + 2 + 2 * 6  # a few counts a set, not a search per prompt
+
+
+def test_same_seed_same_prompts_and_sets_are_cached() -> None:
+    a = PromptMaker(PiecesCounter())
+    p1 = asyncio.run(a.synthetic(300, 8, 4, seed=9))
+    assert asyncio.run(PromptMaker(PiecesCounter()).synthetic(300, 8, 4, seed=9)) == p1
+    counter = PiecesCounter()
+    b = PromptMaker(counter)
+
+    async def twice() -> None:
+        await b.synthetic(300, 8, 4, seed=9)
+        n = counter.calls
+        await b.synthetic(300, 8, 4, seed=9)
+        assert counter.calls == n
+
+    asyncio.run(twice())
+
+
+def test_a_counter_that_fails_leaves_prompts_labelled_an_estimate() -> None:
+    prompts = asyncio.run(PromptMaker(PiecesCounter(fail_after=2)).synthetic(200, 8, 3, seed=1))
+    assert {p.tokens_source for p in prompts} == {"estimate"} and prompts[0].prompt_tokens == 200
+    unknown = asyncio.run(PromptMaker(PiecesCounter(), 5, added_known=False).synthetic(200, 8, 3, seed=1))
+    assert {p.tokens_source for p in unknown} == {"estimate"}  # the template's share was not measured
+
+
+def test_no_counter_is_an_estimate() -> None:
+    prompts = asyncio.run(PromptMaker().synthetic(100, 8, 2, seed=1))
+    assert {p.tokens_source for p in prompts} == {"estimate"}
+
+
+# -- the engine's endpoint, by its request shape ------------------------------------------------
+
+
+def _app(kind: str, usage: bool = True) -> Any:
+    """A fake engine answering one tokenize shape (its real request and answer) and completions."""
+    from aiohttp import web
+
+    def n_of(text: str) -> int:
+        return len(text.split()) + 1
+
+    async def tokenize(request: web.Request) -> web.Response:
+        body = await request.json()
+        if kind == "vllm" and isinstance(body.get("prompt"), str):
+            n = n_of(body["prompt"])
+            return web.json_response({"count": n, "max_model_len": 4096, "tokens": list(range(n))})
+        if kind == "llama-server":
+            # llama-server answers a body without "content" with no tokens, not an error
+            text = body.get("content")
+            return web.json_response({"tokens": list(range(n_of(text))) if isinstance(text, str) else []})
+        if kind == "tgi" and isinstance(body.get("inputs"), str):
+            n = n_of(body["inputs"])
+            return web.json_response([{"id": i, "text": "x", "start": 0, "stop": 1} for i in range(n)])
+        return web.json_response({"detail": "unprocessable"}, status=422)
+
+    async def extras(request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"tokens": list(range(n_of(body["input"])))})
+
+    async def complete(request: web.Request) -> web.Response:
+        body = await request.json()
+        text = body["messages"][0]["content"] if "messages" in body else body["prompt"]
+        extra = 7 if "messages" in body else 0  # a chat template's role markers
+        doc: dict[str, Any] = {"choices": [{"text": "x", "finish_reason": "length"}]}
+        if usage:
+            doc["usage"] = {"prompt_tokens": n_of(text) + extra, "completion_tokens": 1}
+        return web.json_response(doc)
+
+    def make() -> Any:
+        app = web.Application()
+        if kind == "llama-cpp-python":
+            app.router.add_post("/extras/tokenize", extras)
+        elif kind != "none":
+            app.router.add_post("/tokenize", tokenize)
+        app.router.add_post("/v1/completions", complete)
+        app.router.add_post("/v1/chat/completions", complete)
+        return app
+
+    return make
+
+
+@pytest.mark.parametrize(
+    ("kind", "shape"),
+    [
+        ("vllm", "/tokenize (vLLM's API)"),
+        ("llama-server", "/tokenize (llama-server's API)"),
+        ("llama-cpp-python", "/extras/tokenize (llama-cpp-python)"),
+        ("tgi", "/tokenize (TGI's API)"),
+    ],
+)
+def test_the_tokenize_endpoint_is_found_by_its_shape(kind: str, shape: str) -> None:
+    async def go(port: int) -> tuple[str, int]:
+        async with EngineTokenizer(f"http://127.0.0.1:{port}", "m", {}) as tok:
+            assert await tok.discover()
+            return tok.source, await tok.count("one two three")
+
+    with serve_app(_app(kind)) as port:
+        source, n = asyncio.run(go(port))
+    assert shape in source and n == 4
+
+
+@pytest.mark.parametrize("api", ["openai-chat", "openai-completions"])
+def test_what_the_engine_adds_is_measured_with_one_request(api: str) -> None:
+    async def go(port: int) -> tuple[int, str]:
+        async with contextlib.AsyncExitStack() as stack:
+            maker, note = await open_prompt_maker(stack, f"http://127.0.0.1:{port}/v1", "m", api, None, 5)
+            prompts = await maker.synthetic(120, 4, 2, seed=1)
+            return prompts[0].prompt_tokens or 0, note
+
+    with serve_app(_app("vllm")) as port:
+        n, note = asyncio.run(go(port))
+    assert n == 120  # as the engine would count it: the template's 7 included for chat
+    added = 7 if api == "openai-chat" else 0
+    assert f"adds {added} token" in note and "counted with the engine's POST /tokenize (vLLM's API)" in note
+
+
+def test_no_endpoint_or_no_usage_is_said() -> None:
+    async def go(port: int, api: str) -> tuple[str | None, str]:
+        async with contextlib.AsyncExitStack() as stack:
+            maker, note = await open_prompt_maker(stack, f"http://127.0.0.1:{port}", "m", api, None, 5)
+            return (await maker.synthetic(50, 4, 1, seed=1))[0].tokens_source, note
+
+    with serve_app(_app("none")) as port:
+        source, note = asyncio.run(go(port, "openai-completions"))
+    assert source == "estimate" and "an estimate (one token a word)" in note and "/extras/tokenize" in note
+    with serve_app(_app("vllm", usage=False)) as port:
+        source, note = asyncio.run(go(port, "openai-chat"))
+    assert source == "estimate" and "reported no usage" in note
+
+
+def test_the_sim_counts_on_tokenize_what_it_reports_in_usage(tmp_path) -> None:
+    from vramlab.load.tokens import usage_prompt_tokens
+    from vramlab.sim.config import SimConfig
+    from vramlab.sim.server import SimServer
+    from vramlab.sim.testing import make_estimate
+
+    text = "#7-03: people through the water, numbers and 12345 of sound"
+
+    async def go() -> tuple[int, int, int | None, int | None]:
+        cfg = SimConfig(speed=200, estimate=make_estimate(), device=str(tmp_path / "gpu0.ledger"))
+        async with SimServer(cfg, log_stream=open("/dev/null", "w")) as srv:
+            async with EngineTokenizer(srv.url, cfg.model_name, {}) as tok:
+                assert await tok.discover() and "vLLM" in tok.source
+                raw = await tok.count(text)
+            async with EngineTokenizer(srv.url, cfg.model_name, {}) as tok:
+                tok.shape = next(s for s in SHAPES if "llama-server" in s.name)
+                as_llama = await tok.count(text)
+            comp = await usage_prompt_tokens(srv.url, cfg.model_name, "openai-completions", {}, text, 10)
+            chat = await usage_prompt_tokens(srv.url, cfg.model_name, "openai-chat", {}, text, 10)
+            return raw, as_llama, comp, chat
+
+    raw, as_llama, comp, chat = asyncio.run(go())
+    assert raw == as_llama == comp and chat is not None and chat > raw
+
+
+def test_a_model_directorys_own_tokenizer_counts_where_the_engine_has_no_endpoint(tmp_path) -> None:
+    # transformers serve and Ollama answer no tokenize request: the model directory's tokenizer.json
+    # (the one the engine loaded) counts, and the probe request measures what the engine adds (here 1)
+    tokenizers = pytest.importorskip("tokenizers")
+    from vramlab.load.prompts import _WORDS
+
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(dict.fromkeys([*_WORDS, "a"]))}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    (tmp_path / "model").mkdir()
+    tok.save(str(tmp_path / "model" / "tokenizer.json"))
+
+    async def go(port: int, model_dir: str | None) -> tuple[list[Any], str]:
+        async with contextlib.AsyncExitStack() as stack:
+            url = f"http://127.0.0.1:{port}"
+            maker, note = await open_prompt_maker(stack, url, "m", "openai-completions", None, 5, model_dir)
+            return await maker.synthetic(150, 4, 3, seed=2), note
+
+    with serve_app(_app("none")) as port:
+        prompts, note = asyncio.run(go(port, str(tmp_path / "model")))
+        _, without = asyncio.run(go(port, str(tmp_path)))  # a directory without tokenizer.json
+    assert "the model's own tokenizer" in note and "adds 1 token" in note, note
+    # the fake engine counts words + 1: every prompt is 150 of its tokens, labelled counted
+    assert {p.prompt_tokens for p in prompts} == {150} and {p.tokens_source for p in prompts} == {"tokenizer"}
+    assert all(len(p.text.split()) + 1 == 150 for p in prompts)
+    assert "an estimate" in without and "has no tokenizer.json" in without
