@@ -251,8 +251,8 @@ def test_gpt_oss_sliding_kv_graph_and_mxfp4_weights_by_release():
     and 37 of 37 layers. By hand: one layer's cell is (K 64 + V 64) x 8 KV heads x 2 B = 2048 B; the 18 odd layers
     hold 8192 cells (16 MiB each, 288 MiB), the 18 even (sliding) ones 1 x 4096 + 512 (9 MiB each, 162 MiB): 450 MiB.
     kvTotal (every layer at 8192) = 36 x 16 = 576 MiB, GQA 64 / 8."""
-    card = ("--engine", "ollama", "--model", "openai/gpt-oss-120b", "--quantization", "mxfp4")
-    card += ("--max-model-len", "8192", "--gpu-memory-gib", "63.8")
+    card = ["--engine", "ollama", "--model", "openai/gpt-oss-120b", "--quantization", "mxfp4"]
+    card += ["--max-model-len", "8192", "--gpu-memory-gib", "63.8"]
     new = _plan_json(*card, "--engine-version", "0.11.10")
     o = new["ollama"]
     assert o["memory_required_kv_bytes"] == 450 * MIB
@@ -284,3 +284,27 @@ def test_the_default_release_is_the_newest_ollama_through_llama_server():
         REAL / "ollama-0.11-offload-syslog-ollama12000.log", model="gemma-3-12b-it", quantization="Q4_K_M"
     )
     assert rows["layers_offloaded"][0] == rows["layers_offloaded"][1]
+
+
+def test_the_gpt_oss_graph_rule_is_named_between_two_releases():
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vramlab",
+            "plan",
+            "--offline",
+            "--engine",
+            "ollama",
+            "--model",
+            "openai/gpt-oss-120b",
+        ]
+        + ["--quantization", "mxfp4", "--max-model-len", "8192", "--gpu", "strix-halo-64g"]
+        + ["--engine-version", "0.11.6", "--vs-engine-version", "0.11.10"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    flash = next(line for line in r.stdout.splitlines() if line.startswith("flash_attention"))
+    assert flash.split()[1:] == ["no", "yes", "GPTOSS_FLASH_FROM"]
