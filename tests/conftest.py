@@ -57,3 +57,32 @@ def stub() -> Iterator[str]:
     yield str(box["url"])
     box["loop"].call_soon_threadsafe(box["stop"].set)
     t.join(5)
+
+
+# The real engines' test files: the summary says how many of their tests ran, and why the others skipped
+# (scripts/test installs the engines; where one cannot install, its tests skip with the reason).
+_ENGINE_FILES = {"tests/test_llamacpp_e2e.py": "llama.cpp", "tests/test_vllm_e2e.py": "vLLM"}
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    outcome: dict[str, tuple[str, str]] = {}  # nodeid -> (outcome, skip reason)
+    for kind in ("passed", "failed", "error", "skipped", "xfailed", "xpassed"):
+        for rep in terminalreporter.stats.get(kind, []):
+            nodeid = getattr(rep, "nodeid", "")
+            if nodeid.split("::", 1)[0] not in _ENGINE_FILES:
+                continue
+            reason = ""
+            if kind == "skipped" and isinstance(getattr(rep, "longrepr", None), tuple):
+                reason = str(rep.longrepr[2]).removeprefix("Skipped: ")
+            if nodeid not in outcome or kind in ("failed", "error"):
+                outcome[nodeid] = (kind, reason)
+    for path, engine in _ENGINE_FILES.items():
+        mine = [v for k, v in outcome.items() if k.startswith(path + "::")]
+        if not mine:
+            continue
+        ran = [k for k, _ in mine if k != "skipped"]
+        skipped = [r for k, r in mine if k == "skipped"]
+        line = f"real engine {engine}: {len(ran)} of {len(mine)} tests ran"
+        if skipped:
+            line += f"; {len(skipped)} skipped: {skipped[0]}"
+        terminalreporter.write_line(line)

@@ -38,7 +38,17 @@ def test_llamacpp_composition_is_what_its_log_prints_and_the_peak_is_host_memory
             "pid": srv.proc.pid,
             "log_file": str(log),
         },
-        "capacity": {"model": str(model), "gpu_memory_gib": 4, "settings": {"ctx_size": 1024, "parallel": 1}},
+        # the CPU build: planned on the host (no CUDA context, the server's runtime as its own term)
+        "capacity": {
+            "model": str(model),
+            "gpu": "cpu",
+            "settings": {
+                "ctx_size": 1024,
+                "parallel": 1,
+                "n_ubatch": 64,
+                "llamacpp_server": "llama-cpp-python",
+            },
+        },
         "fixed": {"input": {"synthetic": {"prompt_tokens": 16, "output_tokens": 8, "seed": 1, "count": 8}}},
         "change": {"variable": "concurrency", "steps": [2]},
         "phases": {"duration_s": 1.5, "drain_s": 2.0},
@@ -85,6 +95,12 @@ def test_llamacpp_composition_is_what_its_log_prints_and_the_peak_is_host_memory
         )
     # the plan's KV pool for these settings is the engine's, byte for byte
     assert comp["plan"]["kv_cache_bytes"] == round(kv_mib * MIB)
+    names = {c["name"] for c in comp["plan"]["components"]}
+    assert "cuda_context" not in names and "runtime" in names, names
+    # the host's reading of the process lies inside the plan's band for it (runtime + buffers)
+    for row in comp["rows"]:
+        peak = row["figures"]["peak"]
+        assert peak["low_bytes"] <= peak["measured_bytes"] <= peak["high_bytes"], peak
     md = subprocess.run(
         [sys.executable, "-m", "vramlab", "report", run_id, "--format", "md"],
         cwd=tmp_path,

@@ -298,6 +298,42 @@ def test_host_sampler_counts_the_targets_children_and_follows_a_restart() -> Non
             p.wait(5)
 
 
+def test_host_sampler_sums_the_target_process_tree() -> None:
+    # vLLM's CPU build serves from three processes: the target's RSS is its tree's, not the leader's alone
+    import subprocess
+    import sys
+
+    leader = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; b = bytearray(64 << 20); "
+            "c = subprocess.Popen([sys.executable, '-c', 'b = bytearray(96 << 20); import time; time.sleep(30)']); "
+            "time.sleep(30)",
+        ]
+    )
+    try:
+        import psutil
+
+        proc = psutil.Process(leader.pid)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (
+            proc.children() and proc.children()[0].memory_info().rss > 96 << 20
+        ):
+            time.sleep(0.1)
+        s = HostSampler(leader.pid)
+        asyncio.run(s.open())
+        sample = next(x for x in asyncio.run(s.sample()) if x.name == "host.target_rss_bytes")
+        alone = proc.memory_info().rss
+        assert sample.labels["processes"] == "2"
+        assert sample.value >= alone + (96 << 20), (sample.value, alone)
+    finally:
+        for child in psutil.Process(leader.pid).children(recursive=True):
+            child.kill()
+        leader.kill()
+        leader.wait(5)
+
+
 def test_health_probe_up_down_and_refused() -> None:
     b = StubBehaviour()
 

@@ -210,7 +210,15 @@ def _last_event(events: Sequence[EventRecord], kind: EventKind) -> EventRecord |
     return found[-1] if found else None
 
 
-def _predicted(plan: dict[str, Any] | None) -> dict[str, tuple[int, int, int]]:
+# A CPU engine's runtime terms (capacity/engines/vllm_cpu.py, llamacpp_cpu.py, transformers on the host)
+HOST_RUNTIME_PARTS = ("runtime", "api_server")
+
+
+def _predicted(
+    plan: dict[str, Any] | None, runtime_resident: bool = False
+) -> dict[str, tuple[int, int, int]]:
+    """The plan's figures; *runtime_resident*: the measured resident model is a host reading after load, which
+    holds the process's runtime too, so the predicted one is the weights and the runtime terms."""
     if not plan:
         return {}
     comps = {c["name"]: c for c in plan.get("components", ())}
@@ -223,10 +231,11 @@ def _predicted(plan: dict[str, Any] | None) -> dict[str, tuple[int, int, int]]:
             sum(int(c.get("high_bytes", c["bytes"])) for c in cs),
         )
 
+    resident = ("weights", *HOST_RUNTIME_PARTS) if runtime_resident else ("weights",)
     out = {
-        "resident_model": trio(["weights"]),
+        "resident_model": trio(resident),
         "kv_cache": trio(["kv_cache"]),
-        "runtime_overhead": trio([n for n in comps if n not in ("weights", "kv_cache")]),
+        "runtime_overhead": trio([n for n in comps if n not in (*resident, "kv_cache")]),
     }
     total = trio(list(comps))
     out["peak"] = total  # a high end beyond the card is the plan saying the peak may not fit
@@ -433,7 +442,7 @@ def compose(
     plan_tokens = int(plan["kv_cache_tokens"]) if plan and plan.get("kv_cache_tokens") else None
     pool = _pool(startup, reads)
     resident = _resident(startup, reads, pool, first_request_s)
-    pred = _predicted(plan)
+    pred = _predicted(plan, reads.host and resident[1].startswith("host memory"))
     rows = [_row(w, pred, reads, pool, resident, plan_tokens) for w in windows]
     notes = [
         e.message

@@ -16,6 +16,10 @@ DISCRETE, UNIFIED, MIG, CAPPED = "discrete", "unified", "mig", "capped"
 KINDS = (DISCRETE, UNIFIED, MIG, CAPPED)
 # Metal serves llama.cpp and Ollama; vLLM, SGLang, TGI and transformers' serving path need CUDA or ROCm.
 METAL_ENGINES = ("llama.cpp", "ollama")
+# The host as a planning target: a CPU engine (vLLM's CPU build, llama.cpp with no GPU layers, transformers on the CPU).
+HOST_VENDOR = "cpu"
+HOST_DEVICE = "cpu"  # the host device's name in a plan (`gpu` in its JSON)
+HOST_NAMES = ("cpu", "host")  # what --gpu takes for the host
 
 
 @dataclass(frozen=True)
@@ -25,7 +29,7 @@ class GPU:
     nominal_gb: float  # the marketing figure
     bandwidth_gbps: float  # HBM/GDDR/LPDDR bandwidth, GB/s (1e9)
     bf16_tflops: float  # dense bf16/fp16 tensor throughput, TFLOP/s (no sparsity)
-    vendor: str = "nvidia"  # nvidia | amd | apple
+    vendor: str = "nvidia"  # nvidia | amd | apple | cpu (the host)
     arch: str = ""
     fp8: bool = False
     memory_source: str = ""  # where memory_gib was observed, or how it was estimated
@@ -54,6 +58,11 @@ class GPU:
     @property
     def is_a100(self) -> bool:
         return self.name.startswith("a100")
+
+    @property
+    def is_host(self) -> bool:
+        """The host's memory, not a card: a CPU engine. No CUDA context; the engine's runtime is a term of its own."""
+        return self.vendor == HOST_VENDOR
 
     @property
     def defaults_memory_gib(self) -> float:

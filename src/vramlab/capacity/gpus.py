@@ -12,7 +12,17 @@ from dataclasses import replace
 
 from vramlab.capacity.gpu_catalog import CARDS
 from vramlab.capacity.gpu_mig import PROFILES, mig_profile, profiles_of
-from vramlab.capacity.gpu_spec import CAPPED, DISCRETE, GPU, KINDS, MIG, UNIFIED
+from vramlab.capacity.gpu_spec import (
+    CAPPED,
+    DISCRETE,
+    GPU,
+    HOST_DEVICE,
+    HOST_NAMES,
+    HOST_VENDOR,
+    KINDS,
+    MIG,
+    UNIFIED,
+)
 from vramlab.capacity.gpu_unified import UNIFIED_MACHINES
 from vramlab.errors import ConfigError, unknown
 
@@ -22,12 +32,16 @@ __all__ = [
     "DISCRETE",
     "GPU",
     "GPUS",
+    "HOST_DEVICE",
+    "HOST_NAMES",
+    "HOST_VENDOR",
     "KINDS",
     "MIG",
     "UNIFIED",
     "capped_gpu",
     "custom_gpu",
     "get_gpu",
+    "host_device",
 ]
 
 GPUS: tuple[GPU, ...] = CARDS  # discrete cards: what a log's total memory is matched against
@@ -61,6 +75,24 @@ def get_gpu(name: str) -> GPU:
             raise ConfigError(f"{card.name} has no MIG profile {profile!r} in the catalog (known: {names})")
         return mig_profile(card, profile)
     raise unknown("GPU", name, [g.name for g in DEVICES])
+
+
+def host_device(memory_gib: float) -> GPU:
+    """The host as the device a CPU engine plans on: its memory (GiB, 2^30 bytes) as the OS reports it
+    (MemTotal, which vLLM's CPU worker reads as its total). Bandwidth and FLOP/s are a modest server's,
+    for the timing models only."""
+    if not 0 < memory_gib <= 1 << 20:  # also refuses NaN
+        raise ConfigError(f"host memory: must be a positive finite number of GiB, got {memory_gib}")
+    return GPU(
+        HOST_DEVICE,
+        memory_gib,
+        memory_gib,
+        50,
+        1,
+        vendor=HOST_VENDOR,
+        arch="host",
+        memory_source="the host's memory (MemTotal or --host-memory-gib)",
+    )
 
 
 def custom_gpu(memory_gib: float, like: GPU | None = None) -> GPU:

@@ -17,6 +17,7 @@ from vramlab.capacity.band_terms import unbanded_terms, unknown_terms
 from vramlab.capacity.constants import Constants
 from vramlab.capacity.devices import held_before_start
 from vramlab.capacity.engines.common import Context, PolicyResult
+from vramlab.capacity.engines.registry import blocks_override, policy_module
 from vramlab.capacity.estimate import Component, Estimate
 from vramlab.capacity.gpus import GPU
 from vramlab.capacity.refusals import device_terms, memory_allowance, refusals, used_bytes
@@ -25,14 +26,6 @@ from vramlab.capacity.spec import ModelSpec
 from vramlab.capacity.validation import check_settings
 from vramlab.errors import ConfigError
 
-_POLICIES = {
-    "vllm": "vramlab.capacity.engines.vllm_auto",  # vllm.py's policy, with --max-model-len auto
-    "sglang": "vramlab.capacity.engines.sglang",
-    "tgi": "vramlab.capacity.engines.tgi",
-    "llama.cpp": "vramlab.capacity.engines.llamacpp",
-    "transformers": "vramlab.capacity.engines.transformers",
-    "ollama": "vramlab.capacity.engines.ollama",
-}
 _DEFAULT_CONSTANTS: Constants | None = None
 
 
@@ -56,7 +49,10 @@ def run_policy(
 
     # a draft changes some engine defaults first; the draft and a host KV tier go on top of the policy's result
     ctx = Context(model, gpu, speculative.prepare(settings), _constants(constants))
-    return ctx, offload.apply(ctx, speculative.apply(ctx, import_module(_POLICIES[engine]).plan(ctx)))
+    result: PolicyResult = import_module(policy_module(engine, gpu.is_host)).plan(ctx)
+    if engine == "vllm" and not gpu.is_host and settings.num_gpu_blocks_override is not None:
+        result = blocks_override(result, settings.num_gpu_blocks_override)
+    return ctx, offload.apply(ctx, speculative.apply(ctx, result))
 
 
 def estimate(
@@ -117,7 +113,7 @@ def estimate(
             **device.extra,
             "kv_band_bytes": (min(kv_low, kv_mid), max(kv_high, kv_mid)),
             **({"kv_band_widest": widest} if widest else {}),
-            **_named_terms(r, comps, settings),
+            **_named_terms(r, comps, settings, gpu.is_host),
             **({"default_context_rule": context_note} if context_note else {}),
         },
     )
@@ -140,11 +136,15 @@ def _partly_on_cpu(est: Estimate) -> bool:
     return bool(o and o["layers_offload"] < o["layers_model"])
 
 
-def _named_terms(r: PolicyResult, comps: list[Component], settings: EngineSettings) -> dict[str, list[str]]:
+def _named_terms(
+    r: PolicyResult, comps: list[Component], settings: EngineSettings, on_host: bool = False
+) -> dict[str, list[str]]:
     """The terms the band was widened for because they are unknown, and those that move the pool outside any band
     (capacity/band_terms.py): the plan output names both."""
     unknown = [] if r.kv_fixed else unknown_terms(comps, r.notes)
-    unbanded = [] if r.kv_fixed else unbanded_terms(settings.engine, settings.other_processes_bytes)
+    unbanded = (
+        [] if r.kv_fixed or on_host else unbanded_terms(settings.engine, settings.other_processes_bytes)
+    )
     return {
         **({"kv_unknown_terms": unknown} if unknown else {}),
         **({"kv_unbanded_terms": unbanded} if unbanded else {}),

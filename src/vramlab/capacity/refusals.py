@@ -76,7 +76,7 @@ def refusals(
             )
     if headroom < 0 and not ctx.settings.mps_memory_limit_bytes:  # an MPS limit has its own refusal (devices)
         reasons.append(
-            f"the process needs {gib(used, unit=True)} but the card has "
+            f"the process needs {gib(used, unit=True)} but the {'host' if ctx.gpu.is_host else 'card'} has "
             f"{gib(ctx.total - ctx.other, unit=True)} free ({gib(-headroom, unit=True)} short)"
         )
     return reasons

@@ -96,7 +96,8 @@ class EngineSettings:
     quantization: str | None = None
     enforce_eager: bool = False
     block_size: int | None = None
-    kv_cache_memory_bytes: int | None = None  # vLLM --kv-cache-memory
+    kv_cache_memory_bytes: int | None = None  # vLLM --kv-cache-memory (CPU build: VLLM_CPU_KVCACHE_SPACE too)
+    num_gpu_blocks_override: int | None = None  # vLLM --num-gpu-blocks-override (planned on the CPU build)
     mem_fraction_static: float | None = None  # SGLang
     chunked_prefill_size: int | None = None  # SGLang
     cuda_graph_max_bs: int | None = None  # SGLang

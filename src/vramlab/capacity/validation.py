@@ -93,6 +93,7 @@ FLAG_RULES: dict[str, Rule] = {
     "pipeline_parallel_size": _count(MAX_GPUS),
     "block_size": _count(1 << 20),
     "kv_cache_memory_bytes": _count(MAX_BYTES),
+    "num_gpu_blocks_override": _count(1 << 40),
     "chunked_prefill_size": _count(MAX_TOKENS, -1),  # SGLang: -1 turns chunking off
     "cuda_graph_max_bs": _count(MAX_SEQS),
     "max_batch_prefill_tokens": _count(MAX_TOKENS),
@@ -180,6 +181,10 @@ def check_settings(settings: EngineSettings) -> EngineSettings:
     if settings.disable_sliding_window and settings.engine != "vllm":
         raise ConfigError(
             f"--disable-sliding-window: a vLLM setting, not {settings.engine}'s; add --engine vllm"
+        )
+    if settings.num_gpu_blocks_override is not None and settings.engine != "vllm":
+        raise ConfigError(
+            f"--num-gpu-blocks-override: a vLLM setting, not {settings.engine}'s; add --engine vllm"
         )
     for mib in settings.fit_target_mib:
         why = _count(MAX_BYTES >> 20, 0).check(mib)

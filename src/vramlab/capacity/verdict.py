@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramlab.capacity.estimate import Estimate
+from vramlab.capacity.gpus import HOST_DEVICE
 from vramlab.units import gib
 
 FITS, AT_ESTIMATE, PARTIAL_OFFLOAD, DOES_NOT_FIT = (
@@ -110,7 +111,10 @@ class Verdict:
 
 
 def host_share(est: Estimate, settings: Any, num_experts: int, experts_per_token: int) -> HostShare | None:
-    """The part of the model on the CPU, from the plan's own placement (llama.cpp's `host`, Ollama's decision)."""
+    """The part of the model on the CPU, from the plan's own placement (llama.cpp's `host`, Ollama's decision).
+    A CPU engine planned on the host (`--gpu cpu`) offloads nothing: the host is its device."""
+    if est.gpu == HOST_DEVICE:
+        return None
     ollama = est.extra.get("ollama")
     if ollama is not None:
         on, total = int(ollama["layers_offload"]), int(ollama["layers_model"])

@@ -29,6 +29,7 @@ ENGINE_FLAGS: dict[str, tuple[tuple[str, ...], Any]] = {
     "enforce_eager": (("vllm", "sglang", "tgi"), False),
     "block_size": (("vllm", "tgi"), None),
     "kv_cache_memory": (("vllm",), None),
+    "num_gpu_blocks_override": (("vllm",), None),
     "mem_fraction_static": (("sglang",), None),
     "chunked_prefill_size": (("sglang",), None),
     "max_batch_prefill_tokens": (("tgi",), None),
@@ -139,7 +140,12 @@ def _vllm(e: argparse._ArgumentGroup) -> None:
     e.add_argument(
         "--kv-cache-memory",
         "--kv-cache-memory-bytes",
-        help="vLLM --kv-cache-memory-bytes: the KV pool, bypassing gpu_memory_utilization (bytes, or e.g. 20GiB)",
+        help="vLLM --kv-cache-memory-bytes: the KV pool, bypassing gpu_memory_utilization (bytes, or e.g. 20GiB); "
+        "the CPU build's VLLM_CPU_KVCACHE_SPACE=N is NGiB",
+    )
+    e.add_argument(
+        "--num-gpu-blocks-override",
+        help="vLLM --num-gpu-blocks-override: the pool is this many blocks (128 tokens each on the CPU build)",
     )
     e.add_argument(
         "--enable-chunked-prefill",

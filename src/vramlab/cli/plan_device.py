@@ -19,7 +19,8 @@ def add_card_arguments(m: argparse._ArgumentGroup) -> None:
         "--gpu",
         help="catalog GPU name (see `vramlab gpus`), a MIG slice as CARD:PROFILE (h100-80gb:3g.40gb) or a "
         "unified-memory machine (dgx-spark, strix-halo-64g, apple-m4-max-128gb); llama.cpp and Ollama: a list "
-        "of cards, e.g. rtx-4090,rtx-5090",
+        "of cards, e.g. rtx-4090,rtx-5090; cpu: a CPU engine in host memory (vLLM's CPU build, llama.cpp, "
+        "transformers; --host-memory-gib)",
     )
     m.add_argument("--gpu-memory-gib", type=float, help="usable memory per GPU for a card not in the catalog")
     m.add_argument(

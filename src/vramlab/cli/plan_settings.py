@@ -124,6 +124,7 @@ def settings_of(args: argparse.Namespace) -> EngineSettings:
             enforce_eager=args.enforce_eager,
             block_size=args.block_size,
             kv_cache_memory_bytes=parse_bytes(args.kv_cache_memory) if args.kv_cache_memory else None,
+            num_gpu_blocks_override=count(args.num_gpu_blocks_override),
             mem_fraction_static=args.mem_fraction_static,
             chunked_prefill_size=args.chunked_prefill_size,
             max_batch_prefill_tokens=args.max_batch_prefill_tokens,
@@ -256,7 +257,10 @@ def _on_off(value: str | None) -> bool | None:
 
 
 def card(args: argparse.Namespace) -> GPU:
-    """The card the plan is for (cli/plan_device.py: a MIG slice, a unified machine, a capped share)."""
+    """The card the plan is for (cli/plan_device.py: a MIG slice, a unified machine, a capped share), or the host
+    for a CPU engine."""
+    if on_host(args):
+        return host_card(args)
     return plan_device.target(args)
 
 
@@ -266,7 +270,7 @@ def devices(args: argparse.Namespace, settings: EngineSettings) -> EngineSetting
     from vramlab.errors import ConfigError
 
     names = [n.strip() for n in (args.gpu or "").split(",") if n.strip()]
-    if len(names) <= 1:
+    if len(names) <= 1 or on_host(args):
         return settings
     if settings.engine not in ("llama.cpp", "ollama"):
         raise ConfigError(
@@ -276,3 +280,32 @@ def devices(args: argparse.Namespace, settings: EngineSettings) -> EngineSetting
         raise ConfigError("--gpu-memory-gib applies to one card: name each card with --gpu A,B")
     cards = tuple((g.name, g.memory_bytes) for g in (get_gpu(n) for n in names))
     return settings.with_(devices=cards)
+
+
+def on_host(args: argparse.Namespace) -> bool:
+    """`--gpu cpu`, or llama.cpp with no GPU layers and no card named: a CPU engine, planned on the host."""
+    from vramlab.capacity.gpus import HOST_NAMES
+
+    names = [n.strip().lower() for n in (args.gpu or "").split(",") if n.strip()]
+    no_gpu_layers = args.engine == "llama.cpp" and str(args.n_gpu_layers).strip() == "0"
+    return any(n in HOST_NAMES for n in names) or (not names and no_gpu_layers and not args.gpu_memory_gib)
+
+
+def host_card(args: argparse.Namespace) -> GPU:
+    """The host as the device: --host-memory-gib, else this machine's MemTotal."""
+    from vramlab.capacity.gpus import host_device
+    from vramlab.errors import ConfigError
+    from vramlab.sources.host import host_memory_gib
+
+    if len([n for n in (args.gpu or "").split(",") if n.strip()]) > 1:
+        raise ConfigError("--gpu cpu: the host is planned alone; name no other card")
+    if args.gpu_memory_gib is not None:
+        raise ConfigError("--gpu cpu: give the host's memory with --host-memory-gib, not --gpu-memory-gib")
+    if args.gpu_memory_limit_gib is not None or args.mps_memory_limit_gib is not None:
+        raise ConfigError(
+            "--gpu cpu: --gpu-memory-limit-gib and --mps-memory-limit-gib share a card, not the host"
+        )
+    memory = args.host_memory_gib if args.host_memory_gib is not None else host_memory_gib()
+    if memory is None:
+        raise ConfigError("--gpu cpu: this machine's memory is not readable; give --host-memory-gib")
+    return host_device(memory)

@@ -147,10 +147,12 @@ def _sim_extra_settings(args: list[str]) -> dict[str, Any]:
 def resolve_facts(facts: PlanFacts) -> tuple[Any, Any, Any]:
     """(ModelSpec, GPU, EngineSettings) for these facts (ConfigError when a fact is refused)."""
     from vramlab.capacity import custom_gpu, get_gpu
+    from vramlab.capacity.gpus import HOST_NAMES, host_device
     from vramlab.capacity.settings import EngineSettings
     from vramlab.capacity.validation import check_settings
     from vramlab.errors import ConfigError
     from vramlab.sources import resolve_model
+    from vramlab.sources.host import host_memory_gib
 
     known = set(EngineSettings.__dataclass_fields__) - {"engine", "engine_version"}
     bad = sorted(set(facts.settings) - known)
@@ -162,7 +164,9 @@ def resolve_facts(facts: PlanFacts) -> tuple[Any, Any, Any]:
     settings = check_settings(
         EngineSettings(engine=facts.engine or "vllm", engine_version=facts.engine_version, **facts.settings)
     )
-    if facts.gpu and facts.gpu_memory_gib:
+    if facts.gpu and facts.gpu.strip().lower() in HOST_NAMES:  # a CPU engine: gpu_memory_gib is the host's
+        card = host_device(facts.gpu_memory_gib or host_memory_gib() or 0.0)
+    elif facts.gpu and facts.gpu_memory_gib:
         card = custom_gpu(facts.gpu_memory_gib, like=get_gpu(facts.gpu))
     elif facts.gpu:
         card = get_gpu(facts.gpu)

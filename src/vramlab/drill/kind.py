@@ -29,7 +29,7 @@ from vramlab.drill.local_targets import SimTarget, open_target
 from vramlab.drill.plan import DrillPlan
 from vramlab.drill.ramp import RampSteps, ramp_values
 from vramlab.drill.recovery import LiveState, recover
-from vramlab.drill.target import check_environment
+from vramlab.drill.target import SPAWNED_KINDS, check_environment
 from vramlab.drill.watch import Watchers
 from vramlab.experiment.baseline_check import BaselineTally
 from vramlab.experiment.events import Event
@@ -393,7 +393,7 @@ class DrillKind:
                 self.run.now,
                 self.run.emit,
                 operator_notes=self._notes_since,
-                supervised_by_drill=plan.target.kind in ("sim", "process"),
+                supervised_by_drill=plan.target.kind in SPAWNED_KINDS,
                 startup_allowance_s=self.lifecycle.startup_allowance_s(),
                 on_restart=self.detector.on_restart,
             )

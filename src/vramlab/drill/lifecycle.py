@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from vramlab.drill.cotenant import GIB, Balloon, CoLoaded, CotenantOutOfMemory, LedgerBalloon, ProcessBalloon
 from vramlab.drill.local_targets import SimTarget
 from vramlab.drill.plan import DrillPlan
-from vramlab.drill.target import Target
+from vramlab.drill.target import SPAWNED_KINDS, Target
 from vramlab.errors import ConfigError, VramlabError
 from vramlab.units import gib
 
@@ -131,7 +131,7 @@ class TargetLifecycle:
         return LedgerBalloon(self.device) if self.device else ProcessBalloon()
 
     def _local(self) -> bool:
-        return self.plan.target.kind in ("sim", "process")
+        return self.plan.target.kind in SPAWNED_KINDS
 
     async def apply(self, value: float | None) -> None:
         """Turn the ramp's knob to *value* (None: back to the plan's own load); raises

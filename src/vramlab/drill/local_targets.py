@@ -119,6 +119,122 @@ class ProcessTarget:
         self.stop()
 
 
+class VllmTarget(ProcessTarget):
+    """A vLLM API server the drill spawns (`python -m vllm.entrypoints.openai.api_server ...`): a process
+    target whose stop acts on the whole process group even when its leader is gone, and cleans what the
+    engine leaves behind.
+
+    vLLM 0.32.0 (the CPU build here) serves from the API server, an engine core and its worker: a SIGKILL of the
+    API server alone leaves the other two running (2.4 GB of host memory, found here), so `stop` signals the
+    group whether or not the leader lives and waits until no process of it is left. Every start leaves
+    `/tmp/vllm_dist_<hex>` (the gloo rendezvous file its log names in `distributed_init_method=file://...`), and
+    a SIGKILL leaves its shared-memory segments `/dev/shm/psm_<hex>`; both are removed once the group is gone:
+    the dist files this target's log names, and the segments made since its first start that no process maps.
+    """
+
+    def __init__(self, spec: TargetSpec, workdir: Path):
+        super().__init__(spec, workdir)
+        self._first_start: float | None = None
+        self.cleaned: list[str] = []  # what the last stops removed, for the timeline and the tests
+
+    def start(self) -> None:
+        if self._first_start is None:
+            self._first_start = time.time()
+        super().start()
+
+    def stop(self) -> None:
+        proc = self._proc
+        self.last_stop = None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            self.last_stop = stop_group(proc, self.stop_grace_s())
+        left = group_members(proc.pid)
+        if left:  # the leader is gone, the engine core and its worker are not
+            _signal_group(proc.pid, signal.SIGTERM)
+            if not _wait_group_gone(proc.pid, self.stop_grace_s()):
+                _signal_group(proc.pid, signal.SIGKILL)
+                _wait_group_gone(proc.pid, 10.0)
+            self.last_stop = (self.last_stop or "the API server had exited") + (
+                f"; {len(left)} process(es) of its group were still running (the engine core and worker): "
+                "signalled and gone"
+            )
+        self.cleaned = clean_vllm_leftovers(self.log_path, self._first_start or time.time())
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of a process group (zombies excluded), from /proc."""
+    out: list[int] = []
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return out
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                stat = fh.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()  # state ppid pgrp ...
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            out.append(int(pid))
+    return out
+
+
+def _wait_group_gone(pgid: int, limit_s: float) -> bool:
+    deadline = time.monotonic() + limit_s
+    while group_members(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _in_use(paths: set[str]) -> set[str]:
+    """Which of *paths* a live process has open or mapped (/proc/PID/fd and /proc/PID/maps)."""
+    used: set[str] = set()
+    for pid in (d for d in os.listdir("/proc") if d.isdigit()):
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+                used.update(p for p in paths if p in fh.read())
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link in paths:
+                    used.add(link)
+        except OSError:
+            continue
+    return used
+
+
+def clean_vllm_leftovers(log_path: Path, since_epoch: float) -> list[str]:
+    """Remove the rendezvous files the log names and the orphaned shared-memory segments made since
+    *since_epoch*; returns what was removed."""
+    import re
+
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        text = ""
+    dist = {f"/tmp/{name}" for name in re.findall(r"file:///tmp/(vllm_dist_[0-9a-f]+)", text)}
+    shm: set[str] = set()
+    try:
+        for name in os.listdir("/dev/shm"):
+            path = f"/dev/shm/{name}"
+            if name.startswith("psm_") and os.stat(path).st_mtime >= since_epoch - 1:
+                shm.add(path)
+    except OSError:
+        pass
+    candidates = {p for p in dist if os.path.exists(p)} | shm
+    removed = []
+    for path in sorted(candidates - _in_use(candidates)):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
 STOP_GRACE_S = 5.0  # SIGTERM -> SIGKILL for a target the drill spawned, unless target.timeouts_s.stop says
 
 
@@ -266,6 +382,8 @@ def open_target(spec: TargetSpec, workdir: Path) -> Target:
         return SimTarget(spec, workdir)
     if spec.kind == "process":
         return ProcessTarget(spec, workdir)
+    if spec.kind == "vllm":
+        return VllmTarget(spec, workdir)
     if spec.kind in ("command", "systemd", "docker", "kubectl", "ollama"):
         return CommandTarget(spec)
     raise ConfigError(f"unknown target kind {spec.kind!r}")
@@ -275,6 +393,9 @@ __all__ = [
     "STOP_GRACE_S",
     "ProcessTarget",
     "SimTarget",
+    "VllmTarget",
+    "clean_vllm_leftovers",
+    "group_members",
     "free_port",
     "group_stopped",
     "open_target",

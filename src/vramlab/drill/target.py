@@ -2,7 +2,8 @@
 
 A target is declared in the plan. `kind` picks a ready-made set of command templates (systemd,
 docker, kubectl, and `ollama`: Ollama's own systemd unit, its loads and unloads on the timeline), a plain `command` set written by the user, a local `process` the drill spawns
-itself, or the rehearsal server `sim`. Every command runs with a timeout; a command that
+itself (`vllm`: a vLLM API server, stopped by its whole process group, its leftovers cleaned), or the
+rehearsal server `sim`. Every command runs with a timeout; a command that
 overruns is killed with its whole process group.
 
 Safety: a drill breaks things on purpose, so it only acts on a target declared
@@ -26,8 +27,9 @@ from vramlab.plandoc import SimSettings, metrics_endpoint
 
 OVERRIDE_FLAG = "--i-understand-this-is-not-a-test-environment"
 
-TargetKind = Literal["sim", "process", "command", "systemd", "docker", "kubectl", "ollama"]
+TargetKind = Literal["sim", "process", "vllm", "command", "systemd", "docker", "kubectl", "ollama"]
 ACTIONS = ("start", "stop", "restart", "status", "logs")
+SPAWNED_KINDS = ("sim", "process", "vllm")  # targets the drill starts, supervises and stops itself
 
 # Ready-made forms. Placeholders are filled from the target's fields, each value shell-quoted.
 # {since_epoch} / {since_s} are the start of the log window.
@@ -128,12 +130,18 @@ class TargetSpec(BaseModel):
         bad = sorted(set(self.commands) - set(ACTIONS))
         if bad:
             raise ValueError(f"target.commands: unknown action(s) {bad}; use {list(ACTIONS)}")
-        need = {"systemd": "unit", "docker": "container", "kubectl": "resource", "process": "command"}
+        need = {
+            "systemd": "unit",
+            "docker": "container",
+            "kubectl": "resource",
+            "process": "command",
+            "vllm": "command",
+        }
         field = need.get(self.kind)
         if field and not getattr(self, field):
             raise ValueError(f"target kind {self.kind} needs target.{field}")
         if (
-            self.kind in ("process", "command", "systemd", "docker", "kubectl", "ollama")
+            self.kind in ("process", "vllm", "command", "systemd", "docker", "kubectl", "ollama")
             and not self.base_url
         ):
             raise ValueError(f"target kind {self.kind} needs target.base_url (the endpoint to load)")
@@ -333,6 +341,7 @@ __all__ = [
     "ACTIONS",
     "FORMS",
     "OVERRIDE_FLAG",
+    "SPAWNED_KINDS",
     "CommandResult",
     "CommandTarget",
     "Target",

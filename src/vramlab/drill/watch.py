@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from vramlab.drill.detect import Detector
 from vramlab.drill.plan import DrillPlan, NeighbourSpec
 from vramlab.drill.recovery import LiveState
-from vramlab.drill.target import Target
+from vramlab.drill.target import SPAWNED_KINDS, Target
 from vramlab.records import SampleRecord
 from vramlab.records.events import EventKind
 
@@ -170,7 +170,7 @@ class Watchers:
         while True:
             lines = (
                 await asyncio.to_thread(self.target.logs, since)
-                if self.plan.target.kind not in ("sim", "process")
+                if self.plan.target.kind not in SPAWNED_KINDS
                 else self.target.logs(since)
             )
             since = time.time()
@@ -183,10 +183,10 @@ class Watchers:
                     if t - self._last_log_event.get(kind, -1e9) > 2.0:
                         self.run.emit(kind, f.message[:300], **f.data)
                     self._last_log_event[kind] = t
-            await asyncio.sleep(0.1 if self.plan.target.kind in ("sim", "process") else 1.0)
+            await asyncio.sleep(0.1 if self.plan.target.kind in SPAWNED_KINDS else 1.0)
 
     async def _process_loop(self) -> None:
-        local = self.plan.target.kind in ("sim", "process")
+        local = self.plan.target.kind in SPAWNED_KINDS
         while True:
             if self.state.restarting:  # the supervisor's own stop is no exit of the target's
                 await asyncio.sleep(0.05)
@@ -278,6 +278,9 @@ def _last_log_line(target: Any) -> str | None:
 
 
 _ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception): \S")
+# An error named in advice, not raised: a logger's INFO/WARNING record (vLLM 0.32 warns at start-up that its file
+# limit "can cause fd limit errors like `OSError: [Errno 24] Too many open files`"), or a name quoted in backticks.
+_NOT_RAISED = re.compile(r"\b(?:DEBUG|INFO|WARNING) +\d\d-\d\d \d\d:\d\d")
 
 
 def last_error_line(target: Any) -> str | None:
@@ -285,6 +288,6 @@ def last_error_line(target: Any) -> str | None:
     256"), for a failure whose answers carried no words of the server (a stream cut before any token)."""
     for line in reversed(_log_tail_lines(target, 64 * 1024)):
         m = _ERROR_LINE.search(line)
-        if m:
+        if m and line[m.start() - 1 : m.start()] != "`" and not _NOT_RAISED.search(line):
             return line[m.start() :][:240]
     return None

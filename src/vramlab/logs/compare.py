@@ -12,10 +12,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from vramlab.capacity.estimate import Estimate
-from vramlab.capacity.gpus import GPU, GPUS, custom_gpu, get_gpu
 from vramlab.capacity.settings import EngineSettings
-from vramlab.capacity.units import GIB
-from vramlab.errors import ConfigError, VramlabError
+from vramlab.errors import ConfigError
+from vramlab.logs.cards import gpu_for, llamacpp_placement
 from vramlab.logs.observation import Observation
 
 # Estimate component name -> Observation field.
@@ -72,6 +71,8 @@ def settings_for(obs: Observation, **overrides: Any) -> EngineSettings:
     values.pop("engine", None)
     if engine == "ollama":
         _ollama_settings(obs, values)
+    elif engine == "llama.cpp":
+        values.update({k: v for k, v in llamacpp_placement(obs).items() if k not in values})
     elif obs.engine == "ollama":
         values.pop("engine_version", None)  # Ollama's release number is not llama.cpp's build
     if obs.max_model_len and engine in ("vllm", "tgi") and "max_model_len" not in values:
@@ -89,42 +90,6 @@ def settings_for(obs: Observation, **overrides: Any) -> EngineSettings:
         return EngineSettings(engine=engine, **values)
     except TypeError as exc:
         raise ConfigError(f"settings from the log do not fit: {exc}") from None
-
-
-def _catalog_card(name: str) -> GPU | None:
-    base = name.strip().lower().replace("nvidia", "").replace("geforce", "").replace("tesla", "").strip()
-    for cand in (name, base, base.replace(" ", "-"), base.split()[-1] if base.split() else base):
-        try:
-            return get_gpu(cand)
-        except VramlabError:
-            continue
-    return None
-
-
-def gpu_for(obs: Observation, gpu: str | None = None) -> tuple[GPU, str]:
-    """The card to predict for, and why: --gpu, else the log's total memory (the closest catalog
-    card within 1 %, with the log's exact figure), else the card the log names."""
-    if gpu:
-        card = get_gpu(gpu)
-        return card, f"{card.name} (--gpu)"
-    if obs.total_gpu_memory_bytes:
-        total_gib = obs.total_gpu_memory_bytes / GIB
-        close = min(GPUS, key=lambda g: abs(g.memory_gib - total_gib))
-        if abs(close.memory_gib - total_gib) <= 0.01 * total_gib:
-            return custom_gpu(
-                total_gib, like=close
-            ), f"{close.name} (closest to the log's {total_gib:.2f} GiB total)"
-        return custom_gpu(total_gib), f"a {total_gib:.2f} GiB card (the log's total memory)"
-    if (
-        model_engine(obs) == "ollama" and obs.free_gpu_memory_bytes
-    ):  # Ollama decides on the free memory it logs
-        free_gib = obs.free_gpu_memory_bytes / GIB
-        like = _catalog_card(obs.gpu) if obs.gpu else None
-        return custom_gpu(free_gib, like=like), f"the {free_gib:.2f} GiB Ollama logged as available"
-    named = _catalog_card(obs.gpu) if obs.gpu else None
-    if named is not None:
-        return named, f"{named.name} (named in the log)"
-    raise ConfigError("the log does not print the GPU's total memory or a known card; pass --gpu")
 
 
 @dataclass(frozen=True)
@@ -165,6 +130,11 @@ class Comparison:
         pred["kv_difference_by_component"] = {k: int(v) for k, v in self.contributions.items()}
         pred["explained_by"] = self.explains
         pred["gpu_choice"] = self.gpu_reason
+        devices = pred.get("devices")
+        rank = self.observation.rank
+        if self.estimate.engine == "llama.cpp" and isinstance(devices, list) and len(devices) > 1:
+            if rank is not None and rank < len(devices):  # `difference` is this rank's device's buffers
+                pred["compared_device"] = devices[rank]["device"]
         return pred
 
 
@@ -176,7 +146,18 @@ OLLAMA_FIELD = {
 }
 
 
-def predicted_value(est: Estimate, field: str) -> float | None:
+# llama.cpp prints each device's buffers; the plan's per-device table has the same three.
+DEVICE_FIELD = {
+    "weights_bytes": "model_buffer_bytes",
+    "kv_cache_bytes": "kv_buffer_bytes",
+    "activation_peak_bytes": "compute_buffer_bytes",
+}
+
+
+def predicted_value(est: Estimate, field: str, rank: int | None = None) -> float | None:
+    devices = est.extra.get("devices") if est.engine == "llama.cpp" else None
+    if isinstance(devices, list) and len(devices) > 1 and rank is not None and field in DEVICE_FIELD:
+        return devices[rank][DEVICE_FIELD[field]] if rank < len(devices) else None
     ollama: dict[str, float] | None = est.extra.get("ollama") if est.engine == "ollama" else None
     if ollama is not None:
         if field == "activation_peak_bytes":
@@ -197,7 +178,7 @@ def predicted_value(est: Estimate, field: str) -> float | None:
 
 
 def compare(obs: Observation, est: Estimate, gpu_reason: str = "") -> Comparison:
-    rows = tuple(Row(f, getattr(obs, f), predicted_value(est, f)) for f in ROWS)
+    rows = tuple(Row(f, getattr(obs, f), predicted_value(est, f, obs.rank)) for f in ROWS)
     if est.engine == "ollama":  # its own decision: the layers it offloads and the GPU total it expects
         rows += (
             Row(
@@ -219,7 +200,8 @@ def compare(obs: Observation, est: Estimate, gpu_reason: str = "") -> Comparison
         seen = getattr(obs, field)
         if seen is not None:
             # Predicting a component X bytes too high predicts the KV pool X bytes too low.
-            contributions[comp.name] = -(comp.bytes - seen)
+            planned = predicted_value(est, field, obs.rank)  # llama.cpp: this device's buffer
+            contributions[comp.name] = -((comp.bytes if planned is None else planned) - seen)
     seen_budget: float | None = obs.budget_bytes
     if seen_budget is None and obs.total_gpu_memory_bytes and obs.gpu_memory_utilization:
         seen_budget = obs.total_gpu_memory_bytes * obs.gpu_memory_utilization
@@ -305,3 +287,17 @@ def attribution_sentences(attrs: list[Attribution]) -> list[str]:
             f"({a.share:.0%} of it; n={a.n}, median |KV error| {a.median_kv_error:.1%})"
         )
     return lines
+
+
+__all__ = [
+    "COMPONENT_FIELD",
+    "Comparison",
+    "Row",
+    "attribute",
+    "attribution_sentences",
+    "compare",
+    "gpu_for",
+    "model_engine",
+    "predicted_value",
+    "settings_for",
+]

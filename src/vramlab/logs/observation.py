@@ -35,6 +35,7 @@ SETTINGS_KEYS = (
     "enforce_eager",
     "block_size",
     "kv_cache_memory_bytes",
+    "num_gpu_blocks_override",
     "mem_fraction_static",
     "chunked_prefill_size",
     "cuda_graph_max_bs",
@@ -47,6 +48,12 @@ SETTINGS_KEYS = (
     "flashinfer_sampler",
     "gpu_p2p",
     "limit_mm_per_prompt",
+    "split_mode",
+    "main_gpu",
+    "n_cpu_moe",
+    "cache_type_v",
+    "no_kv_offload",
+    "mmap",
 )
 
 # Component fields compared with a prediction, in the order the tables print them.

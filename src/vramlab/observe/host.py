@@ -2,7 +2,9 @@
 
 The target's RSS counts its child processes too (vLLM's engine core, a shell's `exec`-less child):
 the memory the serving process tree holds. A drill that started the target follows its pid across
-restarts (``pid_of``)."""
+restarts (``pid_of``).
+Shared pages (the torch libraries) count in each process, as `ps` counts them: vLLM's CPU build serves
+from three processes (API server, engine core, worker), each with torch loaded."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from vramlab.capacity.estimate import Estimate
-from vramlab.capacity.gpus import GPU
+from vramlab.capacity.gpus import GPU, HOST_DEVICE
 from vramlab.capacity.planning import Plan, SweepResult
 from vramlab.capacity.spec import ModelSpec
 from vramlab.capacity.units import gib
@@ -23,6 +23,22 @@ def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[st
         out.append("  ".join(cells).rstrip())
     out.insert(1, "  ".join("-" * w for w in widths))
     return out
+
+
+# Where the plan's memory is: a card's, or the host's for a CPU engine (--gpu cpu): (size, total, headroom, KV)
+_WHERE = {
+    False: ("usable per GPU", "per GPU at steady state", "left on the card", "on this GPU"),
+    True: (
+        "of host memory; a CPU engine, no CUDA context",
+        "host memory at steady state",
+        "left on the host",
+        "in host memory",
+    ),
+}
+
+
+def _where(e: Any) -> tuple[str, str, str, str]:
+    return _WHERE[e.gpu == HOST_DEVICE]
 
 
 def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
@@ -41,7 +57,7 @@ def _heading(plan: Plan, model: ModelSpec, gpu: GPU) -> list[str]:
     e = plan.estimate
     s = e.settings
     lines = [
-        f"{model.name} on {gpu.name} ({gib(e.gpu_memory_bytes)} GiB usable per GPU) with {e.engine} {e.engine_version}"
+        f"{model.name} on {gpu.name} ({gib(e.gpu_memory_bytes)} GiB {_where(e)[0]}) with {e.engine} {e.engine_version}"
         + (f" [{s['engine_mode']}]" if "engine_mode" in s else ""),
         "settings: " + ", ".join(f"{k}={v}" for k, v in s.items() if v is not None and k != "engine_mode"),
         f"model facts: {model.source or 'given'}"
@@ -64,8 +80,8 @@ def _components(e: Estimate) -> list[str]:
         ]
         for c in e.components
     ]
-    rows.append(["total used", gib(e.used_bytes), "", "", "", "per GPU at steady state"])
-    rows.append(["headroom", gib(e.headroom_bytes), "", "", "", "left on the card"])
+    rows.append(["total used", gib(e.used_bytes), "", "", "", _where(e)[1]])
+    rows.append(["headroom", gib(e.headroom_bytes), "", "", "", _where(e)[2]])
     return _table(
         ["component", "GiB", "band GiB", "budget", "provenance", "where the error comes from"], rows, {1, 2}
     )
@@ -75,7 +91,7 @@ def _pool(e: Estimate) -> list[str]:
     lines = [
         f"KV pool: {gib(e.kv_cache_bytes)} GiB = {e.kv_cache_tokens:,} tokens"
         + (f" ({e.num_blocks:,} blocks of {e.block_size})" if e.block_size > 1 and e.engine == "vllm" else "")
-        + f"; {e.kv_bytes_per_token:,} B per token on this GPU"
+        + f"; {e.kv_bytes_per_token:,} B per token {_where(e)[3]}"
     ]
     lines += _kv_band(e)
     if e.per_sequence_state_bytes:

@@ -90,7 +90,7 @@ def resolve_server(ctx: Context) -> ServerSetup:
         raise ConfigError(f"the context length of {ctx.model.name} is unknown: pass --ctx-size")
     if n_ctx < slots and not unified:
         raise ConfigError(f"--parallel {slots} needs --ctx-size of at least {slots}")
-    if python_server:
+    if python_server and settings.n_gpu_layers is None and not ctx.gpu.is_host:
         notes.append(
             "llama-cpp-python's server puts no layers on the GPU by default (n_gpu_layers=0): "
             "planned with every layer offloaded (--n_gpu_layers -1)"

@@ -3,7 +3,8 @@ grows with batch x length.
 
 Memory = weights + batch x length x KV bytes per token + the prefill activation peak (hidden
 states for every prompt token, and fp32 logits of the last position from 4.45 on, every
-position before) + the CUDA context.
+position before) + the CUDA context; on the CPU (`--gpu cpu`) host memory, with the Python/torch
+runtime (and the HTTP server) as its own term instead of a CUDA context.
 
 - dtype: from 5.0 `from_pretrained` loads the checkpoint's own dtype by default (`dtype="auto"`);
   before, float32 unless `torch_dtype="auto"` was passed. An F32 checkpoint stays F32 on 5.x.
@@ -49,6 +50,17 @@ def activation_bytes(ctx: Context, batch: int, tokens: int) -> float:
     return hidden + inter + logits
 
 
+def runtime_component(ctx: Context) -> Component:
+    """The CUDA context on a card; on the host, the Python/torch runtime with the HTTP server instead."""
+    if ctx.gpu.is_host:
+        return ctx.constant_component(
+            "runtime",
+            "transformers_cpu_runtime_bytes",
+            "Python, torch, transformers and the HTTP server (host memory; no CUDA context on the CPU)",
+        )
+    return ctx.constant_component("cuda_context", "cuda_context_bytes", "CUDA context and cuBLAS")
+
+
 def plan(ctx: Context) -> PolicyResult:
     settings, constants = ctx.settings, ctx.constants
     length = context_length(ctx)
@@ -59,7 +71,7 @@ def plan(ctx: Context) -> PolicyResult:
     key = "hf_activation_hidden_copies"
     activation = activation_bytes(ctx, batch, length)
     comps: list[Component] = [
-        ctx.constant_component("cuda_context", "cuda_context_bytes", "CUDA context and cuBLAS"),
+        runtime_component(ctx),
         ctx.weights_component(),
         band(
             "activation_peak",
@@ -86,8 +98,8 @@ def plan(ctx: Context) -> PolicyResult:
     reasons = []
     if used > total - other:
         reasons.append(
-            f"batch {batch} x {length} tokens needs {gib(used, unit=True)}; the card has "
-            f"{gib(total - other, unit=True)} (torch.OutOfMemoryError)"
+            f"batch {batch} x {length} tokens needs {gib(used, unit=True)}; the {_where(ctx)} has "
+            f"{gib(total - other, unit=True)} ({'MemoryError' if ctx.gpu.is_host else 'torch.OutOfMemoryError'})"
         )
     notes = ["transformers keeps no pool: memory grows with every token generated"]
     if serial:
@@ -119,3 +131,7 @@ def plan(ctx: Context) -> PolicyResult:
         reasons=reasons,
         notes=notes,
     )
+
+
+def _where(ctx: Context) -> str:
+    return "host" if ctx.gpu.is_host else "card"
