@@ -16,8 +16,9 @@ import pytest
 
 from _narrow import some
 from vramlab.analysis.incident import analyse
+from vramlab.drill.kind import DrillKind
 from vramlab.drill.plan import parse_plan
-from vramlab.drill.runner import DrillRunner
+from vramlab.drill.start import run_drill_kind
 from vramlab.load.retry import RetryPolicy
 from vramlab.store import open_store
 
@@ -78,8 +79,8 @@ def _doc(tmp_path: Path) -> dict:
 
 def test_hang_is_named_detected_not_recovered_and_rolled_back(tmp_path):
     store = open_store(str(tmp_path / "s.db"))
-    runner = DrillRunner(parse_plan(_doc(tmp_path)), store)
-    result = asyncio.run(asyncio.wait_for(runner.run(), 40))
+    runner = DrillKind(parse_plan(_doc(tmp_path)), store)
+    result = asyncio.run(asyncio.wait_for(run_drill_kind(runner, store), 40))
     rid = runner.run_id
     events = store.events(rid)
     requests = store.requests(rid)

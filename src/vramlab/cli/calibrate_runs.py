@@ -25,10 +25,10 @@ def looks_like_runs(inputs: list[str]) -> bool:
 def measure(store: Any, run_id: str) -> Any:
     """A RunMeasure from the store; ConfigError (one line) when the run cannot teach anything."""
     from vramlab.capacity.run_calibration import RunMeasure
-    from vramlab.drill.capacity_plan import PlanFacts, resolve_facts
     from vramlab.errors import ConfigError
     from vramlab.report import load_context
     from vramlab.report.composition import composition_of
+    from vramlab.run.capacity_plan import PlanFacts, resolve_facts
 
     try:
         ctx = load_context(store, run_id)

@@ -11,8 +11,9 @@ import argparse
 from typing import Any
 
 from vramlab.cli import plan_device
+from vramlab.engines import names
 
-ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama")
+ENGINES = names()  # every engine vramlab plans (vramlab.engines)
 SERVERS = ("vllm", "sglang", "tgi", "transformers")  # the GPU servers: tensor parallel, dtype, a paged pool
 GGUF = ("llama.cpp", "ollama")
 
