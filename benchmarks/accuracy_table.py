@@ -37,6 +37,61 @@ def first_look(path: Path) -> dict[str, list[float]]:
     return out
 
 
+def first_look_batches(path: Path, per_row: list[dict[str, Any]], pct: Any) -> list[dict[str, Any]]:
+    """Each never-seen batch as its results file scored it before any change it caused, beside the same rows now:
+    the batch's file, its rows, |KV capacity error| median / p90 % at the first look and now (accuracy.py's
+    per-row lines at the shipped defaults; a row scored then that the planner no longer resolves is named)."""
+    now = {str(line["row"]): capacity_error(_metrics(line)) for line in per_row}
+    batches: dict[str, list[dict[str, Any]]] = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                batches.setdefault(str(rec["first_look"]), []).append(rec)
+    out = []
+    for name, recs in batches.items():
+        first = [
+            abs(float(r["kv_capacity_error_pct"])) for r in recs if r.get("kv_capacity_error_pct") is not None
+        ]
+        current = [abs(e) for r in recs if (e := now.get(str(r["row"]))) is not None]
+        out.append(
+            {
+                "first_look": name,
+                "rows": [str(r["row"]) for r in recs],
+                "skipped_then": [str(r["row"]) for r in recs if r.get("kv_capacity_error_pct") is None],
+                "first": (len(first), pct(first, 0.5), pct(first, 0.9)) if first else None,
+                "now": (len(current), pct(current, 0.5), pct(current, 0.9)) if current else None,
+                # scored at the first look, not planned now (a row skipped then, e.g. a refused context, is not)
+                "missing_now": sorted(
+                    str(r["row"])
+                    for r in recs
+                    if r.get("kv_capacity_error_pct") is not None and now.get(str(r["row"])) is None
+                ),
+            }
+        )
+    return out
+
+
+def print_batches(batches: list[dict[str, Any]]) -> None:
+    print(
+        "\nEach never-seen batch at its first look (before any change it caused) and now, |KV capacity error| %:"
+    )
+    print(f"  {'first look':58} {'rows':>4}  {'first look: median / p90':>25}  {'now: median / p90':>18}")
+    for b in batches:
+        cells = [
+            f"{b[key][1]:6.1f} / {b[key][2]:6.1f} (n={b[key][0]})" if b[key] else "-"
+            for key in ("first", "now")
+        ]
+        missing = f"  not planned now: {', '.join(b['missing_now'])}" if b["missing_now"] else ""
+        missing += f"  skipped at the first look: {', '.join(b['skipped_then'])}" if b["skipped_then"] else ""
+        print(f"  {b['first_look']:58} {len(b['rows']):>4}  {cells[0]:>25}  {cells[1]:>18}{missing}")
+
+
+def _metrics(line: dict[str, Any]) -> dict[str, Any]:
+    """The signed errors (%) of one per-row line (metric -> (planned, observed, error))."""
+    return {m: v[2] for m, v in line.items() if isinstance(v, tuple | list) and len(v) == 3}
+
+
 def capacity_error(metrics: dict[str, Any]) -> float | None:
     """One row's KV capacity error (%): the GiB figure where the row has one, else the tokens."""
     for metric in ("kv_cache_gib", "kv_cache_tokens"):
@@ -50,9 +105,7 @@ def never_seen_now(per_row: list[dict[str, Any]]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for line in per_row:
         if str(line.get("group")).startswith("unseen-"):
-            err = capacity_error(
-                {m: v[2] for m, v in line.items() if isinstance(v, tuple | list) and len(v) == 3}
-            )
+            err = capacity_error(_metrics(line))
             if err is not None:
                 out.setdefault(str(line["engine"]), []).append(abs(err))
     return out
