@@ -43,6 +43,7 @@ from accuracy_table import (  # noqa: E402
     held_out_capacity,
     never_seen_now,
     print_batches,
+    readme_block,
     table,
 )
 from bands import band_coverage, band_score, print_bands  # noqa: E402  (band_score: tests call it here)
@@ -350,7 +351,8 @@ def main() -> int:
     calibrated = [] if args.no_calibration else calibrated_loo(rows, configs)
     held_out = {} if args.no_calibration else leave_one_group_out(rows, configs)
     placement = local_engines.table(rows, lambda row: _plan(row, configs))
-    readme_table = (
+    readme_table = readme_block(held_out) if held_out else None
+    first_look_table = (
         table(
             first_look(FIRST_LOOK),
             never_seen_now(per_row),
@@ -376,6 +378,7 @@ def main() -> int:
                     "leave_one_group_out": held_out,
                     "placement": placement,
                     "readme_table": readme_table,
+                    "first_look_table": first_look_table,
                     "first_look_batches": batches,
                 },
                 indent=1,
@@ -402,7 +405,8 @@ def main() -> int:
     if held_out:
         print_held_out(held_out, summary)
         print(
-            f"\nThe README's accuracy table (each never-seen row's first look from {FIRST_LOOK.name}):\n{readme_table}"
+            f"\nPer engine, each never-seen row at its first look ({FIRST_LOOK.name}) beside the model now:\n"
+            f"{first_look_table}\n\nThe README's accuracy table (`--readme-table`):\n{readme_table}"
         )
     return 0
 

@@ -1,5 +1,5 @@
-"""The README's accuracy table for benchmarks/accuracy.py: per engine, the never-seen rows at their first look beside
-the model as it stands (never-seen rows, every row held-out) and the band's coverage.
+"""The tables of benchmarks/accuracy.py: the README's accuracy block (held-out KV error pools, each engine's band
+coverage), and per engine and per batch the never-seen rows at their first look beside the model as it stands.
 
 The first look of each never-seen row is what its batch's results file recorded before any change that batch caused
 (benchmarks/results/unseen-*-first-look-*.txt); benchmarks/results/first-look.jsonl carries that per-row figure in a
@@ -20,8 +20,16 @@ ENGINES = (
     ("llama.cpp", "llama.cpp"),
     ("ollama", "Ollama"),
 )
-BEGIN = "<!-- accuracy-table: printed by `python benchmarks/accuracy.py --readme-table`; a test keeps them equal -->"
+BEGIN = (
+    "<!-- accuracy-table: the figures `python benchmarks/accuracy.py` prints; "
+    "tests/test_accuracy_benchmark.py keeps them equal -->"
+)
 END = "<!-- /accuracy-table -->"
+POOLS = (
+    ("every row", "pooled"),
+    ("outside the vLLM 0.19 H100 sweep", "pooled_outside_the_019_sweep"),
+    ("never seen (collected after the model was written)", "pooled_unseen"),
+)
 
 
 def first_look(path: Path) -> dict[str, list[float]]:
@@ -120,6 +128,32 @@ def _coverage(entry: dict[str, Any], key: str) -> str:
     return f"{e['inside'] * 100:.1f} % of {e['n']}" if e else "-"
 
 
+def readme_block(held_out: dict[str, Any]) -> str:
+    """The README's accuracy block, markers included: the held-out KV error pools and each engine's band coverage
+    (share inside, mean width), from leave_one_group_out's result."""
+    lines = [BEGIN, "| KV cache, held-out | rows | median | p90 |", "| --- | ---: | ---: | ---: |"]
+    for label, pool in POOLS:
+        kv = held_out[pool]["kv_cache_gib"]
+        lines.append(f"| {label} | {kv['n']} | {kv['median']:.1f} % | {kv['p90']:.1f} % |")
+    lines += [
+        "",
+        "| band coverage, held-out | never seen: inside (band width) | every row: inside (band width) |",
+        "| --- | --- | --- |",
+    ]
+    for key, name in ENGINES:
+        entry = held_out["bands"].get(key)
+        if entry:
+            lines.append(f"| {name} | {_band(entry.get('unseen'))} | {_band(entry.get('all'))} |")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def _band(entry: dict[str, Any] | None) -> str:
+    return (
+        "–" if not entry else f"{entry['inside'] * 100:.1f} % of {entry['n']} ({entry['mean_width']:.1f} %)"
+    )
+
+
 def table(
     first: dict[str, list[float]],
     now: dict[str, list[float]],
@@ -127,9 +161,9 @@ def table(
     bands: dict[str, Any],
     pct: Any,
 ) -> str:
-    """The Markdown block, markers included. *pct* is accuracy.py's percentile (one definition of p90)."""
+    """Per engine, the never-seen rows at their first look beside the model now (never-seen rows, every row
+    held-out) and the band's coverage. *pct* is accuracy.py's percentile (one definition of p90)."""
     lines = [
-        BEGIN,
         "| engine | never-seen, first look (n: median / p90) | never-seen, now | every row, now, held-out "
         "| band coverage, held-out: never-seen / every row |",
         "| --- | --- | --- | --- | --- |",
@@ -142,7 +176,6 @@ def table(
             f"| {name} | {_cell(first.get(key, []), pct)} | {_cell(now.get(key, []), pct)} | "
             f"{_cell(held_out_by_engine.get(key, []), pct)} | {_coverage(entry, 'unseen')} / {_coverage(entry, 'all')} |"
         )
-    lines.append(END)
     return "\n".join(lines)
 
 
