@@ -72,6 +72,27 @@ class Saturation:
     preemption: Hit | None  # the engine's preemption counter rose
     queueing: Hit | None  # requests waiting for most of the window
     refusal: Hit | None  # requests refused for their length (a context beyond what the engine holds)
+    step_values: tuple[float, ...] = ()  # the ramp's values, in order (what "one step apart" counts in)
+
+    @property
+    def predicted_step_value(self) -> float | None:
+        """The first step at or past the predicted value: where the plan says the engine shows its limit
+        (a pool full at that load, or past it a preemption, a queue, a refusal). None when the predicted
+        value is beyond the last step or there is none."""
+        if self.predicted_value is None:
+            return None
+        return next((v for v in self.step_values if v >= self.predicted_value), None)
+
+    @property
+    def steps_apart(self) -> int | None:
+        """How many steps lie between the predicted step and the observed one (0: the same step); None
+        when either is missing. A limit predicted beyond the ramp and never seen agrees (0)."""
+        seen, pred = self.observed, self.predicted_step_value
+        if seen is None and pred is None and self.predicted_value is not None and self.step_values:
+            return 0
+        if seen is None or pred is None or seen.value not in self.step_values:
+            return None
+        return abs(self.step_values.index(seen.value) - self.step_values.index(pred))
 
     @property
     def observed(self) -> Hit | None:
@@ -218,7 +239,13 @@ def saturation(
         first["preemption"],
         first["queueing"],
         refusals(requests),
+        tuple(sorted({s.value for s in steps} | _request_steps(requests))),
     )
+
+
+def _request_steps(requests: Sequence[RequestRecord]) -> set[float]:
+    """The step values the requests were sent at (a step with no engine sample still counts)."""
+    return {r.step_value for r in requests if r.phase in STEP_PHASES and r.step_value is not None}
 
 
 __all__ = [
