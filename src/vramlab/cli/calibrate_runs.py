@@ -22,10 +22,9 @@ def looks_like_runs(inputs: list[str]) -> bool:
     return bool(inputs) and all(RUN_ID.match(x) and not Path(x).exists() for x in inputs)
 
 
-def measure(store: Any, run_id: str) -> Any:
-    """A RunMeasure from the store; ConfigError (one line) when the run cannot teach anything."""
-    from vramlab.capacity.run_calibration import RunMeasure
-    from vramlab.drill.capacity_plan import PlanFacts, resolve_facts
+def _stored(store: Any, run_id: str) -> tuple[Any, Any, list[Any]]:
+    """The run's report context, its composition and its measured windows; ConfigError (one line) when the
+    run is unknown, stored no plan, or measured nothing."""
     from vramlab.errors import ConfigError
     from vramlab.report import load_context
     from vramlab.report.composition import composition_of
@@ -48,6 +47,16 @@ def measure(store: Any, run_id: str) -> Any:
             f"run {rid}: no usable memory measurement (no start-up log figures and no device or "
             "host reading); run it with a gpu/ledger sampler or target.log_file"
         )
+    return ctx, comp, measured_rows
+
+
+def measure(store: Any, run_id: str) -> Any:
+    """A RunMeasure from the store; ConfigError (one line) when the run cannot teach anything."""
+    from vramlab.capacity.run_calibration import RunMeasure
+    from vramlab.drill.capacity_plan import PlanFacts, resolve_facts
+
+    ctx, comp, measured_rows = _stored(store, run_id)
+    rid = ctx.run.run_id
     f = comp.plan_facts
     planned, printed = dict(f.get("settings") or {}), engine_settings(comp.startup)
     spec, card, settings = resolve_facts(
@@ -63,7 +72,8 @@ def measure(store: Any, run_id: str) -> Any:
     heaviest = (
         max(measured_rows, key=lambda r: r.figure("peak").measured_bytes or 0) if measured_rows else None
     )
-    measured, evidence, rows = heaviest_figures(heaviest)
+    host = bool(comp.plan and comp.plan.get("gpu") == "cpu")
+    measured, evidence, rows = heaviest_figures(heaviest, host)
     differs = {k: v for k, v in printed.items() if planned.get(k) != v}
     if differs:
         said = ", ".join(f"{k} {v}" for k, v in sorted(differs.items()))
@@ -74,15 +84,16 @@ def measure(store: Any, run_id: str) -> Any:
     rest = None
     w = (comp.startup or {}).get("weights_bytes") or measured.get("resident_model")
     pool = measured.get("kv_cache")
-    if (
-        comp.rest_bytes is not None
-        and w
-        and pool
-        and heaviest is not None
-        and not heaviest.figure("peak").host_memory
-    ):
+    if comp.rest_bytes is not None and w and pool and heaviest is not None and not host:
         rest = comp.rest_bytes - int(w) - pool
         rows.append(f"device at rest: {comp.rest_bytes / (1 << 30):.3f} GiB")
+    windows, how = runtime_windows(ctx.samples, comp, startup, settings.engine) if host else ((), {})
+    if heaviest is not None:
+        at = next((x for x in windows if x[0] == window_label(heaviest)), None)
+        measured.update(
+            {"runtime": at[1], **({"api_server": at[2]} if at[2] is not None else {})} if at else {}
+        )
+    resident_src = heaviest.figure("resident_model").source if heaviest is not None else ""
     return RunMeasure(
         rid,
         settings.engine,
@@ -94,13 +105,26 @@ def measure(store: Any, run_id: str) -> Any:
         startup,
         evidence,
         tuple(rows),
-        host_runtime(comp, heaviest, startup),
+        host,
+        ("weights", "runtime", "api_server")
+        if host and resident_src.startswith("host memory")
+        else ("weights",),
+        windows,
+        how,
     )
 
 
-def heaviest_figures(heaviest: Any) -> tuple[dict[str, int], dict[str, str], list[str]]:
-    """The figures measured at the run's heaviest window (a device's: a host reading is no card's),
-    their sources, and the window's line."""
+def window_label(row: Any) -> str:
+    return (
+        f"round {row.round} {row.phase} {row.step_value:g}"
+        if row.step_value is not None
+        else (f"round {row.round} {row.phase}")
+    )
+
+
+def heaviest_figures(heaviest: Any, host: bool = False) -> tuple[dict[str, int], dict[str, str], list[str]]:
+    """The figures measured at the run's heaviest window (a device's; a host reading only where the plan
+    is for the host: it is no card's), their sources, and the window's line."""
     from vramlab.capacity.run_calibration import FIGURES
 
     measured: dict[str, int] = {}
@@ -109,24 +133,58 @@ def heaviest_figures(heaviest: Any) -> tuple[dict[str, int], dict[str, str], lis
         return measured, evidence, []
     for name in FIGURES:
         fig = heaviest.figure(name)
-        if fig.measured_bytes is not None and not fig.host_memory:
+        if fig.measured_bytes is not None and (host or not fig.host_memory):
             measured[name], evidence[name] = fig.measured_bytes, fig.source
     h = heaviest
     return measured, evidence, [f"round {h.round} {h.phase} {h.step_value} ({h.start_s:.1f}-{h.end_s:.1f} s)"]
 
 
-def host_runtime(comp: Any, heaviest: Any, startup: dict[str, float]) -> int | None:
-    """A CPU engine's runtime: its process tree's RSS at rest (before the first request) less the
-    model, KV and compute buffers its start-up log printed; None where any of them is unknown."""
-    if heaviest is None or not heaviest.figure("peak").host_memory or comp.rest_bytes is None:
-        return None
-    model = heaviest.figure("resident_model").measured_bytes
-    pool = heaviest.figure("kv_cache").measured_bytes
-    compute = startup.get("activation_peak_bytes")
-    if not (model and pool and compute):
-        return None
-    left = int(comp.rest_bytes - model - pool - compute)
-    return left if left > 0 else None
+def runtime_windows(
+    samples: Any, comp: Any, startup: dict[str, float], engine: str
+) -> tuple[tuple[tuple[str, int, int | None], ...], dict[str, str]]:
+    """A CPU engine's runtime per window from the host's readings of its processes (analysis/host_runtime.py),
+    and how they were derived per observed field (or, under "none", why there are none)."""
+    from vramlab.analysis.host_runtime import Window, split_readings, tree_readings
+
+    wins = [Window(window_label(r), r.start_s, r.end_s) for r in comp.rows]
+    pool = next((r.figure("kv_cache").measured_bytes for r in comp.rows), None)
+    mib = 1 << 20
+    if engine == "vllm":
+        if not pool:
+            return (), {
+                "none": "the engine showed its KV pool in tokens only: the worker's reading cannot be split"
+            }
+        comps = (comp.plan or {}).get("components", ())
+        weights = next((int(c["bytes"]) for c in comps if c["name"] == "weights"), 0)
+        reads = split_readings(samples, wins, weights + pool)
+        how = {
+            "runtime_bytes": f"the worker process's (VLLM::Worker) highest resident set less the weights "
+            f"({weights / mib:,.1f} MiB: the model file's tensors, as planned; the CPU build prints no loaded size) "
+            f"and the KV pool ({pool / mib:,.1f} MiB, the engine's words)",
+            "api_server_bytes": "the rest of the process tree (API server, engine core) at its highest",
+            "none": "the host's readings name no VLLM::Worker process (a build without setproctitle, or a run "
+            "stored before vramlab read each process): the worker cannot be told from the front end",
+        }
+    elif engine == "llama.cpp":
+        model = ((comp.startup or {}).get("extra") or {}).get("host_weights_bytes")
+        compute = startup.get("activation_peak_bytes")
+        if not (model and pool and compute):
+            return (), {
+                "none": "its start-up log printed no model, KV or compute buffer: its runtime is not told apart"
+            }
+        held = int(model + pool + compute)
+        reads = tree_readings(samples, wins, held)
+        how = {
+            "runtime_bytes": "the server's process tree at its highest less the model, KV and compute buffers its "
+            f"start-up log printed ({held / mib:,.1f} MiB)",
+            "none": "no reading of the server's process tree above its buffers",
+        }
+    else:
+        return (), {
+            "none": "its KV cache grows inside the same resident set as its runtime: a window's reading is no "
+            "runtime alone, so nothing is fitted from it"
+        }
+    return tuple((r.window, r.runtime_bytes, r.front_bytes) for r in reads), how
 
 
 # settings a start-up log prints that the plan takes (logs/<engine>.py parse them into these names)
