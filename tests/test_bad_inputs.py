@@ -81,7 +81,7 @@ CASES: list[Case] = [
             ("--gpu-memory-utilization", "-0.5"),
             ("--gpu-memory-utilization", "1.5"),
             ("--max-model-len", "0"),
-            ("--max-model-len", "-1"),
+            ("--max-model-len", "-5"),  # -1 is vLLM's auto context (0.12+)
             ("--max-model-len", "nan"),
             ("--max-num-seqs", "0"),
             ("--block-size", "0"),

@@ -125,7 +125,10 @@ def test_a_log_piped_on_stdin():
 def _filler(n: int, unique: bool) -> str:
     if not unique:  # one shape: throughput and access lines
         return "".join(
-            f"(APIServer pid=1) INFO 01-01 00:00:{i % 60:02d} [loggers.py:1] Engine 000: Running: {i} reqs\n"
+            # vLLM's periodic stats line as it prints it (loggers.py), "GPU KV cache usage" and all
+            f"(APIServer pid=1) INFO 01-01 00:00:{i % 60:02d} [loggers.py:123] Engine 000: Avg prompt throughput: "
+            f"{i % 997}.0 tokens/s, Avg generation throughput: {i % 113}.3 tokens/s, Running: {i % 9} reqs, "
+            f"Waiting: 0 reqs, GPU KV cache usage: {i % 100}.2%, Prefix cache hit rate: 0.0%\n"
             f'(APIServer pid=1) INFO:     127.0.0.1:{40000 + i} - "POST /v1/completions HTTP/1.1" 200 OK\n'
             for i in range(n // 2)
         )
@@ -144,6 +147,7 @@ def test_the_long_log_prefilter_never_drops_a_line_a_rule_reads(tmp_path, monkey
     import dataclasses
 
     from vramlab.logs import detect
+    from vramlab.logs.prefilter import blank_unread_lines
 
     logs = sorted(LOGS.glob("*.log")) + sorted((LOGS / "real").glob("*.log"))
     assert len(logs) >= 20
@@ -156,21 +160,23 @@ def test_the_long_log_prefilter_never_drops_a_line_a_rule_reads(tmp_path, monkey
 
         def parse(path):
             try:
-                return detect.parse_log(path)
+                return detect.parse_log(path, label="log")
             except Exception as exc:
                 return repr(exc)
 
-        fast = parse(p)
+        fast = parse(p)  # blanked as it is read
         with monkeypatch.context() as m:
-            m.setattr(detect, "_blank_unread_lines", lambda lines: 0)
-            full = parse(p)
+            m.setattr(detect, "blank_unread_lines", lambda lines: 0)
+            full = parse(detect.read_log(p, prefilter=False))
         if isinstance(full, str):
             assert fast == full, log.name
             continue
         assert dataclasses.asdict(fast) == dataclasses.asdict(full), log.name
         checked += 1
     assert checked >= 20
-    assert detect._blank_unread_lines(list(filler.splitlines()) * 2) > 0  # the filler is blanked
+    assert blank_unread_lines(list(filler.splitlines()) * 2) > 0  # the filler is blanked
+    p.write_text(filler * 3, encoding="utf-8")
+    assert sum(1 for line in detect.read_log(p) if not line) > 10000  # and blanked as it is read
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
@@ -204,3 +210,38 @@ def test_a_pipe_that_goes_quiet_is_read_up_to_where_it_stopped(tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["observations"] and any("sent nothing more for 1 s" in n for n in out["notes"]), out["notes"]
+
+
+_PEAK = (
+    "import resource, subprocess, sys\n"
+    "subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)\n"
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"  # KiB on Linux
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in KiB on Linux")
+def test_a_log_at_the_byte_cap_costs_a_fraction_of_the_cap_in_memory(tmp_path):
+    """check-log's peak memory on a log at its byte cap (a start-up, then throughput and access lines
+    to 64 MiB), less its peak on the start-up alone: under half the cap. Holding the text, its decoded
+    copy and its lines at once cost about 3.5 times the cap; each log is read in its own process,
+    whose peak resident memory the kernel counts, so the figure does not depend on the machine's load."""
+    head = (LOGS / "vllm-v1-0.19-debug.log").read_text(encoding="utf-8")
+    cap = 64 << 20
+    small, big = tmp_path / "startup.log", tmp_path / "big.log"
+    small.write_text(head, encoding="utf-8")
+    block = _filler(20_000, unique=False)
+    with big.open("w", encoding="utf-8") as fh:
+        fh.write(head)
+        for _ in range(cap // len(block) + 1):
+            fh.write(block)
+    assert big.stat().st_size > cap
+
+    def peak_kib(path: Path) -> int:
+        exe = str(Path(sys.executable).with_name("vramlab"))
+        cmd = [sys.executable, "-c", _PEAK, exe, "check-log", str(path), "--max-bytes", str(cap)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True)
+        return int(r.stdout.split()[-1])
+
+    extra = (peak_kib(big) - peak_kib(small)) * 1024
+    assert extra < cap / 2, f"{extra / (1 << 20):.0f} MiB over the start-up alone for a {cap >> 20} MiB log"

@@ -45,7 +45,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "capacity/engines/tgi.py:plan": (90, FORMATTED),
     "cli/drill.py:run": (94, FORMATTED),
     "load/workers.py:drive": (84, FORMATTED),
-    "report/check_log_text.py:render": (100, FORMATTED),
     "report/incident_text.py:action_items": (90, FORMATTED),
 }
 # Modules first counted over MODULE_MAX when `ruff format` laid them out (they were under 500 lines in
@@ -53,7 +52,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
 LONG_MODULES: dict[str, tuple[int, str]] = {
     "capacity/weights.py": (509, FORMATTED),
     "drill/kind.py": (526, FORMATTED),
-    "logs/vllm.py": (593, FORMATTED),
     "records/events.py": (538, FORMATTED),
     "report/core_sections.py": (630, FORMATTED),
     "report/incident.py": (599, FORMATTED),

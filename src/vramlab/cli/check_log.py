@@ -3,9 +3,12 @@
 Reads any excerpt of a vLLM (every era), SGLang, TGI, llama.cpp (llama-server or
 llama-cpp-python) or Ollama log: weights, non-torch memory, activation peak, CUDA graphs, KV
 cache bytes, tokens and blocks, maximum concurrency, and failed start-ups, per rank and per
-start-up. The prediction for the same settings is added when the model (named in the log or
---model) and the card (the log's total memory or --gpu) resolve; otherwise one line says what
-is missing. Several files or a folder give one table per engine era.
+start-up. The prediction for the same settings is added from what the log says: the model it
+names (or, for llama.cpp, the shape it prints), the card its total memory, nvidia-smi or device
+lines name, a llama.cpp device split; --model and --gpu fill only what it does not say, and one
+line names what is missing. A file holding several logs (compose, journald or k9s writers, two
+vLLM servers, several engines) gives a report for each. Several files or a folder give one table
+per engine era.
 
 examples:
   vramlab check-log vllm-startup.log
@@ -32,8 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="engine log(s) or folder(s) of logs (vLLM, SGLang, TGI, llama.cpp, Ollama); - reads stdin",
     )
-    parser.add_argument("--model", help="model name, Hub id or local path (default: the one the log names)")
-    parser.add_argument("--gpu", help="GPU catalog name (default: from the log's total memory)")
+    parser.add_argument(
+        "--model",
+        help="model name, Hub id or local path (default: the one the log names or llama.cpp's printed shape)",
+    )
+    parser.add_argument(
+        "--gpu",
+        help="GPU catalog name (default: the log's total memory, or the card its nvidia-smi or device lines name)",
+    )
     parser.add_argument("--engine", help="engine that wrote the log (default: detected)")
     parser.add_argument("--engine-version", help="engine version when the log does not print it")
     parser.add_argument(
@@ -60,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vramlab.logs.check import FolderReport, check_file, check_logs
-    from vramlab.report.check_log_text import render, render_folder
+    from vramlab.report.check_log_text import render, render_file, render_folder
 
     kwargs: dict[str, Any] = dict(
         model=args.model,
@@ -76,16 +85,16 @@ def run(args: argparse.Namespace) -> int:
         from vramlab.errors import ConfigError
 
         raise ConfigError(
-            f"--max-bytes must be between 1 and {MAX_BYTES_LIMIT:,} (1 GiB: a log is held in memory "
-            f"while it is read), got {args.max_bytes:,}"
+            f"--max-bytes must be between 1 and {MAX_BYTES_LIMIT:,} (1 GiB: reading takes time in "
+            f"proportion), got {args.max_bytes:,}"
         )
     if len(args.files) == 1 and not Path(args.files[0]).is_dir():
         reports, skipped = check_file(args.files[0], **kwargs)
         if len(reports) == 1 and not skipped:
             print(json.dumps(reports[0].to_json(), indent=1) if args.json else render(reports[0]))
             return 0
-        folder = FolderReport(reports, skipped)  # several writers in one file: a report each
-        print(json.dumps(folder.to_json(), indent=1) if args.json else render_folder(folder))
+        folder = FolderReport(reports, skipped)  # several logs in one file: a report each
+        print(json.dumps(folder.to_json(), indent=1) if args.json else render_file(reports, skipped))
         return 0
     folder = check_logs(args.files, **kwargs)
     print(json.dumps(folder.to_json(), indent=1) if args.json else render_folder(folder))

@@ -110,8 +110,9 @@ def command_flags(text: str, table: FlagTable, value: str = r"[^\s\\]+") -> dict
     return out
 
 
-def split_prefix(raw: str) -> tuple[str | None, str]:
-    """Separate a worker prefix from the message: ('rank=1', 'INFO ... Available KV ...')."""
+def strip_outer(raw: str) -> str:
+    """A line without colours, a k9s frame, a shipper's prefix or a JSON wrapper: the engine's own
+    line, its worker prefix (`(VllmWorker rank=1 pid=..)`) still in front."""
     text = raw.rstrip("\r\n")
     if "[" in text:
         text = _BARE_SGR.sub("", _ANSI.sub("", text))
@@ -122,6 +123,12 @@ def split_prefix(raw: str) -> tuple[str | None, str]:
             text = pat.sub("", text, count=1)
     if text.startswith("{") and '"message"' in text:  # JSON log lines (TGI --json-output, llama-server)
         text = _json_message(text)
+    return text
+
+
+def split_prefix(raw: str) -> tuple[str | None, str]:
+    """Separate a worker prefix from the message: ('rank=1', 'INFO ... Available KV ...')."""
+    text = strip_outer(raw)
     m = _PAREN_PREFIX.match(text)
     if m:
         who, args = m.group("who"), m.group("args")
@@ -171,6 +178,8 @@ class Rule:
     `once`: the line is printed once per worker per start-up, so seeing it again for the same
     worker means the engine started again. `shared`: the figure is engine-wide, not per rank.
     `accumulate`: figures of repeated lines add up (llama.cpp prints one KV buffer per cache).
+    `generic`: the line is not the engine's own wording (a pasted command's continuation line,
+    nvidia-smi's table): it is read, but does not tell which engine wrote the log.
     """
 
     name: str
@@ -180,6 +189,7 @@ class Rule:
     once: bool = False
     shared: bool = False
     accumulate: bool = False
+    generic: bool = False
     key: str | None = None  # literal text every matching line contains (see required_literal)
 
 
@@ -200,6 +210,9 @@ class _Group:
             # Only byte figures add up; counts (cells, seqs) of a repeated line are the same thing.
             if accumulate and k.endswith("_bytes") and isinstance(self.fields.get(k), int):
                 self.fields[k] += v
+            elif isinstance(v, dict) and isinstance(self.fields.get(k), dict):
+                for inner, value in v.items():  # a table read line by line (llama.cpp's hyperparameters)
+                    self.fields[k].setdefault(inner, value)
             else:
                 self.fields.setdefault(k, v)  # the first (most precise, earliest) value wins
 

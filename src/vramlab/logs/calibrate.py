@@ -109,7 +109,8 @@ def read_inputs(paths: Sequence[str | Path]) -> tuple[list[Observation], list[tu
     """Observations from logs (any engine), JSONL files and folders of both; unreadable logs and
     physically impossible observations are reported, never used."""
     from vramlab.logs.check import log_files
-    from vramlab.logs.detect import parse_log
+    from vramlab.logs.pieces import read_file
+    from vramlab.logs.reader import read_log, read_notes
 
     out: list[Observation] = []
     problems: list[tuple[str, str]] = []
@@ -126,13 +127,19 @@ def read_inputs(paths: Sequence[str | Path]) -> tuple[list[Observation], list[tu
         if path.suffix == ".jsonl":
             found = read_observations(path)  # a bad measurement line stops: it would bias the fit
         else:
-            try:
-                parsed = parse_log(path)
+            try:  # every log the file holds (writers, servers, engines: logs/pieces.py)
+                lines = read_log(path)
+                read = read_file(str(path), lines, None, read_notes(lines))
             except VramlabError as exc:
                 problems.append((str(path), str(exc)))
                 continue
-            found = parsed.observations
-            problems.extend((str(path), "incomplete start-up (log ends early)") for _ in parsed.incomplete)
+            problems.extend(read.skipped)
+            found = [o for piece in read.pieces for o in piece.parsed.observations]
+            problems.extend(
+                (piece.label, "incomplete start-up (log ends early)")
+                for piece in read.pieces
+                for _ in piece.parsed.incomplete
+            )
         for obs in found:
             why = impossible(obs)
             if why is not None:

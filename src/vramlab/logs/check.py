@@ -9,7 +9,6 @@ carries one line saying what is missing.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from vramlab.errors import ConfigError, VramlabError
 from vramlab.logs.compare import Comparison, attribute, attribution_sentences, compare, gpu_for, settings_for
 from vramlab.logs.detect import parse_log
 from vramlab.logs.era import Era, era_of
+from vramlab.logs.models import _resolve, model_candidates, model_for
 from vramlab.logs.observation import Observation
 from vramlab.logs.refusal import refusal_lines
 
@@ -31,6 +31,9 @@ class Item:
     settings_used: dict[str, Any] = field(default_factory=dict)
     era: Era | None = None
     refusal: list[str] = field(default_factory=list)  # a refused start-up beside the plan (logs/refusal.py)
+    notes: list[str] = field(
+        default_factory=list
+    )  # how the prediction was made, where it is not the usual way
 
     def era_or_inferred(self) -> Era:
         """The era given, else the one the observation's wording implies."""
@@ -56,6 +59,8 @@ class CheckReport:
                 o["prediction"] = it.comparison.to_json()
                 if it.refusal:
                     o["prediction"]["refusal"] = it.refusal
+                if it.notes:
+                    o["prediction"]["notes"] = it.notes
             else:
                 o["prediction"] = None
                 o["prediction_error"] = it.error
@@ -105,20 +110,24 @@ def predict(
     era: Era | None = None,
     quantization: str | None = None,
 ) -> Item:
-    """Predict one observation's start-up. What is missing becomes the item's `error`."""
+    """Predict one observation's start-up. What is missing (the model, the card, or both) becomes the
+    item's `error`, one clause per missing fact with the flag that fills it."""
     from vramlab.capacity import estimate
 
+    notes: list[str] = []
+    missing: list[str] = []
     if spec is None:
-        names = [n for n in (model, obs.model, obs.extra.get("model_path")) if isinstance(n, str) and n]
-        if not names:
-            return Item(obs, error="the log does not name the model; pass --model for a prediction", era=era)
-        spec, why = _resolve(names[0], offline, explicit=model is not None)
-        if spec is None and len(names) > 1 and model is None:
-            spec, _ = _resolve(names[1], offline, explicit=False)
+        spec, why, notes = model_for(obs, model, offline, quantization)
         if spec is None:
-            return Item(obs, error=why, era=era)
+            missing.append(why)
+    card, reason = None, ""
     try:
         card, reason = gpu_for(obs, gpu)
+    except VramlabError as exc:
+        missing.append(str(exc))
+    if missing or card is None:
+        return Item(obs, error="; ".join(missing), era=era)
+    try:
         overrides: dict[str, Any] = {"engine_version": engine_version, "quantization": quantization}
         if engine_version is None and not obs.engine_version and era is not None and era.version_hint:
             overrides["engine_version"] = era.version_hint  # the era's first release, said in the settings
@@ -140,65 +149,13 @@ def predict(
         return max_len_that_fits(spec, card, settings.with_(max_model_len=None), constants)
 
     return Item(
-        obs, compare(obs, est, reason), settings_used=used, era=era, refusal=refusal_lines(obs, est, longest)
+        obs,
+        compare(obs, est, reason),
+        settings_used=used,
+        era=era,
+        refusal=refusal_lines(obs, est, longest),
+        notes=notes,
     )
-
-
-# Suffixes that name a checkpoint's packaging or quantization, not the model.
-_PACKAGING = re.compile(
-    r"(?:[-_.](?:gguf|awq|gptq(?:-int[48])?|int[48](?:-awq)?|fp8(?:-dynamic)?|bnb-4bit|w4a16|w8a8|"
-    r"quantized(?:\.w\d+a\d+)?|(?:i?q\d(?:_[0-9a-z]+)*)|bf16|f16|f32|mxfp4))+$",
-    re.IGNORECASE,
-)
-
-
-def model_candidates(name: str) -> list[str]:
-    """Spellings of a model name a log prints, most specific first: the name; a path's last
-    component; without `.gguf`, an Ollama `:tag`, quantization and packaging suffixes; with
-    spaces as dashes (GGUF `general.name`)."""
-    out: list[str] = []
-    base = name.strip().strip("'\"")
-    # A Hugging Face cache directory names its repository: '.../models--Qwen--Qwen3-14B/snapshots/<hash>'.
-    hub = re.search(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/", base)
-    if hub:
-        out.extend(model_candidates(f"{hub.group(1)}/{hub.group(2)}"))
-    last = base.rstrip("/").rsplit("/", 1)[-1]
-    # A Hub id ('org/Name-GGUF') keeps its organisation; a filesystem path does not have one.
-    org = base.split("/")[0] if base.count("/") == 1 and not base.startswith((".", "~")) else None
-    for cand in (base, last):
-        stem = re.sub(r"\.gguf$", "", cand, flags=re.IGNORECASE).split(":", 1)[0]
-        stripped = _PACKAGING.sub("", stem)
-        dashed = stripped.lower().replace(" ", "-")
-        for c in (cand, stem, stripped, stripped.replace(" ", "-"), dashed, dashed.removeprefix("meta-")):
-            if c and c not in out:
-                out.append(c)
-        if org and cand is last and stripped != last:
-            out.append(f"{org}/{stripped}")
-    return out
-
-
-def _resolve(name: str, offline: bool, explicit: bool = False) -> tuple[Any, str]:
-    """The model a log names, via the catalog under any of its spellings, else a local path or
-    (with --online) the Hub."""
-    from vramlab.sources import resolve_model
-    from vramlab.sources.catalog import find_entry
-
-    for cand in model_candidates(name):
-        entry = find_entry(cand)
-        if entry is not None:
-            return entry.spec(), ""
-    first_error = ""
-    for cand in dict.fromkeys([name] + ([] if explicit else model_candidates(name)[1:2])):
-        try:
-            return resolve_model(cand, offline=offline), ""
-        except VramlabError as exc:
-            first_error = first_error or str(exc)
-    if offline:
-        return None, (
-            f"model {name!r} is not in the bundled catalog; pass --model (a catalog name or a local "
-            "config.json / model directory), or --online to read it from the Hugging Face Hub"
-        )
-    return None, f"model {name!r}: {first_error}"
 
 
 def check_log(
@@ -236,40 +193,22 @@ def check_file(
     max_bytes: int | None = None,
     quantization: str | None = None,
 ) -> tuple[list[CheckReport], list[tuple[str, str]]]:
-    """One file, split into the writers that wrote it (logs/split.py): a report per writer whose
-    lines are a log of a known engine, and (label, why) for the ones that are not. A file with one
-    writer is `check_log`'s one report."""
-    from vramlab.logs.detect import read_log, read_notes
-    from vramlab.logs.split import split_streams
+    """One file, read as the logs it holds (logs/pieces.py): a report per writer, per server of
+    several writing at once and per engine, each with the file's line numbers; and (label, why)
+    for what holds no log of a known engine. A file of one engine and writer is one report."""
+    from vramlab.logs.pieces import read_file
+    from vramlab.logs.reader import read_log, read_notes
 
     lines = read_log(path, max_bytes)
-    notes = read_notes(lines, max_bytes)
-    streams = split_streams(list(lines))
-    if len(streams) == 1:  # the lines already read (stdin cannot be read twice)
-        parsed = parse_log(streams[0].lines, engine, label=str(path), notes=notes)
-        return [_check(parsed, str(path), model, gpu, engine_version, calibration, offline, quantization)], []
-    reports, skipped = [], []
-    for st in streams:
-        label = f"{path} [{st.name}]"
-        try:
-            parsed = parse_log(st.lines, engine, label=label, notes=notes)
-        except VramlabError as exc:
-            skipped.append((label, str(exc)))
-            continue
-        parsed.source = label
-        parsed.observations = [o.model_copy(update={"source": label}) for o in parsed.observations]
-        parsed.incomplete = [o.model_copy(update={"source": label}) for o in parsed.incomplete]
-        parsed.notes.append(
-            f"{st.name}'s lines of {path} ({len(st.lines)} of {len(lines)}, from line "
-            f"{st.first_line}); line numbers count its own lines"
+    found = read_file(str(path), lines, engine, read_notes(lines, max_bytes))
+    reports = []
+    for piece in found.pieces:
+        parsed = piece.parsed
+        parsed.notes = parsed.notes + piece.notes
+        reports.append(
+            _check(parsed, piece.label, model, gpu, engine_version, calibration, offline, quantization)
         )
-        reports.append(_check(parsed, label, model, gpu, engine_version, calibration, offline, quantization))
-    if not reports:
-        raise ConfigError(
-            f"{path}: none of its {len(streams)} writers wrote a log of a known engine "
-            f"(first: {skipped[0][1]})"
-        )
-    return reports, skipped
+    return reports, found.skipped
 
 
 def _check(
@@ -427,3 +366,17 @@ def check_logs(inputs: Sequence[str | Path], **kwargs: Any) -> FolderReport:
             f"none of the {len(files)} files is a log of a known engine (first: {skipped[0][1]})"
         )
     return FolderReport(reports, skipped)
+
+
+__all__ = [
+    "CheckReport",
+    "FolderReport",
+    "Item",
+    "_resolve",
+    "check_file",
+    "check_log",
+    "check_logs",
+    "log_files",
+    "model_candidates",
+    "predict",
+]

@@ -12,12 +12,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from vramlab.capacity.estimate import Estimate
-from vramlab.capacity.gpus import GPU, GPUS, HOST_NAMES, custom_gpu, get_gpu, host_device
 from vramlab.capacity.settings import EngineSettings
-from vramlab.capacity.units import GIB
-from vramlab.errors import ConfigError, VramlabError
+from vramlab.errors import ConfigError
+from vramlab.logs.cards import gpu_for, llamacpp_placement
 from vramlab.logs.observation import Observation
-from vramlab.units import gib
 
 # Estimate component name -> Observation field.
 COMPONENT_FIELD = {
@@ -68,6 +66,8 @@ def settings_for(obs: Observation, **overrides: Any) -> EngineSettings:
     values.pop("engine", None)
     if engine == "ollama":
         _ollama_settings(obs, values)
+    elif engine == "llama.cpp":
+        values.update({k: v for k, v in llamacpp_placement(obs).items() if k not in values})
     elif obs.engine == "ollama":
         values.pop("engine_version", None)  # Ollama's release number is not llama.cpp's build
     if obs.max_model_len and engine in ("vllm", "tgi") and "max_model_len" not in values:
@@ -85,63 +85,6 @@ def settings_for(obs: Observation, **overrides: Any) -> EngineSettings:
         return EngineSettings(engine=engine, **values)
     except TypeError as exc:
         raise ConfigError(f"settings from the log do not fit: {exc}") from None
-
-
-def _catalog_card(name: str) -> GPU | None:
-    base = name.strip().lower().replace("nvidia", "").replace("geforce", "").replace("tesla", "").strip()
-    for cand in (name, base, base.replace(" ", "-"), base.split()[-1] if base.split() else base):
-        try:
-            return get_gpu(cand)
-        except VramlabError:
-            continue
-    return None
-
-
-def gpu_for(obs: Observation, gpu: str | None = None) -> tuple[GPU, str]:
-    """The card to predict for, and why: --gpu, else the log's total memory (the closest catalog
-    card within 1 %, with the log's exact figure), else the card the log names. A CPU engine's log (vLLM's
-    CPU build prints the host's memory beside its KV space) is predicted on the host."""
-    host = obs.extra.get("device") == "cpu" or (gpu or "").strip().lower() in HOST_NAMES
-    if host:
-        return _host_for(obs, gpu)
-    if gpu:
-        card = get_gpu(gpu)
-        return card, f"{card.name} (--gpu)"
-    if obs.total_gpu_memory_bytes:
-        total_gib = obs.total_gpu_memory_bytes / GIB
-        close = min(GPUS, key=lambda g: abs(g.memory_gib - total_gib))
-        if abs(close.memory_gib - total_gib) <= 0.01 * total_gib:
-            return custom_gpu(
-                total_gib, like=close
-            ), f"{close.name} (closest to the log's {total_gib:.2f} GiB total)"
-        return custom_gpu(total_gib), f"a {total_gib:.2f} GiB card (the log's total memory)"
-    if (
-        model_engine(obs) == "ollama" and obs.free_gpu_memory_bytes
-    ):  # Ollama decides on the free memory it logs
-        free_gib = obs.free_gpu_memory_bytes / GIB
-        like = _catalog_card(obs.gpu) if obs.gpu else None
-        return custom_gpu(free_gib, like=like), f"the {free_gib:.2f} GiB Ollama logged as available"
-    named = _catalog_card(obs.gpu) if obs.gpu else None
-    if named is not None:
-        return named, f"{named.name} (named in the log)"
-    raise ConfigError("the log does not print the GPU's total memory or a known card; pass --gpu")
-
-
-def _host_for(obs: Observation, gpu: str | None) -> tuple[GPU, str]:
-    if gpu and gpu.strip().lower() not in HOST_NAMES:
-        raise ConfigError(
-            f"--gpu {gpu}: the log is a CPU engine's (host memory); pass --gpu cpu or leave it out"
-        )
-    total = obs.extra.get("host_memory_bytes") or obs.total_gpu_memory_bytes
-    if total:
-        return host_device(total / GIB), f"the host ({gib(total, unit=True)}, the log's total memory)"
-    from vramlab.sources.host import host_memory_gib
-
-    here = host_memory_gib()
-    if here is None:
-        raise ConfigError("a CPU engine's log that prints no host memory, and this machine's is not readable")
-    where = f"the host ({gib(here * GIB, unit=True)}, this machine's MemTotal: the log prints none)"
-    return host_device(here), where
 
 
 @dataclass(frozen=True)
@@ -182,6 +125,11 @@ class Comparison:
         pred["kv_difference_by_component"] = {k: int(v) for k, v in self.contributions.items()}
         pred["explained_by"] = self.explains
         pred["gpu_choice"] = self.gpu_reason
+        devices = pred.get("devices")
+        rank = self.observation.rank
+        if self.estimate.engine == "llama.cpp" and isinstance(devices, list) and len(devices) > 1:
+            if rank is not None and rank < len(devices):  # `difference` is this rank's device's buffers
+                pred["compared_device"] = devices[rank]["device"]
         return pred
 
 
@@ -193,7 +141,18 @@ OLLAMA_FIELD = {
 }
 
 
-def predicted_value(est: Estimate, field: str) -> float | None:
+# llama.cpp prints each device's buffers; the plan's per-device table has the same three.
+DEVICE_FIELD = {
+    "weights_bytes": "model_buffer_bytes",
+    "kv_cache_bytes": "kv_buffer_bytes",
+    "activation_peak_bytes": "compute_buffer_bytes",
+}
+
+
+def predicted_value(est: Estimate, field: str, rank: int | None = None) -> float | None:
+    devices = est.extra.get("devices") if est.engine == "llama.cpp" else None
+    if isinstance(devices, list) and len(devices) > 1 and rank is not None and field in DEVICE_FIELD:
+        return devices[rank][DEVICE_FIELD[field]] if rank < len(devices) else None
     ollama: dict[str, float] | None = est.extra.get("ollama") if est.engine == "ollama" else None
     if ollama is not None:
         if field == "activation_peak_bytes":
@@ -214,7 +173,7 @@ def predicted_value(est: Estimate, field: str) -> float | None:
 
 
 def compare(obs: Observation, est: Estimate, gpu_reason: str = "") -> Comparison:
-    rows = tuple(Row(f, getattr(obs, f), predicted_value(est, f)) for f in ROWS)
+    rows = tuple(Row(f, getattr(obs, f), predicted_value(est, f, obs.rank)) for f in ROWS)
     if est.engine == "ollama":  # its own decision: the layers it offloads and the GPU total it expects
         rows += (
             Row(
@@ -236,7 +195,8 @@ def compare(obs: Observation, est: Estimate, gpu_reason: str = "") -> Comparison
         seen = getattr(obs, field)
         if seen is not None:
             # Predicting a component X bytes too high predicts the KV pool X bytes too low.
-            contributions[comp.name] = -(comp.bytes - seen)
+            planned = predicted_value(est, field, obs.rank)  # llama.cpp: this device's buffer
+            contributions[comp.name] = -((comp.bytes if planned is None else planned) - seen)
     seen_budget: float | None = obs.budget_bytes
     if seen_budget is None and obs.total_gpu_memory_bytes and obs.gpu_memory_utilization:
         seen_budget = obs.total_gpu_memory_bytes * obs.gpu_memory_utilization
@@ -322,3 +282,17 @@ def attribution_sentences(attrs: list[Attribution]) -> list[str]:
             f"({a.share:.0%} of it; n={a.n}, median |KV error| {a.median_kv_error:.1%})"
         )
     return lines
+
+
+__all__ = [
+    "COMPONENT_FIELD",
+    "Comparison",
+    "Row",
+    "attribute",
+    "attribution_sentences",
+    "compare",
+    "gpu_for",
+    "model_engine",
+    "predicted_value",
+    "settings_for",
+]

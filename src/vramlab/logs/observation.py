@@ -48,6 +48,12 @@ SETTINGS_KEYS = (
     "flashinfer_sampler",
     "gpu_p2p",
     "limit_mm_per_prompt",
+    "split_mode",
+    "main_gpu",
+    "n_cpu_moe",
+    "cache_type_v",
+    "no_kv_offload",
+    "mmap",
 )
 
 # Component fields compared with a prediction, in the order the tables print them.

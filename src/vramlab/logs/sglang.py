@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from vramlab.logs import devices
 from vramlab.logs.base import Rule, assemble, command_flags, gib, parse_lines, rule
 
 ENGINE = "sglang"
@@ -119,7 +120,7 @@ def _command(m: re.Match[str]) -> dict[str, Any]:
 
 RULES: list[Rule] = [
     rule("command", r"sglang\.launch_server\b.*", _command, starts=True, shared=True),
-    rule("command_continued", r"^\s+--[A-Za-z][\w-]*.*", _continued, shared=True),
+    rule("command_continued", r"^\s+--[A-Za-z][\w-]*.*", _continued, shared=True, generic=True),
     rule("server_args", r"server_args=ServerArgs\((.*)", _server_args, starts=True, shared=True),
     rule(
         "weights_begin",
@@ -179,7 +180,7 @@ RULES: list[Rule] = [
         lambda m: {"extra.profiled_max_total_tokens": int(m.group(2))},
         shared=True,
     ),
-]
+] + devices.RULES
 
 
 def parse(lines: Iterable[str]) -> list[Any]:

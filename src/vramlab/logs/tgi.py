@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from vramlab.logs import devices
 from vramlab.logs.base import Rule, assemble, one_line_blocks, parse_lines, rule
 
 ENGINE = "tgi"
@@ -110,7 +111,7 @@ RULES: list[Rule] = [
         lambda m: {"extra.cuda_graph_sizes": [int(x) for x in m.group(1).split(",") if x.strip()]},
         shared=True,
     ),
-]
+] + devices.RULES
 
 
 def parse(lines: Iterable[str]) -> list[Any]:

@@ -28,6 +28,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from vramlab.logs import devices
 from vramlab.logs.base import Rule, StartUp, assemble, one_line_blocks, parse_lines, rule
 
 ENGINE = "transformers"
@@ -111,16 +112,20 @@ OWN_RULES: list[Rule] = [
 ]
 # uvicorn's lines: other engines print them too (vLLM, SGLang), so they do not count towards
 # telling that a log is transformers'.
-RULES: list[Rule] = OWN_RULES + [
-    rule(
-        "process",
-        r"Started server process \[(\d+)\]",
-        lambda m: {"extra.pid": int(m.group(1))},
-        once=True,
-        shared=True,
-    ),
-    rule("listen", r"Uvicorn running on (\S+)", lambda m: {"extra.listen": m.group(1)}, shared=True),
-]
+RULES: list[Rule] = (
+    OWN_RULES
+    + [
+        rule(
+            "process",
+            r"Started server process \[(\d+)\]",
+            lambda m: {"extra.pid": int(m.group(1))},
+            once=True,
+            shared=True,
+        ),
+        rule("listen", r"Uvicorn running on (\S+)", lambda m: {"extra.listen": m.group(1)}, shared=True),
+    ]
+    + devices.RULES
+)
 
 
 def parse(lines: Iterable[str]) -> list[Any]:

@@ -13,74 +13,12 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from vramlab.logs import vllm_cpu
+from vramlab.logs import devices, vllm_cpu
 from vramlab.logs.base import Rule, assemble, gib, integer, mib, parse_lines, rule
-from vramlab.logs.vllm_command import COMMAND, command, continued
+from vramlab.logs.vllm_args import SETTINGS_RULES
 
 ENGINE = "vllm"
 N = r"-?\d+(?:\.\d+)?"  # vLLM prints negative figures when another process freed memory
-
-_ARG_KEYS = {
-    "model": "model",
-    "max_model_len": "settings.max_model_len",
-    "gpu_memory_utilization": "settings.gpu_memory_utilization",
-    "tensor_parallel_size": "settings.tensor_parallel_size",
-    "pipeline_parallel_size": "settings.pipeline_parallel_size",
-    "dtype": "settings.dtype",
-    "kv_cache_dtype": "settings.kv_cache_dtype",
-    "quantization": "settings.quantization",
-    "max_num_seqs": "settings.max_num_seqs",
-    "max_num_batched_tokens": "settings.max_num_batched_tokens",
-    "enforce_eager": "settings.enforce_eager",
-    "block_size": "settings.block_size",
-    "kv_cache_memory_bytes": "settings.kv_cache_memory_bytes",
-    "num_gpu_blocks_override": "settings.num_gpu_blocks_override",
-    # The engine config line names max_model_len `max_seq_len`.
-    "max_seq_len": "settings.max_model_len",
-}
-_INT_KEYS = {
-    "max_model_len",
-    "max_seq_len",
-    "tensor_parallel_size",
-    "pipeline_parallel_size",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "block_size",
-    "kv_cache_memory_bytes",
-    "num_gpu_blocks_override",
-}
-
-
-def _value(key: str, raw: str) -> Any:
-    v = raw.strip().strip("'\"")
-    if v in ("None", ""):
-        return None
-    if key in _INT_KEYS:
-        return int(v)
-    if key == "gpu_memory_utilization":
-        return float(v)
-    if key == "enforce_eager":
-        return v == "True"
-    if key == "dtype":
-        return v.replace("torch.", "")
-    return v
-
-
-def _pairs(text: str, sep: str) -> dict[str, Any]:
-    """Pick known keys out of `{'k': v, ...}` (sep ':') or `k=v, ...` (sep '='), tolerating
-    truncated lines and values that are not Python literals (`torch.bfloat16`)."""
-    out: dict[str, Any] = {}
-    pat = re.compile(r"['\"]?(\w+)['\"]?\s*" + re.escape(sep) + r"\s*('[^']*'|\"[^\"]*\"|[^,{}()\s]+)")
-    for m in pat.finditer(text):
-        key = m.group(1)
-        if key in _ARG_KEYS and _ARG_KEYS[key] not in out:
-            try:
-                val = _value(key, m.group(2))
-            except ValueError:
-                continue
-            if val is not None:
-                out[_ARG_KEYS[key]] = val
-    return out
 
 
 def _encoder_profile(m: re.Match[str]) -> dict[str, Any]:
@@ -95,15 +33,6 @@ def _mm_limits(m: re.Match[str]) -> dict[str, Any] | None:
     """`'limit_mm_per_prompt': {'image': 2, 'video': 0}` (non-default args) as the plan's setting."""
     pairs = re.findall(r"['\"]?(image|video|audio)['\"]?\s*:\s*(\d+)", m.group(1))
     return {"settings.limit_mm_per_prompt": tuple(sorted((k, int(v)) for k, v in pairs))} if pairs else None
-
-
-def _engine_config(m: re.Match[str]) -> dict[str, Any]:
-    out = _pairs(m.group("config") or "", "=")
-    if m.group("version"):
-        out["engine_version"] = m.group("version")
-    if m.group("era"):
-        out["settings.vllm_engine"] = m.group("era").lower()
-    return out
 
 
 def _v0_budget(m: re.Match[str]) -> dict[str, Any]:
@@ -236,290 +165,247 @@ def _graph_util_advice(m: re.Match[str]) -> dict[str, Any]:
     return out
 
 
-RULES: list[Rule] = [
-    rule(
-        "version",
-        r"vLLM API server version (\S+)",
-        lambda m: {"engine_version": m.group(1), "settings.api_server": True},
-        starts=True,
-        shared=True,
-    ),
-    rule("args", r"non-default args: (\{.*)", lambda m: _pairs(m.group(1), ":"), starts=True, shared=True),
-    # 0.11+ start-up banner: block-letter art, then `version 0.17.1` / `model   Qwen/...` on its right.
-    rule(
-        "banner_version",
-        r"[\u2580\u2584\u2588]\s+version\s+v?(\d+\.\d+[\w.+-]*)\s*$",
-        lambda m: {"engine_version": m.group(1), "settings.vllm_engine": "v1"},
-        starts=True,
-        shared=True,
-    ),
-    rule(
-        "banner_model",
-        r"[\u2580\u2584\u2588]\s+model\s+(\S+)\s*$",
-        lambda m: {"model": m.group(1)},
-        shared=True,
-    ),
-    rule(
-        "engine_config",
-        r"Initializing an? (?:(?P<era>V[01]) )?LLM engine(?: \(v(?P<version>[^)\s]+)\))?(?: with config: (?P<config>.*))?",
-        _engine_config,
-        starts=True,
-        shared=True,
-    ),
-    rule(
-        "chunked",
-        r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)",
-        lambda m: {"settings.max_num_batched_tokens": int(m.group(1))},
-        shared=True,
-    ),
-    rule(
-        "command",
-        COMMAND,
-        command,
-        starts=True,
-        shared=True,
-    ),
-    rule("command_continued", r"^\s+--?[A-Za-z][\w-]*.*", continued, shared=True),
-    rule(
-        "loading_model",
-        r"Starting to load model (\S+?)(?:\.\.\.)?$",
-        lambda m: {"model": m.group(1)},
-        shared=True,
-    ),
-    rule(
-        "max_len",
-        r"Using max model len (\d+)",
-        lambda m: {"settings.max_model_len": int(m.group(1))},
-        shared=True,
-    ),
-    rule("weights", rf"(?:Loading model weights|Model loading) took ({N}) ?(GiB|GB|MB)", _weights, once=True),
-    # 0.6.2-0.6.3: the profile on one line of key=value pairs.
-    rule("profile_kv", r"Memory profiling results: total_gpu_memory=.*", _profile_kv, once=True),
-    # 0.6.4-0.6.5: a table, one figure per line, under a `Memory profiling results:` header.
-    rule(
-        "profile_table",
-        r"Memory profiling results:\s*$",
-        lambda m: {"settings.vllm_engine": "v0"},
-        starts=True,
-    ),
-    rule(
-        "table_total",
-        rf"\btotal_gpu_memory\s+({N}) ?GiB\s*$",
-        lambda m: {"total_gpu_memory_bytes": gib(m.group(1))},
-    ),
-    rule(
-        "table_util",
-        rf"\bgpu_memory_utilization\s+({N})\s*$",
-        lambda m: {"settings.gpu_memory_utilization": float(m.group(1))},
-    ),
-    rule(
-        "table_budget",
-        rf"the current vLLM instance can use\s+({N}) ?GiB\s*$",
-        lambda m: {"budget_bytes": gib(m.group(1))},
-    ),
-    rule(
-        "table_weights",
-        rf"model weights take\s+({N}) ?GiB\s*$",
-        lambda m: {"weights_bytes": gib(m.group(1))},
-        once=True,
-    ),
-    rule(
-        "table_non_torch",
-        rf"\bnon_torch_memory\s+({N}) ?GiB\s*$",
-        lambda m: {"non_torch_bytes": gib(m.group(1))},
-    ),
-    rule(
-        "table_peak",
-        rf"PyTorch activation peak memory\s+({N}) ?GiB\s*$",
-        lambda m: {"activation_peak_bytes": gib(m.group(1))},
-    ),
-    rule(
-        "table_kv",
-        rf"available_kv_cache_memory\s+({N}) ?GiB\s*$",
-        lambda m: {"kv_cache_bytes": gib(m.group(1))},
-    ),
-    rule(
-        "v0_budget",
-        rf"total_gpu_memory \(({N}) ?GiB\) x gpu_memory_utilization \(({N})\)(?: = ({N}) ?GiB)?",
-        _v0_budget,
-    ),
-    rule(
-        "v0_split",
-        rf"model weights take ({N}) ?GiB; non_torch_memory takes ({N}) ?GiB; PyTorch activation peak memory "
-        rf"takes ({N}) ?GiB; the rest of the memory reserved for KV Cache is ({N}) ?GiB",
-        _v0_split,
-        once=True,
-    ),
-    rule(
-        "v1_profile",
-        rf"Total non KV cache memory: (?P<non_kv>{N}) ?GiB; torch peak memory increase: (?P<peak>{N}) ?GiB; "
-        rf"(?:non-torch forward increase memory: (?P<non_torch>{N}) ?GiB; )?"
-        rf"(?:total consumed \(from mem_get_info\): (?P<consumed>{N}) ?GiB; )?weights memory: (?P<weights>{N}) ?GiB",
-        _v1_profile,
-    ),
-    rule("snapshot", r"worker init memory snapshot: .*total_memory=.*", _snapshot),
-    rule(
-        "requested",
-        rf"Initial free memory: ({N}) ?GiB; Requested memory: ({N}) \(util\), ({N}) ?GiB",
-        lambda m: {
-            "free_gpu_memory_bytes": gib(m.group(1)),
-            "settings.gpu_memory_utilization": float(m.group(2)),
-            "budget_bytes": gib(m.group(3)),
-        },
-    ),
-    rule(
-        "free_on_device",
-        rf"Free memory on device(?: \S+)? \((?P<free>{N})/(?P<total>{N}) ?GiB\) on startup"
-        rf"(?:.*?utilization (?:is )?\((?P<util>{N}), (?P<budget>{N}) ?GiB\))?",
-        lambda m: (
-            _suggestion(m)
-            if m.group("util")
-            else {
-                "free_gpu_memory_bytes": gib(m.group("free")),
-                "total_gpu_memory_bytes": gib(m.group("total")),
-            }
+RULES: list[Rule] = (
+    SETTINGS_RULES
+    + [
+        rule(
+            "weights",
+            rf"(?:Loading model weights|Model loading) took ({N}) ?(GiB|GB|MB)",
+            _weights,
+            once=True,
         ),
-    ),
-    rule(
-        "actual_usage",
-        rf"Actual usage(?: is|:) ({N}) ?GiB for weights?, ({N}) ?GiB for peak activation, ({N}) ?GiB for non-torch "
-        rf"memory,? (?:and )?({N}) ?GiB for (?:CUDAGraph|CUDA graph|[A-Z]PU graph) memory",
-        _actual_usage,
-    ),
-    # 0.27+ wording (gpu_worker.py): "consumed" is cudaMemGetInfo's loss since the init snapshot (weights, non-torch,
-    # torch buffers outside the weights, the allocator's cache); "peak activation" is the transient torch peak PLUS
-    # the CUDA-graph estimate the budget took; "CUDAGraph memory" what the capture really used. Neither of the first
-    # two is the older figure of the same name, so they are kept apart.
-    rule(
-        "consumed_usage",
-        rf"Actual usage is ({N}) ?GiB for consumed memory \(weights \+ non-torch\), ({N}) ?GiB for peak activation, "
-        rf"and ({N}) ?GiB for (?:CUDAGraph|CUDA graph) memory",
-        lambda m: {
-            "extra.consumed_weights_non_torch_bytes": gib(m.group(1)),
-            "extra.peak_activation_with_graph_estimate_bytes": gib(m.group(2)),
-            "cuda_graph_bytes": gib(m.group(3)),
-        },
-    ),
-    # The advisory line's suggestion: what the KV pool could be if the budget were given in bytes.
-    rule(
-        "kv_cache_memory_advice",
-        r"--kv-cache-memory=(\d+)",
-        lambda m: {"extra.suggested_kv_cache_memory_bytes": int(m.group(1))},
-    ),
-    rule(
-        "graph_util_advice",
-        rf"The current --gpu-memory-utilization=({N}) is equivalent to(?: --gpu-memory-utilization=({N}) without "
-        rf"CUDA graph memory profiling\.(?:.*?increase --gpu-memory-utilization to ({N}))?)?",
-        _graph_util_advice,
-        shared=True,
-    ),
-    rule(
-        "kv_refused",
-        r"max seq len \((?P<len>[\d,]+)\), \((?P<need>[\d.]+) GiB KV cache is needed, which is larger than the "
-        r"available KV cache memory \((?P<avail>-?[\d.]+) GiB\)(?:.*?estimated maximum model length is (?P<est>[\d,]+))?",
-        _kv_refused,
-        shared=True,
-    ),
-    # V0 (and the engine before V0 had a name), worker.py `raise_if_cache_size_invalid` / llm_engine.py: the pool in
-    # tokens is block_size x num_gpu_blocks, printed as the KV cache's capacity.
-    rule(
-        "max_len_vs_kv",
-        r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
-        r"cache \((\d+)\)",
-        lambda m: {
-            "max_model_len": int(m.group(1)),
-            "extra.kv_capacity_tokens": int(m.group(2)),
-            "kv_cache_tokens": int(m.group(2)),
-            "extra.refused_max_model_len": int(m.group(1)),
-        },
-        shared=True,
-    ),
-    rule(
-        "kv_memory",
-        rf"Available KV cache memory: ({N}) ?GiB",
-        lambda m: {"kv_cache_bytes": gib(m.group(1))},
-        once=True,
-    ),
-    rule(
-        "kv_tokens",
-        r"GPU KV cache size:\s*([\d,]+) tokens",
-        lambda m: {"kv_cache_tokens": integer(m.group(1)), "settings.vllm_engine": "v1"},
-        shared=True,
-    ),
-    rule(
-        "concurrency",
-        r"Maximum concurrency for ([\d,]+) tokens per request: (\d+(?:\.\d+)?) ?x",
-        lambda m: {"max_concurrency": float(m.group(2)), "max_model_len": integer(m.group(1))},
-        shared=True,
-    ),
-    # V0 prints GPU and CPU blocks; V1 0.7 printed `# GPU blocks: N` alone (kv_cache_utils.py).
-    rule(
-        "blocks",
-        r"(?:^|[\s#])(?:GPU|cuda|CUDA|npu|xpu|hpu) blocks: (\d+)(?:, # CPU blocks: (\d+))?",
-        _blocks,
-        shared=True,
-    ),
-    rule("v1_blocks", r"num_gpu_blocks is: (\d+)", lambda m: {"gpu_blocks": int(m.group(1))}, shared=True),
-    rule(
-        "blocks_override",
-        r"Overriding num_gpu_blocks=\d+ with num_gpu_blocks_override=(\d+)",
-        lambda m: {"gpu_blocks": int(m.group(1))},
-        shared=True,
-    ),
-    rule(
-        "block_size_override",
-        r"Setting attention block size to (\d+) tokens",
-        lambda m: {"block_size": int(m.group(1))},
-        shared=True,
-    ),
-    # Which kernel the profiled sampler ran (vllm/v1/sample/ops/topk_topp_sampler.py): FlashInfer does not sort the
-    # vocabulary; the PyTorch-native fallback does (a larger activation peak).
-    rule(
-        "flashinfer_sampler",
-        r"Using FlashInfer for top-p & top-k sampling",
-        lambda m: {"settings.flashinfer_sampler": True},
-        shared=True,
-    ),
-    rule(
-        "native_sampler",
-        r"Falling back to the PyTorch-native implementation of top-p & top-k sampling|"
-        r"FlashInfer top-p/top-k sampling (?:unavailable|disabled via|is available but disabled)",
-        lambda m: {"settings.flashinfer_sampler": False},
-        shared=True,
-    ),
-    # custom_all_reduce.py: the GPUs cannot reach each other directly, so no NVLink/NVSwitch buffers either.
-    rule(
-        "no_p2p",
-        r"Custom allreduce is disabled because (?:your platform lacks GPU P2P capability|this process "
-        r"group spans across nodes)",
-        lambda m: {"settings.gpu_p2p": False},
-        shared=True,
-    ),
-    # V1's vision-encoder profile (gpu_model_runner.profile_run) and the prompt limits that shape it.
-    rule(
-        "encoder_profile",
-        r"Encoder cache will be initialized with a budget of (\d+) tokens, and profiled with "
-        r"(\d+) (\w+) items",
-        _encoder_profile,
-        shared=True,
-    ),
-    rule("mm_limits", r"limit_mm_per_prompt['\"]?\s*[:=]\s*\{([^}]*)\}", _mm_limits, shared=True),
-    rule(
-        "graphs",
-        rf"Graph capturing finished in \d+ secs?, took ({N}) ?GiB",
-        lambda m: {"cuda_graph_bytes": gib(m.group(1))},
-    ),
-    rule(
-        "graph_estimate",
-        rf"Estimated CUDA graph memory: ({N}) ?GiB",
-        lambda m: {"cuda_graph_estimate_bytes": gib(m.group(1))},
-    ),
-    rule(
-        "graph_pool",
-        rf"CUDA graph pool memory: ({N}) ?GiB \(actual\), ({N}) ?GiB \(estimated\)",
-        lambda m: {"cuda_graph_bytes": gib(m.group(1)), "cuda_graph_estimate_bytes": gib(m.group(2))},
-    ),
-] + vllm_cpu.RULES
+        # 0.6.2-0.6.3: the profile on one line of key=value pairs.
+        rule("profile_kv", r"Memory profiling results: total_gpu_memory=.*", _profile_kv, once=True),
+        # 0.6.4-0.6.5: a table, one figure per line, under a `Memory profiling results:` header.
+        rule(
+            "profile_table",
+            r"Memory profiling results:\s*$",
+            lambda m: {"settings.vllm_engine": "v0"},
+            starts=True,
+        ),
+        rule(
+            "table_total",
+            rf"\btotal_gpu_memory\s+({N}) ?GiB\s*$",
+            lambda m: {"total_gpu_memory_bytes": gib(m.group(1))},
+        ),
+        rule(
+            "table_util",
+            rf"\bgpu_memory_utilization\s+({N})\s*$",
+            lambda m: {"settings.gpu_memory_utilization": float(m.group(1))},
+        ),
+        rule(
+            "table_budget",
+            rf"the current vLLM instance can use\s+({N}) ?GiB\s*$",
+            lambda m: {"budget_bytes": gib(m.group(1))},
+        ),
+        rule(
+            "table_weights",
+            rf"model weights take\s+({N}) ?GiB\s*$",
+            lambda m: {"weights_bytes": gib(m.group(1))},
+            once=True,
+        ),
+        rule(
+            "table_non_torch",
+            rf"\bnon_torch_memory\s+({N}) ?GiB\s*$",
+            lambda m: {"non_torch_bytes": gib(m.group(1))},
+        ),
+        rule(
+            "table_peak",
+            rf"PyTorch activation peak memory\s+({N}) ?GiB\s*$",
+            lambda m: {"activation_peak_bytes": gib(m.group(1))},
+        ),
+        rule(
+            "table_kv",
+            rf"available_kv_cache_memory\s+({N}) ?GiB\s*$",
+            lambda m: {"kv_cache_bytes": gib(m.group(1))},
+        ),
+        rule(
+            "v0_budget",
+            rf"total_gpu_memory \(({N}) ?GiB\) x gpu_memory_utilization \(({N})\)(?: = ({N}) ?GiB)?",
+            _v0_budget,
+        ),
+        rule(
+            "v0_split",
+            rf"model weights take ({N}) ?GiB; non_torch_memory takes ({N}) ?GiB; PyTorch activation peak memory "
+            rf"takes ({N}) ?GiB; the rest of the memory reserved for KV Cache is ({N}) ?GiB",
+            _v0_split,
+            once=True,
+        ),
+        rule(
+            "v1_profile",
+            rf"Total non KV cache memory: (?P<non_kv>{N}) ?GiB; torch peak memory increase: (?P<peak>{N}) ?GiB; "
+            rf"(?:non-torch forward increase memory: (?P<non_torch>{N}) ?GiB; )?"
+            rf"(?:total consumed \(from mem_get_info\): (?P<consumed>{N}) ?GiB; )?weights memory: (?P<weights>{N}) ?GiB",
+            _v1_profile,
+        ),
+        rule("snapshot", r"worker init memory snapshot: .*total_memory=.*", _snapshot),
+        rule(
+            "requested",
+            rf"Initial free memory: ({N}) ?GiB; Requested memory: ({N}) \(util\), ({N}) ?GiB",
+            lambda m: {
+                "free_gpu_memory_bytes": gib(m.group(1)),
+                "settings.gpu_memory_utilization": float(m.group(2)),
+                "budget_bytes": gib(m.group(3)),
+            },
+        ),
+        rule(
+            "free_on_device",
+            rf"Free memory on device(?: \S+)? \((?P<free>{N})/(?P<total>{N}) ?GiB\) on startup"
+            rf"(?:.*?utilization (?:is )?\((?P<util>{N}), (?P<budget>{N}) ?GiB\))?",
+            lambda m: (
+                _suggestion(m)
+                if m.group("util")
+                else {
+                    "free_gpu_memory_bytes": gib(m.group("free")),
+                    "total_gpu_memory_bytes": gib(m.group("total")),
+                }
+            ),
+        ),
+        rule(
+            "actual_usage",
+            rf"Actual usage(?: is|:) ({N}) ?GiB for weights?, ({N}) ?GiB for peak activation, ({N}) ?GiB for non-torch "
+            rf"memory,? (?:and )?({N}) ?GiB for (?:CUDAGraph|CUDA graph|[A-Z]PU graph) memory",
+            _actual_usage,
+        ),
+        # 0.27+ wording (gpu_worker.py): "consumed" is cudaMemGetInfo's loss since the init snapshot (weights, non-torch,
+        # torch buffers outside the weights, the allocator's cache); "peak activation" is the transient torch peak PLUS
+        # the CUDA-graph estimate the budget took; "CUDAGraph memory" what the capture really used. Neither of the first
+        # two is the older figure of the same name, so they are kept apart.
+        rule(
+            "consumed_usage",
+            rf"Actual usage is ({N}) ?GiB for consumed memory \(weights \+ non-torch\), ({N}) ?GiB for peak activation, "
+            rf"and ({N}) ?GiB for (?:CUDAGraph|CUDA graph) memory",
+            lambda m: {
+                "extra.consumed_weights_non_torch_bytes": gib(m.group(1)),
+                "extra.peak_activation_with_graph_estimate_bytes": gib(m.group(2)),
+                "cuda_graph_bytes": gib(m.group(3)),
+            },
+        ),
+        # The advisory line's suggestion: what the KV pool could be if the budget were given in bytes.
+        rule(
+            "kv_cache_memory_advice",
+            r"--kv-cache-memory=(\d+)",
+            lambda m: {"extra.suggested_kv_cache_memory_bytes": int(m.group(1))},
+        ),
+        rule(
+            "graph_util_advice",
+            rf"The current --gpu-memory-utilization=({N}) is equivalent to(?: --gpu-memory-utilization=({N}) without "
+            rf"CUDA graph memory profiling\.(?:.*?increase --gpu-memory-utilization to ({N}))?)?",
+            _graph_util_advice,
+            shared=True,
+        ),
+        rule(
+            "kv_refused",
+            r"max seq len \((?P<len>[\d,]+)\), \((?P<need>[\d.]+) GiB KV cache is needed, which is larger than the "
+            r"available KV cache memory \((?P<avail>-?[\d.]+) GiB\)(?:.*?estimated maximum model length is (?P<est>[\d,]+))?",
+            _kv_refused,
+            shared=True,
+        ),
+        # V0 (and the engine before V0 had a name), worker.py `raise_if_cache_size_invalid` / llm_engine.py: the pool in
+        # tokens is block_size x num_gpu_blocks, printed as the KV cache's capacity.
+        rule(
+            "max_len_vs_kv",
+            r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
+            r"cache \((\d+)\)",
+            lambda m: {
+                "max_model_len": int(m.group(1)),
+                "extra.kv_capacity_tokens": int(m.group(2)),
+                "kv_cache_tokens": int(m.group(2)),
+                "extra.refused_max_model_len": int(m.group(1)),
+            },
+            shared=True,
+        ),
+        rule(
+            "kv_memory",
+            rf"Available KV cache memory: ({N}) ?GiB",
+            lambda m: {"kv_cache_bytes": gib(m.group(1))},
+            once=True,
+        ),
+        rule(
+            "kv_tokens",
+            r"GPU KV cache size:\s*([\d,]+) tokens",
+            lambda m: {"kv_cache_tokens": integer(m.group(1)), "settings.vllm_engine": "v1"},
+            shared=True,
+        ),
+        rule(
+            "concurrency",
+            r"Maximum concurrency for ([\d,]+) tokens per request: (\d+(?:\.\d+)?) ?x",
+            lambda m: {"max_concurrency": float(m.group(2)), "max_model_len": integer(m.group(1))},
+            shared=True,
+        ),
+        # V0 prints GPU and CPU blocks; V1 0.7 printed `# GPU blocks: N` alone (kv_cache_utils.py).
+        rule(
+            "blocks",
+            r"(?:^|[\s#])(?:GPU|cuda|CUDA|npu|xpu|hpu) blocks: (\d+)(?:, # CPU blocks: (\d+))?",
+            _blocks,
+            shared=True,
+        ),
+        rule(
+            "v1_blocks", r"num_gpu_blocks is: (\d+)", lambda m: {"gpu_blocks": int(m.group(1))}, shared=True
+        ),
+        rule(
+            "blocks_override",
+            r"Overriding num_gpu_blocks=\d+ with num_gpu_blocks_override=(\d+)",
+            lambda m: {"gpu_blocks": int(m.group(1))},
+            shared=True,
+        ),
+        rule(
+            "block_size_override",
+            r"Setting attention block size to (\d+) tokens",
+            lambda m: {"block_size": int(m.group(1))},
+            shared=True,
+        ),
+        # Which kernel the profiled sampler ran (vllm/v1/sample/ops/topk_topp_sampler.py): FlashInfer does not sort the
+        # vocabulary; the PyTorch-native fallback does (a larger activation peak).
+        rule(
+            "flashinfer_sampler",
+            r"Using FlashInfer for top-p & top-k sampling",
+            lambda m: {"settings.flashinfer_sampler": True},
+            shared=True,
+        ),
+        rule(
+            "native_sampler",
+            r"Falling back to the PyTorch-native implementation of top-p & top-k sampling|"
+            r"FlashInfer top-p/top-k sampling (?:unavailable|disabled via|is available but disabled)",
+            lambda m: {"settings.flashinfer_sampler": False},
+            shared=True,
+        ),
+        # custom_all_reduce.py: the GPUs cannot reach each other directly, so no NVLink/NVSwitch buffers either.
+        rule(
+            "no_p2p",
+            r"Custom allreduce is disabled because (?:your platform lacks GPU P2P capability|this process "
+            r"group spans across nodes)",
+            lambda m: {"settings.gpu_p2p": False},
+            shared=True,
+        ),
+        # V1's vision-encoder profile (gpu_model_runner.profile_run) and the prompt limits that shape it.
+        rule(
+            "encoder_profile",
+            r"Encoder cache will be initialized with a budget of (\d+) tokens, and profiled with "
+            r"(\d+) (\w+) items",
+            _encoder_profile,
+            shared=True,
+        ),
+        rule("mm_limits", r"limit_mm_per_prompt['\"]?\s*[:=]\s*\{([^}]*)\}", _mm_limits, shared=True),
+        rule(
+            "graphs",
+            rf"Graph capturing finished in \d+ secs?, took ({N}) ?GiB",
+            lambda m: {"cuda_graph_bytes": gib(m.group(1))},
+        ),
+        rule(
+            "graph_estimate",
+            rf"Estimated CUDA graph memory: ({N}) ?GiB",
+            lambda m: {"cuda_graph_estimate_bytes": gib(m.group(1))},
+        ),
+        rule(
+            "graph_pool",
+            rf"CUDA graph pool memory: ({N}) ?GiB \(actual\), ({N}) ?GiB \(estimated\)",
+            lambda m: {"cuda_graph_bytes": gib(m.group(1)), "cuda_graph_estimate_bytes": gib(m.group(2))},
+        ),
+    ]
+    + vllm_cpu.RULES
+    + devices.RULES
+)
 
 
 def parse(lines: Iterable[str]) -> list[Any]:

@@ -52,103 +52,149 @@ SHOWN = (
 def render(report: Any) -> str:
     out = [f"{report.source}: {report.engine} log, {report.lines} lines"]
     out.extend(f"  note: {n}" for n in report.notes)
+    startups = len({it.observation.startup for it in report.items})
+    for item, ranks in _distinct_items(report.items):
+        out.append("")
+        out.extend(_item_lines(item, ranks, startups))
+    out.extend(_failure_lines(report))
+    if report.summary:
+        out.append("")
+        out.extend(report.summary)
+    return "\n".join(out)
+
+
+def render_file(reports: list[Any], skipped: list[tuple[str, str]]) -> str:
+    """One file that holds several logs (writers, servers, engines): each in full, then what was
+    not read and why."""
+    source = reports[0].source.split(" [", 1)[0] if reports else ""
+    out = [f"{source}: {len(reports)} logs in one file: {', '.join(_which(r) for r in reports)}"]
+    for rep in reports:
+        out.append("")
+        out.append(render(rep))
+    if skipped:
+        out.append("")
+        out.append("not read:")
+        out.extend(f"  {s}: {r[:300]}" for s, r in skipped)
+    return "\n".join(out)
+
+
+def _which(report: Any) -> str:
+    source, engine = str(report.source), str(report.engine)
+    inside = source.split(" [", 1)[1][:-1] if " [" in source else ""
+    return engine + (f" [{inside}]" if inside and inside != engine else "")
+
+
+def _distinct_items(items: list[Any]) -> list[tuple[Any, list[int]]]:
+    """TP ranks that printed the same figures, shown once with every rank named."""
     shown: dict[str, list[int]] = {}
-    items = []
-    for item in report.items:  # TP ranks that printed the same figures are shown once
+    out = []
+    for item in items:
         key = json.dumps([item.observation.measured(), item.error, item.observation.startup], sort_keys=True)
         if key in shown and item.observation.rank is not None:
             shown[key].append(item.observation.rank)
             continue
         shown[key] = [item.observation.rank] if item.observation.rank is not None else []
-        items.append((item, shown[key]))
-    startups = len({it.observation.startup for it in report.items})
-    for item, ranks in items:
-        obs = item.observation
-        rank = (
-            f" rank {ranks[0]}"
-            if len(ranks) == 1
-            else f" ranks {', '.join(map(str, ranks))} (same figures)"
-            if ranks
-            else ""
-        )
-        lines = [s.line for s in obs.source_lines]
-        where = f" (lines {min(lines)}-{max(lines)})" if lines else ""
-        which = f"start-up {obs.startup + 1}: " if startups > 1 and obs.startup is not None else ""
-        out.append("")
+        out.append((item, shown[key]))
+    return out
+
+
+def _item_lines(item: Any, ranks: list[int], startups: int) -> list[str]:
+    obs = item.observation
+    rank = (
+        f" rank {ranks[0]}"
+        if len(ranks) == 1
+        else f" ranks {', '.join(map(str, ranks))} (same figures)"
+        if ranks
+        else ""
+    )
+    lines = [s.line for s in obs.source_lines]
+    where = f" (lines {min(lines)}-{max(lines)})" if lines else ""
+    which = f"start-up {obs.startup + 1}: " if startups > 1 and obs.startup is not None else ""
+    out = [
+        f"{which}{obs.engine} {obs.engine_version or '(version not printed)'}  "
+        f"{obs.model or '(model not printed)'}{rank}{where}",
+        f"  era: {item.era_or_inferred().sentence()}",
+    ]
+    if obs.engine == "transformers":  # from_pretrained, then a cache per request: no pool to size
         out.append(
-            f"{which}{obs.engine} {obs.engine_version or '(version not printed)'}  "
-            f"{obs.model or '(model not printed)'}{rank}{where}"
+            "  transformers serve sizes no KV cache at start-up (each request grows its own) and prints "
+            "no memory figure; read here: " + _transformers_facts(obs)
         )
-        era = item.era_or_inferred()
-        out.append(f"  era: {era.sentence()}")
-        if obs.engine == "transformers":  # from_pretrained, then a cache per request: no pool to size
-            out.append(
-                "  transformers serve sizes no KV cache at start-up (each request grows its own) and prints "
-                "no memory figure; read here: " + _transformers_facts(obs)
-            )
-        elif not obs.complete:
-            out.append("  incomplete start-up: the log ends before the engine sized its KV cache")
-        if obs.basis == "engine-estimate":
-            out.append("  these figures are the engine's own estimate, not measured allocations")
-        if item.comparison is None:
-            out.append(f"  no prediction: {item.error}")
-            printed = [f for f in SHOWN if getattr(obs, f) is not None]
-            if printed:
-                out.append(f"  {'component':18} {'engine':>12}")
-            for f in printed:
-                out.append(f"  {f.removesuffix('_bytes'):18} {_fmt(f, getattr(obs, f)):>12}")
+    elif not obs.complete:
+        out.append("  incomplete start-up: the log ends before the engine sized its KV cache")
+    if obs.basis == "engine-estimate":
+        out.append("  these figures are the engine's own estimate, not measured allocations")
+    if item.comparison is None:
+        out.append(f"  no prediction: {item.error}")
+        printed = [f for f in SHOWN if getattr(obs, f) is not None]
+        if printed:
+            out.append(f"  {'component':18} {'engine':>12}")
+        out.extend(f"  {f.removesuffix('_bytes'):18} {_fmt(f, getattr(obs, f)):>12}" for f in printed)
+        return out
+    return out + _prediction_lines(item)
+
+
+def _prediction_lines(item: Any) -> list[str]:
+    cmp = item.comparison
+    est = cmp.estimate
+    out = [
+        f"  predicted for {est.model} on {cmp.gpu_reason}; settings: "
+        + ", ".join(f"{k}={_setting(k, v)}" for k, v in sorted(item.settings_used.items())),
+        *(f"  note: {n}" for n in getattr(item, "notes", ())),
+        f"  {'component':18} {'engine':>12} {'vramlab':>12}  difference",
+    ]
+    for row in cmp.rows:
+        if row.observed is None and row.predicted is None:
             continue
-        cmp = item.comparison
-        est = cmp.estimate
         out.append(
-            f"  predicted for {est.model} on {cmp.gpu_reason}; settings: "
-            + ", ".join(f"{k}={v}" for k, v in sorted(item.settings_used.items()))
+            f"  {row.field.removesuffix('_bytes'):18} {_fmt(row.field, row.observed):>12} "
+            f"{_fmt(row.field, row.predicted):>12}  {_diff(row.field, row)}"
         )
-        out.append(f"  {'component':18} {'engine':>12} {'vramlab':>12}  difference")
-        for row in cmp.rows:
-            if row.observed is None and row.predicted is None:
-                continue
-            out.append(
-                f"  {row.field.removesuffix('_bytes'):18} {_fmt(row.field, row.observed):>12} "
-                f"{_fmt(row.field, row.predicted):>12}  {_diff(row.field, row)}"
-            )
-        out.extend(f"  {line}" for line in getattr(item, "refusal", ()))
-        line = _encoder_line(obs.extra, est.extra.get("encoder_profile"))
-        if line:
-            out.append(line)
-        if cmp.explains == "unexplained":
-            unseen = [
-                r.field.removesuffix("_bytes")
-                for r in cmp.rows
-                if r.observed is None and r.predicted is not None and r.field.endswith("_bytes")
-            ]
-            out.append(
-                "  most of the KV difference is not explained by the components the log prints"
-                + (
-                    f" (not printed: {', '.join(unseen)}; nor the budget)"
-                    if unseen
-                    else " (check the budget)"
-                )
-            )
-        elif cmp.explains:
-            moved = cmp.contributions[cmp.explains]
-            out.append(
-                f"  most of the KV difference comes from {cmp.explains}: it moves the predicted KV cache by "
-                f"{gib(moved, sign=True, unit=True)}"
-            )
-    if report.failures:
-        out.append("")
-        out.append("failures:")
-        phases = report.phases or [""] * len(report.failures)
-        for sig, phase in list(zip(report.failures, phases, strict=False))[:10]:
-            when = f" during {phase}" if phase else ""
-            out.append(f"  line {sig.line_number}: {sig.kind} ({sig.name}){when}: {sig.line.strip()[:160]}")
-        if len(report.failures) > 10:
-            out.append(f"  ... and {len(report.failures) - 10} more (see --json)")
-    if report.summary:
-        out.append("")
-        out.extend(report.summary)
-    return "\n".join(out)
+    out.extend(f"  {line}" for line in getattr(item, "refusal", ()))
+    line = _encoder_line(item.observation.extra, est.extra.get("encoder_profile"))
+    if line:
+        out.append(line)
+    if cmp.explains == "unexplained":
+        unseen = [
+            r.field.removesuffix("_bytes")
+            for r in cmp.rows
+            if r.observed is None and r.predicted is not None and r.field.endswith("_bytes")
+        ]
+        out.append(
+            "  most of the KV difference is not explained by the components the log prints"
+            + (f" (not printed: {', '.join(unseen)}; nor the budget)" if unseen else " (check the budget)")
+        )
+    elif cmp.explains:
+        moved = cmp.contributions[cmp.explains]
+        out.append(
+            f"  most of the KV difference comes from {cmp.explains}: it moves the predicted KV cache by "
+            f"{gib(moved, sign=True, unit=True)}"
+        )
+    return out
+
+
+def _setting(key: str, value: Any) -> str:
+    """A setting as its flag would say it: llama.cpp's devices by name, a split as proportions."""
+    if key == "devices" and isinstance(value, tuple):
+        return ",".join(str(name) for name, _ in value)
+    if key == "tensor_split" and isinstance(value, tuple):
+        return ":".join(f"{v:g}" for v in value)
+    if key == "override_tensor" and isinstance(value, tuple):
+        return " ".join(repr(v) for v in value)
+    return str(value)
+
+
+def _failure_lines(report: Any) -> list[str]:
+    if not report.failures:
+        return []
+    out = ["", "failures:"]
+    phases = report.phases or [""] * len(report.failures)
+    for sig, phase in list(zip(report.failures, phases, strict=False))[:10]:
+        when = f" during {phase}" if phase else ""
+        out.append(f"  line {sig.line_number}: {sig.kind} ({sig.name}){when}: {sig.line.strip()[:160]}")
+    if len(report.failures) > 10:
+        out.append(f"  ... and {len(report.failures) - 10} more (see --json)")
+    return out
 
 
 def _encoder_line(seen: dict[str, Any], planned: dict[str, Any] | None) -> str | None:
