@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from vramlab import __version__
 from vramlab.drill.cotenant import CotenantOutOfMemory
-from vramlab.drill.detect import STOP_KINDS, WALL_CLOCK, Detector, Finding
+from vramlab.drill.detect import STALL, WALL_CLOCK, Detector, Finding
+from vramlab.drill.fault import say_failure
+from vramlab.drill.hang import InFlight, hung_result
 from vramlab.drill.herd import HerdMonitor
 from vramlab.drill.lifecycle import TargetLifecycle
 from vramlab.drill.load import WindowPrompts, served_model, window_lanes
@@ -83,7 +85,7 @@ class DrillKind:
         self.rounds = range(plan.rounds)
         self.values = ramp_values(plan.ramp)
         self.state = LiveState()
-        self.detector = Detector(plan.stop, engine=self._engine())
+        self.detector = self._detector()
         self.herd = HerdMonitor()
         self.windows = WindowExecutor()  # the experiment's window executor, on this round's client
         self.prompts = WindowPrompts(plan)
@@ -96,6 +98,7 @@ class DrillKind:
         self._step_started_s = 0.0
         self._draining: asyncio.Future[Any] | None = None  # the failed step's window, its requests ending
         self._totals = [0, 0]
+        self.sender: InFlight | None = None  # the round's load client, counting its requests in flight
 
     def attach(self, run: Runner) -> None:
         self.run = run
@@ -107,6 +110,12 @@ class DrillKind:
         self.lifecycle = TargetLifecycle(run, self.plan, self.target, self.workdir, coloc)
         self.watchers = Watchers(
             run, self.plan, self.target, self.lifecycle.device, coloc, self.detector, self.state
+        )
+
+    def _detector(self) -> Detector:
+        """A round's detector; a hang is found after the plan's liveness grace (drill/hang.py)."""
+        return Detector(
+            self.plan.stop, engine=self._engine(), hang_grace_s=self.plan.recovery.liveness_grace_s
         )
 
     def _engine(self) -> str:
@@ -180,7 +189,7 @@ class DrillKind:
         # the first round uses the ones built with the kind: nothing fed them yet
         if rnd != self.rounds.start:
             self.state = LiveState()
-            self.detector = Detector(plan.stop, engine=self._engine())
+            self.detector = self._detector()
         conns = max(64, int(max(self.values)) + 8 if plan.ramp.knob in ("concurrency", "batch") else 64)
         await self.prompts.prepare(rnd, self.values)
         async with OpenAIClient(
@@ -190,7 +199,8 @@ class DrillKind:
             max_connections=conns,
             timeout_s=plan.load.request_timeout_s,
         ) as client:
-            self.windows.use(client)
+            self.sender = InFlight(client)
+            self.windows.use(self.sender)
             watchers = [
                 asyncio.ensure_future(c)
                 for c in self.watchers.watch(self.detector, self.state, self.lifecycle.health_path)
@@ -275,15 +285,19 @@ class DrillKind:
     ) -> bool:
         f = self._failure
         assert f is not None, "on_step_failure without a failure"
-        self._on_failure(f, step, value, last)
+        if f.kind != WALL_CLOCK:  # the drill's own time running out is no failure of the target
+            self.state.failed_at_s = self.state.failed_at_s or f.t_s
+        step_started_s, tally = self._step_started_s, self.tallies.step
+        say_failure(self.run.emit, self.plan.ramp, self.detector, f, step, value, last, step_started_s, tally)
         if f.kind == WALL_CLOCK:
             self.run.halt(f.message)  # not a failure of the target: the drill ends as stopped
             return False
         if window is None:
             return False
         # the step sends nothing more; what it has in flight ends as what it is (a hung request
-        # times out), not "cancelled" by the move to recovery
-        self.windows.end()
+        # times out), not "cancelled" by the move to recovery; a hang found from health and progress ends
+        # them now, as timeouts at the hang (drill/hang.py)
+        self.windows.cancel() if f.kind == STALL else self.windows.end()
         self._draining = window
         return True
 
@@ -294,51 +308,7 @@ class DrillKind:
 
     def tick(self) -> None:
         now = self.run.now()
-        self.detector.on_clock(now, now)
-
-    def _on_failure(self, f: Finding, step: int, value: float, last_safe: float | None) -> None:
-        ramp = self.plan.ramp
-        if f.kind == WALL_CLOCK:
-            # the drill's own time ran out: the target did not fail, so no fault, no recovery
-            self.run.emit("stop_condition", f.message, condition=f.kind)
-            self.run.emit(
-                "stopped",
-                f"stopped by the wall clock during {ramp.knob} = {value:g} {ramp.unit}; "
-                f"{self._step_failures()} (last completed step: "
-                f"{'none' if last_safe is None else f'{last_safe:g}'})",
-                value=value,
-                last_completed=last_safe,
-                unit=ramp.unit,
-            )
-            return
-        self.state.failed_at_s = self.state.failed_at_s or f.t_s
-        if f.kind in STOP_KINDS:
-            self.run.emit("stop_condition", f.message, condition=f.kind)
-        self.run.emit("detect", f"detected: {f.message}", condition=f.kind, source=f.source)
-        # T0 is the failure itself: its first evidence (a failed request's end, the exit, the OOM line)
-        t0 = self.detector.first_evidence_s()
-        self.run.emit(
-            "fault",
-            f"failed during {ramp.knob} = {value:g} {ramp.unit}",
-            step=step,
-            value=value,
-            knob=ramp.knob,
-            unit=ramp.unit,
-            step_started_s=self._step_started_s,
-            t0_s=t0 if t0 is not None else f.t_s,
-            last_safe_value=last_safe,
-            mode=self.detector.failure_mode(),
-            evidence=self.detector.evidence(),
-            signature=self.detector.signature(),
-        )
-
-    def _step_failures(self) -> str:
-        """What the running step's requests got, for the wall-clock stop's line: never "nothing had
-        failed" over requests the server refused (a 400 for the context length is a failure too)."""
-        tally = self.tallies.step
-        if tally is None or tally.sent == 0:
-            return "nothing had failed (no request of the step had ended yet)"
-        return tally.failures("of its") if tally.failed else "nothing had failed"
+        self.detector.on_clock(now, now, self.sender.open if self.sender is not None else None)
 
     # -- after the ramp ------------------------------------------------------------------------
     async def after_steps(self, rnd: int, failed: bool) -> None:
@@ -471,7 +441,10 @@ class DrillKind:
     def _on_result(
         self, res: RequestResult, phase: str, rnd: int, step: int, value: float | None, user: int
     ) -> None:
-        if res.error_class == "cancelled" and self.state.failed_at_s is not None:
+        hang = self.detector.stopped
+        if res.error_class == "cancelled" and phase == "ramp" and hang is not None and hang.kind == STALL:
+            res = hung_result(res, hang)
+        elif res.error_class == "cancelled" and self.state.failed_at_s is not None:
             res = dataclasses.replace(
                 res,
                 error=f"still open when the drill's {phase} load ended: neither answered "
