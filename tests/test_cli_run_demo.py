@@ -143,7 +143,7 @@ def test_run_and_demo_have_help() -> None:
 def test_engine_kv_usage_from_the_sim_fires_a_stop_and_rollback_runs(tmp_path: Path) -> None:
     from vramlab.demo.experiment import SIM_ARGS
     from vramlab.experiment.plan import Plan
-    from vramlab.experiment.session import run_plan
+    from vramlab.experiment.start import run_plan
     from vramlab.sim.launch import start_sim
 
     marker = tmp_path / "rolled"

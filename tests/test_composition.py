@@ -18,7 +18,7 @@ RID = "0123abcd"
 
 
 def _plan_json() -> dict:
-    from vramlab.drill.capacity_plan import PlanFacts, estimate_json
+    from vramlab.run.capacity_plan import PlanFacts, estimate_json
 
     return estimate_json(
         PlanFacts("llama-3.1-8b-instruct", "vllm", "h100-80gb", settings={"max_model_len": 8192})
@@ -116,7 +116,7 @@ def test_host_memory_peak_for_a_cpu_engine_and_no_plan_note() -> None:
 
 
 def test_missing_facts_make_one_note_naming_the_fact() -> None:
-    from vramlab.drill.capacity_plan import PlanFacts, start_events
+    from vramlab.run.capacity_plan import PlanFacts, start_events
 
     out = start_events(PlanFacts("llama-3.1-8b-instruct", "vllm"))
     assert (
@@ -156,10 +156,8 @@ samplers: {{interval_s: 0.2, sources: [ledger, engine], ledger: {ledger}}}
 
 @pytest.fixture(scope="module")
 def sim_run(tmp_path_factory):
-    from vramlab.drill.capacity_plan import experiment_start_hook
     from vramlab.experiment.plan import parse_plan
-    from vramlab.experiment.runner import RunOptions
-    from vramlab.experiment.session import run_plan
+    from vramlab.experiment.start import run_plan
     from vramlab.sim.launch import start_sim
     from vramlab.sim.ledger import DeviceLedger
     from vramlab.store import open_store
@@ -189,7 +187,6 @@ def sim_run(tmp_path_factory):
             plan,
             plan_dir=tmp,
             open_store=lambda: open_store(db),
-            options=RunOptions(start_hooks=[experiment_start_hook]),
         )
         by_kind: dict[str, int] = {}
         for a in DeviceLedger(ledger).allocations():
@@ -399,23 +396,24 @@ def test_drill_gpu_flags_fill_the_capacity_block_where_the_plan_names_no_card(tm
 
     import yaml
 
-    from vramlab.cli.drill import _with_card
-    from vramlab.drill.capacity_plan import facts_for_drill
+    from vramlab.drill.kind import DrillKind
     from vramlab.drill.plan import parse_plan
+    from vramlab.records.memory import MemoryStore
 
-    def parse_drill_plan(text: str):
-        return parse_plan(yaml.safe_load(text))
+    def facts(text: str):
+        kind = DrillKind(parse_plan(yaml.safe_load(text)), MemoryStore(), workdir=str(tmp_path))
+        return kind.capacity_facts()
 
     doc = """
 name: d
 target: {kind: process, environment: test, engine: vllm, command: "sleep 1", base_url: "http://127.0.0.1:9", model: llama-3.1-8b-instruct}
 ramp: {knob: concurrency, start: 1, factor: 2, ceiling: 4}
 """
-    plan = _with_card(parse_drill_plan(doc), None, 40.0)
-    facts = facts_for_drill(plan, None)
-    assert facts.gpu_memory_gib == 40.0 and facts.engine == "vllm" and facts.missing() is None
-    named = parse_drill_plan(doc + "capacity: {gpu: l4}\n")
-    assert _with_card(named, "h100-80gb", None).capacity.gpu == "l4"  # the plan's own card wins
+    given = facts(doc).with_card(None, 40.0)
+    assert given.gpu_memory_gib == 40.0 and given.engine == "vllm" and given.missing() is None
+    assert (
+        facts(doc + "capacity: {gpu: l4}\n").with_card("h100-80gb", None).gpu == "l4"
+    )  # the plan's card wins
     (tmp_path / "d.yaml").write_text(doc)
     res = subprocess.run(
         [sys.executable, "-m", "vramlab", "drill", "d.yaml", "--gpu-memory-gib", "0"],

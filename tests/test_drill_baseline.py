@@ -7,8 +7,9 @@ import asyncio
 import json
 from pathlib import Path
 
+from vramlab.drill.kind import DrillKind
 from vramlab.drill.plan import parse_plan
-from vramlab.drill.runner import DrillRunner
+from vramlab.drill.start import run_drill_kind
 from vramlab.load.stub import StubBehaviour, StubServer
 from vramlab.report import load_context, render
 from vramlab.report.incident import summary_line
@@ -53,8 +54,8 @@ def _drill(tmp_path: Path, b: StubBehaviour, timeout_s: float = 5.0):
                     "recovery": {"mode": "auto", "limit_s": 2, "observe_s": 0.5},
                 }
             )
-            runner = DrillRunner(plan, store, workdir=str(tmp_path / "work"))
-            return runner, await asyncio.wait_for(runner.run(), 40)
+            runner = DrillKind(plan, store, workdir=str(tmp_path / "work"))
+            return runner, await asyncio.wait_for(run_drill_kind(runner, store), 40)
 
     runner, result = asyncio.run(go())
     return store, runner, result
@@ -135,14 +136,13 @@ def test_a_wall_clock_stop_over_refused_requests_never_says_nothing_had_failed(t
                     },  # never fires
                 }
             )
-            runner = DrillRunner(plan, store, workdir=str(tmp_path / "work"))
+            runner = DrillKind(plan, store, workdir=str(tmp_path / "work"))
 
             def on_event(ev) -> None:
                 if ev.kind == "phase_end" and ev.message == "baseline":
                     b.fail_status, b.fail_body = 400, json.dumps({"error": {"message": said}})
 
-            runner.hook.add(on_event)
-            return runner, await asyncio.wait_for(runner.run(), 40)
+            return runner, await asyncio.wait_for(run_drill_kind(runner, store, subscribers=[on_event]), 40)
 
     runner, result = asyncio.run(go())
     stopped = [e for e in store.events(runner.run_id) if e.kind == "stopped"]
@@ -184,14 +184,13 @@ def test_a_ramp_whose_requests_never_came_back_claims_no_ceiling(tmp_path):
                     "stop": {"error_rate": 0.5, "window_s": 1.0, "min_requests": 3, "wall_clock_s": 6},
                 }
             )
-            runner = DrillRunner(plan, store, workdir=str(tmp_path / "work"))
+            runner = DrillKind(plan, store, workdir=str(tmp_path / "work"))
 
             def on_event(ev) -> None:
                 if ev.kind == "phase_end" and ev.message == "baseline":
                     b.stall_until = time.monotonic() + 3600  # from here on nothing answers
 
-            runner.hook.add(on_event)
-            return runner, await asyncio.wait_for(runner.run(), 40)
+            return runner, await asyncio.wait_for(run_drill_kind(runner, store, subscribers=[on_event]), 40)
 
     runner, result = asyncio.run(go())
     events = store.events(runner.run_id)

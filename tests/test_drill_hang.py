@@ -17,8 +17,9 @@ import pytest
 
 from _narrow import some
 from vramlab.analysis.incident import analyse
+from vramlab.drill.kind import DrillKind
 from vramlab.drill.plan import parse_plan
-from vramlab.drill.runner import DrillRunner
+from vramlab.drill.start import run_drill_kind
 from vramlab.load.retry import RetryPolicy
 from vramlab.store import open_store
 
@@ -79,8 +80,8 @@ def _doc(tmp_path: Path) -> dict:
 
 def test_hang_is_named_detected_not_recovered_and_rolled_back(tmp_path):
     store = open_store(str(tmp_path / "s.db"))
-    runner = DrillRunner(parse_plan(_doc(tmp_path)), store)
-    result = asyncio.run(asyncio.wait_for(runner.run(), 40))
+    runner = DrillKind(parse_plan(_doc(tmp_path)), store)
+    result = asyncio.run(asyncio.wait_for(run_drill_kind(runner, store), 40))
     rid = runner.run_id
     events = store.events(rid)
     requests = store.requests(rid)
@@ -154,7 +155,7 @@ def test_a_sigstopped_target_is_found_hung_from_health_before_any_request_times_
     doc["stop_conditions"]["wall_clock_s"] = 90
     doc["recovery"] = {"mode": "auto", "limit_s": 30, "observe_s": 0.5, "liveness_grace_s": 1.5}
     store = open_store(str(tmp_path / "s.db"))
-    runner = DrillRunner(parse_plan(doc), store)
+    runner = DrillKind(parse_plan(doc), store)
     stopped: list[int] = []
 
     def hang() -> None:
@@ -164,13 +165,12 @@ def test_a_sigstopped_target_is_found_hung_from_health_before_any_request_times_
         os.kill(stopped[0], signal.SIGSTOP)
 
     def on_event(ev: Any) -> None:
-        if ev.kind == "step" and ev.data.get("step") == 1 and not stopped:
+        if ev.kind == "step" and ev.data.get("step") == 2 and not stopped:
             asyncio.get_running_loop().call_later(1.0, hang)
 
-    runner.hook.add(on_event)
     t = time.monotonic()
     try:
-        result = asyncio.run(asyncio.wait_for(runner.run(), 90))
+        result = asyncio.run(asyncio.wait_for(run_drill_kind(runner, store, subscribers=[on_event]), 90))
     finally:
         for pid in stopped:
             with contextlib.suppress(ProcessLookupError):

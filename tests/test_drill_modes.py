@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from vramlab.analysis.incident import analyse
+from vramlab.drill.kind import DrillKind
 from vramlab.drill.plan import parse_plan
-from vramlab.drill.runner import DrillRunner
+from vramlab.drill.start import run_drill_kind
 from vramlab.store import open_store
 
 pytestmark = pytest.mark.slow
@@ -46,8 +47,8 @@ def _doc(tmp_path: Path, sim: dict, ramp: dict, **top) -> dict:
 
 def _run(tmp_path: Path, doc: dict):
     store = open_store(str(tmp_path / "s.db"))
-    runner = DrillRunner(parse_plan(doc), store)
-    asyncio.run(asyncio.wait_for(runner.run(), 60))
+    runner = DrillKind(parse_plan(doc), store)
+    asyncio.run(asyncio.wait_for(run_drill_kind(runner, store), 60))
     rid = runner.run_id
     return store, rid, analyse(store.requests(rid), store.samples(rid), store.events(rid), p95_tolerance=2.0)
 
@@ -128,4 +129,4 @@ def test_refusals_for_length_at_the_ceiling_are_failures_not_a_ceiling_held(tmp_
     import json
 
     refusal = json.loads(sat)["sections"]["composition"]["saturation"]["refusal"]
-    assert refusal["value"] == 2048 and refusal["step"] == 2 and "maximum context length" in refusal["detail"]
+    assert refusal["value"] == 2048 and refusal["step"] == 3 and "maximum context length" in refusal["detail"]

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vramlab.drill.kind import DrillKind
 from vramlab.drill.plan import RecoverySpec, parse_plan
 from vramlab.drill.recovery import LiveState, recover
-from vramlab.drill.runner import DrillRunner
+from vramlab.drill.start import run_drill_kind
 from vramlab.store import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ def test_manual_recovery_waits_for_operator_note(tmp_path):
     store = open_store(db)
     plan = _plan(tmp_path, mode="manual", limit_s=20, observe_s=0.5)
     no_retry = plan.load.model_copy(update={"retry": plan.load.retry.model_copy(update={"policy": "none"})})
-    runner = DrillRunner(plan.model_copy(update={"load": no_retry}), store)
+    runner = DrillKind(plan.model_copy(update={"load": no_retry}), store)
 
     async def operator() -> None:
         while True:
@@ -51,7 +52,7 @@ def test_manual_recovery_waits_for_operator_note(tmp_path):
 
     async def both() -> None:
         op = asyncio.ensure_future(operator())
-        await runner.run()
+        await run_drill_kind(runner, store)
         await op
 
     asyncio.run(asyncio.wait_for(both(), 60))
@@ -126,8 +127,8 @@ def test_restart_refused_next_to_cotenant_is_not_recovered_and_rolled_back(tmp_p
     doc["load"]["retry"] = {"policy": "immediate", "max_attempts": 5}
     doc["alerts"] = []
     store = open_store(str(tmp_path / "s.db"))
-    runner = DrillRunner(parse_plan(doc), store)
-    result = asyncio.run(asyncio.wait_for(runner.run(), 60))
+    runner = DrillKind(parse_plan(doc), store)
+    result = asyncio.run(asyncio.wait_for(run_drill_kind(runner, store), 60))
     assert result.status == "completed" and result.failed_rounds == [0]
     kinds = [e.kind for e in store.events(runner.run_id)]
     assert "not_recovered" in kinds and "startup_refusal" in kinds

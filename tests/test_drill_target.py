@@ -24,7 +24,7 @@ from vramlab.drill.target import (
     run_command,
 )
 from vramlab.errors import ConfigError, VramlabError
-from vramlab.experiment.steps import StepOutcome
+from vramlab.run.steps import StepOutcome
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -48,8 +48,9 @@ def test_think_time_paces_each_user_and_zero_does_not():
 
 
 def test_the_drill_paces_its_users_by_think_time(tmp_path):
+    from vramlab.drill.kind import DrillKind
     from vramlab.drill.plan import parse_plan
-    from vramlab.drill.runner import DrillRunner
+    from vramlab.drill.start import run_drill_kind
     from vramlab.load.stub import StubBehaviour, StubServer
     from vramlab.store import open_store
 
@@ -67,8 +68,8 @@ def test_the_drill_paces_its_users_by_think_time(tmp_path):
                     "ramp": {"knob": "concurrency", "start": 2, "ceiling": 2, "step_s": 0.3},
                     "stop": {"wall_clock_s": 30},
                 }
-                r = DrillRunner(parse_plan(doc), store, workdir=str(tmp_path / f"w{think}"))
-                await asyncio.wait_for(r.run(), 30)
+                r = DrillKind(parse_plan(doc), store, workdir=str(tmp_path / f"w{think}"))
+                await asyncio.wait_for(run_drill_kind(r, store), 30)
                 return r.run_id
 
         rid = asyncio.run(go())

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from vramlab.drill.kind import DrillKind
 from vramlab.drill.plan import parse_plan
-from vramlab.drill.runner import DrillRunner
+from vramlab.drill.start import run_drill_kind
 from vramlab.load.stub import StubBehaviour, StubServer
 from vramlab.store import open_store
 
@@ -27,8 +28,8 @@ def test_wall_clock_stops_the_drill_without_blaming_the_target(tmp_path):
                 "ramp": {"knob": "concurrency", "start": 2, "factor": 2, "ceiling": 64, "step_s": 1.0},
                 "stop": {"wall_clock_s": 2.0},
             }
-            r = DrillRunner(parse_plan(doc), store, workdir=str(tmp_path / "w"))
-            res = await asyncio.wait_for(r.run(), 30)
+            r = DrillKind(parse_plan(doc), store, workdir=str(tmp_path / "w"))
+            res = await asyncio.wait_for(run_drill_kind(r, store), 30)
             return r.run_id, res
 
     rid, res = asyncio.run(go())

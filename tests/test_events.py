@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import yaml
 
-from vramlab.experiment.events import Event, EventHook
 from vramlab.records import EventRecord, SampleRecord
 from vramlab.records.events import (
     DATA_KINDS,
@@ -25,6 +24,7 @@ from vramlab.records.events import (
     payload_keys,
     step_data,
 )
+from vramlab.run.events import Event, EventHook
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "vramlab"
@@ -148,11 +148,11 @@ def test_every_kind_literal_passed_as_an_event_kind_in_src_is_a_member():
     files = {where for where, _ in named}
     assert {
         "drill/kind.py",
-        "experiment/runner.py",
-        "experiment/standard.py",
+        "run/runner.py",
+        "experiment/kind.py",
         "drill/recovery.py",
         "drill/lifecycle.py",
-        "drill/capacity_plan.py",
+        "run/capacity_plan.py",
         "observe/ollama.py",
         "cli/note.py",
     } <= files
@@ -213,7 +213,7 @@ def test_ollama_model_events_carry_declared_keys():
 
 
 def test_the_plan_that_travels_with_the_run_carries_declared_keys():
-    from vramlab.drill.capacity_plan import PlanFacts, start_events
+    from vramlab.run.capacity_plan import PlanFacts, start_events
 
     vllm_log = ROOT / "tests" / "fixtures" / "logs" / "real" / "vllm-0.6.3-oneline-issue10517.log"
     out = start_events(
@@ -280,12 +280,13 @@ def _check_stored(events: list[EventRecord]) -> set[str]:
 
 
 @pytest.mark.slow
-def _experiment(tmp_path: Path, rollback: str, options: Any) -> tuple[Any, Any]:
+def _experiment(tmp_path: Path, rollback: str, options: Any, capacity_plan: Any = None) -> tuple[Any, Any]:
     """A one-round experiment against the stub, stored in a fresh SQLite store: (RunResult, store)."""
+    from vramlab.experiment.kind import ExperimentKind
     from vramlab.experiment.plan import parse_plan
-    from vramlab.experiment.recorder import StoreRecorder
-    from vramlab.experiment.runner import Runner
     from vramlab.load.stub import StubBehaviour, StubServer
+    from vramlab.run.recorder import StoreRecorder
+    from vramlab.run.runner import Runner
     from vramlab.store import open_store
 
     store = open_store(str(tmp_path / "v.db"))
@@ -304,30 +305,31 @@ phases: {{duration_s: 0.25, drain_s: 0.5}}
 rounds: 1
 rollback: ['{rollback}']
 """)
-            return await Runner(plan, hook, options).run()
+            return await Runner(ExperimentKind(plan, options), hook, capacity_plan).run()
 
     return asyncio.run(go()), store
 
 
 def test_an_experiment_stores_only_enumerated_kinds_with_declared_data(tmp_path):
-    from vramlab.experiment.runner import RunOptions
+    from vramlab.experiment.kind import RunOptions
 
     res, store = _experiment(tmp_path, "exit 3", RunOptions(samplers=[]))
     kinds = _check_stored(store.events(res.run_id))
     assert {"phase_start", "phase_end", "rollback", "run_end"} <= kinds
 
 
-def test_an_unknown_kind_from_an_experiments_start_hook_ends_the_run_failed_and_rolled_back(tmp_path):
-    from vramlab.experiment.runner import RunOptions
+def test_an_unknown_kind_from_an_experiments_capacity_plan_ends_the_run_failed_and_rolled_back(tmp_path):
+    from vramlab.experiment.kind import RunOptions
 
     marker = tmp_path / "rolled"
 
-    def misspelt(plan: Any) -> list[tuple[str, str, dict[str, Any]]]:
+    def misspelt() -> list[tuple[str, str, dict[str, Any]]]:
         return [("capacity_plans", "a misspelt kind", {})]
 
-    # an experiment records a failure of its body on the run (exit 1) rather than raising
-    res, store = _experiment(tmp_path, f"touch {marker}", RunOptions(samplers=[], start_hooks=[misspelt]))
-    assert res.status == "failed" and res.exit_code == 1
+    # the runner records a failure of the run's body on the run and keeps the error on the result:
+    # a bug in vramlab (not a VramlabError) is exit 70 for an experiment as for a drill (below)
+    res, store = _experiment(tmp_path, f"touch {marker}", RunOptions(samplers=[]), misspelt)
+    assert res.status == "failed" and res.exit_code == 70 and isinstance(res.error, ValueError)
     (run,) = store.list_runs()
     kinds = [e.kind for e in store.events(run.run_id)]
     assert run.status == "failed" and "unknown event kind 'capacity_plans'" in (run.stop_reason or "")
@@ -336,8 +338,9 @@ def test_an_unknown_kind_from_an_experiments_start_hook_ends_the_run_failed_and_
 
 @pytest.mark.slow
 def test_a_drill_stores_only_enumerated_kinds_with_declared_data(tmp_path):
+    from vramlab.drill.kind import DrillKind
     from vramlab.drill.plan import parse_plan
-    from vramlab.drill.runner import DrillRunner
+    from vramlab.drill.start import run_drill_kind
     from vramlab.store import open_store
 
     doc = yaml.safe_load((ROOT / "examples" / "oom-drill.yaml").read_text())
@@ -346,15 +349,15 @@ def test_a_drill_stores_only_enumerated_kinds_with_declared_data(tmp_path):
     doc["recovery"]["p95_tolerance"] = 4.0
     doc.setdefault("stop_conditions", {})["wall_clock_s"] = 40
     store = open_store(str(tmp_path / "s.db"))
-    runner = DrillRunner(parse_plan(doc), store)
-    asyncio.run(asyncio.wait_for(runner.run(), 90))
+    runner = DrillKind(parse_plan(doc), store)
+    asyncio.run(asyncio.wait_for(run_drill_kind(runner, store), 90))
     kinds = _check_stored(store.events(runner.run_id))
     assert {"step", "fault", "detect", "rollback", "run_end"} <= kinds
 
 
 @pytest.mark.slow
 def test_an_unknown_kind_from_a_producer_is_a_bug_exit_70(tmp_path, monkeypatch, capfd):
-    import vramlab.drill.capacity_plan as capacity_plan
+    import vramlab.run.capacity_plan as capacity_plan
     from vramlab.cli.main import main
 
     doc = yaml.safe_load((ROOT / "examples" / "oom-drill.yaml").read_text())

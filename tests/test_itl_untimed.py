@@ -15,11 +15,8 @@ import pytest
 
 import _synthetic_run as synth
 from vramlab.analysis.stats import ITL_UNTIMED_WARN, summarize_requests
-from vramlab.experiment.events import EventHook
+from vramlab.experiment.kind import ExperimentKind, RunOptions
 from vramlab.experiment.plan import parse_plan
-from vramlab.experiment.recorder import StoreRecorder
-from vramlab.experiment.runner import Runner, RunOptions
-from vramlab.experiment.window import request_record
 from vramlab.load.client import OpenAIClient, RequestResult
 from vramlab.load.driver import LoadShape, Window, drive
 from vramlab.load.prompts import Prompt, cycle
@@ -30,6 +27,10 @@ from vramlab.report import load_context
 from vramlab.report.blocks import Bullets, Table
 from vramlab.report.json import render as render_json
 from vramlab.report.sections import build_document
+from vramlab.run.events import EventHook
+from vramlab.run.recorder import StoreRecorder
+from vramlab.run.runner import Runner
+from vramlab.run.window import request_record
 from vramlab.store import open_store, resolve_url
 
 PROMPTS = [Prompt(f"prompt {i}", 2, 8) for i in range(4)]
@@ -170,7 +171,7 @@ def _stored_run(tmp_path: Path, workers: int, token_s: float, tokens: int):
             hook.add(StoreRecorder(store), critical=True)
             opts = RunOptions(samplers=[], workers=workers)
             opts.capture_environment = False
-            return await Runner(_plan(srv.url, tokens), hook, opts).run()  # type: ignore[arg-type]
+            return await Runner(ExperimentKind(_plan(srv.url, tokens), opts), hook).run()  # type: ignore[arg-type]
 
     res = asyncio.run(go())
     assert res.status == "completed"  # type: ignore[attr-defined]

@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from vramlab.experiment.events import Event, EventHook
+from vramlab.experiment.kind import ExperimentKind, RunOptions
 from vramlab.experiment.plan import parse_plan
-from vramlab.experiment.recorder import StoreRecorder
-from vramlab.experiment.runner import Runner, RunOptions
 from vramlab.load.arrivals import gaps
 from vramlab.load.client import OpenAIClient, RequestResult
 from vramlab.load.driver import LoadShape, Window, drive
@@ -23,6 +21,9 @@ from vramlab.load.prompts import Prompt, cycle
 from vramlab.load.stub import StubBehaviour, StubServer
 from vramlab.load.workers import ClientConfig, WorkerPool, workers_needed
 from vramlab.observe.base import Sample, Sampler
+from vramlab.run.events import Event, EventHook
+from vramlab.run.recorder import StoreRecorder
+from vramlab.run.runner import Runner
 from vramlab.store import open_store
 
 PROMPTS = [Prompt(f"prompt {i}", 2, 3) for i in range(5)]
@@ -153,7 +154,7 @@ def _run(tmp_path: Path, options: RunOptions, extra: str = "") -> tuple[object, 
             hook.add(StoreRecorder(store), critical=True)
             hook.add(events.append)
             options.capture_environment = False
-            return await Runner(_plan(srv.url, extra), hook, options).run()  # type: ignore[arg-type]
+            return await Runner(ExperimentKind(_plan(srv.url, extra), options), hook).run()  # type: ignore[arg-type]
 
     return asyncio.run(go()), events, store
 
@@ -324,8 +325,8 @@ def test_a_fired_stop_stops_every_worker_within_a_handful_of_requests(mode: str)
     fast as a failing server lets them: after it, at most a handful of requests start, in all workers
     together. (Before the stop reached the workers through their event loops only, a worker busy
     sending went on for hundreds of requests.)"""
-    from vramlab.experiment.window import Lane, WindowExecutor
     from vramlab.load.retry import RetryPolicy
+    from vramlab.run.window import Lane, WindowExecutor
 
     stop_at: list[float] = []
     results: list[RequestResult] = []
@@ -381,7 +382,7 @@ samplers: {interval_s: 0.2, sources: []}
         hook.add(StoreRecorder(store), critical=True)
         hook.add(events.append)
         opts = RunOptions(samplers=[], workers=workers, capture_environment=False)
-        return await Runner(parse_plan(plan.replace("URL", url)), hook, opts).run()
+        return await Runner(ExperimentKind(parse_plan(plan.replace("URL", url)), opts), hook).run()
 
     with _CountingServer() as srv:
         res = asyncio.run(go(srv.url))

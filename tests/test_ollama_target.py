@@ -361,8 +361,9 @@ def test_drill_target_kind_ollama_defaults_and_its_timeline_rows() -> None:
 def test_drill_on_kind_ollama_puts_loads_and_unloads_on_the_incident_timeline(
     tmp_path: Path, ollama: FakeOllama
 ) -> None:
+    from vramlab.drill.kind import DrillKind
     from vramlab.drill.plan import parse_plan
-    from vramlab.drill.runner import DrillRunner
+    from vramlab.drill.start import run_drill_kind
     from vramlab.report import load_context, render
     from vramlab.store import open_store
 
@@ -387,8 +388,8 @@ def test_drill_on_kind_ollama_puts_loads_and_unloads_on_the_incident_timeline(
     }
 
     async def go() -> str:
-        r = DrillRunner(parse_plan(doc), store, workdir=str(tmp_path / "w"))
-        await asyncio.wait_for(r.run(), 30)
+        r = DrillKind(parse_plan(doc), store, workdir=str(tmp_path / "w"))
+        await asyncio.wait_for(run_drill_kind(r, store), 30)
         return r.run_id
 
     rid = asyncio.run(go())

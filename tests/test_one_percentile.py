@@ -14,9 +14,9 @@ import pytest
 from vramlab.analysis.stats import Window
 from vramlab.analysis.windows import summarize_window
 from vramlab.experiment.plan import StopConditions
-from vramlab.experiment.stop import StopMonitor
 from vramlab.records import RequestRecord
 from vramlab.records.stats import percentile
+from vramlab.run.stop import StopMonitor
 
 
 def _window_of_requests(seed: int, n: int) -> list[RequestRecord]:
@@ -108,7 +108,7 @@ def test_infinite_values_stay_infinite() -> None:
 
 def test_the_runners_console_and_event_p95_is_the_reports():
     # the per-window P95 on the console and in the step event used nearest rank (950 vs 947.5 ms)
-    from vramlab.experiment.runner import _WindowStats
+    from vramlab.experiment.kind import _WindowStats
 
     w = _WindowStats(e2e=[100.0 * i for i in range(1, 21)])  # 100..2000 ms
     assert w.p(0.95) == pytest.approx(percentile(w.e2e, 95))

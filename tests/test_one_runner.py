@@ -1,5 +1,6 @@
-"""One runner runs experiments and drills: both kinds go through the same rounds and
-step loop of experiment/runner.py's Runner, and the drill package has no loop of its own."""
+"""One runner runs experiments and drills: both kinds go through the same rounds and step loop of
+run/runner.py's Runner, which stamps where the run is; the kinds have no loop of their own, and the
+run package names no kind (an import contract keeps it so)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,18 @@ from typing import Any
 
 import pytest
 
-from vramlab.experiment.events import Event, EventHook
-from vramlab.experiment.parts import Where
-from vramlab.experiment.rollback import RollbackResult
-from vramlab.experiment.runner import Runner, RunOptions
-from vramlab.experiment.steps import FixedSteps, StepOutcome, StepStrategy
+from vramlab.experiment.kind import ExperimentKind, RunOptions
 from vramlab.load.stub import StubBehaviour, StubServer
 from vramlab.records import RunRecord
+from vramlab.run.capacity_plan import PlanFacts
+from vramlab.run.events import Event, EventHook
+from vramlab.run.rollback import RollbackResult
+from vramlab.run.runner import Runner
+from vramlab.run.steps import FixedSteps, StepOutcome, StepStrategy
 from vramlab.store import open_store
 
-DRILL = Path(__file__).resolve().parents[1] / "src" / "vramlab" / "drill"
+SRC = Path(__file__).resolve().parents[1] / "src" / "vramlab"
+DRILL = SRC / "drill"
 _SHAPE = {"run_start", "phase_start", "step", "run_end"}
 
 
@@ -41,8 +44,9 @@ def _spy_steps(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, float]]:
 def test_an_experiment_and_a_drill_run_through_the_one_runner(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from vramlab.drill.kind import DrillKind
     from vramlab.drill.plan import parse_plan as parse_drill
-    from vramlab.drill.runner import DrillRunner
+    from vramlab.drill.start import run_drill_kind
     from vramlab.experiment.plan import parse_plan
 
     seen = _spy_steps(monkeypatch)
@@ -62,7 +66,9 @@ rounds: 1
 """)
             hook = EventHook()
             hook.add(exp_events.append)
-            exp = await Runner(plan, hook, RunOptions(samplers=[], capture_environment=False)).run()
+            exp = await Runner(
+                ExperimentKind(plan, RunOptions(samplers=[], capture_environment=False)), hook
+            ).run()
             doc = {
                 "name": "one-drill",
                 "rounds": 1,
@@ -71,14 +77,14 @@ rounds: 1
                 "load": {"concurrency": 1, "prompt_tokens": 8, "max_tokens": 2},
                 "ramp": {"knob": "concurrency", "start": 1, "factor": 2, "ceiling": 2, "step_s": 0.3},
             }
-            drill = DrillRunner(parse_drill(doc), store, workdir=str(tmp_path / "w"))
-            drill.hook.add(drill_events.append)
-            return exp, await asyncio.wait_for(drill.run(), 60), drill.run_id
+            drill = DrillKind(parse_drill(doc), store, workdir=str(tmp_path / "w"))
+            out = await asyncio.wait_for(run_drill_kind(drill, store, subscribers=[drill_events.append]), 60)
+            return exp, out, drill.run_id
 
     exp, drill, rid = asyncio.run(go())
     assert exp.status == "completed" and drill.status == "completed", (exp, drill)
-    # both kinds' steps went through the runner's one step loop, numbered by their kind
-    assert seen == [("ExperimentKind", 1, 2.0), ("DrillKind", 0, 1.0), ("DrillKind", 1, 2.0)]
+    # both kinds' steps went through the runner's one step loop, numbered by it from 1
+    assert seen == [("ExperimentKind", 1, 2.0), ("DrillKind", 1, 1.0), ("DrillKind", 2, 2.0)]
     for events, kind in ((exp_events, "experiment"), (drill_events, "drill")):
         shape = [e.kind for e in events if e.kind in _SHAPE]
         assert shape[0] == "run_start" and shape[-1] == "run_end", shape
@@ -95,9 +101,13 @@ rounds: 1
         )
         assert first_baseline < first_step
     assert [(e.round, e.phase, e.step) for e in drill_events if e.kind == "step"] == [
-        (0, "ramp", 0),
         (0, "ramp", 1),
+        (0, "ramp", 2),
     ]
+    for events in (exp_events, drill_events):  # the runner's positions, the same for both kinds
+        starts = {(e.phase, e.step) for e in events if e.kind == "phase_start"}
+        assert ("baseline", 0) in starts, starts
+        assert {(e.round, e.phase, e.step) for e in events if e.kind == "run_end"} == {(None, None, None)}
     assert [e.kind for e in store.events(rid)][-1] == "run_end"
 
 
@@ -105,19 +115,18 @@ class _Scripted:
     """A kind of run whose steps fail from *fail_at* on, recording what the runner asked of it."""
 
     rounds = range(1, 3)
-    first_step = 1
-    interrupted = "interrupted"
+    step_phase = "step"
+    wall_clock_s = 60.0
 
     def __init__(
         self,
         values: list[float],
         fail_at: float | None = None,
-        raises: bool = False,
         hang: bool = False,
         baseline_error: Exception | None = None,
     ) -> None:
         self.run_id = "5c21e7ed"
-        self.values, self.fail_at, self.raises, self.hang = values, fail_at, raises, hang
+        self.values, self.fail_at, self.hang = values, fail_at, hang
         self.baseline_error = baseline_error
         self.calls: list[tuple[Any, ...]] = []
         self.value = self.windowing = 0.0
@@ -145,6 +154,9 @@ class _Scripted:
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
         stack.callback(self.calls.append, ("closed",))
 
+    def capacity_facts(self) -> PlanFacts:
+        return PlanFacts("m", "vllm")
+
     @contextlib.asynccontextmanager
     async def round(self, rnd: int) -> Any:
         self.calls.append(("round", rnd))
@@ -154,15 +166,14 @@ class _Scripted:
             self.calls.append(("round_end", rnd))
 
     async def baseline(self, rnd: int) -> None:
-        self.run.where = Where(rnd, "baseline", 0)
+        self.run.emit("phase_start")
         if self.baseline_error is not None:
             raise self.baseline_error
 
     def steps(self) -> StepStrategy:
         return FixedSteps(self.values)
 
-    def begin_step(self, rnd: int, step: int, value: float) -> None:
-        self.run.where = Where(rnd, "step", step)
+    def begin_step(self, step: int, value: float) -> None:
         self.windowing = 0.0
         self.run.emit("step", value=value)
 
@@ -188,7 +199,11 @@ class _Scripted:
     def end_step(self, step: int, value: float) -> StepOutcome:
         return StepOutcome(step, value, 1, 0, None, None)
 
-    async def after_steps(self, rnd: int, failed: bool) -> None:
+    async def steps_held(self, rnd: int) -> None:
+        self.calls.append(("held", rnd))
+
+    async def recovery(self, rnd: int, failed: bool) -> None:
+        self.run.emit("phase_start")
         self.calls.append(("after", rnd, failed))
 
     def tick(self) -> None:
@@ -199,6 +214,7 @@ class _Scripted:
 
     async def rollback(self, status: str, reason: str | None) -> list[RollbackResult]:
         self.calls.append(("rollback", status, reason))
+        self.run.emit("rollback")
         return []
 
     def run_end(self, status: str, reason: str | None) -> tuple[str, dict[str, Any]]:
@@ -216,7 +232,7 @@ def test_a_failing_step_ends_the_steps_and_the_window_is_cancelled_within_the_po
     res = asyncio.run(Runner(kind, hook).run())
     assert res.status == "completed"
     assert ("failed", 2, 2.0, 1.0, True) in kind.calls  # step 2 failed while its window ran; step 1 completed
-    assert [c for c in kind.calls if c[0] in ("after", "rollback", "after_rounds")] == [
+    assert [c for c in kind.calls if c[0] in ("after", "held", "rollback", "after_rounds")] == [
         ("after", 1, True),
         ("after", 2, True),
         ("after_rounds",),
@@ -228,16 +244,37 @@ def test_a_failing_step_ends_the_steps_and_the_window_is_cancelled_within_the_po
     assert events[-1].kind == "run_end" and events[0].kind == "run_start"
 
 
-def test_an_error_goes_on_to_a_raising_kind_after_rollback_and_run_end() -> None:
-    kind = _Scripted([1.0], raises=True, baseline_error=RuntimeError("boom"))
+def test_an_error_is_recorded_on_the_run_rolled_back_and_kept_on_the_result() -> None:
+    kind = _Scripted([1.0], baseline_error=RuntimeError("boom"))
     events: list[Event] = []
     hook = EventHook()
     hook.add(events.append)
-    with pytest.raises(RuntimeError, match="boom"):
-        asyncio.run(Runner(kind, hook).run())
+    res = asyncio.run(Runner(kind, hook).run())  # never raised through: one ending for every kind
+    assert (
+        res.status == "failed" and res.reason == "RuntimeError: boom" and isinstance(res.error, RuntimeError)
+    )
+    assert res.exit_code == 70  # not a VramlabError: a bug in vramlab
     assert ("rollback", "failed", "RuntimeError: boom") in kind.calls and ("closed",) in kind.calls
-    assert events[-1].kind == "run_end" and events[-1].data["status"] == "failed"
-    assert "error" not in [e.kind for e in events]  # a raising kind's caller says it
+    assert [e.kind for e in events][-3:] == ["error", "rollback", "run_end"]
+    assert events[-1].data["status"] == "failed"
+
+
+def test_the_runner_stamps_where_the_run_is() -> None:
+    kind = _Scripted([1.0, 2.0])
+    events: list[Event] = []
+    hook = EventHook()
+    hook.add(events.append)
+    asyncio.run(Runner(kind, hook).run())
+    where = [(e.kind, e.round, e.phase, e.step) for e in events if e.kind != "run_start"]
+    assert where[:5] == [
+        ("phase_start", 1, "baseline", 0),
+        ("step", 1, "step", 1),
+        ("step", 1, "step", 2),
+        ("phase_start", 1, "recovery", 0),
+        ("phase_start", 2, "baseline", 0),
+    ]
+    assert where[-2:] == [("rollback", None, "rollback", None), ("run_end", None, None, None)]
+    assert ("held", 1) in kind.calls  # no step failed: the kind's steps_held, at the last step
 
 
 def test_a_store_failure_from_another_thread_fails_the_run_and_rolls_back() -> None:
@@ -294,3 +331,19 @@ def test_the_drill_package_has_no_run_loop_of_its_own() -> None:
             if isinstance(node, ast.Constant) and node.value in ("run_start", "run_end"):
                 found.append(f"{path.name}:{node.lineno}: {node.value!r}")
     assert not found, found
+
+
+def test_the_run_package_names_no_kind_and_no_kind_has_a_runner_class() -> None:
+    """run/ imports neither kind (the contract "run" says so too); the one Runner is the only runner."""
+    for path in sorted((SRC / "run").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        names += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        assert not [m for m in names if m.startswith(("vramlab.experiment", "vramlab.drill"))], path
+    runners = [
+        f"{p.relative_to(SRC)}:{n.name}"
+        for p in SRC.rglob("*.py")
+        for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+        if isinstance(n, ast.ClassDef) and n.name.endswith(("Runner", "Session"))
+    ]
+    assert runners == ["run/runner.py:Runner"], runners

@@ -283,10 +283,11 @@ def test_a_run_of_an_old_plan_stores_its_notes_with_the_run(tmp_path):
     """The runner stores plan.warnings() as the run's notes: the old names travel with the run."""
     import asyncio
 
-    from vramlab.experiment.events import EventHook
-    from vramlab.experiment.recorder import StoreRecorder
-    from vramlab.experiment.runner import Runner, RunOptions
+    from vramlab.experiment.kind import ExperimentKind, RunOptions
     from vramlab.load.stub import StubBehaviour, StubServer
+    from vramlab.run.events import EventHook
+    from vramlab.run.recorder import StoreRecorder
+    from vramlab.run.runner import Runner
     from vramlab.store import open_store
 
     store = open_store(str(tmp_path / "v.db"))
@@ -306,7 +307,7 @@ samplers: {{sources: [host], interval_s: 0.05}}
         )
         hook = EventHook()
         hook.add(StoreRecorder(store))
-        return (await Runner(plan, hook, RunOptions()).run()).run_id
+        return (await Runner(ExperimentKind(plan, RunOptions()), hook).run()).run_id
 
     async def main() -> str:
         async with StubServer(StubBehaviour(ttft_s=0.002)) as srv:

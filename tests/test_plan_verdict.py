@@ -214,8 +214,8 @@ VLLM_ONLY_NAMES = {
 def test_example_drills_plan_the_sims_own_engine_and_settings_and_fit(name: str) -> None:
     from pathlib import Path
 
-    from vramlab.drill.capacity_plan import facts_for_drill, resolve_facts
     from vramlab.drill.plan import load_plan
+    from vramlab.run.capacity_plan import resolve_facts, target_facts
 
     root = Path(__file__).resolve().parents[1]
     shipped = root / "src" / "vramlab" / "data" / "examples" / name
@@ -226,7 +226,7 @@ def test_example_drills_plan_the_sims_own_engine_and_settings_and_fit(name: str)
         pytest.skip("not a sim drill")
     if sim.engine == "sglang":
         assert not VLLM_ONLY_NAMES & set(sim.extra_args), sim.extra_args
-    facts = facts_for_drill(drill, None)
+    facts = target_facts(drill.target.model, drill.target.engine, sim, drill.capacity, None)
     spec, card, s = resolve_facts(facts)
     assert s.engine == sim.engine
     flags = dict(zip(sim.extra_args[::2], sim.extra_args[1::2], strict=True))

@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from vramlab.cli.run import summary
-from vramlab.experiment.events import EventHook
+from vramlab.experiment.kind import ExperimentKind, RunOptions
 from vramlab.experiment.plan import parse_plan
-from vramlab.experiment.recorder import StoreRecorder
-from vramlab.experiment.runner import Runner, RunOptions, RunResult
 from vramlab.load.stub import StubBehaviour, StubServer
 from vramlab.observe.base import FakeSampler
 from vramlab.report import load_context, render
+from vramlab.run.events import EventHook
+from vramlab.run.recorder import StoreRecorder
+from vramlab.run.runner import Runner, RunResult
 from vramlab.store import open_store
 
 SERVER_SAYS = "This model's maximum context length is 2048 tokens. However, you requested 4096 tokens"
@@ -41,7 +42,7 @@ samplers: {{interval_s: 0.1}}
             hook = EventHook()
             hook.add(StoreRecorder(store))
             opts = RunOptions(samplers=[FakeSampler("host", {"host.cpu_percent": [1]})])
-            return await Runner(type(plan).model_validate(doc), hook, opts).run()
+            return await Runner(ExperimentKind(type(plan).model_validate(doc), opts), hook).run()
 
     return asyncio.run(go()), store
 

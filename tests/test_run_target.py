@@ -94,3 +94,97 @@ def test_the_render_hint_carries_the_store_it_used(monkeypatch):
     assert report_hint("ab", "x.db", "sqlite:////tmp/x.db", "incident.html").endswith(
         "-o incident.html --db sqlite:////tmp/x.db"
     )
+
+
+SIM = {
+    "model": "qwen2.5-1.5b-instruct",
+    "gpu": "l4",
+    "engine": "vllm",
+    "max_model_len": 4096,
+    "extra_args": ["--engine-version", "0.6.3", "--kv-cache-dtype", "fp8"],
+}
+
+
+def test_a_runs_sim_settings_reach_its_capacity_plan_as_a_drills_do(tmp_path):
+    """One reading of target.sim for both kinds: the engine flags among extra_args (the release
+    the sim plays, its KV dtype) are in an experiment's capacity plan exactly as in a drill's."""
+    from dataclasses import replace
+
+    import yaml
+
+    from vramlab.drill.kind import DrillKind
+    from vramlab.drill.plan import parse_plan as parse_drill
+    from vramlab.experiment.kind import ExperimentKind
+    from vramlab.records.memory import MemoryStore
+    from vramlab.run.capacity_plan import start_events
+
+    flow = (
+        "{kind: sim, model: qwen2.5-1.5b-instruct, sim: "
+        + yaml.safe_dump(SIM, default_flow_style=True).strip()
+        + "}"
+    )
+    experiment = ExperimentKind(parse_plan(PLAN.format(TARGET=flow))).capacity_facts()
+    drill_doc = {
+        "name": "d",
+        "target": {"kind": "sim", "environment": "test", "sim": SIM},
+        "ramp": {"knob": "concurrency", "start": 1, "factor": 2, "ceiling": 4},
+    }
+    drill = DrillKind(parse_drill(drill_doc), MemoryStore(), workdir=str(tmp_path)).capacity_facts()
+    assert experiment == replace(drill, log_file=experiment.log_file)
+    assert experiment.engine_version == "0.6.3" and experiment.settings == {
+        "max_model_len": 4096,
+        "kv_cache_dtype": "fp8",
+    }
+    (plan,) = [data for kind, _, data in start_events(experiment) if kind == "capacity_plan"]
+    assert plan["estimate"]["engine_version"] == "0.6.3" and plan["facts"]["engine_version"] == "0.6.3"
+
+
+@pytest.mark.parametrize("command", ["run", "drill"])
+def test_a_sim_engine_the_sim_does_not_play_is_refused_at_validation(tmp_path, command):
+    """target.sim.engine is checked against the engine registry's sim engines: one line, exit 2,
+    before anything starts or is stored."""
+    if command == "run":
+        text = PLAN.format(TARGET="{kind: sim, model: m, sim: {gpu: l4, engine: ollama}}")
+    else:
+        text = (
+            "name: d\ntarget: {kind: sim, environment: test, sim: {gpu: l4, engine: ollama}}\n"
+            "ramp: {knob: concurrency, start: 1, factor: 2, ceiling: 4}\n"
+        )
+    (tmp_path / "p.yaml").write_text(text)
+    r = subprocess.run(
+        [sys.executable, "-m", "vramlab", command, "p.yaml", "--db", str(tmp_path / "v.db")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "target.sim.engine" in r.stderr and "'llama.cpp'" in r.stderr, r.stderr
+    assert not (tmp_path / "v.db").exists()
+
+
+@pytest.mark.slow
+def test_a_runs_own_sim_plays_the_release_its_plan_is_made_for(tmp_path):
+    """`vramlab run` with target.sim: the sim it starts plays --engine-version 0.6.3, and the
+    capacity plan stored with the run is made for 0.6.3 (not the policy's newest release)."""
+    text = PLAN.format(
+        TARGET="{kind: sim, model: qwen2.5-1.5b-instruct, sim: {gpu: l4, max_model_len: 4096, "
+        "extra_args: ['--engine-version', '0.6.3']}}"
+    )
+    (tmp_path / "p.yaml").write_text(text)
+    db = tmp_path / "v.db"
+    r = subprocess.run(
+        [sys.executable, "-m", "vramlab", "run", "p.yaml", "--db", str(db), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    with open_store(str(db)) as store:
+        (run,) = store.list_runs()
+        events = store.events(run.run_id)
+    (plan,) = [e for e in events if e.kind == "capacity_plan"]
+    assert plan.data["estimate"]["engine_version"] == "0.6.3", plan.data["estimate"]["engine_version"]
+    (startup,) = [e for e in events if e.kind == "startup_memory"]  # the sim's own start-up log, read back
+    assert startup.data["observation"]["engine"] == "vllm"

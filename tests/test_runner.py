@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 
-from vramlab.experiment.events import Event, EventHook
+from vramlab.experiment.kind import ExperimentKind, RunOptions
 from vramlab.experiment.plan import parse_plan
-from vramlab.experiment.recorder import StoreRecorder
-from vramlab.experiment.runner import Runner, RunOptions, RunResult
 from vramlab.load.stub import StubBehaviour, StubServer
 from vramlab.observe.base import FakeSampler
+from vramlab.run.events import Event, EventHook
+from vramlab.run.recorder import StoreRecorder
+from vramlab.run.runner import Runner, RunResult
 from vramlab.store import open_store
 
 
@@ -73,7 +74,9 @@ def _run(
                 ]
             )
             opts.capture_environment = True
-            task = asyncio.ensure_future(Runner(_plan(srv.url, plan_extra, **plan_kw), hook, opts).run())
+            task = asyncio.ensure_future(
+                Runner(ExperimentKind(_plan(srv.url, plan_extra, **plan_kw), opts), hook).run()
+            )
             if (
                 cancel_after_requests is not None
             ):  # Ctrl-C once that many requests came back, however slow the box
@@ -199,9 +202,10 @@ def test_a_broken_subscriber_is_detached_and_noted(tmp_path: Path) -> None:
             hook.add(bad)
             hook.add(lambda e: hook_events.append(e.kind))
             return await Runner(
-                _plan(srv.url, rounds=1, steps="[2]"),
+                ExperimentKind(
+                    _plan(srv.url, rounds=1, steps="[2]"), RunOptions(samplers=[], capture_environment=False)
+                ),
                 hook,
-                RunOptions(samplers=[], capture_environment=False),
             ).run()
 
     res = asyncio.run(go())
@@ -224,7 +228,8 @@ def test_token_variables_change_the_requests(tmp_path: Path, variable: str, step
             from vramlab.experiment.plan import Plan
 
             return await Runner(
-                Plan.model_validate(text), EventHook(), RunOptions(samplers=[], capture_environment=False)
+                ExperimentKind(Plan.model_validate(text), RunOptions(samplers=[], capture_environment=False)),
+                EventHook(),
             ).run()
 
     asyncio.run(go())

@@ -10,16 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from vramlab.experiment.events import Event, EventHook
+from vramlab.experiment.kind import ExperimentKind, RunOptions
 from vramlab.experiment.plan import RollbackCommand, StopConditions, parse_plan
-from vramlab.experiment.recorder import StoreRecorder
-from vramlab.experiment.rollback import run_rollbacks
-from vramlab.experiment.runner import Runner, RunOptions
-from vramlab.experiment.steps import FixedSteps, StepOutcome
-from vramlab.experiment.stop import StopMonitor
 from vramlab.load.stub import StubBehaviour, StubServer
 from vramlab.records import RequestRecord, RunRecord
 from vramlab.records.memory import MemoryStore
+from vramlab.run.events import Event, EventHook
+from vramlab.run.recorder import StoreRecorder
+from vramlab.run.rollback import run_rollbacks
+from vramlab.run.runner import Runner
+from vramlab.run.steps import FixedSteps, StepOutcome
+from vramlab.run.stop import StopMonitor
 from vramlab.store import open_store
 
 
@@ -141,7 +142,9 @@ load: {{mode: open, request_rate: 2, max_concurrency: 1, lag_warn_ms: 20}}
 """)
             hook = EventHook()
             hook.add(events.append)
-            res = await Runner(plan, hook, RunOptions(samplers=[], capture_environment=False)).run()
+            res = await Runner(
+                ExperimentKind(plan, RunOptions(samplers=[], capture_environment=False)), hook
+            ).run()
             assert res.status == "completed"
         return events
 
@@ -163,7 +166,7 @@ def pg_url() -> str:
 def test_a_run_is_stored_in_postgresql(pg_url: str) -> None:
     import threading
 
-    from vramlab.experiment.session import run_plan
+    from vramlab.experiment.start import run_plan
 
     box: dict[str, object] = {}
     ready, done = threading.Event(), threading.Event()
@@ -244,7 +247,7 @@ phases: {{duration_s: 5}}
 stop_conditions: {{min_requests: 5}}
 load: {{retry: {{base_s: 0.05, max_s: 0.1}}}}
 """)  # the users' back-off after a refused connection is the plan's: short here, so 5 failures come fast
-        res = asyncio.run(Runner(plan, EventHook(), RunOptions(samplers=[])).run())
+        res = asyncio.run(Runner(ExperimentKind(plan, RunOptions(samplers=[])), EventHook()).run())
     assert res.status == "stopped" and res.stop_reason.condition == "error_rate"  # type: ignore[union-attr]
     assert res.elapsed_s < 4
     assert res.requests <= 5 + 2  # stopped at once: no more than the users had in hand
@@ -330,7 +333,7 @@ fixed: {{input: {{synthetic: {{prompt_tokens: 4, output_tokens: 1, count: 2}}}}}
 change: {{variable: concurrency, steps: [2]}}
 phases: {{duration_s: 1}}
 """)
-            await Runner(plan, hook, RunOptions(samplers=[], capture_environment=False)).run()
+            await Runner(ExperimentKind(plan, RunOptions(samplers=[], capture_environment=False)), hook).run()
 
     with pytest.raises(VramlabError, match="disk full"):
         asyncio.run(go())

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
+from vramlab.drill.kind import DrillKind
 from vramlab.drill.plan import parse_plan
-from vramlab.drill.runner import DrillRunner
+from vramlab.drill.start import run_drill_kind
 from vramlab.records import RequestRecord
 from vramlab.store import open_store
 
@@ -39,8 +40,8 @@ def _example(name: str, tmp_path: Path, **ramp: Any) -> dict[str, Any]:
 def _drill(doc: dict[str, Any], tmp_path: Path) -> tuple[list[RequestRecord], dict[str, Any]]:
     store = open_store(str(tmp_path / "s.db"))
     (tmp_path / "work").mkdir()
-    runner = DrillRunner(parse_plan(doc), store, workdir=str(tmp_path / "work"))
-    asyncio.run(asyncio.wait_for(runner.run(), 90))
+    runner = DrillKind(parse_plan(doc), store, workdir=str(tmp_path / "work"))
+    asyncio.run(asyncio.wait_for(run_drill_kind(runner, store), 90))
     run = store.get_run(runner.run_id)
     return store.requests(runner.run_id), {"notes": run.notes, "events": store.events(runner.run_id)}
 

@@ -1,4 +1,4 @@
-"""The one stop-condition engine (experiment/stop.py) that `vramlab run` and `vramlab drill` share:
+"""The one stop-condition engine (run/stop.py) that `vramlab run` and `vramlab drill` share:
 timeouts arm the error stop, and a run against a target that never answers ends non-zero."""
 
 from __future__ import annotations
@@ -8,12 +8,13 @@ import time
 from pathlib import Path
 
 from vramlab.drill.detect import Detector
-from vramlab.experiment.events import EventHook
+from vramlab.experiment.kind import ExperimentKind, RunOptions
 from vramlab.experiment.plan import StopConditions, parse_plan
-from vramlab.experiment.recorder import StoreRecorder
-from vramlab.experiment.runner import Runner, RunOptions
-from vramlab.experiment.stop import StopMonitor
 from vramlab.load.stub import StubBehaviour, StubServer
+from vramlab.run.events import EventHook
+from vramlab.run.recorder import StoreRecorder
+from vramlab.run.runner import Runner
+from vramlab.run.stop import StopMonitor
 from vramlab.store import open_store
 
 
@@ -76,7 +77,9 @@ stop_conditions: {{error_rate: 0.5, window_s: 10, min_requests: 10}}
 """)
             hook = EventHook()
             hook.add(StoreRecorder(store))
-            return await Runner(plan, hook, RunOptions(samplers=[], capture_environment=False)).run()
+            return await Runner(
+                ExperimentKind(plan, RunOptions(samplers=[], capture_environment=False)), hook
+            ).run()
 
     res = asyncio.run(asyncio.wait_for(go(), 60))
     assert res.status == "stopped" and res.exit_code != 0

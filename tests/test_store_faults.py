@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vramlab.experiment.events import Event
+from vramlab.run.events import Event
 
 
 def _plan(path: Path, url: str, marker: Path) -> Path:
@@ -64,7 +64,7 @@ def _once_stored(db: Path, fault: Callable[[], None]) -> Callable[[Event], None]
 
 def _run_with_fault(tmp_path: Path, stub: str, fault: Callable[[Path], None]) -> tuple[object, Path, Path]:
     from vramlab.experiment.plan import load_plan
-    from vramlab.experiment.session import run_plan
+    from vramlab.experiment.start import run_plan
     from vramlab.store import open_store
 
     db = tmp_path / "v.db"

@@ -150,7 +150,7 @@ def _page_limited_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_run_on_a_store_at_its_page_limit(tmp_path: Path, stub: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """SQLite's own 'database or disk is full' (max_page_count), in process: no root needed."""
     from vramlab.experiment.plan import load_plan
-    from vramlab.experiment.session import run_plan
+    from vramlab.experiment.start import run_plan
     from vramlab.store import open_store
 
     db = _page_limited_db(tmp_path, monkeypatch)
@@ -184,11 +184,12 @@ class _SlowStore:
 
 
 def test_a_slow_store_does_not_slow_the_measured_latencies(tmp_path: Path, stub: str) -> None:
-    from vramlab.experiment.events import EventHook
+    from vramlab.experiment.kind import ExperimentKind, RunOptions
     from vramlab.experiment.plan import load_plan
-    from vramlab.experiment.recorder import StoreRecorder
-    from vramlab.experiment.runner import Runner, RunOptions
     from vramlab.records.store import Store
+    from vramlab.run.events import EventHook
+    from vramlab.run.recorder import StoreRecorder
+    from vramlab.run.runner import Runner
     from vramlab.store import open_store
 
     plan = load_plan(_plan(tmp_path / "p.yaml", stub, requests=300, duration=60, concurrency=2))
@@ -199,7 +200,9 @@ def test_a_slow_store_does_not_slow_the_measured_latencies(tmp_path: Path, stub:
         rec = StoreRecorder(cast("Store", _SlowStore(store)) if slow else store, flush_s=0.05, batch=5)
         hook = EventHook()
         hook.add(rec, critical=True)
-        res = asyncio.run(Runner(plan, hook, RunOptions(samplers=[], capture_environment=False)).run())
+        res = asyncio.run(
+            Runner(ExperimentKind(plan, RunOptions(samplers=[], capture_environment=False)), hook).run()
+        )
         e2e = sorted(r.e2e_ms for r in store.requests(res.run_id) if r.e2e_ms is not None)
         store.close()
         return e2e[len(e2e) // 2], len(e2e)
@@ -272,15 +275,16 @@ def test_a_drill_stops_its_load_when_the_store_refuses_rows(
 ) -> None:
     """The drill, like the run, stops the load as soon as the writer gives up (not at the end of its
     ramp), rolls back, and says it was not stored completely."""
+    from vramlab.drill.kind import DrillKind
     from vramlab.drill.plan import parse_plan
-    from vramlab.drill.runner import DrillRunner
+    from vramlab.drill.start import run_drill_kind
     from vramlab.store import open_store
 
     db = _page_limited_db(tmp_path, monkeypatch)
     store = open_store(str(db))
     planned_s = 0.5 + 6 * 5.0  # baseline + six 5 s steps (2 .. 64)
 
-    async def go() -> tuple[DrillRunner, object, float]:
+    async def go() -> tuple[DrillKind, object, float]:
         async with StubServer(StubBehaviour(ttft_s=0.001)) as srv:
             doc = {
                 "name": "full",
@@ -291,14 +295,16 @@ def test_a_drill_stops_its_load_when_the_store_refuses_rows(
                 "ramp": {"knob": "concurrency", "start": 2, "factor": 2, "ceiling": 64, "step_s": 5.0},
                 "stop": {"wall_clock_s": 120},
             }
-            r = DrillRunner(parse_plan(doc), store, workdir=str(tmp_path / "w"))
+            r = DrillKind(parse_plan(doc), store, workdir=str(tmp_path / "w"))
             t = time.monotonic()
-            res = await asyncio.wait_for(r.run(), 90)
+            res = await asyncio.wait_for(run_drill_kind(r, store), 90)
             return r, res, time.monotonic() - t
 
     runner, res, elapsed = asyncio.run(go())
     assert res.status == "failed" and "full" in (res.stop_reason or ""), res  # type: ignore[attr-defined]
-    acct = runner.recorder.accounting()
-    assert not acct.complete and acct.failure and "full" in acct.failure
-    print(f"drill on a full store: stopped after {elapsed:.1f} s of {planned_s:.0f} s planned; {acct.line()}")
+    session = res.session  # type: ignore[attr-defined]
+    assert not session.store_complete and session.store_failure and "full" in session.store_failure
+    print(
+        f"drill on a full store: stopped after {elapsed:.1f} s of {planned_s:.0f} s planned; {session.stored_line()}"
+    )
     assert elapsed < planned_s * 0.75  # stopped when the writer gave up, not at the end of the ramp

@@ -221,7 +221,9 @@ def test_concurrency_ramp_queues_and_preempts_with_plan_beside_measured(concurre
     for row in steps:
         kv = row.figure("kv_cache")
         # the pool: the engine's printed tokens x its own per-token bytes; the plan: the pool it was given
-        assert kv.measured_bytes == POOL_BYTES and "engine's own" in kv.source, kv
+        assert (
+            kv.measured_bytes == POOL_BYTES and "start-up log: the KV cache size it printed" in kv.source
+        ), kv
         assert kv.predicted_bytes == POOL_BYTES
         peak = row.figure("peak")  # the host's reading of the process tree, labelled host memory
         assert peak.measured_bytes and peak.host_memory, peak
@@ -337,14 +339,15 @@ def _drill_doc(py: str, model: Path, tmp_path: Path) -> dict[str, Any]:
     1500
 )  # three vLLM start-ups: ~20 s each on an idle 2-core machine, minutes on a busy one
 def test_drill_kills_and_hangs_the_engine_and_the_vllm_target_stops_its_group(engine, tmp_path):
+    from vramlab.drill.kind import DrillKind
     from vramlab.drill.local_targets import VllmTarget, group_members
     from vramlab.drill.plan import parse_plan
-    from vramlab.drill.runner import DrillRunner
+    from vramlab.drill.start import run_drill_kind
 
     py, model = engine
     doc = _drill_doc(py, model, tmp_path)
     store = open_store(str(tmp_path / "v.db"))
-    runner = DrillRunner(parse_plan(doc), store, workdir=str(tmp_path / "work"))
+    runner = DrillKind(parse_plan(doc), store, workdir=str(tmp_path / "work"))
     acted: list[tuple[str, int]] = []
     groups: list[int] = []
 
@@ -360,15 +363,14 @@ def test_drill_kills_and_hangs_the_engine_and_the_vllm_target_stops_its_group(en
             os.killpg(pid, signal.SIGSTOP)
             acted.append(("hang", pid))
 
-    def on_event(ev: Any) -> None:  # round 0: the kill 1.5 s into step 1; round 1: the hang 1 s into step 0
-        step = 1 if not acted else 0
+    def on_event(ev: Any) -> None:  # round 0: the kill 1.5 s into step 2; round 1: the hang 1 s into step 1
+        step = 2 if not acted else 1
         if ev.kind == "step" and ev.data.get("step") == step and len(acted) == (ev.round or 0):
             asyncio.get_running_loop().call_later(1.5 if not acted else 1.0, act)
 
-    runner.hook.add(on_event)
     t = time.monotonic()
     try:
-        result = asyncio.run(asyncio.wait_for(runner.run(), 1100))
+        result = asyncio.run(asyncio.wait_for(run_drill_kind(runner, store, subscribers=[on_event]), 1100))
     finally:
         for _, pid in acted:
             with contextlib.suppress(ProcessLookupError, PermissionError):

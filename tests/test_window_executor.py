@@ -1,4 +1,4 @@
-"""The one window executor `vramlab run` and `vramlab drill` share (experiment/window.py), against a
+"""The one window executor `vramlab run` and `vramlab drill` share (run/window.py), against a
 real aiohttp SSE stub on loopback: lanes, the stop flag, cancellation, the records both store."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from vramlab.experiment.window import Lane, WindowExecutor, request_record
 from vramlab.load.client import OpenAIClient, RequestResult
 from vramlab.load.driver import LoadShape, Window
 from vramlab.load.prompts import Prompt
 from vramlab.load.retry import RetryPolicy
 from vramlab.load.stub import StubBehaviour, StubServer
+from vramlab.run.window import Lane, WindowExecutor, request_record
 
 P = [Prompt("hello there", 2, 4)]
 

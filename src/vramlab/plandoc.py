@@ -21,6 +21,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from vramlab.engines import SimEngine
+
 Kind = Literal["experiment", "drill", "colocation"]
 KINDS: dict[str, str] = {"experiment": "vramlab run", "drill": "vramlab drill", "colocation": "vramlab drill"}
 
@@ -143,9 +145,6 @@ class PlanSection(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-SimEngine = Literal["vllm", "sglang", "tgi", "llama.cpp", "ollama"]
-
-
 class SimSettings(PlanSection):
     """`target.sim`: the rehearsal server (`vramlab sim serve`) vramlab starts for the run or drill
     and stops afterwards. An experiment fills `model` from target.model (the model its requests name)."""
@@ -154,7 +153,7 @@ class SimSettings(PlanSection):
 
     model: str = "llama-3.1-8b-instruct"  # the sim's own default (`vramlab sim serve --model`)
     gpu: str = "h100-80gb"
-    engine: SimEngine = "vllm"
+    engine: SimEngine = "vllm"  # the engines the sim plays (vramlab.engines): Ollama is refused here
     speed: float = Field(50.0, gt=0)  # simulated GPU time runs this many times faster
     seed: int = 0
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
@@ -195,6 +194,26 @@ def sim_with_model(sim: Any, model: str | None) -> Any:
     if isinstance(sim, dict) and sim.get("model") is None and model is not None:
         return {**sim, "model": model}
     return sim
+
+
+class CapacityFacts(PlanSection):
+    """`capacity:` what the capacity model needs about a real target (a sim target knows its own):
+    the card (or its memory), and the engine settings the target was started with. The model and
+    the engine default to the target's (an experiment's target.kind, a drill's target.engine)."""
+
+    gpu: str | None = Field(default=None, description="catalog card name (`vramlab gpus`)")
+    gpu_memory_gib: float | None = Field(default=None, gt=0, le=1 << 20, description="usable memory per GPU")
+    model: str | None = Field(
+        default=None, description="catalog name, config.json or directory (default target.model)"
+    )
+    engine: str | None = Field(
+        default=None, description="vllm, sglang, tgi, llama.cpp, transformers (default target.kind)"
+    )
+    engine_version: str | None = None
+    settings: dict[str, Any] = Field(
+        default_factory=dict,
+        description="engine settings by `vramlab plan` name, e.g. max_model_len, gpu_memory_utilization",
+    )
 
 
 class Retry(PlanSection):
@@ -268,6 +287,7 @@ def metrics_endpoint(metrics_url: str | None, root: str) -> str:
 
 
 __all__ = [
+    "CapacityFacts",
     "KINDS",
     "RENAMES",
     "DocumentError",

@@ -175,11 +175,14 @@ ENGINE_SIGNALS: dict[str, dict[str, SignalDef]] = {
 
 
 def signals_for(engine: str) -> dict[str, SignalDef]:
-    if engine not in ENGINE_SIGNALS:
+    from vramlab.engines import canonical
+
+    name = canonical(engine) or engine  # the registry's name for it (llamacpp is llama.cpp)
+    if name not in ENGINE_SIGNALS:
         from vramlab.errors import unknown
 
         raise unknown("engine", engine, list(ENGINE_SIGNALS))
-    return {**_DCGM, **_ANY, **ENGINE_SIGNALS[engine]}  # an engine's own metric wins (TGI's error rate)
+    return {**_DCGM, **_ANY, **ENGINE_SIGNALS[name]}  # an engine's own metric wins (TGI's error rate)
 
 
 def _matchers(match: dict[str, str]) -> tuple[str, str]:

@@ -27,6 +27,7 @@ RULE_MODULES = (
     "engines.vllm_mm",
     "engines.sglang",
     "engines.llamacpp",
+    "engines.llamacpp_graph",
     "engines.llamacpp_params_fit",
     "engines.llamacpp_fit",
     "engines.tgi",
@@ -97,6 +98,7 @@ CTX_FROM_MODEL_FROM | llama.cpp | n_ctx from the model when -c is absent (4096 b
 FLASH_ATTN_AUTO_FROM | llama.cpp | flash attention auto (on where supported) | flash_attn activation_peak | b6200
 UNIFIED_FOUR_SLOTS_FROM | llama.cpp | -np auto: 4 slots sharing one unified KV buffer | parallel kv_unified max_concurrency kv_cache | PR #16736
 PER_SEQ_PAD_FROM | llama.cpp | each stream's cells padded to 256 without a unified cache | kv_size_padded kv_cache | PR #17046
+KV_STREAMS_FROM | llama.cpp | the attention graph reads one KV stream's cells (a stream per slot without --kv-unified) | activation_peak | PR #14363 (b5920 taken)
 LOGITS_PER_SEQ_FROM | llama.cpp | llama-server reserves logits for one row per sequence, not n_ubatch | activation_peak draft_compute | PR #23861
 LLAMACPP_DRAFT_ONE_SLOT_FROM | llama.cpp | -np auto stays at 1 slot with a draft model | parallel kv_unified draft_kv draft_compute max_concurrency kv_cache | PR #17017
 LLAMACPP_SHARED_DRAFT_CTX_FROM | llama.cpp | one draft context for every slot (one per slot before) | speculative draft_kv draft_compute parallel kv_cache | PR #22838

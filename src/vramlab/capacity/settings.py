@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from vramlab.capacity.spec import ModelSpec
 
-ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama")
+from vramlab.engines import names
+
+ENGINES = names()  # the registry's engines (vramlab.engines), each with its policy module
 
 # The release assumed when --engine-version is left out: the newest each policy was checked against.
 DEFAULT_VERSIONS = {

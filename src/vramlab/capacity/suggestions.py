@@ -11,6 +11,7 @@ from vramlab.capacity.gpus import GPU
 from vramlab.capacity.model import estimate, limits_at, max_len_that_fits, run_policy
 from vramlab.capacity.settings import EngineSettings
 from vramlab.capacity.spec import ModelSpec
+from vramlab.engines import label
 from vramlab.errors import ConfigError
 
 SAFE_MARGIN = 0.10  # `vramlab plan --margin`'s default: the length a "try:" line also names as safe
@@ -41,13 +42,6 @@ _SPELLING: dict[str, dict[str, str]] = {
     },
     "transformers": {"context": "", "kv": "", "tp": "", "fp8": ""},
 }
-_ENGINE_NAMES = {
-    "vllm": "vLLM",
-    "sglang": "SGLang",
-    "tgi": "TGI",
-    "llama.cpp": "llama.cpp",
-    "transformers": "transformers",
-}
 
 
 def _say_context(engine: str, n: int) -> str:
@@ -55,7 +49,7 @@ def _say_context(engine: str, n: int) -> str:
         return f"--max-model-len {n}"
     if engine == "transformers":  # no server flag: the longest request it may be sent
         return f"requests of at most {n:,} tokens"
-    return f"a {n:,}-token context ({_ENGINE_NAMES[engine]} {_SPELLING[engine]['context']} {n})"
+    return f"a {n:,}-token context ({label(engine)} {_SPELLING[engine]['context']} {n})"
 
 
 def _say_shorter(engine: str, n: int, what: str = "fits") -> str:
@@ -64,7 +58,7 @@ def _say_shorter(engine: str, n: int, what: str = "fits") -> str:
     flag = _SPELLING[engine]["context"]
     return (
         f"lower the context to {n:,} tokens, the largest that {what} ("
-        + (f"{_ENGINE_NAMES[engine]} {flag} {n}; " if flag else "")
+        + (f"{label(engine)} {flag} {n}; " if flag else "")
         + "vramlab --max-model-len)"
     )
 
@@ -74,7 +68,7 @@ def _say_gpus(engine: str, tp: int) -> str:
         return f"use -tp {tp} ({tp} GPUs)"
     if engine == "transformers":  # from_pretrained(tp_plan="auto") under torchrun
         return f'use {tp} GPUs (tp_plan="auto" under torchrun --nproc-per-node {tp})'
-    return f"use {tp} GPUs ({_ENGINE_NAMES[engine]} {_SPELLING[engine]['tp']} {tp})"
+    return f"use {tp} GPUs ({label(engine)} {_SPELLING[engine]['tp']} {tp})"
 
 
 def _candidates(model: ModelSpec, s: EngineSettings, est: Estimate) -> list[tuple[str, dict[str, object]]]:
@@ -86,7 +80,7 @@ def _candidates(model: ModelSpec, s: EngineSettings, est: Estimate) -> list[tupl
             (
                 f"use {spell['kv']} (halves KV bytes per token)"
                 if engine == "vllm"
-                else f"use an FP8 KV cache ({_ENGINE_NAMES[engine]} {spell['kv']}; halves KV bytes per token)",
+                else f"use an FP8 KV cache ({label(engine)} {spell['kv']}; halves KV bytes per token)",
                 {"kv_cache_dtype": "fp8"},
             )
         )

@@ -53,7 +53,7 @@ def _stored(store: Any, run_id: str) -> tuple[Any, Any, list[Any]]:
 def measure(store: Any, run_id: str) -> Any:
     """A RunMeasure from the store; ConfigError (one line) when the run cannot teach anything."""
     from vramlab.capacity.run_calibration import RunMeasure
-    from vramlab.drill.capacity_plan import PlanFacts, resolve_facts
+    from vramlab.run.capacity_plan import PlanFacts, resolve_facts
 
     ctx, comp, measured_rows = _stored(store, run_id)
     rid = ctx.run.run_id

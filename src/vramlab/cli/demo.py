@@ -106,4 +106,4 @@ def run(args: argparse.Namespace) -> int:
     print(f"report:          {res.report_path.resolve()}")
     print(f"incident report: {d.report_path.resolve()}")
     print(f"next:   vramlab report {d.run_id} --format md   |   vramlab runs")
-    return r.exit_code or (0 if d.status == "completed" else 1)
+    return r.exit_code or d.exit_code

@@ -5,10 +5,11 @@ The target must be declared `environment: test`; anything else is refused unless
 the drill undoes what it changed (balloon released, co-loaded models and the sim it started
 stopped, the plan's rollback commands run) on completion, on stop, on errors and on Ctrl-C.
 Everything goes to the store (kind "drill"); `vramlab report ID` renders it again later.
-Exit: 0 the drill ran and every failure recovered (or nothing failed); 1 a failed round did not
-recover by the report's verdict (not serving again, health still failing or P95 not back within the
-limit and observation: a hang, a refused restart), or the drill itself failed, or its baseline
-breached the plan's error threshold (nothing was ramped); 130 Ctrl-C.
+Exit codes (the same policy as `vramlab run`, docs/drills.md): 0 the drill ran and every failure
+recovered (or nothing failed); 1 a failed round did not recover by the report's verdict (not
+serving again, health still failing or P95 not back within the limit and observation: a hang, a
+refused restart), or the drill failed once started; 3 stopped early (its baseline breached the
+plan's error threshold, nothing was ramped; its wall clock ran out); 130 Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -90,116 +91,114 @@ def _progress(ev: object) -> None:
         )
 
 
-def _with_card(plan: Any, gpu: str | None, gpu_memory_gib: float | None) -> Any:
-    """The plan with --gpu / --gpu-memory-gib in its capacity: block where the block names no card."""
-    from pydantic import ValidationError
-
-    from vramlab.capacity import get_gpu
-    from vramlab.errors import ConfigError
-    from vramlab.experiment.plan import CapacityFacts
-
-    if gpu is not None:
-        get_gpu(gpu)  # an unknown card is bad input, before anything runs
-    cap = plan.capacity.model_dump() if plan.capacity is not None else {}
-    cap["gpu"] = cap.get("gpu") or gpu
-    cap["gpu_memory_gib"] = cap.get("gpu_memory_gib") or gpu_memory_gib
-    try:
-        return plan.model_copy(update={"capacity": CapacityFacts.model_validate(cap)})
-    except ValidationError as exc:
-        raise ConfigError(f"--gpu-memory-gib: {exc.errors()[0]['msg']}") from None
-
-
 def run(args: argparse.Namespace) -> int:
-    from vramlab.cli.outputs import check_writable
-    from vramlab.drill.plan import load_plan
-    from vramlab.drill.runner import DrillRunner
-    from vramlab.drill.session import run_drill
+    from vramlab.cli.outputs import check_store, check_writable
+    from vramlab.drill.start import run_drill
     from vramlab.drill.target import check_environment
-    from vramlab.report import load_context, render
-    from vramlab.report.incident import incident_json, summary_line, unrecovered, verdict_line
+    from vramlab.run.session import Card
     from vramlab.store import open_store
 
-    if args.output:
-        check_writable(args.output, "incident report")  # before the drill, not after it
-    else:
-        check_writable("incident-XXXXXXXX.md", "incident report")  # the default lands in this folder
+    # the default report lands in this folder: checked before the drill, not after it
+    check_writable(args.output or "incident-XXXXXXXX.md", "incident report")
+    plan = _plan(args)
+    card = Card(args.gpu, args.gpu_memory_gib).checked()
+    check_environment(plan.target, args.not_test)  # refuse before the store or the target is touched
+    check_store(args.db or plan.store)
+    for line in plan.old_name_notes():  # said once, when nothing refused the drill; stored as its warnings
+        print(f"vramlab drill: note: {line}", file=sys.stderr)
+    with open_store(args.db or plan.store) as store:
+        try:
+            out = run_drill(
+                plan,
+                store,
+                override_env=args.not_test,
+                card=card,
+                subscribers=[] if args.quiet else [_progress],
+                on_run=lambda rid: print(
+                    f"drill {plan.name}: run {rid} (stop with Ctrl-C; the rollback still runs)",
+                    file=sys.stderr,
+                    flush=True,
+                ),
+            )
+        except KeyboardInterrupt:  # before the run was recorded
+            print("vramlab drill: interrupted before the drill started; nothing was stored", file=sys.stderr)
+            return 130
+        return _outcome(args, args.db or plan.store, out, store)
+
+
+def _plan(args: argparse.Namespace) -> Any:
+    """The drill plan, attached to an already running target with --url."""
+    from vramlab.drill.plan import load_plan
+
     plan = load_plan(args.plan)
     if args.url:
         plan = plan.model_copy(
             update={"target": plan.target.model_copy(update={"base_url": args.url, "sim": None})}
         )
-    if args.gpu is not None or args.gpu_memory_gib is not None:
-        plan = _with_card(plan, args.gpu, args.gpu_memory_gib)
-    check_environment(plan.target, args.not_test)  # refuse before the store or the target is touched
-    from vramlab.cli.outputs import check_store
+    return plan
 
-    check_store(args.db or plan.store)
-    for line in plan.old_name_notes():  # said once, when nothing refused the drill; stored as its warnings
-        print(f"vramlab drill: note: {line}", file=sys.stderr)
-    store = open_store(args.db or plan.store)
-    runner = DrillRunner(plan, store, override_env=args.not_test)
-    print(
-        f"drill {plan.name}: run {runner.run_id} (stop with Ctrl-C; the rollback still runs)",
-        file=sys.stderr,
-        flush=True,
-    )
-    if not args.quiet:
-        runner.hook.add(_progress)
-    try:
-        result = run_drill(runner)
-    except KeyboardInterrupt:
+
+def _outcome(args: argparse.Namespace, db: str | None, out: Any, store: Any) -> int:
+    """What the drill got, said once: the incident report, its summary and the recovery verdict."""
+    session, run_id = out.session, out.run_id
+    if out.status == "interrupted":
         print(
-            f"vramlab drill: interrupted; rollback done; partial run {runner.run_id} is in the store",
+            f"vramlab drill: interrupted; rollback done; partial run {run_id} is in the store",
             file=sys.stderr,
         )
-        return 130
-    acct = runner.recorder.accounting()
-    if not acct.complete:  # no drill is reported as completed with fewer rows than it produced
+        return int(session.exit_code())
+    error = session.error_line("drill")
+    if error is not None:
+        print(error, file=sys.stderr)
+        return int(session.exit_code())
+    if not session.store_complete:  # no drill is reported as completed with fewer rows than it produced
         print(
-            f"vramlab drill: error: run {result.run_id} was not stored completely"
-            + (f" ({acct.failure})" if acct.failure else "")
-            + f"; {acct.line()}",
+            f"vramlab drill: error: run {run_id} was not stored completely"
+            + (f" ({session.store_failure})" if session.store_failure else "")
+            + f"; {session.stored_line()}",
             file=sys.stderr,
         )
-        return 1
-    ctx = load_context(store, result.run_id)
-    out = args.output or f"incident-{result.run_id}.md"
+        return int(session.exit_code())
+    from vramlab.report import load_context
+    from vramlab.report.verdict import recovery_verdict
+
+    ctx = load_context(store, run_id)
+    report = _write_report(args, db, ctx, run_id, store.url)
+    lost = recovery_verdict(ctx, out.unrecovered_rounds)
+    if lost:
+        # the drill ran, but the target did not come back (a hang, a refused restart, P95 never back): not a pass
+        for line in lost.values():
+            print(f"vramlab drill: NOT recovered: {line}", file=sys.stderr)
+        print(
+            f"vramlab drill: the target was NOT recovered in round(s) {', '.join(map(str, sorted(lost)))}; "
+            f"exit 1; see {report}",
+            file=sys.stderr,
+        )
+    return int(session.exit_code(recovered=not lost))
+
+
+def _write_report(args: argparse.Namespace, db: str | None, ctx: Any, run_id: str, store_url: str) -> str:
+    """The incident report file, then the summary (or --json) on stdout; the report's path."""
     from vramlab.cli.outputs import write_output
     from vramlab.redact import redact
+    from vramlab.report import render
+    from vramlab.report.incident import incident_json, summary_line
 
+    out = args.output or f"incident-{run_id}.md"
     write_output(
         out,
         redact(render(ctx, "html" if out.endswith((".html", ".htm")) else "md")),
         "incident report",
-        f"drill run {result.run_id} is in the store: `vramlab report {result.run_id}` renders it again",
+        f"drill run {run_id} is in the store: `vramlab report {run_id}` renders it again",
     )
     if args.json:
         import json
 
         print(json.dumps(incident_json(ctx), indent=2, default=str))
     else:
-        print(f"{result.run_id}: {summary_line(ctx)}")
+        print(f"{run_id}: {summary_line(ctx)}")
         from vramlab.cli.run import report_hint
 
-        again = report_hint(result.run_id, args.db or plan.store, store.url, "incident.html")
+        again = report_hint(run_id, db, store_url, "incident.html")
         print(f"incident report: {out}   (again: {again})")
-    # one verdict: the report's (serving, health 200 and P95 back), whatever the live lines said
-    lost = {r.round or 0: verdict_line(r) for r in unrecovered(ctx)}
-    lost.update(
-        {
-            r: f"round {r}: not serving again within the recovery limit"
-            for r in result.unrecovered_rounds
-            if r not in lost
-        }
-    )
-    if lost:
-        # the drill ran, but the target did not come back (a hang, a refused restart, P95 never back): not a pass
-        for line in lost.values():
-            print(f"vramlab drill: NOT recovered: {line}", file=sys.stderr)
-        print(
-            f"vramlab drill: the target was NOT recovered in round(s) {', '.join(map(str, sorted(lost)))}; exit 1; "
-            f"see {out}",
-            file=sys.stderr,
-        )
-        return 1
-    return 0 if result.status == "completed" else 1
+    return out

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama")
+from vramlab.engines import names
+
+ENGINES = names()  # every engine vramlab plans (vramlab.engines)
 SERVERS = ("vllm", "sglang", "tgi", "transformers")  # the GPU servers: tensor parallel, dtype, a paged pool
 GGUF = ("llama.cpp", "ollama")
 

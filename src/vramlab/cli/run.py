@@ -1,21 +1,21 @@
 """Run a controlled experiment plan: rounds of baseline, treatment steps and recovery.
 
 Everything is stored as it happens (SQLite ./vramlab.db by default, or --db / $VRAMLAB_DB).
-Exit codes: 0 completed, 3 stopped by a stop condition, 130 interrupted (Ctrl-C / SIGTERM;
-rollbacks still ran), 1 the run failed, 2 bad input (plan, flags, store).
+Exit codes (the same policy as `vramlab drill`, docs/experiments.md): 0 completed, 3 stopped by a
+stop condition, 130 interrupted (Ctrl-C / SIGTERM; rollbacks still ran), 1 the run failed, 2 bad
+input (plan, flags, store), 70 a bug in vramlab (the run is stored as failed all the same).
 See docs/experiments.md for the plan file reference.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from vramlab.experiment.runner import RunResult
+    from vramlab.run.runner import RunResult
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,58 +106,20 @@ def report_hint(run_id: str, db_arg: str | None, store_url: str, out: str = "rep
     return f"{cmd} --db {shlex.quote(describe_url(store_url))}"
 
 
-def start_own_sim(plan: Any, workdir: str) -> tuple[Any, Any]:
-    """Start the sim that target.sim asks for; the plan with its URL, pid and ledger filled in."""
-    from pathlib import Path
-
-    from vramlab.errors import ConfigError
-    from vramlab.experiment.plan import Plan
-    from vramlab.sim.launch import SimStartError, start_sim
-
-    assert plan.target.sim is not None
-    ledger = str(Path(workdir) / "sim-gpu0.ledger")
-    try:
-        sim = start_sim(
-            plan.target.sim.argv(), device=ledger, log_path=str(Path(workdir) / "sim.log"), timeout_s=60
-        )
-    except SimStartError as exc:
-        last = (exc.log_tail.strip().splitlines() or ["(no log)"])[-1]
-        raise ConfigError(f"target.sim: the sim did not start: {exc} — {last[:200]}") from None
-    doc = plan.model_dump(mode="json")
-    doc["target"].update(
-        base_url=sim.url + "/v1",
-        pid=sim.pid,
-        metrics_url=None,
-        health_url=None,
-        log_file=str(Path(workdir) / "sim.log"),
-    )
-    doc["samplers"]["ledger"] = doc["samplers"].get("ledger") or ledger
-    return Plan.model_validate(doc).with_notes_of(plan), sim
-
-
 def run(args: argparse.Namespace) -> int:
-    from vramlab.drill.capacity_plan import experiment_start_hook
+    from vramlab.cli.outputs import check_store
     from vramlab.errors import ConfigError
+    from vramlab.experiment.kind import RunOptions
     from vramlab.experiment.progress import make_progress
-    from vramlab.experiment.runner import RunOptions
-    from vramlab.experiment.session import run_plan_file
+    from vramlab.experiment.start import run_plan_file
+    from vramlab.run.session import Card
     from vramlab.store import open_store
 
-    if args.gpu_memory_gib is not None and not 0 < args.gpu_memory_gib <= 1 << 20:  # also refuses NaN
-        raise ConfigError(
-            f"--gpu-memory-gib: must be a positive finite number of GiB, got {args.gpu_memory_gib}"
-        )
-    if args.gpu is not None:
-        from vramlab.capacity import get_gpu
-
-        get_gpu(args.gpu)  # an unknown card is bad input, before anything runs
+    card = Card(args.gpu, args.gpu_memory_gib).checked()
     if args.workers is not None and not 1 <= args.workers <= 256:
         raise ConfigError(f"--workers must be between 1 and 256, got {args.workers}")
-    from vramlab.cli.outputs import check_store
-
     check_store(args.db)  # before the plan starts anything
-    stream = sys.stderr if args.json else sys.stdout
-    progress = make_progress(stream)
+    progress = make_progress(sys.stderr if args.json else sys.stdout)
     try:
         out = run_plan_file(
             args.plan,
@@ -166,16 +128,17 @@ def run(args: argparse.Namespace) -> int:
             allow_production=args.allow_production,
             subscribers=[progress],
             phase_s=args.phase_s,
-            options=RunOptions(
-                workers=args.workers,
-                start_hooks=[
-                    functools.partial(experiment_start_hook, gpu=args.gpu, gpu_memory_gib=args.gpu_memory_gib)
-                ],
-            ),
-            start_sim=start_own_sim,
+            options=RunOptions(workers=args.workers),
+            card=card,
         )
     finally:
         progress.close()
+    _say(args, out)
+    return int(out.exit_code())
+
+
+def _say(args: argparse.Namespace, out: Any) -> None:
+    """The run's summary: one line (or --json), what the store holds, how to render it."""
     s = summary(out.result, out.store_url)
     s.update(
         received=out.received,
@@ -183,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
         store_complete=out.store_complete,
         store_failure=out.store_failure,
     )
+    error = out.error_line("run")
+    if error is not None:
+        print(error, file=sys.stderr)
     if not out.store_complete:
         print(
             f"vramlab run: error: run {s['run_id']} was not stored completely"
@@ -192,15 +158,12 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.json:
         print(json.dumps(s, indent=2))
+        return
+    print(
+        f"run {s['run_id']}: {s['status']}, {s['requests']} requests, {s['errors']} errors, "
+        f"{s['elapsed_s']:.1f} s" + (f" ({s['stop_reason']})" if s["stop_reason"] else "")
+    )
+    if out.store_complete:
+        print(f"stored in {s['store']}; render it with: {report_hint(s['run_id'], args.db, out.store_url)}")
     else:
-        print(
-            f"run {s['run_id']}: {s['status']}, {s['requests']} requests, {s['errors']} errors, "
-            f"{s['elapsed_s']:.1f} s" + (f" ({s['stop_reason']})" if s["stop_reason"] else "")
-        )
-        if out.store_complete:
-            print(
-                f"stored in {s['store']}; render it with: {report_hint(s['run_id'], args.db, out.store_url)}"
-            )
-        else:
-            print(f"{out.stored_line()} in {s['store']}")
-    return out.result.exit_code
+        print(f"{out.stored_line()} in {s['store']}")

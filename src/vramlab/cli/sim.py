@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from vramlab.capacity.units import GIB
+from vramlab.engines import sim_engines
 from vramlab.units import gib
 
 
@@ -26,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--engine",
         default="vllm",
-        choices=["vllm", "sglang", "tgi", "llama.cpp"],
+        choices=sim_engines(),
         help="the engine it imitates: memory policy, metric names, log lines (default vllm)",
     )
     s.add_argument("--engine-version", default=None, help="engine release whose names and texts to use")

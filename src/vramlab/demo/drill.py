@@ -6,7 +6,6 @@ incident report is rendered from the store as HTML. The rollback runs however th
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,7 +26,8 @@ def oom_drill_plan_text() -> str:
 @dataclass(frozen=True)
 class DrillDemoResult:
     run_id: str
-    status: str  # completed | stopped | failed | interrupted (as DrillResult)
+    status: str  # completed | stopped | failed | interrupted
+    exit_code: int  # the one exit-code policy (run/runner.py), with the report's recovery verdict
     summary: str  # the incident's one-line summary (failure mode, detection, recovery)
     report_path: Path
     elapsed_s: float
@@ -59,26 +59,23 @@ def run_drill_demo(
     **windows: float,
 ) -> DrillDemoResult:
     """Run the example OOM drill against its own sim; write the incident report (HTML) to *report_path*."""
-    from vramlab.drill.runner import DrillRunner
+    from vramlab.drill.start import run_drill
     from vramlab.report import load_context, render
     from vramlab.report.incident import summary_line
+    from vramlab.report.verdict import recovery_verdict
     from vramlab.store import open_store
 
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="vramlab-demo-drill-") as tmp, open_store(db) as store:
         plan = demo_drill_plan(str(Path(tmp) / "sim-gpu0.ledger"), **windows)
-        runner = DrillRunner(plan, store, workdir=tmp)
-        for sub in subscribers or []:
-            runner.hook.add(sub)
-        if on_run is not None:
-            on_run(runner.run_id)
-        result = asyncio.run(runner.run())
-        ctx = load_context(store, result.run_id)
+        out = run_drill(plan, store, workdir=tmp, subscribers=subscribers or (), on_run=on_run)
+        ctx = load_context(store, out.run_id)
         text = render(ctx, "html")
         summary = summary_line(ctx)
+        code = out.session.exit_code(recovered=not recovery_verdict(ctx, out.unrecovered_rounds))
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(text, encoding="utf-8")
-    return DrillDemoResult(result.run_id, result.status, summary, report_path, time.monotonic() - t0)
+    return DrillDemoResult(out.run_id, out.status, code, summary, report_path, time.monotonic() - t0)
 
 
 __all__ = ["oom_drill_plan_text", "DrillDemoResult", "demo_drill_plan", "run_drill_demo"]

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vramlab.experiment.events import Event
 from vramlab.experiment.plan import Plan, parse_plan
-from vramlab.experiment.runner import RunResult
+from vramlab.run.events import Event
+from vramlab.run.runner import RunResult
 
 SIM_ARGS = [
     "--model",
@@ -80,9 +80,7 @@ def run_demo(
     rounds: int | None = None,
     duration_s: float | None = None,
 ) -> DemoResult:
-    from vramlab.drill.capacity_plan import experiment_start_hook
-    from vramlab.experiment.runner import RunOptions
-    from vramlab.experiment.session import run_plan
+    from vramlab.experiment.start import run_plan
     from vramlab.report import load_context, render
     from vramlab.sim.launch import start_sim
     from vramlab.store import open_store
@@ -101,8 +99,7 @@ def run_demo(
                 plan,
                 plan_dir=Path.cwd(),
                 open_store=lambda: open_store(db),
-                subscribers=subscribers,
-                options=RunOptions(start_hooks=[experiment_start_hook]),
+                subscribers=subscribers or (),
             )
         finally:
             sim.stop()

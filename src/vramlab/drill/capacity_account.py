@@ -89,10 +89,11 @@ def for_sim(plan: Any, free_bytes: int) -> Account | None:
     if plan.target.kind != "sim" or sim is None:
         return None
     from vramlab.capacity import estimate
-    from vramlab.drill.capacity_plan import facts_for_drill, resolve_facts
+    from vramlab.run.capacity_plan import resolve_facts, target_facts
 
     # the same engine and settings as the plan the drill stores (its sim's fields and extra_args)
-    spec, card, settings = resolve_facts(facts_for_drill(plan, None))
+    facts = target_facts(plan.target.model, plan.target.engine, sim, plan.capacity, None)
+    spec, card, settings = resolve_facts(facts)
     est = estimate(spec, card, settings)
     chunk = est.settings.get("max_num_batched_tokens") or est.settings.get("chunked_prefill_size")
     eff_mnbt = int(chunk if chunk and chunk > 0 else est.max_model_len or 8192)

@@ -2,7 +2,7 @@
 
 Kept apart from the drill's parts (kind.py) so the plain OOM drill reads as before; this module
 drives engine starts (blocking, in a thread) and turns each outcome into a timeline event through
-the one runner (experiment/runner.py).
+the one runner (run/runner.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from vramlab.drill.cotenant import CoLoaded
-    from vramlab.experiment.runner import Runner
+    from vramlab.run.runner import Runner
 
 
 class ColocationRun:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vramlab.drill.evidence import exit_evidence, oom_text, signal_of
-from vramlab.experiment.plan import StopConditions
-from vramlab.experiment.stop import StopMonitor, StopReason
+from vramlab.plandoc import StopConditions
+from vramlab.run.stop import StopMonitor, StopReason
 
 # Failure modes named in the report (docs/research/drill-anchors.md §4.10).
 CRASH_AFTER_OOM = "crash_after_oom"  # runtime OOM seen, then the process exited

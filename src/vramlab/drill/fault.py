@@ -10,7 +10,7 @@ from typing import Any
 
 from vramlab.drill.detect import STOP_KINDS, WALL_CLOCK, Detector, Finding
 from vramlab.drill.ramp import RampSpec
-from vramlab.experiment.baseline_check import BaselineTally
+from vramlab.run.baseline_check import BaselineTally
 
 
 def say_failure(

@@ -1,4 +1,4 @@
-"""The OOM drill's parts for the one runner (experiment/runner.py): baseline, ramp until the
+"""The OOM drill's parts for the one runner (run/runner.py): baseline, ramp until the
 target fails (or the ceiling), detect, recover, observe, roll back; every request, sample and
 event into the store as it happens (kind "drill").
 
@@ -33,18 +33,22 @@ from vramlab.drill.ramp import RampSteps, ramp_values
 from vramlab.drill.recovery import LiveState, recover
 from vramlab.drill.target import SPAWNED_KINDS, check_environment
 from vramlab.drill.watch import Watchers
-from vramlab.experiment.baseline_check import BaselineTally
-from vramlab.experiment.events import Event
-from vramlab.experiment.steps import StepOutcome, StepStrategy
-from vramlab.experiment.window import WindowExecutor, request_record
 from vramlab.records import RunRecord, canonical_sha256, new_run_id
 from vramlab.records.store import Store
+from vramlab.run.baseline_check import BaselineTally
+from vramlab.run.capacity_plan import PlanFacts, target_facts
+from vramlab.run.events import Event
+from vramlab.run.steps import StepOutcome, StepStrategy
+from vramlab.run.window import WindowExecutor, request_record
 
 if TYPE_CHECKING:
     from vramlab.drill.colocation_run import ColocationRun
-    from vramlab.experiment.rollback import RollbackResult
-    from vramlab.experiment.runner import Runner
     from vramlab.load.client import RequestResult
+    from vramlab.run.rollback import RollbackResult
+    from vramlab.run.runner import Runner
+
+
+DEFAULT_WALL_S = 300.0  # a drill plan that sets no wall clock (the session's watchdog waits past it)
 
 
 @dataclasses.dataclass
@@ -59,11 +63,9 @@ class _Tallies:
 
 
 class DrillKind:
-    """A drill plan as a kind of run: the runner calls these parts (experiment/parts.py's RunKind)."""
+    """A drill plan as a kind of run: the runner calls these parts (run/kind.py's RunKind)."""
 
-    first_step = 0
-    raises = True  # the CLI turns a bad plan (exit 2) or a crashed start (exit 1) into its own line
-    interrupted = "interrupted (Ctrl-C)"
+    step_phase = "ramp"
 
     def __init__(
         self,
@@ -84,6 +86,7 @@ class DrillKind:
         self.target = open_target(plan.target, self.workdir)
         self.rounds = range(plan.rounds)
         self.values = ramp_values(plan.ramp)
+        self.wall_clock_s = plan.stop.wall_clock_s or DEFAULT_WALL_S
         self.state = LiveState()
         self.detector = self._detector()
         self.herd = HerdMonitor()
@@ -96,6 +99,7 @@ class DrillKind:
         self._last: float | None = None  # the last step that completed
         self._ceiling_value: float | None = None
         self._step_started_s = 0.0
+        self._failed_step = 0  # the step the target failed during (its value stays on without undo_ramp)
         self._draining: asyncio.Future[Any] | None = None  # the failed step's window, its requests ending
         self._totals = [0, 0]
         self.sender: InFlight | None = None  # the round's load client, counting its requests in flight
@@ -166,16 +170,14 @@ class DrillKind:
 
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
         await self.lifecycle.bring_up()
-        self._plan_travels()
         self.run.note(await self.prompts.open(stack, self.target.url))
 
-    def _plan_travels(self) -> None:
-        """The capacity plan for the target's own settings and its start-up memory, stored as events."""
-        from vramlab.drill.capacity_plan import facts_for_drill, start_events
-
+    def capacity_facts(self) -> PlanFacts:
+        """The target's settings (its sim's, or the plan's capacity: block) and the log it writes."""
+        tg = self.plan.target
         log = getattr(self.target, "log_path", None)
-        for kind, message, data in start_events(facts_for_drill(self.plan, str(log) if log else None)):
-            self.run.emit("warning" if kind == "note" else kind, message, **data)
+        sim = tg.sim if tg.kind == "sim" else None
+        return target_facts(tg.model, tg.engine, sim, self.plan.capacity, str(log) if log else tg.log_file)
 
     # -- one round ----------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -184,7 +186,6 @@ class DrillKind:
         from vramlab.load.client import OpenAIClient
 
         plan = self.plan
-        self.run.where.round = rnd
         self._ceiling_value, self._failure, self._last = None, None, None
         # the first round uses the ones built with the kind: nothing fed them yet
         if rnd != self.rounds.start:
@@ -230,7 +231,6 @@ class DrillKind:
 
     async def baseline(self, rnd: int) -> None:
         """The baseline window; a baseline that breached its own error threshold ends the drill before the ramp."""
-        self.run.where.phase, self.run.where.step = "baseline", None
         self.tallies = _Tallies(baseline=BaselineTally(self.plan.stop.error_rate))
         self.run.emit("phase_start", "baseline", phase="baseline")
         await self._window(None, self.plan.baseline_s, 0)
@@ -251,9 +251,8 @@ class DrillKind:
     def steps(self) -> StepStrategy:
         return RampSteps(self.plan.ramp)
 
-    def begin_step(self, rnd: int, step: int, value: float) -> None:
-        w, ramp = self.run.where, self.plan.ramp
-        w.phase, w.step = "ramp", step
+    def begin_step(self, step: int, value: float) -> None:
+        ramp = self.plan.ramp
         self.tallies.step_counts = [0, 0]
         self.tallies.step = BaselineTally(None)
         self._step_started_s = self.run.now()
@@ -285,6 +284,7 @@ class DrillKind:
     ) -> bool:
         f = self._failure
         assert f is not None, "on_step_failure without a failure"
+        self._failed_step = step
         if f.kind != WALL_CLOCK:  # the drill's own time running out is no failure of the target
             self.state.failed_at_s = self.state.failed_at_s or f.t_s
         step_started_s, tally = self._step_started_s, self.tallies.step
@@ -304,21 +304,23 @@ class DrillKind:
     def end_step(self, step: int, value: float) -> StepOutcome:
         self._last = value
         counts = self.tallies.step_counts
-        return StepOutcome(step + 1, value, counts[0], counts[1], None, None)
+        return StepOutcome(step, value, counts[0], counts[1], None, None)
 
     def tick(self) -> None:
         now = self.run.now()
         self.detector.on_clock(now, now, self.sender.open if self.sender is not None else None)
 
     # -- after the ramp ------------------------------------------------------------------------
-    async def after_steps(self, rnd: int, failed: bool) -> None:
-        """The target failed: recover it. Else: the ceiling held (or the ramp held nothing)."""
-        plan, ramp = self.plan, self.tallies.ramp
+    async def recovery(self, rnd: int, failed: bool) -> None:
+        """The target failed: recover it (a ramp that held has nothing to recover)."""
         if failed:
             assert self._failure is not None
             await self._recover(self._failure)
             self.failed_rounds.append(rnd)
-            return
+
+    async def steps_held(self, rnd: int) -> None:
+        """No step failed: the ceiling held (or the ramp held nothing)."""
+        plan, ramp = self.plan, self.tallies.ramp
         came_back = ramp.ok + ramp.failed if ramp is not None else 0
         if came_back == 0:
             # a ramp that sent nothing (a burst too large to build), or whose requests never
@@ -342,18 +344,16 @@ class DrillKind:
 
     async def _recover(self, failure: Finding) -> None:
         plan, where = self.plan, self.run.where
-        where.phase = "recovery"
-        step = where.step or 0
         # undo: back to the baseline load (so "P95 back to baseline" compares like with like);
         # otherwise the failing step's load stays on, which tests for a second OOM
-        value: float | None = None if plan.recovery.undo_ramp else self.values[step]
+        value: float | None = None if plan.recovery.undo_ramp else self.values[self._failed_step - 1]
         if plan.recovery.undo_ramp:
             await self.lifecycle.apply(None)
             self.run.emit("ramp_undone", "load back to the baseline", value=None)
         ex = WindowExecutor()  # the failed step's window may still be draining on self.windows
         ex.use(self.windows.client)
         load = asyncio.ensure_future(
-            self._window(value, plan.recovery.limit_s + plan.recovery.observe_s + 5, step, ex)
+            self._window(value, plan.recovery.limit_s + plan.recovery.observe_s + 5, 0, ex)
         )
         try:
             out = await recover(
@@ -415,7 +415,6 @@ class DrillKind:
             self.run.hook.fire(Event("alert", ev["t_s"], None, None, None, f"{ev['name']} {ev['state']}", ev))
 
     async def rollback(self, status: str, reason: str | None) -> list[RollbackResult]:
-        self.run.where.phase, self.run.where.step = "rollback", None
         await self.lifecycle.rollback(status, reason)
         return []  # the drill's rollbacks are rollback events
 
@@ -434,7 +433,10 @@ class DrillKind:
         def record(res: RequestResult, user: int) -> None:
             self._on_result(res, phase, rnd, step, value, user)
 
-        prompts = await self.prompts.get(value, phase, rnd, step)
+        # the input set built for the window (WindowPrompts.prepare): keyed by the ramp value's index,
+        # the failing step's in a recovery that keeps its load on
+        index = (self._failed_step if phase == "recovery" else step) - 1
+        prompts = await self.prompts.get(value, phase, rnd, index)
         lanes, retry = window_lanes(self.plan, value, prompts, duration_s, phase, rnd, step, record)
         await (ex or self.windows).run(lanes, retry, end_drain_s=self.plan.load.request_timeout_s + 0.5)
 

@@ -1,7 +1,7 @@
 """The drill's target lifecycle: bring it up (co-located engines, start, health discovery, the
 measured load time, the co-tenant, the capacity prediction), turn the ramp's knob (a balloon,
 co-loaded models; the load-shaped knobs live in the window) and roll back whatever the drill
-changed, however it ends. It emits through the one runner (experiment/runner.py).
+changed, however it ends. It emits through the one runner (run/runner.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from vramlab.units import gib
 if TYPE_CHECKING:
     from vramlab.drill.colocation_run import ColocationRun
     from vramlab.drill.plan import RecoverySpec
-    from vramlab.experiment.runner import Runner
+    from vramlab.run.runner import Runner
 
 
 class TargetStartCrash(VramlabError):
@@ -190,7 +190,7 @@ class TargetLifecycle:
             with contextlib.suppress(Exception):  # a ledger that cannot be read is no reason to skip the rest
                 self.coloc.ledger_after()  # nothing the drill started may still hold memory
         if self.plan.rollback:
-            from vramlab.experiment.rollback import run_rollbacks
+            from vramlab.run.rollback import run_rollbacks
 
             env = {
                 "VRAMLAB_RUN_ID": self.run.run_id,

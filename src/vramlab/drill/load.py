@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from vramlab.experiment.window import Lane
+from vramlab.run.window import Lane
 
 if TYPE_CHECKING:
     from vramlab.drill.plan import DrillPlan

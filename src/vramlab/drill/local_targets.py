@@ -6,6 +6,7 @@ service behind a fixed address does.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -225,14 +226,23 @@ def clean_vllm_leftovers(log_path: Path, since_epoch: float) -> list[str]:
     except OSError:
         pass
     candidates = {p for p in dist if os.path.exists(p)} | shm
-    removed = []
-    for path in sorted(candidates - _in_use(candidates)):
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except OSError:
-            continue
+    removed: list[str] = []
+    # a process killed a moment ago can still hold its mappings while the kernel tears it down: what is still
+    # mapped is looked at again for a short while before it is left to its live owner
+    deadline = time.monotonic() + LEFTOVER_SETTLE_S
+    while candidates:
+        for path in sorted(candidates - _in_use(candidates)):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed.append(path)
+        candidates = {p for p in candidates if p not in removed and os.path.exists(p)}
+        if not candidates or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     return removed
+
+
+LEFTOVER_SETTLE_S = 2.0  # how long a segment still mapped at a stop is looked at again
 
 
 STOP_GRACE_S = 5.0  # SIGTERM -> SIGKILL for a target the drill spawned, unless target.timeouts_s.stop says

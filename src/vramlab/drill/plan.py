@@ -30,8 +30,14 @@ from vramlab.drill.colocation import ColocationSpec
 from vramlab.drill.ramp import RampSpec
 from vramlab.drill.target import TargetSpec
 from vramlab.errors import ConfigError
-from vramlab.experiment.plan import CapacityFacts
-from vramlab.plandoc import PlanDocument, Retry, RollbackCommand, StopConditions, rollback_strings
+from vramlab.plandoc import (
+    CapacityFacts,
+    PlanDocument,
+    Retry,
+    RollbackCommand,
+    StopConditions,
+    rollback_strings,
+)
 from vramlab.plandoc import RecoverySpec as RecoverySpec
 
 

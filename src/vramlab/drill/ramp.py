@@ -1,7 +1,7 @@
 """Ramp strategies: which knob a drill turns, and the values it steps through up to a ceiling.
 
 Pure: a ramp is a list of step values, walked by ``RampSteps``, a step strategy of the experiment
-runner's kind (``experiment.steps.StepStrategy``); applying a value to load settings or to a
+runner's kind (``run.steps.StepStrategy``); applying a value to load settings or to a
 co-tenant happens in the drill's parts (drill/kind.py, drill/lifecycle.py). The runner's step loop
 ends the ramp when the drill's detector says the target failed, as a stop condition ends a run.
 """
@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from vramlab.experiment.steps import FixedSteps
+from vramlab.run.steps import FixedSteps
 
 Knob = Literal["context", "concurrency", "batch", "coloaded_model", "balloon"]
 

@@ -1,5 +1,6 @@
 """Recovery: auto (the target or its supervisor restarts it), scripted (a command after an operator
-delay) or manual (the drill waits while the operator records actions with `vramlab note`).
+delay) or manual (the drill waits while the operator records actions with `vramlab note`), each
+mode one small class polled by ``recover``.
 
 Whatever the mode, the drill waits until the target serves again (health 200 if health failed,
 and a successful generation after the failure) or the recovery limit passes. The first corrective
@@ -48,6 +49,31 @@ class RecoveryOutcome:
 
 
 Emit = Callable[..., None]
+POLL_S = 0.05  # how often recovery looks at the live state
+
+
+@dataclass
+class _Recovery:
+    """What every recovery mode reads, and the mitigations it credits."""
+
+    spec: RecoverySpec
+    target: Any
+    state: LiveState
+    now: Callable[[], float]
+    emit: Emit
+    operator_notes: Callable[[float], list[str]] | None
+    on_restart: Callable[[float], None] | None
+    start: float
+    mitigations: int = 0
+
+    def mitigated(self, message: str, **data: Any) -> None:
+        self.emit("mitigation", message, **data)
+        self.mitigations += 1
+
+    def restarted(self) -> None:
+        """What the mitigation does to the process next is recovery, not the fault."""
+        if self.on_restart is not None:
+            self.on_restart(self.now())
 
 
 async def recover(
@@ -61,126 +87,154 @@ async def recover(
     startup_allowance_s: float = 0.0,
     on_restart: Callable[[float], None] | None = None,
 ) -> RecoveryOutcome:
-    """Drive recovery until the target serves again or `spec.limit_s` passes (from the failure)."""
+    """Drive recovery until the target serves again or `spec.limit_s` passes (from the failure):
+    each poll, the plan's recovery mode acts (``_Supervisor``, ``_Script``, ``_Operator``)."""
     start = state.failed_at_s if state.failed_at_s is not None else now()
-    deadline = start + spec.limit_s
-    mitigations = 0
-    restart_delay = spec.restart_delay_s
-    last_restart = -1e9
-    scripted_done = False
-    notes_seen = 0
-    announced = False
-    polled = -1e9
-    while now() < deadline:
+    r = _Recovery(spec, target, state, now, emit, operator_notes, on_restart, start)
+    mode: _Supervisor | _Script | _Operator | None = None
+    if spec.mode == "auto" and supervised_by_drill:
+        mode = _Supervisor(r, startup_allowance_s)
+    elif spec.mode == "scripted":
+        mode = _Script(r)
+    elif spec.mode == "manual":
+        mode = _Operator(r)
+    while now() < start + spec.limit_s:
         if state.serving():
-            if spec.mode == "manual" and operator_notes is not None and notes_seen == 0:
-                # The operator's note and the target coming back can fall between two polls: a note
-                # recorded before it served again is still the mitigation that brought it back.
-                notes = await asyncio.to_thread(operator_notes, start)
-                if notes:
-                    emit("mitigation", f"operator: {notes[0]}", action="operator", by="operator")
-                    mitigations += 1
-            return RecoveryOutcome(True, state.last_success_s, mitigations, "serving again")
-        t = now()
-        if spec.mode == "auto" and supervised_by_drill:
-            # The drill plays the supervisor (systemd Restart=on-failure, a k8s liveness probe).
-            dead = not state.running
-            # health failing counts only from the end of the last restart's start-up allowance
-            down_from = (
-                None
-                if state.health_down_since_s is None
-                else max(state.health_down_since_s, last_restart + startup_allowance_s)
-            )
-            stuck = down_from is not None and t - down_from >= spec.liveness_grace_s and state.running
-            if (dead or stuck) and t - last_restart >= restart_delay:
-                await asyncio.sleep(spec.restart_delay_s if dead else 0.0)
-                why = (
-                    "process exited"
-                    if dead
-                    else (
-                        f"health failing for {spec.liveness_grace_s:g} s"
-                        + (
-                            f" after a {startup_allowance_s:g} s start-up allowance"
-                            if last_restart > -1e8
-                            else ""
-                        )
-                    )
-                )
-                issued = now()
-                last_restart = issued
-                if on_restart is not None:
-                    on_restart(last_restart)
-                state.restarting = True
-                try:
-                    await asyncio.to_thread(target.restart)
-                    state.running = True
-                    # credited only once it happened: a restart that failed, or is still stuck
-                    # stopping the old process, brought nothing back
-                    how = getattr(target, "last_stop", None)
-                    emit(
-                        "mitigation",
-                        f"supervisor restart ({why})" + (f"; the old process: {how}" if how else ""),
-                        action="restart",
-                        by="supervisor",
-                        reason=why,
-                        startup_allowance_s=startup_allowance_s,
-                        issued_s=issued,
-                        stopped_by=how,
-                    )
-                    mitigations += 1
-                except TargetCommandError as exc:
-                    emit("warning", f"restart failed: {exc}", action="restart", issued_s=issued)
-                finally:
-                    state.restarting = False
-                restart_delay = min(
-                    max(restart_delay * 2, 0.5), 5.0
-                )  # a crash loop backs off, as systemd does
-        elif spec.mode == "scripted" and not scripted_done:
-            if t - start >= spec.delay_s:
-                scripted_done = True
-                emit("mitigation", f"recovery command: {spec.command}", action="script", by="script")
-                mitigations += 1
-                if on_restart is not None:  # what the command does to the process is recovery, not the fault
-                    on_restart(now())
-                state.restarting = True  # while the command runs, the exits it causes are its own
-                try:
-                    res = await asyncio.to_thread(run_command, spec.command or "", spec.limit_s, "recovery")
-                    emit(
-                        "recovery_command",
-                        f"recovery command exited {res.exit_code}",
-                        exit_code=res.exit_code,
-                        output=res.output[-500:],
-                    )
-                    state.running = True
-                except TargetCommandError as exc:
-                    emit("warning", str(exc))
-                finally:
-                    state.restarting = False
-        elif spec.mode == "manual":
-            if not announced:
-                announced = True
-                emit(
-                    "waiting_for_operator",
-                    "manual recovery: act on the target and record each action with "
-                    '`vramlab note RUN_ID "what you did"`',
-                    mode="manual",
-                )
-            if operator_notes is not None and t - polled >= 0.5:  # notes come through the store: poll gently
-                polled = t
-                notes = await asyncio.to_thread(operator_notes, start)
-                if len(notes) > notes_seen:
-                    if notes_seen == 0:
-                        emit("mitigation", f"operator: {notes[0]}", action="operator", by="operator")
-                        mitigations += 1
-                        if on_restart is not None:
-                            on_restart(now())
-                    notes_seen = len(notes)
-        await asyncio.sleep(0.05)
+            if isinstance(mode, _Operator):
+                await mode.credit_the_note_that_brought_it_back()
+            return RecoveryOutcome(True, state.last_success_s, r.mitigations, "serving again")
+        if mode is not None:
+            await mode.poll()
+        await asyncio.sleep(POLL_S)
     if state.serving():
-        return RecoveryOutcome(True, state.last_success_s, mitigations, "serving again")
+        return RecoveryOutcome(True, state.last_success_s, r.mitigations, "serving again")
     return RecoveryOutcome(
-        False, None, mitigations, f"not serving again within the recovery limit of {spec.limit_s:g} s"
+        False, None, r.mitigations, f"not serving again within the recovery limit of {spec.limit_s:g} s"
     )
+
+
+class _Supervisor:
+    """auto: the drill plays the supervisor (systemd Restart=on-failure, a k8s liveness probe):
+    it restarts a target that exited, or whose health failed for `liveness_grace_s` after the last
+    restart's start-up allowance; a crash loop backs off, as systemd does."""
+
+    def __init__(self, r: _Recovery, startup_allowance_s: float) -> None:
+        self.r, self.allowance_s = r, startup_allowance_s
+        self.delay_s = r.spec.restart_delay_s
+        self.last_restart = -1e9
+
+    async def poll(self) -> None:
+        r, spec, state = self.r, self.r.spec, self.r.state
+        t, dead = r.now(), not state.running
+        # health failing counts only from the end of the last restart's start-up allowance
+        down_from = (
+            None
+            if state.health_down_since_s is None
+            else max(state.health_down_since_s, self.last_restart + self.allowance_s)
+        )
+        stuck = down_from is not None and t - down_from >= spec.liveness_grace_s and state.running
+        if not (dead or stuck) or t - self.last_restart < self.delay_s:
+            return
+        await asyncio.sleep(spec.restart_delay_s if dead else 0.0)
+        allowance = f" after a {self.allowance_s:g} s start-up allowance" if self.last_restart > -1e8 else ""
+        why = "process exited" if dead else f"health failing for {spec.liveness_grace_s:g} s{allowance}"
+        await self._restart(why)
+        self.delay_s = min(max(self.delay_s * 2, 0.5), 5.0)
+
+    async def _restart(self, why: str) -> None:
+        r, state = self.r, self.r.state
+        issued = self.last_restart = r.now()
+        if r.on_restart is not None:
+            r.on_restart(issued)
+        state.restarting = True
+        try:
+            await asyncio.to_thread(r.target.restart)
+            state.running = True
+            # credited only once it happened: a restart that failed, or is still stuck stopping the
+            # old process, brought nothing back
+            how = getattr(r.target, "last_stop", None)
+            r.mitigated(
+                f"supervisor restart ({why})" + (f"; the old process: {how}" if how else ""),
+                action="restart",
+                by="supervisor",
+                reason=why,
+                startup_allowance_s=self.allowance_s,
+                issued_s=issued,
+                stopped_by=how,
+            )
+        except TargetCommandError as exc:
+            r.emit("warning", f"restart failed: {exc}", action="restart", issued_s=issued)
+        finally:
+            state.restarting = False
+
+
+class _Script:
+    """scripted: the plan's recovery command, once, after the operator delay `delay_s`."""
+
+    def __init__(self, r: _Recovery) -> None:
+        self.r, self.done = r, False
+
+    async def poll(self) -> None:
+        r, spec = self.r, self.r.spec
+        if self.done or r.now() - r.start < spec.delay_s:
+            return
+        self.done = True
+        r.mitigated(f"recovery command: {spec.command}", action="script", by="script")
+        r.restarted()
+        r.state.restarting = True  # while the command runs, the exits it causes are its own
+        try:
+            res = await asyncio.to_thread(run_command, spec.command or "", spec.limit_s, "recovery")
+            r.emit(
+                "recovery_command",
+                f"recovery command exited {res.exit_code}",
+                exit_code=res.exit_code,
+                output=res.output[-500:],
+            )
+            r.state.running = True
+        except TargetCommandError as exc:
+            r.emit("warning", str(exc))
+        finally:
+            r.state.restarting = False
+
+
+class _Operator:
+    """manual: the drill waits while the operator acts and records each action with `vramlab
+    note`; the first note after the failure is the mitigation (notes come through the store, so
+    they are polled gently)."""
+
+    def __init__(self, r: _Recovery) -> None:
+        self.r, self.announced, self.seen, self.polled = r, False, 0, -1e9
+
+    async def poll(self) -> None:
+        r = self.r
+        if not self.announced:
+            self.announced = True
+            r.emit(
+                "waiting_for_operator",
+                "manual recovery: act on the target and record each action with "
+                '`vramlab note RUN_ID "what you did"`',
+                mode="manual",
+            )
+        t = r.now()
+        if r.operator_notes is None or t - self.polled < 0.5:
+            return
+        self.polled = t
+        notes = await asyncio.to_thread(r.operator_notes, r.start)
+        if len(notes) > self.seen:
+            if self.seen == 0:
+                r.mitigated(f"operator: {notes[0]}", action="operator", by="operator")
+                r.restarted()
+            self.seen = len(notes)
+
+    async def credit_the_note_that_brought_it_back(self) -> None:
+        """The operator's note and the target coming back can fall between two polls: a note
+        recorded before it served again is still the mitigation that brought it back."""
+        r = self.r
+        if r.operator_notes is None or self.seen:
+            return
+        notes = await asyncio.to_thread(r.operator_notes, r.start)
+        if notes:
+            r.mitigated(f"operator: {notes[0]}", action="operator", by="operator")
 
 
 __all__ = ["LiveState", "RecoveryOutcome", "recover"]

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from vramlab.engines import ENGINES
 from vramlab.errors import ConfigError, VramlabError
 from vramlab.plandoc import SimSettings, metrics_endpoint
 
@@ -63,7 +64,7 @@ FORMS: dict[str, dict[str, str]] = {
 FORMS["ollama"] = dict(FORMS["systemd"])
 OLLAMA_DEFAULTS = {
     "unit": "ollama",
-    "base_url": "http://127.0.0.1:11434",
+    "base_url": f"http://127.0.0.1:{ENGINES['ollama'].default_port}",
     "engine": "ollama",
     "health_path": "/",
 }

@@ -22,8 +22,8 @@ from vramlab.records.events import EventKind
 
 if TYPE_CHECKING:
     from vramlab.drill.colocation_run import ColocationRun
-    from vramlab.experiment.runner import Runner
     from vramlab.observe.base import Sample
+    from vramlab.run.runner import Runner
 
 # the detector's finding kinds a log line can produce, and the timeline event each is stored as
 FINDING_EVENTS = {

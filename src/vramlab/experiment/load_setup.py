@@ -13,7 +13,7 @@ from vramlab.experiment.wiring import max_connections
 from vramlab.load.client import OpenAIClient
 
 if TYPE_CHECKING:
-    from vramlab.experiment.standard import RunOptions
+    from vramlab.experiment.kind import RunOptions
 
 
 async def engine_accepts_ignore_eos(plan: Plan, api_key: str | None, note: Callable[[str], None]) -> bool:

@@ -15,8 +15,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from vramlab.engines import EngineName
 from vramlab.errors import ConfigError
-from vramlab.plandoc import PlanDocument, SimSettings, metrics_endpoint, rollback_strings, sim_with_model
+from vramlab.plandoc import (
+    CapacityFacts,
+    PlanDocument,
+    SimSettings,
+    metrics_endpoint,
+    rollback_strings,
+    sim_with_model,
+)
 from vramlab.plandoc import Retry as Retry
 from vramlab.plandoc import RollbackCommand as RollbackCommand
 from vramlab.plandoc import StopConditions as StopConditions
@@ -49,8 +57,8 @@ class Target(_Model):
         description="the Prometheus text endpoint: a URL, or a path on the target's root (default /metrics)",
     )
     health_url: str | None = None
-    # every engine the README names, plus the rehearsal server; "other" for anything else OpenAI-compatible
-    kind: Literal["vllm", "sglang", "tgi", "llama.cpp", "transformers", "ollama", "sim", "other"] = "other"
+    # every engine of the registry (vramlab.engines), the rehearsal server, "other" for anything else
+    kind: EngineName | Literal["sim", "other"] = "other"
     environment: Literal["test", "staging", "production"] = "test"
     pid: int | None = Field(default=None, description="the target process, for its RSS (same host only)")
     sim: SimSettings | None = Field(
@@ -122,26 +130,6 @@ class Target(_Model):
                 "give one (HTTP carries one Authorization header)"
             )
         return self
-
-
-class CapacityFacts(_Model):
-    """`capacity:` what the capacity model needs about a real target (a sim target knows its own):
-    the card (or its memory), and the engine settings the target was started with. The model and
-    the engine default to target.model and target.kind."""
-
-    gpu: str | None = Field(default=None, description="catalog card name (`vramlab gpus`)")
-    gpu_memory_gib: float | None = Field(default=None, gt=0, le=1 << 20, description="usable memory per GPU")
-    model: str | None = Field(
-        default=None, description="catalog name, config.json or directory (default target.model)"
-    )
-    engine: str | None = Field(
-        default=None, description="vllm, sglang, tgi, llama.cpp, transformers (default target.kind)"
-    )
-    engine_version: str | None = None
-    settings: dict[str, Any] = Field(
-        default_factory=dict,
-        description="engine settings by `vramlab plan` name, e.g. max_model_len, gpu_memory_utilization",
-    )
 
 
 class Synthetic(_Model):

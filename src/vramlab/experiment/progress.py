@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from vramlab.experiment.events import Event, EventKind
+from vramlab.run.events import Event, EventKind
 
 K = EventKind
 _LINE_KINDS = {K.PHASE_END, K.STOP_CONDITION, K.WARNING, K.NOTE, K.ROLLBACK, K.ERROR, K.RUN_END, K.STEP}

@@ -143,66 +143,112 @@ async def drive(
     if start_at is not None and start_at > pc():
         await asyncio.sleep(start_at - pc())
     start = start_at if start_at is not None else pc()
-    span = window.duration_s if window.duration_s is not None else window.max_s
-    deadline = start + min(span, window.max_s)
-    limit = window.requests if window.requests is not None else 2**62
-    stop = stop if stop is not None else asyncio.Event()
-    lags: list[float] = []
-    loop_lags: list[float] = []
-    rng = random.Random(shape.seed * 7919 + shard[0])
-    inflight: set[asyncio.Task[None]] = set()
-    sent = 0
-    unsent = [0]  # open loop: spawned, then the stop came before their turn: never sent, not counted
-    index, nshards = shard
+    run = _Drive(sender, prompts, shape, window, on_result, retry, id_prefix, stop, shard, start, end)
+    try:
+        await run.window(end_drain_s)
+    finally:
+        await run.close()
+        gc.unfreeze()  # frozen only for the window: what dies later is still collected
+    return run.outcome()
 
-    async def one(rid: str, prompt: Prompt, scheduled: float) -> str | None:
+
+class _Drive:
+    """One window's load: its schedule (open loop) or users (closed loop), the requests in flight
+    and what the window measured of itself."""
+
+    def __init__(
+        self,
+        sender: Sender,
+        prompts: Iterator[Prompt],
+        shape: LoadShape,
+        window: Window,
+        on_result: Callable[[RequestResult], None],
+        retry: RetryPolicy,
+        id_prefix: str,
+        stop: asyncio.Event | None,
+        shard: tuple[int, int],
+        start: float,
+        end: asyncio.Event | None,
+    ) -> None:
+        self.sender, self.prompts, self.shape, self.on_result = sender, prompts, shape, on_result
+        self.retry, self.id_prefix, self.shard, self.start = retry, id_prefix, shard, start
+        self.drain_s = window.drain_s
+        span = window.duration_s if window.duration_s is not None else window.max_s
+        self.deadline = start + min(span, window.max_s)
+        self.limit = window.requests if window.requests is not None else 2**62
+        self.stop = stop if stop is not None else asyncio.Event()
+        self.end = end
+        self.lags: list[float] = []
+        self.loop_lags: list[float] = []
+        self.rng = random.Random(shape.seed * 7919 + shard[0])
+        self.inflight: set[asyncio.Task[None]] = set()
+        self.sent = 0
+        self.unsent = 0  # open loop: spawned, then the stop came before their turn: never sent, not counted
+        self.counter = 0  # closed loop: requests the users took
+        self.my_limit = shard_share(self.limit, shard) if self.limit < 2**62 else self.limit
+        self.body: asyncio.Future[None] | None = None
+        self.ticker = asyncio.ensure_future(_loop_lag(self.loop_lags))
+        self.stop_wait = asyncio.ensure_future(self.stop.wait())
+        self.end_wait = asyncio.ensure_future((end or asyncio.Event()).wait())
+
+    def _ended(self) -> bool:
+        return self.end is not None and self.end.is_set()
+
+    async def one(self, rid: str, prompt: Prompt, scheduled: float) -> str | None:
         """Send, retrying as the policy says; the last attempt's error class ("" when it succeeded,
         None when the stop came before it was sent: nothing went out, nothing is recorded)."""
-        max_tokens = shape.max_tokens or prompt.output_tokens
+        pc, stop, retry = time.perf_counter, self.stop, self.retry
+        max_tokens = self.shape.max_tokens or prompt.output_tokens
         attempt = 0
         if stop.is_set():  # (a worker's flag turns set between two requests: see load/workers.py)
-            unsent[0] += 1
+            self.unsent += 1
             return None
         while True:
             t_sent = pc()
             try:
-                res = await sender.send(rid, prompt, max_tokens, scheduled, attempt)
+                res = await self.sender.send(rid, prompt, max_tokens, scheduled, attempt)
             except asyncio.CancelledError:
-                on_result(_cancelled(rid, attempt, scheduled, t_sent, prompt))
+                self.on_result(_cancelled(rid, attempt, scheduled, t_sent, prompt))
                 raise
-            on_result(res)
-            ended = end is not None and end.is_set()  # the window is over: no retry goes out in it
-            if stop.is_set() or ended or not retry.should_retry(attempt, res.status_code, res.error_class):
+            self.on_result(res)
+            # the window is over: no retry goes out in it
+            if (
+                stop.is_set()
+                or self._ended()
+                or not retry.should_retry(attempt, res.status_code, res.error_class)
+            ):
                 return "" if res.ok else (res.error_class or f"http_{res.status_code}")
-            delay = retry.delay_s(attempt, rng)
+            delay = retry.delay_s(attempt, self.rng)
             if delay:
                 await asyncio.sleep(delay)
-            if stop.is_set() or (end is not None and end.is_set()):
+            if stop.is_set() or self._ended():
                 return "cancelled"
             attempt += 1
 
-    def spawn(coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
-        inflight.add(task)
-        task.add_done_callback(inflight.discard)
+        self.inflight.add(task)
+        task.add_done_callback(self.inflight.discard)
         return task
 
-    async def open_loop() -> None:
-        nonlocal sent
+    async def open_loop(self) -> None:
+        """Sleep, then gate: each arrival at its scheduled time, waiting for a slot under the cap."""
+        shape, stop, pc, deadline = self.shape, self.stop, time.perf_counter, self.deadline
         if not shape.request_rate:
             raise ValueError("an open loop needs a request rate")
         sem = asyncio.Semaphore(max(1, shape.concurrency))
         g = gaps(shape.request_rate, shape.arrival, shape.burstiness, shape.seed)
-        next_t, k = start, 0
+        next_t, k = self.start, 0
+        index, nshards = self.shard
 
         async def gated(rid: str, prompt: Prompt, scheduled: float) -> None:
             try:
-                await one(rid, prompt, scheduled)
+                await self.one(rid, prompt, scheduled)
             finally:
                 sem.release()
 
-        while k < limit and next_t < deadline and not stop.is_set():
-            prompt = next(prompts)  # every arrival draws its prompt: the sequence is the one schedule's
+        while k < self.limit and next_t < deadline and not stop.is_set():
+            prompt = next(self.prompts)  # every arrival draws its prompt: the sequence is the one schedule's
             if k % nshards == index:
                 delay = next_t - pc()
                 if delay > 0:
@@ -220,31 +266,31 @@ async def drive(
                 if stop.is_set():
                     sem.release()
                     break
-                lags.append((pc() - next_t) * 1000)
-                spawn(gated(f"{id_prefix}{k}", prompt, next_t))
-                sent += 1
+                self.lags.append((pc() - next_t) * 1000)
+                self.spawn(gated(f"{self.id_prefix}{k}", prompt, next_t))
+                self.sent += 1
             k += 1
             next_t += next(g)
 
-    counter = [0]
-    my_limit = [shard_share(limit, shard) if limit < 2**62 else limit]
-
-    async def user() -> None:
-        ready = start
+    async def user(self) -> None:
+        """A closed-loop user: one request at a time until the window's count or time is up."""
+        shape, stop, pc, deadline = self.shape, self.stop, time.perf_counter, self.deadline
+        index, nshards = self.shard
+        ready = self.start
         fails = 0
-        while counter[0] < my_limit[0] and pc() < deadline and not stop.is_set():
-            c = counter[0]
-            counter[0] += 1
-            rid = f"{id_prefix}{c * nshards + index}"
-            lags.append((pc() - ready) * 1000)
-            failed = await one(rid, next(prompts), ready)
+        while self.counter < self.my_limit and pc() < deadline and not stop.is_set():
+            c = self.counter
+            self.counter += 1
+            rid = f"{self.id_prefix}{c * nshards + index}"
+            self.lags.append((pc() - ready) * 1000)
+            failed = await self.one(rid, next(self.prompts), ready)
             if failed == "connect" and shape.error_backoff and not stop.is_set():
                 # Nothing answered (refused, unreachable): the user waits before the next try (the
                 # plan's back-off), as a person would. Resubmitting in microseconds after a refused
                 # connection is a retry storm the client made, not the server. A server's own
                 # answer (429, 5xx, an error event) paces the loop itself and is what a drill measures.
                 fails += 1
-                wait = retry.user_backoff_s(fails, rng)
+                wait = self.retry.user_backoff_s(fails, self.rng)
                 if shape.error_backoff_max_s is not None:
                     wait = min(wait, shape.error_backoff_max_s)
                 await asyncio.sleep(min(max(0.0, deadline - pc()), wait))
@@ -254,57 +300,57 @@ async def drive(
                     await asyncio.sleep(min(max(0.0, deadline - pc()), shape.think_s))
             ready = pc()
 
-    ticker = asyncio.ensure_future(_loop_lag(loop_lags))
-    stop_wait = asyncio.ensure_future(stop.wait())
-    end_wait = asyncio.ensure_future((end or asyncio.Event()).wait())
-    drain_s = window.drain_s
-    body: asyncio.Future[None] | None = None
-    try:
-        if shape.mode == "open":
-            body = asyncio.ensure_future(open_loop())
+    async def closed_loop(self, users: list[asyncio.Task[Any]]) -> None:
+        if users:
+            await asyncio.wait(users, timeout=max(0.0, self.deadline - time.perf_counter()))
+
+    async def window(self, end_drain_s: float | None) -> None:
+        """The loop until the window's bounds, the stop flag or its end; then the drain."""
+        open_ = self.shape.mode == "open"
+        if open_:
+            body = self.body = asyncio.ensure_future(self.open_loop())
         else:
-            users = [spawn(user()) for _ in range(shard_share(shape.concurrency, shard))]
-
-            async def closed_loop() -> None:
-                if users:
-                    await asyncio.wait(users, timeout=max(0.0, deadline - pc()))
-
-            body = asyncio.ensure_future(closed_loop())
-        await asyncio.wait({body, stop_wait, end_wait}, return_when=asyncio.FIRST_COMPLETED)
-        if end_wait.done() and end_drain_s is not None:
-            drain_s = end_drain_s
+            users = [self.spawn(self.user()) for _ in range(shard_share(self.shape.concurrency, self.shard))]
+            body = self.body = asyncio.ensure_future(self.closed_loop(users))
+        await asyncio.wait({body, self.stop_wait, self.end_wait}, return_when=asyncio.FIRST_COMPLETED)
+        drain_s = end_drain_s if self.end_wait.done() and end_drain_s is not None else self.drain_s
         if not body.done():
             body.cancel()
             await asyncio.gather(body, return_exceptions=True)
         elif body.exception() is not None:
             raise body.exception()  # type: ignore[misc]
-        if shape.mode != "open":
-            sent = counter[0]
+        if not open_:
+            self.sent = self.counter
         # The window is over: in-flight requests may finish within drain_s, then they are cancelled.
         # A fired stop does not wait: the load stops at once.
-        if inflight and not stop.is_set():
-            my_limit[0] = 0  # closed-loop users start nothing new while draining
-            drain = asyncio.ensure_future(asyncio.wait(set(inflight), timeout=drain_s))
-            await asyncio.wait({drain, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if self.inflight and not self.stop.is_set():
+            self.my_limit = 0  # closed-loop users start nothing new while draining
+            drain = asyncio.ensure_future(asyncio.wait(set(self.inflight), timeout=drain_s))
+            await asyncio.wait({drain, self.stop_wait}, return_when=asyncio.FIRST_COMPLETED)
             drain.cancel()
             await asyncio.gather(drain, return_exceptions=True)
-    finally:
-        # Cancelled from outside (Ctrl-C, a caller's cancel) included: the loop that sends goes
-        # first, so nothing new is sent, then whatever is in flight (recorded as cancelled).
+
+    async def close(self) -> None:
+        """However the window ended (Ctrl-C, a caller's cancel included): the loop that sends goes
+        first, so nothing new is sent, then whatever is in flight (recorded as cancelled)."""
+        body = self.body
         loops = [body] if body is not None and not body.done() else []
         for lp in loops:
             lp.cancel()
-        pending = set(inflight)
-        for t in (*pending, ticker, stop_wait, end_wait):
+        pending = set(self.inflight)
+        waits = (self.ticker, self.stop_wait, self.end_wait)
+        for t in (*pending, *waits):
             t.cancel()
-        await asyncio.gather(*loops, *pending, ticker, stop_wait, end_wait, return_exceptions=True)
-        gc.unfreeze()  # frozen only for the window: what dies later is still collected
-    return WindowOutcome(
-        sent=sent - unsent[0],
-        elapsed_s=pc() - start,
-        lag_p99_ms=percentile(lags, 99) if lags else 0.0,
-        lag_max_ms=max(lags, default=0.0),
-        loop_lag_p99_ms=percentile(loop_lags, 99) if loop_lags else 0.0,
-        loop_lag_max_ms=max(loop_lags, default=0.0),
-        stopped=stop.is_set(),
-    )
+        await asyncio.gather(*loops, *pending, *waits, return_exceptions=True)
+
+    def outcome(self) -> WindowOutcome:
+        lags, loop_lags = self.lags, self.loop_lags
+        return WindowOutcome(
+            sent=self.sent - self.unsent,
+            elapsed_s=time.perf_counter() - self.start,
+            lag_p99_ms=percentile(lags, 99) if lags else 0.0,
+            lag_max_ms=max(lags, default=0.0),
+            loop_lag_p99_ms=percentile(loop_lags, 99) if loop_lags else 0.0,
+            loop_lag_max_ms=max(loop_lags, default=0.0),
+            stopped=self.stop.is_set(),
+        )

@@ -9,31 +9,20 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from importlib import import_module
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from vramlab.engines import ENGINES, aliases
 from vramlab.errors import ConfigError, unknown
-from vramlab.logs import llamacpp, ollama, sglang, tgi, transformers, vllm
 from vramlab.logs.base import iter_lines
 from vramlab.logs.prefilter import blank_unread_lines
 from vramlab.logs.reader import LogLines, read_log, read_notes
 
-PARSERS: dict[str, ModuleType] = {
-    "vllm": vllm,
-    "sglang": sglang,
-    "tgi": tgi,
-    "llama.cpp": llamacpp,
-    "ollama": ollama,
-    "transformers": transformers,
-}
-ALIASES = {
-    "llamacpp": "llama.cpp",
-    "llama-cpp": "llama.cpp",
-    "text-generation-inference": "tgi",
-    "transformers-serve": "transformers",
-    "hf-transformers": "transformers",
-}
+# Each engine's start-up log parser and the other names it goes by: the engine registry's.
+PARSERS: dict[str, ModuleType] = {name: import_module(e.log_parser) for name, e in ENGINES.items()}
+ALIASES = aliases()
 
 # Words that name an engine even on lines no rule reads (a log that stops early).
 _MARKERS: dict[str, tuple[str, ...]] = {

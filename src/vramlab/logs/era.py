@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from vramlab.engines import label as engine_label
+
 
 @dataclass(frozen=True)
 class Era:
@@ -82,7 +84,6 @@ _OTHER: dict[str, tuple[tuple[str, str], ...]] = {
         (r"llama_new_context_with_model:|llm_load_tensors:", "Ollama 2024 (llama.cpp runner lines)"),
     ),
 }
-_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "llama.cpp": "llama.cpp", "ollama": "Ollama"}
 
 
 def era_of(obs: Any) -> Era:
@@ -92,7 +93,7 @@ def era_of(obs: Any) -> Era:
     version = obs.engine_version or obs.settings.get("engine_version")
     vllm_engine = obs.settings.get("vllm_engine")
     if version:
-        name = _NAMES.get(engine, engine)
+        name = engine_label(engine)
         # Releases of one minor series share their wording and sizing: one table per series.
         series = m.group(1) if (m := re.match(r"v?(\d+\.\d+)", str(version))) else str(version)
         if engine == "vllm":
@@ -109,7 +110,7 @@ def era_of(obs: Any) -> Era:
         hit = next((t for t in texts if re.search(pattern, t)), None)
         if hit is not None:
             return Era(engine, label, True, _quote(pattern, hit))
-    return Era(engine, f"{_NAMES.get(engine, engine)} (era unknown)", True, "no dated wording in the excerpt")
+    return Era(engine, f"{engine_label(engine)} (era unknown)", True, "no dated wording in the excerpt")
 
 
 def _vllm_wording(texts: list[str]) -> tuple[str, str | None, str]:

@@ -12,49 +12,24 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from vramlab.engines import ENGINES
 from vramlab.observe.base import Sample, Sampler, SourceUnavailable
 
-# canonical -> (spellings, how to combine label sets). Percentages are fractions 0..1 in every engine listed.
-ALIASES: dict[str, tuple[tuple[str, ...], str]] = {
-    "kv_cache_usage_perc": (
-        (
-            "vllm:kv_cache_usage_perc",
-            "vllm:gpu_cache_usage_perc",
-            "sglang:token_usage",
-            "llamacpp:kv_cache_usage_ratio",
-        ),
-        "max",
-    ),
-    "num_requests_running": (
-        (
-            "vllm:num_requests_running",
-            "sglang:num_running_reqs",
-            "tgi_batch_current_size",
-            "llamacpp:requests_processing",
-        ),
-        "sum",
-    ),
-    "num_requests_waiting": (
-        (
-            "vllm:num_requests_waiting",
-            "sglang:num_queue_reqs",
-            "tgi_queue_size",
-            "llamacpp:requests_deferred",
-        ),
-        "sum",
-    ),
-    "num_preemptions_total": (("vllm:num_preemptions", "vllm:num_preemptions_total"), "sum"),
-    "prompt_tokens_total": (("vllm:prompt_tokens", "sglang:prompt_tokens", "llamacpp:prompt_tokens"), "sum"),
-    "generation_tokens_total": (
-        ("vllm:generation_tokens", "sglang:generation_tokens", "llamacpp:tokens_predicted"),
-        "sum",
-    ),
-    "kv_cache_tokens": (("sglang:num_used_tokens", "llamacpp:kv_cache_tokens"), "sum"),
-    "request_failures_total": (("tgi_request_failure",), "sum"),
-    "process_resident_memory_bytes": (("process_resident_memory_bytes",), "sum"),
-    # the KV pool's size in tokens where the engine exports it (SGLang; vLLM's is in cache_config_info's labels)
-    "kv_cache_pool_tokens": (("sglang:max_total_num_tokens",), "max"),
-}
+# canonical -> (spellings, how to combine label sets). Percentages are fractions 0..1 in every engine
+# listed. Each engine's spellings are the engine registry's (vramlab.engines), in its order.
+_HOW = {"kv_cache_usage_perc": "max", "kv_cache_pool_tokens": "max"}  # the rest add up ("sum")
+
+
+def _aliases() -> dict[str, tuple[tuple[str, ...], str]]:
+    spellings: dict[str, list[str]] = {}
+    for engine in ENGINES.values():
+        for canon, names in engine.metrics.items():
+            spellings.setdefault(canon, []).extend(names)
+    spellings["process_resident_memory_bytes"] = ["process_resident_memory_bytes"]  # any Python server
+    return {canon: (tuple(names), _HOW.get(canon, "sum")) for canon, names in spellings.items()}
+
+
+ALIASES = _aliases()
 # vLLM's `cache_config_info` is an info gauge: the pool is in its labels (num_gpu_blocks x block_size).
 _INFO_LABELS = {
     "vllm:cache_config_info": (("num_gpu_blocks", "kv_cache_blocks"), ("block_size", "kv_block_size"))

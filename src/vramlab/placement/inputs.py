@@ -11,10 +11,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from vramlab.engines import served_engines
 from vramlab.errors import ConfigError
 from vramlab.planfile import read_yaml, validate
 
-ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers")
+ENGINES = served_engines()  # started one instance per model (vramlab.engines)
 POLICIES = ("lru", "priority", "keep-alive", "sleep-1", "sleep-2")
 TP_CHOICES = (1, 2, 4, 8)
 DEFAULT_KEEP_ALIVE_S = 300.0  # Ollama's OLLAMA_KEEP_ALIVE default, 5m

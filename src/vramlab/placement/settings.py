@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vramlab.engines import ENGINES
 from vramlab.placement.demand import Demand, DemandFn
 from vramlab.placement.inputs import Fleet, Instance, Policy
 from vramlab.placement.pack import PackResult, Placement
@@ -46,13 +47,6 @@ _PASS_THROUGH = {
     "llama.cpp": {"n_ubatch": "-ub", "flash_attn": "-fa"},
     "transformers": {},
 }
-_COMMAND = {
-    "vllm": "vllm serve",
-    "sglang": "python -m sglang.launch_server --model-path",
-    "tgi": "text-generation-launcher --model-id",
-    "llama.cpp": "llama-server -m",
-    "transformers": "transformers serve",
-}  # 5.x: no `python -m transformers`
 
 
 @dataclass(frozen=True)
@@ -118,7 +112,7 @@ def _flags(inst: Instance, p: Placement, d: Demand, policy: Policy) -> dict[str,
 
 
 def _command(inst: Instance, flags: dict[str, Any]) -> str:
-    parts = [_COMMAND[inst.engine], inst.model]
+    parts = [ENGINES[inst.engine].serve_command or inst.engine, inst.model]
     for k, v in flags.items():
         parts.append(k if v is True else f"{k} {v}")
     return " ".join(parts)

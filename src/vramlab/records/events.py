@@ -1,7 +1,7 @@
 """The event kinds: every timeline row and data event a run emits, and the typed `data` of each.
 
 The runners, the drill, the samplers' timeline events and `vramlab note` produce them
-(`vramlab.experiment.events.Event`, stored as `EventRecord`); the analysis and the reports read
+(`vramlab.run.events.Event`, stored as `EventRecord`); the analysis and the reports read
 them back through `EventKind` and the accessors below instead of string literals. `EventKind` is
 a str enum: a member equals its string, so rows stored before it existed read unchanged, and an
 `Event` of a kind that is not a member is refused (a bug, exit 70) so no kind goes undocumented.

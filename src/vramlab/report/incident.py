@@ -539,13 +539,7 @@ def s_rounds(ctx: ReportContext) -> list[Block]:
 def unrecovered(ctx: ReportContext) -> list[Incident]:
     """The rounds that failed and did not recover, by the report's own verdict (health, serving
     and P95 back): what `vramlab drill` exits 1 on, so its exit code never disagrees with the report."""
-    _, rounds = incident_of(ctx)
-    return [r for r in rounds if r.failed and not r.recovery.recovered]
-
-
-def verdict_line(inc: Incident) -> str:
-    """One round's recovery verdict, in the words of the headline."""
-    return f"round {inc.round}: {inc.failure_mode}; {recovery_text(inc.recovery, inc.t0_s)}"
+    return [r for r in incident_of(ctx)[1] if r.failed and not r.recovery.recovered]
 
 
 def incident_json(ctx: ReportContext) -> Any:
@@ -586,5 +580,4 @@ __all__ = [
     "lessons",
     "summary_line",
     "unrecovered",
-    "verdict_line",
 ]

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from vramlab.engines import sim_engines
 from vramlab.errors import ConfigError
 
 if TYPE_CHECKING:
     from vramlab.capacity.estimate import Estimate
 
-SIM_ENGINES = ("vllm", "sglang", "tgi", "llama.cpp")
+SIM_ENGINES = sim_engines()  # the engines the sim plays (vramlab.engines)
 FAULT_KINDS = ("hang", "slow", "crash", "oom")
 
 

@@ -3,7 +3,7 @@
 A run row says ``running`` from its start until its writer records the end. A process killed
 with SIGKILL (or a lost host) never records the end, so the row alone would say ``running``
 forever. The writer stamps ``heartbeat_at`` (and its pid and host) every few seconds
-(`vramlab.experiment.recorder`); a run is shown as ``died`` when its writer's process is gone
+(`vramlab.run.recorder`); a run is shown as ``died`` when its writer's process is gone
 (same host) or its heartbeat is older than `STALE_S`.
 """
 

@@ -6,22 +6,13 @@ from dataclasses import replace
 
 from vramlab.capacity.engines.common import PolicyResult
 from vramlab.capacity.estimate import DEFAULT
+from vramlab.engines import ENGINES
 from vramlab.errors import ConfigError
 
-POLICIES = {
-    "vllm": "vramlab.capacity.engines.vllm_auto",  # vllm.py's policy, with --max-model-len auto
-    "sglang": "vramlab.capacity.engines.sglang",
-    "tgi": "vramlab.capacity.engines.tgi",
-    "llama.cpp": "vramlab.capacity.engines.llamacpp",
-    "transformers": "vramlab.capacity.engines.transformers",
-    "ollama": "vramlab.capacity.engines.ollama",
-}
-# A CPU engine (the device is the host, gpus.host_device): the engines that have a CPU build planned.
-HOST_POLICIES = {
-    "vllm": "vramlab.capacity.engines.vllm_cpu",
-    "llama.cpp": "vramlab.capacity.engines.llamacpp_cpu",
-    "transformers": "vramlab.capacity.engines.transformers",
-}
+# The policy module per engine, on a card and on the host (a CPU build: the device is the host,
+# gpus.host_device): the engine registry's (vramlab.engines).
+POLICIES = {name: e.plan_policy for name, e in ENGINES.items()}
+HOST_POLICIES = {name: e.host_policy for name, e in ENGINES.items() if e.host_policy is not None}
 
 
 def policy_module(engine: str, on_host: bool) -> str:

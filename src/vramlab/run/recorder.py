@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from vramlab.experiment.events import DATA_KINDS, Event, EventKind
 from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
 from vramlab.records.store import Store
+from vramlab.run.events import DATA_KINDS, Event, EventKind
 
 _KINDS = ("requests", "samples", "events")
 

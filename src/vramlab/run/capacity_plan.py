@@ -1,6 +1,8 @@
 """The plan travels with the run: the capacity model's estimate for the target's own settings,
-computed once at the start of `vramlab run` and `vramlab drill`, and the start-up memory the
-target's log printed, both stored as events so every report can set predicted beside measured.
+computed once the target is up, by the runner for every kind of run (run/runner.py), and the
+start-up memory the target's log printed, both stored as events so every report can set predicted
+beside measured. A kind says what it knows about its target (``RunKind.capacity_facts``, through
+``target_facts``: one reading of `target.sim` for experiments and drills alike).
 
 What the estimate needs is the model, the engine and the card (or its memory). A sim target knows
 all three; a real target names them in the plan's `capacity:` block (and `target.kind`). Where one
@@ -16,7 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-PLAN_ENGINES = ("vllm", "sglang", "tgi", "llama.cpp", "transformers")
+from vramlab.engines import served_engines
+from vramlab.plandoc import CapacityFacts, SimSettings
+
 Emitted = tuple[str, str, dict[str, Any]]  # (event kind, message, data); kind "note" is a run note
 
 
@@ -39,11 +43,10 @@ class PlanFacts:
             return (
                 f"the model is not known; give {self.where}.model (a catalog name, config.json or directory)"
             )
-        if self.engine not in PLAN_ENGINES:
+        planned = served_engines()
+        if self.engine not in planned:
             got = f" (target kind {self.engine!r})" if self.engine else ""
-            return (
-                f"the engine is not known{got}; give {self.where}.engine (one of {', '.join(PLAN_ENGINES)})"
-            )
+            return f"the engine is not known{got}; give {self.where}.engine (one of {', '.join(planned)})"
         if not self.gpu and not self.gpu_memory_gib:
             return (
                 f"the card is not known; give {self.where}.gpu (a catalog name, see `vramlab gpus`) or "
@@ -51,69 +54,41 @@ class PlanFacts:
             )
         return None
 
+    def with_card(self, gpu: str | None, gpu_memory_gib: float | None) -> PlanFacts:
+        """The card `--gpu` / `--gpu-memory-gib` name, where the plan names none."""
+        return replace(self, gpu=self.gpu or gpu, gpu_memory_gib=self.gpu_memory_gib or gpu_memory_gib)
 
-def facts_for_experiment(plan: Any) -> PlanFacts:
-    """An experiment plan's facts: target.sim when vramlab starts the sim, else plan.capacity."""
-    tg, cap = plan.target, getattr(plan, "capacity", None)
-    log_file = getattr(tg, "log_file", None)
-    if tg.sim is not None:
-        s = tg.sim
-        settings = {
-            k: v
-            for k, v in (
-                ("gpu_memory_utilization", s.gpu_memory_utilization),
-                ("max_model_len", s.max_model_len),
-                ("max_num_seqs", s.max_num_seqs),
-            )
-            if v is not None
-        }
-        return PlanFacts(tg.model, s.engine, s.gpu, None, None, settings, log_file)
-    engine = tg.kind if tg.kind in PLAN_ENGINES else None
-    if cap is None:
-        return PlanFacts(tg.model, engine, log_file=log_file)
+
+def target_facts(
+    model: str | None,
+    engine: str | None,
+    sim: SimSettings | None,
+    capacity: CapacityFacts | None,
+    log_file: str | None,
+) -> PlanFacts:
+    """A target's facts, for every kind of run: its sim's settings when vramlab starts the sim
+    (sim_settings, the one reading of `target.sim`), else the plan's `capacity:` block over the
+    target's model and engine."""
+    if sim is not None:
+        settings = sim_settings(sim)
+        version = settings.pop("engine_version", None)
+        return PlanFacts(sim.model, sim.engine, sim.gpu, None, version, settings, log_file)
+    if capacity is None:
+        return PlanFacts(model, engine, log_file=log_file)
     return PlanFacts(
-        cap.model or tg.model,
-        cap.engine or engine,
-        cap.gpu,
-        cap.gpu_memory_gib,
-        cap.engine_version,
-        dict(cap.settings),
+        capacity.model or model,
+        capacity.engine or engine,
+        capacity.gpu,
+        capacity.gpu_memory_gib,
+        capacity.engine_version,
+        dict(capacity.settings),
         log_file,
     )
 
 
-def facts_for_drill(plan: Any, log_file: str | None) -> PlanFacts:
-    tg, cap = plan.target, getattr(plan, "capacity", None)
-    if tg.kind == "sim" and tg.sim is not None:
-        s = tg.sim
-        settings = {
-            k: v
-            for k, v in (
-                ("gpu_memory_utilization", s.gpu_memory_utilization),
-                ("max_model_len", s.max_model_len),
-                ("max_num_seqs", s.max_num_seqs),
-            )
-            if v is not None
-        }
-        settings.update(_sim_extra_settings(s.extra_args))
-        return PlanFacts(
-            s.model, s.engine, s.gpu, None, settings.pop("engine_version", None), settings, log_file
-        )
-    if cap is None:
-        return PlanFacts(tg.model, tg.engine, log_file=log_file or tg.log_file)
-    return PlanFacts(
-        cap.model or tg.model,
-        cap.engine or tg.engine,
-        cap.gpu,
-        cap.gpu_memory_gib,
-        cap.engine_version,
-        dict(cap.settings),
-        log_file or tg.log_file,
-    )
-
-
-# A sim's extra_args in the engine's own names (`vramlab sim serve` takes vLLM's and SGLang's): the same settings
-# the sim sizes its memory with, so the stored plan is the sim's own.
+# The `vramlab sim serve` flags among `target.sim.extra_args` that are engine settings, in the
+# engine's own names (`vramlab sim serve` takes vLLM's and SGLang's: cli/sim.py), by their `vramlab
+# plan` names: the same settings the sim sizes its memory with, so the stored plan is the sim's own.
 _SIM_FLAGS = {
     "--max-num-batched-tokens": ("max_num_batched_tokens", int),
     "--chunked-prefill-size": ("chunked_prefill_size", int),
@@ -131,9 +106,19 @@ _SIM_FLAGS = {
 }
 
 
-def _sim_extra_settings(args: list[str]) -> dict[str, Any]:
-    """The engine settings among a drill sim's `extra_args` (the sim sizes its memory with them too)."""
-    out: dict[str, Any] = {}
+def sim_settings(sim: SimSettings) -> dict[str, Any]:
+    """The engine settings a `target.sim` starts its sim with (by `vramlab plan` name; its
+    `--engine-version` as ``engine_version``), for an experiment's sim and a drill's alike."""
+    out: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("gpu_memory_utilization", sim.gpu_memory_utilization),
+            ("max_model_len", sim.max_model_len),
+            ("max_num_seqs", sim.max_num_seqs),
+        )
+        if v is not None
+    }
+    args = sim.extra_args
     for flag, value in zip(args, args[1:], strict=False):
         if flag in _SIM_FLAGS:
             name, kind = _SIM_FLAGS[flag]
@@ -231,17 +216,6 @@ def start_events(facts: PlanFacts) -> list[Emitted]:
             )
     out.extend(startup_events(facts.log_file, facts.engine))
     return out
-
-
-def experiment_start_hook(
-    plan: Any, gpu: str | None = None, gpu_memory_gib: float | None = None
-) -> list[Emitted]:
-    """`RunOptions.start_hooks` entry for `vramlab run` and the demo: the plan travels with the run.
-    *gpu* / *gpu_memory_gib* (`run --gpu / --gpu-memory-gib`) name the card when the plan does not."""
-    facts = facts_for_experiment(plan)
-    if gpu is not None or gpu_memory_gib is not None:
-        facts = replace(facts, gpu=gpu or facts.gpu, gpu_memory_gib=gpu_memory_gib or facts.gpu_memory_gib)
-    return start_events(facts)
 
 
 def startup_events(log_file: str | None, engine: str | None = None) -> list[Emitted]:

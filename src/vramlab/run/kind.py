@@ -1,10 +1,12 @@
 """What a kind of run contributes to the one runner (runner.py): its parts, not a loop of its own.
 
 The runner owns the run record and ``run_start``/``run_end``, the events, the rounds, the phase
-sequence (baseline -> steps -> after the steps), the step loop and its one polling interval, the
-store-failure abort, Ctrl-C and the ``finally`` that rolls back. A kind says what each of those
-does for it: the experiment (experiment/standard.py: baseline, fixed treatment steps, a recovery
-window) or the OOM drill (drill/kind.py: a ramp until the target fails, then its recovery).
+sequence (baseline -> steps -> recovery) and where the run is in it (every event's round, phase and
+step: the runner sets them), the step loop and its one polling interval, the store-failure abort,
+Ctrl-C and the ``finally`` that rolls back. A kind says what each of those does for it: the
+experiment (experiment/kind.py: baseline, fixed treatment steps, a recovery window) or the OOM
+drill (drill/kind.py: a ramp until the target fails, then its recovery). This package imports
+neither: they plug in.
 """
 
 from __future__ import annotations
@@ -14,17 +16,19 @@ import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from vramlab.experiment.steps import StepOutcome, StepStrategy
+from vramlab.run.steps import StepOutcome, StepStrategy
 
 if TYPE_CHECKING:
-    from vramlab.experiment.rollback import RollbackResult
-    from vramlab.experiment.runner import Runner
     from vramlab.records import RunRecord
+    from vramlab.run.capacity_plan import PlanFacts
+    from vramlab.run.rollback import RollbackResult
+    from vramlab.run.runner import Runner
 
 
 @dataclass
 class Where:
-    """Where the run is now: every event is stamped with it."""
+    """Where the run is now: every event is stamped with it. Steps are numbered from 1; the
+    baseline and the recovery are step 0 (not a step)."""
 
     round: int | None = None
     phase: str | None = None
@@ -36,11 +40,8 @@ class RunKind(Protocol):
 
     run_id: str
     rounds: range  # the round numbers, in order
-    first_step: int  # the first step's number (the experiment counts treatment steps from 1, a drill from 0)
-    raises: (
-        bool  # an error or Ctrl-C goes on to the caller after run_end (else: a status, and an "error" event)
-    )
-    interrupted: str  # the reason a Ctrl-C ends the run with
+    step_phase: str  # the phase its steps are stamped with ("treatment", "ramp")
+    wall_clock_s: float  # the longest the run may take (the session's watchdog waits past it)
 
     def attach(self, run: Runner) -> None:
         """Called once by the runner it belongs to, before anything runs."""
@@ -49,10 +50,13 @@ class RunKind(Protocol):
         """The run_start line and the run record (at the run's start, t = 0)."""
 
     async def started(self) -> None:
-        """Just after run_start: notes and warnings about the plan, start hooks."""
+        """Just after run_start: notes and warnings about the plan."""
 
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
         """Bring up what every round uses (load client, samplers, the target); *stack* closes it."""
+
+    def capacity_facts(self) -> PlanFacts:
+        """What the capacity model needs about the target (the run's capacity plan, made once it is up)."""
 
     def round(self, rnd: int) -> contextlib.AbstractAsyncContextManager[None]:
         """Set up and tear down one round (a drill's client and watchers)."""
@@ -63,8 +67,8 @@ class RunKind(Protocol):
     def steps(self) -> StepStrategy:
         """The values the steps go through."""
 
-    def begin_step(self, rnd: int, step: int, value: float) -> None:
-        """Where and what the step is (its events)."""
+    def begin_step(self, step: int, value: float) -> None:
+        """What the step is (its events)."""
 
     async def apply(self, value: float) -> bool:
         """Set the step's value (a drill's knob); False: it cannot go there, the steps end without a failure."""
@@ -83,8 +87,11 @@ class RunKind(Protocol):
     def end_step(self, step: int, value: float) -> StepOutcome:
         """What the step got, for the strategy's next value."""
 
-    async def after_steps(self, rnd: int, failed: bool) -> None:
-        """After the steps: the experiment's recovery window, a drill's recovery (or its ceiling)."""
+    async def steps_held(self, rnd: int) -> None:
+        """The steps ended and none failed (at the last step's position): a drill's ceiling."""
+
+    async def recovery(self, rnd: int, failed: bool) -> None:
+        """The recovery phase: the experiment's recovery window, a drill's recovery of its failed target."""
 
     def tick(self) -> None:
         """Every polling interval while the rounds run (wall-clock and sample-based conditions)."""

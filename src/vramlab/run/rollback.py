@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from vramlab.experiment.plan import RollbackCommand
+from vramlab.plandoc import RollbackCommand
 
 
 @dataclass(frozen=True)

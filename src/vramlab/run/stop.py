@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from vramlab.experiment.plan import StopConditions
+from vramlab.plandoc import StopConditions
 from vramlab.records.stats import percentile
 
 

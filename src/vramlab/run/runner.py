@@ -1,13 +1,15 @@
-"""The one runner: experiments and drills alike, rounds of baseline -> steps -> what follows them.
+"""The one runner: experiments and drills alike, rounds of baseline -> steps -> recovery.
 
-It owns the clock, the order of things, the run record, the events and the ending; everything it
-learns goes out as events (see events.py) to whoever subscribes: the store writer, the terminal, a
-test. What a kind of run does in each part (the experiment's fixed steps and recovery window, the
-drill's ramp until the target fails and its recovery) comes from its ``RunKind`` (parts.py): the
-experiment's is standard.py, the drill's drill/kind.py. Neither has a loop of its own.
+It owns the clock, the order of things and where the run is in it (every event's round, phase and
+step), the run record, the events and the ending; everything it learns goes out as events (see
+events.py) to whoever subscribes: the store writer, the terminal, a test. What a kind of run does
+in each part (the experiment's fixed steps and recovery window, the drill's ramp until the target
+fails and its recovery) comes from its ``RunKind`` (kind.py): the experiment's is
+experiment/kind.py, the drill's drill/kind.py. Neither has a loop of its own.
 
 However the run ends (completed, a stop, an error, the store giving up, Ctrl-C), the same
-``finally`` rolls back what the kind changed, then emits ``run_end``.
+``finally`` rolls back what the kind changed, then emits ``run_end``. An error is recorded on the
+run (an ``error`` event, status failed) and kept on the result, never raised through.
 """
 
 from __future__ import annotations
@@ -15,17 +17,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from vramlab.experiment.events import Event, EventHook
-from vramlab.experiment.parts import RunKind, Where
-from vramlab.experiment.plan import Plan
-from vramlab.experiment.rollback import RollbackResult
-from vramlab.experiment.standard import ExperimentKind, RunOptions, _WindowStats
-from vramlab.experiment.stop import StopReason
+from vramlab.run.events import Event, EventHook
+from vramlab.run.kind import RunKind, Where
+from vramlab.run.rollback import RollbackResult
+from vramlab.run.stop import StopReason
 
 EXIT_CODES = {"completed": 0, "failed": 1, "stopped": 3, "interrupted": 130}
+INTERRUPTED = "interrupted (Ctrl-C or SIGTERM)"
+Emitted = tuple[str, str, dict[str, Any]]  # (event kind, message, data); kind "note" is a run note
+
+
+def exit_code(status: str, error: BaseException | None = None, recovered: bool = True) -> int:
+    """The one exit-code policy of `vramlab run` and `vramlab drill` (docs/experiments.md, docs/drills.md):
+    0 completed (a drill: every failed round recovered), 1 failed once the run had started (or a
+    drill's target not recovered), 3 stopped early (a stop condition, a broken baseline, the wall
+    clock), 130 interrupted. A run that failed on an error keeps the error's code: a ``VramlabError``
+    its own (2: bad input found at the target's start), anything else is a bug in vramlab (70)."""
+    if status == "failed" and error is not None:
+        from vramlab.errors import VramlabError
+
+        return error.exit_code if isinstance(error, VramlabError) else 70
+    if status == "completed" and not recovered:
+        return 1
+    return EXIT_CODES[status]
+
 
 # How often a running step asks its kind "should this step end?", and how often the kind's clock
 # and sample-based conditions are checked between requests (a hung target sends no results).
@@ -43,10 +62,11 @@ class RunResult:
     elapsed_s: float
     rollbacks: tuple[RollbackResult, ...]
     reason: str | None = None  # the run_end's stop_reason in words (a stop, an error, Ctrl-C)
+    error: BaseException | None = None  # the error that failed the run, recorded on it
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES[self.status]
+        return exit_code(self.status, self.error)
 
 
 class _Stopped(Exception):
@@ -54,12 +74,18 @@ class _Stopped(Exception):
 
 
 class Runner:
-    """Runs one run of any kind: ``Runner(plan, hook, options)`` an experiment, ``Runner(kind, hook)`` any kind."""
+    """Runs one run of any kind: ``await Runner(kind, hook).run()``. *capacity_plan*, when given, is
+    called once the kind's ``open`` brought the target up (in a thread): the capacity plan's events
+    (the session's hook, run/capacity_plan.py)."""
 
     def __init__(
-        self, kind: Plan | RunKind, hook: EventHook | None = None, options: RunOptions | None = None
+        self,
+        kind: RunKind,
+        hook: EventHook | None = None,
+        capacity_plan: Callable[[], list[Emitted]] | None = None,
     ) -> None:
-        self.kind: RunKind = ExperimentKind(kind, options or RunOptions()) if isinstance(kind, Plan) else kind
+        self.kind = kind
+        self.capacity_plan = capacity_plan
         self.hook = hook or EventHook()
         self.run_id = self.kind.run_id
         self.where = Where()
@@ -135,18 +161,14 @@ class Runner:
             status = "stopped" if self.halted is not None else "completed"
         except _Stopped:
             status = "stopped"
-        except asyncio.CancelledError as exc:
-            status, reason = "interrupted", kind.interrupted
-            error = None if self.aborted is not None else exc
-        except Exception as exc:  # recorded on the run; a kind that raises hands it on after run_end
+        except asyncio.CancelledError:
+            status, reason = "interrupted", INTERRUPTED
+        except Exception as exc:  # recorded on the run and kept on the result (the session says it)
             status, reason, error = "failed", f"{type(exc).__name__}: {exc}"[:300], exc
-            if not kind.raises:
-                self.where = Where()
-                self.emit("error", reason)
+            self.where = Where()
+            self.emit("error", reason)
         finally:
             status, reason, rollbacks = await self._finish(status, reason)
-        if error is not None and kind.raises:
-            raise error
         requests, errors = kind.totals()
         return RunResult(
             self.run_id,
@@ -158,6 +180,7 @@ class Runner:
             self.now(),
             tuple(rollbacks),
             reason,
+            error,
         )
 
     async def _finish(self, status: str, reason: str | None) -> tuple[str, str | None, list[RollbackResult]]:
@@ -165,10 +188,12 @@ class Runner:
             status, reason = "failed", self.aborted
         if self.halted is not None and reason is None:
             reason = self.halted
+        self.where = Where(phase="rollback")
         rollbacks = await self.kind.rollback(status, reason)
         for err in self.hook.errors:
             self.note(err)
         self.hook.errors.clear()
+        self.where = Where()
         message, data = self.kind.run_end(status, reason)
         self.emit("run_end", message, data)
         return status, reason, rollbacks
@@ -177,29 +202,50 @@ class Runner:
         kind = self.kind
         await (
             kind.started()
-        )  # inside the guarded body: a start hook that fails still ends the run (failed, rolled back)
+        )  # inside the guarded body: a start that fails still ends the run (failed, rolled back)
         async with contextlib.AsyncExitStack() as stack:
             await kind.open(stack)
+            await self._capacity_plan()
             ticker = asyncio.ensure_future(self._tick())
             stack.push_async_callback(_cancelled, ticker)
             for rnd in kind.rounds:
                 self._halt_check()
+                self.where = Where(rnd)
                 async with kind.round(rnd):
+                    self.where = Where(rnd, "baseline", 0)
                     await kind.baseline(rnd)
                     self._halt_check()
                     failed = await self._steps(rnd)
                     self._halt_check()
-                    await kind.after_steps(rnd, failed)
+                    if not failed:
+                        await kind.steps_held(rnd)
+                        self._halt_check()
+                    self.where = Where(rnd, "recovery", 0)
+                    await kind.recovery(rnd, failed)
             self._halt_check()
             kind.after_rounds()
 
+    async def _capacity_plan(self) -> None:
+        """The capacity plan for the target's own settings (and its start-up memory), as events."""
+        if self.capacity_plan is None:
+            return
+        try:
+            emitted = await asyncio.to_thread(self.capacity_plan)
+        except Exception as exc:
+            self.note(f"capacity plan: {type(exc).__name__}: {exc}"[:300])
+            return
+        for kind, message, data in emitted:
+            self.note(message) if kind == "note" else self.emit(kind, message, data)
+
     async def _steps(self, rnd: int) -> bool:
-        """The steps of one round until the strategy ends them or one fails; True when one failed."""
+        """The steps of one round (numbered from 1) until the strategy ends them or one fails;
+        True when one failed."""
         strategy = self.kind.steps()
-        step, value, last = self.kind.first_step, strategy.first(), None
+        step, value, last = 1, strategy.first(), None
         while value is not None:
             self._halt_check()
-            self.kind.begin_step(rnd, step, value)
+            self.where = Where(rnd, self.kind.step_phase, step)
+            self.kind.begin_step(step, value)
             if not await self.kind.apply(value):
                 return False
             if await self._step(rnd, step, value, last):
@@ -242,4 +288,4 @@ async def _cancelled(task: asyncio.Future[Any]) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-__all__ = ["EXIT_CODES", "POLL_S", "RunOptions", "RunResult", "Runner", "_WindowStats"]
+__all__ = ["EXIT_CODES", "INTERRUPTED", "POLL_S", "Emitted", "RunResult", "Runner", "exit_code"]

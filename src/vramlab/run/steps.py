@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from vramlab.experiment.stop import StopReason
+from vramlab.run.stop import StopReason
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""The experiment's parts for the one runner (runner.py): baseline, fixed treatment steps and a
-recovery window per round, the same window each; the plan's stop conditions (``StopMonitor``,
-stop.py, the one stop engine the drill's detector uses too); its rollback commands.
+"""The experiment, a kind of run the one runner (run/runner.py) runs: baseline, fixed treatment
+steps and a recovery window per round, the same window each; the plan's stop conditions
+(``StopMonitor``, run/stop.py, the one stop engine the drill's detector uses too); its rollback
+commands.
 
 Every request and sample goes out as an event (records in small bursts, see ``RECORD_EVERY_S``).
 """
@@ -11,19 +12,11 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vramlab.experiment.baseline_check import BaselineTally
-from vramlab.experiment.events import Event
-from vramlab.experiment.parts import Where
 from vramlab.experiment.plan import Plan
-from vramlab.experiment.rollback import RollbackResult, run_rollbacks
-from vramlab.experiment.steps import FixedSteps, StepOutcome, StepStrategy
-from vramlab.experiment.stop import StopMonitor, StopReason
-from vramlab.experiment.window import Lane, WindowExecutor, request_record
 from vramlab.experiment.wiring import (
     prompts_for,
     retry_for,
@@ -36,9 +29,16 @@ from vramlab.load.prompts import Prompt, PromptMaker
 from vramlab.observe.base import Sample, Sampler, SamplerSet
 from vramlab.records import RunRecord, SampleRecord, canonical_sha256, new_run_id
 from vramlab.records.stats import percentile
+from vramlab.run.baseline_check import BaselineTally
+from vramlab.run.capacity_plan import PlanFacts, target_facts
+from vramlab.run.events import Event
+from vramlab.run.rollback import RollbackResult, run_rollbacks
+from vramlab.run.steps import FixedSteps, StepOutcome, StepStrategy
+from vramlab.run.stop import StopMonitor, StopReason
+from vramlab.run.window import Lane, WindowExecutor, request_record
 
 if TYPE_CHECKING:
-    from vramlab.experiment.runner import Runner
+    from vramlab.run.runner import Runner
 
 _SOURCES = {"gpu", "ledger", "engine", "prometheus", "host", "health", "ollama"}
 
@@ -57,9 +57,6 @@ class RunOptions:
     workers: int | None = (
         None  # load worker processes; None: one per core when the plan needs more than a core
     )
-    # called once at the start with the plan; each returns (event kind, message, data) to emit ("note": a note),
-    # e.g. the capacity plan for the target's own settings (vramlab.drill.capacity_plan, wired by cli/run.py)
-    start_hooks: list[Callable[[Plan], list[tuple[str, str, dict[str, Any]]]]] = field(default_factory=list)
 
 
 @dataclass
@@ -79,16 +76,16 @@ class _WindowStats:
 class ExperimentKind:
     """A plan's experiment: each round a baseline window, a window per treatment step, a recovery window."""
 
-    first_step = 1
-    raises = False
-    interrupted = "interrupted (Ctrl-C or SIGTERM)"
+    step_phase = "treatment"
 
-    def __init__(self, plan: Plan, options: RunOptions) -> None:
+    def __init__(self, plan: Plan, options: RunOptions | None = None) -> None:
+        options = options or RunOptions()
         self.plan = plan
         self.o = options
         self.rounds = range(1, (options.rounds or plan.rounds) + 1)
         self.strategy = options.strategy or FixedSteps(plan.change.values())
         self.monitor = StopMonitor(plan.stop_conditions, plan.wall_clock_s())
+        self.wall_clock_s = self.monitor.wall_clock_s
         self.run_id = options.run_id or new_run_id()
         self.windows = WindowExecutor()  # runs each window; the drill's parts use the same executor
         self._prompts: dict[float, list[Prompt]] = {}
@@ -146,14 +143,11 @@ class ExperimentKind:
             self.run.note(n)
         if self.o.rounds is not None and self.o.rounds < 3 and self.plan.rounds >= 3:
             self.run.note(f"rounds: {self.o.rounds} (from --rounds) is fewer than 3")
-        for hook in self.o.start_hooks:
-            try:
-                emitted = await asyncio.to_thread(hook, self.plan)
-            except Exception as exc:
-                self.run.note(f"start hook: {type(exc).__name__}: {exc}"[:300])
-                continue
-            for kind, message, data in emitted:
-                self.run.note(message) if kind == "note" else self.run.emit(kind, message, data)
+
+    def capacity_facts(self) -> PlanFacts:
+        """The target's settings for the capacity plan: its sim's, else the plan's capacity: block."""
+        tg = self.plan.target
+        return target_facts(tg.model, tg.kind, tg.sim, self.plan.capacity, tg.log_file)
 
     async def _environment(self) -> tuple[dict[str, Any], list[str]]:
         from vramlab.experiment.environment import engine_facts, gpu_facts, host_facts
@@ -213,7 +207,7 @@ class ExperimentKind:
     def steps(self) -> StepStrategy:
         return self.strategy
 
-    def begin_step(self, rnd: int, step: int, value: float) -> None:
+    def begin_step(self, step: int, value: float) -> None:
         self._outcome = None  # the treatment is the window's load shape: nothing to set before it
 
     async def apply(self, value: float) -> bool:
@@ -234,7 +228,10 @@ class ExperimentKind:
         assert self._outcome is not None, "a treatment step ended without its window's outcome"
         return self._outcome
 
-    async def after_steps(self, rnd: int, failed: bool) -> None:
+    async def steps_held(self, rnd: int) -> None:
+        pass  # a stop condition, not the steps, ends an experiment early
+
+    async def recovery(self, rnd: int, failed: bool) -> None:
         await self._phase(rnd, "recovery", 0, self.plan.baseline_value())
 
     def after_rounds(self) -> None:
@@ -242,7 +239,6 @@ class ExperimentKind:
 
     async def _phase(self, rnd: int, phase: str, step: int, value: float) -> StepOutcome:
         plan, var, n = self.plan, self.plan.change.variable, len(self.rounds)
-        self.run.where = Where(rnd, phase, step)
         if value not in self._prompts:
             self._prompts[value] = await prompts_for(plan, value, self.o.base_dir, self._maker)
         seed = (plan.fixed.input.synthetic.seed if plan.fixed.input.synthetic else 0) * 1000 + step
@@ -407,7 +403,6 @@ class ExperimentKind:
 
     # -- the end -----------------------------------------------------------------------------------
     async def rollback(self, status: str, reason: str | None) -> list[RollbackResult]:
-        self.run.where = Where()
         if not self.plan.rollback:
             return []
         env = {
