@@ -133,3 +133,26 @@ def test_a_refusal_step_counts_where_no_engine_sample_was_read() -> None:
     ]
     sat = saturation("context", plan, 512, RequestShape(None, 8, 1, False), [], reqs)
     assert sat.step_values == (256.0, 1024.0) and sat.predicted_step_value == 1024.0 and sat.steps_apart == 0
+
+
+def test_requests_waiting_with_less_room_than_one_request_is_a_full_pool() -> None:
+    # vLLM's CPU build, 40 blocks of 128 tokens, 1,548-token requests (13 blocks): three fit; at 4 the fourth
+    # waits with the pool 95 % used (the rest fits no request), though usage never reached 98 %
+    plan = {"engine": "vllm", "block_size": 128, "settings": {"max_num_seqs": 8}}
+    shape = RequestShape(1500, 48, 1, True)
+    steps = [
+        StepSignals(1, 1, 1.0, 0.31, False, False),
+        StepSignals(1, 2, 2.0, 0.64, False, True),  # a moment's queue with room for one more: not full
+        StepSignals(1, 3, 4.0, 0.95, False, True),
+        StepSignals(1, 4, 8.0, 0.95, False, True),
+    ]
+    sat = saturation("concurrency", plan, 5120, shape, steps, [])
+    assert sat.binding == "pool" and sat.predicted_step_value == 4.0
+    assert sat.kv_full is not None and (sat.kv_full.value, sat.kv_full.step) == (4.0, 3), sat.kv_full
+    assert "95% of the pool in use" in sat.kv_full.detail and "1,664-token request" in sat.kv_full.detail
+    assert sat.observed == sat.kv_full and sat.steps_apart == 0
+    # the same usage with nothing waiting is no full pool; llama.cpp's cells are no pool to wait for
+    idle = [StepSignals(1, 3, 4.0, 0.95, False, False)]
+    assert saturation("concurrency", plan, 5120, shape, idle, []).kv_full is None
+    slots = {"engine": "llama.cpp", "settings": {"parallel": 4}}
+    assert saturation("concurrency", slots, 5120, shape, steps, []).kv_full is None

@@ -168,7 +168,8 @@ def blocks(ctx: ReportContext) -> list[Block]:
             Bullets(
                 [
                     f"Predicted saturation: {s.variable} {pred} ({s.predicted_basis})",
-                    f"Observed: KV usage at 98 % or more: {_seen(s.variable, s.kv_full)}; first preemption: "
+                    f"Observed: the pool full (KV usage at 98 % or more, or requests waiting with less room than one "
+                    f"request): {_seen(s.variable, s.kv_full)}; first preemption: "
                     f"{_seen(s.variable, s.preemption)}; requests queued for most of a window: "
                     f"{_seen(s.variable, s.queueing)}; requests refused for their length: "
                     f"{_seen(s.variable, s.refusal)}",
