@@ -401,7 +401,7 @@ def test_drill_kills_and_hangs_the_engine_and_the_vllm_target_stops_its_group(en
         if ev.kind == "step" and ev.data.get("step") == step and len(acted) == (ev.round or 0):
             asyncio.get_running_loop().call_later(1.5 if not acted else 1.0, act)
 
-    t = time.monotonic()
+    t, started_epoch = time.monotonic(), time.time()  # a segment's mtime is wall-clock time
     try:
         result = asyncio.run(asyncio.wait_for(run_drill_kind(runner, store, subscribers=[on_event]), 1100))
     finally:
@@ -424,7 +424,11 @@ def test_drill_kills_and_hangs_the_engine_and_the_vllm_target_stops_its_group(en
     assert log.count("CPU KV cache size") >= 3, "three start-ups: the first and two restarts"
     for name in re.findall(r"file:///tmp/(vllm_dist_[0-9a-f]+)", log):
         assert not Path("/tmp", name).exists(), name  # each start's rendezvous file is cleaned
-    assert not [p for p in Path("/dev/shm").glob("psm_*") if p.stat().st_mtime >= t and not _mapped(p)]
+    # the segments vLLM made during the drill and no process maps (older ones, another server's, are not ours)
+    left = [
+        p for p in Path("/dev/shm").glob("psm_*") if p.stat().st_mtime >= started_epoch and not _mapped(p)
+    ]
+    assert not left, left
     from vramlab.analysis.incident import analyse
 
     inc = analyse(store.requests(rid), store.samples(rid), events, p95_tolerance=50)
