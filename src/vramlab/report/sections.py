@@ -8,6 +8,9 @@ the report never imports the drill). Other code adds its own with `register`:
     from vramlab.report.sections import Section, register
     register(Section("incident", "Incident", order=25, applies=lambda ctx: ctx.run.kind == "drill",
                      build=my_blocks, data=my_json))
+
+The answer comes first (`answer.py`, order 1: the verdict, plan against measured, the key chart);
+sections marked `appendix` (the plan as run, the environment) come last, whatever their order.
 """
 
 from __future__ import annotations
@@ -71,6 +74,9 @@ class Section:
     order: float = 100
     applies: Callable[[ReportContext], bool] = _always
     data: Callable[[ReportContext], Any] | None = None  # JSON-ready; None: the JSON report skips it
+    # Reference a reader looks up rather than reads (the plan as run, the environment): rendered
+    # after every other section, under an "Appendix" heading, whatever its order.
+    appendix: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,7 @@ class RenderedSection:
     title: str
     blocks: list[Block]
     data: Any = None
+    appendix: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,8 @@ def _load_builtins() -> None:
         return
     _builtins_loaded = True
     # Imported here, not at the top: each of them imports this module to register its sections.
+    import vramlab.report.answer
+    import vramlab.report.charts
     import vramlab.report.colocation
     import vramlab.report.composition
     import vramlab.report.core_sections
@@ -116,18 +125,19 @@ def _load_builtins() -> None:
 
 
 def build_document(ctx: ReportContext) -> Document:
+    """The sections that apply, in order: the answer first, the appendix sections last."""
     run = ctx.run
     state = "" if ctx.analysis.complete else " (incomplete)"
     doc = Document(
         title=f"vramlab {run.kind} {run.run_id}: {run.name}",
         subtitle=f"status {run.status}{state}",
     )
-    for section in registered():
+    for section in sorted(registered(), key=lambda s: s.appendix):  # stable: order kept within each part
         if not section.applies(ctx):
             continue
         blocks = section.build(ctx)
         if not blocks:
             continue
         data = section.data(ctx) if section.data is not None else None
-        doc.sections.append(RenderedSection(section.id, section.title, blocks, data))
+        doc.sections.append(RenderedSection(section.id, section.title, blocks, data, section.appendix))
     return doc
