@@ -133,7 +133,7 @@ def _measure(run_id: str, windows: list[tuple[str, float, float]], **kw: int) ->
     )
 
 
-def _est(m, g, s, c):  # type: ignore[no-untyped-def]
+def _est(m, g, s, c):
     return estimate(m, g, s, c, with_suggestions=False)
 
 
