@@ -53,7 +53,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 out, words, shape = Path(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
 vocab = {w: i for i, w in enumerate(dict.fromkeys(words))}
 tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-tok.pre_tokenizer = pre_tokenizers.Whitespace()
+# digits one by one: the prompts' heads ("#2-07:") differ in their tokens, so no two prompts share a prefix
+tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)])
 tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
 out.mkdir(parents=True, exist_ok=True)
 tok.save(str(out / "tokenizer.json"))

@@ -190,10 +190,15 @@ def test_nothing_to_learn_says_what_was_measured_and_why_it_informs_no_constant(
         {"weights_bytes": float(500 << 20), "kv_cache_bytes": float(48 << 20)},
         {},
         ("round 1 baseline",),
-        host_runtime_bytes=70 << 20,
     )
     cal = calibrate_runs([m], [], lambda s, g, st, c: estimate(s, g, st, c, with_suggestions=False))
     assert not cal.fitted_any
     said = " ".join(cal.not_fitted)
     assert "run r1 measured kv_cache, resident_model, weights" in said and "none of these depends" in said
-    assert "no start-up log" not in said and "CPU runtime: measured run r1 70.0 MiB" in said
+    assert "no start-up log" not in said
+    # planned on the host with no reading of its runtime: why, said beside it
+    import dataclasses
+
+    host = dataclasses.replace(m, host=True, runtime_how={"none": "no reading of the server's process tree"})
+    cal = calibrate_runs([host], [], lambda s, g, st, c: estimate(s, g, st, c, with_suggestions=False))
+    assert "llama.cpp CPU runtime: run r1: no reading of the server's process tree" in cal.not_fitted

@@ -207,3 +207,55 @@ def test_a_health_blip_that_passed_before_the_failure_is_not_t0():
         d.on_result(t, False, 0, "timeout", "no complete answer within 2 s", 2000.0)
     assert d.failure() is not None
     assert d.first_evidence_s() == 10.7
+
+
+def _hanging(grace: float = 2.0) -> Detector:
+    d = _det()
+    d.hang_grace_s = grace
+    d.on_result(1.0, True, 200, None, None)
+    d.on_health(1.2, True, 200)
+    return d
+
+
+def test_a_hang_is_found_from_health_and_no_progress_before_any_request_times_out():
+    d = _hanging()
+    d.on_clock(1.5, 1.5, in_flight=4)
+    d.on_health(2.0, False, 0)  # SIGSTOPped: the probe times out
+    d.on_clock(3.9, 3.9, in_flight=4)
+    assert d.failure() is None  # within the grace
+    d.on_clock(4.1, 4.1, in_flight=4)
+    f = d.failure()
+    assert f is not None and f.kind == "hang" and f.source == "health", f
+    assert "none of the 4 request(s) in flight answered" in f.message and "process is alive" in f.message
+    assert d.failure_mode() == "hang" and d.evidence()[0].startswith("health at 4.10 s")
+    assert d.first_evidence_s() == 2.0  # T0: when health began failing, not when the grace ran out
+
+
+def test_no_hang_while_requests_still_end_nothing_in_flight_or_the_process_exited():
+    progress = _hanging()
+    progress.on_health(2.0, False, 0)
+    progress.on_result(3.0, True, 200, None, None)  # a slow health probe, but answers come back
+    progress.on_clock(4.5, 4.5, in_flight=2)
+    assert progress.failure() is None
+    idle = _hanging()
+    idle.on_health(2.0, False, 0)
+    idle.on_clock(5.0, 5.0, in_flight=0)  # nothing asked of it: no request can show a hang
+    assert idle.failure() is None
+    off = _det()  # no grace given (a detector outside a drill): only the stop engine and the findings
+    off.on_health(2.0, False, 0)
+    off.on_clock(30.0, 30.0, in_flight=4)
+    assert off.failure() is None
+    dead = _hanging()
+    dead.on_health(2.0, False, 0)
+    dead.on_process(2.5, False, -9)
+    dead.on_clock(5.0, 5.0, in_flight=4)
+    f = dead.failure()
+    assert f is not None and f.kind == "process_exit"  # the exit, not a hang
+    back = _hanging()
+    back.on_health(2.0, False, 0)
+    back.on_health(3.0, True, 200)  # health came back: the clock restarts at the next failure
+    back.on_health(3.5, False, 0)
+    back.on_clock(5.0, 5.0, in_flight=4)
+    assert back.failure() is None
+    back.on_clock(5.6, 5.6, in_flight=4)
+    assert some(back.failure()).kind == "hang"

@@ -9,6 +9,7 @@ drill checks that the waits between a request's attempts grow and stay inside th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +135,63 @@ def test_hang_is_named_detected_not_recovered_and_rolled_back(tmp_path):
         assert max(ws) <= full + slack_s, (attempt, ws)
     means = [sum(waits[a]) / len(waits[a]) for a in (0, 1, 2)]
     assert means[0] < means[1] < means[2], means
+
+
+def test_a_sigstopped_target_is_found_hung_from_health_before_any_request_times_out(tmp_path):
+    # the sim is SIGSTOPped mid-step: its socket accepts, nothing answers, /health too. The requests' own
+    # timeout (60 s) never fires inside the drill: the hang is found from health failing for the liveness
+    # grace while the requests in flight make no progress; they are stored as timeouts at the hang, counted
+    # lost at T0, and the supervisor restarts the stopped sim (SIGKILL at once)
+    import os
+    import signal
+    import time
+
+    from vramlab.drill.local_targets import SimTarget
+
+    doc = _doc(tmp_path)
+    doc["target"]["sim"]["extra_args"] = []
+    doc["load"] = {**doc["load"], "request_timeout_s": 60.0, "retry": {"policy": "none"}, "max_tokens": 32}
+    doc["ramp"] = {**doc["ramp"], "step_s": 4.0}
+    doc["stop_conditions"]["wall_clock_s"] = 90
+    doc["recovery"] = {"mode": "auto", "limit_s": 30, "observe_s": 0.5, "liveness_grace_s": 1.5}
+    store = open_store(str(tmp_path / "s.db"))
+    runner = DrillKind(parse_plan(doc), store)
+    stopped: list[int] = []
+
+    def hang() -> None:
+        target = runner.target
+        assert isinstance(target, SimTarget) and target._proc is not None
+        stopped.append(target._proc.pid)
+        os.kill(stopped[0], signal.SIGSTOP)
+
+    def on_event(ev: Any) -> None:
+        if ev.kind == "step" and ev.data.get("step") == 2 and not stopped:
+            asyncio.get_running_loop().call_later(1.0, hang)
+
+    t = time.monotonic()
+    try:
+        result = asyncio.run(asyncio.wait_for(run_drill_kind(runner, store, subscribers=[on_event]), 90))
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+    took = time.monotonic() - t
+    assert stopped and result.failed_rounds == [0] and result.unrecovered_rounds == [], result
+    rid = runner.run_id
+    events, requests = store.events(rid), store.requests(rid)
+    fault = next(e for e in events if e.kind == "fault")
+    assert fault.data["value"] == 8 and fault.data["mode"] == "hang", fault.data  # the step it hung in
+    detect = next(e for e in events if e.kind == "detect")
+    assert detect.data["condition"] == "hang" and "in flight answered" in detect.message, detect.message
+    assert took < 60, took  # never waited for the 60 s request timeout
+    inc = analyse(requests, store.samples(rid), events, p95_tolerance=50)
+    assert inc.failure_mode == "hang" and inc.recovery.recovered, (inc.failure_mode, inc.recovery)
+    t0 = some(inc.t0_s)
+    lost = [r for r in requests if some(r.sent_s) <= t0 + 1e-9 and some(r.end_s) >= t0 - 1e-9 and not r.ok]
+    assert lost and all(r.error_class == "timeout" and r.phase == "ramp" for r in lost), lost[:3]
+    assert all("the target hung" in (r.error or "") for r in lost)
+    assert not any(r.error_class == "cancelled" and r.phase == "ramp" for r in requests)
+    assert inc.impact.in_flight_lost == len(lost)
+    restart = next(e for e in events if e.kind == "mitigation")
+    assert "SIGKILL at once" in restart.message, restart.message

@@ -285,6 +285,10 @@ def test_host_sampler_counts_the_targets_children_and_follows_a_restart() -> Non
                 break
             time.sleep(0.2)
         assert smp.value > 40 << 20 and smp.labels == {"pid": str(procs[0].pid), "processes": "2"}
+        # each process of the tree on its own too, named as the kernel shows it (vLLM's "VLLM::Worker")
+        each = [x for x in s.read() if x.name == "host.process_rss_bytes"]
+        assert len(each) == 2 and each[0].labels == {"pid": str(procs[0].pid), "name": "sh"}
+        assert each[1].labels["name"].startswith("python") and each[1].value > 40 << 20
         current[0] = procs[1].pid  # the drill restarted the target: a new pid
         smp = next(x for x in s.read() if x.name == "host.target_rss_bytes")
         assert smp.labels["pid"] == str(procs[1].pid)

@@ -13,8 +13,11 @@ Predicted, per engine (the plan's `engine` and settings):
 - transformers serve without continuous batching answers one request at a time: a second waits.
   It has no pool: a longer context needs more memory until the card runs out (no prediction).
 
-Observed, from what the engine shows, per step: KV usage at 98 % or more, its preemption counter
-rising, requests waiting for most of the window, and requests refused for their length (the
+Observed, from what the engine shows, per step: the pool full (KV usage at 98 % or more, or requests
+waiting for most of the window while the usage left less free than one of the step's requests takes:
+vLLM admits a waiting request only once its blocks can be allocated, vllm/v1/core/sched/scheduler.py
+`schedule` at 0.32.0, so a pool with less room than a request is full to the next one), its preemption
+counter rising, requests waiting for most of the window, and requests refused for their length (the
 engines' words: vLLM "maximum context length", llama-server "exceeds the available context size",
 llama-cpp-python "exceed context window", TGI "must be <=", SGLang "longer than the model's context
 length"). Each hit names its step, value and round. Pure: reads records and the plan's JSON.
@@ -38,6 +41,7 @@ CONTEXT_REFUSAL = re.compile(
 )
 QUEUE_LIMITS = ("slots", "max_num_seqs", "serial")  # binding limits that queue requests, not fill a pool
 STEP_PHASES = ("treatment", "ramp")
+UNPAGED = ("llama.cpp", "transformers")  # a request waits for a slot or its turn here, never for pool room
 
 
 @dataclass(frozen=True)
@@ -68,10 +72,31 @@ class Saturation:
     predicted_value: float | None  # the variable's value at which the binding limit is reached
     predicted_basis: str
     binding: str  # "pool", "slots", "max_num_seqs", "serial", "context" or "" (none predicted)
-    kv_full: Hit | None  # KV usage >= 98 %
+    kv_full: Hit | None  # KV usage >= 98 %, or requests waiting with less room than one request
     preemption: Hit | None  # the engine's preemption counter rose
     queueing: Hit | None  # requests waiting for most of the window
     refusal: Hit | None  # requests refused for their length (a context beyond what the engine holds)
+    step_values: tuple[float, ...] = ()  # the ramp's values, in order (what "one step apart" counts in)
+
+    @property
+    def predicted_step_value(self) -> float | None:
+        """The first step at or past the predicted value: where the plan says the engine shows its limit
+        (a pool full at that load, or past it a preemption, a queue, a refusal). None when the predicted
+        value is beyond the last step or there is none."""
+        if self.predicted_value is None:
+            return None
+        return next((v for v in self.step_values if v >= self.predicted_value), None)
+
+    @property
+    def steps_apart(self) -> int | None:
+        """How many steps lie between the predicted step and the observed one (0: the same step); None
+        when either is missing. A limit predicted beyond the ramp and never seen agrees (0)."""
+        seen, pred = self.observed, self.predicted_step_value
+        if seen is None and pred is None and self.predicted_value is not None and self.step_values:
+            return 0
+        if seen is None or pred is None or seen.value not in self.step_values:
+            return None
+        return abs(self.step_values.index(seen.value) - self.step_values.index(pred))
 
     @property
     def observed(self) -> Hit | None:
@@ -136,8 +161,7 @@ def predict(
             return float(slots), f"{slots} slot(s) (--parallel): a request beyond them waits for one", "slots"
         if not pool_tokens or prompt is None:
             return None, "no KV pool known", ""
-        block = int(plan.get("block_size") or 1) if engine != "llama.cpp" else 1
-        per_req = -(-(prompt + output) // block) * block
+        per_req = request_tokens(plan, prompt, output)
         pred = float(pool_tokens // per_req)
         basis = f"{int(pool_tokens):,} pool tokens / {per_req:,} tokens a request ({sized})"
         seqs = settings.get("max_num_seqs")
@@ -176,6 +200,36 @@ def predict(
     return None, f"{variable} does not fill the KV pool by itself", ""
 
 
+def request_tokens(plan: dict[str, Any] | None, prompt: float, output: int) -> int:
+    """The pool tokens one request holds at its end: prompt and output in whole pool blocks."""
+    plan = plan or {}
+    block = int(plan.get("block_size") or 1) if plan.get("engine") not in UNPAGED else 1
+    return int(-(-(int(prompt) + output) // block) * block)
+
+
+def _pool_full(
+    s: StepSignals, variable: str, plan: dict[str, Any] | None, pool_tokens: int | None, shape: RequestShape
+) -> str | None:
+    """Why the step's pool counts as full (its detail), or None: usage at 98 % or more, or requests queued
+    while the free share was less than one of the step's requests (the engine admits none then)."""
+    usage = s.kv_usage_max
+    if usage is None:
+        return None
+    if usage >= SATURATED:
+        return ""
+    prompt = s.value if variable in ("prompt_tokens", "context") else shape.prompt_tokens
+    paged = str((plan or {}).get("engine") or "") not in UNPAGED  # cells up front, or no pool at all
+    if not (paged and s.queued and pool_tokens and prompt):
+        return None
+    need = request_tokens(plan, prompt, shape.output_tokens or 0)
+    if (1 - usage) * pool_tokens < need:
+        return (
+            f"requests waited with {usage:.0%} of the pool in use: less room than one "
+            f"{need:,}-token request holds"
+        )
+    return None
+
+
 def refusals(requests: Sequence[RequestRecord]) -> Hit | None:
     """The first step (lowest value) where a request was refused for its length, in the engine's words."""
     by_step: dict[tuple[float, int, int | None], list[RequestRecord]] = {}
@@ -201,14 +255,11 @@ def saturation(
     pred, basis, binding = predict(variable, plan, pool_tokens, shape)
     first: dict[str, Hit | None] = {"kv_full": None, "preemption": None, "queueing": None}
     for s in sorted(steps, key=lambda s: (s.value, s.round)):
-        seen = {
-            "kv_full": s.kv_usage_max is not None and s.kv_usage_max >= SATURATED,
-            "preemption": s.preempted,
-            "queueing": s.queued,
-        }
+        full = _pool_full(s, variable, plan, pool_tokens, shape)
+        seen = {"kv_full": full is not None, "preemption": s.preempted, "queueing": s.queued}
         for k, hit in seen.items():
             if hit and first[k] is None:
-                first[k] = Hit(s.value, s.round, s.step)
+                first[k] = Hit(s.value, s.round, s.step, (full or "") if k == "kv_full" else "")
     return Saturation(
         variable,
         pred,
@@ -218,7 +269,13 @@ def saturation(
         first["preemption"],
         first["queueing"],
         refusals(requests),
+        tuple(sorted({s.value for s in steps} | _request_steps(requests))),
     )
+
+
+def _request_steps(requests: Sequence[RequestRecord]) -> set[float]:
+    """The step values the requests were sent at (a step with no engine sample still counts)."""
+    return {r.step_value for r in requests if r.phase in STEP_PHASES and r.step_value is not None}
 
 
 __all__ = [
@@ -228,5 +285,6 @@ __all__ = [
     "Saturation",
     "StepSignals",
     "request_shape",
+    "request_tokens",
     "saturation",
 ]

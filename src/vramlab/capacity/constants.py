@@ -24,8 +24,6 @@ class Constant:
     fixed: str | None = None
 
 
-_HOST_READING = "no start-up log prints it: a host reading of the process (its resident set) measures it"
-
 _DEFAULTS: dict[str, Constant] = {
     # vLLM V1 profiles the sampler on max_num_seqs dummy sequences: fp32 logits and a few
     # same-sized temporaries (probs, logprobs, sort buffers) over the whole vocabulary.
@@ -132,19 +130,21 @@ _DEFAULTS: dict[str, Constant] = {
     # here (psutil RSS, process tree) with a tiny model, so weights and KV are a few MiB of it. vLLM 0.32.0's CPU
     # build: the worker 644 MiB (the automatic pool's budget charges it), the API server 616 MiB + the engine core
     # 593 MiB + a resource tracker 12 MiB; llama-cpp-python 0.3.36's server 74-76 MiB with a 1.5 MiB model.
+    # No start-up log prints them: `vramlab calibrate RUN` fits them to a run's host readings of the processes
+    # (analysis/host_runtime.py), one reading a window.
     "vllm_cpu_worker_runtime_bytes": Constant(
-        630 * MIB, 0.3, "vLLM 0.32.0 CPU worker resident set, tiny model", fixed=_HOST_READING
+        630 * MIB, 0.3, "vLLM 0.32.0 CPU worker resident set, tiny model"
     ),
     "vllm_cpu_frontend_runtime_bytes": Constant(
-        1220 * MIB, 0.3, "vLLM 0.32.0 CPU API server + engine core resident sets", fixed=_HOST_READING
+        1220 * MIB, 0.3, "vLLM 0.32.0 CPU API server + engine core resident sets"
     ),
     "llamacpp_cpu_runtime_bytes": Constant(
-        72 * MIB, 0.5, "llama-cpp-python 0.3.36 server resident set less its buffers", fixed=_HOST_READING
+        72 * MIB, 0.5, "llama-cpp-python 0.3.36 server resident set less its buffers"
     ),
     # transformers serve on the CPU: Python, torch, transformers and the HTTP server (0.73 GiB beyond the
     # parameters in a run of transformers 5.25's `transformers serve`)
     "transformers_cpu_runtime_bytes": Constant(
-        0.73 * GIB, 0.4, "transformers serve 5.25 resident set beyond the parameters", fixed=_HOST_READING
+        0.73 * GIB, 0.4, "transformers serve 5.25 resident set beyond the parameters"
     ),
     # transformers: eager forward at prefill keeps several hidden-sized activations per token.
     "hf_activation_hidden_copies": Constant(

@@ -11,9 +11,17 @@ measurements inform:
   the CUDA context (the plan's), is the non-torch memory the profile charged. A run cannot tell
   those parts apart; the rest of the overhead is charged to the non-torch constant, and said so.
 
+- a CPU engine's runtime terms (vLLM's CPU worker and its front end, llama.cpp's server process),
+  from the host's readings of its processes, one reading a window (analysis/host_runtime.py): each
+  window is one observation of the same terms under that window's load. These terms depend on no
+  setting the plan has (a constant add-on for an engine build on a host), so one run of one
+  configuration informs them: its windows are repeated readings of the terms, enough for the points a
+  constant needs. The fitted value is the windows' robust centre; the band their spread.
+
 The activation workspace a run sees is what its heaviest step needed: a lower bound of the
 profiled peak, so it is reported, never fitted. The fit itself is `capacity.calibration.fit`,
-one case per run. Pure: the caller reads the store and resolves the models.
+one case per run (and one per window for the runtime terms). Pure: the caller reads the store and
+resolves the models.
 """
 
 from __future__ import annotations
@@ -29,7 +37,10 @@ from vramlab.capacity.gpus import GPU
 from vramlab.capacity.settings import EngineSettings
 from vramlab.capacity.spec import ModelSpec
 
+MIB = 1 << 20
+
 FIGURES = ("resident_model", "kv_cache", "runtime_overhead", "peak")
+RUNTIME_FIGURES = ("runtime", "api_server")  # a CPU engine's runtime terms, as the plan names its components
 _LOG_FIELDS = ("activation_peak_bytes", "cuda_graph_bytes", "non_torch_bytes", "init_non_torch_bytes")
 _LOG_WORDS = {("llama.cpp", "activation_peak_bytes"): "compute buffer"}  # what the engine calls the field
 
@@ -48,8 +59,13 @@ class RunMeasure:
     startup_fields: dict[str, float]  # plan-JSON field -> value, from the start-up log
     evidence: dict[str, str]  # figure -> where it was measured (the report's sources)
     rows: tuple[str, ...]  # the windows and readings the figures come from
-    # a CPU engine: the host reading at rest less the buffers its start-up log printed (its runtime)
-    host_runtime_bytes: int | None = None
+    host: bool = False  # planned on the host: the host's readings are the plan's device
+    resident_parts: tuple[str, ...] = ("weights",)  # the plan's components the measured resident model holds
+    # a CPU engine's runtime per window: (window, its own runtime bytes, its front end's bytes or None)
+    runtime_windows: tuple[tuple[str, int, int | None], ...] = ()
+    # how those readings were derived, per observed field ("runtime_bytes", "api_server_bytes"); "none": why
+    # a run planned on the host gave none
+    runtime_how: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -97,17 +113,21 @@ class RunCalibration:
 Estimator = Callable[[ModelSpec, GPU, EngineSettings, Constants | None], Estimate]
 
 
-def predicted_figures(est: Estimate) -> dict[str, int]:
-    """The four figures the composition report compares: weights, KV pool, the rest, their sum."""
+def predicted_figures(est: Estimate, resident_parts: Sequence[str] = ("weights",)) -> dict[str, int]:
+    """The four figures the composition report compares: the resident model (the weights, and a CPU
+    engine's runtime terms where the measured one is a host reading after load), KV pool, the rest,
+    their sum; and the runtime terms themselves."""
     comps = {c.name: c.bytes for c in est.components}
-    weights, kv = comps.get("weights", 0), comps.get("kv_cache", 0)
+    resident, kv = sum(comps.get(n, 0) for n in resident_parts), comps.get("kv_cache", 0)
     total = sum(comps.values())
-    return {
-        "resident_model": weights,
+    out = {
+        "resident_model": resident,
         "kv_cache": kv,
-        "runtime_overhead": total - weights - kv,
+        "runtime_overhead": total - resident - kv,
         "peak": total,
     }
+    out.update({n: comps[n] for n in RUNTIME_FIGURES if n in comps})
+    return out
 
 
 def observed_fields(m: RunMeasure, est: Estimate) -> tuple[dict[str, float], dict[str, str]]:
@@ -149,24 +169,26 @@ def calibrate_runs(
     base, fits, changes, not_fitted = Constants.defaults(), list[Fit](), list[Change](), list[str]()
     for engine in sorted({m.engine for m in measures}):
         mine = [m for m in measures if m.engine == engine]
-        cases, how_all = [], {}
+        cases, how_all, run_of = [], {}, {}
         for m in mine:
             obs, how = observed_fields(m, estimator(m.model, m.gpu, m.settings, base))
             how_all.update({(m.run_id, k): v for k, v in how.items()})
-            if obs:
-                cases.append(Case(m.run_id, m.model, m.gpu, m.settings, obs))
-        not_fitted += runtime_notes(engine, mine, base)
+            mine_cases = ([Case(m.run_id, m.model, m.gpu, m.settings, obs)] if obs else []) + runtime_cases(m)
+            cases += mine_cases
+            run_of.update({c.label: m.run_id for c in mine_cases})
+            how_all.update(runtime_evidence(m))
+        not_fitted += runtime_notes(engine, mine)
         if not cases:
             not_fitted.append(f"{engine}: {_nothing_informs(mine)}")
             continue
         f = _fit_to_convergence(cases, engine, base, min_points)
         fits.append(f)
         for c in f.fitted:
-            runs = tuple(cs.label for cs in cases if c.target in cs.observed)
+            runs = tuple(dict.fromkeys(run_of[cs.label] for cs in cases if c.target in cs.observed))
             ev = "; ".join(how_all[(r, c.target)] for r in runs if (r, c.target) in how_all)
             changes.append(Change(c.name, c.target, c.default, c.value, ev, runs))
         not_fitted += [f"{r.name}: {r.reason}" for r in f.refused]
-    act = [m for m in measures if "activation_peak_bytes" not in m.startup_fields]
+    act = [m for m in measures if "activation_peak_bytes" not in m.startup_fields and not m.host]
     if act:
         not_fitted.append(
             "activation peak: not fitted from the runs' readings: a run sees the workspace its "
@@ -206,30 +228,40 @@ def calibrate_runs(
     )
 
 
-# The CPU runtime term a host reading informs, per engine, where the capacity model has one.
-RUNTIME_CONSTANTS = {
-    "llama.cpp": "llamacpp_cpu_runtime_bytes",
-    "transformers": "transformers_cpu_runtime_bytes",
-    "vllm": "vllm_cpu_frontend_runtime_bytes",
-}
+# A CPU engine's runtime figures, by the plan's component, as the fit names their observations.
+RUNTIME_FIELDS = {"runtime": "runtime_bytes", "api_server": "api_server_bytes"}
 
 
-def runtime_notes(engine: str, mine: Sequence[RunMeasure], base: Constants) -> list[str]:
-    """What the runs measured of a CPU engine's runtime (the host reading at rest less the buffers
-    its log printed): said, with the constant it would inform, never silently dropped."""
-    seen = [(m.run_id, m.host_runtime_bytes) for m in mine if m.host_runtime_bytes]
-    if not seen:
-        return []
-    name = RUNTIME_CONSTANTS.get(engine, f"{engine}_cpu_runtime_bytes")
-    figures = ", ".join(f"run {r} {b / (1 << 20):.1f} MiB" for r, b in seen)
-    where = (
-        f"{name} is {base[name] / (1 << 20):.1f} MiB, held fixed (a host reading is its only source)"
-        if name in base.values
-        else f"this release's capacity model has no {name} to set"
-    )
+def runtime_cases(m: RunMeasure) -> list[Case]:
+    """One case a window for a CPU engine's runtime terms (its own process's, its front end's)."""
+    out = []
+    for window, own, front in m.runtime_windows:
+        obs = {"runtime_bytes": float(own)}
+        if front is not None:
+            obs["api_server_bytes"] = float(front)
+        out.append(Case(f"{m.run_id} {window}", m.model, m.gpu, m.settings, obs))
+    return out
+
+
+def runtime_evidence(m: RunMeasure) -> dict[tuple[str, str], str]:
+    """What the run's window readings say of each runtime term, keyed as `observed_fields`' evidence."""
+    out = {}
+    for i, field_name in ((1, "runtime_bytes"), (2, "api_server_bytes")):
+        vals = sorted(int(v) for w in m.runtime_windows if (v := w[i]) is not None)
+        if vals:
+            out[(m.run_id, field_name)] = (
+                f"run {m.run_id}: {len(vals)} window(s), {vals[0] / MIB:,.1f}-{vals[-1] / MIB:,.1f} MiB "
+                f"(middle {vals[len(vals) // 2] / MIB:,.1f} MiB): {m.runtime_how.get(field_name, '')}"
+            )
+    return out
+
+
+def runtime_notes(engine: str, mine: Sequence[RunMeasure]) -> list[str]:
+    """A run planned on the host whose readings gave no runtime figure: why, never silently dropped."""
     return [
-        f"{engine} CPU runtime: measured {figures} (host reading at rest less the model, KV and compute "
-        f"buffers its start-up log printed); {where}"
+        f"{engine} CPU runtime: run {m.run_id}: {m.runtime_how['none']}"
+        for m in mine
+        if m.host and not m.runtime_windows and m.runtime_how.get("none")
     ]
 
 
@@ -284,10 +316,10 @@ def _errors(
             estimator(m.model, m.gpu, m.settings, before),
             estimator(m.model, m.gpu, m.settings, after),
         )
-        b, a = predicted_figures(est_b), predicted_figures(est_a)
-        for fig in FIGURES:
+        b, a = predicted_figures(est_b, m.resident_parts), predicted_figures(est_a, m.resident_parts)
+        for fig in (*FIGURES, *RUNTIME_FIGURES):
             got = m.measured.get(fig)
-            if got:
+            if got and b.get(fig) and a.get(fig):  # a figure the plan has no term for teaches nothing here
                 out.append(FigureError(m.run_id, fig, got, b[fig], a[fig]))
         fb, fa = predicted_fields(est_b), predicted_fields(est_a)
         for key in _LOG_FIELDS:

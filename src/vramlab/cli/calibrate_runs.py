@@ -86,7 +86,8 @@ def _measure(ctx: Any, comp: Any, notes: list[str]) -> Any:
             + (f" ({notes[-1]})" if notes else "")
         )
     heaviest = max(measured_rows, key=lambda r: r.figure("peak").measured_bytes) if measured_rows else None
-    measured, evidence, rows = heaviest_figures(heaviest, usable)
+    host = bool(comp.plan and comp.plan.get("gpu") == "cpu")
+    measured, evidence, rows = heaviest_figures(heaviest, usable, host)
     differs = {k: v for k, v in printed.items() if planned.get(k) != v}
     if differs:
         said = ", ".join(f"{k} {v}" for k, v in sorted(differs.items()))
@@ -97,15 +98,16 @@ def _measure(ctx: Any, comp: Any, notes: list[str]) -> Any:
     w = startup_doc.get("weights_bytes") or measured.get("resident_model")
     pool = measured.get("kv_cache")
     rest = None
-    if (
-        comp.rest_bytes is not None
-        and w
-        and pool
-        and heaviest is not None
-        and not heaviest.figure("peak").host_memory
-    ):
+    if comp.rest_bytes is not None and w and pool and heaviest is not None and not host:
         if usable("device at rest", comp.rest_bytes):
             rest = _at_rest(comp.rest_bytes, int(w), pool, rid, notes, rows)
+    windows, how = runtime_windows(ctx.samples, comp, startup, settings.engine) if host else ((), {})
+    if heaviest is not None:
+        at = next((x for x in windows if x[0] == window_label(heaviest)), None)
+        measured.update(
+            {"runtime": at[1], **({"api_server": at[2]} if at[2] is not None else {})} if at else {}
+        )
+    resident_src = heaviest.figure("resident_model").source if heaviest is not None else ""
     return RunMeasure(
         rid,
         settings.engine,
@@ -117,7 +119,20 @@ def _measure(ctx: Any, comp: Any, notes: list[str]) -> Any:
         startup,
         evidence,
         tuple(rows),
-        host_runtime(comp, heaviest, startup),
+        host,
+        ("weights", "runtime", "api_server")
+        if host and resident_src.startswith("host memory")
+        else ("weights",),
+        windows,
+        how,
+    )
+
+
+def window_label(row: Any) -> str:
+    return (
+        f"round {row.round} {row.phase} {row.step_value:g}"
+        if row.step_value is not None
+        else (f"round {row.round} {row.phase}")
     )
 
 
@@ -155,9 +170,11 @@ def _at_rest(
     return rest_bytes - weights - pool
 
 
-def heaviest_figures(heaviest: Any, usable: Any = None) -> tuple[dict[str, int], dict[str, str], list[str]]:
-    """The figures measured at the run's heaviest window (a device's: a host reading is no card's)
-    that pass *usable*, their sources, and the window's line."""
+def heaviest_figures(
+    heaviest: Any, usable: Any = None, host: bool = False
+) -> tuple[dict[str, int], dict[str, str], list[str]]:
+    """The figures measured at the run's heaviest window (a device's; a host reading only where the plan
+    is for the host: it is no card's) that pass *usable*, their sources, and the window's line."""
     from vramlab.capacity.run_calibration import FIGURES
 
     measured: dict[str, int] = {}
@@ -166,24 +183,62 @@ def heaviest_figures(heaviest: Any, usable: Any = None) -> tuple[dict[str, int],
         return measured, evidence, []
     for name in FIGURES:
         fig = heaviest.figure(name)
-        if fig.measured_bytes is not None and not fig.host_memory and (usable is None or usable(name, fig)):
+        if (
+            fig.measured_bytes is not None
+            and (host or not fig.host_memory)
+            and (usable is None or usable(name, fig))
+        ):
             measured[name], evidence[name] = int(fig.measured_bytes), fig.source
     h = heaviest
     return measured, evidence, [f"round {h.round} {h.phase} {h.step_value} ({h.start_s:.1f}-{h.end_s:.1f} s)"]
 
 
-def host_runtime(comp: Any, heaviest: Any, startup: dict[str, float]) -> int | None:
-    """A CPU engine's runtime: its process tree's RSS at rest (before the first request) less the
-    model, KV and compute buffers its start-up log printed; None where any of them is unknown."""
-    if heaviest is None or not heaviest.figure("peak").host_memory or comp.rest_bytes is None:
-        return None
-    model = heaviest.figure("resident_model").measured_bytes
-    pool = heaviest.figure("kv_cache").measured_bytes
-    compute = startup.get("activation_peak_bytes")
-    if not (model and pool and compute):
-        return None
-    left = int(comp.rest_bytes - model - pool - compute)
-    return left if left > 0 else None
+def runtime_windows(
+    samples: Any, comp: Any, startup: dict[str, float], engine: str
+) -> tuple[tuple[tuple[str, int, int | None], ...], dict[str, str]]:
+    """A CPU engine's runtime per window from the host's readings of its processes (analysis/host_runtime.py),
+    and how they were derived per observed field (or, under "none", why there are none)."""
+    from vramlab.analysis.host_runtime import Window, split_readings, tree_readings
+
+    wins = [Window(window_label(r), r.start_s, r.end_s) for r in comp.rows]
+    pool = next((r.figure("kv_cache").measured_bytes for r in comp.rows), None)
+    mib = 1 << 20
+    if engine == "vllm":
+        if not pool:
+            return (), {
+                "none": "the engine showed its KV pool in tokens only: the worker's reading cannot be split"
+            }
+        comps = (comp.plan or {}).get("components", ())
+        weights = next((int(c["bytes"]) for c in comps if c["name"] == "weights"), 0)
+        reads = split_readings(samples, wins, weights + pool)
+        how = {
+            "runtime_bytes": f"the worker process's (VLLM::Worker) highest resident set less the weights "
+            f"({weights / mib:,.1f} MiB: the model file's tensors, as planned; the CPU build prints no loaded size) "
+            f"and the KV pool ({pool / mib:,.1f} MiB, the engine's words)",
+            "api_server_bytes": "the rest of the process tree (API server, engine core) at its highest",
+            "none": "the host's readings name no VLLM::Worker process (a build without setproctitle, or a run "
+            "stored before vramlab read each process): the worker cannot be told from the front end",
+        }
+    elif engine == "llama.cpp":
+        model = ((comp.startup or {}).get("extra") or {}).get("host_weights_bytes")
+        compute = startup.get("activation_peak_bytes")
+        if not (model and pool and compute):
+            return (), {
+                "none": "its start-up log printed no model, KV or compute buffer: its runtime is not told apart"
+            }
+        held = int(model + pool + compute)
+        reads = tree_readings(samples, wins, held)
+        how = {
+            "runtime_bytes": "the server's process tree at its highest less the model, KV and compute buffers its "
+            f"start-up log printed ({held / mib:,.1f} MiB)",
+            "none": "no reading of the server's process tree above its buffers",
+        }
+    else:
+        return (), {
+            "none": "its KV cache grows inside the same resident set as its runtime: a window's reading is no "
+            "runtime alone, so nothing is fitted from it"
+        }
+    return tuple((r.window, r.runtime_bytes, r.front_bytes) for r in reads), how
 
 
 # settings a start-up log prints that the plan takes (logs/<engine>.py parse them into these names)

@@ -11,7 +11,9 @@ OOM the plan asks to stop on end the ramp here. Pure: no clock of its own, no I/
 Failure modes: an OOM only when one was seen (the engine's words in a response or its
 log, a CUDA/HIP signature, the kernel's OOM killer); otherwise the process's end says what
 happened (killed by a signal, or a crash with its exit code), or the requests do (hang: timeouts
-and failing health with the process alive; overload: 429/503 refusals). A restart that exits
+and failing health with the process alive; overload: 429/503 refusals). A hang is also found without
+waiting for a request's own timeout: health failing for the plan's liveness grace while the requests in
+flight make no progress (none answered or failed since health began failing) and the process lives. A restart that exits
 again before serving, or logs a start-up refusal, is a refused restart. `evidence()` quotes what
 the mode was named from.
 """
@@ -32,6 +34,7 @@ OOM_NO_EXIT = "oom_no_exit"  # OOM seen but the process stayed up (keep-alive, h
 KILLED_BY_SIGNAL = "killed_by_signal"  # the process died by a signal and nothing said out of memory
 CRASH = "crash"  # the process exited (or the engine died) and nothing said out of memory
 HANG = "hang"  # no answers and no error: requests time out, health stalls, the process lives
+STALL = "hang"  # the finding: health failing for the grace, in-flight requests making no progress
 OVERLOAD = "overload_429"  # requests refused (429 / 503 busy), process fine
 STARTUP_REFUSAL = "startup_refusal"  # the engine would not start
 REFUSED_RESTART = "+startup_refusal_on_restart"  # suffix: the restart after the failure was refused
@@ -49,6 +52,7 @@ FAULT_KINDS = (
     "overload",
     "xid",
     "kernel_oom",
+    STALL,
 )
 # A stop condition that fires is a finding of the condition's own name (stop_conditions.p95_ms -> "p95_ms"),
 # as in an experiment's stop events.
@@ -87,6 +91,11 @@ class Detector:
     _health_up: bool | None = None
     _last_ok_s: float | None = None
     _health_back: list[float] = field(default_factory=list)  # when health came back after failing
+    # a hang without waiting for request timeouts: health failing this long, requests in flight, none ended
+    hang_grace_s: float | None = None
+    _health_down_s: float | None = None  # when health began failing (None: up)
+    _last_end_s: float | None = None  # when a request last ended (answered or failed): progress
+    _in_flight: int = 0  # requests sent and not ended, as the kind counts them
     monitor: StopMonitor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -104,6 +113,7 @@ class Detector:
     ) -> None:
         if error_class == "cancelled":
             return
+        self._last_end_s = max(t_s, self._last_end_s or t_s)
         self.monitor.on_request(t_s, ok, error_class, e2e_ms, error)
         if ok:
             self._last_ok_s = t_s
@@ -207,6 +217,9 @@ class Detector:
     def on_health(self, t_s: float, up: bool, status_code: int) -> None:
         if self._health_up is False and up:
             self._health_back.append(t_s)
+        self._health_down_s = (
+            None if up else (self._health_down_s if self._health_down_s is not None else t_s)
+        )
         if self._health_up is not False and not up:
             self._add(
                 Finding(
@@ -235,7 +248,10 @@ class Detector:
             self._add(Finding(t_s, "xid", "gpu", f"Xid {int(value)}", {"xid": int(value)}), once=True)
         self._check(t_s)
 
-    def on_clock(self, elapsed_s: float, t_s: float) -> None:
+    def on_clock(self, elapsed_s: float, t_s: float, in_flight: int | None = None) -> None:
+        """The drill's tick; *in_flight*: the requests sent and not yet ended (for the hang's check)."""
+        if in_flight is not None:
+            self._in_flight = in_flight
         self._check(t_s)
 
     def on_restart(self, t_s: float) -> None:
@@ -334,8 +350,8 @@ class Detector:
                 mode = CRASH
         elif "overload" in kinds:
             mode, ev = OVERLOAD, [q("overload")]
-        elif "timeout" in kinds or "health_fail" in kinds:
-            ev = [q(k) for k in ("timeout", "health_fail") if k in kinds]
+        elif STALL in kinds or "timeout" in kinds or "health_fail" in kinds:
+            ev = [q(k) for k in (STALL, "timeout", "health_fail") if k in kinds]
             ev.append("the process stayed up" if "process_exit" not in kinds else "")
             mode = HANG
         elif "preemption" in kinds:
@@ -376,6 +392,10 @@ class Detector:
     def _check(self, t_s: float) -> None:
         if self.stopped is not None:
             return
+        stall = self._stalled(t_s)
+        if stall is not None:
+            self._stop(stall)
+            return
         reason: StopReason | None = self.monitor.check(t_s)
         if reason is None or reason.condition == "oom_seen":
             return
@@ -388,6 +408,25 @@ class Detector:
                 reason.message,
                 {"value": reason.value, "threshold": reason.threshold, "condition": reason.condition},
             )
+        )
+
+    def _stalled(self, t_s: float) -> Finding | None:
+        """A hang found from health and progress: health failing for the grace, requests in flight, none of
+        them (nor any other) ended since health began failing, and no process exit seen."""
+        down, grace = self._health_down_s, self.hang_grace_s
+        if grace is None or down is None or self._in_flight <= 0 or t_s - down < grace:
+            return None
+        if (self._last_end_s is not None and self._last_end_s >= down) or any(
+            f.kind == "process_exit" for f in self.findings
+        ):
+            return None
+        return Finding(
+            t_s,
+            STALL,
+            "health",
+            f"hang: health failing for {t_s - down:.1f} s (since {down:.2f} s) and none of the {self._in_flight} "
+            "request(s) in flight answered or failed since; the process is alive",
+            {"health_down_s": down, "in_flight": self._in_flight, "grace_s": grace},
         )
 
     def _add(self, f: Finding, once: bool = False) -> None:
@@ -416,6 +455,7 @@ __all__ = [
     "OOM_NO_EXIT",
     "OVERLOAD",
     "PREEMPTION",
+    "STALL",
     "STARTUP_REFUSAL",
     "STOP_KINDS",
     "WALL_CLOCK",

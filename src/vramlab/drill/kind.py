@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from vramlab import __version__
 from vramlab.drill.cotenant import CotenantOutOfMemory
-from vramlab.drill.detect import WALL_CLOCK, Detector, Finding
+from vramlab.drill.detect import STALL, WALL_CLOCK, Detector, Finding
 from vramlab.drill.fault import say_failure
+from vramlab.drill.hang import InFlight, hung_result
 from vramlab.drill.herd import HerdMonitor
 from vramlab.drill.lifecycle import TargetLifecycle
 from vramlab.drill.load import WindowPrompts, served_model, window_lanes
@@ -87,7 +88,7 @@ class DrillKind:
         self.values = ramp_values(plan.ramp)
         self.wall_clock_s = plan.stop.wall_clock_s or DEFAULT_WALL_S
         self.state = LiveState()
-        self.detector = Detector(plan.stop, engine=self._engine())
+        self.detector = self._detector()
         self.herd = HerdMonitor()
         self.windows = WindowExecutor()  # the experiment's window executor, on this round's client
         self.prompts = WindowPrompts(plan)
@@ -101,6 +102,7 @@ class DrillKind:
         self._failed_step = 0  # the step the target failed during (its value stays on without undo_ramp)
         self._draining: asyncio.Future[Any] | None = None  # the failed step's window, its requests ending
         self._totals = [0, 0]
+        self.sender: InFlight | None = None  # the round's load client, counting its requests in flight
 
     def attach(self, run: Runner) -> None:
         self.run = run
@@ -112,6 +114,12 @@ class DrillKind:
         self.lifecycle = TargetLifecycle(run, self.plan, self.target, self.workdir, coloc)
         self.watchers = Watchers(
             run, self.plan, self.target, self.lifecycle.device, coloc, self.detector, self.state
+        )
+
+    def _detector(self) -> Detector:
+        """A round's detector; a hang is found after the plan's liveness grace (drill/hang.py)."""
+        return Detector(
+            self.plan.stop, engine=self._engine(), hang_grace_s=self.plan.recovery.liveness_grace_s
         )
 
     def _engine(self) -> str:
@@ -182,7 +190,7 @@ class DrillKind:
         # the first round uses the ones built with the kind: nothing fed them yet
         if rnd != self.rounds.start:
             self.state = LiveState()
-            self.detector = Detector(plan.stop, engine=self._engine())
+            self.detector = self._detector()
         conns = max(64, int(max(self.values)) + 8 if plan.ramp.knob in ("concurrency", "batch") else 64)
         await self.prompts.prepare(rnd, self.values)
         async with OpenAIClient(
@@ -192,7 +200,8 @@ class DrillKind:
             max_connections=conns,
             timeout_s=plan.load.request_timeout_s,
         ) as client:
-            self.windows.use(client)
+            self.sender = InFlight(client)
+            self.windows.use(self.sender)
             watchers = [
                 asyncio.ensure_future(c)
                 for c in self.watchers.watch(self.detector, self.state, self.lifecycle.health_path)
@@ -286,8 +295,9 @@ class DrillKind:
         if window is None:
             return False
         # the step sends nothing more; what it has in flight ends as what it is (a hung request
-        # times out), not "cancelled" by the move to recovery
-        self.windows.end()
+        # times out), not "cancelled" by the move to recovery; a hang found from health and progress ends
+        # them now, as timeouts at the hang (drill/hang.py)
+        self.windows.cancel() if f.kind == STALL else self.windows.end()
         self._draining = window
         return True
 
@@ -298,7 +308,7 @@ class DrillKind:
 
     def tick(self) -> None:
         now = self.run.now()
-        self.detector.on_clock(now, now)
+        self.detector.on_clock(now, now, self.sender.open if self.sender is not None else None)
 
     # -- after the ramp ------------------------------------------------------------------------
     async def recovery(self, rnd: int, failed: bool) -> None:
@@ -433,7 +443,10 @@ class DrillKind:
     def _on_result(
         self, res: RequestResult, phase: str, rnd: int, step: int, value: float | None, user: int
     ) -> None:
-        if res.error_class == "cancelled" and self.state.failed_at_s is not None:
+        hang = self.detector.stopped
+        if res.error_class == "cancelled" and phase == "ramp" and hang is not None and hang.kind == STALL:
+            res = hung_result(res, hang)
+        elif res.error_class == "cancelled" and self.state.failed_at_s is not None:
             res = dataclasses.replace(
                 res,
                 error=f"still open when the drill's {phase} load ended: neither answered "

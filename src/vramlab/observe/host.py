@@ -4,7 +4,10 @@ The target's RSS counts its child processes too (vLLM's engine core, a shell's `
 the memory the serving process tree holds. A drill that started the target follows its pid across
 restarts (``pid_of``).
 Shared pages (the torch libraries) count in each process, as `ps` counts them: vLLM's CPU build serves
-from three processes (API server, engine core, worker), each with torch loaded."""
+from three processes (API server, engine core, worker), each with torch loaded. Each process of the tree
+is also read on its own (``host.process_rss_bytes``, labelled with its pid and its name as the kernel
+shows it: vLLM 0.32 names its children ``VLLM::EngineCore`` and ``VLLM::Worker``), so a calibration can
+tell the worker, which holds the model and the KV cache, from the front end."""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from vramlab.observe.base import Sample, Sampler
+
+MAX_PROCESSES = 32  # a serving tree is a handful of processes; more are summed, not each sampled
 
 
 class HostSampler(Sampler):
@@ -39,8 +44,8 @@ class HostSampler(Sampler):
         except psutil.Error:
             self._proc = None
 
-    def _tree_rss(self) -> tuple[int, int]:
-        """(RSS of the target and its descendants, how many processes)."""
+    def _tree_rss(self) -> list[tuple[int, str, int]]:
+        """(pid, name, RSS) of the target and each of its descendants (those that are still there)."""
         import psutil
 
         procs = [self._proc]
@@ -48,15 +53,14 @@ class HostSampler(Sampler):
             procs += self._proc.children(recursive=True)
         except psutil.Error:
             pass
-        total, n = 0, 0
+        out = []
         for p in procs:
             try:
-                total += p.memory_info().rss
-                n += 1
+                out.append((p.pid, p.name(), int(p.memory_info().rss)))
             except psutil.Error:
                 if p is self._proc:
                     raise
-        return total, n
+        return out
 
     def read(self) -> list[Sample]:
         import psutil
@@ -73,9 +77,13 @@ class HostSampler(Sampler):
             self._follow(self.pid_of())
         if self._proc is not None:
             try:
-                rss, n = self._tree_rss()
-                labels = {"pid": str(self._proc.pid), "processes": str(n)}
-                out.append(Sample("host", "host.target_rss_bytes", rss, now, labels))
+                tree = self._tree_rss()
+                labels = {"pid": str(self._proc.pid), "processes": str(len(tree))}
+                out.append(Sample("host", "host.target_rss_bytes", sum(r for _, _, r in tree), now, labels))
+                out += [
+                    Sample("host", "host.process_rss_bytes", rss, now, {"pid": str(pid), "name": name[:64]})
+                    for pid, name, rss in tree[:MAX_PROCESSES]
+                ]
             except psutil.Error:
                 self._proc = None  # the target exited; its absence shows in the timeline
         return out

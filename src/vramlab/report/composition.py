@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from vramlab.analysis.composition import FIGURES, LABELS, Composition, Figure, Row, compose
-from vramlab.analysis.saturation import Hit
+from vramlab.analysis.saturation import Hit, Saturation
 from vramlab.records.events import EventKind
 from vramlab.report import fmt
 from vramlab.report.blocks import Block, Bullets, Table, Text
@@ -169,12 +169,14 @@ def blocks(ctx: ReportContext) -> list[Block]:
             Bullets(
                 [
                     f"Predicted saturation: {s.variable} {pred} ({s.predicted_basis})",
-                    f"Observed: KV usage at 98 % or more: {_seen(s.variable, s.kv_full)}; first preemption: "
+                    f"Observed: the pool full (KV usage at 98 % or more, or requests waiting with less room than one "
+                    f"request): {_seen(s.variable, s.kv_full)}; first preemption: "
                     f"{_seen(s.variable, s.preemption)}; requests queued for most of a window: "
                     f"{_seen(s.variable, s.queueing)}; requests refused for their length: "
                     f"{_seen(s.variable, s.refusal)}",
                     "Saturation observed "
                     + ("in no step of this run" if s.observed is None else _seen(s.variable, s.observed)),
+                    _apart(s),
                 ]
             )
         )
@@ -196,6 +198,23 @@ def _seen(variable: str, hit: Hit | None) -> str:
     return f"from {step}{variable} {fmt.num(hit.value)} (round {hit.round})" + (
         f": {hit.detail}" if hit.detail else ""
     )
+
+
+def _apart(s: Saturation) -> str:
+    """Predicted against observed, in the ramp's steps."""
+    var, pred = s.variable, s.predicted_step_value
+    where = (
+        "no prediction"
+        if s.predicted_value is None
+        else (
+            f"predicted beyond the last step ({fmt.num(s.step_values[-1])})"
+            if pred is None and s.step_values
+            else f"predicted at the step {var} {fmt.num(pred)} (the first at or past {fmt.num(s.predicted_value)})"
+        )
+    )
+    seen = "not observed" if s.observed is None else f"observed at {var} {fmt.num(s.observed.value)}"
+    apart = "" if s.steps_apart is None else f": {s.steps_apart} step(s) apart"
+    return f"Predicted against observed: {where}; {seen}{apart}"
 
 
 def _hit_json(hit: Hit | None) -> dict[str, Any] | None:
@@ -265,6 +284,10 @@ def data(ctx: ReportContext) -> dict[str, Any]:
             "preemption": _hit_json(s.preemption),
             "queueing": _hit_json(s.queueing),
             "refusal": _hit_json(s.refusal),
+            "step_values": list(s.step_values),
+            "predicted_step_value": s.predicted_step_value,
+            "observed_step_value": s.observed_value,
+            "steps_apart": s.steps_apart,
         },
         "at_failure": [{"value": v, **_row_json(r)} for v, r in c.at_failure],
     }
