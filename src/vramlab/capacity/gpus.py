@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vramlab.capacity.units import GIB
 from vramlab.errors import unknown
+from vramlab.units import GIB
 
 
 @dataclass(frozen=True)

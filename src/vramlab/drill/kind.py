@@ -85,9 +85,9 @@ class DrillKind:
         self.target = open_target(plan.target, self.workdir)
         self.rounds = range(plan.rounds)
         self.values = ramp_values(plan.ramp)
-        self.wall_clock_s = plan.stop.wall_clock_s or DEFAULT_WALL_S
+        self.wall_clock_s = plan.stop_conditions.wall_clock_s or DEFAULT_WALL_S
         self.state = LiveState()
-        self.detector = Detector(plan.stop, engine=self._engine())
+        self.detector = Detector(plan.stop_conditions, engine=self._engine())
         self.herd = HerdMonitor()
         self.windows = WindowExecutor()  # the experiment's window executor, on this round's client
         self.prompts = WindowPrompts(plan)
@@ -182,7 +182,7 @@ class DrillKind:
         # the first round uses the ones built with the kind: nothing fed them yet
         if rnd != self.rounds.start:
             self.state = LiveState()
-            self.detector = Detector(plan.stop, engine=self._engine())
+            self.detector = Detector(plan.stop_conditions, engine=self._engine())
         conns = max(64, int(max(self.values)) + 8 if plan.ramp.knob in ("concurrency", "batch") else 64)
         await self.prompts.prepare(rnd, self.values)
         async with OpenAIClient(
@@ -222,7 +222,7 @@ class DrillKind:
 
     async def baseline(self, rnd: int) -> None:
         """The baseline window; a baseline that breached its own error threshold ends the drill before the ramp."""
-        self.tallies = _Tallies(baseline=BaselineTally(self.plan.stop.error_rate))
+        self.tallies = _Tallies(baseline=BaselineTally(self.plan.stop_conditions.error_rate))
         self.run.emit("phase_start", "baseline", phase="baseline")
         await self._window(None, self.plan.baseline_s, 0)
         self.run.emit("phase_end", "baseline")

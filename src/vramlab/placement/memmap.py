@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from vramlab.placement.result import FleetPlan
 
-from vramlab.capacity.units import GIB
+from vramlab.units import GIB
 
 COLOURS = {
     "weights": "#4c72b0",

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramlab.capacity.units import gib
-from vramlab.units import SMALL_BYTES, size
+from vramlab.units import SMALL_BYTES, gib, size
 
 
 def to_json(result: Any) -> dict[str, Any]:

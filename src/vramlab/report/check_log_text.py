@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vramlab.capacity.units import gib
+from vramlab.units import gib
 
 
 def _basename(path: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from vramlab.capacity.regression import Change, Comparison
-from vramlab.capacity.units import gib
+from vramlab.units import gib
 
 BYTES = ("budget_bytes", "kv_cache", "used_bytes", "headroom_bytes")
 

@@ -11,8 +11,8 @@ from vramlab.capacity.estimate import Estimate
 from vramlab.capacity.gpus import GPU, HOST_DEVICE
 from vramlab.capacity.planning import Plan, SweepResult
 from vramlab.capacity.spec import ModelSpec
-from vramlab.capacity.units import gib
 from vramlab.capacity.verdict import AT_ESTIMATE, DOES_NOT_FIT, FITS, PARTIAL_OFFLOAD, Verdict
+from vramlab.units import gib
 
 
 def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
