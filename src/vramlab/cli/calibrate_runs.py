@@ -12,7 +12,10 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vramlab.records.capacity_plan import StartupObservation
 
 RUN_ID = re.compile(r"^[0-9a-f]{4,8}$")
 
@@ -36,7 +39,7 @@ def measure(store: Any, run_id: str) -> Any:
         raise ConfigError(f"run {run_id}: not in the store ({exc})") from None
     rid = ctx.run.run_id
     comp = composition_of(ctx)
-    if comp.plan is None or not comp.plan_facts:
+    if comp.plan is None or comp.plan_facts is None:
         why = (
             "; ".join(comp.notes)
             or "the run stored no capacity plan (it predates it, or its facts were unknown)"
@@ -49,16 +52,9 @@ def measure(store: Any, run_id: str) -> Any:
             "host reading); run it with a gpu/ledger sampler or target.log_file"
         )
     f = comp.plan_facts
-    planned, printed = dict(f.get("settings") or {}), engine_settings(comp.startup)
+    planned, printed = dict(f.settings), engine_settings(comp.startup)
     spec, card, settings = resolve_facts(
-        PlanFacts(
-            f.get("model"),
-            f.get("engine"),
-            f.get("gpu"),
-            f.get("gpu_memory_gib"),
-            f.get("engine_version"),
-            {**planned, **printed},
-        )
+        PlanFacts(f.model, f.engine, f.gpu, f.gpu_memory_gib, f.engine_version, {**planned, **printed})
     )
     heaviest = (
         max(measured_rows, key=lambda r: r.figure("peak").measured_bytes or 0) if measured_rows else None
@@ -72,7 +68,7 @@ def measure(store: Any, run_id: str) -> Any:
         )
     startup = startup_fields(comp.startup)
     rest = None
-    w = (comp.startup or {}).get("weights_bytes") or measured.get("resident_model")
+    w = (comp.startup.weights_bytes if comp.startup else None) or measured.get("resident_model")
     pool = measured.get("kv_cache")
     if (
         comp.rest_bytes is not None
@@ -133,20 +129,21 @@ def host_runtime(comp: Any, heaviest: Any, startup: dict[str, float]) -> int | N
 _PRINTED_SETTINGS = ("ctx_size", "parallel", "n_ubatch", "flash_attn", "kv_cache_dtype", "cache_type_v")
 
 
-def engine_settings(startup: dict[str, Any] | None) -> dict[str, Any]:
+def engine_settings(startup: StartupObservation | None) -> dict[str, object]:
     """The settings the engine printed at start-up (its truth where the plan's block guessed)."""
-    printed = (startup or {}).get("settings") or {}
+    printed = startup.settings if startup else {}
     return {k: printed[k] for k in _PRINTED_SETTINGS if printed.get(k) is not None}
 
 
-def startup_fields(startup: dict[str, Any] | None) -> dict[str, float]:
+def startup_fields(startup: StartupObservation | None) -> dict[str, float]:
     """The start-up log's byte figures by their plan-JSON names. A CPU-only llama.cpp prints its graph's
     compute buffer on the host ("CPU compute buffer size"): that is the compute buffer the plan sizes
     (its activation_peak component) when no device printed one."""
-    s = startup or {}
-    out = {k: float(v) for k, v in s.items() if k.endswith("_bytes") and isinstance(v, int)}
-    host_compute = (s.get("extra") or {}).get("host_compute_bytes")
-    if s.get("engine") == "llama.cpp" and "activation_peak_bytes" not in out and host_compute:
+    if startup is None:
+        return {}
+    out = {k: float(v) for k, v in startup.byte_figures.items()}
+    host_compute = startup.extra_number("host_compute_bytes")
+    if startup.engine == "llama.cpp" and "activation_peak_bytes" not in out and host_compute:
         out["activation_peak_bytes"] = float(host_compute)
     return out
 

@@ -116,10 +116,10 @@ def blocks(ctx: ReportContext) -> list[Block]:
     out: list[Block] = []
     intro = []
     if c.plan:
-        f = c.plan_facts or {}
+        settings = c.plan_facts.settings if c.plan_facts else None
         intro.append(
-            f"Plan: {c.plan['model']} on {c.plan['gpu']}, {c.plan['engine']} {c.plan['engine_version']}"
-            + (f", settings {f.get('settings')}" if f.get("settings") else "")
+            f"Plan: {c.plan.model} on {c.plan.gpu}, {c.plan.engine} {c.plan.engine_version}"
+            + (f", settings {settings}" if settings else "")
             + "; computed at the start of the run for the target's own settings. Error = predicted − "
             "measured (positive: the plan expected more)."
         )
@@ -246,10 +246,10 @@ def data(ctx: ReportContext) -> dict[str, Any]:
     s = c.saturation
     return {
         "schema": SCHEMA,
-        "plan": c.plan,
-        "plan_facts": c.plan_facts,
+        "plan": c.plan.document if c.plan else None,
+        "plan_facts": c.plan_facts.to_json() if c.plan_facts else None,
         "plan_notes": c.notes,
-        "startup": {"source": c.startup_source, "observation": c.startup} if c.startup else None,
+        "startup": {"source": c.startup_source, "observation": c.startup.document} if c.startup else None,
         "rows": [_row_json(r) for r in c.rows],
         "saturation": None
         if s is None
