@@ -45,3 +45,33 @@ def test_the_shim_check_sees_a_shim_and_passes_a_module() -> None:
 def test_old_import_paths_are_gone() -> None:
     assert not (SRC / "capacity" / "units.py").exists()
     assert not (SRC / "drill" / "health.py").exists()
+
+
+def _any_in_signatures(tree: ast.Module) -> list[str]:
+    """Functions whose parameters or return name `Any` (the report's renderers read typed views)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            notes = [p.annotation for p in (*a.posonlyargs, *a.args, *a.kwonlyargs) if p.annotation]
+            notes += [x.annotation for x in (a.vararg, a.kwarg) if x is not None and x.annotation]
+            if node.returns is not None:
+                notes.append(node.returns)
+            if any(isinstance(n, ast.Name) and n.id == "Any" for note in notes for n in ast.walk(note)):
+                out.append(node.name)
+    return out
+
+
+def test_the_text_renderers_take_typed_views_not_any() -> None:
+    # check-log, calibrate and the incident's text: views the lower layers define (or protocols of what
+    # they read, where the report may not import the layer that makes the object)
+    report = SRC / "report"
+    renderers = sorted(report.glob("*_text.py"))
+    assert {p.name for p in renderers} >= {"check_log_text.py", "calibrate_text.py", "incident_text.py"}
+    found = {p.name: _any_in_signatures(ast.parse(p.read_text())) for p in renderers}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_the_any_check_sees_any_in_a_signature() -> None:
+    tree = ast.parse("def f(x: 'int', y: dict[str, Any]) -> str: ...\ndef g(x: int) -> list[Any]: ...\n")
+    assert _any_in_signatures(tree) == ["f", "g"]
