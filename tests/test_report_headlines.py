@@ -196,7 +196,7 @@ def test_colocation_headline_counts_the_refusals_the_table_shows(drills):
 
 def test_time_to_alert_reads_on_the_alert_tables_clock():
 
-    from vramlab.report.incident import alert_clock
+    from vramlab.report.incident_text import alert_clock
 
     early = stand_in(
         t0_s=10.0,

@@ -75,3 +75,90 @@ def test_the_text_renderers_take_typed_views_not_any() -> None:
 def test_the_any_check_sees_any_in_a_signature() -> None:
     tree = ast.parse("def f(x: 'int', y: dict[str, Any]) -> str: ...\ndef g(x: int) -> list[Any]: ...\n")
     assert _any_in_signatures(tree) == ["f", "g"]
+
+
+_MUTATORS = {
+    "append",
+    "extend",
+    "insert",
+    "update",
+    "setdefault",
+    "pop",
+    "popitem",
+    "clear",
+    "add",
+    "remove",
+    "discard",
+}
+_CONTAINERS = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
+
+
+def _module_state(tree: ast.Module) -> list[str]:
+    """What keeps state at module level: a `global`, a statement run at import beyond definitions (a
+    loop that registers), a cache decorator, or a module-level dict/list/set that the module mutates."""
+    out: list[str] = []
+    containers = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, _CONTAINERS):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            containers |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif not isinstance(
+            node,
+            ast.Import
+            | ast.ImportFrom
+            | ast.FunctionDef
+            | ast.AsyncFunctionDef
+            | ast.ClassDef
+            | ast.Assign
+            | ast.AnnAssign
+            | ast.If,
+        ) and not _is_docstring(node):
+            out.append(f"line {node.lineno}: a {type(node).__name__} at import")
+        if isinstance(node, ast.FunctionDef):
+            for d in node.decorator_list:
+                name = ast.unparse(d)
+                if "cache" in name:
+                    out.append(f"{node.name}: @{name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            out.append(f"global {', '.join(node.names)}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            obj = node.func.value
+            if isinstance(obj, ast.Name) and obj.id in containers and node.func.attr in _MUTATORS:
+                out.append(f"{obj.id}.{node.func.attr}()")
+        elif isinstance(node, ast.Assign | ast.AugAssign | ast.Delete):
+            targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
+            for t in targets:
+                if (
+                    isinstance(t, ast.Subscript)
+                    and isinstance(t.value, ast.Name)
+                    and t.value.id in containers
+                ):
+                    out.append(f"{t.value.id}[...] written")
+    return out
+
+
+def test_the_report_keeps_no_module_level_state() -> None:
+    # the report is pure: what a document holds comes from its context, never from what ran before
+    # (sections are constant tuples per module, read by sections.registered; nothing registers at import)
+    found = {name: s for name, tree in _modules(SRC / "report") if (s := _module_state(tree))}
+    assert found == {}
+
+
+def test_the_state_check_sees_a_registry() -> None:
+    tree = ast.parse(
+        "import functools\n_REG: dict[str, int] = {}\n_SEEN = []\nflag = False\n"
+        "def register(k: str) -> None:\n    global flag\n    _REG[k] = 1\n    _SEEN.append(k)\n"
+        "@functools.lru_cache\ndef f() -> int:\n    return 1\n"
+        "for k in ('a', 'b'):\n    register(k)\n"
+    )
+    assert sorted(_module_state(tree)) == sorted(
+        [
+            "line 12: a For at import",
+            "f: @functools.lru_cache",
+            "global flag",
+            "_REG[...] written",
+            "_SEEN.append()",
+        ]
+    )
+    assert _module_state(ast.parse("_T = {'a': 1}\ndef g() -> int:\n    return _T['a']\n")) == []

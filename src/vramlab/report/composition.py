@@ -12,24 +12,22 @@ from vramlab.analysis.saturation import Hit
 from vramlab.records.events import EventKind
 from vramlab.report import fmt
 from vramlab.report.blocks import Block, Bullets, Table, Text
-from vramlab.report.sections import ReportContext, Section, register
+from vramlab.report.sections import ReportContext, Section
 from vramlab.units import SMALL_BYTES, size
 
 SCHEMA = "vramlab.composition/1"
-_last: list[
-    tuple[ReportContext, Composition]
-] = []  # the one context being rendered (build and data share it)
 
 
 def composition_of(ctx: ReportContext) -> Composition:
-    if _last and _last[0][0] is ctx:
-        return _last[0][1]
+    """The run's composition, computed once per report (its blocks and its JSON share it)."""
+    return ctx.memo("composition", lambda: _compose(ctx))
+
+
+def _compose(ctx: ReportContext) -> Composition:
     a = ctx.analysis
     sent = [r.sent_s for r in ctx.requests if r.sent_s is not None]
     windows = [w.window for w in a.steps] or [w.window for w in a.phases]
-    comp = compose(ctx.run, ctx.samples, ctx.events, windows, min(sent) if sent else None, ctx.requests)
-    _last[:] = [(ctx, comp)]
-    return comp
+    return compose(ctx.run, ctx.samples, ctx.events, windows, min(sent) if sent else None, ctx.requests)
 
 
 def _applies(ctx: ReportContext) -> bool:
@@ -269,7 +267,7 @@ def data(ctx: ReportContext) -> dict[str, Any]:
     }
 
 
-register(
+SECTIONS = (
     Section(
         "composition",
         "Plan against measured: memory composition",
@@ -277,5 +275,5 @@ register(
         order=56,
         applies=_applies,
         data=data,
-    )
+    ),
 )

@@ -10,7 +10,7 @@ from vramlab.records.events import EventKind
 from vramlab.report import fmt
 from vramlab.report.blocks import Band, Block, Bullets, Chart, Marker, Series, Shade, Table, Text
 from vramlab.report.prompt_tokens import prompt_tokens_line
-from vramlab.report.sections import ReportContext, Section, register
+from vramlab.report.sections import ReportContext, Section
 
 # Events that the tables already tell (windows); the rest form the timeline.
 K = EventKind
@@ -612,7 +612,7 @@ def notes(ctx: ReportContext) -> list[Block]:
     return [Bullets(items)] if items else []
 
 
-for _section in (
+SECTIONS = (
     Section("summary", "Summary", summary, order=10),
     Section("plan", "Plan", plan, order=20),
     Section("environment", "Environment", environment, order=30),
@@ -625,5 +625,4 @@ for _section in (
     Section("recovery", "Return to baseline", recovery, order=80, applies=_not_drill),
     Section("events", "Stops, rollbacks and other events", events, order=90, applies=_not_drill),
     Section("notes", "Notes", notes, order=95),
-):
-    register(_section)
+)
