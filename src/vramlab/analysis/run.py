@@ -78,6 +78,7 @@ class RunAnalysis:
     thresholds: list[ThresholdCheck] = field(default_factory=list)  # per step window, from plan.metrics
     highest_passing_value: float | None = None  # the changed variable's observed limit
     queueing_from_value: float | None = None  # lowest step value where the engine queued requests
+    few_rounds: bool = False  # a complete run of fewer than MIN_ROUNDS rounds (its warning says so)
 
     @property
     def rounds(self) -> list[int]:
@@ -106,6 +107,10 @@ def _bands(phases: Sequence[WindowResult]) -> list[Band]:
     return out
 
 
+def _few_rounds(complete: bool, rounds: int) -> bool:
+    return complete and 0 < rounds < MIN_ROUNDS
+
+
 def _warnings(
     run: RunRecord, complete: bool, steps: Sequence[WindowResult], rounds: int, events: Sequence[EventRecord]
 ) -> list[str]:
@@ -115,7 +120,7 @@ def _warnings(
             f"incomplete run (status {run.status}): it was interrupted or is still running; "
             "figures cover what was stored"
         )
-    if complete and 0 < rounds < MIN_ROUNDS:  # a cut-off run says so above already
+    if _few_rounds(complete, rounds):  # a cut-off run says so above already
         out.append(f"only {rounds} round(s): at least {MIN_ROUNDS} are needed to tell a trend from a one-off")
     # The runner warns about lag itself (with the plan's threshold); don't say it twice.
     told = {
@@ -217,4 +222,5 @@ def analyze_run(
         thresholds=checks,
         highest_passing_value=highest_passing_value(checks),
         queueing_from_value=min(queued) if queued else None,
+        few_rounds=_few_rounds(complete, rounds),
     )

@@ -205,8 +205,9 @@ def environment(ctx: ReportContext) -> list[Block]:
 
 def warnings(ctx: ReportContext) -> list[Block]:
     items = list(ctx.analysis.warnings)
-    # The runner logs the too-few-rounds warning as an event too; the analysis already says it.
-    rounds_said = any("round" in w and ("fewer than" in w or "at least 3" in w) for w in items)
+    # The drill logs its plan's too-few-rounds warning as an event too; the analysis already says it.
+    # (That event carries no field that names it: it is told by its "rounds:" prefix.)
+    rounds_said = ctx.analysis.few_rounds
     for e in ctx.analysis.events:
         if e.kind != K.WARNING or (rounds_said and e.message.startswith("rounds:")):
             continue

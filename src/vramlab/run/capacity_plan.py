@@ -17,11 +17,16 @@ The events (their `data` is the JSON contract in docs/store-and-reports.md):
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramlab.engines import served_engines
 from vramlab.plandoc import CapacityFacts, SimSettings
 from vramlab.records.capacity_plan import CAPACITY_PLAN_NOTE, PlanFactsRecord
+
+if TYPE_CHECKING:
+    from vramlab.capacity.gpus import GPU
+    from vramlab.capacity.settings import EngineSettings
+    from vramlab.capacity.spec import ModelSpec
 
 Emitted = tuple[str, str, dict[str, Any]]  # (event kind, message, data); kind "note" is a run note
 
@@ -137,7 +142,7 @@ def sim_settings(sim: SimSettings) -> dict[str, Any]:
     return out
 
 
-def resolve_facts(facts: PlanFacts) -> tuple[Any, Any, Any]:
+def resolve_facts(facts: PlanFacts) -> tuple[ModelSpec, GPU, EngineSettings]:
     """(ModelSpec, GPU, EngineSettings) for these facts (ConfigError when a fact is refused)."""
     from vramlab.capacity import custom_gpu, get_gpu
     from vramlab.capacity.gpus import HOST_NAMES, host_device
