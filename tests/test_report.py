@@ -245,3 +245,24 @@ def test_host_cpu_and_engine_rss_are_in_the_report_not_only_in_json():
     )
     assert host_line(ctx) == "Host (sampled): CPU max 97 %, engine process RSS max 1.50 GiB"
     assert host_line(stand_in(samples=[smp("gpu.memory_used_bytes", 1, 9.0)])) is None
+
+
+def test_the_too_few_rounds_warning_is_said_once():
+    from vramlab.records import EventRecord
+
+    run, reqs, samples, events = synth.build()
+    said = EventRecord(
+        run_id=run.run_id, t_s=0.1, kind="warning", message="rounds: 1 is fewer than 3; a one-off"
+    )
+    full = ReportContext.build(run, reqs, samples, [*events, said])
+    one = ReportContext.build(
+        run,
+        [r for r in reqs if r.round == 1],
+        samples,
+        [e for e in [*events, said] if e.round in (None, 1)],
+    )
+    assert not full.analysis.few_rounds and one.analysis.few_rounds
+    # three rounds stored: the event is the only one to say it; one round: the analysis says it already
+    assert "rounds: 1 is fewer than 3" in render(full, "md").split("## Warnings", 1)[1].split("\n## ", 1)[0]
+    warned = render(one, "md").split("## Warnings", 1)[1].split("\n## ", 1)[0]
+    assert "only 1 round(s)" in warned and "rounds: 1 is fewer than 3" not in warned
