@@ -119,15 +119,15 @@ def _module_state(tree: ast.Module) -> list[str]:
                 name = ast.unparse(d)
                 if "cache" in name:
                     out.append(f"{node.name}: @{name}")
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Global):
-            out.append(f"global {', '.join(node.names)}")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            obj = node.func.value
-            if isinstance(obj, ast.Name) and obj.id in containers and node.func.attr in _MUTATORS:
-                out.append(f"{obj.id}.{node.func.attr}()")
-        elif isinstance(node, ast.Assign | ast.AugAssign | ast.Delete):
-            targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
+    for walked in ast.walk(tree):
+        if isinstance(walked, ast.Global):
+            out.append(f"global {', '.join(walked.names)}")
+        elif isinstance(walked, ast.Call) and isinstance(walked.func, ast.Attribute):
+            obj = walked.func.value
+            if isinstance(obj, ast.Name) and obj.id in containers and walked.func.attr in _MUTATORS:
+                out.append(f"{obj.id}.{walked.func.attr}()")
+        elif isinstance(walked, ast.Assign | ast.AugAssign | ast.Delete):
+            targets = walked.targets if isinstance(walked, ast.Assign | ast.Delete) else [walked.target]
             for t in targets:
                 if (
                     isinstance(t, ast.Subscript)
