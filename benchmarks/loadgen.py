@@ -256,7 +256,27 @@ def _table(results: dict[str, dict[str, list[dict[str, Any]]]], a: argparse.Name
             f"P50 {_median(noise, 'p50_ms'):.2f} ms, P99 {_median(noise, 'p99_ms'):.2f} ms "
             "(neighbours, hypervisor): no client's P99 beats that"
         )
+    lines.extend(_verdict(summary, _median(noise, "p99_ms")))
     return lines
+
+
+def _verdict(summary: dict[str, dict[str, Any]], floor_p99: float | None) -> list[str]:
+    """The two bars vramlab's client keeps: its req/s per core over the plain aiohttp loop on uvloop
+    (>= 2x) and its overhead P99 over the bare-sleep floor measured in the same run (<= 2x)."""
+    me, base = summary.get("vramlab", {}), summary.get("aiohttp-uvloop", {})
+    out = []
+    if me.get("per_core") and base.get("per_core"):
+        lead = me["per_core"] / base["per_core"]
+        out.append(
+            f"lead: vramlab {lead:.2f}x the plain aiohttp loop on uvloop per core (bar >= 2x: {'met' if lead >= 2 else 'NOT met'})"
+        )
+    if me.get("p99") is not None and floor_p99:
+        ratio = me["p99"] / floor_p99
+        out.append(
+            f"P99 over the floor: vramlab {me['p99']:.2f} ms / {floor_p99:.2f} ms = {ratio:.2f}x "
+            f"(bar <= 2x: {'met' if ratio <= 2 else 'NOT met'})"
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,10 +69,52 @@ def test_reports_every_group_and_leave_one_group_out(summary):
     )
 
 
-def test_readme_quotes_the_held_out_figure(summary):
+ACCURACY_DOC = ROOT / "docs" / "accuracy.md"
+BEGIN, END = "<!-- accuracy-table", "<!-- /accuracy-table -->"
+
+
+def _readme_table() -> list[str]:
+    """The README's accuracy block (between its markers): its table rows, header and rule rows left out."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert text.count(BEGIN) == 1 and text.count(END) == 1, "the README's accuracy table markers"
+    block = text.split(BEGIN, 1)[1].split(END, 1)[0]
+    rows = [ln.strip() for ln in block.splitlines() if ln.startswith("|")]
+    return [r for r in rows if not r.startswith(("| ---", "| KV cache,", "| band coverage,"))]
+
+
+def _band(entry: dict | None) -> str:
+    return (
+        "–" if not entry else f"{entry['inside'] * 100:.1f} % of {entry['n']} ({entry['mean_width']:.1f} %)"
+    )
+
+
+def test_readme_accuracy_table_is_the_benchmarks_figures(summary):
+    """The README's table, row by row: the held-out KV error pools and each engine's band coverage, as
+    the benchmark computes them (every row printed by the benchmark, none added by hand)."""
+    held = summary["leave_one_group_out"]
+    expected = []
+    for label, pool in (
+        ("every row", "pooled"),
+        ("outside the vLLM 0.19 H100 sweep", "pooled_outside_the_019_sweep"),
+        ("never seen (collected after the model was written)", "pooled_unseen"),
+    ):
+        kv = held[pool]["kv_cache_gib"]
+        expected.append(f"| {label} | {kv['n']} | {kv['median']:.1f} % | {kv['p90']:.1f} % |")
+    names = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "llama.cpp": "llama.cpp", "ollama": "Ollama"}
+    assert set(held["bands"]) <= set(names), held["bands"].keys()  # an engine the table would leave out
+    for key, name in names.items():
+        entry = held["bands"].get(key)
+        if entry:
+            expected.append(f"| {name} | {_band(entry.get('unseen'))} | {_band(entry.get('all'))} |")
+    assert _readme_table() == expected
+
+
+def test_accuracy_doc_quotes_the_held_out_figure(summary):
     pooled = summary["leave_one_group_out"]["pooled"]
     line = next(
-        x for x in (ROOT / "README.md").read_text().split("\n\n") if x.startswith("Accuracy on published")
+        x
+        for x in ACCURACY_DOC.read_text(encoding="utf-8").split("\n\n")
+        if x.startswith("Accuracy on published")
     )
     assert "held-out" in line or "leave-one-group-out" in line
     assert (
@@ -157,10 +199,10 @@ def test_a_group_spanning_engines_keeps_every_engines_rows():
 
 def test_band_coverage_is_printed_per_engine_and_quoted_from_the_same_figures(summary):
     """The share of measurements inside the plan's band and the band's width, per engine, on the never-seen
-    groups and on every row: the README quotes exactly what the benchmark computes."""
+    groups and on every row: docs/accuracy.md quotes exactly what the benchmark computes."""
     bands = summary["leave_one_group_out"]["bands"]
     assert {"vllm", "sglang", "tgi", "llama.cpp"} <= set(bands)
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join(ACCURACY_DOC.read_text(encoding="utf-8").split())
 
     def share(e):  # "88.9 % of 18"
         return f"{e['inside'] * 100:.1f} % of {e['n']}"

@@ -36,9 +36,44 @@ def test_readme_opens_with_the_install_and_test_commands():
     assert "scripts/test" in (ROOT / ".ci" / "run").read_text()
 
 
+def test_readme_how_to_begins_on_its_first_screen():
+    """Before the first recipe: the title, what vramlab answers in a short paragraph and the two
+    commands; nothing else (no accuracy batches, no caveats). About 15 source lines, which render
+    in well under 900 px."""
+    lines = README.splitlines()
+    first = next(n for n, ln in enumerate(lines) if ln.startswith("## "))
+    assert lines[first] == "## Plan a model on a card", lines[first]
+    intro = "\n".join(lines[:first])
+    prose = re.sub(r"```.*?```", "", intro, flags=re.S)
+    assert first <= 18 and len(prose.split()) <= 120, (first, len(prose.split()))
+    assert intro.count("```bash") == 1
+    # the other pieces a new user asks about have their own place further down
+    headings = [ln for ln in lines if ln.startswith("## ")]
+    assert headings.index("## Run against your own vLLM, SGLang, llama.cpp or Ollama") < headings.index(
+        "## Multi-node"
+    )
+    assert headings.index("## Multi-node") < headings.index("## Accuracy")
+    multi = README.split("## Multi-node", 1)[1].split("\n## ", 1)[0]
+    assert "does **not** plan" in multi and "**inside one node**" in multi
+
+
 def test_docs_linked_from_the_readme_exist():
     for link in re.findall(r"\]\((docs/[^)]+)\)", README):
         assert (ROOT / link).exists(), link
+
+
+def test_every_relative_link_in_the_readme_and_docs_resolves():
+    """A Markdown link to a file of the repository, from the README or a docs/ page, names a file that
+    exists (relative to the page; an #anchor is left aside); web links are not followed."""
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            path = target.split("#", 1)[0]
+            if not path or re.match(r"^[a-z]+:", path):
+                continue
+            if not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken
 
 
 # Packages that must stay free of I/O: the contract "pure" in pyproject.toml forbids their imports
@@ -200,6 +235,8 @@ def _readme_commands() -> list[str]:
             first = cmd.split()[1]
             if first in ("plan", "models", "gpus", "pack", "alerts") and ">" not in cmd:
                 out.append(cmd)
+            elif first == "check-log" and (ROOT / cmd.split()[2]).exists():  # a log shipped in the repository
+                out.append(cmd)
     return out
 
 
@@ -212,10 +249,32 @@ def test_readme_commands_run(cmd, tmp_path):
         subprocess.run([VRAMLAB, "examples"], capture_output=True, timeout=60, cwd=tmp_path).returncode == 0
     )
     args = shlex.split(cmd)[1:]
-    r = subprocess.run([VRAMLAB, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    # pasted in a clone's root where it names a file of the repository, else in an empty folder
+    cwd = ROOT if args[0] == "check-log" else tmp_path
+    r = subprocess.run([VRAMLAB, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
     # a plan verdict (0 fits, 1 does not fit, 3 at risk, 4 part of the model on the CPU), never bad input or a bug
     assert r.returncode in (0, 1, 3, 4), f"{cmd}: {r.stderr}"
     assert r.stdout.strip() and "Traceback" not in r.stderr
+
+
+def test_readme_plans_for_your_own_endpoint_load_as_written():
+    """The README's plans for a real server, as a reader saves them: the experiment whole, the drill's
+    target into examples/oom-drill.yaml. `target.kind` names the engine in the one and the process
+    manager in the other, and each says so beside it."""
+    import yaml
+
+    from vramlab.drill.plan import parse_plan as parse_drill
+    from vramlab.experiment.plan import parse_plan as parse_experiment
+
+    experiment, drill_target = re.findall(r"```yaml\n(.*?)```", README, re.S)
+    plan = parse_experiment(experiment, "my-endpoint.yaml")
+    assert (plan.target.kind, plan.target.environment) == ("vllm", "test")
+    assert plan.target.metrics_url and plan.metrics and plan.capacity is not None
+    doc = yaml.safe_load((ROOT / "examples" / "oom-drill.yaml").read_text())
+    doc["target"] = yaml.safe_load(drill_target)["target"]
+    drill = parse_drill(doc, "oom-drill.yaml")
+    assert (drill.target.kind, drill.target.engine, drill.target.environment) == ("systemd", "vllm", "test")
+    assert "here, the engine" in experiment and "here, how to stop, start and restart it" in drill_target
 
 
 def test_no_code_writes_pydantic_private_attributes():
@@ -304,7 +363,7 @@ def test_readme_experiment_and_drill_commands_run_in_an_empty_folder(tmp_path):
         ran.append(cmd)
         return out
 
-    for cmd in _readme_block("Run controlled experiments"):
+    for cmd in _readme_block("Run against your own vLLM, SGLang, llama.cpp or Ollama"):
         if "postgresql://" in cmd or cmd.startswith("vramlab demo"):
             continue
         if cmd.startswith("vramlab run "):
@@ -317,7 +376,7 @@ def test_readme_experiment_and_drill_commands_run_in_an_empty_folder(tmp_path):
             cmd = cmd.replace("7f3a", ids[0]).replace("91bc", ids[1])
         sh(cmd)
     assert (tmp_path / "report.html").read_text().count("<table") >= 4
-    for cmd in _readme_block("Drill OOM and write the incident report"):
+    for cmd in _readme_block("Drill an OOM and write the incident report"):
         if cmd.startswith("vramlab drill "):
             out = sh(cmd)
             ids.append(re.search(r"^([0-9a-f]{8}): ", out.stdout, re.M).group(1))  # type: ignore[union-attr]
@@ -325,7 +384,9 @@ def test_readme_experiment_and_drill_commands_run_in_an_empty_folder(tmp_path):
         sh(cmd.replace("7f3a", ids[-1]))
     assert "restarted vllm" in (tmp_path / "incident.html").read_text()
     assert "groups:" in (tmp_path / "rules.yml").read_text()
-    for cmd in _readme_block("Several models on shared GPUs"):  # pack, and the co-location drill as pasted
+    for cmd in _readme_block(
+        "Pack several models on shared GPUs"
+    ):  # pack, and the co-location drill as pasted
         sh(cmd)
     assert (tmp_path / "memmap.png").stat().st_size > 0
     assert len(ran) >= 12, ran

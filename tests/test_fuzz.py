@@ -364,6 +364,30 @@ def test_fuzz_sse_stream(events: list[bytes], sep: bytes, cuts: list[int], api: 
     bounded("sse", go)
 
 
+# -- request traces (Mooncake JSONL, BurstGPT CSV, vramlab JSONL) --------------------------------
+SAMPLE_LINES = {
+    "mooncake": (ROOT / "examples" / "mooncake-sample.jsonl").read_text().splitlines()[:6],
+    "burstgpt": (ROOT / "examples" / "burstgpt-sample.csv").read_text().splitlines()[:6],
+    "jsonl": (ROOT / "examples" / "trace.jsonl").read_text().splitlines()[:6],
+}
+
+
+@FUZZ
+@given(
+    st.sampled_from(sorted(SAMPLE_LINES)),
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 80), st.text(max_size=8)), max_size=4),
+    st.one_of(st.none(), st.integers(1, 5)),
+)
+def test_fuzz_trace(fmt: str, edits: list[tuple[int, int, str]], max_requests: int | None) -> None:
+    from vramlab.load.trace import parse_trace
+
+    lines = list(SAMPLE_LINES[fmt])
+    for i, at, junk in edits:
+        line = lines[i % len(lines)]
+        lines[i % len(lines)] = line[:at] + junk + line[at + len(junk) :]
+    bounded("trace", lambda: parse_trace("\n".join(lines), fmt, 1.0, max_requests))  # type: ignore[arg-type]
+
+
 def test_every_target_ran_its_budget() -> None:
     """Run last (file order): each target saw its full, fixed number of examples."""
     if len(STATS) < 6:

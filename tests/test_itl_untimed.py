@@ -141,7 +141,14 @@ def test_a_version_3_store_upgrades_and_old_rows_read_unknown(store_url) -> None
     assert [r.itl_untimed_gaps for r in back] == [None, 3, 0]
     with open_store(store_url) as store:
         doc = build_document(load_context(store, "0123abcd"))
-    summary = [i for b in doc.sections[0].blocks if isinstance(b, Bullets) for i in b.items]
+    summary = [
+        i
+        for s in doc.sections
+        if s.id == "summary"
+        for b in s.blocks
+        if isinstance(b, Bullets)
+        for i in b.items
+    ]
     # The old row's gaps are timed (its itl_ms); its untimed count is unknown, so the sum is of the rows that know.
     line = next(i for i in summary if i.startswith("ITL P99"))
     assert "over 4 timed gaps; 3 (" in line, line
@@ -304,5 +311,12 @@ def test_an_old_run_without_counts_says_so(tmp_path: Path) -> None:
         store.create_run(RunRecord(run_id="0123abcd", name="old", started_at=1.0, status="completed"))
         store.add_requests("0123abcd", [_req(1, [4.0, 5.0], None)])
         doc = build_document(load_context(store, "0123abcd"))
-    items = [i for b in doc.sections[0].blocks if isinstance(b, Bullets) for i in b.items]
+    items = [
+        i
+        for s in doc.sections
+        if s.id == "summary"
+        for b in s.blocks
+        if isinstance(b, Bullets)
+        for i in b.items
+    ]
     assert "ITL P99 5.0 ms over 2 timed gaps; how many could not be timed was not recorded" in items

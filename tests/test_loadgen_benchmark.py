@@ -71,6 +71,9 @@ def test_quick_run_prints_the_table(server: str, tmp_path: Path) -> None:
         assert re.match(r"\d+\.\d\dx", rows["vramlab (client + driver)"][6])
     else:
         assert "locust" not in tools.split(",") or "locust is not installed" in text
+    # the client's P99 over the bare-sleep floor measured in the same run, with its bar
+    floor = r"^P99 over the floor: vramlab [\d.]+ ms / [\d.]+ ms = \d+\.\d\dx \(bar <= 2x: (met|NOT met)\)$"
+    assert re.search(floor, text, re.M), text
     raw = json.loads(r.stdout[r.stdout.index("\n{") + 1 :])
     vr = raw["vramlab"]
     # Every probe of the overhead run came back, and the held streams were really cycling.

@@ -24,6 +24,7 @@ PLANS = {
     "oom-drill": "drill",
     "cotenant-drill": "drill",
     "colocation-drill": "colocation",
+    "trace-replay": "experiment",
 }
 LOADERS: dict[str, Callable[[Path], experiment_plan.Plan | drill_plan.DrillPlan]] = {
     "experiment": experiment_plan.load_plan,

@@ -45,27 +45,32 @@ def test_markdown_from_the_store(store_url):
     with open_store(store_url) as store:
         synth.insert(store)
         md = render(load_context(store, "7f3a"), "md")
-    for heading in (
+    headings = [ln for ln in md.splitlines() if ln.startswith("#")]
+    # The answer first; the plan as run and the environment last, in the appendix.
+    assert headings == [
         "# vramlab experiment 7f3a91bc: concurrency-ramp",
+        "## Answer",
         "## Summary",
-        "## Plan",
-        "## Environment",
+        "## Warnings",
         "## Baseline, treatment and recovery by round",
+        "## Thresholds",
         "## Per step",
         "## Charts",
         "## Stability across rounds",
         "## Return to baseline",
         "## Stops, rollbacks and other events",
         "## Notes",
-    ):
-        assert heading in md
+        "## Appendix",
+        "### Plan",
+        "### Environment",
+    ], headings
     # baseline P50/P95/P99 (200/290/298), the concurrency-8 step P95, the 503 step's error rate
     assert "| 0 | baseline | 21 | 0.0% | 2.00 | 290.0 | – | – | 10.0% | 70.25 |" in md  # signals side by side
     assert "| 0 | baseline | 128.00 | 72.5 | 200.0 | 298.0 | 300.0 | 292.0 |" in md  # latency detail
     assert "| 1 | treatment | 2 | 8 | 21 | 23.8% |" in md and "992.5" in md
     assert "| 2 | yes | 5.2 s | 290.0 | 1,060.0 |" in md
     assert "| treatment | 2 | error_rate | r0: 0.0%, r1: 23.8%, r2: 0.0% | 23.8% | – | round 1 |" in md
-    assert "Round 2 returned to baseline: yes after 5.2 s" in md
+    assert "Returned to baseline: round 0 yes at once; round 1 yes at once; round 2 yes after 5.2 s" in md
     assert "| 95.0 | stop_condition | round 1 treatment step 2 | error rate 23.8% > 20% for 5 s |" in md
     assert "rollback: curl -X POST http://127.0.0.1:8000/reset" in md
     assert "| gpu_name | NVIDIA H100 80GB HBM3 |" in md and "| target.environment | test |" in md

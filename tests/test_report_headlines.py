@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import _synthetic_run as synth
 from _narrow import stand_in
 from vramlab.report import load_context
-from vramlab.report.blocks import Bullets, Table, Text
+from vramlab.report.blocks import Bullets, Table, Text, Verdict
 from vramlab.report.sections import build_document
 from vramlab.store import open_store
 
@@ -56,7 +56,8 @@ def test_experiment_summary_agrees_with_thresholds_and_recovery_tables(tmp_path)
     with open_store(str(tmp_path / "v.db")) as store:
         synth.insert(store)
         doc = _doc(store, synth.RUN_ID)
-    summary = _bullets(_section(doc, "summary"))
+    verdict = next(b for b in _section(doc, "answer").blocks if isinstance(b, Verdict))
+    summary = verdict.details
     line = next(i for i in summary if i.startswith("Thresholds held"))
     m = re.search(
         r"up to: concurrency (\S+); first breach: round (\d+) (\w+) at concurrency (\S+), (\w+) (.+?) vs "
@@ -80,14 +81,20 @@ def test_experiment_summary_agrees_with_thresholds_and_recovery_tables(tmp_path)
     }
     assert float(held) == max(v for v in ok_values if v < float(value))
     rec = _rows(_tables(_section(doc, "recovery"))[0])
-    for item in summary:
-        m = re.match(r"Round (\d+) returned to baseline: (yes|no)(?: after (\S+) s)?", item)
-        if m:
-            row = next(r for r in rec if r["round"] == m.group(1))
-            assert row["returned"] == m.group(2)
-            if m.group(3):
-                assert row["when (into recovery)"] == f"{m.group(3)} s"
-    assert any(i.startswith("Round 2 returned") for i in summary)
+    returned = next(i for i in summary if i.startswith("Returned to baseline: "))
+    said = re.findall(r"round (\d+) (yes|no)(?: after (\S+) s| at once)?", returned)
+    assert [r for r, _, _ in said] == [r["round"] for r in rec], returned
+    for said_round, yes, after in said:
+        row = next(r for r in rec if r["round"] == said_round)
+        assert row["returned"] == yes
+        if after:
+            assert row["when (into recovery)"] == f"{after} s"
+    # The verdict is the first breach the thresholds table shows, with the same figures.
+    assert verdict.status == "not-held"
+    assert verdict.headline.startswith(
+        f"The hypothesis did not hold: {metric} {seen} against its limit {limit}"
+    )
+    assert f"round {rnd} {phase} at concurrency {value} (the first breach)" in verdict.headline
 
 
 # -- incident and co-location (real drills against sims) ---------------------------------------------
@@ -174,6 +181,38 @@ def test_incident_headline_clocks_are_the_recovery_tables(drills):
     if m:
         predicted, failed_at = (float(x.replace(",", "")) for x in m.groups())
         assert ("unsafe side" in cause) == (predicted >= failed_at), cause
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_drill_answer_is_the_incidents_own_figures(drills):
+    """The answer box on the incident report's first screen: its failure mode, clocks, first signal
+    and impact are the incident sections' (never a figure of its own)."""
+    store, run_id, coloc, _ = drills
+    doc = _doc(store, run_id)
+    verdict = next(b for b in _section(doc, "answer").blocks if isinstance(b, Verdict))
+    cause = _bullets(_section(doc, "incident-cause"))
+    mode = next(c for c in cause if c.startswith("**Failure mode:**")).split("** ", 1)[1]
+    clocks = {r["figure"]: r["value"] for r in _rows(_tables(_section(doc, "incident-recovery"))[0])}
+    impact = {r["impact"]: r["value"] for r in _rows(_tables(_section(doc, "incident-impact"))[0])}
+    head = _bullets(_section(doc, "incident"))[0].strip("*")
+    assert verdict.headline.startswith(mode) and head.startswith(verdict.headline.split(";")[0])
+    details = dict(d.split(": ", 1) for d in verdict.details if ": " in d)
+    assert details["Failure mode"].startswith(f"`{mode}`")
+    assert details["Time to detect"].startswith(f"{clocks['time to detect']} after T0")
+    if clocks["time to recover"] == "–":
+        assert verdict.status == "not-held" and "not recovered" in verdict.headline
+    else:
+        assert verdict.status == "recovered"
+        assert verdict.headline.endswith(f"recovered in {clocks['time to recover']} from T0")
+    assert details["Impact"].startswith(f"{impact['failed attempts']} failed requests")
+    order = [t for t in _tables(_section(doc, "incident-detection")) if t.headers[0] == "signal"][0]
+    assert details["First abnormal signal"].startswith(f"{order.rows[0][0]} = ")
+    # the co-location drill whose added models were refused does not call itself held
+    coloc_doc = _doc(store, coloc)
+    coloc_verdict = next(b for b in _section(coloc_doc, "answer").blocks if isinstance(b, Verdict))
+    refused = "did not start" in _bullets(_section(coloc_doc, "incident"))[0]
+    assert (coloc_verdict.status == "not-held") == refused or coloc_verdict.status == "recovered"
 
 
 @pytest.mark.slow

@@ -369,6 +369,7 @@ def test_drill_kills_and_hangs_the_engine_and_the_vllm_target_stops_its_group(en
             asyncio.get_running_loop().call_later(1.5 if not acted else 1.0, act)
 
     t = time.monotonic()
+    since_epoch = time.time()  # the shared-memory check compares file times, which are wall-clock
     try:
         result = asyncio.run(asyncio.wait_for(run_drill_kind(runner, store, subscribers=[on_event]), 1100))
     finally:
@@ -391,7 +392,9 @@ def test_drill_kills_and_hangs_the_engine_and_the_vllm_target_stops_its_group(en
     assert log.count("CPU KV cache size") >= 3, "three start-ups: the first and two restarts"
     for name in re.findall(r"file:///tmp/(vllm_dist_[0-9a-f]+)", log):
         assert not Path("/tmp", name).exists(), name  # each start's rendezvous file is cleaned
-    assert not [p for p in Path("/dev/shm").glob("psm_*") if p.stat().st_mtime >= t and not _mapped(p)]
+    assert not [
+        p for p in Path("/dev/shm").glob("psm_*") if p.stat().st_mtime >= since_epoch and not _mapped(p)
+    ]
     from vramlab.analysis.incident import analyse
 
     inc = analyse(store.requests(rid), store.samples(rid), events, p95_tolerance=50)

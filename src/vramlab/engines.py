@@ -69,6 +69,11 @@ ENGINES: dict[str, Engine] = {
                 "num_preemptions_total": ("vllm:num_preemptions", "vllm:num_preemptions_total"),
                 "prompt_tokens_total": ("vllm:prompt_tokens",),
                 "generation_tokens_total": ("vllm:generation_tokens",),
+                # the prefix cache in tokens: vLLM V1's counters (renamed from gpu_prefix_cache_* in
+                # 0.9, vllm/v1/metrics/loggers.py); V0's block hit rate
+                "prefix_cache_queries_total": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
+                "prefix_cache_hits_total": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
+                "prefix_cache_hit_rate": ("vllm:gpu_prefix_cache_hit_rate",),
             },
             sim=True,
             serve_command="vllm serve",
@@ -88,6 +93,8 @@ ENGINES: dict[str, Engine] = {
                 "generation_tokens_total": ("sglang:generation_tokens",),
                 "kv_cache_tokens": ("sglang:num_used_tokens",),
                 "kv_cache_pool_tokens": ("sglang:max_total_num_tokens",),
+                # the radix cache's hit rate (sglang/srt/metrics/collector.py)
+                "prefix_cache_hit_rate": ("sglang:cache_hit_rate",),
             },
             sim=True,
             serve_command="python -m sglang.launch_server --model-path",

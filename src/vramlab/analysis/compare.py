@@ -48,18 +48,19 @@ HASHED_PARTS = ("fixed", "load", "phases", "target.model", "target.api")
 SHOWN_FIELDS = 4
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested document as dotted paths -> leaf values."""
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for k, v in value.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
         return out
     return {prefix: value}
 
 
 def plan_fields_that_differ(a: dict[str, Any], b: dict[str, Any], kind: str) -> list[str]:
     """The stored plans' fields (dotted paths) whose values differ, within what the plan hash covers."""
-    fa, fb = _flatten(a), _flatten(b)
+    fa, fb = flatten(a), flatten(b)
     keys = sorted(set(fa) | set(fb))
     if kind == "experiment":
         keys = [k for k in keys if k == "target.model" or k.startswith(tuple(p + "." for p in HASHED_PARTS))]
@@ -86,7 +87,7 @@ def fixed_differences(a: RunAnalysis, b: RunAnalysis) -> list[str]:
     return out
 
 
-def _cells(an: RunAnalysis) -> dict[tuple[str, str], dict[str, float]]:
+def _cells(an: RunAnalysis, names: tuple[str, ...] = KEY_METRICS) -> dict[tuple[str, str], dict[str, float]]:
     """(phase, step label) -> metric -> median over rounds."""
     per: dict[tuple[str, str], dict[str, list[float]]] = {}
     for res in an.steps:
@@ -98,9 +99,14 @@ def _cells(an: RunAnalysis) -> dict[tuple[str, str], dict[str, float]]:
         )
         cell = per.setdefault((w.phase, label), {})
         for k, v in res.metrics().items():
-            if k in KEY_METRICS:
+            if k in names:
                 cell.setdefault(k, []).append(v)
     return {key: {m: statistics.median(vs) for m, vs in ms.items()} for key, ms in per.items()}
+
+
+def requests_per_cell(an: RunAnalysis) -> dict[tuple[str, str], float]:
+    """(phase, step label) -> the median number of requests a window of it held, over rounds."""
+    return {k: v["requests"] for k, v in _cells(an, ("requests",)).items() if "requests" in v}
 
 
 def compare_runs(a: RunAnalysis, b: RunAnalysis) -> RunComparison:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from vramlab.analysis.rounds import (
     Recovery,
@@ -13,7 +14,10 @@ from vramlab.analysis.rounds import (
     returned_to_baseline,
     stability,
 )
+from vramlab.analysis.slo_search import searches
+from vramlab.analysis.soak import SoakResult, soak_result
 from vramlab.analysis.stats import RequestSummary, Slo, request_span, summarize_requests
+from vramlab.analysis.tenants import TenantWindow, tenant_slos, tenant_windows
 from vramlab.analysis.thresholds import (
     ThresholdCheck,
     check_thresholds,
@@ -78,6 +82,9 @@ class RunAnalysis:
     thresholds: list[ThresholdCheck] = field(default_factory=list)  # per step window, from plan.metrics
     highest_passing_value: float | None = None  # the changed variable's observed limit
     queueing_from_value: float | None = None  # lowest step value where the engine queued requests
+    searches: list[dict[str, Any]] = field(default_factory=list)  # change.search: each round's answer
+    tenants: list[TenantWindow] = field(default_factory=list)  # conversations: each tenant's SLO, per step
+    soak: list[SoakResult] = field(default_factory=list)  # change.soak: each round's verdict
     few_rounds: bool = False  # a complete run of fewer than MIN_ROUNDS rounds (its warning says so)
 
     @property
@@ -162,8 +169,9 @@ def analyze_run(
     slo: Slo | None = None,
 ) -> RunAnalysis:
     limits = {k: float(v) for k, v in (run.plan.get("metrics") or {}).items() if isinstance(v, (int, float))}
-    if slo is None:
-        slo = slo_from_metrics(limits)
+    if slo is None:  # the plan's thresholds, else its search's SLO: the per-request SLO of goodput
+        search_slo = ((run.plan.get("change") or {}).get("search") or {}).get("slo") or {}
+        slo = slo_from_metrics(limits) or slo_from_metrics(search_slo)
     step_windows, phase_windows = find_windows(requests, events)
     by_step: dict[tuple[int, str, int], list[RequestRecord]] = {}
     by_phase: dict[tuple[int, str], list[RequestRecord]] = {}
@@ -222,5 +230,27 @@ def analyze_run(
         thresholds=checks,
         highest_passing_value=highest_passing_value(checks),
         queueing_from_value=min(queued) if queued else None,
+        searches=searches(events),
+        tenants=tenant_windows(steps, requests, tenant_slos(run.plan)),
+        soak=_soaks(run, steps, by_step, samples, events),
         few_rounds=_few_rounds(complete, rounds),
     )
+
+
+def _soaks(
+    run: RunRecord,
+    steps: Sequence[WindowResult],
+    by_step: dict[tuple[int, str, int], list[RequestRecord]],
+    samples: Sequence[SampleRecord],
+    events: Sequence[EventRecord],
+) -> list[SoakResult]:
+    limits = (run.plan.get("change") or {}).get("soak")
+    if not limits:
+        return []
+    out = []
+    for s in steps:
+        w = s.window
+        if w.phase == "treatment":
+            mine = by_step.get((w.round, w.phase, w.step or 0), [])
+            out.append(soak_result(limits, mine, samples, events, (w.start_s, w.end_s)))
+    return out

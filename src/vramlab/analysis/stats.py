@@ -94,7 +94,7 @@ class RequestSummary:
     errors_by_class: dict[str, int]
     throughput_rps: float
     output_tok_s: float
-    goodput_rps: float | None
+    goodput_rps: float | None  # requests inside the SLO per second (None: no SLO given)
     ttft: Distribution | None
     tpot: Distribution | None
     itl: Distribution | None
@@ -111,6 +111,7 @@ class RequestSummary:
     # successful requests whose output tokens were counted from stream chunks (the server sent no
     # usage and no count of its own): output_tok_s rests on an estimate for them
     tokens_estimated: int = 0
+    goodput_tok_s: float | None = None  # the output tokens of the requests inside the SLO, per second
 
     @property
     def itl_untimed_share(self) -> float | None:
@@ -172,9 +173,11 @@ def summarize_requests(
     per_s = (1.0 / duration_s) if duration_s > 0 else 0.0
     out_tokens = math.fsum(float(r.output_tokens or 0) for r in ok)
     known = [r.itl_untimed_gaps for r in ok if r.itl_untimed_gaps is not None]
-    good = None
+    good = good_tok = None
     if slo is not None:
-        good = sum(1 for r in ok if slo.met_by(r)) * per_s
+        inside = [r for r in ok if slo.met_by(r)]
+        good = len(inside) * per_s
+        good_tok = math.fsum(float(r.output_tokens or 0) for r in inside) * per_s
     return RequestSummary(
         count=n,
         ok=len(ok),
@@ -195,6 +198,7 @@ def summarize_requests(
         itl_timed=sum(len(r.itl_ms) for r in ok),
         itl_untimed=sum(known) if known else None,
         tokens_estimated=sum(1 for r in ok if r.output_tokens_source == "chunks"),
+        goodput_tok_s=good_tok,
     )
 
 

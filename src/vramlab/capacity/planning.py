@@ -11,6 +11,7 @@ from vramlab.capacity.constants import Constants
 from vramlab.capacity.estimate import Estimate
 from vramlab.capacity.gpus import GPU
 from vramlab.capacity.model import estimate, max_len_that_fits, safe_at_planned_length, safe_operating_point
+from vramlab.capacity.prefix import PrefixSharing, prefix_sharing
 from vramlab.capacity.settings import EngineSettings
 from vramlab.capacity.spec import ModelSpec
 from vramlab.capacity.validation import check_settings
@@ -169,6 +170,7 @@ class Plan:
     max_model_len_at_concurrency: int | None = None
     concurrency: int | None = None
     calibration: str | None = None
+    prefix: PrefixSharing | None = None  # --prefix-shared-tokens: the users a shared prefix adds
 
     def to_json(self) -> dict[str, Any]:
         out = self.estimate.to_json()
@@ -178,6 +180,8 @@ class Plan:
         if self.concurrency is not None:
             out["concurrency"] = self.concurrency
             out["max_model_len_at_concurrency"] = self.max_model_len_at_concurrency
+        if self.prefix is not None:
+            out["prefix_sharing"] = self.prefix.to_json()
         out["calibration"] = self.calibration
         return out
 
@@ -189,6 +193,8 @@ def make_plan(
     constants: Constants | None = None,
     margin: float = 0.10,
     concurrency: int | None = None,
+    prefix_shared_tokens: int | None = None,
+    request_tokens: int | None = None,
 ) -> Plan:
     est = estimate(model, gpu, settings, constants)
     safe = safe_operating_point(model, gpu, settings, constants, margin, concurrency)
@@ -203,6 +209,11 @@ def make_plan(
         if concurrency < 1:
             raise ConfigError(f"--concurrency must be at least 1, got {concurrency}")
         longest = max_len_that_fits(model, gpu, settings, constants, concurrency)
+    prefix = None
+    if prefix_shared_tokens is not None:
+        if prefix_shared_tokens < 0 or (request_tokens is not None and request_tokens < 1):
+            raise ConfigError("--prefix-shared-tokens must be >= 0 and --request-tokens at least 1")
+        prefix = prefix_sharing(est, prefix_shared_tokens, request_tokens)
     return Plan(
         est,
         safe,
@@ -210,6 +221,7 @@ def make_plan(
         longest,
         concurrency,
         constants.profile if constants and constants.profile != "defaults" else None,
+        prefix,
     )
 
 

@@ -20,7 +20,7 @@ def packaged() -> dict[str, bytes]:
     return {
         p.name: p.read_bytes()
         for p in sorted(root.iterdir(), key=lambda p: p.name)
-        if p.is_file() and p.name.endswith((".yaml", ".jsonl"))
+        if p.is_file() and p.name.endswith((".yaml", ".jsonl", ".csv"))
     }
 
 

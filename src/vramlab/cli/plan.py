@@ -9,6 +9,7 @@ examples:
   vramlab plan --model qwen3-30b-a3b --gpu rtx-4090 --engine llama.cpp --quantization Q4_K_M -c 64k --n-cpu-moe 4
   vramlab plan --model qwen3-8b --gpu rtx-3070 --engine ollama --quantization Q4_K_M --max-model-len 32k
   vramlab plan --model qwen3-8b --gpu l4 --sweep max-model-len=2k,8k,32k --sweep max-num-seqs=16,64,256 --plot grid.png
+  vramlab plan --model llama-3.1-8b-instruct --gpu l4 --prefix-shared-tokens 2000 --request-tokens 3000
 
 Settings left out take the engine's own defaults for that version and GPU. Byte figures print
 in GiB (2^30 bytes); --json prints integers in bytes (docs/plan-json.md).
@@ -87,7 +88,16 @@ def run(args: argparse.Namespace) -> int:
             if not args.json:
                 print(f"plot written to {args.plot}")
         return 0
-    plan = make_plan(model, gpu, settings, constants, margin=args.margin, concurrency=args.concurrency)
+    plan = make_plan(
+        model,
+        gpu,
+        settings,
+        constants,
+        margin=args.margin,
+        concurrency=args.concurrency,
+        prefix_shared_tokens=args.prefix_shared_tokens,
+        request_tokens=args.request_tokens,
+    )
     if args.json:
         print(json.dumps(plan.to_json(), indent=1))
     else:

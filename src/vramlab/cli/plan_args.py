@@ -309,6 +309,19 @@ def _output(o: argparse._ArgumentGroup) -> None:
         "--concurrency", type=int, help="also report the largest max_model_len for this many sequences"
     )
     o.add_argument("--margin", type=float, default=0.10, help="safety margin of the KV pool (default 0.10)")
+    o.add_argument(
+        "--prefix-shared-tokens",
+        type=int,
+        metavar="N",
+        help="every request shares its first N tokens (a system prompt): how many more users the pool "
+        "holds with prefix caching (at --request-tokens)",
+    )
+    o.add_argument(
+        "--request-tokens",
+        type=int,
+        metavar="L",
+        help="with --prefix-shared-tokens: one request's whole length, prompt and answer (default max-model-len)",
+    )
     o.add_argument("--calibration", help="a calibration profile from `vramlab calibrate`")
     o.add_argument(
         "--sweep",

@@ -114,6 +114,22 @@ def _engine_settings(s: argparse.ArgumentParser) -> None:
         help="vLLM --max-num-batched-tokens / SGLang --chunked-prefill-size: the largest prefill step",
     )
     s.add_argument("--kv-cache-dtype", default="auto", help="KV cache dtype (default auto)")
+    s.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vLLM's flag: prefix caching on/off (default: the engine's own: on in vLLM 0.8+, SGLang, TGI 3)",
+    )
+    s.add_argument(
+        "--disable-radix-cache",
+        action="store_true",
+        help="SGLang's flag: no prefix caching",
+    )
+    s.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="vLLM's flag: usage.prompt_tokens_details.cached_tokens in every answer",
+    )
     s.add_argument("-tp", "--tensor-parallel-size", "--tp-size", type=int, default=1, help="GPUs (default 1)")
 
 
@@ -176,6 +192,8 @@ def _serve(args: argparse.Namespace) -> int:
         log_stats_interval_s=args.log_stats_interval_s,
         estimate=est,
         start_barrier=args.start_barrier,
+        prefix_caching=False if args.disable_radix_cache else args.enable_prefix_caching,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
     )
     return asyncio.run(serve_forever(cfg))
 

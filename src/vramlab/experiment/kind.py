@@ -38,6 +38,7 @@ from vramlab.run.stop import StopMonitor, StopReason
 from vramlab.run.window import Lane, WindowExecutor, request_record
 
 if TYPE_CHECKING:
+    from vramlab.experiment.search import SearchSteps
     from vramlab.run.runner import Runner
 
 _SOURCES = {"gpu", "ledger", "engine", "prometheus", "host", "health", "ollama"}
@@ -83,7 +84,12 @@ class ExperimentKind:
         self.plan = plan
         self.o = options
         self.rounds = range(1, (options.rounds or plan.rounds) + 1)
-        self.strategy = options.strategy or FixedSteps(plan.change.values())
+        self._search: SearchSteps | None = None  # change.search: each treatment window a probe
+        if options.strategy is None and plan.change.search is not None:
+            from vramlab.experiment.search import SearchSteps
+
+            self._search = SearchSteps(plan, lambda kind, msg, data: self.run.emit(kind, msg, data))
+        self.strategy = options.strategy or self._search or FixedSteps(plan.change.values())
         self.monitor = StopMonitor(plan.stop_conditions, plan.wall_clock_s())
         self.wall_clock_s = self.monitor.wall_clock_s
         self.run_id = options.run_id or new_run_id()
@@ -98,6 +104,7 @@ class ExperimentKind:
         self._baseline: BaselineTally | None = None  # the running baseline's requests (baseline_check)
         self._env_notes: list[str] = []
         self._outcome: StepOutcome | None = None  # the last treatment step's
+        self._trace_noted = False
 
     def attach(self, run: Runner) -> None:
         self.run = run
@@ -184,8 +191,8 @@ class ExperimentKind:
         stack.push_async_callback(samplers.stop)
 
     async def _prompt_maker(self, stack: contextlib.AsyncExitStack) -> PromptMaker | None:
-        """Synthetic prompts sized in the target's tokenizer (load/tokens.py), said in a note."""
-        if self.plan.fixed.input.synthetic is None:
+        """Synthetic and trace prompts sized in the target's tokenizer (load/tokens.py), said in a note."""
+        if self.plan.fixed.input.synthetic is None and self.plan.fixed.input.trace is None:
             return None
         from vramlab.load.tokens import open_prompt_maker
 
@@ -242,7 +249,7 @@ class ExperimentKind:
         if value not in self._prompts:
             self._prompts[value] = await prompts_for(plan, value, self.o.base_dir, self._maker)
         seed = (plan.fixed.input.synthetic.seed if plan.fixed.input.synthetic else 0) * 1000 + step
-        shape = shape_for(plan, value, seed)
+        shape = shape_for(plan, value, seed, await self._schedule(value))
         stats = _WindowStats(where=(rnd, phase, step, value))
         at = f"round {rnd}/{n} {phase}" + (f" step {step}" if step else "")
         self.run.emit("phase_start", f"{at}: {var} = {value:g}", {"variable": var, "value": value})
@@ -253,7 +260,7 @@ class ExperimentKind:
         lane = Lane(
             self._prompts[value],
             shape,
-            window_for(plan, self.monitor.wall_clock_s - self.run.now()),
+            window_for(plan, self.monitor.wall_clock_s - self.run.now(), phase),
             on_result,
             f"{rnd}{phase[0]}{step}-",
         )
@@ -316,6 +323,18 @@ class ExperimentKind:
             )
         return StepOutcome(step, value, stats.requests, stats.errors, p95, self.run.stop)
 
+    async def _schedule(self, value: float) -> tuple[float, ...] | None:
+        """A trace's send times for this window (None: the load's arrival process); its note once."""
+        if self.plan.fixed.input.trace is None:
+            return None
+        from vramlab.experiment.wiring import trace_input, trace_schedule
+
+        trace, _, note = await trace_input(self.plan, self.o.base_dir, self._maker)
+        if not self._trace_noted:
+            self._trace_noted = True
+            self.run.note(note)
+        return trace_schedule(trace, self.plan, value)
+
     # -- inputs from the load and the samplers --------------------------------------------------
     # A window's results become records in small bursts: every RECORD_EVERY_S (so a crash or SIGKILL
     # loses at most about half a second with the writer's own flush, and a store that refuses rows
@@ -356,6 +375,8 @@ class ExperimentKind:
         for res in results:
             rec = request_record(res, run_id, t0, rnd, phase, step, value)
             fire(Event("request", rec.end_s or 0.0, rnd, phase, step, payload=rec))
+            if self._search is not None:
+                self._search.add(rec)
 
     def _on_samples(self, samples: list[Sample]) -> None:
         recs = []

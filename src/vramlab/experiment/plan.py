@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from vramlab.engines import EngineName
 from vramlab.errors import ConfigError
+from vramlab.experiment.plan_change import Search, Soak
+from vramlab.experiment.plan_conversations import Conversations
 from vramlab.plandoc import (
     CapacityFacts,
     PlanDocument,
@@ -142,11 +144,33 @@ class Synthetic(_Model):
 class InputSet(_Model):
     synthetic: Synthetic | None = None
     jsonl: str | None = None
+    trace: str | None = Field(
+        default=None, description="a request trace replayed at its own times (load/trace.py)"
+    )
+    format: Literal["mooncake", "burstgpt", "jsonl"] | None = Field(
+        default=None, description="the trace's format"
+    )
+    time_scale: float = Field(
+        default=1.0, gt=0, le=1e6, description="trace times x this (0.5: twice the rate)"
+    )
+    max_requests: int | None = Field(
+        default=None, gt=0, le=10_000_000, description="the trace's first N requests"
+    )
+    seed: int = Field(default=0, description="a trace's prompt text: the same seed, the same words")
+    conversations: Conversations | None = Field(
+        default=None, description="N conversations x T turns (experiment/plan_conversations.py)"
+    )
 
     @model_validator(mode="after")
     def _one(self) -> InputSet:
-        if (self.synthetic is None) == (self.jsonl is None):
-            raise ValueError("give exactly one of 'synthetic' or 'jsonl'")
+        if sum(x is not None for x in (self.synthetic, self.jsonl, self.trace, self.conversations)) != 1:
+            raise ValueError("give exactly one of 'synthetic', 'jsonl', 'trace' or 'conversations'")
+        if self.trace is not None and self.format is None:
+            raise ValueError("trace: needs format: mooncake, burstgpt or jsonl")
+        if self.trace is None and (
+            self.format is not None or self.max_requests is not None or self.time_scale != 1.0
+        ):
+            raise ValueError("format, time_scale and max_requests belong to a trace: (give trace: FILE)")
         return self
 
 
@@ -183,6 +207,19 @@ class Change(_Model):
     )
     steps: list[float] | None = None
     ramp: Ramp | None = None
+    search: Search | None = None  # the largest value meeting the SLO (experiment/plan_change.py)
+    soak: Soak | None = None  # one long treatment window, compared window by window
+
+    @model_validator(mode="before")
+    @classmethod
+    def _search_names_the_variable(cls, data: Any) -> Any:
+        # `change.search: {variable: concurrency | rate, ...}` may name the variable itself
+        if isinstance(data, dict) and isinstance(data.get("search"), dict) and data["search"].get("variable"):
+            named = {"rate": "request_rate"}.get(data["search"]["variable"], data["search"]["variable"])
+            if data.get("variable") not in (None, named):
+                raise ValueError(f"search.variable {named!r} and variable {data['variable']!r} differ")
+            return {**data, "variable": named, "search": {**data["search"], "variable": named}}
+        return data
 
     @field_validator("steps")
     @classmethod
@@ -196,11 +233,18 @@ class Change(_Model):
 
     @model_validator(mode="after")
     def _one(self) -> Change:
-        if (self.steps is None) == (self.ramp is None):
-            raise ValueError("give exactly one of 'steps' or 'ramp'")
+        if sum(x is not None for x in (self.steps, self.ramp, self.search, self.soak)) != 1:
+            raise ValueError("give exactly one of 'steps', 'ramp', 'search' or 'soak'")
+        if self.search is not None and self.variable not in ("concurrency", "request_rate"):
+            raise ValueError("search: the variable is concurrency or request_rate")
         return self
 
     def values(self) -> list[float]:
+        """The treatment values planned up front (a search's: its bracket's ends; a soak's one)."""
+        if self.search is not None:
+            return [self.search.low, self.search.high]
+        if self.soak is not None:
+            return [self.soak.value]
         return list(self.steps) if self.steps is not None else self.ramp.values()  # type: ignore[union-attr]
 
 
@@ -278,12 +322,29 @@ class Plan(_Model, PlanDocument):
         var, load = self.change.variable, self.load
         if var == "request_rate" and load.mode != "open":
             raise ValueError("@change.variable: request_rate needs load.mode: open")
-        if load.mode == "open" and load.request_rate is None and var != "request_rate":
+        if (
+            load.mode == "open"
+            and load.request_rate is None
+            and var != "request_rate"
+            and self.fixed.input.trace is None
+        ):
             raise ValueError("@load.mode: open needs load.request_rate")
         if var == "concurrency" and any(v != int(v) for v in self.change.values()):
             raise ValueError("@change: concurrency steps must be whole numbers")
+        if self.fixed.input.conversations is not None and load.mode != "closed":
+            raise ValueError(
+                "@load.mode: conversations are walked turn by turn by users: use load.mode: closed"
+            )
         if var == "prompt_tokens" and self.fixed.input.synthetic is None:
             raise ValueError("@change.variable: prompt_tokens needs a synthetic input set")
+        if self.fixed.input.trace is not None:
+            if load.mode != "open":
+                raise ValueError("@load.mode: a trace sets its own send times: use load.mode: open")
+            if var in ("request_rate", "output_tokens") and self.change.baseline is None:
+                raise ValueError(
+                    f"@change.baseline: a trace with {var} as the variable needs change.baseline "
+                    "(its value in baseline and recovery; the trace itself has no one value)"
+                )
         if "ledger" in self.samplers.sources and not self.samplers.ledger and self.target.sim is None:
             raise ValueError("@samplers.sources: 'ledger' needs samplers.ledger (the sim's device file)")
         if "prometheus" in self.samplers.sources and not self.samplers.prometheus_url:
@@ -311,11 +372,16 @@ class Plan(_Model, PlanDocument):
         return float(syn.output_tokens) if syn else 256.0
 
     def planned_seconds(self) -> float | None:
-        """Planned time for all rounds, when the window is time-bound."""
+        """Planned time for all rounds, when the window is time-bound (a search: at most
+        max_probes treatment windows; a soak: its duration)."""
+        ch, drain = self.change, min(self.phases.drain_s, 1.0)
+        if ch.soak is not None:  # baseline and recovery windows (a minute each if not time-bound), the soak
+            window = (self.phases.duration_s or 60.0) + drain
+            return self.rounds * (2 * window + ch.soak.duration_s + drain)
         if self.phases.duration_s is None:
             return None
-        windows = self.rounds * (2 + len(self.change.values()))
-        return windows * (self.phases.duration_s + min(self.phases.drain_s, 1.0))
+        steps = ch.search.max_probes if ch.search is not None else len(ch.values())
+        return self.rounds * (2 + steps) * (self.phases.duration_s + drain)
 
     def wall_clock_s(self) -> float:
         """The wall-clock stop: explicit, or twice the planned time + 60 s, or one hour."""
@@ -352,10 +418,17 @@ def load_plan(path: str | Path) -> Plan:
 
     p = Path(path)
     plan = validate_plan(_KINDS, read_yaml(p, "plan"), **_MAPPING)
-    if plan.fixed.input.jsonl is not None:
-        jp = Path(plan.fixed.input.jsonl)
-        if not jp.is_absolute():
-            jp = p.parent / jp
-        if not jp.is_file():
-            raise ConfigError(f"{p}: fixed.input.jsonl: no such file {str(jp)!r}")
+    for key in ("jsonl", "trace"):
+        name = getattr(plan.fixed.input, key)
+        if name is not None:
+            jp = Path(name)
+            if not jp.is_absolute():
+                jp = p.parent / jp
+            if not jp.is_file():
+                raise ConfigError(f"{p}: fixed.input.{key}: no such file {str(jp)!r}")
+            if key == "trace":  # a malformed trace is bad input: refused before anything runs
+                from vramlab.load.trace import read_trace
+
+                inp = plan.fixed.input
+                read_trace(jp, inp.format, inp.time_scale, inp.max_requests)  # type: ignore[arg-type]
     return plan

@@ -32,6 +32,15 @@ def gaps(
         yield rng.gammavariate(shape, scale)
 
 
+def schedule_gaps(schedule: tuple[float, ...]) -> Iterator[float]:
+    """The gaps of a given schedule (a trace's send times, first at 0): after its last request an
+    endless gap, so an open loop sends nothing more (the window ends at its own bound)."""
+    for a, b in zip(schedule, schedule[1:], strict=False):
+        yield max(0.0, b - a)
+    while True:
+        yield float("inf")
+
+
 def offsets(
     rate: float, count: int, arrival: Arrival = "poisson", burstiness: float = 1.0, seed: int = 0
 ) -> list[float]:

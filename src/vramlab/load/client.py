@@ -51,6 +51,14 @@ class RequestResult:
     # Indices into token_times whose time is only an upper bound: the token came in one read with
     # bytes that followed it (another event), so when it arrived is unknown (see SseAccounting.feed).
     coalesced: tuple[int, ...] = ()
+    # prompt tokens the engine's prefix cache served, in its own words (usage's
+    # prompt_tokens_details.cached_tokens, llama-server's timings.cache_n); None: not said
+    cached_tokens: int | None = None
+    # a conversation's request (the prompt's own tags) and its answer's text (what the next turn sends back)
+    conversation: str | None = None
+    turn: int | None = None
+    tenant: str | None = None
+    text: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -266,9 +274,12 @@ class OpenAIClient:
             "stream_options": {"include_usage": True},
         }
         if self.api == "openai-chat":
-            b["messages"] = [{"role": "user", "content": prompt.text}]
+            b["messages"] = [
+                *({"role": r, "content": c} for r, c in prompt.history),
+                {"role": "user", "content": prompt.text},
+            ]
         else:
-            b["prompt"] = prompt.text
+            b["prompt"] = "\n\n".join([*(c for _, c in prompt.history), prompt.text])
         if self.ignore_eos:
             b["ignore_eos"] = True
         return json.dumps(b).encode()
@@ -283,6 +294,8 @@ class OpenAIClient:
         body = self.body(prompt, max_tokens)
         # the fast path keeps the whole request (head and body): one send per request
         data = body if self._pool is None else self._req_head + str(len(body)).encode() + b"\r\n\r\n" + body
+        if prompt.conversation is not None:
+            return data  # a conversation's turn is sent once: not kept
         self._bodies[key] = data
         self._bodies_bytes += len(data)
         while self._bodies_bytes > BODY_CACHE_BYTES and len(self._bodies) > 1:
@@ -299,6 +312,8 @@ class OpenAIClient:
         pc = time.perf_counter
         sent = pc()
         st = Stream()
+        if prompt.conversation is not None:
+            st.text = []  # the answer goes back into the conversation's next turn
         if self._pool is not None:
             status, err_class, err = await self._exchange_fast(data, st, sent, max_events(max_tokens))
         else:
@@ -342,6 +357,11 @@ class OpenAIClient:
             output_tokens_source=source,
             reasoning_tokens=reasoning,
             coalesced=tuple(st.coalesced) if st.coalesced else (),
+            cached_tokens=st.cached,
+            conversation=prompt.conversation,
+            turn=prompt.turn,
+            tenant=prompt.tenant,
+            text="".join(st.text) if st.text is not None else None,
         )
 
     async def _exchange_fast(

@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from vramlab.load.arrivals import Arrival, gaps
+from vramlab.load.arrivals import Arrival, gaps, schedule_gaps
 from vramlab.load.client import RequestResult
 from vramlab.load.prompts import Prompt
 from vramlab.load.retry import RetryPolicy
@@ -47,6 +47,9 @@ class LoadShape:
     # closed loop: the longest a refused user waits; a drill's recovery phase caps it at its probe
     # resolution, so "serving again" is timed within that, not within the back-off's 10 s cap
     error_backoff_max_s: float | None = None
+    # open loop: the send times themselves (a trace's, load/trace.py), in seconds from the window's
+    # start, instead of an arrival process; the loop ends after the last one
+    schedule: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,9 @@ def _cancelled(rid: str, attempt: int, scheduled: float, sent: float, prompt: Pr
         error="the window was cancelled",
         prompt_tokens=prompt.prompt_tokens,
         prompt_tokens_source=prompt.tokens_source,
+        conversation=prompt.conversation,
+        turn=prompt.turn,
+        tenant=prompt.tenant,
     )
 
 
@@ -150,6 +156,36 @@ async def drive(
         await run.close()
         gc.unfreeze()  # frozen only for the window: what dies later is still collected
     return run.outcome()
+
+
+@dataclass(frozen=True)
+class _Talk:
+    """A conversation a closed-loop user walks (load/conversations.py): its opening prompt, the
+    turn to send next and everything said before it."""
+
+    first: Prompt
+    turn: int
+    history: tuple[tuple[str, str], ...]
+
+    def prompt(self) -> Prompt:
+        from vramlab.load.conversations import next_turn
+
+        return next_turn(self.first, self.history, self.turn)
+
+    def pause_s(self) -> float:
+        """The tool call before this turn."""
+        pauses = self.first.pauses_s
+        return pauses[self.turn - 2] if self.turn - 2 < len(pauses) else 0.0
+
+    @staticmethod
+    def after(talk: _Talk | None, sent: Prompt, answer: list[str], failed: str | None) -> _Talk | None:
+        """The next turn after *sent*; None when the conversation is over (its last turn, or a turn
+        that failed: the user gives it up) or *sent* was not a conversation's."""
+        first = talk.first if talk is not None else sent
+        turn = sent.turn or 1
+        if failed or not answer or sent.conversation is None or turn > len(first.follow_ups):
+            return None
+        return _Talk(first, turn + 1, (*sent.history, ("user", sent.text), ("assistant", answer[0])))
 
 
 class _Drive:
@@ -194,9 +230,12 @@ class _Drive:
     def _ended(self) -> bool:
         return self.end is not None and self.end.is_set()
 
-    async def one(self, rid: str, prompt: Prompt, scheduled: float) -> str | None:
+    async def one(
+        self, rid: str, prompt: Prompt, scheduled: float, answer: list[str] | None = None
+    ) -> str | None:
         """Send, retrying as the policy says; the last attempt's error class ("" when it succeeded,
-        None when the stop came before it was sent: nothing went out, nothing is recorded)."""
+        None when the stop came before it was sent: nothing went out, nothing is recorded).
+        *answer*: gets a successful answer's text (a conversation's next turn sends it back)."""
         pc, stop, retry = time.perf_counter, self.stop, self.retry
         max_tokens = self.shape.max_tokens or prompt.output_tokens
         attempt = 0
@@ -217,6 +256,8 @@ class _Drive:
                 or self._ended()
                 or not retry.should_retry(attempt, res.status_code, res.error_class)
             ):
+                if res.ok and answer is not None:
+                    answer.append(res.text or "")
                 return "" if res.ok else (res.error_class or f"http_{res.status_code}")
             delay = retry.delay_s(attempt, self.rng)
             if delay:
@@ -232,12 +273,16 @@ class _Drive:
         return task
 
     async def open_loop(self) -> None:
-        """Sleep, then gate: each arrival at its scheduled time, waiting for a slot under the cap."""
+        """Sleep, then gate: each arrival at its scheduled time (a trace's own times where the shape
+        has a schedule), waiting for a slot under the cap."""
         shape, stop, pc, deadline = self.shape, self.stop, time.perf_counter, self.deadline
-        if not shape.request_rate:
-            raise ValueError("an open loop needs a request rate")
+        if not shape.request_rate and shape.schedule is None:
+            raise ValueError("an open loop needs a request rate or a schedule")
         sem = asyncio.Semaphore(max(1, shape.concurrency))
-        g = gaps(shape.request_rate, shape.arrival, shape.burstiness, shape.seed)
+        if shape.schedule is not None:
+            g = schedule_gaps(shape.schedule)
+        else:
+            g = gaps(shape.request_rate, shape.arrival, shape.burstiness, shape.seed)  # type: ignore[arg-type]
         next_t, k = self.start, 0
         index, nshards = self.shard
 
@@ -278,12 +323,19 @@ class _Drive:
         index, nshards = self.shard
         ready = self.start
         fails = 0
+        talk: _Talk | None = None  # the conversation this user is in, and its next turn
         while self.counter < self.my_limit and pc() < deadline and not stop.is_set():
             c = self.counter
             self.counter += 1
             rid = f"{self.id_prefix}{c * nshards + index}"
             self.lags.append((pc() - ready) * 1000)
-            failed = await self.one(rid, next(self.prompts), ready)
+            prompt = talk.prompt() if talk is not None else next(self.prompts)
+            answer: list[str] = []
+            failed = await self.one(rid, prompt, ready, answer if prompt.conversation is not None else None)
+            talk = _Talk.after(talk, prompt, answer, failed)
+            pause = talk.pause_s() if talk is not None else 0.0
+            if pause > 0 and not stop.is_set():  # a tool call between two turns
+                await asyncio.sleep(min(max(0.0, deadline - pc()), pause))
             if failed == "connect" and shape.error_backoff and not stop.is_set():
                 # Nothing answered (refused, unreachable): the user waits before the next try (the
                 # plan's back-off), as a person would. Resubmitting in microseconds after a refused

@@ -28,6 +28,7 @@ _WORDS = (
     "like very well back where just good work year people long way down day each much through great might "
     "see man old still such own part life take last world place small make house under water number sound"
 ).split()
+FILLER_WORDS: tuple[str, ...] = tuple(_WORDS)  # what block prompts (load/blocks.py) are made of
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,16 @@ class Prompt:
     # how prompt_tokens is known: "tokenizer" (counted in the target's tokenizer), "estimate" (one
     # token a word), "input" (the input file said so); None: unknown
     tokens_source: str | None = None
+    # a conversation's turn (load/conversations.py): the messages before this one, as (role, content)
+    # pairs, and where it belongs; the client keeps its answer's text for the next turn
+    history: tuple[tuple[str, str], ...] = ()
+    conversation: str | None = None
+    turn: int | None = None
+    tenant: str | None = None
+    # a conversation's later questions, walked in order by the user that draws it, and the pause
+    # (a tool call) before each of them
+    follow_ups: tuple[str, ...] = ()
+    pauses_s: tuple[float, ...] = ()
 
 
 def synthetic_text(n_tokens: int, rng: random.Random) -> str:

@@ -36,6 +36,10 @@ class Stream:
     usage_in: int | None = None
     usage_reasoning: int | None = None
     engine_out: int | None = None  # generated tokens as the engine counted them (llama-server's timings)
+    # prompt tokens the engine's prefix cache served: usage.prompt_tokens_details.cached_tokens (vLLM
+    # with --enable-prompt-tokens-details, llama-server, SGLang), else llama-server's timings.cache_n
+    cached: int | None = None
+    text: list[str] | None = None  # the answer's text, kept only when asked (a conversation's turn)
     error: str | None = None
     done: bool = False  # [DONE] seen
     finished: bool = False  # a finish_reason came in a chunk without a token (an empty completion's proof)
@@ -57,6 +61,7 @@ def usage_only(payload: bytes) -> dict[bytes, int] | None:
         or b'"choices"' not in payload
         or payload.count(b'"choices"') != 1
         or b"reasoning_tokens" in payload
+        or b"prompt_tokens_details" in payload  # cached tokens: the full parse reads them
     ):
         return None
     found = {m.group(1): int(m.group(2)) for m in _USAGE_NUMBER.finditer(payload)}
@@ -140,6 +145,8 @@ class SseAccounting:
         if chunk[:7] == b"data: {" and chunk.find(b"\n\n") == len(chunk) - 2:
             kind = token_piece(chunk[6:-2], self._piece_key)
             if kind is not None:
+                if st.text is not None:
+                    self._keep_text(chunk[6:-2], st)
                 times = st.times
                 if st.first is None:
                     st.first = now
@@ -166,6 +173,18 @@ class SseAccounting:
                 return True
         return False
 
+    def _keep_text(self, payload: bytes, st: Stream) -> None:
+        """A plain token chunk's text, for a stream that keeps it (parsed: a conversation's turns only)."""
+        assert st.text is not None
+        try:
+            obj = json.loads(payload)
+            ch = obj["choices"][0]
+            piece = ch.get("text") if self.api == "openai-completions" else ch["delta"].get("content")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            return
+        if isinstance(piece, str):
+            st.text.append(piece)
+
     def event(self, event: bytes, now: float, st: Stream, exact: bool = True) -> None:
         if event.startswith(b"data: ") and b"\n" not in event:
             lines: Any = (event,)  # the usual event: one data line
@@ -177,6 +196,8 @@ class SseAccounting:
             payload = line[5:].strip()
             kind = token_piece(payload, self._piece_key)
             if kind is not None:  # a plain token chunk, judged without parsing it (see token_piece)
+                if st.text is not None:
+                    self._keep_text(payload, st)
                 if st.first is None:
                     st.first = now
                 if not exact:
@@ -221,6 +242,8 @@ class SseAccounting:
         timings = obj.get("timings")  # llama.cpp's llama-server: its own count of generated tokens
         if isinstance(timings, dict) and isinstance(timings.get("predicted_n"), int):
             st.engine_out = timings["predicted_n"]
+        if isinstance(timings, dict) and _count(timings.get("cache_n")) is not None and st.cached is None:
+            st.cached = timings["cache_n"]  # llama-server: prompt tokens its slot's cache served
         usage = obj.get("usage")
         if isinstance(usage, dict):
             if isinstance(usage.get("completion_tokens"), int):
@@ -230,6 +253,9 @@ class SseAccounting:
             details = usage.get("completion_tokens_details")
             if isinstance(details, dict) and isinstance(details.get("reasoning_tokens"), int):
                 st.usage_reasoning = details["reasoning_tokens"]
+            prompt_details = usage.get("prompt_tokens_details")
+            if isinstance(prompt_details, dict) and _count(prompt_details.get("cached_tokens")) is not None:
+                st.cached = prompt_details["cached_tokens"]
         choices = obj.get("choices") or ()
         if not isinstance(choices, list):
             return
@@ -255,6 +281,8 @@ class SseAccounting:
             # tokens that end inside a UTF-8 character as empty text and the bytes with the next
             # one. Not the role chunk (chat's first), not the final one (it has the finish_reason).
             empty_token = piece == "" and not role and ch.get("finish_reason") is None
+            if st.text is not None and isinstance(piece, str):
+                st.text.append(piece)
             if piece or reasoning or empty_token:
                 if st.first is None:
                     st.first = now
@@ -262,6 +290,10 @@ class SseAccounting:
                 if not piece:
                     st.reasoning += 1
                 counted = True
+
+
+def _count(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
 __all__ = ["CONTENT", "MAX_EVENT_BYTES", "REASONING", "SseAccounting", "Stream", "token_piece", "usage_only"]

@@ -17,7 +17,11 @@ from vramlab.observe.base import Sample, Sampler, SourceUnavailable
 
 # canonical -> (spellings, how to combine label sets). Percentages are fractions 0..1 in every engine
 # listed. Each engine's spellings are the engine registry's (vramlab.engines), in its order.
-_HOW = {"kv_cache_usage_perc": "max", "kv_cache_pool_tokens": "max"}  # the rest add up ("sum")
+_HOW = {
+    "kv_cache_usage_perc": "max",
+    "kv_cache_pool_tokens": "max",
+    "prefix_cache_hit_rate": "max",
+}  # the rest add up ("sum")
 
 
 def _aliases() -> dict[str, tuple[tuple[str, ...], str]]:

@@ -219,7 +219,7 @@ def render_table(plan: FleetPlan) -> str:
             for s in residents
         ]
     lines += ["", "residency:"]
-    lines += [f"  {n:<18} {m:<10} {why}" for n, (m, why) in plan.residency.items()]
+    lines += [residency_line(plan, n, m, why) for n, (m, why) in plan.residency.items()]
     if r.unplaced:
         lines += ["", "does not fit:"] + [f"  {n}: {why}" for n, why in r.unplaced]
         if plan.changes:
@@ -235,6 +235,14 @@ def render_table(plan: FleetPlan) -> str:
     if plan.simulation is not None:
         lines += ["", *render_simulation(plan.simulation)]
     return "\n".join(lines)
+
+
+def residency_line(plan: FleetPlan, name: str, mode: str, why: str) -> str:
+    """What became of one instance: resident or on-demand where it was placed, "not placed" (with
+    what it would have been) where pack found no room, so the table never calls it resident."""
+    if plan.result.placement(name) is None:
+        return f"  {name:<18} {'not placed':<10} (would be {mode}: {why}); see 'does not fit'"
+    return f"  {name:<18} {mode:<10} {why}"
 
 
 def render_simulation(sim: SimReport) -> list[str]:

@@ -43,6 +43,8 @@ RequestRecord (one per HTTP attempt)
 | prompt_tokens_source | str \\| None | "usage" (the server's count), "tokenizer" (the prompt counted in the target's tokenizer before it was sent), "estimate" (one token a word) or "input" (the input file's figure); None = unknown (rows from before schema 5) |
 | output_tokens_source | str \\| None | "usage" (the server's count), "timings" (llama.cpp's own count in its last chunk) or "chunks" (counted stream chunks: an estimate) |
 | reasoning_tokens | int \\| None | of output_tokens, reasoning (`reasoning_content` / `reasoning` deltas; usage's reasoning_tokens when sent) |
+| cached_tokens | int \\| None | prompt tokens the engine's prefix cache served, in its words (usage's prompt_tokens_details.cached_tokens, llama-server's timings.cache_n); None = not said (schema 6) |
+| conversation, turn, tenant | str \\| None, int \\| None, str \\| None | a conversation workload's request: which conversation, its turn (1-based) and the tenant it belongs to; None otherwise (schema 6) |
 | status_code | int | 0 = no HTTP response |
 | error_class | str \\| None | timeout, connect, http_4xx, http_5xx, oom, stream_broken, cancelled |
 | error | str \\| None | short text, no secrets |
@@ -155,6 +157,10 @@ class RequestRecord(_Record):
     status_code: int = 0
     error_class: str | None = None
     error: str | None = None
+    cached_tokens: int | None = None
+    conversation: str | None = None
+    turn: int | None = None
+    tenant: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -6,15 +6,17 @@ them back through `EventKind` and the accessors below instead of string literals
 a str enum: a member equals its string, so rows stored before it existed read unchanged, and an
 `Event` of a kind that is not a member is refused (a bug, exit 70) so no kind goes undocumented.
 
-Each kind's `data` is a `TypedDict` (`PAYLOADS` maps kind to type). Every key is optional: rows
-written by older versions lack keys added since, so readers use `.get`. The table in
+Each kind's `data` is a `TypedDict` (records/event_payloads.py; `PAYLOADS` maps kind to type).
+Every key is optional: rows written by older versions lack keys added since, so readers use `.get`. The table in
 docs/store-and-reports.md ("Event kinds") is this module in words; a test keeps them equal.
 """
 
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Protocol, TypedDict, cast
+from typing import Any, Protocol, cast
+
+from vramlab.records import event_payloads as P
 
 
 class EventKind(str, Enum):
@@ -137,6 +139,12 @@ class EventKind(str, Enum):
         "model_offload",
         "a model's GPU share changed: its figures, size_vram_before_bytes, size_before_bytes",
     )
+    # -- an SLO search (docs/experiments.md) ------------------------------------------------------
+    SEARCH_PROBE = (
+        "search_probe",
+        "one probe of an SLO search: step, variable, value, slo, observed, failed, meets, throughput_rps",
+    )
+    SEARCH_RESULT = "search_result", "the SLO search's answer: variable, answer, bracket, slo, probes, reason"
     # -- data events: not timeline rows ------------------------------------------------------------
     REQUEST = "request", "one HTTP attempt; payload: its RequestRecord (stored as a request row)"
     SAMPLES = "samples", "observed values; payload: list[SampleRecord] (stored as sample rows)"
@@ -145,298 +153,56 @@ class EventKind(str, Enum):
 DATA_KINDS = frozenset({EventKind.REQUEST, EventKind.SAMPLES})
 
 
-class NoData(TypedDict, total=False):
-    """The kinds whose data is empty."""
-
-
-class RunEndData(TypedDict, total=False):
-    status: str
-    ended_at: float
-    stop_reason: str | None
-    requests: int
-    errors: int
-
-
-class PhaseStartData(TypedDict, total=False):
-    variable: str
-    value: float
-    phase: str
-
-
-class PhaseEndData(TypedDict, total=False):
-    variable: str
-    value: float
-    requests: int
-    errors: int
-    p50_e2e_ms: float | None
-    p95_e2e_ms: float | None
-    dispatch_lag_p99_ms: float | None
-    client_saturated: bool
-    client_lag: list[
-        dict[str, Any]
-    ]  # per load process: name, pid, saturated, dispatch_lag_p99_ms, loop_lag_p99_ms
-
-
-class StepData(TypedDict, total=False):
-    step: int
-    value: float
-    knob: str
-
-
-class StopConditionData(TypedDict, total=False):
-    condition: str
-    value: float | None
-    threshold: float | None
-
-
-class RollbackData(TypedDict, total=False):
-    command: str
-    ok: bool
-    exit_code: int | None
-    duration_s: float
-    output_tail: str
-
-
-class NoteData(TypedDict, total=False):
-    by: str
-    at: float
-
-
-class WarningData(TypedDict, total=False):
-    dispatch_lag_p99_ms: float
-    loop_lag_p99_ms: float
-    client_saturated: bool
-    worker: int
-    pid: int
-    action: str
-    issued_s: float
-
-
-class HealthPathData(TypedDict, total=False):
-    path: str
-    answers: list[str]
-
-
-class TargetReadyData(TypedDict, total=False):
-    load_time_s: float
-
-
-class CotenantData(TypedDict, total=False):
-    bytes: int
-
-
-class ValueData(TypedDict, total=False):
-    """cotenant_oom and ramp_undone: the ramp value (None: back to the baseline)."""
-
-    value: float | None
-
-
-class CapacityData(TypedDict, total=False):
-    predicted_limit: float | None
-    activation_peak_bytes: int
-    max_num_batched_tokens: int
-    free_bytes: int
-    kv_cache_tokens: int
-    fit_tokens: int
-    kv_concurrency: float
-
-
-class CapacityPlanData(TypedDict, total=False):
-    facts: dict[str, Any]  # model, engine, gpu, gpu_memory_gib, engine_version, settings
-    estimate: dict[str, Any]  # `vramlab plan --json` (docs/plan-json.md)
-
-
-class StartupMemoryData(TypedDict, total=False):
-    source: str
-    observation: dict[str, Any]  # a logs.Observation as JSON
-
-
-class CeilingData(TypedDict, total=False):
-    value: float
-    unit: str
-
-
-class StoppedData(TypedDict, total=False):
-    reason: str
-    value: float
-    last_completed: float | None
-    unit: str
-
-
-class DetectData(TypedDict, total=False):
-    condition: str
-    source: str
-
-
-class FaultData(TypedDict, total=False):
-    step: int
-    value: float
-    knob: str
-    unit: str
-    step_started_s: float
-    t0_s: float
-    last_safe_value: float | None
-    mode: str
-    evidence: list[str]
-    signature: (
-        dict[str, Any] | None
-    )  # the matched log line: signature, class, severity, engine, details, line, t_s
-
-
-class MitigationData(TypedDict, total=False):
-    action: str  # restart, script, operator
-    by: str  # supervisor, script, operator
-    reason: str
-    issued_s: float
-    stopped_by: str | None
-    startup_allowance_s: float
-
-
-class RecoveryCommandData(TypedDict, total=False):
-    exit_code: int
-    output: str
-
-
-class ModeData(TypedDict, total=False):
-    mode: str
-
-
-class RecoveredData(TypedDict, total=False):
-    served_again_s: float | None
-
-
-class NotRecoveredData(TypedDict, total=False):
-    limit_s: float
-
-
-class FailureModeData(TypedDict, total=False):
-    mode: str
-    evidence: list[str]
-    signature: (
-        dict[str, Any] | None
-    )  # the matched log line: signature, class, severity, engine, details, line, t_s
-
-
-class RetryStormData(TypedDict, total=False):
-    amplification: float
-    window_s: float
-
-
-# "for" is a keyword: the functional form
-AlertData = TypedDict(
-    "AlertData",
-    {
-        "name": str,
-        "state": str,
-        "source": str,
-        "severity": str | None,
-        "owner": str | None,
-        "for": str,
-        "t_s": float,
-    },
-    total=False,
-)
-
-
-class HealthData(TypedDict, total=False):
-    ok: bool
-
-
-class ProcessExitData(TypedDict, total=False):
-    exit_code: int | None
-    oom_killed: bool
-    detail: str
-
-
-# "class" is a keyword: the functional form. The log signature's name, class, severity and engine.
-LogFindingData = TypedDict(
-    "LogFindingData",
-    {"signature": str, "class": str, "severity": str, "engine": str, "details": dict[str, Any]},
-    total=False,
-)
-
-
-class EngineData(TypedDict, total=False):
-    engine: str
-    outcome: str
-    exit_code: int | None
-    ready_s: float | None
-    text: str
-    during: str
-
-
-class RaceData(TypedDict, total=False):
-    failed: list[str]
-    started: list[str]
-
-
-class LedgerData(TypedDict, total=False):
-    used_bytes: int | None
-    drill_pids_left: list[int]
-    drill_pids: list[int]
-
-
-class OllamaModelData(TypedDict, total=False):
-    model: str
-    size_bytes: int
-    size_vram_bytes: int
-    gpu_share: float
-    context_length: int
-    expires_at: str
-    already_loaded: bool  # model_load: it was loaded before sampling began
-    reason: str  # model_unload: expired, evicted, unloaded
-    size_vram_before_bytes: int  # model_offload
-    size_before_bytes: int  # model_offload
-
-
 K = EventKind
 PAYLOADS: dict[EventKind, type] = {
-    K.RUN_START: NoData,
-    K.RUN_END: RunEndData,
-    K.PHASE_START: PhaseStartData,
-    K.PHASE_END: PhaseEndData,
-    K.STEP: StepData,
-    K.STOP_CONDITION: StopConditionData,
-    K.ROLLBACK: RollbackData,
-    K.NOTE: NoteData,
-    K.WARNING: WarningData,
-    K.ERROR: NoData,
-    K.TARGET_START: NoData,
-    K.HEALTH_PATH: HealthPathData,
-    K.TARGET_READY: TargetReadyData,
-    K.COTENANT: CotenantData,
-    K.COTENANT_OOM: ValueData,
-    K.CAPACITY: CapacityData,
-    K.CAPACITY_PLAN: CapacityPlanData,
-    K.STARTUP_MEMORY: StartupMemoryData,
-    K.CEILING: CeilingData,
-    K.STOPPED: StoppedData,
-    K.DETECT: DetectData,
-    K.FAULT: FaultData,
-    K.RAMP_UNDONE: ValueData,
-    K.MITIGATION: MitigationData,
-    K.RECOVERY_COMMAND: RecoveryCommandData,
-    K.WAITING_FOR_OPERATOR: ModeData,
-    K.RECOVERED: RecoveredData,
-    K.NOT_RECOVERED: NotRecoveredData,
-    K.FAILURE_MODE: FailureModeData,
-    K.RETRY_STORM: RetryStormData,
-    K.ALERT: AlertData,
-    K.HEALTH: HealthData,
-    K.PROCESS_EXIT: ProcessExitData,
-    K.OOM: LogFindingData,
-    K.STARTUP_REFUSAL: LogFindingData,
-    K.XID: LogFindingData,
-    K.PREEMPTION: LogFindingData,
-    K.OVERLOAD: LogFindingData,
-    K.ENGINE: EngineData,
-    K.RACE: RaceData,
-    K.LEDGER: LedgerData,
-    K.MODEL_LOAD: OllamaModelData,
-    K.MODEL_UNLOAD: OllamaModelData,
-    K.MODEL_OFFLOAD: OllamaModelData,
-    K.REQUEST: NoData,
-    K.SAMPLES: NoData,
+    K.RUN_START: P.NoData,
+    K.RUN_END: P.RunEndData,
+    K.PHASE_START: P.PhaseStartData,
+    K.PHASE_END: P.PhaseEndData,
+    K.STEP: P.StepData,
+    K.STOP_CONDITION: P.StopConditionData,
+    K.ROLLBACK: P.RollbackData,
+    K.NOTE: P.NoteData,
+    K.WARNING: P.WarningData,
+    K.ERROR: P.NoData,
+    K.TARGET_START: P.NoData,
+    K.HEALTH_PATH: P.HealthPathData,
+    K.TARGET_READY: P.TargetReadyData,
+    K.COTENANT: P.CotenantData,
+    K.COTENANT_OOM: P.ValueData,
+    K.CAPACITY: P.CapacityData,
+    K.CAPACITY_PLAN: P.CapacityPlanData,
+    K.STARTUP_MEMORY: P.StartupMemoryData,
+    K.CEILING: P.CeilingData,
+    K.STOPPED: P.StoppedData,
+    K.DETECT: P.DetectData,
+    K.FAULT: P.FaultData,
+    K.RAMP_UNDONE: P.ValueData,
+    K.MITIGATION: P.MitigationData,
+    K.RECOVERY_COMMAND: P.RecoveryCommandData,
+    K.WAITING_FOR_OPERATOR: P.ModeData,
+    K.RECOVERED: P.RecoveredData,
+    K.NOT_RECOVERED: P.NotRecoveredData,
+    K.FAILURE_MODE: P.FailureModeData,
+    K.RETRY_STORM: P.RetryStormData,
+    K.ALERT: P.AlertData,
+    K.HEALTH: P.HealthData,
+    K.PROCESS_EXIT: P.ProcessExitData,
+    K.OOM: P.LogFindingData,
+    K.STARTUP_REFUSAL: P.LogFindingData,
+    K.XID: P.LogFindingData,
+    K.PREEMPTION: P.LogFindingData,
+    K.OVERLOAD: P.LogFindingData,
+    K.ENGINE: P.EngineData,
+    K.RACE: P.RaceData,
+    K.LEDGER: P.LedgerData,
+    K.MODEL_LOAD: P.OllamaModelData,
+    K.MODEL_UNLOAD: P.OllamaModelData,
+    K.MODEL_OFFLOAD: P.OllamaModelData,
+    K.SEARCH_PROBE: P.SearchProbeData,
+    K.SEARCH_RESULT: P.SearchResultData,
+    K.REQUEST: P.NoData,
+    K.SAMPLES: P.NoData,
 }
 
 
@@ -463,68 +229,76 @@ def _data(ev: HasData, *kinds: EventKind) -> dict[str, Any]:
 
 
 # The typed reads the analysis and the reports use (one per kind they read the data of).
-def phase_start_data(ev: HasData) -> PhaseStartData:
-    return cast(PhaseStartData, _data(ev, K.PHASE_START))
+def phase_start_data(ev: HasData) -> P.PhaseStartData:
+    return cast(P.PhaseStartData, _data(ev, K.PHASE_START))
 
 
-def phase_end_data(ev: HasData) -> PhaseEndData:
-    return cast(PhaseEndData, _data(ev, K.PHASE_END))
+def phase_end_data(ev: HasData) -> P.PhaseEndData:
+    return cast(P.PhaseEndData, _data(ev, K.PHASE_END))
 
 
-def step_data(ev: HasData) -> StepData:
-    return cast(StepData, _data(ev, K.STEP))
+def step_data(ev: HasData) -> P.StepData:
+    return cast(P.StepData, _data(ev, K.STEP))
 
 
-def warning_data(ev: HasData) -> WarningData:
-    return cast(WarningData, _data(ev, K.WARNING))
+def warning_data(ev: HasData) -> P.WarningData:
+    return cast(P.WarningData, _data(ev, K.WARNING))
 
 
-def note_data(ev: HasData) -> NoteData:
-    return cast(NoteData, _data(ev, K.NOTE))
+def note_data(ev: HasData) -> P.NoteData:
+    return cast(P.NoteData, _data(ev, K.NOTE))
 
 
-def capacity_data(ev: HasData) -> CapacityData:
-    return cast(CapacityData, _data(ev, K.CAPACITY))
+def capacity_data(ev: HasData) -> P.CapacityData:
+    return cast(P.CapacityData, _data(ev, K.CAPACITY))
 
 
-def capacity_plan_data(ev: HasData) -> CapacityPlanData:
-    return cast(CapacityPlanData, _data(ev, K.CAPACITY_PLAN))
+def capacity_plan_data(ev: HasData) -> P.CapacityPlanData:
+    return cast(P.CapacityPlanData, _data(ev, K.CAPACITY_PLAN))
 
 
-def startup_memory_data(ev: HasData) -> StartupMemoryData:
-    return cast(StartupMemoryData, _data(ev, K.STARTUP_MEMORY))
+def startup_memory_data(ev: HasData) -> P.StartupMemoryData:
+    return cast(P.StartupMemoryData, _data(ev, K.STARTUP_MEMORY))
 
 
-def ceiling_data(ev: HasData) -> CeilingData:
-    return cast(CeilingData, _data(ev, K.CEILING))
+def ceiling_data(ev: HasData) -> P.CeilingData:
+    return cast(P.CeilingData, _data(ev, K.CEILING))
 
 
-def fault_data(ev: HasData) -> FaultData:
-    return cast(FaultData, _data(ev, K.FAULT))
+def fault_data(ev: HasData) -> P.FaultData:
+    return cast(P.FaultData, _data(ev, K.FAULT))
 
 
-def failure_mode_data(ev: HasData) -> FailureModeData:
-    return cast(FailureModeData, _data(ev, K.FAILURE_MODE))
+def failure_mode_data(ev: HasData) -> P.FailureModeData:
+    return cast(P.FailureModeData, _data(ev, K.FAILURE_MODE))
 
 
-def retry_storm_data(ev: HasData) -> RetryStormData:
-    return cast(RetryStormData, _data(ev, K.RETRY_STORM))
+def retry_storm_data(ev: HasData) -> P.RetryStormData:
+    return cast(P.RetryStormData, _data(ev, K.RETRY_STORM))
 
 
-def alert_data(ev: HasData) -> AlertData:
-    return cast(AlertData, _data(ev, K.ALERT))
+def alert_data(ev: HasData) -> P.AlertData:
+    return cast(P.AlertData, _data(ev, K.ALERT))
 
 
-def engine_data(ev: HasData) -> EngineData:
-    return cast(EngineData, _data(ev, K.ENGINE))
+def engine_data(ev: HasData) -> P.EngineData:
+    return cast(P.EngineData, _data(ev, K.ENGINE))
 
 
-def race_data(ev: HasData) -> RaceData:
-    return cast(RaceData, _data(ev, K.RACE))
+def race_data(ev: HasData) -> P.RaceData:
+    return cast(P.RaceData, _data(ev, K.RACE))
 
 
-def ledger_data(ev: HasData) -> LedgerData:
-    return cast(LedgerData, _data(ev, K.LEDGER))
+def ledger_data(ev: HasData) -> P.LedgerData:
+    return cast(P.LedgerData, _data(ev, K.LEDGER))
+
+
+def search_probe_data(ev: HasData) -> P.SearchProbeData:
+    return cast(P.SearchProbeData, _data(ev, K.SEARCH_PROBE))
+
+
+def search_result_data(ev: HasData) -> P.SearchResultData:
+    return cast(P.SearchResultData, _data(ev, K.SEARCH_RESULT))
 
 
 def check_kind(kind: str) -> EventKind:

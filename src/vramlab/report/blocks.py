@@ -69,4 +69,18 @@ class Chart:
     y_min_zero: bool = True
 
 
-Block = Text | Bullets | Table | Chart
+@dataclass(frozen=True)
+class Verdict:
+    """The report's answer, first on its first screen: one headline with its figure, a status a
+    renderer can colour, and the lines that say what it was judged by.
+
+    status: "held" (the hypothesis held by its thresholds, a drill that failed nowhere),
+    "not-held" (a threshold broke; a drill that failed and did not recover), "recovered" (a drill
+    that failed and recovered) or "untested" (nothing to judge it by)."""
+
+    status: str
+    headline: str
+    details: list[str] = field(default_factory=list)
+
+
+Block = Text | Bullets | Table | Chart | Verdict

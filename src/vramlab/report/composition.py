@@ -40,7 +40,8 @@ def _where(r: Row) -> str:
     return f"{r.phase}{step}{value}"
 
 
-def _band(f: Figure) -> str:
+def band_text(f: Figure) -> str:
+    """The prediction with its band, in the table's units (MiB for a small figure)."""
     if f.predicted_bytes is None:
         return "–"
     if abs(f.predicted_bytes) < SMALL_BYTES:  # a small model's MiB, with the unit (GiB reads 0.00)
@@ -51,16 +52,16 @@ def _band(f: Figure) -> str:
 def _measured(f: Figure) -> str:
     if f.measured_bytes is None and f.measured_tokens is not None:
         return f"{f.measured_tokens:,} tokens"
-    return _sized(f.measured_bytes)
+    return sized(f.measured_bytes)
 
 
 def _error(f: Figure) -> str:
     if f.error_bytes is None and f.error_tokens is not None:
         return f"{f.error_tokens:+,} tokens"
-    return _sized(f.error_bytes, sign=True)
+    return sized(f.error_bytes, sign=True)
 
 
-def _sized(b: int | None, sign: bool = False) -> str:
+def sized(b: int | None, sign: bool = False) -> str:
     """GiB as the column says; a figure under what two GiB decimals show carries its MiB unit."""
     if b is not None and b and abs(b) < SMALL_BYTES:
         return size(b, sign=sign)
@@ -84,7 +85,7 @@ def _figure_rows(r: Row, label: str) -> list[list[str]]:
             [
                 label,
                 LABELS[name],
-                _band(f),
+                band_text(f),
                 _measured(f),
                 _error(f),
                 _pct(f.error_pct),
@@ -144,7 +145,7 @@ def blocks(ctx: ReportContext) -> list[Block]:
     kv = [
         [
             f"round {r.round} {_where(r)}",
-            _sized(r.kv_used_bytes),
+            sized(r.kv_used_bytes),
             "–" if r.kv_used_tokens is None else f"{r.kv_used_tokens:,}",
             "–" if r.kv_usage_max is None else f"{r.kv_usage_max * 100:.1f}%",
             r.kv_used_source or "not measured",

@@ -8,16 +8,13 @@ from vramlab.analysis.stats import ITL_UNTIMED_WARN, RequestSummary
 from vramlab.analysis.windows import PHASE_ORDER, WindowResult
 from vramlab.records.events import EventKind
 from vramlab.report import fmt
-from vramlab.report.blocks import Band, Block, Bullets, Chart, Marker, Series, Shade, Table, Text
+from vramlab.report.blocks import Block, Bullets, Table, Text
 from vramlab.report.prompt_tokens import prompt_tokens_line
 from vramlab.report.sections import ReportContext, Section
 
 # Events that the tables already tell (windows); the rest form the timeline.
 K = EventKind
 QUIET_EVENTS = (K.PHASE_START, K.PHASE_END, K.STEP, K.RUN_START, K.RUN_END)
-MARKED_EVENTS = (K.STOP_CONDITION, K.ROLLBACK, K.OOM, K.ALERT, K.RECOVERED, K.ERROR)
-# A local engine's model loads and unloads (Ollama's /api/ps): GPU memory moves with them.
-MODEL_EVENTS = (K.MODEL_LOAD, K.MODEL_UNLOAD, K.MODEL_OFFLOAD)
 STABILITY_METRICS = ("e2e_p95_ms", "ttft_p95_ms", "error_rate", "throughput_rps")
 HEADLINE_METRICS = ("e2e_p95_ms", "error_rate")
 
@@ -40,46 +37,8 @@ def summary(ctx: ReportContext) -> list[Block]:
         f"{t.count} requests, {t.errors} errors ({fmt.pct(t.error_rate)}), "
         f"E2E P95 {fmt.ms(t.e2e.p95 if t.e2e else None)} ms, TTFT P95 {fmt.ms(t.ttft.p95 if t.ttft else None)} ms",
     ]
-    itl = itl_sentence(t)
-    if itl:
-        items.append(itl)
-    # Per step where the run has steps (a phase row would repeat its one step's), else per phase.
-    stepped = {(s.window.round, s.window.phase) for s in a.steps}
-    few = [
-        _where(w.window)
-        for w in (*(p for p in a.phases if (p.window.round, p.window.phase) not in stepped), *a.steps)
-        if w.requests.itl_few_timed
-    ]
-    if few:
-        items.append(
-            f"ITL marked where over {ITL_UNTIMED_WARN:.0%} of the gaps could not be timed "
-            "(its tail rests on the gaps left): " + ", ".join(few)
-        )
     if run.stop_reason:
         items.append(f"Stopped: {run.stop_reason}")
-    hyp = ctx.plan.get("hypothesis")
-    if hyp:
-        items.append(f"Hypothesis: {hyp}")
-    for rec in a.recovery if run.kind != "drill" else []:  # a drill's recovery: the incident summary
-        when = (
-            "" if rec.after_s is None else (" at once" if rec.after_s == 0 else f" after {rec.after_s:.1f} s")
-        )
-        said = ("yes" + when) if rec.returned else ("no" if rec.judged else f"not judged ({rec.reason})")
-        items.append(f"Round {rec.round} returned to baseline: {said}")
-    if a.thresholds:
-        var = run.change.get("variable", "the changed variable")
-        first = next((c for c in a.thresholds if c.passed is False), None)
-        limit = "no step" if a.highest_passing_value is None else f"{var} {fmt.num(a.highest_passing_value)}"
-        line = f"Thresholds held in every round up to: {limit}"
-        if first is not None:
-            line += (
-                f"; first breach: round {first.round} {first.phase}"
-                + ("" if first.step_value is None else f" at {var} {fmt.num(first.step_value)}")
-                + f", {first.metric} {_threshold_value(first.metric, first.value)} vs limit "
-                f"{_threshold_value(first.metric, first.limit)}"
-            )
-        items.append(line)
-    items += _capacity_lines(ctx)
     items += [line for line in (host_line(ctx), prompt_tokens_line(ctx)) if line]
     headline = [s for s in a.stability if s.metric in HEADLINE_METRICS]
     for s in headline:
@@ -97,10 +56,66 @@ def summary(ctx: ReportContext) -> list[Block]:
         items.append(
             "Rounds disagree (spread over 30% of the median, no single outlier): " + ", ".join(unstable)
         )
-    return [Bullets(items)]
+    # The hypothesis, thresholds, return to baseline and the capacity model's prediction are the
+    # answer's (answer.py); the ITL bookkeeping comes last: it qualifies a figure, it is not one.
+    return [Bullets(items + itl_lines(ctx))]
 
 
-def _capacity_lines(ctx: ReportContext) -> list[str]:
+def itl_lines(ctx: ReportContext) -> list[str]:
+    """How many inter-token gaps the ITL figures rest on, and the windows marked for too few."""
+    a = ctx.analysis
+    items = [line for line in (itl_sentence(a.totals),) if line]
+    # Per step where the run has steps (a phase row would repeat its one step's), else per phase.
+    stepped = {(s.window.round, s.window.phase) for s in a.steps}
+    few = [
+        _where(w.window)
+        for w in (*(p for p in a.phases if (p.window.round, p.window.phase) not in stepped), *a.steps)
+        if w.requests.itl_few_timed
+    ]
+    if few:
+        items.append(
+            f"ITL marked where over {ITL_UNTIMED_WARN:.0%} of the gaps could not be timed "
+            "(its tail rests on the gaps left): " + ", ".join(few)
+        )
+    return items
+
+
+def returned_line(ctx: ReportContext) -> str | None:
+    """Each round's return to baseline, in one line (the Return to baseline table's verdicts)."""
+    parts = []
+    for rec in ctx.analysis.recovery:
+        when = (
+            "" if rec.after_s is None else (" at once" if rec.after_s == 0 else f" after {rec.after_s:.1f} s")
+        )
+        said = ("yes" + when) if rec.returned else ("no" if rec.judged else f"not judged ({rec.reason})")
+        parts.append(f"round {rec.round} {said}")
+    return "Returned to baseline: " + "; ".join(parts) if parts else None
+
+
+def thresholds_line(ctx: ReportContext) -> str | None:
+    """How far the thresholds held, and the first breach (the Thresholds table's first BREACH)."""
+    a, var = ctx.analysis, ctx.run.change.get("variable", "the changed variable")
+    if not a.thresholds:
+        return None
+    first = first_breach(ctx)
+    limit = "no step" if a.highest_passing_value is None else f"{var} {fmt.num(a.highest_passing_value)}"
+    line = f"Thresholds held in every round up to: {limit}"
+    if first is not None:
+        line += (
+            f"; first breach: round {first.round} {first.phase}"
+            + ("" if first.step_value is None else f" at {var} {fmt.num(first.step_value)}")
+            + f", {first.metric} {threshold_value(first.metric, first.value)} vs limit "
+            f"{threshold_value(first.metric, first.limit)}"
+        )
+    return line
+
+
+def first_breach(ctx: ReportContext) -> Any:
+    """The first window where a threshold broke (window order, as the Thresholds table lists them)."""
+    return next((c for c in ctx.analysis.thresholds if c.passed is False), None)
+
+
+def capacity_lines(ctx: ReportContext) -> list[str]:
     """The capacity model's prediction (if the runner stored one in fixed.predicted) beside what
     the run saw: where the engine started queueing and where thresholds last held."""
     a, var = ctx.analysis, ctx.run.change.get("variable", "")
@@ -387,89 +402,8 @@ def steps(ctx: ReportContext) -> list[Block]:
     ]
 
 
-def charts(ctx: ReportContext) -> list[Block]:
-    a = ctx.analysis
-    var = ctx.run.change.get("variable", "step")
-    out: list[Block] = []
-    if a.step_points:
-
-        def x(p: Any) -> float:
-            return p.step_value if p.step_value is not None else float(p.step)
-
-        lat, err = [], []
-        for rnd in a.rounds:
-            pts = [p for p in a.step_points if p.round == rnd]
-            lat.append(
-                Series(
-                    f"round {rnd} E2E P95", [(x(p), p.e2e_p95_ms) for p in pts if p.e2e_p95_ms is not None]
-                )
-            )
-            err.append(Series(f"round {rnd} error %", [(x(p), p.error_rate * 100) for p in pts]))
-        lat_bands = [Band(f"{b.phase} P95 range", *b.e2e_p95_ms) for b in a.bands if b.e2e_p95_ms]
-        err_bands = [
-            Band(f"{b.phase} error range", b.error_rate[0] * 100, b.error_rate[1] * 100) for b in a.bands
-        ]
-        out.append(Chart(f"E2E latency P95 per {var}", var, "ms", lat, bands=lat_bands))
-        out.append(Chart(f"Error rate per {var}", var, "%", err, bands=err_bands))
-    shades = [
-        Shade(f"r{p.window.round} {p.window.phase}", p.window.start_s, p.window.end_s) for p in a.phases
-    ]
-    markers = [
-        Marker(e.t_s, f"{e.kind}: {e.message}") for e in a.events if e.kind in (*MARKED_EVENTS, *MODEL_EVENTS)
-    ]
-    gpu = a.timeline.get("gpu.memory_used_bytes")
-    if gpu:
-        out.append(
-            Chart(
-                "GPU memory used over time (fullest GPU)",
-                "seconds from start",
-                "GiB",
-                [Series("GPU memory used", [(t, v / fmt.GIB) for t, v in gpu])],
-                shades=shades,
-                markers=markers,
-                y_min_zero=False,
-            )
-        )
-    kv = a.timeline.get("engine.kv_cache_usage_perc")
-    if kv:
-        out.append(
-            Chart(
-                "KV cache usage over time",
-                "seconds from start",
-                "%",
-                [Series("KV cache usage", [(t, v * 100) for t, v in kv])],
-                shades=shades,
-                markers=markers,
-            )
-        )
-    ollama = a.timeline.get("ollama.vram_bytes")
-    if ollama:
-        out.append(
-            Chart(
-                "Ollama's loaded models on the GPU over time (/api/ps size_vram)",
-                "seconds from start",
-                "GiB",
-                [Series("loaded models' GPU memory", [(t, v / fmt.GIB) for t, v in ollama])],
-                shades=shades,
-                markers=markers,
-            )
-        )
-    if out:
-        from vramlab.report.svg import phase_of, shade_caption
-
-        key = shade_caption([phase_of(sh.label) for sh in shades] + [b.phase for b in a.bands])
-        out.insert(
-            0,
-            Text(
-                (f"Shaded and banded by phase: {key}. " if key else "")
-                + "Grey dashed vertical lines: stop conditions, rollbacks, OOMs, alerts; the lines per "
-                "round are in the other colours."
-            ),
-        )
-    return out
-
-
-def _threshold_value(metric: str, v: float | None) -> str:
+def threshold_value(metric: str, v: float | None) -> str:
+    """A threshold's value in its unit: error rates in %, rates in req/s, latencies in ms."""
     if v is None:
         return "–"
     if metric == "error_rate":
@@ -487,11 +421,11 @@ def thresholds(ctx: ReportContext) -> list[Block]:
     for c in checks:
         mark = {True: "ok", False: "BREACH", None: "n/a"}[c.passed]
         rows.setdefault((c.round, c.phase, c.step, c.step_value), {})[c.metric] = (
-            f"{_threshold_value(c.metric, c.value)} {mark}"
+            f"{threshold_value(c.metric, c.value)} {mark}"
         )
     headers = ["round", "phase", "step", ctx.run.change.get("variable", "value")]
     headers += [
-        f"{m} ({'≥' if m.startswith('min_') else '≤'} {_threshold_value(m, limits[m])})" for m in metrics
+        f"{m} ({'≥' if m.startswith('min_') else '≤'} {threshold_value(m, limits[m])})" for m in metrics
     ]
     body = [
         [
@@ -615,13 +549,12 @@ def notes(ctx: ReportContext) -> list[Block]:
 
 SECTIONS = (
     Section("summary", "Summary", summary, order=10),
-    Section("plan", "Plan", plan, order=20),
-    Section("environment", "Environment", environment, order=30),
+    Section("plan", "Plan", plan, order=20, appendix=True),
+    Section("environment", "Environment", environment, order=30, appendix=True),
     Section("warnings", "Warnings", warnings, order=40),
     Section("phases", "Baseline, treatment and recovery by round", phases, order=50),
     Section("thresholds", "Thresholds", thresholds, order=52),
     Section("steps", "Per step", steps, order=55),
-    Section("charts", "Charts", charts, order=60),
     Section("stability", "Stability across rounds", stability, order=70),
     Section("recovery", "Return to baseline", recovery, order=80, applies=_not_drill),
     Section("events", "Stops, rollbacks and other events", events, order=90, applies=_not_drill),

@@ -29,6 +29,7 @@ from vramlab.report.incident_text import (
     action_items,
     alert_clock,
     ceiling_line,
+    failure_where,
     from_t0,
     impact_without_failure,
     lessons,
@@ -132,19 +133,10 @@ def summary_line(ctx: ReportContext) -> str:
                 f"models did not start ({', '.join(which)}): the card did not hold them"
             )
         return ceiling_line(ctx, top, unit)
-    step = inc.failure_step or {}
-    rec = inc.recovery
-    rec_txt = recovery_text(rec, inc.t0_s)
+    rec_txt = recovery_text(inc.recovery, inc.t0_s)
     first = inc.signals.first
-    trig = inc.trigger
-    if trig is not None and trig.step is None:
-        where = "before any ramp step had sent a request"
-    elif trig is not None and trig.confidence == "low":
-        where = f"while {fmt.num(step.get('value'))} {unit} carried load (trigger confidence low)"
-    else:
-        where = f"at {fmt.num(step.get('value'))} {unit} (last safe {fmt.num(inc.last_safe_value)})"
     return (
-        f"{inc.failure_mode} {where}; detected {_s(from_t0(inc.time_to_detect_s, inc.t0_s))} after T0; first abnormal signal "
+        f"{inc.failure_mode} {failure_where(inc, unit)}; detected {_s(from_t0(inc.time_to_detect_s, inc.t0_s))} after T0; first abnormal signal "
         f"{first.name if first else '–'}; {inc.impact.failed} failed requests; {rec_txt}"
     )
 
@@ -354,15 +346,23 @@ def s_cause(ctx: ReportContext) -> list[Block]:
             f"`{str(sig['line'])}`"
         )
     if cap is not None:
-        limit = capacity_data(cap).get("predicted_limit")
         items.append(f"**Capacity model's account:** {cap.message}")
-        if limit is not None:
-            items.append(
-                f"Predicted limit {fmt.num(limit)} {unit} vs observed failure at "
-                f"{fmt.num(step.get('value'))} (last safe {fmt.num(inc.last_safe_value)}): "
-                + prediction_side(limit, step.get("value"), inc.last_safe_value)
-            )
+    items += [line for line in (predicted_limit_line(ctx, inc),) if line]
     return [Bullets(items)]
+
+
+def predicted_limit_line(ctx: ReportContext, inc: Incident) -> str | None:
+    """The capacity model's predicted limit beside the step that failed, and which side it fell on."""
+    cap = next((e for e in ctx.events if e.kind == K.CAPACITY), None)
+    limit = None if cap is None else capacity_data(cap).get("predicted_limit")
+    if limit is None or not inc.failed:
+        return None
+    failed_at = (inc.failure_step or {}).get("value")
+    return (
+        f"Predicted limit {fmt.num(limit)} {_unit(ctx)} vs observed failure at {fmt.num(failed_at)} "
+        f"(last safe {fmt.num(inc.last_safe_value)}): "
+        + prediction_side(limit, failed_at, inc.last_safe_value)
+    )
 
 
 def prediction_side(predicted: float, failed_at: float | None, last_safe: float | None) -> str:

@@ -42,6 +42,17 @@ def from_t0(d: float | None, t0: float | None) -> float | None:
     return float(_cs(t0 + d) - _cs(t0))
 
 
+def failure_where(inc: Incident, unit: str) -> str:
+    """Where on the ramp the failure began, as the headline says it: the step that carried load,
+    with the last safe one (or that no step had sent a request, or that the trigger is uncertain)."""
+    step, trig = inc.failure_step or {}, inc.trigger
+    if trig is not None and trig.step is None:
+        return "before any ramp step had sent a request"
+    if trig is not None and trig.confidence == "low":
+        return f"while {fmt.num(step.get('value'))} {unit} carried load (trigger confidence low)"
+    return f"at {fmt.num(step.get('value'))} {unit} (last safe {fmt.num(inc.last_safe_value)})"
+
+
 def alert_clock(inc: Incident) -> str:
     """Time to alert on the alert table's clock, as the incident's JSON carries it: an alert already
     firing at T0 reads negative, not 0.00 s."""

@@ -90,6 +90,7 @@ def report_data(ctx: ReportContext, doc: Document) -> dict[str, Any]:
                 "recovery": [dataclasses.asdict(r) for r in a.recovery],
                 "thresholds": [dataclasses.asdict(c) for c in a.thresholds],
                 "highest_passing_value": a.highest_passing_value,
+                "search": a.searches,
                 "events": [e.model_dump() for e in a.events],
                 "sections": {s.id: s.data for s in doc.sections if s.data is not None},
             }

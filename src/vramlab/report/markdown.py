@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vramlab.report.blocks import Block, Bullets, Chart, Table, Text
+from vramlab.report.blocks import Block, Bullets, Chart, Table, Text, Verdict
 from vramlab.report.sections import Document
 
 
@@ -25,13 +25,20 @@ def _block(block: Block) -> str:
         return "\n".join(lines)
     if isinstance(block, Chart):
         return f"*Chart: {block.title} (see `--format html`)*"
+    if isinstance(block, Verdict):  # a quote block: the answer stands apart from the sections' text
+        details = [f"> - {d}" for d in block.details]
+        return "\n".join([f"> **{block.headline}**", *([">", *details] if details else [])])
     raise TypeError(f"unknown block {type(block).__name__}")
 
 
 def render(doc: Document) -> str:
     parts = [f"# {doc.title}", "", f"_{doc.subtitle}_", ""]
+    appendix = False
     for section in doc.sections:
-        parts += [f"## {section.title}", ""]
+        if section.appendix and not appendix:
+            appendix = True
+            parts += ["## Appendix", ""]
+        parts += [f"{'###' if section.appendix else '##'} {section.title}", ""]
         for block in section.blocks:
             parts += [_block(block), ""]
     return "\n".join(parts).rstrip() + "\n"

@@ -44,7 +44,7 @@ def _where(e: Estimate) -> tuple[str, str, str, str]:
 def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
     e = plan.estimate
     lines = _heading(plan, model, gpu) + [""] + _components(e) + [""] + _pool(e)
-    lines += _concurrency(plan)
+    lines += _concurrency(plan) + _prefix(plan)
     lines.append(_safe_line(plan))
     lines += _placement(e) + _draft_and_host_tier(e)
     lines += [f"note: {note}" for note in e.notes]
@@ -101,6 +101,20 @@ def _pool(e: Estimate) -> list[str]:
         conc += f" (band {e.pessimistic.max_concurrency:.2f}-{e.optimistic.max_concurrency:.2f})"
     lines.append(conc)
     return lines
+
+
+def _prefix(plan: Plan) -> list[str]:
+    p = plan.prefix
+    if p is None:
+        return []
+    head = f"prefix sharing: {p.shared_tokens:,} of {p.request_tokens:,} tokens shared by every request"
+    if not p.shared_blocks:
+        return [f"{head}: no more users ({p.why}): {p.users_without:.2f} requests fit"]
+    more = p.users_with / p.users_without - 1 if p.users_without else 0.0
+    return [
+        f"{head}: {p.users_without:.2f} -> {p.users_with:.2f} requests fit (+{p.more_users:.2f}, +{more:.0%}): "
+        f"{p.shared_blocks} blocks of {p.block_size} held once ({p.why})"
+    ]
 
 
 def _serial(e: Estimate) -> bool:

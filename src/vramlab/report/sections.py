@@ -9,6 +9,9 @@ Other code adds its own for one document, without changing what any other report
     from vramlab.report.sections import Section, build_document
     mine = Section("extra", "Extra", my_blocks, order=25, applies=lambda ctx: ctx.run.kind == "drill")
     doc = build_document(ctx, extra=[mine])
+
+The answer comes first (`answer.py`, order 1: the verdict, plan against measured, the key chart);
+sections marked `appendix` (the plan as run, the environment) come last, whatever their order.
 """
 
 from __future__ import annotations
@@ -72,6 +75,9 @@ class Section:
     order: float = 100
     applies: Callable[[ReportContext], bool] = _always
     data: Callable[[ReportContext], Any] | None = None  # JSON-ready; None: the JSON report skips it
+    # Reference a reader looks up rather than reads (the plan as run, the environment): rendered
+    # after every other section, under an "Appendix" heading, whatever its order.
+    appendix: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,7 @@ class RenderedSection:
     title: str
     blocks: list[Block]
     data: Any = None
+    appendix: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,15 +100,30 @@ def registered(extra: Sequence[Section] = ()) -> list[Section]:
     """The built-in sections and *extra* (one of the same id replaces the built-in), in order. Each
     module's sections are a constant tuple (`SECTIONS`): nothing is registered at run time."""
     # Imported here, not at the top: each of them imports this module for Section and ReportContext.
-    from vramlab.report import colocation, composition, core_sections, incident
+    from vramlab.report import (
+        answer,
+        charts,
+        colocation,
+        composition,
+        core_sections,
+        incident,
+        slo_search,
+        soak,
+        tenants,
+    )
 
     by_id = {
         s.id: s
         for s in (
+            *answer.SECTIONS,
             *core_sections.SECTIONS,
+            *charts.SECTIONS,
             *composition.SECTIONS,
             *incident.SECTIONS,  # drill runs: the incident
             *colocation.SECTIONS,
+            *slo_search.SECTIONS,  # change.search runs
+            *soak.SECTIONS,  # change.soak runs
+            *tenants.SECTIONS,  # conversations with tenants
             *extra,
         )
     }
@@ -109,18 +131,21 @@ def registered(extra: Sequence[Section] = ()) -> list[Section]:
 
 
 def build_document(ctx: ReportContext, extra: Sequence[Section] = ()) -> Document:
+    """The sections that apply (the built-in ones and *extra*), in order: the answer first, the
+    appendix sections last."""
     run = ctx.run
     state = "" if ctx.analysis.complete else " (incomplete)"
     doc = Document(
         title=f"vramlab {run.kind} {run.run_id}: {run.name}",
         subtitle=f"status {run.status}{state}",
     )
-    for section in registered(extra):
+    # stable: order kept within each part
+    for section in sorted(registered(extra), key=lambda s: s.appendix):
         if not section.applies(ctx):
             continue
         blocks = section.build(ctx)
         if not blocks:
             continue
         data = section.data(ctx) if section.data is not None else None
-        doc.sections.append(RenderedSection(section.id, section.title, blocks, data))
+        doc.sections.append(RenderedSection(section.id, section.title, blocks, data, section.appendix))
     return doc

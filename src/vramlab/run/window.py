@@ -212,6 +212,10 @@ def request_record(
         status_code=res.status_code,
         error_class=res.error_class,
         error=res.error,
+        cached_tokens=res.cached_tokens,
+        conversation=res.conversation,
+        turn=res.turn,
+        tenant=res.tenant,
     )
     assert fields.keys() == _REQUEST_FIELDS, fields.keys() ^ _REQUEST_FIELDS
     return RequestRecord.model_validate(fields)

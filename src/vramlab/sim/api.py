@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from vramlab.sim.tokenizer import count_chat_tokens, count_tokens, prompt_key
+from vramlab.sim.tokenizer import chat_tokens, count_chat_tokens, count_tokens, prompt_key, text_tokens
 
 
 class ApiError(Exception):
@@ -132,6 +132,16 @@ def parse_request(body: Any, chat: bool, model: str, max_model_len: int) -> Pars
     )
 
 
+def prompt_tokens_of(body: dict[str, Any], chat: bool) -> list[str]:
+    """The prompt's tokens (a request parse_request accepted): what the prefix cache hashes."""
+    if chat:
+        return chat_tokens(body["messages"])
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    return text_tokens(prompt) if isinstance(prompt, str) else [str(t) for t in prompt]
+
+
 def tokenize_answer(body: Any, model: str, max_model_len: int) -> dict[str, Any]:
     """``POST /tokenize`` as the engines answer it, counted by the sim's own tokenizer (what its
     ``usage.prompt_tokens`` reports): vLLM's request (``prompt``, or ``messages`` with the chat
@@ -193,12 +203,15 @@ def _check_message(i: int, m: dict[str, Any]) -> None:
     )
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:  # vLLM's and llama-server's shape (OpenAI's)
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 def chunk(
@@ -236,7 +249,12 @@ def chunk(
 
 
 def usage_chunk(
-    rid: str, model: str, chat: bool, prompt_tokens: int, completion_tokens: int
+    rid: str,
+    model: str,
+    chat: bool,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int | None = None,
 ) -> dict[str, Any]:
     return {
         "id": rid,
@@ -244,7 +262,7 @@ def usage_chunk(
         "created": int(time.time()),
         "model": model,
         "choices": [],
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
     }
 
 
@@ -256,6 +274,7 @@ def full_response(
     finishes: list[str],
     prompt_tokens: int,
     completion_tokens: int,
+    cached_tokens: int | None = None,
 ) -> dict[str, Any]:
     """One choice per (text, finish) pair: n choices for a request with n > 1."""
     choices: list[dict[str, Any]] = []
@@ -279,5 +298,5 @@ def full_response(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
     }

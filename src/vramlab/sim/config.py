@@ -62,6 +62,11 @@ class SimConfig:
     watchdog_s: float = 5.0  # vLLM's VLLM_WATCHDOG_TIME_S: from engine death to exit (wall clock, not scaled)
     log_stats_interval_s: float = 5.0  # the engine's periodic stats line (wall clock)
     start_barrier: str | None = None  # FILE:N: meet N sims at the start-up checkpoints (sim/barrier.py)
+    # prefix caching (sim/prefix_cache.py); None: the engine's default (prefix_caching_default)
+    prefix_caching: bool | None = None
+    # usage.prompt_tokens_details.cached_tokens in answers (vLLM's --enable-prompt-tokens-details;
+    # llama-server always sends it)
+    prompt_tokens_details: bool = False
     estimate: Estimate | None = field(default=None, compare=False)  # serve this instead of computing
 
     def __post_init__(self) -> None:
@@ -95,6 +100,20 @@ class SimConfig:
         from vramlab.capacity.settings import DEFAULT_VERSIONS, parse_version
 
         return parse_version(self.engine_version or DEFAULT_VERSIONS[self.engine])
+
+    @property
+    def prefix_caching_on(self) -> bool:
+        """Prefix caching as the engine has it unless told: on in vLLM's V1 engine (0.8 and later:
+        ``enable_prefix_caching`` defaults to True there), SGLang's radix cache (unless
+        --disable-radix-cache) and TGI 3 (its v3 release notes: prefix caching on by default); off in
+        vLLM's V0 and in llama.cpp, whose per-slot prompt cache the sim does not model."""
+        if self.prefix_caching is not None:
+            return self.prefix_caching
+        if self.engine == "vllm":
+            return self.version >= (0, 8)
+        if self.engine == "tgi":
+            return self.version >= (3,)
+        return self.engine == "sglang"
 
     @property
     def version_text(self) -> str:
@@ -135,46 +154,7 @@ def compute_estimate(cfg: SimConfig) -> Estimate:
 
 
 def estimate_from_json(data: dict[str, Any]) -> Estimate:
-    """Rebuild an `Estimate` from `vramlab plan --json` output."""
-    from vramlab.capacity.estimate import Component, Estimate, Limits
+    """Rebuild an `Estimate` from `vramlab plan --json` output (capacity/estimate_json.py)."""
+    from vramlab.capacity.estimate_json import estimate_from_json as rebuild
 
-    try:
-        comps = tuple(Component(**c) for c in data["components"])
-        lims = {
-            k: Limits(
-                **{
-                    f: data[k][f]
-                    for f in ("kv_cache_bytes", "kv_cache_tokens", "num_blocks", "max_concurrency")
-                }
-            )
-            for k in ("pessimistic", "optimistic")
-            if k in data
-        }
-        return Estimate(
-            model=data["model"],
-            gpu=data["gpu"],
-            engine=data["engine"],
-            engine_version=data["engine_version"],
-            gpu_memory_bytes=int(data["gpu_memory_bytes"]),
-            settings=dict(data.get("settings", {})),
-            components=comps,
-            kv_bytes_per_token=int(data["kv_bytes_per_token"]),
-            block_size=int(data["block_size"]),
-            num_blocks=int(data["num_blocks"]),
-            kv_cache_bytes=int(data["kv_cache_bytes"]),
-            kv_cache_tokens=int(data["kv_cache_tokens"]),
-            max_concurrency=float(data["max_concurrency"]),
-            max_model_len=int(data["max_model_len"]),
-            budget_bytes=int(data["budget_bytes"]),
-            used_bytes=int(data["used_bytes"]),
-            headroom_bytes=int(data["headroom_bytes"]),
-            fits=bool(data["fits"]),
-            reasons=tuple(data.get("reasons", ())),
-            suggestions=tuple(data.get("suggestions", ())),
-            notes=tuple(data.get("notes", ())),
-            pessimistic=lims.get("pessimistic"),
-            optimistic=lims.get("optimistic"),
-            per_sequence_state_bytes=int(data.get("per_sequence_state_bytes", 0)),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"not a `vramlab plan --json` object: {type(exc).__name__}: {exc}") from None
+    return rebuild(data)

@@ -21,6 +21,7 @@ from typing import Any
 from vramlab.capacity.estimate import Estimate
 from vramlab.sim import startup_log as L
 from vramlab.sim.config import SimConfig
+from vramlab.sim.death import die_crash, die_oom
 from vramlab.sim.faults import FaultState
 from vramlab.sim.ledger import DeviceLedger, SimOutOfMemory
 from vramlab.sim.metrics import EngineStats
@@ -196,6 +197,15 @@ class SimEngine:
             self.max_num_batched_tokens,
             self.max_model_len,
         )
+        if self.cfg.prefix_caching_on:
+            from vramlab.sim.prefix_cache import PrefixCache
+            from vramlab.sim.tokenizer import token_text
+
+            seed = self.cfg.seed
+            self.sched.cache = PrefixCache()
+            self.sched.generated_tokens = lambda req: [
+                token_text(seed, req.key, i).strip() for i in range(req.generated)
+            ]
 
     async def _start_vllm(self) -> None:
         v = self.version
@@ -339,6 +349,7 @@ class SimEngine:
         ignore_eos: bool,
         key: str,
         sink: asyncio.Queue[tuple[str, Any]],
+        tokens: list[str] | None = None,
     ) -> Request:
         stop_at = max_tokens
         if not ignore_eos and max_tokens > 1:
@@ -349,6 +360,10 @@ class SimEngine:
         req = Request(rid, prompt_tokens, max_tokens, stop_at, key, time.monotonic(), sink)
         self.stats.requests += 1
         assert self.sched is not None
+        if self.sched.cache is not None and tokens is not None:  # its blocks by content: shared prefixes
+            from vramlab.sim.prefix_cache import block_hashes
+
+            req.hashes, req.tail = block_hashes(tokens, self.sched.block_size)
         self.sched.add(req)
         self._wake.set()
         return req
@@ -403,7 +418,7 @@ class SimEngine:
         sched = self.sched
         while not self.dead:
             if self.faults.crash:
-                self._die_crash()
+                die_crash(self)
                 return
             if self.faults.hang:
                 await self.faults.wait_unhang()
@@ -420,7 +435,7 @@ class SimEngine:
             try:
                 self._grow_activation(self._activation_need(batch))
             except SimOutOfMemory as oom:
-                self._die_oom(oom)
+                die_oom(self, oom)
                 return
             step = self.roofline.step_s(batch.prefill_tokens, batch.decode_seqs, batch.context_tokens)
             await asyncio.sleep(step * self.faults.slow_factor / self.cfg.speed)
@@ -452,76 +467,3 @@ class SimEngine:
                 s.e2e_s.observe(now - req.arrival_s)
                 if req.sink is not None:
                     req.sink.put_nowait(("done", req.finished_reason))
-
-    # --- death --------------------------------------------------------------------------
-    def _fail_all(self, message: str) -> None:
-        assert self.sched is not None
-        for req in [*self.sched.running, *self.sched.waiting]:
-            if self.cfg.engine == "vllm":
-                self.log.error(f"Request {req.id} failed (engine dead).", "api")
-            self.stats.failures["generation"] += 1
-            if req.sink is not None:
-                req.sink.put_nowait(("error", message))
-        self.sched.running.clear()
-        self.sched.waiting.clear()
-
-    def _die(self, lines: list[str], exit_code: int) -> None:
-        self.dead = True
-        self.death_text = "\n".join(lines)
-        for line in lines:
-            self.log.error(line, "core")
-        self._fail_all(lines[-1])
-        asyncio.get_running_loop().call_later(self.watchdog_s, self._exit, exit_code)
-
-    def _die_oom(self, oom: SimOutOfMemory) -> None:
-        total, _, free = self.ledger.memory_info()
-        text = L.torch_oom(oom.requested_bytes, total, free, self._own_bytes)
-        frames = [
-            ("/usr/lib/python3/site-packages/vllm/v1/engine/core.py", 851, "run_busy_loop"),
-            ("/usr/lib/python3/site-packages/vllm/v1/worker/gpu_model_runner.py", 2311, "execute_model"),
-            ("/usr/lib/python3/site-packages/torch/nn/modules/module.py", 1773, "_wrapped_call_impl"),
-        ]
-        eng = self.cfg.engine
-        if eng == "vllm":
-            self._die(
-                ["EngineCore encountered a fatal error.", L.traceback_block(text, frames), L.ENGINE_DEAD], 1
-            )
-        elif eng == "sglang":
-            self._die(
-                [
-                    f"Scheduler hit an exception: {L.traceback_block(text, frames[2:])}",
-                    "Received sigquit from a child process. It usually means the child failed.",
-                ],
-                1,
-            )
-        elif eng == "tgi":
-            self._die([f"Shard 0 failed: {text}", "Shard 0 crashed"], 1)
-        else:
-            self._die(
-                [
-                    f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {oom.requested_bytes / MIB:.2f} MiB "
-                    "on device 0: cudaMalloc failed: out of memory",
-                    "CUDA error: out of memory",
-                ],
-                134,
-            )
-
-    def _die_crash(self) -> None:
-        text = "RuntimeError: CUDA error: an illegal memory access was encountered"
-        codes = {
-            "vllm": [text, L.ENGINE_DEAD],
-            "sglang": [
-                f"Scheduler hit an exception: {text}",
-                "Received sigquit from a child process. It usually means the child failed.",
-            ],
-            "tgi": [f"Shard 0 failed: {text}", "Shard 0 crashed"],
-            "llama.cpp": ["CUDA error: an illegal memory access was encountered"],
-        }
-        self._die(codes[self.cfg.engine], 134 if self.cfg.engine == "llama.cpp" else 1)
-
-    def _exit(self, code: int) -> None:
-        if self.cfg.engine == "vllm":
-            self.log.info("Shutting down FastAPI HTTP server.", "launcher")
-        self.release_all()
-        self.exit_code = code
-        self.exited.set()

@@ -92,6 +92,7 @@ class Gauges:
     kv_used_tokens: Callable[[], int]
     kv_total_tokens: int
     cache_config: dict[str, str]
+    prefix_cache: Any = None  # a sim.prefix_cache.PrefixCache when prefix caching is on
 
 
 class EngineCollector:
@@ -172,6 +173,33 @@ class EngineCollector:
         yield self._gauge(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", 1.0, g.cache_config
         )
+        yield from self._vllm_prefix(lab)
+
+    def _vllm_prefix(self, lab: dict[str, str]) -> Iterator[Any]:
+        """vLLM's prefix cache figures by release (vllm/v1/metrics/loggers.py): the token counters
+        ``prefix_cache_queries`` / ``prefix_cache_hits`` from 0.9 (renamed from ``gpu_prefix_cache_*``,
+        V1's names in 0.8); V0 exported a block hit rate gauge, ``gpu_prefix_cache_hit_rate``."""
+        cache = self.gauges.prefix_cache
+        if cache is None:
+            return
+        if self.version < (0, 8):
+            yield self._gauge(
+                "vllm:gpu_prefix_cache_hit_rate", "GPU prefix cache block hit rate.", cache.hit_rate, lab
+            )
+            return
+        prefix = "vllm:" if self.version >= (0, 9) else "vllm:gpu_"
+        yield self._counter(
+            prefix + "prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            cache.queries_tokens,
+            lab,
+        )
+        yield self._counter(
+            prefix + "prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            cache.hits_tokens,
+            lab,
+        )
 
     def _sglang(self) -> Iterator[Any]:
         s, g = self.stats, self.gauges
@@ -189,6 +217,10 @@ class EngineCollector:
             "sglang:generation_tokens", "Number of generation tokens processed.", s.generation_tokens, lab
         )
         yield self._counter("sglang:num_retracted_reqs", "Number of retracted requests.", s.preemptions, lab)
+        if g.prefix_cache is not None:  # sglang/srt/metrics/collector.py: the radix cache's hit rate
+            yield self._gauge(
+                "sglang:cache_hit_rate", "The prefix cache hit rate.", g.prefix_cache.hit_rate, lab
+            )
         yield self._hist(
             "sglang:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",

@@ -6,13 +6,22 @@ free sequence slots (`max_num_seqs`) and token budget (`max_num_batched_tokens`)
 running request needs a block and none is free, the newest running request is preempted: its
 blocks are freed and it goes back to the front of the waiting queue to be recomputed from
 scratch (V1 knows only RECOMPUTE; vllm/v1/core/sched/scheduler.py).
+
+With prefix caching (``cache``, sim/prefix_cache.py) a request is admitted with the longest prefix
+of full blocks the pool already holds: those blocks are shared, not allocated, and only the rest of
+its prompt is computed. Its full blocks are known by content as soon as they are computed, its
+generated ones when it finishes; blocks nobody uses stay cached among the free ones until a new
+block needs their memory.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from vramlab.sim.prefix_cache import PrefixCache, block_hashes
 
 
 def cdiv(a: int, b: int) -> int:
@@ -39,6 +48,10 @@ class Request:
         None  # the token before the last: inter-token latency includes preemption gaps
     )
     finished_reason: str | None = None
+    hashes: tuple[int, ...] = ()  # the prompt's full blocks by content (prefix caching)
+    tail: tuple[str, ...] = ()  # the prompt's tokens after its last full block
+    shared: list[int] = field(default_factory=list)  # blocks held through the prefix cache (in `blocks`)
+    cached_tokens: int = 0  # prompt tokens the prefix cache served at its last admission
 
     @property
     def known_tokens(self) -> int:
@@ -73,6 +86,9 @@ class Scheduler:
     running: list[Request] = field(default_factory=list)
     free_blocks: int = -1
     num_preemptions: int = 0
+    cache: PrefixCache | None = None  # prefix caching on
+    # a finished request's generated tokens (what the next turn of its conversation sends back)
+    generated_tokens: Callable[[Request], list[str]] | None = None
 
     def __post_init__(self) -> None:
         if self.free_blocks < 0:
@@ -97,16 +113,71 @@ class Scheduler:
             self.waiting.remove(req)
 
     def _free(self, req: Request) -> None:
-        self.free_blocks += req.blocks
+        own = req.blocks - len(req.shared)
+        if self.cache is not None and req.shared:
+            self.free_blocks += self.cache.release(req.shared)
+            req.shared = []
+        self.free_blocks += own
         req.blocks = 0
 
     def _grow(self, req: Request, tokens: int) -> bool:
         need = cdiv(req.num_computed + tokens, self.block_size) - req.blocks
         if need > self.free_blocks:
             return False
+        if need > 0 and self.cache is not None:
+            empty = self.free_blocks - len(self.cache.free)  # free blocks that hold nothing cached
+            if need > empty:
+                self.cache.evict(need - empty)
         self.free_blocks -= max(0, need)
         req.blocks += max(0, need)
         return True
+
+    def _admit_cached(self, req: Request) -> None:
+        """A request about to be admitted takes the longest cached prefix of its prompt."""
+        cache = self.cache
+        if cache is None or req.num_computed:
+            return
+        hit = cache.hit_blocks(req.hashes)
+        hit = min(hit, (req.prompt_tokens - 1) // self.block_size)  # the last token is always computed
+        req.cached_tokens = hit * self.block_size
+        if hit:
+            self.free_blocks -= cache.take(req.hashes[:hit])
+            req.shared = list(req.hashes[:hit])
+            req.blocks = hit
+            req.num_computed = hit * self.block_size
+
+    def _unadmit(self, req: Request) -> None:
+        """The head of the queue could not get its blocks: it lets its cached prefix go again."""
+        if req.shared:
+            self._free(req)
+            req.num_computed = 0
+
+    def _register(self, req: Request) -> None:
+        """Its computed full prompt blocks are now known by content (up to the first one another
+        request computed too: from there on its blocks stay its own)."""
+        cache = self.cache
+        if cache is None:
+            return
+        upto = min(len(req.hashes), req.num_computed // self.block_size)
+        while len(req.shared) < upto:
+            if not cache.register(req.hashes[len(req.shared)]):
+                break
+            req.shared.append(req.hashes[len(req.shared)])
+
+    def _register_generated(self, req: Request) -> None:
+        """At its end, its full blocks of prompt tail and generated tokens join the cache too (a
+        conversation's next turn sends them back)."""
+        cache, gen = self.cache, self.generated_tokens
+        if cache is None or gen is None or len(req.shared) != len(req.hashes) or not req.hashes:
+            return
+        full = req.num_computed // self.block_size - len(req.hashes)  # blocks of tokens with KV
+        if full <= 0:
+            return
+        hashes, _ = block_hashes([*req.tail, *gen(req)], self.block_size, req.hashes[-1])
+        for h in hashes[:full]:
+            if not cache.register(h):
+                break
+            req.shared.append(h)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
@@ -139,9 +210,13 @@ class Scheduler:
                 budget -= n
         while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
+            self._admit_cached(req)
             n = min(req.known_tokens - req.num_computed, budget)
             if not self._grow(req, n):
+                self._unadmit(req)
                 break  # FCFS: nobody overtakes the head of the queue
+            if self.cache is not None:  # counted once admitted, as the engine's counters see it
+                self.cache.count(req.prompt_tokens, req.cached_tokens)
             self.waiting.popleft()
             self.running.append(req)
             scheduled.append((req, n))
@@ -160,6 +235,7 @@ class Scheduler:
             if req not in self.running:
                 continue
             req.num_computed += n
+            self._register(req)
             if req.first_scheduled_s is None:
                 req.first_scheduled_s = now_s
             if req.num_computed < req.known_tokens:
@@ -176,6 +252,7 @@ class Scheduler:
             if done:
                 req.finished_reason = done
                 self.running.remove(req)
+                self._register_generated(req)
                 self._free(req)
             out.append((req, done is not None))
         return out

@@ -13,6 +13,7 @@ import itertools
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -23,6 +24,7 @@ from vramlab.sim.api import (
     error_body,
     full_response,
     parse_request,
+    prompt_tokens_of,
     tokenize_answer,
     usage_chunk,
 )
@@ -166,7 +168,7 @@ class SimServer:
                     f"Engine 000: Avg prompt throughput: {p / interval:.1f} tokens/s, Avg generation "
                     f"throughput: {g / interval:.1f} tokens/s, Running: {len(sched.running)} reqs, Waiting: "
                     f"{len(sched.waiting)} reqs, GPU KV cache usage: {sched.kv_cache_usage * 100:.1f}%, "
-                    "Prefix cache hit rate: 0.0%",
+                    f"Prefix cache hit rate: {(sched.cache.hit_rate if sched.cache else 0.0) * 100:.1f}%",
                     "stats",
                 )
             elif self.cfg.engine == "sglang":
@@ -244,6 +246,7 @@ class SimServer:
             lambda: sched.used_tokens,
             sched.num_blocks * sched.block_size,
             settings,
+            sched.cache,
         )
         body = render(EngineCollector(self.cfg.engine, eng.version, self.cfg.model_name, eng.stats, gauges))
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -331,6 +334,8 @@ class SimServer:
         # One queue for all n choices: each engine sequence tags what it sends with its choice index.
         sink: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
         self._in_flight += 1
+        assert eng.sched is not None
+        tokens = prompt_tokens_of(body, chat) if eng.sched.cache is not None else None
         reqs = [
             eng.submit(
                 rid if parsed.n == 1 else f"{rid}-{i}",
@@ -339,19 +344,30 @@ class SimServer:
                 parsed.ignore_eos,
                 _choice_key(parsed.key, i),
                 _Tagged(sink, i),  # type: ignore[arg-type]
+                tokens,
             )
             for i in range(parsed.n)
         ]
+        # usage.prompt_tokens_details.cached_tokens: what the prefix cache served (vLLM with
+        # --enable-prompt-tokens-details; llama-server always says it)
+        details = self.cfg.prompt_tokens_details or self.cfg.engine == "llama.cpp"
+        cached = (lambda: reqs[0].cached_tokens) if details else None
         try:
             if parsed.stream:
-                return await self._stream(request, rid, parsed, sink)
-            return await self._collect(rid, parsed, sink)
+                return await self._stream(request, rid, parsed, sink, cached)
+            return await self._collect(rid, parsed, sink, cached)
         finally:
             self._in_flight -= 1
             for req in reqs:
                 eng.abort(req)  # a no-op when finished; frees the blocks of a client that went away
 
-    async def _collect(self, rid: str, p: Parsed, sink: asyncio.Queue[tuple[int, str, Any]]) -> Any:
+    async def _collect(
+        self,
+        rid: str,
+        p: Parsed,
+        sink: asyncio.Queue[tuple[int, str, Any]],
+        cached: Callable[[], int] | None = None,
+    ) -> Any:
         parts: list[list[str]] = [[] for _ in range(p.n)]
         finishes: list[str | None] = [None] * p.n
         while any(f is None for f in finishes):
@@ -371,11 +387,17 @@ class SimServer:
                 [str(f) for f in finishes],
                 p.prompt_tokens,
                 sum(len(x) for x in parts),
+                cached() if cached else None,
             )
         )
 
     async def _stream(
-        self, request: Any, rid: str, p: Parsed, sink: asyncio.Queue[tuple[int, str, Any]]
+        self,
+        request: Any,
+        rid: str,
+        p: Parsed,
+        sink: asyncio.Queue[tuple[int, str, Any]],
+        cached: Callable[[], int] | None = None,
     ) -> Any:
         from aiohttp import web
 
@@ -418,7 +440,9 @@ class SimServer:
                     break
             else:
                 if p.include_usage:
-                    await send(usage_chunk(rid, model, p.chat, p.prompt_tokens, n))
+                    await send(
+                        usage_chunk(rid, model, p.chat, p.prompt_tokens, n, cached() if cached else None)
+                    )
             await send(b"[DONE]")
             await resp.write_eof()
         except (ConnectionError, asyncio.CancelledError) as exc:

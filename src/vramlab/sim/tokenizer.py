@@ -63,14 +63,41 @@ def count_tokens(text: str) -> int:
     return sum(-(-len(p) // 4) for p in _PIECE.findall(text))
 
 
+def text_tokens(text: str) -> list[str]:
+    """The tokens *count_tokens* counts, as strings: what the prefix cache hashes (sim/prefix_cache.py)."""
+    out: list[str] = []
+    for p in _PIECE.findall(text):
+        out += [p[i : i + 4] for i in range(0, len(p), 4)]
+    return out
+
+
+def _content_text(content: object) -> str:
+    if isinstance(content, list):  # content parts: the text parts
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content or "")
+
+
+def chat_tokens(messages: list[dict[str, object]]) -> list[str]:
+    """A chat prompt's tokens as *count_chat_tokens* counts them: each message is its role header
+    (3 tokens), its content and an end-of-turn token, then the assistant header the template appends,
+    so a turn's answer, sent back in the next turn, lines up with what was generated after it."""
+    out: list[str] = []
+    for m in messages:
+        out += [
+            "<|header|>",
+            str(m.get("role", "")),
+            "<|/header|>",
+            *text_tokens(_content_text(m.get("content"))),
+            "<|eot|>",
+        ]
+    return [*out, "<|header|>", "assistant", "<|/header|>"]
+
+
 def count_chat_tokens(messages: list[dict[str, object]]) -> int:
     """A chat prompt: each message's content plus the template's role markers (~4 tokens)."""
     total = 3  # the assistant header the template appends
     for m in messages:
-        content = m.get("content", "")
-        if isinstance(content, list):  # content parts: count the text parts
-            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-        total += 4 + count_tokens(str(content or ""))
+        total += 4 + count_tokens(_content_text(m.get("content", "")))
     return total
 
 

@@ -72,12 +72,19 @@ def _m5_prompt_tokens_source(conn: sa.Connection) -> None:
     _add_missing_columns(conn, schema.requests, ("prompt_tokens_source",))
 
 
+def _m6_traffic(conn: sa.Connection) -> None:
+    # The prefix cache's share of a request's prompt in the engine's words, and a conversation
+    # workload's conversation, turn and tenant; older rows read None (not said, not a conversation).
+    _add_missing_columns(conn, schema.requests, ("cached_tokens", "conversation", "turn", "tenant"))
+
+
 MIGRATIONS: list[Callable[[sa.Connection], None]] = [
     _m1_initial,
     _m2_heartbeat,
     _m3_token_accounting,
     _m4_itl_untimed_gaps,
     _m5_prompt_tokens_source,
+    _m6_traffic,
 ]
 LATEST = len(MIGRATIONS)
 

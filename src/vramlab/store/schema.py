@@ -78,6 +78,10 @@ requests = sa.Table(
     sa.Column("status_code", sa.Integer, nullable=False),
     sa.Column("error_class", sa.String(32)),
     sa.Column("error", sa.Text),
+    sa.Column("cached_tokens", sa.Integer),
+    sa.Column("conversation", sa.String(64)),
+    sa.Column("turn", sa.Integer),
+    sa.Column("tenant", sa.String(64)),
     sa.Index("ix_requests_run", "run_id", "seq"),
 )
 
