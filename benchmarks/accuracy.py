@@ -37,12 +37,23 @@ from vramlab.sources.hf_config import spec_from_config  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import local_engines  # noqa: E402  (benchmarks/local_engines.py: llama.cpp placement and Ollama rows)
+from accuracy_table import (  # noqa: E402
+    first_look,
+    first_look_batches,
+    held_out_capacity,
+    never_seen_now,
+    print_batches,
+    readme_block,
+    table,
+)
 from bands import band_coverage, band_score, print_bands  # noqa: E402  (band_score: tests call it here)
 
 METRICS = ("weights", "kv_cache_gib", "kv_cache_tokens", "max_concurrency")
 
 
 DATA_DIR = ROOT / "benchmarks" / "data"
+# each never-seen row's KV capacity error at its batch's first look (accuracy_table.py)
+FIRST_LOOK = ROOT / "benchmarks" / "results" / "first-look.jsonl"
 
 
 def default_data_dir() -> Path:
@@ -83,6 +94,8 @@ def model_for(row: dict[str, Any], configs: dict[str, Any]) -> ModelSpec | str:
     except ImportError:
         pass
     if isinstance(cfg, dict) and cfg.get("source") is not None:
+        if isinstance(cfg.get("quantization_config"), str):  # the data set's note of a GGUF file's type,
+            cfg = {k: v for k, v in cfg.items() if k != "quantization_config"}  # not a config.json object
         try:
             return spec_from_config(cfg, hf_id, str(cfg.get("source")), hf_id=hf_id)
         except VramlabError as exc:
@@ -113,12 +126,30 @@ def gpu_for(row: dict[str, Any]):
     return like
 
 
+# "0.8.5.post1 (V0 engine)", "[~0.4.3, March 2025 ...]", "b5622": the first release number a row writes.
+RELEASE = re.compile(r"(?<![\w.])[vb]?[0-9]+\.[0-9][0-9a-z.+]*|(?<![\w.])b[0-9]{3,}(?![0-9a-z])")
+SAME_AS = re.compile(r"\bas (r[0-9]+)\b")
+
+
+def load_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of an observed_memory.jsonl, each row that writes its release as another row's ("version not
+    printed; as r242") given that row's release text: two start-ups of one source run one release, and a row
+    left without a number would be planned at today's default release (vLLM's utilization default is 0.9
+    before 0.20 and 0.92 from it: 0.89 GiB of pool on an L40S)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    by_id = {r["row_id"]: r for r in rows}
+    for row in rows:
+        text = str(row.get("engine_version") or "")
+        same = SAME_AS.search(text)
+        ref = by_id.get(same.group(1)) if same and not RELEASE.search(text) else None
+        if ref is not None and RELEASE.search(str(ref.get("engine_version") or "")):
+            row["engine_version"] = f"{text} = {ref['engine_version']}"
+    return rows
+
+
 def settings_for(row: dict[str, Any], spec: ModelSpec) -> EngineSettings:
     version_text = str(row.get("engine_version") or "")
-    # "0.8.5.post1 (V0 engine)", "[~0.4.3, March 2025 ...]": the first release number written.
-    version = re.search(
-        r"(?<![\w.])[vb]?[0-9]+\.[0-9][0-9a-z.+]*|(?<![\w.])b[0-9]{3,}(?![0-9a-z])", version_text
-    )
+    version = RELEASE.search(version_text)
     mode = "v0" if "V0" in version_text else ("v1" if "V1" in version_text else None)
     dtype = str(row.get("dtype") or "auto").replace("torch.", "")
     in_trainer = row.get("collection_group", "").startswith("unsloth") or bool(
@@ -261,6 +292,11 @@ def main() -> int:
     ap.add_argument("--rows", action="store_true", help="print every row")
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
+        "--readme-table",
+        action="store_true",
+        help="print only the README's accuracy table (accuracy_table.py)",
+    )
+    ap.add_argument(
         "--no-calibration",
         action="store_true",
         help="skip the leave-one-out calibration table and the leave-one-group-out refits",
@@ -275,7 +311,7 @@ def main() -> int:
         if (args.data / "model_configs.json").exists()
         else {}
     )
-    rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
+    rows = load_rows(rows_path)
     errs: dict[str, dict[str, list[tuple[dict[str, Any], float]]]] = {}
     skipped: list[tuple[str, str]] = []
     per_row = []
@@ -317,6 +353,22 @@ def main() -> int:
     calibrated = [] if args.no_calibration else calibrated_loo(rows, configs)
     held_out = {} if args.no_calibration else leave_one_group_out(rows, configs)
     placement = local_engines.table(rows, lambda row: _plan(row, configs))
+    readme_table = readme_block(held_out) if held_out else None
+    first_look_table = (
+        table(
+            first_look(FIRST_LOOK),
+            never_seen_now(per_row),
+            held_out["kv_capacity_by_engine"],
+            held_out["bands"],
+            pct,
+        )
+        if held_out
+        else None
+    )
+    batches = first_look_batches(FIRST_LOOK, per_row, pct)
+    if args.readme_table:
+        print(readme_table or "accuracy: the table needs the held-out pass (leave out --no-calibration)")
+        return 0 if readme_table else 2
     if args.json:
         print(
             json.dumps(
@@ -327,6 +379,9 @@ def main() -> int:
                     "calibrated_loo": calibrated,
                     "leave_one_group_out": held_out,
                     "placement": placement,
+                    "readme_table": readme_table,
+                    "first_look_table": first_look_table,
+                    "first_look_batches": batches,
                 },
                 indent=1,
                 default=str,
@@ -348,8 +403,13 @@ def main() -> int:
         for line in placement:
             err = "" if line["error_pct"] is None else f" ({line['error_pct']:+.2f}%)"
             print(f"  {line['row']}  {line['what']:<28} {line['logged']:>10} -> {line['planned']:<10}{err}")
+    print_batches(batches)
     if held_out:
         print_held_out(held_out, summary)
+        print(
+            f"\nPer engine, each never-seen row at its first look ({FIRST_LOOK.name}) beside the model now:\n"
+            f"{first_look_table}\n\nThe README's accuracy table (`--readme-table`):\n{readme_table}"
+        )
     return 0
 
 
@@ -559,6 +619,7 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
         # (benchmarks/data/README.md, "Never-seen rows"): the issue's "logs never seen" figure
         "pooled_unseen": pool(lambda g: g.startswith("unseen-")),
         "bands": band_coverage(bands),
+        "kv_capacity_by_engine": held_out_capacity(errs),
     }
 
 

@@ -13,14 +13,10 @@ from vramlab.sources.hf_config import spec_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # The shipped rows of real start-ups (benchmarks/data), by row id, for tests that plan one as the benchmark does.
-ROWS = {
-    r["row_id"]: r
-    for r in (
-        json.loads(line)
-        for line in (ROOT / "benchmarks" / "data" / "observed_memory.jsonl").read_text().splitlines()
-        if line.strip()
-    )
-}
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import accuracy  # noqa: E402  (benchmarks/accuracy.py: the rows as the benchmark reads them)
+
+ROWS = {r["row_id"]: r for r in accuracy.load_rows(ROOT / "benchmarks" / "data" / "observed_memory.jsonl")}
 
 
 def row_estimate(row_id: str):

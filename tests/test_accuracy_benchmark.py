@@ -277,3 +277,99 @@ def test_the_band_follows_the_figure_a_local_engine_prints():
     # Ollama prints "9.5 GiB": half its last digit is the slack; a figure printed to 0.00001 GiB gets 0.005
     assert accuracy.band_score(est, {"kv_cache_gib": 1.5}, 1.54)[0]
     assert not accuracy.band_score(est, {"kv_cache_gib": 1.50001}, 1.54)[0]
+
+
+def test_every_never_seen_row_has_its_first_look_on_record():
+    """Each unseen-* row's KV capacity error at its batch's first look is in benchmarks/results/first-look.jsonl,
+    pointing at the results file that printed it (written before any change the batch caused)."""
+    rows = [
+        json.loads(line) for line in (DATA / "observed_memory.jsonl").read_text().splitlines() if line.strip()
+    ]
+    unseen = {r["row_id"]: r for r in rows if r["collection_group"].startswith("unseen-")}
+    records = [
+        json.loads(line)
+        for line in (ROOT / "benchmarks" / "results" / "first-look.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    assert sorted(r["row"] for r in records) == sorted(unseen)
+    for rec in records:
+        text = (ROOT / rec["first_look"]).read_text(encoding="utf-8")
+        assert rec["row"] in text and rec["engine"] == unseen[rec["row"]]["engine"], rec
+        if rec["kv_capacity_error_pct"] is not None:
+            # the figure as the results file printed it, signed, to one decimal
+            assert f"{rec['kv_capacity_error_pct']:+.1f}%" in text, rec
+
+
+def test_the_readme_accuracy_table_is_the_benchmarks_own(summary):
+    """The README's accuracy block is what `accuracy.py --readme-table` prints, markers and all; the per-engine
+    first-look table beside it is in the benchmark's report."""
+    block = summary["readme_table"]
+    assert block.startswith("<!-- accuracy-table") and block.endswith("<!-- /accuracy-table -->")
+    assert block in (ROOT / "README.md").read_text(encoding="utf-8")
+    first = summary["first_look_table"]
+    assert "| vLLM |" in first and "| Ollama |" in first and "first look" in first
+
+
+def test_a_row_written_as_another_rows_release_is_planned_at_that_release(tmp_path: Path):
+    """'version not printed; as r242': the row runs r242's release, not today's default (r243, the book's AWQ run
+    beside r242's bf16 one, was planned at vLLM's 0.92 utilization default of 0.20+ instead of 0.9: +0.9 GiB)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import accuracy
+
+    path = tmp_path / "observed_memory.jsonl"
+    rows = [
+        {"row_id": "r1", "engine_version": "[V1 engine; the log's lines date it to 0.11 or earlier]"},
+        {"row_id": "r2", "engine_version": "[V1 engine, version not printed; as r1]"},
+        {"row_id": "r3", "engine_version": "0.29.0 (V1 engine; as r1)"},  # its own number wins
+        {"row_id": "r4", "engine_version": "[not printed; as r9]"},  # r9 is not in the file: left as written
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    by_id = {r["row_id"]: r for r in accuracy.load_rows(path)}
+    assert accuracy.RELEASE.search(by_id["r2"]["engine_version"]).group(0) == "0.11"
+    assert "V1" in by_id["r2"]["engine_version"]
+    assert by_id["r3"]["engine_version"] == rows[2]["engine_version"]
+    assert by_id["r4"]["engine_version"] == rows[3]["engine_version"]
+
+    from capacity_models import row_estimate
+
+    row, est = row_estimate("r243")
+    kv = next(c for c in est.components if c.name == "kv_cache")
+    assert "(0.9 x 44.39 GiB)" in kv.note, kv.note
+
+
+def test_each_first_look_batch_is_reported_beside_the_same_rows_now(tmp_path: Path, summary):
+    """accuracy.py lists every never-seen batch at its first look (the figure its results file recorded) and the
+    same rows as the model stands; a row it no longer plans is named, not dropped."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import accuracy
+    from accuracy_table import first_look_batches
+
+    path = tmp_path / "first-look.jsonl"
+    recs = [
+        {"row": "r1", "engine": "vllm", "first_look": "b1.txt", "kv_capacity_error_pct": -10.0},
+        {"row": "r2", "engine": "vllm", "first_look": "b1.txt", "kv_capacity_error_pct": 30.0},
+        {"row": "r3", "engine": "sglang", "first_look": "b2.txt", "kv_capacity_error_pct": 4.0},
+        {
+            "row": "r4",
+            "engine": "sglang",
+            "first_look": "b2.txt",
+            "kv_capacity_error_pct": None,
+        },  # skipped then
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    per_row = [
+        {"row": "r1", "kv_cache_gib": (1.0, 1.0, -1.0)},
+        {"row": "r2", "kv_cache_tokens": (1.0, 1.0, 3.0)},  # tokens where the log prints no GiB
+    ]
+    b1, b2 = first_look_batches(path, per_row, accuracy.pct)
+    assert (b1["first_look"], b1["rows"], b1["first"][0], b1["now"][0]) == ("b1.txt", ["r1", "r2"], 2, 2)
+    assert b1["first"][2] > b1["now"][2] and not b1["missing_now"]
+    assert b2["now"] is None and b2["missing_now"] == ["r3"] and b2["first"][0] == 1
+
+    # the shipped record: every batch's results file is reported, and every row of it is planned now
+    shipped = {
+        json.loads(line)["first_look"] for line in (accuracy.FIRST_LOOK).read_text().splitlines() if line
+    }
+    reported = summary["first_look_batches"]
+    assert {b["first_look"] for b in reported} == shipped
+    assert all(b["first"] and b["now"] and not b["missing_now"] for b in reported), reported

@@ -169,7 +169,7 @@ def test_a_printed_card_name_finds_its_catalog_entry(printed, total_gib, catalog
     assert card is not None and card.name == catalog
 
 
-@pytest.mark.parametrize("printed", ["NVIDIA Jetson AGX Thor", "", "NVIDIA"])
+@pytest.mark.parametrize("printed", ["NVIDIA Jetson AGX Xavier", "", "NVIDIA"])
 def test_a_card_the_catalog_does_not_know_is_none(printed):
     assert card_named(printed) is None
 
@@ -209,9 +209,16 @@ def test_different_cards_listed_are_named_not_guessed():
 
 
 def test_a_card_known_only_by_its_nvidia_smi_total_is_that_size():
+    (o,) = parse_log(_vllm_with(["0, NVIDIA Jetson AGX Xavier, 30536 MiB"])).observations
+    card, why = gpu_for(o)
+    assert card.memory_bytes == pytest.approx(30536 * MIB, rel=1e-6) and "nvidia-smi" in why
+
+
+def test_a_unified_machine_the_catalog_knows_is_named_beside_its_nvidia_smi_total():
+    """The catalog's sizes of a family include its unified machines (a Jetson Thor, not an 'a100' slice)."""
     (o,) = parse_log(_vllm_with(["0, NVIDIA Jetson AGX Thor, 125772 MiB"])).observations
     card, why = gpu_for(o)
-    assert card.memory_bytes == pytest.approx(125772 * MIB, rel=1e-6) and "nvidia-smi" in why
+    assert card.name == "jetson-agx-thor" and card.unified and "named in the log" in why
 
 
 def test_a_printed_split_and_partial_offload_are_planned_as_printed():

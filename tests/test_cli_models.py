@@ -82,7 +82,7 @@ def test_gpus_table_and_json():
     r = vramlab("gpus")
     assert r.returncode == 0
     h100 = next(ln for ln in r.stdout.splitlines() if ln.startswith("h100-80gb "))
-    assert h100.split()[3:7] == ["79.19", "80", "3350", "989"]
+    assert h100.split()[1] == "discrete" and h100.split()[4:8] == ["79.19", "80", "3350", "989"]
     rows = json.loads(vramlab("gpus", "--json").stdout)
     t4 = next(g for g in rows if g["name"] == "t4")
     assert t4["memory_gib"] == 14.74 and t4["memory_bytes"] == int(14.74 * 2**30) and t4["nominal_gb"] == 16

@@ -201,6 +201,15 @@ def test_plan_cli_takes_the_host_as_the_device_and_refuses_mixed_spellings(tmp_p
         (("--gpu", "cpu,l4"), "planned alone"),
         (("--gpu", "cpu", "--gpu-memory-gib", "8"), "--host-memory-gib"),
         (("--gpu", "cpu", "--engine", "tgi"), "tgi on the CPU is not planned"),
+        # a HAMi cap and an MPS limit share a card (cli/plan_device.py), not the host
+        (
+            ("--gpu", "cpu", "--host-memory-gib", "16", "--gpu-memory-limit-gib", "8"),
+            "share a card, not the host",
+        ),
+        (
+            ("--gpu", "cpu", "--host-memory-gib", "16", "--mps-memory-limit-gib", "8"),
+            "share a card, not the host",
+        ),
     ):
         res = plan(*bad)
         assert res.returncode == 2 and why in res.stderr and "Traceback" not in res.stderr, (bad, res.stderr)

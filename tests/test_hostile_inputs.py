@@ -218,6 +218,12 @@ CASES: list[Case] = [
             ("factor", "string", "factor: 2\n", "factor: '2'\n"),
             ("step_s", "zero", "step_s: 1", "step_s: 0"),
             ("ceiling", "nan", "ceiling: 32768", "ceiling: .nan"),
+            (
+                "ramp.start",
+                "fraction",
+                "start: 256",
+                "start: 256.5",
+            ),  # a token count is whole: not floored silently
         ]
     ],
     *[
@@ -233,6 +239,70 @@ CASES: list[Case] = [
             ("attention_bias", "string-true", "true"),
         ]
     ],
+    # -- config.json shapes no engine loads: refused, not planned as something else --------------------
+    *[
+        Case(
+            f"config-{label}",
+            ["plan", "--model", "{config.json}", "--gpu", "h100-80gb", "--offline"],
+            {"config.json": json.dumps(doc)},
+            says=says,
+        )
+        for label, doc, says in [
+            ("kv-heads-7-of-32", {**LLAMA_CONFIG, "num_key_value_heads": 7}, "num_key_value_heads (7)"),
+            (
+                "no-intermediate-size",
+                {k: v for k, v in LLAMA_CONFIG.items() if k != "intermediate_size"},
+                "intermediate_size",
+            ),
+            ("quant-config-a-string", {**LLAMA_CONFIG, "quantization_config": "awq"}, "must be an object"),
+            ("quant-config-no-method", {**LLAMA_CONFIG, "quantization_config": {"bits": 4}}, "quant_method"),
+            (
+                "quant-method-unknown",
+                {**LLAMA_CONFIG, "quantization_config": {"quant_method": "q9_z"}},
+                "'q9_z' is not one vLLM knows",
+            ),
+            (
+                "gptq-without-bits",
+                {**LLAMA_CONFIG, "quantization_config": {"quant_method": "gptq", "group_size": 128}},
+                "'bits'",
+            ),
+            (
+                "awq-3-bits",
+                {
+                    **LLAMA_CONFIG,
+                    "quantization_config": {"quant_method": "awq", "bits": 3, "group_size": 128},
+                },
+                "'bits' of 4",
+            ),
+            (
+                "gptq-group-size-string",
+                {
+                    **LLAMA_CONFIG,
+                    "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": "x"},
+                },
+                "group_size",
+            ),
+        ]
+    ],
+    # -- plan files: YAML 1.1 surprises, duplicate keys, limits that cannot be --------------------------
+    *[
+        Case(
+            f"run-plan-{label}",
+            ["run", "{p.yaml}", "--db", "{v.db}"],
+            {"p.yaml": _edit(EX / "concurrency-ramp.yaml", old, new)},
+            says=says,
+        )
+        for label, old, new, says in [
+            ("rounds-yes", "rounds: 3", "rounds: yes", "'yes' is a YAML 1.1 boolean"),
+            ("base-60", "rounds: 3", "rounds: 1:30", "base-60"),
+            ("duplicate-key", "rounds: 3", "rounds: 3\nrounds: 5", "duplicate key 'rounds'"),
+            ("metric-negative", "p95_ttft_ms: 800", "p95_ttft_ms: -5", "metrics.p95_ttft_ms"),
+            ("error-rate-above-1", "  error_rate: 0.01", "  error_rate: 5", "metrics.error_rate"),
+        ]
+    ],
+    Case("runs-db-empty", ["runs", "--db", ""], says="an empty store"),
+    Case("runs-db-sqlite-two-slashes", ["runs", "--db", "sqlite://rel.db"], says="three slashes"),
+    Case("calibrate-argument-too-long", ["calibrate", "a" * 300], says="longer than the file system allows"),
     # -- a co-tenant that asks for more than the card ---------------------------------------------------
     Case(
         "drill-cotenant-bigger-than-card",

@@ -346,10 +346,11 @@ def _vramlab(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 def test_vramlab_run_against_a_negative_chunk_size_ends_within_its_wall_clock(
     tmp_path: Path, http_client: str
 ) -> None:
-    """No error-rate stop: only the wall clock (3 s) can end this run. It must, exit 3 (stopped by
-    a stop condition), with every request stored as a classified error and no traceback."""
+    """No error-rate stop: only the wall clock (6 s) can end this run. It must, exit 3 (stopped by
+    a stop condition), with every request stored as a classified error and no traceback. (The wall
+    clock counts the run's start-up too: on a busy machine that took 3 s, and a 3 s clock sent nothing.)"""
     with HostileServer(negative_chunk) as srv:
-        plan = _plan(tmp_path / "p.yaml", srv.url, http_client, "{error_rate: null, wall_clock_s: 3}")
+        plan = _plan(tmp_path / "p.yaml", srv.url, http_client, "{error_rate: null, wall_clock_s: 6}")
         t = time.monotonic()
         res = _vramlab("run", str(plan), "--db", str(tmp_path / "v.db"), "--json", timeout=60)
         took = time.monotonic() - t
@@ -358,7 +359,7 @@ def test_vramlab_run_against_a_negative_chunk_size_ends_within_its_wall_clock(
     out = json.loads(res.stdout)
     assert out["status"] == "stopped" and out["stop_condition"] == "wall_clock_s"
     assert out["requests"] > 0 and out["errors"] == out["requests"]
-    assert took < 3 + 15, took  # the wall clock, plus start-up, the process's own exit and a busy machine
+    assert took < 6 + 15, took  # the wall clock, plus the process's own exit and a busy machine
     import sqlite3
 
     con = sqlite3.connect(tmp_path / "v.db")
@@ -379,7 +380,8 @@ def test_vramlab_run_against_a_continue_flood_stops_on_its_error_rate(tmp_path: 
     assert "Traceback" not in res.stderr, res.stderr
     assert res.returncode == 3, res.stdout + res.stderr
     out = json.loads(res.stdout)
-    assert out["stop_condition"] == "error_rate" and out["elapsed_s"] < 15, out
+    # the error rate, not the 20 s wall clock, ended it (how soon is the machine's: 18.7 s once on a busy one)
+    assert out["stop_condition"] == "error_rate" and out["elapsed_s"] < 20, out
 
 
 def _closed_port() -> int:

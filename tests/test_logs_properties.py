@@ -88,3 +88,24 @@ def test_real_lines_round_trip_to_the_published_figures(row, prefix):
     if row.get("max_concurrency_tokens_per_request"):
         assert o.max_model_len == row["max_concurrency_tokens_per_request"]
     assert o.source_lines and all(s.text.startswith(prefix) for s in o.source_lines)
+
+
+@given(st.integers(0, 10**15))
+def test_a_number_grouped_by_thousands_reads_back(n: int) -> None:
+    from vramlab.logs.base import integer
+
+    assert integer(f"{n:,}") == n and integer(str(n)) == n
+
+
+@given(st.lists(st.integers(0, 999), min_size=2, max_size=5), st.sampled_from([",,", ",", ", "]))
+def test_commas_that_do_not_group_thousands_are_not_a_number(groups: list[int], sep: str) -> None:
+    """ "1,2,,6 tokens" once read as 126: commas were dropped whatever they grouped."""
+    from vramlab.logs.base import integer
+
+    text = sep.join(str(g) for g in groups)
+    grouped = sep == "," and all(len(str(g)) == 3 for g in groups[1:]) and len(str(groups[0])) <= 3
+    if grouped:
+        assert integer(text) == int(text.replace(",", ""))
+    else:
+        with pytest.raises(ValueError):
+            integer(text)

@@ -136,6 +136,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                 "rtx-4090",
                 "--engine",
                 "ollama",
+                "--engine-version",
+                "0.11.6",  # Ollama's own estimator decides the split (0.30+: llama-server's --fit)
                 "--quantization",
                 "Q4_K_M",
             ],

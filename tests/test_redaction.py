@@ -298,6 +298,12 @@ def test_the_store_masks_drill_targets_and_every_text_column(tmp_path: Path) -> 
 HARD_SECRET = 'k3y"w/th\\esc+=é'
 
 
+def _quote(s: str) -> str:
+    from urllib.parse import quote
+
+    return quote(s, safe="")
+
+
 @pytest.mark.parametrize(
     "shape",
     [
@@ -309,6 +315,18 @@ HARD_SECRET = 'k3y"w/th\\esc+=é'
         lambda s: "Authorization: Basic " + base64.b64encode(f"someone:{s}".encode()).decode(),
         lambda s: "echoed header " + base64.b64encode(f"ab:{s}".encode()).decode(),  # any offset, no keyword
         lambda s: "echoed header " + base64.urlsafe_b64encode(f"a:{s}".encode()).decode(),
+        lambda s: f"key (hex) {s.encode().hex()}",
+        lambda s: f"KEY (HEX) {s.encode().hex().upper()}",
+        lambda s: f"lower-cased by a proxy: {s.lower()}",
+        lambda s: f"upper-cased: {s.upper()}",
+        lambda s: "twice: " + _quote(_quote(s)),
+        lambda s: "three times: " + _quote(_quote(_quote(s))),
+        lambda s: "json in json: " + json.dumps(json.dumps({"k": s})),
+        lambda s: "escaped slashes, then JSON again: " + json.dumps(json.dumps(s).replace("/", "\\/")),
+        lambda s: "<p>" + __import__("html").escape(f"echo {s}") + "</p>",
+        lambda s: "every byte: " + "".join(f"%{b:02X}" for b in s.encode()),
+        lambda s: "every char: " + "".join(f"\\u{ord(c):04x}" for c in s),
+        lambda s: "mixed: " + _quote(s.lower()).replace("%2f", "\\/"),
     ],
 )
 def test_every_encoding_of_a_registered_secret_is_masked(shape) -> None:
@@ -412,3 +430,68 @@ samplers: {{interval_s: 0.1, sources: [host]}}
     blobs = b"".join(p.read_bytes() for p in tmp_path.glob("v.db*")).decode("latin-1")
     texts = [run.stdout, run.stderr, rep.stdout, rep.stderr, blobs]
     assert [f for f in forms if any(f in t for t in texts)] == []
+
+
+def test_a_secret_in_an_encoding_is_masked_whatever_else_is_in_the_text() -> None:
+    """The anchors that keep redaction cheap never skip a text that holds the secret."""
+    r.register("Ab/Cd+EfGh/IjKl42")
+    for text in ("x " * 10_000 + "Ab%252FCd%252BEfGh%252FIjKl42", "Ab\\\\/cd+efgh\\\\/ijkl42 at the start"):
+        assert "EfGh" not in r.redact(text) and "efgh" not in r.redact(text)
+    assert r.redact("ordinary words: abcd efgh ijkl 42") == "ordinary words: abcd efgh ijkl 42"
+
+
+def test_urls_inside_plan_text_and_query_tokens_are_registered() -> None:
+    r.register_urls_in(
+        {
+            "name": "ramp against http://ops:N4meLeak%40pw@10.0.0.5:8000 (prod)",
+            "target": {
+                "metrics_url": "http://h/metrics?api_key=QueryKey987&x=1",
+                "base_url": "http://u:p@ss99@h",
+            },
+        }
+    )
+    out = r.redact("echoed: N4meLeak@pw / N4meLeak%40pw, QueryKey987, p@ss99, p%40ss99")
+    for leak in ("N4meLeak", "QueryKey987", "ss99"):
+        assert leak not in out, out
+    assert r.redact("http://u:p@ss99@h/x") == "http://***@h/x"  # the user-info runs to the last '@'
+
+
+def test_run_json_stdout_masks_a_key_echoed_with_escaped_slashes(tmp_path: Path) -> None:
+    """The echo ends up in the run's stop_reason, which `run --json` prints JSON-escaped once more."""
+    from aiohttp import web
+
+    async def fail(request: web.Request) -> web.Response:
+        auth = request.headers.get("Authorization", "").split()[-1]
+        return web.Response(
+            text='{"error": {"message": "bad key ' + json.dumps(auth).replace("/", "\\/") + '"}}',
+            status=401,
+            content_type="application/json",
+        )
+
+    def app() -> web.Application:
+        a = web.Application()
+        a.router.add_post("/v1/chat/completions", fail)
+        return a
+
+    key = "Ab/Cd+EfGh/IjKl42"
+    with serve_app(app) as port:
+        plan = tmp_path / "p.yaml"
+        plan.write_text(f"""\
+name: escaped-stop-reason
+target: {{base_url: "http://127.0.0.1:{port}", model: m, api_key_env: SLASHED_KEY}}
+fixed: {{input: {{synthetic: {{prompt_tokens: 8, output_tokens: 2, seed: 1, count: 4}}}}}}
+change: {{variable: concurrency, steps: [1]}}
+load: {{retry: {{base_s: 0.01, max_s: 0.02}}}}
+phases: {{requests: 6, drain_s: 0.2}}
+rounds: 1
+samplers: {{interval_s: 0.1, sources: [host]}}
+""")
+        env = {**os.environ, "SLASHED_KEY": key, "VRAMLAB_DB": str(tmp_path / "v.db")}
+        run = subprocess.run(
+            [*VRAMLAB, "run", str(plan), "--json"], capture_output=True, text=True, timeout=120, env=env
+        )
+    assert run.returncode == 3, run.stderr  # the baseline broke on the 401s: its words are in stop_reason
+    assert "the server said" in json.loads(run.stdout)["stop_reason"]
+    blobs = b"".join(p.read_bytes() for p in tmp_path.glob("v.db*")).decode("latin-1")
+    for text in (run.stdout, run.stderr, blobs):
+        assert "EfGh" not in text and "IjKl" not in text, text[-600:]

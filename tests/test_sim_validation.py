@@ -40,6 +40,17 @@ BAD_CHAT: list[tuple[dict[str, Any], str]] = [
     ({"messages": [{"role": "user", "content": "hi"}], "n": "2"}, "n"),
     ({"messages": [{"role": "user", "content": "hi"}], "n": 1.5}, "n"),
     ({"messages": "hi"}, "messages"),
+    # five fields once read leniently: bool("false") streamed, a string's truth ignored the EOS
+    ({"messages": [{"role": "user", "content": "hi"}], "stream": "maybe"}, "stream"),
+    ({"messages": [{"role": "user", "content": "hi"}], "ignore_eos": 2}, "ignore_eos"),
+    ({"messages": [{"role": "user", "content": "hi"}], "stream_options": "usage"}, "stream_options"),
+    (
+        {"messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": []}},
+        "include_usage",
+    ),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": True}, "temperature"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, "top_p"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_p": 1.5}, "top_p"),
 ]
 
 
@@ -176,3 +187,36 @@ def test_error_shape_before_0_10_is_top_level(tmp_path, engine):
         "param": "n",
         "code": 400,
     }
+
+
+def test_a_boolean_field_reads_as_pydantic_reads_it() -> None:
+    from vramlab.sim.api import parse_request
+
+    base = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    assert not parse_request({**base, "stream": "false"}, True, MODEL, 4096).stream  # bool("false") was True
+    assert parse_request(
+        {**base, "stream": "yes", "stream_options": {"include_usage": 1}}, True, MODEL, 4096
+    ).include_usage
+
+
+def test_a_malformed_request_is_one_line_in_the_sims_log(caplog) -> None:
+    """aiohttp logs bad framing with a traceback; the sim says it in one line (a handler's own
+    exception, a bug, keeps its traceback)."""
+    from aiohttp.http_exceptions import BadHttpMessage
+
+    from vramlab.sim.serve import _one_line_protocol_errors
+
+    _one_line_protocol_errors()
+    log = logging.getLogger("aiohttp.server")
+    with caplog.at_level(logging.ERROR, logger="aiohttp.server"):
+        try:
+            raise BadHttpMessage("Too many headers received")
+        except BadHttpMessage:
+            log.exception("Error handling request from %s", "127.0.0.1")
+        try:
+            raise KeyError("a bug")
+        except KeyError:
+            log.exception("Error handling request from %s", "127.0.0.1")
+    first, second = caplog.records[-2:]
+    assert first.exc_info is None and "Too many headers" in first.getMessage()
+    assert second.exc_info is not None  # a handler's bug keeps its traceback

@@ -19,6 +19,12 @@ import pytest
 from vramlab.run.events import Event
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose store refuses rows writes them to vramlab-unsaved-RUNID.jsonl in the working folder."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _plan(path: Path, url: str, marker: Path) -> Path:
     path.write_text(f"""\
 name: faults
@@ -98,9 +104,23 @@ def test_a_store_file_replaced_mid_run_stops_the_run(tmp_path: Path, stub: str) 
 
     out, db, _ = _run_with_fault(tmp_path, stub, replace)
     assert "replaced" in (out.store_failure or "")  # type: ignore[attr-defined]
-    # counted back from the file now at the path: it never had this run's rows
-    assert out.stored == {"requests": 0, "samples": 0, "events": 0}  # type: ignore[attr-defined]
-    assert _requests_in(db, immutable=True) == 0
+    # counted back from the file now at the path as a later reader reads it: the other store, with the
+    # write-ahead log beside it that SQLite applies (this run's rows written before the swap)
+    assert out.stored["requests"] == _requests_in(db) < out.received["requests"]  # type: ignore[attr-defined]
+    assert _requests_in(db, immutable=True) == 0  # the other store's own file never had them
+
+
+def test_a_copy_of_the_store_put_back_mid_run_is_counted_as_it_reads(tmp_path: Path, stub: str) -> None:
+    """A copy of the store put in its place (cp, then mv over it) reads with the write-ahead log
+    beside it: the count once said 0 while the file showed hundreds of this run's rows."""
+
+    def put_back_a_copy(db: Path) -> None:
+        shutil.copyfile(db, db.with_name("copy.db"))
+        os.replace(db.with_name("copy.db"), db)
+
+    out, db, _ = _run_with_fault(tmp_path, stub, put_back_a_copy)
+    assert "replaced" in (out.store_failure or "")  # type: ignore[attr-defined]
+    assert 0 < out.stored["requests"] == _requests_in(db)  # type: ignore[attr-defined]
 
 
 def test_a_store_file_removed_mid_run_stops_the_run(tmp_path: Path, stub: str) -> None:
@@ -145,6 +165,31 @@ def test_a_store_file_made_read_only_mid_run_stops_the_run(tmp_path: Path, stub:
         # the file is still there and readable: what it holds is counted, and it is what it holds
         assert stored is not None and 0 < stored["requests"] < out.received["requests"]  # type: ignore[attr-defined]
         assert stored["requests"] == _requests_in(db)
+    finally:
+        for u in undo:
+            u()
+
+
+def test_a_shm_made_immutable_mid_run_fails_cleanly_and_keeps_every_row(
+    tmp_path: Path, stub: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite maps the -shm: one made immutable under the writer killed the process with SIGBUS (a
+    read, a close). The check refuses it like a read-only file; the rows the store refused are
+    written to a JSON-lines file in the working folder and the result says where."""
+    monkeypatch.chdir(tmp_path)
+    undo: list[Callable[[], None]] = []
+    try:
+        out, db, _ = _run_with_fault(
+            tmp_path, stub, lambda db: undo.append(_make_read_only(db.with_name(db.name + "-shm")))
+        )
+        assert undo, "the fault did not happen"
+        assert "-shm file became read-only" in (out.store_failure or "")  # type: ignore[attr-defined]
+        assert out.stored is None  # type: ignore[attr-defined]  # not a false count
+        path, rows = out.spooled  # type: ignore[attr-defined]
+        lines = [json.loads(line) for line in Path(path).read_text().splitlines()]
+        assert Path(path).parent == tmp_path and lines[0]["run_id"] and len(lines) == rows + 1 > 1
+        assert {line["table"] for line in lines[1:]} <= {"requests", "samples", "events"}
+        assert f"the {rows} rows it refused are in {path}" in out.stored_line()  # type: ignore[attr-defined]
     finally:
         for u in undo:
             u()

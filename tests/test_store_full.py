@@ -22,6 +22,12 @@ from vramlab.load.stub import StubBehaviour, StubServer
 VRAMLAB = [sys.executable, "-m", "vramlab"]
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose store refuses rows writes them to vramlab-unsaved-RUNID.jsonl in the working folder."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _plan(
     path: Path,
     url: str,

@@ -84,6 +84,24 @@ def check_input(path: str | Path, what: str, *, pipes: bool = False) -> os.stat_
     return _refuse(p, f"is {_kind(st.st_mode)}, not a {what} file{hint}")
 
 
+def is_folder(path: str | Path) -> bool:
+    """Whether *path* names a folder; False for anything that cannot be one, a name longer than the
+    file system allows (ENAMETOOLONG) included, where `Path.is_dir` raises on Python 3.11."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (OSError, ValueError):  # ValueError: a NUL byte in the name
+        return False
+
+
+def exists(path: str | Path) -> bool:
+    """Whether *path* names anything; False where it cannot (a name too long, a NUL byte)."""
+    try:
+        os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def _refuse(p: Path, why: str) -> os.stat_result:
     raise ConfigError(f"{p}: {why}")
 

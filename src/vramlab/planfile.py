@@ -80,14 +80,40 @@ def parse_yaml(text: str, name: str) -> YamlDocument:
             continue
         seen.add(id(n))
         if isinstance(n, yaml.MappingNode):
+            first: dict[str, int] = {}
             for k, v in n.value:
                 key = (*at, k.value)
+                if isinstance(k, yaml.ScalarNode) and k.value in first:
+                    raise ConfigError(
+                        f"{name}:{k.start_mark.line + 1}: duplicate key {k.value!r} (first at line "
+                        f"{first[k.value]}); YAML keeps only the last, so say it once"
+                    )
+                first[k.value] = k.start_mark.line + 1
                 lines[key] = k.start_mark.line + 1
+                stack.append((k, key))
                 stack.append((v, key))
+        elif isinstance(n, yaml.ScalarNode):
+            _yaml11(n, name)
         elif isinstance(n, yaml.SequenceNode):
             for i, item in enumerate(n.value):
                 stack.append((item, (*at, i)))
     return YamlDocument(name, data, lines, from_text=True)
+
+
+def _yaml11(n: Any, name: str) -> None:
+    """Refuse the YAML 1.1 readings a plan's author rarely means, which YAML 1.2 reads as text:
+    yes/no/on/off/y/n as booleans (`rounds: yes` was 1) and base-60 numbers (`1:30` was 90)."""
+    if n.style is not None:  # quoted: text, as written
+        return
+    line = n.start_mark.line + 1
+    if n.tag.endswith(":bool") and n.value.lower() not in ("true", "false"):
+        raise ConfigError(
+            f"{name}:{line}: {n.value!r} is a YAML 1.1 boolean; write true or false, or quote it for text"
+        )
+    if n.tag.endswith((":int", ":float")) and ":" in n.value:
+        raise ConfigError(
+            f"{name}:{line}: {n.value!r} is a YAML 1.1 base-60 number; write the number, or quote it for text"
+        )
 
 
 def read_yaml(path: str | Path, what: str = "plan") -> YamlDocument:

@@ -280,9 +280,11 @@ def v1_big_card(ctx: Context) -> tuple[bool, bool]:
         return by_name, True
     if version and version < V1_BATCH_BY_MEMORY_FROM:
         return by_name, False
+    # `get_device_total_memory()` is NVML's total (0 where NVML cannot read it: unified memory), not the slice or
+    # cap the process sees (GPU.defaults_memory_gib)
     if version and version < BATCH_DEFAULTS_BY_GPU_FROM:
-        return gpu.memory_gib >= 70, False
-    return gpu.memory_gib >= 70 and not gpu.is_a100, False
+        return gpu.defaults_memory_gib >= 70, False
+    return gpu.defaults_memory_gib >= 70 and not gpu.is_a100, False
 
 
 def v0_chunked_prefill(ctx: Context) -> bool:

@@ -15,15 +15,16 @@ from typing import Any
 from vramlab.capacity import defaults
 from vramlab.capacity.band_terms import unbanded_terms, unknown_terms
 from vramlab.capacity.constants import Constants
+from vramlab.capacity.devices import held_before_start
 from vramlab.capacity.engines.common import Context, PolicyResult
 from vramlab.capacity.engines.registry import blocks_override, policy_module
 from vramlab.capacity.estimate import Component, Estimate
 from vramlab.capacity.gpus import GPU
+from vramlab.capacity.refusals import device_terms, memory_allowance, refusals, used_bytes
 from vramlab.capacity.settings import ENGINES, EngineSettings
 from vramlab.capacity.spec import ModelSpec
 from vramlab.capacity.validation import check_settings
 from vramlab.errors import ConfigError
-from vramlab.units import gib
 
 _DEFAULT_CONSTANTS: Constants | None = None
 
@@ -75,9 +76,10 @@ def estimate(
     pess = r.limits(max(0, kv_low))
     opt = r.limits(max(0, kv_high))
     all_comps = tuple(comps) + (kv_comp,)
-    used = sum(c.bytes for c in all_comps) if r.kv_fixed else _used(comps, kv_comp, r)
-    headroom = ctx.total - ctx.other - used
-    reasons = list(r.reasons) + _refusals(ctx, r, kv_mid, lim.num_blocks, used, headroom)
+    used = sum(c.bytes for c in all_comps) if r.kv_fixed else used_bytes(comps, kv_comp, r)
+    headroom = memory_allowance(ctx) - used
+    device = device_terms(ctx, r, tuple(comps), used)
+    reasons = [*r.reasons, *refusals(ctx, r, kv_mid, lim.num_blocks, used, headroom), *device.reasons]
     context_note = defaults.context_note(model, settings, r.max_model_len)
     fits = not reasons
     est = Estimate(
@@ -101,13 +103,14 @@ def estimate(
         headroom_bytes=headroom,
         fits=fits,
         reasons=tuple(reasons),
-        notes=tuple(r.notes) + ((context_note,) if context_note else ()),
+        notes=tuple(r.notes) + device.notes + ((context_note,) if context_note else ()),
         pessimistic=pess,
         optimistic=opt,
         per_sequence_state_bytes=r.per_sequence_state_bytes,
         # the KV band signed, as a failed start-up prints it (the kv_cache component stops at 0)
         extra={
             **r.extra,
+            **device.extra,
             "kv_band_bytes": (min(kv_low, kv_mid), max(kv_high, kv_mid)),
             **({"kv_band_widest": widest} if widest else {}),
             **_named_terms(r, comps, settings, gpu.is_host),
@@ -122,6 +125,7 @@ def estimate(
 
 
 def _kv_component(r: PolicyResult, kv_mid: int, kv_low: int, kv_high: int) -> Component:
+    """The pool as a component: its band floored at 0 (a failed start's negative figure is kept in the extra)."""
     low, high = max(0, min(kv_low, kv_mid)), max(0, kv_high, kv_mid)
     return Component("kv_cache", max(0, kv_mid), low, high, r.kv_provenance, r.kv_note, in_budget=True)
 
@@ -160,49 +164,6 @@ def kv_band(r: PolicyResult, comps: list[Component], kv_mid: int) -> tuple[int, 
     ]
     widest = max(swings)[1] if swings and max(swings)[0] > 0 else None
     return r.kv_rule(comps, "high"), r.kv_rule(comps, "low"), widest
-
-
-def _refusals(
-    ctx: Context, r: PolicyResult, kv_bytes: int, blocks: int, used: int, headroom: int
-) -> list[str]:
-    """The engine's own start-up refusals for the pool, and a card too small for the process. The
-    quoted wording is vLLM's; other engines get a plain statement (they word it their own way)."""
-    vllm = ctx.settings.engine == "vllm"
-    reasons = []
-    if kv_bytes <= 0 and not r.kv_fixed:
-        reasons.append(
-            "No available memory for the cache blocks: the non-KV components exceed the budget"
-            if vllm
-            else "no memory is left for the KV cache: the non-KV components exceed the engine's budget"
-        )
-    elif blocks < r.min_blocks_needed and not r.kv_fixed:
-        need = r.min_blocks_needed * (kv_bytes / max(1, blocks)) if blocks else 0
-        if not need:
-            reasons.append(f"the KV cache cannot hold one request of {r.max_model_len} tokens")
-        elif vllm:
-            reasons.append(
-                f"To serve at least one request with the model's max seq len ({r.max_model_len}), "
-                f"{gib(need, unit=True)} KV cache is needed, which is larger than the available KV cache memory "
-                f"({gib(kv_bytes, unit=True)})"
-            )
-        else:
-            reasons.append(
-                f"one request of {r.max_model_len} tokens needs {gib(need, unit=True)} of KV cache; "
-                f"the pool holds {gib(kv_bytes, unit=True)}"
-            )
-    if headroom < 0:
-        reasons.append(
-            f"the process needs {gib(used, unit=True)} but the {'host' if ctx.gpu.is_host else 'card'} has "
-            f"{gib(ctx.total - ctx.other, unit=True)} free ({gib(-headroom, unit=True)} short)"
-        )
-    return reasons
-
-
-def _used(comps: list[Component], kv: Component, r: PolicyResult) -> int:
-    """Memory the process holds at steady state: the budget's contents plus what sits outside it."""
-    inside = sum(c.bytes for c in comps if c.in_budget) + kv.bytes
-    outside = sum(c.bytes for c in comps if not c.in_budget)
-    return max(inside, 0) + outside
 
 
 def max_len_that_fits(
@@ -257,7 +218,7 @@ def limits_at(
         total = (
             sum({"mid": c.bytes, "high": c.high_bytes, "low": c.low_bytes}[band_point] for c in comps) + kv
         )
-        free = (ctx.total - ctx.other) * (1 - margin)
+        free = memory_allowance(ctx) * (1 - margin)
         return (not r.reasons and total <= free), r.limits(kv).max_concurrency
     kv = int(kv * (1 - margin))
     if kv <= 0 or r.reasons:
@@ -273,7 +234,7 @@ def limits_at(
         if s.engine == "vllm" and not s.kv_cache_memory_bytes
         else sum(c.bytes for c in r.components if c.in_budget) + kv
     )
-    fits = lim.num_blocks >= r.min_blocks_needed and inside + outside <= ctx.total - ctx.other
+    fits = lim.num_blocks >= r.min_blocks_needed and inside + outside <= memory_allowance(ctx)
     return fits, lim.max_concurrency
 
 
@@ -287,7 +248,8 @@ def safe_at_planned_length(
         raise ConfigError(f"--margin must be in [0, 1), got {margin}")
     fits, conc = limits_at(model, gpu, s, constants, "pessimistic", margin)
     out: dict[str, Any] = {"margin": margin, "max_concurrency": math.floor(conc) if fits else 0}
-    held = s.with_(other_processes_bytes=s.other_processes_bytes + int(margin * gpu.memory_bytes))
+    # the margin on top of what others hold already (on a unified machine the OS's share, capacity/devices.py)
+    held = s.with_(other_processes_bytes=held_before_start(gpu, s) + int(margin * gpu.memory_bytes))
     if s.engine == "ollama" and "ollama" in (decided := run_policy(model, gpu, held, constants)[1].extra):
         decision: Any = decided["ollama"]  # Ollama's own estimator (its llama-server era plans as llama.cpp)
         out["offload_layers"], out["layers_model"] = decision["layers_offload"], decision["layers_model"]

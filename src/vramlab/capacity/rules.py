@@ -32,6 +32,7 @@ RULE_MODULES = (
     "engines.llamacpp_fit",
     "engines.tgi",
     "engines.ollama",
+    "engines.ollama_graph",
     "engines.ollama_server",
     "engines.vllm_auto",
     "engines.transformers",
@@ -114,6 +115,9 @@ NO_PREFILL_LOGPROBS_FROM | tgi | no prefill logprobs at warm-up: next-token rows
 CONTEXT_4096_FROM | ollama | default num_ctx 4096 (2048 before) | max_model_len kv_cache activation_peak | envconfig v0.6.8
 PARALLEL_ONE_FROM | ollama | OLLAMA_NUM_PARALLEL defaults to 1 (4 when it fits before) | parallel kv_cache | v0.10.0
 LAST_LAYER_FIRST_FROM | ollama | layers placed from the last one down | weights kv_cache fits | llm/memory.go v0.7.0
+GPTOSS_PARTIAL_ONLY_FROM | ollama | gpt-oss's graph: 2 x GQA x KV / 6, full = partial (4 x and twice that before) | activation_peak fits | fs/ggml/ggml.go v0.11.5
+GPTOSS_FLASH_FROM | ollama | gpt-oss turns flash attention on itself; its graph is (4 x parallel + context / 1024 + 110) MiB | flash_attention activation_peak fits | fs/ggml/ggml.go v0.11.8
+FLASH_ENV_OVERRIDES_FROM | ollama | OLLAMA_FLASH_ATTENTION overrides the model's own default (OR'd with it before) | flash_attention kv_cache activation_peak | llm/memory.go v0.12.5
 LOGITS_TO_KEEP_FROM | transformers | generate computes the last token's logits only | activation_peak | transformers 4.45
 CHECKPOINT_DTYPE_FROM | transformers | from_pretrained loads the checkpoint's own dtype | weights kv_cache | transformers 5.0
 FIT_FROM | llama.cpp | llama-server's --fit (on by default) moves weights to the host and cuts the context to fit each device | weights kv_cache ctx_size n_gpu_layers activation_peak fits | PR #16653 (b7414)

@@ -12,14 +12,19 @@ from vramlab.engines import names
 
 ENGINES = names()  # the registry's engines (vramlab.engines), each with its policy module
 
-# The release assumed when --engine-version is left out: the newest each policy was checked against.
+# The release assumed when --engine-version is left out: the newest each policy was checked against
+# (docs/capacity-model.md, "Default releases").
 DEFAULT_VERSIONS = {
-    "vllm": "0.29.0",
-    "sglang": "0.5.6",
-    "tgi": "3.3.6",
-    "llama.cpp": "b9300",  # PR #23861 (2026-05-29) is the newest rule checked (engines/llamacpp.py)
+    "vllm": "0.29.0",  # vllm_eras.MODELLED_UP_TO: the newest release whose terms come from its source or logs
+    "sglang": "0.5.8",  # the newest release a scored start-up ran (r261); its speculative rules reach 0.5.14
+    "tgi": "3.3.6",  # the newest release engines/tgi.py reads (TGI_WIGGLE_ROOM of 3.x)
+    # the build Ollama v0.32.15 pins (ollama_server.LLAMA_CPP_BUILDS); no modelled rule lies between PR #23861's b9300
+    # and it, and PR #27496's n_streams (STREAMS_FROM, build not pinned) is left to --engine-version
+    "llama.cpp": "b10488",
     "transformers": "5.0.0",
-    "ollama": "0.11.6",  # llm/memory.go estimateGPULayers (engines/ollama.py)
+    # the newest stable tag (2026-08-19): llama-server with --fit at b10488 (engines/ollama_server.py); v0.11.6's
+    # llm/memory.go estimator (engines/ollama.py), deleted in v0.12.11, stays reachable with --engine-version
+    "ollama": "0.32.15",
 }
 # `--vllm-engine v0` without a version: the last release that still shipped the V0 engine
 # (V0 was removed in 0.11.0).
@@ -140,6 +145,7 @@ class EngineSettings:
         False  # vLLM's LLM class inside a training process (Unsloth fast_inference, TRL colocate)
     )
     other_processes_bytes: int = 0  # memory other processes already hold on each card
+    mps_memory_limit_bytes: int = 0  # CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for this client; 0 = none
     enable_lora: bool = False  # vLLM --enable-lora: LoRA slots are allocated at load time
     max_lora_rank: int = 16  # vLLM --max-lora-rank (vLLM's default 16)
     max_loras: int = 1  # vLLM --max-loras (vLLM's default 1)

@@ -3,6 +3,7 @@ checked by re-running the model (never guessed) and said in the engine's own fla
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from vramlab.capacity.constants import Constants
@@ -82,6 +83,15 @@ def _candidates(model: ModelSpec, s: EngineSettings, est: Estimate) -> list[tupl
                 if engine == "vllm"
                 else f"use an FP8 KV cache ({label(engine)} {spell['kv']}; halves KV bytes per token)",
                 {"kv_cache_dtype": "fp8"},
+            )
+        )
+    if engine == "vllm" and s.mps_memory_limit_bytes:  # the legacy MPS limit leaves util a share of the card
+        outside = sum(c.bytes for c in est.components if not c.in_budget)
+        util = math.floor((s.mps_memory_limit_bytes - outside) / est.gpu_memory_bytes * 100) / 100
+        out.append(
+            (
+                f"lower --gpu-memory-utilization to {util} (under the MPS limit)",
+                {"gpu_memory_utilization": util},
             )
         )
     if engine == "vllm" and (est.settings.get("gpu_memory_utilization") or 0) < 0.95:

@@ -101,6 +101,7 @@ FLAG_RULES: dict[str, Rule] = {
     "parallel": _count(MAX_SEQS),
     "n_ubatch": _count(MAX_TOKENS),
     "other_processes_bytes": _count(MAX_BYTES, 0),
+    "mps_memory_limit_bytes": _count(MAX_BYTES, 0),
     "rope_scaling_factor": Rule(False, 1, 1 << 12),
     "max_lora_rank": _count(1 << 12),  # vLLM accepts up to 512; a typo in the thousands is still refused
     "max_loras": _count(1 << 10),
@@ -145,6 +146,7 @@ def check_config_flags(config: dict[str, Any], name: str) -> None:
 FLAG_NAMES = {
     "kv_cache_memory_bytes": "--kv-cache-memory",
     "other_processes_bytes": "--other-processes-gib",
+    "mps_memory_limit_bytes": "--mps-memory-limit-gib",
     "n_ubatch": "--ubatch-size",
 }
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from vramlab.cli.runs import store_arg
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -30,7 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="engine logs and/or .jsonl measurement files; or stored run ids",
     )
     parser.add_argument(
-        "--db", metavar="URL", help="with run ids: the store (default $VRAMLAB_DB, else ./vramlab.db)"
+        "--db",
+        type=store_arg,
+        metavar="URL",
+        help="with run ids: the store (default $VRAMLAB_DB, else ./vramlab.db)",
     )
     parser.add_argument(
         "--holdout",

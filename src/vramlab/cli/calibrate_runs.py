@@ -12,64 +12,91 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from vramlab.records.capacity_plan import StartupObservation
+from typing import Any
 
 RUN_ID = re.compile(r"^[0-9a-f]{4,8}$")
 
 
 def looks_like_runs(inputs: list[str]) -> bool:
     """Every input is a run id (or its prefix) and none is a file: the run mode."""
-    return bool(inputs) and all(RUN_ID.match(x) and not Path(x).exists() for x in inputs)
+    from vramlab.infile import exists
+
+    return bool(inputs) and all(RUN_ID.match(x) and not exists(x) for x in inputs)
 
 
-def measure(store: Any, run_id: str) -> Any:
-    """A RunMeasure from the store; ConfigError (one line) when the run cannot teach anything."""
-    from vramlab.capacity.run_calibration import RunMeasure
+def measure(store: Any, run_id: str, notes: list[str]) -> Any:
+    """A RunMeasure from the store; ConfigError (one line) when the run cannot teach anything.
+    A stored figure no measurement can have is left out, and said in *notes*."""
     from vramlab.errors import ConfigError
     from vramlab.report import load_context
     from vramlab.report.composition import composition_of
-    from vramlab.run.capacity_plan import PlanFacts, resolve_facts
+    from vramlab.report.sections import DATA_ERRORS
+    from vramlab.store.sql import StoreRowError
 
     try:
         ctx = load_context(store, run_id)
     except (KeyError, LookupError) as exc:
         raise ConfigError(f"run {run_id}: not in the store ({exc})") from None
+    try:
+        return _measure(ctx, composition_of(ctx), notes)
+    except ConfigError as exc:
+        problems = getattr(store, "read_problems", None)
+        if not problems:
+            raise
+        # the run would teach something but for rows the store could not read: say which (exit 1)
+        raise StoreRowError(f"{exc}; {problems.summary()}"[:600]) from None
+    except DATA_ERRORS as exc:  # a stored plan or figure of the wrong shape: that run, said so
+        raise StoreRowError(
+            f"run {ctx.run.run_id}: its stored capacity plan or measurements cannot be read "
+            f"({type(exc).__name__}: {exc})"[:400]
+        ) from None
+
+
+def _measure(ctx: Any, comp: Any, notes: list[str]) -> Any:
+    from vramlab.capacity.run_calibration import RunMeasure
+    from vramlab.errors import ConfigError
+    from vramlab.run.capacity_plan import PlanFacts, resolve_facts
+
     rid = ctx.run.run_id
-    comp = composition_of(ctx)
     if comp.plan is None or comp.plan_facts is None:
         why = (
             "; ".join(comp.notes)
             or "the run stored no capacity plan (it predates it, or its facts were unknown)"
         )
         raise ConfigError(f"run {rid}: no capacity plan stored with it, nothing to compare against: {why}")
-    measured_rows = [r for r in comp.rows if r.figure("peak").measured_bytes is not None]
-    if not measured_rows and comp.startup is None:
+    f = comp.plan_facts
+    startup_doc = _startup(comp.startup.document if comp.startup else None, rid, notes)
+    planned, printed = dict(f.settings), engine_settings(startup_doc)
+    spec, card, settings = resolve_facts(
+        PlanFacts(
+            f.model,
+            f.engine,
+            f.gpu,
+            f.gpu_memory_gib,
+            f.engine_version,
+            {**planned, **printed},
+        )
+    )
+    usable = _checker(rid, card.memory_bytes or None, notes)
+    measured_rows = [r for r in comp.rows if usable("peak", r.figure("peak"))]
+    if not measured_rows and not startup_doc:
         raise ConfigError(
             f"run {rid}: no usable memory measurement (no start-up log figures and no device or "
-            "host reading); run it with a gpu/ledger sampler or target.log_file"
+            "host reading it could use); run it with a gpu/ledger sampler or target.log_file"
+            + (f" ({notes[-1]})" if notes else "")
         )
-    f = comp.plan_facts
-    planned, printed = dict(f.settings), engine_settings(comp.startup)
-    spec, card, settings = resolve_facts(
-        PlanFacts(f.model, f.engine, f.gpu, f.gpu_memory_gib, f.engine_version, {**planned, **printed})
-    )
-    heaviest = (
-        max(measured_rows, key=lambda r: r.figure("peak").measured_bytes or 0) if measured_rows else None
-    )
-    measured, evidence, rows = heaviest_figures(heaviest)
+    heaviest = max(measured_rows, key=lambda r: r.figure("peak").measured_bytes) if measured_rows else None
+    measured, evidence, rows = heaviest_figures(heaviest, usable)
     differs = {k: v for k, v in printed.items() if planned.get(k) != v}
     if differs:
         said = ", ".join(f"{k} {v}" for k, v in sorted(differs.items()))
         rows.append(
             f"planned with the settings its start-up log printed ({said}): the constants, not the settings, are fitted"
         )
-    startup = startup_fields(comp.startup)
-    rest = None
-    w = (comp.startup.weights_bytes if comp.startup else None) or measured.get("resident_model")
+    startup = startup_fields(startup_doc)
+    w = startup_doc.get("weights_bytes") or measured.get("resident_model")
     pool = measured.get("kv_cache")
+    rest = None
     if (
         comp.rest_bytes is not None
         and w
@@ -77,8 +104,8 @@ def measure(store: Any, run_id: str) -> Any:
         and heaviest is not None
         and not heaviest.figure("peak").host_memory
     ):
-        rest = comp.rest_bytes - int(w) - pool
-        rows.append(f"device at rest: {comp.rest_bytes / (1 << 30):.3f} GiB")
+        if usable("device at rest", comp.rest_bytes):
+            rest = _at_rest(comp.rest_bytes, int(w), pool, rid, notes, rows)
     return RunMeasure(
         rid,
         settings.engine,
@@ -94,9 +121,43 @@ def measure(store: Any, run_id: str) -> Any:
     )
 
 
-def heaviest_figures(heaviest: Any) -> tuple[dict[str, int], dict[str, str], list[str]]:
-    """The figures measured at the run's heaviest window (a device's: a host reading is no card's),
-    their sources, and the window's line."""
+def _checker(rid: str, card_bytes: int | None, notes: list[str]) -> Any:
+    """usable(name, figure or bytes): whether a stored figure passes the checks a log's figures pass
+    (logs.calibrate.implausible_bytes; a host reading against no card); a failure is noted."""
+    from vramlab.logs.calibrate import implausible_bytes
+
+    def usable(name: str, fig: Any) -> bool:
+        value, host = (
+            (fig, False) if not hasattr(fig, "measured_bytes") else (fig.measured_bytes, fig.host_memory)
+        )
+        if value is None:
+            return False
+        component = name in ("resident_model", "kv_cache")
+        why = implausible_bytes(name, value, None if host else card_bytes, component)
+        if why is not None:
+            notes.append(f"run {rid}: stored {why}; left out of the fit")
+        return why is None
+
+    return usable
+
+
+def _at_rest(
+    rest_bytes: int, weights: int, pool: int, rid: str, notes: list[str], rows: list[str]
+) -> int | None:
+    """What the device held at rest beyond the weights and the KV pool; None (said) when it held less."""
+    if rest_bytes - weights - pool < 0:
+        notes.append(
+            f"run {rid}: the device at rest ({rest_bytes / (1 << 30):.3f} GiB) holds less than "
+            "the weights and the KV pool it measured; its overhead is left out of the fit"
+        )
+        return None
+    rows.append(f"device at rest: {rest_bytes / (1 << 30):.3f} GiB")
+    return rest_bytes - weights - pool
+
+
+def heaviest_figures(heaviest: Any, usable: Any = None) -> tuple[dict[str, int], dict[str, str], list[str]]:
+    """The figures measured at the run's heaviest window (a device's: a host reading is no card's)
+    that pass *usable*, their sources, and the window's line."""
     from vramlab.capacity.run_calibration import FIGURES
 
     measured: dict[str, int] = {}
@@ -105,8 +166,8 @@ def heaviest_figures(heaviest: Any) -> tuple[dict[str, int], dict[str, str], lis
         return measured, evidence, []
     for name in FIGURES:
         fig = heaviest.figure(name)
-        if fig.measured_bytes is not None and not fig.host_memory:
-            measured[name], evidence[name] = fig.measured_bytes, fig.source
+        if fig.measured_bytes is not None and not fig.host_memory and (usable is None or usable(name, fig)):
+            measured[name], evidence[name] = int(fig.measured_bytes), fig.source
     h = heaviest
     return measured, evidence, [f"round {h.round} {h.phase} {h.step_value} ({h.start_s:.1f}-{h.end_s:.1f} s)"]
 
@@ -129,23 +190,55 @@ def host_runtime(comp: Any, heaviest: Any, startup: dict[str, float]) -> int | N
 _PRINTED_SETTINGS = ("ctx_size", "parallel", "n_ubatch", "flash_attn", "kv_cache_dtype", "cache_type_v")
 
 
-def engine_settings(startup: StartupObservation | None) -> dict[str, object]:
+def engine_settings(startup: dict[str, Any] | None) -> dict[str, Any]:
     """The settings the engine printed at start-up (its truth where the plan's block guessed)."""
-    printed = startup.settings if startup else {}
+    printed = (startup or {}).get("settings") or {}
     return {k: printed[k] for k in _PRINTED_SETTINGS if printed.get(k) is not None}
 
 
-def startup_fields(startup: StartupObservation | None) -> dict[str, float]:
+def startup_fields(startup: dict[str, Any] | None) -> dict[str, float]:
     """The start-up log's byte figures by their plan-JSON names. A CPU-only llama.cpp prints its graph's
     compute buffer on the host ("CPU compute buffer size"): that is the compute buffer the plan sizes
     (its activation_peak component) when no device printed one."""
-    if startup is None:
-        return {}
-    out = {k: float(v) for k, v in startup.byte_figures.items()}
-    host_compute = startup.extra_number("host_compute_bytes")
-    if startup.engine == "llama.cpp" and "activation_peak_bytes" not in out and host_compute:
+    s = startup or {}
+    out = {k: float(v) for k, v in s.items() if k.endswith("_bytes") and isinstance(v, int)}
+    host_compute = (s.get("extra") or {}).get("host_compute_bytes")
+    if s.get("engine") == "llama.cpp" and "activation_peak_bytes" not in out and host_compute:
         out["activation_peak_bytes"] = float(host_compute)
     return out
+
+
+def _startup(doc: Any, rid: str, notes: list[str]) -> dict[str, Any]:
+    """The run's start-up log figures if they pass the checks `calibrate LOG` applies, else {}."""
+    from pydantic import ValidationError
+
+    from vramlab.logs.calibrate import impossible
+    from vramlab.logs.observation import Observation
+
+    if not doc:
+        return {}
+    flags = (
+        [k for k, v in doc.items() if k.endswith("_bytes") and isinstance(v, bool)]
+        if isinstance(doc, dict)
+        else []
+    )
+    if flags:  # pydantic would read true as 1 byte
+        notes.append(
+            f"run {rid}: stored start-up figures left out of the fit: {flags[0]} is {doc[flags[0]]!r}, not a number"
+        )
+        return {}
+    try:
+        obs = Observation.model_validate(doc)
+        why = impossible(obs)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        why = f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
+    except TypeError:
+        why = f"not an observation ({type(doc).__name__})"
+    if why is not None:
+        notes.append(f"run {rid}: stored start-up figures left out of the fit: {why}")
+        return {}
+    return {k: v for k, v in obs.model_dump().items() if v is not None}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -157,28 +250,40 @@ def run(args: argparse.Namespace) -> int:
     holdout_ids = list(args.holdout or [])
     if any(not RUN_ID.match(h) for h in holdout_ids):
         raise ConfigError("--holdout takes run ids")
+    if args.output:
+        from vramlab.cli.outputs import check_writable
+
+        check_writable(args.output, "calibration profile")  # before the fit, not after it
+    notes: list[str] = []
     with open_store(args.db) as store:
-        learned = [measure(store, r) for r in args.inputs]
-        held = [measure(store, r) for r in holdout_ids]
+        learned = [measure(store, r, notes) for r in args.inputs]
+        held = [measure(store, r, notes) for r in holdout_ids]
+        unread = getattr(store, "read_problems", None)
     name = Path(args.output).name if args.output else "calibration"
     cal = calibrate_runs(
         learned, held, lambda m, g, s, c: estimate(m, g, s, c, with_suggestions=False), name, args.min_points
     )
-    written = None
-    if args.output and cal.profile is not None:
-        from vramlab.logs.profile import write_profile
-
-        write_profile(args.output, cal.profile)
-        written = args.output
+    written, failed = _write(args.output, cal.profile)
     if args.json:
-        print(json.dumps({**summary(cal), "profile": written}, indent=1))
+        print(
+            json.dumps({**summary(cal), "profile": written, "left_out": list(dict.fromkeys(notes))}, indent=1)
+        )
     else:
         from vramlab.report.calibrate_text import render_runs
 
         print(render_runs(cal, written))
-    if not cal.fitted_any:
-        import sys
+    import sys
+    from collections import Counter
 
+    for note, times in Counter(notes).items():  # one line per finding, however many windows had it
+        print(
+            f"vramlab calibrate: note: {note}" + (f" ({times} windows)" if times > 1 else ""), file=sys.stderr
+        )
+    if failed is not None:
+        raise failed  # after the fit is printed: the work is not lost
+    if unread:
+        print(f"vramlab calibrate: warning: {unread.summary()}", file=sys.stderr)
+    if not cal.fitted_any:
         print(
             "vramlab calibrate: error: no constant was fitted ("
             + "; ".join(cal.not_fitted[:2])
@@ -187,4 +292,24 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    return 0
+    return 1 if unread else 0
+
+
+def _write(output: str | None, profile: Any) -> tuple[str | None, Exception | None]:
+    """Write the profile; a failure is returned, to be raised after the fit is printed."""
+    if not output or profile is None:
+        return None, None
+    from vramlab.capacity.calibration import profile_to_toml
+    from vramlab.cli.outputs import write_output
+    from vramlab.errors import OutputError
+
+    try:
+        write_output(
+            output,
+            profile_to_toml(profile),
+            "calibration profile",
+            "no profile written; the fit is printed (run calibrate again to write it)",
+        )
+    except OutputError as exc:
+        return None, exc
+    return output, None

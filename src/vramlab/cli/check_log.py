@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 MAX_BYTES_LIMIT = 1 << 30
@@ -88,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
             f"--max-bytes must be between 1 and {MAX_BYTES_LIMIT:,} (1 GiB: reading takes time in "
             f"proportion), got {args.max_bytes:,}"
         )
-    if len(args.files) == 1 and not Path(args.files[0]).is_dir():
+    from vramlab.infile import is_folder
+
+    if len(args.files) == 1 and not is_folder(args.files[0]):
         reports, skipped = check_file(args.files[0], **kwargs)
         if len(reports) == 1 and not skipped:
             print(json.dumps(reports[0].to_json(), indent=1) if args.json else render(reports[0]))

@@ -10,7 +10,7 @@ differs.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vramlab.cli.runs import add_db_argument
 
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     diffs = differences(a.analysis, b.analysis)
     subject = subject_of(diffs, args.vary) if (diffs or args.vary) else None
     if subject is not None:
-        return _regression(a, b, subject, args.json)
+        return _regression(store, a, b, subject, args.json)
     if args.vary:
         what = "; ".join(f"{d.key} {d.a!r} vs {d.b!r}" for d in diffs) or "nothing"
         raise VramlabError(f"runs {comp.a_id} and {comp.b_id} differ in more than {args.vary}: {what}")
@@ -69,10 +69,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(to_json(comp), indent=2))
     else:
         sys.stdout.write(render_text(comp))
-    return 0
+    from vramlab.cli.runs import unread_rows
+
+    return unread_rows(store, "compare")
 
 
-def _regression(a: ReportContext, b: ReportContext, subject: Difference, as_json: bool) -> int:
+def _regression(store: Any, a: ReportContext, b: ReportContext, subject: Difference, as_json: bool) -> int:
     import json
     import sys
 
@@ -89,4 +91,6 @@ def _regression(a: ReportContext, b: ReportContext, subject: Difference, as_json
         print(json.dumps(text.to_json(r, *ids, changes), indent=2, default=str))
     else:
         sys.stdout.write(text.render_text(r, *ids, changes))
-    return 0
+    from vramlab.cli.runs import unread_rows
+
+    return unread_rows(store, "compare")

@@ -13,9 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vramlab.cli.runs import store_arg
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", metavar="URL", help="store (default $VRAMLAB_DB, else ./vramlab.db)")
+    parser.add_argument(
+        "--db", type=store_arg, metavar="URL", help="store (default $VRAMLAB_DB, else ./vramlab.db)"
+    )
     parser.add_argument(
         "-o",
         "--output",

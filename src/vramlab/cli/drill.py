@@ -18,6 +18,8 @@ import argparse
 import sys
 from typing import Any
 
+from vramlab.cli.runs import store_arg
+
 # the same string as vramlab.drill.target.OVERRIDE_FLAG (a test keeps them equal); literal here so
 # `vramlab drill --help` does not import pydantic
 OVERRIDE_FLAG = "--i-understand-this-is-not-a-test-environment"
@@ -26,7 +28,9 @@ OVERRIDE_FLAG = "--i-understand-this-is-not-a-test-environment"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", help="drill plan (YAML), e.g. examples/oom-drill.yaml")
     parser.add_argument(
-        "--db", help="store: a SQLite path or postgresql:// URL (default: $VRAMLAB_DB or ./vramlab.db)"
+        "--db",
+        type=store_arg,
+        help="store: a SQLite path or postgresql:// URL (default: $VRAMLAB_DB or ./vramlab.db)",
     )
     parser.add_argument(
         "-o", "--output", help="incident report file (default: incident-RUN_ID.md; .html for HTML)"
@@ -104,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     card = Card(args.gpu, args.gpu_memory_gib).checked()
     check_environment(plan.target, args.not_test)  # refuse before the store or the target is touched
     check_store(args.db or plan.store)
-    for line in plan.old_name_notes():  # said once, when nothing refused the drill; stored as its warnings
+    for line in [*plan.old_name_notes(), *filter(None, [plan.ramp.capped_note()])]:  # said once; stored too
         print(f"vramlab drill: note: {line}", file=sys.stderr)
     with open_store(args.db or plan.store) as store:
         try:

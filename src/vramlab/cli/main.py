@@ -8,6 +8,7 @@ so `vramlab --help` and `vramlab plan` start fast.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -123,7 +124,14 @@ def _run(name: str, module: object, args: argparse.Namespace) -> int:
     out, err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = RedactingStream(out), RedactingStream(err)
     try:
-        return _run_guarded(name, module, args)
+        code = _run_guarded(name, module, args)
+        try:
+            sys.stdout.flush()  # a full disk under stdout shows here at the latest, not at exit
+        except BrokenPipeError:
+            _drop_stdout()
+        except OSError:
+            return _stdout_failed(name)
+        return code
     finally:
         if isinstance(sys.stdout, RedactingStream):
             sys.stdout = out
@@ -133,6 +141,7 @@ def _run(name: str, module: object, args: argparse.Namespace) -> int:
 
 def _run_guarded(name: str, module: object, args: argparse.Namespace) -> int:
     from vramlab.errors import VramlabError
+    from vramlab.redact import RedactingStream
 
     try:
         code = module.run(args)  # type: ignore[attr-defined]
@@ -145,20 +154,56 @@ def _run_guarded(name: str, module: object, args: argparse.Namespace) -> int:
         return 130
     except BrokenPipeError:
         # `vramlab models | head`: the reader went away; that is not an error.
-        try:
-            sys.stdout = open(os.devnull, "w")
-        except OSError:
-            pass
+        _drop_stdout()
         return 0
+    except OSError as exc:
+        if isinstance(sys.stdout, RedactingStream) and sys.stdout.failed is exc:
+            return _stdout_failed(name)
+        if exc.errno == errno.ENAMETOOLONG:  # only a name the user gave can be too long for a path
+            what = str(exc.filename or "")
+            shown = what if len(what) <= 60 else what[:57] + "..."
+            print(
+                f"vramlab {name}: error: {shown!r}: a name longer than the file system allows "
+                f"({len(what)} characters)",
+                file=sys.stderr,
+            )
+            return 2
+        return _internal_error(name, exc)
     except Exception as exc:  # the last line of defence: never a traceback for users
-        if os.environ.get("VRAMLAB_DEBUG"):
-            raise
-        print(
-            f"vramlab {name}: internal error: {type(exc).__name__}: {exc} "
-            "(set VRAMLAB_DEBUG=1 to see the traceback)",
-            file=sys.stderr,
-        )
-        return 70
+        return _internal_error(name, exc)
+
+
+def _internal_error(name: str, exc: Exception) -> int:
+    if os.environ.get("VRAMLAB_DEBUG"):
+        raise exc
+    print(
+        f"vramlab {name}: internal error: {type(exc).__name__}: {exc} "
+        "(set VRAMLAB_DEBUG=1 to see the traceback)",
+        file=sys.stderr,
+    )
+    return 70
+
+
+def _drop_stdout() -> None:
+    """Send what is still to come, and what the interpreter flushes at exit, to /dev/null."""
+    try:
+        sys.stdout = open(os.devnull, "w")
+        os.dup2(sys.stdout.fileno(), 1)
+    except OSError:
+        pass
+
+
+def _stdout_failed(name: str) -> int:
+    """Standard output refused a write (a full disk, /dev/full): one line on stderr, exit 1; what
+    is still buffered is dropped so the interpreter's own flush at exit cannot fail again."""
+    from vramlab.redact import RedactingStream
+
+    stream = sys.stdout
+    exc = stream.failed if isinstance(stream, RedactingStream) else None
+    why = (exc.strerror if exc is not None else None) or "write failed"
+    _drop_stdout()
+    print(f"vramlab {name}: error: cannot write to standard output: {why}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

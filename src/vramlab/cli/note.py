@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import argparse
 
+from vramlab.cli.runs import store_arg
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_id", help="run id or a unique prefix of it (see `vramlab runs`)")
     parser.add_argument("text", help="what you saw or did, one line")
     parser.add_argument("--by", help="who (default: $USER)")
     parser.add_argument(
-        "--db", help="store: a SQLite path or postgresql:// URL (default: $VRAMLAB_DB or ./vramlab.db)"
+        "--db",
+        type=store_arg,
+        help="store: a SQLite path or postgresql:// URL (default: $VRAMLAB_DB or ./vramlab.db)",
     )
 
 

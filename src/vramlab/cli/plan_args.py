@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from vramlab.cli import plan_device
 from vramlab.engines import names
 
 ENGINES = names()  # every engine vramlab plans (vramlab.engines)
@@ -89,15 +90,7 @@ def _model_and_card(m: argparse._ArgumentGroup) -> None:
     )
     m.add_argument("--revision", help="Hub revision for a Hub id")
     m.add_argument("--offline", action="store_true", help="never touch the network (cache and catalog only)")
-    m.add_argument(
-        "--gpu",
-        help="catalog GPU name (see `vramlab gpus`); llama.cpp and Ollama: a list of cards, e.g. rtx-4090,rtx-5090; "
-        "cpu: a CPU engine in host memory (vLLM's CPU build, llama.cpp, transformers; --host-memory-gib)",
-    )
-    m.add_argument("--gpu-memory-gib", type=float, help="usable memory per GPU for a card not in the catalog")
-    m.add_argument(
-        "--other-processes-gib", type=float, default=0.0, help="memory other processes hold per GPU"
-    )
+    plan_device.add_card_arguments(m)
 
 
 def _serving(e: argparse._ArgumentGroup) -> None:

@@ -8,6 +8,7 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
+from vramlab.cli import plan_device
 from vramlab.cli.plan_args import ENGINE_FLAGS
 
 if TYPE_CHECKING:
@@ -99,10 +100,6 @@ def settings_of(args: argparse.Namespace) -> EngineSettings:
     from vramlab.cli import plan_options
     from vramlab.errors import ConfigError
 
-    if not 0 <= args.other_processes_gib <= 1 << 20:  # also refuses NaN
-        raise ConfigError(
-            f"--other-processes-gib: must be a finite number of GiB >= 0, got {args.other_processes_gib}"
-        )
     if args.concurrency is not None and args.concurrency < 1:
         raise ConfigError(f"--concurrency: must be at least 1, got {args.concurrency}")
 
@@ -141,7 +138,7 @@ def settings_of(args: argparse.Namespace) -> EngineSettings:
             limit_mm_per_prompt=parse_mm_limits(args.limit_mm_per_prompt)
             if args.limit_mm_per_prompt
             else None,
-            other_processes_bytes=int(args.other_processes_gib * (1 << 30)),
+            **plan_device.settings_fields(args),
             cache_type_v=args.cache_type_v,
             flash_attn=_on_off(args.flash_attn),
             n_ubatch=count(args.ubatch_size),
@@ -260,24 +257,11 @@ def _on_off(value: str | None) -> bool | None:
 
 
 def card(args: argparse.Namespace) -> GPU:
-    from vramlab.capacity import custom_gpu, get_gpu
-    from vramlab.errors import ConfigError
-
+    """The card the plan is for (cli/plan_device.py: a MIG slice, a unified machine, a capped share), or the host
+    for a CPU engine."""
     if on_host(args):
         return host_card(args)
-
-    if args.gpu_memory_gib is not None and not 0 < args.gpu_memory_gib <= 1 << 20:
-        raise ConfigError(
-            f"--gpu-memory-gib: must be a positive finite number of GiB, got {args.gpu_memory_gib}"
-        )
-    name = args.gpu.split(",")[0].strip() if args.gpu else None
-    if name and args.gpu_memory_gib:
-        return custom_gpu(args.gpu_memory_gib, like=get_gpu(name))
-    if name:
-        return get_gpu(name)
-    if args.gpu_memory_gib:
-        return custom_gpu(args.gpu_memory_gib)
-    raise ConfigError("name a card with --gpu (see `vramlab gpus`) or give --gpu-memory-gib")
+    return plan_device.target(args)
 
 
 def devices(args: argparse.Namespace, settings: EngineSettings) -> EngineSettings:
@@ -317,6 +301,10 @@ def host_card(args: argparse.Namespace) -> GPU:
         raise ConfigError("--gpu cpu: the host is planned alone; name no other card")
     if args.gpu_memory_gib is not None:
         raise ConfigError("--gpu cpu: give the host's memory with --host-memory-gib, not --gpu-memory-gib")
+    if args.gpu_memory_limit_gib is not None or args.mps_memory_limit_gib is not None:
+        raise ConfigError(
+            "--gpu cpu: --gpu-memory-limit-gib and --mps-memory-limit-gib share a card, not the host"
+        )
     memory = args.host_memory_gib if args.host_memory_gib is not None else host_memory_gib()
     if memory is None:
         raise ConfigError("--gpu cpu: this machine's memory is not readable; give --host-memory-gib")

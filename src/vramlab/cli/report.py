@@ -41,13 +41,15 @@ def run(args: argparse.Namespace) -> int:
     from vramlab.redact import redact
 
     text = redact(render(ctx, fmt or "md"))  # a store written before redaction existed is masked too
+    from vramlab.cli.runs import unread_rows
+
     if not args.output:
         sys.stdout.write(text)
-        return 0
+        return unread_rows(store, "report", ctx.problems)
     from vramlab.cli.outputs import write_output
 
     out = Path(args.output)
     write_output(out, text, "report", f"run {ctx.run.run_id} is in the store as it was")
     state = "" if ctx.analysis.complete else " (incomplete run)"
     print(f"wrote {out} ({fmt or 'md'}, run {ctx.run.run_id}{state})", file=sys.stderr)
-    return 0
+    return unread_rows(store, "report", ctx.problems)

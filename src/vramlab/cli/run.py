@@ -14,6 +14,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from vramlab.cli.runs import store_arg
+
 if TYPE_CHECKING:
     from vramlab.run.runner import RunResult
 
@@ -26,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN.yaml", help="the experiment plan")
     parser.add_argument(
         "--db",
+        type=store_arg,
         metavar="URL",
         help="store: a file path, sqlite:///PATH or postgresql://... "
         "(default $VRAMLAB_DB, else ./vramlab.db)",
@@ -145,6 +148,7 @@ def _say(args: argparse.Namespace, out: Any) -> None:
         stored=out.stored,
         store_complete=out.store_complete,
         store_failure=out.store_failure,
+        unsaved=None if out.spooled is None else {"file": out.spooled[0], "rows": out.spooled[1]},
     )
     error = out.error_line("run")
     if error is not None:

@@ -9,19 +9,44 @@ heartbeat stopped (HEARTBEAT column; "stored_status" and "heartbeat_at" in --jso
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vramlab.records import RunRecord
 
 
+def store_arg(text: str) -> str:
+    """`--db`'s type: an empty value is a mistake (a shell variable that was not set), never the default."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "an empty store: give a file path, sqlite:///PATH or postgresql://... (or leave --db out)"
+        )
+    return text
+
+
 def add_db_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db",
+        type=store_arg,
         metavar="URL",
         default=None,
         help="store: a SQLite path or postgresql://... (default: $VRAMLAB_DB, else ./vramlab.db)",
     )
+
+
+def unread_rows(store: Any, command: str, sections: Sequence[str] = ()) -> int:
+    """After a command read the store: 1 and one line on stderr naming the corrupt rows it left
+    out, or the report sections they broke (the rest were read and shown), else 0."""
+    import sys
+
+    problems = getattr(store, "read_problems", None)
+    if not problems and not sections:
+        return 0
+    said = [problems.summary()] if problems else []
+    said += sections[:2]
+    print(f"vramlab {command}: warning: {'; '.join(said)}", file=sys.stderr)
+    return 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,10 +99,10 @@ def run(args: argparse.Namespace) -> int:
                 indent=2,
             )
         )
-        return 0
+        return unread_rows(store, "runs")
     if not runs:
         print("no runs stored yet (start one with `vramlab run PLAN` or `vramlab demo`)")
-        return 0
+        return unread_rows(store, "runs")
     from vramlab.report.fmt import utc
 
     table = [["ID", "KIND", "STATUS", "STARTED", "DURATION", "HEARTBEAT", "NAME", "MODEL"]]
@@ -100,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-    return 0
+    return unread_rows(store, "runs")
 
 
 def _public_kind(kind: str) -> str:

@@ -126,15 +126,18 @@ async def watch_prometheus(
 ) -> None:
     """Poll Prometheus's alerts API until cancelled; call on_change(name, state, labels) on each change."""
     import asyncio
+    import json
 
     import aiohttp
 
+    from vramlab.observe import http
+
     states: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
+    async with http.session(2.0) as s:  # bounded like every poller: a huge answer is not read
         while True:
             try:
-                async with s.get(url.rstrip("/") + "/api/v1/alerts") as resp:
-                    doc = await resp.json()
+                answer = await http.get(s, url.rstrip("/") + "/api/v1/alerts", 4 * http.MIB)
+                doc = await http.parse_off_loop(json.loads, answer.body)
                 seen = set()
                 for a in doc.get("data", {}).get("alerts", []):
                     labels = a.get("labels", {})

@@ -95,6 +95,13 @@ class NeighbourSpec(_Strict):
     interval_s: float = Field(0.5, gt=0)
     timeout_s: float = Field(2.0, gt=0)
 
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        from vramlab.drill.target import http_url
+
+        return http_url(v)
+
 
 class DrillPlan(_Strict, PlanDocument):
     kind: Literal["drill", "colocation"] = "drill"
@@ -174,6 +181,9 @@ class DrillPlan(_Strict, PlanDocument):
         out = self.old_name_notes()
         if self.rounds < 3:
             out.append(f"rounds: {self.rounds} is fewer than 3; a one-off cannot be told from a trend")
+        capped = self.ramp.capped_note()
+        if capped is not None:
+            out.append(capped)
         return out
 
 

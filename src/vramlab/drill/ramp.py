@@ -27,6 +27,13 @@ KNOB_UNITS: dict[str, str] = {
 }
 
 MAX_STEPS = 200  # a ramp is a handful of steps; a typo such as factor: 1.0001 must not run all night
+# What one load client (one event loop, a drill's) holds: every closed-loop user is a lane with its
+# own few tasks, and the load generator times about 1,000 streams per core right (load/workers.py).
+# Past this a step's start-up and its cancellation outlast the step and the wall clock: on a loaded
+# 2-core machine 8,192 users took 17 s to run a 2 s window, 4,096 ended 13 s after the wall clock,
+# and 65,536 held 1.3 GiB and ran past it by a minute. The stream knobs' ramps stop here, said so.
+MAX_STREAMS = 2048
+STREAM_KNOBS = ("concurrency", "batch")
 
 
 class RampSpec(BaseModel):
@@ -47,6 +54,15 @@ class RampSpec(BaseModel):
             raise ValueError("ramp.start must be > 0")
         if self.ceiling < self.start:
             raise ValueError(f"ramp.ceiling ({self.ceiling:g}) is below ramp.start ({self.start:g})")
+        whole = [(k, v) for k, v in (("start", self.start), ("ceiling", self.ceiling)) if v != math.floor(v)]
+        if _integral(self) and whole and self.ceiling <= 1e15:  # a huge ceiling is capped, not stepped to
+            raise ValueError(
+                f"ramp.{whole[0][0]} {whole[0][1]:g}: {self.knob} counts whole {self.unit}; give a whole number"
+            )
+        if self.knob in STREAM_KNOBS and self.start > MAX_STREAMS:
+            raise ValueError(
+                f"ramp.start ({self.start:g}) is past the {MAX_STREAMS:,} streams one load client holds"
+            )
         if self.mode == "geometric" and self.factor <= 1.0:
             raise ValueError("ramp.factor must be > 1 for a geometric ramp")
         if self.mode == "linear" and (self.step is None or self.step <= 0):
@@ -63,20 +79,34 @@ class RampSpec(BaseModel):
     def unit(self) -> str:
         return KNOB_UNITS[self.knob]
 
+    @property
+    def top(self) -> float:
+        """The ceiling the ramp really climbs to: the plan's, or MAX_STREAMS for a stream knob."""
+        return min(self.ceiling, MAX_STREAMS) if self.knob in STREAM_KNOBS else self.ceiling
+
+    def capped_note(self) -> str | None:
+        """What the plan is told when its ceiling is past what the load client holds."""
+        if self.top >= self.ceiling:
+            return None
+        return (
+            f"ramp.ceiling {self.ceiling:g} {self.unit} is past the {MAX_STREAMS:,} streams one load "
+            f"client holds: the ramp stops at {MAX_STREAMS:,} (a drill that never fails says so up to there)"
+        )
+
 
 def ramp_values(spec: RampSpec) -> list[float]:
     """Step values from start up to the ceiling. The ceiling is always the last step, so a drill
     that never fails has really tried the ceiling ("no OOM up to X" is then true)."""
     out: list[float] = []
-    v = spec.start
+    v, ceiling = spec.start, spec.top
     integral = _integral(spec)
-    while v < spec.ceiling and len(out) <= MAX_STEPS:
+    while v < ceiling and len(out) <= MAX_STEPS:
         value = float(math.floor(v)) if integral else v
         if not out or value > out[-1]:
             out.append(value)
         v = v * spec.factor if spec.mode == "geometric" else v + (spec.step or 0.0)
-    if not out or out[-1] < spec.ceiling:
-        out.append(float(math.floor(spec.ceiling)) if integral else spec.ceiling)
+    if not out or out[-1] < ceiling:
+        out.append(float(math.floor(ceiling)) if integral else ceiling)
     return out
 
 
@@ -92,4 +122,4 @@ def _integral(spec: RampSpec) -> bool:
     return spec.knob != "balloon"
 
 
-__all__ = ["KNOB_UNITS", "MAX_STEPS", "Knob", "RampSpec", "RampSteps", "ramp_values"]
+__all__ = ["KNOB_UNITS", "MAX_STEPS", "MAX_STREAMS", "Knob", "RampSpec", "RampSteps", "ramp_values"]

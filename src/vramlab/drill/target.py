@@ -70,6 +70,27 @@ OLLAMA_DEFAULTS = {
 }
 
 
+def http_url(v: str) -> str:
+    """*v* if it is an http(s) URL with a host and a numeric port (if any); ValueError saying what is
+    wrong otherwise. A literal "{port}" (a command's placeholder) or any other port that is not a
+    number is refused by name here, not a ValueError deep in the client (exit 70)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(v)
+    except ValueError:  # an unclosed IPv6 bracket
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"must be an http:// or https:// URL with a host, got {v!r}")
+    try:
+        parts.port  # noqa: B018  (urlsplit checks the port only when asked)
+    except ValueError:
+        raise ValueError(
+            f'the port of {v!r} is not a number from 0 to 65535 ("{{port}}" is filled in the command, not in the URL)'
+        ) from None
+    return v
+
+
 class TargetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
@@ -90,22 +111,7 @@ class TargetSpec(BaseModel):
     @field_validator("base_url")
     @classmethod
     def _url(cls, v: str | None) -> str | None:
-        # a literal "{port}" (the command's placeholder) or any other port that is not a number: refused by name
-        # here, not a ValueError deep in the client (exit 70)
-        if v is None:
-            return v
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(v)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
-        try:
-            parts.port  # noqa: B018  (urlsplit checks the port only when asked)
-        except ValueError:
-            raise ValueError(
-                f'the port of {v!r} is not a number ("{{port}}" is filled in the command, not in base_url)'
-            ) from None
-        return v
+        return None if v is None else http_url(v)
 
     sim: SimSettings | None = None
     command: str | None = None  # process: the command line to spawn

@@ -5,6 +5,7 @@ said in a note, never guessed."""
 from __future__ import annotations
 
 import asyncio
+import json
 import platform
 import socket
 import sys
@@ -63,33 +64,37 @@ async def engine_facts(
     root = root[:-3] if root.endswith("/v1") else root
     facts: dict[str, Any] = {}
     notes: list[str] = []
-    timeout = aiohttp.ClientTimeout(total=2.0)
-    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as s:
+    from vramlab.observe import http
+
+    async with http.session(2.0, headers) as s:  # bounded like the pollers: a huge answer is not read
         for path in _VERSION_PATHS:
             try:
-                async with s.get(root + path) as r:
-                    if r.status == 200:
-                        doc = await r.json(content_type=None)
-                        v = doc.get("version") or doc.get("build_info") if isinstance(doc, dict) else None
-                        if v:
-                            facts["engine_version"] = str(v)
-                            break
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                answer = await http.get(s, root + path, 64 * http.KIB)
+                if answer.status == 200:
+                    doc = json.loads(answer.body)
+                    v = doc.get("version") or doc.get("build_info") if isinstance(doc, dict) else None
+                    if v:
+                        facts["engine_version"] = str(v)[:80]
+                        break
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
                 continue
         try:
-            async with s.get(root + "/v1/models") as r:
-                if r.status in (401, 403):
-                    notes.append(f"target refused the API key: GET /v1/models answered HTTP {r.status}")
-                elif r.status == 200:
-                    doc = await r.json(content_type=None)
-                    ids = [m.get("id") for m in (doc.get("data") or [])] if isinstance(doc, dict) else []
-                    facts["served_models"] = ids
-                    if ids and model not in ids:
-                        notes.append(f"model {model!r} is not among the served models {ids}")
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            answer = await http.get(s, root + "/v1/models", 4 * http.MIB)
+            if answer.status in (401, 403):
+                notes.append(f"target refused the API key: GET /v1/models answered HTTP {answer.status}")
+            elif answer.status == 200:
+                doc = await http.parse_off_loop(json.loads, answer.body)
+                data = doc.get("data") if isinstance(doc, dict) else None
+                ids = (
+                    [m.get("id") for m in data[:100] if isinstance(m, dict)] if isinstance(data, list) else []
+                )
+                facts["served_models"] = ids
+                if ids and model not in ids:
+                    notes.append(f"model {model!r} is not among the served models {ids[:10]}"[:300])
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             notes.append(f"target not reachable at {root}: {type(exc).__name__}: {exc}"[:200])
-        except ValueError:
-            notes.append(f"target answered /v1/models with something that is not JSON at {root}")
+        except ValueError as exc:  # not JSON, or over the bound (vramlab.observe.http)
+            notes.append(f"target's /v1/models at {root} could not be read: {exc}"[:300])
     if "engine_version" not in facts:
         notes.append("engine version: not reported by the target")
     return facts, notes

@@ -310,11 +310,15 @@ class Plan(_Model, PlanDocument):
     @field_validator("metrics")
     @classmethod
     def _metric_names(cls, v: dict[str, float]) -> dict[str, float]:
-        for k in v:
+        for k, limit in v.items():
             if not _METRIC_NAME.match(k):
                 raise ValueError(
                     f"unknown metric {k!r}; use e.g. p95_ttft_ms, p99_e2e_ms, error_rate, min_goodput_rps"
                 )
+            # a latency, a rate or a throughput: no window can be under a negative limit
+            if not math.isfinite(limit) or limit < 0 or (k == "error_rate" and limit > 1):
+                want = "a fraction from 0 to 1" if k == "error_rate" else "a finite number, 0 or more"
+                raise ValueError(f"@{k}: must be {want}, got {limit:g}")
         return v
 
     @model_validator(mode="after")

@@ -43,6 +43,7 @@ def check_target(plan: Plan, allow_production: bool) -> None:
 def check_reachable(plan: Plan, timeout_s: float = 5.0) -> None:
     """Refuse (ConfigError: one line, exit 2) before anything is stored when nothing answers at the
     target's address. Any HTTP answer counts as reachable (a 401 or 404 is the endpoint's to give)."""
+    import http.client
     import urllib.error
     import urllib.parse
     import urllib.request
@@ -56,8 +57,8 @@ def check_reachable(plan: Plan, timeout_s: float = 5.0) -> None:
     try:
         with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=timeout_s):
             return
-    except urllib.error.HTTPError:
-        return
+    except (urllib.error.HTTPError, http.client.HTTPException):
+        return  # it answered HTTP (an error, over 100 headers, a bad status line): the samplers say more
     except (urllib.error.URLError, OSError, ValueError) as exc:
         why = getattr(exc, "reason", None) or exc
         hint = (

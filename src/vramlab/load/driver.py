@@ -84,18 +84,45 @@ def _settle_gc() -> None:
     What is frozen is alive already (the collect first keeps garbage out of it), and it is unfrozen
     when the window ends, so nothing is kept for good.
     """
+    global _settled
+    _settled += 1
+    if _settled > 1:  # another lane of this window (a drill's users) settled it already
+        return
     gc.collect()
     gc.freeze()
 
 
+def _unsettle_gc() -> None:
+    """The window's last lane ends: unfreeze, so what dies later is still collected."""
+    global _settled
+    _settled = max(0, _settled - 1)
+    if not _settled:
+        gc.unfreeze()
+
+
+_settled = 0  # lanes running in a settled (frozen) heap; gc.get_freeze_count() walks the heap to say
+
+
+_TICKING: set[int] = set()  # the event loops (by id) that run a lag timer already
+
+
 async def _loop_lag(samples: list[float]) -> None:
     """The load generator's self-check: a timer that should fire every LOOP_TICK_S; how late it
-    fires is how long a token that arrived meanwhile waited to be timed (the client's own lag)."""
+    fires is how long a token that arrived meanwhile waited to be timed (the client's own lag).
+    One timer per event loop: the lanes of one window (a drill's thousands of users) share the
+    first lane's, whose outcome is the window's; thousands of timers were the lag they measured."""
+    loop = id(asyncio.get_running_loop())
+    if loop in _TICKING:
+        await asyncio.Event().wait()  # until the lane ends and cancels it
+    _TICKING.add(loop)
     pc, sleep = time.perf_counter, asyncio.sleep
-    while True:
-        t = pc()
-        await sleep(LOOP_TICK_S)
-        samples.append((pc() - t - LOOP_TICK_S) * 1000)
+    try:
+        while True:
+            t = pc()
+            await sleep(LOOP_TICK_S)
+            samples.append((pc() - t - LOOP_TICK_S) * 1000)
+    finally:
+        _TICKING.discard(loop)
 
 
 def shard_share(total: int, shard: tuple[int, int]) -> int:
@@ -154,7 +181,7 @@ async def drive(
         await run.window(end_drain_s)
     finally:
         await run.close()
-        gc.unfreeze()  # frozen only for the window: what dies later is still collected
+        _unsettle_gc()  # frozen only for the window: what dies later is still collected
     return run.outcome()
 
 

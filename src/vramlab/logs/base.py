@@ -32,8 +32,7 @@ MEMORY_FIELDS = (
     "cuda_graph_bytes",
     "gpu_blocks",
 )
-# What a CPU (or partly offloaded) start-up allocates in host memory: enough to tell that a
-# start-up has loaded, so that the next start-up line opens a new one.
+# Host memory a CPU (or part-offloaded) start-up allocates: once seen, the next start-up line opens a new one.
 HOST_FIELDS = ("extra.host_weights_bytes", "extra.kv_total_bytes", "extra.host_compute_bytes")
 # The engine's KV decision: without it a start-up is incomplete (a truncated log).
 COMPLETE_FIELDS = ("kv_cache_bytes", "kv_cache_tokens", "gpu_blocks")
@@ -61,13 +60,25 @@ _BRACKET_PREFIX = re.compile(r"^\s*\[(?P<inside>[^\]]*?(?:\bTP\d+|gpu_id=\d+)[^\
 _ENGINE_LEVEL = ("EngineCore", "APIServer", "LLMEngine", "AsyncLLM", "MQLLMEngine")
 
 
+# A number as engines print it: thousands grouped by commas (or not), a fraction after. _plain drops
+# the commas, and refuses (ValueError) a garbled group: "1,2,,6" without its commas was read as 126.
+_GROUPED = re.compile(r"^-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?$")
+
+
+def _plain(text: str) -> str:
+    t = text.strip().replace("_", "")
+    if "," in t and not _GROUPED.match(t):
+        raise ValueError(f"not a number: {text!r}")
+    return t.replace(",", "")
+
+
 def gib(text: str) -> int:
     """'12.56' GiB -> bytes. vLLM and SGLang print 'GB' for GiB too (they divide by 2^30)."""
-    return int(round(float(text.replace(",", "")) * GIB))
+    return int(round(float(_plain(text)) * GIB))
 
 
 def mib(text: str) -> int:
-    return int(round(float(text.replace(",", "")) * MIB))
+    return int(round(float(_plain(text)) * MIB))
 
 
 _UNIT = {"b": 1, "kib": 1 << 10, "kb": 1 << 10, "mib": MIB, "mb": MIB, "gib": GIB, "gb": GIB, "tib": 1 << 40}
@@ -75,12 +86,12 @@ _UNIT = {"b": 1, "kib": 1 << 10, "kb": 1 << 10, "mib": MIB, "mb": MIB, "gib": GI
 
 def sized(number: str, unit: str) -> int:
     """'6.5', 'GiB' -> bytes. Engines that print 'GB' mean GiB (2^30) in every case we read."""
-    return int(round(float(number.replace(",", "")) * _UNIT[unit.lower()]))
+    return int(round(float(_plain(number)) * _UNIT[unit.lower()]))
 
 
 def integer(text: str) -> int:
-    """'1,505,552' -> 1505552 (vLLM groups thousands with commas since V1)."""
-    return int(text.replace(",", "").replace("_", ""))
+    """'1,505,552' -> 1505552 (vLLM groups thousands with commas since V1); '1,2,,6' is a ValueError."""
+    return int(_plain(text))
 
 
 @dataclass(frozen=True)
@@ -95,9 +106,8 @@ FlagTable = Iterable[tuple[tuple[str, ...], str, Callable[[str], Any]]]
 
 
 def command_flags(text: str, table: FlagTable, value: str = r"[^\s\\]+") -> dict[str, Any]:
-    """Settings read off a pasted command line: for each (flags, key, convert), the first of the
-    flags given (`--flag value` or `--flag=value`) sets key; a value that does not convert is
-    skipped, never guessed."""
+    """Settings read off a pasted command line: for each (flags, key, convert), the first of the flags given
+    (`--flag value` or `--flag=value`) sets key; a value that does not convert is skipped, never guessed."""
     out: dict[str, Any] = {}
     for flags, name, conv in table:
         for flag in flags:

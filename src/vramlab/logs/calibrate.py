@@ -52,6 +52,30 @@ def _too_small(obs: Observation) -> str | None:
     return None
 
 
+def implausible_bytes(name: str, value: object, card_bytes: int | None, component: bool = True) -> str | None:
+    """Why one stored byte figure cannot be a measurement, by the rules `impossible` applies to a
+    log's or a JSONL line's: a number of bytes (not true/false), finite, not negative, not bigger
+    than the card, and for a component at least 1 MiB."""
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{name} is {value!r}, not a number of bytes"
+    if not math.isfinite(value):
+        return f"{name} is not a finite number ({value})"
+    if value < 0:
+        return f"{name} is negative ({value:,.0f}): not a measurement of one component"
+    if component and value < _SMALLEST_COMPONENT_BYTES:
+        return (
+            f"{name} is {value:,.0f} bytes, smaller than any buffer an engine allocates (1 MiB); "
+            "a unit slip (bytes for GiB)?"
+        )
+    limit = card_bytes or _LARGEST_CARD_BYTES
+    if value > limit:
+        what = f"the card's {card_bytes / (1 << 30):.2f} GiB" if card_bytes else "any card's memory"
+        return f"{name} {value / (1 << 30):.4g} GiB is bigger than {what}"
+    return None
+
+
 def impossible(obs: Observation) -> str | None:
     """Why an observation cannot be a measurement of one GPU, or None. Non-finite, negative or
     bigger-than-the-card figures would drag a fit anywhere; V0's negative figures (another

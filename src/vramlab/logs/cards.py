@@ -13,7 +13,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from vramlab.capacity.gpus import GPU, GPUS, HOST_NAMES, custom_gpu, get_gpu, host_device
+from vramlab.capacity.gpus import (
+    DEVICES,
+    DISCRETE,
+    GPU,
+    GPUS,
+    HOST_NAMES,
+    UNIFIED,
+    custom_gpu,
+    get_gpu,
+    host_device,
+)
 from vramlab.errors import ConfigError, VramlabError
 from vramlab.logs.observation import Observation
 from vramlab.units import GIB, gib
@@ -53,8 +63,13 @@ def _nearest_size(card: GPU, total_bytes: int | None) -> GPU:
     if not total_bytes:
         return card
     family = card.name.split("-", 1)[0]
-    sizes = [g for g in GPUS if g.name.split("-", 1)[0] == family and g.vendor == card.vendor]
-    return min(sizes, key=lambda g: abs(g.nominal_gb * 1e9 - total_bytes))
+    # whole cards and unified machines (a Jetson's sizes), not MIG slices or caps of them
+    sizes = [
+        g
+        for g in DEVICES
+        if g.kind in (DISCRETE, UNIFIED) and g.name.split("-", 1)[0] == family and g.vendor == card.vendor
+    ]
+    return min(sizes, key=lambda g: abs(g.nominal_gb * 1e9 - total_bytes)) if sizes else card
 
 
 def gpu_for(obs: Observation, gpu: str | None = None) -> tuple[GPU, str]:

@@ -36,6 +36,7 @@ ROWS = (
 )
 # The engine the capacity model has a policy for, per log engine (Ollama runs llama.cpp).
 MODEL_ENGINE = {"ollama": "llama.cpp"}
+OLLAMA_ESTIMATOR_RELEASE = "0.11.6"  # capacity/engines/ollama.py reads llm/memory.go at this tag
 _SETTING_FIELDS = {f.name for f in fields(EngineSettings)}
 
 
@@ -57,6 +58,10 @@ def _ollama_settings(obs: Observation, values: dict[str, Any]) -> None:
         values.pop(key, None)  # Ollama's environment decides these, not the runner's flags
     if obs.extra.get("layers_requested") not in (None, -1):
         values["n_gpu_layers"] = obs.extra["layers_requested"]
+    if not obs.engine_version and "engine_version" not in values:
+        # Only releases up to v0.12.10 print the estimate line (llm/memory.go): plan the estimator modelled, not the
+        # default release, which runs llama-server and estimates nothing.
+        values["engine_version"] = OLLAMA_ESTIMATOR_RELEASE
 
 
 def settings_for(obs: Observation, **overrides: Any) -> EngineSettings:

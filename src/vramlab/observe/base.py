@@ -5,12 +5,20 @@ A sampler may also see timeline events (Ollama's model loads and unloads): ``tak
 them over after each sample, to the ``on_event`` the set was given.
 
 A sampler that cannot start raises ``SourceUnavailable`` from ``open()``: the run gets one line in
-its notes and goes on without it. A sampler that fails later is noted once, and keeps being tried.
+its notes and goes on without it. A sampler that fails later is noted once, and keeps being tried;
+what a sampler finds worth saying while it works (an answer read in part) it hands over with
+``take_notes()``. Every note names the sampler: a poller's trouble is the poller's, not the load's
+or the store's.
+
+A value that is not a finite number (NaN and ±Inf are legal Prometheus sample values) is no
+reading the store can keep (SQLite stores NaN as NULL): it is left out, as a gap in that series,
+and the sampler set says so once per series.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +51,10 @@ class Sampler:
 
     def take_events(self) -> list[tuple[str, str, dict[str, Any]]]:
         """Timeline events the sampler saw since the last call (kind, message, data); most have none."""
+        return []
+
+    def take_notes(self) -> list[str]:
+        """Lines for the run's notes since the last call, each naming the sampler; most have none."""
         return []
 
     async def close(self) -> None:
@@ -91,6 +103,7 @@ class SamplerSet:
         self._tasks: list[asyncio.Task[None]] = []
         self.active: list[str] = []
         self._stopping = False
+        self._not_finite: set[tuple[str, str]] = set()  # series already said to have read NaN or ±Inf
 
     async def start(self) -> None:
         for s in self.samplers:
@@ -122,12 +135,29 @@ class SamplerSet:
                     noted = True
             else:
                 if samples:
+                    samples = self._finite(samples)
+                if samples:
                     self._on_samples(samples)
                 if self._on_event is not None:  # after the samples, so a timeline row follows its data
                     for kind, message, data in s.take_events():
                         self._on_event(kind, message, data)
+            for note in s.take_notes():  # what it found while reading, failed or not
+                self._on_note(note)
             next_t += self.interval_s
             await asyncio.sleep(max(0.0, next_t - time.perf_counter()))
+
+    def _finite(self, samples: list[Sample]) -> list[Sample]:
+        """The samples whose values are finite; each series that read NaN or ±Inf is noted once."""
+        if all(math.isfinite(x.value) for x in samples):
+            return samples
+        for x in samples:
+            if not math.isfinite(x.value) and (x.source, x.name) not in self._not_finite:
+                self._not_finite.add((x.source, x.name))
+                self._on_note(
+                    f"sampler {x.source}: {x.name} read {x.value!r} (legal in Prometheus text); "
+                    "values that are not finite numbers are not stored: a gap in that series"
+                )
+        return [x for x in samples if math.isfinite(x.value)]
 
     async def stop(self) -> None:
         self._stopping = True

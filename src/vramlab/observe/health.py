@@ -19,7 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vramlab.observe import http
 from vramlab.observe.base import Sample, Sampler
+
+# A health answer is read for its status; its body, up to this, only to keep the connection.
+HEALTH_BODY_BYTES = 64 * http.KIB
 
 
 class HealthSampler(Sampler):
@@ -36,7 +40,6 @@ class HealthSampler(Sampler):
         return self._session.get(self.url)
 
     async def open(self) -> None:
-        import aiohttp
 
         if self.discover_root is not None:
             found = await discover_health(self.discover_root, "/health", 1.5, settle=True)
@@ -44,7 +47,7 @@ class HealthSampler(Sampler):
                 self.url = self.discover_root.rstrip("/") + found.path
                 if found.path != "/health":
                     self.open_note = f"sampler health: {found.summary()}"
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        self._session = http.session(self.timeout_s)
 
     async def sample(self) -> list[Sample]:
         import aiohttp
@@ -54,9 +57,9 @@ class HealthSampler(Sampler):
         try:
             async with self._request() as resp:
                 status = resp.status
-                await resp.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            status = 0
+                await resp.content.read(HEALTH_BODY_BYTES)  # what is left is dropped with the connection
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+            status = 0  # no answer, or one no HTTP client could read (over 128 headers): down
         now = time.perf_counter()
         up = 1.0 if 200 <= status < 300 else 0.0
         return [
@@ -114,25 +117,27 @@ async def discover_health(
     process is gone. `settle`: one round of the paths only (the target is up already)."""
     import aiohttp
 
+    from vramlab.observe.http import KIB, get, session
+
     first = preferred or "/health"
     paths = [first] + [p for p in CANDIDATES if p != first]
     out = HealthDiscovery(preferred=first)
     deadline = time.monotonic() + limit_s
     base = root.rstrip("/")
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
+    async with session(2.0) as s:
         while time.monotonic() < deadline:
             for p in paths:
                 try:
-                    async with s.get(base + p) as resp:
-                        if resp.status == 200:
-                            out.path = p
-                            out.answers[p] = "HTTP 200"
-                            return out
-                        text = (await resp.text(errors="replace"))[:120].strip().replace("\n", " ")
-                        out.answers[p] = f"HTTP {resp.status}" + (f" {text!r}" if text else "")
-                        if resp.status not in (404, 405, 501):
-                            break  # the path exists and is not ready (503 while loading): wait on it
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                    answer = await get(s, base + p, 4 * KIB, partial=True)
+                    if answer.status == 200:
+                        out.path = p
+                        out.answers[p] = "HTTP 200"
+                        return out
+                    text = answer.body[:120].decode("utf-8", "replace").strip().replace("\n", " ")
+                    out.answers[p] = f"HTTP {answer.status}" + (f" {text!r}" if text else "")
+                    if answer.status not in (404, 405, 501):
+                        break  # the path exists and is not ready (503 while loading): wait on it
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
                     out.answers[p] = _no_answer(exc)
                     break  # no server yet: the other paths would say the same
             if settle or not alive():

@@ -18,18 +18,29 @@ size_vram). Events (timeline rows), from the difference between two polls:
   "evicted" when another model appeared in the same poll, else "unloaded".
 - `model_offload`: a loaded model's size_vram changed (its GPU/host split changed, e.g. a reload
   with another context).
+
+Bounded like every poller (vramlab.observe.http): `/api/ps` is read up to `MAX_PS_BYTES` and parsed
+off the event loop when large, and at most `MAX_MODELS` of its entries are followed (Ollama keeps
+3 per GPU loaded by default, OLLAMA_MAX_LOADED_MODELS); a longer list is read in part, said once.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from vramlab.observe import http
 from vramlab.observe.base import Sample, Sampler, SourceUnavailable
 
 EventTuple = tuple[str, str, dict[str, Any]]
+MAX_PS_BYTES = (
+    256 * http.KIB
+)  # ~300 bytes a model: ~800 entries, where Ollama holds a few (parsing more would hold the loop)
+MAX_VERSION_BYTES = 64 * http.KIB
+MAX_MODELS = 256
 
 
 @dataclass(frozen=True)
@@ -75,12 +86,13 @@ class LoadedModel:
         return out
 
 
-def parse_ps(payload: Any) -> list[LoadedModel]:
-    """The models of an `/api/ps` answer. Raises ValueError on an answer that is not one."""
+def parse_ps(payload: Any, max_models: int | None = None) -> list[LoadedModel]:
+    """The models of an `/api/ps` answer (the first *max_models* entries). Raises ValueError on an
+    answer that is not one."""
     if not isinstance(payload, dict) or not isinstance(payload.get("models", []), list):
         raise ValueError("/api/ps answered without a 'models' list")
     out = []
-    for m in payload.get("models") or []:
+    for m in (payload.get("models") or [])[:max_models]:
         if not isinstance(m, dict):
             continue
         name = m.get("name") or m.get("model")
@@ -162,15 +174,19 @@ class OllamaSampler(Sampler):
         self._session: Any = None
         self._seen: dict[str, LoadedModel] | None = None
         self._events: list[EventTuple] = []
+        self._notes: list[str] = []
+        self._said_many = False
 
     async def open(self) -> None:
+        import asyncio
+
         import aiohttp
 
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        self._session = http.session(self.timeout_s)
         try:
-            async with self._session.get(self.root + "/api/version") as resp:
-                body = await resp.json(content_type=None) if resp.status == 200 else None
-        except (aiohttp.ClientError, ValueError, OSError) as exc:
+            answer = await http.get(self._session, self.root + "/api/version", MAX_VERSION_BYTES)
+            body = json.loads(answer.body) if answer.status == 200 else None
+        except (aiohttp.ClientError, ValueError, OSError, asyncio.TimeoutError) as exc:
             await self.close()
             raise SourceUnavailable(f"{self.root}/api/version: {type(exc).__name__}: {exc}"[:200]) from None
         if not isinstance(body, dict) or not isinstance(body.get("version"), str):
@@ -182,10 +198,15 @@ class OllamaSampler(Sampler):
         self.open_note = f"sampler ollama: Ollama {self.version} at {self.root}; loaded models from /api/ps"
 
     async def sample(self) -> list[Sample]:
-        async with self._session.get(self.root + "/api/ps") as resp:
-            if resp.status != 200:
-                raise ValueError(f"/api/ps answered HTTP {resp.status}")
-            models = parse_ps(await resp.json(content_type=None))
+        answer = await http.get(self._session, self.root + "/api/ps", MAX_PS_BYTES)
+        if answer.status != 200:
+            raise ValueError(f"/api/ps answered HTTP {answer.status}")
+        models, listed = await http.parse_off_loop(_read_ps, answer.body)
+        if listed > MAX_MODELS and not self._said_many:
+            self._said_many = True
+            self._notes.append(
+                f"sampler ollama: /api/ps lists {listed:,} loaded models; the first {MAX_MODELS} are followed"
+            )
         now = time.perf_counter()
         current = {m.name: m for m in models}
         self._events.extend(changes(self._seen, current))
@@ -205,10 +226,21 @@ class OllamaSampler(Sampler):
         out, self._events = self._events, []
         return out
 
+    def take_notes(self) -> list[str]:
+        out, self._notes = self._notes, []
+        return out
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _read_ps(body: bytes) -> tuple[list[LoadedModel], int]:
+    """The first MAX_MODELS models of an /api/ps body, and how many it listed."""
+    payload = json.loads(body)
+    listed = payload.get("models") if isinstance(payload, dict) else None
+    return parse_ps(payload, MAX_MODELS), len(listed) if isinstance(listed, list) else 0
 
 
 def _count(v: Any) -> int | None:

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from vramlab.errors import NotFoundError, VramlabError
 from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records.store import ReadProblems
 
 _HEX = re.compile(r"^[0-9a-f]+$")
 _RUN_FIELDS = set(RunRecord.model_fields) - {"run_id"}
@@ -36,6 +37,7 @@ class MemoryStore:
         self._requests: dict[str, list[RequestRecord]] = {}
         self._samples: dict[str, list[SampleRecord]] = {}
         self._events: dict[str, list[EventRecord]] = {}
+        self.read_problems = ReadProblems()  # records are validated on the way in: stays empty
 
     # -- writing -------------------------------------------------------------------------------
 

@@ -12,6 +12,9 @@ Semantics every implementation keeps (tests/test_store.py runs the same tests on
   number of rows written.
 - `get_run` takes an id or a unique hex prefix (NotFoundError otherwise); `list_runs` is newest first.
 - `requests` come back in insertion order, `samples` and `events` by time then insertion order.
+- a stored row the contract refuses (a file edited by hand, a bug's leftovers) never fails a read:
+  it is left out and named in `read_problems`; a run's own row is read with its broken fields
+  emptied, or refused (`get_run`) / left out (`list_runs`) when it cannot be.
 """
 
 from __future__ import annotations
@@ -21,10 +24,33 @@ from typing import Any, Protocol, runtime_checkable
 
 from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
 
+MAX_NAMED = 5  # rows named one by one in a summary; the rest are counted
+
+
+class ReadProblems:
+    """What could not be read, one entry per row or field, with a summary line."""
+
+    def __init__(self) -> None:
+        self.rows: list[str] = []
+
+    def add(self, where: str, why: str) -> None:
+        self.rows.append(f"{where}: {why}"[:240])
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+    def summary(self) -> str:
+        named = "; ".join(self.rows[:MAX_NAMED])
+        more = f"; and {len(self.rows) - MAX_NAMED} more" if len(self.rows) > MAX_NAMED else ""
+        return (
+            f"{len(self.rows)} stored row(s) or field(s) could not be read and were left out: {named}{more}"
+        )
+
 
 @runtime_checkable
 class Store(Protocol):
     url: str
+    read_problems: ReadProblems  # stored rows the reads so far left out (corrupt), named
 
     def create_run(self, run: RunRecord) -> RunRecord: ...
 
@@ -53,4 +79,4 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-__all__ = ["Store"]
+__all__ = ["ReadProblems", "Store"]

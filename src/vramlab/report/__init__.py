@@ -26,9 +26,15 @@ def load_context(store: Store, run_id_or_prefix: str) -> ReportContext:
     from vramlab.report.sections import ReportContext
 
     run = store.get_run(run_id_or_prefix)
-    return ReportContext.build(
-        run, store.requests(run.run_id), store.samples(run.run_id), store.events(run.run_id)
+    requests, samples, events = (
+        store.requests(run.run_id),
+        store.samples(run.run_id),
+        store.events(run.run_id),
     )
+    problems = getattr(store, "read_problems", None)
+    if problems:  # corrupt rows were left out: the report says so where it lists the run's notes
+        run = run.model_copy(update={"notes": [*run.notes, problems.summary()]})
+    return ReportContext.build(run, requests, samples, events)
 
 
 def render(ctx: ReportContext, fmt: str = "md", extra: Sequence[Section] = ()) -> str:

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from vramlab.analysis.run import RunAnalysis, analyze_run
 from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
-from vramlab.report.blocks import Block
+from vramlab.report.blocks import Block, Text
 
 T = TypeVar("T")
 
@@ -43,6 +43,11 @@ class ReportContext:
         if key not in self._memo:
             self._memo[key] = compute()
         return self._memo[key]  # type: ignore[no-any-return]
+
+    @property
+    def problems(self) -> list[str]:
+        """Sections the stored data could not build (a corrupt row past what the store's read caught)."""
+        return self.memo("problems", list)
 
     @property
     def plan(self) -> dict[str, Any]:
@@ -139,13 +144,21 @@ def build_document(ctx: ReportContext, extra: Sequence[Section] = ()) -> Documen
         title=f"vramlab {run.kind} {run.run_id}: {run.name}",
         subtitle=f"status {run.status}{state}",
     )
-    # stable: order kept within each part
-    for section in sorted(registered(extra), key=lambda s: s.appendix):
-        if not section.applies(ctx):
-            continue
-        blocks = section.build(ctx)
-        if not blocks:
-            continue
-        data = section.data(ctx) if section.data is not None else None
-        doc.sections.append(RenderedSection(section.id, section.title, blocks, data, section.appendix))
+    for section in sorted(registered(extra), key=lambda s: s.appendix):  # stable: order kept within each part
+        try:
+            if not section.applies(ctx):
+                continue
+            blocks = section.build(ctx)
+            data = section.data(ctx) if blocks and section.data is not None else None
+        except DATA_ERRORS as exc:  # one section, not the report: the rest still render
+            why = f"section {section.title!r} could not be built from the stored data ({type(exc).__name__}: {exc})"
+            ctx.problems.append(why[:300])
+            blocks, data = [Text(why[:300] + "; the rest of the report is complete.")], None
+        if blocks:
+            doc.sections.append(RenderedSection(section.id, section.title, blocks, data, section.appendix))
     return doc
+
+
+# What a stored value of the wrong shape raises in a section (a row edited by hand, a bug's
+# leftovers); anything else is vramlab's own bug and still ends the command (exit 70).
+DATA_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, ArithmeticError)

@@ -34,20 +34,21 @@ def shade_caption(phases: list[str]) -> str:
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    """About n round tick values covering lo..hi."""
+    """About n round tick values covering lo..hi (none for a range no float can step through:
+    non-finite, or so far from 0 that adding a step changes nothing, as a stored 1e30 would)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return []
     if hi <= lo:
-        hi = lo + 1.0
+        hi = lo + max(1.0, abs(lo) * 1e-6)
     raw = (hi - lo) / n
+    if not math.isfinite(raw) or raw <= 0:
+        return []
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    first = math.floor(lo / step) * step
-    ticks = []
-    t = first
-    while t <= hi + step * 1e-9:
-        if t >= lo - step * 1e-9:
-            ticks.append(round(t, 10))
-        t += step
-    return ticks
+    first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
+    if last - first > 4 * n:  # a step too small for these magnitudes
+        return []
+    return [round(k * step, 10) for k in range(first, last + 1)]
 
 
 def fmt_tick(v: float) -> str:
@@ -58,19 +59,24 @@ def fmt_tick(v: float) -> str:
     return f"{v:g}"
 
 
+def _span(lo: float, hi: float) -> tuple[float, float]:
+    """An axis from lo to hi that floats can divide: hi above lo even where lo is so large (a
+    stored 1e30) that adding 1 changes nothing."""
+    if not hi > lo:
+        hi = lo + max(1.0, abs(lo) * 1e-9)
+    return lo, hi
+
+
 def render_svg(chart: Chart) -> str:
     xs = [x for s in chart.series for x, _ in s.points] + [m.x for m in chart.markers]
-    xs += [v for sh in chart.shades for v in (sh.start, sh.end)]
+    xs = [x for x in xs + [v for sh in chart.shades for v in (sh.start, sh.end)] if math.isfinite(x)]
     ys = [y for s in chart.series for _, y in s.points] + [v for b in chart.bands for v in (b.lo, b.hi)]
+    ys = [y for y in ys if math.isfinite(y)]
     if not xs or not ys:
         return f'<p class="empty">{escape(chart.title)}: no data</p>'
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = (0.0 if chart.y_min_zero else min(ys)), max(ys)
-    if x1 == x0:
-        x0, x1 = x0 - 1, x1 + 1
-    if y1 <= y0:
-        y1 = y0 + 1
-    y1 += (y1 - y0) * 0.05
+    x0, x1 = _span(min(xs) - 1, max(xs) + 1) if min(xs) == max(xs) else _span(min(xs), max(xs))
+    y0, y1 = _span(0.0 if chart.y_min_zero else min(ys), max(ys))
+    y1 = _span(y0, y1 + (y1 - y0) * 0.05)[1]
     pw, ph = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
     def px(x: float) -> float:

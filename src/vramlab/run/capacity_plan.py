@@ -137,8 +137,11 @@ def sim_settings(sim: SimSettings) -> dict[str, Any]:
             name, kind = _SIM_FLAGS[flag]
             try:
                 out[name] = kind(value)
-            except ValueError:
-                pass
+            except ValueError:  # the sim refuses it too: say so before anything starts
+                from vramlab.errors import ConfigError
+
+                want = "a whole number" if kind is int else "a number"
+                raise ConfigError(f"target.sim.extra_args: {flag} {value!r} is not {want}") from None
     return out
 
 

@@ -8,8 +8,10 @@ can tell a run that is still going from one whose process died.
 
 A failed write is an event of the run: it is retried (``retries`` times, backing off), and when the
 store still refuses, ``on_failure`` is called once with the reason (the session stops the load and
-the rollbacks run); the rows not written are counted, never silently dropped. `accounting()` says
-exactly what was received and what the store holds.
+the rollbacks run); the rows not written are counted, never silently dropped: when the run ends
+(or the writer closes) they go to a JSON-lines file beside the working folder (``spool()``:
+``vramlab-unsaved-RUNID.jsonl``, else in the temporary folder), redacted like a store row, and
+`accounting()` says exactly what was received, what the store holds and where the rest went.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Accounting:
     received: dict[str, int]
     written: dict[str, int]
     failure: str | None  # the write error that stopped the run, if any
+    spooled: tuple[str, int] | None = None  # (file, rows) the store refused, written there instead
 
     @property
     def complete(self) -> bool:
@@ -44,7 +47,12 @@ class Accounting:
 
     def line(self) -> str:
         parts = [f"{self.written[k]} of {self.received[k]} {k}" for k in _KINDS]
-        return "stored " + ", ".join(parts)
+        return "stored " + ", ".join(parts) + self.spool_line()
+
+    def spool_line(self) -> str:
+        if self.spooled is None:
+            return ""
+        return f"; the {self.spooled[1]} rows the store refused are in {self.spooled[0]} (JSON lines)"
 
 
 class StoreRecorder:
@@ -78,6 +86,7 @@ class StoreRecorder:
         self._last_beat = 0.0
         self.received = {k: 0 for k in _KINDS}
         self.written = {k: 0 for k in _KINDS}
+        self.spooled: tuple[str, int] | None = None
         self.store_errors: list[str] = []  # writes that failed (each retry counts)
         self.failure: str | None = None  # set once the retries ran out
 
@@ -257,6 +266,8 @@ class StoreRecorder:
             pending = bool(self._requests or self._samples or self._events or self._notes_dirty)
         if pending:
             self.flush()
+        if self.failure is not None:
+            self.spool()  # what the store refused goes to a file, said in the notes and the result
         acct = self.accounting()
         d = ev.data
         status, reason = d["status"], d.get("stop_reason")
@@ -283,7 +294,7 @@ class StoreRecorder:
 
     def accounting(self) -> Accounting:
         with self._lock:
-            return Accounting(dict(self.received), dict(self.written), self.failure)
+            return Accounting(dict(self.received), dict(self.written), self.failure, self.spooled)
 
     def close(self) -> None:
         """Stop the writer thread without a run_end (the run never ended normally)."""
@@ -291,6 +302,38 @@ class StoreRecorder:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self.failure is not None:
+            self.spool()
+
+    def spool(self) -> tuple[str, int] | None:
+        """Write the rows the store refused to a JSON-lines file (the run's row first, then one line
+        per row: {"table": ..., "row": ...}), redacted as the store would; (the file, rows) or None."""
+        import json
+        import os
+        import tempfile
+
+        from vramlab.redact import redact_obj
+
+        with self._lock:
+            rows = [(k, r) for k in _KINDS for r in getattr(self, "_" + k)]
+            if not rows or self.spooled is not None or self.run_id is None:
+                return self.spooled
+            for k in _KINDS:
+                getattr(self, "_" + k).clear()
+        name = f"vramlab-unsaved-{self.run_id}.jsonl"
+        for folder in (os.getcwd(), tempfile.gettempdir()):
+            path = os.path.join(folder, name)
+            try:
+                with open(path, "x", encoding="utf-8") as fh:
+                    fh.write(json.dumps({"run_id": self.run_id, "notes": self.notes}) + "\n")
+                    for table, rec in rows:
+                        row = redact_obj(rec.model_dump(mode="json"))
+                        fh.write(json.dumps({"table": table, "row": row}) + "\n")
+            except OSError:
+                continue
+            self.spooled = (path, len(rows))
+            return self.spooled
+        return None
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:

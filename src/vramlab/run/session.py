@@ -65,6 +65,7 @@ class SessionResult:
     received: dict[str, int] | None = None  # rows the run produced, per table
     stored: dict[str, int] | None = None  # rows the store holds for it, counted back (None: unreadable)
     store_failure: str | None = None  # the write error that stopped the run
+    spooled: tuple[str, int] | None = None  # (file, rows) the store refused, written there instead
 
     @property
     def store_complete(self) -> bool:
@@ -76,14 +77,18 @@ class SessionResult:
         )
 
     def stored_line(self) -> str:
-        """Exactly what the store holds, against what the run produced."""
+        """Exactly what the store holds, against what the run produced, and where the rest went."""
         if self.received is None:
             return ""
-        if self.stored is None:
-            return "the store could not be read back to count what it holds"
-        return "the store holds " + ", ".join(
-            f"{self.stored.get(k, 0)} of {n} {k}" for k, n in self.received.items()
+        spool = (
+            ""
+            if self.spooled is None
+            else f"; the {self.spooled[1]} rows it refused are in {self.spooled[0]}"
         )
+        if self.stored is None:
+            return "the store could not be read back to count what it holds" + spool
+        held = ", ".join(f"{self.stored.get(k, 0)} of {n} {k}" for k, n in self.received.items())
+        return "the store holds " + held + spool
 
     def exit_code(self, recovered: bool = True) -> int:
         """The one exit-code policy (runner.exit_code); *recovered*: a drill's recovery verdict."""
@@ -183,7 +188,7 @@ async def run_recorded(
         stored: dict[str, int] | None = store.count(recorder.run_id)
     except Exception:
         stored = None
-    out = SessionResult(result, store.url, acct.received, stored, acct.failure)
+    out = SessionResult(result, store.url, acct.received, stored, acct.failure, acct.spooled)
     if not out.store_complete and result.status != "failed":
         # No run is reported as completed (or stopped) with fewer rows than it counted.
         out = replace(out, result=replace(result, status="failed"))

@@ -12,11 +12,16 @@ through api_server.py's RequestValidationError handler, not FastAPI's 422):
   objects with a ``type``), or absent/null;
 - ``n`` is an integer of at least 1 (SamplingParams: "n must be at least 1, got {n}."); n > 1 is
   served with n choices, as vLLM does;
+- ``stream``, ``ignore_eos`` and ``stream_options.include_usage`` are booleans as pydantic reads them
+  (true/false, 0/1, "yes"/"no", ...; anything else is a 400, never Python's truth of a string);
+  ``stream_options`` is an object or null; ``temperature`` a finite number of at least 0 and
+  ``top_p`` one in (0, 1] (SamplingParams' checks);
 - a body that cannot be parsed (bad JSON, nesting deeper than the parser allows) is a 400.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -107,9 +112,7 @@ def parse_request(body: Any, chat: bool, model: str, max_model_len: int) -> Pars
         )
     else:
         max_tokens = raw
-    temperature = body.get("temperature")
-    if temperature is not None and (not isinstance(temperature, (int, float)) or temperature < 0):
-        raise ApiError(400, f"temperature must be non-negative, got {temperature!r}.", param="temperature")
+    _check_sampling(body)
     n = body.get("n")
     if n is None:
         n = 1
@@ -119,14 +122,14 @@ def parse_request(body: Any, chat: bool, model: str, max_model_len: int) -> Pars
         raise ApiError(400, f"n must be at least 1, got {n}.", param="n")
     elif n > MAX_N:
         raise ApiError(400, f"n must be at most {MAX_N} in the sim, got {n}.", param="n")
-    opts = body.get("stream_options") or {}
+    opts = _stream_options(body)
     return Parsed(
         chat,
         n_prompt,
         max_tokens,
-        bool(body.get("ignore_eos", False)),
-        bool(body.get("stream", False)),
-        bool(isinstance(opts, dict) and opts.get("include_usage")),
+        _flag(body, "ignore_eos"),
+        _flag(body, "stream"),
+        _flag(opts, "include_usage", "stream_options."),
         key,
         n,
     )
@@ -140,6 +143,53 @@ def prompt_tokens_of(body: dict[str, Any], chat: bool) -> list[str]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     return text_tokens(prompt) if isinstance(prompt, str) else [str(t) for t in prompt]
+
+
+# What pydantic (vLLM's request models) reads as a boolean in lax mode; anything else is a 400, not
+# Python's truth (bool("false") is True: `"stream": "false"` streamed).
+_TRUE = frozenset(("true", "1", "yes", "on", "t", "y"))
+_FALSE = frozenset(("false", "0", "no", "off", "f", "n"))
+
+
+def _flag(doc: dict[str, Any], name: str, where: str = "") -> bool:
+    value = doc.get(name)
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ApiError(
+        400, f"1 validation error: {where}{name}: Input should be a valid boolean, got {value!r}", param=name
+    )
+
+
+def _stream_options(body: dict[str, Any]) -> dict[str, Any]:
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise ApiError(
+            400,
+            "1 validation error: stream_options: Input should be a valid dictionary",
+            param="stream_options",
+        )
+    return opts or {}
+
+
+def _check_sampling(body: dict[str, Any]) -> None:
+    """temperature and top_p as vLLM's SamplingParams checks them (a 400 otherwise)."""
+    temperature = body.get("temperature")
+    if temperature is not None and (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature < 0
+    ):
+        raise ApiError(400, f"temperature must be non-negative, got {temperature!r}.", param="temperature")
+    top_p = body.get("top_p")
+    if top_p is not None and (
+        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
+    ):  # vLLM's SamplingParams: "top_p must be in (0, 1], got {top_p}."
+        raise ApiError(400, f"top_p must be in (0, 1], got {top_p!r}.", param="top_p")
 
 
 def tokenize_answer(body: Any, model: str, max_model_len: int) -> dict[str, Any]:

@@ -79,6 +79,7 @@ class SimProcess:
     log_path: Path
     url: str = ""
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
+    err_path: Path | None = None  # the process's stderr: why it refused to start (a bad flag, a taken port)
 
     @property
     def pid(self) -> int:
@@ -91,6 +92,17 @@ class SimProcess:
     def log_text(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def err_tail(self, nbytes: int = 4096) -> str:
+        """The end of what the process wrote on stderr (vramlab's own one-line errors land there)."""
+        if self.err_path is None:
+            return ""
+        try:
+            with open(self.err_path, "rb") as fh:
+                fh.seek(max(0, os.fstat(fh.fileno()).st_size - nbytes))
+                return fh.read().decode("utf-8", "replace")
         except OSError:
             return ""
 
@@ -141,15 +153,17 @@ def start_sim(
         argv += ["--device", device]
     argv += ["--port", str(port), "--log-file", log_path]
     Path(log_path).touch()
+    err_path = Path(log_path).with_name(Path(log_path).name + ".stderr")
     cmd = [sys.executable, "-m", "vramlab", "sim", "serve", *argv]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-        start_new_session=True,
-    )
-    sim = SimProcess(proc, Path(log_path), _tmp=tmp)
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+    sim = SimProcess(proc, Path(log_path), _tmp=tmp, err_path=err_path)
     if wait_ready:
         _wait_ready(sim, timeout_s)
     return sim
@@ -159,8 +173,8 @@ def _wait_ready(sim: SimProcess, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         code = sim.poll()
-        if code is not None:
-            tail = "\n".join(sim.log_text().splitlines()[-20:])
+        if code is not None:  # its stderr last: a refused flag or a taken port says why there
+            tail = "\n".join([*sim.log_text().splitlines()[-20:], *sim.err_tail().splitlines()[-5:]])
             raise SimStartError(f"the sim exited with code {code} before it was ready", code, tail)
         if not sim.url:
             m = _URL.search(sim.log_text())

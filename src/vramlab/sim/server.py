@@ -108,8 +108,16 @@ class SimServer:
     async def _listen(self) -> None:
         from aiohttp import web
 
+        from vramlab.errors import ConfigError
+
         site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # the port is taken, the host is not this machine's: the user's to fix
+            raise ConfigError(
+                f"cannot listen on {self.cfg.host}:{self.cfg.port}: {exc.strerror or exc}"
+                + (" (another server holds the port; --port 0 picks a free one)" if exc.errno == 98 else "")
+            ) from None
         sock = site._server.sockets[0]  # type: ignore[union-attr]
         self.port = sock.getsockname()[1]
         if self.cfg.engine == "vllm":

@@ -57,6 +57,9 @@ class EngineLog:
         self.raw("\n".join(self._prefix(level, where) + part for part in msg.split("\n")))
 
     def raw(self, text: str) -> None:
+        from vramlab.redact import redact
+
+        text = redact(text)  # the log is an output too: a URL's password or a key never reaches it
         self.lines.append(text)
         for out in (self.stream, self.file):
             if out is not None:

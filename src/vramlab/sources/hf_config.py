@@ -13,6 +13,7 @@ from typing import Any
 from vramlab.capacity.spec import ModelSpec, VisionTower
 from vramlab.capacity.validation import check_config_flags, check_config_numbers
 from vramlab.errors import ConfigError
+from vramlab.sources.config_checks import check_heads, check_quant_config, mlp_width
 from vramlab.sources.hf_quant import quant_spec
 
 # torch's dtype names a config.json may carry ("auto" too); anything else is a broken config.
@@ -236,6 +237,7 @@ def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str
     c = _merged(config)
     check_config_numbers(c, name)
     check_config_flags(config, name)  # a multimodal config's top level too (text_config wins in c)
+    check_quant_config(c, name)
     archs = c.get("architectures") or [""]
     arch = str(archs[0]) if isinstance(archs, list) and archs else str(archs)
     model_type = str(c.get("model_type") or "").lower() or arch.lower().replace("forcausallm", "")
@@ -256,6 +258,7 @@ def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str
     heads = int(heads)
     if kv is None:
         kv = 1 if c.get("multi_query") else heads
+    check_heads(name, heads, kv)
     head_dim = int(head_dim) if head_dim else hidden // heads
     vocab = _need(c, name, "vocab_size", "padded_vocab_size", "n_vocab")
     torch_dtype = str(_first(c, "torch_dtype", "dtype", default="bfloat16")).replace("torch.", "")
@@ -267,11 +270,7 @@ def _spec_from_config(config: dict[str, Any], name: str, source: str, hf_id: str
     if torch_dtype not in ("bfloat16", "float16", "float32"):
         torch_dtype = "bfloat16"
 
-    inter = int(
-        _first(
-            c, "intermediate_size_mlp", "intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden
-        )
-    )
+    inter = mlp_width(c, name, model_type, hidden)
     kinds = _layer_kinds(c, layers, model_type)
 
     n_experts = int(

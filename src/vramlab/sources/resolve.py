@@ -12,6 +12,7 @@ from pathlib import Path
 
 from vramlab.capacity.spec import ModelSpec
 from vramlab.errors import ConfigError, unknown
+from vramlab.infile import exists
 
 
 def resolve_model(
@@ -32,7 +33,7 @@ def resolve_model(
     if not text:
         raise ConfigError("no model given")
     path = Path(text).expanduser()
-    if path.exists():
+    if exists(path):
         return spec_from_path(path)
 
     from vramlab.sources.catalog import load_catalog

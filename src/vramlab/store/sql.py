@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from pydantic import TypeAdapter
 
 from vramlab.errors import NotFoundError, VramlabError
 from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records.store import ReadProblems
 from vramlab.redact import redact, redact_obj
 from vramlab.store import schema
 from vramlab.store.migrations import migrate
+from vramlab.store.rows import decode_json, records, run_record
 from vramlab.store.url import describe_url
 
 _HEX = re.compile(r"^[0-9a-f]+$")
@@ -86,25 +86,6 @@ def make_engine(url: str) -> sa.Engine:
     return sa.create_engine(url, pool_pre_ping=True)
 
 
-@functools.cache
-def _list_adapter(model: Any) -> TypeAdapter[Any]:
-    return TypeAdapter(list[model])
-
-
-def _from_rows(model: Any, rows: list[dict[str, Any]]) -> list[Any]:
-    """Records from stored rows through pydantic's public API, no private attribute touched.
-
-    Validating a whole batch at once costs ~9 us a row (a 100k-request report reads in about a
-    second), less than model_construct one row at a time; rows missing a field (an older schema)
-    go through model_construct, which fills the defaults.
-    """
-    if not rows:
-        return []
-    if rows[0].keys() != model.model_fields.keys():
-        return [model.model_construct(**row) for row in rows]
-    return _list_adapter(model).validate_python(rows)  # type: ignore[no-any-return]
-
-
 def _reason(exc: BaseException) -> str:
     """The driver's own first line, without SQLAlchemy's statement and parameters (a plan can be in them)."""
     orig = getattr(exc, "orig", None)
@@ -133,6 +114,12 @@ class StoreWriteError(VramlabError):
     """The store refused a write (full, read-only, locked too long, gone)."""
 
 
+class StoreRowError(VramlabError):
+    """A run's own stored row is corrupt past reading (exit 1: the store is there, the row is not whole)."""
+
+    exit_code = 1
+
+
 def _sqlite_file(url: str) -> str | None:
     """The absolute path of a SQLite store's file; None for any other store."""
     if not url.startswith("sqlite:///"):
@@ -149,8 +136,10 @@ class _FileGuard:
     made read-only or immutable mid-run fails writes only when SQLite next touches the main file
     (the WAL may take rows for a while). So before every write the path is checked: the same file
     (``st_dev``/``st_ino`` as at open), still there, still writable for this process (``access(2)``:
-    the mode for a user, the immutable flag and a read-only mount for root too). A failed check is
-    a refused write, as a full disk is: the writer retries, then stops the run.
+    the mode for a user, the immutable flag and a read-only mount for root too), and so are its
+    ``-wal`` and ``-shm`` (SQLite maps the ``-shm``: growing one made immutable killed the process
+    with SIGBUS). A failed check is a refused write, as a full disk is: the writer retries, then
+    stops the run.
     """
 
     def __init__(self, path: str) -> None:
@@ -170,6 +159,9 @@ class _FileGuard:
             return "its file was replaced by another while the run wrote to it"
         if not os.access(self.path, os.W_OK):
             return "its file became read-only while the run wrote to it"
+        for side in ("-wal", "-shm"):  # SQLite maps -shm: growing one made immutable is a SIGBUS
+            if os.path.exists(self.path + side) and not os.access(self.path + side, os.W_OK):
+                return f"its {side} file became read-only while the run wrote to it"
         return None
 
     def moved(self) -> bool:
@@ -182,9 +174,10 @@ class _FileGuard:
 
 
 def _count_file(path: str, run_id: str) -> dict[str, int]:
-    """What the file now at *path* holds for a run: nothing when it is gone or not a store. Read with
-    ``immutable=1``: the ``-wal`` beside it is the old file's, and SQLite would read its pages over
-    the new file's (rows that are in neither)."""
+    """What the file now at *path* holds for a run, read as any later reader (`vramlab report`) reads
+    it: the main file with the write-ahead log beside it, which SQLite applies (a copy of the store
+    put back in its place reads with the old file's log: the rows are there, and are counted).
+    Nothing when it is gone or not a store."""
     import sqlite3
     from urllib.parse import quote
 
@@ -192,7 +185,7 @@ def _count_file(path: str, run_id: str) -> dict[str, int]:
     if not os.path.isfile(path):
         return out
     try:
-        con = sqlite3.connect(f"file:{quote(path)}?mode=ro&immutable=1", uri=True, timeout=2)
+        con = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=2)
     except sqlite3.Error:
         return out
     try:
@@ -207,8 +200,19 @@ def _count_file(path: str, run_id: str) -> dict[str, int]:
     return out
 
 
-def _run_record(row: Any) -> RunRecord:
-    return RunRecord.model_validate({k: v for k, v in row.items() if k not in schema.LIVENESS_COLUMNS})
+def _columns(table: sa.Table) -> list[Any]:
+    """The row's columns as read: JSON ones as their stored text (parsed per row by store.rows, so
+    one that is not JSON costs its row, not the read), `seq` as `_seq` (to name a corrupt row)."""
+    out: list[Any] = [table.c.seq.label("_seq")] if "seq" in table.c else []
+    for c in table.c:
+        if c.name == "seq" or c.name in schema.LIVENESS_COLUMNS:
+            continue
+        out.append(sa.cast(c, sa.Text).label(c.name) if isinstance(c.type, sa.JSON) else c)
+    return out
+
+
+def _json_names(table: sa.Table) -> tuple[str, ...]:
+    return tuple(c.name for c in table.c if isinstance(c.type, sa.JSON))
 
 
 class SqlStore:
@@ -226,6 +230,7 @@ class SqlStore:
         except sa.exc.DBAPIError as exc:  # not a database, unreadable, read-only, unreachable
             self.engine.dispose()
             raise VramlabError(f"cannot open the store at {describe_url(url)}: {_reason(exc)}") from None
+        self.read_problems = ReadProblems()  # rows a read left out (vramlab.store.rows)
         path = _sqlite_file(url)
         self._guard = _FileGuard(path) if path is not None and os.path.isfile(path) else None
 
@@ -252,6 +257,7 @@ class SqlStore:
         unknown = set(fields) - _RUN_FIELDS
         if unknown:
             raise ValueError(f"update_run: unknown or read-only fields {sorted(unknown)}")
+        self._check_file()  # before the read too: reading through an immutable -shm is a SIGBUS
         current = self.get_run(run_id, exact=True)
         updated = RunRecord.model_validate({**current.model_dump(), **fields})
         values = {k: redact_obj(getattr(updated, k)) for k in fields}
@@ -320,6 +326,11 @@ class SqlStore:
         cannot be read there again)."""
         if self._guard is not None and self._guard.moved():
             return _count_file(self._guard.path, run_id)
+        why = self._guard.problem() if self._guard is not None else None
+        if why is not None and ("-shm" in why or "-wal" in why):
+            # the rows in the log cannot be read from here: "could not be read back", not a false count
+            self._abandon_connections()
+            raise VramlabError(f"cannot count what the store at {describe_url(self.url)} holds: {why}")
         out = {}
         with _reading(self.url), self.engine.connect() as conn:
             for t in schema.RUN_TABLES:
@@ -343,29 +354,45 @@ class SqlStore:
         col = schema.runs.c.run_id
         cond = col == key if exact else col.like(key + "%")
         with _reading(self.url), self.engine.connect() as conn:
-            rows = conn.execute(sa.select(schema.runs).where(cond).order_by(col).limit(6)).mappings().all()
+            rows = [
+                dict(r)
+                for r in conn.execute(sa.select(*_columns(schema.runs)).where(cond).order_by(col).limit(6))
+                .mappings()
+                .all()
+            ]
         if not rows:
             raise NotFoundError(f"no run {id_or_prefix!r} in {describe_url(self.url)} (see `vramlab runs`)")
         if len(rows) > 1:
             exact_hit = [r for r in rows if r["run_id"] == key]
             if exact_hit:
-                return _run_record(exact_hit[0])
+                return self._run(exact_hit[0])
             ids = ", ".join(r["run_id"] for r in rows[:5])
             more = ", ..." if len(rows) > 5 else ""
             raise NotFoundError(
                 f"run id prefix {id_or_prefix!r} is ambiguous: {ids}{more}; give more characters"
             )
-        return _run_record(rows[0])
+        return self._run(rows[0])
+
+    def _run(self, row: dict[str, Any]) -> RunRecord:
+        run = run_record(decode_json(row, _json_names(schema.runs)), self.read_problems)
+        if run is None:
+            raise StoreRowError(
+                f"run {row.get('run_id')} cannot be read from {describe_url(self.url)}: "
+                + self.read_problems.rows[-1].split(": ", 1)[-1]
+            )
+        return run
 
     def list_runs(self, limit: int = 50, kind: str | None = None) -> list[RunRecord]:
         """Runs, newest first."""
-        q = sa.select(schema.runs).order_by(schema.runs.c.started_at.desc(), schema.runs.c.run_id)
+        q = sa.select(*_columns(schema.runs)).order_by(schema.runs.c.started_at.desc(), schema.runs.c.run_id)
         if kind is not None:
             q = q.where(schema.runs.c.kind == kind)
         if limit:
             q = q.limit(limit)
+        names = _json_names(schema.runs)
         with _reading(self.url), self.engine.connect() as conn:
-            return [_run_record(r) for r in conn.execute(q).mappings()]
+            rows = [decode_json(dict(r), names) for r in conn.execute(q).mappings()]
+        return [run for run in (run_record(r, self.read_problems) for r in rows) if run is not None]
 
     def requests(self, run_id: str) -> list[RequestRecord]:
         return self._read(schema.requests, RequestRecord, run_id, order=[schema.requests.c.seq])
@@ -382,11 +409,24 @@ class SqlStore:
     def _read(
         self, table: sa.Table, model: Any, run_id: str, order: Iterable[Any], where: Iterable[Any] = ()
     ) -> list[Any]:
-        cols = [c for c in table.c if c.name != "seq"]
-        q = sa.select(*cols).where(table.c.run_id == run_id, *where).order_by(*order)
-        names = [c.name for c in cols]
+        q = sa.select(*_columns(table)).where(table.c.run_id == run_id, *where).order_by(*order)
+        names = _json_names(table)
         with _reading(self.url), self.engine.connect() as conn:
-            return _from_rows(model, [dict(zip(names, r, strict=True)) for r in conn.execute(q)])
+            rows = [decode_json(dict(r), names) for r in conn.execute(q).mappings()]
+        return records(model, rows, f"{table.name} of run {run_id}", self.read_problems)
+
+    def _abandon_connections(self) -> None:
+        """Never touch the file through this store's connections again. Its ``-shm`` is mapped into
+        this process and can no longer be written (made immutable): any access, closing included
+        (SQLite checkpoints as the last connection closes), faults with SIGBUS and kills the process
+        before it can say what it kept. The pool is dropped without closing its connections and given
+        one reference that is never released, so no finalizer closes them, at exit either; the
+        ``-wal`` stays beside the file for the next reader to apply."""
+        import ctypes
+
+        pool = self.engine.pool
+        self.engine.dispose(close=False)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(pool))
 
     def close(self) -> None:
         self.engine.dispose()

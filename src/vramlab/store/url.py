@@ -18,12 +18,20 @@ def resolve_url(url: str | None = None) -> str:
     Plain paths become SQLite files (parent folders created); `postgresql://` and `postgres://`
     become `postgresql+psycopg://` (psycopg 3).
     """
+    if url is not None and not url.strip():  # given, and empty: an unset variable, not "the default"
+        raise ConfigError("an empty store: give a file path, sqlite:///PATH or postgresql://...")
     raw = (url or os.environ.get(ENV_VAR) or DEFAULT_PATH).strip()
     if raw.startswith(("postgresql://", "postgres://")):
         return "postgresql+psycopg://" + raw.split("://", 1)[1]
     if raw.startswith("postgresql+"):
         return raw
     if raw.startswith("sqlite:"):
+        if not raw.startswith("sqlite:///") and raw not in ("sqlite:", "sqlite://"):
+            rest = raw.split(":", 1)[1].lstrip("/")
+            raise ConfigError(
+                f"store URL {raw!r}: a SQLite URL has three slashes before a relative path and four "
+                f"before an absolute one (sqlite:///{rest} or sqlite:////{rest}), or give the path alone"
+            )
         path = raw.split(":///", 1)[1] if ":///" in raw else ""
     elif "://" in raw:
         scheme = raw.split("://", 1)[0]

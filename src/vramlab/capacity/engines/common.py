@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from vramlab.capacity import defaults
+from vramlab.capacity import defaults, devices
 from vramlab.capacity import kv as kvmod
 from vramlab.capacity import weights as wmod
 from vramlab.capacity.constants import Constants
@@ -47,8 +47,9 @@ class Context:
             and self.settings.engine in ("vllm", "sglang", "tgi")
         ):
             self.dtype = "float16"  # no bf16 before Ampere: the serving engines cast to float16 under `auto`
+        devices.check_target(self.gpu, self.settings)
         self.total = self.gpu.memory_bytes
-        self.other = max(0, self.settings.other_processes_bytes)
+        self.other = devices.held_before_start(self.gpu, self.settings)  # the OS's share on unified memory
 
     def layer_range(self, stage: int = 0) -> range:
         split = wmod.pp_layer_split(self.model.num_layers, self.pp)
@@ -87,7 +88,10 @@ class Context:
     def mxfp4_layout(self) -> str:
         """The MXFP4 MoE backend vLLM picks by card (`get_mxfp4_backend`): Marlin on NVIDIA cards below Blackwell,
         FlashInfer on Blackwell. Hopper runs Marlin unless triton_kernels is installed (`mxfp4_hopper_triton_bytes`
-        widens the band to that layout). Other engines and vendors keep the FlashInfer padding."""
+        widens the band to that layout). llama.cpp and Ollama load ggml's unpadded blocks; SGLang and other vendors keep
+        the FlashInfer padding."""
+        if self.settings.engine in ("llama.cpp", "ollama"):
+            return "gguf"
         if self.settings.engine != "vllm" or self.gpu.vendor != "nvidia" or self.gpu.arch == "blackwell":
             return "flashinfer"
         return "marlin"
@@ -178,6 +182,10 @@ class Context:
         name = self.gpu.name
         if self.settings.gpu_p2p is False:
             return False
+        if (
+            self.gpu.nvswitch is not None
+        ):  # the catalog says (PCIe RTX PRO, MIG slices, unified machines, H20)
+            return self.gpu.nvswitch
         return name.startswith(SXM_FAMILIES) and not any(tag in name for tag in ("pcie", "nvl"))
 
     def nccl_component(self, note: str, in_budget: bool = True) -> Component:

@@ -31,6 +31,7 @@ from vramlab.capacity.engines.common import Context, PolicyResult
 from vramlab.capacity.engines.llamacpp_graph import compute_buffer, graph_phases
 from vramlab.capacity.estimate import EXACT, FORMULA, Component, Limits, band
 from vramlab.capacity.kv import bytes_per_token_layer
+from vramlab.capacity.spec import dtype_bytes
 from vramlab.errors import ConfigError
 from vramlab.units import gib
 
@@ -165,8 +166,14 @@ def weights_on_device(ctx: Context) -> Component:
         )
     if ctx.model.tie_word_embeddings:
         return weights
-    # The input embedding stays in host memory (the CPU_Mapped buffer): only a row lookup.
-    per_param = weights.bytes / max(1, _params(ctx))
+    # The input embedding stays in host memory (the CPU_Mapped buffer): only a row lookup. A checkpoint quantized
+    # apart from its embedding (gpt-oss's MXFP4 experts) keeps it at the unquantized width, not the average.
+    q = ctx.quant
+    per_param = (
+        dtype_bytes(ctx.dtype)
+        if q is not None and q.method != "gguf" and not q.quantize_embedding
+        else weights.bytes / max(1, _params(ctx))
+    )
     host = int(ctx.model.vocab_size * ctx.model.hidden_size * per_param)
     return band(
         "weights",

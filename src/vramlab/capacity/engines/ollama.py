@@ -34,7 +34,7 @@ from vramlab.capacity import gguf_mix
 from vramlab.capacity.engines import llamacpp_placement as place
 from vramlab.capacity.engines import ollama_server as server
 from vramlab.capacity.engines.common import Context, PolicyResult
-from vramlab.capacity.engines.ollama_graph import BATCH, graph_sizes, projector
+from vramlab.capacity.engines.ollama_graph import BATCH, flash_attention, graph_sizes, projector
 from vramlab.capacity.estimate import FORMULA, Component, Limits, band
 
 MIB = 1 << 20
@@ -215,14 +215,8 @@ def resolve(ctx: Context) -> tuple[int, int, str, bool, list[str]]:
             f"Ollama uses {trained}"
         )
         num_ctx = trained
-    flash = (
-        bool(s.flash_attn)
-        and ctx.gpu.arch not in ("pascal",)
-        and m.head_dim == m.value_head_dim
-        and not m.is_mla
-    )
-    if s.flash_attn and not flash:
-        notes.append("flash attention enabled but not supported by model (or card): KV stays f16")
+    flash, flash_notes = flash_attention(ctx)
+    notes += flash_notes
     requested = (s.kv_cache_dtype or "").lower()
     kv_type = requested if flash and requested in ("q8_0", "q4_0") else "f16"
     if requested in ("q8_0", "q4_0") and not flash:

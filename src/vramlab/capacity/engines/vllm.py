@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from vramlab.capacity import pool
+from vramlab.capacity import devices, pool
 from vramlab.capacity.defaults import vllm_window_off
 from vramlab.capacity.engines.common import Context, PolicyResult, pick
 from vramlab.capacity.engines.vllm_activation import activation_component, stage0_encoder
@@ -138,6 +138,10 @@ def non_torch_component(ctx: Context, setup: Setup) -> Component:
         seen = max(seen, PP_PCIE_UNEXPLAINED_SEEN)
     if seen:
         note += "; band widened up to what logs of this era and interconnect left (unknown term)"
+    cache = devices.page_cache_band_bytes(ctx.gpu, ctx.settings, ctx.weights()[0])
+    if cache:
+        seen += cache
+        note += "; on unified memory up to the checkpoint's size more: page cache read in while loading is MemFree gone"
     return Component(
         part.name,
         part.bytes,
@@ -357,6 +361,10 @@ def plan_notes(ctx: Context, setup: Setup, first_layout: pool.PoolLayout) -> lis
             "planned as the sort, band widened to FlashInfer's; pass --flashinfer-sampler on|off"
         )
     notes += [f"unknown term, band widened: {why}" for why in setup.unknown_terms]
+    if ctx.settings.limit_mm_per_prompt and ctx.model.vision is None and not ctx.model.vision_params:
+        notes.append(  # vLLM reads the limits only for a model with a multimodal processor
+            "--limit-mm-per-prompt changes nothing here: the model takes text only (no vision tower)"
+        )
     return notes
 
 

@@ -151,8 +151,10 @@ SAMPLER_KEYS = {
 def nvls(ctx: Context) -> bool:
     """NCCL NVLink-SHARP buffers exist on NVSwitch systems of Hopper and Blackwell cards."""
     gpu = ctx.gpu
-    if ctx.settings.gpu_p2p is False:
+    if ctx.settings.gpu_p2p is False or gpu.nvswitch is False:
         return False
+    if gpu.nvswitch:
+        return gpu.arch in ("hopper", "blackwell")
     return gpu.arch in ("hopper", "blackwell") and "pcie" not in gpu.name and gpu.nominal_gb >= 80
 
 
