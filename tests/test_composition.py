@@ -206,7 +206,7 @@ def test_the_sims_own_composition_comes_back_within_one_percent(sim_run) -> None
     with open_store(db) as store:
         ctx = load_context(store, run_id)
     comp = composition_of(ctx)
-    assert comp.plan is not None and comp.plan["engine"] == "vllm" and comp.startup is not None
+    assert comp.plan is not None and comp.plan.engine == "vllm" and comp.startup is not None
     last = comp.rows[-1]  # recovery: the activation workspace the heaviest step reserved is still held
     expect = {
         "resident_model": truth["weights"],

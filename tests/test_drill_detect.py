@@ -5,7 +5,7 @@ from __future__ import annotations
 from _narrow import some
 from vramlab.drill.detect import Detector
 from vramlab.drill.herd import HerdMonitor
-from vramlab.experiment.plan import StopConditions
+from vramlab.plandoc import StopConditions
 
 
 def _det(**kw) -> Detector:

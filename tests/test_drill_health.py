@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from vramlab.drill.health import discover_health
-from vramlab.drill.plan import RecoverySpec
 from vramlab.drill.recovery import LiveState, recover
 from vramlab.load.stub import StubBehaviour, StubServer
+from vramlab.observe.health import discover_health
+from vramlab.plandoc import RecoverySpec
 
 
 def test_a_server_without_health_is_up_and_answers_on_v1_models():

@@ -11,9 +11,10 @@ import pytest
 import yaml
 
 from vramlab.drill.kind import DrillKind
-from vramlab.drill.plan import RecoverySpec, parse_plan
+from vramlab.drill.plan import parse_plan
 from vramlab.drill.recovery import LiveState, recover
 from vramlab.drill.start import run_drill_kind
+from vramlab.plandoc import RecoverySpec
 from vramlab.store import open_store
 
 ROOT = Path(__file__).resolve().parents[1]

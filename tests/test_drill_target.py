@@ -287,8 +287,8 @@ def test_sigterm_escalates_to_sigkill_after_the_stated_grace(tmp_path):
 def test_a_restart_that_failed_is_not_credited_as_mitigation():
     import asyncio
 
-    from vramlab.drill.plan import RecoverySpec
     from vramlab.drill.recovery import LiveState, recover
+    from vramlab.plandoc import RecoverySpec
 
     class Refuses:
         last_stop = None

@@ -234,7 +234,7 @@ def test_drill_helpers_build_declared_data():
     from vramlab.drill.colocation import StartResult
     from vramlab.drill.detect import Detector
     from vramlab.drill.watch import FINDING_EVENTS
-    from vramlab.experiment.plan import StopConditions
+    from vramlab.plandoc import StopConditions
 
     for knob in ("context", "balloon", "concurrency"):
         acc = predict(

@@ -292,7 +292,7 @@ def test_lessons_and_recovery_verdict_say_what_the_headline_says_when_p95_never_
 def test_an_alert_firing_before_t0_keeps_its_sign_where_the_table_shows_it():
     """The JSON's alerts[].since_t0_s is the same signed figure as the report's alert table: an alert
     already firing before the failure is negative there (it was clamped to 0 before)."""
-    from vramlab.report.incident import since_t0
+    from vramlab.report.incident_text import since_t0
 
     reqs, samples, events = _timeline()
     events = [*events, _ev(9.5, "alert", name="KvHigh", state="firing", source="evaluated")]

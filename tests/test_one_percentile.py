@@ -13,7 +13,7 @@ import pytest
 
 from vramlab.analysis.stats import Window
 from vramlab.analysis.windows import summarize_window
-from vramlab.experiment.plan import StopConditions
+from vramlab.plandoc import StopConditions
 from vramlab.records import RequestRecord
 from vramlab.records.stats import percentile
 from vramlab.run.stop import StopMonitor

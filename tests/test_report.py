@@ -12,7 +12,7 @@ import _synthetic_run as synth
 from _narrow import some, stand_in
 from vramlab.report import load_context, render
 from vramlab.report.blocks import Text
-from vramlab.report.sections import _REGISTRY, ReportContext, Section, register
+from vramlab.report.sections import ReportContext, Section
 from vramlab.store import open_store
 
 
@@ -158,23 +158,22 @@ def test_run_without_requests_renders():
     assert "No requests were stored for this run." in md and "## Charts" not in md
 
 
-def test_registry_adds_sections_for_drills_only():
+def test_a_caller_adds_sections_for_drills_only_and_for_its_document_only():
     def build(ctx):
         return [Text(f"incident for {ctx.run.run_id}: {len(ctx.requests)} requests")]
 
-    register(
+    mine = [
         Section("test-incident", "Test incident", build, order=15, applies=lambda c: c.run.kind == "drill")
-    )
-    try:
-        run, reqs, samples, events = synth.build()
-        md_exp = render(ReportContext.build(run, reqs, samples, events), "md")
-        drill = run.model_copy(update={"kind": "drill"})
-        md_drill = render(ReportContext.build(drill, reqs, samples, events), "md")
-    finally:
-        _REGISTRY.pop("test-incident")
+    ]
+    run, reqs, samples, events = synth.build()
+    md_exp = render(ReportContext.build(run, reqs, samples, events), "md", extra=mine)
+    drill = run.model_copy(update={"kind": "drill"})
+    md_drill = render(ReportContext.build(drill, reqs, samples, events), "md", extra=mine)
     assert "Test incident" not in md_exp
     assert "## Test incident\n\nincident for 7f3a91bc: 315 requests" in md_drill
     assert md_drill.index("## Summary") < md_drill.index("## Test incident") < md_drill.index("## Plan")
+    # nothing stays behind: the next document holds only the built-in sections
+    assert "Test incident" not in render(ReportContext.build(drill, reqs, samples, events), "md")
 
 
 def test_notes_said_once_and_warnings_kept_apart():
@@ -251,3 +250,24 @@ def test_host_cpu_and_engine_rss_are_in_the_report_not_only_in_json():
     )
     assert host_line(ctx) == "Host (sampled): CPU max 97 %, engine process RSS max 1.50 GiB"
     assert host_line(stand_in(samples=[smp("gpu.memory_used_bytes", 1, 9.0)])) is None
+
+
+def test_the_too_few_rounds_warning_is_said_once():
+    from vramlab.records import EventRecord
+
+    run, reqs, samples, events = synth.build()
+    said = EventRecord(
+        run_id=run.run_id, t_s=0.1, kind="warning", message="rounds: 1 is fewer than 3; a one-off"
+    )
+    full = ReportContext.build(run, reqs, samples, [*events, said])
+    one = ReportContext.build(
+        run,
+        [r for r in reqs if r.round == 1],
+        samples,
+        [e for e in [*events, said] if e.round in (None, 1)],
+    )
+    assert not full.analysis.few_rounds and one.analysis.few_rounds
+    # three rounds stored: the event is the only one to say it; one round: the analysis says it already
+    assert "rounds: 1 is fewer than 3" in render(full, "md").split("## Warnings", 1)[1].split("\n## ", 1)[0]
+    warned = render(one, "md").split("## Warnings", 1)[1].split("\n## ", 1)[0]
+    assert "only 1 round(s)" in warned and "rounds: 1 is fewer than 3" not in warned

@@ -235,7 +235,7 @@ def test_colocation_headline_counts_the_refusals_the_table_shows(drills):
 
 def test_time_to_alert_reads_on_the_alert_tables_clock():
 
-    from vramlab.report.incident import alert_clock
+    from vramlab.report.incident_text import alert_clock
 
     early = stand_in(
         t0_s=10.0,
@@ -304,7 +304,6 @@ def test_two_moments_printed_alike_print_the_same_t0_offset():
     """CI once printed two alert rows at t 7.63 s, one at T0 +0.37 and one at +0.38: each offset was
     rounded from the unrounded difference. The relative clock is the difference of the printed
     moments, and every duration from T0 (detect, alert, recover) reads on that same clock."""
-    from types import SimpleNamespace
 
     from vramlab.report.incident_text import alert_clock, from_t0, recovery_text, since_t0
 
@@ -313,7 +312,9 @@ def test_two_moments_printed_alike_print_the_same_t0_offset():
     assert since_t0(a, t0) == since_t0(b, t0) == "+0.38"
     assert from_t0(a - t0, t0) == 0.38 and from_t0(None, t0) is None and from_t0(0.372, None) == 0.372
     assert alert_clock(stand_in(t0_s=t0, time_to_alert_s=a - t0, alerts=[])) == "0.38 s"
-    rec = SimpleNamespace(
+    from vramlab.analysis.aftermath import Recovery
+
+    rec = Recovery(
         recovered=True,
         first_success_s=a - t0,
         health_failed=False,

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from vramlab.experiment.kind import ExperimentKind, RunOptions
-from vramlab.experiment.plan import RollbackCommand, StopConditions, parse_plan
+from vramlab.experiment.plan import parse_plan
 from vramlab.load.stub import StubBehaviour, StubServer
+from vramlab.plandoc import RollbackCommand, StopConditions
 from vramlab.records import RequestRecord, RunRecord
 from vramlab.records.memory import MemoryStore
 from vramlab.run.events import Event, EventHook

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from vramlab.drill.detect import Detector
 from vramlab.experiment.kind import ExperimentKind, RunOptions
-from vramlab.experiment.plan import StopConditions, parse_plan
+from vramlab.experiment.plan import parse_plan
 from vramlab.load.stub import StubBehaviour, StubServer
+from vramlab.plandoc import StopConditions
 from vramlab.run.events import EventHook
 from vramlab.run.recorder import StoreRecorder
 from vramlab.run.runner import Runner

@@ -1,8 +1,8 @@
-"""One GiB formatter (vramlab.capacity.units) for the reports, the plan text and pack's table."""
+"""One GiB formatter (vramlab.units) for the reports, the plan text and pack's table."""
 
 from __future__ import annotations
 
-from vramlab.capacity.units import GIB, MIB, gib, to_gib
+from vramlab.units import GIB, MIB, gib, to_gib
 
 
 def test_gib_formats_with_the_unit_and_the_missing_mark() -> None:
@@ -21,7 +21,7 @@ def test_renderers_share_it() -> None:
 
 
 def test_one_gib_constant_in_src():
-    # GIB was defined 13 times; every module now imports vramlab.units' one (capacity.units re-exports it)
+    # GIB was defined 13 times; every module imports vramlab.units' one
     import re
     from pathlib import Path
 

@@ -23,11 +23,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from vramlab.analysis.saturation import Saturation, StepSignals, request_shape, saturation
-from vramlab.records import EventRecord, RequestRecord, SampleRecord
-from vramlab.records.events import EventKind, capacity_plan_data, fault_data, startup_memory_data
+from vramlab.analysis.stats import Window
+from vramlab.records import EventRecord, RequestRecord, RunRecord, SampleRecord
+from vramlab.records.capacity_plan import (
+    CapacityEstimate,
+    PlanFactsRecord,
+    StartupObservation,
+    capacity_plan_record,
+    is_capacity_plan_note,
+    startup_memory_record,
+)
+from vramlab.records.events import EventKind, fault_data
 from vramlab.units import size
 
 FIGURES = ("resident_model", "kv_cache", "runtime_overhead", "peak")
@@ -141,9 +149,9 @@ class Row:
 
 @dataclass(frozen=True)
 class Composition:
-    plan: dict[str, Any] | None
-    plan_facts: dict[str, Any] | None
-    startup: dict[str, Any] | None
+    plan: CapacityEstimate | None
+    plan_facts: PlanFactsRecord | None
+    startup: StartupObservation | None
     startup_source: str | None
     rows: list[Row]
     saturation: Saturation | None = None
@@ -215,20 +223,20 @@ HOST_RUNTIME_PARTS = ("runtime", "api_server")
 
 
 def _predicted(
-    plan: dict[str, Any] | None, runtime_resident: bool = False
+    plan: CapacityEstimate | None, runtime_resident: bool = False
 ) -> dict[str, tuple[int, int, int]]:
     """The plan's figures; *runtime_resident*: the measured resident model is a host reading after load, which
     holds the process's runtime too, so the predicted one is the weights and the runtime terms."""
     if not plan:
         return {}
-    comps = {c["name"]: c for c in plan.get("components", ())}
+    comps = {c.name: c for c in plan.components}
 
     def trio(names: Sequence[str]) -> tuple[int, int, int]:
         cs = [comps[n] for n in names if n in comps]
         return (
-            sum(int(c["bytes"]) for c in cs),
-            sum(int(c.get("low_bytes", c["bytes"])) for c in cs),
-            sum(int(c.get("high_bytes", c["bytes"])) for c in cs),
+            sum(c.bytes for c in cs),
+            sum(c.low_bytes for c in cs),
+            sum(c.high_bytes for c in cs),
         )
 
     resident = ("weights", *HOST_RUNTIME_PARTS) if runtime_resident else ("weights",)
@@ -250,11 +258,12 @@ class _Pool:
     source: str
 
 
-def _pool(startup: dict[str, Any] | None, reads: _Readings) -> _Pool:
+def _pool(startup: StartupObservation | None, reads: _Readings) -> _Pool:
     """The pool in the engine's own figures: the bytes it printed, its tokens (log or metrics)."""
-    tokens, t_src = None, ""
-    if startup and startup.get("kv_cache_tokens"):
-        tokens, t_src = int(startup["kv_cache_tokens"]), "start-up log"
+    tokens: int | None = None
+    t_src = ""
+    if startup and startup.kv_cache_tokens:
+        tokens, t_src = startup.kv_cache_tokens, "start-up log"
     blocks, block = reads.first("engine.kv_cache_blocks"), reads.first("engine.kv_block_size")
     if tokens is None and blocks and block:
         tokens = int(blocks * block)
@@ -264,11 +273,11 @@ def _pool(startup: dict[str, Any] | None, reads: _Readings) -> _Pool:
             int(reads.first("engine.kv_cache_pool_tokens") or 0),
             "engine metric max_total_num_tokens",
         )
-    if startup and startup.get("kv_cache_bytes"):
-        b = int(startup["kv_cache_bytes"])
+    if startup and startup.kv_cache_bytes:
+        b = startup.kv_cache_bytes
         of = f" ({tokens:,} tokens)" if tokens else ""
         return _Pool(b, tokens, f"start-up log: the KV cache size it printed{of}")
-    engine_bpt = ((startup or {}).get("extra") or {}).get("kv_bytes_per_token")
+    engine_bpt = startup.extra_number("kv_bytes_per_token") if startup else None
     if tokens and engine_bpt:  # the bytes a token takes as the engine's own figures put them
         return _Pool(
             int(tokens * engine_bpt),
@@ -281,11 +290,11 @@ def _pool(startup: dict[str, Any] | None, reads: _Readings) -> _Pool:
 
 
 def _resident(
-    startup: dict[str, Any] | None, reads: _Readings, pool: _Pool, first_request_s: float | None
+    startup: StartupObservation | None, reads: _Readings, pool: _Pool, first_request_s: float | None
 ) -> tuple[int | None, str]:
-    if startup and startup.get("weights_bytes"):
-        return int(startup["weights_bytes"]), "start-up log: the weights it loaded"
-    host = (startup or {}).get("extra", {}).get("host_weights_bytes")
+    if startup and startup.weights_bytes:
+        return startup.weights_bytes, "start-up log: the weights it loaded"
+    host = startup.extra_number("host_weights_bytes") if startup else None
     if host:  # a CPU engine (llama.cpp without offload): its model buffer is in host memory
         return int(host), "start-up log: the model buffer it printed (host memory)"
     if first_request_s is None:
@@ -326,7 +335,7 @@ def _kv_in_use(tokens: list[float], usage: list[float], pool: _Pool) -> tuple[in
 
 
 def _row(
-    w: Any,
+    w: Window,
     pred: dict[str, tuple[int, int, int]],
     reads: _Readings,
     pool: _Pool,
@@ -400,8 +409,8 @@ def _row(
 
 
 def _saturation_of(
-    run: Any,
-    plan: dict[str, Any] | None,
+    run: RunRecord,
+    plan: CapacityEstimate | None,
     pool_tokens: int | None,
     rows: list[Row],
     reqs: Sequence[RequestRecord],
@@ -419,10 +428,10 @@ def _saturation_of(
 
 
 def compose(
-    run: Any,
+    run: RunRecord,
     samples: Sequence[SampleRecord],
     events: Sequence[EventRecord],
-    windows: Sequence[Any],
+    windows: Sequence[Window],
     first_request_s: float | None,
     requests: Sequence[RequestRecord] = (),
 ) -> Composition:
@@ -432,23 +441,19 @@ def compose(
         _last_event(events, EventKind.CAPACITY_PLAN),
         _last_event(events, EventKind.STARTUP_MEMORY),
     )
-    plan_data = capacity_plan_data(plan_ev) if plan_ev else None
-    start_data = startup_memory_data(start_ev) if start_ev else None
-    plan = plan_data.get("estimate") if plan_data is not None else None
-    startup = start_data.get("observation") if start_data is not None else None
-    src = start_data.get("source") if start_data is not None else None
+    stored_plan = capacity_plan_record(plan_ev) if plan_ev else None
+    stored_startup = startup_memory_record(start_ev) if start_ev else None
+    plan = stored_plan.estimate if stored_plan is not None else None
+    startup = stored_startup.observation if stored_startup is not None else None
+    src = stored_startup.source if stored_startup is not None else None
     pid = (run.plan.get("target") or {}).get("pid") if isinstance(run.plan, dict) else None
     reads = _Readings(samples, pid)
-    plan_tokens = int(plan["kv_cache_tokens"]) if plan and plan.get("kv_cache_tokens") else None
+    plan_tokens = plan.kv_cache_tokens if plan and plan.kv_cache_tokens else None
     pool = _pool(startup, reads)
     resident = _resident(startup, reads, pool, first_request_s)
     pred = _predicted(plan, reads.host and resident[1].startswith("host memory"))
     rows = [_row(w, pred, reads, pool, resident, plan_tokens) for w in windows]
-    notes = [
-        e.message
-        for e in events
-        if e.kind in (EventKind.NOTE, EventKind.WARNING) and e.message.startswith("capacity plan:")
-    ]
+    notes = [e.message for e in events if is_capacity_plan_note(e)]
     at_failure = []
     by_step = {(w.round, w.step): w for w in windows if w.phase == "ramp"}
     for e in events:
@@ -476,7 +481,7 @@ def compose(
     rest = before[-1] if before else (min(v for _, v in reads.device) if reads.device else None)
     return Composition(
         plan,
-        plan_data.get("facts") if plan_data is not None else None,
+        stored_plan.facts if stored_plan is not None else None,
         startup,
         src,
         rows,

@@ -85,6 +85,7 @@ class RunAnalysis:
     searches: list[dict[str, Any]] = field(default_factory=list)  # change.search: each round's answer
     tenants: list[TenantWindow] = field(default_factory=list)  # conversations: each tenant's SLO, per step
     soak: list[SoakResult] = field(default_factory=list)  # change.soak: each round's verdict
+    few_rounds: bool = False  # a complete run of fewer than MIN_ROUNDS rounds (its warning says so)
 
     @property
     def rounds(self) -> list[int]:
@@ -113,6 +114,10 @@ def _bands(phases: Sequence[WindowResult]) -> list[Band]:
     return out
 
 
+def _few_rounds(complete: bool, rounds: int) -> bool:
+    return complete and 0 < rounds < MIN_ROUNDS
+
+
 def _warnings(
     run: RunRecord, complete: bool, steps: Sequence[WindowResult], rounds: int, events: Sequence[EventRecord]
 ) -> list[str]:
@@ -122,7 +127,7 @@ def _warnings(
             f"incomplete run (status {run.status}): it was interrupted or is still running; "
             "figures cover what was stored"
         )
-    if complete and 0 < rounds < MIN_ROUNDS:  # a cut-off run says so above already
+    if _few_rounds(complete, rounds):  # a cut-off run says so above already
         out.append(f"only {rounds} round(s): at least {MIN_ROUNDS} are needed to tell a trend from a one-off")
     # The runner warns about lag itself (with the plan's threshold); don't say it twice.
     told = {
@@ -228,6 +233,7 @@ def analyze_run(
         searches=searches(events),
         tenants=tenant_windows(steps, requests, tenant_slos(run.plan)),
         soak=_soaks(run, steps, by_step, samples, events),
+        few_rounds=_few_rounds(complete, rounds),
     )
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramlab.records import RequestRecord
+from vramlab.records.capacity_plan import CapacityEstimate, as_int
 
 SATURATED = 0.98  # the pool is full to within a block or two per sequence (vLLM tops out near 99 %)
 CONTEXT_REFUSAL = re.compile(
@@ -146,26 +147,26 @@ def request_shape(plan_doc: dict[str, Any], requests: Sequence[RequestRecord]) -
 
 
 def predict(
-    variable: str, plan: dict[str, Any] | None, pool_tokens: int | None, shape: RequestShape
+    variable: str, plan: CapacityEstimate | None, pool_tokens: int | None, shape: RequestShape
 ) -> tuple[float | None, str, str]:
     """(value, basis, binding) where *variable* reaches the engine's limit; None when none applies."""
-    plan = plan or {}
-    engine, settings = str(plan.get("engine") or ""), plan.get("settings") or {}
+    engine = (plan.engine or "") if plan else ""
+    settings = plan.settings if plan else {}
     prompt, output = shape.prompt_tokens, shape.output_tokens or 0
     sized = "the steps' own requests" if shape.measured else "the plan's requests"
     if variable in ("concurrency", "batch"):
         if engine == "transformers" and not settings.get("continuous_batching"):
             return 1.0, "transformers serve answers one request at a time: a second waits", "serial"
         if engine == "llama.cpp":
-            slots = int(settings.get("parallel") or 1)
+            slots = as_int(settings.get("parallel")) or 1
             return float(slots), f"{slots} slot(s) (--parallel): a request beyond them waits for one", "slots"
         if not pool_tokens or prompt is None:
             return None, "no KV pool known", ""
         per_req = request_tokens(plan, prompt, output)
         pred = float(pool_tokens // per_req)
         basis = f"{int(pool_tokens):,} pool tokens / {per_req:,} tokens a request ({sized})"
-        seqs = settings.get("max_num_seqs")
-        if seqs and int(seqs) < pred:
+        seqs = as_int(settings.get("max_num_seqs"))
+        if seqs and seqs < pred:
             return (
                 float(seqs),
                 basis + f"; max_num_seqs {seqs} binds first: beyond it requests queue",
@@ -173,7 +174,7 @@ def predict(
             )
         return pred, basis, "pool"
     if variable in ("prompt_tokens", "context"):
-        longest = plan.get("max_model_len")
+        longest = plan.max_model_len if plan else None
         if engine == "transformers":
             return None, "no KV pool: a longer context needs more memory until the card runs out", ""
         if engine == "llama.cpp" and longest:
@@ -200,15 +201,15 @@ def predict(
     return None, f"{variable} does not fill the KV pool by itself", ""
 
 
-def request_tokens(plan: dict[str, Any] | None, prompt: float, output: int) -> int:
+def request_tokens(plan: CapacityEstimate | None, prompt: float, output: int) -> int:
     """The pool tokens one request holds at its end: prompt and output in whole pool blocks."""
-    plan = plan or {}
-    block = int(plan.get("block_size") or 1) if plan.get("engine") not in UNPAGED else 1
+    paged = plan is not None and (plan.engine or "") not in UNPAGED
+    block = ((plan.block_size if plan else None) or 1) if paged else 1
     return int(-(-(int(prompt) + output) // block) * block)
 
 
 def _pool_full(
-    s: StepSignals, variable: str, plan: dict[str, Any] | None, pool_tokens: int | None, shape: RequestShape
+    s: StepSignals, variable: str, plan: CapacityEstimate | None, pool_tokens: int | None, shape: RequestShape
 ) -> str | None:
     """Why the step's pool counts as full (its detail), or None: usage at 98 % or more, or requests queued
     while the free share was less than one of the step's requests (the engine admits none then)."""
@@ -218,7 +219,7 @@ def _pool_full(
     if usage >= SATURATED:
         return ""
     prompt = s.value if variable in ("prompt_tokens", "context") else shape.prompt_tokens
-    paged = str((plan or {}).get("engine") or "") not in UNPAGED  # cells up front, or no pool at all
+    paged = str((plan.engine if plan else None) or "") not in UNPAGED  # cells up front, or no pool at all
     if not (paged and s.queued and pool_tokens and prompt):
         return None
     need = request_tokens(plan, prompt, shape.output_tokens or 0)
@@ -246,7 +247,7 @@ def refusals(requests: Sequence[RequestRecord]) -> Hit | None:
 
 def saturation(
     variable: str,
-    plan: dict[str, Any] | None,
+    plan: CapacityEstimate | None,
     pool_tokens: int | None,
     shape: RequestShape,
     steps: Sequence[StepSignals],

@@ -7,11 +7,12 @@ No I/O happens in this package; model facts come from `vramlab.sources`.
 """
 
 from vramlab.capacity.constants import Constant, Constants
-from vramlab.capacity.estimate import GIB, Component, Estimate, Limits
+from vramlab.capacity.estimate import Component, Estimate, Limits
 from vramlab.capacity.gpus import DEVICES, GPU, GPUS, capped_gpu, custom_gpu, get_gpu
 from vramlab.capacity.model import estimate, max_len_that_fits, safe_operating_point
 from vramlab.capacity.settings import DEFAULT_VERSIONS, ENGINES, EngineSettings, parse_version
 from vramlab.capacity.spec import ModelSpec, QuantSpec
+from vramlab.units import GIB
 
 __all__ = [
     "GIB",

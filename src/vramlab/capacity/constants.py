@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from vramlab.capacity.units import GIB
+from vramlab.units import GIB
 
 MIB = 1 << 20
 

@@ -5,9 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# capacity's modules import GIB from here (an explicit re-export)
-from vramlab.capacity.units import GIB as GIB
-
 # Where a figure comes from, from most to least certain.
 EXACT = "exact"  # read from weight-file headers or computed from exact shapes
 FORMULA = "formula"  # computed from the architecture

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vramlab.capacity.units import GIB
+from vramlab.units import GIB
 
 DISCRETE, UNIFIED, MIG, CAPPED = "discrete", "unified", "mig", "capped"
 KINDS = (DISCRETE, UNIFIED, MIG, CAPPED)

@@ -23,10 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from vramlab.capacity.engines.common import Context, PolicyResult
-from vramlab.capacity.estimate import ENGINE, GIB, Component, band
+from vramlab.capacity.estimate import ENGINE, Component, band
 from vramlab.capacity.settings import KVOffload
 from vramlab.errors import ConfigError
-from vramlab.units import gib
+from vramlab.units import GIB, gib
 
 VLLM_OFFLOADING_CONNECTOR_FROM = (0, 11, 0)
 VLLM_KV_OFFLOADING_SIZE_FROM = (0, 11, 1)

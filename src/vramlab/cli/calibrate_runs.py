@@ -58,22 +58,22 @@ def _measure(ctx: Any, comp: Any, notes: list[str]) -> Any:
     from vramlab.run.capacity_plan import PlanFacts, resolve_facts
 
     rid = ctx.run.run_id
-    if comp.plan is None or not comp.plan_facts:
+    if comp.plan is None or comp.plan_facts is None:
         why = (
             "; ".join(comp.notes)
             or "the run stored no capacity plan (it predates it, or its facts were unknown)"
         )
         raise ConfigError(f"run {rid}: no capacity plan stored with it, nothing to compare against: {why}")
     f = comp.plan_facts
-    startup_doc = _startup(comp.startup, rid, notes)
-    planned, printed = dict(f.get("settings") or {}), engine_settings(startup_doc)
+    startup_doc = _startup(comp.startup.document if comp.startup else None, rid, notes)
+    planned, printed = dict(f.settings), engine_settings(startup_doc)
     spec, card, settings = resolve_facts(
         PlanFacts(
-            f.get("model"),
-            f.get("engine"),
-            f.get("gpu"),
-            f.get("gpu_memory_gib"),
-            f.get("engine_version"),
+            f.model,
+            f.engine,
+            f.gpu,
+            f.gpu_memory_gib,
+            f.engine_version,
             {**planned, **printed},
         )
     )

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from vramlab.capacity.units import GIB
 from vramlab.engines import sim_engines
-from vramlab.units import gib
+from vramlab.units import GIB, gib
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,8 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vramlab.capacity.units import GIB
-from vramlab.units import gib
+from vramlab.units import GIB, gib
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from vramlab.capacity.units import GIB
 from vramlab.errors import ConfigError
-from vramlab.units import gib
+from vramlab.units import GIB, gib
 
 
 class Balloon(Protocol):

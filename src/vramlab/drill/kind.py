@@ -86,7 +86,7 @@ class DrillKind:
         self.target = open_target(plan.target, self.workdir)
         self.rounds = range(plan.rounds)
         self.values = ramp_values(plan.ramp)
-        self.wall_clock_s = plan.stop.wall_clock_s or DEFAULT_WALL_S
+        self.wall_clock_s = plan.stop_conditions.wall_clock_s or DEFAULT_WALL_S
         self.state = LiveState()
         self.detector = self._detector()
         self.herd = HerdMonitor()
@@ -119,7 +119,7 @@ class DrillKind:
     def _detector(self) -> Detector:
         """A round's detector; a hang is found after the plan's liveness grace (drill/hang.py)."""
         return Detector(
-            self.plan.stop, engine=self._engine(), hang_grace_s=self.plan.recovery.liveness_grace_s
+            self.plan.stop_conditions, engine=self._engine(), hang_grace_s=self.plan.recovery.liveness_grace_s
         )
 
     def _engine(self) -> str:
@@ -231,7 +231,7 @@ class DrillKind:
 
     async def baseline(self, rnd: int) -> None:
         """The baseline window; a baseline that breached its own error threshold ends the drill before the ramp."""
-        self.tallies = _Tallies(baseline=BaselineTally(self.plan.stop.error_rate))
+        self.tallies = _Tallies(baseline=BaselineTally(self.plan.stop_conditions.error_rate))
         self.run.emit("phase_start", "baseline", phase="baseline")
         await self._window(None, self.plan.baseline_s, 0)
         self.run.emit("phase_end", "baseline")

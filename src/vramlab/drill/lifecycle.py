@@ -13,16 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vramlab.drill.cotenant import GIB, Balloon, CoLoaded, CotenantOutOfMemory, LedgerBalloon, ProcessBalloon
+from vramlab.drill.cotenant import Balloon, CoLoaded, CotenantOutOfMemory, LedgerBalloon, ProcessBalloon
 from vramlab.drill.local_targets import SimTarget
 from vramlab.drill.plan import DrillPlan
 from vramlab.drill.target import SPAWNED_KINDS, Target
 from vramlab.errors import ConfigError, VramlabError
-from vramlab.units import gib
+from vramlab.units import GIB, gib
 
 if TYPE_CHECKING:
     from vramlab.drill.colocation_run import ColocationRun
-    from vramlab.drill.plan import RecoverySpec
+    from vramlab.plandoc import RecoverySpec
     from vramlab.run.runner import Runner
 
 
@@ -59,10 +59,10 @@ class TargetLifecycle:
             started = self.run.now()
             await asyncio.to_thread(self.target.start)
             self._started_target = True
-        from vramlab.drill.health import discover_health
+        from vramlab.observe.health import discover_health
 
         limit = max(30.0, self.plan.recovery.startup_s or 0.0, self.plan.target.timeout_for("start"))
-        wall = self.plan.stop.wall_clock_s
+        wall = self.plan.stop_conditions.wall_clock_s
         clipped = wall is not None and wall - self.run.now() < limit
         if (
             wall is not None and clipped

@@ -100,7 +100,7 @@ def window_lanes(
                 f"burst:{rnd}{step}-",
             )
         )
-    return lanes, RetryPolicy(**plan.clients.model_dump())
+    return lanes, RetryPolicy(**plan.load.retry.model_dump())
 
 
 def served_model(plan: DrillPlan) -> str:

@@ -33,12 +33,12 @@ from vramlab.errors import ConfigError
 from vramlab.plandoc import (
     CapacityFacts,
     PlanDocument,
+    RecoverySpec,
     Retry,
     RollbackCommand,
     StopConditions,
     rollback_strings,
 )
-from vramlab.plandoc import RecoverySpec as RecoverySpec
 
 
 class _Strict(BaseModel):
@@ -175,17 +175,6 @@ class DrillPlan(_Strict, PlanDocument):
                 f"@cotenant.hold_gib: {self.cotenant.hold_gib:g} GiB is more than the whole "
                 f"{card.name} ({card_gib:.1f} GiB); the co-tenant could never hold it"
             )
-
-    # -- derived, read-only views ------------------------------------------------------------
-    # The names the drill runner reads, kept while the runners are merged (the document says
-    # stop_conditions and load.retry).
-    @property
-    def stop(self) -> StopConditions:
-        return self.stop_conditions
-
-    @property
-    def clients(self) -> Retry:
-        return self.load.retry
 
     def warnings(self) -> list[str]:
         """Notes stored with the drill: old field names the document used, too few rounds."""

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from vramlab.drill.plan import RecoverySpec
 from vramlab.drill.target import TargetCommandError, run_command
+from vramlab.plandoc import RecoverySpec
 
 
 @dataclass

@@ -104,7 +104,7 @@ class TargetSpec(BaseModel):
     api: Literal["openai-completions", "openai-chat"] = (
         "openai-completions"  # chat for servers without /v1/completions
     )
-    health_path: str = "/health"  # tried first; then /health, /v1/models, / (drill/health.py)
+    health_path: str = "/health"  # tried first; then /health, /v1/models, / (observe/health.py)
     metrics_url: str | None = None  # a URL, or a path on the target's root (default /metrics)
     api_key_env: str | None = None  # the NAME of an env var; the key itself never enters a plan
 

@@ -22,14 +22,14 @@ from vramlab.experiment.plan_conversations import Conversations
 from vramlab.plandoc import (
     CapacityFacts,
     PlanDocument,
+    Retry,
+    RollbackCommand,
     SimSettings,
+    StopConditions,
     metrics_endpoint,
     rollback_strings,
     sim_with_model,
 )
-from vramlab.plandoc import Retry as Retry
-from vramlab.plandoc import RollbackCommand as RollbackCommand
-from vramlab.plandoc import StopConditions as StopConditions
 
 Variable = Literal["concurrency", "request_rate", "prompt_tokens", "output_tokens"]
 SamplerSource = Literal["gpu", "ledger", "engine", "prometheus", "host", "health", "ollama"]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vramlab.capacity.units import GIB
+from vramlab.units import GIB
 
 MIB = 1 << 20
 # Bounds on what a log may cost to read: a line longer than this is cut (engine lines are far

@@ -5,31 +5,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vramlab import __version__
-from vramlab.capacity.calibration import Fit, Profile, fit, profile_from_fits
+from vramlab.capacity.calibration import Fit, fit, profile_from_fits
+from vramlab.capacity.calibration_result import CalibrationResult, EraRow
 from vramlab.errors import ConfigError, VramlabError
 from vramlab.logs.cases import build_cases
 from vramlab.logs.observation import Observation, read_observations
-
-
-@dataclass
-class CalibrationResult:
-    fits: list[Fit]
-    profile: Profile
-    observations: int
-    skipped: list[tuple[str, str]]
-    attribution: list[str] = field(default_factory=list)
-    outliers: list[str] = field(default_factory=list)  # warnings: rows the fit is far off on
-    eras: list[dict[str, Any]] = field(default_factory=list)  # one table row per engine era
-
-    @property
-    def fitted_any(self) -> bool:
-        return any(f.fitted for f in self.fits)
-
 
 # No card has this much memory: a figure above it is a misread or a corrupt line.
 _LARGEST_CARD_BYTES = 1 << 40
@@ -286,13 +270,13 @@ def _outliers(fits: list[Fit], by_engine: dict[str, list[Any]]) -> list[str]:
 
 def _era_table(
     observations: list[Observation], by_engine: dict[str, list[Any]], fits: list[Fit]
-) -> list[dict[str, Any]]:
+) -> list[EraRow]:
     """Observations per engine era: how many were read and how many the fit could use."""
     from vramlab.logs.era import era_of
 
     used = {c.label for cases in by_engine.values() for c in cases}
     not_predicted = {label for f in fits for label, _ in f.skipped}
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    rows: dict[tuple[str, str], EraRow] = {}
     for obs in observations:
         era = era_of(obs)
         row = rows.setdefault(

@@ -24,10 +24,9 @@ from vramlab.capacity.gpus import (
     get_gpu,
     host_device,
 )
-from vramlab.capacity.units import GIB
 from vramlab.errors import ConfigError, VramlabError
 from vramlab.logs.observation import Observation
-from vramlab.units import gib
+from vramlab.units import GIB, gib
 
 _VENDOR = {"nvidia", "geforce", "tesla", "quadro", "amd", "radeon", "instinct", "intel"}
 # Form-factor words a marketing name carries that the catalog does not (its names are memory sizes).

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from vramlab.capacity.units import GIB
 from vramlab.errors import ConfigError
+from vramlab.units import GIB
 
 # The settings keys an observation may carry: `EngineSettings` field names.
 SETTINGS_KEYS = (

@@ -238,7 +238,7 @@ def _schemas() -> tuple[Any, Any]:
 
 def load_fleet(path: str | Path) -> Fleet:
     from vramlab.capacity.gpus import get_gpu
-    from vramlab.capacity.units import GIB
+    from vramlab.units import GIB
 
     path = Path(path)
     fleet_cls, _ = _schemas()
@@ -270,7 +270,7 @@ def load_fleet(path: str | Path) -> Fleet:
 
 
 def load_models(path: str | Path) -> tuple[tuple[Instance, ...], Policy]:
-    from vramlab.capacity.units import GIB
+    from vramlab.units import GIB
 
     path = Path(path)
     _, models_cls = _schemas()

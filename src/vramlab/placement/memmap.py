@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from vramlab.placement.pack import Placement
     from vramlab.placement.result import FleetPlan
 
-from vramlab.capacity.units import GIB
+from vramlab.units import GIB
 
 COLOURS = {
     "weights": "#4c72b0",

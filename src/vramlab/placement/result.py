@@ -10,13 +10,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from vramlab.capacity.units import gib
 from vramlab.placement.demand import DemandFn, best_option
 from vramlab.placement.explain import Change, explain
 from vramlab.placement.inputs import Inputs, Policy
 from vramlab.placement.pack import PackResult, pack
 from vramlab.placement.residency import Request, SimReport, decide, sim_models, simulate
 from vramlab.placement.settings import CardCheck, InstanceSettings, engine_settings
+from vramlab.units import gib
 
 SCHEMA = "vramlab.pack/1"
 

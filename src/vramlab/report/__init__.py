@@ -4,17 +4,19 @@
     with open_store(url) as store:
         text = render(load_context(store, "7f3a"), "html")
 
-Sections come from a registry (`vramlab.report.sections.register`), so other packages (the
-drill) add their own without touching the renderers.
+Sections are listed per module (`SECTIONS`, gathered by `vramlab.report.sections.registered`);
+a caller adds its own for one document (`render(ctx, fmt, extra=[...])`) without touching the
+renderers or any other report.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from vramlab.records.store import Store
-    from vramlab.report.sections import ReportContext
+    from vramlab.report.sections import ReportContext, Section
 
 FORMATS = ("md", "html", "json")
 
@@ -35,7 +37,7 @@ def load_context(store: Store, run_id_or_prefix: str) -> ReportContext:
     return ReportContext.build(run, requests, samples, events)
 
 
-def render(ctx: ReportContext, fmt: str = "md") -> str:
+def render(ctx: ReportContext, fmt: str = "md", extra: Sequence[Section] = ()) -> str:
     from vramlab.report import html, markdown
     from vramlab.report import json as json_report
     from vramlab.report.sections import build_document
@@ -44,7 +46,7 @@ def render(ctx: ReportContext, fmt: str = "md") -> str:
         from vramlab.errors import ConfigError
 
         raise ConfigError(f"unknown report format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    doc = build_document(ctx)
+    doc = build_document(ctx, extra)
     if fmt == "md":
         return markdown.render(doc)
     if fmt == "html":

@@ -29,7 +29,7 @@ from vramlab.report.core_sections import (
     threshold_value,
     thresholds_line,
 )
-from vramlab.report.sections import ReportContext, Section, register
+from vramlab.report.sections import ReportContext, Section
 
 SCHEMA = "vramlab.answer/1"
 
@@ -275,8 +275,8 @@ def plan_against_measured(ctx: ReportContext) -> list[Block]:
                         "In band (windows)",
                     ],
                     folded_rows(rows),
-                    caption=f"Plan against measured {where}: {c.plan['model']} on {c.plan['gpu']}, "
-                    f"{c.plan['engine']} {c.plan['engine_version']} (GiB = 2^30 bytes)",
+                    caption=f"Plan against measured {where}: {c.plan.model} on {c.plan.gpu}, "
+                    f"{c.plan.engine} {c.plan.engine_version} (GiB = 2^30 bytes)",
                 )
             )
         elif not c.plan:
@@ -321,4 +321,4 @@ def answer_json(ctx: ReportContext) -> dict[str, Any]:
     }
 
 
-register(Section("answer", "Answer", answer, order=1, data=answer_json))
+SECTIONS = (Section("answer", "Answer", answer, order=1, data=answer_json),)

@@ -3,13 +3,12 @@ refusals, leave-one-out errors, outliers."""
 
 from __future__ import annotations
 
-from typing import Any
+from vramlab.capacity.calibration_result import CalibrationResult
+from vramlab.capacity.run_calibration import RunCalibration
+from vramlab.units import SMALL_BYTES, gib, size
 
-from vramlab.capacity.units import gib
-from vramlab.units import SMALL_BYTES, size
 
-
-def to_json(result: Any) -> dict[str, Any]:
+def to_json(result: CalibrationResult) -> dict[str, object]:
     from dataclasses import asdict
 
     return {
@@ -36,7 +35,7 @@ def _b(nbytes: float) -> str:
     return size(nbytes) if abs(nbytes) < SMALL_BYTES else gib(nbytes, 3, unit=True)
 
 
-def render(result: Any, output: str | None) -> str:
+def render(result: CalibrationResult, output: str | None) -> str:
     out = [f"{result.observations} observations, {len(result.skipped)} skipped"]
     if result.eras:
         out.append("")
@@ -88,7 +87,7 @@ def render(result: Any, output: str | None) -> str:
     return "\n".join(out)
 
 
-def render_runs(cal: Any, output: str | None) -> str:
+def render_runs(cal: RunCalibration, output: str | None) -> str:
     """`vramlab calibrate RUN_ID ...`: what changed (with its evidence), what was not fitted and why,
     the composition's error before and after on the runs learned from and on the held-out ones."""
     out: list[str] = []
@@ -108,14 +107,14 @@ def render_runs(cal: Any, output: str | None) -> str:
         out.append(f"not fitted: {n}")
     for run_id, rows in cal.sources:
         out.append(f"run {run_id} measured at: " + "; ".join(rows))
-    for title, rows in (
+    for title, errors in (
         ("on the runs learned from", cal.learned),
         ("held out (not learned from)", cal.holdout),
     ):
-        if not rows:
+        if not errors:
             continue
         out.append(f"error {title} (predicted - measured, GiB = 2^30 bytes; before -> after):")
-        for e in rows:
+        for e in errors:
             out.append(
                 f"  {e.run_id} {e.figure:<17} measured {_b(e.measured_bytes)}  before "
                 f"{_b(e.before_bytes)} ({e.before_pct:+.2f}%) -> after {_b(e.after_bytes)} "

@@ -12,7 +12,7 @@ from typing import Any
 from vramlab.records.events import EventKind
 from vramlab.report import fmt
 from vramlab.report.blocks import Band, Block, Chart, Marker, Series, Shade, Text
-from vramlab.report.sections import ReportContext, Section, register
+from vramlab.report.sections import ReportContext, Section
 from vramlab.report.svg import phase_of, shade_caption
 
 K = EventKind
@@ -124,4 +124,4 @@ def charts(ctx: ReportContext) -> list[Block]:
     return [*([Text(key_text)] if key_text else []), *rest]
 
 
-register(Section("charts", "Charts", charts, order=60))
+SECTIONS = (Section("charts", "Charts", charts, order=60),)

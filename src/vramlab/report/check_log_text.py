@@ -4,9 +4,17 @@ per rank and start-up; and one table per engine era for a folder of logs."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping, Sequence
 
-from vramlab.capacity.units import gib
+from vramlab.report.check_log_view import (
+    CheckView,
+    ComparisonView,
+    FolderView,
+    ItemView,
+    ObservationView,
+    RowView,
+)
+from vramlab.units import gib
 
 
 def _basename(path: str) -> str:
@@ -23,7 +31,7 @@ def _fmt(field: str, value: float | None) -> str:
     return f"{int(value):,}"
 
 
-def _diff(field: str, row: Any) -> str:
+def _diff(field: str, row: RowView) -> str:
     d, rel = row.difference, row.relative
     if d is None:
         return ""
@@ -49,7 +57,7 @@ SHOWN = (
 )
 
 
-def render(report: Any) -> str:
+def render(report: CheckView) -> str:
     out = [f"{report.source}: {report.engine} log, {report.lines} lines"]
     out.extend(f"  note: {n}" for n in report.notes)
     startups = len({it.observation.startup for it in report.items})
@@ -63,7 +71,7 @@ def render(report: Any) -> str:
     return "\n".join(out)
 
 
-def render_file(reports: list[Any], skipped: list[tuple[str, str]]) -> str:
+def render_file(reports: Sequence[CheckView], skipped: Sequence[tuple[str, str]]) -> str:
     """One file that holds several logs (writers, servers, engines): each in full, then what was
     not read and why."""
     source = reports[0].source.split(" [", 1)[0] if reports else ""
@@ -78,13 +86,13 @@ def render_file(reports: list[Any], skipped: list[tuple[str, str]]) -> str:
     return "\n".join(out)
 
 
-def _which(report: Any) -> str:
+def _which(report: CheckView) -> str:
     source, engine = str(report.source), str(report.engine)
     inside = source.split(" [", 1)[1][:-1] if " [" in source else ""
     return engine + (f" [{inside}]" if inside and inside != engine else "")
 
 
-def _distinct_items(items: list[Any]) -> list[tuple[Any, list[int]]]:
+def _distinct_items(items: Sequence[ItemView]) -> list[tuple[ItemView, list[int]]]:
     """TP ranks that printed the same figures, shown once with every rank named."""
     shown: dict[str, list[int]] = {}
     out = []
@@ -98,7 +106,7 @@ def _distinct_items(items: list[Any]) -> list[tuple[Any, list[int]]]:
     return out
 
 
-def _item_lines(item: Any, ranks: list[int], startups: int) -> list[str]:
+def _item_lines(item: ItemView, ranks: list[int], startups: int) -> list[str]:
     obs = item.observation
     rank = (
         f" rank {ranks[0]}"
@@ -131,11 +139,10 @@ def _item_lines(item: Any, ranks: list[int], startups: int) -> list[str]:
             out.append(f"  {'component':18} {'engine':>12}")
         out.extend(f"  {f.removesuffix('_bytes'):18} {_fmt(f, getattr(obs, f)):>12}" for f in printed)
         return out
-    return out + _prediction_lines(item)
+    return out + _prediction_lines(item, item.comparison)
 
 
-def _prediction_lines(item: Any) -> list[str]:
-    cmp = item.comparison
+def _prediction_lines(item: ItemView, cmp: ComparisonView) -> list[str]:
     est = cmp.estimate
     out = [
         f"  predicted for {est.model} on {cmp.gpu_reason}; settings: "
@@ -173,7 +180,7 @@ def _prediction_lines(item: Any) -> list[str]:
     return out
 
 
-def _setting(key: str, value: Any) -> str:
+def _setting(key: str, value: object) -> str:
     """A setting as its flag would say it: llama.cpp's devices by name, a split as proportions."""
     if key == "devices" and isinstance(value, tuple):
         return ",".join(str(name) for name, _ in value)
@@ -184,7 +191,7 @@ def _setting(key: str, value: Any) -> str:
     return str(value)
 
 
-def _failure_lines(report: Any) -> list[str]:
+def _failure_lines(report: CheckView) -> list[str]:
     if not report.failures:
         return []
     out = ["", "failures:"]
@@ -197,7 +204,7 @@ def _failure_lines(report: Any) -> list[str]:
     return out
 
 
-def _encoder_line(seen: dict[str, Any], planned: dict[str, Any] | None) -> str | None:
+def _encoder_line(seen: Mapping[str, object], planned: Mapping[str, object] | None) -> str | None:
     """vLLM V1's "Encoder cache will be initialized with a budget of N tokens, and profiled with K video
     items" beside what the plan profiles (capacity/engines/vllm_mm.py)."""
     if seen.get("encoder_budget_tokens") is None:
@@ -214,7 +221,7 @@ def _encoder_line(seen: dict[str, Any], planned: dict[str, Any] | None) -> str |
     return f"  vision encoder profile: the log {log}; the plan {plan}" + ("" if same else " (differs)")
 
 
-def render_folder(folder: Any) -> str:
+def render_folder(folder: FolderView) -> str:
     """One table per engine era: a row per observation, the engine's figures and the KV error."""
     out = [f"{len(folder.reports)} logs read, {len(folder.skipped)} skipped"]
     cols = (
@@ -284,7 +291,7 @@ def _short(field: str, value: float | None) -> str:
     return f"{int(value):,}"
 
 
-def _transformers_facts(obs: Any) -> str:
+def _transformers_facts(obs: ObservationView) -> str:
     """The memory-relevant facts a transformers start-up printed, in one clause."""
     x, parts = obs.extra, []
     if obs.settings.get("dtype"):

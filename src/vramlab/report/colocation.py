@@ -10,7 +10,7 @@ from typing import Any
 from vramlab.analysis.colocation import PHASES, Colocation, EngineOutcome, analyse_colocation
 from vramlab.records.events import EventKind
 from vramlab.report.blocks import Block, Bullets, Table, Text
-from vramlab.report.sections import ReportContext, Section, register
+from vramlab.report.sections import ReportContext, Section
 
 _TITLES = {
     "start_in_order": "in start order",
@@ -95,7 +95,7 @@ def colocation_json(ctx: ReportContext) -> Any:
     return None if c is None else c.to_json()
 
 
-register(
+SECTIONS = (
     Section(
         "incident-colocation",
         "Co-location: who started, who failed, and how",
@@ -103,7 +103,7 @@ register(
         order=11.5,
         applies=_applies,
         data=colocation_json,
-    )
+    ),
 )
 
-__all__ = ["colocation_json", "s_colocation"]
+__all__ = ["SECTIONS", "colocation_json", "s_colocation"]

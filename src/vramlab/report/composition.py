@@ -12,24 +12,22 @@ from vramlab.analysis.saturation import Hit, Saturation
 from vramlab.records.events import EventKind
 from vramlab.report import fmt
 from vramlab.report.blocks import Block, Bullets, Table, Text
-from vramlab.report.sections import ReportContext, Section, register
+from vramlab.report.sections import ReportContext, Section
 from vramlab.units import SMALL_BYTES, size
 
 SCHEMA = "vramlab.composition/1"
-_last: list[
-    tuple[ReportContext, Composition]
-] = []  # the one context being rendered (build and data share it)
 
 
 def composition_of(ctx: ReportContext) -> Composition:
-    if _last and _last[0][0] is ctx:
-        return _last[0][1]
+    """The run's composition, computed once per report (its blocks and its JSON share it)."""
+    return ctx.memo("composition", lambda: _compose(ctx))
+
+
+def _compose(ctx: ReportContext) -> Composition:
     a = ctx.analysis
     sent = [r.sent_s for r in ctx.requests if r.sent_s is not None]
     windows = [w.window for w in a.steps] or [w.window for w in a.phases]
-    comp = compose(ctx.run, ctx.samples, ctx.events, windows, min(sent) if sent else None, ctx.requests)
-    _last[:] = [(ctx, comp)]
-    return comp
+    return compose(ctx.run, ctx.samples, ctx.events, windows, min(sent) if sent else None, ctx.requests)
 
 
 def _applies(ctx: ReportContext) -> bool:
@@ -117,10 +115,10 @@ def blocks(ctx: ReportContext) -> list[Block]:
     out: list[Block] = []
     intro = []
     if c.plan:
-        f = c.plan_facts or {}
+        settings = c.plan_facts.settings if c.plan_facts else None
         intro.append(
-            f"Plan: {c.plan['model']} on {c.plan['gpu']}, {c.plan['engine']} {c.plan['engine_version']}"
-            + (f", settings {f.get('settings')}" if f.get("settings") else "")
+            f"Plan: {c.plan.model} on {c.plan.gpu}, {c.plan.engine} {c.plan.engine_version}"
+            + (f", settings {settings}" if settings else "")
             + "; computed at the start of the run for the target's own settings. Error = predicted − "
             "measured (positive: the plan expected more)."
         )
@@ -266,10 +264,10 @@ def data(ctx: ReportContext) -> dict[str, Any]:
     s = c.saturation
     return {
         "schema": SCHEMA,
-        "plan": c.plan,
-        "plan_facts": c.plan_facts,
+        "plan": c.plan.document if c.plan else None,
+        "plan_facts": c.plan_facts.to_json() if c.plan_facts else None,
         "plan_notes": c.notes,
-        "startup": {"source": c.startup_source, "observation": c.startup} if c.startup else None,
+        "startup": {"source": c.startup_source, "observation": c.startup.document} if c.startup else None,
         "rows": [_row_json(r) for r in c.rows],
         "saturation": None
         if s is None
@@ -293,7 +291,7 @@ def data(ctx: ReportContext) -> dict[str, Any]:
     }
 
 
-register(
+SECTIONS = (
     Section(
         "composition",
         "Plan against measured: memory composition",
@@ -301,5 +299,5 @@ register(
         order=56,
         applies=_applies,
         data=data,
-    )
+    ),
 )

@@ -10,7 +10,7 @@ from vramlab.records.events import EventKind
 from vramlab.report import fmt
 from vramlab.report.blocks import Block, Bullets, Table, Text
 from vramlab.report.prompt_tokens import prompt_tokens_line
-from vramlab.report.sections import ReportContext, Section, register
+from vramlab.report.sections import ReportContext, Section
 
 # Events that the tables already tell (windows); the rest form the timeline.
 K = EventKind
@@ -220,8 +220,9 @@ def environment(ctx: ReportContext) -> list[Block]:
 
 def warnings(ctx: ReportContext) -> list[Block]:
     items = list(ctx.analysis.warnings)
-    # The runner logs the too-few-rounds warning as an event too; the analysis already says it.
-    rounds_said = any("round" in w and ("fewer than" in w or "at least 3" in w) for w in items)
+    # The drill logs its plan's too-few-rounds warning as an event too; the analysis already says it.
+    # (That event carries no field that names it: it is told by its "rounds:" prefix.)
+    rounds_said = ctx.analysis.few_rounds
     for e in ctx.analysis.events:
         if e.kind != K.WARNING or (rounds_said and e.message.startswith("rounds:")):
             continue
@@ -546,7 +547,7 @@ def notes(ctx: ReportContext) -> list[Block]:
     return [Bullets(items)] if items else []
 
 
-for _section in (
+SECTIONS = (
     Section("summary", "Summary", summary, order=10),
     Section("plan", "Plan", plan, order=20, appendix=True),
     Section("environment", "Environment", environment, order=30, appendix=True),
@@ -558,5 +559,4 @@ for _section in (
     Section("recovery", "Return to baseline", recovery, order=80, applies=_not_drill),
     Section("events", "Stops, rollbacks and other events", events, order=90, applies=_not_drill),
     Section("notes", "Notes", notes, order=95),
-):
-    register(_section)
+)

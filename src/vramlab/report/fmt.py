@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime as _dt
 
 # the one GiB formatter ("–" for None), re-exported explicitly
-from vramlab.capacity.units import GIB as GIB
-from vramlab.capacity.units import gib as gib
+from vramlab.units import GIB as GIB
+from vramlab.units import gib as gib
 
 
 def ms(v: float | None) -> str:

@@ -41,7 +41,7 @@ from vramlab.report.incident_text import (
     since_t0,
     storm_text,
 )
-from vramlab.report.sections import ReportContext, Section, register
+from vramlab.report.sections import ReportContext, Section
 
 EDIT = "_(derived from the data; operator: edit)_"
 K = EventKind
@@ -552,7 +552,7 @@ def incident_json(ctx: ReportContext) -> Any:
     }
 
 
-for _sec in (
+SECTIONS = (
     Section("incident", "Incident summary", s_summary, order=11, applies=_is_drill, data=incident_json),
     Section("incident-impact", "Impact", s_impact, order=12, applies=_is_drill),
     Section("incident-timeline", "Timeline", s_timeline, order=13, applies=_is_drill),
@@ -570,14 +570,6 @@ for _sec in (
     Section("incident-lessons", "Lessons learned", s_lessons, order=19, applies=_is_drill),
     Section("incident-actions", "Action items", s_actions, order=19.5, applies=_is_drill),
     Section("incident-rounds", "Rounds compared", s_rounds, order=19.7, applies=_is_drill),
-):
-    register(_sec)
+)
 
-__all__ = [
-    "action_items",
-    "incident_json",
-    "incident_of",
-    "lessons",
-    "summary_line",
-    "unrecovered",
-]
+__all__ = ["SECTIONS", "incident_json", "incident_of", "summary_line", "unrecovered"]

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import re
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import Any
 
+from vramlab.analysis.aftermath import Recovery, RetryStorm
 from vramlab.analysis.incident import Incident
+from vramlab.records import RequestRecord
 from vramlab.report import fmt
 from vramlab.report.sections import ReportContext
 
@@ -72,7 +73,7 @@ def signal_value(name: str, v: float | None) -> str:
     return fmt.num(round(v, 3))
 
 
-def recovery_text(rec: Any, t0: float | None = None) -> str:
+def recovery_text(rec: Recovery, t0: float | None = None) -> str:
     """Recovery with every clock it is made of, so 'serving again' and 'recovered' never read as two
     answers: time to recover is the latest of serving again, health 200 and P95 back."""
     if not rec.recovered:
@@ -92,7 +93,7 @@ def recovery_text(rec: Any, t0: float | None = None) -> str:
 T0_WORDS = "the failure's first evidence: the first failed request's end, the process exit or the OOM line"
 
 
-def storm_figures(st: Any) -> str:
+def storm_figures(st: RetryStorm) -> str:
     """The retry storm's figures as the storm table prints them (the one computation)."""
     peak = (
         "" if st.peak_amplification is None else f" (peak {st.peak_amplification:.2f}× in its busiest second)"
@@ -103,7 +104,7 @@ def storm_figures(st: Any) -> str:
     )
 
 
-def peak_text(st: Any, t0: float | None) -> str:
+def peak_text(st: RetryStorm, t0: float | None) -> str:
     """The busiest second of the retry wave: its amplification and when, from T0."""
     if st.peak_amplification is None:
         return "–"
@@ -111,7 +112,7 @@ def peak_text(st: Any, t0: float | None) -> str:
     return f"{st.peak_amplification:.2f}×{when}"
 
 
-def storm_text(st: Any) -> str:
+def storm_text(st: RetryStorm) -> str:
     """The retry storm in one sentence, from the one computation every section quotes."""
     if st.amplification is None:
         return "retry storm: not measured (no baseline rate or no recovery window)"
@@ -125,7 +126,7 @@ def _base_mode(mode: str) -> str:
     return mode.split("+")[0]
 
 
-def not_recovered_reason(rec: Any, t0: float | None = None) -> str:
+def not_recovered_reason(rec: Recovery, t0: float | None = None) -> str:
     """Which of recovery's clocks never came back: serving, health, or latency back to baseline."""
     if rec.first_success_s is None:
         return "no successful request after the failure within the recovery limit"
@@ -137,7 +138,7 @@ def not_recovered_reason(rec: Any, t0: float | None = None) -> str:
     )
 
 
-def _not_recovered(rec: Any, t0: float | None = None) -> str:
+def _not_recovered(rec: Recovery, t0: float | None = None) -> str:
     if rec.first_success_s is None:
         return "NOT recovered within the limit: no successful request after the failure"
     return f"{not_recovered_reason(rec, t0)}: NOT recovered"
@@ -284,13 +285,13 @@ def action_items(ctx: ReportContext, inc: Incident) -> list[list[str]]:
     return rows
 
 
-def ramp_failed(ctx: ReportContext) -> tuple[list[Any], list[Any]]:
+def ramp_failed(ctx: ReportContext) -> tuple[list[RequestRecord], list[RequestRecord]]:
     """(the ramp's requests that came back, those of them that failed): refused requests too."""
     back = [r for r in ctx.requests if r.phase == "ramp" and r.error_class != "cancelled"]
     return back, [r for r in back if not r.ok]
 
 
-def ceiling_line(ctx: ReportContext, top: Any, unit: str) -> str:
+def ceiling_line(ctx: ReportContext, top: float | None, unit: str) -> str:
     """The ramp ended without a detected failure: "held at the ceiling" only when no request failed;
     otherwise how many failed, from which step, and the server's words (a refusal for length)."""
     back, failed = ramp_failed(ctx)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from vramlab.capacity.regression import Change, Comparison
-from vramlab.capacity.units import gib
+from vramlab.units import gib
 
 BYTES = ("budget_bytes", "kv_cache", "used_bytes", "headroom_bytes")
 
 
-def _value(change: Change, v: Any) -> str:
+def _value(change: Change, v: object) -> str:
     if isinstance(v, bool) or v is None:
         return {True: "yes", False: "no", None: "-"}[v]
     if isinstance(v, int) and (change.kind == "component" or change.item in BYTES):

@@ -11,8 +11,8 @@ from vramlab.capacity.estimate import Estimate
 from vramlab.capacity.gpus import GPU, HOST_DEVICE
 from vramlab.capacity.planning import Plan, SweepResult
 from vramlab.capacity.spec import ModelSpec
-from vramlab.capacity.units import gib
 from vramlab.capacity.verdict import AT_ESTIMATE, DOES_NOT_FIT, FITS, PARTIAL_OFFLOAD, Verdict
+from vramlab.units import gib
 
 
 def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
@@ -37,7 +37,7 @@ _WHERE = {
 }
 
 
-def _where(e: Any) -> tuple[str, str, str, str]:
+def _where(e: Estimate) -> tuple[str, str, str, str]:
     return _WHERE[e.gpu == HOST_DEVICE]
 
 
@@ -46,7 +46,7 @@ def render_plan(plan: Plan, model: ModelSpec, gpu: GPU) -> str:
     lines = _heading(plan, model, gpu) + [""] + _components(e) + [""] + _pool(e)
     lines += _concurrency(plan) + _prefix(plan)
     lines.append(_safe_line(plan))
-    lines += _placement(e.extra) + _draft_and_host_tier(e.extra)
+    lines += _placement(e) + _draft_and_host_tier(e)
     lines += [f"note: {note}" for note in e.notes]
     lines.append("")
     lines += _verdict(plan.verdict)
@@ -176,7 +176,7 @@ def _safe_line(plan: Plan) -> str:
     )
 
 
-def _kv_band(e: Any) -> list[str]:
+def _kv_band(e: Estimate) -> list[str]:
     """The KV band, the term that makes most of its width, every term it was widened for because it is unknown
     here, and what moves the pool outside the band (capacity/band_terms.py)."""
     band = e.extra.get("kv_band_bytes")
@@ -209,8 +209,9 @@ def _verdict(v: Verdict) -> list[str]:
     return lines
 
 
-def _draft_and_host_tier(extra: dict[str, Any]) -> list[str]:
+def _draft_and_host_tier(e: Estimate) -> list[str]:
     """Speculative decoding's draft (capacity/speculative.py) and a host KV tier (capacity/offload.py)."""
+    extra = e.extra
     out: list[str] = []
     spec = extra.get("speculative")
     if spec:
@@ -246,8 +247,9 @@ def _draft_and_host_tier(extra: dict[str, Any]) -> list[str]:
     return out
 
 
-def _placement(extra: dict[str, Any]) -> list[str]:
+def _placement(e: Estimate) -> list[str]:
     """llama.cpp: every card's buffers and the host's share, as its load_tensors / KV / compute lines print them."""
+    extra = e.extra
     devices, host = extra.get("devices"), extra.get("host")
     if not devices or not host:
         return []

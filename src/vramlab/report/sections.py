@@ -3,11 +3,12 @@
 A section is a function from the report context to blocks (and optionally to JSON data). The
 built-in ones live in this package: `core_sections.py` for every run, `incident.py` and
 `colocation.py` for runs of kind "drill" (they read only the stored records and the analysis, so
-the report never imports the drill). Other code adds its own with `register`:
+the report never imports the drill); each module lists its own as a constant `SECTIONS` tuple.
+Other code adds its own for one document, without changing what any other report holds:
 
-    from vramlab.report.sections import Section, register
-    register(Section("incident", "Incident", order=25, applies=lambda ctx: ctx.run.kind == "drill",
-                     build=my_blocks, data=my_json))
+    from vramlab.report.sections import Section, build_document
+    mine = Section("extra", "Extra", my_blocks, order=25, applies=lambda ctx: ctx.run.kind == "drill")
+    doc = build_document(ctx, extra=[mine])
 
 The answer comes first (`answer.py`, order 1: the verdict, plan against measured, the key chart);
 sections marked `appendix` (the plan as run, the environment) come last, whatever their order.
@@ -100,47 +101,50 @@ class Document:
     sections: list[RenderedSection] = field(default_factory=list)
 
 
-_REGISTRY: dict[str, Section] = {}
-_builtins_loaded = False
+def registered(extra: Sequence[Section] = ()) -> list[Section]:
+    """The built-in sections and *extra* (one of the same id replaces the built-in), in order. Each
+    module's sections are a constant tuple (`SECTIONS`): nothing is registered at run time."""
+    # Imported here, not at the top: each of them imports this module for Section and ReportContext.
+    from vramlab.report import (
+        answer,
+        charts,
+        colocation,
+        composition,
+        core_sections,
+        incident,
+        slo_search,
+        soak,
+        tenants,
+    )
+
+    by_id = {
+        s.id: s
+        for s in (
+            *answer.SECTIONS,
+            *core_sections.SECTIONS,
+            *charts.SECTIONS,
+            *composition.SECTIONS,
+            *incident.SECTIONS,  # drill runs: the incident
+            *colocation.SECTIONS,
+            *slo_search.SECTIONS,  # change.search runs
+            *soak.SECTIONS,  # change.soak runs
+            *tenants.SECTIONS,  # conversations with tenants
+            *extra,
+        )
+    }
+    return sorted(by_id.values(), key=lambda s: (s.order, s.id))
 
 
-def register(section: Section) -> Section:
-    """Add (or replace, by id) a section."""
-    _REGISTRY[section.id] = section
-    return section
-
-
-def registered() -> list[Section]:
-    _load_builtins()
-    return sorted(_REGISTRY.values(), key=lambda s: (s.order, s.id))
-
-
-def _load_builtins() -> None:
-    global _builtins_loaded
-    if _builtins_loaded:
-        return
-    _builtins_loaded = True
-    # Imported here, not at the top: each of them imports this module to register its sections.
-    import vramlab.report.answer
-    import vramlab.report.charts
-    import vramlab.report.colocation
-    import vramlab.report.composition
-    import vramlab.report.core_sections
-    import vramlab.report.incident  # (drill runs: the incident)
-    import vramlab.report.slo_search  # (change.search runs)
-    import vramlab.report.soak  # (change.soak runs)
-    import vramlab.report.tenants  # noqa: F401  (conversations with tenants)
-
-
-def build_document(ctx: ReportContext) -> Document:
-    """The sections that apply, in order: the answer first, the appendix sections last."""
+def build_document(ctx: ReportContext, extra: Sequence[Section] = ()) -> Document:
+    """The sections that apply (the built-in ones and *extra*), in order: the answer first, the
+    appendix sections last."""
     run = ctx.run
     state = "" if ctx.analysis.complete else " (incomplete)"
     doc = Document(
         title=f"vramlab {run.kind} {run.run_id}: {run.name}",
         subtitle=f"status {run.status}{state}",
     )
-    for section in sorted(registered(), key=lambda s: s.appendix):  # stable: order kept within each part
+    for section in sorted(registered(extra), key=lambda s: s.appendix):  # stable: order kept within each part
         try:
             if not section.applies(ctx):
                 continue

@@ -7,7 +7,7 @@ from typing import Any
 
 from vramlab.report import fmt
 from vramlab.report.blocks import Block, Table, Text
-from vramlab.report.sections import ReportContext, Section, register
+from vramlab.report.sections import ReportContext, Section
 
 
 def _v(v: Any) -> str:
@@ -53,7 +53,7 @@ def s_search(ctx: ReportContext) -> list[Block]:
     return out
 
 
-register(
+SECTIONS = (
     Section(
         "search",
         "SLO search: the largest load that meets the SLO",
@@ -61,7 +61,7 @@ register(
         order=12,
         applies=lambda ctx: bool(ctx.analysis.searches),
         data=lambda ctx: ctx.analysis.searches,
-    )
+    ),
 )
 
-__all__ = ["s_search"]
+__all__ = ["SECTIONS", "s_search"]

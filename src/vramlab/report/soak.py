@@ -8,7 +8,7 @@ from typing import Any
 
 from vramlab.report import fmt
 from vramlab.report.blocks import Block, Table, Text
-from vramlab.report.sections import ReportContext, Section, register
+from vramlab.report.sections import ReportContext, Section
 
 
 def s_soak(ctx: ReportContext) -> list[Block]:
@@ -44,7 +44,7 @@ def soak_json(ctx: ReportContext) -> Any:
     return [dataclasses.asdict(r) for r in ctx.analysis.soak]
 
 
-register(
+SECTIONS = (
     Section(
         "soak",
         "Soak: drift over the long window",
@@ -52,7 +52,7 @@ register(
         order=13,
         applies=lambda ctx: bool(ctx.analysis.soak),
         data=soak_json,
-    )
+    ),
 )
 
-__all__ = ["s_soak", "soak_json"]
+__all__ = ["SECTIONS", "s_soak", "soak_json"]

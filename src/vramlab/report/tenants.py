@@ -8,7 +8,7 @@ from typing import Any
 
 from vramlab.report import fmt
 from vramlab.report.blocks import Block, Table, Text
-from vramlab.report.sections import ReportContext, Section, register
+from vramlab.report.sections import ReportContext, Section
 
 
 def s_tenants(ctx: ReportContext) -> list[Block]:
@@ -63,7 +63,7 @@ def tenants_json(ctx: ReportContext) -> Any:
     ]
 
 
-register(
+SECTIONS = (
     Section(
         "tenants",
         "Tenants and their SLOs",
@@ -71,7 +71,7 @@ register(
         order=56,
         applies=lambda ctx: bool(ctx.analysis.tenants),
         data=tenants_json,
-    )
+    ),
 )
 
-__all__ = ["s_tenants", "tenants_json"]
+__all__ = ["SECTIONS", "s_tenants", "tenants_json"]

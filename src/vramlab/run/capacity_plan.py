@@ -11,15 +11,22 @@ is missing, one note says which and how to give it; the run goes on without a pl
 The events (their `data` is the JSON contract in docs/store-and-reports.md):
 - ``capacity_plan``: ``{facts: {model, engine, gpu, gpu_memory_gib, settings}, estimate: <plan --json>}``
 - ``startup_memory``: ``{source, observation}``: check-log's parse of the target's start-up log
+- ``note`` with ``{by: "capacity plan"}``: why there is no plan (`records.capacity_plan` reads all three)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramlab.engines import served_engines
 from vramlab.plandoc import CapacityFacts, SimSettings
+from vramlab.records.capacity_plan import CAPACITY_PLAN_NOTE, PlanFactsRecord
+
+if TYPE_CHECKING:
+    from vramlab.capacity.gpus import GPU
+    from vramlab.capacity.settings import EngineSettings
+    from vramlab.capacity.spec import ModelSpec
 
 Emitted = tuple[str, str, dict[str, Any]]  # (event kind, message, data); kind "note" is a run note
 
@@ -53,6 +60,12 @@ class PlanFacts:
                 f"{self.where}.gpu_memory_gib in the plan, or --gpu / --gpu-memory-gib"
             )
         return None
+
+    def record(self) -> PlanFactsRecord:
+        """The facts as stored with the plan (`capacity_plan` event's ``facts``)."""
+        return PlanFactsRecord(
+            self.model, self.engine, self.gpu, self.gpu_memory_gib, self.engine_version, self.settings
+        )
 
     def with_card(self, gpu: str | None, gpu_memory_gib: float | None) -> PlanFacts:
         """The card `--gpu` / `--gpu-memory-gib` name, where the plan names none."""
@@ -132,7 +145,7 @@ def sim_settings(sim: SimSettings) -> dict[str, Any]:
     return out
 
 
-def resolve_facts(facts: PlanFacts) -> tuple[Any, Any, Any]:
+def resolve_facts(facts: PlanFacts) -> tuple[ModelSpec, GPU, EngineSettings]:
     """(ModelSpec, GPU, EngineSettings) for these facts (ConfigError when a fact is refused)."""
     from vramlab.capacity import custom_gpu, get_gpu
     from vramlab.capacity.gpus import HOST_NAMES, host_device
@@ -189,12 +202,12 @@ def start_events(facts: PlanFacts) -> list[Emitted]:
     out: list[Emitted] = []
     why = facts.missing()
     if why is not None:
-        out.append(("note", f"capacity plan: not computed: {why}", {}))
+        out.append(("note", f"capacity plan: not computed: {why}", {"by": CAPACITY_PLAN_NOTE}))
     else:
         try:
             est = estimate_json(facts)
         except (VramlabError, ImportError, NotImplementedError) as exc:
-            out.append(("note", f"capacity plan: not computed: {exc}"[:300], {}))
+            out.append(("note", f"capacity plan: not computed: {exc}"[:300], {"by": CAPACITY_PLAN_NOTE}))
         else:
             from vramlab.units import size
 
@@ -204,17 +217,7 @@ def start_events(facts: PlanFacts) -> list[Emitted]:
                     f"capacity plan for {est['model']} on {est['gpu']} ({est['engine']} {est['engine_version']}): "
                     f"weights {size(est['weights_bytes'])}, KV pool {size(est['kv_cache_bytes'])}, "
                     f"{size(est['used_bytes'])} in use at the peak (GiB = 2^30 bytes)",
-                    {
-                        "facts": {
-                            "model": facts.model,
-                            "engine": facts.engine,
-                            "gpu": facts.gpu,
-                            "gpu_memory_gib": facts.gpu_memory_gib,
-                            "engine_version": facts.engine_version,
-                            "settings": facts.settings,
-                        },
-                        "estimate": est,
-                    },
+                    {"facts": facts.record().to_json(), "estimate": est},
                 )
             )
     out.extend(startup_events(facts.log_file, facts.engine))

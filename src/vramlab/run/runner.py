@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from vramlab.records.capacity_plan import CAPACITY_PLAN_NOTE
 from vramlab.run.events import Event, EventHook
 from vramlab.run.kind import RunKind, Where
 from vramlab.run.rollback import RollbackResult
@@ -116,9 +117,10 @@ class Runner:
             Event(kind, self.now(), w.round, w.phase, w.step, message, {**(data or {}), **fields}, payload)
         )
 
-    def note(self, message: str) -> None:
+    def note(self, message: str, by: str | None = None) -> None:
+        """A run note (kept on the run row and as an event); *by*: what wrote it (NoteData.by)."""
         self.notes.append(message)
-        self.emit("note", message)
+        self.emit("note", message, {"by": by} if by else None)
 
     # -- ending it early -------------------------------------------------------------------------
     def halt(self, message: str, reason: StopReason | None = None) -> None:
@@ -232,10 +234,13 @@ class Runner:
         try:
             emitted = await asyncio.to_thread(self.capacity_plan)
         except Exception as exc:
-            self.note(f"capacity plan: {type(exc).__name__}: {exc}"[:300])
+            self.note(f"capacity plan: {type(exc).__name__}: {exc}"[:300], by=CAPACITY_PLAN_NOTE)
             return
         for kind, message, data in emitted:
-            self.note(message) if kind == "note" else self.emit(kind, message, data)
+            if kind == "note":
+                self.note(message, by=data.get("by"))
+            else:
+                self.emit(kind, message, data)
 
     async def _steps(self, rnd: int) -> bool:
         """The steps of one round (numbered from 1) until the strategy ends them or one fails;

@@ -7,9 +7,9 @@ import sys
 import time
 from typing import Any
 
-from vramlab.capacity.units import GIB
 from vramlab.errors import ConfigError, VramlabError
 from vramlab.sim.ledger import DeviceLedger, SimOutOfMemory
+from vramlab.units import GIB
 from vramlab.units import gib as gib_text
 
 

@@ -8,9 +8,9 @@ import asyncio
 from functools import partial
 from typing import TYPE_CHECKING
 
-from vramlab.capacity.units import MIB
 from vramlab.sim import startup_log as L
 from vramlab.sim.ledger import SimOutOfMemory
+from vramlab.units import MIB
 
 if TYPE_CHECKING:
     from vramlab.sim.engine import SimEngine

@@ -19,7 +19,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from vramlab.capacity.estimate import Estimate
-from vramlab.capacity.units import MIB, to_gib
 from vramlab.sim import startup_log as L
 from vramlab.sim.config import SimConfig
 from vramlab.sim.death import die_crash, die_oom
@@ -29,6 +28,7 @@ from vramlab.sim.metrics import EngineStats
 from vramlab.sim.scheduler import Batch, Request, Scheduler, cdiv
 from vramlab.sim.startup_log import EngineLog
 from vramlab.sim.timing import Roofline, load_s
+from vramlab.units import MIB, to_gib
 
 PROCESS_NAMES = {
     "vllm": "VLLM::EngineCore",

@@ -12,7 +12,7 @@ import time
 from collections import deque
 from typing import IO
 
-from vramlab.capacity.units import GIB, MIB, to_gib
+from vramlab.units import GIB, MIB, to_gib
 
 # file[:line] vLLM prints in its log prefix, so a reader sees where a line would come from.
 _VLLM_SRC = {

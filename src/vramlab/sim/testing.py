@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vramlab.capacity.estimate import ENGINE, FORMULA, Component, Estimate
-from vramlab.capacity.units import GIB
+from vramlab.units import GIB
 
 
 def make_estimate(

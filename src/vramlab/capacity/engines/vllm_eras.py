@@ -14,8 +14,8 @@ from vramlab.capacity.defaults import v0_chunked_prefill
 from vramlab.capacity.defaults import vllm_batch as defaults
 from vramlab.capacity.defaults import vllm_context as context_length
 from vramlab.capacity.engines.common import Context
-from vramlab.capacity.estimate import GIB
 from vramlab.errors import ConfigError
+from vramlab.units import GIB
 
 V1_DEFAULT_FROM = (0, 8)
 V0_REMOVED_IN = (0, 11)
