@@ -105,7 +105,7 @@ def _steps(
 def test_predicted_and_observed_saturation_are_counted_in_the_ramps_steps() -> None:
     # vLLM's CPU build in the e2e test: 40 blocks of 128 tokens, 1,500 + 48 tokens a request in 13 blocks:
     # three fit, so the limit shows at the first step at or past 3
-    plan = {"engine": "vllm", "block_size": 128, "settings": {"max_num_seqs": 8}}
+    plan = E({"engine": "vllm", "block_size": 128, "settings": {"max_num_seqs": 8}})
     shape = RequestShape(1500, 48, 1, True)
     ramp = [1.0, 2.0, 4.0, 8.0]
     same = saturation("concurrency", plan, 5120, shape, _steps(ramp, full_from=4.0), [])
@@ -116,20 +116,20 @@ def test_predicted_and_observed_saturation_are_counted_in_the_ramps_steps() -> N
     never = saturation("concurrency", plan, 5120, shape, _steps(ramp), [])
     assert never.observed is None and never.steps_apart is None  # predicted inside the ramp, not seen
     # a pool far beyond the ramp: nothing predicted inside it and nothing seen agree; a hit does not
-    unbound = {"engine": "vllm", "block_size": 128, "settings": {}}
+    unbound = E({"engine": "vllm", "block_size": 128, "settings": {}})
     big = saturation("concurrency", unbound, 10**6, shape, _steps(ramp), [])
     assert big.predicted_step_value is None and big.steps_apart == 0
     assert (
         saturation("concurrency", unbound, 10**6, shape, _steps(ramp, full_from=2.0), []).steps_apart is None
     )
     # one llama.cpp slot: the second request waits, one step past the slot count
-    slots = {"engine": "llama.cpp", "settings": {"parallel": 1}}
+    slots = E({"engine": "llama.cpp", "settings": {"parallel": 1}})
     one = saturation("concurrency", slots, 2048, SHAPE, _steps([1.0, 2.0, 4.0], queued_from=2.0), [])
     assert (one.predicted_step_value, one.observed_value, one.steps_apart) == (1.0, 2.0, 1)
 
 
 def test_a_refusal_step_counts_where_no_engine_sample_was_read() -> None:
-    plan = {"engine": "llama.cpp", "max_model_len": 512, "settings": {"parallel": 1}}
+    plan = E({"engine": "llama.cpp", "max_model_len": 512, "settings": {"parallel": 1}})
     reqs = [
         _req(0, 256.0, 256),
         _req(1, 1024.0, 1024, error="Requested tokens (1030) exceed context window of 512"),
@@ -141,7 +141,7 @@ def test_a_refusal_step_counts_where_no_engine_sample_was_read() -> None:
 def test_requests_waiting_with_less_room_than_one_request_is_a_full_pool() -> None:
     # vLLM's CPU build, 40 blocks of 128 tokens, 1,548-token requests (13 blocks): three fit; at 4 the fourth
     # waits with the pool 95 % used (the rest fits no request), though usage never reached 98 %
-    plan = {"engine": "vllm", "block_size": 128, "settings": {"max_num_seqs": 8}}
+    plan = E({"engine": "vllm", "block_size": 128, "settings": {"max_num_seqs": 8}})
     shape = RequestShape(1500, 48, 1, True)
     steps = [
         StepSignals(1, 1, 1.0, 0.31, False, False),
@@ -157,5 +157,5 @@ def test_requests_waiting_with_less_room_than_one_request_is_a_full_pool() -> No
     # the same usage with nothing waiting is no full pool; llama.cpp's cells are no pool to wait for
     idle = [StepSignals(1, 3, 4.0, 0.95, False, False)]
     assert saturation("concurrency", plan, 5120, shape, idle, []).kv_full is None
-    slots = {"engine": "llama.cpp", "settings": {"parallel": 4}}
+    slots = E({"engine": "llama.cpp", "settings": {"parallel": 4}})
     assert saturation("concurrency", slots, 5120, shape, steps, []).kv_full is None
