@@ -10,6 +10,7 @@ contract tests in a few minutes and the full suite runs everything.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,10 @@ import pytest
 from _store_backends import any_store_url_fixture, store_url_fixture
 
 __all__ = ["any_store_url_fixture", "store_url_fixture"]
+
+# every event a run writes, in this process or a vramlab it starts, is checked against its kind's declared
+# data types as it is written (run/runner.py): a writer whose payload drifts fails where it writes
+os.environ["VRAMLAB_STRICT_EVENTS"] = "1"
 
 _SLOW = {
     line.strip()

@@ -263,7 +263,7 @@ def test_unsloth_dynamic_llama_keeps_layer_1_mlp_in_16_bit():
 
 
 def test_mxfp4_padding_per_backend_layout():
-    from vramlab.capacity.weights import mxfp4_padding
+    from vramlab.capacity.mxfp4 import mxfp4_padding
     from vramlab.sources.catalog import get_entry
 
     oss = get_entry("gpt-oss-120b").spec()  # hidden 2880, expert width 2880

@@ -345,7 +345,7 @@ def test_a_drill_stores_only_enumerated_kinds_with_declared_data(tmp_path):
 
     doc = yaml.safe_load((ROOT / "examples" / "oom-drill.yaml").read_text())
     doc["target"]["sim"]["device"] = str(tmp_path / "gpu0.ledger")
-    doc["baseline_s"], doc["ramp"]["step_s"], doc["recovery"]["observe_s"] = 1.0, 0.7, 1.0
+    doc["baseline_s"], doc["ramp"]["step_s"], doc["recovery"]["observe_s"] = 1.0, 1.0, 1.0
     doc["recovery"]["p95_tolerance"] = 4.0
     doc.setdefault("stop_conditions", {})["wall_clock_s"] = 40
     store = open_store(str(tmp_path / "s.db"))

@@ -44,7 +44,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
 # Modules first counted over MODULE_MAX when `ruff format` laid them out (they were under 500 lines in
 # the denser hand layout): (cap, why). Split each by concept; the cap keeps them from growing meanwhile.
 LONG_MODULES: dict[str, tuple[int, str]] = {
-    "capacity/weights.py": (509, FORMATTED),
     "report/core_sections.py": (562, FORMATTED),
     "report/incident.py": (599, FORMATTED),
 }

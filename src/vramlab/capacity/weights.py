@@ -1,16 +1,15 @@
 """Weight bytes per GPU, from exact file facts when known, else from the architecture.
 
-Per-rank accounting mirrors vLLM's parallel layers: column/row-parallel linears split by TP,
-K/V projections replicated when TP exceeds the KV heads, vocabulary padded to a multiple of 64
-and split by TP, norms and routers replicated, MLA's low-rank A projections replicated. PP
-splits the layers evenly; the first stage holds the embedding, the last the final norm and LM
-head. Loading also keeps the rotary cos/sin cache (max_position x rotary_dim in the model dtype;
+Per-rank accounting mirrors vLLM's parallel layers: column/row-parallel linears split by TP, K/V projections replicated
+when TP exceeds the KV heads, vocabulary padded to a multiple of 64 and split by TP, norms and routers replicated,
+MLA's low-rank A projections replicated. PP splits the layers evenly; the first stage holds the embedding, the last the
+final norm and LM head. Loading also keeps the rotary cos/sin cache (max_position x rotary_dim in the model dtype;
 linear RoPE scaling caches max_position x factor positions, see `rope_cache_elems`).
 
-bitsandbytes 4-bit (vLLM `BitsAndBytesLinearMethod`): only linear layers are quantized (embeddings and
-the LM head are not `LinearBase`), each one unless `llm_int8_skip_modules` names it; a weight is half a
-byte plus its absmax per 64-block: fp32 from vLLM 0.9.2 on (PR #19742 `dequantize_dq` expands
-double-quantized statistics at load), one byte plus a nested fp32 scale per 256 blocks before that.
+bitsandbytes 4-bit (vLLM `BitsAndBytesLinearMethod`): only linear layers are quantized (embeddings and the LM head are
+not `LinearBase`), each one unless `llm_int8_skip_modules` names it; a weight is half a byte plus its absmax per
+64-block: fp32 from vLLM 0.9.2 on (PR #19742 `dequantize_dq` expands double-quantized statistics at load), one byte
+plus a nested fp32 scale per 256 blocks before that.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 from functools import lru_cache
 
+from vramlab.capacity.mxfp4 import mxfp4_padding
 from vramlab.capacity.quant_names import gguf_quant
 from vramlab.capacity.spec import ModelSpec, QuantSpec, dtype_bytes
 
@@ -401,29 +401,6 @@ def weight_bytes(
     if rope_cache:
         total += wb.rope_cache_elems * full
     return int(total), "formula"
-
-
-def _pad(x: float, to: int) -> float:
-    return math.ceil(x / to) * to
-
-
-# vLLM's Mxfp4MoEMethod.create_weights (vllm/model_executor/layers/quantization/mxfp4.py, 0.10.1 on) pads each rank's
-# expert width and the hidden size for the MoE backend that will run them, (width, hidden) multiples: Marlin ("n % 256
-# == 0 and k % 128 == 0": CUDA cards below Blackwell, and Hopper unless the triton_kernels package is importable with
-# torch >= 2.8) 128 and 256; FlashInfer on SM100 256 and 256; the Triton kernels 64 and none. A GGUF file (llama.cpp,
-# Ollama) stores MXFP4 as ggml's `block_mxfp4` (ggml/src/ggml-common.h: one E8M0 byte and 16 bytes of 4-bit values per 32
-# weights, `static_assert(sizeof(block_mxfp4) == sizeof(uint8_t) + QK_MXFP4/2)`): 4.25 bits, rows unpadded.
-MXFP4_PADS = {"marlin": (128, 256), "flashinfer": (256, 256), "triton": (64, 1), "gguf": (1, 1)}
-
-
-def mxfp4_padding(m: ModelSpec, tp: int, layout: str = "flashinfer") -> float:
-    """The stored experts grow by the padded over the real (hidden x width) of one rank (gpt-oss at TP 1:
-    2880 x 2880 -> 3072 x 2944 under Marlin, 3072 x 3072 under FlashInfer, unpadded under Triton)."""
-    if not m.moe_intermediate_size:
-        return 1.0
-    width_pad, hidden_pad = MXFP4_PADS[layout]
-    inter = m.moe_intermediate_size / tp
-    return (_pad(m.hidden_size, hidden_pad) * _pad(inter, width_pad)) / (m.hidden_size * inter)
 
 
 def effective_quant(m: ModelSpec, quantization: str | None) -> QuantSpec | None:

@@ -86,7 +86,7 @@ def _measure(ctx: Any, comp: Any, notes: list[str]) -> Any:
             + (f" ({notes[-1]})" if notes else "")
         )
     heaviest = max(measured_rows, key=lambda r: r.figure("peak").measured_bytes) if measured_rows else None
-    host = bool(comp.plan and comp.plan.get("gpu") == "cpu")
+    host = comp.plan is not None and comp.plan.gpu == "cpu"
     measured, evidence, rows = heaviest_figures(heaviest, usable, host)
     differs = {k: v for k, v in printed.items() if planned.get(k) != v}
     if differs:
@@ -208,8 +208,8 @@ def runtime_windows(
             return (), {
                 "none": "the engine showed its KV pool in tokens only: the worker's reading cannot be split"
             }
-        comps = (comp.plan or {}).get("components", ())
-        weights = next((int(c["bytes"]) for c in comps if c["name"] == "weights"), 0)
+        comps = comp.plan.components if comp.plan is not None else ()
+        weights = next((c.bytes for c in comps if c.name == "weights"), 0)
         reads = split_readings(samples, wins, weights + pool)
         how = {
             "runtime_bytes": f"the worker process's (VLLM::Worker) highest resident set less the weights "
@@ -220,7 +220,7 @@ def runtime_windows(
             "stored before vramlab read each process): the worker cannot be told from the front end",
         }
     elif engine == "llama.cpp":
-        model = ((comp.startup or {}).get("extra") or {}).get("host_weights_bytes")
+        model = ((comp.startup.document if comp.startup else {}).get("extra") or {}).get("host_weights_bytes")
         compute = startup.get("activation_peak_bytes")
         if not (model and pool and compute):
             return (), {

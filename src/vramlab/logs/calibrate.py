@@ -29,10 +29,11 @@ _BYTE_FIELDS = (
 )
 
 
-# No engine allocates a component smaller than this: engines print GiB or MiB with two decimals,
-# and the smallest real buffers (a tiny model's KV cache, a compute buffer) are MiBs. A figure of a
-# few bytes is a unit slip (bytes for GiB) and would drag a fitted constant anywhere.
-_SMALLEST_COMPONENT_BYTES = 1 << 20
+# No engine allocates a component smaller than this: engines print GiB or MiB with two decimals, and
+# the smallest real buffers are tenths of a MiB (a tiny test model's q8_0 KV cache: llama.cpp printed
+# `KV buffer size = 0.53 MiB`). A figure of a few bytes is a unit slip (bytes for GiB) and would drag a
+# fitted constant anywhere.
+_SMALLEST_COMPONENT_BYTES = 64 << 10
 # A served model has weights and a KV cache: zero is a failed start-up, not a measurement.
 _NEVER_ZERO = ("weights_bytes", "kv_cache_bytes")
 
@@ -46,7 +47,7 @@ def _too_small(obs: Observation) -> str | None:
             return f"{name} is 0: a served model has one (a failed start-up is not a measurement)"
         if 0 < value < _SMALLEST_COMPONENT_BYTES:
             return (
-                f"{name} is {value:,} bytes, smaller than any buffer an engine allocates (1 MiB); "
+                f"{name} is {value:,} bytes, smaller than any buffer an engine allocates (64 KiB); "
                 "a unit slip (bytes for GiB)?"
             )
     return None
@@ -55,7 +56,7 @@ def _too_small(obs: Observation) -> str | None:
 def implausible_bytes(name: str, value: object, card_bytes: int | None, component: bool = True) -> str | None:
     """Why one stored byte figure cannot be a measurement, by the rules `impossible` applies to a
     log's or a JSONL line's: a number of bytes (not true/false), finite, not negative, not bigger
-    than the card, and for a component at least 1 MiB."""
+    than the card, and for a component at least 64 KiB."""
     import math
 
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -66,7 +67,7 @@ def implausible_bytes(name: str, value: object, card_bytes: int | None, componen
         return f"{name} is negative ({value:,.0f}): not a measurement of one component"
     if component and value < _SMALLEST_COMPONENT_BYTES:
         return (
-            f"{name} is {value:,.0f} bytes, smaller than any buffer an engine allocates (1 MiB); "
+            f"{name} is {value:,.0f} bytes, smaller than any buffer an engine allocates (64 KiB); "
             "a unit slip (bytes for GiB)?"
         )
     limit = card_bytes or _LARGEST_CARD_BYTES

@@ -75,7 +75,7 @@ class WarningData(TypedDict, total=False):
 
 class HealthPathData(TypedDict, total=False):
     path: str
-    answers: list[str]
+    answers: dict[str, str]  # each path tried and what it answered
 
 
 class TargetReadyData(TypedDict, total=False):
@@ -205,7 +205,7 @@ class HealthData(TypedDict, total=False):
 
 class ProcessExitData(TypedDict, total=False):
     exit_code: int | None
-    oom_killed: bool
+    oom_killed: bool | None  # None: the kernel's count could not be read
     detail: str
 
 

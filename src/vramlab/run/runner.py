@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ def exit_code(status: str, error: BaseException | None = None, recovered: bool =
 # How often a running step asks its kind "should this step end?", and how often the kind's clock
 # and sample-based conditions are checked between requests (a hung target sends no results).
 POLL_S = 0.05
+# every event's data checked against its kind's declared types as it is written (the test suite sets it)
+STRICT_EVENTS = os.environ.get("VRAMLAB_STRICT_EVENTS") == "1"
 
 
 @dataclass(frozen=True)
@@ -113,9 +116,15 @@ class Runner:
     ) -> None:
         """One event, stamped with the run's clock and where it is; its data as a dict, or as keywords."""
         w = self.where
-        self.hook.fire(
-            Event(kind, self.now(), w.round, w.phase, w.step, message, {**(data or {}), **fields}, payload)
-        )
+        doc = {**(data or {}), **fields}
+        if STRICT_EVENTS:
+            from vramlab.records.event_check import misfits
+
+            if bad := misfits(kind, doc):
+                raise TypeError(
+                    f"event {kind}: data {', '.join(f'{k}={doc[k]!r}' for k in bad)} misfit its declared type"
+                )
+        self.hook.fire(Event(kind, self.now(), w.round, w.phase, w.step, message, doc, payload))
 
     def note(self, message: str, by: str | None = None) -> None:
         """A run note (kept on the run row and as an event); *by*: what wrote it (NoteData.by)."""

@@ -13,13 +13,12 @@ from __future__ import annotations
 import functools
 import json
 import math
-import types
-import typing
-from typing import Any, Literal, Union
+from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from vramlab.records import RunRecord
+from vramlab.records.event_check import misfits
 from vramlab.records.store import ReadProblems
 
 
@@ -88,49 +87,9 @@ def _checked(out: list[Any], seqs: list[Any], label: str, problems: ReadProblems
     out = _finite(out, seqs, label, problems)
     if out and hasattr(out[0], "data") and hasattr(out[0], "kind"):
         for seq, ev in zip(seqs, out, strict=False):
-            for key in _misfits(ev.kind, ev.data):
+            for key in misfits(ev.kind, ev.data):
                 problems.add(f"{label} row {seq}", f"data.{key} is {_short(ev.data.pop(key))}: left out")
     return out
-
-
-@functools.cache
-def _payload_hints(kind: str) -> dict[str, Any]:
-    from vramlab.records.events import PAYLOADS, check_kind
-
-    try:
-        return typing.get_type_hints(PAYLOADS[check_kind(kind)])
-    except (ValueError, KeyError):  # a kind this version does not know: its data is not read
-        return {}
-
-
-def _misfits(kind: str, data: dict[str, Any]) -> list[str]:
-    """The keys of an event's data whose values are not of the type its kind declares
-    (vramlab.records.events): a reader would trip on them, so they are read as absent."""
-    hints = _payload_hints(kind)
-    return [k for k, v in data.items() if k in hints and not _fits(v, hints[k])]
-
-
-def _fits(value: Any, hint: Any) -> bool:
-    """A shallow check of a JSON value against a payload's declared type."""
-    origin = typing.get_origin(hint)
-    if origin in (Union, types.UnionType):
-        return any(_fits(value, a) for a in typing.get_args(hint))
-    if origin is Literal:
-        return value in typing.get_args(hint)
-    shape = origin or hint
-    if hint is type(None):
-        return value is None
-    if shape is bool:
-        return isinstance(value, bool)
-    if shape is int:
-        return (isinstance(value, int) and not isinstance(value, bool)) or (
-            isinstance(value, float) and value.is_integer()
-        )
-    if shape is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if shape in (str, list, dict):
-        return isinstance(value, shape)
-    return True  # Any, or a type a JSON value cannot be checked against here
 
 
 def _finite(out: list[Any], seqs: list[Any], label: str, problems: ReadProblems) -> list[Any]:
