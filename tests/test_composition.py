@@ -288,7 +288,7 @@ def test_a_drill_adds_the_composition_at_the_failure(tmp_path: Path) -> None:
 
     doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "oom-drill.yaml").read_text())
     doc["target"]["sim"]["device"] = str(tmp_path / "gpu0.ledger")
-    doc["baseline_s"], doc["ramp"]["step_s"], doc["recovery"]["observe_s"], doc["rounds"] = 1.0, 0.6, 1.0, 1
+    doc["baseline_s"], doc["ramp"]["step_s"], doc["recovery"]["observe_s"], doc["rounds"] = 1.0, 1.0, 1.0, 1
     (tmp_path / "drill.yaml").write_text(yaml.safe_dump(doc))
     db = str(tmp_path / "d.db")
     res = subprocess.run(

@@ -46,7 +46,7 @@ def test_alert_firing_time_recorded_from_real_prometheus(tmp_path):
     doc["target"]["sim"]["device"] = str(tmp_path / "gpu0.ledger")
     doc["prometheus_url"] = f"http://127.0.0.1:{prom_port}"
     doc["recovery"]["restart_delay_s"] = 2.0  # keep the target down for several scrapes
-    doc["baseline_s"], doc["ramp"]["step_s"], doc["recovery"]["observe_s"] = 1.0, 0.7, 0.5
+    doc["baseline_s"], doc["ramp"]["step_s"], doc["recovery"]["observe_s"] = 1.0, 1.0, 0.5
     doc["alerts"] = [
         {
             "name": "InferenceTargetDown",

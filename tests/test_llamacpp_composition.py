@@ -271,7 +271,7 @@ def test_calibrate_learns_the_compute_buffer_from_one_run_and_holds_on_another(t
     )  # the held-out run's own compute buffer, from its log
     assert abs(h["after_pct"]) < abs(h["before_pct"]) and abs(h["after_pct"]) <= 2.0, h
     assert any("planned with the settings its start-up log printed" in r for r in out["sources"][learn])
-    assert any("CPU runtime: measured" in n for n in out["not_fitted"])  # said, never dropped
+    assert any("CPU runtime" in n for n in out["not_fitted"]), out["not_fitted"]  # said, never dropped
     text = subprocess.run(
         [sys.executable, "-m", "vramlab", "calibrate", learn, learn2, "--min-points", "2", "--holdout", held],
         cwd=tmp_path,

@@ -188,6 +188,9 @@ def calibrate_runs(
             ev = "; ".join(how_all[(r, c.target)] for r in runs if (r, c.target) in how_all)
             changes.append(Change(c.name, c.target, c.default, c.value, ev, runs))
         not_fitted += [f"{r.name}: {r.reason}" for r in f.refused]
+        # an observation the model could not predict, or that no constant moves, teaches nothing: said, never dropped
+        not_fitted += list(dict.fromkeys(f"{engine}: {why}" for _, why in f.skipped))
+        not_fitted += _uninformative(engine, cases, f)
     act = [m for m in measures if "activation_peak_bytes" not in m.startup_fields and not m.host]
     if act:
         not_fitted.append(
@@ -262,6 +265,21 @@ def runtime_notes(engine: str, mine: Sequence[RunMeasure]) -> list[str]:
         f"{engine} CPU runtime: run {m.run_id}: {m.runtime_how['none']}"
         for m in mine
         if m.host and not m.runtime_windows and m.runtime_how.get("none")
+    ]
+
+
+def _uninformative(engine: str, cases: Sequence[Case], f: Fit) -> list[str]:
+    """The measured fields no constant was fitted against or refused for: what they were, and why they moved nothing."""
+    moved = {c.target for c in f.fitted} | {r.target for r in f.refused}
+    counts: dict[str, int] = {}
+    for case in cases:
+        for name in case.observed:
+            if name not in moved:
+                counts[name] = counts.get(name, 0) + 1
+    return [
+        f"{engine} {'CPU runtime' if name == 'runtime_bytes' else name}: measured in {n} observation(s); no "
+        "constant of this engine's plan depends on it, so it moved nothing"
+        for name, n in sorted(counts.items())
     ]
 
 

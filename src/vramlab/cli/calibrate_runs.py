@@ -86,7 +86,10 @@ def _measure(ctx: Any, comp: Any, notes: list[str]) -> Any:
             + (f" ({notes[-1]})" if notes else "")
         )
     heaviest = max(measured_rows, key=lambda r: r.figure("peak").measured_bytes) if measured_rows else None
-    host = comp.plan is not None and comp.plan.gpu == "cpu"
+    # planned on the host, or measured there (a run whose plan named no card): a host reading is the run's own
+    host = (comp.plan is not None and comp.plan.gpu == "cpu") or (
+        heaviest is not None and heaviest.figure("peak").host_memory
+    )
     measured, evidence, rows = heaviest_figures(heaviest, usable, host)
     differs = {k: v for k, v in printed.items() if planned.get(k) != v}
     if differs:
