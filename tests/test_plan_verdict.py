@@ -231,7 +231,13 @@ def test_example_drills_plan_the_sims_own_engine_and_settings_and_fit(name: str)
     facts = target_facts(drill.target.model, drill.target.engine, sim, drill.capacity, None)
     spec, card, s = resolve_facts(facts)
     assert s.engine == sim.engine
-    flags = dict(zip(sim.extra_args[::2], sim.extra_args[1::2], strict=True))
+    args = list(sim.extra_args)
+    # each flag with its value; a switch (--disable-radix-cache) stands alone
+    flags = {
+        a: (args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else "true")
+        for i, a in enumerate(args)
+        if a.startswith("--")
+    }
     for flag, field in (
         ("--chunked-prefill-size", "chunked_prefill_size"),
         ("--max-running-requests", "max_num_seqs"),

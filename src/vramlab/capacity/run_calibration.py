@@ -187,10 +187,7 @@ def calibrate_runs(
             runs = tuple(dict.fromkeys(run_of[cs.label] for cs in cases if c.target in cs.observed))
             ev = "; ".join(how_all[(r, c.target)] for r in runs if (r, c.target) in how_all)
             changes.append(Change(c.name, c.target, c.default, c.value, ev, runs))
-        not_fitted += [f"{r.name}: {r.reason}" for r in f.refused]
-        # an observation the model could not predict, or that no constant moves, teaches nothing: said, never dropped
-        not_fitted += list(dict.fromkeys(f"{engine}: {why}" for _, why in f.skipped))
-        not_fitted += _uninformative(engine, cases, f)
+        not_fitted += _unmoved(engine, cases, f)
     act = [m for m in measures if "activation_peak_bytes" not in m.startup_fields and not m.host]
     if act:
         not_fitted.append(
@@ -268,15 +265,18 @@ def runtime_notes(engine: str, mine: Sequence[RunMeasure]) -> list[str]:
     ]
 
 
-def _uninformative(engine: str, cases: Sequence[Case], f: Fit) -> list[str]:
-    """The measured fields no constant was fitted against or refused for: what they were, and why they moved nothing."""
+def _unmoved(engine: str, cases: Sequence[Case], f: Fit) -> list[str]:
+    """Why a measurement moved no constant, said and never dropped: a refused fit, an observation the model could
+    not predict, and a measured field no constant of the plan depends on."""
+    out = [f"{r.name}: {r.reason}" for r in f.refused]
+    out += list(dict.fromkeys(f"{engine}: {why}" for _, why in f.skipped))
     moved = {c.target for c in f.fitted} | {r.target for r in f.refused}
     counts: dict[str, int] = {}
     for case in cases:
         for name in case.observed:
             if name not in moved:
                 counts[name] = counts.get(name, 0) + 1
-    return [
+    return out + [
         f"{engine} {'CPU runtime' if name == 'runtime_bytes' else name}: measured in {n} observation(s); no "
         "constant of this engine's plan depends on it, so it moved nothing"
         for name, n in sorted(counts.items())
