@@ -231,11 +231,11 @@ def test_example_drills_plan_the_sims_own_engine_and_settings_and_fit(name: str)
     facts = target_facts(drill.target.model, drill.target.engine, sim, drill.capacity, None)
     spec, card, s = resolve_facts(facts)
     assert s.engine == sim.engine
-    args = list(sim.extra_args)
+    extra = list(sim.extra_args)
     # each flag with its value; a switch (--disable-radix-cache) stands alone
     flags = {
-        a: (args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else "true")
-        for i, a in enumerate(args)
+        a: (extra[i + 1] if i + 1 < len(extra) and not extra[i + 1].startswith("--") else "true")
+        for i, a in enumerate(extra)
         if a.startswith("--")
     }
     for flag, field in (
