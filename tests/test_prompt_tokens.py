@@ -282,10 +282,10 @@ def test_each_drill_window_has_its_own_seed_and_a_recovery_at_the_failed_load_ne
     assert len({seed for _, seed in keys}) == len(keys), keys
     wp = WindowPrompts(plan)
 
-    async def sets() -> tuple[object, object]:
+    async def sets() -> tuple[Any, Any]:
         return await wp.get(512.0, "ramp", 0, 1), await wp.get(512.0, "recovery", 0, 1)
 
     step, recovery = asyncio.run(sets())
     assert not isinstance(step, list) and not isinstance(recovery, list)
-    a, b = next(step.stream(0)), next(recovery.stream(0))  # type: ignore[union-attr]
+    a, b = next(step.stream(0)), next(recovery.stream(0))
     assert a.prompt_tokens == b.prompt_tokens and a.text != b.text and a.text[20:] == b.text[20:]
