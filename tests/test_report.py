@@ -256,8 +256,13 @@ def test_the_too_few_rounds_warning_is_said_once():
     from vramlab.records import EventRecord
 
     run, reqs, samples, events = synth.build()
+    # as a drill writes it (drill/kind.py): told by its field, not its text
     said = EventRecord(
-        run_id=run.run_id, t_s=0.1, kind="warning", message="rounds: 1 is fewer than 3; a one-off"
+        run_id=run.run_id,
+        t_s=0.1,
+        kind="warning",
+        message="rounds: 1 is fewer than 3; a one-off",
+        data={"plan_field": "rounds"},
     )
     full = ReportContext.build(run, reqs, samples, [*events, said])
     one = ReportContext.build(

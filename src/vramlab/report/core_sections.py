@@ -6,7 +6,7 @@ from typing import Any
 
 from vramlab.analysis.stats import ITL_UNTIMED_WARN, RequestSummary
 from vramlab.analysis.windows import PHASE_ORDER, WindowResult
-from vramlab.records.events import EventKind
+from vramlab.records.events import EventKind, warning_data
 from vramlab.report import fmt
 from vramlab.report.blocks import Block, Bullets, Table, Text
 from vramlab.report.prompt_tokens import prompt_tokens_line
@@ -221,10 +221,9 @@ def environment(ctx: ReportContext) -> list[Block]:
 def warnings(ctx: ReportContext) -> list[Block]:
     items = list(ctx.analysis.warnings)
     # The drill logs its plan's too-few-rounds warning as an event too; the analysis already says it.
-    # (That event carries no field that names it: it is told by its "rounds:" prefix.)
     rounds_said = ctx.analysis.few_rounds
     for e in ctx.analysis.events:
-        if e.kind != K.WARNING or (rounds_said and e.message.startswith("rounds:")):
+        if e.kind != K.WARNING or (rounds_said and warning_data(e).get("plan_field") == "rounds"):
             continue
         items.append(f"{e.t_s:.1f} s: {e.message}")
     return [Bullets(list(dict.fromkeys(items)))] if items else []
