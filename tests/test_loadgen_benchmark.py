@@ -74,6 +74,10 @@ def test_quick_run_prints_the_table(server: str, tmp_path: Path) -> None:
     # the client's P99 over the bare-sleep floor measured in the same run, with its bar
     floor = r"^P99 over the floor: vramlab [\d.]+ ms / [\d.]+ ms = \d+\.\d\dx \(bar <= 2x: (met|NOT met)\)$"
     assert re.search(floor, text, re.M), text
+    # the bare request on the same schedule (wake-up + the endpoint's round trip), on both endpoints
+    bare = re.search(r"^bare request: .* P50 ([\d.]+) ms, P99 ([\d.]+) ms from the schedule", text, re.M)
+    assert bare and 0 < float(bare.group(1)) <= float(bare.group(2)), text
+    assert re.search(r"^P99 over the bare request: vramlab [\d.]+ ms / [\d.]+ ms = \d+\.\d\dx", text, re.M)
     raw = json.loads(r.stdout[r.stdout.index("\n{") + 1 :])
     vr = raw["vramlab"]
     # Every probe of the overhead run came back, and the held streams were really cycling.

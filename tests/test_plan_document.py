@@ -253,7 +253,8 @@ def test_a_drill_stored_under_the_old_names_reads_through_the_plan_model():
     from vramlab.plandoc import RecoverySpec, Retry
     from vramlab.report import render
     from vramlab.report.blocks import Table
-    from vramlab.report.incident import incident_of, plan_section, s_storm
+    from vramlab.report.incident import s_storm
+    from vramlab.report.incident_base import incident_of, plan_section
 
     old = yaml.safe_load(OLD_DRILL)  # as a run from before `kind:` stored it: stop:, clients:
     old["recovery"] = {"p95_tolerance": 2.0}

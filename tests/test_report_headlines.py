@@ -249,7 +249,7 @@ def test_time_to_alert_reads_on_the_alert_tables_clock():
 
 
 def test_predictions_above_the_failure_are_called_unsafe():
-    from vramlab.report.incident import prediction_side
+    from vramlab.report.incident_cause import prediction_side
 
     assert "unsafe side" in prediction_side(4432, 4096, 2048)
     assert "unsafe side" in prediction_side(4096, 4096, 2048)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from vramlab.load.alarm import Alarm
 from vramlab.load.arrivals import Arrival, gaps, schedule_gaps
 from vramlab.load.client import RequestResult
 from vramlab.load.prompts import Prompt
@@ -302,7 +303,7 @@ class _Drive:
     async def open_loop(self) -> None:
         """Sleep, then gate: each arrival at its scheduled time (a trace's own times where the shape
         has a schedule), waiting for a slot under the cap."""
-        shape, stop, pc, deadline = self.shape, self.stop, time.perf_counter, self.deadline
+        shape = self.shape
         if not shape.request_rate and shape.schedule is None:
             raise ValueError("an open loop needs a request rate or a schedule")
         sem = asyncio.Semaphore(max(1, shape.concurrency))
@@ -310,6 +311,15 @@ class _Drive:
             g = schedule_gaps(shape.schedule)
         else:
             g = gaps(shape.request_rate, shape.arrival, shape.burstiness, shape.seed)  # type: ignore[arg-type]
+        alarm = Alarm.open()  # wakes at the send time itself; the loop's timers are a millisecond coarse
+        try:
+            await self._arrivals(g, sem, alarm)
+        finally:
+            if alarm is not None:
+                alarm.close()
+
+    async def _arrivals(self, g: Iterator[float], sem: asyncio.Semaphore, alarm: Alarm | None) -> None:
+        stop, pc, deadline = self.stop, time.perf_counter, self.deadline
         next_t, k = self.start, 0
         index, nshards = self.shard
 
@@ -324,7 +334,7 @@ class _Drive:
             if k % nshards == index:
                 delay = next_t - pc()
                 if delay > 0:
-                    await asyncio.sleep(delay)
+                    await (alarm.until(next_t) if alarm is not None else asyncio.sleep(delay))
                 if stop.is_set():
                     break
                 if sem.locked():

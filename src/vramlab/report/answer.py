@@ -153,7 +153,8 @@ def _clip(text: str, n: int = 160) -> str:
 
 
 def drill_verdict(ctx: ReportContext) -> Verdict:
-    from vramlab.report.incident import incident_of, summary_line, unrecovered
+    from vramlab.report.incident import summary_line, unrecovered
+    from vramlab.report.incident_base import incident_of
     from vramlab.report.incident_text import (
         _s,
         _unit,
@@ -251,7 +252,8 @@ def plan_against_measured(ctx: ReportContext) -> list[Block]:
     """The composition table folded (when the run stored a plan or start-up figures), then the
     capacity model's predicted limit beside what the run saw."""
     if ctx.run.kind == "drill":
-        from vramlab.report.incident import incident_of, predicted_limit_line
+        from vramlab.report.incident_base import incident_of
+        from vramlab.report.incident_cause import predicted_limit_line
 
         lines = [line for line in (predicted_limit_line(ctx, incident_of(ctx)[0]),) if line]
     else:
