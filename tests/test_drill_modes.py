@@ -86,12 +86,13 @@ def test_preemption_without_errors_reaches_the_ceiling(tmp_path):
             "engine": "vllm",
             "gpu_memory_utilization": 0.12,
             "max_model_len": 4096,
-            # no prefix cache: 64 users cycle the window's 64 prompts, and a prompt sent again while its blocks
-            # are cached would hold them once (the sim caches as vLLM V1 does), easing the pool this test fills
+            # no prefix cache: the pool fills with every request's own blocks whatever the prompts share
             "extra_args": ["--no-enable-prefix-caching"],
         },
         {"start": 4, "ceiling": 64},
-        load={"concurrency": 2, "prompt_tokens": 2048, "max_tokens": 64, "request_timeout_s": 10},
+        # answers long enough that running requests outgrow the pool while decoding (every prompt is new, so
+        # their lengths differ and they do not grow in step)
+        load={"concurrency": 2, "prompt_tokens": 2048, "max_tokens": 256, "request_timeout_s": 10},
     )
     store, rid, inc = _run(tmp_path, doc)
     assert not inc.failed and inc.failure_mode == "none"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vramlab.capacity import EngineSettings, estimate, get_gpu
+from vramlab.capacity import EngineSettings, custom_gpu, estimate, get_gpu
 from vramlab.capacity.engines.ollama import full_offload
 from vramlab.capacity.engines.ollama_server import default_num_ctx, generation_batch
 from vramlab.capacity.model import run_policy
@@ -36,6 +36,36 @@ def test_ollama_0155_default_context_comes_from_the_vram_tier(gpu: str, tier: in
     est = _ollama(gpu, "0.15.5")
     assert est.settings["num_ctx"] == min(tier, 131072)  # capped at the trained context (llm/server.go)
     assert est.settings["num_parallel"] == 1 and est.kv_cache_tokens == min(tier, 131072)
+
+
+def _tier(memory_gib: float, **kw: object) -> int:
+    m = resolve_model("llama-3.1-8b-instruct", offline=True)
+    s = EngineSettings(engine="ollama", engine_version="0.15.5", **kw)  # type: ignore[arg-type]
+    ctx, _ = run_policy(m, custom_gpu(memory_gib), s)
+    return default_num_ctx(ctx)[0]
+
+
+@pytest.mark.parametrize(
+    ("memory_gib", "tier"),
+    [
+        (47.0, 262144),  # server/routes.go `Serve` (v0.15.5): totalVRAM >= 47*format.GibiByte
+        (47.0 - 1 / 1024, 32768),  # a MiB under 47 GiB: the middle tier
+        (23.0, 32768),  # totalVRAM >= 23*format.GibiByte
+        (23.0 - 1 / 1024, 4096),  # a MiB under 23 GiB: the fixed 4,096
+    ],
+)
+def test_ollama_tier_thresholds_are_47_and_23_gib_inclusive(memory_gib: float, tier: int):
+    # Ollama's source compares in GiB with >= at 47 and 23 ("slightly lower thresholds (47/23 GiB vs. 48/24
+    # GiB)"), not the 48/24 GiB its docs print: a 23.0 GiB card gets 32,768, a 47.0 GiB one 262,144
+    assert _tier(memory_gib) == tier
+
+
+def test_ollama_tier_sums_every_card_less_the_overhead_each():
+    # totalVRAM += gpu.TotalMemory - envconfig.GpuOverhead(), over every GPU
+    half = int(23.5 * GIB)
+    assert _tier(23.5, devices=(("a", half), ("b", half))) == 262144  # 47.0 GiB in all
+    overhead = 1 << 20  # 1 MiB OLLAMA_GPU_OVERHEAD per card: 46.998 GiB
+    assert _tier(23.5, devices=(("a", half), ("b", half)), ollama_gpu_overhead_bytes=overhead) == 32768
 
 
 def test_ollama_tiers_ignore_parallel_and_subtract_the_gpu_overhead():

@@ -146,12 +146,16 @@ def test_the_long_log_prefilter_never_drops_a_line_a_rule_reads(tmp_path, monkey
     that blanks lines no rule can match, the result is the same."""
     import dataclasses
 
-    from vramlab.logs import detect
+    from vramlab.logs import detect, prefilter
     from vramlab.logs.prefilter import blank_unread_lines
 
+    # The prefilter's head and sample at a tenth of their size (5,000 / 2,000 lines): the same code
+    # path for every log, the filler a tenth as long (97 logs, each parsed twice, took 80-90 s).
+    monkeypatch.setattr(prefilter, "HEAD_LINES", 500)
+    monkeypatch.setattr(prefilter, "_SAMPLE_LINES", 200)
     logs = sorted(LOGS.glob("*.log")) + sorted((LOGS / "real").glob("*.log"))
     assert len(logs) >= 20
-    filler = _filler(5100, unique)  # just past the head the prefilter leaves alone
+    filler = _filler(510, unique)  # just past the head the prefilter leaves alone
     checked = 0
     for log in logs:
         text = log.read_text(encoding="utf-8", errors="replace")
@@ -176,7 +180,7 @@ def test_the_long_log_prefilter_never_drops_a_line_a_rule_reads(tmp_path, monkey
     assert checked >= 20
     assert blank_unread_lines(list(filler.splitlines()) * 2) > 0  # the filler is blanked
     p.write_text(filler * 3, encoding="utf-8")
-    assert sum(1 for line in detect.read_log(p) if not line) > 10000  # and blanked as it is read
+    assert sum(1 for line in detect.read_log(p) if not line) > 700  # and blanked as it is read
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")

@@ -225,3 +225,67 @@ def test_a_model_directorys_own_tokenizer_counts_where_the_engine_has_no_endpoin
     assert {p.prompt_tokens for p in prompts} == {150} and {p.tokens_source for p in prompts} == {"tokenizer"}
     assert all(len(p.text.split()) + 1 == 150 for p in prompts)
     assert "an estimate" in without and "has no tokenizer.json" in without
+
+
+# -- fresh prompts: a new one every request (drills on prefix-caching engines) -----------------
+
+
+class ZerosCounter(PiecesCounter):
+    """Counts a run of zeros as one token: heads of other digits count differently."""
+
+    async def count(self, text: str) -> int:
+        return await super().count(re.sub(r"0+", "0", text))
+
+
+@settings(max_examples=25, deadline=None)
+@given(target=st.integers(min_value=40, max_value=6000), added=st.integers(min_value=0, max_value=9))
+def test_fresh_prompts_are_new_every_request_and_carry_their_count(target: int, added: int) -> None:
+    counter = PiecesCounter()
+    fresh = asyncio.run(PromptMaker(counter, added).fresh(target, 8, seed=1003))
+    assert fresh is not None and fresh.tokens_source == "tokenizer"
+    lanes = [fresh.stream(lane) for lane in (0, 1, 17)]
+    prompts = [next(s) for s in lanes for _ in range(50)]
+    assert len({p.text for p in prompts}) == len(prompts)  # no two requests share a prompt
+    assert len({p.text[:40] for p in prompts}) == len(prompts)  # nor a first block
+    for p in prompts[::37]:
+        assert p.prompt_tokens == asyncio.run(counter.count(p.text)) + added  # its true count
+    assert abs(fresh.prompt_tokens - target) <= max(1, 0.02 * target), (target, fresh.prompt_tokens)  # type: ignore[operator]
+
+
+def test_fresh_prompts_give_way_to_a_counted_list_where_heads_count_unevenly() -> None:
+    assert asyncio.run(PromptMaker(ZerosCounter()).fresh(300, 8, seed=2)) is None
+    # without a counter, or when it stops answering: fresh, labelled an estimate
+    assert asyncio.run(PromptMaker().fresh(300, 8, seed=2)).tokens_source == "estimate"  # type: ignore[union-attr]
+    gone = asyncio.run(PromptMaker(PiecesCounter(fail_after=1)).fresh(300, 8, seed=2))
+    assert gone is not None and gone.tokens_source == "estimate" and gone.prompt_tokens == 300
+
+
+def test_each_drill_window_has_its_own_seed_and_a_recovery_at_the_failed_load_new_heads() -> None:
+    """The baseline and the first ramp step once shared a seed: the step's prompts began with the
+    baseline's words, and a prefix cache served them. A recovery that keeps the failed step's load
+    sends that step's set (no count asked of a failed target) behind heads of its own."""
+    from pathlib import Path
+
+    import yaml
+
+    from vramlab.drill.load import WindowPrompts, window_prompts_key
+    from vramlab.drill.plan import parse_plan
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "oom-drill.yaml").read_text())
+    plan = parse_plan(doc)
+    keys = [window_prompts_key(plan, None, "baseline", 0, 0)]
+    keys += [window_prompts_key(plan, v, "ramp", 0, i) for i, v in enumerate([256.0, 512.0, 1024.0])]
+    keys += [
+        window_prompts_key(plan, None, "recovery", 0, 0),
+        window_prompts_key(plan, None, "baseline", 1, 0),
+    ]
+    assert len({seed for _, seed in keys}) == len(keys), keys
+    wp = WindowPrompts(plan)
+
+    async def sets() -> tuple[Any, Any]:
+        return await wp.get(512.0, "ramp", 0, 1), await wp.get(512.0, "recovery", 0, 1)
+
+    step, recovery = asyncio.run(sets())
+    assert not isinstance(step, list) and not isinstance(recovery, list)
+    a, b = next(step.stream(0)), next(recovery.stream(0))
+    assert a.prompt_tokens == b.prompt_tokens and a.text != b.text and a.text[20:] == b.text[20:]

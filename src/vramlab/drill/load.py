@@ -13,7 +13,7 @@ from vramlab.run.window import Lane
 if TYPE_CHECKING:
     from vramlab.drill.plan import DrillPlan
     from vramlab.load.client import RequestResult
-    from vramlab.load.prompts import Prompt
+    from vramlab.load.prompts import FreshPrompts, Prompt
     from vramlab.load.retry import RetryPolicy
 
 # In the recovery phase a user whose connection was refused tries again within this: the first
@@ -24,7 +24,9 @@ Record = Callable[["RequestResult", int], None]  # (an answer, the user that sen
 
 
 DRAIN_MARGIN_S = 0.5  # past a request's own timeout: its timeout is recorded before the window ends
-PROMPTS_PER_WINDOW = 64  # distinct prompts a window cycles through (a unique head each: no prefix reuse)
+# distinct prompts a window cycles through where fresh prompts cannot be sized (heads of other digits
+# count differently in the target's tokenizer); otherwise every request's prompt is new (FreshPrompts)
+PROMPTS_PER_WINDOW = 64
 RECOVERY_SEED = 999  # the recovery window's own prompts (at the baseline's length) when the ramp is undone
 
 
@@ -32,19 +34,23 @@ def window_prompts_key(
     plan: DrillPlan, value: float | None, phase: str, rnd: int, step: int
 ) -> tuple[int, int]:
     """(prompt tokens, seed) of a window's input set: the ramp's value when the knob is the context,
-    else the plan's length; each round's baseline, steps and recovery have their own prompts."""
+    else the plan's length; each round's baseline, steps and recovery have their own prompts (and
+    heads: a step's prompts sharing the baseline's seed began with the baseline's words, which a
+    prefix cache served). *step*: the ramp value's index, from 0."""
     prompt_tokens = int(value) if (plan.ramp.knob == "context" and value) else plan.load.prompt_tokens
     if phase == "baseline":
-        step = 0
+        k = 0
     elif phase == "recovery" and value is None:
-        step = RECOVERY_SEED
-    return prompt_tokens, rnd * 1000 + step
+        k = RECOVERY_SEED
+    else:
+        k = step + 1
+    return prompt_tokens, rnd * 1000 + k
 
 
 def window_lanes(
     plan: DrillPlan,
     value: float | None,
-    prompts: list[Prompt],
+    prompts: list[Prompt] | FreshPrompts,
     duration_s: float,
     phase: str,
     rnd: int,
@@ -135,11 +141,27 @@ class WindowPrompts:
         keys += [window_prompts_key(self.plan, v, "ramp", rnd, i) for i, v in enumerate(values)]
         keys.append(window_prompts_key(self.plan, None, "recovery", rnd, 0))
         for pt, seed in keys:
-            await self.maker.synthetic(pt, self.plan.load.max_tokens, PROMPTS_PER_WINDOW, seed)
+            await self._prompts(pt, seed)
 
-    async def get(self, value: float | None, phase: str, rnd: int, step: int) -> list[Prompt]:
-        pt, seed = window_prompts_key(self.plan, value, phase, rnd, step)
-        return await self.maker.synthetic(pt, self.plan.load.max_tokens, PROMPTS_PER_WINDOW, seed)
+    async def get(self, value: float | None, phase: str, rnd: int, step: int) -> list[Prompt] | FreshPrompts:
+        prompts = await self._prompts(*window_prompts_key(self.plan, value, phase, rnd, step))
+        if phase == "recovery" and value is not None and not isinstance(prompts, list):
+            from dataclasses import replace
+
+            return replace(
+                prompts, epoch=1
+            )  # the failed step's set, its heads new: nothing served from cache
+        return prompts
+
+    async def _prompts(self, prompt_tokens: int, seed: int) -> list[Prompt] | FreshPrompts:
+        """A new prompt every request; a cycled list where the target counts fresh heads unevenly."""
+        out = self.plan.load.max_tokens
+        fresh = await self.maker.fresh(prompt_tokens, out, seed)
+        return (
+            fresh
+            if fresh is not None
+            else await self.maker.synthetic(prompt_tokens, out, PROMPTS_PER_WINDOW, seed)
+        )
 
 
 __all__ = [

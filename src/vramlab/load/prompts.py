@@ -11,10 +11,11 @@ byte, for the same tokenizer.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -66,6 +67,39 @@ def synthetic_prompts(prompt_tokens: int, output_tokens: int, count: int, seed: 
     return out
 
 
+@dataclass(frozen=True)
+class FreshPrompts:
+    """A prompt that is new on every request: one sized body behind a head naming the lane and the
+    request, in digits of one width (the same tokens in every tokenizer met so far; checked where
+    the target counts). No request's first block matches an earlier one's, so an engine's prefix
+    cache (vLLM's automatic prefix caching, SGLang's radix cache, llama-server's slot cache) serves
+    none of it: every request of a step prefills and holds the KV its length names. A list cycled
+    by every lane sent the same prompt from each user at once and again every 64 requests, which
+    a caching engine held once."""
+
+    seed: int
+    body: str  # the text after the head
+    prompt_tokens: int | None
+    output_tokens: int
+    tokens_source: str | None
+    epoch: int = 0  # 0-9: another window sending the same set (a recovery at the failed step's load)
+
+    def head(self, lane: int, i: int) -> str:
+        return f"#{self.seed}-{self.epoch % 10}{lane % 10_000:04d}-{i % 10_000_000:07d}:"
+
+    def stream(self, lane: int) -> Iterator[Prompt]:
+        """Lane *lane*'s prompts, each used once (the count wraps after ten million)."""
+        body, pt, out, src = self.body, self.prompt_tokens, self.output_tokens, self.tokens_source
+        for i in itertools.count():
+            yield Prompt(self.head(lane, i) + body, pt, out, src)
+
+
+def fresh_estimate(prompt_tokens: int, output_tokens: int, seed: int) -> FreshPrompts:
+    """Fresh prompts without a counter: a word a token, the head's few tokens taken off (an estimate)."""
+    body = " " + synthetic_text(max(prompt_tokens - 8, 1), random.Random(seed))
+    return FreshPrompts(seed, body, prompt_tokens, output_tokens, "estimate")
+
+
 class Counter(Protocol):
     async def count(self, text: str) -> int: ...  # raises CountFailed when it cannot
 
@@ -91,12 +125,39 @@ class PromptMaker:
         self._per_word = 1.0  # tokens a word, learned from the prompts sized so far
         self._head_tokens: int | None = None
         self._cache: dict[tuple[int, int, int, int], list[Prompt]] = {}
+        self._fresh: dict[tuple[int, int, int, int], FreshPrompts | None] = {}
 
     async def synthetic(self, prompt_tokens: int, output_tokens: int, count: int, seed: int) -> list[Prompt]:
         key = (prompt_tokens, output_tokens, count, seed)
         if key not in self._cache:
             self._cache[key] = await self._build(*key)
         return self._cache[key]
+
+    async def fresh(self, prompt_tokens: int, output_tokens: int, seed: int) -> FreshPrompts | None:
+        """Fresh prompts of ``prompt_tokens`` as the target counts them; None where heads of other
+        digits count differently (the caller cycles a counted list instead)."""
+        key = (prompt_tokens, output_tokens, -1, seed)
+        if key not in self._fresh:
+            self._fresh[key] = await self._build_fresh(prompt_tokens, output_tokens, seed)
+        return self._fresh[key]
+
+    async def _build_fresh(self, prompt_tokens: int, output_tokens: int, seed: int) -> FreshPrompts | None:
+        if self.counter is None:
+            return fresh_estimate(prompt_tokens, output_tokens, seed)
+        probe = FreshPrompts(seed, "", None, output_tokens, None)
+        try:
+            head = probe.head(0, 0)
+            head_tokens = await self.counter.count(head)
+            target = max(1, prompt_tokens - self.added_tokens)
+            text, n = await self._fit(head, random.Random(seed), target, head_tokens)
+            body = text[len(head) :]
+            for other, lane, i in ((probe, 1234, 9_876_543), (replace(probe, epoch=9), 9_999, 5_555_555)):
+                if await self.counter.count(other.head(lane, i) + body) != n:
+                    return None
+        except CountFailed:
+            return fresh_estimate(prompt_tokens, output_tokens, seed)
+        source = "tokenizer" if self.added_known else "estimate"
+        return FreshPrompts(seed, body, n + self.added_tokens, output_tokens, source)
 
     async def _build(self, prompt_tokens: int, output_tokens: int, count: int, seed: int) -> list[Prompt]:
         if self.counter is not None:
@@ -118,7 +179,7 @@ class PromptMaker:
         heads = [f"#{seed}-{i:0{width}d}:" for i in range(count)]
         if self._head_tokens is None:
             self._head_tokens = await counter.count(heads[0])
-        text0, n = await self._fit(heads[0], random.Random(seed), target)
+        text0, n = await self._fit(heads[0], random.Random(seed), target, self._head_tokens)
         texts = [h + text0[len(heads[0]) :] for h in heads]
         counts = {0: n}
         for i in {1, count - 1} - {0} if count > 1 else ():
@@ -132,10 +193,10 @@ class PromptMaker:
             for i, t in enumerate(texts)
         ]
 
-    async def _fit(self, head: str, rng: random.Random, target: int) -> tuple[str, int]:
+    async def _fit(self, head: str, rng: random.Random, target: int, head_tokens: int) -> tuple[str, int]:
         """A text the counter counts as *target* tokens (or the closest found): whole words first,
         then one-token fillers for the last few."""
-        assert self.counter is not None and self._head_tokens is not None
+        assert self.counter is not None
         words: list[str] = []
 
         def text(k: int, fill: int = 0) -> str:
@@ -143,7 +204,7 @@ class PromptMaker:
                 words.append(rng.choice(_WORDS))
             return " ".join([head, *words[:k], *([_FILLER] * fill)])
 
-        k = max(1, round((target - self._head_tokens) / self._per_word))
+        k = max(1, round((target - head_tokens) / self._per_word))
         best: tuple[str, int] | None = None
         under: tuple[int, int] | None = None  # the most words whose count stayed within the target
         for _ in range(MAX_COUNTS // 2):
@@ -153,8 +214,8 @@ class PromptMaker:
                 best = (t, n)
             if n <= target and (under is None or k > under[0]):
                 under = (k, n)
-            if k > 0 and n > self._head_tokens:
-                self._per_word = max(0.25, (n - self._head_tokens) / k)
+            if k > 0 and n > head_tokens:
+                self._per_word = max(0.25, (n - head_tokens) / k)
             step = round((target - n) / self._per_word)
             if n == target or step == 0:
                 break

@@ -22,7 +22,7 @@ from typing import Any
 
 from vramlab.load.client import RequestResult
 from vramlab.load.driver import LoadShape, Window, WindowOutcome, drive
-from vramlab.load.prompts import Prompt, cycle
+from vramlab.load.prompts import FreshPrompts, Prompt, cycle
 from vramlab.load.retry import RetryPolicy
 from vramlab.records import RequestRecord
 from vramlab.records.event_payloads import ClientLagData
@@ -32,7 +32,7 @@ from vramlab.records.event_payloads import ClientLagData
 class Lane:
     """One `load.drive` loop inside a window: what it sends, how, for how long, and where results go."""
 
-    prompts: list[Prompt]
+    prompts: list[Prompt] | FreshPrompts  # a list is cycled; fresh prompts are new every request
     shape: LoadShape
     window: Window
     on_result: Callable[[RequestResult], None]
@@ -71,6 +71,8 @@ class WindowExecutor:
             if len(lanes) != 1:
                 raise ValueError(f"a worker pool runs one lane per window, not {len(lanes)}")
             lane = lanes[0]
+            if isinstance(lane.prompts, FreshPrompts):
+                raise ValueError("a worker pool sends a list of prompts, not fresh prompts")
             coro: Any = self.pool.drive(
                 lane.prompts,
                 lane.shape,
@@ -87,7 +89,9 @@ class WindowExecutor:
                 [
                     drive(
                         self.client,
-                        cycle(lane.prompts),
+                        lane.prompts.stream(i)
+                        if isinstance(lane.prompts, FreshPrompts)
+                        else cycle(lane.prompts),
                         lane.shape,
                         lane.window,
                         lane.on_result,
@@ -97,7 +101,7 @@ class WindowExecutor:
                         end=end,
                         end_drain_s=end_drain_s,
                     )
-                    for lane in lanes
+                    for i, lane in enumerate(lanes)
                 ]
             )
         task = self._task = asyncio.ensure_future(coro)
