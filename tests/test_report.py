@@ -235,7 +235,7 @@ def test_prediction_beside_observed_queueing():
 def test_host_cpu_and_engine_rss_are_in_the_report_not_only_in_json():
 
     from vramlab.records import SampleRecord
-    from vramlab.report.core_sections import host_line
+    from vramlab.report.window_tables import host_line
 
     def smp(name: str, t: float, v: float) -> SampleRecord:
         return SampleRecord(run_id="r", t_s=t, source="host", name=name, value=v)
