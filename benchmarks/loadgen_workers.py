@@ -24,6 +24,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 CHAT = "/v1/chat/completions"
@@ -293,11 +294,9 @@ async def aiohttp_overhead(c: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def noise_overhead(c: dict[str, Any]) -> dict[str, Any]:
-    """No client at all: the probes' Poisson schedule, and how late a bare process wakes up for
-    each one (time.sleep, no event loop, no sockets). A stall of the core (a neighbour, the
-    hypervisor) delays every probe scheduled inside it, exactly as it would a client's, so no
-    tool's P99 can be below this floor, measured in the same interleaved slot."""
+def _on_schedule(c: dict[str, Any], act: Callable[[], None]) -> list[float]:
+    """The probes' Poisson schedule kept by a bare process: time.sleep to each time, then *act*;
+    how late each one finished, in ms from its scheduled time."""
     pc, rng = time.perf_counter, random.Random(1)
     late: list[float] = []
     t = pc()
@@ -306,8 +305,18 @@ async def noise_overhead(c: dict[str, Any]) -> dict[str, Any]:
         d = t - pc()
         if d > 0:
             time.sleep(d)
+        act()
         late.append((pc() - t) * 1000)
         t += rng.expovariate(c["probe_rate"])
+    return late
+
+
+async def noise_overhead(c: dict[str, Any]) -> dict[str, Any]:
+    """No client at all: the probes' Poisson schedule, and how late a bare process wakes up for
+    each one (time.sleep, no event loop, no sockets). A stall of the core (a neighbour, the
+    hypervisor) delays every probe scheduled inside it, exactly as it would a client's, so no
+    tool's P99 can be below this floor, measured in the same interleaved slot."""
+    late = _on_schedule(c, lambda: None)
     bare = _bare_requests(c)
     return {
         "ok": len(late),
@@ -328,24 +337,18 @@ def _bare_requests(c: dict[str, Any]) -> list[float]:
     from urllib.parse import urlsplit
 
     u = urlsplit(c["url"])
-    head = (
+    request = (
         f"POST {CHAT} HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
         f"Accept: text/event-stream\r\nContent-Length: {len(BODY)}\r\n\r\n"
-    ).encode()
-    pc, rng, lat = time.perf_counter, random.Random(1), []
+    ).encode() + BODY
     with socket.create_connection((u.hostname, u.port), timeout=5) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        t = pc()
-        end = t + c["measure_s"]
-        while t < end:
-            d = t - pc()
-            if d > 0:
-                time.sleep(d)
-            sock.sendall(head + BODY)
+
+        def exchange() -> None:
+            sock.sendall(request)
             _read_answer(sock)
-            lat.append((pc() - t) * 1000)
-            t += rng.expovariate(c["probe_rate"])
-    return lat
+
+        return _on_schedule(c, exchange)
 
 
 def _read_answer(sock: Any) -> None:

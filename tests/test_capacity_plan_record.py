@@ -30,7 +30,8 @@ def test_the_stored_plan_reads_back_into_its_fields() -> None:
     from vramlab.run.capacity_plan import PlanFacts, start_events
 
     facts = PlanFacts("llama-3.1-8b-instruct", "vllm", "h100-80gb", None, None, {"max_model_len": 8192})
-    ((kind, _, data),) = start_events(facts)
+    (draft,) = start_events(facts)
+    kind, data = draft.kind, dict(draft.data)
     assert kind == "capacity_plan"
     rec = capacity_plan_record(_ev(kind, data))
     assert rec.facts == PlanFactsRecord(
@@ -107,7 +108,8 @@ def test_a_plan_note_is_told_by_its_field_not_its_text() -> None:
 def test_the_missing_fact_note_carries_the_field() -> None:
     from vramlab.run.capacity_plan import PlanFacts, start_events
 
-    ((kind, message, data),) = start_events(PlanFacts("llama-3.1-8b-instruct", "vllm"))
+    (draft,) = start_events(PlanFacts("llama-3.1-8b-instruct", "vllm"))
+    kind, message, data = draft.kind, draft.message, draft.data
     assert kind == "note" and data == {"by": CAPACITY_PLAN_NOTE} and "card is not known" in message
 
 
@@ -116,6 +118,8 @@ def test_the_runner_stores_the_plan_note_with_its_field(tmp_path: Path) -> None:
     from vramlab.experiment.kind import ExperimentKind, RunOptions
     from vramlab.experiment.plan import parse_plan
     from vramlab.load.stub import StubBehaviour, StubServer
+    from vramlab.records import emit as E
+    from vramlab.records.emit import Draft
     from vramlab.run.events import EventHook
     from vramlab.run.recorder import StoreRecorder
     from vramlab.run.runner import Runner
@@ -123,8 +127,8 @@ def test_the_runner_stores_the_plan_note_with_its_field(tmp_path: Path) -> None:
 
     store = open_store(str(tmp_path / "v.db"))
 
-    def no_plan() -> list[tuple[str, str, dict[str, object]]]:
-        return [("note", "the plan could not be made: no card", {"by": CAPACITY_PLAN_NOTE})]
+    def no_plan() -> list[Draft]:
+        return [E.NOTE("the plan could not be made: no card", {"by": CAPACITY_PLAN_NOTE})]
 
     async def go() -> str:
         async with StubServer(StubBehaviour(ttft_s=0.005)) as srv:

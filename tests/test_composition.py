@@ -120,16 +120,15 @@ def test_missing_facts_make_one_note_naming_the_fact() -> None:
 
     out = start_events(PlanFacts("llama-3.1-8b-instruct", "vllm"))
     assert (
-        [k for k, _, _ in out] == ["note"]
-        and "card is not known" in out[0][1]
-        and "capacity.gpu" in out[0][1]
+        [d.kind for d in out] == ["note"]
+        and "card is not known" in out[0].message
+        and "capacity.gpu" in out[0].message
     )
     out = start_events(PlanFacts("llama-3.1-8b-instruct", None, "h100-80gb"))
-    assert len(out) == 1 and "engine is not known" in out[0][1]
+    assert len(out) == 1 and "engine is not known" in out[0].message
     out = start_events(PlanFacts("llama-3.1-8b-instruct", "vllm", None, 24.0))
-    assert [k for k, _, _ in out] == ["capacity_plan"] and out[0][2]["estimate"][
-        "gpu_memory_bytes"
-    ] > 20 * GIB
+    assert [d.kind for d in out] == ["capacity_plan"]
+    assert out[0].data["estimate"]["gpu_memory_bytes"] > 20 * GIB
 
 
 # --- against a real sim: the plan stored, the composition read back ---------------------------------

@@ -9,6 +9,7 @@ from vramlab.drill.recovery import LiveState, recover
 from vramlab.load.stub import StubBehaviour, StubServer
 from vramlab.observe.health import discover_health
 from vramlab.plandoc import RecoverySpec
+from vramlab.records.emit import Draft
 
 
 def test_a_server_without_health_is_up_and_answers_on_v1_models():
@@ -56,8 +57,8 @@ def _recover_with(allowance_s: float) -> tuple[int, list[str]]:
     t0 = time.monotonic()
     seen: list[float] = []
 
-    def emit(kind: str, message: str = "", **data) -> None:
-        msgs.append(f"{kind}: {message}")
+    def emit(draft: Draft) -> None:
+        msgs.append(f"{draft.kind}: {draft.message}")
 
     out = asyncio.run(
         recover(

@@ -86,7 +86,7 @@ def test_scripted_recovery_runs_command_after_delay(tmp_path):
 
         back = asyncio.ensure_future(service_comes_back())
         out = await recover(
-            spec, target=None, state=state, now=now, emit=lambda kind, msg="", **d: events.append((kind, msg))
+            spec, target=None, state=state, now=now, emit=lambda d: events.append((d.kind, d.message))
         )
         await back
         return out, now

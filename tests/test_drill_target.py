@@ -306,7 +306,7 @@ def test_a_restart_that_failed_is_not_credited_as_mitigation():
             Refuses(),
             state,
             lambda: asyncio.get_running_loop().time() - t0,
-            lambda kind, msg="", **k: events.append((kind, msg)),
+            lambda d: events.append((d.kind, d.message)),
         )
 
     out = asyncio.run(go())

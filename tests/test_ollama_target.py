@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 
 from _threaded_app import serve_app
-from vramlab.observe.ollama import LoadedModel, OllamaSampler, changes, parse_ps
+from vramlab.observe import ollama as ollama_sampler
+from vramlab.observe.ollama import LoadedModel, OllamaSampler, parse_ps
+
+
+def changes(*args: Any) -> list[tuple[str, str, dict[str, Any]]]:
+    """The model changes as (kind, message, data)."""
+    return [(d.kind, d.message, dict(d.data)) for d in ollama_sampler.changes(*args)]
+
 
 # The example of Ollama's API reference for GET /api/ps (docs.ollama.com/api/ps): gemma3 with
 # 5333539264 of its 6591830464 bytes on the GPU, i.e. partly on the host.
@@ -214,8 +221,8 @@ def test_sampler_against_the_fake_records_bytes_and_events(ollama: FakeOllama) -
     by = {(x.name, x.labels.get("model")): x.value for x in loaded}
     assert by[("ollama.model_size_bytes", "tiny:1b")] == 3 << 30
     assert by[("ollama.model_vram_bytes", "tiny:1b")] == (9 << 30) // 4
-    assert [(k, d.get("reason")) for k, _, d in ev] == [("model_load", None), ("model_unload", "expired")]
-    assert "75% GPU / 25% host: partly offloaded" in ev[0][1]
+    assert [(d.kind, d.data.get("reason")) for d in ev] == [("model_load", None), ("model_unload", "expired")]
+    assert "75% GPU / 25% host: partly offloaded" in ev[0].message
 
 
 def test_sampler_refuses_a_server_that_is_not_ollama() -> None:

@@ -16,6 +16,7 @@ import pytest
 from vramlab.experiment.kind import ExperimentKind, RunOptions
 from vramlab.load.stub import StubBehaviour, StubServer
 from vramlab.records import RunRecord
+from vramlab.records import emit as E
 from vramlab.run.capacity_plan import PlanFacts
 from vramlab.run.events import Event, EventHook
 from vramlab.run.rollback import RollbackResult
@@ -166,7 +167,7 @@ class _Scripted:
             self.calls.append(("round_end", rnd))
 
     async def baseline(self, rnd: int) -> None:
-        self.run.emit("phase_start")
+        self.run.emit(E.PHASE_START())
         if self.baseline_error is not None:
             raise self.baseline_error
 
@@ -175,7 +176,7 @@ class _Scripted:
 
     def begin_step(self, step: int, value: float) -> None:
         self.windowing = 0.0
-        self.run.emit("step", value=value)
+        self.run.emit(E.STEP("", {"value": value}))
 
     async def apply(self, value: float) -> bool:
         self.value = value
@@ -203,7 +204,7 @@ class _Scripted:
         self.calls.append(("held", rnd))
 
     async def recovery(self, rnd: int, failed: bool) -> None:
-        self.run.emit("phase_start")
+        self.run.emit(E.PHASE_START())
         self.calls.append(("after", rnd, failed))
 
     def tick(self) -> None:
@@ -214,11 +215,11 @@ class _Scripted:
 
     async def rollback(self, status: str, reason: str | None) -> list[RollbackResult]:
         self.calls.append(("rollback", status, reason))
-        self.run.emit("rollback")
+        self.run.emit(E.ROLLBACK())
         return []
 
-    def run_end(self, status: str, reason: str | None) -> tuple[str, dict[str, Any]]:
-        return status, {"status": status, "stop_reason": reason}
+    def run_end(self, status: str, reason: str | None) -> E.Draft:
+        return E.RUN_END(status, {"status": status, "stop_reason": reason})
 
     def totals(self) -> tuple[int, int]:
         return 0, 0

@@ -324,3 +324,26 @@ samplers: {{sources: [host], interval_s: 0.05}}
     assert (
         run.plan["kind"] == "experiment" and run.plan["change"]["ramp"]["ceiling"] == 2
     )  # stored in the new names
+
+
+def test_a_drill_of_too_few_rounds_stores_its_warning_with_the_field_a_report_reads(tmp_path):
+    import asyncio
+
+    import yaml
+
+    from vramlab.drill.kind import DrillKind
+    from vramlab.records.events import warning_data
+    from vramlab.records.memory import MemoryStore
+    from vramlab.run.events import Event, EventHook
+    from vramlab.run.runner import Runner
+
+    doc = yaml.safe_load((ROOT / "examples" / "oom-drill.yaml").read_text())
+    doc["target"]["sim"]["device"] = str(tmp_path / "gpu0.ledger")
+    doc["rounds"] = 1
+    kind = DrillKind(drill_plan.parse_plan(doc), MemoryStore(), workdir=str(tmp_path))
+    hook, seen = EventHook(), list[Event]()
+    hook.add(seen.append)
+    Runner(kind, hook)  # attaches the kind: its events go to the hook
+    asyncio.run(kind.started())  # the plan's notes, as warnings, before the target is touched
+    fields = {e.message.split(";")[0]: warning_data(e).get("plan_field") for e in seen}
+    assert fields == {"rounds: 1 is fewer than 3": "rounds"}, fields

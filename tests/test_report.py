@@ -235,7 +235,7 @@ def test_prediction_beside_observed_queueing():
 def test_host_cpu_and_engine_rss_are_in_the_report_not_only_in_json():
 
     from vramlab.records import SampleRecord
-    from vramlab.report.core_sections import host_line
+    from vramlab.report.window_tables import host_line
 
     def smp(name: str, t: float, v: float) -> SampleRecord:
         return SampleRecord(run_id="r", t_s=t, source="host", name=name, value=v)
@@ -256,8 +256,13 @@ def test_the_too_few_rounds_warning_is_said_once():
     from vramlab.records import EventRecord
 
     run, reqs, samples, events = synth.build()
+    # as a drill writes it (drill/kind.py): told by its field, not its text
     said = EventRecord(
-        run_id=run.run_id, t_s=0.1, kind="warning", message="rounds: 1 is fewer than 3; a one-off"
+        run_id=run.run_id,
+        t_s=0.1,
+        kind="warning",
+        message="rounds: 1 is fewer than 3; a one-off",
+        data={"plan_field": "rounds"},
     )
     full = ReportContext.build(run, reqs, samples, [*events, said])
     one = ReportContext.build(

@@ -135,7 +135,7 @@ def test_a_runs_sim_settings_reach_its_capacity_plan_as_a_drills_do(tmp_path):
         "max_model_len": 4096,
         "kv_cache_dtype": "fp8",
     }
-    (plan,) = [data for kind, _, data in start_events(experiment) if kind == "capacity_plan"]
+    (plan,) = [d.data for d in start_events(experiment) if d.kind == "capacity_plan"]
     assert plan["estimate"]["engine_version"] == "0.6.3" and plan["facts"]["engine_version"] == "0.6.3"
 
 

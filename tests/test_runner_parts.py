@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from _narrow import some
 from vramlab.experiment.kind import ExperimentKind, RunOptions
 from vramlab.experiment.plan import parse_plan
 from vramlab.load.stub import StubBehaviour, StubServer
@@ -152,8 +153,15 @@ load: {{mode: open, request_rate: 2, max_concurrency: 1, lag_warn_ms: 20}}
     events = asyncio.run(go())
     warns = [e for e in events if e.kind == "warning"]
     assert len(warns) == 1 and warns[0].phase == "treatment" and "fell behind" in warns[0].message
-    reqs = [e.payload for e in events if e.kind == "request" and e.phase == "treatment" and e.payload.ok]
-    assert max(r.e2e_from_scheduled_ms - r.e2e_ms for r in reqs) > 100
+    reqs = [
+        p
+        for e in events
+        if e.kind == "request"
+        and e.phase == "treatment"
+        and isinstance(p := e.payload, RequestRecord)
+        and p.ok
+    ]
+    assert max(some(r.e2e_from_scheduled_ms) - some(r.e2e_ms) for r in reqs) > 100
 
 
 @pytest.fixture()

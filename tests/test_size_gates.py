@@ -43,9 +43,7 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
 }
 # Modules first counted over MODULE_MAX when `ruff format` laid them out (they were under 500 lines in
 # the denser hand layout): (cap, why). Split each by concept; the cap keeps them from growing meanwhile.
-LONG_MODULES: dict[str, tuple[int, str]] = {
-    "report/core_sections.py": (562, FORMATTED),
-}
+LONG_MODULES: dict[str, tuple[int, str]] = {}
 
 
 def _sizes(root: Path = SRC):

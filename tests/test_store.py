@@ -305,3 +305,34 @@ def test_memory_store_hands_out_copies_and_refuses_rows_of_unknown_runs():
     assert store.requests(run.run_id)[0].itl_ms == [1.0]
     with pytest.raises(NotFoundError):
         store.add_events("ffff0000", [EventRecord(run_id="ffff0000", t_s=0, kind="note")])
+
+
+def test_migration_7_names_the_plan_field_of_an_old_drills_rounds_warning(store_url):
+    """Drills stored before WarningData.plan_field wrote the too-few-rounds warning as text only; the
+    migration gives their rows the field (the report tells the warning by it), and nothing else."""
+    import sqlalchemy as sa
+
+    from vramlab.store.url import resolve_url as full_url
+
+    text = "rounds: 1 is fewer than 3; a one-off cannot be told from a trend"
+    with open_store(store_url) as store:
+        for rid, kind in (("0000d011", "drill"), ("0000e011", "experiment")):
+            store.create_run(RunRecord(run_id=rid, name=kind, kind=kind, started_at=1.0))
+            store.add_events(
+                rid,
+                [
+                    EventRecord(run_id=rid, t_s=0.0, kind="warning", message=text, data={}),
+                    EventRecord(
+                        run_id=rid, t_s=0.1, kind="warning", message="rounds of tea", data={"pid": 7}
+                    ),
+                ],
+            )
+    engine = sa.create_engine(full_url(store_url))
+    with engine.begin() as conn:  # back to version 6, as a store written before this release
+        conn.execute(sa.text("DELETE FROM schema_version WHERE version = 7"))
+    engine.dispose()
+    with open_store(store_url) as store:
+        drill = {e.message: e.data for e in store.events("0000d011")}
+        other = {e.message: e.data for e in store.events("0000e011")}
+    assert drill == {text: {"plan_field": "rounds"}, "rounds of tea": {"pid": 7}}
+    assert other == {text: {}, "rounds of tea": {"pid": 7}}  # an experiment's rows are left as they are

@@ -30,6 +30,7 @@ from typing import Any
 from vramlab.analysis.stats import summarize_requests
 from vramlab.analysis.thresholds import observed
 from vramlab.records import EventRecord, RequestRecord
+from vramlab.records.event_payloads import SearchProbeData
 from vramlab.records.events import EventKind, search_probe_data, search_result_data
 
 SATURATED_GAIN = 0.25
@@ -52,7 +53,7 @@ class Probe:
     def meets(self) -> bool:
         return not self.failed
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> SearchProbeData:
         return {
             "value": self.value,
             "requests": self.requests,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vramlab.alerts.rules import AlertRuleSpec
+from vramlab.records.event_payloads import AlertData
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt,
@@ -66,9 +67,9 @@ def _series(
 
 def evaluate_rules(
     rules: Sequence[AlertRuleSpec], samples: Sequence[Any], requests: Sequence[Any]
-) -> list[dict[str, Any]]:
+) -> list[AlertData]:
     """Pending and firing times of each rule on the drill's data, as alert event data."""
-    out: list[dict[str, Any]] = []
+    out: list[AlertData] = []
     for rule in rules:
         pts = _series(rule, samples, requests) if rule.threshold is not None else None
         if not pts:
@@ -122,7 +123,7 @@ def evaluate_rules(
 
 
 async def watch_prometheus(
-    url: str, on_change: Callable[[str, str, dict[str, Any]], None], interval_s: float = 0.5
+    url: str, on_change: Callable[[str, str, dict[str, str]], None], interval_s: float = 0.5
 ) -> None:
     """Poll Prometheus's alerts API until cancelled; call on_change(name, state, labels) on each change."""
     import asyncio

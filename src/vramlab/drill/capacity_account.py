@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vramlab.records.event_payloads import CapacityData
 from vramlab.units import GIB, gib
 
 
@@ -20,7 +21,7 @@ from vramlab.units import GIB, gib
 class Account:
     predicted_limit: float | None  # in the ramp's unit; None: the model predicts no OOM on this knob
     message: str
-    figures: dict[str, Any]
+    figures: CapacityData  # the capacity event's data, less predicted_limit
 
 
 def predict(
@@ -36,7 +37,7 @@ def predict(
     tokens_per_request: int,
 ) -> Account:
     """Where the knob should first cause an allocation failure (or why it should not)."""
-    figures = {
+    figures: CapacityData = {
         "activation_peak_bytes": activation_peak_bytes,
         "max_num_batched_tokens": max_num_batched_tokens,
         "free_bytes": free_bytes,

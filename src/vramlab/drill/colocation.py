@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vramlab.errors import VramlabError
 from vramlab.plandoc import SimSettings
+from vramlab.records.event_payloads import EngineData
 
 Outcome = Literal["started", "refused", "crashed", "timeout", "stopped"]
 
@@ -87,7 +88,7 @@ class StartResult:
     ready_s: float | None  # from the start command to /health 200
     text: str  # the engine's own root-cause line ("" when it started)
 
-    def data(self) -> dict[str, Any]:
+    def data(self) -> EngineData:
         return {
             "engine": self.name,
             "outcome": self.outcome,

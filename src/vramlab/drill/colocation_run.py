@@ -21,6 +21,7 @@ from vramlab.drill.colocation import (
 )
 from vramlab.drill.local_targets import SimTarget
 from vramlab.drill.plan import NeighbourSpec
+from vramlab.records import emit as E
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -76,18 +77,18 @@ class ColocationRun:
             "timeout": f"not ready in {self.spec.ready_timeout_s:g} s: {res.text}",
             "crashed": f"crashed (exit {res.exit_code}): {res.text}",
         }.get(res.outcome, res.outcome)
-        self.run.emit("engine", f"[{phase}] {res.name}: {how}"[:300], during=phase, **res.data())
+        self.run.emit(E.ENGINE(f"[{phase}] {res.name}: {how}"[:300], {"during": phase, **res.data()}))
 
     # -- phases (engine starts block in a thread; events are emitted from the loop) -------------
     async def _in_order(self, phase: str) -> list[StartResult]:
         self.run.where.phase = phase
-        self.run.emit("phase_start", phase, phase=phase)
+        self.run.emit(E.PHASE_START(phase, {"phase": phase}))
         out = []
         for name in start_sequence(self.spec):
             res = await asyncio.to_thread(self._start_and_wait, name)
             self._record(res, phase)
             out.append(res)
-        self.run.emit("phase_end", phase)
+        self.run.emit(E.PHASE_END(phase))
         return out
 
     def _stop_all(self) -> None:
@@ -96,7 +97,7 @@ class ColocationRun:
 
     async def _at_once(self) -> list[StartResult]:
         self.run.where.phase = "race"
-        self.run.emit("phase_start", "race", phase="race")
+        self.run.emit(E.PHASE_START("race", {"phase": "race"}))
         self._races += 1
         names = start_sequence(self.spec)
         barrier = f"{self.workdir / f'race-{self._races}.barrier'}:{len(names)}"
@@ -106,7 +107,7 @@ class ColocationRun:
             res = await asyncio.to_thread(self._wait, name, url, proc)
             self._record(res, "race")
             out.append(res)
-        self.run.emit("phase_end", "race")
+        self.run.emit(E.PHASE_END("race"))
         return out
 
     async def bring_up(self) -> None:
@@ -119,12 +120,15 @@ class ColocationRun:
             race = await self._at_once()
             failed = [f"{r.name} {r.outcome}" for r in race if r.outcome != "started"]
             self.run.emit(
-                "race",
-                ("start-up race: " + ", ".join(failed))
-                if failed
-                else "start-up race: every engine started (no race seen)",
-                failed=[r.name for r in race if r.outcome != "started"],
-                started=[r.name for r in race if r.outcome == "started"],
+                E.RACE(
+                    ("start-up race: " + ", ".join(failed))
+                    if failed
+                    else "start-up race: every engine started (no race seen)",
+                    {
+                        "failed": [r.name for r in race if r.outcome != "started"],
+                        "started": [r.name for r in race if r.outcome == "started"],
+                    },
+                )
             )
             await asyncio.to_thread(self._stop_all)
             first = await self._in_order("restart_in_order")
@@ -200,7 +204,9 @@ class ColocationRun:
             else f"ledger after rollback: drill processes {left} still hold memory"
         )
         self.run.emit(
-            "ledger", msg, used_bytes=used, drill_pids_left=left, drill_pids=sorted(self.engines.pids)
+            E.LEDGER(
+                msg, {"used_bytes": used, "drill_pids_left": left, "drill_pids": sorted(self.engines.pids)}
+            )
         )
 
 

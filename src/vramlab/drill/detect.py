@@ -20,11 +20,13 @@ the mode was named from.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from vramlab.drill.evidence import exit_evidence, oom_text, signal_of
 from vramlab.plandoc import StopConditions
+from vramlab.records.event_payloads import LogFindingData
 from vramlab.run.stop import StopMonitor, StopReason
 
 # Failure modes named in the report (docs/research/drill-anchors.md §4.10).
@@ -75,7 +77,14 @@ class Finding:
     #            request_error | timeout | error_rate | p95_ms | kv_usage | gpu_memory_share | wall_clock_s
     source: str  # response | log | process | health | engine | gpu | clock
     message: str
-    data: dict[str, Any] = field(default_factory=dict)
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LogFinding(Finding):
+    """A finding read from the target's log: its data is the log event's (the drill stores it as one)."""
+
+    data: LogFindingData = field(default_factory=lambda: LogFindingData())
 
 
 @dataclass
@@ -149,7 +158,7 @@ class Detector:
         )
         self._check(t_s)
 
-    def on_log_line(self, t_s: float, line: str) -> Finding | None:
+    def on_log_line(self, t_s: float, line: str) -> LogFinding | None:
         from vramlab.logs.signatures import classify_line
 
         sig = classify_line(line, self.engine)
@@ -157,7 +166,7 @@ class Detector:
             said = oom_text(line, self.engine)  # the kernel OOM killer, HIP: words the engines' table lacks
             if said is None:
                 return None
-            f = Finding(t_s, "oom", "log", line.strip()[:300], {"signature": said, "class": "oom"})
+            f = LogFinding(t_s, "oom", "log", line.strip()[:300], {"signature": said, "class": "oom"})
             self._add(f)
             return f
         kind = {
@@ -169,7 +178,7 @@ class Detector:
             "overload": "overload",
             "gpu_xid": "xid",
         }.get(sig.kind, sig.kind)
-        f = Finding(
+        f = LogFinding(
             t_s,
             kind,
             "log",

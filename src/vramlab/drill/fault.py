@@ -5,16 +5,16 @@ fail, so no fault and no recovery)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from vramlab.drill.detect import STOP_KINDS, WALL_CLOCK, Detector, Finding
 from vramlab.drill.ramp import RampSpec
+from vramlab.records import emit as E
+from vramlab.records.emit import Emitter
+from vramlab.records.event_payloads import FaultData
 from vramlab.run.baseline_check import BaselineTally
 
 
 def say_failure(
-    emit: Callable[..., None],
+    emit: Emitter,
     ramp: RampSpec,
     detector: Detector,
     f: Finding,
@@ -26,23 +26,22 @@ def say_failure(
 ) -> None:
     """The events of a failed step (*f*: the detector's finding; *tally*: the step's requests)."""
     if f.kind == WALL_CLOCK:
-        emit("stop_condition", f.message, condition=f.kind)
+        emit(E.STOP_CONDITION(f.message, {"condition": f.kind}))
         emit(
-            "stopped",
-            f"stopped by the wall clock during {ramp.knob} = {value:g} {ramp.unit}; "
-            f"{step_failures(tally)} (last completed step: "
-            f"{'none' if last_safe is None else f'{last_safe:g}'})",
-            value=value,
-            last_completed=last_safe,
-            unit=ramp.unit,
+            E.STOPPED(
+                f"stopped by the wall clock during {ramp.knob} = {value:g} {ramp.unit}; "
+                f"{step_failures(tally)} (last completed step: "
+                f"{'none' if last_safe is None else f'{last_safe:g}'})",
+                {"value": value, "last_completed": last_safe, "unit": ramp.unit},
+            )
         )
         return
     if f.kind in STOP_KINDS:
-        emit("stop_condition", f.message, condition=f.kind)
-    emit("detect", f"detected: {f.message}", condition=f.kind, source=f.source)
+        emit(E.STOP_CONDITION(f.message, {"condition": f.kind}))
+    emit(E.DETECT(f"detected: {f.message}", {"condition": f.kind, "source": f.source}))
     # T0 is the failure itself: its first evidence (a failed request's end, the exit, the OOM line)
     t0 = detector.first_evidence_s()
-    data: dict[str, Any] = {
+    data: FaultData = {
         "step": step,
         "value": value,
         "knob": ramp.knob,
@@ -54,7 +53,7 @@ def say_failure(
         "evidence": detector.evidence(),
         "signature": detector.signature(),
     }
-    emit("fault", f"failed during {ramp.knob} = {value:g} {ramp.unit}", **data)
+    emit(E.FAULT(f"failed during {ramp.knob} = {value:g} {ramp.unit}", data))
 
 
 def step_failures(tally: BaselineTally | None) -> str:

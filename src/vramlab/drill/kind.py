@@ -34,10 +34,11 @@ from vramlab.drill.recovery import LiveState, recover
 from vramlab.drill.target import SPAWNED_KINDS, check_environment
 from vramlab.drill.watch import Watchers
 from vramlab.records import RunRecord, canonical_sha256, new_run_id
+from vramlab.records import emit as E
 from vramlab.records.store import Store
 from vramlab.run.baseline_check import BaselineTally
 from vramlab.run.capacity_plan import PlanFacts, target_facts
-from vramlab.run.events import Event
+from vramlab.run.kind import Where
 from vramlab.run.steps import StepOutcome, StepStrategy
 from vramlab.run.window import WindowExecutor, request_record
 
@@ -164,9 +165,9 @@ class DrillKind:
 
     async def started(self) -> None:
         if self.warning:
-            self.run.emit("warning", self.warning)
-        for line in self.plan.warnings():  # old field names the plan used, too few rounds
-            self.run.emit("warning", line)
+            self.run.emit(E.WARNING(self.warning))
+        for line, plan_field in self.plan.field_warnings():  # old field names the plan used, too few rounds
+            self.run.emit(E.WARNING(line, {"plan_field": plan_field} if plan_field else None))
 
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
         await self.lifecycle.bring_up()
@@ -232,9 +233,9 @@ class DrillKind:
     async def baseline(self, rnd: int) -> None:
         """The baseline window; a baseline that breached its own error threshold ends the drill before the ramp."""
         self.tallies = _Tallies(baseline=BaselineTally(self.plan.stop_conditions.error_rate))
-        self.run.emit("phase_start", "baseline", phase="baseline")
+        self.run.emit(E.PHASE_START("baseline", {"phase": "baseline"}))
         await self._window(None, self.plan.baseline_s, 0)
-        self.run.emit("phase_end", "baseline")
+        self.run.emit(E.PHASE_END("baseline"))
         why = self.tallies.baseline.broken() if self.tallies.baseline is not None else None
         if why is not None:
             from vramlab.drill.watch import last_error_line
@@ -243,7 +244,7 @@ class DrillKind:
             said = last_error_line(self.target)
             ended = f"baseline broken, nothing ramped: {why}" + (f"; its log says: {said}" if said else "")
             self.run.halt(ended)
-            self.run.emit("stopped", ended, reason="baseline")
+            self.run.emit(E.STOPPED(ended, {"reason": "baseline"}))
             return
         self.tallies.ramp = BaselineTally(None)
 
@@ -256,7 +257,9 @@ class DrillKind:
         self.tallies.step_counts = [0, 0]
         self.tallies.step = BaselineTally(None)
         self._step_started_s = self.run.now()
-        self.run.emit("step", f"{ramp.knob} = {value:g} {ramp.unit}", step=step, value=value, knob=ramp.knob)
+        self.run.emit(
+            E.STEP(f"{ramp.knob} = {value:g} {ramp.unit}", {"step": step, "value": value, "knob": ramp.knob})
+        )
 
     async def apply(self, value: float) -> bool:
         try:
@@ -264,9 +267,10 @@ class DrillKind:
         except CotenantOutOfMemory as exc:
             # the co-tenant, not the target, ran out: the card is full and the target held its memory
             self.run.emit(
-                "cotenant_oom",
-                f"the co-tenant could not grow to {value:g} {self.plan.ramp.unit}: {exc}",
-                value=value,
+                E.COTENANT_OOM(
+                    f"the co-tenant could not grow to {value:g} {self.plan.ramp.unit}: {exc}",
+                    {"value": value},
+                )
             )
             self._ceiling_value = self._last
             return False
@@ -332,15 +336,14 @@ class DrillKind:
                 else f"no ramp request came back ({sent} sent, all still open when their step ended)"
             )
             self.run.halt(f"{why}: no ceiling is claimed")
-            self.run.emit("stopped", f"{why}: no ceiling is claimed", reason="no_load")
+            self.run.emit(E.STOPPED(f"{why}: no ceiling is claimed", {"reason": "no_load"}))
             return
         top = self.values[-1] if self._ceiling_value is None else self._ceiling_value
         why = "" if self._ceiling_value is None else " (the card was full: the co-tenant could not grow)"
         # refusals (a context too long for the engine) fail requests without failing the target: said
         but = f", but {ramp.failures('ramp')}" if ramp is not None and ramp.failed else ""
-        self.run.emit(
-            "ceiling", f"no OOM up to {top:g} {plan.ramp.unit}{why}{but}", value=top, unit=plan.ramp.unit
-        )
+        unit = plan.ramp.unit
+        self.run.emit(E.CEILING(f"no OOM up to {top:g} {unit}{why}{but}", {"value": top, "unit": unit}))
 
     async def _recover(self, failure: Finding) -> None:
         plan, where = self.plan, self.run.where
@@ -349,7 +352,7 @@ class DrillKind:
         value: float | None = None if plan.recovery.undo_ramp else self.values[self._failed_step - 1]
         if plan.recovery.undo_ramp:
             await self.lifecycle.apply(None)
-            self.run.emit("ramp_undone", "load back to the baseline", value=None)
+            self.run.emit(E.RAMP_UNDONE("load back to the baseline", {"value": None}))
         ex = WindowExecutor()  # the failed step's window may still be draining on self.windows
         ex.use(self.windows.client)
         load = asyncio.ensure_future(
@@ -372,16 +375,17 @@ class DrillKind:
                 t0 = t0 if t0 is not None else (failure.t_s or 0.0)
                 # not yet the verdict: that also wants health 200 and P95 back over the observation window
                 self.run.emit(
-                    "recovered",
-                    f"serving again {(out.served_again_s or 0.0) - t0:.2f} s after T0 (a "
-                    f"successful request); the verdict follows the {plan.recovery.observe_s:g} s "
-                    "observation",
-                    served_again_s=out.served_again_s,
+                    E.RECOVERED(
+                        f"serving again {(out.served_again_s or 0.0) - t0:.2f} s after T0 (a "
+                        f"successful request); the verdict follows the {plan.recovery.observe_s:g} s "
+                        "observation",
+                        {"served_again_s": out.served_again_s},
+                    )
                 )
                 await asyncio.sleep(plan.recovery.observe_s)
             else:
                 self.unrecovered_rounds.append(where.round or 0)
-                self.run.emit("not_recovered", out.reason, limit_s=plan.recovery.limit_s)
+                self.run.emit(E.NOT_RECOVERED(out.reason, {"limit_s": plan.recovery.limit_s}))
         finally:
             load.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -389,13 +393,12 @@ class DrillKind:
             # settle the fault's mode now that recovery showed more (a refusal on restart, ...)
             mode, evidence = self.detector.failure_mode(), self.detector.evidence()
             self.run.emit(
-                "failure_mode",
-                f"failure mode {mode}" + (f": {evidence[0]}" if evidence else ""),
-                mode=mode,
-                evidence=evidence,
-                signature=self.detector.signature(),
+                E.FAILURE_MODE(
+                    f"failure mode {mode}" + (f": {evidence[0]}" if evidence else ""),
+                    {"mode": mode, "evidence": evidence, "signature": self.detector.signature()},
+                )
             )
-            self.run.emit("phase_end", "recovery")
+            self.run.emit(E.PHASE_END("recovery"))
 
     def _notes_since(self, t_s: float) -> list[str]:
         evs = self.store.events(self.run_id)
@@ -409,17 +412,16 @@ class DrillKind:
         """Alerts evaluated on the drill's own samples."""
         from vramlab.drill.alerting import evaluate_rules
 
-        samples = self.store.samples(self.run_id)
-        requests = self.store.requests(self.run_id)
-        for ev in evaluate_rules(self.plan.alerts, samples, requests):
-            self.run.hook.fire(Event("alert", ev["t_s"], None, None, None, f"{ev['name']} {ev['state']}", ev))
+        store, run_id = self.store, self.run_id
+        for ev in evaluate_rules(self.plan.alerts, store.samples(run_id), store.requests(run_id)):
+            self.run.emit(E.ALERT(f"{ev['name']} {ev['state']}", ev), t_s=ev["t_s"], where=Where())
 
     async def rollback(self, status: str, reason: str | None) -> list[RollbackResult]:
         await self.lifecycle.rollback(status, reason)
         return []  # the drill's rollbacks are rollback events
 
-    def run_end(self, status: str, reason: str | None) -> tuple[str, dict[str, Any]]:
-        return reason or status, {"status": status, "ended_at": time.time(), "stop_reason": reason}
+    def run_end(self, status: str, reason: str | None) -> E.Draft:
+        return E.RUN_END(reason or status, {"status": status, "ended_at": time.time(), "stop_reason": reason})
 
     def totals(self) -> tuple[int, int]:
         return self._totals[0], self._totals[1]
@@ -463,7 +465,7 @@ class DrillKind:
             value,
             failed_latency=True,
         )
-        self.run.emit("request", payload=rec)
+        self.run.emit(E.request(rec))
         end = rec.end_s or self.run.now()
         t = self.tallies
         if phase == "baseline" and t.baseline is not None:
@@ -486,12 +488,11 @@ class DrillKind:
         amp = self.herd.on_attempt(rec.sent_s or end, phase, rec.attempt)
         if amp is not None:
             self.run.emit(
-                "retry_storm",
-                f"attempt rate {amp:.1f}x the baseline's offered rate in one "
-                f"{self.herd.window_s:g} s window of recovery, mostly retries (live; the report judges "
-                "the whole recovery window)",
-                amplification=amp,
-                window_s=self.herd.window_s,
+                E.RETRY_STORM(
+                    f"attempt rate {amp:.1f}x the baseline's offered rate in one {self.herd.window_s:g} s "
+                    "window of recovery, mostly retries (live; the report judges the whole recovery window)",
+                    {"amplification": amp, "window_s": self.herd.window_s},
+                )
             )
 
 

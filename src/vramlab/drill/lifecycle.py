@@ -18,6 +18,7 @@ from vramlab.drill.local_targets import SimTarget
 from vramlab.drill.plan import DrillPlan
 from vramlab.drill.target import SPAWNED_KINDS, Target
 from vramlab.errors import ConfigError, VramlabError
+from vramlab.records import emit as E
 from vramlab.units import GIB, gib
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class TargetLifecycle:
         st = await asyncio.to_thread(self.target.status)
         started = None
         if not st.running:
-            self.run.emit("target_start", f"starting the target ({self.plan.target.kind})")
+            self.run.emit(E.TARGET_START(f"starting the target ({self.plan.target.kind})"))
             started = self.run.now()
             await asyncio.to_thread(self.target.start)
             self._started_target = True
@@ -91,13 +92,14 @@ class TargetLifecycle:
                 f"{why}: {found.summary()}"
             )
         self.health_path = found.path
-        self.run.emit("health_path", found.summary(), path=found.path, answers=found.answers)
+        self.run.emit(E.HEALTH_PATH(found.summary(), {"path": found.path, "answers": found.answers}))
         if started is not None:
             self.load_time_s = self.run.now() - started
             self.run.emit(
-                "target_ready",
-                f"the target loaded in {self.load_time_s:.2f} s (start to health 200 on {found.path})",
-                load_time_s=self.load_time_s,
+                E.TARGET_READY(
+                    f"the target loaded in {self.load_time_s:.2f} s (start to health 200 on {found.path})",
+                    {"load_time_s": self.load_time_s},
+                )
             )
         if self.plan.cotenant is not None:
             self._cotenant = self._make_balloon()
@@ -109,7 +111,7 @@ class TargetLifecycle:
                     f"cotenant: could not hold {gib(nbytes, unit=True)} before the ramp: "
                     f"{str(exc)[:200]}; lower cotenant.hold_gib (the drill was rolled back)"
                 ) from None
-            self.run.emit("cotenant", f"co-tenant holds {gib(nbytes, unit=True)}", bytes=nbytes)
+            self.run.emit(E.COTENANT(f"co-tenant holds {gib(nbytes, unit=True)}", {"bytes": nbytes}))
         self._capacity_account()
 
     def _capacity_account(self) -> None:
@@ -122,10 +124,10 @@ class TargetLifecycle:
         try:
             acc = for_sim(self.plan, int(DeviceLedger(self.device).memory_info(0)[2]))
         except Exception as exc:  # a model the catalog lacks must not stop the drill; the report says so
-            self.run.emit("warning", f"no capacity prediction: {type(exc).__name__}: {exc}"[:300])
+            self.run.emit(E.WARNING(f"no capacity prediction: {type(exc).__name__}: {exc}"[:300]))
             return
         if acc is not None:
-            self.run.emit("capacity", acc.message, predicted_limit=acc.predicted_limit, **acc.figures)
+            self.run.emit(E.CAPACITY(acc.message, {"predicted_limit": acc.predicted_limit, **acc.figures}))
 
     def _make_balloon(self) -> Balloon:
         return LedgerBalloon(self.device) if self.device else ProcessBalloon()
@@ -183,9 +185,9 @@ class TargetLifecycle:
         for what, fn in actions:
             try:
                 await asyncio.shield(asyncio.to_thread(fn))
-                self.run.emit("rollback", what, ok=True)
+                self.run.emit(E.ROLLBACK(what, {"ok": True}))
             except Exception as exc:  # every rollback gets its chance; a failure is recorded, not raised
-                self.run.emit("rollback", f"{what}: failed: {exc}"[:300], ok=False)
+                self.run.emit(E.ROLLBACK(f"{what}: failed: {exc}"[:300], {"ok": False}))
         if self.coloc is not None:
             with contextlib.suppress(Exception):  # a ledger that cannot be read is no reason to skip the rest
                 self.coloc.ledger_after()  # nothing the drill started may still hold memory
@@ -199,7 +201,7 @@ class TargetLifecycle:
             }
             for res in await run_rollbacks(self.plan.rollback, env):
                 self.run.emit(
-                    "rollback", f"{res.command}: exit {res.exit_code}", ok=res.ok, command=res.command
+                    E.ROLLBACK(f"{res.command}: exit {res.exit_code}", {"ok": res.ok, "command": res.command})
                 )
 
 

@@ -178,12 +178,18 @@ class DrillPlan(_Strict, PlanDocument):
 
     def warnings(self) -> list[str]:
         """Notes stored with the drill: old field names the document used, too few rounds."""
-        out = self.old_name_notes()
+        return [line for line, _ in self.field_warnings()]
+
+    def field_warnings(self) -> list[tuple[str, str | None]]:
+        """`warnings`, each with the plan field a reader tells it by (WarningData.plan_field), or None."""
+        out: list[tuple[str, str | None]] = [(line, None) for line in self.old_name_notes()]
         if self.rounds < 3:
-            out.append(f"rounds: {self.rounds} is fewer than 3; a one-off cannot be told from a trend")
+            out.append(
+                (f"rounds: {self.rounds} is fewer than 3; a one-off cannot be told from a trend", "rounds")
+            )
         capped = self.ramp.capped_note()
         if capped is not None:
-            out.append(capped)
+            out.append((capped, None))
         return out
 
 

@@ -20,6 +20,9 @@ from typing import Any
 
 from vramlab.drill.target import TargetCommandError, run_command
 from vramlab.plandoc import RecoverySpec
+from vramlab.records import emit as E
+from vramlab.records.emit import Emitter
+from vramlab.records.event_payloads import MitigationData
 
 
 @dataclass
@@ -48,7 +51,6 @@ class RecoveryOutcome:
     reason: str
 
 
-Emit = Callable[..., None]
 POLL_S = 0.05  # how often recovery looks at the live state
 
 
@@ -60,14 +62,14 @@ class _Recovery:
     target: Any
     state: LiveState
     now: Callable[[], float]
-    emit: Emit
+    emit: Emitter
     operator_notes: Callable[[float], list[str]] | None
     on_restart: Callable[[float], None] | None
     start: float
     mitigations: int = 0
 
-    def mitigated(self, message: str, **data: Any) -> None:
-        self.emit("mitigation", message, **data)
+    def mitigated(self, message: str, data: MitigationData) -> None:
+        self.emit(E.MITIGATION(message, data))
         self.mitigations += 1
 
     def restarted(self) -> None:
@@ -81,7 +83,7 @@ async def recover(
     target: Any,
     state: LiveState,
     now: Callable[[], float],
-    emit: Emit,
+    emit: Emitter,
     operator_notes: Callable[[float], list[str]] | None = None,
     supervised_by_drill: bool = True,
     startup_allowance_s: float = 0.0,
@@ -155,15 +157,17 @@ class _Supervisor:
             how = getattr(r.target, "last_stop", None)
             r.mitigated(
                 f"supervisor restart ({why})" + (f"; the old process: {how}" if how else ""),
-                action="restart",
-                by="supervisor",
-                reason=why,
-                startup_allowance_s=self.allowance_s,
-                issued_s=issued,
-                stopped_by=how,
+                {
+                    "action": "restart",
+                    "by": "supervisor",
+                    "reason": why,
+                    "startup_allowance_s": self.allowance_s,
+                    "issued_s": issued,
+                    "stopped_by": how,
+                },
             )
         except TargetCommandError as exc:
-            r.emit("warning", f"restart failed: {exc}", action="restart", issued_s=issued)
+            r.emit(E.WARNING(f"restart failed: {exc}", {"action": "restart", "issued_s": issued}))
         finally:
             state.restarting = False
 
@@ -179,20 +183,20 @@ class _Script:
         if self.done or r.now() - r.start < spec.delay_s:
             return
         self.done = True
-        r.mitigated(f"recovery command: {spec.command}", action="script", by="script")
+        r.mitigated(f"recovery command: {spec.command}", {"action": "script", "by": "script"})
         r.restarted()
         r.state.restarting = True  # while the command runs, the exits it causes are its own
         try:
             res = await asyncio.to_thread(run_command, spec.command or "", spec.limit_s, "recovery")
             r.emit(
-                "recovery_command",
-                f"recovery command exited {res.exit_code}",
-                exit_code=res.exit_code,
-                output=res.output[-500:],
+                E.RECOVERY_COMMAND(
+                    f"recovery command exited {res.exit_code}",
+                    {"exit_code": res.exit_code, "output": res.output[-500:]},
+                )
             )
             r.state.running = True
         except TargetCommandError as exc:
-            r.emit("warning", str(exc))
+            r.emit(E.WARNING(str(exc)))
         finally:
             r.state.restarting = False
 
@@ -210,10 +214,11 @@ class _Operator:
         if not self.announced:
             self.announced = True
             r.emit(
-                "waiting_for_operator",
-                "manual recovery: act on the target and record each action with "
-                '`vramlab note RUN_ID "what you did"`',
-                mode="manual",
+                E.WAITING_FOR_OPERATOR(
+                    "manual recovery: act on the target and record each action with "
+                    '`vramlab note RUN_ID "what you did"`',
+                    {"mode": "manual"},
+                )
             )
         t = r.now()
         if r.operator_notes is None or t - self.polled < 0.5:
@@ -222,7 +227,7 @@ class _Operator:
         notes = await asyncio.to_thread(r.operator_notes, r.start)
         if len(notes) > self.seen:
             if self.seen == 0:
-                r.mitigated(f"operator: {notes[0]}", action="operator", by="operator")
+                r.mitigated(f"operator: {notes[0]}", {"action": "operator", "by": "operator"})
                 r.restarted()
             self.seen = len(notes)
 
@@ -234,7 +239,7 @@ class _Operator:
             return
         notes = await asyncio.to_thread(r.operator_notes, r.start)
         if notes:
-            r.mitigated(f"operator: {notes[0]}", action="operator", by="operator")
+            r.mitigated(f"operator: {notes[0]}", {"action": "operator", "by": "operator"})
 
 
 __all__ = ["LiveState", "RecoveryOutcome", "recover"]

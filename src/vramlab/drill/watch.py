@@ -18,7 +18,9 @@ from vramlab.drill.plan import DrillPlan, NeighbourSpec
 from vramlab.drill.recovery import LiveState
 from vramlab.drill.target import SPAWNED_KINDS, Target
 from vramlab.records import SampleRecord
-from vramlab.records.events import EventKind
+from vramlab.records import emit as E
+from vramlab.records.emit import Emit
+from vramlab.records.event_payloads import LogFindingData
 
 if TYPE_CHECKING:
     from vramlab.drill.colocation_run import ColocationRun
@@ -26,13 +28,13 @@ if TYPE_CHECKING:
     from vramlab.run.runner import Runner
 
 # the detector's finding kinds a log line can produce, and the timeline event each is stored as
-FINDING_EVENTS = {
-    "oom": EventKind.OOM,
-    "engine_death": EventKind.OOM,
-    "startup_refusal": EventKind.STARTUP_REFUSAL,
-    "xid": EventKind.XID,
-    "preemption": EventKind.PREEMPTION,
-    "overload": EventKind.OVERLOAD,
+FINDING_EVENTS: dict[str, Emit[LogFindingData]] = {
+    "oom": E.OOM,
+    "engine_death": E.OOM,
+    "startup_refusal": E.STARTUP_REFUSAL,
+    "xid": E.XID,
+    "preemption": E.PREEMPTION,
+    "overload": E.OVERLOAD,
 }
 
 
@@ -77,15 +79,18 @@ class Watchers:
     async def _prometheus_loop(self, url: str) -> None:
         from vramlab.drill.alerting import watch_prometheus
 
-        def changed(name: str, state: str, labels: dict[str, Any]) -> None:
+        def changed(name: str, state: str, labels: dict[str, str]) -> None:
             self.run.emit(
-                "alert",
-                f"{name} {state}",
-                name=name,
-                state=state,
-                source="prometheus",
-                severity=labels.get("severity"),
-                owner=labels.get("owner"),
+                E.ALERT(
+                    f"{name} {state}",
+                    {
+                        "name": name,
+                        "state": state,
+                        "source": "prometheus",
+                        "severity": labels.get("severity"),
+                        "owner": labels.get("owner"),
+                    },
+                )
             )
 
         await watch_prometheus(url, changed)
@@ -120,8 +125,8 @@ class Watchers:
             samplers,
             self.plan.sample_interval_s,
             self._on_samples,
-            lambda note: self.run.emit("warning", note),
-            lambda kind, msg, data: self.run.emit(kind, msg, **data),
+            lambda note: self.run.emit(E.WARNING(note)),
+            self.run.emit,
         )
         await sset.start()
         try:
@@ -148,12 +153,12 @@ class Watchers:
                 self._on_health(t, s.value >= 0.5)
             else:
                 self.detector.on_sample(t, s.name, s.value, total)
-        self.run.emit("samples", payload=recs)
+        self.run.emit(E.samples(recs))
 
     def _on_health(self, t: float, up: bool) -> None:
         self.detector.on_health(t, up, 0 if not up else 200)
         if up != self._last_health and self._last_health is not None:
-            self.run.emit("health", "health OK again" if up else "health check failing", ok=up)
+            self.run.emit(E.HEALTH("health OK again" if up else "health check failing", {"ok": up}))
         if not up:
             self.state.health_ever_failed = (
                 self.state.health_ever_failed or self.state.failed_at_s is not None
@@ -179,10 +184,10 @@ class Watchers:
                 f = self.detector.on_log_line(t, line)
                 if f is not None and f.kind in FINDING_EVENTS:
                     # one timeline row per burst: an engine death logs a line per failed request
-                    kind = FINDING_EVENTS[f.kind]
-                    if t - self._last_log_event.get(kind, -1e9) > 2.0:
-                        self.run.emit(kind, f.message[:300], **f.data)
-                    self._last_log_event[kind] = t
+                    emit = FINDING_EVENTS[f.kind]
+                    if t - self._last_log_event.get(emit.kind, -1e9) > 2.0:
+                        self.run.emit(emit(f.message[:300], f.data))
+                    self._last_log_event[emit.kind] = t
             await asyncio.sleep(0.1 if self.plan.target.kind in SPAWNED_KINDS else 1.0)
 
     async def _process_loop(self) -> None:
@@ -202,11 +207,10 @@ class Watchers:
                 detail = st.detail + (f"; its log ends: {last!r}" if last else "")
                 self.detector.on_process(t, False, st.exit_code, st.oom_killed, detail)
                 self.run.emit(
-                    "process_exit",
-                    f"target {exit_evidence(st.exit_code)}",
-                    exit_code=st.exit_code,
-                    oom_killed=st.oom_killed,
-                    detail=st.detail,
+                    E.PROCESS_EXIT(
+                        f"target {exit_evidence(st.exit_code)}",
+                        {"exit_code": st.exit_code, "oom_killed": st.oom_killed, "detail": st.detail},
+                    )
                 )
             self.state.running = st.running
             await asyncio.sleep(0.05 if local else 1.0)
@@ -231,23 +235,24 @@ class Watchers:
                 got = {s.name: s for s in await probe.sample()}
                 t = got["health.up"].t - self.run.t0
                 self.run.emit(
-                    "samples",
-                    payload=[
-                        SampleRecord(
-                            run_id=self.run.run_id,
-                            t_s=t,
-                            source="health",
-                            name=f"neighbour.{n.name}.ok",
-                            value=got["health.up"].value,
-                        ),
-                        SampleRecord(
-                            run_id=self.run.run_id,
-                            t_s=t,
-                            source="health",
-                            name=f"neighbour.{n.name}.latency_ms",
-                            value=got["health.latency_ms"].value,
-                        ),
-                    ],
+                    E.samples(
+                        [
+                            SampleRecord(
+                                run_id=self.run.run_id,
+                                t_s=t,
+                                source="health",
+                                name=f"neighbour.{n.name}.ok",
+                                value=got["health.up"].value,
+                            ),
+                            SampleRecord(
+                                run_id=self.run.run_id,
+                                t_s=t,
+                                source="health",
+                                name=f"neighbour.{n.name}.latency_ms",
+                                value=got["health.latency_ms"].value,
+                            ),
+                        ]
+                    )
                 )
                 await asyncio.sleep(n.interval_s)
         finally:

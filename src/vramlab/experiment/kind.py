@@ -28,10 +28,12 @@ from vramlab.load.client import OpenAIClient, RequestResult
 from vramlab.load.prompts import Prompt, PromptMaker
 from vramlab.observe.base import Sample, Sampler, SamplerSet
 from vramlab.records import RunRecord, SampleRecord, canonical_sha256, new_run_id
+from vramlab.records import emit as E
+from vramlab.records.emit import Draft
 from vramlab.records.stats import percentile
 from vramlab.run.baseline_check import BaselineTally
 from vramlab.run.capacity_plan import PlanFacts, target_facts
-from vramlab.run.events import Event
+from vramlab.run.kind import Where
 from vramlab.run.rollback import RollbackResult, run_rollbacks
 from vramlab.run.steps import FixedSteps, StepOutcome, StepStrategy
 from vramlab.run.stop import StopMonitor, StopReason
@@ -88,7 +90,7 @@ class ExperimentKind:
         if options.strategy is None and plan.change.search is not None:
             from vramlab.experiment.search import SearchSteps
 
-            self._search = SearchSteps(plan, lambda kind, msg, data: self.run.emit(kind, msg, data))
+            self._search = SearchSteps(plan, lambda draft: self.run.emit(draft))
         self.strategy = options.strategy or self._search or FixedSteps(plan.change.values())
         self.monitor = StopMonitor(plan.stop_conditions, plan.wall_clock_s())
         self.wall_clock_s = self.monitor.wall_clock_s
@@ -252,7 +254,7 @@ class ExperimentKind:
         shape = shape_for(plan, value, seed, await self._schedule(value))
         stats = _WindowStats(where=(rnd, phase, step, value))
         at = f"round {rnd}/{n} {phase}" + (f" step {step}" if step else "")
-        self.run.emit("phase_start", f"{at}: {var} = {value:g}", {"variable": var, "value": value})
+        self.run.emit(E.PHASE_START(f"{at}: {var} = {value:g}", {"variable": var, "value": value}))
 
         def on_result(res: RequestResult) -> None:
             self._on_request(res, stats)
@@ -288,38 +290,40 @@ class ExperimentKind:
         saturated = [w for w in lag if w["saturated"]]
         p50, p95 = stats.p(0.5), stats.p(0.95)
         self.run.emit(
-            "phase_end",
-            f"{at}: {stats.requests} requests, {stats.errors} errors"
-            + (f", P95 {p95:.0f} ms" if p95 is not None else ""),
-            {
-                "variable": var,
-                "value": value,
-                "requests": stats.requests,
-                "errors": stats.errors,
-                "p50_e2e_ms": p50,
-                "p95_e2e_ms": p95,
-                "dispatch_lag_p99_ms": lag_p99,
-                "client_saturated": bool(saturated),
-                "client_lag": lag,
-            },
+            E.PHASE_END(
+                f"{at}: {stats.requests} requests, {stats.errors} errors"
+                + (f", P95 {p95:.0f} ms" if p95 is not None else ""),
+                {
+                    "variable": var,
+                    "value": value,
+                    "requests": stats.requests,
+                    "errors": stats.errors,
+                    "p50_e2e_ms": p50,
+                    "p95_e2e_ms": p95,
+                    "dispatch_lag_p99_ms": lag_p99,
+                    "client_saturated": bool(saturated),
+                    "client_lag": lag,
+                },
+            )
         )
         for w in saturated:
             self.run.emit(
-                "warning",
-                f"the load generator fell behind in round {rnd} {phase}"
-                + (f" step {step}" if step else "")
-                + f": {w['name']} saturated (dispatch lag "
-                f"P99 {w['dispatch_lag_p99_ms']:.1f} ms, event-loop lag P99 {w['loop_lag_p99_ms']:.1f} ms > "
-                f"{plan.load.lag_warn_ms:g} ms); this window's latencies include the client's own lag "
-                "(latencies from the scheduled time still count it; the offered load was lower than "
-                "planned" + ("" if self.workers > 1 else "; more load workers: --workers") + ")",
-                {
-                    "dispatch_lag_p99_ms": w["dispatch_lag_p99_ms"],
-                    "loop_lag_p99_ms": w["loop_lag_p99_ms"],
-                    "worker": w["worker"],
-                    "pid": w["pid"],
-                    "client_saturated": True,
-                },
+                E.WARNING(
+                    f"the load generator fell behind in round {rnd} {phase}"
+                    + (f" step {step}" if step else "")
+                    + f": {w['name']} saturated (dispatch lag "
+                    f"P99 {w['dispatch_lag_p99_ms']:.1f} ms, event-loop lag P99 {w['loop_lag_p99_ms']:.1f} ms > "
+                    f"{plan.load.lag_warn_ms:g} ms); this window's latencies include the client's own lag "
+                    "(latencies from the scheduled time still count it; the offered load was lower than "
+                    "planned" + ("" if self.workers > 1 else "; more load workers: --workers") + ")",
+                    {
+                        "dispatch_lag_p99_ms": w["dispatch_lag_p99_ms"],
+                        "loop_lag_p99_ms": w["loop_lag_p99_ms"],
+                        "worker": w["worker"],
+                        "pid": w["pid"],
+                        "client_saturated": True,
+                    },
+                )
             )
         return StepOutcome(step, value, stats.requests, stats.errors, p95, self.run.stop)
 
@@ -371,10 +375,10 @@ class ExperimentKind:
         results, stats.results = stats.results, []
         stats.flushed_at = time.perf_counter()
         rnd, phase, step, value = stats.where
-        t0, run_id, fire = self.run.t0, self.run_id, self.run.hook.fire
+        t0, run_id, emit, where = self.run.t0, self.run_id, self.run.emit, Where(rnd, phase, step)
         for res in results:
             rec = request_record(res, run_id, t0, rnd, phase, step, value)
-            fire(Event("request", rec.end_s or 0.0, rnd, phase, step, payload=rec))
+            emit(E.request(rec), rec.end_s or 0.0, where)
             if self._search is not None:
                 self._search.add(rec)
 
@@ -394,8 +398,7 @@ class ExperimentKind:
                     )
                 )
         if recs:
-            w = self.run.where
-            self.run.hook.fire(Event("samples", recs[0].t_s, w.round, w.phase, w.step, payload=recs))
+            self.run.emit(E.samples(recs), recs[0].t_s)
         self.tick()
 
     def tick(self) -> None:
@@ -417,9 +420,10 @@ class ExperimentKind:
         self.run.halt(reason.message, reason)
         self.windows.stop()  # every loop, in every worker, sends nothing more from here on
         self.run.emit(
-            "stop_condition",
-            reason.message,
-            {"condition": reason.condition, "value": reason.value, "threshold": reason.threshold},
+            E.STOP_CONDITION(
+                reason.message,
+                {"condition": reason.condition, "value": reason.value, "threshold": reason.threshold},
+            )
         )
 
     # -- the end -----------------------------------------------------------------------------------
@@ -435,20 +439,21 @@ class ExperimentKind:
         def on_result(r: RollbackResult) -> None:
             state = "ok" if r.ok else ("timed out" if r.exit_code is None else f"exit {r.exit_code}")
             self.run.emit(
-                "rollback",
-                f"rollback {r.command!r}: {state} in {r.duration_s:.1f} s",
-                {
-                    "command": r.command,
-                    "exit_code": r.exit_code,
-                    "duration_s": r.duration_s,
-                    "output_tail": r.output_tail,
-                },
+                E.ROLLBACK(
+                    f"rollback {r.command!r}: {state} in {r.duration_s:.1f} s",
+                    {
+                        "command": r.command,
+                        "exit_code": r.exit_code,
+                        "duration_s": r.duration_s,
+                        "output_tail": r.output_tail,
+                    },
+                )
             )
 
         return await run_rollbacks(self.plan.rollback, env, on_result)
 
-    def run_end(self, status: str, reason: str | None) -> tuple[str, dict[str, Any]]:
-        return (
+    def run_end(self, status: str, reason: str | None) -> Draft:
+        return E.RUN_END(
             f"run {self.run_id} {status}" + (f": {reason}" if reason else ""),
             {
                 "status": status,

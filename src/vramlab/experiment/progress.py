@@ -4,8 +4,9 @@ lines otherwise (CI logs, pipes). Only phase ends, stops, warnings, notes and ro
 from __future__ import annotations
 
 import sys
-from typing import Any, TextIO
+from typing import TextIO
 
+from vramlab.records import RequestRecord
 from vramlab.run.events import Event, EventKind
 
 K = EventKind
@@ -55,8 +56,7 @@ class RichProgress:
     def __call__(self, ev: Event) -> None:
         if ev.kind == K.PHASE_START:
             self.phase, self.n, self.err, self.started = ev.message, 0, 0, ev.t_s
-        elif ev.kind == K.REQUEST:
-            rec: Any = ev.payload
+        elif ev.kind == K.REQUEST and isinstance(rec := ev.payload, RequestRecord):
             if rec.error_class != "cancelled":
                 self.n += 1
                 self.err += 0 if rec.ok else 1

@@ -4,21 +4,18 @@ go on the run's timeline (`search_probe`, `search_result` events), so the report
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from vramlab.analysis.slo_search import SloSearch, probe
 from vramlab.experiment.plan import Plan
 from vramlab.records import RequestRecord
+from vramlab.records import emit as E
+from vramlab.records.emit import Emitter
 from vramlab.run.steps import StepOutcome
-
-Emit = Callable[[str, str, dict[str, Any]], None]
 
 
 class SearchSteps:
     """The values a search probes, one treatment step each; the kind hands it the step's records."""
 
-    def __init__(self, plan: Plan, emit: Emit) -> None:
+    def __init__(self, plan: Plan, emit: Emitter) -> None:
         s = plan.change.search
         assert s is not None
         self.spec, self.emit = s, emit
@@ -52,26 +49,28 @@ class SearchSteps:
         nxt = self.search.next(p)
         verdict = "meets the SLO" if p.meets else "fails: " + ", ".join(p.failed)
         self.emit(
-            "search_probe",
-            f"search probe {outcome.index}: {self.variable} {outcome.value:g} {verdict}"
-            + (" (its halves disagree: probed again)" if p.unstable and nxt == p.value else ""),
-            {"step": outcome.index, "variable": self.variable, "slo": dict(self.spec.slo), **p.to_json()},
+            E.SEARCH_PROBE(
+                f"search probe {outcome.index}: {self.variable} {outcome.value:g} {verdict}"
+                + (" (its halves disagree: probed again)" if p.unstable and nxt == p.value else ""),
+                {"step": outcome.index, "variable": self.variable, "slo": dict(self.spec.slo), **p.to_json()},
+            )
         )
         if nxt is None:
             lo, hi = self.search.bracket
             said = "none meets it" if lo is None else f"{lo:g}"
             self.emit(
-                "search_result",
-                f"search: the largest {self.variable} meeting the SLO is {said} (bracket {_v(lo)} to {_v(hi)}; "
-                f"{len(self.search.probes)} probes; {self.search.reason})",
-                {
-                    "variable": self.variable,
-                    "answer": lo,
-                    "bracket": [lo, hi],
-                    "slo": dict(self.spec.slo),
-                    "probes": len(self.search.probes),
-                    "reason": self.search.reason,
-                },
+                E.SEARCH_RESULT(
+                    f"search: the largest {self.variable} meeting the SLO is {said} (bracket {_v(lo)} to "
+                    f"{_v(hi)}; {len(self.search.probes)} probes; {self.search.reason})",
+                    {
+                        "variable": self.variable,
+                        "answer": lo,
+                        "bracket": [lo, hi],
+                        "slo": dict(self.spec.slo),
+                        "probes": len(self.search.probes),
+                        "reason": self.search.reason,
+                    },
+                )
             )
         return nxt
 

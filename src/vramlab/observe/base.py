@@ -22,7 +22,10 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vramlab.records.emit import Draft
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,8 @@ class Sampler:
     async def sample(self) -> list[Sample]:
         raise NotImplementedError
 
-    def take_events(self) -> list[tuple[str, str, dict[str, Any]]]:
-        """Timeline events the sampler saw since the last call (kind, message, data); most have none."""
+    def take_events(self) -> list[Draft]:
+        """Timeline events the sampler saw since the last call (typed drafts); most have none."""
         return []
 
     def take_notes(self) -> list[str]:
@@ -96,7 +99,7 @@ class SamplerSet:
         interval_s: float,
         on_samples: Callable[[list[Sample]], None],
         on_note: Callable[[str], None],
-        on_event: Callable[[str, str, dict[str, Any]], None] | None = None,
+        on_event: Callable[[Draft], None] | None = None,
     ) -> None:
         self.samplers, self.interval_s = list(samplers), interval_s
         self._on_samples, self._on_note, self._on_event = on_samples, on_note, on_event
@@ -139,8 +142,8 @@ class SamplerSet:
                 if samples:
                     self._on_samples(samples)
                 if self._on_event is not None:  # after the samples, so a timeline row follows its data
-                    for kind, message, data in s.take_events():
-                        self._on_event(kind, message, data)
+                    for draft in s.take_events():
+                        self._on_event(draft)
             for note in s.take_notes():  # what it found while reading, failed or not
                 self._on_note(note)
             next_t += self.interval_s

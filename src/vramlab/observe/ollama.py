@@ -34,8 +34,10 @@ from typing import Any
 
 from vramlab.observe import http
 from vramlab.observe.base import Sample, Sampler, SourceUnavailable
+from vramlab.records import emit as E
+from vramlab.records.emit import Draft
+from vramlab.records.event_payloads import OllamaModelData
 
-EventTuple = tuple[str, str, dict[str, Any]]
 MAX_PS_BYTES = (
     256 * http.KIB
 )  # ~300 bytes a model: ~800 entries, where Ollama holds a few (parsing more would hold the loop)
@@ -72,8 +74,8 @@ class LoadedModel:
         ctx = "" if self.context_length is None else f", context {self.context_length}"
         return f"{self.name}: {_gib(self.size)} in memory, {_gib(self.size_vram)} on the GPU ({self.placement()}){ctx}"
 
-    def data(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def data(self) -> OllamaModelData:
+        out: OllamaModelData = {
             "model": self.name,
             "size_bytes": self.size,
             "size_vram_bytes": self.size_vram,
@@ -114,19 +116,18 @@ def parse_ps(payload: Any, max_models: int | None = None) -> list[LoadedModel]:
 
 def changes(
     before: dict[str, LoadedModel] | None, now: dict[str, LoadedModel], wall: dt.datetime | None = None
-) -> list[EventTuple]:
+) -> list[Draft]:
     """Timeline events between two polls. `before` None: the first poll (what was loaded already)."""
     if before is None:
         return [
-            (
-                "model_load",
+            E.MODEL_LOAD(
                 f"Ollama model already loaded when sampling began: {m.describe()}",
                 {**m.data(), "already_loaded": True},
             )
             for m in now.values()
         ]
     wall = wall or dt.datetime.now(dt.timezone.utc)
-    out: list[EventTuple] = []
+    out: list[Draft] = []
     appeared = [m for n, m in now.items() if n not in before]
     for n, m in before.items():
         if n in now:
@@ -140,21 +141,19 @@ def changes(
             how = "unloaded"
         reason = "expired" if expired else ("evicted" if appeared else "unloaded")
         out.append(
-            (
-                "model_unload",
+            E.MODEL_UNLOAD(
                 f"Ollama model {how}: {n}, freeing {_gib(m.size_vram)} of GPU memory "
                 f"and {_gib(m.size - m.size_vram)} on the host",
                 {**m.data(), "reason": reason},
             )
         )
     for m in appeared:
-        out.append(("model_load", f"Ollama model loaded: {m.describe()}", m.data()))
+        out.append(E.MODEL_LOAD(f"Ollama model loaded: {m.describe()}", m.data()))
     for n, m in now.items():
         old = before.get(n)
         if old is not None and old.size_vram != m.size_vram:
             out.append(
-                (
-                    "model_offload",
+                E.MODEL_OFFLOAD(
                     f"Ollama model's GPU share changed: {n}, {_gib(old.size_vram)} → "
                     f"{_gib(m.size_vram)} on the GPU ({old.placement()} → {m.placement()})",
                     {**m.data(), "size_vram_before_bytes": old.size_vram, "size_before_bytes": old.size},
@@ -173,7 +172,7 @@ class OllamaSampler(Sampler):
         self.version: str | None = None
         self._session: Any = None
         self._seen: dict[str, LoadedModel] | None = None
-        self._events: list[EventTuple] = []
+        self._events: list[Draft] = []
         self._notes: list[str] = []
         self._said_many = False
 
@@ -222,7 +221,7 @@ class OllamaSampler(Sampler):
             ]
         return out
 
-    def take_events(self) -> list[EventTuple]:
+    def take_events(self) -> list[Draft]:
         out, self._events = self._events, []
         return out
 

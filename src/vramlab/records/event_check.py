@@ -12,7 +12,8 @@ from typing import Any, Literal, Union
 
 @functools.cache
 def _payload_hints(kind: str) -> dict[str, Any]:
-    from vramlab.records.events import PAYLOADS, check_kind
+    from vramlab.records.emit import PAYLOADS
+    from vramlab.records.events import check_kind
 
     try:
         return typing.get_type_hints(PAYLOADS[check_kind(kind)])

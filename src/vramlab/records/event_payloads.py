@@ -33,9 +33,19 @@ class PhaseEndData(TypedDict, total=False):
     p95_e2e_ms: float | None
     dispatch_lag_p99_ms: float | None
     client_saturated: bool
-    client_lag: list[
-        dict[str, Any]
-    ]  # per load process: name, pid, saturated, dispatch_lag_p99_ms, loop_lag_p99_ms
+    client_lag: list[ClientLagData]  # per load process
+
+
+class ClientLagData(TypedDict, total=False):
+    """One load process's self-check in a window (PhaseEndData.client_lag)."""
+
+    name: str
+    worker: int
+    pid: int
+    dispatch_lag_p99_ms: float
+    loop_lag_p99_ms: float
+    loop_lag_max_ms: float
+    saturated: bool
 
 
 class StepData(TypedDict, total=False):
@@ -71,6 +81,7 @@ class WarningData(TypedDict, total=False):
     pid: int
     action: str
     issued_s: float
+    plan_field: str  # a warning about the plan: the field it is about ("rounds": too few rounds)
 
 
 class HealthPathData(TypedDict, total=False):
@@ -212,7 +223,7 @@ class ProcessExitData(TypedDict, total=False):
 # "class" is a keyword: the functional form. The log signature's name, class, severity and engine.
 LogFindingData = TypedDict(
     "LogFindingData",
-    {"signature": str, "class": str, "severity": str, "engine": str, "details": dict[str, Any]},
+    {"signature": str, "class": str, "severity": str, "engine": str | None, "details": dict[str, Any]},
     total=False,
 )
 

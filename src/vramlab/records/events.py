@@ -6,7 +6,8 @@ them back through `EventKind` and the accessors below instead of string literals
 a str enum: a member equals its string, so rows stored before it existed read unchanged, and an
 `Event` of a kind that is not a member is refused (a bug, exit 70) so no kind goes undocumented.
 
-Each kind's `data` is a `TypedDict` (records/event_payloads.py; `PAYLOADS` maps kind to type).
+Each kind's `data` is a `TypedDict` (records/event_payloads.py); a writer makes it with its kind's typed
+constructor (records/emit.py, where `PAYLOADS` maps kind to type).
 Every key is optional: rows written by older versions lack keys added since, so readers use `.get`. The table in
 docs/store-and-reports.md ("Event kinds") is this module in words; a test keeps them equal.
 """
@@ -59,7 +60,8 @@ class EventKind(str, Enum):
         "warning",
         (
             "something the reader should know: the client fell behind (dispatch_lag_p99_ms, "
-            "loop_lag_p99_ms, client_saturated, worker, pid), a failed restart (action, issued_s)"
+            "loop_lag_p99_ms, client_saturated, worker, pid), a failed restart (action, issued_s), "
+            "a plan's field (plan_field)"
         ),
     )
     ERROR = "error", "the run failed (its store refused rows, an unexpected error); no data"
@@ -154,62 +156,6 @@ DATA_KINDS = frozenset({EventKind.REQUEST, EventKind.SAMPLES})
 
 
 K = EventKind
-PAYLOADS: dict[EventKind, type] = {
-    K.RUN_START: P.NoData,
-    K.RUN_END: P.RunEndData,
-    K.PHASE_START: P.PhaseStartData,
-    K.PHASE_END: P.PhaseEndData,
-    K.STEP: P.StepData,
-    K.STOP_CONDITION: P.StopConditionData,
-    K.ROLLBACK: P.RollbackData,
-    K.NOTE: P.NoteData,
-    K.WARNING: P.WarningData,
-    K.ERROR: P.NoData,
-    K.TARGET_START: P.NoData,
-    K.HEALTH_PATH: P.HealthPathData,
-    K.TARGET_READY: P.TargetReadyData,
-    K.COTENANT: P.CotenantData,
-    K.COTENANT_OOM: P.ValueData,
-    K.CAPACITY: P.CapacityData,
-    K.CAPACITY_PLAN: P.CapacityPlanData,
-    K.STARTUP_MEMORY: P.StartupMemoryData,
-    K.CEILING: P.CeilingData,
-    K.STOPPED: P.StoppedData,
-    K.DETECT: P.DetectData,
-    K.FAULT: P.FaultData,
-    K.RAMP_UNDONE: P.ValueData,
-    K.MITIGATION: P.MitigationData,
-    K.RECOVERY_COMMAND: P.RecoveryCommandData,
-    K.WAITING_FOR_OPERATOR: P.ModeData,
-    K.RECOVERED: P.RecoveredData,
-    K.NOT_RECOVERED: P.NotRecoveredData,
-    K.FAILURE_MODE: P.FailureModeData,
-    K.RETRY_STORM: P.RetryStormData,
-    K.ALERT: P.AlertData,
-    K.HEALTH: P.HealthData,
-    K.PROCESS_EXIT: P.ProcessExitData,
-    K.OOM: P.LogFindingData,
-    K.STARTUP_REFUSAL: P.LogFindingData,
-    K.XID: P.LogFindingData,
-    K.PREEMPTION: P.LogFindingData,
-    K.OVERLOAD: P.LogFindingData,
-    K.ENGINE: P.EngineData,
-    K.RACE: P.RaceData,
-    K.LEDGER: P.LedgerData,
-    K.MODEL_LOAD: P.OllamaModelData,
-    K.MODEL_UNLOAD: P.OllamaModelData,
-    K.MODEL_OFFLOAD: P.OllamaModelData,
-    K.SEARCH_PROBE: P.SearchProbeData,
-    K.SEARCH_RESULT: P.SearchResultData,
-    K.REQUEST: P.NoData,
-    K.SAMPLES: P.NoData,
-}
-
-
-def payload_keys(kind: EventKind) -> frozenset[str]:
-    """The data keys a kind's payload type declares."""
-    t: Any = PAYLOADS[kind]
-    return frozenset(t.__required_keys__ | t.__optional_keys__)
 
 
 class HasData(Protocol):

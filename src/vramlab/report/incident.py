@@ -120,8 +120,8 @@ def s_summary(ctx: ReportContext) -> list[Block]:
     ]
     if ctx.run.stop_reason:
         items.append(f"Ended by: {ctx.run.stop_reason}")
-    from vramlab.report.core_sections import host_line
     from vramlab.report.prompt_tokens import prompt_tokens_line
+    from vramlab.report.window_tables import host_line
 
     items += [line for line in (host_line(ctx), prompt_tokens_line(ctx)) if line]
     return [Bullets(items)]

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from vramlab.engines import served_engines
 from vramlab.plandoc import CapacityFacts, SimSettings
+from vramlab.records import emit as E
 from vramlab.records.capacity_plan import CAPACITY_PLAN_NOTE, PlanFactsRecord
+from vramlab.records.emit import Draft
 
 if TYPE_CHECKING:
     from vramlab.capacity.gpus import GPU
     from vramlab.capacity.settings import EngineSettings
     from vramlab.capacity.spec import ModelSpec
-
-Emitted = tuple[str, str, dict[str, Any]]  # (event kind, message, data); kind "note" is a run note
 
 
 @dataclass(frozen=True)
@@ -195,25 +195,24 @@ def estimate_json(facts: PlanFacts, calibration: str | None = None) -> dict[str,
     return make_plan(spec, card, settings, constants).to_json()
 
 
-def start_events(facts: PlanFacts) -> list[Emitted]:
+def start_events(facts: PlanFacts) -> list[Draft]:
     """The capacity plan (or one note why not) and the start-up log's memory lines (when readable)."""
     from vramlab.errors import VramlabError
 
-    out: list[Emitted] = []
+    out: list[Draft] = []
     why = facts.missing()
     if why is not None:
-        out.append(("note", f"capacity plan: not computed: {why}", {"by": CAPACITY_PLAN_NOTE}))
+        out.append(E.NOTE(f"capacity plan: not computed: {why}", {"by": CAPACITY_PLAN_NOTE}))
     else:
         try:
             est = estimate_json(facts)
         except (VramlabError, ImportError, NotImplementedError) as exc:
-            out.append(("note", f"capacity plan: not computed: {exc}"[:300], {"by": CAPACITY_PLAN_NOTE}))
+            out.append(E.NOTE(f"capacity plan: not computed: {exc}"[:300], {"by": CAPACITY_PLAN_NOTE}))
         else:
             from vramlab.units import size
 
             out.append(
-                (
-                    "capacity_plan",
+                E.CAPACITY_PLAN(
                     f"capacity plan for {est['model']} on {est['gpu']} ({est['engine']} {est['engine_version']}): "
                     f"weights {size(est['weights_bytes'])}, KV pool {size(est['kv_cache_bytes'])}, "
                     f"{size(est['used_bytes'])} in use at the peak (GiB = 2^30 bytes)",
@@ -224,7 +223,7 @@ def start_events(facts: PlanFacts) -> list[Emitted]:
     return out
 
 
-def startup_events(log_file: str | None, engine: str | None = None) -> list[Emitted]:
+def startup_events(log_file: str | None, engine: str | None = None) -> list[Draft]:
     """check-log's parser on the target's start-up log: the last complete start-up's figures."""
     if not log_file:
         return []
@@ -234,19 +233,17 @@ def startup_events(log_file: str | None, engine: str | None = None) -> list[Emit
     try:
         parsed = parse_log(log_file, engine if engine in PARSERS else None)
     except VramlabError as exc:
-        return [("note", f"start-up log {log_file}: no memory figures read ({exc})"[:300], {})]
+        return [E.NOTE(f"start-up log {log_file}: no memory figures read ({exc})"[:300])]
     obs = [o for o in parsed.observations if o.rank in (None, 0)] or list(parsed.observations)
     if not obs and parsed.engine == "transformers":  # from_pretrained, then a cache per request
         return [
-            (
-                "note",
+            E.NOTE(
                 f"start-up log {log_file} (transformers): no memory figure printed; transformers serve "
-                "sizes no KV cache at start-up",
-                {},
+                "sizes no KV cache at start-up"
             )
         ]
     if not obs:
-        return [("note", f"start-up log {log_file}: no complete start-up yet (no KV cache line)", {})]
+        return [E.NOTE(f"start-up log {log_file}: no complete start-up yet (no KV cache line)")]
     last = max(obs, key=lambda o: o.startup or 0)
     data = last.model_dump(mode="json", exclude={"source_lines", "notes"})
     from vramlab.units import size
@@ -259,8 +256,7 @@ def startup_events(log_file: str | None, engine: str | None = None) -> list[Emit
     if last.kv_cache_tokens is not None:
         parts.append(f"{last.kv_cache_tokens:,} KV tokens")
     return [
-        (
-            "startup_memory",
+        E.STARTUP_MEMORY(
             f"start-up log ({parsed.engine}): " + (", ".join(parts) or "no memory figure"),
             {"source": f"start-up log {log_file}", "observation": data},
         )

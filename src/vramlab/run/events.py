@@ -2,7 +2,8 @@
 
 The runner emits; the terminal progress, the store writer and a drill's own logic subscribe.
 The kinds are `vramlab.records.events.EventKind` (each member says when it is emitted and what its
-data holds; `PAYLOADS` types the data of each). Timeline kinds are stored as EventRecord; the data
+data holds); a writer makes an event's draft with its kind's typed constructor (`vramlab.records.emit`,
+checked by mypy) and the runner stamps it (`Runner.emit`). Timeline kinds are stored as EventRecord; the data
 kinds (`DATA_KINDS`) are not timeline rows: ``request`` (payload: RequestRecord) and ``samples``
 (payload: list[SampleRecord]). An Event of a kind that is not a member is refused: a bug (exit 70).
 """
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vramlab.records.emit import Payload
 from vramlab.records.events import DATA_KINDS, EventKind, check_kind
 
 
@@ -25,7 +27,9 @@ class Event:
     step: int | None = None
     message: str = ""
     data: dict[str, Any] = field(default_factory=dict)
-    payload: Any = None  # RunRecord for run_start, RequestRecord for request, list[SampleRecord] for samples
+    payload: Payload = (
+        None  # RunRecord for run_start, RequestRecord for request, list[SampleRecord] for samples
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", check_kind(self.kind))  # ValueError on a kind not in EventKind

@@ -20,6 +20,7 @@ from vramlab.run.steps import StepOutcome, StepStrategy
 
 if TYPE_CHECKING:
     from vramlab.records import RunRecord
+    from vramlab.records.emit import Draft
     from vramlab.run.capacity_plan import PlanFacts
     from vramlab.run.rollback import RollbackResult
     from vramlab.run.runner import Runner
@@ -102,8 +103,8 @@ class RunKind(Protocol):
     async def rollback(self, status: str, reason: str | None) -> list[RollbackResult]:
         """Undo what the run changed, however it ended."""
 
-    def run_end(self, status: str, reason: str | None) -> tuple[str, dict[str, Any]]:
-        """The run_end line and its data."""
+    def run_end(self, status: str, reason: str | None) -> Draft:
+        """The run_end event (`vramlab.records.emit.RUN_END`)."""
 
     def totals(self) -> tuple[int, int]:
         """Requests and errors so far."""

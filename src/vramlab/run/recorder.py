@@ -95,15 +95,17 @@ class StoreRecorder:
         if ev.kind == EventKind.REQUEST and self.run_id is not None:
             # The hot path: thousands a second. list.append is atomic, and the writer only ever
             # removes a prefix it copied, so no lock is needed; only this thread counts `received`.
-            requests = self._requests
-            requests.append(ev.payload)
+            requests, rec = self._requests, ev.payload
+            assert isinstance(rec, RequestRecord), "a request event carries its RequestRecord"
+            requests.append(rec)
             self.received["requests"] += 1
             if len(requests) >= self.batch and not self._wake.is_set():
                 self._idle.clear()
                 self._wake.set()
             return
         if ev.kind == EventKind.RUN_START:
-            run: RunRecord = ev.payload
+            run = ev.payload
+            assert isinstance(run, RunRecord), "run_start carries the RunRecord"
             self.notes = list(run.notes)
             self.store.create_run(run)  # before any load: a store that refuses the run stops it here
             self.run_id = run.run_id
@@ -112,10 +114,10 @@ class StoreRecorder:
         if self.run_id is None:
             return
         with self._lock:
-            if ev.kind == EventKind.REQUEST:
+            if ev.kind == EventKind.REQUEST and isinstance(ev.payload, RequestRecord):
                 self._requests.append(ev.payload)
                 self.received["requests"] += 1
-            elif ev.kind == EventKind.SAMPLES:
+            elif ev.kind == EventKind.SAMPLES and isinstance(ev.payload, list):
                 self._samples.extend(ev.payload)
                 self.received["samples"] += len(ev.payload)
             if ev.kind not in DATA_KINDS:

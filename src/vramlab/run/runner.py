@@ -22,7 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from vramlab.records import emit as E
 from vramlab.records.capacity_plan import CAPACITY_PLAN_NOTE
+from vramlab.records.emit import Draft
+from vramlab.records.events import EventKind
 from vramlab.run.events import Event, EventHook
 from vramlab.run.kind import RunKind, Where
 from vramlab.run.rollback import RollbackResult
@@ -30,7 +33,6 @@ from vramlab.run.stop import StopReason
 
 EXIT_CODES = {"completed": 0, "failed": 1, "stopped": 3, "interrupted": 130}
 INTERRUPTED = "interrupted (Ctrl-C or SIGTERM)"
-Emitted = tuple[str, str, dict[str, Any]]  # (event kind, message, data); kind "note" is a run note
 
 
 def exit_code(status: str, error: BaseException | None = None, recovered: bool = True) -> int:
@@ -86,7 +88,7 @@ class Runner:
         self,
         kind: RunKind,
         hook: EventHook | None = None,
-        capacity_plan: Callable[[], list[Emitted]] | None = None,
+        capacity_plan: Callable[[], list[Draft]] | None = None,
     ) -> None:
         self.kind = kind
         self.capacity_plan = capacity_plan
@@ -106,30 +108,27 @@ class Runner:
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
-    def emit(
-        self,
-        kind: str,
-        message: str = "",
-        data: dict[str, Any] | None = None,
-        payload: Any = None,
-        **fields: Any,
-    ) -> None:
-        """One event, stamped with the run's clock and where it is; its data as a dict, or as keywords."""
-        w = self.where
-        doc = {**(data or {}), **fields}
-        if STRICT_EVENTS:
+    def emit(self, draft: Draft, t_s: float | None = None, where: Where | None = None) -> None:
+        """One event from its typed draft (vramlab.records.emit), stamped with the run's clock and where
+        it is (or *t_s* and *where*: a request's end, a window that has moved on)."""
+        w = where or self.where
+        if STRICT_EVENTS and draft.data:
             from vramlab.records.event_check import misfits
 
-            if bad := misfits(kind, doc):
+            if bad := misfits(draft.kind, dict(draft.data)):
                 raise TypeError(
-                    f"event {kind}: data {', '.join(f'{k}={doc[k]!r}' for k in bad)} misfit its declared type"
+                    f"event {draft.kind}: data {', '.join(f'{k}={draft.data[k]!r}' for k in bad)} "
+                    "misfit its declared type"
                 )
-        self.hook.fire(Event(kind, self.now(), w.round, w.phase, w.step, message, doc, payload))
+        t = self.now() if t_s is None else t_s
+        self.hook.fire(
+            Event(draft.kind, t, w.round, w.phase, w.step, draft.message, dict(draft.data), draft.payload)
+        )
 
     def note(self, message: str, by: str | None = None) -> None:
         """A run note (kept on the run row and as an event); *by*: what wrote it (NoteData.by)."""
         self.notes.append(message)
-        self.emit("note", message, {"by": by} if by else None)
+        self.emit(E.NOTE(message, {"by": by} if by else None))
 
     # -- ending it early -------------------------------------------------------------------------
     def halt(self, message: str, reason: StopReason | None = None) -> None:
@@ -145,7 +144,7 @@ class Runner:
         self.aborted = reason
         if self._body is not None:
             self._body.cancel()
-        self.emit("error", reason)
+        self.emit(E.ERROR(reason))
 
     def abort_soon(self, reason: str) -> None:
         """``abort`` from another thread (the store writer's)."""
@@ -162,7 +161,7 @@ class Runner:
         self.t0 = time.perf_counter()  # t_s = 0 is started_at: `vramlab note` stamps its notes the same way
         self._loop = asyncio.get_running_loop()
         message, record = await kind.record()
-        self.emit("run_start", message, payload=record)
+        self.emit(E.run_start(message, record))
         status, reason = "failed", None
         error: BaseException | None = None
         rollbacks: list[RollbackResult] = []
@@ -177,7 +176,7 @@ class Runner:
         except Exception as exc:  # recorded on the run and kept on the result (the session says it)
             status, reason, error = "failed", f"{type(exc).__name__}: {exc}"[:300], exc
             self.where = Where()
-            self.emit("error", reason)
+            self.emit(E.ERROR(reason))
         finally:
             status, reason, rollbacks = await self._finish(status, reason)
         requests, errors = kind.totals()
@@ -205,8 +204,7 @@ class Runner:
             self.note(err)
         self.hook.errors.clear()
         self.where = Where()
-        message, data = self.kind.run_end(status, reason)
-        self.emit("run_end", message, data)
+        self.emit(self.kind.run_end(status, reason))
         return status, reason, rollbacks
 
     async def _rounds(self) -> None:
@@ -245,11 +243,12 @@ class Runner:
         except Exception as exc:
             self.note(f"capacity plan: {type(exc).__name__}: {exc}"[:300], by=CAPACITY_PLAN_NOTE)
             return
-        for kind, message, data in emitted:
-            if kind == "note":
-                self.note(message, by=data.get("by"))
+        for draft in emitted:
+            if draft.kind == EventKind.NOTE:  # a run note: kept on the run row too
+                by = draft.data.get("by")
+                self.note(draft.message, by=by if isinstance(by, str) else None)
             else:
-                self.emit(kind, message, data)
+                self.emit(draft)
 
     async def _steps(self, rnd: int) -> bool:
         """The steps of one round (numbered from 1) until the strategy ends them or one fails;
@@ -302,4 +301,4 @@ async def _cancelled(task: asyncio.Future[Any]) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-__all__ = ["EXIT_CODES", "INTERRUPTED", "POLL_S", "Emitted", "RunResult", "Runner", "exit_code"]
+__all__ = ["EXIT_CODES", "INTERRUPTED", "POLL_S", "RunResult", "Runner", "exit_code"]

@@ -25,6 +25,7 @@ from vramlab.load.driver import LoadShape, Window, WindowOutcome, drive
 from vramlab.load.prompts import FreshPrompts, Prompt, cycle
 from vramlab.load.retry import RetryPolicy
 from vramlab.records import RequestRecord
+from vramlab.records.event_payloads import ClientLagData
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ class WindowExecutor:
         if self._task is not None:
             self._task.cancel()
 
-    def client_lag(self, outcome: WindowOutcome, warn_ms: float) -> list[dict[str, Any]]:
+    def client_lag(self, outcome: WindowOutcome, warn_ms: float) -> list[ClientLagData]:
         """The load generator's self-check, per worker: did it keep up with its schedule and its tokens?"""
         if self.pool is not None:
             views = [

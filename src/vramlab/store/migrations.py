@@ -78,6 +78,24 @@ def _m6_traffic(conn: sa.Connection) -> None:
     _add_missing_columns(conn, schema.requests, ("cached_tokens", "conversation", "turn", "tenant"))
 
 
+def _m7_warning_plan_field(conn: sa.Connection) -> None:
+    # A drill's too-few-rounds warning says which plan field it is about (WarningData.plan_field),
+    # and the report tells it by that field, not by its text. Drills stored before wrote only the
+    # text, "rounds: N is fewer than 3; ...": their rows get the field once, here, so an old report
+    # still says it once.
+    ev, runs = schema.events, schema.runs
+    if not sa.inspect(conn).has_table(ev.name):  # a partial old database: no events to name
+        return
+    rows = conn.execute(
+        sa.select(ev.c.seq, ev.c.data)
+        .select_from(ev.join(runs, ev.c.run_id == runs.c.run_id))
+        .where(runs.c.kind == "drill", ev.c.kind == "warning", ev.c.message.like("rounds: %"))
+    ).all()
+    for seq, data in rows:
+        if isinstance(data, dict) and "plan_field" not in data:
+            conn.execute(sa.update(ev).where(ev.c.seq == seq).values(data={**data, "plan_field": "rounds"}))
+
+
 MIGRATIONS: list[Callable[[sa.Connection], None]] = [
     _m1_initial,
     _m2_heartbeat,
@@ -85,6 +103,7 @@ MIGRATIONS: list[Callable[[sa.Connection], None]] = [
     _m4_itl_untimed_gaps,
     _m5_prompt_tokens_source,
     _m6_traffic,
+    _m7_warning_plan_field,
 ]
 LATEST = len(MIGRATIONS)
 
