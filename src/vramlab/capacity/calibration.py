@@ -199,14 +199,24 @@ class _Model:
     def __init__(self, cases: Sequence[Case], base: Constants, est: Estimator):
         self.cases, self.base, self.est = cases, base, est
         self.failed: dict[int, str] = {}
+        # (case, constant values) -> prediction: a Gauss-Newton step re-linearizes at the point the
+        # one before ended at, so the same predictions were computed again (a quarter of a fit)
+        self._seen: dict[tuple[int, tuple[tuple[str, float], ...]], dict[str, float] | None] = {}
 
     def predict(self, i: int, values: Mapping[str, float]) -> dict[str, float] | None:
+        key = (i, tuple(sorted(values.items())))
+        if key in self._seen:
+            return self._seen[key]
         c = self.cases[i]
         try:
-            return predicted_fields(self.est(c.model, c.gpu, c.settings, _with(self.base, values)))
+            out: dict[str, float] | None = predicted_fields(
+                self.est(c.model, c.gpu, c.settings, _with(self.base, values))
+            )
         except (VramlabError, ValueError, ZeroDivisionError, ImportError, NotImplementedError) as exc:
             self.failed[i] = f"{type(exc).__name__}: {exc}"
-            return None
+            out = None
+        self._seen[key] = out
+        return out
 
 
 def _robust_ridge(J: Any, b: Any, lam: float) -> Any:
