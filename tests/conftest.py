@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from _store_backends import any_store_url_fixture, store_url_fixture
 
@@ -25,6 +26,12 @@ __all__ = ["any_store_url_fixture", "store_url_fixture"]
 # every event a run writes, in this process or a vramlab it starts, is checked against its kind's declared
 # data types as it is written (run/runner.py): a writer whose payload drifts fails where it writes
 os.environ["VRAMLAB_STRICT_EVENTS"] = "1"
+
+# No per-example deadline: properties here are checked for correctness, never speed, and a busy
+# two-core machine once stretched a 0.3 ms example to 298 ms (hypothesis then calls the test flaky).
+# A test's own @settings(...) still applies on top.
+settings.register_profile("vramlab", deadline=None)
+settings.load_profile("vramlab")
 
 _SLOW = {
     line.strip()
