@@ -46,7 +46,7 @@ from accuracy_table import (  # noqa: E402
     readme_block,
     table,
 )
-from bands import band_coverage, band_score, print_bands  # noqa: E402  (band_score: tests call it here)
+from bands import band_coverage, band_coverage_all, band_score, print_bands  # noqa: E402  (band_score: tests call it here)
 
 METRICS = ("weights", "kv_cache_gib", "kv_cache_tokens", "max_concurrency")
 
@@ -619,6 +619,7 @@ def leave_one_group_out(rows: list[dict[str, Any]], configs: dict[str, Any]) -> 
         # (benchmarks/data/README.md, "Never-seen rows"): the "logs never seen" figure
         "pooled_unseen": pool(lambda g: g.startswith("unseen-")),
         "bands": band_coverage(bands),
+        "bands_every_engine": band_coverage_all(bands),
         "kv_capacity_by_engine": held_out_capacity(errs),
     }
 
@@ -670,7 +671,7 @@ def print_held_out(held_out: dict[str, Any], summary: dict[str, Any]) -> None:
             f"KV tokens (n={tok.get('n', 0)}; SGLang and TGI print only tokens) median "
             f"{tok.get('median', math.nan):.2f}% p90 {tok.get('p90', math.nan):.2f}%"
         )
-    print_bands(held_out["bands"])
+    print_bands(held_out["bands"], held_out["bands_every_engine"])
 
 
 def summarize(errs: dict[str, dict[str, list[tuple[dict[str, Any], float]]]]) -> dict[str, Any]:

@@ -144,6 +144,8 @@ def readme_block(held_out: dict[str, Any]) -> str:
         entry = held_out["bands"].get(key)
         if entry:
             lines.append(f"| {name} | {_band(entry.get('unseen'))} | {_band(entry.get('all'))} |")
+    every = held_out["bands_every_engine"]
+    lines.append(f"| all engines | {_band(every.get('unseen'))} | {_band(every.get('all'))} |")
     lines.append(END)
     return "\n".join(lines)
 

@@ -54,24 +54,32 @@ def band_score(
 def band_coverage(bands: list[tuple[dict[str, Any], str, bool, float, str]]) -> dict[str, Any]:
     """Per engine, on the never-seen groups and on every row: the share of measurements inside the plan's
     band and the band's mean width; and, per engine, the terms the band was widened for most often."""
-    out: dict[str, Any] = {}
-    for engine in sorted({e for _, e, *_ in bands}):
-        mine = [b for b in bands if b[1] == engine]
-        entry: dict[str, Any] = {}
-        for key, keep in (("unseen", lambda g: g.startswith("unseen-")), ("all", lambda g: True)):
-            xs = [b for b in mine if keep(str(b[0].get("collection_group")))]
-            if xs:
-                entry[key] = {
-                    "n": len(xs),
-                    "inside": sum(b[2] for b in xs) / len(xs),
-                    "mean_width": statistics.mean(b[3] for b in xs),
-                    "outside_rows": sorted(str(b[0]["row_id"]) for b in xs if not b[2]),
-                }
-        out[engine] = entry
-    return out
+    return {
+        engine: _coverage([b for b in bands if b[1] == engine])
+        for engine in sorted({e for _, e, *_ in bands})
+    }
 
 
-def print_bands(bands: dict[str, Any]) -> None:
+def band_coverage_all(bands: list[tuple[dict[str, Any], str, bool, float, str]]) -> dict[str, Any]:
+    """The same over every engine's rows together: how often the band's promise held, whatever the engine."""
+    return _coverage(bands)
+
+
+def _coverage(rows: list[tuple[dict[str, Any], str, bool, float, str]]) -> dict[str, Any]:
+    entry: dict[str, Any] = {}
+    for key, keep in (("unseen", lambda g: g.startswith("unseen-")), ("all", lambda g: True)):
+        xs = [b for b in rows if keep(str(b[0].get("collection_group")))]
+        if xs:
+            entry[key] = {
+                "n": len(xs),
+                "inside": sum(b[2] for b in xs) / len(xs),
+                "mean_width": statistics.mean(b[3] for b in xs),
+                "outside_rows": sorted(str(b[0]["row_id"]) for b in xs if not b[2]),
+            }
+    return entry
+
+
+def print_bands(bands: dict[str, Any], every_engine: dict[str, Any] | None = None) -> None:
     print()
     print(
         "Band coverage, held-out: the share of measured KV pools (GiB where printed, else tokens) inside the"
@@ -81,7 +89,8 @@ def print_bands(bands: dict[str, Any]) -> None:
         f"  {'engine':12} {'never-seen: n':>13} {'inside':>7} {'width':>7}   {'every row: n':>12} {'inside':>7} "
         f"{'width':>7}   outside (never-seen)"
     )
-    for engine, entry in bands.items():
+    rows = list(bands.items()) + ([("all engines", every_engine)] if every_engine else [])
+    for engine, entry in rows:
         cells = []
         for key in ("unseen", "all"):
             e = entry.get(key)

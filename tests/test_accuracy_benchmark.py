@@ -106,7 +106,17 @@ def test_readme_accuracy_table_is_the_benchmarks_figures(summary):
         entry = held["bands"].get(key)
         if entry:
             expected.append(f"| {name} | {_band(entry.get('unseen'))} | {_band(entry.get('all'))} |")
+    every = held["bands_every_engine"]
+    expected.append(f"| all engines | {_band(every.get('unseen'))} | {_band(every.get('all'))} |")
     assert _readme_table() == expected
+    # the every-engine row is the engines' rows together: its counts are theirs summed
+    for key in ("unseen", "all"):
+        parts = [e[key] for e in held["bands"].values() if key in e]
+        assert every[key]["n"] == sum(p["n"] for p in parts)
+        assert round(every[key]["inside"] * every[key]["n"]) == sum(
+            round(p["inside"] * p["n"]) for p in parts
+        )
+        assert sorted(every[key]["outside_rows"]) == sorted(r for p in parts for r in p["outside_rows"])
 
 
 def test_accuracy_doc_quotes_the_held_out_figure(summary):
@@ -208,6 +218,7 @@ def test_band_coverage_is_printed_per_engine_and_quoted_from_the_same_figures(su
         return f"{e['inside'] * 100:.1f} % of {e['n']}"
 
     v, s, t, ll = bands["vllm"], bands["sglang"], bands["tgi"], bands["llama.cpp"]
+    every = summary["leave_one_group_out"]["bands_every_engine"]
     for quoted in (
         f"vLLM {share(v['unseen'])} never-seen rows inside a band {v['unseen']['mean_width']:.1f} % wide, "
         f"{v['all']['inside'] * 100:.1f} % of all {v['all']['n']} ({v['all']['mean_width']:.1f} %)",
@@ -216,6 +227,8 @@ def test_band_coverage_is_printed_per_engine_and_quoted_from_the_same_figures(su
         f"TGI {share(t['unseen'])} never-seen ({t['unseen']['mean_width']:.1f} %), {share(t['all'])} "
         f"({t['all']['mean_width']:.1f} %)",
         f"llama.cpp's pools are exact ({share(ll['all'])})",
+        f"Every engine together: {share(every['unseen'])} never-seen rows ({every['unseen']['mean_width']:.1f} %), "
+        f"{every['all']['inside'] * 100:.1f} % of all {every['all']['n']} ({every['all']['mean_width']:.1f} %)",
     ):
         assert quoted in readme, quoted
     # a row outside the band is named, and the counts add up
