@@ -241,16 +241,10 @@ class Watchers:
                                 run_id=self.run.run_id,
                                 t_s=t,
                                 source="health",
-                                name=f"neighbour.{n.name}.ok",
-                                value=got["health.up"].value,
-                            ),
-                            SampleRecord(
-                                run_id=self.run.run_id,
-                                t_s=t,
-                                source="health",
-                                name=f"neighbour.{n.name}.latency_ms",
-                                value=got["health.latency_ms"].value,
-                            ),
+                                name=f"neighbour.{n.name}.{what}",
+                                value=got[reading].value,
+                            )
+                            for what, reading in (("ok", "health.up"), ("latency_ms", "health.latency_ms"))
                         ]
                     )
                 )
