@@ -125,7 +125,7 @@ class PromptMaker:
         self._per_word = 1.0  # tokens a word, learned from the prompts sized so far
         self._head_tokens: int | None = None
         self._cache: dict[tuple[int, int, int, int], list[Prompt]] = {}
-        self._fresh: dict[tuple[int, int, int, int], FreshPrompts | None] = {}
+        self._fresh: dict[tuple[int, int, int], FreshPrompts | None] = {}
 
     async def synthetic(self, prompt_tokens: int, output_tokens: int, count: int, seed: int) -> list[Prompt]:
         key = (prompt_tokens, output_tokens, count, seed)
@@ -136,7 +136,7 @@ class PromptMaker:
     async def fresh(self, prompt_tokens: int, output_tokens: int, seed: int) -> FreshPrompts | None:
         """Fresh prompts of ``prompt_tokens`` as the target counts them; None where heads of other
         digits count differently (the caller cycles a counted list instead)."""
-        key = (prompt_tokens, output_tokens, -1, seed)
+        key = (prompt_tokens, output_tokens, seed)
         if key not in self._fresh:
             self._fresh[key] = await self._build_fresh(prompt_tokens, output_tokens, seed)
         return self._fresh[key]
