@@ -221,6 +221,61 @@ def test_timeout_while_the_server_says_nothing() -> None:
     assert res.error_class == "timeout" and 250 <= res.e2e_ms <= 2000
 
 
+def test_each_request_times_out_at_its_own_deadline_behind_one_timer() -> None:
+    """The pool keeps every answer's deadline behind one loop timer: a deadline registered after a
+    later one still fires on time, answered requests leave the heap, and the heap stays bounded."""
+    from vramlab.load.fasthttp import Pool
+    from vramlab.load.h1response import FastHttpError
+
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        if b"silent" in srv_requests[-1]:
+            await asyncio.sleep(3)
+            return
+        body = DONE
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await w.drain()
+
+    srv_requests: list[bytes] = []
+
+    def req(path: str) -> bytes:
+        return f"POST /{path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode()
+
+    async def go() -> tuple[list[float], int, int, bool]:
+        async with Server(script) as srv:
+            srv.requests = srv_requests
+            host, port = srv.url.removeprefix("http://").split(":")
+            pool = Pool(host, int(port), limit=4)
+
+            async def timed(deadline: float) -> float:
+                try:
+                    await pool.request(req("silent"), lambda b, t, e: False, deadline)
+                except FastHttpError as exc:
+                    assert exc.kind == "timeout"
+                return time.perf_counter()
+
+            t0 = time.perf_counter()
+            late = asyncio.ensure_future(timed(t0 + 0.8))  # registered first, due last
+            await asyncio.sleep(0.05)
+            early = asyncio.ensure_future(timed(t0 + 0.3))
+            answered = 0
+            peak = 0
+            for _ in range(200):  # answered requests on the two free connections meanwhile
+                status, _ = await pool.request(req("ok"), lambda b, t, e: True, time.perf_counter() + 60)
+                answered += status == 200
+                peak = max(peak, len(pool.deadlines))
+            ends = [await early - t0, await late - t0]
+            left = len(pool.deadlines)
+            pool.close()
+            return ends, answered, peak, left <= 2 * 4 + 65 and pool.timer is None
+
+    ends, answered, peak, tidy = asyncio.run(go())
+    assert answered == 200
+    assert 0.28 <= ends[0] < 0.7, ends  # the earlier deadline did not wait for the later one's timer
+    assert 0.78 <= ends[1] < 2.0, ends
+    assert peak <= 2 * 4 + 65, peak  # answered requests' entries are dropped, not kept for 60 s
+    assert tidy
+
+
 def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
