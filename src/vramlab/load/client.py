@@ -216,7 +216,9 @@ class OpenAIClient:
             from urllib.parse import urlsplit
 
             from vramlab.load.fasthttp import Pool
+            from vramlab.load.h1response import FastHttpError, StopBody
 
+            self._fast_errors = FastHttpError, StopBody  # (imported here once, not per request)
             u = urlsplit(self.url)
             port = u.port or 80
             host = u.hostname or ""
@@ -367,8 +369,7 @@ class OpenAIClient:
     async def _exchange_fast(
         self, data: bytes, st: Stream, sent: float, cap: int
     ) -> tuple[int, str | None, str | None]:
-        from vramlab.load.h1response import FastHttpError, StopBody
-
+        FastHttpError, StopBody = self._fast_errors
         feed = self.sse.feed
         times = st.times
 

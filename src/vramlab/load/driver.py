@@ -367,12 +367,15 @@ class _Drive:
             rid = f"{self.id_prefix}{c * nshards + index}"
             self.lags.append((pc() - ready) * 1000)
             prompt = talk.prompt() if talk is not None else next(self.prompts)
-            answer: list[str] = []
-            failed = await self.one(rid, prompt, ready, answer if prompt.conversation is not None else None)
-            talk = _Talk.after(talk, prompt, answer, failed)
-            pause = talk.pause_s() if talk is not None else 0.0
-            if pause > 0 and not stop.is_set():  # a tool call between two turns
-                await asyncio.sleep(min(max(0.0, deadline - pc()), pause))
+            if prompt.conversation is None:  # (talk is None too: a conversation's turns all carry it)
+                failed = await self.one(rid, prompt, ready)
+            else:
+                answer: list[str] = []
+                failed = await self.one(rid, prompt, ready, answer)
+                talk = _Talk.after(talk, prompt, answer, failed)
+                pause = talk.pause_s() if talk is not None else 0.0
+                if pause > 0 and not stop.is_set():  # a tool call between two turns
+                    await asyncio.sleep(min(max(0.0, deadline - pc()), pause))
             if failed == "connect" and shape.error_backoff and not stop.is_set():
                 # Nothing answered (refused, unreachable): the user waits before the next try (the
                 # plan's back-off), as a person would. Resubmitting in microseconds after a refused

@@ -41,6 +41,9 @@ MAX_ERROR_BODY = 64 << 10
 Sink = Callable[[bytes, float, bool], bool]
 
 
+_FRAMING_NAME_LENGTHS = (len(b"content-length"), len(b"transfer-encoding"))
+
+
 class FastHttpError(Exception):
     """A transport fault, with the error class the load client records (``connect``, ``stream_broken``,
     ``timeout``)."""
@@ -115,7 +118,7 @@ class Response:
 
     # -- llhttp's callbacks (inside feed_data) ---------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
-        if not self.framed:
+        if not self.framed and len(name) in _FRAMING_NAME_LENGTHS:
             n = name.lower()
             if n == b"content-length" or n == b"transfer-encoding":
                 self.framed = True

@@ -194,6 +194,9 @@ class SseAccounting:
             if not line.startswith(b"data:"):
                 continue  # ": ping" comments, event:/id: fields
             payload = line[5:].strip()
+            if payload == b"[DONE]":
+                st.done = True
+                return
             kind = token_piece(payload, self._piece_key)
             if kind is not None:  # a plain token chunk, judged without parsing it (see token_piece)
                 if st.text is not None:
@@ -207,9 +210,6 @@ class SseAccounting:
                 if kind == REASONING:
                     st.reasoning += 1
                 continue  # (its finish_reason, if any, does not matter: a stream with a token is not empty)
-            if payload == b"[DONE]":
-                st.done = True
-                return
             if b'"usage"' in payload:
                 usage = usage_only(payload)
                 if usage is not None:
