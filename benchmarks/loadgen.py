@@ -224,6 +224,7 @@ def _table(results: dict[str, dict[str, list[dict[str, Any]]]], a: argparse.Name
             "per_core": _median(rate, "per_core"),
             "cpu": _median(rate, "client_cpu_pct"),
             "p99": _median(modes.get("overhead", []), "p99_ms"),
+            "lag99": _median(modes.get("overhead", []), "lag_p99_ms"),
             "p50": _median(modes.get("overhead", []), "p50_ms"),
             "errors": sum(r["errors"] for m in modes.values() for r in m),
             "loop": (rate or modes.get("overhead") or [{}])[0].get("loop", ""),
@@ -270,7 +271,13 @@ def _verdict(
     summary: dict[str, dict[str, Any]], floor_p99: float | None, request_p99: float | None = None
 ) -> list[str]:
     """The two bars vramlab's client keeps: its req/s per core over the plain aiohttp loop on uvloop
-    (>= 2x) and its overhead P99 over the bare-sleep floor measured in the same run (<= 2x)."""
+    (>= 2x) and its own delay's P99 over the bare-sleep floor measured in the same run (<= 2x).
+
+    The client's own delay is from a probe's scheduled time to its send (vramlab's dispatch lag, as
+    every run records it): the span the floor measures for a bare process (scheduled time to
+    acting). A probe's latency from the schedule to its answer adds the endpoint's round trip, which
+    is no client's: the bare request (the floor's process sending on one socket, no client in
+    between) shows how much of the floor's multiple that round trip alone takes."""
     me, base = summary.get("vramlab", {}), summary.get("aiohttp-uvloop", {})
     out = []
     if me.get("per_core") and base.get("per_core"):
@@ -278,11 +285,18 @@ def _verdict(
         out.append(
             f"lead: vramlab {lead:.2f}x the plain aiohttp loop on uvloop per core (bar >= 2x: {'met' if lead >= 2 else 'NOT met'})"
         )
-    if me.get("p99") is not None and floor_p99:
-        ratio = me["p99"] / floor_p99
+    if me.get("lag99") is not None and floor_p99:
+        ratio = me["lag99"] / floor_p99
         out.append(
-            f"P99 over the floor: vramlab {me['p99']:.2f} ms / {floor_p99:.2f} ms = {ratio:.2f}x "
-            f"(bar <= 2x: {'met' if ratio <= 2 else 'NOT met'})"
+            f"P99 over the floor: vramlab {me['lag99']:.2f} ms / {floor_p99:.2f} ms = {ratio:.2f}x "
+            f"(bar <= 2x: {'met' if ratio <= 2 else 'NOT met'}; the client's own delay, from a probe's "
+            "scheduled time to its send)"
+        )
+    if me.get("p99") is not None and floor_p99:
+        bare = f"; the bare request alone is {request_p99 / floor_p99:.2f}x" if request_p99 else ""
+        out.append(
+            f"P99 to the answer over the floor: vramlab {me['p99']:.2f} ms / {floor_p99:.2f} ms = "
+            f"{me['p99'] / floor_p99:.2f}x (schedule to answer: the endpoint's round trip included{bare})"
         )
     if me.get("p99") is not None and request_p99:
         out.append(
@@ -382,8 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         "(load/fasthttp.py), aiohttp = aiohttp's ClientSession",
         f"P50/P99: probe latency from the scheduled send, {a.probe_rate:g} req/s Poisson, while ~{a.streams} "
         f"streams are held open ({a.hold_s:g} s each; vramlab opens them with its own Poisson open loop, the "
-        "others reopen them at once from random offsets); the endpoint answers at once, so latency = client "
-        "overhead (locust: from its actual send, whole ms)",
+        "others reopen them at once from random offsets); the endpoint answers at once, but its round trip "
+        "under the held streams is in every probe's latency (locust: from its actual send, whole ms)",
         "",
     ]
     lines = head + _table(results, a) + [f"note: {n}" for n in notes]
