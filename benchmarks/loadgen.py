@@ -16,7 +16,10 @@ Two measurements per tool, each in a fresh process, tools interleaved, medians o
   overhead  ``--streams`` streams held open against the hold endpoint (each answers after
             ``--hold-s``; the users reopen them at once) while a Poisson open loop of probes at
             ``--probe-rate`` hits the immediate endpoint; the P99 of the probes' latency, timed
-            from their *scheduled* send, is the client's overhead (nginx answers in microseconds).
+            from their *scheduled* send. nginx answers in microseconds, but its round trip under
+            the held streams is in that latency: vramlab's bar is judged on its own delay (the
+            schedule to the send, its dispatch lag) against the bare-sleep floor, and the latency
+            to the answer is printed beside the bare request (the floor's process sending).
             Locust has no schedule: its latency is from the actual send, and rounded to 1 ms.
 """
 

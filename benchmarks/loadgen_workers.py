@@ -9,7 +9,8 @@ loop ``vramlab run`` picks; for http:// that is vramlab's own HTTP client, load/
 (the same loop on uvloop). MODE is ``rate`` (closed loop, N workers, no think time: the most
 requests one core completes) or ``overhead`` (500 streams held open against an endpoint that
 answers after ``hold_s``, plus a Poisson open loop of probes against an endpoint that answers at
-once; the probes' latency, from their *scheduled* send time, is the client's overhead). vramlab
+once; the probes' latency from their *scheduled* send time, and for vramlab the dispatch lag:
+the schedule to the send, the client's own delay). vramlab
 opens its held streams with its own open loop (Poisson, streams / hold_s per second); the plain
 loop keeps ``streams`` workers busy, each starting at a random offset so they end out of step.
 Locust runs through its own CLI with benchmarks/loadgen_locust.py instead.
