@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 from vramlab.load.alarm import Alarm
 from vramlab.load.arrivals import Arrival, gaps, schedule_gaps
 from vramlab.load.client import RequestResult
+from vramlab.load.eager import eager_task
 from vramlab.load.prompts import Prompt
 from vramlab.load.retry import RetryPolicy
 from vramlab.records.stats import percentile
@@ -245,7 +246,7 @@ class _Drive:
         self.lags: list[float] = []
         self.loop_lags: list[float] = []
         self.rng = random.Random(shape.seed * 7919 + shard[0])
-        self.inflight: set[asyncio.Task[None]] = set()
+        self.inflight: set[asyncio.Future[Any]] = set()
         self.sent = 0
         self.unsent = 0  # open loop: spawned, then the stop came before their turn: never sent, not counted
         self.counter = 0  # closed loop: requests the users took
@@ -294,8 +295,8 @@ class _Drive:
                 return "cancelled"
             attempt += 1
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coro)
+    def spawn(self, coro: Coroutine[Any, Any, Any], eager: bool = False) -> asyncio.Future[Any]:
+        task = eager_task(coro) if eager else asyncio.ensure_future(coro)
         self.inflight.add(task)
         task.add_done_callback(self.inflight.discard)
         return task
@@ -349,7 +350,8 @@ class _Drive:
                     sem.release()
                     break
                 self.lags.append((pc() - next_t) * 1000)
-                self.spawn(gated(f"{self.id_prefix}{k}", prompt, next_t))
+                # eager: on the wire before this loop gives the event loop back (load/eager.py)
+                self.spawn(gated(f"{self.id_prefix}{k}", prompt, next_t), eager=True)
                 self.sent += 1
             k += 1
             next_t += next(g)
@@ -392,7 +394,7 @@ class _Drive:
                     await asyncio.sleep(min(max(0.0, deadline - pc()), shape.think_s))
             ready = pc()
 
-    async def closed_loop(self, users: list[asyncio.Task[Any]]) -> None:
+    async def closed_loop(self, users: list[asyncio.Future[Any]]) -> None:
         if users:
             await asyncio.wait(users, timeout=max(0.0, self.deadline - time.perf_counter()))
 
