@@ -85,7 +85,6 @@ def _count(c: OpenAIClient, payload: bytes, fast: bool, monkeypatch: pytest.Monk
     with monkeypatch.context() as m:
         if not fast:
             m.setattr(sse_mod, "token_piece", lambda payload, key: None)
-            m.setattr(sse_mod, "usage_only", lambda payload: None)
         s = Stream()
         c.sse.event(b"data: " + payload, 1.0, s)
     # finished matters only for a stream without a token (an empty completion): compare what it decides

@@ -14,7 +14,6 @@ coalesced. client.py drives this, read by read, from either HTTP client.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -46,31 +45,6 @@ class Stream:
 
 
 CONTENT, REASONING = 1, 2
-_USAGE_NUMBER = re.compile(rb'"(prompt_tokens|completion_tokens)":\s*(-?\d+)\s*[,}]')
-
-
-def usage_only(payload: bytes) -> dict[bytes, int] | None:
-    """The usage chunk at a stream's end (``"choices":[]`` and a ``usage`` of plain integers), read
-    without parsing JSON: once per request. None when it is anything else (the caller parses)."""
-    if not (payload[:1] == b"{" and payload[-1:] == b"}") or b"\\" in payload or b'"error"' in payload:
-        return None
-    if payload.count(b'"usage"') != 1 or b'"usage":{' not in payload.replace(b'"usage": {', b'"usage":{'):
-        return None
-    if (
-        (b'"choices":[]' not in payload and b'"choices": []' not in payload)
-        or b'"choices"' not in payload
-        or payload.count(b'"choices"') != 1
-        or b"reasoning_tokens" in payload
-        or b"prompt_tokens_details" in payload  # cached tokens: the full parse reads them
-    ):
-        return None
-    found = {m.group(1): int(m.group(2)) for m in _USAGE_NUMBER.finditer(payload)}
-    for key in (b"prompt_tokens", b"completion_tokens"):
-        if payload.count(b'"' + key + b'"') != (1 if key in found else 0):
-            return None  # there, but not a plain integer: the full parse decides
-    return found
-
-
 _REASONING_KEYS = (b'"reasoning_content":', b'"reasoning":')
 
 
@@ -210,12 +184,6 @@ class SseAccounting:
                 if kind == REASONING:
                     st.reasoning += 1
                 continue  # (its finish_reason, if any, does not matter: a stream with a token is not empty)
-            if b'"usage"' in payload:
-                usage = usage_only(payload)
-                if usage is not None:
-                    st.usage_out = usage.get(b"completion_tokens", st.usage_out)
-                    st.usage_in = usage.get(b"prompt_tokens", st.usage_in)
-                    continue
             n = len(st.times)
             self._parse(payload, now, st)
             if len(st.times) > n:
@@ -296,4 +264,4 @@ def _count(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
-__all__ = ["CONTENT", "MAX_EVENT_BYTES", "REASONING", "SseAccounting", "Stream", "token_piece", "usage_only"]
+__all__ = ["CONTENT", "MAX_EVENT_BYTES", "REASONING", "SseAccounting", "Stream", "token_piece"]
