@@ -323,13 +323,13 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
             if cfg.get("dump"):
                 from vramlab.load import h1response
 
-                init = h1response.Response.__init__
+                start = h1response.Response.start  # each answer in turn on a connection's one parser
 
-                def spy(self: Any, conn: Any, fut: Any, sink: Any) -> None:
-                    init(self, conn, fut, sink)
-                    ports[asyncio.current_task()] = conn.sock.getsockname()[1]
+                def spy(self: Any, fut: Any, sink: Any) -> None:
+                    start(self, fut, sink)
+                    ports[asyncio.current_task()] = self.conn.sock.getsockname()[1]
 
-                h1response.Response.__init__ = spy  # type: ignore[method-assign]
+                h1response.Response.start = spy  # type: ignore[method-assign]
                 clock.append(client._pool.clock)
             mon = asyncio.ensure_future(cpu_window())
             if cfg.get("profile"):

@@ -56,3 +56,37 @@ def test_quick_run_times_the_known_schedule(server: str, tmp_path: Path) -> None
         assert res["ttft_err_p99_ms"] >= res["ttft_err_p50_ms"] > -20, tool
     assert raw["vramlab-w2"]["20"]["workers"] == 2
     assert "how each tool defines ITL:" in text and "vramlab-w2:" in text
+
+
+@pytest.mark.slow
+def test_the_wire_check_compares_every_timed_gap_with_nginx_packets(tmp_path: Path) -> None:
+    """tokens.py --wire: tcpdump records nginx's packets while vramlab's client runs; every gap the
+    client timed in that span is set beside the same gap on the wire. Both ends are kernel stamps of
+    one loopback delivery, so they agree to well under a millisecond however busy the machine."""
+    import os
+    import shutil
+
+    nginx = shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")
+    echo = os.path.exists("/usr/lib/nginx/modules/ngx_http_echo_module.so")  # as benchmarks/_nginx.py looks
+    if os.geteuid() != 0 or not shutil.which("tcpdump") or not (nginx and echo):
+        pytest.skip("needs root, tcpdump and nginx with its echo module (scripts/test installs them)")
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "tokens.py"),
+            *("--streams", "20", "--tools", "vramlab", "--tokens", "16"),
+            *("--warmup-s", "1", "--measure-s", "3", "--wire", "on", "--wire-s", "1.5", "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout[r.stdout.index("\n{") + 1 :])["vramlab"]["20"]
+    assert res["ok"] > 0 and res["errors"] == 0, res  # the capture's spy broke no request
+    assert "wire_error" not in res and res["wire_gaps"] > 50, res
+    assert res["wire_abs_err_p99_ms"] < 1.0, res
+    assert re.search(r"^\s+20 streams: \d+ gaps compared; client - wire P50", r.stdout, re.M), r.stdout[
+        -1500:
+    ]
