@@ -23,7 +23,10 @@ CPU is measured: below ~70 % of its core it keeps its schedule (nginx's timers a
 every error in the table is the client's.
 
 Each tool holds N streams (closed loop: a user opens the next stream as soon as one ends) for
-``--warmup-s`` + ``--measure-s``; only the measured window counts:
+``--warmup-s`` + ``--measure-s``; only the measured window counts. ``vramlab-trace`` is the one open
+loop: it replays the arrival times of examples/mooncake-sample.jsonl (Mooncake's trace format, read
+by vramlab's trace reader), scaled so that the trace's mean rate holds N streams and repeated over
+the window, so its streams open in the trace's bursts and lulls:
   streams held   mean open streams over the window (time-weighted), against N
   tokens/s       token chunks received in the window; ideal = N x tokens / (ttft + (tokens-1) x gap)
   CPU-ms/req     the client's CPU time (every process of it) over completed requests
@@ -63,6 +66,8 @@ from _nginx import find_nginx, pinned, start_stub, stop, wait_up
 from _nginx import start as start_nginx
 
 HERE = Path(__file__).resolve().parent
+TRACE = HERE.parent / "examples" / "mooncake-sample.jsonl"  # vramlab-trace's arrival times
+TIMEOUT_S = 120.0  # every client's request timeout
 CHUNK = (
     '{"id":"chatcmpl-b","object":"chat.completion.chunk","created":1700000000,"model":"bench",'
     '"choices":[{"index":0,"delta":{"content":" tok"},"logprobs":null,"finish_reason":null}]}'
@@ -77,6 +82,9 @@ ITL_DEFINITIONS = {
     "kernel's receive time of a read that ended with it (fasthttp), or the time aiohttp's read "
     "returned (vramlab-aiohttp); gaps into a token read together with later bytes are left out and "
     "counted (untimed gaps); TPOT is the per-request mean",
+    "vramlab-trace": "as vramlab, its streams opened by the open loop at the arrival times of "
+    "examples/mooncake-sample.jsonl (Mooncake's format), scaled to hold N streams on average and "
+    "repeated: bursts and lulls, not N steady users",
     "aiohttp-uvloop": "every gap between two token chunks, as received (the reference loop)",
     "aiperf": "'inter_token_latency' is a per-request mean ((last - first token) / (tokens - 1)); "
     "'inter_chunk_latency' is every gap: the per-gap column uses it",
@@ -278,7 +286,10 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
     reqs: list[Req] = []
     via = cfg.get("http_client", "auto")
 
-    ports: dict[Any, int] = {}  # the wire check (--wire): which connection served the request in this task
+    # the wire check (--wire): which connection served each request, keyed by the request's deadline
+    # (its send time + the timeout: a float unique to it, and on its record as sent_at + timeout)
+    ports: dict[float, int] = {}
+    deadlines: dict[int, float] = {}  # id(sink) -> deadline, while the request is in the pool
     dump: list[tuple[int, list[float], tuple[int, ...]]] = []
     clock: list[Any] = []  # the client's wall-clock converter: its record of wall-clock steps
 
@@ -286,12 +297,19 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
         if r.error_class != "cancelled":
             reqs.append((r.sent_at, r.end_at, r.ttft_ms, list(r.token_times), r.ok, r.coalesced))
             if cfg.get("dump") and r.ok:
-                port = ports.pop(asyncio.current_task(), None)
+                port = ports.pop(r.sent_at + TIMEOUT_S, None)
                 if port is not None:
                     dump.append((port, list(r.token_times), r.coalesced))
 
     prompts = [Prompt("hello", 8, cfg["tokens"])]
     shape = LoadShape(mode="closed", concurrency=n, max_tokens=cfg["tokens"])
+    if cfg.get("trace"):  # vramlab-trace: the open loop replays a trace's own arrival times
+        shape = LoadShape(
+            mode="open",
+            concurrency=4 * n,
+            schedule=trace_schedule(cfg["trace"], n, cfg, cfg["warmup_s"] + cfg["measure_s"]),
+            max_tokens=cfg["tokens"],
+        )
     window = Window(duration_s=cfg["warmup_s"] + cfg["measure_s"], drain_s=0.0)
     t0 = pc()
     ws, we = t0 + cfg["warmup_s"], t0 + cfg["warmup_s"] + cfg["measure_s"]
@@ -308,7 +326,8 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
         from vramlab.load.workers import ClientConfig, WorkerPool
 
         async with WorkerPool(
-            workers, ClientConfig(cfg["url"], "bench", max_connections=n + 8, timeout_s=120, http_client=via)
+            workers,
+            ClientConfig(cfg["url"], "bench", max_connections=n + 8, timeout_s=TIMEOUT_S, http_client=via),
         ) as pool:
             pids.extend(pool.pids)
             t0 = pc()  # the pool took a while to start: the window starts now
@@ -318,17 +337,27 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
             await mon
     else:
         async with OpenAIClient(
-            cfg["url"], "bench", max_connections=n + 8, timeout_s=120, http_client=via
+            cfg["url"], "bench", max_connections=n + 8, timeout_s=TIMEOUT_S, http_client=via
         ) as client:
             if cfg.get("dump"):
-                from vramlab.load import h1response
+                from vramlab.load import fasthttp, h1response
 
                 start = h1response.Response.start  # each answer in turn on a connection's one parser
+                request = fasthttp.Pool.request
+
+                async def spy_request(self: Any, data: bytes, sink: Any, deadline: float) -> Any:
+                    deadlines[id(sink)] = deadline
+                    try:
+                        return await request(self, data, sink, deadline)
+                    finally:
+                        deadlines.pop(id(sink), None)
 
                 def spy(self: Any, fut: Any, sink: Any) -> None:
                     start(self, fut, sink)
-                    ports[asyncio.current_task()] = self.conn.sock.getsockname()[1]
+                    ports[deadlines[id(sink)]] = self.conn.sock.getsockname()[1]
 
+                # (not by task: an open loop's request takes its connection in the loop's own task)
+                fasthttp.Pool.request = spy_request  # type: ignore[method-assign]
                 h1response.Response.start = spy  # type: ignore[method-assign]
                 clock.append(client._pool.clock)
             mon = asyncio.ensure_future(cpu_window())
@@ -415,6 +444,28 @@ async def _plain(cfg: dict[str, Any]) -> dict[str, Any]:
     res = _summary(cfg, reqs, ws, we, cpu["b"] - cpu["a"], exclude_coalesced=False)
     res["client"] = "aiohttp"
     return res
+
+
+def trace_schedule(path: str, n: int, cfg: dict[str, Any], span_s: float) -> tuple[float, ...]:
+    """A Mooncake trace's arrival times (vramlab's own reader), scaled so that its mean rate keeps
+    ``n`` streams of the endpoint's schedule open (Little's law) and repeated until ``span_s``: the
+    trace's bursts and lulls at the load the other rows hold."""
+    from vramlab.load.trace import read_trace
+
+    times = [r.t_s for r in read_trace(path, "mooncake")]
+    span = times[-1] - times[0]
+    stream_s = (cfg["ttft_ms"] + (cfg["tokens"] - 1) * cfg["gap_ms"]) / 1000
+    scale = (len(times) - 1) / span * stream_s / n  # the trace's rate x scale^-1 = n / stream_s
+    period = (span + span / (len(times) - 1)) * scale  # one pass, and the mean gap before the next
+    out: list[float] = []
+    k = 0
+    while True:
+        for t in times:
+            at = k * period + (t - times[0]) * scale
+            if at >= span_s:
+                return tuple(out)
+            out.append(at)
+        k += 1
 
 
 def client_main(tool: str, cfg: dict[str, Any]) -> None:
@@ -741,6 +792,8 @@ def _run_tool(
         cfg["workers"] = workers
         if tool == "vramlab-aiohttp":
             cfg["http_client"] = "aiohttp"
+        if tool == "vramlab-trace":
+            cfg["trace"] = str(TRACE)
         if a.profile and workers == 1 and n == a.profile_streams:
             cfg["profile"] = str(tmp / f"profile-{n}.txt")
         cpus = (
@@ -748,7 +801,7 @@ def _run_tool(
             if workers == 1
             else (sorted(os.sched_getaffinity(0)) if len(client_cpus) < workers else client_cpus[:workers])
         )
-        wire = a.wire and tool == "vramlab" and ep.kind == "nginx"
+        wire = a.wire and tool in ("vramlab", "vramlab-trace") and ep.kind == "nginx"
         if wire:
             cfg["dump"] = str(tmp / f"dump-{n}.json")
         cmd = pinned([sys.executable, __file__, "--client", "vramlab", json.dumps(cfg)], cpus)
@@ -995,7 +1048,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-s", type=float, default=3.0)
     p.add_argument("--measure-s", type=float, default=8.0)
     p.add_argument("--workers", type=int, default=2, help="also run vramlab over this many worker processes")
-    p.add_argument("--tools", default="vramlab,vramlab-w,vramlab-aiohttp,aiohttp-uvloop,aiperf,guidellm")
+    p.add_argument(
+        "--tools", default="vramlab,vramlab-w,vramlab-trace,vramlab-aiohttp,aiohttp-uvloop,aiperf,guidellm"
+    )
     p.add_argument("--peers", type=Path, help="folder with one venv per peer: PEERS/aiperf, PEERS/guidellm")
     p.add_argument("--server", choices=["auto", "nginx", "stub"], default="auto")
     p.add_argument(
@@ -1017,7 +1072,7 @@ def main(argv: list[str] | None = None) -> int:
         # a second of warm-up: on a loaded two-core machine a tool that starts slowly (worker processes)
         # once had no request end inside a 1 s window that opened 0.5 s after it started
         a.streams, a.tokens, a.gap_ms, a.ttft_ms, a.warmup_s, a.measure_s = "20", 8, 20.0, 20.0, 1.0, 1.0
-        a.tools, a.profile_streams = "vramlab,vramlab-w,vramlab-aiohttp,aiohttp-uvloop", 20
+        a.tools, a.profile_streams = "vramlab,vramlab-w,vramlab-trace,vramlab-aiohttp,aiohttp-uvloop", 20
     streams = [int(s) for s in a.streams.split(",") if s.strip()]
     a.tcpdump = shutil.which("tcpdump") or (
         "/usr/bin/tcpdump" if os.path.exists("/usr/bin/tcpdump") else None
@@ -1085,7 +1140,7 @@ def main(argv: list[str] | None = None) -> int:
             "how each tool defines ITL:",
         ]
     )
-    lines += [f"  {t}: {ITL_DEFINITIONS['vramlab' if t.startswith('vramlab') else t]}" for t in tools]
+    lines += [f"  {t}: {ITL_DEFINITIONS[t if t in ITL_DEFINITIONS else 'vramlab']}" for t in tools]
     lines += [
         "untimed gaps: gaps between two token chunks where one of them came in the same read as later bytes, "
         "so when it arrived is unknown (of all gaps of the completed requests). vramlab leaves them out of its "
@@ -1095,12 +1150,15 @@ def main(argv: list[str] | None = None) -> int:
         "aiohttp = aiohttp's ClientSession (user-space stamps at read time)"
     ]
     wired = [
-        (n, r) for n, r in sorted(results.get("vramlab", {}).items()) if "wire_gaps" in r or "wire_error" in r
+        (f"{n:>5} streams{' (trace)' if tool == 'vramlab-trace' else ''}", r)
+        for tool in ("vramlab", "vramlab-trace")
+        for n, r in sorted(results.get(tool, {}).items())
+        if "wire_gaps" in r or "wire_error" in r
     ]
     if wired:
         lines += [
             "",
-            f"wire check (vramlab, 1 process): tcpdump on lo stamps every packet nginx sends, apart from the "
+            f"wire check (vramlab, 1 process; and under trace replay): tcpdump on lo stamps every packet nginx sends, apart from the "
             f"client's process, for {a.wire_s:g} s mid-window; for each gap vramlab timed in it, the client's gap "
             "minus the wire's gap between the packets that carried the two tokens (the client's own timing "
             "error), and the wire's gap minus the schedule's (the endpoint's lateness, which the ITL err "
@@ -1108,10 +1166,10 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for n, r in wired:
             if "wire_error" in r:
-                lines.append(f"  {n:>5} streams: {r['wire_error']}")
+                lines.append(f"  {n}: {r['wire_error']}")
                 continue
             lines.append(
-                f"  {n:>5} streams: {r['wire_gaps']} gaps compared; client - wire P50 "
+                f"  {n}: {r['wire_gaps']} gaps compared; client - wire P50 "
                 f"{_fmt(r['wire_err_p50_ms'], '.3f')} / P99 {_fmt(r['wire_err_p99_ms'], '.3f')} ms, |error| P99 "
                 f"{_fmt(r['wire_abs_err_p99_ms'], '.3f')} ms; endpoint late by P50 "
                 f"{_fmt(r['server_late_p50_ms'], '.2f')} / P99 {_fmt(r['server_late_p99_ms'], '.2f')} ms per gap"

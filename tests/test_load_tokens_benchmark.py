@@ -40,7 +40,8 @@ def test_quick_run_times_the_known_schedule(server: str, tmp_path: Path) -> None
     ep = re.search(r"^endpoint: (nginx|stub) ", text, re.M)
     assert ep and (server == "auto" or ep.group(1) == "stub"), text
     raw = json.loads(r.stdout[r.stdout.index("\n{") + 1 :])
-    assert set(raw) == {"vramlab", "vramlab-w2", "vramlab-aiohttp", "aiohttp-uvloop"}
+    assert set(raw) == {"vramlab", "vramlab-w2", "vramlab-trace", "vramlab-aiohttp", "aiohttp-uvloop"}
+    assert raw["vramlab-trace"]["20"]["client"] == "fasthttp"  # the trace's open loop, on the own client
     assert raw["vramlab"]["20"]["client"] == raw["vramlab-w2"]["20"]["client"] == "fasthttp"
     assert raw["vramlab-aiohttp"]["20"]["client"] == "aiohttp"
     for tool in raw:  # every gap of the completed requests is counted, the untimed among them
@@ -74,7 +75,7 @@ def test_the_wire_check_compares_every_timed_gap_with_nginx_packets(tmp_path: Pa
         [
             sys.executable,
             str(ROOT / "benchmarks" / "tokens.py"),
-            *("--streams", "20", "--tools", "vramlab", "--tokens", "16"),
+            *("--streams", "20", "--tools", "vramlab,vramlab-trace", "--tokens", "16"),
             *("--warmup-s", "1", "--measure-s", "3", "--wire", "on", "--wire-s", "1.5", "--json"),
         ],
         capture_output=True,
@@ -83,10 +84,12 @@ def test_the_wire_check_compares_every_timed_gap_with_nginx_packets(tmp_path: Pa
         cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    res = json.loads(r.stdout[r.stdout.index("\n{") + 1 :])["vramlab"]["20"]
-    assert res["ok"] > 0 and res["errors"] == 0, res  # the capture's spy broke no request
-    assert "wire_error" not in res and res["wire_gaps"] > 50, res
-    assert res["wire_abs_err_p99_ms"] < 1.0, res
-    assert re.search(r"^\s+20 streams: \d+ gaps compared; client - wire P50", r.stdout, re.M), r.stdout[
-        -1500:
-    ]
+    raw = json.loads(r.stdout[r.stdout.index("\n{") + 1 :])
+    for tool in ("vramlab", "vramlab-trace"):  # closed-loop users, and the trace's open loop
+        res = raw[tool]["20"]
+        assert res["ok"] > 0 and res["errors"] == 0, res  # the capture's spy broke no request
+        assert "wire_error" not in res and res["wire_gaps"] > 50, res  # every request's connection known
+        assert res["wire_abs_err_p99_ms"] < 1.0, res
+    for label in (r"20 streams", r"20 streams \(trace\)"):
+        line = rf"^\s+{label}: \d+ gaps compared; client - wire P50"
+        assert re.search(line, r.stdout, re.M), r.stdout[-1500:]
