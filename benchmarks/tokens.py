@@ -357,8 +357,8 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
                     ports[deadlines[id(sink)]] = self.conn.sock.getsockname()[1]
 
                 # (not by task: an open loop's request takes its connection in the loop's own task)
-                fasthttp.Pool.request = spy_request  # type: ignore[method-assign]
-                h1response.Response.start = spy  # type: ignore[method-assign]
+                fasthttp.Pool.request = spy_request
+                h1response.Response.start = spy
                 clock.append(client._pool.clock)
             mon = asyncio.ensure_future(cpu_window())
             if cfg.get("profile"):
