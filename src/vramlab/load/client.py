@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from vramlab.load.prompts import Prompt
@@ -106,6 +106,35 @@ class RequestResult:
         if self.first_token_at is None or not self.token_times or n < 2:
             return None
         return (self.token_times[-1] - self.first_token_at) * 1000 / (n - 1)
+
+
+# The order OpenAIClient.send builds a RequestResult in (positionally, on the hot path): a field added,
+# removed or moved fails here, on import, instead of shifting every later value into the wrong field.
+RESULT_FIELDS = (
+    "request_id",
+    "attempt",
+    "scheduled_at",
+    "sent_at",
+    "end_at",
+    "first_token_at",
+    "token_times",
+    "status_code",
+    "error_class",
+    "error",
+    "prompt_tokens",
+    "prompt_tokens_source",
+    "output_tokens",
+    "output_tokens_source",
+    "reasoning_tokens",
+    "coalesced",
+    "cached_tokens",
+    "conversation",
+    "turn",
+    "tenant",
+    "text",
+)
+if tuple(f.name for f in fields(RequestResult)) != RESULT_FIELDS:
+    raise ImportError("RequestResult's fields moved: update RESULT_FIELDS and OpenAIClient.send's call")
 
 
 def _classify_status(status: int, text: str) -> str:
@@ -342,28 +371,29 @@ class OpenAIClient:
         else:
             out, source = None, None
         reasoning = st.usage_reasoning if st.usage_reasoning is not None else (st.reasoning or None)
+        # positional, in RESULT_FIELDS' order (checked on import): keywords cost 1.1 us here, 0.4 positional
         return RequestResult(
-            request_id=request_id,
-            attempt=attempt,
-            scheduled_at=scheduled_at,
-            sent_at=sent,
-            end_at=end,
-            first_token_at=st.first,
-            token_times=tuple(st.times),
-            status_code=status,
-            error_class=err_class,
-            error=err,
-            prompt_tokens=st.usage_in or prompt.prompt_tokens,
-            prompt_tokens_source="usage" if st.usage_in else prompt.tokens_source,
-            output_tokens=out,
-            output_tokens_source=source,
-            reasoning_tokens=reasoning,
-            coalesced=tuple(st.coalesced) if st.coalesced else (),
-            cached_tokens=st.cached,
-            conversation=prompt.conversation,
-            turn=prompt.turn,
-            tenant=prompt.tenant,
-            text="".join(st.text) if st.text is not None else None,
+            request_id,
+            attempt,
+            scheduled_at,
+            sent,
+            end,
+            st.first,
+            tuple(st.times),
+            status,
+            err_class,
+            err,
+            st.usage_in or prompt.prompt_tokens,
+            "usage" if st.usage_in else prompt.tokens_source,
+            out,
+            source,
+            reasoning,
+            tuple(st.coalesced) if st.coalesced else (),
+            st.cached,
+            prompt.conversation,
+            prompt.turn,
+            prompt.tenant,
+            "".join(st.text) if st.text is not None else None,
         )
 
     async def _exchange_fast(

@@ -279,15 +279,17 @@ class _Drive:
                 self.on_result(_cancelled(rid, attempt, scheduled, t_sent, prompt))
                 raise
             self.on_result(res)
+            if res.error_class is None and 200 <= res.status_code < 300:  # ok (res.ok): never retried
+                if answer is not None:
+                    answer.append(res.text or "")
+                return ""
             # the window is over: no retry goes out in it
             if (
                 stop.is_set()
                 or self._ended()
                 or not retry.should_retry(attempt, res.status_code, res.error_class)
             ):
-                if res.ok and answer is not None:
-                    answer.append(res.text or "")
-                return "" if res.ok else (res.error_class or f"http_{res.status_code}")
+                return res.error_class or f"http_{res.status_code}"
             delay = retry.delay_s(attempt, self.rng)
             if delay:
                 await asyncio.sleep(delay)
