@@ -303,7 +303,9 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
 
     prompts = [Prompt("hello", 8, cfg["tokens"])]
     shape = LoadShape(mode="closed", concurrency=n, max_tokens=cfg["tokens"])
+    conns = n + 8
     if cfg.get("trace"):  # vramlab-trace: the open loop replays a trace's own arrival times
+        conns = 4 * n + 8  # a burst holds more than n streams: none waits for a connection
         shape = LoadShape(
             mode="open",
             concurrency=4 * n,
@@ -327,7 +329,7 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
 
         async with WorkerPool(
             workers,
-            ClientConfig(cfg["url"], "bench", max_connections=n + 8, timeout_s=TIMEOUT_S, http_client=via),
+            ClientConfig(cfg["url"], "bench", max_connections=conns, timeout_s=TIMEOUT_S, http_client=via),
         ) as pool:
             pids.extend(pool.pids)
             t0 = pc()  # the pool took a while to start: the window starts now
@@ -337,7 +339,7 @@ async def _vramlab(cfg: dict[str, Any]) -> dict[str, Any]:
             await mon
     else:
         async with OpenAIClient(
-            cfg["url"], "bench", max_connections=n + 8, timeout_s=TIMEOUT_S, http_client=via
+            cfg["url"], "bench", max_connections=conns, timeout_s=TIMEOUT_S, http_client=via
         ) as client:
             if cfg.get("dump"):
                 from vramlab.load import fasthttp, h1response
