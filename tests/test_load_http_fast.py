@@ -270,7 +270,9 @@ def test_each_request_times_out_at_its_own_deadline_behind_one_timer() -> None:
 
     ends, answered, peak, tidy = asyncio.run(go())
     assert answered == 200
-    assert 0.28 <= ends[0] < 0.7, ends  # the earlier deadline did not wait for the later one's timer
+    # the earlier deadline did not wait for the later one's timer (due at 0.8 s: the room before it
+    # is for a busy machine)
+    assert 0.28 <= ends[0] < 0.78, ends
     assert 0.78 <= ends[1] < 2.0, ends
     assert peak <= 2 * 4 + 65, peak  # answered requests' entries are dropped, not kept for 60 s
     assert tidy
