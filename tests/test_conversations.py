@@ -110,6 +110,28 @@ def test_a_failed_turn_ends_its_conversation_and_the_user_starts_the_next():
     assert sender.sent[0].history == ()  # no system prompt asked: none sent
 
 
+class _Skewed(_Echo):
+    """Answers conversation c1 slowly and the others at once: the other users finish theirs while
+    c1's user still owes turns."""
+
+    async def send(self, request_id, prompt, max_tokens, scheduled_at, attempt=0):
+        if prompt.conversation == "c1":
+            await asyncio.sleep(0.05)
+        return await super().send(request_id, prompt, max_tokens, scheduled_at, attempt)
+
+
+def test_a_window_of_count_x_turns_requests_walks_each_conversation_once():
+    """Three users share six 3-turn conversations in an 18-request window: a user done early starts
+    no conversation whose turns the others' conversations still owe, so none is walked twice."""
+    convs = conversation_prompts("", synthetic_prompts(6, 8, 18, seed=3), _shape(count=6, turns=3))
+    sender = _Skewed()
+    _walk(sender, convs, users=3, requests=18)
+    walks: dict[str, list[int]] = {}
+    for p in sender.sent:
+        walks.setdefault(p.conversation or "", []).append(p.turn or 0)
+    assert walks == {f"c{i}": [1, 2, 3] for i in range(6)}, walks
+
+
 def test_a_tool_call_pauses_the_conversation_between_its_turns():
     convs = conversation_prompts(
         "", synthetic_prompts(6, 8, 4, seed=3), _shape(count=1, tool_every=1, tool_pause_s=0.2)

@@ -250,6 +250,7 @@ class _Drive:
         self.sent = 0
         self.unsent = 0  # open loop: spawned, then the stop came before their turn: never sent, not counted
         self.counter = 0  # closed loop: requests the users took
+        self.owed = 0  # closed loop: turns the conversations in progress still have to send
         self.my_limit = shard_share(self.limit, shard) if self.limit < 2**62 else self.limit
         self.body: asyncio.Future[None] | None = None
         self.ticker = asyncio.ensure_future(_loop_lag(self.loop_lags))
@@ -365,36 +366,53 @@ class _Drive:
         ready = self.start
         fails = 0
         talk: _Talk | None = None  # the conversation this user is in, and its next turn
-        while self.counter < self.my_limit and pc() < deadline and not stop.is_set():
-            c = self.counter
-            self.counter += 1
-            rid = f"{self.id_prefix}{c * nshards + index}"
-            self.lags.append((pc() - ready) * 1000)
-            prompt = talk.prompt() if talk is not None else next(self.prompts)
-            if prompt.conversation is None:  # (talk is None too: a conversation's turns all carry it)
-                failed = await self.one(rid, prompt, ready)
-            else:
-                answer: list[str] = []
-                failed = await self.one(rid, prompt, ready, answer)
-                talk = _Talk.after(talk, prompt, answer, failed)
-                pause = talk.pause_s() if talk is not None else 0.0
-                if pause > 0 and not stop.is_set():  # a tool call between two turns
-                    await asyncio.sleep(min(max(0.0, deadline - pc()), pause))
-            if failed == "connect" and shape.error_backoff and not stop.is_set():
-                # Nothing answered (refused, unreachable): the user waits before the next try (the
-                # plan's back-off), as a person would. Resubmitting in microseconds after a refused
-                # connection is a retry storm the client made, not the server. A server's own
-                # answer (429, 5xx, an error event) paces the loop itself and is what a drill measures.
-                fails += 1
-                wait = self.retry.user_backoff_s(fails, self.rng)
-                if shape.error_backoff_max_s is not None:
-                    wait = min(wait, shape.error_backoff_max_s)
-                await asyncio.sleep(min(max(0.0, deadline - pc()), wait))
-            elif not failed:
-                fails = 0
-                if shape.think_s > 0 and not stop.is_set():
-                    await asyncio.sleep(min(max(0.0, deadline - pc()), shape.think_s))
-            ready = pc()
+        owes = 0  # the turns of this user's conversation not sent yet (counted in self.owed)
+        try:
+            while self.counter < self.my_limit and pc() < deadline and not stop.is_set():
+                if talk is None and self.owed and self.counter + self.owed >= self.my_limit:
+                    # What is left of the window's count is owed to the other users' conversations:
+                    # starting another would walk one twice (the inputs cycle) and cut one short.
+                    break
+                c = self.counter
+                self.counter += 1
+                rid = f"{self.id_prefix}{c * nshards + index}"
+                self.lags.append((pc() - ready) * 1000)
+                if talk is not None:
+                    prompt = talk.prompt()
+                    owes, self.owed = owes - 1, self.owed - 1
+                else:
+                    prompt = next(self.prompts)
+                    if prompt.conversation is not None:
+                        owes = len(prompt.follow_ups)
+                        self.owed += owes
+                if prompt.conversation is None:  # (talk is None too: a conversation's turns all carry it)
+                    failed = await self.one(rid, prompt, ready)
+                else:
+                    answer: list[str] = []
+                    failed = await self.one(rid, prompt, ready, answer)
+                    talk = _Talk.after(talk, prompt, answer, failed)
+                    if talk is None:  # over, or given up: its remaining turns are owed no more
+                        owes, self.owed = 0, self.owed - owes
+                    pause = talk.pause_s() if talk is not None else 0.0
+                    if pause > 0 and not stop.is_set():  # a tool call between two turns
+                        await asyncio.sleep(min(max(0.0, deadline - pc()), pause))
+                if failed == "connect" and shape.error_backoff and not stop.is_set():
+                    # Nothing answered (refused, unreachable): the user waits before the next try (the
+                    # plan's back-off), as a person would. Resubmitting in microseconds after a refused
+                    # connection is a retry storm the client made, not the server. A server's own
+                    # answer (429, 5xx, an error event) paces the loop itself and is what a drill measures.
+                    fails += 1
+                    wait = self.retry.user_backoff_s(fails, self.rng)
+                    if shape.error_backoff_max_s is not None:
+                        wait = min(wait, shape.error_backoff_max_s)
+                    await asyncio.sleep(min(max(0.0, deadline - pc()), wait))
+                elif not failed:
+                    fails = 0
+                    if shape.think_s > 0 and not stop.is_set():
+                        await asyncio.sleep(min(max(0.0, deadline - pc()), shape.think_s))
+                ready = pc()
+        finally:
+            self.owed -= owes  # a user that stops mid-conversation owes nothing more
 
     async def closed_loop(self, users: list[asyncio.Future[Any]]) -> None:
         if users:
