@@ -280,7 +280,7 @@ class _Drive:
                 self.on_result(_cancelled(rid, attempt, scheduled, t_sent, prompt))
                 raise
             self.on_result(res)
-            if res.error_class is None and 200 <= res.status_code < 300:  # ok (res.ok): never retried
+            if res.ok:  # never retried
                 if answer is not None:
                     answer.append(res.text or "")
                 return ""
